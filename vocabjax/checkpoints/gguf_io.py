@@ -1,0 +1,164 @@
+"""GGUF (llama.cpp) checkpoints: config from metadata, dequantized params, tokenizer.
+
+Reading and dequantization are the `gguf` package's (`GGUFReader`, `gguf.quants.dequantize`).
+llama.cpp's converter permutes the rows of the q/k projections of the *llama* architecture
+(it turns the half-split RoPE layout into the interleaved one); `unpermute_qk` undoes it, as
+transformers' GGUF loader does. Qwen2/Qwen3 GGUFs use the NEOX RoPE layout and are not permuted.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+
+from vocabjax.checkpoints.convert import CheckpointError, assemble_params
+from vocabjax.checkpoints.hf_config import UnsupportedConfigError
+from vocabjax.models.config import LlamaLikeConfig
+
+_GGUF_ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+
+
+def open_gguf(path: str | os.PathLike):
+  """A GGUFReader, after checking the file is complete; CheckpointError otherwise."""
+  import gguf
+
+  path = Path(path)
+  size = path.stat().st_size
+  try:
+    reader = gguf.GGUFReader(path)
+  except Exception as e:  # the reader raises ValueError/IndexError/... on garbage
+    raise CheckpointError(f"{path}: not a readable GGUF file ({size} bytes): "
+                          f"{type(e).__name__}: {e}") from e
+  for t in reader.tensors:
+    end = int(t.data_offset) + int(t.n_bytes)
+    if end > size or t.data.nbytes != t.n_bytes:
+      raise CheckpointError(f"{path}: truncated GGUF: tensor {t.name} needs bytes up to {end}, "
+                            f"file has {size}")
+  return reader
+
+
+def metadata(reader) -> dict:
+  """All key/value fields as Python values (arrays of strings are left out for speed)."""
+  out = {}
+  for key, field in reader.fields.items():
+    if key.startswith("tokenizer.ggml.") and key != "tokenizer.ggml.eos_token_id" and \
+        key != "tokenizer.ggml.bos_token_id" and key != "tokenizer.ggml.model":
+      continue
+    try:
+      out[key] = field.contents()
+    except Exception:  # unusual types: skip, they never carry model sizes
+      continue
+  return out
+
+
+def config_from_gguf(meta: dict, tensor_names: set[str],
+                     rope_freqs: np.ndarray | None = None) -> LlamaLikeConfig:
+  arch = meta.get("general.architecture")
+  if arch not in _GGUF_ARCHS:
+    raise UnsupportedConfigError(f"unknown GGUF architecture general.architecture={arch!r}; "
+                                 f"supported: {sorted(_GGUF_ARCHS)}")
+
+  def get(key, default=None):
+    return meta.get(f"{arch}.{key}", default)
+
+  problems = []
+  if get("expert_count", 0):
+    problems.append(f"{arch}.expert_count={get('expert_count')} (mixture of experts)")
+  if get("attention.sliding_window"):
+    problems.append(f"{arch}.attention.sliding_window={get('attention.sliding_window')}")
+  scaling = get("rope.scaling.type", "none")
+  if scaling not in ("none", "linear"):
+    problems.append(f"{arch}.rope.scaling.type={scaling!r} (supported: none, linear)")
+  D, H = int(get("embedding_length")), int(get("attention.head_count"))
+  head_dim = int(get("attention.key_length", D // H))
+  if int(get("rope.dimension_count", head_dim)) != head_dim:
+    problems.append(f"{arch}.rope.dimension_count={get('rope.dimension_count')} != "
+                    f"head_dim={head_dim} (partial rotary)")
+  if problems:
+    raise UnsupportedConfigError(f"GGUF {arch} metadata not supported: {'; '.join(problems)}")
+  n_vocab = get("vocab_size") or len(meta.get("tokenizer.ggml.tokens", [])) or None
+  return LlamaLikeConfig(
+      arch=_GGUF_ARCHS[arch],
+      vocab_size=int(n_vocab) if n_vocab else -1,
+      hidden_size=D,
+      intermediate_size=int(get("feed_forward_length")),
+      num_layers=int(get("block_count")),
+      num_heads=H,
+      num_kv_heads=int(get("attention.head_count_kv", H)),
+      head_dim=head_dim,
+      rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
+      rope_theta=float(get("rope.freq_base", 10000.0)),
+      rope_type="linear" if scaling == "linear" else "default",
+      rope_factor=float(get("rope.scaling.factor", 1.0) or 1.0),
+      rope_freq_factors=None if rope_freqs is None else tuple(float(x) for x in rope_freqs),
+      attention_bias="blk.0.attn_q.bias" in tensor_names,
+      qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
+      tie_word_embeddings="output.weight" not in tensor_names,
+      max_position_embeddings=int(get("context_length", 4096)),
+  )
+
+
+def unpermute_qk(w: np.ndarray, n_head: int) -> np.ndarray:
+  """Invert llama.cpp's `permute` of q/k rows (interleaved RoPE pairs -> half-split)."""
+  rows = w.shape[0]
+  return (w.reshape(n_head, rows // n_head // 2, 2, *w.shape[1:]).swapaxes(1, 2)
+          .reshape(w.shape))
+
+
+def load_gguf(path: str | os.PathLike, dtype=jnp.float32) -> tuple[LlamaLikeConfig, dict, dict]:
+  """Read a GGUF file: (config, params, metadata)."""
+  from gguf.quants import dequantize
+
+  path = Path(path)
+  reader = open_gguf(path)
+  meta = metadata(reader)
+  tensors = {t.name: t for t in reader.tensors}
+  rope_freqs = None
+  if "rope_freqs.weight" in tensors:  # Llama 3.1+ GGUFs bake llama3 scaling into this tensor
+    t = tensors["rope_freqs.weight"]
+    rope_freqs = dequantize(t.data, t.tensor_type).reshape(-1)
+  config = config_from_gguf(meta, set(tensors), rope_freqs)
+  if config.vocab_size <= 0:
+    config = config.replace(vocab_size=int(tensors["token_embd.weight"].shape[-1]))
+
+  def lookup(name: str) -> np.ndarray:
+    t = tensors[name]
+    w = dequantize(t.data, t.tensor_type)
+    # ggml's ne is reversed numpy order; dequantize keeps the byte-row layout, reshape to be sure.
+    w = w.reshape(tuple(int(n) for n in reversed(t.shape.tolist())))
+    if config.arch == "llama" and name.endswith(("attn_q.weight", "attn_q.bias")):
+      w = unpermute_qk(w, config.num_heads)
+    elif config.arch == "llama" and name.endswith(("attn_k.weight", "attn_k.bias")):
+      w = unpermute_qk(w, config.num_kv_heads)
+    return w
+
+  params = assemble_params(config, lookup, tensors.keys(), scheme="gguf", dtype=dtype,
+                           source=str(path))
+  return config, params, meta
+
+
+def load_gguf_tokenizer(path: str | os.PathLike, cache_root: Path | None = None):
+  """transformers' fast tokenizer built from the GGUF vocabulary, cached after the first build."""
+  from transformers import AutoTokenizer
+
+  from vocabjax.checkpoints.zoo import cache_dir
+
+  path = Path(path).resolve()
+  st = path.stat()
+  key = f"{path.name}-{st.st_size}-{int(st.st_mtime)}"
+  cached = (cache_root or cache_dir()) / "tokenizers" / key
+  if (cached / "tokenizer_config.json").exists():
+    return AutoTokenizer.from_pretrained(cached)
+  tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+  tmp = cached.with_name(cached.name + ".partial")
+  try:
+    tok.save_pretrained(tmp)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    if not cached.exists():
+      os.replace(tmp, cached)
+  except OSError:
+    pass  # a read-only cache only costs a rebuild next time
+  return tok

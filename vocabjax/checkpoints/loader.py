@@ -1,0 +1,92 @@
+"""One entry point for every model argument: a local HF dir, a GGUF file, or a registry name."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from vocabjax.checkpoints import zoo
+from vocabjax.models.config import LlamaLikeConfig
+
+_DTYPES = {"float32": jnp.float32, "f32": jnp.float32, "bfloat16": jnp.bfloat16,
+           "bf16": jnp.bfloat16, "float16": jnp.float16, "f16": jnp.float16}
+
+
+def default_dtype(backend: str | None = None):
+  """f32 on CPU (XLA's CPU bf16 matvec is ~8x slower), bf16 on GPU/TPU."""
+  return jnp.float32 if (backend or jax.default_backend()) == "cpu" else jnp.bfloat16
+
+
+def parse_dtype(dtype: Any):
+  """None -> the backend default; a name ('f32', 'bfloat16', ...) or a dtype -> that dtype."""
+  if dtype is None or dtype == "auto":
+    return default_dtype()
+  if isinstance(dtype, str):
+    if dtype not in _DTYPES:
+      raise ValueError(f"unknown {dtype=}; choose one of {sorted(_DTYPES)} or 'auto'")
+    return _DTYPES[dtype]
+  return jnp.dtype(dtype).type
+
+
+@dataclasses.dataclass
+class Model:
+  """A loaded model: static config, params pytree, tokenizer (or None) and stop tokens."""
+
+  config: LlamaLikeConfig
+  params: dict
+  tokenizer: Any
+  eos_token_ids: tuple[int, ...]
+  source: str
+  dtype: Any
+
+  @property
+  def name(self) -> str:
+    return Path(self.source).name
+
+
+def _eos_ids(*candidates) -> tuple[int, ...]:
+  out: list[int] = []
+  for c in candidates:
+    for x in (c if isinstance(c, (list, tuple)) else [c]):
+      if x is not None and int(x) >= 0 and int(x) not in out:
+        out.append(int(x))
+  return tuple(out)
+
+
+def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
+               load_tokenizer: bool = True, progress: bool = True) -> Model:
+  """Load a model from an HF directory, a `.gguf` file or a registry name (fetched if needed)."""
+  dtype = parse_dtype(dtype)
+  path = zoo.resolve(name_or_path, progress=progress)
+  tokenizer = None
+  if path.is_dir():
+    from vocabjax.checkpoints.hf import load_hf
+
+    config, params, raw = load_hf(path, dtype=dtype)
+    gen = {}
+    if (path / "generation_config.json").exists():
+      gen = json.loads((path / "generation_config.json").read_text())
+    if load_tokenizer and any((path / f).exists() for f in ("tokenizer.json", "tokenizer_config.json")):
+      from transformers import AutoTokenizer
+
+      tokenizer = AutoTokenizer.from_pretrained(path)
+    eos = _eos_ids(gen.get("eos_token_id"), raw.get("eos_token_id"),
+                   getattr(tokenizer, "eos_token_id", None))
+  elif path.suffix == ".gguf":
+    from vocabjax.checkpoints.gguf_io import load_gguf, load_gguf_tokenizer
+
+    config, params, meta = load_gguf(path, dtype=dtype)
+    if load_tokenizer:
+      tokenizer = load_gguf_tokenizer(path)
+    eos = _eos_ids(meta.get("tokenizer.ggml.eos_token_id"),
+                   getattr(tokenizer, "eos_token_id", None))
+  else:
+    raise ValueError(f"{path}: expected a Hugging Face directory or a .gguf file")
+  return Model(config=config, params=params, tokenizer=tokenizer, eos_token_ids=eos,
+               source=str(path), dtype=dtype)

@@ -1,0 +1,112 @@
+"""Frozen, hashable configuration of the llama-like decoder family.
+
+One dataclass covers Llama 2/3.x (incl. llama3 RoPE scaling), Qwen2/2.5 (q/k/v bias) and Qwen3
+(q/k RMSNorm), with MHA, GQA or MQA and tied or untied LM heads. It is a static argument to
+`jax.jit`; derived sizes are properties. Conversion from a Hugging Face `config.json` lives in
+`vocabjax.checkpoints.hf_config`, from GGUF metadata in `vocabjax.checkpoints.gguf_io`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+ARCHITECTURES = ("llama", "qwen2", "qwen3")
+ROPE_TYPES = ("default", "linear", "llama3")
+
+
+@dataclasses.dataclass(frozen=True)
+class LlamaLikeConfig:
+  """Sizes and switches of one llama-like decoder."""
+
+  arch: str  # one of ARCHITECTURES; only names the family, the switches below carry the math
+  vocab_size: int  # V
+  hidden_size: int  # D
+  intermediate_size: int  # F (SwiGLU width)
+  num_layers: int  # L
+  num_heads: int  # H (query heads)
+  num_kv_heads: int  # KV heads; H % KV == 0 (KV == H: MHA, KV == 1: MQA)
+  head_dim: int  # per-head width (Qwen3 and Gemma decouple it from D / H)
+  rms_norm_eps: float = 1e-6
+  rope_theta: float = 10000.0
+  rope_type: str = "default"  # default | linear | llama3
+  rope_factor: float = 1.0  # linear and llama3 scaling factor
+  rope_low_freq_factor: float = 1.0  # llama3 only
+  rope_high_freq_factor: float = 4.0  # llama3 only
+  rope_original_max_position: int = 8192  # llama3 only
+  rope_freq_factors: tuple[float, ...] | None = None  # GGUF `rope_freqs.weight`: inv_freq /= f
+  attention_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
+  qk_norm: bool = False  # RMSNorm over head_dim on q and k before RoPE (Qwen3)
+  tie_word_embeddings: bool = False  # LM head = token embedding
+  max_position_embeddings: int = 4096
+
+  def __post_init__(self):
+    if self.arch not in ARCHITECTURES:
+      raise ValueError(f"unknown architecture {self.arch=}; supported: {ARCHITECTURES}")
+    if self.rope_type not in ROPE_TYPES:
+      raise ValueError(f"unsupported {self.rope_type=}; supported: {ROPE_TYPES}")
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                 "num_kv_heads", "head_dim"):
+      if getattr(self, name) <= 0:
+        raise ValueError(f"config field {name}={getattr(self, name)} must be positive")
+    if self.num_heads % self.num_kv_heads:
+      raise ValueError(f"{self.num_heads=} is not a multiple of {self.num_kv_heads=}")
+    if self.head_dim % 2:
+      raise ValueError(f"RoPE needs an even head_dim, got {self.head_dim=}")
+    if self.rope_freq_factors is not None and len(self.rope_freq_factors) != self.head_dim // 2:
+      raise ValueError(f"rope_freq_factors has {len(self.rope_freq_factors)} entries, "
+                       f"expected head_dim // 2 = {self.head_dim // 2}")
+
+  @property
+  def q_dim(self) -> int:
+    return self.num_heads * self.head_dim
+
+  @property
+  def kv_dim(self) -> int:
+    return self.num_kv_heads * self.head_dim
+
+  @property
+  def num_groups(self) -> int:
+    """Query heads per KV head (G)."""
+    return self.num_heads // self.num_kv_heads
+
+  def replace(self, **changes) -> "LlamaLikeConfig":
+    return dataclasses.replace(self, **changes)
+
+  def num_params(self, *, include_embedding: bool = True, head_rows: int | None = None) -> int:
+    """Parameter count; `head_rows` counts a trimmed LM head of that many rows (VocabTrim MBSU)."""
+    D, F, L = self.hidden_size, self.intermediate_size, self.num_layers
+    per_layer = D * (self.q_dim + 2 * self.kv_dim) + self.q_dim * D + 3 * D * F + 2 * D
+    if self.attention_bias:
+      per_layer += self.q_dim + 2 * self.kv_dim
+    if self.qk_norm:
+      per_layer += 2 * self.head_dim
+    total = L * per_layer + D
+    rows = self.vocab_size if head_rows is None else head_rows
+    if include_embedding:
+      total += self.vocab_size * D
+    if not self.tie_word_embeddings or head_rows is not None:
+      total += rows * D
+    return total
+
+  def inv_freq(self) -> np.ndarray:
+    """RoPE inverse frequencies [head_dim // 2] in float64 (computed at trace time)."""
+    hd = self.head_dim
+    inv = 1.0 / (self.rope_theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
+    if self.rope_type == "linear":
+      inv = inv / self.rope_factor
+    elif self.rope_type == "llama3":
+      # Llama 3.1 "rope_type: llama3" (transformers `_compute_llama3_parameters`).
+      old = self.rope_original_max_position
+      lo, hi, factor = self.rope_low_freq_factor, self.rope_high_freq_factor, self.rope_factor
+      wavelen = 2 * math.pi / inv
+      scaled = np.where(wavelen > old / lo, inv / factor, inv)
+      smooth = (old / wavelen - lo) / (hi - lo)
+      smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+      medium = (wavelen >= old / hi) & (wavelen <= old / lo)
+      inv = np.where(medium, smoothed, scaled)
+    if self.rope_freq_factors is not None:
+      inv = inv / np.asarray(self.rope_freq_factors, np.float64)
+    return inv

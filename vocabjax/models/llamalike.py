@@ -1,0 +1,189 @@
+"""Pure-functional llama-like decoder: Llama 2/3.x, Qwen2/2.5, Qwen3.
+
+Letters: B batch, T query length, S cache slots, D model dim, F MLP width, V vocab,
+H query heads, K key/value heads, G = H / K query heads per KV head, d head dim, L layers.
+
+Params are a plain pytree; per-layer weights are stacked on a leading L axis and the layers run
+under `lax.scan`, so a 28-layer model compiles as fast as a 1-layer one. Linear weights are
+stored [in, out] (`'BTD,DF->BTF'`); the embedding and the LM head are [V, D] so that a vocabulary
+policy can index LM-head rows directly (`logits[b, j] = U[idx[b, j]] . h[b]`).
+
+`forward` returns the final *normed* hidden state; `lm_head` is applied separately.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vocabjax.models.cache import KVCache
+from vocabjax.models.config import LlamaLikeConfig
+
+Params = dict
+
+
+def init_params(key: jax.Array, config: LlamaLikeConfig, dtype=jnp.float32,
+                scale: float = 0.02) -> Params:
+  """Random params with the real shapes (tests, and speed work on random weights)."""
+  c = config
+  L, D, F = c.num_layers, c.hidden_size, c.intermediate_size
+  keys = iter(jax.random.split(key, 16))
+
+  def normal(shape):
+    return (scale * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
+
+  layers = {
+      "attn_norm": jnp.ones((L, D), dtype),
+      "wq": normal((L, D, c.q_dim)),
+      "wk": normal((L, D, c.kv_dim)),
+      "wv": normal((L, D, c.kv_dim)),
+      "wo": normal((L, c.q_dim, D)),
+      "mlp_norm": jnp.ones((L, D), dtype),
+      "w_gate": normal((L, D, F)),
+      "w_up": normal((L, D, F)),
+      "w_down": normal((L, F, D)),
+  }
+  if c.attention_bias:
+    layers.update(bq=normal((L, c.q_dim)), bk=normal((L, c.kv_dim)), bv=normal((L, c.kv_dim)))
+  if c.qk_norm:
+    layers.update(q_norm=jnp.ones((L, c.head_dim), dtype), k_norm=jnp.ones((L, c.head_dim), dtype))
+  params = {"embed": normal((c.vocab_size, D)), "layers": layers,
+            "final_norm": jnp.ones((D,), dtype)}
+  if not c.tie_word_embeddings:
+    params["lm_head"] = normal((c.vocab_size, D))
+  return params
+
+
+def param_shapes(config: LlamaLikeConfig) -> dict:
+  """The expected shape of every param leaf (checkpoint loaders validate against it)."""
+  return jax.tree.map(lambda x: tuple(x.shape),
+                      jax.eval_shape(lambda: init_params(jax.random.key(0), config)))
+
+
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
+  """RMSNorm computed in f32, scaled in the input dtype (as transformers' LlamaRMSNorm)."""
+  x32 = x.astype(jnp.float32)
+  x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  return weight * x32.astype(x.dtype)
+
+
+def rope_cos_sin(positions: jax.Array, config: LlamaLikeConfig) -> tuple[jax.Array, jax.Array]:
+  """cos, sin [B, T, d] for integer positions [B, T] (half-split "neox" layout)."""
+  inv_freq = jnp.asarray(config.inv_freq(), jnp.float32)
+  freqs = positions.astype(jnp.float32)[..., None] * inv_freq
+  emb = jnp.concatenate([freqs, freqs], axis=-1)
+  return jnp.cos(emb), jnp.sin(emb)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+  """x [B, T, heads, d] rotated by cos/sin [B, T, d]."""
+  half = x.shape[-1] // 2
+  rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+  cos, sin = cos[:, :, None, :].astype(x.dtype), sin[:, :, None, :].astype(x.dtype)
+  return x * cos + rotated * sin
+
+
+def attention_mask(lengths: jax.Array, T: int, S: int,
+                   block_mask: jax.Array | None = None) -> jax.Array:
+  """Which cache slots each new query may see: [B, T, S] bool.
+
+  Slots before `lengths[b]` (the committed prefix) are always visible. The T new entries sit at
+  slots `lengths[b] + t`; among them query t sees t' where `block_mask[b, t, t']` holds
+  (default: causal, t' <= t). Tree verification passes its ancestor mask here.
+  """
+  if block_mask is None:
+    block_mask = jnp.tril(jnp.ones((T, T), jnp.bool_))[None]
+  slots = jnp.arange(S)[None, None, :]  # [1, 1, S]
+  start = lengths[:, None, None]  # [B, 1, 1]
+  rel = slots - start  # [B, 1, S]
+  in_block = (rel >= 0) & (rel < T)
+  block_mask = jnp.broadcast_to(block_mask, (lengths.shape[0], T, T))
+  seen = jnp.take_along_axis(block_mask, jnp.broadcast_to(jnp.clip(rel, 0, T - 1),
+                                                          (lengths.shape[0], T, S)), axis=2)
+  return (slots < start) | (in_block & seen)
+
+
+def _layer(x, layer, k_cache, v_cache, write_b, write_s, mask, cos, sin, config):
+  """One decoder layer. x [B,T,D]; k_cache/v_cache [B,S,K,d] with the new entries written."""
+  c = config
+  B, T, _ = x.shape
+  h = rms_norm(x, layer["attn_norm"], c.rms_norm_eps)
+  q = jnp.einsum("BTD,DQ->BTQ", h, layer["wq"])
+  k = jnp.einsum("BTD,DQ->BTQ", h, layer["wk"])
+  v = jnp.einsum("BTD,DQ->BTQ", h, layer["wv"])
+  if c.attention_bias:
+    q, k, v = q + layer["bq"], k + layer["bk"], v + layer["bv"]
+  q = q.reshape(B, T, c.num_heads, c.head_dim)
+  k = k.reshape(B, T, c.num_kv_heads, c.head_dim)
+  v = v.reshape(B, T, c.num_kv_heads, c.head_dim)
+  if c.qk_norm:
+    q = rms_norm(q, layer["q_norm"], c.rms_norm_eps)
+    k = rms_norm(k, layer["k_norm"], c.rms_norm_eps)
+  q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+
+  k_cache = k_cache.at[write_b, write_s].set(k.astype(k_cache.dtype))
+  v_cache = v_cache.at[write_b, write_s].set(v.astype(v_cache.dtype))
+
+  q = q.reshape(B, T, c.num_kv_heads, c.num_groups, c.head_dim)
+  scores = jnp.einsum("BTKGd,BSKd->BKGTS", q, k_cache.astype(q.dtype),
+                      preferred_element_type=jnp.float32) / np.sqrt(c.head_dim)
+  scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
+  attn = jnp.einsum("BKGTS,BSKd->BTKGd", probs, v_cache.astype(x.dtype))
+  x = x + jnp.einsum("BTQ,QD->BTD", attn.reshape(B, T, c.q_dim), layer["wo"])
+
+  h = rms_norm(x, layer["mlp_norm"], c.rms_norm_eps)
+  gate = jnp.einsum("BTD,DF->BTF", h, layer["w_gate"])
+  up = jnp.einsum("BTD,DF->BTF", h, layer["w_up"])
+  x = x + jnp.einsum("BTF,FD->BTD", jax.nn.silu(gate) * up, layer["w_down"])
+  return x, k_cache, v_cache
+
+
+def forward(params: Params, tokens: jax.Array, positions: jax.Array, cache: KVCache,
+            mask: jax.Array | None = None, *,
+            config: LlamaLikeConfig) -> tuple[jax.Array, KVCache]:
+  """Run T new tokens per row through the decoder and append their keys/values to the cache.
+
+  Args:
+    params: the model pytree (`init_params` layout).
+    tokens: [B, T] int token ids.
+    positions: [B, T] int RoPE positions (a tree passes depth-based positions).
+    cache: KVCache whose rows hold `cache.lengths[b]` committed entries; the new entries are
+      written at slots `lengths[b] + t`. The caller guarantees `lengths + T <= S`.
+    mask: optional [B, T, T] (or [1, T, T]) bool attention among the new tokens; causal if None.
+    config: static model config.
+
+  Returns:
+    hidden [B, T, D], final-normed; and the cache with `lengths + T`.
+  """
+  B, T = tokens.shape
+  S = cache.max_len
+  x = jnp.take(params["embed"], tokens, axis=0)
+  cos, sin = rope_cos_sin(positions, config)
+  full_mask = attention_mask(cache.lengths, T, S, mask)
+  write_b = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
+  write_s = cache.lengths[:, None] + jnp.arange(T)[None, :]
+
+  def body(carry, layer):
+    x, k_all, v_all, i = carry
+    k_l, v_l = k_all[i], v_all[i]
+    x, k_l, v_l = _layer(x, layer, k_l, v_l, write_b, write_s, full_mask, cos, sin, config)
+    k_all = jax.lax.dynamic_update_index_in_dim(k_all, k_l, i, 0)
+    v_all = jax.lax.dynamic_update_index_in_dim(v_all, v_l, i, 0)
+    return (x, k_all, v_all, i + 1), None
+
+  (x, k_all, v_all, _), _ = jax.lax.scan(body, (x, cache.k, cache.v, 0), params["layers"])
+  hidden = rms_norm(x, params["final_norm"], config.rms_norm_eps)
+  return hidden, KVCache(k=k_all, v=v_all, lengths=cache.lengths + T)
+
+
+def lm_head_weight(params: Params, config: LlamaLikeConfig) -> jax.Array:
+  """U [V, D]: the LM head rows (the embedding when tied)."""
+  return params["embed"] if config.tie_word_embeddings else params["lm_head"]
+
+
+def lm_head(params: Params, hidden: jax.Array, *, config: LlamaLikeConfig) -> jax.Array:
+  """Full-vocabulary logits [..., V] from hidden [..., D], accumulated in f32."""
+  return jnp.einsum("...D,VD->...V", hidden, lm_head_weight(params, config),
+                    preferred_element_type=jnp.float32)
