@@ -2,7 +2,8 @@
 
 Both loaders (safetensors, GGUF) hand over a `lookup(name) -> np.ndarray` in PyTorch layout
 ([out, in] for linear weights) and a naming scheme; this module owns the mapping to vocabjax's
-layout ([in, out], layers stacked on axis 0), the shape checks and the dtype cast.
+layout (PyTorch's [out, in] for linear weights, a list of per-layer dicts), the shape checks
+and the dtype cast.
 """
 
 from __future__ import annotations
@@ -22,23 +23,22 @@ class CheckpointError(ValueError):
   """A checkpoint tensor is missing, has the wrong shape, or is not recognized."""
 
 
-# leaf -> (HF name, GGUF name, transpose). "{i}" is the layer index.
+# leaf -> (HF name, GGUF name). "{i}" is the layer index.
 LAYER_NAMES = {
-    "attn_norm": ("model.layers.{i}.input_layernorm.weight", "blk.{i}.attn_norm.weight", False),
-    "wq": ("model.layers.{i}.self_attn.q_proj.weight", "blk.{i}.attn_q.weight", True),
-    "wk": ("model.layers.{i}.self_attn.k_proj.weight", "blk.{i}.attn_k.weight", True),
-    "wv": ("model.layers.{i}.self_attn.v_proj.weight", "blk.{i}.attn_v.weight", True),
-    "wo": ("model.layers.{i}.self_attn.o_proj.weight", "blk.{i}.attn_output.weight", True),
-    "bq": ("model.layers.{i}.self_attn.q_proj.bias", "blk.{i}.attn_q.bias", False),
-    "bk": ("model.layers.{i}.self_attn.k_proj.bias", "blk.{i}.attn_k.bias", False),
-    "bv": ("model.layers.{i}.self_attn.v_proj.bias", "blk.{i}.attn_v.bias", False),
-    "q_norm": ("model.layers.{i}.self_attn.q_norm.weight", "blk.{i}.attn_q_norm.weight", False),
-    "k_norm": ("model.layers.{i}.self_attn.k_norm.weight", "blk.{i}.attn_k_norm.weight", False),
-    "mlp_norm": ("model.layers.{i}.post_attention_layernorm.weight", "blk.{i}.ffn_norm.weight",
-                 False),
-    "w_gate": ("model.layers.{i}.mlp.gate_proj.weight", "blk.{i}.ffn_gate.weight", True),
-    "w_up": ("model.layers.{i}.mlp.up_proj.weight", "blk.{i}.ffn_up.weight", True),
-    "w_down": ("model.layers.{i}.mlp.down_proj.weight", "blk.{i}.ffn_down.weight", True),
+    "attn_norm": ("model.layers.{i}.input_layernorm.weight", "blk.{i}.attn_norm.weight"),
+    "wq": ("model.layers.{i}.self_attn.q_proj.weight", "blk.{i}.attn_q.weight"),
+    "wk": ("model.layers.{i}.self_attn.k_proj.weight", "blk.{i}.attn_k.weight"),
+    "wv": ("model.layers.{i}.self_attn.v_proj.weight", "blk.{i}.attn_v.weight"),
+    "wo": ("model.layers.{i}.self_attn.o_proj.weight", "blk.{i}.attn_output.weight"),
+    "bq": ("model.layers.{i}.self_attn.q_proj.bias", "blk.{i}.attn_q.bias"),
+    "bk": ("model.layers.{i}.self_attn.k_proj.bias", "blk.{i}.attn_k.bias"),
+    "bv": ("model.layers.{i}.self_attn.v_proj.bias", "blk.{i}.attn_v.bias"),
+    "q_norm": ("model.layers.{i}.self_attn.q_norm.weight", "blk.{i}.attn_q_norm.weight"),
+    "k_norm": ("model.layers.{i}.self_attn.k_norm.weight", "blk.{i}.attn_k_norm.weight"),
+    "mlp_norm": ("model.layers.{i}.post_attention_layernorm.weight", "blk.{i}.ffn_norm.weight"),
+    "w_gate": ("model.layers.{i}.mlp.gate_proj.weight", "blk.{i}.ffn_gate.weight"),
+    "w_up": ("model.layers.{i}.mlp.up_proj.weight", "blk.{i}.ffn_up.weight"),
+    "w_down": ("model.layers.{i}.mlp.down_proj.weight", "blk.{i}.ffn_down.weight"),
 }
 TOP_NAMES = {
     "embed": ("model.embed_tokens.weight", "token_embd.weight"),
@@ -58,8 +58,8 @@ def expected_names(config: LlamaLikeConfig, scheme: str) -> list[str]:
   col = SCHEMES[scheme]
   shapes = param_shapes(config)
   names = [TOP_NAMES[k][col] for k in TOP_NAMES if k in shapes]
-  for leaf in shapes["layers"]:
-    names += [LAYER_NAMES[leaf][col].format(i=i) for i in range(config.num_layers)]
+  for i, layer in enumerate(shapes["layers"]):
+    names += [LAYER_NAMES[leaf][col].format(i=i) for leaf in layer]
   return names
 
 
@@ -82,26 +82,16 @@ def assemble_params(config: LlamaLikeConfig, lookup: Callable[[str], np.ndarray]
                           f"describe them): {extra[:8]}{' ...' if len(extra) > 8 else ''}")
   out_dtype = np_dtype(dtype)
 
-  def fetch(name: str, want: tuple, transpose: bool) -> np.ndarray:
+  def fetch(name: str, want: tuple) -> jax.Array:
     arr = np.asarray(lookup(name))
-    if transpose:
-      arr = arr.T
     if tuple(arr.shape) != want:
-      raise CheckpointError(f"{source}: tensor {name} has shape {tuple(arr.shape)} "
-                            f"(after transpose={transpose}), expected {want}")
-    return arr.astype(out_dtype, copy=False)
+      raise CheckpointError(f"{source}: tensor {name} has shape {tuple(arr.shape)}, "
+                            f"expected {want}")
+    return jax.device_put(arr.astype(out_dtype, copy=False))
 
-  params: dict = {}
-  for key in TOP_NAMES:
-    if key in shapes:
-      params[key] = jax.device_put(fetch(TOP_NAMES[key][col], shapes[key], False))
-  layers = {}
-  for leaf, shape in shapes["layers"].items():
-    template, transpose = LAYER_NAMES[leaf][col], LAYER_NAMES[leaf][2]
-    stacked = np.empty(shape, out_dtype)
-    for i in range(config.num_layers):
-      stacked[i] = fetch(template.format(i=i), shape[1:], transpose)
-    layers[leaf] = jax.device_put(stacked)
-    del stacked
-  params["layers"] = layers
+  params: dict = {key: fetch(TOP_NAMES[key][col], shapes[key])
+                  for key in TOP_NAMES if key in shapes}
+  params["layers"] = [{leaf: fetch(LAYER_NAMES[leaf][col].format(i=i), shape)
+                       for leaf, shape in layer.items()}
+                      for i, layer in enumerate(shapes["layers"])]
   return params

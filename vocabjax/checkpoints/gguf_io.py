@@ -54,7 +54,7 @@ def metadata(reader) -> dict:
   return out
 
 
-def config_from_gguf(meta: dict, tensor_names: set[str],
+def config_from_gguf(meta: dict, tensor_names: set[str], vocab_size: int,
                      rope_freqs: np.ndarray | None = None) -> LlamaLikeConfig:
   arch = meta.get("general.architecture")
   if arch not in _GGUF_ARCHS:
@@ -79,10 +79,9 @@ def config_from_gguf(meta: dict, tensor_names: set[str],
                     f"head_dim={head_dim} (partial rotary)")
   if problems:
     raise UnsupportedConfigError(f"GGUF {arch} metadata not supported: {'; '.join(problems)}")
-  n_vocab = get("vocab_size") or len(meta.get("tokenizer.ggml.tokens", [])) or None
   return LlamaLikeConfig(
       arch=_GGUF_ARCHS[arch],
-      vocab_size=int(n_vocab) if n_vocab else -1,
+      vocab_size=int(vocab_size),
       hidden_size=D,
       intermediate_size=int(get("feed_forward_length")),
       num_layers=int(get("block_count")),
@@ -120,9 +119,10 @@ def load_gguf(path: str | os.PathLike, dtype=jnp.float32) -> tuple[LlamaLikeConf
   if "rope_freqs.weight" in tensors:  # Llama 3.1+ GGUFs bake llama3 scaling into this tensor
     t = tensors["rope_freqs.weight"]
     rope_freqs = dequantize(t.data, t.tensor_type).reshape(-1)
-  config = config_from_gguf(meta, set(tensors), rope_freqs)
-  if config.vocab_size <= 0:
-    config = config.replace(vocab_size=int(tensors["token_embd.weight"].shape[-1]))
+  if "token_embd.weight" not in tensors:
+    raise CheckpointError(f"{path}: tensor token_embd.weight missing")
+  vocab_size = int(tensors["token_embd.weight"].shape[-1])  # ggml ne order: [D, V]
+  config = config_from_gguf(meta, set(tensors), vocab_size, rope_freqs)
 
   def lookup(name: str) -> np.ndarray:
     t = tensors[name]

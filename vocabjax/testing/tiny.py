@@ -18,7 +18,7 @@ TINY_VARIANTS = {
     "qwen2_bias": ("qwen2", dict(num_attention_heads=4, num_key_value_heads=2)),
     "qwen2_bias_tied": ("qwen2", dict(num_attention_heads=4, num_key_value_heads=2,
                                       tie_word_embeddings=True)),
-    "qwen3_qknorm": ("qwen3", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16)),
+    "qwen3_qknorm": ("qwen3", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32)),
 }
 
 
@@ -53,10 +53,42 @@ def tiny_hf_model(model_type: str, seed: int = 0, vocab_size: int = 128, **overr
 
 
 def save_tiny_variant(variant: str, directory: str | os.PathLike, seed: int = 0,
-                      vocab_size: int = 128) -> Path:
-  """Build a TINY_VARIANTS model and `save_pretrained` it as safetensors; return the directory."""
+                      vocab_size: int = 128, with_tokenizer: bool = False) -> Path:
+  """Build a TINY_VARIANTS model and `save_pretrained` it (safetensors, and a tokenizer if asked)."""
   model_type, overrides = TINY_VARIANTS[variant]
+  if with_tokenizer:
+    vocab_size = max(vocab_size, 320)  # byte-level BPE needs 256 bytes + specials + merges
   model = tiny_hf_model(model_type, seed=seed, vocab_size=vocab_size, **overrides)
   directory = Path(directory)
   model.save_pretrained(directory, safe_serialization=True)
+  if with_tokenizer:
+    tiny_tokenizer(vocab_size).save_pretrained(directory)
   return directory
+
+
+TINY_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+TINY_SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+
+
+def tiny_tokenizer(vocab_size: int = 128, corpus: list[str] | None = None):
+  """A byte-level BPE tokenizer trained offline on a few sentences (ids 0-2: pad, bos, eos)."""
+  from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+  from transformers import PreTrainedTokenizerFast
+
+  corpus = corpus or [
+      "def add(a, b):\n    return a + b\n", "The quick brown fox jumps over the lazy dog.",
+      "Speculative decoding drafts tokens and verifies them in one pass.",
+      "for i in range(10):\n    print(i)\n", "Hello world! How are you today?"] * 20
+  tok = Tokenizer(models.BPE())
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=TINY_SPECIAL_TOKENS,
+                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                show_progress=False)
+  tok.train_from_iterator(corpus, trainer)
+  fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>",
+                                 eos_token="</s>")
+  fast.chat_template = TINY_CHAT_TEMPLATE
+  return fast

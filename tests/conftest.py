@@ -1,0 +1,27 @@
+"""Test setup: 8 virtual CPU devices (for the sharding tests) and tiny HF checkpoints."""
+
+import os
+
+# Must happen before jax is imported anywhere: the sharded tests need 8 CPU devices.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import pytest  # noqa: E402
+
+from vocabjax.testing.tiny import TINY_VARIANTS, save_tiny_variant  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory):
+  """variant name -> a saved tiny HF checkpoint directory (built once per session)."""
+  root = tmp_path_factory.mktemp("tiny")
+  return {v: save_tiny_variant(v, root / v) for v in TINY_VARIANTS}
+
+
+@pytest.fixture(scope="session")
+def tiny_chat_dir(tmp_path_factory):
+  """A tiny Qwen2 checkpoint with a byte-level BPE tokenizer and a chat template."""
+  return save_tiny_variant("qwen2_bias", tmp_path_factory.mktemp("chat") / "m", seed=3,
+                           with_tokenizer=True)

@@ -1,0 +1,204 @@
+"""Plain autoregressive decoding: the baseline every speculative method must reproduce.
+
+Letters: B batch, T prompt length (padded), S cache slots, V vocab.
+
+Prompts of different lengths are right-padded into one [B, T] block; each row's cache length is
+then reset to its own prompt length, so padding is never attended and positions are exact
+(row b of a batch gives the same tokens as that prompt alone). Prefill and the decode step are
+compiled ahead of time once per (config, B, T, S, sampling); the Python loop only checks
+EOS/stop conditions, so no token ever triggers a recompilation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vocabjax.decoding.sampling import SamplingParams, sample
+from vocabjax.models.cache import KVCache
+from vocabjax.models.config import LlamaLikeConfig
+from vocabjax.models.llamalike import forward, lm_head
+
+
+@dataclasses.dataclass
+class GenerationResult:
+  """Generated ids per row (prompt excluded) and where the time went."""
+
+  tokens: list[list[int]]  # new token ids per row, EOS included when hit
+  finish_reasons: list[str]  # "eos", "stop" or "length" per row
+  prompt_lengths: list[int]
+  compile_s: float  # ahead-of-time compilation of prefill and step (0 when cached)
+  prefill_s: float  # prefill plus the first sampled token
+  decode_s: float  # every later step
+  steps: int  # decode steps run (= target forwards after prefill)
+
+  @property
+  def num_generated(self) -> int:
+    return sum(len(t) for t in self.tokens)
+
+  @property
+  def tokens_per_s(self) -> float:
+    """Generated tokens / (prefill + decode) wall time, compilation excluded."""
+    total = self.prefill_s + self.decode_s
+    return self.num_generated / total if total > 0 else float("nan")
+
+  @property
+  def decode_tokens_per_s(self) -> float:
+    """Tokens after the first / decode wall time (batch rows counted)."""
+    n = self.num_generated - len(self.tokens)
+    return n / self.decode_s if self.decode_s > 0 else float("nan")
+
+
+def bucket(n: int, minimum: int = 16) -> int:
+  """Round up to a power of two (few distinct compiled shapes across prompts)."""
+  return max(minimum, 1 << (max(n, 1) - 1).bit_length())
+
+
+def _prefill(params, tokens, prompt_lengths, cache, key, *, config, sampling):
+  B, T = tokens.shape
+  positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+  hidden, cache = forward(params, tokens, positions, cache, config=config)
+  cache = cache.with_lengths(prompt_lengths)
+  last = jnp.take_along_axis(hidden, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
+  logits = lm_head(params, last, config=config)
+  return sample(key, logits, sampling), cache
+
+
+def _step(params, tokens, cache, key, *, config, sampling):
+  positions = cache.lengths[:, None]
+  hidden, cache = forward(params, tokens[:, None], positions, cache, config=config)
+  logits = lm_head(params, hidden[:, 0], config=config)
+  return sample(key, logits, sampling), cache
+
+
+class Decoder:
+  """Compiles and runs prefill + decode steps for one model (reused across calls)."""
+
+  def __init__(self, params: dict, config: LlamaLikeConfig, mesh=None):
+    """`mesh`: optional ("data", "model") mesh; params and cache are then placed SPMD on it."""
+    from vocabjax import sharding
+
+    self.config, self.mesh = config, mesh
+    self.params = params if mesh is None else sharding.shard_params(params, config, mesh)
+    self._programs: dict = {}
+
+  def _new_cache(self, B: int, S: int, dtype) -> KVCache:
+    from vocabjax import sharding
+
+    cache = KVCache.init(self.config, B, S, dtype)
+    return cache if self.mesh is None else sharding.shard_cache(cache, self.config, self.mesh)
+
+  def programs(self, sampling: SamplingParams, B: int, T: int, S: int, cache_dtype):
+    """(prefill, step, compile seconds) for these shapes, compiled once."""
+    key = (sampling, B, T, S, jnp.dtype(cache_dtype).name)
+    if key in self._programs:
+      return (*self._programs[key], 0.0)
+    t0 = time.perf_counter()
+    cfg = self.config
+    cache = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                         self._new_cache(B, S, cache_dtype))
+    rng = jax.random.key(0)
+    i32 = jax.ShapeDtypeStruct
+    prefill = jax.jit(functools.partial(_prefill, config=cfg, sampling=sampling),
+                      donate_argnums=(3,)).lower(
+        self.params, i32((B, T), jnp.int32), i32((B,), jnp.int32), cache, rng).compile()
+    step = jax.jit(functools.partial(_step, config=cfg, sampling=sampling),
+                   donate_argnums=(2,)).lower(
+        self.params, i32((B,), jnp.int32), cache, rng).compile()
+    self._programs[key] = (prefill, step)
+    return prefill, step, time.perf_counter() - t0
+
+  def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+               sampling: SamplingParams = SamplingParams(), seed: int = 0,
+               eos_token_ids: Sequence[int] = (), max_len: int | None = None,
+               stop_strings: Sequence[str] = (), tokenizer=None,
+               cache_dtype=None) -> GenerationResult:
+    """Generate up to `max_new_tokens` per prompt; rows stop at EOS or a stop string."""
+    cfg = self.config
+    prompts = [list(map(int, p)) for p in prompts]
+    validate_request(prompts, max_new_tokens, sampling, cfg, max_len)
+    if stop_strings and tokenizer is None:
+      raise ValueError("stop strings need a tokenizer to detokenize with")
+    B = len(prompts)
+    lengths = np.array([len(p) for p in prompts], np.int32)
+    longest = int(lengths.max())
+    S = max_len or bucket(longest + max_new_tokens)
+    T = min(bucket(longest), S)  # validate_request guarantees longest <= T <= S
+    cache_dtype = cache_dtype or self.params["embed"].dtype
+    prefill, step, compile_s = self.programs(sampling, B, T, S, cache_dtype)
+
+    tokens = np.zeros((B, T), np.int32)
+    for b, p in enumerate(prompts):
+      tokens[b, :len(p)] = p
+    key = jax.random.key(seed)
+    eos = set(int(e) for e in eos_token_ids)
+    out: list[list[int]] = [[] for _ in range(B)]
+    reasons = ["length"] * B
+    done = np.zeros(B, bool)
+
+    def record(new: np.ndarray) -> None:
+      for b in np.flatnonzero(~done):
+        tok = int(new[b])
+        out[b].append(tok)
+        if tok in eos:
+          done[b], reasons[b] = True, "eos"
+        elif stop_strings and _hits_stop(tokenizer, out[b], stop_strings):
+          done[b], reasons[b] = True, "stop"
+        elif len(out[b]) >= max_new_tokens:
+          done[b] = True
+
+    t0 = time.perf_counter()
+    cache = self._new_cache(B, S, cache_dtype)
+    new, cache = prefill(self.params, jnp.asarray(tokens), jnp.asarray(lengths), cache,
+                         jax.random.fold_in(key, 0))
+    record(np.asarray(new))
+    t1 = time.perf_counter()
+    steps = 0
+    while not done.all():
+      steps += 1
+      new, cache = step(self.params, new, cache, jax.random.fold_in(key, steps))
+      record(np.asarray(new))
+    t2 = time.perf_counter()
+    return GenerationResult(tokens=out, finish_reasons=reasons, prompt_lengths=lengths.tolist(),
+                            compile_s=compile_s, prefill_s=t1 - t0, decode_s=t2 - t1,
+                            steps=steps)
+
+
+def _hits_stop(tokenizer, ids: list[int], stop_strings: Sequence[str]) -> bool:
+  tail = tokenizer.decode(ids[-16:], skip_special_tokens=False)
+  return any(s in tail for s in stop_strings)
+
+
+def validate_request(prompts: list[list[int]], max_new_tokens: int, sampling: SamplingParams,
+                     config: LlamaLikeConfig, max_len: int | None) -> None:
+  """Reject bad generation requests with errors that quote the offending value."""
+  if not prompts:
+    raise ValueError("no prompts given")
+  if max_new_tokens <= 0:
+    raise ValueError(f"max_new_tokens must be > 0, got {max_new_tokens=}")
+  for i, p in enumerate(prompts):
+    if not p:
+      raise ValueError(f"prompt {i} is empty")
+    bad = [t for t in p if not 0 <= t < config.vocab_size]
+    if bad:
+      raise ValueError(f"prompt {i} holds token ids outside [0, {config.vocab_size}): {bad[:5]}")
+  sampling.validate_for_vocab(config.vocab_size)
+  longest = max(len(p) for p in prompts)
+  if max_len is not None and longest + max_new_tokens > max_len:
+    raise ValueError(f"prompt of {longest} tokens + {max_new_tokens=} exceeds the cache length "
+                     f"{max_len=}")
+  if longest + max_new_tokens > config.max_position_embeddings:
+    raise ValueError(f"prompt of {longest} tokens + {max_new_tokens=} exceeds the model's "
+                     f"context {config.max_position_embeddings}")
+
+
+def generate(params: dict, config: LlamaLikeConfig, prompts: Sequence[Sequence[int]],
+             **kwargs) -> GenerationResult:
+  """One-shot convenience wrapper around `Decoder(params, config).generate(...)`."""
+  return Decoder(params, config).generate(prompts, **kwargs)

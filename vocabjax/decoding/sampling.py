@@ -1,0 +1,72 @@
+"""Logit processing: the one place logits become a sampling distribution.
+
+The same `SamplingParams` and `log_probs` are applied to the target's p and the drafter's q, so
+speculative sampling compares like with like. Letters: B batch, V vocab.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingParams:
+  """Static sampling settings; temperature 0 means greedy (argmax)."""
+
+  temperature: float = 0.0
+  top_k: int = 0  # 0: off
+  top_p: float = 1.0  # 1.0: off
+
+  def __post_init__(self):
+    if not self.temperature >= 0:
+      raise ValueError(f"temperature must be >= 0, got {self.temperature=}")
+    if not 0 < self.top_p <= 1:
+      raise ValueError(f"top_p must be in (0, 1], got {self.top_p=}")
+    if self.top_k < 0:
+      raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k=}")
+
+  @property
+  def greedy(self) -> bool:
+    return self.temperature == 0.0
+
+  def validate_for_vocab(self, vocab_size: int) -> None:
+    if self.top_k > vocab_size:
+      raise ValueError(f"top_k={self.top_k} exceeds the vocabulary size V={vocab_size}")
+
+
+def log_probs(logits: jax.Array, sp: SamplingParams) -> jax.Array:
+  """Log-probabilities [B, V] after temperature, top-k and top-p (f32; -inf outside the support).
+
+  Greedy settings give a point mass on the argmax (ties to the lowest id), so a verifier can
+  treat greedy as the temperature -> 0 limit.
+  """
+  logits = logits.astype(jnp.float32)
+  if sp.greedy:
+    hot = jax.nn.one_hot(jnp.argmax(logits, axis=-1), logits.shape[-1], dtype=jnp.bool_)
+    return jnp.where(hot, 0.0, -jnp.inf)
+  logits = logits / sp.temperature
+  if sp.top_k:
+    kth = jax.lax.top_k(logits, sp.top_k)[0][..., -1:]
+    logits = jnp.where(logits >= kth, logits, -jnp.inf)
+  if sp.top_p < 1.0:
+    # Keep the smallest prefix of the sorted distribution whose mass reaches top_p (the token
+    # that crosses the threshold is kept, as in transformers' TopPLogitsWarper).
+    order = jnp.argsort(-logits, axis=-1)
+    sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
+    probs = jax.nn.softmax(sorted_logits, axis=-1)
+    mass_before = jnp.cumsum(probs, axis=-1) - probs
+    keep_sorted = mass_before < sp.top_p
+    keep = jnp.zeros_like(keep_sorted).at[
+        jnp.arange(logits.shape[0])[:, None], order].set(keep_sorted)
+    logits = jnp.where(keep, logits, -jnp.inf)
+  return jax.nn.log_softmax(logits, axis=-1)
+
+
+def sample(key: jax.Array, logits: jax.Array, sp: SamplingParams) -> jax.Array:
+  """Next token ids [B] from logits [B, V]."""
+  if sp.greedy:
+    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  return jax.random.categorical(key, log_probs(logits, sp), axis=-1).astype(jnp.int32)

@@ -1,0 +1,149 @@
+"""`python -m vocabjax.generate`: generate text with a target model and report timing as JSON.
+
+  python -m vocabjax.generate --target qwen2.5-coder-1.5b-instruct --chat \\
+      --prompt "Write a Python function that reverses a string." --max-new-tokens 64
+
+`--target` takes a local HF directory, a .gguf file or a registry name (`python -m vocabjax.zoo
+list`). Several `--prompt` flags make a batch. Speculative methods (`--method chain|tree`) arrive
+with the speculative-decoding engine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+
+from vocabjax.checkpoints.loader import load_model
+from vocabjax.decoding.autoregressive import Decoder
+from vocabjax.decoding.sampling import SamplingParams
+
+
+@dataclasses.dataclass(frozen=True)
+class GenerateConfig:
+  target: str
+  prompts: tuple[str, ...]
+  chat: bool = False
+  max_new_tokens: int = 64
+  temperature: float = 0.0
+  top_k: int = 0
+  top_p: float = 1.0
+  seed: int = 0
+  stop: tuple[str, ...] = ()
+  max_len: int | None = None  # cache slots; default: prompt + max_new_tokens rounded up
+  dtype: str = "auto"
+  output: str | None = None
+  quiet: bool = False
+
+
+def encode_prompts(tokenizer, prompts, chat: bool) -> list[list[int]]:
+  """Token ids per prompt; with `chat`, wrapped in the tokenizer's chat template."""
+  if tokenizer is None:
+    raise ValueError("this model has no tokenizer; text prompts cannot be encoded")
+  out = []
+  for p in prompts:
+    if chat:
+      if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("--chat given but the tokenizer has no chat template")
+      text = tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                           add_generation_prompt=True)
+      out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+    else:
+      out.append(tokenizer(p)["input_ids"])
+  return out
+
+
+def atomic_write_json(path: str | os.PathLike, obj) -> None:
+  """Write JSON via a temporary file and rename, so a crash never leaves half a file."""
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".partial")
+  try:
+    with os.fdopen(fd, "w") as f:
+      json.dump(obj, f, indent=2)
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+
+
+def main(config: GenerateConfig) -> dict:
+  sampling = SamplingParams(config.temperature, config.top_k, config.top_p)  # validates
+  if config.max_new_tokens <= 0:
+    raise ValueError(f"max_new_tokens must be > 0, got {config.max_new_tokens}")
+  t0 = time.perf_counter()
+  model = load_model(config.target, dtype=config.dtype)
+  load_s = time.perf_counter() - t0
+  prompt_ids = encode_prompts(model.tokenizer, config.prompts, config.chat)
+  decoder = Decoder(model.params, model.config)
+  res = decoder.generate(prompt_ids, max_new_tokens=config.max_new_tokens, sampling=sampling,
+                         seed=config.seed, eos_token_ids=model.eos_token_ids,
+                         max_len=config.max_len, stop_strings=config.stop,
+                         tokenizer=model.tokenizer)
+  texts = [model.tokenizer.decode(t, skip_special_tokens=True) for t in res.tokens]
+  if not config.quiet:
+    for i, text in enumerate(texts):
+      if len(texts) > 1:
+        print(f"--- [{i}] ---")
+      print(text)
+  stats = {
+      "target": model.source,
+      "config": dataclasses.asdict(model.config),
+      "settings": {k: v for k, v in dataclasses.asdict(config).items() if k != "output"},
+      "dtype": str(model.dtype.__name__ if hasattr(model.dtype, "__name__") else model.dtype),
+      "backend": jax.default_backend(),
+      "machine": platform.node(),
+      "prompt_ids": prompt_ids,
+      "output_ids": res.tokens,
+      "texts": texts,
+      "finish_reasons": res.finish_reasons,
+      "timing": {"load_s": load_s, "compile_s": res.compile_s, "prefill_s": res.prefill_s,
+                 "decode_s": res.decode_s, "steps": res.steps,
+                 "generated_tokens": res.num_generated, "tokens_per_s": res.tokens_per_s,
+                 "decode_tokens_per_s": res.decode_tokens_per_s},
+  }
+  print(f"[vocabjax] {res.num_generated} tokens, {res.tokens_per_s:.2f} tok/s "
+        f"(decode {res.decode_tokens_per_s:.2f} tok/s, prefill {res.prefill_s:.2f}s, "
+        f"compile {res.compile_s:.1f}s, load {load_s:.1f}s)", file=sys.stderr)
+  if config.output:
+    atomic_write_json(config.output, stats)
+  return stats
+
+
+def parse_args(argv=None) -> GenerateConfig:
+  p = argparse.ArgumentParser(prog="python -m vocabjax.generate", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--target", required=True, help="HF dir, .gguf file or registry name")
+  p.add_argument("--prompt", action="append", required=True, help="repeat for a batch")
+  p.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
+  p.add_argument("--max-new-tokens", type=int, default=64)
+  p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+  p.add_argument("--top-k", type=int, default=0, help="0 = off")
+  p.add_argument("--top-p", type=float, default=1.0)
+  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+  p.add_argument("--max-len", type=int, default=None, help="KV cache slots per row")
+  p.add_argument("--dtype", default="auto", help="auto (f32 on CPU, bf16 on GPU/TPU), f32, bf16")
+  p.add_argument("--output", help="write token ids and timing here as JSON")
+  p.add_argument("--quiet", action="store_true", help="do not print the text")
+  a = p.parse_args(argv)
+  return GenerateConfig(target=a.target, prompts=tuple(a.prompt), chat=a.chat,
+                        max_new_tokens=a.max_new_tokens, temperature=a.temperature,
+                        top_k=a.top_k, top_p=a.top_p, seed=a.seed, stop=tuple(a.stop),
+                        max_len=a.max_len, dtype=a.dtype, output=a.output, quiet=a.quiet)
+
+
+if __name__ == "__main__":
+  try:
+    main(parse_args())
+  except (ValueError, FileNotFoundError, KeyError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)

@@ -1,0 +1,79 @@
+"""Placing a model on a device mesh: tensor-parallel heads/MLP, vocab-split LM head, data-parallel batch.
+
+Mesh axes: "data" (batch rows) and "model" (tensor parallel). Rules, Megatron style (weights
+are [out, in]):
+  wq/wk/wv [heads*d, D]     split the output (head) axis over "model"
+  wo       [D, heads*d]     split the input (head) axis; XLA inserts the all-reduce
+  w_gate/w_up [F, D]        split F;  w_down [D, F] split F
+  embed, lm_head [V, D]     split V (the LM head's logits come out vocab-sharded)
+  KV cache [L, B, S, K, d]  B over "data", K over "model"
+A dimension that does not divide by its mesh axis is replicated instead (e.g. Qwen2.5's 2 KV
+heads on a 4-way model axis), so every mesh shape works. The forward and decode functions are
+unchanged: `jax.jit` partitions them (GSPMD) from the input shardings. Multi-host: call
+`jax.distributed.initialize()` first; `make_mesh` then spans every process's devices.
+"""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from vocabjax.models.cache import KVCache
+from vocabjax.models.config import LlamaLikeConfig
+from vocabjax.models.llamalike import param_shapes
+
+# leaf -> which axis of the per-layer tensor goes to "model".
+_LAYER_MODEL_AXIS = {"wq": 0, "wk": 0, "wv": 0, "bq": 0, "bk": 0, "bv": 0, "wo": 1,
+                     "w_gate": 0, "w_up": 0, "w_down": 1}
+
+
+def make_mesh(data: int = 1, model: int | None = None, devices=None) -> Mesh:
+  """A ("data", "model") mesh; `model` defaults to all devices not used by `data`."""
+  devices = list(jax.devices() if devices is None else devices)
+  if model is None:
+    model = len(devices) // data
+  if data * model != len(devices):
+    raise ValueError(f"mesh {data=} x {model=} does not match {len(devices)} devices")
+  return Mesh(np.array(devices).reshape(data, model), ("data", "model"))
+
+
+def _spec(shape: tuple, axis: int | None, mesh: Mesh, name: str = "model") -> P:
+  parts = [None] * len(shape)
+  if axis is not None and shape[axis] % mesh.shape[name] == 0:
+    parts[axis] = name
+  return P(*parts)
+
+
+def param_specs(config: LlamaLikeConfig, mesh: Mesh) -> dict:
+  """PartitionSpec for every param leaf (same tree as `init_params`)."""
+  shapes = param_shapes(config)
+  specs = {k: _spec(shapes[k], 0, mesh) for k in ("embed", "lm_head") if k in shapes}
+  specs["final_norm"] = P()
+  specs["layers"] = [{leaf: _spec(shape, _LAYER_MODEL_AXIS.get(leaf), mesh)
+                      for leaf, shape in layer.items()} for layer in shapes["layers"]]
+  return specs
+
+
+def shard_params(params: dict, config: LlamaLikeConfig, mesh: Mesh) -> dict:
+  """device_put every leaf with its NamedSharding."""
+  specs = param_specs(config, mesh)
+  return jax.tree.map(lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), params, specs)
+
+
+def cache_specs(config: LlamaLikeConfig, batch_size: int, mesh: Mesh) -> KVCache:
+  kv = P(None, "data" if batch_size % mesh.shape["data"] == 0 else None, None,
+         "model" if config.num_kv_heads % mesh.shape["model"] == 0 else None, None)
+  rows = P("data" if batch_size % mesh.shape["data"] == 0 else None)
+  return KVCache(k=kv, v=kv, lengths=rows)
+
+
+def shard_cache(cache: KVCache, config: LlamaLikeConfig, mesh: Mesh) -> KVCache:
+  specs = cache_specs(config, cache.batch_size, mesh)
+  return jax.tree.map(lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), cache, specs)
+
+
+def shard_batch(x: jax.Array, mesh: Mesh) -> jax.Array:
+  """Place a [B, ...] array with its rows over "data" (replicated if B does not divide)."""
+  spec = P("data") if x.shape[0] % mesh.shape["data"] == 0 else P()
+  return jax.device_put(x, NamedSharding(mesh, spec))
