@@ -92,3 +92,91 @@ def tiny_tokenizer(vocab_size: int = 128, corpus: list[str] | None = None):
                                  eos_token="</s>")
   fast.chat_template = TINY_CHAT_TEMPLATE
   return fast
+
+
+def _llama_cpp_permute(w, n_head: int):
+  """llama.cpp convert_hf_to_gguf's q/k row permutation (half-split -> interleaved RoPE pairs)."""
+  return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2)
+          .reshape(w.shape))
+
+
+def write_tiny_gguf(model, path: str | os.PathLike, qtype: str = "F32", tokenizer=None,
+                    state: dict | None = None) -> Path:
+  """Write a transformers llama/qwen2/qwen3 model as GGUF the way llama.cpp's converter does.
+
+  Linear weights are stored as `qtype` ("F32", "F16", "Q8_0", ...); norms and biases stay F32.
+  For the llama architecture the q/k rows are permuted as llama.cpp does, so a loader that
+  forgets to undo it produces wrong logits. `state` overrides the model's state dict (tests of
+  broken files).
+  """
+  import gguf
+  import numpy as np
+
+  cfg = model.config
+  arch = cfg.model_type
+  H, KV = cfg.num_attention_heads, cfg.num_key_value_heads
+  head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
+  rope = getattr(cfg, "rope_parameters", None) or {}
+  writer = gguf.GGUFWriter(str(path), arch)
+  writer.add_name("tiny")
+  writer.add_block_count(cfg.num_hidden_layers)
+  writer.add_context_length(cfg.max_position_embeddings)
+  writer.add_embedding_length(cfg.hidden_size)
+  writer.add_feed_forward_length(cfg.intermediate_size)
+  writer.add_head_count(H)
+  writer.add_head_count_kv(KV)
+  writer.add_key_length(head_dim)
+  writer.add_value_length(head_dim)
+  writer.add_rope_dimension_count(head_dim)
+  writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+  writer.add_rope_freq_base(float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))))
+  writer.add_vocab_size(cfg.vocab_size)
+  if tokenizer is not None:
+    vocab = tokenizer.get_vocab()
+    tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
+    tokens += [f"[PAD{i}]" for i in range(cfg.vocab_size - len(tokens))]
+    merges = [" ".join(m) if isinstance(m, (list, tuple)) else m for m in
+              __import__("json").loads(tokenizer.backend_tokenizer.to_str())["model"]["merges"]]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if t in tokenizer.all_special_tokens else 1 for t in tokens])
+    writer.add_token_merges(merges)
+    writer.add_bos_token_id(tokenizer.bos_token_id)
+    writer.add_eos_token_id(tokenizer.eos_token_id)
+    if getattr(tokenizer, "chat_template", None):
+      writer.add_chat_template(tokenizer.chat_template)
+  names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+           "lm_head.weight": "output.weight"}
+  per_layer = {"input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj.weight": "attn_q.weight",
+               "self_attn.k_proj.weight": "attn_k.weight", "self_attn.v_proj.weight": "attn_v.weight",
+               "self_attn.o_proj.weight": "attn_output.weight", "self_attn.q_proj.bias": "attn_q.bias",
+               "self_attn.k_proj.bias": "attn_k.bias", "self_attn.v_proj.bias": "attn_v.bias",
+               "self_attn.q_norm.weight": "attn_q_norm.weight",
+               "self_attn.k_norm.weight": "attn_k_norm.weight",
+               "post_attention_layernorm.weight": "ffn_norm.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
+               "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight"}
+  qt = gguf.GGMLQuantizationType[qtype]
+  state = dict(model.state_dict() if state is None else state)
+  if cfg.tie_word_embeddings:
+    state.pop("lm_head.weight", None)
+  for name, tensor in state.items():
+    w = tensor.detach().float().numpy()
+    if name in names:
+      gname = names[name]
+    else:
+      parts = name.split(".")
+      gname = f"blk.{parts[2]}.{per_layer['.'.join(parts[3:])]}"
+    if arch == "llama" and gname.endswith(("attn_q.weight", "attn_q.bias")):
+      w = _llama_cpp_permute(w, H)
+    elif arch == "llama" and gname.endswith(("attn_k.weight", "attn_k.bias")):
+      w = _llama_cpp_permute(w, KV)
+    if w.ndim == 2 and qt != gguf.GGMLQuantizationType.F32:
+      writer.add_tensor(gname, gguf.quants.quantize(w, qt), raw_dtype=qt)
+    else:
+      writer.add_tensor(gname, np.ascontiguousarray(w, np.float32))
+  writer.write_header_to_file()
+  writer.write_kv_data_to_file()
+  writer.write_tensors_to_file()
+  writer.close()
+  return Path(path)

@@ -1,0 +1,114 @@
+"""Hugging Face directories: sharded index, and every bad input named in the error."""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from vocabjax.checkpoints.convert import CheckpointError
+from vocabjax.checkpoints.hf import load_hf
+from vocabjax.checkpoints.hf_config import UnsupportedConfigError, config_from_hf
+from vocabjax.checkpoints.loader import load_model, parse_dtype
+
+
+def _copy(src, dst):
+  shutil.copytree(src, dst)
+  return dst
+
+
+def _edit_config(d, **changes):
+  cfg = json.loads((d / "config.json").read_text())
+  cfg.update(changes)
+  (d / "config.json").write_text(json.dumps(cfg))
+
+
+def test_sharded_index_loads_same_params(tiny_dirs, tmp_path):
+  src = tiny_dirs["qwen2_bias"]
+  d = _copy(src, tmp_path / "sharded")
+  tensors = load_file(d / "model.safetensors")
+  (d / "model.safetensors").unlink()
+  names = sorted(tensors)
+  half = len(names) // 2
+  shards = {"model-00001-of-00002.safetensors": names[:half],
+            "model-00002-of-00002.safetensors": names[half:]}
+  for fname, keys in shards.items():
+    save_file({k: tensors[k] for k in keys}, d / fname)
+  index = {"metadata": {}, "weight_map": {k: f for f, ks in shards.items() for k in ks}}
+  (d / "model.safetensors.index.json").write_text(json.dumps(index))
+  _, a, _ = load_hf(src)
+  _, b, _ = load_hf(d)
+  np.testing.assert_array_equal(np.asarray(a["layers"][1]["w_up"]),
+                                np.asarray(b["layers"][1]["w_up"]))
+
+
+def test_unknown_architecture(tiny_dirs, tmp_path):
+  d = _copy(tiny_dirs["llama_mha"], tmp_path / "m")
+  _edit_config(d, model_type="mamba")
+  with pytest.raises(UnsupportedConfigError, match="model_type='mamba'"):
+    load_hf(d)
+
+
+def test_unsupported_fields_are_all_listed():
+  base = {"model_type": "llama", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8,
+          "num_hidden_layers": 1, "num_attention_heads": 2}
+  with pytest.raises(UnsupportedConfigError) as e:
+    config_from_hf({**base, "hidden_act": "gelu", "mlp_bias": True, "fancy_new_thing": 3,
+                    "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+  msg = str(e.value)
+  for part in ("hidden_act='gelu'", "mlp_bias=True", "fancy_new_thing=3", "rope_type='yarn'"):
+    assert part in msg
+  with pytest.raises(UnsupportedConfigError, match="use_sliding_window=True"):
+    config_from_hf({**base, "use_sliding_window": True, "sliding_window": 16})
+  assert config_from_hf(base).num_kv_heads == 2
+
+
+def test_missing_tensor_is_named(tiny_dirs, tmp_path):
+  d = _copy(tiny_dirs["llama_mha"], tmp_path / "m")
+  tensors = load_file(d / "model.safetensors")
+  del tensors["model.layers.1.self_attn.v_proj.weight"]
+  save_file(tensors, d / "model.safetensors")
+  with pytest.raises(CheckpointError, match=r"model\.layers\.1\.self_attn\.v_proj\.weight"):
+    load_hf(d)
+
+
+def test_wrong_shape_is_named(tiny_dirs, tmp_path):
+  d = _copy(tiny_dirs["llama_mha"], tmp_path / "m")
+  tensors = load_file(d / "model.safetensors")
+  tensors["model.layers.0.mlp.down_proj.weight"] = np.zeros((64, 95), np.float32)
+  save_file(tensors, d / "model.safetensors")
+  with pytest.raises(CheckpointError, match=r"down_proj\.weight has shape \(64, 95\), "
+                                            r"expected \(64, 96\)"):
+    load_hf(d)
+
+
+def test_config_mismatching_the_tensors(tiny_dirs, tmp_path):
+  d = _copy(tiny_dirs["llama_mha"], tmp_path / "m")
+  _edit_config(d, num_hidden_layers=1)  # the file holds tensors of a layer the config lacks
+  with pytest.raises(CheckpointError, match="unrecognized tensor"):
+    load_hf(d)
+
+
+def test_truncated_safetensors(tiny_dirs, tmp_path):
+  d = _copy(tiny_dirs["llama_mha"], tmp_path / "m")
+  data = (d / "model.safetensors").read_bytes()
+  (d / "model.safetensors").write_bytes(data[: len(data) // 2])
+  with pytest.raises(CheckpointError, match="corrupt or truncated"):
+    load_hf(d)
+
+
+def test_bad_paths_and_dtypes(tmp_path):
+  with pytest.raises(FileNotFoundError, match="neither an existing path nor a registry model"):
+    load_model(tmp_path / "nope")
+  with pytest.raises(ValueError, match="dtype='f8'"):
+    parse_dtype("f8")
+  (tmp_path / "empty").mkdir()
+  with pytest.raises(CheckpointError, match="no config.json"):
+    load_model(tmp_path / "empty")
+
+
+def test_load_model_with_tokenizer(tiny_chat_dir):
+  model = load_model(tiny_chat_dir)
+  assert model.tokenizer is not None and model.eos_token_ids[0] == 2
+  assert model.params["embed"].dtype == np.float32  # CPU default
