@@ -1,0 +1,115 @@
+"""The autoregressive decoder: stopping, bad requests, no recompilation, sampled distribution."""
+
+import jax
+import numpy as np
+import pytest
+from jax.scipy.stats import chi2
+
+from vocabjax.checkpoints.hf import load_hf
+from vocabjax.checkpoints.loader import load_model
+from vocabjax.decoding import Decoder, SamplingParams
+from vocabjax.models import KVCache, forward, lm_head
+
+
+@pytest.fixture(scope="module")
+def decoder(tiny_dirs):
+  config, params, _ = load_hf(tiny_dirs["qwen2_bias"])
+  return Decoder(params, config)
+
+
+def test_eos_stops_only_its_row(decoder):
+  prompts = [[5, 6, 7], [9, 10, 11, 12, 13]]
+  free = decoder.generate(prompts, max_new_tokens=12)
+  eos = free.tokens[0][4]  # the 5th greedy token of row 0 becomes the stop token
+  first_hit = [row.index(eos) if eos in row else None for row in free.tokens]
+  res = decoder.generate(prompts, max_new_tokens=12, eos_token_ids=[eos])
+  for row, full, hit in zip(res.tokens, free.tokens, first_hit):
+    if hit is None:
+      assert row == full
+    else:
+      assert row == full[:hit + 1]  # EOS included, nothing after it
+  assert res.finish_reasons[0] == "eos"
+
+
+def test_max_new_tokens_and_length_reason(decoder):
+  res = decoder.generate([[3, 4]], max_new_tokens=5)
+  assert len(res.tokens[0]) == 5 and res.finish_reasons == ["length"] and res.steps == 4
+  assert len(decoder.generate([[3, 4]], max_new_tokens=1).tokens[0]) == 1
+
+
+def test_no_recompilation_across_steps_and_calls(decoder):
+  compiles = []
+
+  def listener(event, duration, **kw):
+    if event == "/jax/core/compile/backend_compile_duration":
+      compiles.append(event)
+
+  decoder.generate([[1, 2, 3]], max_new_tokens=6, max_len=64)  # compiles prefill + step
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    res = decoder.generate([[4, 5, 6, 7]], max_new_tokens=40, max_len=64)
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  assert res.steps == 39 and res.compile_s == 0.0
+  assert compiles == []
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(max_new_tokens=0), "max_new_tokens must be > 0, got max_new_tokens=0"),
+    (dict(max_new_tokens=-3), "max_new_tokens=-3"),
+    (dict(max_new_tokens=8, max_len=10), r"prompt of 5 tokens \+ max_new_tokens=8 exceeds the "
+                                         r"cache length max_len=10"),
+    (dict(max_new_tokens=300), "exceeds the model's context 256"),
+    (dict(max_new_tokens=4, sampling=SamplingParams(1.0, 1000)), "top_k=1000 exceeds"),
+])
+def test_bad_requests(decoder, kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    decoder.generate([[1, 2, 3, 4, 5]], **kwargs)
+
+
+def test_bad_prompts(decoder):
+  with pytest.raises(ValueError, match="prompt 1 is empty"):
+    decoder.generate([[1], []], max_new_tokens=2)
+  with pytest.raises(ValueError, match=r"outside \[0, 128\): \[999\]"):
+    decoder.generate([[1, 999]], max_new_tokens=2)
+  with pytest.raises(ValueError, match="no prompts"):
+    decoder.generate([], max_new_tokens=2)
+
+
+def test_stop_string(tiny_chat_dir):
+  model = load_model(tiny_chat_dir)
+  dec = Decoder(model.params, model.config)
+  prompt = model.tokenizer("def add(a, b):")["input_ids"]
+  free = dec.generate([prompt], max_new_tokens=16, tokenizer=model.tokenizer)
+  text = model.tokenizer.decode(free.tokens[0][:6])
+  stop = text[-2:] if text[-2:].strip() else text[-3:]
+  res = dec.generate([prompt], max_new_tokens=16, stop_strings=[stop], tokenizer=model.tokenizer)
+  assert res.finish_reasons == ["stop"] and stop in model.tokenizer.decode(res.tokens[0])
+  assert len(res.tokens[0]) <= 6 and res.tokens[0] == free.tokens[0][:len(res.tokens[0])]
+  with pytest.raises(ValueError, match="stop strings need a tokenizer"):
+    dec.generate([prompt], max_new_tokens=4, stop_strings=["x"])
+
+
+def test_sampled_first_token_follows_target_distribution(tiny_dirs):
+  """4096 rows of one prompt sample independently; chi-square against softmax(logits / T)."""
+  config, params, _ = load_hf(tiny_dirs["llama_mha"])
+  prompt = [7, 8, 9, 10]
+  sp = SamplingParams(temperature=1.5)
+  n = 4096
+  res = Decoder(params, config).generate([prompt] * n, max_new_tokens=1, sampling=sp, seed=11)
+  counts = np.bincount([r[0] for r in res.tokens], minlength=config.vocab_size)
+  h, _ = forward(params, np.asarray([prompt]), np.arange(4)[None], KVCache.init(config, 1, 8),
+                 config=config)
+  z = np.asarray(lm_head(params, h[:, -1], config=config))[0] / 1.5
+  probs = np.exp(z - z.max())
+  probs /= probs.sum()
+  # pool rare tokens so every cell expects >= 5 draws
+  order = np.argsort(-probs)
+  big = order[probs[order] * n >= 5]
+  rest = np.setdiff1d(np.arange(config.vocab_size), big)
+  obs, exp = counts[big], probs[big] * n
+  if len(rest):
+    obs, exp = np.append(obs, counts[rest].sum()), np.append(exp, probs[rest].sum() * n)
+  stat = float(((obs - exp) ** 2 / exp).sum())
+  assert float(chi2.sf(stat, len(obs) - 1)) > 1e-3
+  assert len(set(r[0] for r in res.tokens)) > 10  # really sampling, not greedy

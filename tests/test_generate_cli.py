@@ -1,0 +1,57 @@
+"""`python -m vocabjax.generate` end to end on a tiny checkpoint with a real tokenizer."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from vocabjax.checkpoints.loader import load_model
+from vocabjax.decoding import Decoder
+from vocabjax.generate import encode_prompts, main, parse_args
+
+
+def test_main_writes_ids_text_and_timing(tiny_chat_dir, tmp_path, capsys):
+  out = tmp_path / "stats.json"
+  cfg = parse_args(["--target", str(tiny_chat_dir), "--prompt", "def add(a, b):", "--prompt",
+                    "Hello", "--chat", "--max-new-tokens", "7", "--output", str(out)])
+  stats = main(cfg)
+  saved = json.loads(out.read_text())
+  assert saved["output_ids"] == stats["output_ids"] and len(saved["output_ids"]) == 2
+  assert all(len(ids) <= 7 for ids in saved["output_ids"])
+  assert {"compile_s", "prefill_s", "decode_s", "tokens_per_s"} <= set(saved["timing"])
+  assert saved["settings"]["chat"] is True and saved["dtype"] == "float32"
+  # same ids as the library call with the chat template applied
+  model = load_model(tiny_chat_dir)
+  ids = encode_prompts(model.tokenizer, ["def add(a, b):", "Hello"], chat=True)
+  assert ids == saved["prompt_ids"]
+  assert model.tokenizer.decode(ids[0]).startswith("<|im_start|>user")
+  lib = Decoder(model.params, model.config).generate(ids, max_new_tokens=7,
+                                                     eos_token_ids=model.eos_token_ids)
+  assert lib.tokens == saved["output_ids"]
+  assert saved["texts"][0] in capsys.readouterr().out
+
+
+def test_sampling_is_seeded(tiny_chat_dir):
+  args = ["--target", str(tiny_chat_dir), "--prompt", "Hello", "--max-new-tokens", "12",
+          "--temperature", "1.0", "--top-p", "0.95", "--quiet"]
+  a = main(parse_args(args + ["--seed", "1"]))["output_ids"]
+  b = main(parse_args(args + ["--seed", "1"]))["output_ids"]
+  c = main(parse_args(args + ["--seed", "2"]))["output_ids"]
+  assert a == b and a != c
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--temperature", "-1"], "temperature must be >= 0, got self.temperature=-1.0"),
+    (["--top-p", "1.5"], "top_p must be in (0, 1], got self.top_p=1.5"),
+    (["--max-new-tokens", "0"], "max_new_tokens must be > 0, got 0"),
+    (["--max-len", "8"], "exceeds the cache length max_len=8"),
+])
+def test_cli_bad_input_exits_2_with_message(tiny_chat_dir, tmp_path, flags, message):
+  out = tmp_path / "never.json"
+  proc = subprocess.run([sys.executable, "-m", "vocabjax.generate", "--target",
+                         str(tiny_chat_dir), "--prompt", "Hello there, a longer prompt",
+                         "--output", str(out), *flags], capture_output=True, text=True)
+  assert proc.returncode == 2, proc.stderr
+  assert message in proc.stderr
+  assert not out.exists()

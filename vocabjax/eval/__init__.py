@@ -1,0 +1,1 @@
+"""Reserved for a later issue (see the README's status)."""
