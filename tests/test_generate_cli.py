@@ -55,3 +55,31 @@ def test_cli_bad_input_exits_2_with_message(tiny_chat_dir, tmp_path, flags, mess
   assert proc.returncode == 2, proc.stderr
   assert message in proc.stderr
   assert not out.exists()
+
+
+@pytest.mark.parametrize("method_flags", [["--method", "chain", "--gamma", "3"],
+                                          ["--method", "tree", "--tree-top-k", "2",
+                                           "--tree-depth", "3", "--tree-total-tokens", "5"]])
+def test_speculative_methods_match_ar(tiny_chat_dir, tiny_dirs, tmp_path, method_flags):
+  base = ["--target", str(tiny_chat_dir), "--prompt", "def add(a, b):", "--prompt", "Hi",
+          "--max-new-tokens", "12", "--quiet"]
+  ar = main(parse_args(base))
+  spec = main(parse_args(base + ["--draft", str(tiny_chat_dir), *method_flags,
+                                 "--output", str(tmp_path / "s.json")]))
+  assert spec["output_ids"] == ar["output_ids"]
+  saved = json.loads((tmp_path / "s.json").read_text())
+  if "chain" in method_flags:
+    assert saved["speculative"]["acceptance_rate"] == 1.0  # drafter == target
+  # (a tree proposes 5 nodes and accepts one path, so its rate is below 1)
+  assert saved["speculative"]["tau"] > 1
+
+
+def test_batch_size_repeats_prompts(tiny_chat_dir):
+  out = main(parse_args(["--target", str(tiny_chat_dir), "--prompt", "a", "--prompt", "b",
+                         "--batch-size", "5", "--max-new-tokens", "3", "--quiet"]))
+  assert len(out["output_ids"]) == 5 and out["prompt_ids"][0] == out["prompt_ids"][2]
+
+
+def test_method_needs_a_drafter():
+  with pytest.raises(ValueError, match="--method chain needs --draft"):
+    parse_args(["--target", "x", "--prompt", "p", "--method", "chain"])

@@ -3,9 +3,11 @@
   python -m vocabjax.generate --target qwen2.5-coder-1.5b-instruct --chat \\
       --prompt "Write a Python function that reverses a string." --max-new-tokens 64
 
-`--target` takes a local HF directory, a .gguf file or a registry name (`python -m vocabjax.zoo
-list`). Several `--prompt` flags make a batch. Speculative methods (`--method chain|tree`) arrive
-with the speculative-decoding engine.
+  python -m vocabjax.generate --target qwen2.5-coder-1.5b-instruct \\
+      --draft qwen2.5-coder-0.5b-instruct --method chain --gamma 4 --chat --prompt "..."
+
+`--target`/`--draft` take a local HF directory, a .gguf file or a registry name (`python -m
+vocabjax.zoo list`). Several `--prompt` flags (or `--batch-size`) make a batch.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ import jax
 from vocabjax.checkpoints.loader import load_model
 from vocabjax.decoding.autoregressive import Decoder
 from vocabjax.decoding.sampling import SamplingParams
+from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder
+from vocabjax.decoding.tree import TreeParams
+
+METHODS = ("ar", "chain", "tree")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +48,21 @@ class GenerateConfig:
   dtype: str = "auto"
   output: str | None = None
   quiet: bool = False
+  draft: str | None = None
+  method: str = "ar"  # ar | chain | tree
+  gamma: int = 4
+  tree_top_k: int = 4
+  tree_depth: int = 4
+  tree_total_tokens: int = 16
+  batch_size: int | None = None  # repeat the prompts cyclically up to this many rows
+
+  def __post_init__(self):
+    if self.method not in METHODS:
+      raise ValueError(f"unknown method {self.method!r}; choose one of {METHODS}")
+    if self.method != "ar" and not self.draft:
+      raise ValueError(f"--method {self.method} needs --draft")
+    if self.batch_size is not None and self.batch_size < 1:
+      raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
 
 
 def encode_prompts(tokenizer, prompts, chat: bool) -> list[list[int]]:
@@ -82,12 +103,33 @@ def main(config: GenerateConfig) -> dict:
   t0 = time.perf_counter()
   model = load_model(config.target, dtype=config.dtype)
   load_s = time.perf_counter() - t0
-  prompt_ids = encode_prompts(model.tokenizer, config.prompts, config.chat)
-  decoder = Decoder(model.params, model.config)
-  res = decoder.generate(prompt_ids, max_new_tokens=config.max_new_tokens, sampling=sampling,
-                         seed=config.seed, eos_token_ids=model.eos_token_ids,
-                         max_len=config.max_len, stop_strings=config.stop,
-                         tokenizer=model.tokenizer)
+  prompts = list(config.prompts)
+  if config.batch_size:
+    prompts = [prompts[i % len(prompts)] for i in range(config.batch_size)]
+  prompt_ids = encode_prompts(model.tokenizer, prompts, config.chat)
+  common = dict(max_new_tokens=config.max_new_tokens, sampling=sampling, seed=config.seed,
+                eos_token_ids=model.eos_token_ids, max_len=config.max_len)
+  spec_stats = None
+  if config.method == "ar":
+    res = Decoder(model.params, model.config).generate(
+        prompt_ids, stop_strings=config.stop, tokenizer=model.tokenizer, **common)
+  else:
+    if config.stop:
+      raise ValueError("--stop is only supported with --method ar for now")
+    draft = load_model(config.draft, dtype=config.dtype, load_tokenizer=False)
+    load_s = time.perf_counter() - t0
+    if config.method == "chain":
+      dec = ChainDecoder(model.params, model.config, draft.params, draft.config,
+                         gamma=config.gamma)
+    else:
+      dec = TreeDecoder(model.params, model.config, draft.params, draft.config,
+                        tree=TreeParams(config.tree_top_k, config.tree_depth,
+                                        config.tree_total_tokens))
+    res = dec.generate(prompt_ids, **common)
+    st = res.stats
+    spec_stats = {"tau": st.tau, "acceptance_rate": st.acceptance_rate,
+                  "target_forwards": st.target_forwards + 1,  # + prefill
+                  "drafted_per_step_row": st.drafted, "accepted_per_step_row": st.accepted}
   texts = [model.tokenizer.decode(t, skip_special_tokens=True) for t in res.tokens]
   if not config.quiet:
     for i, text in enumerate(texts):
@@ -106,13 +148,14 @@ def main(config: GenerateConfig) -> dict:
       "texts": texts,
       "finish_reasons": res.finish_reasons,
       "timing": {"load_s": load_s, "compile_s": res.compile_s, "prefill_s": res.prefill_s,
-                 "decode_s": res.decode_s, "steps": res.steps,
-                 "generated_tokens": res.num_generated, "tokens_per_s": res.tokens_per_s,
-                 "decode_tokens_per_s": res.decode_tokens_per_s},
+                 "decode_s": res.decode_s, "generated_tokens": res.num_generated,
+                 "tokens_per_s": res.tokens_per_s},
+      "speculative": spec_stats,
   }
-  print(f"[vocabjax] {res.num_generated} tokens, {res.tokens_per_s:.2f} tok/s "
-        f"(decode {res.decode_tokens_per_s:.2f} tok/s, prefill {res.prefill_s:.2f}s, "
-        f"compile {res.compile_s:.1f}s, load {load_s:.1f}s)", file=sys.stderr)
+  extra = f", tau {spec_stats['tau']:.2f}" if spec_stats else ""
+  print(f"[vocabjax] {config.method}: {res.num_generated} tokens, {res.tokens_per_s:.2f} tok/s "
+        f"(prefill {res.prefill_s:.2f}s, compile {res.compile_s:.1f}s, load {load_s:.1f}s"
+        f"{extra})", file=sys.stderr)
   if config.output:
     atomic_write_json(config.output, stats)
   return stats
@@ -134,11 +177,22 @@ def parse_args(argv=None) -> GenerateConfig:
   p.add_argument("--dtype", default="auto", help="auto (f32 on CPU, bf16 on GPU/TPU), f32, bf16")
   p.add_argument("--output", help="write token ids and timing here as JSON")
   p.add_argument("--quiet", action="store_true", help="do not print the text")
+  p.add_argument("--draft", help="drafter (same vocabulary): HF dir, .gguf or registry name")
+  p.add_argument("--method", default="ar", choices=METHODS)
+  p.add_argument("--gamma", type=int, default=4, help="chain: drafts per step")
+  p.add_argument("--tree-top-k", type=int, default=4)
+  p.add_argument("--tree-depth", type=int, default=4)
+  p.add_argument("--tree-total-tokens", type=int, default=16)
+  p.add_argument("--batch-size", type=int, default=None,
+                 help="repeat the prompts cyclically to this many rows")
   a = p.parse_args(argv)
   return GenerateConfig(target=a.target, prompts=tuple(a.prompt), chat=a.chat,
                         max_new_tokens=a.max_new_tokens, temperature=a.temperature,
                         top_k=a.top_k, top_p=a.top_p, seed=a.seed, stop=tuple(a.stop),
-                        max_len=a.max_len, dtype=a.dtype, output=a.output, quiet=a.quiet)
+                        max_len=a.max_len, dtype=a.dtype, output=a.output, quiet=a.quiet,
+                        draft=a.draft, method=a.method, gamma=a.gamma, tree_top_k=a.tree_top_k,
+                        tree_depth=a.tree_depth, tree_total_tokens=a.tree_total_tokens,
+                        batch_size=a.batch_size)
 
 
 if __name__ == "__main__":

@@ -95,13 +95,15 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
   return x * cos + rotated * sin
 
 
-def attention_mask(lengths: jax.Array, T: int, S: int,
-                   block_mask: jax.Array | None = None) -> jax.Array:
+def attention_mask(lengths: jax.Array, T: int, S: int, block_mask: jax.Array | None = None,
+                   prefix_mask: jax.Array | None = None) -> jax.Array:
   """Which cache slots each new query may see: [B, T, S] bool.
 
-  Slots before `lengths[b]` (the committed prefix) are always visible. The T new entries sit at
-  slots `lengths[b] + t`; among them query t sees t' where `block_mask[b, t, t']` holds
-  (default: causal, t' <= t). Tree verification passes its ancestor mask here.
+  Slots before `lengths[b]` are visible (restricted to `prefix_mask[b, t, s]` when given: a
+  drafter expanding a tree sees only its node's ancestors among the earlier tree slots). The T
+  new entries sit at slots `lengths[b] + t`; among them query t sees t' where
+  `block_mask[b, t, t']` holds (default: causal, t' <= t). Tree verification passes its
+  ancestor mask as `block_mask`.
   """
   if block_mask is None:
     block_mask = jnp.tril(jnp.ones((T, T), jnp.bool_))[None]
@@ -112,7 +114,10 @@ def attention_mask(lengths: jax.Array, T: int, S: int,
   block_mask = jnp.broadcast_to(block_mask, (lengths.shape[0], T, T))
   seen = jnp.take_along_axis(block_mask, jnp.broadcast_to(jnp.clip(rel, 0, T - 1),
                                                           (lengths.shape[0], T, S)), axis=2)
-  return (slots < start) | (in_block & seen)
+  before = slots < start
+  if prefix_mask is not None:
+    before = before & prefix_mask
+  return before | (in_block & seen)
 
 
 def _layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, config):
@@ -152,8 +157,8 @@ def _layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, config):
 
 
 def forward(params: Params, tokens: jax.Array, positions: jax.Array, cache: KVCache,
-            mask: jax.Array | None = None, *,
-            config: LlamaLikeConfig) -> tuple[jax.Array, KVCache]:
+            mask: jax.Array | None = None, *, config: LlamaLikeConfig,
+            prefix_mask: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
   """Run T new tokens per row through the decoder and append their keys/values to the cache.
 
   Args:
@@ -164,6 +169,8 @@ def forward(params: Params, tokens: jax.Array, positions: jax.Array, cache: KVCa
       written at slots `lengths[b] + t`. The caller guarantees `lengths + T <= S`.
     mask: optional [B, T, T] (or [1, T, T]) bool attention among the new tokens; causal if None.
     config: static model config.
+    prefix_mask: optional [B, T, S] bool restricting which of the `lengths[b]` earlier slots
+      each new token sees (default: all of them).
 
   Returns:
     hidden [B, T, D], final-normed; and the cache with `lengths + T`.
@@ -172,7 +179,7 @@ def forward(params: Params, tokens: jax.Array, positions: jax.Array, cache: KVCa
   S = cache.max_len
   x = jnp.take(params["embed"], tokens, axis=0)
   cos, sin = rope_cos_sin(positions, config)
-  full_mask = attention_mask(cache.lengths, T, S, mask)
+  full_mask = attention_mask(cache.lengths, T, S, mask, prefix_mask)
   write_b = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
   write_s = cache.lengths[:, None] + jnp.arange(T)[None, :]
 

@@ -1,0 +1,337 @@
+"""Chain and tree speculative decoding with an independent drafter (Leviathan et al. 2023).
+
+Letters: B batch, G gamma (drafts per step), T prompt block, S cache slots, V vocabulary.
+
+One step, compiled once per configuration: the drafter proposes G tokens, the target scores
+[last, d_1 .. d_G] in one forward, verification keeps a prefix and emits one more token, and
+both caches are rolled back by resetting their lengths. Rows of a batch accept different
+numbers of tokens; everything is per row.
+
+Cache invariants at the start of a step (N[b] = target cache length):
+  target: holds every committed token except `last` (N entries);
+  drafter: holds every committed token except the last `pending` (1 or 2) of them. After a
+    fully accepted block the drafter never saw d_G, so the next step feeds it [d_G, last]
+    (pending 2); otherwise it feeds [last, last] and reads the first position (pending 1), so
+    the drafter call has a fixed shape [B, 2] either way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import struct
+
+from vocabjax.decoding.autoregressive import _prefill, bucket, validate_request
+from vocabjax.decoding.sampling import SamplingParams, log_probs, sample
+from vocabjax.decoding.tree import TreeParams, TreeState, tree_step
+from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
+from vocabjax.models.cache import KVCache
+from vocabjax.models.config import LlamaLikeConfig
+from vocabjax.models.llamalike import forward, lm_head
+
+
+@struct.dataclass
+class ChainState:
+  """Loop state of chain speculative decoding; fixed shapes, one row per sequence."""
+
+  target_cache: KVCache  # every committed token except `last`
+  draft_cache: KVCache  # every committed token except the last `pending`
+  last: jax.Array  # [B] int32 newest committed token (fed to both models next step)
+  prev: jax.Array  # [B] int32 the committed token before `last`
+  pending: jax.Array  # [B] int32 in {1, 2}: committed tokens the drafter has not seen
+
+
+@dataclasses.dataclass
+class SpecStats:
+  """Per-step, per-row counts of a speculative run (rows count only while active)."""
+
+  drafted: list[list[int]]  # [steps][B] drafts proposed (0 once a row finished)
+  accepted: list[list[int]]  # [steps][B] drafts accepted
+
+  @property
+  def target_forwards(self) -> int:
+    return sum(1 for row in self.drafted if any(row))
+
+  def per_row(self, b: int) -> tuple[int, int, int]:
+    """(verification steps, drafted, accepted) of row b."""
+    steps = sum(1 for row in self.drafted if row[b])
+    return steps, sum(r[b] for r in self.drafted), sum(r[b] for r in self.accepted)
+
+  @property
+  def tau(self) -> float:
+    """Mean tokens emitted per verification (accepted + 1), over active rows and steps."""
+    steps = sum(1 for row in self.drafted for d in row if d)
+    acc = sum(a for row in self.accepted for a in row)
+    return (acc + steps) / steps if steps else float("nan")
+
+  @property
+  def acceptance_rate(self) -> float:
+    drafted = sum(d for row in self.drafted for d in row)
+    acc = sum(a for row in self.accepted for a in row)
+    return acc / drafted if drafted else float("nan")
+
+
+def _draft_step(params, tok, positions, cache, key, *, config, sampling, head):
+  """One drafter token for every row: (draft [B], q [B, V] or None, cache)."""
+  h, cache = forward(params, tok, positions, cache, config=config)
+  logits = head(params, h[:, -1])
+  q = None if sampling.greedy else jnp.exp(log_probs(logits, sampling))
+  return sample(key, logits, sampling), q, cache
+
+
+def chain_step(target_params, draft_params, state: ChainState, key, *, target_config,
+               draft_config, gamma: int, sampling: SamplingParams,
+               draft_head: Callable | None = None):
+  """Draft gamma tokens, verify them in one target forward, accept, roll back the caches.
+
+  Returns (state, emitted [B, gamma + 1] with -1 after the emitted tokens, accepted [B]).
+  """
+  head = draft_head or functools.partial(lm_head, config=draft_config)
+  G = gamma
+  N = state.target_cache.lengths
+  B = N.shape[0]
+  keys = jax.random.split(key, G + 1)
+
+  # Drafter call 1: [prev, last] when it has not seen d_G yet (pending 2), else [last, last].
+  two = jnp.where(state.pending[:, None] == 2, jnp.stack([state.prev, state.last], 1),
+                  jnp.stack([state.last, state.last], 1))
+  start = N + 1 - state.pending
+  dcache = state.draft_cache.with_lengths(start)
+  h, dcache = forward(draft_params, two, start[:, None] + jnp.arange(2)[None], dcache,
+                      config=draft_config)
+  h_last = jnp.where(state.pending[:, None] == 2, h[:, 1], h[:, 0])
+  dcache = dcache.with_lengths(N + 1)
+  logits = head(draft_params, h_last)
+  d1 = sample(keys[0], logits, sampling)
+  q1 = None if sampling.greedy else jnp.exp(log_probs(logits, sampling))
+
+  def body(carry, i):
+    tok, cache = carry
+    d, q, cache = _draft_step(draft_params, tok[:, None], (N + i)[:, None], cache, keys[i],
+                              config=draft_config, sampling=sampling, head=head)
+    return (d, cache), (d, q)
+
+  drafts, qs = [d1], [q1]
+  if G > 1:
+    (_, dcache), (ds, qrest) = jax.lax.scan(body, (d1, dcache), jnp.arange(1, G))
+    drafts += list(ds)  # scan stacks on axis 0: [G-1, B]
+    if not sampling.greedy:
+      qs += list(qrest)
+  drafts = jnp.stack(drafts, axis=1)  # [B, G]
+
+  tokens = jnp.concatenate([state.last[:, None], drafts], axis=1)  # [B, G + 1]
+  h, tcache = forward(target_params, tokens, N[:, None] + jnp.arange(G + 1)[None],
+                      state.target_cache, config=target_config)
+  tlogits = lm_head(target_params, h, config=target_config)  # [B, G + 1, V]
+  if sampling.greedy:
+    n, nxt = verify_chain_greedy(drafts, tlogits)
+  else:
+    V = tlogits.shape[-1]
+    p = jnp.exp(log_probs(tlogits.reshape(B * (G + 1), V), sampling)).reshape(B, G + 1, V)
+    n, nxt = verify_chain_sampling(keys[G], drafts, p, jnp.stack(qs, axis=1))
+
+  new_n = N + 1 + n
+  pending = jnp.where(n == G, 2, 1).astype(jnp.int32)
+  committed = jnp.concatenate([state.last[:, None], drafts], axis=1)
+  prev = jnp.take_along_axis(committed, n[:, None], axis=1)[:, 0]
+  slot = jnp.arange(G + 1)[None]
+  emitted = jnp.where(slot < n[:, None], jnp.pad(drafts, ((0, 0), (0, 1))),
+                      jnp.where(slot == n[:, None], nxt[:, None], -1))
+  new_state = ChainState(target_cache=tcache.with_lengths(new_n),
+                         draft_cache=dcache.with_lengths(new_n + 1 - pending),
+                         last=nxt, prev=prev, pending=pending)
+  return new_state, emitted, n
+
+
+@dataclasses.dataclass
+class SpecResult:
+  tokens: list[list[int]]
+  finish_reasons: list[str]
+  stats: SpecStats
+  compile_s: float
+  prefill_s: float
+  decode_s: float
+
+  @property
+  def num_generated(self) -> int:
+    return sum(len(t) for t in self.tokens)
+
+  @property
+  def tokens_per_s(self) -> float:
+    total = self.prefill_s + self.decode_s
+    return self.num_generated / total if total > 0 else float("nan")
+
+
+class SpeculativeDecoder:
+  """Shared host loop of chain and tree speculative decoding (subclasses define the step)."""
+
+  method = "speculative"
+
+  def __init__(self, target_params, target_config: LlamaLikeConfig, draft_params,
+               draft_config: LlamaLikeConfig):
+    if draft_config.vocab_size != target_config.vocab_size:
+      raise ValueError(
+          f"drafter vocabulary V={draft_config.vocab_size} differs from the target's "
+          f"V={target_config.vocab_size}; a drafter with another tokenizer needs the "
+          f"cross-vocabulary mode (OmniDraft, issue 8), not {self.method} drafting")
+    self.tp, self.tc, self.dp, self.dc = target_params, target_config, draft_params, draft_config
+    self._programs: dict = {}
+
+  # --- what a method defines ----------------------------------------------------------------
+  drafted_per_step: int  # drafts proposed per row per verification
+  extra_slots: int  # cache slots a step may write past max_new_tokens
+
+  def _step_fn(self, sampling: SamplingParams):
+    raise NotImplementedError
+
+  def _initial_state(self, tcache, dcache, first, prompts):
+    raise NotImplementedError
+
+  # --- shared -------------------------------------------------------------------------------
+  def programs(self, sampling: SamplingParams, B: int, T: int, S: int, dtype):
+    """AOT-compiled (target prefill, drafter prefill, step) for one shape."""
+    key = (sampling, B, T, S, jnp.dtype(dtype).name)
+    if key in self._programs:
+      return (*self._programs[key], 0.0)
+    t0 = time.perf_counter()
+    sds = jax.ShapeDtypeStruct
+    tcache = jax.eval_shape(lambda: KVCache.init(self.tc, B, S, dtype))
+    dcache = jax.eval_shape(lambda: KVCache.init(self.dc, B, S, dtype))
+    rng = jax.random.key(0)
+    i32 = lambda *s: sds(s, jnp.int32)  # noqa: E731
+    tprefill = jax.jit(functools.partial(_prefill, config=self.tc, sampling=sampling),
+                       donate_argnums=(3,)).lower(self.tp, i32(B, T), i32(B), tcache,
+                                                  rng).compile()
+    dprefill = jax.jit(functools.partial(_draft_prefill, config=self.dc),
+                       donate_argnums=(3,)).lower(self.dp, i32(B, T), i32(B), dcache).compile()
+    state = jax.eval_shape(lambda: self._initial_state(
+        KVCache.init(self.tc, B, S, dtype), KVCache.init(self.dc, B, S, dtype),
+        jnp.zeros((B,), jnp.int32), jnp.zeros((B,), jnp.int32)))
+    step = jax.jit(self._step_fn(sampling), donate_argnums=(2,)).lower(
+        self.tp, self.dp, state, rng).compile()
+    self._programs[key] = (tprefill, dprefill, step)
+    return tprefill, dprefill, step, time.perf_counter() - t0
+
+  def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+               sampling: SamplingParams = SamplingParams(), seed: int = 0,
+               eos_token_ids: Sequence[int] = (), max_len: int | None = None) -> SpecResult:
+    """Generate like `Decoder.generate`; greedy output equals it token for token."""
+    prompts = [list(map(int, p)) for p in prompts]
+    room = max_new_tokens + self.extra_slots
+    validate_request(prompts, max_new_tokens, sampling, self.tc, None)
+    B = len(prompts)
+    lengths = np.array([len(p) for p in prompts], np.int32)
+    longest = int(lengths.max())
+    if max_len is not None and longest + room > max_len:
+      raise ValueError(f"prompt of {longest} tokens + {max_new_tokens=} + {self.extra_slots} "
+                       f"slots for one {self.method} step = {longest + room} exceeds the cache "
+                       f"length {max_len=}")
+    S = max_len or bucket(longest + room)
+    T = min(bucket(longest), S)
+    dtype = self.tp["embed"].dtype
+    tprefill, dprefill, step, compile_s = self.programs(sampling, B, T, S, dtype)
+
+    tokens = np.zeros((B, T), np.int32)
+    for b, p in enumerate(prompts):
+      tokens[b, :len(p)] = p
+    key = jax.random.key(seed)
+    eos = set(int(e) for e in eos_token_ids)
+    out: list[list[int]] = [[] for _ in range(B)]
+    reasons = ["length"] * B
+    done = np.zeros(B, bool)
+
+    def record(row_tokens) -> None:
+      for b in np.flatnonzero(~done):
+        for tok in row_tokens[b]:
+          if tok < 0:
+            break
+          out[b].append(int(tok))
+          if tok in eos:
+            done[b], reasons[b] = True, "eos"
+            break
+          if len(out[b]) >= max_new_tokens:
+            done[b] = True
+            break
+
+    t0 = time.perf_counter()
+    tok_arr, len_arr = jnp.asarray(tokens), jnp.asarray(lengths)
+    first, tcache = tprefill(self.tp, tok_arr, len_arr, KVCache.init(self.tc, B, S, dtype),
+                             jax.random.fold_in(key, 0))
+    dcache = dprefill(self.dp, tok_arr, len_arr, KVCache.init(self.dc, B, S, dtype))
+    state = self._initial_state(tcache, dcache, first,
+                                jnp.asarray([p[-1] for p in prompts], jnp.int32))
+    record(np.asarray(first)[:, None])
+    t1 = time.perf_counter()
+    stats = SpecStats(drafted=[], accepted=[])
+    i = 0
+    while not done.all():
+      i += 1
+      active = ~done
+      state, emitted, n = step(self.tp, self.dp, state, jax.random.fold_in(key, i))
+      n = np.asarray(n)
+      stats.drafted.append([self.drafted_per_step if a else 0 for a in active])
+      stats.accepted.append([int(x) if a else 0 for x, a in zip(n, active)])
+      record(np.asarray(emitted))
+    t2 = time.perf_counter()
+    return SpecResult(tokens=out, finish_reasons=reasons, stats=stats, compile_s=compile_s,
+                      prefill_s=t1 - t0, decode_s=t2 - t1)
+
+
+class ChainDecoder(SpeculativeDecoder):
+  """Chain speculative decoding with an independent same-vocabulary drafter."""
+
+  method = "chain"
+
+  def __init__(self, target_params, target_config, draft_params, draft_config, *,
+               gamma: int = 4):
+    if gamma < 1:
+      raise ValueError(f"gamma must be >= 1, got {gamma=}")
+    super().__init__(target_params, target_config, draft_params, draft_config)
+    self.gamma = gamma
+    self.drafted_per_step = gamma
+    self.extra_slots = gamma + 2  # a whole block past max_new_tokens, and the dummy slot
+
+  def _step_fn(self, sampling):
+    return functools.partial(chain_step, target_config=self.tc, draft_config=self.dc,
+                             gamma=self.gamma, sampling=sampling)
+
+  def _initial_state(self, tcache, dcache, first, prompt_last):
+    return ChainState(target_cache=tcache, draft_cache=dcache, last=first, prev=prompt_last,
+                      pending=jnp.ones_like(first))
+
+
+class TreeDecoder(SpeculativeDecoder):
+  """EAGLE-2 dynamic-tree speculative decoding with an independent same-vocabulary drafter."""
+
+  method = "tree"
+
+  def __init__(self, target_params, target_config, draft_params, draft_config, *,
+               tree: TreeParams = TreeParams()):
+    super().__init__(target_params, target_config, draft_params, draft_config)
+    self.tree = tree
+    self.drafted_per_step = tree.total_tokens
+    self.extra_slots = tree.total_tokens + tree.draft_slots + tree.depth + 2
+
+  def _step_fn(self, sampling):
+    return functools.partial(tree_step, target_config=self.tc, draft_config=self.dc,
+                             tree=self.tree, sampling=sampling)
+
+  def _initial_state(self, tcache, dcache, first, prompt_last):
+    del prompt_last
+    B, P = first.shape[0], self.tree.depth + 1
+    return TreeState(target_cache=tcache, draft_cache=dcache, last=first,
+                     pend_tokens=jnp.broadcast_to(first[:, None], (B, P)).astype(jnp.int32),
+                     pend_count=jnp.ones_like(first))
+
+
+def _draft_prefill(params, tokens, prompt_lengths, cache, *, config):
+  B, T = tokens.shape
+  positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+  _, cache = forward(params, tokens, positions, cache, config=config)
+  return cache.with_lengths(prompt_lengths)

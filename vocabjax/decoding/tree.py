@@ -1,0 +1,193 @@
+"""EAGLE-2 dynamic-tree drafting (Li et al. 2024) with an independent drafter, and tree steps.
+
+Letters: B batch, k top_k, d depth, N total_tokens (tree nodes besides the root), M candidates
+(k + (d - 1) k^2), S cache slots, V vocabulary.
+
+Drafting: the root (the newest committed token) gives k children scored by the drafter's
+log-probability. At each further depth the k best frontier nodes are fed to the drafter
+together (each sees only its ancestors: an explicit mask over the cache slots) and give k
+children each; all k^2 cumulative log-prob scores are kept, and the k best become the next
+frontier. Finally the best N of all M candidates form the tree. A child never outscores its
+parent (log q <= 0), and candidates are laid out parents-first with ties going to the lower
+index, so the selected set is always connected.
+
+Verification (one target forward over the N + 1 tree slots with the ancestor mask and
+depth-based positions) is greedy, or lossless stochastic for deterministically chosen drafts
+(`verify_tree_sampling`). The accepted path's KV entries are compacted in the target cache;
+the drafter re-reads the accepted tokens at the start of the next step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from vocabjax.decoding.sampling import SamplingParams, log_probs
+from vocabjax.decoding.verify import verify_tree_greedy, verify_tree_sampling
+from vocabjax.models.cache import KVCache
+from vocabjax.models.config import LlamaLikeConfig
+from vocabjax.models.llamalike import forward, lm_head
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeParams:
+  """EAGLE-2 tree budget."""
+
+  top_k: int = 4  # children per expanded node, and frontier width
+  depth: int = 4  # levels below the root
+  total_tokens: int = 16  # nodes verified by the target besides the root
+
+  def __post_init__(self):
+    if self.top_k < 1 or self.depth < 1:
+      raise ValueError(f"tree needs top_k >= 1 and depth >= 1, got {self.top_k=} {self.depth=}")
+    if self.total_tokens < self.top_k:
+      raise ValueError(f"tree budget {self.total_tokens=} is smaller than {self.top_k=}")
+    if self.total_tokens > self.num_candidates:
+      raise ValueError(f"tree budget {self.total_tokens=} exceeds the {self.num_candidates} "
+                       f"candidates that top_k={self.top_k}, depth={self.depth} produce")
+
+  @property
+  def num_candidates(self) -> int:
+    return self.top_k + (self.depth - 1) * self.top_k ** 2
+
+  @property
+  def draft_slots(self) -> int:
+    """Drafter cache slots one step may write past the committed tokens."""
+    return max(self.depth + 1, 1 + (self.depth - 1) * self.top_k)
+
+
+@struct.dataclass
+class TreeState:
+  """Loop state of tree speculative decoding; fixed shapes, one row per sequence."""
+
+  target_cache: KVCache  # every committed token except `last`
+  draft_cache: KVCache  # every committed token except the `pend_count` pending ones
+  last: jax.Array  # [B] int32 newest committed token: the next tree's root
+  pend_tokens: jax.Array  # [B, d + 1] committed tokens the drafter has not read, left-aligned
+  pend_count: jax.Array  # [B] int32 in 1 .. d + 1
+
+
+def draft_tree(params, state: TreeState, *, config: LlamaLikeConfig, tree: TreeParams, head):
+  """Build the tree: (node tokens [B, N], parent [B, N] in 0..N (0 = root), depth [B, N])."""
+  k, d = tree.top_k, tree.depth
+  B, P = state.pend_tokens.shape
+  cache = state.draft_cache
+  L0 = cache.lengths
+  h, cache = forward(params, state.pend_tokens, L0[:, None] + jnp.arange(P)[None], cache,
+                     config=config)
+  C = L0 + state.pend_count  # committed tokens, root included
+  cache = cache.with_lengths(C)
+  h_root = jnp.take_along_axis(h, (state.pend_count - 1)[:, None, None], axis=1)[:, 0]
+  logq = jax.nn.log_softmax(head(params, h_root).astype(jnp.float32), axis=-1)
+  score1, tok1 = jax.lax.top_k(logq, k)  # [B, k]
+  S = cache.max_len
+  slots = jnp.arange(S)
+
+  cand_tok, cand_score, cand_parent = [tok1], [score1], [jnp.full((B, k), -1, jnp.int32)]
+  if d > 1:
+    def expand(carry, i):
+      cache, f_idx, f_tok, f_score, f_anc = carry
+      start = cache.lengths
+      h, cache = forward(params, f_tok, jnp.broadcast_to((C - 1 + i)[:, None], (B, k)), cache,
+                         jnp.eye(k, dtype=jnp.bool_)[None], config=config, prefix_mask=f_anc)
+      own = (slots[None, None, :] == (start[:, None] + jnp.arange(k)[None])[..., None])
+      child_anc = f_anc | own  # [B, k, S]: what each frontier node's children may see
+      logq = jax.nn.log_softmax(head(params, h).astype(jnp.float32), axis=-1)  # [B, k, V]
+      top_score, top_tok = jax.lax.top_k(logq, k)  # [B, k, k]
+      c_score = (f_score[..., None] + top_score).reshape(B, k * k)
+      c_tok = top_tok.reshape(B, k * k).astype(jnp.int32)
+      c_parent = jnp.repeat(f_idx, k, axis=1)
+      best_score, sel = jax.lax.top_k(c_score, k)  # ties: lower index first
+      base = k + (i - 1) * k * k
+      nxt = (cache, base + sel, jnp.take_along_axis(c_tok, sel, 1), best_score,
+             jnp.take_along_axis(child_anc, (sel // k)[..., None], 1))
+      return nxt, (c_tok, c_score, c_parent)
+
+    f_anc = jnp.broadcast_to((slots[None, :] < C[:, None])[:, None, :], (B, k, S))
+    init = (cache, jnp.broadcast_to(jnp.arange(k), (B, k)), tok1.astype(jnp.int32), score1, f_anc)
+    _, (toks, scores, parents) = jax.lax.scan(expand, init, jnp.arange(1, d))
+    cand_tok += list(toks)
+    cand_score += list(scores)
+    cand_parent += list(parents)
+  cand_tok = jnp.concatenate(cand_tok, axis=1).astype(jnp.int32)  # [B, M]
+  cand_score = jnp.concatenate(cand_score, axis=1)
+  cand_parent = jnp.concatenate(cand_parent, axis=1)
+  cand_depth = jnp.concatenate([jnp.ones((k,), jnp.int32)] +
+                               [jnp.full((k * k,), i + 1, jnp.int32) for i in range(1, d)])
+
+  N, M = tree.total_tokens, tree.num_candidates
+  _, sel = jax.lax.top_k(cand_score, N)
+  sel = jnp.sort(sel, axis=1)  # parents-first node order
+  node_of = jnp.zeros((B, M), jnp.int32).at[jnp.arange(B)[:, None], sel].set(
+      jnp.arange(1, N + 1, dtype=jnp.int32)[None])
+  parent_cand = jnp.take_along_axis(cand_parent, sel, 1)
+  parent = jnp.where(parent_cand < 0, 0,
+                     jnp.take_along_axis(node_of, jnp.maximum(parent_cand, 0), 1))
+  return jnp.take_along_axis(cand_tok, sel, 1), parent, cand_depth[sel]
+
+
+def ancestor_mask(parent_full: jax.Array, depth: int) -> jax.Array:
+  """[B, N+1, N+1] bool: node j sees node i iff i is j or one of its ancestors.
+
+  parent_full [B, N+1] with the root (index 0) its own parent.
+  """
+  B, n = parent_full.shape
+  anc = jnp.broadcast_to(jnp.eye(n, dtype=jnp.bool_), (B, n, n))
+  for _ in range(depth):  # pointer doubling is unnecessary at these depths
+    anc = anc | jnp.take_along_axis(anc, parent_full[..., None], axis=1)
+  return anc
+
+
+def compact_path(cache: KVCache, base: jax.Array, path: jax.Array, n: jax.Array) -> KVCache:
+  """Move the accepted nodes' KV (tree slots base + path[i]) to base + i; lengths = base + n + 1."""
+  B, W = path.shape
+  i = jnp.arange(W)[None]
+  src = base[:, None] + jnp.where(i <= n[:, None], path, i)
+  dst = base[:, None] + i
+  b = jnp.arange(B)[:, None]
+  k = cache.k.at[:, b, dst].set(cache.k[:, b, src])
+  v = cache.v.at[:, b, dst].set(cache.v[:, b, src])
+  return KVCache(k=k, v=v, lengths=base + n + 1)
+
+
+def tree_step(target_params, draft_params, state: TreeState, key, *, target_config,
+              draft_config, tree: TreeParams, sampling: SamplingParams, draft_head=None):
+  """Draft a tree, verify it in one target forward, accept a path, update both caches.
+
+  Returns (state, emitted [B, d + 1] with -1 after the emitted tokens, accepted [B]).
+  """
+  head = draft_head or functools.partial(lm_head, config=draft_config)
+  d = tree.depth
+  node_tok, parent, depth = draft_tree(draft_params, state, config=draft_config, tree=tree,
+                                       head=head)
+  B = node_tok.shape[0]
+  Nt = state.target_cache.lengths
+  tokens = jnp.concatenate([state.last[:, None], node_tok], axis=1)  # [B, N + 1]
+  parent_full = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), parent], axis=1)
+  depth_full = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), depth], axis=1)
+  mask = ancestor_mask(parent_full, d)
+  h, tcache = forward(target_params, tokens, Nt[:, None] + depth_full, state.target_cache, mask,
+                      config=target_config)
+  tlogits = lm_head(target_params, h, config=target_config)  # [B, N + 1, V]
+  if sampling.greedy:
+    n, path, nxt = verify_tree_greedy(tokens, parent_full, tlogits, d)
+  else:
+    B_, T_, V = tlogits.shape
+    p = jnp.exp(log_probs(tlogits.reshape(B_ * T_, V), sampling)).reshape(B_, T_, V)
+    n, path, nxt = verify_tree_sampling(key, tokens, parent_full, p, tree.top_k, d)
+
+  tcache = compact_path(tcache, Nt, path, n)
+  path_tok = jnp.take_along_axis(tokens, path, axis=1)  # [B, d + 1], root first
+  slot = jnp.arange(d + 1)[None]
+  emitted = jnp.where(slot < n[:, None], jnp.pad(path_tok[:, 1:], ((0, 0), (0, 1))),
+                      jnp.where(slot == n[:, None], nxt[:, None], -1))
+  pend = jnp.where(slot < n[:, None], jnp.pad(path_tok[:, 1:], ((0, 0), (0, 1))),
+                   nxt[:, None])  # accepted nodes, then the new last; padding repeats it
+  dcache = state.draft_cache.with_lengths(Nt + 1)  # committed up to the root
+  new_state = TreeState(target_cache=tcache, draft_cache=dcache, last=nxt,
+                        pend_tokens=pend.astype(jnp.int32), pend_count=n + 1)
+  return new_state, emitted, n
