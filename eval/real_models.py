@@ -2,14 +2,15 @@
 
   python eval/real_models.py --out eval/results/real_models
 
-For each model (Qwen2.5-Coder 0.5B and 1.5B, GGUF from the registry, f32 on CPU):
-  1. vocabjax greedy-generates N new tokens on each prompt (chat template, batch 1);
-  2. transformers loads the *same GGUF* in f32 and greedy-generates from the same prompt ids;
-  3. the token ids are compared, and both runs are timed in this one process, on this machine
-     (a warm-up run first for each, excluded; tokens/s = new tokens / generation wall time,
-     prefill included; medians over the prompts).
-It also measures numpy copy bandwidth and reports the memory floor of decoding: (bytes of
-weights read per token, i.e. every parameter but the embedding table, in f32) / bandwidth.
+For each model (Qwen2.5-Coder 0.5B and 1.5B, GGUF from the registry, f32 on CPU) both
+frameworks are loaded side by side: vocabjax, and transformers loading the *same GGUF* in f32.
+On each prompt (chat template, batch 1, greedy, N new tokens) each framework runs once to warm
+up (compile; excluded), then the two alternate, A B A B, so that drift in this shared
+machine's memory bandwidth hits both alike; tokens/s = new tokens / generation wall time
+(prefill included), median over repeats and prompts. Token ids are compared.
+It also measures memory bandwidth (numpy copy, read + write; and a jitted f32 reduction, read
+only) and reports the memory floor of decoding: (bytes of weights read per token, i.e. every
+parameter but the embedding table, in f32) / read bandwidth.
 Writes `<out>.json` and `<out>.md` atomically.
 """
 
@@ -18,7 +19,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import json
 import platform
 import subprocess
 import sys
@@ -47,63 +47,87 @@ def copy_bandwidth_gbs(nbytes: int = 1 << 30, repeats: int = 5) -> float:
   return 2 * nbytes / np.median(times) / 1e9
 
 
-def run_vocabjax(name: str, prompts_text: list[str], max_new: int) -> dict:
-  from vocabjax.checkpoints.loader import load_model
-  from vocabjax.decoding import Decoder
+def read_bandwidth_gbs(nbytes: int = 1 << 30, repeats: int = 5) -> float:
+  """Read-only bandwidth: a jitted f32 sum over `nbytes` (median of repeats)."""
+  import jax
+  import jax.numpy as jnp
+
+  x = jnp.ones((nbytes // 4,), jnp.float32)
+  f = jax.jit(jnp.sum)
+  f(x).block_until_ready()
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    f(x).block_until_ready()
+    times.append(time.perf_counter() - t)
+  return nbytes / np.median(times) / 1e9
+
+
+class VocabjaxRunner:
+  def __init__(self, name: str):
+    from vocabjax.checkpoints.loader import load_model
+    from vocabjax.decoding import Decoder
+
+    t0 = time.perf_counter()
+    self.model = load_model(name)
+    self.load_s = time.perf_counter() - t0
+    self.decoder = Decoder(self.model.params, self.model.config)
+
+  def __call__(self, ids: list[int], max_new: int) -> tuple[list[int], float, float]:
+    res = self.decoder.generate([ids], max_new_tokens=max_new,
+                                eos_token_ids=self.model.eos_token_ids, max_len=512)
+    return res.tokens[0], res.prefill_s + res.decode_s, res.decode_tokens_per_s
+
+
+class TorchRunner:
+  def __init__(self, source: str, eos: list[int]):
+    import torch
+    import transformers
+
+    torch.set_num_threads(2)
+    self.torch, path = torch, Path(source)
+    t0 = time.perf_counter()
+    self.model = transformers.AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    self.load_s = time.perf_counter() - t0
+    self.kw = dict(do_sample=False, eos_token_id=eos, pad_token_id=eos[0], top_k=None,
+                   top_p=None, temperature=None)
+    self.versions = {"torch": torch.__version__, "transformers": transformers.__version__}
+
+  def __call__(self, ids: list[int], max_new: int) -> tuple[list[int], float, float]:
+    with self.torch.no_grad():
+      t = time.perf_counter()
+      out = self.model.generate(self.torch.tensor([ids]), max_new_tokens=max_new, **self.kw)
+      wall = time.perf_counter() - t
+    return out[0, len(ids):].tolist(), wall, float("nan")
+
+
+def compare(name: str, max_new: int, repeats: int) -> dict:
   from vocabjax.generate import encode_prompts
 
-  t0 = time.perf_counter()
-  model = load_model(name)
-  load_s = time.perf_counter() - t0
-  ids = encode_prompts(model.tokenizer, prompts_text, chat=True)
-  decoder = Decoder(model.params, model.config)
-  runs = []
+  ours = VocabjaxRunner(name)
+  ids = encode_prompts(ours.model.tokenizer, PROMPTS, chat=True)
+  ref = TorchRunner(ours.model.source, list(ours.model.eos_token_ids))
+  runs = {"vocabjax": [], "torch": []}
   for i, p in enumerate(ids):
-    decoder.generate([p], max_new_tokens=max_new, eos_token_ids=model.eos_token_ids,
-                     max_len=512)  # warm-up: compiles this prompt's prefill shape
-    res = decoder.generate([p], max_new_tokens=max_new, eos_token_ids=model.eos_token_ids,
-                           max_len=512)
-    wall = res.prefill_s + res.decode_s
-    runs.append({"prompt": i, "new_tokens": len(res.tokens[0]), "wall_s": wall,
-                 "tokens_per_s": len(res.tokens[0]) / wall,
-                 "decode_tokens_per_s": res.decode_tokens_per_s, "ids": res.tokens[0]})
-    print(f"  vocabjax {name} prompt {i}: {runs[-1]['tokens_per_s']:.2f} tok/s", flush=True)
-  out = {"load_s": load_s, "runs": runs, "prompt_ids": ids, "eos": list(model.eos_token_ids),
-         "source": model.source, "text": [model.tokenizer.decode(r["ids"]) for r in runs],
-         "weight_bytes_per_token": model.config.num_params(include_embedding=False) * 4,
-         "num_params": model.config.num_params()}
-  del model, decoder
+    ours(p, max_new), ref(p, max_new)  # warm-up (compiles this prompt's prefill shape)
+    for rep in range(repeats):
+      for fw, runner in (("vocabjax", ours), ("torch", ref)):
+        toks, wall, decode_tps = runner(p, max_new)
+        runs[fw].append({"prompt": i, "repeat": rep, "ids": toks, "wall_s": wall,
+                         "tokens_per_s": len(toks) / wall, "decode_tokens_per_s": decode_tps})
+        print(f"  {fw:8s} {name} prompt {i} rep {rep}: {len(toks) / wall:.2f} tok/s",
+              flush=True)
+  identical = [a["ids"] == b["ids"] for a, b in zip(runs["vocabjax"], runs["torch"])
+               if a["repeat"] == 0]
+  out = {"runs": runs, "ids_identical": identical, "prompt_ids": ids,
+         "texts": [ours.model.tokenizer.decode(r["ids"]) for r in runs["vocabjax"]
+                   if r["repeat"] == 0],
+         "load_s": {"vocabjax": ours.load_s, "torch": ref.load_s}, **ref.versions,
+         "weight_bytes_per_token": ours.model.config.num_params(include_embedding=False) * 4}
+  del ours, ref
   gc.collect()
   return out
-
-
-def run_torch(source: str, prompt_ids: list[list[int]], eos: list[int], max_new: int) -> dict:
-  import torch
-  import transformers
-
-  torch.set_num_threads(2)
-  path = Path(source)
-  t0 = time.perf_counter()
-  model = transformers.AutoModelForCausalLM.from_pretrained(
-      path.parent, gguf_file=path.name, dtype=torch.float32).eval()
-  load_s = time.perf_counter() - t0
-  runs = []
-  for i, p in enumerate(prompt_ids):
-    x = torch.tensor([p])
-    kw = dict(max_new_tokens=max_new, do_sample=False, eos_token_id=eos, pad_token_id=eos[0],
-              top_k=None, top_p=None, temperature=None)
-    with torch.no_grad():
-      model.generate(x, **kw)  # warm-up, as for vocabjax
-      t = time.perf_counter()
-      out = model.generate(x, **kw)[0, len(p):].tolist()
-      wall = time.perf_counter() - t
-    runs.append({"prompt": i, "new_tokens": len(out), "wall_s": wall,
-                 "tokens_per_s": len(out) / wall, "ids": out})
-    print(f"  torch    {path.name} prompt {i}: {runs[-1]['tokens_per_s']:.2f} tok/s", flush=True)
-  del model
-  gc.collect()
-  return {"load_s": load_s, "runs": runs, "torch": torch.__version__,
-          "transformers": transformers.__version__}
 
 
 def main(argv=None) -> int:
@@ -111,11 +135,13 @@ def main(argv=None) -> int:
   ap.add_argument("--out", default="eval/results/real_models")
   ap.add_argument("--max-new-tokens", type=int, default=64)
   ap.add_argument("--models", nargs="+", default=MODELS)
+  ap.add_argument("--repeats", type=int, default=2, help="timed A/B repeats per prompt")
   args = ap.parse_args(argv)
   import jax
 
   bw = copy_bandwidth_gbs()
-  print(f"numpy copy bandwidth (read + write): {bw:.1f} GB/s", flush=True)
+  rbw = read_bandwidth_gbs()
+  print(f"numpy copy bandwidth (read + write): {bw:.1f} GB/s; read: {rbw:.1f} GB/s", flush=True)
   report = {
       "command": "python " + " ".join([sys.argv[0], *(argv or sys.argv[1:])]),
       "commit": subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True,
@@ -123,22 +149,19 @@ def main(argv=None) -> int:
       "date": datetime.datetime.now().isoformat(timespec="seconds"),
       "machine": f"{platform.node()} {platform.processor() or platform.machine()}, "
                  f"jax {jax.__version__} {jax.default_backend()}, dtype float32",
-      "copy_bandwidth_gbs": bw, "max_new_tokens": args.max_new_tokens, "models": {}}
+      "copy_bandwidth_gbs": bw, "read_bandwidth_gbs": rbw, "repeats": args.repeats,
+      "max_new_tokens": args.max_new_tokens, "models": {}}
   for name in args.models:
     print(f"== {name}", flush=True)
-    ours = run_vocabjax(name, PROMPTS, args.max_new_tokens)
-    ref = run_torch(ours["source"], ours["prompt_ids"], ours["eos"], args.max_new_tokens)
-    identical = [a["ids"] == b["ids"] for a, b in zip(ours["runs"], ref["runs"])]
-    floor_s = ours["weight_bytes_per_token"] / (bw * 1e9)
-    med = lambda runs, k="tokens_per_s": float(np.median([r[k] for r in runs]))  # noqa: E731
-    report["models"][name] = {
-        "vocabjax": ours, "torch": ref, "ids_identical": identical,
-        "vocabjax_tokens_per_s": med(ours["runs"]), "torch_tokens_per_s": med(ref["runs"]),
-        "vocabjax_decode_tokens_per_s": med(ours["runs"], "decode_tokens_per_s"),
-        "floor_tokens_per_s": 1 / floor_s,
-        "pct_of_floor": 100 * med(ours["runs"], "decode_tokens_per_s") * floor_s}
-    m = report["models"][name]
-    print(f"  identical ids: {identical}; vocabjax {m['vocabjax_tokens_per_s']:.2f} tok/s vs "
+    m = compare(name, args.max_new_tokens, args.repeats)
+    floor_s = m["weight_bytes_per_token"] / (rbw * 1e9)
+    med = lambda fw, k="tokens_per_s": float(np.median([r[k] for r in m["runs"][fw]]))  # noqa
+    m.update(vocabjax_tokens_per_s=med("vocabjax"), torch_tokens_per_s=med("torch"),
+             vocabjax_decode_tokens_per_s=med("vocabjax", "decode_tokens_per_s"),
+             floor_tokens_per_s=1 / floor_s,
+             pct_of_floor=100 * med("vocabjax", "decode_tokens_per_s") * floor_s)
+    report["models"][name] = m
+    print(f"  identical ids: {m['ids_identical']}; vocabjax {m['vocabjax_tokens_per_s']:.2f} tok/s vs "
           f"torch {m['torch_tokens_per_s']:.2f}; floor {m['floor_tokens_per_s']:.2f} tok/s "
           f"({m['pct_of_floor']:.0f}% reached)", flush=True)
   write(report, Path(args.out))
@@ -149,13 +172,15 @@ def write(report: dict, out: Path) -> None:
   from vocabjax.generate import atomic_write_json
 
   atomic_write_json(out.with_suffix(".json"), report)
-  lines = [f"# Real-model check and autoregressive benchmark", "",
+  lines = ["# Real-model check and autoregressive benchmark", "",
            f"- command: `{report['command']}`", f"- commit: `{report['commit']}`",
            f"- date: {report['date']}", f"- machine: {report['machine']}",
-           f"- numpy copy bandwidth (read + write): {report['copy_bandwidth_gbs']:.1f} GB/s",
+           f"- memory bandwidth: numpy copy {report['copy_bandwidth_gbs']:.1f} GB/s (read + "
+           f"write), jitted f32 sum {report['read_bandwidth_gbs']:.1f} GB/s (read)",
            f"- greedy, {report['max_new_tokens']} new tokens, chat template, batch 1, "
-           f"{len(PROMPTS)} prompts; tokens/s = new tokens / generation wall time (prefill "
-           f"included, compile and warm-up excluded), median over prompts", "",
+           f"{len(PROMPTS)} prompts x {report['repeats']} alternating repeats per framework; "
+           f"tokens/s = new tokens / generation wall time (prefill included, compile and "
+           f"warm-up excluded), median", "",
            "| model | ids identical to transformers (same GGUF, f32) | vocabjax tok/s | "
            "transformers tok/s | vocabjax / torch | vocabjax decode tok/s | floor tok/s | "
            "% of floor |", "|---|---|---|---|---|---|---|---|"]
@@ -165,11 +190,11 @@ def write(report: dict, out: Path) -> None:
                  f"{m['vocabjax_tokens_per_s'] / m['torch_tokens_per_s']:.2f}x | "
                  f"{m['vocabjax_decode_tokens_per_s']:.2f} | {m['floor_tokens_per_s']:.2f} | "
                  f"{m['pct_of_floor']:.0f}% |")
-  lines += ["", "Floor = (f32 bytes of every weight except the embedding table) / copy "
-            "bandwidth; % of floor = decode tok/s / floor tok/s.", ""]
+  lines += ["", "Floor = (f32 bytes of every weight except the embedding table) / read "
+            "bandwidth; % of floor = vocabjax decode tok/s / floor tok/s.", ""]
   for name, m in report["models"].items():
     lines.append(f"## {name}\n")
-    for i, text in enumerate(m["vocabjax"]["text"]):
+    for i, text in enumerate(m["texts"]):
       lines.append(f"prompt {i}: {PROMPTS[i]!r}\n\n```\n{text}\n```\n")
   tmp = out.with_suffix(".md.partial")
   tmp.write_text("\n".join(lines))

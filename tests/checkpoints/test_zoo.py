@@ -1,7 +1,6 @@
 """The registry's fetch path, offline: wheels built in the test, served to pip by --find-links."""
 
 import hashlib
-import json
 import zipfile
 
 import pytest

@@ -4,26 +4,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jax.scipy.stats import chi2
 
 import vocabjax.decoding.speculative as spec
 from vocabjax.decoding import Decoder, SamplingParams
 from vocabjax.decoding.speculative import ChainDecoder
-from vocabjax.models import KVCache, LlamaLikeConfig, forward, init_params, lm_head
+from vocabjax.models import init_params
 from vocabjax.testing.fixtures import successor_pair
+from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
 
-CFG = LlamaLikeConfig(arch="qwen2", vocab_size=64, hidden_size=32, intermediate_size=48,
-                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, attention_bias=True)
-
-
-@pytest.fixture(scope="module")
-def pair():
-  """A target and a drafter that agree often but not always (the drafter is a noisy copy)."""
-  target = init_params(jax.random.key(0), CFG, scale=0.3)
-  noise = init_params(jax.random.key(1), CFG, scale=0.3)
-  draft = jax.tree.map(lambda a, b: a + 0.5 * b, target, noise)
-  return target, draft
-
+from tests.decoding.conftest import CFG, PROMPT, SMALL
 
 @pytest.mark.parametrize("gamma", [1, 3, 5])
 def test_greedy_identical_to_autoregressive(pair, gamma):
@@ -90,43 +79,6 @@ def test_bad_configuration():
 
 # --- statistical losslessness ---------------------------------------------------------------
 
-SMALL = LlamaLikeConfig(arch="llama", vocab_size=8, hidden_size=16, intermediate_size=16,
-                        num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8)
-PROMPT = [3, 1]
-
-
-def _exact_joint(params, sp: SamplingParams) -> np.ndarray:
-  """P(x1, x2, x3 | PROMPT) under target-only sampling, by enumerating all V^2 prefixes."""
-  V = SMALL.vocab_size
-
-  def dist(seqs):
-    seqs = jnp.asarray(seqs)
-    B, T = seqs.shape
-    h, _ = forward(params, seqs, jnp.broadcast_to(jnp.arange(T), (B, T)),
-                   KVCache.init(SMALL, B, T), config=SMALL)
-    from vocabjax.decoding.sampling import log_probs
-    return np.exp(np.asarray(log_probs(lm_head(params, h[:, -1], config=SMALL), sp),
-                             np.float64))
-
-  p1 = dist([PROMPT])[0]
-  p2 = dist([PROMPT + [a] for a in range(V)])  # [V, V]
-  p3 = dist([PROMPT + [a, b] for a in range(V) for b in range(V)]).reshape(V, V, V)
-  return p1[:, None, None] * p2[:, :, None] * p3
-
-
-def _chi2_pvalue(samples: np.ndarray, probs: np.ndarray) -> float:
-  """Goodness of fit; cells expecting < 5 draws are pooled into one."""
-  n = len(samples)
-  counts = np.bincount(samples, minlength=probs.size).astype(np.float64)
-  probs = probs.ravel()
-  assert counts[probs == 0].sum() == 0, "a token with target probability 0 was emitted"
-  big = probs * n >= 5
-  obs, exp = counts[big], probs[big] * n
-  if (~big).any() and probs[~big].sum() > 0:
-    obs, exp = np.append(obs, counts[~big].sum()), np.append(exp, probs[~big].sum() * n)
-  stat = ((obs - exp) ** 2 / exp).sum()
-  return float(chi2.sf(stat, len(obs) - 1))
-
 
 def _spec_samples(target, draft, sp, n=12_000, gamma=2):
   dec = ChainDecoder(target, SMALL, draft, SMALL, gamma=gamma)
@@ -134,13 +86,6 @@ def _spec_samples(target, draft, sp, n=12_000, gamma=2):
   V = SMALL.vocab_size
   toks = np.asarray([r[:3] for r in res.tokens])
   return toks[:, 0] * V * V + toks[:, 1] * V + toks[:, 2], res.stats
-
-
-@pytest.fixture(scope="module")
-def small_pair():
-  target = init_params(jax.random.key(10), SMALL, scale=0.8)
-  draft = init_params(jax.random.key(11), SMALL, scale=0.8)  # unrelated: many rejections
-  return target, draft
 
 
 @pytest.mark.parametrize("sp", [SamplingParams(1.0), SamplingParams(0.7, 0, 0.9)],
@@ -152,7 +97,7 @@ def test_sampling_is_lossless(small_pair, sp):
   target, draft = small_pair
   samples, stats = _spec_samples(target, draft, sp)
   assert 0.1 < stats.acceptance_rate < 0.9  # rejections and residual sampling really happen
-  assert _chi2_pvalue(samples, _exact_joint(target, sp)) > 1e-3
+  assert chi2_pvalue(samples, exact_sequence_probs(target, SMALL, PROMPT, sp)) > 1e-3
 
 
 def test_broken_acceptance_rule_is_detected(small_pair, monkeypatch):
@@ -167,4 +112,27 @@ def test_broken_acceptance_rule_is_detected(small_pair, monkeypatch):
   monkeypatch.setattr(spec, "verify_chain_sampling", accept_all)
   sp = SamplingParams(1.0)
   samples, _ = _spec_samples(target, draft, sp)
-  assert _chi2_pvalue(samples, _exact_joint(target, sp)) < 1e-6
+  assert chi2_pvalue(samples, exact_sequence_probs(target, SMALL, PROMPT, sp)) < 1e-6
+
+
+@pytest.mark.parametrize("make", [
+    lambda t, d: ChainDecoder(t, CFG, d, CFG, gamma=3),
+    lambda t, d: spec.TreeDecoder(t, CFG, d, CFG, tree=spec.TreeParams(2, 3, 5)),
+], ids=["chain", "tree"])
+def test_no_recompilation_across_steps(pair, make):
+  target, draft = pair
+  dec = make(target, draft)
+  dec.generate([[1, 2, 3]], max_new_tokens=5, max_len=128)  # compiles the three programs
+  compiles = []
+
+  def listener(event, duration, **kw):
+    if event == "/jax/core/compile/backend_compile_duration":
+      compiles.append(event)
+
+  jax.monitoring.register_event_duration_secs_listener(listener)
+  try:
+    res = dec.generate([[4, 5, 6, 7]], max_new_tokens=40, max_len=128)
+  finally:
+    jax.monitoring.unregister_event_duration_listener(listener)
+  assert res.stats.target_forwards > 5 and res.compile_s == 0.0
+  assert compiles == []

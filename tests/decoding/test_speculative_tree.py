@@ -13,8 +13,9 @@ from vocabjax.decoding.verify import verify_tree_greedy
 from vocabjax.models import KVCache, init_params
 from vocabjax.testing.fixtures import successor_pair
 
-from tests.decoding.test_speculative_chain import (CFG, PROMPT, SMALL, _chi2_pvalue, _exact_joint,
-                                                   pair, small_pair)  # noqa: F401 (fixtures)
+from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
+
+from tests.decoding.conftest import CFG, PROMPT, SMALL
 
 
 def test_ancestor_mask_and_greedy_walk_by_hand():
@@ -115,7 +116,7 @@ def test_tree_sampling_is_lossless(small_pair, sp):
   target, draft = small_pair
   samples, stats = _tree_samples(target, draft, sp)
   assert 0.05 < stats.acceptance_rate < 0.95
-  assert _chi2_pvalue(samples, _exact_joint(target, sp)) > 1e-3
+  assert chi2_pvalue(samples, exact_sequence_probs(target, SMALL, PROMPT, sp)) > 1e-3
 
 
 def test_tree_broken_rule_is_detected(small_pair, monkeypatch):
@@ -129,4 +130,4 @@ def test_tree_broken_rule_is_detected(small_pair, monkeypatch):
   monkeypatch.setattr(tree_mod, "verify_tree_sampling", greedy_accept)
   sp = SamplingParams(1.0)
   samples, _ = _tree_samples(target, draft, sp)
-  assert _chi2_pvalue(samples, _exact_joint(target, sp)) < 1e-6
+  assert chi2_pvalue(samples, exact_sequence_probs(target, SMALL, PROMPT, sp)) < 1e-6

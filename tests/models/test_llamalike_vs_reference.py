@@ -1,6 +1,5 @@
 """The JAX decoder against transformers' PyTorch models built in the test (no downloads)."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest

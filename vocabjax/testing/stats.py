@@ -1,0 +1,55 @@
+"""Statistical checks for losslessness tests: exact target laws and a chi-square fit."""
+
+from __future__ import annotations
+
+import itertools
+
+import jax.numpy as jnp
+import numpy as np
+from jax.scipy.stats import chi2
+
+from vocabjax.decoding.sampling import SamplingParams, log_probs
+from vocabjax.models.cache import KVCache
+from vocabjax.models.config import LlamaLikeConfig
+from vocabjax.models.llamalike import forward, lm_head
+
+
+def exact_sequence_probs(params, config: LlamaLikeConfig, prompt: list[int],
+                         sampling: SamplingParams, n_tokens: int = 3) -> np.ndarray:
+  """P(x_1 .. x_n | prompt) under target-only sampling, [V] * n, by enumerating all prefixes.
+
+  Only for tiny vocabularies: it runs V^(n-1) sequences.
+  """
+  V = config.vocab_size
+
+  def next_dist(prefixes):
+    seqs = jnp.asarray([prompt + list(p) for p in prefixes])
+    B, T = seqs.shape
+    h, _ = forward(params, seqs, jnp.broadcast_to(jnp.arange(T), (B, T)),
+                   KVCache.init(config, B, T), config=config)
+    logits = lm_head(params, h[:, -1], config=config)
+    return np.exp(np.asarray(log_probs(logits, sampling), np.float64))
+
+  joint = next_dist([()])[0]
+  for depth in range(1, n_tokens):
+    cond = next_dist(list(itertools.product(range(V), repeat=depth)))  # [V^depth, V]
+    joint = joint.reshape(-1, 1) * cond
+  return joint.reshape((V,) * n_tokens)
+
+
+def chi2_pvalue(samples: np.ndarray, probs: np.ndarray, min_expected: float = 5.0) -> float:
+  """Chi-square goodness of fit of integer `samples` (flat cell ids) to `probs`.
+
+  Cells expecting fewer than `min_expected` draws are pooled into one cell. Raises
+  AssertionError if a cell of probability 0 was sampled (an impossible token).
+  """
+  n = len(samples)
+  probs = np.asarray(probs, np.float64).ravel()
+  counts = np.bincount(samples, minlength=probs.size).astype(np.float64)
+  assert counts[probs == 0].sum() == 0, "a sequence with target probability 0 was emitted"
+  big = probs * n >= min_expected
+  obs, exp = counts[big], probs[big] * n
+  if (~big).any() and probs[~big].sum() > 0:
+    obs, exp = np.append(obs, counts[~big].sum()), np.append(exp, probs[~big].sum() * n)
+  stat = ((obs - exp) ** 2 / exp).sum()
+  return float(chi2.sf(stat, len(obs) - 1))
