@@ -110,12 +110,10 @@ def main(config: GenerateConfig) -> dict:
   common = dict(max_new_tokens=config.max_new_tokens, sampling=sampling, seed=config.seed,
                 eos_token_ids=model.eos_token_ids, max_len=config.max_len)
   spec_stats = None
+  common.update(stop_strings=config.stop, tokenizer=model.tokenizer)
   if config.method == "ar":
-    res = Decoder(model.params, model.config).generate(
-        prompt_ids, stop_strings=config.stop, tokenizer=model.tokenizer, **common)
+    res = Decoder(model.params, model.config).generate(prompt_ids, **common)
   else:
-    if config.stop:
-      raise ValueError("--stop is only supported with --method ar for now")
     draft = load_model(config.draft, dtype=config.dtype, load_tokenizer=False)
     load_s = time.perf_counter() - t0
     if config.method == "chain":

@@ -8,6 +8,7 @@ from jax.scipy.stats import chi2
 from vocabjax.checkpoints.hf import load_hf
 from vocabjax.checkpoints.loader import load_model
 from vocabjax.decoding import Decoder, SamplingParams
+from vocabjax.decoding.speculative import ChainDecoder
 from vocabjax.models import KVCache, forward, lm_head
 
 
@@ -88,6 +89,11 @@ def test_stop_string(tiny_chat_dir):
   assert len(res.tokens[0]) <= 6 and res.tokens[0] == free.tokens[0][:len(res.tokens[0])]
   with pytest.raises(ValueError, match="stop strings need a tokenizer"):
     dec.generate([prompt], max_new_tokens=4, stop_strings=["x"])
+  # the speculative host loop shares the same collector: a stop inside an accepted block
+  chain = ChainDecoder(model.params, model.config, model.params, model.config, gamma=4)
+  spec = chain.generate([prompt], max_new_tokens=16, stop_strings=[stop],
+                        tokenizer=model.tokenizer)
+  assert spec.tokens == res.tokens and spec.finish_reasons == ["stop"]
 
 
 def test_sampled_first_token_follows_target_distribution(tiny_dirs):

@@ -7,7 +7,7 @@ import pytest
 
 import vocabjax.decoding.tree as tree_mod
 from vocabjax.decoding import Decoder, SamplingParams
-from vocabjax.decoding.speculative import TreeDecoder
+from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder
 from vocabjax.decoding.tree import TreeParams, ancestor_mask, compact_path
 from vocabjax.decoding.verify import verify_tree_greedy
 from vocabjax.models import KVCache, init_params
@@ -131,3 +131,15 @@ def test_tree_broken_rule_is_detected(small_pair, monkeypatch):
   sp = SamplingParams(1.0)
   samples, _ = _tree_samples(target, draft, sp)
   assert chi2_pvalue(samples, exact_sequence_probs(target, SMALL, PROMPT, sp)) < 1e-6
+
+
+def test_drafter_context_survives_steps(pair):
+  """With the drafter = the target (real attention, unlike the successor fixture), every draft
+  is right, so a chain-shaped tree accepts its full depth at every step. This failed when the
+  drafter's cache update of the step's first call was dropped (tau fell to ~1.3)."""
+  target, _ = pair
+  res = TreeDecoder(target, CFG, target, CFG, tree=TreeParams(1, 4, 4)).generate(
+      [[5, 6, 7, 8, 9], [1, 2]], max_new_tokens=41)
+  assert res.stats.tau == 5.0
+  assert ChainDecoder(target, CFG, target, CFG, gamma=4).generate(
+      [[5, 6, 7, 8, 9], [1, 2]], max_new_tokens=41).stats.tau == 5.0

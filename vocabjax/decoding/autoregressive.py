@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -37,6 +37,7 @@ class GenerationResult:
   prefill_s: float  # prefill plus the first sampled token
   decode_s: float  # every later step
   steps: int  # decode steps run (= target forwards after prefill)
+  stats: Any = None  # speculative methods: a SpecStats (per-step drafted/accepted counts)
 
   @property
   def num_generated(self) -> int:
@@ -53,6 +54,43 @@ class GenerationResult:
     """Tokens after the first / decode wall time (batch rows counted)."""
     n = self.num_generated - len(self.tokens)
     return n / self.decode_s if self.decode_s > 0 else float("nan")
+
+
+class OutputCollector:
+  """Appends each row's emitted tokens and decides when the row is finished.
+
+  A row finishes at an EOS token (kept), at a stop string (checked on the detokenized tail) or
+  at `max_new_tokens`; tokens a step emits past that point are dropped.
+  """
+
+  def __init__(self, batch_size: int, max_new_tokens: int, eos_token_ids: Sequence[int] = (),
+               stop_strings: Sequence[str] = (), tokenizer=None):
+    if stop_strings and tokenizer is None:
+      raise ValueError("stop strings need a tokenizer to detokenize with")
+    self.max_new_tokens, self.stop_strings, self.tokenizer = (max_new_tokens, stop_strings,
+                                                              tokenizer)
+    self.eos = set(int(e) for e in eos_token_ids)
+    self.tokens: list[list[int]] = [[] for _ in range(batch_size)]
+    self.reasons = ["length"] * batch_size
+    self.done = np.zeros(batch_size, bool)
+
+  def add(self, emitted: np.ndarray) -> None:
+    """emitted [B] or [B, W]: each row's new tokens in order; -1 ends a row's block early."""
+    emitted = np.asarray(emitted).reshape(len(self.tokens), -1)
+    for b in np.flatnonzero(~self.done):
+      row = self.tokens[b]
+      for tok in emitted[b]:
+        if tok < 0:
+          break
+        row.append(int(tok))
+        if tok in self.eos:
+          self.done[b], self.reasons[b] = True, "eos"
+        elif self.stop_strings and _hits_stop(self.tokenizer, row, self.stop_strings):
+          self.done[b], self.reasons[b] = True, "stop"
+        elif len(row) >= self.max_new_tokens:
+          self.done[b] = True
+        if self.done[b]:
+          break
 
 
 def bucket(n: int, minimum: int = 16) -> int:
@@ -123,9 +161,8 @@ class Decoder:
     cfg = self.config
     prompts = [list(map(int, p)) for p in prompts]
     validate_request(prompts, max_new_tokens, sampling, cfg, max_len)
-    if stop_strings and tokenizer is None:
-      raise ValueError("stop strings need a tokenizer to detokenize with")
     B = len(prompts)
+    out = OutputCollector(B, max_new_tokens, eos_token_ids, stop_strings, tokenizer)
     lengths = np.array([len(p) for p in prompts], np.int32)
     longest = int(lengths.max())
     S = max_len or bucket(longest + max_new_tokens)
@@ -137,35 +174,21 @@ class Decoder:
     for b, p in enumerate(prompts):
       tokens[b, :len(p)] = p
     key = jax.random.key(seed)
-    eos = set(int(e) for e in eos_token_ids)
-    out: list[list[int]] = [[] for _ in range(B)]
-    reasons = ["length"] * B
-    done = np.zeros(B, bool)
-
-    def record(new: np.ndarray) -> None:
-      for b in np.flatnonzero(~done):
-        tok = int(new[b])
-        out[b].append(tok)
-        if tok in eos:
-          done[b], reasons[b] = True, "eos"
-        elif stop_strings and _hits_stop(tokenizer, out[b], stop_strings):
-          done[b], reasons[b] = True, "stop"
-        elif len(out[b]) >= max_new_tokens:
-          done[b] = True
 
     t0 = time.perf_counter()
     cache = self._new_cache(B, S, cache_dtype)
     new, cache = prefill(self.params, jnp.asarray(tokens), jnp.asarray(lengths), cache,
                          jax.random.fold_in(key, 0))
-    record(np.asarray(new))
+    out.add(np.asarray(new))
     t1 = time.perf_counter()
     steps = 0
-    while not done.all():
+    while not out.done.all():
       steps += 1
       new, cache = step(self.params, new, cache, jax.random.fold_in(key, steps))
-      record(np.asarray(new))
+      out.add(np.asarray(new))
     t2 = time.perf_counter()
-    return GenerationResult(tokens=out, finish_reasons=reasons, prompt_lengths=lengths.tolist(),
+    return GenerationResult(tokens=out.tokens, finish_reasons=out.reasons,
+                            prompt_lengths=lengths.tolist(),
                             compile_s=compile_s, prefill_s=t1 - t0, decode_s=t2 - t1,
                             steps=steps)
 

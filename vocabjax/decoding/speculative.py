@@ -27,7 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from vocabjax.decoding.autoregressive import _prefill, bucket, validate_request
+from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector, _prefill,
+                                              bucket, validate_request)
 from vocabjax.decoding.sampling import SamplingParams, log_probs, sample
 from vocabjax.decoding.tree import TreeParams, TreeState, tree_step
 from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
@@ -149,25 +150,6 @@ def chain_step(target_params, draft_params, state: ChainState, key, *, target_co
   return new_state, emitted, n
 
 
-@dataclasses.dataclass
-class SpecResult:
-  tokens: list[list[int]]
-  finish_reasons: list[str]
-  stats: SpecStats
-  compile_s: float
-  prefill_s: float
-  decode_s: float
-
-  @property
-  def num_generated(self) -> int:
-    return sum(len(t) for t in self.tokens)
-
-  @property
-  def tokens_per_s(self) -> float:
-    total = self.prefill_s + self.decode_s
-    return self.num_generated / total if total > 0 else float("nan")
-
-
 class SpeculativeDecoder:
   """Shared host loop of chain and tree speculative decoding (subclasses define the step)."""
 
@@ -220,8 +202,12 @@ class SpeculativeDecoder:
 
   def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                sampling: SamplingParams = SamplingParams(), seed: int = 0,
-               eos_token_ids: Sequence[int] = (), max_len: int | None = None) -> SpecResult:
-    """Generate like `Decoder.generate`; greedy output equals it token for token."""
+               eos_token_ids: Sequence[int] = (), max_len: int | None = None,
+               stop_strings: Sequence[str] = (), tokenizer=None) -> GenerationResult:
+    """Generate like `Decoder.generate`; greedy output equals it token for token.
+
+    The result's `stats` is a SpecStats; `steps` counts verifications (target forwards).
+    """
     prompts = [list(map(int, p)) for p in prompts]
     room = max_new_tokens + self.extra_slots
     validate_request(prompts, max_new_tokens, sampling, self.tc, None)
@@ -241,23 +227,7 @@ class SpeculativeDecoder:
     for b, p in enumerate(prompts):
       tokens[b, :len(p)] = p
     key = jax.random.key(seed)
-    eos = set(int(e) for e in eos_token_ids)
-    out: list[list[int]] = [[] for _ in range(B)]
-    reasons = ["length"] * B
-    done = np.zeros(B, bool)
-
-    def record(row_tokens) -> None:
-      for b in np.flatnonzero(~done):
-        for tok in row_tokens[b]:
-          if tok < 0:
-            break
-          out[b].append(int(tok))
-          if tok in eos:
-            done[b], reasons[b] = True, "eos"
-            break
-          if len(out[b]) >= max_new_tokens:
-            done[b] = True
-            break
+    out = OutputCollector(B, max_new_tokens, eos_token_ids, stop_strings, tokenizer)
 
     t0 = time.perf_counter()
     tok_arr, len_arr = jnp.asarray(tokens), jnp.asarray(lengths)
@@ -266,21 +236,22 @@ class SpeculativeDecoder:
     dcache = dprefill(self.dp, tok_arr, len_arr, KVCache.init(self.dc, B, S, dtype))
     state = self._initial_state(tcache, dcache, first,
                                 jnp.asarray([p[-1] for p in prompts], jnp.int32))
-    record(np.asarray(first)[:, None])
+    out.add(np.asarray(first))
     t1 = time.perf_counter()
     stats = SpecStats(drafted=[], accepted=[])
     i = 0
-    while not done.all():
+    while not out.done.all():
       i += 1
-      active = ~done
+      active = ~out.done
       state, emitted, n = step(self.tp, self.dp, state, jax.random.fold_in(key, i))
       n = np.asarray(n)
       stats.drafted.append([self.drafted_per_step if a else 0 for a in active])
       stats.accepted.append([int(x) if a else 0 for x, a in zip(n, active)])
-      record(np.asarray(emitted))
+      out.add(np.asarray(emitted))
     t2 = time.perf_counter()
-    return SpecResult(tokens=out, finish_reasons=reasons, stats=stats, compile_s=compile_s,
-                      prefill_s=t1 - t0, decode_s=t2 - t1)
+    return GenerationResult(tokens=out.tokens, finish_reasons=out.reasons,
+                            prompt_lengths=lengths.tolist(), compile_s=compile_s,
+                            prefill_s=t1 - t0, decode_s=t2 - t1, steps=i, stats=stats)
 
 
 class ChainDecoder(SpeculativeDecoder):

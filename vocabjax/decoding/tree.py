@@ -72,7 +72,8 @@ class TreeState:
 
 
 def draft_tree(params, state: TreeState, *, config: LlamaLikeConfig, tree: TreeParams, head):
-  """Build the tree: (node tokens [B, N], parent [B, N] in 0..N (0 = root), depth [B, N])."""
+  """Build the tree: (node tokens [B, N], parent [B, N] in 0..N (0 = root), depth [B, N],
+  drafter cache holding every committed token, root included)."""
   k, d = tree.top_k, tree.depth
   B, P = state.pend_tokens.shape
   cache = state.draft_cache
@@ -109,7 +110,7 @@ def draft_tree(params, state: TreeState, *, config: LlamaLikeConfig, tree: TreeP
 
     f_anc = jnp.broadcast_to((slots[None, :] < C[:, None])[:, None, :], (B, k, S))
     init = (cache, jnp.broadcast_to(jnp.arange(k), (B, k)), tok1.astype(jnp.int32), score1, f_anc)
-    _, (toks, scores, parents) = jax.lax.scan(expand, init, jnp.arange(1, d))
+    (cache, *_), (toks, scores, parents) = jax.lax.scan(expand, init, jnp.arange(1, d))
     cand_tok += list(toks)
     cand_score += list(scores)
     cand_parent += list(parents)
@@ -127,7 +128,8 @@ def draft_tree(params, state: TreeState, *, config: LlamaLikeConfig, tree: TreeP
   parent_cand = jnp.take_along_axis(cand_parent, sel, 1)
   parent = jnp.where(parent_cand < 0, 0,
                      jnp.take_along_axis(node_of, jnp.maximum(parent_cand, 0), 1))
-  return jnp.take_along_axis(cand_tok, sel, 1), parent, cand_depth[sel]
+  # The expansions wrote past slot C only; resetting the length drops them.
+  return jnp.take_along_axis(cand_tok, sel, 1), parent, cand_depth[sel], cache.with_lengths(C)
 
 
 def ancestor_mask(parent_full: jax.Array, depth: int) -> jax.Array:
@@ -162,8 +164,8 @@ def tree_step(target_params, draft_params, state: TreeState, key, *, target_conf
   """
   head = draft_head or functools.partial(lm_head, config=draft_config)
   d = tree.depth
-  node_tok, parent, depth = draft_tree(draft_params, state, config=draft_config, tree=tree,
-                                       head=head)
+  node_tok, parent, depth, dcache = draft_tree(draft_params, state, config=draft_config,
+                                               tree=tree, head=head)
   B = node_tok.shape[0]
   Nt = state.target_cache.lengths
   tokens = jnp.concatenate([state.last[:, None], node_tok], axis=1)  # [B, N + 1]
@@ -187,7 +189,6 @@ def tree_step(target_params, draft_params, state: TreeState, key, *, target_conf
                       jnp.where(slot == n[:, None], nxt[:, None], -1))
   pend = jnp.where(slot < n[:, None], jnp.pad(path_tok[:, 1:], ((0, 0), (0, 1))),
                    nxt[:, None])  # accepted nodes, then the new last; padding repeats it
-  dcache = state.draft_cache.with_lengths(Nt + 1)  # committed up to the root
   new_state = TreeState(target_cache=tcache, draft_cache=dcache, last=nxt,
                         pend_tokens=pend.astype(jnp.int32), pend_count=n + 1)
   return new_state, emitted, n
