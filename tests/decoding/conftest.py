@@ -26,3 +26,13 @@ def small_pair():
   """V = 8 target and an unrelated drafter: many rejections, exact laws computable."""
   return (init_params(jax.random.key(10), SMALL, scale=0.8),
           init_params(jax.random.key(11), SMALL, scale=0.8))
+
+
+def prompt_samples(decoder, sampling, n: int = 12_000, seed: int = 5):
+  """n seeded rows of PROMPT, 3 new tokens each: (flat cell ids x1*V^2 + x2*V + x3, stats)."""
+  import numpy as np
+
+  res = decoder.generate([PROMPT] * n, max_new_tokens=3, sampling=sampling, seed=seed)
+  V = SMALL.vocab_size
+  toks = np.asarray([r[:3] for r in res.tokens])
+  return toks[:, 0] * V * V + toks[:, 1] * V + toks[:, 2], res.stats

@@ -12,7 +12,7 @@ from vocabjax.models import init_params
 from vocabjax.testing.fixtures import successor_pair
 from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
 
-from tests.decoding.conftest import CFG, PROMPT, SMALL
+from tests.decoding.conftest import CFG, PROMPT, SMALL, prompt_samples
 
 @pytest.mark.parametrize("gamma", [1, 3, 5])
 def test_greedy_identical_to_autoregressive(pair, gamma):
@@ -80,12 +80,8 @@ def test_bad_configuration():
 # --- statistical losslessness ---------------------------------------------------------------
 
 
-def _spec_samples(target, draft, sp, n=12_000, gamma=2):
-  dec = ChainDecoder(target, SMALL, draft, SMALL, gamma=gamma)
-  res = dec.generate([PROMPT] * n, max_new_tokens=3, sampling=sp, seed=5)
-  V = SMALL.vocab_size
-  toks = np.asarray([r[:3] for r in res.tokens])
-  return toks[:, 0] * V * V + toks[:, 1] * V + toks[:, 2], res.stats
+def _spec_samples(target, draft, sp):
+  return prompt_samples(ChainDecoder(target, SMALL, draft, SMALL, gamma=2), sp, seed=5)
 
 
 @pytest.mark.parametrize("sp", [SamplingParams(1.0), SamplingParams(0.7, 0, 0.9)],

@@ -15,7 +15,7 @@ from vocabjax.testing.fixtures import successor_pair
 
 from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
 
-from tests.decoding.conftest import CFG, PROMPT, SMALL
+from tests.decoding.conftest import CFG, PROMPT, SMALL, prompt_samples
 
 
 def test_ancestor_mask_and_greedy_walk_by_hand():
@@ -101,12 +101,9 @@ def test_bad_tree_budgets():
                                                                     max_len=32)
 
 
-def _tree_samples(target, draft, sp, n=12_000):
-  dec = TreeDecoder(target, SMALL, draft, SMALL, tree=TreeParams(2, 2, 4))
-  res = dec.generate([PROMPT] * n, max_new_tokens=3, sampling=sp, seed=9)
-  V = SMALL.vocab_size
-  toks = np.asarray([r[:3] for r in res.tokens])
-  return toks[:, 0] * V * V + toks[:, 1] * V + toks[:, 2], res.stats
+def _tree_samples(target, draft, sp):
+  return prompt_samples(TreeDecoder(target, SMALL, draft, SMALL, tree=TreeParams(2, 2, 4)), sp,
+                        seed=9)
 
 
 @pytest.mark.parametrize("sp", [SamplingParams(1.0), SamplingParams(0.7, 0, 0.9)],

@@ -152,6 +152,12 @@ def load_gguf_tokenizer(path: str | os.PathLike, cache_root: Path | None = None)
   cached = (cache_root or cache_dir()) / "tokenizers" / key
   if (cached / "tokenizer_config.json").exists():
     return AutoTokenizer.from_pretrained(cached)
+  import importlib.util
+
+  if importlib.util.find_spec("torch") is None:
+    raise ImportError(f"building the tokenizer of {path.name} uses transformers' GGUF reader, "
+                      f"which needs torch: pip install 'vocabjax[gguf]' (or torch==2.13.0 "
+                      f"for the local CPU wheel)")
   tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
   tmp = cached.with_name(cached.name + ".partial")
   try:
