@@ -38,7 +38,7 @@ class SamplingParams:
 
 
 def log_probs(logits: jax.Array, sp: SamplingParams) -> jax.Array:
-  """Log-probabilities [B, V] after temperature, top-k and top-p (f32; -inf outside the support).
+  """Log-probabilities [..., V] after temperature, top-k and top-p (f32; -inf outside the support).
 
   Greedy settings give a point mass on the argmax (ties to the lowest id), so a verifier can
   treat greedy as the temperature -> 0 limit.
@@ -59,10 +59,14 @@ def log_probs(logits: jax.Array, sp: SamplingParams) -> jax.Array:
     probs = jax.nn.softmax(sorted_logits, axis=-1)
     mass_before = jnp.cumsum(probs, axis=-1) - probs
     keep_sorted = mass_before < sp.top_p
-    keep = jnp.zeros_like(keep_sorted).at[
-        jnp.arange(logits.shape[0])[:, None], order].set(keep_sorted)
+    keep = jnp.take_along_axis(keep_sorted, jnp.argsort(order, axis=-1), axis=-1)
     logits = jnp.where(keep, logits, -jnp.inf)
   return jax.nn.log_softmax(logits, axis=-1)
+
+
+def probs(logits: jax.Array, sp: SamplingParams) -> jax.Array:
+  """Probabilities [..., V]: `exp(log_probs(logits, sp))`, the p and q of verification."""
+  return jnp.exp(log_probs(logits, sp))
 
 
 def sample(key: jax.Array, logits: jax.Array, sp: SamplingParams) -> jax.Array:

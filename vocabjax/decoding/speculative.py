@@ -29,7 +29,7 @@ from flax import struct
 
 from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector, _prefill,
                                               bucket, validate_request)
-from vocabjax.decoding.sampling import SamplingParams, log_probs, sample
+from vocabjax.decoding.sampling import SamplingParams, probs, sample
 from vocabjax.decoding.tree import TreeParams, TreeState, tree_step
 from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
 from vocabjax.models.cache import KVCache
@@ -59,11 +59,6 @@ class SpecStats:
   def target_forwards(self) -> int:
     return sum(1 for row in self.drafted if any(row))
 
-  def per_row(self, b: int) -> tuple[int, int, int]:
-    """(verification steps, drafted, accepted) of row b."""
-    steps = sum(1 for row in self.drafted if row[b])
-    return steps, sum(r[b] for r in self.drafted), sum(r[b] for r in self.accepted)
-
   @property
   def tau(self) -> float:
     """Mean tokens emitted per verification (accepted + 1), over active rows and steps."""
@@ -78,12 +73,10 @@ class SpecStats:
     return acc / drafted if drafted else float("nan")
 
 
-def _draft_step(params, tok, positions, cache, key, *, config, sampling, head):
-  """One drafter token for every row: (draft [B], q [B, V] or None, cache)."""
-  h, cache = forward(params, tok, positions, cache, config=config)
-  logits = head(params, h[:, -1])
-  q = None if sampling.greedy else jnp.exp(log_probs(logits, sampling))
-  return sample(key, logits, sampling), q, cache
+def _draft_sample(key, logits, sampling):
+  """The drafter's token [B] and its distribution q [B, V] (None when greedy: not needed)."""
+  q = None if sampling.greedy else probs(logits, sampling)
+  return sample(key, logits, sampling), q
 
 
 def chain_step(target_params, draft_params, state: ChainState, key, *, target_config,
@@ -96,7 +89,6 @@ def chain_step(target_params, draft_params, state: ChainState, key, *, target_co
   head = draft_head or functools.partial(lm_head, config=draft_config)
   G = gamma
   N = state.target_cache.lengths
-  B = N.shape[0]
   keys = jax.random.split(key, G + 1)
 
   # Drafter call 1: [prev, last] when it has not seen d_G yet (pending 2), else [last, last].
@@ -108,14 +100,12 @@ def chain_step(target_params, draft_params, state: ChainState, key, *, target_co
                       config=draft_config)
   h_last = jnp.where(state.pending[:, None] == 2, h[:, 1], h[:, 0])
   dcache = dcache.with_lengths(N + 1)
-  logits = head(draft_params, h_last)
-  d1 = sample(keys[0], logits, sampling)
-  q1 = None if sampling.greedy else jnp.exp(log_probs(logits, sampling))
+  d1, q1 = _draft_sample(keys[0], head(draft_params, h_last), sampling)
 
   def body(carry, i):
     tok, cache = carry
-    d, q, cache = _draft_step(draft_params, tok[:, None], (N + i)[:, None], cache, keys[i],
-                              config=draft_config, sampling=sampling, head=head)
+    h, cache = forward(draft_params, tok[:, None], (N + i)[:, None], cache, config=draft_config)
+    d, q = _draft_sample(keys[i], head(draft_params, h[:, -1]), sampling)
     return (d, cache), (d, q)
 
   drafts, qs = [d1], [q1]
@@ -133,9 +123,8 @@ def chain_step(target_params, draft_params, state: ChainState, key, *, target_co
   if sampling.greedy:
     n, nxt = verify_chain_greedy(drafts, tlogits)
   else:
-    V = tlogits.shape[-1]
-    p = jnp.exp(log_probs(tlogits.reshape(B * (G + 1), V), sampling)).reshape(B, G + 1, V)
-    n, nxt = verify_chain_sampling(keys[G], drafts, p, jnp.stack(qs, axis=1))
+    n, nxt = verify_chain_sampling(keys[G], drafts, probs(tlogits, sampling),
+                                   jnp.stack(qs, axis=1))
 
   new_n = N + 1 + n
   pending = jnp.where(n == G, 2, 1).astype(jnp.int32)

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from vocabjax.decoding.sampling import SamplingParams, log_probs
+from vocabjax.decoding.sampling import SamplingParams, probs
 from vocabjax.decoding.verify import verify_tree_greedy, verify_tree_sampling
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
@@ -178,9 +178,8 @@ def tree_step(target_params, draft_params, state: TreeState, key, *, target_conf
   if sampling.greedy:
     n, path, nxt = verify_tree_greedy(tokens, parent_full, tlogits, d)
   else:
-    B_, T_, V = tlogits.shape
-    p = jnp.exp(log_probs(tlogits.reshape(B_ * T_, V), sampling)).reshape(B_, T_, V)
-    n, path, nxt = verify_tree_sampling(key, tokens, parent_full, p, tree.top_k, d)
+    n, path, nxt = verify_tree_sampling(key, tokens, parent_full, probs(tlogits, sampling),
+                                        tree.top_k, d)
 
   tcache = compact_path(tcache, Nt, path, n)
   path_tok = jnp.take_along_axis(tokens, path, axis=1)  # [B, d + 1], root first
