@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vocabjax import sharding
 from vocabjax.decoding.sampling import SamplingParams, sample
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
@@ -108,6 +109,25 @@ def _prefill(params, tokens, prompt_lengths, cache, key, *, config, sampling):
   return sample(key, logits, sampling), cache
 
 
+def abstract_cache(config: LlamaLikeConfig, B: int, S: int, dtype, mesh=None) -> KVCache:
+  """The cache's shapes (and shardings on a mesh) for lowering, without allocating it."""
+  shapes = jax.eval_shape(lambda: KVCache.init(config, B, S, dtype))
+  if mesh is None:
+    return shapes
+  specs = sharding.cache_specs(config, B, mesh)
+  return jax.tree.map(lambda x, spec: jax.ShapeDtypeStruct(
+      x.shape, x.dtype, sharding=jax.sharding.NamedSharding(mesh, spec)), shapes, specs)
+
+
+def compile_prefill(params, config: LlamaLikeConfig, sampling: SamplingParams, B: int, T: int,
+                    cache: KVCache):
+  """AOT-compiled `_prefill` for a [B, T] prompt block (the cache argument is donated)."""
+  i32 = jax.ShapeDtypeStruct
+  return jax.jit(functools.partial(_prefill, config=config, sampling=sampling),
+                 donate_argnums=(3,)).lower(params, i32((B, T), jnp.int32), i32((B,), jnp.int32),
+                                            cache, jax.random.key(0)).compile()
+
+
 def _step(params, tokens, cache, key, *, config, sampling):
   positions = cache.lengths[:, None]
   hidden, cache = forward(params, tokens[:, None], positions, cache, config=config)
@@ -120,15 +140,11 @@ class Decoder:
 
   def __init__(self, params: dict, config: LlamaLikeConfig, mesh=None):
     """`mesh`: optional ("data", "model") mesh; params and cache are then placed SPMD on it."""
-    from vocabjax import sharding
-
     self.config, self.mesh = config, mesh
     self.params = params if mesh is None else sharding.shard_params(params, config, mesh)
     self._programs: dict = {}
 
   def _new_cache(self, B: int, S: int, dtype) -> KVCache:
-    from vocabjax import sharding
-
     cache = KVCache.init(self.config, B, S, dtype)
     return cache if self.mesh is None else sharding.shard_cache(cache, self.config, self.mesh)
 
@@ -139,16 +155,11 @@ class Decoder:
       return (*self._programs[key], 0.0)
     t0 = time.perf_counter()
     cfg = self.config
-    cache = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-                         self._new_cache(B, S, cache_dtype))
-    rng = jax.random.key(0)
-    i32 = jax.ShapeDtypeStruct
-    prefill = jax.jit(functools.partial(_prefill, config=cfg, sampling=sampling),
-                      donate_argnums=(3,)).lower(
-        self.params, i32((B, T), jnp.int32), i32((B,), jnp.int32), cache, rng).compile()
+    cache = abstract_cache(cfg, B, S, cache_dtype, self.mesh)
+    prefill = compile_prefill(self.params, cfg, sampling, B, T, cache)
     step = jax.jit(functools.partial(_step, config=cfg, sampling=sampling),
                    donate_argnums=(2,)).lower(
-        self.params, i32((B,), jnp.int32), cache, rng).compile()
+        self.params, jax.ShapeDtypeStruct((B,), jnp.int32), cache, jax.random.key(0)).compile()
     self._programs[key] = (prefill, step)
     return prefill, step, time.perf_counter() - t0
 

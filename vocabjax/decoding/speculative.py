@@ -27,8 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector, _prefill,
-                                              bucket, validate_request)
+from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector,
+                                              abstract_cache, bucket, compile_prefill,
+                                              validate_request)
 from vocabjax.decoding.sampling import SamplingParams, probs, sample
 from vocabjax.decoding.tree import TreeParams, TreeState, tree_step
 from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
@@ -171,21 +172,15 @@ class SpeculativeDecoder:
     if key in self._programs:
       return (*self._programs[key], 0.0)
     t0 = time.perf_counter()
-    sds = jax.ShapeDtypeStruct
-    tcache = jax.eval_shape(lambda: KVCache.init(self.tc, B, S, dtype))
-    dcache = jax.eval_shape(lambda: KVCache.init(self.dc, B, S, dtype))
-    rng = jax.random.key(0)
-    i32 = lambda *s: sds(s, jnp.int32)  # noqa: E731
-    tprefill = jax.jit(functools.partial(_prefill, config=self.tc, sampling=sampling),
-                       donate_argnums=(3,)).lower(self.tp, i32(B, T), i32(B), tcache,
-                                                  rng).compile()
+    tcache = abstract_cache(self.tc, B, S, dtype)
+    dcache = abstract_cache(self.dc, B, S, dtype)
+    i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
+    tprefill = compile_prefill(self.tp, self.tc, sampling, B, T, tcache)
     dprefill = jax.jit(functools.partial(_draft_prefill, config=self.dc),
                        donate_argnums=(3,)).lower(self.dp, i32(B, T), i32(B), dcache).compile()
-    state = jax.eval_shape(lambda: self._initial_state(
-        KVCache.init(self.tc, B, S, dtype), KVCache.init(self.dc, B, S, dtype),
-        jnp.zeros((B,), jnp.int32), jnp.zeros((B,), jnp.int32)))
+    state = jax.eval_shape(self._initial_state, tcache, dcache, i32(B), i32(B))
     step = jax.jit(self._step_fn(sampling), donate_argnums=(2,)).lower(
-        self.tp, self.dp, state, rng).compile()
+        self.tp, self.dp, state, jax.random.key(0)).compile()
     self._programs[key] = (tprefill, dprefill, step)
     return tprefill, dprefill, step, time.perf_counter() - t0
 
