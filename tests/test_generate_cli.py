@@ -64,7 +64,7 @@ def test_speculative_methods_match_ar(tiny_chat_dir, tiny_dirs, tmp_path, method
   base = ["--target", str(tiny_chat_dir), "--prompt", "def add(a, b):", "--prompt", "Hi",
           "--max-new-tokens", "12", "--quiet"]
   ar = main(parse_args(base))
-  spec = main(parse_args(base + ["--draft", str(tiny_chat_dir), *method_flags,
+  spec = main(parse_args(base + ["--draft", str(tiny_chat_dir), *method_flags, "--time-split",
                                  "--output", str(tmp_path / "s.json")]))
   assert spec["output_ids"] == ar["output_ids"]
   saved = json.loads((tmp_path / "s.json").read_text())
@@ -72,6 +72,10 @@ def test_speculative_methods_match_ar(tiny_chat_dir, tiny_dirs, tmp_path, method
     assert saved["speculative"]["acceptance_rate"] == 1.0  # drafter == target
   # (a tree proposes 5 nodes and accepts one path, so its rate is below 1)
   assert saved["speculative"]["tau"] > 1
+  split = saved["speculative"]["time_split"]
+  assert split["verification_s"] > 0 and split["drafter_head_s"] > 0
+  assert split["decode_s"] == pytest.approx(split["drafter_s"] + split["drafter_head_s"]
+                                            + split["verification_s"] + split["other_s"])
 
 
 def test_batch_size_repeats_prompts(tiny_chat_dir):

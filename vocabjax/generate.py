@@ -25,7 +25,8 @@ from pathlib import Path
 import jax
 
 from vocabjax.checkpoints.loader import load_model
-from vocabjax.decoding.autoregressive import Decoder
+from vocabjax.decoding.autoregressive import Decoder, bucket
+from vocabjax.decoding.profile import run_split, step_split
 from vocabjax.decoding.sampling import SamplingParams
 from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder
 from vocabjax.decoding.tree import TreeParams
@@ -54,6 +55,7 @@ class GenerateConfig:
   tree_top_k: int = 4
   tree_depth: int = 4
   tree_total_tokens: int = 16
+  time_split: bool = False  # time drafter / drafter LM head / verification after the run
   batch_size: int | None = None  # repeat the prompts cyclically up to this many rows
 
   def __post_init__(self):
@@ -128,6 +130,13 @@ def main(config: GenerateConfig) -> dict:
     spec_stats = {"tau": st.tau, "acceptance_rate": st.acceptance_rate,
                   "target_forwards": st.target_forwards + 1,  # + prefill
                   "drafted_per_step_row": st.drafted, "accepted_per_step_row": st.accepted}
+    if config.time_split:
+      split = step_split(dec, batch_size=len(prompt_ids),
+                         max_len=config.max_len or bucket(max(map(len, prompt_ids))
+                                                          + config.max_new_tokens
+                                                          + dec.extra_slots))
+      spec_stats["time_split_per_step"] = split.as_dict()
+      spec_stats["time_split"] = run_split(split, st.target_forwards, res.decode_s)
   texts = [model.tokenizer.decode(t, skip_special_tokens=True) for t in res.tokens]
   if not config.quiet:
     for i, text in enumerate(texts):
@@ -174,6 +183,9 @@ def parse_args(argv=None) -> GenerateConfig:
   p.add_argument("--max-len", type=int, default=None, help="KV cache slots per row")
   p.add_argument("--dtype", default="auto", help="auto (f32 on CPU, bf16 on GPU/TPU), f32, bf16")
   p.add_argument("--output", help="write token ids and timing here as JSON")
+  p.add_argument("--time-split", action="store_true",
+                 help="after the run, time the step's parts (drafter, drafter LM head, "
+                      "verification) as separate programs and add the split to the stats")
   p.add_argument("--quiet", action="store_true", help="do not print the text")
   p.add_argument("--draft", help="drafter (same vocabulary): HF dir, .gguf or registry name")
   p.add_argument("--method", default="ar", choices=METHODS)
@@ -187,7 +199,7 @@ def parse_args(argv=None) -> GenerateConfig:
   return GenerateConfig(target=a.target, prompts=tuple(a.prompt), chat=a.chat,
                         max_new_tokens=a.max_new_tokens, temperature=a.temperature,
                         top_k=a.top_k, top_p=a.top_p, seed=a.seed, stop=tuple(a.stop),
-                        max_len=a.max_len, dtype=a.dtype, output=a.output, quiet=a.quiet,
+                        max_len=a.max_len, dtype=a.dtype, output=a.output, quiet=a.quiet, time_split=a.time_split,
                         draft=a.draft, method=a.method, gamma=a.gamma, tree_top_k=a.tree_top_k,
                         tree_depth=a.tree_depth, tree_total_tokens=a.tree_total_tokens,
                         batch_size=a.batch_size)

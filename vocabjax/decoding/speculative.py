@@ -153,11 +153,17 @@ class SpeculativeDecoder:
           f"V={target_config.vocab_size}; a drafter with another tokenizer needs the "
           f"cross-vocabulary mode (OmniDraft, issue 8), not {self.method} drafting")
     self.tp, self.tc, self.dp, self.dc = target_params, target_config, draft_params, draft_config
+    self.draft_head = None  # drafter LM head override (vocabulary methods); None = full head
     self._programs: dict = {}
 
   # --- what a method defines ----------------------------------------------------------------
   drafted_per_step: int  # drafts proposed per row per verification
   extra_slots: int  # cache slots a step may write past max_new_tokens
+  verify_tokens: int  # target positions one step verifies per row
+
+  def drafter_calls(self) -> list[tuple[int, int]]:
+    """(tokens fed, LM-head rows) per row of each drafter call in one step (for profiling)."""
+    raise NotImplementedError
 
   def _step_fn(self, sampling: SamplingParams):
     raise NotImplementedError
@@ -251,10 +257,15 @@ class ChainDecoder(SpeculativeDecoder):
     self.gamma = gamma
     self.drafted_per_step = gamma
     self.extra_slots = gamma + 2  # a whole block past max_new_tokens, and the dummy slot
+    self.verify_tokens = gamma + 1
+
+  def drafter_calls(self):
+    return [(2, 1)] + [(1, 1)] * (self.gamma - 1)
 
   def _step_fn(self, sampling):
     return functools.partial(chain_step, target_config=self.tc, draft_config=self.dc,
-                             gamma=self.gamma, sampling=sampling)
+                             gamma=self.gamma, sampling=sampling,
+                             draft_head=self.draft_head)
 
   def _initial_state(self, tcache, dcache, first, prompt_last):
     return ChainState(target_cache=tcache, draft_cache=dcache, last=first, prev=prompt_last,
@@ -272,10 +283,16 @@ class TreeDecoder(SpeculativeDecoder):
     self.tree = tree
     self.drafted_per_step = tree.total_tokens
     self.extra_slots = tree.total_tokens + tree.draft_slots + tree.depth + 2
+    self.verify_tokens = tree.total_tokens + 1
+
+  def drafter_calls(self):
+    t = self.tree
+    return [(t.depth + 1, 1)] + [(t.top_k, t.top_k)] * (t.depth - 1)
 
   def _step_fn(self, sampling):
     return functools.partial(tree_step, target_config=self.tc, draft_config=self.dc,
-                             tree=self.tree, sampling=sampling)
+                             tree=self.tree, sampling=sampling,
+                             draft_head=self.draft_head)
 
   def _initial_state(self, tcache, dcache, first, prompt_last):
     del prompt_last

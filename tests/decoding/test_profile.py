@@ -1,0 +1,52 @@
+"""The step time split: the right drafter calls are timed, and a run's remainder is reported."""
+
+import math
+
+import pytest
+
+from tests.decoding.conftest import CFG
+from vocabjax.decoding.profile import run_split, step_split
+from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder
+from vocabjax.decoding.tree import TreeParams
+
+
+def test_chain_split_covers_gamma_drafter_calls(pair):
+  target, draft = pair
+  dec = ChainDecoder(target, CFG, draft, CFG, gamma=3)
+  split = step_split(dec, batch_size=2, max_len=64, repeats=2)
+  assert split.drafter_calls == ((2, 1), (1, 1), (1, 1))
+  assert split.verify_tokens == 4
+  for part in (split.drafter_s, split.drafter_head_s, split.verification_s, split.target_step_s):
+    assert part > 0
+  assert split.step_s == pytest.approx(split.drafter_s + split.drafter_head_s
+                                       + split.verification_s)
+  assert 0 < split.drafter_head_share < 1
+  d = split.as_dict()
+  assert d["drafter_calls"] == [[2, 1], [1, 1], [1, 1]] and d["step_s"] == split.step_s
+
+
+def test_tree_split_times_frontier_calls(pair):
+  target, draft = pair
+  dec = TreeDecoder(target, CFG, draft, CFG, tree=TreeParams(top_k=2, depth=3, total_tokens=5))
+  split = step_split(dec, max_len=64, repeats=1)
+  assert split.drafter_calls == ((4, 1), (2, 2), (2, 2))  # pending block, then 2 frontier calls
+  assert split.verify_tokens == 6
+
+
+def test_run_split_reports_the_remainder(pair):
+  target, draft = pair
+  dec = ChainDecoder(target, CFG, draft, CFG, gamma=2)
+  res = dec.generate([[1, 2, 3]], max_new_tokens=10)
+  split = step_split(dec, max_len=64, repeats=1)
+  run = run_split(split, res.stats.target_forwards, res.decode_s)
+  assert run["decode_s"] == res.decode_s
+  parts = run["drafter_s"] + run["drafter_head_s"] + run["verification_s"]
+  assert math.isclose(parts + run["other_s"], res.decode_s)
+  assert run["drafter_s"] == pytest.approx(split.drafter_s * res.stats.target_forwards)
+
+
+def test_split_rejects_a_context_that_does_not_fit(pair):
+  target, draft = pair
+  dec = ChainDecoder(target, CFG, draft, CFG, gamma=4)
+  with pytest.raises(ValueError, match="context=60"):
+    step_split(dec, max_len=64, context=60)

@@ -1,0 +1,116 @@
+"""Where a speculative step's time goes: drafter body, drafter LM head, target verification.
+
+A speculative step is one compiled program, so its parts cannot be timed from inside. This
+module compiles each part on its own with the shapes the step uses (the drafter forwards of
+one step, the drafter LM head on the same rows, the target forward + LM head over the verified
+block), times them (median of `repeats` calls after a warm-up), and scales by the number of
+steps a run took. What the split does not cover (acceptance, cache rollback, host loop,
+dispatch) is reported as the measured remainder of the run's decode time, never hidden.
+
+    split = step_split(decoder, batch_size=1, max_len=512)      # seconds per step, by part
+    run = run_split(split, result)                              # seconds per run, + remainder
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vocabjax.models.cache import KVCache
+from vocabjax.models.llamalike import forward, lm_head
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSplit:
+  """Seconds per speculative step, by part (each part timed as its own compiled program)."""
+
+  drafter_s: float  # drafter forwards of one step, LM head excluded
+  drafter_head_s: float  # the drafter LM head calls of one step
+  verification_s: float  # target forward + full LM head over the verified block
+  target_step_s: float  # one autoregressive target step (T=1 forward + head), for reference
+  drafter_calls: tuple  # ((T, head_rows), ...) the drafter calls of one step, per row
+  verify_tokens: int  # target positions verified per step, per row
+
+  @property
+  def step_s(self) -> float:
+    return self.drafter_s + self.drafter_head_s + self.verification_s
+
+  @property
+  def drafter_head_share(self) -> float:
+    """LM head's share of the drafter's time in a step."""
+    d = self.drafter_s + self.drafter_head_s
+    return self.drafter_head_s / d if d else float("nan")
+
+  def as_dict(self) -> dict:
+    out = dataclasses.asdict(self)
+    out.update(step_s=self.step_s, drafter_head_share=self.drafter_head_share)
+    out["drafter_calls"] = [list(c) for c in self.drafter_calls]
+    return out
+
+
+def _median_s(fn, *args, repeats: int) -> float:
+  jax.block_until_ready(fn(*args))
+  times = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    times.append(time.perf_counter() - t)
+  return float(np.median(times))
+
+
+def _time_body(params, config, B: int, T: int, S: int, context: int, repeats: int) -> float:
+  cache = KVCache.init(config, B, S, params["embed"].dtype).with_lengths(
+      jnp.full((B,), context, jnp.int32))
+  f = jax.jit(lambda p, t, c: forward(p, t, context + jnp.broadcast_to(jnp.arange(T), (B, T)),
+                                      c, config=config)[0])
+  return _median_s(f, params, jnp.zeros((B, T), jnp.int32), cache, repeats=repeats)
+
+
+def _time_head(params, head, B: int, rows: int, D: int, repeats: int) -> float:
+  f = jax.jit(head)
+  return _median_s(f, params, jnp.ones((B, rows, D), params["embed"].dtype), repeats=repeats)
+
+
+def step_split(decoder, *, batch_size: int = 1, max_len: int = 512, context: int | None = None,
+               repeats: int = 5) -> StepSplit:
+  """Time the parts of one step of `decoder` (a ChainDecoder or TreeDecoder).
+
+  `context`: committed tokens in the cache while timing (default: half of `max_len`).
+  """
+  B, S = batch_size, max_len
+  calls = tuple(decoder.drafter_calls())
+  T_verify = decoder.verify_tokens
+  context = S // 2 if context is None else context
+  if context + T_verify + max(t for t, _ in calls) > S:
+    raise ValueError(f"{context=} + one step does not fit the timing cache {max_len=}")
+  dp, dc, tp, tc = decoder.dp, decoder.dc, decoder.tp, decoder.tc
+  dhead = decoder.draft_head or functools.partial(lm_head, config=dc)
+  thead = functools.partial(lm_head, config=tc)
+  body_t, head_t = {}, {}
+  for T, rows in calls:
+    if T not in body_t:
+      body_t[T] = _time_body(dp, dc, B, T, S, context, repeats)
+    if rows not in head_t:
+      head_t[rows] = _time_head(dp, dhead, B, rows, dc.hidden_size, repeats)
+  verify = (_time_body(tp, tc, B, T_verify, S, context, repeats)
+            + _time_head(tp, thead, B, T_verify, tc.hidden_size, repeats))
+  ar = (_time_body(tp, tc, B, 1, S, context, repeats)
+        + _time_head(tp, thead, B, 1, tc.hidden_size, repeats))
+  return StepSplit(drafter_s=sum(body_t[T] for T, _ in calls),
+                   drafter_head_s=sum(head_t[r] for _, r in calls),
+                   verification_s=verify, target_step_s=ar, drafter_calls=calls,
+                   verify_tokens=T_verify)
+
+
+def run_split(split: StepSplit, steps: int, decode_s: float) -> dict:
+  """A run's decode time split: per-step parts x `steps`, and the measured remainder."""
+  parts = {"drafter_s": split.drafter_s * steps, "drafter_head_s": split.drafter_head_s * steps,
+           "verification_s": split.verification_s * steps}
+  parts["other_s"] = decode_s - sum(parts.values())  # acceptance, rollback, host loop
+  parts["decode_s"] = decode_s
+  return parts
