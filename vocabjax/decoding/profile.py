@@ -46,6 +46,14 @@ class StepSplit:
     d = self.drafter_s + self.drafter_head_s
     return self.drafter_head_s / d if d else float("nan")
 
+  @classmethod
+  def from_dict(cls, d: dict) -> "StepSplit":
+    """Inverse of `as_dict` (a split saved to JSON)."""
+    names = [f.name for f in dataclasses.fields(cls)]
+    kw = {k: d[k] for k in names}
+    kw["drafter_calls"] = tuple(tuple(c) for c in kw["drafter_calls"])
+    return cls(**kw)
+
   def as_dict(self) -> dict:
     out = dataclasses.asdict(self)
     out.update(step_s=self.step_s, drafter_head_share=self.drafter_head_share)

@@ -1,0 +1,159 @@
+"""`python -m vocabjax.eval` end to end on tiny random models (seconds), resume, bad input."""
+
+import json
+
+import pytest
+import yaml
+
+from vocabjax.eval import ConfigError, load_config, validate_summary
+from vocabjax.eval.__main__ import CliConfig, main, parse_args
+from vocabjax.eval.runner import RECORDS, ResultDirError
+
+QUESTIONS = [
+    {"question_id": 1, "category": "writing", "turns": ["Write a haiku.", "Again."]},
+    {"question_id": 2, "category": "coding", "turns": ["def add(a, b):"]},
+    {"question_id": 3, "category": "translation", "turns": ["Bonjour le monde"]},
+    {"question_id": 4, "category": "qa", "turns": ["Who are you?"]},
+]
+
+
+@pytest.fixture
+def suite(tmp_path, tiny_chat_dir):
+  """A YAML suite on a tiny chat model drafting for itself, and a Spec-Bench-format file."""
+  bench = tmp_path / "bench.jsonl"
+  bench.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+  cfg = {"name": "tiny", "target": str(tiny_chat_dir), "draft": str(tiny_chat_dir),
+         "datasets": [{"kind": "spec_bench", "path": str(bench), "per_group": 2}],
+         "max_new_tokens": 10, "max_len": 128,
+         "methods": [{"name": "ar", "method": "ar"},
+                     {"name": "chain_g2", "method": "chain", "gamma": 2},
+                     {"name": "tree", "method": "tree", "top_k": 2, "depth": 2,
+                      "total_tokens": 3}]}
+  path = tmp_path / "tiny.yaml"
+  path.write_text(yaml.safe_dump(cfg))
+  return path, cfg
+
+
+def _run(path, out, *extra):
+  return main(parse_args(["--config", str(path), "--out", str(out), "--quiet", *extra]))
+
+
+def test_end_to_end_writes_every_report(suite, tmp_path):
+  path, _ = suite
+  out = tmp_path / "res"
+  summary = _run(path, out)
+  validate_summary(json.loads((out / "summary.json").read_text()))
+  for f in ("summary.md", "summary.csv", "speedup_by_group.png", "tau_vs_vocab.png",
+            "run.json", "splits.json"):
+    assert (out / f).stat().st_size > 0, f
+  assert summary["groups"] == ["multi-turn", "translation", "qa"]  # writing+coding = multi-turn
+  records = [json.loads(line) for line in (out / RECORDS).read_text().splitlines()]
+  assert len(records) == 4 * 3  # 4 questions x 3 methods
+  by = {m["name"]: m for m in summary["methods"]}
+  for name in ("chain_g2", "tree"):
+    o = by[name]["overall"]
+    assert o["match_rate"] == 1.0  # greedy speculative output == greedy AR output
+    assert o["tau"] > 1 and o["speedup"] > 0 and o["time_split"]["verification_s"] > 0
+    assert o["mbsu"] == pytest.approx(o["tau"] / (1 * (2 if name == "chain_g2" else 2) + 1))
+  assert by["chain_g2"]["overall"]["acceptance_rate"] == 1.0  # drafter == target
+  assert by["ar"]["overall"]["tau"] == 1.0 and by["ar"]["overall"]["speedup"] == 1.0
+  md = (out / "summary.md").read_text()
+  assert "| chain_g2 |" in md and "translation" in md and "Time split" in md
+  csv = (out / "summary.csv").read_text().splitlines()
+  assert csv[0].startswith("method,framework,group") and len(csv) == 1 + 3 * 4
+
+
+def test_resume_after_an_interrupted_run(suite, tmp_path):
+  path, _ = suite
+  out = tmp_path / "res"
+  first = _run(path, out)
+  lines = (out / RECORDS).read_text().splitlines()
+  # interrupted: 5 records kept, the 6th torn mid-write
+  (out / RECORDS).write_text("\n".join(lines[:5]) + "\n" + lines[5][:17])
+  second = _run(path, out)
+  again = [json.loads(line) for line in (out / RECORDS).read_text().splitlines()]
+  assert len(again) == 12
+  assert again[:5] == [json.loads(line) for line in lines[:5]]  # kept, not redone
+  key = lambda r: (r["method"], r["qid"])  # noqa: E731
+  assert {key(r): r["output_ids"] for r in again} == {
+      key(json.loads(line)): json.loads(line)["output_ids"] for line in lines}
+  assert second["methods"][1]["overall"]["match_rate"] == 1.0
+  assert first["fingerprint"] == second["fingerprint"]
+  _run(path, out)  # complete: nothing new
+  assert len((out / RECORDS).read_text().splitlines()) == 12
+
+
+def test_other_configuration_is_refused_then_moved_aside(suite, tmp_path):
+  path, _ = suite
+  out = tmp_path / "res"
+  _run(path, out)
+  before = (out / RECORDS).read_text()
+  with pytest.raises(ResultDirError, match="different configuration.*max_new_tokens"):
+    _run(path, out, "--max-new-tokens", "5")
+  assert (out / RECORDS).read_text() == before  # untouched
+  _run(path, out, "--max-new-tokens", "5", "--overwrite")
+  aside = [p for p in tmp_path.iterdir() if p.name.startswith("res.replaced-")]
+  assert len(aside) == 1 and (aside[0] / RECORDS).read_text() == before
+
+
+def test_category_filter_and_bench_override(suite, tmp_path):
+  path, _ = suite
+  summary = _run(path, tmp_path / "r", "--categories", "qa", "translation")
+  assert summary["groups"] == ["translation", "qa"]
+  with pytest.raises(ConfigError, match=r"unknown categories \['poetry'\]"):
+    _run(path, tmp_path / "r2", "--categories", "poetry")
+  with pytest.raises(ConfigError, match="Spec-Bench file not found: .*nope.jsonl"):
+    _run(path, tmp_path / "r3", "--spec-bench", str(tmp_path / "nope.jsonl"))
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text(json.dumps(QUESTIONS[0]) + "\n{\"question_id\": 9}\n")
+  with pytest.raises(ConfigError, match="bad.jsonl:2: not a Spec-Bench row"):
+    _run(path, tmp_path / "r4", "--spec-bench", str(bad))
+  assert not (tmp_path / "r4").exists()  # nothing written for a bad dataset
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"methods": [{"name": "ar", "method": "ar"}, {"method": "medusa"}]},
+     "unknown method 'medusa'"),
+    ({"methods": [{"name": "ar", "method": "ar"}, {"method": "chain", "gama": 3}]},
+     r"no parameters \['gama'\]"),
+    ({"methods": [{"method": "chain", "gamma": 3}]}, "need an 'ar' baseline"),
+    ({"datasets": [{"kind": "mmlu"}]}, "unknown dataset kind 'mmlu'"),
+    ({"max_new_tokens": 0}, "max_new_tokens must be a positive integer, got 0"),
+    ({"temprature": 0.5}, r"unknown fields \['temprature'\]"),
+])
+def test_bad_config_is_rejected_with_the_value(suite, tmp_path, change, message):
+  _, cfg = suite
+  p = tmp_path / "bad.yaml"
+  p.write_text(yaml.safe_dump({**cfg, **change}))
+  with pytest.raises(ConfigError, match=message):
+    load_config(p)
+
+
+def test_shipped_suites_parse():
+  for name in ("default", "spec_bench", "humaneval", "gsm8k", "compare_torch"):
+    cfg = load_config(name)
+    assert cfg.methods[0].method == "ar"
+  with pytest.raises(ConfigError, match="shipped suites: .*default"):
+    load_config("no_such_suite")
+
+
+def test_cli_exit_code_and_message_for_bad_config(tmp_path):
+  import subprocess
+  import sys
+
+  p = tmp_path / "x.yaml"
+  p.write_text("target: t\ndatasets: [{kind: spec_bench}]\nmethods: [{method: nope}]\n")
+  proc = subprocess.run([sys.executable, "-m", "vocabjax.eval", "--config", str(p), "--out",
+                         str(tmp_path / "o")], capture_output=True, text=True)
+  assert proc.returncode == 2 and "unknown method 'nope'" in proc.stderr
+
+
+def test_compare_torch_runs_transformers_on_the_same_prompts(suite, tmp_path):
+  path, _ = suite
+  summary = _run(path, tmp_path / "t", "--compare-torch", "--categories", "qa")
+  by = {m["name"]: m for m in summary["methods"]}
+  assert summary["torch"]["transformers"]
+  # transformers' greedy and assisted outputs agree with vocabjax's greedy output
+  assert by["torch:ar"]["overall"]["match_rate"] == 1.0
+  assert by["torch:assisted"]["overall"]["match_rate"] == 1.0
+  assert by["torch:assisted"]["overall"]["speedup"] > 0

@@ -1,0 +1,98 @@
+"""`python -m vocabjax.eval`: run a benchmark suite and write its tables and plots.
+
+  python -m vocabjax.eval                                  # configs/default.yaml, real Qwen pair
+  python -m vocabjax.eval --config spec_bench              # a larger shipped suite
+  python -m vocabjax.eval --config my.yaml --out results/x
+  python -m vocabjax.eval --spec-bench my_questions.jsonl --categories qa rag
+  python -m vocabjax.eval --compare-torch                  # + transformers assisted generation
+
+A rerun with the same settings resumes from `questions.jsonl`; a result directory of another
+configuration is refused (use another --out, or --overwrite to move it aside).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+from vocabjax.eval.config import ConfigError, DatasetSpec, load_config
+
+
+@dataclasses.dataclass(frozen=True)
+class CliConfig:
+  config: str = "default"
+  out: str | None = None
+  spec_bench: str | None = None
+  categories: tuple[str, ...] | None = None
+  max_new_tokens: int | None = None
+  target: str | None = None
+  draft: str | None = None
+  compare_torch: bool = False
+  overwrite: bool = False
+  quiet: bool = False
+
+
+def resolve(cli: CliConfig):
+  """The suite config with the command-line overrides applied."""
+  cfg = load_config(cli.config)
+  if cli.spec_bench or cli.categories:
+    ds = list(cfg.datasets)
+    idx = [i for i, d in enumerate(ds) if d.kind == "spec_bench"]
+    if not idx:
+      ds.append(DatasetSpec(kind="spec_bench"))
+      idx = [len(ds) - 1]
+    for i in idx:
+      ds[i] = dataclasses.replace(ds[i], path=cli.spec_bench or ds[i].path,
+                                  categories=cli.categories or ds[i].categories)
+    cfg = dataclasses.replace(cfg, datasets=tuple(ds))
+  for field in ("max_new_tokens", "target", "draft"):
+    if getattr(cli, field) is not None:
+      cfg = dataclasses.replace(cfg, **{field: getattr(cli, field)})
+  if cfg.max_new_tokens < 1:
+    raise ConfigError(f"max_new_tokens must be positive, got {cfg.max_new_tokens}")
+  return cfg
+
+
+def main(cli: CliConfig) -> dict:
+  from vocabjax.eval import report
+  from vocabjax.eval.runner import run_suite
+
+  cfg = resolve(cli)
+  out = cli.out or f"eval/results/{cfg.name}"
+  summary = run_suite(cfg, out, overwrite=cli.overwrite, compare_torch=cli.compare_torch,
+                      progress=not cli.quiet)
+  print(report.markdown(summary))
+  print(f"[vocabjax.eval] results in {out}/ (summary.json, summary.md, summary.csv, "
+        f"questions.jsonl, *.png)", file=sys.stderr)
+  return summary
+
+
+def parse_args(argv=None) -> CliConfig:
+  p = argparse.ArgumentParser(prog="python -m vocabjax.eval", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--config", default="default", help="shipped suite name or a YAML path")
+  p.add_argument("--out", help="result directory (default eval/results/<suite>)")
+  p.add_argument("--spec-bench", help="a Spec-Bench-format jsonl replacing the suite's split")
+  p.add_argument("--categories", nargs="+", help="keep only these categories / task groups")
+  p.add_argument("--max-new-tokens", type=int)
+  p.add_argument("--target")
+  p.add_argument("--draft")
+  p.add_argument("--compare-torch", action="store_true",
+                 help="also run transformers (plain and assisted generation)")
+  p.add_argument("--overwrite", action="store_true",
+                 help="move results of another configuration aside instead of refusing")
+  p.add_argument("--quiet", action="store_true", help="no progress bars")
+  a = p.parse_args(argv)
+  return CliConfig(config=a.config, out=a.out, spec_bench=a.spec_bench,
+                   categories=tuple(a.categories) if a.categories else None,
+                   max_new_tokens=a.max_new_tokens, target=a.target, draft=a.draft,
+                   compare_torch=a.compare_torch, overwrite=a.overwrite, quiet=a.quiet)
+
+
+if __name__ == "__main__":
+  try:
+    main(parse_args())
+  except (ConfigError, FileNotFoundError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)

@@ -1,0 +1,87 @@
+"""Every eval metric, defined once (DESIGN.md "Metrics").
+
+Per question (one record of `questions.jsonl`) and aggregated over any set of records:
+- tau, acceptance length: tokens emitted per target verification, bonus included (Spec-Bench's
+  "mean accepted tokens"; autoregressive = 1.00). Aggregated over steps: sum(accepted + steps)
+  / sum(steps).
+- acceptance rate: accepted drafts / proposed drafts.
+- tokens/s: generated tokens / (prefill + decode) wall time, compilation excluded.
+- speedup: method throughput / autoregressive throughput on the same questions and seeds in the
+  same run; aggregated as the ratio of total tokens / total time (Spec-Bench).
+- MBSU (VocabTrim): tau / (c * gamma + 1), c = drafter / target parameters read per token
+  (embedding excluded, LM head rows counted as the drafter uses them), gamma = drafter forward
+  passes per block.
+- time split: drafter body, drafter LM head, verification, and the remainder (seconds).
+- match rate (greedy only, Spec-Bench's equal.py): share of questions whose output ids equal the
+  autoregressive output exactly.
+"""
+
+from __future__ import annotations
+
+import math
+
+SPLIT_KEYS = ("drafter_s", "drafter_head_s", "verification_s", "other_s")
+
+
+def record_metrics(result, *, drafted_per_step: int = 0) -> dict:
+  """The metric fields of one question's record from a GenerationResult (batch 1)."""
+  wall = result.prefill_s + result.decode_s
+  n = len(result.tokens[0])
+  st = result.stats
+  steps = result.steps
+  accepted = sum(a for row in st.accepted for a in row) if st else 0
+  drafted = sum(d for row in st.drafted for d in row) if st else 0
+  return {"num_tokens": n, "wall_s": wall, "prefill_s": result.prefill_s,
+          "decode_s": result.decode_s, "tokens_per_s": n / wall if wall > 0 else float("nan"),
+          "steps": steps, "accepted": accepted, "drafted": drafted,
+          "finish_reason": result.finish_reasons[0]}
+
+
+def _nan_div(a: float, b: float) -> float:
+  return a / b if b else float("nan")
+
+
+def mbsu(tau: float, c: float | None, gamma: int | None) -> float | None:
+  if c is None or gamma is None:
+    return None
+  return tau / (c * gamma + 1)
+
+
+def aggregate(records: list[dict], ar_records: dict | None = None, *, greedy: bool = True,
+              c: float | None = None, gamma: int | None = None) -> dict:
+  """Metrics over a set of records of one method.
+
+  `ar_records`: {(qid, seed): autoregressive record} of the same run, for speedup and match.
+  """
+  if not records:
+    return {}
+  tokens = sum(r["num_tokens"] for r in records)
+  wall = sum(r["wall_s"] for r in records)
+  out = {"questions": len(records), "tokens": tokens, "wall_s": wall,
+         "tokens_per_s": _nan_div(tokens, wall), "tau": None, "acceptance_rate": None,
+         "mbsu": None}
+  if all(r["steps"] is not None for r in records):  # (transformers does not report steps)
+    steps = sum(r["steps"] for r in records)
+    accepted = sum(r["accepted"] for r in records)
+    drafted = sum(r["drafted"] for r in records)
+    out["tau"] = _nan_div(accepted + steps, steps) if drafted else 1.0
+    if drafted:
+      out.update(acceptance_rate=_nan_div(accepted, drafted), mbsu=mbsu(out["tau"], c, gamma))
+  splits = [r["time_split"] for r in records if r.get("time_split")]
+  out["time_split"] = ({k: sum(s[k] for s in splits) for k in SPLIT_KEYS}
+                       if splits and len(splits) == len(records) else None)
+  if ar_records is not None:
+    base = [ar_records.get((r["qid"], r["seed"])) for r in records]
+    if all(b is not None for b in base):
+      ar_tps = _nan_div(sum(b["num_tokens"] for b in base), sum(b["wall_s"] for b in base))
+      out["speedup"] = _nan_div(out["tokens_per_s"], ar_tps)
+      if greedy:
+        same = sum(r["output_ids"] == b["output_ids"] for r, b in zip(records, base))
+        out["match_rate"] = same / len(records)
+    else:
+      out["speedup"] = None
+  return out
+
+
+def is_finite(x) -> bool:
+  return isinstance(x, (int, float)) and math.isfinite(x)

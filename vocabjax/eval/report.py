@@ -1,0 +1,291 @@
+"""Summary JSON (stable, documented schema), markdown and CSV tables, PNG plots.
+
+summary.json, schema version 1 (`SUMMARY_SCHEMA`, checked by `validate_summary`):
+  schema_version  1
+  suite, fingerprint, config        the suite and its full config
+  environment     commit, machine, backend, jax, dtype, date, command
+  models          target / draft: source, vocab_size, params_per_token (embedding excluded)
+  groups          task groups in table order
+  methods[]       name, method, framework ("vocabjax" | "torch"), params, draft_vocab_size,
+                  overall and by_group[group]: the metrics of `vocabjax.eval.metrics.aggregate`
+                  (questions, tokens, wall_s, tokens_per_s, tau, acceptance_rate, mbsu, speedup,
+                  match_rate, time_split); torch rows' speedup is against transformers' own plain
+                  decoding, their match_rate against vocabjax's autoregressive output
+  time_split_per_step  {method: vocabjax.decoding.profile.StepSplit.as_dict()}
+  torch           versions of torch / transformers, or null
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import io
+import math
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+from vocabjax.eval.datasets import GROUP_ORDER
+from vocabjax.eval.metrics import aggregate
+
+SCHEMA_VERSION = 1
+_NUM = {"type": ["number", "null"]}
+_METRICS = {
+    "type": "object",
+    "required": ["questions", "tokens", "wall_s", "tokens_per_s", "tau", "acceptance_rate",
+                 "mbsu", "time_split"],
+    "properties": {"questions": {"type": "integer", "minimum": 1},
+                   "tokens": {"type": "integer", "minimum": 0}, "wall_s": _NUM,
+                   "tokens_per_s": _NUM, "tau": _NUM, "acceptance_rate": _NUM, "mbsu": _NUM,
+                   "speedup": _NUM, "match_rate": _NUM,
+                   "time_split": {"type": ["object", "null"]}},
+}
+SUMMARY_SCHEMA = {
+    "type": "object",
+    "required": ["schema_version", "suite", "fingerprint", "config", "environment", "models",
+                 "groups", "methods", "time_split_per_step", "torch"],
+    "properties": {
+        "schema_version": {"const": SCHEMA_VERSION},
+        "suite": {"type": "string"}, "fingerprint": {"type": "string"},
+        "config": {"type": "object"},
+        "environment": {"type": "object",
+                        "required": ["commit", "machine", "backend", "jax", "dtype", "date",
+                                     "command"]},
+        "models": {"type": "object", "required": ["target"]},
+        "groups": {"type": "array", "items": {"type": "string"}},
+        "methods": {"type": "array", "minItems": 1, "items": {
+            "type": "object",
+            "required": ["name", "method", "framework", "params", "overall", "by_group"],
+            "properties": {"framework": {"enum": ["vocabjax", "torch"]},
+                           "overall": _METRICS,
+                           "by_group": {"type": "object", "additionalProperties": _METRICS}}}},
+        "time_split_per_step": {"type": "object"},
+        "torch": {"type": ["object", "null"]},
+    },
+}
+
+
+def validate_summary(summary: dict) -> None:
+  """Raise jsonschema.ValidationError when `summary` breaks the documented schema."""
+  import jsonschema
+
+  jsonschema.validate(summary, SUMMARY_SCHEMA)
+
+
+def _commit() -> str:
+  try:
+    return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
+                          cwd=Path(__file__).parent, check=True).stdout.strip()
+  except (OSError, subprocess.CalledProcessError):
+    return "unknown"
+
+
+def _clean(x):
+  """JSON-safe: NaN/inf become null."""
+  if isinstance(x, float) and not math.isfinite(x):
+    return None
+  if isinstance(x, dict):
+    return {k: _clean(v) for k, v in x.items()}
+  if isinstance(x, list):
+    return [_clean(v) for v in x]
+  return x
+
+
+def build_summary(config, records: list[dict], models, splits: dict, meta: dict) -> dict:
+  import jax
+
+  from vocabjax.eval.methods import METHODS
+
+  tcfg = models.target.config
+  dcfg = models.draft.config if models.draft else None
+  t_params = tcfg.num_params(include_embedding=False, head_rows=tcfg.vocab_size)
+  groups = sorted({r["group"] for r in records},
+                  key=lambda g: (GROUP_ORDER.index(g) if g in GROUP_ORDER else 99, g))
+  greedy = config.greedy
+  ar_name = next(m.name for m in config.methods if m.method == "ar")
+  by = {}
+  for r in records:
+    by.setdefault((r["framework"], r["method"]), []).append(r)
+  vj_ar = {(r["qid"], r["seed"]): r for r in by.get(("vocabjax", ar_name), [])}
+  torch_ar = {(r["qid"], r["seed"]): r for r in by.get(("torch", "ar"), [])}
+
+  methods = []
+  rows = [("vocabjax", m.name, m.method, m.kwargs) for m in config.methods]
+  rows += [("torch", n, n, {}) for n in ("ar", "assisted") if ("torch", n) in by]
+  for fw, name, method, params in rows:
+    recs = by.get((fw, name), [])
+    if not recs:
+      continue
+    c = gamma = vocab = None
+    spec = METHODS.get(method) if fw == "vocabjax" else None
+    if spec is not None and spec.drafter_passes and dcfg is not None:
+      vocab = dcfg.vocab_size
+      c = dcfg.num_params(include_embedding=False, head_rows=vocab) / t_params
+      gamma = spec.drafter_passes({**spec.defaults, **params})
+    base = vj_ar if fw == "vocabjax" else torch_ar
+
+    def agg(rs):
+      a = aggregate(rs, base, greedy=greedy, c=c, gamma=gamma)
+      if fw == "torch" and greedy and vj_ar:
+        same = [r["output_ids"] == vj_ar[(r["qid"], r["seed"])]["output_ids"]
+                for r in rs if (r["qid"], r["seed"]) in vj_ar]
+        a["match_rate"] = sum(same) / len(same) if same else None
+      return a
+
+    methods.append({
+        "name": name if fw == "vocabjax" else f"torch:{name}", "method": method,
+        "framework": fw, "params": params, "draft_vocab_size": vocab,
+        "overall": agg(recs),
+        "by_group": {g: agg([r for r in recs if r["group"] == g]) for g in groups
+                     if any(r["group"] == g for r in recs)}})
+
+  env = {"commit": _commit(), "machine": platform.node() or platform.machine(),
+         "backend": jax.default_backend(), "jax": jax.__version__,
+         "dtype": str(models.target.params["embed"].dtype),
+         "date": datetime.datetime.now().isoformat(timespec="seconds"),
+         "command": meta.get("command") or " ".join(["python -m vocabjax.eval", *sys.argv[1:]]),
+         "cpu_count": __import__("os").cpu_count(), "load_s": meta.get("load_s")}
+  model_info = {"target": {"source": models.target.source, "vocab_size": tcfg.vocab_size,
+                           "params_per_token": t_params}}
+  if dcfg is not None:
+    model_info["draft"] = {"source": models.draft.source, "vocab_size": dcfg.vocab_size,
+                           "params_per_token": dcfg.num_params(include_embedding=False,
+                                                               head_rows=dcfg.vocab_size)}
+  summary = {"schema_version": SCHEMA_VERSION, "suite": config.name,
+             "fingerprint": config.fingerprint(), "config": config.as_dict(),
+             "environment": env, "models": model_info, "groups": groups, "methods": methods,
+             "time_split_per_step": splits, "torch": meta.get("torch_versions")}
+  summary = _clean(summary)
+  validate_summary(summary)
+  return summary
+
+
+def _f(x, fmt="{:.2f}", suffix=""):
+  return "-" if x is None else fmt.format(x) + suffix
+
+
+def markdown(summary: dict) -> str:
+  env, groups = summary["environment"], summary["groups"]
+  lines = [f"# vocabjax eval: {summary['suite']}", "",
+           f"- command: `{env['command']}`", f"- commit: `{env['commit']}`",
+           f"- machine: {env['machine']} ({env['cpu_count']} CPUs), backend {env['backend']}, "
+           f"jax {env['jax']}, {env['dtype']}", f"- date: {env['date']}",
+           f"- target: {summary['models']['target']['source']}"
+           + (f"; draft: {summary['models']['draft']['source']}"
+              if "draft" in summary["models"] else ""),
+           f"- {summary['config']['max_new_tokens']} new tokens, temperature "
+           f"{summary['config']['temperature']}, seeds {summary['config']['seeds']}; tokens/s "
+           "excludes compilation; speedup = ratio of total tokens / total time against plain "
+           "decoding of the same framework on the same questions in this run", "",
+           "Speedup per task group (Spec-Bench layout):", "",
+           "| method | " + " | ".join(groups) + " | overall | tau | accept rate | tok/s | "
+           "match AR | MBSU |",
+           "|---" * (len(groups) + 7) + "|"]
+  for m in summary["methods"]:
+    o = m["overall"]
+    cells = [_f(m["by_group"].get(g, {}).get("speedup"), suffix="x") for g in groups]
+    lines.append(f"| {m['name']} | " + " | ".join(cells) + f" | {_f(o.get('speedup'), suffix='x')}"
+                 f" | {_f(o['tau'])} | {_f(o['acceptance_rate'])} | {_f(o['tokens_per_s'])} | "
+                 f"{_f(o.get('match_rate'), '{:.0%}')} | {_f(o['mbsu'])} |")
+  lines += ["", "Per task group (questions, tau, tok/s):", "",
+            "| method | " + " | ".join(groups) + " |", "|---" * (len(groups) + 1) + "|"]
+  for m in summary["methods"]:
+    cells = []
+    for g in groups:
+      a = m["by_group"].get(g)
+      cells.append("-" if not a else f"{a['questions']}q, {_f(a['tau'])}, {_f(a['tokens_per_s'])}")
+    lines.append(f"| {m['name']} | " + " | ".join(cells) + " |")
+  splits = summary["time_split_per_step"]
+  if splits:
+    lines += ["", "Time split of one step (each part timed as its own program, batch 1):", "",
+              "| method | drafter body ms | drafter LM head ms | verification ms | step ms | "
+              "LM head share of drafter | AR step ms | run: drafter / head / verify / other s |",
+              "|---|---|---|---|---|---|---|---|"]
+    for m in summary["methods"]:
+      s = splits.get(m["name"]) if m["framework"] == "vocabjax" else None
+      if not s:
+        continue
+      ts = m["overall"]["time_split"] or {}
+      run = " / ".join(_f(ts.get(k), "{:.1f}") for k in ("drafter_s", "drafter_head_s",
+                                                          "verification_s", "other_s"))
+      lines.append(f"| {m['name']} | {1e3 * s['drafter_s']:.1f} | {1e3 * s['drafter_head_s']:.1f}"
+                   f" | {1e3 * s['verification_s']:.1f} | {1e3 * s['step_s']:.1f} | "
+                   f"{s['drafter_head_share']:.0%} | {1e3 * s['target_step_s']:.1f} | {run} |")
+  return "\n".join(lines) + "\n"
+
+
+CSV_FIELDS = ("method", "framework", "group", "questions", "tokens", "wall_s", "tokens_per_s",
+              "tau", "acceptance_rate", "speedup", "match_rate", "mbsu")
+
+
+def to_csv(summary: dict) -> str:
+  buf = io.StringIO()
+  w = csv.DictWriter(buf, fieldnames=CSV_FIELDS, extrasaction="ignore")
+  w.writeheader()
+  for m in summary["methods"]:
+    for g, a in [("overall", m["overall"]), *m["by_group"].items()]:
+      w.writerow({"method": m["name"], "framework": m["framework"], "group": g, **a})
+  return buf.getvalue()
+
+
+def _save(fig, path: Path) -> None:
+  import os
+
+  tmp = path.with_name(path.name + ".partial")
+  fig.savefig(tmp, dpi=120, format="png")
+  os.replace(tmp, path)
+
+
+def plots(summary: dict, out: Path) -> list[Path]:
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  groups = summary["groups"] + ["overall"]
+  ms = [m for m in summary["methods"] if m["method"] != "ar"]
+  paths = []
+  fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(groups)), 4))
+  width = 0.8 / max(1, len(ms))
+  for j, m in enumerate(ms):
+    vals = [(m["overall"] if g == "overall" else m["by_group"].get(g, {})).get("speedup")
+            for g in groups]
+    ax.bar([i + j * width for i in range(len(groups))], [v or 0 for v in vals], width,
+           label=m["name"])
+  ax.axhline(1.0, color="k", lw=0.8, ls="--")
+  ax.set_xticks([i + width * (len(ms) - 1) / 2 for i in range(len(groups))], groups,
+                rotation=30, ha="right")
+  ax.set_ylabel("speedup over plain decoding")
+  ax.set_title(f"{summary['suite']}: speedup per task group")
+  ax.legend(fontsize=8)
+  fig.tight_layout()
+  paths.append(out / "speedup_by_group.png")
+  _save(fig, paths[-1])
+  plt.close(fig)
+
+  pts = [m for m in ms if m.get("draft_vocab_size") and m["overall"]["tau"] is not None]
+  fig, ax = plt.subplots(figsize=(5, 4))
+  for m in pts:
+    ax.scatter(m["draft_vocab_size"], m["overall"]["tau"], label=m["name"])
+  ax.set_xlabel("drafter vocabulary (LM-head rows)")
+  ax.set_ylabel("tau (tokens per target forward)")
+  ax.set_title("acceptance length vs drafter vocabulary")
+  if pts:
+    ax.legend(fontsize=8)
+  fig.tight_layout()
+  paths.append(out / "tau_vs_vocab.png")
+  _save(fig, paths[-1])
+  plt.close(fig)
+  return paths
+
+
+def write_reports(out: Path, summary: dict, records: list[dict]) -> None:
+  from vocabjax.generate import atomic_write_json
+  from vocabjax.checkpoints.zoo import _atomic_write_text
+
+  del records
+  atomic_write_json(out / "summary.json", summary)
+  _atomic_write_text(out / "summary.md", markdown(summary))
+  _atomic_write_text(out / "summary.csv", to_csv(summary))
+  plots(summary, out)

@@ -1,0 +1,210 @@
+"""Run a suite: every method on every question (methods interleaved per question, so drift of
+the machine hits all of them alike), one jsonl record per (method, question, seed) appended and
+flushed as it finishes; a rerun with the same config skips what is done.
+
+Result directory:
+  run.json          the config and its fingerprint (a directory holds one configuration)
+  splits.json       per-method step time split (timed once, reused on resume)
+  questions.jsonl   per-question records (`vocabjax.eval.report.RECORD_FIELDS`)
+  summary.json, summary.md, summary.csv, speedup_by_group.png, tau_vs_vocab.png
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from vocabjax.eval.config import ConfigError, EvalConfig
+from vocabjax.eval.datasets import load_prompts
+from vocabjax.eval.methods import METHODS
+from vocabjax.eval.metrics import record_metrics
+
+RECORDS = "questions.jsonl"
+
+
+class ResultDirError(ConfigError):
+  """The result directory holds results of another configuration."""
+
+
+def _atomic_json(path: Path, obj) -> None:
+  from vocabjax.generate import atomic_write_json
+
+  atomic_write_json(path, obj)
+
+
+def prepare_dir(out: Path, config: EvalConfig, *, overwrite: bool) -> None:
+  """Claim `out` for `config`; refuse a directory of another configuration unless `overwrite`,
+  which moves the old results aside (never deletes them)."""
+  run = out / "run.json"
+  if run.exists():
+    try:
+      old = json.loads(run.read_text())
+    except json.JSONDecodeError:
+      old = {"fingerprint": "<unreadable run.json>", "config": {}}
+    if old.get("fingerprint") != config.fingerprint():
+      new = config.as_dict()
+      diff = sorted(k for k in set(new) | set(old.get("config", {}))
+                    if new.get(k) != old.get("config", {}).get(k))
+      if not overwrite:
+        raise ResultDirError(
+            f"{out} holds results of a different configuration (fingerprint "
+            f"{old.get('fingerprint')} vs {config.fingerprint()}; differing fields: {diff}). "
+            f"Use another --out, or --overwrite to move the old results aside.")
+      stamp = datetime.datetime.now().strftime("%Y%m%dT%H%M%S")
+      aside = out.with_name(f"{out.name}.replaced-{stamp}")
+      shutil.move(str(out), str(aside))
+      print(f"[vocabjax.eval] moved the old results to {aside}", file=sys.stderr)
+  out.mkdir(parents=True, exist_ok=True)
+  if not run.exists():
+    _atomic_json(run, {"fingerprint": config.fingerprint(), "config": config.as_dict(),
+                       "created": datetime.datetime.now().isoformat(timespec="seconds")})
+
+
+def read_records(path: Path) -> list[dict]:
+  """Records written so far; a torn last line (interrupted write) is dropped."""
+  if not path.exists():
+    return []
+  out = []
+  lines = path.read_text().splitlines()
+  for i, line in enumerate(lines):
+    try:
+      out.append(json.loads(line))
+    except json.JSONDecodeError:
+      if i != len(lines) - 1:
+        raise ResultDirError(f"{path}:{i + 1} is corrupt (not the last line, so not an "
+                             f"interrupted write); move the file away to rerun") from None
+      print(f"[vocabjax.eval] dropping a torn last line of {path}", file=sys.stderr)
+  if lines and out and len(out) < len(lines):  # rewrite without the torn line
+    tmp = path.with_suffix(".jsonl.partial")
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in out))
+    os.replace(tmp, path)
+  return out
+
+
+def _append(path: Path, record: dict) -> None:
+  with open(path, "a") as f:
+    f.write(json.dumps(record) + "\n")
+    f.flush()
+    os.fsync(f.fileno())
+
+
+@dataclasses.dataclass
+class Loaded:
+  target: object
+  draft: object | None
+
+
+def load_models(config: EvalConfig) -> Loaded:
+  from vocabjax.checkpoints.loader import load_model
+
+  target = load_model(config.target, dtype=config.dtype)
+  draft = None
+  if config.draft:
+    draft = load_model(config.draft, dtype=config.dtype, load_tokenizer=False)
+  return Loaded(target, draft)
+
+
+def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = False,
+              compare_torch: bool = False, progress: bool = True,
+              models: Loaded | None = None) -> dict:
+  """Run (or resume) `config` into `out` and write the reports; returns the summary."""
+  from tqdm.auto import tqdm
+
+  from vocabjax.decoding.profile import StepSplit, run_split, step_split
+  from vocabjax.decoding.sampling import SamplingParams
+  from vocabjax.eval import report
+  from vocabjax.generate import encode_prompts
+
+  out = Path(out)
+  prompts = load_prompts(config.datasets)  # bad datasets fail before anything is written
+  sampling = SamplingParams(config.temperature, config.top_k, config.top_p)
+  prepare_dir(out, config, overwrite=overwrite)
+  records_path = out / RECORDS
+  records = read_records(records_path)
+  done = {(r["framework"], r["method"], r["qid"], r["seed"]) for r in records}
+
+  t0 = time.perf_counter()
+  models = models or load_models(config)
+  load_s = time.perf_counter() - t0
+  tok = models.target.tokenizer
+  ids = encode_prompts(tok, [p.text for p in prompts], config.chat)
+  eos = models.target.eos_token_ids
+  decoders = {m.name: METHODS[m.method].make(models.target, models.draft, m.kwargs)
+              for m in config.methods}
+  max_len = config.max_len
+
+  splits_path = out / "splits.json"
+  splits = json.loads(splits_path.read_text()) if splits_path.exists() else {}
+  if config.time_split:
+    for name, dec in decoders.items():
+      if name not in splits and hasattr(dec, "drafter_calls"):
+        if progress:
+          print(f"[vocabjax.eval] timing the step parts of {name}", file=sys.stderr)
+        splits[name] = step_split(dec, max_len=max_len or 512).as_dict()
+        _atomic_json(splits_path, splits)
+
+  todo = [(p, i, s) for i, p in enumerate(prompts) for s in config.seeds]
+  jobs = [(p, i, s, m.name) for p, i, s in todo for m in config.methods
+          if ("vocabjax", m.name, p.qid, s) not in done]
+  warmed = set()
+  bar = tqdm(total=len(jobs), desc="vocabjax.eval", disable=not progress, file=sys.stderr)
+  for p, i, seed, name in jobs:
+    dec = decoders[name]
+    kw = dict(max_new_tokens=config.max_new_tokens, sampling=sampling, seed=seed,
+              eos_token_ids=eos, max_len=max_len)
+    if name not in warmed:  # first call of a method pays one-off costs outside the timing
+      dec.generate([ids[i]], **kw)
+      warmed.add(name)
+    res = dec.generate([ids[i]], **kw)
+    rec = {"framework": "vocabjax", "method": name, "qid": p.qid, "group": p.group,
+           "category": p.category, "seed": seed, "prompt_tokens": len(ids[i]),
+           "output_ids": res.tokens[0], "compile_s": res.compile_s,
+           **record_metrics(res)}
+    split = splits.get(name)
+    rec["time_split"] = None
+    if split and res.stats is not None:
+      rec["time_split"] = run_split(StepSplit.from_dict(split), res.steps, res.decode_s)
+    _append(records_path, rec)
+    records.append(rec)
+    bar.set_postfix_str(f"{name} {p.qid} {rec['tokens_per_s']:.2f} tok/s")
+    bar.update(1)
+  bar.close()
+
+  torch_versions = None
+  if compare_torch:
+    torch_versions = _run_torch(config, prompts, ids, eos, out, records, done, progress)
+
+  summary = report.build_summary(config, records, models, splits, meta={
+      "load_s": load_s, "torch_versions": torch_versions})
+  report.write_reports(out, summary, records)
+  return summary
+
+
+def _run_torch(config, prompts, ids, eos, out, records, done, progress) -> dict:
+  from tqdm.auto import tqdm
+
+  from vocabjax.eval.torch_compare import TorchRunner
+
+  runner = TorchRunner(config.target, config.draft, threads=os.cpu_count())
+  variants = [("ar", False)] + ([("assisted", True)] if config.draft else [])
+  jobs = [(p, i, s, name, a) for i, p in enumerate(prompts) for s in config.seeds
+          for name, a in variants if ("torch", name, p.qid, s) not in done]
+  if jobs:  # warm-up
+    runner.generate(ids[0], max_new_tokens=4, assisted=bool(config.draft), eos_token_ids=eos)
+  for p, i, seed, name, assisted in tqdm(jobs, desc="transformers", disable=not progress,
+                                         file=sys.stderr):
+    r = runner.generate(ids[i], max_new_tokens=config.max_new_tokens, assisted=assisted,
+                        eos_token_ids=eos, temperature=config.temperature, seed=seed)
+    rec = {"framework": "torch", "method": name, "qid": p.qid, "group": p.group,
+           "category": p.category, "seed": seed, "prompt_tokens": len(ids[i]), **r,
+           "prefill_s": None, "decode_s": None, "steps": None, "accepted": None,
+           "drafted": None, "finish_reason": None, "compile_s": 0.0, "time_split": None}
+    _append(out / RECORDS, rec)
+    records.append(rec)
+  return runner.versions

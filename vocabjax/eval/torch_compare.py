@@ -1,0 +1,63 @@
+"""The same models and prompts through PyTorch / transformers: plain `generate` and assisted
+generation (`assistant_model`, Leviathan-style with transformers' own draft-length heuristic).
+
+Models load from the same files vocabjax loads (a registry name resolves to its cached GGUF,
+read by transformers' GGUF loader; an HF directory is read directly), in f32 on CPU.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+
+def _load(source: str):
+  import torch
+  import transformers
+
+  from vocabjax.checkpoints.zoo import resolve
+
+  path = resolve(source)
+  if path.is_file() and path.suffix == ".gguf":
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+  return transformers.AutoModelForCausalLM.from_pretrained(Path(path), dtype=torch.float32).eval()
+
+
+class TorchRunner:
+  """transformers' greedy/sampled generate, with or without an assistant model."""
+
+  def __init__(self, target: str, draft: str | None, *, threads: int | None = None):
+    import torch
+    import transformers
+
+    if threads:
+      torch.set_num_threads(threads)
+    self.torch = torch
+    self.target = _load(target)
+    self.draft = _load(draft) if draft else None
+    self.versions = {"torch": torch.__version__, "transformers": transformers.__version__}
+
+  def generate(self, ids: list[int], *, max_new_tokens: int, assisted: bool,
+               eos_token_ids=(), temperature: float = 0.0, seed: int = 0) -> dict:
+    torch = self.torch
+    kw = dict(max_new_tokens=max_new_tokens, min_new_tokens=0,
+              eos_token_id=list(eos_token_ids) or None, pad_token_id=(list(eos_token_ids)
+                                                                       or [0])[0])
+    if temperature > 0:
+      kw.update(do_sample=True, temperature=temperature, top_k=0, top_p=1.0)
+    else:
+      kw.update(do_sample=False, temperature=None, top_k=None, top_p=None)
+    if assisted:
+      if self.draft is None:
+        raise ValueError("assisted generation needs a draft model")
+      kw["assistant_model"] = self.draft
+    torch.manual_seed(seed)
+    x = torch.tensor([ids])
+    with torch.no_grad():
+      t = time.perf_counter()
+      out = self.target.generate(x, attention_mask=torch.ones_like(x), **kw)
+      wall = time.perf_counter() - t
+    new = out[0, len(ids):].tolist()
+    return {"output_ids": new, "num_tokens": len(new), "wall_s": wall,
+            "tokens_per_s": len(new) / wall if wall > 0 else float("nan")}
