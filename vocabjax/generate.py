@@ -18,13 +18,12 @@ import json
 import os
 import platform
 import sys
-import tempfile
 import time
-from pathlib import Path
 
 import jax
 
 from vocabjax.checkpoints.loader import load_model
+from vocabjax.checkpoints.zoo import atomic_write_text
 from vocabjax.decoding.autoregressive import Decoder, bucket
 from vocabjax.decoding.profile import run_split, step_split
 from vocabjax.decoding.sampling import SamplingParams
@@ -86,16 +85,7 @@ def encode_prompts(tokenizer, prompts, chat: bool) -> list[list[int]]:
 
 def atomic_write_json(path: str | os.PathLike, obj) -> None:
   """Write JSON via a temporary file and rename, so a crash never leaves half a file."""
-  path = Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".partial")
-  try:
-    with os.fdopen(fd, "w") as f:
-      json.dump(obj, f, indent=2)
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
+  atomic_write_text(path, json.dumps(obj, indent=2))
 
 
 def main(config: GenerateConfig) -> dict:

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from vocabjax.eval import ConfigError, load_config, validate_summary
-from vocabjax.eval.__main__ import CliConfig, main, parse_args
+from vocabjax.eval.__main__ import main, parse_args
 from vocabjax.eval.runner import RECORDS, ResultDirError
 
 QUESTIONS = [
@@ -109,6 +109,15 @@ def test_category_filter_and_bench_override(suite, tmp_path):
   with pytest.raises(ConfigError, match="bad.jsonl:2: not a Spec-Bench row"):
     _run(path, tmp_path / "r4", "--spec-bench", str(bad))
   assert not (tmp_path / "r4").exists()  # nothing written for a bad dataset
+
+
+def test_prompt_longer_than_max_len_fails_before_running(suite, tmp_path):
+  path, cfg = suite
+  p = tmp_path / "short.yaml"
+  p.write_text(yaml.safe_dump({**cfg, "max_len": 24}))
+  with pytest.raises(ConfigError, match=r"max_len=24 is too small for \d+ prompts"):
+    _run(p, tmp_path / "o")
+  assert not (tmp_path / "o" / RECORDS).exists()
 
 
 @pytest.mark.parametrize("change, message", [

@@ -44,6 +44,17 @@ class Model:
   eos_token_ids: tuple[int, ...]
   source: str
   dtype: Any
+  _layouts: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+  def in_layout(self, layout: str) -> dict:
+    """`params` with the MLP weights in `layout` (converted once, then reused)."""
+    from vocabjax.models.llamalike import mlp_layout, with_mlp_layout
+
+    if layout == mlp_layout(self.params):
+      return self.params
+    if layout not in self._layouts:
+      self._layouts[layout] = with_mlp_layout(self.params, layout)
+    return self._layouts[layout]
 
   @property
   def name(self) -> str:

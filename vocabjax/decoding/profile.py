@@ -34,6 +34,7 @@ class StepSplit:
   verification_s: float  # target forward + full LM head over the verified block
   target_step_s: float  # one autoregressive target step (T=1 forward + head), for reference
   drafter_calls: tuple  # ((T, head_rows), ...) the drafter calls of one step, per row
+  #   (chain counts its conditional catch-up call in every step: an upper bound)
   verify_tokens: int  # target positions verified per step, per row
 
   @property
@@ -103,14 +104,14 @@ def step_split(decoder, *, batch_size: int = 1, max_len: int = 512, context: int
   for T, rows in calls:
     if T not in body_t:
       body_t[T] = _time_body(dp, dc, B, T, S, context, repeats)
-    if rows not in head_t:
+    if rows and rows not in head_t:
       head_t[rows] = _time_head(dp, dhead, B, rows, dc.hidden_size, repeats)
   verify = (_time_body(tp, tc, B, T_verify, S, context, repeats)
             + _time_head(tp, thead, B, T_verify, tc.hidden_size, repeats))
   ar = (_time_body(tp, tc, B, 1, S, context, repeats)
         + _time_head(tp, thead, B, 1, tc.hidden_size, repeats))
   return StepSplit(drafter_s=sum(body_t[T] for T, _ in calls),
-                   drafter_head_s=sum(head_t[r] for _, r in calls),
+                   drafter_head_s=sum(head_t[r] for _, r in calls if r),
                    verification_s=verify, target_step_s=ar, drafter_calls=calls,
                    verify_tokens=T_verify)
 

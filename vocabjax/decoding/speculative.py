@@ -35,7 +35,7 @@ from vocabjax.decoding.tree import TreeParams, TreeState, tree_step
 from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import forward, lm_head
+from vocabjax.models.llamalike import forward, lm_head, mlp_layout, with_mlp_layout
 
 
 @struct.dataclass
@@ -92,16 +92,20 @@ def chain_step(target_params, draft_params, state: ChainState, key, *, target_co
   N = state.target_cache.lengths
   keys = jax.random.split(key, G + 1)
 
-  # Drafter call 1: [prev, last] when it has not seen d_G yet (pending 2), else [last, last].
-  two = jnp.where(state.pending[:, None] == 2, jnp.stack([state.prev, state.last], 1),
-                  jnp.stack([state.last, state.last], 1))
-  start = N + 1 - state.pending
-  dcache = state.draft_cache.with_lengths(start)
-  h, dcache = forward(draft_params, two, start[:, None] + jnp.arange(2)[None], dcache,
-                      config=draft_config)
-  h_last = jnp.where(state.pending[:, None] == 2, h[:, 1], h[:, 0])
-  dcache = dcache.with_lengths(N + 1)
-  d1, q1 = _draft_sample(keys[0], head(draft_params, h_last), sampling)
+  # Catch-up: after a fully accepted block the drafter never saw d_G (= prev). Feed it as one
+  # T=1 call, only when some row needs it (lax.cond): on XLA:CPU a T=2 forward costs ~2.4 T=1
+  # forwards, so a fixed-shape [prev, last] call made every step slower. Rows that do not need
+  # it write `last` at slot N, which the first drafting call below overwrites with the same.
+  def catch_up(cache):
+    need = state.pending == 2
+    pos = jnp.where(need, N - 1, N)
+    tok = jnp.where(need, state.prev, state.last)
+    _, cache = forward(draft_params, tok[:, None], pos[:, None], cache.with_lengths(pos),
+                       config=draft_config)
+    return cache
+
+  dcache = jax.lax.cond(jnp.any(state.pending == 2), catch_up, lambda c: c, state.draft_cache)
+  dcache = dcache.with_lengths(N)
 
   def body(carry, i):
     tok, cache = carry
@@ -109,12 +113,9 @@ def chain_step(target_params, draft_params, state: ChainState, key, *, target_co
     d, q = _draft_sample(keys[i], head(draft_params, h[:, -1]), sampling)
     return (d, cache), (d, q)
 
-  drafts, qs = [d1], [q1]
-  if G > 1:
-    (_, dcache), (ds, qrest) = jax.lax.scan(body, (d1, dcache), jnp.arange(1, G))
-    drafts += list(ds)  # scan stacks on axis 0: [G-1, B]
-    if not sampling.greedy:
-      qs += list(qrest)
+  (_, dcache), (ds, qs) = jax.lax.scan(body, (state.last, dcache), jnp.arange(G))
+  drafts = list(ds)  # scan stacks on axis 0: [G, B]
+  qs = None if sampling.greedy else list(qs)
   drafts = jnp.stack(drafts, axis=1)  # [B, G]
 
   tokens = jnp.concatenate([state.last[:, None], drafts], axis=1)  # [B, G + 1]
@@ -140,18 +141,35 @@ def chain_step(target_params, draft_params, state: ChainState, key, *, target_co
   return new_state, emitted, n
 
 
+def block_layout(backend: str | None = None) -> str:
+  """MLP weight layout for programs that run T > 1 tokens: [in, out] on XLA:CPU (see
+  `with_mlp_layout`), PyTorch's [out, in] elsewhere."""
+  return "in_out" if (backend or jax.default_backend()) == "cpu" else "out_in"
+
+
 class SpeculativeDecoder:
   """Shared host loop of chain and tree speculative decoding (subclasses define the step)."""
 
   method = "speculative"
 
+  draft_block_calls = False  # whether the drafter's calls feed T > 1 tokens (layout choice)
+
   def __init__(self, target_params, target_config: LlamaLikeConfig, draft_params,
-               draft_config: LlamaLikeConfig):
+               draft_config: LlamaLikeConfig, *, layout: str = "auto"):
     if draft_config.vocab_size != target_config.vocab_size:
       raise ValueError(
           f"drafter vocabulary V={draft_config.vocab_size} differs from the target's "
           f"V={target_config.vocab_size}; a drafter with another tokenizer needs the "
           f"cross-vocabulary mode (OmniDraft, issue 8), not {self.method} drafting")
+    if layout == "auto":  # the target only ever runs blocks (prefill, verification)
+      t_layout = block_layout()
+      d_layout = t_layout if self.draft_block_calls else "out_in"
+    else:
+      t_layout = d_layout = layout
+    if mlp_layout(target_params) != t_layout:
+      target_params = with_mlp_layout(target_params, t_layout)
+    if mlp_layout(draft_params) != d_layout:
+      draft_params = with_mlp_layout(draft_params, d_layout)
     self.tp, self.tc, self.dp, self.dc = target_params, target_config, draft_params, draft_config
     self.draft_head = None  # drafter LM head override (vocabulary methods); None = full head
     self._programs: dict = {}
@@ -250,17 +268,18 @@ class ChainDecoder(SpeculativeDecoder):
   method = "chain"
 
   def __init__(self, target_params, target_config, draft_params, draft_config, *,
-               gamma: int = 4):
+               gamma: int = 4, layout: str = "auto"):
     if gamma < 1:
       raise ValueError(f"gamma must be >= 1, got {gamma=}")
-    super().__init__(target_params, target_config, draft_params, draft_config)
+    super().__init__(target_params, target_config, draft_params, draft_config, layout=layout)
     self.gamma = gamma
     self.drafted_per_step = gamma
     self.extra_slots = gamma + 2  # a whole block past max_new_tokens, and the dummy slot
     self.verify_tokens = gamma + 1
 
   def drafter_calls(self):
-    return [(2, 1)] + [(1, 1)] * (self.gamma - 1)
+    # the T=1 catch-up call (no head) runs only after a fully accepted block: counted as always
+    return [(1, 1)] * self.gamma + [(1, 0)]
 
   def _step_fn(self, sampling):
     return functools.partial(chain_step, target_config=self.tc, draft_config=self.dc,
@@ -277,9 +296,11 @@ class TreeDecoder(SpeculativeDecoder):
 
   method = "tree"
 
+  draft_block_calls = True  # the pending block and k-wide frontiers
+
   def __init__(self, target_params, target_config, draft_params, draft_config, *,
-               tree: TreeParams = TreeParams()):
-    super().__init__(target_params, target_config, draft_params, draft_config)
+               tree: TreeParams = TreeParams(), layout: str = "auto"):
+    super().__init__(target_params, target_config, draft_params, draft_config, layout=layout)
     self.tree = tree
     self.drafted_per_step = tree.total_tokens
     self.extra_slots = tree.total_tokens + tree.draft_slots + tree.depth + 2

@@ -13,7 +13,8 @@ from pathlib import Path
 
 from vocabjax.eval.config import ConfigError, DatasetSpec
 
-SHARED_SPEC_BENCH = Path(__file__).resolve().parents[3] / "shared" / "data" / "spec_bench_dev.jsonl"
+# the project's shared Spec-Bench split, shipped as package data (see data/README.md)
+SPEC_BENCH_DEV = Path(__file__).resolve().parent / "data" / "spec_bench_dev.jsonl"
 MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem",
             "humanities")
 GROUP_ORDER = ("multi-turn", "translation", "summarization", "qa", "math_reasoning", "rag",
@@ -33,7 +34,7 @@ def task_group(category: str) -> str:
 
 
 def load_spec_bench(spec: DatasetSpec) -> list[Prompt]:
-  path = Path(spec.path) if spec.path else SHARED_SPEC_BENCH
+  path = Path(spec.path) if spec.path else SPEC_BENCH_DEV
   if not path.is_file():
     raise ConfigError(f"Spec-Bench file not found: {path}")
   rows = []

@@ -14,7 +14,7 @@ import dataclasses
 from typing import Any, Callable
 
 from vocabjax.decoding.autoregressive import Decoder
-from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder
+from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder, block_layout
 from vocabjax.decoding.tree import TreeParams
 
 
@@ -63,11 +63,13 @@ def _ar(target, draft):
 
 @register("chain", params={"gamma": int}, drafter_passes=lambda p: p["gamma"])
 def _chain(target, draft, gamma):
-  return ChainDecoder(target.params, target.config, draft.params, draft.config, gamma=gamma)
+  # layouts converted once per model and shared by every method of the run
+  return ChainDecoder(target.in_layout(block_layout()), target.config, draft.params,
+                      draft.config, gamma=gamma)
 
 
 @register("tree", params={"top_k": int, "depth": int, "total_tokens": int},
           drafter_passes=lambda p: p["depth"])
 def _tree(target, draft, top_k, depth, total_tokens):
-  return TreeDecoder(target.params, target.config, draft.params, draft.config,
-                     tree=TreeParams(top_k=top_k, depth=depth, total_tokens=total_tokens))
+  return TreeDecoder(target.in_layout(block_layout()), target.config,
+                     draft.in_layout(block_layout()), draft.config, tree=TreeParams(top_k=top_k, depth=depth, total_tokens=total_tokens))

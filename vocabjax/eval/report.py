@@ -282,10 +282,10 @@ def plots(summary: dict, out: Path) -> list[Path]:
 
 def write_reports(out: Path, summary: dict, records: list[dict]) -> None:
   from vocabjax.generate import atomic_write_json
-  from vocabjax.checkpoints.zoo import _atomic_write_text
+  from vocabjax.checkpoints.zoo import atomic_write_text
 
   del records
   atomic_write_json(out / "summary.json", summary)
-  _atomic_write_text(out / "summary.md", markdown(summary))
-  _atomic_write_text(out / "summary.csv", to_csv(summary))
+  atomic_write_text(out / "summary.md", markdown(summary))
+  atomic_write_text(out / "summary.csv", to_csv(summary))
   plots(summary, out)

@@ -138,6 +138,13 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
   decoders = {m.name: METHODS[m.method].make(models.target, models.draft, m.kwargs)
               for m in config.methods}
   max_len = config.max_len
+  if max_len:  # fail before any generation, not at the first long prompt
+    room = config.max_new_tokens + max(getattr(d, "extra_slots", 0) for d in decoders.values())
+    long = [(p.qid, len(x)) for p, x in zip(prompts, ids) if len(x) + room > max_len]
+    if long:
+      raise ConfigError(f"max_len={max_len} is too small for {len(long)} prompts (+ "
+                        f"{room} slots of new tokens): {long[:5]}; raise max_len or drop "
+                        f"max_len to size the cache per prompt")
 
   splits_path = out / "splits.json"
   splits = json.loads(splits_path.read_text()) if splits_path.exists() else {}
@@ -159,7 +166,7 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
     kw = dict(max_new_tokens=config.max_new_tokens, sampling=sampling, seed=seed,
               eos_token_ids=eos, max_len=max_len)
     if name not in warmed:  # first call of a method pays one-off costs outside the timing
-      dec.generate([ids[i]], **kw)
+      dec.generate([ids[i]], **{**kw, "max_new_tokens": min(8, config.max_new_tokens)})
       warmed.add(name)
     res = dec.generate([ids[i]], **kw)
     rec = {"framework": "vocabjax", "method": name, "qid": p.qid, "group": p.group,
