@@ -32,7 +32,8 @@ class StepSplit:
   drafter_s: float  # drafter forwards of one step, LM head excluded
   drafter_head_s: float  # the drafter LM head calls of one step
   verification_s: float  # target forward + full LM head over the verified block
-  target_step_s: float  # one autoregressive target step (T=1 forward + head), for reference
+  target_step_s: float  # a T=1 target forward + head with the decoder's target params (their
+  #   layout: on CPU the block layout, ~10% slower at T=1 than the AR decoder's), for reference
   drafter_calls: tuple  # ((T, head_rows), ...) the drafter calls of one step, per row
   #   (chain counts its conditional catch-up call in every step: an upper bound)
   verify_tokens: int  # target positions verified per step, per row

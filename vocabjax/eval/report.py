@@ -3,7 +3,8 @@
 summary.json, schema version 1 (`SUMMARY_SCHEMA`, checked by `validate_summary`):
   schema_version  1
   suite, fingerprint, config        the suite and its full config
-  environment     commit, machine, backend, jax, dtype, date, command
+  environment     commit, record_commits (every commit that produced a record: a resumed run
+                  may span several), machine, backend, jax, dtype, date, command
   models          target / draft: source, vocab_size, params_per_token (embedding excluded)
   groups          task groups in table order
   methods[]       name, method, framework ("vocabjax" | "torch"), params, draft_vocab_size,
@@ -73,7 +74,7 @@ def validate_summary(summary: dict) -> None:
   jsonschema.validate(summary, SUMMARY_SCHEMA)
 
 
-def _commit() -> str:
+def git_commit() -> str:
   try:
     return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
                           cwd=Path(__file__).parent, check=True).stdout.strip()
@@ -140,7 +141,9 @@ def build_summary(config, records: list[dict], models, splits: dict, meta: dict)
         "by_group": {g: agg([r for r in recs if r["group"] == g]) for g in groups
                      if any(r["group"] == g for r in recs)}})
 
-  env = {"commit": _commit(), "machine": platform.node() or platform.machine(),
+  env = {"commit": git_commit(),
+         "record_commits": sorted({str(r.get("commit")) for r in records}),
+         "machine": platform.node() or platform.machine(),
          "backend": jax.default_backend(), "jax": jax.__version__,
          "dtype": str(models.target.params["embed"].dtype),
          "date": datetime.datetime.now().isoformat(timespec="seconds"),

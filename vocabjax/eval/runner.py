@@ -159,6 +159,11 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
   todo = [(p, i, s) for i, p in enumerate(prompts) for s in config.seeds]
   jobs = [(p, i, s, m.name) for p, i, s in todo for m in config.methods
           if ("vocabjax", m.name, p.qid, s) not in done]
+  commit = report.git_commit()
+  old = sorted({r.get("commit") for r in records} - {commit})
+  if old:
+    print(f"[vocabjax.eval] resuming records made at other commits {old} (now {commit}); "
+          f"the summary lists every commit", file=sys.stderr)
   warmed = set()
   bar = tqdm(total=len(jobs), desc="vocabjax.eval", disable=not progress, file=sys.stderr)
   for p, i, seed, name in jobs:
@@ -171,7 +176,7 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
     res = dec.generate([ids[i]], **kw)
     rec = {"framework": "vocabjax", "method": name, "qid": p.qid, "group": p.group,
            "category": p.category, "seed": seed, "prompt_tokens": len(ids[i]),
-           "output_ids": res.tokens[0], "compile_s": res.compile_s,
+           "output_ids": res.tokens[0], "compile_s": res.compile_s, "commit": commit,
            **record_metrics(res)}
     split = splits.get(name)
     rec["time_split"] = None
@@ -196,6 +201,8 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
 def _run_torch(config, prompts, ids, eos, out, records, done, progress) -> dict:
   from tqdm.auto import tqdm
 
+  from vocabjax.eval import report
+
   from vocabjax.eval.torch_compare import TorchRunner
 
   runner = TorchRunner(config.target, config.draft, threads=os.cpu_count())
@@ -211,7 +218,8 @@ def _run_torch(config, prompts, ids, eos, out, records, done, progress) -> dict:
     rec = {"framework": "torch", "method": name, "qid": p.qid, "group": p.group,
            "category": p.category, "seed": seed, "prompt_tokens": len(ids[i]), **r,
            "prefill_s": None, "decode_s": None, "steps": None, "accepted": None,
-           "drafted": None, "finish_reason": None, "compile_s": 0.0, "time_split": None}
+           "drafted": None, "finish_reason": None, "compile_s": 0.0, "time_split": None,
+           "commit": report.git_commit()}
     _append(out / RECORDS, rec)
     records.append(rec)
   return runner.versions
