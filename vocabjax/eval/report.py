@@ -93,13 +93,21 @@ def _clean(x):
   return x
 
 
-def build_summary(config, records: list[dict], models, splits: dict, meta: dict) -> dict:
+def models_info(models) -> dict:
+  """What the summary needs of the loaded models (so the weights can be freed before it)."""
+  return {"target_config": models.target.config, "target_source": models.target.source,
+          "draft_config": models.draft.config if models.draft else None,
+          "draft_source": models.draft.source if models.draft else None,
+          "dtype": str(models.target.params["embed"].dtype)}
+
+
+def build_summary(config, records: list[dict], info: dict, splits: dict, meta: dict) -> dict:
+  """The summary dict (schema above) from the records; `info` from `models_info`."""
   import jax
 
   from vocabjax.eval.methods import METHODS
 
-  tcfg = models.target.config
-  dcfg = models.draft.config if models.draft else None
+  tcfg, dcfg = info["target_config"], info["draft_config"]
   t_params = tcfg.num_params(include_embedding=False, head_rows=tcfg.vocab_size)
   groups = sorted({r["group"] for r in records},
                   key=lambda g: (GROUP_ORDER.index(g) if g in GROUP_ORDER else 99, g))
@@ -145,14 +153,14 @@ def build_summary(config, records: list[dict], models, splits: dict, meta: dict)
          "record_commits": sorted({str(r.get("commit")) for r in records}),
          "machine": platform.node() or platform.machine(),
          "backend": jax.default_backend(), "jax": jax.__version__,
-         "dtype": str(models.target.params["embed"].dtype),
+         "dtype": info["dtype"],
          "date": datetime.datetime.now().isoformat(timespec="seconds"),
          "command": meta.get("command") or " ".join(["python -m vocabjax.eval", *sys.argv[1:]]),
          "cpu_count": __import__("os").cpu_count(), "load_s": meta.get("load_s")}
-  model_info = {"target": {"source": models.target.source, "vocab_size": tcfg.vocab_size,
+  model_info = {"target": {"source": info["target_source"], "vocab_size": tcfg.vocab_size,
                            "params_per_token": t_params}}
   if dcfg is not None:
-    model_info["draft"] = {"source": models.draft.source, "vocab_size": dcfg.vocab_size,
+    model_info["draft"] = {"source": info["draft_source"], "vocab_size": dcfg.vocab_size,
                            "params_per_token": dcfg.num_params(include_embedding=False,
                                                                head_rows=dcfg.vocab_size)}
   summary = {"schema_version": SCHEMA_VERSION, "suite": config.name,

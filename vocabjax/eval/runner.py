@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import gc
 import json
 import os
 import shutil
@@ -188,11 +189,15 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
     bar.update(1)
   bar.close()
 
+  info = report.models_info(models)
   torch_versions = None
   if compare_torch:
+    # free vocabjax's weights first: both frameworks' f32 copies do not fit 24 GB together
+    del decoders, models
+    gc.collect()
     torch_versions = _run_torch(config, prompts, ids, eos, out, records, done, progress)
 
-  summary = report.build_summary(config, records, models, splits, meta={
+  summary = report.build_summary(config, records, info, splits, meta={
       "load_s": load_s, "torch_versions": torch_versions})
   report.write_reports(out, summary, records)
   return summary
