@@ -166,3 +166,17 @@ def test_compare_torch_runs_transformers_on_the_same_prompts(suite, tmp_path):
   assert by["torch:ar"]["overall"]["match_rate"] == 1.0
   assert by["torch:assisted"]["overall"]["match_rate"] == 1.0
   assert by["torch:assisted"]["overall"]["speedup"] > 0
+
+
+def test_sampled_suite_runs_every_seed(suite, tmp_path):
+  path, cfg = suite
+  p = tmp_path / "sampled.yaml"
+  p.write_text(yaml.safe_dump({**cfg, "temperature": 0.7, "top_p": 0.9, "seeds": [0, 1],
+                               "methods": cfg["methods"][:2]}))
+  summary = _run(p, tmp_path / "s", "--categories", "qa")
+  records = [json.loads(line) for line in (tmp_path / "s" / RECORDS).read_text().splitlines()]
+  assert sorted((r["method"], r["seed"]) for r in records) == [
+      ("ar", 0), ("ar", 1), ("chain_g2", 0), ("chain_g2", 1)]
+  chain = summary["methods"][1]["overall"]
+  assert "match_rate" not in chain  # only greedy runs are compared token for token
+  assert chain["questions"] == 2 and chain["speedup"] > 0

@@ -172,9 +172,10 @@ def with_mlp_layout(params: Params, layout: str) -> Params:
   `out_in` ([out, in], PyTorch's) is what checkpoints load as and is fastest for one-token
   decode steps on XLA:CPU (a matvec). For blocks of T > 1 tokens (verification, tree drafting)
   XLA:CPU runs a GEMM that, with [out, in] weights, repacks the transposed weight on every
-  call: the Qwen2.5-1.5B body over T=4 tokens took 607 ms with [out, in] and 476 ms with
-  [in, out] MLP weights, against 198 ms vs 240 ms at T=1 (random weights of the real shapes,
-  2-core CPU, one run). Other backends choose layouts themselves; keep `out_in` there.
+  call: the Qwen2.5-1.5B body over T=4 tokens took 629 ms with [out, in] and 501 ms with
+  [in, out] MLP weights, against 220 ms vs 259 ms at T=1 (random weights of the real shapes,
+  2-core CPU; `eval/block_layout.py`). Other backends choose layouts themselves; keep
+  `out_in` there.
   """
   if layout not in MLP_LAYOUTS:
     raise ValueError(f"unknown MLP layout {layout=}; choose one of {MLP_LAYOUTS}")
