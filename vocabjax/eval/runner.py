@@ -154,7 +154,7 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
       if name not in splits and hasattr(dec, "drafter_calls"):
         if progress:
           print(f"[vocabjax.eval] timing the step parts of {name}", file=sys.stderr)
-        splits[name] = step_split(dec, max_len=max_len or 512).as_dict()
+        splits[name] = step_split(dec, max_len=max_len or 512, repeats=3).as_dict()
         _atomic_json(splits_path, splits)
 
   todo = [(p, i, s) for i, p in enumerate(prompts) for s in config.seeds]
