@@ -225,15 +225,15 @@ def fetch(name_or_entry: str | ZooEntry, root: Path | None = None, *, progress: 
   return path
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
   """Write via a temporary file in the same directory and rename: a crash never leaves half a
   file, and readers see the old or the new content. Permissions follow the umask."""
   path = Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".partial")
   try:
-    with os.fdopen(fd, "w") as f:
-      f.write(text)
+    with os.fdopen(fd, "wb") as f:
+      f.write(data)
     umask = os.umask(0)
     os.umask(umask)
     os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600
@@ -241,6 +241,11 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
   finally:
     if os.path.exists(tmp):
       os.unlink(tmp)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+  """`atomic_write_bytes` for text (UTF-8)."""
+  atomic_write_bytes(path, text.encode())
 
 
 def resolve(name_or_path: str | os.PathLike, *, progress: bool = True) -> Path:

@@ -1,0 +1,145 @@
+"""Static drafter-vocabulary subsets (VocabTrim, FR-Spec) in the EAGLE-3 / SGLang convention.
+
+Letters: V target vocabulary, K subset size.
+
+A subset of K target token ids, ascending, is stored two ways:
+  d2t [K] int64 offsets:  target_id = draft_id + d2t[draft_id]
+  t2d [V] bool mask:      t2d[target_id] is True iff the token is in the subset
+Selection keeps the K most frequent tokens by calibration counts (or the smallest set holding
+`top_p` of the mass, or every token counted at least `min_count` times), and always the EOS and
+chat-template special tokens. A subset is saved beside the drafter with the tokenizer identity
+it was counted with, and reloaded as is (never silently regenerated: SpecForge PR 534).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+
+class SubsetError(ValueError):
+  """A subset that cannot be built or loaded; the message names the value."""
+
+
+@dataclasses.dataclass(frozen=True)
+class VocabSubset:
+  ids: np.ndarray  # [K] int64 ascending target ids in the subset
+  vocab_size: int  # V of the target vocabulary
+  tokenizer_id: str = ""  # identity of the tokenizer the counts were made with
+  meta: tuple = ()  # ((key, value), ...) provenance: source, rule, token total
+
+  def __post_init__(self):
+    ids = np.asarray(self.ids)
+    if ids.ndim != 1 or ids.size == 0:
+      raise SubsetError(f"a subset needs a non-empty 1-D id list, got shape {ids.shape}")
+    if np.any(np.diff(ids) <= 0):
+      raise SubsetError("subset ids must be strictly ascending (the d2t convention)")
+    if ids[0] < 0 or ids[-1] >= self.vocab_size:
+      raise SubsetError(f"subset ids must lie in [0, {self.vocab_size}), got {ids[0]}..{ids[-1]}")
+
+  @property
+  def size(self) -> int:
+    return int(np.asarray(self.ids).size)
+
+  @property
+  def d2t(self) -> np.ndarray:
+    """[K] offsets: target = draft + d2t[draft]."""
+    ids = np.asarray(self.ids, np.int64)
+    return ids - np.arange(ids.size, dtype=np.int64)
+
+  @property
+  def t2d(self) -> np.ndarray:
+    """[V] bool membership mask."""
+    mask = np.zeros(self.vocab_size, bool)
+    mask[np.asarray(self.ids)] = True
+    return mask
+
+  @classmethod
+  def from_d2t(cls, d2t, vocab_size: int, **kw) -> "VocabSubset":
+    d2t = np.asarray(d2t, np.int64)
+    return cls(ids=d2t + np.arange(d2t.size, dtype=np.int64), vocab_size=vocab_size, **kw)
+
+  def save(self, path: str | Path) -> Path:
+    """Atomically write `d2t`, `t2d` and metadata as one .npz."""
+    from vocabjax.checkpoints.zoo import atomic_write_bytes
+
+    path = Path(path)
+    buf = io.BytesIO()
+    np.savez(buf, d2t=self.d2t, t2d=self.t2d, meta=np.asarray(json.dumps(
+        {"vocab_size": self.vocab_size, "tokenizer_id": self.tokenizer_id,
+         **dict(self.meta)})))
+    atomic_write_bytes(path, buf.getvalue())
+    return path
+
+  @classmethod
+  def load(cls, path: str | Path, *, tokenizer_id: str | None = None) -> "VocabSubset":
+    """Reload a saved subset; `tokenizer_id` (when given) must match the one it was made with."""
+    path = Path(path)
+    if not path.is_file():
+      raise SubsetError(f"no vocabulary subset at {path}")
+    try:
+      with np.load(path, allow_pickle=False) as z:
+        d2t, t2d, meta = z["d2t"], z["t2d"], json.loads(str(z["meta"]))
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as e:
+      raise SubsetError(f"{path} is not a readable vocabulary subset (truncated or corrupt?): "
+                        f"{type(e).__name__}: {e}") from None
+    V = int(meta.pop("vocab_size"))
+    tok = meta.pop("tokenizer_id", "")
+    if tokenizer_id is not None and tok != tokenizer_id:
+      raise SubsetError(f"{path} was counted with tokenizer {tok!r}, not {tokenizer_id!r}")
+    sub = cls.from_d2t(d2t, V, tokenizer_id=tok, meta=tuple(sorted(meta.items())))
+    if t2d.shape != (V,) or not np.array_equal(sub.t2d, t2d):
+      raise SubsetError(f"{path}: t2d does not match d2t (inconsistent file)")
+    return sub
+
+
+def select(counts, *, k: int | None = None, top_p: float | None = None,
+           min_count: int | None = None, keep=(), tokenizer_id: str = "",
+           meta: dict | None = None) -> VocabSubset:
+  """A subset from per-token counts [V] by exactly one rule, plus the `keep` ids.
+
+  k: the K most frequent (ties: lower id first). top_p: the fewest most frequent tokens holding
+  at least that share of all occurrences. min_count: every token counted at least that often.
+  `keep` (EOS, chat-template specials) is always added; with `k` they count within K.
+  """
+  counts = np.asarray(counts)
+  if counts.ndim != 1 or counts.size == 0:
+    raise SubsetError(f"counts must be a non-empty [V] vector, got shape {counts.shape}")
+  V = counts.size
+  total = int(counts.sum())
+  if total <= 0:
+    raise SubsetError("the counts are all zero: empty calibration set?")
+  if sum(x is not None for x in (k, top_p, min_count)) != 1:
+    raise SubsetError(f"give exactly one of k, top_p, min_count (got {k=}, {top_p=}, "
+                      f"{min_count=})")
+  keep = np.unique(np.asarray(list(keep), np.int64))
+  if keep.size and (keep.min() < 0 or keep.max() >= V):
+    raise SubsetError(f"keep ids must lie in [0, {V}), got {keep.tolist()}")
+  order = np.lexsort((np.arange(V), -counts))  # by count descending, then id ascending
+  if k is not None:
+    if not 1 <= k <= V:
+      raise SubsetError(f"{k=} must be in [1, vocabulary size {V}]")
+    if keep.size > k:
+      raise SubsetError(f"{k=} is smaller than the {keep.size} tokens that must be kept")
+    rest = order[~np.isin(order, keep)][:k - keep.size]
+    chosen = np.concatenate([keep, rest])
+  elif top_p is not None:
+    if not 0 < top_p <= 1:
+      raise SubsetError(f"{top_p=} must be in (0, 1]")
+    mass = np.cumsum(counts[order]) / total
+    n = int(np.searchsorted(mass, top_p - 1e-12) + 1)
+    chosen = np.concatenate([keep, order[:n]])
+  else:
+    if min_count < 1:
+      raise SubsetError(f"{min_count=} must be >= 1")
+    chosen = np.concatenate([keep, np.nonzero(counts >= min_count)[0]])
+  info = {"rule": f"k={k}" if k is not None else (f"top_p={top_p}" if top_p is not None
+                                                   else f"min_count={min_count}"),
+          "token_total": total, **(meta or {})}
+  return VocabSubset(ids=np.unique(chosen).astype(np.int64), vocab_size=V,
+                     tokenizer_id=tokenizer_id, meta=tuple(sorted(info.items())))
