@@ -24,7 +24,7 @@ import jax
 
 from vocabjax.checkpoints.loader import load_model
 from vocabjax.checkpoints.zoo import atomic_write_text
-from vocabjax.decoding.autoregressive import Decoder, bucket
+from vocabjax.decoding.autoregressive import Decoder
 from vocabjax.decoding.profile import run_split, step_split
 from vocabjax.decoding.sampling import SamplingParams
 from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder
@@ -121,10 +121,8 @@ def main(config: GenerateConfig) -> dict:
                   "target_forwards": st.target_forwards + 1,  # + prefill
                   "drafted_per_step_row": st.drafted, "accepted_per_step_row": st.accepted}
     if config.time_split:
-      split = step_split(dec, batch_size=len(prompt_ids),
-                         max_len=config.max_len or bucket(max(map(len, prompt_ids))
-                                                          + config.max_new_tokens
-                                                          + dec.extra_slots))
+      split = step_split(dec, batch_size=len(prompt_ids), max_len=dec.cache_len(
+          max(map(len, prompt_ids)), config.max_new_tokens, config.max_len))
       spec_stats["time_split_per_step"] = split.as_dict()
       spec_stats["time_split"] = run_split(split, st.target_forwards, res.decode_s)
   texts = [model.tokenizer.decode(t, skip_special_tokens=True) for t in res.tokens]
@@ -189,7 +187,8 @@ def parse_args(argv=None) -> GenerateConfig:
   return GenerateConfig(target=a.target, prompts=tuple(a.prompt), chat=a.chat,
                         max_new_tokens=a.max_new_tokens, temperature=a.temperature,
                         top_k=a.top_k, top_p=a.top_p, seed=a.seed, stop=tuple(a.stop),
-                        max_len=a.max_len, dtype=a.dtype, output=a.output, quiet=a.quiet, time_split=a.time_split,
+                        max_len=a.max_len, dtype=a.dtype, output=a.output, quiet=a.quiet,
+                        time_split=a.time_split,
                         draft=a.draft, method=a.method, gamma=a.gamma, tree_top_k=a.tree_top_k,
                         tree_depth=a.tree_depth, tree_total_tokens=a.tree_total_tokens,
                         batch_size=a.batch_size)

@@ -48,10 +48,8 @@ class Model:
 
   def in_layout(self, layout: str) -> dict:
     """`params` with the MLP weights in `layout` (converted once, then reused)."""
-    from vocabjax.models.llamalike import mlp_layout, with_mlp_layout
+    from vocabjax.models.llamalike import with_mlp_layout
 
-    if layout == mlp_layout(self.params):
-      return self.params
     if layout not in self._layouts:
       self._layouts[layout] = with_mlp_layout(self.params, layout)
     return self._layouts[layout]

@@ -8,7 +8,7 @@ steps a run took. What the split does not cover (acceptance, cache rollback, hos
 dispatch) is reported as the measured remainder of the run's decode time, never hidden.
 
     split = step_split(decoder, batch_size=1, max_len=512)      # seconds per step, by part
-    run = run_split(split, result)                              # seconds per run, + remainder
+    run = run_split(split, res.steps, res.decode_s)             # seconds per run, + remainder
 """
 
 from __future__ import annotations

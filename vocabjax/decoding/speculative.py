@@ -35,7 +35,7 @@ from vocabjax.decoding.tree import TreeParams, TreeState, tree_step
 from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import forward, lm_head, mlp_layout, with_mlp_layout
+from vocabjax.models.llamalike import forward, lm_head, with_mlp_layout
 
 
 @struct.dataclass
@@ -114,9 +114,7 @@ def chain_step(target_params, draft_params, state: ChainState, key, *, target_co
     return (d, cache), (d, q)
 
   (_, dcache), (ds, qs) = jax.lax.scan(body, (state.last, dcache), jnp.arange(G))
-  drafts = list(ds)  # scan stacks on axis 0: [G, B]
-  qs = None if sampling.greedy else list(qs)
-  drafts = jnp.stack(drafts, axis=1)  # [B, G]
+  drafts = ds.T  # scan stacks on axis 0: [G, B] -> [B, G]
 
   tokens = jnp.concatenate([state.last[:, None], drafts], axis=1)  # [B, G + 1]
   h, tcache = forward(target_params, tokens, N[:, None] + jnp.arange(G + 1)[None],
@@ -126,7 +124,7 @@ def chain_step(target_params, draft_params, state: ChainState, key, *, target_co
     n, nxt = verify_chain_greedy(drafts, tlogits)
   else:
     n, nxt = verify_chain_sampling(keys[G], drafts, probs(tlogits, sampling),
-                                   jnp.stack(qs, axis=1))
+                                   jnp.moveaxis(qs, 0, 1))  # q [B, G, V]
 
   new_n = N + 1 + n
   pending = jnp.where(n == G, 2, 1).astype(jnp.int32)
@@ -166,11 +164,8 @@ class SpeculativeDecoder:
       d_layout = t_layout if self.draft_block_calls else "out_in"
     else:
       t_layout = d_layout = layout
-    if mlp_layout(target_params) != t_layout:
-      target_params = with_mlp_layout(target_params, t_layout)
-    if mlp_layout(draft_params) != d_layout:
-      draft_params = with_mlp_layout(draft_params, d_layout)
-    self.tp, self.tc, self.dp, self.dc = target_params, target_config, draft_params, draft_config
+    self.tp, self.tc = with_mlp_layout(target_params, t_layout), target_config
+    self.dp, self.dc = with_mlp_layout(draft_params, d_layout), draft_config
     self.draft_head = None  # drafter LM head override (vocabulary methods); None = full head
     self._programs: dict = {}
 
@@ -178,6 +173,11 @@ class SpeculativeDecoder:
   drafted_per_step: int  # drafts proposed per row per verification
   extra_slots: int  # cache slots a step may write past max_new_tokens
   verify_tokens: int  # target positions one step verifies per row
+
+  def cache_len(self, longest: int, max_new_tokens: int, max_len: int | None = None) -> int:
+    """Cache slots `generate` uses: `max_len`, else the longest prompt + new tokens + one
+    step's extra slots, rounded up to a bucket."""
+    return max_len or bucket(longest + max_new_tokens + self.extra_slots)
 
   def drafter_calls(self) -> list[tuple[int, int]]:
     """(tokens fed, LM-head rows) per row of each drafter call in one step (for profiling)."""
@@ -226,7 +226,7 @@ class SpeculativeDecoder:
       raise ValueError(f"prompt of {longest} tokens + {max_new_tokens=} + {self.extra_slots} "
                        f"slots for one {self.method} step = {longest + room} exceeds the cache "
                        f"length {max_len=}")
-    S = max_len or bucket(longest + room)
+    S = self.cache_len(longest, max_new_tokens, max_len)
     T = min(bucket(longest), S)
     dtype = self.tp["embed"].dtype
     tprefill, dprefill, step, compile_s = self.programs(sampling, B, T, S, dtype)

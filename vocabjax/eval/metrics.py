@@ -23,7 +23,7 @@ import math
 SPLIT_KEYS = ("drafter_s", "drafter_head_s", "verification_s", "other_s")
 
 
-def record_metrics(result, *, drafted_per_step: int = 0) -> dict:
+def record_metrics(result) -> dict:
   """The metric fields of one question's record from a GenerationResult (batch 1)."""
   wall = result.prefill_s + result.decode_s
   n = len(result.tokens[0])

@@ -291,11 +291,10 @@ def plots(summary: dict, out: Path) -> list[Path]:
   return paths
 
 
-def write_reports(out: Path, summary: dict, records: list[dict]) -> None:
+def write_reports(out: Path, summary: dict) -> None:
   from vocabjax.generate import atomic_write_json
   from vocabjax.checkpoints.zoo import atomic_write_text
 
-  del records
   atomic_write_json(out / "summary.json", summary)
   atomic_write_text(out / "summary.md", markdown(summary))
   atomic_write_text(out / "summary.csv", to_csv(summary))

@@ -25,18 +25,13 @@ from vocabjax.eval.config import ConfigError, EvalConfig
 from vocabjax.eval.datasets import load_prompts
 from vocabjax.eval.methods import METHODS
 from vocabjax.eval.metrics import record_metrics
+from vocabjax.generate import atomic_write_json
 
 RECORDS = "questions.jsonl"
 
 
 class ResultDirError(ConfigError):
   """The result directory holds results of another configuration."""
-
-
-def _atomic_json(path: Path, obj) -> None:
-  from vocabjax.generate import atomic_write_json
-
-  atomic_write_json(path, obj)
 
 
 def prepare_dir(out: Path, config: EvalConfig, *, overwrite: bool) -> None:
@@ -63,7 +58,7 @@ def prepare_dir(out: Path, config: EvalConfig, *, overwrite: bool) -> None:
       print(f"[vocabjax.eval] moved the old results to {aside}", file=sys.stderr)
   out.mkdir(parents=True, exist_ok=True)
   if not run.exists():
-    _atomic_json(run, {"fingerprint": config.fingerprint(), "config": config.as_dict(),
+    atomic_write_json(run, {"fingerprint": config.fingerprint(), "config": config.as_dict(),
                        "created": datetime.datetime.now().isoformat(timespec="seconds")})
 
 
@@ -155,7 +150,7 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
         if progress:
           print(f"[vocabjax.eval] timing the step parts of {name}", file=sys.stderr)
         splits[name] = step_split(dec, max_len=max_len or 512, repeats=3).as_dict()
-        _atomic_json(splits_path, splits)
+        atomic_write_json(splits_path, splits)
 
   todo = [(p, i, s) for i, p in enumerate(prompts) for s in config.seeds]
   jobs = [(p, i, s, m.name) for p, i, s in todo for m in config.methods
@@ -195,18 +190,17 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
     # free vocabjax's weights first: both frameworks' f32 copies do not fit 24 GB together
     del decoders, models
     gc.collect()
-    torch_versions = _run_torch(config, prompts, ids, eos, out, records, done, progress)
+    torch_versions = _run_torch(config, prompts, ids, eos, out, records, done, progress,
+                                commit)
 
   summary = report.build_summary(config, records, info, splits, meta={
       "load_s": load_s, "torch_versions": torch_versions})
-  report.write_reports(out, summary, records)
+  report.write_reports(out, summary)
   return summary
 
 
-def _run_torch(config, prompts, ids, eos, out, records, done, progress) -> dict:
+def _run_torch(config, prompts, ids, eos, out, records, done, progress, commit) -> dict:
   from tqdm.auto import tqdm
-
-  from vocabjax.eval import report
 
   from vocabjax.eval.torch_compare import TorchRunner
 
@@ -224,7 +218,7 @@ def _run_torch(config, prompts, ids, eos, out, records, done, progress) -> dict:
            "category": p.category, "seed": seed, "prompt_tokens": len(ids[i]), **r,
            "prefill_s": None, "decode_s": None, "steps": None, "accepted": None,
            "drafted": None, "finish_reason": None, "compile_s": 0.0, "time_split": None,
-           "commit": report.git_commit()}
+           "commit": commit}
     _append(out / RECORDS, rec)
     records.append(rec)
   return runner.versions

@@ -167,7 +167,8 @@ _MLP = ("w_gate", "w_up", "w_down")
 
 
 def with_mlp_layout(params: Params, layout: str) -> Params:
-  """The same model with its MLP weights stored `layout` (a transposed copy when it changes).
+  """The same model with its MLP weights stored `layout` (`params` itself when they already
+  are, else a transposed copy).
 
   `out_in` ([out, in], PyTorch's) is what checkpoints load as and is fastest for one-token
   decode steps on XLA:CPU (a matvec). For blocks of T > 1 tokens (verification, tree drafting)
@@ -179,6 +180,8 @@ def with_mlp_layout(params: Params, layout: str) -> Params:
   """
   if layout not in MLP_LAYOUTS:
     raise ValueError(f"unknown MLP layout {layout=}; choose one of {MLP_LAYOUTS}")
+  if mlp_layout(params) == layout:
+    return params
   layers = []
   for layer in params["layers"]:
     layer = dict(layer)
