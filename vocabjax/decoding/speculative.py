@@ -10,9 +10,12 @@ numbers of tokens; everything is per row.
 Cache invariants at the start of a step (N[b] = target cache length):
   target: holds every committed token except `last` (N entries);
   drafter: holds every committed token except the last `pending` (1 or 2) of them. After a
-    fully accepted block the drafter never saw d_G, so the next step feeds it [d_G, last]
-    (pending 2); otherwise it feeds [last, last] and reads the first position (pending 1), so
-    the drafter call has a fixed shape [B, 2] either way.
+    fully accepted block the drafter never saw d_G, so the next step first feeds it d_G in a
+    conditional T=1 catch-up call (pending 2); then it drafts from `last`.
+
+A static vocabulary subset (`draft_vocab`, VocabTrim / FR-Spec) swaps the drafter's LM head for
+`vocabjax.vocab.trimmed.trimmed_head`: only the subset's rows are multiplied, drafts and q stay
+over the target's ids (q = 0 outside the subset), and verification is unchanged.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import forward, lm_head, with_mlp_layout
+from vocabjax.vocab.subset import VocabSubset
+from vocabjax.vocab.trimmed import attach_subset, trimmed_head
 
 
 @struct.dataclass
@@ -153,7 +158,8 @@ class SpeculativeDecoder:
   draft_block_calls = False  # whether the drafter's calls feed T > 1 tokens (layout choice)
 
   def __init__(self, target_params, target_config: LlamaLikeConfig, draft_params,
-               draft_config: LlamaLikeConfig, *, layout: str = "auto"):
+               draft_config: LlamaLikeConfig, *, layout: str = "auto",
+               draft_vocab: VocabSubset | None = None):
     if draft_config.vocab_size != target_config.vocab_size:
       raise ValueError(
           f"drafter vocabulary V={draft_config.vocab_size} differs from the target's "
@@ -167,12 +173,21 @@ class SpeculativeDecoder:
     self.tp, self.tc = with_mlp_layout(target_params, t_layout), target_config
     self.dp, self.dc = with_mlp_layout(draft_params, d_layout), draft_config
     self.draft_head = None  # drafter LM head override (vocabulary methods); None = full head
+    self.draft_vocab = draft_vocab
+    if draft_vocab is not None:  # static subset (VocabTrim / FR-Spec): trimmed drafter head
+      self.dp = attach_subset(self.dp, draft_config, draft_vocab)
+      self.draft_head = trimmed_head
     self._programs: dict = {}
 
   # --- what a method defines ----------------------------------------------------------------
   drafted_per_step: int  # drafts proposed per row per verification
   extra_slots: int  # cache slots a step may write past max_new_tokens
   verify_tokens: int  # target positions one step verifies per row
+
+  @property
+  def draft_head_rows(self) -> int:
+    """LM-head rows the drafter multiplies per call (K for a trimmed head, else V)."""
+    return self.draft_vocab.size if self.draft_vocab is not None else self.dc.vocab_size
 
   def cache_len(self, longest: int, max_new_tokens: int, max_len: int | None = None) -> int:
     """Cache slots `generate` uses: `max_len`, else the longest prompt + new tokens + one
@@ -268,10 +283,11 @@ class ChainDecoder(SpeculativeDecoder):
   method = "chain"
 
   def __init__(self, target_params, target_config, draft_params, draft_config, *,
-               gamma: int = 4, layout: str = "auto"):
+               gamma: int = 4, layout: str = "auto", draft_vocab: VocabSubset | None = None):
     if gamma < 1:
       raise ValueError(f"gamma must be >= 1, got {gamma=}")
-    super().__init__(target_params, target_config, draft_params, draft_config, layout=layout)
+    super().__init__(target_params, target_config, draft_params, draft_config, layout=layout,
+                     draft_vocab=draft_vocab)
     self.gamma = gamma
     self.drafted_per_step = gamma
     self.extra_slots = gamma + 2  # a whole block past max_new_tokens, and the dummy slot
@@ -299,8 +315,13 @@ class TreeDecoder(SpeculativeDecoder):
   draft_block_calls = True  # the pending block and k-wide frontiers
 
   def __init__(self, target_params, target_config, draft_params, draft_config, *,
-               tree: TreeParams = TreeParams(), layout: str = "auto"):
-    super().__init__(target_params, target_config, draft_params, draft_config, layout=layout)
+               tree: TreeParams = TreeParams(), layout: str = "auto",
+               draft_vocab: VocabSubset | None = None):
+    if draft_vocab is not None and draft_vocab.size < tree.top_k:
+      raise ValueError(f"tree top_k={tree.top_k} exceeds the drafter's vocabulary subset of "
+                       f"K={draft_vocab.size} tokens")
+    super().__init__(target_params, target_config, draft_params, draft_config, layout=layout,
+                     draft_vocab=draft_vocab)
     self.tree = tree
     self.drafted_per_step = tree.total_tokens
     self.extra_slots = tree.total_tokens + tree.draft_slots + tree.depth + 2
