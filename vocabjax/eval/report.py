@@ -129,7 +129,7 @@ def build_summary(config, records: list[dict], info: dict, splits: dict, meta: d
     c = gamma = vocab = None
     spec = METHODS.get(method) if fw == "vocabjax" else None
     if spec is not None and spec.drafter_passes and dcfg is not None:
-      vocab = dcfg.vocab_size
+      vocab = spec.head_rows({**spec.defaults, **params}) if spec.head_rows else dcfg.vocab_size
       c = dcfg.num_params(include_embedding=False, head_rows=vocab) / t_params
       gamma = spec.drafter_passes({**spec.defaults, **params})
     base = vj_ar if fw == "vocabjax" else torch_ar

@@ -1,0 +1,184 @@
+"""`python -m vocabjax.calibrate`: text / jsonl / datasets / generated sources, resume, select,
+plots and bad input, on tiny models with a real (tiny) BPE tokenizer."""
+
+import json
+
+import numpy as np
+import pytest
+from transformers import AutoTokenizer
+
+from vocabjax.calibrate import (CalibrationError, Counts, CountJob, run_count, special_ids,
+                                tokenizer_identity)
+from vocabjax.calibrate.__main__ import main
+from vocabjax.calibrate.select import load_or_select, subset_for
+from vocabjax.vocab import SubsetError, VocabSubset
+
+DOCS = ["def f(x):\n    return x + 1\n", "the quick brown fox", "import os\nprint(os.sep)\n",
+        "hello world " * 5, "class A:\n    pass\n"]
+
+
+@pytest.fixture()
+def corpus(tmp_path):
+  d = tmp_path / "corpus"
+  (d / "pkg" / "site-packages").mkdir(parents=True)
+  for i, t in enumerate(DOCS[:3]):
+    (d / "pkg" / f"m{i}.py").write_text(t)
+  (d / "pkg" / "site-packages" / "skipped.py").write_text("never counted")
+  (d / "notes.bin").write_text("not matched by the globs")
+  j = tmp_path / "docs.jsonl"
+  j.write_text("".join(json.dumps({"text": t}) + "\n" for t in DOCS[3:]))
+  return d, j
+
+
+def _expected(tok_dir, texts, V):
+  tok = AutoTokenizer.from_pretrained(tok_dir)
+  ids = [i for t in texts for i in tok(t, add_special_tokens=False)["input_ids"]]
+  return np.bincount(ids, minlength=V)
+
+
+def test_text_counts_equal_tokenizer_bincount(tiny_chat_dir, corpus, tmp_path):
+  d, j = corpus
+  out = tmp_path / "out"
+  assert main(["count", "--model", str(tiny_chat_dir), "--out", str(out), "--text", str(d),
+               "--jsonl", str(j), "--docs-per-unit", "2", "--quiet"]) == 0
+  c = Counts.load(out / "counts.npz")
+  np.testing.assert_array_equal(c.counts, _expected(tiny_chat_dir, DOCS, c.vocab_size))
+  tok = AutoTokenizer.from_pretrained(tiny_chat_dir)
+  assert c.meta["tokenizer_id"] == tokenizer_identity(tok)
+  assert c.meta["kind"] == "text" and c.meta["documents"] == 5
+  assert c.meta["timing"]["tokenize_tokens_per_s"] > 0 and c.meta["timing"]["count_s"] > 0
+  for f in ("rank_frequency.png", "coverage.png", "calibration.json"):
+    assert (out / f).stat().st_size > 0
+  assert not (out / "counts.partial.npz").exists()
+
+
+def test_interrupted_run_resumes_to_the_same_counts(tiny_chat_dir, corpus, tmp_path):
+  d, j = corpus
+  job = CountJob(model=str(tiny_chat_dir), out=str(tmp_path / "r"), text=(str(d),),
+                 jsonl=(str(j),), docs_per_unit=1)
+  assert run_count(job, max_units=2, progress=False) is None  # interrupted after 2 of 5 units
+  assert (tmp_path / "r" / "counts.partial.npz").exists()
+  resumed = run_count(job, progress=False)
+  full = run_count(CountJob(**{**job.__dict__, "out": str(tmp_path / "f")}), progress=False)
+  np.testing.assert_array_equal(resumed.counts, full.counts)
+  assert resumed.meta["documents"] == 5
+  again = run_count(job, progress=False)  # done: reloaded, not recounted
+  np.testing.assert_array_equal(again.counts, full.counts)
+  other = CountJob(**{**job.__dict__, "limit": 2})
+  with pytest.raises(CalibrationError, match="counts of another job"):
+    run_count(other, progress=False)
+  assert run_count(other, overwrite=True, progress=False).meta["documents"] == 2
+
+
+def test_local_datasets_source(tiny_chat_dir, tmp_path):
+  import datasets
+
+  ds = datasets.Dataset.from_dict({"content": DOCS * 3})
+  ds.save_to_disk(str(tmp_path / "ds"))
+  c = run_count(CountJob(model=str(tiny_chat_dir), out=str(tmp_path / "o"),
+                         dataset=str(tmp_path / "ds"), field="content", num_proc=2),
+                progress=False)
+  np.testing.assert_array_equal(c.counts, _expected(tiny_chat_dir, DOCS * 3, c.vocab_size))
+  with pytest.raises(CalibrationError, match="no column 'text'"):
+    run_count(CountJob(model=str(tiny_chat_dir), out=str(tmp_path / "o2"),
+                       dataset=str(tmp_path / "ds")), progress=False)
+
+
+def test_generated_counts_only_the_completions(tiny_chat_dir, tmp_path):
+  from vocabjax.checkpoints.loader import load_model
+  from vocabjax.decoding import Decoder
+  from vocabjax.generate import encode_prompts
+
+  prompts = tmp_path / "p.jsonl"
+  texts = [f"say {w}" for w in ("a", "bb", "hello", "x y", "fox", "one two three")]
+  prompts.write_text("".join(json.dumps({"question_id": i, "category": "qa", "turns": [t]})
+                             + "\n" for i, t in enumerate(texts)))
+  job = CountJob(model=str(tiny_chat_dir), out=str(tmp_path / "g"), kind="generated",
+                 prompts=(str(prompts),), exclude_suites=(), batch_size=4, max_new_tokens=9,
+                 max_len=128)
+  c = run_count(job, progress=False)
+  m = load_model(tiny_chat_dir)
+  ids = encode_prompts(m.tokenizer, texts, chat=True)
+  gen = [t for p in ids for t in Decoder(m.params, m.config).generate(
+      [p], max_new_tokens=9, eos_token_ids=m.eos_token_ids, max_len=128).tokens[0]]
+  np.testing.assert_array_equal(c.counts, np.bincount(gen, minlength=c.vocab_size))
+  assert c.meta["kind"] == "generated" and c.meta["timing"]["generate_tokens_per_s"] > 0
+  lines = (tmp_path / "g" / "generated.jsonl").read_text().splitlines()
+  assert len(lines) == 6 and sum(len(json.loads(x)["completion_ids"]) for x in lines) == c.total
+
+
+def test_select_keeps_specials_and_refuses_other_tokenizers(tiny_chat_dir, corpus, tmp_path):
+  d, j = corpus
+  run_count(CountJob(model=str(tiny_chat_dir), out=str(tmp_path / "c"), text=(str(d),)),
+            progress=False)
+  counts_path = tmp_path / "c" / "counts.npz"
+  tok = AutoTokenizer.from_pretrained(tiny_chat_dir)
+  c = Counts.load(counts_path)
+  sub = subset_for(c, tok, c.vocab_size, [tok.eos_token_id], k=20)
+  specials = {i for i in tok.all_special_ids if i < c.vocab_size}
+  assert len(specials) >= 3 and specials <= set(sub.ids.tolist())
+  assert sub.size == 20
+  keep = set(special_ids(tok, [tok.eos_token_id]))
+  inside = [i for i in sub.ids if i not in keep]
+  outside = [i for i in range(c.vocab_size) if i not in keep and i not in set(sub.ids)]
+  assert c.counts[inside].min() >= c.counts[outside].max()  # the rest are the most frequent
+  # saved beside the counts, then reloaded (not reselected); a stale file is an error
+  first = load_or_select(counts_path, tok, c.vocab_size, k=20)
+  assert (tmp_path / "c" / "subset-k20.npz").exists()
+  assert np.array_equal(load_or_select(counts_path, tok, c.vocab_size, k=20).ids, first.ids)
+  VocabSubset(ids=first.ids[:-1], vocab_size=c.vocab_size,
+              tokenizer_id=first.tokenizer_id).save(tmp_path / "c" / "subset-k20.npz")
+  with pytest.raises(CalibrationError, match="differs from the top-20 subset"):
+    load_or_select(counts_path, tok, c.vocab_size, k=20)
+  # counts of another tokenizer
+  other = Counts(counts=c.counts, meta={**c.meta, "tokenizer_id": "vocab9-sha256:feed"})
+  with pytest.raises(CalibrationError, match="cannot select a subset"):
+    subset_for(other, tok, c.vocab_size, k=20)
+  with pytest.raises(CalibrationError, match="counted with tokenizer 'vocab9"):
+    other.save(tmp_path / "o.npz")
+    Counts.load(tmp_path / "o.npz", tokenizer_id=c.meta["tokenizer_id"])
+  # CLI select: K out of range, top-p outside (0, 1]
+  out = tmp_path / "s.npz"
+  assert main(["select", str(counts_path), "--model", str(tiny_chat_dir), "--k", "32",
+               "--out", str(out)]) == 0
+  assert VocabSubset.load(out).size == 32
+  for bad in (["--k", str(c.vocab_size + 1)], ["--k", "0"], ["--top-p", "0"],
+              ["--top-p", "1.5"]):
+    assert main(["select", str(counts_path), "--model", str(tiny_chat_dir), *bad,
+                 "--out", str(out)]) == 2
+  with pytest.raises(SubsetError, match=r"k=0 must be in \[1"):
+    subset_for(c, tok, c.vocab_size, k=0)
+  with pytest.raises(SubsetError, match="top_p=1.5 must be in"):
+    subset_for(c, tok, c.vocab_size, top_p=1.5)
+
+
+def test_bad_sources_and_files(tiny_chat_dir, tmp_path, capsys):
+  (tmp_path / "empty").mkdir()
+  with pytest.raises(CalibrationError, match="empty calibration source"):
+    run_count(CountJob(model=str(tiny_chat_dir), out=str(tmp_path / "o"),
+                       text=(str(tmp_path / "empty"),)), progress=False)
+  (tmp_path / "blank.txt").write_text("")
+  with pytest.raises(CalibrationError, match="produced no tokens"):
+    run_count(CountJob(model=str(tiny_chat_dir), out=str(tmp_path / "o2"),
+                       text=(str(tmp_path / "blank.txt"),)), progress=False)
+  assert main(["count", "--model", str(tiny_chat_dir), "--out", str(tmp_path / "o3"),
+               "--text", str(tmp_path / "missing")]) == 2
+  assert "calibration source not found" in capsys.readouterr().err
+  with pytest.raises(CalibrationError, match="needs --text, --jsonl or --dataset"):
+    CountJob(model="m", out="o")
+  bad = tmp_path / "bad.npz"
+  bad.write_bytes(b"PK\x03\x04 truncated")
+  with pytest.raises(CalibrationError, match="not a readable counts file"):
+    Counts.load(bad)
+  with pytest.raises(CalibrationError, match="no counts file"):
+    Counts.load(tmp_path / "nope.npz")
+
+
+def test_plot_overlays_several_counts(tmp_path):
+  for name, seed in (("a", 0), ("b", 1)):
+    counts = np.random.RandomState(seed).zipf(1.5, 500).clip(0, 99).astype(np.int64)
+    Counts(counts=np.bincount(counts, minlength=100), meta={"kind": "text"}).save(
+        tmp_path / name / "counts.npz")
+  assert main(["plot", f"code={tmp_path / 'a' / 'counts.npz'}", str(tmp_path / "b" / "counts.npz"),
+               "--out", str(tmp_path / "plots")]) == 0
+  assert (tmp_path / "plots" / "coverage.png").stat().st_size > 0

@@ -1,0 +1,81 @@
+"""`vocabtrim` and `frspec` in the eval suite: greedy identity, MBSU over the trimmed head,
+counts of the wrong kind or size refused before anything runs."""
+
+import json
+
+import pytest
+import yaml
+
+from vocabjax.calibrate import CountJob, run_count
+from vocabjax.eval import ConfigError, load_config
+from vocabjax.eval.__main__ import main, parse_args
+
+from tests.eval.test_eval_cli import QUESTIONS
+
+
+@pytest.fixture(scope="module")
+def counts(tmp_path_factory, tiny_chat_dir):
+  """Counts of a raw text corpus and of the tiny model's own completions."""
+  root = tmp_path_factory.mktemp("counts")
+  (root / "corpus.txt").write_text("def add(a, b):\n    return a + b\n" * 3 +
+                                   "Who are you? Bonjour le monde. Write a haiku.\n")
+  text = run_count(CountJob(model=str(tiny_chat_dir), out=str(root / "text"),
+                            text=(str(root / "corpus.txt"),)), progress=False)
+  prompts = root / "p.jsonl"
+  prompts.write_text("".join(json.dumps({"question_id": i, "category": "qa", "turns": [t]})
+                             + "\n" for i, t in enumerate(["hi", "add two numbers", "a poem"])))
+  gen = run_count(CountJob(model=str(tiny_chat_dir), out=str(root / "gen"), kind="generated",
+                           prompts=(str(prompts),), exclude_suites=(), batch_size=3,
+                           max_new_tokens=12, max_len=128), progress=False)
+  assert text.total > 0 and gen.total > 0
+  return root / "text" / "counts.npz", root / "gen" / "counts.npz"
+
+
+def _suite(tmp_path, tiny_chat_dir, methods):
+  bench = tmp_path / "bench.jsonl"
+  bench.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+  cfg = {"name": "vocab", "target": str(tiny_chat_dir), "draft": str(tiny_chat_dir),
+         "datasets": [{"kind": "spec_bench", "path": str(bench), "per_group": 2}],
+         "max_new_tokens": 10, "max_len": 128,
+         "methods": [{"name": "ar", "method": "ar"}, *methods]}
+  path = tmp_path / "vocab.yaml"
+  path.write_text(yaml.safe_dump(cfg))
+  return path
+
+
+def test_vocabtrim_and_frspec_are_lossless_with_trimmed_mbsu(counts, tmp_path, tiny_chat_dir):
+  text, gen = counts
+  path = _suite(tmp_path, tiny_chat_dir, [
+      {"name": "chain_g2", "method": "chain", "gamma": 2},
+      {"name": "vt_k48", "method": "vocabtrim", "counts": str(gen), "k": 48, "gamma": 2},
+      {"name": "fr_k48", "method": "frspec", "counts": str(text), "k": 48, "gamma": 2}])
+  out = tmp_path / "res"
+  summary = main(parse_args(["--config", str(path), "--out", str(out), "--quiet"]))
+  by = {m["name"]: m for m in summary["methods"]}
+  for name in ("vt_k48", "fr_k48"):
+    o = by[name]["overall"]
+    assert o["match_rate"] == 1.0  # trimmed drafting, identical greedy output
+    assert by[name]["draft_vocab_size"] == 48
+    assert 1 <= o["tau"] <= 3
+    # c counts 48 head rows instead of V = 320: a smaller c than the full drafter's
+    full = by["chain_g2"]["overall"]
+    assert o["mbsu"] / o["tau"] > full["mbsu"] / full["tau"]
+  assert by["chain_g2"]["overall"]["acceptance_rate"] == 1.0  # drafter == target...
+  assert by["fr_k48"]["overall"]["acceptance_rate"] < 1.0  # ...but not with 48 of 320 tokens
+  assert (text.parent / "subset-k48.npz").exists() and (gen.parent / "subset-k48.npz").exists()
+  assert "vt_k48" in (out / "summary.md").read_text()
+
+
+def test_wrong_counts_are_refused_at_load(counts, tmp_path, tiny_chat_dir):
+  text, gen = counts
+  cases = [({"method": "vocabtrim", "counts": str(text), "k": 8}, "vocabtrim uses counts of "
+            "generated data"),
+           ({"method": "frspec", "counts": str(gen), "k": 8}, "frspec uses counts of text"),
+           ({"method": "frspec", "counts": str(text), "k": 321}, "k=321 exceeds the vocabulary"),
+           ({"method": "frspec", "counts": str(text), "k": 0}, "needs k >= 1"),
+           ({"method": "frspec", "counts": str(tmp_path / "none.npz"), "k": 8},
+            "no counts file")]
+  for i, (m, match) in enumerate(cases):
+    path = _suite(tmp_path, tiny_chat_dir, [{"name": f"m{i}", **m}])
+    with pytest.raises(ConfigError, match=match):
+      load_config(path)

@@ -1,0 +1,105 @@
+"""python -m vocabjax.calibrate {count,select,plot}
+
+  count   count a source's tokens in a model's vocabulary (resumable; see run.py)
+            --text DIR_OR_FILE... | --jsonl F... | --dataset PATH  (raw corpus: FR-Spec)
+            --generate [--generator MODEL] [--prompts spec_bench humaneval ...]  (VocabTrim)
+  select  pick a subset from counts (--k | --top-p | --min-count; EOS and specials kept) and
+          save it (d2t / t2d .npz) beside the drafter
+  plot    overlay rank-frequency and top-K coverage plots of several counts files
+Exit status 2 on bad input, with the reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from vocabjax.calibrate.counts import CalibrationError, Counts, plot
+from vocabjax.calibrate.run import CountJob, run_count
+
+
+def _parser():
+  ap = argparse.ArgumentParser(prog="python -m vocabjax.calibrate", description=__doc__,
+                               formatter_class=argparse.RawDescriptionHelpFormatter)
+  sub = ap.add_subparsers(dest="cmd", required=True)
+  c = sub.add_parser("count", help="count tokens of a calibration source")
+  c.add_argument("--model", required=True, help="the target (tokenizer + vocabulary size)")
+  c.add_argument("--out", required=True, help="result directory (resumable)")
+  c.add_argument("--text", nargs="+", default=[], help="text files or directories")
+  c.add_argument("--glob", nargs="+", default=list(CountJob.glob),
+                 help="file patterns searched in directories")
+  c.add_argument("--skip-dirs", nargs="*", default=list(CountJob.skip_dirs),
+                 help="directory names not searched (site-packages under the stdlib, ...)")
+  c.add_argument("--jsonl", nargs="+", default=[])
+  c.add_argument("--dataset", help="a local datasets directory (save_to_disk) or data file")
+  c.add_argument("--field", default="text", help="jsonl/dataset field with the text")
+  c.add_argument("--num-proc", type=int, default=2, help="datasets.map workers")
+  c.add_argument("--docs-per-unit", type=int, default=256)
+  c.add_argument("--generate", action="store_true", help="count generated completions")
+  c.add_argument("--generator", help="model writing the completions (default: --model)")
+  c.add_argument("--prompts", nargs="+", default=["spec_bench"],
+                 help="spec_bench | humaneval | gsm8k | a Spec-Bench-format .jsonl")
+  c.add_argument("--exclude-suites", nargs="*", default=list(CountJob.exclude_suites),
+                 help="eval suites whose prompts are left out (disjoint calibration)")
+  c.add_argument("--max-new-tokens", type=int, default=128)
+  c.add_argument("--batch-size", type=int, default=8)
+  c.add_argument("--temperature", type=float, default=0.0)
+  c.add_argument("--seed", type=int, default=0)
+  c.add_argument("--max-len", type=int, default=1024)
+  c.add_argument("--limit", type=int, help="at most this many documents / prompts")
+  c.add_argument("--max-units", type=int, help="stop after this many units (rerun resumes)")
+  c.add_argument("--overwrite", action="store_true", help="replace another job's results")
+  c.add_argument("--quiet", action="store_true")
+
+  s = sub.add_parser("select", help="select a static subset from counts")
+  s.add_argument("counts")
+  s.add_argument("--model", required=True, help="the target (tokenizer identity, specials)")
+  g = s.add_mutually_exclusive_group(required=True)
+  g.add_argument("--k", type=int)
+  g.add_argument("--top-p", type=float)
+  g.add_argument("--min-count", type=int)
+  s.add_argument("--out", required=True, help="subset file (.npz)")
+
+  p = sub.add_parser("plot", help="overlay plots of counts files")
+  p.add_argument("counts", nargs="+", help="NAME=PATH or PATH")
+  p.add_argument("--out", required=True)
+  return ap
+
+
+def main(argv=None) -> int:
+  args = _parser().parse_args(argv)
+  try:
+    if args.cmd == "count":
+      job = CountJob(
+          model=args.model, out=args.out, kind="generated" if args.generate else "text",
+          text=tuple(args.text), jsonl=tuple(args.jsonl), dataset=args.dataset,
+          field=args.field, glob=tuple(args.glob), skip_dirs=tuple(args.skip_dirs), docs_per_unit=args.docs_per_unit,
+          num_proc=args.num_proc, generator=args.generator, prompts=tuple(args.prompts),
+          exclude_suites=tuple(args.exclude_suites), max_new_tokens=args.max_new_tokens,
+          batch_size=args.batch_size, temperature=args.temperature, seed=args.seed,
+          max_len=args.max_len, limit=args.limit)
+      run_count(job, overwrite=args.overwrite, max_units=args.max_units,
+                progress=not args.quiet)
+    elif args.cmd == "select":
+      from vocabjax.calibrate.select import subset_from_counts
+
+      sub = subset_from_counts(args.counts, args.model, k=args.k, top_p=args.top_p,
+                               min_count=args.min_count)
+      sub.save(args.out)
+      print(f"{args.out}: K={sub.size} of V={sub.vocab_size} ({dict(sub.meta)['rule']})")
+    else:
+      named = {}
+      for item in args.counts:
+        name, _, path = item.rpartition("=")
+        named[name or Path(path).parent.name] = Counts.load(path)
+      for f in plot(named, args.out):
+        print(f)
+  except (CalibrationError, ValueError, FileNotFoundError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

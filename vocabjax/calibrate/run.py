@@ -1,0 +1,413 @@
+"""`python -m vocabjax.calibrate count`: count target-vocabulary tokens of a calibration source.
+
+Sources (one kind per run):
+  text       raw text: files and directories (searched recursively with `glob`), `.jsonl`
+             files (one document per line, `field`), a local `datasets` dataset (`dataset`,
+             tokenized with `datasets.map(num_proc=...)`). FR-Spec counts a raw corpus.
+  generated  completions of a model (`generator`: the target for VocabTrim's best choice, or
+             the drafter) on prompts from the eval datasets (`prompts`: "spec_bench",
+             "humaneval", "gsm8k" or a Spec-Bench-format .jsonl), minus every prompt of the
+             eval suites in `exclude_suites`; batched greedy or sampled generation with the chat
+             template; only generated tokens are counted, and the completions are kept in
+             `generated.jsonl` (EAGLE training data later).
+
+The work is split into units (a batch of documents or of prompts) in a fixed order. After each
+unit the counts and the number of units done are saved atomically to `counts.partial.npz`; a
+rerun with the same job resumes there, a finished job is not redone, and a different job in the
+same directory is refused. Tokenization and counting are timed separately (tokens/s of each).
+Multi-host (`jax.distributed`): process i takes units i, i + P, ...; the counter reduces across
+all processes; process 0 writes the files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from vocabjax.calibrate.counting import TokenCounter
+from vocabjax.calibrate.counts import KINDS, CalibrationError, Counts, plot, tokenizer_identity
+from vocabjax.checkpoints.zoo import atomic_write_bytes, atomic_write_text
+
+FINAL, PARTIAL, GENERATED = "counts.npz", "counts.partial.npz", "generated.jsonl"
+
+
+@dataclasses.dataclass(frozen=True)
+class CountJob:
+  model: str  # the tokenizer (and vocabulary size) counts are made for: the target
+  out: str
+  kind: str = "text"  # "text" | "generated"
+  # text sources
+  text: tuple[str, ...] = ()  # files or directories
+  jsonl: tuple[str, ...] = ()
+  dataset: str | None = None  # a `datasets.save_to_disk` directory or a local data file
+  field: str = "text"  # jsonl / dataset column holding the text
+  glob: tuple[str, ...] = ("*.py", "*.txt", "*.md", "*.rst")
+  skip_dirs: tuple[str, ...] = ("site-packages", "dist-packages", "__pycache__", ".git")
+  docs_per_unit: int = 256
+  num_proc: int = 2  # datasets.map workers
+  # generated sources
+  generator: str | None = None  # model that writes the completions (default: `model`)
+  prompts: tuple[str, ...] = ("spec_bench",)
+  exclude_suites: tuple[str, ...] = ("default", "spec_bench", "humaneval", "compare_torch")
+  max_new_tokens: int = 128
+  batch_size: int = 8
+  temperature: float = 0.0
+  seed: int = 0
+  max_len: int = 1024
+  limit: int | None = None  # at most this many documents / prompts
+
+  def __post_init__(self):
+    if self.kind not in KINDS:
+      raise CalibrationError(f"unknown source kind {self.kind!r}; choose one of {KINDS}")
+    has_text = bool(self.text or self.jsonl or self.dataset)
+    if self.kind == "text" and not has_text:
+      raise CalibrationError("a text calibration needs --text, --jsonl or --dataset")
+    if self.kind == "generated" and has_text:
+      raise CalibrationError("--generate counts model completions; drop --text/--jsonl/--dataset")
+    if self.batch_size < 1 or self.docs_per_unit < 1 or self.max_new_tokens < 1:
+      raise CalibrationError(f"batch_size, docs_per_unit and max_new_tokens must be >= 1, got "
+                             f"{self.batch_size}, {self.docs_per_unit}, {self.max_new_tokens}")
+    if self.limit is not None and self.limit < 1:
+      raise CalibrationError(f"limit must be >= 1, got {self.limit}")
+
+  def as_dict(self) -> dict:
+    d = dataclasses.asdict(self)
+    d.pop("out")
+    return d
+
+  def fingerprint(self) -> str:
+    d = self.as_dict()
+    for k in ("num_proc", "docs_per_unit"):  # how, not what, is counted
+      d.pop(k)
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+  @property
+  def source(self) -> str:
+    if self.kind == "generated":
+      return (f"{self.generator or self.model} completions (max {self.max_new_tokens} tokens, "
+              f"T={self.temperature}) on {'+'.join(self.prompts)}"
+              + (f" minus suites {'+'.join(self.exclude_suites)}" if self.exclude_suites else ""))
+    return " + ".join([*self.text, *self.jsonl, *([self.dataset] if self.dataset else [])])
+
+
+def _log(msg: str) -> None:
+  print(f"[vocabjax.calibrate] {msg}", file=sys.stderr, flush=True)
+
+
+# --- sources ----------------------------------------------------------------------------------
+
+
+def text_files(paths, patterns, skip_dirs=()) -> list[Path]:
+  out = []
+  for p in map(Path, paths):
+    if p.is_dir():
+      out += sorted({f for pat in patterns for f in p.rglob(pat)
+                     if f.is_file() and not set(f.relative_to(p).parts[:-1]) & set(skip_dirs)})
+    elif p.is_file():
+      out.append(p)
+    else:
+      raise CalibrationError(f"calibration source not found: {p}")
+  return out
+
+
+def _doc_text(row, field: str, where: str) -> str:
+  if isinstance(row, str):
+    return row
+  if not isinstance(row, dict) or field not in row:
+    raise CalibrationError(f"{where}: no field {field!r} (set --field)")
+  v = row[field]
+  return "\n".join(v) if isinstance(v, list) else str(v)
+
+
+def text_documents(job: CountJob) -> list[str]:
+  """Every document of a text job, in a fixed order (files, then jsonl lines)."""
+  docs = []
+  for f in text_files(job.text, job.glob, job.skip_dirs):
+    docs.append(f.read_text(encoding="utf-8", errors="replace"))
+  for path in map(Path, job.jsonl):
+    if not path.is_file():
+      raise CalibrationError(f"calibration source not found: {path}")
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+      if line.strip():
+        try:
+          row = json.loads(line)
+        except json.JSONDecodeError as e:
+          raise CalibrationError(f"{path}:{n}: not JSON: {e}") from None
+        docs.append(_doc_text(row, job.field, f"{path}:{n}"))
+  return docs[:job.limit] if job.limit else docs
+
+
+def load_dataset_source(job: CountJob):
+  import datasets
+
+  p = Path(job.dataset)
+  if p.is_dir() and ((p / "dataset_info.json").exists() or (p / "state.json").exists()):
+    ds = datasets.load_from_disk(str(p))
+  elif p.is_file():
+    fmt = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet",
+           ".txt": "text"}.get(p.suffix)
+    if fmt is None:
+      raise CalibrationError(f"{p}: unsupported dataset file type {p.suffix!r}")
+    ds = datasets.load_dataset(fmt, data_files=str(p), split="train")
+  else:
+    raise CalibrationError(f"no local dataset at {p} (a save_to_disk directory or a data file)")
+  if isinstance(ds, datasets.DatasetDict):
+    ds = ds["train"] if "train" in ds else next(iter(ds.values()))
+  if job.field not in ds.column_names:
+    raise CalibrationError(f"dataset {p} has no column {job.field!r}; it has {ds.column_names}")
+  return ds.select(range(min(job.limit, len(ds)))) if job.limit else ds
+
+
+def calibration_prompts(job: CountJob, tokenizer) -> list[list[int]]:
+  """Chat-encoded prompts for a generated job, minus the excluded eval suites' questions."""
+  from vocabjax.eval.config import DatasetSpec, load_config
+  from vocabjax.eval.datasets import LOADERS, load_prompts
+  from vocabjax.generate import encode_prompts
+
+  specs = [DatasetSpec(kind=p) if p in LOADERS else DatasetSpec(kind="spec_bench", path=p)
+           for p in job.prompts]
+  prompts = load_prompts(specs)
+  used = {q.text for s in job.exclude_suites for q in load_prompts(load_config(s).datasets)}
+  prompts = [p for p in prompts if p.text not in used]
+  random.Random(job.seed).shuffle(prompts)  # a limit then samples every source alike
+  prompts = prompts[:job.limit] if job.limit else prompts
+  ids = encode_prompts(tokenizer, [p.text for p in prompts], chat=True)
+  fits = [x for x in ids if len(x) + job.max_new_tokens <= job.max_len]
+  if len(fits) < len(ids):
+    _log(f"skipping {len(ids) - len(fits)} prompts longer than max_len - max_new_tokens = "
+         f"{job.max_len - job.max_new_tokens}")
+  return sorted(fits, key=len)  # similar lengths batch together (fewer compiled shapes)
+
+
+# --- the job ----------------------------------------------------------------------------------
+
+
+def _save_partial(out: Path, job: CountJob, counter: TokenCounter, done: int, timing: dict):
+  import io
+
+  buf = io.BytesIO()
+  np.savez(buf, counts=counter.counts, state=np.asarray(json.dumps(
+      {"fingerprint": job.fingerprint(), "done": done, "timing": timing})))
+  atomic_write_bytes(out / PARTIAL, buf.getvalue())
+
+
+def _load_partial(out: Path, job: CountJob, V: int):
+  path = out / PARTIAL
+  if not path.exists():
+    return None
+  try:
+    with np.load(path, allow_pickle=False) as z:
+      counts, state = np.asarray(z["counts"]), json.loads(str(z["state"]))
+  except Exception as e:  # noqa: BLE001 - a torn partial file only costs a restart
+    _log(f"ignoring unreadable {path} ({type(e).__name__}: {e}); starting over")
+    return None
+  if state.get("fingerprint") != job.fingerprint():
+    raise CalibrationError(f"{path} belongs to another calibration job (fingerprint "
+                           f"{state.get('fingerprint')} vs {job.fingerprint()}); use another "
+                           f"--out or --overwrite")
+  if counts.shape != (V,):
+    raise CalibrationError(f"{path}: counts of shape {counts.shape}, expected ({V},)")
+  return counts, state
+
+
+def _tokenizer_and_vocab(name: str):
+  """(tokenizer, vocabulary size V of the model) without loading the weights."""
+  from vocabjax.checkpoints import zoo
+
+  path = zoo.resolve(name)
+  if path.is_dir():
+    from transformers import AutoTokenizer
+
+    from vocabjax.checkpoints.hf import read_hf_config
+
+    return AutoTokenizer.from_pretrained(path), int(read_hf_config(path)["vocab_size"])
+  from vocabjax.checkpoints.gguf_io import load_gguf_tokenizer, open_gguf
+
+  reader = open_gguf(path)
+  emb = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+  if emb is None:
+    raise CalibrationError(f"{path}: tensor token_embd.weight missing")
+  return load_gguf_tokenizer(path), int(emb.shape[-1])
+
+
+def run_count(job: CountJob, *, overwrite: bool = False, max_units: int | None = None,
+              progress: bool = True, mesh=None) -> Counts | None:
+  """Run (or resume) a counting job. Returns the final Counts, or None when `max_units`
+  stopped it early (the partial state is on disk; rerun to continue)."""
+  out = Path(job.out)
+  out.mkdir(parents=True, exist_ok=True)
+  final = out / FINAL
+  if final.exists():
+    done = Counts.load(final)
+    if done.meta.get("fingerprint") == job.fingerprint() and not overwrite:
+      _log(f"{final} already holds this job's counts ({done.total:,} tokens); nothing to do")
+      return done
+    if not overwrite:
+      raise CalibrationError(f"{final} holds counts of another job (fingerprint "
+                             f"{done.meta.get('fingerprint')} vs {job.fingerprint()}); use "
+                             f"another --out or --overwrite")
+    for name in (FINAL, PARTIAL, GENERATED):
+      (out / name).unlink(missing_ok=True)
+  elif overwrite:
+    for name in (PARTIAL, GENERATED):
+      (out / name).unlink(missing_ok=True)
+
+  tokenizer, V = _tokenizer_and_vocab(job.model)
+  tok_id = tokenizer_identity(tokenizer)
+  timing = {"tokenize_s": 0.0, "count_s": 0.0, "generate_s": 0.0, "tokens": 0, "documents": 0}
+  pid, nproc = jax.process_index(), jax.process_count()
+
+  gen = None
+  if job.kind == "generated":
+    units, gen = _generated_units(job, tokenizer, tok_id)
+  elif job.dataset:
+    units = _dataset_units(job, tokenizer, timing)
+  else:
+    docs = text_documents(job)
+    units = [docs[i:i + job.docs_per_unit] for i in range(0, len(docs), job.docs_per_unit)]
+  if not units:
+    raise CalibrationError(f"empty calibration source: no documents or prompts in {job.source}")
+  counter = TokenCounter(V, mesh=mesh)  # after datasets.map forked its workers
+
+  start = 0
+  state = _load_partial(out, job, V)
+  if state is not None:
+    counter.counts[:] = state[0]
+    start, timing = state[1]["done"], state[1]["timing"]
+    _log(f"resuming {out} at unit {start}/{len(units)} ({counter.total:,} tokens so far)")
+  elif gen is not None:
+    (out / GENERATED).unlink(missing_ok=True)
+  if gen is not None:
+    _truncate_lines(out / GENERATED, start * job.batch_size)
+
+  from tqdm.auto import tqdm
+
+  rounds = range(start, len(units), nproc)
+  bar = tqdm(total=len(units), initial=start, disable=not progress or pid != 0,
+             desc=f"calibrate {job.kind}", unit="unit")
+  ran = 0
+  for r in rounds:
+    if max_units is not None and ran >= max_units:
+      bar.close()
+      _log(f"stopped after {ran} units ({r}/{len(units)} done); rerun to resume")
+      return None
+    i = r + pid
+    ids = []
+    if i < len(units):
+      if gen is not None:
+        t = time.perf_counter()
+        ids, texts = gen(i, units[i])
+        timing["generate_s"] += time.perf_counter() - t
+        if pid == 0:
+          _append_lines(out / GENERATED, texts)
+      else:
+        t = time.perf_counter()
+        ids = units[i] if job.dataset else tokenizer(units[i], add_special_tokens=False)[
+            "input_ids"]
+        if not job.dataset:
+          timing["tokenize_s"] += time.perf_counter() - t
+      timing["documents"] += len(units[i])
+    flat = np.concatenate([np.asarray(x, np.int64) for x in ids]) if len(ids) else \
+        np.zeros(0, np.int64)
+    t = time.perf_counter()
+    counter.add(flat)
+    timing["count_s"] += time.perf_counter() - t
+    timing["tokens"] = counter.total
+    ran += 1
+    done = min(r + nproc, len(units))
+    bar.update(done - bar.n)
+    bar.set_postfix(tokens=f"{counter.total:,}")
+    if pid == 0:
+      _save_partial(out, job, counter, done, timing)
+  bar.close()
+  if counter.total == 0:
+    raise CalibrationError(f"empty calibration source: {job.source} produced no tokens")
+
+  meta = {"tokenizer_id": tok_id, "kind": job.kind, "source": job.source, "model": job.model,
+          "fingerprint": job.fingerprint(), "job": job.as_dict(),
+          "documents": timing["documents"], "devices": counter.mesh.devices.size,
+          "processes": nproc, "timing": _throughput(timing)}
+  counts = Counts(counts=counter.counts.copy(), meta=meta)
+  if pid == 0:
+    counts.save(final)
+    (out / PARTIAL).unlink(missing_ok=True)
+    plot({Path(job.out).name: counts}, out)
+    atomic_write_text(out / "calibration.json", json.dumps(
+        {**{k: v for k, v in meta.items() if k != "job"}, "token_total": counts.total,
+         "vocab_size": V, "nonzero_tokens": int((counts.counts > 0).sum())}, indent=2))
+    _log(f"{final}: {counts.total:,} tokens, {int((counts.counts > 0).sum()):,} distinct "
+         f"of V={V}; {_throughput(timing)}")
+  return counts
+
+
+def _throughput(t: dict) -> dict:
+  rate = lambda s: round(t["tokens"] / s) if s > 0 else None  # noqa: E731
+  return {**{k: (round(v, 3) if isinstance(v, float) else v) for k, v in t.items()},
+          "tokenize_tokens_per_s": rate(t["tokenize_s"]), "count_tokens_per_s": rate(t["count_s"]),
+          "generate_tokens_per_s": rate(t["generate_s"])}
+
+
+def _dataset_units(job: CountJob, tokenizer, timing: dict) -> list:
+  ds = load_dataset_source(job)
+  t = time.perf_counter()
+  field = job.field
+  tok = ds.map(lambda b: {"_ids": tokenizer([_doc_text(x, field, "dataset") if not
+                                              isinstance(x, str) else x for x in b[field]],
+                                             add_special_tokens=False)["input_ids"]},
+               batched=True, num_proc=job.num_proc if len(ds) >= 2 * job.num_proc else None,
+               remove_columns=ds.column_names, desc="tokenize")
+  ids = tok["_ids"]
+  timing["tokenize_s"] += time.perf_counter() - t
+  return [ids[i:i + job.docs_per_unit] for i in range(0, len(ids), job.docs_per_unit)]
+
+
+def _generated_units(job: CountJob, tokenizer, tok_id: str):
+  from vocabjax.checkpoints.loader import load_model
+  from vocabjax.decoding import Decoder, SamplingParams
+
+  gen_model = load_model(job.generator or job.model)
+  if gen_model.tokenizer is not None and tokenizer_identity(gen_model.tokenizer) != tok_id:
+    raise CalibrationError(f"generator {job.generator} has another tokenizer than {job.model} "
+                           f"({tokenizer_identity(gen_model.tokenizer)} vs {tok_id}); its "
+                           f"tokens cannot be counted in the target's vocabulary")
+  prompts = calibration_prompts(job, tokenizer)
+  units = [prompts[i:i + job.batch_size] for i in range(0, len(prompts), job.batch_size)]
+  dec = Decoder(gen_model.params, gen_model.config)
+  sampling = SamplingParams(temperature=job.temperature)
+
+  def gen(i, batch):
+    res = dec.generate(batch, max_new_tokens=job.max_new_tokens, sampling=sampling,
+                       seed=job.seed + i, eos_token_ids=gen_model.eos_token_ids,
+                       max_len=job.max_len)
+    texts = [json.dumps({"prompt": tokenizer.decode(p), "completion_ids": t,
+                         "completion": tokenizer.decode(t, skip_special_tokens=False)})
+             for p, t in zip(batch, res.tokens)]
+    return res.tokens, texts
+
+  return units, gen
+
+
+def _append_lines(path: Path, lines: list[str]) -> None:
+  with open(path, "a", encoding="utf-8") as f:
+    f.write("".join(line + "\n" for line in lines))
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def _truncate_lines(path: Path, n: int) -> None:
+  """Keep the first n complete lines (units done before an interruption)."""
+  if not path.exists():
+    return
+  lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+  keep = [x for x in lines if x.endswith("\n")][:n]
+  if len(keep) != len(lines):
+    atomic_write_text(path, "".join(keep))

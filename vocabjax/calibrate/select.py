@@ -1,0 +1,54 @@
+"""From calibration counts to a saved static subset, checked against the target's tokenizer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from vocabjax.calibrate.counts import CalibrationError, Counts, special_ids, tokenizer_identity
+from vocabjax.vocab.subset import VocabSubset, select
+
+
+def subset_for(counts: Counts, tokenizer, vocab_size: int, eos_token_ids=(), *, k=None,
+               top_p=None, min_count=None) -> VocabSubset:
+  """Select a subset from `counts` for a model with this tokenizer and V, keeping EOS and the
+  tokenizer's special tokens. Counts of another tokenizer or vocabulary are refused."""
+  tok_id = tokenizer_identity(tokenizer)
+  if counts.meta.get("tokenizer_id") != tok_id:
+    raise CalibrationError(f"counts made with tokenizer {counts.meta.get('tokenizer_id')!r} "
+                           f"cannot select a subset for a model with tokenizer {tok_id!r}")
+  if counts.vocab_size != vocab_size:
+    raise CalibrationError(f"counts over {counts.vocab_size} tokens, the model has "
+                           f"V={vocab_size}")
+  keep = [i for i in special_ids(tokenizer, eos_token_ids) if i < vocab_size]
+  return select(counts.counts, k=k, top_p=top_p, min_count=min_count, keep=keep,
+                tokenizer_id=tok_id,
+                meta={"counts_source": counts.meta.get("source", ""),
+                      "counts_kind": counts.meta.get("kind", ""),
+                      "counts_fingerprint": counts.meta.get("fingerprint", "")})
+
+
+def subset_from_counts(counts_path: str | Path, model: str, **rule) -> VocabSubset:
+  """`subset_for` with the tokenizer and V of `model` (a registry name, HF dir or GGUF)."""
+  from vocabjax.calibrate.run import _tokenizer_and_vocab
+
+  tokenizer, V = _tokenizer_and_vocab(model)
+  eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
+  return subset_for(Counts.load(counts_path), tokenizer, V, eos, **rule)
+
+
+def load_or_select(counts_path: str | Path, tokenizer, vocab_size: int, eos_token_ids=(), *,
+                   k: int) -> VocabSubset:
+  """The top-k subset of a counts file, saved beside it as `subset-k{k}.npz` on first use and
+  reloaded afterwards; a saved subset that no longer matches the counts is an error, never
+  silently regenerated (delete it to reselect)."""
+  counts_path = Path(counts_path)
+  fresh = subset_for(Counts.load(counts_path), tokenizer, vocab_size, eos_token_ids, k=k)
+  path = counts_path.with_name(f"subset-k{k}.npz")
+  if path.exists():
+    saved = VocabSubset.load(path, tokenizer_id=fresh.tokenizer_id)
+    if saved.size != fresh.size or (saved.ids != fresh.ids).any():
+      raise CalibrationError(f"{path} differs from the top-{k} subset of {counts_path} (the "
+                             f"counts changed?); delete it to reselect")
+    return saved
+  fresh.save(path)
+  return fresh

@@ -1,1 +1,0 @@
-"""Reserved for a later issue (see the README's status)."""
