@@ -70,6 +70,16 @@ def test_interrupted_run_resumes_to_the_same_counts(tiny_chat_dir, corpus, tmp_p
   assert run_count(other, overwrite=True, progress=False).meta["documents"] == 2
 
 
+def test_finish_writes_what_was_counted(tiny_chat_dir, corpus, tmp_path):
+  d, j = corpus
+  job = CountJob(model=str(tiny_chat_dir), out=str(tmp_path / "r"), text=(str(d),),
+                 jsonl=(str(j),), docs_per_unit=1)
+  run_count(job, max_units=2, progress=False)
+  early = run_count(job, finish=True, progress=False)
+  assert early.meta["units_done"] == 2 and early.meta["units_total"] == 5
+  np.testing.assert_array_equal(early.counts, _expected(tiny_chat_dir, DOCS[:2], early.vocab_size))
+
+
 def test_local_datasets_source(tiny_chat_dir, tmp_path):
   import datasets
 

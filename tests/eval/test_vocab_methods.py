@@ -48,15 +48,19 @@ def test_vocabtrim_and_frspec_are_lossless_with_trimmed_mbsu(counts, tmp_path, t
   path = _suite(tmp_path, tiny_chat_dir, [
       {"name": "chain_g2", "method": "chain", "gamma": 2},
       {"name": "vt_k48", "method": "vocabtrim", "counts": str(gen), "k": 48, "gamma": 2},
-      {"name": "fr_k48", "method": "frspec", "counts": str(text), "k": 48, "gamma": 2}])
+      {"name": "fr_k48", "method": "frspec", "counts": str(text), "k": 48, "gamma": 2},
+      {"name": "fr_tree", "method": "frspec", "counts": str(text), "k": 48, "top_k": 2,
+       "depth": 2, "total_tokens": 3}])
   out = tmp_path / "res"
   summary = main(parse_args(["--config", str(path), "--out", str(out), "--quiet"]))
   by = {m["name"]: m for m in summary["methods"]}
-  for name in ("vt_k48", "fr_k48"):
+  for name in ("vt_k48", "fr_k48", "fr_tree"):
     o = by[name]["overall"]
-    assert o["match_rate"] == 1.0  # trimmed drafting, identical greedy output
+    assert o["match_rate"] == 1.0  # trimmed drafting (chain and tree), identical greedy output
     assert by[name]["draft_vocab_size"] == 48
     assert 1 <= o["tau"] <= 3
+    if name == "fr_tree":
+      continue
     # c counts 48 head rows instead of V = 320: a smaller c than the full drafter's
     full = by["chain_g2"]["overall"]
     assert o["mbsu"] / o["tau"] > full["mbsu"] / full["tau"]
@@ -73,6 +77,8 @@ def test_wrong_counts_are_refused_at_load(counts, tmp_path, tiny_chat_dir):
            ({"method": "frspec", "counts": str(gen), "k": 8}, "frspec uses counts of text"),
            ({"method": "frspec", "counts": str(text), "k": 321}, "k=321 exceeds the vocabulary"),
            ({"method": "frspec", "counts": str(text), "k": 0}, "needs k >= 1"),
+           ({"method": "frspec", "counts": str(text), "k": 2, "top_k": 3, "depth": 2,
+             "total_tokens": 3}, "top_k=3 exceeds k=2"),
            ({"method": "frspec", "counts": str(tmp_path / "none.npz"), "k": 8},
             "no counts file")]
   for i, (m, match) in enumerate(cases):

@@ -26,7 +26,7 @@ def _parser():
   c = sub.add_parser("count", help="count tokens of a calibration source")
   c.add_argument("--model", required=True, help="the target (tokenizer + vocabulary size)")
   c.add_argument("--out", required=True, help="result directory (resumable)")
-  c.add_argument("--text", nargs="+", default=[], help="text files or directories")
+  c.add_argument("--text", nargs="+", default=[], help="text files or directories; corpus:stdlib, corpus:shakespeare")
   c.add_argument("--glob", nargs="+", default=list(CountJob.glob),
                  help="file patterns searched in directories")
   c.add_argument("--skip-dirs", nargs="*", default=list(CountJob.skip_dirs),
@@ -49,6 +49,8 @@ def _parser():
   c.add_argument("--max-len", type=int, default=1024)
   c.add_argument("--limit", type=int, help="at most this many documents / prompts")
   c.add_argument("--max-units", type=int, help="stop after this many units (rerun resumes)")
+  c.add_argument("--finish", action="store_true",
+                 help="write the final counts from the units done so far, run no more")
   c.add_argument("--overwrite", action="store_true", help="replace another job's results")
   c.add_argument("--quiet", action="store_true")
 
@@ -79,7 +81,7 @@ def main(argv=None) -> int:
           exclude_suites=tuple(args.exclude_suites), max_new_tokens=args.max_new_tokens,
           batch_size=args.batch_size, temperature=args.temperature, seed=args.seed,
           max_len=args.max_len, limit=args.limit)
-      run_count(job, overwrite=args.overwrite, max_units=args.max_units,
+      run_count(job, overwrite=args.overwrite, max_units=args.max_units, finish=args.finish,
                 progress=not args.quiet)
     elif args.cmd == "select":
       from vocabjax.calibrate.select import subset_from_counts

@@ -62,7 +62,8 @@ class Counts:
     path = Path(path)
     buf = io.BytesIO()
     meta = {**self.meta, "vocab_size": self.vocab_size, "token_total": self.total}
-    np.savez(buf, counts=np.asarray(self.counts, np.int64), meta=np.asarray(json.dumps(meta)))
+    np.savez_compressed(buf, counts=np.asarray(self.counts, np.int64),
+                        meta=np.asarray(json.dumps(meta)))
     atomic_write_bytes(path, buf.getvalue())
     return path
 

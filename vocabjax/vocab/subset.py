@@ -70,7 +70,7 @@ class VocabSubset:
 
     path = Path(path)
     buf = io.BytesIO()
-    np.savez(buf, d2t=self.d2t, t2d=self.t2d, meta=np.asarray(json.dumps(
+    np.savez_compressed(buf, d2t=self.d2t, t2d=self.t2d, meta=np.asarray(json.dumps(
         {"vocab_size": self.vocab_size, "tokenizer_id": self.tokenizer_id,
          **dict(self.meta)})))
     atomic_write_bytes(path, buf.getvalue())
