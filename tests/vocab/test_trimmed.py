@@ -1,6 +1,7 @@
 """Trimmed drafter head: exact logits on the subset, greedy identity, statistical losslessness."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -11,7 +12,8 @@ from vocabjax.models.llamalike import lm_head
 from vocabjax.testing.fixtures import successor_pair
 from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
 from vocabjax.vocab import SubsetError, VocabSubset
-from vocabjax.vocab.trimmed import attach_subset, subset_rows, trimmed_head
+from vocabjax.vocab.policy import scatter_full, to_target
+from vocabjax.vocab.trimmed import attach_subset, static_policy, subset_rows
 
 from tests.decoding.conftest import (CFG, PROMPT, SMALL, pair, prompt_samples,  # noqa: F401
                                      small_pair)
@@ -26,10 +28,17 @@ def test_trimmed_head_is_the_full_head_on_the_subset():
   assert subset_rows(p) == 6 and subset_rows(params) is None
   h = jax.random.normal(jax.random.key(4), (3, 2, CFG.hidden_size))
   full = np.asarray(lm_head(params, h, config=CFG))
-  got = np.asarray(trimmed_head(p, h))
-  np.testing.assert_allclose(got[..., ids], full[..., ids], rtol=1e-5, atol=1e-5)
+  got_ids, got = static_policy(p, h)
+  assert got.shape == (3, 2, 6) and np.all(np.asarray(got_ids) == ids)
+  np.testing.assert_allclose(np.asarray(got), full[..., ids], rtol=1e-5, atol=1e-5)
+  # q over the candidates scattered into V: zeros outside, the candidate values at their ids
+  q = np.asarray(scatter_full(got_ids, jnp.exp(got), CFG.vocab_size))
   outside = np.setdiff1d(np.arange(CFG.vocab_size), ids)
-  assert np.all(np.isneginf(got[..., outside]))
+  assert np.all(q[..., outside] == 0)
+  np.testing.assert_allclose(q[..., ids], np.exp(np.asarray(got)), rtol=1e-6)
+  # a candidate index maps back to its target id
+  j = jnp.asarray([[0, 5], [3, 1], [2, 4]])
+  np.testing.assert_array_equal(np.asarray(to_target(got_ids, j)), ids[np.asarray(j)])
 
 
 def _subset(V, ids):

@@ -99,7 +99,7 @@ def step_split(decoder, *, batch_size: int = 1, max_len: int = 512, context: int
   if context + T_verify + max(t for t, _ in calls) > S:
     raise ValueError(f"{context=} + one step does not fit the timing cache {max_len=}")
   dp, dc, tp, tc = decoder.dp, decoder.dc, decoder.tp, decoder.tc
-  dhead = decoder.draft_head or functools.partial(lm_head, config=dc)
+  dhead = decoder.draft_policy
   thead = functools.partial(lm_head, config=tc)
   body_t, head_t = {}, {}
   for T, rows in calls:

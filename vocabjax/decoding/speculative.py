@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Callable, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -33,14 +33,15 @@ from flax import struct
 from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector,
                                               abstract_cache, bucket, compile_prefill,
                                               validate_request)
-from vocabjax.decoding.sampling import SamplingParams, probs, sample
+from vocabjax.decoding.sampling import SamplingParams, probs
 from vocabjax.decoding.tree import TreeParams, TreeState, tree_step
 from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import forward, lm_head, with_mlp_layout
 from vocabjax.vocab.subset import VocabSubset
-from vocabjax.vocab.trimmed import attach_subset, trimmed_head
+from vocabjax.vocab.policy import Policy, draft_choice, full_policy
+from vocabjax.vocab.trimmed import attach_subset, static_policy
 
 
 @struct.dataclass
@@ -79,20 +80,17 @@ class SpecStats:
     return acc / drafted if drafted else float("nan")
 
 
-def _draft_sample(key, logits, sampling):
-  """The drafter's token [B] and its distribution q [B, V] (None when greedy: not needed)."""
-  q = None if sampling.greedy else probs(logits, sampling)
-  return sample(key, logits, sampling), q
-
-
 def chain_step(target_params, draft_params, state: ChainState, key, *, target_config,
                draft_config, gamma: int, sampling: SamplingParams,
-               draft_head: Callable | None = None):
+               draft_policy: Policy | None = None):
   """Draft gamma tokens, verify them in one target forward, accept, roll back the caches.
 
-  Returns (state, emitted [B, gamma + 1] with -1 after the emitted tokens, accepted [B]).
+  `draft_policy`: the drafter's vocabulary policy (`vocabjax.vocab.policy`; default: its full
+  LM head). Returns (state, emitted [B, gamma + 1] with -1 after the emitted tokens,
+  accepted [B]).
   """
-  head = draft_head or functools.partial(lm_head, config=draft_config)
+  policy = draft_policy or full_policy(draft_config)
+  V = target_config.vocab_size
   G = gamma
   N = state.target_cache.lengths
   keys = jax.random.split(key, G + 1)
@@ -115,7 +113,7 @@ def chain_step(target_params, draft_params, state: ChainState, key, *, target_co
   def body(carry, i):
     tok, cache = carry
     h, cache = forward(draft_params, tok[:, None], (N + i)[:, None], cache, config=draft_config)
-    d, q = _draft_sample(keys[i], head(draft_params, h[:, -1]), sampling)
+    d, q = draft_choice(policy, draft_params, h[:, -1], keys[i], sampling, V)
     return (d, cache), (d, q)
 
   (_, dcache), (ds, qs) = jax.lax.scan(body, (state.last, dcache), jnp.arange(G))
@@ -172,11 +170,11 @@ class SpeculativeDecoder:
       t_layout = d_layout = layout
     self.tp, self.tc = with_mlp_layout(target_params, t_layout), target_config
     self.dp, self.dc = with_mlp_layout(draft_params, d_layout), draft_config
-    self.draft_head = None  # drafter LM head override (vocabulary methods); None = full head
+    self.draft_policy: Policy = full_policy(draft_config)  # the drafter's vocabulary policy
     self.draft_vocab = draft_vocab
     if draft_vocab is not None:  # static subset (VocabTrim / FR-Spec): trimmed drafter head
       self.dp = attach_subset(self.dp, draft_config, draft_vocab)
-      self.draft_head = trimmed_head
+      self.draft_policy = static_policy
     self._programs: dict = {}
 
   # --- what a method defines ----------------------------------------------------------------
@@ -300,7 +298,7 @@ class ChainDecoder(SpeculativeDecoder):
   def _step_fn(self, sampling):
     return functools.partial(chain_step, target_config=self.tc, draft_config=self.dc,
                              gamma=self.gamma, sampling=sampling,
-                             draft_head=self.draft_head)
+                             draft_policy=self.draft_policy)
 
   def _initial_state(self, tcache, dcache, first, prompt_last):
     return ChainState(target_cache=tcache, draft_cache=dcache, last=first, prev=prompt_last,
@@ -334,7 +332,7 @@ class TreeDecoder(SpeculativeDecoder):
   def _step_fn(self, sampling):
     return functools.partial(tree_step, target_config=self.tc, draft_config=self.dc,
                              tree=self.tree, sampling=sampling,
-                             draft_head=self.draft_head)
+                             draft_policy=self.draft_policy)
 
   def _initial_state(self, tcache, dcache, first, prompt_last):
     del prompt_last

@@ -20,7 +20,6 @@ the drafter re-reads the accepted tokens at the start of the next step.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -31,6 +30,7 @@ from vocabjax.decoding.verify import verify_tree_greedy, verify_tree_sampling
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import forward, lm_head
+from vocabjax.vocab.policy import full_policy, to_target_many
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +71,7 @@ class TreeState:
   pend_count: jax.Array  # [B] int32 in 1 .. d + 1
 
 
-def draft_tree(params, state: TreeState, *, config: LlamaLikeConfig, tree: TreeParams, head):
+def draft_tree(params, state: TreeState, *, config: LlamaLikeConfig, tree: TreeParams, policy):
   """Build the tree: (node tokens [B, N], parent [B, N] in 0..N (0 = root), depth [B, N],
   drafter cache holding every committed token, root included)."""
   k, d = tree.top_k, tree.depth
@@ -83,8 +83,9 @@ def draft_tree(params, state: TreeState, *, config: LlamaLikeConfig, tree: TreeP
   C = L0 + state.pend_count  # committed tokens, root included
   cache = cache.with_lengths(C)
   h_root = jnp.take_along_axis(h, (state.pend_count - 1)[:, None, None], axis=1)[:, 0]
-  logq = jax.nn.log_softmax(head(params, h_root).astype(jnp.float32), axis=-1)
-  score1, tok1 = jax.lax.top_k(logq, k)  # [B, k]
+  ids, logits = policy(params, h_root)
+  score1, j1 = jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), k)  # [B, k]
+  tok1 = to_target_many(ids, j1)
   S = cache.max_len
   slots = jnp.arange(S)
 
@@ -97,8 +98,9 @@ def draft_tree(params, state: TreeState, *, config: LlamaLikeConfig, tree: TreeP
                          jnp.eye(k, dtype=jnp.bool_)[None], config=config, prefix_mask=f_anc)
       own = (slots[None, None, :] == (start[:, None] + jnp.arange(k)[None])[..., None])
       child_anc = f_anc | own  # [B, k, S]: what each frontier node's children may see
-      logq = jax.nn.log_softmax(head(params, h).astype(jnp.float32), axis=-1)  # [B, k, V]
-      top_score, top_tok = jax.lax.top_k(logq, k)  # [B, k, k]
+      ids, logits = policy(params, h)  # logits [B, k, V or K candidates]
+      top_score, top_j = jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), k)  # [B, k, k]
+      top_tok = to_target_many(ids, top_j)
       c_score = (f_score[..., None] + top_score).reshape(B, k * k)
       c_tok = top_tok.reshape(B, k * k).astype(jnp.int32)
       c_parent = jnp.repeat(f_idx, k, axis=1)
@@ -157,15 +159,15 @@ def compact_path(cache: KVCache, base: jax.Array, path: jax.Array, n: jax.Array)
 
 
 def tree_step(target_params, draft_params, state: TreeState, key, *, target_config,
-              draft_config, tree: TreeParams, sampling: SamplingParams, draft_head=None):
+              draft_config, tree: TreeParams, sampling: SamplingParams, draft_policy=None):
   """Draft a tree, verify it in one target forward, accept a path, update both caches.
 
   Returns (state, emitted [B, d + 1] with -1 after the emitted tokens, accepted [B]).
   """
-  head = draft_head or functools.partial(lm_head, config=draft_config)
   d = tree.depth
   node_tok, parent, depth, dcache = draft_tree(draft_params, state, config=draft_config,
-                                               tree=tree, head=head)
+                                               tree=tree,
+                                               policy=draft_policy or full_policy(draft_config))
   B = node_tok.shape[0]
   Nt = state.target_cache.lengths
   tokens = jnp.concatenate([state.last[:, None], node_tok], axis=1)  # [B, N + 1]
