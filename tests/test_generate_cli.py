@@ -87,3 +87,32 @@ def test_batch_size_repeats_prompts(tiny_chat_dir):
 def test_method_needs_a_drafter():
   with pytest.raises(ValueError, match="--method chain needs --draft"):
     parse_args(["--target", "x", "--prompt", "p", "--method", "chain"])
+
+
+def test_draft_vocab_subset(tiny_chat_dir, tmp_path):
+  """--draft-vocab: a saved subset trims the drafter's head; output still equals AR; a subset
+  counted with another tokenizer is refused."""
+  import numpy as np
+
+  from vocabjax.calibrate.counts import tokenizer_identity
+  from vocabjax.checkpoints.loader import load_model
+  from vocabjax.vocab import VocabSubset
+
+  tok = load_model(tiny_chat_dir).tokenizer
+  V = 320
+  good = VocabSubset(ids=np.arange(0, V, 3), vocab_size=V, tokenizer_id=tokenizer_identity(tok))
+  good.save(tmp_path / "sub.npz")
+  base = ["--target", str(tiny_chat_dir), "--prompt", "def add(a, b):", "--max-new-tokens",
+          "12", "--quiet"]
+  ar = main(parse_args(base))
+  spec = main(parse_args(base + ["--draft", str(tiny_chat_dir), "--method", "chain",
+                                 "--draft-vocab", str(tmp_path / "sub.npz")]))
+  assert spec["output_ids"] == ar["output_ids"]
+  assert spec["speculative"]["acceptance_rate"] < 1.0  # drafter == target, but trimmed
+  VocabSubset(ids=good.ids, vocab_size=V, tokenizer_id="vocab9-sha256:0").save(
+      tmp_path / "other.npz")
+  with pytest.raises(ValueError, match="counted with tokenizer 'vocab9-sha256:0'"):
+    main(parse_args(base + ["--draft", str(tiny_chat_dir), "--method", "chain",
+                            "--draft-vocab", str(tmp_path / "other.npz")]))
+  with pytest.raises(ValueError, match="--draft-vocab trims a drafter"):
+    parse_args(base + ["--draft-vocab", str(tmp_path / "sub.npz")])

@@ -56,12 +56,15 @@ class GenerateConfig:
   tree_total_tokens: int = 16
   time_split: bool = False  # time drafter / drafter LM head / verification after the run
   batch_size: int | None = None  # repeat the prompts cyclically up to this many rows
+  draft_vocab: str | None = None  # a saved static subset (.npz, `calibrate select`): trimmed head
 
   def __post_init__(self):
     if self.method not in METHODS:
       raise ValueError(f"unknown method {self.method!r}; choose one of {METHODS}")
     if self.method != "ar" and not self.draft:
       raise ValueError(f"--method {self.method} needs --draft")
+    if self.draft_vocab and self.method == "ar":
+      raise ValueError("--draft-vocab trims a drafter's head: use it with --method chain/tree")
     if self.batch_size is not None and self.batch_size < 1:
       raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
 
@@ -108,13 +111,20 @@ def main(config: GenerateConfig) -> dict:
   else:
     draft = load_model(config.draft, dtype=config.dtype, load_tokenizer=False)
     load_s = time.perf_counter() - t0
+    sub = None
+    if config.draft_vocab:
+      from vocabjax.calibrate.counts import tokenizer_identity
+      from vocabjax.vocab.subset import VocabSubset
+
+      sub = VocabSubset.load(config.draft_vocab,
+                             tokenizer_id=tokenizer_identity(model.tokenizer))
     if config.method == "chain":
       dec = ChainDecoder(model.params, model.config, draft.params, draft.config,
-                         gamma=config.gamma)
+                         gamma=config.gamma, draft_vocab=sub)
     else:
       dec = TreeDecoder(model.params, model.config, draft.params, draft.config,
                         tree=TreeParams(config.tree_top_k, config.tree_depth,
-                                        config.tree_total_tokens))
+                                        config.tree_total_tokens), draft_vocab=sub)
     res = dec.generate(prompt_ids, **common)
     st = res.stats
     spec_stats = {"tau": st.tau, "acceptance_rate": st.acceptance_rate,
@@ -183,6 +193,8 @@ def parse_args(argv=None) -> GenerateConfig:
   p.add_argument("--tree-total-tokens", type=int, default=16)
   p.add_argument("--batch-size", type=int, default=None,
                  help="repeat the prompts cyclically to this many rows")
+  p.add_argument("--draft-vocab", help="static drafter vocabulary subset (.npz from "
+                 "`python -m vocabjax.calibrate select`): the drafter's LM head is trimmed")
   a = p.parse_args(argv)
   return GenerateConfig(target=a.target, prompts=tuple(a.prompt), chat=a.chat,
                         max_new_tokens=a.max_new_tokens, temperature=a.temperature,
@@ -191,7 +203,7 @@ def parse_args(argv=None) -> GenerateConfig:
                         time_split=a.time_split,
                         draft=a.draft, method=a.method, gamma=a.gamma, tree_top_k=a.tree_top_k,
                         tree_depth=a.tree_depth, tree_total_tokens=a.tree_total_tokens,
-                        batch_size=a.batch_size)
+                        batch_size=a.batch_size, draft_vocab=a.draft_vocab)
 
 
 if __name__ == "__main__":
