@@ -26,7 +26,7 @@ def topk_ids(counts: np.ndarray, k: int) -> set:
 
 def main(argv=None):
   ap = argparse.ArgumentParser()
-  ap.add_argument("--calibration", default="eval/results/vocabtrim/calibration")
+  ap.add_argument("--calibration", default="eval/results/calibration")
   ap.add_argument("--eval", default="eval/results/vocabtrim")
   args = ap.parse_args(argv)
   cal = Path(args.calibration)
