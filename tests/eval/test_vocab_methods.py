@@ -85,3 +85,15 @@ def test_wrong_counts_are_refused_at_load(counts, tmp_path, tiny_chat_dir):
     path = _suite(tmp_path, tiny_chat_dir, [{"name": f"m{i}", **m}])
     with pytest.raises(ConfigError, match=match):
       load_config(path)
+
+
+def test_map_count_warning(tmp_path, capsys):
+  from vocabjax.eval.runner import _check_map_count
+
+  (tmp_path / "limit").write_text("65530\n")
+  _check_map_count(9, str(tmp_path / "limit"))
+  assert "vm.max_map_count=65530" in capsys.readouterr().err
+  _check_map_count(3, str(tmp_path / "limit"))
+  (tmp_path / "big").write_text("262144\n")
+  _check_map_count(9, str(tmp_path / "big"))
+  assert capsys.readouterr().err == ""

@@ -106,6 +106,25 @@ def load_models(config: EvalConfig) -> Loaded:
   return Loaded(target, draft)
 
 
+def _check_map_count(n_methods: int, path: str = "/proc/sys/vm/max_map_count") -> None:
+  """Warn when many methods may exhaust Linux's memory-map limit.
+
+  Every XLA:CPU executable holds ~1-2K memory mappings for the Qwen pair's programs, and a suite
+  keeps each method's programs per prompt-length bucket: the 9-method `vocabtrim` suite crashed
+  at ~65K mappings (the default limit) with "LLVM compilation error: Cannot allocate memory"
+  and a segfault, with RAM to spare. Raising the limit fixed it.
+  """
+  try:
+    limit = int(Path(path).read_text())
+  except (OSError, ValueError):
+    return
+  if n_methods > 4 and limit < 262144:
+    print(f"[vocabjax.eval] warning: {n_methods} methods compile many XLA:CPU programs and may "
+          f"exceed vm.max_map_count={limit} (the process then dies with 'LLVM compilation "
+          f"error: Cannot allocate memory'); raise it with `sysctl -w "
+          f"vm.max_map_count=262144`, or split the suite (a rerun resumes)", file=sys.stderr)
+
+
 def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = False,
               compare_torch: bool = False, progress: bool = True,
               models: Loaded | None = None) -> dict:
@@ -118,6 +137,7 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
   from vocabjax.generate import encode_prompts
 
   out = Path(out)
+  _check_map_count(len(config.methods))
   prompts = load_prompts(config.datasets)  # bad datasets fail before anything is written
   sampling = SamplingParams(config.temperature, config.top_k, config.top_p)
   prepare_dir(out, config, overwrite=overwrite)
