@@ -139,7 +139,7 @@ def test_bad_config_is_rejected_with_the_value(suite, tmp_path, change, message)
 
 
 def test_shipped_suites_parse():
-  for name in ("default", "spec_bench", "humaneval", "gsm8k", "compare_torch"):
+  for name in ("default", "spec_bench", "humaneval", "gsm8k", "compare_torch", "vocabtrim"):
     cfg = load_config(name)
     assert cfg.methods[0].method == "ar"
   with pytest.raises(ConfigError, match="shipped suites: .*default"):
