@@ -74,6 +74,8 @@ def test_finish_writes_what_was_counted(tiny_chat_dir, corpus, tmp_path):
   d, j = corpus
   job = CountJob(model=str(tiny_chat_dir), out=str(tmp_path / "r"), text=(str(d),),
                  jsonl=(str(j),), docs_per_unit=1)
+  with pytest.raises(CalibrationError, match="no partial counts of this job to finish"):
+    run_count(job, finish=True, progress=False)
   run_count(job, max_units=2, progress=False)
   early = run_count(job, finish=True, progress=False)
   assert early.meta["units_done"] == 2 and early.meta["units_total"] == 5

@@ -296,6 +296,8 @@ def run_count(job: CountJob, *, overwrite: bool = False, max_units: int | None =
   if gen is not None:
     _truncate_lines(out / GENERATED, start * job.batch_size)
 
+  if finish and state is None:
+    raise CalibrationError(f"--finish: {out} holds no partial counts of this job to finish")
   from tqdm.auto import tqdm
 
   rounds = range(start, len(units), nproc)
