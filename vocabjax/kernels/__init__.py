@@ -1,1 +1,2 @@
-"""Reserved for a later issue (see the README's status)."""
+"""Kernels, each with a pure-jnp reference beside it. Now: the indexed LM head reference
+(`indexed_lm_head.py`); the Pallas kernels come with issue 7."""
