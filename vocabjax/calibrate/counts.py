@@ -110,35 +110,32 @@ def plot(named: dict[str, Counts], out_dir: str | Path, marks=(8192, 16384, 3276
 
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
-  paths = []
   fig, ax = plt.subplots(figsize=(6, 4))
   for name, c in named.items():
     f = np.sort(c.counts)[::-1]
     f = f[f > 0]
     ax.loglog(np.arange(1, f.size + 1), f / c.total, label=f"{name} ({c.total:,} tokens)")
-  ax.set_xlabel("token rank")
-  ax.set_ylabel("frequency")
-  ax.set_title("rank-frequency of calibration tokens")
-  ax.legend(fontsize=7)
-  fig.tight_layout()
-  paths.append(_save(fig, out_dir / "rank_frequency.png"))
+  paths = [_finish(fig, ax, "token rank", "frequency", "rank-frequency of calibration tokens",
+                   out_dir / "rank_frequency.png")]
   fig, ax = plt.subplots(figsize=(6, 4))
   for name, c in named.items():
     cov = coverage(c.counts)
     ax.semilogx(np.arange(1, cov.size + 1), cov, label=name)
   for k in marks:
     ax.axvline(k, color="grey", lw=0.5, ls=":")
-  ax.set_xlabel("K (top-K tokens by count)")
-  ax.set_ylabel("share of occurrences covered")
-  ax.set_title("coverage of the top-K tokens")
-  ax.legend(fontsize=7)
-  fig.tight_layout()
-  paths.append(_save(fig, out_dir / "coverage.png"))
+  paths.append(_finish(fig, ax, "K (top-K tokens by count)", "share of occurrences covered",
+                       "coverage of the top-K tokens", out_dir / "coverage.png"))
   plt.close("all")
   return paths
 
 
-def _save(fig, path: Path) -> Path:
+def _finish(fig, ax, xlabel: str, ylabel: str, title: str, path: Path) -> Path:
+  """Label, lay out and atomically save one plot as PNG."""
+  ax.set_xlabel(xlabel)
+  ax.set_ylabel(ylabel)
+  ax.set_title(title)
+  ax.legend(fontsize=7)
+  fig.tight_layout()
   buf = io.BytesIO()
   fig.savefig(buf, format="png", dpi=120)
   atomic_write_bytes(path, buf.getvalue())

@@ -13,9 +13,9 @@ Cache invariants at the start of a step (N[b] = target cache length):
     fully accepted block the drafter never saw d_G, so the next step first feeds it d_G in a
     conditional T=1 catch-up call (pending 2); then it drafts from `last`.
 
-A static vocabulary subset (`draft_vocab`, VocabTrim / FR-Spec) swaps the drafter's LM head for
-`vocabjax.vocab.trimmed.trimmed_head`: only the subset's rows are multiplied, drafts and q stay
-over the target's ids (q = 0 outside the subset), and verification is unchanged.
+A static vocabulary subset (`draft_vocab`, VocabTrim / FR-Spec) swaps the drafter's vocabulary
+policy for `vocabjax.vocab.trimmed.static_policy`: only the subset's rows are multiplied, drafts
+and q stay over the target's ids (q = 0 outside the subset), and verification is unchanged.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import forward, lm_head, with_mlp_layout
 from vocabjax.vocab.subset import VocabSubset
 from vocabjax.vocab.policy import Policy, draft_choice, full_policy
-from vocabjax.vocab.trimmed import attach_subset, static_policy
+from vocabjax.vocab.trimmed import attach_subset, static_policy, subset_rows
 
 
 @struct.dataclass
@@ -185,7 +185,7 @@ class SpeculativeDecoder:
   @property
   def draft_head_rows(self) -> int:
     """LM-head rows the drafter multiplies per call (K for a trimmed head, else V)."""
-    return self.draft_vocab.size if self.draft_vocab is not None else self.dc.vocab_size
+    return subset_rows(self.dp) or self.dc.vocab_size
 
   def cache_len(self, longest: int, max_new_tokens: int, max_len: int | None = None) -> int:
     """Cache slots `generate` uses: `max_len`, else the longest prompt + new tokens + one

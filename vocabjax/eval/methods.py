@@ -67,18 +67,19 @@ def _ar(target, draft):
 
 
 @register("chain", params={"gamma": int}, drafter_passes=lambda p: p["gamma"])
-def _chain(target, draft, gamma):
+def _chain(target, draft, gamma, draft_vocab=None):
   # layouts converted once per model and shared by every method of the run
   return ChainDecoder(target.in_layout(block_layout()), target.config, draft.params,
-                      draft.config, gamma=gamma)
+                      draft.config, gamma=gamma, draft_vocab=draft_vocab)
 
 
 @register("tree", params={"top_k": int, "depth": int, "total_tokens": int},
           drafter_passes=lambda p: p["depth"])
-def _tree(target, draft, top_k, depth, total_tokens):
+def _tree(target, draft, top_k, depth, total_tokens, draft_vocab=None):
   return TreeDecoder(target.in_layout(block_layout()), target.config,
                      draft.in_layout(block_layout()), draft.config,
-                     tree=TreeParams(top_k=top_k, depth=depth, total_tokens=total_tokens))
+                     tree=TreeParams(top_k=top_k, depth=depth, total_tokens=total_tokens),
+                     draft_vocab=draft_vocab)
 
 
 # --- static drafter vocabularies (VocabTrim, FR-Spec) ---------------------------------------
@@ -136,12 +137,8 @@ def _static_vocab(target, draft, counts, k, gamma, top_k, depth, total_tokens):
   sub = load_or_select(counts, target.tokenizer, target.config.vocab_size,
                        target.eos_token_ids, k=k)
   if depth:
-    return TreeDecoder(target.in_layout(block_layout()), target.config,
-                       draft.in_layout(block_layout()), draft.config,
-                       tree=TreeParams(top_k=top_k, depth=depth, total_tokens=total_tokens),
-                       draft_vocab=sub)
-  return ChainDecoder(target.in_layout(block_layout()), target.config, draft.params,
-                      draft.config, gamma=gamma, draft_vocab=sub)
+    return _tree(target, draft, top_k, depth, total_tokens, draft_vocab=sub)
+  return _chain(target, draft, gamma, draft_vocab=sub)
 
 
 register("vocabtrim", params=_STATIC, defaults=_STATIC_DEFAULTS,

@@ -1,5 +1,6 @@
-"""Drafter-vocabulary policies. Now: static subsets (d2t / t2d) and their selection rules;
-the trimmed drafter head and calibration counting come with issue 5."""
+"""Drafter-vocabulary policies: the policy contract and the full policy (`policy.py`), static
+subsets with d2t / t2d and their selection rules (`subset.py`), and the trimmed drafter head
+over a subset (`trimmed.py`). Calibration counting lives in `vocabjax.calibrate`."""
 
 from vocabjax.vocab.subset import SubsetError, VocabSubset, select
 
