@@ -13,9 +13,10 @@ Cache invariants at the start of a step (N[b] = target cache length):
     fully accepted block the drafter never saw d_G, so the next step first feeds it d_G in a
     conditional T=1 catch-up call (pending 2); then it drafts from `last`.
 
-A static vocabulary subset (`draft_vocab`, VocabTrim / FR-Spec) swaps the drafter's vocabulary
-policy for `vocabjax.vocab.trimmed.static_policy`: only the subset's rows are multiplied, drafts
-and q stay over the target's ids (q = 0 outside the subset), and verification is unchanged.
+`draft_vocab` swaps the drafter's vocabulary policy: a static subset (`VocabSubset`, VocabTrim /
+FR-Spec) for `vocabjax.vocab.trimmed.static_policy`, a ranker (`SpeculativeVocab`, SpecVocab) for
+`vocabjax.vocab.ranked.ranked_policy`. Only the candidates' rows are multiplied, drafts and q
+stay over the target's ids (q = 0 outside the candidates), and verification is unchanged.
 """
 
 from __future__ import annotations
@@ -39,8 +40,11 @@ from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import forward, lm_head, with_mlp_layout
-from vocabjax.vocab.subset import VocabSubset
 from vocabjax.vocab.policy import Policy, draft_choice, full_policy
+from vocabjax.vocab.ranked import SpeculativeVocab
+from vocabjax.vocab.subset import VocabSubset
+
+DraftVocab = VocabSubset | SpeculativeVocab  # a static subset or a ranker's per-step candidates
 from vocabjax.vocab.trimmed import attach_subset, static_policy, subset_rows
 
 
@@ -157,7 +161,7 @@ class SpeculativeDecoder:
 
   def __init__(self, target_params, target_config: LlamaLikeConfig, draft_params,
                draft_config: LlamaLikeConfig, *, layout: str = "auto",
-               draft_vocab: VocabSubset | None = None):
+               draft_vocab: DraftVocab | None = None):
     if draft_config.vocab_size != target_config.vocab_size:
       raise ValueError(
           f"drafter vocabulary V={draft_config.vocab_size} differs from the target's "
@@ -172,9 +176,11 @@ class SpeculativeDecoder:
     self.dp, self.dc = with_mlp_layout(draft_params, d_layout), draft_config
     self.draft_policy: Policy = full_policy(draft_config)  # the drafter's vocabulary policy
     self.draft_vocab = draft_vocab
-    if draft_vocab is not None:  # static subset (VocabTrim / FR-Spec): trimmed drafter head
+    if isinstance(draft_vocab, VocabSubset):  # VocabTrim / FR-Spec: trimmed drafter head
       self.dp = attach_subset(self.dp, draft_config, draft_vocab)
       self.draft_policy = static_policy
+    elif draft_vocab is not None:  # SpecVocab: ranker + indexed head
+      self.dp, self.draft_policy = draft_vocab.attach(self.dp, draft_config)
     self._programs: dict = {}
 
   # --- what a method defines ----------------------------------------------------------------
@@ -184,7 +190,10 @@ class SpeculativeDecoder:
 
   @property
   def draft_head_rows(self) -> int:
-    """LM-head rows the drafter multiplies per call (K for a trimmed head, else V)."""
+    """LM-head rows the drafter multiplies per call (K for a trimmed head, K + the ranker's
+    cost in D-wide rows for a speculative vocabulary, else V)."""
+    if isinstance(self.draft_vocab, SpeculativeVocab):
+      return self.draft_vocab.head_rows
     return subset_rows(self.dp) or self.dc.vocab_size
 
   def cache_len(self, longest: int, max_new_tokens: int, max_len: int | None = None) -> int:
@@ -281,7 +290,7 @@ class ChainDecoder(SpeculativeDecoder):
   method = "chain"
 
   def __init__(self, target_params, target_config, draft_params, draft_config, *,
-               gamma: int = 4, layout: str = "auto", draft_vocab: VocabSubset | None = None):
+               gamma: int = 4, layout: str = "auto", draft_vocab: DraftVocab | None = None):
     if gamma < 1:
       raise ValueError(f"gamma must be >= 1, got {gamma=}")
     super().__init__(target_params, target_config, draft_params, draft_config, layout=layout,
@@ -314,7 +323,7 @@ class TreeDecoder(SpeculativeDecoder):
 
   def __init__(self, target_params, target_config, draft_params, draft_config, *,
                tree: TreeParams = TreeParams(), layout: str = "auto",
-               draft_vocab: VocabSubset | None = None):
+               draft_vocab: DraftVocab | None = None):
     if draft_vocab is not None and draft_vocab.size < tree.top_k:
       raise ValueError(f"tree top_k={tree.top_k} exceeds the drafter's vocabulary subset of "
                        f"K={draft_vocab.size} tokens")

@@ -1,0 +1,208 @@
+"""Speculative vocabulary (SpecVocab, Williams et al. 2026): a per-step candidate set chosen by a
+low-rank ranker, exact drafter logits only for the candidates.
+
+Letters: N rows (batch x positions), D drafter hidden size, R ranker rank (d'), V vocabulary,
+K candidates per row.
+
+    s  = W_vocab (W_down h)              [N, V]   ranker scores, V*R + R*D multiply-adds
+    idx = top_k(s, K)                    [N, K]   candidates (target ids; same tokenizer)
+    z'[n, j] = U[idx[n, j]] . h[n]       [N, K]   the indexed LM head (`vocabjax.kernels`)
+
+against V*D for the full head: cheaper when V*R + K*D < V*D (the paper's complexity check).
+`ranked_policy` is a vocabulary policy (`vocabjax.vocab.policy`): drafting chooses among the K
+candidates (argmax, sample, or a tree's top-k), q is zero outside them once scattered into V, and
+verification keeps the full vocabulary, so the output distribution is exactly the target's
+(residual max(p - q, 0) gives a missed token its full probability; greedy ignores q).
+
+A `Ranker` is saved as safetensors (`down` [R, D], `vocab` [V, R]) with metadata naming the
+drafter it was trained for (hidden size, vocabulary, layers, and a fingerprint of its LM head),
+so a ranker is never silently used with another drafter.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vocabjax.kernels.indexed_lm_head import indexed_lm_head
+from vocabjax.models.config import LlamaLikeConfig
+from vocabjax.models.llamalike import lm_head_weight
+
+RANKER_KEY = "vocab_ranker"
+FORMAT = "vocabjax-ranker/1"
+
+
+class RankerError(ValueError):
+  """A ranker that does not fit its drafter, or a corrupt ranker file; names the values."""
+
+
+def drafter_fingerprint(params: dict, config: LlamaLikeConfig) -> str:
+  """sha256 of the drafter LM head's first and last 64 rows in bf16 (dtype-stable: an f32 copy
+  of a bf16 checkpoint gives the same digest)."""
+  U = lm_head_weight(params, config)
+  rows = jnp.concatenate([U[:64], U[-64:]]).astype(jnp.bfloat16)
+  return hashlib.sha256(np.asarray(rows.view(jnp.uint16)).tobytes()).hexdigest()[:16]
+
+
+def drafter_identity(params: dict, config: LlamaLikeConfig) -> dict:
+  return {"hidden_size": config.hidden_size, "vocab_size": config.vocab_size,
+          "num_layers": config.num_layers, "fingerprint": drafter_fingerprint(params, config)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Ranker:
+  down: np.ndarray  # [R, D] W_down
+  vocab: np.ndarray  # [V, R] W_vocab
+  drafter: dict  # drafter_identity() of the drafter it was trained for
+  meta: dict = dataclasses.field(default_factory=dict)  # provenance (training run, data)
+
+  def __post_init__(self):
+    R, D = np.shape(self.down)
+    V, R2 = np.shape(self.vocab)
+    if R != R2:
+      raise RankerError(f"W_down has rank {R} but W_vocab has rank {R2}")
+    if R > D:
+      raise RankerError(f"ranker rank d'={R} exceeds the drafter's hidden size d={D}")
+    if (D, V) != (self.drafter.get("hidden_size"), self.drafter.get("vocab_size")):
+      raise RankerError(f"ranker shapes (d={D}, V={V}) disagree with its drafter record "
+                        f"{self.drafter}")
+
+  @property
+  def rank(self) -> int:
+    return int(np.shape(self.down)[0])
+
+  @property
+  def vocab_size(self) -> int:
+    return int(np.shape(self.vocab)[0])
+
+  @property
+  def hidden_size(self) -> int:
+    return int(np.shape(self.down)[1])
+
+  def check_drafter(self, params: dict, config: LlamaLikeConfig) -> None:
+    """RankerError if this ranker was trained for another drafter or vocabulary."""
+    want = self.drafter
+    got = drafter_identity(params, config)
+    for key in ("hidden_size", "vocab_size", "num_layers"):
+      if want.get(key) != got[key]:
+        raise RankerError(f"the ranker was trained for a drafter with {key}={want.get(key)}, "
+                          f"this drafter has {key}={got[key]}")
+    if want.get("fingerprint") != got["fingerprint"]:
+      raise RankerError(f"the ranker was trained for another drafter (LM-head fingerprint "
+                        f"{want.get('fingerprint')}, this drafter's is {got['fingerprint']})")
+
+  def save(self, path) -> Path:
+    """Write atomically as safetensors with the drafter record and provenance as metadata."""
+    from safetensors.numpy import save_file
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    save_file({"down": np.ascontiguousarray(self.down, np.float32),
+               "vocab": np.ascontiguousarray(self.vocab, np.float32)}, str(tmp),
+              metadata={"format": FORMAT, "drafter": json.dumps(self.drafter),
+                        "meta": json.dumps(self.meta)})
+    tmp.replace(path)
+    return path
+
+  @classmethod
+  def load(cls, path) -> "Ranker":
+    from safetensors import SafetensorError
+    from safetensors.numpy import load_file
+
+    path = Path(path)
+    if not path.is_file():
+      raise RankerError(f"no ranker file at {path}")
+    try:
+      md = read_metadata(path)
+      t = load_file(str(path))
+    except (SafetensorError, OSError, ValueError) as e:
+      raise RankerError(f"{path} is not a readable ranker file ({e})") from None
+    missing = {"down", "vocab"} - set(t)
+    if missing:
+      raise RankerError(f"{path} lacks tensor(s) {sorted(missing)}")
+    return cls(t["down"], t["vocab"], json.loads(md["drafter"]), json.loads(md["meta"]))
+
+
+def read_metadata(path) -> dict:
+  """A ranker file's metadata (header only; RankerError if it is not a ranker file)."""
+  from safetensors import safe_open
+
+  with safe_open(str(path), framework="numpy") as f:
+    md = f.metadata() or {}
+  if md.get("format") != FORMAT:
+    raise RankerError(f"{path} is not a vocabjax ranker (format {md.get('format')!r})")
+  return md
+
+
+@dataclasses.dataclass(frozen=True)
+class SpeculativeVocab:
+  """A drafter vocabulary policy: `ranker`'s top-`k` candidates per step (module doc)."""
+
+  ranker: Ranker
+  k: int
+  impl: str = "auto"  # indexed LM head implementation (`vocabjax.kernels.indexed_lm_head`)
+
+  def __post_init__(self):
+    V = self.ranker.vocab_size
+    if not 1 <= self.k <= V:
+      raise RankerError(f"k={self.k} must be in [1, V={V}] (the drafter's vocabulary)")
+
+  @property
+  def size(self) -> int:  # candidates per row (what a tree's top_k must not exceed)
+    return self.k
+
+  @property
+  def head_rows(self) -> int:
+    """Cost of one row's policy in D-wide rows: K + (V*R + R*D) / D, rounded up."""
+    r = self.ranker
+    return self.k + -(-(r.vocab_size * r.rank + r.rank * r.hidden_size) // r.hidden_size)
+
+  def attach(self, params: dict, config: LlamaLikeConfig):
+    """(params with the ranker beside them, the policy)."""
+    self.ranker.check_drafter(params, config)
+    dtype = lm_head_weight(params, config).dtype
+    ranker = {"down": jnp.asarray(self.ranker.down, dtype),
+              "vocab": jnp.asarray(self.ranker.vocab, dtype)}
+    return ({**params, RANKER_KEY: ranker},
+            functools.partial(ranked_policy, config=config, k=self.k, impl=self.impl))
+
+
+def ranker_scores(ranker: dict, h: jax.Array) -> jax.Array:
+  """s = W_vocab (W_down h), f32 accumulation: [..., D] -> [..., V]."""
+  low = jnp.einsum("...D,RD->...R", h, ranker["down"], preferred_element_type=jnp.float32)
+  return jnp.einsum("...R,VR->...V", low.astype(ranker["vocab"].dtype), ranker["vocab"],
+                    preferred_element_type=jnp.float32)
+
+
+def ranked_policy(params: dict, h: jax.Array, *, config: LlamaLikeConfig, k: int,
+                  impl: str = "auto") -> tuple[jax.Array, jax.Array]:
+  """(candidate target ids [..., k], their exact drafter logits [..., k])."""
+  lead, D = h.shape[:-1], h.shape[-1]
+  flat = h.reshape(-1, D)
+  _, idx = jax.lax.top_k(ranker_scores(params[RANKER_KEY], flat), k)
+  z = indexed_lm_head(flat, lm_head_weight(params, config), idx, impl=impl)
+  return idx.reshape(lead + (k,)), z.reshape(lead + (k,))
+
+
+def svd_ranker(params: dict, config: LlamaLikeConfig, rank: int, meta: dict | None = None
+               ) -> Ranker:
+  """The best rank-`rank` approximation of the drafter's own logits (Eckart-Young): with
+  U = P S Q^T, W_down = Q_r^T and W_vocab = U Q_r = P_r S_r, so s = U Q_r Q_r^T h. The
+  training's starting point, and a ranker that needs no data at all."""
+  U = np.asarray(lm_head_weight(params, config), np.float64)
+  D = U.shape[1]
+  if not 1 <= rank <= D:
+    raise RankerError(f"ranker rank d'={rank} must be in [1, d={D}] (the drafter's hidden size)")
+  _, vecs = np.linalg.eigh(U.T @ U)  # ascending eigenvalues of U^T U = Q S^2 Q^T
+  Q = vecs[:, ::-1][:, :rank]  # [D, R]
+  return Ranker(down=np.ascontiguousarray(Q.T, np.float32), vocab=(U @ Q).astype(np.float32),
+                drafter=drafter_identity(params, config),
+                meta={"init": "svd", **(meta or {})})
