@@ -66,3 +66,39 @@ def load_hf(directory: str | os.PathLike,
   params = assemble_params(config, lookup, where.keys(), scheme="hf", dtype=dtype,
                            source=str(directory))
   return config, params, raw
+
+
+def save_hf(params: dict, config, directory, *, source) -> Path:
+  """Write `params` (the loaded, "out_in" layout) as a Hugging Face directory: model.safetensors
+  under the HF tensor names, plus config/tokenizer/generation files copied from `source` (the
+  directory the model was loaded from). Written to a temporary directory, then renamed."""
+  import shutil
+
+  from safetensors.numpy import save_file
+
+  from vocabjax.checkpoints.convert import LAYER_NAMES, TOP_NAMES
+
+  directory, source = Path(directory), Path(source)
+  if not source.is_dir():
+    raise ValueError(f"save_hf copies config and tokenizer from a directory; {source} is not one")
+  tensors = {TOP_NAMES[k][0]: params[k] for k in TOP_NAMES if k in params}
+  for i, layer in enumerate(params["layers"]):
+    for leaf, w in layer.items():
+      if leaf not in LAYER_NAMES:
+        raise ValueError(f"layer {i} leaf {leaf!r} has no HF name (convert the MLP layout back "
+                         f"to 'out_in' first)")
+      tensors[LAYER_NAMES[leaf][0].format(i=i)] = w
+  tmp = directory.with_name(directory.name + ".tmp")
+  shutil.rmtree(tmp, ignore_errors=True)
+  tmp.mkdir(parents=True)
+  save_file({k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in tensors.items()},
+            str(tmp / "model.safetensors"), metadata={"format": "pt"})
+  for f in source.iterdir():
+    if f.is_file() and not f.name.endswith((".safetensors", ".bin", ".index.json", ".gguf")):
+      shutil.copy2(f, tmp / f.name)
+  cfg = json.loads((tmp / "config.json").read_text())
+  cfg["torch_dtype"] = "float32"
+  (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
+  shutil.rmtree(directory, ignore_errors=True)
+  tmp.rename(directory)
+  return directory

@@ -1,0 +1,171 @@
+"""`python -m vocabjax.train.ranker` on a tiny drafter/target pair: features, training lowers
+the loss, exact resume, export round trip, joint mode, bad input."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vocabjax.checkpoints.loader import load_model
+from vocabjax.decoding import Decoder
+from vocabjax.decoding.speculative import ChainDecoder
+from vocabjax.models.llamalike import lm_head
+from vocabjax.testing.tiny import save_tiny_variant
+from vocabjax.train.loop import TrainError
+from vocabjax.train.ranker import (RankerJob, build_features, job_from_dict, load_features,
+                                   main, train)
+from vocabjax.vocab.ranked import Ranker, RankerError, SpeculativeVocab
+
+
+@pytest.fixture(scope="module")
+def pair_dirs(tmp_path_factory):
+  root = tmp_path_factory.mktemp("ranker_pair")
+  draft = save_tiny_variant("qwen2_bias", root / "draft", seed=3, with_tokenizer=True)
+  target = save_tiny_variant("qwen2_bias", root / "target", seed=4, with_tokenizer=True)
+  return draft, target
+
+
+@pytest.fixture(scope="module")
+def data_file(pair_dirs, tmp_path_factory):
+  """16 completion records: chat prompts and the target's own greedy completions."""
+  draft, target = pair_dirs
+  t = load_model(target, dtype="float32")
+  rs = np.random.RandomState(0)
+  words = ["def", "return", "fox", "print", "Hello", "range", "tokens", "verify", "lazy"]
+  prompts = [" ".join(rs.choice(words, rs.randint(2, 6))) for _ in range(16)]
+  texts = [t.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                           add_generation_prompt=True) for p in prompts]
+  ids = [t.tokenizer(x, add_special_tokens=False)["input_ids"] for x in texts]
+  res = Decoder(t.params, t.config).generate(ids, max_new_tokens=12)
+  path = tmp_path_factory.mktemp("data") / "generated.jsonl"
+  path.write_text("".join(json.dumps({"prompt": x, "completion_ids": c}) + "\n"
+                          for x, c in zip(texts, res.tokens)))
+  return path
+
+
+def _job(pair_dirs, data_file, out, **kw):
+  draft, target = pair_dirs
+  base = dict(drafter=str(draft), target=str(target), data=(str(data_file),), out=str(out),
+              features=str(out.parent / "features"), rank=8, steps=30, batch_tokens=64,
+              lr=1e-2, warmup_steps=3, eval_every=10, checkpoint_every=10, heldout=0.25,
+              teacher_top=4, recall_k=(4, 16, 64), vocab_block=100, init="random")
+  base.update(kw)
+  return RankerJob(**base)
+
+
+def test_features_are_the_models_own_states(pair_dirs, data_file, tmp_path):
+  job = _job(pair_dirs, data_file, tmp_path / "run")
+  feats = load_features(build_features(job, show_progress=False))
+  draft, target = (load_model(p, dtype="float32") for p in pair_dirs)
+  rec, toks, first = feats.seqs[2]
+  rows = np.flatnonzero(feats.record == rec)
+  n = len(toks) - 1 - first
+  assert len(rows) == n == 12  # one row per completion token
+  from vocabjax.models.cache import KVCache
+  from vocabjax.models.llamalike import forward
+
+  def states(m):
+    T = len(toks)
+    h, _ = forward(m.params, jnp.asarray(toks)[None], jnp.arange(T)[None],
+                   KVCache.init(m.config, 1, T), config=m.config)
+    return h[0, first:first + n]
+
+  np.testing.assert_allclose(feats.hidden[rows], np.asarray(states(draft)), rtol=1e-4,
+                             atol=1e-4)
+  t_logits = np.asarray(lm_head(target.params, states(target), config=target.config))
+  np.testing.assert_array_equal(feats.label[rows], t_logits.argmax(-1))
+  np.testing.assert_array_equal(feats.top_ids[rows][:, 0], feats.label[rows])
+  # the target generated these completions greedily: its teacher-forced argmax is the text
+  np.testing.assert_array_equal(feats.label[rows], toks[first + 1:])
+  d_logits = np.asarray(lm_head(draft.params, states(draft), config=draft.config))
+  np.testing.assert_array_equal(feats.draft_argmax[rows], d_logits.argmax(-1))
+  assert json.loads((tmp_path / "features" / "meta.json").read_text())["complete"]
+
+
+@pytest.mark.parametrize("loss", ["ce", "kl"])
+def test_training_lowers_the_loss_and_the_ranker_drafts_losslessly(pair_dirs, data_file,
+                                                                   tmp_path, loss):
+  job = _job(pair_dirs, data_file, tmp_path / "run", loss=loss)
+  summary = train(job, show_progress=False)
+  log = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in log] == [0, 10, 20, 30]
+  assert log[-1]["heldout_loss"] < log[0]["heldout_loss"] - 0.1
+  assert log[-1]["train_loss"] < log[1]["train_loss"]
+  assert log[-1]["recall@16_target"] >= log[0]["recall@16_target"]
+  assert summary["complete"] and (tmp_path / "run" / "curves.png").stat().st_size > 0
+  r = Ranker.load(tmp_path / "run" / "ranker.safetensors")
+  assert r.rank == 8 and r.meta["steps"] == 30
+  draft, target = (load_model(p, dtype="float32") for p in pair_dirs)
+  r.check_drafter(draft.params, draft.config)
+  with pytest.raises(RankerError, match="another drafter"):
+    r.check_drafter(target.params, target.config)
+  prompts = [[5, 9, 30], [7]]
+  ar = Decoder(target.params, target.config).generate(prompts, max_new_tokens=16)
+  spec = ChainDecoder(target.params, target.config, draft.params, draft.config, gamma=3,
+                      draft_vocab=SpeculativeVocab(r, k=16))
+  assert spec.generate(prompts, max_new_tokens=16).tokens == ar.tokens
+
+
+def test_resume_is_exact(pair_dirs, data_file, tmp_path):
+  straight = train(_job(pair_dirs, data_file, tmp_path / "a", steps=20), show_progress=False)
+  job_b = _job(pair_dirs, data_file, tmp_path / "b", steps=20)
+  part = train(job_b, show_progress=False, stop_after=10)
+  assert not part["complete"] and not (tmp_path / "b" / "ranker.safetensors").exists()
+  resumed = train(job_b, show_progress=False)
+  assert resumed["complete"]
+  a = Ranker.load(tmp_path / "a" / "ranker.safetensors")
+  b = Ranker.load(tmp_path / "b" / "ranker.safetensors")
+  np.testing.assert_array_equal(a.down, b.down)
+  np.testing.assert_array_equal(a.vocab, b.vocab)
+  assert straight["final"]["heldout_loss"] == resumed["final"]["heldout_loss"]
+  rows = [json.loads(x)["step"] for x in (tmp_path / "b" / "log.jsonl").read_text().splitlines()]
+  assert rows == [0, 10, 20]
+  # a finished run is not redone, and another job may not reuse its checkpoints
+  with pytest.raises(TrainError, match="another training job"):
+    train(_job(pair_dirs, data_file, tmp_path / "b", steps=20, rank=4), show_progress=False)
+
+
+def test_joint_mode_trains_drafter_and_ranker(pair_dirs, data_file, tmp_path):
+  job = _job(pair_dirs, data_file, tmp_path / "j", mode="joint", steps=6, eval_every=3,
+             checkpoint_every=3, joint_batch=2, seq_len=64, lr=3e-3)
+  summary = train(job, show_progress=False)
+  assert summary["complete"]
+  tuned = load_model(tmp_path / "j" / "drafter", dtype="float32")
+  orig = load_model(pair_dirs[0], dtype="float32")
+  assert not np.allclose(tuned.params["embed"], orig.params["embed"])
+  r = Ranker.load(tmp_path / "j" / "ranker.safetensors")
+  r.check_drafter(tuned.params, tuned.config)  # the ranker belongs to the tuned drafter
+  with pytest.raises(RankerError, match="another drafter"):
+    r.check_drafter(orig.params, orig.config)
+  log = [json.loads(x) for x in (tmp_path / "j" / "log.jsonl").read_text().splitlines()]
+  assert np.isfinite(log[-1]["train_loss"]) and log[-1]["heldout_loss"] < log[0]["heldout_loss"]
+
+
+def test_bad_input(pair_dirs, data_file, tmp_path):
+  with pytest.raises(TrainError, match="loss='kl' needs a target"):
+    _job(pair_dirs, data_file, tmp_path / "x", loss="kl", target=None)
+  with pytest.raises(TrainError, match=r"unknown fields \['rnak'\]"):
+    job_from_dict({"drafter": "d", "data": "x", "out": "o", "rnak": 3})
+  with pytest.raises(RankerError, match="rank d'=65 exceeds the drafter's hidden size d=64"):
+    train(_job(pair_dirs, data_file, tmp_path / "r", rank=65), show_progress=False)
+  empty = tmp_path / "empty.jsonl"
+  empty.write_text("")
+  with pytest.raises(TrainError, match="no completion records"):
+    build_features(_job(pair_dirs, empty, tmp_path / "e", features=str(tmp_path / "fe")))
+  bad = tmp_path / "bad.jsonl"
+  bad.write_text('{"prompt": "x"}\n')
+  with pytest.raises(TrainError, match="bad.jsonl:1 is not a completion record"):
+    build_features(_job(pair_dirs, bad, tmp_path / "b", features=str(tmp_path / "fb")))
+  # features of one drafter/target are not reused for another
+  fdir = tmp_path / "shared"
+  build_features(_job(pair_dirs, data_file, tmp_path / "s", features=str(fdir)),
+                 show_progress=False)
+  swapped = _job(pair_dirs, data_file, tmp_path / "s", features=str(fdir),
+                 drafter=str(pair_dirs[1]), target=str(pair_dirs[0]))
+  with pytest.raises(TrainError, match="features of other data or models"):
+    build_features(swapped)
+  cfg = tmp_path / "c.yaml"
+  cfg.write_text("drafter: d\nout: o\n")
+  assert main(["--config", str(cfg)]) == 2

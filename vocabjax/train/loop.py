@@ -1,0 +1,170 @@
+"""Shared training machinery: the optimizer, orbax checkpoints with resume, progress, curves.
+
+    opt = make_optimizer(OptimConfig(lr=3e-3, warmup_steps=50, total_steps=1000))
+    ckpt = Checkpoints(out / "checkpoints", job_fingerprint)
+    step, state = ckpt.restore_or(TrainState.create(params, opt))
+    for step in progress(range(step, total)): ... ckpt.maybe_save(step + 1, state)
+
+The optimizer is optax AdamW under a linear-warmup + cosine-decay schedule, after global-norm
+gradient clipping. Checkpoints are orbax `CheckpointManager` directories holding the whole
+`TrainState` (params, optimizer state, step); a directory written by another job (other data,
+model or hyperparameters: its fingerprint) is refused rather than resumed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import struct
+
+
+class TrainError(ValueError):
+  """Bad training input (config, data, checkpoint of another job); the message names values."""
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimConfig:
+  lr: float = 1e-3
+  warmup_steps: int = 50
+  total_steps: int = 1000
+  weight_decay: float = 0.01
+  clip_norm: float = 1.0
+  end_lr_ratio: float = 0.1  # cosine decays to lr * end_lr_ratio
+
+  def __post_init__(self):
+    if self.total_steps < 1 or not 0 <= self.warmup_steps <= self.total_steps:
+      raise TrainError(f"need 0 <= warmup_steps <= total_steps and total_steps >= 1, got "
+                       f"warmup_steps={self.warmup_steps}, total_steps={self.total_steps}")
+    if self.lr <= 0:
+      raise TrainError(f"lr must be positive, got {self.lr}")
+
+
+def schedule(cfg: OptimConfig) -> optax.Schedule:
+  return optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=cfg.lr, warmup_steps=cfg.warmup_steps,
+      decay_steps=cfg.total_steps, end_value=cfg.lr * cfg.end_lr_ratio)
+
+
+def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
+  return optax.chain(optax.clip_by_global_norm(cfg.clip_norm),
+                     optax.adamw(schedule(cfg), weight_decay=cfg.weight_decay))
+
+
+@struct.dataclass
+class TrainState:
+  step: jax.Array
+  params: Any
+  opt_state: Any
+
+  @classmethod
+  def create(cls, params, opt: optax.GradientTransformation) -> "TrainState":
+    return cls(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt.init(params))
+
+
+def apply_grads(state: TrainState, grads, opt: optax.GradientTransformation) -> TrainState:
+  updates, opt_state = opt.update(grads, state.opt_state, state.params)
+  return TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
+                    opt_state=opt_state)
+
+
+def write_json_atomic(path: Path, obj) -> None:
+  path = Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_name(path.name + ".tmp")
+  tmp.write_text(json.dumps(obj, indent=1, default=str))
+  os.replace(tmp, path)
+
+
+class Checkpoints:
+  """An orbax checkpoint directory of one training job (identified by `fingerprint`)."""
+
+  def __init__(self, directory: Path, fingerprint: str, *, every: int = 100, keep: int = 2):
+    import orbax.checkpoint as ocp
+
+    self.dir = Path(directory).absolute()
+    self.every = every
+    marker = self.dir / "job.json"
+    if marker.exists():
+      have = json.loads(marker.read_text()).get("fingerprint")
+      if have != fingerprint:
+        raise TrainError(f"{self.dir} holds checkpoints of another training job (fingerprint "
+                         f"{have}, this job's is {fingerprint}); use another output directory "
+                         f"or delete it")
+    else:
+      write_json_atomic(marker, {"fingerprint": fingerprint})
+    self.manager = ocp.CheckpointManager(
+        self.dir, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
+
+  def latest_step(self) -> int | None:
+    return self.manager.latest_step()
+
+  def restore_or(self, state: TrainState) -> TrainState:
+    """The newest saved state (same structure as `state`), or `state` when none is saved."""
+    import orbax.checkpoint as ocp
+
+    step = self.manager.latest_step()
+    if step is None:
+      return state
+    abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
+    return self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
+
+  def save(self, step: int, state: TrainState, *, force: bool = False) -> None:
+    import orbax.checkpoint as ocp
+
+    if force or step % self.every == 0:
+      self.manager.save(step, args=ocp.args.StandardSave(state), force=force)
+
+  def close(self) -> None:
+    self.manager.wait_until_finished()
+    self.manager.close()
+
+
+def progress(it: Iterable, *, total: int | None = None, initial: int = 0, desc: str = "",
+             enabled: bool = True):
+  from tqdm.auto import tqdm
+
+  return tqdm(it, total=total, initial=initial, desc=desc, disable=not enabled,
+              dynamic_ncols=True)
+
+
+def append_log(path: Path, row: dict) -> None:
+  with open(path, "a") as f:
+    f.write(json.dumps(row) + "\n")
+
+
+def read_log(path: Path, upto_step: int | None = None) -> list[dict]:
+  """Rows of a jsonl training log (those at or before `upto_step`: a resumed run rewrites)."""
+  if not Path(path).exists():
+    return []
+  rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+  return [r for r in rows if upto_step is None or r["step"] <= upto_step]
+
+
+def plot_curves(rows: list[dict], keys: list[str], path: Path, title: str) -> None:
+  """One panel per key (rows missing a key are skipped), saved atomically as a PNG."""
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+
+  fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 3.2), squeeze=False)
+  for ax, key in zip(axes[0], keys):
+    pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+    if pts:
+      ax.plot(*zip(*pts), marker="." if len(pts) < 30 else None)
+    ax.set_xlabel("step")
+    ax.set_title(key)
+    ax.grid(alpha=0.3)
+  fig.suptitle(title)
+  fig.tight_layout()
+  tmp = Path(path).with_name(Path(path).stem + ".tmp.png")
+  fig.savefig(tmp, dpi=110)
+  plt.close(fig)
+  os.replace(tmp, path)
