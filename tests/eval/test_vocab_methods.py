@@ -97,3 +97,59 @@ def test_map_count_warning(tmp_path, capsys):
   (tmp_path / "big").write_text("262144\n")
   _check_map_count(9, str(tmp_path / "big"))
   assert capsys.readouterr().err == ""
+
+
+@pytest.fixture(scope="module")
+def ranker_file(tiny_chat_dir, tmp_path_factory):
+  from vocabjax.checkpoints.loader import load_model
+  from vocabjax.vocab.ranked import svd_ranker
+
+  m = load_model(tiny_chat_dir, dtype="float32")
+  return svd_ranker(m.params, m.config, rank=8).save(
+      tmp_path_factory.mktemp("ranker") / "r.safetensors")
+
+
+def test_specvocab_is_lossless_with_ranker_cost_in_mbsu(ranker_file, tmp_path, tiny_chat_dir):
+  path = _suite(tmp_path, tiny_chat_dir, [
+      {"name": "chain_g2", "method": "chain", "gamma": 2},
+      {"name": "sv_k32", "method": "specvocab", "ranker": str(ranker_file), "k": 32,
+       "gamma": 2},
+      {"name": "sv_tree", "method": "specvocab", "ranker": str(ranker_file), "k": 32,
+       "top_k": 2, "depth": 2, "total_tokens": 3}])
+  summary = main(parse_args(["--config", str(path), "--out", str(tmp_path / "res"), "--quiet"]))
+  by = {m["name"]: m for m in summary["methods"]}
+  V, R, D = 320, 8, 64
+  for name in ("sv_k32", "sv_tree"):
+    assert by[name]["overall"]["match_rate"] == 1.0
+    assert by[name]["draft_vocab_size"] == 32 + -(-(V * R + R * D) // D)  # k + ranker rows
+  full, sv = by["chain_g2"]["overall"], by["sv_k32"]["overall"]
+  assert sv["mbsu"] / sv["tau"] > full["mbsu"] / full["tau"]  # cheaper head than V rows
+
+
+def test_bad_specvocab_configs_are_refused(ranker_file, tmp_path, tiny_chat_dir):
+  junk = tmp_path / "junk.safetensors"
+  junk.write_bytes(b"not a safetensors file")
+  cases = [({"ranker": str(ranker_file), "k": 321}, "k=321 exceeds the ranker's vocabulary"),
+           ({"ranker": str(ranker_file), "k": 0}, "needs k >= 1"),
+           ({"ranker": str(tmp_path / "none.safetensors"), "k": 8}, "not a readable ranker"),
+           ({"ranker": str(junk), "k": 8}, "not a readable ranker"),
+           ({"ranker": str(ranker_file), "k": 2, "top_k": 3, "depth": 2, "total_tokens": 3},
+            "top_k=3 exceeds k=2")]
+  for i, (m, match) in enumerate(cases):
+    path = _suite(tmp_path, tiny_chat_dir, [{"name": f"m{i}", "method": "specvocab", **m}])
+    with pytest.raises(ConfigError, match=match):
+      load_config(path)
+
+
+def test_specvocab_ranker_of_another_drafter_fails_before_generation(tmp_path, tiny_chat_dir,
+                                                                     tiny_dirs):
+  from vocabjax.checkpoints.loader import load_model
+  from vocabjax.vocab.ranked import RankerError, svd_ranker
+
+  other = load_model(tiny_dirs["qwen2_bias"], dtype="float32")  # same shapes, other weights
+  r = svd_ranker(other.params, other.config, rank=8).save(tmp_path / "other.safetensors")
+  path = _suite(tmp_path, tiny_chat_dir, [{"name": "sv", "method": "specvocab",
+                                           "ranker": str(r), "k": 8}])
+  with pytest.raises(RankerError, match="trained for a drafter with vocab_size=128"):
+    main(parse_args(["--config", str(path), "--out", str(tmp_path / "o"), "--quiet"]))
+  assert not (tmp_path / "o" / "questions.jsonl").exists()

@@ -97,21 +97,28 @@ def _static_passes(p: dict) -> int:
   return p["depth"] or p["gamma"]
 
 
+def _static_validator_common(p: dict, where: str, method: str) -> None:
+  """k and gamma positive; a tree's parameters valid and its top_k within the k candidates."""
+  from vocabjax.eval.config import ConfigError
+
+  if p["k"] < 1 or p["gamma"] < 1:
+    raise ConfigError(f"{where}: {method} needs k >= 1 and gamma >= 1, got k={p['k']}, "
+                      f"gamma={p['gamma']}")
+  if p["depth"]:
+    try:
+      TreeParams(top_k=p["top_k"], depth=p["depth"], total_tokens=p["total_tokens"])
+    except ValueError as e:
+      raise ConfigError(f"{where}: {method}: {e}") from None
+    if p["top_k"] > p["k"]:
+      raise ConfigError(f"{where}: {method}.top_k={p['top_k']} exceeds k={p['k']}")
+
+
 def _static_validator(kind: str, method: str):
   def validate(p: dict, where: str) -> None:
     from vocabjax.calibrate.counts import CalibrationError, Counts
     from vocabjax.eval.config import ConfigError
 
-    if p["k"] < 1 or p["gamma"] < 1:
-      raise ConfigError(f"{where}: {method} needs k >= 1 and gamma >= 1, got k={p['k']}, "
-                        f"gamma={p['gamma']}")
-    if p["depth"]:
-      try:
-        TreeParams(top_k=p["top_k"], depth=p["depth"], total_tokens=p["total_tokens"])
-      except ValueError as e:
-        raise ConfigError(f"{where}: {method}: {e}") from None
-      if p["top_k"] > p["k"]:
-        raise ConfigError(f"{where}: {method}.top_k={p['top_k']} exceeds k={p['k']}")
+    _static_validator_common(p, where, method)
     try:
       counts = Counts.load(p["counts"])
     except CalibrationError as e:
@@ -147,3 +154,56 @@ register("vocabtrim", params=_STATIC, defaults=_STATIC_DEFAULTS,
 register("frspec", params=_STATIC, defaults=_STATIC_DEFAULTS,
          drafter_passes=_static_passes, head_rows=lambda p: p["k"],
          validate=_static_validator("text", "frspec"))(_static_vocab)
+
+
+# --- speculative vocabulary (SpecVocab) -----------------------------------------------------
+# The drafter's LM head is replaced per step by the top-k candidates of a trained ranker
+# (`python -m vocabjax.train.ranker`), exact logits for those only (the indexed LM head).
+
+_RANKED = {"ranker": str, "k": int, "gamma": int, "top_k": int, "depth": int,
+           "total_tokens": int}
+
+
+def _ranker_shapes(path: str, where: str) -> tuple[int, int, int]:
+  """(V, d', d) of a ranker file, from its header."""
+  from safetensors import SafetensorError, safe_open
+
+  from vocabjax.eval.config import ConfigError
+  from vocabjax.vocab.ranked import RankerError, read_metadata
+
+  try:
+    read_metadata(path)
+    with safe_open(path, framework="numpy") as f:
+      V, R = f.get_slice("vocab").get_shape()
+      _, D = f.get_slice("down").get_shape()
+  except (RankerError, OSError, SafetensorError) as e:
+    raise ConfigError(f"{where}: specvocab.ranker={path!r} is not a readable ranker file "
+                      f"({e})") from None
+  return int(V), int(R), int(D)
+
+
+def _ranked_validate(p: dict, where: str) -> None:
+  from vocabjax.eval.config import ConfigError
+
+  _static_validator_common(p, where, "specvocab")
+  V, _, _ = _ranker_shapes(p["ranker"], where)
+  if p["k"] > V:
+    raise ConfigError(f"{where}: specvocab.k={p['k']} exceeds the ranker's vocabulary of {V} "
+                      f"tokens")
+
+
+def _ranked_rows(p: dict) -> int:
+  V, R, D = _ranker_shapes(p["ranker"], "specvocab")
+  return p["k"] + -(-(V * R + R * D) // D)
+
+
+@register("specvocab", params=_RANKED, defaults=_STATIC_DEFAULTS, drafter_passes=_static_passes,
+          head_rows=_ranked_rows, validate=_ranked_validate)
+def _specvocab(target, draft, ranker, k, gamma, top_k, depth, total_tokens):
+  """Chain drafting (depth 0) or an EAGLE-2 tree (depth > 0) over the ranker's candidates."""
+  from vocabjax.vocab.ranked import Ranker, SpeculativeVocab
+
+  sv = SpeculativeVocab(Ranker.load(ranker), k=k)
+  if depth:
+    return _tree(target, draft, top_k, depth, total_tokens, draft_vocab=sv)
+  return _chain(target, draft, gamma, draft_vocab=sv)

@@ -1,0 +1,139 @@
+"""Microbenchmark of the indexed LM head on SpecVocab's grid (their table of
+`fused_batched_gather_dot`): B = 10 rows, (d, V) in {(1024, 100352), (4096, 100352),
+(2560, 151936), (4096, 151936)}, k = 128 ... 8192.
+
+    python kernels/bench_indexed_lm_head.py --out kernels/results/<machine>
+
+Per (d, V, k): median time of
+  kernel      the Pallas kernel of this platform (GPU: Triton, TPU: Mosaic; absent on CPU)
+  xla_gather  XLA gather + einsum (`indexed_lm_head_reference`, the CPU path)
+  full        the full head h @ U^T (what the candidates replace)
+and achieved GB/s = bytes that must be read (B*k*d weights + h + idx, plus the output) / time,
+against the memory bandwidth measured here (a read-only reduction over a 1 GiB array); the
+"floor" is those bytes at that bandwidth. bf16 on GPU/TPU, f32 on CPU (DESIGN's rule), unless
+--dtype says otherwise. Writes results.json and results.md (with the command, commit, machine).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+GRID = ((1024, 100352), (4096, 100352), (2560, 151936), (4096, 151936))
+KS = tuple(128 * 2 ** i for i in range(7))  # 128 ... 8192
+
+
+def _median_s(f, *args, repeats: int) -> float:
+  jax.block_until_ready(f(*args))  # compile + warm
+  ts = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    jax.block_until_ready(f(*args))
+    ts.append(time.perf_counter() - t)
+  return statistics.median(ts)
+
+
+def measure_bandwidth(repeats: int) -> float:
+  """GB/s of a read-only f32 reduction over 1 GiB (what a gather-dot can hope for)."""
+  x = jnp.ones((256, 1024, 1024), jnp.float32)
+  s = _median_s(jax.jit(jnp.sum), x, repeats=repeats)
+  return x.nbytes / s / 1e9
+
+
+def bench(d: int, V: int, ks, B: int, dtype, repeats: int, with_kernel: bool, seed: int = 0):
+  from vocabjax.kernels.indexed_lm_head import indexed_lm_head, indexed_lm_head_reference
+
+  key = jax.random.key(seed)
+  U = jax.random.normal(key, (V, d), jnp.float32).astype(dtype) * 0.02
+  h = jax.random.normal(jax.random.fold_in(key, 1), (B, d), jnp.float32).astype(dtype)
+  isz = jnp.dtype(dtype).itemsize
+  full = jax.jit(lambda h, U: jnp.einsum("BD,VD->BV", h, U,
+                                         preferred_element_type=jnp.float32))
+  t_full = _median_s(full, h, U, repeats=repeats)
+  rows = []
+  for k in ks:
+    idx = jax.random.randint(jax.random.fold_in(key, k), (B, k), 0, V, jnp.int32)
+    nbytes = B * k * d * isz + B * d * isz + B * k * 4 + B * k * 4  # rows, h, idx, out
+    row = {"d": d, "V": V, "k": k, "B": B, "bytes": nbytes, "full_s": t_full,
+           "full_bytes": V * d * isz + B * d * isz + B * V * 4,
+           "xla_gather_s": _median_s(jax.jit(indexed_lm_head_reference), h, U, idx,
+                                     repeats=repeats)}
+    if with_kernel:
+      row["kernel_s"] = _median_s(jax.jit(functools.partial(indexed_lm_head, impl="auto")),
+                                  h, U, idx, repeats=repeats)
+    rows.append(row)
+  del U
+  return rows
+
+
+def markdown(res: dict) -> str:
+  bw = res["bandwidth_GBps"]
+  kern = res["with_kernel"]
+  head = ["d", "V", "k", "full ms", "xla gather ms", "xla GB/s"]
+  if kern:
+    head += ["kernel ms", "kernel GB/s", "kernel / floor", "kernel speedup vs xla"]
+  head += ["floor ms", "candidates / full (xla)"]
+  lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+  for r in res["rows"]:
+    floor = r["bytes"] / (bw * 1e9)
+    cells = [r["d"], r["V"], r["k"], f"{r['full_s'] * 1e3:.3f}", f"{r['xla_gather_s'] * 1e3:.3f}",
+             f"{r['bytes'] / r['xla_gather_s'] / 1e9:.1f}"]
+    if kern:
+      cells += [f"{r['kernel_s'] * 1e3:.3f}", f"{r['bytes'] / r['kernel_s'] / 1e9:.1f}",
+                f"{floor / r['kernel_s']:.0%}", f"{r['xla_gather_s'] / r['kernel_s']:.2f}x"]
+    cells += [f"{floor * 1e3:.4f}", f"{r['xla_gather_s'] / r['full_s']:.2f}"]
+    lines.append("| " + " | ".join(map(str, cells)) + " |")
+  return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--out", required=True, help="directory for results.json / results.md")
+  p.add_argument("--dtype", choices=("bfloat16", "float32"))
+  p.add_argument("--batch", type=int, default=10)
+  p.add_argument("--ks", type=int, nargs="+", default=list(KS))
+  p.add_argument("--shapes", nargs="+", help="d:V pairs (default: SpecVocab's grid)")
+  p.add_argument("--repeats", type=int, default=20)
+  a = p.parse_args(argv)
+  backend = jax.default_backend()
+  dtype = jnp.dtype(a.dtype or ("float32" if backend == "cpu" else "bfloat16"))
+  grid = [tuple(map(int, s.split(":"))) for s in a.shapes] if a.shapes else GRID
+  with_kernel = backend in ("gpu", "tpu")
+  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+  res = {"command": "python " + " ".join([sys.argv[0]] + (argv or sys.argv[1:])),
+         "commit": commit, "backend": backend, "device": str(jax.devices()[0].device_kind),
+         "machine": platform.node(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+         "dtype": str(dtype), "with_kernel": with_kernel,
+         "bandwidth_GBps": measure_bandwidth(a.repeats), "rows": []}
+  print(f"[bench] {backend} ({res['device']}), {dtype}, measured read bandwidth "
+        f"{res['bandwidth_GBps']:.1f} GB/s", file=sys.stderr)
+  for d, V in grid:
+    res["rows"] += bench(d, V, a.ks, a.batch, dtype, a.repeats, with_kernel)
+    print(f"[bench] d={d} V={V} done", file=sys.stderr)
+  out = Path(a.out)
+  out.mkdir(parents=True, exist_ok=True)
+  (out / "results.json").write_text(json.dumps(res, indent=1))
+  md = (f"# Indexed LM head microbenchmark: {res['device']} ({backend}), {dtype}, B={a.batch}\n\n"
+        f"Command: `{res['command']}`  \ncommit {commit}, {res['date']}, measured read "
+        f"bandwidth {res['bandwidth_GBps']:.1f} GB/s (floor = bytes read / that bandwidth)."
+        f"\n\n{markdown(res)}\n")
+  (out / "results.md").write_text(md)
+  print(md)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
