@@ -97,6 +97,9 @@ def test_training_lowers_the_loss_and_the_ranker_drafts_losslessly(pair_dirs, da
   assert summary["complete"] and (tmp_path / "run" / "curves.png").stat().st_size > 0
   r = Ranker.load(tmp_path / "run" / "ranker.safetensors")
   assert r.rank == 8 and r.meta["steps"] == 30
+  best = min(log, key=lambda row: row["heldout_loss"])  # exported: the best held-out step
+  assert r.meta["exported_step"] == best["step"] == summary["exported"]["step"]
+  assert r.meta["final"]["heldout_loss"] == best["heldout_loss"]
   draft, target = (load_model(p, dtype="float32") for p in pair_dirs)
   r.check_drafter(draft.params, draft.config)
   with pytest.raises(RankerError, match="another drafter"):
@@ -169,3 +172,16 @@ def test_bad_input(pair_dirs, data_file, tmp_path):
   cfg = tmp_path / "c.yaml"
   cfg.write_text("drafter: d\nout: o\n")
   assert main(["--config", str(cfg)]) == 2
+
+
+def test_heldout_split_keeps_a_prompts_completions_together():
+  from vocabjax.train.ranker import Features, heldout_records
+
+  p = [np.array([1, 2, 3]), np.array([4, 5]), np.array([6]), np.array([7, 8])]
+  # records 0-3: prompts 0-3 by model A; records 4-7: the same prompts by model B
+  seqs = [(r, np.concatenate([p[r % 4], [9, 9]]), len(p[r % 4]) - 1) for r in range(8)]
+  f = Features(*(None,) * 6, seqs=seqs, meta={})
+  np.testing.assert_array_equal(heldout_records(f, 0.25), [3, 7])
+  np.testing.assert_array_equal(heldout_records(f, 0.5), [2, 3, 6, 7])
+  with pytest.raises(TrainError, match="4 distinct prompts cannot be split with heldout=0.05"):
+    heldout_records(f, 0.05)

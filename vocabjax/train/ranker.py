@@ -14,7 +14,8 @@ data):
   top_ids/top_p [N, T]  the target's top-T next-token distribution (for `loss: kl`)
   draft_argmax [N]      the drafter's own greedy token (recall of it = how often SpecVocab
                         drafts exactly what the full head would)
-Records are split into train and held-out by index (the last `heldout` fraction).
+Records are split into train and held-out by prompt (the last `heldout` fraction of distinct
+prompts; completions of one prompt by two models stay on one side).
 
 Modes (SpecVocab section 3):
   frozen: only the ranker trains, on the stored hidden states; loss = cross-entropy of
@@ -77,6 +78,8 @@ class RankerJob:
   eval_every: int = 100
   checkpoint_every: int = 100
   recall_k: tuple[int, ...] = (256, 512, 1024, 2048, 4096)
+  select_by: str | None = "heldout_loss"  # frozen mode: export the evaluated step with the
+  #   lowest held-out loss (or highest "recall@K_target"/"recall@K_drafter"); None: the last
   init: str = "svd"
   seed: int = 0
   vocab_block: int = 16384
@@ -98,6 +101,10 @@ class RankerJob:
       raise TrainError(f"heldout={self.heldout} must be in (0, 1)")
     if not self.data:
       raise TrainError("no data files given")
+    keys = {"heldout_loss"} | {f"recall@{k}_{w}" for k in self.recall_k
+                               for w in ("target", "drafter")}
+    if self.select_by is not None and self.select_by not in keys:
+      raise TrainError(f"select_by={self.select_by!r} is not one of {sorted(keys)}")
 
   @property
   def features_dir(self) -> Path:
@@ -110,7 +117,7 @@ class RankerJob:
 
   def train_fingerprint(self) -> str:
     d = dataclasses.asdict(self)
-    for k in ("out", "features", "eval_every", "checkpoint_every"):
+    for k in ("out", "features", "eval_every", "checkpoint_every", "select_by"):
       d.pop(k)
     d["data"] = self.feature_fingerprint()
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
@@ -311,13 +318,20 @@ def load_features(fdir: Path) -> Features:
                   cat.get("top_ids"), cat.get("top_p"), seqs, meta)
 
 
-def split_records(n_records: int, heldout: float) -> int:
-  """Records with index >= the returned cut are held out."""
-  cut = int(round(n_records * (1 - heldout)))
-  if cut < 1 or cut >= n_records:
-    raise TrainError(f"{n_records} records cannot be split with heldout={heldout} (need at "
-                     f"least one record on each side)")
-  return cut
+def heldout_records(feats: "Features", heldout: float) -> np.ndarray:
+  """Record ids held out: every record of the last `heldout` fraction of distinct prompts (in
+  order of first appearance), so a prompt's completions by two models never straddle the split."""
+  first_seen: dict = {}
+  rec_prompt = {}
+  for rec, toks, first in feats.seqs:
+    key = tuple(toks[:first + 1].tolist())
+    rec_prompt[rec] = first_seen.setdefault(key, len(first_seen))
+  n = len(first_seen)
+  cut = int(round(n * (1 - heldout)))
+  if cut < 1 or cut >= n:
+    raise TrainError(f"{n} distinct prompts cannot be split with heldout={heldout} (need at "
+                     f"least one prompt on each side)")
+  return np.asarray(sorted(r for r, g in rec_prompt.items() if g >= cut), np.int64)
 
 
 # --- training ----------------------------------------------------------------------------------
@@ -441,8 +455,9 @@ def train(job: RankerJob, *, show_progress: bool = True, stop_after: int | None 
   if job.rank > D:
     raise RankerError(f"ranker rank d'={job.rank} exceeds the drafter's hidden size d={D}")
   n_rec = feats.meta["records"]
-  cut = split_records(n_rec, job.heldout)
-  train_mask, held_mask = feats.record < cut, feats.record >= cut
+  held_recs = heldout_records(feats, job.heldout)
+  held_mask = np.isin(feats.record, held_recs)
+  train_mask = ~held_mask
   held = feats.rows(held_mask)
   train_idx = np.flatnonzero(train_mask)
   if not len(train_idx) or not len(held["label"]):
@@ -469,11 +484,29 @@ def train(job: RankerJob, *, show_progress: bool = True, stop_after: int | None 
   def held_loss(ranker):
     return ranker_loss(ranker, held_j["hidden"], held_j, loss=job.loss, block=job.vocab_block)
 
+  identity = model_identity(draft)
+  best_path = out / "best.safetensors"
+
+  def better(row, old) -> bool:
+    if old is None:
+      return True
+    key = job.select_by
+    return row[key] < old[key] if key == "heldout_loss" else row[key] > old[key]
+
   def evaluate(step, train_loss):
     r = ranker_of(state.params)
     row = {"step": step, "train_loss": train_loss, "heldout_loss": float(held_loss(r)),
            **recall(r, held, job.recall_k), "time": round(time.perf_counter() - t0, 1)}
     append_log(log_path, row)
+    if job.mode == "frozen" and job.select_by:
+      old = Ranker.load(best_path).meta if best_path.exists() else None
+      if old is not None and (old["job"] != job.train_fingerprint()
+                              or old["row"]["step"] > start):
+        old = None  # another job's, or from beyond the restored step (it will be redone)
+      old = old and old["row"]
+      if better(row, old):
+        Ranker(np.asarray(r["down"]), np.asarray(r["vocab"]), drafter=identity,
+               meta={"job": job.train_fingerprint(), "row": row}).save(best_path)
     return row
 
   t0 = time.perf_counter()
@@ -492,7 +525,8 @@ def train(job: RankerJob, *, show_progress: bool = True, stop_after: int | None 
       return {k: v[sel] for k, v in cols.items()}
   else:
     step_fn = _joint_step(opt, job, draft.config)
-    rec_ids = [i for i, (r, _, _) in enumerate(feats.seqs) if r < cut]
+    held_set = set(held_recs.tolist())
+    rec_ids = [i for i, (r, _, _) in enumerate(feats.seqs) if r not in held_set]
     label_rows: dict = {}
     for row, r in enumerate(feats.record):
       label_rows.setdefault(int(r), []).append(row)
@@ -519,17 +553,23 @@ def train(job: RankerJob, *, show_progress: bool = True, stop_after: int | None 
               out / "curves.png", f"ranker d'={job.rank} ({job.mode}, {job.loss})")
   summary = {"job": dataclasses.asdict(job), "steps_done": end, "complete": end == job.steps,
              "train_rows": int(len(train_idx)), "heldout_rows": int(len(held["label"])),
-             "records": n_rec, "heldout_records": n_rec - cut,
+             "records": n_rec, "heldout_records": len(held_recs),
              "start": rows[0] if rows else None, "final": rows[-1] if rows else None,
              "complexity": {"V*d'+k*d": {k: V * job.rank + k * D for k in job.recall_k},
                             "V*d": V * D}}
   if end == job.steps:
     r = ranker_of(state.params)
+    chosen = rows[-1]
+    if job.mode == "frozen" and job.select_by:
+      best = Ranker.load(best_path)
+      r, chosen = {"down": best.down, "vocab": best.vocab}, best.meta["row"]
+    summary["exported"] = chosen
     Ranker(np.asarray(r["down"]), np.asarray(r["vocab"]),
-           drafter=(model_identity(draft) if job.mode == "frozen" else
+           drafter=(identity if job.mode == "frozen" else
                     _tuned_identity(state.params["drafter"], draft)),
            meta={"job": job.train_fingerprint(), "mode": job.mode, "loss": job.loss,
-                 "steps": job.steps, "final": rows[-1]}).save(out / "ranker.safetensors")
+                 "steps": job.steps, "select_by": job.select_by, "exported_step":
+                 chosen["step"], "final": chosen}).save(out / "ranker.safetensors")
     if job.mode == "joint":
       _save_drafter(state.params["drafter"], draft, out / "drafter")
   write_json_atomic(out / "recall.json", summary)
