@@ -112,8 +112,9 @@ def test_training_lowers_the_loss_and_the_ranker_drafts_losslessly(pair_dirs, da
 
 
 def test_resume_is_exact(pair_dirs, data_file, tmp_path):
-  straight = train(_job(pair_dirs, data_file, tmp_path / "a", steps=20), show_progress=False)
-  job_b = _job(pair_dirs, data_file, tmp_path / "b", steps=20)
+  kw = dict(steps=20, eval_every=5, select_by="recall@4_target")
+  straight = train(_job(pair_dirs, data_file, tmp_path / "a", **kw), show_progress=False)
+  job_b = _job(pair_dirs, data_file, tmp_path / "b", **kw)
   part = train(job_b, show_progress=False, stop_after=10)
   assert not part["complete"] and not (tmp_path / "b" / "ranker.safetensors").exists()
   resumed = train(job_b, show_progress=False)
@@ -123,11 +124,15 @@ def test_resume_is_exact(pair_dirs, data_file, tmp_path):
   np.testing.assert_array_equal(a.down, b.down)
   np.testing.assert_array_equal(a.vocab, b.vocab)
   assert straight["final"]["heldout_loss"] == resumed["final"]["heldout_loss"]
-  rows = [json.loads(x)["step"] for x in (tmp_path / "b" / "log.jsonl").read_text().splitlines()]
-  assert rows == [0, 10, 20]
+  log = [json.loads(x) for x in (tmp_path / "b" / "log.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in log] == [0, 5, 10, 15, 20]
+  # the export is the first evaluated step with the best recall, also across the resume
+  top = max(r["recall@4_target"] for r in log)
+  first_best = next(r["step"] for r in log if r["recall@4_target"] == top)
+  assert a.meta["exported_step"] == b.meta["exported_step"] == first_best
   # a finished run is not redone, and another job may not reuse its checkpoints
   with pytest.raises(TrainError, match="another training job"):
-    train(_job(pair_dirs, data_file, tmp_path / "b", steps=20, rank=4), show_progress=False)
+    train(_job(pair_dirs, data_file, tmp_path / "b", **{**kw, "rank": 4}), show_progress=False)
 
 
 def test_joint_mode_trains_drafter_and_ranker(pair_dirs, data_file, tmp_path):

@@ -11,6 +11,7 @@ passes a block takes and how many LM-head rows its drafter uses (for MBSU).
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 from typing import Any, Callable
 
 from vocabjax.decoding.autoregressive import Decoder
@@ -171,6 +172,10 @@ def _ranker_shapes(path: str, where: str) -> tuple[int, int, int]:
   from vocabjax.eval.config import ConfigError
   from vocabjax.vocab.ranked import RankerError, read_metadata
 
+  if not Path(path).is_file():
+    raise ConfigError(f"{where}: specvocab.ranker={path!r} is not a readable ranker file (no "
+                      f"such file; train one with `python -m vocabjax.train.ranker --config "
+                      f"configs/ranker_*.yaml`)")
   try:
     read_metadata(path)
     with safe_open(path, framework="numpy") as f:

@@ -493,20 +493,22 @@ def train(job: RankerJob, *, show_progress: bool = True, stop_after: int | None 
     key = job.select_by
     return row[key] < old[key] if key == "heldout_loss" else row[key] > old[key]
 
+  best_row = None  # the exported candidate so far (frozen mode with select_by)
+  if best_path.exists():
+    meta = Ranker.load(best_path).meta
+    if meta.get("job") == job.train_fingerprint() and meta["row"]["step"] <= start:
+      best_row = meta["row"]  # else another job's, or past the restored step (redone below)
+
   def evaluate(step, train_loss):
+    nonlocal best_row
     r = ranker_of(state.params)
     row = {"step": step, "train_loss": train_loss, "heldout_loss": float(held_loss(r)),
            **recall(r, held, job.recall_k), "time": round(time.perf_counter() - t0, 1)}
     append_log(log_path, row)
-    if job.mode == "frozen" and job.select_by:
-      old = Ranker.load(best_path).meta if best_path.exists() else None
-      if old is not None and (old["job"] != job.train_fingerprint()
-                              or old["row"]["step"] > start):
-        old = None  # another job's, or from beyond the restored step (it will be redone)
-      old = old and old["row"]
-      if better(row, old):
-        Ranker(np.asarray(r["down"]), np.asarray(r["vocab"]), drafter=identity,
-               meta={"job": job.train_fingerprint(), "row": row}).save(best_path)
+    if job.mode == "frozen" and job.select_by and better(row, best_row):
+      Ranker(np.asarray(r["down"]), np.asarray(r["vocab"]), drafter=identity,
+             meta={"job": job.train_fingerprint(), "row": row}).save(best_path)
+      best_row = row
     return row
 
   t0 = time.perf_counter()
