@@ -116,3 +116,30 @@ def test_draft_vocab_subset(tiny_chat_dir, tmp_path):
                             "--draft-vocab", str(tmp_path / "other.npz")]))
   with pytest.raises(ValueError, match="--draft-vocab trims a drafter"):
     parse_args(base + ["--draft-vocab", str(tmp_path / "sub.npz")])
+
+
+def test_ranker_vocabulary(tiny_chat_dir, tmp_path):
+  """--ranker: SpecVocab drafting from a ranker file; output equals AR; a ranker of another
+  drafter is refused; --ranker without a drafter or together with --draft-vocab is an error."""
+  from vocabjax.checkpoints.loader import load_model
+  from vocabjax.testing.tiny import save_tiny_variant
+  from vocabjax.vocab.ranked import svd_ranker
+
+  m = load_model(tiny_chat_dir, dtype="float32")
+  other = save_tiny_variant("qwen2_bias", tmp_path / "other", seed=5, with_tokenizer=True)
+  svd_ranker(m.params, m.config, rank=4).save(tmp_path / "r.safetensors")
+  base = ["--target", str(tiny_chat_dir), "--prompt", "def add(a, b):", "--max-new-tokens",
+          "12", "--quiet"]
+  ar = main(parse_args(base))
+  spec = main(parse_args(base + ["--draft", str(tiny_chat_dir), "--method", "tree",
+                                 "--ranker", str(tmp_path / "r.safetensors"),
+                                 "--ranker-k", "8"]))
+  assert spec["output_ids"] == ar["output_ids"]
+  with pytest.raises(ValueError, match="trained for another drafter"):
+    main(parse_args(base + ["--draft", str(other), "--method", "chain",
+                            "--ranker", str(tmp_path / "r.safetensors")]))
+  with pytest.raises(ValueError, match="--ranker picks a drafter's vocabulary"):
+    parse_args(base + ["--ranker", str(tmp_path / "r.safetensors")])
+  with pytest.raises(ValueError, match="not both"):
+    parse_args(base + ["--draft", "d", "--method", "chain", "--ranker", "r",
+                       "--draft-vocab", "s"])

@@ -57,6 +57,8 @@ class GenerateConfig:
   time_split: bool = False  # time drafter / drafter LM head / verification after the run
   batch_size: int | None = None  # repeat the prompts cyclically up to this many rows
   draft_vocab: str | None = None  # a saved static subset (.npz, `calibrate select`): trimmed head
+  ranker: str | None = None  # a SpecVocab ranker (.safetensors, `train.ranker`): per-step vocab
+  ranker_k: int = 2048  # candidates per step with --ranker
 
   def __post_init__(self):
     if self.method not in METHODS:
@@ -65,6 +67,10 @@ class GenerateConfig:
       raise ValueError(f"--method {self.method} needs --draft")
     if self.draft_vocab and self.method == "ar":
       raise ValueError("--draft-vocab trims a drafter's head: use it with --method chain/tree")
+    if self.ranker and self.method == "ar":
+      raise ValueError("--ranker picks a drafter's vocabulary: use it with --method chain/tree")
+    if self.ranker and self.draft_vocab:
+      raise ValueError("give --draft-vocab (static subset) or --ranker (SpecVocab), not both")
     if self.batch_size is not None and self.batch_size < 1:
       raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
 
@@ -118,6 +124,10 @@ def main(config: GenerateConfig) -> dict:
 
       sub = VocabSubset.load(config.draft_vocab,
                              tokenizer_id=tokenizer_identity(model.tokenizer))
+    elif config.ranker:
+      from vocabjax.vocab.ranked import Ranker, SpeculativeVocab
+
+      sub = SpeculativeVocab(Ranker.load(config.ranker), k=config.ranker_k)
     if config.method == "chain":
       dec = ChainDecoder(model.params, model.config, draft.params, draft.config,
                          gamma=config.gamma, draft_vocab=sub)
@@ -195,6 +205,9 @@ def parse_args(argv=None) -> GenerateConfig:
                  help="repeat the prompts cyclically to this many rows")
   p.add_argument("--draft-vocab", help="static drafter vocabulary subset (.npz from "
                  "`python -m vocabjax.calibrate select`): the drafter's LM head is trimmed")
+  p.add_argument("--ranker", help="SpecVocab ranker (.safetensors from `python -m "
+                 "vocabjax.train.ranker`): the drafter's candidates are chosen per step")
+  p.add_argument("--ranker-k", type=int, default=2048, help="candidates per step (--ranker)")
   a = p.parse_args(argv)
   return GenerateConfig(target=a.target, prompts=tuple(a.prompt), chat=a.chat,
                         max_new_tokens=a.max_new_tokens, temperature=a.temperature,
@@ -203,7 +216,8 @@ def parse_args(argv=None) -> GenerateConfig:
                         time_split=a.time_split,
                         draft=a.draft, method=a.method, gamma=a.gamma, tree_top_k=a.tree_top_k,
                         tree_depth=a.tree_depth, tree_total_tokens=a.tree_total_tokens,
-                        batch_size=a.batch_size, draft_vocab=a.draft_vocab)
+                        batch_size=a.batch_size, draft_vocab=a.draft_vocab, ranker=a.ranker,
+                        ranker_k=a.ranker_k)
 
 
 if __name__ == "__main__":
