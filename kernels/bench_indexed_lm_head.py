@@ -28,7 +28,6 @@ from pathlib import Path
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 GRID = ((1024, 100352), (4096, 100352), (2560, 151936), (4096, 151936))
 KS = tuple(128 * 2 ** i for i in range(7))  # 128 ... 8192

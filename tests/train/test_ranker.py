@@ -3,7 +3,6 @@ the loss, exact resume, export round trip, joint mode, bad input."""
 
 import json
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -13,9 +12,9 @@ from vocabjax.decoding import Decoder
 from vocabjax.decoding.speculative import ChainDecoder
 from vocabjax.models.llamalike import lm_head
 from vocabjax.testing.tiny import save_tiny_variant
+from vocabjax.train.features import build_features, load_features
 from vocabjax.train.loop import TrainError
-from vocabjax.train.ranker import (RankerJob, build_features, job_from_dict, load_features,
-                                   main, train)
+from vocabjax.train.ranker import RankerJob, job_from_dict, main, train
 from vocabjax.vocab.ranked import Ranker, RankerError, SpeculativeVocab
 
 
@@ -57,7 +56,7 @@ def _job(pair_dirs, data_file, out, **kw):
 
 def test_features_are_the_models_own_states(pair_dirs, data_file, tmp_path):
   job = _job(pair_dirs, data_file, tmp_path / "run")
-  feats = load_features(build_features(job, show_progress=False))
+  feats = load_features(build_features(job.feature_spec, show_progress=False))
   draft, target = (load_model(p, dtype="float32") for p in pair_dirs)
   rec, toks, first = feats.seqs[2]
   rows = np.flatnonzero(feats.record == rec)
@@ -161,26 +160,28 @@ def test_bad_input(pair_dirs, data_file, tmp_path):
   empty = tmp_path / "empty.jsonl"
   empty.write_text("")
   with pytest.raises(TrainError, match="no completion records"):
-    build_features(_job(pair_dirs, empty, tmp_path / "e", features=str(tmp_path / "fe")))
+    build_features(_job(pair_dirs, empty, tmp_path / "e", features=str(tmp_path / "fe"))
+                   .feature_spec)
   bad = tmp_path / "bad.jsonl"
   bad.write_text('{"prompt": "x"}\n')
   with pytest.raises(TrainError, match="bad.jsonl:1 is not a completion record"):
-    build_features(_job(pair_dirs, bad, tmp_path / "b", features=str(tmp_path / "fb")))
+    build_features(_job(pair_dirs, bad, tmp_path / "b", features=str(tmp_path / "fb"))
+                   .feature_spec)
   # features of one drafter/target are not reused for another
   fdir = tmp_path / "shared"
-  build_features(_job(pair_dirs, data_file, tmp_path / "s", features=str(fdir)),
+  build_features(_job(pair_dirs, data_file, tmp_path / "s", features=str(fdir)).feature_spec,
                  show_progress=False)
   swapped = _job(pair_dirs, data_file, tmp_path / "s", features=str(fdir),
                  drafter=str(pair_dirs[1]), target=str(pair_dirs[0]))
   with pytest.raises(TrainError, match="features of other data or models"):
-    build_features(swapped)
+    build_features(swapped.feature_spec)
   cfg = tmp_path / "c.yaml"
   cfg.write_text("drafter: d\nout: o\n")
   assert main(["--config", str(cfg)]) == 2
 
 
 def test_heldout_split_keeps_a_prompts_completions_together():
-  from vocabjax.train.ranker import Features, heldout_records
+  from vocabjax.train.features import Features, heldout_records
 
   p = [np.array([1, 2, 3]), np.array([4, 5]), np.array([6]), np.array([7, 8])]
   # records 0-3: prompts 0-3 by model A; records 4-7: the same prompts by model B

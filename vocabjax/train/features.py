@@ -1,0 +1,240 @@
+"""Feature shards for training on generated completions (SpecVocab's ranker; reusable).
+
+Letters: N label positions, D drafter hidden size, T teacher top tokens.
+
+Input: jsonl files of completions (`prompt` text + `completion_ids`, as written by
+`python -m vocabjax.calibrate count --generate`). The rows are the positions that predict a
+completion token. Per row, computed once and stored in shards of 16 records
+(`shard-00000.npz`, written atomically; an interrupted build resumes at the first missing
+shard; `meta.json` names the models and data, and features of other models or data in the same
+directory are refused):
+  hidden [N, D]         the drafter's final (normed) hidden state
+  label [N]             the target's teacher-forced argmax there, or the text's next token when
+                        no target is given
+  top_ids/top_p [N, T]  the target's top-T next-token distribution
+  draft_argmax [N]      the drafter's own greedy token
+  record [N]            the completion the row belongs to; and per record its token sequence
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vocabjax.train.loop import TrainError, progress, write_json_atomic
+
+
+@dataclasses.dataclass(frozen=True)
+class FeatureSpec:
+  drafter: str  # registry name or path
+  data: tuple[str, ...]  # completion jsonl files
+  directory: str  # where the shards go
+  target: str | None = None  # teacher (None: the text's next tokens are the labels)
+  teacher_top: int = 32
+  max_records: int | None = None
+
+  def fingerprint(self) -> str:
+    files = [(str(Path(p).resolve()), Path(p).stat().st_size) for p in self.data]
+    key = json.dumps([self.drafter, self.target, files, self.teacher_top, self.max_records])
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+
+def read_records(paths, max_records=None) -> list[dict]:
+  """Completion records (`prompt`, `completion_ids`) from jsonl files, in file order."""
+  out = []
+  for p in paths:
+    p = Path(p)
+    if not p.is_file():
+      raise TrainError(f"no data file at {p}")
+    for i, line in enumerate(p.read_text().splitlines()):
+      if not line.strip():
+        continue
+      try:
+        r = json.loads(line)
+        out.append({"prompt": r["prompt"], "completion_ids": [int(t) for t in
+                                                              r["completion_ids"]]})
+      except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        raise TrainError(f"{p}:{i + 1} is not a completion record ({e!r})") from None
+  if not out:
+    raise TrainError(f"no completion records in {list(map(str, paths))}")
+  return out[:max_records] if max_records else out
+
+
+def model_identity(model) -> dict:
+  from vocabjax.vocab.ranked import drafter_identity
+
+  return {"source": Path(model.source).name, **drafter_identity(model.params, model.config)}
+
+
+def _forward_fn(config):
+  from vocabjax.models.cache import KVCache
+  from vocabjax.models.llamalike import forward
+
+  @jax.jit
+  def run(params, tokens):
+    B, T = tokens.shape
+    pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+    hidden, _ = forward(params, tokens, pos, KVCache.init(config, B, T), config=config)
+    return hidden
+  return run
+
+
+def _record_features(rec, tokenizer, d_run, draft, t_run, target, T_top):
+  from vocabjax.decoding.autoregressive import bucket
+  from vocabjax.models.llamalike import lm_head
+
+  prompt = tokenizer(rec["prompt"], add_special_tokens=False)["input_ids"]
+  comp = rec["completion_ids"]
+  if not prompt or not comp:
+    return None
+  toks = prompt + comp
+  L, P = len(toks), len(prompt)
+  padded = np.zeros((1, bucket(L)), np.int32)
+  padded[0, :L] = toks
+  rows = np.arange(P - 1, L - 1)  # positions whose next token is a completion token
+  h = d_run(draft.params, jnp.asarray(padded))[0, rows]
+  d_logits = lm_head(draft.params, h, config=draft.config)
+  out = {"hidden": np.asarray(h, np.float32),
+         "draft_argmax": np.asarray(jnp.argmax(d_logits, -1), np.int32),
+         "tokens": np.asarray(toks, np.int32), "first_row": P - 1}
+  if target is None:
+    out["label"] = np.asarray(comp, np.int32)
+  else:
+    th = t_run(target.params, jnp.asarray(padded))[0, rows]
+    lp = jax.nn.log_softmax(lm_head(target.params, th, config=target.config), axis=-1)
+    top_lp, top_ids = jax.lax.top_k(lp, T_top)
+    out.update(label=np.asarray(top_ids[:, 0], np.int32),
+               top_ids=np.asarray(top_ids, np.int32),
+               top_p=np.asarray(jnp.exp(top_lp), np.float32))
+  return out
+
+
+SHARD_RECORDS = 16
+
+
+def build_features(job: FeatureSpec, *, show_progress: bool = True) -> Path:
+  """Compute (or finish computing) the feature shards of `job`; returns the directory."""
+  from vocabjax.checkpoints.loader import load_model
+
+  fdir = Path(job.directory)
+  fdir.mkdir(parents=True, exist_ok=True)
+  meta_path = fdir / "meta.json"
+  fp = job.fingerprint()
+  records = read_records(job.data, job.max_records)
+  n_shards = -(-len(records) // SHARD_RECORDS)
+  if meta_path.exists():
+    meta = json.loads(meta_path.read_text())
+    if meta.get("fingerprint") != fp:
+      raise TrainError(f"{fdir} holds features of other data or models ({meta.get('drafter')}"
+                       f" / {meta.get('target')} on {meta.get('data')}); use another "
+                       f"'features' directory")
+    if meta.get("complete"):
+      return fdir
+  todo = [i for i in range(n_shards) if not (fdir / f"shard-{i:05d}.npz").exists()]
+  draft = load_model(job.drafter, dtype="float32")
+  target = load_model(job.target, dtype="float32") if job.target else None
+  if target is not None and target.config.vocab_size != draft.config.vocab_size:
+    raise TrainError(f"target vocabulary V={target.config.vocab_size} differs from the "
+                     f"drafter's V={draft.config.vocab_size}: a ranker needs one tokenizer")
+  tok = draft.tokenizer
+  if tok is None:
+    raise TrainError(f"{draft.source} has no tokenizer: the prompts cannot be encoded")
+  meta = {"fingerprint": fp, "drafter": model_identity(draft),
+          "target": model_identity(target) if target else None,
+          "data": [str(p) for p in job.data], "records": len(records), "shards": n_shards,
+          "teacher_top": job.teacher_top, "complete": False}
+  write_json_atomic(meta_path, meta)
+  d_run = _forward_fn(draft.config)
+  t_run = _forward_fn(target.config) if target else None
+  t0, rows = time.perf_counter(), 0
+  for i in progress(todo, desc="features (shards)", enabled=show_progress):
+    parts = []
+    for r in range(i * SHARD_RECORDS, min(len(records), (i + 1) * SHARD_RECORDS)):
+      f = _record_features(records[r], tok, d_run, draft, t_run, target, job.teacher_top)
+      if f is not None:
+        parts.append((r, f))
+    rows += sum(len(f["label"]) for _, f in parts)
+    arrays = {k: np.concatenate([f[k] for _, f in parts])
+              for k in ("hidden", "draft_argmax", "label", "top_ids", "top_p")
+              if parts and k in parts[0][1]}
+    arrays["record"] = np.concatenate([np.full(len(f["label"]), r, np.int32) for r, f in parts])
+    arrays["seq_tokens"] = np.concatenate([f["tokens"] for _, f in parts])
+    arrays["seq_offsets"] = np.cumsum([0] + [len(f["tokens"]) for _, f in parts])
+    arrays["seq_first_row"] = np.asarray([f["first_row"] for _, f in parts], np.int32)
+    arrays["seq_record"] = np.asarray([r for r, _ in parts], np.int32)
+    tmp = fdir / f"shard-{i:05d}.tmp.npz"
+    np.savez(tmp, **arrays)
+    tmp.replace(fdir / f"shard-{i:05d}.npz")
+  meta.update(complete=True, seconds=round(time.perf_counter() - t0, 1), new_rows=rows)
+  write_json_atomic(meta_path, meta)
+  return fdir
+
+
+@dataclasses.dataclass
+class Features:
+  hidden: np.ndarray
+  label: np.ndarray
+  draft_argmax: np.ndarray
+  record: np.ndarray
+  top_ids: np.ndarray | None
+  top_p: np.ndarray | None
+  seqs: list  # (record, tokens, first_row) per record
+  meta: dict
+
+  def rows(self, mask) -> dict:
+    out = {"hidden": self.hidden[mask], "label": self.label[mask],
+           "draft_argmax": self.draft_argmax[mask]}
+    if self.top_ids is not None:
+      out.update(top_ids=self.top_ids[mask], top_p=self.top_p[mask])
+    return out
+
+
+def load_features(fdir: Path) -> Features:
+  meta_path = Path(fdir) / "meta.json"
+  if not meta_path.exists() or not json.loads(meta_path.read_text()).get("complete"):
+    raise TrainError(f"{fdir} has no complete features; run the training command (it builds "
+                     f"them first)")
+  meta = json.loads(meta_path.read_text())
+  cols: dict = {}
+  seqs = []
+  for i in range(meta["shards"]):
+    path = Path(fdir) / f"shard-{i:05d}.npz"
+    try:
+      z = dict(np.load(path))
+    except (OSError, ValueError, EOFError) as e:
+      raise TrainError(f"feature shard {path} is missing or corrupt ({e}); delete it and rerun "
+                       f"to recompute it") from None
+    for k in ("hidden", "label", "draft_argmax", "record", "top_ids", "top_p"):
+      if k in z:
+        cols.setdefault(k, []).append(z[k])
+    off = z["seq_offsets"]
+    for j, r in enumerate(z["seq_record"]):
+      seqs.append((int(r), z["seq_tokens"][off[j]:off[j + 1]], int(z["seq_first_row"][j])))
+  cat = {k: np.concatenate(v) for k, v in cols.items()}
+  if not len(cat.get("label", [])):
+    raise TrainError(f"{fdir} holds no training rows (empty completions?)")
+  return Features(cat["hidden"], cat["label"], cat["draft_argmax"], cat["record"],
+                  cat.get("top_ids"), cat.get("top_p"), seqs, meta)
+
+
+def heldout_records(feats: "Features", heldout: float) -> np.ndarray:
+  """Record ids held out: every record of the last `heldout` fraction of distinct prompts (in
+  order of first appearance), so a prompt's completions by two models never straddle the split."""
+  first_seen: dict = {}
+  rec_prompt = {}
+  for rec, toks, first in feats.seqs:
+    key = tuple(toks[:first + 1].tolist())
+    rec_prompt[rec] = first_seen.setdefault(key, len(first_seen))
+  n = len(first_seen)
+  cut = int(round(n * (1 - heldout)))
+  if cut < 1 or cut >= n:
+    raise TrainError(f"{n} distinct prompts cannot be split with heldout={heldout} (need at "
+                     f"least one prompt on each side)")
+  return np.asarray(sorted(r for r, g in rec_prompt.items() if g >= cut), np.int64)
