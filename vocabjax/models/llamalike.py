@@ -120,11 +120,16 @@ def attention_mask(lengths: jax.Array, T: int, S: int, block_mask: jax.Array | N
   return before | (in_block & seen)
 
 
-def _layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, config):
-  """Decoder layer i. x [B,T,D]; k_all/v_all [L,B,S,K,d] get its T new entries written."""
+def _layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, config,
+           attn_input=None):
+  """Decoder layer i. x [B,T,D]; k_all/v_all [L,B,S,K,d] get its T new entries written.
+
+  `attn_input`: what the q/k/v projections read instead of norm(x) (an EAGLE head feeds its
+  normed token embedding and target feature side by side, [B, T, 2D]); x stays the residual.
+  """
   c = config
   B, T, _ = x.shape
-  h = rms_norm(x, layer["attn_norm"], c.rms_norm_eps)
+  h = rms_norm(x, layer["attn_norm"], c.rms_norm_eps) if attn_input is None else attn_input
   q = jnp.einsum("BTD,QD->BTQ", h, layer["wq"])
   k = jnp.einsum("BTD,QD->BTQ", h, layer["wk"])
   v = jnp.einsum("BTD,QD->BTQ", h, layer["wv"])

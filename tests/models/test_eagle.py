@@ -1,0 +1,134 @@
+"""EAGLE-3 head (issue 6 groundwork): forward against a PyTorch transcription of SGLang's
+`LlamaForCausalLMEagle3` layer, EAGLE-3 checkpoint round trip, target mismatch errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from vocabjax.checkpoints.convert import CheckpointError
+from vocabjax.checkpoints.eagle3 import load_eagle3, save_eagle3
+from vocabjax.models.cache import KVCache
+from vocabjax.models.config import LlamaLikeConfig
+from vocabjax.models.eagle import (EagleConfig, draft_to_target, eagle_forward, eagle_logits,
+                                   init_eagle)
+
+LAYER = LlamaLikeConfig(arch="llama", vocab_size=50, hidden_size=32, intermediate_size=40,
+                        num_layers=1, num_heads=4, num_kv_heads=2, head_dim=8)
+CFG = EagleConfig(layer=LAYER, target_hidden_size=24, feature_layers=(1, 3, 5),
+                  draft_vocab_size=20)
+
+
+def _params(seed=0):
+  p = init_eagle(jax.random.key(seed), CFG, scale=0.2)
+  rs = np.random.RandomState(seed)
+  for k in ("attn_norm", "hidden_norm", "mlp_norm"):  # non-trivial norms
+    p["layer"][k] = jnp.asarray(1 + 0.1 * rs.randn(32), jnp.float32)
+  p["d2t"] = jnp.asarray(np.sort(rs.choice(50, 20, replace=False)) - np.arange(20), jnp.int32)
+  return p
+
+
+def _torch_reference(p, embed, tokens, feats):
+  """SGLang's EAGLE-3 midlayer + norm + lm_head, written out in torch (T tokens, no cache)."""
+  t = {k: torch.tensor(np.asarray(v), dtype=torch.float64) for k, v in p["layer"].items()}
+  eps, H, KV, hd = LAYER.rms_norm_eps, 4, 2, 8
+
+  def rms(x, w):
+    return w * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+  e = torch.tensor(np.asarray(embed), dtype=torch.float64)[torch.tensor(tokens)]
+  h = torch.tensor(feats, dtype=torch.float64) @ torch.tensor(np.asarray(p["fc"]),
+                                                               dtype=torch.float64).T
+  residual = h
+  x = torch.cat([rms(e, t["attn_norm"]), rms(h, t["hidden_norm"])], -1)
+  T = x.shape[0]
+  q = (x @ t["wq"].T).view(T, H, hd).transpose(0, 1)
+  k = (x @ t["wk"].T).view(T, KV, hd).transpose(0, 1)
+  v = (x @ t["wv"].T).view(T, KV, hd).transpose(0, 1)
+  inv = 1.0 / (LAYER.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+  ang = torch.arange(T, dtype=torch.float64)[:, None] * inv[None]
+  cos, sin = torch.cat([ang, ang], -1).cos(), torch.cat([ang, ang], -1).sin()
+
+  def rope(z):
+    z1, z2 = z[..., :hd // 2], z[..., hd // 2:]
+    return z * cos + torch.cat([-z2, z1], -1) * sin
+
+  q, k = rope(q), rope(k)
+  k, v = k.repeat_interleave(H // KV, 0), v.repeat_interleave(H // KV, 0)
+  s = q @ k.transpose(-1, -2) / hd ** 0.5
+  s = s.masked_fill(torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
+  a = (s.softmax(-1) @ v).transpose(0, 1).reshape(T, H * hd)
+  x = residual + a @ t["wo"].T
+  y = rms(x, t["mlp_norm"])
+  x = x + (torch.nn.functional.silu(y @ t["w_gate"].T) * (y @ t["w_up"].T)) @ t["w_down"].T
+  fn = torch.tensor(np.asarray(p["final_norm"]), dtype=torch.float64)
+  lm = torch.tensor(np.asarray(p["lm_head"]), dtype=torch.float64)
+  return x.numpy(), (rms(x, fn) @ lm.T).numpy()
+
+
+def test_forward_matches_the_sglang_layer_in_torch():
+  p = _params()
+  rs = np.random.RandomState(1)
+  embed = jnp.asarray(rs.randn(50, 32) * 0.5, jnp.float32)
+  tokens = np.array([3, 17, 8, 42, 0, 9])
+  feats = rs.randn(6, 72).astype(np.float32)  # 3 target layers x Dt = 24
+  T = len(tokens)
+  h = jnp.einsum("BTF,DF->BTD", jnp.asarray(feats)[None], p["fc"])
+  x, cache = eagle_forward(p, embed, jnp.asarray(tokens)[None], h, jnp.arange(T)[None],
+                           KVCache.init(LAYER, 1, 8), config=CFG)
+  logits = eagle_logits(p, x, config=CFG)
+  want_x, want_logits = _torch_reference(p, embed, tokens, feats)
+  np.testing.assert_allclose(np.asarray(x[0]), want_x, rtol=2e-4, atol=2e-4)
+  np.testing.assert_allclose(np.asarray(logits[0]), want_logits, rtol=2e-4, atol=2e-4)
+  assert int(cache.lengths[0]) == T
+  # the head's ids map into the target vocabulary through d2t
+  ids = jnp.arange(20)
+  np.testing.assert_array_equal(np.asarray(draft_to_target(p, ids)),
+                                np.asarray(ids + p["d2t"]))
+
+
+def test_eagle3_checkpoint_round_trip_is_exact(tmp_path):
+  p = _params(3)
+  target = {"source": "tiny", "fingerprint": "abc"}
+  save_eagle3(p, CFG, tmp_path / "head", target=target)
+  cfg, back, rec = load_eagle3(tmp_path / "head")
+  assert cfg == CFG and rec == target
+  for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(back)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  from safetensors.numpy import load_file
+
+  t = load_file(str(tmp_path / "head" / "model.safetensors"))
+  assert t["d2t"].dtype == np.int64 and t["t2d"].dtype == bool and t["t2d"].sum() == 20
+  np.testing.assert_array_equal(np.flatnonzero(t["t2d"]), np.arange(20) + t["d2t"])
+
+
+def test_head_for_another_target_is_refused(tmp_path):
+  save_eagle3(_params(), CFG, tmp_path / "head")
+  ok = LlamaLikeConfig(arch="qwen2", vocab_size=50, hidden_size=24, intermediate_size=32,
+                       num_layers=6, num_heads=4, num_kv_heads=2, head_dim=6)
+  load_eagle3(tmp_path / "head", target_config=ok)
+  for change, match in [({"hidden_size": 32}, "features of width 24, the target's hidden size "
+                         "is 32"),
+                        ({"vocab_size": 51}, "vocabulary of 50 tokens, the target has V=51"),
+                        ({"num_layers": 5}, r"layers \(1, 3, 5\), the target has 5 layers")]:
+    bad = LlamaLikeConfig(**{**ok.__dict__, **change})
+    with pytest.raises(ValueError, match=match):
+      load_eagle3(tmp_path / "head", target_config=bad)
+
+
+def test_corrupt_or_incomplete_heads(tmp_path):
+  from safetensors.numpy import load_file, save_file
+
+  save_eagle3(_params(), CFG, tmp_path / "head")
+  f = tmp_path / "head" / "model.safetensors"
+  t = load_file(str(f))
+  del t["midlayer.hidden_norm.weight"]
+  save_file(t, str(f))
+  with pytest.raises(CheckpointError, match="midlayer.hidden_norm.weight is missing"):
+    load_eagle3(tmp_path / "head")
+  f.write_bytes(b"junk")
+  with pytest.raises(CheckpointError, match="not a readable EAGLE-3 head"):
+    load_eagle3(tmp_path / "head")
+  with pytest.raises(ValueError, match="draft_vocab_size=51 must be in"):
+    EagleConfig(layer=LAYER, target_hidden_size=24, feature_layers=(1,), draft_vocab_size=51)

@@ -1,0 +1,140 @@
+"""EAGLE-3 head checkpoints in the layout SGLang (`LlamaForCausalLMEagle3`) and vLLM load:
+a directory with `config.json` and `model.safetensors`. Issue 6 groundwork.
+
+Tensors (PyTorch [out, in] layout):
+  fc.weight                                  [D, F*Dt]   (absent when F*Dt == D)
+  midlayer.input_layernorm.weight            [D]         norm of the token embedding
+  midlayer.hidden_norm.weight                [D]         norm of the fused feature
+  midlayer.self_attn.{q,k,v}_proj.weight     [Q|KV, 2D]
+  midlayer.self_attn.o_proj.weight           [D, Q]
+  midlayer.post_attention_layernorm.weight   [D]
+  midlayer.mlp.{gate,up,down}_proj.weight
+  norm.weight                                [D]
+  lm_head.weight                             [Vd, D]
+  d2t                                        [Vd] int64  target id = draft id + d2t[draft id]
+  t2d                                        [V] bool    target id is in the head's vocabulary
+config.json: a Llama config with num_hidden_layers 1, `draft_vocab_size`, `target_hidden_size`
+and `eagle_config.eagle_aux_hidden_state_layer_ids` (the fused target layers), plus a
+`vocabjax` entry naming the target the head was trained for.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+
+from vocabjax.checkpoints.convert import CheckpointError
+from vocabjax.models.config import LlamaLikeConfig
+from vocabjax.models.eagle import EagleConfig
+
+LAYER = {"attn_norm": "midlayer.input_layernorm.weight",
+         "hidden_norm": "midlayer.hidden_norm.weight",
+         "wq": "midlayer.self_attn.q_proj.weight", "wk": "midlayer.self_attn.k_proj.weight",
+         "wv": "midlayer.self_attn.v_proj.weight", "wo": "midlayer.self_attn.o_proj.weight",
+         "mlp_norm": "midlayer.post_attention_layernorm.weight",
+         "w_gate": "midlayer.mlp.gate_proj.weight", "w_up": "midlayer.mlp.up_proj.weight",
+         "w_down": "midlayer.mlp.down_proj.weight"}
+TOP = {"fc": "fc.weight", "final_norm": "norm.weight", "lm_head": "lm_head.weight"}
+
+
+def _hf_config(config: EagleConfig, target: dict | None) -> dict:
+  c = config.layer
+  return {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
+          "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
+          "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
+          "head_dim": c.head_dim, "num_hidden_layers": 1, "rms_norm_eps": c.rms_norm_eps,
+          "rope_theta": c.rope_theta, "max_position_embeddings": c.max_position_embeddings,
+          "hidden_act": "silu", "tie_word_embeddings": False, "vocab_size": c.vocab_size,
+          "draft_vocab_size": config.draft_vocab_size,
+          "target_hidden_size": config.target_hidden_size,
+          "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(config.feature_layers),
+                           "use_aux_hidden_state": True},
+          "vocabjax": {"target": target or {}}}
+
+
+def save_eagle3(params: dict, config: EagleConfig, directory, *, target: dict | None = None
+                ) -> Path:
+  """Write the head (atomically: a temporary directory renamed into place)."""
+  from safetensors.numpy import save_file
+
+  directory = Path(directory)
+  tensors = {TOP[k]: params[k] for k in TOP if k in params}
+  tensors.update({LAYER[k]: v for k, v in params["layer"].items()})
+  arrays = {k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in tensors.items()}
+  d2t = np.asarray(params["d2t"], np.int64)
+  target_ids = np.arange(len(d2t)) + d2t
+  t2d = np.zeros(config.layer.vocab_size, bool)
+  t2d[target_ids] = True
+  arrays.update(d2t=d2t, t2d=t2d)
+  tmp = directory.with_name(directory.name + ".tmp")
+  shutil.rmtree(tmp, ignore_errors=True)
+  tmp.mkdir(parents=True)
+  save_file(arrays, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+  (tmp / "config.json").write_text(json.dumps(_hf_config(config, target), indent=1))
+  shutil.rmtree(directory, ignore_errors=True)
+  tmp.rename(directory)
+  return directory
+
+
+def load_eagle3(directory, *, target_config: LlamaLikeConfig | None = None,
+                dtype=jnp.float32) -> tuple[EagleConfig, dict, dict]:
+  """(config, params, the `vocabjax.target` record) of an EAGLE-3 head directory; with
+  `target_config`, a head made for another target (hidden size, vocabulary, layer count) is a
+  ValueError naming the mismatch."""
+  from safetensors import SafetensorError
+  from safetensors.numpy import load_file
+
+  directory = Path(directory)
+  try:
+    raw = json.loads((directory / "config.json").read_text())
+    tensors = load_file(str(directory / "model.safetensors"))
+  except (OSError, json.JSONDecodeError, SafetensorError) as e:
+    raise CheckpointError(f"{directory} is not a readable EAGLE-3 head ({e})") from None
+  D = raw["hidden_size"]
+  layer_cfg = LlamaLikeConfig(
+      arch="llama", vocab_size=raw["vocab_size"], hidden_size=D,
+      intermediate_size=raw["intermediate_size"], num_layers=1,
+      num_heads=raw["num_attention_heads"], num_kv_heads=raw["num_key_value_heads"],
+      head_dim=raw.get("head_dim", D // raw["num_attention_heads"]),
+      rms_norm_eps=raw.get("rms_norm_eps", 1e-6), rope_theta=raw.get("rope_theta", 10000.0),
+      max_position_embeddings=raw.get("max_position_embeddings", 4096))
+  ids = raw.get("eagle_config", {}).get("eagle_aux_hidden_state_layer_ids")
+  if not ids:
+    raise CheckpointError(f"{directory}/config.json names no fused target layers "
+                          f"(eagle_config.eagle_aux_hidden_state_layer_ids)")
+  config = EagleConfig(layer=layer_cfg, target_hidden_size=raw.get("target_hidden_size", D),
+                       feature_layers=tuple(ids),
+                       draft_vocab_size=raw.get("draft_vocab_size") or raw["vocab_size"])
+  if target_config is not None:
+    config.check_target(target_config)
+  c, Vd = layer_cfg, config.draft_vocab_size
+  want = {LAYER["attn_norm"]: (D,), LAYER["hidden_norm"]: (D,),
+          LAYER["wq"]: (c.q_dim, 2 * D), LAYER["wk"]: (c.kv_dim, 2 * D),
+          LAYER["wv"]: (c.kv_dim, 2 * D), LAYER["wo"]: (D, c.q_dim), LAYER["mlp_norm"]: (D,),
+          LAYER["w_gate"]: (c.intermediate_size, D), LAYER["w_up"]: (c.intermediate_size, D),
+          LAYER["w_down"]: (D, c.intermediate_size), TOP["final_norm"]: (D,),
+          TOP["lm_head"]: (Vd, D), "d2t": (Vd,)}
+  if config.has_fc:
+    want[TOP["fc"]] = (D, config.fused_width)
+  for name, shape in want.items():
+    if name not in tensors:
+      raise CheckpointError(f"{directory}: tensor {name} is missing")
+    if tuple(tensors[name].shape) != shape:
+      raise CheckpointError(f"{directory}: tensor {name} has shape "
+                            f"{tuple(tensors[name].shape)}, expected {shape}")
+  d2t = tensors["d2t"].astype(np.int64)
+  target_ids = np.arange(Vd) + d2t
+  if target_ids.min() < 0 or target_ids.max() >= c.vocab_size:
+    raise CheckpointError(f"{directory}: d2t maps outside the target vocabulary "
+                          f"[0, {c.vocab_size})")
+  params = {"layer": {k: jnp.asarray(tensors[n], dtype) for k, n in LAYER.items()},
+            "final_norm": jnp.asarray(tensors[TOP["final_norm"]], dtype),
+            "lm_head": jnp.asarray(tensors[TOP["lm_head"]], dtype),
+            "d2t": jnp.asarray(d2t, jnp.int32)}
+  if config.has_fc:
+    params["fc"] = jnp.asarray(tensors[TOP["fc"]], dtype)
+  return config, params, raw.get("vocabjax", {}).get("target", {})

@@ -1,0 +1,134 @@
+"""EAGLE-style drafter head (EAGLE-3, Li et al. 2025): one decoder layer that drafts from the
+target's own features. Issue 6 groundwork: the head's params, forward and logits; training,
+tree drafting with it and the engine's feature hand-over are not built yet.
+
+Letters: B batch, T tokens, D head width (= the target's hidden size), Dt the target's hidden
+size, F fused target layers (EAGLE-3: 3, low/middle/high; EAGLE-1: 1, the last), V target
+vocabulary, Vd the head's own (reduced) vocabulary, Q = heads x head_dim.
+
+    h   = fc(concat of the F target features)        [B, T, D]   (skipped when F*Dt == D)
+    a   = concat(norm_e(embed[token]), norm_h(h))     [B, T, 2D]  q/k/v read this
+    x   = decoder layer with residual h               [B, T, D]   fed back as h at the
+                                                                  head's own next steps
+    logits = lm_head(norm(x))                          [B, T, Vd]  target id = id + d2t[id]
+
+The token embedding is the target's (frozen, passed in, never stored with the head). Names and
+layout follow the EAGLE-3 checkpoints SGLang and vLLM load (`vocabjax.checkpoints.eagle3`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+from vocabjax.models.cache import KVCache
+from vocabjax.models.config import LlamaLikeConfig
+from vocabjax.models.llamalike import _layer, attention_mask, rms_norm, rope_cos_sin
+
+
+@dataclasses.dataclass(frozen=True)
+class EagleConfig:
+  layer: LlamaLikeConfig  # the decoder layer's sizes: num_layers 1, vocab_size = target V
+  target_hidden_size: int  # Dt
+  feature_layers: tuple[int, ...]  # target layers fused (EAGLE-3: low, mid, high)
+  draft_vocab_size: int  # Vd
+
+  def __post_init__(self):
+    if self.layer.num_layers != 1:
+      raise ValueError(f"an EAGLE head has one decoder layer, got {self.layer.num_layers}")
+    if not 1 <= self.draft_vocab_size <= self.layer.vocab_size:
+      raise ValueError(f"draft_vocab_size={self.draft_vocab_size} must be in [1, "
+                       f"V={self.layer.vocab_size}]")
+    if not self.feature_layers:
+      raise ValueError("feature_layers is empty: name the target layers the head reads")
+
+  @property
+  def hidden_size(self) -> int:
+    return self.layer.hidden_size
+
+  @property
+  def fused_width(self) -> int:  # F * Dt
+    return len(self.feature_layers) * self.target_hidden_size
+
+  @property
+  def has_fc(self) -> bool:
+    return self.fused_width != self.hidden_size
+
+  def check_target(self, target: LlamaLikeConfig) -> None:
+    """ValueError naming the mismatch when this head was not made for `target`."""
+    if target.hidden_size != self.target_hidden_size:
+      raise ValueError(f"the head reads target features of width {self.target_hidden_size}, "
+                       f"the target's hidden size is {target.hidden_size}")
+    if target.vocab_size != self.layer.vocab_size:
+      raise ValueError(f"the head maps into a vocabulary of {self.layer.vocab_size} tokens, "
+                       f"the target has V={target.vocab_size}")
+    if max(self.feature_layers) >= target.num_layers:
+      raise ValueError(f"the head reads target layers {self.feature_layers}, the target has "
+                       f"{target.num_layers} layers")
+
+
+def default_feature_layers(num_layers: int) -> tuple[int, int, int]:
+  """EAGLE-3's low / middle / high choice (SpecForge / vLLM default: 1, L/2 - 1, L - 4)."""
+  return (1, num_layers // 2 - 1, num_layers - 4)
+
+
+def init_eagle(key: jax.Array, config: EagleConfig, dtype=jnp.float32,
+               scale: float = 0.02) -> dict:
+  c, D = config.layer, config.hidden_size
+  keys = iter(jax.random.split(key, 16))
+
+  def normal(shape):
+    return (scale * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
+
+  layer = {"attn_norm": jnp.ones((D,), dtype), "hidden_norm": jnp.ones((D,), dtype),
+           "wq": normal((c.q_dim, 2 * D)), "wk": normal((c.kv_dim, 2 * D)),
+           "wv": normal((c.kv_dim, 2 * D)), "wo": normal((D, c.q_dim)),
+           "mlp_norm": jnp.ones((D,), dtype), "w_gate": normal((c.intermediate_size, D)),
+           "w_up": normal((c.intermediate_size, D)), "w_down": normal((D, c.intermediate_size))}
+  params = {"layer": layer, "final_norm": jnp.ones((D,), dtype),
+            "lm_head": normal((config.draft_vocab_size, D)),
+            "d2t": jnp.zeros((config.draft_vocab_size,), jnp.int32)}
+  if config.has_fc:
+    params["fc"] = normal((D, config.fused_width))
+  return params
+
+
+def fuse_features(params: dict, features: jax.Array) -> jax.Array:
+  """[B, T, F*Dt] target features -> [B, T, D] (the fc layer, when there is one)."""
+  if "fc" not in params:
+    return features
+  return jnp.einsum("BTF,DF->BTD", features, params["fc"])
+
+
+def eagle_forward(params: dict, embed: jax.Array, tokens: jax.Array, hidden: jax.Array,
+                  positions: jax.Array, cache: KVCache, mask: jax.Array | None = None, *,
+                  config: EagleConfig) -> tuple[jax.Array, KVCache]:
+  """One head step over T tokens: `hidden` [B, T, D] is the fused target feature (or the
+  head's own previous output); returns the layer output [B, T, D] (pre-norm, the next step's
+  `hidden`) and the cache with `lengths + T`."""
+  c = config.layer
+  B, T = tokens.shape
+  e = jnp.take(embed, tokens, axis=0)
+  layer = params["layer"]
+  attn_in = jnp.concatenate([rms_norm(e, layer["attn_norm"], c.rms_norm_eps),
+                             rms_norm(hidden, layer["hidden_norm"], c.rms_norm_eps)], axis=-1)
+  cos, sin = rope_cos_sin(positions, c)
+  full_mask = attention_mask(cache.lengths, T, cache.max_len, mask)
+  write_b = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
+  write_s = cache.lengths[:, None] + jnp.arange(T)[None, :]
+  x, k_all, v_all = _layer(hidden, layer, 0, cache.k, cache.v, write_b, write_s, full_mask,
+                           cos, sin, c, attn_input=attn_in)
+  return x, KVCache(k=k_all, v=v_all, lengths=cache.lengths + T)
+
+
+def eagle_logits(params: dict, x: jax.Array, *, config: EagleConfig) -> jax.Array:
+  """[..., Vd] logits over the head's vocabulary (f32); `draft_to_target` maps their ids."""
+  h = rms_norm(x, params["final_norm"], config.layer.rms_norm_eps)
+  return jnp.einsum("...D,VD->...V", h, params["lm_head"], preferred_element_type=jnp.float32)
+
+
+def draft_to_target(params: dict, ids: jax.Array) -> jax.Array:
+  """Target ids of head-vocabulary ids (EAGLE-3's d2t offsets: target = id + d2t[id])."""
+  return ids + jnp.take(params["d2t"], ids)
