@@ -137,6 +137,9 @@ def test_ranker_vocabulary(tiny_chat_dir, tmp_path):
   assert spec["output_ids"] == ar["output_ids"]
   with pytest.raises(ValueError, match="trained for another drafter"):
     main(parse_args(base + ["--draft", str(other), "--method", "chain",
+                            "--ranker", str(tmp_path / "r.safetensors"), "--ranker-k", "8"]))
+  with pytest.raises(ValueError, match=r"k=2048 must be in \[1, V=320\]"):  # the default k
+    main(parse_args(base + ["--draft", str(tiny_chat_dir), "--method", "chain",
                             "--ranker", str(tmp_path / "r.safetensors")]))
   with pytest.raises(ValueError, match="--ranker picks a drafter's vocabulary"):
     parse_args(base + ["--ranker", str(tmp_path / "r.safetensors")])
