@@ -20,7 +20,6 @@ import argparse
 import functools
 import json
 import platform
-import statistics
 import subprocess
 import sys
 import time
@@ -29,24 +28,16 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
+from vocabjax.decoding.profile import median_s
+
 GRID = ((1024, 100352), (4096, 100352), (2560, 151936), (4096, 151936))
 KS = tuple(128 * 2 ** i for i in range(7))  # 128 ... 8192
-
-
-def _median_s(f, *args, repeats: int) -> float:
-  jax.block_until_ready(f(*args))  # compile + warm
-  ts = []
-  for _ in range(repeats):
-    t = time.perf_counter()
-    jax.block_until_ready(f(*args))
-    ts.append(time.perf_counter() - t)
-  return statistics.median(ts)
 
 
 def measure_bandwidth(repeats: int) -> float:
   """GB/s of a read-only f32 reduction over 1 GiB (what a gather-dot can hope for)."""
   x = jnp.ones((256, 1024, 1024), jnp.float32)
-  s = _median_s(jax.jit(jnp.sum), x, repeats=repeats)
+  s = median_s(jax.jit(jnp.sum), x, repeats=repeats)
   return x.nbytes / s / 1e9
 
 
@@ -59,17 +50,17 @@ def bench(d: int, V: int, ks, B: int, dtype, repeats: int, with_kernel: bool, se
   isz = jnp.dtype(dtype).itemsize
   full = jax.jit(lambda h, U: jnp.einsum("BD,VD->BV", h, U,
                                          preferred_element_type=jnp.float32))
-  t_full = _median_s(full, h, U, repeats=repeats)
+  t_full = median_s(full, h, U, repeats=repeats)
   rows = []
   for k in ks:
     idx = jax.random.randint(jax.random.fold_in(key, k), (B, k), 0, V, jnp.int32)
     nbytes = B * k * d * isz + B * d * isz + B * k * 4 + B * k * 4  # rows, h, idx, out
     row = {"d": d, "V": V, "k": k, "B": B, "bytes": nbytes, "full_s": t_full,
            "full_bytes": V * d * isz + B * d * isz + B * V * 4,
-           "xla_gather_s": _median_s(jax.jit(indexed_lm_head_reference), h, U, idx,
+           "xla_gather_s": median_s(jax.jit(indexed_lm_head_reference), h, U, idx,
                                      repeats=repeats)}
     if with_kernel:
-      row["kernel_s"] = _median_s(jax.jit(functools.partial(indexed_lm_head, impl="auto")),
+      row["kernel_s"] = median_s(jax.jit(functools.partial(indexed_lm_head, impl="auto")),
                                   h, U, idx, repeats=repeats)
     rows.append(row)
   del U

@@ -18,6 +18,7 @@ from vocabjax.vocab.ranked import (RANKER_KEY, Ranker, RankerError, SpeculativeV
 
 from tests.decoding.conftest import (CFG, PROMPT, SMALL, pair, prompt_samples,  # noqa: F401
                                      small_pair)
+from tests.vocab.test_trimmed import _decoders
 
 
 def _random_ranker(params, config, rank, seed=0):
@@ -53,14 +54,6 @@ def test_full_rank_svd_ranker_reproduces_the_drafter_logits():
   s = ranker_scores({"down": jnp.asarray(r.down), "vocab": jnp.asarray(r.vocab)}, h)
   np.testing.assert_allclose(np.asarray(s), np.asarray(lm_head(params, h, config=CFG)),
                              rtol=1e-4, atol=1e-4)
-
-
-def _decoders(kind, target, draft, config, sv, gamma=3, tp=TreeParams(2, 3, 5)):
-  if kind == "chain":
-    return (ChainDecoder(target, config, draft, config, gamma=gamma, draft_vocab=sv),
-            ChainDecoder(target, config, draft, config, gamma=gamma))
-  return (TreeDecoder(target, config, draft, config, tree=tp, draft_vocab=sv),
-          TreeDecoder(target, config, draft, config, tree=tp))
 
 
 @pytest.mark.parametrize("kind", ["chain", "tree"])

@@ -63,7 +63,8 @@ class StepSplit:
     return out
 
 
-def _median_s(fn, *args, repeats: int) -> float:
+def median_s(fn, *args, repeats: int) -> float:
+  """Median wall time of `fn(*args)` over `repeats` calls after one warm-up (compile) call."""
   jax.block_until_ready(fn(*args))
   times = []
   for _ in range(repeats):
@@ -78,12 +79,12 @@ def _time_body(params, config, B: int, T: int, S: int, context: int, repeats: in
       jnp.full((B,), context, jnp.int32))
   f = jax.jit(lambda p, t, c: forward(p, t, context + jnp.broadcast_to(jnp.arange(T), (B, T)),
                                       c, config=config)[0])
-  return _median_s(f, params, jnp.zeros((B, T), jnp.int32), cache, repeats=repeats)
+  return median_s(f, params, jnp.zeros((B, T), jnp.int32), cache, repeats=repeats)
 
 
 def _time_head(params, head, B: int, rows: int, D: int, repeats: int) -> float:
   f = jax.jit(head)
-  return _median_s(f, params, jnp.ones((B, rows, D), params["embed"].dtype), repeats=repeats)
+  return median_s(f, params, jnp.ones((B, rows, D), params["embed"].dtype), repeats=repeats)
 
 
 def step_split(decoder, *, batch_size: int = 1, max_len: int = 512, context: int | None = None,

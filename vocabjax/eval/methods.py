@@ -144,9 +144,14 @@ def _static_vocab(target, draft, counts, k, gamma, top_k, depth, total_tokens):
                      f"cannot be checked")
   sub = load_or_select(counts, target.tokenizer, target.config.vocab_size,
                        target.eos_token_ids, k=k)
+  return _chain_or_tree(target, draft, gamma, top_k, depth, total_tokens, sub)
+
+
+def _chain_or_tree(target, draft, gamma, top_k, depth, total_tokens, draft_vocab):
+  """Chain drafting (depth 0) or an EAGLE-2 tree (depth > 0) with `draft_vocab`."""
   if depth:
-    return _tree(target, draft, top_k, depth, total_tokens, draft_vocab=sub)
-  return _chain(target, draft, gamma, draft_vocab=sub)
+    return _tree(target, draft, top_k, depth, total_tokens, draft_vocab=draft_vocab)
+  return _chain(target, draft, gamma, draft_vocab=draft_vocab)
 
 
 register("vocabtrim", params=_STATIC, defaults=_STATIC_DEFAULTS,
@@ -208,7 +213,5 @@ def _specvocab(target, draft, ranker, k, gamma, top_k, depth, total_tokens):
   """Chain drafting (depth 0) or an EAGLE-2 tree (depth > 0) over the ranker's candidates."""
   from vocabjax.vocab.ranked import Ranker, SpeculativeVocab
 
-  sv = SpeculativeVocab(Ranker.load(ranker), k=k)
-  if depth:
-    return _tree(target, draft, top_k, depth, total_tokens, draft_vocab=sv)
-  return _chain(target, draft, gamma, draft_vocab=sv)
+  return _chain_or_tree(target, draft, gamma, top_k, depth, total_tokens,
+                        SpeculativeVocab(Ranker.load(ranker), k=k))
