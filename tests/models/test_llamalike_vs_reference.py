@@ -130,3 +130,30 @@ def test_bf16_params_run_and_agree_roughly(tiny_dirs):
   lo, _ = _jax_logits(params, config, tokens)
   hi, _ = _jax_logits(params32, config32, tokens)
   assert np.abs(lo - hi).max() < 0.05
+
+
+@pytest.mark.parametrize("variant", ["qwen2_bias", "llama_mqa_tied"])
+def test_layer_features_vs_reference_hidden_states(tiny_dirs, variant):
+  """forward_features (what an EAGLE-3 head fuses): the output of decoder layer i equals
+  transformers' hidden_states[i + 1] (whose last entry is already final-normed); the final
+  hidden state is forward's."""
+  from vocabjax.models.llamalike import forward_features, rms_norm
+
+  config, params, _ = load_hf(tiny_dirs[variant])
+  tokens = np.random.RandomState(2).randint(0, config.vocab_size, (2, 12))
+  with torch.no_grad():
+    ref = _torch_model(tiny_dirs[variant])(torch.tensor(tokens), output_hidden_states=True)
+  pos = jnp.broadcast_to(jnp.arange(12), (2, 12))
+  hidden, _, feats = forward_features(params, jnp.asarray(tokens), pos,
+                                      KVCache.init(config, 2, 16), config=config, layers=(1, 0))
+  D = config.hidden_size
+  assert feats.shape == (2, 12, 2 * D)
+  np.testing.assert_allclose(np.asarray(feats[..., D:]), ref.hidden_states[1].numpy(), atol=1e-4)
+  last = rms_norm(feats[..., :D], params["final_norm"], config.rms_norm_eps)
+  np.testing.assert_allclose(np.asarray(last), ref.hidden_states[2].numpy(), atol=1e-4)
+  np.testing.assert_allclose(np.asarray(last), np.asarray(hidden), atol=1e-6)
+  plain, _ = forward(params, jnp.asarray(tokens), pos, KVCache.init(config, 2, 16), config=config)
+  np.testing.assert_array_equal(np.asarray(hidden), np.asarray(plain))
+  with pytest.raises(ValueError, match=r"layers=\(2,\) must name decoder layers in \[0, 2\)"):
+    forward_features(params, jnp.asarray(tokens), pos, KVCache.init(config, 2, 16),
+                     config=config, layers=(2,))

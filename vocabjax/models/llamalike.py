@@ -222,6 +222,23 @@ def forward(params: Params, tokens: jax.Array, positions: jax.Array, cache: KVCa
   Returns:
     hidden [B, T, D], final-normed; and the cache with `lengths + T`.
   """
+  hidden, cache, _ = _run(params, tokens, positions, cache, mask, prefix_mask, config, ())
+  return hidden, cache
+
+
+def forward_features(params: Params, tokens: jax.Array, positions: jax.Array, cache: KVCache,
+                     mask: jax.Array | None = None, *, config: LlamaLikeConfig,
+                     layers: tuple[int, ...]) -> tuple[jax.Array, KVCache, jax.Array]:
+  """`forward` that also returns the outputs of decoder `layers` (0-based; the residual stream
+  after layer i, what EAGLE-3 fuses), concatenated: [B, T, len(layers) * D]."""
+  if not layers or min(layers) < 0 or max(layers) >= config.num_layers:
+    raise ValueError(f"layers={layers} must name decoder layers in [0, {config.num_layers})")
+  hidden, cache, feats = _run(params, tokens, positions, cache, mask, None, config,
+                              tuple(layers))
+  return hidden, cache, jnp.concatenate([feats[i] for i in layers], axis=-1)
+
+
+def _run(params, tokens, positions, cache, mask, prefix_mask, config, capture):
   B, T = tokens.shape
   S = cache.max_len
   x = jnp.take(params["embed"], tokens, axis=0)
@@ -231,11 +248,14 @@ def forward(params: Params, tokens: jax.Array, positions: jax.Array, cache: KVCa
   write_s = cache.lengths[:, None] + jnp.arange(T)[None, :]
 
   k_all, v_all = cache.k, cache.v
+  feats = {}
   for i, layer in enumerate(params["layers"]):
     x, k_all, v_all = _layer(x, layer, i, k_all, v_all, write_b, write_s, full_mask, cos, sin,
                              config)
+    if i in capture:
+      feats[i] = x
   hidden = rms_norm(x, params["final_norm"], config.rms_norm_eps)
-  return hidden, KVCache(k=k_all, v=v_all, lengths=cache.lengths + T)
+  return hidden, KVCache(k=k_all, v=v_all, lengths=cache.lengths + T), feats
 
 
 def lm_head_weight(params: Params, config: LlamaLikeConfig) -> jax.Array:
