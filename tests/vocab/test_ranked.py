@@ -12,12 +12,11 @@ from vocabjax.decoding.tree import TreeParams
 from vocabjax.models import init_params
 from vocabjax.models.llamalike import lm_head
 from vocabjax.testing.fixtures import successor_pair
-from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
 from vocabjax.vocab.ranked import (RANKER_KEY, Ranker, RankerError, SpeculativeVocab,
                                    ranker_scores, svd_ranker)
 
-from tests.decoding.conftest import (CFG, PROMPT, SMALL, pair, prompt_samples,  # noqa: F401
-                                     small_pair)
+from tests.decoding.conftest import (CFG, SMALL, check_vocab_sampling_lossless,  # noqa: F401
+                                     pair, small_pair)
 from tests.vocab.test_trimmed import _decoders
 
 
@@ -92,16 +91,8 @@ def test_ranker_quality_sets_acceptance_not_output(kind):
 def test_ranked_sampling_is_lossless(small_pair, sp, kind):
   """12,000 seeded rows, 3 candidates of V = 8 per step chosen by a random ranker (different
   per row and step): the joint law of the first three tokens matches target-only sampling."""
-  target, draft = small_pair
-  sv = SpeculativeVocab(_random_ranker(draft, SMALL, rank=2, seed=1), k=3)
-  if kind == "chain":
-    dec = ChainDecoder(target, SMALL, draft, SMALL, gamma=2, draft_vocab=sv)
-  else:
-    dec = TreeDecoder(target, SMALL, draft, SMALL, tree=TreeParams(2, 2, 4), draft_vocab=sv)
-  samples, stats = prompt_samples(dec, sp, seed=17)
-  assert 0.05 < stats.acceptance_rate < 0.95
-  exact = exact_sequence_probs(target, SMALL, PROMPT, sp)
-  assert chi2_pvalue(samples, exact) > 1e-3
+  sv = SpeculativeVocab(_random_ranker(small_pair[1], SMALL, rank=2, seed=1), k=3)
+  check_vocab_sampling_lossless(kind, small_pair, sv, sp, seed=17)
 
 
 def test_ranker_file_round_trip_and_checks(tmp_path, pair):

@@ -10,13 +10,12 @@ from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.models.llamalike import lm_head
 from vocabjax.testing.fixtures import successor_pair
-from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
 from vocabjax.vocab import SubsetError, VocabSubset
 from vocabjax.vocab.policy import scatter_full, to_target
 from vocabjax.vocab.trimmed import attach_subset, static_policy, subset_rows
 
-from tests.decoding.conftest import (CFG, PROMPT, SMALL, pair, prompt_samples,  # noqa: F401
-                                     small_pair)
+from tests.decoding.conftest import (CFG, SMALL, check_vocab_sampling_lossless,  # noqa: F401
+                                     pair, small_pair)
 
 
 def test_trimmed_head_is_the_full_head_on_the_subset():
@@ -97,15 +96,7 @@ def test_trimmed_sampling_is_lossless(small_pair, sp, kind):
   """12,000 seeded rows, first three tokens (2 and 3 come from speculation): the joint law
   matches target-only sampling (chi-square p > 1e-3), and the tokens outside the subset come
   out at the target's rate at the drafted positions (within 4 standard errors)."""
-  target, draft = small_pair
-  if kind == "chain":
-    dec = ChainDecoder(target, SMALL, draft, SMALL, gamma=2, draft_vocab=SUB)
-  else:
-    dec = TreeDecoder(target, SMALL, draft, SMALL, tree=TreeParams(2, 2, 4), draft_vocab=SUB)
-  samples, stats = prompt_samples(dec, sp, seed=13)
-  assert 0.05 < stats.acceptance_rate < 0.95
-  exact = exact_sequence_probs(target, SMALL, PROMPT, sp)
-  assert chi2_pvalue(samples, exact) > 1e-3
+  samples, exact = check_vocab_sampling_lossless(kind, small_pair, SUB, sp, seed=13)
   V, n = SMALL.vocab_size, len(samples)
   toks = np.stack([samples // (V * V), samples // V % V, samples % V], axis=1)
   for pos, marginal in ((1, exact.sum(axis=(0, 2))), (2, exact.sum(axis=(0, 1)))):

@@ -21,13 +21,13 @@ and `eagle_config.eagle_aux_hidden_state_layer_ids` (the fused target layers), p
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
 
 from vocabjax.checkpoints.convert import CheckpointError
+from vocabjax.checkpoints.zoo import atomic_directory
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.eagle import EagleConfig
 
@@ -70,13 +70,9 @@ def save_eagle3(params: dict, config: EagleConfig, directory, *, target: dict | 
   t2d = np.zeros(config.layer.vocab_size, bool)
   t2d[target_ids] = True
   arrays.update(d2t=d2t, t2d=t2d)
-  tmp = directory.with_name(directory.name + ".tmp")
-  shutil.rmtree(tmp, ignore_errors=True)
-  tmp.mkdir(parents=True)
-  save_file(arrays, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-  (tmp / "config.json").write_text(json.dumps(_hf_config(config, target), indent=1))
-  shutil.rmtree(directory, ignore_errors=True)
-  tmp.rename(directory)
+  with atomic_directory(directory) as tmp:
+    save_file(arrays, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    (tmp / "config.json").write_text(json.dumps(_hf_config(config, target), indent=1))
   return directory
 
 

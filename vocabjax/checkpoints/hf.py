@@ -77,6 +77,7 @@ def save_hf(params: dict, config, directory, *, source) -> Path:
   from safetensors.numpy import save_file
 
   from vocabjax.checkpoints.convert import LAYER_NAMES, TOP_NAMES
+  from vocabjax.checkpoints.zoo import atomic_directory
 
   directory, source = Path(directory), Path(source)
   if not source.is_dir():
@@ -88,17 +89,13 @@ def save_hf(params: dict, config, directory, *, source) -> Path:
         raise ValueError(f"layer {i} leaf {leaf!r} has no HF name (convert the MLP layout back "
                          f"to 'out_in' first)")
       tensors[LAYER_NAMES[leaf][0].format(i=i)] = w
-  tmp = directory.with_name(directory.name + ".tmp")
-  shutil.rmtree(tmp, ignore_errors=True)
-  tmp.mkdir(parents=True)
-  save_file({k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in tensors.items()},
-            str(tmp / "model.safetensors"), metadata={"format": "pt"})
-  for f in source.iterdir():
-    if f.is_file() and not f.name.endswith((".safetensors", ".bin", ".index.json", ".gguf")):
-      shutil.copy2(f, tmp / f.name)
-  cfg = json.loads((tmp / "config.json").read_text())
-  cfg["torch_dtype"] = "float32"
-  (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
-  shutil.rmtree(directory, ignore_errors=True)
-  tmp.rename(directory)
+  with atomic_directory(directory) as tmp:
+    save_file({k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in tensors.items()},
+              str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    for f in source.iterdir():
+      if f.is_file() and not f.name.endswith((".safetensors", ".bin", ".index.json", ".gguf")):
+        shutil.copy2(f, tmp / f.name)
+    cfg = json.loads((tmp / "config.json").read_text())
+    cfg["torch_dtype"] = "float32"
+    (tmp / "config.json").write_text(json.dumps(cfg, indent=1))
   return directory

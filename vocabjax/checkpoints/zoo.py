@@ -11,6 +11,7 @@ The cache lives in `$VOCABJAX_CACHE` (default `~/.cache/vocabjax`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -246,6 +247,23 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
   """`atomic_write_bytes` for text (UTF-8)."""
   atomic_write_bytes(path, text.encode())
+
+
+@contextlib.contextmanager
+def atomic_directory(path: str | os.PathLike):
+  """Yield an empty temporary directory beside `path`; on success it replaces `path` (an old
+  directory there is removed first), on error it is removed and `path` is left as it was."""
+  path = Path(path)
+  tmp = path.with_name(path.name + ".tmp")
+  shutil.rmtree(tmp, ignore_errors=True)
+  tmp.mkdir(parents=True)
+  try:
+    yield tmp
+  except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
+  shutil.rmtree(path, ignore_errors=True)
+  tmp.rename(path)
 
 
 def resolve(name_or_path: str | os.PathLike, *, progress: bool = True) -> Path:

@@ -43,9 +43,9 @@ from vocabjax.models.llamalike import forward, lm_head, with_mlp_layout
 from vocabjax.vocab.policy import Policy, draft_choice, full_policy
 from vocabjax.vocab.ranked import SpeculativeVocab
 from vocabjax.vocab.subset import VocabSubset
+from vocabjax.vocab.trimmed import attach_subset, static_policy
 
 DraftVocab = VocabSubset | SpeculativeVocab  # a static subset or a ranker's per-step candidates
-from vocabjax.vocab.trimmed import attach_subset, static_policy, subset_rows
 
 
 @struct.dataclass
@@ -192,9 +192,7 @@ class SpeculativeDecoder:
   def draft_head_rows(self) -> int:
     """LM-head rows the drafter multiplies per call (K for a trimmed head, K + the ranker's
     cost in D-wide rows for a speculative vocabulary, else V)."""
-    if isinstance(self.draft_vocab, SpeculativeVocab):
-      return self.draft_vocab.head_rows
-    return subset_rows(self.dp) or self.dc.vocab_size
+    return self.draft_vocab.head_rows if self.draft_vocab is not None else self.dc.vocab_size
 
   def cache_len(self, longest: int, max_new_tokens: int, max_len: int | None = None) -> int:
     """Cache slots `generate` uses: `max_len`, else the longest prompt + new tokens + one

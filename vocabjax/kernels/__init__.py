@@ -1,2 +1,2 @@
-"""Kernels, each with a pure-jnp reference beside it. Now: the indexed LM head reference
-(`indexed_lm_head.py`); the Pallas kernels come with issue 7."""
+"""Pallas kernels, each with a pure-jnp reference beside it: the indexed LM head
+(`indexed_lm_head.py`, SpecVocab; GPU and TPU kernels, custom VJP, dispatcher)."""

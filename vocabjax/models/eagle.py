@@ -25,7 +25,7 @@ import jax.numpy as jnp
 
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import _layer, attention_mask, rms_norm, rope_cos_sin
+from vocabjax.models.llamalike import _layer, rms_norm, step_inputs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,15 +109,12 @@ def eagle_forward(params: dict, embed: jax.Array, tokens: jax.Array, hidden: jax
   head's own previous output); returns the layer output [B, T, D] (pre-norm, the next step's
   `hidden`) and the cache with `lengths + T`."""
   c = config.layer
-  B, T = tokens.shape
+  T = tokens.shape[1]
   e = jnp.take(embed, tokens, axis=0)
   layer = params["layer"]
   attn_in = jnp.concatenate([rms_norm(e, layer["attn_norm"], c.rms_norm_eps),
                              rms_norm(hidden, layer["hidden_norm"], c.rms_norm_eps)], axis=-1)
-  cos, sin = rope_cos_sin(positions, c)
-  full_mask = attention_mask(cache.lengths, T, cache.max_len, mask)
-  write_b = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
-  write_s = cache.lengths[:, None] + jnp.arange(T)[None, :]
+  cos, sin, full_mask, write_b, write_s = step_inputs(tokens, positions, cache, mask, None, c)
   x, k_all, v_all = _layer(hidden, layer, 0, cache.k, cache.v, write_b, write_s, full_mask,
                            cos, sin, c, attn_input=attn_in)
   return x, KVCache(k=k_all, v=v_all, lengths=cache.lengths + T)

@@ -238,15 +238,22 @@ def forward_features(params: Params, tokens: jax.Array, positions: jax.Array, ca
   return hidden, cache, jnp.concatenate([feats[i] for i in layers], axis=-1)
 
 
-def _run(params, tokens, positions, cache, mask, prefix_mask, config, capture):
+def step_inputs(tokens, positions, cache: KVCache, mask, prefix_mask, config: LlamaLikeConfig):
+  """What every layer of one call over tokens [B, T] shares: RoPE (cos, sin), the [B, T, S]
+  attention mask, and the cache slots (write_b, write_s) the T new entries go to."""
   B, T = tokens.shape
-  S = cache.max_len
-  x = jnp.take(params["embed"], tokens, axis=0)
   cos, sin = rope_cos_sin(positions, config)
-  full_mask = attention_mask(cache.lengths, T, S, mask, prefix_mask)
+  full_mask = attention_mask(cache.lengths, T, cache.max_len, mask, prefix_mask)
   write_b = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
   write_s = cache.lengths[:, None] + jnp.arange(T)[None, :]
+  return cos, sin, full_mask, write_b, write_s
 
+
+def _run(params, tokens, positions, cache, mask, prefix_mask, config, capture):
+  T = tokens.shape[1]
+  x = jnp.take(params["embed"], tokens, axis=0)
+  cos, sin, full_mask, write_b, write_s = step_inputs(tokens, positions, cache, mask,
+                                                      prefix_mask, config)
   k_all, v_all = cache.k, cache.v
   feats = {}
   for i, layer in enumerate(params["layers"]):

@@ -19,7 +19,9 @@ directory are refused):
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
+import io
 import json
 import time
 from pathlib import Path
@@ -28,7 +30,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vocabjax.train.loop import TrainError, progress, write_json_atomic
+from vocabjax.checkpoints.zoo import atomic_write_bytes
+from vocabjax.generate import atomic_write_json
+from vocabjax.train.loop import TrainError, progress
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,17 +77,16 @@ def model_identity(model) -> dict:
   return {"source": Path(model.source).name, **drafter_identity(model.params, model.config)}
 
 
-def _forward_fn(config):
+def sequence_hidden(params, tokens, *, config):
+  """Final hidden states [B, T, D] of whole sequences tokens [B, T] (positions 0..T-1, a fresh
+  cache of T slots): teacher forcing for features and training."""
   from vocabjax.models.cache import KVCache
   from vocabjax.models.llamalike import forward
 
-  @jax.jit
-  def run(params, tokens):
-    B, T = tokens.shape
-    pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-    hidden, _ = forward(params, tokens, pos, KVCache.init(config, B, T), config=config)
-    return hidden
-  return run
+  B, T = tokens.shape
+  pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+  hidden, _ = forward(params, tokens, pos, KVCache.init(config, B, T), config=config)
+  return hidden
 
 
 def _record_features(rec, tokenizer, d_run, draft, t_run, target, T_top):
@@ -150,9 +153,9 @@ def build_features(job: FeatureSpec, *, show_progress: bool = True) -> Path:
           "target": model_identity(target) if target else None,
           "data": [str(p) for p in job.data], "records": len(records), "shards": n_shards,
           "teacher_top": job.teacher_top, "complete": False}
-  write_json_atomic(meta_path, meta)
-  d_run = _forward_fn(draft.config)
-  t_run = _forward_fn(target.config) if target else None
+  atomic_write_json(meta_path, meta)
+  d_run = jax.jit(functools.partial(sequence_hidden, config=draft.config))
+  t_run = jax.jit(functools.partial(sequence_hidden, config=target.config)) if target else None
   t0, rows = time.perf_counter(), 0
   for i in progress(todo, desc="features (shards)", enabled=show_progress):
     parts = []
@@ -169,11 +172,11 @@ def build_features(job: FeatureSpec, *, show_progress: bool = True) -> Path:
     arrays["seq_offsets"] = np.cumsum([0] + [len(f["tokens"]) for _, f in parts])
     arrays["seq_first_row"] = np.asarray([f["first_row"] for _, f in parts], np.int32)
     arrays["seq_record"] = np.asarray([r for r, _ in parts], np.int32)
-    tmp = fdir / f"shard-{i:05d}.tmp.npz"
-    np.savez(tmp, **arrays)
-    tmp.replace(fdir / f"shard-{i:05d}.npz")
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    atomic_write_bytes(fdir / f"shard-{i:05d}.npz", buf.getvalue())
   meta.update(complete=True, seconds=round(time.perf_counter() - t0, 1), new_rows=rows)
-  write_json_atomic(meta_path, meta)
+  atomic_write_json(meta_path, meta)
   return fdir
 
 

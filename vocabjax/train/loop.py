@@ -14,8 +14,8 @@ model or hyperparameters: its fingerprint) is refused rather than resumed.
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
-import os
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -74,19 +74,13 @@ def apply_grads(state: TrainState, grads, opt: optax.GradientTransformation) -> 
                     opt_state=opt_state)
 
 
-def write_json_atomic(path: Path, obj) -> None:
-  path = Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_name(path.name + ".tmp")
-  tmp.write_text(json.dumps(obj, indent=1, default=str))
-  os.replace(tmp, path)
-
-
 class Checkpoints:
   """An orbax checkpoint directory of one training job (identified by `fingerprint`)."""
 
   def __init__(self, directory: Path, fingerprint: str, *, every: int = 100, keep: int = 2):
     import orbax.checkpoint as ocp
+
+    from vocabjax.generate import atomic_write_json
 
     self.dir = Path(directory).absolute()
     self.every = every
@@ -98,7 +92,7 @@ class Checkpoints:
                          f"{have}, this job's is {fingerprint}); use another output directory "
                          f"or delete it")
     else:
-      write_json_atomic(marker, {"fingerprint": fingerprint})
+      atomic_write_json(marker, {"fingerprint": fingerprint})
     self.manager = ocp.CheckpointManager(
         self.dir, options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True))
 
@@ -151,6 +145,8 @@ def plot_curves(rows: list[dict], keys: list[str], path: Path, title: str) -> No
   """One panel per key (rows missing a key are skipped), saved atomically as a PNG."""
   import matplotlib
 
+  from vocabjax.checkpoints.zoo import atomic_write_bytes
+
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
@@ -164,7 +160,7 @@ def plot_curves(rows: list[dict], keys: list[str], path: Path, title: str) -> No
     ax.grid(alpha=0.3)
   fig.suptitle(title)
   fig.tight_layout()
-  tmp = Path(path).with_name(Path(path).stem + ".tmp.png")
-  fig.savefig(tmp, dpi=110)
+  buf = io.BytesIO()
+  fig.savefig(buf, format="png", dpi=110)
   plt.close(fig)
-  os.replace(tmp, path)
+  atomic_write_bytes(path, buf.getvalue())

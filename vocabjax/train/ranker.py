@@ -41,11 +41,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vocabjax.generate import atomic_write_json
 from vocabjax.train.features import (Features, FeatureSpec, build_features, heldout_records,
-                                     load_features, model_identity)
+                                     load_features, model_identity, sequence_hidden)
 from vocabjax.train.loop import (Checkpoints, OptimConfig, TrainError, TrainState, append_log,
-                                 apply_grads, make_optimizer, plot_curves, progress, read_log,
-                                 write_json_atomic)
+                                 apply_grads, make_optimizer, plot_curves, progress, read_log)
 from vocabjax.train.losses import label_ranks, vocab_cross_entropy
 
 MODES = ("frozen", "joint")
@@ -182,17 +182,13 @@ def _frozen_step(opt, job):
 
 
 def _joint_step(opt, job, config):
-  from vocabjax.models.cache import KVCache
-  from vocabjax.models.llamalike import forward, lm_head_weight
+  from vocabjax.models.llamalike import lm_head_weight
 
   @jax.jit
   def step(state, batch):
     def total(p):
       B, T = batch["tokens"].shape
-      pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-      h, _ = forward(p["drafter"], batch["tokens"], pos, KVCache.init(config, B, T),
-                     config=config)
-      h = h.reshape(B * T, -1)
+      h = sequence_hidden(p["drafter"], batch["tokens"], config=config).reshape(B * T, -1)
       w = batch["weight"].reshape(-1)
       flat = {k: v.reshape((B * T,) + v.shape[2:]) for k, v in batch.items()
               if k not in ("tokens", "weight")}
@@ -376,7 +372,7 @@ def train(job: RankerJob, *, show_progress: bool = True, stop_after: int | None 
                  chosen["step"], "final": chosen}).save(out / "ranker.safetensors")
     if job.mode == "joint":
       _save_drafter(state.params["drafter"], draft, out / "drafter")
-  write_json_atomic(out / "recall.json", summary)
+  atomic_write_json(out / "recall.json", summary)
   return summary
 
 

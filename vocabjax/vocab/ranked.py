@@ -100,16 +100,15 @@ class Ranker:
 
   def save(self, path) -> Path:
     """Write atomically as safetensors with the drafter record and provenance as metadata."""
-    from safetensors.numpy import save_file
+    from safetensors.numpy import save
+
+    from vocabjax.checkpoints.zoo import atomic_write_bytes
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    save_file({"down": np.ascontiguousarray(self.down, np.float32),
-               "vocab": np.ascontiguousarray(self.vocab, np.float32)}, str(tmp),
-              metadata={"format": FORMAT, "drafter": json.dumps(self.drafter),
-                        "meta": json.dumps(self.meta)})
-    tmp.replace(path)
+    atomic_write_bytes(path, save({"down": np.ascontiguousarray(self.down, np.float32),
+                                   "vocab": np.ascontiguousarray(self.vocab, np.float32)},
+                                  metadata={"format": FORMAT, "drafter": json.dumps(self.drafter),
+                                            "meta": json.dumps(self.meta)}))
     return path
 
   @classmethod
@@ -142,6 +141,11 @@ def read_metadata(path) -> dict:
   return md
 
 
+def ranked_head_rows(k: int, V: int, R: int, D: int) -> int:
+  """Cost of one row's ranked policy in D-wide head rows: k + (V*R + R*D) / D, rounded up."""
+  return k + -(-(V * R + R * D) // D)
+
+
 @dataclasses.dataclass(frozen=True)
 class SpeculativeVocab:
   """A drafter vocabulary policy: `ranker`'s top-`k` candidates per step (module doc)."""
@@ -161,9 +165,8 @@ class SpeculativeVocab:
 
   @property
   def head_rows(self) -> int:
-    """Cost of one row's policy in D-wide rows: K + (V*R + R*D) / D, rounded up."""
     r = self.ranker
-    return self.k + -(-(r.vocab_size * r.rank + r.rank * r.hidden_size) // r.hidden_size)
+    return ranked_head_rows(self.k, r.vocab_size, r.rank, r.hidden_size)
 
   def attach(self, params: dict, config: LlamaLikeConfig):
     """(params with the ranker beside them, the policy)."""

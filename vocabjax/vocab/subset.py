@@ -47,6 +47,10 @@ class VocabSubset:
     return int(np.asarray(self.ids).size)
 
   @property
+  def head_rows(self) -> int:  # LM-head rows a trimmed head multiplies per row
+    return self.size
+
+  @property
   def d2t(self) -> np.ndarray:
     """[K] offsets: target = draft + d2t[draft]."""
     ids = np.asarray(self.ids, np.int64)
