@@ -74,12 +74,17 @@ def median_s(fn, *args, repeats: int) -> float:
   return float(np.median(times))
 
 
-def _time_body(params, config, B: int, T: int, S: int, context: int, repeats: int) -> float:
+def _time_body(body, params, config, B: int, T: int, S: int, context: int,
+               repeats: int) -> float:
+  """`body(params, tokens, positions, cache)` over T tokens after `context` cached ones."""
   cache = KVCache.init(config, B, S, params["embed"].dtype).with_lengths(
       jnp.full((B,), context, jnp.int32))
-  f = jax.jit(lambda p, t, c: forward(p, t, context + jnp.broadcast_to(jnp.arange(T), (B, T)),
-                                      c, config=config)[0])
+  f = jax.jit(lambda p, t, c: body(p, t, context + jnp.broadcast_to(jnp.arange(T), (B, T)), c))
   return median_s(f, params, jnp.zeros((B, T), jnp.int32), cache, repeats=repeats)
+
+
+def _target_body(params, tokens, positions, cache, *, config):
+  return forward(params, tokens, positions, cache, config=config)[0]
 
 
 def _time_head(params, head, B: int, rows: int, D: int, repeats: int) -> float:
@@ -89,7 +94,7 @@ def _time_head(params, head, B: int, rows: int, D: int, repeats: int) -> float:
 
 def step_split(decoder, *, batch_size: int = 1, max_len: int = 512, context: int | None = None,
                repeats: int = 5) -> StepSplit:
-  """Time the parts of one step of `decoder` (a ChainDecoder or TreeDecoder).
+  """Time the parts of one step of `decoder` (a ChainDecoder, TreeDecoder or EagleDecoder).
 
   `context`: committed tokens in the cache while timing (default: half of `max_len`).
   """
@@ -99,18 +104,20 @@ def step_split(decoder, *, batch_size: int = 1, max_len: int = 512, context: int
   context = S // 2 if context is None else context
   if context + T_verify + max(t for t, _ in calls) > S:
     raise ValueError(f"{context=} + one step does not fit the timing cache {max_len=}")
-  dp, dc, tp, tc = decoder.dp, decoder.dc, decoder.tp, decoder.tc
+  tp, tc = decoder.tp, decoder.tc
+  dbody, dp, dcache_config = decoder.drafter_body()
   dhead = decoder.draft_policy
+  tbody = functools.partial(_target_body, config=tc)
   thead = functools.partial(lm_head, config=tc)
   body_t, head_t = {}, {}
   for T, rows in calls:
     if T not in body_t:
-      body_t[T] = _time_body(dp, dc, B, T, S, context, repeats)
+      body_t[T] = _time_body(dbody, dp, dcache_config, B, T, S, context, repeats)
     if rows and rows not in head_t:
-      head_t[rows] = _time_head(dp, dhead, B, rows, dc.hidden_size, repeats)
-  verify = (_time_body(tp, tc, B, T_verify, S, context, repeats)
+      head_t[rows] = _time_head(dp, dhead, B, rows, decoder.dc.hidden_size, repeats)
+  verify = (_time_body(tbody, tp, tc, B, T_verify, S, context, repeats)
             + _time_head(tp, thead, B, T_verify, tc.hidden_size, repeats))
-  ar = (_time_body(tp, tc, B, 1, S, context, repeats)
+  ar = (_time_body(tbody, tp, tc, B, 1, S, context, repeats)
         + _time_head(tp, thead, B, 1, tc.hidden_size, repeats))
   return StepSplit(drafter_s=sum(body_t[T] for T, _ in calls),
                    drafter_head_s=sum(head_t[r] for _, r in calls if r),

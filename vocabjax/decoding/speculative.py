@@ -194,6 +194,10 @@ class SpeculativeDecoder:
     cost in D-wide rows for a speculative vocabulary, else V)."""
     return self.draft_vocab.head_rows if self.draft_vocab is not None else self.dc.vocab_size
 
+  @property
+  def cache_dtype(self):
+    return self.tp["embed"].dtype
+
   def cache_len(self, longest: int, max_new_tokens: int, max_len: int | None = None) -> int:
     """Cache slots `generate` uses: `max_len`, else the longest prompt + new tokens + one
     step's extra slots, rounded up to a bucket."""
@@ -203,30 +207,46 @@ class SpeculativeDecoder:
     """(tokens fed, LM-head rows) per row of each drafter call in one step (for profiling)."""
     raise NotImplementedError
 
+  def drafter_body(self):
+    """(fn(params, tokens, positions, cache) -> hidden, params, cache config): the drafter's
+    forward without its LM head (for profiling)."""
+    return functools.partial(_body, config=self.dc), self.dp, self.dc
+
   def _step_fn(self, sampling: SamplingParams):
     raise NotImplementedError
 
   def _initial_state(self, tcache, dcache, first, prompts):
     raise NotImplementedError
 
-  # --- shared -------------------------------------------------------------------------------
-  def programs(self, sampling: SamplingParams, B: int, T: int, S: int, dtype):
-    """AOT-compiled (target prefill, drafter prefill, step) for one shape."""
-    key = (sampling, B, T, S, jnp.dtype(dtype).name)
-    if key in self._programs:
-      return (*self._programs[key], 0.0)
-    t0 = time.perf_counter()
+  def _compile_start(self, sampling: SamplingParams, B: int, T: int, S: int, dtype):
+    """(start, abstract initial state): `start(tokens [B, T], lengths [B], prompt_last [B],
+    key) -> (first token [B], initial loop state)` runs the compiled prefills."""
     tcache = abstract_cache(self.tc, B, S, dtype)
     dcache = abstract_cache(self.dc, B, S, dtype)
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
     tprefill = compile_prefill(self.tp, self.tc, sampling, B, T, tcache)
     dprefill = jax.jit(functools.partial(_draft_prefill, config=self.dc),
                        donate_argnums=(3,)).lower(self.dp, i32(B, T), i32(B), dcache).compile()
-    state = jax.eval_shape(self._initial_state, tcache, dcache, i32(B), i32(B))
+
+    def start(tokens, lengths, prompt_last, key):
+      first, tc = tprefill(self.tp, tokens, lengths, KVCache.init(self.tc, B, S, dtype), key)
+      dc = dprefill(self.dp, tokens, lengths, KVCache.init(self.dc, B, S, dtype))
+      return first, self._initial_state(tc, dc, first, prompt_last)
+
+    return start, jax.eval_shape(self._initial_state, tcache, dcache, i32(B), i32(B))
+
+  # --- shared -------------------------------------------------------------------------------
+  def programs(self, sampling: SamplingParams, B: int, T: int, S: int, dtype):
+    """AOT-compiled (start: the prefills, step) for one shape, and the compile seconds."""
+    key = (sampling, B, T, S, jnp.dtype(dtype).name)
+    if key in self._programs:
+      return (*self._programs[key], 0.0)
+    t0 = time.perf_counter()
+    start, state = self._compile_start(sampling, B, T, S, dtype)
     step = jax.jit(self._step_fn(sampling), donate_argnums=(2,)).lower(
         self.tp, self.dp, state, jax.random.key(0)).compile()
-    self._programs[key] = (tprefill, dprefill, step)
-    return tprefill, dprefill, step, time.perf_counter() - t0
+    self._programs[key] = (start, step)
+    return start, step, time.perf_counter() - t0
 
   def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                sampling: SamplingParams = SamplingParams(), seed: int = 0,
@@ -248,8 +268,8 @@ class SpeculativeDecoder:
                        f"length {max_len=}")
     S = self.cache_len(longest, max_new_tokens, max_len)
     T = min(bucket(longest), S)
-    dtype = self.tp["embed"].dtype
-    tprefill, dprefill, step, compile_s = self.programs(sampling, B, T, S, dtype)
+    dtype = self.cache_dtype
+    start, step, compile_s = self.programs(sampling, B, T, S, dtype)
 
     tokens = np.zeros((B, T), np.int32)
     for b, p in enumerate(prompts):
@@ -258,12 +278,9 @@ class SpeculativeDecoder:
     out = OutputCollector(B, max_new_tokens, eos_token_ids, stop_strings, tokenizer)
 
     t0 = time.perf_counter()
-    tok_arr, len_arr = jnp.asarray(tokens), jnp.asarray(lengths)
-    first, tcache = tprefill(self.tp, tok_arr, len_arr, KVCache.init(self.tc, B, S, dtype),
-                             jax.random.fold_in(key, 0))
-    dcache = dprefill(self.dp, tok_arr, len_arr, KVCache.init(self.dc, B, S, dtype))
-    state = self._initial_state(tcache, dcache, first,
-                                jnp.asarray([p[-1] for p in prompts], jnp.int32))
+    first, state = start(jnp.asarray(tokens), jnp.asarray(lengths),
+                         jnp.asarray([p[-1] for p in prompts], jnp.int32),
+                         jax.random.fold_in(key, 0))
     out.add(np.asarray(first))
     t1 = time.perf_counter()
     stats = SpecStats(drafted=[], accepted=[])
@@ -347,6 +364,10 @@ class TreeDecoder(SpeculativeDecoder):
     return TreeState(target_cache=tcache, draft_cache=dcache, last=first,
                      pend_tokens=jnp.broadcast_to(first[:, None], (B, P)).astype(jnp.int32),
                      pend_count=jnp.ones_like(first))
+
+
+def _body(params, tokens, positions, cache, *, config):
+  return forward(params, tokens, positions, cache, config=config)[0]
 
 
 def _draft_prefill(params, tokens, prompt_lengths, cache, *, config):

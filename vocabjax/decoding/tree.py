@@ -29,7 +29,7 @@ from vocabjax.decoding.sampling import SamplingParams, probs
 from vocabjax.decoding.verify import verify_tree_greedy, verify_tree_sampling
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import forward, lm_head
+from vocabjax.models.llamalike import forward, forward_features, lm_head
 from vocabjax.vocab.policy import full_policy, to_target_many
 
 
@@ -72,17 +72,40 @@ class TreeState:
 
 
 def draft_tree(params, state: TreeState, *, config: LlamaLikeConfig, tree: TreeParams, policy):
-  """Build the tree: (node tokens [B, N], parent [B, N] in 0..N (0 = root), depth [B, N],
-  drafter cache holding every committed token, root included)."""
-  k, d = tree.top_k, tree.depth
+  """Build the tree with an independent drafter: (node tokens [B, N], parent [B, N] in 0..N
+  (0 = root), depth [B, N], drafter cache holding every committed token, root included)."""
   B, P = state.pend_tokens.shape
   cache = state.draft_cache
   L0 = cache.lengths
   h, cache = forward(params, state.pend_tokens, L0[:, None] + jnp.arange(P)[None], cache,
                      config=config)
   C = L0 + state.pend_count  # committed tokens, root included
-  cache = cache.with_lengths(C)
   h_root = jnp.take_along_axis(h, (state.pend_count - 1)[:, None, None], axis=1)[:, 0]
+
+  def expand(params, tok, parent_state, positions, cache, prefix_mask):
+    del parent_state  # the drafter reads its own cache only
+    k = tok.shape[1]
+    h, cache = forward(params, tok, positions, cache, jnp.eye(k, dtype=jnp.bool_)[None],
+                       config=config, prefix_mask=prefix_mask)
+    return h, h, cache
+
+  return grow_tree(params, h_root, h_root, cache.with_lengths(C), tree=tree, policy=policy,
+                   expand=expand)
+
+
+def grow_tree(params, h_root, state_root, cache, *, tree: TreeParams, policy, expand):
+  """EAGLE-2 tree growth shared by every drafter (see the module doc).
+
+  h_root [B, D]: the policy's input at the root; state_root [B, ...]: what the root's children
+  are expanded from (an EAGLE head's own output; unused by an independent drafter). `cache`
+  holds C committed entries (its lengths), the root's included. `expand(params, tok [B, k],
+  parent_state [B, k, ...], positions [B, k], cache, prefix_mask [B, k, S])` feeds one frontier
+  and returns (policy input [B, k, D], state [B, k, ...], cache). Returns (node tokens [B, N],
+  parent [B, N] in 0..N (0 = root), depth [B, N], the cache with lengths C).
+  """
+  k, d = tree.top_k, tree.depth
+  C = cache.lengths
+  B = C.shape[0]
   ids, logits = policy(params, h_root)
   score1, j1 = jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), k)  # [B, k]
   tok1 = to_target_many(ids, j1)
@@ -91,11 +114,11 @@ def draft_tree(params, state: TreeState, *, config: LlamaLikeConfig, tree: TreeP
 
   cand_tok, cand_score, cand_parent = [tok1], [score1], [jnp.full((B, k), -1, jnp.int32)]
   if d > 1:
-    def expand(carry, i):
-      cache, f_idx, f_tok, f_score, f_anc = carry
+    def step(carry, i):
+      cache, f_idx, f_tok, f_score, f_anc, f_state = carry
       start = cache.lengths
-      h, cache = forward(params, f_tok, jnp.broadcast_to((C - 1 + i)[:, None], (B, k)), cache,
-                         jnp.eye(k, dtype=jnp.bool_)[None], config=config, prefix_mask=f_anc)
+      h, st, cache = expand(params, f_tok, f_state,
+                            jnp.broadcast_to((C - 1 + i)[:, None], (B, k)), cache, f_anc)
       own = (slots[None, None, :] == (start[:, None] + jnp.arange(k)[None])[..., None])
       child_anc = f_anc | own  # [B, k, S]: what each frontier node's children may see
       ids, logits = policy(params, h)  # logits [B, k, V or K candidates]
@@ -106,13 +129,18 @@ def draft_tree(params, state: TreeState, *, config: LlamaLikeConfig, tree: TreeP
       c_parent = jnp.repeat(f_idx, k, axis=1)
       best_score, sel = jax.lax.top_k(c_score, k)  # ties: lower index first
       base = k + (i - 1) * k * k
-      nxt = (cache, base + sel, jnp.take_along_axis(c_tok, sel, 1), best_score,
-             jnp.take_along_axis(child_anc, (sel // k)[..., None], 1))
+      par = sel // k  # which frontier node each new frontier node hangs from
+      pick = lambda x: jnp.take_along_axis(  # noqa: E731
+          x, par.reshape(B, k, *([1] * (x.ndim - 2))), 1)
+      nxt = (cache, base + sel, jnp.take_along_axis(c_tok, sel, 1), best_score, pick(child_anc),
+             pick(st))
       return nxt, (c_tok, c_score, c_parent)
 
     f_anc = jnp.broadcast_to((slots[None, :] < C[:, None])[:, None, :], (B, k, S))
-    init = (cache, jnp.broadcast_to(jnp.arange(k), (B, k)), tok1.astype(jnp.int32), score1, f_anc)
-    (cache, *_), (toks, scores, parents) = jax.lax.scan(expand, init, jnp.arange(1, d))
+    f_state = jnp.broadcast_to(state_root[:, None], (B, k) + state_root.shape[1:])
+    init = (cache, jnp.broadcast_to(jnp.arange(k), (B, k)), tok1.astype(jnp.int32), score1,
+            f_anc, f_state)
+    (cache, *_), (toks, scores, parents) = jax.lax.scan(step, init, jnp.arange(1, d))
     cand_tok += list(toks)
     cand_score += list(scores)
     cand_parent += list(parents)
@@ -164,18 +192,48 @@ def tree_step(target_params, draft_params, state: TreeState, key, *, target_conf
 
   Returns (state, emitted [B, d + 1] with -1 after the emitted tokens, accepted [B]).
   """
-  d = tree.depth
   node_tok, parent, depth, dcache = draft_tree(draft_params, state, config=draft_config,
                                                tree=tree,
                                                policy=draft_policy or full_policy(draft_config))
+  v = verify_tree(target_params, state.last, node_tok, parent, depth, state.target_cache, key,
+                  target_config=target_config, tree=tree, sampling=sampling)
+  new_state = TreeState(target_cache=v.target_cache, draft_cache=dcache, last=v.next,
+                        pend_tokens=v.pend_tokens, pend_count=v.accepted + 1)
+  return new_state, v.emitted, v.accepted
+
+
+@struct.dataclass
+class Verified:
+  """What one tree verification commits (every array per row)."""
+
+  accepted: jax.Array  # [B] accepted drafts n
+  path: jax.Array  # [B, d + 1] node indices of the accepted path, root first, 0-padded
+  next: jax.Array  # [B] the token the target emits after the path
+  target_cache: KVCache  # the path's KV compacted; lengths + n + 1
+  emitted: jax.Array  # [B, d + 1] the n accepted tokens and `next`, then -1
+  pend_tokens: jax.Array  # [B, d + 1] the n accepted tokens and `next` (then repeats)
+  features: jax.Array | None  # [B, d + 1, F*D] target features on the path (when asked)
+
+
+def verify_tree(target_params, last, node_tok, parent, depth, target_cache: KVCache, key, *,
+                target_config: LlamaLikeConfig, tree: TreeParams, sampling: SamplingParams,
+                feature_layers: tuple[int, ...] | None = None) -> Verified:
+  """Score the tree [root=last, nodes] in one target forward (ancestor mask, depth-based
+  positions), accept a path, compact the target cache. With `feature_layers`, also return the
+  target's features of those layers at the path's nodes (an EAGLE head's next inputs)."""
+  d = tree.depth
   B = node_tok.shape[0]
-  Nt = state.target_cache.lengths
-  tokens = jnp.concatenate([state.last[:, None], node_tok], axis=1)  # [B, N + 1]
+  Nt = target_cache.lengths
+  tokens = jnp.concatenate([last[:, None], node_tok], axis=1)  # [B, N + 1]
   parent_full = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), parent], axis=1)
   depth_full = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), depth], axis=1)
   mask = ancestor_mask(parent_full, d)
-  h, tcache = forward(target_params, tokens, Nt[:, None] + depth_full, state.target_cache, mask,
-                      config=target_config)
+  pos = Nt[:, None] + depth_full
+  if feature_layers:
+    h, tcache, feats = forward_features(target_params, tokens, pos, target_cache, mask,
+                                        config=target_config, layers=feature_layers)
+  else:
+    h, tcache = forward(target_params, tokens, pos, target_cache, mask, config=target_config)
   tlogits = lm_head(target_params, h, config=target_config)  # [B, N + 1, V]
   if sampling.greedy:
     n, path, nxt = verify_tree_greedy(tokens, parent_full, tlogits, d)
@@ -190,6 +248,7 @@ def tree_step(target_params, draft_params, state: TreeState, key, *, target_conf
                       jnp.where(slot == n[:, None], nxt[:, None], -1))
   pend = jnp.where(slot < n[:, None], jnp.pad(path_tok[:, 1:], ((0, 0), (0, 1))),
                    nxt[:, None])  # accepted nodes, then the new last; padding repeats it
-  new_state = TreeState(target_cache=tcache, draft_cache=dcache, last=nxt,
-                        pend_tokens=pend.astype(jnp.int32), pend_count=n + 1)
-  return new_state, emitted, n
+  path_feats = (jnp.take_along_axis(feats, path[..., None], axis=1) if feature_layers
+                else None)
+  return Verified(accepted=n, path=path, next=nxt, target_cache=tcache, emitted=emitted,
+                  pend_tokens=pend.astype(jnp.int32), features=path_feats)

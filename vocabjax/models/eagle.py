@@ -61,6 +61,10 @@ class EagleConfig:
     if target.hidden_size != self.target_hidden_size:
       raise ValueError(f"the head reads target features of width {self.target_hidden_size}, "
                        f"the target's hidden size is {target.hidden_size}")
+    if target.hidden_size != self.hidden_size:
+      raise ValueError(f"the head's width D={self.hidden_size} differs from the target's "
+                       f"hidden size {target.hidden_size}: it embeds tokens with the target's "
+                       f"embedding")
     if target.vocab_size != self.layer.vocab_size:
       raise ValueError(f"the head maps into a vocabulary of {self.layer.vocab_size} tokens, "
                        f"the target has V={target.vocab_size}")
@@ -104,17 +108,20 @@ def fuse_features(params: dict, features: jax.Array) -> jax.Array:
 
 def eagle_forward(params: dict, embed: jax.Array, tokens: jax.Array, hidden: jax.Array,
                   positions: jax.Array, cache: KVCache, mask: jax.Array | None = None, *,
-                  config: EagleConfig) -> tuple[jax.Array, KVCache]:
+                  config: EagleConfig, prefix_mask: jax.Array | None = None
+                  ) -> tuple[jax.Array, KVCache]:
   """One head step over T tokens: `hidden` [B, T, D] is the fused target feature (or the
   head's own previous output); returns the layer output [B, T, D] (pre-norm, the next step's
-  `hidden`) and the cache with `lengths + T`."""
+  `hidden`) and the cache with `lengths + T`. `mask` and `prefix_mask` as in
+  `llamalike.forward` (a tree's frontier sees only its ancestors)."""
   c = config.layer
   T = tokens.shape[1]
   e = jnp.take(embed, tokens, axis=0)
   layer = params["layer"]
   attn_in = jnp.concatenate([rms_norm(e, layer["attn_norm"], c.rms_norm_eps),
                              rms_norm(hidden, layer["hidden_norm"], c.rms_norm_eps)], axis=-1)
-  cos, sin, full_mask, write_b, write_s = step_inputs(tokens, positions, cache, mask, None, c)
+  cos, sin, full_mask, write_b, write_s = step_inputs(tokens, positions, cache, mask,
+                                                      prefix_mask, c)
   x, k_all, v_all = _layer(hidden, layer, 0, cache.k, cache.v, write_b, write_s, full_mask,
                            cos, sin, c, attn_input=attn_in)
   return x, KVCache(k=k_all, v=v_all, lengths=cache.lengths + T)

@@ -16,7 +16,7 @@ from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import init_params
 
 
-def _lookup_model(config: LlamaLikeConfig, next_token, scale: float = 10.0) -> dict:
+def lookup_model(config: LlamaLikeConfig, next_token, scale: float = 10.0) -> dict:
   V = config.vocab_size
   params = init_params(jax.random.key(0), config)
   params["embed"] = jnp.eye(V, config.hidden_size, dtype=jnp.float32)
@@ -35,6 +35,6 @@ def successor_pair(vocab_size: int = 12, skip: int = 3):
   config = LlamaLikeConfig(arch="llama", vocab_size=vocab_size, hidden_size=vocab_size,
                            intermediate_size=8, num_layers=1, num_heads=2, num_kv_heads=1,
                            head_dim=4, max_position_embeddings=1024)
-  target = _lookup_model(config, lambda t: t + 1)
-  draft = _lookup_model(config, lambda t: t + 2 if skip and t % skip == 0 else t + 1)
+  target = lookup_model(config, lambda t: t + 1)
+  draft = lookup_model(config, lambda t: t + 2 if skip and t % skip == 0 else t + 1)
   return config, target, draft

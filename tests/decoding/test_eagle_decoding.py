@@ -1,0 +1,205 @@
+"""EAGLE head tree decoding: greedy identity with every vocabulary choice, the feature hand-over
+invariant (the head's cache equals a fresh recomputation), lossless sampling, bad input."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vocabjax.decoding import Decoder, SamplingParams
+from vocabjax.decoding.eagle import EagleDecoder
+from vocabjax.decoding.tree import TreeParams
+from vocabjax.models import KVCache, LlamaLikeConfig, init_params
+from vocabjax.models.eagle import EagleConfig, eagle_forward, fuse_features, init_eagle
+from vocabjax.models.llamalike import forward_features
+from vocabjax.testing.fixtures import lookup_model
+from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
+from vocabjax.vocab.ranked import SpeculativeVocab, svd_ranker
+from vocabjax.vocab.subset import VocabSubset
+
+from tests.decoding.conftest import CFG, PROMPT, SMALL
+
+
+def head_config(target: LlamaLikeConfig, draft_vocab_size=None, layers=(0, 1)):
+  layer = LlamaLikeConfig(arch="llama", vocab_size=target.vocab_size,
+                          hidden_size=target.hidden_size, intermediate_size=24, num_layers=1,
+                          num_heads=2, num_kv_heads=1, head_dim=8)
+  return EagleConfig(layer=layer, target_hidden_size=target.hidden_size, feature_layers=layers,
+                     draft_vocab_size=draft_vocab_size or target.vocab_size)
+
+
+def random_head(target_params, target: LlamaLikeConfig, Vd=None, seed=3, layers=(0, 1)):
+  hc = head_config(target, Vd, layers)
+  p = init_eagle(jax.random.key(seed), hc, scale=0.3)
+  V = target.vocab_size
+  ids = np.sort(np.random.RandomState(seed).choice(V, hc.draft_vocab_size, replace=False))
+  p["d2t"] = jnp.asarray(ids - np.arange(len(ids)), jnp.int32)
+  # the target's rows of its own LM head: a head that drafts something the target may accept
+  U = target_params.get("lm_head", target_params["embed"])
+  p["lm_head"] = jnp.asarray(U)[ids] + 0.1 * p["lm_head"]
+  return hc, p
+
+
+LOOKUP = LlamaLikeConfig(arch="llama", vocab_size=16, hidden_size=16, intermediate_size=8,
+                         num_layers=1, num_heads=2, num_kv_heads=1, head_dim=4,
+                         max_position_embeddings=1024)
+
+
+def _next(t):
+  return (5 * t + 3) % 16
+
+
+@pytest.fixture(scope="module")
+def lookup():
+  """A 1-layer target continuing t -> 5t + 3 (mod 16) whose layer-0 output is the one-hot
+  embedding, and a head that knows it: fc maps f_p = onehot(x_p) to onehot(x_{p+1}) (so the
+  target's own LM head on it predicts x_{p+2}) and its own LM head is the target's. It drafts
+  depth 1 right and deeper levels wrong (it re-predicts x_{p+2}), so paths of n = 0 and 1 occur."""
+  target = lookup_model(LOOKUP, _next)
+  hc = head_config(LOOKUP, layers=(0, 0))
+  head = init_eagle(jax.random.key(5), hc, scale=0.02)
+  P = np.zeros((16, 16), np.float32)
+  for t in range(16):
+    P[_next(t), t] = 1.0
+  head["fc"] = jnp.asarray(np.concatenate([P, np.zeros_like(P)], axis=1))
+  head["lm_head"] = target["lm_head"]
+  return target, hc, head
+
+
+@pytest.mark.parametrize("vocab", ["own", "own-reduced", "target", "target-subset"])
+def test_greedy_identity_with_a_head_that_is_often_right(lookup, vocab):
+  target, hc, head = lookup
+  kw = {"lm_head": "target" if vocab.startswith("target") else "own"}
+  if vocab == "own-reduced":
+    ids = np.arange(0, 16, 2)  # half the tokens: the other half can never be drafted
+    hc = dataclasses.replace(hc, draft_vocab_size=8)
+    head = {**head, "lm_head": head["lm_head"][ids], "d2t": jnp.asarray(ids - np.arange(8))}
+  elif vocab == "target-subset":
+    kw["draft_vocab"] = VocabSubset(ids=np.arange(0, 16, 2), vocab_size=16)
+  prompts = [[1], [4, 9, 2], [7, 7, 7, 7, 7, 3]]
+  ar = Decoder(target, LOOKUP).generate(prompts, max_new_tokens=20)
+  res = EagleDecoder(target, LOOKUP, head, hc, tree=TreeParams(2, 3, 6), **kw).generate(
+      prompts, max_new_tokens=20)
+  assert res.tokens == ar.tokens
+  acc = [a for arow, drow in zip(res.stats.accepted, res.stats.drafted)
+         for a, d in zip(arow, drow) if d]
+  # its top child is always right with a full vocabulary; half the vocabulary misses some
+  assert (min(acc) >= 1) == (vocab in ("own", "target")), acc
+  assert np.mean(acc) >= 0.4, acc
+
+
+@pytest.fixture(scope="module")
+def target():
+  return init_params(jax.random.key(0), CFG, scale=0.3)
+
+
+def _prompts(n_max=17, seed=0):
+  rs = np.random.RandomState(seed)
+  return [rs.randint(0, CFG.vocab_size, n).tolist() for n in (1, 9, 4, n_max)]
+
+
+@pytest.mark.parametrize("tp", [TreeParams(1, 3, 3), TreeParams(2, 3, 6), TreeParams(4, 4, 16)],
+                         ids=lambda t: f"k{t.top_k}d{t.depth}n{t.total_tokens}")
+@pytest.mark.parametrize("vocab", ["own-reduced", "own-full", "target", "target-subset",
+                                   "target-ranker"])
+def test_greedy_identical_to_autoregressive_random_models(target, tp, vocab):
+  Vd = 40 if vocab == "own-reduced" else None
+  hc, head = random_head(target, CFG, Vd)
+  kw = {"lm_head": "target" if vocab.startswith("target") else "own"}
+  if vocab == "target-subset":
+    kw["draft_vocab"] = VocabSubset(ids=tuple(range(0, 64, 2)), vocab_size=64)
+  elif vocab == "target-ranker":
+    kw["draft_vocab"] = SpeculativeVocab(svd_ranker(target, CFG, 8), k=12)
+  prompts = _prompts()
+  ar = Decoder(target, CFG).generate(prompts, max_new_tokens=24)
+  res = EagleDecoder(target, CFG, head, hc, tree=tp, **kw).generate(prompts, max_new_tokens=24)
+  assert res.tokens == ar.tokens
+
+
+def test_head_cache_equals_a_fresh_recomputation(lookup):
+  """After several steps the head's cache holds, for every committed position p, exactly the
+  entry (x_{p+1}, f_p) that a fresh pass over the committed text gives, and the pending
+  features are the target's features of the newest positions: the hand-over loses nothing."""
+  target, hc, head = lookup
+  head = {**head, "layer": init_eagle(jax.random.key(9), hc, scale=0.3)["layer"]}  # busy layer
+  dec = EagleDecoder(target, LOOKUP, head, hc, tree=TreeParams(2, 3, 6), layout="out_in")
+  prompt = [5, 9, 13, 2, 7]
+  B, S, T = 1, 64, 16
+  start, step, _ = dec.programs(SamplingParams(), B, T, S, jnp.float32)
+  toks = np.zeros((B, T), np.int32)
+  toks[0, :len(prompt)] = prompt
+  first, state = start(jnp.asarray(toks), jnp.asarray([len(prompt)], jnp.int32),
+                       jnp.asarray([prompt[-1]], jnp.int32), jax.random.key(0))
+  committed = prompt + [int(first[0])]
+  accepted = []
+  for i in range(6):
+    state, emitted, n = step(dec.tp, dec.dp, state, jax.random.key(i))
+    committed += [int(t) for t in np.asarray(emitted)[0] if t >= 0]
+    accepted.append(int(n[0]))
+  assert max(accepted) >= 1  # steps that handed over more than one feature
+  Nt = int(state.target_cache.lengths[0])
+  assert Nt == len(committed) - 1  # every committed token but `last`
+  L0, pc = int(state.head_cache.lengths[0]), int(state.pend_count[0])
+  assert L0 + pc == Nt
+
+  seq = jnp.asarray([committed])
+  L = len(committed)
+  pos = jnp.arange(L)[None]
+  _, _, feats = forward_features(target, seq, pos, KVCache.init(LOOKUP, 1, L), config=LOOKUP,
+                                 layers=hc.feature_layers)
+  shifted = seq[:, 1:]
+  _, fresh = eagle_forward(head, target["embed"], shifted, fuse_features(head, feats[:, :-1]),
+                           pos[:, :-1], KVCache.init(hc.layer, 1, L), config=hc)
+  np.testing.assert_allclose(np.asarray(state.head_cache.k[0, 0, :L0]),
+                             np.asarray(fresh.k[0, 0, :L0]), rtol=2e-4, atol=2e-5)
+  np.testing.assert_allclose(np.asarray(state.head_cache.v[0, 0, :L0]),
+                             np.asarray(fresh.v[0, 0, :L0]), rtol=2e-4, atol=2e-5)
+  # pending entries L0 .. Nt - 1: tokens x_{p+1}, features f_p
+  np.testing.assert_array_equal(np.asarray(state.pend_tokens[0, :pc]), committed[L0 + 1:Nt + 1])
+  np.testing.assert_allclose(np.asarray(state.pend_feats[0, :pc]),
+                             np.asarray(feats[0, L0:Nt]), rtol=2e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(temperature=1.0),
+                                      SamplingParams(temperature=0.7, top_p=0.9)],
+                         ids=["t1", "t0.7-p0.9"])
+def test_sampling_is_lossless(sampling):
+  """Joint law of the first three tokens (V = 8) equals target-only sampling (chi-square)."""
+  tgt = init_params(jax.random.key(10), SMALL, scale=0.8)
+  small = dataclasses.replace(SMALL, num_layers=2)
+  tgt2 = init_params(jax.random.key(10), small, scale=0.8)  # two layers to fuse
+  hc, head = random_head(tgt2, small, 6, seed=4)
+  dec = EagleDecoder(tgt2, small, head, hc, tree=TreeParams(2, 2, 4))
+  res = dec.generate([PROMPT] * 12_000, max_new_tokens=3, sampling=sampling, seed=7)
+  V = small.vocab_size
+  t = np.asarray([r[:3] for r in res.tokens])
+  samples = t[:, 0] * V * V + t[:, 1] * V + t[:, 2]
+  acc = [a for arow, drow in zip(res.stats.accepted, res.stats.drafted)
+         for a, d in zip(arow, drow) if d]
+  assert 0.05 < np.mean(np.asarray(acc) > 0) < 0.95  # informative: some paths accepted
+  exact = exact_sequence_probs(tgt2, small, PROMPT, sampling)
+  assert chi2_pvalue(samples, exact) > 1e-3
+  del tgt
+
+
+def test_bad_input(target):
+  hc, head = random_head(target, CFG, 40)
+  other = dataclasses.replace(CFG, hidden_size=48, num_heads=6)
+  with pytest.raises(ValueError, match="width 32, the target.s hidden size is 48"):
+    EagleDecoder(init_params(jax.random.key(1), other), other, head, hc)
+  with pytest.raises(ValueError, match="V=65"):
+    bigger = dataclasses.replace(CFG, vocab_size=65)
+    EagleDecoder(init_params(jax.random.key(1), bigger), bigger, head, hc)
+  hc3, head3 = random_head(target, CFG, 40, layers=(0, 1, 2))
+  with pytest.raises(ValueError, match="has 2 layers"):
+    EagleDecoder(target, CFG, head3, hc3)
+  with pytest.raises(ValueError, match="own reduced vocabulary of Vd=40"):
+    EagleDecoder(target, CFG, head, hc, draft_vocab=VocabSubset(ids=(1, 2, 3, 4, 5),
+                                                               vocab_size=64))
+  with pytest.raises(ValueError, match="top_k=8 exceeds the head's 5 candidate"):
+    EagleDecoder(target, CFG, head, hc, lm_head="target", tree=TreeParams(8, 2, 8),
+                 draft_vocab=VocabSubset(ids=(1, 2, 3, 4, 5), vocab_size=64))
+  with pytest.raises(ValueError, match="lm_head='mine'"):
+    EagleDecoder(target, CFG, head, hc, lm_head="mine")

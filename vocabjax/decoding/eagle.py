@@ -1,0 +1,237 @@
+"""Tree speculative decoding with an EAGLE-style head (EAGLE-2 trees, EAGLE-3 heads).
+
+Letters: B batch, d tree depth, P = d + 1 pending entries, F*Dt fused target feature width,
+D head width (= the target's hidden size), S cache slots, V target vocabulary.
+
+The head drafts from the target's own features (`vocabjax.models.eagle`). Its entry at position
+p pairs the token x_{p+1} with the target's feature f_p of position p and predicts x_{p+2}; at
+deeper tree levels a node's entry pairs its token with its parent entry's output instead of a
+target feature. Positions and attention are the target's: entry p sits at slot p of the head's
+one-layer KV cache, RoPE position p.
+
+Feature hand-over (the engine's side of EAGLE): the target's verification forward captures the
+fused layers' outputs at every tree node; after acceptance the path's features (root and n
+accepted nodes) become the head's next pending entries, paired with the tokens that follow them
+(the n accepted tokens and the target's next token). So the head never needs a second target
+pass, and its cache stays exactly one entry per committed position.
+
+Cache invariants at the start of a step (Nt = target cache length, all per row):
+  target: every committed token except `last` (Nt entries);
+  head: entries 0 .. Nt - 1 - pend_count; the pend_count pending entries (tokens, features)
+    complete it up to entry Nt - 1 = (last, f_{Nt-1}), whose output gives the root's children.
+
+Vocabulary: by default the head's own LM head over its Vd tokens (d2t maps them to target ids,
+a static subset as in FR-Spec / EAGLE-3). `lm_head="target"` uses the target's frozen LM head
+on the head's normed output instead, and every drafter vocabulary policy applies to it
+(`draft_vocab`: a VocabTrim / FR-Spec subset or a SpecVocab ranker of the target's head). A
+head with a full-V LM head (Vd = V) takes a `draft_vocab` over its own head as well.
+
+Greedy output equals the target's greedy output token for token; sampling uses the tree's
+lossless verification of deterministically chosen drafts (`verify_tree_sampling`), which needs
+no drafting distribution, so the head cannot bias the output.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from vocabjax.decoding.autoregressive import abstract_cache
+from vocabjax.decoding.sampling import SamplingParams, sample
+from vocabjax.decoding.speculative import DraftVocab, SpeculativeDecoder, block_layout
+from vocabjax.decoding.tree import TreeParams, grow_tree, verify_tree
+from vocabjax.models.cache import KVCache
+from vocabjax.models.config import LlamaLikeConfig
+from vocabjax.models.eagle import EagleConfig, eagle_forward, fuse_features
+from vocabjax.models.llamalike import (forward_features, lm_head, lm_head_weight, rms_norm,
+                                       with_mlp_layout)
+from vocabjax.vocab.policy import full_policy
+from vocabjax.vocab.subset import VocabSubset
+from vocabjax.vocab.trimmed import SUBSET_KEY, attach_subset, static_policy
+
+HEAD_KEY = "eagle"  # the head's own params inside the decoder's drafter pytree
+
+
+@struct.dataclass
+class EagleState:
+  """Loop state of EAGLE tree decoding; fixed shapes, one row per sequence."""
+
+  target_cache: KVCache
+  head_cache: KVCache  # one layer; entries 0 .. Nt - 1 - pend_count
+  last: jax.Array  # [B] newest committed token: the next tree's root
+  pend_tokens: jax.Array  # [B, P] tokens of the pending entries, left-aligned
+  pend_feats: jax.Array  # [B, P, F*Dt] the target features paired with them
+  pend_count: jax.Array  # [B] int32 in 1 .. P
+
+
+def _norm(dp, x, config: EagleConfig):
+  return rms_norm(x, dp[HEAD_KEY]["final_norm"], config.layer.rms_norm_eps)
+
+
+def eagle_step(target_params, dp, state: EagleState, key, *, target_config, head_config,
+               tree: TreeParams, sampling: SamplingParams, policy):
+  """Read the pending entries, grow a tree with the head, verify it with feature capture.
+
+  Returns (state, emitted [B, d + 1] with -1 after the emitted tokens, accepted [B]).
+  """
+  hc = head_config
+  head, embed = dp[HEAD_KEY], dp["embed"]
+  B, P = state.pend_tokens.shape
+  cache = state.head_cache
+  L0 = cache.lengths
+  x, cache = eagle_forward(head, embed, state.pend_tokens,
+                           fuse_features(head, state.pend_feats),
+                           L0[:, None] + jnp.arange(P)[None], cache, config=hc)
+  C = L0 + state.pend_count
+  x_root = jnp.take_along_axis(x, (state.pend_count - 1)[:, None, None], axis=1)[:, 0]
+
+  def expand(params, tok, parent_x, positions, cache, prefix_mask):
+    k = tok.shape[1]
+    x, cache = eagle_forward(params[HEAD_KEY], params["embed"], tok, parent_x, positions, cache,
+                             jnp.eye(k, dtype=jnp.bool_)[None], config=hc,
+                             prefix_mask=prefix_mask)
+    return _norm(params, x, hc), x, cache
+
+  node_tok, parent, depth, hcache = grow_tree(dp, _norm(dp, x_root, hc), x_root,
+                                              cache.with_lengths(C), tree=tree, policy=policy,
+                                              expand=expand)
+  v = verify_tree(target_params, state.last, node_tok, parent, depth, state.target_cache, key,
+                  target_config=target_config, tree=tree, sampling=sampling,
+                  feature_layers=hc.feature_layers)
+  new_state = EagleState(target_cache=v.target_cache, head_cache=hcache, last=v.next,
+                         pend_tokens=v.pend_tokens, pend_feats=v.features.astype(
+                             state.pend_feats.dtype), pend_count=v.accepted + 1)
+  return new_state, v.emitted, v.accepted
+
+
+def _eagle_prefill(target_params, dp, tokens, prompt_lengths, tcache, hcache, key, *,
+                   target_config, head_config, sampling):
+  """Target prefill with feature capture, then the head over entries 0 .. P - 2 (tokens
+  x_1 .. x_{P-1} with features f_0 .. f_{P-2}); entry P - 1 = (first, f_{P-1}) stays pending."""
+  B, T = tokens.shape
+  positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+  hidden, tcache, feats = forward_features(target_params, tokens, positions, tcache,
+                                           config=target_config,
+                                           layers=head_config.feature_layers)
+  tcache = tcache.with_lengths(prompt_lengths)
+  last = jnp.take_along_axis(hidden, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
+  first = sample(key, lm_head(target_params, last, config=target_config), sampling)
+  shifted = jnp.pad(tokens[:, 1:], ((0, 0), (0, 1)))  # entry p reads token p + 1
+  head = dp[HEAD_KEY]
+  _, hcache = eagle_forward(head, dp["embed"], shifted, fuse_features(head, feats), positions,
+                            hcache, config=head_config)
+  pend_feat = jnp.take_along_axis(feats, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
+  return first, tcache, hcache.with_lengths(prompt_lengths - 1), pend_feat
+
+
+class EagleDecoder(SpeculativeDecoder):
+  """EAGLE-2 dynamic-tree speculative decoding with an EAGLE(-3) head on the target's features.
+
+      dec = EagleDecoder(target_params, target_config, head_params, head_config,
+                         tree=TreeParams(top_k=4, depth=4, total_tokens=16))
+      res = dec.generate(prompts, max_new_tokens=128)
+
+  `lm_head`: "own" (the head's Vd rows with d2t, default) or "target" (the target's LM head,
+  frozen); `draft_vocab` restricts a full-V head (module doc).
+  """
+
+  method = "eagle"
+
+  def __init__(self, target_params, target_config: LlamaLikeConfig, head_params,
+               head_config: EagleConfig, *, tree: TreeParams = TreeParams(),
+               lm_head: str = "own", layout: str = "auto",
+               draft_vocab: DraftVocab | None = None):
+    head_config.check_target(target_config)
+    if lm_head not in ("own", "target"):
+      raise ValueError(f"lm_head={lm_head!r}: choose 'own' (the head's rows) or 'target'")
+    Vd, V = head_config.draft_vocab_size, target_config.vocab_size
+    if lm_head == "own" and draft_vocab is not None and Vd != V:
+      raise ValueError(f"the head has its own reduced vocabulary of Vd={Vd} tokens (d2t); a "
+                       f"draft_vocab restricts a full LM head of V={V} rows: pass "
+                       f"lm_head='target' to restrict the target's head instead")
+    size = draft_vocab.size if draft_vocab is not None else (Vd if lm_head == "own" else V)
+    if size < tree.top_k:
+      raise ValueError(f"tree top_k={tree.top_k} exceeds the head's {size} candidate tokens")
+    t_layout = block_layout() if layout == "auto" else layout
+    self.tp, self.tc = with_mlp_layout(target_params, t_layout), target_config
+    self.hc, self.tree, self.lm_head_source = head_config, tree, lm_head
+    layer = with_mlp_layout({"layers": [head_params["layer"]]}, t_layout)["layers"][0]
+    head = {**head_params, "layer": layer}
+    # what the vocabulary policies see: the target's config with an untied head `lm_head`
+    self.dc = dataclasses.replace(target_config, tie_word_embeddings=False)
+    U = lm_head_weight(self.tp, target_config) if lm_head == "target" else head["lm_head"]
+    dp = {HEAD_KEY: head, "embed": self.tp["embed"], "lm_head": U}
+    self.draft_vocab = draft_vocab
+    if isinstance(draft_vocab, VocabSubset):
+      dp, self.draft_policy = attach_subset(dp, self.dc, draft_vocab), static_policy
+    elif draft_vocab is not None:
+      dp, self.draft_policy = draft_vocab.attach(dp, self.dc)
+    elif lm_head == "own" and Vd < V:  # the head's own static subset: its rows, ids = j + d2t
+      ids = jnp.arange(Vd, dtype=jnp.int32) + head["d2t"].astype(jnp.int32)
+      dp = {**dp, SUBSET_KEY: {"head": head["lm_head"], "ids": ids}}
+      self.draft_policy = static_policy
+    else:
+      self.draft_policy = full_policy(self.dc)
+    self.dp = dp
+    self.drafted_per_step = tree.total_tokens
+    self.extra_slots = tree.total_tokens + tree.draft_slots + tree.depth + 2
+    self.verify_tokens = tree.total_tokens + 1
+    self._programs: dict = {}
+
+  @property
+  def draft_head_rows(self) -> int:
+    if self.draft_vocab is not None:
+      return self.draft_vocab.head_rows
+    return self.hc.draft_vocab_size if self.lm_head_source == "own" else self.tc.vocab_size
+
+  def drafter_calls(self):
+    t = self.tree
+    return [(t.depth + 1, 1)] + [(t.top_k, t.top_k)] * (t.depth - 1)
+
+  def drafter_body(self):
+    """(fn(params, tokens, positions, cache) -> output, params, cache config) of the head's
+    layer alone (for profiling; the feature input is zeros)."""
+    hc = self.hc
+
+    def body(dp, tokens, positions, cache):
+      head = dp[HEAD_KEY]
+      feats = jnp.zeros(tokens.shape + (hc.fused_width,), dp["embed"].dtype)
+      return eagle_forward(head, dp["embed"], tokens, fuse_features(head, feats), positions,
+                           cache, config=hc)[0]
+
+    return body, self.dp, hc.layer
+
+  def _step_fn(self, sampling):
+    return functools.partial(eagle_step, target_config=self.tc, head_config=self.hc,
+                             tree=self.tree, sampling=sampling, policy=self.draft_policy)
+
+  def _compile_start(self, sampling, B, T, S, dtype):
+    tcache = abstract_cache(self.tc, B, S, dtype)
+    hcache = abstract_cache(self.hc.layer, B, S, dtype)
+    i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
+    prefill = jax.jit(functools.partial(_eagle_prefill, target_config=self.tc,
+                                        head_config=self.hc, sampling=sampling),
+                      donate_argnums=(4, 5)).lower(
+        self.tp, self.dp, i32(B, T), i32(B), tcache, hcache, jax.random.key(0)).compile()
+    P, F = self.tree.depth + 1, self.hc.fused_width
+
+    def initial(tc, hc, first, feat):
+      return EagleState(target_cache=tc, head_cache=hc, last=first,
+                        pend_tokens=jnp.broadcast_to(first[:, None], (B, P)).astype(jnp.int32),
+                        pend_feats=jnp.broadcast_to(feat[:, None], (B, P, F)),
+                        pend_count=jnp.ones_like(first))
+
+    def start(tokens, lengths, prompt_last, key):
+      del prompt_last
+      first, tc, hc, feat = prefill(self.tp, self.dp, tokens, lengths,
+                                    KVCache.init(self.tc, B, S, dtype),
+                                    KVCache.init(self.hc.layer, B, S, dtype), key)
+      return first, initial(tc, hc, first, feat)
+
+    state = jax.eval_shape(initial, tcache, hcache, i32(B),
+                           jax.ShapeDtypeStruct((B, F), dtype))
+    return start, state
