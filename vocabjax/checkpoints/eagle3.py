@@ -41,7 +41,7 @@ LAYER = {"attn_norm": "midlayer.input_layernorm.weight",
 TOP = {"fc": "fc.weight", "final_norm": "norm.weight", "lm_head": "lm_head.weight"}
 
 
-def _hf_config(config: EagleConfig, target: dict | None) -> dict:
+def _hf_config(config: EagleConfig, target: dict | None, extra: dict | None) -> dict:
   c = config.layer
   return {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
           "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
@@ -53,12 +53,14 @@ def _hf_config(config: EagleConfig, target: dict | None) -> dict:
           "target_hidden_size": config.target_hidden_size,
           "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(config.feature_layers),
                            "use_aux_hidden_state": True},
-          "vocabjax": {"target": target or {}}}
+          "vocabjax": {"target": target or {}, **(extra or {})}}
 
 
-def save_eagle3(params: dict, config: EagleConfig, directory, *, target: dict | None = None
-                ) -> Path:
-  """Write the head (atomically: a temporary directory renamed into place)."""
+def save_eagle3(params: dict, config: EagleConfig, directory, *, target: dict | None = None,
+                extra: dict | None = None) -> Path:
+  """Write the head (atomically: a temporary directory renamed into place). `target`: the
+  identity of the target it was trained for; `extra`: more provenance for config.json's
+  `vocabjax` entry (the training job and step)."""
   from safetensors.numpy import save_file
 
   directory = Path(directory)
@@ -72,7 +74,7 @@ def save_eagle3(params: dict, config: EagleConfig, directory, *, target: dict | 
   arrays.update(d2t=d2t, t2d=t2d)
   with atomic_directory(directory) as tmp:
     save_file(arrays, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    (tmp / "config.json").write_text(json.dumps(_hf_config(config, target), indent=1))
+    (tmp / "config.json").write_text(json.dumps(_hf_config(config, target, extra), indent=1))
   return directory
 
 

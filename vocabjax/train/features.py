@@ -120,6 +120,84 @@ def _record_features(rec, tokenizer, d_run, draft, t_run, target, T_top):
 
 
 SHARD_RECORDS = 16
+SEQ_KEYS = ("tokens", "first_row")  # per-record values; every other array is per row
+
+
+def pending_shards(fdir: Path, fingerprint: str, n_records: int) -> list[int]:
+  """Shard indices still to compute in `fdir` ([] when complete); TrainError when it holds
+  features of another job (other models or data)."""
+  meta_path = Path(fdir) / "meta.json"
+  if meta_path.exists():
+    meta = json.loads(meta_path.read_text())
+    if meta.get("fingerprint") != fingerprint:
+      raise TrainError(f"{fdir} holds features of other data or models "
+                       f"({meta.get('drafter') or meta.get('kind')} / {meta.get('target')} on "
+                       f"{meta.get('data')}); use another 'features' directory")
+    if meta.get("complete"):
+      return []
+  n_shards = -(-n_records // SHARD_RECORDS)
+  return [i for i in range(n_shards) if not (Path(fdir) / f"shard-{i:05d}.npz").exists()]
+
+
+def write_shards(fdir: Path, meta: dict, records: list, todo: list[int], record_fn, *,
+                 desc: str, show_progress: bool = True) -> None:
+  """Compute shards `todo` (each SHARD_RECORDS records; `record_fn(record)` -> dict of per-row
+  arrays + `tokens` + `first_row`, or None to skip) atomically, then mark `meta` complete.
+  `meta` (with `fingerprint`) is written first, so an interrupted build resumes."""
+  fdir = Path(fdir)
+  meta = {**meta, "records": len(records), "shards": -(-len(records) // SHARD_RECORDS),
+          "complete": False}
+  atomic_write_json(fdir / "meta.json", meta)
+  t0, rows = time.perf_counter(), 0
+  for i in progress(todo, desc=desc, enabled=show_progress):
+    parts = []
+    for r in range(i * SHARD_RECORDS, min(len(records), (i + 1) * SHARD_RECORDS)):
+      f = record_fn(records[r])
+      if f is not None:
+        parts.append((r, f))
+    row_keys = [k for k in parts[0][1] if k not in SEQ_KEYS] if parts else []
+    arrays = {k: np.concatenate([f[k] for _, f in parts]) for k in row_keys}
+    n_rows = [len(f[row_keys[0]]) for _, f in parts] if row_keys else []
+    rows += sum(n_rows)
+    arrays["record"] = np.concatenate([np.full(n, r, np.int32)
+                                       for (r, _), n in zip(parts, n_rows)] or [np.zeros(0)])
+    arrays["seq_tokens"] = np.concatenate([f["tokens"] for _, f in parts] or [np.zeros(0)])
+    arrays["seq_offsets"] = np.cumsum([0] + [len(f["tokens"]) for _, f in parts])
+    arrays["seq_first_row"] = np.asarray([f["first_row"] for _, f in parts], np.int32)
+    arrays["seq_record"] = np.asarray([r for r, _ in parts], np.int32)
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    atomic_write_bytes(fdir / f"shard-{i:05d}.npz", buf.getvalue())
+  meta.update(complete=True, seconds=round(time.perf_counter() - t0, 1), new_rows=rows)
+  atomic_write_json(fdir / "meta.json", meta)
+
+
+def read_shards(fdir: Path, keys) -> tuple[dict, list, dict]:
+  """(per-row columns `keys` present, [(record, tokens, first_row)], meta) of complete shards."""
+  meta_path = Path(fdir) / "meta.json"
+  if not meta_path.exists() or not json.loads(meta_path.read_text()).get("complete"):
+    raise TrainError(f"{fdir} has no complete features; run the training command (it builds "
+                     f"them first)")
+  meta = json.loads(meta_path.read_text())
+  cols: dict = {}
+  seqs = []
+  for i in range(meta["shards"]):
+    path = Path(fdir) / f"shard-{i:05d}.npz"
+    try:
+      z = dict(np.load(path))
+    except (OSError, ValueError, EOFError) as e:
+      raise TrainError(f"feature shard {path} is missing or corrupt ({e}); delete it and rerun "
+                       f"to recompute it") from None
+    for k in (*keys, "record"):
+      if k in z:
+        cols.setdefault(k, []).append(z[k])
+    off = z["seq_offsets"]
+    for j, r in enumerate(z["seq_record"]):
+      seqs.append((int(r), z["seq_tokens"][off[j]:off[j + 1]], int(z["seq_first_row"][j])))
+  cat = {k: np.concatenate(v) for k, v in cols.items()}
+  if not len(cat.get("record", [])):
+    raise TrainError(f"{fdir} holds no training rows (empty completions?)")
+  return cat, seqs, meta
 
 
 def build_features(job: FeatureSpec, *, show_progress: bool = True) -> Path:
@@ -128,19 +206,10 @@ def build_features(job: FeatureSpec, *, show_progress: bool = True) -> Path:
 
   fdir = Path(job.directory)
   fdir.mkdir(parents=True, exist_ok=True)
-  meta_path = fdir / "meta.json"
-  fp = job.fingerprint()
   records = read_records(job.data, job.max_records)
-  n_shards = -(-len(records) // SHARD_RECORDS)
-  if meta_path.exists():
-    meta = json.loads(meta_path.read_text())
-    if meta.get("fingerprint") != fp:
-      raise TrainError(f"{fdir} holds features of other data or models ({meta.get('drafter')}"
-                       f" / {meta.get('target')} on {meta.get('data')}); use another "
-                       f"'features' directory")
-    if meta.get("complete"):
-      return fdir
-  todo = [i for i in range(n_shards) if not (fdir / f"shard-{i:05d}.npz").exists()]
+  todo = pending_shards(fdir, job.fingerprint(), len(records))
+  if not todo:
+    return fdir
   draft = load_model(job.drafter, dtype="float32")
   target = load_model(job.target, dtype="float32") if job.target else None
   if target is not None and target.config.vocab_size != draft.config.vocab_size:
@@ -149,34 +218,15 @@ def build_features(job: FeatureSpec, *, show_progress: bool = True) -> Path:
   tok = draft.tokenizer
   if tok is None:
     raise TrainError(f"{draft.source} has no tokenizer: the prompts cannot be encoded")
-  meta = {"fingerprint": fp, "drafter": model_identity(draft),
+  meta = {"fingerprint": job.fingerprint(), "drafter": model_identity(draft),
           "target": model_identity(target) if target else None,
-          "data": [str(p) for p in job.data], "records": len(records), "shards": n_shards,
-          "teacher_top": job.teacher_top, "complete": False}
-  atomic_write_json(meta_path, meta)
+          "data": [str(p) for p in job.data], "teacher_top": job.teacher_top}
   d_run = jax.jit(functools.partial(sequence_hidden, config=draft.config))
   t_run = jax.jit(functools.partial(sequence_hidden, config=target.config)) if target else None
-  t0, rows = time.perf_counter(), 0
-  for i in progress(todo, desc="features (shards)", enabled=show_progress):
-    parts = []
-    for r in range(i * SHARD_RECORDS, min(len(records), (i + 1) * SHARD_RECORDS)):
-      f = _record_features(records[r], tok, d_run, draft, t_run, target, job.teacher_top)
-      if f is not None:
-        parts.append((r, f))
-    rows += sum(len(f["label"]) for _, f in parts)
-    arrays = {k: np.concatenate([f[k] for _, f in parts])
-              for k in ("hidden", "draft_argmax", "label", "top_ids", "top_p")
-              if parts and k in parts[0][1]}
-    arrays["record"] = np.concatenate([np.full(len(f["label"]), r, np.int32) for r, f in parts])
-    arrays["seq_tokens"] = np.concatenate([f["tokens"] for _, f in parts])
-    arrays["seq_offsets"] = np.cumsum([0] + [len(f["tokens"]) for _, f in parts])
-    arrays["seq_first_row"] = np.asarray([f["first_row"] for _, f in parts], np.int32)
-    arrays["seq_record"] = np.asarray([r for r, _ in parts], np.int32)
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)
-    atomic_write_bytes(fdir / f"shard-{i:05d}.npz", buf.getvalue())
-  meta.update(complete=True, seconds=round(time.perf_counter() - t0, 1), new_rows=rows)
-  atomic_write_json(meta_path, meta)
+  write_shards(fdir, meta, records, todo,
+               lambda rec: _record_features(rec, tok, d_run, draft, t_run, target,
+                                            job.teacher_top),
+               desc="features (shards)", show_progress=show_progress)
   return fdir
 
 
@@ -200,29 +250,7 @@ class Features:
 
 
 def load_features(fdir: Path) -> Features:
-  meta_path = Path(fdir) / "meta.json"
-  if not meta_path.exists() or not json.loads(meta_path.read_text()).get("complete"):
-    raise TrainError(f"{fdir} has no complete features; run the training command (it builds "
-                     f"them first)")
-  meta = json.loads(meta_path.read_text())
-  cols: dict = {}
-  seqs = []
-  for i in range(meta["shards"]):
-    path = Path(fdir) / f"shard-{i:05d}.npz"
-    try:
-      z = dict(np.load(path))
-    except (OSError, ValueError, EOFError) as e:
-      raise TrainError(f"feature shard {path} is missing or corrupt ({e}); delete it and rerun "
-                       f"to recompute it") from None
-    for k in ("hidden", "label", "draft_argmax", "record", "top_ids", "top_p"):
-      if k in z:
-        cols.setdefault(k, []).append(z[k])
-    off = z["seq_offsets"]
-    for j, r in enumerate(z["seq_record"]):
-      seqs.append((int(r), z["seq_tokens"][off[j]:off[j + 1]], int(z["seq_first_row"][j])))
-  cat = {k: np.concatenate(v) for k, v in cols.items()}
-  if not len(cat.get("label", [])):
-    raise TrainError(f"{fdir} holds no training rows (empty completions?)")
+  cat, seqs, meta = read_shards(fdir, ("hidden", "label", "draft_argmax", "top_ids", "top_p"))
   return Features(cat["hidden"], cat["label"], cat["draft_argmax"], cat["record"],
                   cat.get("top_ids"), cat.get("top_p"), seqs, meta)
 

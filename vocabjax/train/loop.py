@@ -62,16 +62,18 @@ class TrainState:
   step: jax.Array
   params: Any
   opt_state: Any
+  aux: Any = None  # saved and restored with the state, never optimized (e.g. a head's d2t)
 
   @classmethod
-  def create(cls, params, opt: optax.GradientTransformation) -> "TrainState":
-    return cls(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt.init(params))
+  def create(cls, params, opt: optax.GradientTransformation, aux=None) -> "TrainState":
+    return cls(step=jnp.zeros((), jnp.int32), params=params, opt_state=opt.init(params),
+               aux=aux)
 
 
 def apply_grads(state: TrainState, grads, opt: optax.GradientTransformation) -> TrainState:
   updates, opt_state = opt.update(grads, state.opt_state, state.params)
   return TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
-                    opt_state=opt_state)
+                    opt_state=opt_state, aux=state.aux)
 
 
 class Checkpoints:

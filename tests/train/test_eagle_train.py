@@ -1,0 +1,220 @@
+"""`python -m vocabjax.train.eagle` on a tiny target: stored features are the target's own,
+the training-time test computes what tree decoding computes, training lowers the held-out loss,
+resume is exact, the export loads and decodes greedy-identically, bad input."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vocabjax.checkpoints.eagle3 import load_eagle3
+from vocabjax.checkpoints.loader import load_model
+from vocabjax.decoding import Decoder
+from vocabjax.decoding.eagle import EagleDecoder
+from vocabjax.decoding.tree import TreeParams
+from vocabjax.models.cache import KVCache
+from vocabjax.models.eagle import eagle_forward, fuse_features, init_eagle
+from vocabjax.models.llamalike import forward_features, lm_head, rms_norm
+from vocabjax.testing.tiny import save_tiny_variant
+from vocabjax.train.eagle import (EagleJob, build_eagle_features, head_config,
+                                  load_eagle_features, main, train, ttt_outputs)
+from vocabjax.train.loop import TrainError
+
+LAYERS = (0, 1)
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+  return save_tiny_variant("qwen2_bias", tmp_path_factory.mktemp("eagle") / "target", seed=4,
+                           with_tokenizer=True)
+
+
+@pytest.fixture(scope="module")
+def data_file(target_dir, tmp_path_factory):
+  """24 chat prompts and the target's own greedy completions (16 tokens each)."""
+  t = load_model(target_dir, dtype="float32")
+  rs = np.random.RandomState(0)
+  words = ["def", "return", "fox", "print", "Hello", "range", "tokens", "verify", "lazy"]
+  prompts = [" ".join(rs.choice(words, rs.randint(2, 6))) for _ in range(24)]
+  texts = [t.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                           add_generation_prompt=True) for p in prompts]
+  ids = [t.tokenizer(x, add_special_tokens=False)["input_ids"] for x in texts]
+  res = Decoder(t.params, t.config).generate(ids, max_new_tokens=16)
+  path = tmp_path_factory.mktemp("data") / "generated.jsonl"
+  path.write_text("".join(json.dumps({"prompt": x, "completion_ids": c}) + "\n"
+                          for x, c in zip(texts, res.tokens)))
+  return path
+
+
+def _job(target_dir, data_file, out, **kw):
+  base = dict(target=str(target_dir), data=(str(data_file),), out=str(out),
+              features=str(out.parent / "features"), feature_layers=LAYERS,
+              draft_vocab_size=200, ttt_steps=3, seq_len=64, batch_size=4, steps=40,
+              lr=3e-3, warmup_steps=4, eval_every=10, checkpoint_every=10, heldout=0.25,
+              vocab_block=128)
+  base.update(kw)
+  return EagleJob(**base)
+
+
+def test_features_are_the_targets_own(target_dir, data_file, tmp_path):
+  job = _job(target_dir, data_file, tmp_path / "run")
+  t = load_model(target_dir, dtype="float32")
+  data = load_eagle_features(build_eagle_features(job, t, LAYERS, show_progress=False), t,
+                             LAYERS)
+  assert len(data.seqs) == 24
+  _, toks, first = data.seqs[5]
+  T = len(toks)
+  h, _, f = forward_features(t.params, jnp.asarray(toks)[None], jnp.arange(T)[None],
+                             KVCache.init(t.config, 1, T), config=t.config, layers=LAYERS)
+  np.testing.assert_allclose(data.feats[5].astype(np.float32), np.asarray(f[0]), rtol=2e-3,
+                             atol=2e-3)  # stored as float16
+  label = np.asarray(jnp.argmax(lm_head(t.params, h[0], config=t.config), -1))
+  np.testing.assert_array_equal(data.labels[5], label)
+  # the target wrote these completions greedily: its labels there are the text
+  np.testing.assert_array_equal(data.labels[5][first:-1], toks[first + 1:])
+
+
+def test_training_time_test_computes_what_tree_decoding_computes(target_dir):
+  """Step j of the TTT loss at entry i = the head drafting j levels below the root at entry i
+  in decoding (prefix with target features, then its own outputs), positions and masks
+  included."""
+  t = load_model(target_dir, dtype="float32")
+  hc = head_config(t.config, LAYERS, t.config.vocab_size)
+  params = init_eagle(jax.random.key(1), hc, scale=0.2)
+  rs = np.random.RandomState(0)
+  T, steps = 12, 3
+  toks = rs.randint(0, t.config.vocab_size, T)
+  _, _, f = forward_features(t.params, jnp.asarray(toks)[None], jnp.arange(T)[None],
+                             KVCache.init(t.config, 1, T), config=t.config, layers=LAYERS)
+  batch = {"tokens": jnp.asarray(toks)[None], "feats": f, "dlabel": jnp.zeros((1, T), jnp.int32),
+           "weight": jnp.ones((1, T))}
+  outs = ttt_outputs(params, t.params["embed"], batch, config=hc, steps=steps)
+  eps = hc.layer.rms_norm_eps
+  for i in (0, 4, 7):
+    # decoding: entries 0..i from target features, then a chain of the head's own outputs
+    cache = KVCache.init(hc.layer, 1, 32)
+    x, cache = eagle_forward(params, t.params["embed"], jnp.asarray(toks[1:i + 2])[None],
+                             fuse_features(params, f[:, :i + 1]), jnp.arange(i + 1)[None],
+                             cache, config=hc)
+    x = x[:, -1:]
+    for j in range(steps):
+      if j:
+        x, cache = eagle_forward(params, t.params["embed"], jnp.asarray([[toks[i + 1 + j]]]),
+                                 x, jnp.asarray([[i + j]]), cache, config=hc)
+      np.testing.assert_allclose(np.asarray(outs[j][0][0, i]),
+                                 np.asarray(rms_norm(x[0, 0], params["final_norm"], eps)),
+                                 rtol=1e-4, atol=1e-5)
+
+
+def test_training_lowers_the_loss_exports_and_decodes(target_dir, data_file, tmp_path):
+  job = _job(target_dir, data_file, tmp_path / "run")
+  summary = train(job, show_progress=False)
+  start, final = summary["start"], summary["final"]
+  assert final["heldout_loss"] < 0.7 * start["heldout_loss"]
+  assert final["acc_0"] > start["acc_0"] + 0.2
+  assert summary["complete"] and summary["head_vocab"] == 200
+  log = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+  assert [r["step"] for r in log] == [0, 10, 20, 30, 40]
+  assert (tmp_path / "run" / "curves.png").stat().st_size > 0
+
+  t = load_model(target_dir, dtype="float32")
+  hc, head, rec = load_eagle3(tmp_path / "run" / "head", target_config=t.config)
+  assert rec["fingerprint"] and hc.draft_vocab_size == 200 and hc.feature_layers == LAYERS
+  cfg = json.loads((tmp_path / "run" / "head" / "config.json").read_text())
+  assert cfg["vocabjax"]["row"]["step"] == summary["exported"]["step"]
+  # decoding with the trained head: identical to plain greedy, and it drafts better than an
+  # untrained head of the same vocabulary
+  data = load_eagle_features(job.features_dir)
+  prompts = [list(map(int, toks[:first + 1])) for _, toks, first in data.seqs[:6]]
+  ar = Decoder(t.params, t.config).generate(prompts, max_new_tokens=16)
+  tree = TreeParams(2, 3, 6)
+  res = EagleDecoder(t.params, t.config, head, hc, tree=tree).generate(prompts,
+                                                                      max_new_tokens=16)
+  assert res.tokens == ar.tokens
+  untrained = {**init_eagle(jax.random.key(0), hc), "lm_head": head["lm_head"],
+               "d2t": head["d2t"]}
+  res0 = EagleDecoder(t.params, t.config, untrained, hc, tree=tree).generate(
+      prompts, max_new_tokens=16)
+  assert res0.tokens == ar.tokens
+  assert res.stats.tau > res0.stats.tau + 0.3
+
+
+def test_resume_is_exact(target_dir, data_file, tmp_path):
+  kw = dict(steps=12, eval_every=6, checkpoint_every=3, select_by=None)
+  straight = _job(target_dir, data_file, tmp_path / "straight", **kw)
+  train(straight, show_progress=False)
+  resumed = _job(target_dir, data_file, tmp_path / "resumed", **kw)
+  first = train(resumed, show_progress=False, stop_after=5)  # checkpoint at 5 (forced)
+  assert not first["complete"] and not (tmp_path / "resumed" / "head").exists()
+  train(resumed, show_progress=False)
+  _, a, _ = load_eagle3(tmp_path / "straight" / "head")
+  _, b, _ = load_eagle3(tmp_path / "resumed" / "head")
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  for (path, va), vb in zip(jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b)):
+    np.testing.assert_array_equal(np.asarray(va), np.asarray(vb), err_msg=str(path))
+  log = [json.loads(x)["step"] for x in
+         (tmp_path / "resumed" / "log.jsonl").read_text().splitlines()]
+  assert log == [0, 6, 12]
+
+
+def test_frozen_target_head_and_full_vocabulary(target_dir, data_file, tmp_path):
+  job = _job(target_dir, data_file, tmp_path / "run", draft_vocab_size=None,
+             train_lm_head=False, steps=10, eval_every=10)
+  train(job, show_progress=False)
+  t = load_model(target_dir, dtype="float32")
+  hc, head, _ = load_eagle3(tmp_path / "run" / "head", target_config=t.config)
+  assert hc.draft_vocab_size == t.config.vocab_size
+  np.testing.assert_array_equal(np.asarray(head["lm_head"]), np.asarray(t.params["lm_head"]))
+  assert not np.asarray(head["d2t"]).any()
+
+
+def test_bad_input(target_dir, data_file, tmp_path):
+  job = _job(target_dir, data_file, tmp_path / "run", steps=2, warmup_steps=1)
+  other = save_tiny_variant("qwen2_bias", tmp_path / "other", seed=9, with_tokenizer=True)
+  o = load_model(other, dtype="float32")
+  t = load_model(target_dir, dtype="float32")
+  fdir = build_eagle_features(job, t, LAYERS, show_progress=False)
+  with pytest.raises(TrainError, match="made by another target.*fingerprint"):
+    load_eagle_features(fdir, o, LAYERS)
+  with pytest.raises(TrainError, match=r"fuse layers \[0, 1\], the job wants \[1\]"):
+    load_eagle_features(fdir, t, (1,))
+  # training for another target on these features: the shard directory refuses
+  with pytest.raises(TrainError, match="holds features of other data or models"):
+    train(_job(other, data_file, tmp_path / "run2", steps=2, warmup_steps=1),
+          show_progress=False)
+  with pytest.raises(TrainError, match=r"feature_layers=\[0, 5\] must be target layers in "
+                                       r"\[0, 2\)"):
+    train(_job(target_dir, data_file, tmp_path / "run3", feature_layers=(0, 5),
+               features=str(tmp_path / "f3")), show_progress=False)
+  with pytest.raises(TrainError, match="draft_vocab_size=999 must be in"):
+    train(_job(target_dir, data_file, tmp_path / "run4", draft_vocab_size=999),
+          show_progress=False)
+  with pytest.raises(TrainError, match="ttt_steps=0"):
+    _job(target_dir, data_file, tmp_path / "x", ttt_steps=0)
+  with pytest.raises(TrainError, match="warmup_steps=4, total_steps=2"):
+    _job(target_dir, data_file, tmp_path / "x", steps=2)
+  # an exported head refuses another target
+  train(job, show_progress=False)
+  wide = save_tiny_variant("qwen2_bias", tmp_path / "wide", seed=9, vocab_size=400,
+                           with_tokenizer=True)
+  with pytest.raises(ValueError, match="V=400"):
+    load_eagle3(tmp_path / "run" / "head",
+                target_config=load_model(wide, dtype="float32").config)
+
+
+def test_cli(target_dir, data_file, tmp_path, capsys):
+  cfg = tmp_path / "eagle.yaml"
+  cfg.write_text(f"target: {target_dir}\ndata: {data_file}\nout: {tmp_path / 'run'}\n"
+                 f"feature_layers: [0, 1]\ndraft_vocab_size: 100\nttt_steps: 2\nseq_len: 64\n"
+                 f"steps: 4\neval_every: 2\ncheckpoint_every: 2\nwarmup_steps: 1\n"
+                 f"heldout: 0.25\n")
+  assert main(["--config", str(cfg), "--quiet"]) == 0
+  out = json.loads(capsys.readouterr().out)
+  assert out["complete"] and out["final"]["step"] == 4
+  assert (tmp_path / "run" / "head" / "model.safetensors").exists()
+  bad = tmp_path / "bad.yaml"
+  bad.write_text(f"target: {target_dir}\ndata: {data_file}\nout: x\nttt_step: 3\n")
+  assert main(["--config", str(bad)]) == 2
+  assert "unknown fields ['ttt_step']" in capsys.readouterr().err

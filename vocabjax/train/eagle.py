@@ -1,0 +1,563 @@
+"""`python -m vocabjax.train.eagle --config configs/eagle_*.yaml`: train an EAGLE-3 head.
+
+Letters: B batch, T window tokens, n = T - 1 head entries per window, F*Dt fused target feature
+width, D head width, V target vocabulary, Vd the head's vocabulary, J training-time-test steps.
+
+Data: completions generated for the target (`python -m vocabjax.calibrate count --generate`
+jsonl: `prompt` text + `completion_ids`). The target runs once over each prompt + completion
+and stores, per position p, its fused layer features f_p (EAGLE-3's low/middle/high layers,
+float16) and its teacher-forced argmax y_p (the token it would emit after x_0..x_p), in shards
+(`vocabjax.train.features`; resumable, and refused when made by another target or data).
+
+Training-time test (EAGLE-3 section 3.2). Entry i of a window pairs the token x_{i+1} with the
+target's feature f_i. Step 0 runs the head over all entries with causal attention and predicts
+y_{i+1}. Step j >= 1 feeds entry i the token x_{i+1+j} and, instead of a target feature, the
+head's own step j-1 output at i, and predicts y_{i+1+j}: exactly what the head sees at tree
+depth j during decoding. Attention follows decoding too: the step-j query at i sees the step-0
+entries 0..i (the committed prefix, which has target features), its own earlier steps at i (its
+ancestors in the tree) and itself; RoPE position i + j (the position of its entry). The loss is
+sum_j 0.8^j CE_j, each CE_j the mean cross-entropy over the positions whose label is a
+completion token (target ids mapped into the head's vocabulary; labels outside it are
+skipped, and counted). Held-out records (by prompt, the last `heldout` fraction) give the
+per-step top-1 accuracy acc_j, EAGLE's figure of merit.
+
+The head's vocabulary: the target's full V (`draft_vocab_size: null`), the `draft_vocab_size`
+most frequent label tokens of the training records (FR-Spec / EAGLE-3's d2t), or a VocabSubset
+file (`vocab_subset`). Its LM head starts as the target's LM-head rows of those ids, and trains
+unless `train_lm_head: false` (then it is the target's head, frozen). The embedding is always
+the target's, frozen. d2t (and a frozen LM head) are saved in the orbax checkpoints beside the
+trained params.
+
+Optimizer: AdamW, warmup + cosine, global-norm clipping (`vocabjax.train.loop`); checkpoints
+every `checkpoint_every` steps (rerun the command to resume; batches depend only on the step,
+so a resumed run is the same run); `log.jsonl`, `curves.png`. Output: `head/`, an EAGLE-3
+checkpoint SGLang or vLLM can load (`vocabjax.checkpoints.eagle3`), written at the evaluated
+step with the lowest held-out loss (`select_by`), and `summary.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vocabjax.generate import atomic_write_json
+from vocabjax.models.cache import KVCache
+from vocabjax.models.config import LlamaLikeConfig
+from vocabjax.models.eagle import (EagleConfig, default_feature_layers, eagle_forward,
+                                   fuse_features, init_eagle)
+from vocabjax.models.llamalike import lm_head_weight, rms_norm
+from vocabjax.train.features import (heldout_records, model_identity, pending_shards,
+                                     read_records, read_shards, write_shards)
+from vocabjax.train.loop import (Checkpoints, OptimConfig, TrainError, TrainState, append_log,
+                                 apply_grads, make_optimizer, plot_curves, progress, read_log)
+from vocabjax.train.losses import vocab_cross_entropy
+
+
+@dataclasses.dataclass(frozen=True)
+class EagleJob:
+  target: str  # registry name or path of the target
+  data: tuple[str, ...]  # completion jsonl files
+  out: str  # output directory
+  features: str | None = None  # feature shards directory (default <out>/features)
+  feature_layers: tuple[int, ...] | None = None  # default: (1, L/2 - 1, L - 4)
+  draft_vocab_size: int | None = 32768  # None: the full V
+  vocab_subset: str | None = None  # a VocabSubset file instead of counting labels
+  train_lm_head: bool = True
+  intermediate_size: int | None = None  # the head's MLP width (default: the target's)
+  ttt_steps: int = 4  # J (EAGLE-3 trains 7)
+  step_decay: float = 0.8
+  seq_len: int = 512  # window T
+  batch_size: int = 2
+  steps: int = 1000
+  lr: float = 3e-4
+  warmup_steps: int = 50
+  weight_decay: float = 0.0
+  clip_norm: float = 0.5
+  heldout: float = 0.1
+  eval_every: int = 100
+  checkpoint_every: int = 100
+  select_by: str | None = "heldout_loss"  # None: export the last step
+  seed: int = 0
+  vocab_block: int = 16384
+  max_records: int | None = None
+
+  def __post_init__(self):
+    if not self.data:
+      raise TrainError("no data files given")
+    if self.ttt_steps < 1:
+      raise TrainError(f"ttt_steps={self.ttt_steps} must be >= 1")
+    if self.seq_len < 2 or self.batch_size < 1:
+      raise TrainError(f"need seq_len >= 2 and batch_size >= 1, got seq_len={self.seq_len}, "
+                       f"batch_size={self.batch_size}")
+    if not 0 < self.heldout < 1:
+      raise TrainError(f"heldout={self.heldout} must be in (0, 1)")
+    if self.vocab_subset and self.draft_vocab_size is not None:
+      raise TrainError("give either vocab_subset or draft_vocab_size, not both")
+    if self.select_by not in (None, "heldout_loss", "acc_0"):
+      raise TrainError(f"select_by={self.select_by!r} is not 'heldout_loss', 'acc_0' or null")
+    self.optim  # validated before any features are built
+
+  @property
+  def optim(self) -> OptimConfig:
+    return OptimConfig(lr=self.lr, warmup_steps=self.warmup_steps, total_steps=self.steps,
+                       weight_decay=self.weight_decay, clip_norm=self.clip_norm)
+
+  @property
+  def features_dir(self) -> Path:
+    return Path(self.features) if self.features else Path(self.out) / "features"
+
+  def feature_fingerprint(self, layers) -> str:
+    files = [(str(Path(p).resolve()), Path(p).stat().st_size) for p in self.data]
+    key = json.dumps(["eagle", self.target, files, list(layers), self.max_records])
+    return hashlib.sha256(key.encode()).hexdigest()[:16]
+
+  def train_fingerprint(self) -> str:
+    d = dataclasses.asdict(self)
+    for k in ("out", "features", "eval_every", "checkpoint_every", "select_by"):
+      d.pop(k)
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+# --- features ----------------------------------------------------------------------------------
+
+def _target_features(params, tokens, *, config, layers):
+  """(fused features [1, T, F*Dt], teacher-forced argmax [1, T]) of one padded sequence."""
+  from vocabjax.models.llamalike import forward_features, lm_head
+
+  B, T = tokens.shape
+  pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+  h, _, feats = forward_features(params, tokens, pos, KVCache.init(config, B, T), config=config,
+                                 layers=layers)
+  return feats.astype(jnp.float16), jnp.argmax(lm_head(params, h, config=config), -1)
+
+
+def build_eagle_features(job: EagleJob, target, layers, *, show_progress=True) -> Path:
+  """Target features and labels of every record (module doc); resumes, refuses others'."""
+  from vocabjax.decoding.autoregressive import bucket
+
+  fdir = job.features_dir
+  fdir.mkdir(parents=True, exist_ok=True)
+  records = read_records(job.data, job.max_records)
+  todo = pending_shards(fdir, job.feature_fingerprint(layers), len(records))
+  if not todo:
+    return fdir
+  tok = target.tokenizer
+  if tok is None:
+    raise TrainError(f"{target.source} has no tokenizer: the prompts cannot be encoded")
+  run = jax.jit(lambda p, t: _target_features(p, t, config=target.config, layers=layers))
+  V = target.config.vocab_size
+
+  def record_fn(rec):
+    prompt = tok(rec["prompt"], add_special_tokens=False)["input_ids"]
+    comp = rec["completion_ids"]
+    if not prompt or not comp:
+      return None
+    toks = prompt + comp
+    if max(toks) >= V:
+      raise TrainError(f"a completion holds token id {max(toks)} >= the target's V={V}: the "
+                       f"data was made with another tokenizer")
+    L = len(toks)
+    padded = np.zeros((1, bucket(L)), np.int32)
+    padded[0, :L] = toks
+    feats, label = run(target.params, jnp.asarray(padded))
+    return {"feats": np.asarray(feats[0, :L]), "label": np.asarray(label[0, :L], np.int32),
+            "tokens": np.asarray(toks, np.int32), "first_row": len(prompt) - 1}
+
+  meta = {"fingerprint": job.feature_fingerprint(layers), "kind": "eagle",
+          "target": model_identity(target), "feature_layers": list(layers),
+          "data": [str(p) for p in job.data]}
+  write_shards(fdir, meta, records, todo, record_fn, desc="target features (shards)",
+               show_progress=show_progress)
+  return fdir
+
+
+@dataclasses.dataclass
+class EagleData:
+  seqs: list  # (record, tokens [L], first_row)
+  feats: list  # per record [L, F*Dt] float16
+  labels: list  # per record [L] int32 target argmax
+  meta: dict
+
+
+def load_eagle_features(fdir: Path, target=None, layers=None) -> EagleData:
+  """The shards of `fdir`; with `target`/`layers`, TrainError when they were made by another
+  target (identity and LM-head fingerprint) or from other layers."""
+  cat, seqs, meta = read_shards(fdir, ("feats", "label"))
+  if meta.get("kind") != "eagle":
+    raise TrainError(f"{fdir} holds {meta.get('kind') or 'ranker'} features, not EAGLE ones")
+  if target is not None:
+    want, got = meta["target"], model_identity(target)
+    for key in ("hidden_size", "vocab_size", "num_layers", "fingerprint"):
+      if want.get(key) != got[key]:
+        raise TrainError(f"features in {fdir} were made by another target ({key}="
+                         f"{want.get(key)} there, {got[key]} for {got['source']})")
+  if layers is not None and list(layers) != meta["feature_layers"]:
+    raise TrainError(f"features in {fdir} fuse layers {meta['feature_layers']}, the job "
+                     f"wants {list(layers)}")
+  feats, labels = [], []
+  off = 0
+  for _, toks, _ in seqs:
+    feats.append(cat["feats"][off:off + len(toks)])
+    labels.append(cat["label"][off:off + len(toks)])
+    off += len(toks)
+  return EagleData(seqs, feats, labels, meta)
+
+
+# --- the head and its vocabulary ---------------------------------------------------------------
+
+def head_config(target: LlamaLikeConfig, layers, draft_vocab_size: int,
+                intermediate_size: int | None = None) -> EagleConfig:
+  """A one-layer llama head of the target's width, heads and RoPE (EAGLE-3's choice)."""
+  layer = dataclasses.replace(target, arch="llama", num_layers=1, attention_bias=False,
+                              qk_norm=False, tie_word_embeddings=False,
+                              intermediate_size=intermediate_size or target.intermediate_size)
+  return EagleConfig(layer=layer, target_hidden_size=target.hidden_size,
+                     feature_layers=tuple(layers), draft_vocab_size=draft_vocab_size)
+
+
+def choose_vocab(job: EagleJob, data: EagleData, train_recs: set, V: int) -> np.ndarray:
+  """Ascending target ids of the head's vocabulary (module doc)."""
+  from vocabjax.vocab.subset import VocabSubset
+
+  if job.vocab_subset:
+    sub = VocabSubset.load(job.vocab_subset)
+    if sub.vocab_size != V:
+      raise TrainError(f"{job.vocab_subset} is a subset of a V={sub.vocab_size} vocabulary, "
+                       f"the target has V={V}")
+    return np.asarray(sub.ids, np.int64)
+  if job.draft_vocab_size is None:
+    return np.arange(V)
+  K = job.draft_vocab_size
+  if not 1 <= K <= V:
+    raise TrainError(f"draft_vocab_size={K} must be in [1, V={V}]")
+  counts = np.zeros(V, np.int64)
+  for (rec, _, first), lab in zip(data.seqs, data.labels):
+    if rec in train_recs:
+      np.add.at(counts, lab[first:], 1)
+  if not counts.any():
+    raise TrainError("no training labels to count the head's vocabulary from")
+  order = np.lexsort((np.arange(V), -counts))  # most frequent first, ties by id
+  return np.sort(order[:K])
+
+
+# --- the loss ----------------------------------------------------------------------------------
+
+def ttt_masks(n: int, steps: int):
+  """Per step j: (block mask [n, n] among its own new entries, prefix mask [n, S] over the
+  cache's earlier slots); step j' entries occupy slots j' n .. j' n + n - 1 (S = steps n)."""
+  i = np.arange(n)
+  out = []
+  for j in range(steps):
+    block = np.tril(np.ones((n, n), bool)) if j == 0 else np.eye(n, dtype=bool)
+    prefix = np.zeros((n, steps * n), bool)
+    if j:
+      prefix[:, :n] = i[None, :] <= i[:, None]
+      for jp in range(1, j):
+        prefix[i, jp * n + i] = True
+    out.append((jnp.asarray(block)[None], jnp.asarray(prefix)[None]))
+  return out
+
+
+def ttt_outputs(params, embed, batch, *, config: EagleConfig, steps: int):
+  """The head's normed outputs per step: list of [B, n, D], and the label/weight [B, n] each
+  predicts (module doc). batch: tokens [B, T], feats [B, T, F*Dt], dlabel [B, T] head-vocab ids
+  (-1: none), weight [B, T]."""
+  tokens, w, dl = batch["tokens"], batch["weight"], batch["dlabel"]
+  B, T = tokens.shape
+  n = T - 1
+  c = config.layer
+  h = fuse_features(params, batch["feats"][:, :n].astype(embed.dtype))
+  cache = KVCache(k=jnp.zeros((1, B, steps * n, c.num_kv_heads, c.head_dim), embed.dtype),
+                  v=jnp.zeros((1, B, steps * n, c.num_kv_heads, c.head_dim), embed.dtype),
+                  lengths=jnp.zeros((B,), jnp.int32))
+  pad = lambda x: jnp.pad(x, ((0, 0), (0, steps)))  # noqa: E731
+  tok_p, w_p, dl_p = pad(tokens), pad(w), jnp.pad(dl, ((0, 0), (0, steps)), constant_values=-1)
+  outs = []
+  for j, (block, prefix) in enumerate(ttt_masks(n, steps)):
+    sl = slice(1 + j, 1 + j + n)
+    pos = jnp.broadcast_to(jnp.arange(n) + j, (B, n))
+    x, cache = eagle_forward(params, embed, tok_p[:, sl], h, pos,
+                             cache.with_lengths(jnp.full((B,), j * n, jnp.int32)), block,
+                             config=config, prefix_mask=prefix)
+    label = dl_p[:, sl]
+    outs.append((rms_norm(x, params["final_norm"], c.rms_norm_eps), label,
+                 w_p[:, sl] * (label >= 0)))
+    h = x
+  return outs
+
+
+def ttt_loss(trainable, frozen, batch, *, config: EagleConfig, steps: int, decay: float,
+             block: int):
+  """sum_j decay^j CE_j (module doc); returns (loss, per-step CE [steps])."""
+  params = {**frozen, **trainable}
+  ces = []
+  for hn, label, weight in ttt_outputs(params, frozen["embed"], batch, config=config,
+                                       steps=steps):
+    D = hn.shape[-1]
+    ces.append(vocab_cross_entropy(hn.reshape(-1, D), params["lm_head"],
+                                   jnp.maximum(label, 0).reshape(-1), weight.reshape(-1),
+                                   block=block))
+  ces = jnp.stack(ces)
+  return jnp.sum(ces * decay ** jnp.arange(steps)), ces
+
+
+# --- batches -----------------------------------------------------------------------------------
+
+def make_batch(data: EagleData, idx, rs, job: EagleJob, t2d: np.ndarray, *, window_start=None):
+  """B windows of <= seq_len tokens from records `idx` (random ones, a random window start
+  unless given); weight 1 where the label predicts a completion token."""
+  B, T = len(idx), job.seq_len
+  F = data.feats[0].shape[1]
+  out = {"tokens": np.zeros((B, T), np.int32), "feats": np.zeros((B, T, F), np.float16),
+         "dlabel": np.full((B, T), -1, np.int32), "weight": np.zeros((B, T), np.float32)}
+  for b, r in enumerate(idx):
+    _, toks, first = data.seqs[r]
+    L = len(toks)
+    if window_start is not None:
+      s = window_start
+    else:
+      s = rs.randint(0, max(1, L - T + 1))  # any window of the record (completions included)
+    e = min(L, s + T)
+    out["tokens"][b, :e - s] = toks[s:e]
+    out["feats"][b, :e - s] = data.feats[r][s:e]
+    out["dlabel"][b, :e - s] = t2d[data.labels[r][s:e]]
+    out["weight"][b, max(first, s) - s:e - s] = 1.0
+  return out
+
+
+# --- evaluation --------------------------------------------------------------------------------
+
+def evaluate_heldout(params, frozen, data: EagleData, held_idx, job: EagleJob, t2d, config,
+                     fn_cache: dict) -> dict:
+  """Held-out per-step loss and top-1 accuracy (whole records, windows of seq_len)."""
+  if "fn" not in fn_cache:
+    @jax.jit
+    def fn(trainable, frozen, batch):
+      p = {**frozen, **trainable}
+      rows = []
+      for hn, label, weight in ttt_outputs(p, frozen["embed"], batch, config=config,
+                                           steps=job.ttt_steps):
+        logits = jnp.einsum("BND,VD->BNV", hn, p["lm_head"],
+                            preferred_element_type=jnp.float32)
+        lse = jax.nn.logsumexp(logits, -1)
+        own = jnp.take_along_axis(logits, jnp.maximum(label, 0)[..., None], -1)[..., 0]
+        hit = (jnp.argmax(logits, -1) == label)
+        rows.append(jnp.stack([jnp.sum((lse - own) * weight), jnp.sum(hit * weight),
+                               jnp.sum(weight)]))
+      return jnp.stack(rows)
+    fn_cache["fn"] = fn
+  tot = np.zeros((job.ttt_steps, 3))
+  skipped = total = 0
+  for r in held_idx:
+    _, toks, first = data.seqs[r]
+    lab = data.labels[r][first:]
+    total += len(lab)
+    skipped += int(np.sum(t2d[lab] < 0))
+    # windows of seq_len tokens that share one position, so each label is scored once at
+    # step 0 (deeper steps lose the j positions past a window's end)
+    for s in range(0, max(1, len(toks) - 1), job.seq_len - 1):
+      b = make_batch(data, [r], None, job, t2d, window_start=s)
+      tot += np.asarray(fn_cache["fn"](params, frozen,
+                                       {k: jnp.asarray(v) for k, v in b.items()}))
+  n = np.maximum(tot[:, 2], 1)
+  ce = tot[:, 0] / n
+  out = {"heldout_loss": float(np.sum(ce * job.step_decay ** np.arange(job.ttt_steps)))}
+  for j in range(job.ttt_steps):
+    out[f"ce_{j}"] = float(ce[j])
+    out[f"acc_{j}"] = float(tot[j, 1] / n[j])
+  out["labels_outside_vocab"] = skipped / max(total, 1)
+  return out
+
+
+# --- training ----------------------------------------------------------------------------------
+
+def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None = None) -> dict:
+  """Build features if needed, train (resuming from checkpoints), export; returns the summary."""
+  from vocabjax.checkpoints.eagle3 import load_eagle3, save_eagle3
+  from vocabjax.checkpoints.loader import load_model
+
+  out = Path(job.out)
+  out.mkdir(parents=True, exist_ok=True)
+  target = load_model(job.target, dtype="float32", progress=show_progress)
+  tc = target.config
+  layers = tuple(job.feature_layers or default_feature_layers(tc.num_layers))
+  if min(layers) < 0 or max(layers) >= tc.num_layers:
+    raise TrainError(f"feature_layers={list(layers)} must be target layers in [0, "
+                     f"{tc.num_layers})")
+  fdir = build_eagle_features(job, target, layers, show_progress=show_progress)
+  data = load_eagle_features(fdir, target, layers)
+  held_recs = set(heldout_records(data, job.heldout).tolist())
+  train_idx = [i for i, (r, _, _) in enumerate(data.seqs) if r not in held_recs]
+  held_idx = [i for i, (r, _, _) in enumerate(data.seqs) if r in held_recs]
+  if not train_idx or not held_idx:
+    raise TrainError(f"empty train ({len(train_idx)}) or held-out ({len(held_idx)}) records")
+  V = tc.vocab_size
+  ids = choose_vocab(job, data, {data.seqs[i][0] for i in train_idx}, V)
+  Vd = len(ids)
+  t2d = np.full(V, -1, np.int32)
+  t2d[ids] = np.arange(Vd)
+  hc = head_config(tc, layers, Vd, job.intermediate_size)
+
+  init = init_eagle(jax.random.key(job.seed), hc)
+  init["lm_head"] = jnp.take(lm_head_weight(target.params, tc), jnp.asarray(ids), axis=0)
+  d2t = jnp.asarray(ids - np.arange(Vd), jnp.int32)
+  frozen_names = ("d2t",) + (() if job.train_lm_head else ("lm_head",))
+  trainable = {k: v for k, v in init.items() if k not in frozen_names}
+  aux = {k: init[k] if k != "d2t" else d2t for k in frozen_names}
+  embed = target.params["embed"]
+
+  opt = make_optimizer(job.optim)
+  ckpt = Checkpoints(out / "checkpoints", job.train_fingerprint(), every=job.checkpoint_every)
+  state = ckpt.restore_or(TrainState.create(trainable, opt, aux))
+  if not np.array_equal(np.asarray(state.aux["d2t"]), np.asarray(d2t)):
+    raise TrainError(f"the checkpoint in {out / 'checkpoints'} has another head vocabulary")
+  start = int(state.step)
+  log_path = out / "log.jsonl"
+  rows = read_log(log_path, upto_step=start)
+  log_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+  def frozen_of(st):
+    return {"embed": embed, **st.aux}
+
+  @jax.jit  # the embedding is an argument: a closed-over array would be baked in as a constant
+  def step_fn(st, batch, embed):
+    (loss, ces), grads = jax.value_and_grad(
+        lambda p: ttt_loss(p, {"embed": embed, **st.aux}, batch, config=hc,
+                           steps=job.ttt_steps, decay=job.step_decay, block=job.vocab_block),
+        has_aux=True)(st.params)
+    return apply_grads(st, grads, opt), loss
+
+  identity = model_identity(target)
+  head_dir = out / "head"
+  best_row = None
+  if job.select_by and (head_dir / "config.json").exists():
+    rec = json.loads((head_dir / "config.json").read_text()).get("vocabjax", {})
+    if rec.get("job") == job.train_fingerprint() and rec.get("row", {}).get("step", 1e18) <= start:
+      best_row = rec["row"]
+  fn_cache: dict = {}
+
+  def export(st, row):
+    params = {**st.params, **st.aux}
+    save_eagle3(params, hc, head_dir, target=identity,
+                extra={"job": job.train_fingerprint(), "row": row})
+
+  def better(row):
+    if best_row is None:
+      return True
+    if job.select_by == "acc_0":
+      return row["acc_0"] > best_row["acc_0"]
+    return row["heldout_loss"] < best_row["heldout_loss"]
+
+  t0 = time.perf_counter()
+
+  def evaluate(step, train_loss):
+    nonlocal best_row
+    ev = evaluate_heldout(state.params, frozen_of(state), data, held_idx, job, t2d, hc,
+                          fn_cache)
+    row = {"step": step, "train_loss": train_loss, **ev,
+           "time": round(time.perf_counter() - t0, 1)}
+    append_log(log_path, row)
+    if job.select_by and better(row):
+      export(state, row)
+      best_row = row
+    return row
+
+  if start == 0:
+    evaluate(0, None)
+
+  def rng(step):  # batches depend on the step alone: a resumed run draws what it would have
+    return np.random.RandomState((job.seed * 1_000_003 + step) % 2**32)
+
+  end = job.steps if stop_after is None else min(job.steps, start + stop_after)
+  losses = []
+  for step in progress(range(start, end), total=job.steps, initial=start,
+                       desc=f"EAGLE head ({job.ttt_steps} TTT steps)", enabled=show_progress):
+    rs = rng(step)
+    idx = [train_idx[i] for i in rs.randint(0, len(train_idx), job.batch_size)]
+    batch = make_batch(data, idx, rs, job, t2d)
+    state, loss = step_fn(state, {k: jnp.asarray(v) for k, v in batch.items()}, embed)
+    losses.append(float(loss))
+    done = step + 1
+    if done % job.eval_every == 0 or done == job.steps:
+      evaluate(done, float(np.mean(losses)))
+      losses = []
+    ckpt.save(done, state, force=done == end)
+  ckpt.close()
+  rows = read_log(log_path)
+  plot_curves(rows, ["train_loss", "heldout_loss", "acc_0", f"acc_{job.ttt_steps - 1}"],
+              out / "curves.png", f"EAGLE head for {identity['source']}")
+  summary = {"job": dataclasses.asdict(job), "steps_done": end, "complete": end == job.steps,
+             "train_records": len(train_idx), "heldout_records": len(held_idx),
+             "head_vocab": Vd, "feature_layers": list(layers),
+             "train_label_positions": int(sum(len(data.labels[i]) - data.seqs[i][2]
+                                              for i in train_idx)),
+             "features_seconds": data.meta.get("seconds"),
+             "start": rows[0] if rows else None, "final": rows[-1] if rows else None}
+  if end == job.steps:
+    if not job.select_by:
+      export(state, rows[-1])
+    load_eagle3(head_dir, target_config=tc)  # what was exported loads for this target
+    summary["exported"] = json.loads((head_dir / "config.json").read_text())["vocabjax"]["row"]
+  atomic_write_json(out / "summary.json", summary)
+  return summary
+
+
+# --- command line ------------------------------------------------------------------------------
+
+def job_from_dict(raw: dict, *, where: str = "config") -> EagleJob:
+  fields = {f.name for f in dataclasses.fields(EagleJob)}
+  unknown = sorted(set(raw) - fields)
+  if unknown:
+    raise TrainError(f"{where}: unknown fields {unknown}; known: {sorted(fields)}")
+  missing = [k for k in ("target", "data", "out") if k not in raw]
+  if missing:
+    raise TrainError(f"{where}: missing required field(s) {missing}")
+  raw = dict(raw)
+  raw["data"] = tuple([raw["data"]] if isinstance(raw["data"], str) else raw["data"])
+  if raw.get("feature_layers") is not None:
+    raw["feature_layers"] = tuple(raw["feature_layers"])
+  return EagleJob(**raw)
+
+
+def load_job(path, **overrides) -> EagleJob:
+  import yaml
+
+  path = Path(path)
+  if not path.is_file():
+    raise TrainError(f"no EAGLE config at {path}")
+  raw = yaml.safe_load(path.read_text()) or {}
+  raw.update({k: v for k, v in overrides.items() if v is not None})
+  return job_from_dict(raw, where=str(path))
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(prog="python -m vocabjax.train.eagle", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--config", required=True, help="YAML job (configs/eagle_*.yaml)")
+  p.add_argument("--out", help="override the output directory")
+  p.add_argument("--steps", type=int, help="override the number of steps")
+  p.add_argument("--stop-after", type=int, help="return after N steps (resume later)")
+  p.add_argument("--quiet", action="store_true")
+  a = p.parse_args(argv)
+  try:
+    job = load_job(a.config, out=a.out, steps=a.steps)
+    summary = train(job, show_progress=not a.quiet, stop_after=a.stop_after)
+  except (TrainError, ValueError, FileNotFoundError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  print(json.dumps({"final": summary["final"], "complete": summary["complete"],
+                    "exported": summary.get("exported")}, indent=1))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
