@@ -153,3 +153,69 @@ def test_specvocab_ranker_of_another_drafter_fails_before_generation(tmp_path, t
   with pytest.raises(RankerError, match="trained for a drafter with vocab_size=128"):
     main(parse_args(["--config", str(path), "--out", str(tmp_path / "o"), "--quiet"]))
   assert not (tmp_path / "o" / "questions.jsonl").exists()
+
+
+@pytest.fixture(scope="module")
+def head_dir(tiny_chat_dir, tmp_path_factory):
+  """An untrained EAGLE-3 head for the tiny chat model (48-token vocabulary), exported."""
+  import jax
+  import numpy as np
+
+  from vocabjax.checkpoints.eagle3 import save_eagle3
+  from vocabjax.checkpoints.loader import load_model
+  from vocabjax.models.eagle import init_eagle
+  from vocabjax.train.eagle import head_config
+  from vocabjax.train.features import model_identity
+
+  m = load_model(tiny_chat_dir, dtype="float32")
+  hc = head_config(m.config, (0, 1), 48)
+  p = init_eagle(jax.random.key(0), hc, scale=0.2)
+  ids = np.arange(0, 96, 2)
+  p["d2t"] = jax.numpy.asarray(ids - np.arange(48))
+  return save_eagle3(p, hc, tmp_path_factory.mktemp("head") / "head",
+                     target=model_identity(m))
+
+
+def test_eagle_is_lossless_with_the_heads_cost_in_mbsu(head_dir, tmp_path, tiny_chat_dir):
+  from vocabjax.checkpoints.eagle3 import load_eagle3_config
+
+  path = _suite(tmp_path, tiny_chat_dir, [
+      {"name": "tree", "method": "tree", "top_k": 2, "depth": 2, "total_tokens": 3},
+      {"name": "eagle", "method": "eagle", "head": str(head_dir), "top_k": 2, "depth": 2,
+       "total_tokens": 3},
+      {"name": "eagle_target_head", "method": "eagle", "head": str(head_dir), "top_k": 2,
+       "depth": 2, "total_tokens": 3, "lm_head": "target"}])
+  summary = main(parse_args(["--config", str(path), "--out", str(tmp_path / "res"), "--quiet"]))
+  by = {m["name"]: m for m in summary["methods"]}
+  hc = load_eagle3_config(head_dir)
+  for name, rows in (("eagle", 48), ("eagle_target_head", 320)):
+    o = by[name]["overall"]
+    assert o["match_rate"] == 1.0
+    assert by[name]["draft_vocab_size"] == rows
+    c = hc.num_params(rows) / summary["models"]["target"]["params_per_token"]
+    assert o["mbsu"] == pytest.approx(o["tau"] / (c * 2 + 1))
+
+
+def test_bad_eagle_configs_are_refused(head_dir, tmp_path, tiny_chat_dir):
+  from vocabjax.testing.tiny import save_tiny_variant
+
+  base = {"method": "eagle", "head": str(head_dir), "top_k": 2, "depth": 2, "total_tokens": 3}
+  cases = [({"head": str(tmp_path / "none")}, "not a readable EAGLE-3 head"),
+           ({"lm_head": "mine"}, "lm_head='mine' must be 'own' or 'target'"),
+           ({"top_k": 64, "total_tokens": 64}, "top_k=64 exceeds the head's vocabulary of 48"),
+           ({"total_tokens": 1}, "smaller than self.top_k=2")]
+  for i, (m, match) in enumerate(cases):
+    path = _suite(tmp_path, tiny_chat_dir, [{"name": f"m{i}", **base, **m}])
+    with pytest.raises(ConfigError, match=match):
+      load_config(path)
+  # a head trained for another target of the same shapes: refused before any generation
+  cfg = yaml.safe_load(_suite(tmp_path, tiny_chat_dir, [{"name": "e", **base}]).read_text())
+  other = save_tiny_variant("qwen2_bias", tmp_path / "other_chat", seed=11,
+                            with_tokenizer=True)  # the chat model's shapes, other weights
+  cfg["target"] = cfg["draft"] = str(other)
+  path = tmp_path / "other.yaml"
+  path.write_text(yaml.safe_dump(cfg))
+  with pytest.raises(ValueError, match="was trained for another target"):
+    main(parse_args(["--config", str(path), "--out", str(tmp_path / "o"), "--quiet"]))
+  assert not (tmp_path / "o" / "questions.jsonl").exists()
+

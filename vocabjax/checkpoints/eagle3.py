@@ -78,38 +78,64 @@ def save_eagle3(params: dict, config: EagleConfig, directory, *, target: dict | 
   return directory
 
 
-def load_eagle3(directory, *, target_config: LlamaLikeConfig | None = None,
-                dtype=jnp.float32) -> tuple[EagleConfig, dict, dict]:
-  """(config, params, the `vocabjax.target` record) of an EAGLE-3 head directory; with
-  `target_config`, a head made for another target (hidden size, vocabulary, layer count) is a
-  ValueError naming the mismatch."""
-  from safetensors import SafetensorError
-  from safetensors.numpy import load_file
-
-  directory = Path(directory)
+def _read_config(directory: Path) -> tuple[EagleConfig, dict]:
   try:
     raw = json.loads((directory / "config.json").read_text())
-    tensors = load_file(str(directory / "model.safetensors"))
-  except (OSError, json.JSONDecodeError, SafetensorError) as e:
+  except (OSError, json.JSONDecodeError) as e:
     raise CheckpointError(f"{directory} is not a readable EAGLE-3 head ({e})") from None
-  D = raw["hidden_size"]
-  layer_cfg = LlamaLikeConfig(
-      arch="llama", vocab_size=raw["vocab_size"], hidden_size=D,
-      intermediate_size=raw["intermediate_size"], num_layers=1,
-      num_heads=raw["num_attention_heads"], num_kv_heads=raw["num_key_value_heads"],
-      head_dim=raw.get("head_dim", D // raw["num_attention_heads"]),
-      rms_norm_eps=raw.get("rms_norm_eps", 1e-6), rope_theta=raw.get("rope_theta", 10000.0),
-      max_position_embeddings=raw.get("max_position_embeddings", 4096))
+  try:
+    D = raw["hidden_size"]
+    layer_cfg = LlamaLikeConfig(
+        arch="llama", vocab_size=raw["vocab_size"], hidden_size=D,
+        intermediate_size=raw["intermediate_size"], num_layers=1,
+        num_heads=raw["num_attention_heads"], num_kv_heads=raw["num_key_value_heads"],
+        head_dim=raw.get("head_dim") or D // raw["num_attention_heads"],
+        rms_norm_eps=raw.get("rms_norm_eps", 1e-6), rope_theta=raw.get("rope_theta", 10000.0),
+        max_position_embeddings=raw.get("max_position_embeddings", 4096))
+  except KeyError as e:
+    raise CheckpointError(f"{directory}/config.json lacks {e}") from None
   ids = raw.get("eagle_config", {}).get("eagle_aux_hidden_state_layer_ids")
   if not ids:
     raise CheckpointError(f"{directory}/config.json names no fused target layers "
                           f"(eagle_config.eagle_aux_hidden_state_layer_ids)")
-  config = EagleConfig(layer=layer_cfg, target_hidden_size=raw.get("target_hidden_size", D),
-                       feature_layers=tuple(ids),
-                       draft_vocab_size=raw.get("draft_vocab_size") or raw["vocab_size"])
+  return EagleConfig(layer=layer_cfg, target_hidden_size=raw.get("target_hidden_size", D),
+                     feature_layers=tuple(ids),
+                     draft_vocab_size=raw.get("draft_vocab_size") or raw["vocab_size"]), raw
+
+
+def load_eagle3_config(directory) -> EagleConfig:
+  """The head's config alone (config.json; no weights read)."""
+  return _read_config(Path(directory))[0]
+
+
+def load_eagle3(directory, *, target_config: LlamaLikeConfig | None = None,
+                target_params: dict | None = None,
+                dtype=jnp.float32) -> tuple[EagleConfig, dict, dict]:
+  """(config, params, the `vocabjax.target` record) of an EAGLE-3 head directory; with
+  `target_config`, a head made for another target (hidden size, vocabulary, layer count) is a
+  ValueError naming the mismatch; with `target_params` too, a head whose recorded target has
+  another LM-head fingerprint (other weights of the same shapes) is one as well."""
+  from safetensors import SafetensorError
+  from safetensors.numpy import load_file
+
+  directory = Path(directory)
+  config, raw = _read_config(directory)
+  target = raw.get("vocabjax", {}).get("target", {})
   if target_config is not None:
     config.check_target(target_config)
-  c, Vd = layer_cfg, config.draft_vocab_size
+    if target_params is not None and target.get("fingerprint"):
+      from vocabjax.vocab.ranked import drafter_fingerprint
+
+      got = drafter_fingerprint(target_params, target_config)
+      if got != target["fingerprint"]:
+        raise ValueError(f"{directory} was trained for another target ({target.get('source')}"
+                         f", LM-head fingerprint {target['fingerprint']}; this target's is "
+                         f"{got})")
+  try:
+    tensors = load_file(str(directory / "model.safetensors"))
+  except (OSError, SafetensorError) as e:
+    raise CheckpointError(f"{directory} is not a readable EAGLE-3 head ({e})") from None
+  c, Vd, D = config.layer, config.draft_vocab_size, config.hidden_size
   want = {LAYER["attn_norm"]: (D,), LAYER["hidden_norm"]: (D,),
           LAYER["wq"]: (c.q_dim, 2 * D), LAYER["wk"]: (c.kv_dim, 2 * D),
           LAYER["wv"]: (c.kv_dim, 2 * D), LAYER["wo"]: (D, c.q_dim), LAYER["mlp_norm"]: (D,),
@@ -135,4 +161,4 @@ def load_eagle3(directory, *, target_config: LlamaLikeConfig | None = None,
             "d2t": jnp.asarray(d2t, jnp.int32)}
   if config.has_fc:
     params["fc"] = jnp.asarray(tensors[TOP["fc"]], dtype)
-  return config, params, raw.get("vocabjax", {}).get("target", {})
+  return config, params, target

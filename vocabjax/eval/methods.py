@@ -29,6 +29,8 @@ class Method:
   drafter_passes: Callable[[dict], int] | None  # params -> drafter forwards per block (MBSU)
   head_rows: Callable[[dict], int] | None = None  # params -> drafter LM-head rows (None: V)
   validate: Callable[[dict, str], None] | None = None  # extra checks of the values
+  drafter_params: Callable[[dict], int] | None = None  # params -> drafter params read per
+  #   token, for MBSU (None: the draft model's, with head_rows LM-head rows)
 
   def check(self, params: dict, where: str) -> None:
     from vocabjax.eval.config import ConfigError
@@ -53,10 +55,11 @@ METHODS: dict[str, Method] = {}
 
 
 def register(name: str, *, params: dict | None = None, defaults: dict | None = None,
-             needs_draft: bool = True, drafter_passes=None, head_rows=None, validate=None):
+             needs_draft: bool = True, drafter_passes=None, head_rows=None, validate=None,
+             drafter_params=None):
   def deco(fn):
     METHODS[name] = Method(name, fn, params or {}, defaults or {}, needs_draft, drafter_passes,
-                           head_rows, validate)
+                           head_rows, validate, drafter_params)
     return fn
   return deco
 
@@ -215,3 +218,58 @@ def _specvocab(target, draft, ranker, k, gamma, top_k, depth, total_tokens):
 
   return _chain_or_tree(target, draft, gamma, top_k, depth, total_tokens,
                         SpeculativeVocab(Ranker.load(ranker), k=k))
+
+
+# --- EAGLE head (EAGLE-3 checkpoints) -------------------------------------------------------
+# An EAGLE-3 head directory (`python -m vocabjax.train.eagle`, or one exported by SpecForge for
+# SGLang / vLLM) drafts an EAGLE-2 tree from the target's own features; no separate drafter.
+
+_EAGLE = {"head": str, "top_k": int, "depth": int, "total_tokens": int, "lm_head": str}
+_EAGLE_DEFAULTS = {"lm_head": "own"}
+
+
+def _eagle_config(path: str, where: str):
+  from vocabjax.checkpoints.convert import CheckpointError
+  from vocabjax.checkpoints.eagle3 import load_eagle3_config
+  from vocabjax.eval.config import ConfigError
+
+  try:
+    return load_eagle3_config(path)
+  except CheckpointError as e:
+    raise ConfigError(f"{where}: eagle.head={path!r}: {e}") from None
+
+
+def _eagle_validate(p: dict, where: str) -> None:
+  from vocabjax.eval.config import ConfigError
+
+  if p["lm_head"] not in ("own", "target"):
+    raise ConfigError(f"{where}: eagle.lm_head={p['lm_head']!r} must be 'own' or 'target'")
+  try:
+    TreeParams(top_k=p["top_k"], depth=p["depth"], total_tokens=p["total_tokens"])
+  except ValueError as e:
+    raise ConfigError(f"{where}: eagle: {e}") from None
+  hc = _eagle_config(p["head"], where)
+  if p["lm_head"] == "own" and p["top_k"] > hc.draft_vocab_size:
+    raise ConfigError(f"{where}: eagle.top_k={p['top_k']} exceeds the head's vocabulary of "
+                      f"{hc.draft_vocab_size} tokens")
+
+
+def _eagle_rows(p: dict) -> int:
+  hc = _eagle_config(p["head"], "eagle")
+  return hc.draft_vocab_size if p["lm_head"] == "own" else hc.layer.vocab_size
+
+
+@register("eagle", params=_EAGLE, defaults=_EAGLE_DEFAULTS, needs_draft=False,
+          drafter_passes=lambda p: p["depth"], head_rows=_eagle_rows, validate=_eagle_validate,
+          drafter_params=lambda p: _eagle_config(p["head"], "eagle").num_params(_eagle_rows(p)))
+def _eagle(target, draft, head, top_k, depth, total_tokens, lm_head):
+  """EAGLE-2 tree drafting with an EAGLE-3 head trained for `target` (refused otherwise)."""
+  from vocabjax.checkpoints.eagle3 import load_eagle3
+  from vocabjax.decoding.eagle import EagleDecoder
+
+  del draft
+  hc, params, _ = load_eagle3(head, target_config=target.config, target_params=target.params,
+                              dtype=target.params["embed"].dtype)
+  return EagleDecoder(target.in_layout(block_layout()), target.config, params, hc,
+                      tree=TreeParams(top_k=top_k, depth=depth, total_tokens=total_tokens),
+                      lm_head=lm_head)

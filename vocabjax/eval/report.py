@@ -128,10 +128,15 @@ def build_summary(config, records: list[dict], info: dict, splits: dict, meta: d
       continue
     c = gamma = vocab = None
     spec = METHODS.get(method) if fw == "vocabjax" else None
-    if spec is not None and spec.drafter_passes and dcfg is not None:
-      vocab = spec.head_rows({**spec.defaults, **params}) if spec.head_rows else dcfg.vocab_size
+    full = {**spec.defaults, **params} if spec is not None else {}
+    if spec is not None and spec.drafter_params is not None:  # a drafter of its own (EAGLE)
+      vocab = spec.head_rows(full) if spec.head_rows else None
+      c = spec.drafter_params(full) / t_params
+      gamma = spec.drafter_passes(full)
+    elif spec is not None and spec.drafter_passes and dcfg is not None:
+      vocab = spec.head_rows(full) if spec.head_rows else dcfg.vocab_size
       c = dcfg.num_params(include_embedding=False, head_rows=vocab) / t_params
-      gamma = spec.drafter_passes({**spec.defaults, **params})
+      gamma = spec.drafter_passes(full)
     base = vj_ar if fw == "vocabjax" else torch_ar
 
     def agg(rs):

@@ -56,6 +56,15 @@ class EagleConfig:
   def has_fc(self) -> bool:
     return self.fused_width != self.hidden_size
 
+  def num_params(self, head_rows: int | None = None) -> int:
+    """Parameters read per drafted token (the shared embedding excluded): fc, the layer (q/k/v
+    read 2D inputs), the norms and `head_rows` LM-head rows (default: its Vd)."""
+    c, D = self.layer, self.hidden_size
+    layer = (2 * D * (c.q_dim + 2 * c.kv_dim) + c.q_dim * D + 3 * D * c.intermediate_size
+             + 3 * D)
+    fc = D * self.fused_width if self.has_fc else 0
+    return fc + layer + D + (self.draft_vocab_size if head_rows is None else head_rows) * D
+
   def check_target(self, target: LlamaLikeConfig) -> None:
     """ValueError naming the mismatch when this head was not made for `target`."""
     if target.hidden_size != self.target_hidden_size:

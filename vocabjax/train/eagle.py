@@ -22,8 +22,9 @@ skipped, and counted). Held-out records (by prompt, the last `heldout` fraction)
 per-step top-1 accuracy acc_j, EAGLE's figure of merit.
 
 The head's vocabulary: the target's full V (`draft_vocab_size: null`), the `draft_vocab_size`
-most frequent label tokens of the training records (FR-Spec / EAGLE-3's d2t), or a VocabSubset
-file (`vocab_subset`). Its LM head starts as the target's LM-head rows of those ids, and trains
+most frequent tokens (FR-Spec / EAGLE-3's d2t) by the training labels' frequencies plus those
+of any `vocab_counts` calibration files (`python -m vocabjax.calibrate count`; each source
+weighs as one distribution, ties go to the lower id), or a VocabSubset file (`vocab_subset`). Its LM head starts as the target's LM-head rows of those ids, and trains
 unless `train_lm_head: false` (then it is the target's head, frozen). The embedding is always
 the target's, frozen. d2t (and a frozen LM head) are saved in the orbax checkpoints beside the
 trained params.
@@ -71,6 +72,7 @@ class EagleJob:
   feature_layers: tuple[int, ...] | None = None  # default: (1, L/2 - 1, L - 4)
   draft_vocab_size: int | None = 32768  # None: the full V
   vocab_subset: str | None = None  # a VocabSubset file instead of counting labels
+  vocab_counts: tuple[str, ...] = ()  # calibration counts (.npz) counted beside the labels
   train_lm_head: bool = True
   intermediate_size: int | None = None  # the head's MLP width (default: the target's)
   ttt_steps: int = 4  # J (EAGLE-3 trains 7)
@@ -226,6 +228,7 @@ def head_config(target: LlamaLikeConfig, layers, draft_vocab_size: int,
 
 def choose_vocab(job: EagleJob, data: EagleData, train_recs: set, V: int) -> np.ndarray:
   """Ascending target ids of the head's vocabulary (module doc)."""
+  from vocabjax.calibrate.counts import Counts
   from vocabjax.vocab.subset import VocabSubset
 
   if job.vocab_subset:
@@ -245,7 +248,13 @@ def choose_vocab(job: EagleJob, data: EagleData, train_recs: set, V: int) -> np.
       np.add.at(counts, lab[first:], 1)
   if not counts.any():
     raise TrainError("no training labels to count the head's vocabulary from")
-  order = np.lexsort((np.arange(V), -counts))  # most frequent first, ties by id
+  freq = counts / counts.sum()
+  for path in job.vocab_counts:  # each source weighs as one frequency distribution
+    c = Counts.load(path, vocab_size=V).counts
+    if not c.any():
+      raise TrainError(f"{path} counts no tokens (empty calibration set?)")
+    freq = freq + c / c.sum()
+  order = np.lexsort((np.arange(V), -freq))  # most frequent first, ties by id
   return np.sort(order[:K])
 
 
@@ -523,6 +532,9 @@ def job_from_dict(raw: dict, *, where: str = "config") -> EagleJob:
     raise TrainError(f"{where}: missing required field(s) {missing}")
   raw = dict(raw)
   raw["data"] = tuple([raw["data"]] if isinstance(raw["data"], str) else raw["data"])
+  if isinstance(raw.get("vocab_counts"), (list, str)):
+    vc = raw["vocab_counts"]
+    raw["vocab_counts"] = tuple([vc] if isinstance(vc, str) else vc)
   if raw.get("feature_layers") is not None:
     raw["feature_layers"] = tuple(raw["feature_layers"])
   return EagleJob(**raw)
