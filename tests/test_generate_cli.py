@@ -146,3 +146,42 @@ def test_ranker_vocabulary(tiny_chat_dir, tmp_path):
   with pytest.raises(ValueError, match="not both"):
     parse_args(base + ["--draft", "d", "--method", "chain", "--ranker", "r",
                        "--draft-vocab", "s"])
+
+
+def test_eagle_head(tiny_chat_dir, tmp_path):
+  """--method eagle --eagle-head: tree drafting with an EAGLE-3 head directory; output equals
+  AR with the head's own and the target's LM head (restricted by a ranker); a head for another
+  target is refused; --method eagle without a head is an error."""
+  import jax
+  import numpy as np
+
+  from vocabjax.checkpoints.eagle3 import save_eagle3
+  from vocabjax.models.eagle import init_eagle
+  from vocabjax.testing.tiny import save_tiny_variant
+  from vocabjax.train.eagle import head_config
+  from vocabjax.train.features import model_identity
+  from vocabjax.vocab.ranked import svd_ranker
+
+  m = load_model(tiny_chat_dir, dtype="float32")
+  hc = head_config(m.config, (0, 1), 40)
+  p = init_eagle(jax.random.key(0), hc, scale=0.2)
+  p["d2t"] = jax.numpy.asarray(np.arange(0, 120, 3) - np.arange(40))
+  head = save_eagle3(p, hc, tmp_path / "head", target=model_identity(m))
+  svd_ranker(m.params, m.config, rank=4).save(tmp_path / "r.safetensors")
+  base = ["--target", str(tiny_chat_dir), "--prompt", "def add(a, b):", "--max-new-tokens",
+          "12", "--quiet"]
+  ar = main(parse_args(base))
+  eagle = ["--method", "eagle", "--eagle-head", str(head), "--tree-top-k", "2",
+           "--tree-depth", "3", "--tree-total-tokens", "5"]
+  spec = main(parse_args(base + eagle))
+  assert spec["output_ids"] == ar["output_ids"] and spec["speculative"]["tau"] >= 1
+  spec = main(parse_args(base + eagle + ["--eagle-lm-head", "target", "--ranker",
+                                         str(tmp_path / "r.safetensors"), "--ranker-k", "8"]))
+  assert spec["output_ids"] == ar["output_ids"]
+  other = save_tiny_variant("qwen2_bias", tmp_path / "other", seed=5, with_tokenizer=True)
+  with pytest.raises(ValueError, match="was trained for another target"):
+    main(parse_args(["--target", str(other), *base[2:], *eagle]))
+  with pytest.raises(ValueError, match="needs --eagle-head"):
+    parse_args(base + ["--method", "eagle"])
+  with pytest.raises(ValueError, match="--eagle-head drafts with --method eagle"):
+    parse_args(base + ["--eagle-head", str(head)])

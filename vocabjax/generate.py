@@ -30,7 +30,7 @@ from vocabjax.decoding.sampling import SamplingParams
 from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder
 from vocabjax.decoding.tree import TreeParams
 
-METHODS = ("ar", "chain", "tree")
+METHODS = ("ar", "chain", "tree", "eagle")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +49,7 @@ class GenerateConfig:
   output: str | None = None
   quiet: bool = False
   draft: str | None = None
-  method: str = "ar"  # ar | chain | tree
+  method: str = "ar"  # ar | chain | tree | eagle
   gamma: int = 4
   tree_top_k: int = 4
   tree_depth: int = 4
@@ -59,12 +59,19 @@ class GenerateConfig:
   draft_vocab: str | None = None  # a saved static subset (.npz, `calibrate select`): trimmed head
   ranker: str | None = None  # a SpecVocab ranker (.safetensors, `train.ranker`): per-step vocab
   ranker_k: int = 2048  # candidates per step with --ranker
+  eagle_head: str | None = None  # an EAGLE-3 head directory (`train.eagle`) for --method eagle
+  eagle_lm_head: str = "own"  # own: the head's rows (d2t); target: the target's LM head
 
   def __post_init__(self):
     if self.method not in METHODS:
       raise ValueError(f"unknown method {self.method!r}; choose one of {METHODS}")
-    if self.method != "ar" and not self.draft:
+    if self.method == "eagle":
+      if not self.eagle_head:
+        raise ValueError("--method eagle needs --eagle-head (an EAGLE-3 head directory)")
+    elif self.method != "ar" and not self.draft:
       raise ValueError(f"--method {self.method} needs --draft")
+    if self.eagle_head and self.method != "eagle":
+      raise ValueError(f"--eagle-head drafts with --method eagle, not {self.method}")
     if self.draft_vocab and self.method == "ar":
       raise ValueError("--draft-vocab trims a drafter's head: use it with --method chain/tree")
     if self.ranker and self.method == "ar":
@@ -97,6 +104,35 @@ def atomic_write_json(path: str | os.PathLike, obj) -> None:
   atomic_write_text(path, json.dumps(obj, indent=2))
 
 
+def _speculative_decoder(config: GenerateConfig, model):
+  """The chain / tree / EAGLE decoder `config` asks for (loads the drafter or the head)."""
+  sub = None
+  if config.draft_vocab:
+    from vocabjax.calibrate.counts import tokenizer_identity
+    from vocabjax.vocab.subset import VocabSubset
+
+    sub = VocabSubset.load(config.draft_vocab, tokenizer_id=tokenizer_identity(model.tokenizer))
+  elif config.ranker:
+    from vocabjax.vocab.ranked import Ranker, SpeculativeVocab
+
+    sub = SpeculativeVocab(Ranker.load(config.ranker), k=config.ranker_k)
+  tree = TreeParams(config.tree_top_k, config.tree_depth, config.tree_total_tokens)
+  if config.method == "eagle":
+    from vocabjax.checkpoints.eagle3 import load_eagle3
+    from vocabjax.decoding.eagle import EagleDecoder
+
+    hc, head, _ = load_eagle3(config.eagle_head, target_config=model.config,
+                              target_params=model.params, dtype=model.params["embed"].dtype)
+    return EagleDecoder(model.params, model.config, head, hc, tree=tree,
+                        lm_head=config.eagle_lm_head, draft_vocab=sub)
+  draft = load_model(config.draft, dtype=config.dtype, load_tokenizer=False)
+  if config.method == "chain":
+    return ChainDecoder(model.params, model.config, draft.params, draft.config,
+                        gamma=config.gamma, draft_vocab=sub)
+  return TreeDecoder(model.params, model.config, draft.params, draft.config, tree=tree,
+                     draft_vocab=sub)
+
+
 def main(config: GenerateConfig) -> dict:
   sampling = SamplingParams(config.temperature, config.top_k, config.top_p)  # validates
   if config.max_new_tokens <= 0:
@@ -115,26 +151,8 @@ def main(config: GenerateConfig) -> dict:
   if config.method == "ar":
     res = Decoder(model.params, model.config).generate(prompt_ids, **common)
   else:
-    draft = load_model(config.draft, dtype=config.dtype, load_tokenizer=False)
+    dec = _speculative_decoder(config, model)
     load_s = time.perf_counter() - t0
-    sub = None
-    if config.draft_vocab:
-      from vocabjax.calibrate.counts import tokenizer_identity
-      from vocabjax.vocab.subset import VocabSubset
-
-      sub = VocabSubset.load(config.draft_vocab,
-                             tokenizer_id=tokenizer_identity(model.tokenizer))
-    elif config.ranker:
-      from vocabjax.vocab.ranked import Ranker, SpeculativeVocab
-
-      sub = SpeculativeVocab(Ranker.load(config.ranker), k=config.ranker_k)
-    if config.method == "chain":
-      dec = ChainDecoder(model.params, model.config, draft.params, draft.config,
-                         gamma=config.gamma, draft_vocab=sub)
-    else:
-      dec = TreeDecoder(model.params, model.config, draft.params, draft.config,
-                        tree=TreeParams(config.tree_top_k, config.tree_depth,
-                                        config.tree_total_tokens), draft_vocab=sub)
     res = dec.generate(prompt_ids, **common)
     st = res.stats
     spec_stats = {"tau": st.tau, "acceptance_rate": st.acceptance_rate,
@@ -208,6 +226,11 @@ def parse_args(argv=None) -> GenerateConfig:
   p.add_argument("--ranker", help="SpecVocab ranker (.safetensors from `python -m "
                  "vocabjax.train.ranker`): the drafter's candidates are chosen per step")
   p.add_argument("--ranker-k", type=int, default=2048, help="candidates per step (--ranker)")
+  p.add_argument("--eagle-head", help="EAGLE-3 head directory (`python -m vocabjax.train.eagle`"
+                 " or SpecForge's export) for --method eagle; drafts the --tree-* tree")
+  p.add_argument("--eagle-lm-head", default="own", choices=("own", "target"),
+                 help="the head's own (reduced) LM head, or the target's (then --draft-vocab "
+                 "/ --ranker restrict it)")
   a = p.parse_args(argv)
   return GenerateConfig(target=a.target, prompts=tuple(a.prompt), chat=a.chat,
                         max_new_tokens=a.max_new_tokens, temperature=a.temperature,
@@ -217,7 +240,8 @@ def parse_args(argv=None) -> GenerateConfig:
                         draft=a.draft, method=a.method, gamma=a.gamma, tree_top_k=a.tree_top_k,
                         tree_depth=a.tree_depth, tree_total_tokens=a.tree_total_tokens,
                         batch_size=a.batch_size, draft_vocab=a.draft_vocab, ranker=a.ranker,
-                        ranker_k=a.ranker_k)
+                        ranker_k=a.ranker_k, eagle_head=a.eagle_head,
+                        eagle_lm_head=a.eagle_lm_head)
 
 
 if __name__ == "__main__":
