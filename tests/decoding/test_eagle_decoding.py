@@ -103,10 +103,13 @@ def _prompts(n_max=17, seed=0):
 @pytest.mark.parametrize("tp", [TreeParams(1, 3, 3), TreeParams(2, 3, 6), TreeParams(4, 4, 16)],
                          ids=lambda t: f"k{t.top_k}d{t.depth}n{t.total_tokens}")
 @pytest.mark.parametrize("vocab", ["own-reduced", "own-full", "target", "target-subset",
-                                   "target-ranker"])
+                                   "target-ranker", "eagle1-last-layer"])
 def test_greedy_identical_to_autoregressive_random_models(target, tp, vocab):
   Vd = 40 if vocab == "own-reduced" else None
-  hc, head = random_head(target, CFG, Vd)
+  # EAGLE-1's input: the last layer's output alone (F*Dt = D, so no fc layer)
+  layers = (1,) if vocab == "eagle1-last-layer" else (0, 1)
+  hc, head = random_head(target, CFG, Vd, layers=layers)
+  assert hc.has_fc == (len(layers) > 1)
   kw = {"lm_head": "target" if vocab.startswith("target") else "own"}
   if vocab == "target-subset":
     kw["draft_vocab"] = VocabSubset(ids=tuple(range(0, 64, 2)), vocab_size=64)

@@ -1,5 +1,5 @@
 """EAGLE-3 head checkpoints in the layout SGLang (`LlamaForCausalLMEagle3`) and vLLM load:
-a directory with `config.json` and `model.safetensors`. Issue 6 groundwork.
+a directory with `config.json` and `model.safetensors`.
 
 Tensors (PyTorch [out, in] layout):
   fc.weight                                  [D, F*Dt]   (absent when F*Dt == D)

@@ -1,6 +1,7 @@
 """EAGLE-style drafter head (EAGLE-3, Li et al. 2025): one decoder layer that drafts from the
-target's own features. Issue 6 groundwork: the head's params, forward and logits; training,
-tree drafting with it and the engine's feature hand-over are not built yet.
+target's own features. This module: the head's params, forward and logits. Tree drafting and
+the feature hand-over: `vocabjax.decoding.eagle`; training: `vocabjax.train.eagle`;
+checkpoints: `vocabjax.checkpoints.eagle3`.
 
 Letters: B batch, T tokens, D head width (= the target's hidden size), Dt the target's hidden
 size, F fused target layers (EAGLE-3: 3, low/middle/high; EAGLE-1: 1, the last), V target
