@@ -194,6 +194,7 @@ def test_eagle_is_lossless_with_the_heads_cost_in_mbsu(head_dir, tmp_path, tiny_
     assert by[name]["draft_vocab_size"] == rows
     c = hc.num_params(rows) / summary["models"]["target"]["params_per_token"]
     assert o["mbsu"] == pytest.approx(o["tau"] / (c * 2 + 1))
+    assert o["time_split"]["drafter_s"] > 0 and o["time_split"]["drafter_head_s"] > 0
 
 
 def test_bad_eagle_configs_are_refused(head_dir, tmp_path, tiny_chat_dir):
