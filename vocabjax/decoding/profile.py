@@ -21,8 +21,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vocabjax.decoding.speculative import model_body
 from vocabjax.models.cache import KVCache
-from vocabjax.models.llamalike import forward, lm_head
+from vocabjax.models.llamalike import lm_head
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,9 +84,6 @@ def _time_body(body, params, config, B: int, T: int, S: int, context: int,
   return median_s(f, params, jnp.zeros((B, T), jnp.int32), cache, repeats=repeats)
 
 
-def _target_body(params, tokens, positions, cache, *, config):
-  return forward(params, tokens, positions, cache, config=config)[0]
-
 
 def _time_head(params, head, B: int, rows: int, D: int, repeats: int) -> float:
   f = jax.jit(head)
@@ -107,7 +105,7 @@ def step_split(decoder, *, batch_size: int = 1, max_len: int = 512, context: int
   tp, tc = decoder.tp, decoder.tc
   dbody, dp, dcache_config = decoder.drafter_body()
   dhead = decoder.draft_policy
-  tbody = functools.partial(_target_body, config=tc)
+  tbody = functools.partial(model_body, config=tc)
   thead = functools.partial(lm_head, config=tc)
   body_t, head_t = {}, {}
   for T, rows in calls:

@@ -194,10 +194,6 @@ class SpeculativeDecoder:
     cost in D-wide rows for a speculative vocabulary, else V)."""
     return self.draft_vocab.head_rows if self.draft_vocab is not None else self.dc.vocab_size
 
-  @property
-  def cache_dtype(self):
-    return self.tp["embed"].dtype
-
   def cache_len(self, longest: int, max_new_tokens: int, max_len: int | None = None) -> int:
     """Cache slots `generate` uses: `max_len`, else the longest prompt + new tokens + one
     step's extra slots, rounded up to a bucket."""
@@ -210,7 +206,7 @@ class SpeculativeDecoder:
   def drafter_body(self):
     """(fn(params, tokens, positions, cache) -> hidden, params, cache config): the drafter's
     forward without its LM head (for profiling)."""
-    return functools.partial(_body, config=self.dc), self.dp, self.dc
+    return functools.partial(model_body, config=self.dc), self.dp, self.dc
 
   def _step_fn(self, sampling: SamplingParams):
     raise NotImplementedError
@@ -268,7 +264,7 @@ class SpeculativeDecoder:
                        f"length {max_len=}")
     S = self.cache_len(longest, max_new_tokens, max_len)
     T = min(bucket(longest), S)
-    dtype = self.cache_dtype
+    dtype = self.tp["embed"].dtype
     start, step, compile_s = self.programs(sampling, B, T, S, dtype)
 
     tokens = np.zeros((B, T), np.int32)
@@ -366,7 +362,8 @@ class TreeDecoder(SpeculativeDecoder):
                      pend_count=jnp.ones_like(first))
 
 
-def _body(params, tokens, positions, cache, *, config):
+def model_body(params, tokens, positions, cache, *, config):
+  """The hidden states of `forward` alone (what profiling times as a model's body)."""
   return forward(params, tokens, positions, cache, config=config)[0]
 
 

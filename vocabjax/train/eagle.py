@@ -56,8 +56,9 @@ from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.eagle import (EagleConfig, default_feature_layers, eagle_forward,
                                    fuse_features, init_eagle)
 from vocabjax.models.llamalike import lm_head_weight, rms_norm
-from vocabjax.train.features import (heldout_records, model_identity, pending_shards,
-                                     read_records, read_shards, write_shards)
+from vocabjax.train.features import (files_key, heldout_records, job_fingerprint,
+                                     model_identity, pending_shards, read_records, read_shards,
+                                     write_shards)
 from vocabjax.train.loop import (Checkpoints, OptimConfig, TrainError, TrainState, append_log,
                                  apply_grads, make_optimizer, plot_curves, progress, read_log)
 from vocabjax.train.losses import vocab_cross_entropy
@@ -118,9 +119,8 @@ class EagleJob:
     return Path(self.features) if self.features else Path(self.out) / "features"
 
   def feature_fingerprint(self, layers) -> str:
-    files = [(str(Path(p).resolve()), Path(p).stat().st_size) for p in self.data]
-    key = json.dumps(["eagle", self.target, files, list(layers), self.max_records])
-    return hashlib.sha256(key.encode()).hexdigest()[:16]
+    return job_fingerprint("eagle", self.target, files_key(self.data), list(layers),
+                           self.max_records)
 
   def train_fingerprint(self) -> str:
     d = dataclasses.asdict(self)

@@ -45,9 +45,18 @@ class FeatureSpec:
   max_records: int | None = None
 
   def fingerprint(self) -> str:
-    files = [(str(Path(p).resolve()), Path(p).stat().st_size) for p in self.data]
-    key = json.dumps([self.drafter, self.target, files, self.teacher_top, self.max_records])
-    return hashlib.sha256(key.encode()).hexdigest()[:16]
+    return job_fingerprint(self.drafter, self.target, files_key(self.data), self.teacher_top,
+                           self.max_records)
+
+
+def files_key(paths) -> list:
+  """(absolute path, size) of each data file: what a feature fingerprint remembers of them."""
+  return [(str(Path(p).resolve()), Path(p).stat().st_size) for p in paths]
+
+
+def job_fingerprint(*parts) -> str:
+  """A short sha256 of JSON-serializable `parts` (features and training jobs)."""
+  return hashlib.sha256(json.dumps(list(parts), sort_keys=True).encode()).hexdigest()[:16]
 
 
 def read_records(paths, max_records=None) -> list[dict]:

@@ -1,0 +1,150 @@
+"""Vocabulary translation between two tokenizers (OmniDraft's direct mapping; issue 8 groundwork).
+
+Letters: Vd drafter vocabulary, V target vocabulary.
+
+Every token is reduced to the bytes it stands for, whatever the tokenizer's convention:
+  byte-level BPE (GPT-2, Qwen, SmolLM2, Llama 3): each character of the token string is one
+    byte through GPT-2's `bytes_to_unicode` table ("Ġ" = space, "Ċ" = newline);
+  SentencePiece (Llama 2, Gemma): "▁" is a space and `<0xNN>` byte-fallback tokens are byte NN;
+  anything else: the tokenizer's own decoding of the single token.
+Special (added) tokens keep their text and match only special tokens with the same text (the
+chat markers `<|im_start|>` / `<|im_end|>` that SmolLM2 and Qwen share).
+
+Two tokens correspond when their bytes are equal: the vocabulary intersection. A drafter token
+outside it has no target token of the same text; OmniDraft suppresses it when drafting (the
+uniform-alphabet baseline, UAG) or merges runs of such sub-tokens through its n-gram cache.
+`VocabMap.overlap` reports the measured sizes; `build_vocab_map(..., min_overlap=)` refuses a
+pair that shares too little to be useful, naming the numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import re
+
+import numpy as np
+
+
+class TranslationError(ValueError):
+  """Tokenizers that cannot be bridged (too little overlap, no round trip); names the numbers."""
+
+
+@functools.lru_cache(maxsize=1)
+def _byte_decoder() -> dict[str, int]:
+  """GPT-2's byte-level alphabet, inverted: character -> byte."""
+  bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
+        + list(range(ord("®"), ord("ÿ") + 1)))
+  cs = bs[:]
+  n = 0
+  for b in range(256):
+    if b not in bs:
+      bs.append(b)
+      cs.append(256 + n)
+      n += 1
+  return {chr(c): b for b, c in zip(bs, cs)}
+
+
+def tokenizer_style(tokenizer) -> str:
+  """"byte_level", "sentencepiece" or "other", from the fast tokenizer's decoder."""
+  backend = getattr(tokenizer, "backend_tokenizer", None)
+  if backend is None:
+    return "other"
+  decoder = json.dumps(json.loads(backend.to_str()).get("decoder"))
+  if '"ByteLevel"' in decoder:
+    return "byte_level"
+  if '"Metaspace"' in decoder or "\\u2581" in decoder or "▁" in decoder:
+    return "sentencepiece"
+  return "other"
+
+
+_BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+
+
+def token_bytes(tokenizer) -> tuple[list[bytes | None], np.ndarray]:
+  """(bytes each id stands for, or None when it cannot be told; [V] bool: special token)."""
+  V = len(tokenizer)
+  pieces = tokenizer.convert_ids_to_tokens(list(range(V)))
+  special = np.zeros(V, bool)
+  for i in getattr(tokenizer, "added_tokens_decoder", {}):
+    if i < V:
+      special[i] = True
+  style = tokenizer_style(tokenizer)
+  table = _byte_decoder()
+  out: list[bytes | None] = []
+  for i, piece in enumerate(pieces):
+    if piece is None:
+      out.append(None)
+    elif special[i]:
+      out.append(piece.encode())
+    elif style == "byte_level":
+      try:
+        out.append(bytes(table[ch] for ch in piece))
+      except KeyError:  # a character outside the byte alphabet: not a byte-level piece
+        out.append(piece.encode())
+    elif style == "sentencepiece":
+      m = _BYTE_TOKEN.match(piece)
+      out.append(bytes([int(m.group(1), 16)]) if m else piece.replace("▁", " ").encode())
+    else:
+      out.append(tokenizer.decode([i]).encode())
+  return out, special
+
+
+@dataclasses.dataclass(frozen=True)
+class VocabMap:
+  """The direct mapping of a drafter vocabulary into a target vocabulary."""
+
+  d2t: np.ndarray  # [Vd] int64 target id of each drafter id, -1 outside the intersection
+  t2d: np.ndarray  # [V] int64 drafter id of each target id, -1 outside the intersection
+  draft_style: str
+  target_style: str
+
+  @property
+  def overlap(self) -> dict:
+    n = int((self.d2t >= 0).sum())
+    return {"shared": n, "drafter_vocab": int(self.d2t.size), "target_vocab": int(self.t2d.size),
+            "share_of_drafter": n / max(self.d2t.size, 1),
+            "share_of_target": n / max(self.t2d.size, 1)}
+
+
+def build_vocab_map(draft_tokenizer, target_tokenizer, *, min_overlap: float = 0.1) -> VocabMap:
+  """Match the two vocabularies on token bytes (module doc). TranslationError when fewer than
+  `min_overlap` of the drafter's tokens have a target token of the same text."""
+  d_bytes, d_special = token_bytes(draft_tokenizer)
+  t_bytes, t_special = token_bytes(target_tokenizer)
+  index = {}
+  for j, (b, s) in enumerate(zip(t_bytes, t_special)):
+    if b is not None:
+      index.setdefault((b, bool(s)), j)  # duplicates: the lowest id wins
+  d2t = np.full(len(d_bytes), -1, np.int64)
+  t2d = np.full(len(t_bytes), -1, np.int64)
+  for i, (b, s) in enumerate(zip(d_bytes, d_special)):
+    j = index.get((b, bool(s))) if b is not None else None
+    if j is not None and t2d[j] < 0:
+      d2t[i], t2d[j] = j, i
+  vm = VocabMap(d2t, t2d, tokenizer_style(draft_tokenizer), tokenizer_style(target_tokenizer))
+  o = vm.overlap
+  if o["share_of_drafter"] < min_overlap:
+    raise TranslationError(
+        f"the drafter's vocabulary shares {o['shared']} of its {o['drafter_vocab']} tokens "
+        f"({o['share_of_drafter']:.1%}) with the target's {o['target_vocab']} "
+        f"({o['share_of_target']:.1%} of it), below min_overlap={min_overlap:.0%}: too little "
+        f"to draft with ({vm.draft_style} vs {vm.target_style} tokenizers)")
+  return vm
+
+
+def check_round_trip(tokenizer, texts, *, name: str = "tokenizer") -> dict:
+  """Encode and decode each text; TranslationError naming the first failure and the failure
+  rate when any text does not come back unchanged (reverse translation relies on it)."""
+  bad = []
+  for t in texts:
+    ids = tokenizer(t, add_special_tokens=False)["input_ids"]
+    back = tokenizer.decode(ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    if back != t:
+      bad.append((t, back))
+  if bad:
+    t, back = bad[0]
+    raise TranslationError(f"{name} does not round-trip {len(bad)} of {len(texts)} texts "
+                           f"({len(bad) / len(texts):.0%}); first: {t[:60]!r} -> {back[:60]!r}")
+  return {"texts": len(texts), "failures": 0}
