@@ -16,7 +16,7 @@ from vocabjax.models.eagle import (EagleConfig, draft_to_target, eagle_forward, 
 
 LAYER = LlamaLikeConfig(arch="llama", vocab_size=50, hidden_size=32, intermediate_size=40,
                         num_layers=1, num_heads=4, num_kv_heads=2, head_dim=8)
-CFG = EagleConfig(layer=LAYER, target_hidden_size=24, feature_layers=(1, 3, 5),
+CFG = EagleConfig(layer=LAYER, target_hidden_size=32, feature_layers=(1, 3, 5),
                   draft_vocab_size=20)
 
 
@@ -72,7 +72,7 @@ def test_forward_matches_the_sglang_layer_in_torch():
   rs = np.random.RandomState(1)
   embed = jnp.asarray(rs.randn(50, 32) * 0.5, jnp.float32)
   tokens = np.array([3, 17, 8, 42, 0, 9])
-  feats = rs.randn(6, 72).astype(np.float32)  # 3 target layers x Dt = 24
+  feats = rs.randn(6, 96).astype(np.float32)  # 3 target layers x Dt = 32
   T = len(tokens)
   h = jnp.einsum("BTF,DF->BTD", jnp.asarray(feats)[None], p["fc"])
   x, cache = eagle_forward(p, embed, jnp.asarray(tokens)[None], h, jnp.arange(T)[None],
@@ -105,11 +105,11 @@ def test_eagle3_checkpoint_round_trip_is_exact(tmp_path):
 
 def test_head_for_another_target_is_refused(tmp_path):
   save_eagle3(_params(), CFG, tmp_path / "head")
-  ok = LlamaLikeConfig(arch="qwen2", vocab_size=50, hidden_size=24, intermediate_size=32,
-                       num_layers=6, num_heads=4, num_kv_heads=2, head_dim=6)
+  ok = LlamaLikeConfig(arch="qwen2", vocab_size=50, hidden_size=32, intermediate_size=32,
+                       num_layers=6, num_heads=4, num_kv_heads=2, head_dim=8)
   load_eagle3(tmp_path / "head", target_config=ok)
-  for change, match in [({"hidden_size": 32}, "features of width 24, the target's hidden size "
-                         "is 32"),
+  for change, match in [({"hidden_size": 48}, "features of width 32, the target's hidden size "
+                         "is 48"),
                         ({"vocab_size": 51}, "vocabulary of 50 tokens, the target has V=51"),
                         ({"num_layers": 5}, r"layers \(1, 3, 5\), the target has 5 layers")]:
     bad = LlamaLikeConfig(**{**ok.__dict__, **change})

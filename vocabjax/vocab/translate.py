@@ -74,8 +74,12 @@ def token_bytes(tokenizer) -> tuple[list[bytes | None], np.ndarray]:
   table = _byte_decoder()
   out: list[bytes | None] = []
   for i, piece in enumerate(pieces):
+    m = _BYTE_TOKEN.match(piece) if style == "sentencepiece" and piece else None
     if piece is None:
       out.append(None)
+    elif m:  # byte fallback, even when registered as an added token
+      out.append(bytes([int(m.group(1), 16)]))
+      special[i] = False
     elif special[i]:
       out.append(piece.encode())
     elif style == "byte_level":
@@ -84,8 +88,7 @@ def token_bytes(tokenizer) -> tuple[list[bytes | None], np.ndarray]:
       except KeyError:  # a character outside the byte alphabet: not a byte-level piece
         out.append(piece.encode())
     elif style == "sentencepiece":
-      m = _BYTE_TOKEN.match(piece)
-      out.append(bytes([int(m.group(1), 16)]) if m else piece.replace("▁", " ").encode())
+      out.append(piece.replace("▁", " ").encode())
     else:
       out.append(tokenizer.decode([i]).encode())
   return out, special
