@@ -19,13 +19,15 @@ ancestors in the tree) and itself; RoPE position i + j (the position of its entr
 sum_j 0.8^j CE_j, each CE_j the mean cross-entropy over the positions whose label is a
 completion token (target ids mapped into the head's vocabulary; labels outside it are
 skipped, and counted). Held-out records (by prompt, the last `heldout` fraction) give the
-per-step top-1 accuracy acc_j, EAGLE's figure of merit.
+per-step top-1 accuracy acc_j, EAGLE's figure of merit (the split follows the data files'
+order: put varied prompts last, or the held-out figures describe one kind of text only).
 
 The head's vocabulary: the target's full V (`draft_vocab_size: null`), the `draft_vocab_size`
 most frequent tokens (FR-Spec / EAGLE-3's d2t) by the training labels' frequencies plus those
 of any `vocab_counts` calibration files (`python -m vocabjax.calibrate count`; each source
-weighs as one distribution, ties go to the lower id), or a VocabSubset file (`vocab_subset`). Its LM head starts as the target's LM-head rows of those ids, and trains
-unless `train_lm_head: false` (then it is the target's head, frozen). The embedding is always
+weighs as one distribution, ties go to the lower id), or a VocabSubset file (`vocab_subset`).
+Its LM head starts as the target's LM-head rows of those ids, and trains unless
+`train_lm_head: false` (then it is the target's head, frozen). The embedding is always
 the target's, frozen. d2t (and a frozen LM head) are saved in the orbax checkpoints beside the
 trained params.
 
