@@ -1,6 +1,7 @@
 """Vocabulary translation (issue 8 groundwork): byte-level and SentencePiece tokens reduced to
 bytes, the intersection of two trained vocabularies, special tokens, overlap errors, round trip."""
 
+import numpy as np
 import pytest
 
 from vocabjax.testing.tiny import TINY_SPECIAL_TOKENS, tiny_tokenizer
@@ -94,3 +95,27 @@ def test_round_trip_check():
   sp = sentencepiece_tokenizer()  # strips the leading space: "  x" does not come back
   with pytest.raises(TranslationError, match=r"does not round-trip 1 of 2 texts \(50%\)"):
     check_round_trip(sp, ["Bonjour le monde", "  two leading spaces"], name="sp")
+
+
+def test_ngram_cache_learns_and_merges_on_a_hand_built_pair():
+  from vocabjax.vocab.translate import NgramCache
+
+  class Tok:  # a drafter that spells "hello" as "hel" + "lo" and "world" as "wor" + "ld"
+    pieces = {"hello": [5, 6], "world": [7, 8], " ": [1], "a": [2]}
+
+    def __call__(self, text, add_special_tokens=False):
+      return {"input_ids": self.pieces[text]}
+
+  # target vocabulary: 0 " ", 1 "a", 2 "hello", 3 "world", 4 "\xe2" (part of a character)
+  target_bytes = [b" ", b"a", b"hello", b"world", b"\xe2"]
+  d2t = np.array([-1, 0, 1, -1, -1, -1, -1, -1, -1])  # drafter " " -> 0, "a" -> 1
+  cache = NgramCache()
+  assert cache.learn([2, 0, 3, 4, 2], target_bytes, Tok()) == 2  # repeats and " " add nothing
+  assert cache.entries == {(5, 6): 2, (7, 8): 3} and cache.max_len == 2
+  q = np.array([0.9, 0.5, 0.8, 0.7, 0.6, 0.4])
+  merged = cache.merge([5, 6, 1, 7, 8, 2], q, d2t)
+  assert [(t, n) for t, _, n in merged] == [(2, 2), (0, 1), (3, 2), (1, 1)]
+  assert merged[0][1] == pytest.approx(0.9 * 0.5) and merged[2][1] == pytest.approx(0.7 * 0.6)
+  # an unmapped drafter token that starts no hit ends the run
+  assert [t for t, _, _ in cache.merge([2, 5, 3, 1], np.ones(4), d2t)] == [1]
+  assert cache.stats == {"entries": 2, "ids": 6, "bytes_int64": 48}

@@ -151,3 +151,66 @@ def check_round_trip(tokenizer, texts, *, name: str = "tokenizer") -> dict:
     raise TranslationError(f"{name} does not round-trip {len(bad)} of {len(texts)} texts "
                            f"({len(bad) / len(texts):.0%}); first: {t[:60]!r} -> {back[:60]!r}")
   return {"texts": len(texts), "failures": 0}
+
+
+@dataclasses.dataclass
+class NgramCache:
+  """OmniDraft's n-gram cache: a drafter token sequence (two or more tokens) -> the target
+  token of the same text. Filled online from the reverse translation of accepted target tokens
+  (`learn`); `merge` turns a drafted run of drafter tokens into target tokens, merging runs that
+  hit the cache (q' = the product of the sub-tokens' q, OmniDraft eq. 1; the prefix adjustment
+  of eq. 2 belongs to the decoder and is not here)."""
+
+  entries: dict = dataclasses.field(default_factory=dict)  # tuple of drafter ids -> target id
+  max_len: int = 0  # longest key
+
+  def add(self, target_id: int, drafter_ids) -> bool:
+    key = tuple(int(i) for i in drafter_ids)
+    if len(key) < 2 or key in self.entries:
+      return False
+    self.entries[key] = int(target_id)
+    self.max_len = max(self.max_len, len(key))
+    return True
+
+  def learn(self, target_ids, target_bytes, draft_tokenizer) -> int:
+    """Reverse-translate target tokens (detokenize one token, retokenize with the drafter) and
+    cache those the drafter spells with several tokens; returns how many were new. Tokens whose
+    bytes are not whole UTF-8 text (part of a character) are skipped."""
+    new = 0
+    for t in target_ids:
+      b = target_bytes[int(t)]
+      if b is None:
+        continue
+      try:
+        text = b.decode()
+      except UnicodeDecodeError:
+        continue
+      ids = draft_tokenizer(text, add_special_tokens=False)["input_ids"]
+      new += self.add(int(t), ids)
+    return new
+
+  def merge(self, drafter_ids, q, d2t) -> list[tuple[int, float, int]]:
+    """Target tokens of a drafted run: (target id, q', sub-tokens used) from the left, the
+    longest cache hit first, else the direct mapping; the run ends at the first drafter token
+    that neither maps nor starts a hit (the translator suppresses it)."""
+    ids = [int(i) for i in drafter_ids]
+    out, i = [], 0
+    while i < len(ids):
+      for n in range(min(self.max_len, len(ids) - i), 1, -1):
+        t = self.entries.get(tuple(ids[i:i + n]))
+        if t is not None:
+          out.append((t, float(np.prod(q[i:i + n])), n))
+          i += n
+          break
+      else:
+        if d2t[ids[i]] < 0:
+          break
+        out.append((int(d2t[ids[i]]), float(q[i]), 1))
+        i += 1
+    return out
+
+  @property
+  def stats(self) -> dict:
+    """Entries and an estimate of their memory (OmniDraft table 4): int64 ids, keys + values."""
+    ids = sum(len(k) + 1 for k in self.entries)
+    return {"entries": len(self.entries), "ids": ids, "bytes_int64": 8 * ids}
