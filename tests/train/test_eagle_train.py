@@ -22,6 +22,8 @@ from vocabjax.train.eagle import (EagleJob, build_eagle_features, head_config,
                                   load_eagle_features, main, train, ttt_outputs)
 from vocabjax.train.loop import TrainError
 
+from tests.train.conftest import write_completions
+
 LAYERS = (0, 1)
 
 
@@ -34,18 +36,8 @@ def target_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def data_file(target_dir, tmp_path_factory):
   """24 chat prompts and the target's own greedy completions (16 tokens each)."""
-  t = load_model(target_dir, dtype="float32")
-  rs = np.random.RandomState(0)
-  words = ["def", "return", "fox", "print", "Hello", "range", "tokens", "verify", "lazy"]
-  prompts = [" ".join(rs.choice(words, rs.randint(2, 6))) for _ in range(24)]
-  texts = [t.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                           add_generation_prompt=True) for p in prompts]
-  ids = [t.tokenizer(x, add_special_tokens=False)["input_ids"] for x in texts]
-  res = Decoder(t.params, t.config).generate(ids, max_new_tokens=16)
-  path = tmp_path_factory.mktemp("data") / "generated.jsonl"
-  path.write_text("".join(json.dumps({"prompt": x, "completion_ids": c}) + "\n"
-                          for x, c in zip(texts, res.tokens)))
-  return path
+  return write_completions(target_dir, tmp_path_factory.mktemp("data") / "generated.jsonl",
+                           n=24, max_new_tokens=16)
 
 
 def _job(target_dir, data_file, out, **kw):

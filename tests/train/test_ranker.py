@@ -14,6 +14,8 @@ from vocabjax.models.llamalike import lm_head
 from vocabjax.testing.tiny import save_tiny_variant
 from vocabjax.train.features import build_features, load_features
 from vocabjax.train.loop import TrainError
+
+from tests.train.conftest import write_completions
 from vocabjax.train.ranker import RankerJob, job_from_dict, main, train
 from vocabjax.vocab.ranked import Ranker, RankerError, SpeculativeVocab
 
@@ -29,19 +31,9 @@ def pair_dirs(tmp_path_factory):
 @pytest.fixture(scope="module")
 def data_file(pair_dirs, tmp_path_factory):
   """16 completion records: chat prompts and the target's own greedy completions."""
-  draft, target = pair_dirs
-  t = load_model(target, dtype="float32")
-  rs = np.random.RandomState(0)
-  words = ["def", "return", "fox", "print", "Hello", "range", "tokens", "verify", "lazy"]
-  prompts = [" ".join(rs.choice(words, rs.randint(2, 6))) for _ in range(16)]
-  texts = [t.tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                           add_generation_prompt=True) for p in prompts]
-  ids = [t.tokenizer(x, add_special_tokens=False)["input_ids"] for x in texts]
-  res = Decoder(t.params, t.config).generate(ids, max_new_tokens=12)
-  path = tmp_path_factory.mktemp("data") / "generated.jsonl"
-  path.write_text("".join(json.dumps({"prompt": x, "completion_ids": c}) + "\n"
-                          for x, c in zip(texts, res.tokens)))
-  return path
+  _, target = pair_dirs
+  return write_completions(target, tmp_path_factory.mktemp("data") / "generated.jsonl",
+                           n=16, max_new_tokens=12)
 
 
 def _job(pair_dirs, data_file, out, **kw):

@@ -40,7 +40,6 @@ step with the lowest held-out loss (`select_by`), and `summary.json`.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
@@ -62,7 +61,8 @@ from vocabjax.train.features import (files_key, heldout_records, job_fingerprint
                                      model_identity, pending_shards, read_records, read_shards,
                                      write_shards)
 from vocabjax.train.loop import (Checkpoints, OptimConfig, TrainError, TrainState, append_log,
-                                 apply_grads, make_optimizer, plot_curves, progress, read_log)
+                                 apply_grads, job_argparser, job_fields, make_optimizer,
+                                 plot_curves, progress, read_job_yaml, read_log)
 from vocabjax.train.losses import vocab_cross_entropy
 
 
@@ -525,43 +525,17 @@ def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None =
 # --- command line ------------------------------------------------------------------------------
 
 def job_from_dict(raw: dict, *, where: str = "config") -> EagleJob:
-  fields = {f.name for f in dataclasses.fields(EagleJob)}
-  unknown = sorted(set(raw) - fields)
-  if unknown:
-    raise TrainError(f"{where}: unknown fields {unknown}; known: {sorted(fields)}")
-  missing = [k for k in ("target", "data", "out") if k not in raw]
-  if missing:
-    raise TrainError(f"{where}: missing required field(s) {missing}")
-  raw = dict(raw)
-  raw["data"] = tuple([raw["data"]] if isinstance(raw["data"], str) else raw["data"])
-  if isinstance(raw.get("vocab_counts"), (list, str)):
-    vc = raw["vocab_counts"]
-    raw["vocab_counts"] = tuple([vc] if isinstance(vc, str) else vc)
-  if raw.get("feature_layers") is not None:
-    raw["feature_layers"] = tuple(raw["feature_layers"])
-  return EagleJob(**raw)
+  return EagleJob(**job_fields(raw, EagleJob, ("target", "data", "out"), where=where,
+                               tuples=("vocab_counts", "feature_layers")))
 
 
 def load_job(path, **overrides) -> EagleJob:
-  import yaml
-
-  path = Path(path)
-  if not path.is_file():
-    raise TrainError(f"no EAGLE config at {path}")
-  raw = yaml.safe_load(path.read_text()) or {}
-  raw.update({k: v for k, v in overrides.items() if v is not None})
-  return job_from_dict(raw, where=str(path))
+  return job_from_dict(read_job_yaml(path, "EAGLE", overrides), where=str(path))
 
 
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(prog="python -m vocabjax.train.eagle", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--config", required=True, help="YAML job (configs/eagle_*.yaml)")
-  p.add_argument("--out", help="override the output directory")
-  p.add_argument("--steps", type=int, help="override the number of steps")
-  p.add_argument("--stop-after", type=int, help="return after N steps (resume later)")
-  p.add_argument("--quiet", action="store_true")
-  a = p.parse_args(argv)
+  a = job_argparser("python -m vocabjax.train.eagle", __doc__,
+                    "configs/eagle_*.yaml").parse_args(argv)
   try:
     job = load_job(a.config, out=a.out, steps=a.steps)
     summary = train(job, show_progress=not a.quiet, stop_after=a.stop_after)

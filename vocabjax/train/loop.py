@@ -166,3 +166,49 @@ def plot_curves(rows: list[dict], keys: list[str], path: Path, title: str) -> No
   fig.savefig(buf, format="png", dpi=110)
   plt.close(fig)
   atomic_write_bytes(path, buf.getvalue())
+
+
+# --- job configs (YAML) and their command lines --------------------------------------------------
+
+def job_fields(raw: dict, job_cls, required, *, where: str, tuples=()) -> dict:
+  """`raw` checked against the dataclass `job_cls` (unknown and missing fields are TrainErrors
+  naming them), with `data` and the `tuples` fields turned into tuples (YAML gives lists)."""
+  fields = {f.name for f in dataclasses.fields(job_cls)}
+  unknown = sorted(set(raw) - fields)
+  if unknown:
+    raise TrainError(f"{where}: unknown fields {unknown}; known: {sorted(fields)}")
+  missing = [k for k in required if k not in raw]
+  if missing:
+    raise TrainError(f"{where}: missing required field(s) {missing}")
+  raw = dict(raw)
+  raw["data"] = tuple([raw["data"]] if isinstance(raw["data"], str) else raw["data"])
+  for k in tuples:
+    if raw.get(k) is not None:
+      raw[k] = tuple([raw[k]] if isinstance(raw[k], str) else raw[k])
+  return raw
+
+
+def read_job_yaml(path, what: str, overrides: dict) -> dict:
+  """A YAML job file's fields with the non-None `overrides` applied."""
+  import yaml
+
+  path = Path(path)
+  if not path.is_file():
+    raise TrainError(f"no {what} config at {path}")
+  raw = yaml.safe_load(path.read_text()) or {}
+  raw.update({k: v for k, v in overrides.items() if v is not None})
+  return raw
+
+
+def job_argparser(prog: str, doc: str, configs: str):
+  """The arguments every `python -m vocabjax.train.*` command takes."""
+  import argparse
+
+  p = argparse.ArgumentParser(prog=prog, description=doc,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--config", required=True, help=f"YAML job ({configs})")
+  p.add_argument("--out", help="override the output directory")
+  p.add_argument("--steps", type=int, help="override the number of steps")
+  p.add_argument("--stop-after", type=int, help="return after N steps (resume later)")
+  p.add_argument("--quiet", action="store_true")
+  return p

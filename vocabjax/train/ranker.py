@@ -29,7 +29,6 @@ stopping), `drafter/` (joint mode: the tuned drafter, an HF directory), `recall.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
@@ -45,7 +44,8 @@ from vocabjax.generate import atomic_write_json
 from vocabjax.train.features import (Features, FeatureSpec, build_features, heldout_records,
                                      load_features, model_identity, sequence_hidden)
 from vocabjax.train.loop import (Checkpoints, OptimConfig, TrainError, TrainState, append_log,
-                                 apply_grads, make_optimizer, plot_curves, progress, read_log)
+                                 apply_grads, job_argparser, job_fields, make_optimizer,
+                                 plot_curves, progress, read_job_yaml, read_log)
 from vocabjax.train.losses import label_ranks, vocab_cross_entropy
 
 MODES = ("frozen", "joint")
@@ -122,18 +122,8 @@ class RankerJob:
 
 
 def job_from_dict(raw: dict, *, where: str = "config") -> RankerJob:
-  fields = {f.name: f for f in dataclasses.fields(RankerJob)}
-  unknown = sorted(set(raw) - set(fields))
-  if unknown:
-    raise TrainError(f"{where}: unknown fields {unknown}; known: {sorted(fields)}")
-  missing = [k for k in ("drafter", "data", "out") if k not in raw]
-  if missing:
-    raise TrainError(f"{where}: missing required field(s) {missing}")
-  raw = dict(raw)
-  raw["data"] = tuple([raw["data"]] if isinstance(raw["data"], str) else raw["data"])
-  if "recall_k" in raw:
-    raw["recall_k"] = tuple(raw["recall_k"])
-  return RankerJob(**raw)
+  return RankerJob(**job_fields(raw, RankerJob, ("drafter", "data", "out"), where=where,
+                                tuples=("recall_k",)))
 
 
 # --- training ----------------------------------------------------------------------------------
@@ -393,25 +383,12 @@ def _save_drafter(params, draft, path: Path) -> None:
 # --- command line ------------------------------------------------------------------------------
 
 def load_job(path, **overrides) -> RankerJob:
-  import yaml
-
-  path = Path(path)
-  if not path.is_file():
-    raise TrainError(f"no ranker config at {path}")
-  raw = yaml.safe_load(path.read_text()) or {}
-  raw.update({k: v for k, v in overrides.items() if v is not None})
-  return job_from_dict(raw, where=str(path))
+  return job_from_dict(read_job_yaml(path, "ranker", overrides), where=str(path))
 
 
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(prog="python -m vocabjax.train.ranker", description=__doc__,
-                              formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--config", required=True, help="YAML job (configs/ranker_*.yaml)")
-  p.add_argument("--out", help="override the output directory")
-  p.add_argument("--steps", type=int, help="override the number of steps")
+  p = job_argparser("python -m vocabjax.train.ranker", __doc__, "configs/ranker_*.yaml")
   p.add_argument("--features-only", action="store_true", help="build the features and stop")
-  p.add_argument("--stop-after", type=int, help="return after N steps (resume later)")
-  p.add_argument("--quiet", action="store_true")
   a = p.parse_args(argv)
   try:
     job = load_job(a.config, out=a.out, steps=a.steps)
