@@ -18,32 +18,44 @@ def _leading_true(x: jax.Array) -> jax.Array:
   return jnp.sum(jnp.cumprod(x.astype(jnp.int32), axis=-1), axis=-1).astype(jnp.int32)
 
 
-def verify_chain_greedy(drafts: jax.Array, target_logits: jax.Array) -> tuple[jax.Array, jax.Array]:
+def _valid(G: int, n_valid: jax.Array | None) -> jax.Array:
+  """[B, G] or [1, G] bool: which drafts are real (a run shorter than G pads the rest)."""
+  if n_valid is None:
+    return jnp.ones((1, G), jnp.bool_)
+  return jnp.arange(G)[None] < jnp.reshape(n_valid, (-1, 1))
+
+
+def verify_chain_greedy(drafts: jax.Array, target_logits: jax.Array,
+                        n_valid: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
   """Greedy: accept the longest prefix equal to the target argmax, then the target's argmax.
 
-  drafts [B, G] int; target_logits [B, G + 1, V] (position i predicts the token after draft i-1).
+  drafts [B, G] int; target_logits [B, G + 1, V] (position i predicts the token after draft i-1);
+  n_valid [B] (optional): only the first n_valid drafts are real, the rest padding.
   """
   target_ids = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)  # [B, G + 1]
-  n = _leading_true(drafts == target_ids[:, :-1])
+  n = _leading_true((drafts == target_ids[:, :-1]) & _valid(drafts.shape[1], n_valid))
   return n, jnp.take_along_axis(target_ids, n[:, None], axis=1)[:, 0]
 
 
-def verify_chain_sampling(key: jax.Array, drafts: jax.Array, p: jax.Array,
-                          q: jax.Array) -> tuple[jax.Array, jax.Array]:
+def verify_chain_sampling(key: jax.Array, drafts: jax.Array, p: jax.Array, q: jax.Array,
+                          n_valid: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
   """Speculative sampling: exact for any drafter q, the output follows p.
 
   drafts [B, G]: sampled from q; p [B, G + 1, V] target probabilities and q [B, G, V] drafter
   probabilities, both after the *same* logit processing, both over the full target vocabulary
   (a drafter over a vocabulary subset passes q with zeros outside it). Accept draft i with
   probability min(1, p_i(x) / q_i(x)); at the first rejection sample from
-  norm(max(0, p_i - q_i)); when all G are accepted sample the bonus from p_G.
+  norm(max(0, p_i - q_i)); when all G are accepted sample the bonus from p_G. n_valid [B]
+  (optional): only the first n_valid drafts are real; after them the bonus comes from p.
   """
   B, G = drafts.shape
+  valid = _valid(G, n_valid)
+  q = jnp.where(valid[..., None], q, 0.0)
   k_accept, k_resample = jax.random.split(key)
   p_d = jnp.take_along_axis(p[:, :G], drafts[..., None], axis=-1)[..., 0]
   q_d = jnp.take_along_axis(q, drafts[..., None], axis=-1)[..., 0]
   u = jax.random.uniform(k_accept, (B, G))
-  n = _leading_true(u * q_d < p_d)  # u < p/q without dividing by q
+  n = _leading_true((u * q_d < p_d) & valid)  # u < p/q without dividing by q
   # The residual at the stopping position; q is zero at the bonus position, so there it is p.
   q_ext = jnp.concatenate([q, jnp.zeros_like(q[:, :1])], axis=1)
   p_n = jnp.take_along_axis(p, n[:, None, None], axis=1)[:, 0]

@@ -53,3 +53,22 @@ def chi2_pvalue(samples: np.ndarray, probs: np.ndarray, min_expected: float = 5.
     obs, exp = np.append(obs, counts[~big].sum()), np.append(exp, probs[~big].sum() * n)
   stat = ((obs - exp) ** 2 / exp).sum()
   return float(chi2.sf(stat, len(obs) - 1))
+
+
+def exact_support_probs(params, config: LlamaLikeConfig, prompt: list[int],
+                        sampling: SamplingParams, n_tokens: int = 3) -> dict[tuple, float]:
+  """P(x_1 .. x_n | prompt) under target-only sampling, for every sequence of positive
+  probability. For large vocabularies with a small top_k (the enumeration follows the support
+  only, so it runs 1 + k + ... + k^(n-1) sequences)."""
+  law = {(): 1.0}
+  for _ in range(n_tokens):
+    prefixes = list(law)
+    seqs = jnp.asarray([prompt + list(p) for p in prefixes])
+    B, T = seqs.shape
+    h, _ = forward(params, seqs, jnp.broadcast_to(jnp.arange(T), (B, T)),
+                   KVCache.init(config, B, T), config=config)
+    p = np.exp(np.asarray(log_probs(lm_head(params, h[:, -1], config=config), sampling),
+                          np.float64))
+    law = {pre + (int(x),): law[pre] * p[i, x] for i, pre in enumerate(prefixes)
+           for x in np.flatnonzero(p[i] > 0)}
+  return law

@@ -1,0 +1,198 @@
+"""Cross-vocabulary speculative decoding (OmniDraft): tiny models with two different trained
+byte-level BPE tokenizers; greedy identity, n-gram merges, exact direct-mapping sampling,
+eqs. 1-2, reverse translation / drafter cache consistency, adaptive stopping, bad input."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vocabjax.decoding.adaptive import init_acceptance_head, should_stop
+from vocabjax.decoding.autoregressive import Decoder
+from vocabjax.decoding.crossvocab import CrossVocabDecoder, translated_q
+from vocabjax.decoding.sampling import SamplingParams
+from vocabjax.models import LlamaLikeConfig, init_params
+from vocabjax.models.cache import KVCache
+from vocabjax.models.llamalike import forward
+from vocabjax.testing.fixtures import lookup_model
+from vocabjax.testing.stats import chi2_pvalue, exact_support_probs
+from vocabjax.testing.tiny import tiny_tokenizer
+from vocabjax.vocab.translate import TranslationError, build_vocab_map
+
+DRAFT_CORPUS = ["The lazy dog sleeps while the quick fox runs.", "def mul(a, b):\n    return a * b\n",
+                "Bonjour le monde, comment allez-vous ?", "print('hello world')"] * 20
+TEXTS = ["def add(a, b):\n", "The quick brown fox", "Hello world! How"]
+
+
+def config(V, arch="qwen2"):
+  return LlamaLikeConfig(arch=arch, vocab_size=V, hidden_size=32, intermediate_size=48,
+                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+                         attention_bias=arch == "qwen2", max_position_embeddings=2048)
+
+
+@pytest.fixture(scope="module")
+def setup():
+  """Target (V=400, tokenizer A) and a drafter (V=320, tokenizer B trained on other text) that
+  is the target's copy through the vocabulary intersection plus noise: they agree often."""
+  ttok, dtok = tiny_tokenizer(400), tiny_tokenizer(320, corpus=DRAFT_CORPUS)
+  tc, dc = config(len(ttok)), config(len(dtok), arch="qwen2")
+  target = init_params(jax.random.key(0), tc, scale=0.3)
+  vm = build_vocab_map(dtok, ttok)
+  noise = init_params(jax.random.key(1), dc, scale=0.3)
+  rows = np.where(vm.d2t >= 0, vm.d2t, 0)
+  draft = jax.tree.map(lambda a: a, target)
+  for name in ("embed", "lm_head"):
+    draft[name] = jnp.where(jnp.asarray(vm.d2t >= 0)[:, None], target[name][rows],
+                            noise[name]) + 0.3 * noise[name]
+  draft["layers"] = jax.tree.map(lambda a, b: a + 0.3 * b, target["layers"], noise["layers"])
+  return ttok, dtok, tc, dc, target, draft
+
+
+def prompts(ttok):
+  return [ttok(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
+
+
+@pytest.mark.parametrize("gamma,ngram", [(1, False), (3, False), (3, True), (5, True)])
+def test_greedy_identical_to_target(setup, gamma, ngram):
+  ttok, dtok, tc, dc, target, draft = setup
+  ps = prompts(ttok)
+  ref = Decoder(target, tc).generate(ps, max_new_tokens=40)
+  dec = CrossVocabDecoder(target, tc, draft, dc, target_tokenizer=ttok, draft_tokenizer=dtok,
+                          gamma=gamma, ngram=ngram)
+  res = dec.generate(ps, max_new_tokens=40)
+  assert res.tokens == ref.tokens
+  st = res.stats
+  assert 0 < st.acceptance_rate <= 1 and st.tau > 1.0  # the noisy copy does get drafts accepted
+  # every step emits accepted + 1 target tokens; the rows' totals add up (the last step of a
+  # row may emit past max_new_tokens, which the collector drops)
+  emitted = sum(a + 1 for row in st.accepted for a in row)
+  assert emitted >= res.num_generated - len(ps) and st.target_forwards == res.steps
+  if not ngram:
+    assert sum(map(sum, st.ngram_drafted)) == 0
+  # the drafter's cache holds exactly its tokens of the committed text (module invariant)
+  ctx, pend, dcache = dec.trace
+  Ld = len(ctx)
+  h_cache = np.asarray(dcache.k[:, 0, :Ld])
+  fresh = KVCache.init(dc, 1, Ld)
+  _, fresh = forward(dec.dp, jnp.asarray([ctx]), jnp.arange(Ld)[None], fresh, config=dc)
+  np.testing.assert_allclose(h_cache, np.asarray(fresh.k[:, 0, :Ld]), atol=2e-5)
+  text = ttok.decode(ps[-1] + res.tokens[-1]).encode()
+  drafter_text = dtok.decode(ctx + pend).encode()
+  assert text.startswith(drafter_text) and len(text) - len(drafter_text) <= 64
+
+
+def test_lookup_pair_merges_ngrams_and_accepts_them():
+  """A target that spells a sentence with tokenizer A and a drafter that spells it with
+  tokenizer B (both lookup tables): with the n-gram cache warm, B's sub-token runs merge into
+  A's tokens, get accepted, and the output is still the target's."""
+  text = "quick brown fox jumps"
+  ttok, dtok = tiny_tokenizer(400), tiny_tokenizer(340, corpus=DRAFT_CORPUS)
+  t_ids = ttok(text, add_special_tokens=False)["input_ids"]
+  assert len(set(t_ids)) == len(t_ids)
+  tc = LlamaLikeConfig(arch="llama", vocab_size=len(ttok), hidden_size=len(ttok),
+                       intermediate_size=8, num_layers=1, num_heads=2, num_kv_heads=1,
+                       head_dim=4, max_position_embeddings=1024)
+  dc = LlamaLikeConfig(arch="llama", vocab_size=len(dtok), hidden_size=len(dtok),
+                       intermediate_size=8, num_layers=1, num_heads=2, num_kv_heads=1,
+                       head_dim=4, max_position_embeddings=1024)
+  t_next = dict(zip(t_ids, t_ids[1:] + [t_ids[0]]))
+  target = lookup_model(tc, lambda t: t_next.get(t, t_ids[0]))
+  probe = CrossVocabDecoder(target, tc, lookup_model(dc, lambda t: t), dc,
+                            target_tokenizer=ttok, draft_tokenizer=dtok)
+  d_ids = probe.to_drafter(t_ids)
+  assert len(d_ids) > len(t_ids)  # B spells some of A's tokens with several tokens
+  d_next = dict(zip(d_ids, d_ids[1:] + [d_ids[0]]))
+  assert len(set(d_ids)) == len(d_ids)
+  draft = lookup_model(dc, lambda t: d_next.get(t, d_ids[0]))
+  ps = [t_ids[:2]]
+  ref = Decoder(target, tc).generate(ps, max_new_tokens=30)
+  for ngram in (False, True):
+    dec = CrossVocabDecoder(target, tc, draft, dc, target_tokenizer=ttok, draft_tokenizer=dtok,
+                            gamma=8, ngram=ngram)  # room for the 6-token spelling
+    assert dec.learn(t_ids) == (len(d_ids) - len(t_ids) > 0) * dec.ngram.stats["entries"]
+    res = dec.generate(ps, max_new_tokens=30)
+    assert res.tokens == ref.tokens
+    st = res.stats
+    if ngram:
+      merged = sum(map(sum, st.ngram_accepted))
+      assert merged > 0 and st.ngram_hits_per_step > 0
+      tau_ngram = st.tau
+    else:
+      tau_direct = st.tau
+  assert tau_ngram > tau_direct  # merging recovers the false rejections of direct mapping
+
+
+def test_direct_mapping_sampling_is_lossless(setup):
+  """Direct mapping only is exact: the law of the first three tokens matches target-only
+  sampling (chi-square over the top-4 support), with real rejections."""
+  ttok, dtok, tc, dc, target, draft = setup
+  sp = SamplingParams(temperature=1.0, top_k=4)
+  dec = CrossVocabDecoder(target, tc, draft, dc, target_tokenizer=ttok, draft_tokenizer=dtok,
+                          gamma=2, ngram=False)
+  prompt = prompts(ttok)[0]
+  res = dec.generate([prompt] * 3000, max_new_tokens=3, sampling=sp, seed=3)
+  assert 0.05 < res.stats.acceptance_rate < 0.95
+  law = exact_support_probs(target, tc, prompt, sp, n_tokens=3)
+  cells = {seq: i for i, seq in enumerate(law)}
+  seqs = [tuple(r[:3]) for r in res.tokens]
+  assert all(s in cells for s in seqs), "a sequence outside the target's support was emitted"
+  samples = np.asarray([cells[s] for s in seqs])
+  assert chi2_pvalue(samples, np.asarray(list(law.values()))) > 1e-3
+
+
+def test_translated_q_direct_and_ngram_positions():
+  """eq. 1 / eq. 2 by hand: Vd = 4 drafter ids, V = 6 target ids."""
+  d2t_idx = jnp.asarray([2, 5, 6, 0])  # drafter 2 has no target token (index V = 6)
+  q_rows = jnp.asarray([[0.1, 0.2, 0.3, 0.4], [0.5, 0.25, 0.25, 0.0]])
+  # row 0 direct; row 1: the n-gram (drafter 0, then 1) -> target 4 with q' = 0.5 * 0.2 = 0.1
+  qt = np.asarray(translated_q(q_rows, d2t_idx, jnp.asarray([-1, 4]), jnp.asarray([6, 2]),
+                               jnp.asarray([0.0, 0.1]), 6))
+  np.testing.assert_allclose(qt[0], [0.4, 0, 0.1, 0, 0, 0.2], atol=1e-7)
+  # prefix drafter 0 (target 2) keeps 0.5 - 0.1; the merged token gets q'
+  np.testing.assert_allclose(qt[1], [0.0, 0, 0.4, 0, 0.1, 0.25], atol=1e-7)
+
+
+def test_reverse_translation_of_partial_characters(setup):
+  ttok, dtok, tc, dc, target, draft = setup
+  dec = CrossVocabDecoder(target, tc, draft, dc, target_tokenizer=ttok, draft_tokenizer=dtok)
+  emoji = ttok("🙂 café", add_special_tokens=False)["input_ids"]
+  got = dec.to_drafter(emoji)
+  assert dtok.decode(got) == "🙂 café"
+  im_end = ttok.convert_tokens_to_ids("<|im_end|>")
+  assert dec.to_drafter([im_end]) == [dtok.convert_tokens_to_ids("<|im_end|>")]
+
+
+def test_adaptive_stop_rule(setup):
+  assert bool(should_stop(jnp.float32(0.4), 0.5)) and not bool(should_stop(jnp.float32(0.6), 0.5))
+  ttok, dtok, tc, dc, target, draft = setup
+  ps = prompts(ttok)
+  ref = Decoder(target, tc).generate(ps, max_new_tokens=24)
+  head = init_acceptance_head(jax.random.key(3), dc.hidden_size)
+  drafted = {}
+  for bias in (-10.0, 10.0):  # a head sure of rejection stops after one draft; sure of acceptance
+    dec = CrossVocabDecoder(target, tc, draft, dc, target_tokenizer=ttok, draft_tokenizer=dtok,
+                            gamma=4, acceptance_head={**head, "b2": jnp.float32(bias)},
+                            stop_threshold=0.5)
+    res = dec.generate(ps, max_new_tokens=24)
+    assert res.tokens == ref.tokens
+    drafted[bias] = {d for row in res.stats.drafter_tokens for d in row if d}
+  assert drafted[-10.0] == {1} and drafted[10.0] == {4}
+  with pytest.raises(ValueError, match="threshold"):
+    CrossVocabDecoder(target, tc, draft, dc, target_tokenizer=ttok, draft_tokenizer=dtok,
+                      acceptance_head=head, stop_threshold=1.5)
+
+
+def test_bad_pairs_are_refused_with_numbers(setup):
+  ttok, dtok, tc, dc, target, draft = setup
+  with pytest.raises(TranslationError, match=r"shares \d+ of its \d+ tokens .*min_overlap=99%"):
+    CrossVocabDecoder(target, tc, draft, dc, target_tokenizer=ttok, draft_tokenizer=dtok,
+                      min_overlap=0.99)
+  with pytest.raises(TranslationError, match=f"the drafter tokenizer has {len(ttok)} tokens but "
+                                             f"the drafter model only V={dc.vocab_size}"):
+    CrossVocabDecoder(target, tc, draft, dc, target_tokenizer=ttok, draft_tokenizer=ttok)
+  from tokenizers import normalizers
+
+  lower = tiny_tokenizer(320, corpus=DRAFT_CORPUS)
+  lower.backend_tokenizer.normalizer = normalizers.Lowercase()
+  with pytest.raises(TranslationError, match=r"does not round-trip \d+ of 5 texts"):
+    CrossVocabDecoder(target, tc, draft, dc, target_tokenizer=ttok, draft_tokenizer=lower)
