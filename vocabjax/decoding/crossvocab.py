@@ -60,8 +60,8 @@ from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import forward, lm_head, with_mlp_layout
-from vocabjax.vocab.translate import (NgramCache, TranslationError, VocabMap, build_vocab_map,
-                                      check_round_trip, token_bytes)
+from vocabjax.vocab.translate import (NgramCache, TranslationError, Translator, VocabMap,
+                                      check_round_trip)
 
 ROUND_TRIP_TEXTS = (
     "def add(a, b):\n    return a + b\n",
@@ -100,6 +100,13 @@ class CrossVocabStats(SpecStats):
     acc = sum(a for row in self.accepted for a in row)
     steps = self.num_steps
     return (acc + steps) / steps if steps else float("nan")
+
+  def record(self) -> dict:
+    """Totals for an eval record."""
+    tot = lambda rows: int(sum(map(sum, rows)))  # noqa: E731
+    return {"ngram_drafted": tot(self.ngram_drafted), "ngram_accepted": tot(self.ngram_accepted),
+            "drafter_tokens": tot(self.drafter_tokens), "verifications": self.num_steps,
+            "draft_s": self.draft_s, "verify_s": self.verify_s, "host_s": self.host_s}
 
   @property
   def ngram_hits_per_step(self) -> float:
@@ -234,18 +241,11 @@ class CrossVocabDecoder:
         raise TranslationError(f"the {name} tokenizer has {len(tok)} tokens but the {name} "
                                f"model only V={cfg.vocab_size} rows: wrong tokenizer/model pair")
       check_round_trip(tok, round_trip_texts, name=f"the {name} tokenizer")
-    self.vm = vocab_map or build_vocab_map(draft_tokenizer, target_tokenizer,
-                                           min_overlap=min_overlap)
-    Vd, V = draft_config.vocab_size, target_config.vocab_size
-    self.d2t = np.pad(self.vm.d2t, (0, Vd - self.vm.d2t.size), constant_values=-1)
-    self.t2d = np.pad(self.vm.t2d, (0, V - self.vm.t2d.size), constant_values=-1)
-    self.t_bytes, self.t_special = token_bytes(target_tokenizer)
-    d_bytes, _ = token_bytes(draft_tokenizer)
-    self.byte_token = {}  # single byte -> drafter id (byte-level alphabet or byte fallback)
-    for i, b in enumerate(d_bytes):
-      if b is not None and len(b) == 1:
-        self.byte_token.setdefault(b[0], i)
-    self.ttok, self.dtok = target_tokenizer, draft_tokenizer
+    self.translator = Translator(target_tokenizer, draft_tokenizer, vocab_map=vocab_map,
+                                 min_overlap=min_overlap, target_vocab=target_config.vocab_size,
+                                 draft_vocab=draft_config.vocab_size)
+    self.vm, self.d2t, self.t2d = self.translator.vm, self.translator.d2t, self.translator.t2d
+    V = target_config.vocab_size
     if layout == "auto":
       layout = block_layout()
     self.tp, self.tc = with_mlp_layout(target_params, layout), target_config
@@ -256,44 +256,15 @@ class CrossVocabDecoder:
     self._allowed = self.d2t >= 0
     self._allowed_dev = None
     self._d2t_idx = jnp.asarray(np.where(self.d2t >= 0, self.d2t, V), jnp.int32)
-    self._retok: dict[int, tuple[int, ...]] = {}
     self._programs: dict = {}
 
   # --- translation (host) -------------------------------------------------------------------
   def to_drafter(self, target_ids: Sequence[int]) -> list[int]:
     """Reverse translation: the drafter ids of target tokens, one token at a time."""
-    out: list[int] = []
-    for t in target_ids:
-      t = int(t)
-      ids = self._retok.get(t)
-      if ids is None:
-        ids = self._retok[t] = self._retokenize(t)
-      out.extend(ids)
-    return out
-
-  def _retokenize(self, t: int) -> tuple[int, ...]:
-    if self.t2d[t] >= 0:
-      return (int(self.t2d[t]),)
-    b = self.t_bytes[t] if t < len(self.t_bytes) else None
-    if b is None:
-      raise TranslationError(f"target token {t} has no text to translate for the drafter")
-    try:
-      text = b.decode()
-    except UnicodeDecodeError:  # part of a character: spell it with single-byte tokens
-      missing = [x for x in b if x not in self.byte_token]
-      if missing:
-        raise TranslationError(f"target token {t} holds bytes {bytes(missing)!r} the drafter "
-                               f"has no single-byte token for") from None
-      return tuple(self.byte_token[x] for x in b)
-    return tuple(self.dtok(text, add_special_tokens=False)["input_ids"])
+    return self.translator.to_drafter(target_ids)
 
   def prompt_to_drafter(self, prompt: Sequence[int]) -> list[int]:
-    """The drafter's tokens of a target prompt: its text retokenized as a whole."""
-    raw = b"".join(self.t_bytes[int(t)] or b"" for t in prompt)
-    ids = self.dtok(raw.decode(errors="replace"), add_special_tokens=False)["input_ids"]
-    if not ids:
-      raise TranslationError(f"the drafter's tokenizer gives no tokens for the prompt {raw!r}")
-    return ids
+    return self.translator.prompt_to_drafter(prompt)
 
   def learn(self, target_ids: Sequence[int]) -> int:
     """Add emitted target tokens the drafter spells with several tokens to the n-gram cache."""

@@ -273,3 +273,52 @@ def _eagle(target, draft, head, top_k, depth, total_tokens, lm_head):
   return EagleDecoder(target.in_layout(block_layout()), target.config, params, hc,
                       tree=TreeParams(top_k=top_k, depth=depth, total_tokens=total_tokens),
                       lm_head=lm_head)
+
+
+# --- cross-vocabulary drafting (OmniDraft) --------------------------------------------------
+# A drafter with another tokenizer (the suite's `draft`, e.g. SmolLM2-135M for a Qwen target):
+# direct mapping through the vocabulary intersection (ngram: false is the UAG baseline), the
+# online n-gram cache (it persists across the suite's questions, as it would for one user), a
+# drafter distilled by `python -m vocabjax.train.distill` (`drafter`: its output directory, full
+# fine-tuning or LoRA), and an acceptance head for adaptive draft length (`adaptive: true` with
+# that directory's head, stop when P(a rejection) > `threshold`).
+
+_CROSS = {"gamma": int, "ngram": bool, "drafter": str, "adaptive": bool, "threshold": float}
+_CROSS_DEFAULTS = {"gamma": 4, "ngram": True, "drafter": "", "adaptive": False,
+                   "threshold": 0.5}
+
+
+def _cross_validate(p: dict, where: str) -> None:
+  from vocabjax.eval.config import ConfigError
+
+  if p["gamma"] < 1:
+    raise ConfigError(f"{where}: crossvocab.gamma must be >= 1, got {p['gamma']}")
+  if not 0 < p["threshold"] < 1:
+    raise ConfigError(f"{where}: crossvocab.threshold must be in (0, 1), got {p['threshold']}")
+  if p["drafter"] and not (Path(p["drafter"]) / "distill.json").is_file():
+    raise ConfigError(f"{where}: crossvocab.drafter={p['drafter']!r} is not a directory made by "
+                      f"`python -m vocabjax.train.distill` (no distill.json)")
+  if p["adaptive"] and not p["drafter"]:
+    raise ConfigError(f"{where}: crossvocab.adaptive needs a `drafter` directory holding a "
+                      f"trained acceptance head")
+
+
+@register("crossvocab", params=_CROSS, defaults=_CROSS_DEFAULTS, validate=_cross_validate,
+          drafter_passes=lambda p: p["gamma"])
+def _crossvocab(target, draft, gamma, ngram, drafter, adaptive, threshold):
+  from vocabjax.decoding.crossvocab import CrossVocabDecoder
+
+  if target.tokenizer is None or draft.tokenizer is None:
+    raise ValueError("crossvocab needs both tokenizers (the target's and the drafter's)")
+  params, head = draft.params, None
+  if drafter:
+    from vocabjax.train.distill import load_distilled
+
+    params, head = load_distilled(drafter, draft.params, draft.config)
+    if adaptive and head is None:
+      raise ValueError(f"{drafter} holds no acceptance head (train with acceptance: joint or "
+                       f"interleaved)")
+  return CrossVocabDecoder(target.in_layout(block_layout()), target.config, params, draft.config,
+                           target_tokenizer=target.tokenizer, draft_tokenizer=draft.tokenizer,
+                           gamma=gamma, ngram=ngram,
+                           acceptance_head=head if adaptive else None, stop_threshold=threshold)

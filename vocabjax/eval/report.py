@@ -121,7 +121,7 @@ def build_summary(config, records: list[dict], info: dict, splits: dict, meta: d
 
   methods = []
   rows = [("vocabjax", m.name, m.method, m.kwargs) for m in config.methods]
-  rows += [("torch", n, n, {}) for n in ("ar", "assisted") if ("torch", n) in by]
+  rows += [("torch", n, n, {}) for n in ("ar", "assisted", "uag") if ("torch", n) in by]
   for fw, name, method, params in rows:
     recs = by.get((fw, name), [])
     if not recs:

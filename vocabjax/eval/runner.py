@@ -101,8 +101,9 @@ def load_models(config: EvalConfig) -> Loaded:
 
   target = load_model(config.target, dtype=config.dtype)
   draft = None
-  if config.draft:
-    draft = load_model(config.draft, dtype=config.dtype, load_tokenizer=False)
+  if config.draft:  # the drafter's tokenizer only matters to a cross-vocabulary method
+    cross = any(m.method == "crossvocab" for m in config.methods)
+    draft = load_model(config.draft, dtype=config.dtype, load_tokenizer=cross)
   return Loaded(target, draft)
 
 
@@ -194,6 +195,10 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
            "category": p.category, "seed": seed, "prompt_tokens": len(ids[i]),
            "output_ids": res.tokens[0], "compile_s": res.compile_s, "commit": commit,
            **record_metrics(res)}
+    if hasattr(res.stats, "record"):  # method-specific counts (crossvocab: n-gram hits, ...)
+      rec["extra"] = res.stats.record()
+      if hasattr(dec, "ngram"):
+        rec["extra"]["ngram_cache"] = dec.ngram.stats
     split = splits.get(name)
     rec["time_split"] = None
     if split and res.stats is not None:
@@ -225,7 +230,7 @@ def _run_torch(config, prompts, ids, eos, out, records, done, progress, commit) 
   from vocabjax.eval.torch_compare import TorchRunner
 
   runner = TorchRunner(config.target, config.draft, threads=os.cpu_count())
-  variants = [("ar", False)] + ([("assisted", True)] if config.draft else [])
+  variants = [("ar", False)] + ([(runner.assisted_name, True)] if config.draft else [])
   jobs = [(p, i, s, name, a) for i, p in enumerate(prompts) for s in config.seeds
           for name, a in variants if ("torch", name, p.qid, s) not in done]
   if jobs:  # warm-up

@@ -1,5 +1,8 @@
 """The same models and prompts through PyTorch / transformers: plain `generate` and assisted
 generation (`assistant_model`, Leviathan-style with transformers' own draft-length heuristic).
+When the assistant has another tokenizer, transformers' Universal Assisted Generation runs
+instead (`tokenizer` + `assistant_tokenizer`: the assistant's text is re-encoded for the target,
+greedy; with sampling, its vocabulary-intersection translator) and the variant is "uag".
 
 Models load from the same files vocabjax loads (a registry name resolves to its cached GGUF,
 read by transformers' GGUF loader; an HF directory is read directly), in f32 on CPU.
@@ -9,6 +12,19 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+
+
+def _tokenizer(source: str):
+  from vocabjax.checkpoints.zoo import resolve
+
+  path = resolve(source)
+  if path.is_file() and path.suffix == ".gguf":
+    from vocabjax.checkpoints.gguf_io import load_gguf_tokenizer
+
+    return load_gguf_tokenizer(path)
+  import transformers
+
+  return transformers.AutoTokenizer.from_pretrained(Path(path))
 
 
 def _load(source: str):
@@ -36,6 +52,11 @@ class TorchRunner:
     self.torch = torch
     self.target = _load(target)
     self.draft = _load(draft) if draft else None
+    self.tokenizers = None  # (target's, assistant's) when they differ: UAG
+    if self.draft is not None and (self.draft.config.vocab_size
+                                   != self.target.config.vocab_size):
+      self.tokenizers = (_tokenizer(target), _tokenizer(draft))
+    self.assisted_name = "uag" if self.tokenizers else "assisted"
     self.versions = {"torch": torch.__version__, "transformers": transformers.__version__}
 
   def generate(self, ids: list[int], *, max_new_tokens: int, assisted: bool,
@@ -52,6 +73,8 @@ class TorchRunner:
       if self.draft is None:
         raise ValueError("assisted generation needs a draft model")
       kw["assistant_model"] = self.draft
+      if self.tokenizers:
+        kw["tokenizer"], kw["assistant_tokenizer"] = self.tokenizers
     torch.manual_seed(seed)
     x = torch.tensor([ids])
     with torch.no_grad():

@@ -214,3 +214,72 @@ class NgramCache:
     """Entries and an estimate of their memory (OmniDraft table 4): int64 ids, keys + values."""
     ids = sum(len(k) + 1 for k in self.entries)
     return {"entries": len(self.entries), "ids": ids, "bytes_int64": 8 * ids}
+
+
+class Translator:
+  """Both directions between a target and a drafter tokenizer (OmniDraft's translator).
+
+  `d2t` / `t2d` are the direct map padded to the models' vocabulary sizes (rows past a
+  tokenizer's length map to -1). Reverse translation (`to_drafter`) spells each target token
+  on its own: the direct map when it has one, else its text retokenized by the drafter (cached
+  per id); bytes that are not whole UTF-8 text (part of a character) go through the drafter's
+  single-byte tokens. `prompt_to_drafter` retokenizes a whole prompt's text at once.
+  """
+
+  def __init__(self, target_tokenizer, draft_tokenizer, *, vocab_map: VocabMap | None = None,
+               min_overlap: float = 0.1, target_vocab: int | None = None,
+               draft_vocab: int | None = None):
+    self.vm = vocab_map or build_vocab_map(draft_tokenizer, target_tokenizer,
+                                           min_overlap=min_overlap)
+    Vd = draft_vocab or self.vm.d2t.size
+    V = target_vocab or self.vm.t2d.size
+    self.d2t = np.pad(self.vm.d2t, (0, Vd - self.vm.d2t.size), constant_values=-1)
+    self.t2d = np.pad(self.vm.t2d, (0, V - self.vm.t2d.size), constant_values=-1)
+    self.t_bytes, self.t_special = token_bytes(target_tokenizer)
+    d_bytes, _ = token_bytes(draft_tokenizer)
+    self.byte_token: dict[int, int] = {}  # single byte -> drafter id
+    for i, b in enumerate(d_bytes):
+      if b is not None and len(b) == 1:
+        self.byte_token.setdefault(b[0], i)
+    self.ttok, self.dtok = target_tokenizer, draft_tokenizer
+    self._retok: dict[int, tuple[int, ...]] = {}
+
+  def intersection(self) -> tuple[np.ndarray, np.ndarray]:
+    """(drafter ids, target ids) of the shared tokens, paired, in drafter-id order."""
+    d = np.flatnonzero(self.d2t >= 0)
+    return d, self.d2t[d]
+
+  def to_drafter(self, target_ids) -> list[int]:
+    """Reverse translation: the drafter ids of target tokens, one token at a time."""
+    out: list[int] = []
+    for t in target_ids:
+      t = int(t)
+      ids = self._retok.get(t)
+      if ids is None:
+        ids = self._retok[t] = self._retokenize(t)
+      out.extend(ids)
+    return out
+
+  def _retokenize(self, t: int) -> tuple[int, ...]:
+    if self.t2d[t] >= 0:
+      return (int(self.t2d[t]),)
+    b = self.t_bytes[t] if t < len(self.t_bytes) else None
+    if b is None:
+      raise TranslationError(f"target token {t} has no text to translate for the drafter")
+    try:
+      text = b.decode()
+    except UnicodeDecodeError:  # part of a character: spell it with single-byte tokens
+      missing = [x for x in b if x not in self.byte_token]
+      if missing:
+        raise TranslationError(f"target token {t} holds bytes {bytes(missing)!r} the drafter "
+                               f"has no single-byte token for") from None
+      return tuple(self.byte_token[x] for x in b)
+    return tuple(self.dtok(text, add_special_tokens=False)["input_ids"])
+
+  def prompt_to_drafter(self, prompt) -> list[int]:
+    """The drafter's tokens of a target prompt: its text retokenized as a whole."""
+    raw = b"".join(self.t_bytes[int(t)] or b"" for t in prompt)
+    ids = self.dtok(raw.decode(errors="replace"), add_special_tokens=False)["input_ids"]
+    if not ids:
+      raise TranslationError(f"the drafter's tokenizer gives no tokens for the prompt {raw!r}")
+    return ids
