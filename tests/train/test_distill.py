@@ -1,0 +1,161 @@
+"""Hybrid distillation of a cross-vocabulary drafter (reverse KL on direct-mapped tokens +
+lambda NLL on n-gram tokens), LoRA shapes and merge, the acceptance head (joint / interleaved),
+export / load, bad input. Tiny models with two different trained BPE tokenizers."""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vocabjax.checkpoints.loader import Model
+from vocabjax.decoding.autoregressive import Decoder
+from vocabjax.decoding.crossvocab import CrossVocabDecoder
+from vocabjax.models import LlamaLikeConfig, init_params
+from vocabjax.testing.tiny import tiny_tokenizer
+from vocabjax.train.distill import DistillJob, align, load_distilled, train
+from vocabjax.train.lora import init_lora, merge, num_params
+from vocabjax.train.loop import TrainError
+from vocabjax.vocab.translate import Translator
+
+DRAFT_CORPUS = ["The lazy dog sleeps while the quick fox runs.", "def mul(a, b):\n    return a * b\n",
+                "Bonjour le monde, comment allez-vous ?", "print('hello world')"] * 20
+
+
+def cfg(V, D=32):
+  return LlamaLikeConfig(arch="llama", vocab_size=V, hidden_size=D, intermediate_size=48,
+                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
+                         max_position_embeddings=1024)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+  """(target Model, drafter Model, completions jsonl of the target's greedy outputs)."""
+  ttok, dtok = tiny_tokenizer(400), tiny_tokenizer(340, corpus=DRAFT_CORPUS)
+  tc, dc = cfg(len(ttok)), cfg(len(dtok), D=48)
+  target = Model(tc, init_params(jax.random.key(0), tc, scale=0.3), ttok, (2,), "tiny-target",
+                 jnp.float32)
+  draft = Model(dc, init_params(jax.random.key(1), dc, scale=0.3), dtok, (2,), "tiny-draft",
+                jnp.float32)
+  rs = np.random.RandomState(0)
+  words = ["def", "return", "fox", "print", "Hello", "quick", "brown", "lazy", "world"]
+  texts = [" ".join(rs.choice(words, rs.randint(2, 6))) for _ in range(10)]
+  ids = [ttok(x, add_special_tokens=False)["input_ids"] for x in texts]
+  res = Decoder(target.params, tc).generate(ids, max_new_tokens=24)
+  path = tmp_path_factory.mktemp("distill") / "completions.jsonl"
+  path.write_text("".join(json.dumps({"prompt": x, "completion_ids": c}) + "\n"
+                          for x, c in zip(texts, res.tokens)))
+  return target, draft, path
+
+
+def job(tmp_path, data, **kw):
+  base = dict(target="tiny-target", drafter="tiny-draft", data=(str(data),),
+              out=str(tmp_path / "out"), steps=30, lr=3e-3, warmup_steps=2, eval_every=10,
+              checkpoint_every=10, heldout=0.0)  # figures on training records: the fit
+  return DistillJob(**{**base, **kw})
+
+
+def test_align_marks_direct_and_ngram_tokens(pair):
+  target, draft, _ = pair
+  tr = Translator(target.tokenizer, draft.tokenizer)
+  comp = target.tokenizer(" quick brown fox", add_special_tokens=False)["input_ids"]
+  prompt = target.tokenizer("Hello", add_special_tokens=False)["input_ids"]
+  a = align(tr, prompt, comp, max_tokens=512)
+  toks = a["tokens"].tolist()
+  # the drafter text is the prompt + completion, spelled token by token
+  assert draft.tokenizer.decode(toks) == "Hello quick brown fox"
+  spelled = [tr.to_drafter([t]) for t in comp]
+  assert len(a["dm_pos"]) == sum(len(s) == 1 for s in spelled)
+  assert len(a["ng_pos"]) == sum(len(s) for s in spelled if len(s) > 1) > 0
+  # a direct position predicts its token's drafter id; n-gram labels are the sub-tokens
+  for pos, row in zip(a["dm_pos"], a["dm_row"]):
+    assert toks[pos + 1] == tr.t2d[comp[row]]
+  for pos, lab in zip(a["ng_pos"], a["ng_label"]):
+    assert toks[pos + 1] == lab
+
+
+def test_lora_shapes_and_merge():
+  c = cfg(64)
+  params = init_params(jax.random.key(0), c)
+  lora = init_lora(jax.random.key(1), params, rank=4)
+  ad = lora["layers"][0]
+  assert ad["wq"]["a"].shape == (4, c.hidden_size) and ad["wq"]["b"].shape == (c.q_dim, 4)
+  assert ad["w_down"]["a"].shape == (4, c.intermediate_size)
+  assert num_params(lora) == c.num_layers * sum(
+      4 * (o + i) for o, i in [(c.q_dim, 32), (c.kv_dim, 32), (c.kv_dim, 32), (32, c.q_dim),
+                               (48, 32), (48, 32), (32, 48)])
+  same = merge(params, lora, alpha=8.0)  # B = 0 at init: the base model
+  assert all(jnp.array_equal(a, b) for a, b in zip(jax.tree.leaves(same),
+                                                   jax.tree.leaves(params)))
+  lora["layers"][1]["wv"]["b"] = jnp.ones_like(lora["layers"][1]["wv"]["b"])
+  got = merge(params, lora, alpha=8.0)["layers"][1]["wv"]
+  want = params["layers"][1]["wv"] + 2.0 * jnp.ones((c.kv_dim, 4)) @ lora["layers"][1]["wv"]["a"]
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+  with pytest.raises(ValueError, match="rank=64 exceeds"):
+    init_lora(jax.random.key(1), params, rank=64)
+
+
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_distillation_lowers_loss_and_exports(pair, tmp_path, lora_rank):
+  target, draft, data = pair
+  j = job(tmp_path, data, lora_rank=lora_rank, lora_alpha=8.0, lr=2e-2 if lora_rank else 3e-3)
+  s = train(j, show_progress=False, models=(target, draft))
+  first, last = s["first"], s["last"]
+  assert s["complete"] and last["held_l_dm"] < 0.8 * first["held_l_dm"]
+  assert last["held_l_ngram"] < first["held_l_ngram"]
+  assert last["held_agree"] >= first["held_agree"]
+  params, head = load_distilled(tmp_path / "out" / "drafter", draft.params, draft.config)
+  assert head is None
+  changed = [not jnp.array_equal(a, b) for a, b in zip(jax.tree.leaves(params),
+                                                        jax.tree.leaves(draft.params))]
+  assert any(changed)
+  if lora_rank:  # LoRA never touches the embedding / LM head, only the projections
+    assert jnp.array_equal(params["embed"], draft.params["embed"])
+    meta = json.loads((tmp_path / "out" / "drafter" / "distill.json").read_text())
+    assert meta["mode"] == "lora" and meta["lora_rank"] == 4
+  # the distilled drafter decodes losslessly with the target
+  ids = [target.tokenizer("quick fox", add_special_tokens=False)["input_ids"]]
+  ref = Decoder(target.params, target.config).generate(ids, max_new_tokens=16)
+  dec = CrossVocabDecoder(target.params, target.config, params, draft.config,
+                          target_tokenizer=target.tokenizer, draft_tokenizer=draft.tokenizer)
+  assert dec.generate(ids, max_new_tokens=16).tokens == ref.tokens
+  # another base drafter is refused
+  other = init_params(jax.random.key(7), draft.config, scale=0.3)
+  with pytest.raises(TrainError, match="distilled from another drafter"):
+    load_distilled(tmp_path / "out" / "drafter", other, draft.config)
+
+
+@pytest.mark.parametrize("mode", ["joint", "interleaved"])
+def test_acceptance_head_trains(pair, tmp_path, mode):
+  target, draft, data = pair
+  j = job(tmp_path, data, acceptance=mode, acceptance_label="greedy", steps=40, lora_rank=4,
+          lora_alpha=8.0)
+  s = train(j, show_progress=False, models=(target, draft))
+  first, last = s["first"], s["last"]
+  assert last["held_l_acc"] < first["held_l_acc"]
+  assert 0 <= last["held_label_mean"] <= 1
+  _, head = load_distilled(tmp_path / "out" / "drafter", draft.params, draft.config)
+  assert head is not None and head["w1"].shape == (2 * draft.config.hidden_size, 256)
+
+
+def test_resume_and_bad_input(pair, tmp_path):
+  target, draft, data = pair
+  j = job(tmp_path, data, steps=12)
+  s = train(j, show_progress=False, stop_after=5, models=(target, draft))
+  assert not s["complete"] and s["step"] == 5
+  s = train(j, show_progress=False, models=(target, draft))
+  assert s["complete"] and s["step"] == 12
+  # the target side of another job is refused
+  other = job(tmp_path, data, steps=12, max_tokens=300, features=str(tmp_path / "out" /
+                                                                     "features"),
+              out=str(tmp_path / "other"))
+  with pytest.raises(TrainError, match="target features of another job"):
+    train(other, show_progress=False, models=(target, draft))
+  empty = tmp_path / "empty.jsonl"
+  empty.write_text("")
+  with pytest.raises(TrainError, match="no completion records"):
+    train(job(tmp_path, empty, out=str(tmp_path / "e")), show_progress=False,
+          models=(target, draft))
+  with pytest.raises(TrainError, match="acceptance='sometimes'"):
+    job(tmp_path, data, acceptance="sometimes")
