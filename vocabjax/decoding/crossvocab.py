@@ -133,12 +133,7 @@ def _draft(dp, cache, pend, n_pend, allowed, key, head, *, config: LlamaLikeConf
   Vq = allowed.shape[0] if not sampling.greedy else 1
   keys = jax.random.split(key, G)
 
-  def cond(c):
-    i, stop = c[0], c[1]
-    return (i < G) & ~stop
-
-  def body(c):
-    i, _, h, cache, ds, qd, qs, acc, p_all = c
+  def choose(i, h, p_all):
     logits = jnp.where(allowed, lm_head(dp, h, config=config), -jnp.inf)
     if sampling.greedy:
       d = jnp.argmax(logits).astype(jnp.int32)
@@ -148,27 +143,34 @@ def _draft(dp, cache, pend, n_pend, allowed, key, head, *, config: LlamaLikeConf
       d = jax.random.categorical(keys[i], lp).astype(jnp.int32)
       q_row = jnp.exp(lp)
       q_d = q_row[d]
-    if head is not None:
-      a = jax.nn.sigmoid(acceptance_logit(head, h, dp["embed"][d]))
-    else:
-      a = jnp.float32(1.0)
+    a = (jax.nn.sigmoid(acceptance_logit(head, h, dp["embed"][d])) if head is not None
+         else jnp.float32(1.0))
     p_all = p_all * a
     stop = should_stop(p_all, threshold) if head is not None else jnp.bool_(False)
-    more = (i + 1 < G) & ~stop
+    return d, q_d, q_row, a, p_all, stop
 
-    def feed(hc):
-      _, c_ = hc
-      h2, c_ = forward(dp, d[None, None], c_.lengths[:, None], c_, config=config)
-      return h2[0, 0], c_
+  def record(bufs, i, d, q_d, q_row, a):
+    ds, qd, qs, acc = bufs
+    return ds.at[i].set(d), qd.at[i].set(q_d), qs.at[i].set(q_row), acc.at[i].set(a)
 
-    h, cache = jax.lax.cond(more, feed, lambda hc: hc, (h, cache))
-    return (i + 1, stop, h, cache, ds.at[i].set(d), qd.at[i].set(q_d), qs.at[i].set(q_row),
-            acc.at[i].set(a), p_all)
+  bufs = (jnp.zeros((G,), jnp.int32), jnp.zeros((G,), jnp.float32),
+          jnp.zeros((G, Vq), jnp.float32), jnp.zeros((G,), jnp.float32))
+  d, q_d, q_row, a, p_all, stop = choose(0, h, jnp.float32(1.0))
+  bufs = record(bufs, 0, d, q_d, q_row, a)
 
-  init = (jnp.int32(0), jnp.bool_(False), h, cache, jnp.zeros((G,), jnp.int32),
-          jnp.zeros((G,), jnp.float32), jnp.zeros((G, Vq), jnp.float32),
-          jnp.zeros((G,), jnp.float32), jnp.float32(1.0))
-  n, _, _, cache, ds, qd, qs, acc, _ = jax.lax.while_loop(cond, body, init)
+  # Draft i feeds draft i-1 first, so the loop never feeds a draft it will not build on (no
+  # lax.cond around the forward: on XLA:CPU a cond copied the whole cache every step).
+  def cond(c):
+    return (c[0] < G) & ~c[2]
+
+  def body(c):
+    i, d, _, p_all, cache, bufs = c
+    h, cache = forward(dp, d[None, None], cache.lengths[:, None], cache, config=config)
+    d, q_d, q_row, a, p_all, stop = choose(i, h[0, 0], p_all)
+    return i + 1, d, stop, p_all, cache, record(bufs, i, d, q_d, q_row, a)
+
+  n, _, _, _, cache, (ds, qd, qs, acc) = jax.lax.while_loop(
+      cond, body, (jnp.int32(1), d, stop, p_all, cache, bufs))
   return ds, qd, qs, n, acc, cache
 
 
@@ -315,16 +317,16 @@ class CrossVocabDecoder:
                    donate_argnums=(1,)).lower(
           self.dp, cache, i32(1, P), i32(), jax.ShapeDtypeStruct((self.dc.vocab_size,), bool),
           jax.random.key(0), self.head).compile()
-    else:  # verify
-      (S,) = shape
+    else:  # verify m drafts: one program per block size, so short blocks cost less
+      S, m = shape
       G = self.gamma
       cache = jax.eval_shape(lambda: KVCache.init(self.tc, 1, S, dtype))
       f32 = jax.ShapeDtypeStruct
       Vq = 1 if sampling.greedy else self.dc.vocab_size
       fn = jax.jit(functools.partial(_verify, config=self.tc, sampling=sampling),
                    donate_argnums=(1,)).lower(
-          self.tp, cache, i32(), i32(G), i32(), f32((G, Vq), jnp.float32), i32(G), i32(G),
-          i32(G), f32((G,), jnp.float32), self._d2t_idx, jax.random.key(0)).compile()
+          self.tp, cache, i32(), i32(m), i32(), f32((G, Vq), jnp.float32), i32(m), i32(m),
+          i32(m), f32((m,), jnp.float32), self._d2t_idx, jax.random.key(0)).compile()
     self._programs[key] = fn
     return fn, time.perf_counter() - t0
 
@@ -365,8 +367,14 @@ class CrossVocabDecoder:
     T, Td = bucket(len(prompt)), bucket(len(dprompt))
     tprefill, c1 = self._program("tprefill", sampling, T, S)
     dprefill, c2 = self._program("dprefill", sampling, Td, Sd)
-    verify, c3 = self._program("verify", sampling, S)
-    res.compile_s += c1 + c2 + c3
+    res.compile_s += c1 + c2
+    # the programs a step needs, compiled before the clock starts (more only on rare paths:
+    # a long pending run, a grown drafter cache; their compile time is kept out of decode_s)
+    for m in range(G + 1):
+      res.compile_s += self._program("verify", sampling, S, m)[1]
+    for P in (1, 2):
+      res.compile_s += self._program("draft", sampling, P, Sd)[1]
+    compile_in_loop = 0.0
 
     t0 = time.perf_counter()
     tokens = np.zeros((1, T), np.int32)
@@ -397,6 +405,7 @@ class CrossVocabDecoder:
         dcache = _grow(dcache, Sd)
       draft, c = self._program("draft", sampling, P, Sd)
       res.compile_s += c
+      compile_in_loop += c
       t0 = time.perf_counter()
       pend_arr = np.zeros((1, P), np.int32)
       pend_arr[0, :len(pend)] = pend
@@ -419,10 +428,11 @@ class CrossVocabDecoder:
           ngram_t[i], qp[i] = tids[i], qprime[i]
           prefix_t[i] = self.d2t[ds_h[pos]] if self.d2t[ds_h[pos]] >= 0 else self.tc.vocab_size
         pos += nsub[i]
+      verify = self._program("verify", sampling, S, m)[0]
       t2 = time.perf_counter()
-      n, nxt, tcache = verify(self.tp, tcache, jnp.int32(last), jnp.asarray(drafts), jnp.int32(m),
-                              qs, jnp.asarray(src), jnp.asarray(ngram_t), jnp.asarray(prefix_t),
-                              jnp.asarray(qp), self._d2t_idx, kv)
+      n, nxt, tcache = verify(self.tp, tcache, jnp.int32(last), jnp.asarray(drafts[:m]),
+                              jnp.int32(m), qs, jnp.asarray(src[:m]), jnp.asarray(ngram_t[:m]),
+                              jnp.asarray(prefix_t[:m]), jnp.asarray(qp[:m]), self._d2t_idx, kv)
       n, nxt = int(n), int(nxt)
       t3 = time.perf_counter()
       emitted = [int(x) for x in drafts[:n]] + [nxt]
@@ -447,7 +457,7 @@ class CrossVocabDecoder:
       st.host_s += (t2 - t1) + (time.perf_counter() - t3)
     res.steps += step
     self.trace = (ctx, pend, dcache)  # the last row's drafter context (tests, debugging)
-    res.decode_s += time.perf_counter() - t_start
+    res.decode_s += time.perf_counter() - t_start - compile_in_loop
 
 
 def _grow(cache: KVCache, S: int) -> KVCache:
