@@ -14,7 +14,7 @@ from vocabjax.decoding.autoregressive import Decoder
 from vocabjax.decoding.crossvocab import CrossVocabDecoder
 from vocabjax.models import LlamaLikeConfig, init_params
 from vocabjax.testing.tiny import tiny_tokenizer
-from vocabjax.train.distill import DistillJob, align, load_distilled, train
+from vocabjax.train.distill import DistillJob, align, load_distilled, online, train
 from vocabjax.train.lora import init_lora, merge, num_params
 from vocabjax.train.loop import TrainError
 from vocabjax.vocab.translate import Translator
@@ -159,3 +159,17 @@ def test_resume_and_bad_input(pair, tmp_path):
           models=(target, draft))
   with pytest.raises(TrainError, match="acceptance='sometimes'"):
     job(tmp_path, data, acceptance="sometimes")
+
+
+def test_online_mode_updates_the_drafter_while_staying_lossless(pair, tmp_path):
+  target, draft, _ = pair
+  j = job(tmp_path, "unused", online=({"kind": "spec_bench", "categories": ["qa"],
+                                                 "limit": 4},),
+          online_every=2, online_steps=3, max_new_tokens=12, lr=1e-2)
+  s = online(j, show_progress=False, models=(target, draft))
+  rows = [json.loads(x) for x in (tmp_path / "out" / "online.jsonl").read_text().splitlines()]
+  assert s["sequences"] == len(rows) == 4 and s["updates"] == 2
+  assert s["identical"] == 4 and all(r["identical"] for r in rows)
+  assert [r["updates"] for r in rows] == [0, 0, 1, 1]
+  assert "train_loss" in rows[1] and "train_loss" in rows[3]
+  assert (tmp_path / "out" / "online.png").stat().st_size > 0

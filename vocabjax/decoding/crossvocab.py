@@ -253,12 +253,19 @@ class CrossVocabDecoder:
     self.tp, self.tc = with_mlp_layout(target_params, layout), target_config
     self.dp, self.dc = with_mlp_layout(draft_params, "out_in"), draft_config
     self.gamma, self.use_ngram = gamma, ngram
+    self.extra_slots = gamma + 2  # target cache slots one step may write past max_new_tokens
     self.head, self.threshold = acceptance_head, stop_threshold
     self.ngram = NgramCache()
     self._allowed = self.d2t >= 0
     self._allowed_dev = None
     self._d2t_idx = jnp.asarray(np.where(self.d2t >= 0, self.d2t, V), jnp.int32)
     self._programs: dict = {}
+
+  def set_drafter(self, draft_params, head: dict | None = None) -> None:
+    """Swap in updated drafter weights (online distillation); same shapes, no recompilation."""
+    self.dp = with_mlp_layout(draft_params, "out_in")
+    if head is not None:
+      self.head = head
 
   # --- translation (host) -------------------------------------------------------------------
   def to_drafter(self, target_ids: Sequence[int]) -> list[int]:

@@ -92,6 +92,13 @@ class DistillJob:
   eval_every: int = 25
   checkpoint_every: int = 25
   seed: int = 0
+  # online mode (`--online`): generate over a prompt stream with the cross-vocabulary decoder
+  # and update the drafter after every `online_every` sequences (OmniDraft fig. 2)
+  online: tuple = ()  # eval dataset specs, e.g. ({kind: gsm8k, limit: 16},)
+  online_every: int = 4
+  online_steps: int = 8  # optimizer steps per update, on records drawn from all seen so far
+  gamma: int = 4
+  max_new_tokens: int = 128
 
   def __post_init__(self):
     if self.acceptance not in ("none", "joint", "interleaved"):
@@ -171,28 +178,41 @@ def build_target_side(job: DistillJob, target, records, *, show_progress=True) -
     raise TrainError(f"{fdir} holds target features of another job (other target, drafter or "
                      f"data); use another 'features' directory")
   atomic_write_json(meta_path, {"fingerprint": fp, "target": job.target, "records": len(records)})
-  run = jax.jit(functools.partial(_target_side, config=target.config), static_argnums=(3,))
-  tok = target.tokenizer
-
+  run = target_side_runner(target)
   todo = [i for i in range(len(records)) if not (fdir / f"rec-{i:05d}.npz").exists()]
   for i in progress(todo, desc="target side", enabled=show_progress):
-    r = records[i]
-    prompt = tok(r["prompt"], add_special_tokens=False)["input_ids"]
-    comp = r["completion_ids"][:N_MAX]
-    seq = prompt + comp
-    L, n = len(seq), len(comp)
-    if not prompt or not n:
-      raise TrainError(f"record {i} has an empty prompt or completion")
-    nb = bucket(n)
-    padded = np.zeros((1, bucket(len(prompt) - 1 + nb)), np.int32)
-    padded[0, :L] = seq
-    h, lse, am = run(target.params, jnp.asarray(padded), jnp.int32(len(prompt) - 1), nb)
+    z = target_side_record(run, target, records[i], where=f"record {i}")
     buf = io.BytesIO()
-    np.savez(buf, hidden=np.asarray(h[:n], np.float16), lse=np.asarray(lse[:n]),
-             argmax=np.asarray(am[:n], np.int32), prompt=np.asarray(prompt, np.int32),
-             completion=np.asarray(comp, np.int32))
+    np.savez(buf, **z)
     atomic_write_bytes(fdir / f"rec-{i:05d}.npz", buf.getvalue())
   return fdir
+
+
+def target_side_runner(target):
+  return jax.jit(functools.partial(_target_side, config=target.config), static_argnums=(3,))
+
+
+def target_side_record(run, target, rec: dict, *, where: str) -> dict:
+  """The target side of one completion record (`build_target_side`'s file contents)."""
+  prompt = target.tokenizer(rec["prompt"], add_special_tokens=False)["input_ids"]
+  comp = list(rec["completion_ids"])[:N_MAX]
+  seq = prompt + comp
+  L, n = len(seq), len(comp)
+  if not prompt or not n:
+    raise TrainError(f"{where} has an empty prompt or completion")
+  nb = bucket(n)
+  padded = np.zeros((1, bucket(len(prompt) - 1 + nb)), np.int32)
+  padded[0, :L] = seq
+  h, lse, am = run(target.params, jnp.asarray(padded), jnp.int32(len(prompt) - 1), nb)
+  return {"hidden": np.asarray(h[:n], np.float16), "lse": np.asarray(lse[:n]),
+          "argmax": np.asarray(am[:n], np.int32), "prompt": np.asarray(prompt, np.int32),
+          "completion": np.asarray(comp, np.int32)}
+
+
+def example_of(translator, z: dict, max_tokens: int) -> "Example | None":
+  a = align(translator, z["prompt"].tolist(), z["completion"].tolist(), max_tokens)
+  return None if a is None else Example(**a, hidden=z["hidden"], lse=z["lse"],
+                                        argmax=z["argmax"])
 
 
 N_MAX = 256  # completion tokens per record used (the eval suites generate 128)
@@ -219,22 +239,32 @@ def load_examples(job: DistillJob, translator, n_records: int) -> list[Example]:
     except (OSError, ValueError, EOFError) as e:
       raise TrainError(f"target-side file {path} is missing or corrupt ({e}); delete it and "
                        f"rerun to recompute it") from None
-    a = align(translator, z["prompt"].tolist(), z["completion"].tolist(), job.max_tokens)
-    if a is not None:
-      out.append(Example(**a, hidden=z["hidden"], lse=z["lse"], argmax=z["argmax"]))
+    ex = example_of(translator, z, job.max_tokens)
+    if ex is not None:
+      out.append(ex)
   if not out:
     raise TrainError("no training positions in the data (empty completions?)")
   return out
 
 
-def make_batch(ex: Example) -> dict:
-  """One record padded to bucketed sizes (few compiled shapes); masks mark the real entries."""
+def batch_sizes(examples, floor: tuple = (0, 0, 0, 0)) -> tuple[int, int, int, int]:
+  """(Ld, Kd, Kn, Nr) padded sizes covering `examples` (and at least `floor`): drafter tokens
+  rounded up to 128, the position lists to powers of two. One size for a whole data set means
+  one compiled training step (each new shape would recompile the drafter's backward)."""
+  Ld = max([len(e.tokens) for e in examples] + [1])
+  sizes = (-(-Ld // 128) * 128, bucket(max(len(e.dm_pos) for e in examples)),
+           bucket(max(len(e.ng_pos) for e in examples)),
+           bucket(max(len(e.hidden) for e in examples)))
+  return tuple(max(a, b) for a, b in zip(sizes, floor))
+
+
+def make_batch(ex: Example, sizes: tuple[int, int, int, int]) -> dict:
+  """One record padded to `sizes` (`batch_sizes`); masks mark the real entries."""
   def pad(x, n, fill=0):
     y = np.full((n,) + x.shape[1:], fill, x.dtype)
     y[:len(x)] = x
     return y
-  Ld, Kd, Kn, Nr = (bucket(len(ex.tokens)), bucket(len(ex.dm_pos)), bucket(len(ex.ng_pos)),
-                    bucket(len(ex.hidden)))
+  Ld, Kd, Kn, Nr = sizes
   return {"tokens": pad(ex.tokens, Ld)[None], "dm_pos": pad(ex.dm_pos, Kd),
           "dm_row": pad(ex.dm_row, Kd), "dm_mask": pad(np.ones(len(ex.dm_pos), bool), Kd),
           "ng_pos": pad(ex.ng_pos, Kn), "ng_label": pad(ex.ng_label, Kn),
@@ -295,24 +325,137 @@ def acceptance_terms(head, dparams, hd, log_q, batch, frozen, *, label: str, wei
 
 # --- training ------------------------------------------------------------------------------------
 
+class Distiller:
+  """The trainable drafter (full or LoRA) [+ acceptance head], its optimizer and jitted steps;
+  shared by the offline `train` and the `online` loop."""
+
+  def __init__(self, job: DistillJob, target, draft, translator):
+    import optax
+
+    from vocabjax.decoding.adaptive import init_acceptance_head
+    from vocabjax.train.lora import init_lora, merge
+    from vocabjax.vocab.ranked import drafter_identity
+
+    self.job, self.dcfg = job, draft.config
+    int_d, int_t = translator.intersection()
+    self.intersection = int(len(int_d))
+    wt = lm_head_weight(target.params, target.config)
+    # big arrays (the frozen base, the target's head rows) are arguments, never jit constants
+    self.frozen = {"wt_I": wt[int_t], "wt_full": wt, "int_d": jnp.asarray(int_d, jnp.int32),
+                   "int_t": jnp.asarray(int_t, jnp.int32)}
+    self.base = draft.params
+    self.base_identity = drafter_identity(self.base, self.dcfg)  # before buffers are donated
+    key = jax.random.key(job.seed)
+    # full fine-tuning trains a copy: the step donates its buffers, the caller keeps its model
+    trainable = {"drafter": init_lora(key, self.base, rank=job.lora_rank) if job.lora_rank
+                 else jax.tree.map(jnp.copy, self.base)}
+    self.use_head = job.acceptance != "none"
+    if self.use_head:
+      trainable["head"] = init_acceptance_head(jax.random.fold_in(key, 1), self.dcfg.hidden_size,
+                                               job.head_width)
+    opt_d = make_optimizer(OptimConfig(lr=job.lr, warmup_steps=job.warmup_steps,
+                                       total_steps=job.steps, weight_decay=job.weight_decay,
+                                       clip_norm=job.clip_norm))
+    opt_h = make_optimizer(OptimConfig(lr=job.head_lr, warmup_steps=0, total_steps=job.steps,
+                                       weight_decay=0.0, clip_norm=job.clip_norm))
+    self.opt = optax.multi_transform(
+        {"drafter": opt_d, "head": opt_h},
+        lambda params: {k: jax.tree.map(lambda _, k=k: k, v) for k, v in params.items()})
+    self.state = TrainState.create(trainable, self.opt)
+    self.base_arg = self.base if job.lora_rank else None
+    parts = ("drafter", "head") if job.acceptance == "interleaved" else ("both",)
+    self._steps = {p: jax.jit(functools.partial(self._step, part=p), donate_argnums=(0,))
+                   for p in parts}
+    self._eval = jax.jit(self._eval_fn)
+    self._merge = merge
+
+  def effective(self, trainable, base):
+    j = self.job
+    return self._merge(base, trainable["drafter"], alpha=j.lora_alpha) if j.lora_rank \
+        else trainable["drafter"]
+
+  def loss_fn(self, trainable, batch, frozen, base, part):
+    """part: "both" (joint, or no head), "drafter" / "head" (interleaved steps)."""
+    job = self.job
+    dp = self.effective(trainable, base)
+    if part == "head":
+      dp = jax.lax.stop_gradient(dp)
+    l_dm, l_ng, hd, log_q, _ = distill_terms(dp, batch, frozen, config=self.dcfg)
+    loss = l_dm + job.lam * l_ng
+    aux = {"l_dm": l_dm, "l_ngram": l_ng}
+    if self.use_head:
+      l_acc, acc, ybar = acceptance_terms(
+          trainable["head"], dp, hd if part == "both" else jax.lax.stop_gradient(hd),
+          jax.lax.stop_gradient(log_q), batch, frozen, label=job.acceptance_label,
+          weight=job.rejection_weight, config=self.dcfg)
+      aux.update(l_acc=l_acc, acc_head=acc, label_mean=ybar)
+      if part == "head":
+        loss = l_acc
+      elif part == "both":
+        loss = loss + job.acceptance_mu * l_acc
+    return loss, aux
+
+  def _step(self, st, batch, frozen, base, *, part):
+    import optax
+
+    (loss, aux), grads = jax.value_and_grad(self.loss_fn, has_aux=True)(
+        st.params, batch, frozen, base, part)
+    updates, opt_state = self.opt.update(grads, st.opt_state, st.params)
+    if part != "both":  # interleaved: only one part moves this step
+      keep = "head" if part == "head" else "drafter"
+      updates = {k: (u if k == keep else jax.tree.map(jnp.zeros_like, u))
+                 for k, u in updates.items()}
+    new = TrainState(step=st.step + 1, params=optax.apply_updates(st.params, updates),
+                     opt_state=opt_state, aux=st.aux)
+    return new, {"loss": loss, **aux}
+
+  def _eval_fn(self, trainable, batch, frozen, base):
+    aux = self.loss_fn(trainable, batch, frozen, base, "both")[1]
+    return aux | _agreement(self.effective(trainable, base), batch, frozen, self.dcfg)
+
+  sizes: tuple = (0, 0, 0, 0)  # padded batch sizes seen so far (`batch_sizes`)
+
+  def fit_sizes(self, examples) -> None:
+    """Grow the padded sizes to cover `examples` (call with all data up front: one compile)."""
+    self.sizes = batch_sizes(examples, self.sizes)
+
+  def step(self, ex: Example) -> dict:
+    """One optimizer step on one record (interleaved: even steps the drafter, odd the head)."""
+    self.fit_sizes([ex])
+    n = int(self.state.step)
+    part = (("drafter" if n % 2 == 0 else "head") if self.job.acceptance == "interleaved"
+            else "both")
+    self.state, m = self._steps[part](self.state, make_batch(ex, self.sizes), self.frozen,
+                                      self.base_arg)
+    return {k: float(v) for k, v in m.items()}
+
+  def evaluate(self, examples) -> dict:
+    agg: dict = {}
+    self.fit_sizes(examples)
+    for ex in examples:
+      for k, v in self._eval(self.state.params, make_batch(ex, self.sizes), self.frozen,
+                             self.base_arg).items():
+        agg.setdefault(k, []).append(float(v))
+    return {k: float(np.mean(v)) for k, v in agg.items()}
+
+  def drafter_params(self) -> dict:
+    """The drafter's effective params now (LoRA merged)."""
+    return self.effective(self.state.params, self.base)
+
+  def head(self) -> dict | None:
+    return self.state.params.get("head")
+
+
 def train(job: DistillJob, *, show_progress: bool = True, stop_after: int | None = None,
           models=None) -> dict:
   """Build the target side (once), then distill; returns the summary (also summary.json)."""
-  import optax
-
   from vocabjax.checkpoints.loader import load_model
-  from vocabjax.decoding.adaptive import init_acceptance_head
-  from vocabjax.train.lora import init_lora, merge
   from vocabjax.vocab.translate import Translator
 
   out = Path(job.out)
   out.mkdir(parents=True, exist_ok=True)
   records = read_records(job.data, job.max_records)
-  if models is None:
-    target = load_model(job.target)
-    draft = load_model(job.drafter)
-  else:
-    target, draft = models
+  target, draft = models or (load_model(job.target), load_model(job.drafter))
   for m, what in ((target, "target"), (draft, "drafter")):
     if m.tokenizer is None:
       raise TrainError(f"the {what} {m.source} has no tokenizer")
@@ -326,105 +469,27 @@ def train(job: DistillJob, *, show_progress: bool = True, stop_after: int | None
   train_ex, held_ex = examples[:len(examples) - n_held], examples[len(examples) - n_held:]
   if not train_ex:
     raise TrainError(f"heldout={job.heldout} leaves no training records of {len(examples)}")
+  dist = Distiller(job, target, draft, tr)
+  dist.fit_sizes(examples)
+  del target  # only its LM head (in the distiller) is needed from here on
 
-  dcfg = draft.config
-  int_d, int_t = tr.intersection()
-  frozen = {"wt_I": lm_head_weight(target.params, target.config)[int_t],
-            "wt_full": lm_head_weight(target.params, target.config),
-            "int_d": jnp.asarray(int_d, jnp.int32), "int_t": jnp.asarray(int_t, jnp.int32)}
-  base = draft.params
-  from vocabjax.vocab.ranked import drafter_identity
-
-  base_identity = drafter_identity(base, dcfg)  # before training donates the buffers
-  del target  # only its LM head (in `frozen`) is needed from here on
-  key = jax.random.key(job.seed)
-  # full fine-tuning trains a copy: the step donates its buffers, the caller keeps its model
-  trainable = {"drafter": init_lora(key, base, rank=job.lora_rank) if job.lora_rank
-               else jax.tree.map(jnp.copy, base)}
-  use_head = job.acceptance != "none"
-  if use_head:
-    trainable["head"] = init_acceptance_head(jax.random.fold_in(key, 1), dcfg.hidden_size,
-                                             job.head_width)
-  opt_d = make_optimizer(OptimConfig(lr=job.lr, warmup_steps=job.warmup_steps,
-                                     total_steps=job.steps, weight_decay=job.weight_decay,
-                                     clip_norm=job.clip_norm))
-  opt_h = make_optimizer(OptimConfig(lr=job.head_lr, warmup_steps=0, total_steps=job.steps,
-                                     weight_decay=0.0, clip_norm=job.clip_norm))
-  opt = optax.multi_transform(
-      {"drafter": opt_d, "head": opt_h},
-      lambda params: {k: jax.tree.map(lambda _, k=k: k, v) for k, v in params.items()})
-
-  def effective(tr_, base):
-    return merge(base, tr_["drafter"], alpha=job.lora_alpha) if job.lora_rank else tr_["drafter"]
-
-  # big arrays (the frozen base, the target's head rows) are arguments, never jit constants
-  def loss_fn(tr_, batch, frozen, base, part):
-    """part: "both" (joint or no head), "drafter", "head" (interleaved)."""
-    dp = effective(tr_, base)
-    if part == "head":
-      dp = jax.lax.stop_gradient(dp)
-    l_dm, l_ng, hd, log_q, _ = distill_terms(dp, batch, frozen, config=dcfg)
-    loss = l_dm + job.lam * l_ng
-    aux = {"l_dm": l_dm, "l_ngram": l_ng}
-    if use_head:
-      l_acc, acc, ybar = acceptance_terms(
-          tr_["head"], dp, jax.lax.stop_gradient(hd) if part != "both" else hd,
-          jax.lax.stop_gradient(log_q), batch, frozen, label=job.acceptance_label,
-          weight=job.rejection_weight, config=dcfg)
-      aux.update(l_acc=l_acc, acc_head=acc, label_mean=ybar)
-      if part == "head":
-        loss = l_acc
-      elif part == "both":
-        loss = loss + job.acceptance_mu * l_acc
-    return loss, aux
-
-  def make_step(part):
-    def step(st, batch, frozen, base):
-      (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(st.params, batch, frozen,
-                                                                     base, part)
-      if part != "both":  # interleaved: only one part moves this step
-        keep = "head" if part == "head" else "drafter"
-        grads = {k: (g if k == keep else jax.tree.map(jnp.zeros_like, g))
-                 for k, g in grads.items()}
-        updates, opt_state = opt.update(grads, st.opt_state, st.params)
-        updates = {k: (u if k == keep else jax.tree.map(jnp.zeros_like, u))
-                   for k, u in updates.items()}
-      else:
-        updates, opt_state = opt.update(grads, st.opt_state, st.params)
-      new = TrainState(step=st.step + 1, params=optax.apply_updates(st.params, updates),
-                       opt_state=opt_state, aux=st.aux)
-      return new, {"loss": loss, **aux}
-    return jax.jit(step, donate_argnums=(0,))
-
-  steps = {p: make_step(p) for p in (("drafter", "head") if job.acceptance == "interleaved"
-                                     else ("both",))}
-  eval_fn = jax.jit(lambda tr_, b, fz, bs: loss_fn(tr_, b, fz, bs, "both")[1] | _agreement(
-      effective(tr_, bs), b, fz, dcfg))
-  base_arg = base if job.lora_rank else None
-
-  state = TrainState.create(trainable, opt)
   ckpt = Checkpoints(out / "checkpoints", job.train_fingerprint(), every=job.checkpoint_every)
-  state = ckpt.restore_or(state)
-  start = int(state.step)
+  dist.state = ckpt.restore_or(dist.state)
+  start = int(dist.state.step)
   log_path = out / "log.jsonl"
   rows = read_log(log_path, upto_step=start)
   if log_path.exists():
     log_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
   def evaluate(step, train_row):
-    agg: dict = {}
-    for ex in held_ex or train_ex[-4:]:
-      for k, v in eval_fn(state.params, make_batch(ex), frozen, base_arg).items():
-        agg.setdefault(k, []).append(float(v))
     row = {"step": step, **{f"train_{k}": v for k, v in train_row.items()},
-           **{f"held_{k}": float(np.mean(v)) for k, v in agg.items()}}
+           **{f"held_{k}": v for k, v in dist.evaluate(held_ex or train_ex[-4:]).items()}}
     append_log(log_path, row)
     rows.append(row)
-    return row
 
   if start == 0 and not rows:
     evaluate(0, {})
-  rng = np.random.default_rng(job.seed)
+  rng = np.random.default_rng(job.seed)  # the order depends on the seed alone: resumable
   order = np.concatenate([rng.permutation(len(train_ex)) for _ in
                           range(job.steps // max(len(train_ex), 1) + 1)])
   t1 = time.perf_counter()
@@ -432,13 +497,11 @@ def train(job: DistillJob, *, show_progress: bool = True, stop_after: int | None
                  enabled=show_progress)
   ran = 0
   for step in bar:
-    part = ("drafter" if step % 2 == 0 else "head") if job.acceptance == "interleaved" else "both"
-    state, m = steps[part](state, make_batch(train_ex[order[step]]), frozen, base_arg)
-    m = {k: float(v) for k, v in m.items()}
+    m = dist.step(train_ex[order[step]])
     bar.set_postfix_str(f"loss {m['loss']:.3f}")
     ran += 1
     last_one = step + 1 == job.steps or (stop_after is not None and ran >= stop_after)
-    ckpt.save(step + 1, state, force=last_one)
+    ckpt.save(step + 1, dist.state, force=last_one)
     if (step + 1) % job.eval_every == 0 or step + 1 == job.steps:
       evaluate(step + 1, m)
     if last_one:
@@ -448,16 +511,95 @@ def train(job: DistillJob, *, show_progress: bool = True, stop_after: int | None
   plot_curves(rows, [k for k in ("held_l_dm", "held_l_ngram", "held_agree", "held_acc_head")
                      if any(k in r for r in rows)], out / "curves.png",
               f"distill {Path(job.drafter).name} -> {Path(job.target).name}")
-  done = int(state.step) >= job.steps
+  done = int(dist.state.step) >= job.steps
   if done:
-    export(out / "drafter", state.params, job, base_identity)
+    export(out / "drafter", dist.state.params, job, dist.base_identity)
   summary = {"job": dataclasses.asdict(job), "records": len(records),
              "train_records": len(train_ex), "heldout_records": len(held_ex),
-             "intersection": int(len(int_d)), "target_side_s": round(target_side_s, 1),
-             "train_s_this_run": round(train_s, 1), "step": int(state.step), "complete": done,
-             "first": rows[0] if rows else None, "last": rows[-1] if rows else None,
-             "trainable_params": int(sum(x.size for x in jax.tree.leaves(state.params)))}
+             "intersection": dist.intersection, "target_side_s": round(target_side_s, 1),
+             "train_s_this_run": round(train_s, 1), "step": int(dist.state.step),
+             "complete": done, "first": rows[0] if rows else None,
+             "last": rows[-1] if rows else None,
+             "trainable_params": int(sum(x.size for x in jax.tree.leaves(dist.state.params)))}
   atomic_write_json(out / "summary.json", summary)
+  return summary
+
+
+def online(job: DistillJob, *, show_progress: bool = True, models=None) -> dict:
+  """Online hybrid distillation over `job.online`'s prompts (module doc): each prompt is
+  generated by the cross-vocabulary decoder with the current drafter and by plain decoding
+  (speedup in the same run; outputs must match), then kept; after every `online_every` prompts
+  the target side of the new completions is computed and `online_steps` updates run. Writes
+  `online.jsonl` (one row per prompt) and `online.png` (acceptance rate, tau and speedup over
+  the stream). A rerun starts over (the stream is short; rows are appended as they finish)."""
+  from vocabjax.checkpoints.loader import load_model
+  from vocabjax.decoding.autoregressive import Decoder
+  from vocabjax.decoding.crossvocab import CrossVocabDecoder
+  from vocabjax.decoding.speculative import block_layout
+  from vocabjax.eval.config import DatasetSpec
+  from vocabjax.eval.datasets import load_prompts
+  from vocabjax.generate import encode_prompts
+  from vocabjax.vocab.translate import Translator
+
+  if not job.online:
+    raise TrainError("online mode needs `online`: the prompt stream (eval dataset specs)")
+  out = Path(job.out)
+  out.mkdir(parents=True, exist_ok=True)
+  prompts = load_prompts([DatasetSpec(**{k: tuple(v) if isinstance(v, list) else v
+                                         for k, v in d.items()}) for d in job.online])
+  target, draft = models or (load_model(job.target), load_model(job.drafter))
+  tr = Translator(target.tokenizer, draft.tokenizer, target_vocab=target.config.vocab_size,
+                  draft_vocab=draft.config.vocab_size)
+  ids = encode_prompts(target.tokenizer, [p.text for p in prompts], True)
+  dist = Distiller(job, target, draft, tr)
+  dec = CrossVocabDecoder(target.in_layout(block_layout()), target.config, draft.params,
+                          draft.config, target_tokenizer=target.tokenizer,
+                          draft_tokenizer=draft.tokenizer, gamma=job.gamma, vocab_map=tr.vm)
+  ar = Decoder(target.params, target.config)
+  run = target_side_runner(target)
+  kw = dict(max_new_tokens=job.max_new_tokens, eos_token_ids=target.eos_token_ids)
+  for d in (dec, ar):  # compile outside the timings
+    d.generate([ids[0]], **{**kw, "max_new_tokens": 8})
+  log_path = out / "online.jsonl"
+  log_path.write_text("")
+  rows, seen, new, updates, rng = [], [], [], 0, np.random.default_rng(job.seed)
+  for k in progress(range(len(prompts)), desc="online", enabled=show_progress):
+    r = dec.generate([ids[k]], **kw)
+    a = ar.generate([ids[k]], **kw)
+    st = r.stats
+    row = {"seq": k, "qid": prompts[k].qid, "updates": updates,
+           "acceptance_rate": st.acceptance_rate, "tau": st.tau,
+           "ngram_per_step": st.ngram_hits_per_step, "tokens_per_s": r.tokens_per_s,
+           "ar_tokens_per_s": a.tokens_per_s, "speedup": r.tokens_per_s / a.tokens_per_s,
+           "identical": r.tokens == a.tokens, "tokens": r.num_generated}
+    new.append({"prompt": target.tokenizer.decode(ids[k]), "completion_ids": r.tokens[0]})
+    if (k + 1) % job.online_every == 0:
+      t0 = time.perf_counter()
+      for rec in new:
+        ex = example_of(tr, target_side_record(run, target, rec, where=prompts[k].qid),
+                        job.max_tokens)
+        if ex is not None:
+          seen.append(ex)
+      new = []
+      losses = [dist.step(seen[rng.integers(len(seen))]) for _ in range(job.online_steps)]
+      dec.set_drafter(dist.drafter_params(), head=None)
+      updates += 1
+      row.update(update_s=time.perf_counter() - t0,
+                 train_loss=float(np.mean([m["loss"] for m in losses])))
+    append_log(log_path, row)
+    rows.append(row)
+  curve = [{"step": r["seq"], **r} for r in rows]
+  plot_curves(curve, ["acceptance_rate", "tau", "speedup"], out / "online.png",
+              f"online distillation {Path(job.drafter).name} -> {Path(job.target).name} "
+              f"(update every {job.online_every} sequences)")
+  half = len(rows) // 2
+  mean = lambda rs, k: float(np.mean([r[k] for r in rs])) if rs else None  # noqa: E731
+  summary = {"job": dataclasses.asdict(job), "sequences": len(rows), "updates": updates,
+             "identical": sum(r["identical"] for r in rows),
+             "first_half": {k: mean(rows[:half], k) for k in ("acceptance_rate", "tau", "speedup")},
+             "second_half": {k: mean(rows[half:], k) for k in ("acceptance_rate", "tau",
+                                                               "speedup")}}
+  atomic_write_json(out / "online_summary.json", summary)
   return summary
 
 
@@ -554,16 +696,26 @@ def load_distilled(directory, base_params, base_config: LlamaLikeConfig):
 # --- command line --------------------------------------------------------------------------------
 
 def job_from_dict(raw: dict, *, where: str = "config") -> DistillJob:
-  return DistillJob(**job_fields(raw, DistillJob, ("target", "drafter", "data", "out"),
-                                 where=where))
+  raw = job_fields({"data": (), **raw}, DistillJob, ("target", "drafter", "out"), where=where)
+  if raw.get("online"):
+    raw["online"] = tuple(raw["online"])
+  return DistillJob(**raw)
 
 
 def main(argv=None) -> int:
   p = job_argparser("python -m vocabjax.train.distill", __doc__, "configs/distill_*.yaml")
+  p.add_argument("--online", action="store_true",
+                 help="online mode: generate over the config's `online` prompts, update the "
+                      "drafter every `online_every` sequences, write online.jsonl/png")
   args = p.parse_args(argv)
   try:
     raw = read_job_yaml(args.config, "distillation", {"out": args.out, "steps": args.steps})
     job = job_from_dict(raw, where=str(args.config))
+    if args.online:
+      summary = online(job, show_progress=not args.quiet)
+      print(json.dumps({k: summary[k] for k in ("sequences", "updates", "identical",
+                                                 "first_half", "second_half")}, indent=1))
+      return 0
     summary = train(job, show_progress=not args.quiet, stop_after=args.stop_after)
   except TrainError as e:
     print(f"error: {e}", file=sys.stderr)
