@@ -185,3 +185,27 @@ def test_eagle_head(tiny_chat_dir, tmp_path):
     parse_args(base + ["--method", "eagle"])
   with pytest.raises(ValueError, match="--eagle-head drafts with --method eagle"):
     parse_args(base + ["--eagle-head", str(head)])
+
+
+def test_crossvocab_method_with_another_tokenizer(tiny_chat_dir, tmp_path):
+  """--method crossvocab: a drafter with its own trained tokenizer; output = AR, n-gram stats."""
+  from vocabjax.testing.tiny import tiny_hf_model, tiny_tokenizer
+
+  tok = tiny_tokenizer(340, corpus=["The lazy dog sleeps while the quick fox runs.",
+                                    "def mul(a, b):\n    return a * b\n"] * 20)
+  d = tmp_path / "drafter"
+  tiny_hf_model("llama", seed=5, vocab_size=len(tok)).save_pretrained(d)
+  tok.save_pretrained(d)
+  base = ["--target", str(tiny_chat_dir), "--prompt", "def add(a, b):", "--prompt", "Hi",
+          "--max-new-tokens", "12", "--quiet"]
+  ar = main(parse_args(base))
+  for extra in ([], ["--no-ngram"]):
+    out = main(parse_args(base + ["--draft", str(d), "--method", "crossvocab", "--gamma", "3",
+                                  *extra]))
+    assert out["output_ids"] == ar["output_ids"]
+    sp = out["speculative"]
+    assert {"ngram_drafted", "drafter_tokens", "ngram_cache"} <= set(sp) and sp["tau"] >= 1
+  with pytest.raises(ValueError, match="--adaptive needs --distilled"):
+    parse_args(base + ["--draft", str(d), "--method", "crossvocab", "--adaptive"])
+  with pytest.raises(ValueError, match="belong to --method crossvocab"):
+    parse_args(base + ["--draft", str(d), "--method", "chain", "--no-ngram"])

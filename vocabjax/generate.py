@@ -30,7 +30,7 @@ from vocabjax.decoding.sampling import SamplingParams
 from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder
 from vocabjax.decoding.tree import TreeParams
 
-METHODS = ("ar", "chain", "tree", "eagle")
+METHODS = ("ar", "chain", "tree", "eagle", "crossvocab")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +49,7 @@ class GenerateConfig:
   output: str | None = None
   quiet: bool = False
   draft: str | None = None
-  method: str = "ar"  # ar | chain | tree | eagle
+  method: str = "ar"  # ar | chain | tree | eagle | crossvocab
   gamma: int = 4
   tree_top_k: int = 4
   tree_depth: int = 4
@@ -61,6 +61,10 @@ class GenerateConfig:
   ranker_k: int = 2048  # candidates per step with --ranker
   eagle_head: str | None = None  # an EAGLE-3 head directory (`train.eagle`) for --method eagle
   eagle_lm_head: str = "own"  # own: the head's rows (d2t); target: the target's LM head
+  ngram: bool = True  # crossvocab: the online n-gram cache (False: direct mapping only, UAG)
+  distilled: str | None = None  # crossvocab: a `train.distill` output's drafter/ directory
+  adaptive: bool = False  # crossvocab: stop drafting by the distilled acceptance head
+  threshold: float = 0.5  # crossvocab --adaptive: stop when P(a rejection) exceeds this
 
   def __post_init__(self):
     if self.method not in METHODS:
@@ -78,6 +82,13 @@ class GenerateConfig:
       raise ValueError("--ranker picks a drafter's vocabulary: use it with --method chain/tree")
     if self.ranker and self.draft_vocab:
       raise ValueError("give --draft-vocab (static subset) or --ranker (SpecVocab), not both")
+    if self.method != "crossvocab" and (self.distilled or self.adaptive or not self.ngram):
+      raise ValueError("--distilled / --adaptive / --no-ngram belong to --method crossvocab")
+    if self.method == "crossvocab" and (self.draft_vocab or self.ranker or self.time_split):
+      raise ValueError("--method crossvocab drafts over the drafter's own vocabulary; "
+                       "--draft-vocab, --ranker and --time-split do not apply")
+    if self.adaptive and not self.distilled:
+      raise ValueError("--adaptive needs --distilled (a directory holding an acceptance head)")
     if self.batch_size is not None and self.batch_size < 1:
       raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
 
@@ -125,7 +136,23 @@ def _speculative_decoder(config: GenerateConfig, model):
                               target_params=model.params, dtype=model.params["embed"].dtype)
     return EagleDecoder(model.params, model.config, head, hc, tree=tree,
                         lm_head=config.eagle_lm_head, draft_vocab=sub)
-  draft = load_model(config.draft, dtype=config.dtype, load_tokenizer=False)
+  draft = load_model(config.draft, dtype=config.dtype,
+                     load_tokenizer=config.method == "crossvocab")
+  if config.method == "crossvocab":
+    from vocabjax.decoding.crossvocab import CrossVocabDecoder
+
+    params, head = draft.params, None
+    if config.distilled:
+      from vocabjax.train.distill import load_distilled
+
+      params, head = load_distilled(config.distilled, draft.params, draft.config)
+      if config.adaptive and head is None:
+        raise ValueError(f"{config.distilled} holds no acceptance head")
+    return CrossVocabDecoder(model.params, model.config, params, draft.config,
+                             target_tokenizer=model.tokenizer, draft_tokenizer=draft.tokenizer,
+                             gamma=config.gamma, ngram=config.ngram,
+                             acceptance_head=head if config.adaptive else None,
+                             stop_threshold=config.threshold)
   if config.method == "chain":
     return ChainDecoder(model.params, model.config, draft.params, draft.config,
                         gamma=config.gamma, draft_vocab=sub)
@@ -158,6 +185,8 @@ def main(config: GenerateConfig) -> dict:
     spec_stats = {"tau": st.tau, "acceptance_rate": st.acceptance_rate,
                   "target_forwards": st.target_forwards + 1,  # + prefill
                   "drafted_per_step_row": st.drafted, "accepted_per_step_row": st.accepted}
+    if hasattr(st, "record"):  # crossvocab: n-gram merges, drafter tokens, the cache's size
+      spec_stats.update(st.record(), ngram_cache=dec.ngram.stats)
     if config.time_split:
       split = step_split(dec, batch_size=len(prompt_ids), max_len=dec.cache_len(
           max(map(len, prompt_ids)), config.max_new_tokens, config.max_len))
@@ -213,7 +242,8 @@ def parse_args(argv=None) -> GenerateConfig:
                  help="after the run, time the step's parts (drafter, drafter LM head, "
                       "verification) as separate programs and add the split to the stats")
   p.add_argument("--quiet", action="store_true", help="do not print the text")
-  p.add_argument("--draft", help="drafter (same vocabulary): HF dir, .gguf or registry name")
+  p.add_argument("--draft", help="drafter: HF dir, .gguf or registry name (same vocabulary, "
+                 "or another tokenizer's with --method crossvocab)")
   p.add_argument("--method", default="ar", choices=METHODS)
   p.add_argument("--gamma", type=int, default=4, help="chain: drafts per step")
   p.add_argument("--tree-top-k", type=int, default=4)
@@ -226,6 +256,14 @@ def parse_args(argv=None) -> GenerateConfig:
   p.add_argument("--ranker", help="SpecVocab ranker (.safetensors from `python -m "
                  "vocabjax.train.ranker`): the drafter's candidates are chosen per step")
   p.add_argument("--ranker-k", type=int, default=2048, help="candidates per step (--ranker)")
+  p.add_argument("--no-ngram", action="store_true",
+                 help="crossvocab: direct mapping only (the UAG baseline), no n-gram cache")
+  p.add_argument("--distilled", help="crossvocab: a distilled drafter (`python -m "
+                 "vocabjax.train.distill` output's drafter/ directory)")
+  p.add_argument("--adaptive", action="store_true",
+                 help="crossvocab: adaptive draft length by the distilled acceptance head")
+  p.add_argument("--threshold", type=float, default=0.5,
+                 help="crossvocab --adaptive: stop drafting when P(a rejection) exceeds this")
   p.add_argument("--eagle-head", help="EAGLE-3 head directory (`python -m vocabjax.train.eagle`"
                  " or SpecForge's export) for --method eagle; drafts the --tree-* tree")
   p.add_argument("--eagle-lm-head", default="own", choices=("own", "target"),
@@ -241,7 +279,8 @@ def parse_args(argv=None) -> GenerateConfig:
                         tree_depth=a.tree_depth, tree_total_tokens=a.tree_total_tokens,
                         batch_size=a.batch_size, draft_vocab=a.draft_vocab, ranker=a.ranker,
                         ranker_k=a.ranker_k, eagle_head=a.eagle_head,
-                        eagle_lm_head=a.eagle_lm_head)
+                        eagle_lm_head=a.eagle_lm_head, ngram=not a.no_ngram,
+                        distilled=a.distilled, adaptive=a.adaptive, threshold=a.threshold)
 
 
 if __name__ == "__main__":

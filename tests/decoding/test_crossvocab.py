@@ -187,9 +187,11 @@ def test_bad_pairs_are_refused_with_numbers(setup):
   with pytest.raises(TranslationError, match=r"shares \d+ of its \d+ tokens .*min_overlap=99%"):
     CrossVocabDecoder(target, tc, draft, dc, target_tokenizer=ttok, draft_tokenizer=dtok,
                       min_overlap=0.99)
-  with pytest.raises(TranslationError, match=f"the drafter tokenizer has {len(ttok)} tokens but "
-                                             f"the drafter model only V={dc.vocab_size}"):
-    CrossVocabDecoder(target, tc, draft, dc, target_tokenizer=ttok, draft_tokenizer=ttok)
+  small = config(200)  # a drafter model far smaller than its tokenizer: wrong pairing
+  with pytest.raises(TranslationError, match=f"the drafter tokenizer has {len(dtok)} tokens but "
+                                             f"the drafter model only V=200"):
+    CrossVocabDecoder(target, tc, init_params(jax.random.key(2), small), small,
+                      target_tokenizer=ttok, draft_tokenizer=dtok)
   from tokenizers import normalizers
 
   lower = tiny_tokenizer(320, corpus=DRAFT_CORPUS)

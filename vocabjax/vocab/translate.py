@@ -233,8 +233,11 @@ class Translator:
                                            min_overlap=min_overlap)
     Vd = draft_vocab or self.vm.d2t.size
     V = target_vocab or self.vm.t2d.size
-    self.d2t = np.pad(self.vm.d2t, (0, Vd - self.vm.d2t.size), constant_values=-1)
-    self.t2d = np.pad(self.vm.t2d, (0, V - self.vm.t2d.size), constant_values=-1)
+    d2t, t2d = self.vm.d2t[:Vd].copy(), self.vm.t2d[:V].copy()
+    d2t[d2t >= V] = -1  # a pair whose id lies past a model's rows is not a pair
+    t2d[t2d >= Vd] = -1
+    self.d2t = np.pad(d2t, (0, Vd - d2t.size), constant_values=-1)
+    self.t2d = np.pad(t2d, (0, V - t2d.size), constant_values=-1)
     self.t_bytes, self.t_special = token_bytes(target_tokenizer)
     d_bytes, _ = token_bytes(draft_tokenizer)
     self.byte_token: dict[int, int] = {}  # single byte -> drafter id
