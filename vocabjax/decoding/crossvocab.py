@@ -281,7 +281,10 @@ class CrossVocabDecoder:
     return self.translator.prompt_to_drafter(prompt)
 
   def learn(self, target_ids: Sequence[int]) -> int:
-    """Add emitted target tokens the drafter spells with several tokens to the n-gram cache."""
+    """Add emitted target tokens the drafter spells with several tokens to the n-gram cache
+    (nothing with the cache off: direct mapping only)."""
+    if not self.use_ngram:
+      return 0
     new = 0
     for t in target_ids:
       ids = self.to_drafter([t])
