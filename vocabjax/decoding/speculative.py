@@ -165,8 +165,9 @@ class SpeculativeDecoder:
     if draft_config.vocab_size != target_config.vocab_size:
       raise ValueError(
           f"drafter vocabulary V={draft_config.vocab_size} differs from the target's "
-          f"V={target_config.vocab_size}; a drafter with another tokenizer needs the "
-          f"cross-vocabulary mode (OmniDraft, issue 8), not {self.method} drafting")
+          f"V={target_config.vocab_size}; a drafter with another tokenizer needs "
+          f"`vocabjax.decoding.crossvocab.CrossVocabDecoder` (OmniDraft), not {self.method} "
+          f"drafting")
     if layout == "auto":  # the target only ever runs blocks (prefill, verification)
       t_layout = block_layout()
       d_layout = t_layout if self.draft_block_calls else "out_in"

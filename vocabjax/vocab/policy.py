@@ -8,8 +8,10 @@ A policy is a pure function of the drafter's params and final hidden state:
                                   logits[..., K or V] f32)
 
 `full_policy(config)` is the plain LM head (ids None). `static_policy` is VocabTrim / FR-Spec's
-trimmed head (the same K ids for every row; `vocabjax.vocab.trimmed`). SpecVocab's ranker
-(per-row ids) and OmniDraft's translator are later implementations. Chain and tree drafting
+trimmed head (the same K ids for every row; `vocabjax.vocab.trimmed`); SpecVocab's ranker
+gives per-row ids (`vocabjax.vocab.ranked`). OmniDraft's drafter has its own vocabulary, so it
+does not fit this contract: its translation runs between drafting and verification
+(`vocabjax.decoding.crossvocab`). Chain and tree drafting
 choose among the K candidates and map the choice to a target id (`to_target`); the drafter
 embeds that target id at its next step. For stochastic verification the drafting distribution
 q over the candidates is scattered into the full vocabulary with zeros elsewhere
