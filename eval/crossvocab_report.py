@@ -29,7 +29,7 @@ def table(run: Path) -> tuple[str, dict]:
           "output = AR |\n|---|---|---|---|---|---|---|---|---|---|")
   for m in summary["methods"]:
     fw, name = m["framework"], m["name"]
-    recs = by.get((fw, name), [])
+    recs = by.get((fw, name.split(":")[-1]), [])  # the summary names torch rows "torch:<m>"
     o = m["overall"]
     extra = [r["extra"] for r in recs if r.get("extra")]
     steps = sum(e["verifications"] for e in extra)
