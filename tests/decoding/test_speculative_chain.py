@@ -69,7 +69,7 @@ def test_eos_inside_an_accepted_block_and_max_new_tokens_mid_block():
 def test_bad_configuration():
   other = CFG.replace(vocab_size=65)
   p = init_params(jax.random.key(0), CFG)
-  with pytest.raises(ValueError, match="V=65 differs from the target's V=64.*cross-vocabulary"):
+  with pytest.raises(ValueError, match="V=65 differs from the target's V=64.*CrossVocabDecoder"):
     ChainDecoder(p, CFG, init_params(jax.random.key(0), other), other)
   with pytest.raises(ValueError, match="gamma must be >= 1, got gamma=0"):
     ChainDecoder(p, CFG, p, CFG, gamma=0)

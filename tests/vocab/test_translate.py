@@ -1,4 +1,4 @@
-"""Vocabulary translation (issue 8 groundwork): byte-level and SentencePiece tokens reduced to
+"""Vocabulary translation (OmniDraft): byte-level and SentencePiece tokens reduced to
 bytes, the intersection of two trained vocabularies, special tokens, overlap errors, round trip."""
 
 import numpy as np

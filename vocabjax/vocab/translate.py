@@ -1,4 +1,5 @@
-"""Vocabulary translation between two tokenizers (OmniDraft's direct mapping; issue 8 groundwork).
+"""Vocabulary translation between two tokenizers (OmniDraft): the direct map, the n-gram cache,
+and `Translator` (both directions, used by `vocabjax.decoding.crossvocab` and the distiller).
 
 Letters: Vd drafter vocabulary, V target vocabulary.
 
