@@ -21,14 +21,7 @@ def exact_sequence_probs(params, config: LlamaLikeConfig, prompt: list[int],
   Only for tiny vocabularies: it runs V^(n-1) sequences.
   """
   V = config.vocab_size
-
-  def next_dist(prefixes):
-    seqs = jnp.asarray([prompt + list(p) for p in prefixes])
-    B, T = seqs.shape
-    h, _ = forward(params, seqs, jnp.broadcast_to(jnp.arange(T), (B, T)),
-                   KVCache.init(config, B, T), config=config)
-    logits = lm_head(params, h[:, -1], config=config)
-    return np.exp(np.asarray(log_probs(logits, sampling), np.float64))
+  next_dist = lambda prefixes: _next_probs(params, config, prompt, prefixes, sampling)  # noqa: E731
 
   joint = next_dist([()])[0]
   for depth in range(1, n_tokens):
@@ -63,12 +56,17 @@ def exact_support_probs(params, config: LlamaLikeConfig, prompt: list[int],
   law = {(): 1.0}
   for _ in range(n_tokens):
     prefixes = list(law)
-    seqs = jnp.asarray([prompt + list(p) for p in prefixes])
-    B, T = seqs.shape
-    h, _ = forward(params, seqs, jnp.broadcast_to(jnp.arange(T), (B, T)),
-                   KVCache.init(config, B, T), config=config)
-    p = np.exp(np.asarray(log_probs(lm_head(params, h[:, -1], config=config), sampling),
-                          np.float64))
+    p = _next_probs(params, config, prompt, prefixes, sampling)
     law = {pre + (int(x),): law[pre] * p[i, x] for i, pre in enumerate(prefixes)
            for x in np.flatnonzero(p[i] > 0)}
   return law
+
+
+def _next_probs(params, config, prompt, prefixes, sampling) -> np.ndarray:
+  """[len(prefixes), V] float64: the target's processed next-token law after prompt + prefix."""
+  seqs = jnp.asarray([prompt + list(p) for p in prefixes])
+  B, T = seqs.shape
+  h, _ = forward(params, seqs, jnp.broadcast_to(jnp.arange(T), (B, T)),
+                 KVCache.init(config, B, T), config=config)
+  logits = lm_head(params, h[:, -1], config=config)
+  return np.exp(np.asarray(log_probs(logits, sampling), np.float64))

@@ -382,7 +382,11 @@ class Distiller:
       dp = jax.lax.stop_gradient(dp)
     l_dm, l_ng, hd, log_q, _ = distill_terms(dp, batch, frozen, config=self.dcfg)
     loss = l_dm + job.lam * l_ng
-    aux = {"l_dm": l_dm, "l_ngram": l_ng}
+    # share of direct positions where the drafter's greedy proposal over the intersection is
+    # the target's argmax: what greedy verification accepts there
+    hit = frozen["int_t"][jnp.argmax(log_q, -1)] == batch["argmax"][batch["dm_row"]]
+    aux = {"l_dm": l_dm, "l_ngram": l_ng,
+           "agree": _masked_mean(hit.astype(jnp.float32), batch["dm_mask"])}
     if self.use_head:
       l_acc, acc, ybar = acceptance_terms(
           trainable["head"], dp, hd if part == "both" else jax.lax.stop_gradient(hd),
@@ -410,8 +414,7 @@ class Distiller:
     return new, {"loss": loss, **aux}
 
   def _eval_fn(self, trainable, batch, frozen, base):
-    aux = self.loss_fn(trainable, batch, frozen, base, "both")[1]
-    return aux | _agreement(self.effective(trainable, base), batch, frozen, self.dcfg)
+    return self.loss_fn(trainable, batch, frozen, base, "both")[1]
 
   sizes: tuple = (0, 0, 0, 0)  # padded batch sizes seen so far (`batch_sizes`)
 
@@ -601,15 +604,6 @@ def online(job: DistillJob, *, show_progress: bool = True, models=None) -> dict:
                                                                "speedup")}}
   atomic_write_json(out / "online_summary.json", summary)
   return summary
-
-
-def _agreement(dp, batch, frozen, config):
-  """Share of direct positions where the drafter's greedy proposal over the intersection is
-  the target's argmax: what greedy verification accepts there."""
-  h = sequence_hidden(dp, batch["tokens"], config=config)[0][batch["dm_pos"]]
-  x = jnp.argmax(h @ lm_head_weight(dp, config)[frozen["int_d"]].T, -1)
-  hit = frozen["int_t"][x] == batch["argmax"][batch["dm_row"]]
-  return {"agree": _masked_mean(hit.astype(jnp.float32), batch["dm_mask"])}
 
 
 # --- the exported drafter ------------------------------------------------------------------------
