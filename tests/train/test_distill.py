@@ -173,3 +173,36 @@ def test_online_mode_updates_the_drafter_while_staying_lossless(pair, tmp_path):
   assert [r["updates"] for r in rows] == [0, 0, 1, 1]
   assert "train_loss" in rows[1] and "train_loss" in rows[3]
   assert (tmp_path / "out" / "online.png").stat().st_size > 0
+
+
+def test_online_mode_resumes_after_its_last_update(pair, tmp_path):
+  """Stopped after 3 prompts (one update made, the third prompt's row dropped), then rerun:
+  the same rows and the same final drafter as one uninterrupted stream."""
+  target, draft, _ = pair
+  spec = ({"kind": "spec_bench", "categories": ["qa"], "limit": 6},)
+  kw = dict(online=spec, online_every=2, online_steps=3, max_new_tokens=12, lr=1e-2, steps=1)
+  whole = job(tmp_path / "a", "unused", **kw)
+  s_whole = online(whole, show_progress=False, models=(target, draft))
+  # the schedule spans the stream, whatever `steps` says
+  assert s_whole["job"]["steps"] == 9 and s_whole["updates"] == 3 and s_whole["complete"]
+  parted = job(tmp_path / "b", "unused", **kw)
+  s1 = online(parted, show_progress=False, models=(target, draft), stop_after=3)
+  assert s1["updates"] == 1 and s1["sequences"] == 3 and not s1["complete"]
+  s2 = online(parted, show_progress=False, models=(target, draft))
+  assert s2["updates"] == 3 and s2["complete"]
+
+  def rows(d):
+    return [{k: r[k] for k in ("seq", "updates", "acceptance_rate", "tau", "identical",
+                               "train_loss") if k in r}
+            for r in map(json.loads, (d / "out" / "online.jsonl").read_text().splitlines())]
+  assert rows(tmp_path / "b") == rows(tmp_path / "a")
+  assert [r["seq"] for r in rows(tmp_path / "b")] == list(range(6))
+  assert all(r["identical"] for r in rows(tmp_path / "b"))
+
+
+def test_online_mode_refuses_a_stream_shorter_than_one_update(pair, tmp_path):
+  target, draft, _ = pair
+  j = job(tmp_path, "unused", online=({"kind": "spec_bench", "categories": ["qa"],
+                                       "limit": 2},), online_every=3)
+  with pytest.raises(TrainError, match="2 prompts, fewer than online_every=3"):
+    online(j, show_progress=False, models=(target, draft))
