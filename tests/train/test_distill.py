@@ -206,3 +206,25 @@ def test_online_mode_refuses_a_stream_shorter_than_one_update(pair, tmp_path):
                                        "limit": 2},), online_every=3)
   with pytest.raises(TrainError, match="2 prompts, fewer than online_every=3"):
     online(j, show_progress=False, models=(target, draft))
+
+
+@pytest.mark.parametrize("n", [5, 16])
+def test_target_side_matches_a_plain_forward_at_bucket_edges(pair, n):
+  """A one-token prompt with a 16-token completion once overflowed the padded buffer (17
+  tokens in 16); the target side must equal a forward over the unpadded sequence."""
+  from vocabjax.models.llamalike import lm_head_weight
+  from vocabjax.train.features import sequence_hidden
+  from vocabjax.train.distill import target_side_record, target_side_runner
+
+  target, _, _ = pair
+  prompt = target.tokenizer("def", add_special_tokens=False)["input_ids"]
+  assert len(prompt) == 1
+  comp = list(range(10, 10 + n))
+  z = target_side_record(target_side_runner(target), target,
+                         {"prompt": "def", "completion_ids": comp}, where="edge")
+  h = sequence_hidden(target.params, jnp.asarray([prompt + comp]), config=target.config)[0]
+  logits = h @ lm_head_weight(target.params, target.config).T
+  assert z["hidden"].shape == (n, target.config.hidden_size)
+  np.testing.assert_allclose(z["hidden"], h[:n], atol=2e-3, rtol=2e-3)
+  np.testing.assert_allclose(z["lse"], jax.nn.logsumexp(logits[:n], -1), atol=1e-4, rtol=1e-4)
+  np.testing.assert_array_equal(z["argmax"], np.argmax(logits[:n], -1))

@@ -220,7 +220,8 @@ def target_side_record(run, target, rec: dict, *, where: str) -> dict:
   if not prompt or not n:
     raise TrainError(f"{where} has an empty prompt or completion")
   nb = bucket(n)
-  padded = np.zeros((1, bucket(len(prompt) - 1 + nb)), np.int32)
+  # room for the whole sequence and for the nb-long slice from the last prompt position
+  padded = np.zeros((1, bucket(max(L, len(prompt) - 1 + nb))), np.int32)
   padded[0, :L] = seq
   h, lse, am = run(target.params, jnp.asarray(padded), jnp.int32(len(prompt) - 1), nb)
   return {"hidden": np.asarray(h[:n], np.float16), "lse": np.asarray(lse[:n]),
