@@ -159,6 +159,8 @@ def test_resume_and_bad_input(pair, tmp_path):
           models=(target, draft))
   with pytest.raises(TrainError, match="acceptance='sometimes'"):
     job(tmp_path, data, acceptance="sometimes")
+  with pytest.raises(TrainError, match="online_every=0"):
+    job(tmp_path, data, online_every=0)
 
 
 def test_online_mode_updates_the_drafter_while_staying_lossless(pair, tmp_path):
@@ -193,11 +195,35 @@ def test_online_mode_resumes_after_its_last_update(pair, tmp_path):
 
   def rows(d):
     return [{k: r[k] for k in ("seq", "updates", "acceptance_rate", "tau", "identical",
-                               "train_loss") if k in r}
+                               "train_loss", "ngram_entries") if k in r}
             for r in map(json.loads, (d / "out" / "online.jsonl").read_text().splitlines())]
   assert rows(tmp_path / "b") == rows(tmp_path / "a")
   assert [r["seq"] for r in rows(tmp_path / "b")] == list(range(6))
   assert all(r["identical"] for r in rows(tmp_path / "b"))
+  # the n-gram cache came back too (it had entries to lose at the interruption)
+  assert rows(tmp_path / "b")[2]["ngram_entries"] > 0
+
+
+def test_online_control_keeps_the_drafter_frozen(pair, tmp_path):
+  target, draft, _ = pair
+  kw = dict(online=({"kind": "spec_bench", "categories": ["qa"], "limit": 4},),
+            online_every=2, max_new_tokens=12, lr=1e-2)
+  s = online(job(tmp_path / "c", "unused", online_steps=0, **kw), show_progress=False,
+             models=(target, draft))
+  learned = online(job(tmp_path / "l", "unused", online_steps=3, **kw), show_progress=False,
+                   models=(target, draft))
+  assert s["updates"] == 0 and s["identical"] == 4 and learned["updates"] == 2
+  rc, rl = ([json.loads(x) for x in (tmp_path / d / "out" / "online.jsonl").read_text()
+             .splitlines()] for d in ("c", "l"))
+  assert all("train_loss" not in r and r["updates"] == 0 for r in rc)
+  assert all("train_loss" in r for r in rl[1::2])
+  # nothing was trained or saved for a resume
+  assert not (tmp_path / "c" / "out" / "checkpoints").exists()
+  assert not list((tmp_path / "c" / "out" / "online_side").iterdir())
+  assert len(list((tmp_path / "l" / "out" / "online_side").iterdir())) == 4
+  # the same stream in the same order, the first two prompts by the same (base) drafter
+  assert [r["qid"] for r in rc] == [r["qid"] for r in rl]
+  assert [r["ngram_entries"] for r in rc[:2]] == [r["ngram_entries"] for r in rl[:2]]
 
 
 def test_online_mode_refuses_a_stream_shorter_than_one_update(pair, tmp_path):

@@ -260,9 +260,7 @@ class CrossVocabDecoder:
     self.gamma, self.use_ngram = gamma, ngram
     self.extra_slots = gamma + 2  # target cache slots one step may write past max_new_tokens
     self.head, self.threshold = acceptance_head, stop_threshold
-    self.ngram = NgramCache()
-    self._allowed = self.d2t >= 0
-    self._allowed_dev = None
+    self.reset_ngram()
     self._d2t_idx = jnp.asarray(np.where(self.d2t >= 0, self.d2t, V), jnp.int32)
     self._programs: dict = {}
 
@@ -293,6 +291,22 @@ class CrossVocabDecoder:
         self._allowed[list(ids)] = True
         self._allowed_dev = None
     return new
+
+  def ngram_entries(self) -> list[list]:
+    """The n-gram cache as [[drafter ids], target id] pairs in insertion order (to save)."""
+    return [[list(k), t] for k, t in self.ngram.entries.items()]
+
+  def reset_ngram(self) -> None:
+    """Empty the n-gram cache (it persists across `generate` calls)."""
+    self.ngram = NgramCache()
+    self._allowed, self._allowed_dev = self.d2t >= 0, None
+
+  def load_ngram(self, entries) -> None:
+    """Restore a saved n-gram cache (`ngram_entries`), e.g. when resuming an online run."""
+    for ids, t in entries:
+      if self.ngram.add(int(t), ids):
+        self._allowed[list(ids)] = True
+    self._allowed_dev = None
 
   def allowed(self) -> jax.Array:
     """[Vd] bool: drafter tokens the drafter may propose (module doc)."""

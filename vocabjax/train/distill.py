@@ -42,7 +42,9 @@ Online mode (`--online`, OmniDraft's fig. 2 setting, `online`): the drafter serv
 stream and learns from it as it goes; each prompt is decoded with the drafter of that moment
 (trained only on earlier prompts), so acceptance and speedup are prequential. Output
 `online.jsonl` (one row per prompt), `online.png`, `online_summary.json`, and for resuming
-`checkpoints/` + `online_side/` (the target side of every completion learned from).
+`checkpoints/`, `online_side/` (the target side of every completion learned from) and
+`online_ngram/` (the n-gram cache after each update). `online_steps: 0` runs the control: the
+same stream with the drafter frozen.
 """
 
 from __future__ import annotations
@@ -102,7 +104,8 @@ class DistillJob:
   # and update the drafter after every `online_every` sequences (OmniDraft fig. 2)
   online: tuple = ()  # eval dataset specs, e.g. ({kind: gsm8k, limit: 16},)
   online_every: int = 4
-  online_steps: int = 8  # optimizer steps per update, on records drawn from all seen so far
+  online_steps: int = 8  # optimizer steps per update, on records drawn from all seen so far;
+  # 0: the control (the same stream, the drafter frozen)
   gamma: int = 4
   max_new_tokens: int = 128
 
@@ -116,6 +119,9 @@ class DistillJob:
                        f"lora_rank={self.lora_rank}, steps={self.steps}")
     if not 0 <= self.heldout < 1:
       raise TrainError(f"heldout={self.heldout} must be in [0, 1)")
+    if self.online_every < 1 or self.online_steps < 0:
+      raise TrainError(f"need online_every >= 1 and online_steps >= 0; got online_every="
+                       f"{self.online_every}, online_steps={self.online_steps}")
 
   @property
   def features_dir(self) -> Path:
@@ -560,8 +566,10 @@ def online(job: DistillJob, *, show_progress: bool = True, models=None,
   `online_summary.json`.
 
   Resumable: each update saves the drafter's training state (`checkpoints/`) and the target
-  side of the completions it learned from (`online_side/`); a rerun restores the last update
-  and goes on with the next prompt (prompts decoded after it are decoded again).
+  side of the completions it learned from (`online_side/`) and the decoder's n-gram cache
+  (`online_ngram/`); a rerun restores the last update and goes on with the next prompt
+  (prompts decoded after it are decoded again). `online_steps: 0` is the control: the same
+  stream with the drafter frozen (nothing trained or saved but the rows).
   `stop_after`: stop after this many prompts of this run (tests)."""
   from vocabjax.checkpoints.loader import load_model
   from vocabjax.decoding.autoregressive import Decoder
@@ -582,15 +590,19 @@ def online(job: DistillJob, *, show_progress: bool = True, models=None,
   if n_updates == 0:
     raise TrainError(f"the online stream has {len(prompts)} prompts, fewer than "
                      f"online_every={job.online_every}: no update would run")
-  job = dataclasses.replace(job, steps=n_updates * job.online_steps)
+  learn = job.online_steps > 0  # else the control: nothing trains
+  if learn:
+    job = dataclasses.replace(job, steps=n_updates * job.online_steps)
   target, draft = models or (load_model(job.target), load_model(job.drafter))
   tr = Translator(target.tokenizer, draft.tokenizer, target_vocab=target.config.vocab_size,
                   draft_vocab=draft.config.vocab_size)
   ids = encode_prompts(target.tokenizer, [p.text for p in prompts], True)
-  dist = Distiller(job, target, draft, tr)
-  ckpt = Checkpoints(out / "checkpoints", job.online_fingerprint(), every=1, keep=1)
-  dist.state = ckpt.restore_or(dist.state)
-  done = int(dist.state.step) // job.online_steps  # updates already made
+  done = 0  # updates already made
+  if learn:
+    dist = Distiller(job, target, draft, tr)
+    ckpt = Checkpoints(out / "checkpoints", job.online_fingerprint(), every=1, keep=1)
+    dist.state = ckpt.restore_or(dist.state)
+    done = int(dist.state.step) // job.online_steps
   start = done * job.online_every  # the first prompt after the last update
   side_dir = out / "online_side"
   side_dir.mkdir(exist_ok=True)
@@ -614,6 +626,16 @@ def online(job: DistillJob, *, show_progress: bool = True, models=None,
   kw = dict(max_new_tokens=job.max_new_tokens, eos_token_ids=target.eos_token_ids)
   for d in (dec, ar):  # compile outside the timings
     d.generate([ids[0]], **{**kw, "max_new_tokens": 8})
+  dec.reset_ngram()  # forget what the warm-up taught it
+  ngram_dir = out / "online_ngram"  # the n-gram cache after each update
+  ngram_dir.mkdir(exist_ok=True)
+  if done:
+    ngram_path = ngram_dir / f"update-{done:04d}.json"
+    try:
+      dec.load_ngram(json.loads(ngram_path.read_text())["entries"])
+    except (OSError, ValueError, KeyError) as e:
+      raise TrainError(f"resuming after update {done} needs {ngram_path}, which is missing or "
+                       f"corrupt ({e}); delete {out} to start the stream over") from None
   log_path = out / "online.jsonl"
   rows = [r for r in read_log(log_path) if r["seq"] < start] if log_path.exists() else []
   log_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
@@ -627,9 +649,10 @@ def online(job: DistillJob, *, show_progress: bool = True, models=None,
            "acceptance_rate": st.acceptance_rate, "tau": st.tau,
            "ngram_per_step": st.ngram_hits_per_step, "tokens_per_s": r.tokens_per_s,
            "ar_tokens_per_s": a.tokens_per_s, "speedup": r.tokens_per_s / a.tokens_per_s,
-           "identical": r.tokens == a.tokens, "tokens": r.num_generated}
+           "identical": r.tokens == a.tokens, "tokens": r.num_generated,
+           "ngram_entries": len(dec.ngram.entries)}
     new.append((k, {"prompt": target.tokenizer.decode(ids[k]), "completion_ids": r.tokens[0]}))
-    if (k + 1) % job.online_every == 0:
+    if learn and (k + 1) % job.online_every == 0:
       t0 = time.perf_counter()
       for i, rec in new:
         z = target_side_record(run, target, rec, where=prompts[i].qid)
@@ -641,6 +664,8 @@ def online(job: DistillJob, *, show_progress: bool = True, models=None,
       # the records of update u depend on (seed, u) alone: a resumed stream draws the same
       rng = np.random.default_rng([job.seed, updates])
       losses = [dist.step(seen[rng.integers(len(seen))]) for _ in range(job.online_steps)]
+      atomic_write_json(ngram_dir / f"update-{updates + 1:04d}.json",
+                        {"entries": dec.ngram_entries()})
       ckpt.save(int(dist.state.step), dist.state, force=True)
       dec.set_drafter(dist.drafter_params(), head=None)
       updates += 1
@@ -651,7 +676,8 @@ def online(job: DistillJob, *, show_progress: bool = True, models=None,
     ran += 1
     if stop_after is not None and ran >= stop_after:
       break
-  ckpt.close()
+  if learn:
+    ckpt.close()
   plot_curves([{"step": r["seq"], **r} for r in rows], ["acceptance_rate", "tau", "speedup"],
               out / "online.png",
               f"online distillation {Path(job.drafter).name} -> {Path(job.target).name} "
