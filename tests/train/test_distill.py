@@ -254,3 +254,34 @@ def test_target_side_matches_a_plain_forward_at_bucket_edges(pair, n):
   np.testing.assert_allclose(z["hidden"], h[:n], atol=2e-3, rtol=2e-3)
   np.testing.assert_allclose(z["lse"], jax.nn.logsumexp(logits[:n], -1), atol=1e-4, rtol=1e-4)
   np.testing.assert_array_equal(z["argmax"], np.argmax(logits[:n], -1))
+
+
+def test_online_report_pairs_the_run_with_its_control(pair, tmp_path):
+  import importlib.util
+  from pathlib import Path
+
+  spec = importlib.util.spec_from_file_location(
+      "online_report", Path(__file__).parents[2] / "eval" / "online_report.py")
+  rep = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(rep)
+  target, draft, _ = pair
+  kw = dict(online_every=2, max_new_tokens=8, lr=1e-2)
+  stream = ({"kind": "spec_bench", "categories": ["qa"], "limit": 4},)
+  for d, steps in (("c", 0), ("l", 2)):
+    online(job(tmp_path / d, "unused", online=stream, online_steps=steps, **kw),
+           show_progress=False, models=(target, draft))
+  run, ctl = tmp_path / "l" / "out", tmp_path / "c" / "out"
+  md, data = rep.report(run, ctl)
+  rl, rc = (rep.read_rows(x) for x in (run, ctl))
+  acc = data["quarters"]["acceptance_rate"]
+  np.testing.assert_allclose(acc["online"], [r["acceptance_rate"] for r in rl])  # 4 quarters of 1
+  np.testing.assert_allclose(acc["difference"], np.subtract(acc["online"], acc["control"]))
+  assert data["acceptance_difference_second_half"]["n"] == 2
+  assert "| acceptance_rate | online - frozen |" in md
+  assert (run / "online_report.png").stat().st_size > 0
+  other = tmp_path / "o" / "out"
+  online(job(tmp_path / "o", "unused", online=({"kind": "spec_bench", "categories": ["translation"],
+                                                "limit": 4},), online_steps=0, **kw),
+         show_progress=False, models=(target, draft))
+  with pytest.raises(SystemExit, match="did not decode the same prompt stream"):
+    rep.report(run, other)
