@@ -604,8 +604,11 @@ def online(job: DistillJob, *, show_progress: bool = True, models=None,
     dist.state = ckpt.restore_or(dist.state)
     done = int(dist.state.step) // job.online_steps
   start = done * job.online_every  # the first prompt after the last update
-  side_dir = out / "online_side"
-  side_dir.mkdir(exist_ok=True)
+  side_dir = out / "online_side"  # the target side of every completion learned from
+  ngram_dir = out / "online_ngram"  # the n-gram cache after each update
+  if learn:
+    side_dir.mkdir(exist_ok=True)
+    ngram_dir.mkdir(exist_ok=True)
   seen = []
   for k in range(start):
     path = side_dir / f"rec-{k:05d}.npz"
@@ -627,8 +630,6 @@ def online(job: DistillJob, *, show_progress: bool = True, models=None,
   for d in (dec, ar):  # compile outside the timings
     d.generate([ids[0]], **{**kw, "max_new_tokens": 8})
   dec.reset_ngram()  # forget what the warm-up taught it
-  ngram_dir = out / "online_ngram"  # the n-gram cache after each update
-  ngram_dir.mkdir(exist_ok=True)
   if done:
     ngram_path = ngram_dir / f"update-{done:04d}.json"
     try:
@@ -637,7 +638,7 @@ def online(job: DistillJob, *, show_progress: bool = True, models=None,
       raise TrainError(f"resuming after update {done} needs {ngram_path}, which is missing or "
                        f"corrupt ({e}); delete {out} to start the stream over") from None
   log_path = out / "online.jsonl"
-  rows = [r for r in read_log(log_path) if r["seq"] < start] if log_path.exists() else []
+  rows = [r for r in read_log(log_path) if r["seq"] < start]
   log_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
   new, updates, ran = [], done, 0
   for k in progress(range(start, len(prompts)), total=len(prompts), initial=start,
