@@ -11,7 +11,6 @@ prompts' own difficulty cancels in it).
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import sys
 from pathlib import Path
@@ -81,7 +80,7 @@ def plot(rows, ctl, path: Path) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  from vocabjax.checkpoints.zoo import atomic_write_bytes
+  from vocabjax.train.loop import save_png
 
   x = np.arange(len(rows))
   w = max(1, min(8, len(rows) // 4))  # trailing window
@@ -99,11 +98,7 @@ def plot(rows, ctl, path: Path) -> None:
     ax.set_xlabel("prompt in the stream")
     ax.grid(alpha=0.3)
   axes[0].legend(fontsize=8)
-  fig.tight_layout()
-  buf = io.BytesIO()
-  fig.savefig(buf, format="png", dpi=110)
-  plt.close(fig)
-  atomic_write_bytes(path, buf.getvalue())
+  save_png(fig, path)
 
 
 def main(argv=None) -> int:

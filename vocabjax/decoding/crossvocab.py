@@ -283,14 +283,15 @@ class CrossVocabDecoder:
     (nothing with the cache off: direct mapping only)."""
     if not self.use_ngram:
       return 0
-    new = 0
-    for t in target_ids:
-      ids = self.to_drafter([t])
-      if len(ids) >= 2 and self.ngram.add(int(t), ids):
-        new += 1
-        self._allowed[list(ids)] = True
-        self._allowed_dev = None
-    return new
+    return sum(self._add_ngram(t, self.to_drafter([t])) for t in target_ids)
+
+  def _add_ngram(self, target_id, drafter_ids) -> bool:
+    """Cache one entry (runs of >= 2 drafter tokens) and let the drafter propose its tokens."""
+    if not self.ngram.add(int(target_id), drafter_ids):
+      return False
+    self._allowed[list(drafter_ids)] = True
+    self._allowed_dev = None
+    return True
 
   def ngram_entries(self) -> list[list]:
     """The n-gram cache as [[drafter ids], target id] pairs in insertion order (to save)."""
@@ -304,9 +305,7 @@ class CrossVocabDecoder:
   def load_ngram(self, entries) -> None:
     """Restore a saved n-gram cache (`ngram_entries`), e.g. when resuming an online run."""
     for ids, t in entries:
-      if self.ngram.add(int(t), ids):
-        self._allowed[list(ids)] = True
-    self._allowed_dev = None
+      self._add_ngram(t, ids)
 
   def allowed(self) -> jax.Array:
     """[Vd] bool: drafter tokens the drafter may propose (module doc)."""

@@ -257,19 +257,27 @@ class Example:
 
 
 def load_examples(job: DistillJob, translator, n_records: int) -> list[Example]:
+  out = read_sides(job.features_dir, n_records, translator, job.max_tokens,
+                   remedy="delete it and rerun to recompute it")
+  if not out:
+    raise TrainError("no training positions in the data (empty completions?)")
+  return out
+
+
+def read_sides(directory: Path, n: int, translator, max_tokens: int, *,
+               remedy: str) -> list[Example]:
+  """The examples of the saved target sides `rec-00000.npz`.. of `n` records (those with
+  something to learn); a missing or corrupt file is a TrainError ending with `remedy`."""
   out = []
-  for i in range(n_records):
-    path = job.features_dir / f"rec-{i:05d}.npz"
+  for i in range(n):
+    path = directory / f"rec-{i:05d}.npz"
     try:
       z = dict(np.load(path))
     except (OSError, ValueError, EOFError) as e:
-      raise TrainError(f"target-side file {path} is missing or corrupt ({e}); delete it and "
-                       f"rerun to recompute it") from None
-    ex = example_of(translator, z, job.max_tokens)
+      raise TrainError(f"target-side file {path} is missing or corrupt ({e}); {remedy}") from None
+    ex = example_of(translator, z, max_tokens)
     if ex is not None:
       out.append(ex)
-  if not out:
-    raise TrainError("no training positions in the data (empty completions?)")
   return out
 
 
@@ -609,17 +617,9 @@ def online(job: DistillJob, *, show_progress: bool = True, models=None,
   if learn:
     side_dir.mkdir(exist_ok=True)
     ngram_dir.mkdir(exist_ok=True)
-  seen = []
-  for k in range(start):
-    path = side_dir / f"rec-{k:05d}.npz"
-    try:
-      z = dict(np.load(path))
-    except (OSError, ValueError, EOFError) as e:
-      raise TrainError(f"resuming after update {done} needs {path}, which is missing or corrupt "
-                       f"({e}); delete {out} to start the stream over") from None
-    ex = example_of(tr, z, job.max_tokens)
-    if ex is not None:
-      seen.append(ex)
+  seen = read_sides(side_dir, start, tr, job.max_tokens,
+                    remedy=f"resuming after update {done} needs it; delete {out} to start the "
+                           f"stream over")
   dec = CrossVocabDecoder(target.in_layout(block_layout()), target.config, dist.drafter_params()
                           if done else draft.params, draft.config,
                           target_tokenizer=target.tokenizer, draft_tokenizer=draft.tokenizer,

@@ -147,8 +147,6 @@ def plot_curves(rows: list[dict], keys: list[str], path: Path, title: str) -> No
   """One panel per key (rows missing a key are skipped), saved atomically as a PNG."""
   import matplotlib
 
-  from vocabjax.checkpoints.zoo import atomic_write_bytes
-
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
@@ -161,9 +159,18 @@ def plot_curves(rows: list[dict], keys: list[str], path: Path, title: str) -> No
     ax.set_title(key)
     ax.grid(alpha=0.3)
   fig.suptitle(title)
+  save_png(fig, path)
+
+
+def save_png(fig, path: Path, dpi: int = 110) -> None:
+  """Lay out `fig`, write it atomically as a PNG and close it."""
+  import matplotlib.pyplot as plt
+
+  from vocabjax.checkpoints.zoo import atomic_write_bytes
+
   fig.tight_layout()
   buf = io.BytesIO()
-  fig.savefig(buf, format="png", dpi=110)
+  fig.savefig(buf, format="png", dpi=dpi)
   plt.close(fig)
   atomic_write_bytes(path, buf.getvalue())
 
