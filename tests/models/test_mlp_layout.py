@@ -43,10 +43,17 @@ def test_speculative_decoders_pick_block_layouts_on_cpu():
   from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder
   from vocabjax.decoding.tree import TreeParams
 
+  from vocabjax.kernels import cpu_matmul
+
   params = init_params(jax.random.key(0), CFG)
+  assert jax.default_backend() == "cpu" and cpu_matmul.available()
+  # the CPU kernel streams [out, in] weights for every block size: no transposed copy
   chain = ChainDecoder(params, CFG, params, CFG, gamma=2)
   tree = TreeDecoder(params, CFG, params, CFG, tree=TreeParams(2, 2, 3))
-  assert jax.default_backend() == "cpu"
+  assert chain.tp is params and chain.dp is params and tree.tp is params and tree.dp is params
+  with cpu_matmul.enabled(False):  # XLA's GEMM: [in, out] for block programs
+    chain = ChainDecoder(params, CFG, params, CFG, gamma=2)
+    tree = TreeDecoder(params, CFG, params, CFG, tree=TreeParams(2, 2, 3))
   assert mlp_layout(chain.tp) == "in_out" and mlp_layout(chain.dp) == "out_in"  # T=1 drafting
   assert mlp_layout(tree.tp) == "in_out" and mlp_layout(tree.dp) == "in_out"  # block drafting
   kept = ChainDecoder(params, CFG, params, CFG, gamma=2, layout="out_in")

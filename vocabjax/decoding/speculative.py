@@ -35,6 +35,7 @@ from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector,
                                               abstract_cache, bucket, compile_prefill,
                                               validate_request)
 from vocabjax.decoding.sampling import SamplingParams, probs
+from vocabjax.kernels import cpu_matmul
 from vocabjax.decoding.tree import TreeParams, TreeState, tree_step
 from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
 from vocabjax.models.cache import KVCache
@@ -147,9 +148,13 @@ def chain_step(target_params, draft_params, state: ChainState, key, *, target_co
 
 
 def block_layout(backend: str | None = None) -> str:
-  """MLP weight layout for programs that run T > 1 tokens: [in, out] on XLA:CPU (see
-  `with_mlp_layout`), PyTorch's [out, in] elsewhere."""
-  return "in_out" if (backend or jax.default_backend()) == "cpu" else "out_in"
+  """MLP weight layout for programs that run T > 1 tokens: PyTorch's [out, in] (what the CPU
+  kernel `vocabjax.kernels.cpu_matmul` streams, and what GPU/TPU compilers lay out
+  themselves); [in, out] only on XLA:CPU without the kernel, where Eigen's GEMM repacks
+  [out, in] weights on every call (see `with_mlp_layout`)."""
+  if (backend or jax.default_backend()) != "cpu":
+    return "out_in"
+  return "out_in" if cpu_matmul.is_enabled() and cpu_matmul.available() else "in_out"
 
 
 class SpeculativeDecoder:

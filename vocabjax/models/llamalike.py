@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vocabjax.kernels.cpu_matmul import linear
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 
@@ -130,11 +131,10 @@ def _layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, config,
   c = config
   B, T, _ = x.shape
   h = rms_norm(x, layer["attn_norm"], c.rms_norm_eps) if attn_input is None else attn_input
-  q = jnp.einsum("BTD,QD->BTQ", h, layer["wq"])
-  k = jnp.einsum("BTD,QD->BTQ", h, layer["wk"])
-  v = jnp.einsum("BTD,QD->BTQ", h, layer["wv"])
+  q, k, v = (_proj(h, layer, name) for name in ("wq", "wk", "wv"))
   if c.attention_bias:
-    q, k, v = q + layer["bq"], k + layer["bk"], v + layer["bv"]
+    q, k, v = (q + layer["bq"]).astype(x.dtype), (k + layer["bk"]).astype(x.dtype), (
+        v + layer["bv"]).astype(x.dtype)
   q = q.reshape(B, T, c.num_heads, c.head_dim)
   k = k.reshape(B, T, c.num_kv_heads, c.head_dim)
   v = v.reshape(B, T, c.num_kv_heads, c.head_dim)
@@ -152,19 +152,22 @@ def _layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, config,
   scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
   attn = jnp.einsum("BKGTS,BSKd->BTKGd", probs, v_all[i].astype(x.dtype))
-  x = x + jnp.einsum("BTQ,DQ->BTD", attn.reshape(B, T, c.q_dim), layer["wo"])
+  x = x + _proj(attn.reshape(B, T, c.q_dim), layer, "wo")
 
   h = rms_norm(x, layer["mlp_norm"], c.rms_norm_eps)
-  gate, up = _mlp_proj(h, layer, "w_gate"), _mlp_proj(h, layer, "w_up")
-  x = x + _mlp_proj(jax.nn.silu(gate) * up, layer, "w_down")
+  gate, up = _proj(h, layer, "w_gate"), _proj(h, layer, "w_up")
+  x = x + _proj(jax.nn.silu(gate) * up, layer, "w_down")
   return x, k_all, v_all
 
 
-def _mlp_proj(x, layer, name):
-  """x [B, T, in] through MLP weight `name`, stored [out, in] or (as `name_t`) [in, out]."""
+def _proj(x, layer, name):
+  """x [B, T, in] through weight `name`: stored [out, in] (the CPU kernel's or XLA's dot, see
+  `vocabjax.kernels.cpu_matmul.linear`), or (MLP, as `name_t`) [in, out] for XLA's GEMM. The
+  result has x's dtype (f32 activations with bf16 weights stay f32)."""
   if name + "_t" in layer:
-    return jnp.einsum("BTI,IO->BTO", x, layer[name + "_t"])
-  return jnp.einsum("BTI,OI->BTO", x, layer[name])
+    return jnp.einsum("BTI,IO->BTO", x, layer[name + "_t"]).astype(x.dtype)
+  return linear(x, layer[name]).astype(x.dtype)
+
 
 
 MLP_LAYOUTS = ("out_in", "in_out")
@@ -272,5 +275,4 @@ def lm_head_weight(params: Params, config: LlamaLikeConfig) -> jax.Array:
 
 def lm_head(params: Params, hidden: jax.Array, *, config: LlamaLikeConfig) -> jax.Array:
   """Full-vocabulary logits [..., V] from hidden [..., D], accumulated in f32."""
-  return jnp.einsum("...D,VD->...V", hidden, lm_head_weight(params, config),
-                    preferred_element_type=jnp.float32)
+  return linear(hidden, lm_head_weight(params, config)).astype(jnp.float32)

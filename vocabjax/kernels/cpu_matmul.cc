@@ -1,0 +1,249 @@
+// Weight-streaming skinny matmul for XLA:CPU: y[M, F] = x[M, D] . W[F, D]^T (* scale[F]).
+//
+// Decoding multiplies a few rows (M = batch x block tokens, 1..64) by large weight matrices
+// stored [out, in]. That is memory bound: the floor is one pass over W. XLA:CPU runs M = 1 as a
+// matvec at memory speed, but M = 2..16 as an Eigen GEMM that repacks W first (~1.7x the
+// matvec's time for M = 4 on the Qwen2.5-1.5B MLPs), and bf16 weights as a converting GEMM that
+// is no faster than f32 (and 10x slower at M = 1). This kernel reads each weight row once,
+// converts it to f32 in registers (bf16: a 16-bit shift, int8: a convert), and multiplies it
+// with every one of the M rows of x held in L1: exact f32 arithmetic on the stored weight
+// values, at the memory speed of the stored dtype.
+//
+// Every output y[m, f] is the same sequence of f32 operations whatever M is and wherever row f
+// falls in a thread's block (16 lane accumulators over d in order, then a fixed tree sum), so
+// a token's result in a verified block equals its result in a one-token step bit for bit.
+//
+// Threads: rows of W are split in chunks pulled from a shared counter by the calling thread
+// and by tasks scheduled on XLA's intra-op thread pool; if the pool runs nothing the caller
+// does all chunks, so it never waits on a task that cannot run.
+
+#include <atomic>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <thread>
+
+#include "xla/ffi/api/ffi.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+constexpr int64_t kRowsPerChunk = 64;
+
+// ---- loading 16 weights as f32 ------------------------------------------------------------
+#if defined(__AVX512F__)
+using Vec = __m512;
+inline Vec vzero() { return _mm512_setzero_ps(); }
+inline Vec vload_x(const float* p) { return _mm512_loadu_ps(p); }
+inline Vec vload_x_tail(const float* p, __mmask16 k) { return _mm512_maskz_loadu_ps(k, p); }
+inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }
+inline float vsum(Vec v) {
+  // fixed pairwise order (not _mm512_reduce_add_ps, whose order is the compiler's choice)
+  alignas(64) float t[16];
+  _mm512_store_ps(t, v);
+  float s8[8];
+  for (int i = 0; i < 8; ++i) s8[i] = t[i] + t[i + 8];
+  float s4[4];
+  for (int i = 0; i < 4; ++i) s4[i] = s8[i] + s8[i + 4];
+  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+inline Vec wload(const float* p) { return _mm512_loadu_ps(p); }
+inline Vec wload_tail(const float* p, __mmask16 k) { return _mm512_maskz_loadu_ps(k, p); }
+inline Vec wload(const uint16_t* p) {
+  __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline Vec wload_tail(const uint16_t* p, __mmask16 k) {
+  __m256i h = _mm256_maskz_loadu_epi16(k, p);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+inline Vec wload(const int8_t* p) {
+  __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+}
+inline Vec wload_tail(const int8_t* p, __mmask16 k) {
+  __m128i b = _mm_maskz_loadu_epi8(k, p);
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
+}
+#else
+// Portable fallback with the same arithmetic order (16 lanes, same tree sum).
+struct Vec { float v[16]; };
+inline Vec vzero() { Vec r; for (float& f : r.v) f = 0.f; return r; }
+inline float to_f32(float w) { return w; }
+inline float to_f32(uint16_t w) {
+  uint32_t u = static_cast<uint32_t>(w) << 16; float f; std::memcpy(&f, &u, 4); return f;
+}
+inline float to_f32(int8_t w) { return static_cast<float>(w); }
+template <typename W>
+inline Vec load16(const W* p, int n) {
+  Vec r; for (int i = 0; i < 16; ++i) r.v[i] = i < n ? to_f32(p[i]) : 0.f; return r;
+}
+using Mask = int;
+inline Vec vload_x(const float* p) { return load16(p, 16); }
+inline Vec vload_x_tail(const float* p, Mask n) { return load16(p, n); }
+template <typename W> inline Vec wload(const W* p) { return load16(p, 16); }
+template <typename W> inline Vec wload_tail(const W* p, Mask n) { return load16(p, n); }
+inline Vec vfma(Vec a, Vec b, Vec c) {
+  for (int i = 0; i < 16; ++i) c.v[i] = a.v[i] * b.v[i] + c.v[i]; return c;
+}
+inline float vsum(Vec v) {
+  float s8[8]; for (int i = 0; i < 8; ++i) s8[i] = v.v[i] + v.v[i + 8];
+  float s4[4]; for (int i = 0; i < 4; ++i) s4[i] = s8[i] + s8[i + 4];
+  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+#endif
+
+#if defined(__AVX512F__)
+using Mask = __mmask16;
+inline Mask tail_mask(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u); }
+#else
+inline Mask tail_mask(int64_t n) { return static_cast<int>(n); }
+#endif
+
+// One tile: rows [r, r + R) of W against rows [m, m + TM) of x.
+template <int R, int TM, typename W>
+inline void tile(const float* x, const W* w, const float* scale, float* y, int64_t D,
+                 int64_t F, int64_t r, int64_t m) {
+  Vec acc[R][TM];
+  for (int i = 0; i < R; ++i)
+    for (int j = 0; j < TM; ++j) acc[i][j] = vzero();
+  const int64_t full = D / 16 * 16;
+  for (int64_t d = 0; d < full; d += 16) {
+    Vec wv[R];
+    for (int i = 0; i < R; ++i) wv[i] = wload(w + (r + i) * D + d);
+    for (int j = 0; j < TM; ++j) {
+      Vec xv = vload_x(x + (m + j) * D + d);
+      for (int i = 0; i < R; ++i) acc[i][j] = vfma(wv[i], xv, acc[i][j]);
+    }
+  }
+  if (full < D) {
+    Mask k = tail_mask(D - full);
+    Vec wv[R];
+    for (int i = 0; i < R; ++i) wv[i] = wload_tail(w + (r + i) * D + full, k);
+    for (int j = 0; j < TM; ++j) {
+      Vec xv = vload_x_tail(x + (m + j) * D + full, k);
+      for (int i = 0; i < R; ++i) acc[i][j] = vfma(wv[i], xv, acc[i][j]);
+    }
+  }
+  for (int i = 0; i < R; ++i) {
+    const float s = scale ? scale[r + i] : 1.f;
+    for (int j = 0; j < TM; ++j) {
+      float v = vsum(acc[i][j]);
+      y[(m + j) * F + r + i] = scale ? v * s : v;
+    }
+  }
+}
+
+// Rows [r, r + R) of W against all M rows of x: tiles of TMAX rows of x, then the remainder.
+template <int R, int N, typename W>
+inline void remainder(int64_t rem, const float* x, const W* w, const float* scale, float* y,
+                      int64_t D, int64_t F, int64_t r, int64_t m) {
+  if (rem == N) {
+    tile<R, N>(x, w, scale, y, D, F, r, m);
+  } else if constexpr (N > 1) {
+    remainder<R, N - 1>(rem, x, w, scale, y, D, F, r, m);
+  }
+}
+
+template <int R, int TMAX, typename W>
+inline void rows(const float* x, const W* w, const float* scale, float* y, int64_t M,
+                 int64_t D, int64_t F, int64_t r) {
+  int64_t m = 0;
+  for (; m + TMAX <= M; m += TMAX) tile<R, TMAX>(x, w, scale, y, D, F, r, m);
+  if (m < M) remainder<R, TMAX>(M - m, x, w, scale, y, D, F, r, m);
+}
+
+// Rows [r0, r1) of W. The register tile (R rows of W x TM rows of x, R * TM <= 16
+// accumulators) is picked by M: more rows of W in flight for a lone token.
+template <int R, int TMAX, typename W>
+void run_rows(const float* x, const W* w, const float* scale, float* y, int64_t M, int64_t D,
+              int64_t F, int64_t r0, int64_t r1) {
+  int64_t r = r0;
+  for (; r + R <= r1; r += R) rows<R, TMAX>(x, w, scale, y, M, D, F, r);
+  for (; r < r1; ++r) rows<1, TMAX>(x, w, scale, y, M, D, F, r);
+}
+
+template <typename W>
+void run_chunk(const float* x, const W* w, const float* scale, float* y, int64_t M, int64_t D,
+               int64_t F, int64_t r0, int64_t r1) {
+  // (4 x 4 tiles beat 2 x 8, 1 x 16 and 3 x 5 for M = 4..16 on the 2-core AVX-512 VM)
+  if (M == 1) run_rows<8, 1>(x, w, scale, y, M, D, F, r0, r1);
+  else run_rows<4, 4>(x, w, scale, y, M, D, F, r0, r1);
+}
+
+struct Work {
+  std::atomic<int64_t> next{0};
+  std::atomic<int64_t> done{0};
+};
+
+template <typename W>
+void parallel_rows(ffi::ThreadPool& pool, const float* x, const W* w, const float* scale,
+                   float* y, int64_t M, int64_t D, int64_t F) {
+  const int64_t chunks = (F + kRowsPerChunk - 1) / kRowsPerChunk;
+  auto work = std::make_shared<Work>();
+  auto drain = [=]() {
+    for (;;) {
+      int64_t c = work->next.fetch_add(1);
+      if (c >= chunks) return;
+      int64_t r0 = c * kRowsPerChunk, r1 = r0 + kRowsPerChunk < F ? r0 + kRowsPerChunk : F;
+      run_chunk(x, w, scale, y, M, D, F, r0, r1);
+      work->done.fetch_add(1, std::memory_order_release);
+    }
+  };
+  const int64_t helpers = pool.num_threads() > 1 && chunks > 1 ? pool.num_threads() - 1 : 0;
+  for (int64_t i = 0; i < helpers; ++i) pool.Schedule(decltype(drain)(drain));
+  drain();
+  while (work->done.load(std::memory_order_acquire) < chunks) std::this_thread::yield();
+}
+
+template <typename W, ffi::DataType DT>
+ffi::Error matmul_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<DT> w,
+                       ffi::ResultBuffer<ffi::F32> y) {
+  auto xd = x.dimensions(), wd = w.dimensions();
+  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1])
+    return ffi::Error::InvalidArgument("vocabjax skinny matmul: expected x[M, D], w[F, D]");
+  parallel_rows(pool, x.typed_data(), reinterpret_cast<const W*>(w.untyped_data()), nullptr,
+                y->typed_data(), xd[0], xd[1], wd[0]);
+  return ffi::Error::Success();
+}
+
+ffi::Error matmul_int8_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
+                            ffi::Buffer<ffi::S8> w, ffi::Buffer<ffi::F32> scale,
+                            ffi::ResultBuffer<ffi::F32> y) {
+  auto xd = x.dimensions(), wd = w.dimensions();
+  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1] || scale.element_count() != wd[0])
+    return ffi::Error::InvalidArgument(
+        "vocabjax skinny matmul: expected x[M, D], w[F, D] int8, scale[F]");
+  parallel_rows(pool, x.typed_data(), w.typed_data(), scale.typed_data(), y->typed_data(),
+                xd[0], xd[1], wd[0]);
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjSkinnyMatmulF32, (matmul_impl<float, ffi::F32>),
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjSkinnyMatmulBF16, (matmul_impl<uint16_t, ffi::BF16>),
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjSkinnyMatmulInt8, matmul_int8_impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());

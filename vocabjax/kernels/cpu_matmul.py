@@ -1,0 +1,213 @@
+"""Weight-streaming skinny matmul for XLA:CPU (`cpu_matmul.cc`): the projections of decoding.
+
+Letters: M rows of x (batch x block tokens), D input width, F output width.
+
+    linear(x[..., D], w[F, D], scale[F] | None) -> y[..., F] f32
+
+Equivalent jnp (this is `linear_reference`):
+
+    y = jnp.einsum("...D,FD->...F", x, w.astype(jnp.float32)) * (scale if scale is not None else 1)
+
+Why: decoding is memory bound, so a block of M = 2..64 tokens (chain or tree verification)
+should cost about what one token costs: one pass over the weights. XLA:CPU (jaxlib 0.10) runs
+M = 1 as a matvec at memory speed but M >= 2 as an Eigen GEMM that repacks the weight first
+(the Qwen2.5-1.5B MLPs: 147 ms at M = 1, 249-400 ms at M = 4 depending on the layout), and it
+has no fast bf16 or int8 weight path (bf16 at M = 1 was 10x slower than f32; none of its
+XNNPACK/oneDNN/YNNPACK switches changed that; `kernels/results/xla_cpu_flags.md`). The C++
+kernel reads each weight row once in its stored dtype (f32, bf16, or int8 with a per-row
+scale), converts it in registers and multiplies it with all M rows of x: exact f32 arithmetic
+on the stored values (bf16 activations are widened to f32 first). Its result for one row of x does not depend on M, so a token's logits in
+a verified block equal its logits in a one-token step bit for bit (greedy identity holds by
+construction, not only up to ties).
+
+The kernel is compiled on first use with the system C++ compiler (`-O3 -march=native`) into
+`$VOCABJAX_CACHE/kernels/` (keyed by the source, the jaxlib version and the CPU's flags) and
+registered as an XLA FFI target. It is used on the CPU backend for f32 or bf16 x with M <= `MAX_ROWS`;
+everything else (prefill of long prompts, GPU and TPU) takes the XLA dot.
+
+Switch: the environment variable `VOCABJAX_CPU_KERNEL=0` (read at import), or
+`set_enabled(False)` / `with enabled(False):` before a program is traced. When the compiler is
+missing or the build fails, a warning says why once and XLA's dot is used.
+
+Gradients: `linear` has a custom VJP in plain jnp (dx = g . W, dW = g^T x), so trainers that
+differentiate through a model on the CPU keep working.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import warnings
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+MAX_ROWS = 64  # largest M (rows of x) the kernel takes; larger blocks are compute bound
+_SOURCE = Path(__file__).with_name("cpu_matmul.cc")
+_TARGETS = {"float32": "VjSkinnyMatmulF32", "bfloat16": "VjSkinnyMatmulBF16",
+            "int8": "VjSkinnyMatmulInt8"}
+
+_state = {"enabled": os.environ.get("VOCABJAX_CPU_KERNEL", "1") != "0", "lib": None,
+          "error": None, "warned": False}
+_lock = threading.Lock()
+
+
+def set_enabled(on: bool) -> None:
+  """Use the kernel (when it builds) in programs traced from now on, or not."""
+  _state["enabled"] = bool(on)
+
+
+@contextlib.contextmanager
+def enabled(on: bool):
+  """`with enabled(False):` traces the programs inside with XLA's dot only."""
+  old = _state["enabled"]
+  _state["enabled"] = bool(on)
+  try:
+    yield
+  finally:
+    _state["enabled"] = old
+
+
+def is_enabled() -> bool:
+  return _state["enabled"]
+
+
+def _cpu_flags() -> str:
+  try:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+      if line.startswith("flags"):
+        return line
+  except OSError:
+    pass
+  return sys.platform
+
+
+def library_path() -> Path:
+  """Where the compiled kernel for this source, jaxlib and CPU lives."""
+  import jaxlib
+  key = hashlib.sha256(_SOURCE.read_bytes() + jaxlib.__version__.encode()
+                       + _cpu_flags().encode()).hexdigest()[:16]
+  root = Path(os.environ.get("VOCABJAX_CACHE", Path.home() / ".cache" / "vocabjax"))
+  return root / "kernels" / f"cpu_matmul-{key}.so"
+
+
+def build(force: bool = False) -> Path:
+  """Compile the kernel (atomically: a half-written library is never loaded) and return it."""
+  out = library_path()
+  if out.exists() and not force:
+    return out
+  cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++") or shutil.which(
+      "clang++")
+  if not cxx:
+    raise RuntimeError("no C++ compiler (g++, c++ or clang++) on PATH; set CXX")
+  out.parent.mkdir(parents=True, exist_ok=True)
+  fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=out.name, suffix=".partial")
+  os.close(fd)
+  cmd = [cxx, "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno", "-w",
+         f"-I{jax.ffi.include_dir()}", str(_SOURCE), "-o", tmp]
+  try:
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+      raise RuntimeError(f"building {_SOURCE.name} failed ({' '.join(cmd)}):\n"
+                         f"{proc.stderr[-2000:]}")
+    os.replace(tmp, out)
+  finally:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+  return out
+
+
+def load():
+  """Build (once) and register the kernel's FFI targets; None (with a warning) if that fails."""
+  with _lock:
+    if _state["lib"] is not None or _state["error"] is not None:
+      return _state["lib"]
+    try:
+      lib = ctypes.cdll.LoadLibrary(str(build()))
+      for target in _TARGETS.values():
+        jax.ffi.register_ffi_target(f"vocabjax_{target}", jax.ffi.pycapsule(getattr(lib, target)),
+                                    platform="cpu")
+      _state["lib"] = lib
+    except Exception as e:  # noqa: BLE001 -- any failure falls back to XLA's dot, said once
+      _state["error"] = f"{type(e).__name__}: {e}"
+  if _state["error"] and not _state["warned"]:
+    _state["warned"] = True
+    warnings.warn(f"vocabjax CPU matmul kernel unavailable, using XLA's dot: {_state['error']}",
+                  RuntimeWarning, stacklevel=3)
+  return _state["lib"]
+
+
+def available() -> bool:
+  """Whether the kernel is built and registered (builds it on the first call)."""
+  return load() is not None
+
+
+def uses_kernel(x_shape, x_dtype, w_dtype) -> bool:
+  """Whether `linear` on these operands lowers to the kernel in a program traced now."""
+  M = int(np.prod(x_shape[:-1], dtype=np.int64))
+  return (_state["enabled"] and jax.default_backend() == "cpu" and 0 < M <= MAX_ROWS
+          and jnp.dtype(x_dtype).name in ("float32", "bfloat16")
+          and jnp.dtype(w_dtype).name in _TARGETS
+          and available())
+
+
+def linear_reference(x: jax.Array, w: jax.Array, scale: jax.Array | None = None) -> jax.Array:
+  """x [..., D] . w[F, D]^T (* scale[F]) in f32 with XLA's dot."""
+  if w.dtype == jnp.int8 or scale is not None:
+    y = jnp.einsum("...D,FD->...F", x.astype(jnp.float32), w.astype(jnp.float32))
+    return y * scale if scale is not None else y
+  return jnp.einsum("...D,FD->...F", x, w, preferred_element_type=jnp.float32)
+
+
+def _kernel_call(x2, w, scale):
+  target = f"vocabjax_{_TARGETS[jnp.dtype(w.dtype).name]}"
+  out = jax.ShapeDtypeStruct((x2.shape[0], w.shape[0]), jnp.float32)
+  call = jax.ffi.ffi_call(target, out, vmap_method="sequential")
+  return call(x2, w) if scale is None else call(x2, w, scale)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=())
+def _streamed(x2, w, scale):
+  return _kernel_call(x2, w, scale)
+
+
+def _streamed_fwd(x2, w, scale):
+  return _kernel_call(x2, w, scale), (x2, w, scale)
+
+
+def _streamed_bwd(res, g):
+  x2, w, scale = res
+  wf = w.astype(jnp.float32) * (scale[:, None] if scale is not None else 1.0)
+  dx = (g @ wf).astype(x2.dtype)
+  if jnp.issubdtype(w.dtype, jnp.floating):
+    dw = (g.T @ x2.astype(jnp.float32)).astype(w.dtype)
+  else:  # int8 weights are not trained
+    dw = np.zeros(w.shape, jax.dtypes.float0)
+  dscale = None if scale is None else jnp.einsum("MF,MF->F", g, x2 @ w.astype(jnp.float32).T)
+  return dx, dw, dscale
+
+
+_streamed.defvjp(_streamed_fwd, _streamed_bwd)
+
+
+def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None) -> jax.Array:
+  """y[..., F] = x[..., D] . w[F, D]^T (* scale[F]), accumulated and returned in f32; the kernel
+  where it applies (see the module doc), else `linear_reference`."""
+  if x.shape[-1] != w.shape[-1]:
+    raise ValueError(f"linear: x's width {x.shape[-1]} differs from w{tuple(w.shape)}'s "
+                     f"input width {w.shape[-1]}")
+  if not uses_kernel(x.shape, x.dtype, w.dtype) or (w.dtype == jnp.int8) != (scale is not None):
+    return linear_reference(x, w, scale).astype(jnp.float32)
+  lead = x.shape[:-1]  # bf16 activations are widened: the kernel computes in f32
+  y = _streamed(x.reshape(-1, x.shape[-1]).astype(jnp.float32), w, scale)
+  return y.reshape(*lead, w.shape[0])
