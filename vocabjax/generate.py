@@ -30,7 +30,7 @@ from vocabjax.decoding.sampling import SamplingParams
 from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder
 from vocabjax.decoding.tree import TreeParams
 
-METHODS = ("ar", "chain", "tree", "eagle", "crossvocab")
+METHODS = ("ar", "chain", "tree", "eagle", "crossvocab", "pld")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,11 +49,12 @@ class GenerateConfig:
   output: str | None = None
   quiet: bool = False
   draft: str | None = None
-  method: str = "ar"  # ar | chain | tree | eagle | crossvocab
+  method: str = "ar"  # ar | chain | tree | eagle | crossvocab | pld
   gamma: int = 4
   tree_top_k: int = 4
   tree_depth: int = 4
   tree_total_tokens: int = 16
+  max_ngram: int = 3  # pld: longest context n-gram matched
   time_split: bool = False  # time drafter / drafter LM head / verification after the run
   batch_size: int | None = None  # repeat the prompts cyclically up to this many rows
   draft_vocab: str | None = None  # a saved static subset (.npz, `calibrate select`): trimmed head
@@ -72,6 +73,13 @@ class GenerateConfig:
     if self.method == "eagle":
       if not self.eagle_head:
         raise ValueError("--method eagle needs --eagle-head (an EAGLE-3 head directory)")
+    elif self.method == "pld":
+      if self.draft or self.draft_vocab or self.ranker or self.time_split:
+        raise ValueError("--method pld drafts from the context, with no drafter: --draft, "
+                         "--draft-vocab, --ranker and --time-split do not apply")
+      if self.gamma < 1 or self.max_ngram < 1:
+        raise ValueError(f"--method pld needs --gamma >= 1 and --max-ngram >= 1, got "
+                         f"gamma={self.gamma}, max_ngram={self.max_ngram}")
     elif self.method != "ar" and not self.draft:
       raise ValueError(f"--method {self.method} needs --draft")
     if self.eagle_head and self.method != "eagle":
@@ -128,6 +136,11 @@ def _speculative_decoder(config: GenerateConfig, model):
 
     sub = SpeculativeVocab(Ranker.load(config.ranker), k=config.ranker_k)
   tree = TreeParams(config.tree_top_k, config.tree_depth, config.tree_total_tokens)
+  if config.method == "pld":
+    from vocabjax.decoding.pld import PromptLookupDecoder
+
+    return PromptLookupDecoder(model.params, model.config, gamma=config.gamma,
+                               max_ngram=config.max_ngram)
   if config.method == "eagle":
     from vocabjax.checkpoints.eagle3 import load_eagle3
     from vocabjax.decoding.eagle import EagleDecoder
@@ -185,8 +198,10 @@ def main(config: GenerateConfig) -> dict:
     spec_stats = {"tau": st.tau, "acceptance_rate": st.acceptance_rate,
                   "target_forwards": st.target_forwards + 1,  # + prefill
                   "drafted_per_step_row": st.drafted, "accepted_per_step_row": st.accepted}
-    if hasattr(st, "record"):  # crossvocab: n-gram merges, drafter tokens, the cache's size
-      spec_stats.update(st.record(), ngram_cache=dec.ngram.stats)
+    if hasattr(st, "record"):  # crossvocab: n-gram merges, drafter tokens, the cache's size;
+      spec_stats.update(st.record())  # pld: steps that found a match
+      if hasattr(dec, "ngram"):
+        spec_stats["ngram_cache"] = dec.ngram.stats
     if config.time_split:
       split = step_split(dec, batch_size=len(prompt_ids), max_len=dec.cache_len(
           max(map(len, prompt_ids)), config.max_new_tokens, config.max_len))
@@ -245,7 +260,9 @@ def parse_args(argv=None) -> GenerateConfig:
   p.add_argument("--draft", help="drafter: HF dir, .gguf or registry name (same vocabulary, "
                  "or another tokenizer's with --method crossvocab)")
   p.add_argument("--method", default="ar", choices=METHODS)
-  p.add_argument("--gamma", type=int, default=4, help="chain: drafts per step")
+  p.add_argument("--gamma", type=int, default=4, help="chain, crossvocab, pld: drafts per step")
+  p.add_argument("--max-ngram", type=int, default=3,
+                 help="pld: longest context n-gram matched (down to 1)")
   p.add_argument("--tree-top-k", type=int, default=4)
   p.add_argument("--tree-depth", type=int, default=4)
   p.add_argument("--tree-total-tokens", type=int, default=16)
@@ -275,7 +292,7 @@ def parse_args(argv=None) -> GenerateConfig:
                         top_k=a.top_k, top_p=a.top_p, seed=a.seed, stop=tuple(a.stop),
                         max_len=a.max_len, dtype=a.dtype, output=a.output, quiet=a.quiet,
                         time_split=a.time_split,
-                        draft=a.draft, method=a.method, gamma=a.gamma, tree_top_k=a.tree_top_k,
+                        draft=a.draft, method=a.method, gamma=a.gamma, max_ngram=a.max_ngram, tree_top_k=a.tree_top_k,
                         tree_depth=a.tree_depth, tree_total_tokens=a.tree_total_tokens,
                         batch_size=a.batch_size, draft_vocab=a.draft_vocab, ranker=a.ranker,
                         ranker_k=a.ranker_k, eagle_head=a.eagle_head,

@@ -112,3 +112,18 @@ def test_load_model_with_tokenizer(tiny_chat_dir):
   model = load_model(tiny_chat_dir)
   assert model.tokenizer is not None and model.eos_token_ids[0] == 2
   assert model.params["embed"].dtype == np.float32  # CPU default
+
+
+def test_bf16_on_cpu_narrows_the_weight_matrices_only(tiny_chat_dir):
+  import jax.numpy as jnp
+
+  f32 = load_model(tiny_chat_dir, load_tokenizer=False)
+  bf = load_model(tiny_chat_dir, dtype="bf16", load_tokenizer=False)
+  assert bf.dtype == jnp.bfloat16
+  assert bf.params["embed"].dtype == jnp.bfloat16
+  assert bf.params["layers"][0]["wq"].dtype == jnp.bfloat16
+  assert bf.params["final_norm"].dtype == jnp.float32  # activations and cache stay f32
+  assert bf.params["layers"][0]["bq"].dtype == jnp.float32
+  np.testing.assert_array_equal(
+      np.asarray(bf.params["layers"][0]["wq"], np.float32),
+      np.asarray(f32.params["layers"][0]["wq"].astype(jnp.bfloat16), np.float32))

@@ -70,8 +70,15 @@ def _eos_ids(*candidates) -> tuple[int, ...]:
 
 def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
                load_tokenizer: bool = True, progress: bool = True) -> Model:
-  """Load a model from an HF directory, a `.gguf` file or a registry name (fetched if needed)."""
+  """Load a model from an HF directory, a `.gguf` file or a registry name (fetched if needed).
+
+  `dtype`: the weights' dtype. On GPU/TPU every param takes it. On the CPU backend a dtype
+  narrower than f32 applies to the weight matrices only (`models.llamalike.cast_weights`):
+  norms, biases, activations and the KV cache stay f32, which is what runs fast there.
+  """
   dtype = parse_dtype(dtype)
+  narrow_on_cpu = jax.default_backend() == "cpu" and jnp.dtype(dtype) != jnp.float32
+  out_dtype, dtype = dtype, (jnp.float32 if narrow_on_cpu else dtype)
   path = zoo.resolve(name_or_path, progress=progress)
   tokenizer = None
   if path.is_dir():
@@ -97,5 +104,9 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
                    getattr(tokenizer, "eos_token_id", None))
   else:
     raise ValueError(f"{path}: expected a Hugging Face directory or a .gguf file")
+  if narrow_on_cpu:
+    from vocabjax.models.llamalike import cast_weights
+
+    params = cast_weights(params, out_dtype)
   return Model(config=config, params=params, tokenizer=tokenizer, eos_token_ids=eos,
-               source=str(path), dtype=dtype)
+               source=str(path), dtype=out_dtype)

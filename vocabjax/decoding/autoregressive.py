@@ -24,7 +24,7 @@ from vocabjax import sharding
 from vocabjax.decoding.sampling import SamplingParams, sample
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import forward, lm_head
+from vocabjax.models.llamalike import compute_dtype, forward, lm_head
 
 
 @dataclasses.dataclass
@@ -178,7 +178,7 @@ class Decoder:
     longest = int(lengths.max())
     S = max_len or bucket(longest + max_new_tokens)
     T = min(bucket(longest), S)  # validate_request guarantees longest <= T <= S
-    cache_dtype = cache_dtype or self.params["embed"].dtype
+    cache_dtype = cache_dtype or compute_dtype(self.params)
     prefill, step, compile_s = self.programs(sampling, B, T, S, cache_dtype)
 
     tokens = np.zeros((B, T), np.int32)

@@ -60,7 +60,7 @@ from vocabjax.decoding.speculative import SpecStats, _draft_prefill, block_layou
 from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import forward, lm_head, with_mlp_layout
+from vocabjax.models.llamalike import compute_dtype, forward, lm_head, with_mlp_layout
 from vocabjax.vocab.translate import (NgramCache, TranslationError, Translator, VocabMap,
                                       check_round_trip)
 
@@ -327,7 +327,7 @@ class CrossVocabDecoder:
       return self._programs[key], 0.0
     t0 = time.perf_counter()
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
-    dtype = self.tp["embed"].dtype
+    dtype = compute_dtype(self.tp)
     if name == "tprefill":
       T, S = shape
       cache = jax.eval_shape(lambda: KVCache.init(self.tc, 1, S, dtype))
@@ -389,7 +389,7 @@ class CrossVocabDecoder:
   def _generate_row(self, b, B, prompt, S, out, sampling, key, res):
     st = res.stats
     G = self.gamma
-    dtype = self.tp["embed"].dtype
+    dtype = compute_dtype(self.tp)
     dprompt = self.prompt_to_drafter(prompt)
     Sd = bucket(len(dprompt) + 2 * (S - len(prompt)) + 2 * G + 16)
     T, Td = bucket(len(prompt)), bucket(len(dprompt))

@@ -23,7 +23,7 @@ import numpy as np
 
 from vocabjax.decoding.speculative import model_body
 from vocabjax.models.cache import KVCache
-from vocabjax.models.llamalike import lm_head
+from vocabjax.models.llamalike import compute_dtype, lm_head
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +78,7 @@ def median_s(fn, *args, repeats: int) -> float:
 def _time_body(body, params, config, B: int, T: int, S: int, context: int,
                repeats: int) -> float:
   """`body(params, tokens, positions, cache)` over T tokens after `context` cached ones."""
-  cache = KVCache.init(config, B, S, params["embed"].dtype).with_lengths(
+  cache = KVCache.init(config, B, S, compute_dtype(params)).with_lengths(
       jnp.full((B,), context, jnp.int32))
   f = jax.jit(lambda p, t, c: body(p, t, context + jnp.broadcast_to(jnp.arange(T), (B, T)), c))
   return median_s(f, params, jnp.zeros((B, T), jnp.int32), cache, repeats=repeats)
@@ -87,7 +87,7 @@ def _time_body(body, params, config, B: int, T: int, S: int, context: int,
 
 def _time_head(params, head, B: int, rows: int, D: int, repeats: int) -> float:
   f = jax.jit(head)
-  return median_s(f, params, jnp.ones((B, rows, D), params["embed"].dtype), repeats=repeats)
+  return median_s(f, params, jnp.ones((B, rows, D), compute_dtype(params)), repeats=repeats)
 
 
 def step_split(decoder, *, batch_size: int = 1, max_len: int = 512, context: int | None = None,

@@ -40,7 +40,7 @@ from vocabjax.decoding.tree import TreeParams, TreeState, tree_step
 from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import forward, lm_head, with_mlp_layout
+from vocabjax.models.llamalike import compute_dtype, forward, lm_head, with_mlp_layout
 from vocabjax.vocab.policy import Policy, draft_choice, full_policy
 from vocabjax.vocab.ranked import SpeculativeVocab
 from vocabjax.vocab.subset import VocabSubset
@@ -270,7 +270,7 @@ class SpeculativeDecoder:
                        f"length {max_len=}")
     S = self.cache_len(longest, max_new_tokens, max_len)
     T = min(bucket(longest), S)
-    dtype = self.tp["embed"].dtype
+    dtype = compute_dtype(self.tp)
     start, step, compile_s = self.programs(sampling, B, T, S, dtype)
 
     tokens = np.zeros((B, T), np.int32)

@@ -28,6 +28,7 @@ class CliConfig:
   max_new_tokens: int | None = None
   target: str | None = None
   draft: str | None = None
+  dtype: str | None = None
   compare_torch: bool = False
   overwrite: bool = False
   quiet: bool = False
@@ -46,7 +47,14 @@ def resolve(cli: CliConfig):
       ds[i] = dataclasses.replace(ds[i], path=cli.spec_bench or ds[i].path,
                                   categories=cli.categories or ds[i].categories)
     cfg = dataclasses.replace(cfg, datasets=tuple(ds))
-  for field in ("max_new_tokens", "target", "draft"):
+  if cli.dtype is not None:
+    from vocabjax.checkpoints.loader import parse_dtype
+
+    try:
+      parse_dtype(cli.dtype)
+    except ValueError as e:
+      raise ConfigError(str(e)) from None
+  for field in ("max_new_tokens", "target", "draft", "dtype"):
     if getattr(cli, field) is not None:
       cfg = dataclasses.replace(cfg, **{field: getattr(cli, field)})
   if cfg.max_new_tokens < 1:
@@ -59,7 +67,8 @@ def main(cli: CliConfig) -> dict:
   from vocabjax.eval.runner import run_suite
 
   cfg = resolve(cli)
-  out = cli.out or f"eval/results/{cfg.name}"
+  out = cli.out or f"runs/{cfg.name}"  # a user's run: never committed (recorded references
+  #   live under eval/results/, written there with --out)
   summary = run_suite(cfg, out, overwrite=cli.overwrite, compare_torch=cli.compare_torch,
                       progress=not cli.quiet)
   print(report.markdown(summary))
@@ -72,12 +81,16 @@ def parse_args(argv=None) -> CliConfig:
   p = argparse.ArgumentParser(prog="python -m vocabjax.eval", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--config", default="default", help="shipped suite name or a YAML path")
-  p.add_argument("--out", help="result directory (default eval/results/<suite>)")
+  p.add_argument("--out", help="result directory (default runs/<suite>, git-ignored; the "
+                 "recorded reference runs are under eval/results/)")
   p.add_argument("--spec-bench", help="a Spec-Bench-format jsonl replacing the suite's split")
   p.add_argument("--categories", nargs="+", help="keep only these categories / task groups")
   p.add_argument("--max-new-tokens", type=int)
   p.add_argument("--target")
   p.add_argument("--draft")
+  p.add_argument("--dtype", help="weights' dtype: f32 (the CPU default), bf16 (on the CPU: bf16 "
+                 "weight matrices, f32 activations), auto; also the PyTorch side's with "
+                 "--compare-torch")
   p.add_argument("--compare-torch", action="store_true",
                  help="also run transformers (plain and assisted generation)")
   p.add_argument("--overwrite", action="store_true",
@@ -87,7 +100,7 @@ def parse_args(argv=None) -> CliConfig:
   return CliConfig(config=a.config, out=a.out, spec_bench=a.spec_bench,
                    categories=tuple(a.categories) if a.categories else None,
                    max_new_tokens=a.max_new_tokens, target=a.target, draft=a.draft,
-                   compare_torch=a.compare_torch, overwrite=a.overwrite, quiet=a.quiet)
+                   dtype=a.dtype, compare_torch=a.compare_torch, overwrite=a.overwrite, quiet=a.quiet)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from vocabjax.decoding.autoregressive import Decoder
+from vocabjax.decoding.pld import PromptLookupDecoder
 from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder, block_layout
 from vocabjax.decoding.tree import TreeParams
 
@@ -84,6 +85,25 @@ def _tree(target, draft, top_k, depth, total_tokens, draft_vocab=None):
                      draft.in_layout(block_layout()), draft.config,
                      tree=TreeParams(top_k=top_k, depth=depth, total_tokens=total_tokens),
                      draft_vocab=draft_vocab)
+
+
+def _check_pld(p: dict, where: str) -> None:
+  from vocabjax.eval.config import ConfigError
+
+  if p["gamma"] < 1 or not 1 <= p["min_ngram"] <= p["max_ngram"]:
+    raise ConfigError(f"{where}: pld needs gamma >= 1 and 1 <= min_ngram <= max_ngram, got "
+                      f"gamma={p['gamma']}, min_ngram={p['min_ngram']}, "
+                      f"max_ngram={p['max_ngram']}")
+
+
+@register("pld", params={"gamma": int, "max_ngram": int, "min_ngram": int},
+          defaults={"gamma": 4, "max_ngram": 3, "min_ngram": 1}, needs_draft=False,
+          drafter_passes=lambda p: 0, validate=_check_pld)
+def _pld(target, draft, gamma, max_ngram, min_ngram):
+  """Prompt lookup decoding (Saxena 2023): drafts copied from the context, no drafter."""
+  del draft
+  return PromptLookupDecoder(target.in_layout(block_layout()), target.config, gamma=gamma,
+                             max_ngram=max_ngram, min_ngram=min_ngram)
 
 
 # --- static drafter vocabularies (VocabTrim, FR-Spec) ---------------------------------------

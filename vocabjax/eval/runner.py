@@ -229,7 +229,12 @@ def _run_torch(config, prompts, ids, eos, out, records, done, progress, commit) 
 
   from vocabjax.eval.torch_compare import TorchRunner
 
-  runner = TorchRunner(config.target, config.draft, threads=os.cpu_count())
+  import jax.numpy as jnp
+
+  from vocabjax.checkpoints.loader import parse_dtype
+
+  runner = TorchRunner(config.target, config.draft, threads=os.cpu_count(),
+                       dtype=jnp.dtype(parse_dtype(config.dtype)).name)
   variants = [("ar", False)] + ([(runner.assisted_name, True)] if config.draft else [])
   jobs = [(p, i, s, name, a) for i, p in enumerate(prompts) for s in config.seeds
           for name, a in variants if ("torch", name, p.qid, s) not in done]

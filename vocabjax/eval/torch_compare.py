@@ -27,31 +27,36 @@ def _tokenizer(source: str):
   return transformers.AutoTokenizer.from_pretrained(Path(path))
 
 
-def _load(source: str):
+def _load(source: str, dtype: str = "float32"):
   import torch
   import transformers
 
   from vocabjax.checkpoints.zoo import resolve
 
+  tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
+            "float16": torch.float16}[dtype]
   path = resolve(source)
   if path.is_file() and path.suffix == ".gguf":
     return transformers.AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32).eval()
-  return transformers.AutoModelForCausalLM.from_pretrained(Path(path), dtype=torch.float32).eval()
+        path.parent, gguf_file=path.name, dtype=tdtype).eval()
+  return transformers.AutoModelForCausalLM.from_pretrained(Path(path), dtype=tdtype).eval()
 
 
 class TorchRunner:
   """transformers' greedy/sampled generate, with or without an assistant model."""
 
-  def __init__(self, target: str, draft: str | None, *, threads: int | None = None):
+  def __init__(self, target: str, draft: str | None, *, threads: int | None = None,
+               dtype: str = "float32"):
+    """`dtype`: the models' torch dtype (all params and activations, as PyTorch users run)."""
     import torch
     import transformers
 
     if threads:
       torch.set_num_threads(threads)
     self.torch = torch
-    self.target = _load(target)
-    self.draft = _load(draft) if draft else None
+    self.target = _load(target, dtype)
+    self.draft = _load(draft, dtype) if draft else None
+    self.dtype = dtype
     self.tokenizers = None  # (target's, assistant's) when they differ: UAG
     if self.draft is not None and (self.draft.config.vocab_size
                                    != self.target.config.vocab_size):

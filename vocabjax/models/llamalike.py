@@ -252,9 +252,27 @@ def step_inputs(tokens, positions, cache: KVCache, mask, prefix_mask, config: Ll
   return cos, sin, full_mask, write_b, write_s
 
 
+def compute_dtype(params: Params):
+  """The activations' and the KV cache's dtype: the norm weights'. `cast_weights` narrows only
+  the matrices, so such a model computes in f32 with bf16 weights."""
+  return params["final_norm"].dtype
+
+
+def cast_weights(params: Params, dtype) -> Params:
+  """The model with its weight matrices (embedding, projections, MLP, LM head: every 2-D leaf)
+  stored in `dtype`; norms and biases keep theirs, and with them `compute_dtype`. On XLA:CPU
+  this is what bf16 means (`checkpoints.loader.load_model`): bf16 weights halve the bytes a
+  step reads and the CPU kernel widens them in registers, while XLA:CPU's bf16 arithmetic
+  elsewhere (attention, softmax, cache writes) made a bf16 step 2.6x slower than the same
+  step with f32 activations (`eval/results/profile/`)."""
+  dtype = jnp.dtype(dtype)
+  return jax.tree.map(lambda a: a.astype(dtype) if a.ndim == 2 and a.dtype != dtype else a,
+                      params)
+
+
 def _run(params, tokens, positions, cache, mask, prefix_mask, config, capture):
   T = tokens.shape[1]
-  x = jnp.take(params["embed"], tokens, axis=0)
+  x = jnp.take(params["embed"], tokens, axis=0).astype(compute_dtype(params))
   cos, sin, full_mask, write_b, write_s = step_inputs(tokens, positions, cache, mask,
                                                       prefix_mask, config)
   k_all, v_all = cache.k, cache.v

@@ -1,0 +1,194 @@
+"""Prompt lookup decoding (Saxena 2023, "Prompt Lookup Decoding"): drafts copied from the
+context at no model cost, verified by the same lossless chain verification.
+
+Letters: B batch, G most drafts per step (gamma), M drafts in this step's block (0..G),
+S cache slots, V vocabulary.
+
+Drafting (host, numpy, per row): for n = max_ngram down to min_ngram, take the last n committed
+tokens (prompt + output) and find their earliest earlier occurrence whose continuation starts
+before that suffix (Saxena's `find_candidate_pred_tokens`); propose up to G tokens that
+followed it. No match: no drafts for that row.
+
+Verification: one target forward over [last, d_1 .. d_M] with M the longest draft in the batch
+this step; a program is compiled per M (0..G), so a step without any match is an ordinary
+one-token step. Rows with fewer drafts pass `n_valid`; what lies past it is never accepted.
+
+Exactness: greedy keeps the longest prefix equal to the target's argmax, then the target's
+token: identical to autoregressive greedy decoding. Sampling: the drafts are a deterministic
+function of the context, so the drafting law is a point mass q = one-hot(d); the chain rule
+then accepts d with probability p(d) and on rejection samples norm(max(0, p - one-hot(d))),
+i.e. p with d removed: the output follows p exactly (DESIGN: deterministic drafts).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector, bucket,
+                                              compile_prefill, validate_request)
+from vocabjax.decoding.sampling import SamplingParams, probs, sample
+from vocabjax.decoding.speculative import SpecStats
+from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
+from vocabjax.models.cache import KVCache
+from vocabjax.models.config import LlamaLikeConfig
+from vocabjax.models.llamalike import compute_dtype, forward, lm_head
+
+
+def lookup_drafts(seq: np.ndarray, gamma: int, max_ngram: int = 3,
+                  min_ngram: int = 1) -> np.ndarray:
+  """Up to `gamma` tokens that followed the earliest earlier occurrence of the longest suffix
+  n-gram (max_ngram >= n >= min_ngram) of `seq` [L]; empty when nothing matches."""
+  seq = np.asarray(seq)
+  L = len(seq)
+  for n in range(min(max_ngram, L - 1), min_ngram - 1, -1):
+    windows = np.lib.stride_tricks.sliding_window_view(seq, n)  # starts 0 .. L-n
+    hits = np.flatnonzero((windows == seq[L - n:]).all(axis=1))
+    hits = hits[hits + n < L - n]  # its continuation starts before the suffix itself
+    if hits.size:
+      start = int(hits[0]) + n
+      return seq[start:start + gamma].copy()
+  return seq[:0].copy()
+
+
+@dataclasses.dataclass
+class LookupStats(SpecStats):
+  """SpecStats where a step may propose no drafts (no match): every active step counts."""
+
+  active: list[list[bool]] = dataclasses.field(default_factory=list)  # [steps][B]
+
+  @property
+  def tau(self) -> float:
+    steps = sum(a for row in self.active for a in row)
+    acc = sum(a for row in self.accepted for a in row)
+    return (acc + steps) / steps if steps else float("nan")
+
+  def record(self) -> dict:
+    """Totals for an eval record: steps that found a match, drafts proposed."""
+    matched = sum(1 for row in self.drafted for d in row if d)
+    return {"matched_steps": matched, "verifications": len(self.drafted)}
+
+
+def pld_step(params, cache: KVCache, tokens, n_valid, key, *, config: LlamaLikeConfig,
+             sampling: SamplingParams):
+  """Verify tokens [B, M + 1] = [last, d_1 .. d_M] (drafts past n_valid [B] are padding).
+
+  The cache holds every committed token except `last`. Returns (cache, next last [B],
+  emitted [B, M + 1] with -1 after the emitted tokens, accepted [B]).
+  """
+  B, W = tokens.shape
+  M = W - 1
+  N = cache.lengths
+  h, cache = forward(params, tokens, N[:, None] + jnp.arange(W)[None], cache, config=config)
+  logits = lm_head(params, h, config=config)  # [B, M + 1, V]
+  drafts = tokens[:, 1:]
+  if M == 0:
+    n, nxt = jnp.zeros((B,), jnp.int32), sample(key, logits[:, 0], sampling)
+  elif sampling.greedy:
+    n, nxt = verify_chain_greedy(drafts, logits, n_valid)
+  else:
+    q = jax.nn.one_hot(drafts, config.vocab_size, dtype=jnp.float32)  # point-mass drafts
+    n, nxt = verify_chain_sampling(key, drafts, probs(logits, sampling), q, n_valid)
+  slot = jnp.arange(W)[None]
+  emitted = jnp.where(slot < n[:, None], jnp.pad(drafts, ((0, 0), (0, 1))),
+                      jnp.where(slot == n[:, None], nxt[:, None], -1))
+  return cache.with_lengths(N + 1 + n), nxt.astype(jnp.int32), emitted, n
+
+
+class PromptLookupDecoder:
+  """Prompt lookup decoding of one target; greedy output equals `Decoder.generate`'s."""
+
+  method = "pld"
+
+  def __init__(self, target_params, target_config: LlamaLikeConfig, *, gamma: int = 4,
+               max_ngram: int = 3, min_ngram: int = 1):
+    if gamma < 1:
+      raise ValueError(f"gamma must be >= 1, got {gamma=}")
+    if not 1 <= min_ngram <= max_ngram:
+      raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram=} {max_ngram=}")
+    self.tp, self.tc = target_params, target_config
+    self.gamma, self.max_ngram, self.min_ngram = gamma, max_ngram, min_ngram
+    self.drafted_per_step = gamma
+    self.extra_slots = gamma + 1
+    self.verify_tokens = gamma + 1
+    self._programs: dict = {}
+
+  def programs(self, sampling: SamplingParams, B: int, T: int, S: int, dtype):
+    """(prefill, {M: step}) compiled for these shapes, and the compile seconds."""
+    key = (sampling, B, T, S, jnp.dtype(dtype).name)
+    if key in self._programs:
+      return (*self._programs[key], 0.0)
+    t0 = time.perf_counter()
+    cache = jax.eval_shape(lambda: KVCache.init(self.tc, B, S, dtype))
+    prefill = compile_prefill(self.tp, self.tc, sampling, B, T, cache)
+    fn = jax.jit(functools.partial(pld_step, config=self.tc, sampling=sampling),
+                 donate_argnums=(1,))
+    i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
+    steps = {M: fn.lower(self.tp, cache, i32(B, M + 1), i32(B), jax.random.key(0)).compile()
+             for M in range(self.gamma + 1)}
+    self._programs[key] = (prefill, steps)
+    return prefill, steps, time.perf_counter() - t0
+
+  def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+               sampling: SamplingParams = SamplingParams(), seed: int = 0,
+               eos_token_ids: Sequence[int] = (), max_len: int | None = None,
+               stop_strings: Sequence[str] = (), tokenizer=None) -> GenerationResult:
+    """Generate like `Decoder.generate`; `stats` is a LookupStats, `steps` counts target
+    forwards after the prefill."""
+    prompts = [list(map(int, p)) for p in prompts]
+    validate_request(prompts, max_new_tokens, sampling, self.tc, None)
+    B = len(prompts)
+    lengths = np.array([len(p) for p in prompts], np.int32)
+    longest = int(lengths.max())
+    if max_len is not None and longest + max_new_tokens + self.extra_slots > max_len:
+      raise ValueError(f"prompt of {longest} tokens + {max_new_tokens=} + {self.extra_slots} "
+                       f"slots for one pld step exceeds the cache length {max_len=}")
+    S = max_len or bucket(longest + max_new_tokens + self.extra_slots)
+    T = min(bucket(longest), S)
+    dtype = compute_dtype(self.tp)
+    prefill, steps, compile_s = self.programs(sampling, B, T, S, dtype)
+    tokens = np.zeros((B, T), np.int32)
+    for b, p in enumerate(prompts):
+      tokens[b, :len(p)] = p
+    key = jax.random.key(seed)
+    out = OutputCollector(B, max_new_tokens, eos_token_ids, stop_strings, tokenizer)
+    hist = [np.asarray(p, np.int64) for p in prompts]  # committed tokens per row
+
+    t0 = time.perf_counter()
+    last, cache = prefill(self.tp, jnp.asarray(tokens), jnp.asarray(lengths),
+                          KVCache.init(self.tc, B, S, dtype), jax.random.fold_in(key, 0))
+    last_np = np.asarray(last)
+    out.add(last_np)
+    hist = [np.append(h, t) for h, t in zip(hist, last_np)]
+    t1 = time.perf_counter()
+    stats = LookupStats(drafted=[], accepted=[])
+    i = 0
+    while not out.done.all():
+      i += 1
+      active = ~out.done
+      drafts = [lookup_drafts(h, self.gamma, self.max_ngram, self.min_ngram) if a else
+                np.zeros(0, np.int64) for h, a in zip(hist, active)]
+      n_valid = np.array([len(d) for d in drafts], np.int32)
+      M = int(n_valid.max())
+      block = np.zeros((B, M + 1), np.int32)
+      block[:, 0] = last_np
+      for b, d in enumerate(drafts):
+        block[b, 1:1 + len(d)] = d
+      cache, last, emitted, n = steps[M](self.tp, cache, jnp.asarray(block),
+                                         jnp.asarray(n_valid), jax.random.fold_in(key, i))
+      last_np, emitted, n = np.asarray(last), np.asarray(emitted), np.asarray(n)
+      stats.drafted.append([int(v) if a else 0 for v, a in zip(n_valid, active)])
+      stats.accepted.append([int(x) if a else 0 for x, a in zip(n, active)])
+      stats.active.append([bool(a) for a in active])
+      out.add(emitted)
+      hist = [np.concatenate([h, e[:k + 1]]) for h, e, k in zip(hist, emitted, n)]
+    t2 = time.perf_counter()
+    return GenerationResult(tokens=out.tokens, finish_reasons=out.reasons,
+                            prompt_lengths=lengths.tolist(), compile_s=compile_s,
+                            prefill_s=t1 - t0, decode_s=t2 - t1, steps=i, stats=stats)
