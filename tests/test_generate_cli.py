@@ -209,3 +209,17 @@ def test_crossvocab_method_with_another_tokenizer(tiny_chat_dir, tmp_path):
     parse_args(base + ["--draft", str(d), "--method", "crossvocab", "--adaptive"])
   with pytest.raises(ValueError, match="belong to --method crossvocab"):
     parse_args(base + ["--draft", str(d), "--method", "chain", "--no-ngram"])
+
+
+def test_pld_and_a_bf16_drafter_from_the_command_line(tiny_chat_dir):
+  base = ["--target", str(tiny_chat_dir), "--prompt", "a b c a b c a b", "--max-new-tokens",
+          "12", "--quiet"]
+  ar = main(parse_args(base))["output_ids"]
+  pld = main(parse_args(base + ["--method", "pld", "--gamma", "3", "--max-ngram", "2"]))
+  assert pld["output_ids"] == ar and pld["speculative"]["tau"] >= 1.0
+  assert pld["speculative"]["verifications"] == pld["speculative"]["target_forwards"] - 1
+  chain = main(parse_args(base + ["--method", "chain", "--draft", str(tiny_chat_dir),
+                                  "--draft-dtype", "bf16"]))
+  assert chain["output_ids"] == ar  # the f32 target verifies a bf16 drafter
+  with pytest.raises(ValueError, match="--method pld drafts from the context"):
+    parse_args(base + ["--method", "pld", "--draft", str(tiny_chat_dir)])

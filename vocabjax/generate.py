@@ -46,6 +46,7 @@ class GenerateConfig:
   stop: tuple[str, ...] = ()
   max_len: int | None = None  # cache slots; default: prompt + max_new_tokens rounded up
   dtype: str = "auto"
+  draft_dtype: str | None = None  # the drafter's weights (default: dtype)
   output: str | None = None
   quiet: bool = False
   draft: str | None = None
@@ -149,7 +150,7 @@ def _speculative_decoder(config: GenerateConfig, model):
                               target_params=model.params, dtype=model.params["embed"].dtype)
     return EagleDecoder(model.params, model.config, head, hc, tree=tree,
                         lm_head=config.eagle_lm_head, draft_vocab=sub)
-  draft = load_model(config.draft, dtype=config.dtype,
+  draft = load_model(config.draft, dtype=config.draft_dtype or config.dtype,
                      load_tokenizer=config.method == "crossvocab")
   if config.method == "crossvocab":
     from vocabjax.decoding.crossvocab import CrossVocabDecoder
@@ -252,6 +253,8 @@ def parse_args(argv=None) -> GenerateConfig:
   p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
   p.add_argument("--max-len", type=int, default=None, help="KV cache slots per row")
   p.add_argument("--dtype", default="auto", help="auto (f32 on CPU, bf16 on GPU/TPU), f32, bf16")
+  p.add_argument("--draft-dtype", help="the drafter's weights (default: --dtype); the target "
+                 "verifies, so output stays exact")
   p.add_argument("--output", help="write token ids and timing here as JSON")
   p.add_argument("--time-split", action="store_true",
                  help="after the run, time the step's parts (drafter, drafter LM head, "
@@ -290,9 +293,11 @@ def parse_args(argv=None) -> GenerateConfig:
   return GenerateConfig(target=a.target, prompts=tuple(a.prompt), chat=a.chat,
                         max_new_tokens=a.max_new_tokens, temperature=a.temperature,
                         top_k=a.top_k, top_p=a.top_p, seed=a.seed, stop=tuple(a.stop),
-                        max_len=a.max_len, dtype=a.dtype, output=a.output, quiet=a.quiet,
+                        max_len=a.max_len, dtype=a.dtype, draft_dtype=a.draft_dtype,
+                        output=a.output, quiet=a.quiet,
                         time_split=a.time_split,
-                        draft=a.draft, method=a.method, gamma=a.gamma, max_ngram=a.max_ngram, tree_top_k=a.tree_top_k,
+                        draft=a.draft, method=a.method, gamma=a.gamma, max_ngram=a.max_ngram,
+                        tree_top_k=a.tree_top_k,
                         tree_depth=a.tree_depth, tree_total_tokens=a.tree_total_tokens,
                         batch_size=a.batch_size, draft_vocab=a.draft_vocab, ranker=a.ranker,
                         ranker_k=a.ranker_k, eagle_head=a.eagle_head,

@@ -29,6 +29,7 @@ class CliConfig:
   target: str | None = None
   draft: str | None = None
   dtype: str | None = None
+  draft_dtype: str | None = None
   compare_torch: bool = False
   overwrite: bool = False
   quiet: bool = False
@@ -47,14 +48,14 @@ def resolve(cli: CliConfig):
       ds[i] = dataclasses.replace(ds[i], path=cli.spec_bench or ds[i].path,
                                   categories=cli.categories or ds[i].categories)
     cfg = dataclasses.replace(cfg, datasets=tuple(ds))
-  if cli.dtype is not None:
-    from vocabjax.checkpoints.loader import parse_dtype
+  from vocabjax.checkpoints.loader import parse_dtype
 
+  for value in (cli.dtype, cli.draft_dtype):
     try:
-      parse_dtype(cli.dtype)
+      parse_dtype(value)
     except ValueError as e:
       raise ConfigError(str(e)) from None
-  for field in ("max_new_tokens", "target", "draft", "dtype"):
+  for field in ("max_new_tokens", "target", "draft", "dtype", "draft_dtype"):
     if getattr(cli, field) is not None:
       cfg = dataclasses.replace(cfg, **{field: getattr(cli, field)})
   if cfg.max_new_tokens < 1:
@@ -91,6 +92,7 @@ def parse_args(argv=None) -> CliConfig:
   p.add_argument("--dtype", help="weights' dtype: f32 (the CPU default), bf16 (on the CPU: bf16 "
                  "weight matrices, f32 activations), auto; also the PyTorch side's with "
                  "--compare-torch")
+  p.add_argument("--draft-dtype", help="the drafter's weights' dtype (default: --dtype's)")
   p.add_argument("--compare-torch", action="store_true",
                  help="also run transformers (plain and assisted generation)")
   p.add_argument("--overwrite", action="store_true",
@@ -100,7 +102,7 @@ def parse_args(argv=None) -> CliConfig:
   return CliConfig(config=a.config, out=a.out, spec_bench=a.spec_bench,
                    categories=tuple(a.categories) if a.categories else None,
                    max_new_tokens=a.max_new_tokens, target=a.target, draft=a.draft,
-                   dtype=a.dtype, compare_torch=a.compare_torch, overwrite=a.overwrite, quiet=a.quiet)
+                   dtype=a.dtype, draft_dtype=a.draft_dtype, compare_torch=a.compare_torch, overwrite=a.overwrite, quiet=a.quiet)
 
 
 if __name__ == "__main__":

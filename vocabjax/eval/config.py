@@ -65,6 +65,8 @@ class EvalConfig:
   chat: bool = True
   max_len: int | None = None  # cache slots; None = sized per prompt
   dtype: str | None = None  # None = the backend default (f32 on CPU, bf16 on GPU/TPU)
+  draft_dtype: str | None = None  # the drafter's; None = `dtype` (verification by the target
+  #   keeps decoding exact whatever the drafter computes in)
   time_split: bool = True  # time drafter / LM head / verification per method
   name: str = "custom"
 
@@ -153,7 +155,7 @@ def config_from_dict(raw: dict, *, name: str = "custom") -> EvalConfig:
       methods=tuple(methods), max_new_tokens=raw.get("max_new_tokens", 128), temperature=temp,
       top_k=int(raw.get("top_k", 0)), top_p=float(raw.get("top_p", 1.0)), seeds=tuple(seeds),
       chat=bool(raw.get("chat", True)), max_len=raw.get("max_len"), dtype=raw.get("dtype"),
-      time_split=bool(raw.get("time_split", True)), name=raw.get("name", name))
+      draft_dtype=raw.get("draft_dtype"), time_split=bool(raw.get("time_split", True)), name=raw.get("name", name))
 
 
 def load_config(name_or_path: str | Path) -> EvalConfig:

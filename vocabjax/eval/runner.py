@@ -103,7 +103,8 @@ def load_models(config: EvalConfig) -> Loaded:
   draft = None
   if config.draft:  # the drafter's tokenizer only matters to a cross-vocabulary method
     cross = any(m.method == "crossvocab" for m in config.methods)
-    draft = load_model(config.draft, dtype=config.dtype, load_tokenizer=cross)
+    draft = load_model(config.draft, dtype=config.draft_dtype or config.dtype,
+                       load_tokenizer=cross)
   return Loaded(target, draft)
 
 

@@ -24,6 +24,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from vocabjax.kernels.cpu_matmul import linear
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import _layer, rms_norm, step_inputs
@@ -113,7 +114,7 @@ def fuse_features(params: dict, features: jax.Array) -> jax.Array:
   """[B, T, F*Dt] target features -> [B, T, D] (the fc layer, when there is one)."""
   if "fc" not in params:
     return features
-  return jnp.einsum("BTF,DF->BTD", features, params["fc"])
+  return linear(features, params["fc"]).astype(features.dtype)
 
 
 def eagle_forward(params: dict, embed: jax.Array, tokens: jax.Array, hidden: jax.Array,
@@ -140,7 +141,7 @@ def eagle_forward(params: dict, embed: jax.Array, tokens: jax.Array, hidden: jax
 def eagle_logits(params: dict, x: jax.Array, *, config: EagleConfig) -> jax.Array:
   """[..., Vd] logits over the head's vocabulary (f32); `draft_to_target` maps their ids."""
   h = rms_norm(x, params["final_norm"], config.layer.rms_norm_eps)
-  return jnp.einsum("...D,VD->...V", h, params["lm_head"], preferred_element_type=jnp.float32)
+  return linear(h, params["lm_head"])
 
 
 def draft_to_target(params: dict, ids: jax.Array) -> jax.Array:

@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vocabjax.kernels.cpu_matmul import linear
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import lm_head_weight
 from vocabjax.vocab.subset import SubsetError, VocabSubset
@@ -47,5 +48,5 @@ def subset_rows(params: dict) -> int | None:
 def static_policy(params: dict, hidden: jax.Array) -> tuple[jax.Array, jax.Array]:
   """(target ids [..., K], logits [..., K]) over the attached subset (f32 accumulation)."""
   sub = params[SUBSET_KEY]
-  z = jnp.einsum("...D,KD->...K", hidden, sub["head"], preferred_element_type=jnp.float32)
+  z = linear(hidden, sub["head"])  # the CPU kernel streams the K rows once (f32 out)
   return jnp.broadcast_to(sub["ids"], z.shape), z
