@@ -232,6 +232,28 @@ def validate_request(prompts: list[list[int]], max_new_tokens: int, sampling: Sa
                      f"context {config.max_position_embeddings}")
 
 
+def block_request(prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                  sampling: SamplingParams, config: LlamaLikeConfig, max_len: int | None,
+                  extra_slots: int, method: str):
+  """Validate a request for a method whose steps write up to `extra_slots` cache slots past
+  `max_new_tokens`; returns (prompts as int lists, lengths [B], cache slots S, prompt block T,
+  right-padded prompt tokens [B, T])."""
+  prompts = [list(map(int, p)) for p in prompts]
+  room = max_new_tokens + extra_slots
+  validate_request(prompts, max_new_tokens, sampling, config, None)
+  lengths = np.array([len(p) for p in prompts], np.int32)
+  longest = int(lengths.max())
+  if max_len is not None and longest + room > max_len:
+    raise ValueError(f"prompt of {longest} tokens + {max_new_tokens=} + {extra_slots} slots for "
+                     f"one {method} step = {longest + room} exceeds the cache length {max_len=}")
+  S = max_len or bucket(longest + room)
+  T = min(bucket(longest), S)
+  tokens = np.zeros((len(prompts), T), np.int32)
+  for b, p in enumerate(prompts):
+    tokens[b, :len(p)] = p
+  return prompts, lengths, S, T, tokens
+
+
 def generate(params: dict, config: LlamaLikeConfig, prompts: Sequence[Sequence[int]],
              **kwargs) -> GenerationResult:
   """One-shot convenience wrapper around `Decoder(params, config).generate(...)`."""

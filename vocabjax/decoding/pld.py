@@ -31,8 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector, bucket,
-                                              compile_prefill, validate_request)
+from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector,
+                                              block_request, compile_prefill)
 from vocabjax.decoding.sampling import SamplingParams, probs, sample
 from vocabjax.decoding.speculative import SpecStats
 from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
@@ -141,21 +141,11 @@ class PromptLookupDecoder:
                stop_strings: Sequence[str] = (), tokenizer=None) -> GenerationResult:
     """Generate like `Decoder.generate`; `stats` is a LookupStats, `steps` counts target
     forwards after the prefill."""
-    prompts = [list(map(int, p)) for p in prompts]
-    validate_request(prompts, max_new_tokens, sampling, self.tc, None)
+    prompts, lengths, S, T, tokens = block_request(prompts, max_new_tokens, sampling, self.tc,
+                                                   max_len, self.extra_slots, self.method)
     B = len(prompts)
-    lengths = np.array([len(p) for p in prompts], np.int32)
-    longest = int(lengths.max())
-    if max_len is not None and longest + max_new_tokens + self.extra_slots > max_len:
-      raise ValueError(f"prompt of {longest} tokens + {max_new_tokens=} + {self.extra_slots} "
-                       f"slots for one pld step exceeds the cache length {max_len=}")
-    S = max_len or bucket(longest + max_new_tokens + self.extra_slots)
-    T = min(bucket(longest), S)
     dtype = compute_dtype(self.tp)
     prefill, steps, compile_s = self.programs(sampling, B, T, S, dtype)
-    tokens = np.zeros((B, T), np.int32)
-    for b, p in enumerate(prompts):
-      tokens[b, :len(p)] = p
     key = jax.random.key(seed)
     out = OutputCollector(B, max_new_tokens, eos_token_ids, stop_strings, tokenizer)
     hist = [np.asarray(p, np.int64) for p in prompts]  # committed tokens per row

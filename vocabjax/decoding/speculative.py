@@ -32,8 +32,8 @@ import numpy as np
 from flax import struct
 
 from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector,
-                                              abstract_cache, bucket, compile_prefill,
-                                              validate_request)
+                                              abstract_cache, block_request, bucket,
+                                              compile_prefill)
 from vocabjax.decoding.sampling import SamplingParams, probs
 from vocabjax.kernels import cpu_matmul
 from vocabjax.decoding.tree import TreeParams, TreeState, tree_step
@@ -258,24 +258,11 @@ class SpeculativeDecoder:
 
     The result's `stats` is a SpecStats; `steps` counts verifications (target forwards).
     """
-    prompts = [list(map(int, p)) for p in prompts]
-    room = max_new_tokens + self.extra_slots
-    validate_request(prompts, max_new_tokens, sampling, self.tc, None)
+    prompts, lengths, S, T, tokens = block_request(prompts, max_new_tokens, sampling, self.tc,
+                                                   max_len, self.extra_slots, self.method)
     B = len(prompts)
-    lengths = np.array([len(p) for p in prompts], np.int32)
-    longest = int(lengths.max())
-    if max_len is not None and longest + room > max_len:
-      raise ValueError(f"prompt of {longest} tokens + {max_new_tokens=} + {self.extra_slots} "
-                       f"slots for one {self.method} step = {longest + room} exceeds the cache "
-                       f"length {max_len=}")
-    S = self.cache_len(longest, max_new_tokens, max_len)
-    T = min(bucket(longest), S)
     dtype = compute_dtype(self.tp)
     start, step, compile_s = self.programs(sampling, B, T, S, dtype)
-
-    tokens = np.zeros((B, T), np.int32)
-    for b, p in enumerate(prompts):
-      tokens[b, :len(p)] = p
     key = jax.random.key(seed)
     out = OutputCollector(B, max_new_tokens, eos_token_ids, stop_strings, tokenizer)
 

@@ -23,7 +23,8 @@ construction, not only up to ties).
 The kernel is compiled on first use with the system C++ compiler (`-O3 -march=native`) into
 `$VOCABJAX_CACHE/kernels/` (keyed by the source, the jaxlib version and the CPU's flags) and
 registered as an XLA FFI target. It is used on the CPU backend for f32 or bf16 x with M <= `MAX_ROWS`;
-everything else (prefill of long prompts, GPU and TPU) takes the XLA dot.
+everything else (prefill of long prompts, GPU and TPU) takes the XLA dot (on the CPU with the
+weights widened to f32 first: XLA:CPU's bf16 GEMM is slower than its f32 one).
 
 Switch: the environment variable `VOCABJAX_CPU_KERNEL=0` (read at import), or
 `set_enabled(False)` / `with enabled(False):` before a program is traced. When the compiler is
@@ -207,6 +208,10 @@ def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None) -> jax.Ar
     raise ValueError(f"linear: x's width {x.shape[-1]} differs from w{tuple(w.shape)}'s "
                      f"input width {w.shape[-1]}")
   if not uses_kernel(x.shape, x.dtype, w.dtype) or (w.dtype == jnp.int8) != (scale is not None):
+    if jax.default_backend() == "cpu" and w.dtype != jnp.float32:
+      # XLA:CPU's bf16 GEMM is slower than widening the weights and running its f32 GEMM
+      # (a 709-token prefill with bf16 weights: 26 s against 21 s in f32)
+      x, w = x.astype(jnp.float32), w.astype(jnp.float32)
     return linear_reference(x, w, scale).astype(jnp.float32)
   lead = x.shape[:-1]  # bf16 activations are widened: the kernel computes in f32
   y = _streamed(x.reshape(-1, x.shape[-1]).astype(jnp.float32), w, scale)
