@@ -22,6 +22,7 @@ import numpy as np
 
 from vocabjax import sharding
 from vocabjax.decoding.sampling import SamplingParams, sample
+from vocabjax.kernels import cpu_matmul
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import compute_dtype, forward, lm_head
@@ -156,10 +157,14 @@ class Decoder:
     t0 = time.perf_counter()
     cfg = self.config
     cache = abstract_cache(cfg, B, S, cache_dtype, self.mesh)
-    prefill = compile_prefill(self.params, cfg, sampling, B, T, cache)
-    step = jax.jit(functools.partial(_step, config=cfg, sampling=sampling),
-                   donate_argnums=(2,)).lower(
-        self.params, jax.ShapeDtypeStruct((B,), jnp.int32), cache, jax.random.key(0)).compile()
+    # On a mesh XLA's dot is partitioned with the weights; the CPU kernel is one device's
+    # custom call (GSPMD would gather the weights to it), so sharded programs do without it.
+    with cpu_matmul.enabled(cpu_matmul.is_enabled() and self.mesh is None):
+      prefill = compile_prefill(self.params, cfg, sampling, B, T, cache)
+      step = jax.jit(functools.partial(_step, config=cfg, sampling=sampling),
+                     donate_argnums=(2,)).lower(
+          self.params, jax.ShapeDtypeStruct((B,), jnp.int32), cache,
+          jax.random.key(0)).compile()
     self._programs[key] = (prefill, step)
     return prefill, step, time.perf_counter() - t0
 

@@ -64,6 +64,11 @@ class LookupStats(SpecStats):
   active: list[list[bool]] = dataclasses.field(default_factory=list)  # [steps][B]
 
   @property
+  def target_forwards(self) -> int:
+    """Verifications after the prefill, with or without drafts."""
+    return len(self.drafted)
+
+  @property
   def tau(self) -> float:
     steps = sum(a for row in self.active for a in row)
     acc = sum(a for row in self.accepted for a in row)

@@ -253,9 +253,10 @@ def step_inputs(tokens, positions, cache: KVCache, mask, prefix_mask, config: Ll
 
 
 def compute_dtype(params: Params):
-  """The activations' and the KV cache's dtype: the norm weights'. `cast_weights` narrows only
-  the matrices, so such a model computes in f32 with bf16 weights."""
-  return params["final_norm"].dtype
+  """The activations' and the KV cache's dtype: the final norm weight's (`cast_weights` narrows
+  only the matrices, so such a model computes in f32 with bf16 weights); the embedding's for a
+  params dict without one (an EAGLE drafter's)."""
+  return (params["final_norm"] if "final_norm" in params else params["embed"]).dtype
 
 
 def cast_weights(params: Params, dtype) -> Params:
