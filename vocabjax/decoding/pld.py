@@ -75,7 +75,7 @@ class LookupStats(SpecStats):
     return (acc + steps) / steps if steps else float("nan")
 
   def record(self) -> dict:
-    """Totals for an eval record: steps that found a match, drafts proposed."""
+    """Totals for an eval record: steps that found a match, and all verifications."""
     matched = sum(1 for row in self.drafted for d in row if d)
     return {"matched_steps": matched, "verifications": len(self.drafted)}
 
