@@ -57,6 +57,9 @@ def param_specs(config: LlamaLikeConfig, mesh: Mesh) -> dict:
 
 def shard_params(params: dict, config: LlamaLikeConfig, mesh: Mesh) -> dict:
   """device_put every leaf with its NamedSharding."""
+  if any(k.endswith("_scale") for k in params):
+    raise ValueError("int8 weights (`quantize_int8`) are a one-device option; shard the "
+                     "model in float32 or bfloat16")
   specs = param_specs(config, mesh)
   return jax.tree.map(lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), params, specs)
 

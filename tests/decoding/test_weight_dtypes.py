@@ -1,5 +1,6 @@
 """Every decoding method in every weight dtype offered: bf16 weight matrices (f32 activations,
-as `load_model(dtype="bfloat16")` gives on the CPU) and the XLA path without the CPU kernel.
+as `load_model(dtype="bfloat16")` gives on the CPU), weight-only int8 (`quantize_int8`), an
+int8 drafter verified by an f32 target, and the XLA path without the CPU kernel.
 Greedy output equals the same model's autoregressive output; sampling stays lossless."""
 
 import jax
@@ -34,7 +35,8 @@ def _methods(target, draft):
 
 
 @pytest.mark.parametrize("dtype,kernel", [("bfloat16", True), ("float32", False),
-                                          ("bfloat16", False)])
+                                          ("bfloat16", False), ("int8", True),
+                                          ("int8", False)])
 def test_greedy_identity_per_dtype(pair, dtype, kernel):
   with cpu_matmul.enabled(kernel):
     target, draft = (cast_weights(p, dtype) for p in pair)
@@ -66,9 +68,46 @@ def test_bf16_differs_from_f32_but_decodes(pair):
   assert 1e-4 < diff < 0.5, (diff, a == b)
 
 
-@pytest.mark.parametrize("kind", ["chain", "tree"])
-def test_bf16_sampling_is_lossless(small_pair, kind):
-  target, draft = (cast_weights(p, jnp.bfloat16) for p in small_pair)
+def test_quantize_int8_rows(pair):
+  from vocabjax.models.llamalike import SCALE, embed_tokens, is_int8, lm_head_weight
+
+  target, _ = pair
+  q = cast_weights(target, "int8")
+  assert is_int8(q) and not is_int8(target) and compute_dtype(q) == jnp.float32
+  for name in ("wq", "w_down"):
+    w, wq, s = target["layers"][1][name], q["layers"][1][name], q["layers"][1][name + SCALE]
+    assert wq.dtype == jnp.int8 and s.shape == (w.shape[0],)
+    assert int(jnp.abs(wq.astype(jnp.int32)).max()) == 127  # each row's largest hits 127
+    err = jnp.abs(wq.astype(jnp.float32) * s[:, None] - w)
+    assert float((err / s[:, None]).max()) <= 0.5 + 1e-4  # round to nearest
+  assert q["layers"][0]["attn_norm"].dtype == jnp.float32
+  U = lm_head_weight(q, CFG)  # dequantized
+  assert U.dtype == jnp.float32 and float(jnp.abs(U - lm_head_weight(target, CFG)).max()) < 0.01
+  E = q["embed"].astype(jnp.float32) * q["embed" + SCALE][:, None]
+  np.testing.assert_allclose(embed_tokens(q, jnp.asarray([3, 7])), E[jnp.asarray([3, 7])])
+  assert float(jnp.abs(E - target["embed"]).max()) < 0.01
+  with pytest.raises(ValueError, match="int8"):
+    cast_weights(q, jnp.bfloat16)
+
+
+def test_int8_drafter_with_f32_target_is_exact(pair):
+  """The drafter's precision never touches the output: an int8 drafter under an f32 target
+  gives the f32 target's own greedy tokens (what `--draft-dtype int8` runs)."""
+  target, draft = pair
+  draft8 = cast_weights(draft, "int8")
+  rs = np.random.RandomState(3)
+  prompts = [rs.randint(0, 64, n).tolist() for n in (1, 9, 4)] + [[5, 9, 2, 5, 9, 2, 5]]
+  ar = Decoder(target, CFG).generate(prompts, max_new_tokens=20)
+  for dec in (ChainDecoder(target, CFG, draft8, CFG, gamma=3),
+              TreeDecoder(target, CFG, draft8, CFG, tree=TreeParams(2, 3, 6))):
+    res = dec.generate(prompts, max_new_tokens=20)
+    assert res.tokens == ar.tokens and res.stats.tau > 1
+
+
+@pytest.mark.parametrize("kind,dtype", [("chain", jnp.bfloat16), ("tree", jnp.bfloat16),
+                                        ("chain", "int8")])
+def test_narrow_sampling_is_lossless(small_pair, kind, dtype):
+  target, draft = (cast_weights(p, dtype) for p in small_pair)
   sp = SamplingParams(temperature=1.0)
   dec = (ChainDecoder(target, SMALL, draft, SMALL, gamma=2) if kind == "chain" else
          TreeDecoder(target, SMALL, draft, SMALL, tree=TreeParams(2, 2, 4)))

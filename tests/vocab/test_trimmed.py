@@ -18,10 +18,14 @@ from tests.decoding.conftest import (CFG, SMALL, check_vocab_sampling_lossless, 
                                      pair, small_pair)
 
 
-def test_trimmed_head_is_the_full_head_on_the_subset():
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_trimmed_head_is_the_full_head_on_the_subset(dtype):
   from vocabjax.models import init_params
+  from vocabjax.models.llamalike import cast_weights
 
   params = init_params(jax.random.key(3), CFG, scale=0.3)
+  if dtype == "int8":  # int8 rows keep their per-row scales in the trimmed head
+    params = cast_weights(params, "int8")
   ids = np.array([0, 5, 6, 17, 40, 63])
   p = attach_subset(params, CFG, VocabSubset(ids=ids, vocab_size=CFG.vocab_size))
   assert subset_rows(p) == 6 and subset_rows(params) is None
@@ -53,11 +57,16 @@ def _decoders(kind, target, draft, config, sub, gamma=3, tp=TreeParams(2, 3, 5))
           TreeDecoder(target, config, draft, config, tree=tp))
 
 
-@pytest.mark.parametrize("kind", ["chain", "tree"])
-def test_greedy_identical_with_a_trimmed_drafter(pair, kind):
+@pytest.mark.parametrize("kind,draft_dtype", [("chain", "float32"), ("tree", "float32"),
+                                              ("chain", "int8")])
+def test_greedy_identical_with_a_trimmed_drafter(pair, kind, draft_dtype):
   """The target's greedy choices often lie outside the subset (half the vocabulary): those
-  drafts are impossible, yet the output equals plain greedy decoding token for token."""
+  drafts are impossible, yet the output equals plain greedy decoding token for token (also
+  with an int8 drafter, `--draft-dtype int8`)."""
+  from vocabjax.models.llamalike import cast_weights
+
   target, draft = pair
+  draft = cast_weights(draft, draft_dtype)
   rs = np.random.RandomState(0)
   prompts = [rs.randint(0, 64, n).tolist() for n in (1, 9, 4)]
   ar = Decoder(target, CFG).generate(prompts, max_new_tokens=24)

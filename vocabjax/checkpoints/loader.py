@@ -15,7 +15,7 @@ from vocabjax.checkpoints import zoo
 from vocabjax.models.config import LlamaLikeConfig
 
 _DTYPES = {"float32": jnp.float32, "f32": jnp.float32, "bfloat16": jnp.bfloat16,
-           "bf16": jnp.bfloat16, "float16": jnp.float16, "f16": jnp.float16}
+           "bf16": jnp.bfloat16, "float16": jnp.float16, "f16": jnp.float16, "int8": jnp.int8}
 
 
 def default_dtype(backend: str | None = None):
@@ -24,7 +24,8 @@ def default_dtype(backend: str | None = None):
 
 
 def parse_dtype(dtype: Any):
-  """None -> the backend default; a name ('f32', 'bfloat16', ...) or a dtype -> that dtype."""
+  """None -> the backend default; a name ('f32', 'bfloat16', 'int8', ...) or a dtype -> that
+  dtype (int8 means weight-only int8, `models.llamalike.quantize_int8`)."""
   if dtype is None or dtype == "auto":
     return default_dtype()
   if isinstance(dtype, str):
@@ -75,9 +76,12 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
   `dtype`: the weights' dtype. On GPU/TPU every param takes it. On the CPU backend a dtype
   narrower than f32 applies to the weight matrices only (`models.llamalike.cast_weights`):
   norms, biases, activations and the KV cache stay f32, which is what runs fast there.
+  `int8` (any backend) is weight-only int8 with per-row f32 scales, quantized from the f32
+  weights at load (`models.llamalike.quantize_int8`); activations and the cache stay f32.
   """
   dtype = parse_dtype(dtype)
-  narrow_on_cpu = jax.default_backend() == "cpu" and jnp.dtype(dtype) != jnp.float32
+  narrow_on_cpu = ((jax.default_backend() == "cpu" and jnp.dtype(dtype) != jnp.float32)
+                   or jnp.dtype(dtype) == jnp.int8)
   out_dtype, dtype = dtype, (jnp.float32 if narrow_on_cpu else dtype)
   path = zoo.resolve(name_or_path, progress=progress)
   tokenizer = None

@@ -100,6 +100,19 @@ def bucket(n: int, minimum: int = 16) -> int:
   return max(minimum, 1 << (max(n, 1) - 1).bit_length())
 
 
+PROMPT_STEP = 128  # prompt blocks above this many tokens grow by this many
+
+
+def prompt_bucket(n: int) -> int:
+  """The prompt block T for an n-token prompt: a power of two up to `PROMPT_STEP`, then the
+  next multiple of it. Prefill is compute bound (every padded position costs a full token's
+  FLOPs), so a 709-token prompt runs as 768 tokens, not 1024 (a 1.5B f32 prefill: ~25% less
+  time), at the price of a few more compiled shapes."""
+  if n <= PROMPT_STEP:
+    return bucket(n)
+  return -(-n // PROMPT_STEP) * PROMPT_STEP
+
+
 def _prefill(params, tokens, prompt_lengths, cache, key, *, config, sampling):
   B, T = tokens.shape
   positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
@@ -182,7 +195,7 @@ class Decoder:
     lengths = np.array([len(p) for p in prompts], np.int32)
     longest = int(lengths.max())
     S = max_len or bucket(longest + max_new_tokens)
-    T = min(bucket(longest), S)  # validate_request guarantees longest <= T <= S
+    T = min(prompt_bucket(longest), S)  # validate_request guarantees longest <= T <= S
     cache_dtype = cache_dtype or compute_dtype(self.params)
     prefill, step, compile_s = self.programs(sampling, B, T, S, cache_dtype)
 
@@ -252,7 +265,7 @@ def block_request(prompts: Sequence[Sequence[int]], max_new_tokens: int,
     raise ValueError(f"prompt of {longest} tokens + {max_new_tokens=} + {extra_slots} slots for "
                      f"one {method} step = {longest + room} exceeds the cache length {max_len=}")
   S = max_len or bucket(longest + room)
-  T = min(bucket(longest), S)
+  T = min(prompt_bucket(longest), S)
   tokens = np.zeros((len(prompts), T), np.int32)
   for b, p in enumerate(prompts):
     tokens[b, :len(p)] = p

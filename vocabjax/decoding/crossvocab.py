@@ -54,6 +54,7 @@ import numpy as np
 
 from vocabjax.decoding.adaptive import acceptance_logit, check_threshold, should_stop
 from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector, bucket,
+                                              prompt_bucket,
                                               compile_prefill, validate_request)
 from vocabjax.decoding.sampling import SamplingParams, log_probs, probs
 from vocabjax.decoding.speculative import SpecStats, _draft_prefill, block_layout
@@ -392,7 +393,7 @@ class CrossVocabDecoder:
     dtype = compute_dtype(self.tp)
     dprompt = self.prompt_to_drafter(prompt)
     Sd = bucket(len(dprompt) + 2 * (S - len(prompt)) + 2 * G + 16)
-    T, Td = bucket(len(prompt)), bucket(len(dprompt))
+    T, Td = min(prompt_bucket(len(prompt)), S), min(prompt_bucket(len(dprompt)), Sd)
     tprefill, c1 = self._program("tprefill", sampling, T, S)
     dprefill, c2 = self._program("dprefill", sampling, Td, Sd)
     res.compile_s += c1 + c2

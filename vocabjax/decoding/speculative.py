@@ -10,8 +10,9 @@ numbers of tokens; everything is per row.
 Cache invariants at the start of a step (N[b] = target cache length):
   target: holds every committed token except `last` (N entries);
   drafter: holds every committed token except the last `pending` (1 or 2) of them. After a
-    fully accepted block the drafter never saw d_G, so the next step first feeds it d_G in a
-    conditional T=1 catch-up call (pending 2); then it drafts from `last`.
+    fully accepted block the drafter never saw d_G (pending 2), so the next step's first
+    drafting call feeds [prev = d_G, last] as one two-token call (or, on XLA:CPU without the
+    CPU kernel, a conditional T=1 catch-up call first).
 
 `draft_vocab` swaps the drafter's vocabulary policy: a static subset (`VocabSubset`, VocabTrim /
 FR-Spec) for `vocabjax.vocab.trimmed.static_policy`, a ranker (`SpeculativeVocab`, SpecVocab) for
@@ -100,20 +101,30 @@ def chain_step(target_params, draft_params, state: ChainState, key, *, target_co
   N = state.target_cache.lengths
   keys = jax.random.split(key, G + 1)
 
-  # Catch-up: after a fully accepted block the drafter never saw d_G (= prev). Feed it as one
-  # T=1 call, only when some row needs it (lax.cond): on XLA:CPU a T=2 forward costs ~2.4 T=1
-  # forwards, so a fixed-shape [prev, last] call made every step slower. Rows that do not need
-  # it write `last` at slot N, which the first drafting call below overwrites with the same.
-  def catch_up(cache):
-    need = state.pending == 2
-    pos = jnp.where(need, N - 1, N)
-    tok = jnp.where(need, state.prev, state.last)
-    _, cache = forward(draft_params, tok[:, None], pos[:, None], cache.with_lengths(pos),
-                       config=draft_config)
-    return cache
+  # The first drafting call feeds [prev, last] at slots [N - 1, N]: after a fully accepted
+  # block the drafter never saw d_G (= prev), and otherwise prev's entry is already cached
+  # and is written again from the same context. With the CPU kernel (or any GPU/TPU) a
+  # two-token call costs about one one-token call, so this is cheaper than a separate
+  # catch-up call after every fully accepted block (which XLA:CPU's dot needed: there a
+  # T=2 forward cost ~2.4 T=1 forwards, and a conditional T=1 call is used instead).
+  if fold_catch_up():
+    pair = jnp.stack([state.prev, state.last], axis=1)
+    h, dcache = forward(draft_params, pair, (N - 1)[:, None] + jnp.arange(2)[None],
+                        state.draft_cache.with_lengths(N - 1), config=draft_config)
+  else:
+    def catch_up(cache):
+      need = state.pending == 2
+      pos = jnp.where(need, N - 1, N)
+      tok = jnp.where(need, state.prev, state.last)
+      _, cache = forward(draft_params, tok[:, None], pos[:, None], cache.with_lengths(pos),
+                         config=draft_config)
+      return cache
 
-  dcache = jax.lax.cond(jnp.any(state.pending == 2), catch_up, lambda c: c, state.draft_cache)
-  dcache = dcache.with_lengths(N)
+    dcache = jax.lax.cond(jnp.any(state.pending == 2), catch_up, lambda c: c,
+                          state.draft_cache)
+    h, dcache = forward(draft_params, state.last[:, None], N[:, None], dcache.with_lengths(N),
+                        config=draft_config)
+  d0, q0 = draft_choice(policy, draft_params, h[:, -1], keys[0], sampling, V)
 
   def body(carry, i):
     tok, cache = carry
@@ -121,7 +132,9 @@ def chain_step(target_params, draft_params, state: ChainState, key, *, target_co
     d, q = draft_choice(policy, draft_params, h[:, -1], keys[i], sampling, V)
     return (d, cache), (d, q)
 
-  (_, dcache), (ds, qs) = jax.lax.scan(body, (state.last, dcache), jnp.arange(G))
+  (_, dcache), (ds, qs) = jax.lax.scan(body, (d0, dcache), jnp.arange(1, G))
+  ds = jnp.concatenate([d0[None], ds])
+  qs = None if q0 is None else jnp.concatenate([q0[None], qs])  # greedy drafts carry no q
   drafts = ds.T  # scan stacks on axis 0: [G, B] -> [B, G]
 
   tokens = jnp.concatenate([state.last[:, None], drafts], axis=1)  # [B, G + 1]
@@ -145,6 +158,12 @@ def chain_step(target_params, draft_params, state: ChainState, key, *, target_co
                          draft_cache=dcache.with_lengths(new_n + 1 - pending),
                          last=nxt, prev=prev, pending=pending)
   return new_state, emitted, n
+
+
+def fold_catch_up(backend: str | None = None) -> bool:
+  """Whether chain drafting starts with a two-token call (see `chain_step`): everywhere but
+  on XLA:CPU without the CPU kernel."""
+  return block_layout(backend) == "out_in"
 
 
 def block_layout(backend: str | None = None) -> str:
@@ -305,6 +324,8 @@ class ChainDecoder(SpeculativeDecoder):
     self.verify_tokens = gamma + 1
 
   def drafter_calls(self):
+    if fold_catch_up():  # [prev, last], then one token per call
+      return [(2, 1)] + [(1, 1)] * (self.gamma - 1)
     # the T=1 catch-up call (no head) runs only after a fully accepted block: counted as always
     return [(1, 1)] * self.gamma + [(1, 0)]
 

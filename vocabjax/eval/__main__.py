@@ -92,9 +92,10 @@ def parse_args(argv=None) -> CliConfig:
   p.add_argument("--target")
   p.add_argument("--draft")
   p.add_argument("--dtype", help="weights' dtype: f32 (the CPU default), bf16 (on the CPU: bf16 "
-                 "weight matrices, f32 activations), auto; also the PyTorch side's with "
-                 "--compare-torch")
-  p.add_argument("--draft-dtype", help="the drafter's weights' dtype (default: --dtype's)")
+                 "weight matrices, f32 activations), int8 (weight-only, per-row scales), "
+                 "auto; also the PyTorch side's with --compare-torch (f32 or bf16)")
+  p.add_argument("--draft-dtype", help="the drafter's weights' dtype (default: the config's "
+                 "draft_dtype, else --dtype's); the target verifies, so output stays exact")
   p.add_argument("--compare-torch", action="store_true",
                  help="also run transformers (plain and assisted generation)")
   p.add_argument("--overwrite", action="store_true",

@@ -33,8 +33,12 @@ def _load(source: str, dtype: str = "float32"):
 
   from vocabjax.checkpoints.zoo import resolve
 
-  tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16,
-            "float16": torch.float16}[dtype]
+  tdtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+  if dtype not in tdtypes:
+    raise ValueError(f"the transformers comparison runs float32, bfloat16 or float16 models, "
+                     f"not {dtype=} (vocabjax's weight-only int8 has no transformers "
+                     f"counterpart here)")
+  tdtype = tdtypes[dtype]
   path = resolve(source)
   if path.is_file() and path.suffix == ".gguf":
     return transformers.AutoModelForCausalLM.from_pretrained(

@@ -166,7 +166,7 @@ def _proj(x, layer, name):
   result has x's dtype (f32 activations with bf16 weights stay f32)."""
   if name + "_t" in layer:
     return jnp.einsum("BTI,IO->BTO", x, layer[name + "_t"]).astype(x.dtype)
-  return linear(x, layer[name]).astype(x.dtype)
+  return linear(x, layer[name], layer.get(name + SCALE)).astype(x.dtype)
 
 
 
@@ -188,8 +188,8 @@ def with_mlp_layout(params: Params, layout: str) -> Params:
   """
   if layout not in MLP_LAYOUTS:
     raise ValueError(f"unknown MLP layout {layout=}; choose one of {MLP_LAYOUTS}")
-  if mlp_layout(params) == layout:
-    return params
+  if mlp_layout(params) == layout or (layout == "in_out" and is_int8(params)):
+    return params  # int8 weights stay [out, in] with their per-row scales (see `quantize_int8`)
   layers = []
   for layer in params["layers"]:
     layer = dict(layer)
@@ -256,7 +256,59 @@ def compute_dtype(params: Params):
   """The activations' and the KV cache's dtype: the final norm weight's (`cast_weights` narrows
   only the matrices, so such a model computes in f32 with bf16 weights); the embedding's for a
   params dict without one (an EAGLE drafter's)."""
-  return (params["final_norm"] if "final_norm" in params else params["embed"]).dtype
+  if "final_norm" in params:
+    return params["final_norm"].dtype
+  return jnp.float32 if params["embed"].dtype == jnp.int8 else params["embed"].dtype
+
+
+SCALE = "_scale"  # suffix of an int8 matrix's per-row scales: w ~ q * scale[:, None]
+_MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+
+
+def quantize_rows(w) -> tuple[jax.Array, jax.Array]:
+  """Symmetric per-row int8: (q [F, D] int8, scale [F] f32) with w ~ q * scale[:, None] and
+  |q| <= 127; a row of zeros gets scale 1."""
+  w = jnp.asarray(w, jnp.float32)
+  amax = jnp.max(jnp.abs(w), axis=1)
+  scale = jnp.where(amax > 0, amax / 127.0, 1.0)
+  q = jnp.clip(jnp.round(w / scale[:, None]), -127, 127).astype(jnp.int8)
+  return q, scale.astype(jnp.float32)
+
+
+def quantize_int8(params: Params) -> Params:
+  """Weight-only int8: every projection, the embedding and the LM head as int8 rows with f32
+  per-row scales (`name` and `name + "_scale"`); norms, biases, activations and the KV cache
+  stay f32. The CPU kernel streams the int8 rows (a quarter of f32's bytes) and widens them
+  in registers; elsewhere `linear` dequantizes (prefill, GPU/TPU). Meant for drafters, whose
+  precision does not touch losslessness (the target verifies), and for a target whose user
+  accepts a quantized model's outputs. Tied embeddings stay tied (one int8 matrix)."""
+  if is_int8(params):
+    return params
+  params = dict(params)
+  for name in ("embed", "lm_head"):
+    if name in params:
+      params[name], params[name + SCALE] = quantize_rows(params[name])
+  layers = []
+  for layer in params["layers"]:
+    layer = dict(with_mlp_layout({"layers": [layer]}, "out_in")["layers"][0])
+    for name in _MATRICES:
+      layer[name], layer[name + SCALE] = quantize_rows(layer[name])
+    layers.append(layer)
+  params["layers"] = layers
+  return params
+
+
+def is_int8(params: Params) -> bool:
+  """Whether `params` hold int8 weights (`quantize_int8`)."""
+  return "embed" + SCALE in params
+
+
+def embed_tokens(params: Params, tokens: jax.Array) -> jax.Array:
+  """The embedding rows of `tokens` in `compute_dtype(params)` (dequantized for int8)."""
+  x = jnp.take(params["embed"], tokens, axis=0)
+  if is_int8(params):
+    return x.astype(jnp.float32) * jnp.take(params["embed" + SCALE], tokens, axis=0)[..., None]
+  return x.astype(compute_dtype(params))
 
 
 def cast_weights(params: Params, dtype) -> Params:
@@ -266,6 +318,11 @@ def cast_weights(params: Params, dtype) -> Params:
   step reads and the CPU kernel widens them in registers, while XLA:CPU's bf16 arithmetic
   elsewhere (attention, softmax, cache writes) made a bf16 step 2.6x slower than the same
   step with f32 activations (`eval/results/profile/`)."""
+  if jnp.dtype(dtype) == jnp.int8:
+    return quantize_int8(params)
+  if is_int8(params):
+    raise ValueError(f"cannot cast int8 weights to {jnp.dtype(dtype).name}: load the model "
+                     f"again in that dtype")
   dtype = jnp.dtype(dtype)
   return jax.tree.map(lambda a: a.astype(dtype) if a.ndim == 2 and a.dtype != dtype else a,
                       params)
@@ -273,7 +330,7 @@ def cast_weights(params: Params, dtype) -> Params:
 
 def _run(params, tokens, positions, cache, mask, prefix_mask, config, capture):
   T = tokens.shape[1]
-  x = jnp.take(params["embed"], tokens, axis=0).astype(compute_dtype(params))
+  x = embed_tokens(params, tokens)
   cos, sin, full_mask, write_b, write_s = step_inputs(tokens, positions, cache, mask,
                                                       prefix_mask, config)
   k_all, v_all = cache.k, cache.v
@@ -287,11 +344,20 @@ def _run(params, tokens, positions, cache, mask, prefix_mask, config, capture):
   return hidden, KVCache(k=k_all, v=v_all, lengths=cache.lengths + T), feats
 
 
+def lm_head_rows(params: Params, config: LlamaLikeConfig) -> tuple[jax.Array, jax.Array | None]:
+  """(U [V, D] as stored, its per-row scale [V] for int8 weights else None): the LM head rows
+  (the embedding when tied), what `linear` and row gathers (trimmed heads) take."""
+  name = "embed" if config.tie_word_embeddings else "lm_head"
+  return params[name], params.get(name + SCALE)
+
+
 def lm_head_weight(params: Params, config: LlamaLikeConfig) -> jax.Array:
-  """U [V, D]: the LM head rows (the embedding when tied)."""
-  return params["embed"] if config.tie_word_embeddings else params["lm_head"]
+  """U [V, D]: the LM head rows (the embedding when tied); f32 dequantized rows for int8
+  weights (decoding paths use `lm_head_rows` and never materialize them)."""
+  U, scale = lm_head_rows(params, config)
+  return U if scale is None else U.astype(jnp.float32) * scale[:, None]
 
 
 def lm_head(params: Params, hidden: jax.Array, *, config: LlamaLikeConfig) -> jax.Array:
   """Full-vocabulary logits [..., V] from hidden [..., D], accumulated in f32."""
-  return linear(hidden, lm_head_weight(params, config)).astype(jnp.float32)
+  return linear(hidden, *lm_head_rows(params, config)).astype(jnp.float32)

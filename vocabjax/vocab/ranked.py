@@ -170,6 +170,12 @@ class SpeculativeVocab:
 
   def attach(self, params: dict, config: LlamaLikeConfig):
     """(params with the ranker beside them, the policy)."""
+    from vocabjax.models.llamalike import is_int8
+
+    if is_int8(params):
+      raise RankerError("a SpecVocab ranker is matched to its drafter's float LM head (by "
+                        "fingerprint) and is not supported with an int8 drafter: load the "
+                        "drafter in float32 or bfloat16")
     self.ranker.check_drafter(params, config)
     dtype = lm_head_weight(params, config).dtype
     ranker = {"down": jnp.asarray(self.ranker.down, dtype),

@@ -23,7 +23,7 @@ import numpy as np
 
 from vocabjax.kernels.cpu_matmul import linear
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import lm_head_weight
+from vocabjax.models.llamalike import lm_head_rows
 from vocabjax.vocab.subset import SubsetError, VocabSubset
 
 SUBSET_KEY = "vocab_subset"
@@ -35,8 +35,11 @@ def attach_subset(params: dict, config: LlamaLikeConfig, subset: VocabSubset) ->
     raise SubsetError(f"the subset is over a vocabulary of {subset.vocab_size} tokens but the "
                       f"drafter has V={config.vocab_size}: counted with another tokenizer?")
   ids = jnp.asarray(np.asarray(subset.ids), jnp.int32)
-  U = lm_head_weight(params, config)
-  return {**params, SUBSET_KEY: {"head": jnp.take(U, ids, axis=0), "ids": ids}}
+  U, scale = lm_head_rows(params, config)
+  sub = {"head": jnp.take(U, ids, axis=0), "ids": ids}
+  if scale is not None:  # int8 rows keep their scales
+    sub["scale"] = jnp.take(scale, ids, axis=0)
+  return {**params, SUBSET_KEY: sub}
 
 
 def subset_rows(params: dict) -> int | None:
@@ -48,5 +51,5 @@ def subset_rows(params: dict) -> int | None:
 def static_policy(params: dict, hidden: jax.Array) -> tuple[jax.Array, jax.Array]:
   """(target ids [..., K], logits [..., K]) over the attached subset (f32 accumulation)."""
   sub = params[SUBSET_KEY]
-  z = linear(hidden, sub["head"])  # the CPU kernel streams the K rows once (f32 out)
+  z = linear(hidden, sub["head"], sub.get("scale"))  # the CPU kernel streams the K rows once (f32 out)
   return jnp.broadcast_to(sub["ids"], z.shape), z
