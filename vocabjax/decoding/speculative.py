@@ -289,6 +289,7 @@ class SpeculativeDecoder:
     first, state = start(jnp.asarray(tokens), jnp.asarray(lengths),
                          jnp.asarray([p[-1] for p in prompts], jnp.int32),
                          jax.random.fold_in(key, 0))
+    jax.block_until_ready(state)  # both prefills (the drafter's would else spill into decode_s)
     out.add(np.asarray(first))
     t1 = time.perf_counter()
     stats = SpecStats(drafted=[], accepted=[])

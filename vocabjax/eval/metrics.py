@@ -8,6 +8,10 @@ Per question (one record of `questions.jsonl`) and aggregated over any set of re
 - tokens/s: generated tokens / (prefill + decode) wall time, compilation excluded.
 - speedup: method throughput / autoregressive throughput on the same questions and seeds in the
   same run; aggregated as the ratio of total tokens / total time (Spec-Bench).
+- decode speedup: the same ratio over the decoding phase alone (tokens after the first /
+  decode time; prefill, the drafter's included, left out): what a method does per generated
+  token once the prompt is in the caches. On a CPU, prefill of a long prompt is compute bound
+  and can take a third of a question's time, which the end-to-end speedup dilutes by.
 - MBSU (VocabTrim): tau / (c * gamma + 1), c = drafter / target parameters read per token
   (embedding excluded, LM head rows counted as the drafter uses them), gamma = drafter forward
   passes per block.
@@ -59,7 +63,7 @@ def aggregate(records: list[dict], ar_records: dict | None = None, *, greedy: bo
   wall = sum(r["wall_s"] for r in records)
   out = {"questions": len(records), "tokens": tokens, "wall_s": wall,
          "tokens_per_s": _nan_div(tokens, wall), "tau": None, "acceptance_rate": None,
-         "mbsu": None}
+         "mbsu": None, "decode_tokens_per_s": _decode_tps(records)}
   if all(r["steps"] is not None for r in records):  # (transformers does not report steps)
     steps = sum(r["steps"] for r in records)
     accepted = sum(r["accepted"] for r in records)
@@ -75,12 +79,23 @@ def aggregate(records: list[dict], ar_records: dict | None = None, *, greedy: bo
     if all(b is not None for b in base):
       ar_tps = _nan_div(sum(b["num_tokens"] for b in base), sum(b["wall_s"] for b in base))
       out["speedup"] = _nan_div(out["tokens_per_s"], ar_tps)
+      ar_dec = _decode_tps(base)
+      out["decode_speedup"] = (_nan_div(out["decode_tokens_per_s"], ar_dec)
+                               if out["decode_tokens_per_s"] is not None and ar_dec else None)
       if greedy:
         same = sum(r["output_ids"] == b["output_ids"] for r, b in zip(records, base))
         out["match_rate"] = same / len(records)
     else:
       out["speedup"] = None
   return out
+
+
+def _decode_tps(records: list[dict]) -> float | None:
+  """Tokens after each question's first / decode seconds (None without decode times)."""
+  if not all(r.get("decode_s") is not None for r in records):
+    return None
+  dec = sum(r["decode_s"] for r in records)
+  return _nan_div(sum(r["num_tokens"] - 1 for r in records), dec)
 
 
 def is_finite(x) -> bool:

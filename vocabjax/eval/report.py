@@ -39,7 +39,8 @@ _METRICS = {
     "properties": {"questions": {"type": "integer", "minimum": 1},
                    "tokens": {"type": "integer", "minimum": 0}, "wall_s": _NUM,
                    "tokens_per_s": _NUM, "tau": _NUM, "acceptance_rate": _NUM, "mbsu": _NUM,
-                   "speedup": _NUM, "match_rate": _NUM,
+                   "speedup": _NUM, "match_rate": _NUM, "decode_tokens_per_s": _NUM,
+                   "decode_speedup": _NUM,
                    "time_split": {"type": ["object", "null"]}},
 }
 SUMMARY_SCHEMA = {
@@ -193,16 +194,17 @@ def markdown(summary: dict) -> str:
            f"- {summary['config']['max_new_tokens']} new tokens, temperature "
            f"{summary['config']['temperature']}, seeds {summary['config']['seeds']}; tokens/s "
            "excludes compilation; speedup = ratio of total tokens / total time against plain "
-           "decoding of the same framework on the same questions in this run", "",
+           "decoding of the same framework on the same questions in this run; decode x = the "
+           "same ratio over the decoding phase alone (prefill of both models left out)", "",
            "Speedup per task group (Spec-Bench layout):", "",
-           "| method | " + " | ".join(groups) + " | overall | tau | accept rate | tok/s | "
-           "match AR | MBSU |",
-           "|---" * (len(groups) + 7) + "|"]
+           "| method | " + " | ".join(groups) + " | overall | decode x | tau | accept rate | "
+           "tok/s | match AR | MBSU |",
+           "|---" * (len(groups) + 8) + "|"]
   for m in summary["methods"]:
     o = m["overall"]
     cells = [_f(m["by_group"].get(g, {}).get("speedup"), suffix="x") for g in groups]
     lines.append(f"| {m['name']} | " + " | ".join(cells) + f" | {_f(o.get('speedup'), suffix='x')}"
-                 f" | {_f(o['tau'])} | {_f(o['acceptance_rate'])} | {_f(o['tokens_per_s'])} | "
+                 f" | {_f(o.get('decode_speedup'), suffix='x')} | {_f(o['tau'])} | {_f(o['acceptance_rate'])} | {_f(o['tokens_per_s'])} | "
                  f"{_f(o.get('match_rate'), '{:.0%}')} | {_f(o['mbsu'])} |")
   lines += ["", "Per task group (questions, tau, tok/s):", "",
             "| method | " + " | ".join(groups) + " |", "|---" * (len(groups) + 1) + "|"]
