@@ -204,3 +204,13 @@ def test_bad_input(target):
                  draft_vocab=VocabSubset(ids=(1, 2, 3, 4, 5), vocab_size=64))
   with pytest.raises(ValueError, match="lm_head='mine'"):
     EagleDecoder(target, CFG, head, hc, lm_head="mine")
+
+
+def test_int8_target_is_refused(target):
+  """An EAGLE head reads the target's embedding rows as floats: an int8 target is refused with
+  a message naming it, not decoded with raw int8 rows."""
+  from vocabjax.models.llamalike import cast_weights
+
+  hc, head = random_head(target, CFG)
+  with pytest.raises(ValueError, match="int8 target"):
+    EagleDecoder(cast_weights(target, "int8"), CFG, head, hc, tree=TreeParams(2, 3, 6))

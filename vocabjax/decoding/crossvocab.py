@@ -61,7 +61,8 @@ from vocabjax.decoding.speculative import SpecStats, _draft_prefill, block_layou
 from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import compute_dtype, forward, lm_head, with_mlp_layout
+from vocabjax.models.llamalike import (compute_dtype, embed_tokens, forward, lm_head,
+                                       with_mlp_layout)
 from vocabjax.vocab.translate import (NgramCache, TranslationError, Translator, VocabMap,
                                       check_round_trip)
 
@@ -145,7 +146,7 @@ def _draft(dp, cache, pend, n_pend, allowed, key, head, *, config: LlamaLikeConf
       d = jax.random.categorical(keys[i], lp).astype(jnp.int32)
       q_row = jnp.exp(lp)
       q_d = q_row[d]
-    a = (jax.nn.sigmoid(acceptance_logit(head, h, dp["embed"][d])) if head is not None
+    a = (jax.nn.sigmoid(acceptance_logit(head, h, embed_tokens(dp, d))) if head is not None
          else jnp.float32(1.0))
     p_all = p_all * a
     stop = should_stop(p_all, threshold) if head is not None else jnp.bool_(False)

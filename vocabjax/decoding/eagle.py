@@ -146,6 +146,12 @@ class EagleDecoder(SpeculativeDecoder):
                lm_head: str = "own", layout: str = "auto",
                draft_vocab: DraftVocab | None = None):
     head_config.check_target(target_config)
+    from vocabjax.models.llamalike import is_int8
+
+    if is_int8(target_params):
+      raise ValueError("an EAGLE head reads the target's embedding rows and features as "
+                       "floats; an int8 target (`quantize_int8`) is not supported: load the "
+                       "target in float32 or bfloat16")
     if lm_head not in ("own", "target"):
       raise ValueError(f"lm_head={lm_head!r}: choose 'own' (the head's rows) or 'target'")
     Vd, V = head_config.draft_vocab_size, target_config.vocab_size
