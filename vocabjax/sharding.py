@@ -21,7 +21,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import param_shapes
+from vocabjax.models.llamalike import is_int8, param_shapes
 
 # leaf -> which axis of the per-layer tensor goes to "model".
 _LAYER_MODEL_AXIS = {"wq": 0, "wk": 0, "wv": 0, "bq": 0, "bk": 0, "bv": 0, "wo": 1,
@@ -57,7 +57,7 @@ def param_specs(config: LlamaLikeConfig, mesh: Mesh) -> dict:
 
 def shard_params(params: dict, config: LlamaLikeConfig, mesh: Mesh) -> dict:
   """device_put every leaf with its NamedSharding."""
-  if any(k.endswith("_scale") for k in params):
+  if is_int8(params):
     raise ValueError("int8 weights (`quantize_int8`) are a one-device option; shard the "
                      "model in float32 or bfloat16")
   specs = param_specs(config, mesh)
