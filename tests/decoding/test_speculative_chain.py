@@ -132,3 +132,24 @@ def test_no_recompilation_across_steps(pair, make):
     jax.monitoring.unregister_event_duration_listener(listener)
   assert res.stats.target_forwards > 5 and res.compile_s == 0.0
   assert compiles == []
+
+
+@pytest.mark.parametrize("draft_prefill", ["bf16", "exact"])
+def test_drafter_prefill_precision_keeps_greedy_identity(pair, draft_prefill):
+  """The drafter's prompt prefill in bf16 (the CPU's bf16 GEMM) or exact: outputs equal AR's;
+  the bf16 one lowers to the GEMM where the CPU has it, and only the drafter's prefill does."""
+  from vocabjax.decoding.autoregressive import abstract_cache
+  from vocabjax.kernels import cpu_matmul
+
+  target, draft = pair
+  rs = np.random.RandomState(7)
+  prompts = [rs.randint(0, 64, n).tolist() for n in (45, 70)]
+  ar = Decoder(target, CFG).generate(prompts, max_new_tokens=20)
+  dec = ChainDecoder(target, CFG, draft, CFG, gamma=3, draft_prefill=draft_prefill)
+  assert dec.generate(prompts, max_new_tokens=20).tokens == ar.tokens
+  cache = abstract_cache(CFG, 2, 128, jnp.float32)
+  hlo = spec.compile_draft_prefill(dec.dp, CFG, 2, 128, cache, draft_prefill).as_text()
+  assert ("VjGemmBF16" in hlo) == (draft_prefill == "bf16" and cpu_matmul.gemm_available())
+  assert not cpu_matmul._state["bf16_blocks"]  # the switch is put back after tracing
+  with pytest.raises(ValueError, match="draft_prefill"):
+    ChainDecoder(target, CFG, draft, CFG, draft_prefill="fp8")

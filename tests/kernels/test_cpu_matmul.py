@@ -90,3 +90,39 @@ def test_width_mismatch_is_refused():
   x, w, _ = _operands(2, 16, 8, "float32")
   with pytest.raises(ValueError, match=r"x's width 15 differs from w\(8, 16\)"):
     linear(x[:, :15], w)
+
+
+def _bf16(a):
+  return np.asarray(jnp.asarray(a).astype(jnp.bfloat16).astype(jnp.float32), np.float64)
+
+
+@pytest.mark.parametrize("M,D,F", [(32, 31, 13), (70, 97, 50), (100, 64, 130), (33, 896, 48)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
+def test_bf16_gemm_matches_the_rounded_product(M, D, F, dtype):
+  """Inside `bf16_blocks()` a block of >= GEMM_MIN_ROWS rows is x rounded to bf16 times W
+  rounded to bf16 (exact for bf16 and int8 weights), accumulated in f32; ragged M, D and F."""
+  x, w, scale = _operands(M, D, F, dtype, seed=5)
+  with cpu_matmul.bf16_blocks():
+    on = cpu_matmul.uses_gemm(x.shape, x.dtype, w.dtype)
+    y = np.asarray(jax.jit(lambda a, b, s: linear(a, b, s))(x, w, scale))
+    hlo = jax.jit(lambda a, b, s: linear(a, b, s)).lower(x, w, scale).as_text()
+  assert on == cpu_matmul.gemm_available()
+  assert ("VjGemmBF16" in hlo) == on
+  if on:
+    wq = np.asarray(w, np.float64) if dtype == "int8" else _bf16(w)
+    ref = _bf16(x) @ wq.T * (np.asarray(scale)[None] if scale is not None else 1)
+  else:  # the CPU has no AVX512-BF16: XLA's exact f32 product
+    ref = np.asarray(linear_reference(x, w.astype(jnp.float32), scale), np.float64)
+  np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-4 * np.sqrt(D))
+
+
+def test_bf16_blocks_only_inside_the_switch_and_for_long_blocks():
+  x, w, _ = _operands(cpu_matmul.GEMM_MIN_ROWS, 32, 16, "float32")
+  lower = lambda a: jax.jit(lambda a, b: linear(a, b)).lower(a, w).as_text()  # noqa: E731
+  assert "VjGemmBF16" not in lower(x)  # off by default: exact f32 everywhere
+  with cpu_matmul.bf16_blocks():
+    assert "VjGemmBF16" not in lower(x[:-1])  # below GEMM_MIN_ROWS
+    assert ("VjGemmBF16" in lower(x)) == cpu_matmul.gemm_available()
+    with cpu_matmul.bf16_blocks(False):
+      assert "VjGemmBF16" not in lower(x)
+  assert "VjGemmBF16" not in lower(x)

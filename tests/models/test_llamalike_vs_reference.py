@@ -157,3 +157,36 @@ def test_layer_features_vs_reference_hidden_states(tiny_dirs, variant):
   with pytest.raises(ValueError, match=r"layers=\(2,\) must name decoder layers in \[0, 2\)"):
     forward_features(params, jnp.asarray(tokens), pos, KVCache.init(config, 2, 16),
                      config=config, layers=(2,))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_fresh_prefill_attention_matches_the_cache_path(tiny_dirs, variant, monkeypatch):
+  """`forward(fresh=True)` (a prefill's chunked causal attention over the block alone) gives the
+  hidden states and cache entries of attending over every cache slot, and transformers' logits,
+  across several chunks (a partial last one) and rows of a batch."""
+  from vocabjax.models import llamalike
+
+  monkeypatch.setattr(llamalike, "PREFILL_CHUNK", 16)  # 40 tokens: chunks of 16, 16, 8
+  config, params, _ = load_hf(tiny_dirs[variant])
+  tokens = np.random.RandomState(1).randint(0, config.vocab_size, (2, 40))
+  B, T = tokens.shape
+  positions = jnp.broadcast_to(jnp.arange(T), (B, T))
+  runs = {}
+  for fresh in (False, True):
+    hidden, cache = forward(params, jnp.asarray(tokens), positions, KVCache.init(config, B, 64),
+                            config=config, fresh=fresh)
+    runs[fresh] = (np.asarray(hidden), np.asarray(cache.k), np.asarray(cache.v),
+                   np.asarray(lm_head(params, hidden, config=config)))
+  for a, b in zip(runs[False], runs[True]):
+    np.testing.assert_allclose(b, a, atol=2e-5, rtol=1e-5)
+  with torch.no_grad():
+    ref = _torch_model(tiny_dirs[variant])(torch.tensor(tokens)).logits.numpy()
+  np.testing.assert_allclose(runs[True][3], ref, atol=1e-4, rtol=0)
+
+
+def test_fresh_prefill_refuses_a_mask(tiny_dirs):
+  config, params, _ = load_hf(tiny_dirs[VARIANTS[0]])
+  tokens = jnp.zeros((1, 4), jnp.int32)
+  with pytest.raises(ValueError, match="fresh"):
+    forward(params, tokens, jnp.arange(4)[None], KVCache.init(config, 1, 8),
+            jnp.ones((1, 4, 4), bool), config=config, fresh=True)

@@ -116,7 +116,7 @@ def prompt_bucket(n: int) -> int:
 def _prefill(params, tokens, prompt_lengths, cache, key, *, config, sampling):
   B, T = tokens.shape
   positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-  hidden, cache = forward(params, tokens, positions, cache, config=config)
+  hidden, cache = forward(params, tokens, positions, cache, config=config, fresh=True)
   cache = cache.with_lengths(prompt_lengths)
   last = jnp.take_along_axis(hidden, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
   logits = lm_head(params, last, config=config)

@@ -57,7 +57,8 @@ from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector,
                                               prompt_bucket,
                                               compile_prefill, validate_request)
 from vocabjax.decoding.sampling import SamplingParams, log_probs, probs
-from vocabjax.decoding.speculative import SpecStats, _draft_prefill, block_layout
+from vocabjax.decoding.speculative import (SpecStats, block_layout, check_draft_prefill,
+                                          compile_draft_prefill)
 from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
@@ -232,7 +233,11 @@ class CrossVocabDecoder:
                gamma: int = 4, ngram: bool = True, vocab_map: VocabMap | None = None,
                min_overlap: float = 0.1, acceptance_head: dict | None = None,
                stop_threshold: float = 0.5, layout: str = "auto",
-               round_trip_texts: Sequence[str] = ROUND_TRIP_TEXTS):
+               round_trip_texts: Sequence[str] = ROUND_TRIP_TEXTS, draft_prefill: str = "bf16"):
+    """`draft_prefill`: the drafter's prompt prefill precision, as for `ChainDecoder`
+    (`vocabjax.decoding.speculative.compile_draft_prefill`)."""
+    check_draft_prefill(draft_prefill)
+    self.draft_prefill = draft_prefill
     if gamma < 1:
       raise ValueError(f"gamma must be >= 1, got {gamma=}")
     if acceptance_head is not None:
@@ -337,8 +342,7 @@ class CrossVocabDecoder:
     elif name == "dprefill":
       T, S = shape
       cache = jax.eval_shape(lambda: KVCache.init(self.dc, 1, S, dtype))
-      fn = jax.jit(functools.partial(_draft_prefill, config=self.dc), donate_argnums=(3,)).lower(
-          self.dp, i32(1, T), i32(1), cache).compile()
+      fn = compile_draft_prefill(self.dp, self.dc, 1, T, cache, self.draft_prefill)
     elif name == "draft":
       P, S = shape
       cache = jax.eval_shape(lambda: KVCache.init(self.dc, 1, S, dtype))

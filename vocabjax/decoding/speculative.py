@@ -48,6 +48,7 @@ from vocabjax.vocab.subset import VocabSubset
 from vocabjax.vocab.trimmed import attach_subset, static_policy
 
 DraftVocab = VocabSubset | SpeculativeVocab  # a static subset or a ranker's per-step candidates
+DRAFT_PREFILLS = ("bf16", "exact")  # the drafter's prompt prefill: see `compile_draft_prefill`
 
 
 @struct.dataclass
@@ -185,7 +186,13 @@ class SpeculativeDecoder:
 
   def __init__(self, target_params, target_config: LlamaLikeConfig, draft_params,
                draft_config: LlamaLikeConfig, *, layout: str = "auto",
-               draft_vocab: DraftVocab | None = None):
+               draft_vocab: DraftVocab | None = None, draft_prefill: str = "bf16"):
+    """`draft_prefill`: "bf16" (default) runs the drafter's prompt prefill with bf16-rounded
+    activations where the CPU has AVX512-BF16 (about 2x faster; it changes only what the
+    drafter proposes, never the output), "exact" in the drafter's own precision; see
+    `compile_draft_prefill`."""
+    check_draft_prefill(draft_prefill)
+    self.draft_prefill = draft_prefill
     if draft_config.vocab_size != target_config.vocab_size:
       raise ValueError(
           f"drafter vocabulary V={draft_config.vocab_size} differs from the target's "
@@ -246,8 +253,7 @@ class SpeculativeDecoder:
     dcache = abstract_cache(self.dc, B, S, dtype)
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
     tprefill = compile_prefill(self.tp, self.tc, sampling, B, T, tcache)
-    dprefill = jax.jit(functools.partial(_draft_prefill, config=self.dc),
-                       donate_argnums=(3,)).lower(self.dp, i32(B, T), i32(B), dcache).compile()
+    dprefill = compile_draft_prefill(self.dp, self.dc, B, T, dcache, self.draft_prefill)
 
     def start(tokens, lengths, prompt_last, key):
       first, tc = tprefill(self.tp, tokens, lengths, KVCache.init(self.tc, B, S, dtype), key)
@@ -314,11 +320,12 @@ class ChainDecoder(SpeculativeDecoder):
   method = "chain"
 
   def __init__(self, target_params, target_config, draft_params, draft_config, *,
-               gamma: int = 4, layout: str = "auto", draft_vocab: DraftVocab | None = None):
+               gamma: int = 4, layout: str = "auto", draft_vocab: DraftVocab | None = None,
+               draft_prefill: str = "bf16"):
     if gamma < 1:
       raise ValueError(f"gamma must be >= 1, got {gamma=}")
     super().__init__(target_params, target_config, draft_params, draft_config, layout=layout,
-                     draft_vocab=draft_vocab)
+                     draft_vocab=draft_vocab, draft_prefill=draft_prefill)
     self.gamma = gamma
     self.drafted_per_step = gamma
     self.extra_slots = gamma + 2  # a whole block past max_new_tokens, and the dummy slot
@@ -349,12 +356,12 @@ class TreeDecoder(SpeculativeDecoder):
 
   def __init__(self, target_params, target_config, draft_params, draft_config, *,
                tree: TreeParams = TreeParams(), layout: str = "auto",
-               draft_vocab: DraftVocab | None = None):
+               draft_vocab: DraftVocab | None = None, draft_prefill: str = "bf16"):
     if draft_vocab is not None and draft_vocab.size < tree.top_k:
       raise ValueError(f"tree top_k={tree.top_k} exceeds the drafter's vocabulary subset of "
                        f"K={draft_vocab.size} tokens")
     super().__init__(target_params, target_config, draft_params, draft_config, layout=layout,
-                     draft_vocab=draft_vocab)
+                     draft_vocab=draft_vocab, draft_prefill=draft_prefill)
     self.tree = tree
     self.drafted_per_step = tree.total_tokens
     self.extra_slots = tree.total_tokens + tree.draft_slots + tree.depth + 2
@@ -382,8 +389,32 @@ def model_body(params, tokens, positions, cache, *, config):
   return forward(params, tokens, positions, cache, config=config)[0]
 
 
+def check_draft_prefill(draft_prefill: str) -> None:
+  if draft_prefill not in DRAFT_PREFILLS:
+    raise ValueError(f"unknown draft_prefill={draft_prefill!r}; choose one of {DRAFT_PREFILLS}")
+
+
+def compile_draft_prefill(params, config: LlamaLikeConfig, B: int, T: int, cache: KVCache,
+                          precision: str = "bf16"):
+  """AOT-compiled drafter prefill of a [B, T] prompt block (the cache argument is donated).
+
+  `precision="bf16"`: on a CPU with AVX512-BF16 the projections of blocks of >= 32 tokens run
+  `vocabjax.kernels.cpu_matmul`'s bf16 GEMM (activations rounded to bf16, f32 accumulation),
+  twice XLA's f32 GEMM rate: a 709-token prompt's drafter prefill is a third of the target's
+  prefill time in f32, so this is time every speculative method pays and plain decoding does
+  not. The drafter's precision only changes which tokens it proposes; the target verifies
+  every one, so outputs are unchanged (greedy identical, sampling lossless). Elsewhere (GPU,
+  TPU, CPUs without AVX512-BF16, short prompts) it is the same program as "exact".
+  """
+  check_draft_prefill(precision)
+  i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
+  with cpu_matmul.bf16_blocks(precision == "bf16"):
+    return jax.jit(functools.partial(_draft_prefill, config=config), donate_argnums=(3,)).lower(
+        params, i32(B, T), i32(B), cache).compile()
+
+
 def _draft_prefill(params, tokens, prompt_lengths, cache, *, config):
   B, T = tokens.shape
   positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-  _, cache = forward(params, tokens, positions, cache, config=config)
+  _, cache = forward(params, tokens, positions, cache, config=config, fresh=True)
   return cache.with_lengths(prompt_lengths)

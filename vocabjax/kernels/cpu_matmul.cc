@@ -201,6 +201,195 @@ void parallel_rows(ffi::ThreadPool& pool, const float* x, const W* w, const floa
   while (work->done.load(std::memory_order_acquire) < chunks) std::this_thread::yield();
 }
 
+// ---- bf16 GEMM for prompt blocks (AVX512-BF16) ---------------------------------------------
+// y[M, F] = bf16(x)[M, D] . bf16(W)[F, D]^T (* scale[F]), f32 accumulation (vdpbf16ps). For
+// long blocks (a prompt's prefill), which are compute bound: twice f32's multiply rate. x is
+// rounded to bf16 (round to nearest even), so this is NOT the exact f32 arithmetic of the
+// streaming kernel above; W's values are kept exactly when stored as bf16 or int8 (an int8
+// value is a bf16 value) and rounded when stored as f32. Used where that rounding changes no
+// output the library promises (a drafter's prefill; a bf16 model's prefill), see
+// `cpu_matmul.gemm_bf16`.
+//
+// Layout: x is packed once per call into panels of 32 rows, pair-interleaved: element
+// (m, 2p + e) at ((m / 32) * P + p) * 64 + (m % 32) * 2 + e, with P = ceil(D / 2), so one
+// 64-byte load holds the pair p of 16 rows. Each task converts a block of W's rows to bf16
+// (row major, zero-padded to 2P) and runs micro tiles of kFR rows of W x 32 rows of x: per
+// pair p, two loads of x, kFR broadcasts of a W pair, 2 kFR dot-products into 2 kFR
+// accumulators held in registers across the whole of D.
+#if defined(__AVX512BF16__)
+#define VJ_HAS_BF16_GEMM 1
+constexpr int64_t kXPanel = 32;
+constexpr int kFR = 12;
+constexpr int64_t kWRowsPerTask = 48;
+
+// 32 floats (n <= 32 valid, the rest 0) -> 32 bf16 (16 pairs) in one vector.
+inline __m512i to_bf16x32(const float* p, int64_t n) {
+  __m512 lo, hi;
+  if (n >= 32) {
+    lo = _mm512_loadu_ps(p);
+    hi = _mm512_loadu_ps(p + 16);
+  } else {
+    lo = _mm512_maskz_loadu_ps(tail_mask(n < 16 ? n : 16), p);
+    hi = n > 16 ? _mm512_maskz_loadu_ps(tail_mask(n - 16), p + 16) : _mm512_setzero_ps();
+    if (n == 16) lo = _mm512_loadu_ps(p);
+  }
+  return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+}
+
+template <typename W>
+inline __m512i w_to_bf16x32(const W* p, int64_t n) {
+  Vec lo, hi;
+  if (n >= 32) {
+    lo = wload(p);
+    hi = wload(p + 16);
+  } else {
+    lo = n >= 16 ? wload(p) : wload_tail(p, tail_mask(n));
+    hi = n > 16 ? wload_tail(p + 16, tail_mask(n - 16)) : vzero();
+  }
+  return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+}
+
+// Panel b of x (rows [32 b, 32 b + 32), zero past M) into xp.
+void pack_x_panel(const float* x, uint32_t* xp, int64_t M, int64_t D, int64_t b) {
+  const int64_t P = (D + 1) / 2;
+  uint32_t* out = xp + b * P * kXPanel;
+  alignas(64) uint32_t t[16];
+  for (int64_t l = 0; l < kXPanel; ++l) {
+    const int64_t m = b * kXPanel + l;
+    if (m >= M) {
+      for (int64_t p = 0; p < P; ++p) out[p * kXPanel + l] = 0;
+      continue;
+    }
+    const float* row = x + m * D;
+    for (int64_t d = 0; d < D; d += 32) {
+      _mm512_store_si512(t, to_bf16x32(row + d, D - d));
+      const int64_t np = (D - d + 1) / 2 < 16 ? (D - d + 1) / 2 : 16;
+      for (int64_t k = 0; k < np; ++k) out[(d / 2 + k) * kXPanel + l] = t[k];
+    }
+  }
+}
+
+template <typename W>
+void convert_w_rows(const W* w, uint16_t* wb, int64_t D, int64_t r0, int64_t r1) {
+  const int64_t P2 = 2 * ((D + 1) / 2);
+  for (int64_t r = r0; r < r1; ++r) {
+    uint16_t* dst = wb + (r - r0) * P2;
+    const W* src = w + r * D;
+    int64_t d = 0;
+    for (; d + 32 <= D; d += 32) _mm512_storeu_si512(dst + d, w_to_bf16x32(src + d, 32));
+    if (d < D) {
+      alignas(64) uint16_t t[32];
+      _mm512_store_si512(t, w_to_bf16x32(src + d, D - d));
+      for (int64_t k = 0; k < P2 - d; ++k) dst[d + k] = t[k];
+    }
+  }
+}
+
+template <int FR>
+inline void gemm_tile(const uint16_t* wb, const uint32_t* xpanel, int64_t P, float* y,
+                      const float* scale, int64_t M, int64_t F, int64_t f, int64_t m0) {
+  __m512 acc[FR][2];
+  for (int i = 0; i < FR; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  const uint32_t* wp[FR];
+  for (int i = 0; i < FR; ++i) wp[i] = reinterpret_cast<const uint32_t*>(wb + i * 2 * P);
+  for (int64_t p = 0; p < P; ++p) {
+    const __m512bh x0 = (__m512bh)_mm512_loadu_si512(xpanel + p * kXPanel);
+    const __m512bh x1 = (__m512bh)_mm512_loadu_si512(xpanel + p * kXPanel + 16);
+    for (int i = 0; i < FR; ++i) {
+      const __m512bh wv = (__m512bh)_mm512_set1_epi32(static_cast<int>(wp[i][p]));
+      acc[i][0] = _mm512_dpbf16_ps(acc[i][0], wv, x0);
+      acc[i][1] = _mm512_dpbf16_ps(acc[i][1], wv, x1);
+    }
+  }
+  alignas(64) float t[16];
+  for (int i = 0; i < FR; ++i) {
+    const float s = scale ? scale[f + i] : 1.f;
+    for (int j = 0; j < 2; ++j) {
+      _mm512_store_ps(t, acc[i][j]);
+      for (int l = 0; l < 16; ++l) {
+        const int64_t m = m0 + 16 * j + l;
+        if (m < M) y[m * F + f + i] = scale ? t[l] * s : t[l];
+      }
+    }
+  }
+}
+
+template <int FR>
+inline void gemm_tile_rem(int fr, const uint16_t* wb, const uint32_t* xpanel, int64_t P,
+                          float* y, const float* scale, int64_t M, int64_t F, int64_t f,
+                          int64_t m0) {
+  if (fr == FR) gemm_tile<FR>(wb, xpanel, P, y, scale, M, F, f, m0);
+  else if constexpr (FR > 1) gemm_tile_rem<FR - 1>(fr, wb, xpanel, P, y, scale, M, F, f, m0);
+}
+#endif  // __AVX512BF16__
+
+// Runs fn(i) for i in [0, n) on the calling thread and XLA's intra-op pool (see the top).
+template <typename Fn>
+void parallel_for(ffi::ThreadPool& pool, int64_t n, Fn fn) {
+  auto work = std::make_shared<Work>();
+  auto drain = [=]() {
+    for (;;) {
+      int64_t c = work->next.fetch_add(1);
+      if (c >= n) return;
+      fn(c);
+      work->done.fetch_add(1, std::memory_order_release);
+    }
+  };
+  const int64_t helpers = pool.num_threads() > 1 && n > 1 ? pool.num_threads() - 1 : 0;
+  for (int64_t i = 0; i < helpers; ++i) pool.Schedule(decltype(drain)(drain));
+  drain();
+  while (work->done.load(std::memory_order_acquire) < n) std::this_thread::yield();
+}
+
+template <typename W>
+ffi::Error gemm_bf16(ffi::ThreadPool& pool, const float* x, const W* w, const float* scale,
+                     float* y, int64_t M, int64_t D, int64_t F) {
+#if defined(VJ_HAS_BF16_GEMM)
+  const int64_t P = (D + 1) / 2, panels = (M + kXPanel - 1) / kXPanel;
+  std::unique_ptr<uint32_t[]> xp(new uint32_t[panels * P * kXPanel]);
+  uint32_t* xpd = xp.get();
+  parallel_for(pool, panels, [=](int64_t b) { pack_x_panel(x, xpd, M, D, b); });
+  const int64_t tasks = (F + kWRowsPerTask - 1) / kWRowsPerTask;
+  parallel_for(pool, tasks, [=](int64_t t) {
+    const int64_t r0 = t * kWRowsPerTask, r1 = r0 + kWRowsPerTask < F ? r0 + kWRowsPerTask : F;
+    std::unique_ptr<uint16_t[]> wb(new uint16_t[kWRowsPerTask * 2 * P]);
+    convert_w_rows(w, wb.get(), D, r0, r1);
+    for (int64_t b = 0; b < panels; ++b) {
+      const uint32_t* panel = xpd + b * P * kXPanel;
+      for (int64_t f = r0; f < r1; f += kFR) {
+        const int fr = static_cast<int>(r1 - f < kFR ? r1 - f : kFR);
+        gemm_tile_rem<kFR>(fr, wb.get() + (f - r0) * 2 * P, panel, P, y, scale, M, F, f,
+                           b * kXPanel);
+      }
+    }
+  });
+  return ffi::Error::Success();
+#else
+  return ffi::Error::Internal("vocabjax bf16 GEMM: built without AVX512-BF16");
+#endif
+}
+
+template <typename W, ffi::DataType DT>
+ffi::Error gemm_bf16_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<DT> w,
+                          ffi::ResultBuffer<ffi::F32> y) {
+  auto xd = x.dimensions(), wd = w.dimensions();
+  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1])
+    return ffi::Error::InvalidArgument("vocabjax bf16 GEMM: expected x[M, D], w[F, D]");
+  return gemm_bf16(pool, x.typed_data(), reinterpret_cast<const W*>(w.untyped_data()), nullptr,
+                   y->typed_data(), xd[0], xd[1], wd[0]);
+}
+
+ffi::Error gemm_bf16_int8_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
+                               ffi::Buffer<ffi::S8> w, ffi::Buffer<ffi::F32> scale,
+                               ffi::ResultBuffer<ffi::F32> y) {
+  auto xd = x.dimensions(), wd = w.dimensions();
+  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1] || scale.element_count() != wd[0])
+    return ffi::Error::InvalidArgument(
+        "vocabjax bf16 GEMM: expected x[M, D], w[F, D] int8, scale[F]");
+  return gemm_bf16(pool, x.typed_data(), w.typed_data(), scale.typed_data(), y->typed_data(),
+                   xd[0], xd[1], wd[0]);
+}
+
 template <typename W, ffi::DataType DT>
 ffi::Error matmul_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<DT> w,
                        ffi::ResultBuffer<ffi::F32> y) {
@@ -247,3 +436,34 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(VjSkinnyMatmulInt8, matmul_int8_impl,
                                   .Arg<ffi::Buffer<ffi::S8>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjGemmBF16F32, (gemm_bf16_impl<float, ffi::F32>),
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjGemmBF16BF16, (gemm_bf16_impl<uint16_t, ffi::BF16>),
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::BF16>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjGemmBF16Int8, gemm_bf16_int8_impl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S8>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>());
+
+// Whether the bf16 GEMM targets compute (else they return an error): AVX512-BF16 at build time.
+extern "C" int vj_has_bf16_gemm() {
+#if defined(VJ_HAS_BF16_GEMM)
+  return 1;
+#else
+  return 0;
+#endif
+}

@@ -26,6 +26,13 @@ registered as an XLA FFI target. It is used on the CPU backend for f32 or bf16 x
 everything else (prefill of long prompts, GPU and TPU) takes the XLA dot (on the CPU with the
 weights widened to f32 first: XLA:CPU's bf16 GEMM is slower than its f32 one).
 
+A second kernel in the same library, a bf16 GEMM (AVX512-BF16 `vdpbf16ps`, f32 accumulation),
+runs long blocks at twice XLA:CPU's f32 rate by rounding x to bf16 (weights stored bf16 or
+int8 are exact in bf16). It is not exact f32 arithmetic, so it is used only inside
+`with bf16_blocks():`, which the speculative decoders put around their drafter's prefill
+(`draft_prefill="bf16"`): the drafter's precision changes only which tokens it proposes,
+never the output.
+
 Switch: the environment variable `VOCABJAX_CPU_KERNEL=0` (read at import), or
 `set_enabled(False)` / `with enabled(False):` before a program is traced. When the compiler is
 missing or the build fails, a warning says why once and XLA's dot is used.
@@ -57,9 +64,12 @@ MAX_ROWS = 64  # largest M (rows of x) the kernel takes; larger blocks are compu
 _SOURCE = Path(__file__).with_name("cpu_matmul.cc")
 _TARGETS = {"float32": "VjSkinnyMatmulF32", "bfloat16": "VjSkinnyMatmulBF16",
             "int8": "VjSkinnyMatmulInt8"}
+_GEMM_TARGETS = {"float32": "VjGemmBF16F32", "bfloat16": "VjGemmBF16BF16",
+                 "int8": "VjGemmBF16Int8"}
 
+GEMM_MIN_ROWS = 32  # smallest M the bf16 GEMM takes (below it the streaming kernel is as fast)
 _state = {"enabled": os.environ.get("VOCABJAX_CPU_KERNEL", "1") != "0", "lib": None,
-          "error": None, "warned": False}
+          "error": None, "warned": False, "bf16_blocks": False}
 _lock = threading.Lock()
 
 
@@ -81,6 +91,35 @@ def enabled(on: bool):
 
 def is_enabled() -> bool:
   return _state["enabled"]
+
+
+@contextlib.contextmanager
+def bf16_blocks(on: bool = True):
+  """`with bf16_blocks():` traces the programs inside with the bf16 GEMM for blocks of
+  M >= `GEMM_MIN_ROWS` rows (where `uses_gemm`): x is rounded to bf16 and multiplied at the
+  AVX512-BF16 rate, about twice XLA:CPU's f32 GEMM (a 768-token block through the 0.5B
+  drafter's MLP: ~350 against ~200 GFLOP/s). Not exact f32 arithmetic: for a drafter's
+  prefill (its precision changes only its proposals, never the verified output)."""
+  old = _state["bf16_blocks"]
+  _state["bf16_blocks"] = bool(on)
+  try:
+    yield
+  finally:
+    _state["bf16_blocks"] = old
+
+
+def gemm_available() -> bool:
+  """Whether the bf16 GEMM computes here (the kernel built with AVX512-BF16)."""
+  lib = load()
+  return lib is not None and bool(lib.vj_has_bf16_gemm())
+
+
+def uses_gemm(x_shape, x_dtype, w_dtype) -> bool:
+  """Whether `linear` on these operands lowers to the bf16 GEMM in a program traced now."""
+  M = int(np.prod(x_shape[:-1], dtype=np.int64))
+  return (_state["bf16_blocks"] and _state["enabled"] and jax.default_backend() == "cpu"
+          and M >= GEMM_MIN_ROWS and jnp.dtype(x_dtype).name in ("float32", "bfloat16")
+          and jnp.dtype(w_dtype).name in _GEMM_TARGETS and gemm_available())
 
 
 def _cpu_flags() -> str:
@@ -135,7 +174,7 @@ def load():
       return _state["lib"]
     try:
       lib = ctypes.cdll.LoadLibrary(str(build()))
-      for target in _TARGETS.values():
+      for target in (*_TARGETS.values(), *_GEMM_TARGETS.values()):
         jax.ffi.register_ffi_target(f"vocabjax_{target}", jax.ffi.pycapsule(getattr(lib, target)),
                                     platform="cpu")
       _state["lib"] = lib
@@ -170,23 +209,24 @@ def linear_reference(x: jax.Array, w: jax.Array, scale: jax.Array | None = None)
   return jnp.einsum("...D,FD->...F", x, w, preferred_element_type=jnp.float32)
 
 
-def _kernel_call(x2, w, scale):
-  target = f"vocabjax_{_TARGETS[jnp.dtype(w.dtype).name]}"
+def _kernel_call(x2, w, scale, gemm=False):
+  target = f"vocabjax_{(_GEMM_TARGETS if gemm else _TARGETS)[jnp.dtype(w.dtype).name]}"
   out = jax.ShapeDtypeStruct((x2.shape[0], w.shape[0]), jnp.float32)
   call = jax.ffi.ffi_call(target, out, vmap_method="sequential")
   return call(x2, w) if scale is None else call(x2, w, scale)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=())
-def _streamed(x2, w, scale):
-  return _kernel_call(x2, w, scale)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3,))
+def _streamed(x2, w, scale, gemm):
+  return _kernel_call(x2, w, scale, gemm)
 
 
-def _streamed_fwd(x2, w, scale):
-  return _kernel_call(x2, w, scale), (x2, w, scale)
+def _streamed_fwd(x2, w, scale, gemm):
+  return _kernel_call(x2, w, scale, gemm), (x2, w, scale)
 
 
-def _streamed_bwd(res, g):
+def _streamed_bwd(gemm, res, g):
+  del gemm  # the bf16 GEMM's gradient is taken as the exact product's
   x2, w, scale = res
   wf = w.astype(jnp.float32) * (scale[:, None] if scale is not None else 1.0)
   dx = (g @ wf).astype(x2.dtype)
@@ -207,6 +247,9 @@ def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None) -> jax.Ar
   if x.shape[-1] != w.shape[-1]:
     raise ValueError(f"linear: x's width {x.shape[-1]} differs from w{tuple(w.shape)}'s "
                      f"input width {w.shape[-1]}")
+  if (w.dtype == jnp.int8) == (scale is not None) and uses_gemm(x.shape, x.dtype, w.dtype):
+    y = _streamed(x.reshape(-1, x.shape[-1]).astype(jnp.float32), w, scale, True)
+    return y.reshape(*x.shape[:-1], w.shape[0])
   if not uses_kernel(x.shape, x.dtype, w.dtype) or (w.dtype == jnp.int8) != (scale is not None):
     if jax.default_backend() == "cpu" and w.dtype != jnp.float32:
       # XLA:CPU's bf16 GEMM is slower than widening the weights and running its f32 GEMM
@@ -214,5 +257,5 @@ def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None) -> jax.Ar
       x, w = x.astype(jnp.float32), w.astype(jnp.float32)
     return linear_reference(x, w, scale).astype(jnp.float32)
   lead = x.shape[:-1]  # bf16 activations are widened: the kernel computes in f32
-  y = _streamed(x.reshape(-1, x.shape[-1]).astype(jnp.float32), w, scale)
+  y = _streamed(x.reshape(-1, x.shape[-1]).astype(jnp.float32), w, scale, False)
   return y.reshape(*lead, w.shape[0])

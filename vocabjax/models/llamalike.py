@@ -121,12 +121,43 @@ def attention_mask(lengths: jax.Array, T: int, S: int, block_mask: jax.Array | N
   return before | (in_block & seen)
 
 
+PREFILL_CHUNK = 128  # query rows per attention chunk of a fresh prefill (`fresh_attention`)
+
+
+def fresh_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+  """Causal attention of a block over itself alone, for a prefill into an empty cache:
+  q [B, T, K, G, d], k and v [B, T, K, d] -> [B, T, K, G, d] f32-accumulated scores.
+
+  The same result as attending over all S cache slots with the causal mask (the slots past the
+  block are masked to zero weight), computed in chunks of `PREFILL_CHUNK` queries, each over
+  the keys up to its own end (about half the score entries, none of the empty slots), with the
+  operands laid out [B, K, ., d] for batched GEMMs. A 768-token block through one layer of
+  Qwen2.5-0.5B (Qwen2.5-1.5B): 11 (15) ms against 98 (105) ms over a 1024-slot cache on the
+  2-core CPU, where the prefill's attention had been ~60% (~22%) of the whole prefill.
+  """
+  B, T, K, G, d = q.shape
+  qt = q.transpose(0, 2, 3, 1, 4)  # [B, K, G, T, d]
+  kt, vt = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, T, d]
+  outs = []
+  for s in range(0, T, PREFILL_CHUNK):
+    e = min(s + PREFILL_CHUNK, T)
+    scores = jnp.einsum("BKGTd,BKSd->BKGTS", qt[:, :, :, s:e], kt[:, :, :e],
+                        preferred_element_type=jnp.float32) / np.sqrt(d)
+    causal = jnp.arange(e)[None, :] <= jnp.arange(s, e)[:, None]
+    scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
+    outs.append(jnp.einsum("BKGTS,BKSd->BKGTd", probs, vt[:, :, :e]))
+  return jnp.concatenate(outs, axis=3).transpose(0, 3, 1, 2, 4)
+
+
 def _layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, config,
-           attn_input=None):
+           attn_input=None, fresh=False):
   """Decoder layer i. x [B,T,D]; k_all/v_all [L,B,S,K,d] get its T new entries written.
 
   `attn_input`: what the q/k/v projections read instead of norm(x) (an EAGLE head feeds its
   normed token embedding and target feature side by side, [B, T, 2D]); x stays the residual.
+  `fresh`: the cache held nothing before this block (a prefill): attention runs over the
+  block's own keys, causally (`fresh_attention`), and `mask` is not read.
   """
   c = config
   B, T, _ = x.shape
@@ -147,11 +178,15 @@ def _layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, config,
   v_all = v_all.at[i, write_b, write_s].set(v.astype(v_all.dtype))
 
   q = q.reshape(B, T, c.num_kv_heads, c.num_groups, c.head_dim)
-  scores = jnp.einsum("BTKGd,BSKd->BKGTS", q, k_all[i].astype(q.dtype),
-                      preferred_element_type=jnp.float32) / np.sqrt(c.head_dim)
-  scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
-  probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
-  attn = jnp.einsum("BKGTS,BSKd->BTKGd", probs, v_all[i].astype(x.dtype))
+  if fresh:  # the values the cache holds, as the general path reads them back
+    attn = fresh_attention(q, k.astype(k_all.dtype).astype(q.dtype),
+                           v.astype(v_all.dtype).astype(x.dtype))
+  else:
+    scores = jnp.einsum("BTKGd,BSKd->BKGTS", q, k_all[i].astype(q.dtype),
+                        preferred_element_type=jnp.float32) / np.sqrt(c.head_dim)
+    scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
+    probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
+    attn = jnp.einsum("BKGTS,BSKd->BTKGd", probs, v_all[i].astype(x.dtype))
   x = x + _proj(attn.reshape(B, T, c.q_dim), layer, "wo")
 
   h = rms_norm(x, layer["mlp_norm"], c.rms_norm_eps)
@@ -208,7 +243,8 @@ def mlp_layout(params: Params) -> str:
 
 def forward(params: Params, tokens: jax.Array, positions: jax.Array, cache: KVCache,
             mask: jax.Array | None = None, *, config: LlamaLikeConfig,
-            prefix_mask: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
+            prefix_mask: jax.Array | None = None, fresh: bool = False
+            ) -> tuple[jax.Array, KVCache]:
   """Run T new tokens per row through the decoder and append their keys/values to the cache.
 
   Args:
@@ -221,23 +257,28 @@ def forward(params: Params, tokens: jax.Array, positions: jax.Array, cache: KVCa
     config: static model config.
     prefix_mask: optional [B, T, S] bool restricting which of the `lengths[b]` earlier slots
       each new token sees (default: all of them).
+    fresh: the caller guarantees every row's cache is empty (`lengths` 0: a prompt's
+      prefill); attention then runs causally over the block alone (`fresh_attention`, several
+      times faster than over the S slots). Needs mask and prefix_mask None.
 
   Returns:
     hidden [B, T, D], final-normed; and the cache with `lengths + T`.
   """
-  hidden, cache, _ = _run(params, tokens, positions, cache, mask, prefix_mask, config, ())
+  hidden, cache, _ = _run(params, tokens, positions, cache, mask, prefix_mask, config, (),
+                          fresh)
   return hidden, cache
 
 
 def forward_features(params: Params, tokens: jax.Array, positions: jax.Array, cache: KVCache,
                      mask: jax.Array | None = None, *, config: LlamaLikeConfig,
-                     layers: tuple[int, ...]) -> tuple[jax.Array, KVCache, jax.Array]:
+                     layers: tuple[int, ...], fresh: bool = False
+                     ) -> tuple[jax.Array, KVCache, jax.Array]:
   """`forward` that also returns the outputs of decoder `layers` (0-based; the residual stream
   after layer i, what EAGLE-3 fuses), concatenated: [B, T, len(layers) * D]."""
   if not layers or min(layers) < 0 or max(layers) >= config.num_layers:
     raise ValueError(f"layers={layers} must name decoder layers in [0, {config.num_layers})")
   hidden, cache, feats = _run(params, tokens, positions, cache, mask, None, config,
-                              tuple(layers))
+                              tuple(layers), fresh)
   return hidden, cache, jnp.concatenate([feats[i] for i in layers], axis=-1)
 
 
@@ -328,8 +369,10 @@ def cast_weights(params: Params, dtype) -> Params:
                       params)
 
 
-def _run(params, tokens, positions, cache, mask, prefix_mask, config, capture):
+def _run(params, tokens, positions, cache, mask, prefix_mask, config, capture, fresh=False):
   T = tokens.shape[1]
+  if fresh and (mask is not None or prefix_mask is not None):
+    raise ValueError("a fresh prefill (fresh=True) attends causally: pass no mask/prefix_mask")
   x = embed_tokens(params, tokens)
   cos, sin, full_mask, write_b, write_s = step_inputs(tokens, positions, cache, mask,
                                                       prefix_mask, config)
@@ -337,7 +380,7 @@ def _run(params, tokens, positions, cache, mask, prefix_mask, config, capture):
   feats = {}
   for i, layer in enumerate(params["layers"]):
     x, k_all, v_all = _layer(x, layer, i, k_all, v_all, write_b, write_s, full_mask, cos, sin,
-                             config)
+                             config, fresh=fresh)
     if i in capture:
       feats[i] = x
   hidden = rms_norm(x, params["final_norm"], config.rms_norm_eps)

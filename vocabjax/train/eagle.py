@@ -140,7 +140,7 @@ def _target_features(params, tokens, *, config, layers):
   B, T = tokens.shape
   pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
   h, _, feats = forward_features(params, tokens, pos, KVCache.init(config, B, T), config=config,
-                                 layers=layers)
+                                 layers=layers, fresh=True)
   return feats.astype(jnp.float16), jnp.argmax(lm_head(params, h, config=config), -1)
 
 

@@ -94,7 +94,8 @@ def sequence_hidden(params, tokens, *, config):
 
   B, T = tokens.shape
   pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-  hidden, _ = forward(params, tokens, pos, KVCache.init(config, B, T), config=config)
+  hidden, _ = forward(params, tokens, pos, KVCache.init(config, B, T), config=config,
+                      fresh=True)
   return hidden
 
 
