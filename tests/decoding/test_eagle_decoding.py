@@ -214,3 +214,17 @@ def test_int8_target_is_refused(target):
   hc, head = random_head(target, CFG)
   with pytest.raises(ValueError, match="int8 target"):
     EagleDecoder(cast_weights(target, "int8"), CFG, head, hc, tree=TreeParams(2, 3, 6))
+
+
+def test_greedy_identity_with_a_bf16_target(target):
+  """A bf16 target prefills through the bf16 GEMM (`prefill_in_bf16`) in EAGLE's feature-
+  capturing prefill as in plain decoding's, so outputs stay identical (prompts of 40-70)."""
+  from vocabjax.models.llamalike import cast_weights
+
+  bf = cast_weights(target, "bfloat16")
+  hc, head = random_head(bf, CFG, None, layers=(0, 1))
+  prompts = [np.random.RandomState(4).randint(0, CFG.vocab_size, n).tolist() for n in (70, 40)]
+  ar = Decoder(bf, CFG).generate(prompts, max_new_tokens=16)
+  res = EagleDecoder(bf, CFG, head, hc, tree=TreeParams(2, 3, 6)).generate(prompts,
+                                                                           max_new_tokens=16)
+  assert res.tokens == ar.tokens

@@ -131,3 +131,23 @@ def test_bf16_pld_sampling_is_lossless():
   toks = np.asarray([r[:3] for r in res.tokens])
   samples = toks[:, 0] * V * V + toks[:, 1] * V + toks[:, 2]
   assert chi2_pvalue(samples, exact_sequence_probs(target, SMALL, prompt, sp)) > 1e-3
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
+def test_prefill_precision_follows_the_weights(pair, dtype):
+  """bf16 weights prefill through the CPU's bf16 GEMM (bf16-rounded activations, as PyTorch's
+  bf16), f32 and int8 ones in exact f32; either way every method's greedy output equals AR's
+  on prompts long enough for the GEMM (a 70-token block)."""
+  from vocabjax.decoding.autoregressive import abstract_cache, compile_prefill, prefill_in_bf16
+  from vocabjax.decoding.sampling import SamplingParams
+
+  target, draft = (cast_weights(p, dtype) for p in pair)
+  assert prefill_in_bf16(target) == (dtype == "bfloat16")
+  hlo = compile_prefill(target, CFG, SamplingParams(), 1, 128,
+                        abstract_cache(CFG, 1, 256, jnp.float32)).as_text()
+  assert ("VjGemmBF16" in hlo) == (dtype == "bfloat16" and cpu_matmul.gemm_available())
+  rs = np.random.RandomState(11)
+  prompts = [rs.randint(0, 64, n).tolist() for n in (70, 33)]
+  ar = Decoder(target, CFG).generate(prompts, max_new_tokens=16)
+  for name, dec in _methods(target, draft).items():
+    assert dec.generate(prompts, max_new_tokens=16).tokens == ar.tokens, name

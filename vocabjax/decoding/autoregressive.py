@@ -133,13 +133,28 @@ def abstract_cache(config: LlamaLikeConfig, B: int, S: int, dtype, mesh=None) ->
       x.shape, x.dtype, sharding=jax.sharding.NamedSharding(mesh, spec)), shapes, specs)
 
 
+def prefill_in_bf16(params) -> bool:
+  """Whether a model's prompt prefill runs the CPU's bf16 GEMM (`cpu_matmul.bf16_blocks`):
+  when its weight matrices are stored bf16. Such a prefill rounds its activations to bf16 before
+  each projection, as PyTorch's and every bf16 framework's GEMM does, at twice XLA:CPU's f32
+  rate (the decoding steps keep f32 activations). f32 and int8 models prefill in exact f32.
+  Every decoder of one model compiles its prefill the same way, so speculative outputs stay
+  identical to plain decoding's."""
+  layers = params.get("layers") or [{}]
+  w = layers[0].get("wq")
+  return w is not None and w.dtype == jnp.bfloat16
+
+
 def compile_prefill(params, config: LlamaLikeConfig, sampling: SamplingParams, B: int, T: int,
                     cache: KVCache):
-  """AOT-compiled `_prefill` for a [B, T] prompt block (the cache argument is donated)."""
+  """AOT-compiled `_prefill` for a [B, T] prompt block (the cache argument is donated); bf16
+  weights prefill with the bf16 GEMM (`prefill_in_bf16`)."""
   i32 = jax.ShapeDtypeStruct
-  return jax.jit(functools.partial(_prefill, config=config, sampling=sampling),
-                 donate_argnums=(3,)).lower(params, i32((B, T), jnp.int32), i32((B,), jnp.int32),
-                                            cache, jax.random.key(0)).compile()
+  with cpu_matmul.bf16_blocks(prefill_in_bf16(params)):
+    return jax.jit(functools.partial(_prefill, config=config, sampling=sampling),
+                   donate_argnums=(3,)).lower(params, i32((B, T), jnp.int32),
+                                              i32((B,), jnp.int32), cache,
+                                              jax.random.key(0)).compile()
 
 
 def _step(params, tokens, cache, key, *, config, sampling):

@@ -40,10 +40,11 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from vocabjax.decoding.autoregressive import abstract_cache
+from vocabjax.decoding.autoregressive import abstract_cache, prefill_in_bf16
 from vocabjax.decoding.sampling import SamplingParams, sample
 from vocabjax.decoding.speculative import DraftVocab, SpeculativeDecoder, block_layout
 from vocabjax.decoding.tree import TreeParams, grow_tree, verify_tree
+from vocabjax.kernels import cpu_matmul
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.eagle import EagleConfig, eagle_forward, fuse_features
@@ -219,10 +220,11 @@ class EagleDecoder(SpeculativeDecoder):
     tcache = abstract_cache(self.tc, B, S, dtype)
     hcache = abstract_cache(self.hc.layer, B, S, dtype)
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
-    prefill = jax.jit(functools.partial(_eagle_prefill, target_config=self.tc,
-                                        head_config=self.hc, sampling=sampling),
-                      donate_argnums=(4, 5)).lower(
-        self.tp, self.dp, i32(B, T), i32(B), tcache, hcache, jax.random.key(0)).compile()
+    with cpu_matmul.bf16_blocks(prefill_in_bf16(self.tp)):  # as plain decoding's prefill
+      prefill = jax.jit(functools.partial(_eagle_prefill, target_config=self.tc,
+                                          head_config=self.hc, sampling=sampling),
+                        donate_argnums=(4, 5)).lower(
+          self.tp, self.dp, i32(B, T), i32(B), tcache, hcache, jax.random.key(0)).compile()
     P, F = self.tree.depth + 1, self.hc.fused_width
 
     def initial(tc, hc, first, feat):
