@@ -68,6 +68,19 @@ SUMMARY_SCHEMA = {
 }
 
 
+def cpu_model() -> str:
+  """The CPU's model name (/proc/cpuinfo, else `platform.processor()`): runs on different
+  hosts of one VM type can differ several-fold (PyTorch's f32 decoding ran 3.9 tok/s on one
+  and 2.1 on an AMD EPYC host two days later)."""
+  try:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+      if line.startswith("model name"):
+        return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
 def validate_summary(summary: dict) -> None:
   """Raise jsonschema.ValidationError when `summary` breaks the documented schema."""
   import jsonschema
@@ -162,7 +175,8 @@ def build_summary(config, records: list[dict], info: dict, splits: dict, meta: d
          "dtype": info["dtype"],
          "date": datetime.datetime.now().isoformat(timespec="seconds"),
          "command": meta.get("command") or " ".join(["python -m vocabjax.eval", *sys.argv[1:]]),
-         "cpu_count": __import__("os").cpu_count(), "load_s": meta.get("load_s")}
+         "cpu_count": __import__("os").cpu_count(), "cpu": cpu_model(),
+         "load_s": meta.get("load_s")}
   model_info = {"target": {"source": info["target_source"], "vocab_size": tcfg.vocab_size,
                            "params_per_token": t_params}}
   if dcfg is not None:
@@ -186,7 +200,7 @@ def markdown(summary: dict) -> str:
   env, groups = summary["environment"], summary["groups"]
   lines = [f"# vocabjax eval: {summary['suite']}", "",
            f"- command: `{env['command']}`", f"- commit: `{env['commit']}`",
-           f"- machine: {env['machine']} ({env['cpu_count']} CPUs), backend {env['backend']}, "
+           f"- machine: {env['machine']} ({env['cpu_count']} CPUs, {env.get('cpu') or 'CPU model unknown'}), backend {env['backend']}, "
            f"jax {env['jax']}, {env['dtype']}", f"- date: {env['date']}",
            f"- target: {summary['models']['target']['source']}"
            + (f"; draft: {summary['models']['draft']['source']}"
