@@ -180,3 +180,51 @@ def test_sampled_suite_runs_every_seed(suite, tmp_path):
   chain = summary["methods"][1]["overall"]
   assert "match_rate" not in chain  # only greedy runs are compared token for token
   assert chain["questions"] == 2 and chain["speedup"] > 0
+
+
+def test_changed_inputs_are_not_resumed(suite, tmp_path, tiny_chat_dir, monkeypatch):
+  """Same config, other inputs: a drafter replaced in place, a question edited under its id,
+  another machine. Each is refused (nothing touched) and --overwrite starts afresh."""
+  import shutil
+
+  from vocabjax.eval import provenance
+
+  path, cfg = suite
+  draft = tmp_path / "draft"
+  shutil.copytree(tiny_chat_dir, draft)
+  cfg = {**cfg, "draft": str(draft)}
+  path.write_text(yaml.safe_dump(cfg))
+  out = tmp_path / "res"
+  _run(path, out)
+  before = (out / RECORDS).read_text()
+  _run(path, out)  # same inputs: resumed, nothing redone
+  assert (out / RECORDS).read_text() == before
+
+  weights = next(p for p in draft.iterdir() if p.suffix == ".safetensors")
+  weights.write_bytes(weights.read_bytes()[:-8] + b"\0" * 8)  # same path, other content
+  with pytest.raises(ResultDirError, match="other inputs: draft changed content"):
+    _run(path, out)
+  assert (out / RECORDS).read_text() == before
+  shutil.rmtree(draft)
+  shutil.copytree(tiny_chat_dir, draft)  # the original drafter again: resumable again
+  _run(path, out)
+
+  bench = tmp_path / "bench.jsonl"
+  edited = [dict(q) for q in QUESTIONS]
+  edited[1]["turns"] = ["def sub(a, b):"]
+  bench.write_text("".join(json.dumps(q) + "\n" for q in edited))
+  with pytest.raises(ResultDirError, match="questions' text changed"):
+    _run(path, out)
+  bench.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+
+  monkeypatch.setattr(provenance, "machine_id", lambda: {"host": "elsewhere", "cpu": "x",
+                                                         "cpus": 64})
+  with pytest.raises(ResultDirError, match="another machine"):
+    _run(path, out)
+  assert (out / RECORDS).read_text() == before
+  _run(path, out, "--overwrite")  # a fresh directory; the old one moved aside intact
+  aside = [p for p in tmp_path.iterdir() if p.name.startswith("res.replaced-")]
+  assert len(aside) == 1 and (aside[0] / RECORDS).read_text() == before
+  run = json.loads((out / "run.json").read_text())
+  assert run["inputs"]["machine"]["host"] == "elsewhere"
+  assert run["inputs"]["models"]["draft"].startswith("dir-sha256:")

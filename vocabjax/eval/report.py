@@ -29,6 +29,7 @@ from pathlib import Path
 
 from vocabjax.eval.datasets import GROUP_ORDER
 from vocabjax.eval.metrics import aggregate
+from vocabjax.eval.provenance import cpu_model
 
 SCHEMA_VERSION = 1
 _NUM = {"type": ["number", "null"]}
@@ -66,19 +67,6 @@ SUMMARY_SCHEMA = {
         "torch": {"type": ["object", "null"]},
     },
 }
-
-
-def cpu_model() -> str:
-  """The CPU's model name (/proc/cpuinfo, else `platform.processor()`): runs on different
-  hosts of one VM type can differ several-fold (PyTorch's f32 decoding ran 3.9 tok/s on one
-  and 2.1 on an AMD EPYC host two days later)."""
-  try:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-      if line.startswith("model name"):
-        return line.split(":", 1)[1].strip()
-  except OSError:
-    pass
-  return platform.processor() or platform.machine()
 
 
 def validate_summary(summary: dict) -> None:

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from vocabjax.eval.config import ConfigError, EvalConfig
 from vocabjax.eval.datasets import load_prompts
+from vocabjax.eval import provenance
 from vocabjax.eval.methods import METHODS
 from vocabjax.eval.metrics import record_metrics
 from vocabjax.generate import atomic_write_json
@@ -34,24 +35,33 @@ class ResultDirError(ConfigError):
   """The result directory holds results of another configuration."""
 
 
-def prepare_dir(out: Path, config: EvalConfig, *, overwrite: bool) -> None:
-  """Claim `out` for `config`; refuse a directory of another configuration unless `overwrite`,
-  which moves the old results aside (never deletes them)."""
+def prepare_dir(out: Path, config: EvalConfig, *, overwrite: bool,
+                inputs: dict | None = None) -> None:
+  """Claim `out` for `config` made from `inputs` (`vocabjax.eval.provenance.inputs`: model
+  and method file contents, the questions' text, the library version, the machine); refuse a
+  directory of another configuration or of other inputs unless `overwrite`, which moves the
+  old results aside (never deletes them). So a resume never mixes records of a replaced model,
+  an edited question or another machine into one table."""
   run = out / "run.json"
   if run.exists():
     try:
       old = json.loads(run.read_text())
     except json.JSONDecodeError:
       old = {"fingerprint": "<unreadable run.json>", "config": {}}
+    problem = None
     if old.get("fingerprint") != config.fingerprint():
       new = config.as_dict()
       diff = sorted(k for k in set(new) | set(old.get("config", {}))
                     if new.get(k) != old.get("config", {}).get(k))
+      problem = (f"results of a different configuration (fingerprint {old.get('fingerprint')} "
+                 f"vs {config.fingerprint()}; differing fields: {diff})")
+    elif inputs is not None and old.get("inputs") != inputs:
+      problem = (f"results of the same configuration made from other inputs: "
+                 f"{provenance.describe_change(old.get('inputs'), inputs)}")
+    if problem:
       if not overwrite:
-        raise ResultDirError(
-            f"{out} holds results of a different configuration (fingerprint "
-            f"{old.get('fingerprint')} vs {config.fingerprint()}; differing fields: {diff}). "
-            f"Use another --out, or --overwrite to move the old results aside.")
+        raise ResultDirError(f"{out} holds {problem}. Use another --out, or --overwrite to "
+                             f"move the old results aside.")
       stamp = datetime.datetime.now().strftime("%Y%m%dT%H%M%S")
       aside = out.with_name(f"{out.name}.replaced-{stamp}")
       shutil.move(str(out), str(aside))
@@ -59,7 +69,8 @@ def prepare_dir(out: Path, config: EvalConfig, *, overwrite: bool) -> None:
   out.mkdir(parents=True, exist_ok=True)
   if not run.exists():
     atomic_write_json(run, {"fingerprint": config.fingerprint(), "config": config.as_dict(),
-                       "created": datetime.datetime.now().isoformat(timespec="seconds")})
+                            "inputs": inputs,
+                            "created": datetime.datetime.now().isoformat(timespec="seconds")})
 
 
 def read_records(path: Path) -> list[dict]:
@@ -143,7 +154,7 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
   _check_map_count(len(config.methods))
   prompts = load_prompts(config.datasets)  # bad datasets fail before anything is written
   sampling = SamplingParams(config.temperature, config.top_k, config.top_p)
-  prepare_dir(out, config, overwrite=overwrite)
+  prepare_dir(out, config, overwrite=overwrite, inputs=provenance.inputs(config, prompts))
   records_path = out / RECORDS
   records = read_records(records_path)
   done = {(r["framework"], r["method"], r["qid"], r["seed"]) for r in records}

@@ -1,0 +1,128 @@
+"""What a suite's records depend on beyond its config: the content of every model and method
+file, the questions' text, the library version and the machine.
+
+A result directory resumes only records made from the same inputs (`prepare_dir` compares
+them): a drafter directory replaced in place, a question edited under the same id, another
+vocabjax version or another machine all start a fresh directory (or, with `--overwrite`, move
+the old one aside), so one table never blends two models' drafts or two machines' timings.
+
+    inputs(config, prompts) -> {"models": {...}, "files": {...}, "questions": sha,
+                                "vocabjax": version, "machine": {...}}
+
+Content ids: a registry name is its pinned sha256 (`checkpoints.zoo`); a file its sha256,
+cached in `<cache>/content_hashes.json` by (path, size, mtime) so a multi-GB checkpoint is
+hashed once; a directory the hash of its files' relative paths and ids.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from pathlib import Path
+
+_HASHES = "content_hashes.json"
+
+
+def cpu_model() -> str:
+  """The CPU's model name (/proc/cpuinfo, else `platform.processor()`): hosts of one VM type
+  can differ several-fold (PyTorch's f32 decoding ran 3.9 tok/s on one and 2.1 on an AMD EPYC
+  host two days later)."""
+  try:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+      if line.startswith("model name"):
+        return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or platform.machine()
+
+
+def machine_id() -> dict:
+  return {"host": platform.node() or platform.machine(), "cpu": cpu_model(),
+          "cpus": os.cpu_count()}
+
+
+def _cache_file() -> Path:
+  from vocabjax.checkpoints.zoo import cache_dir
+
+  return cache_dir() / _HASHES
+
+
+def file_sha256(path: Path) -> str:
+  """sha256 of a file, remembered by (absolute path, size, mtime_ns)."""
+  from vocabjax.checkpoints.zoo import sha256_file
+  from vocabjax.generate import atomic_write_json
+
+  path = Path(path).resolve()
+  st = path.stat()
+  key = f"{path}|{st.st_size}|{st.st_mtime_ns}"
+  cache = _cache_file()
+  try:
+    known = json.loads(cache.read_text())
+  except (OSError, json.JSONDecodeError):
+    known = {}
+  if key not in known:
+    known[key] = sha256_file(path, progress=st.st_size > (1 << 30))
+    try:
+      cache.parent.mkdir(parents=True, exist_ok=True)
+      atomic_write_json(cache, known)
+    except OSError:  # a read-only cache only costs re-hashing
+      pass
+  return known[key]
+
+
+def content_id(source: str | os.PathLike) -> str:
+  """A registry name's pinned sha256, else the content hash of the file or directory; a path
+  that does not exist is named as such (loading it fails later with its own message)."""
+  from vocabjax.checkpoints.zoo import REGISTRY
+
+  if isinstance(source, str) and source in REGISTRY:
+    return "sha256:" + REGISTRY[source].sha256
+  path = Path(source).expanduser()
+  if path.is_file():
+    return "sha256:" + file_sha256(path)
+  if path.is_dir():
+    h = hashlib.sha256()
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+      h.update(f"{f.relative_to(path)}={file_sha256(f)}\n".encode())
+    return "dir-sha256:" + h.hexdigest()
+  return f"missing:{source}"
+
+
+def _is_path(value) -> bool:
+  return isinstance(value, str) and ("/" in value or os.sep in value) and Path(
+      value).expanduser().exists()
+
+
+def inputs(config, prompts) -> dict:
+  """Everything besides the config that a suite's records depend on (module doc)."""
+  from vocabjax import __version__
+
+  models = {"target": content_id(config.target)}
+  if config.draft:
+    models["draft"] = content_id(config.draft)
+  files = {f"{m.name}.{k}": content_id(v) for m in config.methods for k, v in m.params
+           if _is_path(v)}
+  q = hashlib.sha256(json.dumps([[p.qid, p.text] for p in prompts]).encode()).hexdigest()
+  return {"models": models, "files": files, "questions": q, "vocabjax": __version__,
+          "machine": machine_id()}
+
+
+def describe_change(old: dict | None, new: dict) -> str:
+  """Which inputs differ, in words, for the refusal message."""
+  if not old:
+    return "the directory records no inputs (made before vocabjax recorded them)"
+  parts = []
+  for kind in ("models", "files"):
+    for k in sorted(set(old.get(kind, {})) | set(new.get(kind, {}))):
+      if old.get(kind, {}).get(k) != new.get(kind, {}).get(k):
+        parts.append(f"{k} changed content")
+  if old.get("questions") != new.get("questions"):
+    parts.append("the questions' text changed")
+  if old.get("vocabjax") != new.get("vocabjax"):
+    parts.append(f"vocabjax {old.get('vocabjax')} -> {new.get('vocabjax')}")
+  if old.get("machine") != new.get("machine"):
+    parts.append(f"made on another machine ({old.get('machine')}; this is "
+                 f"{new.get('machine')})")
+  return "; ".join(parts) or "unknown"
