@@ -223,3 +223,37 @@ def test_pld_and_a_bf16_drafter_from_the_command_line(tiny_chat_dir):
   assert chain["output_ids"] == ar  # the f32 target verifies a bf16 drafter
   with pytest.raises(ValueError, match="--method pld drafts from the context"):
     parse_args(base + ["--method", "pld", "--draft", str(tiny_chat_dir)])
+
+
+@pytest.mark.parametrize("module", ["vocabjax.generate", "vocabjax.eval.__main__"])
+def test_every_command_line_option_has_help(module, monkeypatch):
+  """`--help` explains every option of generate and eval (none is a bare flag name)."""
+  import argparse
+  import importlib
+
+  class Built(Exception):
+    pass
+
+  def capture(self, *a, **k):
+    raise Built(self)
+
+  monkeypatch.setattr(argparse.ArgumentParser, "parse_args", capture)
+  with pytest.raises(Built) as e:
+    importlib.import_module(module).parse_args([])
+  parser = e.value.args[0]
+  bare = [a.option_strings for a in parser._actions if a.option_strings and not a.help]
+  assert bare == []
+
+
+def test_the_readme_test_command_prints_a_summary_line(tmp_path):
+  """The README's `python -m pytest -q ...` ends with pytest's count line (the config's addopts
+  must not add a second -q, which hides it)."""
+  from pathlib import Path
+
+  root = Path(__file__).resolve().parents[1]
+  (tmp_path / "test_one.py").write_text("def test_ok():\n  assert True\n")
+  out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-c", str(root / "setup.cfg"),
+                        "-p", "no:cacheprovider", "-p", "no:xdist", str(tmp_path)],
+                       capture_output=True, text=True, cwd=tmp_path)
+  assert out.returncode == 0, out.stdout + out.stderr
+  assert "1 passed" in out.stdout.splitlines()[-1]

@@ -245,11 +245,14 @@ def parse_args(argv=None) -> GenerateConfig:
   p.add_argument("--target", required=True, help="HF dir, .gguf file or registry name")
   p.add_argument("--prompt", action="append", required=True, help="repeat for a batch")
   p.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
-  p.add_argument("--max-new-tokens", type=int, default=64)
+  p.add_argument("--max-new-tokens", type=int, default=64,
+                 help="tokens to generate per prompt (default 64)")
   p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
   p.add_argument("--top-k", type=int, default=0, help="0 = off")
-  p.add_argument("--top-p", type=float, default=1.0)
-  p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--top-p", type=float, default=1.0,
+                 help="nucleus sampling mass in (0, 1]; 1 = off (with --temperature > 0)")
+  p.add_argument("--seed", type=int, default=0,
+                 help="random seed of sampling (greedy output does not depend on it)")
   p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
   p.add_argument("--max-len", type=int, default=None, help="KV cache slots per row")
   p.add_argument("--dtype", default="auto", help="auto (f32 on CPU, bf16 on GPU/TPU), f32, bf16, int8 "
@@ -263,13 +266,17 @@ def parse_args(argv=None) -> GenerateConfig:
   p.add_argument("--quiet", action="store_true", help="do not print the text")
   p.add_argument("--draft", help="drafter: HF dir, .gguf or registry name (same vocabulary, "
                  "or another tokenizer's with --method crossvocab)")
-  p.add_argument("--method", default="ar", choices=METHODS)
+  p.add_argument("--method", default="ar", choices=METHODS,
+                 help="decoding method (default ar: plain autoregressive)")
   p.add_argument("--gamma", type=int, default=4, help="chain, crossvocab, pld: drafts per step")
   p.add_argument("--max-ngram", type=int, default=3,
                  help="pld: longest context n-gram matched (down to 1)")
-  p.add_argument("--tree-top-k", type=int, default=4)
-  p.add_argument("--tree-depth", type=int, default=4)
-  p.add_argument("--tree-total-tokens", type=int, default=16)
+  p.add_argument("--tree-top-k", type=int, default=4,
+                 help="tree, eagle: children expanded per node (default 4)")
+  p.add_argument("--tree-depth", type=int, default=4,
+                 help="tree, eagle: drafting depth, levels of the tree (default 4)")
+  p.add_argument("--tree-total-tokens", type=int, default=16,
+                 help="tree, eagle: draft tokens verified per step (default 16)")
   p.add_argument("--batch-size", type=int, default=None,
                  help="repeat the prompts cyclically to this many rows")
   p.add_argument("--draft-vocab", help="static drafter vocabulary subset (.npz from "

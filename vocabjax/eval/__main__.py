@@ -88,9 +88,10 @@ def parse_args(argv=None) -> CliConfig:
                  "recorded reference runs are under eval/results/)")
   p.add_argument("--spec-bench", help="a Spec-Bench-format jsonl replacing the suite's split")
   p.add_argument("--categories", nargs="+", help="keep only these categories / task groups")
-  p.add_argument("--max-new-tokens", type=int)
-  p.add_argument("--target")
-  p.add_argument("--draft")
+  p.add_argument("--max-new-tokens", type=int, help="tokens per answer (default: the suite's)")
+  p.add_argument("--target", help="target model replacing the suite's: registry name, HF "
+                 "directory or .gguf file")
+  p.add_argument("--draft", help="drafter replacing the suite's (same forms as --target)")
   p.add_argument("--dtype", help="weights' dtype: f32 (the CPU default), bf16 (on the CPU: bf16 "
                  "weight matrices, f32 activations), int8 (weight-only, per-row scales), "
                  "auto; also the PyTorch side's with --compare-torch (f32 or bf16)")
