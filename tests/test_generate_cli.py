@@ -257,3 +257,26 @@ def test_the_readme_test_command_prints_a_summary_line(tmp_path):
                        capture_output=True, text=True, cwd=tmp_path)
   assert out.returncode == 0, out.stdout + out.stderr
   assert "1 passed" in out.stdout.splitlines()[-1]
+
+
+@pytest.mark.parametrize("kind", ["directory", "missing_parent", "parent_is_file", "read_only"])
+def test_bad_output_path_is_refused_before_loading(tmp_path, kind, monkeypatch):
+  """--output that cannot take the result fails at parse time (before any model is loaded),
+  naming the path; a read-only file is kept as it was."""
+  import vocabjax.generate as gen
+
+  target = {"directory": tmp_path, "missing_parent": tmp_path / "no" / "o.json",
+            "parent_is_file": tmp_path / "f.txt" / "o.json",
+            "read_only": tmp_path / "ro.json"}[kind]
+  (tmp_path / "f.txt").write_text("x")
+  if kind == "read_only":
+    target.write_text("keep")
+    target.chmod(0o444)
+  monkeypatch.setattr(gen, "load_model", lambda *a, **k: pytest.fail("loaded a model"))
+  with pytest.raises(ValueError, match={"directory": "is a directory",
+                                        "missing_parent": "does not exist",
+                                        "parent_is_file": "it is a file",
+                                        "read_only": "is read-only"}[kind]):
+    gen.main(parse_args(["--target", "none", "--prompt", "x", "--output", str(target)]))
+  if kind == "read_only":
+    assert target.read_text() == "keep" and (target.stat().st_mode & 0o777) == 0o444

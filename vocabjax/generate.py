@@ -19,6 +19,7 @@ import os
 import platform
 import sys
 import time
+from pathlib import Path
 
 import jax
 
@@ -100,6 +101,8 @@ class GenerateConfig:
       raise ValueError("--adaptive needs --distilled (a directory holding an acceptance head)")
     if self.batch_size is not None and self.batch_size < 1:
       raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+    if self.output:
+      check_output_file(self.output, "--output")
 
 
 def encode_prompts(tokenizer, prompts, chat: bool) -> list[list[int]]:
@@ -237,6 +240,25 @@ def main(config: GenerateConfig) -> dict:
   if config.output:
     atomic_write_json(config.output, stats)
   return stats
+
+
+def check_output_file(path: str | os.PathLike, what: str = "output") -> None:
+  """Refuse, before any work, an output path that cannot take a new file: a directory, a
+  parent that is missing or not a directory, or an existing file without write permission
+  (its mode bits: replacing it atomically would silently drop them, even for root)."""
+  import stat
+
+  path = Path(path)
+  if path.is_dir():
+    raise ValueError(f"{what} {path} is a directory; give a file path")
+  parent = path.parent if str(path.parent) else Path(".")
+  if not parent.is_dir():
+    raise ValueError(f"{what} {path}: its directory {parent} does not exist"
+                     + (" (it is a file)" if parent.exists() else ""))
+  if path.exists() and not path.stat().st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
+    raise ValueError(f"{what} {path} is read-only; remove it or make it writable first")
+  if not os.access(parent, os.W_OK):
+    raise ValueError(f"{what} {path}: cannot write in {parent}")
 
 
 def parse_args(argv=None) -> GenerateConfig:
