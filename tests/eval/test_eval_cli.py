@@ -115,7 +115,9 @@ def test_prompt_longer_than_max_len_fails_before_running(suite, tmp_path):
   path, cfg = suite
   p = tmp_path / "short.yaml"
   p.write_text(yaml.safe_dump({**cfg, "max_len": 24}))
-  with pytest.raises(ConfigError, match=r"max_len=24 is too small for \d+ prompts"):
+  with pytest.raises(ConfigError, match=r"\d+ of 4 prompts cannot run: spec_bench/\d+ \(.*"
+                                        r"bench.jsonl\): \d+ tokens \+ \d+ slots for new tokens "
+                                        r"exceed max_len=24"):
     _run(p, tmp_path / "o")
   assert not (tmp_path / "o" / RECORDS).exists()
 
@@ -228,3 +230,27 @@ def test_changed_inputs_are_not_resumed(suite, tmp_path, tiny_chat_dir, monkeypa
   run = json.loads((out / "run.json").read_text())
   assert run["inputs"]["machine"]["host"] == "elsewhere"
   assert run["inputs"]["models"]["draft"].startswith("dir-sha256:")
+
+
+def test_a_prompt_too_long_for_the_model_fails_up_front_or_is_skipped(suite, tmp_path):
+  """No max_len: a question longer than the model's context is found before anything runs
+  (named with its file; nothing written), or with --skip-bad-prompts left out and listed,
+  while the other questions' records are made and kept across reruns."""
+  path, cfg = suite
+  bench = tmp_path / "bench.jsonl"
+  rows = QUESTIONS + [{"question_id": 9, "category": "qa", "turns": ["word " * 3000]}]
+  bench.write_text("".join(json.dumps(q) + "\n" for q in rows))
+  cfg = {**cfg, "max_len": None, "datasets": [{"kind": "spec_bench", "path": str(bench)}]}
+  path.write_text(yaml.safe_dump(cfg))
+  out = tmp_path / "res"
+  with pytest.raises(ConfigError, match=r"1 of 5 prompts cannot run: spec_bench/9 \(.*bench"
+                                        r"\.jsonl\): \d+ tokens .* exceed the target's context"):
+    _run(path, out)
+  assert not (out / "run.json").exists()  # the directory is not claimed
+  summary = _run(path, out, "--skip-bad-prompts")
+  assert [q["qid"] for q in summary["skipped"]] == ["spec_bench/9"]
+  assert "skipped (--skip-bad-prompts)" in (out / "summary.md").read_text()
+  records = (out / RECORDS).read_text()
+  assert len(records.splitlines()) == 4 * 3 and "spec_bench/9" not in records
+  _run(path, out, "--skip-bad-prompts")  # resumes: nothing redone
+  assert (out / RECORDS).read_text() == records

@@ -35,6 +35,7 @@ class CliConfig:
   compare_torch: bool = False
   overwrite: bool = False
   quiet: bool = False
+  skip_bad_prompts: bool = False
 
 
 def resolve(cli: CliConfig):
@@ -73,7 +74,7 @@ def main(cli: CliConfig) -> dict:
   out = cli.out or f"runs/{cfg.name}"  # a user's run: never committed (recorded references
   #   live under eval/results/, written there with --out)
   summary = run_suite(cfg, out, overwrite=cli.overwrite, compare_torch=cli.compare_torch,
-                      progress=not cli.quiet)
+                      progress=not cli.quiet, skip_bad_prompts=cli.skip_bad_prompts)
   print(report.markdown(summary))
   print(f"[vocabjax.eval] results in {out}/ (summary.json, summary.md, summary.csv, "
         f"questions.jsonl, *.png)", file=sys.stderr)
@@ -102,11 +103,16 @@ def parse_args(argv=None) -> CliConfig:
   p.add_argument("--overwrite", action="store_true",
                  help="move results of another configuration aside instead of refusing")
   p.add_argument("--quiet", action="store_true", help="no progress bars")
+  p.add_argument("--skip-bad-prompts", action="store_true",
+                 help="leave out prompts that cannot run (empty, or too long for max_len or a "
+                      "model's context) and list them in the summary, instead of refusing the "
+                      "suite up front; does not change the fingerprint, so records stay")
   a = p.parse_args(argv)
   return CliConfig(config=a.config, out=a.out, spec_bench=a.spec_bench,
                    categories=tuple(a.categories) if a.categories else None,
                    max_new_tokens=a.max_new_tokens, target=a.target, draft=a.draft,
-                   dtype=a.dtype, draft_dtype=a.draft_dtype, compare_torch=a.compare_torch, overwrite=a.overwrite, quiet=a.quiet)
+                   dtype=a.dtype, draft_dtype=a.draft_dtype, compare_torch=a.compare_torch,
+                   overwrite=a.overwrite, quiet=a.quiet, skip_bad_prompts=a.skip_bad_prompts)
 
 
 if __name__ == "__main__":

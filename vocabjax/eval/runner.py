@@ -36,7 +36,7 @@ class ResultDirError(ConfigError):
 
 
 def prepare_dir(out: Path, config: EvalConfig, *, overwrite: bool,
-                inputs: dict | None = None) -> None:
+                inputs: dict | None = None, claim: bool = True) -> None:
   """Claim `out` for `config` made from `inputs` (`vocabjax.eval.provenance.inputs`: model
   and method file contents, the questions' text, the library version, the machine); refuse a
   directory of another configuration or of other inputs unless `overwrite`, which moves the
@@ -62,10 +62,14 @@ def prepare_dir(out: Path, config: EvalConfig, *, overwrite: bool,
       if not overwrite:
         raise ResultDirError(f"{out} holds {problem}. Use another --out, or --overwrite to "
                              f"move the old results aside.")
+      if not claim:  # only checking: the move waits until the run is sure to start
+        return
       stamp = datetime.datetime.now().strftime("%Y%m%dT%H%M%S")
       aside = out.with_name(f"{out.name}.replaced-{stamp}")
       shutil.move(str(out), str(aside))
       print(f"[vocabjax.eval] moved the old results to {aside}", file=sys.stderr)
+  if not claim:
+    return
   out.mkdir(parents=True, exist_ok=True)
   if not run.exists():
     atomic_write_json(run, {"fingerprint": config.fingerprint(), "config": config.as_dict(),
@@ -119,6 +123,26 @@ def load_models(config: EvalConfig) -> Loaded:
   return Loaded(target, draft)
 
 
+def bad_prompts(prompts, ids, config: EvalConfig, models: Loaded, room: int) -> list:
+  """(prompt, reason) for every prompt that cannot run: empty once encoded, or too long for
+  `max_len` or for a model's context with `room` slots of new tokens (the longest method's)."""
+  limits = [(f"max_len={config.max_len}", config.max_len)] if config.max_len else []
+  for role, m in (("target", models.target), ("drafter", models.draft)):
+    ctx = getattr(getattr(m, "config", None), "max_position_embeddings", None)
+    if ctx:
+      limits.append((f"the {role}'s context of {ctx}", ctx))
+  out = []
+  for p, x in zip(prompts, ids):
+    if not x:
+      out.append((p, "empty once encoded"))
+      continue
+    for name, limit in limits:
+      if len(x) + room > limit:
+        out.append((p, f"{len(x)} tokens + {room} slots for new tokens exceed {name}"))
+        break
+  return out
+
+
 def _check_map_count(n_methods: int, path: str = "/proc/sys/vm/max_map_count") -> None:
   """Warn when many methods may exhaust Linux's memory-map limit.
 
@@ -140,8 +164,13 @@ def _check_map_count(n_methods: int, path: str = "/proc/sys/vm/max_map_count") -
 
 def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = False,
               compare_torch: bool = False, progress: bool = True,
-              models: Loaded | None = None) -> dict:
-  """Run (or resume) `config` into `out` and write the reports; returns the summary."""
+              models: Loaded | None = None, skip_bad_prompts: bool = False) -> dict:
+  """Run (or resume) `config` into `out` and write the reports; returns the summary.
+
+  Every prompt is checked against the cache and the models' context before anything is
+  generated or `out` is claimed: an empty prompt or one too long fails the suite up front,
+  naming each question and its file, or, with `skip_bad_prompts`, is left out and listed in
+  the summary (`skipped`). Neither choice changes the fingerprint, so finished records stay."""
   from tqdm.auto import tqdm
 
   from vocabjax.decoding.profile import StepSplit, run_split, step_split
@@ -154,10 +183,8 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
   _check_map_count(len(config.methods))
   prompts = load_prompts(config.datasets)  # bad datasets fail before anything is written
   sampling = SamplingParams(config.temperature, config.top_k, config.top_p)
-  prepare_dir(out, config, overwrite=overwrite, inputs=provenance.inputs(config, prompts))
-  records_path = out / RECORDS
-  records = read_records(records_path)
-  done = {(r["framework"], r["method"], r["qid"], r["seed"]) for r in records}
+  inputs = provenance.inputs(config, prompts)
+  prepare_dir(out, config, overwrite=overwrite, inputs=inputs, claim=False)  # refuse early
 
   t0 = time.perf_counter()
   models = models or load_models(config)
@@ -168,13 +195,27 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
   decoders = {m.name: METHODS[m.method].make(models.target, models.draft, m.kwargs)
               for m in config.methods}
   max_len = config.max_len
-  if max_len:  # fail before any generation, not at the first long prompt
-    room = config.max_new_tokens + max(getattr(d, "extra_slots", 0) for d in decoders.values())
-    long = [(p.qid, len(x)) for p, x in zip(prompts, ids) if len(x) + room > max_len]
-    if long:
-      raise ConfigError(f"max_len={max_len} is too small for {len(long)} prompts (+ "
-                        f"{room} slots of new tokens): {long[:5]}; raise max_len or drop "
-                        f"max_len to size the cache per prompt")
+  room = config.max_new_tokens + max(getattr(d, "extra_slots", 0) for d in decoders.values())
+  bad = bad_prompts(prompts, ids, config, models, room)
+  if bad and not skip_bad_prompts:  # before any generation, and before claiming `out`
+    listed = "; ".join(f"{p.qid} ({p.source or 'no file'}): {why}" for p, why in bad[:10])
+    more = f" (and {len(bad) - 10} more)" if len(bad) > 10 else ""
+    hint = ("raise max_len or drop it to size the cache per prompt" if max_len else
+            "shorten or drop them")
+    raise ConfigError(f"{len(bad)} of {len(prompts)} prompts cannot run: {listed}{more}; "
+                      f"{hint}, or pass --skip-bad-prompts to run the others and list these "
+                      f"in the summary")
+  skipped = [{"qid": p.qid, "source": p.source, "reason": why} for p, why in bad]
+  if bad:
+    drop = {p.qid for p, _ in bad}
+    print(f"[vocabjax.eval] skipping {len(bad)} prompts that cannot run: {sorted(drop)}",
+          file=sys.stderr)
+    keep = [i for i, p in enumerate(prompts) if p.qid not in drop]
+    prompts, ids = [prompts[i] for i in keep], [ids[i] for i in keep]
+  prepare_dir(out, config, overwrite=overwrite, inputs=inputs)
+  records_path = out / RECORDS
+  records = read_records(records_path)
+  done = {(r["framework"], r["method"], r["qid"], r["seed"]) for r in records}
 
   splits_path = out / "splits.json"
   splits = json.loads(splits_path.read_text()) if splits_path.exists() else {}
@@ -237,7 +278,7 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
                                 commit)
 
   summary = report.build_summary(config, records, info, splits, meta={
-      "load_s": load_s, "torch_versions": torch_versions})
+      "load_s": load_s, "torch_versions": torch_versions, "skipped": skipped})
   report.write_reports(out, summary)
   return summary
 
