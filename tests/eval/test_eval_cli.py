@@ -254,3 +254,39 @@ def test_a_prompt_too_long_for_the_model_fails_up_front_or_is_skipped(suite, tmp
   assert len(records.splitlines()) == 4 * 3 and "spec_bench/9" not in records
   _run(path, out, "--skip-bad-prompts")  # resumes: nothing redone
   assert (out / RECORDS).read_text() == records
+
+
+@pytest.mark.parametrize("method, message", [
+    ({"name": "c0", "method": "chain", "gamma": 0}, "chain needs gamma >= 1, got gamma=0"),
+    ({"name": "t", "method": "tree", "top_k": 2, "depth": 2, "total_tokens": 9},
+     "exceeds the 6 candidates"),
+])
+def test_bad_method_parameters_fail_before_claiming_the_directory(suite, tmp_path, method,
+                                                                 message):
+  path, cfg = suite
+  bad = tmp_path / "bad.yaml"
+  bad.write_text(yaml.safe_dump({**cfg, "methods": [{"name": "ar", "method": "ar"}, method]}))
+  out = tmp_path / "res"
+  with pytest.raises(ConfigError, match=message):
+    _run(bad, out)
+  assert not out.exists()
+  _run(path, out)  # the corrected suite may use the directory
+  assert (out / RECORDS).exists()
+
+
+def test_a_decoder_that_cannot_be_built_is_a_config_error_before_claiming(suite, tmp_path,
+                                                                         tiny_dirs):
+  """A drafter of another vocabulary for a same-vocabulary method: a one-line config error
+  naming the method (not a traceback), and --out stays free."""
+  from vocabjax.checkpoints.hf import load_hf
+
+  path, cfg = suite
+  other = next(d for d in tiny_dirs.values()
+               if load_hf(d)[0].vocab_size != load_hf(cfg["target"])[0].vocab_size)
+  bad = tmp_path / "bad.yaml"
+  bad.write_text(yaml.safe_dump({**cfg, "draft": str(other)}))
+  out = tmp_path / "res"
+  with pytest.raises(ConfigError, match=r"method 'chain_g2' \(chain\) cannot be built .*"
+                                        r"vocabulary"):
+    _run(bad, out)
+  assert not out.exists()

@@ -71,7 +71,24 @@ def _ar(target, draft):
   return Decoder(target.params, target.config)
 
 
-@register("chain", params={"gamma": int}, drafter_passes=lambda p: p["gamma"])
+def _check_chain(p: dict, where: str) -> None:
+  from vocabjax.eval.config import ConfigError
+
+  if p["gamma"] < 1:
+    raise ConfigError(f"{where}: chain needs gamma >= 1, got gamma={p['gamma']}")
+
+
+def _check_tree(p: dict, where: str) -> None:
+  from vocabjax.eval.config import ConfigError
+
+  try:
+    TreeParams(top_k=p["top_k"], depth=p["depth"], total_tokens=p["total_tokens"])
+  except ValueError as e:
+    raise ConfigError(f"{where}: {e}") from None
+
+
+@register("chain", params={"gamma": int}, drafter_passes=lambda p: p["gamma"],
+          validate=_check_chain)
 def _chain(target, draft, gamma, draft_vocab=None):
   # layouts converted once per model and shared by every method of the run
   return ChainDecoder(target.in_layout(block_layout()), target.config, draft.params,
@@ -79,7 +96,7 @@ def _chain(target, draft, gamma, draft_vocab=None):
 
 
 @register("tree", params={"top_k": int, "depth": int, "total_tokens": int},
-          drafter_passes=lambda p: p["depth"])
+          drafter_passes=lambda p: p["depth"], validate=_check_tree)
 def _tree(target, draft, top_k, depth, total_tokens, draft_vocab=None):
   return TreeDecoder(target.in_layout(block_layout()), target.config,
                      draft.in_layout(block_layout()), draft.config,

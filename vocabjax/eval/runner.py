@@ -192,8 +192,13 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
   tok = models.target.tokenizer
   ids = encode_prompts(tok, [p.text for p in prompts], config.chat)
   eos = models.target.eos_token_ids
-  decoders = {m.name: METHODS[m.method].make(models.target, models.draft, m.kwargs)
-              for m in config.methods}
+  decoders = {}
+  for m in config.methods:  # pairing and parameter errors, before `out` is claimed
+    try:
+      decoders[m.name] = METHODS[m.method].make(models.target, models.draft, m.kwargs)
+    except (ValueError, KeyError) as e:
+      raise ConfigError(f"config {config.name}: method {m.name!r} ({m.method}) cannot be "
+                        f"built with these models: {e}") from e
   max_len = config.max_len
   room = config.max_new_tokens + max(getattr(d, "extra_slots", 0) for d in decoders.values())
   bad = bad_prompts(prompts, ids, config, models, room)
