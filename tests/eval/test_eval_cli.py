@@ -290,3 +290,23 @@ def test_a_decoder_that_cannot_be_built_is_a_config_error_before_claiming(suite,
                                         r"vocabulary"):
     _run(bad, out)
   assert not out.exists()
+
+
+def test_chat_without_a_chat_template_is_a_config_error(suite, tmp_path, tiny_chat_dir):
+  import shutil
+
+  path, cfg = suite
+  model = tmp_path / "nochat"
+  shutil.copytree(tiny_chat_dir, model)
+  for f in model.iterdir():
+    if f.name.startswith("chat_template"):
+      f.unlink()
+  tc = model / "tokenizer_config.json"
+  tc.write_text(json.dumps({k: v for k, v in json.loads(tc.read_text()).items()
+                            if k != "chat_template"}))
+  bad = tmp_path / "bad.yaml"
+  bad.write_text(yaml.safe_dump({**cfg, "target": str(model), "draft": str(model)}))
+  with pytest.raises(ConfigError, match="chat: true, but the target's tokenizer .* has no chat "
+                                        "template; set chat: false"):
+    _run(bad, tmp_path / "res")
+  assert not (tmp_path / "res").exists()

@@ -190,7 +190,13 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
   models = models or load_models(config)
   load_s = time.perf_counter() - t0
   tok = models.target.tokenizer
-  ids = encode_prompts(tok, [p.text for p in prompts], config.chat)
+  try:
+    ids = encode_prompts(tok, [p.text for p in prompts], config.chat)
+  except ValueError as e:  # generate's wording names its --chat flag; eval has `chat:`
+    if config.chat and "chat template" in str(e):
+      raise ConfigError(f"config {config.name}: chat: true, but the target's tokenizer "
+                        f"({config.target}) has no chat template; set chat: false") from e
+    raise ConfigError(f"config {config.name}: the prompts cannot be encoded: {e}") from e
   eos = models.target.eos_token_ids
   decoders = {}
   for m in config.methods:  # pairing and parameter errors, before `out` is claimed
