@@ -183,3 +183,43 @@ def test_heldout_split_keeps_a_prompts_completions_together():
   np.testing.assert_array_equal(heldout_records(f, 0.5), [2, 3, 6, 7])
   with pytest.raises(TrainError, match="4 distinct prompts cannot be split with heldout=0.05"):
     heldout_records(f, 0.05)
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("batch_tokens", 0, "batch_tokens=0 must be >= 1"),
+    ("steps", 0, "steps=0 must be >= 1"),
+    ("rank", "eight", "rank must be int, got 'eight'"),
+    ("lr", "fast", "lr must be float, got 'fast'"),
+    ("lr", float("nan"), "lr=nan must be finite"),
+])
+def test_job_fields_refuse_empty_sizes_and_wrong_types(field, value, message):
+  """Trainer YAML: a size that makes an empty batch and a value of the wrong type are refused
+  up front with the field and value (the same check serves every trainer)."""
+  with pytest.raises(TrainError, match=message):
+    job_from_dict({"drafter": "d", "data": "x", "out": "o", field: value}, where="cfg")
+
+
+def test_a_nan_loss_stops_training_at_its_step_keeping_the_last_checkpoint(
+    pair_dirs, data_file, tmp_path, monkeypatch):
+  """The loss turns NaN at step 13: the run stops with an error naming step 13, the step-10
+  checkpoint stays the newest, and nothing is exported."""
+  import vocabjax.train.ranker as rk
+  from vocabjax.train.loop import Checkpoints
+
+  real = rk._frozen_step
+
+  def nan_after_12(opt, job):
+    step = real(opt, job)
+
+    def wrapped(state, batch):
+      state, loss = step(state, batch)
+      return state, loss if int(state.step) < 13 else jnp.float32(np.nan)
+    return wrapped
+
+  monkeypatch.setattr(rk, "_frozen_step", nan_after_12)
+  job = _job(pair_dirs, data_file, tmp_path / "run")
+  with pytest.raises(TrainError, match="loss is nan at step 13.*newest checkpoint, step 10"):
+    train(job, show_progress=False)
+  ckpt = Checkpoints(tmp_path / "run" / "checkpoints", job.train_fingerprint(), every=10)
+  assert ckpt.latest_step() == 10
+  assert not (tmp_path / "run" / "ranker.safetensors").exists()

@@ -68,6 +68,7 @@ from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import lm_head_weight
 from vocabjax.train.features import (files_key, job_fingerprint, read_records,
                                      sequence_hidden)
+from vocabjax.train.loop import check_finite_loss
 from vocabjax.train.loop import (Checkpoints, OptimConfig, TrainError, TrainState,
                                  append_log, job_argparser, job_fields, make_optimizer,
                                  plot_curves, progress, read_job_yaml, read_log)
@@ -535,6 +536,7 @@ def train(job: DistillJob, *, show_progress: bool = True, stop_after: int | None
   ran = 0
   for step in bar:
     m = dist.step(train_ex[order[step]])
+    check_finite_loss(float(m["loss"]), step + 1, "train.distill", ckpt)
     bar.set_postfix_str(f"loss {m['loss']:.3f}")
     ran += 1
     last_one = step + 1 == job.steps or (stop_after is not None and ran >= stop_after)
@@ -665,6 +667,9 @@ def online(job: DistillJob, *, show_progress: bool = True, models=None,
       # the records of update u depend on (seed, u) alone: a resumed stream draws the same
       rng = np.random.default_rng([job.seed, updates])
       losses = [dist.step(seen[rng.integers(len(seen))]) for _ in range(job.online_steps)]
+      for m in losses:
+        check_finite_loss(float(m["loss"]), int(dist.state.step), "train.distill online",
+                          ckpt)
       atomic_write_json(ngram_dir / f"update-{updates + 1:04d}.json",
                         {"entries": dec.ngram_entries()})
       ckpt.save(int(dist.state.step), dist.state, force=True)

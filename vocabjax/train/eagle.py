@@ -60,6 +60,7 @@ from vocabjax.models.llamalike import lm_head_weight, rms_norm
 from vocabjax.train.features import (files_key, heldout_records, job_fingerprint,
                                      model_identity, pending_shards, read_records, read_shards,
                                      write_shards)
+from vocabjax.train.loop import check_finite_loss
 from vocabjax.train.loop import (Checkpoints, OptimConfig, TrainError, TrainState, append_log,
                                  apply_grads, job_argparser, job_fields, make_optimizer,
                                  plot_curves, progress, read_job_yaml, read_log)
@@ -497,6 +498,7 @@ def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None =
     batch = make_batch(data, idx, rs, job, t2d)
     state, loss = step_fn(state, {k: jnp.asarray(v) for k, v in batch.items()}, embed)
     losses.append(float(loss))
+    check_finite_loss(losses[-1], step + 1, "train.eagle", ckpt)
     done = step + 1
     if done % job.eval_every == 0 or done == job.steps:
       evaluate(done, float(np.mean(losses)))

@@ -14,6 +14,7 @@ model or hyperparameters: its fingerprint) is refused rather than resumed.
 from __future__ import annotations
 
 import dataclasses
+import math
 import io
 import json
 from pathlib import Path
@@ -192,7 +193,49 @@ def job_fields(raw: dict, job_cls, required, *, where: str, tuples=()) -> dict:
   for k in tuples:
     if raw.get(k) is not None:
       raw[k] = tuple([raw[k]] if isinstance(raw[k], str) else raw[k])
+  annotations = {f.name: str(f.type) for f in dataclasses.fields(job_cls)}
+  for k, v in raw.items():
+    check_field(k, v, annotations[k], where)
   return raw
+
+
+# counts and sizes: 0 makes an empty batch or no training at all (a run that "trains" NaN)
+POSITIVE_FIELDS = frozenset({
+    "steps", "batch_tokens", "joint_batch", "seq_len", "rank", "teacher_top", "eval_every",
+    "checkpoint_every", "vocab_block", "max_records", "batch_size", "ttt_steps", "head_width",
+    "max_tokens", "online_every", "online_steps", "gamma", "max_new_tokens", "draft_vocab_size",
+    "intermediate_size"})
+_TYPES = {"int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+          "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+          "str": lambda v: isinstance(v, str), "bool": lambda v: isinstance(v, bool),
+          "None": lambda v: v is None}
+
+
+def check_field(name: str, value, annotation: str, where: str) -> None:
+  """A job field's YAML value against its dataclass annotation ("int", "float | None",
+  "tuple[int, ...]", ...) and, for counts and sizes, >= 1: a TrainError naming both."""
+  options = [a.strip() for a in annotation.split("|")]
+  ok = any(_TYPES[o](value) if o in _TYPES else
+           (o.startswith("tuple") and isinstance(value, (list, tuple))) for o in options)
+  known = all(o in _TYPES or o.startswith("tuple") for o in options)
+  if known and not ok:
+    raise TrainError(f"{where}: {name} must be {annotation}, got {value!r}")
+  if name in POSITIVE_FIELDS and _TYPES["int"](value) and value < 1:
+    raise TrainError(f"{where}: {name}={value} must be >= 1 (it sizes a batch or a count; 0 "
+                     f"trains nothing)")
+  if isinstance(value, float) and not math.isfinite(value):
+    raise TrainError(f"{where}: {name}={value} must be finite")
+
+
+def check_finite_loss(loss: float, step: int, what: str, ckpt: "Checkpoints") -> None:
+  """Stop a run whose training loss is not finite, naming the step: nothing of this step is
+  saved, pending checkpoint writes are finished, and the error names the last good one."""
+  if not math.isfinite(loss):
+    ckpt.close()  # an asynchronous save in flight would else be lost with the process
+    last = ckpt.latest_step()
+    raise TrainError(f"{what}: the training loss is {loss} at step {step}; stopping without "
+                     f"saving it (the newest checkpoint, step {last}, is kept and a rerun "
+                     f"resumes from it): lower lr, or check the data and sizes")
 
 
 def read_job_yaml(path, what: str, overrides: dict) -> dict:

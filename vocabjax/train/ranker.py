@@ -43,6 +43,7 @@ import numpy as np
 from vocabjax.generate import atomic_write_json
 from vocabjax.train.features import (Features, FeatureSpec, build_features, heldout_records,
                                      load_features, model_identity, sequence_hidden)
+from vocabjax.train.loop import check_finite_loss
 from vocabjax.train.loop import (Checkpoints, OptimConfig, TrainError, TrainState, append_log,
                                  apply_grads, job_argparser, job_fields, make_optimizer,
                                  plot_curves, progress, read_job_yaml, read_log)
@@ -331,6 +332,7 @@ def train(job: RankerJob, *, show_progress: bool = True, stop_after: int | None 
                        desc=f"ranker d'={job.rank} ({job.mode})", enabled=show_progress):
     state, loss = step_fn(state, batch_at(step))
     losses.append(float(loss))
+    check_finite_loss(losses[-1], step + 1, "train.ranker", ckpt)
     done = step + 1
     if done % job.eval_every == 0 or done == job.steps:
       evaluate(done, float(np.mean(losses)))
