@@ -222,20 +222,7 @@ constexpr int64_t kXPanel = 32;
 constexpr int kFR = 12;
 constexpr int64_t kWRowsPerTask = 48;
 
-// 32 floats (n <= 32 valid, the rest 0) -> 32 bf16 (16 pairs) in one vector.
-inline __m512i to_bf16x32(const float* p, int64_t n) {
-  __m512 lo, hi;
-  if (n >= 32) {
-    lo = _mm512_loadu_ps(p);
-    hi = _mm512_loadu_ps(p + 16);
-  } else {
-    lo = _mm512_maskz_loadu_ps(tail_mask(n < 16 ? n : 16), p);
-    hi = n > 16 ? _mm512_maskz_loadu_ps(tail_mask(n - 16), p + 16) : _mm512_setzero_ps();
-    if (n == 16) lo = _mm512_loadu_ps(p);
-  }
-  return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
-}
-
+// 32 values of x or W (n <= 32 valid, the rest 0) -> 32 bf16 (16 pairs) in one vector.
 template <typename W>
 inline __m512i w_to_bf16x32(const W* p, int64_t n) {
   Vec lo, hi;
@@ -262,7 +249,7 @@ void pack_x_panel(const float* x, uint32_t* xp, int64_t M, int64_t D, int64_t b)
     }
     const float* row = x + m * D;
     for (int64_t d = 0; d < D; d += 32) {
-      _mm512_store_si512(t, to_bf16x32(row + d, D - d));
+      _mm512_store_si512(t, w_to_bf16x32(row + d, D - d));
       const int64_t np = (D - d + 1) / 2 < 16 ? (D - d + 1) / 2 : 16;
       for (int64_t k = 0; k < np; ++k) out[(d / 2 + k) * kXPanel + l] = t[k];
     }
@@ -369,95 +356,56 @@ ffi::Error gemm_bf16(ffi::ThreadPool& pool, const float* x, const W* w, const fl
 #endif
 }
 
-template <typename W, ffi::DataType DT>
-ffi::Error gemm_bf16_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<DT> w,
-                          ffi::ResultBuffer<ffi::F32> y) {
-  auto xd = x.dimensions(), wd = w.dimensions();
-  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1])
-    return ffi::Error::InvalidArgument("vocabjax bf16 GEMM: expected x[M, D], w[F, D]");
-  return gemm_bf16(pool, x.typed_data(), reinterpret_cast<const W*>(w.untyped_data()), nullptr,
-                   y->typed_data(), xd[0], xd[1], wd[0]);
+// y = x . W^T (* scale) by the streaming kernel (Gemm false) or the bf16 GEMM (Gemm true).
+template <bool Gemm, typename W>
+ffi::Error run(ffi::ThreadPool& pool, const float* x, const W* w, const float* scale, float* y,
+               int64_t M, int64_t D, int64_t F) {
+  if constexpr (Gemm) return gemm_bf16(pool, x, w, scale, y, M, D, F);
+  parallel_rows(pool, x, w, scale, y, M, D, F);
+  return ffi::Error::Success();
 }
 
-ffi::Error gemm_bf16_int8_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
-                               ffi::Buffer<ffi::S8> w, ffi::Buffer<ffi::F32> scale,
-                               ffi::ResultBuffer<ffi::F32> y) {
-  auto xd = x.dimensions(), wd = w.dimensions();
-  if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1] || scale.element_count() != wd[0])
-    return ffi::Error::InvalidArgument(
-        "vocabjax bf16 GEMM: expected x[M, D], w[F, D] int8, scale[F]");
-  return gemm_bf16(pool, x.typed_data(), w.typed_data(), scale.typed_data(), y->typed_data(),
-                   xd[0], xd[1], wd[0]);
-}
-
-template <typename W, ffi::DataType DT>
+template <bool Gemm, typename W, ffi::DataType DT>
 ffi::Error matmul_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<DT> w,
                        ffi::ResultBuffer<ffi::F32> y) {
   auto xd = x.dimensions(), wd = w.dimensions();
   if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1])
-    return ffi::Error::InvalidArgument("vocabjax skinny matmul: expected x[M, D], w[F, D]");
-  parallel_rows(pool, x.typed_data(), reinterpret_cast<const W*>(w.untyped_data()), nullptr,
-                y->typed_data(), xd[0], xd[1], wd[0]);
-  return ffi::Error::Success();
+    return ffi::Error::InvalidArgument("vocabjax matmul: expected x[M, D], w[F, D]");
+  return run<Gemm>(pool, x.typed_data(), reinterpret_cast<const W*>(w.untyped_data()), nullptr,
+                   y->typed_data(), xd[0], xd[1], wd[0]);
 }
 
+template <bool Gemm>
 ffi::Error matmul_int8_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                             ffi::Buffer<ffi::S8> w, ffi::Buffer<ffi::F32> scale,
                             ffi::ResultBuffer<ffi::F32> y) {
   auto xd = x.dimensions(), wd = w.dimensions();
   if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1] || scale.element_count() != wd[0])
     return ffi::Error::InvalidArgument(
-        "vocabjax skinny matmul: expected x[M, D], w[F, D] int8, scale[F]");
-  parallel_rows(pool, x.typed_data(), w.typed_data(), scale.typed_data(), y->typed_data(),
-                xd[0], xd[1], wd[0]);
-  return ffi::Error::Success();
+        "vocabjax matmul: expected x[M, D], w[F, D] int8, scale[F]");
+  return run<Gemm>(pool, x.typed_data(), w.typed_data(), scale.typed_data(), y->typed_data(),
+                   xd[0], xd[1], wd[0]);
 }
 
 }  // namespace
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(VjSkinnyMatmulF32, (matmul_impl<float, ffi::F32>),
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+// x f32, w of element type WT (and, for int8, a per-row f32 scale), y f32.
+#define VJ_BIND(WT) ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<ffi::Buffer<ffi::F32>>() \
+    .Arg<ffi::Buffer<WT>>()
+#define VJ_RET .Ret<ffi::Buffer<ffi::F32>>()
 
-XLA_FFI_DEFINE_HANDLER_SYMBOL(VjSkinnyMatmulBF16, (matmul_impl<uint16_t, ffi::BF16>),
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::BF16>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(VjSkinnyMatmulInt8, matmul_int8_impl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S8>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(VjGemmBF16F32, (gemm_bf16_impl<float, ffi::F32>),
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(VjGemmBF16BF16, (gemm_bf16_impl<uint16_t, ffi::BF16>),
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::BF16>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(VjGemmBF16Int8, gemm_bf16_int8_impl,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::S8>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjSkinnyMatmulF32, (matmul_impl<false, float, ffi::F32>),
+                              VJ_BIND(ffi::F32) VJ_RET);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjSkinnyMatmulBF16, (matmul_impl<false, uint16_t, ffi::BF16>),
+                              VJ_BIND(ffi::BF16) VJ_RET);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjSkinnyMatmulInt8, matmul_int8_impl<false>,
+                              VJ_BIND(ffi::S8).Arg<ffi::Buffer<ffi::F32>>() VJ_RET);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjGemmBF16F32, (matmul_impl<true, float, ffi::F32>),
+                              VJ_BIND(ffi::F32) VJ_RET);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjGemmBF16BF16, (matmul_impl<true, uint16_t, ffi::BF16>),
+                              VJ_BIND(ffi::BF16) VJ_RET);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjGemmBF16Int8, matmul_int8_impl<true>,
+                              VJ_BIND(ffi::S8).Arg<ffi::Buffer<ffi::F32>>() VJ_RET);
 
 // Whether the bf16 GEMM targets compute (else they return an error): AVX512-BF16 at build time.
 extern "C" int vj_has_bf16_gemm() {

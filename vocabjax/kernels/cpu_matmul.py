@@ -79,33 +79,31 @@ def set_enabled(on: bool) -> None:
 
 
 @contextlib.contextmanager
-def enabled(on: bool):
-  """`with enabled(False):` traces the programs inside with XLA's dot only."""
-  old = _state["enabled"]
-  _state["enabled"] = bool(on)
+def _switched(key: str, on: bool):
+  old = _state[key]
+  _state[key] = bool(on)
   try:
     yield
   finally:
-    _state["enabled"] = old
+    _state[key] = old
+
+
+def enabled(on: bool):
+  """`with enabled(False):` traces the programs inside with XLA's dot only."""
+  return _switched("enabled", on)
 
 
 def is_enabled() -> bool:
   return _state["enabled"]
 
 
-@contextlib.contextmanager
 def bf16_blocks(on: bool = True):
   """`with bf16_blocks():` traces the programs inside with the bf16 GEMM for blocks of
   M >= `GEMM_MIN_ROWS` rows (where `uses_gemm`): x is rounded to bf16 and multiplied at the
   AVX512-BF16 rate, about twice XLA:CPU's f32 GEMM (a 768-token block through the 0.5B
   drafter's MLP: ~350 against ~200 GFLOP/s). Not exact f32 arithmetic: for a drafter's
   prefill (its precision changes only its proposals, never the verified output)."""
-  old = _state["bf16_blocks"]
-  _state["bf16_blocks"] = bool(on)
-  try:
-    yield
-  finally:
-    _state["bf16_blocks"] = old
+  return _switched("bf16_blocks", on)
 
 
 def gemm_available() -> bool:
