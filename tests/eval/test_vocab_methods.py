@@ -150,9 +150,13 @@ def test_specvocab_ranker_of_another_drafter_fails_before_generation(tmp_path, t
   r = svd_ranker(other.params, other.config, rank=8).save(tmp_path / "other.safetensors")
   path = _suite(tmp_path, tiny_chat_dir, [{"name": "sv", "method": "specvocab",
                                            "ranker": str(r), "k": 8}])
-  with pytest.raises(RankerError, match="trained for a drafter with vocab_size=128"):
+  from vocabjax.eval import ConfigError
+
+  with pytest.raises(ConfigError, match="method 'sv' \\(specvocab\\) cannot be built .*trained "
+                                        "for a drafter with vocab_size=128") as e:
     main(parse_args(["--config", str(path), "--out", str(tmp_path / "o"), "--quiet"]))
-  assert not (tmp_path / "o" / "questions.jsonl").exists()
+  assert isinstance(e.value.__cause__, RankerError)
+  assert not (tmp_path / "o").exists()  # not even claimed
 
 
 @pytest.fixture(scope="module")
