@@ -64,12 +64,23 @@ def file_sha256(path: Path) -> str:
     known = {}
   if key not in known:
     known[key] = sha256_file(path, progress=st.st_size > (1 << 30))
+    # forget files that are gone or changed since (temporary directories of earlier runs)
+    known = {k: v for k, v in known.items() if k == key or _still_there(k)}
     try:
       cache.parent.mkdir(parents=True, exist_ok=True)
       atomic_write_json(cache, known)
     except OSError:  # a read-only cache only costs re-hashing
       pass
   return known[key]
+
+
+def _still_there(key: str) -> bool:
+  path, size, mtime = key.rsplit("|", 2)
+  try:
+    st = Path(path).stat()
+  except OSError:
+    return False
+  return str(st.st_size) == size and str(st.st_mtime_ns) == mtime
 
 
 def content_id(source: str | os.PathLike) -> str:
