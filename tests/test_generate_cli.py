@@ -46,6 +46,8 @@ def test_sampling_is_seeded(tiny_chat_dir):
     (["--top-p", "1.5"], "top_p must be in (0, 1], got self.top_p=1.5"),
     (["--max-new-tokens", "0"], "max_new_tokens must be > 0, got 0"),
     (["--max-len", "8"], "exceeds the cache length max_len=8"),
+    (["--temperature", "inf"], "temperature must be finite"),
+    (["--stop", ""], "stop strings must be non-empty"),
 ])
 def test_cli_bad_input_exits_2_with_message(tiny_chat_dir, tmp_path, flags, message):
   out = tmp_path / "never.json"

@@ -103,6 +103,9 @@ class GenerateConfig:
       raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
     if self.output:
       check_output_file(self.output, "--output")
+    if any(stop == "" for stop in self.stop):
+      raise ValueError("--stop '' would stop at the first token: stop strings must be "
+                       "non-empty")
 
 
 def encode_prompts(tokenizer, prompts, chat: bool) -> list[list[int]]:

@@ -23,6 +23,9 @@ class SamplingParams:
   def __post_init__(self):
     if not self.temperature >= 0:
       raise ValueError(f"temperature must be >= 0, got {self.temperature=}")
+    if self.temperature == float("inf"):
+      raise ValueError(f"temperature must be finite, got {self.temperature=} (a uniform "
+                       f"draw is not a temperature; use a large finite value)")
     if not 0 < self.top_p <= 1:
       raise ValueError(f"top_p must be in (0, 1], got {self.top_p=}")
     if self.top_k < 0:
