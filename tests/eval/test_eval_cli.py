@@ -310,3 +310,11 @@ def test_chat_without_a_chat_template_is_a_config_error(suite, tmp_path, tiny_ch
                                         "template; set chat: false"):
     _run(bad, tmp_path / "res")
   assert not (tmp_path / "res").exists()
+
+
+def test_unknown_suite_lists_eval_suites_only():
+  with pytest.raises(ConfigError, match="shipped suites") as e:
+    load_config("no_such_suite")
+  msg = str(e.value)
+  assert "'default'" in msg and "'vocabtrim'" in msg
+  assert "ranker_qwen05b_d56" not in msg and "distill_" not in msg  # training recipes

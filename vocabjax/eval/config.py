@@ -158,6 +158,21 @@ def config_from_dict(raw: dict, *, name: str = "custom") -> EvalConfig:
       draft_dtype=raw.get("draft_dtype"), time_split=bool(raw.get("time_split", True)), name=raw.get("name", name))
 
 
+def shipped_suites() -> list[str]:
+  """Names of the eval suites under configs/ (the training recipes there are left out)."""
+  import yaml
+
+  out = []
+  for p in sorted(CONFIG_DIR.glob("*.yaml")):
+    try:
+      raw = yaml.safe_load(p.read_text())
+    except yaml.YAMLError:
+      continue
+    if isinstance(raw, dict) and "methods" in raw and "datasets" in raw:
+      out.append(p.stem)
+  return out
+
+
 def load_config(name_or_path: str | Path) -> EvalConfig:
   """A shipped suite by name (`configs/<name>.yaml`) or a YAML file by path."""
   import yaml
@@ -166,8 +181,7 @@ def load_config(name_or_path: str | Path) -> EvalConfig:
   if not path.suffix:
     path = CONFIG_DIR / f"{name_or_path}.yaml"
   if not path.is_file():
-    shipped = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
-    raise ConfigError(f"no eval config at {path}; shipped suites: {shipped}")
+    raise ConfigError(f"no eval config at {path}; shipped suites: {shipped_suites()}")
   try:
     raw = yaml.safe_load(path.read_text())
   except yaml.YAMLError as e:
