@@ -318,3 +318,18 @@ def test_unknown_suite_lists_eval_suites_only():
   msg = str(e.value)
   assert "'default'" in msg and "'vocabtrim'" in msg
   assert "ranker_qwen05b_d56" not in msg and "distill_" not in msg  # training recipes
+
+
+def test_ctrl_c_is_a_clean_exit_that_says_how_to_resume(monkeypatch, capsys, tmp_path):
+  import vocabjax.eval.__main__ as cli_mod
+
+  def interrupted(*a, **k):
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(cli_mod, "main", interrupted)
+  with pytest.raises(SystemExit) as e:
+    cli_mod.cli(["--out", str(tmp_path / "o")])
+  assert e.value.code == 130
+  err = capsys.readouterr().err
+  assert "interrupted" in err and "rerun the same command to resume" in err
+  assert "Traceback" not in err

@@ -115,9 +115,23 @@ def parse_args(argv=None) -> CliConfig:
                    overwrite=a.overwrite, quiet=a.quiet, skip_bad_prompts=a.skip_bad_prompts)
 
 
-if __name__ == "__main__":
+def cli(argv=None) -> None:
+  """The command line: errors as one `error:` line (exit 2); Ctrl-C as a note saying how to
+  resume (exit 130), not a traceback. Records are appended and fsynced one by one, so an
+  interrupted run keeps every finished question."""
+  cfg = None
   try:
-    main(parse_args())
+    cfg = parse_args(argv)
+    main(cfg)
   except (ConfigError, FileNotFoundError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
+  except KeyboardInterrupt:
+    out = (cfg.out if cfg is not None and cfg.out else "runs/<suite>")
+    print(f"\n[vocabjax.eval] interrupted; the finished records in {out} are kept: rerun the "
+          f"same command to resume", file=sys.stderr)
+    sys.exit(130)
+
+
+if __name__ == "__main__":
+  cli()
