@@ -181,8 +181,9 @@ def test_bad_input(target_dir, data_file, tmp_path):
     train(_job(target_dir, data_file, tmp_path / "run3", feature_layers=(0, 5),
                features=str(tmp_path / "f3")), show_progress=False)
   with pytest.raises(TrainError, match="draft_vocab_size=999 must be in"):
-    train(_job(target_dir, data_file, tmp_path / "run4", draft_vocab_size=999),
-          show_progress=False)
+    train(_job(target_dir, data_file, tmp_path / "run4", draft_vocab_size=999,
+               features=str(tmp_path / "f4")), show_progress=False)
+  assert not (tmp_path / "f4").exists()  # refused before any feature was built
   with pytest.raises(TrainError, match="ttt_steps=0"):
     _job(target_dir, data_file, tmp_path / "x", ttt_steps=0)
   with pytest.raises(TrainError, match="warmup_steps=4, total_steps=2"):

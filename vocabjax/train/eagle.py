@@ -405,6 +405,10 @@ def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None =
   if min(layers) < 0 or max(layers) >= tc.num_layers:
     raise TrainError(f"feature_layers={list(layers)} must be target layers in [0, "
                      f"{tc.num_layers})")
+  if job.draft_vocab_size is not None and not 1 <= job.draft_vocab_size <= tc.vocab_size:
+    # checked again where the vocabulary is chosen; here before minutes of feature building
+    raise TrainError(f"draft_vocab_size={job.draft_vocab_size} must be in [1, "
+                     f"V={tc.vocab_size}]")
   fdir = build_eagle_features(job, target, layers, show_progress=show_progress)
   data = load_eagle_features(fdir, target, layers)
   held_recs = set(heldout_records(data, job.heldout).tolist())
