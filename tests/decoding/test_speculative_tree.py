@@ -140,3 +140,12 @@ def test_drafter_context_survives_steps(pair):
   assert res.stats.tau == 5.0
   assert ChainDecoder(target, CFG, target, CFG, gamma=4).generate(
       [[5, 6, 7, 8, 9], [1, 2]], max_new_tokens=41).stats.tau == 5.0
+
+
+def test_top_k_beyond_the_vocabulary_is_refused(small_pair):
+  from vocabjax.decoding.speculative import TreeDecoder
+  from vocabjax.decoding.tree import TreeParams
+
+  target, draft = small_pair
+  with pytest.raises(ValueError, match="top_k=9 exceeds the drafter's vocabulary of V=8"):
+    TreeDecoder(target, SMALL, draft, SMALL, tree=TreeParams(9, 1, 9))

@@ -360,6 +360,9 @@ class TreeDecoder(SpeculativeDecoder):
     if draft_vocab is not None and draft_vocab.size < tree.top_k:
       raise ValueError(f"tree top_k={tree.top_k} exceeds the drafter's vocabulary subset of "
                        f"K={draft_vocab.size} tokens")
+    if tree.top_k > draft_config.vocab_size:
+      raise ValueError(f"tree top_k={tree.top_k} exceeds the drafter's vocabulary of "
+                       f"V={draft_config.vocab_size} tokens")
     super().__init__(target_params, target_config, draft_params, draft_config, layout=layout,
                      draft_vocab=draft_vocab, draft_prefill=draft_prefill)
     self.tree = tree
