@@ -282,3 +282,17 @@ def test_bad_output_path_is_refused_before_loading(tmp_path, kind, monkeypatch):
     gen.main(parse_args(["--target", "none", "--prompt", "x", "--output", str(target)]))
   if kind == "read_only":
     assert target.read_text() == "keep" and (target.stat().st_mode & 0o777) == 0o444
+
+
+def test_a_prompt_that_is_not_utf8_is_refused_with_its_bytes(tiny_chat_dir, tmp_path):
+  """Bytes that are not UTF-8 on the command line: exit 2 naming them, not a traceback."""
+  import os
+
+  out = tmp_path / "never.json"
+  proc = subprocess.run([os.fsencode(sys.executable), b"-m", b"vocabjax.generate", b"--target",
+                         os.fsencode(tiny_chat_dir), b"--prompt", b"caf\xe9 latin-1",
+                         b"--output", os.fsencode(out)], capture_output=True)
+  err = proc.stderr.decode("utf-8", "replace")
+  assert proc.returncode == 2, err
+  assert "prompt 0 is not valid UTF-8 (bytes b'\\xe9'" in err and "Traceback" not in err
+  assert not out.exists()

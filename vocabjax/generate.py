@@ -113,7 +113,13 @@ def encode_prompts(tokenizer, prompts, chat: bool) -> list[list[int]]:
   if tokenizer is None:
     raise ValueError("this model has no tokenizer; text prompts cannot be encoded")
   out = []
-  for p in prompts:
+  for i, p in enumerate(prompts):
+    try:
+      p.encode("utf-8")
+    except UnicodeEncodeError as e:  # undecodable bytes (argv, files) arrive as surrogates
+      bad = p[e.start:e.end].encode("utf-8", "surrogateescape")
+      raise ValueError(f"prompt {i} is not valid UTF-8 (bytes {bad!r} at character "
+                       f"{e.start}); give UTF-8 text") from None
     if chat:
       if not getattr(tokenizer, "chat_template", None):
         raise ValueError("--chat given but the tokenizer has no chat template")
