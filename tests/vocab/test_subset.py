@@ -21,6 +21,10 @@ def test_top_p_and_min_count():
   assert select(COUNTS, top_p=0.81).ids.tolist() == [0, 2, 3, 6]
   assert select(COUNTS, top_p=1.0).ids.tolist() == [0, 2, 3, 4, 6, 7, 9]
   assert select(COUNTS, min_count=4, keep=[1]).ids.tolist() == [0, 1, 2, 3, 6, 9]
+  assert select(COUNTS, min_count=30).ids.tolist() == [6]
+  with pytest.raises(SubsetError, match="no token is counted min_count=31 times or more "
+                                        r"\(the most frequent is counted 30 times\)"):
+    select(COUNTS, min_count=31, keep=[8])  # would be the EOS-only subset [8]
 
 
 def test_d2t_t2d_convention_round_trip():

@@ -141,6 +141,10 @@ def select(counts, *, k: int | None = None, top_p: float | None = None,
   else:
     if min_count < 1:
       raise SubsetError(f"{min_count=} must be >= 1")
+    if not (counts >= min_count).any():
+      raise SubsetError(f"no token is counted {min_count=} times or more (the most frequent "
+                        f"is counted {int(counts.max())} times): the subset would hold only "
+                        f"the kept special tokens; lower min_count")
     chosen = np.concatenate([keep, np.nonzero(counts >= min_count)[0]])
   info = {"rule": f"k={k}" if k is not None else (f"top_p={top_p}" if top_p is not None
                                                    else f"min_count={min_count}"),
