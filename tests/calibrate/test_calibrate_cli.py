@@ -194,3 +194,22 @@ def test_plot_overlays_several_counts(tmp_path):
   assert main(["plot", f"code={tmp_path / 'a' / 'counts.npz'}", str(tmp_path / "b" / "counts.npz"),
                "--out", str(tmp_path / "plots")]) == 0
   assert (tmp_path / "plots" / "coverage.png").stat().st_size > 0
+
+
+def test_binary_files_are_skipped_and_bad_bytes_reported(tmp_path):
+  """A text source holding a binary file (NUL bytes) and a text file with one latin-1 byte:
+  the binary file is not counted, the other is counted with U+FFFD; both are warned about."""
+  from vocabjax.calibrate.run import CountJob, text_documents
+
+  src = tmp_path / "src"
+  src.mkdir()
+  (src / "good.txt").write_text("plain text")
+  (src / "blob.txt").write_bytes(b"\x00\x01\x02ELF" * 50)
+  (src / "latin.txt").write_bytes(b"caf\xe9 " + b"and a line of ordinary text " * 10)
+  job = CountJob(model="m", out=str(tmp_path / "o"), text=(str(src),))
+  with pytest.warns(RuntimeWarning) as record:
+    docs = text_documents(job)
+  messages = " ".join(str(w.message) for w in record)
+  assert "skipped 1 binary files" in messages and "blob.txt" in messages
+  assert "1 files hold bytes that are not UTF-8" in messages and "latin.txt" in messages
+  assert sorted(d[:4] for d in docs) == ["caf\ufffd", "plai"]

@@ -28,6 +28,7 @@ import os
 import random
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import jax
@@ -133,11 +134,38 @@ def _doc_text(row, field: str, where: str) -> str:
   return "\n".join(v) if isinstance(v, list) else str(v)
 
 
+def _read_text(path: Path) -> tuple[str, str]:
+  """(text, "text" | "patched" | "binary"): a file with NUL bytes or over 1% of characters
+  that are not UTF-8 is binary; one with a few bad bytes is read with U+FFFD for them."""
+  raw = path.read_bytes()
+  if b"\0" in raw:
+    return "", "binary"
+  try:
+    return raw.decode("utf-8"), "text"
+  except UnicodeDecodeError:
+    text = raw.decode("utf-8", errors="replace")
+    return text, "binary" if text.count("\ufffd") > 0.01 * len(text) else "patched"
+
+
 def text_documents(job: CountJob) -> list[str]:
   """Every document of a text job, in a fixed order (files, then jsonl lines)."""
-  docs = []
+  docs, binary, patched = [], [], []
   for f in text_files(job.text, job.glob, job.skip_dirs):
-    docs.append(f.read_text(encoding="utf-8", errors="replace"))
+    text, kind = _read_text(f)
+    if kind == "binary":
+      binary.append(f)
+      continue
+    if kind == "patched":
+      patched.append(f)
+    docs.append(text)
+  if binary:
+    warnings.warn(f"skipped {len(binary)} binary files (NUL bytes or mostly not UTF-8), not "
+                  f"counted as text: {[str(f) for f in binary[:5]]}", RuntimeWarning,
+                  stacklevel=2)
+  if patched:
+    warnings.warn(f"{len(patched)} files hold bytes that are not UTF-8, counted with U+FFFD "
+                  f"in their place: {[str(f) for f in patched[:5]]}", RuntimeWarning,
+                  stacklevel=2)
   for path in map(Path, job.jsonl):
     if not path.is_file():
       raise CalibrationError(f"calibration source not found: {path}")
