@@ -285,3 +285,21 @@ def test_online_report_pairs_the_run_with_its_control(pair, tmp_path):
          show_progress=False, models=(target, draft))
   with pytest.raises(SystemExit, match="did not decode the same prompt stream"):
     rep.report(run, other)
+
+
+def test_a_missing_or_corrupt_drafter_is_a_train_error(pair, tmp_path, tiny_chat_dir):
+  """The drafter path does not exist, or its weights file is truncated: one TrainError
+  naming the model (the CLI prints it as `error:` and exits 2), not a raw traceback."""
+  import shutil
+
+  _, _, data = pair
+  with pytest.raises(TrainError, match="cannot load the drafter '.*nowhere'"):
+    train(job(tmp_path, data, target=str(tiny_chat_dir), drafter=str(tmp_path / "nowhere")),
+          show_progress=False)
+  broken = tmp_path / "broken"
+  shutil.copytree(tiny_chat_dir, broken)
+  weights = next(p for p in broken.iterdir() if p.suffix == ".safetensors")
+  weights.write_bytes(weights.read_bytes()[:100])
+  with pytest.raises(TrainError, match="cannot load the drafter '.*broken'"):
+    train(job(tmp_path, data, target=str(tiny_chat_dir), drafter=str(broken),
+              out=str(tmp_path / "o2")), show_progress=False)

@@ -493,7 +493,7 @@ def train(job: DistillJob, *, show_progress: bool = True, stop_after: int | None
   out = Path(job.out)
   out.mkdir(parents=True, exist_ok=True)
   records = read_records(job.data, job.max_records)
-  target, draft = models or (load_model(job.target), load_model(job.drafter))
+  target, draft = models or (_load(job.target, "target"), _load(job.drafter, "drafter"))
   for m, what in ((target, "target"), (draft, "drafter")):
     if m.tokenizer is None:
       raise TrainError(f"the {what} {m.source} has no tokenizer")
@@ -603,7 +603,7 @@ def online(job: DistillJob, *, show_progress: bool = True, models=None,
   learn = job.online_steps > 0  # else the control: nothing trains
   if learn:
     job = dataclasses.replace(job, steps=n_updates * job.online_steps)
-  target, draft = models or (load_model(job.target), load_model(job.drafter))
+  target, draft = models or (_load(job.target, "target"), _load(job.drafter, "drafter"))
   tr = Translator(target.tokenizer, draft.tokenizer, target_vocab=target.config.vocab_size,
                   draft_vocab=draft.config.vocab_size)
   ids = encode_prompts(target.tokenizer, [p.text for p in prompts], True)
@@ -788,6 +788,16 @@ def job_from_dict(raw: dict, *, where: str = "config") -> DistillJob:
   if raw.get("online"):
     raw["online"] = tuple(raw["online"])
   return DistillJob(**raw)
+
+
+def _load(source: str, what: str):
+  """`load_model`, with a missing or unreadable model as a TrainError naming it."""
+  from vocabjax.checkpoints.loader import load_model
+
+  try:
+    return load_model(source)
+  except Exception as e:  # noqa: BLE001 -- any loader failure (missing, truncated, corrupt)
+    raise TrainError(f"cannot load the {what} {source!r}: {type(e).__name__}: {e}") from e
 
 
 def main(argv=None) -> int:
