@@ -360,9 +360,12 @@ ffi::Error gemm_bf16(ffi::ThreadPool& pool, const float* x, const W* w, const fl
 template <bool Gemm, typename W>
 ffi::Error run(ffi::ThreadPool& pool, const float* x, const W* w, const float* scale, float* y,
                int64_t M, int64_t D, int64_t F) {
-  if constexpr (Gemm) return gemm_bf16(pool, x, w, scale, y, M, D, F);
-  parallel_rows(pool, x, w, scale, y, M, D, F);
-  return ffi::Error::Success();
+  if constexpr (Gemm) {
+    return gemm_bf16(pool, x, w, scale, y, M, D, F);
+  } else {
+    parallel_rows(pool, x, w, scale, y, M, D, F);
+    return ffi::Error::Success();
+  }
 }
 
 template <bool Gemm, typename W, ffi::DataType DT>
