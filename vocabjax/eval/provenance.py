@@ -27,8 +27,8 @@ _HASHES = "content_hashes.json"
 
 def cpu_model() -> str:
   """The CPU's model name (/proc/cpuinfo, else `platform.processor()`): hosts of one VM type
-  can differ several-fold (PyTorch's f32 decoding ran 3.9 tok/s on one and 2.1 on an AMD EPYC
-  host two days later)."""
+  can differ several-fold (transformers' f32 decoding in `eval/results/compare_torch`: 3.92
+  tok/s on one host, 1.92 on an AMD EPYC host two days later)."""
   try:
     for line in Path("/proc/cpuinfo").read_text().splitlines():
       if line.startswith("model name"):
