@@ -39,14 +39,17 @@ def test_matches_reference(M, D, F, dtype):
   np.testing.assert_allclose(np.asarray(y), np.asarray(ref), rtol=2e-5, atol=2e-5 * np.sqrt(D))
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
 def test_a_rows_result_does_not_depend_on_the_block(dtype):
-  # what makes greedy speculative output identical to one-token decoding bit for bit
-  x, w, _ = _operands(13, 200, 75, dtype, seed=1)
+  # what makes greedy speculative output identical to one-token decoding bit for bit; the
+  # blocks cover every register tile the kernel picks by M (1, 2..4, 5..6, 7..9, 10+) and
+  # F spans several thread chunks, so the prefetch of the next rows runs too
+  x, w, scale = _operands(20, 200, 300, dtype, seed=1)
   f = jax.jit(linear)
-  full = np.asarray(f(x, w))
-  for lo, hi in [(0, 1), (3, 4), (2, 7), (5, 13), (12, 13)]:
-    np.testing.assert_array_equal(np.asarray(f(x[lo:hi], w)), full[lo:hi])
+  full = np.asarray(f(x, w, scale))
+  for lo, hi in [(0, 1), (3, 4), (2, 5), (2, 7), (1, 7), (0, 8), (4, 13), (5, 13), (12, 13),
+                 (0, 9), (1, 18), (0, 20)]:
+    np.testing.assert_array_equal(np.asarray(f(x[lo:hi], w, scale)), full[lo:hi])
 
 
 def test_leading_dims_and_bf16_activations():
