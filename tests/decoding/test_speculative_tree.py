@@ -93,6 +93,8 @@ def test_bad_tree_budgets():
     TreeParams(4, 3, 2)
   with pytest.raises(ValueError, match="exceeds the 6 candidates"):
     TreeParams(2, 2, 7)
+  with pytest.raises(ValueError, match="total_tokens=3 is smaller than depth=5"):
+    TreeParams(2, 5, 3)  # was silently capped at depth 3
   with pytest.raises(ValueError, match="top_k >= 1"):
     TreeParams(0, 2, 2)
   p = init_params(jax.random.key(0), CFG)

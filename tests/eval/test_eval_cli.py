@@ -333,3 +333,33 @@ def test_ctrl_c_is_a_clean_exit_that_says_how_to_resume(monkeypatch, capsys, tmp
   err = capsys.readouterr().err
   assert "interrupted" in err and "rerun the same command to resume" in err
   assert "Traceback" not in err
+
+
+def test_the_report_sets_a_run_beside_the_recorded_reference(suite, tmp_path, monkeypatch):
+  from vocabjax.eval import report
+
+  path, _ = suite
+  refs = tmp_path / "recorded"
+  monkeypatch.setattr(report, "REFERENCE_ROOT", refs)
+  first = _run(path, refs / "tiny")  # recording the reference itself: nothing to compare
+  assert "reference" not in first
+  mine = _run(path, tmp_path / "mine")  # default: the recorded run of the same suite
+  ref = mine["reference"]
+  assert ref["same_config"] and ref["commit"] == first["environment"]["commit"]
+  assert set(ref["methods"]) == {"ar", "chain_g2", "tree"}
+  for name, v in ref["methods"].items():
+    assert v["tau"]["this"] == v["tau"]["reference"]  # greedy, same models: same drafts
+    assert v["match_rate"]["this"] == v["match_rate"]["reference"] == 1.0
+    assert v["tokens_per_s"]["this"] > 0 and v["tokens_per_s"]["reference"] > 0
+  md = (tmp_path / "mine" / "summary.md").read_text()
+  assert "beside the recorded reference run" in md and "| chain_g2 |" in md.split("beside")[1]
+  validate_summary(json.loads((tmp_path / "mine" / "summary.json").read_text()))
+
+  other = _run(path, tmp_path / "other", "--max-new-tokens", "5", "--reference",
+               str(refs / "tiny" / "summary.json"))
+  assert other["reference"]["same_config"] is False
+  assert "another configuration" in (tmp_path / "other" / "summary.md").read_text()
+  assert "reference" not in _run(path, tmp_path / "none", "--reference", "none")
+  with pytest.raises(FileNotFoundError, match="nowhere"):  # a typo fails before any work
+    _run(path, tmp_path / "typo", "--reference", str(tmp_path / "nowhere"))
+  assert not (tmp_path / "typo").exists()

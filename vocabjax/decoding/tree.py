@@ -46,6 +46,10 @@ class TreeParams:
       raise ValueError(f"tree needs top_k >= 1 and depth >= 1, got {self.top_k=} {self.depth=}")
     if self.total_tokens < self.top_k:
       raise ValueError(f"tree budget {self.total_tokens=} is smaller than {self.top_k=}")
+    if self.total_tokens < self.depth:  # each level below the root needs one node at least
+      raise ValueError(f"tree budget total_tokens={self.total_tokens} is smaller than "
+                       f"depth={self.depth}: {self.total_tokens} nodes below the root reach "
+                       f"depth {self.total_tokens} at most; raise total_tokens or lower depth")
     if self.total_tokens > self.num_candidates:
       raise ValueError(f"tree budget {self.total_tokens=} exceeds the {self.num_candidates} "
                        f"candidates that top_k={self.top_k}, depth={self.depth} produce")

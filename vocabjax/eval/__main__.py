@@ -36,6 +36,7 @@ class CliConfig:
   overwrite: bool = False
   quiet: bool = False
   skip_bad_prompts: bool = False
+  reference: str | None = None  # a results dir or summary.json to compare with; "none"
 
 
 def resolve(cli: CliConfig):
@@ -74,7 +75,8 @@ def main(cli: CliConfig) -> dict:
   out = cli.out or f"runs/{cfg.name}"  # a user's run: never committed (recorded references
   #   live under eval/results/, written there with --out)
   summary = run_suite(cfg, out, overwrite=cli.overwrite, compare_torch=cli.compare_torch,
-                      progress=not cli.quiet, skip_bad_prompts=cli.skip_bad_prompts)
+                      progress=not cli.quiet, skip_bad_prompts=cli.skip_bad_prompts,
+                      reference=cli.reference)
   print(report.markdown(summary))
   print(f"[vocabjax.eval] results in {out}/ (summary.json, summary.md, summary.csv, "
         f"questions.jsonl, *.png)", file=sys.stderr)
@@ -107,12 +109,16 @@ def parse_args(argv=None) -> CliConfig:
                  help="leave out prompts that cannot run (empty, or too long for max_len or a "
                       "model's context) and list them in the summary, instead of refusing the "
                       "suite up front; does not change the fingerprint, so records stay")
+  p.add_argument("--reference", help="a results directory (or its summary.json) to set this "
+                 "run beside in the report (default: the recorded run of the same suite under "
+                 "eval/results/, when this is a source checkout; 'none': no comparison)")
   a = p.parse_args(argv)
   return CliConfig(config=a.config, out=a.out, spec_bench=a.spec_bench,
                    categories=tuple(a.categories) if a.categories else None,
                    max_new_tokens=a.max_new_tokens, target=a.target, draft=a.draft,
                    dtype=a.dtype, draft_dtype=a.draft_dtype, compare_torch=a.compare_torch,
-                   overwrite=a.overwrite, quiet=a.quiet, skip_bad_prompts=a.skip_bad_prompts)
+                   overwrite=a.overwrite, quiet=a.quiet, skip_bad_prompts=a.skip_bad_prompts,
+                   reference=a.reference)
 
 
 def cli(argv=None) -> None:

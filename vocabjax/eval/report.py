@@ -14,6 +14,9 @@ summary.json, schema version 1 (`SUMMARY_SCHEMA`, checked by `validate_summary`)
                   decoding, their match_rate against vocabjax's autoregressive output
   time_split_per_step  {method: vocabjax.decoding.profile.StepSplit.as_dict()}
   torch           versions of torch / transformers, or null
+  reference       (optional) the recorded reference run this one is set beside
+                  (`attach_reference`): path, commit, machine, cpu, date, same_config, and
+                  per method in both runs {speedup, tokens_per_s, tau, match_rate} for each
 """
 
 from __future__ import annotations
@@ -67,8 +70,95 @@ SUMMARY_SCHEMA = {
         "torch": {"type": ["object", "null"]},
         "skipped": {"type": "array", "items": {"type": "object",
                                                "required": ["qid", "source", "reason"]}},
+        "reference": {"type": ["object", "null"],
+                      "required": ["path", "commit", "machine", "same_config", "methods"]},
     },
 }
+
+# The recorded reference runs (`python -m vocabjax.eval --config X --out eval/results/X`) in a
+# source checkout; absent in an installed wheel, where no comparison is made.
+REFERENCE_ROOT = Path(__file__).resolve().parents[2] / "eval" / "results"
+_REF_METRICS = ("speedup", "tokens_per_s", "tau", "match_rate")
+
+
+def reference_summary_path(suite: str, out: Path, reference: str | None = None) -> Path | None:
+  """The summary.json to set a run beside: `reference` (a results directory or a summary.json;
+  "none" for no comparison), else the recorded run of the same suite under eval/results/.
+  None when there is none, or when `out` is that directory itself (recording it)."""
+  if reference is not None and reference.lower() == "none":
+    return None
+  if reference is not None:
+    path = Path(reference)
+    path = path / "summary.json" if path.is_dir() else path
+    if not path.is_file():
+      raise FileNotFoundError(f"--reference {reference}: no summary.json there")
+  else:
+    path = REFERENCE_ROOT / suite / "summary.json"
+    if not path.is_file():
+      return None
+  if path.parent.resolve() == Path(out).resolve():
+    return None
+  return path
+
+
+def attach_reference(summary: dict, ref_path: Path) -> dict:
+  """`summary` plus a `reference` entry: the reference run's overall metrics per method,
+  beside this run's. A reference that cannot be read is reported, never fatal."""
+  import json
+
+  try:
+    ref = json.loads(Path(ref_path).read_text())
+    validate_summary(ref)
+  except Exception as e:  # noqa: BLE001 -- a broken reference must not lose this run's report
+    print(f"[vocabjax.eval] the reference run {ref_path} cannot be read ({e}); no comparison",
+          file=sys.stderr)
+    return summary
+  renv = ref["environment"]
+  ref_methods = {m["name"]: m["overall"] for m in ref["methods"]}
+  methods = {}
+  for m in summary["methods"]:
+    r = ref_methods.get(m["name"])
+    if r is not None:
+      methods[m["name"]] = {k: {"this": m["overall"].get(k), "reference": r.get(k)}
+                            for k in _REF_METRICS}
+  rel = ref_path.parent
+  try:
+    rel = rel.resolve().relative_to(REFERENCE_ROOT.parents[1])
+  except ValueError:
+    pass
+  summary = {**summary, "reference": {
+      "path": str(rel), "commit": renv.get("commit"), "machine": renv.get("machine"),
+      "cpu": renv.get("cpu"), "cpu_count": renv.get("cpu_count"), "date": renv.get("date"),
+      "dtype": renv.get("dtype"), "same_config": ref.get("fingerprint") == summary["fingerprint"],
+      "methods": methods}}
+  validate_summary(summary)
+  return summary
+
+
+def reference_markdown(ref: dict) -> list[str]:
+  """The comparison section of the markdown report."""
+  lines = ["", f"This run beside the recorded reference run (`{ref['path']}`: commit "
+           f"{str(ref['commit'])[:7]}, {ref.get('cpu') or ref['machine']}, "
+           f"{ref.get('cpu_count') or '?'} CPUs, {ref['date']}, {ref.get('dtype')}):", ""]
+  if not ref["same_config"]:
+    lines += ["(the reference was run with another configuration of this suite: models, "
+              "questions, methods or settings differ, so compare with care)", ""]
+  if not ref["methods"]:
+    return lines + ["(no method of this run is in the reference run)"]
+  lines += ["| method | speedup | reference speedup | tok/s | reference tok/s | tok/s ratio | "
+            "tau | reference tau | match AR | reference match AR |", "|---" * 10 + "|"]
+  for name, v in ref["methods"].items():
+    t, r = v["tokens_per_s"]["this"], v["tokens_per_s"]["reference"]
+    ratio = t / r if t and r else None
+    lines.append(
+        f"| {name} | {_f(v['speedup']['this'], suffix='x')} | "
+        f"{_f(v['speedup']['reference'], suffix='x')} | {_f(t)} | {_f(r)} | "
+        f"{_f(ratio, suffix='x')} | {_f(v['tau']['this'])} | {_f(v['tau']['reference'])} | "
+        f"{_f(v['match_rate']['this'], '{:.0%}')} | {_f(v['match_rate']['reference'], '{:.0%}')} |")
+  lines += ["", "tok/s ratio: this machine's tokens/s over the reference's (the machines' speed); "
+            "the speedups are each run's own ratio to plain decoding, so they compare across "
+            "machines; tau and match AR should agree whatever the machine (greedy runs)."]
+  return lines
 
 
 def validate_summary(summary: dict) -> None:
@@ -239,6 +329,8 @@ def markdown(summary: dict) -> str:
       lines.append(f"| {m['name']} | {1e3 * s['drafter_s']:.1f} | {1e3 * s['drafter_head_s']:.1f}"
                    f" | {1e3 * s['verification_s']:.1f} | {1e3 * s['step_s']:.1f} | "
                    f"{s['drafter_head_share']:.0%} | {1e3 * s['target_step_s']:.1f} | {run} |")
+  if summary.get("reference"):
+    lines += reference_markdown(summary["reference"])
   return "\n".join(lines) + "\n"
 
 

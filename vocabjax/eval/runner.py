@@ -164,13 +164,18 @@ def _check_map_count(n_methods: int, path: str = "/proc/sys/vm/max_map_count") -
 
 def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = False,
               compare_torch: bool = False, progress: bool = True,
-              models: Loaded | None = None, skip_bad_prompts: bool = False) -> dict:
+              models: Loaded | None = None, skip_bad_prompts: bool = False,
+              reference: str | None = None) -> dict:
   """Run (or resume) `config` into `out` and write the reports; returns the summary.
 
   Every prompt is checked against the cache and the models' context before anything is
   generated or `out` is claimed: an empty prompt or one too long fails the suite up front,
   naming each question and its file, or, with `skip_bad_prompts`, is left out and listed in
-  the summary (`skipped`). Neither choice changes the fingerprint, so finished records stay."""
+  the summary (`skipped`). Neither choice changes the fingerprint, so finished records stay.
+
+  The report sets the run beside a recorded reference run (`report.reference_summary_path`:
+  `reference`, a results directory or summary.json, else eval/results/<suite>; "none": no
+  comparison)."""
   from tqdm.auto import tqdm
 
   from vocabjax.decoding.profile import StepSplit, run_split, step_split
@@ -185,6 +190,7 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
   sampling = SamplingParams(config.temperature, config.top_k, config.top_p)
   inputs = provenance.inputs(config, prompts)
   prepare_dir(out, config, overwrite=overwrite, inputs=inputs, claim=False)  # refuse early
+  ref_path = report.reference_summary_path(config.name, out, reference)  # a bad path, early
 
   t0 = time.perf_counter()
   models = models or load_models(config)
@@ -290,6 +296,8 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
 
   summary = report.build_summary(config, records, info, splits, meta={
       "load_s": load_s, "torch_versions": torch_versions, "skipped": skipped})
+  if ref_path is not None:
+    summary = report.attach_reference(summary, ref_path)
   report.write_reports(out, summary)
   return summary
 
