@@ -80,8 +80,8 @@ def main(argv=None) -> int:
 
   import jax
 
-  from vocabjax.generate import atomic_write_json
-  from vocabjax.checkpoints.zoo import atomic_write_text
+  from vocabjax.io import atomic_write_json
+  from vocabjax.io import atomic_write_text
 
   body = body_times(args.repeats)
   splits = split_ab(args.repeats)

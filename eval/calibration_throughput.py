@@ -90,7 +90,7 @@ def main(argv=None):
     res["counting"].append(json.loads(p.stdout.strip().splitlines()[-1]))
   res.update(model=a.model, corpus=a.corpus, machine=platform.node(),
              cpu_count=os.cpu_count(), command="python " + " ".join(sys.argv))
-  from vocabjax.checkpoints.zoo import atomic_write_text
+  from vocabjax.io import atomic_write_text
 
   atomic_write_text(a.out, json.dumps(res, indent=2))
   print(json.dumps(res, indent=2))

@@ -27,7 +27,7 @@ def main(argv=None) -> int:
   from vocabjax.checkpoints.eagle3 import load_eagle3
   from vocabjax.eval import load_config
   from vocabjax.eval.runner import load_prompts
-  from vocabjax.generate import encode_prompts
+  from vocabjax.prompts import encode_prompts
   from vocabjax.checkpoints.loader import load_model
   from vocabjax.models.cache import KVCache
   from vocabjax.models.llamalike import forward_features, lm_head

@@ -108,8 +108,8 @@ def main(argv=None) -> int:
   p.add_argument("--control", type=Path, help="the frozen-drafter control's output directory")
   args = p.parse_args(argv)
   md, data = report(args.run, args.control)
-  from vocabjax.checkpoints.zoo import atomic_write_bytes
-  from vocabjax.generate import atomic_write_json
+  from vocabjax.io import atomic_write_bytes
+  from vocabjax.io import atomic_write_json
 
   atomic_write_bytes(args.run / "online_report.md", md.encode())
   atomic_write_json(args.run / "online_report.json", data)

@@ -199,7 +199,7 @@ def main(argv=None) -> None:
       machine=platform.platform(), processor=platform.processor(), cpus=__import__("os").cpu_count(),
       backend=jax.default_backend(), device=str(jax.devices()[0]), jax=jax.__version__,
       memcopy_gbs=bw, context=a.context, max_len=a.max_len, repeats=a.repeats)
-  from vocabjax.checkpoints.zoo import atomic_write_text
+  from vocabjax.io import atomic_write_text
   atomic_write_text(out / "profile.json", json.dumps(dict(meta=meta, rows=rows), indent=1))
   lines = render(meta, rows)
   atomic_write_text(out / "profile.md", "\n".join(lines) + "\n")

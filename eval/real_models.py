@@ -103,7 +103,7 @@ class TorchRunner:
 
 
 def compare(name: str, max_new: int, repeats: int) -> dict:
-  from vocabjax.generate import encode_prompts
+  from vocabjax.prompts import encode_prompts
 
   ours = VocabjaxRunner(name)
   ids = encode_prompts(ours.model.tokenizer, PROMPTS, chat=True)
@@ -169,7 +169,7 @@ def main(argv=None) -> int:
 
 
 def write(report: dict, out: Path) -> None:
-  from vocabjax.generate import atomic_write_json
+  from vocabjax.io import atomic_write_json
 
   atomic_write_json(out.with_suffix(".json"), report)
   lines = ["# Real-model check and autoregressive benchmark", "",

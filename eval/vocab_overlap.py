@@ -23,7 +23,7 @@ TEXTS = ["def add(a, b):\n    return a + b\n", "The quick brown fox jumps over t
 def main(argv=None) -> int:
   from vocabjax.checkpoints import zoo
   from vocabjax.checkpoints.gguf_io import load_gguf_tokenizer
-  from vocabjax.checkpoints.zoo import atomic_write_text
+  from vocabjax.io import atomic_write_text
   from vocabjax.vocab.translate import TranslationError, build_vocab_map, check_round_trip
 
   p = argparse.ArgumentParser(description=__doc__,

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import platform
 import sys
@@ -24,14 +23,13 @@ from pathlib import Path
 import jax
 
 from vocabjax.checkpoints.loader import load_model
-from vocabjax.checkpoints.zoo import atomic_write_text
-from vocabjax.decoding.autoregressive import Decoder
 from vocabjax.decoding.profile import run_split, step_split
 from vocabjax.decoding.sampling import SamplingParams
-from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder
-from vocabjax.decoding.tree import TreeParams
+from vocabjax.io import atomic_write_json
+from vocabjax.methods import METHODS
+from vocabjax.prompts import encode_prompts
 
-METHODS = ("ar", "chain", "tree", "eagle", "crossvocab", "pld")
+CLI_METHODS = ("ar", "chain", "tree", "eagle", "crossvocab", "pld")  # --method choices
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,8 +68,8 @@ class GenerateConfig:
   threshold: float = 0.5  # crossvocab --adaptive: stop when P(a rejection) exceeds this
 
   def __post_init__(self):
-    if self.method not in METHODS:
-      raise ValueError(f"unknown method {self.method!r}; choose one of {METHODS}")
+    if self.method not in CLI_METHODS:
+      raise ValueError(f"unknown method {self.method!r}; choose one of {CLI_METHODS}")
     if self.method == "eagle":
       if not self.eagle_head:
         raise ValueError("--method eagle needs --eagle-head (an EAGLE-3 head directory)")
@@ -108,82 +106,43 @@ class GenerateConfig:
                        "non-empty")
 
 
-def encode_prompts(tokenizer, prompts, chat: bool) -> list[list[int]]:
-  """Token ids per prompt; with `chat`, wrapped in the tokenizer's chat template."""
-  if tokenizer is None:
-    raise ValueError("this model has no tokenizer; text prompts cannot be encoded")
-  out = []
-  for i, p in enumerate(prompts):
-    try:
-      p.encode("utf-8")
-    except UnicodeEncodeError as e:  # undecodable bytes (argv, files) arrive as surrogates
-      bad = p[e.start:e.end].encode("utf-8", "surrogateescape")
-      raise ValueError(f"prompt {i} is not valid UTF-8 (bytes {bad!r} at character "
-                       f"{e.start}); give UTF-8 text") from None
-    if chat:
-      if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("--chat given but the tokenizer has no chat template")
-      text = tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                           add_generation_prompt=True)
-      out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
-    else:
-      out.append(tokenizer(p)["input_ids"])
-  return out
-
-
-def atomic_write_json(path: str | os.PathLike, obj) -> None:
-  """Write JSON via a temporary file and rename, so a crash never leaves half a file."""
-  atomic_write_text(path, json.dumps(obj, indent=2))
-
-
-def _speculative_decoder(config: GenerateConfig, model):
-  """The chain / tree / EAGLE decoder `config` asks for (loads the drafter or the head)."""
-  sub = None
-  if config.draft_vocab:
-    from vocabjax.calibrate.counts import tokenizer_identity
-    from vocabjax.vocab.subset import VocabSubset
-
-    sub = VocabSubset.load(config.draft_vocab, tokenizer_id=tokenizer_identity(model.tokenizer))
-  elif config.ranker:
-    from vocabjax.vocab.ranked import Ranker, SpeculativeVocab
-
-    sub = SpeculativeVocab(Ranker.load(config.ranker), k=config.ranker_k)
-  tree = TreeParams(config.tree_top_k, config.tree_depth, config.tree_total_tokens)
+def method_params(config: GenerateConfig) -> tuple[str, dict]:
+  """The registered method (`vocabjax.methods.METHODS`) and its parameters for these flags:
+  --ranker turns chain / tree drafting into `specvocab`, --draft-vocab is the `subset`."""
+  tree = {"top_k": config.tree_top_k, "depth": config.tree_depth,
+          "total_tokens": config.tree_total_tokens}
+  subset = {"subset": config.draft_vocab} if config.draft_vocab else {}
+  if config.method == "ar":
+    return "ar", {}
   if config.method == "pld":
-    from vocabjax.decoding.pld import PromptLookupDecoder
-
-    return PromptLookupDecoder(model.params, model.config, gamma=config.gamma,
-                               max_ngram=config.max_ngram)
-  if config.method == "eagle":
-    from vocabjax.checkpoints.eagle3 import load_eagle3
-    from vocabjax.decoding.eagle import EagleDecoder
-
-    hc, head, _ = load_eagle3(config.eagle_head, target_config=model.config,
-                              target_params=model.params, dtype=model.params["embed"].dtype)
-    return EagleDecoder(model.params, model.config, head, hc, tree=tree,
-                        lm_head=config.eagle_lm_head, draft_vocab=sub)
-  draft = load_model(config.draft, dtype=config.draft_dtype or config.dtype,
-                     load_tokenizer=config.method == "crossvocab")
+    return "pld", {"gamma": config.gamma, "max_ngram": config.max_ngram}
   if config.method == "crossvocab":
-    from vocabjax.decoding.crossvocab import CrossVocabDecoder
-
-    params, head = draft.params, None
-    if config.distilled:
-      from vocabjax.train.distill import load_distilled
-
-      params, head = load_distilled(config.distilled, draft.params, draft.config)
-      if config.adaptive and head is None:
-        raise ValueError(f"{config.distilled} holds no acceptance head")
-    return CrossVocabDecoder(model.params, model.config, params, draft.config,
-                             target_tokenizer=model.tokenizer, draft_tokenizer=draft.tokenizer,
-                             gamma=config.gamma, ngram=config.ngram,
-                             acceptance_head=head if config.adaptive else None,
-                             stop_threshold=config.threshold)
+    return "crossvocab", {"gamma": config.gamma, "ngram": config.ngram,
+                          "drafter": config.distilled or "", "adaptive": config.adaptive,
+                          "threshold": config.threshold}
+  if config.method == "eagle":
+    ranked = {"ranker": config.ranker, "k": config.ranker_k} if config.ranker else {}
+    return "eagle", {"head": config.eagle_head, "lm_head": config.eagle_lm_head, **tree,
+                     **subset, **ranked}
+  if config.ranker:
+    shape = {"gamma": config.gamma} if config.method == "chain" else tree
+    return "specvocab", {"ranker": config.ranker, "k": config.ranker_k, **shape}
   if config.method == "chain":
-    return ChainDecoder(model.params, model.config, draft.params, draft.config,
-                        gamma=config.gamma, draft_vocab=sub)
-  return TreeDecoder(model.params, model.config, draft.params, draft.config, tree=tree,
-                     draft_vocab=sub)
+    return "chain", {"gamma": config.gamma, **subset}
+  return "tree", {**tree, **subset}
+
+
+def build_decoder(config: GenerateConfig, model):
+  """The decoder for `config` from the library's method registry (loads the drafter when the
+  method needs one); bad parameters are ValueErrors (ConfigError) naming the value."""
+  name, raw = method_params(config)
+  method = METHODS[name]
+  params = method.parse(raw, f"--method {config.method}")
+  draft = None
+  if method.needs_draft:
+    draft = load_model(config.draft, dtype=config.draft_dtype or config.dtype,
+                       load_tokenizer=name == "crossvocab")
+  return method.make(model, draft, params)
 
 
 def main(config: GenerateConfig) -> dict:
@@ -201,12 +160,11 @@ def main(config: GenerateConfig) -> dict:
                 eos_token_ids=model.eos_token_ids, max_len=config.max_len)
   spec_stats = None
   common.update(stop_strings=config.stop, tokenizer=model.tokenizer)
-  if config.method == "ar":
-    res = Decoder(model.params, model.config).generate(prompt_ids, **common)
-  else:
-    dec = _speculative_decoder(config, model)
+  dec = build_decoder(config, model)
+  if config.method != "ar":
     load_s = time.perf_counter() - t0
-    res = dec.generate(prompt_ids, **common)
+  res = dec.generate(prompt_ids, **common)
+  if config.method != "ar":
     st = res.stats
     spec_stats = {"tau": st.tau, "acceptance_rate": st.acceptance_rate,
                   "target_forwards": st.target_forwards + 1,  # + prefill
@@ -297,7 +255,7 @@ def parse_args(argv=None) -> GenerateConfig:
   p.add_argument("--quiet", action="store_true", help="do not print the text")
   p.add_argument("--draft", help="drafter: HF dir, .gguf or registry name (same vocabulary, "
                  "or another tokenizer's with --method crossvocab)")
-  p.add_argument("--method", default="ar", choices=METHODS,
+  p.add_argument("--method", default="ar", choices=CLI_METHODS,
                  help="decoding method (default ar: plain autoregressive)")
   p.add_argument("--gamma", type=int, default=4, help="chain, crossvocab, pld: drafts per step")
   p.add_argument("--max-ngram", type=int, default=3,

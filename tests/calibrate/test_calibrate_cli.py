@@ -99,7 +99,7 @@ def test_local_datasets_source(tiny_chat_dir, tmp_path):
 def test_generated_counts_only_the_completions(tiny_chat_dir, tmp_path):
   from vocabjax.checkpoints.loader import load_model
   from vocabjax.decoding import Decoder
-  from vocabjax.generate import encode_prompts
+  from vocabjax.prompts import encode_prompts
 
   prompts = tmp_path / "p.jsonl"
   texts = [f"say {w}" for w in ("a", "bb", "hello", "x y", "fox", "one two three")]

@@ -363,3 +363,38 @@ def test_the_report_sets_a_run_beside_the_recorded_reference(suite, tmp_path, mo
   with pytest.raises(FileNotFoundError, match="nowhere"):  # a typo fails before any work
     _run(path, tmp_path / "typo", "--reference", str(tmp_path / "nowhere"))
   assert not (tmp_path / "typo").exists()
+
+
+def test_ctrl_c_during_a_question_finishes_and_records_it_then_stops(suite, tmp_path,
+                                                                     monkeypatch, capsys):
+  # A Ctrl-C that lands while XLA runs a program is deferred: the question in flight is
+  # finished and recorded, the run then stops (exit 130 from the CLI); a rerun resumes.
+  import os
+  import signal
+
+  from vocabjax.decoding.autoregressive import Decoder
+  from vocabjax.eval.__main__ import cli
+
+  path, _ = suite
+  out = tmp_path / "res"
+  real = Decoder.generate
+  calls = []
+
+  def generate(self, *a, **k):
+    calls.append(1)
+    if len(calls) == 1:  # the first question's warm-up call: Ctrl-C arrives mid-question
+      os.kill(os.getpid(), signal.SIGINT)
+    return real(self, *a, **k)
+
+  monkeypatch.setattr(Decoder, "generate", generate)
+  with pytest.raises(SystemExit) as e:
+    cli(["--config", str(path), "--out", str(out), "--quiet"])
+  assert e.value.code == 130
+  err = capsys.readouterr().err
+  assert "stopping after the current question" in err and "Traceback" not in err
+  records = [json.loads(line) for line in (out / RECORDS).read_text().splitlines()]
+  assert len(records) == 1 and records[0]["method"] == "ar"  # finished, then stopped
+  assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handler restored
+  monkeypatch.setattr(Decoder, "generate", real)
+  _run(path, out)  # resumes the rest
+  assert len((out / RECORDS).read_text().splitlines()) == 12

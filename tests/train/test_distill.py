@@ -14,8 +14,9 @@ from vocabjax.decoding.autoregressive import Decoder
 from vocabjax.decoding.crossvocab import CrossVocabDecoder
 from vocabjax.models import LlamaLikeConfig, init_params
 from vocabjax.testing.tiny import tiny_tokenizer
-from vocabjax.train.distill import DistillJob, align, load_distilled, online, train
-from vocabjax.train.lora import init_lora, merge, num_params
+from vocabjax.checkpoints.distilled import DistilledError, load_distilled
+from vocabjax.train.distill import DistillJob, align, online, train
+from vocabjax.models.lora import init_lora, merge, num_params
 from vocabjax.train.loop import TrainError
 from vocabjax.vocab.translate import Translator
 
@@ -122,7 +123,7 @@ def test_distillation_lowers_loss_and_exports(pair, tmp_path, lora_rank):
   assert dec.generate(ids, max_new_tokens=16).tokens == ref.tokens
   # another base drafter is refused
   other = init_params(jax.random.key(7), draft.config, scale=0.3)
-  with pytest.raises(TrainError, match="distilled from another drafter"):
+  with pytest.raises(DistilledError, match="distilled from another drafter"):
     load_distilled(tmp_path / "out" / "drafter", other, draft.config)
 
 

@@ -12,7 +12,7 @@ from vocabjax.models.llamalike import lm_head
 from vocabjax.testing.fixtures import successor_pair
 from vocabjax.vocab import SubsetError, VocabSubset
 from vocabjax.vocab.policy import scatter_full, to_target
-from vocabjax.vocab.trimmed import attach_subset, static_policy, subset_rows
+from vocabjax.vocab.subset import attach_subset, static_policy, subset_rows
 
 from tests.decoding.conftest import (CFG, SMALL, check_vocab_sampling_lossless,  # noqa: F401
                                      pair, small_pair)

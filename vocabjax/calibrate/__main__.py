@@ -17,6 +17,7 @@ from pathlib import Path
 
 from vocabjax.calibrate.counts import CalibrationError, Counts, plot
 from vocabjax.calibrate.run import CountJob, run_count
+from vocabjax.calibrate.select import subset_from_counts
 
 
 def _parser():
@@ -84,8 +85,6 @@ def main(argv=None) -> int:
       run_count(job, overwrite=args.overwrite, max_units=args.max_units, finish=args.finish,
                 progress=not args.quiet)
     elif args.cmd == "select":
-      from vocabjax.calibrate.select import subset_from_counts
-
       sub = subset_from_counts(args.counts, args.model, k=args.k, top_p=args.top_p,
                                min_count=args.min_count)
       sub.save(args.out)

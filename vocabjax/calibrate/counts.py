@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from vocabjax.checkpoints.zoo import atomic_write_bytes
+from vocabjax.io import atomic_write_bytes
 
 KINDS = ("text", "generated")
 

@@ -34,9 +34,14 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from vocabjax.calibrate.corpora import resolve_corpus
 from vocabjax.calibrate.counting import TokenCounter
-from vocabjax.calibrate.counts import KINDS, CalibrationError, Counts, plot, tokenizer_identity
-from vocabjax.checkpoints.zoo import atomic_write_bytes, atomic_write_text
+from vocabjax.calibrate.counts import CalibrationError, Counts, KINDS, plot, tokenizer_identity
+from vocabjax.checkpoints.loader import load_model, load_tokenizer_and_vocab
+from vocabjax.decoding import Decoder, SamplingParams
+from vocabjax.decoding.speculative import block_layout
+from vocabjax.io import atomic_write_bytes, atomic_write_text
+from vocabjax.prompts import DatasetSpec, LOADERS, encode_prompts, load_prompts, suite_datasets
 
 FINAL, PARTIAL, GENERATED = "counts.npz", "counts.partial.npz", "generated.jsonl"
 
@@ -110,8 +115,6 @@ def _log(msg: str) -> None:
 def text_files(paths, patterns, skip_dirs=()) -> list[Path]:
   """Files of `paths` (directories searched for `patterns`); `corpus:NAME` names a corpus of
   `vocabjax.calibrate.corpora`."""
-  from vocabjax.calibrate.corpora import resolve_corpus
-
   out = []
   for p in paths:
     p = resolve_corpus(p[len("corpus:"):]) if str(p).startswith("corpus:") else Path(p)
@@ -202,14 +205,10 @@ def load_dataset_source(job: CountJob):
 
 def calibration_prompts(job: CountJob, tokenizer) -> list[list[int]]:
   """Chat-encoded prompts for a generated job, minus the excluded eval suites' questions."""
-  from vocabjax.eval.config import DatasetSpec, load_config
-  from vocabjax.eval.datasets import LOADERS, load_prompts
-  from vocabjax.generate import encode_prompts
-
   specs = [DatasetSpec(kind=p) if p in LOADERS else DatasetSpec(kind="spec_bench", path=p)
            for p in job.prompts]
   prompts = load_prompts(specs)
-  used = {q.text for s in job.exclude_suites for q in load_prompts(load_config(s).datasets)}
+  used = {q.text for s in job.exclude_suites for q in load_prompts(suite_datasets(s))}
   prompts = [p for p in prompts if p.text not in used]
   random.Random(job.seed).shuffle(prompts)  # a limit then samples every source alike
   prompts = prompts[:job.limit] if job.limit else prompts
@@ -252,26 +251,6 @@ def _load_partial(out: Path, job: CountJob, V: int):
   return counts, state
 
 
-def _tokenizer_and_vocab(name: str):
-  """(tokenizer, vocabulary size V of the model) without loading the weights."""
-  from vocabjax.checkpoints import zoo
-
-  path = zoo.resolve(name)
-  if path.is_dir():
-    from transformers import AutoTokenizer
-
-    from vocabjax.checkpoints.hf import read_hf_config
-
-    return AutoTokenizer.from_pretrained(path), int(read_hf_config(path)["vocab_size"])
-  from vocabjax.checkpoints.gguf_io import load_gguf_tokenizer, open_gguf
-
-  reader = open_gguf(path)
-  emb = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
-  if emb is None:
-    raise CalibrationError(f"{path}: tensor token_embd.weight missing")
-  return load_gguf_tokenizer(path), int(emb.shape[-1])
-
-
 def run_count(job: CountJob, *, overwrite: bool = False, max_units: int | None = None,
               finish: bool = False, progress: bool = True, mesh=None) -> Counts | None:
   """Run (or resume) a counting job. Returns the final Counts, or None when `max_units`
@@ -296,7 +275,7 @@ def run_count(job: CountJob, *, overwrite: bool = False, max_units: int | None =
     for name in (PARTIAL, GENERATED):
       (out / name).unlink(missing_ok=True)
 
-  tokenizer, V = _tokenizer_and_vocab(job.model)
+  tokenizer, V = load_tokenizer_and_vocab(job.model)
   tok_id = tokenizer_identity(tokenizer)
   timing = {"tokenize_s": 0.0, "count_s": 0.0, "generate_s": 0.0, "tokens": 0, "documents": 0}
   pid, nproc = jax.process_index(), jax.process_count()
@@ -412,10 +391,6 @@ def _dataset_units(job: CountJob, tokenizer, timing: dict) -> list:
 
 
 def _generated_units(job: CountJob, tokenizer, tok_id: str):
-  from vocabjax.checkpoints.loader import load_model
-  from vocabjax.decoding import Decoder, SamplingParams
-  from vocabjax.decoding.speculative import block_layout
-
   gen_model = load_model(job.generator or job.model)
   if gen_model.tokenizer is not None and tokenizer_identity(gen_model.tokenizer) != tok_id:
     raise CalibrationError(f"generator {job.generator} has another tokenizer than {job.model} "

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from vocabjax.calibrate.counts import CalibrationError, Counts, special_ids, tokenizer_identity
+from vocabjax.checkpoints.loader import load_tokenizer_and_vocab
 from vocabjax.vocab.subset import VocabSubset, select
 
 
@@ -29,9 +30,7 @@ def subset_for(counts: Counts, tokenizer, vocab_size: int, eos_token_ids=(), *, 
 
 def subset_from_counts(counts_path: str | Path, model: str, **rule) -> VocabSubset:
   """`subset_for` with the tokenizer and V of `model` (a registry name, HF dir or GGUF)."""
-  from vocabjax.calibrate.run import _tokenizer_and_vocab
-
-  tokenizer, V = _tokenizer_and_vocab(model)
+  tokenizer, V = load_tokenizer_and_vocab(model)
   eos = [tokenizer.eos_token_id] if tokenizer.eos_token_id is not None else []
   return subset_for(Counts.load(counts_path), tokenizer, V, eos, **rule)
 

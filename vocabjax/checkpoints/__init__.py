@@ -1,4 +1,7 @@
-"""All checkpoint I/O: HF safetensors directories, GGUF files, the offline model registry."""
+"""Model and artifact I/O: HF safetensors directories, GGUF files, the offline model registry
+(`zoo`), EAGLE-3 head directories (`eagle3`), distilled drafters (`distilled`) and the
+tokenizer loader. Counts, subsets and rankers keep their formats beside their code
+(`calibrate.counts`, `vocab.subset`, `vocab.ranked`); atomic writes live in `vocabjax.io`."""
 
 from vocabjax.checkpoints.convert import CheckpointError
 from vocabjax.checkpoints.hf_config import UnsupportedConfigError, config_from_hf

@@ -27,9 +27,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from vocabjax.checkpoints.convert import CheckpointError
-from vocabjax.checkpoints.zoo import atomic_directory
+from vocabjax.io import atomic_directory
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.eagle import EagleConfig
+from vocabjax.models.identity import drafter_fingerprint
 
 LAYER = {"attn_norm": "midlayer.input_layernorm.weight",
          "hidden_norm": "midlayer.hidden_norm.weight",
@@ -124,8 +125,6 @@ def load_eagle3(directory, *, target_config: LlamaLikeConfig | None = None,
   if target_config is not None:
     config.check_target(target_config)
     if target_params is not None and target.get("fingerprint"):
-      from vocabjax.vocab.ranked import drafter_fingerprint
-
       got = drafter_fingerprint(target_params, target_config)
       if got != target["fingerprint"]:
         raise ValueError(f"{directory} was trained for another target ({target.get('source')}"

@@ -16,6 +16,7 @@ import numpy as np
 
 from vocabjax.checkpoints.convert import CheckpointError, assemble_params
 from vocabjax.checkpoints.hf_config import UnsupportedConfigError
+from vocabjax.checkpoints.zoo import cache_dir
 from vocabjax.models.config import LlamaLikeConfig
 
 _GGUF_ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
@@ -143,8 +144,6 @@ def load_gguf(path: str | os.PathLike, dtype=jnp.float32) -> tuple[LlamaLikeConf
 def load_gguf_tokenizer(path: str | os.PathLike, cache_root: Path | None = None):
   """transformers' fast tokenizer built from the GGUF vocabulary, cached after the first build."""
   from transformers import AutoTokenizer
-
-  from vocabjax.checkpoints.zoo import cache_dir
 
   path = Path(path).resolve()
   st = path.stat()

@@ -9,8 +9,9 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from vocabjax.checkpoints.convert import CheckpointError, assemble_params
+from vocabjax.checkpoints.convert import CheckpointError, LAYER_NAMES, TOP_NAMES, assemble_params
 from vocabjax.checkpoints.hf_config import config_from_hf
+from vocabjax.io import atomic_directory
 from vocabjax.models.config import LlamaLikeConfig
 
 
@@ -75,9 +76,6 @@ def save_hf(params: dict, config, directory, *, source) -> Path:
   import shutil
 
   from safetensors.numpy import save_file
-
-  from vocabjax.checkpoints.convert import LAYER_NAMES, TOP_NAMES
-  from vocabjax.checkpoints.zoo import atomic_directory
 
   directory, source = Path(directory), Path(source)
   if not source.is_dir():

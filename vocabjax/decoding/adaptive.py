@@ -12,7 +12,7 @@ Drafting stops after draft i when P(at least one rejection among drafts 1..i) =
 1 - prod_j a_j exceeds a threshold (SpecDec++ eq. 5 with its stopping rule), so easy stretches
 get long blocks and hard ones short blocks. Training labels are min(1, p(x) / q(x)), the
 acceptance probability of speculative sampling, with a weighted BCE that up-weights rejections
-(rare when the drafter is good): `vocabjax.train.distill.acceptance_loss`.
+(rare when the drafter is good): `vocabjax.train.distill.losses.acceptance_terms`.
 """
 
 from __future__ import annotations

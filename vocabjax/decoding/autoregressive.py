@@ -103,6 +103,13 @@ def bucket(n: int, minimum: int = 16) -> int:
 PROMPT_STEP = 128  # prompt blocks above this many tokens grow by this many
 
 
+def cache_slots(longest: int, room: int, max_len: int | None = None) -> int:
+  """Cache slots S of a request: `max_len`, else the longest prompt + `room` (new tokens +
+  the slots one step may write past them) rounded up to a bucket. The one formula every
+  decoder (and `cache_len`) uses."""
+  return max_len or bucket(longest + room)
+
+
 def prompt_bucket(n: int) -> int:
   """The prompt block T for an n-token prompt: a power of two up to `PROMPT_STEP`, then the
   next multiple of it. Prefill is compute bound (every padded position costs a full token's
@@ -209,7 +216,7 @@ class Decoder:
     out = OutputCollector(B, max_new_tokens, eos_token_ids, stop_strings, tokenizer)
     lengths = np.array([len(p) for p in prompts], np.int32)
     longest = int(lengths.max())
-    S = max_len or bucket(longest + max_new_tokens)
+    S = cache_slots(longest, max_new_tokens, max_len)
     T = min(prompt_bucket(longest), S)  # validate_request guarantees longest <= T <= S
     cache_dtype = cache_dtype or compute_dtype(self.params)
     prefill, step, compile_s = self.programs(sampling, B, T, S, cache_dtype)
@@ -279,7 +286,7 @@ def block_request(prompts: Sequence[Sequence[int]], max_new_tokens: int,
   if max_len is not None and longest + room > max_len:
     raise ValueError(f"prompt of {longest} tokens + {max_new_tokens=} + {extra_slots} slots for "
                      f"one {method} step = {longest + room} exceeds the cache length {max_len=}")
-  S = max_len or bucket(longest + room)
+  S = cache_slots(longest, room, max_len)
   T = min(prompt_bucket(longest), S)
   tokens = np.zeros((len(prompts), T), np.int32)
   for b, p in enumerate(prompts):

@@ -54,16 +54,15 @@ import numpy as np
 
 from vocabjax.decoding.adaptive import acceptance_logit, check_threshold, should_stop
 from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector, bucket,
-                                              prompt_bucket,
-                                              compile_prefill, validate_request)
+                                              cache_slots, compile_prefill, prompt_bucket,
+                                              validate_request)
 from vocabjax.decoding.sampling import SamplingParams, log_probs, probs
 from vocabjax.decoding.speculative import (SpecStats, block_layout, check_draft_prefill,
-                                          compile_draft_prefill)
+                                           compile_draft_prefill)
 from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import (compute_dtype, embed_tokens, forward, lm_head,
-                                       with_mlp_layout)
+from vocabjax.models.llamalike import compute_dtype, embed_tokens, forward, lm_head, with_mlp_layout
 from vocabjax.vocab.translate import (NgramCache, TranslationError, Translator, VocabMap,
                                       check_round_trip)
 
@@ -384,7 +383,7 @@ class CrossVocabDecoder:
     res = GenerationResult(tokens=[], finish_reasons=[], prompt_lengths=[len(p) for p in prompts],
                            compile_s=0.0, prefill_s=0.0, decode_s=0.0, steps=0, stats=stats)
     for b, prompt in enumerate(prompts):
-      S = max_len or bucket(len(prompt) + room)
+      S = cache_slots(len(prompt), room, max_len)
       out = OutputCollector(1, max_new_tokens, eos_token_ids, stop_strings, tokenizer)
       self._generate_row(b, B, prompt, S, out, sampling, jax.random.fold_in(
           jax.random.key(seed), b), res)

@@ -48,11 +48,10 @@ from vocabjax.kernels import cpu_matmul
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.eagle import EagleConfig, eagle_forward, fuse_features
-from vocabjax.models.llamalike import (forward_features, lm_head, lm_head_weight, rms_norm,
+from vocabjax.models.llamalike import (forward_features, is_int8, lm_head, lm_head_weight, rms_norm,
                                        with_mlp_layout)
 from vocabjax.vocab.policy import full_policy
-from vocabjax.vocab.subset import VocabSubset
-from vocabjax.vocab.trimmed import SUBSET_KEY, attach_subset, static_policy
+from vocabjax.vocab.subset import attach_rows, static_policy
 
 HEAD_KEY = "eagle"  # the head's own params inside the decoder's drafter pytree
 
@@ -147,7 +146,6 @@ class EagleDecoder(SpeculativeDecoder):
                lm_head: str = "own", layout: str = "auto",
                draft_vocab: DraftVocab | None = None):
     head_config.check_target(target_config)
-    from vocabjax.models.llamalike import is_int8
 
     if is_int8(target_params):
       raise ValueError("an EAGLE head reads the target's embedding rows and features as "
@@ -173,14 +171,11 @@ class EagleDecoder(SpeculativeDecoder):
     U = lm_head_weight(self.tp, target_config) if lm_head == "target" else head["lm_head"]
     dp = {HEAD_KEY: head, "embed": self.tp["embed"], "lm_head": U}
     self.draft_vocab = draft_vocab
-    if isinstance(draft_vocab, VocabSubset):
-      dp, self.draft_policy = attach_subset(dp, self.dc, draft_vocab), static_policy
-    elif draft_vocab is not None:
+    if draft_vocab is not None:  # a trimmed head or a ranker, as for any drafter
       dp, self.draft_policy = draft_vocab.attach(dp, self.dc)
     elif lm_head == "own" and Vd < V:  # the head's own static subset: its rows, ids = j + d2t
       ids = jnp.arange(Vd, dtype=jnp.int32) + head["d2t"].astype(jnp.int32)
-      dp = {**dp, SUBSET_KEY: {"head": head["lm_head"], "ids": ids}}
-      self.draft_policy = static_policy
+      dp, self.draft_policy = attach_rows(dp, head["lm_head"], ids), static_policy
     else:
       self.draft_policy = full_policy(self.dc)
     self.dp = dp

@@ -15,7 +15,7 @@ Cache invariants at the start of a step (N[b] = target cache length):
     CPU kernel, a conditional T=1 catch-up call first).
 
 `draft_vocab` swaps the drafter's vocabulary policy: a static subset (`VocabSubset`, VocabTrim /
-FR-Spec) for `vocabjax.vocab.trimmed.static_policy`, a ranker (`SpeculativeVocab`, SpecVocab) for
+FR-Spec) for `vocabjax.vocab.subset.static_policy`, a ranker (`SpeculativeVocab`, SpecVocab) for
 `vocabjax.vocab.ranked.ranked_policy`. Only the candidates' rows are multiplied, drafts and q
 stay over the target's ids (q = 0 outside the candidates), and verification is unchanged.
 """
@@ -32,20 +32,18 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector,
-                                              abstract_cache, block_request, bucket,
-                                              compile_prefill)
+from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector, abstract_cache,
+                                              block_request, cache_slots, compile_prefill)
 from vocabjax.decoding.sampling import SamplingParams, probs
-from vocabjax.kernels import cpu_matmul
 from vocabjax.decoding.tree import TreeParams, TreeState, tree_step
 from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
+from vocabjax.kernels import cpu_matmul
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import compute_dtype, forward, lm_head, with_mlp_layout
 from vocabjax.vocab.policy import Policy, draft_choice, full_policy
 from vocabjax.vocab.ranked import SpeculativeVocab
 from vocabjax.vocab.subset import VocabSubset
-from vocabjax.vocab.trimmed import attach_subset, static_policy
 
 DraftVocab = VocabSubset | SpeculativeVocab  # a static subset or a ranker's per-step candidates
 DRAFT_PREFILLS = ("bf16", "exact")  # the drafter's prompt prefill: see `compile_draft_prefill`
@@ -208,10 +206,7 @@ class SpeculativeDecoder:
     self.dp, self.dc = with_mlp_layout(draft_params, d_layout), draft_config
     self.draft_policy: Policy = full_policy(draft_config)  # the drafter's vocabulary policy
     self.draft_vocab = draft_vocab
-    if isinstance(draft_vocab, VocabSubset):  # VocabTrim / FR-Spec: trimmed drafter head
-      self.dp = attach_subset(self.dp, draft_config, draft_vocab)
-      self.draft_policy = static_policy
-    elif draft_vocab is not None:  # SpecVocab: ranker + indexed head
+    if draft_vocab is not None:  # a trimmed head (VocabTrim / FR-Spec) or a ranker (SpecVocab)
       self.dp, self.draft_policy = draft_vocab.attach(self.dp, draft_config)
     self._programs: dict = {}
 
@@ -229,7 +224,7 @@ class SpeculativeDecoder:
   def cache_len(self, longest: int, max_new_tokens: int, max_len: int | None = None) -> int:
     """Cache slots `generate` uses: `max_len`, else the longest prompt + new tokens + one
     step's extra slots, rounded up to a bucket."""
-    return max_len or bucket(longest + max_new_tokens + self.extra_slots)
+    return cache_slots(longest, max_new_tokens + self.extra_slots, max_len)
 
   def drafter_calls(self) -> list[tuple[int, int]]:
     """(tokens fed, LM-head rows) per row of each drafter call in one step (for profiling)."""

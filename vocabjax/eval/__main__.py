@@ -18,7 +18,10 @@ import argparse
 import dataclasses
 import sys
 
+from vocabjax.checkpoints.loader import parse_dtype
+from vocabjax.eval import report
 from vocabjax.eval.config import ConfigError, DatasetSpec, load_config
+from vocabjax.eval.runner import run_suite
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +55,6 @@ def resolve(cli: CliConfig):
       ds[i] = dataclasses.replace(ds[i], path=cli.spec_bench or ds[i].path,
                                   categories=cli.categories or ds[i].categories)
     cfg = dataclasses.replace(cfg, datasets=tuple(ds))
-  from vocabjax.checkpoints.loader import parse_dtype
 
   for value in (cli.dtype, cli.draft_dtype):
     try:
@@ -68,9 +70,6 @@ def resolve(cli: CliConfig):
 
 
 def main(cli: CliConfig) -> dict:
-  from vocabjax.eval import report
-  from vocabjax.eval.runner import run_suite
-
   cfg = resolve(cli)
   out = cli.out or f"runs/{cfg.name}"  # a user's run: never committed (recorded references
   #   live under eval/results/, written there with --out)

@@ -23,27 +23,17 @@ import json
 from pathlib import Path
 from typing import Any
 
-CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
-DATASET_KINDS = ("spec_bench", "humaneval", "gsm8k")
+import yaml
 
-
-class ConfigError(ValueError):
-  """A suite config that cannot be run; the message names the field and the value."""
-
-
-@dataclasses.dataclass(frozen=True)
-class DatasetSpec:
-  kind: str  # one of DATASET_KINDS
-  path: str | None = None  # spec_bench: a Spec-Bench-format jsonl (default: the shared split)
-  per_group: int | None = None  # spec_bench: first n questions of each task group
-  categories: tuple[str, ...] | None = None  # spec_bench: keep only these categories/groups
-  limit: int | None = None  # at most this many prompts (after the filters above)
-
+from vocabjax.errors import ConfigError
+from vocabjax.methods import METHODS
+from vocabjax.prompts import (CONFIG_DIR, DatasetSpec, check_positive, parse_datasets, read_suite,
+                              suite_path)
 
 @dataclasses.dataclass(frozen=True)
 class MethodSpec:
   name: str  # label in tables and files (unique)
-  method: str  # registered method (vocabjax.eval.methods.METHODS)
+  method: str  # registered method (vocabjax.methods.METHODS)
   params: tuple[tuple[str, Any], ...] = ()  # method parameters, e.g. (("gamma", 3),)
 
   @property
@@ -84,18 +74,10 @@ class EvalConfig:
 
 
 _TOP = {f.name for f in dataclasses.fields(EvalConfig)}
-_DS = {f.name for f in dataclasses.fields(DatasetSpec)}
-
-
-def _positive(where: str, name: str, value) -> None:
-  if value is not None and (not isinstance(value, int) or value < 1):
-    raise ConfigError(f"{where}: {name} must be a positive integer, got {value!r}")
 
 
 def config_from_dict(raw: dict, *, name: str = "custom") -> EvalConfig:
   """Validate a parsed YAML mapping and build the config; errors name the field and value."""
-  from vocabjax.eval.methods import METHODS
-
   if not isinstance(raw, dict):
     raise ConfigError(f"config {name}: expected a mapping at the top level, got {type(raw).__name__}")
   unknown = sorted(set(raw) - _TOP)
@@ -104,23 +86,7 @@ def config_from_dict(raw: dict, *, name: str = "custom") -> EvalConfig:
   for req in ("target", "datasets", "methods"):
     if req not in raw:
       raise ConfigError(f"config {name}: missing required field {req!r}")
-  datasets = []
-  for i, d in enumerate(raw["datasets"] or []):
-    where = f"config {name}: datasets[{i}]"
-    if not isinstance(d, dict) or "kind" not in d:
-      raise ConfigError(f"{where}: expected a mapping with a 'kind', got {d!r}")
-    bad = sorted(set(d) - _DS)
-    if bad:
-      raise ConfigError(f"{where}: unknown fields {bad}; known: {sorted(_DS)}")
-    if d["kind"] not in DATASET_KINDS:
-      raise ConfigError(f"{where}: unknown dataset kind {d['kind']!r}; known: {DATASET_KINDS}")
-    _positive(where, "per_group", d.get("per_group"))
-    _positive(where, "limit", d.get("limit"))
-    cats = d.get("categories")
-    datasets.append(DatasetSpec(kind=d["kind"], path=d.get("path"), per_group=d.get("per_group"),
-                                categories=tuple(cats) if cats else None, limit=d.get("limit")))
-  if not datasets:
-    raise ConfigError(f"config {name}: 'datasets' is empty")
+  datasets = parse_datasets(raw["datasets"], f"config {name}")
   methods, seen = [], set()
   for i, m in enumerate(raw["methods"] or []):
     where = f"config {name}: methods[{i}]"
@@ -142,8 +108,8 @@ def config_from_dict(raw: dict, *, name: str = "custom") -> EvalConfig:
                       f"match are measured against it in the same run)")
   if any(METHODS[m.method].needs_draft for m in methods) and not raw.get("draft"):
     raise ConfigError(f"config {name}: a speculative method needs 'draft'")
-  _positive(f"config {name}", "max_new_tokens", raw.get("max_new_tokens", 1))
-  _positive(f"config {name}", "max_len", raw.get("max_len"))
+  check_positive(f"config {name}", "max_new_tokens", raw.get("max_new_tokens", 1))
+  check_positive(f"config {name}", "max_len", raw.get("max_len"))
   temp = float(raw.get("temperature", 0.0))
   if temp < 0:
     raise ConfigError(f"config {name}: temperature must be >= 0, got {temp}")
@@ -151,7 +117,7 @@ def config_from_dict(raw: dict, *, name: str = "custom") -> EvalConfig:
   if not seeds or not all(isinstance(s, int) for s in seeds):
     raise ConfigError(f"config {name}: seeds must be a non-empty list of integers, got {seeds!r}")
   return EvalConfig(
-      target=str(raw["target"]), draft=raw.get("draft"), datasets=tuple(datasets),
+      target=str(raw["target"]), draft=raw.get("draft"), datasets=datasets,
       methods=tuple(methods), max_new_tokens=raw.get("max_new_tokens", 128), temperature=temp,
       top_k=int(raw.get("top_k", 0)), top_p=float(raw.get("top_p", 1.0)), seeds=tuple(seeds),
       chat=bool(raw.get("chat", True)), max_len=raw.get("max_len"), dtype=raw.get("dtype"),
@@ -160,8 +126,6 @@ def config_from_dict(raw: dict, *, name: str = "custom") -> EvalConfig:
 
 def shipped_suites() -> list[str]:
   """Names of the eval suites under configs/ (the training recipes there are left out)."""
-  import yaml
-
   out = []
   for p in sorted(CONFIG_DIR.glob("*.yaml")):
     try:
@@ -175,15 +139,7 @@ def shipped_suites() -> list[str]:
 
 def load_config(name_or_path: str | Path) -> EvalConfig:
   """A shipped suite by name (`configs/<name>.yaml`) or a YAML file by path."""
-  import yaml
-
-  path = Path(name_or_path)
-  if not path.suffix:
-    path = CONFIG_DIR / f"{name_or_path}.yaml"
+  path = suite_path(name_or_path)
   if not path.is_file():
     raise ConfigError(f"no eval config at {path}; shipped suites: {shipped_suites()}")
-  try:
-    raw = yaml.safe_load(path.read_text())
-  except yaml.YAMLError as e:
-    raise ConfigError(f"config {path} is not valid YAML: {e}") from None
-  return config_from_dict(raw, name=path.stem)
+  return config_from_dict(read_suite(path), name=path.stem)

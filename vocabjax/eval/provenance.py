@@ -22,6 +22,10 @@ import os
 import platform
 from pathlib import Path
 
+from vocabjax.version import __version__
+from vocabjax.checkpoints.zoo import REGISTRY, cache_dir, sha256_file
+from vocabjax.io import atomic_write_json
+
 _HASHES = "content_hashes.json"
 
 
@@ -44,16 +48,11 @@ def machine_id() -> dict:
 
 
 def _cache_file() -> Path:
-  from vocabjax.checkpoints.zoo import cache_dir
-
   return cache_dir() / _HASHES
 
 
 def file_sha256(path: Path) -> str:
   """sha256 of a file, remembered by (absolute path, size, mtime_ns)."""
-  from vocabjax.checkpoints.zoo import sha256_file
-  from vocabjax.generate import atomic_write_json
-
   path = Path(path).resolve()
   st = path.stat()
   key = f"{path}|{st.st_size}|{st.st_mtime_ns}"
@@ -86,8 +85,6 @@ def _still_there(key: str) -> bool:
 def content_id(source: str | os.PathLike) -> str:
   """A registry name's pinned sha256, else the content hash of the file or directory; a path
   that does not exist is named as such (loading it fails later with its own message)."""
-  from vocabjax.checkpoints.zoo import REGISTRY
-
   if isinstance(source, str) and source in REGISTRY:
     return "sha256:" + REGISTRY[source].sha256
   path = Path(source).expanduser()
@@ -108,8 +105,6 @@ def _is_path(value) -> bool:
 
 def inputs(config, prompts) -> dict:
   """Everything besides the config that a suite's records depend on (module doc)."""
-  from vocabjax import __version__
-
   models = {"target": content_id(config.target)}
   if config.draft:
     models["draft"] = content_id(config.draft)

@@ -30,9 +30,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from vocabjax.eval.datasets import GROUP_ORDER
 from vocabjax.eval.metrics import aggregate
 from vocabjax.eval.provenance import cpu_model
+from vocabjax.io import atomic_write_json, atomic_write_text
+from vocabjax.methods import METHODS
+from vocabjax.prompts import GROUP_ORDER
 
 SCHEMA_VERSION = 1
 _NUM = {"type": ["number", "null"]}
@@ -199,8 +201,6 @@ def build_summary(config, records: list[dict], info: dict, splits: dict, meta: d
   """The summary dict (schema above) from the records; `info` from `models_info`."""
   import jax
 
-  from vocabjax.eval.methods import METHODS
-
   tcfg, dcfg = info["target_config"], info["draft_config"]
   t_params = tcfg.num_params(include_embedding=False, head_rows=tcfg.vocab_size)
   groups = sorted({r["group"] for r in records},
@@ -222,7 +222,7 @@ def build_summary(config, records: list[dict], info: dict, splits: dict, meta: d
       continue
     c = gamma = vocab = None
     spec = METHODS.get(method) if fw == "vocabjax" else None
-    full = {**spec.defaults, **params} if spec is not None else {}
+    full = spec.params(**params) if spec is not None else None  # the run validated them
     if spec is not None and spec.drafter_params is not None:  # a drafter of its own (EAGLE)
       vocab = spec.head_rows(full) if spec.head_rows else None
       c = spec.drafter_params(full) / t_params
@@ -400,9 +400,6 @@ def plots(summary: dict, out: Path) -> list[Path]:
 
 
 def write_reports(out: Path, summary: dict) -> None:
-  from vocabjax.generate import atomic_write_json
-  from vocabjax.checkpoints.zoo import atomic_write_text
-
   atomic_write_json(out / "summary.json", summary)
   atomic_write_text(out / "summary.md", markdown(summary))
   atomic_write_text(out / "summary.csv", to_csv(summary))

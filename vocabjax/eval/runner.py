@@ -21,12 +21,18 @@ import sys
 import time
 from pathlib import Path
 
+from vocabjax import interrupt
+from vocabjax.checkpoints.loader import load_model, parse_dtype
+from vocabjax.decoding.autoregressive import prompt_bucket
+from vocabjax.decoding.profile import StepSplit, run_split, step_split
+from vocabjax.decoding.sampling import SamplingParams
+from vocabjax.eval import provenance, report
 from vocabjax.eval.config import ConfigError, EvalConfig
-from vocabjax.eval.datasets import load_prompts
-from vocabjax.eval import provenance
-from vocabjax.eval.methods import METHODS
 from vocabjax.eval.metrics import record_metrics
-from vocabjax.generate import atomic_write_json
+from vocabjax.eval.torch_compare import TorchRunner
+from vocabjax.io import atomic_write_json
+from vocabjax.methods import METHODS
+from vocabjax.prompts import encode_prompts, load_prompts
 
 RECORDS = "questions.jsonl"
 
@@ -112,8 +118,6 @@ class Loaded:
 
 
 def load_models(config: EvalConfig) -> Loaded:
-  from vocabjax.checkpoints.loader import load_model
-
   target = load_model(config.target, dtype=config.dtype)
   draft = None
   if config.draft:  # the drafter's tokenizer only matters to a cross-vocabulary method
@@ -177,12 +181,6 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
   `reference`, a results directory or summary.json, else eval/results/<suite>; "none": no
   comparison)."""
   from tqdm.auto import tqdm
-
-  from vocabjax.decoding.profile import StepSplit, run_split, step_split
-  from vocabjax.decoding.sampling import SamplingParams
-  from vocabjax.eval import report
-  from vocabjax.decoding.autoregressive import prompt_bucket
-  from vocabjax.generate import encode_prompts
 
   out = Path(out)
   _check_map_count(len(config.methods))
@@ -254,35 +252,37 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
           f"the summary lists every commit", file=sys.stderr)
   warmed = set()
   bar = tqdm(total=len(jobs), desc="vocabjax.eval", disable=not progress, file=sys.stderr)
-  for p, i, seed, name in jobs:
-    dec = decoders[name]
-    kw = dict(max_new_tokens=config.max_new_tokens, sampling=sampling, seed=seed,
-              eos_token_ids=eos, max_len=max_len)
-    # The first call of a method at a prompt-block shape pays one-off costs (compilation,
-    # which `compile_s` keeps out anyway, and first-touch allocation of its buffers: a chain
-    # step's first prefill of a 152-token prompt took 9.9 s against 6.7 s on later calls), so
-    # each (method, prompt block) is run once untimed first; every method gets the same.
-    shape = (name, prompt_bucket(len(ids[i])))
-    if shape not in warmed:
-      dec.generate([ids[i]], **{**kw, "max_new_tokens": min(8, config.max_new_tokens)})
-      warmed.add(shape)
-    res = dec.generate([ids[i]], **kw)
-    rec = {"framework": "vocabjax", "method": name, "qid": p.qid, "group": p.group,
-           "category": p.category, "seed": seed, "prompt_tokens": len(ids[i]),
-           "output_ids": res.tokens[0], "compile_s": res.compile_s, "commit": commit,
-           **record_metrics(res)}
-    if hasattr(res.stats, "record"):  # method-specific counts (crossvocab: n-gram hits, ...)
-      rec["extra"] = res.stats.record()
-      if hasattr(dec, "ngram"):
-        rec["extra"]["ngram_cache"] = dec.ngram.stats
-    split = splits.get(name)
-    rec["time_split"] = None
-    if split and res.stats is not None:
-      rec["time_split"] = run_split(StepSplit.from_dict(split), res.steps, res.decode_s)
-    _append(records_path, rec)
-    records.append(rec)
-    bar.set_postfix_str(f"{name} {p.qid} {rec['tokens_per_s']:.2f} tok/s")
-    bar.update(1)
+  with interrupt.deferred_interrupt():  # Ctrl-C: finish and record the current question
+    for p, i, seed, name in jobs:
+      interrupt.check()  # a deferred Ctrl-C stops here, after the last record was written
+      dec = decoders[name]
+      kw = dict(max_new_tokens=config.max_new_tokens, sampling=sampling, seed=seed,
+                eos_token_ids=eos, max_len=max_len)
+      # The first call of a method at a prompt-block shape pays one-off costs (compilation,
+      # which `compile_s` keeps out anyway, and first-touch allocation of its buffers: a chain
+      # step's first prefill of a 152-token prompt took 9.9 s against 6.7 s on later calls), so
+      # each (method, prompt block) is run once untimed first; every method gets the same.
+      shape = (name, prompt_bucket(len(ids[i])))
+      if shape not in warmed:
+        dec.generate([ids[i]], **{**kw, "max_new_tokens": min(8, config.max_new_tokens)})
+        warmed.add(shape)
+      res = dec.generate([ids[i]], **kw)
+      rec = {"framework": "vocabjax", "method": name, "qid": p.qid, "group": p.group,
+             "category": p.category, "seed": seed, "prompt_tokens": len(ids[i]),
+             "output_ids": res.tokens[0], "compile_s": res.compile_s, "commit": commit,
+             **record_metrics(res)}
+      if hasattr(res.stats, "record"):  # method-specific counts (crossvocab: n-gram hits, ...)
+        rec["extra"] = res.stats.record()
+        if hasattr(dec, "ngram"):
+          rec["extra"]["ngram_cache"] = dec.ngram.stats
+      split = splits.get(name)
+      rec["time_split"] = None
+      if split and res.stats is not None:
+        rec["time_split"] = run_split(StepSplit.from_dict(split), res.steps, res.decode_s)
+      _append(records_path, rec)
+      records.append(rec)
+      bar.set_postfix_str(f"{name} {p.qid} {rec['tokens_per_s']:.2f} tok/s")
+      bar.update(1)
   bar.close()
 
   info = report.models_info(models)
@@ -305,11 +305,7 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
 def _run_torch(config, prompts, ids, eos, out, records, done, progress, commit) -> dict:
   from tqdm.auto import tqdm
 
-  from vocabjax.eval.torch_compare import TorchRunner
-
   import jax.numpy as jnp
-
-  from vocabjax.checkpoints.loader import parse_dtype
 
   runner = TorchRunner(config.target, config.draft, threads=os.cpu_count(),
                        dtype=jnp.dtype(parse_dtype(config.dtype)).name)

@@ -13,14 +13,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from vocabjax.checkpoints.gguf_io import load_gguf_tokenizer
+from vocabjax.checkpoints.zoo import resolve
+
 
 def _tokenizer(source: str):
-  from vocabjax.checkpoints.zoo import resolve
-
   path = resolve(source)
   if path.is_file() and path.suffix == ".gguf":
-    from vocabjax.checkpoints.gguf_io import load_gguf_tokenizer
-
     return load_gguf_tokenizer(path)
   import transformers
 
@@ -30,8 +29,6 @@ def _tokenizer(source: str):
 def _load(source: str, dtype: str = "float32"):
   import torch
   import transformers
-
-  from vocabjax.checkpoints.zoo import resolve
 
   tdtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
   if dtype not in tdtypes:

@@ -1,6 +1,6 @@
 """Static-shape KV cache with per-row lengths.
 
-Letters: L layers, B batch, S cache slots (S_max), KV key/value heads, hd head dim.
+Letters: L layers, B batch, S cache slots (S_max), N key/value heads, hd head dim.
 
 Every forward call writes its T new entries at slots `lengths[b] .. lengths[b] + T - 1` and
 advances `lengths` by T. Speculative decoding discards rejected entries by resetting `lengths`
@@ -21,8 +21,8 @@ from vocabjax.models.config import LlamaLikeConfig
 class KVCache:
   """Per-layer keys and values in fixed buffers."""
 
-  k: jax.Array  # [L, B, S, KV, hd] keys, RoPE already applied
-  v: jax.Array  # [L, B, S, KV, hd] values
+  k: jax.Array  # [L, B, S, N, hd] keys, RoPE already applied
+  v: jax.Array  # [L, B, S, N, hd] values
   lengths: jax.Array  # [B] int32: number of valid slots per row
 
   @classmethod

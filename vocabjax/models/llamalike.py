@@ -1,7 +1,8 @@
 """Pure-functional llama-like decoder: Llama 2/3.x, Qwen2/2.5, Qwen3.
 
 Letters: B batch, T query length, S cache slots, D model dim, F MLP width, V vocab,
-H query heads, K key/value heads, G = H / K query heads per KV head, d head dim, L layers.
+H query heads, N key/value heads, Q = H / N query heads per KV head, hd head dim (e in einsum
+strings), L layers (the package-wide legend: docs/engine.md, "Letters").
 
 Params are a plain pytree: `layers` is a list of per-layer dicts and the layer loop is unrolled
 at trace time. Linear weights are stored [out, in] as in PyTorch (`'BTD,FD->BTF'`); the embedding
@@ -126,33 +127,33 @@ PREFILL_CHUNK = 128  # query rows per attention chunk of a fresh prefill (`fresh
 
 def fresh_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
   """Causal attention of a block over itself alone, for a prefill into an empty cache:
-  q [B, T, K, G, d], k and v [B, T, K, d] -> [B, T, K, G, d] f32-accumulated scores.
+  q [B, T, N, Q, hd], k and v [B, T, N, hd] -> [B, T, N, Q, hd] f32-accumulated scores.
 
   The same result as attending over all S cache slots with the causal mask (the slots past the
   block are masked to zero weight), computed in chunks of `PREFILL_CHUNK` queries, each over
   the keys up to its own end (about half the score entries, none of the empty slots), with the
-  operands laid out [B, K, ., d] for batched GEMMs. A 768-token block through one layer of
+  operands laid out [B, N, ., hd] for batched GEMMs. A 768-token block through one layer of
   Qwen2.5-0.5B (Qwen2.5-1.5B): 11 (15) ms against 98 (105) ms over a 1024-slot cache on the
   2-core CPU, where the prefill's attention had been ~60% (~22%) of the whole prefill.
   """
-  B, T, K, G, d = q.shape
-  qt = q.transpose(0, 2, 3, 1, 4)  # [B, K, G, T, d]
-  kt, vt = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, K, T, d]
+  B, T, N, Q, hd = q.shape
+  qt = q.transpose(0, 2, 3, 1, 4)  # [B, N, Q, T, hd]
+  kt, vt = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, N, T, hd]
   outs = []
   for s in range(0, T, PREFILL_CHUNK):
-    e = min(s + PREFILL_CHUNK, T)
-    scores = jnp.einsum("BKGTd,BKSd->BKGTS", qt[:, :, :, s:e], kt[:, :, :e],
-                        preferred_element_type=jnp.float32) / np.sqrt(d)
-    causal = jnp.arange(e)[None, :] <= jnp.arange(s, e)[:, None]
+    end = min(s + PREFILL_CHUNK, T)
+    scores = jnp.einsum("BNQTe,BNSe->BNQTS", qt[:, :, :, s:end], kt[:, :, :end],
+                        preferred_element_type=jnp.float32) / np.sqrt(hd)
+    causal = jnp.arange(end)[None, :] <= jnp.arange(s, end)[:, None]
     scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-    outs.append(jnp.einsum("BKGTS,BKSd->BKGTd", probs, vt[:, :, :e]))
+    outs.append(jnp.einsum("BNQTS,BNSe->BNQTe", probs, vt[:, :, :end]))
   return jnp.concatenate(outs, axis=3).transpose(0, 3, 1, 2, 4)
 
 
 def _layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, config,
            attn_input=None, fresh=False):
-  """Decoder layer i. x [B,T,D]; k_all/v_all [L,B,S,K,d] get its T new entries written.
+  """Decoder layer i. x [B,T,D]; k_all/v_all [L,B,S,N,hd] get its T new entries written.
 
   `attn_input`: what the q/k/v projections read instead of norm(x) (an EAGLE head feeds its
   normed token embedding and target feature side by side, [B, T, 2D]); x stays the residual.
@@ -182,11 +183,11 @@ def _layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, config,
     attn = fresh_attention(q, k.astype(k_all.dtype).astype(q.dtype),
                            v.astype(v_all.dtype).astype(x.dtype))
   else:
-    scores = jnp.einsum("BTKGd,BSKd->BKGTS", q, k_all[i].astype(q.dtype),
+    scores = jnp.einsum("BTNQe,BSNe->BNQTS", q, k_all[i].astype(q.dtype),
                         preferred_element_type=jnp.float32) / np.sqrt(c.head_dim)
     scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
-    attn = jnp.einsum("BKGTS,BSKd->BTKGd", probs, v_all[i].astype(x.dtype))
+    attn = jnp.einsum("BNQTS,BSNe->BTNQe", probs, v_all[i].astype(x.dtype))
   x = x + _proj(attn.reshape(B, T, c.q_dim), layer, "wo")
 
   h = rms_norm(x, layer["mlp_norm"], c.rms_norm_eps)

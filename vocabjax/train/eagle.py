@@ -51,20 +51,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vocabjax.generate import atomic_write_json
+from vocabjax.calibrate.counts import Counts
+from vocabjax.checkpoints.eagle3 import load_eagle3, save_eagle3
+from vocabjax.checkpoints.loader import load_model
+from vocabjax.decoding.autoregressive import bucket
+from vocabjax.io import atomic_write_json
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.eagle import (EagleConfig, default_feature_layers, eagle_forward,
                                    fuse_features, init_eagle)
-from vocabjax.models.llamalike import lm_head_weight, rms_norm
-from vocabjax.train.features import (files_key, heldout_records, job_fingerprint,
-                                     model_identity, pending_shards, read_records, read_shards,
-                                     write_shards)
-from vocabjax.train.loop import check_finite_loss
+from vocabjax.models.llamalike import forward_features, lm_head, lm_head_weight, rms_norm
+from vocabjax.train.features import (files_key, heldout_records, job_fingerprint, model_identity,
+                                     pending_shards, read_records, read_shards, write_shards)
 from vocabjax.train.loop import (Checkpoints, OptimConfig, TrainError, TrainState, append_log,
-                                 apply_grads, job_argparser, job_fields, make_optimizer,
-                                 plot_curves, progress, read_job_yaml, read_log)
+                                 apply_grads, check_finite_loss, job_argparser, job_fields,
+                                 make_optimizer, plot_curves, progress, read_job_yaml, read_log)
 from vocabjax.train.losses import vocab_cross_entropy
+from vocabjax.vocab.subset import VocabSubset
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,8 +139,6 @@ class EagleJob:
 
 def _target_features(params, tokens, *, config, layers):
   """(fused features [1, T, F*Dt], teacher-forced argmax [1, T]) of one padded sequence."""
-  from vocabjax.models.llamalike import forward_features, lm_head
-
   B, T = tokens.shape
   pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
   h, _, feats = forward_features(params, tokens, pos, KVCache.init(config, B, T), config=config,
@@ -147,8 +148,6 @@ def _target_features(params, tokens, *, config, layers):
 
 def build_eagle_features(job: EagleJob, target, layers, *, show_progress=True) -> Path:
   """Target features and labels of every record (module doc); resumes, refuses others'."""
-  from vocabjax.decoding.autoregressive import bucket
-
   fdir = job.features_dir
   fdir.mkdir(parents=True, exist_ok=True)
   records = read_records(job.data, job.max_records)
@@ -231,9 +230,6 @@ def head_config(target: LlamaLikeConfig, layers, draft_vocab_size: int,
 
 def choose_vocab(job: EagleJob, data: EagleData, train_recs: set, V: int) -> np.ndarray:
   """Ascending target ids of the head's vocabulary (module doc)."""
-  from vocabjax.calibrate.counts import Counts
-  from vocabjax.vocab.subset import VocabSubset
-
   if job.vocab_subset:
     sub = VocabSubset.load(job.vocab_subset)
     if sub.vocab_size != V:
@@ -394,9 +390,6 @@ def evaluate_heldout(params, frozen, data: EagleData, held_idx, job: EagleJob, t
 
 def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None = None) -> dict:
   """Build features if needed, train (resuming from checkpoints), export; returns the summary."""
-  from vocabjax.checkpoints.eagle3 import load_eagle3, save_eagle3
-  from vocabjax.checkpoints.loader import load_model
-
   out = Path(job.out)
   out.mkdir(parents=True, exist_ok=True)
   target = load_model(job.target, dtype="float32", progress=show_progress)

