@@ -77,9 +77,6 @@ class GenerateConfig:
       if self.draft or self.draft_vocab or self.ranker or self.time_split:
         raise ValueError("--method pld drafts from the context, with no drafter: --draft, "
                          "--draft-vocab, --ranker and --time-split do not apply")
-      if self.gamma < 1 or self.max_ngram < 1:
-        raise ValueError(f"--method pld needs --gamma >= 1 and --max-ngram >= 1, got "
-                         f"gamma={self.gamma}, max_ngram={self.max_ngram}")
     elif self.method != "ar" and not self.draft:
       raise ValueError(f"--method {self.method} needs --draft")
     if self.eagle_head and self.method != "eagle":
@@ -104,6 +101,7 @@ class GenerateConfig:
     if any(stop == "" for stop in self.stop):
       raise ValueError("--stop '' would stop at the first token: stop strings must be "
                        "non-empty")
+    method_spec(self)  # the method's own parameter checks (the registry's), before any loading
 
 
 def method_params(config: GenerateConfig) -> tuple[str, dict]:
@@ -132,16 +130,22 @@ def method_params(config: GenerateConfig) -> tuple[str, dict]:
   return "tree", {**tree, **subset}
 
 
-def build_decoder(config: GenerateConfig, model):
-  """The decoder for `config` from the library's method registry (loads the drafter when the
-  method needs one); bad parameters are ValueErrors (ConfigError) naming the value."""
+def method_spec(config: GenerateConfig):
+  """(the registered method, its parsed parameters) for `config`; bad parameters are
+  ValueErrors (ConfigError) naming the value."""
   name, raw = method_params(config)
   method = METHODS[name]
-  params = method.parse(raw, f"--method {config.method}")
+  return method, method.parse(raw, f"--method {config.method}")
+
+
+def build_decoder(config: GenerateConfig, model):
+  """The decoder for `config` from the library's method registry (loads the drafter when the
+  method needs one)."""
+  method, params = method_spec(config)
   draft = None
   if method.needs_draft:
     draft = load_model(config.draft, dtype=config.draft_dtype or config.dtype,
-                       load_tokenizer=name == "crossvocab")
+                       load_tokenizer=method.name == "crossvocab")
   return method.make(model, draft, params)
 
 

@@ -18,11 +18,6 @@ import threading
 _state = {"requested": False, "active": False}
 
 
-def requested() -> bool:
-  """A first Ctrl-C came in during the current `deferred_interrupt()` block."""
-  return _state["requested"]
-
-
 def check() -> None:
   """Raise KeyboardInterrupt if a Ctrl-C was deferred: call between units of work."""
   if _state["requested"]:

@@ -22,9 +22,9 @@ import os
 import platform
 from pathlib import Path
 
-from vocabjax.version import __version__
 from vocabjax.checkpoints.zoo import REGISTRY, cache_dir, sha256_file
 from vocabjax.io import atomic_write_json
+from vocabjax.version import __version__
 
 _HASHES = "content_hashes.json"
 

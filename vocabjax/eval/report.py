@@ -24,6 +24,7 @@ from __future__ import annotations
 import csv
 import datetime
 import io
+import json
 import math
 import platform
 import subprocess
@@ -106,8 +107,6 @@ def reference_summary_path(suite: str, out: Path, reference: str | None = None) 
 def attach_reference(summary: dict, ref_path: Path) -> dict:
   """`summary` plus a `reference` entry: the reference run's overall metrics per method,
   beside this run's. A reference that cannot be read is reported, never fatal."""
-  import json
-
   try:
     ref = json.loads(Path(ref_path).read_text())
     validate_summary(ref)

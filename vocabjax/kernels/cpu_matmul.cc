@@ -35,8 +35,6 @@ namespace {
 
 constexpr int64_t kRowsPerChunk = 64;
 
-
-
 // ---- loading 16 weights as f32 ------------------------------------------------------------
 #if defined(__AVX512F__)
 using Vec = __m512;
@@ -166,17 +164,19 @@ inline void rows(const float* x, const W* w, const float* scale, float* y, int64
   // group's passes: without it the passes over L1-resident data leave the memory idle and the
   // time is memory + compute instead of their max (f32, M = 4: 25 -> 22 ms, M = 9: 36 -> 31,
   // int8 M = 1: 8.6 -> 5.6 on 12 [8960, 1536] matrices; into L1 it slowed M = 1..4 down).
+  // A tile prefetches on each of its D / 16 full steps (none in the masked tail).
+  const int64_t pass_steps = D / 16;
   const char* pf = nullptr; const char* pf_end = nullptr; int64_t per_step = 0;
-  if (r + 2 * R <= r1) {
+  if (r + 2 * R <= r1 && pass_steps > 0) {
     pf = reinterpret_cast<const char*>(w + (r + R) * D);
     pf_end = reinterpret_cast<const char*>(w + (r + 2 * R) * D);
     const int64_t lines = (pf_end - pf + 63) / 64;
-    const int64_t steps = ((M + TMAX - 1) / TMAX) * ((D + 15) / 16);
+    const int64_t steps = ((M + TMAX - 1) / TMAX) * pass_steps;
     per_step = (lines + steps - 1) / steps;
   }
   for (; m + TMAX <= M; m += TMAX) {
     tile<R, TMAX>(x, w, scale, y, D, F, r, m, pf, per_step, pf_end);
-    if (pf) pf += per_step * 64 * ((D + 15) / 16);
+    if (pf) pf += per_step * 64 * pass_steps;
   }
   if (m < M) remainder<R, TMAX>(M - m, x, w, scale, y, D, F, r, m, pf, per_step, pf_end);
 }
