@@ -12,7 +12,8 @@ from vocabjax.decoding.tree import TreeParams
 from vocabjax.models import init_params
 from vocabjax.models.llamalike import lm_head
 from vocabjax.testing.fixtures import successor_pair
-from vocabjax.vocab.ranked import (RANKER_KEY, Ranker, RankerError, SpeculativeVocab,
+from vocabjax.vocab.policy import policy_state
+from vocabjax.vocab.ranked import (Ranker, RankerError, SpeculativeVocab,
                                    ranker_scores, svd_ranker)
 
 from tests.decoding.conftest import (CFG, SMALL, check_vocab_sampling_lossless,  # noqa: F401
@@ -36,7 +37,7 @@ def test_policy_gives_exact_logits_of_the_top_k_ranked_tokens():
   h = jax.random.normal(jax.random.key(4), (3, 2, CFG.hidden_size))
   ids, z = policy(p, h)
   assert ids.shape == z.shape == (3, 2, 10)
-  s = np.asarray(ranker_scores(p[RANKER_KEY], h))
+  s = np.asarray(ranker_scores(policy_state(p), h))
   want_ids = np.argsort(-s, axis=-1)[..., :10]
   np.testing.assert_array_equal(np.sort(np.asarray(ids), -1), np.sort(want_ids, -1))
   full = np.asarray(lm_head(params, h, config=CFG))

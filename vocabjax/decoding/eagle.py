@@ -42,7 +42,7 @@ from flax import struct
 
 from vocabjax.decoding.autoregressive import abstract_cache, prefill_in_bf16
 from vocabjax.decoding.sampling import SamplingParams, sample
-from vocabjax.decoding.speculative import DraftVocab, SpeculativeDecoder, block_layout
+from vocabjax.decoding.speculative import DraftVocab, SpeculativeDecoder
 from vocabjax.decoding.tree import TreeParams, grow_tree, verify_tree
 from vocabjax.kernels import cpu_matmul
 from vocabjax.models.cache import KVCache
@@ -50,8 +50,7 @@ from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.eagle import EagleConfig, eagle_forward, fuse_features
 from vocabjax.models.llamalike import (forward_features, is_int8, lm_head, lm_head_weight, rms_norm,
                                        with_mlp_layout)
-from vocabjax.vocab.policy import full_policy
-from vocabjax.vocab.subset import attach_rows, static_policy
+from vocabjax.vocab.subset import HeadRows
 
 HEAD_KEY = "eagle"  # the head's own params inside the decoder's drafter pytree
 
@@ -161,34 +160,29 @@ class EagleDecoder(SpeculativeDecoder):
     size = draft_vocab.size if draft_vocab is not None else (Vd if lm_head == "own" else V)
     if size < tree.top_k:
       raise ValueError(f"tree top_k={tree.top_k} exceeds the head's {size} candidate tokens")
-    t_layout = block_layout() if layout == "auto" else layout
-    self.tp, self.tc = with_mlp_layout(target_params, t_layout), target_config
     self.hc, self.tree, self.lm_head_source = head_config, tree, lm_head
-    layer = with_mlp_layout({"layers": [head_params["layer"]]}, t_layout)["layers"][0]
-    head = {**head_params, "layer": layer}
-    # what the vocabulary policies see: the target's config with an untied head `lm_head`
-    self.dc = dataclasses.replace(target_config, tie_word_embeddings=False)
-    U = lm_head_weight(self.tp, target_config) if lm_head == "target" else head["lm_head"]
-    dp = {HEAD_KEY: head, "embed": self.tp["embed"], "lm_head": U}
-    self.draft_vocab = draft_vocab
-    if draft_vocab is not None:  # a trimmed head or a ranker, as for any drafter
-      dp, self.draft_policy = draft_vocab.attach(dp, self.dc)
-    elif lm_head == "own" and Vd < V:  # the head's own static subset: its rows, ids = j + d2t
-      ids = jnp.arange(Vd, dtype=jnp.int32) + head["d2t"].astype(jnp.int32)
-      dp, self.draft_policy = attach_rows(dp, head["lm_head"], ids), static_policy
-    else:
-      self.draft_policy = full_policy(self.dc)
-    self.dp = dp
+    # the drafter's pytree: the head, the target's embedding and the LM head the head drafts
+    # with; its "config" is the target's with an untied head `lm_head` (what policies read)
+    dc = dataclasses.replace(target_config, tie_word_embeddings=False)
+    U = lm_head_weight(target_params, target_config) if lm_head == "target" \
+        else head_params["lm_head"]
+    dp = {HEAD_KEY: head_params, "embed": target_params["embed"], "lm_head": U}
+    if draft_vocab is None and lm_head == "own" and Vd < V:
+      # the head's own static subset: its rows, ids = j + d2t
+      ids = jnp.arange(Vd, dtype=jnp.int32) + head_params["d2t"].astype(jnp.int32)
+      draft_vocab = HeadRows(head_params["lm_head"], ids)
+    super().__init__(target_params, target_config, dp, dc, layout=layout,
+                     draft_vocab=draft_vocab)
     self.drafted_per_step = tree.total_tokens
     self.extra_slots = tree.total_tokens + tree.draft_slots + tree.depth + 2
     self.verify_tokens = tree.total_tokens + 1
-    self._programs: dict = {}
 
-  @property
-  def draft_head_rows(self) -> int:
-    if self.draft_vocab is not None:
-      return self.draft_vocab.head_rows
-    return self.hc.draft_vocab_size if self.lm_head_source == "own" else self.tc.vocab_size
+  draft_block_calls = True  # the head runs top_k tokens per tree level, as the target's blocks
+
+  def _with_draft_layout(self, draft_params, layout: str):
+    """The head's one decoder layer in `layout` (the embedding and LM head have no MLP)."""
+    layer = with_mlp_layout({"layers": [draft_params[HEAD_KEY]["layer"]]}, layout)["layers"][0]
+    return {**draft_params, HEAD_KEY: {**draft_params[HEAD_KEY], "layer": layer}}
 
   def drafter_calls(self):
     t = self.tree

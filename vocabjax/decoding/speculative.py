@@ -203,12 +203,16 @@ class SpeculativeDecoder:
     else:
       t_layout = d_layout = layout
     self.tp, self.tc = with_mlp_layout(target_params, t_layout), target_config
-    self.dp, self.dc = with_mlp_layout(draft_params, d_layout), draft_config
+    self.dp, self.dc = self._with_draft_layout(draft_params, d_layout), draft_config
     self.draft_policy: Policy = full_policy(draft_config)  # the drafter's vocabulary policy
     self.draft_vocab = draft_vocab
     if draft_vocab is not None:  # a trimmed head (VocabTrim / FR-Spec) or a ranker (SpecVocab)
       self.dp, self.draft_policy = draft_vocab.attach(self.dp, draft_config)
     self._programs: dict = {}
+
+  def _with_draft_layout(self, draft_params, layout: str):
+    """The drafter's params with its MLP weights stored `layout` (`with_mlp_layout`)."""
+    return with_mlp_layout(draft_params, layout)
 
   # --- what a method defines ----------------------------------------------------------------
   drafted_per_step: int  # drafts proposed per row per verification

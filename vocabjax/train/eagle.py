@@ -44,7 +44,6 @@ import dataclasses
 import hashlib
 import json
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -63,9 +62,9 @@ from vocabjax.models.eagle import (EagleConfig, default_feature_layers, eagle_fo
 from vocabjax.models.llamalike import forward_features, lm_head, lm_head_weight, rms_norm
 from vocabjax.train.features import (files_key, heldout_records, job_fingerprint, model_identity,
                                      pending_shards, read_records, read_shards, write_shards)
-from vocabjax.train.loop import (Checkpoints, OptimConfig, TrainError, TrainState, append_log,
-                                 apply_grads, check_finite_loss, job_argparser, job_fields,
-                                 make_optimizer, plot_curves, progress, read_job_yaml, read_log)
+from vocabjax.train.loop import (OptimConfig, TrainError, TrainRun, TrainState, apply_grads,
+                                 job_argparser, job_fields, make_optimizer, read_job_yaml,
+                                 step_rng)
 from vocabjax.train.losses import vocab_cross_entropy
 from vocabjax.vocab.subset import VocabSubset
 
@@ -425,20 +424,18 @@ def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None =
   embed = target.params["embed"]
 
   opt = make_optimizer(job.optim)
-  ckpt = Checkpoints(out / "checkpoints", job.train_fingerprint(), every=job.checkpoint_every)
-  state = ckpt.restore_or(TrainState.create(trainable, opt, aux))
+  run = TrainRun(out, job.train_fingerprint(), steps=job.steps, eval_every=job.eval_every,
+                 checkpoint_every=job.checkpoint_every, what="train.eagle")
+  state = run.restore(TrainState.create(trainable, opt, aux))
   if not np.array_equal(np.asarray(state.aux["d2t"]), np.asarray(d2t)):
     raise TrainError(f"the checkpoint in {out / 'checkpoints'} has another head vocabulary")
-  start = int(state.step)
-  log_path = out / "log.jsonl"
-  rows = read_log(log_path, upto_step=start)
-  log_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  start = run.start
 
   def frozen_of(st):
     return {"embed": embed, **st.aux}
 
   @jax.jit  # the embedding is an argument: a closed-over array would be baked in as a constant
-  def step_fn(st, batch, embed):
+  def train_fn(st, batch, embed):
     (loss, ces), grads = jax.value_and_grad(
         lambda p: ttt_loss(p, {"embed": embed, **st.aux}, batch, config=hc,
                            steps=job.ttt_steps, decay=job.step_decay, block=job.vocab_block),
@@ -466,45 +463,27 @@ def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None =
       return row["acc_0"] > best_row["acc_0"]
     return row["heldout_loss"] < best_row["heldout_loss"]
 
-  t0 = time.perf_counter()
+  def evaluate(st, step):
+    return evaluate_heldout(st.params, frozen_of(st), data, held_idx, job, t2d, hc, fn_cache)
 
-  def evaluate(step, train_loss):
+  def keep_best(st, row):
     nonlocal best_row
-    ev = evaluate_heldout(state.params, frozen_of(state), data, held_idx, job, t2d, hc,
-                          fn_cache)
-    row = {"step": step, "train_loss": train_loss, **ev,
-           "time": round(time.perf_counter() - t0, 1)}
-    append_log(log_path, row)
     if job.select_by and better(row):
-      export(state, row)
+      export(st, row)
       best_row = row
-    return row
 
-  if start == 0:
-    evaluate(0, None)
-
-  def rng(step):  # batches depend on the step alone: a resumed run draws what it would have
-    return np.random.RandomState((job.seed * 1_000_003 + step) % 2**32)
-
-  end = job.steps if stop_after is None else min(job.steps, start + stop_after)
-  losses = []
-  for step in progress(range(start, end), total=job.steps, initial=start,
-                       desc=f"EAGLE head ({job.ttt_steps} TTT steps)", enabled=show_progress):
-    rs = rng(step)
+  def step_fn(st, step):
+    rs = step_rng(job.seed, step)
     idx = [train_idx[i] for i in rs.randint(0, len(train_idx), job.batch_size)]
     batch = make_batch(data, idx, rs, job, t2d)
-    state, loss = step_fn(state, {k: jnp.asarray(v) for k, v in batch.items()}, embed)
-    losses.append(float(loss))
-    check_finite_loss(losses[-1], step + 1, "train.eagle", ckpt)
-    done = step + 1
-    if done % job.eval_every == 0 or done == job.steps:
-      evaluate(done, float(np.mean(losses)))
-      losses = []
-    ckpt.save(done, state, force=done == end)
-  ckpt.close()
-  rows = read_log(log_path)
-  plot_curves(rows, ["train_loss", "heldout_loss", "acc_0", f"acc_{job.ttt_steps - 1}"],
-              out / "curves.png", f"EAGLE head for {identity['source']}")
+    st, loss = train_fn(st, {k: jnp.asarray(v) for k, v in batch.items()}, embed)
+    return st, {"loss": loss}
+
+  res = run.fit(state, step_fn, evaluate, on_row=keep_best, stop_after=stop_after,
+                desc=f"EAGLE head ({job.ttt_steps} TTT steps)", show_progress=show_progress)
+  state, rows, end = res.state, res.rows, res.end
+  run.plot(["train_loss", "heldout_loss", "acc_0", f"acc_{job.ttt_steps - 1}"],
+           f"EAGLE head for {identity['source']}")
   summary = {"job": dataclasses.asdict(job), "steps_done": end, "complete": end == job.steps,
              "train_records": len(train_idx), "heldout_records": len(held_idx),
              "head_vocab": Vd, "feature_layers": list(layers),

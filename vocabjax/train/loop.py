@@ -17,11 +17,13 @@ import dataclasses
 import math
 import io
 import json
+import time
 from pathlib import Path
 from typing import Any, Iterable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import struct
 
@@ -121,6 +123,103 @@ class Checkpoints:
   def close(self) -> None:
     self.manager.wait_until_finished()
     self.manager.close()
+
+
+def step_rng(seed: int, step: int) -> np.random.RandomState:
+  """The batch sampler's generator at `step`: batches depend on (seed, step) alone, so a
+  resumed run draws what the uninterrupted run would have."""
+  return np.random.RandomState((seed * 1_000_003 + step) % 2**32)
+
+
+@dataclasses.dataclass
+class RunResult:
+  state: Any  # the TrainState at `end`
+  rows: list  # the whole log (this run's rows after the restored ones)
+  start: int  # the step this call resumed from
+  end: int  # the step it stopped at
+  complete: bool  # end == the job's total steps
+
+
+class TrainRun:
+  """The one training driver of `vocabjax.train.*`: a job's output directory with orbax
+  checkpoints (resumed when the job's fingerprint matches, refused otherwise), its jsonl log
+  (trimmed to the restored step, so a resumed run rewrites what it redoes), held-out evaluation
+  every `eval_every` steps and at the end, a stop on a non-finite loss naming the step, a
+  progress bar, and the curves. Each trainer supplies only its step and its evaluation:
+
+      run = TrainRun(out, job.train_fingerprint(), steps=job.steps, eval_every=job.eval_every,
+                     checkpoint_every=job.checkpoint_every, what="train.ranker")
+      state = run.restore(TrainState.create(params, opt))
+      result = run.fit(state, step_fn, evaluate, desc="ranker", stop_after=None)
+      run.plot(["train_loss", "heldout_loss"], "title")
+
+  `step_fn(state, step) -> (state, metrics)` (metrics a dict holding "loss"; every metric is
+  averaged over the steps since the last evaluation and logged as `train_<name>`);
+  `evaluate(state, step) -> dict` (the held-out figures); `on_row(state, row)` sees every
+  logged row (e.g. to export the best step so far).
+  """
+
+  def __init__(self, out: Path, fingerprint: str, *, steps: int, eval_every: int,
+               checkpoint_every: int, what: str, keep: int = 2):
+    self.out = Path(out)
+    self.out.mkdir(parents=True, exist_ok=True)
+    self.steps, self.eval_every, self.what = steps, eval_every, what
+    self.ckpt = Checkpoints(self.out / "checkpoints", fingerprint, every=checkpoint_every,
+                            keep=keep)
+    self.log_path = self.out / "log.jsonl"
+    self.start = 0
+
+  def restore(self, state: TrainState) -> TrainState:
+    """The newest checkpoint (or `state`); the log is cut back to the restored step."""
+    state = self.ckpt.restore_or(state)
+    self.start = int(state.step)
+    rows = read_log(self.log_path, upto_step=self.start)
+    self.log_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return state
+
+  def fit(self, state, step_fn, evaluate, *, desc: str, stop_after: int | None = None,
+          on_row=None, show_progress: bool = True) -> RunResult:
+    """Steps from the restored one to `steps` (or `stop_after` more); checkpoints are written
+    every `checkpoint_every` steps and at the last step of this call."""
+    t0 = time.perf_counter()
+
+    def log(st, step, train):
+      row = {"step": step, **({f"train_{k}": v for k, v in train.items()} if train else
+                              {"train_loss": None}),
+             **evaluate(st, step), "time": round(time.perf_counter() - t0, 1)}
+      append_log(self.log_path, row)
+      if on_row is not None:
+        on_row(st, row)
+
+    if self.start == 0 and not read_log(self.log_path):
+      log(state, 0, None)
+    end = self.steps if stop_after is None else min(self.steps, self.start + stop_after)
+    sums: dict = {}
+    n = 0
+    bar = progress(range(self.start, end), total=self.steps, initial=self.start, desc=desc,
+                   enabled=show_progress)
+    for step in bar:
+      state, metrics = step_fn(state, step)
+      metrics = {k: float(v) for k, v in metrics.items()}
+      check_finite_loss(metrics["loss"], step + 1, self.what, self.ckpt)
+      if show_progress:
+        bar.set_postfix_str(f"loss {metrics['loss']:.3f}", refresh=False)
+      for k, v in metrics.items():
+        sums[k] = sums.get(k, 0.0) + v
+      n += 1
+      done = step + 1
+      if done % self.eval_every == 0 or done == self.steps:
+        log(state, done, {k: v / n for k, v in sums.items()})
+        sums, n = {}, 0
+      self.ckpt.save(done, state, force=done == end)
+    self.ckpt.close()
+    return RunResult(state=state, rows=read_log(self.log_path), start=self.start, end=end,
+                     complete=end == self.steps)
+
+  def plot(self, keys: list[str], title: str) -> None:
+    rows = read_log(self.log_path)
+    plot_curves(rows, [k for k in keys if any(r.get(k) is not None for r in rows)],
+                self.out / "curves.png", title)
 
 
 def progress(it: Iterable, *, total: int | None = None, initial: int = 0, desc: str = "",

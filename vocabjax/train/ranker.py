@@ -33,7 +33,6 @@ import dataclasses
 import hashlib
 import json
 import sys
-import time
 from pathlib import Path
 
 import jax
@@ -46,9 +45,9 @@ from vocabjax.io import atomic_write_json
 from vocabjax.models.llamalike import lm_head_weight
 from vocabjax.train.features import (FeatureSpec, Features, build_features, heldout_records,
                                      load_features, model_identity, sequence_hidden)
-from vocabjax.train.loop import (Checkpoints, OptimConfig, TrainError, TrainState, append_log,
-                                 apply_grads, check_finite_loss, job_argparser, job_fields,
-                                 make_optimizer, plot_curves, progress, read_job_yaml, read_log)
+from vocabjax.train.loop import (OptimConfig, TrainError, TrainRun, TrainState, apply_grads,
+                                 job_argparser, job_fields, make_optimizer, read_job_yaml,
+                                 step_rng)
 from vocabjax.train.losses import label_ranks, vocab_cross_entropy
 from vocabjax.vocab.ranked import Ranker, RankerError, svd_ranker
 from vocabjax.models.identity import drafter_identity
@@ -254,12 +253,10 @@ def train(job: RankerJob, *, show_progress: bool = True, stop_after: int | None 
                                    clip_norm=job.clip_norm))
   ranker0 = _init_ranker(job, draft)
   params = ranker0 if job.mode == "frozen" else {"drafter": draft.params, "ranker": ranker0}
-  ckpt = Checkpoints(out / "checkpoints", job.train_fingerprint(), every=job.checkpoint_every)
-  state = ckpt.restore_or(TrainState.create(params, opt))
-  start = int(state.step)
-  log_path = out / "log.jsonl"
-  rows = read_log(log_path, upto_step=start)
-  log_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+  run = TrainRun(out, job.train_fingerprint(), steps=job.steps, eval_every=job.eval_every,
+                 checkpoint_every=job.checkpoint_every, what="train.ranker")
+  state = run.restore(TrainState.create(params, opt))
+  start = run.start
 
   def ranker_of(p):
     return p if job.mode == "frozen" else p["ranker"]
@@ -285,34 +282,28 @@ def train(job: RankerJob, *, show_progress: bool = True, stop_after: int | None 
     if meta.get("job") == job.train_fingerprint() and meta["row"]["step"] <= start:
       best_row = meta["row"]  # else another job's, or past the restored step (redone below)
 
-  def evaluate(step, train_loss):
+  def evaluate(st, step):
+    r = ranker_of(st.params)
+    return {"heldout_loss": float(held_loss(r)), **recall(r, held, job.recall_k)}
+
+  def keep_best(st, row):
     nonlocal best_row
-    r = ranker_of(state.params)
-    row = {"step": step, "train_loss": train_loss, "heldout_loss": float(held_loss(r)),
-           **recall(r, held, job.recall_k), "time": round(time.perf_counter() - t0, 1)}
-    append_log(log_path, row)
     if job.mode == "frozen" and job.select_by and better(row, best_row):
+      r = ranker_of(st.params)
       Ranker(np.asarray(r["down"]), np.asarray(r["vocab"]), drafter=identity,
              meta={"job": job.train_fingerprint(), "row": row}).save(best_path)
       best_row = row
-    return row
-
-  t0 = time.perf_counter()
-  if start == 0:
-    evaluate(0, None)
-  def rng(step):  # batches depend on the step alone: a resumed run draws what it would have
-    return np.random.RandomState((job.seed * 1_000_003 + step) % 2**32)
 
   if job.mode == "frozen":
-    step_fn = _frozen_step(opt, job)
+    train_fn = _frozen_step(opt, job)
     cols = {k: jnp.asarray(v) for k, v in feats.rows(train_mask).items()}
     n = len(train_idx)
 
     def batch_at(step):
-      sel = jnp.asarray(rng(step).randint(0, n, job.batch_tokens))
+      sel = jnp.asarray(step_rng(job.seed, step).randint(0, n, job.batch_tokens))
       return {k: v[sel] for k, v in cols.items()}
   else:
-    step_fn = _joint_step(opt, job, draft.config)
+    train_fn = _joint_step(opt, job, draft.config)
     held_set = set(held_recs.tolist())
     rec_ids = [i for i, (r, _, _) in enumerate(feats.seqs) if r not in held_set]
     label_rows: dict = {}
@@ -320,26 +311,19 @@ def train(job: RankerJob, *, show_progress: bool = True, stop_after: int | None 
       label_rows.setdefault(int(r), []).append(row)
 
     def batch_at(step):
-      return {k: jnp.asarray(v) for k, v in _joint_batch(feats, rec_ids, rng(step), job,
+      return {k: jnp.asarray(v) for k, v in _joint_batch(feats, rec_ids,
+                                                         step_rng(job.seed, step), job,
                                                          label_rows).items()}
 
-  end = job.steps if stop_after is None else min(job.steps, start + stop_after)
-  losses = []
-  for step in progress(range(start, end), total=job.steps, initial=start,
-                       desc=f"ranker d'={job.rank} ({job.mode})", enabled=show_progress):
-    state, loss = step_fn(state, batch_at(step))
-    losses.append(float(loss))
-    check_finite_loss(losses[-1], step + 1, "train.ranker", ckpt)
-    done = step + 1
-    if done % job.eval_every == 0 or done == job.steps:
-      evaluate(done, float(np.mean(losses)))
-      losses = []
-    ckpt.save(done, state, force=done == end)
-  ckpt.close()
-  rows = read_log(log_path)
-  plot_curves(rows, ["train_loss", "heldout_loss", f"recall@{max(job.recall_k)}_target",
-                     f"recall@{min(job.recall_k)}_target"],
-              out / "curves.png", f"ranker d'={job.rank} ({job.mode}, {job.loss})")
+  def step_fn(st, step):
+    st, loss = train_fn(st, batch_at(step))
+    return st, {"loss": loss}
+
+  res = run.fit(state, step_fn, evaluate, on_row=keep_best, stop_after=stop_after,
+                desc=f"ranker d'={job.rank} ({job.mode})", show_progress=show_progress)
+  state, rows, end = res.state, res.rows, res.end
+  run.plot(["train_loss", "heldout_loss", f"recall@{max(job.recall_k)}_target",
+            f"recall@{min(job.recall_k)}_target"], f"ranker d'={job.rank} ({job.mode}, {job.loss})")
   summary = {"job": dataclasses.asdict(job), "steps_done": end, "complete": end == job.steps,
              "train_rows": int(len(train_idx)), "heldout_rows": int(len(held["label"])),
              "records": n_rec, "heldout_records": len(held_recs),

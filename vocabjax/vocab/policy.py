@@ -17,6 +17,12 @@ embeds that target id at its next step. For stochastic verification the drafting
 q over the candidates is scattered into the full vocabulary with zeros elsewhere
 (`scatter_full`), so a token outside the candidates keeps the target's probability through the
 residual max(p - q, 0).
+
+A policy's own arrays (a trimmed head and its ids, a ranker) travel inside the drafter's params
+under the one key `POLICY_STATE`, so they are arguments of the jitted draft programs (never
+constants baked into them) and move with the params under sharding. Policies put them there
+only through their `attach(params, config) -> (params, policy)` (`VocabSubset.attach`,
+`SpeculativeVocab.attach`), and read them back with `policy_state(params)`.
 """
 
 from __future__ import annotations
@@ -33,6 +39,18 @@ from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import lm_head
 
 Policy = Callable[[dict, jax.Array], tuple[Optional[jax.Array], jax.Array]]
+
+POLICY_STATE = "vocab_policy"  # the params key of an attached policy's arrays
+
+
+def with_policy_state(params: dict, state: dict) -> dict:
+  """`params` plus a policy's arrays (one policy per drafter: attaching replaces)."""
+  return {**params, POLICY_STATE: state}
+
+
+def policy_state(params: dict) -> dict | None:
+  """The arrays an attached policy stored, or None for the plain drafter."""
+  return params.get(POLICY_STATE)
 
 
 def _full(params, h, *, config):

@@ -35,8 +35,8 @@ from vocabjax.kernels.indexed_lm_head import indexed_lm_head
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.identity import drafter_identity
 from vocabjax.models.llamalike import is_int8, lm_head_weight
+from vocabjax.vocab.policy import policy_state, with_policy_state
 
-RANKER_KEY = "vocab_ranker"
 FORMAT = "vocabjax-ranker/1"
 
 
@@ -164,7 +164,7 @@ class SpeculativeVocab:
     dtype = lm_head_weight(params, config).dtype
     ranker = {"down": jnp.asarray(self.ranker.down, dtype),
               "vocab": jnp.asarray(self.ranker.vocab, dtype)}
-    return ({**params, RANKER_KEY: ranker},
+    return (with_policy_state(params, ranker),
             functools.partial(ranked_policy, config=config, k=self.k, impl=self.impl))
 
 
@@ -180,7 +180,7 @@ def ranked_policy(params: dict, h: jax.Array, *, config: LlamaLikeConfig, k: int
   """(candidate target ids [..., k], their exact drafter logits [..., k])."""
   lead, D = h.shape[:-1], h.shape[-1]
   flat = h.reshape(-1, D)
-  _, idx = jax.lax.top_k(ranker_scores(params[RANKER_KEY], flat), k)
+  _, idx = jax.lax.top_k(ranker_scores(policy_state(params), flat), k)
   z = indexed_lm_head(flat, lm_head_weight(params, config), idx, impl=impl)
   return idx.reshape(lead + (k,)), z.reshape(lead + (k,))
 

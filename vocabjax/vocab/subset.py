@@ -27,6 +27,7 @@ from vocabjax.io import atomic_write_bytes
 from vocabjax.kernels.cpu_matmul import linear
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import lm_head_rows
+from vocabjax.vocab.policy import policy_state, with_policy_state
 
 
 class SubsetError(ValueError):
@@ -180,7 +181,26 @@ def select(counts, *, k: int | None = None, top_p: float | None = None,
 # Why this stays lossless: a token outside the subset is never drafted (q = 0), and the residual
 # max(p - q, 0) hands it the target's probability p(x) in full; greedy verification ignores q.
 
-SUBSET_KEY = "vocab_subset"
+@dataclasses.dataclass(frozen=True)
+class HeadRows:
+  """A drafter head that is a subset already: its own LM-head `rows` [K, D] for target `ids`
+  [K] (an EAGLE-3 head's reduced vocabulary, ids = j + d2t[j]). The same `attach` as
+  `VocabSubset`, without taking rows out of a full head."""
+
+  rows: jax.Array
+  ids: jax.Array
+
+  @property
+  def size(self) -> int:
+    return int(self.rows.shape[0])
+
+  @property
+  def head_rows(self) -> int:
+    return self.size
+
+  def attach(self, params: dict, config: LlamaLikeConfig):
+    del config  # the rows are given
+    return attach_rows(params, self.rows, self.ids), static_policy
 
 
 def attach_subset(params: dict, config: LlamaLikeConfig, subset: VocabSubset) -> dict:
@@ -202,17 +222,17 @@ def attach_rows(params: dict, rows: jax.Array, ids: jax.Array,
   sub = {"head": rows, "ids": jnp.asarray(ids, jnp.int32)}
   if scale is not None:  # int8 rows keep their scales
     sub["scale"] = scale
-  return {**params, SUBSET_KEY: sub}
+  return with_policy_state(params, sub)
 
 
 def subset_rows(params: dict) -> int | None:
   """K of an attached subset, or None for a full head."""
-  sub = params.get(SUBSET_KEY)
-  return None if sub is None else int(sub["head"].shape[0])
+  sub = policy_state(params)
+  return None if sub is None or "head" not in sub else int(sub["head"].shape[0])
 
 
 def static_policy(params: dict, hidden: jax.Array) -> tuple[jax.Array, jax.Array]:
   """(target ids [..., K], logits [..., K]) over the attached subset (f32 accumulation)."""
-  sub = params[SUBSET_KEY]
+  sub = policy_state(params)
   z = linear(hidden, sub["head"], sub.get("scale"))  # the CPU kernel streams the K rows once (f32 out)
   return jnp.broadcast_to(sub["ids"], z.shape), z

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import time
 from pathlib import Path
 
@@ -25,8 +24,8 @@ from vocabjax.train.distill.data import (Example, batch_sizes, build_target_side
 from vocabjax.train.distill.job import DistillJob, load_model_for
 from vocabjax.train.distill.losses import acceptance_terms, distill_terms, masked_mean
 from vocabjax.train.features import read_records
-from vocabjax.train.loop import (Checkpoints, OptimConfig, TrainError, TrainState, append_log,
-                                 check_finite_loss, make_optimizer, plot_curves, progress, read_log)
+from vocabjax.train.loop import (OptimConfig, TrainError, TrainRun, TrainState,
+                                 make_optimizer)
 from vocabjax.vocab.translate import Translator
 
 
@@ -170,45 +169,30 @@ def train(job: DistillJob, *, show_progress: bool = True, stop_after: int | None
   dist.fit_sizes(examples)
   del target  # only its LM head (in the distiller) is needed from here on
 
-  ckpt = Checkpoints(out / "checkpoints", job.train_fingerprint(), every=job.checkpoint_every)
-  dist.state = ckpt.restore_or(dist.state)
-  start = int(dist.state.step)
-  log_path = out / "log.jsonl"
-  rows = read_log(log_path, upto_step=start)
-  if log_path.exists():
-    log_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-
-  def evaluate(step, train_row):
-    row = {"step": step, **{f"train_{k}": v for k, v in train_row.items()},
-           **{f"held_{k}": v for k, v in dist.evaluate(held_ex or train_ex[-4:]).items()}}
-    append_log(log_path, row)
-    rows.append(row)
-
-  if start == 0 and not rows:
-    evaluate(0, {})
+  run = TrainRun(out, job.train_fingerprint(), steps=job.steps, eval_every=job.eval_every,
+                 checkpoint_every=job.checkpoint_every, what="train.distill")
+  dist.state = run.restore(dist.state)
+  held = held_ex or train_ex[-4:]
   rng = np.random.default_rng(job.seed)  # the order depends on the seed alone: resumable
   order = np.concatenate([rng.permutation(len(train_ex)) for _ in
                           range(job.steps // max(len(train_ex), 1) + 1)])
-  t1 = time.perf_counter()
-  bar = progress(range(start, job.steps), total=job.steps, initial=start, desc="distill",
-                 enabled=show_progress)
-  ran = 0
-  for step in bar:
+
+  def step_fn(st, step):
+    dist.state = st
     m = dist.step(train_ex[order[step]])
-    check_finite_loss(float(m["loss"]), step + 1, "train.distill", ckpt)
-    bar.set_postfix_str(f"loss {m['loss']:.3f}")
-    ran += 1
-    last_one = step + 1 == job.steps or (stop_after is not None and ran >= stop_after)
-    ckpt.save(step + 1, dist.state, force=last_one)
-    if (step + 1) % job.eval_every == 0 or step + 1 == job.steps:
-      evaluate(step + 1, m)
-    if last_one:
-      break
-  ckpt.close()
+    return dist.state, m
+
+  def evaluate(st, step):
+    dist.state = st
+    return {f"held_{k}": v for k, v in dist.evaluate(held).items()}
+
+  t1 = time.perf_counter()
+  res = run.fit(dist.state, step_fn, evaluate, desc="distill", stop_after=stop_after,
+                show_progress=show_progress)
+  dist.state, rows = res.state, res.rows
   train_s = time.perf_counter() - t1
-  plot_curves(rows, [k for k in ("held_l_dm", "held_l_ngram", "held_agree", "held_acc_head")
-                     if any(k in r for r in rows)], out / "curves.png",
-              f"distill {Path(job.drafter).name} -> {Path(job.target).name}")
+  run.plot(["held_l_dm", "held_l_ngram", "held_agree", "held_acc_head"],
+           f"distill {Path(job.drafter).name} -> {Path(job.target).name}")
   done = int(dist.state.step) >= job.steps
   if done:
     export(out / "drafter", dist.state.params, job, dist.base_identity)
