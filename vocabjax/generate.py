@@ -55,6 +55,7 @@ class GenerateConfig:
   tree_depth: int = 4
   tree_total_tokens: int = 16
   max_ngram: int = 3  # pld: longest context n-gram matched
+  pld_candidates: int = 1  # pld: matches whose continuations form a tree (1: a chain)
   time_split: bool = False  # time drafter / drafter LM head / verification after the run
   batch_size: int | None = None  # repeat the prompts cyclically up to this many rows
   draft_vocab: str | None = None  # a saved static subset (.npz, `calibrate select`): trimmed head
@@ -79,6 +80,8 @@ class GenerateConfig:
                          "--draft-vocab, --ranker and --time-split do not apply")
     elif self.method != "ar" and not self.draft:
       raise ValueError(f"--method {self.method} needs --draft")
+    if self.pld_candidates != 1 and self.method != "pld":
+      raise ValueError(f"--pld-candidates belongs to --method pld, not {self.method}")
     if self.eagle_head and self.method != "eagle":
       raise ValueError(f"--eagle-head drafts with --method eagle, not {self.method}")
     if self.draft_vocab and self.method == "ar":
@@ -113,7 +116,8 @@ def method_params(config: GenerateConfig) -> tuple[str, dict]:
   if config.method == "ar":
     return "ar", {}
   if config.method == "pld":
-    return "pld", {"gamma": config.gamma, "max_ngram": config.max_ngram}
+    return "pld", {"gamma": config.gamma, "max_ngram": config.max_ngram,
+                   "candidates": config.pld_candidates}
   if config.method == "crossvocab":
     return "crossvocab", {"gamma": config.gamma, "ngram": config.ngram,
                           "drafter": config.distilled or "", "adaptive": config.adaptive,
@@ -264,6 +268,9 @@ def parse_args(argv=None) -> GenerateConfig:
   p.add_argument("--gamma", type=int, default=4, help="chain, crossvocab, pld: drafts per step")
   p.add_argument("--max-ngram", type=int, default=3,
                  help="pld: longest context n-gram matched (down to 1)")
+  p.add_argument("--pld-candidates", type=int, default=1,
+                 help="pld: continuations of up to this many matches verified as one tree "
+                      "(default 1: a chain of --gamma drafts)")
   p.add_argument("--tree-top-k", type=int, default=4,
                  help="tree, eagle: children expanded per node (default 4)")
   p.add_argument("--tree-depth", type=int, default=4,
@@ -298,6 +305,7 @@ def parse_args(argv=None) -> GenerateConfig:
                         output=a.output, quiet=a.quiet,
                         time_split=a.time_split,
                         draft=a.draft, method=a.method, gamma=a.gamma, max_ngram=a.max_ngram,
+                        pld_candidates=a.pld_candidates,
                         tree_top_k=a.tree_top_k,
                         tree_depth=a.tree_depth, tree_total_tokens=a.tree_total_tokens,
                         batch_size=a.batch_size, draft_vocab=a.draft_vocab, ranker=a.ranker,

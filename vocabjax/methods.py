@@ -204,23 +204,26 @@ def _tree_method(target, draft, p: TreeMethodParams):
 
 @dataclasses.dataclass(frozen=True)
 class PldParams:
-  gamma: int = 4  # most drafts per step
+  gamma: int = 4  # most drafts per step (per branch)
   max_ngram: int = 3  # longest context n-gram matched
   min_ngram: int = 1  # shortest
+  candidates: int = 1  # continuations of that many matches merged into a tree (1: a chain)
 
   def check(self, where: str) -> None:
-    if self.gamma < 1 or not 1 <= self.min_ngram <= self.max_ngram:
-      raise ConfigError(f"{where}: pld needs gamma >= 1 and 1 <= min_ngram <= max_ngram, got "
-                        f"gamma={self.gamma}, min_ngram={self.min_ngram}, "
-                        f"max_ngram={self.max_ngram}")
+    if self.gamma < 1 or not 1 <= self.min_ngram <= self.max_ngram or self.candidates < 1:
+      raise ConfigError(f"{where}: pld needs gamma >= 1, 1 <= min_ngram <= max_ngram and "
+                        f"candidates >= 1, got gamma={self.gamma}, min_ngram={self.min_ngram}, "
+                        f"max_ngram={self.max_ngram}, candidates={self.candidates}")
 
 
 @register("pld", PldParams, needs_draft=False, drafter_passes=lambda p: 0)
 def _pld(target, draft, p: PldParams):
-  """Prompt lookup decoding (Saxena 2023): drafts copied from the context, no drafter."""
+  """Prompt lookup decoding (Saxena 2023): drafts copied from the context, no drafter; a
+  chain, or a tree of several matches' continuations (`candidates` > 1)."""
   del draft
   return PromptLookupDecoder(target.in_layout(block_layout()), target.config, gamma=p.gamma,
-                             max_ngram=p.max_ngram, min_ngram=p.min_ngram)
+                             max_ngram=p.max_ngram, min_ngram=p.min_ngram,
+                             candidates=p.candidates)
 
 
 # --- static drafter vocabularies (VocabTrim, FR-Spec) ---------------------------------------
@@ -319,7 +322,7 @@ def ranker_shapes(path: str, where: str) -> tuple[int, int, int]:
   if not Path(path).is_file():
     raise ConfigError(f"{where}: ranker={path!r} is not a readable ranker file (no such file; "
                       f"train one with `python -m vocabjax.train.ranker --config "
-                      f"configs/ranker_*.yaml`)")
+                      f"configs/train/ranker_*.yaml`)")
   try:
     read_metadata(path)
     with safe_open(path, framework="numpy") as f:

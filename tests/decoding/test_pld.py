@@ -1,12 +1,16 @@
 """Prompt lookup decoding: the lookup by hand, greedy identity, losslessness when sampling."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from tests.decoding.conftest import CFG, SMALL
 from vocabjax.decoding.autoregressive import Decoder
-from vocabjax.decoding.pld import PromptLookupDecoder, lookup_drafts
+from vocabjax.decoding.autoregressive import block_request
+from vocabjax.decoding.pld import (PromptLookupDecoder, continuation_trie, lookup_continuations,
+                                   lookup_drafts)
+from vocabjax.models.cache import KVCache
 from vocabjax.decoding.sampling import SamplingParams
 from vocabjax.models import init_params
 from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
@@ -79,3 +83,105 @@ def test_bad_settings():
     PromptLookupDecoder(params, CFG, max_ngram=2, min_ngram=3)
   with pytest.raises(ValueError, match="exceeds the cache length max_len=16"):
     PromptLookupDecoder(params, CFG, gamma=4).generate([[1] * 8], max_new_tokens=6, max_len=16)
+
+
+# --- trees of several matches' continuations (candidates > 1) ------------------------------
+
+def test_continuations_and_their_trie_by_hand():
+  # suffix (5, 6) occurs at 0, 5 and 10 before itself; (3, 5, 6) nowhere earlier
+  seq = np.array([5, 6, 7, 8, 1, 5, 6, 7, 9, 2, 5, 6, 3, 5, 6])
+  conts = lookup_continuations(seq, 3, candidates=4)
+  # the chain's pick (earliest) first, then the most recent occurrences; the shorter n-gram
+  # (6,) only repeats what is taken already
+  assert [c.tolist() for c in conts] == [[7, 8, 1], [3, 5, 6], [7, 9, 2]]
+  assert conts[0].tolist() == lookup_drafts(seq, 3).tolist()
+  assert [c.tolist() for c in lookup_continuations(seq, 3, candidates=2)] == [[7, 8, 1],
+                                                                              [3, 5, 6]]
+  tok, par, dep = continuation_trie(conts)
+  # 7 -> 8 -> 1, 3 -> 5 -> 6, and 9 -> 2 under the shared 7 (node 1)
+  assert tok.tolist() == [7, 8, 1, 3, 5, 6, 9, 2]
+  assert par.tolist() == [0, 1, 2, 0, 4, 5, 1, 7]
+  assert dep.tolist() == [1, 2, 3, 1, 2, 3, 2, 3]
+  # a continuation that is a prefix of one taken adds nothing; nothing repeats: no tree
+  assert [c.tolist() for c in lookup_continuations(np.array([1, 2, 3, 1, 2, 3, 1]), 2,
+                                                   candidates=3)] == [[2, 3]]
+  assert continuation_trie(lookup_continuations(np.array([1, 2, 3]), 3, candidates=3)
+                           )[0].size == 0
+
+
+def test_tree_accepts_a_later_branch_and_pads_short_rows():
+  """Hand-made tries verified against the target's own greedy continuation: the first
+  branch is wrong at its first token, the second right for two tokens; a second row with no
+  trie (all padding nodes) takes a plain one-token step."""
+  params = init_params(jax.random.key(0), CFG, scale=0.3)
+  prompts = [[5, 9, 2, 7, 1], [4, 4, 6]]
+  ar = Decoder(params, CFG).generate(prompts, max_new_tokens=4).tokens
+  g, h = ar
+  V = CFG.vocab_size
+  dec = PromptLookupDecoder(params, CFG, gamma=3, candidates=2)
+  sp = SamplingParams()
+  prompts, lengths, S, T, tokens = block_request(prompts, 8, sp, CFG, None, dec.extra_slots,
+                                                 "pld")
+  dtype = jnp.float32
+  prefill, _, _ = dec.programs(sp, 2, T, S, dtype)
+  last, cache = prefill(params, jnp.asarray(tokens), jnp.asarray(lengths),
+                        KVCache.init(CFG, 2, S, dtype), jax.random.key(1))
+  assert np.asarray(last).tolist() == [g[0], h[0]]
+  tok, par, dep = continuation_trie([np.array([(g[1] + 1) % V, g[2], g[3]]),
+                                     np.array([g[1], g[2], (g[3] + 1) % V])])
+  n = len(tok)
+  block = np.zeros((2, n + 1), np.int32)
+  block[:, 0] = [g[0], h[0]]
+  block[0, 1:] = tok
+  parent = np.stack([par, np.arange(1, n + 1)]).astype(np.int32)  # row 1: padding only
+  depth = np.stack([dep, np.ones(n)]).astype(np.int32)
+  prog, _ = dec.tree_program(sp, 2, S, dtype, n)
+  cache, nxt, emitted, acc = prog(params, cache, jnp.asarray(block), jnp.asarray(parent),
+                                  jnp.asarray(depth), jax.random.key(2))
+  assert np.asarray(acc).tolist() == [2, 0]
+  assert np.asarray(emitted)[0, :3].tolist() == g[1:4] and np.asarray(nxt).tolist() == [g[3],
+                                                                                       h[1]]
+  assert np.asarray(emitted)[1, 0] == h[1] and (np.asarray(emitted)[1, 1:] == -1).all()
+  assert np.asarray(cache.lengths).tolist() == [lengths[0] + 3, lengths[1] + 1]
+
+
+@pytest.mark.parametrize("candidates", [2, 3])
+def test_tree_greedy_identical_to_autoregressive(candidates):
+  params = init_params(jax.random.key(0), CFG, scale=0.3)
+  prompts = [[5, 9, 2, 7, 5, 9, 3, 5, 9, 2, 7, 5, 9], [1, 2, 3], [8, 8, 8, 8, 4, 8, 8]]
+  ar = Decoder(params, CFG).generate(prompts, max_new_tokens=24)
+  dec = PromptLookupDecoder(params, CFG, gamma=3, candidates=candidates)
+  res = dec.generate(prompts, max_new_tokens=24)
+  assert res.tokens == ar.tokens
+  assert max(map(max, res.stats.drafted)) > 3  # more than one branch was verified at once
+  assert res.stats.tau > 1 and res.steps < ar.steps
+  for row in prompts:
+    assert dec.generate([row], max_new_tokens=24).tokens == Decoder(params, CFG).generate(
+        [row], max_new_tokens=24).tokens
+
+
+def test_tree_sampling_is_lossless():
+  """As `test_sampling_is_lossless`, with the prompt repeating [3, 1] three times followed by
+  different continuations (the target's greedy one, and two others): every step verifies a
+  tree of up to three branches."""
+  target = init_params(jax.random.key(10), SMALL, scale=0.8)
+  greedy = Decoder(target, SMALL).generate([[3, 1]], max_new_tokens=6).tokens[0]
+  V = SMALL.vocab_size
+  other = [(t + 1) % V for t in greedy]
+  prompt = [3, 1, *other, 3, 1, *greedy, 3, 1, *other[::-1], 3, 1]
+  sp = SamplingParams(temperature=1.0)
+  res = PromptLookupDecoder(target, SMALL, gamma=2, candidates=3).generate(
+      [prompt] * 12_000, max_new_tokens=3, sampling=sp, seed=7)
+  st = res.stats
+  assert max(map(max, st.drafted)) > 2  # trees, not chains
+  assert 0.05 < st.acceptance_rate < 0.95
+  toks = np.asarray([r[:3] for r in res.tokens])
+  samples = toks[:, 0] * V * V + toks[:, 1] * V + toks[:, 2]
+  exact = exact_sequence_probs(target, SMALL, prompt, sp)
+  assert chi2_pvalue(samples, exact) > 1e-3
+
+
+def test_tree_bad_settings():
+  params = init_params(jax.random.key(0), CFG)
+  with pytest.raises(ValueError, match="candidates must be >= 1"):
+    PromptLookupDecoder(params, CFG, candidates=0)

@@ -13,11 +13,23 @@ Verification: one target forward over [last, d_1 .. d_M] with M the longest draf
 this step; a program is compiled per M (0..G), so a step without any match is an ordinary
 one-token step. Rows with fewer drafts pass `n_valid`; what lies past it is never accepted.
 
+Tree (`candidates` c > 1): the continuations of up to c matches (the chain's first, then the
+other occurrences of the same n-gram, most recent first, then shorter n-grams) merged into a
+token trie of at most c*G nodes (shared prefixes once, siblings distinct), verified in one
+target forward with the tree engine's ancestor mask and path compaction
+(`vocabjax.decoding.tree.verify_tree`). The chain's drafts are one branch, so greedily the tree
+accepts at least what the chain would. Where the context repeats with variations (a passage
+restated, code edited in several places) the other branches catch what the first match misses.
+A program is compiled per node count actually met (n = 0..c*G, padded rows point padding nodes
+at themselves, so they are never a child of anything); its compile time is reported apart.
+
 Exactness: greedy keeps the longest prefix equal to the target's argmax, then the target's
 token: identical to autoregressive greedy decoding. Sampling: the drafts are a deterministic
 function of the context, so the drafting law is a point mass q = one-hot(d); the chain rule
 then accepts d with probability p(d) and on rejection samples norm(max(0, p - one-hot(d))),
-i.e. p with d removed: the output follows p exactly (DESIGN: deterministic drafts).
+i.e. p with d removed: the output follows p exactly (DESIGN: deterministic drafts). A tree's
+siblings are distinct deterministic tokens: each is tried with p'(x) and removed from p' on
+rejection (`verify_tree_sampling`), the multi-draft form of the same rule.
 """
 
 from __future__ import annotations
@@ -35,6 +47,7 @@ from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector,
                                               block_request, compile_prefill)
 from vocabjax.decoding.sampling import SamplingParams, probs, sample
 from vocabjax.decoding.speculative import SpecStats
+from vocabjax.decoding.tree import TreeParams, verify_tree
 from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
@@ -55,6 +68,48 @@ def lookup_drafts(seq: np.ndarray, gamma: int, max_ngram: int = 3,
       start = int(hits[0]) + n
       return seq[start:start + gamma].copy()
   return seq[:0].copy()
+
+
+def lookup_continuations(seq: np.ndarray, gamma: int, max_ngram: int = 3, min_ngram: int = 1,
+                         candidates: int = 1) -> list[np.ndarray]:
+  """Up to `candidates` distinct continuations (each <= `gamma` tokens) of earlier occurrences
+  of suffix n-grams of `seq`: first `lookup_drafts`'s, then the other occurrences of that
+  n-gram from the most recent back, then those of shorter n-grams. A continuation that is a
+  prefix of one already taken adds nothing and is skipped."""
+  seq = np.asarray(seq)
+  L = len(seq)
+  out: list[np.ndarray] = []
+  for n in range(min(max_ngram, L - 1), min_ngram - 1, -1):
+    windows = np.lib.stride_tricks.sliding_window_view(seq, n)
+    hits = np.flatnonzero((windows == seq[L - n:]).all(axis=1))
+    hits = hits[hits + n < L - n]
+    if not hits.size:
+      continue
+    for h in [hits[0], *hits[:0:-1]] if not out else hits[::-1]:
+      c = seq[int(h) + n:int(h) + n + gamma]
+      if any(len(o) >= len(c) and np.array_equal(o[:len(c)], c) for o in out):
+        continue
+      out.append(c.copy())
+      if len(out) == candidates:
+        return out
+  return out
+
+
+def continuation_trie(conts: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """The token trie of `conts`: (tokens [n], parent [n] with 0 the root and j + 1 node j,
+  depth [n] from 1), nodes in insertion order, siblings distinct."""
+  index: dict = {}
+  tok, par, dep = [], [], []
+  for c in conts:
+    at = 0
+    for i, t in enumerate(np.asarray(c).tolist()):
+      if (at, t) not in index:
+        tok.append(t)
+        par.append(at)
+        dep.append(i + 1)
+        index[(at, t)] = len(tok)
+      at = index[(at, t)]
+  return (np.asarray(tok, np.int32), np.asarray(par, np.int32), np.asarray(dep, np.int32))
 
 
 @dataclasses.dataclass
@@ -106,23 +161,39 @@ def pld_step(params, cache: KVCache, tokens, n_valid, key, *, config: LlamaLikeC
   return cache.with_lengths(N + 1 + n), nxt.astype(jnp.int32), emitted, n
 
 
+def pld_tree_step(params, cache: KVCache, tokens, parent, depth, key, *,
+                  config: LlamaLikeConfig, sampling: SamplingParams, tree: TreeParams):
+  """Verify the trie tokens [B, n + 1] = [last, nodes] (parent [B, n]: 0 the root, j + 1 node
+  j; a padding node is its own parent; depth [B, n]). Returns what `pld_step` returns, emitted
+  [B, G + 1]."""
+  v = verify_tree(params, tokens[:, 0], tokens[:, 1:], parent, depth, cache, key,
+                  target_config=config, tree=tree, sampling=sampling)
+  return v.target_cache, v.next.astype(jnp.int32), v.emitted, v.accepted
+
+
 class PromptLookupDecoder:
   """Prompt lookup decoding of one target; greedy output equals `Decoder.generate`'s."""
 
   method = "pld"
 
   def __init__(self, target_params, target_config: LlamaLikeConfig, *, gamma: int = 4,
-               max_ngram: int = 3, min_ngram: int = 1):
+               max_ngram: int = 3, min_ngram: int = 1, candidates: int = 1):
     if gamma < 1:
       raise ValueError(f"gamma must be >= 1, got {gamma=}")
     if not 1 <= min_ngram <= max_ngram:
       raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram=} {max_ngram=}")
+    if candidates < 1:
+      raise ValueError(f"candidates must be >= 1 (1: a chain), got {candidates=}")
     self.tp, self.tc = target_params, target_config
     self.gamma, self.max_ngram, self.min_ngram = gamma, max_ngram, min_ngram
-    self.drafted_per_step = gamma
-    self.extra_slots = gamma + 1
-    self.verify_tokens = gamma + 1
+    self.candidates = candidates
+    # the tree's bounds: siblings <= candidates, depth <= gamma, nodes <= candidates * gamma
+    self.tree = TreeParams(top_k=candidates, depth=gamma, total_tokens=candidates * gamma)
+    self.drafted_per_step = candidates * gamma
+    self.extra_slots = candidates * gamma + 1
+    self.verify_tokens = candidates * gamma + 1
     self._programs: dict = {}
+    self._tree_steps: dict = {}
 
   def programs(self, sampling: SamplingParams, B: int, T: int, S: int, dtype):
     """(prefill, {M: step}) compiled for these shapes, and the compile seconds."""
@@ -139,6 +210,38 @@ class PromptLookupDecoder:
              for M in range(self.gamma + 1)}
     self._programs[key] = (prefill, steps)
     return prefill, steps, time.perf_counter() - t0
+
+  def tree_program(self, sampling: SamplingParams, B: int, S: int, dtype, n: int):
+    """The compiled tree verification of n nodes (`pld_tree_step`), and its compile seconds
+    (0 when it was compiled before: programs are kept per node count and cache size)."""
+    key = (sampling, B, S, jnp.dtype(dtype).name, n)
+    if key in self._tree_steps:
+      return self._tree_steps[key], 0.0
+    t0 = time.perf_counter()
+    cache = jax.eval_shape(lambda: KVCache.init(self.tc, B, S, dtype))
+    i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
+    fn = jax.jit(functools.partial(pld_tree_step, config=self.tc, sampling=sampling,
+                                   tree=self.tree), donate_argnums=(1,))
+    prog = fn.lower(self.tp, cache, i32(B, n + 1), i32(B, n), i32(B, n),
+                    jax.random.key(0)).compile()
+    self._tree_steps[key] = prog
+    return prog, time.perf_counter() - t0
+
+  def _tree_block(self, hist, active, last_np):
+    """(tokens [B, n + 1], parent [B, n], depth [B, n], nodes per row) of this step's tries."""
+    B = len(hist)
+    tries = [continuation_trie(lookup_continuations(h, self.gamma, self.max_ngram,
+                                                    self.min_ngram, self.candidates))
+             if a else continuation_trie([]) for h, a in zip(hist, active)]
+    n = max(len(t[0]) for t in tries)
+    tokens = np.zeros((B, n + 1), np.int32)
+    tokens[:, 0] = last_np
+    parent = np.broadcast_to(np.arange(1, n + 1, dtype=np.int32), (B, n)).copy()  # padding
+    depth = np.ones((B, n), np.int32)
+    for b, (tok, par, dep) in enumerate(tries):
+      k = len(tok)
+      tokens[b, 1:1 + k], parent[b, :k], depth[b, :k] = tok, par, dep
+    return tokens, parent, depth, np.array([len(t[0]) for t in tries], np.int32)
 
   def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                sampling: SamplingParams = SamplingParams(), seed: int = 0,
@@ -164,19 +267,27 @@ class PromptLookupDecoder:
     t1 = time.perf_counter()
     stats = LookupStats(drafted=[], accepted=[])
     i = 0
+    late_compile_s = 0.0  # tree programs compiled when a node count is first met
     while not out.done.all():
       i += 1
       active = ~out.done
-      drafts = [lookup_drafts(h, self.gamma, self.max_ngram, self.min_ngram) if a else
-                np.zeros(0, np.int64) for h, a in zip(hist, active)]
-      n_valid = np.array([len(d) for d in drafts], np.int32)
-      M = int(n_valid.max())
-      block = np.zeros((B, M + 1), np.int32)
-      block[:, 0] = last_np
-      for b, d in enumerate(drafts):
-        block[b, 1:1 + len(d)] = d
-      cache, last, emitted, n = steps[M](self.tp, cache, jnp.asarray(block),
-                                         jnp.asarray(n_valid), jax.random.fold_in(key, i))
+      if self.candidates > 1:
+        block, parent, depth, n_valid = self._tree_block(hist, active, last_np)
+        prog, c_s = self.tree_program(sampling, B, S, dtype, block.shape[1] - 1)
+        late_compile_s += c_s
+        cache, last, emitted, n = prog(self.tp, cache, jnp.asarray(block), jnp.asarray(parent),
+                                       jnp.asarray(depth), jax.random.fold_in(key, i))
+      else:
+        drafts = [lookup_drafts(h, self.gamma, self.max_ngram, self.min_ngram) if a else
+                  np.zeros(0, np.int64) for h, a in zip(hist, active)]
+        n_valid = np.array([len(d) for d in drafts], np.int32)
+        M = int(n_valid.max())
+        block = np.zeros((B, M + 1), np.int32)
+        block[:, 0] = last_np
+        for b, d in enumerate(drafts):
+          block[b, 1:1 + len(d)] = d
+        cache, last, emitted, n = steps[M](self.tp, cache, jnp.asarray(block),
+                                           jnp.asarray(n_valid), jax.random.fold_in(key, i))
       last_np, emitted, n = np.asarray(last), np.asarray(emitted), np.asarray(n)
       stats.drafted.append([int(v) if a else 0 for v, a in zip(n_valid, active)])
       stats.accepted.append([int(x) if a else 0 for x, a in zip(n, active)])
@@ -185,5 +296,6 @@ class PromptLookupDecoder:
       hist = [np.concatenate([h, e[:k + 1]]) for h, e, k in zip(hist, emitted, n)]
     t2 = time.perf_counter()
     return GenerationResult(tokens=out.tokens, finish_reasons=out.reasons,
-                            prompt_lengths=lengths.tolist(), compile_s=compile_s,
-                            prefill_s=t1 - t0, decode_s=t2 - t1, steps=i, stats=stats)
+                            prompt_lengths=lengths.tolist(),
+                            compile_s=compile_s + late_compile_s, prefill_s=t1 - t0,
+                            decode_s=t2 - t1 - late_compile_s, steps=i, stats=stats)
