@@ -49,6 +49,8 @@ def test_sampling_is_seeded(tiny_chat_dir):
     (["--max-len", "8"], "exceeds the cache length max_len=8"),
     (["--temperature", "inf"], "temperature must be finite"),
     (["--stop", ""], "stop strings must be non-empty"),
+    (["--pld-candidates", "2"], "--pld-candidates belongs to --method pld, not ar"),
+    (["--method", "pld", "--pld-candidates", "0"], "candidates >= 1"),
 ])
 def test_cli_bad_input_exits_2_with_message(tiny_chat_dir, tmp_path, flags, message):
   out = tmp_path / "never.json"
@@ -221,6 +223,8 @@ def test_pld_and_a_bf16_drafter_from_the_command_line(tiny_chat_dir):
   pld = main(parse_args(base + ["--method", "pld", "--gamma", "3", "--max-ngram", "2"]))
   assert pld["output_ids"] == ar and pld["speculative"]["tau"] >= 1.0
   assert pld["speculative"]["verifications"] == pld["speculative"]["target_forwards"] - 1
+  tree = main(parse_args(base + ["--method", "pld", "--gamma", "3", "--pld-candidates", "3"]))
+  assert tree["output_ids"] == ar
   chain = main(parse_args(base + ["--method", "chain", "--draft", str(tiny_chat_dir),
                                   "--draft-dtype", "bf16"]))
   assert chain["output_ids"] == ar  # the f32 target verifies a bf16 drafter
