@@ -8,7 +8,7 @@ acceptance the eagle methods of the same run reached, this tells a weak head fro
 fault: at depth 0, decoding accepts a root child exactly when the target's token is among the
 head's top_k there.
 
-    python eval/eagle_report.py --head eval/results/eagle/qwen15b/head --config eagle \
+    python eval/eagle_report.py --head train/results/eagle/qwen15b/head --config eagle \
         --run eval/results/eagle/eval --out eval/results/eagle/teacher_forced.md
 """
 

@@ -4,8 +4,8 @@
 means per quarter of the stream; with a control, the paired difference per prompt (the
 prompts' own difficulty cancels in it).
 
-    python eval/online_report.py eval/results/crossvocab/online \\
-        --control eval/results/crossvocab/online_control   # writes online_report.md / .png
+    python eval/online_report.py train/results/crossvocab/online \\
+        --control train/results/crossvocab/online_control   # writes online_report.md / .png
 """
 
 from __future__ import annotations

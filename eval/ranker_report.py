@@ -1,8 +1,8 @@
 """Recall table of trained SpecVocab rankers (from their `recall.json`), with the complexity
 check |V| d' + k d against the full head |V| d and VocabTrim's K d.
 
-    python eval/ranker_report.py eval/results/ranker/d56 eval/results/ranker/d112 \
-        --vocabtrim-k 16384 32768 65536 > eval/results/ranker/recall.md
+    python eval/ranker_report.py train/results/ranker/d56 train/results/ranker/d112 \
+        --vocabtrim-k 16384 32768 65536 > train/results/ranker/recall.md
 """
 
 from __future__ import annotations

@@ -18,8 +18,10 @@ import yaml
 from vocabjax.errors import ConfigError
 
 DATASET_KINDS = ("spec_bench", "humaneval", "gsm8k")
-# the shipped suites and training recipes (a source checkout's configs/)
+# a source checkout's configs/: the shipped eval suites (configs/eval/, found by bare name) and
+# the training recipes (configs/train/, given by path)
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+EVAL_CONFIG_DIR = CONFIG_DIR / "eval"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,9 +83,9 @@ def parse_datasets(raw, where: str) -> tuple[DatasetSpec, ...]:
 
 
 def suite_path(name_or_path: str | Path) -> Path:
-  """`configs/<name>.yaml` for a bare name, else the path itself (not checked here)."""
+  """`configs/eval/<name>.yaml` for a bare name, else the path itself (not checked here)."""
   path = Path(name_or_path)
-  return CONFIG_DIR / f"{name_or_path}.yaml" if not path.suffix else path
+  return EVAL_CONFIG_DIR / f"{name_or_path}.yaml" if not path.suffix else path
 
 
 def read_suite(path: Path) -> dict:

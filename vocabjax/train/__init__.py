@@ -1,5 +1,5 @@
-"""Trainers, each a `python -m vocabjax.train.<kind> --config configs/<recipe>.yaml` command
-with a resumable orbax checkpoint, a JSONL log, curves and a summary:
+"""Trainers, each a `python -m vocabjax.train.<kind> --config configs/train/<recipe>.yaml`
+command with a resumable orbax checkpoint, a JSONL log, curves and a summary:
 
   ranker    SpecVocab's low-rank vocabulary ranker for a drafter (`vocabjax.vocab.ranked`)
   eagle     an EAGLE-3 head for a target (exported as an EAGLE-3 checkpoint directory)

@@ -1,4 +1,4 @@
-"""`python -m vocabjax.train.eagle --config configs/eagle_*.yaml`: train an EAGLE-3 head.
+"""`python -m vocabjax.train.eagle --config configs/train/eagle_*.yaml`: train an EAGLE-3 head.
 
 Letters: B batch, T window tokens, n = T - 1 head entries per window, F*Dt fused target feature
 width, D head width, V target vocabulary, Vd the head's vocabulary, J training-time-test steps.
@@ -513,7 +513,7 @@ def load_job(path, **overrides) -> EagleJob:
 
 def main(argv=None) -> int:
   a = job_argparser("python -m vocabjax.train.eagle", __doc__,
-                    "configs/eagle_*.yaml").parse_args(argv)
+                    "configs/train/eagle_*.yaml").parse_args(argv)
   try:
     job = load_job(a.config, out=a.out, steps=a.steps)
     summary = train(job, show_progress=not a.quiet, stop_after=a.stop_after)

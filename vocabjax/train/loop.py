@@ -300,8 +300,8 @@ def job_fields(raw: dict, job_cls, required, *, where: str, tuples=()) -> dict:
 POSITIVE_FIELDS = frozenset({
     "steps", "batch_tokens", "joint_batch", "seq_len", "rank", "teacher_top", "eval_every",
     "checkpoint_every", "vocab_block", "max_records", "batch_size", "ttt_steps", "head_width",
-    "max_tokens", "online_every", "online_steps", "gamma", "max_new_tokens", "draft_vocab_size",
-    "intermediate_size"})
+    "max_tokens", "online_every", "gamma", "max_new_tokens", "draft_vocab_size",
+    "intermediate_size"})  # not online_steps: 0 is the online control (no updates)
 _TYPES = {"int": lambda v: isinstance(v, int) and not isinstance(v, bool),
           "float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
           "str": lambda v: isinstance(v, str), "bool": lambda v: isinstance(v, bool),

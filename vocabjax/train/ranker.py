@@ -1,4 +1,5 @@
-"""`python -m vocabjax.train.ranker --config configs/ranker_*.yaml`: train SpecVocab's ranker.
+"""`python -m vocabjax.train.ranker --config configs/train/ranker_*.yaml`: train SpecVocab's
+ranker.
 
 Letters: N label positions, D drafter hidden size, R ranker rank (d'), V vocabulary, T teacher
 top tokens.
@@ -366,7 +367,7 @@ def load_job(path, **overrides) -> RankerJob:
 
 
 def main(argv=None) -> int:
-  p = job_argparser("python -m vocabjax.train.ranker", __doc__, "configs/ranker_*.yaml")
+  p = job_argparser("python -m vocabjax.train.ranker", __doc__, "configs/train/ranker_*.yaml")
   p.add_argument("--features-only", action="store_true", help="build the features and stop")
   a = p.parse_args(argv)
   try:

@@ -1,5 +1,5 @@
-"""`python -m vocabjax.train.distill --config configs/distill_*.yaml`: hybrid distillation of a
-cross-vocabulary drafter (OmniDraft section 3.3), full fine-tuning or LoRA, and the SpecDec++
+"""`python -m vocabjax.train.distill --config configs/train/distill_*.yaml`: hybrid distillation
+of a cross-vocabulary drafter (OmniDraft section 3.3), full fine-tuning or LoRA, and the SpecDec++
 acceptance head (adaptive draft length).
 
 Letters: Ld drafter sequence, Kd direct-mapped positions, Kn n-gram sub-token positions,

@@ -13,7 +13,8 @@ from vocabjax.train.loop import TrainError, job_argparser, read_job_yaml
 
 
 def main(argv=None) -> int:
-  p = job_argparser("python -m vocabjax.train.distill", distill.__doc__, "configs/distill_*.yaml")
+  p = job_argparser("python -m vocabjax.train.distill", distill.__doc__,
+                    "configs/train/distill_*.yaml")
   p.add_argument("--online", action="store_true",
                  help="online mode: generate over the config's `online` prompts, update the "
                       "drafter every `online_every` sequences, write online.jsonl/png")

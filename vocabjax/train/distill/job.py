@@ -1,4 +1,4 @@
-"""The distillation job (`configs/distill_*.yaml`) and its models."""
+"""The distillation job (`configs/train/distill_*.yaml`) and its models."""
 
 from __future__ import annotations
 
