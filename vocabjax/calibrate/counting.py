@@ -1,12 +1,12 @@
 """Token counting sharded over every device: each device bincounts its shard, one `psum`.
 
-Letters: V vocabulary, n devices (all of them, every process's under `jax.distributed`), C
-tokens per device per call.
+Letters: V vocabulary, W devices (all of them, every process's under `jax.distributed`), C
+a chunk: tokens per device per call.
 
 `TokenCounter.add(ids)` takes this process's token ids (any length), pads them to whole
 [n_local, C] blocks with the sentinel V (an extra bin, dropped), and runs one compiled program
 per block: `shard_map` over a 1-D "tokens" mesh of all devices, a local bincount on each device
-(int32: a block holds at most n*C < 2^31 tokens) and a `psum`, so every device ends with the
+(int32: a block holds at most W*C < 2^31 tokens) and a `psum`, so every device ends with the
 global counts of that block. The host accumulates them in int64. Multi-host: every process calls
 `add` with its own tokens; the processes first agree on the number of blocks (the largest
 process's), and the shorter ones feed sentinel-only blocks, so the collectives line up.

@@ -1,6 +1,6 @@
 """Adaptive draft length (SpecDec++, Huang et al. 2024): an acceptance-prediction head.
 
-Letters: D drafter hidden size, H head width, G drafts.
+Letters: D drafter hidden size, F head width (its MLP's hidden width), G drafts.
 
 The head reads what the drafter knows when it proposes token x: its final hidden state h (the
 one the LM head turned into q) and x's input embedding e(x), and predicts the probability that

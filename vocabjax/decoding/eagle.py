@@ -1,6 +1,6 @@
 """Tree speculative decoding with an EAGLE-style head (EAGLE-2 trees, EAGLE-3 heads).
 
-Letters: B batch, d tree depth, P = d + 1 pending entries, F*Dt fused target feature width,
+Letters: B batch, d tree depth, P = d + 1 pending entries, Lf*Dt fused target feature width (Lf fused layers),
 D head width (= the target's hidden size), S cache slots, V target vocabulary.
 
 The head drafts from the target's own features (`vocabjax.models.eagle`). Its entry at position
@@ -63,7 +63,7 @@ class EagleState:
   head_cache: KVCache  # one layer; entries 0 .. Nt - 1 - pend_count
   last: jax.Array  # [B] newest committed token: the next tree's root
   pend_tokens: jax.Array  # [B, P] tokens of the pending entries, left-aligned
-  pend_feats: jax.Array  # [B, P, F*Dt] the target features paired with them
+  pend_feats: jax.Array  # [B, P, Lf*Dt] the target features paired with them
   pend_count: jax.Array  # [B] int32 in 1 .. P
 
 

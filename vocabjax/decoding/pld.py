@@ -1,16 +1,16 @@
 """Prompt lookup decoding (Saxena 2023, "Prompt Lookup Decoding"): drafts copied from the
 context at no model cost, verified by the same lossless chain verification.
 
-Letters: B batch, G most drafts per step (gamma), M drafts in this step's block (0..G),
-S cache slots, V vocabulary.
+Letters: B batch, G most drafts per step (gamma), g drafts in this step's block (0..G), c
+candidates (matches) of a tree, n its nodes (<= c*G), S cache slots, V vocabulary.
 
 Drafting (host, numpy, per row): for n = max_ngram down to min_ngram, take the last n committed
 tokens (prompt + output) and find their earliest earlier occurrence whose continuation starts
 before that suffix (Saxena's `find_candidate_pred_tokens`); propose up to G tokens that
 followed it. No match: no drafts for that row.
 
-Verification: one target forward over [last, d_1 .. d_M] with M the longest draft in the batch
-this step; a program is compiled per M (0..G), so a step without any match is an ordinary
+Verification: one target forward over [last, d_1 .. d_g] with g the longest draft in the batch
+this step; a program is compiled per g (0..G), so a step without any match is an ordinary
 one-token step. Rows with fewer drafts pass `n_valid`; what lies past it is never accepted.
 
 Tree (`candidates` c > 1): the continuations of up to c matches (the chain's first, then the
@@ -137,16 +137,16 @@ class LookupStats(SpecStats):
 
 def pld_step(params, cache: KVCache, tokens, n_valid, key, *, config: LlamaLikeConfig,
              sampling: SamplingParams):
-  """Verify tokens [B, M + 1] = [last, d_1 .. d_M] (drafts past n_valid [B] are padding).
+  """Verify tokens [B, g + 1] = [last, d_1 .. d_g] (drafts past n_valid [B] are padding).
 
   The cache holds every committed token except `last`. Returns (cache, next last [B],
-  emitted [B, M + 1] with -1 after the emitted tokens, accepted [B]).
+  emitted [B, g + 1] with -1 after the emitted tokens, accepted [B]).
   """
   B, W = tokens.shape
   M = W - 1
   N = cache.lengths
   h, cache = forward(params, tokens, N[:, None] + jnp.arange(W)[None], cache, config=config)
-  logits = lm_head(params, h, config=config)  # [B, M + 1, V]
+  logits = lm_head(params, h, config=config)  # [B, g + 1, V]
   drafts = tokens[:, 1:]
   if M == 0:
     n, nxt = jnp.zeros((B,), jnp.int32), sample(key, logits[:, 0], sampling)
@@ -196,7 +196,7 @@ class PromptLookupDecoder:
     self._tree_steps: dict = {}
 
   def programs(self, sampling: SamplingParams, B: int, T: int, S: int, dtype):
-    """(prefill, {M: step}) compiled for these shapes, and the compile seconds."""
+    """(prefill, {g: step}) compiled for these shapes, and the compile seconds."""
     key = (sampling, B, T, S, jnp.dtype(dtype).name)
     if key in self._programs:
       return (*self._programs[key], 0.0)

@@ -1,17 +1,17 @@
 """EAGLE-2 dynamic-tree drafting (Li et al. 2024) with an independent drafter, and tree steps.
 
-Letters: B batch, k top_k, d depth, N total_tokens (tree nodes besides the root), M candidates
+Letters: B batch, k top_k, d depth, n total_tokens (tree nodes besides the root), m candidates
 (k + (d - 1) k^2), S cache slots, V vocabulary.
 
 Drafting: the root (the newest committed token) gives k children scored by the drafter's
 log-probability. At each further depth the k best frontier nodes are fed to the drafter
 together (each sees only its ancestors: an explicit mask over the cache slots) and give k
 children each; all k^2 cumulative log-prob scores are kept, and the k best become the next
-frontier. Finally the best N of all M candidates form the tree. A child never outscores its
+frontier. Finally the best n of all m candidates form the tree. A child never outscores its
 parent (log q <= 0), and candidates are laid out parents-first with ties going to the lower
 index, so the selected set is always connected.
 
-Verification (one target forward over the N + 1 tree slots with the ancestor mask and
+Verification (one target forward over the n + 1 tree slots with the ancestor mask and
 depth-based positions) is greedy, or lossless stochastic for deterministically chosen drafts
 (`verify_tree_sampling`). The accepted path's KV entries are compacted in the target cache;
 the drafter re-reads the accepted tokens at the start of the next step.
@@ -76,8 +76,8 @@ class TreeState:
 
 
 def draft_tree(params, state: TreeState, *, config: LlamaLikeConfig, tree: TreeParams, policy):
-  """Build the tree with an independent drafter: (node tokens [B, N], parent [B, N] in 0..N
-  (0 = root), depth [B, N], drafter cache holding every committed token, root included)."""
+  """Build the tree with an independent drafter: (node tokens [B, n], parent [B, n] in 0..n
+  (0 = root), depth [B, n], drafter cache holding every committed token, root included)."""
   B, P = state.pend_tokens.shape
   cache = state.draft_cache
   L0 = cache.lengths
@@ -102,10 +102,10 @@ def grow_tree(params, h_root, state_root, cache, *, tree: TreeParams, policy, ex
 
   h_root [B, D]: the policy's input at the root; state_root [B, ...]: what the root's children
   are expanded from (an EAGLE head's own output; unused by an independent drafter). `cache`
-  holds C committed entries (its lengths), the root's included. `expand(params, tok [B, k],
+  holds the committed entries (its lengths), the root's included. `expand(params, tok [B, k],
   parent_state [B, k, ...], positions [B, k], cache, prefix_mask [B, k, S])` feeds one frontier
-  and returns (policy input [B, k, D], state [B, k, ...], cache). Returns (node tokens [B, N],
-  parent [B, N] in 0..N (0 = root), depth [B, N], the cache with lengths C).
+  and returns (policy input [B, k, D], state [B, k, ...], cache). Returns (node tokens [B, n],
+  parent [B, n] in 0..n (0 = root), depth [B, n], the cache with its lengths as given).
   """
   k, d = tree.top_k, tree.depth
   C = cache.lengths
@@ -148,7 +148,7 @@ def grow_tree(params, h_root, state_root, cache, *, tree: TreeParams, policy, ex
     cand_tok += list(toks)
     cand_score += list(scores)
     cand_parent += list(parents)
-  cand_tok = jnp.concatenate(cand_tok, axis=1).astype(jnp.int32)  # [B, M]
+  cand_tok = jnp.concatenate(cand_tok, axis=1).astype(jnp.int32)  # [B, m]
   cand_score = jnp.concatenate(cand_score, axis=1)
   cand_parent = jnp.concatenate(cand_parent, axis=1)
   cand_depth = jnp.concatenate([jnp.ones((k,), jnp.int32)] +
@@ -167,9 +167,9 @@ def grow_tree(params, h_root, state_root, cache, *, tree: TreeParams, policy, ex
 
 
 def ancestor_mask(parent_full: jax.Array, depth: int) -> jax.Array:
-  """[B, N+1, N+1] bool: node j sees node i iff i is j or one of its ancestors.
+  """[B, n+1, n+1] bool: node j sees node i iff i is j or one of its ancestors.
 
-  parent_full [B, N+1] with the root (index 0) its own parent.
+  parent_full [B, n+1] with the root (index 0) its own parent.
   """
   B, n = parent_full.shape
   anc = jnp.broadcast_to(jnp.eye(n, dtype=jnp.bool_), (B, n, n))
@@ -228,7 +228,7 @@ def verify_tree(target_params, last, node_tok, parent, depth, target_cache: KVCa
   d = tree.depth
   B = node_tok.shape[0]
   Nt = target_cache.lengths
-  tokens = jnp.concatenate([last[:, None], node_tok], axis=1)  # [B, N + 1]
+  tokens = jnp.concatenate([last[:, None], node_tok], axis=1)  # [B, n + 1]
   parent_full = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), parent], axis=1)
   depth_full = jnp.concatenate([jnp.zeros((B, 1), jnp.int32), depth], axis=1)
   mask = ancestor_mask(parent_full, d)
@@ -238,7 +238,7 @@ def verify_tree(target_params, last, node_tok, parent, depth, target_cache: KVCa
                                         config=target_config, layers=feature_layers)
   else:
     h, tcache = forward(target_params, tokens, pos, target_cache, mask, config=target_config)
-  tlogits = lm_head(target_params, h, config=target_config)  # [B, N + 1, V]
+  tlogits = lm_head(target_params, h, config=target_config)  # [B, n + 1, V]
   if sampling.greedy:
     n, path, nxt = verify_tree_greedy(tokens, parent_full, tlogits, d)
   else:

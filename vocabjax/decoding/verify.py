@@ -1,6 +1,6 @@
 """Chain verification (Leviathan et al. 2023), greedy and stochastic kept apart.
 
-Letters: B batch, G gamma (draft length), V vocabulary. Pure functions, jit-friendly.
+Letters: B batch, G gamma (draft length), n tree nodes besides the root, V vocabulary. Pure functions, jit-friendly.
 
 Both return `(num_accepted[B], next_token[B])`: the first `num_accepted[b]` drafts of row b are
 kept and `next_token[b]` follows them (the correction on a rejection, the bonus token when all G
@@ -69,7 +69,7 @@ def verify_chain_sampling(key: jax.Array, drafts: jax.Array, p: jax.Array, q: ja
 
 
 def _children(parent_full: jax.Array, cur: jax.Array) -> jax.Array:
-  """[B, N+1] bool: which nodes are children of node cur[b] (the root is nobody's child)."""
+  """[B, n+1] bool: which nodes are children of node cur[b] (the root is nobody's child)."""
   idx = jnp.arange(parent_full.shape[1])[None]
   return (parent_full == cur[:, None]) & (idx > 0)
 
@@ -78,7 +78,7 @@ def verify_tree_greedy(tokens: jax.Array, parent_full: jax.Array, target_logits:
                        depth: int) -> tuple[jax.Array, jax.Array, jax.Array]:
   """Greedy tree walk: follow the child whose token is the target's argmax at each node.
 
-  tokens [B, N+1] (root first), parent_full [B, N+1], target_logits [B, N+1, V].
+  tokens [B, n+1] (root first), parent_full [B, n+1], target_logits [B, n+1, V].
   Returns (accepted [B], path [B, depth + 1] node indices, root first, 0-padded; next [B]).
   """
   target_ids = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)
@@ -106,7 +106,7 @@ def verify_tree_sampling(key: jax.Array, tokens: jax.Array, parent_full: jax.Arr
   probability p'(x); on rejection p'(x) is zeroed and p' renormalized before the next sibling
   (EAGLE issues 110/183/221; SpecInfer's multi-draft rule with q = delta). When no child is
   accepted, or the node has none, the next token is sampled from the adjusted p'. The result
-  is distributed exactly as p. p [B, N+1, V] are the target's processed probabilities.
+  is distributed exactly as p. p [B, n+1, V] are the target's processed probabilities.
   Returns (accepted [B], path [B, depth + 1], next [B]) as `verify_tree_greedy`.
   """
   B, n_nodes, V = p.shape

@@ -4,10 +4,10 @@ the feature hand-over: `vocabjax.decoding.eagle`; training: `vocabjax.train.eagl
 checkpoints: `vocabjax.checkpoints.eagle3`.
 
 Letters: B batch, T tokens, D head width (= the target's hidden size), Dt the target's hidden
-size, F fused target layers (EAGLE-3: 3, low/middle/high; EAGLE-1: 1, the last), V target
-vocabulary, Vd the head's own (reduced) vocabulary, Q = heads x head_dim.
+size, Lf fused target layers (EAGLE-3: 3, low/middle/high; EAGLE-1: 1, the last), V target
+vocabulary, Vd the head's own (reduced) vocabulary, H*hd = query heads x head dim.
 
-    h   = fc(concat of the F target features)        [B, T, D]   (skipped when F*Dt == D)
+    h   = fc(concat of the Lf target features)        [B, T, D]   (skipped when Lf*Dt == D)
     a   = concat(norm_e(embed[token]), norm_h(h))     [B, T, 2D]  q/k/v read this
     x   = decoder layer with residual h               [B, T, D]   fed back as h at the
                                                                   head's own next steps
@@ -51,7 +51,7 @@ class EagleConfig:
     return self.layer.hidden_size
 
   @property
-  def fused_width(self) -> int:  # F * Dt
+  def fused_width(self) -> int:  # Lf * Dt
     return len(self.feature_layers) * self.target_hidden_size
 
   @property
@@ -111,7 +111,7 @@ def init_eagle(key: jax.Array, config: EagleConfig, dtype=jnp.float32,
 
 
 def fuse_features(params: dict, features: jax.Array) -> jax.Array:
-  """[B, T, F*Dt] target features -> [B, T, D] (the fc layer, when there is one)."""
+  """[B, T, Lf*Dt] target features -> [B, T, D] (the fc layer, when there is one)."""
   if "fc" not in params:
     return features
   return linear(features, params["fc"]).astype(features.dtype)

@@ -1,9 +1,9 @@
 """LoRA adapters for the llama-like params pytree (Hu et al. 2021), pure-functional.
 
-Letters: O out features, I in features, R rank.
+Letters: F out features, D in features, R rank (the kernel's names: D input width, F output).
 
-A weight W [O, I] of a targeted leaf gets W + (alpha / R) * B @ A with A [R, I] (random) and
-B [O, R] (zeros), so the merged model equals the base at initialisation. Only the adapter is
+A weight W [F, D] of a targeted leaf gets W + (alpha / R) * B @ A with A [R, D] (random) and
+B [F, R] (zeros), so the merged model equals the base at initialisation. Only the adapter is
 trained (the base is a constant of the loss); `merge` builds the effective params, and the same
 function exports the fine-tuned drafter for decoding (no adapter code in the decoding path).
 
@@ -22,7 +22,7 @@ DEFAULT_TARGETS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
 def init_lora(key: jax.Array, params: dict, *, rank: int = 32,
               targets: tuple[str, ...] = DEFAULT_TARGETS) -> dict:
-  """{"layers": [{name: {"a": [R, I], "b": [O, R]}}]} for every targeted [O, I] weight (MLP
+  """{"layers": [{name: {"a": [R, D], "b": [F, R]}}]} for every targeted [F, D] weight (MLP
   weights stored [in, out] as `name_t` are adapted in that layout)."""
   if rank < 1:
     raise ValueError(f"LoRA rank must be >= 1, got {rank=}")
@@ -33,13 +33,13 @@ def init_lora(key: jax.Array, params: dict, *, rank: int = 32,
       key_name = name if name in layer else name + "_t" if name + "_t" in layer else None
       if key_name is None:
         continue
-      O, I = layer[key_name].shape
-      if rank > min(O, I):
-        raise ValueError(f"LoRA {rank=} exceeds min(out, in) = {min(O, I)} of layer {i} "
+      F, D = layer[key_name].shape
+      if rank > min(F, D):
+        raise ValueError(f"LoRA {rank=} exceeds min(out, in) = {min(F, D)} of layer {i} "
                          f"{key_name} {layer[key_name].shape}")
       k = jax.random.fold_in(jax.random.fold_in(key, i), j)
-      ad[key_name] = {"a": jax.random.normal(k, (rank, I), jnp.float32) / jnp.sqrt(I),
-                      "b": jnp.zeros((O, rank), jnp.float32)}
+      ad[key_name] = {"a": jax.random.normal(k, (rank, D), jnp.float32) / jnp.sqrt(D),
+                      "b": jnp.zeros((F, rank), jnp.float32)}
     layers.append(ad)
   if not any(layers):
     raise ValueError(f"no weight named {targets} in the params to adapt")

@@ -1,7 +1,7 @@
 """`python -m vocabjax.train.eagle --config configs/train/eagle_*.yaml`: train an EAGLE-3 head.
 
-Letters: B batch, T window tokens, n = T - 1 head entries per window, F*Dt fused target feature
-width, D head width, V target vocabulary, Vd the head's vocabulary, J training-time-test steps.
+Letters: B batch, T window tokens, E = T - 1 head entries per window, Lf*Dt fused target
+feature width, D head width, V target vocabulary, Vd the head's vocabulary, J training-time-test steps.
 
 Data: completions generated for the target (`python -m vocabjax.calibrate count --generate`
 jsonl: `prompt` text + `completion_ids`). The target runs once over each prompt + completion
@@ -137,7 +137,7 @@ class EagleJob:
 # --- features ----------------------------------------------------------------------------------
 
 def _target_features(params, tokens, *, config, layers):
-  """(fused features [1, T, F*Dt], teacher-forced argmax [1, T]) of one padded sequence."""
+  """(fused features [1, T, Lf*Dt], teacher-forced argmax [1, T]) of one padded sequence."""
   B, T = tokens.shape
   pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
   h, _, feats = forward_features(params, tokens, pos, KVCache.init(config, B, T), config=config,
@@ -186,7 +186,7 @@ def build_eagle_features(job: EagleJob, target, layers, *, show_progress=True) -
 @dataclasses.dataclass
 class EagleData:
   seqs: list  # (record, tokens [L], first_row)
-  feats: list  # per record [L, F*Dt] float16
+  feats: list  # per record [L, Lf*Dt] float16
   labels: list  # per record [L] int32 target argmax
   meta: dict
 
@@ -259,7 +259,7 @@ def choose_vocab(job: EagleJob, data: EagleData, train_recs: set, V: int) -> np.
 # --- the loss ----------------------------------------------------------------------------------
 
 def ttt_masks(n: int, steps: int):
-  """Per step j: (block mask [n, n] among its own new entries, prefix mask [n, S] over the
+  """Per step j: (block mask [E, E] among its own new entries, prefix mask [E, S] over the
   cache's earlier slots); step j' entries occupy slots j' n .. j' n + n - 1 (S = steps n)."""
   i = np.arange(n)
   out = []
@@ -275,8 +275,8 @@ def ttt_masks(n: int, steps: int):
 
 
 def ttt_outputs(params, embed, batch, *, config: EagleConfig, steps: int):
-  """The head's normed outputs per step: list of [B, n, D], and the label/weight [B, n] each
-  predicts (module doc). batch: tokens [B, T], feats [B, T, F*Dt], dlabel [B, T] head-vocab ids
+  """The head's normed outputs per step: list of [B, E, D], and the label/weight [B, E] each
+  predicts (module doc). batch: tokens [B, T], feats [B, T, Lf*Dt], dlabel [B, T] head-vocab ids
   (-1: none), weight [B, T]."""
   tokens, w, dl = batch["tokens"], batch["weight"], batch["dlabel"]
   B, T = tokens.shape

@@ -1,6 +1,7 @@
 """Feature shards for training on generated completions (SpecVocab's ranker; reusable).
 
-Letters: N label positions, D drafter hidden size, T teacher top tokens.
+Letters: X label positions (rows), D drafter hidden size, Kt teacher top tokens, B and T the
+sequences and their tokens in teacher forcing.
 
 Input: jsonl files of completions (`prompt` text + `completion_ids`, as written by
 `python -m vocabjax.calibrate count --generate`). The rows are the positions that predict a
@@ -8,12 +9,12 @@ completion token. Per row, computed once and stored in shards of 16 records
 (`shard-00000.npz`, written atomically; an interrupted build resumes at the first missing
 shard; `meta.json` names the models and data, and features of other models or data in the same
 directory are refused):
-  hidden [N, D]         the drafter's final (normed) hidden state
-  label [N]             the target's teacher-forced argmax there, or the text's next token when
+  hidden [X, D]         the drafter's final (normed) hidden state
+  label [X]             the target's teacher-forced argmax there, or the text's next token when
                         no target is given
-  top_ids/top_p [N, T]  the target's top-T next-token distribution
-  draft_argmax [N]      the drafter's own greedy token
-  record [N]            the completion the row belongs to; and per record its token sequence
+  top_ids/top_p [X, Kt] the target's top-Kt next-token distribution
+  draft_argmax [X]      the drafter's own greedy token
+  record [X]            the completion the row belongs to; and per record its token sequence
 """
 
 from __future__ import annotations

@@ -1,15 +1,15 @@
-"""Vocabulary losses that never hold a [N, V] logit array at once.
+"""Vocabulary losses that never hold an [X, V] logit array at once.
 
-Letters: N rows, R feature width (a ranker's d', or D for an LM head), V vocabulary, T teacher
-top tokens per row, C vocabulary block.
+Letters: X rows, R feature width (a ranker's d', or D for an LM head), V vocabulary, Kt teacher
+top tokens per row, C a chunk of the vocabulary (one block).
 
-`blockwise_logsumexp(x[N, R], W[V, R])` = logsumexp(x W^T, axis=-1), computed over blocks of C
+`blockwise_logsumexp(x[X, R], W[V, R])` = logsumexp(x W^T, axis=-1), computed over blocks of C
 vocabulary rows with a running (max, sum) pair in a `lax.scan` whose body is rematerialized
-(`jax.checkpoint`): forward and backward each hold one [N, C] block.
+(`jax.checkpoint`): forward and backward each hold one [X, C] block.
 
 Cross-entropy against a hard label y:    lse(x W^T) - x . W[y]
-Against a teacher's top-T distribution:  sum_t p_t (lse - x . W[ids_t])  (= KL(p || softmax) +
-H(p); the teacher's probabilities are renormalized over its top T).
+Against a teacher's top-Kt distribution:  sum_t p_t (lse - x . W[ids_t])  (= KL(p || softmax) +
+H(p); the teacher's probabilities are renormalized over its top Kt).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import jax.numpy as jnp
 
 
 def blockwise_logsumexp(x: jax.Array, W: jax.Array, *, block: int = 16384) -> jax.Array:
-  """logsumexp over V of x[N, R] @ W[V, R]^T, in f32, one [N, block] tile at a time."""
+  """logsumexp over V of x[X, R] @ W[V, R]^T, in f32, one [X, block] tile at a time."""
   V, R = W.shape
   block = min(block, V)
   nb = -(-V // block)
@@ -31,30 +31,30 @@ def blockwise_logsumexp(x: jax.Array, W: jax.Array, *, block: int = 16384) -> ja
   def body(carry, inp):
     m, s = carry
     b, Wb = inp
-    z = jnp.einsum("NR,CR->NC", x, Wb, preferred_element_type=jnp.float32)
+    z = jnp.einsum("XR,CR->XC", x, Wb, preferred_element_type=jnp.float32)
     z = jnp.where((b * block + jnp.arange(block) < V)[None, :], z, -jnp.inf)
     m_new = jnp.maximum(m, z.max(axis=-1))
     s = s * jnp.exp(m - m_new) + jnp.exp(z - m_new[:, None]).sum(axis=-1)
     return (m_new, s), None
 
-  N = x.shape[0]
-  init = (jnp.full((N,), -jnp.inf, jnp.float32), jnp.zeros((N,), jnp.float32))
+  X = x.shape[0]
+  init = (jnp.full((X,), -jnp.inf, jnp.float32), jnp.zeros((X,), jnp.float32))
   (m, s), _ = jax.lax.scan(body, init, (jnp.arange(nb), Wp))
   return m + jnp.log(s)
 
 
 def picked_logits(x: jax.Array, W: jax.Array, ids: jax.Array) -> jax.Array:
-  """x[n] . W[ids[n, ...]] for ids [N] or [N, T], f32."""
-  rows = jnp.take(W, ids, axis=0)  # [N, (T,) R]
+  """x[n] . W[ids[n, ...]] for ids [X] or [X, Kt], f32."""
+  rows = jnp.take(W, ids, axis=0)  # [X, (Kt,) R]
   if ids.ndim == 1:
-    return jnp.einsum("NR,NR->N", x, rows, preferred_element_type=jnp.float32)
-  return jnp.einsum("NR,NTR->NT", x, rows, preferred_element_type=jnp.float32)
+    return jnp.einsum("XR,XR->X", x, rows, preferred_element_type=jnp.float32)
+  return jnp.einsum("XR,XKR->XK", x, rows, preferred_element_type=jnp.float32)
 
 
 def vocab_cross_entropy(x, W, labels, weights=None, *, teacher_ids=None, teacher_probs=None,
                         block: int = 16384) -> jax.Array:
-  """Mean cross-entropy of softmax(x W^T) against hard `labels` [N], or against the teacher's
-  top-T distribution when `teacher_ids`/`teacher_probs` [N, T] are given; `weights` [N] masks
+  """Mean cross-entropy of softmax(x W^T) against hard `labels` [X], or against the teacher's
+  top-Kt distribution when `teacher_ids`/`teacher_probs` [X, Kt] are given; `weights` [X] masks
   or weighs rows (default: all 1)."""
   lse = blockwise_logsumexp(x, W, block=block)
   if teacher_ids is None:
@@ -71,15 +71,15 @@ def vocab_cross_entropy(x, W, labels, weights=None, *, teacher_ids=None, teacher
 def label_ranks(x, W, labels, *, block: int = 1024):
   """Rank of each label among the scores x W^T (0 = top; ties counted in the label's favour),
   computed in row blocks so at most [block, V] scores exist at once."""
-  N = x.shape[0]
-  nb = -(-N // block)
-  xp = jnp.pad(x, ((0, nb * block - N), (0, 0))).reshape(nb, block, -1)
-  lp = jnp.pad(labels, (0, nb * block - N)).reshape(nb, block)
+  X = x.shape[0]
+  nb = -(-X // block)
+  xp = jnp.pad(x, ((0, nb * block - X), (0, 0))).reshape(nb, block, -1)
+  lp = jnp.pad(labels, (0, nb * block - X)).reshape(nb, block)
 
   def one(args):
     xb, lb = args
-    s = jnp.einsum("NR,VR->NV", xb, W, preferred_element_type=jnp.float32)
+    s = jnp.einsum("XR,VR->XV", xb, W, preferred_element_type=jnp.float32)
     own = jnp.take_along_axis(s, lb[:, None], axis=1)
     return jnp.sum(s > own, axis=1)
 
-  return jax.lax.map(one, (xp, lp)).reshape(-1)[:N]
+  return jax.lax.map(one, (xp, lp)).reshape(-1)[:X]

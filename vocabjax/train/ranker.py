@@ -1,10 +1,10 @@
 """`python -m vocabjax.train.ranker --config configs/train/ranker_*.yaml`: train SpecVocab's
 ranker.
 
-Letters: N label positions, D drafter hidden size, R ranker rank (d'), V vocabulary, T teacher
-top tokens.
+Letters: X label positions (rows), D drafter hidden size, R ranker rank (d'), V vocabulary, Kt
+teacher top tokens, B and T a joint-mode batch's sequences and tokens.
 
-Data: the drafter's final hidden states, the target's next tokens (and top-T distribution)
+Data: the drafter's final hidden states, the target's next tokens (and top-Kt distribution)
 and the drafter's own greedy tokens at every completion position of generated completions,
 computed once into feature shards (`vocabjax.train.features`; default `<out>/features`, shared
 between runs through the `features` field).
@@ -13,7 +13,7 @@ prompts; completions of one prompt by two models stay on one side).
 
 Modes (SpecVocab section 3):
   frozen: only the ranker trains, on the stored hidden states; loss = cross-entropy of
-    softmax(W_vocab W_down h) against the labels (`ce`) or the target's top-T distribution
+    softmax(W_vocab W_down h) against the labels (`ce`) or the target's top-Kt distribution
     (`kl`), computed blockwise over V (`vocabjax.train.losses`).
   joint:  the drafter and the ranker train together, L = L_draft + lambda * L_aux: L_draft the
     drafter's own cross-entropy against the same labels (full LM head, blockwise), L_aux the
@@ -66,7 +66,7 @@ class RankerJob:
   rank: int = 56  # d'
   mode: str = "frozen"
   loss: str = "ce"
-  teacher_top: int = 32  # T stored per row
+  teacher_top: int = 32  # Kt stored per row
   steps: int = 1000
   batch_tokens: int = 512  # rows per step (frozen); joint: sequences of <= seq_len
   joint_batch: int = 2
@@ -94,7 +94,7 @@ class RankerJob:
     if self.loss not in LOSSES:
       raise TrainError(f"loss={self.loss!r} is not one of {LOSSES}")
     if self.loss == "kl" and not self.target:
-      raise TrainError("loss='kl' needs a target (its top-T distribution is the teacher)")
+      raise TrainError("loss='kl' needs a target (its top-Kt distribution is the teacher)")
     if self.init not in ("svd", "random"):
       raise TrainError(f"init={self.init!r} is not 'svd' or 'random'")
     if self.rank < 1:
@@ -134,7 +134,7 @@ def job_from_dict(raw: dict, *, where: str = "config") -> RankerJob:
 # --- training ----------------------------------------------------------------------------------
 
 def ranker_loss(ranker, h, batch, *, loss: str, block: int):
-  low = jnp.einsum("ND,RD->NR", h, ranker["down"], preferred_element_type=jnp.float32)
+  low = jnp.einsum("XD,RD->XR", h, ranker["down"], preferred_element_type=jnp.float32)
   if loss == "kl":
     return vocab_cross_entropy(low, ranker["vocab"], None, batch.get("weight"),
                                teacher_ids=batch["top_ids"], teacher_probs=batch["top_p"],

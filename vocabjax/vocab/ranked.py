@@ -1,11 +1,11 @@
 """Speculative vocabulary (SpecVocab, Williams et al. 2026): a per-step candidate set chosen by a
 low-rank ranker, exact drafter logits only for the candidates.
 
-Letters: N rows (batch x positions), D drafter hidden size, R ranker rank (d'), V vocabulary,
+Letters: X rows (batch x positions), D drafter hidden size, R ranker rank (d'), V vocabulary,
 K candidates per row.
 
-    s  = W_vocab (W_down h)              [N, V]   ranker scores, V*R + R*D multiply-adds
-    idx = top_k(s, K)                    [N, K]   candidates (target ids; same tokenizer)
+    s  = W_vocab (W_down h)              [X, V]   ranker scores, V*R + R*D multiply-adds
+    idx = top_k(s, K)                    [X, K]   candidates (target ids; same tokenizer)
     z'[n, j] = U[idx[n, j]] . h[n]       [N, K]   the indexed LM head (`vocabjax.kernels`)
 
 against V*D for the full head: cheaper when V*R + K*D < V*D (the paper's complexity check).

@@ -3,7 +3,7 @@ of a cross-vocabulary drafter (OmniDraft section 3.3), full fine-tuning or LoRA,
 acceptance head (adaptive draft length).
 
 Letters: Ld drafter sequence, Kd direct-mapped positions, Kn n-gram sub-token positions,
-I vocabulary intersection, Dd / Dt drafter / target hidden sizes.
+Vi vocabulary intersection, Dd / Dt drafter / target hidden sizes.
 
 Data: target completions (`prompt` text + `completion_ids`, the jsonl of
 `python -m vocabjax.calibrate count --generate`, or what an online run generated). The drafter
