@@ -13,7 +13,7 @@ from vocabjax.checkpoints.gguf_io import load_gguf, unpermute_qk
 from vocabjax.checkpoints.hf_config import UnsupportedConfigError
 from vocabjax.checkpoints.loader import load_model
 from vocabjax.models import KVCache, forward, lm_head
-from vocabjax.testing.tiny import (_llama_cpp_permute, tiny_hf_model, tiny_tokenizer,
+from vocabjax.testing.tiny import (llama_cpp_permute, tiny_hf_model, tiny_tokenizer,
                                    write_tiny_gguf)
 
 CASES = {  # name -> (model_type, overrides)
@@ -69,8 +69,8 @@ def test_q8_0_gguf_logits_vs_transformers_gguf_loader(case):
 def test_llama_permutation_is_undone():
   w = np.arange(8 * 4 * 3, dtype=np.float32).reshape(8 * 4, 3)
   for heads in (1, 2, 8):
-    np.testing.assert_array_equal(unpermute_qk(_llama_cpp_permute(w, heads), heads), w)
-  assert not np.array_equal(_llama_cpp_permute(w, 8), w)
+    np.testing.assert_array_equal(unpermute_qk(llama_cpp_permute(w, heads), heads), w)
+  assert not np.array_equal(llama_cpp_permute(w, 8), w)
 
 
 def test_gguf_tokenizer_and_eos(tmp_path, monkeypatch):

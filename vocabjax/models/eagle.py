@@ -27,7 +27,7 @@ import jax.numpy as jnp
 from vocabjax.kernels.cpu_matmul import linear
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import _layer, rms_norm, step_inputs
+from vocabjax.models.llamalike import decoder_layer, rms_norm, step_inputs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -133,8 +133,8 @@ def eagle_forward(params: dict, embed: jax.Array, tokens: jax.Array, hidden: jax
                              rms_norm(hidden, layer["hidden_norm"], c.rms_norm_eps)], axis=-1)
   cos, sin, full_mask, write_b, write_s = step_inputs(tokens, positions, cache, mask,
                                                       prefix_mask, c)
-  x, k_all, v_all = _layer(hidden, layer, 0, cache.k, cache.v, write_b, write_s, full_mask,
-                           cos, sin, c, attn_input=attn_in)
+  x, k_all, v_all = decoder_layer(hidden, layer, 0, cache.k, cache.v, write_b, write_s,
+                                  full_mask, cos, sin, c, attn_input=attn_in)
   return x, KVCache(k=k_all, v=v_all, lengths=cache.lengths + T)
 
 

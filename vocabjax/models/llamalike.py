@@ -151,8 +151,8 @@ def fresh_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
   return jnp.concatenate(outs, axis=3).transpose(0, 3, 1, 2, 4)
 
 
-def _layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, config,
-           attn_input=None, fresh=False):
+def decoder_layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, config,
+                  attn_input=None, fresh=False):
   """Decoder layer i. x [B,T,D]; k_all/v_all [L,B,S,N,hd] get its T new entries written.
 
   `attn_input`: what the q/k/v projections read instead of norm(x) (an EAGLE head feeds its
@@ -380,8 +380,8 @@ def _run(params, tokens, positions, cache, mask, prefix_mask, config, capture, f
   k_all, v_all = cache.k, cache.v
   feats = {}
   for i, layer in enumerate(params["layers"]):
-    x, k_all, v_all = _layer(x, layer, i, k_all, v_all, write_b, write_s, full_mask, cos, sin,
-                             config, fresh=fresh)
+    x, k_all, v_all = decoder_layer(x, layer, i, k_all, v_all, write_b, write_s, full_mask,
+                                    cos, sin, config, fresh=fresh)
     if i in capture:
       feats[i] = x
   hidden = rms_norm(x, params["final_norm"], config.rms_norm_eps)

@@ -94,7 +94,7 @@ def tiny_tokenizer(vocab_size: int = 128, corpus: list[str] | None = None):
   return fast
 
 
-def _llama_cpp_permute(w, n_head: int):
+def llama_cpp_permute(w, n_head: int):
   """llama.cpp convert_hf_to_gguf's q/k row permutation (half-split -> interleaved RoPE pairs)."""
   return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2)
           .reshape(w.shape))
@@ -168,9 +168,9 @@ def write_tiny_gguf(model, path: str | os.PathLike, qtype: str = "F32", tokenize
       parts = name.split(".")
       gname = f"blk.{parts[2]}.{per_layer['.'.join(parts[3:])]}"
     if arch == "llama" and gname.endswith(("attn_q.weight", "attn_q.bias")):
-      w = _llama_cpp_permute(w, H)
+      w = llama_cpp_permute(w, H)
     elif arch == "llama" and gname.endswith(("attn_k.weight", "attn_k.bias")):
-      w = _llama_cpp_permute(w, KV)
+      w = llama_cpp_permute(w, KV)
     if w.ndim == 2 and qt != gguf.GGMLQuantizationType.F32:
       writer.add_tensor(gname, gguf.quants.quantize(w, qt), raw_dtype=qt)
     else:
