@@ -20,6 +20,7 @@ the drafter re-reads the accepted tokens at the start of the next step.
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -206,6 +207,14 @@ def tree_step(target_params, draft_params, state: TreeState, key, *, target_conf
   return new_state, v.emitted, v.accepted
 
 
+class TreeBounds(NamedTuple):
+  """What verification needs of a tree: most children per node and its depth (a static tree,
+  e.g. Medusa's, is not bound by `TreeParams`'s EAGLE-2 budget rules)."""
+
+  top_k: int
+  depth: int
+
+
 @struct.dataclass
 class Verified:
   """What one tree verification commits (every array per row)."""
@@ -216,12 +225,13 @@ class Verified:
   target_cache: KVCache  # the path's KV compacted; lengths + n + 1
   emitted: jax.Array  # [B, d + 1] the n accepted tokens and `next`, then -1
   pend_tokens: jax.Array  # [B, d + 1] the n accepted tokens and `next` (then repeats)
-  features: jax.Array | None  # [B, d + 1, F*D] target features on the path (when asked)
+  features: jax.Array | None  # [B, d + 1, Lf*Dt] target features on the path (when asked)
+  hidden: jax.Array  # [B, D] the target's final hidden state at the path's end (it gave next)
 
 
 def verify_tree(target_params, last, node_tok, parent, depth, target_cache: KVCache, key, *,
-                target_config: LlamaLikeConfig, tree: TreeParams, sampling: SamplingParams,
-                feature_layers: tuple[int, ...] | None = None) -> Verified:
+                target_config: LlamaLikeConfig, tree: TreeParams | TreeBounds,
+                sampling: SamplingParams, feature_layers: tuple[int, ...] | None = None) -> Verified:
   """Score the tree [root=last, nodes] in one target forward (ancestor mask, depth-based
   positions), accept a path, compact the target cache. With `feature_layers`, also return the
   target's features of those layers at the path's nodes (an EAGLE head's next inputs)."""
@@ -254,5 +264,7 @@ def verify_tree(target_params, last, node_tok, parent, depth, target_cache: KVCa
                    nxt[:, None])  # accepted nodes, then the new last; padding repeats it
   path_feats = (jnp.take_along_axis(feats, path[..., None], axis=1) if feature_layers
                 else None)
+  end = jnp.take_along_axis(path, n[:, None], axis=1)  # [B, 1] the node that gave `next`
+  end_hidden = jnp.take_along_axis(h, end[..., None], axis=1)[:, 0]
   return Verified(accepted=n, path=path, next=nxt, target_cache=tcache, emitted=emitted,
-                  pend_tokens=pend.astype(jnp.int32), features=path_feats)
+                  pend_tokens=pend.astype(jnp.int32), features=path_feats, hidden=end_hidden)

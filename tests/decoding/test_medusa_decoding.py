@@ -1,0 +1,86 @@
+"""Medusa decoding: greedy identity for several trees and heads, every step accepting when the
+tree holds every token, chi-square losslessness, bad input."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vocabjax.decoding import Decoder, SamplingParams
+from vocabjax.decoding.medusa import MedusaDecoder, medusa_choices_for
+from vocabjax.models import init_params
+from vocabjax.models.llamalike import lm_head_weight
+from vocabjax.models.medusa import MedusaConfig, MedusaError, init_medusa
+from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
+
+from tests.decoding.conftest import CFG, SMALL
+
+SPARSE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
+
+
+def heads_for(target, config, num_heads=3, num_layers=1, shared=False, seed=1):
+  mc = MedusaConfig(num_heads=num_heads, hidden_size=config.hidden_size,
+                    vocab_size=config.vocab_size, num_layers=num_layers, shared_lm_head=shared)
+  p = init_medusa(jax.random.key(seed), mc, None if shared else lm_head_weight(target, config))
+  rs = np.random.RandomState(seed)
+  for head in p["heads"]:  # not the zero initial blocks: heads that differ from each other
+    head["w"] = jnp.asarray(rs.randn(*head["w"].shape) * 0.3, jnp.float32)
+  return p, mc
+
+
+@pytest.mark.parametrize("choices,num_layers,shared", [
+    (SPARSE, 1, False), (medusa_choices_for(2, 3), 2, False), (SPARSE, 1, True)],
+    ids=["sparse", "full_k3_d2_two_blocks", "shared_head"])
+def test_greedy_identical_to_autoregressive(choices, num_layers, shared):
+  target = init_params(jax.random.key(0), CFG, scale=0.3)
+  heads, mc = heads_for(target, CFG, num_layers=num_layers, shared=shared)
+  prompts = [[5, 9, 2, 7, 5, 9], [1, 2, 3], [8, 8, 8, 8, 4]]
+  ar = Decoder(target, CFG).generate(prompts, max_new_tokens=20)
+  dec = MedusaDecoder(target, CFG, heads, mc, choices=choices)
+  res = dec.generate(prompts, max_new_tokens=20)
+  assert res.tokens == ar.tokens
+  assert dec.generate([prompts[1]], max_new_tokens=20).tokens == [ar.tokens[1]]
+
+
+def test_a_tree_holding_every_token_accepts_every_step():
+  """Depth-1 nodes for all V ranks: the target's next token is always a candidate, so every
+  step accepts one draft (greedy), whatever the heads predict."""
+  target = init_params(jax.random.key(4), SMALL, scale=0.8)
+  heads, mc = heads_for(target, SMALL, num_heads=1)
+  choices = [[r] for r in range(SMALL.vocab_size)]
+  ar = Decoder(target, SMALL).generate([[3, 1]], max_new_tokens=13)
+  res = MedusaDecoder(target, SMALL, heads, mc, choices=choices).generate(
+      [[3, 1]], max_new_tokens=13)
+  assert res.tokens == ar.tokens
+  assert all(a == [1] for a in res.stats.accepted)  # one draft accepted at every step
+  assert res.steps == 6  # 1 from the prefill + 6 steps of 2
+
+
+@pytest.mark.parametrize("sp", [SamplingParams(temperature=1.0),
+                                SamplingParams(temperature=0.7, top_p=0.9)])
+def test_sampling_is_lossless(sp):
+  """The joint law of the first three tokens equals target-only sampling (chi-square over
+  12,000 rows) with a two-level tree of three branches per node at the root."""
+  target = init_params(jax.random.key(10), SMALL, scale=0.8)
+  heads, mc = heads_for(target, SMALL, num_heads=2)
+  prompt = [3, 1]
+  res = MedusaDecoder(target, SMALL, heads, mc, choices=[[0], [1], [2], [0, 0], [1, 0]]
+                      ).generate([prompt] * 12_000, max_new_tokens=3, sampling=sp, seed=5)
+  st = res.stats
+  assert 0.05 < st.acceptance_rate < 0.95  # accepts and rejections both happen
+  V = SMALL.vocab_size
+  toks = np.asarray([r[:3] for r in res.tokens])
+  samples = toks[:, 0] * V * V + toks[:, 1] * V + toks[:, 2]
+  assert chi2_pvalue(samples, exact_sequence_probs(target, SMALL, prompt, sp)) > 1e-3
+
+
+def test_bad_input():
+  target = init_params(jax.random.key(0), CFG)
+  heads, mc = heads_for(target, CFG, num_heads=2)
+  with pytest.raises(MedusaError, match=r"\[0, 0, 0\] is 3 deep but there are 2 heads"):
+    MedusaDecoder(target, CFG, heads, mc, choices=SPARSE)
+  other, omc = heads_for(init_params(jax.random.key(1), SMALL), SMALL, num_heads=2)
+  with pytest.raises(MedusaError, match="D=16, V=8 do not fit a target with D=32, V=64"):
+    MedusaDecoder(target, CFG, other, omc, choices=[[0]])
+  with pytest.raises(ValueError, match="rank 64, beyond the vocabulary of V=64"):
+    MedusaDecoder(target, CFG, heads, mc, choices=[[0], [64]])

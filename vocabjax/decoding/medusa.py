@@ -1,0 +1,163 @@
+"""Medusa-1 decoding (Cai et al. 2024): heads on the target's own hidden state draft a static
+tree (Medusa's `medusa_choices`), which the target verifies with the engine's tree verification.
+
+Letters: B batch, D the target's hidden size, V its vocabulary, Hm heads, n tree nodes besides
+the root, k top-k per head, S cache slots.
+
+One step: the heads read the target's final hidden state h that produced `last` (the tree's
+root); head j's top-k tokens fill the tree's depth-(j + 1) nodes as the choices say; one target
+forward over [last, nodes] with the ancestor mask scores them (`verify_tree`); the accepted
+path's KV is compacted, and the hidden state of the path's end (which produced the new `last`)
+is the next step's h. The heads cost no extra target forward.
+
+Exactness: the nodes are a deterministic function of h, siblings are distinct (one head's
+top-k), so greedy verification reproduces plain greedy decoding, and sampling with the
+multi-draft rule for point-mass drafts (`verify_tree_sampling`) follows the target's law
+exactly. Medusa's "typical acceptance" (a thresholded, lossy rule) is not offered.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from vocabjax.decoding.autoregressive import abstract_cache
+from vocabjax.decoding.sampling import SamplingParams, sample
+from vocabjax.decoding.speculative import SpeculativeDecoder
+from vocabjax.decoding.tree import TreeBounds, verify_tree
+from vocabjax.models.cache import KVCache
+from vocabjax.models.config import LlamaLikeConfig
+from vocabjax.models.llamalike import forward, is_int8, lm_head, lm_head_weight
+from vocabjax.models.medusa import MedusaConfig, MedusaTree, medusa_logits, medusa_tree
+
+MEDUSA_KEY = "medusa"  # the heads inside the decoder's drafter pytree
+
+
+@struct.dataclass
+class MedusaState:
+  """Loop state of Medusa decoding; fixed shapes, one row per sequence."""
+
+  target_cache: KVCache  # every committed token except `last`
+  last: jax.Array  # [B] newest committed token: the next tree's root
+  hidden: jax.Array  # [B, D] the target's final hidden state that produced `last`
+
+
+def medusa_candidates(dp, hidden, *, config: MedusaConfig, tree: MedusaTree):
+  """(node tokens [B, n]) of the static tree: node j is head j's rank-r token (`tree`)."""
+  logits = medusa_logits(dp[MEDUSA_KEY], hidden, config=config, lm_head=dp.get("lm_head"))
+  _, top = jax.lax.top_k(logits, tree.top_k)  # [B, Hm, k]
+  return top[:, tree.head, tree.rank].astype(jnp.int32)
+
+
+def medusa_step(target_params, dp, state: MedusaState, key, *, target_config: LlamaLikeConfig,
+                medusa_config: MedusaConfig, tree: MedusaTree, bounds: TreeBounds,
+                sampling: SamplingParams):
+  """Draft the tree from the heads, verify it. Returns (state, emitted [B, d + 1] with -1
+  after the emitted tokens, accepted [B])."""
+  node_tok = medusa_candidates(dp, state.hidden, config=medusa_config, tree=tree)
+  B = node_tok.shape[0]
+  parent = jnp.broadcast_to(jnp.asarray(tree.parent), (B, tree.size))
+  depth = jnp.broadcast_to(jnp.asarray(tree.depth), (B, tree.size))
+  v = verify_tree(target_params, state.last, node_tok, parent, depth, state.target_cache, key,
+                  target_config=target_config, tree=bounds, sampling=sampling)
+  return (MedusaState(target_cache=v.target_cache, last=v.next,
+                      hidden=v.hidden.astype(state.hidden.dtype)), v.emitted, v.accepted)
+
+
+def _medusa_prefill(target_params, tokens, prompt_lengths, cache, key, *,
+                    target_config: LlamaLikeConfig, sampling: SamplingParams):
+  """(first token [B], cache, the final hidden state at the prompt's last position [B, D])."""
+  B, T = tokens.shape
+  positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+  hidden, cache = forward(target_params, tokens, positions, cache, config=target_config,
+                          fresh=True)
+  last = jnp.take_along_axis(hidden, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
+  first = sample(key, lm_head(target_params, last, config=target_config), sampling)
+  return first, cache.with_lengths(prompt_lengths), last
+
+
+class MedusaDecoder(SpeculativeDecoder):
+  """Medusa-1 heads drafting a static tree for their own target.
+
+      dec = MedusaDecoder(target_params, target_config, heads, medusa_config,
+                          choices=[[0], [1], [0, 0], [0, 1], [0, 0, 0]])
+      res = dec.generate(prompts, max_new_tokens=128)
+  """
+
+  method = "medusa"
+
+  def __init__(self, target_params, target_config: LlamaLikeConfig, medusa_params,
+               medusa_config: MedusaConfig, *, choices: Sequence[Sequence[int]],
+               layout: str = "auto"):
+    medusa_config.check_target(target_config.hidden_size, target_config.vocab_size)
+    if is_int8(target_params):
+      raise ValueError("Medusa heads read the target's float hidden states and LM head; an "
+                       "int8 target (`quantize_int8`) is not supported")
+    tree = medusa_tree(choices, medusa_config.num_heads)
+    if tree.top_k > target_config.vocab_size:
+      raise ValueError(f"Medusa choices use rank {tree.top_k - 1}, beyond the vocabulary of "
+                       f"V={target_config.vocab_size} tokens")
+    self.mc, self.medusa_tree = medusa_config, tree
+    # the tree engine's bounds: siblings, depth and node count of this static tree
+    self.tree = TreeBounds(top_k=tree.max_children, depth=tree.max_depth)
+    dp = {MEDUSA_KEY: medusa_params}
+    if medusa_config.shared_lm_head:
+      dp["lm_head"] = lm_head_weight(target_params, target_config)
+    super().__init__(target_params, target_config, dp, target_config, layout=layout)
+    self.drafted_per_step = tree.size
+    self.extra_slots = tree.size + 2
+    self.verify_tokens = tree.size + 1
+
+  draft_block_calls = True  # no drafter model: the layout choice is the target's alone
+
+  def _with_draft_layout(self, draft_params, layout: str):
+    del layout  # the heads have no MLP weights
+    return draft_params
+
+  @property
+  def draft_head_rows(self) -> int:
+    """LM-head rows the heads multiply per step: V per head (one shared or its own)."""
+    return self.mc.num_heads * self.tc.vocab_size
+
+  def drafter_calls(self):
+    return [(1, self.mc.num_heads)]
+
+  def drafter_body(self):
+    raise NotImplementedError("Medusa heads have no drafter body to profile")
+
+  def _step_fn(self, sampling):
+    return functools.partial(medusa_step, target_config=self.tc, medusa_config=self.mc,
+                             tree=self.medusa_tree, bounds=self.tree, sampling=sampling)
+
+  def _compile_start(self, sampling, B, T, S, dtype):
+    tcache = abstract_cache(self.tc, B, S, dtype)
+    i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
+    prefill = jax.jit(functools.partial(_medusa_prefill, target_config=self.tc,
+                                        sampling=sampling),
+                      donate_argnums=(3,)).lower(
+        self.tp, i32(B, T), i32(B), tcache, jax.random.key(0)).compile()
+
+    def start(tokens, lengths, prompt_last, key):
+      del prompt_last
+      first, tc, h = prefill(self.tp, tokens, lengths, KVCache.init(self.tc, B, S, dtype), key)
+      return first, MedusaState(target_cache=tc, last=first, hidden=h)
+
+    state = MedusaState(target_cache=tcache, last=i32(B),
+                        hidden=jax.ShapeDtypeStruct((B, self.tc.hidden_size), dtype))
+    return start, state
+
+
+def medusa_choices_for(num_heads: int, top_k: int) -> list[list[int]]:
+  """A simple full tree: every path of ranks < `top_k` down to depth `num_heads` (k + k^2 + ...
+  nodes); Medusa's tuned sparse trees (e.g. `mc_sim_7b_63`) can be passed as they are."""
+  paths: list[list[int]] = [[]]
+  out = []
+  for _ in range(num_heads):
+    paths = [p + [r] for p in paths for r in range(top_k)]
+    out += paths
+  return [list(p) for p in out]
+
