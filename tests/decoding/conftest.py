@@ -28,11 +28,11 @@ def small_pair():
           init_params(jax.random.key(11), SMALL, scale=0.8))
 
 
-def prompt_samples(decoder, sampling, n: int = 12_000, seed: int = 5):
-  """n seeded rows of PROMPT, 3 new tokens each: (flat cell ids x1*V^2 + x2*V + x3, stats)."""
+def prompt_samples(decoder, sampling, n: int = 12_000, seed: int = 5, prompt=PROMPT):
+  """n seeded rows of `prompt`, 3 new tokens each: (flat cell ids x1*V^2 + x2*V + x3, stats)."""
   import numpy as np
 
-  res = decoder.generate([PROMPT] * n, max_new_tokens=3, sampling=sampling, seed=seed)
+  res = decoder.generate([prompt] * n, max_new_tokens=3, sampling=sampling, seed=seed)
   V = SMALL.vocab_size
   toks = np.asarray([r[:3] for r in res.tokens])
   return toks[:, 0] * V * V + toks[:, 1] * V + toks[:, 2], res.stats

@@ -13,7 +13,7 @@ from vocabjax.models.llamalike import lm_head_weight
 from vocabjax.models.medusa import MedusaConfig, MedusaError, init_medusa
 from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
 
-from tests.decoding.conftest import CFG, SMALL
+from tests.decoding.conftest import CFG, PROMPT, SMALL, prompt_samples
 
 SPARSE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
 
@@ -63,15 +63,10 @@ def test_sampling_is_lossless(sp):
   12,000 rows) with a two-level tree of three branches per node at the root."""
   target = init_params(jax.random.key(10), SMALL, scale=0.8)
   heads, mc = heads_for(target, SMALL, num_heads=2)
-  prompt = [3, 1]
-  res = MedusaDecoder(target, SMALL, heads, mc, choices=[[0], [1], [2], [0, 0], [1, 0]]
-                      ).generate([prompt] * 12_000, max_new_tokens=3, sampling=sp, seed=5)
-  st = res.stats
+  samples, st = prompt_samples(
+      MedusaDecoder(target, SMALL, heads, mc, choices=[[0], [1], [2], [0, 0], [1, 0]]), sp)
   assert 0.05 < st.acceptance_rate < 0.95  # accepts and rejections both happen
-  V = SMALL.vocab_size
-  toks = np.asarray([r[:3] for r in res.tokens])
-  samples = toks[:, 0] * V * V + toks[:, 1] * V + toks[:, 2]
-  assert chi2_pvalue(samples, exact_sequence_probs(target, SMALL, prompt, sp)) > 1e-3
+  assert chi2_pvalue(samples, exact_sequence_probs(target, SMALL, PROMPT, sp)) > 1e-3
 
 
 def test_bad_input():

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.decoding.conftest import CFG, SMALL
+from tests.decoding.conftest import CFG, SMALL, prompt_samples
 from vocabjax.decoding.autoregressive import Decoder
 from vocabjax.decoding.autoregressive import block_request
 from vocabjax.decoding.pld import (PromptLookupDecoder, continuation_trie, lookup_continuations,
@@ -64,15 +64,10 @@ def test_sampling_is_lossless(sp):
   target = init_params(jax.random.key(10), SMALL, scale=0.8)
   greedy = Decoder(target, SMALL).generate([[3, 1]], max_new_tokens=6).tokens[0]
   prompt = [3, 1, *greedy, 3, 1]
-  res = PromptLookupDecoder(target, SMALL, gamma=2).generate(
-      [prompt] * 12_000, max_new_tokens=3, sampling=sp, seed=7)
-  st = res.stats
+  samples, st = prompt_samples(PromptLookupDecoder(target, SMALL, gamma=2), sp, seed=7,
+                               prompt=prompt)
   assert 0.05 < st.acceptance_rate < 0.95  # accepts and rejections both happen
-  V = SMALL.vocab_size
-  toks = np.asarray([r[:3] for r in res.tokens])
-  samples = toks[:, 0] * V * V + toks[:, 1] * V + toks[:, 2]
-  exact = exact_sequence_probs(target, SMALL, prompt, sp)
-  assert chi2_pvalue(samples, exact) > 1e-3
+  assert chi2_pvalue(samples, exact_sequence_probs(target, SMALL, prompt, sp)) > 1e-3
 
 
 def test_bad_settings():
@@ -170,15 +165,11 @@ def test_tree_sampling_is_lossless():
   other = [(t + 1) % V for t in greedy]
   prompt = [3, 1, *other, 3, 1, *greedy, 3, 1, *other[::-1], 3, 1]
   sp = SamplingParams(temperature=1.0)
-  res = PromptLookupDecoder(target, SMALL, gamma=2, candidates=3).generate(
-      [prompt] * 12_000, max_new_tokens=3, sampling=sp, seed=7)
-  st = res.stats
+  samples, st = prompt_samples(PromptLookupDecoder(target, SMALL, gamma=2, candidates=3), sp,
+                               seed=7, prompt=prompt)
   assert max(map(max, st.drafted)) > 2  # trees, not chains
   assert 0.05 < st.acceptance_rate < 0.95
-  toks = np.asarray([r[:3] for r in res.tokens])
-  samples = toks[:, 0] * V * V + toks[:, 1] * V + toks[:, 2]
-  exact = exact_sequence_probs(target, SMALL, prompt, sp)
-  assert chi2_pvalue(samples, exact) > 1e-3
+  assert chi2_pvalue(samples, exact_sequence_probs(target, SMALL, prompt, sp)) > 1e-3
 
 
 def test_tree_bad_settings():

@@ -16,11 +16,25 @@ import ml_dtypes
 import numpy as np
 
 from vocabjax.models.config import LlamaLikeConfig
+from vocabjax.models.identity import drafter_fingerprint
 from vocabjax.models.llamalike import param_shapes
 
 
 class CheckpointError(ValueError):
   """A checkpoint tensor is missing, has the wrong shape, or is not recognized."""
+
+
+def check_trained_for(directory, target: dict, target_params: dict,
+                      target_config: LlamaLikeConfig) -> None:
+  """Refuse heads recorded (`target`: their `vocabjax.target` entry) for a target with another
+  LM-head fingerprint than `target_params`' (other weights of the same shapes)."""
+  if not target.get("fingerprint"):
+    return
+  got = drafter_fingerprint(target_params, target_config)
+  if got != target["fingerprint"]:
+    raise CheckpointError(f"{directory} was trained for another target ({target.get('source')}"
+                          f", LM-head fingerprint {target['fingerprint']}; this target's is "
+                          f"{got})")
 
 
 # leaf -> (HF name, GGUF name). "{i}" is the layer index.

@@ -26,11 +26,10 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from vocabjax.checkpoints.convert import CheckpointError
+from vocabjax.checkpoints.convert import CheckpointError, check_trained_for
 from vocabjax.io import atomic_directory
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.eagle import EagleConfig
-from vocabjax.models.identity import drafter_fingerprint
 
 LAYER = {"attn_norm": "midlayer.input_layernorm.weight",
          "hidden_norm": "midlayer.hidden_norm.weight",
@@ -124,12 +123,8 @@ def load_eagle3(directory, *, target_config: LlamaLikeConfig | None = None,
   target = raw.get("vocabjax", {}).get("target", {})
   if target_config is not None:
     config.check_target(target_config)
-    if target_params is not None and target.get("fingerprint"):
-      got = drafter_fingerprint(target_params, target_config)
-      if got != target["fingerprint"]:
-        raise ValueError(f"{directory} was trained for another target ({target.get('source')}"
-                         f", LM-head fingerprint {target['fingerprint']}; this target's is "
-                         f"{got})")
+    if target_params is not None:
+      check_trained_for(directory, target, target_params, target_config)
   try:
     tensors = load_file(str(directory / "model.safetensors"))
   except (OSError, SafetensorError) as e:

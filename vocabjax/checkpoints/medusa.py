@@ -18,10 +18,9 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from vocabjax.checkpoints.convert import CheckpointError
+from vocabjax.checkpoints.convert import CheckpointError, check_trained_for
 from vocabjax.io import atomic_directory
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.identity import drafter_fingerprint
 from vocabjax.models.medusa import MedusaConfig
 
 WEIGHTS = "medusa_lm_head.safetensors"
@@ -101,12 +100,8 @@ def load_medusa(directory, *, target_config: LlamaLikeConfig, target_params: dic
   shared = bool(record.get("shared_lm_head", f"0.{L}.weight" not in tensors))
   config = MedusaConfig(num_heads=Hm, hidden_size=D, vocab_size=V, num_layers=L,
                         shared_lm_head=shared)
-  if target_params is not None and target.get("fingerprint"):
-    got = drafter_fingerprint(target_params, target_config)
-    if got != target["fingerprint"]:
-      raise CheckpointError(f"{directory} was trained for another target "
-                            f"({target.get('source')}, LM-head fingerprint "
-                            f"{target['fingerprint']}; this target's is {got})")
+  if target_params is not None:
+    check_trained_for(directory, target, target_params, target_config)
 
   def get(name, shape):
     if name not in tensors:

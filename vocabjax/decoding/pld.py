@@ -47,7 +47,7 @@ from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector,
                                               block_request, compile_prefill)
 from vocabjax.decoding.sampling import SamplingParams, probs, sample
 from vocabjax.decoding.speculative import SpecStats
-from vocabjax.decoding.tree import TreeParams, verify_tree
+from vocabjax.decoding.tree import TreeBounds, verify_tree
 from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
@@ -58,16 +58,8 @@ def lookup_drafts(seq: np.ndarray, gamma: int, max_ngram: int = 3,
                   min_ngram: int = 1) -> np.ndarray:
   """Up to `gamma` tokens that followed the earliest earlier occurrence of the longest suffix
   n-gram (max_ngram >= n >= min_ngram) of `seq` [L]; empty when nothing matches."""
-  seq = np.asarray(seq)
-  L = len(seq)
-  for n in range(min(max_ngram, L - 1), min_ngram - 1, -1):
-    windows = np.lib.stride_tricks.sliding_window_view(seq, n)  # starts 0 .. L-n
-    hits = np.flatnonzero((windows == seq[L - n:]).all(axis=1))
-    hits = hits[hits + n < L - n]  # its continuation starts before the suffix itself
-    if hits.size:
-      start = int(hits[0]) + n
-      return seq[start:start + gamma].copy()
-  return seq[:0].copy()
+  found = lookup_continuations(seq, gamma, max_ngram, min_ngram, candidates=1)
+  return found[0] if found else np.asarray(seq)[:0].copy()
 
 
 def lookup_continuations(seq: np.ndarray, gamma: int, max_ngram: int = 3, min_ngram: int = 1,
@@ -162,7 +154,7 @@ def pld_step(params, cache: KVCache, tokens, n_valid, key, *, config: LlamaLikeC
 
 
 def pld_tree_step(params, cache: KVCache, tokens, parent, depth, key, *,
-                  config: LlamaLikeConfig, sampling: SamplingParams, tree: TreeParams):
+                  config: LlamaLikeConfig, sampling: SamplingParams, tree: TreeBounds):
   """Verify the trie tokens [B, n + 1] = [last, nodes] (parent [B, n]: 0 the root, j + 1 node
   j; a padding node is its own parent; depth [B, n]). Returns what `pld_step` returns, emitted
   [B, G + 1]."""
@@ -187,8 +179,8 @@ class PromptLookupDecoder:
     self.tp, self.tc = target_params, target_config
     self.gamma, self.max_ngram, self.min_ngram = gamma, max_ngram, min_ngram
     self.candidates = candidates
-    # the tree's bounds: siblings <= candidates, depth <= gamma, nodes <= candidates * gamma
-    self.tree = TreeParams(top_k=candidates, depth=gamma, total_tokens=candidates * gamma)
+    # the tree's bounds: siblings <= candidates, depth <= gamma (nodes <= candidates * gamma)
+    self.tree = TreeBounds(top_k=candidates, depth=gamma)
     self.drafted_per_step = candidates * gamma
     self.extra_slots = candidates * gamma + 1
     self.verify_tokens = candidates * gamma + 1

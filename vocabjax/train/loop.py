@@ -135,9 +135,7 @@ def step_rng(seed: int, step: int) -> np.random.RandomState:
 class RunResult:
   state: Any  # the TrainState at `end`
   rows: list  # the whole log (this run's rows after the restored ones)
-  start: int  # the step this call resumed from
-  end: int  # the step it stopped at
-  complete: bool  # end == the job's total steps
+  end: int  # the step it stopped at (the job's total steps when complete)
 
 
 class TrainRun:
@@ -213,8 +211,7 @@ class TrainRun:
         sums, n = {}, 0
       self.ckpt.save(done, state, force=done == end)
     self.ckpt.close()
-    return RunResult(state=state, rows=read_log(self.log_path), start=self.start, end=end,
-                     complete=end == self.steps)
+    return RunResult(state=state, rows=read_log(self.log_path), end=end)
 
   def plot(self, keys: list[str], title: str) -> None:
     rows = read_log(self.log_path)
