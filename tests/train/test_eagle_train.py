@@ -16,7 +16,7 @@ from vocabjax.decoding.eagle import EagleDecoder
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.models.cache import KVCache
 from vocabjax.models.eagle import eagle_forward, fuse_features, init_eagle
-from vocabjax.models.llamalike import forward_features, lm_head, rms_norm
+from vocabjax.models.llamalike import forward, forward_features, lm_head, rms_norm
 from vocabjax.testing.tiny import save_tiny_variant
 from vocabjax.train.eagle import (EagleJob, build_eagle_features, head_config,
                                   load_eagle_features, main, train, ttt_outputs)
@@ -66,6 +66,40 @@ def test_features_are_the_targets_own(target_dir, data_file, tmp_path):
   np.testing.assert_array_equal(data.labels[5], label)
   # the target wrote these completions greedily: its labels there are the text
   np.testing.assert_array_equal(data.labels[5][first:-1], toks[first + 1:])
+
+
+def test_torch_backend_features_equal_the_jax_ones(target_dir, data_file, tmp_path):
+  """transformers' forward of the same checkpoint stores what vocabjax's does (f32), under its
+  own fingerprint; bf16 is refused without the torch backend, the last layer with it."""
+  t = load_model(target_dir, dtype="float32")
+  jx = _job(target_dir, data_file, tmp_path / "j", feature_layers=(0,), max_records=6,
+            features=str(tmp_path / "fj"))
+  th = _job(target_dir, data_file, tmp_path / "t", feature_layers=(0,), max_records=6,
+            features=str(tmp_path / "ft"), feature_backend="torch", final_hidden=True)
+  assert jx.feature_fingerprint((0,)) != th.feature_fingerprint((0,))
+  fj = build_eagle_features(jx, t, (0,), show_progress=False)
+  a = load_eagle_features(fj, t, (0,))
+  b = load_eagle_features(build_eagle_features(th, t, (0,), show_progress=False), t, (0,),
+                          hidden=True)
+  assert b.meta["feature_backend"] == "torch" and len(b.seqs) == 6 and a.hidden is None
+  for i in range(6):
+    np.testing.assert_allclose(b.feats[i].astype(np.float32), a.feats[i].astype(np.float32),
+                               rtol=2e-3, atol=2e-3)
+    np.testing.assert_array_equal(b.labels[i], a.labels[i])
+    # the final hidden state is the normed one the LM head reads
+    _, toks, _ = b.seqs[i]
+    T = len(toks)
+    h, _ = forward(t.params, jnp.asarray(toks)[None], jnp.arange(T)[None],
+                   KVCache.init(t.config, 1, T), config=t.config)
+    np.testing.assert_allclose(b.hidden[i].astype(np.float32), np.asarray(h[0]), rtol=2e-3,
+                               atol=2e-3)
+  with pytest.raises(TrainError, match="hold no final hidden states"):
+    load_eagle_features(fj, t, (0,), hidden=True)
+  with pytest.raises(TrainError, match="feature_dtype='bfloat16' needs feature_backend: torch"):
+    _job(target_dir, data_file, tmp_path / "x", feature_dtype="bfloat16")
+  with pytest.raises(TrainError, match=r"last entry is normed: layers \[0, 1\]"):
+    build_eagle_features(_job(target_dir, data_file, tmp_path / "y", feature_backend="torch",
+                              features=str(tmp_path / "fy")), t, LAYERS, show_progress=False)
 
 
 def test_training_time_test_computes_what_tree_decoding_computes(target_dir):

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from vocabjax.checkpoints.gguf_io import load_gguf_tokenizer
+from vocabjax.checkpoints.torch_model import load_torch_model
 from vocabjax.checkpoints.zoo import resolve
 
 
@@ -24,23 +25,6 @@ def _tokenizer(source: str):
   import transformers
 
   return transformers.AutoTokenizer.from_pretrained(Path(path))
-
-
-def _load(source: str, dtype: str = "float32"):
-  import torch
-  import transformers
-
-  tdtypes = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-  if dtype not in tdtypes:
-    raise ValueError(f"the transformers comparison runs float32, bfloat16 or float16 models, "
-                     f"not {dtype=} (vocabjax's weight-only int8 has no transformers "
-                     f"counterpart here)")
-  tdtype = tdtypes[dtype]
-  path = resolve(source)
-  if path.is_file() and path.suffix == ".gguf":
-    return transformers.AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=tdtype).eval()
-  return transformers.AutoModelForCausalLM.from_pretrained(Path(path), dtype=tdtype).eval()
 
 
 class TorchRunner:
@@ -55,8 +39,8 @@ class TorchRunner:
     if threads:
       torch.set_num_threads(threads)
     self.torch = torch
-    self.target = _load(target, dtype)
-    self.draft = _load(draft, dtype) if draft else None
+    self.target = load_torch_model(target, dtype)
+    self.draft = load_torch_model(draft, dtype) if draft else None
     self.dtype = dtype
     self.tokenizers = None  # (target's, assistant's) when they differ: UAG
     if self.draft is not None and (self.draft.config.vocab_size

@@ -76,6 +76,9 @@ class EagleJob:
   out: str  # output directory
   features: str | None = None  # feature shards directory (default <out>/features)
   feature_layers: tuple[int, ...] | None = None  # default: (1, L/2 - 1, L - 4)
+  feature_backend: str = "jax"  # "jax" (vocabjax's forward) or "torch" (transformers')
+  feature_dtype: str = "float32"  # the torch backend's model dtype (float32 | bfloat16)
+  final_hidden: bool = False  # also store the final normed hidden state (Medusa heads train on it)
   draft_vocab_size: int | None = 32768  # None: the full V
   vocab_subset: str | None = None  # a VocabSubset file instead of counting labels
   vocab_counts: tuple[str, ...] = ()  # calibration counts (.npz) counted beside the labels
@@ -110,6 +113,13 @@ class EagleJob:
       raise TrainError(f"heldout={self.heldout} must be in (0, 1)")
     if self.vocab_subset and self.draft_vocab_size is not None:
       raise TrainError("give either vocab_subset or draft_vocab_size, not both")
+    if self.feature_backend not in ("jax", "torch"):
+      raise TrainError(f"feature_backend={self.feature_backend!r} is not 'jax' or 'torch'")
+    if self.feature_backend == "jax" and self.feature_dtype != "float32":
+      raise TrainError(f"feature_dtype={self.feature_dtype!r} needs feature_backend: torch (the "
+                       f"jax backend computes features with the target as loaded, f32)")
+    if self.feature_dtype not in ("float32", "bfloat16"):
+      raise TrainError(f"feature_dtype={self.feature_dtype!r} is not float32 or bfloat16")
     if self.select_by not in (None, "heldout_loss", "acc_0"):
       raise TrainError(f"select_by={self.select_by!r} is not 'heldout_loss', 'acc_0' or null")
     self.optim  # validated before any features are built
@@ -124,8 +134,11 @@ class EagleJob:
     return Path(self.features) if self.features else Path(self.out) / "features"
 
   def feature_fingerprint(self, layers) -> str:
+    extra = (() if self.feature_backend == "jax"  # the defaults: the fingerprint as before
+             else (self.feature_backend, self.feature_dtype)) + (
+                 ("final_hidden",) if self.final_hidden else ())
     return job_fingerprint("eagle", self.target, files_key(self.data), list(layers),
-                           self.max_records)
+                           self.max_records, *extra)
 
   def train_fingerprint(self) -> str:
     d = dataclasses.asdict(self)
@@ -137,12 +150,43 @@ class EagleJob:
 # --- features ----------------------------------------------------------------------------------
 
 def _target_features(params, tokens, *, config, layers):
-  """(fused features [1, T, Lf*Dt], teacher-forced argmax [1, T]) of one padded sequence."""
+  """(fused features [1, T, Lf*Dt], teacher-forced argmax [1, T], final normed hidden [1, T, Dt])
+  of one padded sequence."""
   B, T = tokens.shape
   pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
   h, _, feats = forward_features(params, tokens, pos, KVCache.init(config, B, T), config=config,
                                  layers=layers, fresh=True)
-  return feats.astype(jnp.float16), jnp.argmax(lm_head(params, h, config=config), -1)
+  return (feats.astype(jnp.float16), jnp.argmax(lm_head(params, h, config=config), -1),
+          h.astype(jnp.float16))
+
+
+def _torch_features(job: EagleJob, target, layers):
+  """The torch backend: the same checkpoint through transformers (`feature_dtype`; bf16 runs
+  on oneDNN's AVX512-BF16 kernels, about twice vocabjax's f32 prefill on a 2-core CPU), its
+  `output_hidden_states` (entry i + 1 is the residual stream after layer i, as
+  `forward_features` returns) and its argmax. One sequence per call, unpadded."""
+  import torch
+
+  from vocabjax.checkpoints.torch_model import load_torch_model
+
+  if max(layers) >= target.config.num_layers - 1:
+    raise TrainError(f"feature_backend: torch reads transformers' hidden states, whose last "
+                     f"entry is normed: layers {list(layers)} must stay below the last layer "
+                     f"{target.config.num_layers - 1}")
+  model = load_torch_model(job.target, job.feature_dtype)
+  if model.config.vocab_size != target.config.vocab_size:
+    raise TrainError(f"transformers' {job.target} has V={model.config.vocab_size}, vocabjax's "
+                     f"V={target.config.vocab_size}")
+
+  def run_seq(toks):
+    with torch.inference_mode():
+      out = model(input_ids=torch.tensor([toks]), output_hidden_states=True)
+      feats = torch.cat([out.hidden_states[i + 1][0] for i in layers], -1)
+      return (feats.to(torch.float16).numpy(),
+              out.logits[0].argmax(-1).to(torch.int32).numpy(),
+              out.hidden_states[-1][0].to(torch.float16).numpy())  # normed, as lm_head reads
+
+  return run_seq
 
 
 def build_eagle_features(job: EagleJob, target, layers, *, show_progress=True) -> Path:
@@ -156,7 +200,17 @@ def build_eagle_features(job: EagleJob, target, layers, *, show_progress=True) -
   tok = target.tokenizer
   if tok is None:
     raise TrainError(f"{target.source} has no tokenizer: the prompts cannot be encoded")
-  run = jax.jit(lambda p, t: _target_features(p, t, config=target.config, layers=layers))
+  if job.feature_backend == "torch":
+    run_seq = _torch_features(job, target, layers)
+  else:
+    run = jax.jit(lambda p, t: _target_features(p, t, config=target.config, layers=layers))
+
+    def run_seq(toks):
+      padded = np.zeros((1, bucket(len(toks))), np.int32)
+      padded[0, :len(toks)] = toks
+      feats, label, h = run(target.params, jnp.asarray(padded))
+      n = len(toks)
+      return np.asarray(feats[0, :n]), np.asarray(label[0, :n], np.int32), np.asarray(h[0, :n])
   V = target.config.vocab_size
 
   def record_fn(rec):
@@ -168,15 +222,14 @@ def build_eagle_features(job: EagleJob, target, layers, *, show_progress=True) -
     if max(toks) >= V:
       raise TrainError(f"a completion holds token id {max(toks)} >= the target's V={V}: the "
                        f"data was made with another tokenizer")
-    L = len(toks)
-    padded = np.zeros((1, bucket(L)), np.int32)
-    padded[0, :L] = toks
-    feats, label = run(target.params, jnp.asarray(padded))
-    return {"feats": np.asarray(feats[0, :L]), "label": np.asarray(label[0, :L], np.int32),
-            "tokens": np.asarray(toks, np.int32), "first_row": len(prompt) - 1}
+    feats, label, hidden = run_seq(toks)
+    return {"feats": feats, "label": label, "tokens": np.asarray(toks, np.int32),
+            "first_row": len(prompt) - 1, **({"hidden": hidden} if job.final_hidden else {})}
 
   meta = {"fingerprint": job.feature_fingerprint(layers), "kind": "eagle",
           "target": model_identity(target), "feature_layers": list(layers),
+          "feature_backend": job.feature_backend, "feature_dtype": job.feature_dtype,
+          "final_hidden": job.final_hidden,
           "data": [str(p) for p in job.data]}
   write_shards(fdir, meta, records, todo, record_fn, desc="target features (shards)",
                show_progress=show_progress)
@@ -189,12 +242,18 @@ class EagleData:
   feats: list  # per record [L, Lf*Dt] float16
   labels: list  # per record [L] int32 target argmax
   meta: dict
+  hidden: list | None = None  # per record [L, Dt] float16 final normed hidden (`final_hidden`)
 
 
-def load_eagle_features(fdir: Path, target=None, layers=None) -> EagleData:
+def load_eagle_features(fdir: Path, target=None, layers=None, *, hidden: bool = False
+                        ) -> EagleData:
   """The shards of `fdir`; with `target`/`layers`, TrainError when they were made by another
-  target (identity and LM-head fingerprint) or from other layers."""
-  cat, seqs, meta = read_shards(fdir, ("feats", "label"))
+  target (identity and LM-head fingerprint) or from other layers. `hidden`: also the final
+  hidden states (TrainError when the shards were built without `final_hidden`)."""
+  cat, seqs, meta = read_shards(fdir, ("feats", "label") + (("hidden",) if hidden else ()))
+  if hidden and "hidden" not in cat:
+    raise TrainError(f"the features in {fdir} hold no final hidden states: build them with "
+                     f"final_hidden: true")
   if meta.get("kind") != "eagle":
     raise TrainError(f"{fdir} holds {meta.get('kind') or 'ranker'} features, not EAGLE ones")
   if target is not None:
@@ -206,13 +265,15 @@ def load_eagle_features(fdir: Path, target=None, layers=None) -> EagleData:
   if layers is not None and list(layers) != meta["feature_layers"]:
     raise TrainError(f"features in {fdir} fuse layers {meta['feature_layers']}, the job "
                      f"wants {list(layers)}")
-  feats, labels = [], []
+  feats, labels, hid = [], [], []
   off = 0
   for _, toks, _ in seqs:
     feats.append(cat["feats"][off:off + len(toks)])
     labels.append(cat["label"][off:off + len(toks)])
+    if hidden:
+      hid.append(cat["hidden"][off:off + len(toks)])
     off += len(toks)
-  return EagleData(seqs, feats, labels, meta)
+  return EagleData(seqs, feats, labels, meta, hid if hidden else None)
 
 
 # --- the head and its vocabulary ---------------------------------------------------------------
