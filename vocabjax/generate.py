@@ -29,7 +29,7 @@ from vocabjax.io import atomic_write_json
 from vocabjax.methods import METHODS
 from vocabjax.prompts import encode_prompts
 
-CLI_METHODS = ("ar", "chain", "tree", "eagle", "crossvocab", "pld")  # --method choices
+CLI_METHODS = ("ar", "chain", "tree", "eagle", "medusa", "crossvocab", "pld")  # --method choices
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +49,7 @@ class GenerateConfig:
   output: str | None = None
   quiet: bool = False
   draft: str | None = None
-  method: str = "ar"  # ar | chain | tree | eagle | crossvocab | pld
+  method: str = "ar"  # ar | chain | tree | eagle | medusa | crossvocab | pld
   gamma: int = 4
   tree_top_k: int = 4
   tree_depth: int = 4
@@ -63,6 +63,9 @@ class GenerateConfig:
   ranker_k: int = 2048  # candidates per step with --ranker
   eagle_head: str | None = None  # an EAGLE-3 head directory (`train.eagle`) for --method eagle
   eagle_lm_head: str = "own"  # own: the head's rows (d2t); target: the target's LM head
+  medusa_heads: str | None = None  # a Medusa head directory (`train.medusa`) for --method medusa
+  medusa_choices: str = ""  # Medusa's medusa_choices as JSON ("": every path of ranks < top-k)
+  medusa_top_k: int = 1  # ranks per head of the full tree when no choices are given (1: chain)
   ngram: bool = True  # crossvocab: the online n-gram cache (False: direct mapping only, UAG)
   distilled: str | None = None  # crossvocab: a `train.distill` output's drafter/ directory
   adaptive: bool = False  # crossvocab: stop drafting by the distilled acceptance head
@@ -74,6 +77,12 @@ class GenerateConfig:
     if self.method == "eagle":
       if not self.eagle_head:
         raise ValueError("--method eagle needs --eagle-head (an EAGLE-3 head directory)")
+    elif self.method == "medusa":
+      if not self.medusa_heads:
+        raise ValueError("--method medusa needs --medusa-heads (a Medusa head directory)")
+      if self.ranker or self.draft or self.time_split:
+        raise ValueError("--method medusa drafts with heads on the target: --draft, --ranker "
+                         "and --time-split do not apply (--draft-vocab restricts the heads)")
     elif self.method == "pld":
       if self.draft or self.draft_vocab or self.ranker or self.time_split:
         raise ValueError("--method pld drafts from the context, with no drafter: --draft, "
@@ -84,6 +93,10 @@ class GenerateConfig:
       raise ValueError(f"--pld-candidates belongs to --method pld, not {self.method}")
     if self.eagle_head and self.method != "eagle":
       raise ValueError(f"--eagle-head drafts with --method eagle, not {self.method}")
+    if (self.medusa_heads or self.medusa_choices or self.medusa_top_k != 1) and \
+        self.method != "medusa":
+      raise ValueError(f"--medusa-* flags belong to --method medusa, not "
+                       f"{self.method}")
     if self.draft_vocab and self.method == "ar":
       raise ValueError("--draft-vocab trims a drafter's head: use it with --method chain/tree")
     if self.ranker and self.method == "ar":
@@ -122,6 +135,9 @@ def method_params(config: GenerateConfig) -> tuple[str, dict]:
     return "crossvocab", {"gamma": config.gamma, "ngram": config.ngram,
                           "drafter": config.distilled or "", "adaptive": config.adaptive,
                           "threshold": config.threshold}
+  if config.method == "medusa":
+    return "medusa", {"heads": config.medusa_heads, "choices": config.medusa_choices,
+                      "top_k": config.medusa_top_k, **subset}
   if config.method == "eagle":
     ranked = {"ranker": config.ranker, "k": config.ranker_k} if config.ranker else {}
     return "eagle", {"head": config.eagle_head, "lm_head": config.eagle_lm_head, **tree,
@@ -297,6 +313,14 @@ def parse_args(argv=None) -> GenerateConfig:
   p.add_argument("--eagle-lm-head", default="own", choices=("own", "target"),
                  help="the head's own (reduced) LM head, or the target's (then --draft-vocab "
                  "/ --ranker restrict it)")
+  p.add_argument("--medusa-heads", help="Medusa head directory (`python -m vocabjax.train.medusa`"
+                 " or Medusa's own) for --method medusa")
+  p.add_argument("--medusa-choices", default="",
+                 help="medusa: the static tree as Medusa's medusa_choices in JSON, e.g. "
+                      "'[[0], [1], [0, 0]]' (default: every path of ranks < --medusa-top-k "
+                      "down to the last head)")
+  p.add_argument("--medusa-top-k", type=int, default=1,
+                 help="medusa without --medusa-choices: ranks per head (default 1: a chain)")
   a = p.parse_args(argv)
   return GenerateConfig(target=a.target, prompts=tuple(a.prompt), chat=a.chat,
                         max_new_tokens=a.max_new_tokens, temperature=a.temperature,
@@ -310,7 +334,9 @@ def parse_args(argv=None) -> GenerateConfig:
                         tree_depth=a.tree_depth, tree_total_tokens=a.tree_total_tokens,
                         batch_size=a.batch_size, draft_vocab=a.draft_vocab, ranker=a.ranker,
                         ranker_k=a.ranker_k, eagle_head=a.eagle_head,
-                        eagle_lm_head=a.eagle_lm_head, ngram=not a.no_ngram,
+                        eagle_lm_head=a.eagle_lm_head, medusa_heads=a.medusa_heads,
+                        medusa_choices=a.medusa_choices, medusa_top_k=a.medusa_top_k,
+                        ngram=not a.no_ngram,
                         distilled=a.distilled, adaptive=a.adaptive, threshold=a.threshold)
 
 

@@ -12,6 +12,7 @@ from vocabjax.models import init_params
 from vocabjax.models.llamalike import lm_head_weight
 from vocabjax.models.medusa import MedusaConfig, MedusaError, init_medusa
 from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
+from vocabjax.vocab.subset import VocabSubset
 
 from tests.decoding.conftest import CFG, PROMPT, SMALL, prompt_samples
 
@@ -40,6 +41,29 @@ def test_greedy_identical_to_autoregressive(choices, num_layers, shared):
   res = dec.generate(prompts, max_new_tokens=20)
   assert res.tokens == ar.tokens
   assert dec.generate([prompts[1]], max_new_tokens=20).tokens == [ar.tokens[1]]
+
+
+@pytest.mark.parametrize("shared", [False, True], ids=["own_heads", "shared_head"])
+def test_subsets_on_the_heads(shared):
+  """FR-Spec / VocabTrim on Medusa: greedy identity with subsets of several K (a small one
+  that often misses the target's token included); the subset of every token drafts exactly
+  what the full heads draft; fewer rows counted per step."""
+  target = init_params(jax.random.key(0), CFG, scale=0.3)
+  heads, mc = heads_for(target, CFG, shared=shared)
+  prompts = [[5, 9, 2, 7, 5, 9], [1, 2, 3], [8, 8, 8, 8, 4]]
+  ar = Decoder(target, CFG).generate(prompts, max_new_tokens=20)
+  full = MedusaDecoder(target, CFG, heads, mc, choices=SPARSE).generate(prompts,
+                                                                       max_new_tokens=20)
+  for k in (3, 20, 48):
+    ids = np.sort(np.random.RandomState(k).choice(CFG.vocab_size, k, replace=False))
+    dec = MedusaDecoder(target, CFG, heads, mc, choices=SPARSE,
+                        draft_vocab=VocabSubset(ids, CFG.vocab_size))
+    assert dec.generate(prompts, max_new_tokens=20).tokens == ar.tokens
+    assert dec.draft_head_rows == 3 * k
+  every = MedusaDecoder(target, CFG, heads, mc, choices=SPARSE,
+                        draft_vocab=VocabSubset(np.arange(CFG.vocab_size), CFG.vocab_size))
+  res = every.generate(prompts, max_new_tokens=20)
+  assert res.tokens == ar.tokens and res.stats.accepted == full.stats.accepted
 
 
 def test_a_tree_holding_every_token_accepts_every_step():
@@ -79,3 +103,11 @@ def test_bad_input():
     MedusaDecoder(target, CFG, other, omc, choices=[[0]])
   with pytest.raises(ValueError, match="rank 64, beyond the vocabulary of V=64"):
     MedusaDecoder(target, CFG, heads, mc, choices=[[0], [64]])
+  with pytest.raises(ValueError, match=r"rank 2, beyond the subset's K=2 tokens"):
+    MedusaDecoder(target, CFG, heads, mc, choices=[[0], [1], [2]],
+                  draft_vocab=VocabSubset(np.asarray([1, 5]), CFG.vocab_size))
+  with pytest.raises(ValueError, match="over a vocabulary of 100 tokens, the target has V=64"):
+    MedusaDecoder(target, CFG, heads, mc, choices=[[0]],
+                  draft_vocab=VocabSubset(np.asarray([1, 5]), 100))
+  with pytest.raises(ValueError, match="static subset .* not str"):
+    MedusaDecoder(target, CFG, heads, mc, choices=[[0]], draft_vocab="ranker.safetensors")

@@ -4,11 +4,12 @@ import pytest
 import yaml
 
 from vocabjax.prompts import CONFIG_DIR
-from vocabjax.train import eagle, ranker
+from vocabjax.train import eagle, medusa, ranker
 from vocabjax.train.distill.job import job_from_dict as distill_job
 
 RECIPES = sorted((CONFIG_DIR / "train").glob("*.yaml"))
-PARSERS = {"ranker": ranker.job_from_dict, "eagle": eagle.job_from_dict, "distill": distill_job}
+PARSERS = {"ranker": ranker.job_from_dict, "eagle": eagle.job_from_dict,
+           "medusa": medusa.job_from_dict, "distill": distill_job}
 
 
 def test_recipes_are_there():
@@ -20,3 +21,14 @@ def test_recipes_are_there():
 def test_recipe_parses(path):
   job = PARSERS[path.name.split("_")[0]](yaml.safe_load(path.read_text()), where=str(path))
   assert str(job.out).startswith("train/results/")
+
+
+def test_the_medusa_recipe_names_the_eagle_mix_shards():
+  """One feature pass serves both: the Medusa recipe's shards are the EAGLE mix recipe's."""
+  e = eagle.job_from_dict(yaml.safe_load((CONFIG_DIR / "train" / "eagle_qwen15b_mix.yaml")
+                                         .read_text()))
+  m = medusa.job_from_dict(yaml.safe_load((CONFIG_DIR / "train" / "medusa_qwen15b.yaml")
+                                          .read_text()))
+  layers = (1, 13, 24)
+  assert e.final_hidden and m.eagle_job.features_dir == e.features_dir
+  assert m.eagle_job.feature_fingerprint(layers) == e.feature_fingerprint(layers)

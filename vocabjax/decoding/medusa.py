@@ -23,6 +23,7 @@ from typing import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
 from vocabjax.decoding.autoregressive import abstract_cache
@@ -32,7 +33,10 @@ from vocabjax.decoding.tree import TreeBounds, verify_tree
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import forward, is_int8, lm_head, lm_head_weight
-from vocabjax.models.medusa import MedusaConfig, MedusaTree, medusa_logits, medusa_tree
+from vocabjax.models.medusa import (MedusaConfig, MedusaTree, medusa_hidden, medusa_logits,
+                                    medusa_tree)
+from vocabjax.vocab.policy import policy_state, with_policy_state
+from vocabjax.vocab.subset import VocabSubset
 
 MEDUSA_KEY = "medusa"  # the heads inside the decoder's drafter pytree
 
@@ -47,9 +51,23 @@ class MedusaState:
 
 
 def medusa_candidates(dp, hidden, *, config: MedusaConfig, tree: MedusaTree):
-  """(node tokens [B, n]) of the static tree: node j is head j's rank-r token (`tree`)."""
-  logits = medusa_logits(dp[MEDUSA_KEY], hidden, config=config, lm_head=dp.get("lm_head"))
-  _, top = jax.lax.top_k(logits, tree.top_k)  # [B, Hm, k]
+  """(node tokens [B, n]) of the static tree: node j is head j's rank-r token (`tree`). With
+  a subset attached (`POLICY_STATE`: K rows per head, their target ids), the ranks are taken
+  among those K tokens only."""
+  sub = policy_state(dp)
+  if sub is None:
+    logits = medusa_logits(dp[MEDUSA_KEY], hidden, config=config, lm_head=dp.get("lm_head"))
+    _, top = jax.lax.top_k(logits, tree.top_k)  # [B, Hm, k]
+  else:
+    x = medusa_hidden(dp[MEDUSA_KEY], hidden, config=config)  # [B, Hm, D]
+    if "head" in sub:  # one shared [K, D]
+      logits = jnp.einsum("BHD,KD->BHK", x, sub["head"], preferred_element_type=jnp.float32)
+    else:  # each head's own rows
+      logits = jnp.stack([jnp.einsum("BD,KD->BK", x[:, i], rows,
+                                     preferred_element_type=jnp.float32)
+                          for i, rows in enumerate(sub["heads"])], axis=1)
+    _, j = jax.lax.top_k(logits, tree.top_k)
+    top = sub["ids"][j]
   return top[:, tree.head, tree.rank].astype(jnp.int32)
 
 
@@ -92,7 +110,10 @@ class MedusaDecoder(SpeculativeDecoder):
 
   def __init__(self, target_params, target_config: LlamaLikeConfig, medusa_params,
                medusa_config: MedusaConfig, *, choices: Sequence[Sequence[int]],
-               layout: str = "auto"):
+               layout: str = "auto", draft_vocab: VocabSubset | None = None):
+    """`draft_vocab`: a static subset (VocabTrim / FR-Spec, `VocabSubset`) restricting every
+    head's projection to its K rows (FR-Spec on Medusa); the ranks of `choices` are then ranks
+    among those K tokens."""
     medusa_config.check_target(target_config.hidden_size, target_config.vocab_size)
     if is_int8(target_params):
       raise ValueError("Medusa heads read the target's float hidden states and LM head; an "
@@ -105,7 +126,28 @@ class MedusaDecoder(SpeculativeDecoder):
     # the tree engine's bounds: siblings, depth and node count of this static tree
     self.tree = TreeBounds(top_k=tree.max_children, depth=tree.max_depth)
     dp = {MEDUSA_KEY: medusa_params}
-    if medusa_config.shared_lm_head:
+    self.subset_size = None
+    if draft_vocab is not None:
+      if not isinstance(draft_vocab, VocabSubset):
+        raise ValueError(f"Medusa heads take a static subset (VocabTrim / FR-Spec), not "
+                         f"{type(draft_vocab).__name__}: a SpecVocab ranker is trained on a "
+                         f"drafter's hidden states, not on the heads'")
+      if draft_vocab.vocab_size != target_config.vocab_size:
+        raise ValueError(f"the subset is over a vocabulary of {draft_vocab.vocab_size} tokens, "
+                         f"the target has V={target_config.vocab_size}")
+      if draft_vocab.size < tree.top_k:
+        raise ValueError(f"Medusa choices use rank {tree.top_k - 1}, beyond the subset's "
+                         f"K={draft_vocab.size} tokens")
+      ids = jnp.asarray(np.asarray(draft_vocab.ids), jnp.int32)
+      if medusa_config.shared_lm_head:
+        sub = {"head": jnp.take(lm_head_weight(target_params, target_config), ids, axis=0)}
+      else:
+        sub = {"heads": [jnp.take(h["lm_head"], ids, axis=0) for h in medusa_params["heads"]]}
+        dp = {MEDUSA_KEY: {"heads": [{k: v for k, v in h.items() if k != "lm_head"}
+                                     for h in medusa_params["heads"]]}}
+      dp = with_policy_state(dp, {**sub, "ids": ids})
+      self.subset_size = draft_vocab.size
+    elif medusa_config.shared_lm_head:
       dp["lm_head"] = lm_head_weight(target_params, target_config)
     super().__init__(target_params, target_config, dp, target_config, layout=layout)
     self.drafted_per_step = tree.size
@@ -120,8 +162,8 @@ class MedusaDecoder(SpeculativeDecoder):
 
   @property
   def draft_head_rows(self) -> int:
-    """LM-head rows the heads multiply per step: V per head (one shared or its own)."""
-    return self.mc.num_heads * self.tc.vocab_size
+    """LM-head rows the heads multiply per step: V (or the subset's K) per head."""
+    return self.mc.num_heads * (self.subset_size or self.tc.vocab_size)
 
   def drafter_calls(self):
     return [(1, self.mc.num_heads)]
