@@ -102,12 +102,14 @@ def test_torch_backend_features_equal_the_jax_ones(target_dir, data_file, tmp_pa
                               features=str(tmp_path / "fy")), t, LAYERS, show_progress=False)
 
 
-def test_training_time_test_computes_what_tree_decoding_computes(target_dir):
+@pytest.mark.parametrize("width", [None, 24], ids=["target_mlp", "slim_mlp"])
+def test_training_time_test_computes_what_tree_decoding_computes(target_dir, width):
   """Step j of the TTT loss at entry i = the head drafting j levels below the root at entry i
   in decoding (prefix with target features, then its own outputs), positions and masks
-  included."""
+  included; for the target's MLP width and a slim head's."""
   t = load_model(target_dir, dtype="float32")
-  hc = head_config(t.config, LAYERS, t.config.vocab_size)
+  hc = head_config(t.config, LAYERS, t.config.vocab_size, width)
+  assert hc.layer.intermediate_size == (width or t.config.intermediate_size)
   params = init_eagle(jax.random.key(1), hc, scale=0.2)
   rs = np.random.RandomState(0)
   T, steps = 12, 3
@@ -141,6 +143,9 @@ def test_training_lowers_the_loss_exports_and_decodes(target_dir, data_file, tmp
   assert final["heldout_loss"] < 0.7 * start["heldout_loss"]
   assert final["acc_0"] > start["acc_0"] + 0.2
   assert summary["complete"] and summary["head_vocab"] == 200
+  by_source = summary["heldout_by_source"]  # records without a source field: their file's dir
+  assert list(by_source) == [data_file.parent.name] and by_source[data_file.parent.name][
+      "acc_0"] == pytest.approx(final["acc_0"])
   log = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
   assert [r["step"] for r in log] == [0, 10, 20, 30, 40]
   assert (tmp_path / "run" / "curves.png").stat().st_size > 0

@@ -276,6 +276,19 @@ def load_eagle_features(fdir: Path, target=None, layers=None, *, hidden: bool = 
   return EagleData(seqs, feats, labels, meta, hid if hidden else None)
 
 
+def record_sources(paths, max_records=None) -> list[str]:
+  """Per record (in `read_records` order) its source group: the part of a `source` field
+  before the first "/" (`train.corpus`: gsm8k, stdlib, target_generated, ...), else the data
+  file's directory name."""
+  out = []
+  for p in paths:
+    for line in Path(p).read_text().splitlines():
+      if line.strip():
+        src = json.loads(line).get("source")
+        out.append(src.split("/")[0] if src else Path(p).parent.name)
+  return out[:max_records] if max_records else out
+
+
 # --- the head and its vocabulary ---------------------------------------------------------------
 
 def head_config(target: LlamaLikeConfig, layers, draft_vocab_size: int,
@@ -465,6 +478,7 @@ def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None =
   fdir = build_eagle_features(job, target, layers, show_progress=show_progress)
   data = load_eagle_features(fdir, target, layers)
   held_recs = set(heldout_records(data, job.heldout).tolist())
+  sources = record_sources(job.data, job.max_records)
   train_idx = [i for i, (r, _, _) in enumerate(data.seqs) if r not in held_recs]
   held_idx = [i for i, (r, _, _) in enumerate(data.seqs) if r in held_recs]
   if not train_idx or not held_idx:
@@ -553,6 +567,16 @@ def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None =
              "features_seconds": data.meta.get("seconds"),
              "start": rows[0] if rows else None, "final": rows[-1] if rows else None}
   if end == job.steps:
+    # held-out figures per data source (the `source` field of `train.corpus` records, else the
+    # file's directory name): what the difference between the target's own completions, the
+    # drafter's and the datasets' answers costs, measured on the same split
+    groups: dict = {}
+    for i in held_idx:
+      groups.setdefault(sources[data.seqs[i][0]], []).append(i)
+    summary["heldout_by_source"] = {
+        g: {"records": len(idx), **evaluate_heldout(state.params, frozen_of(state), data, idx,
+                                                    job, t2d, hc, fn_cache)}
+        for g, idx in sorted(groups.items())}
     if not job.select_by:
       export(state, rows[-1])
     load_eagle3(head_dir, target_config=tc)  # what was exported loads for this target
