@@ -76,6 +76,23 @@ def shard_cache(cache: KVCache, config: LlamaLikeConfig, mesh: Mesh) -> KVCache:
   return jax.tree.map(lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), cache, specs)
 
 
+def replicated(mesh: Mesh) -> NamedSharding:
+  """Every device holds the whole array."""
+  return NamedSharding(mesh, P())
+
+
+def replicate(tree, mesh: Mesh):
+  """`tree`'s leaves copied to every device of `mesh` (small arrays: a policy's ids and rows,
+  a head drafter's weights)."""
+  return jax.tree.map(lambda x: jax.device_put(x, replicated(mesh)), tree)
+
+
+def shard_rows(x: jax.Array, mesh: Mesh) -> jax.Array:
+  """A [V, D] table (an embedding or LM head a head drafter shares with its target) split by
+  rows over "model" as the target's is (replicated if V does not divide)."""
+  return jax.device_put(x, NamedSharding(mesh, _spec(x.shape, 0, mesh)))
+
+
 def shard_batch(x: jax.Array, mesh: Mesh) -> jax.Array:
   """Place a [B, ...] array with its rows over "data" (replicated if B does not divide)."""
   spec = P("data") if x.shape[0] % mesh.shape["data"] == 0 else P()

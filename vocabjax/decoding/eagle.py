@@ -44,6 +44,7 @@ from vocabjax.decoding.autoregressive import abstract_cache, prefill_in_bf16
 from vocabjax.decoding.sampling import SamplingParams, sample
 from vocabjax.decoding.speculative import DraftVocab, SpeculativeDecoder
 from vocabjax.decoding.tree import TreeParams, grow_tree, verify_tree
+from vocabjax import sharding
 from vocabjax.kernels import cpu_matmul
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
@@ -143,7 +144,7 @@ class EagleDecoder(SpeculativeDecoder):
   def __init__(self, target_params, target_config: LlamaLikeConfig, head_params,
                head_config: EagleConfig, *, tree: TreeParams = TreeParams(),
                lm_head: str = "own", layout: str = "auto",
-               draft_vocab: DraftVocab | None = None):
+               draft_vocab: DraftVocab | None = None, mesh=None):
     head_config.check_target(target_config)
 
     if is_int8(target_params):
@@ -172,7 +173,7 @@ class EagleDecoder(SpeculativeDecoder):
       ids = jnp.arange(Vd, dtype=jnp.int32) + head_params["d2t"].astype(jnp.int32)
       draft_vocab = HeadRows(head_params["lm_head"], ids)
     super().__init__(target_params, target_config, dp, dc, layout=layout,
-                     draft_vocab=draft_vocab)
+                     draft_vocab=draft_vocab, mesh=mesh)
     self.drafted_per_step = tree.total_tokens
     self.extra_slots = tree.total_tokens + tree.draft_slots + tree.depth + 2
     self.verify_tokens = tree.total_tokens + 1
@@ -205,9 +206,16 @@ class EagleDecoder(SpeculativeDecoder):
     return functools.partial(eagle_step, target_config=self.tc, head_config=self.hc,
                              tree=self.tree, sampling=sampling, policy=self.draft_policy)
 
+  def _place_draft(self, draft_params, mesh):
+    """On a mesh: the target's embedding split by rows as the target's own, the head (and a
+    policy's arrays) replicated."""
+    return {k: sharding.shard_rows(v, mesh) if k in ("embed", "lm_head")
+            else sharding.replicate(v, mesh)
+            for k, v in draft_params.items()}
+
   def _compile_start(self, sampling, B, T, S, dtype):
-    tcache = abstract_cache(self.tc, B, S, dtype)
-    hcache = abstract_cache(self.hc.layer, B, S, dtype)
+    tcache = self._abstract_cache(self.tc, B, S, dtype)
+    hcache = self._abstract_cache(self.hc.layer, B, S, dtype)
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
     with cpu_matmul.bf16_blocks(prefill_in_bf16(self.tp)):  # as plain decoding's prefill
       prefill = jax.jit(functools.partial(_eagle_prefill, target_config=self.tc,
@@ -225,8 +233,8 @@ class EagleDecoder(SpeculativeDecoder):
     def start(tokens, lengths, prompt_last, key):
       del prompt_last
       first, tc, hc, feat = prefill(self.tp, self.dp, tokens, lengths,
-                                    KVCache.init(self.tc, B, S, dtype),
-                                    KVCache.init(self.hc.layer, B, S, dtype), key)
+                                    self._cache(self.tc, B, S, dtype),
+                                    self._cache(self.hc.layer, B, S, dtype), key)
       return first, initial(tc, hc, first, feat)
 
     state = jax.eval_shape(initial, tcache, hcache, i32(B),

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from vocabjax.decoding.autoregressive import abstract_cache
+from vocabjax import sharding
 from vocabjax.decoding.sampling import SamplingParams, sample
 from vocabjax.decoding.speculative import SpeculativeDecoder
 from vocabjax.decoding.tree import TreeBounds, verify_tree
@@ -110,7 +110,7 @@ class MedusaDecoder(SpeculativeDecoder):
 
   def __init__(self, target_params, target_config: LlamaLikeConfig, medusa_params,
                medusa_config: MedusaConfig, *, choices: Sequence[Sequence[int]],
-               layout: str = "auto", draft_vocab: VocabSubset | None = None):
+               layout: str = "auto", draft_vocab: VocabSubset | None = None, mesh=None):
     """`draft_vocab`: a static subset (VocabTrim / FR-Spec, `VocabSubset`) restricting every
     head's projection to its K rows (FR-Spec on Medusa); the ranks of `choices` are then ranks
     among those K tokens."""
@@ -149,7 +149,7 @@ class MedusaDecoder(SpeculativeDecoder):
       self.subset_size = draft_vocab.size
     elif medusa_config.shared_lm_head:
       dp["lm_head"] = lm_head_weight(target_params, target_config)
-    super().__init__(target_params, target_config, dp, target_config, layout=layout)
+    super().__init__(target_params, target_config, dp, target_config, layout=layout, mesh=mesh)
     self.drafted_per_step = tree.size
     self.extra_slots = tree.size + 2
     self.verify_tokens = tree.size + 1
@@ -175,8 +175,14 @@ class MedusaDecoder(SpeculativeDecoder):
     return functools.partial(medusa_step, target_config=self.tc, medusa_config=self.mc,
                              tree=self.medusa_tree, bounds=self.tree, sampling=sampling)
 
+  def _place_draft(self, draft_params, mesh):
+    """On a mesh: a shared LM head split by rows as the target's, the heads (and a subset's
+    rows) replicated."""
+    return {k: sharding.shard_rows(v, mesh) if k == "lm_head" else sharding.replicate(v, mesh)
+            for k, v in draft_params.items()}
+
   def _compile_start(self, sampling, B, T, S, dtype):
-    tcache = abstract_cache(self.tc, B, S, dtype)
+    tcache = self._abstract_cache(self.tc, B, S, dtype)
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
     prefill = jax.jit(functools.partial(_medusa_prefill, target_config=self.tc,
                                         sampling=sampling),
@@ -185,7 +191,7 @@ class MedusaDecoder(SpeculativeDecoder):
 
     def start(tokens, lengths, prompt_last, key):
       del prompt_last
-      first, tc, h = prefill(self.tp, tokens, lengths, KVCache.init(self.tc, B, S, dtype), key)
+      first, tc, h = prefill(self.tp, tokens, lengths, self._cache(self.tc, B, S, dtype), key)
       return first, MedusaState(target_cache=tc, last=first, hidden=h)
 
     state = MedusaState(target_cache=tcache, last=i32(B),

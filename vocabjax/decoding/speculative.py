@@ -41,7 +41,8 @@ from vocabjax.kernels import cpu_matmul
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import compute_dtype, forward, lm_head, with_mlp_layout
-from vocabjax.vocab.policy import Policy, draft_choice, full_policy
+from vocabjax import sharding
+from vocabjax.vocab.policy import POLICY_STATE, Policy, draft_choice, full_policy
 from vocabjax.vocab.ranked import SpeculativeVocab
 from vocabjax.vocab.subset import VocabSubset
 
@@ -184,12 +185,21 @@ class SpeculativeDecoder:
 
   def __init__(self, target_params, target_config: LlamaLikeConfig, draft_params,
                draft_config: LlamaLikeConfig, *, layout: str = "auto",
-               draft_vocab: DraftVocab | None = None, draft_prefill: str = "bf16"):
+               draft_vocab: DraftVocab | None = None, draft_prefill: str = "bf16", mesh=None):
     """`draft_prefill`: "bf16" (default) runs the drafter's prompt prefill with bf16-rounded
     activations where the CPU has AVX512-BF16 (about 2x faster; it changes only what the
     drafter proposes, never the output), "exact" in the drafter's own precision; see
-    `compile_draft_prefill`."""
+    `compile_draft_prefill`. `mesh`: a ("data", "model") mesh (`vocabjax.sharding`): the target
+    and the drafter are placed on it (tensor-parallel heads / MLP, vocabulary-split LM heads;
+    a policy's arrays and a head-drafter's weights replicated), the caches and every loop state
+    row over "data", and every program runs partitioned (module doc of `vocabjax.sharding`)."""
     check_draft_prefill(draft_prefill)
+    self.mesh = mesh
+    if mesh is not None:
+      if layout not in ("auto", "out_in"):
+        raise ValueError(f"layout={layout!r}: on a mesh the weights stay [out, in] (the "
+                         f"sharding rules' layout); pass layout='auto' or 'out_in'")
+      layout = "out_in"
     self.draft_prefill = draft_prefill
     if draft_config.vocab_size != target_config.vocab_size:
       raise ValueError(
@@ -208,11 +218,31 @@ class SpeculativeDecoder:
     self.draft_vocab = draft_vocab
     if draft_vocab is not None:  # a trimmed head (VocabTrim / FR-Spec) or a ranker (SpecVocab)
       self.dp, self.draft_policy = draft_vocab.attach(self.dp, draft_config)
+    if mesh is not None:
+      self.tp = sharding.shard_params(self.tp, self.tc, mesh)
+      self.dp = self._place_draft(self.dp, mesh)
     self._programs: dict = {}
 
   def _with_draft_layout(self, draft_params, layout: str):
     """The drafter's params with its MLP weights stored `layout` (`with_mlp_layout`)."""
     return with_mlp_layout(draft_params, layout)
+
+  def _place_draft(self, draft_params, mesh):
+    """The drafter's params on `mesh`: a llama drafter by the sharding rules, its policy's
+    arrays replicated (head drafters override: their weights are small, all replicated)."""
+    rest = {k: v for k, v in draft_params.items() if k != POLICY_STATE}
+    out = sharding.shard_params(rest, self.dc, mesh)
+    if POLICY_STATE in draft_params:
+      out[POLICY_STATE] = sharding.replicate(draft_params[POLICY_STATE], mesh)
+    return out
+
+  def _cache(self, config: LlamaLikeConfig, B: int, S: int, dtype) -> KVCache:
+    """An empty cache, placed on the mesh (rows over "data", KV heads over "model")."""
+    cache = KVCache.init(config, B, S, dtype)
+    return cache if self.mesh is None else sharding.shard_cache(cache, config, self.mesh)
+
+  def _abstract_cache(self, config: LlamaLikeConfig, B: int, S: int, dtype) -> KVCache:
+    return abstract_cache(config, B, S, dtype, self.mesh)
 
   # --- what a method defines ----------------------------------------------------------------
   drafted_per_step: int  # drafts proposed per row per verification
@@ -248,15 +278,15 @@ class SpeculativeDecoder:
   def _compile_start(self, sampling: SamplingParams, B: int, T: int, S: int, dtype):
     """(start, abstract initial state): `start(tokens [B, T], lengths [B], prompt_last [B],
     key) -> (first token [B], initial loop state)` runs the compiled prefills."""
-    tcache = abstract_cache(self.tc, B, S, dtype)
-    dcache = abstract_cache(self.dc, B, S, dtype)
+    tcache = self._abstract_cache(self.tc, B, S, dtype)
+    dcache = self._abstract_cache(self.dc, B, S, dtype)
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
     tprefill = compile_prefill(self.tp, self.tc, sampling, B, T, tcache)
     dprefill = compile_draft_prefill(self.dp, self.dc, B, T, dcache, self.draft_prefill)
 
     def start(tokens, lengths, prompt_last, key):
-      first, tc = tprefill(self.tp, tokens, lengths, KVCache.init(self.tc, B, S, dtype), key)
-      dc = dprefill(self.dp, tokens, lengths, KVCache.init(self.dc, B, S, dtype))
+      first, tc = tprefill(self.tp, tokens, lengths, self._cache(self.tc, B, S, dtype), key)
+      dc = dprefill(self.dp, tokens, lengths, self._cache(self.dc, B, S, dtype))
       return first, self._initial_state(tc, dc, first, prompt_last)
 
     return start, jax.eval_shape(self._initial_state, tcache, dcache, i32(B), i32(B))
@@ -268,11 +298,45 @@ class SpeculativeDecoder:
     if key in self._programs:
       return (*self._programs[key], 0.0)
     t0 = time.perf_counter()
-    start, state = self._compile_start(sampling, B, T, S, dtype)
-    step = jax.jit(self._step_fn(sampling), donate_argnums=(2,)).lower(
-        self.tp, self.dp, state, jax.random.key(0)).compile()
+    # On a mesh XLA's dot is partitioned with the weights; the CPU kernel is one device's
+    # custom call (GSPMD would gather the weights to it), so sharded programs do without it.
+    with cpu_matmul.enabled(cpu_matmul.is_enabled() and self.mesh is None):
+      start, state = self._compile_start(sampling, B, T, S, dtype)
+      if self.mesh is None:
+        step = jax.jit(self._step_fn(sampling), donate_argnums=(2,)).lower(
+            self.tp, self.dp, state, jax.random.key(0)).compile()
+      else:
+        start, step = self._compile_sharded_step(sampling, start, B, T)
     self._programs[key] = (start, step)
     return start, step, time.perf_counter() - t0
+
+  def _compile_sharded_step(self, sampling, start, B: int, T: int):
+    """(start, step) on the mesh. The loop state keeps the shardings the prefills gave it (read
+    from one start on a dummy prompt, counted as compile time; a leaf made outside them, e.g. a
+    row counter, is placed with its rows over "data"), in and out of the step, so the loop
+    never reshards between steps; the emitted tokens come back replicated."""
+    mesh = self.mesh
+
+    def placed(x):
+      if isinstance(x.sharding, jax.sharding.NamedSharding) and x.sharding.mesh == mesh:
+        return x.sharding
+      rows = x.ndim >= 1 and x.shape[0] == B and B % mesh.shape["data"] == 0
+      return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(
+          "data" if rows else None))
+
+    z = jnp.zeros((B, T), jnp.int32)
+    _, state = start(z, jnp.ones((B,), jnp.int32), z[:, 0], jax.random.key(0))
+    state_sh = jax.tree.map(placed, state)
+    rep = sharding.replicated(mesh)
+
+    def placed_start(tokens, lengths, prompt_last, key):
+      first, st = start(tokens, lengths, prompt_last, key)
+      return first, jax.device_put(st, state_sh)
+
+    step = jax.jit(self._step_fn(sampling), donate_argnums=(2,),
+                   out_shardings=(state_sh, rep, rep)).lower(
+        self.tp, self.dp, jax.device_put(state, state_sh), jax.random.key(0)).compile()
+    return placed_start, step
 
   def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                sampling: SamplingParams = SamplingParams(), seed: int = 0,
@@ -285,6 +349,9 @@ class SpeculativeDecoder:
     prompts, lengths, S, T, tokens = block_request(prompts, max_new_tokens, sampling, self.tc,
                                                    max_len, self.extra_slots, self.method)
     B = len(prompts)
+    if self.mesh is not None and B % self.mesh.shape["data"]:
+      raise ValueError(f"a batch of B={B} rows does not divide the mesh's data axis of "
+                       f"{self.mesh.shape['data']} devices: pad the batch or use another mesh")
     dtype = compute_dtype(self.tp)
     start, step, compile_s = self.programs(sampling, B, T, S, dtype)
     key = jax.random.key(seed)
@@ -320,11 +387,11 @@ class ChainDecoder(SpeculativeDecoder):
 
   def __init__(self, target_params, target_config, draft_params, draft_config, *,
                gamma: int = 4, layout: str = "auto", draft_vocab: DraftVocab | None = None,
-               draft_prefill: str = "bf16"):
+               draft_prefill: str = "bf16", mesh=None):
     if gamma < 1:
       raise ValueError(f"gamma must be >= 1, got {gamma=}")
     super().__init__(target_params, target_config, draft_params, draft_config, layout=layout,
-                     draft_vocab=draft_vocab, draft_prefill=draft_prefill)
+                     draft_vocab=draft_vocab, draft_prefill=draft_prefill, mesh=mesh)
     self.gamma = gamma
     self.drafted_per_step = gamma
     self.extra_slots = gamma + 2  # a whole block past max_new_tokens, and the dummy slot
@@ -355,7 +422,7 @@ class TreeDecoder(SpeculativeDecoder):
 
   def __init__(self, target_params, target_config, draft_params, draft_config, *,
                tree: TreeParams = TreeParams(), layout: str = "auto",
-               draft_vocab: DraftVocab | None = None, draft_prefill: str = "bf16"):
+               draft_vocab: DraftVocab | None = None, draft_prefill: str = "bf16", mesh=None):
     if draft_vocab is not None and draft_vocab.size < tree.top_k:
       raise ValueError(f"tree top_k={tree.top_k} exceeds the drafter's vocabulary subset of "
                        f"K={draft_vocab.size} tokens")
@@ -363,7 +430,7 @@ class TreeDecoder(SpeculativeDecoder):
       raise ValueError(f"tree top_k={tree.top_k} exceeds the drafter's vocabulary of "
                        f"V={draft_config.vocab_size} tokens")
     super().__init__(target_params, target_config, draft_params, draft_config, layout=layout,
-                     draft_vocab=draft_vocab, draft_prefill=draft_prefill)
+                     draft_vocab=draft_vocab, draft_prefill=draft_prefill, mesh=mesh)
     self.tree = tree
     self.drafted_per_step = tree.total_tokens
     self.extra_slots = tree.total_tokens + tree.draft_slots + tree.depth + 2
