@@ -66,6 +66,7 @@ class GenerateConfig:
   medusa_heads: str | None = None  # a Medusa head directory (`train.medusa`) for --method medusa
   medusa_choices: str = ""  # Medusa's medusa_choices as JSON ("": every path of ranks < top-k)
   medusa_top_k: int = 1  # ranks per head of the full tree when no choices are given (1: chain)
+  mesh: str | None = None  # "data=D,model=M": run on a device mesh (`vocabjax.sharding`)
   ngram: bool = True  # crossvocab: the online n-gram cache (False: direct mapping only, UAG)
   distilled: str | None = None  # crossvocab: a `train.distill` output's drafter/ directory
   adaptive: bool = False  # crossvocab: stop drafting by the distilled acceptance head
@@ -117,6 +118,10 @@ class GenerateConfig:
     if any(stop == "" for stop in self.stop):
       raise ValueError("--stop '' would stop at the first token: stop strings must be "
                        "non-empty")
+    if self.mesh is not None:
+      from vocabjax.sharding import parse_mesh
+
+      parse_mesh(self.mesh)  # the shape's syntax; its device count is checked at build time
     method_spec(self)  # the method's own parameter checks (the registry's), before any loading
 
 
@@ -166,7 +171,12 @@ def build_decoder(config: GenerateConfig, model):
   if method.needs_draft:
     draft = load_model(config.draft, dtype=config.draft_dtype or config.dtype,
                        load_tokenizer=method.name == "crossvocab")
-  return method.make(model, draft, params)
+  mesh = None
+  if config.mesh:
+    from vocabjax.sharding import make_mesh, parse_mesh
+
+    mesh = make_mesh(**parse_mesh(config.mesh))
+  return method.make(model, draft, params, mesh)
 
 
 def main(config: GenerateConfig) -> dict:
@@ -313,6 +323,9 @@ def parse_args(argv=None) -> GenerateConfig:
   p.add_argument("--eagle-lm-head", default="own", choices=("own", "target"),
                  help="the head's own (reduced) LM head, or the target's (then --draft-vocab "
                  "/ --ranker restrict it)")
+  p.add_argument("--mesh", help="run on a device mesh, e.g. data=1,model=8 (tensor-parallel "
+                 "target and drafter, batch rows over data; chain, tree, the vocabulary "
+                 "methods, eagle and medusa)")
   p.add_argument("--medusa-heads", help="Medusa head directory (`python -m vocabjax.train.medusa`"
                  " or Medusa's own) for --method medusa")
   p.add_argument("--medusa-choices", default="",
@@ -336,6 +349,7 @@ def parse_args(argv=None) -> GenerateConfig:
                         ranker_k=a.ranker_k, eagle_head=a.eagle_head,
                         eagle_lm_head=a.eagle_lm_head, medusa_heads=a.medusa_heads,
                         medusa_choices=a.medusa_choices, medusa_top_k=a.medusa_top_k,
+                        mesh=a.mesh,
                         ngram=not a.no_ngram,
                         distilled=a.distilled, adaptive=a.adaptive, threshold=a.threshold)
 

@@ -51,7 +51,7 @@ from vocabjax.vocab.subset import VocabSubset
 class Method:
   name: str
   params: type  # the frozen parameter dataclass (fields without a default are required)
-  build: Callable[..., Any]  # (target Model, draft Model | None, params) -> decoder
+  build: Callable[..., Any]  # (target Model, draft Model | None, params, mesh) -> decoder
   needs_draft: bool
   drafter_passes: Callable[[Any], int] | None  # params -> drafter forwards per block (MBSU)
   head_rows: Callable[[Any], int] | None = None  # params -> drafter LM-head rows (None: V)
@@ -90,11 +90,12 @@ class Method:
     """`parse`, for validation only."""
     self.parse(raw, where)
 
-  def make(self, target, draft, params):
-    """The decoder; `params` is this method's dataclass or a mapping (parsed first)."""
+  def make(self, target, draft, params, mesh=None):
+    """The decoder; `params` is this method's dataclass or a mapping (parsed first). `mesh`:
+    a ("data", "model") mesh (`vocabjax.sharding.make_mesh`) the decoder runs on."""
     if isinstance(params, dict):
       params = self.parse(params, f"method {self.name}")
-    return self.build(target, draft, params)
+    return self.build(target, draft, params, mesh)
 
 
 def _is(value, typ: type) -> bool:
@@ -150,9 +151,9 @@ class ArParams:
 
 
 @register("ar", ArParams, needs_draft=False)
-def _ar(target, draft, p: ArParams):
+def _ar(target, draft, p: ArParams, mesh=None):
   del draft, p
-  return Decoder(target.params, target.config)
+  return Decoder(target.params, target.config, mesh=mesh)
 
 
 # --- an independent drafter of the same vocabulary --------------------------------------------
@@ -168,21 +169,31 @@ class ChainParams:
     _check_subset_file(where, "chain", self.subset)
 
 
-def _chain_decoder(target, draft, gamma, draft_vocab):
-  # layouts converted once per model and shared by every method of a run
-  return ChainDecoder(target.in_layout(block_layout()), target.config, draft.params,
-                      draft.config, gamma=gamma, draft_vocab=draft_vocab)
+def _blocks(model, mesh):
+  """A model's params in the layout its block programs run best in (converted once per model
+  and shared by every method of a run); on a mesh the sharding rules' [out, in] layout."""
+  return model.params if mesh is not None else model.in_layout(block_layout())
 
 
-def _tree_decoder(target, draft, tree: TreeParams, draft_vocab):
-  return TreeDecoder(target.in_layout(block_layout()), target.config,
-                     draft.in_layout(block_layout()), draft.config, tree=tree,
-                     draft_vocab=draft_vocab)
+def _no_mesh(method: str, mesh) -> None:
+  if mesh is not None:
+    raise ValueError(f"{method} does not run on a mesh yet (chain, tree, the vocabulary "
+                     f"methods, eagle and medusa do)")
+
+
+def _chain_decoder(target, draft, gamma, draft_vocab, mesh=None):
+  return ChainDecoder(_blocks(target, mesh), target.config, draft.params,
+                      draft.config, gamma=gamma, draft_vocab=draft_vocab, mesh=mesh)
+
+
+def _tree_decoder(target, draft, tree: TreeParams, draft_vocab, mesh=None):
+  return TreeDecoder(_blocks(target, mesh), target.config, _blocks(draft, mesh), draft.config,
+                     tree=tree, draft_vocab=draft_vocab, mesh=mesh)
 
 
 @register("chain", ChainParams, drafter_passes=lambda p: p.gamma)
-def _chain(target, draft, p: ChainParams):
-  return _chain_decoder(target, draft, p.gamma, _load_subset(p.subset, target))
+def _chain(target, draft, p: ChainParams, mesh=None):
+  return _chain_decoder(target, draft, p.gamma, _load_subset(p.subset, target), mesh)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -198,9 +209,9 @@ class TreeMethodParams:
 
 
 @register("tree", TreeMethodParams, drafter_passes=lambda p: p.depth)
-def _tree_method(target, draft, p: TreeMethodParams):
+def _tree_method(target, draft, p: TreeMethodParams, mesh=None):
   return _tree_decoder(target, draft, TreeParams(p.top_k, p.depth, p.total_tokens),
-                       _load_subset(p.subset, target))
+                       _load_subset(p.subset, target), mesh)
 
 
 # --- prompt lookup ----------------------------------------------------------------------------
@@ -220,10 +231,11 @@ class PldParams:
 
 
 @register("pld", PldParams, needs_draft=False, drafter_passes=lambda p: 0)
-def _pld(target, draft, p: PldParams):
+def _pld(target, draft, p: PldParams, mesh=None):
   """Prompt lookup decoding (Saxena 2023): drafts copied from the context, no drafter; a
   chain, or a tree of several matches' continuations (`candidates` > 1)."""
   del draft
+  _no_mesh("pld", mesh)
   return PromptLookupDecoder(target.in_layout(block_layout()), target.config, gamma=p.gamma,
                              max_ngram=p.max_ngram, min_ngram=p.min_ngram,
                              candidates=p.candidates)
@@ -248,11 +260,11 @@ def _check_draft(where: str, method: str, k: int, gamma: int, top_k: int, depth:
       raise ConfigError(f"{where}: {method}.top_k={top_k} exceeds k={k}")
 
 
-def _chain_or_tree(target, draft, p, draft_vocab):
+def _chain_or_tree(target, draft, p, draft_vocab, mesh=None):
   if p.depth:
     return _tree_decoder(target, draft, TreeParams(p.top_k, p.depth, p.total_tokens),
-                         draft_vocab)
-  return _chain_decoder(target, draft, p.gamma, draft_vocab)
+                         draft_vocab, mesh)
+  return _chain_decoder(target, draft, p.gamma, draft_vocab, mesh)
 
 
 def _passes(p) -> int:
@@ -301,14 +313,14 @@ class FrSpecParams(StaticVocabParams):
   METHOD: typing.ClassVar[str] = "frspec"
 
 
-def _static_vocab(target, draft, p: StaticVocabParams):
+def _static_vocab(target, draft, p: StaticVocabParams, mesh=None):
   """Chain drafting (depth 0) or an EAGLE-2 tree (depth > 0) with the trimmed drafter head."""
   if target.tokenizer is None:
     raise ValueError(f"{target.source} has no tokenizer: the counts' tokenizer identity "
                      f"cannot be checked")
   sub = load_or_select(p.counts, target.tokenizer, target.config.vocab_size,
                        target.eos_token_ids, k=p.k)
-  return _chain_or_tree(target, draft, p, sub)
+  return _chain_or_tree(target, draft, p, sub, mesh)
 
 
 register("vocabtrim", VocabTrimParams, drafter_passes=_passes,
@@ -362,9 +374,9 @@ def _ranked_rows(p) -> int:
 
 
 @register("specvocab", SpecVocabParams, drafter_passes=_passes, head_rows=_ranked_rows)
-def _specvocab(target, draft, p: SpecVocabParams):
+def _specvocab(target, draft, p: SpecVocabParams, mesh=None):
   """Chain drafting (depth 0) or an EAGLE-2 tree (depth > 0) over the ranker's candidates."""
-  return _chain_or_tree(target, draft, p, SpeculativeVocab(Ranker.load(p.ranker), k=p.k))
+  return _chain_or_tree(target, draft, p, SpeculativeVocab(Ranker.load(p.ranker), k=p.k), mesh)
 
 
 # --- EAGLE head (EAGLE-3 checkpoints) -------------------------------------------------------
@@ -412,14 +424,14 @@ def _eagle_rows(p: EagleParams) -> int:
 @register("eagle", EagleParams, needs_draft=False, drafter_passes=lambda p: p.depth,
           head_rows=_eagle_rows,
           drafter_params=lambda p: _eagle_config(p.head, "eagle").num_params(_eagle_rows(p)))
-def _eagle(target, draft, p: EagleParams):
+def _eagle(target, draft, p: EagleParams, mesh=None):
   """EAGLE-2 tree drafting with an EAGLE-3 head trained for `target` (refused otherwise)."""
   del draft
   hc, params, _ = load_eagle3(p.head, target_config=target.config, target_params=target.params,
                               dtype=target.params["embed"].dtype)
   vocab = (SpeculativeVocab(Ranker.load(p.ranker), k=p.k) if p.ranker
            else _load_subset(p.subset, target))
-  return EagleDecoder(target.in_layout(block_layout()), target.config, params, hc,
+  return EagleDecoder(_blocks(target, mesh), target.config, params, hc, mesh=mesh,
                       tree=TreeParams(p.top_k, p.depth, p.total_tokens), lm_head=p.lm_head,
                       draft_vocab=vocab)
 
@@ -498,7 +510,7 @@ def _medusa_params(p: MedusaParams) -> int:
 
 @register("medusa", MedusaParams, needs_draft=False, drafter_passes=lambda p: 1,
           head_rows=_medusa_rows, drafter_params=_medusa_params)
-def _medusa(target, draft, p: MedusaParams):
+def _medusa(target, draft, p: MedusaParams, mesh=None):
   """Medusa-1 heads trained for `target` (refused otherwise) drafting a static tree."""
   del draft
   mc, heads, _ = load_medusa(p.heads, target_config=target.config, target_params=target.params)
@@ -510,7 +522,7 @@ def _medusa(target, draft, p: MedusaParams):
                            target.eos_token_ids, k=p.k)
   else:
     vocab = _load_subset(p.subset, target)
-  return MedusaDecoder(target.in_layout(block_layout()), target.config, heads, mc,
+  return MedusaDecoder(_blocks(target, mesh), target.config, heads, mc, mesh=mesh,
                        choices=p.tree_choices(mc.num_heads), draft_vocab=vocab)
 
 
@@ -545,7 +557,8 @@ class CrossVocabParams:
 
 
 @register("crossvocab", CrossVocabParams, drafter_passes=lambda p: p.gamma)
-def _crossvocab(target, draft, p: CrossVocabParams):
+def _crossvocab(target, draft, p: CrossVocabParams, mesh=None):
+  _no_mesh("crossvocab", mesh)
   if target.tokenizer is None or draft.tokenizer is None:
     raise ValueError("crossvocab needs both tokenizers (the target's and the drafter's)")
   params, head = draft.params, None

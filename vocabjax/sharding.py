@@ -38,6 +38,21 @@ def make_mesh(data: int = 1, model: int | None = None, devices=None) -> Mesh:
   return Mesh(np.array(devices).reshape(data, model), ("data", "model"))
 
 
+def parse_mesh(text: str) -> dict:
+  """`data=D,model=M` (either may be left out: data defaults to 1, model to the remaining
+  devices) -> make_mesh's keyword arguments; ValueError naming the bad part."""
+  out = {}
+  for part in text.split(","):
+    name, eq, value = part.strip().partition("=")
+    if not eq or name not in ("data", "model") or not value.isdigit() or int(value) < 1:
+      raise ValueError(f"mesh {text!r}: expected data=D,model=M with positive integers, "
+                       f"got {part!r}")
+    if name in out:
+      raise ValueError(f"mesh {text!r} names {name} twice")
+    out[name] = int(value)
+  return out
+
+
 def _spec(shape: tuple, axis: int | None, mesh: Mesh, name: str = "model") -> P:
   parts = [None] * len(shape)
   if axis is not None and shape[axis] % mesh.shape[name] == 0:

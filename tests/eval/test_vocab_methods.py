@@ -1,6 +1,7 @@
 """`vocabtrim` and `frspec` in the eval suite: greedy identity, MBSU over the trimmed head,
 counts of the wrong kind or size refused before anything runs."""
 
+import dataclasses
 import json
 
 import pytest
@@ -224,3 +225,78 @@ def test_bad_eagle_configs_are_refused(head_dir, tmp_path, tiny_chat_dir):
     main(parse_args(["--config", str(path), "--out", str(tmp_path / "o"), "--quiet"]))
   assert not (tmp_path / "o" / "questions.jsonl").exists()
 
+
+
+@pytest.fixture(scope="module")
+def medusa_dir(tiny_chat_dir, tmp_path_factory):
+  import jax
+  import numpy as np
+
+  from vocabjax.checkpoints.loader import load_model
+  from vocabjax.checkpoints.medusa import save_medusa
+  from vocabjax.models.medusa import MedusaConfig, init_medusa
+  from vocabjax.train.features import model_identity
+
+  m = load_model(tiny_chat_dir, dtype="float32")
+  mc = MedusaConfig(num_heads=2, hidden_size=m.config.hidden_size,
+                    vocab_size=m.config.vocab_size, shared_lm_head=True)
+  p = init_medusa(jax.random.key(0), mc)
+  for h in p["heads"]:
+    h["w"] = jax.numpy.asarray(np.random.RandomState(1).randn(*h["w"].shape) * 0.1)
+  return save_medusa(p, mc, tmp_path_factory.mktemp("medusa") / "heads",
+                     target=model_identity(m))
+
+
+def test_medusa_is_lossless_with_the_heads_rows_counted(medusa_dir, counts, tmp_path,
+                                                       tiny_chat_dir):
+  _, gen = counts
+  path = _suite(tmp_path, tiny_chat_dir, [
+      {"name": "medusa", "method": "medusa", "heads": str(medusa_dir)},
+      {"name": "medusa_tree_vt48", "method": "medusa", "heads": str(medusa_dir),
+       "choices": "[[0], [1], [0, 0], [1, 0]]", "counts": str(gen), "k": 48}])
+  summary = main(parse_args(["--config", str(path), "--out", str(tmp_path / "res"), "--quiet"]))
+  by = {m["name"]: m for m in summary["methods"]}
+  for name, rows in (("medusa", 2 * 320), ("medusa_tree_vt48", 2 * 48)):
+    assert by[name]["overall"]["match_rate"] == 1.0
+    assert by[name]["draft_vocab_size"] == rows
+  for bad, msg in [({"k": 48}, "medusa.k=48 needs counts"),
+                   ({"choices": "[[0], [0, 0], [0, 0, 0]]"}, "3 deep but there are 2 heads"),
+                   ({"counts": str(gen), "k": 0}, r"medusa.k=0 must be in \[1, V=320\]"),
+                   ({"choices": "[[0], [1], [2]]", "counts": str(gen), "k": 2},
+                    "k=2 is smaller than the tree's top_k=3")]:
+    with pytest.raises(ConfigError, match=msg):
+      load_config(_suite(tmp_path, tiny_chat_dir, [{"name": "m", "method": "medusa",
+                                                    "heads": str(medusa_dir), **bad}]))
+
+
+def test_a_suite_on_a_mesh(head_dir, tmp_path, tiny_chat_dir):
+  """`mesh:` (and --mesh): every method runs sharded on 8 virtual devices with the unsharded
+  greedy output; the fingerprint of a one-device suite is as before meshes existed."""
+  path = _suite(tmp_path, tiny_chat_dir, [
+      {"name": "chain_g2", "method": "chain", "gamma": 2},
+      {"name": "eagle", "method": "eagle", "head": str(head_dir), "top_k": 2, "depth": 2,
+       "total_tokens": 3}])
+  one = main(parse_args(["--config", str(path), "--out", str(tmp_path / "one"), "--quiet"]))
+  summary = main(parse_args(["--config", str(path), "--out", str(tmp_path / "res"), "--quiet",
+                             "--mesh", "model=8"]))
+  by = {m["name"]: m for m in summary["methods"]}
+  assert by["chain_g2"]["overall"]["match_rate"] == by["eagle"]["overall"]["match_rate"] == 1.0
+  def ids(run):
+    rows = [json.loads(x) for x in (tmp_path / run / "questions.jsonl").read_text().splitlines()]
+    return {(r["method"], r["qid"]): r["output_ids"] for r in rows}
+
+  assert ids("res") == ids("one")  # every method, every question, as on one device
+  import hashlib
+
+  cfg = load_config(path)
+  d = dataclasses.asdict(cfg)
+  assert d.pop("mesh") is None
+  blob = json.dumps(d, sort_keys=True, default=str).encode()
+  assert cfg.fingerprint() == hashlib.sha256(blob).hexdigest()[:16]  # as before meshes
+  assert cfg.fingerprint() != dataclasses.replace(cfg, mesh="model=8").fingerprint()
+  with pytest.raises(ConfigError, match=r"one question at a time .* needs data=1 .* got data=2"):
+    main(parse_args(["--config", str(path), "--out", str(tmp_path / "y"), "--mesh",
+                     "data=2,model=4"]))
+  with pytest.raises(ConfigError, match=r"mesh 'data=2,pipe=4': expected data=D,model=M"):
+    main(parse_args(["--config", str(path), "--out", str(tmp_path / "x"), "--mesh",
+                     "data=2,pipe=4"]))

@@ -33,8 +33,7 @@ from vocabjax.decoding.tree import TreeBounds, verify_tree
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import forward, is_int8, lm_head, lm_head_weight
-from vocabjax.models.medusa import (MedusaConfig, MedusaTree, medusa_hidden, medusa_logits,
-                                    medusa_tree)
+from vocabjax.models.medusa import MedusaConfig, MedusaTree, medusa_hidden, medusa_tree
 from vocabjax.vocab.policy import policy_state, with_policy_state
 from vocabjax.vocab.subset import VocabSubset
 
@@ -50,24 +49,37 @@ class MedusaState:
   hidden: jax.Array  # [B, D] the target's final hidden state that produced `last`
 
 
-def medusa_candidates(dp, hidden, *, config: MedusaConfig, tree: MedusaTree):
-  """(node tokens [B, n]) of the static tree: node j is head j's rank-r token (`tree`). With
-  a subset attached (`POLICY_STATE`: K rows per head, their target ids), the ranks are taken
-  among those K tokens only."""
+def medusa_projection(dp, x):
+  """(ids [K] or None for all V, logits [..., Hm, K or V] f32) of the heads' hidden states
+  x [..., Hm, D]: each head's projection (its own, or the shared target head), restricted to an
+  attached subset's rows (`POLICY_STATE`). Also the drafter-head part of the time split."""
   sub = policy_state(dp)
-  if sub is None:
-    logits = medusa_logits(dp[MEDUSA_KEY], hidden, config=config, lm_head=dp.get("lm_head"))
-    _, top = jax.lax.top_k(logits, tree.top_k)  # [B, Hm, k]
+  heads = dp[MEDUSA_KEY]["heads"]
+  if sub is not None:
+    ids = sub["ids"]
+    if "head" in sub:  # the shared head's K rows
+      return ids, jnp.einsum("...HD,KD->...HK", x, sub["head"],
+                             preferred_element_type=jnp.float32)
+    rows = sub["heads"]  # each head's own K rows
   else:
-    x = medusa_hidden(dp[MEDUSA_KEY], hidden, config=config)  # [B, Hm, D]
-    if "head" in sub:  # one shared [K, D]
-      logits = jnp.einsum("BHD,KD->BHK", x, sub["head"], preferred_element_type=jnp.float32)
-    else:  # each head's own rows
-      logits = jnp.stack([jnp.einsum("BD,KD->BK", x[:, i], rows,
-                                     preferred_element_type=jnp.float32)
-                          for i, rows in enumerate(sub["heads"])], axis=1)
-    _, j = jax.lax.top_k(logits, tree.top_k)
-    top = sub["ids"][j]
+    ids = None
+    if "lm_head" in dp:
+      return None, jnp.einsum("...HD,VD->...HV", x, dp["lm_head"],
+                              preferred_element_type=jnp.float32)
+    rows = [h["lm_head"] for h in heads]
+  return ids, jnp.stack([jnp.einsum("...D,KD->...K", x[..., i, :], r,
+                                    preferred_element_type=jnp.float32)
+                         for i, r in enumerate(rows)], axis=-2)
+
+
+def medusa_candidates(dp, hidden, *, config: MedusaConfig, tree: MedusaTree):
+  """(node tokens [B, n]) of the static tree: node j is head j's rank-r token (`tree`); with a
+  subset attached, the ranks are taken among its K tokens only."""
+  x = medusa_hidden(dp[MEDUSA_KEY], hidden, config=config)  # [B, Hm, D]
+  ids, logits = medusa_projection(dp, x)
+  _, top = jax.lax.top_k(logits, tree.top_k)  # [B, Hm, k]
+  if ids is not None:
+    top = ids[top]
   return top[:, tree.head, tree.rank].astype(jnp.int32)
 
 
@@ -150,6 +162,7 @@ class MedusaDecoder(SpeculativeDecoder):
     elif medusa_config.shared_lm_head:
       dp["lm_head"] = lm_head_weight(target_params, target_config)
     super().__init__(target_params, target_config, dp, target_config, layout=layout, mesh=mesh)
+    self.draft_policy = medusa_projection  # what the time split times as the drafter's head
     self.drafted_per_step = tree.size
     self.extra_slots = tree.size + 2
     self.verify_tokens = tree.size + 1
@@ -169,7 +182,16 @@ class MedusaDecoder(SpeculativeDecoder):
     return [(1, self.mc.num_heads)]
 
   def drafter_body(self):
-    raise NotImplementedError("Medusa heads have no drafter body to profile")
+    """The heads' residual blocks on the target's hidden state (their LM-head part is
+    `medusa_projection`); the cache argument is unused: the heads keep none."""
+    mc = self.mc
+
+    def body(dp, tokens, positions, cache):
+      del positions, cache
+      h = jnp.zeros(tokens.shape + (mc.hidden_size,), jnp.float32)
+      return medusa_hidden(dp[MEDUSA_KEY], h, config=mc)
+
+    return body, self.dp, self.tc
 
   def _step_fn(self, sampling):
     return functools.partial(medusa_step, target_config=self.tc, medusa_config=self.mc,

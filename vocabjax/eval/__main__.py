@@ -40,6 +40,7 @@ class CliConfig:
   quiet: bool = False
   skip_bad_prompts: bool = False
   reference: str | None = None  # a results dir or summary.json to compare with; "none"
+  mesh: str | None = None  # "data=D,model=M" replacing the suite's
 
 
 def resolve(cli: CliConfig):
@@ -61,7 +62,11 @@ def resolve(cli: CliConfig):
       parse_dtype(value)
     except ValueError as e:
       raise ConfigError(str(e)) from None
-  for field in ("max_new_tokens", "target", "draft", "dtype", "draft_dtype"):
+  if cli.mesh is not None:
+    from vocabjax.eval.config import _mesh
+
+    _mesh(cli.mesh, "--mesh")
+  for field in ("max_new_tokens", "target", "draft", "dtype", "draft_dtype", "mesh"):
     if getattr(cli, field) is not None:
       cfg = dataclasses.replace(cfg, **{field: getattr(cli, field)})
   if cfg.max_new_tokens < 1:
@@ -99,6 +104,8 @@ def parse_args(argv=None) -> CliConfig:
                  "auto; also the PyTorch side's with --compare-torch (f32 or bf16)")
   p.add_argument("--draft-dtype", help="the drafter's weights' dtype (default: the config's "
                  "draft_dtype, else --dtype's); the target verifies, so output stays exact")
+  p.add_argument("--mesh", help="run every method on a device mesh, e.g. data=1,model=8 "
+                 "(replaces the suite's `mesh:`)")
   p.add_argument("--compare-torch", action="store_true",
                  help="also run transformers (plain and assisted generation)")
   p.add_argument("--overwrite", action="store_true",
@@ -115,7 +122,7 @@ def parse_args(argv=None) -> CliConfig:
   return CliConfig(config=a.config, out=a.out, spec_bench=a.spec_bench,
                    categories=tuple(a.categories) if a.categories else None,
                    max_new_tokens=a.max_new_tokens, target=a.target, draft=a.draft,
-                   dtype=a.dtype, draft_dtype=a.draft_dtype, compare_torch=a.compare_torch,
+                   dtype=a.dtype, draft_dtype=a.draft_dtype, mesh=a.mesh, compare_torch=a.compare_torch,
                    overwrite=a.overwrite, quiet=a.quiet, skip_bad_prompts=a.skip_bad_prompts,
                    reference=a.reference)
 

@@ -58,6 +58,7 @@ class EvalConfig:
   #   keeps decoding exact whatever the drafter computes in)
   time_split: bool = True  # time drafter / LM head / verification per method
   name: str = "custom"
+  mesh: str | None = None  # "data=D,model=M": every method on a device mesh (`sharding`)
 
   @property
   def greedy(self) -> bool:
@@ -65,7 +66,10 @@ class EvalConfig:
 
   def fingerprint(self) -> str:
     """Hash of everything that changes results (a result directory is tied to one)."""
-    blob = json.dumps(dataclasses.asdict(self), sort_keys=True, default=str)
+    d = dataclasses.asdict(self)
+    if d["mesh"] is None:  # one device: the fingerprint of suites recorded before meshes
+      d.pop("mesh")
+    blob = json.dumps(d, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
   def as_dict(self) -> dict:
@@ -120,7 +124,21 @@ def config_from_dict(raw: dict, *, name: str = "custom") -> EvalConfig:
       methods=tuple(methods), max_new_tokens=raw.get("max_new_tokens", 128), temperature=temp,
       top_k=int(raw.get("top_k", 0)), top_p=float(raw.get("top_p", 1.0)), seeds=tuple(seeds),
       chat=bool(raw.get("chat", True)), max_len=raw.get("max_len"), dtype=raw.get("dtype"),
-      draft_dtype=raw.get("draft_dtype"), time_split=bool(raw.get("time_split", True)), name=raw.get("name", name))
+      draft_dtype=raw.get("draft_dtype"), time_split=bool(raw.get("time_split", True)),
+      name=raw.get("name", name), mesh=_mesh(raw.get("mesh"), name))
+
+
+def _mesh(value, name: str) -> str | None:
+  """A suite's `mesh:` ("data=D,model=M"), checked for syntax."""
+  if value is None:
+    return None
+  from vocabjax.sharding import parse_mesh
+
+  try:
+    parse_mesh(str(value))
+  except ValueError as e:
+    raise ConfigError(f"config {name}: {e}") from None
+  return str(value)
 
 
 def shipped_suites() -> list[str]:

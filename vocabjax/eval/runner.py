@@ -203,9 +203,21 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
     raise ConfigError(f"config {config.name}: the prompts cannot be encoded: {e}") from e
   eos = models.target.eos_token_ids
   decoders = {}
+  mesh = None
+  if config.mesh:
+    from vocabjax.sharding import make_mesh, parse_mesh
+
+    try:
+      mesh = make_mesh(**parse_mesh(config.mesh))
+    except ValueError as e:
+      raise ConfigError(f"config {config.name}: {e}") from None
+    if mesh.shape["data"] != 1:
+      raise ConfigError(f"config {config.name}: mesh {config.mesh!r}: a suite decodes one "
+                        f"question at a time (batch 1), so its mesh needs data=1 (tensor "
+                        f"parallel over model); got data={mesh.shape['data']}")
   for m in config.methods:  # pairing and parameter errors, before `out` is claimed
     try:
-      decoders[m.name] = METHODS[m.method].make(models.target, models.draft, m.kwargs)
+      decoders[m.name] = METHODS[m.method].make(models.target, models.draft, m.kwargs, mesh)
     except (ValueError, KeyError) as e:
       raise ConfigError(f"config {config.name}: method {m.name!r} ({m.method}) cannot be "
                         f"built with these models: {e}") from e

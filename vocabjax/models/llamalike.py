@@ -300,7 +300,11 @@ def compute_dtype(params: Params):
   params dict without one (an EAGLE drafter's)."""
   if "final_norm" in params:
     return params["final_norm"].dtype
-  return jnp.float32 if params["embed"].dtype == jnp.int8 else params["embed"].dtype
+  if "embed" in params:
+    return jnp.float32 if params["embed"].dtype == jnp.int8 else params["embed"].dtype
+  # heads on a target's hidden state (Medusa's): their first floating array's dtype
+  floats = [x.dtype for x in jax.tree.leaves(params) if jnp.issubdtype(x.dtype, jnp.floating)]
+  return floats[0] if floats else jnp.float32
 
 
 SCALE = "_scale"  # suffix of an int8 matrix's per-row scales: w ~ q * scale[:, None]
