@@ -67,6 +67,9 @@ class GenerateConfig:
   medusa_choices: str = ""  # Medusa's medusa_choices as JSON ("": every path of ranks < top-k)
   medusa_top_k: int = 1  # ranks per head of the full tree when no choices are given (1: chain)
   mesh: str | None = None  # "data=D,model=M": run on a device mesh (`vocabjax.sharding`)
+  coordinator: str | None = None  # jax.distributed: process 0's HOST:PORT (`vocabjax.distributed`)
+  num_processes: int | None = None
+  process_id: int | None = None
   ngram: bool = True  # crossvocab: the online n-gram cache (False: direct mapping only, UAG)
   distilled: str | None = None  # crossvocab: a `train.distill` output's drafter/ directory
   adaptive: bool = False  # crossvocab: stop drafting by the distilled acceptance head
@@ -121,7 +124,13 @@ class GenerateConfig:
     if self.mesh is not None:
       from vocabjax.sharding import parse_mesh
 
-      parse_mesh(self.mesh)  # the shape's syntax; its device count is checked at build time
+      parse_mesh(self.mesh)
+    from vocabjax import distributed
+
+    if distributed.settings(self.coordinator, self.num_processes, self.process_id) and \
+        not self.mesh:
+      raise ValueError("a multi-process run decodes on a mesh over every process's devices: "
+                       "give --mesh too")  # the shape's syntax; its device count is checked at build time
     method_spec(self)  # the method's own parameter checks (the registry's), before any loading
 
 
@@ -183,6 +192,9 @@ def main(config: GenerateConfig) -> dict:
   sampling = SamplingParams(config.temperature, config.top_k, config.top_p)  # validates
   if config.max_new_tokens <= 0:
     raise ValueError(f"max_new_tokens must be > 0, got {config.max_new_tokens}")
+  from vocabjax import distributed
+
+  distributed.initialize(config.coordinator, config.num_processes, config.process_id)
   t0 = time.perf_counter()
   model = load_model(config.target, dtype=config.dtype)
   load_s = time.perf_counter() - t0
@@ -213,7 +225,8 @@ def main(config: GenerateConfig) -> dict:
       spec_stats["time_split_per_step"] = split.as_dict()
       spec_stats["time_split"] = run_split(split, st.target_forwards, res.decode_s)
   texts = [model.tokenizer.decode(t, skip_special_tokens=True) for t in res.tokens]
-  if not config.quiet:
+  main_process = jax.process_index() == 0  # under jax.distributed, process 0 reports
+  if not config.quiet and main_process:
     for i, text in enumerate(texts):
       if len(texts) > 1:
         print(f"--- [{i}] ---")
@@ -238,7 +251,7 @@ def main(config: GenerateConfig) -> dict:
   print(f"[vocabjax] {config.method}: {res.num_generated} tokens, {res.tokens_per_s:.2f} tok/s "
         f"(prefill {res.prefill_s:.2f}s, compile {res.compile_s:.1f}s, load {load_s:.1f}s"
         f"{extra})", file=sys.stderr)
-  if config.output:
+  if config.output and main_process:
     atomic_write_json(config.output, stats)
   return stats
 
@@ -326,6 +339,9 @@ def parse_args(argv=None) -> GenerateConfig:
   p.add_argument("--mesh", help="run on a device mesh, e.g. data=1,model=8 (tensor-parallel "
                  "target and drafter, batch rows over data; chain, tree, the vocabulary "
                  "methods, eagle and medusa)")
+  from vocabjax import distributed
+
+  distributed.add_arguments(p)
   p.add_argument("--medusa-heads", help="Medusa head directory (`python -m vocabjax.train.medusa`"
                  " or Medusa's own) for --method medusa")
   p.add_argument("--medusa-choices", default="",
@@ -349,7 +365,8 @@ def parse_args(argv=None) -> GenerateConfig:
                         ranker_k=a.ranker_k, eagle_head=a.eagle_head,
                         eagle_lm_head=a.eagle_lm_head, medusa_heads=a.medusa_heads,
                         medusa_choices=a.medusa_choices, medusa_top_k=a.medusa_top_k,
-                        mesh=a.mesh,
+                        mesh=a.mesh, coordinator=a.coordinator,
+                        num_processes=a.num_processes, process_id=a.process_id,
                         ngram=not a.no_ngram,
                         distilled=a.distilled, adaptive=a.adaptive, threshold=a.threshold)
 

@@ -54,6 +54,9 @@ def _parser():
                  help="write the final counts from the units done so far, run no more")
   c.add_argument("--overwrite", action="store_true", help="replace another job's results")
   c.add_argument("--quiet", action="store_true")
+  from vocabjax import distributed
+
+  distributed.add_arguments(c)
 
   s = sub.add_parser("select", help="select a static subset from counts")
   s.add_argument("counts")
@@ -74,6 +77,9 @@ def main(argv=None) -> int:
   args = _parser().parse_args(argv)
   try:
     if args.cmd == "count":
+      from vocabjax import distributed
+
+      distributed.initialize_from_args(args)  # before any JAX computation
       job = CountJob(
           model=args.model, out=args.out, kind="generated" if args.generate else "text",
           text=tuple(args.text), jsonl=tuple(args.jsonl), dataset=args.dataset,

@@ -1,0 +1,97 @@
+"""Multi-process runs under jax.distributed: two local CPU processes (two virtual devices each)
+count the same tokens and decode the same greedy ids on a mesh over all four devices as one
+process does; bad settings are refused by name."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from vocabjax.calibrate.counts import Counts
+from vocabjax.distributed import settings
+
+
+def test_settings_from_arguments_and_environment():
+  assert settings(env={}) is None  # one process
+  assert settings("127.0.0.1:1234", 2, 1, env={}) == ("127.0.0.1:1234", 2, 1)
+  env = {"JAX_COORDINATOR_ADDRESS": "h:5", "JAX_NUM_PROCESSES": "4", "JAX_PROCESS_ID": "3"}
+  assert settings(env=env) == ("h:5", 4, 3)
+  assert settings(process_id=0, env=env) == ("h:5", 4, 0)  # an argument wins
+  with pytest.raises(ValueError, match=r"process_id=2 is out of range for num_processes=2"):
+    settings("h:1", 2, 2, env={})
+  with pytest.raises(ValueError, match=r"num_processes=0 must be >= 1"):
+    settings("h:1", 0, 0, env={})
+  with pytest.raises(ValueError, match=r"coordinator='nohost': expected HOST:PORT"):
+    settings("nohost", 2, 0, env={})
+  with pytest.raises(ValueError, match=r"needs the coordinator address.*process_id=None"):
+    settings("h:1", 2, env={})
+  with pytest.raises(ValueError, match=r"\$JAX_PROCESS_ID='x' is not an integer"):
+    settings(env={**env, "JAX_PROCESS_ID": "x"})
+
+
+def _port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _env():
+  return {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+          "JAX_PLATFORMS": "cpu"}
+
+
+def _run(module_args, processes: int):
+  """Run `python -m ...` as `processes` processes of one jax.distributed run; their outputs."""
+  port = _port()
+  procs = []
+  for i in range(processes):
+    extra = ([] if processes == 1 else
+             ["--coordinator", f"127.0.0.1:{port}", "--num-processes", str(processes),
+              "--process-id", str(i)])
+    procs.append(subprocess.Popen([sys.executable, "-m", *module_args(i), *extra],
+                                  env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True))
+  outs = [p.communicate(timeout=300) for p in procs]
+  for p, (out, err) in zip(procs, outs):
+    assert p.returncode == 0, err[-3000:]
+  return outs
+
+
+def test_two_processes_count_what_one_counts(tiny_chat_dir, tmp_path):
+  text = tmp_path / "text"
+  text.mkdir()
+  rs = np.random.RandomState(0)
+  words = ["def", "return", "fox", "print", "Hello", "range", "lazy", "tokens"]
+  for i in range(7):  # 7 units of one document: the processes take uneven shares
+    (text / f"d{i}.txt").write_text(" ".join(rs.choice(words, 40 + 9 * i)))
+
+  def args(out):
+    return lambda i: ["vocabjax.calibrate", "count", "--model", str(tiny_chat_dir), "--out",
+                      str(tmp_path / out), "--text", str(text), "--docs-per-unit", "1",
+                      "--quiet"]
+
+  _run(args("one"), 1)
+  _run(args("two"), 2)
+  one, two = Counts.load(tmp_path / "one" / "counts.npz"), Counts.load(tmp_path / "two" /
+                                                                         "counts.npz")
+  np.testing.assert_array_equal(one.counts, two.counts)
+  assert two.meta["processes"] == 2 and two.meta["devices"] == 4 and one.total > 0
+
+
+def test_two_processes_decode_what_one_decodes(tiny_chat_dir, tmp_path):
+  def args(name, mesh, method=()):
+    return lambda i: ["vocabjax.generate", "--target", str(tiny_chat_dir), "--prompt",
+                      "def add(a, b):", "--prompt", "x = 1", "--max-new-tokens", "10",
+                      "--quiet", "--mesh", mesh, *method, "--output",
+                      str(tmp_path / f"{name}.json")]
+
+  chain = ["--method", "chain", "--draft", str(tiny_chat_dir), "--gamma", "3"]
+  _run(args("one", "model=2", chain), 1)
+  _run(args("two", "model=4", chain), 2)  # one mesh over both processes' devices
+  one = json.loads((tmp_path / "one.json").read_text())
+  two = json.loads((tmp_path / "two.json").read_text())
+  assert two["output_ids"] == one["output_ids"] and two["speculative"]["tau"] >= 1
+  assert two["settings"]["num_processes"] == 2
