@@ -1,0 +1,117 @@
+"""A chain-drafting step on one device against the same step on a mesh (issue 24's measurement).
+
+Random weights of the registry models' real shapes (read from their GGUF metadata; timing does
+not depend on weight values), a chain of `--gamma` drafts after `--context` committed tokens.
+For each placement: the step's median wall time over `--repeats` steps (compile excluded), and
+the collectives XLA compiled into the step program (all-reduce, all-gather, reduce-scatter,
+collective-permute, all-to-all), counted with the bytes of their results: the communication
+per step. On this 2-core machine the mesh is virtual (`XLA_FLAGS=
+--xla_force_host_platform_device_count=8`, set by this script), so its times measure the
+partitioned program's overhead, not a speedup; the bytes are what a real mesh would move.
+
+    python eval/sharded_step.py --target qwen2.5-coder-1.5b-instruct \
+        --draft qwen2.5-coder-0.5b-instruct --mesh model=8 --out eval/results/sharded_step.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import time
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
+_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1,
+          "s64": 8, "f64": 8}
+
+
+def collectives(hlo: str) -> dict:
+  """{op: (count, result bytes)} of the collectives in compiled HLO text (async pairs counted
+  once, at their -start)."""
+  out = {op: [0, 0] for op in COLLECTIVES}
+  shape = re.compile(r"(\w+)\[([\d,]*)\]")
+  for line in hlo.splitlines():
+    m = re.search(r"=\s*(.*?)\s+(" + "|".join(COLLECTIVES) + r")(-start)?\(", line)
+    if not m or "-done" in line.split("=")[0]:
+      continue
+    op, result = m.group(2), m.group(1)
+    nbytes = 0
+    for dt, dims in shape.findall(result):
+      n = 1
+      for d in filter(None, dims.split(",")):
+        n *= int(d)
+      nbytes += n * _BYTES.get(dt, 4)
+    if m.group(3):  # an async start's result tuple holds the operand and the result
+      nbytes //= 2
+    out[op][0] += 1
+    out[op][1] += nbytes
+  return {k: tuple(v) for k, v in out.items() if v[0]}
+
+
+def main(argv=None) -> int:
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  from vocabjax.checkpoints.gguf_io import config_from_gguf, metadata, open_gguf
+  from vocabjax.checkpoints.zoo import resolve
+  from vocabjax.decoding import SamplingParams
+  from vocabjax.decoding.speculative import ChainDecoder
+  from vocabjax.io import atomic_write_text
+  from vocabjax.models import init_params
+  from vocabjax.sharding import make_mesh, parse_mesh
+
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--target", required=True)
+  ap.add_argument("--draft", required=True)
+  ap.add_argument("--mesh", default="model=8")
+  ap.add_argument("--gamma", type=int, default=3)
+  ap.add_argument("--context", type=int, default=256)
+  ap.add_argument("--repeats", type=int, default=5)
+  ap.add_argument("--out", required=True)
+  a = ap.parse_args(argv)
+
+  def config(name):
+    r = open_gguf(resolve(name))
+    names = {t.name for t in r.tensors}
+    V = int(next(t for t in r.tensors if t.name == "token_embd.weight").shape[-1])
+    return config_from_gguf(metadata(r), names, V)
+
+  tc, dc = config(a.target), config(a.draft)
+  tp = init_params(jax.random.key(0), tc)
+  dp = init_params(jax.random.key(1), dc)
+  B, T, S = 1, a.context, a.context + 64
+  rows = [f"# A chain step (gamma {a.gamma}) on one device and on a mesh", "",
+          f"Command: `python eval/sharded_step.py --target {a.target} --draft {a.draft} "
+          f"--mesh {a.mesh} --gamma {a.gamma} --context {a.context} --repeats {a.repeats} "
+          f"--out {a.out}`; random weights of the real shapes, f32, batch 1; "
+          f"{jax.device_count()} {jax.default_backend()} devices "
+          f"(virtual: they share this machine's cores).", "",
+          "| placement | step ms (median) | collectives per step | bytes moved per step |",
+          "|---|---|---|---|"]
+  for label, mesh in (("one device", None), (f"mesh {a.mesh}", make_mesh(**parse_mesh(a.mesh)))):
+    dec = ChainDecoder(tp, tc, dp, dc, gamma=a.gamma, mesh=mesh)
+    start, step, _ = dec.programs(SamplingParams(), B, T, S, jnp.float32)
+    toks = jnp.asarray(np.random.RandomState(0).randint(0, tc.vocab_size, (B, T)), jnp.int32)
+    _, state = start(toks, jnp.full((B,), T, jnp.int32), toks[:, -1], jax.random.key(0))
+    times = []
+    for i in range(a.repeats + 1):
+      t0 = time.perf_counter()
+      state, emitted, _ = step(dec.tp, dec.dp, state, jax.random.key(i))
+      jax.block_until_ready(emitted)
+      times.append(time.perf_counter() - t0)
+    coll = collectives(step.as_text())
+    desc = ", ".join(f"{op} x{n}" for op, (n, _) in coll.items()) or "none"
+    nbytes = sum(b for _, b in coll.values())
+    rows.append(f"| {label} | {1000 * float(np.median(times[1:])):.1f} | {desc} | "
+                f"{nbytes:,} |")
+    print(rows[-1], flush=True)
+    del dec, state
+  atomic_write_text(a.out, "\n".join(rows) + "\n")
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
