@@ -123,8 +123,8 @@ def test_prompt_longer_than_max_len_fails_before_running(suite, tmp_path):
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"methods": [{"name": "ar", "method": "ar"}, {"method": "medusa"}]},
-     "unknown method 'medusa'"),
+    ({"methods": [{"name": "ar", "method": "ar"}, {"method": "lookahead"}]},
+     "unknown method 'lookahead'"),
     ({"methods": [{"name": "ar", "method": "ar"}, {"method": "chain", "gama": 3}]},
      r"no parameters \['gama'\]"),
     ({"methods": [{"method": "chain", "gamma": 3}]}, "need an 'ar' baseline"),
