@@ -28,6 +28,8 @@ from vocabjax.decoding.sampling import SamplingParams
 from vocabjax.io import atomic_write_json
 from vocabjax.methods import METHODS
 from vocabjax.prompts import encode_prompts
+from vocabjax import distributed
+from vocabjax.sharding import make_mesh, parse_mesh
 
 CLI_METHODS = ("ar", "chain", "tree", "eagle", "medusa", "crossvocab", "pld")  # --method choices
 
@@ -122,11 +124,7 @@ class GenerateConfig:
       raise ValueError("--stop '' would stop at the first token: stop strings must be "
                        "non-empty")
     if self.mesh is not None:
-      from vocabjax.sharding import parse_mesh
-
       parse_mesh(self.mesh)
-    from vocabjax import distributed
-
     if distributed.settings(self.coordinator, self.num_processes, self.process_id) and \
         not self.mesh:
       raise ValueError("a multi-process run decodes on a mesh over every process's devices: "
@@ -182,8 +180,6 @@ def build_decoder(config: GenerateConfig, model):
                        load_tokenizer=method.name == "crossvocab")
   mesh = None
   if config.mesh:
-    from vocabjax.sharding import make_mesh, parse_mesh
-
     mesh = make_mesh(**parse_mesh(config.mesh))
   return method.make(model, draft, params, mesh)
 
@@ -192,8 +188,6 @@ def main(config: GenerateConfig) -> dict:
   sampling = SamplingParams(config.temperature, config.top_k, config.top_p)  # validates
   if config.max_new_tokens <= 0:
     raise ValueError(f"max_new_tokens must be > 0, got {config.max_new_tokens}")
-  from vocabjax import distributed
-
   distributed.initialize(config.coordinator, config.num_processes, config.process_id)
   t0 = time.perf_counter()
   model = load_model(config.target, dtype=config.dtype)
@@ -339,7 +333,6 @@ def parse_args(argv=None) -> GenerateConfig:
   p.add_argument("--mesh", help="run on a device mesh, e.g. data=1,model=8 (tensor-parallel "
                  "target and drafter, batch rows over data; chain, tree, the vocabulary "
                  "methods, eagle and medusa)")
-  from vocabjax import distributed
 
   distributed.add_arguments(p)
   p.add_argument("--medusa-heads", help="Medusa head directory (`python -m vocabjax.train.medusa`"

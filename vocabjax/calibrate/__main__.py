@@ -18,6 +18,7 @@ from pathlib import Path
 from vocabjax.calibrate.counts import CalibrationError, Counts, plot
 from vocabjax.calibrate.run import CountJob, run_count
 from vocabjax.calibrate.select import subset_from_counts
+from vocabjax import distributed
 
 
 def _parser():
@@ -54,7 +55,6 @@ def _parser():
                  help="write the final counts from the units done so far, run no more")
   c.add_argument("--overwrite", action="store_true", help="replace another job's results")
   c.add_argument("--quiet", action="store_true")
-  from vocabjax import distributed
 
   distributed.add_arguments(c)
 
@@ -77,7 +77,6 @@ def main(argv=None) -> int:
   args = _parser().parse_args(argv)
   try:
     if args.cmd == "count":
-      from vocabjax import distributed
 
       distributed.initialize_from_args(args)  # before any JAX computation
       job = CountJob(

@@ -28,6 +28,8 @@ from vocabjax.errors import ConfigError
 from vocabjax.methods import METHODS
 from vocabjax.prompts import (EVAL_CONFIG_DIR, DatasetSpec, check_positive, parse_datasets,
                               read_suite, suite_path)
+from vocabjax.sharding import parse_mesh
+
 
 @dataclasses.dataclass(frozen=True)
 class MethodSpec:
@@ -132,7 +134,6 @@ def _mesh(value, name: str) -> str | None:
   """A suite's `mesh:` ("data=D,model=M"), checked for syntax."""
   if value is None:
     return None
-  from vocabjax.sharding import parse_mesh
 
   try:
     parse_mesh(str(value))

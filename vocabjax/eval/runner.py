@@ -33,6 +33,7 @@ from vocabjax.eval.torch_compare import TorchRunner
 from vocabjax.io import atomic_write_json
 from vocabjax.methods import METHODS
 from vocabjax.prompts import encode_prompts, load_prompts
+from vocabjax.sharding import make_mesh, parse_mesh
 
 RECORDS = "questions.jsonl"
 
@@ -205,7 +206,6 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
   decoders = {}
   mesh = None
   if config.mesh:
-    from vocabjax.sharding import make_mesh, parse_mesh
 
     try:
       mesh = make_mesh(**parse_mesh(config.mesh))

@@ -37,8 +37,11 @@ from pathlib import Path
 
 from vocabjax.errors import ConfigError
 from vocabjax.io import atomic_write_json, atomic_write_text
+from vocabjax.calibrate.corpora import resolve_corpus
+from vocabjax.checkpoints.loader import load_tokenizer_and_vocab
 from vocabjax.prompts import (EVAL_CONFIG_DIR, DatasetSpec, load_gsm8k, load_prompts,
                               load_spec_bench, suite_datasets)
+from vocabjax.train.features import read_records
 
 SOURCES = ("gsm8k", "humaneval", "specbench", "stdlib", "shakespeare")
 
@@ -106,7 +109,6 @@ def _chunks(text: str, tok, n_tokens: int):
 
 
 def _stdlib(tok, max_completion: int, seed: int):
-  from vocabjax.calibrate.corpora import resolve_corpus
 
   root = resolve_corpus("stdlib")
   files = sorted(p for p in root.glob("*.py") if p.stat().st_size > 2000)
@@ -120,7 +122,6 @@ def _stdlib(tok, max_completion: int, seed: int):
 
 
 def _shakespeare(tok, max_completion: int, seed: int):
-  from vocabjax.calibrate.corpora import resolve_corpus
 
   files = sorted(resolve_corpus("shakespeare").glob("*.txt"))
   random.Random(seed).shuffle(files)
@@ -152,7 +153,6 @@ def build_corpus(sources, tokenizer, *, max_completion: int = 512, seed: int = 0
   for spec in sources:
     name, limit = _parse_source(spec)
     if name.startswith("jsonl:"):
-      from vocabjax.train.features import read_records
 
       path = name[len("jsonl:"):]
       got = [dict(r, source=f"{Path(path).parent.name}/{i}")
@@ -208,7 +208,6 @@ def main(argv=None) -> int:
                   help="eval suites whose questions are left out (default: every shipped one)")
   args = ap.parse_args(argv)
   try:
-    from vocabjax.checkpoints.loader import load_tokenizer_and_vocab
 
     tok, _ = load_tokenizer_and_vocab(args.target)
     eos = getattr(tok, "eos_token_id", None)

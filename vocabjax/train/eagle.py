@@ -67,6 +67,7 @@ from vocabjax.train.loop import (OptimConfig, TrainError, TrainRun, TrainState, 
                                  step_rng)
 from vocabjax.train.losses import vocab_cross_entropy
 from vocabjax.vocab.subset import VocabSubset
+from vocabjax.checkpoints.torch_model import load_torch_model
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,7 +168,6 @@ def _torch_features(job: EagleJob, target, layers):
   `forward_features` returns) and its argmax. One sequence per call, unpadded."""
   import torch
 
-  from vocabjax.checkpoints.torch_model import load_torch_model
 
   if max(layers) >= target.config.num_layers - 1:
     raise TrainError(f"feature_backend: torch reads transformers' hidden states, whose last "
