@@ -25,3 +25,24 @@ def tiny_chat_dir(tmp_path_factory):
   """A tiny Qwen2 checkpoint with a byte-level BPE tokenizer and a chat template."""
   return save_tiny_variant("qwen2_bias", tmp_path_factory.mktemp("chat") / "m", seed=3,
                            with_tokenizer=True)
+
+
+@pytest.fixture(scope="session")
+def tiny_medusa_dir(tiny_chat_dir, tmp_path_factory):
+  """Two random Medusa-1 heads (shared LM head) for `tiny_chat_dir`, in Medusa's layout."""
+  import jax
+  import numpy as np
+
+  from vocabjax.checkpoints.loader import load_model
+  from vocabjax.checkpoints.medusa import save_medusa
+  from vocabjax.models.medusa import MedusaConfig, init_medusa
+  from vocabjax.train.features import model_identity
+
+  m = load_model(tiny_chat_dir, dtype="float32")
+  mc = MedusaConfig(num_heads=2, hidden_size=m.config.hidden_size,
+                    vocab_size=m.config.vocab_size, shared_lm_head=True)
+  p = init_medusa(jax.random.key(0), mc)
+  for h in p["heads"]:  # zero-initialized heads would all predict the base token
+    h["w"] = jax.numpy.asarray(np.random.RandomState(1).randn(*h["w"].shape) * 0.1)
+  return save_medusa(p, mc, tmp_path_factory.mktemp("medusa") / "heads",
+                     target=model_identity(m))

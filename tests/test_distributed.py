@@ -95,3 +95,42 @@ def test_two_processes_decode_what_one_decodes(tiny_chat_dir, tmp_path):
   two = json.loads((tmp_path / "two.json").read_text())
   assert two["output_ids"] == one["output_ids"] and two["speculative"]["tau"] >= 1
   assert two["settings"]["num_processes"] == 2
+
+
+def test_two_processes_run_an_eval_suite_as_one_does(tiny_chat_dir, tmp_path):
+  """`python -m vocabjax.eval` under jax.distributed: both processes decode every question on
+  one mesh over their 4 devices; process 0 alone writes, once per question, the same greedy
+  ids as a one-process run; a rerun resumes with nothing left to do."""
+  import yaml
+
+  from tests.eval.test_eval_cli import QUESTIONS
+
+  bench = tmp_path / "bench.jsonl"
+  bench.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+  cfg = {"name": "dist", "target": str(tiny_chat_dir), "draft": str(tiny_chat_dir),
+         "datasets": [{"kind": "spec_bench", "path": str(bench), "per_group": 1}],
+         "max_new_tokens": 8, "max_len": 128, "time_split": True,
+         "methods": [{"name": "ar", "method": "ar"},
+                     {"name": "chain_g2", "method": "chain", "gamma": 2}]}
+  suite = tmp_path / "dist.yaml"
+  suite.write_text(yaml.safe_dump(cfg))
+
+  def args(out, mesh):
+    return lambda i: ["vocabjax.eval", "--config", str(suite), "--out", str(tmp_path / out),
+                      "--quiet", "--reference", "none", "--mesh", mesh]
+
+  def records(out):
+    rows = [json.loads(x) for x in (tmp_path / out / "questions.jsonl").read_text()
+            .splitlines()]
+    return {(r["method"], r["qid"]): r["output_ids"] for r in rows}, len(rows)
+
+  _run(args("one", "model=2"), 1)
+  outs = _run(args("two", "model=4"), 2)
+  one, n_one = records("one")
+  two, n_two = records("two")
+  assert two == one and n_two == n_one == len(one) >= 4  # no record written twice
+  assert "| chain_g2 |" in outs[0][0] and "| chain_g2 |" not in outs[1][0]  # 0 reports
+  split = json.loads((tmp_path / "two" / "splits.json").read_text())
+  assert split["chain_g2"]["verification_s"] > 0
+  _run(args("two", "model=4"), 2)  # resumed: nothing to run, nothing appended
+  assert records("two")[1] == n_two

@@ -192,27 +192,18 @@ def test_eagle_head(tiny_chat_dir, tmp_path):
     parse_args(base + ["--eagle-head", str(head)])
 
 
-def test_medusa_heads(tiny_chat_dir, tmp_path):
+def test_medusa_heads(tiny_chat_dir, tiny_medusa_dir, tmp_path):
   """--method medusa --medusa-heads: a chain of the heads' top-1 tokens, a JSON tree, and the
   heads restricted by --draft-vocab all equal AR; heads for another target, a tree deeper than
   the heads and stray --medusa-* flags are refused."""
-  import jax
   import numpy as np
 
   from vocabjax.calibrate.counts import tokenizer_identity
-  from vocabjax.checkpoints.medusa import save_medusa
-  from vocabjax.models.medusa import MedusaConfig, init_medusa
   from vocabjax.testing.tiny import save_tiny_variant
-  from vocabjax.train.features import model_identity
   from vocabjax.vocab.subset import VocabSubset
 
   m = load_model(tiny_chat_dir, dtype="float32")
-  mc = MedusaConfig(num_heads=2, hidden_size=m.config.hidden_size,
-                    vocab_size=m.config.vocab_size, shared_lm_head=True)
-  p = init_medusa(jax.random.key(0), mc)
-  for h in p["heads"]:
-    h["w"] = jax.numpy.asarray(np.random.RandomState(0).randn(*h["w"].shape) * 0.1)
-  heads = save_medusa(p, mc, tmp_path / "heads", target=model_identity(m))
+  heads = tiny_medusa_dir
   VocabSubset(np.arange(0, m.config.vocab_size, 2), m.config.vocab_size,
               tokenizer_id=tokenizer_identity(m.tokenizer)).save(tmp_path / "sub.npz")
   base = ["--target", str(tiny_chat_dir), "--prompt", "def add(a, b):", "--max-new-tokens",

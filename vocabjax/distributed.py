@@ -12,7 +12,9 @@ count below 1, a malformed address are errors naming the value) and calls
 collectives, which cross-process programs on CPU need. After it, `jax.devices()` lists every
 process's devices, so `vocabjax.sharding.make_mesh` spans them all; inputs that every process
 holds alike (weights read from the same file, the same prompts) are placed on the global mesh,
-and results are written by process 0 (`is_main`).
+and results are written by process 0 (`is_main`); what process 0 alone reads (which records
+a resumed run already has) reaches the others through `broadcast_from_main`, so no process
+needs another's files.
 """
 
 from __future__ import annotations
@@ -89,3 +91,16 @@ def is_main() -> bool:
   import jax
 
   return jax.process_index() == 0
+
+
+def broadcast_from_main(x):
+  """Process 0's value of the array `x` on every process (as is in a single-process run): for
+  decisions that only process 0 can make, such as which records a resumed run still needs."""
+  import jax
+  import numpy as np
+
+  if jax.process_count() == 1:
+    return np.asarray(x)
+  from jax.experimental import multihost_utils
+
+  return np.asarray(multihost_utils.broadcast_one_to_all(np.asarray(x)))

@@ -82,13 +82,19 @@ def test_a_tree_holding_every_token_accepts_every_step():
 
 @pytest.mark.parametrize("sp", [SamplingParams(temperature=1.0),
                                 SamplingParams(temperature=0.7, top_p=0.9)])
-def test_sampling_is_lossless(sp):
+@pytest.mark.parametrize("subset", [False, True], ids=["full_heads", "subset_on_heads"])
+def test_sampling_is_lossless(sp, subset):
   """The joint law of the first three tokens equals target-only sampling (chi-square over
-  12,000 rows) with a two-level tree of three branches per node at the root."""
+  12,000 rows) with a two-level tree of three branches per node at the root; also with the
+  heads restricted to a subset holding only some of the target's likely tokens (q = 0 outside
+  it: the residual gives a missed token its full probability)."""
   target = init_params(jax.random.key(10), SMALL, scale=0.8)
   heads, mc = heads_for(target, SMALL, num_heads=2)
+  vocab = (VocabSubset(np.arange(0, SMALL.vocab_size, 2), SMALL.vocab_size) if subset
+           else None)
   samples, st = prompt_samples(
-      MedusaDecoder(target, SMALL, heads, mc, choices=[[0], [1], [2], [0, 0], [1, 0]]), sp)
+      MedusaDecoder(target, SMALL, heads, mc, choices=[[0], [1], [2], [0, 0], [1, 0]],
+                    draft_vocab=vocab), sp)
   assert 0.05 < st.acceptance_rate < 0.95  # accepts and rejections both happen
   assert chi2_pvalue(samples, exact_sequence_probs(target, SMALL, PROMPT, sp)) > 1e-3
 

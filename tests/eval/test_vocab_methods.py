@@ -226,33 +226,12 @@ def test_bad_eagle_configs_are_refused(head_dir, tmp_path, tiny_chat_dir):
   assert not (tmp_path / "o" / "questions.jsonl").exists()
 
 
-
-@pytest.fixture(scope="module")
-def medusa_dir(tiny_chat_dir, tmp_path_factory):
-  import jax
-  import numpy as np
-
-  from vocabjax.checkpoints.loader import load_model
-  from vocabjax.checkpoints.medusa import save_medusa
-  from vocabjax.models.medusa import MedusaConfig, init_medusa
-  from vocabjax.train.features import model_identity
-
-  m = load_model(tiny_chat_dir, dtype="float32")
-  mc = MedusaConfig(num_heads=2, hidden_size=m.config.hidden_size,
-                    vocab_size=m.config.vocab_size, shared_lm_head=True)
-  p = init_medusa(jax.random.key(0), mc)
-  for h in p["heads"]:
-    h["w"] = jax.numpy.asarray(np.random.RandomState(1).randn(*h["w"].shape) * 0.1)
-  return save_medusa(p, mc, tmp_path_factory.mktemp("medusa") / "heads",
-                     target=model_identity(m))
-
-
-def test_medusa_is_lossless_with_the_heads_rows_counted(medusa_dir, counts, tmp_path,
+def test_medusa_is_lossless_with_the_heads_rows_counted(tiny_medusa_dir, counts, tmp_path,
                                                        tiny_chat_dir):
   _, gen = counts
   path = _suite(tmp_path, tiny_chat_dir, [
-      {"name": "medusa", "method": "medusa", "heads": str(medusa_dir)},
-      {"name": "medusa_tree_vt48", "method": "medusa", "heads": str(medusa_dir),
+      {"name": "medusa", "method": "medusa", "heads": str(tiny_medusa_dir)},
+      {"name": "medusa_tree_vt48", "method": "medusa", "heads": str(tiny_medusa_dir),
        "choices": "[[0], [1], [0, 0], [1, 0]]", "counts": str(gen), "k": 48}])
   summary = main(parse_args(["--config", str(path), "--out", str(tmp_path / "res"), "--quiet"]))
   by = {m["name"]: m for m in summary["methods"]}
@@ -266,7 +245,7 @@ def test_medusa_is_lossless_with_the_heads_rows_counted(medusa_dir, counts, tmp_
                     "k=2 is smaller than the tree's top_k=3")]:
     with pytest.raises(ConfigError, match=msg):
       load_config(_suite(tmp_path, tiny_chat_dir, [{"name": "m", "method": "medusa",
-                                                    "heads": str(medusa_dir), **bad}]))
+                                                    "heads": str(tiny_medusa_dir), **bad}]))
 
 
 def test_a_suite_on_a_mesh(head_dir, tmp_path, tiny_chat_dir):
@@ -276,7 +255,7 @@ def test_a_suite_on_a_mesh(head_dir, tmp_path, tiny_chat_dir):
       {"name": "chain_g2", "method": "chain", "gamma": 2},
       {"name": "eagle", "method": "eagle", "head": str(head_dir), "top_k": 2, "depth": 2,
        "total_tokens": 3}])
-  one = main(parse_args(["--config", str(path), "--out", str(tmp_path / "one"), "--quiet"]))
+  main(parse_args(["--config", str(path), "--out", str(tmp_path / "one"), "--quiet"]))
   summary = main(parse_args(["--config", str(path), "--out", str(tmp_path / "res"), "--quiet",
                              "--mesh", "model=8"]))
   by = {m["name"]: m for m in summary["methods"]}

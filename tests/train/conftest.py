@@ -3,6 +3,7 @@
 import json
 
 import numpy as np
+import pytest
 
 
 def write_completions(target_dir, path, n: int, max_new_tokens: int):
@@ -22,3 +23,19 @@ def write_completions(target_dir, path, n: int, max_new_tokens: int):
   path.write_text("".join(json.dumps({"prompt": x, "completion_ids": c}) + "\n"
                           for x, c in zip(texts, res.tokens)))
   return path
+
+
+@pytest.fixture(scope="session")
+def target_dir(tmp_path_factory):
+  """A tiny Qwen2 target with a tokenizer (the EAGLE and Medusa trainers' tests share it)."""
+  from vocabjax.testing.tiny import save_tiny_variant
+
+  return save_tiny_variant("qwen2_bias", tmp_path_factory.mktemp("heads") / "target", seed=4,
+                           with_tokenizer=True)
+
+
+@pytest.fixture(scope="session")
+def data_file(target_dir, tmp_path_factory):
+  """24 chat prompts and the target's own greedy completions (16 tokens each)."""
+  return write_completions(target_dir, tmp_path_factory.mktemp("data") / "generated.jsonl",
+                           n=24, max_new_tokens=16)

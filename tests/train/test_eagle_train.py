@@ -22,22 +22,8 @@ from vocabjax.train.eagle import (EagleJob, build_eagle_features, head_config,
                                   load_eagle_features, main, train, ttt_outputs)
 from vocabjax.train.loop import TrainError
 
-from tests.train.conftest import write_completions
 
 LAYERS = (0, 1)
-
-
-@pytest.fixture(scope="module")
-def target_dir(tmp_path_factory):
-  return save_tiny_variant("qwen2_bias", tmp_path_factory.mktemp("eagle") / "target", seed=4,
-                           with_tokenizer=True)
-
-
-@pytest.fixture(scope="module")
-def data_file(target_dir, tmp_path_factory):
-  """24 chat prompts and the target's own greedy completions (16 tokens each)."""
-  return write_completions(target_dir, tmp_path_factory.mktemp("data") / "generated.jsonl",
-                           n=24, max_new_tokens=16)
 
 
 def _job(target_dir, data_file, out, **kw):

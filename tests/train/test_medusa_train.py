@@ -13,24 +13,9 @@ from vocabjax.decoding import Decoder
 from vocabjax.decoding.medusa import MedusaDecoder
 from vocabjax.models.cache import KVCache
 from vocabjax.models.llamalike import forward
-from vocabjax.testing.tiny import save_tiny_variant
 from vocabjax.train.eagle import build_eagle_features, load_eagle_features
 from vocabjax.train.loop import TrainError
 from vocabjax.train.medusa import MedusaJob, choose_train_vocab, main, positions, train
-
-from tests.train.conftest import write_completions
-
-
-@pytest.fixture(scope="module")
-def target_dir(tmp_path_factory):
-  return save_tiny_variant("qwen2_bias", tmp_path_factory.mktemp("medusa") / "target", seed=4,
-                           with_tokenizer=True)
-
-
-@pytest.fixture(scope="module")
-def data_file(target_dir, tmp_path_factory):
-  return write_completions(target_dir, tmp_path_factory.mktemp("data") / "generated.jsonl",
-                           n=24, max_new_tokens=16)
 
 
 def _job(target_dir, data_file, out, **kw):

@@ -10,7 +10,7 @@ import pytest
 from vocabjax.checkpoints.loader import load_model
 from vocabjax.decoding import Decoder
 from vocabjax.decoding.speculative import ChainDecoder
-from vocabjax.models.llamalike import lm_head
+from vocabjax.models.llamalike import lm_head, lm_head_weight
 from vocabjax.testing.tiny import save_tiny_variant
 from vocabjax.train.features import build_features, load_features
 from vocabjax.train.loop import TrainError
@@ -102,6 +102,44 @@ def test_training_lowers_the_loss_and_the_ranker_drafts_losslessly(pair_dirs, da
   assert spec.generate(prompts, max_new_tokens=16).tokens == ar.tokens
 
 
+def test_tied_ranker_on_the_drafters_own_tokens(pair_dirs, data_file, tmp_path):
+  """label: drafter, vocab: tied: the ranker is U P over the drafter's frozen head, starts as
+  the SVD ranker exactly, learns the drafter's greedy token (no target needed), and exports
+  the materialized U P that decodes losslessly."""
+  from vocabjax.vocab.ranked import svd_ranker
+
+  job = _job(pair_dirs, data_file, tmp_path / "t", target=None, label="drafter", vocab="tied",
+             init="svd", features=str(tmp_path / "fd"), steps=40, select_by=None)
+  summary = train(job, show_progress=False)
+  draft, target = (load_model(p, dtype="float32") for p in pair_dirs)
+  log = [json.loads(x) for x in (tmp_path / "t" / "log.jsonl").read_text().splitlines()]
+  svd = svd_ranker(draft.params, draft.config, 8)
+  feats = load_features(tmp_path / "fd")
+  from vocabjax.train.ranker import recall
+  held = feats.rows(np.isin(feats.record, np.unique(feats.record)[-4:]))  # heldout 0.25 of 16
+  assert log[0]["recall@4_drafter"] == pytest.approx(
+      recall({"down": svd.down, "vocab": svd.vocab}, held, (4,))["recall@4_drafter"])
+  assert log[-1]["heldout_loss"] < log[0]["heldout_loss"] - 0.1  # CE toward the drafter's token
+  assert log[-1]["recall@4_drafter"] > log[0]["recall@4_drafter"]
+  r = Ranker.load(tmp_path / "t" / "ranker.safetensors")
+  assert r.meta["label"] == "drafter" and r.meta["vocab"] == "tied" and summary["complete"]
+  U = np.asarray(lm_head_weight(draft.params, draft.config), np.float64)
+  assert np.linalg.matrix_rank(r.vocab.astype(np.float64)) == 8
+  # W_vocab lies in the column space of U: U P for some P (least squares is exact)
+  P, *_ = np.linalg.lstsq(U, r.vocab, rcond=None)
+  np.testing.assert_allclose(U @ P, r.vocab, atol=1e-4)
+  prompts = [[5, 9, 30], [7]]
+  ar = Decoder(target.params, target.config).generate(prompts, max_new_tokens=16)
+  spec = ChainDecoder(target.params, target.config, draft.params, draft.config, gamma=3,
+                      draft_vocab=SpeculativeVocab(r, k=16))
+  assert spec.generate(prompts, max_new_tokens=16).tokens == ar.tokens
+  # the label/vocab options change the job's fingerprint; the defaults keep old ones
+  assert job.train_fingerprint() != _job(pair_dirs, data_file, tmp_path / "t", target=None,
+                                         vocab="tied", init="svd",
+                                         features=str(tmp_path / "fd"), steps=40,
+                                         select_by=None).train_fingerprint()
+
+
 def test_resume_is_exact(pair_dirs, data_file, tmp_path):
   kw = dict(steps=20, eval_every=5, select_by="recall@4_target")
   straight = train(_job(pair_dirs, data_file, tmp_path / "a", **kw), show_progress=False)
@@ -167,6 +205,12 @@ def test_bad_input(pair_dirs, data_file, tmp_path):
                  drafter=str(pair_dirs[1]), target=str(pair_dirs[0]))
   with pytest.raises(TrainError, match="features of other data or models"):
     build_features(swapped.feature_spec)
+  with pytest.raises(TrainError, match="label='drafter' trains cross-entropy"):
+    _job(pair_dirs, data_file, tmp_path / "x", loss="kl", label="drafter")
+  with pytest.raises(TrainError, match="vocab='tied' is for mode='frozen'"):
+    _job(pair_dirs, data_file, tmp_path / "x", mode="joint", vocab="tied")
+  with pytest.raises(TrainError, match="label='teacher' is not one of"):
+    _job(pair_dirs, data_file, tmp_path / "x", label="teacher")
   cfg = tmp_path / "c.yaml"
   cfg.write_text("drafter: d\nout: o\n")
   assert main(["--config", str(cfg)]) == 2
@@ -208,8 +252,8 @@ def test_a_nan_loss_stops_training_at_its_step_keeping_the_last_checkpoint(
 
   real = rk._frozen_step
 
-  def nan_after_12(opt, job):
-    step = real(opt, job)
+  def nan_after_12(opt, job, U):
+    step = real(opt, job, U)
 
     def wrapped(state, batch):
       state, loss = step(state, batch)

@@ -7,6 +7,8 @@
   python -m vocabjax.eval --config my.yaml --out results/x
   python -m vocabjax.eval --spec-bench my_questions.jsonl --categories qa rag
   python -m vocabjax.eval --compare-torch                  # + transformers assisted generation
+  python -m vocabjax.eval --mesh model=8 --coordinator h0:1234 --num-processes 2 --process-id 0
+      # one process per host under jax.distributed (`vocabjax.distributed`); process 0 writes
 
 A rerun with the same settings resumes from `questions.jsonl`; a result directory of another
 configuration is refused (use another --out, or --overwrite to move it aside).
@@ -18,6 +20,7 @@ import argparse
 import dataclasses
 import sys
 
+from vocabjax import distributed
 from vocabjax.checkpoints.loader import parse_dtype
 from vocabjax.eval import report
 from vocabjax.eval.config import ConfigError, DatasetSpec, load_config
@@ -42,6 +45,9 @@ class CliConfig:
   skip_bad_prompts: bool = False
   reference: str | None = None  # a results dir or summary.json to compare with; "none"
   mesh: str | None = None  # "data=D,model=M" replacing the suite's
+  coordinator: str | None = None  # jax.distributed (`vocabjax.distributed`)
+  num_processes: int | None = None
+  process_id: int | None = None
 
 
 def resolve(cli: CliConfig):
@@ -75,12 +81,22 @@ def resolve(cli: CliConfig):
 
 
 def main(cli: CliConfig) -> dict:
+  try:
+    multi = distributed.settings(cli.coordinator, cli.num_processes, cli.process_id)
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+  if multi and multi[1] > 1 and cli.compare_torch:
+    raise ConfigError(f"--compare-torch runs transformers in one process; it cannot be part "
+                      f"of a run of {multi[1]} processes (run it on its own)")
+  distributed.initialize(cli.coordinator, cli.num_processes, cli.process_id)  # before JAX runs
   cfg = resolve(cli)
   out = cli.out or f"runs/{cfg.name}"  # a user's run: never committed (recorded references
   #   live under eval/results/, written there with --out)
   summary = run_suite(cfg, out, overwrite=cli.overwrite, compare_torch=cli.compare_torch,
                       progress=not cli.quiet, skip_bad_prompts=cli.skip_bad_prompts,
                       reference=cli.reference)
+  if not distributed.is_main():
+    return summary
   print(report.markdown(summary))
   print(f"[vocabjax.eval] results in {out}/ (summary.json, summary.md, summary.csv, "
         f"questions.jsonl, *.png)", file=sys.stderr)
@@ -118,8 +134,10 @@ def parse_args(argv=None) -> CliConfig:
   p.add_argument("--reference", help="a results directory (or its summary.json) to set this "
                  "run beside in the report (default: the recorded run of the same suite under "
                  "eval/results/, when this is a source checkout; 'none': no comparison)")
+  distributed.add_arguments(p)
   a = p.parse_args(argv)
-  return CliConfig(config=a.config, out=a.out, spec_bench=a.spec_bench,
+  return CliConfig(coordinator=a.coordinator, num_processes=a.num_processes,
+                   process_id=a.process_id, config=a.config, out=a.out, spec_bench=a.spec_bench,
                    categories=tuple(a.categories) if a.categories else None,
                    max_new_tokens=a.max_new_tokens, target=a.target, draft=a.draft,
                    dtype=a.dtype, draft_dtype=a.draft_dtype, mesh=a.mesh, compare_torch=a.compare_torch,

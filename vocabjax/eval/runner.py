@@ -21,7 +21,10 @@ import sys
 import time
 from pathlib import Path
 
-from vocabjax import interrupt
+import jax
+import numpy as np
+
+from vocabjax import distributed, interrupt
 from vocabjax.checkpoints.loader import load_model, parse_dtype
 from vocabjax.decoding.autoregressive import prompt_bucket
 from vocabjax.decoding.profile import StepSplit, run_split, step_split
@@ -180,15 +183,23 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
 
   The report sets the run beside a recorded reference run (`report.reference_summary_path`:
   `reference`, a results directory or summary.json, else eval/results/<suite>; "none": no
-  comparison)."""
+  comparison).
+
+  Under `jax.distributed` (`vocabjax.distributed`) every process runs every question on the
+  mesh over all processes' devices; process 0 alone claims `out`, reads the records a resumed
+  run has (the others get its list of what is still to run), writes records and reports, and
+  returns the summary (the others return {"process": their index})."""
   from tqdm.auto import tqdm
 
+  writer = distributed.is_main()
+  progress = progress and writer
   out = Path(out)
   _check_map_count(len(config.methods))
   prompts = load_prompts(config.datasets)  # bad datasets fail before anything is written
   sampling = SamplingParams(config.temperature, config.top_k, config.top_p)
   inputs = provenance.inputs(config, prompts)
-  prepare_dir(out, config, overwrite=overwrite, inputs=inputs, claim=False)  # refuse early
+  if writer:
+    prepare_dir(out, config, overwrite=overwrite, inputs=inputs, claim=False)  # refuse early
   ref_path = report.reference_summary_path(config.name, out, reference)  # a bad path, early
 
   t0 = time.perf_counter()
@@ -239,24 +250,31 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
           file=sys.stderr)
     keep = [i for i, p in enumerate(prompts) if p.qid not in drop]
     prompts, ids = [prompts[i] for i in keep], [ids[i] for i in keep]
-  prepare_dir(out, config, overwrite=overwrite, inputs=inputs)
   records_path = out / RECORDS
-  records = read_records(records_path)
+  splits_path = out / "splits.json"
+  records, splits = [], {}
+  if writer:
+    prepare_dir(out, config, overwrite=overwrite, inputs=inputs)
+    records = read_records(records_path)
+    splits = json.loads(splits_path.read_text()) if splits_path.exists() else {}
   done = {(r["framework"], r["method"], r["qid"], r["seed"]) for r in records}
 
-  splits_path = out / "splits.json"
-  splits = json.loads(splits_path.read_text()) if splits_path.exists() else {}
   if config.time_split:
-    for name, dec in decoders.items():
-      if name not in splits and hasattr(dec, "drafter_calls"):
+    names = [n for n, dec in decoders.items() if hasattr(dec, "drafter_calls")]
+    need = distributed.broadcast_from_main(np.array([n not in splits for n in names], bool))
+    for name, todo_split in zip(names, need):
+      if todo_split:  # every process times it (its programs span the mesh); 0 writes it
         if progress:
           print(f"[vocabjax.eval] timing the step parts of {name}", file=sys.stderr)
-        splits[name] = step_split(dec, max_len=max_len or 512, repeats=3).as_dict()
-        atomic_write_json(splits_path, splits)
+        splits[name] = step_split(decoders[name], max_len=max_len or 512, repeats=3).as_dict()
+        if writer:
+          atomic_write_json(splits_path, splits)
 
   todo = [(p, i, s) for i, p in enumerate(prompts) for s in config.seeds]
-  jobs = [(p, i, s, m.name) for p, i, s in todo for m in config.methods
-          if ("vocabjax", m.name, p.qid, s) not in done]
+  every = [(p, i, s, m.name) for p, i, s in todo for m in config.methods]
+  missing = distributed.broadcast_from_main(
+      np.array([("vocabjax", name, p.qid, s) not in done for p, _, s, name in every], bool))
+  jobs = [job for job, m in zip(every, missing) if m]
   commit = report.git_commit()
   old = sorted({r.get("commit") for r in records} - {commit})
   if old:
@@ -291,11 +309,14 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
       rec["time_split"] = None
       if split and res.stats is not None:
         rec["time_split"] = run_split(StepSplit.from_dict(split), res.steps, res.decode_s)
-      _append(records_path, rec)
+      if writer:
+        _append(records_path, rec)
       records.append(rec)
       bar.set_postfix_str(f"{name} {p.qid} {rec['tokens_per_s']:.2f} tok/s")
       bar.update(1)
   bar.close()
+  if not writer:
+    return {"process": jax.process_index()}
 
   info = report.models_info(models)
   torch_versions = None

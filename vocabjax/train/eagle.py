@@ -41,7 +41,6 @@ step with the lowest held-out loss (`select_by`), and `summary.json`.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import sys
 from pathlib import Path
@@ -63,7 +62,7 @@ from vocabjax.models.llamalike import forward_features, lm_head, lm_head_weight,
 from vocabjax.train.features import (files_key, heldout_records, job_fingerprint, model_identity,
                                      pending_shards, read_records, read_shards, write_shards)
 from vocabjax.train.loop import (OptimConfig, TrainError, TrainRun, TrainState, apply_grads,
-                                 job_argparser, job_fields, make_optimizer, read_job_yaml,
+                                 job_fields, make_optimizer, run_job_cli, train_fingerprint,
                                  step_rng)
 from vocabjax.train.losses import vocab_cross_entropy
 from vocabjax.vocab.subset import VocabSubset
@@ -142,10 +141,7 @@ class EagleJob:
                            self.max_records, *extra)
 
   def train_fingerprint(self) -> str:
-    d = dataclasses.asdict(self)
-    for k in ("out", "features", "eval_every", "checkpoint_every", "select_by"):
-      d.pop(k)
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+    return train_fingerprint(self)
 
 
 # --- features ----------------------------------------------------------------------------------
@@ -592,22 +588,10 @@ def job_from_dict(raw: dict, *, where: str = "config") -> EagleJob:
                                tuples=("vocab_counts", "feature_layers")))
 
 
-def load_job(path, **overrides) -> EagleJob:
-  return job_from_dict(read_job_yaml(path, "EAGLE", overrides), where=str(path))
-
-
 def main(argv=None) -> int:
-  a = job_argparser("python -m vocabjax.train.eagle", __doc__,
-                    "configs/train/eagle_*.yaml").parse_args(argv)
-  try:
-    job = load_job(a.config, out=a.out, steps=a.steps)
-    summary = train(job, show_progress=not a.quiet, stop_after=a.stop_after)
-  except (TrainError, ValueError, FileNotFoundError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  print(json.dumps({"final": summary["final"], "complete": summary["complete"],
-                    "exported": summary.get("exported")}, indent=1))
-  return 0
+  return run_job_cli(argv, prog="python -m vocabjax.train.eagle", doc=__doc__,
+                     configs="configs/train/eagle_*.yaml", what="EAGLE", job_from_dict=job_from_dict,
+                     train=train)
 
 
 if __name__ == "__main__":

@@ -344,6 +344,53 @@ def read_job_yaml(path, what: str, overrides: dict) -> dict:
   return raw
 
 
+RUN_ONLY_FIELDS = ("out", "features", "eval_every", "checkpoint_every", "select_by")
+
+
+def train_fingerprint(job, *, replace: dict | None = None, new_defaults: dict | None = None
+                      ) -> str:
+  """A training job's identity for resuming: its fields minus where it writes and how often it
+  reports (`RUN_ONLY_FIELDS`), with `replace`'s values put in (e.g. the data's fingerprint);
+  fields added later are left out while they hold their `new_defaults` value, so jobs written
+  before them keep their fingerprints."""
+  import hashlib
+
+  d = dataclasses.asdict(job)
+  for k in RUN_ONLY_FIELDS:
+    d.pop(k, None)
+  d.update(replace or {})
+  for k, default in (new_defaults or {}).items():
+    if d.get(k) == default:
+      d.pop(k)
+  return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def run_job_cli(argv, *, prog: str, doc: str, configs: str, what: str, job_from_dict, train,
+                report=("final", "complete", "exported"), extra=None) -> int:
+  """The `main` of a `python -m vocabjax.train.*` job: parse the common arguments (plus
+  `extra(parser)`'s), read the YAML job (`what` names it in errors), train (resumable), print
+  the summary's `report` keys as JSON; 2 with the error on stderr for a bad job or data.
+  `extra` may return a function (args, job) -> exit code or None that runs before training
+  (e.g. `--features-only`)."""
+  import sys
+
+  p = job_argparser(prog, doc, configs)
+  before = extra(p) if extra else None
+  a = p.parse_args(argv)
+  try:
+    job = job_from_dict(read_job_yaml(a.config, what, {"out": a.out, "steps": a.steps}),
+                        where=str(a.config))
+    code = before(a, job) if before else None
+    if code is not None:
+      return code
+    summary = train(job, show_progress=not a.quiet, stop_after=a.stop_after)
+  except (TrainError, ValueError, FileNotFoundError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  print(json.dumps({k: summary.get(k) for k in report}, indent=1))
+  return 0
+
+
 def job_argparser(prog: str, doc: str, configs: str):
   """The arguments every `python -m vocabjax.train.*` command takes."""
   import argparse

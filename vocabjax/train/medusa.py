@@ -31,7 +31,6 @@ at the evaluated step with the lowest held-out loss are exported in Medusa's lay
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import sys
 from pathlib import Path
@@ -49,7 +48,7 @@ from vocabjax.models.medusa import MedusaConfig, init_medusa, medusa_hidden
 from vocabjax.train.eagle import EagleJob, build_eagle_features, load_eagle_features
 from vocabjax.train.features import heldout_records, model_identity
 from vocabjax.train.loop import (OptimConfig, TrainError, TrainRun, TrainState, apply_grads,
-                                 job_argparser, job_fields, make_optimizer, read_job_yaml,
+                                 job_fields, make_optimizer, run_job_cli, train_fingerprint,
                                  step_rng)
 
 
@@ -111,10 +110,7 @@ class MedusaJob:
                     max_records=self.max_records)
 
   def train_fingerprint(self) -> str:
-    d = dataclasses.asdict(self)
-    for k in ("out", "features", "eval_every", "checkpoint_every"):
-      d.pop(k)
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+    return train_fingerprint(self)
 
 
 @dataclasses.dataclass
@@ -323,22 +319,10 @@ def job_from_dict(raw: dict, *, where: str = "config") -> MedusaJob:
                                 tuples=("feature_layers",)))
 
 
-def load_job(path, **overrides) -> MedusaJob:
-  return job_from_dict(read_job_yaml(path, "Medusa", overrides), where=str(path))
-
-
 def main(argv=None) -> int:
-  a = job_argparser("python -m vocabjax.train.medusa", __doc__,
-                    "configs/train/medusa_*.yaml").parse_args(argv)
-  try:
-    job = load_job(a.config, out=a.out, steps=a.steps)
-    summary = train(job, show_progress=not a.quiet, stop_after=a.stop_after)
-  except (TrainError, ValueError, FileNotFoundError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  print(json.dumps({"final": summary["final"], "complete": summary["complete"],
-                    "exported": summary.get("exported")}, indent=1))
-  return 0
+  return run_job_cli(argv, prog="python -m vocabjax.train.medusa", doc=__doc__,
+                     configs="configs/train/medusa_*.yaml", what="Medusa", job_from_dict=job_from_dict,
+                     train=train)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,20 @@ Modes (SpecVocab section 3):
     ranker only). Needs the token sequences, so it runs the drafter forward every step.
     Its held-out figures use the stored hidden states of the original drafter.
 The ranker starts from the drafter head's best rank-R approximation (`init: svd`) or random.
+
+What it learns (frozen mode):
+  label: target   the target's next token (SpecVocab's objective), or
+         drafter  the drafter's own greedy token. Drafting among the candidates picks exactly
+                  what the full head picks whenever the drafter's greedy token is among them, so
+                  its recall is what keeps tau at the full drafter's; it needs no target
+                  forward, so any text can be used (`target: null`).
+  vocab: free     W_vocab [V, R] is a free matrix (SpecVocab), V*R parameters: with tens of
+                  thousands of rows, tokens never seen as labels are pushed down and missed
+                  on new text (train/results/ranker/README.md), or
+         tied     W_vocab = U P with U the drafter's frozen LM head [V, D] and P [D, R]
+                  learned (2*D*R parameters): every token's score stays its head row's, so
+                  tokens unseen in training are ranked like the seen ones. The export
+                  materializes U P, so the ranker file and decoding are unchanged.
 Optimizer: AdamW, warmup + cosine, global-norm clipping; orbax checkpoints every
 `checkpoint_every` steps (rerunning the command resumes); held-out loss and recall@k every
 `eval_every` steps into `log.jsonl` and `curves.png`. Outputs: `ranker.safetensors` (with the
@@ -31,8 +45,6 @@ stopping), `drafter/` (joint mode: the tuned drafter, an HF directory), `recall.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import sys
 from pathlib import Path
 
@@ -47,7 +59,7 @@ from vocabjax.models.llamalike import lm_head_weight
 from vocabjax.train.features import (FeatureSpec, Features, build_features, heldout_records,
                                      load_features, model_identity, sequence_hidden)
 from vocabjax.train.loop import (OptimConfig, TrainError, TrainRun, TrainState, apply_grads,
-                                 job_argparser, job_fields, make_optimizer, read_job_yaml,
+                                 job_fields, make_optimizer, run_job_cli, train_fingerprint,
                                  step_rng)
 from vocabjax.train.losses import label_ranks, vocab_cross_entropy
 from vocabjax.vocab.ranked import Ranker, RankerError, svd_ranker
@@ -55,6 +67,8 @@ from vocabjax.models.identity import drafter_identity
 
 MODES = ("frozen", "joint")
 LOSSES = ("ce", "kl")
+LABELS = ("target", "drafter")
+VOCABS = ("free", "tied")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +101,8 @@ class RankerJob:
   vocab_block: int = 16384
   max_records: int | None = None
   features: str | None = None  # default <out>/features
+  label: str = "target"  # what CE trains toward: "target" (next token) or "drafter" (its argmax)
+  vocab: str = "free"  # "free" W_vocab [V, R] or "tied" W_vocab = U P (module doc)
 
   def __post_init__(self):
     if self.mode not in MODES:
@@ -97,6 +113,19 @@ class RankerJob:
       raise TrainError("loss='kl' needs a target (its top-Kt distribution is the teacher)")
     if self.init not in ("svd", "random"):
       raise TrainError(f"init={self.init!r} is not 'svd' or 'random'")
+    if self.label not in LABELS:
+      raise TrainError(f"label={self.label!r} is not one of {LABELS}")
+    if self.label == "drafter" and self.loss != "ce":
+      raise TrainError(f"label='drafter' trains cross-entropy on the drafter's greedy token; "
+                       f"loss={self.loss!r} is a distribution over the target's tokens")
+    if self.label == "drafter" and self.mode != "frozen":
+      raise TrainError(f"label='drafter' is for mode='frozen' (joint mode tunes the drafter "
+                       f"toward the target's tokens); got mode={self.mode!r}")
+    if self.vocab not in VOCABS:
+      raise TrainError(f"vocab={self.vocab!r} is not one of {VOCABS}")
+    if self.vocab == "tied" and self.mode != "frozen":
+      raise TrainError(f"vocab='tied' is for mode='frozen' (the drafter's head it is tied to "
+                       f"is frozen); got mode={self.mode!r}")
     if self.rank < 1:
       raise TrainError(f"rank d'={self.rank} must be >= 1")
     if not 0 < self.heldout < 1:
@@ -119,11 +148,8 @@ class RankerJob:
                        max_records=self.max_records)
 
   def train_fingerprint(self) -> str:
-    d = dataclasses.asdict(self)
-    for k in ("out", "features", "eval_every", "checkpoint_every", "select_by"):
-      d.pop(k)
-    d["data"] = self.feature_spec.fingerprint()
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+    return train_fingerprint(self, replace={"data": self.feature_spec.fingerprint()},
+                             new_defaults={"label": "target", "vocab": "free"})
 
 
 def job_from_dict(raw: dict, *, where: str = "config") -> RankerJob:
@@ -133,14 +159,23 @@ def job_from_dict(raw: dict, *, where: str = "config") -> RankerJob:
 
 # --- training ----------------------------------------------------------------------------------
 
-def ranker_loss(ranker, h, batch, *, loss: str, block: int):
+def ranker_loss(ranker, h, batch, *, loss: str, block: int, label: str = "target"):
   low = jnp.einsum("XD,RD->XR", h, ranker["down"], preferred_element_type=jnp.float32)
   if loss == "kl":
     return vocab_cross_entropy(low, ranker["vocab"], None, batch.get("weight"),
                                teacher_ids=batch["top_ids"], teacher_probs=batch["top_p"],
                                block=block)
-  return vocab_cross_entropy(low, ranker["vocab"], batch["label"], batch.get("weight"),
-                             block=block)
+  labels = batch["draft_argmax" if label == "drafter" else "label"]
+  return vocab_cross_entropy(low, ranker["vocab"], labels, batch.get("weight"), block=block)
+
+
+def materialize(params: dict, U: jax.Array | None = None) -> dict:
+  """The ranker {"down", "vocab"} of trained parameters: a tied ranker {"down", "proj"} has
+  W_vocab = U P (U the drafter's LM head [V, D], P [D, R]); a free one is returned as is."""
+  if "proj" not in params:
+    return params
+  return {"down": params["down"],
+          "vocab": jnp.einsum("VD,DR->VR", U, params["proj"], preferred_element_type=jnp.float32)}
 
 
 def recall(ranker, rows: dict, ks) -> dict:
@@ -158,18 +193,23 @@ def _init_ranker(job, draft):
   if job.init == "random":
     rs = np.random.RandomState(job.seed)
     D, V = draft.config.hidden_size, draft.config.vocab_size
+    if job.vocab == "tied":
+      return {"down": jnp.asarray(rs.randn(job.rank, D) / np.sqrt(D), jnp.float32),
+              "proj": jnp.asarray(rs.randn(D, job.rank) / np.sqrt(D), jnp.float32)}
     return {"down": jnp.asarray(rs.randn(job.rank, D) / np.sqrt(D), jnp.float32),
             "vocab": jnp.asarray(rs.randn(V, job.rank) / np.sqrt(job.rank), jnp.float32)}
   r = svd_ranker(draft.params, draft.config, job.rank)
+  if job.vocab == "tied":  # U Q_r: the SVD ranker exactly (down = Q_r^T, P = Q_r)
+    return {"down": jnp.asarray(r.down), "proj": jnp.asarray(np.ascontiguousarray(r.down.T))}
   return {"down": jnp.asarray(r.down), "vocab": jnp.asarray(r.vocab)}
 
 
-def _frozen_step(opt, job):
+def _frozen_step(opt, job, U):
   @jax.jit
   def step(state, batch):
     loss, grads = jax.value_and_grad(
-        lambda p: ranker_loss(p, batch["hidden"], batch, loss=job.loss,
-                              block=job.vocab_block))(state.params)
+        lambda p: ranker_loss(materialize(p, U), batch["hidden"], batch, loss=job.loss,
+                              block=job.vocab_block, label=job.label))(state.params)
     return apply_grads(state, grads, opt), loss
   return step
 
@@ -259,14 +299,17 @@ def train(job: RankerJob, *, show_progress: bool = True, stop_after: int | None 
   state = run.restore(TrainState.create(params, opt))
   start = run.start
 
+  U = lm_head_weight(draft.params, draft.config)
+
   def ranker_of(p):
-    return p if job.mode == "frozen" else p["ranker"]
+    return materialize(p, U) if job.mode == "frozen" else p["ranker"]
 
   held_j = {k: jnp.asarray(v) for k, v in held.items()}
 
   @jax.jit
   def held_loss(ranker):
-    return ranker_loss(ranker, held_j["hidden"], held_j, loss=job.loss, block=job.vocab_block)
+    return ranker_loss(ranker, held_j["hidden"], held_j, loss=job.loss, block=job.vocab_block,
+                       label=job.label)
 
   identity = model_identity(draft)
   best_path = out / "best.safetensors"
@@ -296,7 +339,7 @@ def train(job: RankerJob, *, show_progress: bool = True, stop_after: int | None 
       best_row = row
 
   if job.mode == "frozen":
-    train_fn = _frozen_step(opt, job)
+    train_fn = _frozen_step(opt, job, U)
     cols = {k: jnp.asarray(v) for k, v in feats.rows(train_mask).items()}
     n = len(train_idx)
 
@@ -342,6 +385,7 @@ def train(job: RankerJob, *, show_progress: bool = True, stop_after: int | None 
            drafter=(identity if job.mode == "frozen" else
                     _tuned_identity(state.params["drafter"], draft)),
            meta={"job": job.train_fingerprint(), "mode": job.mode, "loss": job.loss,
+                 "label": job.label, "vocab": job.vocab,
                  "steps": job.steps, "select_by": job.select_by, "exported_step":
                  chosen["step"], "final": chosen}).save(out / "ranker.safetensors")
     if job.mode == "joint":
@@ -362,25 +406,22 @@ def _save_drafter(params, draft, path: Path) -> None:
 
 # --- command line ------------------------------------------------------------------------------
 
-def load_job(path, **overrides) -> RankerJob:
-  return job_from_dict(read_job_yaml(path, "ranker", overrides), where=str(path))
-
-
-def main(argv=None) -> int:
-  p = job_argparser("python -m vocabjax.train.ranker", __doc__, "configs/train/ranker_*.yaml")
+def _features_only(p):
   p.add_argument("--features-only", action="store_true", help="build the features and stop")
-  a = p.parse_args(argv)
-  try:
-    job = load_job(a.config, out=a.out, steps=a.steps)
+
+  def before(a, job):
     if a.features_only:
       print(build_features(job.feature_spec, show_progress=not a.quiet))
       return 0
-    summary = train(job, show_progress=not a.quiet, stop_after=a.stop_after)
-  except (TrainError, ValueError, FileNotFoundError) as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  print(json.dumps({"final": summary["final"], "complete": summary["complete"]}, indent=1))
-  return 0
+    return None
+  return before
+
+
+def main(argv=None) -> int:
+  return run_job_cli(argv, prog="python -m vocabjax.train.ranker", doc=__doc__,
+                     configs="configs/train/ranker_*.yaml", what="ranker",
+                     job_from_dict=job_from_dict, train=train, report=("final", "complete"),
+                     extra=_features_only)
 
 
 if __name__ == "__main__":
