@@ -111,6 +111,19 @@ def test_category_filter_and_bench_override(suite, tmp_path):
   assert not (tmp_path / "r4").exists()  # nothing written for a bad dataset
 
 
+def test_methods_filter_keeps_the_baseline(suite, tmp_path):
+  path, _ = suite
+  summary = _run(path, tmp_path / "m", "--methods", "tree")
+  assert [m["name"] for m in summary["methods"]] == ["ar", "tree"]  # AR kept as the baseline
+  rows = [json.loads(x) for x in (tmp_path / "m" / "questions.jsonl").read_text().splitlines()]
+  assert {r["method"] for r in rows} == {"ar", "tree"}
+  with pytest.raises(ConfigError, match=r"--methods: \['chian'\] not in suite 'tiny', whose "
+                                        r"methods are \['ar', 'chain_g2', 'tree'\]"):
+    _run(path, tmp_path / "m2", "--methods", "chian")
+  with pytest.raises(ConfigError, match="results of a different configuration"):
+    _run(path, tmp_path / "m", "--methods", "chain_g2")  # a subset is its own configuration
+
+
 def test_prompt_longer_than_max_len_fails_before_running(suite, tmp_path):
   path, cfg = suite
   p = tmp_path / "short.yaml"

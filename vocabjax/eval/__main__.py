@@ -6,6 +6,7 @@
   python -m vocabjax.eval --config spec_bench              # a larger shipped suite
   python -m vocabjax.eval --config my.yaml --out results/x
   python -m vocabjax.eval --spec-bench my_questions.jsonl --categories qa rag
+  python -m vocabjax.eval --config crossvocab --methods direct ngram   # some of a suite's methods
   python -m vocabjax.eval --compare-torch                  # + transformers assisted generation
   python -m vocabjax.eval --mesh model=8 --coordinator h0:1234 --num-processes 2 --process-id 0
       # one process per host under jax.distributed (`vocabjax.distributed`); process 0 writes
@@ -34,6 +35,7 @@ class CliConfig:
   out: str | None = None
   spec_bench: str | None = None
   categories: tuple[str, ...] | None = None
+  methods: tuple[str, ...] | None = None  # run only these of the suite's methods (+ its AR)
   max_new_tokens: int | None = None
   target: str | None = None
   draft: str | None = None
@@ -64,6 +66,14 @@ def resolve(cli: CliConfig):
                                   categories=cli.categories or ds[i].categories)
     cfg = dataclasses.replace(cfg, datasets=tuple(ds))
 
+  if cli.methods:
+    names = [m.name for m in cfg.methods]
+    unknown = [n for n in cli.methods if n not in names]
+    if unknown:
+      raise ConfigError(f"--methods: {unknown} not in suite {cfg.name!r}, whose methods are "
+                        f"{names}")
+    keep = tuple(m for m in cfg.methods if m.name in cli.methods or m.method == "ar")
+    cfg = dataclasses.replace(cfg, methods=keep)  # another fingerprint: its own result dir
   for value in (cli.dtype, cli.draft_dtype):
     try:
       parse_dtype(value)
@@ -111,6 +121,8 @@ def parse_args(argv=None) -> CliConfig:
                  "recorded reference runs are under eval/results/)")
   p.add_argument("--spec-bench", help="a Spec-Bench-format jsonl replacing the suite's split")
   p.add_argument("--categories", nargs="+", help="keep only these categories / task groups")
+  p.add_argument("--methods", nargs="+", help="run only these of the suite's methods (by "
+                 "name; its plain-decoding method always runs too, as the speedups' baseline)")
   p.add_argument("--max-new-tokens", type=int, help="tokens per answer (default: the suite's)")
   p.add_argument("--target", help="target model replacing the suite's: registry name, HF "
                  "directory or .gguf file")
@@ -139,6 +151,7 @@ def parse_args(argv=None) -> CliConfig:
   return CliConfig(coordinator=a.coordinator, num_processes=a.num_processes,
                    process_id=a.process_id, config=a.config, out=a.out, spec_bench=a.spec_bench,
                    categories=tuple(a.categories) if a.categories else None,
+                   methods=tuple(a.methods) if a.methods else None,
                    max_new_tokens=a.max_new_tokens, target=a.target, draft=a.draft,
                    dtype=a.dtype, draft_dtype=a.draft_dtype, mesh=a.mesh, compare_torch=a.compare_torch,
                    overwrite=a.overwrite, quiet=a.quiet, skip_bad_prompts=a.skip_bad_prompts,
