@@ -16,26 +16,19 @@ import argparse
 import platform
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vocabjax.decoding.profile import median_s
 from vocabjax.io import atomic_write_text
 from vocabjax.kernels.indexed_lm_head import indexed_lm_head
 
 
 def median_ms(fn, *args, repeats: int) -> float:
-  f = jax.jit(fn)
-  jax.block_until_ready(f(*args))
-  ts = []
-  for _ in range(repeats):
-    t = time.perf_counter()
-    jax.block_until_ready(f(*args))
-    ts.append(time.perf_counter() - t)
-  return float(np.median(ts)) * 1e3
+  return median_s(jax.jit(fn), *args, repeats=repeats) * 1e3
 
 
 def main(argv=None) -> int:

@@ -15,10 +15,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from vocabjax import distributed
 from vocabjax.calibrate.counts import CalibrationError, Counts, plot
 from vocabjax.calibrate.run import CountJob, run_count
 from vocabjax.calibrate.select import subset_from_counts
-from vocabjax import distributed
 
 
 def _parser():
@@ -55,7 +55,6 @@ def _parser():
                  help="write the final counts from the units done so far, run no more")
   c.add_argument("--overwrite", action="store_true", help="replace another job's results")
   c.add_argument("--quiet", action="store_true")
-
   distributed.add_arguments(c)
 
   s = sub.add_parser("select", help="select a static subset from counts")
@@ -77,7 +76,6 @@ def main(argv=None) -> int:
   args = _parser().parse_args(argv)
   try:
     if args.cmd == "count":
-
       distributed.initialize_from_args(args)  # before any JAX computation
       job = CountJob(
           model=args.model, out=args.out, kind="generated" if args.generate else "text",

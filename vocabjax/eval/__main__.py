@@ -24,9 +24,8 @@ import sys
 from vocabjax import distributed
 from vocabjax.checkpoints.loader import parse_dtype
 from vocabjax.eval import report
-from vocabjax.eval.config import ConfigError, DatasetSpec, load_config
+from vocabjax.eval.config import ConfigError, DatasetSpec, _mesh, load_config
 from vocabjax.eval.runner import run_suite
-from vocabjax.eval.config import _mesh
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +79,6 @@ def resolve(cli: CliConfig):
     except ValueError as e:
       raise ConfigError(str(e)) from None
   if cli.mesh is not None:
-
     _mesh(cli.mesh, "--mesh")
   for field in ("max_new_tokens", "target", "draft", "dtype", "draft_dtype", "mesh"):
     if getattr(cli, field) is not None:

@@ -217,7 +217,6 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
   decoders = {}
   mesh = None
   if config.mesh:
-
     try:
       mesh = make_mesh(**parse_mesh(config.mesh))
     except ValueError as e:

@@ -366,12 +366,13 @@ def train_fingerprint(job, *, replace: dict | None = None, new_defaults: dict | 
 
 
 def run_job_cli(argv, *, prog: str, doc: str, configs: str, what: str, job_from_dict, train,
-                report=("final", "complete", "exported"), extra=None) -> int:
+                report=("final", "complete", "exported"), extra=None,
+                errors=(TrainError, ValueError, FileNotFoundError)) -> int:
   """The `main` of a `python -m vocabjax.train.*` job: parse the common arguments (plus
   `extra(parser)`'s), read the YAML job (`what` names it in errors), train (resumable), print
   the summary's `report` keys as JSON; 2 with the error on stderr for a bad job or data.
   `extra` may return a function (args, job) -> exit code or None that runs before training
-  (e.g. `--features-only`)."""
+  (e.g. `--features-only`). `errors`: the exceptions reported as one `error:` line."""
   import sys
 
   p = job_argparser(prog, doc, configs)
@@ -384,7 +385,7 @@ def run_job_cli(argv, *, prog: str, doc: str, configs: str, what: str, job_from_
     if code is not None:
       return code
     summary = train(job, show_progress=not a.quiet, stop_after=a.stop_after)
-  except (TrainError, ValueError, FileNotFoundError) as e:
+  except errors as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   print(json.dumps({k: summary.get(k) for k in report}, indent=1))
