@@ -1,5 +1,7 @@
 """On 8 virtual CPU devices the sharded model gives the unsharded logits and tokens."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -51,7 +53,14 @@ def test_indivisible_dims_fall_back_to_replication():
                            num_layers=1, num_heads=8, num_kv_heads=2, head_dim=8)
   specs = sharding.param_specs(config, sharding.make_mesh(data=2, model=4))
   assert specs["lm_head"] == P(None, None)  # 250 rows do not split 4 ways
-  assert specs["layers"][0]["wk"] == P("model", None)  # 2 KV heads * 8 = 16 rows: divisible
+  # attention splits by whole heads: 8 query heads do 4 ways, 2 KV heads do not (their 16 rows
+  # would divide, but a split inside a head reshards at every reshape and RoPE rotation)
+  assert specs["layers"][0]["wq"] == P("model", None)
+  assert specs["layers"][0]["wo"] == P(None, "model")
+  assert specs["layers"][0]["wk"] == P(None, None) and specs["layers"][0]["wv"] == P(None, None)
+  odd = sharding.param_specs(dataclasses.replace(config, num_heads=12, head_dim=8),
+                             sharding.make_mesh(data=1, model=8))
+  assert odd["layers"][0]["wq"] == P(None, None) and odd["layers"][0]["w_up"] == P("model", None)
   cs = sharding.cache_specs(config, 3, sharding.make_mesh(data=2, model=4))
   assert cs.k == P(None, None, None, None, None)  # 3 rows, 2 KV heads: replicated
   with pytest.raises(ValueError, match="does not match 8 devices"):

@@ -76,6 +76,7 @@ class GenerateConfig:
   distilled: str | None = None  # crossvocab: a `train.distill` output's drafter/ directory
   adaptive: bool = False  # crossvocab: stop drafting by the distilled acceptance head
   threshold: float = 0.5  # crossvocab --adaptive: stop when P(a rejection) exceeds this
+  rule: str = "exact"  # crossvocab sampling with n-gram merges: exact or omnidraft
 
   def __post_init__(self):
     if self.method not in CLI_METHODS:
@@ -146,7 +147,7 @@ def method_params(config: GenerateConfig) -> tuple[str, dict]:
   if config.method == "crossvocab":
     return "crossvocab", {"gamma": config.gamma, "ngram": config.ngram,
                           "drafter": config.distilled or "", "adaptive": config.adaptive,
-                          "threshold": config.threshold}
+                          "threshold": config.threshold, "rule": config.rule}
   if config.method == "medusa":
     return "medusa", {"heads": config.medusa_heads, "choices": config.medusa_choices,
                       "top_k": config.medusa_top_k, **subset}
@@ -325,6 +326,9 @@ def parse_args(argv=None) -> GenerateConfig:
                  help="crossvocab: adaptive draft length by the distilled acceptance head")
   p.add_argument("--threshold", type=float, default=0.5,
                  help="crossvocab --adaptive: stop drafting when P(a rejection) exceeds this")
+  p.add_argument("--rule", default="exact", choices=("exact", "omnidraft"),
+                 help="crossvocab, temperature > 0 with the n-gram cache: exact (lossless, the "
+                      "default) or omnidraft (the paper's approximate q')")
   p.add_argument("--eagle-head", help="EAGLE-3 head directory (`python -m vocabjax.train.eagle`"
                  " or SpecForge's export) for --method eagle; drafts the --tree-* tree")
   p.add_argument("--eagle-lm-head", default="own", choices=("own", "target"),
@@ -361,7 +365,8 @@ def parse_args(argv=None) -> GenerateConfig:
                         mesh=a.mesh, coordinator=a.coordinator,
                         num_processes=a.num_processes, process_id=a.process_id,
                         ngram=not a.no_ngram,
-                        distilled=a.distilled, adaptive=a.adaptive, threshold=a.threshold)
+                        distilled=a.distilled, adaptive=a.adaptive, threshold=a.threshold,
+                        rule=a.rule)
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from vocabjax.checkpoints.distilled import load_distilled
 from vocabjax.checkpoints.eagle3 import load_eagle3, load_eagle3_config
 from vocabjax.checkpoints.medusa import load_medusa
 from vocabjax.decoding.autoregressive import Decoder
+from vocabjax.decoding.crossvocab import RULES as CROSSVOCAB_RULES
 from vocabjax.decoding.crossvocab import CrossVocabDecoder
 from vocabjax.decoding.eagle import EagleDecoder
 from vocabjax.decoding.medusa import MedusaDecoder, medusa_choices_for
@@ -541,10 +542,14 @@ class CrossVocabParams:
   drafter: str = ""  # a `train.distill` output's drafter/ directory
   adaptive: bool = False
   threshold: float = 0.5
+  rule: str = "exact"  # sampling with n-gram merges: "exact" or "omnidraft" (approximate)
 
   def check(self, where: str) -> None:
     if self.gamma < 1:
       raise ConfigError(f"{where}: crossvocab.gamma must be >= 1, got {self.gamma}")
+    if self.rule not in CROSSVOCAB_RULES:
+      raise ConfigError(f"{where}: crossvocab.rule must be one of {CROSSVOCAB_RULES}, got "
+                        f"{self.rule!r}")
     if not 0 < self.threshold < 1:
       raise ConfigError(f"{where}: crossvocab.threshold must be in (0, 1), got "
                         f"{self.threshold}")
@@ -571,7 +576,7 @@ def _crossvocab(target, draft, p: CrossVocabParams, mesh=None):
                            target_tokenizer=target.tokenizer, draft_tokenizer=draft.tokenizer,
                            gamma=p.gamma, ngram=p.ngram,
                            acceptance_head=head if p.adaptive else None,
-                           stop_threshold=p.threshold)
+                           stop_threshold=p.threshold, rule=p.rule)
 
 
 __all__ = ["METHODS", "Method", "register", "ranker_shapes", "ArParams", "ChainParams",

@@ -14,7 +14,8 @@ from vocabjax.decoding.sampling import SamplingParams
 from vocabjax.models import LlamaLikeConfig, init_params
 from vocabjax.models.cache import KVCache
 from vocabjax.models.llamalike import forward
-from vocabjax.testing.fixtures import lookup_model
+from vocabjax.decoding.routes import Routes
+from vocabjax.testing.fixtures import lookup_model, merging_pair
 from vocabjax.testing.stats import chi2_pvalue, exact_support_probs
 from vocabjax.testing.tiny import tiny_tokenizer
 from vocabjax.vocab.translate import TranslationError, build_vocab_map
@@ -198,3 +199,96 @@ def test_bad_pairs_are_refused_with_numbers(setup):
   lower.backend_tokenizer.normalizer = normalizers.Lowercase()
   with pytest.raises(TranslationError, match=r"does not round-trip \d+ of 5 texts"):
     CrossVocabDecoder(target, tc, draft, dc, target_tokenizer=ttok, draft_tokenizer=lower)
+
+
+# --- exact sampling with n-gram merges (issue 23) ----------------------------------------------
+
+def _walk_setup():
+  """Drafter ids 0-5, target ids 0-7. Direct pairs d0-t0, d1-t1, d2-t2; keys (1, 2) -> t5,
+  (1, 2, 3) -> t6, (4, 2) -> t7, (1, 3) -> t2 (t2 has a direct id: this key proposes it at no
+  mass); t3, t4 have no route."""
+  d2t = np.asarray([0, 1, 2, -1, -1, -1])
+  t2d = np.asarray([0, 1, 2, -1, -1, -1, -1, -1])
+  routes = Routes(d2t, t2d)
+  for key, t in (((1, 2), 5), ((1, 2, 3), 6), ((4, 2), 7), ((1, 3), 2)):
+    routes.add(key, t)
+  return routes
+
+
+def test_routes_plan_walks_the_trie():
+  r = _walk_setup()
+  plan = lambda ds: [(p.node, p.target, p.complete, p.looked_ahead, p.fed)  # noqa: E731
+                     for p in r.plan(ds)]
+  assert plan([0, 1, 2, 3]) == [((0,), 0, True, False, True), ((1, 2, 3), 6, True, False, True)]
+  # (1, 2) then 0 is not a child: stop at (1, 2) -> t5, the 0 starts the next position
+  assert plan([1, 2, 0]) == [((1, 2), 5, True, True, True), ((0,), 0, True, False, True)]
+  # the run ends at a node with children: cut short, not fed
+  assert plan([0, 1, 2]) == [((0,), 0, True, False, True), ((1, 2), 5, False, False, False)]
+  # (1, 3) spells t2, whose canonical route is d2: not fed; d4 alone spells nothing
+  assert plan([1, 3, 0]) == [((1, 3), 2, True, False, False)]
+  assert plan([4, 0]) == [((4,), None, True, True, False)]
+  assert r.route(7) == (4, 2) and r.route(3) is None and r.root[6] == 1 and r.root[4] == 6
+
+
+@pytest.mark.parametrize("gamma", [2, 4])
+def test_route_verification_is_exact_by_simulation(gamma):
+  """A context-free drafter q and target p on the hand trie: drafting G tokens from q, planning
+  and verifying, step after step, emits tokens whose first two follow p x p (chi-square), with
+  merges accepted."""
+  r = _walk_setup()
+  rng = np.random.default_rng(0)
+  q = np.asarray([0.15, 0.35, 0.25, 0.1, 0.15, 0.0])
+  p = np.asarray([0.1, 0.05, 0.15, 0.02, 0.08, 0.3, 0.1, 0.2])
+  firsts, merged = [], 0
+  for _ in range(6000):
+    out = []
+    while len(out) < 2:
+      ds = rng.choice(6, size=gamma, p=q)
+      positions = r.plan(ds)
+      m = sum(pos.fed for pos in positions)
+      n, nxt = r.verify(np.tile(p, (m + 1, 1)), positions, ds, np.tile(q, (gamma, 1)), rng)
+      merged += sum(len(pos.node) > 1 for pos in positions[:n])
+      out += [pos.target for pos in positions[:n]] + [nxt]
+    firsts.append(out[0] * 8 + out[1])
+  assert merged > 300
+  assert chi2_pvalue(np.asarray(firsts), np.outer(p, p).ravel()) > 1e-3
+
+
+@pytest.fixture(scope="module")
+def merging():
+  return merging_pair(seed=0)
+
+
+def _merging_law(merging, rule, sp, rows, batch, seed=0):
+  """(p-value of the first three tokens against target-only sampling, merged drafts accepted
+  per row) with `rows` samples, `batch` prompts per generate call."""
+  ttok, dtok, tc, dc, target, draft, pool = merging
+  dec = CrossVocabDecoder(target, tc, draft, dc, target_tokenizer=ttok, draft_tokenizer=dtok,
+                          gamma=4, rule=rule)
+  dec.learn(pool)
+  prompt = pool[:2]
+  toks, merged = [], 0
+  for call in range(rows // batch):
+    res = dec.generate([prompt] * batch, max_new_tokens=3, sampling=sp, seed=seed + call)
+    toks += [tuple(t[:3]) for t in res.tokens]
+    merged += sum(map(sum, res.stats.ngram_accepted))
+  law = exact_support_probs(target, tc, prompt, sp, n_tokens=3)
+  cells = {s: i for i, s in enumerate(law)}
+  assert all(s in cells for s in toks), "a sequence outside the target's support was emitted"
+  return chi2_pvalue(np.asarray([cells[s] for s in toks]), np.asarray(list(law.values()))), \
+      merged / len(toks)
+
+
+@pytest.mark.parametrize("sp,batch", [(SamplingParams(temperature=1.0), 400),
+                                      (SamplingParams(temperature=0.7, top_p=0.9), 1)])
+def test_exact_rule_with_merges_is_lossless(merging, sp, batch):
+  pvalue, merged = _merging_law(merging, "exact", sp, 2400, batch)
+  assert merged > 0.5  # many merged drafts accepted per row
+  assert pvalue > 1e-3
+
+
+def test_omnidraft_rule_fails_the_same_test(merging):
+  """The approximation (q' per spelling) on the same pair: the chi-square test rejects it, so
+  the test above has power."""
+  pvalue, merged = _merging_law(merging, "omnidraft", SamplingParams(temperature=1.0), 2400, 400)
+  assert merged > 0.5 and pvalue < 1e-3

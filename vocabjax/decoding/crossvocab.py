@@ -29,15 +29,24 @@ Exactness (sampling, temperature > 0):
     renormalized; that distribution scattered into the target vocabulary is passed as q, so
     accept/residual are Leviathan's rule with the true proposal distribution. Tested with a
     chi-square test against target-only sampling.
-  * with the n-gram cache: OmniDraft's approximation. A merged token's q' = prod q(d_j) is the
-    probability of that particular drafter spelling, not of the target token (other spellings
-    and the mass of unmapped tokens are ignored), and the residual at a merged position uses
-    q scattered from the first sub-token's distribution with the prefix's direct-mapped entry
-    lowered by q' (eq. 2: the mass that went on to the n-gram is not also proposed as the
-    prefix alone), clipped at 0. The output is close to, not exactly, the target's distribution.
+  * with the n-gram cache, `rule="exact"` (the default): the drafted run is walked down the
+    trie of cache keys into target positions, and each position is verified level by level
+    against the drafter's exact branch laws (`vocabjax.decoding.routes`): exact for any
+    drafter and cache, tested with chi-square tests on a pair built to merge often. The
+    verification runs on the host from the target's probabilities of the m + 1 positions.
+  * `rule="omnidraft"`: OmniDraft's approximation, kept as a labelled option. A merged token's
+    q' = prod q(d_j) is the probability of that particular drafter spelling, not of the target
+    token (other spellings and the mass of unmapped tokens are ignored), and the residual at a
+    merged position uses q scattered from the first sub-token's distribution with the prefix's
+    direct-mapped entry lowered by q' (eq. 2: the mass that went on to the n-gram is not also
+    proposed as the prefix alone), clipped at 0. The output is close to, not exactly, the
+    target's distribution (its total-variation distance on the test pair is recorded in
+    eval/results/crossvocab_tv.md).
 
-Batches run row by row (each row's translation is its own host loop); compiled programs are
-shared across rows and calls. The n-gram cache persists across calls (online learning).
+Batches run in lockstep: drafting and verification are device programs over all rows (their
+own lengths and pending tokens per row); translation, reverse translation and the n-gram cache
+run per row on the host. Compiled programs are shared across calls. The n-gram cache persists
+across calls (online learning) and is shared by the rows of a batch.
 """
 
 from __future__ import annotations
@@ -53,6 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vocabjax.decoding.adaptive import acceptance_logit, check_threshold, should_stop
+from vocabjax.decoding.routes import Routes
 from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector, bucket,
                                               cache_slots, compile_prefill, prompt_bucket,
                                               validate_request)
@@ -65,6 +75,8 @@ from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import compute_dtype, embed_tokens, forward, lm_head, with_mlp_layout
 from vocabjax.vocab.translate import (NgramCache, TranslationError, Translator, VocabMap,
                                       check_round_trip)
+
+RULES = ("exact", "omnidraft")  # verification of sampled drafts with n-gram merges (module doc)
 
 ROUND_TRIP_TEXTS = (
     "def add(a, b):\n    return a + b\n",
@@ -121,59 +133,66 @@ class CrossVocabStats(SpecStats):
 
 def _draft(dp, cache, pend, n_pend, allowed, key, head, *, config: LlamaLikeConfig, gamma: int,
            sampling: SamplingParams, threshold: float):
-  """Feed the pending drafter tokens, then propose up to `gamma` drafter tokens.
+  """Feed each row's pending drafter tokens, then propose up to `gamma` drafter tokens per row.
 
-  pend [1, P] (first n_pend real), allowed [Vd] bool, head: acceptance head params or None.
-  Returns (drafts [G] int32, q of each draft [G], q rows [G, Vd] (sampling) or [G, 1], number
-  drafted, acceptance probabilities [G], cache). The cache gains the n_pend tokens and the
-  first (number drafted - 1) drafts: the last draft is never fed (it may be rejected).
+  pend [B, P] (row b's first n_pend[b] real), allowed [Vd] bool, head: acceptance head params
+  or None. Returns (drafts [B, G] int32, q of each draft [B, G], q rows [B, G, Vd] (sampling)
+  or [B, G, 1], number drafted [B], acceptance probabilities [B, G], cache). Row b's cache
+  gains its n_pend[b] tokens and its first (number drafted - 1) drafts: the last draft is never
+  fed (it may be rejected). Rows draft in lockstep; a row the acceptance head stopped keeps
+  running with the others, and what it drafts after stopping is not counted (its cache entries
+  lie past the length the host sets).
   """
-  G, P = gamma, pend.shape[1]
+  G, (B, P) = gamma, pend.shape
+  rows = jnp.arange(B)
   L0 = cache.lengths
   h, cache = forward(dp, pend, L0[:, None] + jnp.arange(P)[None], cache, config=config)
-  h = jnp.take(h[0], n_pend - 1, axis=0)  # [D]
+  h = h[rows, n_pend - 1]  # [B, D]
   cache = cache.with_lengths(L0 + n_pend)
   Vq = allowed.shape[0] if not sampling.greedy else 1
   keys = jax.random.split(key, G)
 
   def choose(i, h, p_all):
-    logits = jnp.where(allowed, lm_head(dp, h, config=config), -jnp.inf)
+    logits = jnp.where(allowed, lm_head(dp, h, config=config), -jnp.inf)  # [B, Vd]
     if sampling.greedy:
-      d = jnp.argmax(logits).astype(jnp.int32)
-      q_row, q_d = jnp.ones((1,), jnp.float32), jnp.float32(1.0)
+      d = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+      q_row, q_d = jnp.ones((B, 1), jnp.float32), jnp.ones((B,), jnp.float32)
     else:
       lp = log_probs(logits, sampling)
-      d = jax.random.categorical(keys[i], lp).astype(jnp.int32)
+      d = jax.random.categorical(keys[i], lp, axis=-1).astype(jnp.int32)
       q_row = jnp.exp(lp)
-      q_d = q_row[d]
+      q_d = q_row[rows, d]
     a = (jax.nn.sigmoid(acceptance_logit(head, h, embed_tokens(dp, d))) if head is not None
-         else jnp.float32(1.0))
+         else jnp.ones((B,), jnp.float32))
     p_all = p_all * a
-    stop = should_stop(p_all, threshold) if head is not None else jnp.bool_(False)
+    stop = should_stop(p_all, threshold) if head is not None else jnp.zeros((B,), jnp.bool_)
     return d, q_d, q_row, a, p_all, stop
 
   def record(bufs, i, d, q_d, q_row, a):
     ds, qd, qs, acc = bufs
-    return ds.at[i].set(d), qd.at[i].set(q_d), qs.at[i].set(q_row), acc.at[i].set(a)
+    return (ds.at[:, i].set(d), qd.at[:, i].set(q_d), qs.at[:, i].set(q_row),
+            acc.at[:, i].set(a))
 
-  bufs = (jnp.zeros((G,), jnp.int32), jnp.zeros((G,), jnp.float32),
-          jnp.zeros((G, Vq), jnp.float32), jnp.zeros((G,), jnp.float32))
-  d, q_d, q_row, a, p_all, stop = choose(0, h, jnp.float32(1.0))
+  bufs = (jnp.zeros((B, G), jnp.int32), jnp.zeros((B, G), jnp.float32),
+          jnp.zeros((B, G, Vq), jnp.float32), jnp.zeros((B, G), jnp.float32))
+  d, q_d, q_row, a, p_all, stop = choose(0, h, jnp.ones((B,), jnp.float32))
   bufs = record(bufs, 0, d, q_d, q_row, a)
+  n = jnp.ones((B,), jnp.int32)
 
   # Draft i feeds draft i-1 first, so the loop never feeds a draft it will not build on (no
   # lax.cond around the forward: on XLA:CPU a cond copied the whole cache every step).
   def cond(c):
-    return (c[0] < G) & ~c[2]
+    return (c[0] < G) & ~c[2].all()
 
   def body(c):
-    i, d, _, p_all, cache, bufs = c
-    h, cache = forward(dp, d[None, None], cache.lengths[:, None], cache, config=config)
-    d, q_d, q_row, a, p_all, stop = choose(i, h[0, 0], p_all)
-    return i + 1, d, stop, p_all, cache, record(bufs, i, d, q_d, q_row, a)
+    i, d, stopped, p_all, n, cache, bufs = c
+    h, cache = forward(dp, d[:, None], cache.lengths[:, None], cache, config=config)
+    d, q_d, q_row, a, p_all, stop = choose(i, h[:, 0], p_all)
+    n = n + ~stopped
+    return i + 1, d, stopped | stop, p_all, n, cache, record(bufs, i, d, q_d, q_row, a)
 
-  n, _, _, _, cache, (ds, qd, qs, acc) = jax.lax.while_loop(
-      cond, body, (jnp.int32(1), d, stop, p_all, cache, bufs))
+  _, _, _, _, n, cache, (ds, qd, qs, acc) = jax.lax.while_loop(
+      cond, body, (jnp.int32(1), d, stop, p_all, n, cache, bufs))
   return ds, qd, qs, n, acc, cache
 
 
@@ -194,35 +213,50 @@ def translated_q(q_rows, d2t_idx, ngram_t, prefix_t, qprime, vocab_size: int) ->
   return jnp.maximum(qt[:, :V], 0.0)
 
 
+def _target_probs(tp, cache, last, drafts, *, config: LlamaLikeConfig, sampling: SamplingParams):
+  """The target's processed probabilities after `last` [B] and each row's drafts [B, m],
+  [B, m + 1, V], for host-side verification (the `exact` rule); the cache keeps its lengths
+  (the host sets them once it knows how many drafts each row had accepted)."""
+  N = cache.lengths
+  tokens = jnp.concatenate([last[:, None], drafts], axis=1)
+  h, cache = forward(tp, tokens, N[:, None] + jnp.arange(tokens.shape[1])[None], cache,
+                     config=config)
+  return probs(lm_head(tp, h, config=config), sampling), cache.with_lengths(N)
+
+
 def _verify(tp, cache, last, drafts, m, qs, src, ngram_t, prefix_t, qprime, d2t_idx, key, *,
             config: LlamaLikeConfig, sampling: SamplingParams):
-  """Verify m translated drafts (drafts [G], the rest padding) in one target forward.
+  """Verify row b's m[b] translated drafts (drafts [B, M], the rest padding) in one forward.
 
   Sampling builds q over the target vocabulary per draft position: the drafter's q row of the
-  draft's first sub-token (qs[src]) scattered through the direct map (d2t_idx [Vd], V where
+  draft's first sub-token (qs[b, src]) scattered through the direct map (d2t_idx [Vd], V where
   there is no target token); at an n-gram position, q' added at the merged token and taken
   from the prefix sub-token's own target token (eq. 2), clipped at 0 (module doc).
-  Returns (accepted, next token, cache with every committed token but `next`).
+  Returns (accepted [B], next token [B], cache with every committed token but `next`).
   """
-  G = drafts.shape[0]
+  M = drafts.shape[1]
   V = config.vocab_size
   N = cache.lengths
-  tokens = jnp.concatenate([last[None], drafts])[None]
-  h, cache = forward(tp, tokens, N[:, None] + jnp.arange(G + 1)[None], cache, config=config)
-  logits = lm_head(tp, h, config=config)  # [1, G + 1, V]
+  tokens = jnp.concatenate([last[:, None], drafts], axis=1)
+  h, cache = forward(tp, tokens, N[:, None] + jnp.arange(M + 1)[None], cache, config=config)
+  logits = lm_head(tp, h, config=config)  # [B, M + 1, V]
   if sampling.greedy:
-    n, nxt = verify_chain_greedy(drafts[None], logits, m[None])
+    n, nxt = verify_chain_greedy(drafts, logits, m)
   else:
-    qt = translated_q(qs[src], d2t_idx, ngram_t, prefix_t, qprime, V)
-    n, nxt = verify_chain_sampling(key, drafts[None], probs(logits, sampling), qt[None], m[None])
-  return n[0], nxt[0], cache.with_lengths(N + 1 + n[0])
+    q_rows = jnp.take_along_axis(qs, src[..., None], axis=1)  # [B, M, Vd]
+    qt = jax.vmap(translated_q, in_axes=(0, None, 0, 0, 0, None))(
+        q_rows, d2t_idx, ngram_t, prefix_t, qprime, V)
+    n, nxt = verify_chain_sampling(key, drafts, probs(logits, sampling), qt, m)
+  return n, nxt, cache.with_lengths(N + 1 + n)
 
 
 class CrossVocabDecoder:
   """A drafter with another tokenizer drafting for a target (module doc).
 
   `ngram=False` is the direct-mapping (UAG) baseline; `acceptance_head` (params of
-  `vocabjax.decoding.adaptive`) with `stop_threshold` makes the draft length adaptive.
+  `vocabjax.decoding.adaptive`) with `stop_threshold` makes the draft length adaptive. `rule`:
+  how sampled drafts with n-gram merges are verified, "exact" (lossless) or "omnidraft" (the
+  paper's approximation; module doc). Greedy decoding and direct mapping are exact either way.
   """
 
   method = "crossvocab"
@@ -232,10 +266,14 @@ class CrossVocabDecoder:
                gamma: int = 4, ngram: bool = True, vocab_map: VocabMap | None = None,
                min_overlap: float = 0.1, acceptance_head: dict | None = None,
                stop_threshold: float = 0.5, layout: str = "auto",
-               round_trip_texts: Sequence[str] = ROUND_TRIP_TEXTS, draft_prefill: str = "bf16"):
+               round_trip_texts: Sequence[str] = ROUND_TRIP_TEXTS, draft_prefill: str = "bf16",
+               rule: str = "exact"):
     """`draft_prefill`: the drafter's prompt prefill precision, as for `ChainDecoder`
     (`vocabjax.decoding.speculative.compile_draft_prefill`)."""
     check_draft_prefill(draft_prefill)
+    if rule not in RULES:
+      raise ValueError(f"unknown crossvocab sampling rule {rule!r}; choose one of {RULES}")
+    self.rule = rule
     self.draft_prefill = draft_prefill
     if gamma < 1:
       raise ValueError(f"gamma must be >= 1, got {gamma=}")
@@ -295,6 +333,7 @@ class CrossVocabDecoder:
     """Cache one entry (runs of >= 2 drafter tokens) and let the drafter propose its tokens."""
     if not self.ngram.add(int(target_id), drafter_ids):
       return False
+    self.routes.add(drafter_ids, target_id)
     self._allowed[list(drafter_ids)] = True
     self._allowed_dev = None
     return True
@@ -306,6 +345,7 @@ class CrossVocabDecoder:
   def reset_ngram(self) -> None:
     """Empty the n-gram cache (it persists across `generate` calls)."""
     self.ngram = NgramCache()
+    self.routes = Routes(self.d2t, self.t2d)
     self._allowed, self._allowed_dev = self.d2t >= 0, None
 
   def load_ngram(self, entries) -> None:
@@ -327,39 +367,44 @@ class CrossVocabDecoder:
             [k > 1 for _, _, k in merged])
 
   # --- compiled programs --------------------------------------------------------------------
-  def _program(self, name: str, sampling: SamplingParams, *shape):
-    key = (name, sampling, *shape)
+  def _program(self, name: str, sampling: SamplingParams, B: int, *shape):
+    key = (name, sampling, B, *shape)
     if key in self._programs:
       return self._programs[key], 0.0
     t0 = time.perf_counter()
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
+    f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
     dtype = compute_dtype(self.tp)
     if name == "tprefill":
       T, S = shape
-      cache = jax.eval_shape(lambda: KVCache.init(self.tc, 1, S, dtype))
-      fn = compile_prefill(self.tp, self.tc, sampling, 1, T, cache)
+      cache = jax.eval_shape(lambda: KVCache.init(self.tc, B, S, dtype))
+      fn = compile_prefill(self.tp, self.tc, sampling, B, T, cache)
     elif name == "dprefill":
       T, S = shape
-      cache = jax.eval_shape(lambda: KVCache.init(self.dc, 1, S, dtype))
-      fn = compile_draft_prefill(self.dp, self.dc, 1, T, cache, self.draft_prefill)
+      cache = jax.eval_shape(lambda: KVCache.init(self.dc, B, S, dtype))
+      fn = compile_draft_prefill(self.dp, self.dc, B, T, cache, self.draft_prefill)
     elif name == "draft":
       P, S = shape
-      cache = jax.eval_shape(lambda: KVCache.init(self.dc, 1, S, dtype))
+      cache = jax.eval_shape(lambda: KVCache.init(self.dc, B, S, dtype))
       fn = jax.jit(functools.partial(_draft, config=self.dc, gamma=self.gamma,
                                      sampling=sampling, threshold=self.threshold),
                    donate_argnums=(1,)).lower(
-          self.dp, cache, i32(1, P), i32(), jax.ShapeDtypeStruct((self.dc.vocab_size,), bool),
+          self.dp, cache, i32(B, P), i32(B), jax.ShapeDtypeStruct((self.dc.vocab_size,), bool),
           jax.random.key(0), self.head).compile()
-    else:  # verify m drafts: one program per block size, so short blocks cost less
+    elif name == "tprobs":  # the target's probabilities of m drafts per row (exact rule)
+      S, m = shape
+      cache = jax.eval_shape(lambda: KVCache.init(self.tc, B, S, dtype))
+      fn = jax.jit(functools.partial(_target_probs, config=self.tc, sampling=sampling),
+                   donate_argnums=(1,)).lower(self.tp, cache, i32(B), i32(B, m)).compile()
+    else:  # verify up to m drafts per row: one program per block size, so short blocks cost less
       S, m = shape
       G = self.gamma
-      cache = jax.eval_shape(lambda: KVCache.init(self.tc, 1, S, dtype))
-      f32 = jax.ShapeDtypeStruct
+      cache = jax.eval_shape(lambda: KVCache.init(self.tc, B, S, dtype))
       Vq = 1 if sampling.greedy else self.dc.vocab_size
       fn = jax.jit(functools.partial(_verify, config=self.tc, sampling=sampling),
                    donate_argnums=(1,)).lower(
-          self.tp, cache, i32(), i32(m), i32(), f32((G, Vq), jnp.float32), i32(m), i32(m),
-          i32(m), f32((m,), jnp.float32), self._d2t_idx, jax.random.key(0)).compile()
+          self.tp, cache, i32(B), i32(B, m), i32(B), f32(B, G, Vq), i32(B, m), i32(B, m),
+          i32(B, m), f32(B, m), self._d2t_idx, jax.random.key(0)).compile()
     self._programs[key] = fn
     return fn, time.perf_counter() - t0
 
@@ -367,129 +412,198 @@ class CrossVocabDecoder:
   def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                sampling: SamplingParams = SamplingParams(), seed: int = 0,
                eos_token_ids: Sequence[int] = (), max_len: int | None = None,
-               stop_strings: Sequence[str] = (), tokenizer=None) -> GenerationResult:
+               stop_strings: Sequence[str] = (), tokenizer=None,
+               batch_size: int | None = None) -> GenerationResult:
     """Generate like `Decoder.generate` (prompts in target ids); greedy output equals it token
-    for token. `stats` is a CrossVocabStats counted in target tokens."""
+    for token. `stats` is a CrossVocabStats counted in target tokens.
+
+    The prompts run as one batch (`batch_size`: in batches of that many rows): drafting and
+    verification are batched device programs over the rows, in lockstep; only translation,
+    reverse translation and the n-gram cache run per row on the host (microseconds a row). A
+    row that has finished stays in its batch, frozen (its caches do not advance) until the
+    batch ends.
+    """
     prompts = [list(map(int, p)) for p in prompts]
     validate_request(prompts, max_new_tokens, sampling, self.tc, None)
+    if batch_size is not None and batch_size < 1:
+      raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     room = max_new_tokens + self.gamma + 2
     longest = max(len(p) for p in prompts)
     if max_len is not None and longest + room > max_len:
       raise ValueError(f"prompt of {longest} tokens + {max_new_tokens=} + {self.gamma + 2} "
                        f"slots for one crossvocab step = {longest + room} exceeds the cache "
                        f"length {max_len=}")
-    B = len(prompts)
     stats = CrossVocabStats(drafted=[], accepted=[])
     res = GenerationResult(tokens=[], finish_reasons=[], prompt_lengths=[len(p) for p in prompts],
                            compile_s=0.0, prefill_s=0.0, decode_s=0.0, steps=0, stats=stats)
-    for b, prompt in enumerate(prompts):
-      S = cache_slots(len(prompt), room, max_len)
-      out = OutputCollector(1, max_new_tokens, eos_token_ids, stop_strings, tokenizer)
-      self._generate_row(b, B, prompt, S, out, sampling, jax.random.fold_in(
-          jax.random.key(seed), b), res)
-      res.tokens.append(out.tokens[0])
-      res.finish_reasons.append(out.reasons[0])
+    size = batch_size or len(prompts)
+    for lo in range(0, len(prompts), size):
+      rows = prompts[lo:lo + size]
+      out = OutputCollector(len(rows), max_new_tokens, eos_token_ids, stop_strings, tokenizer)
+      self._generate_batch(lo, len(prompts), rows, max_len, room, out, sampling,
+                           jax.random.key(seed), res)
+      res.tokens.extend(out.tokens)
+      res.finish_reasons.extend(out.reasons)
     return res
 
-  def _generate_row(self, b, B, prompt, S, out, sampling, key, res):
+  def _generate_batch(self, lo, total, prompts, max_len, room, out, sampling, key, res):
+    """Rows lo .. lo + len(prompts) - 1 of `total` (stats rows are laid out over all of them)."""
     st = res.stats
-    G = self.gamma
+    G, B = self.gamma, len(prompts)
     dtype = compute_dtype(self.tp)
-    dprompt = self.prompt_to_drafter(prompt)
-    Sd = bucket(len(dprompt) + 2 * (S - len(prompt)) + 2 * G + 16)
-    T, Td = min(prompt_bucket(len(prompt)), S), min(prompt_bucket(len(dprompt)), Sd)
-    tprefill, c1 = self._program("tprefill", sampling, T, S)
-    dprefill, c2 = self._program("dprefill", sampling, Td, Sd)
+    S = cache_slots(max(len(p) for p in prompts), room, max_len)
+    dprompts = [self.prompt_to_drafter(p) for p in prompts]
+    Sd = bucket(max(len(d) for d in dprompts) + 2 * (S - min(len(p) for p in prompts)) + 2 * G
+                + 16)
+    T = min(prompt_bucket(max(len(p) for p in prompts)), S)
+    Td = min(prompt_bucket(max(len(d) for d in dprompts)), Sd)
+    tprefill, c1 = self._program("tprefill", sampling, B, T, S)
+    dprefill, c2 = self._program("dprefill", sampling, B, Td, Sd)
     res.compile_s += c1 + c2
+    exact = not sampling.greedy and self.use_ngram and self.rule == "exact"
     # the programs a step needs, compiled before the clock starts (more only on rare paths:
     # a long pending run, a grown drafter cache; their compile time is kept out of decode_s)
     for m in range(G + 1):
-      res.compile_s += self._program("verify", sampling, S, m)[1]
+      res.compile_s += self._program("tprobs" if exact else "verify", sampling, B, S, m)[1]
     for P in (1, 2):
-      res.compile_s += self._program("draft", sampling, P, Sd)[1]
+      res.compile_s += self._program("draft", sampling, B, P, Sd)[1]
     compile_in_loop = 0.0
+    row_keys = [jax.random.fold_in(key, lo + b) for b in range(B)]
+    rngs = [np.random.default_rng(np.asarray(jax.random.key_data(k)).ravel().tolist())
+            for k in row_keys]
 
     t0 = time.perf_counter()
-    tokens = np.zeros((1, T), np.int32)
-    tokens[0, :len(prompt)] = prompt
-    first, tcache = tprefill(self.tp, jnp.asarray(tokens), jnp.asarray([len(prompt)], jnp.int32),
-                             KVCache.init(self.tc, 1, S, dtype), jax.random.fold_in(key, 0))
-    dtokens = np.zeros((1, Td), np.int32)
-    dtokens[0, :len(dprompt)] = dprompt
-    dcache = dprefill(self.dp, jnp.asarray(dtokens), jnp.asarray([len(dprompt)], jnp.int32),
-                      KVCache.init(self.dc, 1, Sd, dtype))
-    last = int(np.asarray(first)[0])
-    out.add(np.asarray([last]))
-    self.learn([last])
-    pend = self.to_drafter([last])
-    ctx = list(dprompt)  # the drafter tokens in its cache
-    Ld = len(ctx)
+    tokens = np.zeros((B, T), np.int32)
+    dtokens = np.zeros((B, Td), np.int32)
+    for b, (p, dp_) in enumerate(zip(prompts, dprompts)):
+      tokens[b, :len(p)], dtokens[b, :len(dp_)] = p, dp_
+    first, tcache = tprefill(self.tp, jnp.asarray(tokens),
+                             jnp.asarray([len(p) for p in prompts], jnp.int32),
+                             KVCache.init(self.tc, B, S, dtype), jax.random.fold_in(key, lo))
+    dcache = dprefill(self.dp, jnp.asarray(dtokens),
+                      jnp.asarray([len(d) for d in dprompts], jnp.int32),
+                      KVCache.init(self.dc, B, Sd, dtype))
+    last = [int(x) for x in np.asarray(first)]
+    tlen = [len(p) for p in prompts]  # each row's committed target tokens in its cache
+    out.add(np.asarray(last)[:, None])
+    self.learn(last)
+    pend = [self.to_drafter([x]) for x in last]
+    ctx = [list(d) for d in dprompts]  # the drafter tokens in each row's cache
     res.prefill_s += time.perf_counter() - t0
 
     t_start = time.perf_counter()
     step = 0
     while not out.done.all():
       step += 1
-      k = jax.random.fold_in(key, step)
-      kd, kv = jax.random.split(k)
-      P = bucket(len(pend), minimum=1)
-      while Ld + P + G > Sd:  # long drafter spellings: grow its cache
+      live = ~out.done  # rows still generating; the others are frozen
+      kd, kv = jax.random.split(jax.random.fold_in(key, step * total + lo))
+      P = bucket(max(len(x) for x in pend), minimum=1)
+      while max(map(len, ctx)) + P + G > Sd:  # long drafter spellings: grow its cache
         Sd *= 2
         dcache = _grow(dcache, Sd)
-      draft, c = self._program("draft", sampling, P, Sd)
+      draft, c = self._program("draft", sampling, B, P, Sd)
       res.compile_s += c
       compile_in_loop += c
       t0 = time.perf_counter()
-      pend_arr = np.zeros((1, P), np.int32)
-      pend_arr[0, :len(pend)] = pend
+      pend_arr = np.zeros((B, P), np.int32)
+      for b, x in enumerate(pend):
+        pend_arr[b, :len(x)] = x
       ds, qd, qs, nd, _, dcache = draft(self.dp, dcache, jnp.asarray(pend_arr),
-                                        jnp.int32(len(pend)), self.allowed(), kd, self.head)
-      nd = int(nd)
-      ds_h, qd_h = np.asarray(ds)[:nd], np.asarray(qd)[:nd]
+                                        jnp.asarray([len(x) for x in pend], jnp.int32),
+                                        self.allowed(), kd, self.head)
+      ds_h, qd_h, nd = np.asarray(ds), np.asarray(qd), np.asarray(nd)
       t1 = time.perf_counter()
-      tids, qprime, nsub, is_ng = self.translate(ds_h, qd_h)
-      m = len(tids)
-      src = np.zeros(G, np.int32)
-      ngram_t = np.full(G, -1, np.int32)
-      prefix_t = np.full(G, -1, np.int32)
-      qp = np.zeros(G, np.float32)
-      drafts = np.zeros(G, np.int32)
-      pos = 0
-      for i in range(m):
-        src[i], drafts[i] = pos, tids[i]
-        if is_ng[i]:
-          ngram_t[i], qp[i] = tids[i], qprime[i]
-          prefix_t[i] = self.d2t[ds_h[pos]] if self.d2t[ds_h[pos]] >= 0 else self.tc.vocab_size
-        pos += nsub[i]
-      verify = self._program("verify", sampling, S, m)[0]
-      t2 = time.perf_counter()
-      n, nxt, tcache = verify(self.tp, tcache, jnp.int32(last), jnp.asarray(drafts[:m]),
-                              jnp.int32(m), qs, jnp.asarray(src[:m]), jnp.asarray(ngram_t[:m]),
-                              jnp.asarray(prefix_t[:m]), jnp.asarray(qp[:m]), self._d2t_idx, kv)
-      n, nxt = int(n), int(nxt)
-      t3 = time.perf_counter()
-      emitted = [int(x) for x in drafts[:n]] + [nxt]
-      out.add(np.asarray(emitted + [-1] * (G + 1 - len(emitted)))[None])
-      u = sum(nsub[:n])  # drafter sub-tokens accepted
-      fed = min(u, nd - 1)  # of them already in the drafter's cache
-      ctx += pend + [int(x) for x in ds_h[:fed]]
-      Ld = len(ctx)
-      dcache = dcache.with_lengths(jnp.asarray([Ld], jnp.int32))
-      self.learn(emitted)
-      pend = [int(x) for x in ds_h[fed:u]] + self.to_drafter([nxt])
-      last = nxt
-      row = lambda v: [v if j == b else 0 for j in range(B)]  # noqa: E731
-      st.drafted.append(row(m))
-      st.accepted.append(row(n))
-      st.ngram_drafted.append(row(int(sum(is_ng))))
-      st.ngram_accepted.append(row(int(sum(is_ng[:n]))))
-      st.drafter_tokens.append(row(nd))
-      st.active.append([j == b for j in range(B)])
+      plans, tids, nsub, is_ng = [], [], [], []
+      for b in range(B):  # translation, per row on the host
+        if exact:
+          positions = self.routes.plan(ds_h[b], nd[b])
+          kept = [x for x in positions if x.fed]
+          plans.append(positions)
+          tids.append([x.target for x in kept])
+          nsub.append([x.end - x.start for x in kept])
+          is_ng.append([len(x.node) > 1 for x in kept])
+        else:
+          t_b, qp_b, ns_b, ng_b = self.translate(ds_h[b, :nd[b]], qd_h[b, :nd[b]])
+          plans.append(qp_b)
+          tids.append(t_b)
+          nsub.append(ns_b)
+          is_ng.append(ng_b)
+        if not live[b]:  # frozen: nothing to verify
+          tids[b], nsub[b], is_ng[b] = [], [], []
+      m = np.asarray([len(t) for t in tids], np.int32)
+      M = int(m.max())
+      drafts = np.zeros((B, M), np.int32)
+      for b in range(B):
+        drafts[b, :m[b]] = tids[b]
+      if exact:
+        probs_fn = self._program("tprobs", sampling, B, S, M)[0]
+        t2 = time.perf_counter()
+        p_rows, tcache = probs_fn(self.tp, tcache, jnp.asarray(last, jnp.int32),
+                                  jnp.asarray(drafts))
+        p_rows = np.asarray(p_rows)
+        t3 = time.perf_counter()
+        n, nxt = np.zeros(B, np.int64), np.zeros(B, np.int64)
+        qs_h = np.asarray(qs)
+        for b in np.flatnonzero(live):
+          kept = sum(x.fed for x in plans[b])
+          n[b], nxt[b] = self.routes.verify(p_rows[b, :kept + 1], plans[b], ds_h[b],
+                                            qs_h[b, :nd[b]], rngs[b])
+      else:
+        src = np.zeros((B, M), np.int32)
+        ngram_t = np.full((B, M), -1, np.int32)
+        prefix_t = np.full((B, M), -1, np.int32)
+        qp = np.zeros((B, M), np.float32)
+        for b in range(B):
+          pos = 0
+          for i in range(m[b]):
+            src[b, i] = pos
+            if is_ng[b][i]:
+              ngram_t[b, i], qp[b, i] = tids[b][i], plans[b][i]
+              first_sub = ds_h[b, pos]
+              prefix_t[b, i] = (self.d2t[first_sub] if self.d2t[first_sub] >= 0
+                                else self.tc.vocab_size)
+            pos += nsub[b][i]
+        verify = self._program("verify", sampling, B, S, M)[0]
+        t2 = time.perf_counter()
+        n, nxt, tcache = verify(self.tp, tcache, jnp.asarray(last, jnp.int32),
+                                jnp.asarray(drafts), jnp.asarray(m), qs, jnp.asarray(src),
+                                jnp.asarray(ngram_t), jnp.asarray(prefix_t), jnp.asarray(qp),
+                                self._d2t_idx, kv)
+        n, nxt = np.asarray(n).astype(np.int64), np.asarray(nxt).astype(np.int64)
+        t3 = time.perf_counter()
+      emitted = np.full((B, G + 1), -1, np.int64)
+      for b in np.flatnonzero(live):
+        row = [int(x) for x in drafts[b, :n[b]]] + [int(nxt[b])]
+        emitted[b, :len(row)] = row
+        tlen[b] += 1 + int(n[b])
+        u = sum(nsub[b][:n[b]])  # drafter sub-tokens accepted
+        fed = min(u, int(nd[b]) - 1)  # of them already in the drafter's cache
+        ctx[b] += pend[b] + [int(x) for x in ds_h[b, :fed]]
+        self.learn(row)
+        pend[b] = [int(x) for x in ds_h[b, fed:u]] + self.to_drafter([int(nxt[b])])
+        last[b] = int(nxt[b])
+      # frozen rows keep their lengths; live rows keep what they committed
+      tcache = tcache.with_lengths(jnp.asarray(tlen, jnp.int32))
+      dcache = dcache.with_lengths(jnp.asarray([len(x) for x in ctx], jnp.int32))
+      out.add(emitted)
+      def spread(vals, live=live):  # this batch's values in the row layout of all prompts
+        v = [0] * total
+        v[lo:lo + B] = [int(x) if live[b] else 0 for b, x in enumerate(vals)]
+        return v
+
+      st.drafted.append(spread(m))
+      st.accepted.append(spread(n))
+      st.ngram_drafted.append(spread([sum(x) for x in is_ng]))
+      st.ngram_accepted.append(spread([sum(x[:k]) for x, k in zip(is_ng, n)]))
+      st.drafter_tokens.append(spread(nd))
+      st.active.append([lo <= j < lo + B and bool(live[j - lo]) for j in range(total)])
       st.draft_s += t1 - t0
       st.verify_s += t3 - t2
       st.host_s += (t2 - t1) + (time.perf_counter() - t3)
     res.steps += step
-    self.trace = (ctx, pend, dcache)  # the last row's drafter context (tests, debugging)
+    b = B - 1
+    self.trace = (ctx[b], pend[b], KVCache(dcache.k[:, b:b + 1], dcache.v[:, b:b + 1],
+                                           dcache.lengths[b:b + 1]))
     res.decode_s += time.perf_counter() - t_start - compile_in_loop
 
 

@@ -29,14 +29,26 @@ from vocabjax.version import __version__
 _HASHES = "content_hashes.json"
 
 
+_ISA = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16")
+
+
 def cpu_model() -> str:
-  """The CPU's model name (/proc/cpuinfo, else `platform.processor()`): hosts of one VM type
-  can differ several-fold (transformers' f32 decoding in `eval/results/compare_torch`: 3.92
-  tok/s on one host, 1.92 on an AMD EPYC host two days later)."""
+  """The CPU's model name and its vector extensions (/proc/cpuinfo, else
+  `platform.processor()`), e.g. "AMD EPYC [avx2 avx512f avx512_bf16 avx512_vnni]": hosts of one
+  VM type can differ several-fold (transformers' f32 decoding in `eval/results/compare_torch`:
+  3.92 tok/s on one host, 1.92 on an AMD EPYC host two days later; an AMD EPYC host without
+  AVX-512 took 360 ms per 1.5B f32 AR step against 185 ms on one with it), and the model name
+  alone does not tell them apart."""
   try:
+    name, flags = None, set()
     for line in Path("/proc/cpuinfo").read_text().splitlines():
-      if line.startswith("model name"):
-        return line.split(":", 1)[1].strip()
+      if line.startswith("model name") and name is None:
+        name = line.split(":", 1)[1].strip()
+      elif line.startswith("flags") and not flags:
+        flags = set(line.split(":", 1)[1].split())
+    if name:
+      isa = " ".join(f for f in _ISA if f in flags)
+      return f"{name} [{isa}]" if isa else name
   except OSError:
     pass
   return platform.processor() or platform.machine()
