@@ -17,38 +17,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import time
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
-
-COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
-_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1,
-          "s64": 8, "f64": 8}
-
-
-def collectives(hlo: str) -> dict:
-  """{op: (count, result bytes)} of the collectives in compiled HLO text (async pairs counted
-  once, at their -start)."""
-  out = {op: [0, 0] for op in COLLECTIVES}
-  shape = re.compile(r"(\w+)\[([\d,]*)\]")
-  for line in hlo.splitlines():
-    m = re.search(r"=\s*(.*?)\s+(" + "|".join(COLLECTIVES) + r")(-start)?\(", line)
-    if not m or "-done" in line.split("=")[0]:
-      continue
-    op, result = m.group(2), m.group(1)
-    nbytes = 0
-    for dt, dims in shape.findall(result):
-      n = 1
-      for d in filter(None, dims.split(",")):
-        n *= int(d)
-      nbytes += n * _BYTES.get(dt, 4)
-    if m.group(3):  # an async start's result tuple holds the operand and the result
-      nbytes //= 2
-    out[op][0] += 1
-    out[op][1] += nbytes
-  return {k: tuple(v) for k, v in out.items() if v[0]}
-
 
 def main(argv=None) -> int:
   import jax
@@ -61,17 +32,19 @@ def main(argv=None) -> int:
   from vocabjax.decoding.speculative import ChainDecoder
   from vocabjax.io import atomic_write_text
   from vocabjax.models import init_params
-  from vocabjax.sharding import make_mesh, parse_mesh
+  from vocabjax.sharding import collectives, make_mesh, parse_mesh
 
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--target", required=True)
   ap.add_argument("--draft", required=True)
-  ap.add_argument("--mesh", default="model=8")
+  ap.add_argument("--mesh", action="append", help="a mesh to time beside one device "
+                  "(repeatable; default model=8)")
   ap.add_argument("--gamma", type=int, default=3)
   ap.add_argument("--context", type=int, default=256)
   ap.add_argument("--repeats", type=int, default=5)
   ap.add_argument("--out", required=True)
   a = ap.parse_args(argv)
+  a.mesh = a.mesh or ["model=8"]
 
   def config(name):
     r = open_gguf(resolve(name))
@@ -85,13 +58,16 @@ def main(argv=None) -> int:
   B, T, S = 1, a.context, a.context + 64
   rows = [f"# A chain step (gamma {a.gamma}) on one device and on a mesh", "",
           f"Command: `python eval/sharded_step.py --target {a.target} --draft {a.draft} "
-          f"--mesh {a.mesh} --gamma {a.gamma} --context {a.context} --repeats {a.repeats} "
+          f"{' '.join('--mesh ' + m for m in a.mesh)} --gamma {a.gamma} --context {a.context} "
+          f"--repeats {a.repeats} "
           f"--out {a.out}`; random weights of the real shapes, f32, batch 1; "
           f"{jax.device_count()} {jax.default_backend()} devices "
           f"(virtual: they share this machine's cores).", "",
           "| placement | step ms (median) | collectives per step | bytes moved per step |",
           "|---|---|---|---|"]
-  for label, mesh in (("one device", None), (f"mesh {a.mesh}", make_mesh(**parse_mesh(a.mesh)))):
+  placements = [("one device", None)] + [(f"mesh {m}", make_mesh(**parse_mesh(m)))
+                                         for m in a.mesh]
+  for label, mesh in placements:
     dec = ChainDecoder(tp, tc, dp, dc, gamma=a.gamma, mesh=mesh)
     start, step, _ = dec.programs(SamplingParams(), B, T, S, jnp.float32)
     toks = jnp.asarray(np.random.RandomState(0).randint(0, tc.vocab_size, (B, T)), jnp.int32)

@@ -1,7 +1,5 @@
 """On 8 virtual CPU devices the sharded model gives the unsharded logits and tokens."""
 
-import dataclasses
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,8 +36,9 @@ def test_sharded_logits_equal_unsharded(data, model):
   out, cache = jax.jit(_logits, static_argnums=1)(sp, config, sharding.shard_batch(tokens, mesh),
                                                   sc)
   np.testing.assert_allclose(np.asarray(out), np.asarray(ref), atol=1e-5)
-  if model > 1:  # really tensor-parallel: heads, MLP and vocabulary split over devices
-    assert sp["layers"][0]["wq"].sharding.spec == P("model", None)
+  if model > 1:  # really tensor-parallel: heads (by whole KV-head groups), MLP, vocabulary
+    heads = P("model", None) if config.num_kv_heads % model == 0 else P(None, None)
+    assert sp["layers"][0]["wq"].sharding.spec == heads
     assert sp["layers"][0]["w_down"].sharding.spec == P(None, "model")
     assert sp["lm_head"].sharding.spec == P("model", None)
     assert len(sp["lm_head"].addressable_shards) == 8
@@ -53,14 +52,16 @@ def test_indivisible_dims_fall_back_to_replication():
                            num_layers=1, num_heads=8, num_kv_heads=2, head_dim=8)
   specs = sharding.param_specs(config, sharding.make_mesh(data=2, model=4))
   assert specs["lm_head"] == P(None, None)  # 250 rows do not split 4 ways
-  # attention splits by whole heads: 8 query heads do 4 ways, 2 KV heads do not (their 16 rows
-  # would divide, but a split inside a head reshards at every reshape and RoPE rotation)
-  assert specs["layers"][0]["wq"] == P("model", None)
-  assert specs["layers"][0]["wo"] == P(None, "model")
-  assert specs["layers"][0]["wk"] == P(None, None) and specs["layers"][0]["wv"] == P(None, None)
-  odd = sharding.param_specs(dataclasses.replace(config, num_heads=12, head_dim=8),
-                             sharding.make_mesh(data=1, model=8))
-  assert odd["layers"][0]["wq"] == P(None, None) and odd["layers"][0]["w_up"] == P("model", None)
+  # attention splits by whole KV-head groups: 2 KV heads do not split 4 ways (their 16 rows
+  # would, but a split inside a head reshards at every reshape and RoPE rotation), so all of
+  # attention is replicated while the MLP splits
+  for leaf in ("wq", "wk", "wv", "wo"):
+    assert specs["layers"][0][leaf] == P(None, None), leaf
+  assert specs["layers"][0]["w_up"] == P("model", None)
+  even = sharding.param_specs(config, sharding.make_mesh(data=4, model=2))
+  assert even["layers"][0]["wq"] == P("model", None) and even["layers"][0]["wk"] == P("model",
+                                                                                     None)
+  assert even["layers"][0]["wo"] == P(None, "model")
   cs = sharding.cache_specs(config, 3, sharding.make_mesh(data=2, model=4))
   assert cs.k == P(None, None, None, None, None)  # 3 rows, 2 KV heads: replicated
   with pytest.raises(ValueError, match="does not match 8 devices"):

@@ -7,18 +7,25 @@ are [out, in]):
   w_gate/w_up [F, D]        split F;  w_down [D, F] split F
   embed, lm_head [V, D]     split V (the LM head's logits come out vocab-sharded)
   KV cache [L, B, S, K, d]  B over "data", K over "model"
-Attention is split by whole heads: wq/bq and wo only when the query heads divide by the model
-axis, wk/wv/bk/bv (and the cache's K axis) only when the KV heads do; otherwise they are
-replicated (e.g. Qwen2.5-1.5B's 12 query heads on an 8-way axis). Splitting the flat
-[heads * head_dim] axis across a head would make every reshape to [heads, head_dim], RoPE's
-half rotation and the cache write reshard inside the step (measured: 621 all-gathers, 684
-collective-permutes and 86 all-to-alls per chain step, `eval/sharded_step.py`). Any other
-dimension that does not divide by its mesh axis is replicated too, so every mesh shape works. The forward and decode functions are
-unchanged: `jax.jit` partitions them (GSPMD) from the input shardings. Multi-host: call
+Attention is split by whole KV-head groups: wq/bq/wk/wv/bk/bv/wo (and the cache's K axis) only
+when the KV heads divide by the model axis (then each device holds whole groups of query heads
+with their KV head); otherwise all of attention is replicated (e.g. Qwen2.5-1.5B's 2 KV heads on
+a 4- or 8-way axis) and only the MLP and vocabulary split. Splitting the flat
+[heads * head_dim] axis across a head made every reshape to [heads, head_dim], RoPE's half
+rotation and the cache write reshard inside the step (measured: 621 all-gathers, 684
+collective-permutes and 86 all-to-alls per chain step, `eval/sharded_step.py`); splitting
+query heads over a replicated cache made XLA split the cache by KV head inside the step and
+gather it whole at its end. Any other dimension that does not divide by its mesh axis is
+replicated too, so every mesh shape works. The forward and decode functions are unchanged:
+`jax.jit` partitions them (GSPMD) from the input shardings; the KV cache is written one
+dynamic-update-slice per row (`models.llamalike.write_block`) so that a batch split over "data"
+stays split. Multi-host: call
 `jax.distributed.initialize()` first; `make_mesh` then spans every process's devices.
 """
 
 from __future__ import annotations
+
+import re
 
 import jax
 import numpy as np
@@ -31,9 +38,7 @@ from vocabjax.models.llamalike import is_int8, param_shapes
 # leaf -> which axis of the per-layer tensor goes to "model".
 _LAYER_MODEL_AXIS = {"wq": 0, "wk": 0, "wv": 0, "bq": 0, "bk": 0, "bv": 0, "wo": 1,
                      "w_gate": 0, "w_up": 0, "w_down": 1}
-# attention leaves -> the head count that must divide by the model axis for them to split
-_HEADS = {"wq": "num_heads", "bq": "num_heads", "wo": "num_heads", "wk": "num_kv_heads",
-          "wv": "num_kv_heads", "bk": "num_kv_heads", "bv": "num_kv_heads"}
+_ATTENTION = ("wq", "bq", "wk", "wv", "bk", "bv", "wo")  # split only by whole KV-head groups
 
 
 def make_mesh(data: int = 1, model: int | None = None, devices=None) -> Mesh:
@@ -76,9 +81,8 @@ def param_specs(config: LlamaLikeConfig, mesh: Mesh) -> dict:
   M = mesh.shape["model"]
 
   def axis(leaf):
-    heads = _HEADS.get(leaf)
-    if heads is not None and getattr(config, heads) % M:
-      return None  # would split a head: replicate (module doc)
+    if leaf in _ATTENTION and config.num_kv_heads % M:
+      return None  # would split a KV-head group: replicate (module doc)
     return _LAYER_MODEL_AXIS.get(leaf)
 
   specs["layers"] = [{leaf: _spec(shape, axis(leaf), mesh) for leaf, shape in layer.items()}
@@ -128,3 +132,32 @@ def shard_batch(x: jax.Array, mesh: Mesh) -> jax.Array:
   """Place a [B, ...] array with its rows over "data" (replicated if B does not divide)."""
   spec = P("data") if x.shape[0] % mesh.shape["data"] == 0 else P()
   return jax.device_put(x, NamedSharding(mesh, spec))
+
+
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "collective-permute", "all-to-all")
+_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "pred": 1,
+          "s64": 8, "f64": 8}
+
+
+def collectives(hlo: str) -> dict:
+  """{op: (count, result bytes)} of the collectives in compiled HLO text (async pairs counted
+  once, at their -start): what a partitioned program communicates (`eval/sharded_step.py`,
+  and the tests that a sharded decoding step does not reshard)."""
+  out = {op: [0, 0] for op in COLLECTIVES}
+  shape = re.compile(r"(\w+)\[([\d,]*)\]")
+  for line in hlo.splitlines():
+    m = re.search(r"=\s*(.*?)\s+(" + "|".join(COLLECTIVES) + r")(-start)?\(", line)
+    if not m or "-done" in line.split("=")[0]:
+      continue
+    op, result = m.group(2), m.group(1)
+    nbytes = 0
+    for dt, dims in shape.findall(result):
+      n = 1
+      for d in filter(None, dims.split(",")):
+        n *= int(d)
+      nbytes += n * _BYTES.get(dt, 4)
+    if m.group(3):  # an async start's result tuple holds the operand and the result
+      nbytes //= 2
+    out[op][0] += 1
+    out[op][1] += nbytes
+  return {k: tuple(v) for k, v in out.items() if v[0]}

@@ -280,7 +280,10 @@ def _merging_law(merging, rule, sp, rows, batch, seed=0):
 
 
 @pytest.mark.parametrize("sp,batch", [(SamplingParams(temperature=1.0), 400),
-                                      (SamplingParams(temperature=0.7, top_p=0.9), 1)])
+                                      (SamplingParams(temperature=1.0), 1),
+                                      (SamplingParams(temperature=0.7, top_p=0.9), 400),
+                                      (SamplingParams(temperature=0.7, top_p=0.9), 1)],
+                         ids=["T1-batch400", "T1-batch1", "T0.7p0.9-batch400", "T0.7p0.9-batch1"])
 def test_exact_rule_with_merges_is_lossless(merging, sp, batch):
   pvalue, merged = _merging_law(merging, "exact", sp, 2400, batch)
   assert merged > 0.5  # many merged drafts accepted per row

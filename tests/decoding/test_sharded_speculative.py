@@ -100,3 +100,24 @@ def test_bad_meshes_and_batches(pair):
     dec.generate(PROMPTS[:3], max_new_tokens=4)
   with pytest.raises(ValueError, match=r"layout='in_out': on a mesh"):
     ChainDecoder(target, CFG, draft, CFG, gamma=2, mesh=mesh, layout="in_out")
+
+
+@pytest.mark.parametrize("data,model", MESHES, ids=lambda x: str(x))
+def test_steps_do_not_reshard(pair, data, model):
+  """Every compiled step on a mesh (chain with the full head, a subset's rows and a ranker;
+  tree; EAGLE; Medusa) communicates only what tensor parallelism needs: all-reduces
+  (row-parallel outputs, vocabulary-split embedding lookups) and all-gathers of a few values
+  per row and device (the per-device partial argmaxes / top-k rounds over vocabulary-split
+  logits, the step's outputs for the host): no all-to-all, no collective-permute, and nothing
+  the size of a cache, a logits row or a batch's hidden states. Before attention was split by
+  whole KV-head groups, the cache written and compacted per row and top-k traced as argmax
+  rounds on a mesh, the (2, 4) chain step gathered every row's cache indices and entries and
+  permuted them between devices, and tree drafting gathered whole logits rows."""
+  mesh = sharding.make_mesh(data=data, model=model)
+  B = 4
+  for name, dec in _decoders(pair, mesh).items():
+    _, step, _ = dec.programs(SamplingParams(), B, 16, 64, jax.numpy.float32)
+    coll = sharding.collectives(step.as_text())
+    assert set(coll) <= {"all-reduce", "all-gather"}, (name, coll)
+    count, nbytes = coll.get("all-gather", (0, 0))
+    assert nbytes <= count * 4 * B * 8 * model, (name, coll)  # <= 8 values per row and device

@@ -27,7 +27,7 @@ import numpy as np
 from flax import struct
 
 from vocabjax import sharding
-from vocabjax.decoding.sampling import SamplingParams, sample
+from vocabjax.decoding.sampling import SamplingParams, sample, top_k
 from vocabjax.decoding.speculative import SpeculativeDecoder
 from vocabjax.decoding.tree import TreeBounds, verify_tree
 from vocabjax.models.cache import KVCache
@@ -77,7 +77,7 @@ def medusa_candidates(dp, hidden, *, config: MedusaConfig, tree: MedusaTree):
   subset attached, the ranks are taken among its K tokens only."""
   x = medusa_hidden(dp[MEDUSA_KEY], hidden, config=config)  # [B, Hm, D]
   ids, logits = medusa_projection(dp, x)
-  _, top = jax.lax.top_k(logits, tree.top_k)  # [B, Hm, k]
+  _, top = top_k(logits, tree.top_k)  # [B, Hm, k]
   if ids is not None:
     top = ids[top]
   return top[:, tree.head, tree.rank].astype(jnp.int32)

@@ -34,7 +34,7 @@ from flax import struct
 
 from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector, abstract_cache,
                                               block_request, cache_slots, compile_prefill)
-from vocabjax.decoding.sampling import SamplingParams, probs
+from vocabjax.decoding.sampling import SamplingParams, probs, split_vocab_top_k
 from vocabjax.decoding.tree import TreeParams, TreeState, tree_step
 from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
 from vocabjax.kernels import cpu_matmul
@@ -300,7 +300,10 @@ class SpeculativeDecoder:
     t0 = time.perf_counter()
     # On a mesh XLA's dot is partitioned with the weights; the CPU kernel is one device's
     # custom call (GSPMD would gather the weights to it), so sharded programs do without it.
-    with cpu_matmul.enabled(cpu_matmul.is_enabled() and self.mesh is None):
+    # XLA's TopK is not partitioned either: on a mesh, top-k over vocabulary-split logits is
+    # traced as rounds of argmax (`sampling.split_vocab_top_k`).
+    with cpu_matmul.enabled(cpu_matmul.is_enabled() and self.mesh is None), \
+        split_vocab_top_k(self.mesh is not None):
       start, state = self._compile_start(sampling, B, T, S, dtype)
       if self.mesh is None:
         step = jax.jit(self._step_fn(sampling), donate_argnums=(2,)).lower(

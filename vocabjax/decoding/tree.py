@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from vocabjax.decoding.sampling import SamplingParams, probs
+from vocabjax.decoding.sampling import SamplingParams, probs, top_k
 from vocabjax.decoding.verify import verify_tree_greedy, verify_tree_sampling
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
@@ -112,7 +112,7 @@ def grow_tree(params, h_root, state_root, cache, *, tree: TreeParams, policy, ex
   C = cache.lengths
   B = C.shape[0]
   ids, logits = policy(params, h_root)
-  score1, j1 = jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), k)  # [B, k]
+  score1, j1 = top_k(jax.nn.log_softmax(logits, axis=-1), k)  # [B, k]
   tok1 = to_target_many(ids, j1)
   S = cache.max_len
   slots = jnp.arange(S)
@@ -127,12 +127,12 @@ def grow_tree(params, h_root, state_root, cache, *, tree: TreeParams, policy, ex
       own = (slots[None, None, :] == (start[:, None] + jnp.arange(k)[None])[..., None])
       child_anc = f_anc | own  # [B, k, S]: what each frontier node's children may see
       ids, logits = policy(params, h)  # logits [B, k, V or K candidates]
-      top_score, top_j = jax.lax.top_k(jax.nn.log_softmax(logits, axis=-1), k)  # [B, k, k]
+      top_score, top_j = top_k(jax.nn.log_softmax(logits, axis=-1), k)  # [B, k, k]
       top_tok = to_target_many(ids, top_j)
       c_score = (f_score[..., None] + top_score).reshape(B, k * k)
       c_tok = top_tok.reshape(B, k * k).astype(jnp.int32)
       c_parent = jnp.repeat(f_idx, k, axis=1)
-      best_score, sel = jax.lax.top_k(c_score, k)  # ties: lower index first
+      best_score, sel = top_k(c_score, k)  # ties: lower index first
       base = k + (i - 1) * k * k
       par = sel // k  # which frontier node each new frontier node hangs from
       pick = lambda x: jnp.take_along_axis(  # noqa: E731
@@ -156,10 +156,10 @@ def grow_tree(params, h_root, state_root, cache, *, tree: TreeParams, policy, ex
                                [jnp.full((k * k,), i + 1, jnp.int32) for i in range(1, d)])
 
   N, M = tree.total_tokens, tree.num_candidates
-  _, sel = jax.lax.top_k(cand_score, N)
+  _, sel = top_k(cand_score, N)
   sel = jnp.sort(sel, axis=1)  # parents-first node order
-  node_of = jnp.zeros((B, M), jnp.int32).at[jnp.arange(B)[:, None], sel].set(
-      jnp.arange(1, N + 1, dtype=jnp.int32)[None])
+  node_of = jax.vmap(lambda s: jnp.zeros((M,), jnp.int32).at[s].set(  # per row: stays split
+      jnp.arange(1, N + 1, dtype=jnp.int32)))(sel)  # over a mesh's "data" axis
   parent_cand = jnp.take_along_axis(cand_parent, sel, 1)
   parent = jnp.where(parent_cand < 0, 0,
                      jnp.take_along_axis(node_of, jnp.maximum(parent_cand, 0), 1))
@@ -180,15 +180,20 @@ def ancestor_mask(parent_full: jax.Array, depth: int) -> jax.Array:
 
 
 def compact_path(cache: KVCache, base: jax.Array, path: jax.Array, n: jax.Array) -> KVCache:
-  """Move the accepted nodes' KV (tree slots base + path[i]) to base + i; lengths = base + n + 1."""
+  """Move the accepted nodes' KV (tree slots base + path[i]) to base + i; lengths = base + n + 1.
+
+  Per row (vmapped over B): a gather of the W path slots and one dynamic-update-slice at base,
+  so a batch split over a mesh's "data" axis stays split (an indexed scatter over (row, slot)
+  pairs made XLA gather every row's entries to every device)."""
   B, W = path.shape
   i = jnp.arange(W)[None]
-  src = base[:, None] + jnp.where(i <= n[:, None], path, i)
-  dst = base[:, None] + i
-  b = jnp.arange(B)[:, None]
-  k = cache.k.at[:, b, dst].set(cache.k[:, b, src])
-  v = cache.v.at[:, b, dst].set(cache.v[:, b, src])
-  return KVCache(k=k, v=v, lengths=base + n + 1)
+  src = base[:, None] + jnp.where(i <= n[:, None], path, i)  # [B, W]
+
+  def row(buf, s, b0):  # buf [L, S, N, hd]
+    return jax.lax.dynamic_update_slice(buf, jnp.take(buf, s, axis=1), (0, b0, 0, 0))
+
+  move = jax.vmap(row, in_axes=(1, 0, 0), out_axes=1)
+  return KVCache(k=move(cache.k, src, base), v=move(cache.v, src, base), lengths=base + n + 1)
 
 
 def tree_step(target_params, draft_params, state: TreeState, key, *, target_config,

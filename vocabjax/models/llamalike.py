@@ -175,8 +175,8 @@ def decoder_layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, c
     k = rms_norm(k, layer["k_norm"], c.rms_norm_eps)
   q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
-  k_all = k_all.at[i, write_b, write_s].set(k.astype(k_all.dtype))
-  v_all = v_all.at[i, write_b, write_s].set(v.astype(v_all.dtype))
+  k_all = write_block(k_all, i, k, write_s[:, 0])
+  v_all = write_block(v_all, i, v, write_s[:, 0])
 
   q = q.reshape(B, T, c.num_kv_heads, c.num_groups, c.head_dim)
   if fresh:  # the values the cache holds, as the general path reads them back
@@ -194,6 +194,27 @@ def decoder_layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, c
   gate, up = _proj(h, layer, "w_gate"), _proj(h, layer, "w_up")
   x = x + _proj(jax.nn.silu(gate) * up, layer, "w_down")
   return x, k_all, v_all
+
+
+def write_block(buf: jax.Array, i: int, new: jax.Array, start: jax.Array) -> jax.Array:
+  """buf [L, B, S, N, hd] with layer i's row b given new[b] [T, N, hd] at slots start[b] ..
+  start[b] + T - 1 (the caller guarantees start + T <= S).
+
+  One dynamic-update-slice per row (vmapped over B: a scatter whose batch dimension is the
+  buffer's), not a scatter with explicit (row, slot) indices: on a mesh whose "data" axis
+  splits the batch, XLA partitions this one along the rows, where the indexed scatter made it
+  gather every row's indices and new entries and permute them between devices inside every
+  step (`vocabjax.sharding.collectives`; tests/decoding/test_sharded_speculative.py). Batch 1
+  is a plain dynamic-update-slice, updated in place.
+  """
+  new = new.astype(buf.dtype)
+  if buf.shape[1] == 1:
+    return jax.lax.dynamic_update_slice(buf, new[None], (i, 0, start[0], 0, 0))
+
+  def row(b_buf, b_new, s):  # b_buf [L, S, N, hd], b_new [T, N, hd]
+    return jax.lax.dynamic_update_slice(b_buf, b_new[None], (i, s, 0, 0))
+
+  return jax.vmap(row, in_axes=(1, 0, 0), out_axes=1)(buf, new, start)
 
 
 def _proj(x, layer, name):

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vocabjax.decoding.sampling import top_k
 from vocabjax.io import atomic_write_bytes
 from vocabjax.kernels.indexed_lm_head import indexed_lm_head
 from vocabjax.models.config import LlamaLikeConfig
@@ -180,7 +181,7 @@ def ranked_policy(params: dict, h: jax.Array, *, config: LlamaLikeConfig, k: int
   """(candidate target ids [..., k], their exact drafter logits [..., k])."""
   lead, D = h.shape[:-1], h.shape[-1]
   flat = h.reshape(-1, D)
-  _, idx = jax.lax.top_k(ranker_scores(policy_state(params), flat), k)
+  _, idx = top_k(ranker_scores(policy_state(params), flat), k)
   z = indexed_lm_head(flat, lm_head_weight(params, config), idx, impl=impl)
   return idx.reshape(lead + (k,)), z.reshape(lead + (k,))
 
