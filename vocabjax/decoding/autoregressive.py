@@ -25,7 +25,7 @@ from vocabjax.decoding.sampling import SamplingParams, sample
 from vocabjax.kernels import cpu_matmul
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import compute_dtype, forward, lm_head
+from vocabjax.models.llamalike import compute_dtype, forward, lm_head, per_row_writes
 
 
 @dataclasses.dataclass
@@ -194,7 +194,8 @@ class Decoder:
     cache = abstract_cache(cfg, B, S, cache_dtype, self.mesh)
     # On a mesh XLA's dot is partitioned with the weights; the CPU kernel is one device's
     # custom call (GSPMD would gather the weights to it), so sharded programs do without it.
-    with cpu_matmul.enabled(cpu_matmul.is_enabled() and self.mesh is None):
+    with cpu_matmul.enabled(cpu_matmul.is_enabled() and self.mesh is None), \
+        per_row_writes(self.mesh is not None):
       prefill = compile_prefill(self.params, cfg, sampling, B, T, cache)
       step = jax.jit(functools.partial(_step, config=cfg, sampling=sampling),
                      donate_argnums=(2,)).lower(

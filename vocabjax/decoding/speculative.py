@@ -40,7 +40,8 @@ from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
 from vocabjax.kernels import cpu_matmul
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import compute_dtype, forward, lm_head, with_mlp_layout
+from vocabjax.models.llamalike import (compute_dtype, forward, lm_head, per_row_writes,
+                                       with_mlp_layout)
 from vocabjax import sharding
 from vocabjax.vocab.policy import POLICY_STATE, Policy, draft_choice, full_policy
 from vocabjax.vocab.ranked import SpeculativeVocab
@@ -301,9 +302,11 @@ class SpeculativeDecoder:
     # On a mesh XLA's dot is partitioned with the weights; the CPU kernel is one device's
     # custom call (GSPMD would gather the weights to it), so sharded programs do without it.
     # XLA's TopK is not partitioned either: on a mesh, top-k over vocabulary-split logits is
-    # traced as rounds of argmax (`sampling.split_vocab_top_k`).
-    with cpu_matmul.enabled(cpu_matmul.is_enabled() and self.mesh is None), \
-        split_vocab_top_k(self.mesh is not None):
+    # traced as rounds of argmax (`sampling.split_vocab_top_k`), and a batch's cache writes as
+    # one update per row (`llamalike.per_row_writes`).
+    on_mesh = self.mesh is not None
+    with cpu_matmul.enabled(cpu_matmul.is_enabled() and not on_mesh), \
+        split_vocab_top_k(on_mesh), per_row_writes(on_mesh):
       start, state = self._compile_start(sampling, B, T, S, dtype)
       if self.mesh is None:
         step = jax.jit(self._step_fn(sampling), donate_argnums=(2,)).lower(

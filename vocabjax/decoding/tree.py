@@ -30,7 +30,7 @@ from vocabjax.decoding.sampling import SamplingParams, probs, top_k
 from vocabjax.decoding.verify import verify_tree_greedy, verify_tree_sampling
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import forward, forward_features, lm_head
+from vocabjax.models.llamalike import forward, forward_features, lm_head, row_writes
 from vocabjax.vocab.policy import full_policy, to_target_many
 
 
@@ -182,12 +182,18 @@ def ancestor_mask(parent_full: jax.Array, depth: int) -> jax.Array:
 def compact_path(cache: KVCache, base: jax.Array, path: jax.Array, n: jax.Array) -> KVCache:
   """Move the accepted nodes' KV (tree slots base + path[i]) to base + i; lengths = base + n + 1.
 
-  Per row (vmapped over B): a gather of the W path slots and one dynamic-update-slice at base,
-  so a batch split over a mesh's "data" axis stays split (an indexed scatter over (row, slot)
-  pairs made XLA gather every row's entries to every device)."""
+  Batch 1, or under `per_row_writes` (a mesh): per row (vmapped over B) a gather of the W path
+  slots and one dynamic-update-slice at base, so a batch split over a mesh's "data" axis stays
+  split (an indexed scatter over (row, slot) pairs made XLA gather every row's entries to every
+  device); otherwise the indexed scatter."""
   B, W = path.shape
   i = jnp.arange(W)[None]
   src = base[:, None] + jnp.where(i <= n[:, None], path, i)  # [B, W]
+  if B > 1 and not row_writes():  # one device: the indexed scatter (`per_row_writes`)
+    b = jnp.arange(B)[:, None]
+    dst = base[:, None] + i
+    return KVCache(k=cache.k.at[:, b, dst].set(cache.k[:, b, src]),
+                   v=cache.v.at[:, b, dst].set(cache.v[:, b, src]), lengths=base + n + 1)
 
   def row(buf, s, b0):  # buf [L, S, N, hd]
     return jax.lax.dynamic_update_slice(buf, jnp.take(buf, s, axis=1), (0, b0, 0, 0))

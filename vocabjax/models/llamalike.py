@@ -20,6 +20,9 @@ matrices; PyTorch took 76 ms).
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -196,20 +199,41 @@ def decoder_layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, c
   return x, k_all, v_all
 
 
+_ROW_WRITES = contextvars.ContextVar("vocabjax_row_writes", default=False)
+
+
+@contextlib.contextmanager
+def per_row_writes(on: bool = True):
+  """`with per_row_writes():` traces cache writes of a batch (and a tree's path compaction) as
+  one dynamic-update-slice per row (decoders on a mesh set it while they compile): XLA
+  partitions those along a "data" axis that splits the batch, where the indexed scatter made
+  every step gather all rows' indices and entries and permute them between devices. Off a mesh
+  the indexed scatter stays: on one CPU device the vmapped form (a scatter with batching
+  dimensions) is not updated in place and made a batch-4 cross-vocabulary step several times
+  slower."""
+  token = _ROW_WRITES.set(on)
+  try:
+    yield
+  finally:
+    _ROW_WRITES.reset(token)
+
+
+def row_writes() -> bool:
+  return _ROW_WRITES.get()
+
+
 def write_block(buf: jax.Array, i: int, new: jax.Array, start: jax.Array) -> jax.Array:
   """buf [L, B, S, N, hd] with layer i's row b given new[b] [T, N, hd] at slots start[b] ..
-  start[b] + T - 1 (the caller guarantees start + T <= S).
-
-  One dynamic-update-slice per row (vmapped over B: a scatter whose batch dimension is the
-  buffer's), not a scatter with explicit (row, slot) indices: on a mesh whose "data" axis
-  splits the batch, XLA partitions this one along the rows, where the indexed scatter made it
-  gather every row's indices and new entries and permute them between devices inside every
-  step (`vocabjax.sharding.collectives`; tests/decoding/test_sharded_speculative.py). Batch 1
-  is a plain dynamic-update-slice, updated in place.
-  """
+  start[b] + T - 1 (the caller guarantees start + T <= S). Batch 1: a dynamic-update-slice
+  (in place); a batch: an indexed scatter, or under `per_row_writes` one
+  dynamic-update-slice per row (vmapped)."""
   new = new.astype(buf.dtype)
-  if buf.shape[1] == 1:
+  B, T = new.shape[:2]
+  if B == 1:
     return jax.lax.dynamic_update_slice(buf, new[None], (i, 0, start[0], 0, 0))
+  if not _ROW_WRITES.get():
+    rows = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
+    return buf.at[i, rows, start[:, None] + jnp.arange(T)[None]].set(new)
 
   def row(b_buf, b_new, s):  # b_buf [L, S, N, hd], b_new [T, N, hd]
     return jax.lax.dynamic_update_slice(b_buf, b_new[None], (i, s, 0, 0))
