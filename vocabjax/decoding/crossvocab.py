@@ -453,8 +453,11 @@ class CrossVocabDecoder:
     dtype = compute_dtype(self.tp)
     S = cache_slots(max(len(p) for p in prompts), room, max_len)
     dprompts = [self.prompt_to_drafter(p) for p in prompts]
-    Sd = bucket(max(len(d) for d in dprompts) + 2 * (S - min(len(p) for p in prompts)) + 2 * G
-                + 16)
+    # the drafter's cache: each row's own need (its drafter prompt + twice its target room, as
+    # one row alone would get), the largest of them; not the longest drafter prompt + twice the
+    # batch's room over the shortest target prompt, which mixed prompt lengths inflate
+    Sd = bucket(max(len(d) + 2 * (cache_slots(len(p), room, max_len) - len(p))
+                    for p, d in zip(prompts, dprompts)) + 2 * G + 16)
     T = min(prompt_bucket(max(len(p) for p in prompts)), S)
     Td = min(prompt_bucket(max(len(d) for d in dprompts)), Sd)
     tprefill, c1 = self._program("tprefill", sampling, B, T, S)
