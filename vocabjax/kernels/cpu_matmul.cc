@@ -12,12 +12,16 @@
 // Every output y[m, f] is the same sequence of f32 operations whatever M is and wherever row f
 // falls in a thread's block (16 lane accumulators over d in order, then a fixed tree sum), so
 // a token's result in a verified block equals its result in a one-token step bit for bit.
+// The AVX-512 path, the AVX2 path (two 8-lane halves) and the portable fallback (explicit
+// fma; built with -ffp-contract=off so the compiler fuses nothing on its own, which made the
+// fallback's results depend on the register tile, i.e. on M, on AVX2 hosts) compute the same.
 //
 // Threads: rows of W are split in chunks pulled from a shared counter by the calling thread
 // and by tasks scheduled on XLA's intra-op thread pool; if the pool runs nothing the caller
 // does all chunks, so it never waits on a task that cannot run.
 
 #include <atomic>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -25,7 +29,7 @@
 
 #include "xla/ffi/api/ffi.h"
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -70,8 +74,45 @@ inline Vec wload_tail(const int8_t* p, __mmask16 k) {
   __m128i b = _mm_maskz_loadu_epi8(k, p);
   return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(b));
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+// AVX2: the 16 lanes as two 8-lane halves, the same fused multiply-adds and the same tree sum,
+// so a row's result is the AVX-512 path's bit for bit. Tails go through a zeroed 16-wide copy.
+struct Vec { __m256 lo, hi; };
+using Mask = int;
+inline Vec vzero() { return {_mm256_setzero_ps(), _mm256_setzero_ps()}; }
+inline Vec vload_x(const float* p) { return {_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8)}; }
+inline Vec vfma(Vec a, Vec b, Vec c) {
+  return {_mm256_fmadd_ps(a.lo, b.lo, c.lo), _mm256_fmadd_ps(a.hi, b.hi, c.hi)};
+}
+inline float vsum(Vec v) {
+  alignas(32) float s8[8];
+  _mm256_store_ps(s8, _mm256_add_ps(v.lo, v.hi));  // s8[i] = t[i] + t[i + 8]
+  float s4[4];
+  for (int i = 0; i < 4; ++i) s4[i] = s8[i] + s8[i + 4];
+  return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+inline Vec wload(const float* p) { return vload_x(p); }
+inline __m256 bf16x8(const uint16_t* p) {
+  __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+inline Vec wload(const uint16_t* p) { return {bf16x8(p), bf16x8(p + 8)}; }
+inline __m256 i8x8(const int8_t* p) {
+  __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p));
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
+}
+inline Vec wload(const int8_t* p) { return {i8x8(p), i8x8(p + 8)}; }
+template <typename W>
+inline Vec load_tail(const W* p, Mask n) {
+  alignas(64) W t[16] = {};
+  std::memcpy(t, p, static_cast<size_t>(n) * sizeof(W));
+  return wload(static_cast<const W*>(t));
+}
+inline Vec vload_x_tail(const float* p, Mask n) { return load_tail(p, n); }
+template <typename W> inline Vec wload_tail(const W* p, Mask n) { return load_tail(p, n); }
 #else
-// Portable fallback with the same arithmetic order (16 lanes, same tree sum).
+// Portable fallback with the same arithmetic order (16 lanes, fused multiply-adds, same tree
+// sum); the kernel is built with -ffp-contract=off, so nothing else gets fused.
 struct Vec { float v[16]; };
 inline Vec vzero() { Vec r; for (float& f : r.v) f = 0.f; return r; }
 inline float to_f32(float w) { return w; }
@@ -89,7 +130,7 @@ inline Vec vload_x_tail(const float* p, Mask n) { return load16(p, n); }
 template <typename W> inline Vec wload(const W* p) { return load16(p, 16); }
 template <typename W> inline Vec wload_tail(const W* p, Mask n) { return load16(p, n); }
 inline Vec vfma(Vec a, Vec b, Vec c) {
-  for (int i = 0; i < 16; ++i) c.v[i] = a.v[i] * b.v[i] + c.v[i]; return c;
+  for (int i = 0; i < 16; ++i) c.v[i] = std::fma(a.v[i], b.v[i], c.v[i]); return c;
 }
 inline float vsum(Vec v) {
   float s8[8]; for (int i = 0; i < 8; ++i) s8[i] = v.v[i] + v.v[i + 8];

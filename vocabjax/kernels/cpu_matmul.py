@@ -151,7 +151,8 @@ def build(force: bool = False) -> Path:
   out.parent.mkdir(parents=True, exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=out.name, suffix=".partial")
   os.close(fd)
-  cmd = [cxx, "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno", "-w",
+  cmd = [cxx, "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno",
+         "-ffp-contract=off", "-w",
          f"-I{jax.ffi.include_dir()}", str(_SOURCE), "-o", tmp]
   try:
     proc = subprocess.run(cmd, capture_output=True, text=True)
