@@ -239,10 +239,20 @@ void run_chunk(const float* x, const W* w, const float* scale, float* y, int64_t
   // Measured on the 2-core AVX-512 VM (12 [8960, 1536] matrices out of cache, f32/bf16/int8):
   // 4 x 4 tiles for M <= 4, 3 x 9 (one pass) for M = 7..9, 4 x 6 otherwise beat 4 x 4
   // everywhere above M = 4 by 10-20% (e.g. f32 M = 9: 25 against 31 ms; M = 17: 42 against 52).
+#if defined(__AVX512F__)
   if (M == 1) run_rows<8, 1>(x, w, scale, y, M, D, F, r0, r1);
   else if (M <= 4) run_rows<4, 4>(x, w, scale, y, M, D, F, r0, r1);
   else if (M >= 7 && M <= 9) run_rows<3, 9>(x, w, scale, y, M, D, F, r0, r1);
   else run_rows<4, 6>(x, w, scale, y, M, D, F, r0, r1);
+#else
+  // 16 vector registers and a Vec of two: the AVX-512 tiles spill. Measured on a 2-core AVX2
+  // EPYC (same 12 matrices, f32 / bf16 ms): M = 4 as 1 x 4 29.6 / 19.1 (4 x 4: 30.8 / 30.8),
+  // M = 9 as 2 x 3 42.9 / 34.3 (3 x 9: 57.5 / 54.2), M = 20 as 2 x 3 71.3 / 118 (4 x 6:
+  // 105.7 / 183.7); M = 1 as 4 x 1 21.4 / 15.5 (8 x 1: 22.8 / 16.5).
+  if (M == 1) run_rows<4, 1>(x, w, scale, y, M, D, F, r0, r1);
+  else if (M <= 4) run_rows<1, 4>(x, w, scale, y, M, D, F, r0, r1);
+  else run_rows<2, 3>(x, w, scale, y, M, D, F, r0, r1);
+#endif
 }
 
 struct Work {
