@@ -5,10 +5,12 @@ translation per row on the host); the step's time split (drafter programs, verif
 host work: translation, reverse translation, n-gram cache) is reported beside the throughput
 and the AR step, so a per-row host loop that costs time would show.
 
-Prompts: the default suite's Spec-Bench questions (one per task group + one HumanEval), cycled
-to fill the batch; every batch size decodes the same rows, and the outputs are checked equal to
-plain greedy decoding's. Each configuration runs once to compile, then `--repeats` timed runs
-(median decode time).
+Rows: `--rows` questions of the shared Spec-Bench split whose chat-wrapped prompt has at most
+`--max-prompt-tokens` target tokens, taken round-robin over the task groups. Every batch size
+decodes the same rows (in consecutive batches of that size), so the throughputs compare the
+same work: new tokens of all rows / decode time summed over the batches (compilation and
+prefill left out; both decoders compile ahead of the clock). AR and crossvocab alternate
+batch size by batch size (`--repeats` runs each, median); greedy outputs are checked equal.
 
     python eval/crossvocab_batch.py --out eval/results/crossvocab_batch.md
 """
@@ -16,12 +18,30 @@ plain greedy decoding's. Each configuration runs once to compile, then `--repeat
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
+import time
 
 from vocabjax import CrossVocabDecoder, Decoder, load_model
 from vocabjax.decoding.speculative import block_layout
 from vocabjax.io import atomic_write_text
-from vocabjax.prompts import encode_prompts, load_prompts, suite_datasets
+from vocabjax.prompts import DatasetSpec, encode_prompts, load_prompts
+
+
+def pick_rows(tokenizer, n: int, max_tokens: int) -> tuple[list[list[int]], list[str]]:
+  """n short prompts, round-robin over the task groups (ids, qids)."""
+  prompts = load_prompts([DatasetSpec(kind="spec_bench")])
+  ids = encode_prompts(tokenizer, [p.text for p in prompts], True)
+  by_group: dict[str, list] = {}
+  for p, x in zip(prompts, ids):
+    if len(x) <= max_tokens:
+      by_group.setdefault(p.group, []).append((p.qid, x))
+  picked = [r for r in itertools.chain.from_iterable(itertools.zip_longest(*by_group.values()))
+            if r is not None][:n]
+  if len(picked) < n:
+    raise SystemExit(f"only {len(picked)} Spec-Bench prompts have <= {max_tokens} tokens; "
+                     f"lower --rows or raise --max-prompt-tokens")
+  return [x for _, x in picked], [q for q, _ in picked]
 
 
 def main(argv=None) -> int:
@@ -29,14 +49,15 @@ def main(argv=None) -> int:
   ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
   ap.add_argument("--draft", default="smollm2-135m-instruct")
   ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 16])
+  ap.add_argument("--rows", type=int, default=16)
+  ap.add_argument("--max-prompt-tokens", type=int, default=160)
   ap.add_argument("--max-new-tokens", type=int, default=32)
   ap.add_argument("--gamma", type=int, default=4)
-  ap.add_argument("--repeats", type=int, default=2)
+  ap.add_argument("--repeats", type=int, default=1)
   ap.add_argument("--out", required=True)
   a = ap.parse_args(argv)
   target, draft = load_model(a.target), load_model(a.draft)
-  ids = encode_prompts(target.tokenizer, [p.text for p in load_prompts(suite_datasets("default"))],
-                       True)
+  rows, qids = pick_rows(target.tokenizer, a.rows, a.max_prompt_tokens)
   ar = Decoder(target.params, target.config)
   cv = CrossVocabDecoder(target.in_layout(block_layout()), target.config, draft.params,
                          draft.config, target_tokenizer=target.tokenizer,
@@ -44,33 +65,42 @@ def main(argv=None) -> int:
   kw = dict(max_new_tokens=a.max_new_tokens, eos_token_ids=())
   lines = ["# Cross-vocabulary drafting by batch size", "",
            f"Command: `python eval/crossvocab_batch.py --batches {' '.join(map(str, a.batches))} "
-           f"--max-new-tokens {a.max_new_tokens} --gamma {a.gamma} --repeats {a.repeats} "
-           f"--out {a.out}`; target {a.target}, drafter {a.draft} (n-gram cache on, learned "
-           f"online), f32, greedy, no EOS stop; decode tokens/s = new tokens of all rows / "
-           f"median decode time (prefill and compilation left out).", "",
+           f"--rows {a.rows} --max-prompt-tokens {a.max_prompt_tokens} --max-new-tokens "
+           f"{a.max_new_tokens} --gamma {a.gamma} --repeats {a.repeats} --out {a.out}`; target "
+           f"{a.target}, drafter {a.draft} (n-gram cache on, learned online), f32, greedy, no "
+           f"EOS stop. Rows ({len(rows)}, prompt lengths {min(map(len, rows))}-"
+           f"{max(map(len, rows))} tokens): {', '.join(qids)}. Every batch size decodes all of "
+           f"them in consecutive batches; decode tokens/s = new tokens of all rows / decode "
+           f"time summed over the batches (median of the repeats; prefill and compilation left "
+           f"out).", "",
            "| batch | AR tok/s | crossvocab tok/s | speedup | tau | AR step ms | crossvocab "
            "step ms: drafter / verification / host | outputs equal AR |",
            "|---|---|---|---|---|---|---|---|"]
+  toks = len(rows) * (a.max_new_tokens - 1)  # the first token of each row comes from prefill
   for B in a.batches:
-    rows = [ids[i % len(ids)] for i in range(B)]
     times = {"ar": [], "cv": []}
-    for rep in range(a.repeats + 1):
-      # interleaved: AR then crossvocab in each repeat; the first repeat compiles
-      r_ar = ar.generate(rows, **kw)
-      r_cv = cv.generate(rows, **kw)
-      if rep:
-        times["ar"].append(r_ar.decode_s)
-        times["cv"].append(r_cv.decode_s)
-        st = r_cv.stats
-        steps = st.target_forwards  # batched steps (one target forward each)
-        split = (1000 * st.draft_s / steps, 1000 * st.verify_s / steps, 1000 * st.host_s / steps)
-        ar_step = 1000 * r_ar.decode_s / max(r_ar.steps, 1)
-    toks = sum(len(t) - 1 for t in r_cv.tokens)  # the first token comes from the prefill
+    for _ in range(a.repeats):
+      t0 = time.perf_counter()
+      ar_tokens, ar_s, ar_steps = [], 0.0, 0
+      for lo in range(0, len(rows), B):
+        r = ar.generate(rows[lo:lo + B], **kw)
+        ar_tokens += r.tokens
+        ar_s += r.decode_s
+        ar_steps += r.steps
+      r_cv = cv.generate(rows, batch_size=B, **kw)
+      times["ar"].append(ar_s)
+      times["cv"].append(r_cv.decode_s)
+      st = r_cv.stats
+      steps = st.target_forwards  # batched steps (one target forward each)
+      split = (1000 * st.draft_s / steps, 1000 * st.verify_s / steps, 1000 * st.host_s / steps)
+      ar_step = 1000 * ar_s / max(ar_steps, 1)
+      print(f"batch {B}: AR {ar_s:.1f} s, crossvocab {r_cv.decode_s:.1f} s decoding "
+            f"({time.perf_counter() - t0:.0f} s with prefill and compilation)", flush=True)
     ar_tps = toks / statistics.median(times["ar"])
     cv_tps = toks / statistics.median(times["cv"])
     lines.append(f"| {B} | {ar_tps:.2f} | {cv_tps:.2f} | {cv_tps / ar_tps:.2f}x | "
-                 f"{r_cv.stats.tau:.2f} | {ar_step:.0f} | {split[0]:.0f} / {split[1]:.0f} / "
-                 f"{split[2]:.1f} | {r_cv.tokens == r_ar.tokens} |")
+                 f"{st.tau:.2f} | {ar_step:.0f} | {split[0]:.0f} / {split[1]:.0f} / "
+                 f"{split[2]:.1f} | {r_cv.tokens == ar_tokens} |")
     print(lines[-1], flush=True)
   atomic_write_text(a.out, "\n".join(lines) + "\n")
   return 0

@@ -516,8 +516,10 @@ class CrossVocabDecoder:
                                         self.allowed(), kd, self.head)
       ds_h, qd_h, nd = np.asarray(ds), np.asarray(qd), np.asarray(nd)
       t1 = time.perf_counter()
-      plans, tids, nsub, is_ng = [], [], [], []
-      for b in range(B):  # translation, per row on the host
+      # translation, per row on the host: the exact rule's planned positions, or OmniDraft's
+      # q' of each translated draft
+      plans, qprimes, tids, nsub, is_ng = [], [], [], [], []
+      for b in range(B):
         if exact:
           positions = self.routes.plan(ds_h[b], nd[b])
           kept = [x for x in positions if x.fed]
@@ -527,7 +529,7 @@ class CrossVocabDecoder:
           is_ng.append([len(x.node) > 1 for x in kept])
         else:
           t_b, qp_b, ns_b, ng_b = self.translate(ds_h[b, :nd[b]], qd_h[b, :nd[b]])
-          plans.append(qp_b)
+          qprimes.append(qp_b)
           tids.append(t_b)
           nsub.append(ns_b)
           is_ng.append(ng_b)
@@ -561,7 +563,7 @@ class CrossVocabDecoder:
           for i in range(m[b]):
             src[b, i] = pos
             if is_ng[b][i]:
-              ngram_t[b, i], qp[b, i] = tids[b][i], plans[b][i]
+              ngram_t[b, i], qp[b, i] = tids[b][i], qprimes[b][i]
               first_sub = ds_h[b, pos]
               prefix_t[b, i] = (self.d2t[first_sub] if self.d2t[first_sub] >= 0
                                 else self.tc.vocab_size)

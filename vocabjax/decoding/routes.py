@@ -79,6 +79,7 @@ class Routes:
     self.children: dict[tuple, set] = {}  # trie node -> next drafter ids
     self.leaf: dict[tuple, int] = {}  # key -> target id
     self._members: dict[tuple, list] = {}  # node -> [(target id, branch)] of keyed routes
+    self._arrays: dict[tuple, tuple] = {}  # members(node), built once per change of the node
 
   def add(self, key, target: int) -> None:
     """A cache entry: drafter ids `key` (2 or more) spell target token `target`."""
@@ -94,6 +95,7 @@ class Routes:
     self.root[target] = key[0]
     for L in range(1, len(key) + 1):
       self._members.setdefault(key[:L], []).append((target, key[L] if L < len(key) else STOP))
+      self._arrays.pop(key[:L], None)
 
   def route(self, x: int) -> tuple | None:
     return (int(self.t2d[x]),) if self.t2d[x] >= 0 else self.canon.get(int(x))
@@ -106,13 +108,18 @@ class Routes:
 
   def members(self, node: tuple) -> tuple[np.ndarray, np.ndarray]:
     """(target ids, branch of each: a child drafter id or STOP) of the routes through `node`."""
+    if node in self._arrays:
+      return self._arrays[node]
     rows = list(self._members.get(node, ()))
     if len(node) == 1 and self.d2t[node[0]] >= 0:
       rows.append((int(self.d2t[node[0]]), STOP))
-    if not rows:
-      return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    xs, br = zip(*rows)
-    return np.asarray(xs, np.int64), np.asarray(br, np.int64)
+    if rows:
+      xs, br = zip(*rows)
+      arrays = np.asarray(xs, np.int64), np.asarray(br, np.int64)
+    else:
+      arrays = np.zeros(0, np.int64), np.zeros(0, np.int64)
+    self._arrays[node] = arrays
+    return arrays
 
   def plan(self, ds, nd: int | None = None) -> list[Position]:
     """Walk drafted drafter ids ds[:nd] into target positions (module doc). The list ends at
