@@ -8,6 +8,7 @@ import pytest
 import vocabjax.decoding.speculative as spec
 from vocabjax.decoding import Decoder, SamplingParams
 from vocabjax.decoding.speculative import ChainDecoder
+from vocabjax.kernels import cpu_matmul
 from vocabjax.models import init_params
 from vocabjax.testing.fixtures import successor_pair
 from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
@@ -153,3 +154,19 @@ def test_drafter_prefill_precision_keeps_greedy_identity(pair, draft_prefill):
   assert not cpu_matmul._state["bf16_blocks"]  # the switch is put back after tracing
   with pytest.raises(ValueError, match="draft_prefill"):
     ChainDecoder(target, CFG, draft, CFG, draft_prefill="fp8")
+
+
+def test_a_batch_block_beyond_the_kernels_rows_keeps_the_kernel(pair):
+  # 16 rows x 5 tokens = 80 > MAX_ROWS: the step's projections must still be the CPU kernel's
+  # (XLA's dot would round them differently from plain decoding's one-token steps)
+  target, draft = pair
+  dec = ChainDecoder(target, CFG, draft, CFG, gamma=4)
+  B = 16
+  assert B * 5 > cpu_matmul.MAX_ROWS
+  kernels = []
+  for b in (1, B):
+    _, step, _ = dec.programs(SamplingParams(), b, 16, 64, jnp.float32)
+    kernels.append(step.as_text().count("VjSkinnyMatmul"))
+  assert kernels[0] > 0 and kernels[1] == kernels[0]
+  _, ar_step, _ = Decoder(target, CFG).programs(SamplingParams(), 80, 16, 64, jnp.float32)
+  assert ar_step.as_text().count("VjSkinnyMatmul") > 0

@@ -129,3 +129,21 @@ def test_bf16_blocks_only_inside_the_switch_and_for_long_blocks():
     with cpu_matmul.bf16_blocks(False):
       assert "VjGemmBF16" not in lower(x)
   assert "VjGemmBF16" not in lower(x)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int8"])
+def test_decode_steps_take_the_kernel_for_any_block(dtype):
+  # a batch's verified block can outgrow MAX_ROWS (16 rows x 5 tokens); inside decode_steps()
+  # it still takes the kernel, so each row equals its one-row result bit for bit
+  M = cpu_matmul.MAX_ROWS + 9
+  x, w, scale = _operands(M, 40, 24, dtype, seed=4)
+  lower = lambda a: jax.jit(lambda a, b, s: linear(a, b, s)).lower(a, w, scale)  # noqa: E731
+  assert "custom_call" not in lower(x).as_text()  # outside: XLA's dot for long blocks
+  with cpu_matmul.decode_steps():
+    assert cpu_matmul.uses_kernel(x.shape, x.dtype, w.dtype)
+    block = np.asarray(lower(x).compile()(x, w, scale))
+    one = lower(x[5:6]).compile()
+  assert not cpu_matmul.uses_kernel(x.shape, x.dtype, w.dtype)
+  np.testing.assert_array_equal(block[5:6], np.asarray(one(x[5:6], w, scale)))
+  np.testing.assert_allclose(block, np.asarray(linear_reference(x, w, scale)), rtol=2e-5,
+                             atol=2e-4)

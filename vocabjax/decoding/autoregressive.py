@@ -197,10 +197,11 @@ class Decoder:
     with cpu_matmul.enabled(cpu_matmul.is_enabled() and self.mesh is None), \
         per_row_writes(self.mesh is not None):
       prefill = compile_prefill(self.params, cfg, sampling, B, T, cache)
-      step = jax.jit(functools.partial(_step, config=cfg, sampling=sampling),
-                     donate_argnums=(2,)).lower(
-          self.params, jax.ShapeDtypeStruct((B,), jnp.int32), cache,
-          jax.random.key(0)).compile()
+      with cpu_matmul.decode_steps():
+        step = jax.jit(functools.partial(_step, config=cfg, sampling=sampling),
+                       donate_argnums=(2,)).lower(
+            self.params, jax.ShapeDtypeStruct((B,), jnp.int32), cache,
+            jax.random.key(0)).compile()
     self._programs[key] = (prefill, step)
     return prefill, step, time.perf_counter() - t0
 

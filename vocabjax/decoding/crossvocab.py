@@ -70,6 +70,7 @@ from vocabjax.decoding.sampling import SamplingParams, log_probs, probs
 from vocabjax.decoding.speculative import (SpecStats, block_layout, check_draft_prefill,
                                            compile_draft_prefill)
 from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
+from vocabjax.kernels import cpu_matmul
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import compute_dtype, embed_tokens, forward, lm_head, with_mlp_layout
@@ -372,9 +373,16 @@ class CrossVocabDecoder:
     if key in self._programs:
       return self._programs[key], 0.0
     t0 = time.perf_counter()
+    dtype = compute_dtype(self.tp)
+    with cpu_matmul.decode_steps(name not in ("tprefill", "dprefill")):
+      fn = self._compile(name, sampling, B, shape, dtype)
+    self._programs[key] = fn
+    return fn, time.perf_counter() - t0
+
+  def _compile(self, name, sampling, B, shape, dtype):
+    """One of `_program`'s programs, compiled (decoding steps take the CPU kernel for any M)."""
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
     f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
-    dtype = compute_dtype(self.tp)
     if name == "tprefill":
       T, S = shape
       cache = jax.eval_shape(lambda: KVCache.init(self.tc, B, S, dtype))
@@ -405,8 +413,7 @@ class CrossVocabDecoder:
                    donate_argnums=(1,)).lower(
           self.tp, cache, i32(B), i32(B, m), i32(B), f32(B, G, Vq), i32(B, m), i32(B, m),
           i32(B, m), f32(B, m), self._d2t_idx, jax.random.key(0)).compile()
-    self._programs[key] = fn
-    return fn, time.perf_counter() - t0
+    return fn
 
   # --- generation ---------------------------------------------------------------------------
   def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,

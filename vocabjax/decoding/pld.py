@@ -49,6 +49,7 @@ from vocabjax.decoding.sampling import SamplingParams, probs, sample
 from vocabjax.decoding.speculative import SpecStats
 from vocabjax.decoding.tree import TreeBounds, verify_tree
 from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
+from vocabjax.kernels import cpu_matmul
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import compute_dtype, forward, lm_head
@@ -198,8 +199,9 @@ class PromptLookupDecoder:
     fn = jax.jit(functools.partial(pld_step, config=self.tc, sampling=sampling),
                  donate_argnums=(1,))
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
-    steps = {M: fn.lower(self.tp, cache, i32(B, M + 1), i32(B), jax.random.key(0)).compile()
-             for M in range(self.gamma + 1)}
+    with cpu_matmul.decode_steps():
+      steps = {M: fn.lower(self.tp, cache, i32(B, M + 1), i32(B), jax.random.key(0)).compile()
+               for M in range(self.gamma + 1)}
     self._programs[key] = (prefill, steps)
     return prefill, steps, time.perf_counter() - t0
 
@@ -214,8 +216,9 @@ class PromptLookupDecoder:
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
     fn = jax.jit(functools.partial(pld_tree_step, config=self.tc, sampling=sampling,
                                    tree=self.tree), donate_argnums=(1,))
-    prog = fn.lower(self.tp, cache, i32(B, n + 1), i32(B, n), i32(B, n),
-                    jax.random.key(0)).compile()
+    with cpu_matmul.decode_steps():
+      prog = fn.lower(self.tp, cache, i32(B, n + 1), i32(B, n), i32(B, n),
+                      jax.random.key(0)).compile()
     self._tree_steps[key] = prog
     return prog, time.perf_counter() - t0
 

@@ -309,8 +309,9 @@ class SpeculativeDecoder:
         split_vocab_top_k(on_mesh), per_row_writes(on_mesh):
       start, state = self._compile_start(sampling, B, T, S, dtype)
       if self.mesh is None:
-        step = jax.jit(self._step_fn(sampling), donate_argnums=(2,)).lower(
-            self.tp, self.dp, state, jax.random.key(0)).compile()
+        with cpu_matmul.decode_steps():
+          step = jax.jit(self._step_fn(sampling), donate_argnums=(2,)).lower(
+              self.tp, self.dp, state, jax.random.key(0)).compile()
       else:
         start, step = self._compile_sharded_step(sampling, start, B, T)
     self._programs[key] = (start, step)
