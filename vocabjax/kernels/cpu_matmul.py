@@ -22,10 +22,11 @@ construction, not only up to ties).
 
 The kernel is compiled on first use with the system C++ compiler (`-O3 -march=native`) into
 `$VOCABJAX_CACHE/kernels/` (keyed by the source, the jaxlib version and the CPU's flags) and
-registered as an XLA FFI target. It is used on the CPU backend for f32 or bf16 x with M <= `MAX_ROWS`,
-and for any M in decoding steps (`with decode_steps():`, so that a batch's verified block keeps
-the one-token step's rounding however many rows it has); everything else (prefill of long prompts, GPU and TPU) takes the XLA dot (on the CPU with the
-weights widened to f32 first: XLA:CPU's bf16 GEMM is slower than its f32 one).
+registered as an XLA FFI target. It is used on the CPU backend for f32 or bf16 x with
+M <= `MAX_ROWS`, and for any M in decoding steps (`with decode_steps():`, so that a batch's
+verified block keeps the one-token step's rounding however many rows it has); everything else
+(prefill of long prompts, GPU and TPU) takes the XLA dot (on the CPU with the weights widened
+to f32 first: XLA:CPU's bf16 GEMM is slower than its f32 one).
 
 A second kernel in the same library, a bf16 GEMM (AVX512-BF16 `vdpbf16ps`, f32 accumulation),
 runs long blocks at twice XLA:CPU's f32 rate by rounding x to bf16 (weights stored bf16 or
@@ -71,7 +72,7 @@ _GEMM_TARGETS = {"float32": "VjGemmBF16F32", "bfloat16": "VjGemmBF16BF16",
 GEMM_MIN_ROWS = 32  # smallest M the bf16 GEMM takes (below it the streaming kernel is as fast)
 _state = {"enabled": os.environ.get("VOCABJAX_CPU_KERNEL", "1") != "0", "lib": None,
           "error": None, "warned": False, "bf16_blocks": False,
-          "step_rows": False}
+          "decode_steps": False}
 _lock = threading.Lock()
 
 
@@ -106,7 +107,7 @@ def decode_steps(on: bool = True):
   for a batch whose block outgrows MAX_ROWS (16 rows x 5 tokens = 80), where XLA's dot would
   round differently from a one-token step. Prefill stays outside (shared by every decoder of a
   model, and faster with XLA's dot for long prompts)."""
-  return _switched("step_rows", on)
+  return _switched("decode_steps", on)
 
 
 def bf16_blocks(on: bool = True):
@@ -207,7 +208,7 @@ def uses_kernel(x_shape, x_dtype, w_dtype) -> bool:
   """Whether `linear` on these operands lowers to the kernel in a program traced now."""
   M = int(np.prod(x_shape[:-1], dtype=np.int64))
   return (_state["enabled"] and jax.default_backend() == "cpu"
-          and 0 < M and (M <= MAX_ROWS or _state["step_rows"])
+          and 0 < M and (M <= MAX_ROWS or _state["decode_steps"])
           and jnp.dtype(x_dtype).name in ("float32", "bfloat16")
           and jnp.dtype(w_dtype).name in _TARGETS
           and available())
