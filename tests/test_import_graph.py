@@ -2,7 +2,7 @@
 function (which is how cycles hide) unless the line states why (`# local: <reason>`).
 
 Layers, bottom up: errors, io, prompts, kernels, models -> checkpoints -> vocab -> decoding ->
-(calibrate, train) -> eval -> entry points (generate, the __main__ modules)."""
+(calibrate, train) -> eval -> entry points (generate, bench, the __main__ modules)."""
 
 import ast
 import sys
@@ -16,7 +16,8 @@ LAYER = {"errors": 0, "io": 0, "prompts": 0, "version": 0, "interrupt": 0,
          "sharding": 1, "distributed": 1, "kernels": 1, "models": 1,
          "decoding.sampling": 1,  # sampling is pure math on logits, under vocab
          "checkpoints": 2, "vocab": 3, "decoding": 4, "calibrate": 5, "train": 5,
-         "eval": 6, "methods": 6, "zoo": 7, "generate": 7, "testing": 7, "__init__": 8}
+         "eval": 6, "methods": 6, "zoo": 7, "generate": 7, "testing": 7, "bench": 7,
+         "__init__": 8}
 
 
 def _modules() -> dict[str, Path]:

@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -58,3 +59,34 @@ def atomic_directory(path: str | os.PathLike):
     raise
   shutil.rmtree(path, ignore_errors=True)
   tmp.rename(path)
+
+
+def append_jsonl(path: str | os.PathLike, record: dict) -> None:
+  """Append one JSON line and fsync: a record once written survives a crash (a torn last line
+  is what `read_jsonl` drops)."""
+  with open(path, "a") as f:
+    f.write(json.dumps(record) + "\n")
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def read_jsonl(path: str | os.PathLike, error: type[Exception] = ValueError) -> list[dict]:
+  """The records of a JSON-lines file written by `append_jsonl` ([] when absent). A torn last
+  line (an interrupted write) is dropped, and the file rewritten without it; a corrupt line
+  elsewhere raises `error` naming the file and line."""
+  path = Path(path)
+  if not path.exists():
+    return []
+  out = []
+  lines = path.read_text().splitlines()
+  for i, line in enumerate(lines):
+    try:
+      out.append(json.loads(line))
+    except json.JSONDecodeError:
+      if i != len(lines) - 1:
+        raise error(f"{path}:{i + 1} is corrupt (not the last line, so not an interrupted "
+                    f"write); move the file away to rerun") from None
+      print(f"[vocabjax] dropping a torn last line of {path}", file=sys.stderr)
+  if lines and out and len(out) < len(lines):  # rewrite without the torn line
+    atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in out))
+  return out

@@ -33,7 +33,7 @@ from vocabjax.eval import provenance, report
 from vocabjax.eval.config import ConfigError, EvalConfig
 from vocabjax.eval.metrics import record_metrics
 from vocabjax.eval.torch_compare import TorchRunner
-from vocabjax.io import atomic_write_json
+from vocabjax.io import append_jsonl, atomic_write_json, read_jsonl
 from vocabjax.methods import METHODS
 from vocabjax.prompts import encode_prompts, load_prompts
 from vocabjax.sharding import make_mesh, parse_mesh
@@ -89,30 +89,7 @@ def prepare_dir(out: Path, config: EvalConfig, *, overwrite: bool,
 
 def read_records(path: Path) -> list[dict]:
   """Records written so far; a torn last line (interrupted write) is dropped."""
-  if not path.exists():
-    return []
-  out = []
-  lines = path.read_text().splitlines()
-  for i, line in enumerate(lines):
-    try:
-      out.append(json.loads(line))
-    except json.JSONDecodeError:
-      if i != len(lines) - 1:
-        raise ResultDirError(f"{path}:{i + 1} is corrupt (not the last line, so not an "
-                             f"interrupted write); move the file away to rerun") from None
-      print(f"[vocabjax.eval] dropping a torn last line of {path}", file=sys.stderr)
-  if lines and out and len(out) < len(lines):  # rewrite without the torn line
-    tmp = path.with_suffix(".jsonl.partial")
-    tmp.write_text("".join(json.dumps(r) + "\n" for r in out))
-    os.replace(tmp, path)
-  return out
-
-
-def _append(path: Path, record: dict) -> None:
-  with open(path, "a") as f:
-    f.write(json.dumps(record) + "\n")
-    f.flush()
-    os.fsync(f.fileno())
+  return read_jsonl(path, ResultDirError)
 
 
 @dataclasses.dataclass
@@ -309,7 +286,7 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
       if split and res.stats is not None:
         rec["time_split"] = run_split(StepSplit.from_dict(split), res.steps, res.decode_s)
       if writer:
-        _append(records_path, rec)
+        append_jsonl(records_path, rec)
       records.append(rec)
       bar.set_postfix_str(f"{name} {p.qid} {rec['tokens_per_s']:.2f} tok/s")
       bar.update(1)
@@ -355,6 +332,6 @@ def _run_torch(config, prompts, ids, eos, out, records, done, progress, commit) 
            "prefill_s": None, "decode_s": None, "steps": None, "accepted": None,
            "drafted": None, "finish_reason": None, "compile_s": 0.0, "time_split": None,
            "commit": commit}
-    _append(out / RECORDS, rec)
+    append_jsonl(out / RECORDS, rec)
     records.append(rec)
   return runner.versions

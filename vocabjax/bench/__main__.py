@@ -1,0 +1,143 @@
+"""python -m vocabjax.bench: time the engine's programs on this machine's accelerator (or CPU)
+with random weights of real shapes; `python -m vocabjax.bench project` turns an eval run's
+recorded steps and those times into projected speedups.
+
+  python -m vocabjax.bench                                  # defaults for this backend
+  python -m vocabjax.bench --pair llama-3.1-8b --dtypes bfloat16 --batch 1 4 16 64
+  python -m vocabjax.bench --target path/to/config.json --draft qwen2.5-0.5b-instruct
+  python -m vocabjax.bench project --run eval/results/default --bench eval/results/bench/<dev>
+
+Defaults: on the CPU the registry's pair (Qwen2.5-Coder 1.5B <- 0.5B), float32 and bfloat16,
+batch 1; on GPU/TPU every pair of `vocabjax.bench.shapes.PAIRS` (adding Qwen2.5-7B <- 0.5B and
+Llama-3.1-8B <- Llama-3.2-1B), bfloat16 and float32, batch 1, 4, 16, 64. Output:
+eval/results/bench/<device>/ (bench.md, bench.json, rows.jsonl; a rerun resumes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from vocabjax.bench import run, shapes
+from vocabjax.bench.engine import BenchError
+from vocabjax.checkpoints.hf_config import UnsupportedConfigError
+from vocabjax.io import atomic_write_json, atomic_write_text
+
+
+def _bench_parser() -> argparse.ArgumentParser:
+  d = run.Settings(pairs=(), dtypes=(), batches=())
+  p = argparse.ArgumentParser(prog="python -m vocabjax.bench", description=__doc__,
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--pair", nargs="+", choices=sorted(shapes.PAIRS),
+                 help="target/drafter pairs by name (default: see above)")
+  p.add_argument("--target", help="a target model (a name of vocabjax.bench.shapes.KNOWN, a "
+                 "config.json or HF directory, a .gguf or cached registry model)")
+  p.add_argument("--draft", help="its drafter (same forms); with --target")
+  p.add_argument("--dtypes", nargs="+", choices=("float32", "bfloat16", "int8"))
+  p.add_argument("--batch", nargs="+", type=int, help="batch sizes B")
+  p.add_argument("--tokens", nargs="+", type=int, default=list(d.tokens),
+                 help="T of the target programs (1 = a decoding step)")
+  p.add_argument("--draft-tokens", nargs="+", type=int, default=list(d.draft_tokens),
+                 help="T of the drafter's body")
+  p.add_argument("--heads", nargs="+", default=list(d.heads),
+                 help="drafter heads: full, trim:K, specvocab:k")
+  p.add_argument("--head-rows", nargs="+", type=int, default=list(d.head_rows),
+                 help="hidden rows per batch row of the head programs (a tree's top-k)")
+  p.add_argument("--ranker-rank", type=int, default=d.ranker_rank,
+                 help="rank R of the random SpecVocab ranker")
+  p.add_argument("--context", type=int, default=d.context, help="cached tokens while timing")
+  p.add_argument("--repeats", type=int, default=d.repeats)
+  p.add_argument("--max-rows", type=int, default=d.max_rows,
+                 help="skip programs of more than this many tokens (B x T)")
+  p.add_argument("--bandwidth-mib", type=int, default=d.bandwidth_bytes >> 20,
+                 help="size of the read-bandwidth probe")
+  p.add_argument("--out", help="result directory (default eval/results/bench/<device>)")
+  p.add_argument("--overwrite", action="store_true",
+                 help="move rows of another device or other settings aside and start over")
+  p.add_argument("--no-progress", action="store_true")
+  return p
+
+
+def _project_parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(prog="python -m vocabjax.bench project",
+                              description="Projected tokens/s and speedups of an eval run's "
+                              "methods from a benchmark's program times (labelled projected).")
+  p.add_argument("--run", required=True, help="an eval result directory (summary.json, "
+                 "splits.json, questions.jsonl)")
+  p.add_argument("--bench", required=True, help="a benchmark directory or its bench.json")
+  p.add_argument("--batch", type=int, default=1)
+  p.add_argument("--target", help="benchmark model to apply the run's steps to (default: the "
+                 "run's target)")
+  p.add_argument("--draft", help="benchmark drafter (default: the run's)")
+  p.add_argument("--dtype", help="target dtype of the benchmark rows (default: the run's if "
+                 "measured, else the benchmark's first)")
+  p.add_argument("--draft-dtype")
+  p.add_argument("--out", help="write <out>.md and <out>.json (default: print only)")
+  return p
+
+
+def _project(argv: list[str]) -> int:
+  from vocabjax.bench import project  # local: the projection does not need JAX's programs
+
+  a = _project_parser().parse_args(argv)
+  path = Path(a.bench)
+  path = path / "bench.json" if path.is_dir() else path
+  try:
+    bench = json.loads(path.read_text())
+  except (OSError, json.JSONDecodeError) as e:
+    print(f"error: {path}: not a readable bench.json ({e})", file=sys.stderr)
+    return 2
+  command = "python -m vocabjax.bench project " + shlex.join(argv)
+  try:
+    proj = project.project(a.run, bench, batch=a.batch, target_model=a.target,
+                           draft_model=a.draft, dtype=a.dtype, draft_dtype=a.draft_dtype)
+  except BenchError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  md = project.render(proj, command)
+  if a.out:
+    atomic_write_json(a.out + ".json", {"command": command, **proj})
+    atomic_write_text(a.out + ".md", md)
+  print(md)
+  return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+  argv = list(sys.argv[1:] if argv is None else argv)
+  if argv[:1] == ["project"]:
+    return _project(argv[1:])
+  parser = _bench_parser()
+  a = parser.parse_args(argv)
+  import jax  # local: the backend decides the defaults
+
+  accel = jax.default_backend() != "cpu"
+  if a.target or a.draft:
+    if not (a.target and a.draft) or a.pair:
+      parser.error("--target and --draft go together, without --pair")
+    pairs = ((a.target, a.draft),)
+  else:
+    names = a.pair or (sorted(shapes.PAIRS) if accel else ["qwen2.5-coder"])
+    pairs = tuple(shapes.PAIRS[n] for n in names)
+  settings = run.Settings(
+      pairs=pairs, dtypes=tuple(a.dtypes or (("bfloat16", "float32") if accel else
+                                              ("float32", "bfloat16"))),
+      batches=tuple(a.batch or ((1, 4, 16, 64) if accel else (1,))), tokens=tuple(a.tokens),
+      draft_tokens=tuple(a.draft_tokens), heads=tuple(a.heads), head_rows=tuple(a.head_rows),
+      ranker_rank=a.ranker_rank, context=a.context, repeats=a.repeats, max_rows=a.max_rows,
+      bandwidth_bytes=a.bandwidth_mib << 20)
+  command = "python -m vocabjax.bench " + shlex.join(argv)
+  try:
+    result = run.run_bench(settings, a.out, command=command, overwrite=a.overwrite,
+                           progress=not a.no_progress)
+  except (BenchError, shapes.ShapeError, UnsupportedConfigError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  print(run.render(result))
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
