@@ -135,7 +135,7 @@ def _bench_rows():
   return rows
 
 
-def _run_dir(tmp_path):
+def _run_dir(tmp_path, pld_steps="per_step"):
   d = tmp_path / "run"
   d.mkdir()
   methods = [
@@ -166,9 +166,16 @@ def _run_dir(tmp_path):
                    "sv": [(101, 50, 12.0), (51, 25, 6.0)],
                    "pld": [(101, 75, 16.0), (51, 75, 16.0)],
                    "eagle": [(101, 30, 9.0), (51, 15, 4.5)]}.items():
-    for n, steps, dec in qs:
+    for i, (n, steps, dec) in enumerate(qs):
       recs.append({"framework": "vocabjax", "method": name, "num_tokens": n, "steps": steps,
                    "decode_s": dec})
+      if name == "pld":  # 25 steps with 4 drafts in the first question, no match elsewhere
+        drafts = [4] * 25 + [0] * 50 if i == 0 else [0] * 75
+        recs[-1]["drafted"] = sum(drafts)
+        if pld_steps == "per_step":
+          recs[-1]["step_drafted"] = drafts
+        elif pld_steps == "matched":
+          recs[-1]["extra"] = {"matched_steps": 25 if i == 0 else 0}
   recs.append({"framework": "torch", "method": "ar", "num_tokens": 101, "steps": None,
                "decode_s": None})
   (d / "questions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
@@ -197,9 +204,9 @@ def test_projection_by_hand(tmp_path):
   assert by["vt_2k"]["projected_tok_s"] == pytest.approx(150 / (75 * 0.0205))
   # specvocab k=64: 0.2 ms per call -> 12 + 7 + 0.6 = 19.6 ms
   assert by["sv"]["step_s"] == pytest.approx(0.0196)
-  # pld gamma 5: target T=6, between T=4 and T=8: 14 ms
-  assert by["pld"]["step_s"] == pytest.approx(0.014)
-  assert "target T=6 interpolated" in by["pld"]["note"]
+  # pld: 25 steps of T=5 (13 ms, between T=4 and T=8) and 125 of T=1 (10 ms) over 150 steps
+  assert by["pld"]["step_s"] == pytest.approx((25 * 0.013 + 125 * 0.010) / 150)
+  assert "per-step blocks" in by["pld"]["note"]
   assert by["eagle"]["projected_tok_s"] is None and "not projected" in by["eagle"]["note"]
   assert [m["name"] for m in proj["methods"]] == ["ar", "chain_g3", "vt_2k", "sv", "pld",
                                                   "eagle"]  # vocabjax's methods only
@@ -208,6 +215,19 @@ def test_projection_by_hand(tmp_path):
   assert by["chain_g3"]["measured_speedup"] == pytest.approx((150 / 18) / 5.0)
   md = render(proj, "cmd")
   assert "PROJECTED" in md and "| chain_g3 | 2 | 2.50 | 22.00 | 113.6 | 1.14 |" in md
+
+
+@pytest.mark.parametrize("recorded, step_s, note", [
+    ("matched", (25 * 0.013 + 125 * 0.010) / 150, "25 of 150 steps matched"),
+    ("none", 0.014, "upper bound"),  # gamma 5: T=6, between T=4 and T=8
+])
+def test_pld_projection_from_older_records(tmp_path, recorded, step_s, note):
+  bench = {"meta": {"device": {}, "models": {"big": {}, "small": {"vocab_size": 4000}}},
+           "rows": _bench_rows()}
+  pld = [m for m in project(_run_dir(tmp_path, recorded), bench)["methods"]
+         if m["name"] == "pld"][0]
+  assert pld["step_s"] == pytest.approx(step_s)
+  assert note in pld["note"]
 
 
 def test_projection_refuses_missing_rows(tmp_path):
@@ -233,3 +253,18 @@ def test_project_cli(tmp_path, capsys):
   assert "PROJECTED" in (tmp_path / "proj.md").read_text()
   assert main(["project", "--run", str(run), "--bench", str(tmp_path / "nope")]) == 2
   assert "not a readable bench.json" in capsys.readouterr().err
+
+
+def test_an_hf_directory_and_a_gguf_file_give_the_loaders_config(tiny_dirs, tmp_path):
+  from vocabjax.checkpoints.loader import load_model
+  from vocabjax.testing.tiny import tiny_hf_model, write_tiny_gguf
+
+  d = tiny_dirs["qwen2_bias_tied"]
+  assert shapes.resolve_config(d)[1] == load_model(d, load_tokenizer=False).config
+  path = write_tiny_gguf(tiny_hf_model("llama", num_attention_heads=8, num_key_value_heads=2),
+                         tmp_path / "m.gguf")
+  name, cfg = shapes.resolve_config(path)
+  assert name == "m" and cfg == load_model(path, load_tokenizer=False).config
+  (tmp_path / "bad.json").write_text("{not json")
+  with pytest.raises(shapes.ShapeError, match="bad.json"):
+    shapes.resolve_config(tmp_path / "bad.json")

@@ -49,6 +49,12 @@ def test_end_to_end_writes_every_report(suite, tmp_path):
   assert summary["groups"] == ["multi-turn", "translation", "qa"]  # writing+coding = multi-turn
   records = [json.loads(line) for line in (out / RECORDS).read_text().splitlines()]
   assert len(records) == 4 * 3  # 4 questions x 3 methods
+  for r in records:  # per-step drafts and acceptances, for projections onto other machines
+    if r["method"] == "ar":
+      assert r["step_drafted"] is None
+    else:
+      assert len(r["step_drafted"]) == len(r["step_accepted"]) == r["steps"]
+      assert sum(r["step_drafted"]) == r["drafted"] and sum(r["step_accepted"]) == r["accepted"]
   by = {m["name"]: m for m in summary["methods"]}
   for name in ("chain_g2", "tree"):
     o = by[name]["overall"]

@@ -103,6 +103,32 @@ class BenchTimes:
     return y, " ".join(sorted(n for n in notes if n))
 
 
+def _pld_step_s(times: BenchTimes, model: str, dtype: str, params: dict, recs: list[dict],
+                steps: int) -> tuple[float, str]:
+  """Mean seconds of a PLD step: per step target(1 + drafts) where the records list each
+  step's drafts; else matched steps at their mean drafts and the others at T = 1 (records
+  with the method's match counts); else every step at the largest block."""
+  if steps and all(r.get("step_drafted") is not None for r in recs):
+    total, hows = 0.0, set()
+    for r in recs:
+      for g in r["step_drafted"]:
+        t, how = times.target(model, dtype, 1 + g)
+        total += t
+        hows.add(how)
+    return total / steps, "per-step blocks" + (", target T interpolated" if any(hows) else "")
+  matched = [r.get("extra", {}).get("matched_steps") for r in recs]
+  if steps and all(m is not None for m in matched) and sum(matched):
+    n_m = sum(matched)
+    g = sum(r["drafted"] for r in recs) / n_m
+    t1, _ = times.target(model, dtype, 1)
+    tg, _ = times.target(model, dtype, 1 + g)
+    return ((steps - n_m) * t1 + n_m * tg) / steps, (
+        f"approximate: {n_m} of {steps} steps matched, at their mean {g:.2f} drafts")
+  T = int(params.get("candidates", 1)) * int(params.get("gamma", 4)) + 1
+  t, _ = times.target(model, dtype, T)
+  return t, f"upper bound: every step at the largest block T={T} (no per-step drafts recorded)"
+
+
 def _head_of(method: dict) -> tuple[str, int]:
   """(kind, size) of a drafting method's head from its summary entry."""
   m, p = method["method"], method.get("params") or {}
@@ -161,11 +187,10 @@ def project(run_dir: str | os.PathLike, bench: dict, *, batch: int = 1,
     elif kind == "ar":
       row["step_s"], how = times.target(target_model, dtype, 1)
       notes.append(how)
-    elif kind == "pld":
-      p = m.get("params") or {}
-      T = int(p.get("candidates", 1)) * int(p.get("gamma", 4)) + 1
-      row["step_s"], how = times.target(target_model, dtype, T)
-      notes.append(how and f"target T={T} {how}")
+    elif kind == "pld":  # a block per step of 1 + that step's drafts (0 without a match)
+      row["step_s"], note = _pld_step_s(times, target_model, dtype, m.get("params") or {},
+                                        recs, steps)
+      notes.append(note)
     elif kind in _DRAFTED:
       split = splits.get(m["name"])
       if split is None:
@@ -201,6 +226,7 @@ def project(run_dir: str | os.PathLike, bench: dict, *, batch: int = 1,
   return {"run": str(run_dir), "run_target": cfg["target"], "run_draft": cfg.get("draft"),
           "run_machine": summary.get("environment", {}).get("cpu") or summary.get(
               "environment", {}).get("machine"),
+          "run_dtype": cfg.get("dtype"), "run_draft_dtype": cfg.get("draft_dtype"),
           "target": target_model, "draft": draft_model, "dtype": dtype,
           "draft_dtype": draft_dtype, "batch": batch, "device": bench["meta"]["device"],
           "bench_command": bench["meta"].get("command"), "methods": out}
@@ -209,10 +235,13 @@ def project(run_dir: str | os.PathLike, bench: dict, *, batch: int = 1,
 def render(proj: dict, command: str = "") -> str:
   """The projection as a markdown table, every figure labelled projected or measured."""
   dev = proj["device"]
-  lines = [f"# PROJECTED decoding speed on {dev['device']} ({dev['backend']})", "",
+  where = dev.get("host_cpu") if dev.get("backend") == "cpu" else dev.get("device")
+  lines = [f"# PROJECTED decoding speed on {where} ({dev.get('backend')})", "",
            f"`{command}`  " if command else "",
            f"Steps and tokens from the eval run `{proj['run']}` ({proj['run_target']} <- "
-           f"{proj['run_draft']}, recorded on {proj['run_machine'] or 'its machine'}); program "
+           f"{proj['run_draft']}, {proj['run_dtype'] or 'default dtype'}, drafter "
+           f"{proj['run_draft_dtype'] or 'same'}, recorded on "
+           f"{proj['run_machine'] or 'its machine'}); program "
            f"times from `{proj['bench_command']}` for {proj['target']} <- {proj['draft']}, "
            f"{proj['dtype']} (drafter {proj['draft_dtype']}), batch {proj['batch']}. Projected "
            f"= tokens / (steps x one step's programs): not a measurement (module doc of "

@@ -230,7 +230,8 @@ def render(result: dict) -> str:
   bw = meta.get("read_GBps") or float("nan")
   dev = meta["device"]
   t = meta["timing"]
-  lines = [f"# Engine programs on {dev['device']} ({dev['backend']}), {meta['date']}", "",
+  where = dev["host_cpu"] if dev["backend"] == "cpu" else dev["device"]
+  lines = [f"# Engine programs on {where} ({dev['backend']}), {meta['date']}", "",
            f"`{meta['command']}`  ", f"commit {meta['commit']}, jax {dev['jax']}, host "
            f"{dev['host_cpu']} ({dev['cpus']} cpus); random weights of the real shapes; "
            f"{t['context']} cached tokens; median of {t['repeats']} calls after a warm-up. "
@@ -239,7 +240,8 @@ def render(result: dict) -> str:
            f"the bytes a program must read (weights, KV cache, head rows) / its time, against "
            f"that.", "", "## Target: forward over T tokens + full LM head "
            "(T=1: a decoding step; T=gamma+1: a chain's verification; T=nodes+1: a tree's)", "",
-           "| model | dtype | B | T | ms | x T=1 | GB/s | % bw |", "|---|---|---|---|---|---|---|---|"]
+           "| model | dtype | B | T | ms | x T=1 | GB/s | % bw |",
+           "|---|---|---|---|---|---|---|---|"]
   base = {(r["model"], r["dtype"], r["B"]): r["s"] for r in rows
           if r["program"] == "target" and r["T"] == 1}
   for r in rows:

@@ -107,11 +107,11 @@ def resolve_config(spec: str | os.PathLike) -> tuple[str, LlamaLikeConfig]:
 
 
 def _gguf_config(path: Path) -> LlamaLikeConfig:
-  from vocabjax.checkpoints.gguf_io import config_from_gguf, metadata, open_gguf  # local: gguf's import only for .gguf specs
+  from vocabjax.checkpoints import gguf_io  # local: gguf's import only for .gguf specs
 
-  reader = open_gguf(path)
+  reader = gguf_io.open_gguf(path)
   names = {t.name for t in reader.tensors}
   emb = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
   if emb is None:
     raise ShapeError(f"{path}: tensor token_embd.weight missing")
-  return config_from_gguf(metadata(reader), names, int(emb.shape[-1]))
+  return gguf_io.config_from_gguf(gguf_io.metadata(reader), names, int(emb.shape[-1]))

@@ -38,7 +38,11 @@ def record_metrics(result) -> dict:
   return {"num_tokens": n, "wall_s": wall, "prefill_s": result.prefill_s,
           "decode_s": result.decode_s, "tokens_per_s": n / wall if wall > 0 else float("nan"),
           "steps": steps, "accepted": accepted, "drafted": drafted,
-          "finish_reason": result.finish_reasons[0]}
+          "finish_reason": result.finish_reasons[0],
+          # per verification step: drafts proposed and accepted (what a projection of the run
+          # onto another machine needs where a step's block varies: `vocabjax.bench.project`)
+          "step_drafted": [int(row[0]) for row in st.drafted] if st else None,
+          "step_accepted": [int(row[0]) for row in st.accepted] if st else None}
 
 
 def _nan_div(a: float, b: float) -> float:
