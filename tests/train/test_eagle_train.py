@@ -88,6 +88,19 @@ def test_torch_backend_features_equal_the_jax_ones(target_dir, data_file, tmp_pa
                               features=str(tmp_path / "fy")), t, LAYERS, show_progress=False)
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_bf16_torch_features_warn_on_a_cpu_without_bf16(target_dir, data_file, tmp_path,
+                                                        monkeypatch, capsys, native):
+  from vocabjax.kernels import cpu_matmul
+
+  monkeypatch.setattr(cpu_matmul, "has_native_bf16", lambda: native)
+  t = load_model(target_dir, dtype="float32")
+  job = _job(target_dir, data_file, tmp_path / "w", feature_layers=(0,), max_records=1,
+             features=str(tmp_path / "fw"), feature_backend="torch", feature_dtype="bfloat16")
+  build_eagle_features(job, t, (0,), show_progress=False)
+  assert ("without AVX512-BF16" in capsys.readouterr().err) == (not native)
+
+
 @pytest.mark.parametrize("width", [None, 24], ids=["target_mlp", "slim_mlp"])
 def test_training_time_test_computes_what_tree_decoding_computes(target_dir, width):
   """Step j of the TTT loss at entry i = the head drafting j levels below the root at entry i

@@ -143,6 +143,13 @@ def _cpu_flags() -> str:
   return sys.platform
 
 
+def has_native_bf16() -> bool:
+  """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX-BF16): where it does not,
+  oneDNN's bf16 matmuls (transformers in bf16) run far slower than its f32 ones."""
+  flags = set(_cpu_flags().split())
+  return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
 def library_path() -> Path:
   """Where the compiled kernel for this source, jaxlib and CPU lives."""
   import jaxlib

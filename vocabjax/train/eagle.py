@@ -54,6 +54,7 @@ from vocabjax.checkpoints.eagle3 import load_eagle3, save_eagle3
 from vocabjax.checkpoints.loader import load_model
 from vocabjax.decoding.autoregressive import bucket
 from vocabjax.io import atomic_write_json
+from vocabjax.kernels import cpu_matmul
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.eagle import (EagleConfig, default_feature_layers, eagle_forward,
@@ -164,7 +165,11 @@ def _torch_features(job: EagleJob, target, layers):
   `forward_features` returns) and its argmax. One sequence per call, unpadded."""
   import torch
 
-
+  if job.feature_dtype == "bfloat16" and not cpu_matmul.has_native_bf16():
+    print("[vocabjax.train] warning: feature_dtype bfloat16 on a CPU without AVX512-BF16 or "
+          "AMX: transformers' bf16 matmuls are far slower than its f32 ones here; "
+          "feature_dtype: float32 (or feature_backend: jax) computes the features faster",
+          file=sys.stderr)
   if max(layers) >= target.config.num_layers - 1:
     raise TrainError(f"feature_backend: torch reads transformers' hidden states, whose last "
                      f"entry is normed: layers {list(layers)} must stay below the last layer "
