@@ -10,7 +10,8 @@ recorded steps and those times into projected speedups.
 Defaults: on the CPU the registry's pair (Qwen2.5-Coder 1.5B <- 0.5B), float32 and bfloat16,
 batch 1; on GPU/TPU every pair of `vocabjax.bench.shapes.PAIRS` (adding Qwen2.5-7B <- 0.5B and
 Llama-3.1-8B <- Llama-3.2-1B), bfloat16 and float32, batch 1, 4, 16, 64. Output:
-eval/results/bench/<device>/ (bench.md, bench.json, rows.jsonl; a rerun resumes).
+runs/bench/<device>/ unless --out says otherwise (bench.md, bench.json, rows.jsonl; a rerun
+resumes); the recorded tables are in eval/results/bench/<device>/.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def _bench_parser() -> argparse.ArgumentParser:
                  help="skip programs of more than this many tokens (B x T)")
   p.add_argument("--bandwidth-mib", type=int, default=d.bandwidth_bytes >> 20,
                  help="size of the read-bandwidth probe")
-  p.add_argument("--out", help="result directory (default eval/results/bench/<device>)")
+  p.add_argument("--out", help="result directory (default runs/bench/<device>)")
   p.add_argument("--overwrite", action="store_true",
                  help="move rows of another device or other settings aside and start over")
   p.add_argument("--no-progress", action="store_true")

@@ -86,9 +86,10 @@ def device_info() -> dict:
 
 
 def default_out(info: dict) -> Path:
-  """eval/results/bench/<device>: the GPU's kind, or cpu-<model and vector ISA>."""
+  """runs/bench/<device> (git-ignored, like the eval's runs/): the GPU's kind, or
+  cpu-<model and vector ISA>; recorded results go to eval/results/bench/<device> by --out."""
   name = info["device"] if info["backend"] != "cpu" else f"cpu {info['host_cpu']}"
-  return Path("eval/results/bench") / re.sub(r"[^a-z0-9.]+", "-", name.lower()).strip("-")
+  return Path("runs/bench") / re.sub(r"[^a-z0-9.]+", "-", name.lower()).strip("-")
 
 
 def _key(r: dict) -> tuple:
