@@ -44,10 +44,11 @@ class Settings:
   pairs: tuple[tuple[str, str], ...]
   dtypes: tuple[str, ...]
   batches: tuple[int, ...]
-  tokens: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
-  draft_tokens: tuple[int, ...] = (1, 2, 4, 8)
+  # T = gamma + 1 (chain) and nodes + 1 (trees of 4, 8, 16) measured, not interpolated
+  tokens: tuple[int, ...] = (1, 2, 3, 4, 5, 8, 9, 16, 17, 32, 64)
+  draft_tokens: tuple[int, ...] = (1, 2, 4, 5, 8)
   heads: tuple[str, ...] = ("full", "trim:65536", "trim:32768", "trim:16384", "trim:8192",
-                            "specvocab:1024")
+                            "specvocab:512", "specvocab:1024", "specvocab:2048")
   head_rows: tuple[int, ...] = (1, 2, 4)
   ranker_rank: int = 56
   context: int = 512
