@@ -55,6 +55,7 @@ def test_every_program_of_the_grid_is_timed_once_and_a_rerun_resumes(configs, tm
   assert trim["bytes"] == 128 * 32 * 4
   bench = json.loads((out / "bench.json").read_text())
   assert bench["meta"]["read_GBps"] > 0 and len(bench["rows"]) == len(rows)
+  assert all(r["read_GBps"] == bench["meta"]["read_GBps"] for r in rows)  # its run's probe
   assert bench["meta"]["models"][configs[0]]["vocab_size"] == 512
   md = (out / "bench.md").read_text()
   assert "| float32 | 2 | 3 |" in md and "specvocab:16" in md
