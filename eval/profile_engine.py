@@ -66,12 +66,8 @@ def build_programs(cfg, params, T: int, S: int, context: int):
   import jax
   import jax.numpy as jnp
 
-  from vocabjax.models import KVCache, forward
+  from vocabjax.bench.engine import Programs
   from vocabjax.models.llamalike import _proj, compute_dtype, lm_head
-
-  def step(p, tok, pos, cache):
-    h, cache = forward(p, tok, pos, cache, config=cfg)
-    return lm_head(p, h, config=cfg), cache
 
   def matmuls(p, x):  # the same projections on a dummy residual stream, chained
     acc = x
@@ -84,22 +80,11 @@ def build_programs(cfg, params, T: int, S: int, context: int):
     return lm_head(p, acc, config=cfg)
 
   dtype = compute_dtype(params)
-  cache = jax.eval_shape(lambda: KVCache.init(cfg, 1, S, dtype))
-  i32 = jax.ShapeDtypeStruct((1, T), jnp.int32)
-  full = jax.jit(step, donate_argnums=(3,)).lower(params, i32, i32, cache).compile()
   mm = jax.jit(matmuls).lower(params, jax.ShapeDtypeStruct((1, T, cfg.hidden_size),
                                                            dtype)).compile()
-  tok = jnp.zeros((1, T), jnp.int32)
-  pos = context + jnp.arange(T, dtype=jnp.int32)[None]
   x = jnp.full((1, T, cfg.hidden_size), 0.01, dtype)
-  state = {"cache": KVCache.init(cfg, 1, S, dtype).with_lengths(jnp.asarray([context]))}
-
-  def run_full():
-    logits, c = full(params, tok, pos, state["cache"])
-    state["cache"] = c.with_lengths(jnp.asarray([context]))
-    return logits
-
-  return run_full, lambda: mm(params, x)
+  # the full step is the engine bench's target program (`vocabjax.bench.engine.Programs`)
+  return Programs(cfg, params, context=context, max_len=S).target(1, T), lambda: mm(params, x)
 
 
 def weight_bytes(params) -> int:

@@ -34,6 +34,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
+from vocabjax.bench.engine import read_bandwidth
 from vocabjax.decoding.profile import median_s
 from vocabjax.io import atomic_write_text
 
@@ -75,13 +76,6 @@ def tune_gpu(h, U, idx, candidates: list[dict], repeats: int, interpret: bool = 
   return best, best_s, [{**c, "s": t} for t, c in times]
 
 
-def measure_bandwidth(repeats: int) -> float:
-  """GB/s of a read-only f32 reduction over 1 GiB (what a gather-dot can hope for)."""
-  x = jnp.ones((256, 1024, 1024), jnp.float32)
-  s = median_s(jax.jit(jnp.sum), x, repeats=repeats)
-  return x.nbytes / s / 1e9
-
-
 def bench(d: int, V: int, ks, B: int, dtype, repeats: int, with_kernel: bool, seed: int = 0,
           tune: bool = False, interpret: bool = False, tolerance: float = 1e-2):
   from vocabjax.kernels.indexed_lm_head import (indexed_lm_head, indexed_lm_head_gpu,
@@ -108,11 +102,9 @@ def bench(d: int, V: int, ks, B: int, dtype, repeats: int, with_kernel: bool, se
                                                         repeats, interpret)
         kern = jax.jit(functools.partial(indexed_lm_head_gpu, interpret=interpret, **best))
         row["kernel_blocks"] = best
-      elif interpret:
-        kern = jax.jit(functools.partial(indexed_lm_head_gpu, interpret=True))
-        row["kernel_s"] = median_s(kern, h, U, idx, repeats=repeats)
       else:
-        kern = jax.jit(functools.partial(indexed_lm_head, impl="auto"))
+        kern = jax.jit(functools.partial(indexed_lm_head_gpu, interpret=True) if interpret
+                       else functools.partial(indexed_lm_head, impl="auto"))
         row["kernel_s"] = median_s(kern, h, U, idx, repeats=repeats)
       ref = indexed_lm_head_reference(h.astype(jnp.float32), U.astype(jnp.float32), idx)
       row["kernel_max_err"] = max_rel_err(kern(h, U, idx), ref)
@@ -178,7 +170,7 @@ def main(argv=None) -> int:
          "machine": platform.node(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
          "dtype": str(dtype), "with_kernel": with_kernel, "interpret": a.interpret,
          "tuned": tune,
-         "bandwidth_GBps": measure_bandwidth(a.repeats), "rows": []}
+         "bandwidth_GBps": read_bandwidth(1 << 30, a.repeats), "rows": []}
   print(f"[bench] {backend} ({res['device']}), {dtype}, measured read bandwidth "
         f"{res['bandwidth_GBps']:.1f} GB/s", file=sys.stderr)
   for d, V in grid:

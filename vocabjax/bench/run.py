@@ -99,7 +99,7 @@ def _key(r: dict) -> tuple:
 
 def plan(settings: Settings) -> list[dict]:
   """Every row of the grid (without times), a model's rows together, in the order they run."""
-  rows = []
+  rows, seen = [], set()
   for target, draft in settings.pairs:
     for role, model in (("target", target), ("draft", draft)):
       for dtype in settings.dtypes:
@@ -116,7 +116,8 @@ def plan(settings: Settings) -> list[dict]:
               continue  # a ranker is matched to a float head (`SpeculativeVocab.attach`)
             row = {"model": model, "role": role, "program": program, "dtype": dtype, "B": B,
                    "T": T, "head": head}
-            if all(_key(row) != _key(r) for r in rows):
+            if _key(row) not in seen:
+              seen.add(_key(row))
               rows.append(row)
   return rows
 
@@ -142,8 +143,7 @@ def _prepare(out: Path, meta: dict, overwrite: bool) -> tuple[list[dict], dict]:
       old = {}
     else:  # rows of earlier runs' models stay in the reports
       meta["models"] = {**old.get("models", {}), **meta["models"]}
-  out.mkdir(parents=True, exist_ok=True)
-  atomic_write_json(meta_path, {**old, **meta})
+  out.mkdir(parents=True, exist_ok=True)  # meta.json is written by run_bench, probe included
   return read_jsonl(out / "rows.jsonl", BenchError), old
 
 

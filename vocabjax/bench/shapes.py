@@ -26,6 +26,9 @@ _LLAMA31 = dict(model_type="llama", hidden_act="silu", rms_norm_eps=1e-5, rope_t
                 max_position_embeddings=131072,
                 rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
                                   high_freq_factor=4.0, original_max_position_embeddings=8192))
+_QWEN25_05B = dict(_QWEN25, vocab_size=151936, hidden_size=896, intermediate_size=4864,
+                   num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
+                   tie_word_embeddings=True)
 
 KNOWN: dict[str, dict] = {
     # the registry's pair (same values as their GGUF metadata)
@@ -33,10 +36,7 @@ KNOWN: dict[str, dict] = {
                                         intermediate_size=8960, num_hidden_layers=28,
                                         num_attention_heads=12, num_key_value_heads=2,
                                         tie_word_embeddings=True),
-    "qwen2.5-coder-0.5b-instruct": dict(_QWEN25, vocab_size=151936, hidden_size=896,
-                                        intermediate_size=4864, num_hidden_layers=24,
-                                        num_attention_heads=14, num_key_value_heads=2,
-                                        tie_word_embeddings=True),
+    "qwen2.5-coder-0.5b-instruct": _QWEN25_05B,
     "smollm2-135m-instruct": dict(model_type="llama", hidden_act="silu", rms_norm_eps=1e-5,
                                   rope_theta=100000.0, vocab_size=49152, hidden_size=576,
                                   intermediate_size=1536, num_hidden_layers=30,
@@ -47,10 +47,7 @@ KNOWN: dict[str, dict] = {
                                 intermediate_size=18944, num_hidden_layers=28,
                                 num_attention_heads=28, num_key_value_heads=4,
                                 tie_word_embeddings=False),
-    "qwen2.5-0.5b-instruct": dict(_QWEN25, vocab_size=151936, hidden_size=896,
-                                  intermediate_size=4864, num_hidden_layers=24,
-                                  num_attention_heads=14, num_key_value_heads=2,
-                                  tie_word_embeddings=True),
+    "qwen2.5-0.5b-instruct": _QWEN25_05B,  # the Coder 0.5B's architecture
     "llama-3.1-8b-instruct": dict(_LLAMA31, vocab_size=128256, hidden_size=4096,
                                   intermediate_size=14336, num_hidden_layers=32,
                                   num_attention_heads=32, num_key_value_heads=8,
