@@ -179,7 +179,7 @@ def _blocks(model, mesh):
 def _no_mesh(method: str, mesh) -> None:
   if mesh is not None:
     raise ValueError(f"{method} does not run on a mesh yet (chain, tree, the vocabulary "
-                     f"methods, eagle and medusa do)")
+                     f"methods, eagle, medusa and pld do)")
 
 
 def _chain_decoder(target, draft, gamma, draft_vocab, mesh=None):
@@ -236,10 +236,9 @@ def _pld(target, draft, p: PldParams, mesh=None):
   """Prompt lookup decoding (Saxena 2023): drafts copied from the context, no drafter; a
   chain, or a tree of several matches' continuations (`candidates` > 1)."""
   del draft
-  _no_mesh("pld", mesh)
-  return PromptLookupDecoder(target.in_layout(block_layout()), target.config, gamma=p.gamma,
+  return PromptLookupDecoder(_blocks(target, mesh), target.config, gamma=p.gamma,
                              max_ngram=p.max_ngram, min_ngram=p.min_ngram,
-                             candidates=p.candidates)
+                             candidates=p.candidates, mesh=mesh)
 
 
 # --- static drafter vocabularies (VocabTrim, FR-Spec) ---------------------------------------

@@ -13,6 +13,7 @@ from vocabjax import sharding
 from vocabjax.decoding import Decoder, SamplingParams
 from vocabjax.decoding.eagle import EagleDecoder
 from vocabjax.decoding.medusa import MedusaDecoder
+from vocabjax.decoding.pld import PromptLookupDecoder
 from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.models import init_params
@@ -121,3 +122,52 @@ def test_steps_do_not_reshard(pair, data, model):
     assert set(coll) <= {"all-reduce", "all-gather"}, (name, coll)
     count, nbytes = coll.get("all-gather", (0, 0))
     assert nbytes <= count * 4 * B * 8 * model, (name, coll)  # <= 8 values per row and device
+
+
+@pytest.mark.parametrize("data,model", MESHES, ids=lambda x: str(x))
+def test_prompt_lookup_on_a_mesh(pair, data, model):
+  """Prompt lookup decoding (a chain, and a tree of 3 matches' continuations) on a mesh gives
+  the unsharded greedy tokens; its verification programs (one per draft count or node count)
+  keep the cache sharded and communicate only tensor parallelism's all-reduces and a few
+  values per row (as `test_steps_do_not_reshard`)."""
+  target = pair[0]
+  mesh = sharding.make_mesh(data=data, model=model)
+  ar = Decoder(target, CFG).generate(PROMPTS, max_new_tokens=24)
+  for candidates in (1, 3):
+    dec = PromptLookupDecoder(target, CFG, gamma=3, candidates=candidates, mesh=mesh)
+    res = dec.generate(PROMPTS, max_new_tokens=24)
+    assert res.tokens == ar.tokens, candidates
+    assert sum(map(sum, res.stats.drafted)) > 0, candidates  # matches were verified
+    if model > 1:
+      assert dec.tp["layers"][0]["w_up"].sharding.spec == P("model", None)
+    B = 4
+    if candidates == 1:
+      _, steps, _ = dec.programs(SamplingParams(), B, 16, 64, np.float32)
+      progs = list(steps.values())
+    else:
+      progs = [dec.tree_program(SamplingParams(), B, 64, np.float32, 5)[0]]
+    for prog in progs:
+      coll = sharding.collectives(prog.as_text())
+      assert set(coll) <= {"all-reduce", "all-gather"}, (candidates, coll)
+      count, nbytes = coll.get("all-gather", (0, 0))
+      assert nbytes <= count * 4 * B * 8 * model, (candidates, coll)
+  dec = PromptLookupDecoder(target, CFG, gamma=2, mesh=mesh)
+  if data > 1:
+    with pytest.raises(ValueError, match=rf"B=3 rows does not divide the mesh's data axis of "
+                                         rf"{data}"):
+      dec.generate(PROMPTS[:3], max_new_tokens=4)
+
+
+def test_prompt_lookup_sampling_is_lossless_on_a_mesh():
+  """12,000 rows sampled by prompt lookup on a (2, 4) mesh follow the target's law (chi-square;
+  the prompt of tests/decoding/test_pld.py::test_sampling_is_lossless: its lookups draft
+  tokens the target often, not always, samples)."""
+  target = init_params(jax.random.key(10), SMALL, scale=0.8)
+  greedy = Decoder(target, SMALL).generate([[3, 1]], max_new_tokens=6).tokens[0]
+  prompt = [3, 1, *greedy, 3, 1]
+  mesh = sharding.make_mesh(data=2, model=4)
+  sp = SamplingParams(temperature=1.0)
+  samples, st = prompt_samples(PromptLookupDecoder(target, SMALL, gamma=2, mesh=mesh), sp,
+                               seed=7, prompt=prompt)
+  assert 0.05 < st.acceptance_rate < 0.95
+  assert chi2_pvalue(samples, exact_sequence_probs(target, SMALL, prompt, sp)) > 1e-3

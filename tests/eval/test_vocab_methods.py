@@ -254,12 +254,13 @@ def test_a_suite_on_a_mesh(head_dir, tmp_path, tiny_chat_dir):
   path = _suite(tmp_path, tiny_chat_dir, [
       {"name": "chain_g2", "method": "chain", "gamma": 2},
       {"name": "eagle", "method": "eagle", "head": str(head_dir), "top_k": 2, "depth": 2,
-       "total_tokens": 3}])
+       "total_tokens": 3},
+      {"name": "pld", "method": "pld", "gamma": 3}])
   main(parse_args(["--config", str(path), "--out", str(tmp_path / "one"), "--quiet"]))
   summary = main(parse_args(["--config", str(path), "--out", str(tmp_path / "res"), "--quiet",
                              "--mesh", "model=8"]))
   by = {m["name"]: m for m in summary["methods"]}
-  assert by["chain_g2"]["overall"]["match_rate"] == by["eagle"]["overall"]["match_rate"] == 1.0
+  assert all(by[m]["overall"]["match_rate"] == 1.0 for m in ("chain_g2", "eagle", "pld"))
   def ids(run):
     rows = [json.loads(x) for x in (tmp_path / run / "questions.jsonl").read_text().splitlines()]
     return {(r["method"], r["qid"]): r["output_ids"] for r in rows}

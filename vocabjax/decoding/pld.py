@@ -34,6 +34,7 @@ rejection (`verify_tree_sampling`), the multi-draft form of the same rule.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import time
@@ -43,16 +44,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector,
+from vocabjax import sharding
+from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector, abstract_cache,
                                               block_request, compile_prefill)
-from vocabjax.decoding.sampling import SamplingParams, probs, sample
+from vocabjax.decoding.sampling import SamplingParams, probs, sample, split_vocab_top_k
 from vocabjax.decoding.speculative import SpecStats
 from vocabjax.decoding.tree import TreeBounds, verify_tree
 from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
 from vocabjax.kernels import cpu_matmul
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import compute_dtype, forward, lm_head
+from vocabjax.models.llamalike import compute_dtype, forward, lm_head, per_row_writes
 
 
 def lookup_drafts(seq: np.ndarray, gamma: int, max_ngram: int = 3,
@@ -170,14 +172,20 @@ class PromptLookupDecoder:
   method = "pld"
 
   def __init__(self, target_params, target_config: LlamaLikeConfig, *, gamma: int = 4,
-               max_ngram: int = 3, min_ngram: int = 1, candidates: int = 1):
+               max_ngram: int = 3, min_ngram: int = 1, candidates: int = 1, mesh=None):
+    """`mesh`: a ("data", "model") mesh (`vocabjax.sharding`): the target is placed on it
+    (weights [out, in]), the cache rows over "data" and KV heads over "model"; prefill and
+    every verification run partitioned, the cache keeping its sharding from step to step (the
+    drafts are looked up on the host either way)."""
     if gamma < 1:
       raise ValueError(f"gamma must be >= 1, got {gamma=}")
     if not 1 <= min_ngram <= max_ngram:
       raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram=} {max_ngram=}")
     if candidates < 1:
       raise ValueError(f"candidates must be >= 1 (1: a chain), got {candidates=}")
-    self.tp, self.tc = target_params, target_config
+    self.tc, self.mesh = target_config, mesh
+    self.tp = target_params if mesh is None else sharding.shard_params(target_params,
+                                                                       target_config, mesh)
     self.gamma, self.max_ngram, self.min_ngram = gamma, max_ngram, min_ngram
     self.candidates = candidates
     # the tree's bounds: siblings <= candidates, depth <= gamma (nodes <= candidates * gamma)
@@ -188,20 +196,43 @@ class PromptLookupDecoder:
     self._programs: dict = {}
     self._tree_steps: dict = {}
 
+  def _compiling(self):
+    """The switches a program is compiled under: on a mesh, XLA's partitioned dot instead of
+    the one-device CPU kernel, top-k as argmax rounds over vocabulary-split logits and cache
+    writes per row (`SpeculativeDecoder.programs`); else the kernel for every decode block."""
+    on_mesh = self.mesh is not None
+    return (cpu_matmul.enabled(cpu_matmul.is_enabled() and not on_mesh),
+            split_vocab_top_k(on_mesh), per_row_writes(on_mesh),
+            cpu_matmul.decode_steps() if not on_mesh else contextlib.nullcontext())
+
+  def _jit_step(self, fn, cache):
+    """`jax.jit(fn)` with the cache donated; on a mesh the cache keeps its sharding out of the
+    step and the step's other outputs come back replicated (for the host)."""
+    if self.mesh is None:
+      return jax.jit(fn, donate_argnums=(1,))
+    rep = sharding.replicated(self.mesh)
+    return jax.jit(fn, donate_argnums=(1,), out_shardings=(
+        jax.tree.map(lambda x: x.sharding, cache), rep, rep, rep))
+
+  def _new_cache(self, B: int, S: int, dtype) -> KVCache:
+    cache = KVCache.init(self.tc, B, S, dtype)
+    return cache if self.mesh is None else sharding.shard_cache(cache, self.tc, self.mesh)
+
   def programs(self, sampling: SamplingParams, B: int, T: int, S: int, dtype):
     """(prefill, {g: step}) compiled for these shapes, and the compile seconds."""
     key = (sampling, B, T, S, jnp.dtype(dtype).name)
     if key in self._programs:
       return (*self._programs[key], 0.0)
     t0 = time.perf_counter()
-    cache = jax.eval_shape(lambda: KVCache.init(self.tc, B, S, dtype))
-    prefill = compile_prefill(self.tp, self.tc, sampling, B, T, cache)
-    fn = jax.jit(functools.partial(pld_step, config=self.tc, sampling=sampling),
-                 donate_argnums=(1,))
+    cache = abstract_cache(self.tc, B, S, dtype, self.mesh)
+    fn = self._jit_step(functools.partial(pld_step, config=self.tc, sampling=sampling), cache)
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
-    with cpu_matmul.decode_steps():
-      steps = {M: fn.lower(self.tp, cache, i32(B, M + 1), i32(B), jax.random.key(0)).compile()
-               for M in range(self.gamma + 1)}
+    kernel, top_k, writes, steps_ctx = self._compiling()
+    with kernel, top_k, writes:
+      prefill = compile_prefill(self.tp, self.tc, sampling, B, T, cache)
+      with steps_ctx:
+        steps = {M: fn.lower(self.tp, cache, i32(B, M + 1), i32(B), jax.random.key(0)).compile()
+                 for M in range(self.gamma + 1)}
     self._programs[key] = (prefill, steps)
     return prefill, steps, time.perf_counter() - t0
 
@@ -212,11 +243,12 @@ class PromptLookupDecoder:
     if key in self._tree_steps:
       return self._tree_steps[key], 0.0
     t0 = time.perf_counter()
-    cache = jax.eval_shape(lambda: KVCache.init(self.tc, B, S, dtype))
+    cache = abstract_cache(self.tc, B, S, dtype, self.mesh)
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
-    fn = jax.jit(functools.partial(pld_tree_step, config=self.tc, sampling=sampling,
-                                   tree=self.tree), donate_argnums=(1,))
-    with cpu_matmul.decode_steps():
+    fn = self._jit_step(functools.partial(pld_tree_step, config=self.tc, sampling=sampling,
+                                          tree=self.tree), cache)
+    kernel, top_k, writes, steps_ctx = self._compiling()
+    with kernel, top_k, writes, steps_ctx:
       prog = fn.lower(self.tp, cache, i32(B, n + 1), i32(B, n), i32(B, n),
                       jax.random.key(0)).compile()
     self._tree_steps[key] = prog
@@ -247,6 +279,9 @@ class PromptLookupDecoder:
     prompts, lengths, S, T, tokens = block_request(prompts, max_new_tokens, sampling, self.tc,
                                                    max_len, self.extra_slots, self.method)
     B = len(prompts)
+    if self.mesh is not None and B % self.mesh.shape["data"]:
+      raise ValueError(f"a batch of B={B} rows does not divide the mesh's data axis of "
+                       f"{self.mesh.shape['data']} devices: pad the batch or use another mesh")
     dtype = compute_dtype(self.tp)
     prefill, steps, compile_s = self.programs(sampling, B, T, S, dtype)
     key = jax.random.key(seed)
@@ -255,7 +290,10 @@ class PromptLookupDecoder:
 
     t0 = time.perf_counter()
     last, cache = prefill(self.tp, jnp.asarray(tokens), jnp.asarray(lengths),
-                          KVCache.init(self.tc, B, S, dtype), jax.random.fold_in(key, 0))
+                          self._new_cache(B, S, dtype), jax.random.fold_in(key, 0))
+    if self.mesh is not None:  # the steps' cache sharding (the prefill's output may differ)
+      cache = jax.device_put(cache, jax.tree.map(
+          lambda x: x.sharding, abstract_cache(self.tc, B, S, dtype, self.mesh)))
     last_np = np.asarray(last)
     out.add(last_np)
     hist = [np.append(h, t) for h, t in zip(hist, last_np)]
