@@ -2,10 +2,12 @@
 
 Random weights of the registry models' real shapes (read from their GGUF metadata; timing does
 not depend on weight values), a chain of `--gamma` drafts after `--context` committed tokens.
-For each placement: the step's median wall time over `--repeats` steps (compile excluded), and
-the collectives XLA compiled into the step program (all-reduce, all-gather, reduce-scatter,
-collective-permute, all-to-all), counted with the bytes of their results: the communication
-per step. On this 2-core machine the mesh is virtual (`XLA_FLAGS=
+For each placement: the step's median wall time over `--repeats` steps (compile excluded), its
+time split (the drafter's forwards, its LM head, the target's verification, each compiled and
+timed alone on the same placement by `vocabjax.decoding.profile.step_split`; the step minus
+their sum is what the step does besides: acceptance, cache bookkeeping), and the collectives
+XLA compiled into the step program (all-reduce, all-gather, reduce-scatter, collective-permute,
+all-to-all), counted with the bytes of their results: the communication per step. On this 2-core machine the mesh is virtual (`XLA_FLAGS=
 --xla_force_host_platform_device_count=8`, set by this script), so its times measure the
 partitioned program's overhead, not a speedup; the bytes are what a real mesh would move.
 
@@ -30,6 +32,7 @@ def main(argv=None) -> int:
   from vocabjax.checkpoints.gguf_io import config_from_gguf, metadata, open_gguf
   from vocabjax.checkpoints.zoo import resolve
   from vocabjax.decoding import SamplingParams
+  from vocabjax.decoding.profile import step_split
   from vocabjax.decoding.speculative import ChainDecoder
   from vocabjax.io import atomic_write_text
   from vocabjax.models.llamalike import param_shapes
@@ -84,8 +87,9 @@ def main(argv=None) -> int:
           f"--out {a.out}`; random N(0, 0.02) weights of the real shapes, f32, batch 1; "
           f"{jax.device_count()} {jax.default_backend()} devices "
           f"(virtual: they share this machine's cores).", "",
-          "| placement | step ms (median) | collectives per step | bytes moved per step |",
-          "|---|---|---|---|"]
+          "| placement | step ms (median) | drafter body ms | drafter LM head ms | "
+          "verification ms | rest ms | collectives per step | bytes moved per step |",
+          "|---|---|---|---|---|---|---|---|"]
 
   def mesh_of(text):  # a mesh smaller than the device count takes the first devices
     spec = parse_mesh(text)
@@ -107,8 +111,13 @@ def main(argv=None) -> int:
     coll = collectives(step.as_text())
     desc = ", ".join(f"{op} x{n}" for op, (n, _) in coll.items()) or "none"
     nbytes = sum(b for _, b in coll.values())
-    return (f"| {label} | {1000 * float(np.median(times[1:])):.1f} | {desc} | "
-            f"{nbytes:,} |")
+    step_ms = 1000 * float(np.median(times[1:]))
+    del state
+    sp = step_split(dec, batch_size=B, max_len=S, context=T, repeats=a.repeats)
+    parts = [1000 * x for x in (sp.drafter_s, sp.drafter_head_s, sp.verification_s)]
+    return (f"| {label} | {step_ms:.1f} | "
+            + " | ".join(f"{x:.1f}" for x in parts)
+            + f" | {step_ms - sum(parts):.1f} | {desc} | {nbytes:,} |")
 
   for label, text in [("one device", None)] + [(f"mesh {m}", m) for m in a.mesh]:
     rows.append(measure(label, mesh_of(text) if text else None))

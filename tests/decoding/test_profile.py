@@ -52,3 +52,33 @@ def test_split_rejects_a_context_that_does_not_fit(pair):
   dec = ChainDecoder(target, CFG, draft, CFG, gamma=4)
   with pytest.raises(ValueError, match="context=60"):
     step_split(dec, max_len=64, context=60)
+
+
+def test_split_on_a_mesh_times_the_placed_parts(pair, monkeypatch):
+  """A decoder on a (2, 4) mesh has its parts timed there: its placed params, caches rows over
+  "data", XLA's partitioned dot (the one-device CPU kernel off, as in its steps)."""
+  import jax
+
+  from vocabjax import sharding
+  from vocabjax.decoding import profile
+  from vocabjax.kernels import cpu_matmul
+
+  target, draft = pair
+  mesh = sharding.make_mesh(data=2, model=4)
+  dec = ChainDecoder(target, CFG, draft, CFG, gamma=2, mesh=mesh)
+  seen = []
+  real = profile.median_s
+
+  def spy(fn, *args, repeats):
+    seen.append((args, cpu_matmul.is_enabled()))
+    return real(fn, *args, repeats=repeats)
+
+  monkeypatch.setattr(profile, "median_s", spy)
+  split = step_split(dec, batch_size=2, max_len=64, repeats=1)
+  assert min(split.drafter_s, split.drafter_head_s, split.verification_s) > 0
+  assert seen and not any(kernel for _, kernel in seen)
+  caches = [args[2] for args, _ in seen if len(args) == 3]  # bodies: (params, tokens, cache)
+  assert len(caches) >= 2
+  for cache in caches:
+    assert isinstance(cache.k.sharding, jax.sharding.NamedSharding)
+    assert cache.k.sharding.mesh == mesh and cache.k.sharding.spec[1] == "data"

@@ -21,7 +21,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vocabjax import sharding
 from vocabjax.decoding.speculative import model_body
+from vocabjax.kernels import cpu_matmul
 from vocabjax.models.cache import KVCache
 from vocabjax.models.llamalike import compute_dtype, lm_head
 
@@ -76,10 +78,13 @@ def median_s(fn, *args, repeats: int) -> float:
 
 
 def _time_body(body, params, config, B: int, T: int, S: int, context: int,
-               repeats: int) -> float:
-  """`body(params, tokens, positions, cache)` over T tokens after `context` cached ones."""
+               repeats: int, mesh=None) -> float:
+  """`body(params, tokens, positions, cache)` over T tokens after `context` cached ones (the
+  cache placed on `mesh` as the decoders place theirs)."""
   cache = KVCache.init(config, B, S, compute_dtype(params)).with_lengths(
       jnp.full((B,), context, jnp.int32))
+  if mesh is not None:
+    cache = sharding.shard_cache(cache, config, mesh)
   f = jax.jit(lambda p, t, c: body(p, t, context + jnp.broadcast_to(jnp.arange(T), (B, T)), c))
   return median_s(f, params, jnp.zeros((B, T), jnp.int32), cache, repeats=repeats)
 
@@ -94,8 +99,16 @@ def step_split(decoder, *, batch_size: int = 1, max_len: int = 512, context: int
                repeats: int = 5) -> StepSplit:
   """Time the parts of one step of `decoder` (a ChainDecoder, TreeDecoder or EagleDecoder).
 
-  `context`: committed tokens in the cache while timing (default: half of `max_len`).
+  `context`: committed tokens in the cache while timing (default: half of `max_len`). A
+  decoder on a mesh has its parts timed on that mesh (its placed params, caches placed by the
+  sharding rules, XLA's partitioned dot as its steps use).
   """
+  mesh = getattr(decoder, "mesh", None)
+  with cpu_matmul.enabled(cpu_matmul.is_enabled() and mesh is None):
+    return _step_split(decoder, batch_size, max_len, context, repeats, mesh)
+
+
+def _step_split(decoder, batch_size, max_len, context, repeats, mesh) -> StepSplit:
   B, S = batch_size, max_len
   calls = tuple(decoder.drafter_calls())
   T_verify = decoder.verify_tokens
@@ -110,12 +123,12 @@ def step_split(decoder, *, batch_size: int = 1, max_len: int = 512, context: int
   body_t, head_t = {}, {}
   for T, rows in calls:
     if T not in body_t:
-      body_t[T] = _time_body(dbody, dp, dcache_config, B, T, S, context, repeats)
+      body_t[T] = _time_body(dbody, dp, dcache_config, B, T, S, context, repeats, mesh)
     if rows and rows not in head_t:
       head_t[rows] = _time_head(dp, dhead, B, rows, decoder.dc.hidden_size, repeats)
-  verify = (_time_body(tbody, tp, tc, B, T_verify, S, context, repeats)
+  verify = (_time_body(tbody, tp, tc, B, T_verify, S, context, repeats, mesh)
             + _time_head(tp, thead, B, T_verify, tc.hidden_size, repeats))
-  ar = (_time_body(tbody, tp, tc, B, 1, S, context, repeats)
+  ar = (_time_body(tbody, tp, tc, B, 1, S, context, repeats, mesh)
         + _time_head(tp, thead, B, 1, tc.hidden_size, repeats))
   return StepSplit(drafter_s=sum(body_t[T] for T, _ in calls),
                    drafter_head_s=sum(head_t[r] for _, r in calls if r),
