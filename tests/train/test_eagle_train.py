@@ -200,6 +200,38 @@ def test_frozen_target_head_and_full_vocabulary(target_dir, data_file, tmp_path)
   assert not np.asarray(head["d2t"]).any()
 
 
+def test_train_fraction_keeps_the_split_and_the_vocabulary(target_dir, data_file, tmp_path):
+  """A data-size ablation (`train_fraction`) trains on the first part of the training records;
+  the held-out records and the head's vocabulary stay those of the whole data; a job without
+  the field keeps its fingerprint; a fraction outside (0, 1] is refused by value."""
+  kw = dict(steps=2, warmup_steps=1, eval_every=2, select_by=None)
+  whole = train(_job(target_dir, data_file, tmp_path / "whole", **kw), show_progress=False)
+  half = train(_job(target_dir, data_file, tmp_path / "half", train_fraction=0.5, **kw),
+               show_progress=False)
+  assert half["train_records"] == round(whole["train_records"] / 2)
+  assert half["heldout_records"] == whole["heldout_records"]
+  assert half["train_label_positions"] < whole["train_label_positions"]
+  _, a, _ = load_eagle3(tmp_path / "whole" / "head")
+  _, b, _ = load_eagle3(tmp_path / "half" / "head")
+  np.testing.assert_array_equal(np.asarray(a["d2t"]), np.asarray(b["d2t"]))
+  job = _job(target_dir, data_file, tmp_path / "x")
+  import dataclasses
+  import hashlib
+
+  from vocabjax.train.loop import RUN_ONLY_FIELDS
+
+  before = dataclasses.asdict(job)  # the job as written before the field existed
+  for k in (*RUN_ONLY_FIELDS, "train_fraction"):
+    before.pop(k, None)
+  assert job.train_fingerprint() == hashlib.sha256(
+      json.dumps(before, sort_keys=True).encode()).hexdigest()[:16]
+  assert job.train_fingerprint() != _job(target_dir, data_file, tmp_path / "x",
+                                         train_fraction=0.5).train_fingerprint()
+  for bad in (0.0, 1.5):
+    with pytest.raises(TrainError, match=rf"train_fraction={bad} must be in \(0, 1\]"):
+      _job(target_dir, data_file, tmp_path / "x", train_fraction=bad)
+
+
 def test_bad_input(target_dir, data_file, tmp_path):
   job = _job(target_dir, data_file, tmp_path / "run", steps=2, warmup_steps=1)
   other = save_tiny_variant("qwen2_bias", tmp_path / "other", seed=9, with_tokenizer=True)

@@ -101,10 +101,13 @@ class EagleJob:
   seed: int = 0
   vocab_block: int = 16384
   max_records: int | None = None
+  train_fraction: float = 1.0  # train on the first fraction of the training records (ablations)
 
   def __post_init__(self):
     if not self.data:
       raise TrainError("no data files given")
+    if not 0 < self.train_fraction <= 1:
+      raise TrainError(f"train_fraction={self.train_fraction} must be in (0, 1]")
     if self.ttt_steps < 1:
       raise TrainError(f"ttt_steps={self.ttt_steps} must be >= 1")
     if self.seq_len < 2 or self.batch_size < 1:
@@ -142,7 +145,7 @@ class EagleJob:
                            self.max_records, *extra)
 
   def train_fingerprint(self) -> str:
-    return train_fingerprint(self)
+    return train_fingerprint(self, new_defaults={"train_fraction": 1.0})
 
 
 # --- features ----------------------------------------------------------------------------------
@@ -486,6 +489,9 @@ def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None =
     raise TrainError(f"empty train ({len(train_idx)}) or held-out ({len(held_idx)}) records")
   V = tc.vocab_size
   ids = choose_vocab(job, data, {data.seqs[i][0] for i in train_idx}, V)
+  # a data-size ablation trains on the first fraction of the training records (the data files'
+  # order); the held-out split and the head's vocabulary are those of the whole data
+  train_idx = train_idx[:max(1, int(round(len(train_idx) * job.train_fraction)))]
   Vd = len(ids)
   t2d = np.full(V, -1, np.int32)
   t2d[ids] = np.arange(Vd)
