@@ -176,12 +176,6 @@ def _blocks(model, mesh):
   return model.params if mesh is not None else model.in_layout(block_layout())
 
 
-def _no_mesh(method: str, mesh) -> None:
-  if mesh is not None:
-    raise ValueError(f"{method} does not run on a mesh yet (chain, tree, the vocabulary "
-                     f"methods, eagle, medusa and pld do)")
-
-
 def _chain_decoder(target, draft, gamma, draft_vocab, mesh=None):
   return ChainDecoder(_blocks(target, mesh), target.config, draft.params,
                       draft.config, gamma=gamma, draft_vocab=draft_vocab, mesh=mesh)
@@ -562,7 +556,6 @@ class CrossVocabParams:
 
 @register("crossvocab", CrossVocabParams, drafter_passes=lambda p: p.gamma)
 def _crossvocab(target, draft, p: CrossVocabParams, mesh=None):
-  _no_mesh("crossvocab", mesh)
   if target.tokenizer is None or draft.tokenizer is None:
     raise ValueError("crossvocab needs both tokenizers (the target's and the drafter's)")
   params, head = draft.params, None
@@ -571,11 +564,11 @@ def _crossvocab(target, draft, p: CrossVocabParams, mesh=None):
     if p.adaptive and head is None:
       raise ValueError(f"{p.drafter} holds no acceptance head (train with acceptance: joint "
                        f"or interleaved)")
-  return CrossVocabDecoder(target.in_layout(block_layout()), target.config, params, draft.config,
+  return CrossVocabDecoder(_blocks(target, mesh), target.config, params, draft.config,
                            target_tokenizer=target.tokenizer, draft_tokenizer=draft.tokenizer,
                            gamma=p.gamma, ngram=p.ngram,
                            acceptance_head=head if p.adaptive else None,
-                           stop_threshold=p.threshold, rule=p.rule)
+                           stop_threshold=p.threshold, rule=p.rule, mesh=mesh)
 
 
 __all__ = ["METHODS", "Method", "register", "ranker_shapes", "ArParams", "ChainParams",

@@ -259,12 +259,12 @@ def merging():
   return merging_pair(seed=0)
 
 
-def _merging_law(merging, rule, sp, rows, batch, seed=0):
+def _merging_law(merging, rule, sp, rows, batch, seed=0, mesh=None):
   """(p-value of the first three tokens against target-only sampling, merged drafts accepted
-  per row) with `rows` samples, `batch` prompts per generate call."""
+  per row) with `rows` samples, `batch` prompts per generate call (on `mesh` if given)."""
   ttok, dtok, tc, dc, target, draft, pool = merging
   dec = CrossVocabDecoder(target, tc, draft, dc, target_tokenizer=ttok, draft_tokenizer=dtok,
-                          gamma=4, rule=rule)
+                          gamma=4, rule=rule, mesh=mesh)
   dec.learn(pool)
   prompt = pool[:2]
   toks, merged = [], 0

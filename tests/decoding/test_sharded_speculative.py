@@ -171,3 +171,49 @@ def test_prompt_lookup_sampling_is_lossless_on_a_mesh():
                                seed=7, prompt=prompt)
   assert 0.05 < st.acceptance_rate < 0.95
   assert chi2_pvalue(samples, exact_sequence_probs(target, SMALL, prompt, sp)) > 1e-3
+
+
+@pytest.mark.parametrize("data,model", [(1, 8), (2, 4)], ids=lambda x: str(x))
+def test_cross_vocabulary_on_a_mesh(data, model):
+  """Cross-vocabulary drafting (a drafter with another tokenizer, n-gram merges on and off) on
+  a mesh gives the target's unsharded greedy tokens; its caches keep their shardings across
+  steps (rows over "data"), its drafting and verification programs communicate only tensor
+  parallelism's all-reduces and a few values per row; a batch that does not divide the data
+  axis is refused by name."""
+  from tests.decoding.test_crossvocab import prompts, setup as cv_setup
+  from vocabjax.decoding.crossvocab import CrossVocabDecoder
+
+  ttok, dtok, tc, dc, target, draft = cv_setup.__wrapped__()
+  mesh = sharding.make_mesh(data=data, model=model)
+  ps = prompts(ttok) + prompts(ttok)[:1]  # 4 rows
+  ref = Decoder(target, tc).generate(ps, max_new_tokens=24)
+  for ngram in (False, True):
+    dec = CrossVocabDecoder(target, tc, draft, dc, target_tokenizer=ttok, draft_tokenizer=dtok,
+                            gamma=3, ngram=ngram, mesh=mesh)
+    res = dec.generate(ps, max_new_tokens=24)
+    assert res.tokens == ref.tokens, ngram
+    assert res.stats.tau > 1.0, ngram
+    for params in (dec.tp, dec.dp):  # both models tensor-parallel: their MLPs split
+      assert params["layers"][0]["w_up"].sharding.spec == P("model", None)
+    for (name, *shape), prog in dec._programs.items():
+      if name in ("draft", "verify"):
+        coll = sharding.collectives(prog.as_text())
+        assert set(coll) <= {"all-reduce", "all-gather"}, (name, coll)
+        count, nbytes = coll.get("all-gather", (0, 0))
+        assert nbytes <= count * 4 * 4 * 8 * model, (name, coll)
+  if data > 1:
+    with pytest.raises(ValueError, match=rf"B=3 rows does not divide the mesh's data axis of "
+                                         rf"{data}"):
+      dec.generate(ps[:3], max_new_tokens=4)
+
+
+def test_cross_vocabulary_sampling_is_lossless_on_a_mesh():
+  """The exact rule with n-gram merges on a (2, 4) mesh: 2,400 rows (batches of 400) follow
+  the target's law (chi-square), with many merged drafts accepted."""
+  from tests.decoding.test_crossvocab import _merging_law
+  from vocabjax.testing.fixtures import merging_pair
+
+  pvalue, merged = _merging_law(merging_pair(seed=0), "exact", SamplingParams(temperature=1.0),
+                                2400, 400, mesh=sharding.make_mesh(data=2, model=4))
+  assert merged > 0.5
+  assert pvalue > 1e-3

@@ -61,19 +61,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vocabjax import sharding
 from vocabjax.decoding.adaptive import acceptance_logit, check_threshold, should_stop
 from vocabjax.decoding.routes import Routes
-from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector, bucket,
-                                              cache_slots, compile_prefill, prompt_bucket,
-                                              validate_request)
-from vocabjax.decoding.sampling import SamplingParams, log_probs, probs
+from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector, abstract_cache,
+                                              bucket, cache_slots, compile_prefill,
+                                              prompt_bucket, validate_request)
+from vocabjax.decoding.sampling import SamplingParams, log_probs, probs, split_vocab_top_k
 from vocabjax.decoding.speculative import (SpecStats, block_layout, check_draft_prefill,
                                            compile_draft_prefill)
 from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
 from vocabjax.kernels import cpu_matmul
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import compute_dtype, embed_tokens, forward, lm_head, with_mlp_layout
+from vocabjax.models.llamalike import (compute_dtype, embed_tokens, forward, lm_head,
+                                       per_row_writes, with_mlp_layout)
 from vocabjax.vocab.translate import (NgramCache, TranslationError, Translator, VocabMap,
                                       check_round_trip)
 
@@ -145,10 +147,11 @@ def _draft(dp, cache, pend, n_pend, allowed, key, head, *, config: LlamaLikeConf
   lie past the length the host sets).
   """
   G, (B, P) = gamma, pend.shape
-  rows = jnp.arange(B)
   L0 = cache.lengths
   h, cache = forward(dp, pend, L0[:, None] + jnp.arange(P)[None], cache, config=config)
-  h = h[rows, n_pend - 1]  # [B, D]
+  # [B, D]: each row's last fed position (a per-row gather: on a mesh rows stay on their
+  # devices, where h[arange(B), n_pend - 1] moved them between devices)
+  h = jnp.take_along_axis(h, (n_pend - 1)[:, None, None], axis=1)[:, 0]
   cache = cache.with_lengths(L0 + n_pend)
   Vq = allowed.shape[0] if not sampling.greedy else 1
   keys = jax.random.split(key, G)
@@ -162,7 +165,7 @@ def _draft(dp, cache, pend, n_pend, allowed, key, head, *, config: LlamaLikeConf
       lp = log_probs(logits, sampling)
       d = jax.random.categorical(keys[i], lp, axis=-1).astype(jnp.int32)
       q_row = jnp.exp(lp)
-      q_d = q_row[rows, d]
+      q_d = jnp.take_along_axis(q_row, d[:, None], axis=1)[:, 0]
     a = (jax.nn.sigmoid(acceptance_logit(head, h, embed_tokens(dp, d))) if head is not None
          else jnp.ones((B,), jnp.float32))
     p_all = p_all * a
@@ -268,10 +271,20 @@ class CrossVocabDecoder:
                min_overlap: float = 0.1, acceptance_head: dict | None = None,
                stop_threshold: float = 0.5, layout: str = "auto",
                round_trip_texts: Sequence[str] = ROUND_TRIP_TEXTS, draft_prefill: str = "bf16",
-               rule: str = "exact"):
+               rule: str = "exact", mesh=None):
     """`draft_prefill`: the drafter's prompt prefill precision, as for `ChainDecoder`
-    (`vocabjax.decoding.speculative.compile_draft_prefill`)."""
+    (`vocabjax.decoding.speculative.compile_draft_prefill`). `mesh`: a ("data", "model") mesh
+    (`vocabjax.sharding`): target and drafter placed on it by the sharding rules (weights
+    [out, in]), their caches rows over "data"; every program (prefills, drafting, the target's
+    probabilities, verification) runs partitioned and keeps its cache's sharding, while
+    translation and the n-gram cache stay on the host as on one device."""
     check_draft_prefill(draft_prefill)
+    self.mesh = mesh
+    if mesh is not None:
+      if layout not in ("auto", "out_in"):
+        raise ValueError(f"layout={layout!r}: on a mesh the weights stay [out, in] (the "
+                         f"sharding rules' layout); pass layout='auto' or 'out_in'")
+      layout = "out_in"
     if rule not in RULES:
       raise ValueError(f"unknown crossvocab sampling rule {rule!r}; choose one of {RULES}")
     self.rule = rule
@@ -300,20 +313,30 @@ class CrossVocabDecoder:
     V = target_config.vocab_size
     if layout == "auto":
       layout = block_layout()
-    self.tp, self.tc = with_mlp_layout(target_params, layout), target_config
-    self.dp, self.dc = with_mlp_layout(draft_params, "out_in"), draft_config
+    self.tc, self.dc = target_config, draft_config
+    self.tp = self._place(with_mlp_layout(target_params, layout), target_config)
+    self.dp = self._place(with_mlp_layout(draft_params, "out_in"), draft_config)
     self.gamma, self.use_ngram = gamma, ngram
     self.extra_slots = gamma + 2  # target cache slots one step may write past max_new_tokens
-    self.head, self.threshold = acceptance_head, stop_threshold
+    self.head, self.threshold = self._replicated(acceptance_head), stop_threshold
     self.reset_ngram()
-    self._d2t_idx = jnp.asarray(np.where(self.d2t >= 0, self.d2t, V), jnp.int32)
+    self._d2t_idx = self._replicated(jnp.asarray(np.where(self.d2t >= 0, self.d2t, V),
+                                                 jnp.int32))
     self._programs: dict = {}
+
+  def _place(self, params, config: LlamaLikeConfig):
+    """A model's params on the mesh by the sharding rules (as given without one)."""
+    return params if self.mesh is None else sharding.shard_params(params, config, self.mesh)
+
+  def _replicated(self, tree):
+    """Small arrays (the acceptance head, the id map) copied to every device of the mesh."""
+    return tree if self.mesh is None or tree is None else sharding.replicate(tree, self.mesh)
 
   def set_drafter(self, draft_params, head: dict | None = None) -> None:
     """Swap in updated drafter weights (online distillation); same shapes, no recompilation."""
-    self.dp = with_mlp_layout(draft_params, "out_in")
+    self.dp = self._place(with_mlp_layout(draft_params, "out_in"), self.dc)
     if head is not None:
-      self.head = head
+      self.head = self._replicated(head)
 
   # --- translation (host) -------------------------------------------------------------------
   def to_drafter(self, target_ids: Sequence[int]) -> list[int]:
@@ -357,7 +380,8 @@ class CrossVocabDecoder:
   def allowed(self) -> jax.Array:
     """[Vd] bool: drafter tokens the drafter may propose (module doc)."""
     if self._allowed_dev is None:
-      self._allowed_dev = jnp.asarray(self._allowed if self.use_ngram else self.d2t >= 0)
+      self._allowed_dev = self._replicated(
+          jnp.asarray(self._allowed if self.use_ngram else self.d2t >= 0))
     return self._allowed_dev
 
   def translate(self, ds, qd) -> tuple[list[int], list[float], list[int], list[bool]]:
@@ -374,10 +398,52 @@ class CrossVocabDecoder:
       return self._programs[key], 0.0
     t0 = time.perf_counter()
     dtype = compute_dtype(self.tp)
-    with cpu_matmul.decode_steps(name not in ("tprefill", "dprefill")):
+    # on a mesh as `SpeculativeDecoder.programs`: XLA's partitioned dot (the CPU kernel is one
+    # device's), top-k as argmax rounds over vocabulary-split logits, cache writes per row
+    on_mesh = self.mesh is not None
+    with cpu_matmul.enabled(cpu_matmul.is_enabled() and not on_mesh), \
+        split_vocab_top_k(on_mesh), per_row_writes(on_mesh), \
+        cpu_matmul.decode_steps(name not in ("tprefill", "dprefill") and not on_mesh):
       fn = self._compile(name, sampling, B, shape, dtype)
     self._programs[key] = fn
     return fn, time.perf_counter() - t0
+
+  def _cache(self, config: LlamaLikeConfig, B: int, S: int, dtype, abstract: bool = False):
+    """An empty cache (or its shapes, for lowering), on the mesh: rows over "data"."""
+    if abstract:
+      return abstract_cache(config, B, S, dtype, self.mesh)
+    cache = KVCache.init(config, B, S, dtype)
+    return cache if self.mesh is None else sharding.shard_cache(cache, config, self.mesh)
+
+  def _placed(self, cache: KVCache, config: LlamaLikeConfig) -> KVCache:
+    """`cache` with the sharding the programs were compiled for (a prefill's or a grown
+    cache's layout may differ; nothing moves when it already has it)."""
+    if self.mesh is None:
+      return cache
+    return sharding.shard_cache(cache, config, self.mesh)
+
+  def _lengths(self, cache: KVCache, lengths) -> KVCache:
+    """`cache` with the host's lengths, placed as its own lengths are."""
+    arr = jnp.asarray(lengths, jnp.int32)
+    if self.mesh is not None:
+      arr = jax.device_put(arr, cache.lengths.sharding)
+    return cache.with_lengths(arr)
+
+  def _lower(self, fn, *args):
+    """`jax.jit(fn).lower(*args)` with the cache (args[1]) donated; on a mesh every KVCache
+    output keeps that cache's sharding and the other outputs come back replicated (for the
+    host), so no program reshards a cache between steps."""
+    if self.mesh is None:
+      return jax.jit(fn, donate_argnums=(1,)).lower(*args)
+    cache_sh = jax.tree.map(lambda x: x.sharding, args[1])
+    rep = sharding.replicated(self.mesh)
+    out = jax.tree.map(lambda x: cache_sh if isinstance(x, KVCache) else rep,
+                       jax.eval_shape(fn, *args), is_leaf=lambda x: isinstance(x, KVCache))
+    # the host's inputs (tokens, lengths, q rows, the id map, keys) replicated: left
+    # unspecified, XLA may choose to split one, and a replicated array passed then is refused
+    rest = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep),
+                        args[2:])
+    return jax.jit(fn, donate_argnums=(1,), out_shardings=out).lower(*args[:2], *rest)
 
   def _compile(self, name, sampling, B, shape, dtype):
     """One of `_program`'s programs, compiled (decoding steps take the CPU kernel for any M)."""
@@ -385,34 +451,34 @@ class CrossVocabDecoder:
     f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
     if name == "tprefill":
       T, S = shape
-      cache = jax.eval_shape(lambda: KVCache.init(self.tc, B, S, dtype))
+      cache = self._cache(self.tc, B, S, dtype, abstract=True)
       fn = compile_prefill(self.tp, self.tc, sampling, B, T, cache)
     elif name == "dprefill":
       T, S = shape
-      cache = jax.eval_shape(lambda: KVCache.init(self.dc, B, S, dtype))
+      cache = self._cache(self.dc, B, S, dtype, abstract=True)
       fn = compile_draft_prefill(self.dp, self.dc, B, T, cache, self.draft_prefill)
     elif name == "draft":
       P, S = shape
-      cache = jax.eval_shape(lambda: KVCache.init(self.dc, B, S, dtype))
-      fn = jax.jit(functools.partial(_draft, config=self.dc, gamma=self.gamma,
-                                     sampling=sampling, threshold=self.threshold),
-                   donate_argnums=(1,)).lower(
-          self.dp, cache, i32(B, P), i32(B), jax.ShapeDtypeStruct((self.dc.vocab_size,), bool),
-          jax.random.key(0), self.head).compile()
+      cache = self._cache(self.dc, B, S, dtype, abstract=True)
+      fn = self._lower(functools.partial(_draft, config=self.dc, gamma=self.gamma,
+                                         sampling=sampling, threshold=self.threshold),
+                       self.dp, cache, i32(B, P), i32(B),
+                       jax.ShapeDtypeStruct((self.dc.vocab_size,), bool), jax.random.key(0),
+                       self.head).compile()
     elif name == "tprobs":  # the target's probabilities of m drafts per row (exact rule)
       S, m = shape
-      cache = jax.eval_shape(lambda: KVCache.init(self.tc, B, S, dtype))
-      fn = jax.jit(functools.partial(_target_probs, config=self.tc, sampling=sampling),
-                   donate_argnums=(1,)).lower(self.tp, cache, i32(B), i32(B, m)).compile()
+      cache = self._cache(self.tc, B, S, dtype, abstract=True)
+      fn = self._lower(functools.partial(_target_probs, config=self.tc, sampling=sampling),
+                       self.tp, cache, i32(B), i32(B, m)).compile()
     else:  # verify up to m drafts per row: one program per block size, so short blocks cost less
       S, m = shape
       G = self.gamma
-      cache = jax.eval_shape(lambda: KVCache.init(self.tc, B, S, dtype))
+      cache = self._cache(self.tc, B, S, dtype, abstract=True)
       Vq = 1 if sampling.greedy else self.dc.vocab_size
-      fn = jax.jit(functools.partial(_verify, config=self.tc, sampling=sampling),
-                   donate_argnums=(1,)).lower(
-          self.tp, cache, i32(B), i32(B, m), i32(B), f32(B, G, Vq), i32(B, m), i32(B, m),
-          i32(B, m), f32(B, m), self._d2t_idx, jax.random.key(0)).compile()
+      fn = self._lower(functools.partial(_verify, config=self.tc, sampling=sampling),
+                       self.tp, cache, i32(B), i32(B, m), i32(B), f32(B, G, Vq), i32(B, m),
+                       i32(B, m), i32(B, m), f32(B, m), self._d2t_idx,
+                       jax.random.key(0)).compile()
     return fn
 
   # --- generation ---------------------------------------------------------------------------
@@ -440,10 +506,17 @@ class CrossVocabDecoder:
       raise ValueError(f"prompt of {longest} tokens + {max_new_tokens=} + {self.gamma + 2} "
                        f"slots for one crossvocab step = {longest + room} exceeds the cache "
                        f"length {max_len=}")
+    size = batch_size or len(prompts)
+    if self.mesh is not None:
+      sizes = sorted({min(size, len(prompts) - lo) for lo in range(0, len(prompts), size)})
+      bad = [n for n in sizes if n % self.mesh.shape["data"]]
+      if bad:
+        raise ValueError(f"a batch of B={bad[0]} rows does not divide the mesh's data axis of "
+                         f"{self.mesh.shape['data']} devices: pad the batch, pick batch_size, "
+                         f"or use another mesh")
     stats = CrossVocabStats(drafted=[], accepted=[])
     res = GenerationResult(tokens=[], finish_reasons=[], prompt_lengths=[len(p) for p in prompts],
                            compile_s=0.0, prefill_s=0.0, decode_s=0.0, steps=0, stats=stats)
-    size = batch_size or len(prompts)
     for lo in range(0, len(prompts), size):
       rows = prompts[lo:lo + size]
       out = OutputCollector(len(rows), max_new_tokens, eos_token_ids, stop_strings, tokenizer)
@@ -489,10 +562,11 @@ class CrossVocabDecoder:
       tokens[b, :len(p)], dtokens[b, :len(dp_)] = p, dp_
     first, tcache = tprefill(self.tp, jnp.asarray(tokens),
                              jnp.asarray([len(p) for p in prompts], jnp.int32),
-                             KVCache.init(self.tc, B, S, dtype), jax.random.fold_in(key, lo))
+                             self._cache(self.tc, B, S, dtype), jax.random.fold_in(key, lo))
     dcache = dprefill(self.dp, jnp.asarray(dtokens),
                       jnp.asarray([len(d) for d in dprompts], jnp.int32),
-                      KVCache.init(self.dc, B, Sd, dtype))
+                      self._cache(self.dc, B, Sd, dtype))
+    tcache, dcache = self._placed(tcache, self.tc), self._placed(dcache, self.dc)
     last = [int(x) for x in np.asarray(first)]
     tlen = [len(p) for p in prompts]  # each row's committed target tokens in its cache
     out.add(np.asarray(last)[:, None])
@@ -510,7 +584,7 @@ class CrossVocabDecoder:
       P = bucket(max(len(x) for x in pend), minimum=1)
       while max(map(len, ctx)) + P + G > Sd:  # long drafter spellings: grow its cache
         Sd *= 2
-        dcache = _grow(dcache, Sd)
+        dcache = self._placed(_grow(dcache, Sd), self.dc)
       draft, c = self._program("draft", sampling, B, P, Sd)
       res.compile_s += c
       compile_in_loop += c
@@ -595,8 +669,8 @@ class CrossVocabDecoder:
         pend[b] = [int(x) for x in ds_h[b, fed:u]] + self.to_drafter([int(nxt[b])])
         last[b] = int(nxt[b])
       # frozen rows keep their lengths; live rows keep what they committed
-      tcache = tcache.with_lengths(jnp.asarray(tlen, jnp.int32))
-      dcache = dcache.with_lengths(jnp.asarray([len(x) for x in ctx], jnp.int32))
+      tcache = self._lengths(tcache, tlen)
+      dcache = self._lengths(dcache, [len(x) for x in ctx])
       out.add(emitted)
       def spread(vals, live=live):  # this batch's values in the row layout of all prompts
         v = [0] * total
