@@ -1,5 +1,6 @@
 """Speculative decoding on a mesh of 8 virtual CPU devices (tests/conftest.py sets XLA_FLAGS):
-chain, tree, EAGLE and Medusa, with the vocabulary policies, give the unsharded greedy tokens on
+chain, tree, EAGLE and Medusa, with the vocabulary policies, prompt lookup and cross-vocabulary
+drafting give the unsharded greedy tokens on
 several mesh shapes (CFG's 4 heads and 2 KV heads do not divide an 8-way model axis: those
 weights are replicated), the loop state stays sharded, sampling stays lossless on one mesh, and
 bad meshes and batches are refused."""

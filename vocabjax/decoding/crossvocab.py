@@ -69,7 +69,7 @@ from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector,
                                               prompt_bucket, validate_request)
 from vocabjax.decoding.sampling import SamplingParams, log_probs, probs, split_vocab_top_k
 from vocabjax.decoding.speculative import (SpecStats, block_layout, check_draft_prefill,
-                                           compile_draft_prefill)
+                                           compile_draft_prefill, mesh_layout)
 from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
 from vocabjax.kernels import cpu_matmul
 from vocabjax.models.cache import KVCache
@@ -280,11 +280,7 @@ class CrossVocabDecoder:
     translation and the n-gram cache stay on the host as on one device."""
     check_draft_prefill(draft_prefill)
     self.mesh = mesh
-    if mesh is not None:
-      if layout not in ("auto", "out_in"):
-        raise ValueError(f"layout={layout!r}: on a mesh the weights stay [out, in] (the "
-                         f"sharding rules' layout); pass layout='auto' or 'out_in'")
-      layout = "out_in"
+    layout = mesh_layout(layout, mesh)
     if rule not in RULES:
       raise ValueError(f"unknown crossvocab sampling rule {rule!r}; choose one of {RULES}")
     self.rule = rule

@@ -196,11 +196,7 @@ class SpeculativeDecoder:
     row over "data", and every program runs partitioned (module doc of `vocabjax.sharding`)."""
     check_draft_prefill(draft_prefill)
     self.mesh = mesh
-    if mesh is not None:
-      if layout not in ("auto", "out_in"):
-        raise ValueError(f"layout={layout!r}: on a mesh the weights stay [out, in] (the "
-                         f"sharding rules' layout); pass layout='auto' or 'out_in'")
-      layout = "out_in"
+    layout = mesh_layout(layout, mesh)
     self.draft_prefill = draft_prefill
     if draft_config.vocab_size != target_config.vocab_size:
       raise ValueError(
@@ -463,6 +459,17 @@ class TreeDecoder(SpeculativeDecoder):
 def model_body(params, tokens, positions, cache, *, config):
   """The hidden states of `forward` alone (what profiling times as a model's body)."""
   return forward(params, tokens, positions, cache, config=config)[0]
+
+
+def mesh_layout(layout: str, mesh) -> str:
+  """A decoder's weight layout: as asked without a mesh; on one the sharding rules' [out, in]
+  ("auto" or "out_in"; another layout is refused by name)."""
+  if mesh is None:
+    return layout
+  if layout not in ("auto", "out_in"):
+    raise ValueError(f"layout={layout!r}: on a mesh the weights stay [out, in] (the "
+                     f"sharding rules' layout); pass layout='auto' or 'out_in'")
+  return "out_in"
 
 
 def check_draft_prefill(draft_prefill: str) -> None:
