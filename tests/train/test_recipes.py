@@ -7,19 +7,26 @@ from vocabjax.prompts import CONFIG_DIR
 from vocabjax.train import eagle, medusa, ranker
 from vocabjax.train.distill.job import job_from_dict as distill_job
 
-RECIPES = sorted((CONFIG_DIR / "train").glob("*.yaml"))
+RECIPES = sorted((CONFIG_DIR / "train").rglob("*.yaml"))
 PARSERS = {"ranker": ranker.job_from_dict, "eagle": eagle.job_from_dict,
            "medusa": medusa.job_from_dict, "distill": distill_job}
 
 
+def kind(path) -> str:
+  """The trainer of a recipe: its name's first word, or its folder's (eagle_ablation/...)."""
+  named = path if path.parent == CONFIG_DIR / "train" else path.parent
+  return named.name.split("_")[0]
+
+
 def test_recipes_are_there():
-  assert {p.name.split("_")[0] for p in RECIPES} == set(PARSERS)
+  assert {kind(p) for p in RECIPES} == set(PARSERS)
+  assert any(p.parent.name == "eagle_ablation" for p in RECIPES)
   assert not list(CONFIG_DIR.glob("*.yaml"))  # suites in configs/eval/, recipes here
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
 def test_recipe_parses(path):
-  job = PARSERS[path.name.split("_")[0]](yaml.safe_load(path.read_text()), where=str(path))
+  job = PARSERS[kind(path)](yaml.safe_load(path.read_text()), where=str(path))
   assert str(job.out).startswith("train/results/")
 
 
