@@ -11,7 +11,6 @@ EOS/stop conditions, so no token ever triggers a recompilation.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import time
@@ -22,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vocabjax import sharding
-from vocabjax.decoding.sampling import SamplingParams, sample, split_vocab_top_k
+from vocabjax.decoding.sampling import SamplingParams, sample
 from vocabjax.kernels import cpu_matmul
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
@@ -131,29 +130,6 @@ def _prefill(params, tokens, prompt_lengths, cache, key, *, config, sampling):
   return sample(key, logits, sampling), cache
 
 
-@contextlib.contextmanager
-def compiling(mesh, *, step: bool):
-  """The switches every decoder traces its programs under. On a mesh: XLA's partitioned dot
-  (the CPU matmul kernel is one device's custom call; GSPMD would gather the weights to it),
-  top-k traced as rounds of argmax over vocabulary-split logits (`split_vocab_top_k`: XLA's
-  TopK is not partitioned) and a batch's cache writes as one update per row
-  (`per_row_writes`). On one device a decoding program (`step=True`: a step, a verified block
-  or tree, drafting) takes the CPU kernel for blocks of any size (`cpu_matmul.decode_steps`);
-  a prefill keeps XLA's dot past the kernel's rows."""
-  on_mesh = mesh is not None
-  with cpu_matmul.enabled(cpu_matmul.is_enabled() and not on_mesh), \
-      split_vocab_top_k(on_mesh), per_row_writes(on_mesh), \
-      cpu_matmul.decode_steps(step and not on_mesh):
-    yield
-
-
-def check_mesh_batch(B: int, mesh) -> None:
-  """ValueError naming both numbers when a batch of B rows does not divide `mesh`'s data axis."""
-  if mesh is not None and B % mesh.shape["data"]:
-    raise ValueError(f"a batch of B={B} rows does not divide the mesh's data axis of "
-                     f"{mesh.shape['data']} devices: pad the batch or use another mesh")
-
-
 def abstract_cache(config: LlamaLikeConfig, B: int, S: int, dtype, mesh=None) -> KVCache:
   """The cache's shapes (and shardings on a mesh) for lowering, without allocating it."""
   shapes = jax.eval_shape(lambda: KVCache.init(config, B, S, dtype))
@@ -216,13 +192,16 @@ class Decoder:
     t0 = time.perf_counter()
     cfg = self.config
     cache = abstract_cache(cfg, B, S, cache_dtype, self.mesh)
-    with compiling(self.mesh, step=False):
+    # On a mesh XLA's dot is partitioned with the weights; the CPU kernel is one device's
+    # custom call (GSPMD would gather the weights to it), so sharded programs do without it.
+    with cpu_matmul.enabled(cpu_matmul.is_enabled() and self.mesh is None), \
+        per_row_writes(self.mesh is not None):
       prefill = compile_prefill(self.params, cfg, sampling, B, T, cache)
-    with compiling(self.mesh, step=True):
-      step = jax.jit(functools.partial(_step, config=cfg, sampling=sampling),
-                     donate_argnums=(2,)).lower(
-          self.params, jax.ShapeDtypeStruct((B,), jnp.int32), cache,
-          jax.random.key(0)).compile()
+      with cpu_matmul.decode_steps():
+        step = jax.jit(functools.partial(_step, config=cfg, sampling=sampling),
+                       donate_argnums=(2,)).lower(
+            self.params, jax.ShapeDtypeStruct((B,), jnp.int32), cache,
+            jax.random.key(0)).compile()
     self._programs[key] = (prefill, step)
     return prefill, step, time.perf_counter() - t0
 

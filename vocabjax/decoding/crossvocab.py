@@ -66,14 +66,16 @@ from vocabjax.decoding.adaptive import acceptance_logit, check_threshold, should
 from vocabjax.decoding.routes import Routes
 from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector, abstract_cache,
                                               bucket, cache_slots, compile_prefill,
-                                              compiling, prompt_bucket, validate_request)
-from vocabjax.decoding.sampling import SamplingParams, log_probs, probs
+                                              prompt_bucket, validate_request)
+from vocabjax.decoding.sampling import SamplingParams, log_probs, probs, split_vocab_top_k
 from vocabjax.decoding.speculative import (SpecStats, block_layout, check_draft_prefill,
                                            compile_draft_prefill, mesh_layout)
 from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
+from vocabjax.kernels import cpu_matmul
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import compute_dtype, embed_tokens, forward, lm_head, with_mlp_layout
+from vocabjax.models.llamalike import (compute_dtype, embed_tokens, forward, lm_head,
+                                       per_row_writes, with_mlp_layout)
 from vocabjax.vocab.translate import (NgramCache, TranslationError, Translator, VocabMap,
                                       check_round_trip)
 
@@ -392,7 +394,12 @@ class CrossVocabDecoder:
       return self._programs[key], 0.0
     t0 = time.perf_counter()
     dtype = compute_dtype(self.tp)
-    with compiling(self.mesh, step=name not in ("tprefill", "dprefill")):
+    # on a mesh as `SpeculativeDecoder.programs`: XLA's partitioned dot (the CPU kernel is one
+    # device's), top-k as argmax rounds over vocabulary-split logits, cache writes per row
+    on_mesh = self.mesh is not None
+    with cpu_matmul.enabled(cpu_matmul.is_enabled() and not on_mesh), \
+        split_vocab_top_k(on_mesh), per_row_writes(on_mesh), \
+        cpu_matmul.decode_steps(name not in ("tprefill", "dprefill") and not on_mesh):
       fn = self._compile(name, sampling, B, shape, dtype)
     self._programs[key] = fn
     return fn, time.perf_counter() - t0

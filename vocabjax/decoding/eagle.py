@@ -40,7 +40,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from vocabjax.decoding.autoregressive import prefill_in_bf16
+from vocabjax.decoding.autoregressive import abstract_cache, prefill_in_bf16
 from vocabjax.decoding.sampling import SamplingParams, sample
 from vocabjax.decoding.speculative import DraftVocab, SpeculativeDecoder
 from vocabjax.decoding.tree import TreeParams, grow_tree, verify_tree

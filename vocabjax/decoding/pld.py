@@ -34,6 +34,7 @@ rejection (`verify_tree_sampling`), the multi-draft form of the same rule.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import time
@@ -45,15 +46,15 @@ import numpy as np
 
 from vocabjax import sharding
 from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector, abstract_cache,
-                                              block_request, check_mesh_batch, compile_prefill,
-                                              compiling)
-from vocabjax.decoding.sampling import SamplingParams, probs, sample
+                                              block_request, compile_prefill)
+from vocabjax.decoding.sampling import SamplingParams, probs, sample, split_vocab_top_k
 from vocabjax.decoding.speculative import SpecStats
 from vocabjax.decoding.tree import TreeBounds, verify_tree
 from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
+from vocabjax.kernels import cpu_matmul
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import compute_dtype, forward, lm_head
+from vocabjax.models.llamalike import compute_dtype, forward, lm_head, per_row_writes
 
 
 def lookup_drafts(seq: np.ndarray, gamma: int, max_ngram: int = 3,
@@ -195,6 +196,15 @@ class PromptLookupDecoder:
     self._programs: dict = {}
     self._tree_steps: dict = {}
 
+  def _compiling(self):
+    """The switches a program is compiled under: on a mesh, XLA's partitioned dot instead of
+    the one-device CPU kernel, top-k as argmax rounds over vocabulary-split logits and cache
+    writes per row (`SpeculativeDecoder.programs`); else the kernel for every decode block."""
+    on_mesh = self.mesh is not None
+    return (cpu_matmul.enabled(cpu_matmul.is_enabled() and not on_mesh),
+            split_vocab_top_k(on_mesh), per_row_writes(on_mesh),
+            cpu_matmul.decode_steps() if not on_mesh else contextlib.nullcontext())
+
   def _jit_step(self, fn, cache):
     """`jax.jit(fn)` with the cache donated; on a mesh the cache keeps its sharding out of the
     step and the step's other outputs come back replicated (for the host)."""
@@ -217,11 +227,12 @@ class PromptLookupDecoder:
     cache = abstract_cache(self.tc, B, S, dtype, self.mesh)
     fn = self._jit_step(functools.partial(pld_step, config=self.tc, sampling=sampling), cache)
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
-    with compiling(self.mesh, step=False):
+    kernel, top_k, writes, steps_ctx = self._compiling()
+    with kernel, top_k, writes:
       prefill = compile_prefill(self.tp, self.tc, sampling, B, T, cache)
-    with compiling(self.mesh, step=True):
-      steps = {M: fn.lower(self.tp, cache, i32(B, M + 1), i32(B), jax.random.key(0)).compile()
-               for M in range(self.gamma + 1)}
+      with steps_ctx:
+        steps = {M: fn.lower(self.tp, cache, i32(B, M + 1), i32(B), jax.random.key(0)).compile()
+                 for M in range(self.gamma + 1)}
     self._programs[key] = (prefill, steps)
     return prefill, steps, time.perf_counter() - t0
 
@@ -236,7 +247,8 @@ class PromptLookupDecoder:
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
     fn = self._jit_step(functools.partial(pld_tree_step, config=self.tc, sampling=sampling,
                                           tree=self.tree), cache)
-    with compiling(self.mesh, step=True):
+    kernel, top_k, writes, steps_ctx = self._compiling()
+    with kernel, top_k, writes, steps_ctx:
       prog = fn.lower(self.tp, cache, i32(B, n + 1), i32(B, n), i32(B, n),
                       jax.random.key(0)).compile()
     self._tree_steps[key] = prog
@@ -267,7 +279,9 @@ class PromptLookupDecoder:
     prompts, lengths, S, T, tokens = block_request(prompts, max_new_tokens, sampling, self.tc,
                                                    max_len, self.extra_slots, self.method)
     B = len(prompts)
-    check_mesh_batch(B, self.mesh)
+    if self.mesh is not None and B % self.mesh.shape["data"]:
+      raise ValueError(f"a batch of B={B} rows does not divide the mesh's data axis of "
+                       f"{self.mesh.shape['data']} devices: pad the batch or use another mesh")
     dtype = compute_dtype(self.tp)
     prefill, steps, compile_s = self.programs(sampling, B, T, S, dtype)
     key = jax.random.key(seed)

@@ -33,15 +33,15 @@ import numpy as np
 from flax import struct
 
 from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector, abstract_cache,
-                                              block_request, cache_slots, check_mesh_batch,
-                                              compile_prefill, compiling)
-from vocabjax.decoding.sampling import SamplingParams, probs
+                                              block_request, cache_slots, compile_prefill)
+from vocabjax.decoding.sampling import SamplingParams, probs, split_vocab_top_k
 from vocabjax.decoding.tree import TreeParams, TreeState, tree_step
 from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
 from vocabjax.kernels import cpu_matmul
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import compute_dtype, forward, lm_head, with_mlp_layout
+from vocabjax.models.llamalike import (compute_dtype, forward, lm_head, per_row_writes,
+                                       with_mlp_layout)
 from vocabjax import sharding
 from vocabjax.vocab.policy import POLICY_STATE, Policy, draft_choice, full_policy
 from vocabjax.vocab.ranked import SpeculativeVocab
@@ -295,12 +295,19 @@ class SpeculativeDecoder:
     if key in self._programs:
       return (*self._programs[key], 0.0)
     t0 = time.perf_counter()
-    with compiling(self.mesh, step=False):  # the prefills
+    # On a mesh XLA's dot is partitioned with the weights; the CPU kernel is one device's
+    # custom call (GSPMD would gather the weights to it), so sharded programs do without it.
+    # XLA's TopK is not partitioned either: on a mesh, top-k over vocabulary-split logits is
+    # traced as rounds of argmax (`sampling.split_vocab_top_k`), and a batch's cache writes as
+    # one update per row (`llamalike.per_row_writes`).
+    on_mesh = self.mesh is not None
+    with cpu_matmul.enabled(cpu_matmul.is_enabled() and not on_mesh), \
+        split_vocab_top_k(on_mesh), per_row_writes(on_mesh):
       start, state = self._compile_start(sampling, B, T, S, dtype)
-    with compiling(self.mesh, step=True):
       if self.mesh is None:
-        step = jax.jit(self._step_fn(sampling), donate_argnums=(2,)).lower(
-            self.tp, self.dp, state, jax.random.key(0)).compile()
+        with cpu_matmul.decode_steps():
+          step = jax.jit(self._step_fn(sampling), donate_argnums=(2,)).lower(
+              self.tp, self.dp, state, jax.random.key(0)).compile()
       else:
         start, step = self._compile_sharded_step(sampling, start, B, T)
     self._programs[key] = (start, step)
@@ -345,7 +352,9 @@ class SpeculativeDecoder:
     prompts, lengths, S, T, tokens = block_request(prompts, max_new_tokens, sampling, self.tc,
                                                    max_len, self.extra_slots, self.method)
     B = len(prompts)
-    check_mesh_batch(B, self.mesh)
+    if self.mesh is not None and B % self.mesh.shape["data"]:
+      raise ValueError(f"a batch of B={B} rows does not divide the mesh's data axis of "
+                       f"{self.mesh.shape['data']} devices: pad the batch or use another mesh")
     dtype = compute_dtype(self.tp)
     start, step, compile_s = self.programs(sampling, B, T, S, dtype)
     key = jax.random.key(seed)
