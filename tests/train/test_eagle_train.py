@@ -54,6 +54,37 @@ def test_features_are_the_targets_own(target_dir, data_file, tmp_path):
   np.testing.assert_array_equal(data.labels[5][first:-1], toks[first + 1:])
 
 
+def test_long_sequences_pad_to_multiples_and_keep_their_features(target_dir, data_file,
+                                                                  tmp_path):
+  """Sequences above FORWARD_STEP tokens pad to the next multiple of it (not a power of two);
+  the stored features of such a record still equal its unpadded forward."""
+  from vocabjax.train.features import FORWARD_STEP, forward_len
+
+  assert [forward_len(n) for n in (1, 17, 64, 65, 129, 200, 257)] == [16, 32, 64, 128, 192,
+                                                                       256, 320]
+  assert all(forward_len(n) >= n and forward_len(n) - n < FORWARD_STEP for n in range(1, 900))
+  t = load_model(target_dir, dtype="float32")
+  rec = json.loads(data_file.read_text().splitlines()[0])
+  rs = np.random.RandomState(1)
+  rec["completion_ids"] = rs.randint(0, t.config.vocab_size, 140 - len(
+      t.tokenizer(rec["prompt"], add_special_tokens=False)["input_ids"])).tolist()
+  long_file = tmp_path / "long.jsonl"
+  long_file.write_text(json.dumps(rec) + "\n")
+  job = _job(target_dir, long_file, tmp_path / "run", features=str(tmp_path / "feats"))
+  data = load_eagle_features(build_eagle_features(job, t, LAYERS, show_progress=False), t,
+                             LAYERS)
+  _, toks, _ = data.seqs[0]
+  T = len(toks)
+  assert T == 140 and forward_len(T) == 192
+  h, _, f = forward_features(t.params, jnp.asarray(toks)[None], jnp.arange(T)[None],
+                             KVCache.init(t.config, 1, T), config=t.config, layers=LAYERS)
+  np.testing.assert_allclose(data.feats[0].astype(np.float32), np.asarray(f[0]), rtol=2e-3,
+                             atol=2e-3)
+  np.testing.assert_array_equal(data.labels[0],
+                                np.asarray(jnp.argmax(lm_head(t.params, h[0], config=t.config),
+                                                      -1)))
+
+
 def test_torch_backend_features_equal_the_jax_ones(target_dir, data_file, tmp_path):
   """transformers' forward of the same checkpoint stores what vocabjax's does (f32), under its
   own fingerprint; bf16 is refused without the torch backend, the last layer with it."""

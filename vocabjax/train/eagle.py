@@ -52,7 +52,6 @@ import numpy as np
 from vocabjax.calibrate.counts import Counts
 from vocabjax.checkpoints.eagle3 import load_eagle3, save_eagle3
 from vocabjax.checkpoints.loader import load_model
-from vocabjax.decoding.autoregressive import bucket
 from vocabjax.io import atomic_write_json
 from vocabjax.kernels import cpu_matmul
 from vocabjax.models.cache import KVCache
@@ -60,8 +59,9 @@ from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.eagle import (EagleConfig, default_feature_layers, eagle_forward,
                                    fuse_features, init_eagle)
 from vocabjax.models.llamalike import forward_features, lm_head, lm_head_weight, rms_norm
-from vocabjax.train.features import (files_key, heldout_records, job_fingerprint, model_identity,
-                                     pending_shards, read_records, read_shards, write_shards)
+from vocabjax.train.features import (files_key, forward_len, heldout_records, job_fingerprint,
+                                     model_identity, pending_shards, read_records, read_shards,
+                                     write_shards)
 from vocabjax.train.loop import (OptimConfig, TrainError, TrainRun, TrainState, apply_grads,
                                  job_fields, make_optimizer, run_job_cli, train_fingerprint,
                                  step_rng)
@@ -210,7 +210,7 @@ def build_eagle_features(job: EagleJob, target, layers, *, show_progress=True) -
     run = jax.jit(lambda p, t: _target_features(p, t, config=target.config, layers=layers))
 
     def run_seq(toks):
-      padded = np.zeros((1, bucket(len(toks))), np.int32)
+      padded = np.zeros((1, forward_len(len(toks))), np.int32)
       padded[0, :len(toks)] = toks
       feats, label, h = run(target.params, jnp.asarray(padded))
       n = len(toks)

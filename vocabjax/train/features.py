@@ -99,6 +99,18 @@ def sequence_hidden(params, tokens, *, config):
   return hidden
 
 
+FORWARD_STEP = 64  # teacher-forced sequences above this many tokens pad to a multiple of it
+
+
+def forward_len(n: int) -> int:
+  """The padded length of one teacher-forced sequence of `n` tokens: a power of two up to
+  FORWARD_STEP, then the next multiple of it. Powers of two throughout padded the EAGLE mix
+  (prompt + completion, median 222 tokens, up to 807) to 1.58x its tokens; multiples of 64 pad
+  it to 1.11x for 12 compiled shapes instead of 5. Padding sits after the sequence, so causal
+  attention leaves the real positions' values unchanged."""
+  return bucket(n) if n <= FORWARD_STEP else -(-n // FORWARD_STEP) * FORWARD_STEP
+
+
 def _record_features(rec, tokenizer, d_run, draft, t_run, target, T_top):
   prompt = tokenizer(rec["prompt"], add_special_tokens=False)["input_ids"]
   comp = rec["completion_ids"]
@@ -106,7 +118,7 @@ def _record_features(rec, tokenizer, d_run, draft, t_run, target, T_top):
     return None
   toks = prompt + comp
   L, P = len(toks), len(prompt)
-  padded = np.zeros((1, bucket(L)), np.int32)
+  padded = np.zeros((1, forward_len(L)), np.int32)
   padded[0, :L] = toks
   rows = np.arange(P - 1, L - 1)  # positions whose next token is a completion token
   h = d_run(draft.params, jnp.asarray(padded))[0, rows]
