@@ -2,6 +2,7 @@
 the training-time test computes what tree decoding computes, training lowers the held-out loss,
 resume is exact, the export loads and decodes greedy-identically, bad input."""
 
+import dataclasses
 import json
 
 import jax
@@ -164,6 +165,95 @@ def test_training_time_test_computes_what_tree_decoding_computes(target_dir, wid
       np.testing.assert_allclose(np.asarray(outs[j][0][0, i]),
                                  np.asarray(rms_norm(x[0, 0], params["final_norm"], eps)),
                                  rtol=1e-4, atol=1e-5)
+
+
+def test_packed_windows_compute_what_separate_windows_compute(target_dir):
+  """Two records packed in one row (then padding): every TTT step's output, label and weight at
+  a record's positions equal those of the record alone; labels past a record's end (the next
+  record's tokens) weigh nothing."""
+  t = load_model(target_dir, dtype="float32")
+  hc = head_config(t.config, LAYERS, t.config.vocab_size, 24)
+  params = init_eagle(jax.random.key(2), hc, scale=0.2)
+  rs = np.random.RandomState(3)
+  steps, lens, T = 3, (9, 11), 23
+
+  def alone(toks):
+    n = len(toks)
+    _, _, f = forward_features(t.params, jnp.asarray(toks)[None], jnp.arange(n)[None],
+                               KVCache.init(t.config, 1, n), config=t.config, layers=LAYERS)
+    return {"tokens": jnp.asarray(toks)[None], "feats": f,
+            "dlabel": jnp.asarray(rs.randint(0, 50, n))[None], "weight": jnp.ones((1, n))}
+
+  recs = [alone(rs.randint(0, t.config.vocab_size, n)) for n in lens]
+  F = recs[0]["feats"].shape[-1]
+  packed = {"tokens": np.zeros((1, T), np.int32), "feats": np.zeros((1, T, F), np.float32),
+            "dlabel": np.full((1, T), -1, np.int32), "weight": np.zeros((1, T), np.float32),
+            "segment": np.full((1, T), -1, np.int32), "position": np.zeros((1, T), np.int32)}
+  o = 0
+  for k, (n, r) in enumerate(zip(lens, recs)):
+    for key in ("tokens", "feats", "dlabel", "weight"):
+      packed[key][0, o:o + n] = np.asarray(r[key][0])
+    packed["segment"][0, o:o + n] = k
+    packed["position"][0, o:o + n] = np.arange(n)
+    o += n
+  outs = ttt_outputs(params, t.params["embed"], {k: jnp.asarray(v) for k, v in packed.items()},
+                     config=hc, steps=steps)
+  o = 0
+  for n, r in zip(lens, recs):
+    ref = ttt_outputs(params, t.params["embed"], r, config=hc, steps=steps)
+    for j in range(steps):
+      (hn, label, weight), (rh, rl, rw) = outs[j], ref[j]
+      valid = n - 1 - j  # queries whose label lies inside the record
+      np.testing.assert_allclose(np.asarray(hn[0, o:o + valid]), np.asarray(rh[0, :valid]),
+                                 rtol=1e-4, atol=1e-5)
+      np.testing.assert_array_equal(np.asarray(label[0, o:o + valid]),
+                                    np.asarray(rl[0, :valid]))
+      np.testing.assert_array_equal(np.asarray(weight[0, o:o + valid]),
+                                    np.asarray(rw[0, :valid]))
+      assert valid > 0 and float(jnp.sum(weight[0, o + valid:o + n])) == 0
+    o += n
+  assert all(float(jnp.sum(w[0, o:])) == 0 for _, _, w in outs)  # padding
+
+
+def test_packed_batches_and_training(target_dir, data_file, tmp_path):
+  """make_packed_batch fills rows with whole records or windows of them (segments, positions,
+  completion weights as in make_batch), and a packed job trains under its own fingerprint."""
+  from vocabjax.train.eagle import PACK_MIN, make_batch, make_packed_batch
+
+  job = _job(target_dir, data_file, tmp_path / "run", pack=True, seq_len=128, batch_size=6)
+  assert job.train_fingerprint() != _job(target_dir, data_file, tmp_path / "run")\
+      .train_fingerprint()
+  t = load_model(target_dir, dtype="float32")
+  data = load_eagle_features(build_eagle_features(job, t, LAYERS, show_progress=False), t,
+                             LAYERS)
+  t2d = np.arange(t.config.vocab_size, dtype=np.int32)
+  train_idx = list(range(20))
+  b = make_packed_batch(data, train_idx, np.random.RandomState(0), job, t2d)
+  assert b["tokens"].shape == (6, 128)
+  many = 0
+  for row in range(6):
+    seg = b["segment"][row]
+    used = int(np.sum(seg >= 0))
+    assert 128 - used < PACK_MIN and np.all(seg[:used] >= 0) and np.all(seg[used:] == -1)
+    many += seg.max() > 0
+    for k in range(seg.max() + 1):
+      at = np.flatnonzero(seg == k)
+      assert np.array_equal(at, np.arange(at[0], at[-1] + 1))  # contiguous
+      np.testing.assert_array_equal(b["position"][row, at], np.arange(len(at)))
+      # the window is some training record's tokens [s, s + len), weighted as make_batch does
+      toks = b["tokens"][row, at]
+      found = [(r, s) for r in train_idx for s in range(len(data.seqs[r][1]) - len(at) + 1)
+               if np.array_equal(data.seqs[r][1][s:s + len(at)], toks)]
+      assert found
+      r, s = found[0]
+      one = make_batch(data, [r], None, dataclasses.replace(job, seq_len=len(at)), t2d,
+                       window_start=s)
+      for key in ("feats", "dlabel", "weight"):
+        np.testing.assert_array_equal(b[key][row, at], one[key][0])
+  assert many >= 3  # short records: most rows hold more than one
+  summary = train(dataclasses.replace(job, steps=20, eval_every=20, checkpoint_every=20),
+                  show_progress=False)
+  assert summary["final"]["heldout_loss"] < 0.8 * summary["start"]["heldout_loss"]
 
 
 def test_training_lowers_the_loss_exports_and_decodes(target_dir, data_file, tmp_path):

@@ -102,6 +102,7 @@ class EagleJob:
   vocab_block: int = 16384
   max_records: int | None = None
   train_fraction: float = 1.0  # train on the first fraction of the training records (ablations)
+  pack: bool = False  # fill each window with several records' windows (`make_packed_batch`)
 
   def __post_init__(self):
     if not self.data:
@@ -145,7 +146,7 @@ class EagleJob:
                            self.max_records, *extra)
 
   def train_fingerprint(self) -> str:
-    return train_fingerprint(self, new_defaults={"train_fraction": 1.0})
+    return train_fingerprint(self, new_defaults={"train_fraction": 1.0, "pack": False})
 
 
 # --- features ----------------------------------------------------------------------------------
@@ -366,16 +367,29 @@ def ttt_outputs(params, embed, batch, *, config: EagleConfig, steps: int):
                   lengths=jnp.zeros((B,), jnp.int32))
   pad = lambda x: jnp.pad(x, ((0, 0), (0, steps)))  # noqa: E731
   tok_p, w_p, dl_p = pad(tokens), pad(w), jnp.pad(dl, ((0, 0), (0, steps)), constant_values=-1)
+  seg = batch.get("segment")  # packed windows (`make_packed_batch`)
+  if seg is None:
+    base = jnp.broadcast_to(jnp.arange(n), (B, n))
+  else:
+    # a query sees only its own segment's positions, starts RoPE at its segment's window start,
+    # and a label past its segment's end (the next segment's token) counts nothing
+    base = batch["position"][:, :n]
+    same = seg[:, :n, None] == seg[:, None, :n]  # [B, n, n]
+    same_all = jnp.tile(same, (1, 1, steps))  # [B, n, steps n]: every step's slots of a query
+    seg_p = jnp.pad(seg, ((0, 0), (0, steps)), constant_values=-1)
   outs = []
   for j, (block, prefix) in enumerate(ttt_masks(n, steps)):
     sl = slice(1 + j, 1 + j + n)
-    pos = jnp.broadcast_to(jnp.arange(n) + j, (B, n))
-    x, cache = eagle_forward(params, embed, tok_p[:, sl], h, pos,
+    if seg is not None:
+      block, prefix = block & same, prefix & same_all
+    x, cache = eagle_forward(params, embed, tok_p[:, sl], h, base + j,
                              cache.with_lengths(jnp.full((B,), j * n, jnp.int32)), block,
                              config=config, prefix_mask=prefix)
     label = dl_p[:, sl]
-    outs.append((rms_norm(x, params["final_norm"], c.rms_norm_eps), label,
-                 w_p[:, sl] * (label >= 0)))
+    weight = w_p[:, sl] * (label >= 0)
+    if seg is not None:
+      weight = weight * (seg_p[:, sl] == seg[:, :n])
+    outs.append((rms_norm(x, params["final_norm"], c.rms_norm_eps), label, weight))
     h = x
   return outs
 
@@ -416,6 +430,41 @@ def make_batch(data: EagleData, idx, rs, job: EagleJob, t2d: np.ndarray, *, wind
     out["feats"][b, :e - s] = data.feats[r][s:e]
     out["dlabel"][b, :e - s] = t2d[data.labels[r][s:e]]
     out["weight"][b, max(first, s) - s:e - s] = 1.0
+  return out
+
+
+PACK_MIN = 32  # a packed row takes no window shorter than this (the rest stays padding)
+
+
+def make_packed_batch(data: EagleData, train_idx, rs, job: EagleJob, t2d: np.ndarray):
+  """B rows of seq_len slots, each filled with windows of random training records one after
+  another (a whole record where it fits, else a random window of the room left) until fewer
+  than PACK_MIN slots remain; `segment` [B, T] numbers a row's windows (-1: padding) and
+  `position` [B, T] counts from each window's start, so `ttt_outputs` keeps windows apart. With
+  one window per row it is `make_batch`'s batch. The mix's records have a median of 222 tokens,
+  so unpacked 256-token windows carry ~127 label positions on average; packed ones ~2x that."""
+  B, T = job.batch_size, job.seq_len
+  F = data.feats[0].shape[1]
+  out = {"tokens": np.zeros((B, T), np.int32), "feats": np.zeros((B, T, F), np.float16),
+         "dlabel": np.full((B, T), -1, np.int32), "weight": np.zeros((B, T), np.float32),
+         "segment": np.full((B, T), -1, np.int32), "position": np.zeros((B, T), np.int32)}
+  for b in range(B):
+    o, k = 0, 0
+    while T - o >= min(PACK_MIN, T) or k == 0:
+      r = train_idx[rs.randint(0, len(train_idx))]
+      _, toks, first = data.seqs[r]
+      L = len(toks)
+      m = min(L, T - o)
+      s = rs.randint(0, L - m + 1)
+      e = s + m
+      sl = slice(o, o + m)
+      out["tokens"][b, sl] = toks[s:e]
+      out["feats"][b, sl] = data.feats[r][s:e]
+      out["dlabel"][b, sl] = t2d[data.labels[r][s:e]]
+      out["weight"][b, o + max(first, s) - s:o + m] = 1.0
+      out["segment"][b, sl] = k
+      out["position"][b, sl] = np.arange(m)
+      o, k = o + m, k + 1
   return out
 
 
@@ -556,8 +605,11 @@ def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None =
 
   def step_fn(st, step):
     rs = step_rng(job.seed, step)
-    idx = [train_idx[i] for i in rs.randint(0, len(train_idx), job.batch_size)]
-    batch = make_batch(data, idx, rs, job, t2d)
+    if job.pack:
+      batch = make_packed_batch(data, train_idx, rs, job, t2d)
+    else:
+      idx = [train_idx[i] for i in rs.randint(0, len(train_idx), job.batch_size)]
+      batch = make_batch(data, idx, rs, job, t2d)
     st, loss = train_fn(st, {k: jnp.asarray(v) for k, v in batch.items()}, embed)
     return st, {"loss": loss}
 
