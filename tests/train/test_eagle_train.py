@@ -402,3 +402,45 @@ def test_cli(target_dir, data_file, tmp_path, capsys):
   bad.write_text(f"target: {target_dir}\ndata: {data_file}\nout: x\nttt_step: 3\n")
   assert main(["--config", str(bad)]) == 2
   assert "unknown fields ['ttt_step']" in capsys.readouterr().err
+
+
+def test_data_source_comparison(target_dir, data_file, tmp_path, capsys):
+  """eval/eagle_data_source.py: heads trained on two completions of the same prompts (the
+  target's own and random text) scored on the target run's held-out records; the target's own
+  greedy text agrees with its labels everywhere, random text rarely; runs that hold out other
+  prompts are refused."""
+  import importlib.util
+  from pathlib import Path
+
+  spec = importlib.util.spec_from_file_location(
+      "eagle_data_source", Path(__file__).parents[2] / "eval" / "eagle_data_source.py")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  rs = np.random.RandomState(5)
+  t = load_model(target_dir, dtype="float32")
+  other = tmp_path / "other.jsonl"
+  recs = [json.loads(x) for x in data_file.read_text().splitlines()]
+  other.write_text("".join(json.dumps({**r, "completion_ids": rs.randint(
+      0, t.config.vocab_size, len(r["completion_ids"])).tolist()}) + "\n" for r in recs))
+  kw = dict(steps=10, eval_every=5, checkpoint_every=10, ttt_steps=1, pack=True,
+            select_by="acc_0", seq_len=64)
+  runs = []
+  for name, f in (("own", data_file), ("random", other)):
+    job = _job(target_dir, f, tmp_path / name, features=str(tmp_path / f"feats_{name}"), **kw)
+    train(job, show_progress=False)
+    runs.append(tmp_path / name)
+  res = mod.compare(runs, runs[0], target=t)
+  own, rnd = res["runs"]
+  assert own["text_is_label"] == 1.0 and rnd["text_is_label"] < 0.5
+  assert res["heldout_records"] == 6 and 0 <= rnd["on_eval"]["acc_0"] <= 1
+  # the own-text head scored on its own held-out records: what training exported
+  assert own["on_eval"]["acc_0"] == pytest.approx(own["own_heldout"]["acc_0"])
+  assert "| own |" in mod.report(res, "cmd") and "| random |" in mod.report(res, "cmd")
+  shifted = tmp_path / "shifted"
+  train(_job(target_dir, data_file, shifted, features=str(tmp_path / "feats_own"),
+             **{**kw, "steps": 5}, heldout=0.5), show_progress=False)
+  with pytest.raises(ValueError, match="holds out other prompts"):
+    mod.compare([shifted], runs[0], target=t)
+  assert mod.main(["--run", str(tmp_path / "missing"), "--eval-on", str(runs[0]),
+                   "--out", str(tmp_path / "r.md")]) == 2
+  assert "summary.json does not exist" in capsys.readouterr().err
