@@ -32,7 +32,7 @@ from vocabjax.checkpoints.loader import load_model
 from vocabjax.io import atomic_write_text
 from vocabjax.models.eagle import default_feature_layers
 from vocabjax.train.eagle import (EagleJob, evaluate_heldout, job_from_dict, load_eagle_features,
-                                  record_sources)
+                                  record_sources, target_to_head)
 from vocabjax.train.features import heldout_records
 from vocabjax.train.loop import read_job_yaml
 
@@ -57,16 +57,11 @@ def agreement(data, sources: list[str]) -> dict:
   return out
 
 
-def held_prompts(data, job: EagleJob) -> set:
+def held_out(data, job: EagleJob) -> tuple[list, set]:
+  """(indices into data.seqs of the held-out records, their prompts)."""
   held = set(heldout_records(data, job.heldout).tolist())
-  return {tuple(toks[:first + 1].tolist()) for rec, toks, first in data.seqs if rec in held}
-
-
-def t2d_of(head: dict, V: int) -> np.ndarray:
-  d2t = np.asarray(head["d2t"])
-  t2d = np.full(V, -1, np.int32)
-  t2d[np.arange(len(d2t)) + d2t] = np.arange(len(d2t))
-  return t2d
+  idx = [i for i, (rec, _, _) in enumerate(data.seqs) if rec in held]
+  return idx, {tuple(data.seqs[i][1][:data.seqs[i][2] + 1].tolist()) for i in idx}
 
 
 def compare(runs: list[Path], eval_on: Path, *, depth: int = 1, mix: str | None = None,
@@ -78,12 +73,10 @@ def compare(runs: list[Path], eval_on: Path, *, depth: int = 1, mix: str | None 
   tc = target.config
   layers = tuple(ev.feature_layers or default_feature_layers(tc.num_layers))
   datas = {r: load_eagle_features(j.features_dir, target, layers) for r, j in jobs.items()}
-  held = held_prompts(datas[eval_on], ev)
-  held_idx = [i for i, (rec, _, _) in enumerate(datas[eval_on].seqs)
-              if rec in set(heldout_records(datas[eval_on], ev.heldout).tolist())]
+  held_idx, held = held_out(datas[eval_on], ev)
   rows = []
   for r in runs:
-    if held_prompts(datas[r], jobs[r]) != held:
+    if held_out(datas[r], jobs[r])[1] != held:
       raise ValueError(f"{r} holds out other prompts than {eval_on}: its heads cannot be "
                        f"compared there (same prompts, same order and heldout needed)")
     hc, head, _ = load_eagle3(r / "head", target_config=tc)
@@ -91,9 +84,10 @@ def compare(runs: list[Path], eval_on: Path, *, depth: int = 1, mix: str | None 
       raise ValueError(f"{r}'s head reads layers {list(hc.feature_layers)}, {eval_on}'s "
                        f"features are of {list(layers)}")
     summary = json.loads((r / "summary.json").read_text())
+    d2t = np.asarray(head["d2t"])
     score = evaluate_heldout(head, {"embed": target.params["embed"]}, datas[eval_on], held_idx,
-                             dataclasses.replace(ev, ttt_steps=depth), t2d_of(head, tc.vocab_size),
-                             hc, {})
+                             dataclasses.replace(ev, ttt_steps=depth),
+                             target_to_head(np.arange(len(d2t)) + d2t, tc.vocab_size), hc, {})
     agree = agreement(datas[r], [r.name] * (1 + max(s[0] for s in datas[r].seqs)))[r.name]
     rows.append({"run": r.name, "data": [str(p) for p in jobs[r].data],
                  "train_positions": summary["train_label_positions"],

@@ -110,14 +110,14 @@ def cache_slots(longest: int, room: int, max_len: int | None = None) -> int:
   return max_len or bucket(longest + room)
 
 
-def prompt_bucket(n: int) -> int:
-  """The prompt block T for an n-token prompt: a power of two up to `PROMPT_STEP`, then the
-  next multiple of it. Prefill is compute bound (every padded position costs a full token's
+def prompt_bucket(n: int, step: int = PROMPT_STEP) -> int:
+  """The prompt block T for an n-token prompt: a power of two up to `step`, then the next
+  multiple of it. Prefill is compute bound (every padded position costs a full token's
   FLOPs), so a 709-token prompt runs as 768 tokens, not 1024 (a 1.5B f32 prefill: ~25% less
   time), at the price of a few more compiled shapes."""
-  if n <= PROMPT_STEP:
+  if n <= step:
     return bucket(n)
-  return -(-n // PROMPT_STEP) * PROMPT_STEP
+  return -(-n // step) * step
 
 
 def _prefill(params, tokens, prompt_lengths, cache, key, *, config, sampling):

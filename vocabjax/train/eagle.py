@@ -335,6 +335,13 @@ def choose_vocab(job: EagleJob, data: EagleData, train_recs: set, V: int) -> np.
   return np.sort(order[:K])
 
 
+def target_to_head(ids, V: int) -> np.ndarray:
+  """[V] head-vocabulary id of each target id (-1 outside the head's vocabulary `ids`)."""
+  t2d = np.full(V, -1, np.int32)
+  t2d[np.asarray(ids)] = np.arange(len(ids))
+  return t2d
+
+
 # --- the loss ----------------------------------------------------------------------------------
 
 def ttt_masks(n: int, steps: int):
@@ -419,18 +426,26 @@ def make_batch(data: EagleData, idx, rs, job: EagleJob, t2d: np.ndarray, *, wind
   out = {"tokens": np.zeros((B, T), np.int32), "feats": np.zeros((B, T, F), np.float16),
          "dlabel": np.full((B, T), -1, np.int32), "weight": np.zeros((B, T), np.float32)}
   for b, r in enumerate(idx):
-    _, toks, first = data.seqs[r]
-    L = len(toks)
+    L = len(data.seqs[r][1])
     if window_start is not None:
       s = window_start
     else:
       s = rs.randint(0, max(1, L - T + 1))  # any window of the record (completions included)
-    e = min(L, s + T)
-    out["tokens"][b, :e - s] = toks[s:e]
-    out["feats"][b, :e - s] = data.feats[r][s:e]
-    out["dlabel"][b, :e - s] = t2d[data.labels[r][s:e]]
-    out["weight"][b, max(first, s) - s:e - s] = 1.0
+    put_window(out, data, t2d, b, 0, r, s, min(L, s + T) - s)
   return out
+
+
+def put_window(out: dict, data: EagleData, t2d: np.ndarray, b: int, o: int, r: int, s: int,
+               m: int) -> None:
+  """Write record r's tokens s .. s + m - 1 into row b of a batch at slots o .. o + m - 1:
+  tokens, features, head-vocabulary labels, weight 1 where the label predicts a completion
+  token."""
+  _, toks, first = data.seqs[r]
+  sl = slice(o, o + m)
+  out["tokens"][b, sl] = toks[s:s + m]
+  out["feats"][b, sl] = data.feats[r][s:s + m]
+  out["dlabel"][b, sl] = t2d[data.labels[r][s:s + m]]
+  out["weight"][b, o + max(first, s) - s:o + m] = 1.0
 
 
 PACK_MIN = 32  # a packed row takes no window shorter than this (the rest stays padding)
@@ -452,18 +467,12 @@ def make_packed_batch(data: EagleData, train_idx, rs, job: EagleJob, t2d: np.nda
     o, k = 0, 0
     while T - o >= min(PACK_MIN, T) or k == 0:
       r = train_idx[rs.randint(0, len(train_idx))]
-      _, toks, first = data.seqs[r]
-      L = len(toks)
+      L = len(data.seqs[r][1])
       m = min(L, T - o)
       s = rs.randint(0, L - m + 1)
-      e = s + m
-      sl = slice(o, o + m)
-      out["tokens"][b, sl] = toks[s:e]
-      out["feats"][b, sl] = data.feats[r][s:e]
-      out["dlabel"][b, sl] = t2d[data.labels[r][s:e]]
-      out["weight"][b, o + max(first, s) - s:o + m] = 1.0
-      out["segment"][b, sl] = k
-      out["position"][b, sl] = np.arange(m)
+      put_window(out, data, t2d, b, o, r, s, m)
+      out["segment"][b, o:o + m] = k
+      out["position"][b, o:o + m] = np.arange(m)
       o, k = o + m, k + 1
   return out
 
@@ -542,8 +551,7 @@ def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None =
   # order); the held-out split and the head's vocabulary are those of the whole data
   train_idx = train_idx[:max(1, int(round(len(train_idx) * job.train_fraction)))]
   Vd = len(ids)
-  t2d = np.full(V, -1, np.int32)
-  t2d[ids] = np.arange(Vd)
+  t2d = target_to_head(ids, V)
   hc = head_config(tc, layers, Vd, job.intermediate_size)
 
   init = init_eagle(jax.random.key(job.seed), hc)

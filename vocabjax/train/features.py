@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vocabjax.checkpoints.loader import load_model
-from vocabjax.decoding.autoregressive import bucket
+from vocabjax.decoding.autoregressive import prompt_bucket
 from vocabjax.io import atomic_write_bytes, atomic_write_json
 from vocabjax.models.cache import KVCache
 from vocabjax.models.llamalike import forward, lm_head
@@ -108,7 +108,7 @@ def forward_len(n: int) -> int:
   (prompt + completion, median 222 tokens, up to 807) to 1.58x its tokens; multiples of 64 pad
   it to 1.11x for 12 compiled shapes instead of 5. Padding sits after the sequence, so causal
   attention leaves the real positions' values unchanged."""
-  return bucket(n) if n <= FORWARD_STEP else -(-n // FORWARD_STEP) * FORWARD_STEP
+  return prompt_bucket(n, FORWARD_STEP)
 
 
 def _record_features(rec, tokenizer, d_run, draft, t_run, target, T_top):
