@@ -407,8 +407,8 @@ def test_cli(target_dir, data_file, tmp_path, capsys):
 def test_data_source_comparison(target_dir, data_file, tmp_path, capsys):
   """eval/eagle_data_source.py: heads trained on two completions of the same prompts (the
   target's own and random text) scored on the target run's held-out records; the target's own
-  greedy text agrees with its labels everywhere, random text rarely; runs that hold out other
-  prompts are refused."""
+  greedy text agrees with its labels everywhere, random text rarely; a run that trained on
+  the held-out prompts is refused, one that held them out (and more) is scored."""
   import importlib.util
   from pathlib import Path
 
@@ -436,11 +436,13 @@ def test_data_source_comparison(target_dir, data_file, tmp_path, capsys):
   # the own-text head scored on its own held-out records: what training exported
   assert own["on_eval"]["acc_0"] == pytest.approx(own["own_heldout"]["acc_0"])
   assert "| own |" in mod.report(res, "cmd") and "| random |" in mod.report(res, "cmd")
-  shifted = tmp_path / "shifted"
-  train(_job(target_dir, data_file, shifted, features=str(tmp_path / "feats_own"),
-             **{**kw, "steps": 5}, heldout=0.5), show_progress=False)
-  with pytest.raises(ValueError, match="holds out other prompts"):
-    mod.compare([shifted], runs[0], target=t)
+  leaky, wider = tmp_path / "leaky", tmp_path / "wider"
+  for out, heldout in ((leaky, 0.1), (wider, 0.5)):
+    train(_job(target_dir, data_file, out, features=str(tmp_path / "feats_own"),
+               **{**kw, "steps": 5}, heldout=heldout), show_progress=False)
+  with pytest.raises(ValueError, match=r"leaky trained on \d+ of the \d+ prompts"):
+    mod.compare([leaky], runs[0], target=t)
+  assert [r["run"] for r in mod.compare([wider], runs[0], target=t)["runs"]] == ["wider"]
   assert mod.main(["--run", str(tmp_path / "missing"), "--eval-on", str(runs[0]),
                    "--out", str(tmp_path / "r.md")]) == 2
   assert "summary.json does not exist" in capsys.readouterr().err

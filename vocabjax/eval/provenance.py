@@ -24,6 +24,7 @@ from pathlib import Path
 
 from vocabjax.checkpoints.zoo import REGISTRY, cache_dir, sha256_file
 from vocabjax.io import atomic_write_json
+from vocabjax.kernels.cpu_matmul import cpuinfo
 from vocabjax.version import __version__
 
 _HASHES = "content_hashes.json"
@@ -39,18 +40,11 @@ def cpu_model() -> str:
   3.92 tok/s on one host, 1.92 on an AMD EPYC host two days later; an AMD EPYC host without
   AVX-512 took 360 ms per 1.5B f32 AR step against 185 ms on one with it), and the model name
   alone does not tell them apart."""
-  try:
-    name, flags = None, set()
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-      if line.startswith("model name") and name is None:
-        name = line.split(":", 1)[1].strip()
-      elif line.startswith("flags") and not flags:
-        flags = set(line.split(":", 1)[1].split())
-    if name:
-      isa = " ".join(f for f in _ISA if f in flags)
-      return f"{name} [{isa}]" if isa else name
-  except OSError:
-    pass
+  info = cpuinfo()
+  if info.get("model name"):
+    flags = set(info.get("flags", "").split())
+    isa = " ".join(f for f in _ISA if f in flags)
+    return f"{info['model name']} [{isa}]" if isa else info["model name"]
   return platform.processor() or platform.machine()
 
 

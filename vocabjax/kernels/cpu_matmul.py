@@ -133,20 +133,26 @@ def uses_gemm(x_shape, x_dtype, w_dtype) -> bool:
           and jnp.dtype(w_dtype).name in _GEMM_TARGETS and gemm_available())
 
 
-def _cpu_flags() -> str:
+@functools.cache
+def cpuinfo() -> dict[str, str]:
+  """The first processor's fields of /proc/cpuinfo ({} where there is none), e.g. "model name"
+  and "flags"."""
+  out: dict[str, str] = {}
   try:
     for line in Path("/proc/cpuinfo").read_text().splitlines():
-      if line.startswith("flags"):
-        return line
+      if not line.strip():
+        break
+      key, _, value = line.partition(":")
+      out.setdefault(key.strip(), value.strip())
   except OSError:
     pass
-  return sys.platform
+  return out
 
 
 def has_native_bf16() -> bool:
   """Whether this CPU multiplies bf16 natively (AVX512-BF16 or AMX-BF16): where it does not,
   oneDNN's bf16 matmuls (transformers in bf16) run far slower than its f32 ones."""
-  flags = set(_cpu_flags().split())
+  flags = set(cpuinfo().get("flags", "").split())
   return bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
@@ -154,7 +160,7 @@ def library_path() -> Path:
   """Where the compiled kernel for this source, jaxlib and CPU lives."""
   import jaxlib
   key = hashlib.sha256(_SOURCE.read_bytes() + jaxlib.__version__.encode()
-                       + _cpu_flags().encode()).hexdigest()[:16]
+                       + cpuinfo().get("flags", sys.platform).encode()).hexdigest()[:16]
   root = Path(os.environ.get("VOCABJAX_CACHE", Path.home() / ".cache" / "vocabjax"))
   return root / "kernels" / f"cpu_matmul-{key}.so"
 
