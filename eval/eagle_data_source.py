@@ -7,10 +7,10 @@ Each `--run` is a finished `python -m vocabjax.train.eagle` output directory (`s
 top-1 accuracy per depth, `evaluate_heldout`) on the held-out records of the `--eval-on` run:
 the target's own text is what a head drafts for at decoding time. No run may have trained on
 those prompts (checked): runs holding out the same prompts compare, and so does a run on other
-data that never saw them (e.g. a small ablation run scored on the long run's held-out set). Beside it, per run and per data source of `--mix` (a train.eagle
-config whose features exist), how often the text's next token is the target's teacher-forced
-argmax (the head's label): 1.0 for the target's own greedy completions, lower for text the
-target did not write.
+data that never saw them (e.g. a small ablation run scored on the long run's held-out set).
+Beside it, per run and per data source of `--mix` (a train.eagle config whose features exist),
+how often the text's next token is the target's teacher-forced argmax (the head's label): 1.0
+for the target's own greedy completions, lower for text the target did not write.
 
     python eval/eagle_data_source.py --run train/results/eagle/source/target \\
         --run train/results/eagle/source/drafter --eval-on train/results/eagle/source/target \\
@@ -28,13 +28,13 @@ from pathlib import Path
 
 import numpy as np
 
-from vocabjax.checkpoints.eagle3 import load_eagle3
+from vocabjax.checkpoints.eagle3 import head_target_ids, load_eagle3
 from vocabjax.checkpoints.loader import load_model
 from vocabjax.io import atomic_write_text
 from vocabjax.models.eagle import default_feature_layers
 from vocabjax.train.eagle import (EagleJob, evaluate_heldout, job_from_dict, load_eagle_features,
                                   record_sources, target_to_head)
-from vocabjax.train.features import heldout_records
+from vocabjax.train.features import heldout_records, prompt_key
 from vocabjax.train.loop import read_job_yaml
 
 
@@ -58,18 +58,13 @@ def agreement(data, sources: list[str]) -> dict:
   return out
 
 
-def prompt_of(data, i: int) -> tuple:
-  _, toks, first = data.seqs[i]
-  return tuple(toks[:first + 1].tolist())
-
-
 def held_out(data, job: EagleJob) -> tuple[list, set, set]:
   """(indices into data.seqs of the held-out records, their prompts, the other records'
   prompts: those a run may have trained on)."""
   held = set(heldout_records(data, job.heldout).tolist())
   idx = [i for i, (rec, _, _) in enumerate(data.seqs) if rec in held]
-  rest = {prompt_of(data, i) for i, (rec, _, _) in enumerate(data.seqs) if rec not in held}
-  return idx, {prompt_of(data, i) for i in idx}, rest
+  rest = {prompt_key(toks, first) for rec, toks, first in data.seqs if rec not in held}
+  return idx, {prompt_key(*data.seqs[i][1:]) for i in idx}, rest
 
 
 def compare(runs: list[Path], eval_on: Path, *, depth: int = 1, mix: str | None = None,
@@ -93,10 +88,9 @@ def compare(runs: list[Path], eval_on: Path, *, depth: int = 1, mix: str | None 
       raise ValueError(f"{r}'s head reads layers {list(hc.feature_layers)}, {eval_on}'s "
                        f"features are of {list(layers)}")
     summary = json.loads((r / "summary.json").read_text())
-    d2t = np.asarray(head["d2t"])
     score = evaluate_heldout(head, {"embed": target.params["embed"]}, datas[eval_on], held_idx,
                              dataclasses.replace(ev, ttt_steps=depth),
-                             target_to_head(np.arange(len(d2t)) + d2t, tc.vocab_size), hc, {})
+                             target_to_head(head_target_ids(head["d2t"]), tc.vocab_size), hc, {})
     agree = agreement(datas[r], [r.name] * (1 + max(s[0] for s in datas[r].seqs)))[r.name]
     rows.append({"run": r.name, "data": [str(p) for p in jobs[r].data],
                  "train_positions": summary["train_label_positions"],

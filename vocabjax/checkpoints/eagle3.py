@@ -56,6 +56,12 @@ def _hf_config(config: EagleConfig, target: dict | None, extra: dict | None) -> 
           "vocabjax": {"target": target or {}, **(extra or {})}}
 
 
+def head_target_ids(d2t) -> np.ndarray:
+  """The target id of each head-vocabulary id: EAGLE-3's `d2t` stores their differences."""
+  d2t = np.asarray(d2t, np.int64)
+  return np.arange(len(d2t)) + d2t
+
+
 def save_eagle3(params: dict, config: EagleConfig, directory, *, target: dict | None = None,
                 extra: dict | None = None) -> Path:
   """Write the head (atomically: a temporary directory renamed into place). `target`: the
@@ -68,7 +74,7 @@ def save_eagle3(params: dict, config: EagleConfig, directory, *, target: dict | 
   tensors.update({LAYER[k]: v for k, v in params["layer"].items()})
   arrays = {k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in tensors.items()}
   d2t = np.asarray(params["d2t"], np.int64)
-  target_ids = np.arange(len(d2t)) + d2t
+  target_ids = head_target_ids(d2t)
   t2d = np.zeros(config.layer.vocab_size, bool)
   t2d[target_ids] = True
   arrays.update(d2t=d2t, t2d=t2d)
@@ -145,7 +151,7 @@ def load_eagle3(directory, *, target_config: LlamaLikeConfig | None = None,
       raise CheckpointError(f"{directory}: tensor {name} has shape "
                             f"{tuple(tensors[name].shape)}, expected {shape}")
   d2t = tensors["d2t"].astype(np.int64)
-  target_ids = np.arange(Vd) + d2t
+  target_ids = head_target_ids(d2t)
   if target_ids.min() < 0 or target_ids.max() >= c.vocab_size:
     raise CheckpointError(f"{directory}: d2t maps outside the target vocabulary "
                           f"[0, {c.vocab_size})")

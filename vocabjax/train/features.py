@@ -272,13 +272,18 @@ def load_features(fdir: Path) -> Features:
                   cat.get("top_ids"), cat.get("top_p"), seqs, meta)
 
 
+def prompt_key(toks, first: int) -> tuple:
+  """A record's prompt (its tokens up to and including `first`) as a hashable key."""
+  return tuple(toks[:first + 1].tolist())
+
+
 def heldout_records(feats: "Features", heldout: float) -> np.ndarray:
   """Record ids held out: every record of the last `heldout` fraction of distinct prompts (in
   order of first appearance), so a prompt's completions by two models never straddle the split."""
   first_seen: dict = {}
   rec_prompt = {}
   for rec, toks, first in feats.seqs:
-    key = tuple(toks[:first + 1].tolist())
+    key = prompt_key(toks, first)
     rec_prompt[rec] = first_seen.setdefault(key, len(first_seen))
   n = len(first_seen)
   cut = int(round(n * (1 - heldout)))
