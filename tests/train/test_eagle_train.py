@@ -4,6 +4,7 @@ resume is exact, the export loads and decodes greedy-identically, bad input."""
 
 import dataclasses
 import json
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -353,6 +354,54 @@ def test_train_fraction_keeps_the_split_and_the_vocabulary(target_dir, data_file
       _job(target_dir, data_file, tmp_path / "x", train_fraction=bad)
 
 
+def test_fine_tuning_starts_from_an_exported_head(target_dir, data_file, tmp_path):
+  """`init_head`: training starts from the head's weights and vocabulary (its first held-out
+  figures are the head's own on the same split), goes on lowering the loss, and its fingerprint
+  follows the head; a head of another shape or target, or none, is refused before features."""
+  kw = dict(steps=10, eval_every=10, select_by=None)
+  base = train(_job(target_dir, data_file, tmp_path / "base", **kw), show_progress=False)
+  head = str(tmp_path / "base" / "head")
+  ft = _job(target_dir, data_file, tmp_path / "ft", init_head=head, steps=20)
+  summary = train(ft, show_progress=False)
+  for k in ("heldout_loss", "acc_0", "acc_2"):
+    assert summary["start"][k] == pytest.approx(base["final"][k], rel=1e-5, abs=1e-6), k
+  assert summary["final"]["heldout_loss"] < summary["start"]["heldout_loss"]
+  _, a, _ = load_eagle3(head)
+  _, b, _ = load_eagle3(tmp_path / "ft" / "head")
+  np.testing.assert_array_equal(np.asarray(a["d2t"]), np.asarray(b["d2t"]))
+  assert not np.array_equal(np.asarray(a["fc"]), np.asarray(b["fc"]))
+  # the fingerprint: another head at the same path is another job; none keeps the old one
+  fp = ft.train_fingerprint()
+  assert fp != dataclasses.replace(ft, init_head=None).train_fingerprint()
+  cfg = Path(head) / "config.json"
+  raw = json.loads(cfg.read_text())
+  raw["vocabjax"]["row"]["step"] = 3
+  cfg.write_text(json.dumps(raw))
+  assert ft.train_fingerprint() != fp
+
+  def refused(match, **kw):
+    fdir = tmp_path / "fx"
+    with pytest.raises(TrainError, match=match):
+      train(_job(target_dir, data_file, tmp_path / "bad", features=str(fdir), **kw),
+            show_progress=False)
+    assert not fdir.exists()
+
+  refused(r"has draft_vocab_size=200, this job 150", init_head=head, draft_vocab_size=150)
+  refused(r"has intermediate_size=\d+, this job 24", init_head=head, intermediate_size=24)
+  refused(r"has feature_layers=\[0, 1\], this job \[1\]", init_head=head,
+          feature_layers=(1,))
+  refused(r"nohead.*No such file", init_head=str(tmp_path / "nohead"))
+  other = save_tiny_variant("qwen2_bias", tmp_path / "other", seed=9, with_tokenizer=True)
+  with pytest.raises(TrainError, match=r"init_head=.*base/head"):
+    train(_job(other, data_file, tmp_path / "bad", features=str(tmp_path / "fo"),
+               init_head=head), show_progress=False)
+  with pytest.raises(TrainError, match="keeps that head's vocabulary"):
+    _job(target_dir, data_file, tmp_path / "x", init_head=head,
+         vocab_counts=(str(tmp_path / "c.npz"),))
+  with pytest.raises(TrainError, match="where this job exports its own head"):
+    _job(target_dir, data_file, tmp_path / "base", init_head=head)
+
+
 def test_bad_input(target_dir, data_file, tmp_path):
   job = _job(target_dir, data_file, tmp_path / "run", steps=2, warmup_steps=1)
   other = save_tiny_variant("qwen2_bias", tmp_path / "other", seed=9, with_tokenizer=True)
@@ -410,7 +459,6 @@ def test_data_source_comparison(target_dir, data_file, tmp_path, capsys):
   greedy text agrees with its labels everywhere, random text rarely; a run that trained on
   the held-out prompts is refused, one that held them out (and more) is scored."""
   import importlib.util
-  from pathlib import Path
 
   spec = importlib.util.spec_from_file_location(
       "eagle_data_source", Path(__file__).parents[2] / "eval" / "eagle_data_source.py")

@@ -27,7 +27,10 @@ most frequent tokens (FR-Spec / EAGLE-3's d2t) by the training labels' frequenci
 of any `vocab_counts` calibration files (`python -m vocabjax.calibrate count`; each source
 weighs as one distribution, ties go to the lower id), or a VocabSubset file (`vocab_subset`).
 Its LM head starts as the target's LM-head rows of those ids, and trains unless
-`train_lm_head: false` (then it is the target's head, frozen). The embedding is always
+`train_lm_head: false` (then it is the target's head, frozen). `init_head` fine-tunes an
+exported head instead (e.g. one trained on a general mix, on text of the domain it will draft):
+training starts from its weights, vocabulary (d2t) and LM head; the job must name its feature
+layers, MLP width and vocabulary size, and the optimizer and schedule start afresh. The embedding is always
 the target's, frozen. d2t (and a frozen LM head) are saved in the orbax checkpoints beside the
 trained params.
 
@@ -50,7 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vocabjax.calibrate.counts import Counts
-from vocabjax.checkpoints.eagle3 import load_eagle3, save_eagle3
+from vocabjax.checkpoints.eagle3 import head_target_ids, load_eagle3, save_eagle3
 from vocabjax.checkpoints.loader import load_model
 from vocabjax.io import atomic_write_json
 from vocabjax.kernels import cpu_matmul
@@ -103,6 +106,7 @@ class EagleJob:
   max_records: int | None = None
   train_fraction: float = 1.0  # train on the first fraction of the training records (ablations)
   pack: bool = False  # fill each window with several records' windows (`make_packed_batch`)
+  init_head: str | None = None  # an exported head to start from (fine-tuning; module doc)
 
   def __post_init__(self):
     if not self.data:
@@ -118,6 +122,12 @@ class EagleJob:
       raise TrainError(f"heldout={self.heldout} must be in (0, 1)")
     if self.vocab_subset and self.draft_vocab_size is not None:
       raise TrainError("give either vocab_subset or draft_vocab_size, not both")
+    if self.init_head and Path(self.init_head).resolve() == (Path(self.out) / "head").resolve():
+      raise TrainError(f"init_head={self.init_head!r} is where this job exports its own head: "
+                       f"copy it elsewhere or use another out")
+    if self.init_head and (self.vocab_subset or self.vocab_counts):
+      raise TrainError(f"init_head={self.init_head!r} keeps that head's vocabulary: drop "
+                       f"vocab_subset and vocab_counts")
     if self.feature_backend not in ("jax", "torch"):
       raise TrainError(f"feature_backend={self.feature_backend!r} is not 'jax' or 'torch'")
     if self.feature_backend == "jax" and self.feature_dtype != "float32":
@@ -146,7 +156,28 @@ class EagleJob:
                            self.max_records, *extra)
 
   def train_fingerprint(self) -> str:
-    return train_fingerprint(self, new_defaults={"train_fraction": 1.0, "pack": False})
+    # init_head: the head's file and its export record (another head at the same path is
+    # another job), so a resumed fine-tuning run starts from the head it started from
+    replace = {"init_head": head_identity(self.init_head)} if self.init_head else None
+    return train_fingerprint(self, replace=replace,
+                             new_defaults={"train_fraction": 1.0, "pack": False,
+                                           "init_head": None})
+
+
+def head_identity(directory) -> list:
+  """What a training fingerprint remembers of an `init_head`: its weights file (path, size)
+  and the record its exporter wrote (the job and the step it was exported at)."""
+  directory = Path(directory)
+  cfg, weights = directory / "config.json", directory / "model.safetensors"
+  for f in (cfg, weights):
+    if not f.is_file():
+      raise TrainError(f"init_head={str(directory)!r}: {f} does not exist (not an exported "
+                       f"EAGLE-3 head directory)")
+  try:
+    rec = json.loads(cfg.read_text()).get("vocabjax", {})
+  except json.JSONDecodeError as e:
+    raise TrainError(f"init_head={str(directory)!r}: {cfg} is not JSON ({e})") from None
+  return files_key([weights]) + [{k: rec.get(k) for k in ("job", "row")}]
 
 
 # --- features ----------------------------------------------------------------------------------
@@ -333,6 +364,28 @@ def choose_vocab(job: EagleJob, data: EagleData, train_recs: set, V: int) -> np.
     freq = freq + c / c.sum()
   order = np.lexsort((np.arange(V), -freq))  # most frequent first, ties by id
   return np.sort(order[:K])
+
+
+def starting_head(job: EagleJob, target, layers) -> dict | None:
+  """The params of `job.init_head` (None without one), checked against the target (its shapes
+  and LM-head fingerprint) and against the job: same feature layers, MLP width and vocabulary
+  size (TrainError naming both values)."""
+  if not job.init_head:
+    return None
+  tc = target.config
+  try:
+    hc, params, _ = load_eagle3(job.init_head, target_config=tc, target_params=target.params)
+  except (ValueError, OSError) as e:  # CheckpointError is a ValueError
+    raise TrainError(f"init_head={job.init_head!r}: {e}") from None
+  Vd = job.draft_vocab_size if job.draft_vocab_size is not None else tc.vocab_size
+  width = job.intermediate_size or tc.intermediate_size
+  for what, head, want in (("feature_layers", list(hc.feature_layers), list(layers)),
+                           ("draft_vocab_size", hc.draft_vocab_size, Vd),
+                           ("intermediate_size", hc.layer.intermediate_size, width)):
+    if head != want:
+      raise TrainError(f"init_head={job.init_head!r} has {what}={head}, this job {want}: set "
+                       f"the job's {what} to the head's")
+  return params
 
 
 def target_to_head(ids, V: int) -> np.ndarray:
@@ -537,6 +590,7 @@ def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None =
     # checked again where the vocabulary is chosen; here before minutes of feature building
     raise TrainError(f"draft_vocab_size={job.draft_vocab_size} must be in [1, "
                      f"V={tc.vocab_size}]")
+  start_head = starting_head(job, target, layers)  # before minutes of feature building
   fdir = build_eagle_features(job, target, layers, show_progress=show_progress)
   data = load_eagle_features(fdir, target, layers)
   held_recs = set(heldout_records(data, job.heldout).tolist())
@@ -546,7 +600,8 @@ def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None =
   if not train_idx or not held_idx:
     raise TrainError(f"empty train ({len(train_idx)}) or held-out ({len(held_idx)}) records")
   V = tc.vocab_size
-  ids = choose_vocab(job, data, {data.seqs[i][0] for i in train_idx}, V)
+  ids = (head_target_ids(np.asarray(start_head["d2t"])) if start_head is not None
+         else choose_vocab(job, data, {data.seqs[i][0] for i in train_idx}, V))
   # a data-size ablation trains on the first fraction of the training records (the data files'
   # order); the held-out split and the head's vocabulary are those of the whole data
   train_idx = train_idx[:max(1, int(round(len(train_idx) * job.train_fraction)))]
@@ -554,8 +609,11 @@ def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None =
   t2d = target_to_head(ids, V)
   hc = head_config(tc, layers, Vd, job.intermediate_size)
 
-  init = init_eagle(jax.random.key(job.seed), hc)
-  init["lm_head"] = jnp.take(lm_head_weight(target.params, tc), jnp.asarray(ids), axis=0)
+  if start_head is not None:
+    init = dict(start_head)
+  else:
+    init = init_eagle(jax.random.key(job.seed), hc)
+    init["lm_head"] = jnp.take(lm_head_weight(target.params, tc), jnp.asarray(ids), axis=0)
   d2t = jnp.asarray(ids - np.arange(Vd), jnp.int32)
   frozen_names = ("d2t",) + (() if job.train_lm_head else ("lm_head",))
   trainable = {k: v for k, v in init.items() if k not in frozen_names}
