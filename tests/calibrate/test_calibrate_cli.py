@@ -1,6 +1,7 @@
 """`python -m vocabjax.calibrate`: text / jsonl / datasets / generated sources, resume, select,
 plots and bad input, on tiny models with a real (tiny) BPE tokenizer."""
 
+import dataclasses
 import json
 
 import numpy as np
@@ -117,6 +118,15 @@ def test_generated_counts_only_the_completions(tiny_chat_dir, tmp_path):
   assert c.meta["kind"] == "generated" and c.meta["timing"]["generate_tokens_per_s"] > 0
   lines = (tmp_path / "g" / "generated.jsonl").read_text().splitlines()
   assert len(lines) == 6 and sum(len(json.loads(x)["completion_ids"]) for x in lines) == c.total
+  # continuous batching (2 rows per unit of 4 prompts): the same completions, in the same order;
+  # another job (fingerprint), while a job without rows keeps the one it had before
+  cont = dataclasses.replace(job, out=str(tmp_path / "g2"), rows=2)
+  c2 = run_count(cont, progress=False)
+  np.testing.assert_array_equal(c2.counts, c.counts)
+  assert (tmp_path / "g2" / "generated.jsonl").read_text().splitlines() == lines
+  assert cont.fingerprint() != job.fingerprint() and "rows" not in job.as_dict()
+  with pytest.raises(CalibrationError, match=r"rows=5 must be in \[1, batch_size=4\]"):
+    dataclasses.replace(job, rows=5)
 
 
 def test_select_keeps_specials_and_refuses_other_tokenizers(tiny_chat_dir, corpus, tmp_path):

@@ -32,6 +32,56 @@ def test_eos_stops_only_its_row(decoder):
   assert res.finish_reasons[0] == "eos"
 
 
+def _scheduled_steps(lengths, rows):
+  """Decode steps continuous batching needs: prompts take rows in order as rows free up (lower
+  row first), a prompt's first token comes from its prefill and each step adds one."""
+  import heapq
+
+  free = [(0, b) for b in range(rows)]
+  end = 0
+  for n in lengths:
+    t, b = heapq.heappop(free)
+    end = max(end, t + n - 1)
+    heapq.heappush(free, (t + n - 1, b))
+  return end
+
+
+@pytest.mark.parametrize("rows", [1, 3, 9])
+def test_continuous_batching_equals_generate(decoder, rows):
+  """Rows refilled with the next prompt as theirs finish: each prompt's tokens and finish
+  reason are those of one batched `generate`, in prompt order, in exactly the steps the
+  schedule needs (no step waits for another prompt's longer answer); a row that idles at the
+  end and a prompt done by its prefill's token (max_new_tokens reached) are handled."""
+  rs = np.random.RandomState(3)
+  prompts = [rs.randint(1, 128, rs.randint(2, 40)).tolist() for _ in range(7)]
+  free = decoder.generate(prompts, max_new_tokens=14)
+  eos = free.tokens[2][3]  # rows stop at different points
+  ref = decoder.generate(prompts, max_new_tokens=14, eos_token_ids=[eos])
+  assert len({len(t) for t in ref.tokens}) > 2
+  res = decoder.generate_continuous(prompts, rows=rows, max_new_tokens=14, eos_token_ids=[eos])
+  assert res.tokens == ref.tokens and res.finish_reasons == ref.finish_reasons
+  assert res.prompt_lengths == [len(p) for p in prompts]
+  assert res.steps == _scheduled_steps([len(t) for t in ref.tokens], min(rows, len(prompts)))
+  if rows == 3:
+    assert res.steps < sum(max(len(t) for t in ref.tokens[i:i + 3]) - 1 for i in range(0, 7, 3))
+  one = decoder.generate_continuous(prompts, rows=rows, max_new_tokens=1)
+  assert one.tokens == [t[:1] for t in free.tokens] and one.steps == 0
+
+
+def test_continuous_batching_sampled_and_bad_requests(decoder):
+  prompts = [[5, 6, 7], [9, 10, 11, 12], [3], [8, 8]]
+  hot = SamplingParams(temperature=1.0)
+  a = decoder.generate_continuous(prompts, rows=2, max_new_tokens=10, sampling=hot, seed=4)
+  b = decoder.generate_continuous(prompts, rows=2, max_new_tokens=10, sampling=hot, seed=4)
+  c = decoder.generate_continuous(prompts, rows=2, max_new_tokens=10, sampling=hot, seed=5)
+  assert a.tokens == b.tokens and a.tokens != c.tokens
+  assert all(len(t) == 10 for t in a.tokens)
+  with pytest.raises(ValueError, match="rows=0 must be >= 1"):
+    decoder.generate_continuous(prompts, rows=0, max_new_tokens=4)
+  with pytest.raises(ValueError, match="exceeds the cache length"):
+    decoder.generate_continuous(prompts, rows=2, max_new_tokens=30, max_len=32)
+
+
 def test_max_new_tokens_and_length_reason(decoder):
   res = decoder.generate([[3, 4]], max_new_tokens=5)
   assert len(res.tokens[0]) == 5 and res.finish_reasons == ["length"] and res.steps == 4

@@ -45,7 +45,12 @@ def _parser():
   c.add_argument("--exclude-suites", nargs="*", default=list(CountJob.exclude_suites),
                  help="eval suites whose prompts are left out (disjoint calibration)")
   c.add_argument("--max-new-tokens", type=int, default=128)
-  c.add_argument("--batch-size", type=int, default=8)
+  c.add_argument("--batch-size", type=int, default=8,
+                 help="prompts per unit (resumable step), decoded as one batch unless --rows")
+  c.add_argument("--rows", type=int,
+                 help="continuous batching: decode each unit's prompts with this many rows, a "
+                      "finished row taking the next prompt (answers of unequal length waste "
+                      "no steps)")
   c.add_argument("--temperature", type=float, default=0.0)
   c.add_argument("--seed", type=int, default=0)
   c.add_argument("--max-len", type=int, default=1024)
@@ -83,7 +88,7 @@ def main(argv=None) -> int:
           field=args.field, glob=tuple(args.glob), skip_dirs=tuple(args.skip_dirs), docs_per_unit=args.docs_per_unit,
           num_proc=args.num_proc, generator=args.generator, prompts=tuple(args.prompts),
           exclude_suites=tuple(args.exclude_suites), max_new_tokens=args.max_new_tokens,
-          batch_size=args.batch_size, temperature=args.temperature, seed=args.seed,
+          batch_size=args.batch_size, rows=args.rows, temperature=args.temperature, seed=args.seed,
           max_len=args.max_len, limit=args.limit)
       run_count(job, overwrite=args.overwrite, max_units=args.max_units, finish=args.finish,
                 progress=not args.quiet)

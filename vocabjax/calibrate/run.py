@@ -8,8 +8,9 @@ Sources (one kind per run):
              the drafter) on prompts from the eval datasets (`prompts`: "spec_bench",
              "humaneval", "gsm8k" or a Spec-Bench-format .jsonl), minus every prompt of the
              eval suites in `exclude_suites`; batched greedy or sampled generation with the chat
-             template; only generated tokens are counted, and the completions are kept in
-             `generated.jsonl` (EAGLE training data later).
+             template (`rows`: continuous batching, each unit's `batch_size` prompts decoded by
+             `rows` rows that take the next prompt as theirs finish); only generated tokens are
+             counted, and the completions are kept in `generated.jsonl` (EAGLE training data).
 
 The work is split into units (a batch of documents or of prompts) in a fixed order. After each
 unit the counts and the number of units done are saved atomically to `counts.partial.npz`; a
@@ -65,7 +66,8 @@ class CountJob:
   prompts: tuple[str, ...] = ("spec_bench",)
   exclude_suites: tuple[str, ...] = ("default", "spec_bench", "humaneval", "compare_torch")
   max_new_tokens: int = 128
-  batch_size: int = 8
+  batch_size: int = 8  # prompts per unit (one batch, unless `rows`)
+  rows: int | None = None  # continuous batching: decode each unit with this many rows
   temperature: float = 0.0
   seed: int = 0
   max_len: int = 1024
@@ -82,12 +84,17 @@ class CountJob:
     if self.batch_size < 1 or self.docs_per_unit < 1 or self.max_new_tokens < 1:
       raise CalibrationError(f"batch_size, docs_per_unit and max_new_tokens must be >= 1, got "
                              f"{self.batch_size}, {self.docs_per_unit}, {self.max_new_tokens}")
+    if self.rows is not None and not 1 <= self.rows <= self.batch_size:
+      raise CalibrationError(f"rows={self.rows} must be in [1, batch_size={self.batch_size}] "
+                             f"(a unit's prompts share its rows)")
     if self.limit is not None and self.limit < 1:
       raise CalibrationError(f"limit must be >= 1, got {self.limit}")
 
   def as_dict(self) -> dict:
     d = dataclasses.asdict(self)
     d.pop("out")
+    if d["rows"] is None:  # jobs from before continuous batching keep their fingerprints
+      d.pop("rows")
     return d
 
   def fingerprint(self) -> str:
@@ -399,14 +406,16 @@ def _generated_units(job: CountJob, tokenizer, tok_id: str):
   prompts = calibration_prompts(job, tokenizer)
   units = [prompts[i:i + job.batch_size] for i in range(0, len(prompts), job.batch_size)]
   # B > 1 rows make every step a GEMM: on XLA:CPU the [in, out] MLP layout is faster there
-  params = gen_model.in_layout(block_layout()) if job.batch_size > 1 else gen_model.params
+  params = (gen_model.in_layout(block_layout()) if (job.rows or job.batch_size) > 1
+            else gen_model.params)
   dec = Decoder(params, gen_model.config)
   sampling = SamplingParams(temperature=job.temperature)
 
   def gen(i, batch):
-    res = dec.generate(batch, max_new_tokens=job.max_new_tokens, sampling=sampling,
-                       seed=job.seed + i, eos_token_ids=gen_model.eos_token_ids,
-                       max_len=job.max_len)
+    kw = dict(max_new_tokens=job.max_new_tokens, sampling=sampling, seed=job.seed + i,
+              eos_token_ids=gen_model.eos_token_ids, max_len=job.max_len)
+    res = (dec.generate_continuous(batch, rows=job.rows, **kw) if job.rows
+           else dec.generate(batch, **kw))
     texts = [json.dumps({"prompt": tokenizer.decode(p), "completion_ids": t,
                          "completion": tokenizer.decode(t, skip_special_tokens=False)})
              for p, t in zip(batch, res.tokens)]

@@ -7,6 +7,11 @@ then reset to its own prompt length, so padding is never attended and positions 
 (row b of a batch gives the same tokens as that prompt alone). Prefill and the decode step are
 compiled ahead of time once per (config, B, T, S, sampling); the Python loop only checks
 EOS/stop conditions, so no token ever triggers a recompilation.
+
+`Decoder.generate_continuous` decodes many prompts with a fixed number of rows (continuous
+batching): a row whose prompt finishes takes the next prompt, prefilled alone into a fresh
+one-row cache that replaces the row's; for bulk generation (training data) where a batch's
+rows would otherwise idle until its longest answer ends.
 """
 
 from __future__ import annotations
@@ -80,19 +85,21 @@ class OutputCollector:
     """emitted [B] or [B, W]: each row's new tokens in order; -1 ends a row's block early."""
     emitted = np.asarray(emitted).reshape(len(self.tokens), -1)
     for b in np.flatnonzero(~self.done):
-      row = self.tokens[b]
-      for tok in emitted[b]:
-        if tok < 0:
-          break
-        row.append(int(tok))
-        if tok in self.eos:
-          self.done[b], self.reasons[b] = True, "eos"
-        elif self.stop_strings and _hits_stop(self.tokenizer, row, self.stop_strings):
-          self.done[b], self.reasons[b] = True, "stop"
-        elif len(row) >= self.max_new_tokens:
-          self.done[b] = True
-        if self.done[b]:
-          break
+      self.add_row(b, emitted[b])
+
+  def add_row(self, b: int, emitted) -> None:
+    """Row b's new tokens in order (-1 ends them early); nothing once the row is done."""
+    row = self.tokens[b]
+    for tok in emitted:
+      if self.done[b] or tok < 0:
+        break
+      row.append(int(tok))
+      if tok in self.eos:
+        self.done[b], self.reasons[b] = True, "eos"
+      elif self.stop_strings and _hits_stop(self.tokenizer, row, self.stop_strings):
+        self.done[b], self.reasons[b] = True, "stop"
+      elif len(row) >= self.max_new_tokens:
+        self.done[b] = True
 
 
 def bucket(n: int, minimum: int = 16) -> int:
@@ -186,24 +193,39 @@ class Decoder:
 
   def programs(self, sampling: SamplingParams, B: int, T: int, S: int, cache_dtype):
     """(prefill, step, compile seconds) for these shapes, compiled once."""
-    key = (sampling, B, T, S, jnp.dtype(cache_dtype).name)
+    prefill, c1 = self.prefill_program(sampling, B, T, S, cache_dtype)
+    step, c2 = self.step_program(sampling, B, S, cache_dtype)
+    return prefill, step, c1 + c2
+
+  def _compile(self, key, build):
+    """(program, compile seconds): `build(abstract cache)` once per key."""
     if key in self._programs:
-      return (*self._programs[key], 0.0)
+      return self._programs[key], 0.0
     t0 = time.perf_counter()
-    cfg = self.config
-    cache = abstract_cache(cfg, B, S, cache_dtype, self.mesh)
+    kind, _, B, *_, S, dtype = key
+    cache = abstract_cache(self.config, B, S, dtype, self.mesh)
     # On a mesh XLA's dot is partitioned with the weights; the CPU kernel is one device's
     # custom call (GSPMD would gather the weights to it), so sharded programs do without it.
     with cpu_matmul.enabled(cpu_matmul.is_enabled() and self.mesh is None), \
         per_row_writes(self.mesh is not None):
-      prefill = compile_prefill(self.params, cfg, sampling, B, T, cache)
+      self._programs[key] = build(cache)
+    return self._programs[key], time.perf_counter() - t0
+
+  def prefill_program(self, sampling: SamplingParams, B: int, T: int, S: int, cache_dtype):
+    """(compiled `_prefill` of a [B, T] prompt block into an S-slot cache, compile seconds)."""
+    return self._compile(("prefill", sampling, B, T, S, jnp.dtype(cache_dtype).name),
+                         lambda cache: compile_prefill(self.params, self.config, sampling, B, T,
+                                                       cache))
+
+  def step_program(self, sampling: SamplingParams, B: int, S: int, cache_dtype):
+    """(compiled decode step of B rows over an S-slot cache, compile seconds)."""
+    def build(cache):
       with cpu_matmul.decode_steps():
-        step = jax.jit(functools.partial(_step, config=cfg, sampling=sampling),
+        return jax.jit(functools.partial(_step, config=self.config, sampling=sampling),
                        donate_argnums=(2,)).lower(
             self.params, jax.ShapeDtypeStruct((B,), jnp.int32), cache,
             jax.random.key(0)).compile()
-    self._programs[key] = (prefill, step)
-    return prefill, step, time.perf_counter() - t0
+    return self._compile(("step", sampling, B, S, jnp.dtype(cache_dtype).name), build)
 
   def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                sampling: SamplingParams = SamplingParams(), seed: int = 0,
@@ -244,6 +266,93 @@ class Decoder:
                             prompt_lengths=lengths.tolist(),
                             compile_s=compile_s, prefill_s=t1 - t0, decode_s=t2 - t1,
                             steps=steps)
+
+
+  def generate_continuous(self, prompts: Sequence[Sequence[int]], *, rows: int,
+                          max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
+                          seed: int = 0, eos_token_ids: Sequence[int] = (),
+                          max_len: int | None = None, stop_strings: Sequence[str] = (),
+                          tokenizer=None, cache_dtype=None) -> GenerationResult:
+    """Continuous batching: `rows` cache rows decode the prompts, and a row whose prompt is
+    finished takes the next one (prefilled alone, the row's cache replaced), so prompts with
+    answers of different lengths keep every row busy instead of waiting for a batch's longest.
+    Rows and outputs are in prompt order; each prompt's output is what `generate` gives it
+    (a batch-1 prefill and `rows`-row decode steps, whose rows never see each other).
+    `steps` counts the decode steps, `prefill_s` the prompts' prefills (one at a time).
+    Sampling draws other random numbers than `generate` (per prompt and step). One device."""
+    if self.mesh is not None:
+      raise ValueError("continuous batching runs on one device; use generate() on a mesh")
+    if rows < 1:
+      raise ValueError(f"rows={rows} must be >= 1")
+    cfg = self.config
+    prompts = [list(map(int, p)) for p in prompts]
+    validate_request(prompts, max_new_tokens, sampling, cfg, max_len)
+    N, B = len(prompts), min(rows, len(prompts))
+    out = OutputCollector(N, max_new_tokens, eos_token_ids, stop_strings, tokenizer)
+    lengths = [len(p) for p in prompts]
+    S = cache_slots(max(lengths), max_new_tokens, max_len)
+    cache_dtype = cache_dtype or compute_dtype(self.params)
+    step, compile_s = self.step_program(sampling, B, S, cache_dtype)
+    key_prefill, key_step = jax.random.split(jax.random.key(seed))
+    cache = self._new_cache(B, S, cache_dtype)
+    new = np.zeros(B, np.int32)
+    occupant = [-1] * B  # the prompt each row decodes (-1: idle)
+    pending = iter(range(N))
+    timing = {"prefill": 0.0, "compile": compile_s}
+
+    def fill(b: int) -> None:
+      """Give row b the next prompt that is not finished by its first token."""
+      nonlocal cache
+      for i in pending:
+        T = min(prompt_bucket(lengths[i]), S)
+        prefill, c = self.prefill_program(sampling, 1, T, S, cache_dtype)
+        timing["compile"] += c
+        t = time.perf_counter()
+        tokens = np.zeros((1, T), np.int32)
+        tokens[0, :lengths[i]] = prompts[i]
+        tok, row = prefill(self.params, jnp.asarray(tokens),
+                           jnp.asarray([lengths[i]], jnp.int32),
+                           self._new_cache(1, S, cache_dtype),
+                           jax.random.fold_in(key_prefill, i))
+        tok = int(np.asarray(tok)[0])
+        out.add_row(i, [tok])
+        if not out.done[i]:
+          cache = _put_row(cache, row, b)
+          timing["prefill"] += time.perf_counter() - t
+          new[b], occupant[b] = tok, i
+          return
+        timing["prefill"] += time.perf_counter() - t
+      occupant[b] = -1  # no prompt left: the row idles from slot 0 (never past S)
+      cache = cache.replace(lengths=cache.lengths.at[b].set(0))
+
+    t0 = time.perf_counter()
+    for b in range(B):
+      fill(b)
+    steps = 0
+    while any(i >= 0 for i in occupant):
+      steps += 1
+      emitted, cache = step(self.params, jnp.asarray(new), cache,
+                            jax.random.fold_in(key_step, steps))
+      new = np.array(emitted, np.int32)
+      for b, i in enumerate(occupant):
+        if i >= 0:
+          out.add_row(i, [int(new[b])])
+          if out.done[i]:
+            fill(b)
+    total = time.perf_counter() - t0
+    return GenerationResult(tokens=out.tokens, finish_reasons=out.reasons,
+                            prompt_lengths=lengths, compile_s=timing["compile"],
+                            prefill_s=timing["prefill"],
+                            decode_s=total - timing["prefill"] - (timing["compile"] - compile_s),
+                            steps=steps)
+
+
+@functools.partial(jax.jit, donate_argnums=(0,))
+def _put_row(cache: KVCache, row: KVCache, b) -> KVCache:
+  """`cache` with row b replaced by the one-row cache `row` (continuous batching)."""
+  return cache.replace(k=jax.lax.dynamic_update_slice_in_dim(cache.k, row.k, b, axis=1),
+                       v=jax.lax.dynamic_update_slice_in_dim(cache.v, row.v, b, axis=1),
+                       lengths=cache.lengths.at[b].set(row.lengths[0]))
 
 
 def _hits_stop(tokenizer, ids: list[int], stop_strings: Sequence[str]) -> bool:
