@@ -30,8 +30,8 @@ Its LM head starts as the target's LM-head rows of those ids, and trains unless
 `train_lm_head: false` (then it is the target's head, frozen). `init_head` fine-tunes an
 exported head instead (e.g. one trained on a general mix, on text of the domain it will draft):
 training starts from its weights, vocabulary (d2t) and LM head; the job must name its feature
-layers, MLP width and vocabulary size, and the optimizer and schedule start afresh. The embedding is always
-the target's, frozen. d2t (and a frozen LM head) are saved in the orbax checkpoints beside the
+layers, MLP width and vocabulary size, and the optimizer and schedule start afresh. The
+embedding is always the target's, frozen. d2t (and a frozen LM head) are saved in the orbax checkpoints beside the
 trained params.
 
 Optimizer: AdamW, warmup + cosine, global-norm clipping (`vocabjax.train.loop`); checkpoints
