@@ -197,13 +197,12 @@ class Decoder:
     step, c2 = self.step_program(sampling, B, S, cache_dtype)
     return prefill, step, c1 + c2
 
-  def _compile(self, key, build):
-    """(program, compile seconds): `build(abstract cache)` once per key."""
+  def _compile(self, key, B: int, S: int, cache_dtype, build):
+    """(program, compile seconds): `build(abstract [B, S] cache)` once per key."""
     if key in self._programs:
       return self._programs[key], 0.0
     t0 = time.perf_counter()
-    kind, _, B, *_, S, dtype = key
-    cache = abstract_cache(self.config, B, S, dtype, self.mesh)
+    cache = abstract_cache(self.config, B, S, cache_dtype, self.mesh)
     # On a mesh XLA's dot is partitioned with the weights; the CPU kernel is one device's
     # custom call (GSPMD would gather the weights to it), so sharded programs do without it.
     with cpu_matmul.enabled(cpu_matmul.is_enabled() and self.mesh is None), \
@@ -213,9 +212,9 @@ class Decoder:
 
   def prefill_program(self, sampling: SamplingParams, B: int, T: int, S: int, cache_dtype):
     """(compiled `_prefill` of a [B, T] prompt block into an S-slot cache, compile seconds)."""
-    return self._compile(("prefill", sampling, B, T, S, jnp.dtype(cache_dtype).name),
-                         lambda cache: compile_prefill(self.params, self.config, sampling, B, T,
-                                                       cache))
+    return self._compile(("prefill", sampling, B, T, S, jnp.dtype(cache_dtype).name), B, S,
+                         cache_dtype, lambda cache: compile_prefill(
+                             self.params, self.config, sampling, B, T, cache))
 
   def step_program(self, sampling: SamplingParams, B: int, S: int, cache_dtype):
     """(compiled decode step of B rows over an S-slot cache, compile seconds)."""
@@ -225,7 +224,8 @@ class Decoder:
                        donate_argnums=(2,)).lower(
             self.params, jax.ShapeDtypeStruct((B,), jnp.int32), cache,
             jax.random.key(0)).compile()
-    return self._compile(("step", sampling, B, S, jnp.dtype(cache_dtype).name), build)
+    return self._compile(("step", sampling, B, S, jnp.dtype(cache_dtype).name), B, S,
+                         cache_dtype, build)
 
   def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                sampling: SamplingParams = SamplingParams(), seed: int = 0,
@@ -267,7 +267,6 @@ class Decoder:
                             compile_s=compile_s, prefill_s=t1 - t0, decode_s=t2 - t1,
                             steps=steps)
 
-
   def generate_continuous(self, prompts: Sequence[Sequence[int]], *, rows: int,
                           max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
                           seed: int = 0, eos_token_ids: Sequence[int] = (),
@@ -298,7 +297,7 @@ class Decoder:
     new = np.zeros(B, np.int32)
     occupant = [-1] * B  # the prompt each row decodes (-1: idle)
     pending = iter(range(N))
-    timing = {"prefill": 0.0, "compile": compile_s}
+    timing = {"prefill": 0.0, "compile": 0.0}  # spent on the prompts' prefills
 
     def fill(b: int) -> None:
       """Give row b the next prompt that is not finished by its first token."""
@@ -341,10 +340,9 @@ class Decoder:
             fill(b)
     total = time.perf_counter() - t0
     return GenerationResult(tokens=out.tokens, finish_reasons=out.reasons,
-                            prompt_lengths=lengths, compile_s=timing["compile"],
+                            prompt_lengths=lengths, compile_s=compile_s + timing["compile"],
                             prefill_s=timing["prefill"],
-                            decode_s=total - timing["prefill"] - (timing["compile"] - compile_s),
-                            steps=steps)
+                            decode_s=total - timing["prefill"] - timing["compile"], steps=steps)
 
 
 @functools.partial(jax.jit, donate_argnums=(0,))

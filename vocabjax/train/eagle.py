@@ -31,8 +31,8 @@ Its LM head starts as the target's LM-head rows of those ids, and trains unless
 exported head instead (e.g. one trained on a general mix, on text of the domain it will draft):
 training starts from its weights, vocabulary (d2t) and LM head; the job must name its feature
 layers, MLP width and vocabulary size, and the optimizer and schedule start afresh. The
-embedding is always the target's, frozen. d2t (and a frozen LM head) are saved in the orbax checkpoints beside the
-trained params.
+embedding is always the target's, frozen. d2t (and a frozen LM head) are saved in the orbax
+checkpoints beside the trained params.
 
 Optimizer: AdamW, warmup + cosine, global-norm clipping (`vocabjax.train.loop`); checkpoints
 every `checkpoint_every` steps (rerun the command to resume; batches depend only on the step,
@@ -621,7 +621,8 @@ def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None =
   embed = target.params["embed"]
 
   opt = make_optimizer(job.optim)
-  run = TrainRun(out, job.train_fingerprint(), steps=job.steps, eval_every=job.eval_every,
+  fingerprint = job.train_fingerprint()  # reads init_head's files: once per run
+  run = TrainRun(out, fingerprint, steps=job.steps, eval_every=job.eval_every,
                  checkpoint_every=job.checkpoint_every, what="train.eagle")
   state = run.restore(TrainState.create(trainable, opt, aux))
   if not np.array_equal(np.asarray(state.aux["d2t"]), np.asarray(d2t)):
@@ -644,14 +645,14 @@ def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None =
   best_row = None
   if job.select_by and (head_dir / "config.json").exists():
     rec = json.loads((head_dir / "config.json").read_text()).get("vocabjax", {})
-    if rec.get("job") == job.train_fingerprint() and rec.get("row", {}).get("step", 1e18) <= start:
+    if rec.get("job") == fingerprint and rec.get("row", {}).get("step", 1e18) <= start:
       best_row = rec["row"]
   fn_cache: dict = {}
 
   def export(st, row):
     params = {**st.params, **st.aux}
     save_eagle3(params, hc, head_dir, target=identity,
-                extra={"job": job.train_fingerprint(), "row": row})
+                extra={"job": fingerprint, "row": row})
 
   def better(row):
     if best_row is None:
