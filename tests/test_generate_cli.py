@@ -1,6 +1,7 @@
 """`python -m vocabjax.generate` end to end on a tiny checkpoint with a real tokenizer."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -87,6 +88,28 @@ def test_batch_size_repeats_prompts(tiny_chat_dir):
   out = main(parse_args(["--target", str(tiny_chat_dir), "--prompt", "a", "--prompt", "b",
                          "--batch-size", "5", "--max-new-tokens", "3", "--quiet"]))
   assert len(out["output_ids"]) == 5 and out["prompt_ids"][0] == out["prompt_ids"][2]
+
+
+def test_rows_decode_continuously_with_the_batched_outputs(tiny_chat_dir, tmp_path):
+  base = ["--target", str(tiny_chat_dir), "--prompt", "def add(a, b):", "--prompt", "Hi",
+          "--prompt", "Hello there, how are you today?", "--max-new-tokens", "9", "--quiet"]
+  batched = main(parse_args(base))
+  cont = main(parse_args(base + ["--rows", "2", "--output", str(tmp_path / "c.json")]))
+  assert cont["output_ids"] == batched["output_ids"]
+  assert cont["finish_reasons"] == batched["finish_reasons"]
+  saved = json.loads((tmp_path / "c.json").read_text())
+  assert saved["settings"]["rows"] == 2 and saved["timing"]["generated_tokens"] == sum(
+      map(len, batched["output_ids"]))
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--rows", "0"], "--rows must be >= 1, got 0"),
+    (["--rows", "2", "--method", "pld"], "decodes with --method ar, not pld"),
+    (["--rows", "2", "--mesh", "data=1,model=1"], "runs on one device: drop --mesh"),
+])
+def test_rows_refuses_what_it_cannot_do(flags, message):
+  with pytest.raises(ValueError, match=re.escape(message)):
+    parse_args(["--target", "x", "--prompt", "p", *flags])
 
 
 def test_method_needs_a_drafter():

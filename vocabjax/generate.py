@@ -60,6 +60,7 @@ class GenerateConfig:
   pld_candidates: int = 1  # pld: matches whose continuations form a tree (1: a chain)
   time_split: bool = False  # time drafter / drafter LM head / verification after the run
   batch_size: int | None = None  # repeat the prompts cyclically up to this many rows
+  rows: int | None = None  # ar: continuous batching with this many cache rows (None: one batch)
   draft_vocab: str | None = None  # a saved static subset (.npz, `calibrate select`): trimmed head
   ranker: str | None = None  # a SpecVocab ranker (.safetensors, `train.ranker`): per-step vocab
   ranker_k: int = 2048  # candidates per step with --ranker
@@ -119,6 +120,14 @@ class GenerateConfig:
       raise ValueError("--adaptive needs --distilled (a directory holding an acceptance head)")
     if self.batch_size is not None and self.batch_size < 1:
       raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+    if self.rows is not None:
+      if self.rows < 1:
+        raise ValueError(f"--rows must be >= 1, got {self.rows}")
+      if self.method != "ar":
+        raise ValueError(f"--rows (continuous batching) decodes with --method ar, not "
+                         f"{self.method}")
+      if self.mesh is not None:
+        raise ValueError("--rows (continuous batching) runs on one device: drop --mesh")
     if self.output:
       check_output_file(self.output, "--output")
     if any(stop == "" for stop in self.stop):
@@ -204,7 +213,10 @@ def main(config: GenerateConfig) -> dict:
   dec = build_decoder(config, model)
   if config.method != "ar":
     load_s = time.perf_counter() - t0
-  res = dec.generate(prompt_ids, **common)
+  if config.rows is not None:  # a finished row takes the next prompt
+    res = dec.generate_continuous(prompt_ids, rows=config.rows, **common)
+  else:
+    res = dec.generate(prompt_ids, **common)
   if config.method != "ar":
     st = res.stats
     spec_stats = {"tau": st.tau, "acceptance_rate": st.acceptance_rate,
@@ -311,6 +323,9 @@ def parse_args(argv=None) -> GenerateConfig:
                  help="tree, eagle: drafting depth, levels of the tree (default 4)")
   p.add_argument("--tree-total-tokens", type=int, default=16,
                  help="tree, eagle: draft tokens verified per step (default 16)")
+  p.add_argument("--rows", type=int, default=None,
+                 help="--method ar: continuous batching, this many cache rows decode the "
+                      "prompts and a finished row takes the next one (default: one batch)")
   p.add_argument("--batch-size", type=int, default=None,
                  help="repeat the prompts cyclically to this many rows")
   p.add_argument("--draft-vocab", help="static drafter vocabulary subset (.npz from "
@@ -358,7 +373,8 @@ def parse_args(argv=None) -> GenerateConfig:
                         pld_candidates=a.pld_candidates,
                         tree_top_k=a.tree_top_k,
                         tree_depth=a.tree_depth, tree_total_tokens=a.tree_total_tokens,
-                        batch_size=a.batch_size, draft_vocab=a.draft_vocab, ranker=a.ranker,
+                        batch_size=a.batch_size, rows=a.rows, draft_vocab=a.draft_vocab,
+                        ranker=a.ranker,
                         ranker_k=a.ranker_k, eagle_head=a.eagle_head,
                         eagle_lm_head=a.eagle_lm_head, medusa_heads=a.medusa_heads,
                         medusa_choices=a.medusa_choices, medusa_top_k=a.medusa_top_k,
