@@ -61,7 +61,7 @@ def agreement(data, sources: list[str]) -> dict:
 def held_out(data, job: EagleJob) -> tuple[list, set, set]:
   """(indices into data.seqs of the held-out records, their prompts, the other records'
   prompts: those a run may have trained on)."""
-  held = set(heldout_records(data, job.heldout).tolist())
+  held = set(heldout_records(data, job.heldout, job.heldout_split, job.seed).tolist())
   idx = [i for i, (rec, _, _) in enumerate(data.seqs) if rec in held]
   rest = {prompt_key(toks, first) for rec, toks, first in data.seqs if rec not in held}
   return idx, {prompt_key(*data.seqs[i][1:]) for i in idx}, rest

@@ -343,7 +343,8 @@ def test_train_fraction_keeps_the_split_and_the_vocabulary(target_dir, data_file
   from vocabjax.train.loop import RUN_ONLY_FIELDS
 
   before = dataclasses.asdict(job)  # the job as written before the fields existed
-  for k in (*RUN_ONLY_FIELDS, "train_fraction", "pack", "init_head"):
+  for k in (*RUN_ONLY_FIELDS, "train_fraction", "pack", "init_head", "heldout_split",
+            "train_subset"):
     before.pop(k, None)
   assert job.train_fingerprint() == hashlib.sha256(
       json.dumps(before, sort_keys=True).encode()).hexdigest()[:16]
@@ -352,6 +353,19 @@ def test_train_fraction_keeps_the_split_and_the_vocabulary(target_dir, data_file
   for bad in (0.0, 1.5):
     with pytest.raises(TrainError, match=rf"train_fraction={bad} must be in \(0, 1\]"):
       _job(target_dir, data_file, tmp_path / "x", train_fraction=bad)
+  # a random held-out split: as many held-out prompts, another job
+  rnd = _job(target_dir, data_file, tmp_path / "rnd", heldout_split="random", **kw)
+  assert rnd.train_fingerprint() != job.train_fingerprint()
+  assert train(rnd, show_progress=False)["heldout_records"] == whole["heldout_records"]
+  with pytest.raises(TrainError, match="heldout_split='first' is not 'last' or 'random'"):
+    _job(target_dir, data_file, tmp_path / "x", heldout_split="first")
+  # a random half of the training records: as many as the first half, the same held-out ones
+  rhalf = train(_job(target_dir, data_file, tmp_path / "rhalf", train_fraction=0.5,
+                     train_subset="random", **kw), show_progress=False)
+  assert (rhalf["train_records"], rhalf["heldout_records"]) == (half["train_records"],
+                                                                half["heldout_records"])
+  with pytest.raises(TrainError, match="train_subset='last' is not 'first' or 'random'"):
+    _job(target_dir, data_file, tmp_path / "x", train_subset="last")
 
 
 def test_fine_tuning_starts_from_an_exported_head(target_dir, data_file, tmp_path):

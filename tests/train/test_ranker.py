@@ -227,6 +227,13 @@ def test_heldout_split_keeps_a_prompts_completions_together():
   np.testing.assert_array_equal(heldout_records(f, 0.5), [2, 3, 6, 7])
   with pytest.raises(TrainError, match="4 distinct prompts cannot be split with heldout=0.05"):
     heldout_records(f, 0.05)
+  # a random split: the same number of prompts, both models' records of each, seeded
+  draws = {tuple(heldout_records(f, 0.5, "random", seed).tolist()) for seed in range(20)}
+  assert all(len(d) == 4 and {r % 4 for r in d} == {r % 4 for r in d if r >= 4} for d in draws)
+  assert len(draws) > 1 and heldout_records(f, 0.5, "random", 3).tolist() == list(
+      heldout_records(f, 0.5, "random", 3))
+  with pytest.raises(TrainError, match="heldout split='first' is not 'last' or 'random'"):
+    heldout_records(f, 0.5, "first")
 
 
 @pytest.mark.parametrize("field, value, message", [

@@ -98,13 +98,15 @@ class EagleJob:
   weight_decay: float = 0.0
   clip_norm: float = 0.5
   heldout: float = 0.1
+  heldout_split: str = "last"  # "last" prompts or a "random" sample of them (seed)
   eval_every: int = 100
   checkpoint_every: int = 100
   select_by: str | None = "heldout_loss"  # None: export the last step
   seed: int = 0
   vocab_block: int = 16384
   max_records: int | None = None
-  train_fraction: float = 1.0  # train on the first fraction of the training records (ablations)
+  train_fraction: float = 1.0  # train on a fraction of the training records (ablations)
+  train_subset: str = "first"  # which fraction: the "first" records or a "random" (seed) sample
   pack: bool = False  # fill each window with several records' windows (`make_packed_batch`)
   init_head: str | None = None  # an exported head to start from (fine-tuning; module doc)
 
@@ -120,6 +122,10 @@ class EagleJob:
                        f"batch_size={self.batch_size}")
     if not 0 < self.heldout < 1:
       raise TrainError(f"heldout={self.heldout} must be in (0, 1)")
+    if self.train_subset not in ("first", "random"):
+      raise TrainError(f"train_subset={self.train_subset!r} is not 'first' or 'random'")
+    if self.heldout_split not in ("last", "random"):
+      raise TrainError(f"heldout_split={self.heldout_split!r} is not 'last' or 'random'")
     if self.vocab_subset and self.draft_vocab_size is not None:
       raise TrainError("give either vocab_subset or draft_vocab_size, not both")
     if self.init_head and Path(self.init_head).resolve() == (Path(self.out) / "head").resolve():
@@ -161,7 +167,8 @@ class EagleJob:
     replace = {"init_head": head_identity(self.init_head)} if self.init_head else None
     return train_fingerprint(self, replace=replace,
                              new_defaults={"train_fraction": 1.0, "pack": False,
-                                           "init_head": None})
+                                           "init_head": None, "heldout_split": "last",
+                                           "train_subset": "first"})
 
 
 def head_identity(directory) -> list:
@@ -593,7 +600,7 @@ def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None =
   start_head = starting_head(job, target, layers)  # before minutes of feature building
   fdir = build_eagle_features(job, target, layers, show_progress=show_progress)
   data = load_eagle_features(fdir, target, layers)
-  held_recs = set(heldout_records(data, job.heldout).tolist())
+  held_recs = set(heldout_records(data, job.heldout, job.heldout_split, job.seed).tolist())
   sources = record_sources(job.data, job.max_records)
   train_idx = [i for i, (r, _, _) in enumerate(data.seqs) if r not in held_recs]
   held_idx = [i for i, (r, _, _) in enumerate(data.seqs) if r in held_recs]
@@ -602,9 +609,15 @@ def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None =
   V = tc.vocab_size
   ids = (head_target_ids(np.asarray(start_head["d2t"])) if start_head is not None
          else choose_vocab(job, data, {data.seqs[i][0] for i in train_idx}, V))
-  # a data-size ablation trains on the first fraction of the training records (the data files'
-  # order); the held-out split and the head's vocabulary are those of the whole data
-  train_idx = train_idx[:max(1, int(round(len(train_idx) * job.train_fraction)))]
+  # a data-size ablation trains on a fraction of the training records: the first ones (the data
+  # files' order) or a seeded random sample (the same permutation: smaller fractions are subsets
+  # of larger ones); the held-out split and the head's vocabulary are those of the whole data
+  n_train = max(1, int(round(len(train_idx) * job.train_fraction)))
+  if job.train_subset == "random":
+    pick = np.random.default_rng(job.seed).permutation(len(train_idx))[:n_train]
+    train_idx = [train_idx[i] for i in sorted(pick.tolist())]
+  else:
+    train_idx = train_idx[:n_train]
   Vd = len(ids)
   t2d = target_to_head(ids, V)
   hc = head_config(tc, layers, Vd, job.intermediate_size)

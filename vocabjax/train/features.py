@@ -277,9 +277,15 @@ def prompt_key(toks, first: int) -> tuple:
   return tuple(toks[:first + 1].tolist())
 
 
-def heldout_records(feats: "Features", heldout: float) -> np.ndarray:
-  """Record ids held out: every record of the last `heldout` fraction of distinct prompts (in
-  order of first appearance), so a prompt's completions by two models never straddle the split."""
+def heldout_records(feats: "Features", heldout: float, split: str = "last",
+                    seed: int = 0) -> np.ndarray:
+  """Record ids held out: every record of a `heldout` fraction of distinct prompts, so a
+  prompt's completions by two models never straddle the split. split="last": the last prompts
+  (in order of first appearance); "random": a seeded random sample of them (when the data's
+  order is not random: a calibrate job sorts its prompts by length, so its last prompts are
+  the longest, all of one or two kinds)."""
+  if split not in ("last", "random"):
+    raise TrainError(f"heldout split={split!r} is not 'last' or 'random'")
   first_seen: dict = {}
   rec_prompt = {}
   for rec, toks, first in feats.seqs:
@@ -290,4 +296,8 @@ def heldout_records(feats: "Features", heldout: float) -> np.ndarray:
   if cut < 1 or cut >= n:
     raise TrainError(f"{n} distinct prompts cannot be split with heldout={heldout} (need at "
                      f"least one prompt on each side)")
-  return np.asarray(sorted(r for r, g in rec_prompt.items() if g >= cut), np.int64)
+  if split == "random":
+    held = set(np.random.default_rng(seed).permutation(n)[cut:].tolist())
+  else:
+    held = set(range(cut, n))
+  return np.asarray(sorted(r for r, g in rec_prompt.items() if g in held), np.int64)
