@@ -78,14 +78,15 @@ def stdlib_items(min_doc: int = 400, max_doc: int = 2500):
   root = Path(sysconfig.get_paths()["stdlib"])
   docs, funcs = [], []
   for f in sorted(root.glob("*.py")):
+    text = f.read_text(errors="replace")
     try:
-      tree = ast.parse(f.read_text(errors="replace"))
+      tree = ast.parse(text)
     except SyntaxError:
       continue
     doc = ast.get_docstring(tree)
     if doc and min_doc <= len(doc) <= max_doc:
       docs.append((f.stem, doc))
-    src = f.read_text(errors="replace").splitlines()
+    src = text.splitlines()
     for node in tree.body:
       if isinstance(node, ast.FunctionDef) and ast.get_docstring(node) and \
           not node.name.startswith("_") and 8 <= node.end_lineno - node.lineno + 1 <= 30:
