@@ -15,6 +15,7 @@ from vocabjax.models import LlamaLikeConfig, init_params
 from vocabjax.models.cache import KVCache
 from vocabjax.models.llamalike import forward
 from vocabjax.decoding.routes import Routes
+from vocabjax.kernels import cpu_matmul
 from vocabjax.testing.fixtures import lookup_model, merging_pair
 from vocabjax.testing.stats import chi2_pvalue, exact_support_probs
 from vocabjax.testing.tiny import tiny_tokenizer
@@ -53,13 +54,15 @@ def prompts(ttok):
   return [ttok(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
 
 
-@pytest.mark.parametrize("gamma,ngram", [(1, False), (3, False), (3, True), (5, True)])
-def test_greedy_identical_to_target(setup, gamma, ngram):
+@pytest.mark.parametrize("gamma,ngram,draft_prefill",
+                         [(1, False, "exact"), (3, False, "bf16"), (3, True, "exact"),
+                          (5, True, "bf16")])
+def test_greedy_identical_to_target(setup, gamma, ngram, draft_prefill):
   ttok, dtok, tc, dc, target, draft = setup
   ps = prompts(ttok)
   ref = Decoder(target, tc).generate(ps, max_new_tokens=40)
   dec = CrossVocabDecoder(target, tc, draft, dc, target_tokenizer=ttok, draft_tokenizer=dtok,
-                          gamma=gamma, ngram=ngram)
+                          gamma=gamma, ngram=ngram, draft_prefill=draft_prefill)
   res = dec.generate(ps, max_new_tokens=40)
   assert res.tokens == ref.tokens
   st = res.stats
@@ -70,13 +73,17 @@ def test_greedy_identical_to_target(setup, gamma, ngram):
   assert emitted >= res.num_generated - len(ps) and st.target_forwards == res.steps
   if not ngram:
     assert sum(map(sum, st.ngram_drafted)) == 0
-  # the drafter's cache holds exactly its tokens of the committed text (module invariant)
+  # the drafter's cache holds exactly its tokens of the committed text (module invariant); a
+  # bf16 prompt prefill (AVX512-BF16 hosts: bf16 GEMM for blocks of >= GEMM_MIN_ROWS rows)
+  # rounds the prompt's entries to ~1e-2, while a wrong token or position differs by O(1)
   ctx, pend, dcache = dec.trace
   Ld = len(ctx)
   h_cache = np.asarray(dcache.k[:, 0, :Ld])
   fresh = KVCache.init(dc, 1, Ld)
   _, fresh = forward(dec.dp, jnp.asarray([ctx]), jnp.arange(Ld)[None], fresh, config=dc)
-  np.testing.assert_allclose(h_cache, np.asarray(fresh.k[:, 0, :Ld]), atol=2e-5)
+  rounded = draft_prefill == "bf16" and cpu_matmul.gemm_available()
+  np.testing.assert_allclose(h_cache, np.asarray(fresh.k[:, 0, :Ld]),
+                             atol=0.15 if rounded else 2e-5)
   text = ttok.decode(ps[-1] + res.tokens[-1]).encode()
   drafter_text = dtok.decode(ctx + pend).encode()
   assert text.startswith(drafter_text) and len(text) - len(drafter_text) <= 64
@@ -132,7 +139,9 @@ def test_direct_mapping_sampling_is_lossless(setup):
                           gamma=2, ngram=False)
   prompt = prompts(ttok)[0]
   res = dec.generate([prompt] * 3000, max_new_tokens=3, sampling=sp, seed=3)
-  assert 0.05 < res.stats.acceptance_rate < 0.95
+  # ~5% of drafts are accepted here (~590 of ~11,800); the bound only asks for real
+  # acceptances and real rejections, not for this rate's third digit (bf16 prefill: 4.9%)
+  assert 0.02 < res.stats.acceptance_rate < 0.95
   law = exact_support_probs(target, tc, prompt, sp, n_tokens=3)
   cells = {seq: i for i, seq in enumerate(law)}
   seqs = [tuple(r[:3]) for r in res.tokens]
