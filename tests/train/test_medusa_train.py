@@ -113,3 +113,28 @@ def test_bad_input(target_dir, data_file, tmp_path):
   build(dataclasses.replace(job.eagle_job, final_hidden=False), t, (0,), show_progress=False)
   with pytest.raises(TrainError, match="holds features of other data or models|no final hidden"):
     train(job, show_progress=False)
+
+
+def test_random_heldout_split(target_dir, data_file, tmp_path):
+  """`heldout_split: random` (as the EAGLE trainer's): as many held-out prompts as the last
+  ones, another job; the default keeps the fingerprint jobs had before the field existed."""
+  import dataclasses
+  import hashlib
+
+  from vocabjax.train.loop import RUN_ONLY_FIELDS
+
+  kw = dict(steps=4, warmup_steps=1, eval_every=4, checkpoint_every=4)
+  last = _job(target_dir, data_file, tmp_path / "last", **kw)
+  before = dataclasses.asdict(last)
+  for k in (*RUN_ONLY_FIELDS, "heldout_split"):
+    before.pop(k, None)
+  assert last.train_fingerprint() == hashlib.sha256(
+      json.dumps(before, sort_keys=True).encode()).hexdigest()[:16]
+  rnd = _job(target_dir, data_file, tmp_path / "rnd", heldout_split="random", **kw)
+  assert rnd.train_fingerprint() != last.train_fingerprint()
+  a, b = train(last, show_progress=False), train(rnd, show_progress=False)
+  assert a["heldout_records"] == b["heldout_records"] > 0
+  # other prompts held out: the same initial heads score them differently
+  assert a["start"]["heldout_loss"] != pytest.approx(b["start"]["heldout_loss"], rel=1e-4)
+  with pytest.raises(TrainError, match="heldout_split='first' is not 'last' or 'random'"):
+    _job(target_dir, data_file, tmp_path / "x", heldout_split="first")

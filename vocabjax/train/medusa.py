@@ -22,7 +22,8 @@ V x D per head, which a CPU cannot train in minutes), or each head's own copy of
 training labels (FR-Spec's ranking; the decode-time subset is a separate choice, `draft_vocab`);
 null trains over the full V.
 
-Held-out records (by prompt, the last `heldout` fraction, as the EAGLE trainer splits them):
+Held-out records (by prompt, the last `heldout` fraction or with `heldout_split: random` a seeded
+random sample of the prompts, as the EAGLE trainer splits them):
 per-head loss, top-1 and top-`topk` accuracy over the full V, every `eval_every` steps. The heads
 at the evaluated step with the lowest held-out loss are exported in Medusa's layout
 (`vocabjax.checkpoints.medusa`, the target's identity recorded) to `<out>/heads`.
@@ -74,6 +75,7 @@ class MedusaJob:
   weight_decay: float = 0.0
   clip_norm: float = 1.0
   heldout: float = 0.1
+  heldout_split: str = "last"  # "last" prompts or a "random" sample of them (seed), as EAGLE's
   topk: int = 5
   heldout_positions: int = 2048  # evaluated held-out positions (a fixed sample; full-V logits)
   eval_every: int = 50
@@ -88,6 +90,8 @@ class MedusaJob:
                        f"{self.num_heads}, num_layers={self.num_layers}")
     if not 0 < self.heldout < 1:
       raise TrainError(f"heldout={self.heldout} must be in (0, 1)")
+    if self.heldout_split not in ("last", "random"):
+      raise TrainError(f"heldout_split={self.heldout_split!r} is not 'last' or 'random'")
     if self.topk < 1:
       raise TrainError(f"topk={self.topk} must be >= 1")
     if not self.shared_lm_head and self.train_vocab_size is not None:
@@ -110,7 +114,7 @@ class MedusaJob:
                     max_records=self.max_records)
 
   def train_fingerprint(self) -> str:
-    return train_fingerprint(self)
+    return train_fingerprint(self, new_defaults={"heldout_split": "last"})
 
 
 @dataclasses.dataclass
@@ -232,7 +236,7 @@ def train(job: MedusaJob, *, show_progress: bool = True, stop_after: int | None 
                      f"V={tc.vocab_size}]")
   fdir = build_eagle_features(job.eagle_job, target, layers, show_progress=show_progress)
   data = load_eagle_features(fdir, target, layers, hidden=True)
-  held_recs = set(heldout_records(data, job.heldout).tolist())
+  held_recs = set(heldout_records(data, job.heldout, job.heldout_split, job.seed).tolist())
   train_idx = [i for i, (r, _, _) in enumerate(data.seqs) if r not in held_recs]
   held_idx = [i for i, (r, _, _) in enumerate(data.seqs) if r in held_recs]
   if not train_idx or not held_idx:
