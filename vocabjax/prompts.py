@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import yaml
@@ -106,6 +107,29 @@ def suite_datasets(name_or_path: str | Path) -> tuple[DatasetSpec, ...]:
   if not isinstance(raw, dict):
     raise ConfigError(f"config {path.stem}: expected a mapping at the top level")
   return parse_datasets(raw.get("datasets"), f"config {path.stem}")
+
+
+def normalize_question(text: str) -> str:
+  """A prompt's text as suites are matched: whitespace runs made one space, lower case."""
+  return re.sub(r"\s+", " ", text).strip().lower()
+
+
+def suite_questions(suites=None) -> list[str]:
+  """Normalized prompt texts of the given eval suites (default: every shipped one)."""
+  names = suites if suites is not None else sorted(p.stem for p in EVAL_CONFIG_DIR.glob("*.yaml"))
+  texts = set()
+  for s in names:
+    for p in load_prompts(suite_datasets(s)):
+      texts.add(normalize_question(p.text))
+  return sorted(texts)
+
+
+def in_suites(question: str, used: list[str]) -> bool:
+  """Whether `question` is one of the normalized suite questions `used`, or holds one, or is
+  held in one: the same problem with another wrapper (GSM8K's test problems are Spec-Bench's
+  math questions, without the "Let's think step by step." that `load_gsm8k` appends)."""
+  q = normalize_question(question)
+  return any(q in u or u in q for u in used)
 
 
 def task_group(category: str) -> str:

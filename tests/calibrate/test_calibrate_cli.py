@@ -129,6 +129,60 @@ def test_generated_counts_only_the_completions(tiny_chat_dir, tmp_path):
     dataclasses.replace(job, rows=5)
 
 
+def test_torch_backend_generates_the_same_completions(tiny_chat_dir, tmp_path):
+  """`backend: torch` (transformers' generate, f32 here): each unit one left-padded batch, the
+  same greedy completions as vocabjax's (a row ends at its EOS, kept); another job, while a
+  vocabjax job keeps the fingerprint it had; settings it cannot honour are refused."""
+  prompts = tmp_path / "p.jsonl"
+  texts = [f"say {w}" for w in ("a", "bb", "hello", "x y", "fox", "one two three", "z")]
+  prompts.write_text("".join(json.dumps({"question_id": i, "category": "qa", "turns": [t]})
+                             + "\n" for i, t in enumerate(texts)))
+  job = CountJob(model=str(tiny_chat_dir), out=str(tmp_path / "jax"), kind="generated",
+                 prompts=(str(prompts),), exclude_suites=(), batch_size=4, max_new_tokens=12,
+                 max_len=128)
+  tj = dataclasses.replace(job, out=str(tmp_path / "torch"), backend="torch",
+                           torch_dtype="float32")
+  a, b = run_count(job, progress=False), run_count(tj, progress=False)
+  read = lambda d: [json.loads(x) for x in (tmp_path / d / "generated.jsonl").read_text().splitlines()]
+  ja, tb = read("jax"), read("torch")
+  assert len(ja) == len(tb) == len(texts)
+  assert [r["completion_ids"] for r in tb] == [r["completion_ids"] for r in ja]
+  assert [r["prompt"] for r in tb] == [r["prompt"] for r in ja]
+  np.testing.assert_array_equal(b.counts, a.counts)
+  assert tj.fingerprint() != job.fingerprint() and "backend" not in job.as_dict()
+  assert b.meta["timing"]["generate_tokens_per_s"] > 0
+  with pytest.raises(CalibrationError, match=r"rows=2 \(continuous batching\) is vocabjax's"):
+    dataclasses.replace(tj, rows=2)
+  with pytest.raises(CalibrationError, match="torch_dtype='int8' is not one of"):
+    dataclasses.replace(tj, torch_dtype="int8")
+  with pytest.raises(CalibrationError, match="unknown backend 'jax'"):
+    dataclasses.replace(job, backend="jax")
+  assert main(["count", "--model", str(tiny_chat_dir), "--out", str(tmp_path / "x"),
+               "--text", str(prompts), "--backend", "torch"]) == 2
+
+
+def test_generated_prompts_leave_out_suite_questions_in_another_wrapper(tiny_chat_dir, tmp_path):
+  """A suite's question is left out of a generated job's prompts however it is wrapped (case,
+  whitespace, an appended instruction: GSM8K's test problems are Spec-Bench's math questions)."""
+  from vocabjax.calibrate.run import calibration_prompts
+  from vocabjax.prompts import DatasetSpec, load_prompts
+
+  suite = tmp_path / "mini.yaml"
+  suite.write_text("name: mini\ndatasets:\n  - {kind: spec_bench, per_group: 1}\n")
+  q = load_prompts([DatasetSpec(kind="spec_bench", per_group=1)])[0].text
+  texts = [q.upper() + "\nLet's think step by step.", "  " + q.replace(" ", "\n "),
+           "a question of no suite", "another one"]
+  prompts = tmp_path / "p.jsonl"
+  prompts.write_text("".join(json.dumps({"question_id": i, "category": "qa", "turns": [t]})
+                             + "\n" for i, t in enumerate(texts)))
+  job = CountJob(model=str(tiny_chat_dir), out=str(tmp_path / "g"), kind="generated",
+                 prompts=(str(prompts),), exclude_suites=(str(suite),), max_len=4096)
+  tok = AutoTokenizer.from_pretrained(tiny_chat_dir)
+  kept = [tok.decode(x) for x in calibration_prompts(job, tok)]
+  assert len(kept) == 2 and all("question" in k or "another" in k for k in kept)
+  assert len(calibration_prompts(dataclasses.replace(job, exclude_suites=()), tok)) == 4
+
+
 def test_select_keeps_specials_and_refuses_other_tokenizers(tiny_chat_dir, corpus, tmp_path):
   d, j = corpus
   run_count(CountJob(model=str(tiny_chat_dir), out=str(tmp_path / "c"), text=(str(d),)),

@@ -6,7 +6,8 @@ import json
 import pytest
 from vocabjax.checkpoints.loader import load_tokenizer_and_vocab
 from vocabjax.errors import ConfigError
-from vocabjax.train.corpus import _in_suites, build_corpus, main, suite_questions
+from vocabjax.prompts import in_suites, suite_questions
+from vocabjax.train.corpus import build_corpus, main
 from vocabjax.train.features import read_records
 
 
@@ -60,9 +61,9 @@ def test_suite_questions_are_left_out(suite):
   # a suite prompt is matched inside a longer text and the other way round, whitespace and
   # case aside (GSM8K's questions are Spec-Bench's math questions with a suffix added)
   q = used[0]
-  assert _in_suites(q.upper() + "\nLet's think step by step.", used)
-  assert _in_suites("  " + q.replace(" ", "\n "), used)
-  assert not _in_suites("a question of no suite at all, surely", used)
+  assert in_suites(q.upper() + "\nLet's think step by step.", used)
+  assert in_suites("  " + q.replace(" ", "\n "), used)
+  assert not in_suites("a question of no suite at all, surely", used)
 
 
 def test_cli_writes_atomically_and_bad_input(tiny_chat_dir, suite, generated, tmp_path, capsys):

