@@ -16,6 +16,14 @@ passage or documentation given with it), explanation (what a stdlib function doe
 deterministic, written atomically.
 
     python eval/chat_task_prompts.py --out train/results/eagle/data/chat_tasks.jsonl
+
+A second file draws none of the first one's passages, modules or functions (`--exclude`), and
+`--methods` adds classes' methods to the functions to explain (the first file took 300 of the
+~400 top-level ones):
+
+    python eval/chat_task_prompts.py --seed 1 --shakespeare 900 --docs 3 --functions 600 \
+        --methods --exclude train/results/eagle/data/chat_tasks.jsonl \
+        --out train/results/eagle/data/chat_tasks2.jsonl
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import json
 import random
 import sys
 import sysconfig
+import textwrap
 from pathlib import Path
 
 from vocabjax.calibrate.corpora import resolve_corpus
@@ -71,12 +80,13 @@ def shakespeare_passages(rng: random.Random, n: int, lines: tuple[int, int] = (6
     yield w, "\n".join(texts[w][start:start + k])
 
 
-def stdlib_items(min_doc: int = 400, max_doc: int = 2500):
+def stdlib_items(min_doc: int = 400, max_doc: int = 2500, methods: bool = False):
   """(module, docstring) for modules with a long enough docstring, and (module.function,
   source) for functions of 8-30 lines with a docstring, from the standard library's top
-  level (sorted, so the draw is reproducible)."""
+  level (sorted, so the draw is reproducible); `methods`: public classes' public methods of
+  8-30 lines with a docstring too (module.Class.method, dedented), after the functions."""
   root = Path(sysconfig.get_paths()["stdlib"])
-  docs, funcs = [], []
+  docs, funcs, meths = [], [], []
   for f in sorted(root.glob("*.py")):
     text = f.read_text(errors="replace")
     try:
@@ -92,17 +102,36 @@ def stdlib_items(min_doc: int = 400, max_doc: int = 2500):
           not node.name.startswith("_") and 8 <= node.end_lineno - node.lineno + 1 <= 30:
         funcs.append((f"{f.stem}.{node.name}",
                       "\n".join(src[node.lineno - 1:node.end_lineno])))
-  return docs, funcs
+    if methods:
+      for cls in tree.body:
+        if not isinstance(cls, ast.ClassDef) or cls.name.startswith("_"):
+          continue
+        for node in cls.body:
+          if isinstance(node, ast.FunctionDef) and ast.get_docstring(node) and \
+              not node.name.startswith("_") and 8 <= node.end_lineno - node.lineno + 1 <= 30:
+            meths.append((f"{f.stem}.{cls.name}.{node.name}", textwrap.dedent(
+                "\n".join(src[node.lineno - 1:node.end_lineno]))))
+  return docs, funcs + meths
 
 
-def build(n_shakespeare: int, n_docs: int, n_functions: int, seed: int) -> list[dict]:
+def build(n_shakespeare: int, n_docs: int, n_functions: int, seed: int, *,
+          exclude: frozenset = frozenset(), methods: bool = False) -> list[dict]:
+  """`exclude`: the texts of passages and the names of modules and functions that other prompt
+  files already use (`used_items`); none of them is drawn again."""
   rng = random.Random(seed)
   out = []
-  for i, (work, text) in enumerate(shakespeare_passages(rng, n_shakespeare)):
+  passages = (x for x in shakespeare_passages(rng, 50 * n_shakespeare + 100)
+              if x[1] not in exclude)
+  for i in range(n_shakespeare):
+    work, text = next(passages, (None, None))
+    if work is None:
+      raise SystemExit(f"could not draw {n_shakespeare} unused Shakespeare passages")
     cat, tmpl = SHAKESPEARE_TASKS[i % len(SHAKESPEARE_TASKS)]
-    out.append({"question_id": f"shakespeare/{i}", "category": cat,
-                "turns": [tmpl.format(work=work, text=text)]})
-  docs, funcs = stdlib_items()
+    out.append({"question_id": f"shakespeare/{seed}/{i}" if exclude else f"shakespeare/{i}",
+                "category": cat, "turns": [tmpl.format(work=work, text=text)]})
+  docs, funcs = stdlib_items(methods=methods)
+  docs = [d for d in docs if d[0] not in exclude]
+  funcs = [f for f in funcs if f[0] not in exclude]
   if n_docs > len(docs) or n_functions > len(funcs):
     raise SystemExit(f"asked for {n_docs} docstrings and {n_functions} functions; the standard "
                      f"library here has {len(docs)} and {len(funcs)}")
@@ -117,6 +146,28 @@ def build(n_shakespeare: int, n_docs: int, n_functions: int, seed: int) -> list[
   return out
 
 
+def used_items(paths) -> frozenset:
+  """What prompt files written by this script used: Shakespeare passages (their text) and
+  stdlib modules and functions (their names, from the question ids)."""
+  used = set()
+  for path in paths:
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+      r = json.loads(line)
+      kind, _, name = r["question_id"].partition("/")
+      if kind == "shakespeare":
+        turn = r["turns"][0]
+        for cat, tmpl in SHAKESPEARE_TASKS:
+          head, _, tail = tmpl.partition("{text}")
+          head = head.split("{work}")[-1]
+          if r["category"] == cat and head in turn:
+            text = turn[turn.index(head) + len(head):]
+            used.add(text[:len(text) - len(tail)] if tail else text)
+            break
+      else:
+        used.add(name)
+  return frozenset(used)
+
+
 def main(argv=None) -> None:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--out", required=True, help="the jsonl to write (atomically)")
@@ -124,8 +175,15 @@ def main(argv=None) -> None:
   p.add_argument("--docs", type=int, default=50, help="module docstrings (2 task kinds)")
   p.add_argument("--functions", type=int, default=300, help="functions to explain")
   p.add_argument("--seed", type=int, default=0)
+  p.add_argument("--exclude", nargs="*", default=[],
+                 help="prompt files of this script whose passages, modules and functions are "
+                      "not drawn again (a second file beside a first)")
+  p.add_argument("--methods", action="store_true",
+                 help="classes' public methods may be explained too (more than the ~400 "
+                      "top-level functions)")
   a = p.parse_args(argv)
-  recs = build(a.shakespeare, a.docs, a.functions, a.seed)
+  recs = build(a.shakespeare, a.docs, a.functions, a.seed, exclude=used_items(a.exclude),
+               methods=a.methods)
   atomic_write_bytes(a.out, "".join(json.dumps(r) + "\n" for r in recs).encode())
   kinds = collections.Counter(r["category"] for r in recs)
   print(f"{len(recs)} prompts -> {a.out}: {dict(sorted(kinds.items()))}", file=sys.stderr)
