@@ -97,20 +97,19 @@ def stdlib_items(min_doc: int = 400, max_doc: int = 2500, methods: bool = False)
     if doc and min_doc <= len(doc) <= max_doc:
       docs.append((f.stem, doc))
     src = text.splitlines()
-    for node in tree.body:
-      if isinstance(node, ast.FunctionDef) and ast.get_docstring(node) and \
-          not node.name.startswith("_") and 8 <= node.end_lineno - node.lineno + 1 <= 30:
-        funcs.append((f"{f.stem}.{node.name}",
-                      "\n".join(src[node.lineno - 1:node.end_lineno])))
+
+    def explainable(body, prefix):  # public, documented, 8-30 lines; dedented source
+      return [(f"{prefix}.{node.name}",
+               textwrap.dedent("\n".join(src[node.lineno - 1:node.end_lineno])))
+              for node in body
+              if isinstance(node, ast.FunctionDef) and ast.get_docstring(node)
+              and not node.name.startswith("_") and 8 <= node.end_lineno - node.lineno + 1 <= 30]
+
+    funcs += explainable(tree.body, f.stem)
     if methods:
       for cls in tree.body:
-        if not isinstance(cls, ast.ClassDef) or cls.name.startswith("_"):
-          continue
-        for node in cls.body:
-          if isinstance(node, ast.FunctionDef) and ast.get_docstring(node) and \
-              not node.name.startswith("_") and 8 <= node.end_lineno - node.lineno + 1 <= 30:
-            meths.append((f"{f.stem}.{cls.name}.{node.name}", textwrap.dedent(
-                "\n".join(src[node.lineno - 1:node.end_lineno]))))
+        if isinstance(cls, ast.ClassDef) and not cls.name.startswith("_"):
+          meths += explainable(cls.body, f"{f.stem}.{cls.name}")
   return docs, funcs + meths
 
 

@@ -38,12 +38,11 @@ def compare(a: dict, b: dict) -> dict:
     x, y = a[p], b[p]
     k = next((i for i, (s, t) in enumerate(zip(x, y)) if s != t), min(len(x), len(y)))
     prefix.append(k)
-  n = len(shared)
+  n, len_a = len(shared), sum(len(a[p]) for p in shared)
   return {"shared_prompts": n, "identical": sum(a[p] == b[p] for p in shared),
-          "mean_common_prefix": sum(prefix) / n,
-          "mean_len_a": sum(len(a[p]) for p in shared) / n,
+          "mean_common_prefix": sum(prefix) / n, "mean_len_a": len_a / n,
           "mean_len_b": sum(len(b[p]) for p in shared) / n,
-          "tokens_in_common_prefix": sum(prefix) / max(sum(len(a[p]) for p in shared), 1)}
+          "tokens_in_common_prefix": sum(prefix) / max(len_a, 1)}
 
 
 def main(argv=None) -> int:

@@ -18,7 +18,8 @@ from pathlib import Path
 
 from vocabjax import distributed
 from vocabjax.calibrate.counts import CalibrationError, Counts, plot
-from vocabjax.calibrate.run import CountJob, run_count
+from vocabjax.calibrate.run import BACKENDS, CountJob, run_count
+from vocabjax.checkpoints.torch_model import TORCH_DTYPES
 from vocabjax.calibrate.select import subset_from_counts
 
 
@@ -52,10 +53,10 @@ def _parser():
                  help="continuous batching: decode each unit's prompts with this many rows, a "
                       "finished row taking the next prompt (answers of unequal length waste "
                       "no steps)")
-  c.add_argument("--backend", choices=["vocabjax", "torch"], default="vocabjax",
+  c.add_argument("--backend", choices=BACKENDS, default="vocabjax",
                  help="what generates: vocabjax (f32 on the CPU), or transformers' generate "
                       "(--torch-dtype, bf16 by default: ~4x faster on a CPU with AMX)")
-  c.add_argument("--torch-dtype", default="bfloat16", choices=["bfloat16", "float32", "float16"],
+  c.add_argument("--torch-dtype", default="bfloat16", choices=TORCH_DTYPES,
                  help="the torch backend's dtype")
   c.add_argument("--temperature", type=float, default=0.0)
   c.add_argument("--seed", type=int, default=0)

@@ -423,48 +423,60 @@ def _dataset_units(job: CountJob, tokenizer, timing: dict) -> list:
 
 
 def _generated_units(job: CountJob, tokenizer, tok_id: str):
-  if job.backend == "torch":
-    return _torch_generated_units(job, tokenizer, tok_id)
-  gen_model = load_model(job.generator or job.model)
-  if gen_model.tokenizer is not None and tokenizer_identity(gen_model.tokenizer) != tok_id:
-    raise CalibrationError(f"generator {job.generator} has another tokenizer than {job.model} "
-                           f"({tokenizer_identity(gen_model.tokenizer)} vs {tok_id}); its "
-                           f"tokens cannot be counted in the target's vocabulary")
+  """(units of prompts, gen(i, batch) -> (completions, generated.jsonl lines)), the completions
+  written by the job's backend."""
+  decode = (_torch_decoder if job.backend == "torch" else _vocabjax_decoder)(job, tokenizer, tok_id)
   prompts = calibration_prompts(job, tokenizer)
   units = [prompts[i:i + job.batch_size] for i in range(0, len(prompts), job.batch_size)]
+
+  def gen(i, batch):
+    tokens = decode(i, batch)
+    texts = [json.dumps({"prompt": tokenizer.decode(p), "completion_ids": t,
+                         "completion": tokenizer.decode(t, skip_special_tokens=False)})
+             for p, t in zip(batch, tokens)]
+    return tokens, texts
+
+  return units, gen
+
+
+def _check_generator_tokenizer(job: CountJob, gen_tok, tok_id: str) -> None:
+  if gen_tok is not None and tokenizer_identity(gen_tok) != tok_id:
+    raise CalibrationError(f"generator {job.generator} has another tokenizer than {job.model} "
+                           f"({tokenizer_identity(gen_tok)} vs {tok_id}); its tokens cannot be "
+                           f"counted in the target's vocabulary")
+
+
+def _vocabjax_decoder(job: CountJob, tokenizer, tok_id: str):
+  """decode(i, batch) -> completions by vocabjax's Decoder (continuous batching with `rows`)."""
+  del tokenizer  # the generator's own is the one checked
+  gen_model = load_model(job.generator or job.model)
+  _check_generator_tokenizer(job, gen_model.tokenizer, tok_id)
   # B > 1 rows make every step a GEMM: on XLA:CPU the [in, out] MLP layout is faster there
   params = (gen_model.in_layout(block_layout()) if (job.rows or job.batch_size) > 1
             else gen_model.params)
   dec = Decoder(params, gen_model.config)
   sampling = SamplingParams(temperature=job.temperature)
 
-  def gen(i, batch):
+  def decode(i, batch):
     kw = dict(max_new_tokens=job.max_new_tokens, sampling=sampling, seed=job.seed + i,
               eos_token_ids=gen_model.eos_token_ids, max_len=job.max_len)
     res = (dec.generate_continuous(batch, rows=job.rows, **kw) if job.rows
            else dec.generate(batch, **kw))
-    texts = [json.dumps({"prompt": tokenizer.decode(p), "completion_ids": t,
-                         "completion": tokenizer.decode(t, skip_special_tokens=False)})
-             for p, t in zip(batch, res.tokens)]
-    return res.tokens, texts
+    return res.tokens
 
-  return units, gen
+  return decode
 
 
-def _torch_generated_units(job: CountJob, tokenizer, tok_id: str):
-  """`_generated_units` with transformers' `generate`: each unit one left-padded batch, greedy
-  (or sampled, seeded per unit); a completion ends at its first EOS (kept, as vocabjax's)."""
+def _torch_decoder(job: CountJob, tokenizer, tok_id: str):
+  """decode(i, batch) -> completions by transformers' `generate`: each unit one left-padded
+  batch, greedy (or sampled, seeded per unit); a completion ends at its first EOS (kept, as
+  vocabjax's)."""
   import torch  # local: torch is needed by this backend only
   import transformers  # local: transformers' import costs seconds
 
   name = job.generator or job.model
-  gen_tok = tokenizer
-  if job.generator and job.generator != job.model:
-    gen_tok, _ = load_tokenizer_and_vocab(job.generator)
-    if tokenizer_identity(gen_tok) != tok_id:
-      raise CalibrationError(f"generator {job.generator} has another tokenizer than {job.model} "
-                             f"({tokenizer_identity(gen_tok)} vs {tok_id}); its tokens cannot "
-                             f"be counted in the target's vocabulary")
+  gen_tok = tokenizer if name == job.model else load_tokenizer_and_vocab(name)[0]
+  _check_generator_tokenizer(job, gen_tok, tok_id)
   model = load_torch_model(name, job.torch_dtype)
   eos = eos_ids(model.generation_config.eos_token_id, model.config.eos_token_id,
                 getattr(gen_tok, "eos_token_id", None))
@@ -472,8 +484,6 @@ def _torch_generated_units(job: CountJob, tokenizer, tok_id: str):
     raise CalibrationError(f"{name}: no EOS token id in its generation config, config or "
                            f"tokenizer; completions would never end")
   pad = gen_tok.pad_token_id if gen_tok.pad_token_id is not None else eos[0]
-  prompts = calibration_prompts(job, tokenizer)
-  units = [prompts[i:i + job.batch_size] for i in range(0, len(prompts), job.batch_size)]
   # a fresh generation config: the checkpoint's own may sample or penalize repetition
   sample = job.temperature > 0
   config = transformers.GenerationConfig(
@@ -481,7 +491,7 @@ def _torch_generated_units(job: CountJob, tokenizer, tok_id: str):
       pad_token_id=pad, **(dict(temperature=job.temperature, top_k=0, top_p=1.0) if sample
                            else dict(temperature=None, top_k=None, top_p=None)))
 
-  def gen(i, batch):
+  def decode(i, batch):
     L = max(map(len, batch))
     ids = torch.tensor([[pad] * (L - len(p)) + list(p) for p in batch])
     mask = torch.tensor([[0] * (L - len(p)) + [1] * len(p) for p in batch])
@@ -493,12 +503,9 @@ def _torch_generated_units(job: CountJob, tokenizer, tok_id: str):
     for row in out[:, L:].tolist():
       end = next((j + 1 for j, t in enumerate(row) if t in eos), len(row))
       tokens.append(row[:end])
-    texts = [json.dumps({"prompt": tokenizer.decode(p), "completion_ids": t,
-                         "completion": tokenizer.decode(t, skip_special_tokens=False)})
-             for p, t in zip(batch, tokens)]
-    return tokens, texts
+    return tokens
 
-  return units, gen
+  return decode
 
 
 def _append_lines(path: Path, lines: list[str]) -> None:
