@@ -44,6 +44,7 @@ step with the lowest held-out loss (`select_by`), and `summary.json`.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import sys
 from pathlib import Path
@@ -599,6 +600,11 @@ def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None =
                      f"V={tc.vocab_size}]")
   start_head = starting_head(job, target, layers)  # before minutes of feature building
   fdir = build_eagle_features(job, target, layers, show_progress=show_progress)
+  # from here on only the target's embedding and LM head are read: its f32 transformer layers
+  # (6 GB for a 1.5B target) go before the features (GBs more) are read
+  target = dataclasses.replace(target, params={k: v for k, v in target.params.items()
+                                               if k != "layers"}, _layouts={})
+  gc.collect()
   data = load_eagle_features(fdir, target, layers)
   held_recs = set(heldout_records(data, job.heldout, job.heldout_split, job.seed).tolist())
   sources = record_sources(job.data, job.max_records)

@@ -25,6 +25,7 @@ import hashlib
 import io
 import json
 import time
+import zipfile
 from pathlib import Path
 
 import jax
@@ -198,22 +199,36 @@ def read_shards(fdir: Path, keys) -> tuple[dict, list, dict]:
     raise TrainError(f"{fdir} has no complete features; run the training command (it builds "
                      f"them first)")
   meta = json.loads(meta_path.read_text())
-  cols: dict = {}
-  seqs = []
-  for i in range(meta["shards"]):
-    path = Path(fdir) / f"shard-{i:05d}.npz"
+  paths = [Path(fdir) / f"shard-{i:05d}.npz" for i in range(meta["shards"])]
+
+  def load(path, names=None):
     try:
-      z = dict(np.load(path))
-    except (OSError, ValueError, EOFError) as e:
+      with np.load(path) as z:  # an npz member is read only when asked for
+        return {k: z[k] for k in (z.files if names is None else names) if k in z.files}
+    except (OSError, ValueError, EOFError, KeyError, zipfile.BadZipFile) as e:
       raise TrainError(f"feature shard {path} is missing or corrupt ({e}); delete it and rerun "
                        f"to recompute it") from None
+
+  # two passes: the row counts first (the small `record` column), then each shard's columns
+  # copied into arrays of the final size, so reading never holds the features twice (the EAGLE
+  # chat features are 6.3 GB: a list of shards plus their concatenation ran out of memory)
+  sizes = [len(load(path, ("record",)).get("record", ())) for path in paths]
+  starts = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
+  cat: dict = {}
+  seqs = []
+  for path, a, b in zip(paths, starts[:-1], starts[1:]):
+    z = load(path)
     for k in (*keys, "record"):
-      if k in z:
-        cols.setdefault(k, []).append(z[k])
+      if k in z and (b > a or len(z[k])):  # a shard of empty completions holds no rows
+        if len(z[k]) != b - a:
+          raise TrainError(f"feature shard {path} holds {len(z[k])} rows of {k!r}, its "
+                           f"`record` column {b - a}: delete it and rerun to recompute it")
+        if k not in cat:
+          cat[k] = np.empty((int(starts[-1]),) + z[k].shape[1:], z[k].dtype)
+        cat[k][a:b] = z[k]
     off = z["seq_offsets"]
     for j, r in enumerate(z["seq_record"]):
       seqs.append((int(r), z["seq_tokens"][off[j]:off[j + 1]], int(z["seq_first_row"][j])))
-  cat = {k: np.concatenate(v) for k, v in cols.items()}
   if not len(cat.get("record", [])):
     raise TrainError(f"{fdir} holds no training rows (empty completions?)")
   return cat, seqs, meta
