@@ -217,7 +217,8 @@ def read_shards(fdir: Path, keys) -> tuple[dict, list, dict]:
   cat: dict = {}
   seqs = []
   for path, a, b in zip(paths, starts[:-1], starts[1:]):
-    z = load(path)
+    z = load(path, (*keys, "record", "seq_offsets", "seq_tokens", "seq_first_row",
+                    "seq_record"))  # not the columns no caller asked for
     for k in (*keys, "record"):
       if k in z and (b > a or len(z[k])):  # a shard of empty completions holds no rows
         if len(z[k]) != b - a:
