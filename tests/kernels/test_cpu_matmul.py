@@ -147,3 +147,31 @@ def test_decode_steps_take_the_kernel_for_any_block(dtype):
   np.testing.assert_array_equal(block[5:6], np.asarray(one(x[5:6], w, scale)))
   np.testing.assert_allclose(block, np.asarray(linear_reference(x, w, scale)), rtol=2e-5,
                              atol=2e-4)
+
+
+@pytest.mark.parametrize("M", [3, 200])
+def test_bf16_dots_round_products_and_their_gradients(M):
+  """Inside `bf16_dots()`, `linear` (any M: the kernel's range and beyond) is the product of
+  bf16-rounded operands in f32, its gradients the products of the bf16-rounded cotangent with
+  the rounded operands, returned in the f32 operands' dtype; outside, exact f32 as before."""
+  x, w, _ = _operands(M, 96, 40, "float32", seed=3)
+  g = jnp.asarray(np.random.default_rng(4).standard_normal((M, 40)), jnp.float32)
+
+  def vjp(x, w):
+    y, back = jax.vjp(linear, x, w)
+    return y, *back(g)
+
+  with cpu_matmul.bf16_dots():
+    y, dx, dw = jax.jit(vjp)(x, w)
+  assert y.dtype == dx.dtype == dw.dtype == jnp.float32
+  xr, wr, gr = _bf16(x), _bf16(w), _bf16(g)
+  np.testing.assert_allclose(np.asarray(y), xr @ wr.T, rtol=1e-5, atol=1e-4)
+  np.testing.assert_allclose(np.asarray(dx), gr @ wr, rtol=1e-5, atol=1e-4)
+  np.testing.assert_allclose(np.asarray(dw), gr.T @ xr, rtol=1e-5, atol=1e-4)
+  exact = np.asarray(x, np.float64) @ np.asarray(w, np.float64).T
+  assert np.abs(np.asarray(y) - exact).max() > 1e-3  # it did round
+  # traced outside the switch (a new function: jit's cache is keyed by the function, not by
+  # the switch): f32
+  y32 = jax.jit(lambda x, w: vjp(x, w)[0])(x, w)
+  np.testing.assert_allclose(np.asarray(y32), exact, rtol=1e-5, atol=1e-4)
+  assert not cpu_matmul.bf16_dots_on()

@@ -18,7 +18,8 @@ from vocabjax.decoding.eagle import EagleDecoder
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.models.cache import KVCache
 from vocabjax.models.eagle import eagle_forward, fuse_features, init_eagle
-from vocabjax.models.llamalike import forward, forward_features, lm_head, rms_norm
+from vocabjax.models.llamalike import (forward, forward_features, lm_head, lm_head_weight,
+                                      rms_norm)
 from vocabjax.testing.tiny import save_tiny_variant
 from vocabjax.train.eagle import (EagleJob, build_eagle_features, head_config,
                                   load_eagle_features, main, train, ttt_outputs)
@@ -508,3 +509,48 @@ def test_data_source_comparison(target_dir, data_file, tmp_path, capsys):
   assert mod.main(["--run", str(tmp_path / "missing"), "--eval-on", str(runs[0]),
                    "--out", str(tmp_path / "r.md")]) == 2
   assert "summary.json does not exist" in capsys.readouterr().err
+
+
+def test_mixed_precision_training(target_dir, data_file, tmp_path):
+  """compute_dtype bfloat16: the TTT loss and its gradients stay within bf16 rounding of the
+  f32 ones (but are not them), a run has its own fingerprint and still learns, and a bad
+  dtype is refused."""
+  from vocabjax.kernels import cpu_matmul
+  from vocabjax.train.eagle import ttt_loss
+
+  t = load_model(target_dir, dtype="float32")
+  hc = head_config(t.config, LAYERS, t.config.vocab_size)
+  params = init_eagle(jax.random.key(2), hc, scale=0.2)
+  params["lm_head"] = lm_head_weight(t.params, t.config)
+  d2t = params.pop("d2t")
+  rs = np.random.RandomState(1)
+  B, T = 2, 24
+  _, _, f = forward_features(t.params, jnp.asarray(rs.randint(0, t.config.vocab_size, (B, T))),
+                             jnp.broadcast_to(jnp.arange(T), (B, T)),
+                             KVCache.init(t.config, B, T), config=t.config, layers=LAYERS)
+  batch = {"tokens": jnp.asarray(rs.randint(0, t.config.vocab_size, (B, T))), "feats": f,
+           "dlabel": jnp.asarray(rs.randint(0, t.config.vocab_size, (B, T))),
+           "weight": jnp.ones((B, T))}
+  frozen = {"embed": t.params["embed"], "d2t": d2t}
+
+  def loss(p):
+    return ttt_loss(p, frozen, batch, config=hc, steps=3, decay=0.8, block=128)[0]
+
+  out = {}
+  for on in (False, True):
+    with cpu_matmul.bf16_dots(on):
+      out[on] = jax.jit(jax.value_and_grad(loss))(params)
+  (l32, g32), (l16, g16) = out[False], out[True]
+  assert l16 != l32 and abs(float(l16) - float(l32)) < 2e-2 * abs(float(l32))
+  for (path, a), b in zip(jax.tree.leaves_with_path(g32), jax.tree.leaves(g16)):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    assert np.linalg.norm(b - a) <= 5e-2 * np.linalg.norm(a), jax.tree_util.keystr(path)
+
+  job = _job(target_dir, data_file, tmp_path / "run", compute_dtype="bfloat16", steps=20,
+             eval_every=20, checkpoint_every=20)
+  assert job.train_fingerprint() != dataclasses.replace(job, compute_dtype="float32")\
+      .train_fingerprint()
+  summary = train(job, show_progress=False)
+  assert summary["final"]["heldout_loss"] < 0.8 * summary["start"]["heldout_loss"]
+  with pytest.raises(TrainError, match="compute_dtype='float16'"):
+    dataclasses.replace(job, compute_dtype="float16")

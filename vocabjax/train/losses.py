@@ -5,7 +5,9 @@ top tokens per row, C a chunk of the vocabulary (one block).
 
 `blockwise_logsumexp(x[X, R], W[V, R])` = logsumexp(x W^T, axis=-1), computed over blocks of C
 vocabulary rows with a running (max, sum) pair in a `lax.scan` whose body is rematerialized
-(`jax.checkpoint`): forward and backward each hold one [X, C] block.
+(`jax.checkpoint`) when there is more than one block: forward and backward each hold one
+[X, C] block. Inside `cpu_matmul.bf16_dots()` the products are mixed-precision ones
+(`cpu_matmul.bf16_dot`).
 
 Cross-entropy against a hard label y:    lse(x W^T) - x . W[y]
 Against a teacher's top-Kt distribution:  sum_t p_t (lse - x . W[ids_t])  (= KL(p || softmax) +
@@ -19,6 +21,8 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from vocabjax.kernels import cpu_matmul
+
 
 def blockwise_logsumexp(x: jax.Array, W: jax.Array, *, block: int = 16384) -> jax.Array:
   """logsumexp over V of x[X, R] @ W[V, R]^T, in f32, one [X, block] tile at a time."""
@@ -27,11 +31,10 @@ def blockwise_logsumexp(x: jax.Array, W: jax.Array, *, block: int = 16384) -> ja
   nb = -(-V // block)
   Wp = jnp.pad(W, ((0, nb * block - V), (0, 0))).reshape(nb, block, R)
 
-  @jax.checkpoint
   def body(carry, inp):
     m, s = carry
     b, Wb = inp
-    z = jnp.einsum("XR,CR->XC", x, Wb, preferred_element_type=jnp.float32)
+    z = _product(x, Wb)
     z = jnp.where((b * block + jnp.arange(block) < V)[None, :], z, -jnp.inf)
     m_new = jnp.maximum(m, z.max(axis=-1))
     s = s * jnp.exp(m - m_new) + jnp.exp(z - m_new[:, None]).sum(axis=-1)
@@ -39,8 +42,17 @@ def blockwise_logsumexp(x: jax.Array, W: jax.Array, *, block: int = 16384) -> ja
 
   X = x.shape[0]
   init = (jnp.full((X,), -jnp.inf, jnp.float32), jnp.zeros((X,), jnp.float32))
+  if nb > 1:  # one block: recomputing it would cost a second product and save no memory
+    body = jax.checkpoint(body)
   (m, s), _ = jax.lax.scan(body, init, (jnp.arange(nb), Wp))
   return m + jnp.log(s)
+
+
+def _product(x, W):
+  """x[X, R] . W[C, R]^T in f32: XLA's dot, or `cpu_matmul.bf16_dot` inside `bf16_dots()`."""
+  if cpu_matmul.bf16_dots_on():
+    return cpu_matmul.bf16_dot(x, W)
+  return jnp.einsum("XR,CR->XC", x, W, preferred_element_type=jnp.float32)
 
 
 def picked_logits(x: jax.Array, W: jax.Array, ids: jax.Array) -> jax.Array:
