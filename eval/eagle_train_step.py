@@ -76,10 +76,25 @@ def main(argv=None) -> int:
       jax.block_until_ready(fn(state, embed))
       times[d].append(time.perf_counter() - t0)
 
+  # the LM head's product alone, [B*T, D] x [D, Vd]: XLA's f32 GEMM against its bf16 one
+  xa = jnp.asarray(rng.standard_normal((B * T, tc.hidden_size)), jnp.float32)
+  gemm = {"float32": jax.jit(lambda x, w: jnp.einsum("XD,VD->XV", x, w)),
+          "bfloat16": jax.jit(lambda x, w: cpu_matmul.bf16_dot(x, w))}
+  gemm_t = {d: [] for d in gemm}
+  for d, fn in gemm.items():
+    jax.block_until_ready(fn(xa, params["lm_head"]))
+  for _ in range(a.repeats):
+    for d, fn in gemm.items():
+      t0 = time.perf_counter()
+      jax.block_until_ready(fn(xa, params["lm_head"]))
+      gemm_t[d].append(time.perf_counter() - t0)
+  flops = 2 * B * T * tc.hidden_size * Vd
+
   flat = {d: jax.tree.leaves_with_path(grads[d][2]) for d in grads}
   lines = ["# The EAGLE head's training step: f32 against mixed precision (bf16 products)", "",
            f"Command: `python eval/eagle_train_step.py --config {a.config} --out {a.out}` "
-           f"(best of {a.repeats}, interleaved)", "", f"Machine: {cpu_model()}, {os.cpu_count()} cores, jax {jax.__version__}", "",
+           f"(best of {a.repeats}, interleaved)", "",
+           f"Machine: {cpu_model()}, {os.cpu_count()} cores, jax {jax.__version__}", "",
            f"Shapes: batch {B} x {T} tokens, {job.ttt_steps} TTT steps, head width "
            f"{hc.hidden_size}, MLP {hc.layer.intermediate_size}, head vocabulary {Vd}, fused "
            f"features {hc.fused_width}; random head, embedding and batch.", "",
@@ -88,7 +103,12 @@ def main(argv=None) -> int:
     lines.append(f"| {d} | {min(times[d]):.2f} | {', '.join(f'{t:.2f}' for t in times[d])} | "
                  f"{grads[d][0]:.4f} |")
   lines += ["", f"Speedup of the step: {min(times['float32']) / min(times['bfloat16']):.2f}x.",
-            "", "Mixed precision against f32: relative error of each gradient "
+            "", f"The LM head's product alone, [{B * T}, {tc.hidden_size}] x "
+            f"[{tc.hidden_size}, {Vd}] (XLA's dot; best of {a.repeats}):", "",
+            "| operands | ms | GFLOP/s |", "|---|---|---|"]
+  for d in gemm:
+    lines.append(f"| {d} | {min(gemm_t[d]) * 1e3:.1f} | {flops / min(gemm_t[d]) / 1e9:.0f} |")
+  lines += ["", "Mixed precision against f32: relative error of each gradient "
             "(||g_bf16 - g_f32|| / ||g_f32||) and of the per-step cross-entropies:", "",
             "| tensor | shape | relative error |", "|---|---|---|"]
   for (path, g32), (_, g16) in zip(flat["float32"], flat["bfloat16"]):

@@ -554,3 +554,28 @@ def test_mixed_precision_training(target_dir, data_file, tmp_path):
   assert summary["final"]["heldout_loss"] < 0.8 * summary["start"]["heldout_loss"]
   with pytest.raises(TrainError, match="compute_dtype='float16'"):
     dataclasses.replace(job, compute_dtype="float16")
+
+
+def test_heldout_evaluation_batches_windows_without_changing_it(target_dir, data_file, tmp_path):
+  """evaluate_heldout scores batch_size windows per call (the last batch padded): the same
+  figures as one window per call, records longer than a window included."""
+  from vocabjax.train.eagle import evaluate_heldout
+
+  job = _job(target_dir, data_file, tmp_path / "run", seq_len=16, batch_size=3)
+  t = load_model(target_dir, dtype="float32")
+  data = load_eagle_features(build_eagle_features(job, t, LAYERS, show_progress=False), t,
+                             LAYERS)
+  held = list(range(7))
+  assert sum(-(-(len(data.seqs[r][1]) - 1) // 15) for r in held) % 3  # a padded last batch
+  hc = head_config(t.config, LAYERS, t.config.vocab_size)
+  params = init_eagle(jax.random.key(3), hc, scale=0.2)
+  params["lm_head"] = lm_head_weight(t.params, t.config)
+  frozen = {"embed": t.params["embed"], "d2t": params.pop("d2t")}
+  t2d = np.arange(t.config.vocab_size, dtype=np.int32)
+  batched = evaluate_heldout(params, frozen, data, held, job, t2d, hc, {})
+  one = evaluate_heldout(params, frozen, data, held, dataclasses.replace(job, batch_size=1),
+                         t2d, hc, {})
+  assert batched.keys() == one.keys()
+  for k in batched:
+    assert batched[k] == pytest.approx(one[k], rel=1e-5), k
+  assert batched["heldout_loss"] > 0  # labels were scored

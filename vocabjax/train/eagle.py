@@ -491,7 +491,8 @@ def ttt_loss(trainable, frozen, batch, *, config: EagleConfig, steps: int, decay
 
 def make_batch(data: EagleData, idx, rs, job: EagleJob, t2d: np.ndarray, *, window_start=None):
   """B windows of <= seq_len tokens from records `idx` (random ones, a random window start
-  unless given); weight 1 where the label predicts a completion token."""
+  unless given: one for all or a list, one per record); weight 1 where the label predicts a
+  completion token."""
   B, T = len(idx), job.seq_len
   F = data.feats[0].shape[1]
   out = {"tokens": np.zeros((B, T), np.int32), "feats": np.zeros((B, T, F), np.float16),
@@ -499,7 +500,7 @@ def make_batch(data: EagleData, idx, rs, job: EagleJob, t2d: np.ndarray, *, wind
   for b, r in enumerate(idx):
     L = len(data.seqs[r][1])
     if window_start is not None:
-      s = window_start
+      s = window_start[b] if isinstance(window_start, (list, tuple)) else window_start
     else:
       s = rs.randint(0, max(1, L - T + 1))  # any window of the record (completions included)
     put_window(out, data, t2d, b, 0, r, s, min(L, s + T) - s)
@@ -552,7 +553,8 @@ def make_packed_batch(data: EagleData, train_idx, rs, job: EagleJob, t2d: np.nda
 
 def evaluate_heldout(params, frozen, data: EagleData, held_idx, job: EagleJob, t2d, config,
                      fn_cache: dict) -> dict:
-  """Held-out per-step loss and top-1 accuracy (whole records, windows of seq_len)."""
+  """Held-out per-step loss and top-1 accuracy (whole records, windows of seq_len, batch_size
+  windows per call)."""
   if "fn" not in fn_cache:
     @jax.jit
     def fn(trainable, frozen, batch):
@@ -571,6 +573,7 @@ def evaluate_heldout(params, frozen, data: EagleData, held_idx, job: EagleJob, t
     fn_cache["fn"] = fn
   tot = np.zeros((job.ttt_steps, 3))
   skipped = total = 0
+  windows = []
   for r in held_idx:
     _, toks, first = data.seqs[r]
     lab = data.labels[r][first:]
@@ -578,10 +581,18 @@ def evaluate_heldout(params, frozen, data: EagleData, held_idx, job: EagleJob, t
     skipped += int(np.sum(t2d[lab] < 0))
     # windows of seq_len tokens that share one position, so each label is scored once at
     # step 0 (deeper steps lose the j positions past a window's end)
-    for s in range(0, max(1, len(toks) - 1), job.seq_len - 1):
-      b = make_batch(data, [r], None, job, t2d, window_start=s)
-      tot += np.asarray(fn_cache["fn"](params, frozen,
-                                       {k: jnp.asarray(v) for k, v in b.items()}))
+    windows += [(r, s) for s in range(0, max(1, len(toks) - 1), job.seq_len - 1)]
+  # batch_size windows per call (one program: the last batch is padded with weightless rows)
+  B = job.batch_size
+  for i in range(0, len(windows), B):
+    part = windows[i:i + B]
+    b = make_batch(data, [r for r, _ in part], None, job, t2d,
+                   window_start=[s for _, s in part])
+    if len(part) < B:
+      b = {k: np.concatenate([v, np.zeros((B - len(part),) + v.shape[1:], v.dtype)])
+           for k, v in b.items()}
+      b["dlabel"][len(part):] = -1
+    tot += np.asarray(fn_cache["fn"](params, frozen, {k: jnp.asarray(v) for k, v in b.items()}))
   n = np.maximum(tot[:, 2], 1)
   ce = tot[:, 0] / n
   out = {"heldout_loss": float(np.sum(ce * job.step_decay ** np.arange(job.ttt_steps)))}
