@@ -345,7 +345,7 @@ def test_train_fraction_keeps_the_split_and_the_vocabulary(target_dir, data_file
 
   before = dataclasses.asdict(job)  # the job as written before the fields existed
   for k in (*RUN_ONLY_FIELDS, "train_fraction", "pack", "init_head", "heldout_split",
-            "train_subset"):
+            "train_subset", "compute_dtype"):
     before.pop(k, None)
   assert job.train_fingerprint() == hashlib.sha256(
       json.dumps(before, sort_keys=True).encode()).hexdigest()[:16]
