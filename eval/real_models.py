@@ -87,8 +87,9 @@ class TorchRunner:
     torch.set_num_threads(2)
     self.torch, path = torch, Path(source)
     t0 = time.perf_counter()
+    from vocabjax.checkpoints.torch_model import dequantized_gguf
     self.model = transformers.AutoModelForCausalLM.from_pretrained(
-        path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+        path.parent, gguf_file=path.name, dtype=torch.float32, **dequantized_gguf(path)).eval()
     self.load_s = time.perf_counter() - t0
     self.kw = dict(do_sample=False, eos_token_id=eos, pad_token_id=eos[0], top_k=None,
                    top_p=None, temperature=None)

@@ -66,6 +66,26 @@ def test_q8_0_gguf_logits_vs_transformers_gguf_loader(case):
   np.testing.assert_allclose(ours, ref, atol=1e-4, rtol=0)
 
 
+def test_torch_model_of_a_gguf_is_dense_and_ours(case):
+  """load_torch_model unpacks a quantized GGUF into dense weights of the asked dtype
+  (transformers >= 5.24 would otherwise keep its blocks packed for its GGUF kernels): f32
+  logits equal vocabjax's dequantized ones, and bf16 weights are bf16 tensors."""
+  from vocabjax.checkpoints.torch_model import load_torch_model
+
+  name, model, d = case
+  if name == "qwen3":  # transformers' GGUF config mapping ignores key_length (head_dim)
+    return
+  path = write_tiny_gguf(model, d / "q8.gguf", "Q8_0")
+  _, ours = _logits(path)
+  m32 = load_torch_model(str(path), "float32")
+  assert not [n for n, mod in m32.named_modules() if "gguf" in type(mod).__name__.lower()]
+  with torch.no_grad():
+    np.testing.assert_allclose(m32(torch.tensor(TOKENS)).logits.numpy(), ours, atol=1e-4)
+  m16 = load_torch_model(str(path), "bfloat16")
+  linear = [mod for mod in m16.modules() if isinstance(mod, torch.nn.Linear)]
+  assert linear and all(mod.weight.dtype == torch.bfloat16 for mod in linear)
+
+
 def test_llama_permutation_is_undone():
   w = np.arange(8 * 4 * 3, dtype=np.float32).reshape(8 * 4, 3)
   for heads in (1, 2, 8):

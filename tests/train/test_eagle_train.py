@@ -579,3 +579,109 @@ def test_heldout_evaluation_batches_windows_without_changing_it(target_dir, data
   for k in batched:
     assert batched[k] == pytest.approx(one[k], rel=1e-5), k
   assert batched["heldout_loss"] > 0  # labels were scored
+
+
+def test_prompt_labels_train_on_every_position_and_keep_the_heldout_figures(target_dir,
+                                                                            data_file, tmp_path):
+  """prompt_labels: training batches weigh every slot of a window (the prompt's positions too)
+  where the plain job weighs completion slots only, with the same tokens, features and labels;
+  the held-out evaluation (completion positions) is the same; the job has its own fingerprint
+  and counts the prompt's positions among its training labels."""
+  from vocabjax.train.eagle import evaluate_heldout, make_batch, make_packed_batch
+
+  plain = _job(target_dir, data_file, tmp_path / "plain", pack=True, seq_len=128)
+  job = dataclasses.replace(plain, out=str(tmp_path / "run"), prompt_labels=True)
+  assert job.train_fingerprint() != dataclasses.replace(plain, out=job.out).train_fingerprint()
+  assert plain.train_fingerprint() == dataclasses.replace(plain, prompt_labels=False)\
+      .train_fingerprint()
+  t = load_model(target_dir, dtype="float32")
+  data = load_eagle_features(build_eagle_features(job, t, LAYERS, show_progress=False), t,
+                             LAYERS)
+  t2d = np.arange(t.config.vocab_size, dtype=np.int32)
+  train_idx = list(range(20))
+  a = make_packed_batch(data, train_idx, np.random.RandomState(0), plain, t2d)
+  b = make_packed_batch(data, train_idx, np.random.RandomState(0), job, t2d)
+  for key in ("tokens", "feats", "dlabel", "segment", "position"):
+    np.testing.assert_array_equal(a[key], b[key])
+  np.testing.assert_array_equal(b["weight"], (b["segment"] >= 0).astype(np.float32))
+  assert np.all(a["weight"] <= b["weight"]) and a["weight"].sum() < 0.8 * b["weight"].sum()
+  one = make_batch(data, [0], None, job, t2d, window_start=0, prompt=True)
+  L = len(data.seqs[0][1])
+  assert one["weight"][0, :L].all() and not one["weight"][0, L:].any()
+
+  hc = head_config(t.config, LAYERS, t.config.vocab_size)
+  params = init_eagle(jax.random.key(3), hc, scale=0.2)
+  params["lm_head"] = lm_head_weight(t.params, t.config)
+  frozen = {"embed": t.params["embed"], "d2t": params.pop("d2t")}
+  assert evaluate_heldout(params, frozen, data, [20, 21], job, t2d, hc, {}) == \
+      evaluate_heldout(params, frozen, data, [20, 21], plain, t2d, hc, {})
+
+  kw = dict(steps=20, eval_every=20, checkpoint_every=20)
+  summary = train(dataclasses.replace(job, **kw), show_progress=False)
+  base = train(dataclasses.replace(plain, **kw), show_progress=False)
+  assert summary["final"]["heldout_loss"] < 0.8 * summary["start"]["heldout_loss"]
+  assert summary["start"] == base["start"]  # the same held-out figures before training
+  assert summary["train_label_positions"] == sum(len(data.seqs[i][1]) for i in range(
+      len(data.seqs)) if data.seqs[i][0] not in _heldout(data, job))
+  assert base["train_label_positions"] < summary["train_label_positions"]
+
+
+def _heldout(data, job):
+  from vocabjax.train.features import heldout_records
+  return set(heldout_records(data, job.heldout, job.heldout_split, job.seed).tolist())
+
+
+def test_soft_labels_are_the_targets_distribution(target_dir, data_file, tmp_path):
+  """soft_labels: the stored final hidden states give the target's distribution, whose argmax
+  is the hard label at every slot; sharpened, the soft TTT loss is the hard one step by step
+  (so each step's distribution sits at its label's slot); a soft job trains under its own
+  fingerprint, from the same held-out figures; without final_hidden it is refused."""
+  from vocabjax.train.eagle import make_packed_batch, ttt_loss
+
+  with pytest.raises(TrainError, match="soft_labels: true needs final_hidden: true"):
+    _job(target_dir, data_file, tmp_path / "x", soft_labels=True)
+  job = _job(target_dir, data_file, tmp_path / "run", soft_labels=True, final_hidden=True,
+             draft_vocab_size=None, pack=True, seq_len=64)
+  hard = dataclasses.replace(job, soft_labels=False, out=str(tmp_path / "hard"))
+  assert job.train_fingerprint() != dataclasses.replace(hard, out=job.out).train_fingerprint()
+  t = load_model(target_dir, dtype="float32")
+  data = load_eagle_features(build_eagle_features(job, t, LAYERS, show_progress=False), t,
+                             LAYERS, hidden=True)
+  V = t.config.vocab_size
+  t2d = np.arange(V, dtype=np.int32)
+  b = make_packed_batch(data, list(range(20)), np.random.RandomState(0), job, t2d)
+  W = lm_head_weight(t.params, t.config)
+  z = jnp.einsum("BTD,VD->BTV", jnp.asarray(b["hidden"], jnp.float32), W)
+  used = b["segment"] >= 0
+  top = np.asarray(jnp.argmax(z, -1))
+  assert used.sum() > 100  # the labels are the f32 argmax, the hidden states stored in f16
+  assert np.mean(top[used] == b["dlabel"][used]) > 0.97
+
+  hc = head_config(t.config, LAYERS, V)
+  params = init_eagle(jax.random.key(4), hc, scale=0.2)
+  params["lm_head"] = W
+  frozen = {"embed": t.params["embed"], "d2t": params.pop("d2t")}
+  jb = {k: jnp.asarray(v) for k, v in b.items()}
+  kw = dict(config=hc, steps=3, decay=0.8, block=128)
+  # the hard loss against the stored hidden states' own argmax (not a near tie's other side)
+  _, ce_hard = ttt_loss(params, frozen, {**jb, "dlabel": jnp.asarray(top)}, **kw)
+  sharp = {**jb, "hidden": jb["hidden"].astype(jnp.float32) * 1e5}  # one-hot but for ties
+  _, ce_sharp = ttt_loss(params, frozen, sharp, teacher=W, **kw)
+  np.testing.assert_allclose(np.asarray(ce_sharp), np.asarray(ce_hard), rtol=1e-4)
+  _, ce_soft = ttt_loss(params, frozen, jb, teacher=W, **kw)
+  assert np.all(np.abs(np.asarray(ce_soft) - np.asarray(ce_hard)) > 1e-3)
+  # V > block: the teacher blockwise per step; V <= block: its distribution once, sliced
+  assert V > kw["block"]
+  _, ce_once = ttt_loss(params, frozen, jb, teacher=W, **{**kw, "block": 4 * V})
+  np.testing.assert_allclose(np.asarray(ce_once), np.asarray(ce_soft), rtol=1e-5)
+  _, ce_once_sharp = ttt_loss(params, frozen, sharp, teacher=W, **{**kw, "block": 4 * V})
+  np.testing.assert_allclose(np.asarray(ce_once_sharp), np.asarray(ce_hard), rtol=1e-4)
+
+  run = dict(steps=20, eval_every=20, checkpoint_every=20)
+  summary = train(dataclasses.replace(job, **run), show_progress=False)
+  base = train(dataclasses.replace(hard, **run), show_progress=False)
+  assert summary["start"] == base["start"]
+  # the tiny random target's distributions are flat: its argmax is learned more slowly from
+  # them than from hard labels, but it is learned
+  assert summary["final"]["heldout_loss"] < summary["start"]["heldout_loss"] - 0.5
+  assert summary["final"]["acc_0"] > summary["start"]["acc_0"] + 0.1

@@ -6,7 +6,8 @@ import numpy as np
 import optax
 import pytest
 
-from vocabjax.train.losses import blockwise_logsumexp, label_ranks, vocab_cross_entropy
+from vocabjax.train.losses import (blockwise_logsumexp, label_ranks, probs_cross_entropy,
+                                   soft_cross_entropy, vocab_cross_entropy)
 
 
 @pytest.mark.parametrize("V,block", [(50, 16), (64, 64), (70, 1000)])
@@ -37,6 +38,38 @@ def test_blockwise_losses_match_dense(V, block):
     np.testing.assert_allclose(got_f(x, W), want_f(x, W), rtol=1e-5)
     for g, e in zip(jax.grad(got_f, (0, 1))(x, W), jax.grad(want_f, (0, 1))(x, W)):
       np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("V,block", [(50, 16), (64, 64), (70, 1000)])
+def test_soft_cross_entropy_matches_dense(V, block):
+  """The teacher's whole distribution softmax(h Wt^T) (ragged last block included): the loss
+  and its gradients equal the dense ones, and none reaches the teacher."""
+  rs = np.random.RandomState(V + 1)
+  x, W = jnp.asarray(rs.randn(9, 5), jnp.float32), jnp.asarray(rs.randn(V, 5), jnp.float32)
+  h, Wt = jnp.asarray(rs.randn(9, 7), jnp.float32), jnp.asarray(rs.randn(V, 7), jnp.float32)
+  w = jnp.asarray((rs.rand(9) > 0.3).astype(np.float32))
+
+  def dense(x, W, h, Wt):
+    p = jax.nn.softmax(jax.lax.stop_gradient(h @ Wt.T), -1)
+    per = -jnp.sum(p * jax.nn.log_softmax(x @ W.T, -1), -1)
+    return jnp.sum(per * w) / jnp.sum(w)
+
+  got = lambda *a: soft_cross_entropy(*a, w, block=block)  # noqa: E731
+  np.testing.assert_allclose(got(x, W, h, Wt), dense(x, W, h, Wt), rtol=1e-5)
+  gs, es = jax.grad(got, (0, 1, 2, 3))(x, W, h, Wt), jax.grad(dense, (0, 1))(x, W, h, Wt)
+  for g, e in zip(gs[:2], es):
+    np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-6)
+  assert not np.any(gs[2]) and not np.any(gs[3])
+  # the same teacher given as probabilities (computed once, shared)
+  p = jax.nn.softmax(h @ Wt.T, -1)
+  given = lambda x, W, p: probs_cross_entropy(x, W, p, w, block=block)  # noqa: E731
+  np.testing.assert_allclose(given(x, W, p), dense(x, W, h, Wt), rtol=1e-5)
+  gp = jax.grad(given, (0, 1, 2))(x, W, p)
+  for g, e in zip(gp[:2], es):
+    np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-6)
+  assert not np.any(gp[2])
+  with pytest.raises(ValueError, match="teacher rows 3 != student rows"):
+    soft_cross_entropy(x, W, h, Wt[:3])
 
 
 def test_label_ranks_match_a_sort():

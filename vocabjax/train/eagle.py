@@ -18,7 +18,15 @@ entries 0..i (the committed prefix, which has target features), its own earlier 
 ancestors in the tree) and itself; RoPE position i + j (the position of its entry). The loss is
 sum_j 0.8^j CE_j, each CE_j the mean cross-entropy over the positions whose label is a
 completion token (target ids mapped into the head's vocabulary; labels outside it are
-skipped, and counted). Held-out records (by prompt, the last `heldout` fraction) give the
+skipped, and counted); with `prompt_labels: true` the prompt's positions train too (the
+target's argmax after a prompt prefix is as valid a label as after a completion prefix, and
+the features are computed there anyway: 3.2x the label positions of target_chat at no extra
+feature cost), while the held-out figures stay on completion positions, what decoding drafts.
+With `soft_labels: true` the label of every position is the target's whole distribution
+softmax(h W^T) over the head's vocabulary (h its stored final hidden state, W its LM-head rows
+of those ids), EAGLE-3's distillation target, instead of its argmax: more of what the target
+knows per position, for the cost of one more product per step. Held-out records (by prompt,
+the last `heldout` fraction) give the
 per-step top-1 accuracy acc_j, EAGLE's figure of merit (the split follows the data files'
 order: put varied prompts last, or the held-out figures describe one kind of text only).
 
@@ -75,7 +83,7 @@ from vocabjax.train.features import (files_key, forward_len, heldout_records, jo
 from vocabjax.train.loop import (OptimConfig, TrainError, TrainRun, TrainState, apply_grads,
                                  job_fields, make_optimizer, run_job_cli, train_fingerprint,
                                  step_rng)
-from vocabjax.train.losses import vocab_cross_entropy
+from vocabjax.train.losses import probs_cross_entropy, soft_cross_entropy, vocab_cross_entropy
 from vocabjax.vocab.subset import VocabSubset
 from vocabjax.checkpoints.torch_model import load_torch_model
 
@@ -117,6 +125,8 @@ class EagleJob:
   pack: bool = False  # fill each window with several records' windows (`make_packed_batch`)
   init_head: str | None = None  # an exported head to start from (fine-tuning; module doc)
   compute_dtype: str = "float32"  # "bfloat16": mixed precision (`cpu_matmul.bf16_dots`)
+  prompt_labels: bool = False  # also train on the prompt's positions (module doc)
+  soft_labels: bool = False  # the target's distribution as the label (needs final_hidden)
 
   def __post_init__(self):
     if not self.data:
@@ -151,6 +161,9 @@ class EagleJob:
       raise TrainError(f"feature_dtype={self.feature_dtype!r} is not float32 or bfloat16")
     if self.compute_dtype not in ("float32", "bfloat16"):
       raise TrainError(f"compute_dtype={self.compute_dtype!r} is not float32 or bfloat16")
+    if self.soft_labels and not self.final_hidden:
+      raise TrainError("soft_labels: true needs final_hidden: true (the target's distribution "
+                       "is computed from its final hidden states, stored with the features)")
     if self.select_by not in (None, "heldout_loss", "acc_0"):
       raise TrainError(f"select_by={self.select_by!r} is not 'heldout_loss', 'acc_0' or null")
     self.optim  # validated before any features are built
@@ -179,7 +192,8 @@ class EagleJob:
                              new_defaults={"train_fraction": 1.0, "pack": False,
                                            "init_head": None, "heldout_split": "last",
                                            "train_subset": "first",
-                                           "compute_dtype": "float32"})
+                                           "compute_dtype": "float32",
+                                           "prompt_labels": False, "soft_labels": False})
 
 
 def head_identity(directory) -> list:
@@ -473,51 +487,88 @@ def ttt_outputs(params, embed, batch, *, config: EagleConfig, steps: int):
 
 
 def ttt_loss(trainable, frozen, batch, *, config: EagleConfig, steps: int, decay: float,
-             block: int):
-  """sum_j decay^j CE_j (module doc); returns (loss, per-step CE [steps])."""
+             block: int, teacher=None):
+  """sum_j decay^j CE_j (module doc); returns (loss, per-step CE [steps]). `teacher` [Vd, Dt]:
+  the target's LM-head rows of the head's vocabulary; then each CE_j is against the target's
+  distribution from batch["hidden"] [B, T, Dt] at the label's slot (`soft_labels`)."""
   params = {**frozen, **trainable}
   ces = []
-  for hn, label, weight in ttt_outputs(params, frozen["embed"], batch, config=config,
-                                       steps=steps):
-    D = hn.shape[-1]
-    ces.append(vocab_cross_entropy(hn.reshape(-1, D), params["lm_head"],
-                                   jnp.maximum(label, 0).reshape(-1), weight.reshape(-1),
-                                   block=block))
+  if teacher is not None:
+    hid = batch["hidden"]
+    hid = jnp.pad(hid, ((0, 0), (0, steps), (0, 0))).astype(jnp.float32)
+    dense = teacher.shape[0] <= block
+    if dense:  # the target's distribution at every slot once, shared by the steps' slices
+      probs = jax.nn.softmax(_teacher_logits(hid, teacher), axis=-1)
+  for j, (hn, label, weight) in enumerate(ttt_outputs(params, frozen["embed"], batch,
+                                                      config=config, steps=steps)):
+    B, n, D = hn.shape  # step j's labels sit at slots 1 + j .. n + j, as in ttt_outputs
+    x, w = hn.reshape(-1, D), weight.reshape(-1)
+    if teacher is None:
+      ces.append(vocab_cross_entropy(x, params["lm_head"], jnp.maximum(label, 0).reshape(-1),
+                                     w, block=block))
+    elif dense:
+      ces.append(probs_cross_entropy(x, params["lm_head"],
+                                     probs[:, 1 + j:1 + j + n].reshape(B * n, -1), w,
+                                     block=block))
+    else:  # a vocabulary of several blocks: one [X, block] tile of the teacher at a time
+      h = hid[:, 1 + j:1 + j + n].reshape(B * n, -1)
+      ces.append(soft_cross_entropy(x, params["lm_head"], h, teacher, w, block=block))
   ces = jnp.stack(ces)
   return jnp.sum(ces * decay ** jnp.arange(steps)), ces
 
 
+def _teacher_logits(hid, teacher):
+  """hid [B, T, Dt] . teacher [Vd, Dt]^T in f32 (mixed precision inside `bf16_dots()`)."""
+  if cpu_matmul.bf16_dots_on():
+    return cpu_matmul.bf16_dot(hid, teacher)
+  return jnp.einsum("BTD,VD->BTV", hid, teacher, preferred_element_type=jnp.float32)
+
+
 # --- batches -----------------------------------------------------------------------------------
 
-def make_batch(data: EagleData, idx, rs, job: EagleJob, t2d: np.ndarray, *, window_start=None):
+def make_batch(data: EagleData, idx, rs, job: EagleJob, t2d: np.ndarray, *, window_start=None,
+               prompt: bool = False, hidden: bool = False):
   """B windows of <= seq_len tokens from records `idx` (random ones, a random window start
   unless given: one for all or a list, one per record); weight 1 where the label predicts a
-  completion token."""
+  completion token (`prompt`: any token of the window); `hidden`: also the target's final
+  hidden states [B, T, Dt] (`soft_labels`)."""
   B, T = len(idx), job.seq_len
-  F = data.feats[0].shape[1]
-  out = {"tokens": np.zeros((B, T), np.int32), "feats": np.zeros((B, T, F), np.float16),
-         "dlabel": np.full((B, T), -1, np.int32), "weight": np.zeros((B, T), np.float32)}
+  out = _empty_batch(data, B, T, hidden)
   for b, r in enumerate(idx):
     L = len(data.seqs[r][1])
     if window_start is not None:
       s = window_start[b] if isinstance(window_start, (list, tuple)) else window_start
     else:
       s = rs.randint(0, max(1, L - T + 1))  # any window of the record (completions included)
-    put_window(out, data, t2d, b, 0, r, s, min(L, s + T) - s)
+    put_window(out, data, t2d, b, 0, r, s, min(L, s + T) - s, prompt=prompt)
+  return out
+
+
+def _empty_batch(data: EagleData, B: int, T: int, hidden: bool) -> dict:
+  F = data.feats[0].shape[1]
+  out = {"tokens": np.zeros((B, T), np.int32), "feats": np.zeros((B, T, F), np.float16),
+         "dlabel": np.full((B, T), -1, np.int32), "weight": np.zeros((B, T), np.float32)}
+  if hidden:
+    if data.hidden is None:
+      raise TrainError("soft labels need the target's final hidden states: load the features "
+                       "with hidden=True")
+    out["hidden"] = np.zeros((B, T, data.hidden[0].shape[1]), np.float16)
   return out
 
 
 def put_window(out: dict, data: EagleData, t2d: np.ndarray, b: int, o: int, r: int, s: int,
-               m: int) -> None:
+               m: int, *, prompt: bool = False) -> None:
   """Write record r's tokens s .. s + m - 1 into row b of a batch at slots o .. o + m - 1:
   tokens, features, head-vocabulary labels, weight 1 where the label predicts a completion
-  token."""
+  token (`prompt`: every slot, the prompt's positions too; `EagleJob.prompt_labels`)."""
   _, toks, first = data.seqs[r]
   sl = slice(o, o + m)
   out["tokens"][b, sl] = toks[s:s + m]
   out["feats"][b, sl] = data.feats[r][s:s + m]
   out["dlabel"][b, sl] = t2d[data.labels[r][s:s + m]]
-  out["weight"][b, o + max(first, s) - s:o + m] = 1.0
+  if "hidden" in out:
+    out["hidden"][b, sl] = data.hidden[r][s:s + m]
+  out["weight"][b, o + (0 if prompt else max(first, s) - s):o + m] = 1.0
 
 
 PACK_MIN = 32  # a packed row takes no window shorter than this (the rest stays padding)
@@ -531,9 +582,7 @@ def make_packed_batch(data: EagleData, train_idx, rs, job: EagleJob, t2d: np.nda
   one window per row it is `make_batch`'s batch. The mix's records have a median of 222 tokens,
   so unpacked 256-token windows carry ~127 label positions on average; packed ones ~2x that."""
   B, T = job.batch_size, job.seq_len
-  F = data.feats[0].shape[1]
-  out = {"tokens": np.zeros((B, T), np.int32), "feats": np.zeros((B, T, F), np.float16),
-         "dlabel": np.full((B, T), -1, np.int32), "weight": np.zeros((B, T), np.float32),
+  out = {**_empty_batch(data, B, T, job.soft_labels),
          "segment": np.full((B, T), -1, np.int32), "position": np.zeros((B, T), np.int32)}
   for b in range(B):
     o, k = 0, 0
@@ -542,7 +591,7 @@ def make_packed_batch(data: EagleData, train_idx, rs, job: EagleJob, t2d: np.nda
       L = len(data.seqs[r][1])
       m = min(L, T - o)
       s = rs.randint(0, L - m + 1)
-      put_window(out, data, t2d, b, o, r, s, m)
+      put_window(out, data, t2d, b, o, r, s, m, prompt=job.prompt_labels)
       out["segment"][b, o:o + m] = k
       out["position"][b, o:o + m] = np.arange(m)
       o, k = o + m, k + 1
@@ -626,7 +675,7 @@ def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None =
   target = dataclasses.replace(target, params={k: v for k, v in target.params.items()
                                                if k != "layers"}, _layouts={})
   gc.collect()
-  data = load_eagle_features(fdir, target, layers)
+  data = load_eagle_features(fdir, target, layers, hidden=job.soft_labels)
   held_recs = set(heldout_records(data, job.heldout, job.heldout_split, job.seed).tolist())
   sources = record_sources(job.data, job.max_records)
   train_idx = [i for i, (r, _, _) in enumerate(data.seqs) if r not in held_recs]
@@ -655,6 +704,10 @@ def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None =
     init = init_eagle(jax.random.key(job.seed), hc)
     init["lm_head"] = jnp.take(lm_head_weight(target.params, tc), jnp.asarray(ids), axis=0)
   d2t = jnp.asarray(ids - np.arange(Vd), jnp.int32)
+  # soft labels: the target's own LM-head rows of the head's vocabulary (frozen, and apart
+  # from the head's LM head, which trains); an argument of the step, not a constant
+  teacher = (jnp.take(lm_head_weight(target.params, tc), jnp.asarray(ids), axis=0)
+             if job.soft_labels else None)
   frozen_names = ("d2t",) + (() if job.train_lm_head else ("lm_head",))
   trainable = {k: v for k, v in init.items() if k not in frozen_names}
   aux = {k: init[k] if k != "d2t" else d2t for k in frozen_names}
@@ -673,10 +726,11 @@ def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None =
     return {"embed": embed, **st.aux}
 
   @jax.jit  # the embedding is an argument: a closed-over array would be baked in as a constant
-  def train_fn(st, batch, embed):
+  def train_fn(st, batch, embed, teacher):
     (loss, ces), grads = jax.value_and_grad(
         lambda p: ttt_loss(p, {"embed": embed, **st.aux}, batch, config=hc,
-                           steps=job.ttt_steps, decay=job.step_decay, block=job.vocab_block),
+                           steps=job.ttt_steps, decay=job.step_decay, block=job.vocab_block,
+                           teacher=teacher),
         has_aux=True)(st.params)
     return apply_grads(st, grads, opt), loss
 
@@ -716,9 +770,10 @@ def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None =
       batch = make_packed_batch(data, train_idx, rs, job, t2d)
     else:
       idx = [train_idx[i] for i in rs.randint(0, len(train_idx), job.batch_size)]
-      batch = make_batch(data, idx, rs, job, t2d)
+      batch = make_batch(data, idx, rs, job, t2d, prompt=job.prompt_labels,
+                         hidden=job.soft_labels)
     with cpu_matmul.bf16_dots(job.compute_dtype == "bfloat16"):  # read when first traced
-      st, loss = train_fn(st, {k: jnp.asarray(v) for k, v in batch.items()}, embed)
+      st, loss = train_fn(st, {k: jnp.asarray(v) for k, v in batch.items()}, embed, teacher)
     return st, {"loss": loss}
 
   res = run.fit(state, step_fn, evaluate, on_row=keep_best, stop_after=stop_after,
@@ -729,8 +784,9 @@ def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None =
   summary = {"job": dataclasses.asdict(job), "steps_done": end, "complete": end == job.steps,
              "train_records": len(train_idx), "heldout_records": len(held_idx),
              "head_vocab": Vd, "feature_layers": list(layers),
-             "train_label_positions": int(sum(len(data.labels[i]) - data.seqs[i][2]
-                                              for i in train_idx)),
+             "train_label_positions": int(sum(
+                 len(data.labels[i]) - (0 if job.prompt_labels else data.seqs[i][2])
+                 for i in train_idx)),
              "features_seconds": data.meta.get("seconds"),
              "start": rows[0] if rows else None, "final": rows[-1] if rows else None}
   if end == job.steps:

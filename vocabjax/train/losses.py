@@ -12,6 +12,9 @@ vocabulary rows with a running (max, sum) pair in a `lax.scan` whose body is rem
 Cross-entropy against a hard label y:    lse(x W^T) - x . W[y]
 Against a teacher's top-Kt distribution:  sum_t p_t (lse - x . W[ids_t])  (= KL(p || softmax) +
 H(p); the teacher's probabilities are renormalized over its top Kt).
+Against a teacher's whole distribution softmax(h Wt^T) over the same V rows (EAGLE-3's
+distillation target, `soft_cross_entropy`): lse(x W^T) - sum_v p_v (x . W[v]), p_v =
+exp(h . Wt[v] - lse(h Wt^T)), again one [X, C] block of each product at a time.
 """
 
 from __future__ import annotations
@@ -74,6 +77,48 @@ def vocab_cross_entropy(x, W, labels, weights=None, *, teacher_ids=None, teacher
   else:
     p = teacher_probs / jnp.maximum(teacher_probs.sum(-1, keepdims=True), 1e-30)
     per_row = jnp.sum(p * (lse[:, None] - picked_logits(x, W, teacher_ids)), axis=-1)
+  if weights is None:
+    return per_row.mean()
+  return jnp.sum(per_row * weights) / jnp.maximum(jnp.sum(weights), 1.0)
+
+
+def soft_cross_entropy(x, W, h, Wt, weights=None, *, block: int = 16384) -> jax.Array:
+  """Mean cross-entropy of softmax(x[X, R] W[V, R]^T) against the teacher's softmax(h[X, Rt]
+  Wt[V, Rt]^T) over the same V rows (module doc); no gradient reaches h or Wt. `weights` [X]
+  masks or weighs rows (default: all 1)."""
+  V = W.shape[0]
+  if Wt.shape[0] != V:
+    raise ValueError(f"teacher rows {Wt.shape[0]} != student rows {V}")
+  h, Wt = jax.lax.stop_gradient(h), jax.lax.stop_gradient(Wt)
+  lse_q = blockwise_logsumexp(x, W, block=block)
+  lse_t = blockwise_logsumexp(h, Wt, block=block)
+  block = min(block, V)
+  nb = -(-V // block)
+  pad = lambda A: jnp.pad(A, ((0, nb * block - V), (0, 0))).reshape(nb, block, -1)  # noqa: E731
+
+  def body(acc, inp):
+    b, Wb, Wtb = inp
+    valid = (b * block + jnp.arange(block) < V)[None, :]
+    p = jnp.where(valid, jnp.exp(_product(h, Wtb) - lse_t[:, None]), 0.0)
+    return acc + jnp.sum(p * jnp.where(valid, _product(x, Wb), 0.0), axis=-1), None
+
+  if nb > 1:
+    body = jax.checkpoint(body)
+  expected, _ = jax.lax.scan(body, jnp.zeros(x.shape[:1], jnp.float32),
+                             (jnp.arange(nb), pad(W), pad(Wt)))
+  per_row = lse_q - expected
+  if weights is None:
+    return per_row.mean()
+  return jnp.sum(per_row * weights) / jnp.maximum(jnp.sum(weights), 1.0)
+
+
+def probs_cross_entropy(x, W, probs, weights=None, *, block: int = 16384) -> jax.Array:
+  """Mean cross-entropy of softmax(x[X, R] W[V, R]^T) against given probabilities [X, V] (no
+  gradient reaches them): `soft_cross_entropy` for a teacher distribution computed once
+  and shared, e.g. by the depths of EAGLE's training-time test. Holds one [X, V] product:
+  for a head's reduced vocabulary, not a 150K one."""
+  probs = jax.lax.stop_gradient(probs)
+  per_row = blockwise_logsumexp(x, W, block=block) - jnp.sum(probs * _product(x, W), axis=-1)
   if weights is None:
     return per_row.mean()
   return jnp.sum(per_row * weights) / jnp.maximum(jnp.sum(weights), 1.0)
