@@ -83,7 +83,8 @@ from vocabjax.train.features import (files_key, forward_len, heldout_records, jo
 from vocabjax.train.loop import (OptimConfig, TrainError, TrainRun, TrainState, apply_grads,
                                  job_fields, make_optimizer, run_job_cli, train_fingerprint,
                                  step_rng)
-from vocabjax.train.losses import probs_cross_entropy, soft_cross_entropy, vocab_cross_entropy
+from vocabjax.train.losses import (probs_cross_entropy, soft_cross_entropy, teacher_probs,
+                                   vocab_cross_entropy)
 from vocabjax.vocab.subset import VocabSubset
 from vocabjax.checkpoints.torch_model import load_torch_model
 
@@ -498,7 +499,8 @@ def ttt_loss(trainable, frozen, batch, *, config: EagleConfig, steps: int, decay
     hid = jnp.pad(hid, ((0, 0), (0, steps), (0, 0))).astype(jnp.float32)
     dense = teacher.shape[0] <= block
     if dense:  # the target's distribution at every slot once, shared by the steps' slices
-      probs = jax.nn.softmax(_teacher_logits(hid, teacher), axis=-1)
+      B, Tp, Dt = hid.shape
+      probs = teacher_probs(hid.reshape(B * Tp, Dt), teacher).reshape(B, Tp, -1)
   for j, (hn, label, weight) in enumerate(ttt_outputs(params, frozen["embed"], batch,
                                                       config=config, steps=steps)):
     B, n, D = hn.shape  # step j's labels sit at slots 1 + j .. n + j, as in ttt_outputs
@@ -515,13 +517,6 @@ def ttt_loss(trainable, frozen, batch, *, config: EagleConfig, steps: int, decay
       ces.append(soft_cross_entropy(x, params["lm_head"], h, teacher, w, block=block))
   ces = jnp.stack(ces)
   return jnp.sum(ces * decay ** jnp.arange(steps)), ces
-
-
-def _teacher_logits(hid, teacher):
-  """hid [B, T, Dt] . teacher [Vd, Dt]^T in f32 (mixed precision inside `bf16_dots()`)."""
-  if cpu_matmul.bf16_dots_on():
-    return cpu_matmul.bf16_dot(hid, teacher)
-  return jnp.einsum("BTD,VD->BTV", hid, teacher, preferred_element_type=jnp.float32)
 
 
 # --- batches -----------------------------------------------------------------------------------

@@ -112,6 +112,12 @@ def soft_cross_entropy(x, W, h, Wt, weights=None, *, block: int = 16384) -> jax.
   return jnp.sum(per_row * weights) / jnp.maximum(jnp.sum(weights), 1.0)
 
 
+def teacher_probs(h: jax.Array, Wt: jax.Array) -> jax.Array:
+  """softmax(h[X, Rt] Wt[V, Rt]^T) in f32, dense [X, V] (the products as `_product` takes
+  them): the teacher distribution `probs_cross_entropy` reads."""
+  return jax.nn.softmax(_product(h, Wt), axis=-1)
+
+
 def probs_cross_entropy(x, W, probs, weights=None, *, block: int = 16384) -> jax.Array:
   """Mean cross-entropy of softmax(x[X, R] W[V, R]^T) against given probabilities [X, V] (no
   gradient reaches them): `soft_cross_entropy` for a teacher distribution computed once
