@@ -75,7 +75,7 @@ def compare(runs: list[Path], eval_on: Path, *, depth: int = 1, mix: str | None 
   target = target or load_model(ev.target, dtype="float32")
   tc = target.config
   layers = tuple(ev.feature_layers or default_feature_layers(tc.num_layers))
-  datas = {r: load_eagle_features(j.features_dir, target, layers) for r, j in jobs.items()}
+  datas = {r: load_eagle_features(j.feature_location, target, layers) for r, j in jobs.items()}
   held_idx, held, _ = held_out(datas[eval_on], ev)
   rows = []
   for r in runs:
@@ -101,7 +101,7 @@ def compare(runs: list[Path], eval_on: Path, *, depth: int = 1, mix: str | None 
                                       for i in held_idx)), "depth": depth, "runs": rows}
   if mix:
     mj = job_from_dict(read_job_yaml(mix, "EAGLE", {}), where=mix)
-    md = load_eagle_features(mj.features_dir, target, layers)
+    md = load_eagle_features(mj.feature_location, target, layers)
     out["mix"] = {"config": mix, "by_source": {
         s: {"agree": a / max(n, 1), "positions": n}
         for s, (a, n) in sorted(agreement(md, record_sources(mj.data, mj.max_records)).items())}}

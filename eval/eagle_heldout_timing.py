@@ -41,7 +41,7 @@ def main(argv=None) -> int:
   layers = tuple(job.feature_layers or default_feature_layers(tc.num_layers))
   target = dataclasses.replace(target, params={k: v for k, v in target.params.items()
                                                if k != "layers"}, _layouts={})
-  data = load_eagle_features(job.features_dir, target, layers)
+  data = load_eagle_features(job.feature_location, target, layers)
   held_idx = held_out(data, job)[0]
   hc, head, _ = load_eagle3(run / "head", target_config=tc)
   t2d = target_to_head(head_target_ids(head["d2t"]), tc.vocab_size)

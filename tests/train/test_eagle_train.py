@@ -122,6 +122,61 @@ def test_torch_backend_features_equal_the_jax_ones(target_dir, data_file, tmp_pa
                               features=str(tmp_path / "fy")), t, LAYERS, show_progress=False)
 
 
+def test_features_per_data_file_reuse_a_files_features(target_dir, data_file, tmp_path):
+  """A job over two data files with one features directory each reads what a job with one
+  directory for both reads (records numbered on across the files), and the first file's
+  directory, built by a job over that file alone, is reused as it is."""
+  t = load_model(target_dir, dtype="float32")
+  lines = data_file.read_text().splitlines()
+  first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+  first.write_text("\n".join(lines[:10]) + "\n")
+  second.write_text("\n".join(lines[10:]) + "\n")
+  one = _job(target_dir, first, tmp_path / "one", feature_layers=(0,),
+             features=str(tmp_path / "fa"), final_hidden=True)
+  build_eagle_features(one, t, (0,), show_progress=False)
+  shard = tmp_path / "fa" / "shard-00000.npz"
+  before = shard.stat().st_mtime_ns
+  both = _job(target_dir, first, tmp_path / "both", feature_layers=(0,), final_hidden=True,
+              data=(str(first), str(second)), features=str(tmp_path / "fab"))
+  split = _job(target_dir, first, tmp_path / "split", feature_layers=(0,), final_hidden=True,
+               data=(str(first), str(second)), features=[str(tmp_path / "fa"),
+                                                         str(tmp_path / "fb")])
+  assert split.features == (str(tmp_path / "fa"), str(tmp_path / "fb"))
+  dirs = build_eagle_features(split, t, (0,), show_progress=False)
+  assert dirs == split.feature_location == [tmp_path / "fa", tmp_path / "fb"]
+  assert shard.stat().st_mtime_ns == before  # the first file's features were not rebuilt
+  a = load_eagle_features(build_eagle_features(both, t, (0,), show_progress=False), t, (0,),
+                          hidden=True)
+  b = load_eagle_features(dirs, t, (0,), hidden=True)
+  assert len(a.seqs) == len(b.seqs) == len(lines)
+  assert [r for r, _, _ in b.seqs] == [r for r, _, _ in a.seqs] == list(range(len(lines)))
+  assert b.meta["records"] == len(lines) and b.meta["data"] == [str(first), str(second)]
+  for i in range(len(lines)):
+    np.testing.assert_array_equal(a.seqs[i][1], b.seqs[i][1])
+    assert a.seqs[i][2] == b.seqs[i][2]
+    np.testing.assert_array_equal(a.feats[i], b.feats[i])
+    np.testing.assert_array_equal(a.labels[i], b.labels[i])
+    np.testing.assert_array_equal(a.hidden[i], b.hidden[i])
+  # a job reads them: every record trains or is held out
+  summary = train(dataclasses.replace(split, steps=2, warmup_steps=1, eval_every=2,
+                                      checkpoint_every=2, ttt_steps=1), show_progress=False)
+  assert summary["train_records"] + summary["heldout_records"] == len(lines)
+  assert summary["complete"]
+  with pytest.raises(TrainError, match="features lists 1 directories for 2 data files"):
+    dataclasses.replace(split, features=(str(tmp_path / "fa"),))
+  with pytest.raises(TrainError, match="names a directory twice"):
+    dataclasses.replace(split, features=(str(tmp_path / "fa"), str(tmp_path / "fa")))
+  with pytest.raises(TrainError, match="max_records=3 needs one features directory"):
+    dataclasses.replace(split, max_records=3)
+  with pytest.raises(TrainError, match="one per data file: read them with feature_parts"):
+    split.features_dir
+  with pytest.raises(TrainError, match="made by different targets or from different layers"):
+    other = _job(target_dir, second, tmp_path / "o", feature_layers=(1,),
+                 features=str(tmp_path / "fc"), final_hidden=True)
+    build_eagle_features(other, t, (1,), show_progress=False)
+    load_eagle_features([tmp_path / "fa", tmp_path / "fc"])
+
+
 @pytest.mark.parametrize("native", [True, False])
 def test_bf16_torch_features_warn_on_a_cpu_without_bf16(target_dir, data_file, tmp_path,
                                                         monkeypatch, capsys, native):

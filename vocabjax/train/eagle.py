@@ -7,7 +7,9 @@ Data: completions generated for the target (`python -m vocabjax.calibrate count 
 jsonl: `prompt` text + `completion_ids`). The target runs once over each prompt + completion
 and stores, per position p, its fused layer features f_p (EAGLE-3's low/middle/high layers,
 float16) and its teacher-forced argmax y_p (the token it would emit after x_0..x_p), in shards
-(`vocabjax.train.features`; resumable, and refused when made by another target or data).
+(`vocabjax.train.features`; resumable, and refused when made by another target or data):
+one directory for all data files, or one per file (`features` a list as long as `data`): a
+file's features are then built once and read by every job over that file.
 
 Training-time test (EAGLE-3 section 3.2). Entry i of a window pairs the token x_{i+1} with the
 target's feature f_i. Step 0 runs the head over all entries with causal attention and predicts
@@ -94,7 +96,10 @@ class EagleJob:
   target: str  # registry name or path of the target
   data: tuple[str, ...]  # completion jsonl files
   out: str  # output directory
-  features: str | None = None  # feature shards directory (default <out>/features)
+  # feature shards directory (default <out>/features), or one directory per data file (a
+  # list as long as `data`: each file's features are built and kept apart, so a job over
+  # several files reuses the features another job built for one of them)
+  features: str | tuple[str, ...] | None = None
   feature_layers: tuple[int, ...] | None = None  # default: (1, L/2 - 1, L - 4)
   feature_backend: str = "jax"  # "jax" (vocabjax's forward) or "torch" (transformers')
   feature_dtype: str = "float32"  # the torch backend's model dtype (float32 | bfloat16)
@@ -132,6 +137,17 @@ class EagleJob:
   def __post_init__(self):
     if not self.data:
       raise TrainError("no data files given")
+    if isinstance(self.features, list):  # YAML gives lists; a str stays a str (fingerprints)
+      object.__setattr__(self, "features", tuple(self.features))
+    if isinstance(self.features, tuple):
+      if len(self.features) != len(self.data):
+        raise TrainError(f"features lists {len(self.features)} directories for "
+                         f"{len(self.data)} data files: give one per file, or one directory")
+      if self.max_records is not None:
+        raise TrainError(f"max_records={self.max_records} needs one features directory (it "
+                         f"counts records over all data files)")
+      if len({str(Path(f).resolve()) for f in self.features}) != len(self.features):
+        raise TrainError(f"features={list(self.features)} names a directory twice")
     if not 0 < self.train_fraction <= 1:
       raise TrainError(f"train_fraction={self.train_fraction} must be in (0, 1]")
     if self.ttt_steps < 1:
@@ -176,14 +192,32 @@ class EagleJob:
 
   @property
   def features_dir(self) -> Path:
+    if isinstance(self.features, tuple):
+      raise TrainError(f"this job keeps its features in {len(self.features)} directories, one "
+                       f"per data file: read them with feature_parts")
     return Path(self.features) if self.features else Path(self.out) / "features"
 
-  def feature_fingerprint(self, layers) -> str:
+  @property
+  def feature_parts(self) -> list[tuple[Path, tuple[str, ...]]]:
+    """(directory, data files) of each features directory: one for all files, or one each."""
+    if isinstance(self.features, tuple):
+      return [(Path(f), (d,)) for f, d in zip(self.features, self.data)]
+    return [(self.features_dir, self.data)]
+
+  @property
+  def feature_location(self) -> Path | list[Path]:
+    """What `load_eagle_features` reads for this job: its directory, or the list of them."""
+    dirs = [d for d, _ in self.feature_parts]
+    return dirs if isinstance(self.features, tuple) else dirs[0]
+
+  def feature_fingerprint(self, layers, data=None) -> str:
+    """The features of `data` (default: all the job's files) as this job computes them: a
+    one-file directory of a per-file job is the features of a job over that file alone."""
     extra = (() if self.feature_backend == "jax"  # the defaults: the fingerprint as before
              else (self.feature_backend, self.feature_dtype)) + (
                  ("final_hidden",) if self.final_hidden else ())
-    return job_fingerprint("eagle", self.target, files_key(self.data), list(layers),
-                           self.max_records, *extra)
+    return job_fingerprint("eagle", self.target, files_key(self.data if data is None else data),
+                           list(layers), self.max_records, *extra)
 
   def train_fingerprint(self) -> str:
     # init_head: the head's file and its export record (another head at the same path is
@@ -258,14 +292,23 @@ def _torch_features(job: EagleJob, target, layers):
   return run_seq
 
 
-def build_eagle_features(job: EagleJob, target, layers, *, show_progress=True) -> Path:
-  """Target features and labels of every record (module doc); resumes, refuses others'."""
-  fdir = job.features_dir
+def build_eagle_features(job: EagleJob, target, layers, *, show_progress=True
+                         ) -> Path | list[Path]:
+  """Target features and labels of every record (module doc); resumes, refuses others'.
+  Returns the features directory, or the list of them of a job with one per data file
+  (`EagleJob.feature_parts`); `load_eagle_features` reads either."""
+  for fdir, files in job.feature_parts:
+    _build_part(job, target, layers, fdir, files, show_progress=show_progress)
+  return job.feature_location
+
+
+def _build_part(job: EagleJob, target, layers, fdir: Path, files, *, show_progress) -> None:
   fdir.mkdir(parents=True, exist_ok=True)
-  records = read_records(job.data, job.max_records)
-  todo = pending_shards(fdir, job.feature_fingerprint(layers), len(records))
+  records = read_records(files, job.max_records)
+  fingerprint = job.feature_fingerprint(layers, files)
+  todo = pending_shards(fdir, fingerprint, len(records))
   if not todo:
-    return fdir
+    return
   tok = target.tokenizer
   if tok is None:
     raise TrainError(f"{target.source} has no tokenizer: the prompts cannot be encoded")
@@ -295,14 +338,13 @@ def build_eagle_features(job: EagleJob, target, layers, *, show_progress=True) -
     return {"feats": feats, "label": label, "tokens": np.asarray(toks, np.int32),
             "first_row": len(prompt) - 1, **({"hidden": hidden} if job.final_hidden else {})}
 
-  meta = {"fingerprint": job.feature_fingerprint(layers), "kind": "eagle",
+  meta = {"fingerprint": fingerprint, "kind": "eagle",
           "target": model_identity(target), "feature_layers": list(layers),
           "feature_backend": job.feature_backend, "feature_dtype": job.feature_dtype,
           "final_hidden": job.final_hidden,
-          "data": [str(p) for p in job.data]}
+          "data": [str(p) for p in files]}
   write_shards(fdir, meta, records, todo, record_fn, desc="target features (shards)",
                show_progress=show_progress)
-  return fdir
 
 
 @dataclasses.dataclass
@@ -314,11 +356,30 @@ class EagleData:
   hidden: list | None = None  # per record [L, Dt] float16 final normed hidden (`final_hidden`)
 
 
-def load_eagle_features(fdir: Path, target=None, layers=None, *, hidden: bool = False
-                        ) -> EagleData:
-  """The shards of `fdir`; with `target`/`layers`, TrainError when they were made by another
-  target (identity and LM-head fingerprint) or from other layers. `hidden`: also the final
-  hidden states (TrainError when the shards were built without `final_hidden`)."""
+def load_eagle_features(fdir: Path | list[Path], target=None, layers=None, *,
+                        hidden: bool = False) -> EagleData:
+  """The shards of `fdir`, or of several directories (one per data file, in the data's order:
+  their records are numbered on, as `read_records` numbers the files' records); with
+  `target`/`layers`, TrainError when they were made by another target (identity and LM-head
+  fingerprint) or from other layers. `hidden`: also the final hidden states (TrainError when
+  the shards were built without `final_hidden`)."""
+  if isinstance(fdir, (list, tuple)):
+    parts = [load_eagle_features(d, target, layers, hidden=hidden) for d in fdir]
+    if len({json.dumps(p.meta["target"], sort_keys=True) for p in parts}) > 1 or len(
+        {tuple(p.meta["feature_layers"]) for p in parts}) > 1:
+      raise TrainError(f"the features in {[str(d) for d in fdir]} were made by different "
+                       f"targets or from different layers")
+    seqs, offset = [], 0
+    for p in parts:
+      seqs += [(r + offset, toks, first) for r, toks, first in p.seqs]
+      offset += p.meta["records"]
+    meta = {**parts[0].meta, "data": [f for p in parts for f in p.meta["data"]],
+            "records": offset, "seconds": sum(p.meta.get("seconds") or 0 for p in parts),
+            "new_rows": sum(p.meta.get("new_rows") or 0 for p in parts),
+            "directories": [str(d) for d in fdir]}
+    return EagleData(seqs, [f for p in parts for f in p.feats],
+                     [lab for p in parts for lab in p.labels], meta,
+                     [h for p in parts for h in p.hidden] if hidden else None)
   cat, seqs, meta = read_shards(fdir, ("feats", "label") + (("hidden",) if hidden else ()))
   if hidden and "hidden" not in cat:
     raise TrainError(f"the features in {fdir} hold no final hidden states: build them with "
