@@ -630,10 +630,17 @@ def test_heldout_evaluation_batches_windows_without_changing_it(target_dir, data
   batched = evaluate_heldout(params, frozen, data, held, job, t2d, hc, {})
   one = evaluate_heldout(params, frozen, data, held, dataclasses.replace(job, batch_size=1),
                          t2d, hc, {})
-  assert batched.keys() == one.keys()
+  # windows that end inside the prompt are skipped: some are here, and nothing changes
+  short = dataclasses.replace(job, seq_len=8)
+  assert any(s + 8 <= data.seqs[r][2] for r in held
+             for s in range(0, len(data.seqs[r][1]) - 1, 7))
+  every = evaluate_heldout(params, frozen, data, held, short, t2d, hc, {}, all_windows=True)
+  skipped = evaluate_heldout(params, frozen, data, held, short, t2d, hc, {})
+  assert batched.keys() == one.keys() == every.keys() == skipped.keys()
   for k in batched:
     assert batched[k] == pytest.approx(one[k], rel=1e-5), k
-  assert batched["heldout_loss"] > 0  # labels were scored
+    assert skipped[k] == pytest.approx(every[k], rel=1e-5), k
+  assert batched["heldout_loss"] > 0 and skipped["heldout_loss"] > 0  # labels were scored
 
 
 def test_prompt_labels_train_on_every_position_and_keep_the_heldout_figures(target_dir,

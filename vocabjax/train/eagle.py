@@ -657,9 +657,11 @@ def make_packed_batch(data: EagleData, train_idx, rs, job: EagleJob, t2d: np.nda
 # --- evaluation --------------------------------------------------------------------------------
 
 def evaluate_heldout(params, frozen, data: EagleData, held_idx, job: EagleJob, t2d, config,
-                     fn_cache: dict) -> dict:
+                     fn_cache: dict, *, all_windows: bool = False) -> dict:
   """Held-out per-step loss and top-1 accuracy (whole records, windows of seq_len, batch_size
-  windows per call)."""
+  windows per call). Windows that end inside the prompt hold no scored label and are skipped
+  (the chat-task records' long passages are most of their tokens); `all_windows`: score them
+  too, the same figures slower (a test compares)."""
   if "fn" not in fn_cache:
     @jax.jit
     def fn(trainable, frozen, batch):
@@ -686,7 +688,8 @@ def evaluate_heldout(params, frozen, data: EagleData, held_idx, job: EagleJob, t
     skipped += int(np.sum(t2d[lab] < 0))
     # windows of seq_len tokens that share one position, so each label is scored once at
     # step 0 (deeper steps lose the j positions past a window's end)
-    windows += [(r, s) for s in range(0, max(1, len(toks) - 1), job.seq_len - 1)]
+    windows += [(r, s) for s in range(0, max(1, len(toks) - 1), job.seq_len - 1)
+                if all_windows or s + job.seq_len > first]  # else every slot is < first
   # batch_size windows per call (one program: the last batch is padded with weightless rows)
   B = job.batch_size
   for i in range(0, len(windows), B):
