@@ -6,7 +6,8 @@ test (`vocabjax.train.eagle.ttt_outputs`, the exact computation tree decoding pe
 its top-1 / top-k accuracy at every output position for depths 0..J-1. Compared with the
 acceptance the eagle methods of the same run reached, this tells a weak head from a decoding
 fault: at depth 0, decoding accepts a root child exactly when the target's token is among the
-head's top_k there.
+head's top_k there. Several `--head`s are scored on the same text in one run, and a table
+gives each question's accuracy per head (which kinds of text a head drafts poorly).
 
     python eval/eagle_report.py --head train/results/eagle/qwen15b/head --config eagle \
         --run eval/results/eagle/eval --out eval/results/eagle/teacher_forced.md
@@ -31,11 +32,13 @@ def main(argv=None) -> int:
   from vocabjax.checkpoints.loader import load_model
   from vocabjax.models.cache import KVCache
   from vocabjax.models.llamalike import forward_features, lm_head
+  from vocabjax.io import atomic_write_text
   from vocabjax.train.eagle import ttt_outputs
 
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--head", required=True)
+  p.add_argument("--head", required=True, action="append",
+                 help="an exported head; repeat to score several on the same text")
   p.add_argument("--run", required=True, help="an eval result directory with an `ar` method")
   p.add_argument("--config", default="eagle", help="the suite that made --run")
   p.add_argument("--steps", type=int, default=4)
@@ -46,48 +49,74 @@ def main(argv=None) -> int:
   recs = [json.loads(x) for x in (Path(a.run) / "questions.jsonl").read_text().splitlines()]
   config = load_config(a.config)
   target = load_model(config.target, dtype="float32")
-  hc, head, _ = load_eagle3(a.head, target_config=target.config, target_params=target.params)
   prompts = {pr.qid: pr for pr in load_prompts(config.datasets)}
   ar = [r for r in recs if r["method"] == "ar" and r["framework"] == "vocabjax"]
-  d2t = np.asarray(head["d2t"])
-  t2d = np.full(target.config.vocab_size, -1, np.int64)
-  t2d[np.arange(len(d2t)) + d2t] = np.arange(len(d2t))
   J, K = a.steps, a.top_k
-  hits1, hitsk, n = np.zeros(J), np.zeros(J), np.zeros(J)
-  rows = []
-  run_ttt = jax.jit(lambda hp, emb, b: [x[0] for x in ttt_outputs(hp, emb, b, config=hc,
-                                                                  steps=J)])
+  texts = []  # per question: tokens, prompt length, the target's features and argmax
   for r in ar:
     ids = encode_prompts(target.tokenizer, [prompts[r["qid"]].text], config.chat)[0]
     toks = ids + r["output_ids"]
-    T, P = len(toks), len(ids)
+    T = len(toks)
     tok = jnp.asarray(toks)[None]
-    h, _, f = forward_features(target.params, tok, jnp.arange(T)[None],
-                               KVCache.init(target.config, 1, T), config=target.config,
-                               layers=hc.feature_layers)
-    y = np.asarray(jnp.argmax(lm_head(target.params, h[0], config=target.config), -1))
-    batch = {"tokens": tok, "feats": f, "dlabel": jnp.zeros((1, T), jnp.int32),
-             "weight": jnp.ones((1, T))}
-    outs = run_ttt(head, target.params["embed"], batch)
-    for j, hn in enumerate(outs):
-      logits = np.asarray(jnp.einsum("ND,VD->NV", hn[0], head["lm_head"]))
-      top = np.argsort(-logits, axis=-1)[:, :K]
-      for i in range(T - 1 - j):
-        q = i + 1 + j  # label position
-        if q < P - 1 or q >= T - 1:
-          continue
-        lab = t2d[y[q]]
-        n[j] += 1
-        hits1[j] += top[i, 0] == lab
-        hitsk[j] += lab in top[i]
-    rows.append(r["qid"])
-  lines = [f"# Teacher-forced accuracy of {a.head} on the target's greedy outputs",
-           "", f"`python eval/eagle_report.py --head {a.head} --config {a.config} --run {a.run} "
-           f"--out {a.out}`", "",
-           f"{len(ar)} questions ({', '.join(rows)}), {int(n[0])} positions at depth 0.", "",
-           f"| depth j | positions | top-1 acc | top-{K} acc |", "|---|---|---|---|"]
-  for j in range(J):
-    lines.append(f"| {j} | {int(n[j])} | {hits1[j] / n[j]:.3f} | {hitsk[j] / n[j]:.3f} |")
+    texts.append((r["qid"], tok, len(ids), T))
+  layers = None
+  scores = {}  # head -> (hits1, hitsk, n) [J] in total and per question
+  for path in a.head:
+    hc, head, _ = load_eagle3(path, target_config=target.config, target_params=target.params)
+    if layers is not None and hc.feature_layers != layers:
+      raise SystemExit(f"error: {path} reads target layers {hc.feature_layers}, the heads "
+                       f"before it {layers}: score them in separate runs")
+    layers = hc.feature_layers
+    d2t = np.asarray(head["d2t"])
+    t2d = np.full(target.config.vocab_size, -1, np.int64)
+    t2d[np.arange(len(d2t)) + d2t] = np.arange(len(d2t))
+    run_ttt = jax.jit(lambda hp, emb, b, hc=hc: [x[0] for x in ttt_outputs(hp, emb, b,
+                                                                            config=hc, steps=J)])
+    per_q = []
+    for qid, tok, P, T in texts:
+      h, _, f = forward_features(target.params, tok, jnp.arange(T)[None],
+                                 KVCache.init(target.config, 1, T), config=target.config,
+                                 layers=hc.feature_layers)
+      y = np.asarray(jnp.argmax(lm_head(target.params, h[0], config=target.config), -1))
+      batch = {"tokens": tok, "feats": f, "dlabel": jnp.zeros((1, T), jnp.int32),
+               "weight": jnp.ones((1, T))}
+      outs = run_ttt(head, target.params["embed"], batch)
+      q1, qk, qn = np.zeros(J), np.zeros(J), np.zeros(J)
+      for j, hn in enumerate(outs):
+        logits = np.asarray(jnp.einsum("ND,VD->NV", hn[0], head["lm_head"]))
+        top = np.argsort(-logits, axis=-1)[:, :K]
+        for i in range(T - 1 - j):
+          q = i + 1 + j  # label position
+          if q < P - 1 or q >= T - 1:
+            continue
+          lab = t2d[y[q]]
+          qn[j] += 1
+          q1[j] += top[i, 0] == lab
+          qk[j] += lab in top[i]
+      per_q.append((q1, qk, qn))
+    scores[path] = per_q
+  rows = [qid for qid, _, _, _ in texts]
+  several = len(a.head) > 1
+  lines = [f"# Teacher-forced accuracy of {' and '.join(a.head)} on the target's greedy outputs",
+           "", f"`python eval/eagle_report.py {' '.join('--head ' + h for h in a.head)} "
+           f"--config {a.config} --run {a.run} --out {a.out}`", ""]
+  for path, per_q in scores.items():
+    hits1, hitsk, n = (sum(x[i] for x in per_q) for i in range(3))
+    if several:
+      lines += [f"## {path}", ""]
+    lines += [f"{len(ar)} questions ({', '.join(rows)}), {int(n[0])} positions at depth 0.", "",
+              f"| depth j | positions | top-1 acc | top-{K} acc |", "|---|---|---|---|"]
+    for j in range(J):
+      lines.append(f"| {j} | {int(n[j])} | {hits1[j] / n[j]:.3f} | {hitsk[j] / n[j]:.3f} |")
+    lines.append("")
+  lines += ["Per question, top-1 accuracy at depth 0 / depth " + str(J - 1) + ":", "",
+            "| question | group | positions | " + " | ".join(a.head) + " |",
+            "|---|---|---|" + "---|" * len(a.head)]
+  for k, qid in enumerate(rows):
+    n0 = int(scores[a.head[0]][k][2][0])
+    cells = [f"{s[k][0][0] / max(s[k][2][0], 1):.3f} / "
+             f"{s[k][0][J - 1] / max(s[k][2][J - 1], 1):.3f}" for s in scores.values()]
+    lines.append(f"| {qid} | {prompts[qid].group} | {n0} | " + " | ".join(cells) + " |")
   lines += ["", "Decoding in the same run (accepted drafts per verification step):", "",
             "| method | steps | accepted | accepted / step | tau |", "|---|---|---|---|---|"]
   for m in config.methods:
@@ -96,7 +125,7 @@ def main(argv=None) -> int:
       continue
     st, acc = sum(r["steps"] for r in rs), sum(r["accepted"] for r in rs)
     lines.append(f"| {m.name} | {st} | {acc} | {acc / st:.2f} | {(acc + st) / st:.2f} |")
-  Path(a.out).write_text("\n".join(lines) + "\n")
+  atomic_write_text(a.out, "\n".join(lines) + "\n")
   print("\n".join(lines))
   return 0
 
