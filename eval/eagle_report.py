@@ -52,32 +52,35 @@ def main(argv=None) -> int:
   prompts = {pr.qid: pr for pr in load_prompts(config.datasets)}
   ar = [r for r in recs if r["method"] == "ar" and r["framework"] == "vocabjax"]
   J, K = a.steps, a.top_k
-  texts = []  # per question: tokens, prompt length, the target's features and argmax
-  for r in ar:
+  heads = {}  # path -> (config, params, t2d): every head must read the same target layers
+  for path in a.head:
+    hc, head, _ = load_eagle3(path, target_config=target.config, target_params=target.params)
+    first = next(iter(heads.values()), (hc,))[0]
+    if hc.feature_layers != first.feature_layers:
+      raise SystemExit(f"error: {path} reads target layers {hc.feature_layers}, the heads "
+                       f"before it {first.feature_layers}: score them in separate runs")
+    d2t = np.asarray(head["d2t"])
+    t2d = np.full(target.config.vocab_size, -1, np.int64)
+    t2d[np.arange(len(d2t)) + d2t] = np.arange(len(d2t))
+    heads[path] = (hc, head, t2d)
+  layers = next(iter(heads.values()))[0].feature_layers
+  texts = []  # per question: qid, tokens, prompt length, length, the target's features, argmax
+  for r in ar:  # the target runs once per question, whatever the number of heads
     ids = encode_prompts(target.tokenizer, [prompts[r["qid"]].text], config.chat)[0]
     toks = ids + r["output_ids"]
     T = len(toks)
     tok = jnp.asarray(toks)[None]
-    texts.append((r["qid"], tok, len(ids), T))
-  layers = None
-  scores = {}  # head -> (hits1, hitsk, n) [J] in total and per question
-  for path in a.head:
-    hc, head, _ = load_eagle3(path, target_config=target.config, target_params=target.params)
-    if layers is not None and hc.feature_layers != layers:
-      raise SystemExit(f"error: {path} reads target layers {hc.feature_layers}, the heads "
-                       f"before it {layers}: score them in separate runs")
-    layers = hc.feature_layers
-    d2t = np.asarray(head["d2t"])
-    t2d = np.full(target.config.vocab_size, -1, np.int64)
-    t2d[np.arange(len(d2t)) + d2t] = np.arange(len(d2t))
+    h, _, f = forward_features(target.params, tok, jnp.arange(T)[None],
+                               KVCache.init(target.config, 1, T), config=target.config,
+                               layers=layers)
+    y = np.asarray(jnp.argmax(lm_head(target.params, h[0], config=target.config), -1))
+    texts.append((r["qid"], tok, len(ids), T, f, y))
+  scores = {}  # head -> per question (top-1 hits, top-K hits, positions), each [J]
+  for path, (hc, head, t2d) in heads.items():
     run_ttt = jax.jit(lambda hp, emb, b, hc=hc: [x[0] for x in ttt_outputs(hp, emb, b,
                                                                             config=hc, steps=J)])
     per_q = []
-    for qid, tok, P, T in texts:
-      h, _, f = forward_features(target.params, tok, jnp.arange(T)[None],
-                                 KVCache.init(target.config, 1, T), config=target.config,
-                                 layers=hc.feature_layers)
-      y = np.asarray(jnp.argmax(lm_head(target.params, h[0], config=target.config), -1))
+    for qid, tok, P, T, f, y in texts:
       batch = {"tokens": tok, "feats": f, "dlabel": jnp.zeros((1, T), jnp.int32),
                "weight": jnp.ones((1, T))}
       outs = run_ttt(head, target.params["embed"], batch)
@@ -95,7 +98,7 @@ def main(argv=None) -> int:
           qk[j] += lab in top[i]
       per_q.append((q1, qk, qn))
     scores[path] = per_q
-  rows = [qid for qid, _, _, _ in texts]
+  rows = [t[0] for t in texts]
   several = len(a.head) > 1
   lines = [f"# Teacher-forced accuracy of {' and '.join(a.head)} on the target's greedy outputs",
            "", f"`python eval/eagle_report.py {' '.join('--head ' + h for h in a.head)} "
