@@ -77,7 +77,8 @@ def tune_gpu(h, U, idx, candidates: list[dict], repeats: int, interpret: bool = 
 
 
 def bench(d: int, V: int, ks, B: int, dtype, repeats: int, with_kernel: bool, seed: int = 0,
-          tune: bool = False, interpret: bool = False, tolerance: float = 1e-2):
+          tune: bool = False, interpret: bool = False, tolerance: float = 1e-2,
+          tune_grid: dict = TUNE_GRID):
   from vocabjax.kernels.indexed_lm_head import (indexed_lm_head, indexed_lm_head_gpu,
                                                 indexed_lm_head_reference)
 
@@ -98,7 +99,7 @@ def bench(d: int, V: int, ks, B: int, dtype, repeats: int, with_kernel: bool, se
                                      repeats=repeats)}
     if with_kernel:
       if tune:
-        best, row["kernel_s"], row["tuning"] = tune_gpu(h, U, idx, gpu_candidates(d, k),
+        best, row["kernel_s"], row["tuning"] = tune_gpu(h, U, idx, gpu_candidates(d, k, tune_grid),
                                                         repeats, interpret)
         kern = jax.jit(functools.partial(indexed_lm_head_gpu, interpret=interpret, **best))
         row["kernel_blocks"] = best
@@ -140,6 +141,19 @@ def markdown(res: dict) -> str:
   return "\n".join(lines)
 
 
+def write_reports(res: dict, out: Path, batch: int) -> str:
+  """results.json and results.md in `out` (atomic); returns the markdown."""
+  atomic_write_text(out / "results.json", json.dumps(res, indent=1))
+  mode = " (kernel in INTERPRET mode: not a GPU timing)" if res["interpret"] else ""
+  md = (f"# Indexed LM head microbenchmark: {res['device']} ({res['backend']}), {res['dtype']}, "
+        f"B={batch}{mode}\n\n"
+        f"Command: `{res['command']}`  \ncommit {res['commit']}, {res['date']}, measured read "
+        f"bandwidth {res['bandwidth_GBps']:.1f} GB/s (floor = bytes read / that bandwidth)."
+        f"\n\n{markdown(res)}\n")
+  atomic_write_text(out / "results.md", md)
+  return md
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -151,6 +165,9 @@ def main(argv=None) -> int:
   p.add_argument("--repeats", type=int, default=20)
   p.add_argument("--tune", action=argparse.BooleanOptionalAction, default=None,
                  help="tune the Triton kernel's block sizes per shape (default: on GPU)")
+  for name, vals in TUNE_GRID.items():
+    p.add_argument(f"--tune-{name.replace('_', '-')}", type=int, nargs="+", default=list(vals),
+                   help=f"{name} values tried when tuning (default {' '.join(map(str, vals))})")
   p.add_argument("--interpret", action="store_true",
                  help="run the GPU kernel in interpret mode (any backend; small shapes only)")
   p.add_argument("--tolerance", type=float, default=1e-2,
@@ -163,30 +180,24 @@ def main(argv=None) -> int:
   tune = a.tune if a.tune is not None else backend == "gpu"
   if tune and backend == "tpu":
     p.error("--tune covers the Triton (GPU) kernel only")
+  tune_grid = {name: tuple(getattr(a, f"tune_{name}")) for name in TUNE_GRID}
   commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True).stdout.strip()
   res = {"command": "python " + " ".join([sys.argv[0]] + (argv or sys.argv[1:])),
          "commit": commit, "backend": backend, "device": str(jax.devices()[0].device_kind),
          "machine": platform.node(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
          "dtype": str(dtype), "with_kernel": with_kernel, "interpret": a.interpret,
-         "tuned": tune,
+         "tuned": tune, "tune_grid": tune_grid if tune else None,
          "bandwidth_GBps": read_bandwidth(1 << 30, a.repeats), "rows": []}
   print(f"[bench] {backend} ({res['device']}), {dtype}, measured read bandwidth "
         f"{res['bandwidth_GBps']:.1f} GB/s", file=sys.stderr)
-  for d, V in grid:
-    res["rows"] += bench(d, V, a.ks, a.batch, dtype, a.repeats, with_kernel, tune=tune,
-                         interpret=a.interpret, tolerance=a.tolerance)
-    print(f"[bench] d={d} V={V} done", file=sys.stderr)
   out = Path(a.out)
   out.mkdir(parents=True, exist_ok=True)
-  atomic_write_text(out / "results.json", json.dumps(res, indent=1))
-  mode = " (kernel in INTERPRET mode: not a GPU timing)" if a.interpret else ""
-  md = (f"# Indexed LM head microbenchmark: {res['device']} ({backend}), {dtype}, B={a.batch}"
-        f"{mode}\n\n"
-        f"Command: `{res['command']}`  \ncommit {commit}, {res['date']}, measured read "
-        f"bandwidth {res['bandwidth_GBps']:.1f} GB/s (floor = bytes read / that bandwidth)."
-        f"\n\n{markdown(res)}\n")
-  atomic_write_text(out / "results.md", md)
+  for d, V in grid:  # the reports are rewritten after each shape: a run cut short keeps them
+    res["rows"] += bench(d, V, a.ks, a.batch, dtype, a.repeats, with_kernel, tune=tune,
+                         interpret=a.interpret, tolerance=a.tolerance, tune_grid=tune_grid)
+    print(f"[bench] d={d} V={V} done", file=sys.stderr)
+    md = write_reports(res, out, a.batch)
   print(md)
   return 0
 

@@ -218,7 +218,13 @@ def run_bench(settings: Settings, out: str | os.PathLike | None = None, *, comma
       bar.update(1)
     del progs, params
     gc.collect()
+    write_reports(out, meta, done, settings)  # after each model: a run cut short keeps them
   bar.close()
+  return write_reports(out, meta, done, settings)
+
+
+def write_reports(out: Path, meta: dict, done: dict, settings: Settings) -> dict:
+  """bench.json and bench.md in `out` (atomic) from the rows timed so far, in plan order."""
   order = {_key(r): i for i, r in enumerate(plan(settings))}
   rows = sorted(done.values(), key=lambda r: order.get(_key(r), len(order)))
   result = {"meta": meta, "rows": rows}
