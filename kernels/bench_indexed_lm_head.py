@@ -40,15 +40,17 @@ from vocabjax.io import atomic_write_text
 
 GRID = ((1024, 100352), (4096, 100352), (2560, 151936), (4096, 151936))
 KS = tuple(128 * 2 ** i for i in range(7))  # 128 ... 8192
-TUNE_GRID = {"block_k": (32, 64, 128, 256), "block_d": (64, 128, 256), "num_warps": (4, 8)}
+TUNE_GRID = {"block_k": (32, 64, 128, 256), "block_d": (64, 128, 256), "num_warps": (4, 8),
+             "num_stages": (1,)}
 
 
 def gpu_candidates(d: int, k: int, grid: dict = TUNE_GRID) -> list[dict]:
   """Block configurations of the Triton kernel worth timing for width d and k candidates:
   block_d at most d, block_k at most k rounded up to a power of two."""
   kp = 1 << max(0, (k - 1).bit_length())
-  return [{"block_k": bk, "block_d": bd, "num_warps": nw} for bk in grid["block_k"]
-          for bd in grid["block_d"] for nw in grid["num_warps"]
+  return [{"block_k": bk, "block_d": bd, "num_warps": nw, "num_stages": ns}
+          for bk in grid["block_k"] for bd in grid["block_d"] for nw in grid["num_warps"]
+          for ns in grid.get("num_stages", (1,))
           if bd <= max(d, grid["block_d"][0]) and bk <= max(kp, grid["block_k"][0])]
 
 
@@ -123,7 +125,7 @@ def markdown(res: dict) -> str:
   head = ["d", "V", "k", "full ms", "xla gather ms", "xla GB/s"]
   if kern:
     head += ["kernel ms", "kernel GB/s", "kernel / floor", "kernel speedup vs xla",
-             "blocks (k, d, warps)", "max err"]
+             "blocks (k, d, warps, stages)", "max err"]
   head += ["floor ms", "candidates / full (xla)"]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for r in res["rows"]:
@@ -134,7 +136,8 @@ def markdown(res: dict) -> str:
       cells += [f"{r['kernel_s'] * 1e3:.3f}", f"{r['bytes'] / r['kernel_s'] / 1e9:.1f}",
                 f"{floor / r['kernel_s']:.0%}", f"{r['xla_gather_s'] / r['kernel_s']:.2f}x"]
       b = r.get("kernel_blocks")
-      cells += [f"{b['block_k']}, {b['block_d']}, {b['num_warps']}" if b else "default",
+      cells += [f"{b['block_k']}, {b['block_d']}, {b['num_warps']}, {b.get('num_stages', 1)}"
+                if b else "default",
                 f"{r['kernel_max_err']:.1e}"]
     cells += [f"{floor * 1e3:.4f}", f"{r['xla_gather_s'] / r['full_s']:.2f}"]
     lines.append("| " + " | ".join(map(str, cells)) + " |")

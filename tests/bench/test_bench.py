@@ -86,6 +86,33 @@ def test_bad_settings_name_the_value(configs, tmp_path, capsys, extra, message):
   assert not (tmp_path / "b" / "rows.jsonl").exists()
 
 
+
+def test_a_run_cut_short_keeps_the_reports_of_the_models_it_finished(configs, tmp_path,
+                                                                      monkeypatch):
+  """A device step's time limit may stop the bench mid-way: bench.json / bench.md already
+  hold the target's rows (written after each model), and a rerun times only the rest."""
+  from vocabjax.bench import engine
+
+  real = engine.median_s
+  calls = []
+
+  def stop_in_the_drafter(call, *a, **kw):
+    calls.append(1)
+    if len(calls) == 6:  # the probe, 4 target programs (2 B x 2 T), the drafter's first
+      raise KeyboardInterrupt
+    return real(call, *a, **kw)
+
+  monkeypatch.setattr(engine, "median_s", stop_in_the_drafter)
+  out = tmp_path / "bench"
+  with pytest.raises(KeyboardInterrupt):
+    main(_args(configs, out))
+  bench = json.loads((out / "bench.json").read_text())
+  assert {r["role"] for r in bench["rows"]} == {"target"} and len(bench["rows"]) == 4
+  assert "| float32 | 2 | 3 |" in (out / "bench.md").read_text()
+  monkeypatch.setattr(engine, "median_s", real)
+  assert main(_args(configs, out)) == 0
+  assert len(json.loads((out / "bench.json").read_text())["rows"]) == 18
+
 def test_an_unknown_model_is_named(tmp_path, capsys):
   assert main(["--target", "no-such-model", "--draft", "qwen2.5-0.5b-instruct", "--out",
                str(tmp_path / "b")]) == 2

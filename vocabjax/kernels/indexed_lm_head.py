@@ -104,8 +104,11 @@ def _gpu_kernel(idx_ref, h_ref, u_ref, o_ref, *, D, V, block_k, block_d):
 
 
 def indexed_lm_head_gpu(h, U, idx, *, block_k: int = 64, block_d: int = 128,
-                        num_warps: int = 4, interpret: bool = False) -> jax.Array:
-  """The Triton kernel (see the module doc); `interpret=True` runs it on any backend."""
+                        num_warps: int = 4, num_stages: int = 1,
+                        interpret: bool = False) -> jax.Array:
+  """The Triton kernel (see the module doc); `interpret=True` runs it on any backend.
+  `num_stages` > 1 lets Triton pipeline the gathered loads of the d loop (untested on a GPU:
+  the H200 tables were taken with 1)."""
   check_shapes(h, U, idx)
   check_indices(idx, U.shape[0])
   B, D = h.shape
@@ -116,7 +119,7 @@ def indexed_lm_head_gpu(h, U, idx, *, block_k: int = 64, block_d: int = 128,
   compiler_params = None
   if not interpret:
     from jax.experimental.pallas import triton as pltr
-    compiler_params = pltr.CompilerParams(num_warps=num_warps, num_stages=1)
+    compiler_params = pltr.CompilerParams(num_warps=num_warps, num_stages=num_stages)
   out = pl.pallas_call(
       kernel, grid=(B, Kp // block_k),
       out_shape=jax.ShapeDtypeStruct((B, Kp), jnp.float32),
