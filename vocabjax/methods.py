@@ -2,7 +2,8 @@
 parameters into a decoder, used by the eval suites (`methods:` entries of a YAML suite) and by
 `python -m vocabjax.generate` (its flags) alike.
 
-Methods: ar, chain, tree, pld, vocabtrim, frspec, specvocab, eagle, medusa, crossvocab. Each has a
+Methods: ar, chain, tree, pld, vocabtrim, frspec, specvocab, eagle, eagle_pld, medusa,
+crossvocab. Each has a
 frozen parameter dataclass (field types are checked, then the dataclass's `check` validates
 the values, naming the field and the value), a builder `(target Model, draft Model | None,
 params) -> decoder` (anything with `generate(prompts, **kw) -> GenerationResult`), and what
@@ -36,7 +37,7 @@ from vocabjax.checkpoints.medusa import load_medusa
 from vocabjax.decoding.autoregressive import Decoder
 from vocabjax.decoding.crossvocab import RULES as CROSSVOCAB_RULES
 from vocabjax.decoding.crossvocab import CrossVocabDecoder
-from vocabjax.decoding.eagle import EagleDecoder
+from vocabjax.decoding.eagle import EagleDecoder, EagleLookupDecoder
 from vocabjax.decoding.medusa import MedusaDecoder, medusa_choices_for
 from vocabjax.decoding.pld import PromptLookupDecoder
 from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder, block_layout
@@ -428,6 +429,38 @@ def _eagle(target, draft, p: EagleParams, mesh=None):
   return EagleDecoder(_blocks(target, mesh), target.config, params, hc, mesh=mesh,
                       tree=TreeParams(p.top_k, p.depth, p.total_tokens), lm_head=p.lm_head,
                       draft_vocab=vocab)
+
+
+@dataclasses.dataclass(frozen=True)
+class EaglePldParams(EagleParams):
+  gamma: int = 4  # prompt lookup: most tokens per continuation
+  max_ngram: int = 3  # longest context n-gram matched
+  min_ngram: int = 1  # shortest
+  candidates: int = 1  # continuations merged into the head's tree
+
+  def check(self, where: str) -> None:
+    super().check(where)
+    PldParams(self.gamma, self.max_ngram, self.min_ngram, self.candidates).check(where)
+
+
+@register("eagle_pld", EaglePldParams, needs_draft=False, drafter_passes=lambda p: p.depth,
+          head_rows=_eagle_rows,
+          drafter_params=lambda p: _eagle_config(p.head, "eagle").num_params(_eagle_rows(p)))
+def _eagle_pld(target, draft, p: EaglePldParams, mesh=None):
+  """The EAGLE head's tree with prompt lookup's continuations merged into it, one verification
+  (`EagleLookupDecoder`); one device."""
+  del draft
+  if mesh is not None:
+    raise ConfigError("eagle_pld runs on one device: drop the suite's mesh (or use eagle / pld)")
+  hc, params, _ = load_eagle3(p.head, target_config=target.config, target_params=target.params,
+                              dtype=target.params["embed"].dtype)
+  vocab = (SpeculativeVocab(Ranker.load(p.ranker), k=p.k) if p.ranker
+           else _load_subset(p.subset, target))
+  return EagleLookupDecoder(_blocks(target, mesh), target.config, params, hc,
+                            tree=TreeParams(p.top_k, p.depth, p.total_tokens),
+                            lm_head=p.lm_head, draft_vocab=vocab, gamma=p.gamma,
+                            max_ngram=p.max_ngram, min_ngram=p.min_ngram,
+                            candidates=p.candidates)
 
 
 # --- Medusa heads ---------------------------------------------------------------------------

@@ -202,6 +202,29 @@ def test_eagle_is_lossless_with_the_heads_cost_in_mbsu(head_dir, tmp_path, tiny_
     assert o["time_split"]["drafter_s"] > 0 and o["time_split"]["drafter_head_s"] > 0
 
 
+def test_eagle_with_prompt_lookup_is_lossless_and_records_its_lookups(head_dir, tmp_path,
+                                                                      tiny_chat_dir):
+  import json
+
+  path = _suite(tmp_path, tiny_chat_dir, [
+      {"name": "eagle_pld", "method": "eagle_pld", "head": str(head_dir), "top_k": 2,
+       "depth": 2, "total_tokens": 3, "gamma": 3, "candidates": 2}])
+  summary = main(parse_args(["--config", str(path), "--out", str(tmp_path / "res"), "--quiet"]))
+  o = {m["name"]: m for m in summary["methods"]}["eagle_pld"]["overall"]
+  assert o["match_rate"] == 1.0 and o["time_split"]["drafter_s"] > 0
+  recs = [json.loads(x) for x in (tmp_path / "res" / "questions.jsonl").read_text().splitlines()]
+  extra = [r["extra"] for r in recs if r["method"] == "eagle_pld"]
+  assert extra and all(e["accepted_from_lookup"] <= e["accepted"] for e in extra)
+  assert sum(e["lookup_nodes"] for e in extra) > 0
+  for bad, match in (({"gamma": 0}, "pld needs gamma >= 1"),
+                     ({"top_k": 64, "total_tokens": 64}, "exceeds the head's vocabulary")):
+    p2 = _suite(tmp_path, tiny_chat_dir, [{"name": "e", "method": "eagle_pld",
+                                           "head": str(head_dir), "top_k": 2, "depth": 2,
+                                           "total_tokens": 3, **bad}])
+    with pytest.raises(ConfigError, match=match):
+      load_config(p2)
+
+
 def test_bad_eagle_configs_are_refused(head_dir, tmp_path, tiny_chat_dir):
   from vocabjax.testing.tiny import save_tiny_variant
 

@@ -29,6 +29,8 @@ from vocabjax.io import read_jsonl
 
 _DRAFTED = ("chain", "tree", "vocabtrim", "frspec", "specvocab")
 _NOT_BENCHED = {"eagle": "an EAGLE-3 head drafts (not among the benchmark's programs)",
+                "eagle_pld": "an EAGLE-3 head and prompt lookup draft (not among the "
+                             "benchmark's programs)",
                 "medusa": "Medusa heads draft (not among the benchmark's programs)",
                 "crossvocab": "a cross-vocabulary drafter with its translation (not among the "
                               "benchmark's programs)"}

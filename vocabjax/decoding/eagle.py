@@ -35,22 +35,26 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import struct
 
-from vocabjax.decoding.autoregressive import abstract_cache, prefill_in_bf16
+from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector, abstract_cache,
+                                              block_request, prefill_in_bf16)
+from vocabjax.decoding.pld import continuation_trie, lookup_continuations
 from vocabjax.decoding.sampling import SamplingParams, sample
-from vocabjax.decoding.speculative import DraftVocab, SpeculativeDecoder
-from vocabjax.decoding.tree import TreeParams, grow_tree, verify_tree
+from vocabjax.decoding.speculative import DraftVocab, SpecStats, SpeculativeDecoder
+from vocabjax.decoding.tree import TreeBounds, TreeParams, grow_tree, merge_nodes, verify_tree
 from vocabjax import sharding
 from vocabjax.kernels import cpu_matmul
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.eagle import EagleConfig, eagle_forward, fuse_features
-from vocabjax.models.llamalike import (forward_features, is_int8, lm_head, lm_head_weight, rms_norm,
-                                       with_mlp_layout)
+from vocabjax.models.llamalike import (compute_dtype, forward_features, is_int8, lm_head,
+                                       lm_head_weight, rms_norm, with_mlp_layout)
 from vocabjax.vocab.subset import HeadRows
 
 HEAD_KEY = "eagle"  # the head's own params inside the decoder's drafter pytree
@@ -72,19 +76,15 @@ def _norm(dp, x, config: EagleConfig):
   return rms_norm(x, dp[HEAD_KEY]["final_norm"], config.layer.rms_norm_eps)
 
 
-def eagle_step(target_params, dp, state: EagleState, key, *, target_config, head_config,
-               tree: TreeParams, sampling: SamplingParams, policy):
-  """Read the pending entries, grow a tree with the head, verify it with feature capture.
-
-  Returns (state, emitted [B, d + 1] with -1 after the emitted tokens, accepted [B]).
-  """
+def _head_tree(dp, state: EagleState, *, head_config, tree: TreeParams, policy):
+  """Read the pending entries and grow the head's tree: (node tokens, parent, depth [B, n],
+  the head cache with its committed entries)."""
   hc = head_config
-  head, embed = dp[HEAD_KEY], dp["embed"]
-  B, P = state.pend_tokens.shape
   cache = state.head_cache
   L0 = cache.lengths
-  x, cache = eagle_forward(head, embed, state.pend_tokens,
-                           fuse_features(head, state.pend_feats),
+  P = state.pend_tokens.shape[1]
+  x, cache = eagle_forward(dp[HEAD_KEY], dp["embed"], state.pend_tokens,
+                           fuse_features(dp[HEAD_KEY], state.pend_feats),
                            L0[:, None] + jnp.arange(P)[None], cache, config=hc)
   C = L0 + state.pend_count
   x_root = jnp.take_along_axis(x, (state.pend_count - 1)[:, None, None], axis=1)[:, 0]
@@ -96,16 +96,51 @@ def eagle_step(target_params, dp, state: EagleState, key, *, target_config, head
                              prefix_mask=prefix_mask)
     return _norm(params, x, hc), x, cache
 
-  node_tok, parent, depth, hcache = grow_tree(dp, _norm(dp, x_root, hc), x_root,
-                                              cache.with_lengths(C), tree=tree, policy=policy,
-                                              expand=expand)
+  return grow_tree(dp, _norm(dp, x_root, hc), x_root, cache.with_lengths(C), tree=tree,
+                   policy=policy, expand=expand)
+
+
+def _committed(state: EagleState, v, hcache) -> EagleState:
+  """The next step's state: the verified path's tokens and features become pending entries."""
+  return EagleState(target_cache=v.target_cache, head_cache=hcache, last=v.next,
+                    pend_tokens=v.pend_tokens,
+                    pend_feats=v.features.astype(state.pend_feats.dtype),
+                    pend_count=v.accepted + 1)
+
+
+def eagle_step(target_params, dp, state: EagleState, key, *, target_config, head_config,
+               tree: TreeParams, sampling: SamplingParams, policy):
+  """Read the pending entries, grow a tree with the head, verify it with feature capture.
+
+  Returns (state, emitted [B, d + 1] with -1 after the emitted tokens, accepted [B]).
+  """
+  node_tok, parent, depth, hcache = _head_tree(dp, state, head_config=head_config, tree=tree,
+                                               policy=policy)
   v = verify_tree(target_params, state.last, node_tok, parent, depth, state.target_cache, key,
                   target_config=target_config, tree=tree, sampling=sampling,
-                  feature_layers=hc.feature_layers)
-  new_state = EagleState(target_cache=v.target_cache, head_cache=hcache, last=v.next,
-                         pend_tokens=v.pend_tokens, pend_feats=v.features.astype(
-                             state.pend_feats.dtype), pend_count=v.accepted + 1)
-  return new_state, v.emitted, v.accepted
+                  feature_layers=head_config.feature_layers)
+  return _committed(state, v, hcache), v.emitted, v.accepted
+
+
+def eagle_lookup_step(target_params, dp, state: EagleState, key, lk_tok, lk_parent, lk_depth, *,
+                      target_config, head_config, tree: TreeParams, bounds: TreeBounds,
+                      sampling: SamplingParams, policy):
+  """`eagle_step` with prompt-lookup nodes added to the head's tree: lk_tok / lk_parent /
+  lk_depth [B, m] a trie of context continuations under the same root (`merge_nodes`'s form;
+  padding nodes are their own parents), merged into the head's tree and verified with it in
+  one target forward. `bounds`: the merged tree's most children per node and depth.
+
+  Returns (state, emitted [B, bounds.depth + 1], accepted [B], accepted nodes that came from the
+  lookup [B])."""
+  node_tok, parent, depth, hcache = _head_tree(dp, state, head_config=head_config, tree=tree,
+                                               policy=policy)
+  n_head = node_tok.shape[1]
+  node_tok, parent, depth = merge_nodes(node_tok, parent, depth, lk_tok, lk_parent, lk_depth)
+  v = verify_tree(target_params, state.last, node_tok, parent, depth, state.target_cache, key,
+                  target_config=target_config, tree=bounds, sampling=sampling,
+                  feature_layers=head_config.feature_layers)
+  from_lookup = (v.path > n_head).sum(axis=1).astype(jnp.int32)  # path: node + 1, 0-padded
+  return _committed(state, v, hcache), v.emitted, v.accepted, from_lookup
 
 
 def _eagle_prefill(target_params, dp, tokens, prompt_lengths, tcache, hcache, key, *,
@@ -177,6 +212,7 @@ class EagleDecoder(SpeculativeDecoder):
     self.drafted_per_step = tree.total_tokens
     self.extra_slots = tree.total_tokens + tree.draft_slots + tree.depth + 2
     self.verify_tokens = tree.total_tokens + 1
+    self.pend_width = tree.depth + 1  # P: a step's accepted tokens + the next, at most
 
   draft_block_calls = True  # the head runs top_k tokens per tree level, as the target's blocks
 
@@ -222,7 +258,7 @@ class EagleDecoder(SpeculativeDecoder):
                                           head_config=self.hc, sampling=sampling),
                         donate_argnums=(4, 5)).lower(
           self.tp, self.dp, i32(B, T), i32(B), tcache, hcache, jax.random.key(0)).compile()
-    P, F = self.tree.depth + 1, self.hc.fused_width
+    P, F = self.pend_width, self.hc.fused_width
 
     def initial(tc, hc, first, feat):
       return EagleState(target_cache=tc, head_cache=hc, last=first,
@@ -240,3 +276,149 @@ class EagleDecoder(SpeculativeDecoder):
     state = jax.eval_shape(initial, tcache, hcache, i32(B),
                            jax.ShapeDtypeStruct((B, F), dtype))
     return start, state
+
+
+@dataclasses.dataclass
+class EagleLookupStats(SpecStats):
+  """SpecStats of `EagleLookupDecoder`: `drafted` counts the head's nodes plus the lookup's
+  trie nodes of each step; `lookup_nodes` / `from_lookup` [steps][B] the trie nodes offered
+  and the accepted tokens that came from them (the rest came from the head's nodes)."""
+
+  lookup_nodes: list[list[int]] = dataclasses.field(default_factory=list)
+  from_lookup: list[list[int]] = dataclasses.field(default_factory=list)
+
+  def record(self) -> dict:
+    """Totals for an eval record: steps with lookup nodes, and tokens accepted from them."""
+    return {"lookup_steps": sum(1 for row in self.lookup_nodes for x in row if x),
+            "lookup_nodes": sum(map(sum, self.lookup_nodes)),
+            "accepted_from_lookup": sum(map(sum, self.from_lookup)),
+            "accepted": sum(map(sum, self.accepted))}
+
+
+class EagleLookupDecoder(EagleDecoder):
+  """EAGLE-2 tree of an EAGLE-3 head plus prompt lookup (Saxena 2023) in the same tree.
+
+      dec = EagleLookupDecoder(target_params, target_config, head_params, head_config,
+                               tree=TreeParams(4, 4, 16), gamma=4, candidates=1)
+
+  Each step, on the host, the continuations of earlier occurrences of the context's suffix
+  n-grams (`pld.lookup_continuations`: up to `candidates` of them, `gamma` tokens each) form a
+  trie under the root; in the step program the head grows its tree as `EagleDecoder` does, the
+  trie is merged into it (`tree.merge_nodes`: a lookup token that the head also drafted under
+  the same parent is one node) and the target verifies both in one forward, capturing its
+  features on whichever path it accepts. Where the text copies its context (summaries,
+  retrieval answers, edited code) the lookup reaches further than the head; elsewhere the head
+  drafts. A step program is compiled per trie size bucket (0, gamma, 2 gamma, ..,
+  candidates x gamma nodes; a trie is padded up to its bucket), so a step without a match
+  verifies the head's tree alone.
+
+  Greedy output equals the target's greedy output; sampling stays lossless (every draft is a
+  deterministic function of the context: `verify_tree_sampling`'s multi-draft rule). One
+  device only (`mesh` is refused).
+  """
+
+  method = "eagle_pld"
+
+  def __init__(self, target_params, target_config: LlamaLikeConfig, head_params,
+               head_config: EagleConfig, *, tree: TreeParams = TreeParams(), gamma: int = 4,
+               max_ngram: int = 3, min_ngram: int = 1, candidates: int = 1,
+               lm_head: str = "own", layout: str = "auto",
+               draft_vocab: DraftVocab | None = None, mesh=None):
+    if mesh is not None:
+      raise ValueError("EAGLE with prompt lookup runs on one device: mesh is not supported "
+                       "(use method eagle or pld on a mesh)")
+    if gamma < 1:
+      raise ValueError(f"lookup gamma must be >= 1, got {gamma=}")
+    if not 1 <= min_ngram <= max_ngram:
+      raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram=} {max_ngram=}")
+    if candidates < 1:
+      raise ValueError(f"lookup candidates must be >= 1, got {candidates=}")
+    super().__init__(target_params, target_config, head_params, head_config, tree=tree,
+                     lm_head=lm_head, layout=layout, draft_vocab=draft_vocab)
+    self.gamma, self.max_ngram, self.min_ngram = gamma, max_ngram, min_ngram
+    self.candidates = candidates
+    m = candidates * gamma
+    self.buckets = tuple(range(0, m + 1, gamma))
+    self.bounds = TreeBounds(top_k=tree.top_k + candidates, depth=max(tree.depth, gamma))
+    self.pend_width = self.bounds.depth + 1
+    self.drafted_per_step = tree.total_tokens + m
+    self.extra_slots = tree.total_tokens + m + tree.draft_slots + self.bounds.depth + 2
+    self.verify_tokens = tree.total_tokens + m + 1
+
+  def _step_fn(self, sampling):
+    return functools.partial(eagle_lookup_step, target_config=self.tc, head_config=self.hc,
+                             tree=self.tree, bounds=self.bounds, sampling=sampling,
+                             policy=self.draft_policy)
+
+  def programs(self, sampling: SamplingParams, B: int, T: int, S: int, dtype):
+    """AOT-compiled (start, {bucket m: step}) for one shape, and the compile seconds."""
+    key = (sampling, B, T, S, jnp.dtype(dtype).name)
+    if key in self._programs:
+      return (*self._programs[key], 0.0)
+    t0 = time.perf_counter()
+    i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
+    start, state = self._compile_start(sampling, B, T, S, dtype)
+    fn = jax.jit(self._step_fn(sampling), donate_argnums=(2,))
+    with cpu_matmul.decode_steps():
+      steps = {m: fn.lower(self.tp, self.dp, state, jax.random.key(0), i32(B, m), i32(B, m),
+                           i32(B, m)).compile() for m in self.buckets}
+    self._programs[key] = (start, steps)
+    return start, steps, time.perf_counter() - t0
+
+  def _lookup_block(self, hist, active):
+    """(tokens, parent, depth [B, m], trie nodes per row) of this step's tries, m its bucket."""
+    B = len(hist)
+    tries = [continuation_trie(lookup_continuations(h, self.gamma, self.max_ngram,
+                                                    self.min_ngram, self.candidates))
+             if a else continuation_trie([]) for h, a in zip(hist, active)]
+    n = max(len(t[0]) for t in tries)
+    m = next(b for b in self.buckets if b >= n)
+    tok = np.zeros((B, m), np.int32)
+    parent = np.broadcast_to(np.arange(1, m + 1, dtype=np.int32), (B, m)).copy()  # padding
+    depth = np.ones((B, m), np.int32)
+    for b, (t, p, d) in enumerate(tries):
+      tok[b, :len(t)], parent[b, :len(t)], depth[b, :len(t)] = t, p, d
+    return tok, parent, depth, np.array([len(t[0]) for t in tries], np.int32)
+
+  def generate(self, prompts, *, max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
+               seed: int = 0, eos_token_ids=(), max_len: int | None = None, stop_strings=(),
+               tokenizer=None) -> GenerationResult:
+    """Generate like `Decoder.generate`; greedy output equals it token for token. `stats` is an
+    EagleLookupStats; `steps` counts verifications."""
+    prompts, lengths, S, T, tokens = block_request(prompts, max_new_tokens, sampling, self.tc,
+                                                   max_len, self.extra_slots, self.method)
+    B = len(prompts)
+    dtype = compute_dtype(self.tp)
+    start, steps, compile_s = self.programs(sampling, B, T, S, dtype)
+    key = jax.random.key(seed)
+    out = OutputCollector(B, max_new_tokens, eos_token_ids, stop_strings, tokenizer)
+    t0 = time.perf_counter()
+    first, state = start(jnp.asarray(tokens), jnp.asarray(lengths),
+                         jnp.asarray([p[-1] for p in prompts], jnp.int32),
+                         jax.random.fold_in(key, 0))
+    jax.block_until_ready(state)
+    first = np.asarray(first)
+    out.add(first)
+    hist = [np.append(np.asarray(p, np.int64), t) for p, t in zip(prompts, first)]
+    t1 = time.perf_counter()
+    stats = EagleLookupStats(drafted=[], accepted=[])
+    i = 0
+    while not out.done.all():
+      i += 1
+      active = ~out.done
+      tok, parent, depth, nodes = self._lookup_block(hist, active)
+      state, emitted, n, from_lk = steps[tok.shape[1]](
+          self.tp, self.dp, state, jax.random.fold_in(key, i), jnp.asarray(tok),
+          jnp.asarray(parent), jnp.asarray(depth))
+      emitted, n, from_lk = np.asarray(emitted), np.asarray(n), np.asarray(from_lk)
+      stats.drafted.append([self.tree.total_tokens + int(x) if a else 0
+                            for x, a in zip(nodes, active)])
+      stats.accepted.append([int(x) if a else 0 for x, a in zip(n, active)])
+      stats.lookup_nodes.append([int(x) if a else 0 for x, a in zip(nodes, active)])
+      stats.from_lookup.append([int(x) if a else 0 for x, a in zip(from_lk, active)])
+      out.add(emitted)
+      hist = [np.concatenate([h, e[:k + 1]]) for h, e, k in zip(hist, emitted, n)]
+    t2 = time.perf_counter()
+    return GenerationResult(tokens=out.tokens, finish_reasons=out.reasons,
+                            prompt_lengths=lengths.tolist(), compile_s=compile_s,
+                            prefill_s=t1 - t0, decode_s=t2 - t1, steps=i, stats=stats)

@@ -167,6 +167,45 @@ def grow_tree(params, h_root, state_root, cache, *, tree: TreeParams, policy, ex
   return jnp.take_along_axis(cand_tok, sel, 1), parent, cand_depth[sel], cache.with_lengths(C)
 
 
+def merge_nodes(tok, parent, depth, x_tok, x_parent, x_depth):
+  """Add a second tree's nodes under the same root, merged: (tokens, parent, depth) [B, n + m].
+
+  tok / parent / depth [B, n]: a tree (parent 0 the root, j + 1 its node j, siblings distinct).
+  x_tok / x_parent / x_depth [B, m]: another tree over the same root, parents first, in the
+  same form; a node that is its own parent (x_parent[b, j] == j + 1) is padding. Each x node
+  whose parent (as merged) already has a child with its token is merged into that child (its
+  own children hang from it instead); the others are appended as nodes n + j with their parent
+  mapped. A merged or padding node stays in the output as padding (its own parent, depth 1):
+  never reachable from the root, never verified on a path. So siblings stay distinct, which
+  greedy verification (the first matching child) and `verify_tree_sampling` (p' with each
+  tried sibling removed) rely on. A node has at most (its children in the first tree) + (in the
+  second) children."""
+  B, n = tok.shape
+  m = x_tok.shape[1]
+  if m == 0:
+    return tok, parent, depth
+  all_tok = jnp.concatenate([tok, x_tok], axis=1).astype(jnp.int32)
+  all_par = jnp.concatenate([parent, jnp.zeros((B, m), jnp.int32)], axis=1)
+  all_dep = jnp.concatenate([depth, jnp.ones((B, m), jnp.int32)], axis=1)
+  live = jnp.concatenate([jnp.ones((B, n), jnp.bool_), jnp.zeros((B, m), jnp.bool_)], axis=1)
+  where_x = jnp.zeros((B, m + 1), jnp.int32)  # x's node index (0 root, j + 1) -> merged index
+  for j in range(m):  # parents first: each x node's parent is placed before it
+    xp = x_parent[:, j].astype(jnp.int32)
+    pad = xp == j + 1
+    mp = jnp.take_along_axis(where_x, jnp.minimum(xp, j)[:, None], axis=1)[:, 0]
+    same = (live[:, :n + j] & (all_par[:, :n + j] == mp[:, None])
+            & (all_tok[:, :n + j] == all_tok[:, n + j:n + j + 1]))
+    found = same.any(axis=1)
+    keep = ~pad & ~found
+    own = n + j + 1
+    all_par = all_par.at[:, n + j].set(jnp.where(keep, mp, own))
+    all_dep = all_dep.at[:, n + j].set(jnp.where(keep, x_depth[:, j], 1))
+    live = live.at[:, n + j].set(keep)
+    where_x = where_x.at[:, j + 1].set(
+        jnp.where(found & ~pad, jnp.argmax(same, axis=1).astype(jnp.int32) + 1, own))
+  return all_tok, all_par, all_dep
+
+
 def ancestor_mask(parent_full: jax.Array, depth: int) -> jax.Array:
   """[B, n+1, n+1] bool: node j sees node i iff i is j or one of its ancestors.
 

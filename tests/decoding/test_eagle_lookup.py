@@ -1,0 +1,138 @@
+"""EAGLE head + prompt lookup in one tree (`EagleLookupDecoder`): the trie merge by hand, greedy
+identity, that the lookup's nodes are what is accepted where the text repeats, lossless
+sampling, bad input."""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vocabjax.decoding import Decoder, SamplingParams
+from vocabjax.decoding.eagle import EagleDecoder, EagleLookupDecoder
+from vocabjax.decoding.tree import TreeParams, merge_nodes
+from vocabjax.models import init_params
+from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
+
+from tests.decoding.conftest import CFG, PROMPT, SMALL
+from tests.decoding.test_eagle_decoding import LOOKUP, lookup, random_head  # noqa: F401
+
+
+def test_merge_nodes_by_hand():
+  # head tree under the root: a(1) b(2) at depth 1, c(3) under a
+  tok = jnp.asarray([[10, 20, 30]])
+  parent = jnp.asarray([[0, 0, 1]])
+  depth = jnp.asarray([[1, 1, 2]])
+  # lookup trie: 10 (merges into node 1) -> 30 (merges into node 3) -> 40 (new, under 3);
+  # 10 -> 50 (new, under node 1); 60 (new root child); one padding node
+  x_tok = jnp.asarray([[10, 30, 40, 50, 60, 0]])
+  x_par = jnp.asarray([[0, 1, 2, 1, 0, 6]])
+  x_dep = jnp.asarray([[1, 2, 3, 2, 1, 1]])
+  t, p, d = merge_nodes(tok, parent, depth, x_tok, x_par, x_dep)
+  # nodes 4..9 (1-based): 10 merged (pad), 30 merged (pad), 40 under node 3, 50 under node 1,
+  # 60 under the root, padding
+  np.testing.assert_array_equal(np.asarray(t), [[10, 20, 30, 10, 30, 40, 50, 60, 0]])
+  np.testing.assert_array_equal(np.asarray(p), [[0, 0, 1, 4, 5, 3, 1, 0, 9]])
+  np.testing.assert_array_equal(np.asarray(d), [[1, 1, 2, 1, 1, 3, 2, 1, 1]])
+  # nothing to merge: unchanged
+  same = merge_nodes(tok, parent, depth, x_tok[:, :0], x_par[:, :0], x_dep[:, :0])
+  assert all(a is b for a, b in zip(same, (tok, parent, depth)))
+
+
+def _cycle_prompts():
+  # t -> 5t + 3 (mod 16) is a 16-cycle: a prompt that already holds the cycle lets the lookup
+  # copy the continuation; the short ones give no match at first
+  cyc = [1]
+  for _ in range(20):
+    cyc.append((5 * cyc[-1] + 3) % 16)
+  return [cyc, [4, 9, 2], cyc[3:15]]
+
+
+@pytest.mark.parametrize("gamma,candidates,tp", [(4, 1, TreeParams(2, 3, 6)),
+                                                 (3, 2, TreeParams(2, 2, 4)),
+                                                 (6, 1, TreeParams(1, 2, 2))],
+                         ids=["g4c1", "g3c2", "g6c1-deeper-than-the-tree"])
+def test_lookup_nodes_are_accepted_where_the_text_repeats(lookup, gamma, candidates, tp):  # noqa: F811
+  """The head drafts depth 1 right and deeper levels wrong; on text that repeats its context the
+  lookup's continuation is right to its end, so the hybrid accepts more per step than the head
+  alone, the extra tokens come from lookup nodes, and the output is the target's greedy."""
+  target, hc, head = lookup
+  prompts = _cycle_prompts()
+  ar = Decoder(target, LOOKUP).generate(prompts, max_new_tokens=24)
+  alone = EagleDecoder(target, LOOKUP, head, hc, tree=tp).generate(prompts, max_new_tokens=24)
+  dec = EagleLookupDecoder(target, LOOKUP, head, hc, tree=tp, gamma=gamma,
+                           candidates=candidates)
+  res = dec.generate(prompts, max_new_tokens=24)
+  assert res.tokens == ar.tokens == alone.tokens
+  st = res.stats
+  rec = st.record()
+  assert rec["accepted_from_lookup"] > 0 and rec["lookup_steps"] > 0
+  assert max(max(r) for r in st.accepted) > tp.depth or gamma <= tp.depth
+  assert st.tau > alone.stats.tau + 0.5, (st.tau, alone.stats.tau)
+  assert res.steps < alone.steps
+  # drafted = the head's nodes + the trie's, per active row
+  assert all(d == tp.total_tokens + x for dr, lr in zip(st.drafted, st.lookup_nodes)
+             for d, x in zip(dr, lr) if d)
+
+
+@pytest.fixture(scope="module")
+def target():
+  return init_params(jax.random.key(0), CFG, scale=0.3)
+
+
+@pytest.mark.parametrize("vocab", ["own-reduced", "target"])
+def test_greedy_identical_to_autoregressive_random_models(target, vocab):
+  """Random target and head: repeated prompt text gives lookup matches the target mostly
+  rejects, merged with the head's nodes; the output stays the target's greedy."""
+  hc, head = random_head(target, CFG, 40 if vocab == "own-reduced" else None)
+  rs = np.random.RandomState(1)
+  base = rs.randint(0, CFG.vocab_size, 9).tolist()
+  prompts = [base * 3, [5], rs.randint(0, CFG.vocab_size, 4).tolist() * 2, base[:5]]
+  ar = Decoder(target, CFG).generate(prompts, max_new_tokens=24)
+  for gamma, cand in ((4, 1), (2, 3)):
+    res = EagleLookupDecoder(target, CFG, head, hc, tree=TreeParams(2, 3, 6), gamma=gamma,
+                             candidates=cand, lm_head="target" if vocab == "target" else "own"
+                             ).generate(prompts, max_new_tokens=24)
+    assert res.tokens == ar.tokens
+    assert res.stats.record()["lookup_nodes"] > 0
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(temperature=1.0),
+                                      SamplingParams(temperature=0.7, top_p=0.9)],
+                         ids=["t1", "t0.7-p0.9"])
+def test_sampling_is_lossless(sampling):
+  """Joint law of the first three tokens (V = 8) equals target-only sampling (chi-square). The
+  prompt ends with the target's greedy text, which cycles, so the lookup offers likely
+  continuations at most steps: most accepted tokens come from lookup nodes, some from the
+  head's (whose reduced vocabulary lacks token 6, the cycle's most frequent)."""
+  small = dataclasses.replace(SMALL, num_layers=2)
+  tgt2 = init_params(jax.random.key(10), small, scale=0.8)
+  hc, head = random_head(tgt2, small, 6, seed=4)
+  prompt = PROMPT + Decoder(tgt2, small).generate([PROMPT], max_new_tokens=12).tokens[0]
+  dec = EagleLookupDecoder(tgt2, small, head, hc, tree=TreeParams(2, 2, 4), gamma=2,
+                           candidates=2)
+  res = dec.generate([prompt] * 12_000, max_new_tokens=3, sampling=sampling, seed=7)
+  V = small.vocab_size
+  t = np.asarray([r[:3] for r in res.tokens])
+  samples = t[:, 0] * V * V + t[:, 1] * V + t[:, 2]
+  rec = res.stats.record()
+  assert 2000 < rec["accepted_from_lookup"] < rec["accepted"] - 500, rec  # both are used
+  exact = exact_sequence_probs(tgt2, small, prompt, sampling)
+  assert chi2_pvalue(samples, exact) > 1e-3
+
+
+def test_bad_input(target):
+  hc, head = random_head(target, CFG, 40)
+  with pytest.raises(ValueError, match="gamma must be >= 1, got gamma=0"):
+    EagleLookupDecoder(target, CFG, head, hc, gamma=0)
+  with pytest.raises(ValueError, match="min_ngram=3 max_ngram=2"):
+    EagleLookupDecoder(target, CFG, head, hc, min_ngram=3, max_ngram=2)
+  with pytest.raises(ValueError, match="candidates must be >= 1, got candidates=0"):
+    EagleLookupDecoder(target, CFG, head, hc, candidates=0)
+  with pytest.raises(ValueError, match="mesh is not supported"):
+    EagleLookupDecoder(target, CFG, head, hc, mesh=object())
+  with pytest.raises(ValueError, match="own reduced vocabulary of Vd=40"):  # the head's checks
+    from vocabjax.vocab.subset import VocabSubset
+    EagleLookupDecoder(target, CFG, head, hc, draft_vocab=VocabSubset(ids=(1, 2, 3),
+                                                                      vocab_size=64))
