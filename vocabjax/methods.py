@@ -3,9 +3,8 @@ parameters into a decoder, used by the eval suites (`methods:` entries of a YAML
 `python -m vocabjax.generate` (its flags) alike.
 
 Methods: ar, chain, tree, pld, vocabtrim, frspec, specvocab, eagle, eagle_pld, medusa,
-crossvocab. Each has a
-frozen parameter dataclass (field types are checked, then the dataclass's `check` validates
-the values, naming the field and the value), a builder `(target Model, draft Model | None,
+crossvocab. Each has a frozen parameter dataclass (field types are checked, then the
+dataclass's `check` validates the values, naming the field and the value), a builder `(target Model, draft Model | None,
 params) -> decoder` (anything with `generate(prompts, **kw) -> GenerationResult`), and what
 the reports need for MBSU: drafter forwards per block and the drafter's LM-head rows.
 
@@ -422,13 +421,21 @@ def _eagle_rows(p: EagleParams) -> int:
 def _eagle(target, draft, p: EagleParams, mesh=None):
   """EAGLE-2 tree drafting with an EAGLE-3 head trained for `target` (refused otherwise)."""
   del draft
+  return EagleDecoder(_blocks(target, mesh), target.config, *_eagle_head(target, p), mesh=mesh,
+                      tree=TreeParams(p.top_k, p.depth, p.total_tokens), lm_head=p.lm_head,
+                      draft_vocab=_eagle_vocab(target, p))
+
+
+def _eagle_head(target, p: EagleParams):
+  """(head params, head config) of `p.head`, refused when trained for another target."""
   hc, params, _ = load_eagle3(p.head, target_config=target.config, target_params=target.params,
                               dtype=target.params["embed"].dtype)
-  vocab = (SpeculativeVocab(Ranker.load(p.ranker), k=p.k) if p.ranker
-           else _load_subset(p.subset, target))
-  return EagleDecoder(_blocks(target, mesh), target.config, params, hc, mesh=mesh,
-                      tree=TreeParams(p.top_k, p.depth, p.total_tokens), lm_head=p.lm_head,
-                      draft_vocab=vocab)
+  return params, hc
+
+
+def _eagle_vocab(target, p: EagleParams):
+  return (SpeculativeVocab(Ranker.load(p.ranker), k=p.k) if p.ranker
+          else _load_subset(p.subset, target))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -450,16 +457,10 @@ def _eagle_pld(target, draft, p: EaglePldParams, mesh=None):
   """The EAGLE head's tree with prompt lookup's continuations merged into it, one verification
   (`EagleLookupDecoder`); one device."""
   del draft
-  if mesh is not None:
-    raise ConfigError("eagle_pld runs on one device: drop the suite's mesh (or use eagle / pld)")
-  hc, params, _ = load_eagle3(p.head, target_config=target.config, target_params=target.params,
-                              dtype=target.params["embed"].dtype)
-  vocab = (SpeculativeVocab(Ranker.load(p.ranker), k=p.k) if p.ranker
-           else _load_subset(p.subset, target))
-  return EagleLookupDecoder(_blocks(target, mesh), target.config, params, hc,
-                            tree=TreeParams(p.top_k, p.depth, p.total_tokens),
-                            lm_head=p.lm_head, draft_vocab=vocab, gamma=p.gamma,
-                            max_ngram=p.max_ngram, min_ngram=p.min_ngram,
+  return EagleLookupDecoder(_blocks(target, mesh), target.config, *_eagle_head(target, p),
+                            mesh=mesh, tree=TreeParams(p.top_k, p.depth, p.total_tokens),
+                            lm_head=p.lm_head, draft_vocab=_eagle_vocab(target, p),
+                            gamma=p.gamma, max_ngram=p.max_ngram, min_ngram=p.min_ngram,
                             candidates=p.candidates)
 
 

@@ -44,7 +44,7 @@ from flax import struct
 
 from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector, abstract_cache,
                                               block_request, prefill_in_bf16)
-from vocabjax.decoding.pld import continuation_trie, lookup_continuations
+from vocabjax.decoding.pld import trie_block
 from vocabjax.decoding.sampling import SamplingParams, sample
 from vocabjax.decoding.speculative import DraftVocab, SpecStats, SpeculativeDecoder
 from vocabjax.decoding.tree import TreeBounds, TreeParams, grow_tree, merge_nodes, verify_tree
@@ -365,21 +365,6 @@ class EagleLookupDecoder(EagleDecoder):
     self._programs[key] = (start, steps)
     return start, steps, time.perf_counter() - t0
 
-  def _lookup_block(self, hist, active):
-    """(tokens, parent, depth [B, m], trie nodes per row) of this step's tries, m its bucket."""
-    B = len(hist)
-    tries = [continuation_trie(lookup_continuations(h, self.gamma, self.max_ngram,
-                                                    self.min_ngram, self.candidates))
-             if a else continuation_trie([]) for h, a in zip(hist, active)]
-    n = max(len(t[0]) for t in tries)
-    m = next(b for b in self.buckets if b >= n)
-    tok = np.zeros((B, m), np.int32)
-    parent = np.broadcast_to(np.arange(1, m + 1, dtype=np.int32), (B, m)).copy()  # padding
-    depth = np.ones((B, m), np.int32)
-    for b, (t, p, d) in enumerate(tries):
-      tok[b, :len(t)], parent[b, :len(t)], depth[b, :len(t)] = t, p, d
-    return tok, parent, depth, np.array([len(t[0]) for t in tries], np.int32)
-
   def generate(self, prompts, *, max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
                seed: int = 0, eos_token_ids=(), max_len: int | None = None, stop_strings=(),
                tokenizer=None) -> GenerationResult:
@@ -406,7 +391,8 @@ class EagleLookupDecoder(EagleDecoder):
     while not out.done.all():
       i += 1
       active = ~out.done
-      tok, parent, depth, nodes = self._lookup_block(hist, active)
+      tok, parent, depth, nodes = trie_block(hist, active, self.gamma, self.max_ngram,
+                                             self.min_ngram, self.candidates, self.buckets)
       state, emitted, n, from_lk = steps[tok.shape[1]](
           self.tp, self.dp, state, jax.random.fold_in(key, i), jnp.asarray(tok),
           jnp.asarray(parent), jnp.asarray(depth))

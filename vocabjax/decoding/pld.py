@@ -107,6 +107,25 @@ def continuation_trie(conts: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarr
   return (np.asarray(tok, np.int32), np.asarray(par, np.int32), np.asarray(dep, np.int32))
 
 
+def trie_block(hist: Sequence[np.ndarray], active, gamma: int, max_ngram: int, min_ngram: int,
+               candidates: int, sizes: Sequence[int] | None = None):
+  """Each active row's trie of continuations (`lookup_continuations`, `continuation_trie`) as
+  one block: (tokens [B, m], parent [B, m], depth [B, m], nodes per row [B]), m the most nodes
+  of a row, or the smallest of `sizes` that holds them. Padding nodes are their own parents
+  (node j: parent j + 1) at depth 1, so they are never a child of anything."""
+  tries = [continuation_trie(lookup_continuations(h, gamma, max_ngram, min_ngram, candidates))
+           if a else continuation_trie([]) for h, a in zip(hist, active)]
+  n = max(len(t[0]) for t in tries)
+  m = n if sizes is None else next(s for s in sorted(sizes) if s >= n)
+  B = len(tries)
+  tok = np.zeros((B, m), np.int32)
+  parent = np.broadcast_to(np.arange(1, m + 1, dtype=np.int32), (B, m)).copy()
+  depth = np.ones((B, m), np.int32)
+  for b, (t, p, d) in enumerate(tries):
+    tok[b, :len(t)], parent[b, :len(t)], depth[b, :len(t)] = t, p, d
+  return tok, parent, depth, np.array([len(t[0]) for t in tries], np.int32)
+
+
 @dataclasses.dataclass
 class LookupStats(SpecStats):
   """SpecStats where a step may propose no drafts (no match): every active step counts."""
@@ -256,19 +275,9 @@ class PromptLookupDecoder:
 
   def _tree_block(self, hist, active, last_np):
     """(tokens [B, n + 1], parent [B, n], depth [B, n], nodes per row) of this step's tries."""
-    B = len(hist)
-    tries = [continuation_trie(lookup_continuations(h, self.gamma, self.max_ngram,
-                                                    self.min_ngram, self.candidates))
-             if a else continuation_trie([]) for h, a in zip(hist, active)]
-    n = max(len(t[0]) for t in tries)
-    tokens = np.zeros((B, n + 1), np.int32)
-    tokens[:, 0] = last_np
-    parent = np.broadcast_to(np.arange(1, n + 1, dtype=np.int32), (B, n)).copy()  # padding
-    depth = np.ones((B, n), np.int32)
-    for b, (tok, par, dep) in enumerate(tries):
-      k = len(tok)
-      tokens[b, 1:1 + k], parent[b, :k], depth[b, :k] = tok, par, dep
-    return tokens, parent, depth, np.array([len(t[0]) for t in tries], np.int32)
+    tok, parent, depth, nodes = trie_block(hist, active, self.gamma, self.max_ngram,
+                                           self.min_ngram, self.candidates)
+    return np.concatenate([np.asarray(last_np, np.int32)[:, None], tok], 1), parent, depth, nodes
 
   def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                sampling: SamplingParams = SamplingParams(), seed: int = 0,
