@@ -44,7 +44,7 @@ from flax import struct
 
 from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector, abstract_cache,
                                               block_request, prefill_in_bf16)
-from vocabjax.decoding.pld import trie_block
+from vocabjax.decoding.pld import check_lookup, trie_block
 from vocabjax.decoding.sampling import SamplingParams, sample
 from vocabjax.decoding.speculative import DraftVocab, SpecStats, SpeculativeDecoder
 from vocabjax.decoding.tree import TreeBounds, TreeParams, grow_tree, merge_nodes, verify_tree
@@ -327,12 +327,7 @@ class EagleLookupDecoder(EagleDecoder):
     if mesh is not None:
       raise ValueError("EAGLE with prompt lookup runs on one device: mesh is not supported "
                        "(use method eagle or pld on a mesh)")
-    if gamma < 1:
-      raise ValueError(f"lookup gamma must be >= 1, got {gamma=}")
-    if not 1 <= min_ngram <= max_ngram:
-      raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram=} {max_ngram=}")
-    if candidates < 1:
-      raise ValueError(f"lookup candidates must be >= 1, got {candidates=}")
+    check_lookup(gamma, max_ngram, min_ngram, candidates)
     super().__init__(target_params, target_config, head_params, head_config, tree=tree,
                      lm_head=lm_head, layout=layout, draft_vocab=draft_vocab)
     self.gamma, self.max_ngram, self.min_ngram = gamma, max_ngram, min_ngram

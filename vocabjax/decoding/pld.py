@@ -107,6 +107,16 @@ def continuation_trie(conts: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarr
   return (np.asarray(tok, np.int32), np.asarray(par, np.int32), np.asarray(dep, np.int32))
 
 
+def check_lookup(gamma: int, max_ngram: int, min_ngram: int, candidates: int) -> None:
+  """Raise ValueError naming the value when lookup settings are out of range."""
+  if gamma < 1:
+    raise ValueError(f"gamma must be >= 1, got {gamma=}")
+  if not 1 <= min_ngram <= max_ngram:
+    raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram=} {max_ngram=}")
+  if candidates < 1:
+    raise ValueError(f"candidates must be >= 1 (1: a chain), got {candidates=}")
+
+
 def trie_block(hist: Sequence[np.ndarray], active, gamma: int, max_ngram: int, min_ngram: int,
                candidates: int, sizes: Sequence[int] | None = None):
   """Each active row's trie of continuations (`lookup_continuations`, `continuation_trie`) as
@@ -196,12 +206,7 @@ class PromptLookupDecoder:
     (weights [out, in]), the cache rows over "data" and KV heads over "model"; prefill and
     every verification run partitioned, the cache keeping its sharding from step to step (the
     drafts are looked up on the host either way)."""
-    if gamma < 1:
-      raise ValueError(f"gamma must be >= 1, got {gamma=}")
-    if not 1 <= min_ngram <= max_ngram:
-      raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram=} {max_ngram=}")
-    if candidates < 1:
-      raise ValueError(f"candidates must be >= 1 (1: a chain), got {candidates=}")
+    check_lookup(gamma, max_ngram, min_ngram, candidates)
     self.tc, self.mesh = target_config, mesh
     self.tp = target_params if mesh is None else sharding.shard_params(target_params,
                                                                        target_config, mesh)
