@@ -206,13 +206,21 @@ def test_eagle_head(tiny_chat_dir, tmp_path):
   spec = main(parse_args(base + eagle + ["--eagle-lm-head", "target", "--ranker",
                                          str(tmp_path / "r.safetensors"), "--ranker-k", "8"]))
   assert spec["output_ids"] == ar["output_ids"]
+  # gated by the head's confidence: the record says in how many steps the head drafted
+  spec = main(parse_args(base + eagle + ["--eagle-min-confidence", "0.999"]))
+  assert spec["output_ids"] == ar["output_ids"]
+  assert spec["speculative"]["head_steps"] == 0 and spec["speculative"]["tau"] == 1.0
+  with pytest.raises(ValueError, match="min_confidence=1.5 must lie in"):
+    main(parse_args(base + eagle + ["--eagle-min-confidence", "1.5"]))
   other = save_tiny_variant("qwen2_bias", tmp_path / "other", seed=5, with_tokenizer=True)
   with pytest.raises(ValueError, match="was trained for another target"):
     main(parse_args(["--target", str(other), *base[2:], *eagle]))
   with pytest.raises(ValueError, match="needs --eagle-head"):
     parse_args(base + ["--method", "eagle"])
-  with pytest.raises(ValueError, match="--eagle-head drafts with --method eagle"):
+  with pytest.raises(ValueError, match="--eagle-\\* flags belong to --method eagle"):
     parse_args(base + ["--eagle-head", str(head)])
+  with pytest.raises(ValueError, match="--eagle-\\* flags belong to --method eagle, not pld"):
+    parse_args(base + ["--method", "pld", "--eagle-min-confidence", "0.3"])
 
 
 def test_medusa_heads(tiny_chat_dir, tiny_medusa_dir, tmp_path):

@@ -66,6 +66,7 @@ class GenerateConfig:
   ranker_k: int = 2048  # candidates per step with --ranker
   eagle_head: str | None = None  # an EAGLE-3 head directory (`train.eagle`) for --method eagle
   eagle_lm_head: str = "own"  # own: the head's rows (d2t); target: the target's LM head
+  eagle_min_confidence: float = 0.0  # eagle: draft only where the head's top probability reaches it
   medusa_heads: str | None = None  # a Medusa head directory (`train.medusa`) for --method medusa
   medusa_choices: str = ""  # Medusa's medusa_choices as JSON ("": every path of ranks < top-k)
   medusa_top_k: int = 1  # ranks per head of the full tree when no choices are given (1: chain)
@@ -99,8 +100,8 @@ class GenerateConfig:
       raise ValueError(f"--method {self.method} needs --draft")
     if self.pld_candidates != 1 and self.method != "pld":
       raise ValueError(f"--pld-candidates belongs to --method pld, not {self.method}")
-    if self.eagle_head and self.method != "eagle":
-      raise ValueError(f"--eagle-head drafts with --method eagle, not {self.method}")
+    if (self.eagle_head or self.eagle_min_confidence) and self.method != "eagle":
+      raise ValueError(f"--eagle-* flags belong to --method eagle, not {self.method}")
     if (self.medusa_heads or self.medusa_choices or self.medusa_top_k != 1) and \
         self.method != "medusa":
       raise ValueError(f"--medusa-* flags belong to --method medusa, not "
@@ -163,7 +164,7 @@ def method_params(config: GenerateConfig) -> tuple[str, dict]:
   if config.method == "eagle":
     ranked = {"ranker": config.ranker, "k": config.ranker_k} if config.ranker else {}
     return "eagle", {"head": config.eagle_head, "lm_head": config.eagle_lm_head, **tree,
-                     **subset, **ranked}
+                     "min_confidence": config.eagle_min_confidence, **subset, **ranked}
   if config.ranker:
     shape = {"gamma": config.gamma} if config.method == "chain" else tree
     return "specvocab", {"ranker": config.ranker, "k": config.ranker_k, **shape}
@@ -349,6 +350,10 @@ def parse_args(argv=None) -> GenerateConfig:
   p.add_argument("--eagle-lm-head", default="own", choices=("own", "target"),
                  help="the head's own (reduced) LM head, or the target's (then --draft-vocab "
                  "/ --ranker restrict it)")
+  p.add_argument("--eagle-min-confidence", type=float, default=0.0,
+                 help="eagle: draft only in steps where the head's top probability at the root "
+                 "reaches this (EAGLE-2's confidence; the other steps verify one token, as "
+                 "plain decoding); 0 drafts every step")
   p.add_argument("--mesh", help="run on a device mesh, e.g. data=1,model=8 (tensor-parallel "
                  "target and drafter, batch rows over data; chain, tree, the vocabulary "
                  "methods, eagle and medusa)")
@@ -376,7 +381,8 @@ def parse_args(argv=None) -> GenerateConfig:
                         batch_size=a.batch_size, rows=a.rows, draft_vocab=a.draft_vocab,
                         ranker=a.ranker,
                         ranker_k=a.ranker_k, eagle_head=a.eagle_head,
-                        eagle_lm_head=a.eagle_lm_head, medusa_heads=a.medusa_heads,
+                        eagle_lm_head=a.eagle_lm_head,
+                        eagle_min_confidence=a.eagle_min_confidence, medusa_heads=a.medusa_heads,
                         medusa_choices=a.medusa_choices, medusa_top_k=a.medusa_top_k,
                         mesh=a.mesh, coordinator=a.coordinator,
                         num_processes=a.num_processes, process_id=a.process_id,

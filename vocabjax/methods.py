@@ -394,10 +394,14 @@ class EagleParams:
   subset: str = ""  # a saved static subset for the head's drafting vocabulary
   ranker: str = ""  # or a SpecVocab ranker's per-step candidates (with k)
   k: int = 2048
+  min_confidence: float = 0.0  # draft only when the head's top probability reaches it
 
   def check(self, where: str) -> None:
     if self.lm_head not in ("own", "target"):
       raise ConfigError(f"{where}: eagle.lm_head={self.lm_head!r} must be 'own' or 'target'")
+    if not 0.0 <= self.min_confidence < 1.0:
+      raise ConfigError(f"{where}: eagle.min_confidence={self.min_confidence} must lie in "
+                        f"[0, 1) (the head's top probability at the root; 0 drafts always)")
     _tree(where, "eagle", self.top_k, self.depth, self.total_tokens)
     hc = _eagle_config(self.head, where)
     if self.lm_head == "own" and self.top_k > hc.draft_vocab_size:
@@ -423,7 +427,7 @@ def _eagle(target, draft, p: EagleParams, mesh=None):
   del draft
   return EagleDecoder(_blocks(target, mesh), target.config, *_eagle_head(target, p), mesh=mesh,
                       tree=TreeParams(p.top_k, p.depth, p.total_tokens), lm_head=p.lm_head,
-                      draft_vocab=_eagle_vocab(target, p))
+                      draft_vocab=_eagle_vocab(target, p), min_confidence=p.min_confidence)
 
 
 def _eagle_head(target, p: EagleParams):
@@ -461,7 +465,7 @@ def _eagle_pld(target, draft, p: EaglePldParams, mesh=None):
                             mesh=mesh, tree=TreeParams(p.top_k, p.depth, p.total_tokens),
                             lm_head=p.lm_head, draft_vocab=_eagle_vocab(target, p),
                             gamma=p.gamma, max_ngram=p.max_ngram, min_ngram=p.min_ngram,
-                            candidates=p.candidates)
+                            candidates=p.candidates, min_confidence=p.min_confidence)
 
 
 # --- Medusa heads ---------------------------------------------------------------------------

@@ -208,14 +208,23 @@ def test_eagle_with_prompt_lookup_is_lossless_and_records_its_lookups(head_dir, 
 
   path = _suite(tmp_path, tiny_chat_dir, [
       {"name": "eagle_pld", "method": "eagle_pld", "head": str(head_dir), "top_k": 2,
-       "depth": 2, "total_tokens": 3, "gamma": 3, "candidates": 2}])
+       "depth": 2, "total_tokens": 3, "gamma": 3, "candidates": 2},
+      {"name": "eagle_pld_gated", "method": "eagle_pld", "head": str(head_dir), "top_k": 2,
+       "depth": 2, "total_tokens": 3, "gamma": 3, "min_confidence": 0.999}])
   summary = main(parse_args(["--config", str(path), "--out", str(tmp_path / "res"), "--quiet"]))
-  o = {m["name"]: m for m in summary["methods"]}["eagle_pld"]["overall"]
+  by_name = {m["name"]: m for m in summary["methods"]}
+  o = by_name["eagle_pld"]["overall"]
   assert o["match_rate"] == 1.0 and o["time_split"]["drafter_s"] > 0
+  assert by_name["eagle_pld_gated"]["overall"]["match_rate"] == 1.0
   recs = [json.loads(x) for x in (tmp_path / "res" / "questions.jsonl").read_text().splitlines()]
   extra = [r["extra"] for r in recs if r["method"] == "eagle_pld"]
   assert extra and all(e["accepted_from_lookup"] <= e["accepted"] for e in extra)
   assert sum(e["lookup_nodes"] for e in extra) > 0
+  assert all(e["head_steps"] == e["verifications"] for e in extra)  # ungated: every step
+  # gated above any confidence of the random head: the lookup alone drafts
+  gated = [r["extra"] for r in recs if r["method"] == "eagle_pld_gated"]
+  assert gated and all(e["head_steps"] == 0 and e["accepted_from_lookup"] == e["accepted"]
+                       for e in gated)
   for bad, match in (({"gamma": 0}, "pld needs gamma >= 1"),
                      ({"top_k": 64, "total_tokens": 64}, "exceeds the head's vocabulary")):
     p2 = _suite(tmp_path, tiny_chat_dir, [{"name": "e", "method": "eagle_pld",
@@ -232,7 +241,8 @@ def test_bad_eagle_configs_are_refused(head_dir, tmp_path, tiny_chat_dir):
   cases = [({"head": str(tmp_path / "none")}, "not a readable EAGLE-3 head"),
            ({"lm_head": "mine"}, "lm_head='mine' must be 'own' or 'target'"),
            ({"top_k": 64, "total_tokens": 64}, "top_k=64 exceeds the head's vocabulary of 48"),
-           ({"total_tokens": 1}, "smaller than self.top_k=2")]
+           ({"total_tokens": 1}, "smaller than self.top_k=2"),
+           ({"min_confidence": 1.0}, "eagle.min_confidence=1.0 must lie in")]
   for i, (m, match) in enumerate(cases):
     path = _suite(tmp_path, tiny_chat_dir, [{"name": f"m{i}", **base, **m}])
     with pytest.raises(ConfigError, match=match):

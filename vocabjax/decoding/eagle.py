@@ -42,9 +42,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector, abstract_cache,
-                                              block_request, prefill_in_bf16)
-from vocabjax.decoding.pld import check_lookup, trie_block
+from vocabjax.decoding.autoregressive import GenerationResult, prefill_in_bf16
+from vocabjax.decoding.pld import LookupStats, check_lookup, trie_block
 from vocabjax.decoding.sampling import SamplingParams, sample
 from vocabjax.decoding.speculative import DraftVocab, SpecStats, SpeculativeDecoder
 from vocabjax.decoding.tree import TreeBounds, TreeParams, grow_tree, merge_nodes, verify_tree
@@ -53,7 +52,7 @@ from vocabjax.kernels import cpu_matmul
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.eagle import EagleConfig, eagle_forward, fuse_features
-from vocabjax.models.llamalike import (compute_dtype, forward_features, is_int8, lm_head,
+from vocabjax.models.llamalike import (forward_features, is_int8, lm_head,
                                        lm_head_weight, rms_norm, with_mlp_layout)
 from vocabjax.vocab.subset import HeadRows
 
@@ -76,9 +75,9 @@ def _norm(dp, x, config: EagleConfig):
   return rms_norm(x, dp[HEAD_KEY]["final_norm"], config.layer.rms_norm_eps)
 
 
-def _head_tree(dp, state: EagleState, *, head_config, tree: TreeParams, policy):
-  """Read the pending entries and grow the head's tree: (node tokens, parent, depth [B, n],
-  the head cache with its committed entries)."""
+def _head_root(dp, state: EagleState, *, head_config):
+  """Read the pending entries into the head's cache: (the root entry's output [B, D], the
+  cache with its committed entries)."""
   hc = head_config
   cache = state.head_cache
   L0 = cache.lengths
@@ -86,8 +85,14 @@ def _head_tree(dp, state: EagleState, *, head_config, tree: TreeParams, policy):
   x, cache = eagle_forward(dp[HEAD_KEY], dp["embed"], state.pend_tokens,
                            fuse_features(dp[HEAD_KEY], state.pend_feats),
                            L0[:, None] + jnp.arange(P)[None], cache, config=hc)
-  C = L0 + state.pend_count
   x_root = jnp.take_along_axis(x, (state.pend_count - 1)[:, None, None], axis=1)[:, 0]
+  return x_root, cache.with_lengths(L0 + state.pend_count)
+
+
+def _grow(dp, x_root, cache, *, head_config, tree: TreeParams, policy):
+  """Grow the head's tree from the root entry's output: (node tokens, parent, depth [B, n],
+  the head cache with its committed entries)."""
+  hc = head_config
 
   def expand(params, tok, parent_x, positions, cache, prefix_mask):
     k = tok.shape[1]
@@ -96,8 +101,16 @@ def _head_tree(dp, state: EagleState, *, head_config, tree: TreeParams, policy):
                              prefix_mask=prefix_mask)
     return _norm(params, x, hc), x, cache
 
-  return grow_tree(dp, _norm(dp, x_root, hc), x_root, cache.with_lengths(C), tree=tree,
-                   policy=policy, expand=expand)
+  return grow_tree(dp, _norm(dp, x_root, hc), x_root, cache, tree=tree, policy=policy,
+                   expand=expand)
+
+
+def root_confidence(dp, x_root, *, head_config, policy) -> jax.Array:
+  """[B] the head's top probability for the root's first child (its drafting distribution
+  over the policy's candidates): EAGLE-2's confidence, which tracks the chance the target
+  accepts that child."""
+  _, logits = policy(dp, _norm(dp, x_root, head_config))
+  return jnp.exp(jnp.max(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), axis=-1))
 
 
 def _committed(state: EagleState, v, hcache) -> EagleState:
@@ -109,38 +122,109 @@ def _committed(state: EagleState, v, hcache) -> EagleState:
 
 
 def eagle_step(target_params, dp, state: EagleState, key, *, target_config, head_config,
-               tree: TreeParams, sampling: SamplingParams, policy):
+               tree: TreeParams, sampling: SamplingParams, policy, min_confidence: float = 0.0):
   """Read the pending entries, grow a tree with the head, verify it with feature capture.
 
-  Returns (state, emitted [B, d + 1] with -1 after the emitted tokens, accepted [B]).
+  `min_confidence` > 0 (EAGLE-2's confidence, used as a gate): a row drafts only when the
+  head's top probability at its root (`root_confidence`) reaches it; the other rows' nodes are
+  dropped (they verify their root alone: a plain step that still captures the features the
+  head reads next). When no row drafts, the step skips the tree's growth and verifies the
+  roots alone (one target position instead of n + 1): where the head would rarely be accepted
+  the step costs about a plain one. Greedy output and sampling stay exact (the gate reads the
+  context only).
+
+  Returns (state, emitted [B, d + 1] with -1 after the emitted tokens, accepted [B]), and with
+  `min_confidence` > 0 also which rows drafted [B] (bool).
   """
-  node_tok, parent, depth, hcache = _head_tree(dp, state, head_config=head_config, tree=tree,
-                                               policy=policy)
-  v = verify_tree(target_params, state.last, node_tok, parent, depth, state.target_cache, key,
-                  target_config=target_config, tree=tree, sampling=sampling,
-                  feature_layers=head_config.feature_layers)
-  return _committed(state, v, hcache), v.emitted, v.accepted
+  x_root, cache = _head_root(dp, state, head_config=head_config)
+  keep = _confident(dp, x_root, head_config, policy, min_confidence)
+
+  def drafted():
+    node_tok, parent, depth, hcache = _grow(dp, x_root, cache, head_config=head_config,
+                                            tree=tree, policy=policy)
+    node_tok, parent, depth = _drop_rows(node_tok, parent, depth, keep)
+    v = verify_tree(target_params, state.last, node_tok, parent, depth, state.target_cache,
+                    key, target_config=target_config, tree=tree, sampling=sampling,
+                    feature_layers=head_config.feature_layers)
+    return _committed(state, v, hcache), v.emitted, v.accepted
+
+  if keep is None:
+    return drafted()
+
+  def plain():
+    v = verify_tree(target_params, state.last, *_no_nodes(state.last), state.target_cache, key,
+                    target_config=target_config, tree=TreeBounds(1, tree.depth),
+                    sampling=sampling, feature_layers=head_config.feature_layers)
+    return _committed(state, v, cache), v.emitted, v.accepted
+
+  # XLA runs the taken branch only
+  return (*jax.lax.cond(jnp.any(keep), drafted, plain), keep)
+
+
+def _confident(dp, x_root, head_config, policy, min_confidence):
+  """[B] bool: rows whose root confidence reaches `min_confidence` (None when it is 0)."""
+  if min_confidence <= 0:
+    return None
+  return root_confidence(dp, x_root, head_config=head_config, policy=policy) >= min_confidence
+
+
+def _drop_rows(tok, parent, depth, keep):
+  """The tree with the nodes of rows where `keep` [B] is False made padding (their own parents,
+  never reached from the root, as `merge_nodes`'s padding); all of it when keep is None."""
+  if keep is None:
+    return tok, parent, depth
+  own = jnp.arange(1, parent.shape[1] + 1, dtype=parent.dtype)[None]
+  return (tok, jnp.where(keep[:, None], parent, own),
+          jnp.where(keep[:, None], depth, jnp.ones_like(depth)))
+
+
+def _no_nodes(last):
+  """An empty tree (tokens, parent, depth [B, 0])."""
+  e = jnp.zeros((last.shape[0], 0), jnp.int32)
+  return e, e, e
 
 
 def eagle_lookup_step(target_params, dp, state: EagleState, key, lk_tok, lk_parent, lk_depth, *,
                       target_config, head_config, tree: TreeParams, bounds: TreeBounds,
-                      sampling: SamplingParams, policy):
+                      sampling: SamplingParams, policy, min_confidence: float = 0.0):
   """`eagle_step` with prompt-lookup nodes added to the head's tree: lk_tok / lk_parent /
   lk_depth [B, m] a trie of context continuations under the same root (`merge_nodes`'s form;
   padding nodes are their own parents), merged into the head's tree and verified with it in
-  one target forward. `bounds`: the merged tree's most children per node and depth.
+  one target forward. `bounds`: the merged tree's most children per node and depth. With
+  `min_confidence` > 0 a row whose head is unsure at the root (`eagle_step`) offers the
+  lookup's trie alone, as prompt lookup would; when no row drafts, the step verifies the tries
+  alone (the roots alone where there is none).
 
   Returns (state, emitted [B, bounds.depth + 1], accepted [B], accepted nodes that came from the
-  lookup [B])."""
-  node_tok, parent, depth, hcache = _head_tree(dp, state, head_config=head_config, tree=tree,
-                                               policy=policy)
-  n_head = node_tok.shape[1]
-  node_tok, parent, depth = merge_nodes(node_tok, parent, depth, lk_tok, lk_parent, lk_depth)
-  v = verify_tree(target_params, state.last, node_tok, parent, depth, state.target_cache, key,
-                  target_config=target_config, tree=bounds, sampling=sampling,
-                  feature_layers=head_config.feature_layers)
-  from_lookup = (v.path > n_head).sum(axis=1).astype(jnp.int32)  # path: node + 1, 0-padded
-  return _committed(state, v, hcache), v.emitted, v.accepted, from_lookup
+  lookup [B]), and with `min_confidence` > 0 which rows' heads drafted [B] (bool).
+  """
+  x_root, cache = _head_root(dp, state, head_config=head_config)
+  keep = _confident(dp, x_root, head_config, policy, min_confidence)
+
+  def drafted():
+    node_tok, parent, depth, hcache = _grow(dp, x_root, cache, head_config=head_config,
+                                            tree=tree, policy=policy)
+    n_head = node_tok.shape[1]
+    node_tok, parent, depth = merge_nodes(*_drop_rows(node_tok, parent, depth, keep),
+                                          lk_tok, lk_parent, lk_depth)
+    v = verify_tree(target_params, state.last, node_tok, parent, depth, state.target_cache,
+                    key, target_config=target_config, tree=bounds, sampling=sampling,
+                    feature_layers=head_config.feature_layers)
+    from_lookup = (v.path > n_head).sum(axis=1).astype(jnp.int32)  # path: node + 1, 0-padded
+    return _committed(state, v, hcache), v.emitted, v.accepted, from_lookup
+
+  if keep is None:
+    return drafted()
+
+  def lookup_only():  # the trie is a tree of merge_nodes's form already
+    v = verify_tree(target_params, state.last, lk_tok, lk_parent, lk_depth, state.target_cache,
+                    key, target_config=target_config,
+                    tree=TreeBounds(min(bounds.top_k, lk_tok.shape[1] + 1), bounds.depth),
+                    sampling=sampling, feature_layers=head_config.feature_layers)
+    return (_committed(state, v, cache), v.emitted, v.accepted,
+            (v.path > 0).sum(axis=1).astype(jnp.int32))
+
+  return (*jax.lax.cond(jnp.any(keep), drafted, lookup_only), keep)
 
 
 def _eagle_prefill(target_params, dp, tokens, prompt_lengths, tcache, hcache, key, *,
@@ -179,8 +263,11 @@ class EagleDecoder(SpeculativeDecoder):
   def __init__(self, target_params, target_config: LlamaLikeConfig, head_params,
                head_config: EagleConfig, *, tree: TreeParams = TreeParams(),
                lm_head: str = "own", layout: str = "auto",
-               draft_vocab: DraftVocab | None = None, mesh=None):
+               draft_vocab: DraftVocab | None = None, mesh=None, min_confidence: float = 0.0):
     head_config.check_target(target_config)
+    if not 0.0 <= min_confidence < 1.0:
+      raise ValueError(f"min_confidence={min_confidence} must lie in [0, 1): the head drafts "
+                       f"when its top probability at the root reaches it (0: always)")
 
     if is_int8(target_params):
       raise ValueError("an EAGLE head reads the target's embedding rows and features as "
@@ -213,6 +300,8 @@ class EagleDecoder(SpeculativeDecoder):
     self.extra_slots = tree.total_tokens + tree.draft_slots + tree.depth + 2
     self.verify_tokens = tree.total_tokens + 1
     self.pend_width = tree.depth + 1  # P: a step's accepted tokens + the next, at most
+    self.min_confidence = float(min_confidence)
+    self.step_outputs = 4 if self.min_confidence > 0 else 3  # + whether the head drafted
 
   draft_block_calls = True  # the head runs top_k tokens per tree level, as the target's blocks
 
@@ -240,7 +329,20 @@ class EagleDecoder(SpeculativeDecoder):
 
   def _step_fn(self, sampling):
     return functools.partial(eagle_step, target_config=self.tc, head_config=self.hc,
-                             tree=self.tree, sampling=sampling, policy=self.draft_policy)
+                             tree=self.tree, sampling=sampling, policy=self.draft_policy,
+                             min_confidence=self.min_confidence)
+
+  def _new_stats(self) -> SpecStats:
+    return EagleStats(drafted=[], accepted=[]) if self.min_confidence > 0 else super()._new_stats()
+
+  def _record(self, stats, active, accepted, extra) -> None:
+    if self.min_confidence <= 0:
+      return super()._record(stats, active, accepted, extra)
+    head = extra[0]  # [B] which rows drafted
+    stats.drafted.append([self.tree.total_tokens if a and h else 0
+                          for a, h in zip(active, head)])
+    stats.accepted.append([int(x) if a else 0 for x, a in zip(accepted, active)])
+    stats.active.append([bool(a) for a in active])
 
   def _place_draft(self, draft_params, mesh):
     """On a mesh: the target's embedding split by rows as the target's own, the head (and a
@@ -279,20 +381,37 @@ class EagleDecoder(SpeculativeDecoder):
 
 
 @dataclasses.dataclass
-class EagleLookupStats(SpecStats):
-  """SpecStats of `EagleLookupDecoder`: `drafted` counts the head's nodes plus the lookup's
-  trie nodes of each step; `lookup_nodes` / `from_lookup` [steps][B] the trie nodes offered
-  and the accepted tokens that came from them (the rest came from the head's nodes)."""
+class EagleStats(LookupStats):
+  """SpecStats of an EagleDecoder with `min_confidence`: a row whose head was unsure verifies
+  its root alone (`drafted` 0) and still counts as a verification (tau is per verification,
+  as prompt lookup's)."""
+
+  def record(self) -> dict:
+    """Totals for an eval record: (row) steps where the head drafted, and all verifications."""
+    return {"head_steps": sum(1 for row in self.drafted for d in row if d),
+            "verifications": len(self.drafted)}
+
+
+@dataclasses.dataclass
+class EagleLookupStats(LookupStats):
+  """SpecStats of `EagleLookupDecoder`: `drafted` counts the head's nodes (when it drafted)
+  plus the lookup's trie nodes of each step; `lookup_nodes` / `from_lookup` [steps][B] the
+  trie nodes offered and the accepted tokens that came from them (the rest came from the
+  head's nodes); `head` [steps][B] whether the row's head drafted (always, without
+  `min_confidence`)."""
 
   lookup_nodes: list[list[int]] = dataclasses.field(default_factory=list)
   from_lookup: list[list[int]] = dataclasses.field(default_factory=list)
+  head: list[list[bool]] = dataclasses.field(default_factory=list)
 
   def record(self) -> dict:
-    """Totals for an eval record: steps with lookup nodes, and tokens accepted from them."""
+    """Totals for an eval record: steps with lookup nodes, tokens accepted from them, steps
+    where the head drafted, all verifications."""
     return {"lookup_steps": sum(1 for row in self.lookup_nodes for x in row if x),
             "lookup_nodes": sum(map(sum, self.lookup_nodes)),
             "accepted_from_lookup": sum(map(sum, self.from_lookup)),
-            "accepted": sum(map(sum, self.accepted))}
+            "accepted": sum(map(sum, self.accepted)),
+            "head_steps": sum(map(sum, self.head)), "verifications": len(self.drafted)}
 
 
 class EagleLookupDecoder(EagleDecoder):
@@ -323,13 +442,14 @@ class EagleLookupDecoder(EagleDecoder):
                head_config: EagleConfig, *, tree: TreeParams = TreeParams(), gamma: int = 4,
                max_ngram: int = 3, min_ngram: int = 1, candidates: int = 1,
                lm_head: str = "own", layout: str = "auto",
-               draft_vocab: DraftVocab | None = None, mesh=None):
+               draft_vocab: DraftVocab | None = None, mesh=None, min_confidence: float = 0.0):
     if mesh is not None:
       raise ValueError("EAGLE with prompt lookup runs on one device: mesh is not supported "
                        "(use method eagle or pld on a mesh)")
     check_lookup(gamma, max_ngram, min_ngram, candidates)
     super().__init__(target_params, target_config, head_params, head_config, tree=tree,
-                     lm_head=lm_head, layout=layout, draft_vocab=draft_vocab)
+                     lm_head=lm_head, layout=layout, draft_vocab=draft_vocab,
+                     min_confidence=min_confidence)
     self.gamma, self.max_ngram, self.min_ngram = gamma, max_ngram, min_ngram
     self.candidates = candidates
     m = candidates * gamma
@@ -343,7 +463,7 @@ class EagleLookupDecoder(EagleDecoder):
   def _step_fn(self, sampling):
     return functools.partial(eagle_lookup_step, target_config=self.tc, head_config=self.hc,
                              tree=self.tree, bounds=self.bounds, sampling=sampling,
-                             policy=self.draft_policy)
+                             policy=self.draft_policy, min_confidence=self.min_confidence)
 
   def programs(self, sampling: SamplingParams, B: int, T: int, S: int, dtype):
     """AOT-compiled (start, {bucket m: step}) for one shape, and the compile seconds."""
@@ -365,22 +485,10 @@ class EagleLookupDecoder(EagleDecoder):
                tokenizer=None) -> GenerationResult:
     """Generate like `Decoder.generate`; greedy output equals it token for token. `stats` is an
     EagleLookupStats; `steps` counts verifications."""
-    prompts, lengths, S, T, tokens = block_request(prompts, max_new_tokens, sampling, self.tc,
-                                                   max_len, self.extra_slots, self.method)
-    B = len(prompts)
-    dtype = compute_dtype(self.tp)
-    start, steps, compile_s = self.programs(sampling, B, T, S, dtype)
-    key = jax.random.key(seed)
-    out = OutputCollector(B, max_new_tokens, eos_token_ids, stop_strings, tokenizer)
-    t0 = time.perf_counter()
-    first, state = start(jnp.asarray(tokens), jnp.asarray(lengths),
-                         jnp.asarray([p[-1] for p in prompts], jnp.int32),
-                         jax.random.fold_in(key, 0))
-    jax.block_until_ready(state)
-    first = np.asarray(first)
-    out.add(first)
-    hist = [np.append(np.asarray(p, np.int64), t) for p, t in zip(prompts, first)]
-    t1 = time.perf_counter()
+    run = self._begin(prompts, max_new_tokens, sampling, seed, eos_token_ids, max_len,
+                      stop_strings, tokenizer)
+    out, state, steps = run.out, run.state, run.step
+    hist = [np.append(np.asarray(p, np.int64), t) for p, t in zip(run.prompts, run.first)]
     stats = EagleLookupStats(drafted=[], accepted=[])
     i = 0
     while not out.done.all():
@@ -388,18 +496,18 @@ class EagleLookupDecoder(EagleDecoder):
       active = ~out.done
       tok, parent, depth, nodes = trie_block(hist, active, self.gamma, self.max_ngram,
                                              self.min_ngram, self.candidates, self.buckets)
-      state, emitted, n, from_lk = steps[tok.shape[1]](
-          self.tp, self.dp, state, jax.random.fold_in(key, i), jnp.asarray(tok),
+      state, emitted, n, from_lk, *head = steps[tok.shape[1]](
+          self.tp, self.dp, state, jax.random.fold_in(run.key, i), jnp.asarray(tok),
           jnp.asarray(parent), jnp.asarray(depth))
       emitted, n, from_lk = np.asarray(emitted), np.asarray(n), np.asarray(from_lk)
-      stats.drafted.append([self.tree.total_tokens + int(x) if a else 0
-                            for x, a in zip(nodes, active)])
+      drafted = np.asarray(head[0]) if head else np.ones(len(active), bool)
+      stats.drafted.append([self.tree.total_tokens * bool(h) + int(x) if a else 0
+                            for x, a, h in zip(nodes, active, drafted)])
       stats.accepted.append([int(x) if a else 0 for x, a in zip(n, active)])
+      stats.active.append([bool(a) for a in active])
       stats.lookup_nodes.append([int(x) if a else 0 for x, a in zip(nodes, active)])
       stats.from_lookup.append([int(x) if a else 0 for x, a in zip(from_lk, active)])
+      stats.head.append([bool(h) if a else False for h, a in zip(drafted, active)])
       out.add(emitted)
       hist = [np.concatenate([h, e[:k + 1]]) for h, e, k in zip(hist, emitted, n)]
-    t2 = time.perf_counter()
-    return GenerationResult(tokens=out.tokens, finish_reasons=out.reasons,
-                            prompt_lengths=lengths.tolist(), compile_s=compile_s,
-                            prefill_s=t1 - t0, decode_s=t2 - t1, steps=i, stats=stats)
+    return run.result(i, stats)

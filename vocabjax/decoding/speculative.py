@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -183,6 +183,7 @@ class SpeculativeDecoder:
   method = "speculative"
 
   draft_block_calls = False  # whether the drafter's calls feed T > 1 tokens (layout choice)
+  step_outputs = 3  # the step program returns (state, emitted, accepted, *more)
 
   def __init__(self, target_params, target_config: LlamaLikeConfig, draft_params,
                draft_config: LlamaLikeConfig, *, layout: str = "auto",
@@ -337,9 +338,41 @@ class SpeculativeDecoder:
       return first, jax.device_put(st, state_sh)
 
     step = jax.jit(self._step_fn(sampling), donate_argnums=(2,),
-                   out_shardings=(state_sh, rep, rep)).lower(
+                   out_shardings=(state_sh,) + (rep,) * (self.step_outputs - 1)).lower(
         self.tp, self.dp, jax.device_put(state, state_sh), jax.random.key(0)).compile()
     return placed_start, step
+
+  def _begin(self, prompts, max_new_tokens: int, sampling: SamplingParams, seed: int,
+             eos_token_ids, max_len, stop_strings, tokenizer) -> "Run":
+    """The setup of a generate loop: validate the request, compile (or reuse) the programs
+    for its shape, run the prefills and collect the first token."""
+    prompts, lengths, S, T, tokens = block_request(prompts, max_new_tokens, sampling, self.tc,
+                                                   max_len, self.extra_slots, self.method)
+    B = len(prompts)
+    if self.mesh is not None and B % self.mesh.shape["data"]:
+      raise ValueError(f"a batch of B={B} rows does not divide the mesh's data axis of "
+                       f"{self.mesh.shape['data']} devices: pad the batch or use another mesh")
+    start, step, compile_s = self.programs(sampling, B, T, S, compute_dtype(self.tp))
+    key = jax.random.key(seed)
+    out = OutputCollector(B, max_new_tokens, eos_token_ids, stop_strings, tokenizer)
+    t0 = time.perf_counter()
+    first, state = start(jnp.asarray(tokens), jnp.asarray(lengths),
+                         jnp.asarray([p[-1] for p in prompts], jnp.int32),
+                         jax.random.fold_in(key, 0))
+    jax.block_until_ready(state)  # both prefills (the drafter's would else spill into decode_s)
+    first = np.asarray(first)
+    out.add(first)
+    return Run(prompts, lengths, step, key, out, first, state, compile_s, t0,
+               time.perf_counter())
+
+  def _new_stats(self) -> SpecStats:
+    return SpecStats(drafted=[], accepted=[])
+
+  def _record(self, stats: SpecStats, active, accepted, extra) -> None:
+    """Add one step's counts (host arrays; `extra`: the step's outputs after `accepted`)."""
+    del extra
+    stats.drafted.append([self.drafted_per_step if a else 0 for a in active])
+    stats.accepted.append([int(x) if a else 0 for x, a in zip(accepted, active)])
 
   def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                sampling: SamplingParams = SamplingParams(), seed: int = 0,
@@ -349,38 +382,39 @@ class SpeculativeDecoder:
 
     The result's `stats` is a SpecStats; `steps` counts verifications (target forwards).
     """
-    prompts, lengths, S, T, tokens = block_request(prompts, max_new_tokens, sampling, self.tc,
-                                                   max_len, self.extra_slots, self.method)
-    B = len(prompts)
-    if self.mesh is not None and B % self.mesh.shape["data"]:
-      raise ValueError(f"a batch of B={B} rows does not divide the mesh's data axis of "
-                       f"{self.mesh.shape['data']} devices: pad the batch or use another mesh")
-    dtype = compute_dtype(self.tp)
-    start, step, compile_s = self.programs(sampling, B, T, S, dtype)
-    key = jax.random.key(seed)
-    out = OutputCollector(B, max_new_tokens, eos_token_ids, stop_strings, tokenizer)
-
-    t0 = time.perf_counter()
-    first, state = start(jnp.asarray(tokens), jnp.asarray(lengths),
-                         jnp.asarray([p[-1] for p in prompts], jnp.int32),
-                         jax.random.fold_in(key, 0))
-    jax.block_until_ready(state)  # both prefills (the drafter's would else spill into decode_s)
-    out.add(np.asarray(first))
-    t1 = time.perf_counter()
-    stats = SpecStats(drafted=[], accepted=[])
+    run = self._begin(prompts, max_new_tokens, sampling, seed, eos_token_ids, max_len,
+                      stop_strings, tokenizer)
+    out, state, stats = run.out, run.state, self._new_stats()
     i = 0
     while not out.done.all():
       i += 1
       active = ~out.done
-      state, emitted, n = step(self.tp, self.dp, state, jax.random.fold_in(key, i))
-      n = np.asarray(n)
-      stats.drafted.append([self.drafted_per_step if a else 0 for a in active])
-      stats.accepted.append([int(x) if a else 0 for x, a in zip(n, active)])
+      state, emitted, n, *extra = run.step(self.tp, self.dp, state,
+                                           jax.random.fold_in(run.key, i))
+      self._record(stats, active, np.asarray(n), [np.asarray(x) for x in extra])
       out.add(np.asarray(emitted))
-    t2 = time.perf_counter()
-    return GenerationResult(tokens=out.tokens, finish_reasons=out.reasons,
-                            prompt_lengths=lengths.tolist(), compile_s=compile_s,
-                            prefill_s=t1 - t0, decode_s=t2 - t1, steps=i, stats=stats)
+    return run.result(i, stats)
+
+
+class Run(NamedTuple):
+  """A generate loop's setup (`SpeculativeDecoder._begin`)."""
+
+  prompts: list  # the prompts as int lists
+  lengths: np.ndarray  # [B]
+  step: object  # the compiled step program(s)
+  key: jax.Array
+  out: OutputCollector  # holds the first token already
+  first: np.ndarray  # [B] the first generated token
+  state: object  # the loop state after the prefills
+  compile_s: float
+  t0: float  # before the prefills
+  t1: float  # after them
+
+  def result(self, steps: int, stats) -> GenerationResult:
+    return GenerationResult(tokens=self.out.tokens, finish_reasons=self.out.reasons,
+                            prompt_lengths=self.lengths.tolist(), compile_s=self.compile_s,
+                            prefill_s=self.t1 - self.t0, decode_s=time.perf_counter() - self.t1,
+                            steps=steps, stats=stats)
 
 
 class ChainDecoder(SpeculativeDecoder):
