@@ -7,7 +7,11 @@ its top-1 / top-k accuracy at every output position for depths 0..J-1. Compared 
 acceptance the eagle methods of the same run reached, this tells a weak head from a decoding
 fault: at depth 0, decoding accepts a root child exactly when the target's token is among the
 head's top_k there. Several `--head`s are scored on the same text in one run, and a table
-gives each question's accuracy per head (which kinds of text a head drafts poorly).
+gives each question's accuracy per head (which kinds of text a head drafts poorly). A
+calibration table per head says how its top probability at depth 0 (the confidence that
+`min_confidence` gates drafting on) tracks its top-1 accuracy there: for each threshold, the
+share of positions at or above it, the accuracy above and below, and the share of all depth-0
+hits kept (`--thresholds`).
 
     python eval/eagle_report.py --head train/results/eagle/qwen15b/head --config eagle \
         --run eval/results/eagle/eval --out eval/results/eagle/teacher_forced.md
@@ -43,6 +47,8 @@ def main(argv=None) -> int:
   p.add_argument("--config", default="eagle", help="the suite that made --run")
   p.add_argument("--steps", type=int, default=4)
   p.add_argument("--top-k", type=int, default=4)
+  p.add_argument("--thresholds", type=float, nargs="+",
+                 default=[0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8])
   p.add_argument("--out", required=True)
   a = p.parse_args(argv)
 
@@ -76,10 +82,11 @@ def main(argv=None) -> int:
     y = np.asarray(jnp.argmax(lm_head(target.params, h[0], config=target.config), -1))
     texts.append((r["qid"], tok, len(ids), T, f, y))
   scores = {}  # head -> per question (top-1 hits, top-K hits, positions), each [J]
+  calib = {}  # head -> [(depth-0 top probability, top-1 right)] over every scored position
   for path, (hc, head, t2d) in heads.items():
     run_ttt = jax.jit(lambda hp, emb, b, hc=hc: [x[0] for x in ttt_outputs(hp, emb, b,
                                                                             config=hc, steps=J)])
-    per_q = []
+    per_q, cal = [], []
     for qid, tok, P, T, f, y in texts:
       batch = {"tokens": tok, "feats": f, "dlabel": jnp.zeros((1, T), jnp.int32),
                "weight": jnp.ones((1, T))}
@@ -88,6 +95,8 @@ def main(argv=None) -> int:
       for j, hn in enumerate(outs):
         logits = np.asarray(jnp.einsum("ND,VD->NV", hn[0], head["lm_head"]))
         top = np.argsort(-logits, axis=-1)[:, :K]
+        z = logits - logits.max(-1, keepdims=True)
+        conf = 1.0 / np.exp(z).sum(-1)  # the top probability
         for i in range(T - 1 - j):
           q = i + 1 + j  # label position
           if q < P - 1 or q >= T - 1:
@@ -95,9 +104,12 @@ def main(argv=None) -> int:
           lab = t2d[y[q]]
           qn[j] += 1
           q1[j] += top[i, 0] == lab
+          if j == 0:
+            cal.append((float(conf[i]), bool(top[i, 0] == lab)))
           qk[j] += lab in top[i]
       per_q.append((q1, qk, qn))
     scores[path] = per_q
+    calib[path] = np.asarray(cal, np.float64).reshape(-1, 2)
   rows = [t[0] for t in texts]
   several = len(a.head) > 1
   lines = [f"# Teacher-forced accuracy of {' and '.join(a.head)} on the target's greedy outputs",
@@ -120,7 +132,22 @@ def main(argv=None) -> int:
     cells = [f"{s[k][0][0] / max(s[k][2][0], 1):.3f} / "
              f"{s[k][0][J - 1] / max(s[k][2][J - 1], 1):.3f}" for s in scores.values()]
     lines.append(f"| {qid} | {prompts[qid].group} | {n0} | " + " | ".join(cells) + " |")
-  lines += ["", "Decoding in the same run (accepted drafts per verification step):", "",
+  lines += ["", "Calibration at depth 0: the head's top probability (what `min_confidence` "
+            "gates on) against its top-1 accuracy:", ""]
+  for path, cal in calib.items():
+    c, hit = cal[:, 0], cal[:, 1].astype(bool)
+    if several:
+      lines += [f"{path}:", ""]
+    lines += ["| threshold | positions at or above | top-1 acc at or above | top-1 acc below | "
+              "depth-0 hits kept |", "|---|---|---|---|---|"]
+    for t in a.thresholds:
+      up = c >= t
+      acc_up = f"{hit[up].mean():.3f}" if up.any() else "-"
+      acc_dn = f"{hit[~up].mean():.3f}" if (~up).any() else "-"
+      kept = hit[up].sum() / max(hit.sum(), 1)
+      lines.append(f"| {t:g} | {up.mean():.3f} | {acc_up} | {acc_dn} | {kept:.3f} |")
+    lines.append("")
+  lines += ["Decoding in the same run (accepted drafts per verification step):", "",
             "| method | steps | accepted | accepted / step | tau |", "|---|---|---|---|---|"]
   for m in config.methods:
     rs = [r for r in recs if r["method"] == m.name and r["framework"] == "vocabjax"]
