@@ -89,9 +89,9 @@ def _head_root(dp, state: EagleState, *, head_config):
   return x_root, cache.with_lengths(L0 + state.pend_count)
 
 
-def _grow(dp, x_root, cache, *, head_config, tree: TreeParams, policy):
+def _grow(dp, x_root, cache, *, head_config, tree: TreeParams, policy, root=None):
   """Grow the head's tree from the root entry's output: (node tokens, parent, depth [B, n],
-  the head cache with its committed entries)."""
+  the head cache with its committed entries). `root`: the policy's output there, if computed."""
   hc = head_config
 
   def expand(params, tok, parent_x, positions, cache, prefix_mask):
@@ -102,14 +102,17 @@ def _grow(dp, x_root, cache, *, head_config, tree: TreeParams, policy):
     return _norm(params, x, hc), x, cache
 
   return grow_tree(dp, _norm(dp, x_root, hc), x_root, cache, tree=tree, policy=policy,
-                   expand=expand)
+                   expand=expand, root=root)
 
 
 def root_confidence(dp, x_root, *, head_config, policy) -> jax.Array:
   """[B] the head's top probability for the root's first child (its drafting distribution
   over the policy's candidates): EAGLE-2's confidence, which tracks the chance the target
   accepts that child."""
-  _, logits = policy(dp, _norm(dp, x_root, head_config))
+  return _top_probability(policy(dp, _norm(dp, x_root, head_config))[1])
+
+
+def _top_probability(logits) -> jax.Array:
   return jnp.exp(jnp.max(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), axis=-1))
 
 
@@ -137,11 +140,11 @@ def eagle_step(target_params, dp, state: EagleState, key, *, target_config, head
   `min_confidence` > 0 also which rows drafted [B] (bool).
   """
   x_root, cache = _head_root(dp, state, head_config=head_config)
-  keep = _confident(dp, x_root, head_config, policy, min_confidence)
+  keep, root = _confident(dp, x_root, head_config, policy, min_confidence)
 
   def drafted():
     node_tok, parent, depth, hcache = _grow(dp, x_root, cache, head_config=head_config,
-                                            tree=tree, policy=policy)
+                                            tree=tree, policy=policy, root=root)
     node_tok, parent, depth = _drop_rows(node_tok, parent, depth, keep)
     v = verify_tree(target_params, state.last, node_tok, parent, depth, state.target_cache,
                     key, target_config=target_config, tree=tree, sampling=sampling,
@@ -162,10 +165,12 @@ def eagle_step(target_params, dp, state: EagleState, key, *, target_config, head
 
 
 def _confident(dp, x_root, head_config, policy, min_confidence):
-  """[B] bool: rows whose root confidence reaches `min_confidence` (None when it is 0)."""
+  """(keep [B] bool: rows whose root confidence reaches `min_confidence`, the policy's output
+  at the root, which the tree's growth reuses); (None, None) when `min_confidence` is 0."""
   if min_confidence <= 0:
-    return None
-  return root_confidence(dp, x_root, head_config=head_config, policy=policy) >= min_confidence
+    return None, None
+  root = policy(dp, _norm(dp, x_root, head_config))
+  return _top_probability(root[1]) >= min_confidence, root
 
 
 def _drop_rows(tok, parent, depth, keep):
@@ -199,11 +204,11 @@ def eagle_lookup_step(target_params, dp, state: EagleState, key, lk_tok, lk_pare
   lookup [B]), and with `min_confidence` > 0 which rows' heads drafted [B] (bool).
   """
   x_root, cache = _head_root(dp, state, head_config=head_config)
-  keep = _confident(dp, x_root, head_config, policy, min_confidence)
+  keep, root = _confident(dp, x_root, head_config, policy, min_confidence)
 
   def drafted():
     node_tok, parent, depth, hcache = _grow(dp, x_root, cache, head_config=head_config,
-                                            tree=tree, policy=policy)
+                                            tree=tree, policy=policy, root=root)
     n_head = node_tok.shape[1]
     node_tok, parent, depth = merge_nodes(*_drop_rows(node_tok, parent, depth, keep),
                                           lk_tok, lk_parent, lk_depth)
@@ -301,9 +306,12 @@ class EagleDecoder(SpeculativeDecoder):
     self.verify_tokens = tree.total_tokens + 1
     self.pend_width = tree.depth + 1  # P: a step's accepted tokens + the next, at most
     self.min_confidence = float(min_confidence)
-    self.step_outputs = 4 if self.min_confidence > 0 else 3  # + whether the head drafted
 
   draft_block_calls = True  # the head runs top_k tokens per tree level, as the target's blocks
+
+  @property
+  def step_outputs(self) -> int:
+    return 4 if self.min_confidence > 0 else 3  # gated: + which rows drafted
 
   def _with_draft_layout(self, draft_params, layout: str):
     """The head's one decoder layer in `layout` (the embedding and LM head have no MLP)."""

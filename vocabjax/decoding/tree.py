@@ -98,7 +98,8 @@ def draft_tree(params, state: TreeState, *, config: LlamaLikeConfig, tree: TreeP
                    expand=expand)
 
 
-def grow_tree(params, h_root, state_root, cache, *, tree: TreeParams, policy, expand):
+def grow_tree(params, h_root, state_root, cache, *, tree: TreeParams, policy, expand,
+              root=None):
   """EAGLE-2 tree growth shared by every drafter (see the module doc).
 
   h_root [B, D]: the policy's input at the root; state_root [B, ...]: what the root's children
@@ -107,11 +108,12 @@ def grow_tree(params, h_root, state_root, cache, *, tree: TreeParams, policy, ex
   parent_state [B, k, ...], positions [B, k], cache, prefix_mask [B, k, S])` feeds one frontier
   and returns (policy input [B, k, D], state [B, k, ...], cache). Returns (node tokens [B, n],
   parent [B, n] in 0..n (0 = root), depth [B, n], the cache with its lengths as given).
+  `root`: policy(params, h_root) when the caller has computed it already.
   """
   k, d = tree.top_k, tree.depth
   C = cache.lengths
   B = C.shape[0]
-  ids, logits = policy(params, h_root)
+  ids, logits = root if root is not None else policy(params, h_root)
   score1, j1 = top_k(jax.nn.log_softmax(logits, axis=-1), k)  # [B, k]
   tok1 = to_target_many(ids, j1)
   S = cache.max_len
