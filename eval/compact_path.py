@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import platform
+import sys
 import time
 
 import numpy as np
@@ -90,7 +91,7 @@ def main(argv=None) -> int:
           times[name].append(time.perf_counter() - t0)
   base = float(np.median(times["plain decoding step"]))
   lines = ["# Tree verification at batch 1: the accepted path's KV move in place or not", "",
-           f"`python eval/compact_path.py --out {a.out}`", "",
+           "`python eval/compact_path.py " + " ".join(sys.argv[1:] if argv is None else argv) + "`", "",
            f"- {datetime.datetime.now().isoformat(timespec='seconds')}, {platform.processor() or platform.machine()}, "
            f"{jax.default_backend()}, jax {jax.__version__}, {jax.device_count()} device(s)",
            "- Qwen2.5-Coder-1.5B shapes, random weights, f32, cache of 1024 slots holding 512 "
