@@ -23,7 +23,7 @@ from pathlib import Path
 import jax
 
 from vocabjax.checkpoints.loader import load_model
-from vocabjax.decoding.profile import run_split, step_split
+from vocabjax.decoding.profile import run_split, skipped_drafting, step_split
 from vocabjax.decoding.sampling import SamplingParams
 from vocabjax.io import atomic_write_json
 from vocabjax.methods import METHODS
@@ -231,7 +231,8 @@ def main(config: GenerateConfig) -> dict:
       split = step_split(dec, batch_size=len(prompt_ids), max_len=dec.cache_len(
           max(map(len, prompt_ids)), config.max_new_tokens, config.max_len))
       spec_stats["time_split_per_step"] = split.as_dict()
-      spec_stats["time_split"] = run_split(split, st.target_forwards, res.decode_s)
+      spec_stats["time_split"] = run_split(split, st.target_forwards, res.decode_s,
+                                           **skipped_drafting(st))
   texts = [model.tokenizer.decode(t, skip_special_tokens=True) for t in res.tokens]
   main_process = jax.process_index() == 0  # under jax.distributed, process 0 reports
   if not config.quiet and main_process:

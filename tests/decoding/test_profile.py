@@ -5,7 +5,10 @@ import math
 import pytest
 
 from tests.decoding.conftest import CFG
-from vocabjax.decoding.profile import run_split, step_split
+from vocabjax.decoding.eagle import EagleLookupStats, EagleStats
+from vocabjax.decoding.pld import LookupStats
+from vocabjax.decoding.profile import StepSplit, run_split, skipped_drafting, step_split
+from vocabjax.decoding.speculative import SpecStats
 from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder, fold_catch_up
 from vocabjax.decoding.tree import TreeParams
 
@@ -45,6 +48,36 @@ def test_run_split_reports_the_remainder(pair):
   parts = run["drafter_s"] + run["drafter_head_s"] + run["verification_s"]
   assert math.isclose(parts + run["other_s"], res.decode_s)
   assert run["drafter_s"] == pytest.approx(split.drafter_s * res.stats.target_forwards)
+
+
+def test_run_split_counts_steps_that_skipped_drafting():
+  """Prompt lookup without a match and a gated EAGLE step verify one token without drafting:
+  the run's split charges them a one-token target step, not the drafted step's parts (which
+  turned the remainder negative for gated runs)."""
+  split = StepSplit(drafter_s=0.02, drafter_head_s=0.01, verification_s=0.3, target_step_s=0.25,
+                    drafter_calls=((5, 1),), verify_tokens=5)
+  # 4 batched steps of 2 rows: drafts in steps 0 and 2 (a row each), none in 1 and 3
+  st = EagleStats(drafted=[[4, 0], [0, 0], [0, 4], [0, 0]], accepted=[[1, 0]] * 4,
+                  active=[[True, True]] * 4)
+  kw = skipped_drafting(st)
+  assert kw == {"verified_steps": 2, "drafter_steps": 2}
+  run = run_split(split, 4, 2.0, **kw)
+  assert run["drafter_s"] == pytest.approx(0.04) and run["drafter_head_s"] == pytest.approx(0.02)
+  assert run["verification_s"] == pytest.approx(2 * 0.3 + 2 * 0.25)
+  assert run["other_s"] == pytest.approx(2.0 - 0.04 - 0.02 - 1.1)
+  # prompt lookup: the same from its matched steps
+  pld = LookupStats(drafted=[[3], [0], [0]], accepted=[[2], [0], [0]], active=[[True]] * 3)
+  assert skipped_drafting(pld) == {"verified_steps": 1, "drafter_steps": 1}
+  # eagle_pld: the head's steps drive the drafter parts, lookup-only steps verify their trie
+  el = EagleLookupStats(drafted=[[6], [2], [0]], accepted=[[0]] * 3, active=[[True]] * 3,
+                        lookup_nodes=[[2], [2], [0]], from_lookup=[[0]] * 3,
+                        head=[[True], [False], [False]])
+  assert skipped_drafting(el) == {"verified_steps": 2, "drafter_steps": 1}
+  # a method that drafts every step keeps the old split
+  assert skipped_drafting(SpecStats(drafted=[[3]], accepted=[[1]])) == {}
+  assert run_split(split, 4, 2.0)["verification_s"] == pytest.approx(1.2)
+  with pytest.raises(ValueError, match="verified_steps=5"):
+    run_split(split, 4, 2.0, verified_steps=5)
 
 
 def test_split_rejects_a_context_that_does_not_fit(pair):

@@ -8,7 +8,7 @@ steps a run took. What the split does not cover (acceptance, cache rollback, hos
 dispatch) is reported as the measured remainder of the run's decode time, never hidden.
 
     split = step_split(decoder, batch_size=1, max_len=512)      # seconds per step, by part
-    run = run_split(split, res.steps, res.decode_s)             # seconds per run, + remainder
+    run = run_split(split, res.steps, res.decode_s, **skipped_drafting(res.stats))  # per run
 """
 
 from __future__ import annotations
@@ -136,10 +136,36 @@ def _step_split(decoder, batch_size, max_len, context, repeats, mesh) -> StepSpl
                    verify_tokens=T_verify)
 
 
-def run_split(split: StepSplit, steps: int, decode_s: float) -> dict:
-  """A run's decode time split: per-step parts x `steps`, and the measured remainder."""
-  parts = {"drafter_s": split.drafter_s * steps, "drafter_head_s": split.drafter_head_s * steps,
-           "verification_s": split.verification_s * steps}
-  parts["other_s"] = decode_s - sum(parts.values())  # acceptance, rollback, host loop
+def run_split(split: StepSplit, steps: int, decode_s: float, *, verified_steps: int | None = None,
+              drafter_steps: int | None = None) -> dict:
+  """A run's decode time split: per-step parts x the steps that ran them, and the measured
+  remainder (acceptance, rollback, the host loop).
+
+  A method whose steps may skip drafting (`skipped_drafting`: prompt lookup without a match, a
+  gated EAGLE step whose head was unsure) passes `verified_steps` (steps that verified drafts;
+  the others verified one token, counted at `target_step_s`) and `drafter_steps` (steps where
+  the drafter ran); both default to every step. eagle_pld's steps with lookup nodes alone are
+  counted at the full verification's cost (an upper bound: they verify the trie only)."""
+  v = steps if verified_steps is None else verified_steps
+  d = steps if drafter_steps is None else drafter_steps
+  if not (0 <= d <= steps and 0 <= v <= steps):
+    raise ValueError(f"verified_steps={verified_steps} and drafter_steps={drafter_steps} must "
+                     f"lie in [0, steps={steps}]")
+  parts = {"drafter_s": split.drafter_s * d, "drafter_head_s": split.drafter_head_s * d,
+           "verification_s": split.verification_s * v + split.target_step_s * (steps - v)}
+  parts["other_s"] = decode_s - sum(parts.values())
   parts["decode_s"] = decode_s
   return parts
+
+
+def skipped_drafting(stats) -> dict:
+  """`run_split`'s keywords for a run whose steps may skip drafting (a LookupStats: prompt
+  lookup, gated EAGLE, eagle_pld), from its per-step counts; {} for a method that drafts in
+  every step. A batched step drafts when any of its rows does."""
+  active = getattr(stats, "active", None)
+  if active is None:
+    return {}
+  verified = sum(1 for row in stats.drafted if any(row))
+  head = getattr(stats, "head", None)  # eagle_pld: steps where its head drafted
+  drafter = verified if head is None else sum(1 for row in head if any(row))
+  return {"verified_steps": verified, "drafter_steps": drafter}

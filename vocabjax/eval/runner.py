@@ -27,7 +27,7 @@ import numpy as np
 from vocabjax import distributed, interrupt
 from vocabjax.checkpoints.loader import load_model, parse_dtype
 from vocabjax.decoding.autoregressive import prompt_bucket
-from vocabjax.decoding.profile import StepSplit, run_split, step_split
+from vocabjax.decoding.profile import StepSplit, run_split, skipped_drafting, step_split
 from vocabjax.decoding.sampling import SamplingParams
 from vocabjax.eval import provenance, report
 from vocabjax.eval.config import ConfigError, EvalConfig
@@ -284,7 +284,8 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
       split = splits.get(name)
       rec["time_split"] = None
       if split and res.stats is not None:
-        rec["time_split"] = run_split(StepSplit.from_dict(split), res.steps, res.decode_s)
+        rec["time_split"] = run_split(StepSplit.from_dict(split), res.steps, res.decode_s,
+                                      **skipped_drafting(res.stats))
       if writer:
         append_jsonl(records_path, rec)
       records.append(rec)
