@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import jax
@@ -113,8 +114,8 @@ def main(argv=None) -> int:
   rows = [t[0] for t in texts]
   several = len(a.head) > 1
   lines = [f"# Teacher-forced accuracy of {' and '.join(a.head)} on the target's greedy outputs",
-           "", f"`python eval/eagle_report.py {' '.join('--head ' + h for h in a.head)} "
-           f"--config {a.config} --run {a.run} --out {a.out}`", ""]
+           "", "`python eval/eagle_report.py "
+           + " ".join(sys.argv[1:] if argv is None else argv) + "`", ""]
   for path, per_q in scores.items():
     hits1, hitsk, n = (sum(x[i] for x in per_q) for i in range(3))
     if several:
