@@ -36,6 +36,7 @@ import argparse
 import datetime
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 
@@ -151,7 +152,7 @@ def main(argv=None) -> int:
     if name == "ar":
       step, _ = dec.step_program(greedy, 1, S, dtype)
 
-      def fresh(dec=dec):
+      def fresh():
         return (KVCache.init(tc, 1, S, dtype).with_lengths(jnp.asarray([N0], jnp.int32)),
                 jnp.asarray([7], jnp.int32))
 
@@ -211,8 +212,8 @@ def main(argv=None) -> int:
          "steps": a.steps, "repeats": a.repeats, "head": {
              "intermediate": a.head_intermediate, "draft_vocab": hc.draft_vocab_size,
              "feature_layers": list(hc.feature_layers)}, "run": a.run,
-         "command": "python eval/step_programs.py " + " ".join(argv if argv is not None
-                                                               else __import__("sys").argv[1:])}
+         "command": "python eval/step_programs.py " + " ".join(sys.argv[1:] if argv is None
+                                                               else argv)}
   out = Path(a.out)
   out.mkdir(parents=True, exist_ok=True)
   atomic_write_text(out / "steps.json", json.dumps({"environment": env, "rows": rows}, indent=1))
