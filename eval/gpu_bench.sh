@@ -10,6 +10,7 @@
 # Then, here: unpack, `python -m vocabjax.bench project ...` (CPU-side arithmetic), and copy the
 # tables to eval/results/bench/<gpu>/ and kernels/results/<gpu>/ with their commands.
 set -u
+case "${SET:-first}" in first|second) ;; *) echo "SET=$SET: choose first or second" >&2; exit 2;; esac
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 W=${W:-/tmp/gpu_bench}
 OUT=${OUT:-$W/out}

@@ -46,18 +46,6 @@ METHODS = ("ar", "chain_g3", "tree_k4d4n16", "eagle_k1d4", "eagle_k4d4n16",
            "eagle_k1d4_gated_off")
 
 
-def head_config(target, intermediate: int, draft_vocab: int):
-  """The chat_pl head's shapes on `target`: one layer of the target's width and attention."""
-  import dataclasses
-
-  from vocabjax.models.eagle import EagleConfig, default_feature_layers
-  layer = dataclasses.replace(target, num_layers=1, intermediate_size=intermediate,
-                              attention_bias=False, tie_word_embeddings=False)
-  return EagleConfig(layer=layer, target_hidden_size=target.hidden_size,
-                     feature_layers=default_feature_layers(target.num_layers),
-                     draft_vocab_size=draft_vocab)
-
-
 def build(methods, tp, tc, dp, dc, hp, hc):
   from vocabjax.decoding import ChainDecoder, Decoder, EagleDecoder, TreeDecoder, TreeParams
   made = {}
@@ -123,7 +111,8 @@ def main(argv=None) -> int:
   from vocabjax.decoding import SamplingParams
   from vocabjax.io import atomic_write_text
   from vocabjax.models import KVCache
-  from vocabjax.models.eagle import init_eagle
+  from vocabjax.models.eagle import default_feature_layers, init_eagle
+  from vocabjax.train.eagle import head_config
 
   if (a.target is None) != (a.draft is None):
     p.error("--target and --draft go together")
@@ -138,7 +127,8 @@ def main(argv=None) -> int:
   if tc.vocab_size != dc.vocab_size:
     raise ValueError(f"target V={tc.vocab_size} and drafter V={dc.vocab_size} differ")
   tp, dp = random_params(tc, a.dtype, 0), random_params(dc, a.dtype, 1)
-  hc = head_config(tc, a.head_intermediate, min(a.head_vocab, tc.vocab_size))
+  hc = head_config(tc, default_feature_layers(tc.num_layers), min(a.head_vocab, tc.vocab_size),
+                   a.head_intermediate)
   hp = init_eagle(jax.random.key(2), hc, dtype=jnp.dtype(a.dtype))
   decoders = build(a.methods, tp, tc, dp, dc, hp, hc)
   greedy = SamplingParams()
