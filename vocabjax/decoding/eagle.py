@@ -109,7 +109,12 @@ def root_confidence(dp, x_root, *, head_config, policy) -> jax.Array:
   """[B] the head's top probability for the root's first child (its drafting distribution
   over the policy's candidates): EAGLE-2's confidence, which tracks the chance the target
   accepts that child."""
-  return _top_probability(policy(dp, _norm(dp, x_root, head_config))[1])
+  return _top_probability(_root_policy(dp, x_root, head_config, policy)[1])
+
+
+def _root_policy(dp, x_root, head_config, policy):
+  """The drafting policy's output (candidate ids, logits) at the root entry."""
+  return policy(dp, _norm(dp, x_root, head_config))
 
 
 def _top_probability(logits) -> jax.Array:
@@ -169,7 +174,7 @@ def _confident(dp, x_root, head_config, policy, min_confidence):
   at the root, which the tree's growth reuses); (None, None) when `min_confidence` is 0."""
   if min_confidence <= 0:
     return None, None
-  root = policy(dp, _norm(dp, x_root, head_config))
+  root = _root_policy(dp, x_root, head_config, policy)
   return _top_probability(root[1]) >= min_confidence, root
 
 
