@@ -1,4 +1,10 @@
-"""Model pairs shared by the speculative-decoding tests."""
+"""Model pairs shared by the speculative-decoding tests.
+
+`VOCABJAX_TEST_DTYPE=bfloat16` casts the shared pairs' weights (target and drafter) to bf16, so
+that the exactness tests built on them (greedy identity, chi-square) check the bf16 programs:
+`eval/gpu_exactness.py` runs them that way on a GPU. Unset, they are f32 (the CPU reference)."""
+
+import os
 
 import jax
 import pytest
@@ -10,6 +16,16 @@ CFG = LlamaLikeConfig(arch="qwen2", vocab_size=64, hidden_size=32, intermediate_
 SMALL = LlamaLikeConfig(arch="llama", vocab_size=8, hidden_size=16, intermediate_size=16,
                         num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8)
 PROMPT = [3, 1]
+DTYPE = os.environ.get("VOCABJAX_TEST_DTYPE", "float32")
+if DTYPE not in ("float32", "bfloat16"):
+  raise ValueError(f"VOCABJAX_TEST_DTYPE={DTYPE!r}: choose float32 or bfloat16")
+
+
+def _as_test_dtype(params):
+  if DTYPE == "float32":
+    return params
+  from vocabjax.models.llamalike import cast_weights
+  return cast_weights(params, DTYPE)
 
 
 @pytest.fixture(scope="session")
@@ -18,14 +34,14 @@ def pair():
   target = init_params(jax.random.key(0), CFG, scale=0.3)
   noise = init_params(jax.random.key(1), CFG, scale=0.3)
   draft = jax.tree.map(lambda a, b: a + 0.5 * b, target, noise)
-  return target, draft
+  return _as_test_dtype(target), _as_test_dtype(draft)
 
 
 @pytest.fixture(scope="session")
 def small_pair():
   """V = 8 target and an unrelated drafter: many rejections, exact laws computable."""
-  return (init_params(jax.random.key(10), SMALL, scale=0.8),
-          init_params(jax.random.key(11), SMALL, scale=0.8))
+  return (_as_test_dtype(init_params(jax.random.key(10), SMALL, scale=0.8)),
+          _as_test_dtype(init_params(jax.random.key(11), SMALL, scale=0.8)))
 
 
 def prompt_samples(decoder, sampling, n: int = 12_000, seed: int = 5, prompt=PROMPT):

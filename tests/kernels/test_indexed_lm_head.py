@@ -71,7 +71,7 @@ def test_kernels_clamp_traced_out_of_range_indices(fn):
 
 @pytest.mark.parametrize("platform,fn", [("cuda", indexed_lm_head_gpu),
                                          ("tpu", indexed_lm_head_tpu),
-                                         ("cuda", indexed_lm_head), ("tpu", indexed_lm_head)])
+                                         ("tpu", indexed_lm_head)])
 def test_kernels_lower_for_their_platform(platform, fn):
   # Qwen2.5-0.5B's head shape in bf16: the Triton / Mosaic lowering runs on this CPU machine
   h = jax.ShapeDtypeStruct((10, 896), jnp.bfloat16)
@@ -128,3 +128,87 @@ def test_bad_inputs():
   # under jit the index check is skipped (no concrete values), the shapes are still checked
   f = jax.jit(indexed_lm_head_reference)
   assert f(h, U, jnp.zeros((2, 3), jnp.int32)).shape == (2, 3)
+
+
+def _lowered_for_cuda(B=10, D=896, K=2048, dtype=jnp.bfloat16):
+  # the table is read when a program is traced (fixed for a process in real use): the tests
+  # below change it between traces, so the trace caches go
+  jax.clear_caches()
+  h = jax.ShapeDtypeStruct((B, D), dtype)
+  U = jax.ShapeDtypeStruct((151936, D), dtype)
+  idx = jax.ShapeDtypeStruct((B, K), jnp.int32)
+  return jax.jit(indexed_lm_head).trace(h, U, idx).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def test_gpu_dispatch_follows_the_measured_table(monkeypatch):
+  """impl="auto" on CUDA: XLA's gather where nothing was measured (or XLA won), the Triton
+  kernel with the table's blocks where the kernel won this device kind's bucket."""
+  from vocabjax.kernels import dispatch
+
+  monkeypatch.setattr(dispatch, "gpu_device_kind", lambda: "Fake GPU")
+  monkeypatch.setattr(dispatch, "load_table", lambda path=None: ())
+  assert "triton" not in _lowered_for_cuda()
+  win = {"device_kind": "Fake GPU", "dtype": "bfloat16", "B": 10, "K": 2048, "D": 896,
+         "V": 151936, "kernel_s": 1e-5, "xla_s": 2e-5,
+         "config": {"block_k": 128, "block_d": 128, "num_warps": 8, "num_stages": 3,
+                    "split_d": 1, "variant": "dot"}}
+  monkeypatch.setattr(dispatch, "load_table", lambda path=None: (win,))
+  assert "triton" in _lowered_for_cuda()
+  assert "triton" in _lowered_for_cuda(B=9, K=1500, D=960)  # same bucket, D within 25%
+  assert "triton" not in _lowered_for_cuda(B=4)  # another B bucket: nothing measured
+  assert "triton" not in _lowered_for_cuda(dtype=jnp.float32)
+  monkeypatch.setattr(dispatch, "gpu_device_kind", lambda: "Other GPU")
+  assert "triton" not in _lowered_for_cuda()
+  monkeypatch.setattr(dispatch, "gpu_device_kind", lambda: "Fake GPU")
+  lose = {**win, "kernel_s": 1.99e-5}  # within the margin: XLA stays
+  monkeypatch.setattr(dispatch, "load_table", lambda path=None: (lose,))
+  assert "triton" not in _lowered_for_cuda()
+
+
+def test_dispatch_table_merge_and_bad_files(tmp_path):
+  from vocabjax.kernels import dispatch
+
+  path = tmp_path / "t.json"
+  e = {"device_kind": "G", "dtype": "bfloat16", "B": 10, "K": 512, "D": 1024, "kernel_s": 1.0,
+       "xla_s": 2.0, "config": {"block_k": 64}}
+  dispatch.merge([e], path)
+  dispatch.merge([{**e, "kernel_s": 3.0}, {**e, "K": 1024}], path)
+  got = dispatch.load_table(path)
+  assert [(x["K"], x["kernel_s"]) for x in got] == [(512, 3.0), (1024, 1.0)]
+  assert dispatch.choose("G", "bfloat16", 10, 1000, 1024, got) == {"block_k": 64}
+  assert dispatch.choose("G", "bfloat16", 10, 512, 1024, got) is None  # XLA won
+  with pytest.raises(ValueError, match="lacks 'config'"):
+    dispatch.merge([{k: v for k, v in e.items() if k != "config"}], path)
+  path.write_text("{not json")
+  with pytest.raises(ValueError, match="is not JSON"):
+    dispatch.load_table(path)
+  # the shipped table parses (it may be empty: then XLA runs everywhere on GPU)
+  assert isinstance(dispatch.load_table(), tuple)
+
+
+@pytest.mark.parametrize("variant", ["fma", "dot"])
+@pytest.mark.parametrize("B,D,V,K,block_d,split_d", [
+    (1, 128, 300, 64, 64, 1), (2, 200, 1000, 300, 64, 3),  # D = 200: masked chunks
+    (5, 96, 77, 130, 64, 2),  # block_d lowered to 32 (divides 96), ragged K
+    (3, 256, 500, 33, 64, 3)])  # 4 chunks over 3 splits: 2 + 2
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_gpu_kernel_variants_and_splits_interpret(variant, B, D, V, K, block_d, split_d, dtype):
+  h, U, idx = _inputs(B, D, V, K, dtype)
+  got = indexed_lm_head_gpu(h, U, idx, interpret=True, variant=variant, split_d=split_d,
+                            block_d=block_d, block_k=32)
+  tol = 1e-5 if dtype == jnp.float32 else 2e-2
+  np.testing.assert_allclose(np.asarray(got), np.asarray(indexed_lm_head_reference(h, U, idx)),
+                             rtol=tol, atol=tol * D ** 0.5)
+
+
+def test_gpu_kernel_bad_options():
+  from vocabjax.kernels.indexed_lm_head_gpu import aligned_block_d
+
+  assert [aligned_block_d(D, 128) for D in (896, 96, 200, 4096, 576)] == [128, 32, 128, 128, 64]
+  h, U, idx = _inputs(2, 128, 40, 3, jnp.float32)
+  with pytest.raises(ValueError, match="variant='mma' is not one of"):
+    indexed_lm_head_gpu(h, U, idx, variant="mma", interpret=True)
+  with pytest.raises(ValueError, match="block_k=48 must be a power of two"):
+    indexed_lm_head_gpu(h, U, idx, block_k=48, interpret=True)
+  with pytest.raises(ValueError, match=r"split_d=5 must be in \[1, 2\]"):
+    indexed_lm_head_gpu(h, U, idx, block_d=64, split_d=5, interpret=True)

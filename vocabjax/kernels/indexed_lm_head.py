@@ -14,9 +14,10 @@ XLA materializes `rows` (B*K*D values written, then read again); the Pallas kern
 selected row once, straight into the dot product, which is what makes the per-step speculative
 vocabulary cheaper than the full head (V*D reads) when K << V:
 
-  GPU (Triton): grid (B, K / block_k); a program loads its block_k indices, then walks D in
-    chunks of block_d, gathering a [block_k, block_d] tile of U by pointer (masked past D) and
-    accumulating the row-wise products in f32.
+  GPU (Triton, `indexed_lm_head_gpu`): grid (B, K / block_k, split_d); a program loads its
+    block_k indices, then walks its share of D in aligned contiguous chunks of block_d, gathering
+    a [block_k, block_d] tile of U and accumulating in f32 (a 2-D accumulator reduced once, or
+    an MMA against h padded to 16 columns), software-pipelined.
   TPU (Mosaic): the indices are scalar-prefetched into SMEM; grid (B, K / block_k); a program
     starts block_k row DMAs from U (left in HBM) into a VMEM tile, waits for them, and does one
     [1, D] x [D, block_k] MXU product.
@@ -27,9 +28,11 @@ under tracing the values are unknown, so the kernels clamp indices into [0, V): 
 out of bounds, whatever they are given.
 
 `indexed_lm_head` is the public entry: a `custom_vjp` (dh = sum_j g[b,j] U[idx[b,j]],
-dU = scatter-add of g[b,j] h[b] into rows idx[b,j]) around a dispatcher that lowers to the GPU
-kernel on CUDA/ROCm, the TPU kernel on TPU and the XLA reference elsewhere
-(`jax.lax.platform_dependent`, decided when the program is lowered). `impl=` forces one:
+dU = scatter-add of g[b,j] h[b] into rows idx[b,j]) around a dispatcher that lowers, on CUDA/ROCm,
+to the GPU kernel where `vocabjax.kernels.dispatch`'s measured table says it beats XLA on this
+device kind and shape bucket (XLA's gather elsewhere, and wherever nothing was measured), to the
+TPU kernel on TPU, and to the XLA reference on other backends (`jax.lax.platform_dependent`,
+decided when the program is lowered). `impl=` forces one:
 "reference", "gpu", "tpu" (`interpret=True` runs a kernel's logic on the CPU).
 """
 
@@ -41,6 +44,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vocabjax.kernels import dispatch
 from vocabjax.kernels._indexed_common import (IMPLS, check_indices, check_shapes,
                                               indexed_lm_head_reference)
 from vocabjax.kernels.indexed_lm_head_gpu import indexed_lm_head_gpu
@@ -52,6 +56,17 @@ __all__ = ["IMPLS", "check_indices", "check_shapes", "indexed_lm_head",
 
 # --- dispatch and gradient ---------------------------------------------------------------------
 
+def _gpu_auto(h, U, idx):
+  """The GPU's choice (`vocabjax.kernels.dispatch`): the kernel where it was measured faster on
+  this device kind and shape bucket, XLA's gather everywhere else."""
+  kind = dispatch.gpu_device_kind()
+  config = kind and dispatch.choose(kind, str(jnp.dtype(U.dtype)), h.shape[0], idx.shape[1],
+                                    h.shape[1])
+  if config is None:
+    return indexed_lm_head_reference(h, U, idx)
+  return indexed_lm_head_gpu(h, U, idx, **config)
+
+
 def _forward(h, U, idx, impl: str, interpret: bool):
   if impl == "reference":
     return indexed_lm_head_reference(h, U, idx)
@@ -61,7 +76,7 @@ def _forward(h, U, idx, impl: str, interpret: bool):
     return indexed_lm_head_tpu(h, U, idx, interpret=interpret)
   return jax.lax.platform_dependent(
       h, U, idx, default=indexed_lm_head_reference,
-      cuda=indexed_lm_head_gpu, rocm=indexed_lm_head_gpu, tpu=indexed_lm_head_tpu)
+      cuda=_gpu_auto, rocm=_gpu_auto, tpu=indexed_lm_head_tpu)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4))

@@ -1,5 +1,25 @@
 """The indexed LM head's GPU (Triton) kernel; contract and dispatch in
-`vocabjax.kernels.indexed_lm_head`."""
+`vocabjax.kernels.indexed_lm_head`.
+
+    indexed_lm_head_gpu(h[B, D], U[V, D], idx[B, K]) -> z[B, K] f32
+
+Grid (B, K / block_k, split_d). A program loads its block_k row indices once, then walks its
+share of D in chunks of block_d, gathering a [block_k, block_d] tile of U whose inner axis is a
+contiguous slice `pl.ds(pl.multiple_of(c * block_d, block_d), block_d)`: Triton sees columns
+that are contiguous and aligned, so each row's chunk is one vectorized (16-byte) load, and its
+software pipeliner (`num_stages` > 1) can prefetch the next chunk (it skips loads narrower than
+32 bits, which is what a clamped column index made of every element before). Where D is not a
+multiple of any power-of-two block >= 16 the loads are masked instead (never clamped).
+
+Two ways to reduce a tile (`variant`):
+  "fma": a 2-D f32 accumulator [block_k, block_d] += U_tile * h_chunk, reduced over d once at
+         the end (no per-chunk cross-lane reduction);
+  "dot": the tile times h padded to 16 columns (column 0 = h, the others zero: the MMA's
+         minimum N) by `pltr.dot` into a [block_k, 16] f32 accumulator: the tensor cores do the
+         products and the accumulator stays small, so larger tiles fit in registers.
+`split_d` > 1 splits D over a third grid axis (more programs when B * K / block_k is below the
+SM count); the partial sums [split_d, B, K] are added by XLA after the kernel.
+"""
 
 from __future__ import annotations
 
@@ -11,48 +31,94 @@ from jax.experimental import pallas as pl
 
 from vocabjax.kernels._indexed_common import _pad_k, check_indices, check_shapes
 
+VARIANTS = ("fma", "dot")
+_MMA_N = 16  # Triton's smallest dot operand dimension
 
-# --- GPU (Triton) ------------------------------------------------------------------------------
 
-def _gpu_kernel(idx_ref, h_ref, u_ref, o_ref, *, D, V, block_k, block_d):
+def aligned_block_d(D: int, block_d: int) -> int:
+  """The largest power of two <= block_d that divides D, if one >= 16 exists (loads stay
+  unmasked and aligned), else block_d itself (the loads are masked past D)."""
+  bd = 1 << (max(block_d, 1).bit_length() - 1)
+  while bd >= 16:
+    if D % bd == 0:
+      return bd
+    bd //= 2
+  return block_d
+
+
+def _gpu_kernel(idx_ref, h_ref, u_ref, o_ref, *, D, V, block_k, block_d, chunks_per_split,
+                variant):
   from jax.experimental.pallas import triton as pltr
 
-  b, j = pl.program_id(0), pl.program_id(1)
+  b, j, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   rows = jnp.clip(idx_ref[b, pl.ds(j * block_k, block_k)], 0, V - 1)  # [block_k]
+  n_chunks = pl.cdiv(D, block_d)
+  c0 = s * chunks_per_split
+  c1 = jnp.minimum(c0 + chunks_per_split, n_chunks)
+  aligned = D % block_d == 0
 
-  def chunk(c, acc):
-    cols = c * block_d + jnp.arange(block_d)
-    inside = cols < D
-    cols = jnp.minimum(cols, D - 1)  # masked anyway; keeps every address inside U
+  def load(c):  # (U tile [block_k, block_d], h chunk [block_d]) in the inputs' dtype
+    start = pl.multiple_of(c * block_d, block_d)
+    if aligned:
+      return u_ref[rows, pl.ds(start, block_d)], h_ref[b, pl.ds(start, block_d)]
+    cols = start + jnp.arange(block_d)
+    inside = cols < D  # masked past D: the addresses beyond are never read
     hv = pltr.load(h_ref.at[b, cols], mask=inside, other=0.0)
-    # one gathered [block_k, block_d] tile: each selected row is read once
     uv = pltr.load(u_ref.at[rows[:, None], cols[None, :]], mask=inside[None, :], other=0.0)
-    return acc + jnp.sum(uv.astype(jnp.float32) * hv.astype(jnp.float32)[None, :], axis=1)
+    return uv, hv
 
-  acc = jax.lax.fori_loop(0, pl.cdiv(D, block_d), chunk, jnp.zeros((block_k,), jnp.float32))
-  o_ref[b, pl.ds(j * block_k, block_k)] = acc
+  if variant == "dot":
+    first = (jnp.arange(_MMA_N) == 0)[None, :]
+
+    def chunk(c, acc):
+      uv, hv = load(c)
+      hm = jnp.where(first, hv[:, None], jnp.zeros((), hv.dtype)).astype(uv.dtype)
+      return acc + pltr.dot(uv, hm, allow_tf32=False)  # [block_k, 16], columns 1.. zero
+
+    acc = jax.lax.fori_loop(c0, c1, chunk, jnp.zeros((block_k, _MMA_N), jnp.float32))
+  else:
+    def chunk(c, acc):
+      uv, hv = load(c)
+      return acc + uv.astype(jnp.float32) * hv.astype(jnp.float32)[None, :]
+
+    acc = jax.lax.fori_loop(c0, c1, chunk, jnp.zeros((block_k, block_d), jnp.float32))
+  o_ref[s, b, pl.ds(j * block_k, block_k)] = jnp.sum(acc, axis=1)
 
 
 def indexed_lm_head_gpu(h, U, idx, *, block_k: int = 64, block_d: int = 128,
-                        num_warps: int = 4, num_stages: int = 1,
-                        interpret: bool = False) -> jax.Array:
-  """The Triton kernel (see the module doc); `interpret=True` runs it on any backend.
-  `num_stages` > 1 lets Triton pipeline the gathered loads of the d loop (untested on a GPU:
-  the H200 tables were taken with 1)."""
+                        num_warps: int = 4, num_stages: int = 3, split_d: int = 1,
+                        variant: str = "fma", interpret: bool = False) -> jax.Array:
+  """The Triton kernel (module doc); `interpret=True` runs it on any backend. block_d is
+  lowered to a power of two dividing D where one >= 16 exists (`aligned_block_d`)."""
   check_shapes(h, U, idx)
   check_indices(idx, U.shape[0])
+  if variant not in VARIANTS:
+    raise ValueError(f"variant={variant!r} is not one of {VARIANTS}")
+  if block_k < 16 or block_k & (block_k - 1):
+    raise ValueError(f"block_k={block_k} must be a power of two >= 16")
+  if block_d < 16 or block_d & (block_d - 1):
+    raise ValueError(f"block_d={block_d} must be a power of two >= 16")
   B, D = h.shape
   K = idx.shape[1]
+  block_d = aligned_block_d(D, block_d)
+  n_chunks = pl.cdiv(D, block_d)
+  if not 1 <= split_d <= n_chunks:
+    raise ValueError(f"split_d={split_d} must be in [1, {n_chunks}] (D={D} in chunks of "
+                     f"block_d={block_d})")
+  cps = pl.cdiv(n_chunks, split_d)
+  split_d = pl.cdiv(n_chunks, cps)  # no empty split
   idx_p = _pad_k(idx, block_k)
   Kp = idx_p.shape[1]
-  kernel = functools.partial(_gpu_kernel, D=D, V=U.shape[0], block_k=block_k, block_d=block_d)
+  kernel = functools.partial(_gpu_kernel, D=D, V=U.shape[0], block_k=block_k,
+                             block_d=block_d, chunks_per_split=cps, variant=variant)
   compiler_params = None
   if not interpret:
     from jax.experimental.pallas import triton as pltr
     compiler_params = pltr.CompilerParams(num_warps=num_warps, num_stages=num_stages)
   out = pl.pallas_call(
-      kernel, grid=(B, Kp // block_k),
-      out_shape=jax.ShapeDtypeStruct((B, Kp), jnp.float32),
+      kernel, grid=(B, Kp // block_k, split_d),
+      out_shape=jax.ShapeDtypeStruct((split_d, B, Kp), jnp.float32),
       compiler_params=compiler_params, interpret=interpret,
       name="indexed_lm_head_gpu")(idx_p, h, U)
+  out = out[0] if split_d == 1 else jnp.sum(out, axis=0)
   return out[:, :K]

@@ -1,0 +1,98 @@
+"""Which implementation of the indexed LM head `impl="auto"` runs on a GPU: the Triton kernel
+or XLA's gather + einsum, from a table measured per device kind and shape bucket.
+
+The table (`dispatch_table.json`, shipped with the package) is written by
+`kernels/bench_indexed_lm_head.py --update-table`: one entry per measured (device kind, dtype,
+B, K, D) with both implementations' device times and the kernel's block configuration. A call
+looks up its bucket (B and K rounded up to powers of two, the nearest measured D within 25%, the
+same dtype and device kind); it runs the kernel only where the kernel was measured faster than
+XLA by `MARGIN` in that bucket, and XLA everywhere else (nothing measured, another GPU, a
+shape between buckets): the dispatcher is never slower than XLA where it has been measured, and
+never guesses where it has not.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+
+TABLE = Path(__file__).with_name("dispatch_table.json")
+MARGIN = 1.03  # the kernel must beat XLA by 3% (run-to-run noise) to be chosen
+FORMAT = "vocabjax.indexed_lm_head.dispatch/1"
+
+
+def gpu_device_kind() -> str | None:
+  """The device kind of this process's GPUs (None without GPUs, or with GPUs of several kinds)."""
+  import jax
+
+  try:
+    kinds = {d.device_kind for d in jax.devices() if d.platform == "gpu"}
+  except RuntimeError:  # no backend to ask
+    return None
+  return kinds.pop() if len(kinds) == 1 else None
+
+
+def bucket(n: int) -> int:
+  """n rounded up to a power of two."""
+  return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def load_table(path: str | Path | None = None) -> tuple[dict, ...]:
+  """The table's entries (empty when the file is absent); ValueError names a malformed file.
+  The package's table is read once per process."""
+  return _read(Path(path)) if path else _package_table()
+
+
+@functools.lru_cache(maxsize=1)
+def _package_table() -> tuple[dict, ...]:
+  return _read(TABLE)
+
+
+def _read(p: Path) -> tuple[dict, ...]:
+  if not p.is_file():
+    return ()
+  try:
+    raw = json.loads(p.read_text())
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{p}: the indexed-LM-head dispatch table is not JSON ({e})") from e
+  if raw.get("format") != FORMAT or not isinstance(raw.get("entries"), list):
+    raise ValueError(f"{p}: not a dispatch table of format {FORMAT!r}")
+  return tuple(raw["entries"])
+
+
+def choose(device_kind: str, dtype: str, B: int, K: int, D: int,
+           entries: tuple[dict, ...] | None = None) -> dict | None:
+  """The kernel's block configuration where the table says the kernel wins this bucket, else
+  None (run XLA's gather)."""
+  entries = load_table() if entries is None else entries
+  best = None
+  for e in entries:
+    if (e["device_kind"] != device_kind or e["dtype"] != dtype or bucket(e["B"]) != bucket(B)
+        or bucket(e["K"]) != bucket(K) or abs(e["D"] - D) > 0.25 * D):
+      continue
+    if best is None or abs(e["D"] - D) < abs(best["D"] - D):
+      best = e
+  if best is None or best["kernel_s"] * MARGIN > best["xla_s"]:
+    return None
+  return dict(best["config"])
+
+
+def merge(entries: list[dict], path: str | Path | None = None) -> Path:
+  """Add measured entries to the table at `path` (default: the package's), replacing those of
+  the same (device kind, dtype, B, K, D); written atomically."""
+  from vocabjax.io import atomic_write_text
+
+  p = Path(path) if path else TABLE
+  old = list(_read(p))
+  key = lambda e: (e["device_kind"], e["dtype"], e["B"], e["K"], e["D"])  # noqa: E731
+  new = {key(e): e for e in old}
+  for e in entries:
+    for f in ("device_kind", "dtype", "B", "K", "D", "kernel_s", "xla_s", "config"):
+      if f not in e:
+        raise ValueError(f"dispatch entry {e} lacks {f!r}")
+    new[key(e)] = e
+  atomic_write_text(p, json.dumps({"format": FORMAT, "entries": sorted(new.values(), key=key)},
+                                  indent=1) + "\n")
+  _package_table.cache_clear()
+  return p
