@@ -4,13 +4,23 @@
 # so a step cut short keeps what it measured; everything lands in $W and is packed into
 # $OUT/gpu_bench.tgz after every step (the device tool returns at most 8 files).
 #
-#   bash eval/gpu_bench.sh            # on the GPU machine, from the repository root
-#   SET=second bash eval/gpu_bench.sh # what the first set (session 28) left, and whole steps
+#   bash eval/gpu_bench.sh             # on the GPU machine, from the repository root: SET=kernel
+#   SET=first bash eval/gpu_bench.sh   # session 28's set (kernel grid, engine programs)
+#   SET=second bash eval/gpu_bench.sh  # session 30's set (whole steps, path move, 8B, 7B)
+#
+# SET=kernel (the default; sized to ~9.5 minutes of commands, ~12 device minutes with the
+# machine's start): the reworked Triton kernel smoke-tested, then tuned against XLA with
+# device-side timing at B = 10 (SpecVocab's bars: d >= 2560, k >= 2048) and at the real
+# drafters' B = 1 widths (writing the dispatch table the next steps use); whole SpecVocab chain
+# steps with the kernel and with XLA against the full-vocabulary chain; the decoding exactness
+# tests on the GPU in f32 and bf16. `DRY=1` runs the same steps on the CPU at tiny shapes
+# (interpret mode; tests/eval/test_gpu_bench.py) to check the script, not to measure.
 #
 # Then, here: unpack, `python -m vocabjax.bench project ...` (CPU-side arithmetic), and copy the
 # tables to eval/results/bench/<gpu>/ and kernels/results/<gpu>/ with their commands.
 set -u
-case "${SET:-first}" in first|second) ;; *) echo "SET=$SET: choose first or second" >&2; exit 2;; esac
+SET=${SET:-kernel}
+case "$SET" in kernel|first|second) ;; *) echo "SET=$SET: choose kernel, first or second" >&2; exit 2;; esac
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 W=${W:-/tmp/gpu_bench}
 OUT=${OUT:-$W/out}
@@ -21,9 +31,11 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, log, pack
   echo "== $name (limit ${secs}s): $*" | tee -a "$W/steps.log"
   local t0=$SECONDS
   timeout "$secs" "$@" >"$W/$name.log" 2>&1
-  echo "== $name: exit $? after $((SECONDS - t0))s" | tee -a "$W/steps.log"
+  local rc=$?
+  echo "== $name: exit $rc after $((SECONDS - t0))s" | tee -a "$W/steps.log"
   tail -n 5 "$W/$name.log"
   snap
+  return $rc
 }
 
 { date -u; nvidia-smi; python3 -c "import jax, flax; print('jax', jax.__version__, 'flax',
@@ -31,7 +43,70 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, log, pack
 cat "$W/env.txt"
 snap
 
-if [ "${SET:-first}" = first ]; then
+if [ "$SET" = kernel ]; then
+  K=kernels/bench_indexed_lm_head.py
+  TABLE=vocabjax/kernels/dispatch_table.json
+  if [ -n "${DRY:-}" ]; then  # CPU: interpret mode, tiny shapes, two configurations
+    KB10=(--interpret --tune --shapes 128:1000 --ks 40 --batch 2 --repeats 1 --calls 1
+          --copy-mib 8 16 --tune-block-k 64 --tune-block-d 64 --tune-num-warps 4 --tune-split-d 1)
+    KB1=("${KB10[@]}")
+    SMOKE_SHAPE=(2 256 1000 40)
+    STEPS=(--target "$DRY_TARGET" --draft "$DRY_DRAFT" --context 16 --max-len 96 --steps 2
+           --repeats 1 --ranker-rank 8 --methods ar chain_g3 sv16_g3_xla sv16_g3_auto)
+    EXACT=(--dtypes float32 --files tests/vocab/test_trimmed.py -k "greedy and chain and float32")
+    INTERP=True
+  else
+    KB10=(--batch 10 --shapes 4096:151936 2560:151936 --ks 2048 8192 --calls 4 --repeats 10
+          --tune-num-warps 4 8 --hlo-dump)
+    KB1=(--batch 1 --shapes 896:151936 2048:128256 --ks 2048 512 --calls 4 --repeats 10
+         --tune-num-warps 4 --tune-block-d 128)
+    SMOKE_SHAPE=(10 4096 151936 2048)
+    STEPS=(--pair qwen2.5-coder --dtype bfloat16 --steps 6 --repeats 3
+           --methods ar chain_g3 sv2048_g3_xla sv2048_g3_kernel)
+    EXACT=(--dtypes float32 bfloat16 --workers 6)
+    INTERP=False
+  fi
+  # 1. Does the reworked kernel compile and agree with the reference here (both variants)?
+  step kernel_smoke "${SMOKE_S:-45}" python3 -c "
+import sys, jax, jax.numpy as jnp, numpy as np
+from vocabjax.kernels.indexed_lm_head import indexed_lm_head_gpu, indexed_lm_head_reference
+B, D, V, K = map(int, sys.argv[1:5])
+k = jax.random.key(0)
+U = (jax.random.normal(k, (V, D)) * 0.02).astype(jnp.bfloat16)
+h = jax.random.normal(jax.random.fold_in(k, 1), (B, D)).astype(jnp.bfloat16)
+idx = jax.random.randint(jax.random.fold_in(k, 2), (B, K), 0, V)
+ref = np.asarray(indexed_lm_head_reference(h.astype(jnp.float32), U.astype(jnp.float32), idx))
+bad = 0
+for variant in ('fma', 'dot'):
+  for split in (1, 2):
+    try:
+      got = np.asarray(jax.jit(lambda h, U, i: indexed_lm_head_gpu(h, U, i, variant=variant,
+                       split_d=split, interpret=$INTERP))(h, U, idx))
+      err = float(np.abs(got - ref).max() / np.abs(ref).max())
+      print(variant, split, 'max rel err', err); bad += err > 1e-2
+    except Exception as e:
+      print(variant, split, 'FAILED', type(e).__name__, str(e)[:2000]); bad += 1
+sys.exit(1 if bad else 0)
+" "${SMOKE_SHAPE[@]}"
+  smoke=$?
+  if [ "$smoke" = 0 ]; then
+    # 2. The bars' shapes (B = 10), device-timed, tuned; the table the steps below read.
+    step kernel_b10 "${KB10_S:-150}" python3 "$K" --out "$W/kernel_b10" "${KB10[@]}" \
+      --update-table "$TABLE"
+    # 3. The real drafters' widths at B = 1 (Qwen2.5-0.5B d = 896, Llama-3.2-1B d = 2048).
+    step kernel_b1 "${KB1_S:-75}" python3 "$K" --out "$W/kernel_b1" "${KB1[@]}" \
+      --update-table "$TABLE"
+    cp "$TABLE" "$W/dispatch_table.json"; snap
+  else
+    echo "== the kernel failed its smoke test: tuning skipped (kernel_smoke.log)" | tee -a "$W/steps.log"
+  fi
+  # 4. Whole SpecVocab chain steps (kernel and XLA) against the full-vocabulary chain.
+  step steps_specvocab "${STEPS_S:-150}" python3 eval/step_programs.py "${STEPS[@]}" \
+    --out "$W/steps_specvocab"
+  # 5. The decoding exactness tests on this backend, f32 and bf16.
+  step exactness "${EXACT_S:-160}" python3 eval/gpu_exactness.py --out "$W/exactness" \
+    --limit-s "${EXACT_EACH_S:-75}" "${EXACT[@]}"
+elif [ "$SET" = first ]; then
   # The indexed LM head on SpecVocab's grid, block sizes tuned per (d, V, k) over a reduced grid.
   step kernel "${KERNEL_S:-170}" python3 kernels/bench_indexed_lm_head.py --out "$W/kernel" \
     --ks 128 512 2048 8192 --repeats 10 --tune-block-k 64 128 256 --tune-block-d 128 256

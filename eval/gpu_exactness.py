@@ -6,10 +6,12 @@ chi-square checks of sampled output, on the tests' tiny random models.
   python eval/gpu_exactness.py --out /tmp/ex --dtypes float32 --limit-s 120   # anywhere
 
 It runs pytest over the test files of `FILES`, keeping the tests whose names say what they check
-(`-k "greedy or identical or lossless"`), once per dtype: `VOCABJAX_TEST_DTYPE=bfloat16` casts
+(`-k`: every greedy-identity test, and the chi-square tests of the chain and of SpecVocab),
+once per dtype, with `--workers` pytest-xdist processes sharing the GPU (memory not
+preallocated): `VOCABJAX_TEST_DTYPE=bfloat16` casts
 the shared model pairs of tests/decoding/conftest.py to bf16 (tests that build their own models
 keep their dtype; a few are bf16 already). Each dtype's run has its own time limit; a run cut
-short keeps its JUnit XML of what finished. Writes `exactness.md` (a table of passed / failed /
+short keeps what finished (read from pytest's verbose log). Writes `exactness.md` (a table of passed / failed /
 skipped per dtype and every failure's name) and `exactness.json` beside the XMLs, after each
 dtype. Exit 0 when nothing failed.
 """
@@ -20,6 +22,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -32,7 +35,9 @@ FILES = ("tests/decoding/test_speculative_chain.py", "tests/decoding/test_specul
          "tests/decoding/test_medusa_decoding.py", "tests/decoding/test_crossvocab.py",
          "tests/decoding/test_weight_dtypes.py", "tests/vocab/test_ranked.py",
          "tests/vocab/test_trimmed.py")
-SELECT = "greedy or identical or lossless"
+SELECT = "greedy or identical or (lossless and (test_speculative_chain or test_ranked))"
+LINE = re.compile(r"(?:(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (tests/\S+)|(tests/\S+) "
+                  r"(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS))")
 
 
 def junit_summary(path: Path) -> dict:
@@ -56,15 +61,30 @@ def junit_summary(path: Path) -> dict:
   return out
 
 
-def run_dtype(dtype: str, out: Path, limit_s: int, files, select: str, extra) -> dict:
+def log_summary(log: str) -> dict:
+  """The same summary from pytest's verbose log (what a run cut at its limit leaves)."""
+  out = {"passed": 0, "failed": 0, "skipped": 0, "failures": [], "seconds": None}
+  for m in LINE.finditer(log):
+    status, name = (m[1], m[2]) if m[1] else (m[4], m[3])
+    key = {"PASSED": "passed", "XPASS": "passed", "SKIPPED": "skipped", "XFAIL": "skipped"}.get(
+        status, "failed")
+    out[key] += 1
+    if key == "failed":
+      out["failures"].append(name)
+  return out
+
+
+def run_dtype(dtype: str, out: Path, limit_s: int, files, select: str, workers: int,
+              extra) -> dict:
   xml = out / f"junit_{dtype}.xml"
-  cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *files, "-k", select,
-         f"--junitxml={xml}", *extra]
+  cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", *files, "-k", select,
+         f"--junitxml={xml}", *(["-n", str(workers)] if workers > 1 else []), *extra]
   # tests/conftest.py defaults JAX_PLATFORMS to cpu: name this machine's backend first
   import jax
   backend = {"gpu": "cuda"}.get(jax.default_backend(), jax.default_backend())
   env = {**os.environ, "VOCABJAX_TEST_DTYPE": dtype, "PYTHONPATH": str(ROOT),
-         "JAX_PLATFORMS": backend if backend == "cpu" else f"{backend},cpu"}
+         "JAX_PLATFORMS": backend if backend == "cpu" else f"{backend},cpu",
+         "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # several workers share one GPU
   t0 = datetime.datetime.now()
   try:
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
@@ -73,10 +93,11 @@ def run_dtype(dtype: str, out: Path, limit_s: int, files, select: str, extra) ->
   except subprocess.TimeoutExpired as e:
     rc, cut = None, True
     log = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+    xml.unlink(missing_ok=True)
   (out / f"pytest_{dtype}.log").write_text(log)
   res = {"dtype": dtype, "command": " ".join(cmd), "exit": rc, "cut_at_limit_s": limit_s if cut
          else None, "wall_s": (datetime.datetime.now() - t0).total_seconds(),
-         **junit_summary(xml)}
+         **(junit_summary(xml) or log_summary(log))}
   print(f"[exactness] {dtype}: exit {rc}, {res.get('passed')} passed, {res.get('failed')} failed,"
         f" {res.get('skipped')} skipped in {res['wall_s']:.0f}s" + (" (CUT)" if cut else ""),
         flush=True)
@@ -109,6 +130,7 @@ def main(argv=None) -> int:
   p.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"],
                  choices=("float32", "bfloat16"))
   p.add_argument("--limit-s", type=int, default=150, help="time limit of each dtype's run")
+  p.add_argument("--workers", type=int, default=1, help="pytest-xdist processes (-n)")
   p.add_argument("--files", nargs="+", default=list(FILES))
   p.add_argument("-k", dest="select", default=SELECT)
   p.add_argument("--pytest-args", nargs=argparse.REMAINDER, default=[])
@@ -125,7 +147,7 @@ def main(argv=None) -> int:
              sys.argv[1:] if argv is None else argv)}
   runs = []
   for dtype in a.dtypes:
-    runs.append(run_dtype(dtype, out, a.limit_s, a.files, a.select, a.pytest_args))
+    runs.append(run_dtype(dtype, out, a.limit_s, a.files, a.select, a.workers, a.pytest_args))
     write(out, env, runs)
   print((out / "exactness.md").read_text())
   return 0 if all(r.get("failed", 1) == 0 and r["exit"] == 0 for r in runs) else 1

@@ -18,7 +18,12 @@ head's catch-up over its pending tokens, top-k and sampling, the tree's masks). 
 - `eagle_k1d4`, `eagle_k4d4n16`: an EAGLE-3 head (one layer, the shapes of the chat_pl head: its
   config.json, Vd = 8192 rows, intermediate 2048) drafting a chain of 4 and a 16-node tree;
 - `eagle_k1d4_gated_off`: the same chain gated with min_confidence 0.99, which a random head
-  never reaches: the cost of a gated step that verifies the root alone.
+  never reaches: the cost of a gated step that verifies the root alone;
+- `sv{K}_g3_{xla,kernel,auto}` (e.g. `sv2048_g3_kernel`): the drafter's chain of 3 through a
+  SpecVocab policy (a random rank-`--ranker-rank` ranker, top K candidates per step) whose
+  indexed LM head is XLA's gather (`xla`), the platform's Pallas kernel with its default blocks
+  (`kernel`: GPU or TPU only), or `impl="auto"` (the dispatch table); compare with `chain_g3`,
+  the full-vocabulary chain.
 
 Each speculative step is timed from the state its decoder's prefill of a `--context`-token
 random prompt gives, then stepped on (random weights accept almost nothing, so the cache grows
@@ -36,6 +41,7 @@ import argparse
 import datetime
 import json
 import platform
+import re
 import sys
 import time
 from pathlib import Path
@@ -44,13 +50,49 @@ import numpy as np
 
 METHODS = ("ar", "chain_g3", "tree_k4d4n16", "eagle_k1d4", "eagle_k4d4n16",
            "eagle_k1d4_gated_off")
+SPECVOCAB = re.compile(r"sv(\d+)_g3_(xla|kernel|auto)")
 
 
-def build(methods, tp, tc, dp, dc, hp, hc):
+def method_name(name: str) -> str:
+  """argparse type: a name of METHODS or a SpecVocab chain `sv{K}_g3_{xla,kernel,auto}`."""
+  if name in METHODS or SPECVOCAB.fullmatch(name):
+    return name
+  raise argparse.ArgumentTypeError(f"unknown method {name!r}: choose from {', '.join(METHODS)} "
+                                   f"or sv<K>_g3_<xla|kernel|auto>")
+
+
+def specvocab(dp, dc, k: int, impl: str, rank: int, seed: int = 4):
+  """A SpecVocab policy of a random rank-`rank` ranker for drafter (dp, dc), top k."""
+  import jax
+  import numpy as np
+
+  from vocabjax.models.identity import drafter_identity
+  from vocabjax.vocab import Ranker, SpeculativeVocab
+
+  if not 1 <= k <= dc.vocab_size:
+    raise ValueError(f"SpecVocab k={k} must be in [1, V={dc.vocab_size}]")
+  rs = np.random.RandomState(seed)
+  ranker = Ranker(down=(rs.randn(rank, dc.hidden_size) * 0.05).astype(np.float32),
+                  vocab=(rs.randn(dc.vocab_size, rank) * 0.05).astype(np.float32),
+                  drafter=drafter_identity(dp, dc), meta={"init": "random (step timing)"})
+  if impl == "kernel":
+    backend = jax.default_backend()
+    if backend not in ("gpu", "tpu"):
+      raise ValueError(f"SpecVocab impl 'kernel' needs a GPU or TPU backend, not {backend}: "
+                       f"use sv{k}_g3_xla or sv{k}_g3_auto here")
+    impl = backend
+  return SpeculativeVocab(ranker, k, impl={"xla": "reference"}.get(impl, impl))
+
+
+def build(methods, tp, tc, dp, dc, hp, hc, ranker_rank: int = 128):
   from vocabjax.decoding import ChainDecoder, Decoder, EagleDecoder, TreeDecoder, TreeParams
   made = {}
   for m in methods:
-    if m == "ar":
+    sv = SPECVOCAB.fullmatch(m)
+    if sv:
+      made[m] = ChainDecoder(tp, tc, dp, dc, gamma=3,
+                             draft_vocab=specvocab(dp, dc, int(sv[1]), sv[2], ranker_rank))
+    elif m == "ar":
       made[m] = Decoder(tp, tc)
     elif m == "chain_g3":
       made[m] = ChainDecoder(tp, tc, dp, dc, gamma=3)
@@ -83,7 +125,8 @@ def main(argv=None) -> int:
   p.add_argument("--out", required=True, help="directory for steps.md and steps.json")
   p.add_argument("--pair", default="qwen2.5-coder", help="a pair of vocabjax.bench.shapes.PAIRS")
   p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-  p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
+  p.add_argument("--methods", nargs="+", default=list(METHODS), type=method_name)
+  p.add_argument("--ranker-rank", type=int, default=128, help="SpecVocab ranker rank d'")
   p.add_argument("--context", type=int, default=512, help="prompt tokens before the steps")
   p.add_argument("--max-len", type=int, default=1024, help="cache slots")
   p.add_argument("--steps", type=int, default=8, help="timed calls per method and round")
@@ -130,7 +173,7 @@ def main(argv=None) -> int:
   hc = head_config(tc, default_feature_layers(tc.num_layers), min(a.head_vocab, tc.vocab_size),
                    a.head_intermediate)
   hp = init_eagle(jax.random.key(2), hc, dtype=jnp.dtype(a.dtype))
-  decoders = build(a.methods, tp, tc, dp, dc, hp, hc)
+  decoders = build(a.methods, tp, tc, dp, dc, hp, hc, a.ranker_rank)
   greedy = SamplingParams()
   S, N0, dtype = a.max_len, a.context, jnp.dtype(a.dtype)
   T = N0  # the prompt block

@@ -1,23 +1,35 @@
 """Microbenchmark of the indexed LM head on SpecVocab's grid (their table of
 `fused_batched_gather_dot`): B = 10 rows, (d, V) in {(1024, 100352), (4096, 100352),
-(2560, 151936), (4096, 151936)}, k = 128 ... 8192.
+(2560, 151936), (4096, 151936)}, k = 128 ... 8192; `--shapes`/`--batch`/`--ks` for others
+(the real drafters' widths at B = 1 or 4).
 
     python kernels/bench_indexed_lm_head.py --out kernels/results/<machine>
 
-Per (d, V, k): median time of
-  kernel      the Pallas kernel of this platform (GPU: Triton, TPU: Mosaic; absent on CPU)
-  xla_gather  XLA gather + einsum (`indexed_lm_head_reference`, the CPU path)
-  full        the full head h @ U^T (what the candidates replace)
-and achieved GB/s = bytes that must be read (B*k*d weights + h + idx, plus the output) / time,
-against the memory bandwidth measured here (a read-only reduction over a 1 GiB array); the
-"floor" is those bytes at that bandwidth. bf16 on GPU/TPU, f32 on CPU (DESIGN's rule), unless
---dtype says otherwise. Writes results.json and results.md (with the command, commit, machine).
+Per (d, V, k), each timed two ways:
+  device  N calls with N distinct index sets inside one compiled program, and 2N calls: the
+          slope (t(2N) - t(N)) / N is the time a call adds on the device, free of the host's
+          dispatch (~55-60 us per call on the H100/H200 runs, which made every host-timed
+          figure under ~0.2 ms a measure of the host);
+  host    the median of `--repeats` single calls with `block_until_ready` (what earlier tables
+          reported), beside it.
+Of:
+  kernel      the Pallas kernel of this platform (GPU: Triton, every configuration of the tuning
+              grid timed on the device, the fastest kept; TPU: Mosaic; absent on CPU)
+  xla_gather  XLA gather + einsum (`indexed_lm_head_reference`)
+  full        the full head h @ U^T (what the candidates replace), with its achieved GB/s.
+Achieved GB/s = bytes that must move (B*k*d weights + h + idx + the output) / device time,
+against a COPY bandwidth measured in the same run (an elementwise bf16 kernel over 1 and 2 GiB,
+read + written bytes, slope between the two sizes) and the read-only probe of earlier runs.
+The kernel's output is checked on the device against the f32 reference (`max err`, relative to
+the largest |logit|; a row over `--tolerance` fails the run).
 
-On GPU the Triton kernel's block sizes are tuned per (d, V, k) (`--tune`, default on GPU: every
-block_k x block_d x num_warps of `TUNE_GRID` that fits, the fastest kept and reported), and its
-output is checked on the device against the f32 reference (`max err`, relative to the largest
-|logit|; a row over `--tolerance` fails the run). `--interpret` runs the GPU kernel in Pallas's
-interpret mode on any backend (slow: for checking this script on CPU with small shapes).
+`--hlo-dump`: the compiled HLO of XLA's reference at the first shape's largest k, and whether it
+writes the gathered [B, k, d] rows to memory (a buffer of that shape outside a fusion).
+`--update-table PATH`: after the run, merge each row's (kernel, XLA) device times and the best
+blocks into the dispatch table at PATH (`vocabjax/kernels/dispatch_table.json` ships with the
+package; `impl="auto"` reads it). `dispatch.json` in `--out` holds the same entries.
+`--interpret` runs the GPU kernel in Pallas's interpret mode on any backend (slow: for checking
+this script on CPU with small shapes; its times mean nothing).
 """
 
 from __future__ import annotations
@@ -26,6 +38,7 @@ import argparse
 import functools
 import json
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -40,18 +53,39 @@ from vocabjax.io import atomic_write_text
 
 GRID = ((1024, 100352), (4096, 100352), (2560, 151936), (4096, 151936))
 KS = tuple(128 * 2 ** i for i in range(7))  # 128 ... 8192
-TUNE_GRID = {"block_k": (32, 64, 128, 256), "block_d": (64, 128, 256), "num_warps": (4, 8),
-             "num_stages": (1,)}
+TUNE_GRID = {"variant": ("fma", "dot"), "block_k": (64, 128), "block_d": (128, 256),
+             "num_warps": (4, 8), "num_stages": (3,), "split_d": (1, 4)}
+INT_KNOBS = ("block_k", "block_d", "num_warps", "num_stages", "split_d")
 
 
-def gpu_candidates(d: int, k: int, grid: dict = TUNE_GRID) -> list[dict]:
-  """Block configurations of the Triton kernel worth timing for width d and k candidates:
-  block_d at most d, block_k at most k rounded up to a power of two."""
+def gpu_candidates(d: int, k: int, grid: dict = TUNE_GRID, B: int | None = None,
+                   sms: int | None = None) -> list[dict]:
+  """Configurations of the Triton kernel worth timing for width d and k candidates: block_d at
+  most d, block_k at most k rounded up to a power of two, split_d at most d's chunk count, and
+  (given B and the SM count) split_d > 1 only where B * K / block_k programs fill fewer than
+  two waves of the SMs."""
+  from vocabjax.kernels.indexed_lm_head_gpu import aligned_block_d
+
   kp = 1 << max(0, (k - 1).bit_length())
-  return [{"block_k": bk, "block_d": bd, "num_warps": nw, "num_stages": ns}
-          for bk in grid["block_k"] for bd in grid["block_d"] for nw in grid["num_warps"]
-          for ns in grid.get("num_stages", (1,))
-          if bd <= max(d, grid["block_d"][0]) and bk <= max(kp, grid["block_k"][0])]
+  out, seen = [], set()
+  for v in grid["variant"]:
+    for bk in grid["block_k"]:
+      for bd in grid["block_d"]:
+        for nw in grid["num_warps"]:
+          for ns in grid["num_stages"]:
+            for sd in grid["split_d"]:
+              if bd > max(d, grid["block_d"][0]) or bk > max(kp, grid["block_k"][0]):
+                continue
+              if sd > -(-d // aligned_block_d(d, bd)):
+                continue
+              if sd > 1 and B and sms and B * -(-k // bk) >= 2 * sms:
+                continue
+              c = {"variant": v, "block_k": bk, "block_d": bd, "num_warps": nw,
+                   "num_stages": ns, "split_d": sd}
+              if tuple(c.values()) not in seen:
+                seen.add(tuple(c.values()))
+                out.append(c)
+  return out
 
 
 def max_rel_err(out, ref) -> float:
@@ -61,15 +95,53 @@ def max_rel_err(out, ref) -> float:
                jnp.maximum(jnp.max(jnp.abs(ref)), 1e-30))
 
 
-def tune_gpu(h, U, idx, candidates: list[dict], repeats: int, interpret: bool = False):
-  """(fastest block config, its median seconds, every config's seconds) of the Triton kernel."""
+def many_calls(fn, n: int):
+  """A jitted program of n calls fn(h, U, idxs[i]), each output summed whole (so none can be
+  simplified away); one scalar out."""
+  def prog(h, U, idxs):
+    tot = jnp.zeros((), jnp.float32)
+    for i in range(n):
+      tot = tot + jnp.sum(fn(h, U, idxs[i]))
+    return tot
+  return jax.jit(prog)
+
+
+def device_s(fn, h, U, idxs, repeats: int) -> float:
+  """Seconds a call adds on the device: (t(2N calls) - t(N calls)) / N, N = len(idxs) // 2,
+  medians over `repeats` runs of each program (never below a thousandth of t(N)/N)."""
+  n = idxs.shape[0] // 2
+  t1 = median_s(many_calls(fn, n), h, U, idxs[:n], repeats=repeats)
+  t2 = median_s(many_calls(fn, 2 * n), h, U, idxs, repeats=repeats)
+  return max((t2 - t1) / n, 1e-3 * t1 / n)
+
+
+def copy_bandwidth(repeats: int, mib=(1024, 2048)) -> float:
+  """GB/s of an elementwise bf16 kernel (read + write counted), from the slope between arrays
+  of mib[0] and mib[1] MiB (what a copy adds per byte, free of dispatch)."""
+  f = jax.jit(lambda x: x * 2)
+  ts = []
+  for m in mib:
+    x = jnp.ones(((m << 20) // 2,), jnp.bfloat16)
+    ts.append(median_s(f, x, repeats=repeats))
+    del x
+  return 2 * ((mib[1] - mib[0]) << 20) / max(ts[1] - ts[0], 1e-9) / 1e9
+
+
+def sm_count() -> int | None:
+  """Streaming multiprocessors of the first device (None where JAX does not say)."""
+  return getattr(jax.devices()[0], "core_count", None)
+
+
+def tune_gpu(h, U, idxs, candidates: list[dict], repeats: int, interpret: bool = False):
+  """(fastest config, its device seconds, every config's seconds) of the Triton kernel, each
+  timed on the device (`device_s`)."""
   from vocabjax.kernels.indexed_lm_head import indexed_lm_head_gpu
 
   times = []
   for c in candidates:
-    f = jax.jit(functools.partial(indexed_lm_head_gpu, interpret=interpret, **c))
+    f = functools.partial(indexed_lm_head_gpu, interpret=interpret, **c)
     try:
-      times.append((median_s(f, h, U, idx, repeats=repeats), c))
+      times.append((device_s(f, h, U, idxs, repeats), c))
     except Exception as e:  # a configuration the compiler refuses (shared memory, registers)
       print(f"[bench] skipping {c}: {type(e).__name__}: {str(e)[:120]}", file=sys.stderr)
   if not times:
@@ -80,37 +152,43 @@ def tune_gpu(h, U, idx, candidates: list[dict], repeats: int, interpret: bool = 
 
 def bench(d: int, V: int, ks, B: int, dtype, repeats: int, with_kernel: bool, seed: int = 0,
           tune: bool = False, interpret: bool = False, tolerance: float = 1e-2,
-          tune_grid: dict = TUNE_GRID):
-  from vocabjax.kernels.indexed_lm_head import (indexed_lm_head, indexed_lm_head_gpu,
-                                                indexed_lm_head_reference)
+          tune_grid: dict = TUNE_GRID, calls: int = 8):
+  from vocabjax.kernels import indexed_lm_head as ilh
 
   key = jax.random.key(seed)
   U = jax.random.normal(key, (V, d), jnp.float32).astype(dtype) * 0.02
   h = jax.random.normal(jax.random.fold_in(key, 1), (B, d), jnp.float32).astype(dtype)
   isz = jnp.dtype(dtype).itemsize
-  full = jax.jit(lambda h, U: jnp.einsum("BD,VD->BV", h, U,
-                                         preferred_element_type=jnp.float32))
-  t_full = median_s(full, h, U, repeats=repeats)
+  full = lambda h, U, idx: jnp.einsum("BD,VD->BV", h, U,  # noqa: E731
+                                      preferred_element_type=jnp.float32)
+  zero = jnp.zeros((2 * calls, B, 1), jnp.int32)
+  t_full = device_s(full, h, U, zero, repeats)
+  t_full_host = median_s(jax.jit(full), h, U, zero[0], repeats=repeats)
   rows = []
   for k in ks:
-    idx = jax.random.randint(jax.random.fold_in(key, k), (B, k), 0, V, jnp.int32)
+    idxs = jax.random.randint(jax.random.fold_in(key, k), (2 * calls, B, k), 0, V, jnp.int32)
+    idx = idxs[0]
     nbytes = B * k * d * isz + B * d * isz + B * k * 4 + B * k * 4  # rows, h, idx, out
     row = {"d": d, "V": V, "k": k, "B": B, "bytes": nbytes, "full_s": t_full,
-           "full_bytes": V * d * isz + B * d * isz + B * V * 4,
-           "xla_gather_s": median_s(jax.jit(indexed_lm_head_reference), h, U, idx,
-                                     repeats=repeats)}
+           "full_host_s": t_full_host, "full_bytes": V * d * isz + B * d * isz + B * V * 4,
+           "xla_gather_s": device_s(ilh.indexed_lm_head_reference, h, U, idxs, repeats),
+           "xla_gather_host_s": median_s(jax.jit(ilh.indexed_lm_head_reference), h, U, idx,
+                                         repeats=repeats)}
     if with_kernel:
       if tune:
-        best, row["kernel_s"], row["tuning"] = tune_gpu(h, U, idx, gpu_candidates(d, k, tune_grid),
+        best, row["kernel_s"], row["tuning"] = tune_gpu(h, U, idxs,
+                                                        gpu_candidates(d, k, tune_grid, B, sm_count()),
                                                         repeats, interpret)
-        kern = jax.jit(functools.partial(indexed_lm_head_gpu, interpret=interpret, **best))
+        kern = functools.partial(ilh.indexed_lm_head_gpu, interpret=interpret, **best)
         row["kernel_blocks"] = best
       else:
-        kern = jax.jit(functools.partial(indexed_lm_head_gpu, interpret=True) if interpret
-                       else functools.partial(indexed_lm_head, impl="auto"))
-        row["kernel_s"] = median_s(kern, h, U, idx, repeats=repeats)
-      ref = indexed_lm_head_reference(h.astype(jnp.float32), U.astype(jnp.float32), idx)
-      row["kernel_max_err"] = max_rel_err(kern(h, U, idx), ref)
+        kern = (functools.partial(ilh.indexed_lm_head_gpu, interpret=True) if interpret
+                else functools.partial(ilh.indexed_lm_head, impl="tpu"
+                                       if jax.default_backend() == "tpu" else "gpu"))
+        row["kernel_s"] = device_s(kern, h, U, idxs, repeats)
+      row["kernel_host_s"] = median_s(jax.jit(kern), h, U, idx, repeats=repeats)
+      ref = ilh.indexed_lm_head_reference(h.astype(jnp.float32), U.astype(jnp.float32), idx)
+      row["kernel_max_err"] = max_rel_err(jax.jit(kern)(h, U, idx), ref)
       if row["kernel_max_err"] > tolerance:
         raise AssertionError(f"the kernel differs from the f32 reference at d={d} V={V} k={k}: "
                              f"max relative error {row['kernel_max_err']:.2e} > {tolerance}")
@@ -119,40 +197,75 @@ def bench(d: int, V: int, ks, B: int, dtype, repeats: int, with_kernel: bool, se
   return rows
 
 
+def hlo_report(d: int, V: int, k: int, B: int, dtype, out: Path) -> dict:
+  """Compiled HLO of XLA's reference at (B, k, d): written to `out`; does the entry computation
+  hold a [B, k, d] buffer (the gathered rows written to memory, then read by the product)?"""
+  from vocabjax.kernels.indexed_lm_head import indexed_lm_head_reference
+
+  args = (jax.ShapeDtypeStruct((B, d), dtype), jax.ShapeDtypeStruct((V, d), dtype),
+          jax.ShapeDtypeStruct((B, k), jnp.int32))
+  text = jax.jit(indexed_lm_head_reference).lower(*args).compile().as_text()
+  atomic_write_text(out, text)
+  shape = f"{jnp.dtype(dtype).name.replace('bfloat16', 'bf16').replace('float32', 'f32')}" \
+          f"[{B},{k},{d}]"
+  entry = text[text.find("ENTRY"):]
+  entry = entry[:entry.find("\n}")]
+  hits = [ln.strip() for ln in entry.splitlines() if shape in ln.split("=", 1)[-1][:80]
+          and re.search(r"=\s*" + re.escape(shape), ln)]
+  return {"file": out.name, "shape": shape, "materialized": bool(hits),
+          "instructions": hits[:4]}
+
+
+def dispatch_entries(res: dict) -> list[dict]:
+  """Entries for `vocabjax.kernels.dispatch`: rows with a tuned kernel, not interpret mode."""
+  if res["interpret"] or not res["with_kernel"]:
+    return []
+  return [{"device_kind": res["device"], "dtype": res["dtype"], "B": r["B"], "K": r["k"],
+           "D": r["d"], "V": r["V"], "kernel_s": r["kernel_s"], "xla_s": r["xla_gather_s"],
+           "config": r["kernel_blocks"], "commit": res["commit"], "date": res["date"]}
+          for r in res["rows"] if r.get("kernel_blocks")]
+
+
 def markdown(res: dict) -> str:
-  bw = res["bandwidth_GBps"]
+  bw = res["copy_GBps"]
   kern = res["with_kernel"]
-  head = ["d", "V", "k", "full ms", "xla gather ms", "xla GB/s"]
+  head = ["B", "d", "V", "k", "full ms", "full GB/s", "xla ms", "xla GB/s", "xla host ms"]
   if kern:
-    head += ["kernel ms", "kernel GB/s", "kernel / floor", "kernel speedup vs xla",
-             "blocks (k, d, warps, stages)", "max err"]
-  head += ["floor ms", "candidates / full (xla)"]
+    head += ["kernel ms", "kernel GB/s", "kernel / copy bw", "kernel vs xla", "kernel host ms",
+             "config (variant, k, d, warps, stages, split)", "max err"]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for r in res["rows"]:
-    floor = r["bytes"] / (bw * 1e9)
-    cells = [r["d"], r["V"], r["k"], f"{r['full_s'] * 1e3:.3f}", f"{r['xla_gather_s'] * 1e3:.3f}",
-             f"{r['bytes'] / r['xla_gather_s'] / 1e9:.1f}"]
+    cells = [r["B"], r["d"], r["V"], r["k"], f"{r['full_s'] * 1e3:.4f}",
+             f"{r['full_bytes'] / r['full_s'] / 1e9:.0f}", f"{r['xla_gather_s'] * 1e3:.4f}",
+             f"{r['bytes'] / r['xla_gather_s'] / 1e9:.0f}", f"{r['xla_gather_host_s'] * 1e3:.3f}"]
     if kern:
-      cells += [f"{r['kernel_s'] * 1e3:.3f}", f"{r['bytes'] / r['kernel_s'] / 1e9:.1f}",
-                f"{floor / r['kernel_s']:.0%}", f"{r['xla_gather_s'] / r['kernel_s']:.2f}x"]
+      gbps = r["bytes"] / r["kernel_s"] / 1e9
       b = r.get("kernel_blocks")
-      cells += [f"{b['block_k']}, {b['block_d']}, {b['num_warps']}, {b.get('num_stages', 1)}"
-                if b else "default",
+      cells += [f"{r['kernel_s'] * 1e3:.4f}", f"{gbps:.0f}", f"{gbps / bw:.0%}",
+                f"{r['xla_gather_s'] / r['kernel_s']:.2f}x", f"{r['kernel_host_s'] * 1e3:.3f}",
+                (f"{b['variant']}, {b['block_k']}, {b['block_d']}, {b['num_warps']}, "
+                 f"{b['num_stages']}, {b['split_d']}") if b else "default",
                 f"{r['kernel_max_err']:.1e}"]
-    cells += [f"{floor * 1e3:.4f}", f"{r['xla_gather_s'] / r['full_s']:.2f}"]
     lines.append("| " + " | ".join(map(str, cells)) + " |")
   return "\n".join(lines)
 
 
-def write_reports(res: dict, out: Path, batch: int) -> str:
-  """results.json and results.md in `out` (atomic); returns the markdown."""
+def write_reports(res: dict, out: Path) -> str:
+  """results.json, results.md and dispatch.json in `out` (atomic); returns the markdown."""
   atomic_write_text(out / "results.json", json.dumps(res, indent=1))
+  atomic_write_text(out / "dispatch.json", json.dumps(dispatch_entries(res), indent=1))
   mode = " (kernel in INTERPRET mode: not a GPU timing)" if res["interpret"] else ""
-  md = (f"# Indexed LM head microbenchmark: {res['device']} ({res['backend']}), {res['dtype']}, "
-        f"B={batch}{mode}\n\n"
-        f"Command: `{res['command']}`  \ncommit {res['commit']}, {res['date']}, measured read "
-        f"bandwidth {res['bandwidth_GBps']:.1f} GB/s (floor = bytes read / that bandwidth)."
-        f"\n\n{markdown(res)}\n")
+  hlo = res.get("hlo")
+  md = (f"# Indexed LM head microbenchmark: {res['device']} ({res['backend']}), {res['dtype']}"
+        f"{mode}\n\nCommand: `{res['command']}`  \ncommit {res['commit']}, {res['date']}, jax "
+        f"{res['jax']}. Device times: slope between {res['calls']} and {2 * res['calls']} calls "
+        f"in one program; host: median single call. Copy bandwidth {res['copy_GBps']:.0f} GB/s "
+        f"(read + write), read probe {res['bandwidth_GBps']:.0f} GB/s.\n\n{markdown(res)}\n")
+  if hlo:
+    md += (f"\nXLA reference's compiled HLO ({hlo['file']}): the gathered rows {hlo['shape']} "
+           f"{'ARE' if hlo['materialized'] else 'are NOT'} a buffer of the entry computation"
+           + ("".join(f"\n    {i}" for i in hlo["instructions"]) if hlo["instructions"] else "")
+           + "\n")
   atomic_write_text(out / "results.md", md)
   return md
 
@@ -165,43 +278,70 @@ def main(argv=None) -> int:
   p.add_argument("--batch", type=int, default=10)
   p.add_argument("--ks", type=int, nargs="+", default=list(KS))
   p.add_argument("--shapes", nargs="+", help="d:V pairs (default: SpecVocab's grid)")
-  p.add_argument("--repeats", type=int, default=20)
+  p.add_argument("--repeats", type=int, default=10)
+  p.add_argument("--calls", type=int, default=8,
+                 help="N of the device timing (programs of N and 2N calls)")
   p.add_argument("--tune", action=argparse.BooleanOptionalAction, default=None,
-                 help="tune the Triton kernel's block sizes per shape (default: on GPU)")
-  for name, vals in TUNE_GRID.items():
+                 help="tune the Triton kernel's configuration per shape (default: on GPU)")
+  p.add_argument("--tune-variant", nargs="+", default=list(TUNE_GRID["variant"]),
+                 choices=("fma", "dot"))
+  for name in INT_KNOBS:
+    vals = TUNE_GRID[name]
     p.add_argument(f"--tune-{name.replace('_', '-')}", type=int, nargs="+", default=list(vals),
                    help=f"{name} values tried when tuning (default {' '.join(map(str, vals))})")
   p.add_argument("--interpret", action="store_true",
                  help="run the GPU kernel in interpret mode (any backend; small shapes only)")
   p.add_argument("--tolerance", type=float, default=1e-2,
                  help="largest relative error of the kernel against the f32 reference")
+  p.add_argument("--copy-mib", type=int, nargs=2, default=[1024, 2048],
+                 help="array sizes (MiB) of the copy-bandwidth slope")
+  p.add_argument("--hlo-dump", action="store_true",
+                 help="write XLA's compiled reference at the first shape's largest k")
+  p.add_argument("--update-table", metavar="PATH",
+                 help="merge the measured entries into this dispatch table after the run")
   a = p.parse_args(argv)
+  if a.calls < 1 or a.repeats < 1 or a.batch < 1:
+    p.error(f"--calls {a.calls}, --repeats {a.repeats} and --batch {a.batch} must be >= 1")
   backend = jax.default_backend()
   dtype = jnp.dtype(a.dtype or ("float32" if backend == "cpu" else "bfloat16"))
-  grid = [tuple(map(int, s.split(":"))) for s in a.shapes] if a.shapes else GRID
+  try:
+    grid = [tuple(map(int, s.split(":"))) for s in a.shapes] if a.shapes else GRID
+  except ValueError:
+    p.error(f"--shapes {a.shapes}: each must be d:V, two integers")
   with_kernel = backend in ("gpu", "tpu") or a.interpret
   tune = a.tune if a.tune is not None else backend == "gpu"
   if tune and backend == "tpu":
     p.error("--tune covers the Triton (GPU) kernel only")
-  tune_grid = {name: tuple(getattr(a, f"tune_{name}")) for name in TUNE_GRID}
+  tune_grid = {"variant": tuple(a.tune_variant),
+               **{name: tuple(getattr(a, f"tune_{name}")) for name in INT_KNOBS}}
   commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True).stdout.strip()
   res = {"command": "python " + " ".join([sys.argv[0]] + (argv or sys.argv[1:])),
          "commit": commit, "backend": backend, "device": str(jax.devices()[0].device_kind),
          "machine": platform.node(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-         "dtype": str(dtype), "with_kernel": with_kernel, "interpret": a.interpret,
-         "tuned": tune, "tune_grid": tune_grid if tune else None,
-         "bandwidth_GBps": read_bandwidth(1 << 30, a.repeats), "rows": []}
-  print(f"[bench] {backend} ({res['device']}), {dtype}, measured read bandwidth "
-        f"{res['bandwidth_GBps']:.1f} GB/s", file=sys.stderr)
+         "jax": jax.__version__, "dtype": str(dtype), "with_kernel": with_kernel,
+         "interpret": a.interpret, "tuned": tune, "tune_grid": tune_grid if tune else None,
+         "calls": a.calls, "bandwidth_GBps": read_bandwidth(1 << 30, a.repeats),
+         "copy_GBps": copy_bandwidth(a.repeats, tuple(a.copy_mib)), "rows": []}
+  print(f"[bench] {backend} ({res['device']}), {dtype}, copy bandwidth {res['copy_GBps']:.0f} "
+        f"GB/s, read probe {res['bandwidth_GBps']:.0f} GB/s", file=sys.stderr)
   out = Path(a.out)
   out.mkdir(parents=True, exist_ok=True)
+  if a.hlo_dump:
+    d, V = grid[0]
+    res["hlo"] = hlo_report(d, V, max(a.ks), a.batch, dtype, out / "xla_reference_hlo.txt")
+  md = write_reports(res, out)
   for d, V in grid:  # the reports are rewritten after each shape: a run cut short keeps them
     res["rows"] += bench(d, V, a.ks, a.batch, dtype, a.repeats, with_kernel, tune=tune,
-                         interpret=a.interpret, tolerance=a.tolerance, tune_grid=tune_grid)
-    print(f"[bench] d={d} V={V} done", file=sys.stderr)
-    md = write_reports(res, out, a.batch)
+                         interpret=a.interpret, tolerance=a.tolerance, tune_grid=tune_grid,
+                         calls=a.calls)
+    print(f"[bench] B={a.batch} d={d} V={V} done", file=sys.stderr)
+    md = write_reports(res, out)
   print(md)
+  if a.update_table:
+    from vocabjax.kernels import dispatch
+    print(f"[bench] {len(dispatch_entries(res))} entries merged into "
+          f"{dispatch.merge(dispatch_entries(res), a.update_table)}", file=sys.stderr)
   return 0
 
 

@@ -102,6 +102,27 @@ def test_step_programs_times_steps_and_projects_from_a_run(tmp_path):
   assert "PROJECTED" in (out / "steps.md").read_text()
 
 
+def test_step_programs_times_specvocab_chains(tmp_path):
+  """The SpecVocab chain steps (XLA's gather and the dispatcher) beside the full-vocabulary
+  chain; `kernel` needs a GPU/TPU backend and says so on the CPU."""
+  sp = _script("step_programs")
+  t, d = _tiny_configs(tmp_path)
+  out = tmp_path / "out"
+  assert sp.main(["--target", str(t), "--draft", str(d), "--context", "16", "--max-len", "96",
+                  "--steps", "2", "--repeats", "1", "--ranker-rank", "8", "--methods", "ar",
+                  "chain_g3", "sv16_g3_xla", "sv16_g3_auto", "--out", str(out)]) == 0
+  rows = {r["method"]: r for r in json.loads((out / "steps.json").read_text())["rows"]}
+  assert set(rows) == {"ar", "chain_g3", "sv16_g3_xla", "sv16_g3_auto"}
+  assert all(r["verify_tokens"] == 4 for m, r in rows.items() if m != "ar")
+  with pytest.raises(ValueError, match="needs a GPU or TPU backend"):
+    sp.main(["--target", str(t), "--draft", str(d), "--context", "16", "--max-len", "96",
+             "--ranker-rank", "8", "--methods", "ar", "sv16_g3_kernel",
+             "--out", str(tmp_path / "o2")])
+  with pytest.raises(SystemExit):  # not a method
+    sp.main(["--target", str(t), "--draft", str(d), "--methods", "ar", "sv16_g4_xla",
+             "--out", str(tmp_path / "o3")])
+
+
 def test_step_programs_refuses_bad_requests(tmp_path):
   sp = _script("step_programs")
   t, d = _tiny_configs(tmp_path)

@@ -1,5 +1,6 @@
-"""kernels/bench_indexed_lm_head.py: block-size tuning and the on-device correctness check,
-run with the GPU kernel in interpret mode on tiny shapes."""
+"""kernels/bench_indexed_lm_head.py: tuning over the kernel's configurations, device-side
+timing, the on-device correctness check, the HLO report and the dispatch table it writes, run
+with the GPU kernel in interpret mode on tiny shapes."""
 
 import importlib.util
 import json
@@ -8,6 +9,7 @@ from pathlib import Path
 import pytest
 
 _PATH = Path(__file__).resolve().parents[2] / "kernels" / "bench_indexed_lm_head.py"
+SMALL = ["--repeats", "1", "--calls", "1", "--copy-mib", "8", "16"]
 
 
 @pytest.fixture(scope="module")
@@ -20,29 +22,56 @@ def bench():
 
 def test_candidates_fit_the_shape(bench):
   small = bench.gpu_candidates(64, 16)
-  assert {(c["block_k"], c["block_d"]) for c in small} == {(32, 64)}
+  assert {(c["block_k"], c["block_d"], c["split_d"]) for c in small} == {(64, 128, 1)}
+  assert {c["variant"] for c in small} == {"fma", "dot"}
   big = bench.gpu_candidates(4096, 8192)
-  assert len(big) == 4 * 3 * 2
+  assert len(big) == 2 * 2 * 2 * 2 * 1 * 2
+  # d = 896: block_d 256 runs as 128 (aligned_block_d), 7 chunks, split 4 allowed
+  assert all(c["split_d"] <= 7 for c in bench.gpu_candidates(896, 2048))
+  assert not [c for c in bench.gpu_candidates(128, 64, {**bench.TUNE_GRID, "split_d": (8,)})]
+  # split_d > 1 only where the programs fill fewer than two waves of the SMs
+  assert {c["split_d"] for c in bench.gpu_candidates(4096, 512, B=10, sms=132)} == {1, 4}
+  assert {c["split_d"] for c in bench.gpu_candidates(4096, 8192, B=10, sms=132)} == {1}
 
 
 def test_tuned_kernel_rows_are_checked_against_the_reference(bench, tmp_path):
   out = tmp_path / "r"
   assert bench.main(["--out", str(out), "--interpret", "--tune", "--shapes", "128:1000",
-                     "--ks", "40", "100", "--batch", "2", "--repeats", "1"]) == 0
+                     "--ks", "40", "100", "--batch", "2", "--tune-block-k", "64",
+                     "--tune-num-warps", "4", "--hlo-dump", *SMALL]) == 0
   res = json.loads((out / "results.json").read_text())
-  assert res["interpret"] and res["tuned"]
+  assert res["interpret"] and res["tuned"] and res["copy_GBps"] > 0
   for r in res["rows"]:
     assert r["kernel_max_err"] < 1e-5
-    assert r["kernel_blocks"] in bench.gpu_candidates(128, r["k"])
+    assert r["kernel_blocks"] in bench.gpu_candidates(128, r["k"], res["tune_grid"])
     assert min(t["s"] for t in r["tuning"]) == r["kernel_s"]
-  assert "INTERPRET mode" in (out / "results.md").read_text()
+    assert r["kernel_host_s"] > 0 and r["xla_gather_host_s"] > 0 and r["full_host_s"] > 0
+  md = (out / "results.md").read_text()
+  assert "INTERPRET mode" in md and "| 2 | 128 | 1000 | 40 |" in md
+  assert res["hlo"]["shape"] == "f32[2,100,128]" and (out / "xla_reference_hlo.txt").is_file()
+  assert "XLA reference's compiled HLO" in md
+  # interpret-mode times never reach a dispatch table
+  assert json.loads((out / "dispatch.json").read_text()) == []
+
+
+def test_device_timing_is_the_slope_between_program_sizes(bench, monkeypatch):
+  import jax.numpy as jnp
+
+  seen = []
+
+  def fake_median(fn, *args, repeats):
+    seen.append(args[2].shape[0])
+    return 0.001 + 0.5 * args[2].shape[0]  # a fixed 1 ms of dispatch + 0.5 s a call
+
+  monkeypatch.setattr(bench, "median_s", fake_median)
+  idxs = jnp.zeros((6, 1, 1), jnp.int32)
+  got = bench.device_s(lambda h, U, i: h, jnp.ones((1, 1)), jnp.ones((1, 1)), idxs, 1)
+  assert seen == [3, 6] and got == pytest.approx(0.5)
 
 
 def test_tuning_grid_options_and_reports_after_each_shape(bench, tmp_path, monkeypatch):
-  """--tune-* narrow the grid (num_stages included), and a run stopped during its second shape
-  (a device step's time limit) keeps the first shape's rows on disk."""
-  staged = bench.gpu_candidates(4096, 8192, {**bench.TUNE_GRID, "num_stages": (1, 3)})
-  assert len(staged) == 2 * len(bench.gpu_candidates(4096, 8192))
+  """--tune-* narrow the grid, and a run stopped during its second shape (a device step's time
+  limit) keeps the first shape's rows on disk."""
   real = bench.bench
   calls = []
 
@@ -56,15 +85,28 @@ def test_tuning_grid_options_and_reports_after_each_shape(bench, tmp_path, monke
   out = tmp_path / "r"
   with pytest.raises(KeyboardInterrupt):
     bench.main(["--out", str(out), "--interpret", "--tune", "--shapes", "128:1000", "64:500",
-                "--ks", "40", "--batch", "2", "--repeats", "1", "--tune-block-k", "32",
-                "--tune-block-d", "64", "--tune-num-warps", "4", "--tune-num-stages", "1", "2"])
-  assert calls[0][1] == {"block_k": (32,), "block_d": (64,), "num_warps": (4,),
-                         "num_stages": (1, 2)}
+                "--ks", "40", "--batch", "2", "--tune-block-k", "64", "--tune-block-d", "64",
+                "--tune-num-warps", "4", "--tune-num-stages", "1", "2", "--tune-variant", "dot",
+                "--tune-split-d", "1", *SMALL])
+  assert calls[0][1] == {"variant": ("dot",), "block_k": (64,), "block_d": (64,),
+                         "num_warps": (4,), "num_stages": (1, 2), "split_d": (1,)}
   res = json.loads((out / "results.json").read_text())
   assert [(r["d"], r["k"]) for r in res["rows"]] == [(128, 40)]
-  assert {(t["block_k"], t["num_stages"]) for t in res["rows"][0]["tuning"]} == {(32, 1), (32, 2)}
+  assert {(t["block_k"], t["num_stages"]) for t in res["rows"][0]["tuning"]} == {(64, 1), (64, 2)}
   assert res["tune_grid"]["num_stages"] == [1, 2]
-  assert "| 128 | 1000 | 40 |" in (out / "results.md").read_text()
+
+
+def test_dispatch_entries_and_table_update(bench, tmp_path):
+  res = {"interpret": False, "with_kernel": True, "device": "G", "dtype": "bfloat16",
+         "commit": "abc", "date": "d",
+         "rows": [{"B": 10, "k": 512, "d": 1024, "V": 100352, "kernel_s": 1e-5,
+                   "xla_gather_s": 2e-5, "kernel_blocks": {"variant": "dot", "block_k": 64}}]}
+  entries = bench.dispatch_entries(res)
+  assert entries[0]["K"] == 512 and entries[0]["config"]["variant"] == "dot"
+  from vocabjax.kernels import dispatch
+  path = dispatch.merge(entries, tmp_path / "t.json")
+  assert dispatch.choose("G", "bfloat16", 9, 400, 1000, dispatch.load_table(path)) == {
+      "variant": "dot", "block_k": 64}
 
 
 def test_a_wrong_kernel_fails_the_run(bench, tmp_path, monkeypatch):
@@ -75,4 +117,5 @@ def test_a_wrong_kernel_fails_the_run(bench, tmp_path, monkeypatch):
                       lambda h, U, idx, **kw: real(h, U, idx, **kw) * 1.1)
   with pytest.raises(AssertionError, match="differs from the f32 reference"):
     bench.main(["--out", str(tmp_path / "r"), "--interpret", "--tune", "--shapes", "64:500",
-                "--ks", "16", "--batch", "2", "--repeats", "1"])
+                "--ks", "16", "--batch", "2", "--tune-variant", "fma", "--tune-block-k", "64",
+                "--tune-num-warps", "4", "--tune-split-d", "1", *SMALL])

@@ -1,0 +1,51 @@
+"""eval/gpu_bench.sh's default set (the GPU run prepared for a lent machine) dry-run on the CPU:
+every step runs at tiny shapes (the kernel in interpret mode), writes its reports and logs, and
+the packed archive holds them; a failing step does not stop the others."""
+
+import json
+import os
+import subprocess
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.eval.test_eval_scripts import _tiny_configs
+
+ROOT = Path(__file__).parents[2]
+
+
+@pytest.mark.slow
+def test_prepared_gpu_run_dry_on_cpu(tmp_path):
+  t, d = _tiny_configs(tmp_path)
+  w = tmp_path / "w"
+  env = {**os.environ, "DRY": "1", "W": str(w), "DRY_TARGET": str(t), "DRY_DRAFT": str(d),
+         "JAX_PLATFORMS": "cpu"}
+  env.pop("XLA_FLAGS", None)
+  proc = subprocess.run(["bash", "eval/gpu_bench.sh"], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=600)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  log = (w / "steps.log").read_text()
+  for name in ("kernel_smoke", "kernel_b10", "kernel_b1", "steps_specvocab", "exactness"):
+    assert f"== {name}: exit 0" in log, log
+  b10 = json.loads((w / "kernel_b10" / "results.json").read_text())
+  assert b10["interpret"] and b10["rows"][0]["kernel_max_err"] < 1e-5
+  assert (w / "kernel_b10" / "dispatch.json").is_file()
+  steps = {r["method"] for r in json.loads(
+      (w / "steps_specvocab" / "steps.json").read_text())["rows"]}
+  assert steps == {"ar", "chain_g3", "sv16_g3_xla", "sv16_g3_auto"}
+  ex = json.loads((w / "exactness" / "exactness.json").read_text())
+  assert ex["runs"][0]["passed"] >= 1 and ex["runs"][0]["failed"] == 0
+  with tarfile.open(w / "out" / "gpu_bench.tgz") as tar:
+    names = tar.getnames()
+  assert "./exactness/exactness.md" in names and "./steps.log" in names
+  # the package's table was not touched: interpret-mode rows are never merged
+  assert json.loads((w / "dispatch_table.json").read_text())["entries"] == json.loads(
+      (ROOT / "vocabjax/kernels/dispatch_table.json").read_text())["entries"]
+
+
+def test_unknown_set_is_refused_before_anything_runs(tmp_path):
+  proc = subprocess.run(["bash", "eval/gpu_bench.sh"], cwd=ROOT, capture_output=True, text=True,
+                        env={**os.environ, "SET": "third", "W": str(tmp_path / "w")})
+  assert proc.returncode == 2 and "SET=third: choose kernel, first or second" in proc.stderr
+  assert not (tmp_path / "w").exists()
