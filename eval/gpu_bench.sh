@@ -47,6 +47,7 @@ if [ "$SET" = kernel ]; then
   K=kernels/bench_indexed_lm_head.py
   TABLE=vocabjax/kernels/dispatch_table.json
   if [ -n "${DRY:-}" ]; then  # CPU: interpret mode, tiny shapes, two configurations
+    cp "$TABLE" "$W/dry_table.json"; TABLE="$W/dry_table.json"  # never the package's own
     KB10=(--interpret --tune --shapes 128:1000 --ks 40 --batch 2 --repeats 1 --calls 1
           --copy-mib 8 16 --tune-block-k 64 --tune-block-d 64 --tune-num-warps 4 --tune-split-d 1)
     KB1=("${KB10[@]}")

@@ -18,6 +18,7 @@ ROOT = Path(__file__).parents[2]
 @pytest.mark.slow
 def test_prepared_gpu_run_dry_on_cpu(tmp_path):
   t, d = _tiny_configs(tmp_path)
+  table_before = (ROOT / "vocabjax/kernels/dispatch_table.json").read_bytes()
   w = tmp_path / "w"
   env = {**os.environ, "DRY": "1", "W": str(w), "DRY_TARGET": str(t), "DRY_DRAFT": str(d),
          "JAX_PLATFORMS": "cpu"}
@@ -39,9 +40,10 @@ def test_prepared_gpu_run_dry_on_cpu(tmp_path):
   with tarfile.open(w / "out" / "gpu_bench.tgz") as tar:
     names = tar.getnames()
   assert "./exactness/exactness.md" in names and "./steps.log" in names
-  # the package's table was not touched: interpret-mode rows are never merged
+  # a dry run merges into a copy, never the package's table; interpret-mode rows never merge
+  assert (ROOT / "vocabjax/kernels/dispatch_table.json").read_bytes() == table_before
   assert json.loads((w / "dispatch_table.json").read_text())["entries"] == json.loads(
-      (ROOT / "vocabjax/kernels/dispatch_table.json").read_text())["entries"]
+      table_before)["entries"]
 
 
 def test_unknown_set_is_refused_before_anything_runs(tmp_path):
