@@ -48,7 +48,11 @@ def test_gpu_kernel_interpret_matches_reference(B, D, V, K, dtype):
                              rtol=tol, atol=tol * D ** 0.5)
 
 
-@pytest.mark.parametrize("B,D,V,K", [(1, 128, 300, 128), (2, 256, 1000, 300), (3, 128, 90, 5)])
+# K = 300: three blocks of 128 per row (the double buffer's prefetch and slot reuse), the last
+# padded; V odd: in bf16 the last row (idx[0, 0] = V - 1) has no pair partner (the XLA tail);
+# V = 1 in bf16: no complete pair at all
+@pytest.mark.parametrize("B,D,V,K", [(1, 128, 300, 128), (2, 256, 1000, 300), (3, 128, 90, 5),
+                                     (2, 128, 77, 300), (2, 128, 1, 3)])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_tpu_kernel_interpret_matches_reference(B, D, V, K, dtype):
   h, U, idx = _inputs(B, D, V, K, dtype)
@@ -67,6 +71,16 @@ def test_kernels_clamp_traced_out_of_range_indices(fn):
   got = jax.jit(lambda a, b, c: fn(a, b, c, interpret=True))(h, U, bad)
   want = _numpy(h, U, np.clip(np.asarray(bad), 0, 39))
   np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-4)
+
+
+def test_tpu_kernel_clamps_traced_indices_bf16_odd_vocab():
+  # bf16 DMAs whole row pairs: V - 1 (clamped from V + 3) is the unpaired last row, -5 -> 0
+  h, U, idx = _inputs(2, 128, 41, 130, jnp.bfloat16)
+  bad = idx.at[0, 1].set(44).at[1, 2].set(-5).at[1, 129].set(39)
+  got = jax.jit(lambda a, b, c: indexed_lm_head_tpu(a, b, c, block_k=128, interpret=True))(
+      h, U, bad)
+  want = _numpy(h, U, np.clip(np.asarray(bad), 0, 40))
+  np.testing.assert_allclose(np.asarray(got), want, rtol=2e-2, atol=2e-2 * 128 ** 0.5)
 
 
 @pytest.mark.parametrize("platform,fn", [("cuda", indexed_lm_head_gpu),
