@@ -6,10 +6,14 @@
     python kernels/bench_indexed_lm_head.py --out kernels/results/<machine>
 
 Per (d, V, k), each timed two ways:
-  device  N calls with N distinct index sets inside one compiled program, and 2N calls: the
-          slope (t(2N) - t(N)) / N is the time a call adds on the device, free of the host's
-          dispatch (~55-60 us per call on the H100/H200 runs, which made every host-timed
-          figure under ~0.2 ms a measure of the host);
+  device  N calls with distinct inputs (h and index sets) inside one compiled program, N chosen
+          so that the program runs ~`--target-ms` (at most `--calls`), timed whole, less the
+          host time of a program that does nothing with the same arguments, divided by N: the
+          host's ~55-60 us per program (which made every host-timed figure under ~0.2 ms a
+          measure of the host) becomes a small subtracted share. Consecutive kernels still pay
+          the GPU's launch gap, as they do inside a decoding step. (Session 31's first try, a
+          slope between programs of 4 and 8 calls, drowned in the host's jitter and reported
+          impossible times: not used.)
   host    the median of `--repeats` single calls with `block_until_ready` (what earlier tables
           reported), beside it.
 Of:
@@ -96,26 +100,37 @@ def max_rel_err(out, ref) -> float:
 
 
 def many_calls(fn, n: int):
-  """A jitted program of n calls fn(h, U, idxs[i]), each output summed whole (so none can be
-  simplified away); one scalar out."""
-  def prog(h, U, idxs):
+  """A jitted program of n calls fn(hs[i], U, idxs[i]) (distinct inputs per call, so XLA can
+  merge none of them), each output summed whole (so none can be simplified away)."""
+  def prog(hs, U, idxs):
     tot = jnp.zeros((), jnp.float32)
     for i in range(n):
-      tot = tot + jnp.sum(fn(h, U, idxs[i]))
+      tot = tot + jnp.sum(fn(hs[i], U, idxs[i]))
     return tot
   return jax.jit(prog)
 
 
-def device_s(fn, h, U, idxs, repeats: int) -> float:
-  """Seconds a call adds on the device: (t(2N calls) - t(N calls)) / N, N = len(idxs) // 2,
-  medians over `repeats` runs of each program (never below a thousandth of t(N)/N)."""
-  n = idxs.shape[0] // 2
-  t1 = median_s(many_calls(fn, n), h, U, idxs[:n], repeats=repeats)
-  t2 = median_s(many_calls(fn, 2 * n), h, U, idxs, repeats=repeats)
-  return max((t2 - t1) / n, 1e-3 * t1 / n)
+def dispatch_s(hs, U, idxs, repeats: int) -> float:
+  """Host time of a program that takes the same arguments and does (almost) nothing: what a
+  call costs the host before the device works (subtracted from `device_s`'s programs)."""
+  return median_s(jax.jit(lambda hs, U, idxs: jnp.sum(hs[0, 0]).astype(jnp.float32)), hs, U,
+                  idxs, repeats=repeats)
 
 
-def copy_bandwidth(repeats: int, mib=(1024, 2048)) -> float:
+def device_s(fn, hs, U, idxs, repeats: int, target_s: float = 2e-3,
+             overhead_s: float | None = None) -> tuple[float, int]:
+  """(seconds one call takes on the device, N): a program of N calls with distinct inputs,
+  N chosen so that it runs ~`target_s` (at most len(idxs)), timed whole (median of `repeats`),
+  less one dispatch (`dispatch_s`), over N. The host's ~55-60 us per program is then a small,
+  subtracted share instead of the whole figure (as host-timed single calls were)."""
+  overhead = dispatch_s(hs, U, idxs, 3) if overhead_s is None else overhead_s
+  one = median_s(many_calls(fn, 1), hs, U, idxs, repeats=3)
+  n = int(min(len(idxs), max(4, -(-target_s // max(one - overhead, 1e-6)))))
+  t = median_s(many_calls(fn, n), hs, U, idxs, repeats=repeats)
+  return max(t - overhead, 1e-9) / n, n
+
+
+def copy_bandwidth(repeats: int, mib=(2048, 6144)) -> float:
   """GB/s of an elementwise bf16 kernel (read + write counted), from the slope between arrays
   of mib[0] and mib[1] MiB (what a copy adds per byte, free of dispatch)."""
   f = jax.jit(lambda x: x * 2)
@@ -132,7 +147,8 @@ def sm_count() -> int | None:
   return getattr(jax.devices()[0], "core_count", None)
 
 
-def tune_gpu(h, U, idxs, candidates: list[dict], repeats: int, interpret: bool = False):
+def tune_gpu(hs, U, idxs, candidates: list[dict], repeats: int, interpret: bool = False,
+             overhead_s: float | None = None):
   """(fastest config, its device seconds, every config's seconds) of the Triton kernel, each
   timed on the device (`device_s`)."""
   from vocabjax.kernels.indexed_lm_head import indexed_lm_head_gpu
@@ -141,7 +157,7 @@ def tune_gpu(h, U, idxs, candidates: list[dict], repeats: int, interpret: bool =
   for c in candidates:
     f = functools.partial(indexed_lm_head_gpu, interpret=interpret, **c)
     try:
-      times.append((device_s(f, h, U, idxs, repeats), c))
+      times.append((device_s(f, hs, U, idxs, repeats, overhead_s=overhead_s)[0], c))
     except Exception as e:  # a configuration the compiler refuses (shared memory, registers)
       print(f"[bench] skipping {c}: {type(e).__name__}: {str(e)[:120]}", file=sys.stderr)
   if not times:
@@ -152,40 +168,46 @@ def tune_gpu(h, U, idxs, candidates: list[dict], repeats: int, interpret: bool =
 
 def bench(d: int, V: int, ks, B: int, dtype, repeats: int, with_kernel: bool, seed: int = 0,
           tune: bool = False, interpret: bool = False, tolerance: float = 1e-2,
-          tune_grid: dict = TUNE_GRID, calls: int = 8):
+          tune_grid: dict = TUNE_GRID, calls: int = 64, target_s: float = 2e-3):
   from vocabjax.kernels import indexed_lm_head as ilh
 
   key = jax.random.key(seed)
   U = jax.random.normal(key, (V, d), jnp.float32).astype(dtype) * 0.02
-  h = jax.random.normal(jax.random.fold_in(key, 1), (B, d), jnp.float32).astype(dtype)
+  hs = jax.random.normal(jax.random.fold_in(key, 1), (calls, B, d), jnp.float32).astype(dtype)
+  h = hs[0]
   isz = jnp.dtype(dtype).itemsize
   full = lambda h, U, idx: jnp.einsum("BD,VD->BV", h, U,  # noqa: E731
                                       preferred_element_type=jnp.float32)
-  zero = jnp.zeros((2 * calls, B, 1), jnp.int32)
-  t_full = device_s(full, h, U, zero, repeats)
+  zero = jnp.zeros((calls, B, 1), jnp.int32)
+  over = dispatch_s(hs, U, zero, repeats)
+  t_full, n_full = device_s(full, hs, U, zero, repeats, target_s, over)
   t_full_host = median_s(jax.jit(full), h, U, zero[0], repeats=repeats)
   rows = []
   for k in ks:
-    idxs = jax.random.randint(jax.random.fold_in(key, k), (2 * calls, B, k), 0, V, jnp.int32)
+    idxs = jax.random.randint(jax.random.fold_in(key, k), (calls, B, k), 0, V, jnp.int32)
     idx = idxs[0]
     nbytes = B * k * d * isz + B * d * isz + B * k * 4 + B * k * 4  # rows, h, idx, out
+    over = dispatch_s(hs, U, idxs, repeats)
+    xla_s, xla_n = device_s(ilh.indexed_lm_head_reference, hs, U, idxs, repeats, target_s, over)
     row = {"d": d, "V": V, "k": k, "B": B, "bytes": nbytes, "full_s": t_full,
-           "full_host_s": t_full_host, "full_bytes": V * d * isz + B * d * isz + B * V * 4,
-           "xla_gather_s": device_s(ilh.indexed_lm_head_reference, h, U, idxs, repeats),
+           "full_calls": n_full, "full_host_s": t_full_host,
+           "full_bytes": V * d * isz + B * d * isz + B * V * 4, "dispatch_s": over,
+           "xla_gather_s": xla_s, "xla_calls": xla_n,
            "xla_gather_host_s": median_s(jax.jit(ilh.indexed_lm_head_reference), h, U, idx,
                                          repeats=repeats)}
     if with_kernel:
       if tune:
-        best, row["kernel_s"], row["tuning"] = tune_gpu(h, U, idxs,
-                                                        gpu_candidates(d, k, tune_grid, B, sm_count()),
-                                                        repeats, interpret)
+        best, row["kernel_s"], row["tuning"] = tune_gpu(hs, U, idxs,
+                                                        gpu_candidates(d, k, tune_grid, B,
+                                                                       sm_count()),
+                                                        repeats, interpret, over)
         kern = functools.partial(ilh.indexed_lm_head_gpu, interpret=interpret, **best)
         row["kernel_blocks"] = best
       else:
         kern = (functools.partial(ilh.indexed_lm_head_gpu, interpret=True) if interpret
                 else functools.partial(ilh.indexed_lm_head, impl="tpu"
                                        if jax.default_backend() == "tpu" else "gpu"))
-        row["kernel_s"] = device_s(kern, h, U, idxs, repeats)
+        row["kernel_s"] = device_s(kern, hs, U, idxs, repeats, target_s, over)[0]
       row["kernel_host_s"] = median_s(jax.jit(kern), h, U, idx, repeats=repeats)
       ref = ilh.indexed_lm_head_reference(h.astype(jnp.float32), U.astype(jnp.float32), idx)
       row["kernel_max_err"] = max_rel_err(jax.jit(kern)(h, U, idx), ref)
@@ -258,8 +280,9 @@ def write_reports(res: dict, out: Path) -> str:
   hlo = res.get("hlo")
   md = (f"# Indexed LM head microbenchmark: {res['device']} ({res['backend']}), {res['dtype']}"
         f"{mode}\n\nCommand: `{res['command']}`  \ncommit {res['commit']}, {res['date']}, jax "
-        f"{res['jax']}. Device times: slope between {res['calls']} and {2 * res['calls']} calls "
-        f"in one program; host: median single call. Copy bandwidth {res['copy_GBps']:.0f} GB/s "
+        f"{res['jax']}. Device times: N calls (distinct inputs) in one program of about "
+        f"{res.get('target_ms', 2.0)} ms (N <= {res['calls']}), less one dispatch, / N; host: "
+        f"median single call. Copy bandwidth {res['copy_GBps']:.0f} GB/s "
         f"(read + write), read probe {res['bandwidth_GBps']:.0f} GB/s.\n\n{markdown(res)}\n")
   if hlo:
     md += (f"\nXLA reference's compiled HLO ({hlo['file']}): the gathered rows {hlo['shape']} "
@@ -279,8 +302,11 @@ def main(argv=None) -> int:
   p.add_argument("--ks", type=int, nargs="+", default=list(KS))
   p.add_argument("--shapes", nargs="+", help="d:V pairs (default: SpecVocab's grid)")
   p.add_argument("--repeats", type=int, default=10)
-  p.add_argument("--calls", type=int, default=8,
-                 help="N of the device timing (programs of N and 2N calls)")
+  p.add_argument("--calls", type=int, default=64,
+                 help="most calls in one device-timed program (N is chosen per shape so that "
+                      "the program runs about --target-ms)")
+  p.add_argument("--target-ms", type=float, default=2.0,
+                 help="device-timed programs run about this long")
   p.add_argument("--tune", action=argparse.BooleanOptionalAction, default=None,
                  help="tune the Triton kernel's configuration per shape (default: on GPU)")
   p.add_argument("--tune-variant", nargs="+", default=list(TUNE_GRID["variant"]),
@@ -293,8 +319,9 @@ def main(argv=None) -> int:
                  help="run the GPU kernel in interpret mode (any backend; small shapes only)")
   p.add_argument("--tolerance", type=float, default=1e-2,
                  help="largest relative error of the kernel against the f32 reference")
-  p.add_argument("--copy-mib", type=int, nargs=2, default=[1024, 2048],
-                 help="array sizes (MiB) of the copy-bandwidth slope")
+  p.add_argument("--copy-mib", type=int, nargs=2,
+                 help="array sizes (MiB) of the copy-bandwidth slope (default: 2048 6144 on an "
+                      "accelerator, 256 512 on the CPU)")
   p.add_argument("--hlo-dump", action="store_true",
                  help="write XLA's compiled reference at the first shape's largest k")
   p.add_argument("--update-table", metavar="PATH",
@@ -321,8 +348,9 @@ def main(argv=None) -> int:
          "machine": platform.node(), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
          "jax": jax.__version__, "dtype": str(dtype), "with_kernel": with_kernel,
          "interpret": a.interpret, "tuned": tune, "tune_grid": tune_grid if tune else None,
-         "calls": a.calls, "bandwidth_GBps": read_bandwidth(1 << 30, a.repeats),
-         "copy_GBps": copy_bandwidth(a.repeats, tuple(a.copy_mib)), "rows": []}
+         "calls": a.calls, "target_ms": a.target_ms, "bandwidth_GBps": read_bandwidth(1 << 30, a.repeats),
+         "copy_GBps": copy_bandwidth(a.repeats, tuple(
+             a.copy_mib or ((256, 512) if backend == "cpu" else (2048, 6144)))), "rows": []}
   print(f"[bench] {backend} ({res['device']}), {dtype}, copy bandwidth {res['copy_GBps']:.0f} "
         f"GB/s, read probe {res['bandwidth_GBps']:.0f} GB/s", file=sys.stderr)
   out = Path(a.out)
@@ -334,7 +362,7 @@ def main(argv=None) -> int:
   for d, V in grid:  # the reports are rewritten after each shape: a run cut short keeps them
     res["rows"] += bench(d, V, a.ks, a.batch, dtype, a.repeats, with_kernel, tune=tune,
                          interpret=a.interpret, tolerance=a.tolerance, tune_grid=tune_grid,
-                         calls=a.calls)
+                         calls=a.calls, target_s=a.target_ms / 1e3)
     print(f"[bench] B={a.batch} d={d} V={V} done", file=sys.stderr)
     md = write_reports(res, out)
   print(md)

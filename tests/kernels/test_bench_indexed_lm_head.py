@@ -54,19 +54,32 @@ def test_tuned_kernel_rows_are_checked_against_the_reference(bench, tmp_path):
   assert json.loads((out / "dispatch.json").read_text()) == []
 
 
-def test_device_timing_is_the_slope_between_program_sizes(bench, monkeypatch):
+def test_device_timing_subtracts_one_dispatch_and_sizes_the_program(bench, monkeypatch):
   import jax.numpy as jnp
 
   seen = []
+  calls_of = {}
 
   def fake_median(fn, *args, repeats):
-    seen.append(args[2].shape[0])
-    return 0.001 + 0.5 * args[2].shape[0]  # a fixed 1 ms of dispatch + 0.5 s a call
+    n = calls_of.get(fn, 0)
+    seen.append(n)
+    return 60e-6 + 50e-6 * n  # 60 us of dispatch + 50 us a call
+
+  real_many = bench.many_calls
+
+  def many(fn, n):
+    prog = real_many(fn, n)
+    calls_of[prog] = n
+    return prog
 
   monkeypatch.setattr(bench, "median_s", fake_median)
-  idxs = jnp.zeros((6, 1, 1), jnp.int32)
-  got = bench.device_s(lambda h, U, i: h, jnp.ones((1, 1)), jnp.ones((1, 1)), idxs, 1)
-  assert seen == [3, 6] and got == pytest.approx(0.5)
+  monkeypatch.setattr(bench, "many_calls", many)
+  hs, idxs = jnp.ones((64, 1, 1)), jnp.zeros((64, 1, 1), jnp.int32)
+  got, n = bench.device_s(lambda h, U, i: h, hs, jnp.ones((1, 1)), idxs, 1, target_s=2e-3)
+  assert seen == [0, 1, 40] and n == 40  # dispatch, one call, then 2 ms worth of calls
+  assert got == pytest.approx(50e-6)
+  got, n = bench.device_s(lambda h, U, i: h, hs[:8], jnp.ones((1, 1)), idxs[:8], 1)
+  assert n == 8 and got == pytest.approx(50e-6)  # at most len(idxs) calls
 
 
 def test_tuning_grid_options_and_reports_after_each_shape(bench, tmp_path, monkeypatch):
