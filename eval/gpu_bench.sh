@@ -64,7 +64,7 @@ if [ "$SET" = kernel ]; then
     SMOKE_SHAPE=(10 4096 151936 2048)
     STEPS=(--pair qwen2.5-coder --dtype bfloat16 --steps 6 --repeats 3
            --methods ar chain_g3 sv2048_g3_xla sv2048_g3_kernel)
-    EXACT=(--dtypes float32 bfloat16 --workers 6)
+    EXACT=(--dtypes float32 bfloat16 --workers 12)
     INTERP=False
   fi
   # 1. Does the reworked kernel compile and agree with the reference here (both variants)?
