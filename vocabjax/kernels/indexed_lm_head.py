@@ -18,9 +18,12 @@ vocabulary cheaper than the full head (V*D reads) when K << V:
     block_k indices, then walks its share of D in aligned contiguous chunks of block_d, gathering
     a [block_k, block_d] tile of U and accumulating in f32 (a 2-D accumulator reduced once, or
     an MMA against h padded to 16 columns), software-pipelined.
-  TPU (Mosaic): the indices are scalar-prefetched into SMEM; grid (B, K / block_k); a program
-    starts block_k row DMAs from U (left in HBM) into a VMEM tile, waits for them, and does one
-    [1, D] x [D, block_k] MXU product.
+  TPU (Mosaic, `indexed_lm_head_tpu`): the indices are scalar-prefetched into SMEM; grid
+    (B, K / block_k); each index's tile-aligned group of rows (2 rows in bf16, which share their
+    32-bit words in HBM) is DMA'd from U, left in HBM in its own layout, into a double-buffered
+    VMEM tile (block j+1's DMAs start before block j's product), then one [1, D] x [D, P*block_k]
+    MXU product; the wrapper keeps each candidate's row of its group. Compiled for v5e, v6e and
+    v5p in CI without a TPU (tests/kernels/test_tpu_compile.py).
 
 K is padded to a multiple of block_k in the wrapper (with index 0) and the result sliced back.
 Indices may repeat. An index outside [0, V) is an error for concrete inputs (`check_indices`);
