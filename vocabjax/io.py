@@ -62,8 +62,15 @@ def atomic_directory(path: str | os.PathLike):
 
 
 def append_jsonl(path: str | os.PathLike, record: dict) -> None:
-  """Append one JSON line and fsync: a record once written survives a crash (a torn last line
-  is what `read_jsonl` drops)."""
+  """Append one JSON line and fsync: a record once written survives a crash. A file whose last
+  line is unterminated (an interrupted write) is repaired first (`read_jsonl`), so a record is
+  never glued onto torn bytes."""
+  path = Path(path)
+  if path.exists() and path.stat().st_size:
+    with open(path, "rb") as f:
+      f.seek(-1, os.SEEK_END)
+      if f.read(1) != b"\n":
+        read_jsonl(path)
   with open(path, "a") as f:
     f.write(json.dumps(record) + "\n")
     f.flush()
@@ -72,13 +79,15 @@ def append_jsonl(path: str | os.PathLike, record: dict) -> None:
 
 def read_jsonl(path: str | os.PathLike, error: type[Exception] = ValueError) -> list[dict]:
   """The records of a JSON-lines file written by `append_jsonl` ([] when absent). A torn last
-  line (an interrupted write) is dropped, and the file rewritten without it; a corrupt line
-  elsewhere raises `error` naming the file and line."""
+  line (an interrupted write) is dropped and the file rewritten without it, whatever else it
+  holds (also when it was the only line); an unterminated but whole last record gets its
+  newline. A corrupt line elsewhere raises `error` naming the file and line."""
   path = Path(path)
   if not path.exists():
     return []
   out = []
-  lines = path.read_text().splitlines()
+  text = path.read_text()
+  lines = text.splitlines()
   for i, line in enumerate(lines):
     try:
       out.append(json.loads(line))
@@ -87,6 +96,6 @@ def read_jsonl(path: str | os.PathLike, error: type[Exception] = ValueError) -> 
         raise error(f"{path}:{i + 1} is corrupt (not the last line, so not an interrupted "
                     f"write); move the file away to rerun") from None
       print(f"[vocabjax] dropping a torn last line of {path}", file=sys.stderr)
-  if lines and out and len(out) < len(lines):  # rewrite without the torn line
+  if len(out) < len(lines) or (text and not text.endswith("\n")):
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in out))
   return out
