@@ -296,3 +296,27 @@ def test_an_hf_directory_and_a_gguf_file_give_the_loaders_config(tiny_dirs, tmp_
   (tmp_path / "bad.json").write_text("{not json")
   with pytest.raises(shapes.ShapeError, match="bad.json"):
     shapes.resolve_config(tmp_path / "bad.json")
+
+
+def test_rows_without_their_meta_are_not_resumed(tmp_path):
+  """rows.jsonl with meta.json deleted (or torn): the settings its rows were timed under are
+  unknown, so a run refuses them (or moves them aside with --overwrite) instead of reporting
+  them under a new meta.json."""
+  from vocabjax.bench.run import _prepare
+
+  out = tmp_path / "b"
+  out.mkdir()
+  (out / "rows.jsonl").write_text('{"model": "m", "context": 16}\n')
+  meta = {"device": {"device": "cpu"}, "timing": {"context": 64}, "models": {}}
+  with pytest.raises(BenchError, match="without a readable meta.json"):
+    _prepare(out, dict(meta), overwrite=False)
+  (out / "meta.json").write_text("{torn")
+  with pytest.raises(BenchError, match="without a readable meta.json"):
+    _prepare(out, dict(meta), overwrite=False)
+  rows, old = _prepare(out, dict(meta), overwrite=True)
+  assert rows == [] and old == {}
+  assert [p.name for p in tmp_path.iterdir() if p.name.startswith("b.replaced-")]
+  # a fresh directory, and rows under matching meta, still resume
+  (out / "rows.jsonl").write_text('{"model": "m"}\n')
+  (out / "meta.json").write_text(json.dumps(meta))
+  assert _prepare(out, dict(meta), overwrite=False)[0] == [{"model": "m"}]

@@ -125,15 +125,20 @@ def plan(settings: Settings) -> list[dict]:
 def _prepare(out: Path, meta: dict, overwrite: bool) -> tuple[list[dict], dict]:
   """(the rows already timed in `out` under the same device and settings, their meta)."""
   meta_path = out / "meta.json"
+  rows_path = out / "rows.jsonl"
   old = {}
-  if meta_path.exists():
+  if meta_path.exists() or (rows_path.exists() and rows_path.stat().st_size):
     try:
       old = json.loads(meta_path.read_text())
-    except json.JSONDecodeError:
-      old = {}
-    same = all(old.get(k) == meta[k] for k in ("device", "timing"))
+    except (OSError, json.JSONDecodeError):
+      old = None  # rows whose device and settings cannot be checked
+    same = old is not None and all(old.get(k) == meta[k] for k in ("device", "timing"))
     if not same:
       if not overwrite:
+        if old is None:
+          raise BenchError(f"{out} holds {rows_path.name} without a readable meta.json: the "
+                           f"device and settings its rows were timed under cannot be checked; "
+                           f"use another --out or --overwrite to move them aside")
         raise BenchError(f"{out} holds rows of another device or other settings "
                          f"({old.get('device')}, {old.get('timing')}); use another --out or "
                          f"--overwrite to move them aside")
