@@ -76,6 +76,10 @@ def parse_datasets(raw, where: str) -> tuple[DatasetSpec, ...]:
     check_positive(at, "per_group", d.get("per_group"))
     check_positive(at, "limit", d.get("limit"))
     cats = d.get("categories")
+    if cats is not None and (not isinstance(cats, list)
+                             or not all(isinstance(c, str) and c for c in cats)):
+      # a bare string would be read letter by letter
+      raise ConfigError(f"{at}: categories must be a list of names, got {cats!r}")
     datasets.append(DatasetSpec(kind=d["kind"], path=d.get("path"), per_group=d.get("per_group"),
                                 categories=tuple(cats) if cats else None, limit=d.get("limit")))
   if not datasets:

@@ -113,21 +113,63 @@ def config_from_dict(raw: dict, *, name: str = "custom") -> EvalConfig:
                       f"match are measured against it in the same run)")
   if any(METHODS[m.method].needs_draft for m in methods) and not raw.get("draft"):
     raise ConfigError(f"config {name}: a speculative method needs 'draft'")
-  check_positive(f"config {name}", "max_new_tokens", raw.get("max_new_tokens", 1))
-  check_positive(f"config {name}", "max_len", raw.get("max_len"))
-  temp = float(raw.get("temperature", 0.0))
+  where = f"config {name}"
+  check_positive(where, "max_new_tokens", raw.get("max_new_tokens", 1))
+  check_positive(where, "max_len", raw.get("max_len"))
+  temp = _number(raw, "temperature", 0.0, where)
   if temp < 0:
-    raise ConfigError(f"config {name}: temperature must be >= 0, got {temp}")
+    raise ConfigError(f"{where}: temperature must be >= 0, got {temp}")
+  top_k = raw.get("top_k", 0)
+  if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 0:
+    raise ConfigError(f"{where}: top_k must be an integer >= 0 (0: off), got {top_k!r}")
+  top_p = _number(raw, "top_p", 1.0, where)
+  if not 0 < top_p <= 1:
+    raise ConfigError(f"{where}: top_p must be in (0, 1], got {top_p}")
   seeds = raw.get("seeds", [0])
-  if not seeds or not all(isinstance(s, int) for s in seeds):
-    raise ConfigError(f"config {name}: seeds must be a non-empty list of integers, got {seeds!r}")
+  if (not isinstance(seeds, list) or not seeds
+      or not all(isinstance(s, int) and not isinstance(s, bool) for s in seeds)):
+    raise ConfigError(f"{where}: seeds must be a non-empty list of integers, got {seeds!r}")
+  if not all(0 <= s < 2 ** 32 for s in seeds):  # jax.random.key takes 32 bits: 2**32 is 0
+    raise ConfigError(f"{where}: seeds must lie in [0, 2**32), got {seeds!r}")
+  if len(set(seeds)) != len(seeds):
+    raise ConfigError(f"{where}: seeds repeat ({seeds!r}): every run would be done twice")
+  for key in ("dtype", "draft_dtype"):
+    value = raw.get(key)
+    if value is not None and value not in WEIGHT_DTYPES:
+      raise ConfigError(f"{where}: {key} must be one of {WEIGHT_DTYPES} (or absent: the "
+                        f"backend's default), got {value!r}")
+  for key in ("target", "draft", "name"):
+    if raw.get(key) is not None and not isinstance(raw[key], str):
+      raise ConfigError(f"{where}: {key} must be a string, got {raw[key]!r}")
   return EvalConfig(
       target=str(raw["target"]), draft=raw.get("draft"), datasets=datasets,
       methods=tuple(methods), max_new_tokens=raw.get("max_new_tokens", 128), temperature=temp,
-      top_k=int(raw.get("top_k", 0)), top_p=float(raw.get("top_p", 1.0)), seeds=tuple(seeds),
-      chat=bool(raw.get("chat", True)), max_len=raw.get("max_len"), dtype=raw.get("dtype"),
-      draft_dtype=raw.get("draft_dtype"), time_split=bool(raw.get("time_split", True)),
-      name=raw.get("name", name), mesh=_mesh(raw.get("mesh"), name))
+      top_k=top_k, top_p=top_p, seeds=tuple(seeds), chat=_flag(raw, "chat", True, where),
+      max_len=raw.get("max_len"), dtype=raw.get("dtype"), draft_dtype=raw.get("draft_dtype"),
+      time_split=_flag(raw, "time_split", True, where), name=raw.get("name", name),
+      mesh=_mesh(raw.get("mesh"), name))
+
+
+# the dtypes a suite may ask of `load_model` (its `_DTYPES` accepts these and their short names)
+WEIGHT_DTYPES = ("float32", "bfloat16", "float16", "int8")
+
+
+def _flag(raw: dict, key: str, default: bool, where: str) -> bool:
+  """A YAML boolean; a quoted "false" (a string, which bool() reads as True) is refused."""
+  value = raw.get(key, default)
+  if not isinstance(value, bool):
+    raise ConfigError(f"{where}: {key} must be true or false (unquoted), got {value!r}")
+  return value
+
+
+def _number(raw: dict, key: str, default: float, where: str) -> float:
+  """A finite real number (ints accepted); strings, booleans, .nan and .inf refused."""
+  import math
+
+  value = raw.get(key, default)
+  if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    raise ConfigError(f"{where}: {key} must be a finite number, got {value!r}")
+  return float(value)
 
 
 def _mesh(value, name: str) -> str | None:

@@ -1,0 +1,59 @@
+"""Eval suites are validated by type and range before anything loads: every bad value is one
+ConfigError naming the field and the value (the CLI prints it as one `error:` line, exit 2),
+and what YAML reads as a string is never taken for a boolean or a list."""
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from vocabjax.eval.config import ConfigError, config_from_dict
+
+BASE = {"target": "t", "draft": "d", "datasets": [{"kind": "spec_bench", "per_group": 1}],
+        "methods": [{"method": "ar"}, {"name": "c", "method": "chain", "gamma": 2}]}
+
+
+def test_a_valid_suite_and_real_booleans():
+  cfg = config_from_dict(dict(BASE, chat=False, time_split=False, seeds=[0, 1, 2 ** 32 - 1]))
+  assert cfg.chat is False and cfg.time_split is False and cfg.seeds == (0, 1, 2 ** 32 - 1)
+
+
+@pytest.mark.parametrize("field,value,match", [
+    ("chat", "false", r"chat must be true or false \(unquoted\), got 'false'"),
+    ("time_split", "false", r"time_split must be true or false .*'false'"),
+    ("chat", 0, r"chat must be true or false .*got 0"),
+    ("top_k", -1, r"top_k must be an integer >= 0 .*got -1"),
+    ("top_k", 2.5, r"top_k must be an integer .*got 2.5"),
+    ("temperature", float("nan"), r"temperature must be a finite number, got nan"),
+    ("temperature", "hot", r"temperature must be a finite number, got 'hot'"),
+    ("temperature", -0.5, r"temperature must be >= 0, got -0.5"),
+    ("top_p", 0, r"top_p must be in \(0, 1\], got 0"),
+    ("top_p", 1.5, r"top_p must be in \(0, 1\], got 1.5"),
+    ("dtype", "float64", r"dtype must be one of .*got 'float64'"),
+    ("draft_dtype", "fp8", r"draft_dtype must be one of .*got 'fp8'"),
+    ("seeds", [0, 0], r"seeds repeat \(\[0, 0\]\)"),
+    ("seeds", [2 ** 32], r"seeds must lie in \[0, 2\*\*32\), got \[4294967296\]"),
+    ("seeds", [2 ** 70], r"seeds must lie in \[0, 2\*\*32\)"),
+    ("seeds", [-1], r"seeds must lie in \[0, 2\*\*32\)"),
+    ("seeds", "0", r"seeds must be a non-empty list of integers, got '0'"),
+    ("seeds", [True], r"seeds must be a non-empty list of integers"),
+    ("target", 3, r"target must be a string, got 3"),
+    ("datasets", [{"kind": "spec_bench", "categories": "qa"}],
+     r"categories must be a list of names, got 'qa'"),
+])
+def test_bad_values_name_the_field_and_value(field, value, match):
+  with pytest.raises(ConfigError, match=match):
+    config_from_dict(dict(BASE, **{field: value}), name="s")
+
+
+def test_quoted_boolean_from_yaml_is_refused_by_the_cli_before_anything_loads(tmp_path):
+  suite = tmp_path / "s.yaml"
+  suite.write_text(yaml.safe_dump(dict(BASE, target=str(tmp_path / "no-model"), chat="false")))
+  out = tmp_path / "out"
+  proc = subprocess.run([sys.executable, "-m", "vocabjax.eval", "--config", str(suite), "--out",
+                         str(out)], capture_output=True, text=True, timeout=300)
+  assert proc.returncode == 2, proc.stderr
+  lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+  assert lines[-1].startswith("error: config s: chat must be true or false")
+  assert "Traceback" not in proc.stderr and not out.exists()
