@@ -150,7 +150,13 @@ def load_spec_bench(spec: DatasetSpec) -> list[Prompt]:
       continue
     try:
       r = json.loads(line)
-      rows.append((str(r["question_id"]), r["category"], r["turns"][0]))
+      turns, category = r["turns"], r["category"]
+      # a string `turns` would run as its first character
+      if not isinstance(turns, list) or not turns or not isinstance(turns[0], str):
+        raise TypeError(f"turns must be a non-empty list of strings, got {turns!r:.80}")
+      if not isinstance(category, str):
+        raise TypeError(f"category must be a string, got {category!r:.80}")
+      rows.append((str(r["question_id"]), category, turns[0]))
     except (json.JSONDecodeError, KeyError, IndexError, TypeError) as e:
       raise ConfigError(f"{path}:{n}: not a Spec-Bench row (question_id, category, turns[]): "
                         f"{type(e).__name__}: {e}") from None

@@ -57,3 +57,20 @@ def test_quoted_boolean_from_yaml_is_refused_by_the_cli_before_anything_loads(tm
   lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
   assert lines[-1].startswith("error: config s: chat must be true or false")
   assert "Traceback" not in proc.stderr and not out.exists()
+
+
+@pytest.mark.parametrize("row,match", [
+    ({"question_id": 1, "category": "qa", "turns": "What is 2+2?"},
+     r"turns must be a non-empty list of strings, got 'What is 2\+2\?'"),
+    ({"question_id": 1, "category": "qa", "turns": []}, "turns must be a non-empty list"),
+    ({"question_id": 1, "category": ["qa"], "turns": ["x"]}, "category must be a string"),
+])
+def test_a_spec_bench_row_of_the_wrong_shape_is_refused(tmp_path, row, match):
+  import json
+
+  from vocabjax.prompts import DatasetSpec, load_spec_bench
+
+  path = tmp_path / "sb.jsonl"
+  path.write_text(json.dumps(row) + "\n")
+  with pytest.raises(ConfigError, match=r"sb.jsonl:1: not a Spec-Bench row .*" + match):
+    load_spec_bench(DatasetSpec(kind="spec_bench", path=str(path)))
