@@ -127,6 +127,26 @@ def test_bad_prompts(decoder):
     decoder.generate([], max_new_tokens=2)
 
 
+@pytest.mark.parametrize("prompts,match", [
+    ([[1.9, 2.5]], r"prompt 0 holds 1.9 \(float\), not an integer token id"),
+    (["42"], r"prompt 0 must be a sequence of token ids, got '42' \(str\); tokenize text"),
+    ([[1, True]], r"prompt 0 holds True \(bool\)"),
+    ([[1], np.asarray([2.0, 3.0])], r"prompt 1 must be a 1-D integer array of token ids, got "
+                                    r"float64\[2\]"),
+    ("hello", "prompts must be a list of token-id lists, got str"),
+])
+def test_prompt_ids_are_never_silently_converted(decoder, prompts, match):
+  # list(map(int, p)) made [[1.9, 2.5]] into [[1, 2]] and ['42'] into [[4, 2]]
+  with pytest.raises(ValueError, match=match):
+    decoder.generate(prompts, max_new_tokens=2)
+
+
+def test_integer_arrays_are_prompts(decoder):
+  a = decoder.generate([np.asarray([1, 2, 3], np.int64)], max_new_tokens=2)
+  b = decoder.generate([[1, 2, 3]], max_new_tokens=2)
+  assert a.tokens == b.tokens
+
+
 def test_stop_string(tiny_chat_dir):
   model = load_model(tiny_chat_dir)
   dec = Decoder(model.params, model.config)

@@ -16,6 +16,7 @@ rows would otherwise idle until its longest answer ends.
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import functools
 import time
@@ -234,7 +235,7 @@ class Decoder:
                cache_dtype=None) -> GenerationResult:
     """Generate up to `max_new_tokens` per prompt; rows stop at EOS or a stop string."""
     cfg = self.config
-    prompts = [list(map(int, p)) for p in prompts]
+    prompts = token_ids(prompts)
     validate_request(prompts, max_new_tokens, sampling, cfg, max_len)
     B = len(prompts)
     out = OutputCollector(B, max_new_tokens, eos_token_ids, stop_strings, tokenizer)
@@ -284,7 +285,7 @@ class Decoder:
     if rows < 1:
       raise ValueError(f"rows={rows} must be >= 1")
     cfg = self.config
-    prompts = [list(map(int, p)) for p in prompts]
+    prompts = token_ids(prompts)
     validate_request(prompts, max_new_tokens, sampling, cfg, max_len)
     N, B = len(prompts), min(rows, len(prompts))
     out = OutputCollector(N, max_new_tokens, eos_token_ids, stop_strings, tokenizer)
@@ -358,6 +359,33 @@ def _hits_stop(tokenizer, ids: list[int], stop_strings: Sequence[str]) -> bool:
   return any(s in tail for s in stop_strings)
 
 
+def token_ids(prompts) -> list[list[int]]:
+  """Prompts as lists of Python ints. Each prompt must be a sequence of integers (Python ints,
+  or a 1-D integer NumPy/JAX array): a float (1.9 would become 1), a string ('42' would become
+  [4, 2]) or a bool is refused naming the prompt and the value, never silently converted."""
+  if isinstance(prompts, (str, bytes)) or not (isinstance(prompts, collections.abc.Sequence)
+                                               or hasattr(prompts, "__array__")):
+    raise ValueError(f"prompts must be a list of token-id lists, got {type(prompts).__name__}")
+  out = []
+  for i, p in enumerate(prompts):
+    if hasattr(p, "__array__") and not isinstance(p, (list, tuple)):
+      a = np.asarray(p)
+      if a.ndim != 1 or not np.issubdtype(a.dtype, np.integer):
+        raise ValueError(f"prompt {i} must be a 1-D integer array of token ids, got "
+                         f"{a.dtype}{list(a.shape)}")
+      out.append([int(t) for t in a])
+      continue
+    if isinstance(p, (str, bytes)) or not isinstance(p, collections.abc.Sequence):
+      raise ValueError(f"prompt {i} must be a sequence of token ids, got {p!r:.60} "
+                       f"({type(p).__name__}); tokenize text first")
+    for t in p:
+      if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+        raise ValueError(f"prompt {i} holds {t!r} ({type(t).__name__}), not an integer "
+                         f"token id")
+    out.append([int(t) for t in p])
+  return out
+
+
 def validate_request(prompts: list[list[int]], max_new_tokens: int, sampling: SamplingParams,
                      config: LlamaLikeConfig, max_len: int | None) -> None:
   """Reject bad generation requests with errors that quote the offending value."""
@@ -387,7 +415,7 @@ def block_request(prompts: Sequence[Sequence[int]], max_new_tokens: int,
   """Validate a request for a method whose steps write up to `extra_slots` cache slots past
   `max_new_tokens`; returns (prompts as int lists, lengths [B], cache slots S, prompt block T,
   right-padded prompt tokens [B, T])."""
-  prompts = [list(map(int, p)) for p in prompts]
+  prompts = token_ids(prompts)
   room = max_new_tokens + extra_slots
   validate_request(prompts, max_new_tokens, sampling, config, None)
   lengths = np.array([len(p) for p in prompts], np.int32)

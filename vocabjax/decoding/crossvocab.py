@@ -66,7 +66,7 @@ from vocabjax.decoding.adaptive import acceptance_logit, check_threshold, should
 from vocabjax.decoding.routes import Routes
 from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector, abstract_cache,
                                               bucket, cache_slots, compile_prefill,
-                                              prompt_bucket, validate_request)
+                                              prompt_bucket, token_ids, validate_request)
 from vocabjax.decoding.sampling import SamplingParams, log_probs, probs, split_vocab_top_k
 from vocabjax.decoding.speculative import (SpecStats, block_layout, check_draft_prefill,
                                            compile_draft_prefill, mesh_layout)
@@ -492,7 +492,7 @@ class CrossVocabDecoder:
     row that has finished stays in its batch, frozen (its caches do not advance) until the
     batch ends.
     """
-    prompts = [list(map(int, p)) for p in prompts]
+    prompts = token_ids(prompts)
     validate_request(prompts, max_new_tokens, sampling, self.tc, None)
     if batch_size is not None and batch_size < 1:
       raise ValueError(f"batch_size must be >= 1, got {batch_size}")
