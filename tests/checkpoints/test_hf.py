@@ -127,3 +127,19 @@ def test_bf16_on_cpu_narrows_the_weight_matrices_only(tiny_chat_dir):
   np.testing.assert_array_equal(
       np.asarray(bf.params["layers"][0]["wq"], np.float32),
       np.asarray(f32.params["layers"][0]["wq"].astype(jnp.bfloat16), np.float32))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_non_finite_weight_is_refused_naming_the_tensor(tiny_dirs, tmp_path, bad):
+  # a NaN or inf in a weight made every step emit token 0, greedy and sampled, with exit 0
+  from vocabjax.checkpoints.loader import load_model
+
+  d = _copy(tiny_dirs["llama_mha"], tmp_path / "m")
+  tensors = load_file(d / "model.safetensors")
+  w = tensors["model.layers.1.mlp.up_proj.weight"].copy()
+  w[3, 5] = bad
+  tensors["model.layers.1.mlp.up_proj.weight"] = w
+  save_file(tensors, d / "model.safetensors")
+  with pytest.raises(CheckpointError, match=r"tensor \['layers'\]\[1\]\['w_up'\] .* holds 1 "
+                                            r"non-finite value\(s\)"):
+    load_model(d, load_tokenizer=False)

@@ -108,10 +108,26 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
                    getattr(tokenizer, "eos_token_id", None))
   else:
     raise ValueError(f"{path}: expected a Hugging Face directory or a .gguf file")
+  check_finite(params, str(path))
   if narrow_on_cpu:
     params = cast_weights(params, out_dtype)
   return Model(config=config, params=params, tokenizer=tokenizer, eos_token_ids=eos,
                source=str(path), dtype=out_dtype)
+
+
+def check_finite(params: dict, source: str) -> None:
+  """CheckpointError naming the first tensor (its path in the params tree) that holds a NaN or
+  an infinity, and how many: such a weight makes every logit NaN, and decoding would emit
+  token 0 at every step with nothing said. One pass over the weights, on their device."""
+  flat = jax.tree_util.tree_flatten_with_path(params)[0]
+  floats = [(p, a) for p, a in flat if jnp.issubdtype(a.dtype, jnp.floating)]
+  counts = jax.jit(lambda xs: [jnp.sum(~jnp.isfinite(x)) for x in xs])([a for _, a in floats])
+  for (p, a), n in zip(floats, counts):
+    if int(n):
+      name = jax.tree_util.keystr(p)
+      raise CheckpointError(f"{source}: tensor {name} {list(a.shape)} holds {int(n)} non-finite "
+                            f"value(s) (NaN or inf): the file is corrupt or was saved from a "
+                            f"diverged model")
 
 
 def load_tokenizer_and_vocab(name: str | os.PathLike):
