@@ -87,3 +87,24 @@ def test_cli_writes_atomically_and_bad_input(tiny_chat_dir, suite, generated, tm
   assert main(["--target", str(tiny_chat_dir), "--out", str(out), "--source", "nope",
                "--exclude-suites", str(suite)]) == 2
   assert "unknown source" in capsys.readouterr().err and out.read_text() == before
+
+
+def test_jsonl_ids_outside_the_targets_vocabulary_are_refused(tiny_chat_dir, suite, tmp_path,
+                                                              capsys):
+  """A jsonl: source holding ids past the target's V (or non-integers) is refused naming the
+  file, line and ids, before anything is written (it trained until a NaN loss)."""
+  _, V = load_tokenizer_and_vocab(tiny_chat_dir)
+  bad = tmp_path / "gen" / "bad.jsonl"
+  bad.parent.mkdir()
+  bad.write_text(json.dumps({"prompt": "q", "completion_ids": [5, 6]}) + "\n"
+                 + json.dumps({"prompt": "q2", "completion_ids": [5, V + 211]}) + "\n")
+  out = tmp_path / "corpus.jsonl"
+  assert main(["--target", str(tiny_chat_dir), "--out", str(out), "--source", f"jsonl:{bad}",
+               "--exclude-suites", str(suite)]) == 2
+  err = capsys.readouterr().err
+  assert f"bad.jsonl:2: completion_ids [{V + 211}] lie outside the vocabulary [0, {V})" in err
+  assert not out.exists()
+  bad.write_text(json.dumps({"prompt": "q", "completion_ids": [5, 6.5]}) + "\n")
+  with pytest.raises(ValueError, match=r"bad.jsonl:1 is not a completion record .*list of "
+                                       r"integers"):
+    read_records([bad])

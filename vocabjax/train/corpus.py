@@ -117,8 +117,10 @@ def _shakespeare(tok, max_completion: int, seed: int):
 
 
 def build_corpus(sources, tokenizer, *, max_completion: int = 512, seed: int = 0,
-                 exclude_suites=None, eos_token_id: int | None = None) -> tuple[list, dict]:
-  """(records, summary) from `sources` (module doc); `tokenizer` must have a chat template."""
+                 exclude_suites=None, eos_token_id: int | None = None,
+                 vocab_size: int | None = None) -> tuple[list, dict]:
+  """(records, summary) from `sources` (module doc); `tokenizer` must have a chat template.
+  `vocab_size`: the target's V; a `jsonl:` source's ids must lie in [0, V)."""
   if not getattr(tokenizer, "chat_template", None):
     raise ConfigError("the tokenizer has no chat template: the prompts cannot be wrapped")
   if max_completion < 16:
@@ -137,7 +139,7 @@ def build_corpus(sources, tokenizer, *, max_completion: int = 512, seed: int = 0
 
       path = name[len("jsonl:"):]
       got = [dict(r, source=f"{Path(path).parent.name}/{i}")
-             for i, r in enumerate(read_records([path]))]
+             for i, r in enumerate(read_records([path], vocab_size=vocab_size))]
     elif name == "specbench":
       prompts = load_spec_bench(DatasetSpec(kind="spec_bench"))
       n = sum(1 for p in prompts if not in_suites(p.text, used))
@@ -190,11 +192,11 @@ def main(argv=None) -> int:
   args = ap.parse_args(argv)
   try:
 
-    tok, _ = load_tokenizer_and_vocab(args.target)
+    tok, V = load_tokenizer_and_vocab(args.target)
     eos = getattr(tok, "eos_token_id", None)
     records, summary = build_corpus(args.source, tok, max_completion=args.max_completion,
                                     seed=args.seed, exclude_suites=args.exclude_suites,
-                                    eos_token_id=eos)
+                                    eos_token_id=eos, vocab_size=V)
   except (ValueError, OSError) as e:  # ConfigError is a ValueError
     print(f"error: {e}", file=sys.stderr)
     return 2

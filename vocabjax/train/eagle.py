@@ -304,7 +304,7 @@ def build_eagle_features(job: EagleJob, target, layers, *, show_progress=True
 
 def _build_part(job: EagleJob, target, layers, fdir: Path, files, *, show_progress) -> None:
   fdir.mkdir(parents=True, exist_ok=True)
-  records = read_records(files, job.max_records)
+  records = read_records(files, job.max_records, vocab_size=target.config.vocab_size)
   fingerprint = job.feature_fingerprint(layers, files)
   todo = pending_shards(fdir, fingerprint, len(records))
   if not todo:

@@ -65,8 +65,10 @@ def job_fingerprint(*parts) -> str:
   return hashlib.sha256(json.dumps(list(parts), sort_keys=True).encode()).hexdigest()[:16]
 
 
-def read_records(paths, max_records=None) -> list[dict]:
-  """Completion records (`prompt`, `completion_ids`) from jsonl files, in file order."""
+def read_records(paths, max_records=None, vocab_size: int | None = None) -> list[dict]:
+  """Completion records (`prompt`, `completion_ids`) from jsonl files, in file order. Ids must
+  be integers, and in [0, vocab_size) when it is given (the model they are for): an id past the
+  vocabulary would train on garbage rows until a NaN loss blamed the learning rate."""
   out = []
   for p in paths:
     p = Path(p)
@@ -77,10 +79,20 @@ def read_records(paths, max_records=None) -> list[dict]:
         continue
       try:
         r = json.loads(line)
-        out.append({"prompt": r["prompt"], "completion_ids": [int(t) for t in
-                                                              r["completion_ids"]]})
+        ids = r["completion_ids"]
+        if not isinstance(r["prompt"], str):
+          raise TypeError(f"prompt must be a string, got {r['prompt']!r:.60}")
+        if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool)
+                                                for t in ids):
+          raise TypeError(f"completion_ids must be a list of integers, got {ids!r:.60}")
+        out.append({"prompt": r["prompt"], "completion_ids": ids})
       except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
         raise TrainError(f"{p}:{i + 1} is not a completion record ({e!r})") from None
+      if vocab_size is not None:
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+          raise TrainError(f"{p}:{i + 1}: completion_ids {bad[:5]} lie outside the "
+                           f"vocabulary [0, {vocab_size}) of the model they are for")
   if not out:
     raise TrainError(f"no completion records in {list(map(str, paths))}")
   return out[:max_records] if max_records else out
@@ -248,6 +260,7 @@ def build_features(job: FeatureSpec, *, show_progress: bool = True) -> Path:
   if target is not None and target.config.vocab_size != draft.config.vocab_size:
     raise TrainError(f"target vocabulary V={target.config.vocab_size} differs from the "
                      f"drafter's V={draft.config.vocab_size}: a ranker needs one tokenizer")
+  read_records(job.data, job.max_records, vocab_size=draft.config.vocab_size)  # ids checked
   tok = draft.tokenizer
   if tok is None:
     raise TrainError(f"{draft.source} has no tokenizer: the prompts cannot be encoded")

@@ -155,6 +155,7 @@ def train(job: DistillJob, *, show_progress: bool = True, stop_after: int | None
   for m, what in ((target, "target"), (draft, "drafter")):
     if m.tokenizer is None:
       raise TrainError(f"the {what} {m.source} has no tokenizer")
+  read_records(job.data, job.max_records, vocab_size=target.config.vocab_size)  # ids checked
   tr = Translator(target.tokenizer, draft.tokenizer, target_vocab=target.config.vocab_size,
                   draft_vocab=draft.config.vocab_size)
   t0 = time.perf_counter()
