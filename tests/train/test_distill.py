@@ -162,6 +162,11 @@ def test_resume_and_bad_input(pair, tmp_path):
     job(tmp_path, data, acceptance="sometimes")
   with pytest.raises(TrainError, match="online_every=0"):
     job(tmp_path, data, online_every=0)
+  # a negative loss weight trained (it turns the rejection loss into a reward for rejecting)
+  for field, value in (("rejection_weight", -3.0), ("lam", float("nan")), ("lr", 0.0),
+                       ("acceptance_mu", "1")):
+    with pytest.raises(TrainError, match=f"{field}="):
+      job(tmp_path, data, **{field: value})
 
 
 def test_online_mode_updates_the_drafter_while_staying_lossless(pair, tmp_path):

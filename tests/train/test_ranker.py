@@ -162,6 +162,17 @@ def test_resume_is_exact(pair_dirs, data_file, tmp_path):
   # a finished run is not redone, and another job may not reuse its checkpoints
   with pytest.raises(TrainError, match="another training job"):
     train(_job(pair_dirs, data_file, tmp_path / "b", **{**kw, "rank": 4}), show_progress=False)
+  # nor overwrite its outputs once its checkpoints/ (and the job.json inside) are gone: the
+  # marker beside the outputs still says whose they are
+  import shutil
+  shutil.rmtree(tmp_path / "b" / "checkpoints")
+  before = (tmp_path / "b" / "ranker.safetensors").read_bytes()
+  with pytest.raises(TrainError, match="outputs of another training job"):
+    train(_job(pair_dirs, data_file, tmp_path / "b", **{**kw, "rank": 4}), show_progress=False)
+  (tmp_path / "b" / "vocabjax-job.json").unlink()  # outputs of a job that cannot be identified
+  with pytest.raises(TrainError, match="cannot be identified"):
+    train(_job(pair_dirs, data_file, tmp_path / "b", **{**kw, "rank": 4}), show_progress=False)
+  assert (tmp_path / "b" / "ranker.safetensors").read_bytes() == before
 
 
 def test_joint_mode_trains_drafter_and_ranker(pair_dirs, data_file, tmp_path):

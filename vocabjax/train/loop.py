@@ -125,6 +125,43 @@ class Checkpoints:
     self.manager.close()
 
 
+OWNER = "vocabjax-job.json"  # beside a training job's outputs: which job they belong to
+
+
+def claim_output(out: Path, fingerprint: str, what: str) -> None:
+  """Mark `out` as this job's (`OWNER`), or raise TrainError if it holds another job's outputs:
+  the marker names another fingerprint, or outputs are there with no marker to say whose (e.g.
+  `checkpoints/` was removed: the job.json inside it went with it, and another job would
+  otherwise overwrite the log and exports without a word)."""
+  marker = out / OWNER
+  if marker.exists():
+    try:
+      have = json.loads(marker.read_text()).get("fingerprint")
+    except (OSError, json.JSONDecodeError):
+      have = None
+    if have != fingerprint:
+      raise TrainError(f"{out} holds the outputs of another training job ({marker.name}: "
+                       f"fingerprint {have}, this {what} job's is {fingerprint}); use another "
+                       f"output directory or delete it")
+    return
+  ckpt_marker = out / "checkpoints" / "job.json"
+  # log.jsonl is written by TrainRun alone: a log with no marker of whose it is belongs to a
+  # job that cannot be identified (what a trainer writes before its run, e.g. distillation's
+  # target side, is its own and checked by its own fingerprints)
+  if not ckpt_marker.exists() and (out / "log.jsonl").exists():
+    raise TrainError(f"{out} holds the outputs of a training job that cannot be identified "
+                     f"(log.jsonl, but no {OWNER} and no checkpoints/job.json); use another "
+                     f"output directory or delete it")
+  if ckpt_marker.exists():  # outputs of a version before the marker: checkpoints say whose
+    try:
+      have = json.loads(ckpt_marker.read_text()).get("fingerprint")
+    except (OSError, json.JSONDecodeError):
+      have = None
+    if have != fingerprint:
+      return  # Checkpoints refuses it with its own message
+  atomic_write_json(marker, {"fingerprint": fingerprint, "what": what})
+
+
 def step_rng(seed: int, step: int) -> np.random.RandomState:
   """The batch sampler's generator at `step`: batches depend on (seed, step) alone, so a
   resumed run draws what the uninterrupted run would have."""
@@ -162,6 +199,7 @@ class TrainRun:
     self.out = Path(out)
     self.out.mkdir(parents=True, exist_ok=True)
     self.steps, self.eval_every, self.what = steps, eval_every, what
+    claim_output(self.out, fingerprint, what)
     self.ckpt = Checkpoints(self.out / "checkpoints", fingerprint, every=checkpoint_every,
                             keep=keep)
     self.log_path = self.out / "log.jsonl"
