@@ -25,9 +25,9 @@ import jax
 from vocabjax.checkpoints.loader import load_model
 from vocabjax.decoding.profile import run_split, skipped_drafting, step_split
 from vocabjax.decoding.sampling import SamplingParams
-from vocabjax.io import atomic_write_json
+from vocabjax.io import atomic_write_json, check_output_file
 from vocabjax.methods import METHODS
-from vocabjax.prompts import encode_prompts
+from vocabjax.prompts import encode_prompts, seed_arg
 from vocabjax import distributed
 from vocabjax.sharding import make_mesh, parse_mesh
 
@@ -265,25 +265,6 @@ def main(config: GenerateConfig) -> dict:
   return stats
 
 
-def check_output_file(path: str | os.PathLike, what: str = "output") -> None:
-  """Refuse, before any work, an output path that cannot take a new file: a directory, a
-  parent that is missing or not a directory, or an existing file without write permission
-  (its mode bits: replacing it atomically would silently drop them, even for root)."""
-  import stat
-
-  path = Path(path)
-  if path.is_dir():
-    raise ValueError(f"{what} {path} is a directory; give a file path")
-  parent = path.parent if str(path.parent) else Path(".")
-  if not parent.is_dir():
-    raise ValueError(f"{what} {path}: its directory {parent} does not exist"
-                     + (" (it is a file)" if parent.exists() else ""))
-  if path.exists() and not path.stat().st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
-    raise ValueError(f"{what} {path} is read-only; remove it or make it writable first")
-  if not os.access(parent, os.W_OK):
-    raise ValueError(f"{what} {path}: cannot write in {parent}")
-
-
 def parse_args(argv=None) -> GenerateConfig:
   p = argparse.ArgumentParser(prog="python -m vocabjax.generate", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -296,7 +277,7 @@ def parse_args(argv=None) -> GenerateConfig:
   p.add_argument("--top-k", type=int, default=0, help="0 = off")
   p.add_argument("--top-p", type=float, default=1.0,
                  help="nucleus sampling mass in (0, 1]; 1 = off (with --temperature > 0)")
-  p.add_argument("--seed", type=int, default=0,
+  p.add_argument("--seed", type=seed_arg, default=0,
                  help="random seed of sampling (greedy output does not depend on it)")
   p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
   p.add_argument("--max-len", type=int, default=None, help="KV cache slots per row")
@@ -392,9 +373,15 @@ def parse_args(argv=None) -> GenerateConfig:
                         rule=a.rule)
 
 
-if __name__ == "__main__":
+def cli(argv=None) -> int:
+  """The command line: a user's mistake is one `error:` line, exit 2."""
   try:
-    main(parse_args())
+    main(parse_args(argv))
   except (ValueError, FileNotFoundError, KeyError) as e:
     print(f"error: {e}", file=sys.stderr)
-    sys.exit(2)
+    return 2
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(cli())

@@ -16,6 +16,44 @@ from pathlib import Path
 
 
 
+class OutputPathError(ValueError):
+  """An output path that cannot take what a command would write there (checked up front)."""
+
+
+def check_output_dir(path: str | os.PathLike, what: str = "--out") -> None:
+  """Refuse, before any work (before models load), a result directory that cannot be one: an
+  existing file, a path under a file, or a place where it cannot be created or written."""
+  path = Path(path)
+  if path.exists() and not path.is_dir():
+    raise OutputPathError(f"{what} {path} is a file, not a directory")
+  probe = path
+  while not probe.exists():  # the nearest existing ancestor decides whether it can be made
+    probe = probe.parent
+  if not probe.is_dir():
+    raise OutputPathError(f"{what} {path}: {probe} is a file, so the directory cannot be made")
+  if not os.access(probe, os.W_OK | os.X_OK):
+    raise OutputPathError(f"{what} {path}: cannot write in {probe}")
+
+
+def check_output_file(path: str | os.PathLike, what: str = "output") -> None:
+  """Refuse, before any work, an output path that cannot take a new file: a directory, a
+  parent that is missing or not a directory, or an existing file without write permission
+  (its mode bits: replacing it atomically would silently drop them, even for root)."""
+  import stat
+
+  path = Path(path)
+  if path.is_dir():
+    raise OutputPathError(f"{what} {path} is a directory; give a file path")
+  parent = path.parent if str(path.parent) else Path(".")
+  if not parent.is_dir():
+    raise OutputPathError(f"{what} {path}: its directory {parent} does not exist"
+                          + (" (it is a file)" if parent.exists() else ""))
+  if path.exists() and not path.stat().st_mode & (stat.S_IWUSR | stat.S_IWGRP | stat.S_IWOTH):
+    raise OutputPathError(f"{what} {path} is read-only; remove it or make it writable first")
+  if not os.access(parent, os.W_OK):
+    raise OutputPathError(f"{what} {path}: cannot write in {parent}")
+
+
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
   """Write via a temporary file in the same directory and rename: a crash never leaves half a
   file, and readers see the old or the new content. Permissions follow the umask."""

@@ -54,6 +54,24 @@ class Prompt:
 _DS = {f.name for f in dataclasses.fields(DatasetSpec)}
 
 
+SEED_LIMIT = 2 ** 32  # jax.random.key and numpy take 32 bits: 2**32 would alias seed 0
+
+
+def seed_arg(text: str) -> int:
+  """argparse type of a --seed: an integer in [0, 2**32) (2**70 overflowed after compiling,
+  2**32 silently equalled 0)."""
+  import argparse
+
+  try:
+    value = int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+  if not 0 <= value < SEED_LIMIT:
+    raise argparse.ArgumentTypeError(f"{value} is outside [0, 2**32): larger seeds would "
+                                     f"alias smaller ones or overflow")
+  return value
+
+
 def check_positive(where: str, name: str, value) -> None:
   if value is not None and (not isinstance(value, int) or value < 1):
     raise ConfigError(f"{where}: {name} must be a positive integer, got {value!r}")

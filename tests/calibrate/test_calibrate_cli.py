@@ -233,10 +233,16 @@ def test_bad_sources_and_files(tiny_chat_dir, tmp_path, capsys):
   with pytest.raises(CalibrationError, match="empty calibration source"):
     run_count(CountJob(model=str(tiny_chat_dir), out=str(tmp_path / "o"),
                        text=(str(tmp_path / "empty"),)), progress=False)
+  assert not (tmp_path / "o").exists()  # nothing written for an empty source
   (tmp_path / "blank.txt").write_text("")
   with pytest.raises(CalibrationError, match="produced no tokens"):
     run_count(CountJob(model=str(tiny_chat_dir), out=str(tmp_path / "o2"),
                        text=(str(tmp_path / "blank.txt"),)), progress=False)
+  # no counts.partial.npz left behind to refuse the corrected rerun into the same --out
+  assert not (tmp_path / "o2").exists()
+  (tmp_path / "real.txt").write_text("the quick brown fox")
+  assert run_count(CountJob(model=str(tiny_chat_dir), out=str(tmp_path / "o2"),
+                            text=(str(tmp_path / "real.txt"),)), progress=False).total > 0
   assert main(["count", "--model", str(tiny_chat_dir), "--out", str(tmp_path / "o3"),
                "--text", str(tmp_path / "missing")]) == 2
   assert "calibration source not found" in capsys.readouterr().err

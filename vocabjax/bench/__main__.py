@@ -1,11 +1,15 @@
 """python -m vocabjax.bench: time the engine's programs on this machine's accelerator (or CPU)
 with random weights of real shapes; `python -m vocabjax.bench project` turns an eval run's
-recorded steps and those times into projected speedups.
+recorded steps and those times into projected speedups; `python -m vocabjax.bench tpu` compiles
+every method's whole step for a TPU topology on this host (no TPU: libtpu's compiler) and
+projects its memory and roofline time (`vocabjax.bench.tpu`).
 
   python -m vocabjax.bench                                  # defaults for this backend
   python -m vocabjax.bench --pair llama-3.1-8b --dtypes bfloat16 --batch 1 4 16 64
   python -m vocabjax.bench --target path/to/config.json --draft qwen2.5-0.5b-instruct
   python -m vocabjax.bench project --run eval/results/default --bench eval/results/bench/<dev>
+  python -m vocabjax.bench tpu --topology v5e:1x1 --pair qwen2.5-coder --out DIR \
+      [--run eval/results/eagle/gate] [--methods ar chain_g3 ...] [--context 1024]
 
 Defaults: on the CPU the registry's pair (Qwen2.5-Coder 1.5B <- 0.5B), float32 and bfloat16,
 batch 1; on GPU/TPU every pair of `vocabjax.bench.shapes.PAIRS` (adding Qwen2.5-7B <- 0.5B and
@@ -18,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -25,7 +30,8 @@ from pathlib import Path
 from vocabjax.bench import run, shapes
 from vocabjax.bench.engine import BenchError
 from vocabjax.checkpoints.hf_config import UnsupportedConfigError
-from vocabjax.io import atomic_write_json, atomic_write_text
+from vocabjax.io import (OutputPathError, atomic_write_json, atomic_write_text,
+                         check_output_dir, check_output_file)
 
 
 def _bench_parser() -> argparse.ArgumentParser:
@@ -87,16 +93,24 @@ def _project(argv: list[str]) -> int:
   path = Path(a.bench)
   path = path / "bench.json" if path.is_dir() else path
   try:
+    if a.out:
+      check_output_file(a.out + ".md", "--out")
     bench = json.loads(path.read_text())
-  except (OSError, json.JSONDecodeError) as e:
-    print(f"error: {path}: not a readable bench.json ({e})", file=sys.stderr)
+    if not isinstance(bench, dict) or not isinstance(bench.get("rows"), list):
+      raise BenchError(f"{path}: not a bench.json (no rows list); `python -m vocabjax.bench` "
+                       f"writes one")
+  except (OSError, json.JSONDecodeError, BenchError, OutputPathError) as e:
+    print(f"error: {e}" if isinstance(e, (BenchError, OutputPathError))
+          else f"error: {path}: not a readable bench.json ({e})", file=sys.stderr)
     return 2
   command = "python -m vocabjax.bench project " + shlex.join(argv)
   try:
     proj = project.project(a.run, bench, batch=a.batch, target_model=a.target,
                            draft_model=a.draft, dtype=a.dtype, draft_dtype=a.draft_dtype)
-  except BenchError as e:
-    print(f"error: {e}", file=sys.stderr)
+  except (BenchError, KeyError, TypeError, ValueError) as e:
+    # a truncated or hand-edited input: one line naming it, not a traceback
+    what = e if isinstance(e, BenchError) else f"{type(e).__name__}: {e}"
+    print(f"error: cannot project {a.run} with {path}: {what}", file=sys.stderr)
     return 2
   md = project.render(proj, command)
   if a.out:
@@ -106,10 +120,100 @@ def _project(argv: list[str]) -> int:
   return 0
 
 
+def _tpu_parser() -> argparse.ArgumentParser:
+  p = argparse.ArgumentParser(
+      prog="python -m vocabjax.bench tpu", formatter_class=argparse.RawDescriptionHelpFormatter,
+      description="Compile every method's whole decoding step for a TPU topology on this "
+      "host (deviceless: libtpu's compiler, abstract weights of the real shapes) and record "
+      "per-chip memory against the chip's HBM, XLA's flops and bytes, the roofline time and "
+      "PROJECTED speedups from a recorded run's tau (tpu.md, tpu.json in --out).",
+      epilog="Method names: " + ", ".join(_tpu_names()))
+  p.add_argument("--topology", required=True, help="a TPU topology: v5e:1x1, v5e:2x2, v6e:1x1, "
+                 "v5p:1x1x1, ... (several chips: the model axis over all of them)")
+  p.add_argument("--pair", choices=sorted(shapes.PAIRS), help="a target/drafter pair "
+                 "(default qwen2.5-coder)")
+  p.add_argument("--target", help="a target model instead of --pair (a name of "
+                 "vocabjax.bench.shapes.KNOWN, a config.json, ...); with --draft")
+  p.add_argument("--draft", help="its same-vocabulary drafter")
+  p.add_argument("--cross-draft", help="crossvocab's drafter (default: the drafter)")
+  p.add_argument("--out", required=True, help="result directory (tpu.md, tpu.json)")
+  p.add_argument("--run", help="an eval result directory whose summary.json gives tau per "
+                 "method (matched by name, else by registry method and step parameters)")
+  p.add_argument("--methods", nargs="+", help="method names (default: all; ar is always "
+                 "included: speedups are against it)")
+  p.add_argument("--context", type=int, default=1024, help="cache slots S of the step programs "
+                 "(their attention reads all S; default 1024, the gate run's max_len)")
+  p.add_argument("--batch", type=int, default=1, help="batch rows B")
+  p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+  p.add_argument("--rolled-costs", action="store_true", help="take costs from the steps as "
+                 "compiled (a loop body counted once) instead of a loop-unrolled copy (faster)")
+  return p
+
+
+def _tpu_names() -> list[str]:
+  from vocabjax.bench.tpu import NAME_FORMS  # local: JAX's import only for this subcommand
+
+  return list(NAME_FORMS)
+
+
+def _tpu(argv: list[str]) -> int:
+  import datetime
+  import importlib.metadata
+  import platform
+
+  p = _tpu_parser()
+  a = p.parse_args(argv)
+  if (a.target is None) != (a.draft is None) or (a.target and a.pair):
+    p.error("--target and --draft go together, without --pair")
+  if a.context < 2 or a.batch < 1:
+    p.error(f"--context {a.context} must be >= 2 and --batch {a.batch} >= 1")
+  from vocabjax.bench import tpu  # local: JAX and libtpu only for this subcommand
+
+  command = "python -m vocabjax.bench tpu " + shlex.join(argv)
+  try:
+    tname, dname = (a.target, a.draft) if a.target else shapes.PAIRS[a.pair or "qwen2.5-coder"]
+    tname, tc = shapes.resolve_config(tname)
+    dname, dc = shapes.resolve_config(dname)
+    xname, xc = shapes.resolve_config(a.cross_draft) if a.cross_draft else ("", None)
+    methods = list(dict.fromkeys(["ar", *(a.methods or tpu.METHODS)]))
+    for m in methods:
+      tpu.method_spec(m)  # a bad name is refused before anything compiles
+    setup = tpu.Setup(tc, dc, cross_draft=xc, dtype=a.dtype, target_name=tname,
+                      draft_name=dname, cross_draft_name=xname)
+    tpu.chip_of(a.topology)
+    tpu.tpu_devices(a.topology)
+  except (ValueError, RuntimeError, shapes.ShapeError, UnsupportedConfigError) as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  out = Path(a.out)
+  env = {"command": command,
+         "date": datetime.datetime.now().isoformat(timespec="seconds"),
+         "jax": importlib.metadata.version("jax"),
+         "libtpu": importlib.metadata.version("libtpu"),
+         "host": f"{platform.machine()} CPU, {os.cpu_count()} cores"}
+
+  def save(result):
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "tpu.json", {**env, **result})
+    atomic_write_text(out / "tpu.md", tpu.render({**env, **result}))
+
+  try:
+    result = tpu.project(setup, a.topology, methods, B=a.batch, S=a.context, run=a.run,
+                         unrolled_costs=not a.rolled_costs, on_row=save,
+                         progress=lambda text: print(text, file=sys.stderr, flush=True))
+  except tpu.TpuProjectionError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  print(tpu.render({**env, **result}))
+  return 0
+
+
 def main(argv: list[str] | None = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   if argv[:1] == ["project"]:
     return _project(argv[1:])
+  if argv[:1] == ["tpu"]:
+    return _tpu(argv[1:])
   parser = _bench_parser()
   a = parser.parse_args(argv)
   import jax  # local: the backend decides the defaults
@@ -131,9 +235,11 @@ def main(argv: list[str] | None = None) -> int:
       bandwidth_bytes=a.bandwidth_mib << 20)
   command = "python -m vocabjax.bench " + shlex.join(argv)
   try:
+    if a.out:
+      check_output_dir(a.out, "--out")  # before any program is compiled
     result = run.run_bench(settings, a.out, command=command, overwrite=a.overwrite,
                            progress=not a.no_progress)
-  except (BenchError, shapes.ShapeError, UnsupportedConfigError) as e:
+  except (BenchError, shapes.ShapeError, UnsupportedConfigError, OutputPathError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   print(run.render(result))

@@ -21,6 +21,8 @@ from vocabjax.calibrate.counts import CalibrationError, Counts, plot
 from vocabjax.calibrate.run import BACKENDS, CountJob, run_count
 from vocabjax.checkpoints.torch_model import TORCH_DTYPES
 from vocabjax.calibrate.select import subset_from_counts
+from vocabjax.io import check_output_dir, check_output_file
+from vocabjax.prompts import seed_arg
 
 
 def _parser():
@@ -59,7 +61,7 @@ def _parser():
   c.add_argument("--torch-dtype", default="bfloat16", choices=TORCH_DTYPES,
                  help="the torch backend's dtype")
   c.add_argument("--temperature", type=float, default=0.0)
-  c.add_argument("--seed", type=int, default=0)
+  c.add_argument("--seed", type=seed_arg, default=0)
   c.add_argument("--max-len", type=int, default=1024)
   c.add_argument("--limit", type=int, help="at most this many documents / prompts")
   c.add_argument("--max-units", type=int, help="stop after this many units (rerun resumes)")
@@ -87,6 +89,11 @@ def _parser():
 def main(argv=None) -> int:
   args = _parser().parse_args(argv)
   try:
+    # the output is checked before a model or a corpus is read
+    if args.cmd == "select":
+      check_output_file(args.out, "--out")
+    else:
+      check_output_dir(args.out, "--out")
     if args.cmd == "count":
       distributed.initialize_from_args(args)  # before any JAX computation
       job = CountJob(

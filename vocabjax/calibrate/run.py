@@ -264,6 +264,16 @@ def _save_partial(out: Path, job: CountJob, counter: TokenCounter, done: int, ti
   atomic_write_bytes(out / PARTIAL, buf.getvalue())
 
 
+def _drop_empty(out: Path, created: bool, *, start_state: bool) -> None:
+  """After a job that counted nothing: remove its partial state (and generations), and `out`
+  itself when this run created it and nothing else is there."""
+  if start_state:
+    for name in (PARTIAL, GENERATED):
+      (out / name).unlink(missing_ok=True)
+  if created and out.is_dir() and not any(out.iterdir()):
+    out.rmdir()
+
+
 def _load_partial(out: Path, job: CountJob, V: int):
   path = out / PARTIAL
   if not path.exists():
@@ -290,6 +300,7 @@ def run_count(job: CountJob, *, overwrite: bool = False, max_units: int | None =
   final counts from the units done so far without running more (meta records how many of the
   units were counted)."""
   out = Path(job.out)
+  created = not out.exists()
   out.mkdir(parents=True, exist_ok=True)
   final = out / FINAL
   if final.exists():
@@ -321,6 +332,7 @@ def run_count(job: CountJob, *, overwrite: bool = False, max_units: int | None =
     docs = text_documents(job)
     units = [docs[i:i + job.docs_per_unit] for i in range(0, len(docs), job.docs_per_unit)]
   if not units:
+    _drop_empty(out, created, start_state=False)
     raise CalibrationError(f"empty calibration source: no documents or prompts in {job.source}")
   counter = TokenCounter(V, mesh=mesh)  # after datasets.map forked its workers
 
@@ -381,6 +393,9 @@ def run_count(job: CountJob, *, overwrite: bool = False, max_units: int | None =
       _save_partial(out, job, counter, done, timing)
   bar.close()
   if counter.total == 0:
+    # nothing counted: leave no partial state behind to block the corrected rerun
+    if pid == 0:
+      _drop_empty(out, created, start_state=True)
     raise CalibrationError(f"empty calibration source: {job.source} produced no tokens")
 
   meta = {"tokenizer_id": tok_id, "kind": job.kind, "source": job.source, "model": job.model,

@@ -90,13 +90,32 @@ class ChecksumError(RuntimeError):
   """An assembled file does not have its pinned size or sha256."""
 
 
+class ZooError(ValueError):
+  """A request the registry cannot serve (unknown name, unusable cache directory)."""
+
+
 def cache_dir() -> Path:
   return Path(os.environ.get("VOCABJAX_CACHE", Path.home() / ".cache" / "vocabjax"))
 
 
+def writable_cache(root: Path) -> Path:
+  """`root`, created if needed; ZooError naming it (and $VOCABJAX_CACHE) when it is a file or
+  cannot be written, before anything is downloaded."""
+  if root.exists() and not root.is_dir():
+    raise ZooError(f"the model cache {root} ($VOCABJAX_CACHE) is a file, not a directory")
+  try:
+    root.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    raise ZooError(f"the model cache {root} ($VOCABJAX_CACHE) cannot be created: "
+                   f"{e.strerror}") from None
+  if not os.access(root, os.W_OK | os.X_OK):
+    raise ZooError(f"the model cache {root} ($VOCABJAX_CACHE) is not writable")
+  return root
+
+
 def get_entry(name: str) -> ZooEntry:
   if name not in REGISTRY:
-    raise KeyError(f"unknown registry model {name!r}; known: {sorted(REGISTRY)}")
+    raise ZooError(f"unknown registry model {name!r}; known: {sorted(REGISTRY)}")
   return REGISTRY[name]
 
 
@@ -126,9 +145,10 @@ def _stamp(path: Path) -> dict:
 _HASHED: set[tuple[str, str]] = set()
 
 
-def is_verified(entry: ZooEntry, root: Path | None = None, *, progress: bool = False) -> bool:
-  """True when the cached file exists, its stamp still matches, and (once per process) its
-  content hashes to the pinned sha256."""
+def is_verified(entry: ZooEntry, root: Path | None = None, *, progress: bool = False,
+                hash_content: bool = True) -> bool:
+  """True when the cached file exists, its stamp still matches, and (once per process, unless
+  `hash_content` is False: a listing) its content hashes to the pinned sha256."""
   path = (root or cache_dir()) / entry.filename
   stamp = _stamp_path(path)
   if not path.exists() or not stamp.exists():
@@ -140,7 +160,7 @@ def is_verified(entry: ZooEntry, root: Path | None = None, *, progress: bool = F
   if recorded != {**_stamp(path), "sha256": entry.sha256}:
     return False
   key = (str(path.resolve()), entry.sha256)
-  if key not in _HASHED:
+  if hash_content and key not in _HASHED:
     if sha256_file(path, progress=progress) != entry.sha256:
       print(f"[vocabjax.zoo] {path}: its content no longer hashes to the pinned sha256 "
             f"{entry.sha256} (changed in place; its size and mtime were kept)", file=sys.stderr)
@@ -188,10 +208,10 @@ def fetch(name_or_entry: str | ZooEntry, root: Path | None = None, *, progress: 
   """Return the verified local path of a registry model, downloading it if needed."""
   entry = get_entry(name_or_entry) if isinstance(name_or_entry, str) else name_or_entry
   root = root or cache_dir()
-  root.mkdir(parents=True, exist_ok=True)
   path = root / entry.filename
   if is_verified(entry, root, progress=progress):
     return path
+  writable_cache(root)
   if path.exists():
     try:  # a file without a valid stamp: re-hash before trusting it
       verify(entry, path, progress=progress)

@@ -25,6 +25,7 @@ from vocabjax import distributed
 from vocabjax.checkpoints.loader import parse_dtype
 from vocabjax.eval import report
 from vocabjax.eval.config import ConfigError, DatasetSpec, _mesh, load_config
+from vocabjax.io import OutputPathError, check_output_dir
 from vocabjax.eval.runner import run_suite
 
 
@@ -100,6 +101,10 @@ def main(cli: CliConfig) -> dict:
   cfg = resolve(cli)
   out = cli.out or f"runs/{cfg.name}"  # a user's run: never committed (recorded references
   #   live under eval/results/, written there with --out)
+  try:
+    check_output_dir(out, "--out")  # before a model is fetched or loaded
+  except OutputPathError as e:
+    raise ConfigError(str(e)) from None
   summary = run_suite(cfg, out, overwrite=cli.overwrite, compare_torch=cli.compare_torch,
                       progress=not cli.quiet, skip_bad_prompts=cli.skip_bad_prompts,
                       reference=cli.reference)
