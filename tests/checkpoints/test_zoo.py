@@ -106,8 +106,10 @@ def test_registry_pins_and_cli_list(capsys, tmp_path, monkeypatch):
   assert zoo_cli.main(["list"]) == 0
   out = capsys.readouterr().out
   assert "qwen2.5-coder-0.5b-instruct" in out and "smollm2-135m-instruct" in out
-  with pytest.raises(KeyError, match="unknown registry model 'qwen-typo'"):
-    zoo_cli.main(["fetch", "qwen-typo"])
+  assert zoo_cli.main(["fetch", "qwen-typo"]) == 2  # one error line, nothing downloaded
+  assert "error: unknown registry model 'qwen-typo'" in capsys.readouterr().err
+  with pytest.raises(zoo.ZooError, match="unknown registry model 'qwen-typo'"):
+    zoo.get_entry("qwen-typo")
 
 
 def test_in_place_corruption_with_size_and_mtime_kept_is_caught_by_the_next_process(
