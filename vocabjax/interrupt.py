@@ -18,6 +18,11 @@ import threading
 _state = {"requested": False, "active": False}
 
 
+def requested() -> bool:
+  """Whether a Ctrl-C was deferred (the loop decides how to stop)."""
+  return _state["requested"]
+
+
 def check() -> None:
   """Raise KeyboardInterrupt if a Ctrl-C was deferred: call between units of work."""
   if _state["requested"]:

@@ -27,7 +27,12 @@ import numpy as np
 import optax
 from flax import struct
 
+from vocabjax import interrupt
 from vocabjax.io import atomic_write_bytes, atomic_write_json
+
+
+class TrainInterrupted(KeyboardInterrupt):
+  """Ctrl-C during training, after the last checkpoint was written: its message says where."""
 
 
 class TrainError(ValueError):
@@ -230,11 +235,30 @@ class TrainRun:
     if self.start == 0 and not read_log(self.log_path):
       log(state, 0, None)
     end = self.steps if stop_after is None else min(self.steps, self.start + stop_after)
-    sums: dict = {}
-    n = 0
     bar = progress(range(self.start, end), total=self.steps, initial=self.start, desc=desc,
                    enabled=show_progress)
+    with interrupt.deferred_interrupt("saving a checkpoint after this step, then stopping "
+                                      "(Ctrl-C again to stop at once)"):
+      try:
+        state = self._steps(bar, state, step_fn, log, end, show_progress)
+      except KeyboardInterrupt:
+        bar.close()
+        self.ckpt.close()  # an in-flight save completes: orbax's threads end quietly
+        raise TrainInterrupted(
+            f"{self.what} interrupted; the last checkpoint is step "
+            f"{self.ckpt.latest_step()} in {self.ckpt.dir}: rerun the same command to "
+            f"resume") from None
+    self.ckpt.close()
+    return RunResult(state=state, rows=read_log(self.log_path), end=end)
+
+  def _steps(self, bar, state, step_fn, log, end, show_progress):
+    sums: dict = {}
+    n = 0
     for step in bar:
+      if interrupt.requested():  # a deferred Ctrl-C: checkpoint what is done, then stop
+        if step > self.start and self.ckpt.latest_step() != step:
+          self.ckpt.save(step, state, force=True)
+        raise KeyboardInterrupt
       state, metrics = step_fn(state, step)
       metrics = {k: float(v) for k, v in metrics.items()}
       check_finite_loss(metrics["loss"], step + 1, self.what, self.ckpt)
@@ -248,8 +272,7 @@ class TrainRun:
         log(state, done, {k: v / n for k, v in sums.items()})
         sums, n = {}, 0
       self.ckpt.save(done, state, force=done == end)
-    self.ckpt.close()
-    return RunResult(state=state, rows=read_log(self.log_path), end=end)
+    return state
 
   def plot(self, keys: list[str], title: str) -> None:
     rows = read_log(self.log_path)
@@ -426,6 +449,9 @@ def run_job_cli(argv, *, prog: str, doc: str, configs: str, what: str, job_from_
   except errors as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
+  except KeyboardInterrupt as e:  # one line, not orbax's threads' tracebacks
+    print(f"\n[{prog}] {e or 'interrupted'}", file=sys.stderr)
+    return 130
   print(json.dumps({k: summary.get(k) for k in report}, indent=1))
   return 0
 
