@@ -64,3 +64,25 @@ def test_a_shard_whose_columns_disagree_is_refused(tmp_path):
   path.write_bytes(path.read_bytes()[:100])  # truncated
   with pytest.raises(TrainError, match=r"shard-00002\.npz is missing or corrupt"):
     read_shards(tmp_path, ("feats", "label"))
+
+
+def test_a_deleted_shard_of_a_complete_build_is_computed_again(tmp_path):
+  """The loader says "delete it and rerun" of a corrupt shard: the rerun must rebuild it,
+  although meta.json says the build was complete."""
+  from vocabjax.train.features import pending_shards
+
+  records = _records()
+  shards = -(-len(records) // SHARD_RECORDS)
+  write_shards(tmp_path, {"fingerprint": "x"}, records, list(range(shards)), _record_fn,
+               desc="test", show_progress=False)
+  assert pending_shards(tmp_path, "x", len(records)) == []
+  before = read_shards(tmp_path, ("feats", "label"))[0]
+  (tmp_path / "shard-00001.npz").unlink()
+  todo = pending_shards(tmp_path, "x", len(records))
+  assert todo == [1]
+  write_shards(tmp_path, {"fingerprint": "x"}, records, todo, _record_fn, desc="test",
+               show_progress=False)
+  after = read_shards(tmp_path, ("feats", "label"))[0]
+  np.testing.assert_array_equal(after["feats"], before["feats"])
+  with pytest.raises(TrainError, match="holds features of other data or models"):
+    pending_shards(tmp_path, "y", len(records))

@@ -165,8 +165,8 @@ def pending_shards(fdir: Path, fingerprint: str, n_records: int) -> list[int]:
       raise TrainError(f"{fdir} holds features of other data or models "
                        f"({meta.get('drafter') or meta.get('kind')} / {meta.get('target')} on "
                        f"{meta.get('data')}); use another 'features' directory")
-    if meta.get("complete"):
-      return []
+  # a complete build still has its shards checked: one deleted (as the loader's message
+  # advises for a corrupt one) is recomputed, not left missing behind `complete: true`
   n_shards = -(-n_records // SHARD_RECORDS)
   return [i for i in range(n_shards) if not (Path(fdir) / f"shard-{i:05d}.npz").exists()]
 
