@@ -21,10 +21,12 @@ resumes); the recorded tables are in eval/results/bench/<device>/.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
 import sys
+import tempfile
 from pathlib import Path
 
 from vocabjax.bench import run, shapes
@@ -156,17 +158,50 @@ def _tpu_names() -> list[str]:
   return list(NAME_FORMS)
 
 
-def _tpu(argv: list[str]) -> int:
-  import datetime
-  import importlib.metadata
-  import platform
+@contextlib.contextmanager
+def _libtpu_log():
+  """libtpu's own C++ log lines (that no TPU host is found, compiler notes) go to a temporary
+  file instead of stderr, which keeps this command's lines (its progress, one `error:` line);
+  they are shown only when the command fails unexpectedly."""
+  sys.stderr.flush()
+  log = tempfile.TemporaryFile()
+  saved = os.dup(2)
+  os.dup2(log.fileno(), 2)
+  ours = sys.stderr
+  sys.stderr = os.fdopen(os.dup(saved), "w", buffering=1)
+  failed = True
+  try:
+    yield
+    failed = False
+  finally:
+    sys.stderr.flush()
+    sys.stderr.close()
+    sys.stderr = ours
+    os.dup2(saved, 2)
+    os.close(saved)
+    if failed:
+      log.seek(0)
+      tail = log.read().decode(errors="replace").splitlines()[-20:]
+      print("libtpu's last log lines:\n" + "\n".join(tail), file=sys.stderr)
+    log.close()
 
+
+def _tpu(argv: list[str]) -> int:
   p = _tpu_parser()
   a = p.parse_args(argv)
   if (a.target is None) != (a.draft is None) or (a.target and a.pair):
     p.error("--target and --draft go together, without --pair")
   if a.context < 2 or a.batch < 1:
     p.error(f"--context {a.context} must be >= 2 and --batch {a.batch} >= 1")
+  with _libtpu_log():
+    return _tpu_run(a, argv)
+
+
+def _tpu_run(a, argv: list[str]) -> int:
+  import datetime
+  import importlib.metadata
+  import platform
+
   from vocabjax.bench import tpu  # local: JAX and libtpu only for this subcommand
 
   command = "python -m vocabjax.bench tpu " + shlex.join(argv)
@@ -180,8 +215,11 @@ def _tpu(argv: list[str]) -> int:
       tpu.method_spec(m)  # a bad name is refused before anything compiles
     setup = tpu.Setup(tc, dc, cross_draft=xc, dtype=a.dtype, target_name=tname,
                       draft_name=dname, cross_draft_name=xname)
-    tpu.chip_of(a.topology)
-    tpu.tpu_devices(a.topology)
+    tpu.tpu_devices(a.topology)  # ValueError naming an unknown topology
+    tpu.chip_of(a.topology)  # a topology libtpu knows but the chip table does not
+    if a.run:
+      tpu.run_methods(a.run)  # a --run without a readable summary.json
+    check_output_dir(a.out, "--out")  # before anything compiles
   except (ValueError, RuntimeError, shapes.ShapeError, UnsupportedConfigError) as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

@@ -1,0 +1,1060 @@
+"""Whole decoding steps of every method, compiled for TPUs on a host without one (libtpu's
+compiler, `vocabjax.testing.tpu_aot`), and what the compiled programs say about a TPU.
+
+Letters: B batch rows, S cache slots, T prompt block, V vocabulary, D hidden size.
+
+    step = lower_step("chain_g3", Setup(target_cfg, draft_cfg), topology="v5e:1x1", S=1024,
+                      compile=True)
+    step.programs["step"].compiled.memory_analysis(), .cost_analysis()
+
+The decoders are the library's own (`ChainDecoder`, `TreeDecoder`, `EagleDecoder`, ...), built
+with ABSTRACT weights: a decoder's constructor runs under `jax.make_jaxpr` on
+ShapeDtypeStructs, so no weight is ever materialized (a 7-8B target costs no host memory), and
+every array it keeps (its params after layout changes, attached vocabulary policies, shardings
+from `vocabjax.sharding`) comes back as a ShapeDtypeStruct placed on the topology's TPU devices
+(a `jax.device_put` in the constructor gives that array its NamedSharding, read from the traced
+program). Where a constructor needs concrete values they are small stand-ins: a static subset's
+ids (the first K ids), a random ranker's matrices (zeros of [V, R] and [R, D]: only their shapes
+reach the program), tiny trained tokenizers for the cross-vocabulary id map (a [Vd] int32 array
+in the program whatever it holds). The step program is then traced from the decoder's own step
+function (`_step_fn`, `_step`, `pld_step`, crossvocab's `_draft` / `_verify` through its `_lower`)
+exactly as the decoder's `programs()` jits it (same donation, same out_shardings on a mesh), for
+the TPU devices: what compiles here is what the decoder runs on a TPU.
+
+Trace-time switches that read the host's backend (`jax.default_backend()`, "cpu" here) are set
+as a TPU would see them while tracing (`tpu_tracing`):
+  - `cpu_matmul.linear` lowers to the C++ CPU custom call (VjSkinnyMatmul*, VjGemmBF16*) and, even
+    with the kernel off, widens bf16 weights to f32 before XLA's dot when the backend is "cpu";
+  - `speculative.block_layout` / `fold_catch_up` pick the MLP layout and the chain's two-token
+    first drafting call from the backend ("in_out" and a conditional catch-up on XLA:CPU);
+so `jax.default_backend` answers "tpu" while a decoder is built and traced, and the CPU kernel
+is switched off (`cpu_matmul.enabled(False)`). The mesh switches (`split_vocab_top_k`,
+`per_row_writes`) are set as the decoders set them: on for a mesh, off for one chip.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import re
+import threading
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P, SingleDeviceSharding
+
+from vocabjax import sharding
+from vocabjax.decoding.autoregressive import Decoder, _prefill, _step, abstract_cache
+from vocabjax.decoding.crossvocab import CrossVocabDecoder, _draft, _verify
+from vocabjax.decoding.eagle import EagleDecoder, EagleState, _eagle_prefill
+from vocabjax.decoding.medusa import (MedusaDecoder, MedusaState, _medusa_prefill,
+                                      medusa_choices_for)
+from vocabjax.decoding.pld import PromptLookupDecoder, pld_step
+from vocabjax.decoding.sampling import SamplingParams, split_vocab_top_k
+from vocabjax.decoding.speculative import (ChainDecoder, SpeculativeDecoder, TreeDecoder,
+                                           _draft_prefill)
+from vocabjax.decoding.tree import TreeParams
+from vocabjax.kernels import cpu_matmul
+from vocabjax.models.cache import KVCache
+from vocabjax.models.config import LlamaLikeConfig
+from vocabjax.models.eagle import EagleConfig, default_feature_layers, init_eagle
+from vocabjax.models.llamalike import init_params, per_row_writes
+from vocabjax.models.medusa import MedusaConfig, init_medusa
+from vocabjax.testing.tpu_aot import tpu_devices
+from vocabjax.vocab.ranked import Ranker, SpeculativeVocab
+from vocabjax.vocab.subset import VocabSubset
+
+__all__ = ["CHIPS", "METHODS", "Chip", "Program", "Setup", "TpuStep", "build_decoder",
+           "chip_of", "cpu_custom_calls", "lower_step", "tpu_mesh", "tpu_tracing"]
+
+GiB = 1 << 30
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  """Published per-chip figures of a TPU generation."""
+
+  name: str
+  hbm_bytes: int  # HBM capacity per chip
+  hbm_bytes_per_s: float  # HBM bandwidth per chip
+  bf16_flops_per_s: float  # peak dense bf16 compute per chip
+  source: str
+
+
+# Google Cloud's TPU documentation, per chip (read 2026): v5e "16 GB, 819 GBps, 197 TFLOPs
+# (bf16)" (https://cloud.google.com/tpu/docs/v5e; the chip's HBM2 is 16 GiB); v6e "32 GB,
+# 1640 GBps, 918 TFLOPs" (https://cloud.google.com/tpu/docs/v6e; a later revision writes 1638
+# GBps); v5p "95 GiB, 2765 GBps, 459 TFLOPs" (https://cloud.google.com/tpu/docs/v5p).
+CHIPS: dict[str, Chip] = {
+    "v5e": Chip("TPU v5e", 16 * GiB, 819e9, 197e12, "https://cloud.google.com/tpu/docs/v5e"),
+    "v6e": Chip("TPU v6e", 32 * GiB, 1640e9, 918e12, "https://cloud.google.com/tpu/docs/v6e"),
+    "v5p": Chip("TPU v5p", 95 * GiB, 2765e9, 459e12, "https://cloud.google.com/tpu/docs/v5p"),
+}
+
+
+def chip_of(topology: str) -> Chip:
+  """The Chip of a topology name such as "v5e:2x2" (ValueError naming it otherwise)."""
+  gen = topology.split(":", 1)[0]
+  if gen not in CHIPS:
+    raise ValueError(f"no published chip figures for TPU topology {topology!r}: the table "
+                     f"vocabjax.bench.tpu.CHIPS has {sorted(CHIPS)}")
+  return CHIPS[gen]
+
+
+# --- tracing for a TPU on this host ----------------------------------------------------------
+
+_BACKEND_LOCK = threading.RLock()
+
+
+@contextlib.contextmanager
+def _backend_reads(platform: str):
+  """`jax.default_backend()` answers `platform` inside (module doc: the library's trace-time
+  switches read it; JAX itself asks xla_bridge, not this public name)."""
+  with _BACKEND_LOCK:
+    old = jax.default_backend
+    jax.default_backend = lambda: platform
+    try:
+      yield
+    finally:
+      jax.default_backend = old
+
+
+@contextlib.contextmanager
+def tpu_tracing(device=None, mesh=None):
+  """Trace programs inside as a TPU's decoder would (module doc): the library's backend reads
+  say "tpu", the CPU matmul kernel is off, the mesh switches follow `mesh`, and (with
+  `device`, a TPU device) Pallas lowering rules see that TPU as the default device."""
+  on_mesh = mesh is not None
+  with contextlib.ExitStack() as stack:
+    stack.enter_context(_backend_reads("tpu"))
+    stack.enter_context(cpu_matmul.enabled(False))
+    stack.enter_context(split_vocab_top_k(on_mesh))
+    stack.enter_context(per_row_writes(on_mesh))
+    if device is not None:
+      stack.enter_context(jax.default_device(device))
+    yield
+
+
+def cpu_custom_calls(text: str) -> list[str]:
+  """The CPU-only custom-call targets of `vocabjax.kernels.cpu_matmul` named in a lowered
+  program's text (none may reach a TPU program)."""
+  names = {*cpu_matmul._TARGETS.values(), *cpu_matmul._GEMM_TARGETS.values(),
+           "VjSkinnyMatmul", "VjGemmBF16"}
+  return sorted(n for n in names if n in text)
+
+
+def tpu_mesh(topology: str, data: int = 1):
+  """A ("data", "model") mesh over the topology's chips, the model axis over the rest."""
+  devices = tpu_devices(topology)
+  if len(devices) % data:
+    raise ValueError(f"data axis {data} does not divide the {len(devices)} chips of "
+                     f"{topology!r}")
+  return sharding.make_mesh(data=data, model=len(devices) // data, devices=devices)
+
+
+# --- what is compiled --------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+  """The models of a comparison (configs only, no weights) and the shapes of the heads."""
+
+  target: LlamaLikeConfig
+  draft: LlamaLikeConfig  # the same-vocabulary drafter (chain, tree, VocabTrim, SpecVocab)
+  cross_draft: LlamaLikeConfig | None = None  # crossvocab's drafter (default: `draft`)
+  dtype: str = "bfloat16"  # weights and KV caches
+  head_vocab: int = 8192  # EAGLE head's Vd (the chat_pl head of eval/results/eagle/gate)
+  head_intermediate: int = 2048
+  ranker_rank: int = 128  # SpecVocab ranker rank d'
+  target_name: str = "target"
+  draft_name: str = "draft"
+  cross_draft_name: str = ""
+
+  def __post_init__(self):
+    if self.target.vocab_size != self.draft.vocab_size:
+      raise ValueError(f"target V={self.target.vocab_size} and drafter V="
+                       f"{self.draft.vocab_size} differ: pass a same-vocabulary drafter as "
+                       f"`draft` and the other one as `cross_draft`")
+
+  @property
+  def crossvocab_draft(self) -> LlamaLikeConfig:
+    return self.cross_draft or self.draft
+
+  def describe(self) -> str:
+    def c(cfg):
+      return f"L{cfg.num_layers} D{cfg.hidden_size} V{cfg.vocab_size}"
+    out = f"target {c(self.target)}, drafter {c(self.draft)}"
+    if self.cross_draft is not None:
+      out += f", crossvocab drafter {c(self.cross_draft)}"
+    return f"{out}, {self.dtype}"
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodSpec:
+  """A method name parsed (`method_spec`)."""
+
+  name: str
+  kind: str  # the registry's method (vocabjax.methods.METHODS) whose step this is
+  params: dict | None  # its step-shaping registry parameters (a run's tau is matched on them;
+  #   None: by name only)
+  needs: tuple  # abstract models the decoder takes: "target", "draft", "head", ...
+  build: Callable  # (arrays, setup, mesh) -> decoder
+  about: str
+  while_trips: int = 0  # iterations of the step's while_loop (crossvocab drafting), for costs
+  loop_programs: tuple = ("step",)  # the step programs that hold the loops
+
+  @property
+  def loops(self) -> bool:
+    """Whether the step holds a scan or while loop (XLA's cost analysis counts a body once)."""
+    return self.kind in ("chain", "tree", "eagle", "vocabtrim", "frspec", "specvocab",
+                         "crossvocab")
+
+
+# the method names `lower_step` and `python -m vocabjax.bench tpu` take; the defaults are the
+# shapes of eval/results/eagle/gate's methods (and SpecVocab's main setting)
+METHODS = ("ar", "chain_g3", "tree_k4d4n16", "eagle_k1d4", "eagle_k4d4n16", "medusa_h3k2",
+           "pld_g4", "vocabtrim_k8192_g3", "sv2048_g3_tpu", "crossvocab_g4")
+NAME_FORMS = ("ar", "chain_g<G>", "tree_k<k>d<d>n<n>", "eagle_k<k>d<d>[n<n>]", "medusa_h<H>k<k>",
+              "pld_g<G>", "vocabtrim_k<K>_g<G>", "frspec_k<K>_g<G>",
+              "sv<K>_g<G>_<tpu|xla|auto>", "crossvocab_g<G>")
+_FORMS = [
+    ("chain", re.compile(r"chain_g(\d+)")),
+    ("tree", re.compile(r"tree_k(\d+)d(\d+)n(\d+)")),
+    ("eagle", re.compile(r"eagle_k(\d+)d(\d+)(?:n(\d+))?")),
+    ("medusa", re.compile(r"medusa_h(\d+)k(\d+)")),
+    ("pld", re.compile(r"pld_g(\d+)")),
+    ("vocabtrim", re.compile(r"vocabtrim_k(\d+)_g(\d+)")),
+    ("frspec", re.compile(r"frspec_k(\d+)_g(\d+)")),
+    ("specvocab", re.compile(r"sv(\d+)_g(\d+)_(tpu|xla|auto)")),
+    ("crossvocab", re.compile(r"crossvocab_g(\d+)")),
+]
+
+
+# registry parameters that never change a step program (host-side lookup, file paths; an EAGLE
+# head's or a ranker's shapes are taken as the Setup's)
+_HOST_ONLY = {"min_ngram", "max_ngram", "head", "ranker", "subset", "counts", "drafter",
+              "ngram", "rule", "choices", "heads", "threshold"}
+
+
+def method_spec(name: str) -> MethodSpec:
+  """The method a name says (NAME_FORMS); ValueError naming it and the forms otherwise."""
+  if name == "ar":
+    return MethodSpec(name, "ar", {}, ("target",),
+                      lambda a, s, mesh: Decoder(a["target"], s.target, mesh=mesh),
+                      "plain decoding's step")
+  for kind, form in _FORMS:
+    m = form.fullmatch(name)
+    if m:
+      try:
+        return _SPECS[kind](name, *m.groups())
+      except ValueError as e:
+        raise ValueError(f"method {name!r}: {e}") from None
+  raise ValueError(f"unknown method {name!r}: names look like {', '.join(NAME_FORMS)} "
+                   f"(defaults: {', '.join(METHODS)})")
+
+
+def _chain_spec(name, g):
+  G = int(g)
+  if G < 1:
+    raise ValueError(f"gamma {G} must be >= 1")
+  return MethodSpec(name, "chain", {"gamma": G}, ("target", "draft"), lambda a, s, mesh:
+                    ChainDecoder(a["target"], s.target, a["draft"], s.draft, gamma=G,
+                                 mesh=mesh), f"drafter chain of {G}")
+
+
+def _tree_spec(name, k, d, n):
+  tree = TreeParams(int(k), int(d), int(n))
+  return MethodSpec(name, "tree", dataclasses.asdict(tree), ("target", "draft"),
+                    lambda a, s, mesh: TreeDecoder(a["target"], s.target, a["draft"], s.draft,
+                                                   tree=tree, mesh=mesh),
+                    f"drafter tree of {tree.total_tokens} nodes")
+
+
+def _eagle_spec(name, k, d, n):
+  k, d = int(k), int(d)
+  tree = TreeParams(k, d, int(n) if n else k * d)  # n left out: every node of k per level
+  what = f"chain of {d}" if k == 1 else f"tree of {tree.total_tokens}"
+  return MethodSpec(name, "eagle", {**dataclasses.asdict(tree), "min_confidence": 0.0},
+                    ("target", "head"), lambda a, s, mesh: EagleDecoder(
+                        a["target"], s.target, a["head"], _head_config(s), tree=tree,
+                        mesh=mesh), f"EAGLE-3 head (own Vd rows), {what}")
+
+
+def _medusa_spec(name, h, k):
+  H, k = int(h), int(k)
+  if H < 1 or k < 1:
+    raise ValueError(f"Medusa needs heads >= 1 and top-k >= 1, got {H} and {k}")
+  choices = medusa_choices_for(H, k)  # every path of ranks < k down to depth H
+  return MethodSpec(name, "medusa", None, ("target", f"medusa{H}"), lambda a, s, mesh:
+                    MedusaDecoder(a["target"], s.target, a[f"medusa{H}"], _medusa_config(s, H),
+                                  choices=choices, mesh=mesh),
+                    f"Medusa-1, {H} heads with own [V, D] projections, top-{k} full tree "
+                    f"({len(choices)} nodes)")
+
+
+def _pld_spec(name, g):
+  G = int(g)
+  return MethodSpec(name, "pld", {"gamma": G, "candidates": 1}, ("target",),
+                    lambda a, s, mesh: PromptLookupDecoder(a["target"], s.target, gamma=G,
+                                                           mesh=mesh),
+                    f"prompt lookup, the step verifying {G} looked-up drafts")
+
+
+def _static_spec(kind):
+  def spec(name, k, g):
+    K, G = int(k), int(g)
+
+    def build(a, s, mesh):
+      # the subset's ids only fix K: which K rows are copied does not change the program
+      if not 1 <= K <= s.draft.vocab_size:
+        raise ValueError(f"subset K={K} must be in [1, V={s.draft.vocab_size}]")
+      subset = VocabSubset(np.arange(K), s.draft.vocab_size, meta=(("ids", "stand-in"),))
+      return ChainDecoder(a["target"], s.target, a["draft"], s.draft, gamma=G,
+                          draft_vocab=subset, mesh=mesh)
+
+    return MethodSpec(name, kind, {"k": K, "gamma": G, "depth": 0}, ("target", "draft"), build,
+                      f"static subset of {K} rows ({kind}; VocabTrim and FR-Spec run the same "
+                      f"program), chain of {G}")
+  return spec
+
+
+def _specvocab_spec(name, k, g, impl):
+  K, G = int(k), int(g)
+  impl = {"xla": "reference"}.get(impl, impl)
+  return MethodSpec(name, "specvocab", {"k": K, "gamma": G, "depth": 0}, ("target", "draft"),
+                    lambda a, s, mesh: ChainDecoder(a["target"], s.target, a["draft"], s.draft,
+                                                    gamma=G, mesh=mesh,
+                                                    draft_vocab=_ranker_vocab(s, K, impl)),
+                    f"SpecVocab top-{K} (a rank-R ranker, indexed head impl={impl!r}), "
+                    f"chain of {G}")
+
+
+def _crossvocab_spec(name, g):
+  G = int(g)
+
+  def build(a, s, mesh):
+    ttok, dtok = _tokenizers()
+    return CrossVocabDecoder(a["target"], s.target, a["cross_draft"], s.crossvocab_draft,
+                             target_tokenizer=ttok, draft_tokenizer=dtok, gamma=G, mesh=mesh)
+
+  return MethodSpec(name, "crossvocab", {"gamma": G, "adaptive": False},
+                    ("target", "cross_draft"), build,
+                    f"cross-vocabulary drafter, {G} drafts: its draft and verify programs "
+                    f"(the host's translation between them not counted)", while_trips=G - 1,
+                    loop_programs=("draft",))
+
+
+_SPECS = {"chain": _chain_spec, "tree": _tree_spec, "eagle": _eagle_spec,
+          "medusa": _medusa_spec, "pld": _pld_spec, "vocabtrim": _static_spec("vocabtrim"),
+          "frspec": _static_spec("frspec"), "specvocab": _specvocab_spec,
+          "crossvocab": _crossvocab_spec}
+
+
+def _head_config(s: Setup) -> EagleConfig:
+  from vocabjax.train.eagle import head_config  # local: bench uses train's head shapes
+
+  L = s.target.num_layers
+  # EAGLE-3's low/mid/high layers need L >= 8; a test's short target reads what it has
+  layers = default_feature_layers(L) if L >= 8 else tuple(sorted({0, L // 2, L - 1}))
+  return head_config(s.target, layers, min(s.head_vocab, s.target.vocab_size),
+                     s.head_intermediate)
+
+
+def _medusa_config(s: Setup, heads: int) -> MedusaConfig:
+  return MedusaConfig(num_heads=heads, hidden_size=s.target.hidden_size,
+                      vocab_size=s.target.vocab_size)
+
+
+class _ShapeRanker(Ranker):
+  """A ranker for abstract drafter weights: the drafter's fingerprint hashes its LM head's
+  values, which abstract weights do not have, so only its shapes are checked."""
+
+  def check_drafter(self, params, config) -> None:
+    for key, got in (("hidden_size", config.hidden_size), ("vocab_size", config.vocab_size),
+                     ("num_layers", config.num_layers)):
+      if self.drafter.get(key) != got:
+        raise ValueError(f"ranker made for {key}={self.drafter.get(key)}, drafter has {got}")
+
+
+def _ranker_vocab(s: Setup, k: int, impl: str) -> SpeculativeVocab:
+  dc, R = s.draft, s.ranker_rank
+  # zeros: only the shapes [R, D] and [V, R] reach the program (as its arguments)
+  ranker = _ShapeRanker(down=np.zeros((R, dc.hidden_size), np.float32),
+                        vocab=np.zeros((dc.vocab_size, R), np.float32),
+                        drafter={"hidden_size": dc.hidden_size, "vocab_size": dc.vocab_size,
+                                 "num_layers": dc.num_layers, "fingerprint": "abstract"},
+                        meta={"init": "zeros (deviceless TPU compile)"})
+  return SpeculativeVocab(ranker, k, impl=impl)
+
+
+@functools.cache
+def _tokenizers():
+  """Two tiny byte-level BPE tokenizers trained on different text (`vocabjax.testing.tiny`):
+  the cross-vocabulary decoder needs a real pair to build its id map; the map is a [Vd] int32
+  argument of the program, whatever it holds."""
+  from vocabjax.testing.tiny import tiny_tokenizer  # local: transformers only for crossvocab
+
+  corpus = ["The lazy dog sleeps while the quick fox runs.",
+            "def mul(a, b):\n    return a * b\n", "print('hello world')"] * 20
+  return tiny_tokenizer(400), tiny_tokenizer(320, corpus=corpus)
+
+
+def abstract_models(setup: Setup, needs) -> dict:
+  """ShapeDtypeStructs of the models `needs` names (`init_params` & co. under eval_shape)."""
+  dtype = jnp.dtype(setup.dtype)
+  key = jax.random.key(0)
+  out = {}
+  for name in needs:
+    if name in ("target", "draft", "cross_draft"):
+      cfg = {"target": setup.target, "draft": setup.draft,
+             "cross_draft": setup.crossvocab_draft}[name]
+      out[name] = jax.eval_shape(lambda c=cfg: init_params(key, c, dtype=dtype))
+    elif name == "head":
+      out[name] = jax.eval_shape(lambda: init_eagle(key, _head_config(setup), dtype=dtype))
+    elif name.startswith("medusa"):  # "medusa<H>": H heads
+      mc, c = _medusa_config(setup, int(name[len("medusa"):])), setup.target
+      out[name] = jax.eval_shape(lambda: init_medusa(
+          key, mc, lm_head=jnp.zeros((c.vocab_size, c.hidden_size), dtype), dtype=dtype))
+    else:
+      raise ValueError(f"unknown model {name!r}")
+  return out
+
+
+def _traced(value) -> bool:
+  leaves = jax.tree.leaves(value)
+  return bool(leaves) and all(isinstance(x, (jax.core.Tracer, jax.Array)) for x in leaves)
+
+
+def _placements(jaxpr) -> list:
+  """The sharding a `jax.device_put` gave each output of `jaxpr` (None where none did)."""
+  made = {}
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "device_put":
+      for var, dst in zip(eqn.outvars, eqn.params["devices"]):
+        if isinstance(dst, jax.sharding.Sharding):
+          made[var] = dst
+  return [None if hasattr(v, "val") else made.get(v) for v in jaxpr.outvars]
+
+
+def build_decoder(method: str, setup: Setup, *, device=None, mesh=None):
+  """The method's decoder with abstract weights placed on `device` (one TPU chip) or `mesh`
+  (a mesh of TPU chips, `tpu_mesh`): module doc."""
+  spec = method_spec(method)
+  if (device is None) == (mesh is None):
+    raise ValueError("give a TPU device or a mesh of TPU devices (not both)")
+  arrays = abstract_models(setup, spec.needs)
+  names = list(arrays)
+  held = {}
+
+  def construct(*values):
+    dec = spec.build(dict(zip(names, values)), setup, mesh)
+    held["decoder"] = dec
+    return {k: v for k, v in vars(dec).items() if _traced(v)}
+
+  with tpu_tracing(mesh=mesh):  # layouts and switches as on a TPU; values stay on the host
+    closed, shapes = jax.make_jaxpr(construct, return_shape=True)(*(arrays[n] for n in names))
+  leaves, tree = jax.tree.flatten(shapes)
+  default = SingleDeviceSharding(device) if mesh is None else sharding.replicated(mesh)
+  placed = [jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=where or default)
+            for x, where in zip(leaves, _placements(closed.jaxpr))]
+  dec = held["decoder"]
+  for name, value in jax.tree.unflatten(tree, placed).items():
+    setattr(dec, name, value)
+  return dec
+
+
+@dataclasses.dataclass
+class Program:
+  """One program of a step (or a prefill): its Lowered, and its Compiled once compiled."""
+
+  name: str
+  lowered: Any
+  compiled: Any = None
+
+  @property
+  def text(self) -> str:
+    """The StableHLO the TPU compiler gets (compiled TPU text is unreliable deviceless)."""
+    return self.lowered.as_text()
+
+
+@dataclasses.dataclass
+class TpuStep:
+  """A method's step programs for a topology (and its prefills when asked)."""
+
+  method: str
+  topology: str
+  setup: Setup
+  B: int
+  S: int
+  decoder: Any
+  programs: dict  # name -> Program
+  step_programs: tuple  # the programs one decoding step runs, in order
+  caches: list  # the step's KV caches (abstract, placed)
+  spec: MethodSpec | None = None
+
+  @property
+  def cost_programs(self) -> tuple:
+    """The programs whose cost analysis counts the step: the loop-unrolled copies where they
+    were lowered (`lower_step(costs=True)`), else the step's own."""
+    return tuple("cost:" + n if "cost:" + n in self.programs else n
+                 for n in self.step_programs)
+
+  def cache_bytes_per_chip(self) -> int:
+    """Bytes of the step's KV caches on one chip (k and v; their shards on a mesh)."""
+    return sum(_bytes_per_chip(c.k) + _bytes_per_chip(c.v) for c in self.caches)
+
+  def compile(self, names=None) -> "TpuStep":
+    """Compile the programs (default: all); errors as `lower_step`'s."""
+    for name in names or self.programs:
+      prog = self.programs[name]
+      if prog.compiled is None:
+        prog.compiled = _guarded(self, name, prog.lowered.compile)
+    return self
+
+
+def _bytes_per_chip(x) -> int:
+  shape = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
+  return int(np.prod(shape, dtype=np.int64)) * jnp.dtype(x.dtype).itemsize
+
+
+_ERROR_LINES = 12  # as tpu_aot.compile_for_tpu: Mosaic's first lines say which check failed
+
+
+def _guarded(step_or_where, name: str, fn):
+  """fn() with any error re-raised as AssertionError naming the method, program, topology and
+  shapes (the style of `tpu_aot.compile_for_tpu`)."""
+  try:
+    return fn()
+  except Exception as e:  # MosaicError, JaxRuntimeError (RESOURCE_EXHAUSTED), lowering errors
+    err = e
+  where = (step_or_where if isinstance(step_or_where, str) else
+           _where(step_or_where.method, step_or_where.topology, step_or_where.setup,
+                  step_or_where.B, step_or_where.S, step_or_where.caches))
+  lines = [l for l in str(err).splitlines() if l.strip()][:_ERROR_LINES]
+  raise AssertionError(f"{where}: program {name!r} does not compile:\n  "
+                       f"{type(err).__name__}: " + "\n  ".join(lines)) from err
+
+
+def _where(method, topology, setup, B, S, caches=()) -> str:
+  shapes = ", ".join(f"{jnp.dtype(c.k.dtype).name}{list(c.k.shape)}" for c in caches)
+  return (f"{method} for TPU {topology} ({setup.describe()}; B={B}, S={S}"
+          + (f"; KV caches {shapes}" if shapes else "") + ")")
+
+
+def _sds(shape, dtype, where):
+  return jax.ShapeDtypeStruct(shape, dtype, sharding=where)
+
+
+def lower_step(method: str, setup: Setup, *, topology: str = "v5e:1x1", B: int = 1,
+               S: int = 1024, T: int = 128, mesh=None, compile: bool = False,
+               prefill: bool = False, costs: bool = False,
+               sampling: SamplingParams = SamplingParams(), decoder=None) -> TpuStep:
+  """The LOWERED whole step of `method` (a name of METHODS / NAME_FORMS) for `topology`: its
+  decoder's step function over B rows and S cache slots, weights abstract and placed on the
+  topology's first chip, or on `mesh` (`tpu_mesh(topology)`: every chip, the model axis over
+  them). `prefill`: also the prompt prefill programs of a [B, T] block. `costs`: also the step
+  with its loops unrolled ("cost:<program>"; `TpuStep.cost_programs`), whose cost analysis
+  counts every iteration (XLA's counts a loop body once). `compile`: compile them all
+  (deviceless). `decoder`: one `build_decoder` made for the same placement (to share it).
+  Errors (Mosaic, lowering, memory) are AssertionErrors naming the method, topology, program
+  and shapes."""
+  if not 1 <= T <= S:
+    raise ValueError(f"prompt block T={T} must be in [1, S={S}]")
+  spec = method_spec(method)
+  device = tpu_devices(topology)[0]
+  if mesh is not None and set(mesh.devices.flat) - set(tpu_devices(topology)):
+    raise ValueError(f"the mesh's devices are not the chips of {topology!r}")
+  where = _where(method, topology, setup, B, S)
+  if decoder is None:
+    decoder = _guarded(where, "decoder", lambda: build_decoder(
+        method, setup, device=None if mesh is not None else device, mesh=mesh))
+  with tpu_tracing(device, mesh):
+    step = _guarded(where, "step", lambda: _lower(method, decoder, setup, B, S, T, device,
+                                                  mesh, prefill, sampling, topology))
+    step.spec = spec
+    if costs and spec.loops:
+      with _unrolled_loops(spec.while_trips):
+        unrolled = _guarded(where, "step (loops unrolled)", lambda: _lower(
+            method, decoder, setup, B, S, T, device, mesh, False, sampling, topology))
+      for name in spec.loop_programs:
+        step.programs["cost:" + name] = dataclasses.replace(unrolled.programs[name],
+                                                            name="cost:" + name)
+  if compile:
+    with tpu_tracing(device, mesh):
+      step.compile()
+  return step
+
+
+@contextlib.contextmanager
+def _unrolled_loops(while_trips: int):
+  """`jax.lax.scan` traced fully unrolled, and `jax.lax.while_loop` as `while_trips` calls of
+  its body, inside (for cost analysis only: the decoders' bounded drafting loops, whose
+  bodies XLA's cost analysis otherwise counts once whatever the trip count). The while form
+  is exact for crossvocab's drafting loop without an acceptance head (it always runs G - 1
+  iterations)."""
+  scan, while_loop = jax.lax.scan, jax.lax.while_loop
+
+  def unrolled_scan(*args, **kwargs):
+    kwargs["unroll"] = True
+    return scan(*args, **kwargs)
+
+  def unrolled_while(cond, body, init):
+    del cond
+    carry = init
+    for _ in range(while_trips):
+      carry = body(carry)
+    return carry
+
+  with _BACKEND_LOCK:
+    jax.lax.scan, jax.lax.while_loop = unrolled_scan, unrolled_while
+    try:
+      yield
+    finally:
+      jax.lax.scan, jax.lax.while_loop = scan, while_loop
+
+
+def _lower(method, dec, setup, B, S, T, device, mesh, prefill, sampling, topology) -> TpuStep:
+  dtype = jnp.dtype(setup.dtype)
+  one = SingleDeviceSharding(device) if mesh is None else None
+
+  def rows(shape):  # a loop-state or host input leaf: its rows over "data" on a mesh
+    if mesh is None:
+      return one
+    split = len(shape) >= 1 and shape[0] == B and B % mesh.shape["data"] == 0
+    return NamedSharding(mesh, P("data" if split else None))
+
+  def i32(*shape):
+    return _sds(shape, jnp.int32, rows(shape))
+
+  def cache(config, slots=S):
+    c = abstract_cache(config, B, slots, dtype, mesh)
+    return c if mesh is not None else jax.tree.map(lambda x: _sds(x.shape, x.dtype, one), c)
+
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  key = _sds(key.shape, key.dtype, one if mesh is None else sharding.replicated(mesh))
+  rep = None if mesh is None else sharding.replicated(mesh)
+  progs, caches = {}, []
+
+  def add(name, lowered):
+    progs[name] = Program(name, lowered)
+
+  if isinstance(dec, Decoder):
+    c = cache(dec.config)
+    caches.append(c)
+    add("step", jax.jit(functools.partial(_step, config=dec.config, sampling=sampling),
+                        donate_argnums=(2,)).trace(dec.params, i32(B), c, key).lower())
+    if prefill:
+      add("prefill", _lower_prefill(dec.params, dec.config, sampling, i32(B, T), i32(B), c,
+                                    key))
+    steps = ("step",)
+  elif isinstance(dec, PromptLookupDecoder):
+    c = cache(dec.tc)
+    caches.append(c)
+    fn = dec._jit_step(functools.partial(pld_step, config=dec.tc, sampling=sampling), c)
+    add("step", fn.trace(dec.tp, c, i32(B, dec.gamma + 1), i32(B), key).lower())
+    if prefill:
+      add("prefill", _lower_prefill(dec.tp, dec.tc, sampling, i32(B, T), i32(B), c, key))
+    steps = ("step",)
+  elif isinstance(dec, CrossVocabDecoder):
+    tc_, dc_ = cache(dec.tc), cache(dec.dc)  # the drafter's cache: S slots too (stand-in)
+    caches += [tc_, dc_]
+    G, Vd = dec.gamma, dec.dc.vocab_size
+    allowed = _sds((Vd,), jnp.bool_, one if mesh is None else rep)
+    add("draft", dec._lower(functools.partial(_draft, config=dec.dc, gamma=G,
+                                              sampling=sampling, threshold=dec.threshold),
+                            dec.dp, dc_, i32(B, 1), i32(B), allowed, key, dec.head))
+    Vq = 1 if sampling.greedy else Vd
+    f32 = lambda *s: _sds(s, jnp.float32, rows(s))  # noqa: E731
+    add("verify", dec._lower(functools.partial(_verify, config=dec.tc, sampling=sampling),
+                             dec.tp, tc_, i32(B), i32(B, G), i32(B), f32(B, G, Vq), i32(B, G),
+                             i32(B, G), i32(B, G), f32(B, G), dec._d2t_idx, key))
+    if prefill:
+      add("prefill", _lower_prefill(dec.tp, dec.tc, sampling, i32(B, T), i32(B), tc_, key))
+      add("draft_prefill", _lower_draft_prefill(dec.dp, dec.dc, i32(B, T), i32(B), dc_))
+    steps = ("draft", "verify")
+  elif isinstance(dec, SpeculativeDecoder):
+    state, caches = _spec_state(dec, B, cache, i32, dtype, rows)
+    fn = dec._step_fn(sampling)
+    kw = {}
+    if mesh is not None:  # as `_compile_sharded_step`: the state keeps its shardings
+      kw["out_shardings"] = ((jax.tree.map(lambda x: x.sharding, state),)
+                             + (rep,) * (dec.step_outputs - 1))
+    add("step", jax.jit(fn, donate_argnums=(2,), **kw).trace(dec.tp, dec.dp, state,
+                                                              key).lower())
+    if prefill:
+      toks, lens = i32(B, T), i32(B)
+      if isinstance(dec, EagleDecoder):
+        add("prefill", jax.jit(functools.partial(
+            _eagle_prefill, target_config=dec.tc, head_config=dec.hc, sampling=sampling),
+            donate_argnums=(4, 5)).trace(dec.tp, dec.dp, toks, lens, state.target_cache,
+                                         state.head_cache, key).lower())
+      elif isinstance(dec, MedusaDecoder):
+        add("prefill", jax.jit(functools.partial(_medusa_prefill, target_config=dec.tc,
+                                                 sampling=sampling),
+                               donate_argnums=(3,)).trace(dec.tp, toks, lens,
+                                                          state.target_cache, key).lower())
+      else:
+        add("prefill", _lower_prefill(dec.tp, dec.tc, sampling, toks, lens,
+                                      state.target_cache, key))
+        add("draft_prefill", _lower_draft_prefill(dec.dp, dec.dc, toks, lens,
+                                                  state.draft_cache))
+    steps = ("step",)
+  else:
+    raise TypeError(f"no TPU lowering for {type(dec).__name__}")
+  return TpuStep(method=method, topology=topology, setup=setup, B=B, S=S, decoder=dec,
+                 programs=progs, step_programs=steps, caches=caches)
+
+
+def _spec_state(dec, B, cache, i32, dtype, rows):
+  """The abstract loop state a decoder's prefills give (its `_initial_state`, or EAGLE's and
+  Medusa's `_compile_start` state: the same shapes), placed; and its KV caches."""
+  if isinstance(dec, EagleDecoder):
+    tcache, hcache = cache(dec.tc), cache(dec.hc.layer)
+    Pw, F = dec.pend_width, dec.hc.fused_width
+    state = EagleState(target_cache=tcache, head_cache=hcache, last=i32(B),
+                       pend_tokens=i32(B, Pw), pend_count=i32(B),
+                       pend_feats=_sds((B, Pw, F), dtype, rows((B, Pw, F))))
+    return state, [tcache, hcache]
+  if isinstance(dec, MedusaDecoder):
+    tcache = cache(dec.tc)
+    D = dec.tc.hidden_size
+    return (MedusaState(target_cache=tcache, last=i32(B),
+                        hidden=_sds((B, D), dtype, rows((B, D)))), [tcache])
+  tcache, dcache = cache(dec.tc), cache(dec.dc)
+  shapes = jax.eval_shape(dec._initial_state, tcache, dcache, i32(B), i32(B))
+  state = jax.tree.map(lambda x: _sds(x.shape, x.dtype, rows(x.shape)), shapes)
+  # the caches pass through `_initial_state` unchanged: keep their own placements
+  return state.replace(target_cache=tcache, draft_cache=dcache), [tcache, dcache]
+
+
+def _lower_prefill(params, config, sampling, tokens, lengths, cache, key):
+  """`compile_prefill`'s program (plain decoding's prefill), lowered."""
+  return jax.jit(functools.partial(_prefill, config=config, sampling=sampling),
+                 donate_argnums=(3,)).trace(params, tokens, lengths, cache, key).lower()
+
+
+def _lower_draft_prefill(params, config, tokens, lengths, cache):
+  """`compile_draft_prefill`'s program, lowered (its bf16 GEMM is the CPU's: off here)."""
+  return jax.jit(functools.partial(_draft_prefill, config=config),
+                 donate_argnums=(3,)).trace(params, tokens, lengths, cache).lower()
+
+
+# --- projection: memory, cost analysis and roofline times per method ------------------------
+
+class TpuProjectionError(ValueError):
+  """Input the projection cannot use (its message names the value)."""
+
+
+_TOPOLOGIES = {"v5e": (("1x1", 1), ("2x2", 4), ("2x4", 8), ("4x4", 16)),
+               "v6e": (("1x1", 1), ("2x2", 4), ("2x4", 8), ("4x4", 16)),
+               "v5p": (("1x1x1", 1), ("2x2x1", 4), ("2x2x2", 8), ("2x4x4", 32))}
+
+
+def run_methods(run_dir) -> list[dict]:
+  """An eval run's methods with a tau ({name, method, params, tau}) from its summary.json."""
+  import json
+  from pathlib import Path
+
+  path = Path(run_dir) / "summary.json"
+  if not path.is_file():
+    raise TpuProjectionError(f"--run {run_dir}: no summary.json there (a finished `python -m "
+                             f"vocabjax.eval` output directory)")
+  try:
+    summary = json.loads(path.read_text())
+  except json.JSONDecodeError as e:
+    raise TpuProjectionError(f"{path}: not JSON ({e})") from None
+  return [{"name": m["name"], "method": m.get("method", m["name"]),
+           "params": dict(m.get("params") or {}), "tau": float(m["overall"]["tau"])}
+          for m in summary.get("methods", []) if m.get("overall", {}).get("tau") is not None]
+
+
+def match_tau(spec: MethodSpec, entries: list[dict]) -> dict | None:
+  """The run's method whose step is this one: the same name, else the same registry method
+  with the same step-shaping parameters (registry defaults filling what the run left out;
+  host-only ones such as PLD's n-gram bounds or a head's path ignored). None if none."""
+  for e in entries:
+    if e["name"] == spec.name:
+      return e
+  if spec.params is None:
+    return None
+  from vocabjax.methods import METHODS as REGISTRY  # local: the registry only for defaults
+
+  defaults = REGISTRY[spec.kind].defaults if spec.kind in REGISTRY else {}
+  for e in entries:
+    if e["method"] != spec.kind:
+      continue
+    given = {k: v for k, v in e["params"].items() if k not in _HOST_ONLY}
+    full = {**defaults, **given}
+    if (all(full.get(k) == v for k, v in spec.params.items())
+        and all(v == defaults.get(k) for k, v in given.items() if k not in spec.params)):
+      return e
+  return None
+
+
+def _weight_bytes_per_chip(dec) -> int:
+  """Bytes per chip of every array a decoder holds (weights, attached policies, id maps)."""
+  return sum(_bytes_per_chip(x) for v in vars(dec).values() if _traced_abstract(v)
+             for x in jax.tree.leaves(v))
+
+
+def _traced_abstract(value) -> bool:
+  leaves = jax.tree.leaves(value)
+  return bool(leaves) and all(isinstance(x, jax.ShapeDtypeStruct) for x in leaves)
+
+
+def _suggest(topology: str, need_total: int, chip: Chip) -> str:
+  gen = topology.split(":", 1)[0]
+  for shape, n in _TOPOLOGIES.get(gen, ()):
+    if n > 1 and need_total / n <= 0.9 * chip.hbm_bytes:  # weights split n ways, some headroom
+      return f"{gen}:{shape} ({n} chips)"
+  return "a topology with more chips or a generation with more HBM per chip"
+
+
+def _fmt_bytes(n: int) -> str:
+  return f"{n:,} bytes ({n / GiB:.2f} GiB)"
+
+
+def project(setup: Setup, topology: str, methods=METHODS, *, B: int = 1, S: int = 1024,
+            run: str | None = None, unrolled_costs: bool = True, progress=None,
+            on_row=None) -> dict:
+  """Compile each method's whole step for `topology` (deviceless; on every chip with the
+  model axis over them when it has several) and project it (module doc of the CLI:
+  `python -m vocabjax.bench tpu`). Returns {"rows": [...], ...}; `on_row(result)` is called
+  after each method (to save partial results), `progress(text)` with what runs.
+
+  TpuProjectionError when the target alone (plain decoding's weights and cache) does not fit
+  one chip: a message with the bytes needed and available and a topology that would hold it.
+  A method whose drafter or heads do not fit is a row marked "does not fit" with its bytes."""
+  import time
+
+  chip = chip_of(topology)
+  devices = tpu_devices(topology)  # ValueError naming an unknown topology
+  specs = [method_spec(m) for m in methods]
+  if "ar" not in [s.name for s in specs]:
+    raise TpuProjectionError("the methods must include ar: every speedup is against its step")
+  entries = run_methods(run) if run else []
+  mesh = tpu_mesh(topology) if len(devices) > 1 else None
+  device = devices[0]
+  say = progress or (lambda text: None)
+
+  # the target alone: refused with its numbers before anything compiles
+  ar = build_decoder("ar", setup, device=None if mesh is not None else device, mesh=mesh)
+  kv_ar = 2 * setup.target.num_layers * B * S * _kv_bytes_per_slot_per_chip(
+      setup.target, setup.dtype, mesh)
+  need = _weight_bytes_per_chip(ar) + kv_ar
+  if need > chip.hbm_bytes:
+    total = sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize
+                for x in jax.tree.leaves(ar.params))
+    where = (f"{len(devices)} chips, model axis {len(devices)}" if mesh is not None
+             else "one chip")
+    raise TpuProjectionError(
+        f"{setup.target_name} ({setup.dtype}) does not fit {topology} ({where}): it needs "
+        f"{_fmt_bytes(need - kv_ar)} of weights per chip plus {_fmt_bytes(kv_ar)} of KV cache "
+        f"at B={B}, S={S}, i.e. {_fmt_bytes(need)} > {_fmt_bytes(chip.hbm_bytes)} of HBM per "
+        f"{chip.name} chip; try {_suggest(topology, total + kv_ar, chip)}")
+
+  result = {"topology": topology, "chips": len(devices),
+            "chip": dataclasses.asdict(chip),
+            "mesh": None if mesh is None else {"data": 1, "model": len(devices)},
+            "setup": {"target": setup.target_name, "draft": setup.draft_name,
+                      "cross_draft": setup.cross_draft_name or setup.draft_name,
+                      "describe": setup.describe(), "dtype": setup.dtype,
+                      "eagle_head": {"draft_vocab": min(setup.head_vocab,
+                                                        setup.target.vocab_size),
+                                     "intermediate": setup.head_intermediate},
+                      "ranker_rank": setup.ranker_rank},
+            "B": B, "S": S, "run": run, "unrolled_costs": unrolled_costs, "rows": []}
+  for spec in specs:
+    say(f"{spec.name}: compiling for {topology} ...")
+    t0 = time.perf_counter()
+    row = {"method": spec.name, "kind": spec.kind, "about": spec.about}
+    try:
+      dec = ar if spec.name == "ar" else build_decoder(
+          spec.name, setup, device=None if mesh is not None else device, mesh=mesh)
+      row.update(_project_method(spec, dec, setup, topology, chip, B, S, device, mesh,
+                                 unrolled_costs))
+    except AssertionError as e:  # _guarded's: the method, program and shapes, then XLA's lines
+      row["error"] = str(e)
+      if "RESOURCE_EXHAUSTED" in row["error"]:  # XLA ran out of HBM (or VMEM) for it
+        row["fits"] = False
+    row["compile_s"] = round(time.perf_counter() - t0, 1)
+    hit = match_tau(spec, entries) if entries else None
+    if hit is not None:
+      row["tau"], row["tau_from"] = hit["tau"], hit["name"]
+    result["rows"].append(row)
+    say(f"{spec.name}: " + ("error" if "error" in row else
+                            "does not fit" if row.get("fits") is False else "ok")
+        + f" ({row['compile_s']} s)")
+    _speedups(result)
+    if on_row is not None:
+      on_row(result)
+  return result
+
+
+def _kv_bytes_per_slot_per_chip(config: LlamaLikeConfig, dtype, mesh) -> int:
+  """One layer's K (or V) bytes per cache slot and row on one chip (KV heads split over
+  "model" when they divide it, as `sharding.cache_specs`)."""
+  heads = config.num_kv_heads
+  if mesh is not None and heads % mesh.shape["model"] == 0:
+    heads //= mesh.shape["model"]
+  return heads * config.head_dim * jnp.dtype(dtype).itemsize
+
+
+def _project_method(spec, dec, setup, topology, chip, B, S, device, mesh, unrolled_costs):
+  step = lower_step(spec.name, setup, topology=topology, B=B, S=S, mesh=mesh, decoder=dec,
+                    costs=unrolled_costs)
+  kv = step.cache_bytes_per_chip()
+  pre = _weight_bytes_per_chip(dec) + kv
+  if pre > chip.hbm_bytes:  # XLA would refuse it (RESOURCE_EXHAUSTED): say it with bytes
+    return {"fits": False, "needed_bytes": pre, "hbm_bytes": chip.hbm_bytes,
+            "kv_bytes": kv, "weights_bytes": pre - kv,
+            "note": f"does not fit: needs {_fmt_bytes(pre)} (weights {_fmt_bytes(pre - kv)}, "
+                    f"KV {_fmt_bytes(kv)}) per chip > HBM {_fmt_bytes(chip.hbm_bytes)}"}
+  with tpu_tracing(device, mesh):
+    step.compile(step.step_programs + step.cost_programs)
+  mem = [step.programs[n].compiled.memory_analysis() for n in step.step_programs]
+  args = sum(m.argument_size_in_bytes for m in mem)  # the programs' arguments are disjoint
+  extra = max(m.temp_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes
+              for m in mem)
+  temps = max(m.temp_size_in_bytes for m in mem)
+  total = args + extra
+  flops = bytes_ = 0.0
+  for n in step.cost_programs:
+    cost = step.programs[n].compiled.cost_analysis()
+    flops += float(cost.get("flops", 0.0))
+    bytes_ += float(cost.get("bytes accessed", 0.0))
+  t_flops, t_bytes = flops / chip.bf16_flops_per_s, bytes_ / chip.hbm_bytes_per_s
+  per_slot = kv / S
+  row = {"programs": list(step.step_programs), "cost_programs": list(step.cost_programs),
+         "weights_bytes": args - kv, "kv_bytes": kv, "temp_bytes": temps,
+         "total_bytes": total, "hbm_bytes": chip.hbm_bytes, "fits": total <= chip.hbm_bytes,
+         "kv_bytes_per_slot": per_slot,
+         "max_cache_slots": int((chip.hbm_bytes - (total - kv)) // per_slot) if per_slot else None,
+         "model_max_positions": setup.target.max_position_embeddings,
+         "flops": flops, "bytes_accessed": bytes_, "roofline_s": max(t_flops, t_bytes),
+         "bound": "memory" if t_bytes >= t_flops else "compute"}
+  pallas = sum(step.programs[n].text.count("tpu_custom_call") for n in step.step_programs)
+  if pallas:
+    row["pallas_calls_lowered"] = pallas
+    row["pallas_bytes_not_counted"] = _pallas_bytes(spec, setup, B)
+  if not row["fits"]:
+    row["note"] = (f"does not fit: needs {_fmt_bytes(total)} per chip > HBM "
+                   f"{_fmt_bytes(chip.hbm_bytes)}")
+  return row
+
+
+def _pallas_bytes(spec, setup, B) -> int | None:
+  """HBM bytes SpecVocab's indexed-head kernel reads per step, which XLA's cost analysis does
+  not count: each of the G drafting calls DMAs its k candidates' rows, in pairs in bf16 (two
+  rows share a 32-bit word), D wide."""
+  if spec.kind != "specvocab":
+    return None
+  K, G = spec.params["k"], spec.params["gamma"]
+  item = jnp.dtype(setup.dtype).itemsize
+  return G * B * K * (4 // item) * setup.draft.hidden_size * item
+
+
+def _speedups(result: dict) -> None:
+  """PROJECTED speedup = tau x t(ar) / t(method), where both have a roofline time."""
+  base = next((r.get("roofline_s") for r in result["rows"] if r["method"] == "ar"), None)
+  for r in result["rows"]:
+    if r["method"] == "ar":
+      r.setdefault("tau", 1.0)
+    if base and r.get("roofline_s") and r.get("tau") is not None:
+      r["projected_speedup"] = r["tau"] * base / r["roofline_s"]
+
+
+CANNOT_SEE = (
+    "Pallas kernels (SpecVocab's indexed LM head) are opaque to XLA's cost analysis: its "
+    "totals count no flops and no HBM bytes for them (the call's per-operand entry for U names "
+    "the whole [V, D] table, which the total does not add); the rows' `Pallas bytes` column "
+    "estimates what the kernel reads (k rows per drafting call, in pairs in bf16), left out of "
+    "the roofline.",
+    "Launch and dispatch overhead per program, the host loop between steps (EOS checks, PLD's "
+    "n-gram lookup, crossvocab's translation between its draft and verify programs) and "
+    "host-device transfers are not in a compiled program's cost.",
+    "XLA's cost analysis counts a loop body once whatever its trip count; the drafting loops "
+    "(a chain's scan, a tree's levels, crossvocab's while loop) are costed from a copy of the "
+    "step with those loops unrolled (the `cost:` programs), unless --rolled-costs.",
+    "`bytes accessed` is XLA's estimate (every fusion's operands and outputs), not a count of "
+    "HBM traffic: caches and on-chip reuse can make the real traffic smaller or larger.",
+    "The roofline assumes peak HBM bandwidth or peak bf16 compute, whichever binds; collectives "
+    "over ICI on a multi-chip mesh are not in it.",
+    "tau comes from the recorded run (its models, greedy decoding, its machine); a method's "
+    "steps are assumed to cost the same every step (a gated or PLD step that finds no match "
+    "costs less).",
+    "Max cache slots assumes the temporaries do not grow with S (attention's scores do, a "
+    "little) and is capped by nothing but memory (see the model's max positions).",
+)
+
+
+def render(result: dict) -> str:
+  """The projection as markdown: every time is labelled PROJECTED."""
+  chip = result["chip"]
+  st = result["setup"]
+  mesh = result["mesh"]
+  where = (f"{result['chips']} chips, model axis over {mesh['model']}" if mesh else "one chip")
+  lines = [f"# Deviceless TPU compile: {result['topology']} ({chip['name']}, {where}), "
+           f"{st['target']} <- {st['draft']}", "",
+           f"`{result.get('command', '')}`", "",
+           f"- {result.get('date', '')}; jax {result.get('jax', '?')}, libtpu "
+           f"{result.get('libtpu', '?')}; compiled on {result.get('host', 'this host')} "
+           f"without a TPU (no time here was measured on a TPU)",
+           f"- chip (published, {chip['source']}): HBM {chip['hbm_bytes'] / GiB:.0f} GiB "
+           f"({chip['hbm_bytes']:,} bytes), {chip['hbm_bytes_per_s'] / 1e9:.0f} GB/s, bf16 peak "
+           f"{chip['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s",
+           f"- {st['describe']}; batch B={result['B']}, cache S={result['S']} slots; random "
+           f"abstract weights; EAGLE head Vd={st['eagle_head']['draft_vocab']}, intermediate "
+           f"{st['eagle_head']['intermediate']}; SpecVocab ranker rank {st['ranker_rank']}; "
+           f"crossvocab drafter {st['cross_draft']} (id map of tiny tokenizers: only its "
+           f"[Vd] shape reaches the program)",
+           f"- tau: {result['run'] or 'no --run given'}", "",
+           "| method | programs | weights + inputs GiB | KV GiB | temps GiB | total GiB "
+           "(HBM) | fits | max cache slots | GFLOP | GB accessed | PROJECTED roofline "
+           "time us | bound | Pallas bytes (not counted) | tau | PROJECTED speedup |",
+           "|" + "---|" * 15]
+  for r in result["rows"]:
+    g = lambda k: f"{r[k] / GiB:.3f}" if r.get(k) is not None else "-"  # noqa: E731
+    if "error" in r:
+      first = r["error"].splitlines()
+      msg = " ".join(x.strip() for x in first[1:3]) or first[0]
+      lines.append(f"| {r['method']} | - | - | - | - | - | "
+                   f"{'no' if r.get('fits') is False else 'error'} | - | - | - | - | - | - | "
+                   f"{_tau(r)} | - |")
+      lines.append(f"|  | error: {msg[:300]} |" + " |" * 13)
+      continue
+    if r.get("roofline_s") is None:  # does not fit (checked before compiling)
+      lines.append(f"| {r['method']} | - | {g('weights_bytes')} | {g('kv_bytes')} | - | "
+                   f"{r['needed_bytes'] / GiB:.3f} ({r['hbm_bytes'] / GiB:.0f}) | no: "
+                   f"{r['needed_bytes']:,} > {r['hbm_bytes']:,} bytes | - | - | - | - | - | "
+                   f"- | {_tau(r)} | - |")
+      continue
+    slots = r["max_cache_slots"]
+    pb = r.get("pallas_bytes_not_counted")
+    lines.append(
+        f"| {r['method']} | {' + '.join(r['cost_programs'])} | {g('weights_bytes')} | "
+        f"{g('kv_bytes')} | {g('temp_bytes')} | {g('total_bytes')} "
+        f"({r['hbm_bytes'] / GiB:.0f}) | {'yes' if r['fits'] else 'NO'} | "
+        f"{slots:,} | {r['flops'] / 1e9:.2f} | {r['bytes_accessed'] / 1e9:.3f} | "
+        f"PROJECTED {r['roofline_s'] * 1e6:.0f} | {r['bound']} | "
+        f"{'-' if pb is None else f'{pb / 1e6:.1f} MB'} | {_tau(r)} | "
+        + (f"PROJECTED {r['projected_speedup']:.2f}x |" if "projected_speedup" in r
+           else "- |"))
+  lines += ["", "Methods:", ""]
+  lines += [f"- `{r['method']}`: {r['about']}" + (f"; {r['note']}" if r.get("note") else "")
+            for r in result["rows"]]
+  lines += ["", "PROJECTED: roofline time = max(XLA's flops / peak bf16 compute, XLA's bytes "
+            "accessed / HBM bandwidth) per chip, from the compiled programs' cost analysis; "
+            "speedup = tau x t(ar) / t(method). Nothing here ran on a TPU. What a projection "
+            "cannot see:", ""]
+  lines += [f"- {n}" for n in CANNOT_SEE]
+  return "\n".join(lines) + "\n"
+
+
+def _tau(r) -> str:
+  if r.get("tau") is None:
+    return "-"
+  src = r.get("tau_from")
+  return f"{r['tau']:.2f}" + (f" ({src})" if src and src != r["method"] else "")
