@@ -134,3 +134,34 @@ def test_two_processes_run_an_eval_suite_as_one_does(tiny_chat_dir, tmp_path):
   assert split["chain_g2"]["verification_s"] > 0
   _run(args("two", "model=4"), 2)  # resumed: nothing to run, nothing appended
   assert records("two")[1] == n_two
+
+
+def test_a_peer_that_never_comes_is_a_bounded_wait_with_one_error_line(tmp_path):
+  """Process 1 of 2 with no process 0: it says what it waits for and for how long, then stops
+  with one error line (it printed nothing for minutes, then JAX aborted the process)."""
+  import socket
+  import subprocess
+  import sys
+
+  with socket.socket() as s:  # a free port nobody listens on
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  env = {**__import__("os").environ, "VOCABJAX_INIT_TIMEOUT": "2", "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run([sys.executable, "-m", "vocabjax.generate", "--target", "t", "--prompt",
+                         "p", "--coordinator", f"127.0.0.1:{port}", "--num-processes", "2",
+                         "--process-id", "1", "--mesh", "data=2,model=1"],
+                        capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+  assert proc.returncode == 2, proc.stderr
+  assert f"waiting up to 2 s for the coordinator at 127.0.0.1:{port}" in proc.stderr
+  assert proc.stderr.strip().splitlines()[-1].startswith(
+      f"error: process 1 of 2: no coordinator answered at 127.0.0.1:{port} within 2 s")
+
+
+def test_init_timeout_setting(monkeypatch):
+  from vocabjax import distributed
+
+  monkeypatch.setenv("VOCABJAX_INIT_TIMEOUT", "soon")
+  with pytest.raises(ValueError, match=r"VOCABJAX_INIT_TIMEOUT='soon' is not a whole number"):
+    distributed.init_timeout()
+  monkeypatch.setenv("VOCABJAX_INIT_TIMEOUT", "45")
+  assert distributed.init_timeout() == 45

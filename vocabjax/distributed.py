@@ -78,8 +78,61 @@ def initialize(coordinator=None, num_processes=None, process_id=None) -> bool:
 
   if s[1] > 1:
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  jax.distributed.initialize(coordinator_address=s[0], num_processes=s[1], process_id=s[2])
+  timeout = init_timeout()
+  import sys
+  print(f"[vocabjax] process {s[2]} of {s[1]}: waiting up to {timeout} s for the coordinator "
+        f"at {s[0]} and the other {s[1] - 1} process(es) "
+        f"(${TIMEOUT_ENV} sets the limit)", file=sys.stderr, flush=True)
+  if s[2] != 0:
+    # JAX's client aborts the process (a C++ check failure) when its deadline passes: a
+    # coordinator that never comes is found here first, with a clean error
+    timeout = wait_for_coordinator(s[0], timeout, s[2], s[1])
+  try:
+    jax.distributed.initialize(coordinator_address=s[0], num_processes=s[1], process_id=s[2],
+                               initialization_timeout=timeout)
+  except Exception as e:  # XlaRuntimeError: DEADLINE_EXCEEDED, UNAVAILABLE, ...
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
+    raise ValueError(f"process {s[2]} of {s[1]} could not join the run at {s[0]} within "
+                     f"{timeout} s ({first}); start every process with the same --coordinator "
+                     f"and --num-processes, process ids 0..{s[1] - 1}") from None
   return True
+
+
+TIMEOUT_ENV = "VOCABJAX_INIT_TIMEOUT"
+
+
+def wait_for_coordinator(address: str, timeout: int, pid: int, n: int) -> int:
+  """Wait until process 0's coordinator accepts connections at HOST:PORT; the seconds left of
+  `timeout`, or ValueError naming the address once it has passed."""
+  import socket
+  import time
+
+  host, _, port = address.rpartition(":")
+  deadline = time.monotonic() + timeout
+  while True:
+    try:
+      with socket.create_connection((host.strip("[]") or "127.0.0.1", int(port)), timeout=1):
+        return max(1, int(deadline - time.monotonic()))
+    except OSError:
+      if time.monotonic() >= deadline:
+        raise ValueError(f"process {pid} of {n}: no coordinator answered at {address} within "
+                         f"{timeout} s; start process 0 with the same --coordinator (it hosts "
+                         f"the coordinator), or raise ${TIMEOUT_ENV}") from None
+      time.sleep(0.5)
+
+
+def init_timeout() -> int:
+  """Seconds a process waits for the others to join (${TIMEOUT_ENV}, default 300)."""
+  import os
+
+  raw = os.environ.get(TIMEOUT_ENV, "300")
+  try:
+    value = int(raw)
+  except ValueError:
+    raise ValueError(f"${TIMEOUT_ENV}={raw!r} is not a whole number of seconds") from None
+  if value < 1:
+    raise ValueError(f"${TIMEOUT_ENV}={value} must be >= 1 second")
+  return value
 
 
 def initialize_from_args(args: argparse.Namespace) -> bool:
