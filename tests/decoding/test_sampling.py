@@ -63,6 +63,11 @@ def test_samples_follow_the_processed_distribution(sp):
     (dict(top_p=0.0), "top_p must be in"),
     (dict(top_p=1.5), "top_p must be in"),
     (dict(top_k=-1), "top_k must be >= 0"),
+    (dict(temperature="hot"), "temperature must be a number, got 'hot'"),
+    (dict(temperature=True), "temperature must be a number, got True"),
+    (dict(temperature=float("nan")), "temperature must be >= 0"),
+    (dict(top_k=2.5), "top_k must be an integer, got 2.5"),
+    (dict(top_p=float("nan")), "top_p must be in"),
 ])
 def test_bad_sampling_params(kwargs, match):
   with pytest.raises(ValueError, match=match):

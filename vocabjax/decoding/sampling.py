@@ -23,6 +23,14 @@ class SamplingParams:
   top_p: float = 1.0  # 1.0: off
 
   def __post_init__(self):
+    import numbers
+
+    for name in ("temperature", "top_p"):
+      v = getattr(self, name)
+      if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise ValueError(f"{name} must be a number, got {v!r}")
+    if isinstance(self.top_k, bool) or not isinstance(self.top_k, numbers.Integral):
+      raise ValueError(f"top_k must be an integer, got {self.top_k!r}")
     if not self.temperature >= 0:
       raise ValueError(f"temperature must be >= 0, got {self.temperature=}")
     if self.temperature == float("inf"):
