@@ -128,6 +128,16 @@ def test_plan_install(nb):
       "vocabjax[eval,gguf] @ git+https://github.com/o/vocabjax@v1"]
 
 
+def test_import_roots(nb, tmp_path):
+  """Where the install cell expects vocabjax to be imported from after pip (else: restart)."""
+  import sysconfig
+
+  assert nb["import_roots"](["-e", f"{tmp_path}[eval,gguf]"]) == [tmp_path]
+  assert nb["import_roots"](["-e", str(tmp_path)]) == [tmp_path]
+  roots = nb["import_roots"](["vocabjax[eval] @ git+https://github.com/o/vocabjax"])
+  assert Path(sysconfig.get_paths()["purelib"]) in roots
+
+
 def test_runtime_constraints_pin_what_is_installed(nb):
   pins = nb["runtime_constraints"]()
   for name in ("jax", "jaxlib", "numpy"):
