@@ -168,14 +168,20 @@ def _libtpu_log():
   saved = os.dup(2)
   os.dup2(log.fileno(), 2)
   ours = sys.stderr
-  sys.stderr = os.fdopen(os.dup(saved), "w", buffering=1)
+  try:
+    on_fd2 = ours.fileno() == 2
+  except (AttributeError, OSError, ValueError):  # a captured stream (pytest's capsys)
+    on_fd2 = False
+  if on_fd2:  # Python's own lines go to the real stderr, not with libtpu's into the log
+    sys.stderr = os.fdopen(os.dup(saved), "w", buffering=1)
   failed = True
   try:
     yield
     failed = False
   finally:
     sys.stderr.flush()
-    sys.stderr.close()
+    if on_fd2:
+      sys.stderr.close()
     sys.stderr = ours
     os.dup2(saved, 2)
     os.close(saved)

@@ -531,16 +531,17 @@ def _guarded(step_or_where, name: str, fn):
     err = e
   where = (step_or_where if isinstance(step_or_where, str) else
            _where(step_or_where.method, step_or_where.topology, step_or_where.setup,
-                  step_or_where.B, step_or_where.S, step_or_where.caches))
+                  step_or_where.B, step_or_where.S))
   lines = [l for l in str(err).splitlines() if l.strip()][:_ERROR_LINES]
   raise AssertionError(f"{where}: program {name!r} does not compile:\n  "
                        f"{type(err).__name__}: " + "\n  ".join(lines)) from err
 
 
-def _where(method, topology, setup, B, S, caches=()) -> str:
-  shapes = ", ".join(f"{jnp.dtype(c.k.dtype).name}{list(c.k.shape)}" for c in caches)
-  return (f"{method} for TPU {topology} ({setup.describe()}; B={B}, S={S}"
-          + (f"; KV caches {shapes}" if shapes else "") + ")")
+def _where(method, topology, setup, B, S) -> str:
+  c = setup.target
+  cache = f"{jnp.dtype(setup.dtype).name}{[c.num_layers, B, S, c.num_kv_heads, c.head_dim]}"
+  return (f"{method} for TPU {topology} ({setup.describe()}; B={B}, S={S}; the target's K and "
+          f"V caches {cache})")
 
 
 def _sds(shape, dtype, where):
@@ -903,8 +904,8 @@ def _kv_bytes_per_slot_per_chip(config: LlamaLikeConfig, dtype, mesh) -> int:
 
 
 def _project_method(spec, dec, setup, topology, chip, B, S, device, mesh, unrolled_costs):
-  step = lower_step(spec.name, setup, topology=topology, B=B, S=S, mesh=mesh, decoder=dec,
-                    costs=unrolled_costs)
+  step = lower_step(spec.name, setup, topology=topology, B=B, S=S, T=min(128, S), mesh=mesh,
+                    decoder=dec, costs=unrolled_costs)
   kv = step.cache_bytes_per_chip()
   pre = _weight_bytes_per_chip(dec) + kv
   if pre > chip.hbm_bytes:  # XLA would refuse it (RESOURCE_EXHAUSTED): say it with bytes

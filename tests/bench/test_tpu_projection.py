@@ -1,0 +1,164 @@
+"""`python -m vocabjax.bench tpu`: the deviceless TPU projection on tiny configs (its table's
+columns, PROJECTED labels, tau taken from a recorded run, the loop-unrolled cost copy, the
+does-not-fit messages with bytes, bad input as one `error:` line and exit 2). Needs libtpu."""
+
+import json
+
+import pytest
+
+from vocabjax.bench import tpu
+from vocabjax.bench.__main__ import main
+
+GATE = "eval/results/eagle/gate"  # a recorded eval run (summary.json with tau per method)
+HBM_V5E = 16 * 2**30
+
+
+def _config(path, **kw):
+  raw = dict(model_type="qwen2", hidden_act="silu", rms_norm_eps=1e-6, rope_theta=1e6,
+             max_position_embeddings=4096, vocab_size=4096, tie_word_embeddings=True,
+             num_attention_heads=4, num_key_value_heads=4, head_dim=64, hidden_size=256,
+             intermediate_size=512, num_hidden_layers=2)
+  raw.update(kw)
+  path.mkdir(parents=True, exist_ok=True)
+  (path / "config.json").write_text(json.dumps(raw))
+  return str(path)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+  root = tmp_path_factory.mktemp("configs")
+  return _config(root / "target"), _config(root / "draft", num_hidden_layers=1)
+
+
+@pytest.fixture(scope="module")
+def projected(tiny, tmp_path_factory):
+  out = tmp_path_factory.mktemp("tpu")
+  rc = main(["tpu", "--topology", "v5e:1x1", "--target", tiny[0], "--draft", tiny[1],
+             "--out", str(out), "--run", GATE, "--methods", "chain_g3", "pld_g4",
+             "--context", "256"])
+  assert rc == 0
+  return json.loads((out / "tpu.json").read_text()), (out / "tpu.md").read_text()
+
+
+def test_rows_hold_memory_costs_and_projected_speedups(projected):
+  result, _ = projected
+  rows = {r["method"]: r for r in result["rows"]}
+  assert list(rows) == ["ar", "chain_g3", "pld_g4"]  # ar first: every speedup is against it
+  assert result["chip"]["hbm_bytes"] == HBM_V5E and result["mesh"] is None
+  for r in rows.values():
+    assert "error" not in r, r.get("error")
+    assert r["fits"] and r["total_bytes"] <= r["hbm_bytes"]
+    assert r["weights_bytes"] > 0 and r["kv_bytes"] > 0 and r["temp_bytes"] >= 0
+    assert r["total_bytes"] >= r["weights_bytes"] + r["kv_bytes"]
+    # the largest cache that fits, from the cache's bytes per slot
+    assert r["max_cache_slots"] == int((r["hbm_bytes"] - (r["total_bytes"] - r["kv_bytes"]))
+                                       // r["kv_bytes_per_slot"])
+    assert r["flops"] > 0 and r["bytes_accessed"] > 0
+    assert r["roofline_s"] == pytest.approx(max(r["flops"] / 197e12,
+                                                r["bytes_accessed"] / 819e9))
+  # costs of the chain come from its loop-unrolled copy; PLD's step has no loop
+  assert rows["chain_g3"]["cost_programs"] == ["cost:step"]
+  assert rows["pld_g4"]["cost_programs"] == ["step"]
+  # tau from the run: by name, or by registry method and step parameters (PLD's n-gram bound
+  # is host-only: pld_g4_n2's step is pld_g4's)
+  assert (rows["chain_g3"]["tau"], rows["chain_g3"]["tau_from"]) == (3.0, "chain_g3")
+  assert rows["pld_g4"]["tau_from"] == "pld_g4_n2"
+  for name in ("chain_g3", "pld_g4"):
+    r = rows[name]
+    assert r["projected_speedup"] == pytest.approx(
+        r["tau"] * rows["ar"]["roofline_s"] / r["roofline_s"])
+  assert rows["ar"]["projected_speedup"] == 1.0
+
+
+def test_markdown_labels_every_time_projected_and_says_what_it_cannot_see(projected):
+  result, md = projected
+  for col in ("weights + inputs GiB", "KV GiB", "temps GiB", "total GiB (HBM)", "fits",
+              "max cache slots", "GFLOP", "GB accessed", "PROJECTED roofline time us",
+              "bound", "tau", "PROJECTED speedup"):
+    assert f"| {col} |" in md, col
+  table = [l for l in md.splitlines() if l.startswith(("| ar ", "| chain_g3 ", "| pld_g4 "))]
+  assert len(table) == 3
+  for line in table:  # every time and speedup cell says PROJECTED
+    cells = line.split("|")
+    assert cells[11].strip().startswith("PROJECTED") and cells[15].strip().startswith(
+        "PROJECTED"), line
+  assert "3.00 |" in table[1] and "(pld_g4_n2)" in table[2]
+  assert result["command"].startswith("python -m vocabjax.bench tpu --topology v5e:1x1")
+  assert f"`{result['command']}`" in md
+  assert f"jax {result['jax']}, libtpu {result['libtpu']}" in md and result["date"] in md
+  assert "Nothing here ran on a TPU" in md
+  for seen in ("Pallas kernels", "Launch and dispatch overhead", "host loop",
+               "counts a loop body once"):
+    assert seen in md, seen
+
+
+def test_unrolled_copy_counts_every_drafting_call(tiny):
+  from vocabjax.bench.shapes import resolve_config
+
+  setup = tpu.Setup(resolve_config(tiny[0])[1], resolve_config(tiny[1])[1])
+  step = tpu.lower_step("chain_g3", setup, S=128, costs=True, compile=True)
+  rolled, unrolled = (step.programs[n].compiled.cost_analysis()["flops"]
+                      for n in ("step", "cost:step"))
+  assert step.cost_programs == ("cost:step",)
+  assert unrolled > rolled  # the scan's second drafting call is counted too
+
+
+def test_tau_matching_against_the_gate_run():
+  entries = tpu.run_methods(GATE)
+  got = {m: (tpu.match_tau(tpu.method_spec(m), entries) or {}).get("name")
+         for m in tpu.METHODS}
+  assert got == {"ar": "ar", "chain_g3": "chain_g3", "tree_k4d4n16": "tree_k4d4n16",
+                 "eagle_k1d4": "eagle_k1d4", "eagle_k4d4n16": "eagle_k4d4n16",
+                 "pld_g4": "pld_g4_n2", "medusa_h3k2": None, "vocabtrim_k8192_g3": None,
+                 "sv2048_g3_tpu": None, "crossvocab_g4": None}
+  # a gated EAGLE (min_confidence 0.2) runs another step program: not matched to the ungated
+  gated = [e for e in entries if e["name"] == "eagle_k4d4n16_c0.2"]
+  assert tpu.match_tau(tpu.method_spec("eagle_k4d4n16"), gated) is None
+
+
+def test_a_target_too_big_for_one_chip_is_an_error_with_bytes(tmp_path, capsys):
+  # weights of a 32 GB target (two [1M, 8192] bf16 tables) on one 16 GiB v5e
+  big = _config(tmp_path / "big", vocab_size=1_000_000, hidden_size=8192, intermediate_size=64,
+                num_hidden_layers=1, tie_word_embeddings=False, num_attention_heads=64,
+                num_key_value_heads=8, head_dim=128)
+  rc = main(["tpu", "--topology", "v5e:1x1", "--target", big, "--draft", big,
+             "--out", str(tmp_path / "out")])
+  assert rc == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and err[0].startswith("error: big ("), err
+  assert "does not fit v5e:1x1 (one chip)" in err[0]
+  assert f"> {HBM_V5E:,} bytes (16.00 GiB) of HBM per TPU v5e chip" in err[0]
+  assert "of weights per chip" in err[0] and "try v5e:2x2 (4 chips)" in err[0]
+  assert not (tmp_path / "out" / "tpu.json").exists()
+
+
+def test_a_method_that_does_not_fit_is_a_row_with_needed_and_available_bytes(tmp_path):
+  # a 9.8 GB target fits a 16 GiB chip alone; with a drafter as large it does not
+  cfg = _config(tmp_path / "t", vocab_size=600_000, hidden_size=8192, intermediate_size=64,
+                num_hidden_layers=1, num_attention_heads=64, num_key_value_heads=8,
+                head_dim=128)
+  out = tmp_path / "out"
+  rc = main(["tpu", "--topology", "v5e:1x1", "--target", cfg, "--draft", cfg, "--out",
+             str(out), "--methods", "chain_g3", "--context", "64", "--rolled-costs"])
+  assert rc == 0
+  rows = {r["method"]: r for r in json.loads((out / "tpu.json").read_text())["rows"]}
+  assert rows["ar"]["fits"] is True
+  chain = rows["chain_g3"]
+  assert chain["fits"] is False and chain["hbm_bytes"] == HBM_V5E
+  assert chain["needed_bytes"] > HBM_V5E
+  md = (out / "tpu.md").read_text()
+  assert f"no: {chain['needed_bytes']:,} > {HBM_V5E:,} bytes" in md
+  assert "does not fit: needs" in md
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--topology", "v9z:1x1"], "error: unknown TPU topology 'v9z:1x1'"),
+    (["--topology", "v5e:1x1", "--methods", "tree_k4"], "error: unknown method 'tree_k4'"),
+    (["--topology", "v5e:1x1", "--run", "no/such/run"], "error: --run no/such/run: no "
+     "summary.json there"),
+])
+def test_bad_input_is_one_error_line_and_exit_2(tmp_path, capfd, args, message):
+  rc = main(["tpu", *args, "--out", str(tmp_path / "out")])
+  assert rc == 2
+  err = capfd.readouterr().err.strip().splitlines()  # libtpu's own log lines kept off stderr
+  assert len(err) == 1 and err[0].startswith(message), err
