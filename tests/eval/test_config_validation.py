@@ -74,3 +74,19 @@ def test_a_spec_bench_row_of_the_wrong_shape_is_refused(tmp_path, row, match):
   path.write_text(json.dumps(row) + "\n")
   with pytest.raises(ConfigError, match=r"sb.jsonl:1: not a Spec-Bench row .*" + match):
     load_spec_bench(DatasetSpec(kind="spec_bench", path=str(path)))
+
+
+def test_records_without_their_run_json_are_not_resumed(tmp_path):
+  """questions.jsonl with run.json deleted: its records' configuration and inputs are unknown,
+  so they are refused (or moved aside with --overwrite), never resumed into a table."""
+  from vocabjax.eval.runner import ResultDirError, prepare_dir
+
+  cfg = config_from_dict(dict(BASE), name="s")
+  out = tmp_path / "r"
+  out.mkdir()
+  (out / "questions.jsonl").write_text('{"method": "ar", "qid": "1"}\n')
+  with pytest.raises(ResultDirError, match="questions.jsonl without its run.json"):
+    prepare_dir(out, cfg, overwrite=False)
+  prepare_dir(out, cfg, overwrite=True)
+  assert [p.name for p in tmp_path.iterdir() if p.name.startswith("r.replaced-")]
+  assert (out / "run.json").exists() and not (out / "questions.jsonl").exists()

@@ -53,6 +53,19 @@ def prepare_dir(out: Path, config: EvalConfig, *, overwrite: bool,
   old results aside (never deletes them). So a resume never mixes records of a replaced model,
   an edited question or another machine into one table."""
   run = out / "run.json"
+  records = out / RECORDS
+  if not run.exists() and records.exists() and records.stat().st_size:
+    # records whose configuration and inputs cannot be checked: never resumed into a table
+    if not overwrite:
+      raise ResultDirError(f"{out} holds {RECORDS} without its run.json: the configuration "
+                           f"and inputs of its records cannot be checked. Use another --out, "
+                           f"or --overwrite to move them aside.")
+    if not claim:
+      return
+    stamp = datetime.datetime.now().strftime("%Y%m%dT%H%M%S")
+    aside = out.with_name(f"{out.name}.replaced-{stamp}")
+    shutil.move(str(out), str(aside))
+    print(f"[vocabjax.eval] moved the old results to {aside}", file=sys.stderr)
   if run.exists():
     try:
       old = json.loads(run.read_text())
