@@ -56,6 +56,7 @@ def test_rows_hold_memory_costs_and_projected_speedups(projected):
     assert r["flops"] > 0 and r["bytes_accessed"] > 0
     assert r["roofline_s"] == pytest.approx(max(r["flops"] / 197e12,
                                                 r["bytes_accessed"] / 819e9))
+    assert r["args_floor_s"] == pytest.approx((r["weights_bytes"] + r["kv_bytes"]) / 819e9)
   # costs of the chain come from its loop-unrolled copy; PLD's step has no loop
   assert rows["chain_g3"]["cost_programs"] == ["cost:step"]
   assert rows["pld_g4"]["cost_programs"] == ["step"]
@@ -74,14 +75,13 @@ def test_markdown_labels_every_time_projected_and_says_what_it_cannot_see(projec
   result, md = projected
   for col in ("weights + inputs GiB", "KV GiB", "temps GiB", "total GiB (HBM)", "fits",
               "max cache slots", "GFLOP", "GB accessed", "PROJECTED roofline time us",
-              "bound", "tau", "PROJECTED speedup"):
+              "PROJECTED floor us (arguments read once)", "bound", "tau", "PROJECTED speedup"):
     assert f"| {col} |" in md, col
   table = [l for l in md.splitlines() if l.startswith(("| ar ", "| chain_g3 ", "| pld_g4 "))]
   assert len(table) == 3
   for line in table:  # every time and speedup cell says PROJECTED
     cells = line.split("|")
-    assert cells[11].strip().startswith("PROJECTED") and cells[15].strip().startswith(
-        "PROJECTED"), line
+    assert all(cells[i].strip().startswith("PROJECTED") for i in (11, 12, 16)), line
   assert "3.00 |" in table[1] and "(pld_g4_n2)" in table[2]
   assert result["command"].startswith("python -m vocabjax.bench tpu --topology v5e:1x1")
   assert f"`{result['command']}`" in md
