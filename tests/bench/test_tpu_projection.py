@@ -57,6 +57,7 @@ def test_rows_hold_memory_costs_and_projected_speedups(projected):
     assert r["roofline_s"] == pytest.approx(max(r["flops"] / 197e12,
                                                 r["bytes_accessed"] / 819e9))
     assert r["args_floor_s"] == pytest.approx((r["weights_bytes"] + r["kv_bytes"]) / 819e9)
+    assert r["stream_s"] == pytest.approx(max(r["flops"] / 197e12, r["stream_bytes"] / 819e9))
   # costs of the chain come from its loop-unrolled copy; PLD's step has no loop
   assert rows["chain_g3"]["cost_programs"] == ["cost:step"]
   assert rows["pld_g4"]["cost_programs"] == ["step"]
@@ -68,20 +69,25 @@ def test_rows_hold_memory_costs_and_projected_speedups(projected):
     r = rows[name]
     assert r["projected_speedup"] == pytest.approx(
         r["tau"] * rows["ar"]["roofline_s"] / r["roofline_s"])
-  assert rows["ar"]["projected_speedup"] == 1.0
+    assert r["stream_speedup"] == pytest.approx(
+        r["tau"] * rows["ar"]["stream_s"] / r["stream_s"])
+  assert rows["ar"]["projected_speedup"] == rows["ar"]["stream_speedup"] == 1.0
+  assert (rows["chain_g3"]["drafter_passes"], rows["pld_g4"]["drafter_passes"]) == (3, 0)
 
 
 def test_markdown_labels_every_time_projected_and_says_what_it_cannot_see(projected):
   result, md = projected
   for col in ("weights + inputs GiB", "KV GiB", "temps GiB", "total GiB (HBM)", "fits",
               "max cache slots", "GFLOP", "GB accessed", "PROJECTED roofline time us",
-              "PROJECTED floor us (arguments read once)", "bound", "tau", "PROJECTED speedup"):
+              "PROJECTED floor us (arguments read once)", "bound", "tau", "PROJECTED speedup",
+              "GB streamed (model)", "PROJECTED weight-stream time us",
+              "PROJECTED speedup (weight-stream)"):
     assert f"| {col} |" in md, col
   table = [l for l in md.splitlines() if l.startswith(("| ar ", "| chain_g3 ", "| pld_g4 "))]
   assert len(table) == 3
   for line in table:  # every time and speedup cell says PROJECTED
     cells = line.split("|")
-    assert all(cells[i].strip().startswith("PROJECTED") for i in (11, 12, 16)), line
+    assert all(cells[i].strip().startswith("PROJECTED") for i in (11, 12, 16, 18, 19)), line
   assert "3.00 |" in table[1] and "(pld_g4_n2)" in table[2]
   assert result["command"].startswith("python -m vocabjax.bench tpu --topology v5e:1x1")
   assert f"`{result['command']}`" in md
@@ -101,6 +107,31 @@ def test_unrolled_copy_counts_every_drafting_call(tiny):
                       for n in ("step", "cost:step"))
   assert step.cost_programs == ("cost:step",)
   assert unrolled > rolled  # the scan's second drafting call is counted too
+
+
+def test_weight_stream_model_counts_each_drafting_pass(tiny):
+  import jax
+
+  from vocabjax.bench.shapes import resolve_config
+
+  setup = tpu.Setup(resolve_config(tiny[0])[1], resolve_config(tiny[1])[1])
+  nbytes = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))  # noqa
+  kv = lambda c: nbytes([c.k, c.v])  # noqa: E731
+  ar = tpu.lower_step("ar", setup, S=128)  # lowered only: the model needs no compile
+  assert tpu.stream_bytes(tpu.method_spec("ar"), ar) == nbytes(ar.decoder.params) + kv(
+      ar.caches[0])
+  chain = tpu.lower_step("chain_g3", setup, S=128)
+  d = chain.decoder
+  assert tpu.drafter_passes(tpu.method_spec("chain_g3"), d) == 3  # [prev, last], then 2
+  tcache, dcache = chain.caches
+  # tied models: the embedding is the LM head, streamed with the target once, the drafter 3x
+  assert tpu.stream_bytes(tpu.method_spec("chain_g3"), chain) == (
+      nbytes(d.tp) + kv(tcache) + 3 * (nbytes(d.dp) + kv(dcache)))
+  trim = tpu.lower_step("vocabtrim_k1024_g3", setup, S=128)
+  d = trim.decoder
+  # a trimmed head: its 1024 rows per pass instead of the drafter's [V, D] head
+  assert tpu.stream_bytes(tpu.method_spec("vocabtrim_k1024_g3"), trim) == (
+      nbytes(d.tp) + kv(tcache) + 3 * (nbytes(d.dp) - nbytes(d.dp["embed"]) + kv(dcache)))
 
 
 def test_tau_matching_against_the_gate_run():

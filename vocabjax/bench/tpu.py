@@ -64,6 +64,7 @@ from vocabjax.models.eagle import EagleConfig, default_feature_layers, init_eagl
 from vocabjax.models.llamalike import init_params, per_row_writes
 from vocabjax.models.medusa import MedusaConfig, init_medusa
 from vocabjax.testing.tpu_aot import tpu_devices
+from vocabjax.vocab.policy import POLICY_STATE
 from vocabjax.vocab.ranked import Ranker, SpeculativeVocab
 from vocabjax.vocab.subset import VocabSubset
 
@@ -938,7 +939,11 @@ def _project_method(spec, dec, setup, topology, chip, B, S, device, mesh, unroll
          "bound": "memory" if t_bytes >= t_flops else "compute",
          # every argument (weights, caches) read once: exact HBM traffic for a one-pass step,
          # a floor for one whose drafter or head runs several times
-         "args_floor_s": args / chip.hbm_bytes_per_s}
+         "args_floor_s": args / chip.hbm_bytes_per_s,
+         "drafter_passes": drafter_passes(spec, dec)}
+  stream = stream_bytes(spec, step)
+  row["stream_bytes"] = stream
+  row["stream_s"] = max(flops / chip.bf16_flops_per_s, stream / chip.hbm_bytes_per_s)
   pallas = sum(step.programs[n].text.count("tpu_custom_call") for n in step.step_programs)
   if pallas:
     row["pallas_calls_lowered"] = pallas
@@ -947,6 +952,46 @@ def _project_method(spec, dec, setup, topology, chip, B, S, device, mesh, unroll
     row["note"] = (f"does not fit: needs {_fmt_bytes(total)} per chip > HBM "
                    f"{_fmt_bytes(chip.hbm_bytes)}")
   return row
+
+
+def drafter_passes(spec: MethodSpec, dec) -> int:
+  """Passes over the drafter's (or heads') weights in one step: its calls (`drafter_calls`, as
+  the decoder counts them on a TPU: a chain's first call feeds two tokens), crossvocab's G."""
+  if spec.kind == "crossvocab":
+    return spec.params["gamma"]
+  if isinstance(dec, SpeculativeDecoder):
+    with _backend_reads("tpu"):  # chain drafting's first call as a TPU's (fold_catch_up)
+      return len(dec.drafter_calls())
+  return 0
+
+
+def stream_bytes(spec: MethodSpec, step: TpuStep) -> int:
+  """HBM bytes one step streams per chip, modelled (not XLA's estimate): the target's arrays
+  and its KV cache once; the drafter's (or heads') arrays and cache once per pass
+  (`drafter_passes`); an embedding table only where it is also an LM head (a tied model's:
+  lookups gather rows); a drafter's LM head not where a vocabulary policy replaces it (its
+  subset rows or ranker are read per pass instead, and SpecVocab's kernel reads its k rows:
+  `_pallas_bytes`)."""
+  dec, setup = step.decoder, step.setup
+  passes = drafter_passes(spec, dec)
+  target = getattr(dec, "params", None) or dec.tp
+  total = _bytes_per_chip(step.caches[0].k) + _bytes_per_chip(step.caches[0].v)
+  total += sum(passes * (_bytes_per_chip(c.k) + _bytes_per_chip(c.v)) for c in step.caches[1:])
+  tied_target = setup.target.tie_word_embeddings
+  for key, tree in target.items():
+    if key != "embed" or tied_target:
+      total += sum(_bytes_per_chip(x) for x in jax.tree.leaves(tree))
+  dp = getattr(dec, "dp", None)
+  if dp is not None and dp is not target:
+    policy = POLICY_STATE in dp or spec.kind in ("vocabtrim", "frspec", "specvocab")
+    tied = getattr(dec, "dc", setup.draft).tie_word_embeddings
+    for key, tree in dp.items():
+      if key == "lm_head" and policy:
+        continue  # the policy's rows or kernel read the head instead
+      if key == "embed" and (policy or not tied):
+        continue  # lookups gather rows
+      total += passes * sum(_bytes_per_chip(x) for x in jax.tree.leaves(tree))
+  return total + (_pallas_bytes(spec, setup, step.B) or 0)
 
 
 def _pallas_bytes(spec, setup, B) -> int | None:
@@ -961,13 +1006,15 @@ def _pallas_bytes(spec, setup, B) -> int | None:
 
 
 def _speedups(result: dict) -> None:
-  """PROJECTED speedup = tau x t(ar) / t(method), where both have a roofline time."""
-  base = next((r.get("roofline_s") for r in result["rows"] if r["method"] == "ar"), None)
+  """PROJECTED speedup = tau x t(ar) / t(method), from XLA's roofline times and from the
+  weight-stream times, where ar and the method have them."""
+  ar = next((r for r in result["rows"] if r["method"] == "ar"), {})
   for r in result["rows"]:
     if r["method"] == "ar":
       r.setdefault("tau", 1.0)
-    if base and r.get("roofline_s") and r.get("tau") is not None:
-      r["projected_speedup"] = r["tau"] * base / r["roofline_s"]
+    for t, out in (("roofline_s", "projected_speedup"), ("stream_s", "stream_speedup")):
+      if ar.get(t) and r.get(t) and r.get("tau") is not None:
+        r[out] = r["tau"] * ar[t] / r[t]
 
 
 CANNOT_SEE = (
@@ -1022,8 +1069,9 @@ def render(result: dict) -> str:
            "| method | programs | weights + inputs GiB | KV GiB | temps GiB | total GiB "
            "(HBM) | fits | max cache slots | GFLOP | GB accessed | PROJECTED roofline "
            "time us | PROJECTED floor us (arguments read once) | bound | Pallas bytes (not "
-           "counted) | tau | PROJECTED speedup |",
-           "|" + "---|" * 16]
+           "counted) | tau | PROJECTED speedup | GB streamed (model) | PROJECTED weight-stream "
+           "time us | PROJECTED speedup (weight-stream) |",
+           "|" + "---|" * 19]
   for r in result["rows"]:
     g = lambda k: f"{r[k] / GiB:.3f}" if r.get(k) is not None else "-"  # noqa: E731
     if "error" in r:
@@ -1031,14 +1079,14 @@ def render(result: dict) -> str:
       msg = " ".join(x.strip() for x in first[1:3]) or first[0]
       lines.append(f"| {r['method']} | - | - | - | - | - | "
                    f"{'no' if r.get('fits') is False else 'error'} | - | - | - | - | - | - | "
-                   f"- | {_tau(r)} | - |")
-      lines.append(f"|  | error: {msg[:300]} |" + " |" * 14)
+                   f"- | {_tau(r)} | - | - | - | - |")
+      lines.append(f"|  | error: {msg[:300]} |" + " |" * 17)
       continue
     if r.get("roofline_s") is None:  # does not fit (checked before compiling)
       lines.append(f"| {r['method']} | - | {g('weights_bytes')} | {g('kv_bytes')} | - | "
                    f"{r['needed_bytes'] / GiB:.3f} ({r['hbm_bytes'] / GiB:.0f}) | no: "
                    f"{r['needed_bytes']:,} > {r['hbm_bytes']:,} bytes | - | - | - | - | - | "
-                   f"- | - | {_tau(r)} | - |")
+                   f"- | - | {_tau(r)} | - | - | - | - |")
       continue
     slots = r["max_cache_slots"]
     pb = r.get("pallas_bytes_not_counted")
@@ -1051,14 +1099,20 @@ def render(result: dict) -> str:
         f"{r['bound']} | "
         f"{'-' if pb is None else f'{pb / 1e6:.1f} MB'} | {_tau(r)} | "
         + (f"PROJECTED {r['projected_speedup']:.2f}x |" if "projected_speedup" in r
-           else "- |"))
+           else "- |")
+        + f" {r['stream_bytes'] / 1e9:.3f} | PROJECTED {r['stream_s'] * 1e6:.0f} | "
+        + (f"PROJECTED {r['stream_speedup']:.2f}x |" if "stream_speedup" in r else "- |"))
   lines += ["", "Methods:", ""]
   lines += [f"- `{r['method']}`: {r['about']}" + (f"; {r['note']}" if r.get("note") else "")
             for r in result["rows"]]
   lines += ["", "PROJECTED: roofline time = max(XLA's flops / peak bf16 compute, XLA's bytes "
             "accessed / HBM bandwidth) per chip, from the compiled programs' cost analysis; "
-            "speedup = tau x t(ar) / t(method). Nothing here ran on a TPU. What a projection "
-            "cannot see:", ""]
+            "weight-stream time = max(XLA's flops / peak, modelled streamed bytes / HBM "
+            "bandwidth), the bytes being the target's arrays and KV cache once plus the "
+            "drafter's (or heads') arrays and cache once per drafting pass (embedding tables "
+            "only where they are an LM head, a policy's rows instead of the drafter's head, "
+            "SpecVocab's kernel rows added); speedup = tau x t(ar) / t(method) for each. "
+            "Nothing here ran on a TPU. What a projection cannot see:", ""]
   lines += [f"- {n}" for n in CANNOT_SEE]
   return "\n".join(lines) + "\n"
 
