@@ -179,7 +179,7 @@ def test_a_method_that_does_not_fit_is_a_row_with_needed_and_available_bytes(tmp
   assert chain["needed_bytes"] > HBM_V5E
   md = (out / "tpu.md").read_text()
   assert f"no: {chain['needed_bytes']:,} > {HBM_V5E:,} bytes" in md
-  assert "does not fit: needs" in md
+  assert "does not fit: needs" in md and "try v5e:2x2 (4 chips)" in md
 
 
 @pytest.mark.parametrize("args,message", [

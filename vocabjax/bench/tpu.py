@@ -30,6 +30,16 @@ as a TPU would see them while tracing (`tpu_tracing`):
 so `jax.default_backend` answers "tpu" while a decoder is built and traced, and the CPU kernel
 is switched off (`cpu_matmul.enabled(False)`). The mesh switches (`split_vocab_top_k`,
 `per_row_writes`) are set as the decoders set them: on for a mesh, off for one chip.
+
+`project` (`python -m vocabjax.bench tpu`) compiles each method's step for a topology (one
+chip, or every chip with the model axis over them) and records per chip: memory from
+`memory_analysis()` against the chip's HBM (CHIPS), the largest cache that fits, XLA's flops
+and bytes accessed (from a loop-unrolled copy of the step: XLA counts a loop body once), the
+roofline time, a modelled weight-stream time (`stream_bytes`: XLA:TPU's bytes accessed count
+its VMEM prefetches again), and PROJECTED speedups tau x t(ar) / t(method) from a recorded
+run's tau. A target that does not fit one chip of the topology by itself is an error (its
+bytes, the HBM, a topology with enough chips); a method whose drafter or heads do not fit is a
+row marked "does not fit" with its bytes.
 """
 
 from __future__ import annotations
@@ -807,9 +817,12 @@ def _traced_abstract(value) -> bool:
 
 
 def _suggest(topology: str, need_total: int, chip: Chip) -> str:
+  """A topology of the same generation with more chips whose HBM holds `need_total` bytes
+  split over its chips (with 10% to spare: not every array splits)."""
   gen = topology.split(":", 1)[0]
+  have = len(tpu_devices(topology))
   for shape, n in _TOPOLOGIES.get(gen, ()):
-    if n > 1 and need_total / n <= 0.9 * chip.hbm_bytes:  # weights split n ways, some headroom
+    if n > have and need_total / n <= 0.9 * chip.hbm_bytes:
       return f"{gen}:{shape} ({n} chips)"
   return "a topology with more chips or a generation with more HBM per chip"
 
@@ -913,7 +926,8 @@ def _project_method(spec, dec, setup, topology, chip, B, S, device, mesh, unroll
     return {"fits": False, "needed_bytes": pre, "hbm_bytes": chip.hbm_bytes,
             "kv_bytes": kv, "weights_bytes": pre - kv,
             "note": f"does not fit: needs {_fmt_bytes(pre)} (weights {_fmt_bytes(pre - kv)}, "
-                    f"KV {_fmt_bytes(kv)}) per chip > HBM {_fmt_bytes(chip.hbm_bytes)}"}
+                    f"KV {_fmt_bytes(kv)}) per chip > HBM {_fmt_bytes(chip.hbm_bytes)}; try "
+                    f"{_suggest(topology, pre * len(tpu_devices(topology)), chip)}"}
   with tpu_tracing(device, mesh):
     step.compile(step.step_programs + step.cost_programs)
   mem = [step.programs[n].compiled.memory_analysis() for n in step.step_programs]
@@ -950,7 +964,8 @@ def _project_method(spec, dec, setup, topology, chip, B, S, device, mesh, unroll
     row["pallas_bytes_not_counted"] = _pallas_bytes(spec, setup, B)
   if not row["fits"]:
     row["note"] = (f"does not fit: needs {_fmt_bytes(total)} per chip > HBM "
-                   f"{_fmt_bytes(chip.hbm_bytes)}")
+                   f"{_fmt_bytes(chip.hbm_bytes)}; try "
+                   f"{_suggest(topology, total * len(tpu_devices(topology)), chip)}")
   return row
 
 
