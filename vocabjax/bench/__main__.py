@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import json
 import os
 import shlex
@@ -149,6 +150,10 @@ def _tpu_parser() -> argparse.ArgumentParser:
   p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
   p.add_argument("--rolled-costs", action="store_true", help="take costs from the steps as "
                  "compiled (a loop body counted once) instead of a loop-unrolled copy (faster)")
+  p.add_argument("--pad-draft-vocab", action="store_true", help="give a same-tokenizer drafter "
+                 "with a shorter vocabulary the target's V (LM-head rows padded, never drafted), "
+                 "e.g. Qwen2.5-0.5B (V=151936) for Qwen2.5-7B (V=152064): same-vocabulary "
+                 "drafting refuses differing V")
   return p
 
 
@@ -216,6 +221,13 @@ def _tpu_run(a, argv: list[str]) -> int:
     tname, tc = shapes.resolve_config(tname)
     dname, dc = shapes.resolve_config(dname)
     xname, xc = shapes.resolve_config(a.cross_draft) if a.cross_draft else ("", None)
+    if dc.vocab_size != tc.vocab_size:
+      if not (a.pad_draft_vocab and dc.vocab_size < tc.vocab_size):
+        raise ValueError(f"{dname} has V={dc.vocab_size}, {tname} V={tc.vocab_size}: "
+                         f"same-vocabulary drafting needs one V; pass --pad-draft-vocab for a "
+                         f"same-tokenizer drafter with fewer (padded) rows, or a --cross-draft")
+      dname = f"{dname} (V {dc.vocab_size} padded to {tc.vocab_size})"
+      dc = dataclasses.replace(dc, vocab_size=tc.vocab_size)
     methods = list(dict.fromkeys(["ar", *(a.methods or tpu.METHODS)]))
     for m in methods:
       tpu.method_spec(m)  # a bad name is refused before anything compiles
