@@ -17,6 +17,8 @@ import functools
 import json
 from pathlib import Path
 
+from vocabjax.io import atomic_write_text
+
 TABLE = Path(__file__).with_name("dispatch_table.json")
 MARGIN = 1.03  # the kernel must beat XLA by 3% (run-to-run noise) to be chosen
 FORMAT = "vocabjax.indexed_lm_head.dispatch/1"
@@ -81,8 +83,6 @@ def choose(device_kind: str, dtype: str, B: int, K: int, D: int,
 def merge(entries: list[dict], path: str | Path | None = None) -> Path:
   """Add measured entries to the table at `path` (default: the package's), replacing those of
   the same (device kind, dtype, B, K, D); written atomically."""
-  from vocabjax.io import atomic_write_text
-
   p = Path(path) if path else TABLE
   old = list(_read(p))
   key = lambda e: (e["device_kind"], e["dtype"], e["B"], e["K"], e["D"])  # noqa: E731
