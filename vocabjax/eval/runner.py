@@ -45,6 +45,14 @@ class ResultDirError(ConfigError):
   """The result directory holds results of another configuration."""
 
 
+def _move_aside(out: Path) -> None:
+  """Move a result directory to `<out>.replaced-<time>` (never deleted)."""
+  stamp = datetime.datetime.now().strftime("%Y%m%dT%H%M%S")
+  aside = out.with_name(f"{out.name}.replaced-{stamp}")
+  shutil.move(str(out), str(aside))
+  print(f"[vocabjax.eval] moved the old results to {aside}", file=sys.stderr)
+
+
 def prepare_dir(out: Path, config: EvalConfig, *, overwrite: bool,
                 inputs: dict | None = None, claim: bool = True) -> None:
   """Claim `out` for `config` made from `inputs` (`vocabjax.eval.provenance.inputs`: model
@@ -62,10 +70,7 @@ def prepare_dir(out: Path, config: EvalConfig, *, overwrite: bool,
                            f"or --overwrite to move them aside.")
     if not claim:
       return
-    stamp = datetime.datetime.now().strftime("%Y%m%dT%H%M%S")
-    aside = out.with_name(f"{out.name}.replaced-{stamp}")
-    shutil.move(str(out), str(aside))
-    print(f"[vocabjax.eval] moved the old results to {aside}", file=sys.stderr)
+    _move_aside(out)
   if run.exists():
     try:
       old = json.loads(run.read_text())
@@ -87,10 +92,7 @@ def prepare_dir(out: Path, config: EvalConfig, *, overwrite: bool,
                              f"move the old results aside.")
       if not claim:  # only checking: the move waits until the run is sure to start
         return
-      stamp = datetime.datetime.now().strftime("%Y%m%dT%H%M%S")
-      aside = out.with_name(f"{out.name}.replaced-{stamp}")
-      shutil.move(str(out), str(aside))
-      print(f"[vocabjax.eval] moved the old results to {aside}", file=sys.stderr)
+      _move_aside(out)
   if not claim:
     return
   out.mkdir(parents=True, exist_ok=True)

@@ -133,6 +133,14 @@ class Checkpoints:
 OWNER = "vocabjax-job.json"  # beside a training job's outputs: which job they belong to
 
 
+def _marked_fingerprint(marker: Path) -> str | None:
+  """The fingerprint a job marker (OWNER, checkpoints/job.json) names; None if unreadable."""
+  try:
+    return json.loads(marker.read_text()).get("fingerprint")
+  except (OSError, json.JSONDecodeError):
+    return None
+
+
 def claim_output(out: Path, fingerprint: str, what: str) -> None:
   """Mark `out` as this job's (`OWNER`), or raise TrainError if it holds another job's outputs:
   the marker names another fingerprint, or outputs are there with no marker to say whose (e.g.
@@ -140,10 +148,7 @@ def claim_output(out: Path, fingerprint: str, what: str) -> None:
   otherwise overwrite the log and exports without a word)."""
   marker = out / OWNER
   if marker.exists():
-    try:
-      have = json.loads(marker.read_text()).get("fingerprint")
-    except (OSError, json.JSONDecodeError):
-      have = None
+    have = _marked_fingerprint(marker)
     if have != fingerprint:
       raise TrainError(f"{out} holds the outputs of another training job ({marker.name}: "
                        f"fingerprint {have}, this {what} job's is {fingerprint}); use another "
@@ -157,13 +162,8 @@ def claim_output(out: Path, fingerprint: str, what: str) -> None:
     raise TrainError(f"{out} holds the outputs of a training job that cannot be identified "
                      f"(log.jsonl, but no {OWNER} and no checkpoints/job.json); use another "
                      f"output directory or delete it")
-  if ckpt_marker.exists():  # outputs of a version before the marker: checkpoints say whose
-    try:
-      have = json.loads(ckpt_marker.read_text()).get("fingerprint")
-    except (OSError, json.JSONDecodeError):
-      have = None
-    if have != fingerprint:
-      return  # Checkpoints refuses it with its own message
+  if ckpt_marker.exists() and _marked_fingerprint(ckpt_marker) != fingerprint:
+    return  # outputs of a version before OWNER: Checkpoints refuses them with its own message
   atomic_write_json(marker, {"fingerprint": fingerprint, "what": what})
 
 
