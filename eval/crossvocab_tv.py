@@ -20,7 +20,7 @@ import time
 import numpy as np
 
 from vocabjax.decoding.crossvocab import CrossVocabDecoder
-from vocabjax.decoding.sampling import SamplingParams
+from vocabjax.sampling import SamplingParams
 from vocabjax.io import atomic_write_text
 from vocabjax.testing.fixtures import merging_pair
 from vocabjax.testing.stats import chi2_pvalue, exact_support_probs

@@ -88,7 +88,7 @@ def test_two_processes_decode_what_one_decodes(tiny_chat_dir, tmp_path):
                       "--quiet", "--mesh", mesh, *method, "--output",
                       str(tmp_path / f"{name}.json")]
 
-  chain = ["--method", "chain", "--draft", str(tiny_chat_dir), "--gamma", "3"]
+  chain = ["--method", "chain", "--draft", str(tiny_chat_dir), "--set", "gamma=3"]
   _run(args("one", "model=2", chain), 1)
   _run(args("two", "model=4", chain), 2)  # one mesh over both processes' devices
   one = json.loads((tmp_path / "one.json").read_text())

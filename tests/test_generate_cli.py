@@ -50,22 +50,77 @@ def test_sampling_is_seeded(tiny_chat_dir):
     (["--max-len", "8"], "exceeds the cache length max_len=8"),
     (["--temperature", "inf"], "temperature must be finite"),
     (["--stop", ""], "stop strings must be non-empty"),
-    (["--pld-candidates", "2"], "--pld-candidates belongs to --method pld, not ar"),
-    (["--method", "pld", "--pld-candidates", "0"], "candidates >= 1"),
+    (["--set", "candidates=2"], "method 'ar' has no parameter 'candidates'; it takes none"),
+    (["--method", "pld", "--set", "candidates=0"], "candidates >= 1"),
+    (["--method", "pld", "--set", "gamma=three"], "--set gamma=three: expected int, got 'three'"),
+    (["--method", "pld", "--set", "gamma"], "--set 'gamma': expected KEY=VALUE"),
+    (["--method", "pld", "--set", "gamma=2", "--set", "gamma=3"],
+     "--set gives ['gamma'] more than once"),
+    (["--method", "crossvocab", "--draft", "d", "--set", "ngram=maybe"],
+     "expected a boolean (true/false), got 'maybe'"),
+    (["--method", "chain", "--draft", "d"], "method 'chain' needs parameter 'gamma'"),
+    (["--method", "pld", "--time-split"], "--method pld has none"),
 ])
-def test_cli_bad_input_exits_2_with_message(tiny_chat_dir, tmp_path, flags, message):
+def test_cli_bad_input_exits_2_with_message(tiny_chat_dir, tmp_path, flags, message, capsys):
+  """One `error:` line naming the value, exit 2, nothing written (in process: the `python -m`
+  entry point itself is run by the non-UTF-8 prompt test below)."""
+  from vocabjax.generate import cli
+
   out = tmp_path / "never.json"
-  proc = subprocess.run([sys.executable, "-m", "vocabjax.generate", "--target",
-                         str(tiny_chat_dir), "--prompt", "Hello there, a longer prompt",
-                         "--output", str(out), *flags], capture_output=True, text=True)
-  assert proc.returncode == 2, proc.stderr
-  assert message in proc.stderr
+  assert cli(["--target", str(tiny_chat_dir), "--prompt", "Hello there, a longer prompt",
+              "--output", str(out), *flags]) == 2
+  err = capsys.readouterr().err
+  assert message in err and err.startswith("error: ") and err.count("\n") == 1, err
   assert not out.exists()
 
 
-@pytest.mark.parametrize("method_flags", [["--method", "chain", "--gamma", "3"],
-                                          ["--method", "tree", "--tree-top-k", "2",
-                                           "--tree-depth", "3", "--tree-total-tokens", "5"]])
+def test_every_registered_method_is_reachable_with_its_parameters_listed():
+  """--method takes every registered method and --help lists each one's parameters (generated
+  from its dataclass, so a new method or parameter shows up by itself)."""
+  from vocabjax.generate import methods_help
+  from vocabjax.methods import METHODS
+
+  lines = {ln.split(":")[0].split()[0]: ln for ln in methods_help().splitlines()[1:]}
+  assert set(lines) == set(METHODS) and len(METHODS) >= 11
+  for name, m in METHODS.items():
+    assert all(f"{k}{'' if k in m.defaults else '*'}: " in lines[name] for k in m.fields)
+    required = {k: {int: "1", float: "0.5", bool: "true", str: "x"}[t]
+                for k, t in m.fields.items() if k not in m.defaults}
+    flags = ["--target", "t", "--prompt", "p", "--method", name,
+             *[f for k, v in required.items() for f in ("--set", f"{k}={v}")]]
+    flags += ["--draft", "d"] if m.needs_draft else []
+    try:  # parse as far as the method's own value checks (files are checked at build time)
+      cfg = parse_args(flags)
+    except ValueError as e:
+      assert "needs parameter" not in str(e) and "no parameter" not in str(e), (name, e)
+    else:
+      assert cfg.method == name and dict(cfg.params) == {
+          k: {"1": 1, "0.5": 0.5, "true": True, "x": "x"}[v] for k, v in required.items()}
+
+
+def test_timed_methods_are_the_decoders_that_time_their_steps(pair_models, tiny_medusa_dir):
+  """The registry's `timed` (what --time-split accepts before loading anything) agrees with
+  the decoders' own `times_step_parts`."""
+  from vocabjax.methods import METHODS
+
+  target, draft = pair_models
+  built = {"ar": {}, "chain": {"gamma": 2}, "tree": {"top_k": 2, "depth": 2, "total_tokens": 3},
+           "pld": {}, "medusa": {"heads": str(tiny_medusa_dir)}}
+  for name, params in built.items():
+    m = METHODS[name]
+    dec = m.make(target, draft if m.needs_draft else None, params)
+    assert dec.times_step_parts == m.timed, name
+
+
+@pytest.fixture(scope="module")
+def pair_models(tiny_chat_dir):
+  m = load_model(tiny_chat_dir, dtype="float32")
+  return m, m
+
+
+@pytest.mark.parametrize("method_flags", [["--method", "chain", "--set", "gamma=3"],
+                                          ["--method", "tree", "--set", "top_k=2",
+                                           "--set", "depth=3", "--set", "total_tokens=5"]])
 def test_speculative_methods_match_ar(tiny_chat_dir, tiny_dirs, tmp_path, method_flags):
   base = ["--target", str(tiny_chat_dir), "--prompt", "def add(a, b):", "--prompt", "Hi",
           "--max-new-tokens", "12", "--quiet"]
@@ -105,6 +160,7 @@ def test_rows_decode_continuously_with_the_batched_outputs(tiny_chat_dir, tmp_pa
 @pytest.mark.parametrize("flags,message", [
     (["--rows", "0"], "--rows must be >= 1, got 0"),
     (["--rows", "2", "--method", "pld"], "decodes with --method ar, not pld"),
+    (["--method", "pld", "--draft", "d"], "--method pld drafts without a drafter model"),
     (["--rows", "2", "--mesh", "data=1,model=1"], "runs on one device: drop --mesh"),
 ])
 def test_rows_refuses_what_it_cannot_do(flags, message):
@@ -118,7 +174,7 @@ def test_method_needs_a_drafter():
 
 
 def test_draft_vocab_subset(tiny_chat_dir, tmp_path):
-  """--draft-vocab: a saved subset trims the drafter's head; output still equals AR; a subset
+  """--set subset=: a saved subset trims the drafter's head; output still equals AR; a subset
   counted with another tokenizer is refused."""
   import numpy as np
 
@@ -133,22 +189,21 @@ def test_draft_vocab_subset(tiny_chat_dir, tmp_path):
   base = ["--target", str(tiny_chat_dir), "--prompt", "def add(a, b):", "--max-new-tokens",
           "12", "--quiet"]
   ar = main(parse_args(base))
-  spec = main(parse_args(base + ["--draft", str(tiny_chat_dir), "--method", "chain",
-                                 "--draft-vocab", str(tmp_path / "sub.npz")]))
+  chain = ["--draft", str(tiny_chat_dir), "--method", "chain", "--set", "gamma=4"]
+  spec = main(parse_args(base + chain + ["--set", f"subset={tmp_path / 'sub.npz'}"]))
   assert spec["output_ids"] == ar["output_ids"]
   assert spec["speculative"]["acceptance_rate"] < 1.0  # drafter == target, but trimmed
   VocabSubset(ids=good.ids, vocab_size=V, tokenizer_id="vocab9-sha256:0").save(
       tmp_path / "other.npz")
   with pytest.raises(ValueError, match="counted with tokenizer 'vocab9-sha256:0'"):
-    main(parse_args(base + ["--draft", str(tiny_chat_dir), "--method", "chain",
-                            "--draft-vocab", str(tmp_path / "other.npz")]))
-  with pytest.raises(ValueError, match="--draft-vocab trims a drafter"):
-    parse_args(base + ["--draft-vocab", str(tmp_path / "sub.npz")])
+    main(parse_args(base + chain + ["--set", f"subset={tmp_path / 'other.npz'}"]))
+  with pytest.raises(ValueError, match="method 'ar' has no parameter 'subset'"):
+    parse_args(base + ["--set", f"subset={tmp_path / 'sub.npz'}"])
 
 
 def test_ranker_vocabulary(tiny_chat_dir, tmp_path):
-  """--ranker: SpecVocab drafting from a ranker file; output equals AR; a ranker of another
-  drafter is refused; --ranker without a drafter or together with --draft-vocab is an error."""
+  """--method specvocab: SpecVocab drafting from a ranker file; output equals AR; a ranker of
+  another drafter is refused; k larger than the vocabulary is an error."""
   from vocabjax.checkpoints.loader import load_model
   from vocabjax.testing.tiny import save_tiny_variant
   from vocabjax.vocab.ranked import svd_ranker
@@ -159,25 +214,21 @@ def test_ranker_vocabulary(tiny_chat_dir, tmp_path):
   base = ["--target", str(tiny_chat_dir), "--prompt", "def add(a, b):", "--max-new-tokens",
           "12", "--quiet"]
   ar = main(parse_args(base))
-  spec = main(parse_args(base + ["--draft", str(tiny_chat_dir), "--method", "tree",
-                                 "--ranker", str(tmp_path / "r.safetensors"),
-                                 "--ranker-k", "8"]))
+  sv = ["--method", "specvocab", "--set", f"ranker={tmp_path / 'r.safetensors'}"]
+  spec = main(parse_args(base + ["--draft", str(tiny_chat_dir), *sv, "--set", "k=8",
+                                 "--set", "top_k=2", "--set", "depth=3",
+                                 "--set", "total_tokens=5"]))
   assert spec["output_ids"] == ar["output_ids"]
   with pytest.raises(ValueError, match="trained for another drafter"):
-    main(parse_args(base + ["--draft", str(other), "--method", "chain",
-                            "--ranker", str(tmp_path / "r.safetensors"), "--ranker-k", "8"]))
-  with pytest.raises(ValueError, match="specvocab.k=2048 exceeds the ranker's vocabulary of 320"):  # the default k
-    main(parse_args(base + ["--draft", str(tiny_chat_dir), "--method", "chain",
-                            "--ranker", str(tmp_path / "r.safetensors")]))
-  with pytest.raises(ValueError, match="--ranker picks a drafter's vocabulary"):
-    parse_args(base + ["--ranker", str(tmp_path / "r.safetensors")])
-  with pytest.raises(ValueError, match="not both"):
-    parse_args(base + ["--draft", "d", "--method", "chain", "--ranker", "r",
-                       "--draft-vocab", "s"])
+    main(parse_args(base + ["--draft", str(other), *sv, "--set", "k=8"]))
+  with pytest.raises(ValueError, match="specvocab.k=2048 exceeds the ranker's vocabulary of 320"):
+    main(parse_args(base + ["--draft", str(tiny_chat_dir), *sv, "--set", "k=2048"]))
+  with pytest.raises(ValueError, match="method 'specvocab' needs parameter 'k'"):
+    parse_args(base + ["--draft", "d", *sv])
 
 
 def test_eagle_head(tiny_chat_dir, tmp_path):
-  """--method eagle --eagle-head: tree drafting with an EAGLE-3 head directory; output equals
+  """--method eagle --set head=: tree drafting with an EAGLE-3 head directory; output equals
   AR with the head's own and the target's LM head (restricted by a ranker); a head for another
   target is refused; --method eagle without a head is an error."""
   import jax
@@ -199,34 +250,33 @@ def test_eagle_head(tiny_chat_dir, tmp_path):
   base = ["--target", str(tiny_chat_dir), "--prompt", "def add(a, b):", "--max-new-tokens",
           "12", "--quiet"]
   ar = main(parse_args(base))
-  eagle = ["--method", "eagle", "--eagle-head", str(head), "--tree-top-k", "2",
-           "--tree-depth", "3", "--tree-total-tokens", "5"]
+  eagle = ["--method", "eagle", "--set", f"head={head}", "--set", "top_k=2", "--set",
+           "depth=3", "--set", "total_tokens=5"]
   spec = main(parse_args(base + eagle))
   assert spec["output_ids"] == ar["output_ids"] and spec["speculative"]["tau"] >= 1
-  spec = main(parse_args(base + eagle + ["--eagle-lm-head", "target", "--ranker",
-                                         str(tmp_path / "r.safetensors"), "--ranker-k", "8"]))
+  spec = main(parse_args(base + eagle + ["--set", "lm_head=target", "--set",
+                                         f"ranker={tmp_path / 'r.safetensors'}", "--set",
+                                         "k=8"]))
   assert spec["output_ids"] == ar["output_ids"]
   # gated by the head's confidence: the record says in how many steps the head drafted
-  spec = main(parse_args(base + eagle + ["--eagle-min-confidence", "0.999"]))
+  spec = main(parse_args(base + eagle + ["--set", "min_confidence=0.999"]))
   assert spec["output_ids"] == ar["output_ids"]
   assert spec["speculative"]["head_steps"] == 0 and spec["speculative"]["tau"] == 1.0
   with pytest.raises(ValueError, match="min_confidence=1.5 must lie in"):
-    main(parse_args(base + eagle + ["--eagle-min-confidence", "1.5"]))
+    parse_args(base + eagle + ["--set", "min_confidence=1.5"])
   other = save_tiny_variant("qwen2_bias", tmp_path / "other", seed=5, with_tokenizer=True)
   with pytest.raises(ValueError, match="was trained for another target"):
     main(parse_args(["--target", str(other), *base[2:], *eagle]))
-  with pytest.raises(ValueError, match="needs --eagle-head"):
+  with pytest.raises(ValueError, match="method 'eagle' needs parameter 'head'"):
     parse_args(base + ["--method", "eagle"])
-  with pytest.raises(ValueError, match="--eagle-\\* flags belong to --method eagle"):
-    parse_args(base + ["--eagle-head", str(head)])
-  with pytest.raises(ValueError, match="--eagle-\\* flags belong to --method eagle, not pld"):
-    parse_args(base + ["--method", "pld", "--eagle-min-confidence", "0.3"])
+  with pytest.raises(ValueError, match="method 'pld' has no parameter 'min_confidence'"):
+    parse_args(base + ["--method", "pld", "--set", "min_confidence=0.3"])
 
 
 def test_medusa_heads(tiny_chat_dir, tiny_medusa_dir, tmp_path):
-  """--method medusa --medusa-heads: a chain of the heads' top-1 tokens, a JSON tree, and the
-  heads restricted by --draft-vocab all equal AR; heads for another target, a tree deeper than
-  the heads and stray --medusa-* flags are refused."""
+  """--method medusa --set heads=: a chain of the heads' top-1 tokens, a JSON tree, and the
+  heads restricted by a subset all equal AR; heads for another target and a tree deeper than
+  the heads are refused."""
   import numpy as np
 
   from vocabjax.calibrate.counts import tokenizer_identity
@@ -240,20 +290,18 @@ def test_medusa_heads(tiny_chat_dir, tiny_medusa_dir, tmp_path):
   base = ["--target", str(tiny_chat_dir), "--prompt", "def add(a, b):", "--max-new-tokens",
           "12", "--quiet"]
   ar = main(parse_args(base))
-  med = ["--method", "medusa", "--medusa-heads", str(heads)]
-  for extra in ([], ["--medusa-choices", "[[0], [1], [0, 0], [1, 0]]"],
-                ["--medusa-top-k", "2", "--draft-vocab", str(tmp_path / "sub.npz")]):
+  med = ["--method", "medusa", "--set", f"heads={heads}"]
+  for extra in ([], ["--set", "choices=[[0], [1], [0, 0], [1, 0]]"],
+                ["--set", "top_k=2", "--set", f"subset={tmp_path / 'sub.npz'}"]):
     spec = main(parse_args(base + med + extra))
     assert spec["output_ids"] == ar["output_ids"] and spec["speculative"]["tau"] >= 1
   other = save_tiny_variant("qwen2_bias", tmp_path / "other", seed=5, with_tokenizer=True)
   with pytest.raises(ValueError, match="trained for another target"):
     main(parse_args(["--target", str(other), *base[2:], *med]))
   with pytest.raises(ValueError, match=r"medusa.choices: .*3 deep but there are 2 heads"):
-    parse_args(base + med + ["--medusa-choices", "[[0], [0, 0], [0, 0, 0]]"])
-  with pytest.raises(ValueError, match="needs --medusa-heads"):
+    parse_args(base + med + ["--set", "choices=[[0], [0, 0], [0, 0, 0]]"])
+  with pytest.raises(ValueError, match="method 'medusa' needs parameter 'heads'"):
     parse_args(base + ["--method", "medusa"])
-  with pytest.raises(ValueError, match="--medusa-\\* flags belong to --method medusa"):
-    parse_args(base + ["--medusa-heads", str(heads)])
 
 
 def test_crossvocab_method_with_another_tokenizer(tiny_chat_dir, tmp_path):
@@ -268,32 +316,30 @@ def test_crossvocab_method_with_another_tokenizer(tiny_chat_dir, tmp_path):
   base = ["--target", str(tiny_chat_dir), "--prompt", "def add(a, b):", "--prompt", "Hi",
           "--max-new-tokens", "12", "--quiet"]
   ar = main(parse_args(base))
-  for extra in ([], ["--no-ngram"]):
-    out = main(parse_args(base + ["--draft", str(d), "--method", "crossvocab", "--gamma", "3",
-                                  *extra]))
+  for extra in ([], ["--set", "ngram=false"]):
+    out = main(parse_args(base + ["--draft", str(d), "--method", "crossvocab", "--set",
+                                  "gamma=3", *extra]))
     assert out["output_ids"] == ar["output_ids"]
     sp = out["speculative"]
     assert {"ngram_drafted", "drafter_tokens", "ngram_cache"} <= set(sp) and sp["tau"] >= 1
-  with pytest.raises(ValueError, match="--adaptive needs --distilled"):
-    parse_args(base + ["--draft", str(d), "--method", "crossvocab", "--adaptive"])
-  with pytest.raises(ValueError, match="belong to --method crossvocab"):
-    parse_args(base + ["--draft", str(d), "--method", "chain", "--no-ngram"])
+  with pytest.raises(ValueError, match="adaptive"):
+    parse_args(base + ["--draft", str(d), "--method", "crossvocab", "--set", "adaptive=true"])
+  with pytest.raises(ValueError, match="method 'chain' has no parameter 'ngram'"):
+    parse_args(base + ["--draft", str(d), "--method", "chain", "--set", "ngram=false"])
 
 
 def test_pld_and_a_bf16_drafter_from_the_command_line(tiny_chat_dir):
   base = ["--target", str(tiny_chat_dir), "--prompt", "a b c a b c a b", "--max-new-tokens",
           "12", "--quiet"]
   ar = main(parse_args(base))["output_ids"]
-  pld = main(parse_args(base + ["--method", "pld", "--gamma", "3", "--max-ngram", "2"]))
+  pld = main(parse_args(base + ["--method", "pld", "--set", "gamma=3", "--set", "max_ngram=2"]))
   assert pld["output_ids"] == ar and pld["speculative"]["tau"] >= 1.0
   assert pld["speculative"]["verifications"] == pld["speculative"]["target_forwards"] - 1
-  tree = main(parse_args(base + ["--method", "pld", "--gamma", "3", "--pld-candidates", "3"]))
+  tree = main(parse_args(base + ["--method", "pld", "--set", "gamma=3", "--set", "candidates=3"]))
   assert tree["output_ids"] == ar
-  chain = main(parse_args(base + ["--method", "chain", "--draft", str(tiny_chat_dir),
-                                  "--draft-dtype", "bf16"]))
+  chain = main(parse_args(base + ["--method", "chain", "--set", "gamma=4", "--draft",
+                                  str(tiny_chat_dir), "--draft-dtype", "bf16"]))
   assert chain["output_ids"] == ar  # the f32 target verifies a bf16 drafter
-  with pytest.raises(ValueError, match="--method pld drafts from the context"):
-    parse_args(base + ["--method", "pld", "--draft", str(tiny_chat_dir)])
 
 
 @pytest.mark.parametrize("module", ["vocabjax.generate", "vocabjax.eval.__main__"])
@@ -376,7 +422,7 @@ def test_mesh_flag(tiny_chat_dir):
           "--max-new-tokens", "10", "--quiet"]
   ar = main(parse_args(base))
   for flags in (["--mesh", "model=8"], ["--mesh", "data=2,model=4", "--method", "chain",
-                                        "--draft", str(draft), "--gamma", "3"],
+                                        "--draft", str(draft), "--set", "gamma=3"],
                 ["--mesh", "data=2,model=4", "--method", "pld"],
                 ["--mesh", "data=2,model=4", "--method", "crossvocab", "--draft", str(draft)]):
     assert main(parse_args(base + flags))["output_ids"] == ar["output_ids"], flags

@@ -1,8 +1,8 @@
 """The package's import graph is one-way: no cycles, and no vocabjax module imported inside a
 function (which is how cycles hide) unless the line states why (`# local: <reason>`).
 
-Layers, bottom up: errors, io, prompts, kernels, models -> checkpoints -> vocab -> decoding ->
-(calibrate, train) -> eval -> entry points (generate, bench, the __main__ modules)."""
+Layers, bottom up: errors, io, prompts -> sampling, kernels, models -> checkpoints -> vocab ->
+decoding -> (calibrate, train) -> eval -> entry points (generate, bench, the __main__ modules)."""
 
 import ast
 import sys
@@ -12,9 +12,8 @@ import vocabjax
 
 ROOT = Path(vocabjax.__file__).resolve().parent
 # a module may import only from its own layer or those below (layer of its first name part)
-LAYER = {"errors": 0, "io": 0, "prompts": 0, "version": 0, "interrupt": 0,
+LAYER = {"errors": 0, "io": 0, "prompts": 0, "version": 0, "interrupt": 0, "sampling": 1,
          "sharding": 1, "distributed": 1, "kernels": 1, "models": 1,
-         "decoding.sampling": 1,  # sampling is pure math on logits, under vocab
          "checkpoints": 2, "vocab": 3, "decoding": 4, "calibrate": 5, "train": 5,
          "eval": 6, "methods": 6, "zoo": 7, "generate": 7, "testing": 7, "bench": 7,
          "__init__": 8}
@@ -126,3 +125,34 @@ def test_the_checks_catch_what_they_claim(tmp_path, monkeypatch):
     assert "vocabjax.models.a -> vocabjax.models.b -> vocabjax.models.a" in str(e)
   else:
     raise AssertionError("the cycle a -> b -> a was not reported")
+
+
+def _layout_block(doc: str) -> str:
+  """The code block under docs/engine.md's "## Layout" heading."""
+  return doc.split("\n## Layout\n", 1)[1].split("```", 2)[1]
+
+
+def _unlisted(root: Path, block: str) -> list[str]:
+  """Package modules (and sub-packages) the layout block does not name."""
+  out = []
+  for f in sorted(root.rglob("*.py")):
+    rel = f.relative_to(root)
+    if rel.name == "__init__.py" and len(rel.parts) > 1:
+      rel = rel.parent  # a sub-package: named as "name/"
+      if f"{rel.name}/" not in block:
+        out.append(f"{rel}/")
+    elif rel.name != "__init__.py" and rel.name not in block:
+      out.append(str(rel))
+  return out
+
+
+def test_engine_doc_layout_lists_every_module(tmp_path):
+  """docs/engine.md's package layout stays current: every module of the package is named."""
+  block = _layout_block((ROOT.parent / "docs" / "engine.md").read_text())
+  missing = _unlisted(ROOT, block)
+  assert not missing, f"docs/engine.md's Layout does not list: {missing}"
+  # and the check sees a module that is not listed
+  (tmp_path / "decoding").mkdir()
+  (tmp_path / "decoding" / "__init__.py").write_text("")
+  (tmp_path / "decoding" / "newmethod.py").write_text("")
+  assert _unlisted(tmp_path, block) == ["decoding/newmethod.py"]

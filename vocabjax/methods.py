@@ -58,6 +58,8 @@ class Method:
   head_rows: Callable[[Any], int] | None = None  # params -> drafter LM-head rows (None: V)
   drafter_params: Callable[[Any], int] | None = None  # params -> drafter params read per
   #   token, for MBSU (None: the draft model's, with head_rows LM-head rows)
+  timed: bool = False  # its decoders time their step's parts (`DecodingMethod.times_step_parts`:
+  #   a compiled drafter step, `vocabjax.decoding.profile.step_split`); checked in tests
 
   @property
   def fields(self) -> dict[str, type]:
@@ -110,10 +112,10 @@ METHODS: dict[str, Method] = {}
 
 
 def register(name: str, params: type, *, needs_draft: bool = True, drafter_passes=None,
-             head_rows=None, drafter_params=None):
+             head_rows=None, drafter_params=None, timed: bool = True):
   def deco(fn):
     METHODS[name] = Method(name, params, fn, needs_draft, drafter_passes, head_rows,
-                           drafter_params)
+                           drafter_params, timed)
     return fn
   return deco
 
@@ -151,7 +153,7 @@ class ArParams:
     del where
 
 
-@register("ar", ArParams, needs_draft=False)
+@register("ar", ArParams, needs_draft=False, timed=False)
 def _ar(target, draft, p: ArParams, mesh=None):
   del draft, p
   return Decoder(target.params, target.config, mesh=mesh)
@@ -225,7 +227,7 @@ class PldParams:
                         f"max_ngram={self.max_ngram}, candidates={self.candidates}")
 
 
-@register("pld", PldParams, needs_draft=False, drafter_passes=lambda p: 0)
+@register("pld", PldParams, needs_draft=False, drafter_passes=lambda p: 0, timed=False)
 def _pld(target, draft, p: PldParams, mesh=None):
   """Prompt lookup decoding (Saxena 2023): drafts copied from the context, no drafter; a
   chain, or a tree of several matches' continuations (`candidates` > 1)."""
@@ -592,7 +594,7 @@ class CrossVocabParams:
                         f"trained acceptance head")
 
 
-@register("crossvocab", CrossVocabParams, drafter_passes=lambda p: p.gamma)
+@register("crossvocab", CrossVocabParams, drafter_passes=lambda p: p.gamma, timed=False)
 def _crossvocab(target, draft, p: CrossVocabParams, mesh=None):
   if target.tokenizer is None or draft.tokenizer is None:
     raise ValueError("crossvocab needs both tokenizers (the target's and the drafter's)")

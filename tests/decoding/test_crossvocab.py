@@ -10,7 +10,7 @@ import pytest
 from vocabjax.decoding.adaptive import init_acceptance_head, should_stop
 from vocabjax.decoding.autoregressive import Decoder
 from vocabjax.decoding.crossvocab import CrossVocabDecoder, translated_q
-from vocabjax.decoding.sampling import SamplingParams
+from vocabjax.sampling import SamplingParams
 from vocabjax.models import LlamaLikeConfig, init_params
 from vocabjax.models.cache import KVCache
 from vocabjax.models.llamalike import forward

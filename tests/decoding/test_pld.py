@@ -11,7 +11,7 @@ from vocabjax.decoding.autoregressive import block_request
 from vocabjax.decoding.pld import (PromptLookupDecoder, continuation_trie, lookup_continuations,
                                    lookup_drafts)
 from vocabjax.models.cache import KVCache
-from vocabjax.decoding.sampling import SamplingParams
+from vocabjax.sampling import SamplingParams
 from vocabjax.models import init_params
 from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
 

@@ -11,7 +11,7 @@ import pytest
 from tests.decoding.conftest import CFG, PROMPT, SMALL, prompt_samples
 from vocabjax.decoding.autoregressive import Decoder
 from vocabjax.decoding.pld import PromptLookupDecoder
-from vocabjax.decoding.sampling import SamplingParams
+from vocabjax.sampling import SamplingParams
 from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.kernels import cpu_matmul
@@ -139,7 +139,7 @@ def test_prefill_precision_follows_the_weights(pair, dtype):
   bf16), f32 and int8 ones in exact f32; either way every method's greedy output equals AR's
   on prompts long enough for the GEMM (a 70-token block)."""
   from vocabjax.decoding.autoregressive import abstract_cache, compile_prefill, prefill_in_bf16
-  from vocabjax.decoding.sampling import SamplingParams
+  from vocabjax.sampling import SamplingParams
 
   target, draft = (cast_weights(p, dtype) for p in pair)
   assert prefill_in_bf16(target) == (dtype == "bfloat16")

@@ -169,18 +169,30 @@ def test_resume_and_bad_input(pair, tmp_path):
       job(tmp_path, data, **{field: value})
 
 
-def test_online_mode_updates_the_drafter_while_staying_lossless(pair, tmp_path):
+@pytest.fixture(scope="module")
+def online_pair(pair, tmp_path_factory):
+  """One online run (4 qa prompts, an update of 3 steps every 2 sequences) and its frozen
+  control on the same stream (online_steps=0): shared by the tests of the online mode, the
+  control and the report (each run compiles and trains; one pair serves them all)."""
   target, draft, _ = pair
-  j = job(tmp_path, "unused", online=({"kind": "spec_bench", "categories": ["qa"],
-                                                 "limit": 4},),
-          online_every=2, online_steps=3, max_new_tokens=12, lr=1e-2)
-  s = online(j, show_progress=False, models=(target, draft))
-  rows = [json.loads(x) for x in (tmp_path / "out" / "online.jsonl").read_text().splitlines()]
+  root = tmp_path_factory.mktemp("online")
+  kw = dict(online=({"kind": "spec_bench", "categories": ["qa"], "limit": 4},),
+            online_every=2, max_new_tokens=12, lr=1e-2)
+  out = {}
+  for d, steps in (("l", 3), ("c", 0)):
+    out[d] = online(job(root / d, "unused", online_steps=steps, **kw), show_progress=False,
+                    models=(target, draft))
+  return root, out["l"], out["c"]
+
+
+def test_online_mode_updates_the_drafter_while_staying_lossless(online_pair):
+  root, s, _ = online_pair
+  rows = [json.loads(x) for x in (root / "l" / "out" / "online.jsonl").read_text().splitlines()]
   assert s["sequences"] == len(rows) == 4 and s["updates"] == 2
   assert s["identical"] == 4 and all(r["identical"] for r in rows)
   assert [r["updates"] for r in rows] == [0, 0, 1, 1]
   assert "train_loss" in rows[1] and "train_loss" in rows[3]
-  assert (tmp_path / "out" / "online.png").stat().st_size > 0
+  assert (root / "l" / "out" / "online.png").stat().st_size > 0
 
 
 def test_online_mode_resumes_after_its_last_update(pair, tmp_path):
@@ -210,14 +222,8 @@ def test_online_mode_resumes_after_its_last_update(pair, tmp_path):
   assert rows(tmp_path / "b")[2]["ngram_entries"] > 0
 
 
-def test_online_control_keeps_the_drafter_frozen(pair, tmp_path):
-  target, draft, _ = pair
-  kw = dict(online=({"kind": "spec_bench", "categories": ["qa"], "limit": 4},),
-            online_every=2, max_new_tokens=12, lr=1e-2)
-  s = online(job(tmp_path / "c", "unused", online_steps=0, **kw), show_progress=False,
-             models=(target, draft))
-  learned = online(job(tmp_path / "l", "unused", online_steps=3, **kw), show_progress=False,
-                   models=(target, draft))
+def test_online_control_keeps_the_drafter_frozen(online_pair):
+  tmp_path, learned, s = online_pair
   assert s["updates"] == 0 and s["identical"] == 4 and learned["updates"] == 2
   rc, rl = ([json.loads(x) for x in (tmp_path / d / "out" / "online.jsonl").read_text()
              .splitlines()] for d in ("c", "l"))
@@ -262,7 +268,7 @@ def test_target_side_matches_a_plain_forward_at_bucket_edges(pair, n):
   np.testing.assert_array_equal(z["argmax"], np.argmax(logits[:n], -1))
 
 
-def test_online_report_pairs_the_run_with_its_control(pair, tmp_path):
+def test_online_report_pairs_the_run_with_its_control(pair, online_pair, tmp_path):
   import importlib.util
   from pathlib import Path
 
@@ -271,12 +277,9 @@ def test_online_report_pairs_the_run_with_its_control(pair, tmp_path):
   rep = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(rep)
   target, draft, _ = pair
-  kw = dict(online_every=2, max_new_tokens=8, lr=1e-2)
-  stream = ({"kind": "spec_bench", "categories": ["qa"], "limit": 4},)
-  for d, steps in (("c", 0), ("l", 2)):
-    online(job(tmp_path / d, "unused", online=stream, online_steps=steps, **kw),
-           show_progress=False, models=(target, draft))
-  run, ctl = tmp_path / "l" / "out", tmp_path / "c" / "out"
+  kw = dict(online_every=2, max_new_tokens=12, lr=1e-2)
+  root = online_pair[0]
+  run, ctl = root / "l" / "out", root / "c" / "out"
   md, data = rep.report(run, ctl)
   rl, rc = (rep.read_rows(x) for x in (run, ctl))
   acc = data["quarters"]["acceptance_rate"]

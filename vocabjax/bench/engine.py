@@ -23,7 +23,7 @@ in the same run (`read_bandwidth`: a jitted sum over a large array).
 from __future__ import annotations
 
 import dataclasses
-from typing import Callable, Iterator
+from typing import Callable
 
 import jax
 import jax.numpy as jnp

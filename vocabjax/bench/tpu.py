@@ -63,12 +63,11 @@ from vocabjax.decoding.eagle import EagleDecoder, EagleState, _eagle_prefill
 from vocabjax.decoding.medusa import (MedusaDecoder, MedusaState, _medusa_prefill,
                                       medusa_choices_for)
 from vocabjax.decoding.pld import PromptLookupDecoder, pld_step
-from vocabjax.decoding.sampling import SamplingParams, split_vocab_top_k
+from vocabjax.sampling import SamplingParams, split_vocab_top_k
 from vocabjax.decoding.speculative import (ChainDecoder, SpeculativeDecoder, TreeDecoder,
                                            _draft_prefill)
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.kernels import cpu_matmul
-from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.eagle import EagleConfig, default_feature_layers, init_eagle
 from vocabjax.models.llamalike import init_params, per_row_writes

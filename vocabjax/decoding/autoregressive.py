@@ -17,58 +17,46 @@ rows would otherwise idle until its longest answer ends.
 from __future__ import annotations
 
 import collections.abc
-import dataclasses
 import functools
 import time
-from typing import Any, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from vocabjax import sharding
-from vocabjax.decoding.sampling import SamplingParams, sample
+from vocabjax.decoding.base import DecodingMethod, GenerationResult
+from vocabjax.sampling import NONFINITE, SamplingParams, sample
 from vocabjax.kernels import cpu_matmul
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import compute_dtype, forward, lm_head, per_row_writes
 
 
-@dataclasses.dataclass
-class GenerationResult:
-  """Generated ids per row (prompt excluded) and where the time went."""
+class NonFiniteLogitsError(ValueError):
+  """A decoding step's target logits held a NaN or an infinity (flagged in the compiled step
+  as `sampling.NONFINITE`): without this, argmax would emit token 0 forever."""
 
-  tokens: list[list[int]]  # new token ids per row, EOS included when hit
-  finish_reasons: list[str]  # "eos", "stop" or "length" per row
-  prompt_lengths: list[int]
-  compile_s: float  # ahead-of-time compilation of prefill and step (0 when cached)
-  prefill_s: float  # prefill plus the first sampled token
-  decode_s: float  # every later step
-  steps: int  # decode steps run (= target forwards after prefill)
-  stats: Any = None  # speculative methods: a SpecStats (per-step drafted/accepted counts)
 
-  @property
-  def num_generated(self) -> int:
-    return sum(len(t) for t in self.tokens)
-
-  @property
-  def tokens_per_s(self) -> float:
-    """Generated tokens / (prefill + decode) wall time, compilation excluded."""
-    total = self.prefill_s + self.decode_s
-    return self.num_generated / total if total > 0 else float("nan")
-
-  @property
-  def decode_tokens_per_s(self) -> float:
-    """Tokens after the first / decode wall time (batch rows counted)."""
-    n = self.num_generated - len(self.tokens)
-    return n / self.decode_s if self.decode_s > 0 else float("nan")
+def check_finite_tokens(tokens, row: int, position: int, step: int | None = None) -> None:
+  """Raise `NonFiniteLogitsError` when host tokens hold the `NONFINITE` flag of a step."""
+  if np.any(np.asarray(tokens) == NONFINITE):
+    where = "the prefill" if step == 0 else (f"decoding step {step}" if step is not None
+                                              else "a decoding step")
+    raise NonFiniteLogitsError(
+        f"the target's logits in {where} hold NaN or inf (row {row}, generated token "
+        f"{position}): the weights hold non-finite values or the activations overflowed "
+        f"their dtype; nothing after this point would be a real token (load_model checks "
+        f"weights with check_finite=True; try float32 weights)")
 
 
 class OutputCollector:
   """Appends each row's emitted tokens and decides when the row is finished.
 
   A row finishes at an EOS token (kept), at a stop string (checked on the detokenized tail) or
-  at `max_new_tokens`; tokens a step emits past that point are dropped.
+  at `max_new_tokens`; tokens a step emits past that point are dropped. A `NONFINITE` token
+  (the step's target logits held NaN or inf) raises `NonFiniteLogitsError`.
   """
 
   def __init__(self, batch_size: int, max_new_tokens: int, eos_token_ids: Sequence[int] = (),
@@ -81,17 +69,21 @@ class OutputCollector:
     self.tokens: list[list[int]] = [[] for _ in range(batch_size)]
     self.reasons = ["length"] * batch_size
     self.done = np.zeros(batch_size, bool)
+    self.calls = 0  # add() calls so far: the prefill's token, then one per step
 
   def add(self, emitted: np.ndarray) -> None:
     """emitted [B] or [B, W]: each row's new tokens in order; -1 ends a row's block early."""
     emitted = np.asarray(emitted).reshape(len(self.tokens), -1)
+    self.calls += 1
     for b in np.flatnonzero(~self.done):
-      self.add_row(b, emitted[b])
+      self.add_row(b, emitted[b], step=self.calls - 1)
 
-  def add_row(self, b: int, emitted) -> None:
+  def add_row(self, b: int, emitted, step: int | None = None) -> None:
     """Row b's new tokens in order (-1 ends them early); nothing once the row is done."""
     row = self.tokens[b]
     for tok in emitted:
+      if tok == NONFINITE and not self.done[b]:
+        check_finite_tokens([tok], b, len(row), step)
       if self.done[b] or tok < 0:
         break
       row.append(int(tok))
@@ -179,8 +171,10 @@ def _step(params, tokens, cache, key, *, config, sampling):
   return sample(key, logits, sampling), cache
 
 
-class Decoder:
+class Decoder(DecodingMethod):
   """Compiles and runs prefill + decode steps for one model (reused across calls)."""
+
+  method = "ar"
 
   def __init__(self, params: dict, config: LlamaLikeConfig, mesh=None):
     """`mesh`: optional ("data", "model") mesh; params and cache are then placed SPMD on it."""
@@ -315,7 +309,7 @@ class Decoder:
                            self._new_cache(1, S, cache_dtype),
                            jax.random.fold_in(key_prefill, i))
         tok = int(np.asarray(tok)[0])
-        out.add_row(i, [tok])
+        out.add_row(i, [tok], step=0)
         if not out.done[i]:
           cache = _put_row(cache, row, b)
           timing["prefill"] += time.perf_counter() - t
@@ -336,7 +330,7 @@ class Decoder:
       new = np.array(emitted, np.int32)
       for b, i in enumerate(occupant):
         if i >= 0:
-          out.add_row(i, [int(new[b])])
+          out.add_row(i, [int(new[b])], step=steps)
           if out.done[i]:
             fill(b)
     total = time.perf_counter() - t0

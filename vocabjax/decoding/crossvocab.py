@@ -65,9 +65,12 @@ from vocabjax import sharding
 from vocabjax.decoding.adaptive import acceptance_logit, check_threshold, should_stop
 from vocabjax.decoding.routes import Routes
 from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector, abstract_cache,
-                                              bucket, cache_slots, compile_prefill,
+                                              bucket, cache_slots, check_finite_tokens,
+                                              compile_prefill,
                                               prompt_bucket, token_ids, validate_request)
-from vocabjax.decoding.sampling import SamplingParams, log_probs, probs, split_vocab_top_k
+from vocabjax.decoding.base import DecodingMethod
+from vocabjax.sampling import (NONFINITE, SamplingParams, log_probs, probs,
+                                        split_vocab_top_k)
 from vocabjax.decoding.speculative import (SpecStats, block_layout, check_draft_prefill,
                                            compile_draft_prefill, mesh_layout)
 from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
@@ -254,7 +257,7 @@ def _verify(tp, cache, last, drafts, m, qs, src, ngram_t, prefix_t, qprime, d2t_
   return n, nxt, cache.with_lengths(N + 1 + n)
 
 
-class CrossVocabDecoder:
+class CrossVocabDecoder(DecodingMethod):
   """A drafter with another tokenizer drafting for a target (module doc).
 
   `ngram=False` is the direct-mapping (UAG) baseline; `acceptance_head` (params of
@@ -357,6 +360,10 @@ class CrossVocabDecoder:
     self._allowed[list(drafter_ids)] = True
     self._allowed_dev = None
     return True
+
+  def run_record(self, result) -> dict:
+    """The run's translator counts (`CrossVocabStats.record`) and the n-gram cache's size."""
+    return {**result.stats.record(), "ngram_cache": self.ngram.stats}
 
   def ngram_entries(self) -> list[list]:
     """The n-gram cache as [[drafter ids], target id] pairs in insertion order (to save)."""
@@ -564,6 +571,8 @@ class CrossVocabDecoder:
                       self._cache(self.dc, B, Sd, dtype))
     tcache, dcache = self._placed(tcache, self.tc), self._placed(dcache, self.dc)
     last = [int(x) for x in np.asarray(first)]
+    for b, x in enumerate(last):  # before the drafter re-tokenizes it
+      check_finite_tokens([x], lo + b, 0, step=0)
     tlen = [len(p) for p in prompts]  # each row's committed target tokens in its cache
     out.add(np.asarray(last)[:, None])
     self.learn(last)
@@ -628,6 +637,8 @@ class CrossVocabDecoder:
         qs_h = np.asarray(qs)
         for b in np.flatnonzero(live):
           kept = sum(x.fed for x in plans[b])
+          if not np.isfinite(p_rows[b, :kept + 1]).all():
+            check_finite_tokens([NONFINITE], lo + b, len(out.tokens[b]), step)
           n[b], nxt[b] = self.routes.verify(p_rows[b, :kept + 1], plans[b], ds_h[b],
                                             qs_h[b, :nd[b]], rngs[b])
       else:
@@ -655,6 +666,7 @@ class CrossVocabDecoder:
         t3 = time.perf_counter()
       emitted = np.full((B, G + 1), -1, np.int64)
       for b in np.flatnonzero(live):
+        check_finite_tokens([nxt[b]], lo + b, len(out.tokens[b]), step)
         row = [int(x) for x in drafts[b, :n[b]]] + [int(nxt[b])]
         emitted[b, :len(row)] = row
         tlen[b] += 1 + int(n[b])

@@ -44,7 +44,7 @@ from flax import struct
 
 from vocabjax.decoding.autoregressive import GenerationResult, prefill_in_bf16
 from vocabjax.decoding.pld import LookupStats, check_lookup, trie_block
-from vocabjax.decoding.sampling import SamplingParams, sample
+from vocabjax.sampling import SamplingParams, sample
 from vocabjax.decoding.speculative import DraftVocab, SpecStats, SpeculativeDecoder
 from vocabjax.decoding.tree import TreeBounds, TreeParams, grow_tree, merge_nodes, verify_tree
 from vocabjax import sharding

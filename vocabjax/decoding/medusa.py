@@ -27,7 +27,7 @@ import numpy as np
 from flax import struct
 
 from vocabjax import sharding
-from vocabjax.decoding.sampling import SamplingParams, sample, top_k
+from vocabjax.sampling import SamplingParams, sample, top_k
 from vocabjax.decoding.speculative import SpeculativeDecoder
 from vocabjax.decoding.tree import TreeBounds, verify_tree
 from vocabjax.models.cache import KVCache

@@ -47,7 +47,8 @@ import numpy as np
 from vocabjax import sharding
 from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector, abstract_cache,
                                               block_request, compile_prefill)
-from vocabjax.decoding.sampling import SamplingParams, probs, sample, split_vocab_top_k
+from vocabjax.decoding.base import DecodingMethod
+from vocabjax.sampling import SamplingParams, probs, sample, split_vocab_top_k
 from vocabjax.decoding.speculative import SpecStats
 from vocabjax.decoding.tree import TreeBounds, verify_tree
 from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
@@ -195,7 +196,7 @@ def pld_tree_step(params, cache: KVCache, tokens, parent, depth, key, *,
   return v.target_cache, v.next.astype(jnp.int32), v.emitted, v.accepted
 
 
-class PromptLookupDecoder:
+class PromptLookupDecoder(DecodingMethod):
   """Prompt lookup decoding of one target; greedy output equals `Decoder.generate`'s."""
 
   method = "pld"
@@ -219,6 +220,9 @@ class PromptLookupDecoder:
     self.verify_tokens = candidates * gamma + 1
     self._programs: dict = {}
     self._tree_steps: dict = {}
+
+  def run_record(self, result) -> dict:
+    return result.stats.record()
 
   def _compiling(self):
     """The switches a program is compiled under: on a mesh, XLA's partitioned dot instead of

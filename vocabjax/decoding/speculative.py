@@ -34,7 +34,8 @@ from flax import struct
 
 from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector, abstract_cache,
                                               block_request, cache_slots, compile_prefill)
-from vocabjax.decoding.sampling import SamplingParams, probs, split_vocab_top_k
+from vocabjax.decoding.base import DecodingMethod
+from vocabjax.sampling import SamplingParams, probs, split_vocab_top_k
 from vocabjax.decoding.tree import TreeParams, TreeState, tree_step
 from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
 from vocabjax.kernels import cpu_matmul
@@ -85,6 +86,10 @@ class SpecStats:
     drafted = sum(d for row in self.drafted for d in row)
     acc = sum(a for row in self.accepted for a in row)
     return acc / drafted if drafted else float("nan")
+
+  def record(self) -> dict:
+    """Method-specific totals for an eval record (subclasses add theirs; none here)."""
+    return {}
 
 
 def chain_step(target_params, draft_params, state: ChainState, key, *, target_config,
@@ -177,7 +182,7 @@ def block_layout(backend: str | None = None) -> str:
   return "out_in" if cpu_matmul.is_enabled() and cpu_matmul.available() else "in_out"
 
 
-class SpeculativeDecoder:
+class SpeculativeDecoder(DecodingMethod):
   """Shared host loop of chain and tree speculative decoding (subclasses define the step)."""
 
   method = "speculative"
@@ -257,6 +262,13 @@ class SpeculativeDecoder:
     """Cache slots `generate` uses: `max_len`, else the longest prompt + new tokens + one
     step's extra slots, rounded up to a bucket."""
     return cache_slots(longest, max_new_tokens + self.extra_slots, max_len)
+
+  @property
+  def times_step_parts(self) -> bool:
+    return True
+
+  def run_record(self, result) -> dict:
+    return result.stats.record()
 
   def drafter_calls(self) -> list[tuple[int, int]]:
     """(tokens fed, LM-head rows) per row of each drafter call in one step (for profiling)."""

@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 from flax import struct
 
-from vocabjax.decoding.sampling import SamplingParams, probs, top_k
+from vocabjax.sampling import SamplingParams, probs, top_k
 from vocabjax.decoding.verify import verify_tree_greedy, verify_tree_sampling
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig

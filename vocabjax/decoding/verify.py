@@ -12,6 +12,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from vocabjax.sampling import flag_nonfinite
+
 
 def _leading_true(x: jax.Array) -> jax.Array:
   """Length of the all-True prefix along the last axis: [B, G] bool -> [B] int32."""
@@ -34,7 +36,8 @@ def verify_chain_greedy(drafts: jax.Array, target_logits: jax.Array,
   """
   target_ids = jnp.argmax(target_logits, axis=-1).astype(jnp.int32)  # [B, G + 1]
   n = _leading_true((drafts == target_ids[:, :-1]) & _valid(drafts.shape[1], n_valid))
-  return n, jnp.take_along_axis(target_ids, n[:, None], axis=1)[:, 0]
+  return n, flag_nonfinite(jnp.take_along_axis(target_ids, n[:, None], axis=1)[:, 0],
+                           target_logits)
 
 
 def verify_chain_sampling(key: jax.Array, drafts: jax.Array, p: jax.Array, q: jax.Array,
@@ -65,7 +68,7 @@ def verify_chain_sampling(key: jax.Array, drafts: jax.Array, p: jax.Array, q: ja
   # mass == 0 only when p == q at a rejection, which has probability 0; fall back to p.
   residual = jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0), p_n)
   nxt = jax.random.categorical(k_resample, jnp.log(residual), axis=-1).astype(jnp.int32)
-  return n, nxt
+  return n, flag_nonfinite(nxt, p)
 
 
 def _children(parent_full: jax.Array, cur: jax.Array) -> jax.Array:
@@ -94,7 +97,8 @@ def verify_tree_greedy(tokens: jax.Array, parent_full: jax.Array, target_logits:
     cur = jnp.where(found, jnp.argmax(match, -1).astype(jnp.int32), cur)
     n, active = n + found, found
     path.append(jnp.where(found, cur, 0))
-  return n, jnp.stack(path, 1), jnp.take_along_axis(target_ids, cur[:, None], 1)[:, 0]
+  nxt = jnp.take_along_axis(target_ids, cur[:, None], 1)[:, 0]
+  return n, jnp.stack(path, 1), flag_nonfinite(nxt, target_logits)
 
 
 def verify_tree_sampling(key: jax.Array, tokens: jax.Array, parent_full: jax.Array,
@@ -148,4 +152,4 @@ def verify_tree_sampling(key: jax.Array, tokens: jax.Array, parent_full: jax.Arr
     path.append(jnp.where(accepted, cur, 0))
   final = jnp.where(active[:, None], p[rows, cur], final)  # reached full depth: bonus from p
   nxt = jax.random.categorical(keys[-1], jnp.log(final), axis=-1).astype(jnp.int32)
-  return n, jnp.stack(path, 1), nxt
+  return n, jnp.stack(path, 1), flag_nonfinite(nxt, p)

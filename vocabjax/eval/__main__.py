@@ -23,6 +23,7 @@ import sys
 
 from vocabjax import distributed
 from vocabjax.checkpoints.loader import parse_dtype
+from vocabjax.decoding.autoregressive import NonFiniteLogitsError
 from vocabjax.eval import report
 from vocabjax.eval.config import ConfigError, DatasetSpec, _mesh, load_config
 from vocabjax.io import OutputPathError, check_output_dir
@@ -81,9 +82,9 @@ def resolve(cli: CliConfig):
       raise ConfigError(str(e)) from None
   if cli.mesh is not None:
     _mesh(cli.mesh, "--mesh")
-  for field in ("max_new_tokens", "target", "draft", "dtype", "draft_dtype", "mesh"):
-    if getattr(cli, field) is not None:
-      cfg = dataclasses.replace(cfg, **{field: getattr(cli, field)})
+  given = {f: v for f, v in dataclasses.asdict(cli).items() if v is not None and f in (
+      "max_new_tokens", "target", "draft", "dtype", "draft_dtype", "mesh")}  # suite overrides
+  cfg = dataclasses.replace(cfg, **given)
   if cfg.max_new_tokens < 1:
     raise ConfigError(f"max_new_tokens must be positive, got {cfg.max_new_tokens}")
   return cfg
@@ -169,7 +170,7 @@ def cli(argv=None) -> None:
   try:
     cfg = parse_args(argv)
     main(cfg)
-  except (ConfigError, FileNotFoundError) as e:
+  except (ConfigError, FileNotFoundError, NonFiniteLogitsError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
   except KeyboardInterrupt:

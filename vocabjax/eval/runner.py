@@ -25,10 +25,10 @@ import jax
 import numpy as np
 
 from vocabjax import distributed, interrupt
-from vocabjax.checkpoints.loader import load_model, parse_dtype
+from vocabjax.checkpoints.loader import Model, load_model, parse_dtype
 from vocabjax.decoding.autoregressive import prompt_bucket
 from vocabjax.decoding.profile import StepSplit, run_split, skipped_drafting, step_split
-from vocabjax.decoding.sampling import SamplingParams
+from vocabjax.sampling import SamplingParams
 from vocabjax.eval import provenance, report
 from vocabjax.eval.config import ConfigError, EvalConfig
 from vocabjax.eval.metrics import record_metrics
@@ -109,8 +109,8 @@ def read_records(path: Path) -> list[dict]:
 
 @dataclasses.dataclass
 class Loaded:
-  target: object
-  draft: object | None
+  target: Model
+  draft: Model | None
 
 
 def load_models(config: EvalConfig) -> Loaded:
@@ -128,7 +128,7 @@ def bad_prompts(prompts, ids, config: EvalConfig, models: Loaded, room: int) -> 
   `max_len` or for a model's context with `room` slots of new tokens (the longest method's)."""
   limits = [(f"max_len={config.max_len}", config.max_len)] if config.max_len else []
   for role, m in (("target", models.target), ("drafter", models.draft)):
-    ctx = getattr(getattr(m, "config", None), "max_position_embeddings", None)
+    ctx = m.config.max_position_embeddings if m is not None else None
     if ctx:
       limits.append((f"the {role}'s context of {ctx}", ctx))
   out = []
@@ -224,7 +224,7 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
       raise ConfigError(f"config {config.name}: method {m.name!r} ({m.method}) cannot be "
                         f"built with these models: {e}") from e
   max_len = config.max_len
-  room = config.max_new_tokens + max(getattr(d, "extra_slots", 0) for d in decoders.values())
+  room = config.max_new_tokens + max(d.extra_slots for d in decoders.values())
   bad = bad_prompts(prompts, ids, config, models, room)
   if bad and not skip_bad_prompts:  # before any generation, and before claiming `out`
     listed = "; ".join(f"{p.qid} ({p.source or 'no file'}): {why}" for p, why in bad[:10])
@@ -251,7 +251,7 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
   done = {(r["framework"], r["method"], r["qid"], r["seed"]) for r in records}
 
   if config.time_split:
-    names = [n for n, dec in decoders.items() if hasattr(dec, "drafter_calls")]
+    names = [n for n, dec in decoders.items() if dec.times_step_parts]
     need = distributed.broadcast_from_main(np.array([n not in splits for n in names], bool))
     for name, todo_split in zip(names, need):
       if todo_split:  # every process times it (its programs span the mesh); 0 writes it
@@ -292,10 +292,9 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
              "category": p.category, "seed": seed, "prompt_tokens": len(ids[i]),
              "output_ids": res.tokens[0], "compile_s": res.compile_s, "commit": commit,
              **record_metrics(res)}
-      if hasattr(res.stats, "record"):  # method-specific counts (crossvocab: n-gram hits, ...)
-        rec["extra"] = res.stats.record()
-        if hasattr(dec, "ngram"):
-          rec["extra"]["ngram_cache"] = dec.ngram.stats
+      extra = dec.run_record(res)  # method-specific counts (crossvocab: n-gram hits, ...)
+      if extra:
+        rec["extra"] = extra
       split = splits.get(name)
       rec["time_split"] = None
       if split and res.stats is not None:

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.scipy.stats import chi2
 
-from vocabjax.decoding.sampling import SamplingParams, log_probs
+from vocabjax.sampling import SamplingParams, log_probs
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import forward, lm_head

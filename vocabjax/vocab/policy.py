@@ -34,7 +34,7 @@ from typing import Callable, Optional
 import jax
 import jax.numpy as jnp
 
-from vocabjax.decoding.sampling import SamplingParams, log_probs
+from vocabjax.sampling import SamplingParams, log_probs
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import lm_head
 

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vocabjax.decoding.sampling import top_k
+from vocabjax.sampling import top_k
 from vocabjax.io import atomic_write_bytes
 from vocabjax.kernels.indexed_lm_head import indexed_lm_head
 from vocabjax.models.config import LlamaLikeConfig

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from jax.scipy.stats import chi2
 
-from vocabjax.decoding.sampling import SamplingParams, log_probs, sample
+from vocabjax.sampling import SamplingParams, log_probs, sample
 
 
 def _reference_probs(logits: np.ndarray, t: float, k: int, p: float) -> np.ndarray:

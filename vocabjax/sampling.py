@@ -83,10 +83,26 @@ def probs(logits: jax.Array, sp: SamplingParams) -> jax.Array:
 
 
 def sample(key: jax.Array, logits: jax.Array, sp: SamplingParams) -> jax.Array:
-  """Next token ids [B] from logits [B, V]."""
+  """Next token ids [B] from logits [B, V]; `NONFINITE` for a row whose logits hold a NaN or an
+  infinity (`flag_nonfinite`)."""
   if sp.greedy:
-    return jnp.argmax(logits, axis=-1).astype(jnp.int32)
-  return jax.random.categorical(key, log_probs(logits, sp), axis=-1).astype(jnp.int32)
+    tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+  else:
+    tok = jax.random.categorical(key, log_probs(logits, sp), axis=-1).astype(jnp.int32)
+  return flag_nonfinite(tok, logits)
+
+
+NONFINITE = -2  # a token id no vocabulary has: this row's target logits held a NaN or an inf
+
+
+def flag_nonfinite(tokens: jax.Array, x: jax.Array) -> jax.Array:
+  """tokens [B] with `NONFINITE` where row b of x [B, ...] (the target's logits or
+  probabilities of a step) holds a NaN or an infinity. A NaN in the weights or an overflow
+  otherwise turns every argmax into token 0 and every sample into garbage, silently; the host
+  loop (`OutputCollector`) raises `NonFiniteLogitsError` on the flag instead. One elementwise
+  pass over logits the step has just written: cheap beside the LM head that wrote them."""
+  ok = jnp.all(jnp.isfinite(x), axis=tuple(range(1, x.ndim)))
+  return jnp.where(ok, tokens, NONFINITE).astype(tokens.dtype)
 
 
 _SPLIT_TOP_K = contextvars.ContextVar("vocabjax_split_top_k", default=False)
