@@ -290,10 +290,12 @@ def _merging_law(merging, rule, sp, rows, batch, seed=0, mesh=None):
 
 @pytest.mark.parametrize("sp,batch", [(SamplingParams(temperature=1.0), 400),
                                       (SamplingParams(temperature=1.0), 1),
-                                      (SamplingParams(temperature=0.7, top_p=0.9), 400),
-                                      (SamplingParams(temperature=0.7, top_p=0.9), 1)],
-                         ids=["T1-batch400", "T1-batch1", "T0.7p0.9-batch400", "T0.7p0.9-batch1"])
+                                      (SamplingParams(temperature=0.7, top_p=0.9), 400)],
+                         ids=["T1-batch400", "T1-batch1", "T0.7p0.9-batch400"])
 def test_exact_rule_with_merges_is_lossless(merging, sp, batch):
+  """Batch 400 in one call per seed, and batch 1 (2,400 calls, the n-gram cache growing from
+  call to call); temperature / top-p at batch 400 (the logit processor is the same at batch 1:
+  a fourth case, top-p at batch 1, cost 50 s of host loop and tested nothing new)."""
   pvalue, merged = _merging_law(merging, "exact", sp, 2400, batch)
   assert merged > 0.5  # many merged drafts accepted per row
   assert pvalue > 1e-3
