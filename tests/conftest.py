@@ -10,15 +10,16 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # One persistent XLA compilation cache for the whole run, shared by the xdist workers and the
 # tests' subprocesses (and kept between runs): the suite compiles the same tiny programs many
 # times (every test of a model pair builds its own decoders), and XLA:CPU's compile is most of
-# a tiny program's cost. The cache key is the program's HLO, the compile options, the backend
-# and jax's version, so a changed program is compiled afresh. Set VOCABJAX_TEST_JAX_CACHE=off
-# to compile everything (or to a directory of your own).
+# a tiny program's cost (measured in tests/README.md). The cache key is the program's HLO, the
+# compile options, the backend and jax's version, so a changed program is compiled afresh. Set
+# VOCABJAX_TEST_JAX_CACHE=off to compile everything (or to a directory of your own).
 _cache = os.environ.get("VOCABJAX_TEST_JAX_CACHE") or os.path.join(
     os.path.expanduser("~"), ".cache", "vocabjax", "jax-test-cache")
 if _cache != "off":
   os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _cache)
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+  os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(1 << 30))  # LRU; a run adds ~140 MB
 
 import pytest  # noqa: E402
 
