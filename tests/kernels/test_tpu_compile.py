@@ -114,3 +114,27 @@ def test_unknown_topology_is_a_value_error_naming_it():
   with pytest.raises(ValueError, match="unknown TPU topology 'v9z:1x1'"):
     tpu_devices("v9z:1x1")
   assert tpu_devices("v5e:1x1")[0].device_kind == "TPU v5 lite"
+
+
+def test_deviceless_compiles_stay_out_of_the_persistent_compilation_cache(tmp_path):
+  """With JAX's persistent cache on (the suite's), a CPU program is stored and a deviceless TPU
+  one is not (it could not be loaded back: no TPU client; every later run warned and compiled
+  it again)."""
+  import os
+  import subprocess
+  import sys
+
+  code = ("import os, jax, jax.numpy as jnp\n"
+          "from vocabjax.testing.tpu_aot import compile_for_tpu\n"
+          "jax.jit(lambda x: x * 2)(jnp.ones(3))\n"
+          "before = set(os.listdir(os.environ['JAX_COMPILATION_CACHE_DIR']))\n"
+          "def tpu_only(x):\n  return x * 3 + 1\n"
+          "compile_for_tpu(tpu_only, jax.ShapeDtypeStruct((8, 128), jnp.float32))\n"
+          "after = set(os.listdir(os.environ['JAX_COMPILATION_CACHE_DIR']))\n"
+          "print(len(before), sorted(after - before))\n")
+  env = {**os.environ, "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "cache")}
+  out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  stored, new = out.stdout.strip().splitlines()[-1].split(" ", 1)
+  assert int(stored) >= 1 and new == "[]", out.stdout

@@ -72,7 +72,7 @@ from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.eagle import EagleConfig, default_feature_layers, init_eagle
 from vocabjax.models.llamalike import init_params, per_row_writes
 from vocabjax.models.medusa import MedusaConfig, init_medusa
-from vocabjax.testing.tpu_aot import tpu_devices
+from vocabjax.testing.tpu_aot import not_cached, tpu_devices
 from vocabjax.vocab.policy import POLICY_STATE
 from vocabjax.vocab.ranked import Ranker, SpeculativeVocab
 from vocabjax.vocab.subset import VocabSubset
@@ -520,7 +520,8 @@ class TpuStep:
     for name in names or self.programs:
       prog = self.programs[name]
       if prog.compiled is None:
-        prog.compiled = _guarded(self, name, prog.lowered.compile)
+        with not_cached():  # a deviceless executable cannot be loaded back from the cache
+          prog.compiled = _guarded(self, name, prog.lowered.compile)
     return self
 
 

@@ -11,6 +11,7 @@ Needs the `libtpu` package (`pip install libtpu`); it is not a TPU runtime, only
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib.util
 import os
@@ -19,8 +20,8 @@ from collections.abc import Callable
 import jax
 from jax.sharding import SingleDeviceSharding
 
-__all__ = ["compile_for_tpu", "libtpu_available", "lower_for_tpu", "require_libtpu",
-           "tpu_devices"]
+__all__ = ["compile_for_tpu", "libtpu_available", "lower_for_tpu", "not_cached",
+           "require_libtpu", "tpu_devices"]
 
 # Mosaic's message starts with the failing check and the MLIR operation; a few lines say which.
 _ERROR_LINES = 12
@@ -79,6 +80,22 @@ def lower_for_tpu(fn: Callable, *shape_dtype_structs: jax.ShapeDtypeStruct,
     return jax.jit(fn, **jit_kwargs).trace(*args).lower()
 
 
+@contextlib.contextmanager
+def not_cached():
+  """Compiles inside are not written to JAX's persistent compilation cache. A deviceless TPU
+  executable cannot be loaded back (there is no TPU client: "PjRtCompiler must be constructed
+  with a Client"), so with the cache on (the test suite's) every one would be stored, fail to
+  load with a warning on the next run and be compiled again. (The cache's on/off switch is read
+  once per process; its minimum compile time is read per compile.)"""
+  key = "jax_persistent_cache_min_compile_time_secs"
+  old = getattr(jax.config, key)
+  jax.config.update(key, float("inf"))
+  try:
+    yield
+  finally:
+    jax.config.update(key, old)
+
+
 def compile_for_tpu(fn: Callable, *shape_dtype_structs: jax.ShapeDtypeStruct,
                     topology: str = "v5e:1x1", name: str | None = None, **jit_kwargs):
   """Trace, lower and compile `fn` for the first device of `topology` with arguments of the given
@@ -89,7 +106,8 @@ def compile_for_tpu(fn: Callable, *shape_dtype_structs: jax.ShapeDtypeStruct,
   name = name or getattr(fn, "__name__", repr(fn))
   tpu_devices(topology)  # no libtpu, unknown topology: their own errors, not a compile failure
   try:
-    return lower_for_tpu(fn, *shape_dtype_structs, topology=topology, **jit_kwargs).compile()
+    with not_cached():
+      return lower_for_tpu(fn, *shape_dtype_structs, topology=topology, **jit_kwargs).compile()
   except Exception as e:  # MosaicError, JaxRuntimeError (RESOURCE_EXHAUSTED: VMEM), ...
     err = e
   lines = [l for l in str(err).splitlines() if l.strip()][:_ERROR_LINES]
