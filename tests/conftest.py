@@ -19,7 +19,9 @@ if _cache != "off":
   os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _cache)
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
   os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
-  os.environ.setdefault("JAX_COMPILATION_CACHE_MAX_SIZE", str(1 << 30))  # LRU; a run adds ~140 MB
+  # Unbounded (a run of changed programs adds ~140 MB; delete the directory to reclaim it):
+  # JAX's LRU bound (JAX_COMPILATION_CACHE_MAX_SIZE) rescans every entry under a file lock on
+  # each write, which made a full run more than twice as slow (tests/README.md).
 
 import pytest  # noqa: E402
 
