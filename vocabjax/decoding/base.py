@@ -68,6 +68,6 @@ class DecodingMethod(abc.ABC):
 
   def run_record(self, result: GenerationResult) -> dict:
     """Method-specific counts of one finished run for an eval record or generate's report
-    (e.g. prompt lookup's matched steps, cross-vocabulary n-gram merges); {} when none."""
-    del result
-    return {}
+    (e.g. prompt lookup's matched steps, cross-vocabulary n-gram merges): the run's stats'
+    own `record()` where it has stats, {} where it has none."""
+    return result.stats.record() if result.stats is not None else {}

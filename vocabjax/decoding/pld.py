@@ -221,9 +221,6 @@ class PromptLookupDecoder(DecodingMethod):
     self._programs: dict = {}
     self._tree_steps: dict = {}
 
-  def run_record(self, result) -> dict:
-    return result.stats.record()
-
   def _compiling(self):
     """The switches a program is compiled under: on a mesh, XLA's partitioned dot instead of
     the one-device CPU kernel, top-k as argmax rounds over vocabulary-split logits and cache

@@ -267,9 +267,6 @@ class SpeculativeDecoder(DecodingMethod):
   def times_step_parts(self) -> bool:
     return True
 
-  def run_record(self, result) -> dict:
-    return result.stats.record()
-
   def drafter_calls(self) -> list[tuple[int, int]]:
     """(tokens fed, LM-head rows) per row of each drafter call in one step (for profiling)."""
     raise NotImplementedError
