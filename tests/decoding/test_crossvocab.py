@@ -306,3 +306,32 @@ def test_omnidraft_rule_fails_the_same_test(merging):
   the test above has power."""
   pvalue, merged = _merging_law(merging, "omnidraft", SamplingParams(temperature=1.0), 2400, 400)
   assert merged > 0.5 and pvalue < 1e-3
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(temperature=0.0),
+                                      SamplingParams(temperature=1e-3)])
+def test_nonfinite_target_logits_are_an_error_naming_the_row(setup, sampling):
+  """The cross-vocabulary host loop checks the flag before it re-tokenizes a target token: NaN
+  in a prompt token's embedding names its row at the prefill; +inf at the first generated token
+  new to row 0 names that token (greedy: the verify program's flag; temperature > 0 with
+  n-grams: the exact rule's host probabilities)."""
+  from vocabjax.decoding import NonFiniteLogitsError
+
+  ttok, dtok, tc, dc, target, draft = setup
+  ps = prompts(ttok)
+
+  def dec(params):
+    return CrossVocabDecoder(params, tc, draft, dc, target_tokenizer=ttok,
+                             draft_tokenizer=dtok, gamma=3, ngram=True)
+
+  only_row1 = next(t for t in ps[1] if t not in ps[0] and t not in ps[2])
+  bad = dict(target, embed=target["embed"].at[only_row1].set(jnp.nan))
+  with pytest.raises(NonFiniteLogitsError, match=r"prefill hold NaN or inf \(row 1, generated "
+                                                 r"token 0\)"):
+    dec(bad).generate(ps, max_new_tokens=6, sampling=sampling)
+  clean = Decoder(target, tc).generate(ps[:1], max_new_tokens=12).tokens[0]
+  pos = next(i for i, t in enumerate(clean) if t not in ps[0] and t not in clean[:i])
+  assert pos < 10, clean
+  bad = dict(target, embed=target["embed"].at[clean[pos]].set(jnp.inf))
+  with pytest.raises(NonFiniteLogitsError, match=rf"row 0, generated token {pos + 1}\)"):
+    dec(bad).generate(ps[:1], max_new_tokens=12, sampling=sampling)

@@ -39,16 +39,16 @@ class NonFiniteLogitsError(ValueError):
   as `sampling.NONFINITE`): without this, argmax would emit token 0 forever."""
 
 
-def check_finite_tokens(tokens, row: int, position: int, step: int | None = None) -> None:
-  """Raise `NonFiniteLogitsError` when host tokens hold the `NONFINITE` flag of a step."""
-  if np.any(np.asarray(tokens) == NONFINITE):
-    where = "the prefill" if step == 0 else (f"decoding step {step}" if step is not None
-                                              else "a decoding step")
-    raise NonFiniteLogitsError(
-        f"the target's logits in {where} hold NaN or inf (row {row}, generated token "
-        f"{position}): the weights hold non-finite values or the activations overflowed "
-        f"their dtype; nothing after this point would be a real token (load_model checks "
-        f"weights with check_finite=True; try float32 weights)")
+def nonfinite_error(row: int, position: int, step: int | None = None) -> NonFiniteLogitsError:
+  """The error for row `row`'s generated token `position` whose target logits held NaN or inf
+  (step 0 is the prefill); the caller raises it where it sees the `NONFINITE` flag."""
+  where = "the prefill" if step == 0 else (f"decoding step {step}" if step is not None
+                                            else "a decoding step")
+  return NonFiniteLogitsError(
+      f"the target's logits in {where} hold NaN or inf (row {row}, generated token "
+      f"{position}): the weights hold non-finite values or the activations overflowed "
+      f"their dtype; nothing after this point would be a real token (load_model checks "
+      f"weights with check_finite=True; try float32 weights)")
 
 
 class OutputCollector:
@@ -83,7 +83,7 @@ class OutputCollector:
     row = self.tokens[b]
     for tok in emitted:
       if tok == NONFINITE and not self.done[b]:
-        check_finite_tokens([tok], b, len(row), step)
+        raise nonfinite_error(b, len(row), step)
       if self.done[b] or tok < 0:
         break
       row.append(int(tok))

@@ -65,9 +65,9 @@ from vocabjax import sharding
 from vocabjax.decoding.adaptive import acceptance_logit, check_threshold, should_stop
 from vocabjax.decoding.routes import Routes
 from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector, abstract_cache,
-                                              bucket, cache_slots, check_finite_tokens,
-                                              compile_prefill,
-                                              prompt_bucket, token_ids, validate_request)
+                                              bucket, cache_slots, compile_prefill,
+                                              nonfinite_error, prompt_bucket, token_ids,
+                                              validate_request)
 from vocabjax.decoding.base import DecodingMethod
 from vocabjax.sampling import (NONFINITE, SamplingParams, log_probs, probs,
                                         split_vocab_top_k)
@@ -572,7 +572,8 @@ class CrossVocabDecoder(DecodingMethod):
     tcache, dcache = self._placed(tcache, self.tc), self._placed(dcache, self.dc)
     last = [int(x) for x in np.asarray(first)]
     for b, x in enumerate(last):  # before the drafter re-tokenizes it
-      check_finite_tokens([x], lo + b, 0, step=0)
+      if x == NONFINITE:
+        raise nonfinite_error(lo + b, 0, step=0)
     tlen = [len(p) for p in prompts]  # each row's committed target tokens in its cache
     out.add(np.asarray(last)[:, None])
     self.learn(last)
@@ -638,7 +639,7 @@ class CrossVocabDecoder(DecodingMethod):
         for b in np.flatnonzero(live):
           kept = sum(x.fed for x in plans[b])
           if not np.isfinite(p_rows[b, :kept + 1]).all():
-            check_finite_tokens([NONFINITE], lo + b, len(out.tokens[b]), step)
+            raise nonfinite_error(lo + b, len(out.tokens[b]), step)
           n[b], nxt[b] = self.routes.verify(p_rows[b, :kept + 1], plans[b], ds_h[b],
                                             qs_h[b, :nd[b]], rngs[b])
       else:
@@ -666,7 +667,8 @@ class CrossVocabDecoder(DecodingMethod):
         t3 = time.perf_counter()
       emitted = np.full((B, G + 1), -1, np.int64)
       for b in np.flatnonzero(live):
-        check_finite_tokens([nxt[b]], lo + b, len(out.tokens[b]), step)
+        if nxt[b] == NONFINITE:
+          raise nonfinite_error(lo + b, len(out.tokens[b]), step)
         row = [int(x) for x in drafts[b, :n[b]]] + [int(nxt[b])]
         emitted[b, :len(row)] = row
         tlen[b] += 1 + int(n[b])
