@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import vocabjax.decoding.speculative as spec
+import vocabjax.decoding.verify as verify
 from vocabjax.decoding import Decoder, SamplingParams
 from vocabjax.decoding.speculative import ChainDecoder
 from vocabjax.kernels import cpu_matmul
@@ -101,12 +102,12 @@ def test_broken_acceptance_rule_is_detected(small_pair, monkeypatch):
   """Accepting every draft (ignoring p/q) makes the same test fail decisively."""
   target, draft = small_pair
 
-  def accept_all(key, drafts, p, q):
+  def accept_all(key, drafts, p, q, n_valid=None):
     G = drafts.shape[1]
     n = jnp.full((drafts.shape[0],), G, jnp.int32)
     return n, jax.random.categorical(key, jnp.log(p[:, G]), axis=-1).astype(jnp.int32)
 
-  monkeypatch.setattr(spec, "verify_chain_sampling", accept_all)
+  monkeypatch.setattr(verify, "verify_chain_sampling", accept_all)
   sp = SamplingParams(1.0)
   samples, _ = _spec_samples(target, draft, sp)
   assert chi2_pvalue(samples, exact_sequence_probs(target, SMALL, PROMPT, sp)) < 1e-6

@@ -73,7 +73,7 @@ from vocabjax.sampling import (NONFINITE, SamplingParams, log_probs, probs,
                                         split_vocab_top_k)
 from vocabjax.decoding.speculative import (SpecStats, block_layout, check_draft_prefill,
                                            compile_draft_prefill, mesh_layout)
-from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
+from vocabjax.decoding.verify import verify_chain
 from vocabjax.kernels import cpu_matmul
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
@@ -241,20 +241,14 @@ def _verify(tp, cache, last, drafts, m, qs, src, ngram_t, prefix_t, qprime, d2t_
   from the prefix sub-token's own target token (eq. 2), clipped at 0 (module doc).
   Returns (accepted [B], next token [B], cache with every committed token but `next`).
   """
-  M = drafts.shape[1]
-  V = config.vocab_size
-  N = cache.lengths
-  tokens = jnp.concatenate([last[:, None], drafts], axis=1)
-  h, cache = forward(tp, tokens, N[:, None] + jnp.arange(M + 1)[None], cache, config=config)
-  logits = lm_head(tp, h, config=config)  # [B, M + 1, V]
-  if sampling.greedy:
-    n, nxt = verify_chain_greedy(drafts, logits, m)
-  else:
+  qt = None
+  if not sampling.greedy:
     q_rows = jnp.take_along_axis(qs, src[..., None], axis=1)  # [B, M, Vd]
     qt = jax.vmap(translated_q, in_axes=(0, None, 0, 0, 0, None))(
-        q_rows, d2t_idx, ngram_t, prefix_t, qprime, V)
-    n, nxt = verify_chain_sampling(key, drafts, probs(logits, sampling), qt, m)
-  return n, nxt, cache.with_lengths(N + 1 + n)
+        q_rows, d2t_idx, ngram_t, prefix_t, qprime, config.vocab_size)
+  v = verify_chain(tp, last, drafts, cache, key, target_config=config, sampling=sampling,
+                   q=qt, n_valid=m)
+  return v.accepted, v.next, v.target_cache
 
 
 class CrossVocabDecoder(DecodingMethod):

@@ -48,14 +48,14 @@ from vocabjax import sharding
 from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector, abstract_cache,
                                               block_request, compile_prefill)
 from vocabjax.decoding.base import DecodingMethod
-from vocabjax.sampling import SamplingParams, probs, sample, split_vocab_top_k
+from vocabjax.sampling import SamplingParams, split_vocab_top_k
 from vocabjax.decoding.speculative import SpecStats
 from vocabjax.decoding.tree import TreeBounds, verify_tree
-from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
+from vocabjax.decoding.verify import verify_chain
 from vocabjax.kernels import cpu_matmul
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import compute_dtype, forward, lm_head, per_row_writes
+from vocabjax.models.llamalike import compute_dtype, per_row_writes
 
 
 def lookup_drafts(seq: np.ndarray, gamma: int, max_ngram: int = 3,
@@ -167,23 +167,9 @@ def pld_step(params, cache: KVCache, tokens, n_valid, key, *, config: LlamaLikeC
   The cache holds every committed token except `last`. Returns (cache, next last [B],
   emitted [B, g + 1] with -1 after the emitted tokens, accepted [B]).
   """
-  B, W = tokens.shape
-  M = W - 1
-  N = cache.lengths
-  h, cache = forward(params, tokens, N[:, None] + jnp.arange(W)[None], cache, config=config)
-  logits = lm_head(params, h, config=config)  # [B, g + 1, V]
-  drafts = tokens[:, 1:]
-  if M == 0:
-    n, nxt = jnp.zeros((B,), jnp.int32), sample(key, logits[:, 0], sampling)
-  elif sampling.greedy:
-    n, nxt = verify_chain_greedy(drafts, logits, n_valid)
-  else:
-    q = jax.nn.one_hot(drafts, config.vocab_size, dtype=jnp.float32)  # point-mass drafts
-    n, nxt = verify_chain_sampling(key, drafts, probs(logits, sampling), q, n_valid)
-  slot = jnp.arange(W)[None]
-  emitted = jnp.where(slot < n[:, None], jnp.pad(drafts, ((0, 0), (0, 1))),
-                      jnp.where(slot == n[:, None], nxt[:, None], -1))
-  return cache.with_lengths(N + 1 + n), nxt.astype(jnp.int32), emitted, n
+  v = verify_chain(params, tokens[:, 0], tokens[:, 1:], cache, key, target_config=config,
+                   sampling=sampling, n_valid=n_valid)
+  return v.target_cache, v.next, v.emitted, v.accepted
 
 
 def pld_tree_step(params, cache: KVCache, tokens, parent, depth, key, *,

@@ -35,13 +35,13 @@ from flax import struct
 from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector, abstract_cache,
                                               block_request, cache_slots, compile_prefill)
 from vocabjax.decoding.base import DecodingMethod
-from vocabjax.sampling import SamplingParams, probs, split_vocab_top_k
+from vocabjax.sampling import SamplingParams, split_vocab_top_k
 from vocabjax.decoding.tree import TreeParams, TreeState, tree_step
-from vocabjax.decoding.verify import verify_chain_greedy, verify_chain_sampling
+from vocabjax.decoding.verify import verify_chain
 from vocabjax.kernels import cpu_matmul
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import (compute_dtype, forward, lm_head, per_row_writes,
+from vocabjax.models.llamalike import (compute_dtype, forward, per_row_writes,
                                        with_mlp_layout)
 from vocabjax import sharding
 from vocabjax.vocab.policy import POLICY_STATE, Policy, draft_choice, full_policy
@@ -143,27 +143,18 @@ def chain_step(target_params, draft_params, state: ChainState, key, *, target_co
   qs = None if q0 is None else jnp.concatenate([q0[None], qs])  # greedy drafts carry no q
   drafts = ds.T  # scan stacks on axis 0: [G, B] -> [B, G]
 
-  tokens = jnp.concatenate([state.last[:, None], drafts], axis=1)  # [B, G + 1]
-  h, tcache = forward(target_params, tokens, N[:, None] + jnp.arange(G + 1)[None],
-                      state.target_cache, config=target_config)
-  tlogits = lm_head(target_params, h, config=target_config)  # [B, G + 1, V]
-  if sampling.greedy:
-    n, nxt = verify_chain_greedy(drafts, tlogits)
-  else:
-    n, nxt = verify_chain_sampling(keys[G], drafts, probs(tlogits, sampling),
-                                   jnp.moveaxis(qs, 0, 1))  # q [B, G, V]
-
+  v = verify_chain(target_params, state.last, drafts, state.target_cache, keys[G],
+                   target_config=target_config, sampling=sampling,
+                   q=None if qs is None else jnp.moveaxis(qs, 0, 1))  # q [B, G, V]
+  n = v.accepted
   new_n = N + 1 + n
   pending = jnp.where(n == G, 2, 1).astype(jnp.int32)
   committed = jnp.concatenate([state.last[:, None], drafts], axis=1)
   prev = jnp.take_along_axis(committed, n[:, None], axis=1)[:, 0]
-  slot = jnp.arange(G + 1)[None]
-  emitted = jnp.where(slot < n[:, None], jnp.pad(drafts, ((0, 0), (0, 1))),
-                      jnp.where(slot == n[:, None], nxt[:, None], -1))
-  new_state = ChainState(target_cache=tcache.with_lengths(new_n),
+  new_state = ChainState(target_cache=v.target_cache,
                          draft_cache=dcache.with_lengths(new_n + 1 - pending),
-                         last=nxt, prev=prev, pending=pending)
-  return new_state, emitted, n
+                         last=v.next, prev=prev, pending=pending)
+  return new_state, v.emitted, n
 
 
 def fold_catch_up(backend: str | None = None) -> bool:

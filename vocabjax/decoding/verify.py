@@ -1,4 +1,7 @@
-"""Chain verification (Leviathan et al. 2023), greedy and stochastic kept apart.
+"""Chain verification (Leviathan et al. 2023), greedy and stochastic kept apart, and
+`verify_chain`: the one target forward + verification + commit that every chain method (a
+drafter model's chain, prompt lookup, cross-vocabulary drafting) runs; trees have
+`vocabjax.decoding.tree.verify_tree`.
 
 Letters: B batch, G gamma (draft length), n tree nodes besides the root, V vocabulary. Pure functions, jit-friendly.
 
@@ -11,8 +14,12 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+from flax import struct
 
-from vocabjax.sampling import flag_nonfinite
+from vocabjax.models.cache import KVCache
+from vocabjax.models.config import LlamaLikeConfig
+from vocabjax.models.llamalike import forward, lm_head
+from vocabjax.sampling import SamplingParams, flag_nonfinite, probs, sample
 
 
 def _leading_true(x: jax.Array) -> jax.Array:
@@ -69,6 +76,47 @@ def verify_chain_sampling(key: jax.Array, drafts: jax.Array, p: jax.Array, q: ja
   residual = jnp.where(mass > 0, residual / jnp.where(mass > 0, mass, 1.0), p_n)
   nxt = jax.random.categorical(k_resample, jnp.log(residual), axis=-1).astype(jnp.int32)
   return n, flag_nonfinite(nxt, p)
+
+
+@struct.dataclass
+class ChainVerdict:
+  """What one chain verification commits (every array per row)."""
+
+  accepted: jax.Array  # [B] accepted drafts n
+  next: jax.Array  # [B] int32, the token the target emits after them
+  emitted: jax.Array  # [B, G + 1] the n accepted drafts and `next`, then -1
+  target_cache: KVCache  # every committed token but `next`: lengths + n + 1
+
+
+def verify_chain(target_params, last, drafts, target_cache: KVCache, key, *,
+                 target_config: LlamaLikeConfig, sampling: SamplingParams, q=None,
+                 n_valid=None) -> ChainVerdict:
+  """Score [last, drafts] (drafts [B, G]) in one target forward at the cache's next slots,
+  verify the drafts and commit.
+
+  `q` [B, G, V]: the drafter's probabilities of each draft position over the target's
+  vocabulary, after the same logit processing as the target's (sampling only; None: the drafts
+  are point masses, as prompt lookup's are). `n_valid` [B]: only the first n_valid drafts of a
+  row are real, the rest padding. With G = 0 the step samples the target's next token."""
+  B, G = drafts.shape
+  N = target_cache.lengths
+  tokens = jnp.concatenate([last[:, None], drafts], axis=1)  # [B, G + 1]
+  h, cache = forward(target_params, tokens, N[:, None] + jnp.arange(G + 1)[None], target_cache,
+                     config=target_config)
+  logits = lm_head(target_params, h, config=target_config)  # [B, G + 1, V]
+  if G == 0:
+    n, nxt = jnp.zeros((B,), jnp.int32), sample(key, logits[:, 0], sampling)
+  elif sampling.greedy:
+    n, nxt = verify_chain_greedy(drafts, logits, n_valid)
+  else:
+    if q is None:
+      q = jax.nn.one_hot(drafts, target_config.vocab_size, dtype=jnp.float32)
+    n, nxt = verify_chain_sampling(key, drafts, probs(logits, sampling), q, n_valid)
+  slot = jnp.arange(G + 1)[None]
+  emitted = jnp.where(slot < n[:, None], jnp.pad(drafts, ((0, 0), (0, 1))),
+                      jnp.where(slot == n[:, None], nxt[:, None], -1))
+  return ChainVerdict(accepted=n, next=nxt.astype(jnp.int32), emitted=emitted,
+                      target_cache=cache.with_lengths(N + 1 + n))
 
 
 def _children(parent_full: jax.Array, cur: jax.Array) -> jax.Array:
