@@ -9,7 +9,7 @@ import pytest
 from vocabjax.bench import tpu
 from vocabjax.bench.__main__ import main
 
-GATE = "eval/results/eagle/gate"  # a recorded eval run (summary.json with tau per method)
+GATE = "experiments/results/eagle/gate"  # a recorded eval run (summary.json with tau per method)
 HBM_V5E = 16 * 2**30
 
 

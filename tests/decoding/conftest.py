@@ -2,7 +2,7 @@
 
 `VOCABJAX_TEST_DTYPE=bfloat16` casts the shared pairs' weights (target and drafter) to bf16, so
 that the exactness tests built on them (greedy identity, chi-square) check the bf16 programs:
-`eval/gpu_exactness.py` runs them that way on a GPU. Unset, they are f32 (the CPU reference)."""
+`experiments/gpu_exactness.py` runs them that way on a GPU. Unset, they are f32 (the CPU reference)."""
 
 import os
 

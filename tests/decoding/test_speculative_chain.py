@@ -151,7 +151,7 @@ def test_drafter_prefill_precision_keeps_greedy_identity(pair, draft_prefill):
   assert dec.generate(prompts, max_new_tokens=20).tokens == ar.tokens
   cache = abstract_cache(CFG, 2, 128, jnp.float32)
   hlo = spec.compile_draft_prefill(dec.dp, CFG, 2, 128, cache, draft_prefill).as_text()
-  # the GEMM is a CPU kernel: on a GPU (eval/gpu_exactness.py) no program holds it
+  # the GEMM is a CPU kernel: on a GPU (experiments/gpu_exactness.py) no program holds it
   assert ("VjGemmBF16" in hlo) == (draft_prefill == "bf16" and cpu_matmul.gemm_available()
                                    and jax.default_backend() == "cpu")
   assert not cpu_matmul._state["bf16_blocks"]  # the switch is put back after tracing

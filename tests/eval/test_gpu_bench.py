@@ -1,4 +1,4 @@
-"""eval/gpu_bench.sh's default set (the GPU run prepared for a lent machine) dry-run on the CPU:
+"""experiments/gpu_bench.sh's default set (the GPU run prepared for a lent machine) dry-run on the CPU:
 every step runs at tiny shapes (the kernel in interpret mode), writes its reports and logs, and
 the packed archive holds them; a failing step does not stop the others."""
 
@@ -23,7 +23,7 @@ def test_prepared_gpu_run_dry_on_cpu(tmp_path):
   env = {**os.environ, "DRY": "1", "W": str(w), "DRY_TARGET": str(t), "DRY_DRAFT": str(d),
          "JAX_PLATFORMS": "cpu"}
   env.pop("XLA_FLAGS", None)
-  proc = subprocess.run(["bash", "eval/gpu_bench.sh"], cwd=ROOT, env=env, capture_output=True,
+  proc = subprocess.run(["bash", "experiments/gpu_bench.sh"], cwd=ROOT, env=env, capture_output=True,
                         text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   log = (w / "steps.log").read_text()
@@ -47,7 +47,7 @@ def test_prepared_gpu_run_dry_on_cpu(tmp_path):
 
 
 def test_unknown_set_is_refused_before_anything_runs(tmp_path):
-  proc = subprocess.run(["bash", "eval/gpu_bench.sh"], cwd=ROOT, capture_output=True, text=True,
+  proc = subprocess.run(["bash", "experiments/gpu_bench.sh"], cwd=ROOT, capture_output=True, text=True,
                         env={**os.environ, "SET": "third", "W": str(tmp_path / "w")})
   assert proc.returncode == 2 and "SET=third: choose kernel, first or second" in proc.stderr
   assert not (tmp_path / "w").exists()

@@ -175,7 +175,7 @@ class Setup:
   draft: LlamaLikeConfig  # the same-vocabulary drafter (chain, tree, VocabTrim, SpecVocab)
   cross_draft: LlamaLikeConfig | None = None  # crossvocab's drafter (default: `draft`)
   dtype: str = "bfloat16"  # weights and KV caches
-  head_vocab: int = 8192  # EAGLE head's Vd (the chat_pl head of eval/results/eagle/gate)
+  head_vocab: int = 8192  # EAGLE head's Vd (the chat_pl head of experiments/results/eagle/gate)
   head_intermediate: int = 2048
   ranker_rank: int = 128  # SpecVocab ranker rank d'
   target_name: str = "target"
@@ -223,7 +223,7 @@ class MethodSpec:
 
 
 # the method names `lower_step` and `python -m vocabjax.bench tpu` take; the defaults are the
-# shapes of eval/results/eagle/gate's methods (and SpecVocab's main setting)
+# shapes of experiments/results/eagle/gate's methods (and SpecVocab's main setting)
 METHODS = ("ar", "chain_g3", "tree_k4d4n16", "eagle_k1d4", "eagle_k4d4n16", "medusa_h3k2",
            "pld_g4", "vocabtrim_k8192_g3", "sv2048_g3_tpu", "crossvocab_g4")
 NAME_FORMS = ("ar", "chain_g<G>", "tree_k<k>d<d>n<n>", "eagle_k<k>d<d>[n<n>]", "medusa_h<H>k<k>",

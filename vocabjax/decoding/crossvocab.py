@@ -41,7 +41,7 @@ Exactness (sampling, temperature > 0):
     direct-mapped entry lowered by q' (eq. 2: the mass that went on to the n-gram is not also
     proposed as the prefix alone), clipped at 0. The output is close to, not exactly, the
     target's distribution (its total-variation distance on the test pair is recorded in
-    eval/results/crossvocab_tv.md).
+    experiments/results/crossvocab_tv.md).
 
 Batches run in lockstep: drafting and verification are device programs over all rows (their
 own lengths and pending tokens per row); translation, reverse translation and the n-gram cache

@@ -229,7 +229,7 @@ def compact_path(cache: KVCache, base: jax.Array, path: jax.Array, n: jax.Array)
   indexed scatter made XLA gather every row's entries to every device). Not on one device: XLA
   copies the whole cache for the vmapped form (measured at batch 1 on the 1.5B target's
   [28, 1, 1024, 2, 128] f32 cache: 18 ms for the move alone, ~46 ms of a 269 ms verification
-  step, against 0.06 ms for the scatter; `eval/results/compact_path.md`)."""
+  step, against 0.06 ms for the scatter; `experiments/results/compact_path.md`)."""
   B, W = path.shape
   i = jnp.arange(W)[None]
   src = base[:, None] + jnp.where(i <= n[:, None], path, i)  # [B, W]

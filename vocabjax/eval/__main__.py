@@ -101,7 +101,7 @@ def main(cli: CliConfig) -> dict:
   distributed.initialize(cli.coordinator, cli.num_processes, cli.process_id)  # before JAX runs
   cfg = resolve(cli)
   out = cli.out or f"runs/{cfg.name}"  # a user's run: never committed (recorded references
-  #   live under eval/results/, written there with --out)
+  #   live under experiments/results/, written there with --out)
   try:
     check_output_dir(out, "--out")  # before a model is fetched or loaded
   except OutputPathError as e:
@@ -122,7 +122,7 @@ def parse_args(argv=None) -> CliConfig:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--config", default="default", help="shipped suite name or a YAML path")
   p.add_argument("--out", help="result directory (default runs/<suite>, git-ignored; the "
-                 "recorded reference runs are under eval/results/)")
+                 "recorded reference runs are under experiments/results/)")
   p.add_argument("--spec-bench", help="a Spec-Bench-format jsonl replacing the suite's split")
   p.add_argument("--categories", nargs="+", help="keep only these categories / task groups")
   p.add_argument("--methods", nargs="+", help="run only these of the suite's methods (by "
@@ -149,7 +149,7 @@ def parse_args(argv=None) -> CliConfig:
                       "suite up front; does not change the fingerprint, so records stay")
   p.add_argument("--reference", help="a results directory (or its summary.json) to set this "
                  "run beside in the report (default: the recorded run of the same suite under "
-                 "eval/results/, when this is a source checkout; 'none': no comparison)")
+                 "experiments/results/, when this is a source checkout; 'none': no comparison)")
   distributed.add_arguments(p)
   a = p.parse_args(argv)
   return CliConfig(coordinator=a.coordinator, num_processes=a.num_processes,

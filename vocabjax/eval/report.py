@@ -78,15 +78,15 @@ SUMMARY_SCHEMA = {
     },
 }
 
-# The recorded reference runs (`python -m vocabjax.eval --config X --out eval/results/X`) in a
+# The recorded reference runs (`python -m vocabjax.eval --config X --out experiments/results/X`) in a
 # source checkout; absent in an installed wheel, where no comparison is made.
-REFERENCE_ROOT = Path(__file__).resolve().parents[2] / "eval" / "results"
+REFERENCE_ROOT = Path(__file__).resolve().parents[2] / "experiments" / "results"
 _REF_METRICS = ("speedup", "tokens_per_s", "tau", "match_rate")
 
 
 def reference_summary_path(suite: str, out: Path, reference: str | None = None) -> Path | None:
   """The summary.json to set a run beside: `reference` (a results directory or a summary.json;
-  "none" for no comparison), else the recorded run of the same suite under eval/results/.
+  "none" for no comparison), else the recorded run of the same suite under experiments/results/.
   None when there is none, or when `out` is that directory itself (recording it)."""
   if reference is not None and reference.lower() == "none":
     return None

@@ -174,7 +174,7 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
   the summary (`skipped`). Neither choice changes the fingerprint, so finished records stay.
 
   The report sets the run beside a recorded reference run (`report.reference_summary_path`:
-  `reference`, a results directory or summary.json, else eval/results/<suite>; "none": no
+  `reference`, a results directory or summary.json, else experiments/results/<suite>; "none": no
   comparison).
 
   Under `jax.distributed` (`vocabjax.distributed`) every process runs every question on the

@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Issue 21's GPU measurements in one budgeted run (a lent H100/H200 gives a session ~15 minutes,
+# one command <= 10 minutes). Each step has its own time limit and writes its reports as it goes,
+# so a step cut short keeps what it measured; everything lands in $W and is packed into
+# $OUT/gpu_bench.tgz after every step (the device tool returns at most 8 files).
+#
+#   bash experiments/gpu_bench.sh             # on the GPU machine, from the repository root: SET=kernel
+#   SET=first bash experiments/gpu_bench.sh   # session 28's set (kernel grid, engine programs)
+#   SET=second bash experiments/gpu_bench.sh  # session 30's set (whole steps, path move, 8B, 7B)
+#
+# SET=kernel (the default; sized to ~9.5 minutes of commands, ~12 device minutes with the
+# machine's start): the reworked Triton kernel smoke-tested, then tuned against XLA with
+# device-side timing at B = 10 (SpecVocab's bars: d >= 2560, k >= 2048) and at the real
+# drafters' B = 1 widths (writing the dispatch table the next steps use); whole SpecVocab chain
+# steps with the kernel and with XLA against the full-vocabulary chain; the decoding exactness
+# tests on the GPU in f32 and bf16. `DRY=1` runs the same steps on the CPU at tiny shapes
+# (interpret mode; tests/eval/test_gpu_bench.py) to check the script, not to measure.
+#
+# Then, here: unpack, `python -m vocabjax.bench project ...` (CPU-side arithmetic), and copy the
+# tables to experiments/results/bench/<gpu>/ and experiments/results/kernels/<gpu>/ with their commands.
+set -u
+SET=${SET:-kernel}
+case "$SET" in kernel|first|second) ;; *) echo "SET=$SET: choose kernel, first or second" >&2; exit 2;; esac
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+W=${W:-/tmp/gpu_bench}
+OUT=${OUT:-$W/out}
+mkdir -p "$W" "$OUT"
+snap() { tar czf "$OUT/gpu_bench.tgz" -C "$W" --exclude=out . 2>/dev/null; }
+step() {  # step NAME SECONDS COMMAND...: run with a limit, log, pack
+  local name=$1 secs=$2; shift 2
+  echo "== $name (limit ${secs}s): $*" | tee -a "$W/steps.log"
+  local t0=$SECONDS
+  timeout "$secs" "$@" >"$W/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: exit $rc after $((SECONDS - t0))s" | tee -a "$W/steps.log"
+  tail -n 5 "$W/$name.log"
+  snap
+  return $rc
+}
+
+{ date -u; nvidia-smi; python3 -c "import jax, flax; print('jax', jax.__version__, 'flax',
+  flax.__version__, jax.devices())"; } >"$W/env.txt" 2>&1
+cat "$W/env.txt"
+snap
+
+if [ "$SET" = kernel ]; then
+  K=experiments/bench_indexed_lm_head.py
+  TABLE=vocabjax/kernels/dispatch_table.json
+  if [ -n "${DRY:-}" ]; then  # CPU: interpret mode, tiny shapes, two configurations
+    cp "$TABLE" "$W/dry_table.json"; TABLE="$W/dry_table.json"  # never the package's own
+    KB10=(--interpret --tune --shapes 128:1000 --ks 40 --batch 2 --repeats 1 --calls 1
+          --copy-mib 8 16 --tune-block-k 64 --tune-block-d 64 --tune-num-warps 4 --tune-split-d 1)
+    KB1=("${KB10[@]}")
+    SMOKE_SHAPE=(2 256 1000 40)
+    STEPS=(--target "$DRY_TARGET" --draft "$DRY_DRAFT" --context 16 --max-len 96 --steps 2
+           --repeats 1 --ranker-rank 8 --methods ar chain_g3 sv16_g3_xla sv16_g3_auto)
+    EXACT=(--dtypes float32 --files tests/vocab/test_trimmed.py -k "greedy and chain and float32")
+    INTERP=True
+  else
+    KB10=(--batch 10 --shapes 4096:151936 2560:151936 --ks 2048 8192 --calls 4 --repeats 10
+          --tune-num-warps 4 8 --hlo-dump)
+    KB1=(--batch 1 --shapes 896:151936 2048:128256 --ks 2048 512 --calls 4 --repeats 10
+         --tune-num-warps 4 --tune-block-d 128)
+    SMOKE_SHAPE=(10 4096 151936 2048)
+    STEPS=(--pair qwen2.5-coder --dtype bfloat16 --steps 6 --repeats 3
+           --methods ar chain_g3 sv2048_g3_xla sv2048_g3_kernel)
+    EXACT=(--dtypes float32 bfloat16 --workers 12)
+    INTERP=False
+  fi
+  # 1. Does the reworked kernel compile and agree with the reference here (both variants)?
+  step kernel_smoke "${SMOKE_S:-45}" python3 -c "
+import sys, jax, jax.numpy as jnp, numpy as np
+from vocabjax.kernels.indexed_lm_head import indexed_lm_head_gpu, indexed_lm_head_reference
+B, D, V, K = map(int, sys.argv[1:5])
+k = jax.random.key(0)
+U = (jax.random.normal(k, (V, D)) * 0.02).astype(jnp.bfloat16)
+h = jax.random.normal(jax.random.fold_in(k, 1), (B, D)).astype(jnp.bfloat16)
+idx = jax.random.randint(jax.random.fold_in(k, 2), (B, K), 0, V)
+ref = np.asarray(indexed_lm_head_reference(h.astype(jnp.float32), U.astype(jnp.float32), idx))
+bad = 0
+for variant in ('fma', 'dot'):
+  for split in (1, 2):
+    try:
+      got = np.asarray(jax.jit(lambda h, U, i: indexed_lm_head_gpu(h, U, i, variant=variant,
+                       split_d=split, interpret=$INTERP))(h, U, idx))
+      err = float(np.abs(got - ref).max() / np.abs(ref).max())
+      print(variant, split, 'max rel err', err); bad += err > 1e-2
+    except Exception as e:
+      print(variant, split, 'FAILED', type(e).__name__, str(e)[:2000]); bad += 1
+sys.exit(1 if bad else 0)
+" "${SMOKE_SHAPE[@]}"
+  smoke=$?
+  if [ "$smoke" = 0 ]; then
+    # 2. The bars' shapes (B = 10), device-timed, tuned; the table the steps below read.
+    step kernel_b10 "${KB10_S:-150}" python3 "$K" --out "$W/kernel_b10" "${KB10[@]}" \
+      --update-table "$TABLE"
+    # 3. The real drafters' widths at B = 1 (Qwen2.5-0.5B d = 896, Llama-3.2-1B d = 2048).
+    step kernel_b1 "${KB1_S:-75}" python3 "$K" --out "$W/kernel_b1" "${KB1[@]}" \
+      --update-table "$TABLE"
+    cp "$TABLE" "$W/dispatch_table.json"; snap
+  else
+    echo "== the kernel failed its smoke test: tuning skipped (kernel_smoke.log)" | tee -a "$W/steps.log"
+  fi
+  # 4. Whole SpecVocab chain steps (kernel and XLA) against the full-vocabulary chain.
+  step steps_specvocab "${STEPS_S:-150}" python3 experiments/step_programs.py "${STEPS[@]}" \
+    --out "$W/steps_specvocab"
+  # 5. The decoding exactness tests on this backend, f32 and bf16.
+  step exactness "${EXACT_S:-160}" python3 experiments/gpu_exactness.py --out "$W/exactness" \
+    --limit-s "${EXACT_EACH_S:-75}" "${EXACT[@]}"
+elif [ "$SET" = first ]; then
+  # The indexed LM head on SpecVocab's grid, block sizes tuned per (d, V, k) over a reduced grid.
+  step kernel "${KERNEL_S:-170}" python3 experiments/bench_indexed_lm_head.py --out "$W/kernel" \
+    --ks 128 512 2048 8192 --repeats 10 --tune-block-k 64 128 256 --tune-block-d 128 256
+  # Engine programs of the real pair (target rows first: verification vs one step), bf16, B=1.
+  step bench_qwen "${QWEN_S:-200}" python3 -m vocabjax.bench --pair qwen2.5-coder \
+    --dtypes bfloat16 --batch 1 --no-progress --out "$W/bench"
+  # An 8B-class target (Llama-3.1-8B <- Llama-3.2-1B), fewer drafter heads.
+  step bench_llama "${LLAMA_S:-150}" python3 -m vocabjax.bench --pair llama-3.1-8b \
+    --dtypes bfloat16 --batch 1 --heads full trim:32768 trim:8192 specvocab:512 specvocab:2048 \
+    --head-rows 1 4 --no-progress --out "$W/bench"
+else
+  # Whole steps of each method as the decoders compile them (experiments/step_programs.py) on the
+  # real pair's shapes, bf16, with the eagle_gate run's tau for projections.
+  step steps_qwen "${STEPS_S:-130}" python3 experiments/step_programs.py --pair qwen2.5-coder \
+    --dtype bfloat16 --steps 6 --repeats 3 --run experiments/results/eagle/gate --out "$W/steps_qwen"
+  # Does the per-row (vmapped) path move copy the cache here, as on XLA:CPU? (f32, 1.5B)
+  step compact_path "${COMPACT_S:-80}" python3 experiments/compact_path.py --repeats 3 --steps 6 \
+    --out "$W/compact_path.md"
+  # The kernel with software pipelining (num_stages) in the tuning grid, k >= 2048.
+  step kernel_stages "${KERNEL_S:-150}" python3 experiments/bench_indexed_lm_head.py \
+    --out "$W/kernel_stages" --ks 2048 8192 --repeats 10 --tune-block-k 64 128 \
+    --tune-block-d 128 256 --tune-num-warps 4 8 --tune-num-stages 1 3
+  # The 8B pair's whole steps: an EAGLE-3 head of Llama-3.1-8B's published size (intermediate
+  # 14336, Vd = 32000).
+  step steps_llama "${STEPS8_S:-110}" python3 experiments/step_programs.py --pair llama-3.1-8b \
+    --dtype bfloat16 --steps 6 --repeats 3 --head-intermediate 14336 --head-vocab 32000 \
+    --run experiments/results/eagle/gate --out "$W/steps_llama"
+  # The Qwen2.5-7B pair's programs (never measured), fewer heads.
+  step bench_qwen7b "${QWEN7_S:-100}" python3 -m vocabjax.bench --pair qwen2.5-7b \
+    --dtypes bfloat16 --batch 1 --heads full trim:32768 specvocab:512 specvocab:2048 \
+    --head-rows 1 4 --no-progress --out "$W/bench"
+fi
+ls -lR "$W" | head -40

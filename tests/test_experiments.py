@@ -1,0 +1,86 @@
+"""Lab scripts under experiments/ that other runs depend on (step_programs.py: the prepared GPU
+run's step timing), loaded by path: they are not part of the package."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+EXPERIMENTS = Path(__file__).parents[1] / "experiments"
+
+
+def _script(name):
+  spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
+  mod = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(mod)
+  return mod
+
+
+def _tiny_configs(tmp_path):
+  base = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", vocab_size=256,
+              hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+              num_key_value_heads=1, rms_norm_eps=1e-6, rope_theta=10000.0,
+              max_position_embeddings=512, tie_word_embeddings=True, hidden_act="silu")
+  base["num_hidden_layers"] = 6  # EAGLE-3's feature layers (1, L/2 - 1, L - 4) need L >= 5
+  t, d = tmp_path / "t.json", tmp_path / "d.json"
+  t.write_text(json.dumps(base))
+  d.write_text(json.dumps(dict(base, hidden_size=16, num_hidden_layers=1)))
+  return t, d
+
+
+def test_step_programs_times_steps_and_projects_from_a_run(tmp_path):
+  sp = _script("step_programs")
+  t, d = _tiny_configs(tmp_path)
+  run = tmp_path / "run"
+  run.mkdir()
+  (run / "summary.json").write_text(json.dumps({"methods": [
+      {"name": "ar", "overall": {"tau": 1.0}}, {"name": "eagle_k1d4", "overall": {"tau": 2.5}},
+      {"name": "other", "overall": {"tau": None}}]}))
+  out = tmp_path / "out"
+  assert sp.main(["--target", str(t), "--draft", str(d), "--context", "16", "--max-len", "96",
+                  "--steps", "2", "--repeats", "1", "--head-intermediate", "32",
+                  "--head-vocab", "64", "--methods", "ar", "eagle_k1d4", "eagle_k1d4_gated_off",
+                  "--run", str(run), "--out", str(out)]) == 0
+  rows = {r["method"]: r for r in json.loads((out / "steps.json").read_text())["rows"]}
+  assert set(rows) == {"ar", "eagle_k1d4", "eagle_k1d4_gated_off"}
+  ar, e = rows["ar"], rows["eagle_k1d4"]
+  assert ar["per_ar_step"] == 1.0 and e["verify_tokens"] == 5
+  assert rows["eagle_k1d4_gated_off"]["verify_tokens"] == 1
+  assert e["per_ar_step"] == pytest.approx(e["median_ms"] / ar["median_ms"])
+  assert e["projected_speedup"] == pytest.approx(2.5 * ar["median_ms"] / e["median_ms"])
+  assert "projected_speedup" not in rows["eagle_k1d4_gated_off"]  # no such run method
+  assert "PROJECTED" in (out / "steps.md").read_text()
+
+
+def test_step_programs_times_specvocab_chains(tmp_path):
+  """The SpecVocab chain steps (XLA's gather and the dispatcher) beside the full-vocabulary
+  chain; `kernel` needs a GPU/TPU backend and says so on the CPU."""
+  sp = _script("step_programs")
+  t, d = _tiny_configs(tmp_path)
+  out = tmp_path / "out"
+  assert sp.main(["--target", str(t), "--draft", str(d), "--context", "16", "--max-len", "96",
+                  "--steps", "2", "--repeats", "1", "--ranker-rank", "8", "--methods", "ar",
+                  "chain_g3", "sv16_g3_xla", "sv16_g3_auto", "--out", str(out)]) == 0
+  rows = {r["method"]: r for r in json.loads((out / "steps.json").read_text())["rows"]}
+  assert set(rows) == {"ar", "chain_g3", "sv16_g3_xla", "sv16_g3_auto"}
+  assert all(r["verify_tokens"] == 4 for m, r in rows.items() if m != "ar")
+  with pytest.raises(ValueError, match="needs a GPU or TPU backend"):
+    sp.main(["--target", str(t), "--draft", str(d), "--context", "16", "--max-len", "96",
+             "--ranker-rank", "8", "--methods", "ar", "sv16_g3_kernel",
+             "--out", str(tmp_path / "o2")])
+  with pytest.raises(SystemExit):  # not a method
+    sp.main(["--target", str(t), "--draft", str(d), "--methods", "ar", "sv16_g4_xla",
+             "--out", str(tmp_path / "o3")])
+
+
+def test_step_programs_refuses_bad_requests(tmp_path):
+  sp = _script("step_programs")
+  t, d = _tiny_configs(tmp_path)
+  common = ["--target", str(t), "--draft", str(d), "--out", str(tmp_path / "o")]
+  with pytest.raises(SystemExit):  # no plain step to compare with
+    sp.main(common + ["--methods", "eagle_k1d4"])
+  with pytest.raises(SystemExit):  # no room for the steps
+    sp.main(common + ["--context", "100", "--max-len", "128"])
+  with pytest.raises(FileNotFoundError, match="no summary.json"):
+    sp.main(common + ["--run", str(tmp_path / "missing")])
