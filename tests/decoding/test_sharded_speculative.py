@@ -26,7 +26,9 @@ from tests.decoding.conftest import CFG, PROMPT, SMALL, prompt_samples
 from tests.decoding.test_eagle_decoding import random_head
 from tests.decoding.test_medusa_decoding import heads_for
 
-MESHES = [(1, 8), (2, 4), (4, 2)]
+# tensor parallelism alone and data x model (a third shape, (4, 2), compiled every decoder again
+# for 30 s and checked nothing the two do not)
+MESHES = [(1, 8), (2, 4)]
 PROMPTS = [[5, 9, 2, 7, 5, 9], [1, 2, 3], [8, 8, 8, 8, 4, 1, 1], [3]]
 
 
