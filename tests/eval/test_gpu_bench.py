@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.eval.test_eval_scripts import _tiny_configs
+from tests.test_experiments import _tiny_configs
 
 ROOT = Path(__file__).parents[2]
 
