@@ -45,7 +45,7 @@ from vocabjax.errors import ConfigError
 from vocabjax.models.medusa import medusa_tree
 from vocabjax.vocab.ranked import (Ranker, RankerError, SpeculativeVocab, ranked_head_rows,
                                    read_metadata)
-from vocabjax.vocab.subset import VocabSubset
+from vocabjax.vocab.subset import SubsetError, VocabSubset
 
 
 @dataclasses.dataclass(frozen=True)
@@ -417,6 +417,15 @@ class EagleParams:
 
 
 def _eagle_rows(p: EagleParams) -> int:
+  """LM-head rows the head drafts over per step: a subset's K, a ranker's k + its cost in rows,
+  else the head's own rows or the target's V."""
+  if p.subset:
+    try:
+      return len(VocabSubset.load(p.subset).ids)
+    except SubsetError as e:
+      raise ConfigError(f"eagle.subset={p.subset!r}: {e}") from None
+  if p.ranker:
+    return ranked_head_rows(p.k, *ranker_shapes(p.ranker, "eagle"))
   hc = _eagle_config(p.head, "eagle")
   return hc.draft_vocab_size if p.lm_head == "own" else hc.layer.vocab_size
 

@@ -1,0 +1,116 @@
+"""The papers' suite (configs/eval/papers*.yaml) cannot rot: it parses, and every method in it
+builds and runs on tiny models with greedy identity, each file it names (EAGLE heads, subsets,
+counts, rankers) replaced by a tiny stand-in of the same kind. A method added to the suite with a
+file that has no stand-in here fails the test by name."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+import yaml
+
+from vocabjax.calibrate.select import load_or_select
+from vocabjax.eval import load_config
+from vocabjax.eval.__main__ import main, parse_args
+from vocabjax.prompts import EVAL_CONFIG_DIR
+
+from tests.eval.test_eval_cli import QUESTIONS
+from tests.eval.test_vocab_methods import counts, head_dir, ranker_file  # noqa: F401 (fixtures)
+
+SUITES = ("papers", "papers_small", "papers_t1")
+K_STANDIN = {"vocabtrim": 48, "frspec": 48, "specvocab": 32}  # k within the tiny V = 320
+FILE_KEYS = ("head", "subset", "counts", "ranker")
+
+
+def _suite_dict(name):
+  return yaml.safe_load((EVAL_CONFIG_DIR / f"{name}.yaml").read_text())
+
+
+def test_the_three_suites_share_their_methods():
+  """papers_small and papers_t1 are papers.yaml on fewer questions / at temperature 1."""
+  full = _suite_dict("papers")
+  assert full["temperature"] == 0.0
+  for name in SUITES[1:]:
+    d = _suite_dict(name)
+    assert d["methods"] == full["methods"] and d["target"] == full["target"], name
+  assert _suite_dict("papers_t1")["temperature"] == 1.0 and _suite_dict("papers_t1")["seeds"]
+  names = [m["name"] for m in full["methods"]]
+  assert names[0] == "ar" and len(set(names)) == len(names)
+
+
+@pytest.fixture(scope="module")
+def full_head_dir(tiny_chat_dir, tmp_path_factory):
+  """An untrained EAGLE-3 head for the tiny chat model over its whole vocabulary (the papers'
+  full-vocabulary head: draft_vocab_size = V, d2t the identity)."""
+  from vocabjax.checkpoints.eagle3 import save_eagle3
+  from vocabjax.checkpoints.loader import load_model
+  from vocabjax.models.eagle import init_eagle
+  from vocabjax.train.eagle import head_config
+  from vocabjax.train.features import model_identity
+
+  m = load_model(tiny_chat_dir, dtype="float32")
+  hc = head_config(m.config, (0, 1), m.config.vocab_size)
+  p = init_eagle(jax.random.key(1), hc, scale=0.2)
+  p["d2t"] = jax.numpy.zeros((m.config.vocab_size,), jax.numpy.int32)
+  return save_eagle3(p, hc, tmp_path_factory.mktemp("fullhead") / "head",
+                     target=model_identity(m))
+
+
+def _standins(counts, head_dir, full_head_dir, ranker_file, tiny_chat_dir):  # noqa: F811
+  """Real path in the suite -> its tiny stand-in."""
+  from vocabjax.checkpoints.loader import load_model
+
+  text, gen = counts
+  m = load_model(tiny_chat_dir, dtype="float32")
+  for c in (text, gen):  # the subset files the EAGLE methods name
+    load_or_select(c, m.tokenizer, m.config.vocab_size, k=48)
+  cal = "experiments/results/calibration"
+  return {
+      "experiments/train/eagle/papers/fullvocab/head": full_head_dir,
+      "experiments/train/eagle/papers/v32k/head": head_dir,
+      f"{cal}/target_generated/subset-k32768.npz": gen.parent / "subset-k48.npz",
+      f"{cal}/stdlib_code/subset-k32768.npz": text.parent / "subset-k48.npz",
+      f"{cal}/target_generated/counts.npz": gen,
+      f"{cal}/stdlib_code/counts.npz": text,
+      "experiments/train/ranker/d56_tied/ranker.safetensors": ranker_file,
+  }
+
+
+def test_every_method_builds_and_keeps_greedy_output(counts, head_dir, full_head_dir,  # noqa: F811
+                                                     ranker_file, tmp_path, tiny_chat_dir):
+  d = _suite_dict("papers")
+  swap = _standins(counts, head_dir, full_head_dir, ranker_file, tiny_chat_dir)
+  methods = []
+  for m in d["methods"]:
+    m = dict(m)
+    for key in FILE_KEYS:
+      if key in m:
+        assert m[key] in swap, f"method {m['name']}: no tiny stand-in for {key}={m[key]!r}"
+        m[key] = str(swap[m[key]])
+    if m["method"] in K_STANDIN:
+      m["k"] = K_STANDIN[m["method"]]
+    methods.append(m)
+  bench = tmp_path / "bench.jsonl"
+  bench.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS[1:3]))
+  cfg = {**d, "target": str(tiny_chat_dir), "draft": str(tiny_chat_dir),
+         "datasets": [{"kind": "spec_bench", "path": str(bench), "per_group": 1}],
+         "max_new_tokens": 8, "max_len": 128, "methods": methods}
+  path = tmp_path / "papers.yaml"
+  path.write_text(yaml.safe_dump(cfg))
+  load_config(path)  # every method's parameters check out
+  summary = main(parse_args(["--config", str(path), "--out", str(tmp_path / "res"), "--quiet"]))
+  by = {m["name"]: m for m in summary["methods"]}
+  assert set(by) == {m["name"] for m in d["methods"]}
+  for name, rec in by.items():
+    assert rec["overall"]["match_rate"] == 1.0, name  # greedy identity with plain decoding
+  V = 320
+  assert by["full_chain"]["draft_vocab_size"] == V  # the target's whole head
+  from vocabjax.vocab.subset import VocabSubset
+
+  cal = "experiments/results/calibration"
+  for name, sub in (("full_vt32k", "target_generated"), ("full_fr32k", "stdlib_code")):
+    K = len(VocabSubset.load(swap[f"{cal}/{sub}/subset-k32768.npz"]).ids)
+    assert by[name]["draft_vocab_size"] == K < V, name  # the subset's rows, not the head's V
+  assert by["eagle3_32k"]["draft_vocab_size"] == 48  # the stand-in head's own rows
+  assert np.isfinite(by["full_tree"]["overall"]["tau"])
