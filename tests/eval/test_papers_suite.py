@@ -19,7 +19,7 @@ from tests.eval.test_eval_cli import QUESTIONS
 from tests.eval.test_vocab_methods import counts, head_dir, ranker_file  # noqa: F401 (fixtures)
 
 SUITES = ("papers", "papers_small", "papers_t1")
-K_STANDIN = {"vocabtrim": 48, "frspec": 48, "specvocab": 32}  # k within the tiny V = 320
+K_STANDIN = {"vocabtrim": 48, "frspec": 48, "specvocab": 32, "eagle": 32}  # k within V = 320
 FILE_KEYS = ("head", "subset", "counts", "ranker")
 
 
@@ -74,6 +74,10 @@ def _standins(counts, head_dir, full_head_dir, ranker_file, tiny_chat_dir):  # n
       f"{cal}/target_generated/counts.npz": gen,
       f"{cal}/stdlib_code/counts.npz": text,
       "experiments/train/ranker/d56_tied/ranker.safetensors": ranker_file,
+      # the target's own SVD ranker stands in for the full head's (its LM head is the target's)
+      "experiments/train/ranker/papers/d96/ranker.safetensors": ranker_file,
+      "experiments/train/ranker/papers/d192/ranker.safetensors": ranker_file,
+      "experiments/train/ranker/papers/d96_tied/ranker.safetensors": ranker_file,
   }
 
 
@@ -88,7 +92,7 @@ def test_every_method_builds_and_keeps_greedy_output(counts, head_dir, full_head
       if key in m:
         assert m[key] in swap, f"method {m['name']}: no tiny stand-in for {key}={m[key]!r}"
         m[key] = str(swap[m[key]])
-    if m["method"] in K_STANDIN:
+    if m["method"] in K_STANDIN and "k" in m:
       m["k"] = K_STANDIN[m["method"]]
     methods.append(m)
   bench = tmp_path / "bench.jsonl"
@@ -113,4 +117,6 @@ def test_every_method_builds_and_keeps_greedy_output(counts, head_dir, full_head
     K = len(VocabSubset.load(swap[f"{cal}/{sub}/subset-k32768.npz"]).ids)
     assert by[name]["draft_vocab_size"] == K < V, name  # the subset's rows, not the head's V
   assert by["eagle3_32k"]["draft_vocab_size"] == 48  # the stand-in head's own rows
+  rows = 32 + -(-(V * 8 + 8 * 64) // 64)  # a ranker's k + its cost in head rows (d' 8, d 64)
+  assert by["full_sv512"]["draft_vocab_size"] == rows < V
   assert np.isfinite(by["full_tree"]["overall"]["tau"])

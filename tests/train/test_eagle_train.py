@@ -751,3 +751,66 @@ def test_soft_labels_are_the_targets_distribution(target_dir, data_file, tmp_pat
   # them than from hard labels, but it is learned
   assert summary["final"]["heldout_loss"] < summary["start"]["heldout_loss"] - 0.5
   assert summary["final"]["acc_0"] > summary["start"]["acc_0"] + 0.1
+
+
+def test_a_ranker_for_a_full_vocabulary_head(target_dir, data_file, tmp_path):
+  """SpecVocab on an EAGLE head (the papers' setting): a head over the target's whole
+  vocabulary (draft_vocab_size null, the target's LM head frozen), then a ranker trained on its
+  normed depth-0 outputs over the head's own training features. The rows are what the head's
+  drafting policy reads; training raises the held-out recall; the ranker drafts losslessly;
+  a head with a reduced vocabulary is refused by name."""
+  from vocabjax.train.ranker import RankerJob, load_head
+  from vocabjax.train.ranker import train as train_ranker
+  from vocabjax.train.features import load_features
+  from vocabjax.vocab.ranked import Ranker, SpeculativeVocab
+
+  head_job = _job(target_dir, data_file, tmp_path / "head_run", draft_vocab_size=None,
+                  train_lm_head=False, steps=10, eval_every=10, ttt_steps=2)
+  train(head_job, show_progress=False)
+  head = tmp_path / "head_run" / "head"
+  rjob = RankerJob(drafter=str(target_dir), data=(str(data_file),), out=str(tmp_path / "r"),
+                   eagle_head=str(head), eagle_features=head_job.features, rank=8, steps=30,
+                   batch_tokens=64, lr=1e-2, warmup_steps=3, eval_every=10,
+                   checkpoint_every=10, heldout=0.25, recall_k=(4, 16, 64), vocab_block=100,
+                   init="random", select_by="recall@16_target")
+  summary = train_ranker(rjob, show_progress=False)
+  assert summary["complete"]
+  assert summary["final"]["recall@16_target"] > summary["start"]["recall@16_target"]
+  assert summary["final"]["recall@16_drafter"] > 0.5  # the head's own greedy tokens are ranked
+
+  t = load_model(target_dir, dtype="float32")
+  hc, hp = load_head(rjob, t)
+  feats = load_features(rjob.features_dir)
+  data = load_eagle_features(head_job.features_dir)
+  # record 3's rows, recomputed step by step as the decoder runs the head (with a cache)
+  rec, toks, first = data.seqs[3]
+  T = len(toks)
+  c = hc.layer
+  cache = KVCache(k=jnp.zeros((1, 1, T, c.num_kv_heads, c.head_dim)),
+                  v=jnp.zeros((1, 1, T, c.num_kv_heads, c.head_dim)),
+                  lengths=jnp.zeros((1,), jnp.int32))
+  fused = fuse_features(hp, jnp.asarray(data.feats[3][None, :T - 1], jnp.float32))
+  x, _ = eagle_forward(hp, t.params["embed"], jnp.asarray(toks[None, 1:]), fused,
+                       jnp.arange(T - 1)[None], cache, config=hc)
+  normed = np.asarray(rms_norm(x[0], hp["final_norm"], c.rms_norm_eps))
+  mine = feats.record == rec
+  rows = np.arange(first - 1, T - 2)
+  np.testing.assert_allclose(feats.hidden[mine], normed[rows], rtol=2e-4, atol=2e-4)
+  np.testing.assert_array_equal(feats.label[mine], data.labels[3][rows + 1])
+
+  prompts = [list(map(int, s[:f + 1])) for _, s, f in data.seqs[:4]]
+  ar = Decoder(t.params, t.config).generate(prompts, max_new_tokens=12)
+  ranker = Ranker.load(tmp_path / "r" / "ranker.safetensors")
+  for tree in (TreeParams(1, 3, 3), TreeParams(2, 2, 4)):
+    res = EagleDecoder(t.params, t.config, hp, hc, tree=tree, lm_head="target",
+                       draft_vocab=SpeculativeVocab(ranker, k=16)).generate(prompts,
+                                                                            max_new_tokens=12)
+    assert res.tokens == ar.tokens
+
+  small = tmp_path / "small_run"
+  train(_job(target_dir, data_file, small, steps=2, warmup_steps=1, eval_every=2, ttt_steps=1),
+        show_progress=False)
+  bad = dataclasses.replace(rjob, eagle_head=str(small / "head"), out=str(tmp_path / "r2"),
+                            features=str(tmp_path / "f2"))
+  with pytest.raises(TrainError, match="drafts over 200 tokens, not the target's V="):
+    train_ranker(bad, show_progress=False)

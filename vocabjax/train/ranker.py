@@ -8,6 +8,11 @@ Data: the drafter's final hidden states, the target's next tokens (and top-Kt di
 and the drafter's own greedy tokens at every completion position of generated completions,
 computed once into feature shards (`vocabjax.train.features`; default `<out>/features`, shared
 between runs through the `features` field).
+An EAGLE head as the drafter (`eagle_head`, SpecVocab on EAGLE-3 as in its tables): a head whose
+LM head is the target's full vocabulary (trained with `draft_vocab_size: null`); the rows are
+its normed depth-0 outputs (what its drafting vocabulary policy reads) over the target features
+it was trained on (`eagle_features`), the labels the target's teacher-forced tokens there, and
+`drafter` names the head's target (tokenizer, identity check). Frozen mode, `ce` loss only.
 Records are split into train and held-out by prompt (the last `heldout` fraction of distinct
 prompts; completions of one prompt by two models stay on one side).
 
@@ -45,6 +50,7 @@ stopping), `drafter/` (joint mode: the tuned drafter, an HF directory), `recall.
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from pathlib import Path
 
@@ -52,17 +58,21 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vocabjax.checkpoints.eagle3 import load_eagle3
 from vocabjax.checkpoints.hf import save_hf
 from vocabjax.checkpoints.loader import load_model
 from vocabjax.io import atomic_write_json
 from vocabjax.models.llamalike import lm_head_weight
-from vocabjax.train.features import (FeatureSpec, Features, build_features, heldout_records,
-                                     load_features, model_identity, sequence_hidden)
+from vocabjax.train.eagle import head_identity, load_eagle_features, ttt_outputs
+from vocabjax.train.features import (FeatureSpec, Features, build_features, forward_len,
+                                     heldout_records, job_fingerprint, load_features,
+                                     model_identity, pending_shards, sequence_hidden,
+                                     write_shards)
 from vocabjax.train.loop import (OptimConfig, TrainError, TrainRun, TrainState, apply_grads,
                                  job_fields, make_optimizer, run_job_cli, train_fingerprint,
                                  step_rng)
 from vocabjax.train.losses import label_ranks, vocab_cross_entropy
-from vocabjax.vocab.ranked import Ranker, RankerError, svd_ranker
+from vocabjax.vocab.ranked import Ranker, RankerError, svd_of_head
 from vocabjax.models.identity import drafter_identity
 
 MODES = ("frozen", "joint")
@@ -103,8 +113,23 @@ class RankerJob:
   features: str | None = None  # default <out>/features
   label: str = "target"  # what CE trains toward: "target" (next token) or "drafter" (its argmax)
   vocab: str = "free"  # "free" W_vocab [V, R] or "tied" W_vocab = U P (module doc)
+  # an EAGLE-3 head over the target's full vocabulary as the drafter (module doc); `drafter` is
+  # then its target, `eagle_features` the target features it was trained on (one directory or
+  # one per data file, as the head's recipe names them)
+  eagle_head: str | None = None
+  eagle_features: str | tuple[str, ...] | None = None
 
   def __post_init__(self):
+    if isinstance(self.eagle_features, list):
+      object.__setattr__(self, "eagle_features", tuple(self.eagle_features))
+    if (self.eagle_head is None) != (self.eagle_features is None):
+      raise TrainError("eagle_head and eagle_features go together: the head and the target "
+                       "features it was trained on")
+    if self.eagle_head is not None:
+      if self.mode != "frozen" or self.loss != "ce" or self.target is not None:
+        raise TrainError(f"an EAGLE head's ranker trains in mode='frozen' with loss='ce' on the "
+                         f"target's tokens stored in its features (target: null); got "
+                         f"mode={self.mode!r}, loss={self.loss!r}, target={self.target!r}")
     if self.mode not in MODES:
       raise TrainError(f"mode={self.mode!r} is not one of {MODES}")
     if self.loss not in LOSSES:
@@ -147,14 +172,105 @@ class RankerJob:
                        target=self.target, teacher_top=self.teacher_top,
                        max_records=self.max_records)
 
+  def head_feature_fingerprint(self) -> str:
+    """The head-ranker features: the head's weights and export record, the target features'
+    directories and fingerprints (what `build_head_features` computes from)."""
+    dirs = ([self.eagle_features] if isinstance(self.eagle_features, str)
+            else list(self.eagle_features))
+    metas = []
+    for d in dirs:
+      meta = Path(d) / "meta.json"
+      metas.append(json.loads(meta.read_text()).get("fingerprint") if meta.exists() else None)
+    return job_fingerprint("eagle-head-ranker", self.drafter, head_identity(self.eagle_head),
+                           dirs, metas, self.max_records)
+
   def train_fingerprint(self) -> str:
-    return train_fingerprint(self, replace={"data": self.feature_spec.fingerprint()},
-                             new_defaults={"label": "target", "vocab": "free"})
+    data = (self.head_feature_fingerprint() if self.eagle_head
+            else self.feature_spec.fingerprint())
+    return train_fingerprint(self, replace={"data": data},
+                             new_defaults={"label": "target", "vocab": "free",
+                                           "eagle_head": None, "eagle_features": None})
 
 
 def job_from_dict(raw: dict, *, where: str = "config") -> RankerJob:
   return RankerJob(**job_fields(raw, RankerJob, ("drafter", "data", "out"), where=where,
                                 tuples=("recall_k",)))
+
+
+# --- an EAGLE head as the drafter ----------------------------------------------------------------
+
+def load_head(job: RankerJob, target):
+  """(head config, the head's params, the target ids of its LM-head rows) of `job.eagle_head`,
+  refused unless its LM head covers the target's whole vocabulary."""
+  try:
+    hc, params, _ = load_eagle3(job.eagle_head, target_config=target.config,
+                                target_params=target.params, dtype=jnp.float32)
+  except ValueError as e:
+    raise TrainError(f"eagle_head={job.eagle_head!r}: {e}") from None
+  V = target.config.vocab_size
+  if hc.draft_vocab_size != V:
+    raise TrainError(f"eagle_head={job.eagle_head!r} drafts over {hc.draft_vocab_size} tokens, "
+                     f"not the target's V={V}: SpecVocab ranks a full-vocabulary head (train "
+                     f"it with draft_vocab_size: null)")
+  return hc, params
+
+
+def build_head_features(job: RankerJob, *, show_progress: bool = True) -> Path:
+  """The ranker rows of an EAGLE head (`job.eagle_head`), from the target features it was
+  trained on, in the drafter-feature format `load_features` reads; resumable per shard."""
+  fdir = job.features_dir
+  fdir.mkdir(parents=True, exist_ok=True)
+  dirs = ([job.eagle_features] if isinstance(job.eagle_features, str)
+          else list(job.eagle_features))
+  fingerprint = job.head_feature_fingerprint()
+  target = load_model(job.drafter, dtype="float32", progress=show_progress)
+  hc, params = load_head(job, target)
+  data = load_eagle_features([Path(d) for d in dirs] if len(dirs) > 1 else Path(dirs[0]),
+                             target, hc.feature_layers)
+  n = len(data.seqs) if job.max_records is None else min(job.max_records, len(data.seqs))
+  todo = pending_shards(fdir, fingerprint, n)
+  if not todo:
+    return fdir
+  embed = target.params["embed"]
+  head_rows = jnp.asarray(params["lm_head"], jnp.float32)  # [V, D], target ids (full V)
+  run = jax.jit(lambda p, e, b: ttt_outputs(p, e, b, config=hc, steps=1))
+
+  def record_fn(i):
+    _, toks, first = data.seqs[i]
+    L = len(toks)
+    T = forward_len(L)
+    batch = {"tokens": np.zeros((1, T), np.int32),
+             "feats": np.zeros((1, T, data.feats[i].shape[1]), np.float32),
+             "dlabel": np.full((1, T), -1, np.int32), "weight": np.zeros((1, T), np.float32)}
+    batch["tokens"][0, :L] = toks
+    batch["feats"][0, :L] = data.feats[i]
+    rows = np.arange(max(first - 1, 0), L - 2)  # output i predicts token i + 2 (ttt_outputs)
+    if not len(rows):
+      return None
+    (hn, _, _), = run(params, embed, {k: jnp.asarray(v) for k, v in batch.items()})
+    h = hn[0, rows]
+    own = jnp.argmax(h @ head_rows.T, -1)  # h is normed already: the head's LM head on it
+    return {"hidden": np.asarray(h, np.float32),
+            "label": np.asarray(data.labels[i][rows + 1], np.int32),
+            "draft_argmax": np.asarray(own, np.int32), "tokens": np.asarray(toks, np.int32),
+            "first_row": int(rows[0])}
+
+  meta = {"fingerprint": fingerprint, "kind": "eagle_head_ranker",
+          "drafter": head_drafter_identity(target, params), "target": model_identity(target),
+          "eagle_head": str(job.eagle_head), "eagle_features": dirs}
+  write_shards(fdir, meta, list(range(n)), todo, record_fn, desc="head features (shards)",
+               show_progress=show_progress)
+  return fdir
+
+
+def head_drafter_identity(target, head_params: dict) -> dict:
+  """The drafter record of a head's ranker (and its features): what `EagleDecoder` attaches a
+  ranker to, the target's config with the head's LM-head rows (for a full-vocabulary head
+  trained with the target's head frozen these are the target's rows, so the ranker serves the
+  head with lm_head 'own' or 'target' alike)."""
+  dc = dataclasses.replace(target.config, tie_word_embeddings=False)
+  return {"source": "eagle head for " + Path(target.source).name,
+          **drafter_identity({"lm_head": head_params["lm_head"]}, dc)}
 
 
 # --- training ----------------------------------------------------------------------------------
@@ -189,16 +305,17 @@ def recall(ranker, rows: dict, ks) -> dict:
   return out
 
 
-def _init_ranker(job, draft):
+def _init_ranker(job, U):
+  """The starting ranker for the drafter's LM head U [V, D]: random, or its SVD (`svd_ranker`)."""
+  V, D = U.shape
   if job.init == "random":
     rs = np.random.RandomState(job.seed)
-    D, V = draft.config.hidden_size, draft.config.vocab_size
     if job.vocab == "tied":
       return {"down": jnp.asarray(rs.randn(job.rank, D) / np.sqrt(D), jnp.float32),
               "proj": jnp.asarray(rs.randn(D, job.rank) / np.sqrt(D), jnp.float32)}
     return {"down": jnp.asarray(rs.randn(job.rank, D) / np.sqrt(D), jnp.float32),
             "vocab": jnp.asarray(rs.randn(V, job.rank) / np.sqrt(job.rank), jnp.float32)}
-  r = svd_ranker(draft.params, draft.config, job.rank)
+  r = svd_of_head(U, job.rank)
   if job.vocab == "tied":  # U Q_r: the SVD ranker exactly (down = Q_r^T, P = Q_r)
     return {"down": jnp.asarray(r.down), "proj": jnp.asarray(np.ascontiguousarray(r.down.T))}
   return {"down": jnp.asarray(r.down), "vocab": jnp.asarray(r.vocab)}
@@ -272,12 +389,21 @@ def train(job: RankerJob, *, show_progress: bool = True, stop_after: int | None 
   """
   out = Path(job.out)
   out.mkdir(parents=True, exist_ok=True)
-  fdir = build_features(job.feature_spec, show_progress=show_progress)
+  if job.eagle_head:
+    fdir = build_head_features(job, show_progress=show_progress)
+    draft = load_model(job.drafter, dtype="float32", progress=False)
+    _, head = load_head(job, draft)
+    identity = head_drafter_identity(draft, head)
+    U = head["lm_head"]  # [V, D]: the head's LM head (the target's rows, full V)
+  else:
+    fdir = build_features(job.feature_spec, show_progress=show_progress)
+    draft = load_model(job.drafter, dtype="float32", progress=show_progress)
+    identity = model_identity(draft)
+    U = lm_head_weight(draft.params, draft.config)
   feats = load_features(fdir)
-  draft = load_model(job.drafter, dtype="float32", progress=show_progress)
-  if feats.meta["drafter"]["fingerprint"] != model_identity(draft)["fingerprint"]:
+  if feats.meta["drafter"]["fingerprint"] != identity["fingerprint"]:
     raise TrainError(f"features in {fdir} were made with another drafter")
-  D, V = draft.config.hidden_size, draft.config.vocab_size
+  V, D = U.shape
   if job.rank > D:
     raise RankerError(f"ranker rank d'={job.rank} exceeds the drafter's hidden size d={D}")
   n_rec = feats.meta["records"]
@@ -292,14 +418,12 @@ def train(job: RankerJob, *, show_progress: bool = True, stop_after: int | None 
   opt = make_optimizer(OptimConfig(lr=job.lr, warmup_steps=job.warmup_steps,
                                    total_steps=job.steps, weight_decay=job.weight_decay,
                                    clip_norm=job.clip_norm))
-  ranker0 = _init_ranker(job, draft)
+  ranker0 = _init_ranker(job, U)
   params = ranker0 if job.mode == "frozen" else {"drafter": draft.params, "ranker": ranker0}
   run = TrainRun(out, job.train_fingerprint(), steps=job.steps, eval_every=job.eval_every,
                  checkpoint_every=job.checkpoint_every, what="train.ranker")
   state = run.restore(TrainState.create(params, opt))
   start = run.start
-
-  U = lm_head_weight(draft.params, draft.config)
 
   def ranker_of(p):
     return materialize(p, U) if job.mode == "frozen" else p["ranker"]
@@ -311,7 +435,6 @@ def train(job: RankerJob, *, show_progress: bool = True, stop_after: int | None 
     return ranker_loss(ranker, held_j["hidden"], held_j, loss=job.loss, block=job.vocab_block,
                        label=job.label)
 
-  identity = model_identity(draft)
   best_path = out / "best.safetensors"
 
   def better(row, old) -> bool:
@@ -411,7 +534,8 @@ def _features_only(p):
 
   def before(a, job):
     if a.features_only:
-      print(build_features(job.feature_spec, show_progress=not a.quiet))
+      print(build_head_features(job, show_progress=not a.quiet) if job.eagle_head
+            else build_features(job.feature_spec, show_progress=not a.quiet))
       return 0
     return None
   return before

@@ -191,12 +191,20 @@ def svd_ranker(params: dict, config: LlamaLikeConfig, rank: int, meta: dict | No
   """The best rank-`rank` approximation of the drafter's own logits (Eckart-Young): with
   U = P S Q^T, W_down = Q_r^T and W_vocab = U Q_r = P_r S_r, so s = U Q_r Q_r^T h. The
   training's starting point, and a ranker that needs no data at all."""
-  U = np.asarray(lm_head_weight(params, config), np.float64)
+  r = svd_of_head(lm_head_weight(params, config), rank)
+  return Ranker(down=r.down, vocab=r.vocab, drafter=drafter_identity(params, config),
+                meta={"init": "svd", **(meta or {})})
+
+
+def svd_of_head(U, rank: int) -> Ranker:
+  """`svd_ranker` of an LM head U [V, D] given as the matrix itself (an EAGLE head's rows)."""
+  U = np.asarray(U, np.float64)
   D = U.shape[1]
   if not 1 <= rank <= D:
     raise RankerError(f"ranker rank d'={rank} must be in [1, d={D}] (the drafter's hidden size)")
   _, vecs = np.linalg.eigh(U.T @ U)  # ascending eigenvalues of U^T U = Q S^2 Q^T
   Q = vecs[:, ::-1][:, :rank]  # [D, R]
   return Ranker(down=np.ascontiguousarray(Q.T, np.float32), vocab=(U @ Q).astype(np.float32),
-                drafter=drafter_identity(params, config),
-                meta={"init": "svd", **(meta or {})})
+                drafter={"hidden_size": D, "vocab_size": U.shape[0]}, meta={"init": "svd"})
+
+
