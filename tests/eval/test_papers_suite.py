@@ -120,3 +120,18 @@ def test_every_method_builds_and_keeps_greedy_output(counts, head_dir, full_head
   rows = 32 + -(-(V * 8 + 8 * 64) // 64)  # a ranker's k + its cost in head rows (d' 8, d 64)
   assert by["full_sv512"]["draft_vocab_size"] == rows < V
   assert np.isfinite(by["full_tree"]["overall"]["tau"])
+
+  # the report in the papers' layout reads the run (experiments/papers_report.py)
+  import importlib.util
+  from pathlib import Path
+
+  script = Path(__file__).parents[2] / "experiments" / "papers_report.py"
+  spec = importlib.util.spec_from_file_location("papers_report", script)
+  rep = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(rep)
+  assert rep.main([str(tmp_path / "res")]) == 0
+  text = (tmp_path / "res" / "report.md").read_text()
+  rows = {line.split(" | ")[0][2:]: line for line in text.splitlines() if line.startswith("| ")}
+  assert set(by) <= set(rows)
+  assert "| 1.00x |" in rows["full_chain"]  # its own throughput relative to itself
+  assert (tmp_path / "res" / "tau_vs_vocab_rows.png").stat().st_size > 0
