@@ -807,10 +807,14 @@ def test_a_ranker_for_a_full_vocabulary_head(target_dir, data_file, tmp_path):
                                                                             max_new_tokens=12)
     assert res.tokens == ar.tokens
 
-  small = tmp_path / "small_run"
-  train(_job(target_dir, data_file, small, steps=2, warmup_steps=1, eval_every=2, ttt_steps=1),
-        show_progress=False)
-  bad = dataclasses.replace(rjob, eagle_head=str(small / "head"), out=str(tmp_path / "r2"),
-                            features=str(tmp_path / "f2"))
+  from vocabjax.checkpoints.eagle3 import save_eagle3
+  from vocabjax.train.features import model_identity
+
+  hc_small = head_config(t.config, LAYERS, 200)  # an untrained head with its own 200 tokens
+  small = init_eagle(jax.random.key(2), hc_small)
+  small["d2t"] = jnp.zeros((200,), jnp.int32)
+  save_eagle3(small, hc_small, tmp_path / "small_head", target=model_identity(t))
+  bad = dataclasses.replace(rjob, eagle_head=str(tmp_path / "small_head"),
+                            out=str(tmp_path / "r2"), features=str(tmp_path / "f2"))
   with pytest.raises(TrainError, match="drafts over 200 tokens, not the target's V="):
     train_ranker(bad, show_progress=False)
