@@ -57,6 +57,7 @@ from vocabjax.models.llamalike import (forward_features, is_int8, lm_head,
 from vocabjax.vocab.subset import HeadRows
 
 HEAD_KEY = "eagle"  # the head's own params inside the decoder's drafter pytree
+GATE_KEY = "gate"  # a gated decoder's threshold (f32 scalar) inside the drafter pytree
 
 
 @struct.dataclass
@@ -130,22 +131,23 @@ def _committed(state: EagleState, v, hcache) -> EagleState:
 
 
 def eagle_step(target_params, dp, state: EagleState, key, *, target_config, head_config,
-               tree: TreeParams, sampling: SamplingParams, policy, min_confidence: float = 0.0):
+               tree: TreeParams, sampling: SamplingParams, policy, gated: bool = False):
   """Read the pending entries, grow a tree with the head, verify it with feature capture.
 
-  `min_confidence` > 0 (EAGLE-2's confidence, used as a gate): a row drafts only when the
-  head's top probability at its root (`root_confidence`) reaches it; the other rows' nodes are
+  `gated` (EAGLE-2's confidence, used as a gate): a row drafts only when the head's top
+  probability at its root (`root_confidence`) reaches `dp[GATE_KEY]`, the threshold (a runtime
+  f32 scalar: every threshold runs the same compiled program); the other rows' nodes are
   dropped (they verify their root alone: a plain step that still captures the features the
   head reads next). When no row drafts, the step skips the tree's growth and verifies the
   roots alone (one target position instead of n + 1): where the head would rarely be accepted
   the step costs about a plain one. Greedy output and sampling stay exact (the gate reads the
   context only).
 
-  Returns (state, emitted [B, d + 1] with -1 after the emitted tokens, accepted [B]), and with
-  `min_confidence` > 0 also which rows drafted [B] (bool).
+  Returns (state, emitted [B, d + 1] with -1 after the emitted tokens, accepted [B]), and when
+  `gated` also which rows drafted [B] (bool).
   """
   x_root, cache = _head_root(dp, state, head_config=head_config)
-  keep, root = _confident(dp, x_root, head_config, policy, min_confidence)
+  keep, root = _confident(dp, x_root, head_config, policy, gated)
 
   def drafted():
     node_tok, parent, depth, hcache = _grow(dp, x_root, cache, head_config=head_config,
@@ -169,13 +171,13 @@ def eagle_step(target_params, dp, state: EagleState, key, *, target_config, head
   return (*jax.lax.cond(jnp.any(keep), drafted, plain), keep)
 
 
-def _confident(dp, x_root, head_config, policy, min_confidence):
-  """(keep [B] bool: rows whose root confidence reaches `min_confidence`, the policy's output
-  at the root, which the tree's growth reuses); (None, None) when `min_confidence` is 0."""
-  if min_confidence <= 0:
+def _confident(dp, x_root, head_config, policy, gated: bool):
+  """(keep [B] bool: rows whose root confidence reaches the threshold `dp[GATE_KEY]`, the
+  policy's output at the root, which the tree's growth reuses); (None, None) when not gated."""
+  if not gated:
     return None, None
   root = _root_policy(dp, x_root, head_config, policy)
-  return _top_probability(root[1]) >= min_confidence, root
+  return _top_probability(root[1]) >= dp[GATE_KEY], root
 
 
 def _drop_rows(tok, parent, depth, keep):
@@ -196,20 +198,20 @@ def _no_nodes(last):
 
 def eagle_lookup_step(target_params, dp, state: EagleState, key, lk_tok, lk_parent, lk_depth, *,
                       target_config, head_config, tree: TreeParams, bounds: TreeBounds,
-                      sampling: SamplingParams, policy, min_confidence: float = 0.0):
+                      sampling: SamplingParams, policy, gated: bool = False):
   """`eagle_step` with prompt-lookup nodes added to the head's tree: lk_tok / lk_parent /
   lk_depth [B, m] a trie of context continuations under the same root (`merge_nodes`'s form;
   padding nodes are their own parents), merged into the head's tree and verified with it in
-  one target forward. `bounds`: the merged tree's most children per node and depth. With
-  `min_confidence` > 0 a row whose head is unsure at the root (`eagle_step`) offers the
+  one target forward. `bounds`: the merged tree's most children per node and depth. When
+  `gated`, a row whose head is unsure at the root (`eagle_step`) offers the
   lookup's trie alone, as prompt lookup would; when no row drafts, the step verifies the tries
   alone (the roots alone where there is none).
 
   Returns (state, emitted [B, bounds.depth + 1], accepted [B], accepted nodes that came from the
-  lookup [B]), and with `min_confidence` > 0 which rows' heads drafted [B] (bool).
+  lookup [B]), and when `gated` which rows' heads drafted [B] (bool).
   """
   x_root, cache = _head_root(dp, state, head_config=head_config)
-  keep, root = _confident(dp, x_root, head_config, policy, min_confidence)
+  keep, root = _confident(dp, x_root, head_config, policy, gated)
 
   def drafted():
     node_tok, parent, depth, hcache = _grow(dp, x_root, cache, head_config=head_config,
@@ -300,6 +302,8 @@ class EagleDecoder(SpeculativeDecoder):
     U = lm_head_weight(target_params, target_config) if lm_head == "target" \
         else head_params["lm_head"]
     dp = {HEAD_KEY: head_params, "embed": target_params["embed"], "lm_head": U}
+    if min_confidence > 0:  # an input of the step, not a constant: thresholds share programs
+      dp[GATE_KEY] = jnp.asarray(min_confidence, jnp.float32)
     if draft_vocab is None and lm_head == "own" and Vd < V:
       # the head's own static subset: its rows, ids = j + d2t
       ids = jnp.arange(Vd, dtype=jnp.int32) + head_params["d2t"].astype(jnp.int32)
@@ -343,7 +347,7 @@ class EagleDecoder(SpeculativeDecoder):
   def _step_fn(self, sampling):
     return functools.partial(eagle_step, target_config=self.tc, head_config=self.hc,
                              tree=self.tree, sampling=sampling, policy=self.draft_policy,
-                             min_confidence=self.min_confidence)
+                             gated=self.min_confidence > 0)
 
   def _new_stats(self) -> SpecStats:
     return EagleStats(drafted=[], accepted=[]) if self.min_confidence > 0 else super()._new_stats()
@@ -476,7 +480,7 @@ class EagleLookupDecoder(EagleDecoder):
   def _step_fn(self, sampling):
     return functools.partial(eagle_lookup_step, target_config=self.tc, head_config=self.hc,
                              tree=self.tree, bounds=self.bounds, sampling=sampling,
-                             policy=self.draft_policy, min_confidence=self.min_confidence)
+                             policy=self.draft_policy, gated=self.min_confidence > 0)
 
   def programs(self, sampling: SamplingParams, B: int, T: int, S: int, dtype):
     """AOT-compiled (start, {bucket m: step}) for one shape, and the compile seconds."""
