@@ -200,8 +200,8 @@ def job_from_dict(raw: dict, *, where: str = "config") -> RankerJob:
 # --- an EAGLE head as the drafter ----------------------------------------------------------------
 
 def load_head(job: RankerJob, target):
-  """(head config, the head's params, the target ids of its LM-head rows) of `job.eagle_head`,
-  refused unless its LM head covers the target's whole vocabulary."""
+  """(head config, the head's params) of `job.eagle_head` for `target` (the loader refuses a
+  head of another target), refused unless its LM head covers the target's whole vocabulary."""
   try:
     hc, params, _ = load_eagle3(job.eagle_head, target_config=target.config,
                                 target_params=target.params, dtype=jnp.float32)
