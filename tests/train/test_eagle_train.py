@@ -818,3 +818,7 @@ def test_a_ranker_for_a_full_vocabulary_head(target_dir, data_file, tmp_path):
                             out=str(tmp_path / "r2"), features=str(tmp_path / "f2"))
   with pytest.raises(TrainError, match="drafts over 200 tokens, not the target's V="):
     train_ranker(bad, show_progress=False)
+  other = dataclasses.replace(rjob, data=(str(tmp_path / "other.jsonl"),),
+                              out=str(tmp_path / "r3"), features=str(tmp_path / "f3"))
+  with pytest.raises(TrainError, match="are not the files eagle_features"):
+    train_ranker(other, show_progress=False)

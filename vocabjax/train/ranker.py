@@ -227,6 +227,10 @@ def build_head_features(job: RankerJob, *, show_progress: bool = True) -> Path:
   hc, params = load_head(job, target)
   data = load_eagle_features([Path(d) for d in dirs] if len(dirs) > 1 else Path(dirs[0]),
                              target, hc.feature_layers)
+  made_from = [str(Path(f).resolve()) for f in data.meta["data"]]
+  if [str(Path(f).resolve()) for f in job.data] != made_from:
+    raise TrainError(f"data={list(job.data)} are not the files eagle_features={dirs} were made "
+                     f"from ({data.meta['data']}): a head's rows come from its own features")
   n = len(data.seqs) if job.max_records is None else min(job.max_records, len(data.seqs))
   todo = pending_shards(fdir, fingerprint, n)
   if not todo:
