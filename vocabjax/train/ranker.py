@@ -215,16 +215,19 @@ def load_head(job: RankerJob, target):
   return hc, params
 
 
-def build_head_features(job: RankerJob, *, show_progress: bool = True) -> Path:
+def build_head_features(job: RankerJob, target=None, head=None, *,
+                        show_progress: bool = True) -> Path:
   """The ranker rows of an EAGLE head (`job.eagle_head`), from the target features it was
-  trained on, in the drafter-feature format `load_features` reads; resumable per shard."""
+  trained on, in the drafter-feature format `load_features` reads; resumable per shard.
+  `target` / `head`: the loaded target and `load_head`'s result (loaded here when not given)."""
   fdir = job.features_dir
   fdir.mkdir(parents=True, exist_ok=True)
   dirs = ([job.eagle_features] if isinstance(job.eagle_features, str)
           else list(job.eagle_features))
   fingerprint = job.head_feature_fingerprint()
-  target = load_model(job.drafter, dtype="float32", progress=show_progress)
-  hc, params = load_head(job, target)
+  if target is None:
+    target = load_model(job.drafter, dtype="float32", progress=show_progress)
+  hc, params = head if head is not None else load_head(job, target)
   data = load_eagle_features([Path(d) for d in dirs] if len(dirs) > 1 else Path(dirs[0]),
                              target, hc.feature_layers)
   made_from = [str(Path(f).resolve()) for f in data.meta["data"]]
@@ -394,9 +397,9 @@ def train(job: RankerJob, *, show_progress: bool = True, stop_after: int | None 
   out = Path(job.out)
   out.mkdir(parents=True, exist_ok=True)
   if job.eagle_head:
-    fdir = build_head_features(job, show_progress=show_progress)
-    draft = load_model(job.drafter, dtype="float32", progress=False)
-    _, head = load_head(job, draft)
+    draft = load_model(job.drafter, dtype="float32", progress=show_progress)
+    hc, head = load_head(job, draft)
+    fdir = build_head_features(job, draft, (hc, head), show_progress=show_progress)
     identity = head_drafter_identity(draft, head)
     U = head["lm_head"]  # [V, D]: the head's LM head (the target's rows, full V)
   else:
