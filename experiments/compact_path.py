@@ -4,11 +4,11 @@
 
 The Qwen2.5-Coder-1.5B target's shapes (random weights, f32, a 1024-slot cache holding 512
 tokens) on this CPU, each program compiled as the decoders compile their steps
-(`cpu_matmul.decode_steps`), interleaved, median of repeats:
+(`lowering.step_lowering`), interleaved, median of repeats:
 - plain decoding's step (`Decoder.step_program`: one token, the LM head, sampling);
 - `verify_tree` of a root alone (T = 1), a chain of 4 (T = 5) and a 16-node tree (T = 17),
   each with its path compacted by the indexed scatter (one device, the default since this
-  script) and by the per-row vmapped dynamic-update-slice that a mesh needs (`per_row_writes`),
+  script) and by the per-row vmapped dynamic-update-slice that a mesh needs (`row_writes`),
   which batch 1 used before: XLA copies the whole cache for it.
 """
 
@@ -30,9 +30,8 @@ def main(argv=None) -> int:
   from vocabjax.decoding import Decoder, SamplingParams
   from vocabjax.decoding.tree import TreeBounds, verify_tree
   from vocabjax.io import atomic_write_text
-  from vocabjax.kernels import cpu_matmul
+  from vocabjax.lowering import decoding_lowering, lowered, step_lowering
   from vocabjax.models import KVCache, LlamaLikeConfig, init_params
-  from vocabjax.models.llamalike import per_row_writes
 
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -73,8 +72,9 @@ def main(argv=None) -> int:
   progs["plain decoding step"] = lambda c, t: ar(params, t, c, jax.random.key(0))[::-1]
   for T, parents in trees.items():
     for name, rows in (("scatter", False), ("vmapped", True)):
-      with cpu_matmul.decode_steps(), per_row_writes(rows):
-        c = jax.jit(verifier(parents), donate_argnums=(2,)).lower(params, i32, abstract).compile()
+      lw = step_lowering(decoding_lowering(mesh=False)).replace(row_writes=rows)
+      c = jax.jit(lowered(verifier(parents), lw), donate_argnums=(2,)).lower(
+          params, i32, abstract).compile()
       progs[f"verify T={T}, {name}"] = lambda cache, t, c=c: c(params, t, cache)[::-1]
 
   times = {k: [] for k in progs}

@@ -28,6 +28,7 @@ def main(argv=None) -> int:
   from vocabjax.eval.provenance import cpu_model
   from vocabjax.io import atomic_write_text
   from vocabjax.kernels import cpu_matmul
+  from vocabjax.lowering import Lowering
   from vocabjax.models.eagle import default_feature_layers, init_eagle
   from vocabjax.train.eagle import head_config, job_from_dict, ttt_loss
   from vocabjax.train.loop import TrainState, apply_grads, make_optimizer
@@ -56,17 +57,17 @@ def main(argv=None) -> int:
   opt = make_optimizer(job.optim)
   state = TrainState.create(params, opt, {"d2t": d2t})
 
-  def loss_fn(p, embed):
+  def loss_fn(p, embed, lowering):
     return ttt_loss(p, {"embed": embed, "d2t": d2t}, batch, config=hc, steps=job.ttt_steps,
-                    decay=job.step_decay, block=job.vocab_block)
+                    decay=job.step_decay, block=job.vocab_block, lowering=lowering)
 
   fns, grads = {}, {}
   for dtype in ("float32", "bfloat16"):
-    with cpu_matmul.bf16_dots(dtype == "bfloat16"):  # read when traced (the first call)
-      grad = jax.jit(jax.value_and_grad(loss_fn, has_aux=True))
-      step = jax.jit(lambda st, embed, g=grad: apply_grads(st, g(st.params, embed)[1], opt))
-      (loss, ces), g = grad(params, embed)
-      jax.block_until_ready(step(state, embed))
+    lw = Lowering(bf16_dots=dtype == "bfloat16")  # the trainer's mixed precision, or f32
+    grad = jax.jit(jax.value_and_grad(lambda p, e, lw=lw: loss_fn(p, e, lw), has_aux=True))
+    step = jax.jit(lambda st, embed, g=grad: apply_grads(st, g(st.params, embed)[1], opt))
+    (loss, ces), g = grad(params, embed)
+    jax.block_until_ready(step(state, embed))
     fns[dtype] = step
     grads[dtype] = (float(loss), np.asarray(ces), g)
   times = {d: [] for d in fns}

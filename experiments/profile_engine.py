@@ -61,30 +61,35 @@ def _wall(fn) -> float:
   return time.perf_counter() - t
 
 
-def build_programs(cfg, params, T: int, S: int, context: int):
-  """(full step: body + LM head with the cache donated, matmuls alone) for T tokens."""
+def build_programs(cfg, params, T: int, S: int, context: int, kernel: bool = True):
+  """(full step: body + LM head with the cache donated, matmuls alone) for T tokens, with the
+  CPU kernel (lowered as the decoders' steps) or XLA's dot."""
   import jax
   import jax.numpy as jnp
 
   from vocabjax.bench.engine import Programs
+  from vocabjax.lowering import decoding_lowering, lowered, step_lowering
   from vocabjax.models.llamalike import _proj, compute_dtype, lm_head
+
+  lw = step_lowering(decoding_lowering(mesh=False, cpu_kernel=kernel))
 
   def matmuls(p, x):  # the same projections on a dummy residual stream, chained
     acc = x
     for layer in p["layers"]:
-      q, k, v = (_proj(acc, layer, n) for n in ("wq", "wk", "wv"))
+      q, k, v = (_proj(acc, layer, n, lw) for n in ("wq", "wk", "wv"))
       att = q + jnp.pad(k + v, ((0, 0), (0, 0), (0, q.shape[-1] - k.shape[-1])))
-      acc = acc + _proj(att, layer, "wo")
-      acc = acc + _proj(_proj(acc, layer, "w_gate") * _proj(acc, layer, "w_up"), layer,
-                        "w_down")
+      acc = acc + _proj(att, layer, "wo", lw)
+      acc = acc + _proj(_proj(acc, layer, "w_gate", lw) * _proj(acc, layer, "w_up", lw), layer,
+                        "w_down", lw)
     return lm_head(p, acc, config=cfg)
 
   dtype = compute_dtype(params)
-  mm = jax.jit(matmuls).lower(params, jax.ShapeDtypeStruct((1, T, cfg.hidden_size),
-                                                           dtype)).compile()
+  mm = jax.jit(lowered(matmuls, lw)).lower(params, jax.ShapeDtypeStruct(
+      (1, T, cfg.hidden_size), dtype)).compile()
   x = jnp.full((1, T, cfg.hidden_size), 0.01, dtype)
   # the full step is the engine bench's target program (`vocabjax.bench.engine.Programs`)
-  return Programs(cfg, params, context=context, max_len=S).target(1, T), lambda: mm(params, x)
+  return (Programs(cfg, params, context=context, max_len=S, lowering=lw).target(1, T),
+          lambda: mm(params, x))
 
 
 def weight_bytes(params) -> int:
@@ -125,7 +130,6 @@ def main(argv=None) -> None:
   import jax
   import jax.numpy as jnp
 
-  from vocabjax.kernels import cpu_matmul
   from vocabjax.models import LlamaLikeConfig, init_params
   from vocabjax.models.llamalike import cast_weights, with_mlp_layout
 
@@ -149,10 +153,9 @@ def main(argv=None) -> None:
       for impl in impls:
         if impl == "xla" and dt != "float32" and on_cpu and (T > 1 or model != PROGRAMS[0][1]):
           continue  # XLA:CPU's bf16 dot runs at ~1 GB/s: measured once, on the target step
-        with cpu_matmul.enabled(impl == "kernel"):
-          layout = "out_in" if impl == "kernel" or T == 1 or not on_cpu else "in_out"
-          runs[impl] = build_programs(cfg, with_mlp_layout(prm, layout), T, a.max_len,
-                                      a.context)
+        layout = "out_in" if impl == "kernel" or T == 1 or not on_cpu else "in_out"
+        runs[impl] = build_programs(cfg, with_mlp_layout(prm, layout), T, a.max_len,
+                                    a.context, kernel=impl == "kernel")
       times = {(impl, part): [] for impl in runs for part in ("full", "mm")}
       for fn in [f for pair in runs.values() for f in pair]:
         jax.block_until_ready(fn())  # warm-up

@@ -6,8 +6,6 @@ speculative sampling compares like with like. Letters: B batch, V vocab.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import dataclasses
 
 import jax
@@ -105,29 +103,18 @@ def flag_nonfinite(tokens: jax.Array, x: jax.Array) -> jax.Array:
   return jnp.where(ok, tokens, NONFINITE).astype(tokens.dtype)
 
 
-_SPLIT_TOP_K = contextvars.ContextVar("vocabjax_split_top_k", default=False)
 SPLIT_TOP_K_MAX = 16  # larger k keep XLA's top_k even on a mesh
 
 
-@contextlib.contextmanager
-def split_vocab_top_k(on: bool = True):
-  """`with split_vocab_top_k():` traces `top_k` as k rounds of argmax (decoders on a mesh set
-  it while they compile). XLA's TopK is not partitioned: over logits whose vocabulary axis a
-  mesh splits it gathers the whole [.., V] row to every device (1.2 MB per row and tree level
-  for a 152K vocabulary), while an argmax reduces each device's rows locally and gathers one
-  (value, index) per device."""
-  token = _SPLIT_TOP_K.set(on)
-  try:
-    yield
-  finally:
-    _SPLIT_TOP_K.reset(token)
-
-
-def top_k(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
-  """`jax.lax.top_k` over the last axis (values descending, ties: lower index first); under
-  `split_vocab_top_k` computed as k rounds of argmax, each masking the index it chose: the same
-  values and indices (while at least k entries are finite), partitioned on a mesh."""
-  if not _SPLIT_TOP_K.get() or k > SPLIT_TOP_K_MAX:
+def top_k(x: jax.Array, k: int, *, split: bool = False) -> tuple[jax.Array, jax.Array]:
+  """`jax.lax.top_k` over the last axis (values descending, ties: lower index first); with
+  `split` (`Lowering.split_top_k`, set by decoders on a mesh) and k <= SPLIT_TOP_K_MAX computed
+  as k rounds of argmax, each masking the index it chose: the same values and indices (while
+  at least k entries are finite). XLA's TopK is not partitioned: over logits whose vocabulary
+  axis a mesh splits it gathers the whole [.., V] row to every device (1.2 MB per row and tree
+  level for a 152K vocabulary), while an argmax reduces each device's rows locally and gathers
+  one (value, index) per device."""
+  if not split or k > SPLIT_TOP_K_MAX:
     return jax.lax.top_k(x, k)
   iota = jnp.arange(x.shape[-1], dtype=jnp.int32)
   vals, idxs = [], []

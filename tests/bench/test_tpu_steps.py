@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec as P
 from vocabjax.bench import tpu
 from vocabjax.decoding.speculative import block_layout, fold_catch_up
 from vocabjax.kernels import cpu_matmul
+from vocabjax.lowering import Lowering, decoding_lowering
 from vocabjax.models import LlamaLikeConfig
 from vocabjax.testing.tpu_aot import libtpu_available
 
@@ -112,9 +113,10 @@ def test_tpu_tracing_sets_the_backend_switches_as_a_tpu_would():
   on_cpu = jax.jit(lambda x, w: cpu_matmul.linear(x, w)).trace(x, w).lower().as_text()
   with tpu.tpu_tracing():
     assert fold_catch_up() and block_layout() == "out_in"
+    assert not decoding_lowering(mesh=False).cpu_kernel  # decoders built inside
     on_tpu = jax.jit(lambda x, w: cpu_matmul.linear(x, w)).trace(x, w).lower().as_text()
   assert jax.default_backend() == "cpu"  # restored
-  if cpu_matmul.is_enabled() and cpu_matmul.available():  # the check is not vacuous here
+  if Lowering().cpu_kernel and cpu_matmul.available():  # the check is not vacuous here
     assert tpu.cpu_custom_calls(on_cpu), on_cpu[:2000]
   assert tpu.cpu_custom_calls(on_tpu) == []
   # the weight stays bf16 into the dot (XLA:CPU's path widens it to f32 first)

@@ -94,7 +94,7 @@ def test_split_on_a_mesh_times_the_placed_parts(pair, monkeypatch):
 
   from vocabjax import sharding
   from vocabjax.decoding import profile
-  from vocabjax.kernels import cpu_matmul
+  from vocabjax.lowering import lowering_of
 
   target, draft = pair
   mesh = sharding.make_mesh(data=2, model=4)
@@ -103,13 +103,14 @@ def test_split_on_a_mesh_times_the_placed_parts(pair, monkeypatch):
   real = profile.median_s
 
   def spy(fn, *args, repeats):
-    seen.append((args, cpu_matmul.is_enabled()))
+    seen.append((args, lowering_of(args[0])))  # args[0]: the params the part runs with
     return real(fn, *args, repeats=repeats)
 
   monkeypatch.setattr(profile, "median_s", spy)
   split = step_split(dec, batch_size=2, max_len=64, repeats=1)
   assert min(split.drafter_s, split.drafter_head_s, split.verification_s) > 0
-  assert seen and not any(kernel for _, kernel in seen)
+  assert seen and all(lw == dec.lowering for _, lw in seen)  # as the decoder's steps
+  assert not dec.lowering.cpu_kernel and dec.lowering.split_top_k and dec.lowering.row_writes
   caches = [args[2] for args, _ in seen if len(args) == 3]  # bodies: (params, tokens, cache)
   assert len(caches) >= 2
   for cache in caches:

@@ -142,6 +142,7 @@ def test_drafter_prefill_precision_keeps_greedy_identity(pair, draft_prefill):
   the bf16 one lowers to the GEMM where the CPU has it, and only the drafter's prefill does."""
   from vocabjax.decoding.autoregressive import abstract_cache
   from vocabjax.kernels import cpu_matmul
+  from vocabjax.lowering import step_lowering
 
   target, draft = pair
   rs = np.random.RandomState(7)
@@ -154,7 +155,8 @@ def test_drafter_prefill_precision_keeps_greedy_identity(pair, draft_prefill):
   # the GEMM is a CPU kernel: on a GPU (experiments/gpu_exactness.py) no program holds it
   assert ("VjGemmBF16" in hlo) == (draft_prefill == "bf16" and cpu_matmul.gemm_available()
                                    and jax.default_backend() == "cpu")
-  assert not cpu_matmul._state["bf16_blocks"]  # the switch is put back after tracing
+  # the target's prefill (f32 weights) and the decoder's steps stay exact f32
+  assert not dec.lowering.bf16_blocks and not step_lowering(dec.lowering).bf16_blocks
   with pytest.raises(ValueError, match="draft_prefill"):
     ChainDecoder(target, CFG, draft, CFG, draft_prefill="fp8")
 

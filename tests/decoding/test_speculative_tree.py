@@ -38,13 +38,18 @@ def test_ancestor_mask_and_greedy_walk_by_hand():
   assert int(n[0]) == 2 and path[0].tolist() == [0, 2, 4] and int(nxt[0]) == 3
 
 
-def test_compact_path_moves_accepted_kv():
+@pytest.mark.parametrize("per_row", [False, True], ids=["scatter", "per-row"])
+def test_compact_path_moves_accepted_kv(per_row):
+  """The indexed scatter (one device) and the per-row form (`Lowering.row_writes`, a mesh)
+  move the same entries."""
   k = jnp.arange(1 * 2 * 12 * 1 * 1, dtype=jnp.float32).reshape(1, 2, 12, 1, 1)
   cache = KVCache(k=k, v=-k, lengths=jnp.asarray([10, 10]))
   base = jnp.asarray([3, 5])
   path = jnp.asarray([[0, 2, 4], [0, 1, 0]])
   n = jnp.asarray([2, 1])
-  out = compact_path(cache, base, path, n)
+  out = compact_path(cache, base, path, n, per_row=per_row)
+  assert out.v[0, 0, 3:6, 0, 0].tolist() == [-k[0, 0, 3, 0, 0], -k[0, 0, 5, 0, 0],
+                                              -k[0, 0, 7, 0, 0]]
   assert out.lengths.tolist() == [6, 7]
   assert out.k[0, 0, 3:6, 0, 0].tolist() == [k[0, 0, 3, 0, 0], k[0, 0, 5, 0, 0], k[0, 0, 7, 0, 0]]
   assert out.k[0, 1, 5:7, 0, 0].tolist() == [k[0, 1, 5, 0, 0], k[0, 1, 6, 0, 0]]

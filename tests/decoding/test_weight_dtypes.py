@@ -15,6 +15,7 @@ from vocabjax.sampling import SamplingParams
 from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.kernels import cpu_matmul
+from vocabjax.lowering import cpu_kernel_default
 from vocabjax.models.llamalike import cast_weights, compute_dtype
 from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
 
@@ -38,16 +39,18 @@ def _methods(target, draft):
                                           ("bfloat16", False), ("int8", True),
                                           ("int8", False)])
 def test_greedy_identity_per_dtype(pair, dtype, kernel):
-  with cpu_matmul.enabled(kernel):
-    target, draft = (cast_weights(p, dtype) for p in pair)
-    rs = np.random.RandomState(3)
-    prompts = [rs.randint(0, 64, n).tolist() for n in (1, 9, 4)] + [[5, 9, 2, 5, 9, 2, 5]]
-    # fresh functions: jax caches traces per function, and the switch acts at trace time
-    ar = Decoder(target, CFG).generate(prompts, max_new_tokens=24)
-    for name, dec in _methods(target, draft).items():
-      res = dec.generate(prompts, max_new_tokens=24)
-      assert res.tokens == ar.tokens, name
-      assert res.stats.tau > 1, name
+  target, draft = (cast_weights(p, dtype) for p in pair)
+  rs = np.random.RandomState(3)
+  prompts = [rs.randint(0, 64, n).tolist() for n in (1, 9, 4)] + [[5, 9, 2, 5, 9, 2, 5]]
+  with cpu_kernel_default(kernel):  # decoders built inside fix their lowering
+    ar = Decoder(target, CFG)
+    methods = _methods(target, draft)
+  ar = ar.generate(prompts, max_new_tokens=24)
+  for name, dec in methods.items():
+    assert dec.lowering.cpu_kernel == kernel, name
+    res = dec.generate(prompts, max_new_tokens=24)
+    assert res.tokens == ar.tokens, name
+    assert res.stats.tau > 1, name
 
 
 def test_bf16_differs_from_f32_but_decodes(pair):

@@ -8,6 +8,8 @@ import pytest
 
 from vocabjax.kernels import cpu_matmul
 from vocabjax.kernels.cpu_matmul import linear, linear_reference, uses_kernel
+from vocabjax.lowering import (Lowering, decoding_lowering, lowering_of, step_lowering,
+                               with_lowering)
 
 
 def _operands(M, D, F, dtype, seed=0):
@@ -23,7 +25,7 @@ def _operands(M, D, F, dtype, seed=0):
 
 def test_kernel_builds_here():
   assert jax.default_backend() == "cpu"
-  assert cpu_matmul.available(), cpu_matmul._state["error"]
+  assert cpu_matmul.available(), cpu_matmul._built["error"]
   assert cpu_matmul.library_path().exists()
 
 
@@ -69,12 +71,24 @@ def test_large_blocks_and_the_switch_take_xlas_dot():
   assert not uses_kernel(x.shape, x.dtype, w.dtype)
   np.testing.assert_allclose(np.asarray(linear(x, w)), np.asarray(linear_reference(x, w)),
                              rtol=1e-5, atol=1e-5)
-  with cpu_matmul.enabled(False):
-    assert not uses_kernel((1, 16), jnp.float32, jnp.float32)
-    hlo = jax.jit(lambda a, b: linear(a, b)).lower(x[:2], w).as_text()
+  off = Lowering(cpu_kernel=False)
+  assert not uses_kernel((1, 16), jnp.float32, jnp.float32, off)
+  hlo = jax.jit(lambda a, b: linear(a, b, lowering=off)).lower(x[:2], w).as_text()
   assert "custom_call" not in hlo
-  assert cpu_matmul.is_enabled()
   assert "custom_call" in jax.jit(lambda a, b: linear(a, b)).lower(x[:2], w).as_text()
+
+
+def test_a_programs_lowering_is_part_of_its_key():
+  """The same jitted function over params tagged with two lowerings compiles twice (the
+  lowering is in the params' treedef), and a program compiled for one refuses the other."""
+  x, w, _ = _operands(2, 16, 8, "float32")
+  f = jax.jit(lambda p, a: linear(a, p["w"], lowering=lowering_of(p)))
+  on, off = {"w": w}, with_lowering({"w": w}, Lowering(cpu_kernel=False))
+  assert "custom_call" in f.lower(on, x).as_text()
+  assert "custom_call" not in f.lower(off, x).as_text()
+  np.testing.assert_allclose(np.asarray(f(on, x)), np.asarray(f(off, x)), rtol=1e-5, atol=1e-5)
+  with pytest.raises(TypeError, match="pytree"):
+    f.lower(on, x).compile()(off, x)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -102,13 +116,13 @@ def _bf16(a):
 @pytest.mark.parametrize("M,D,F", [(32, 31, 13), (70, 97, 50), (100, 64, 130), (33, 896, 48)])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
 def test_bf16_gemm_matches_the_rounded_product(M, D, F, dtype):
-  """Inside `bf16_blocks()` a block of >= GEMM_MIN_ROWS rows is x rounded to bf16 times W
-  rounded to bf16 (exact for bf16 and int8 weights), accumulated in f32; ragged M, D and F."""
+  """Under `Lowering.bf16_blocks` a block of >= GEMM_MIN_ROWS rows is x rounded to bf16 times
+  W rounded to bf16 (exact for bf16 and int8 weights), accumulated in f32; ragged M, D, F."""
   x, w, scale = _operands(M, D, F, dtype, seed=5)
-  with cpu_matmul.bf16_blocks():
-    on = cpu_matmul.uses_gemm(x.shape, x.dtype, w.dtype)
-    y = np.asarray(jax.jit(lambda a, b, s: linear(a, b, s))(x, w, scale))
-    hlo = jax.jit(lambda a, b, s: linear(a, b, s)).lower(x, w, scale).as_text()
+  lw = Lowering(bf16_blocks=True)
+  on = cpu_matmul.uses_gemm(x.shape, x.dtype, w.dtype, lw)
+  y = np.asarray(jax.jit(lambda a, b, s: linear(a, b, s, lowering=lw))(x, w, scale))
+  hlo = jax.jit(lambda a, b, s: linear(a, b, s, lowering=lw)).lower(x, w, scale).as_text()
   assert on == cpu_matmul.gemm_available()
   assert ("VjGemmBF16" in hlo) == on
   if on:
@@ -119,30 +133,35 @@ def test_bf16_gemm_matches_the_rounded_product(M, D, F, dtype):
   np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-4 * np.sqrt(D))
 
 
-def test_bf16_blocks_only_inside_the_switch_and_for_long_blocks():
+def test_bf16_blocks_only_under_the_switch_and_for_long_blocks():
   x, w, _ = _operands(cpu_matmul.GEMM_MIN_ROWS, 32, 16, "float32")
-  lower = lambda a: jax.jit(lambda a, b: linear(a, b)).lower(a, w).as_text()  # noqa: E731
+
+  def lower(a, lw=Lowering()):
+    return jax.jit(lambda a, b: linear(a, b, lowering=lw)).lower(a, w).as_text()
+
   assert "VjGemmBF16" not in lower(x)  # off by default: exact f32 everywhere
-  with cpu_matmul.bf16_blocks():
-    assert "VjGemmBF16" not in lower(x[:-1])  # below GEMM_MIN_ROWS
-    assert ("VjGemmBF16" in lower(x)) == cpu_matmul.gemm_available()
-    with cpu_matmul.bf16_blocks(False):
-      assert "VjGemmBF16" not in lower(x)
-  assert "VjGemmBF16" not in lower(x)
+  on = Lowering(bf16_blocks=True)
+  assert "VjGemmBF16" not in lower(x[:-1], on)  # below GEMM_MIN_ROWS
+  assert ("VjGemmBF16" in lower(x, on)) == cpu_matmul.gemm_available()
+  assert "VjGemmBF16" not in lower(x, on.replace(cpu_kernel=False))
 
 
 @pytest.mark.parametrize("dtype", ["float32", "int8"])
 def test_decode_steps_take_the_kernel_for_any_block(dtype):
-  # a batch's verified block can outgrow MAX_ROWS (16 rows x 5 tokens); inside decode_steps()
-  # it still takes the kernel, so each row equals its one-row result bit for bit
+  # a batch's verified block can outgrow MAX_ROWS (16 rows x 5 tokens); with any_rows (a
+  # decoding step's lowering) it still takes the kernel, so each row equals its one-row result
+  # bit for bit
   M = cpu_matmul.MAX_ROWS + 9
   x, w, scale = _operands(M, 40, 24, dtype, seed=4)
-  lower = lambda a: jax.jit(lambda a, b, s: linear(a, b, s)).lower(a, w, scale)  # noqa: E731
-  assert "custom_call" not in lower(x).as_text()  # outside: XLA's dot for long blocks
-  with cpu_matmul.decode_steps():
-    assert cpu_matmul.uses_kernel(x.shape, x.dtype, w.dtype)
-    block = np.asarray(lower(x).compile()(x, w, scale))
-    one = lower(x[5:6]).compile()
+
+  def lower(a, lw=Lowering()):
+    return jax.jit(lambda a, b, s: linear(a, b, s, lowering=lw)).lower(a, w, scale)
+
+  assert "custom_call" not in lower(x).as_text()  # by default: XLA's dot for long blocks
+  steps = step_lowering(decoding_lowering(mesh=False, cpu_kernel=True))
+  assert steps.any_rows and cpu_matmul.uses_kernel(x.shape, x.dtype, w.dtype, steps)
+  block = np.asarray(lower(x, steps).compile()(x, w, scale))
+  one = lower(x[5:6], steps).compile()
   assert not cpu_matmul.uses_kernel(x.shape, x.dtype, w.dtype)
   np.testing.assert_array_equal(block[5:6], np.asarray(one(x[5:6], w, scale)))
   np.testing.assert_allclose(block, np.asarray(linear_reference(x, w, scale)), rtol=2e-5,
@@ -151,18 +170,17 @@ def test_decode_steps_take_the_kernel_for_any_block(dtype):
 
 @pytest.mark.parametrize("M", [3, 200])
 def test_bf16_dots_round_products_and_their_gradients(M):
-  """Inside `bf16_dots()`, `linear` (any M: the kernel's range and beyond) is the product of
+  """With `Lowering.bf16_dots`, `linear` (any M: the kernel's range and beyond) is the product of
   bf16-rounded operands in f32, its gradients the products of the bf16-rounded cotangent with
   the rounded operands, returned in the f32 operands' dtype; outside, exact f32 as before."""
   x, w, _ = _operands(M, 96, 40, "float32", seed=3)
   g = jnp.asarray(np.random.default_rng(4).standard_normal((M, 40)), jnp.float32)
 
-  def vjp(x, w):
-    y, back = jax.vjp(linear, x, w)
+  def vjp(x, w, lw=Lowering(bf16_dots=True)):
+    y, back = jax.vjp(lambda a, b: linear(a, b, lowering=lw), x, w)
     return y, *back(g)
 
-  with cpu_matmul.bf16_dots():
-    y, dx, dw = jax.jit(vjp)(x, w)
+  y, dx, dw = jax.jit(vjp)(x, w)
   assert y.dtype == dx.dtype == dw.dtype == jnp.float32
   xr, wr, gr = _bf16(x), _bf16(w), _bf16(g)
   np.testing.assert_allclose(np.asarray(y), xr @ wr.T, rtol=1e-5, atol=1e-4)
@@ -170,8 +188,5 @@ def test_bf16_dots_round_products_and_their_gradients(M):
   np.testing.assert_allclose(np.asarray(dw), gr.T @ xr, rtol=1e-5, atol=1e-4)
   exact = np.asarray(x, np.float64) @ np.asarray(w, np.float64).T
   assert np.abs(np.asarray(y) - exact).max() > 1e-3  # it did round
-  # traced outside the switch (a new function: jit's cache is keyed by the function, not by
-  # the switch): f32
-  y32 = jax.jit(lambda x, w: vjp(x, w)[0])(x, w)
+  y32 = jax.jit(lambda x, w: vjp(x, w, Lowering())[0])(x, w)  # the default: exact f32
   np.testing.assert_allclose(np.asarray(y32), exact, rtol=1e-5, atol=1e-4)
-  assert not cpu_matmul.bf16_dots_on()

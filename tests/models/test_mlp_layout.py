@@ -44,6 +44,7 @@ def test_speculative_decoders_pick_block_layouts_on_cpu():
   from vocabjax.decoding.tree import TreeParams
 
   from vocabjax.kernels import cpu_matmul
+  from vocabjax.lowering import cpu_kernel_default
 
   params = init_params(jax.random.key(0), CFG)
   assert jax.default_backend() == "cpu" and cpu_matmul.available()
@@ -51,7 +52,7 @@ def test_speculative_decoders_pick_block_layouts_on_cpu():
   chain = ChainDecoder(params, CFG, params, CFG, gamma=2)
   tree = TreeDecoder(params, CFG, params, CFG, tree=TreeParams(2, 2, 3))
   assert chain.tp is params and chain.dp is params and tree.tp is params and tree.dp is params
-  with cpu_matmul.enabled(False):  # XLA's GEMM: [in, out] for block programs
+  with cpu_kernel_default(False):  # XLA's GEMM: [in, out] for block programs
     chain = ChainDecoder(params, CFG, params, CFG, gamma=2)
     tree = TreeDecoder(params, CFG, params, CFG, tree=TreeParams(2, 2, 3))
   assert mlp_layout(chain.tp) == "in_out" and mlp_layout(chain.dp) == "out_in"  # T=1 drafting

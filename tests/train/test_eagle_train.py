@@ -570,7 +570,7 @@ def test_mixed_precision_training(target_dir, data_file, tmp_path):
   """compute_dtype bfloat16: the TTT loss and its gradients stay within bf16 rounding of the
   f32 ones (but are not them), a run has its own fingerprint and still learns, and a bad
   dtype is refused."""
-  from vocabjax.kernels import cpu_matmul
+  from vocabjax.lowering import Lowering
   from vocabjax.train.eagle import ttt_loss
 
   t = load_model(target_dir, dtype="float32")
@@ -588,13 +588,12 @@ def test_mixed_precision_training(target_dir, data_file, tmp_path):
            "weight": jnp.ones((B, T))}
   frozen = {"embed": t.params["embed"], "d2t": d2t}
 
-  def loss(p):
-    return ttt_loss(p, frozen, batch, config=hc, steps=3, decay=0.8, block=128)[0]
+  def loss(p, on):
+    return ttt_loss(p, frozen, batch, config=hc, steps=3, decay=0.8, block=128,
+                    lowering=Lowering(bf16_dots=on))[0]
 
-  out = {}
-  for on in (False, True):
-    with cpu_matmul.bf16_dots(on):
-      out[on] = jax.jit(jax.value_and_grad(loss))(params)
+  out = {on: jax.jit(jax.value_and_grad(lambda p, on=on: loss(p, on)))(params)
+         for on in (False, True)}
   (l32, g32), (l16, g16) = out[False], out[True]
   assert l16 != l32 and abs(float(l16) - float(l32)) < 2e-2 * abs(float(l32))
   for (path, a), b in zip(jax.tree.leaves_with_path(g32), jax.tree.leaves(g16)):

@@ -12,7 +12,7 @@ calls after a warm-up:
                 ranker's top-k candidates and the indexed LM head over them: on GPU/TPU the
                 Pallas kernel, on the CPU XLA's gather)
 as the decoders build them: the library's layers and heads, the CPU matmul kernel for decode
-steps (`cpu_matmul.decode_steps`), weights in the dtype `load_model(dtype=...)` gives on this
+steps (`lowering.step_lowering`), weights in the dtype `load_model(dtype=...)` gives on this
 backend (on the CPU a narrower dtype applies to the weight matrices only).
 
 Each row carries the bytes the program must read (weights, the KV cache up to its length, a
@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from vocabjax.decoding.profile import median_s
-from vocabjax.kernels import cpu_matmul
+from vocabjax.lowering import Lowering, decoding_lowering, lowered, step_lowering
 from vocabjax.models import KVCache, forward
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import (SCALE, cast_weights, compute_dtype, init_params, lm_head,
@@ -125,8 +125,10 @@ class Programs:
   """Compiled programs of one model in one dtype (`target`, `body`, `head`), each returning a
   zero-argument callable that runs it once on fixed inputs."""
 
-  def __init__(self, config: LlamaLikeConfig, params: dict, *, context: int, max_len: int):
-
+  def __init__(self, config: LlamaLikeConfig, params: dict, *, context: int, max_len: int,
+               lowering: Lowering | None = None):
+    """`lowering`: what the programs lower with (default: as one device's decoding steps)."""
+    self.lowering = lowering or step_lowering(decoding_lowering(mesh=False))
     self.config, self.params = config, params
     self.context, self.max_len = context, max_len
     self.dtype = compute_dtype(params)
@@ -142,9 +144,7 @@ class Programs:
     return tok, pos
 
   def _compile(self, fn, *args, donate=()):
-
-    with cpu_matmul.decode_steps():  # as the decoders compile their step programs
-      return jax.jit(fn, donate_argnums=donate).lower(*args).compile()
+    return jax.jit(lowered(fn, self.lowering), donate_argnums=donate).lower(*args).compile()
 
   def target(self, B: int, T: int) -> Callable[[], object]:
 

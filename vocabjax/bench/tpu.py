@@ -27,9 +27,11 @@ as a TPU would see them while tracing (`tpu_tracing`):
     with the kernel off, widens bf16 weights to f32 before XLA's dot when the backend is "cpu";
   - `speculative.block_layout` / `fold_catch_up` pick the MLP layout and the chain's two-token
     first drafting call from the backend ("in_out" and a conditional catch-up on XLA:CPU);
-so `jax.default_backend` answers "tpu" while a decoder is built and traced, and the CPU kernel
-is switched off (`cpu_matmul.enabled(False)`). The mesh switches (`split_vocab_top_k`,
-`per_row_writes`) are set as the decoders set them: on for a mesh, off for one chip.
+so `jax.default_backend` answers "tpu" while a decoder is built and traced, and decoders built
+inside have the CPU kernel off (`lowering.cpu_kernel_default(False)`). Every program is lowered
+with `tpu_lowering(mesh)` (the decoder's `lowering` is set to it): no CPU kernel, and the mesh
+switches (`Lowering.split_top_k`, `row_writes`) as the decoders set them: on for a mesh, off
+for one chip.
 
 `project` (`python -m vocabjax.bench tpu`) compiles each method's step for a topology (one
 chip, or every chip with the model axis over them) and records per chip: memory from
@@ -63,14 +65,15 @@ from vocabjax.decoding.eagle import EagleDecoder, EagleState, _eagle_prefill
 from vocabjax.decoding.medusa import (MedusaDecoder, MedusaState, _medusa_prefill,
                                       medusa_choices_for)
 from vocabjax.decoding.pld import PromptLookupDecoder, pld_step
-from vocabjax.sampling import SamplingParams, split_vocab_top_k
+from vocabjax.sampling import SamplingParams
 from vocabjax.decoding.speculative import (ChainDecoder, SpeculativeDecoder, TreeDecoder,
                                            _draft_prefill)
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.kernels import cpu_matmul
+from vocabjax.lowering import Lowering, cpu_kernel_default, decoding_lowering, lowered
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.eagle import EagleConfig, default_feature_layers, init_eagle
-from vocabjax.models.llamalike import init_params, per_row_writes
+from vocabjax.models.llamalike import init_params
 from vocabjax.models.medusa import MedusaConfig, init_medusa
 from vocabjax.testing.tpu_aot import not_cached, tpu_devices
 from vocabjax.vocab.policy import POLICY_STATE
@@ -135,14 +138,13 @@ def _backend_reads(platform: str):
 @contextlib.contextmanager
 def tpu_tracing(device=None, mesh=None):
   """Trace programs inside as a TPU's decoder would (module doc): the library's backend reads
-  say "tpu", the CPU matmul kernel is off, the mesh switches follow `mesh`, and (with
-  `device`, a TPU device) Pallas lowering rules see that TPU as the default device."""
-  on_mesh = mesh is not None
+  say "tpu", decoders built inside have the CPU matmul kernel off, and (with `device`, a TPU
+  device) Pallas lowering rules see that TPU as the default device. (`mesh` is kept for the
+  callers; the mesh switches are in each program's lowering, `tpu_lowering`.)"""
+  del mesh
   with contextlib.ExitStack() as stack:
     stack.enter_context(_backend_reads("tpu"))
-    stack.enter_context(cpu_matmul.enabled(False))
-    stack.enter_context(split_vocab_top_k(on_mesh))
-    stack.enter_context(per_row_writes(on_mesh))
+    stack.enter_context(cpu_kernel_default(False))
     if device is not None:
       stack.enter_context(jax.default_device(device))
     yield
@@ -627,8 +629,16 @@ def _unrolled_loops(while_trips: int):
       jax.lax.scan, jax.lax.while_loop = scan, while_loop
 
 
+def tpu_lowering(mesh) -> Lowering:
+  """What a decoder's programs lower with on TPU chips: no CPU kernel; on a mesh top-k as
+  argmax rounds and per-row cache writes (as `decoding_lowering` gives)."""
+  return decoding_lowering(mesh=mesh is not None, cpu_kernel=False)
+
+
 def _lower(method, dec, setup, B, S, T, device, mesh, prefill, sampling, topology) -> TpuStep:
   dtype = jnp.dtype(setup.dtype)
+  lw = tpu_lowering(mesh)  # steps and prefills alike: any_rows and bf16_blocks are the CPU's
+  dec.lowering = lw
   one = SingleDeviceSharding(device) if mesh is None else None
 
   def rows(shape):  # a loop-state or host input leaf: its rows over "data" on a mesh
@@ -655,11 +665,12 @@ def _lower(method, dec, setup, B, S, T, device, mesh, prefill, sampling, topolog
   if isinstance(dec, Decoder):
     c = cache(dec.config)
     caches.append(c)
-    add("step", jax.jit(functools.partial(_step, config=dec.config, sampling=sampling),
-                        donate_argnums=(2,)).trace(dec.params, i32(B), c, key).lower())
+    add("step", jax.jit(lowered(functools.partial(_step, config=dec.config, sampling=sampling),
+                                lw), donate_argnums=(2,)).trace(dec.params, i32(B), c,
+                                                                 key).lower())
     if prefill:
       add("prefill", _lower_prefill(dec.params, dec.config, sampling, i32(B, T), i32(B), c,
-                                    key))
+                                    key, lw))
     steps = ("step",)
   elif isinstance(dec, PromptLookupDecoder):
     c = cache(dec.tc)
@@ -667,7 +678,7 @@ def _lower(method, dec, setup, B, S, T, device, mesh, prefill, sampling, topolog
     fn = dec._jit_step(functools.partial(pld_step, config=dec.tc, sampling=sampling), c)
     add("step", fn.trace(dec.tp, c, i32(B, dec.gamma + 1), i32(B), key).lower())
     if prefill:
-      add("prefill", _lower_prefill(dec.tp, dec.tc, sampling, i32(B, T), i32(B), c, key))
+      add("prefill", _lower_prefill(dec.tp, dec.tc, sampling, i32(B, T), i32(B), c, key, lw))
     steps = ("step",)
   elif isinstance(dec, CrossVocabDecoder):
     tc_, dc_ = cache(dec.tc), cache(dec.dc)  # the drafter's cache: S slots too (stand-in)
@@ -683,12 +694,13 @@ def _lower(method, dec, setup, B, S, T, device, mesh, prefill, sampling, topolog
                              dec.tp, tc_, i32(B), i32(B, G), i32(B), f32(B, G, Vq), i32(B, G),
                              i32(B, G), i32(B, G), f32(B, G), dec._d2t_idx, key))
     if prefill:
-      add("prefill", _lower_prefill(dec.tp, dec.tc, sampling, i32(B, T), i32(B), tc_, key))
-      add("draft_prefill", _lower_draft_prefill(dec.dp, dec.dc, i32(B, T), i32(B), dc_))
+      add("prefill", _lower_prefill(dec.tp, dec.tc, sampling, i32(B, T), i32(B), tc_, key,
+                                    lw))
+      add("draft_prefill", _lower_draft_prefill(dec.dp, dec.dc, i32(B, T), i32(B), dc_, lw))
     steps = ("draft", "verify")
   elif isinstance(dec, SpeculativeDecoder):
     state, caches = _spec_state(dec, B, cache, i32, dtype, rows)
-    fn = dec._step_fn(sampling)
+    fn = dec._lowered_step(sampling)
     kw = {}
     if mesh is not None:  # as `_compile_sharded_step`: the state keeps its shardings
       kw["out_shardings"] = ((jax.tree.map(lambda x: x.sharding, state),)
@@ -698,20 +710,20 @@ def _lower(method, dec, setup, B, S, T, device, mesh, prefill, sampling, topolog
     if prefill:
       toks, lens = i32(B, T), i32(B)
       if isinstance(dec, EagleDecoder):
-        add("prefill", jax.jit(functools.partial(
+        add("prefill", jax.jit(lowered(functools.partial(
             _eagle_prefill, target_config=dec.tc, head_config=dec.hc, sampling=sampling),
-            donate_argnums=(4, 5)).trace(dec.tp, dec.dp, toks, lens, state.target_cache,
+            lw, argnums=(0, 1)), donate_argnums=(4, 5)).trace(dec.tp, dec.dp, toks, lens, state.target_cache,
                                          state.head_cache, key).lower())
       elif isinstance(dec, MedusaDecoder):
-        add("prefill", jax.jit(functools.partial(_medusa_prefill, target_config=dec.tc,
-                                                 sampling=sampling),
+        add("prefill", jax.jit(lowered(functools.partial(
+            _medusa_prefill, target_config=dec.tc, sampling=sampling), lw),
                                donate_argnums=(3,)).trace(dec.tp, toks, lens,
                                                           state.target_cache, key).lower())
       else:
         add("prefill", _lower_prefill(dec.tp, dec.tc, sampling, toks, lens,
-                                      state.target_cache, key))
+                                      state.target_cache, key, lw))
         add("draft_prefill", _lower_draft_prefill(dec.dp, dec.dc, toks, lens,
-                                                  state.draft_cache))
+                                                  state.draft_cache, lw))
     steps = ("step",)
   else:
     raise TypeError(f"no TPU lowering for {type(dec).__name__}")
@@ -741,15 +753,16 @@ def _spec_state(dec, B, cache, i32, dtype, rows):
   return state.replace(target_cache=tcache, draft_cache=dcache), [tcache, dcache]
 
 
-def _lower_prefill(params, config, sampling, tokens, lengths, cache, key):
+def _lower_prefill(params, config, sampling, tokens, lengths, cache, key, lowering):
   """`compile_prefill`'s program (plain decoding's prefill), lowered."""
-  return jax.jit(functools.partial(_prefill, config=config, sampling=sampling),
+  return jax.jit(lowered(functools.partial(_prefill, config=config, sampling=sampling),
+                         lowering),
                  donate_argnums=(3,)).trace(params, tokens, lengths, cache, key).lower()
 
 
-def _lower_draft_prefill(params, config, tokens, lengths, cache):
+def _lower_draft_prefill(params, config, tokens, lengths, cache, lowering):
   """`compile_draft_prefill`'s program, lowered (its bf16 GEMM is the CPU's: off here)."""
-  return jax.jit(functools.partial(_draft_prefill, config=config),
+  return jax.jit(lowered(functools.partial(_draft_prefill, config=config), lowering),
                  donate_argnums=(3,)).trace(params, tokens, lengths, cache).lower()
 
 

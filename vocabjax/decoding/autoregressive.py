@@ -28,10 +28,10 @@ import numpy as np
 from vocabjax import sharding
 from vocabjax.decoding.base import DecodingMethod, GenerationResult
 from vocabjax.sampling import NONFINITE, SamplingParams, sample
-from vocabjax.kernels import cpu_matmul
+from vocabjax.lowering import Lowering, decoding_lowering, lowered, step_lowering
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import compute_dtype, forward, lm_head, per_row_writes
+from vocabjax.models.llamalike import compute_dtype, forward, lm_head
 
 
 class NonFiniteLogitsError(ValueError):
@@ -141,7 +141,7 @@ def abstract_cache(config: LlamaLikeConfig, B: int, S: int, dtype, mesh=None) ->
 
 
 def prefill_in_bf16(params) -> bool:
-  """Whether a model's prompt prefill runs the CPU's bf16 GEMM (`cpu_matmul.bf16_blocks`):
+  """Whether a model's prompt prefill runs the CPU's bf16 GEMM (`Lowering.bf16_blocks`):
   when its weight matrices are stored bf16. Such a prefill rounds its activations to bf16 before
   each projection, as PyTorch's and every bf16 framework's GEMM does, at twice XLA:CPU's f32
   rate (the decoding steps keep f32 activations). f32 and int8 models prefill in exact f32.
@@ -153,15 +153,14 @@ def prefill_in_bf16(params) -> bool:
 
 
 def compile_prefill(params, config: LlamaLikeConfig, sampling: SamplingParams, B: int, T: int,
-                    cache: KVCache):
-  """AOT-compiled `_prefill` for a [B, T] prompt block (the cache argument is donated); bf16
-  weights prefill with the bf16 GEMM (`prefill_in_bf16`)."""
+                    cache: KVCache, lowering: Lowering = Lowering()):
+  """AOT-compiled `_prefill` for a [B, T] prompt block (the cache argument is donated), lowered
+  as `lowering` says; bf16 weights prefill with the bf16 GEMM (`prefill_in_bf16`)."""
   i32 = jax.ShapeDtypeStruct
-  with cpu_matmul.bf16_blocks(prefill_in_bf16(params)):
-    return jax.jit(functools.partial(_prefill, config=config, sampling=sampling),
-                   donate_argnums=(3,)).lower(params, i32((B, T), jnp.int32),
-                                              i32((B,), jnp.int32), cache,
-                                              jax.random.key(0)).compile()
+  lowering = lowering.replace(bf16_blocks=prefill_in_bf16(params))
+  return jax.jit(lowered(functools.partial(_prefill, config=config, sampling=sampling),
+                         lowering), donate_argnums=(3,)).lower(
+      params, i32((B, T), jnp.int32), i32((B,), jnp.int32), cache, jax.random.key(0)).compile()
 
 
 def _step(params, tokens, cache, key, *, config, sampling):
@@ -179,6 +178,10 @@ class Decoder(DecodingMethod):
   def __init__(self, params: dict, config: LlamaLikeConfig, mesh=None):
     """`mesh`: optional ("data", "model") mesh; params and cache are then placed SPMD on it."""
     self.config, self.mesh = config, mesh
+    # what every program of this decoder lowers with (`vocabjax.lowering`): on a mesh XLA's dot
+    # is partitioned with the weights; the CPU kernel is one device's custom call (GSPMD would
+    # gather the weights to it), so sharded programs do without it
+    self.lowering = decoding_lowering(mesh=mesh is not None)
     self.params = params if mesh is None else sharding.shard_params(params, config, mesh)
     self._programs: dict = {}
 
@@ -198,27 +201,22 @@ class Decoder(DecodingMethod):
       return self._programs[key], 0.0
     t0 = time.perf_counter()
     cache = abstract_cache(self.config, B, S, cache_dtype, self.mesh)
-    # On a mesh XLA's dot is partitioned with the weights; the CPU kernel is one device's
-    # custom call (GSPMD would gather the weights to it), so sharded programs do without it.
-    with cpu_matmul.enabled(cpu_matmul.is_enabled() and self.mesh is None), \
-        per_row_writes(self.mesh is not None):
-      self._programs[key] = build(cache)
+    self._programs[key] = build(cache)
     return self._programs[key], time.perf_counter() - t0
 
   def prefill_program(self, sampling: SamplingParams, B: int, T: int, S: int, cache_dtype):
     """(compiled `_prefill` of a [B, T] prompt block into an S-slot cache, compile seconds)."""
     return self._compile(("prefill", sampling, B, T, S, jnp.dtype(cache_dtype).name), B, S,
                          cache_dtype, lambda cache: compile_prefill(
-                             self.params, self.config, sampling, B, T, cache))
+                             self.params, self.config, sampling, B, T, cache, self.lowering))
 
   def step_program(self, sampling: SamplingParams, B: int, S: int, cache_dtype):
     """(compiled decode step of B rows over an S-slot cache, compile seconds)."""
     def build(cache):
-      with cpu_matmul.decode_steps():
-        return jax.jit(functools.partial(_step, config=self.config, sampling=sampling),
-                       donate_argnums=(2,)).lower(
-            self.params, jax.ShapeDtypeStruct((B,), jnp.int32), cache,
-            jax.random.key(0)).compile()
+      return jax.jit(lowered(functools.partial(_step, config=self.config, sampling=sampling),
+                             step_lowering(self.lowering)), donate_argnums=(2,)).lower(
+          self.params, jax.ShapeDtypeStruct((B,), jnp.int32), cache,
+          jax.random.key(0)).compile()
     return self._compile(("step", sampling, B, S, jnp.dtype(cache_dtype).name), B, S,
                          cache_dtype, build)
 

@@ -69,16 +69,15 @@ from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector,
                                               nonfinite_error, prompt_bucket, token_ids,
                                               validate_request)
 from vocabjax.decoding.base import DecodingMethod
-from vocabjax.sampling import (NONFINITE, SamplingParams, log_probs, probs,
-                                        split_vocab_top_k)
+from vocabjax.sampling import NONFINITE, SamplingParams, log_probs, probs
 from vocabjax.decoding.speculative import (SpecStats, block_layout, check_draft_prefill,
                                            compile_draft_prefill, mesh_layout)
 from vocabjax.decoding.verify import verify_chain
-from vocabjax.kernels import cpu_matmul
+from vocabjax.lowering import decoding_lowering, lowered, step_lowering
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import (compute_dtype, embed_tokens, forward, lm_head,
-                                       per_row_writes, with_mlp_layout)
+                                       with_mlp_layout)
 from vocabjax.vocab.translate import (NgramCache, TranslationError, Translator, VocabMap,
                                       check_round_trip)
 
@@ -277,6 +276,8 @@ class CrossVocabDecoder(DecodingMethod):
     translation and the n-gram cache stay on the host as on one device."""
     check_draft_prefill(draft_prefill)
     self.mesh = mesh
+    # what its programs lower with, as `SpeculativeDecoder`'s (`vocabjax.lowering`)
+    self.lowering = decoding_lowering(mesh=mesh is not None)
     layout = mesh_layout(layout, mesh)
     if rule not in RULES:
       raise ValueError(f"unknown crossvocab sampling rule {rule!r}; choose one of {RULES}")
@@ -305,7 +306,7 @@ class CrossVocabDecoder(DecodingMethod):
     self.vm, self.d2t, self.t2d = self.translator.vm, self.translator.d2t, self.translator.t2d
     V = target_config.vocab_size
     if layout == "auto":
-      layout = block_layout()
+      layout = block_layout(cpu_kernel=self.lowering.cpu_kernel)
     self.tc, self.dc = target_config, draft_config
     self.tp = self._place(with_mlp_layout(target_params, layout), target_config)
     self.dp = self._place(with_mlp_layout(draft_params, "out_in"), draft_config)
@@ -395,13 +396,7 @@ class CrossVocabDecoder(DecodingMethod):
       return self._programs[key], 0.0
     t0 = time.perf_counter()
     dtype = compute_dtype(self.tp)
-    # on a mesh as `SpeculativeDecoder.programs`: XLA's partitioned dot (the CPU kernel is one
-    # device's), top-k as argmax rounds over vocabulary-split logits, cache writes per row
-    on_mesh = self.mesh is not None
-    with cpu_matmul.enabled(cpu_matmul.is_enabled() and not on_mesh), \
-        split_vocab_top_k(on_mesh), per_row_writes(on_mesh), \
-        cpu_matmul.decode_steps(name not in ("tprefill", "dprefill") and not on_mesh):
-      fn = self._compile(name, sampling, B, shape, dtype)
+    fn = self._compile(name, sampling, B, shape, dtype)
     self._programs[key] = fn
     return fn, time.perf_counter() - t0
 
@@ -427,9 +422,11 @@ class CrossVocabDecoder(DecodingMethod):
     return cache.with_lengths(arr)
 
   def _lower(self, fn, *args):
-    """`jax.jit(fn).lower(*args)` with the cache (args[1]) donated; on a mesh every KVCache
-    output keeps that cache's sharding and the other outputs come back replicated (for the
-    host), so no program reshards a cache between steps."""
+    """`jax.jit(fn).lower(*args)` lowered as the decoder's steps (its params, args[0], tagged
+    with `step_lowering(self.lowering)`) with the cache (args[1]) donated; on a mesh every
+    KVCache output keeps that cache's sharding and the other outputs come back replicated (for
+    the host), so no program reshards a cache between steps."""
+    fn = lowered(fn, step_lowering(self.lowering))
     if self.mesh is None:
       return jax.jit(fn, donate_argnums=(1,)).lower(*args)
     cache_sh = jax.tree.map(lambda x: x.sharding, args[1])
@@ -449,11 +446,12 @@ class CrossVocabDecoder(DecodingMethod):
     if name == "tprefill":
       T, S = shape
       cache = self._cache(self.tc, B, S, dtype, abstract=True)
-      fn = compile_prefill(self.tp, self.tc, sampling, B, T, cache)
+      fn = compile_prefill(self.tp, self.tc, sampling, B, T, cache, self.lowering)
     elif name == "dprefill":
       T, S = shape
       cache = self._cache(self.dc, B, S, dtype, abstract=True)
-      fn = compile_draft_prefill(self.dp, self.dc, B, T, cache, self.draft_prefill)
+      fn = compile_draft_prefill(self.dp, self.dc, B, T, cache, self.draft_prefill,
+                                 self.lowering)
     elif name == "draft":
       P, S = shape
       cache = self._cache(self.dc, B, S, dtype, abstract=True)

@@ -48,7 +48,7 @@ from vocabjax.sampling import SamplingParams, sample
 from vocabjax.decoding.speculative import DraftVocab, SpecStats, SpeculativeDecoder
 from vocabjax.decoding.tree import TreeBounds, TreeParams, grow_tree, merge_nodes, verify_tree
 from vocabjax import sharding
-from vocabjax.kernels import cpu_matmul
+from vocabjax.lowering import lowered, lowering_of, with_lowering
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.eagle import EagleConfig, eagle_forward, fuse_features
@@ -76,6 +76,11 @@ def _norm(dp, x, config: EagleConfig):
   return rms_norm(x, dp[HEAD_KEY]["final_norm"], config.layer.rms_norm_eps)
 
 
+def _head(dp) -> dict:
+  """The head's own params, lowered as the drafter pytree `dp` that holds them says."""
+  return with_lowering(dp[HEAD_KEY], lowering_of(dp))
+
+
 def _head_root(dp, state: EagleState, *, head_config):
   """Read the pending entries into the head's cache: (the root entry's output [B, D], the
   cache with its committed entries)."""
@@ -83,8 +88,8 @@ def _head_root(dp, state: EagleState, *, head_config):
   cache = state.head_cache
   L0 = cache.lengths
   P = state.pend_tokens.shape[1]
-  x, cache = eagle_forward(dp[HEAD_KEY], dp["embed"], state.pend_tokens,
-                           fuse_features(dp[HEAD_KEY], state.pend_feats),
+  x, cache = eagle_forward(_head(dp), dp["embed"], state.pend_tokens,
+                           fuse_features(_head(dp), state.pend_feats),
                            L0[:, None] + jnp.arange(P)[None], cache, config=hc)
   x_root = jnp.take_along_axis(x, (state.pend_count - 1)[:, None, None], axis=1)[:, 0]
   return x_root, cache.with_lengths(L0 + state.pend_count)
@@ -97,7 +102,7 @@ def _grow(dp, x_root, cache, *, head_config, tree: TreeParams, policy, root=None
 
   def expand(params, tok, parent_x, positions, cache, prefix_mask):
     k = tok.shape[1]
-    x, cache = eagle_forward(params[HEAD_KEY], params["embed"], tok, parent_x, positions, cache,
+    x, cache = eagle_forward(_head(params), params["embed"], tok, parent_x, positions, cache,
                              jnp.eye(k, dtype=jnp.bool_)[None], config=hc,
                              prefix_mask=prefix_mask)
     return _norm(params, x, hc), x, cache
@@ -252,7 +257,7 @@ def _eagle_prefill(target_params, dp, tokens, prompt_lengths, tcache, hcache, ke
   last = jnp.take_along_axis(hidden, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
   first = sample(key, lm_head(target_params, last, config=target_config), sampling)
   shifted = jnp.pad(tokens[:, 1:], ((0, 0), (0, 1)))  # entry p reads token p + 1
-  head = dp[HEAD_KEY]
+  head = _head(dp)
   _, hcache = eagle_forward(head, dp["embed"], shifted, fuse_features(head, feats), positions,
                             hcache, config=head_config)
   pend_feat = jnp.take_along_axis(feats, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
@@ -337,7 +342,7 @@ class EagleDecoder(SpeculativeDecoder):
     hc = self.hc
 
     def body(dp, tokens, positions, cache):
-      head = dp[HEAD_KEY]
+      head = _head(dp)
       feats = jnp.zeros(tokens.shape + (hc.fused_width,), dp["embed"].dtype)
       return eagle_forward(head, dp["embed"], tokens, fuse_features(head, feats), positions,
                            cache, config=hc)[0]
@@ -372,11 +377,12 @@ class EagleDecoder(SpeculativeDecoder):
     tcache = self._abstract_cache(self.tc, B, S, dtype)
     hcache = self._abstract_cache(self.hc.layer, B, S, dtype)
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
-    with cpu_matmul.bf16_blocks(prefill_in_bf16(self.tp)):  # as plain decoding's prefill
-      prefill = jax.jit(functools.partial(_eagle_prefill, target_config=self.tc,
-                                          head_config=self.hc, sampling=sampling),
-                        donate_argnums=(4, 5)).lower(
-          self.tp, self.dp, i32(B, T), i32(B), tcache, hcache, jax.random.key(0)).compile()
+    # as plain decoding's prefill: the bf16 GEMM for a bf16 target
+    lowering = self.lowering.replace(bf16_blocks=prefill_in_bf16(self.tp))
+    prefill = jax.jit(lowered(functools.partial(_eagle_prefill, target_config=self.tc,
+                                                head_config=self.hc, sampling=sampling),
+                              lowering, argnums=(0, 1)), donate_argnums=(4, 5)).lower(
+        self.tp, self.dp, i32(B, T), i32(B), tcache, hcache, jax.random.key(0)).compile()
     P, F = self.pend_width, self.hc.fused_width
 
     def initial(tc, hc, first, feat):
@@ -490,10 +496,9 @@ class EagleLookupDecoder(EagleDecoder):
     t0 = time.perf_counter()
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
     start, state = self._compile_start(sampling, B, T, S, dtype)
-    fn = jax.jit(self._step_fn(sampling), donate_argnums=(2,))
-    with cpu_matmul.decode_steps():
-      steps = {m: fn.lower(self.tp, self.dp, state, jax.random.key(0), i32(B, m), i32(B, m),
-                           i32(B, m)).compile() for m in self.buckets}
+    fn = jax.jit(self._lowered_step(sampling), donate_argnums=(2,))
+    steps = {m: fn.lower(self.tp, self.dp, state, jax.random.key(0), i32(B, m), i32(B, m),
+                         i32(B, m)).compile() for m in self.buckets}
     self._programs[key] = (start, steps)
     return start, steps, time.perf_counter() - t0
 

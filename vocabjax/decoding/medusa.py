@@ -27,7 +27,9 @@ import numpy as np
 from flax import struct
 
 from vocabjax import sharding
+from vocabjax.lowering import lowered, lowering_of
 from vocabjax.sampling import SamplingParams, sample, top_k
+from vocabjax.decoding.autoregressive import prefill_in_bf16
 from vocabjax.decoding.speculative import SpeculativeDecoder
 from vocabjax.decoding.tree import TreeBounds, verify_tree
 from vocabjax.models.cache import KVCache
@@ -77,7 +79,7 @@ def medusa_candidates(dp, hidden, *, config: MedusaConfig, tree: MedusaTree):
   subset attached, the ranks are taken among its K tokens only."""
   x = medusa_hidden(dp[MEDUSA_KEY], hidden, config=config)  # [B, Hm, D]
   ids, logits = medusa_projection(dp, x)
-  _, top = top_k(logits, tree.top_k)  # [B, Hm, k]
+  _, top = top_k(logits, tree.top_k, split=lowering_of(dp).split_top_k)  # [B, Hm, k]
   if ids is not None:
     top = ids[top]
   return top[:, tree.head, tree.rank].astype(jnp.int32)
@@ -206,8 +208,10 @@ class MedusaDecoder(SpeculativeDecoder):
   def _compile_start(self, sampling, B, T, S, dtype):
     tcache = self._abstract_cache(self.tc, B, S, dtype)
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
-    prefill = jax.jit(functools.partial(_medusa_prefill, target_config=self.tc,
-                                        sampling=sampling),
+    # as plain decoding's prefill (the bf16 GEMM for a bf16 target), so outputs stay identical
+    lowering = self.lowering.replace(bf16_blocks=prefill_in_bf16(self.tp))
+    prefill = jax.jit(lowered(functools.partial(_medusa_prefill, target_config=self.tc,
+                                                sampling=sampling), lowering),
                       donate_argnums=(3,)).lower(
         self.tp, i32(B, T), i32(B), tcache, jax.random.key(0)).compile()
 

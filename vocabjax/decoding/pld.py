@@ -34,7 +34,6 @@ rejection (`verify_tree_sampling`), the multi-draft form of the same rule.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import time
@@ -48,14 +47,14 @@ from vocabjax import sharding
 from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector, abstract_cache,
                                               block_request, compile_prefill)
 from vocabjax.decoding.base import DecodingMethod
-from vocabjax.sampling import SamplingParams, split_vocab_top_k
+from vocabjax.sampling import SamplingParams
 from vocabjax.decoding.speculative import SpecStats
 from vocabjax.decoding.tree import TreeBounds, verify_tree
 from vocabjax.decoding.verify import verify_chain
-from vocabjax.kernels import cpu_matmul
+from vocabjax.lowering import decoding_lowering, lowered, step_lowering
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import compute_dtype, per_row_writes
+from vocabjax.models.llamalike import compute_dtype
 
 
 def lookup_drafts(seq: np.ndarray, gamma: int, max_ngram: int = 3,
@@ -195,6 +194,7 @@ class PromptLookupDecoder(DecodingMethod):
     drafts are looked up on the host either way)."""
     check_lookup(gamma, max_ngram, min_ngram, candidates)
     self.tc, self.mesh = target_config, mesh
+    self.lowering = decoding_lowering(mesh=mesh is not None)  # as `SpeculativeDecoder`'s
     self.tp = target_params if mesh is None else sharding.shard_params(target_params,
                                                                        target_config, mesh)
     self.gamma, self.max_ngram, self.min_ngram = gamma, max_ngram, min_ngram
@@ -207,18 +207,11 @@ class PromptLookupDecoder(DecodingMethod):
     self._programs: dict = {}
     self._tree_steps: dict = {}
 
-  def _compiling(self):
-    """The switches a program is compiled under: on a mesh, XLA's partitioned dot instead of
-    the one-device CPU kernel, top-k as argmax rounds over vocabulary-split logits and cache
-    writes per row (`SpeculativeDecoder.programs`); else the kernel for every decode block."""
-    on_mesh = self.mesh is not None
-    return (cpu_matmul.enabled(cpu_matmul.is_enabled() and not on_mesh),
-            split_vocab_top_k(on_mesh), per_row_writes(on_mesh),
-            cpu_matmul.decode_steps() if not on_mesh else contextlib.nullcontext())
-
   def _jit_step(self, fn, cache):
-    """`jax.jit(fn)` with the cache donated; on a mesh the cache keeps its sharding out of the
-    step and the step's other outputs come back replicated (for the host)."""
+    """`jax.jit(fn)` lowered as the decoder's steps (`self.lowering`, see
+    `SpeculativeDecoder`) with the cache donated; on a mesh the cache keeps its sharding out
+    of the step and the step's other outputs come back replicated (for the host)."""
+    fn = lowered(fn, step_lowering(self.lowering))
     if self.mesh is None:
       return jax.jit(fn, donate_argnums=(1,))
     rep = sharding.replicated(self.mesh)
@@ -238,12 +231,9 @@ class PromptLookupDecoder(DecodingMethod):
     cache = abstract_cache(self.tc, B, S, dtype, self.mesh)
     fn = self._jit_step(functools.partial(pld_step, config=self.tc, sampling=sampling), cache)
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
-    kernel, top_k, writes, steps_ctx = self._compiling()
-    with kernel, top_k, writes:
-      prefill = compile_prefill(self.tp, self.tc, sampling, B, T, cache)
-      with steps_ctx:
-        steps = {M: fn.lower(self.tp, cache, i32(B, M + 1), i32(B), jax.random.key(0)).compile()
-                 for M in range(self.gamma + 1)}
+    prefill = compile_prefill(self.tp, self.tc, sampling, B, T, cache, self.lowering)
+    steps = {M: fn.lower(self.tp, cache, i32(B, M + 1), i32(B), jax.random.key(0)).compile()
+             for M in range(self.gamma + 1)}
     self._programs[key] = (prefill, steps)
     return prefill, steps, time.perf_counter() - t0
 
@@ -258,10 +248,8 @@ class PromptLookupDecoder(DecodingMethod):
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
     fn = self._jit_step(functools.partial(pld_tree_step, config=self.tc, sampling=sampling,
                                           tree=self.tree), cache)
-    kernel, top_k, writes, steps_ctx = self._compiling()
-    with kernel, top_k, writes, steps_ctx:
-      prog = fn.lower(self.tp, cache, i32(B, n + 1), i32(B, n), i32(B, n),
-                      jax.random.key(0)).compile()
+    prog = fn.lower(self.tp, cache, i32(B, n + 1), i32(B, n), i32(B, n),
+                    jax.random.key(0)).compile()
     self._tree_steps[key] = prog
     return prog, time.perf_counter() - t0
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from vocabjax import sharding
 from vocabjax.decoding.speculative import model_body
-from vocabjax.kernels import cpu_matmul
+from vocabjax.lowering import step_lowering, with_lowering
 from vocabjax.models.cache import KVCache
 from vocabjax.models.llamalike import compute_dtype, lm_head
 
@@ -103,20 +103,20 @@ def step_split(decoder, *, batch_size: int = 1, max_len: int = 512, context: int
   decoder on a mesh has its parts timed on that mesh (its placed params, caches placed by the
   sharding rules, XLA's partitioned dot as its steps use).
   """
-  mesh = getattr(decoder, "mesh", None)
-  with cpu_matmul.enabled(cpu_matmul.is_enabled() and mesh is None):
-    return _step_split(decoder, batch_size, max_len, context, repeats, mesh)
+  return _step_split(decoder, batch_size, max_len, context, repeats, decoder.mesh)
 
 
 def _step_split(decoder, batch_size, max_len, context, repeats, mesh) -> StepSplit:
   B, S = batch_size, max_len
+  lw = step_lowering(decoder.lowering)  # the parts lowered as the decoder's steps are
   calls = tuple(decoder.drafter_calls())
   T_verify = decoder.verify_tokens
   context = S // 2 if context is None else context
   if context + T_verify + max(t for t, _ in calls) > S:
     raise ValueError(f"{context=} + one step does not fit the timing cache {max_len=}")
-  tp, tc = decoder.tp, decoder.tc
+  tp, tc = with_lowering(decoder.tp, lw), decoder.tc
   dbody, dp, dcache_config = decoder.drafter_body()
+  dp = with_lowering(dp, lw)
   dhead = decoder.draft_policy
   tbody = functools.partial(model_body, config=tc)
   thead = functools.partial(lm_head, config=tc)

@@ -35,14 +35,15 @@ from flax import struct
 from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector, abstract_cache,
                                               block_request, cache_slots, compile_prefill)
 from vocabjax.decoding.base import DecodingMethod
-from vocabjax.sampling import SamplingParams, split_vocab_top_k
+from vocabjax.sampling import SamplingParams
 from vocabjax.decoding.tree import TreeParams, TreeState, tree_step
 from vocabjax.decoding.verify import verify_chain
 from vocabjax.kernels import cpu_matmul
+from vocabjax.lowering import (Lowering, decoding_lowering, default_cpu_kernel, lowered,
+                               lowering_of, step_lowering)
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import (compute_dtype, forward, per_row_writes,
-                                       with_mlp_layout)
+from vocabjax.models.llamalike import compute_dtype, forward, with_mlp_layout
 from vocabjax import sharding
 from vocabjax.vocab.policy import POLICY_STATE, Policy, draft_choice, full_policy
 from vocabjax.vocab.ranked import SpeculativeVocab
@@ -113,7 +114,7 @@ def chain_step(target_params, draft_params, state: ChainState, key, *, target_co
   # two-token call costs about one one-token call, so this is cheaper than a separate
   # catch-up call after every fully accepted block (which XLA:CPU's dot needed: there a
   # T=2 forward cost ~2.4 T=1 forwards, and a conditional T=1 call is used instead).
-  if fold_catch_up():
+  if fold_catch_up(cpu_kernel=lowering_of(draft_params).cpu_kernel):
     pair = jnp.stack([state.prev, state.last], axis=1)
     h, dcache = forward(draft_params, pair, (N - 1)[:, None] + jnp.arange(2)[None],
                         state.draft_cache.with_lengths(N - 1), config=draft_config)
@@ -157,20 +158,23 @@ def chain_step(target_params, draft_params, state: ChainState, key, *, target_co
   return new_state, v.emitted, n
 
 
-def fold_catch_up(backend: str | None = None) -> bool:
+def fold_catch_up(backend: str | None = None, cpu_kernel: bool | None = None) -> bool:
   """Whether chain drafting starts with a two-token call (see `chain_step`): everywhere but
-  on XLA:CPU without the CPU kernel."""
-  return block_layout(backend) == "out_in"
+  on XLA:CPU without the CPU kernel (`cpu_kernel`: the program's `Lowering.cpu_kernel`; None:
+  the default of decoders built now)."""
+  return block_layout(backend, cpu_kernel) == "out_in"
 
 
-def block_layout(backend: str | None = None) -> str:
+def block_layout(backend: str | None = None, cpu_kernel: bool | None = None) -> str:
   """MLP weight layout for programs that run T > 1 tokens: PyTorch's [out, in] (what the CPU
   kernel `vocabjax.kernels.cpu_matmul` streams, and what GPU/TPU compilers lay out
   themselves); [in, out] only on XLA:CPU without the kernel, where Eigen's GEMM repacks
-  [out, in] weights on every call (see `with_mlp_layout`)."""
+  [out, in] weights on every call (see `with_mlp_layout`). `cpu_kernel`: whether the programs
+  use the kernel (None: `lowering.default_cpu_kernel()`, what decoders built now use)."""
   if (backend or jax.default_backend()) != "cpu":
     return "out_in"
-  return "out_in" if cpu_matmul.is_enabled() and cpu_matmul.available() else "in_out"
+  kernel = default_cpu_kernel() if cpu_kernel is None else cpu_kernel
+  return "out_in" if kernel and cpu_matmul.available() else "in_out"
 
 
 class SpeculativeDecoder(DecodingMethod):
@@ -193,6 +197,12 @@ class SpeculativeDecoder(DecodingMethod):
     row over "data", and every program runs partitioned (module doc of `vocabjax.sharding`)."""
     check_draft_prefill(draft_prefill)
     self.mesh = mesh
+    # what every program of this decoder lowers with (`vocabjax.lowering`): on a mesh XLA's
+    # dot is partitioned with the weights, while the CPU kernel is one device's custom call
+    # (GSPMD would gather the weights to it), so sharded programs do without it; XLA's TopK is
+    # not partitioned either, so top-k over vocabulary-split logits runs as rounds of argmax,
+    # and a batch's cache writes as one update per row
+    self.lowering = decoding_lowering(mesh=mesh is not None)
     layout = mesh_layout(layout, mesh)
     self.draft_prefill = draft_prefill
     if draft_config.vocab_size != target_config.vocab_size:
@@ -202,7 +212,7 @@ class SpeculativeDecoder(DecodingMethod):
           f"`vocabjax.decoding.crossvocab.CrossVocabDecoder` (OmniDraft), not {self.method} "
           f"drafting")
     if layout == "auto":  # the target only ever runs blocks (prefill, verification)
-      t_layout = block_layout()
+      t_layout = block_layout(cpu_kernel=self.lowering.cpu_kernel)
       d_layout = t_layout if self.draft_block_calls else "out_in"
     else:
       t_layout = d_layout = layout
@@ -270,6 +280,10 @@ class SpeculativeDecoder(DecodingMethod):
   def _step_fn(self, sampling: SamplingParams):
     raise NotImplementedError
 
+  def _lowered_step(self, sampling: SamplingParams):
+    """`_step_fn` with both models' params tagged with the decoder's step lowering."""
+    return lowered(self._step_fn(sampling), step_lowering(self.lowering), argnums=(0, 1))
+
   def _initial_state(self, tcache, dcache, first, prompts):
     raise NotImplementedError
 
@@ -279,8 +293,9 @@ class SpeculativeDecoder(DecodingMethod):
     tcache = self._abstract_cache(self.tc, B, S, dtype)
     dcache = self._abstract_cache(self.dc, B, S, dtype)
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
-    tprefill = compile_prefill(self.tp, self.tc, sampling, B, T, tcache)
-    dprefill = compile_draft_prefill(self.dp, self.dc, B, T, dcache, self.draft_prefill)
+    tprefill = compile_prefill(self.tp, self.tc, sampling, B, T, tcache, self.lowering)
+    dprefill = compile_draft_prefill(self.dp, self.dc, B, T, dcache, self.draft_prefill,
+                                     self.lowering)
 
     def start(tokens, lengths, prompt_last, key):
       first, tc = tprefill(self.tp, tokens, lengths, self._cache(self.tc, B, S, dtype), key)
@@ -296,21 +311,12 @@ class SpeculativeDecoder(DecodingMethod):
     if key in self._programs:
       return (*self._programs[key], 0.0)
     t0 = time.perf_counter()
-    # On a mesh XLA's dot is partitioned with the weights; the CPU kernel is one device's
-    # custom call (GSPMD would gather the weights to it), so sharded programs do without it.
-    # XLA's TopK is not partitioned either: on a mesh, top-k over vocabulary-split logits is
-    # traced as rounds of argmax (`sampling.split_vocab_top_k`), and a batch's cache writes as
-    # one update per row (`llamalike.per_row_writes`).
-    on_mesh = self.mesh is not None
-    with cpu_matmul.enabled(cpu_matmul.is_enabled() and not on_mesh), \
-        split_vocab_top_k(on_mesh), per_row_writes(on_mesh):
-      start, state = self._compile_start(sampling, B, T, S, dtype)
-      if self.mesh is None:
-        with cpu_matmul.decode_steps():
-          step = jax.jit(self._step_fn(sampling), donate_argnums=(2,)).lower(
-              self.tp, self.dp, state, jax.random.key(0)).compile()
-      else:
-        start, step = self._compile_sharded_step(sampling, start, B, T)
+    start, state = self._compile_start(sampling, B, T, S, dtype)
+    if self.mesh is None:
+      step = jax.jit(self._lowered_step(sampling), donate_argnums=(2,)).lower(
+          self.tp, self.dp, state, jax.random.key(0)).compile()
+    else:
+      start, step = self._compile_sharded_step(sampling, start, B, T)
     self._programs[key] = (start, step)
     return start, step, time.perf_counter() - t0
 
@@ -337,7 +343,7 @@ class SpeculativeDecoder(DecodingMethod):
       first, st = start(tokens, lengths, prompt_last, key)
       return first, jax.device_put(st, state_sh)
 
-    step = jax.jit(self._step_fn(sampling), donate_argnums=(2,),
+    step = jax.jit(self._lowered_step(sampling), donate_argnums=(2,),
                    out_shardings=(state_sh,) + (rep,) * (self.step_outputs - 1)).lower(
         self.tp, self.dp, jax.device_put(state, state_sh), jax.random.key(0)).compile()
     return placed_start, step
@@ -435,7 +441,7 @@ class ChainDecoder(SpeculativeDecoder):
     self.verify_tokens = gamma + 1
 
   def drafter_calls(self):
-    if fold_catch_up():  # [prev, last], then one token per call
+    if fold_catch_up(cpu_kernel=self.lowering.cpu_kernel):  # [prev, last], then 1 per call
       return [(2, 1)] + [(1, 1)] * (self.gamma - 1)
     # the T=1 catch-up call (no head) runs only after a fully accepted block: counted as always
     return [(1, 1)] * self.gamma + [(1, 0)]
@@ -512,7 +518,7 @@ def check_draft_prefill(draft_prefill: str) -> None:
 
 
 def compile_draft_prefill(params, config: LlamaLikeConfig, B: int, T: int, cache: KVCache,
-                          precision: str = "bf16"):
+                          precision: str = "bf16", lowering: Lowering = Lowering()):
   """AOT-compiled drafter prefill of a [B, T] prompt block (the cache argument is donated).
 
   `precision="bf16"`: on a CPU with AVX512-BF16 the projections of blocks of >= 32 tokens run
@@ -525,9 +531,9 @@ def compile_draft_prefill(params, config: LlamaLikeConfig, B: int, T: int, cache
   """
   check_draft_prefill(precision)
   i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
-  with cpu_matmul.bf16_blocks(precision == "bf16"):
-    return jax.jit(functools.partial(_draft_prefill, config=config), donate_argnums=(3,)).lower(
-        params, i32(B, T), i32(B), cache).compile()
+  lowering = lowering.replace(bf16_blocks=precision == "bf16")
+  return jax.jit(lowered(functools.partial(_draft_prefill, config=config), lowering),
+                 donate_argnums=(3,)).lower(params, i32(B, T), i32(B), cache).compile()
 
 
 def _draft_prefill(params, tokens, prompt_lengths, cache, *, config):

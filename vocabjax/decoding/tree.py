@@ -30,7 +30,8 @@ from vocabjax.sampling import SamplingParams, probs, top_k
 from vocabjax.decoding.verify import verify_tree_greedy, verify_tree_sampling
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import forward, forward_features, lm_head, row_writes
+from vocabjax.lowering import lowering_of
+from vocabjax.models.llamalike import forward, forward_features, lm_head
 from vocabjax.vocab.policy import full_policy, to_target_many
 
 
@@ -113,8 +114,9 @@ def grow_tree(params, h_root, state_root, cache, *, tree: TreeParams, policy, ex
   k, d = tree.top_k, tree.depth
   C = cache.lengths
   B = C.shape[0]
+  split = lowering_of(params).split_top_k
   ids, logits = root if root is not None else policy(params, h_root)
-  score1, j1 = top_k(jax.nn.log_softmax(logits, axis=-1), k)  # [B, k]
+  score1, j1 = top_k(jax.nn.log_softmax(logits, axis=-1), k, split=split)  # [B, k]
   tok1 = to_target_many(ids, j1)
   S = cache.max_len
   slots = jnp.arange(S)
@@ -129,12 +131,12 @@ def grow_tree(params, h_root, state_root, cache, *, tree: TreeParams, policy, ex
       own = (slots[None, None, :] == (start[:, None] + jnp.arange(k)[None])[..., None])
       child_anc = f_anc | own  # [B, k, S]: what each frontier node's children may see
       ids, logits = policy(params, h)  # logits [B, k, V or K candidates]
-      top_score, top_j = top_k(jax.nn.log_softmax(logits, axis=-1), k)  # [B, k, k]
+      top_score, top_j = top_k(jax.nn.log_softmax(logits, axis=-1), k, split=split)  # [B,k,k]
       top_tok = to_target_many(ids, top_j)
       c_score = (f_score[..., None] + top_score).reshape(B, k * k)
       c_tok = top_tok.reshape(B, k * k).astype(jnp.int32)
       c_parent = jnp.repeat(f_idx, k, axis=1)
-      best_score, sel = top_k(c_score, k)  # ties: lower index first
+      best_score, sel = top_k(c_score, k, split=split)  # ties: lower index first
       base = k + (i - 1) * k * k
       par = sel // k  # which frontier node each new frontier node hangs from
       pick = lambda x: jnp.take_along_axis(  # noqa: E731
@@ -158,7 +160,7 @@ def grow_tree(params, h_root, state_root, cache, *, tree: TreeParams, policy, ex
                                [jnp.full((k * k,), i + 1, jnp.int32) for i in range(1, d)])
 
   N, M = tree.total_tokens, tree.num_candidates
-  _, sel = top_k(cand_score, N)
+  _, sel = top_k(cand_score, N, split=split)
   sel = jnp.sort(sel, axis=1)  # parents-first node order
   node_of = jax.vmap(lambda s: jnp.zeros((M,), jnp.int32).at[s].set(  # per row: stays split
       jnp.arange(1, N + 1, dtype=jnp.int32)))(sel)  # over a mesh's "data" axis
@@ -220,12 +222,13 @@ def ancestor_mask(parent_full: jax.Array, depth: int) -> jax.Array:
   return anc
 
 
-def compact_path(cache: KVCache, base: jax.Array, path: jax.Array, n: jax.Array) -> KVCache:
+def compact_path(cache: KVCache, base: jax.Array, path: jax.Array, n: jax.Array, *,
+                 per_row: bool = False) -> KVCache:
   """Move the accepted nodes' KV (tree slots base + path[i]) to base + i; lengths = base + n + 1.
 
-  One device: an indexed scatter of the W path slots over (row, slot) pairs, in place. Under
-  `per_row_writes` (a mesh): per row (vmapped over B) a gather of the W path slots and one
-  dynamic-update-slice at base, so a batch split over a mesh's "data" axis stays split (the
+  One device: an indexed scatter of the W path slots over (row, slot) pairs, in place. With
+  `per_row` (`Lowering.row_writes`: a mesh): per row (vmapped over B) a gather of the W path
+  slots and one dynamic-update-slice at base, so a batch split over a mesh's "data" axis stays split (the
   indexed scatter made XLA gather every row's entries to every device). Not on one device: XLA
   copies the whole cache for the vmapped form (measured at batch 1 on the 1.5B target's
   [28, 1, 1024, 2, 128] f32 cache: 18 ms for the move alone, ~46 ms of a 269 ms verification
@@ -233,7 +236,7 @@ def compact_path(cache: KVCache, base: jax.Array, path: jax.Array, n: jax.Array)
   B, W = path.shape
   i = jnp.arange(W)[None]
   src = base[:, None] + jnp.where(i <= n[:, None], path, i)  # [B, W]
-  if not row_writes():
+  if not per_row:
     b = jnp.arange(B)[:, None]
     dst = base[:, None] + i
     return KVCache(k=cache.k.at[:, b, dst].set(cache.k[:, b, src]),
@@ -310,7 +313,7 @@ def verify_tree(target_params, last, node_tok, parent, depth, target_cache: KVCa
     n, path, nxt = verify_tree_sampling(key, tokens, parent_full, probs(tlogits, sampling),
                                         tree.top_k, d)
 
-  tcache = compact_path(tcache, Nt, path, n)
+  tcache = compact_path(tcache, Nt, path, n, per_row=lowering_of(target_params).row_writes)
   path_tok = jnp.take_along_axis(tokens, path, axis=1)  # [B, d + 1], root first
   slot = jnp.arange(d + 1)[None]
   emitted = jnp.where(slot < n[:, None], jnp.pad(path_tok[:, 1:], ((0, 0), (0, 1))),

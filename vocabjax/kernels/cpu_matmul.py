@@ -23,21 +23,24 @@ construction, not only up to ties).
 The kernel is compiled on first use with the system C++ compiler (`-O3 -march=native`) into
 `$VOCABJAX_CACHE/kernels/` (keyed by the source, the jaxlib version and the CPU's flags) and
 registered as an XLA FFI target. It is used on the CPU backend for f32 or bf16 x with
-M <= `MAX_ROWS`, and for any M in decoding steps (`with decode_steps():`, so that a batch's
+M <= `MAX_ROWS`, and for any M in decoding steps (`Lowering.any_rows`, so that a batch's
 verified block keeps the one-token step's rounding however many rows it has); everything else
 (prefill of long prompts, GPU and TPU) takes the XLA dot (on the CPU with the weights widened
-to f32 first: XLA:CPU's bf16 GEMM is slower than its f32 one).
+to f32 first: XLA:CPU's bf16 GEMM is slower than its f32 one). What a program uses is its
+`vocabjax.lowering.Lowering`, a static argument of `linear` (the model code passes the one its
+params carry): nothing is read from a global while tracing.
 
 A second kernel in the same library, a bf16 GEMM (AVX512-BF16 `vdpbf16ps`, f32 accumulation),
 runs long blocks at twice XLA:CPU's f32 rate by rounding x to bf16 (weights stored bf16 or
-int8 are exact in bf16). It is not exact f32 arithmetic, so it is used only inside
-`with bf16_blocks():`, which the speculative decoders put around their drafter's prefill
-(`draft_prefill="bf16"`): the drafter's precision changes only which tokens it proposes,
-never the output.
+int8 are exact in bf16). It is not exact f32 arithmetic, so it is used only under
+`Lowering.bf16_blocks`, which the speculative decoders set for their drafter's prefill
+(`draft_prefill="bf16"`: the drafter's precision changes only which tokens it proposes, never
+the output) and every decoder for a bf16 model's prompt prefill.
 
-Switch: the environment variable `VOCABJAX_CPU_KERNEL=0` (read at import), or
-`set_enabled(False)` / `with enabled(False):` before a program is traced. When the compiler is
-missing or the build fails, a warning says why once and XLA's dot is used.
+Switch: `Lowering(cpu_kernel=False)`; the environment variable `VOCABJAX_CPU_KERNEL=0` (read
+at import) makes that the default, `lowering.cpu_kernel_default(False)` the default of decoders
+built inside it. When the compiler is missing or the build fails, a warning says why once and
+XLA's dot is used.
 
 Gradients: `linear` has a custom VJP in plain jnp (dx = g . W, dW = g^T x), so trainers that
 differentiate through a model on the CPU keep working.
@@ -45,7 +48,6 @@ differentiate through a model on the CPU keep working.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import hashlib
@@ -62,6 +64,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vocabjax.lowering import Lowering
+
 MAX_ROWS = 64  # largest M (rows of x) the kernel takes; larger blocks are compute bound
 _SOURCE = Path(__file__).with_name("cpu_matmul.cc")
 _TARGETS = {"float32": "VjSkinnyMatmulF32", "bfloat16": "VjSkinnyMatmulBF16",
@@ -70,68 +74,8 @@ _GEMM_TARGETS = {"float32": "VjGemmBF16F32", "bfloat16": "VjGemmBF16BF16",
                  "int8": "VjGemmBF16Int8"}
 
 GEMM_MIN_ROWS = 32  # smallest M the bf16 GEMM takes (below it the streaming kernel is as fast)
-_state = {"enabled": os.environ.get("VOCABJAX_CPU_KERNEL", "1") != "0", "lib": None,
-          "error": None, "warned": False, "bf16_blocks": False,
-          "decode_steps": False, "bf16_dots": False}
+_built = {"lib": None, "error": None, "warned": False}  # the built library (or why not)
 _lock = threading.Lock()
-
-
-def set_enabled(on: bool) -> None:
-  """Use the kernel (when it builds) in programs traced from now on, or not."""
-  _state["enabled"] = bool(on)
-
-
-@contextlib.contextmanager
-def _switched(key: str, on: bool):
-  old = _state[key]
-  _state[key] = bool(on)
-  try:
-    yield
-  finally:
-    _state[key] = old
-
-
-def enabled(on: bool):
-  """`with enabled(False):` traces the programs inside with XLA's dot only."""
-  return _switched("enabled", on)
-
-
-def is_enabled() -> bool:
-  return _state["enabled"]
-
-
-def decode_steps(on: bool = True):
-  """`with decode_steps():` traces the programs inside with the kernel for blocks of any M,
-  not only M <= `MAX_ROWS`: every decoder compiles its step programs (plain steps, verified
-  blocks and trees, drafting) this way, so a token's logits do not depend on its block even
-  for a batch whose block outgrows MAX_ROWS (16 rows x 5 tokens = 80), where XLA's dot would
-  round differently from a one-token step. Prefill stays outside (shared by every decoder of a
-  model, and faster with XLA's dot for long prompts)."""
-  return _switched("decode_steps", on)
-
-
-def bf16_blocks(on: bool = True):
-  """`with bf16_blocks():` traces the programs inside with the bf16 GEMM for blocks of
-  M >= `GEMM_MIN_ROWS` rows (where `uses_gemm`): x is rounded to bf16 and multiplied at the
-  AVX512-BF16 rate, about twice XLA:CPU's f32 GEMM (a 768-token block through the 0.5B
-  drafter's MLP: ~350 against ~200 GFLOP/s). Not exact f32 arithmetic: for a drafter's
-  prefill (its precision changes only its proposals, never the verified output)."""
-  return _switched("bf16_blocks", on)
-
-
-def bf16_dots(on: bool = True):
-  """`with bf16_dots():` traces `linear` as mixed-precision training computes it (`bf16_dot`):
-  both operands rounded to bf16, XLA's dot accumulating in f32, on any backend and for any M;
-  the weights stay f32 (the optimizer's master copy). For training only: on a CPU with AMX,
-  XLA's bf16 GEMM runs at ~3x its f32 rate (a [1024, 1536] x [1536, 16384] product: 854
-  against 286 GFLOP/s), but a decoder's logits must not depend on it. Read when a program is
-  traced, like the other switches: a function jitted and traced before keeps its precision."""
-  return _switched("bf16_dots", on)
-
-
-def bf16_dots_on() -> bool:
-  """Whether programs traced now run `linear` as `bf16_dot` (inside `bf16_dots()`)."""
-  return _state["bf16_dots"]
 
 
 @jax.custom_vjp
@@ -171,10 +115,10 @@ def gemm_available() -> bool:
   return lib is not None and bool(lib.vj_has_bf16_gemm())
 
 
-def uses_gemm(x_shape, x_dtype, w_dtype) -> bool:
-  """Whether `linear` on these operands lowers to the bf16 GEMM in a program traced now."""
+def uses_gemm(x_shape, x_dtype, w_dtype, lowering: Lowering = Lowering()) -> bool:
+  """Whether `linear` on these operands lowers to the bf16 GEMM under `lowering`."""
   M = int(np.prod(x_shape[:-1], dtype=np.int64))
-  return (_state["bf16_blocks"] and _state["enabled"] and jax.default_backend() == "cpu"
+  return (lowering.bf16_blocks and lowering.cpu_kernel and jax.default_backend() == "cpu"
           and M >= GEMM_MIN_ROWS and jnp.dtype(x_dtype).name in ("float32", "bfloat16")
           and jnp.dtype(w_dtype).name in _GEMM_TARGETS and gemm_available())
 
@@ -241,21 +185,21 @@ def build(force: bool = False) -> Path:
 def load():
   """Build (once) and register the kernel's FFI targets; None (with a warning) if that fails."""
   with _lock:
-    if _state["lib"] is not None or _state["error"] is not None:
-      return _state["lib"]
+    if _built["lib"] is not None or _built["error"] is not None:
+      return _built["lib"]
     try:
       lib = ctypes.cdll.LoadLibrary(str(build()))
       for target in (*_TARGETS.values(), *_GEMM_TARGETS.values()):
         jax.ffi.register_ffi_target(f"vocabjax_{target}", jax.ffi.pycapsule(getattr(lib, target)),
                                     platform="cpu")
-      _state["lib"] = lib
+      _built["lib"] = lib
     except Exception as e:  # noqa: BLE001 -- any failure falls back to XLA's dot, said once
-      _state["error"] = f"{type(e).__name__}: {e}"
-  if _state["error"] and not _state["warned"]:
-    _state["warned"] = True
-    warnings.warn(f"vocabjax CPU matmul kernel unavailable, using XLA's dot: {_state['error']}",
+      _built["error"] = f"{type(e).__name__}: {e}"
+  if _built["error"] and not _built["warned"]:
+    _built["warned"] = True
+    warnings.warn(f"vocabjax CPU matmul kernel unavailable, using XLA's dot: {_built['error']}",
                   RuntimeWarning, stacklevel=3)
-  return _state["lib"]
+  return _built["lib"]
 
 
 def available() -> bool:
@@ -263,11 +207,11 @@ def available() -> bool:
   return load() is not None
 
 
-def uses_kernel(x_shape, x_dtype, w_dtype) -> bool:
-  """Whether `linear` on these operands lowers to the kernel in a program traced now."""
+def uses_kernel(x_shape, x_dtype, w_dtype, lowering: Lowering = Lowering()) -> bool:
+  """Whether `linear` on these operands lowers to the kernel under `lowering`."""
   M = int(np.prod(x_shape[:-1], dtype=np.int64))
-  return (_state["enabled"] and jax.default_backend() == "cpu"
-          and 0 < M and (M <= MAX_ROWS or _state["decode_steps"])
+  return (lowering.cpu_kernel and jax.default_backend() == "cpu"
+          and 0 < M and (M <= MAX_ROWS or lowering.any_rows)
           and jnp.dtype(x_dtype).name in ("float32", "bfloat16")
           and jnp.dtype(w_dtype).name in _TARGETS
           and available())
@@ -313,18 +257,19 @@ def _streamed_bwd(gemm, res, g):
 _streamed.defvjp(_streamed_fwd, _streamed_bwd)
 
 
-def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None) -> jax.Array:
+def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None, *,
+           lowering: Lowering = Lowering()) -> jax.Array:
   """y[..., F] = x[..., D] . w[F, D]^T (* scale[F]), accumulated and returned in f32; the kernel
-  where it applies (see the module doc), else `linear_reference`."""
+  where `lowering` and the operands allow it (see the module doc), else `linear_reference`."""
   if x.shape[-1] != w.shape[-1]:
     raise ValueError(f"linear: x's width {x.shape[-1]} differs from w{tuple(w.shape)}'s "
                      f"input width {w.shape[-1]}")
-  if _state["bf16_dots"] and scale is None and jnp.issubdtype(w.dtype, jnp.floating):
+  if lowering.bf16_dots and scale is None and jnp.issubdtype(w.dtype, jnp.floating):
     return bf16_dot(x, w)
-  if (w.dtype == jnp.int8) == (scale is not None) and uses_gemm(x.shape, x.dtype, w.dtype):
+  if (w.dtype == jnp.int8) == (scale is not None) and uses_gemm(x.shape, x.dtype, w.dtype, lowering):
     y = _streamed(x.reshape(-1, x.shape[-1]).astype(jnp.float32), w, scale, True)
     return y.reshape(*x.shape[:-1], w.shape[0])
-  if not uses_kernel(x.shape, x.dtype, w.dtype) or (w.dtype == jnp.int8) != (scale is not None):
+  if not uses_kernel(x.shape, x.dtype, w.dtype, lowering) or (w.dtype == jnp.int8) != (scale is not None):
     if jax.default_backend() == "cpu" and w.dtype != jnp.float32:
       # XLA:CPU's bf16 GEMM is slower than widening the weights and running its f32 GEMM
       # (a 709-token prefill with bf16 weights: 26 s against 21 s in f32)

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from vocabjax.kernels.cpu_matmul import linear
+from vocabjax.lowering import lowering_of
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import decoder_layer, rms_norm, step_inputs
@@ -114,7 +115,7 @@ def fuse_features(params: dict, features: jax.Array) -> jax.Array:
   """[B, T, Lf*Dt] target features -> [B, T, D] (the fc layer, when there is one)."""
   if "fc" not in params:
     return features
-  return linear(features, params["fc"]).astype(features.dtype)
+  return linear(features, params["fc"], lowering=lowering_of(params)).astype(features.dtype)
 
 
 def eagle_forward(params: dict, embed: jax.Array, tokens: jax.Array, hidden: jax.Array,
@@ -134,14 +135,15 @@ def eagle_forward(params: dict, embed: jax.Array, tokens: jax.Array, hidden: jax
   cos, sin, full_mask, write_b, write_s = step_inputs(tokens, positions, cache, mask,
                                                       prefix_mask, c)
   x, k_all, v_all = decoder_layer(hidden, layer, 0, cache.k, cache.v, write_b, write_s,
-                                  full_mask, cos, sin, c, attn_input=attn_in)
+                                  full_mask, cos, sin, c, attn_input=attn_in,
+                                  lowering=lowering_of(params))
   return x, KVCache(k=k_all, v=v_all, lengths=cache.lengths + T)
 
 
 def eagle_logits(params: dict, x: jax.Array, *, config: EagleConfig) -> jax.Array:
   """[..., Vd] logits over the head's vocabulary (f32); `draft_to_target` maps their ids."""
   h = rms_norm(x, params["final_norm"], config.layer.rms_norm_eps)
-  return linear(h, params["lm_head"])
+  return linear(h, params["lm_head"], lowering=lowering_of(params))
 
 
 def draft_to_target(params: dict, ids: jax.Array) -> jax.Array:

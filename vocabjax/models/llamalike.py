@@ -7,7 +7,9 @@ strings), L layers (the package-wide legend: docs/engine.md, "Letters").
 Params are a plain pytree: `layers` is a list of per-layer dicts and the layer loop is unrolled
 at trace time. Linear weights are stored [out, in] as in PyTorch (`'BTD,FD->BTF'`); the embedding
 and the LM head are [V, D], so a vocabulary policy can index LM-head rows directly
-(`logits[b, j] = U[idx[b, j]] . h[b]`).
+(`logits[b, j] = U[idx[b, j]] . h[b]`). A traced program's `vocabjax.lowering.Lowering` travels
+in the params under `lowering.KEY` (a static pytree node, no leaves): `forward` and `lm_head`
+lower their projections and cache writes as it says.
 
 Why not stacked layers under `lax.scan`: on XLA:CPU the per-iteration slice of stacked weights is
 a copy, and decode is memory bound, so scan ran a 0.5B decode step 2.4x slower (198 ms vs 81 ms
@@ -20,14 +22,12 @@ matrices; PyTorch took 76 ms).
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from vocabjax.kernels.cpu_matmul import linear
+from vocabjax.lowering import Lowering, lowering_of
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 
@@ -155,18 +155,19 @@ def fresh_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
 
 
 def decoder_layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, config,
-                  attn_input=None, fresh=False):
+                  attn_input=None, fresh=False, lowering: Lowering = Lowering()):
   """Decoder layer i. x [B,T,D]; k_all/v_all [L,B,S,N,hd] get its T new entries written.
 
   `attn_input`: what the q/k/v projections read instead of norm(x) (an EAGLE head feeds its
   normed token embedding and target feature side by side, [B, T, 2D]); x stays the residual.
   `fresh`: the cache held nothing before this block (a prefill): attention runs over the
   block's own keys, causally (`fresh_attention`), and `mask` is not read.
+  `lowering`: how its projections and cache writes lower (`vocabjax.lowering`).
   """
-  c = config
+  c, lw = config, lowering
   B, T, _ = x.shape
   h = rms_norm(x, layer["attn_norm"], c.rms_norm_eps) if attn_input is None else attn_input
-  q, k, v = (_proj(h, layer, name) for name in ("wq", "wk", "wv"))
+  q, k, v = (_proj(h, layer, name, lw) for name in ("wq", "wk", "wv"))
   if c.attention_bias:
     q, k, v = (q + layer["bq"]).astype(x.dtype), (k + layer["bk"]).astype(x.dtype), (
         v + layer["bv"]).astype(x.dtype)
@@ -178,8 +179,8 @@ def decoder_layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, c
     k = rms_norm(k, layer["k_norm"], c.rms_norm_eps)
   q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
-  k_all = write_block(k_all, i, k, write_s[:, 0])
-  v_all = write_block(v_all, i, v, write_s[:, 0])
+  k_all = write_block(k_all, i, k, write_s[:, 0], per_row=lw.row_writes)
+  v_all = write_block(v_all, i, v, write_s[:, 0], per_row=lw.row_writes)
 
   q = q.reshape(B, T, c.num_kv_heads, c.num_groups, c.head_dim)
   if fresh:  # the values the cache holds, as the general path reads them back
@@ -191,47 +192,29 @@ def decoder_layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, c
     scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
     attn = jnp.einsum("BNQTS,BSNe->BTNQe", probs, v_all[i].astype(x.dtype))
-  x = x + _proj(attn.reshape(B, T, c.q_dim), layer, "wo")
+  x = x + _proj(attn.reshape(B, T, c.q_dim), layer, "wo", lw)
 
   h = rms_norm(x, layer["mlp_norm"], c.rms_norm_eps)
-  gate, up = _proj(h, layer, "w_gate"), _proj(h, layer, "w_up")
-  x = x + _proj(jax.nn.silu(gate) * up, layer, "w_down")
+  gate, up = _proj(h, layer, "w_gate", lw), _proj(h, layer, "w_up", lw)
+  x = x + _proj(jax.nn.silu(gate) * up, layer, "w_down", lw)
   return x, k_all, v_all
 
 
-_ROW_WRITES = contextvars.ContextVar("vocabjax_row_writes", default=False)
-
-
-@contextlib.contextmanager
-def per_row_writes(on: bool = True):
-  """`with per_row_writes():` traces cache writes of a batch (and a tree's path compaction) as
-  one dynamic-update-slice per row (decoders on a mesh set it while they compile): XLA
-  partitions those along a "data" axis that splits the batch, where the indexed scatter made
-  every step gather all rows' indices and entries and permute them between devices. Off a mesh
-  the indexed scatter stays: on one CPU device the vmapped form (a scatter with batching
-  dimensions) is not updated in place and made a batch-4 cross-vocabulary step several times
-  slower."""
-  token = _ROW_WRITES.set(on)
-  try:
-    yield
-  finally:
-    _ROW_WRITES.reset(token)
-
-
-def row_writes() -> bool:
-  return _ROW_WRITES.get()
-
-
-def write_block(buf: jax.Array, i: int, new: jax.Array, start: jax.Array) -> jax.Array:
+def write_block(buf: jax.Array, i: int, new: jax.Array, start: jax.Array, *,
+                per_row: bool = False) -> jax.Array:
   """buf [L, B, S, N, hd] with layer i's row b given new[b] [T, N, hd] at slots start[b] ..
   start[b] + T - 1 (the caller guarantees start + T <= S). Batch 1: a dynamic-update-slice
-  (in place); a batch: an indexed scatter, or under `per_row_writes` one
-  dynamic-update-slice per row (vmapped)."""
+  (in place); a batch: an indexed scatter, or with `per_row` (`Lowering.row_writes`, set by
+  decoders on a mesh) one dynamic-update-slice per row (vmapped): XLA partitions those along
+  a "data" axis that splits the batch, where the indexed scatter made every step gather all
+  rows' indices and entries and permute them between devices. Off a mesh the indexed scatter
+  stays: on one CPU device the vmapped form (a scatter with batching dimensions) is not
+  updated in place and made a batch-4 cross-vocabulary step several times slower."""
   new = new.astype(buf.dtype)
   B, T = new.shape[:2]
   if B == 1:
     return jax.lax.dynamic_update_slice(buf, new[None], (i, 0, start[0], 0, 0))
-  if not _ROW_WRITES.get():
+  if not per_row:
     rows = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
     return buf.at[i, rows, start[:, None] + jnp.arange(T)[None]].set(new)
 
@@ -241,13 +224,13 @@ def write_block(buf: jax.Array, i: int, new: jax.Array, start: jax.Array) -> jax
   return jax.vmap(row, in_axes=(1, 0, 0), out_axes=1)(buf, new, start)
 
 
-def _proj(x, layer, name):
+def _proj(x, layer, name, lowering: Lowering):
   """x [B, T, in] through weight `name`: stored [out, in] (the CPU kernel's or XLA's dot, see
   `vocabjax.kernels.cpu_matmul.linear`), or (MLP, as `name_t`) [in, out] for XLA's GEMM. The
   result has x's dtype (f32 activations with bf16 weights stay f32)."""
   if name + "_t" in layer:
     return jnp.einsum("BTI,IO->BTO", x, layer[name + "_t"]).astype(x.dtype)
-  return linear(x, layer[name], layer.get(name + SCALE)).astype(x.dtype)
+  return linear(x, layer[name], layer.get(name + SCALE), lowering=lowering).astype(x.dtype)
 
 
 
@@ -428,9 +411,10 @@ def _run(params, tokens, positions, cache, mask, prefix_mask, config, capture, f
                                                       prefix_mask, config)
   k_all, v_all = cache.k, cache.v
   feats = {}
+  lowering = lowering_of(params)
   for i, layer in enumerate(params["layers"]):
     x, k_all, v_all = decoder_layer(x, layer, i, k_all, v_all, write_b, write_s, full_mask,
-                                    cos, sin, config, fresh=fresh)
+                                    cos, sin, config, fresh=fresh, lowering=lowering)
     if i in capture:
       feats[i] = x
   hidden = rms_norm(x, params["final_norm"], config.rms_norm_eps)
@@ -453,4 +437,5 @@ def lm_head_weight(params: Params, config: LlamaLikeConfig) -> jax.Array:
 
 def lm_head(params: Params, hidden: jax.Array, *, config: LlamaLikeConfig) -> jax.Array:
   """Full-vocabulary logits [..., V] from hidden [..., D], accumulated in f32."""
-  return linear(hidden, *lm_head_rows(params, config)).astype(jnp.float32)
+  return linear(hidden, *lm_head_rows(params, config),
+                lowering=lowering_of(params)).astype(jnp.float32)

@@ -46,7 +46,7 @@ checkpoints beside the trained params.
 
 Precision: f32, or with `compute_dtype: bfloat16` mixed precision: every product of the
 training step (the layer's projections, fc, the LM head, and their gradients) rounds its
-operands to bf16 and accumulates in f32 (`cpu_matmul.bf16_dots`), while the params, the
+operands to bf16 and accumulates in f32 (`Lowering.bf16_dots`), while the params, the
 optimizer state, norms, softmaxes and the held-out evaluation stay f32. On a CPU with AMX,
 XLA's bf16 GEMM runs at ~3x its f32 rate.
 
@@ -74,6 +74,7 @@ from vocabjax.checkpoints.eagle3 import head_target_ids, load_eagle3, save_eagle
 from vocabjax.checkpoints.loader import load_model
 from vocabjax.io import atomic_write_json
 from vocabjax.kernels import cpu_matmul
+from vocabjax.lowering import Lowering, with_lowering
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.eagle import (EagleConfig, default_feature_layers, eagle_forward,
@@ -130,7 +131,7 @@ class EagleJob:
   train_subset: str = "first"  # which fraction: the "first" records or a "random" (seed) sample
   pack: bool = False  # fill each window with several records' windows (`make_packed_batch`)
   init_head: str | None = None  # an exported head to start from (fine-tuning; module doc)
-  compute_dtype: str = "float32"  # "bfloat16": mixed precision (`cpu_matmul.bf16_dots`)
+  compute_dtype: str = "float32"  # "bfloat16": mixed precision (`Lowering.bf16_dots`)
   prompt_labels: bool = False  # also train on the prompt's positions (module doc)
   soft_labels: bool = False  # the target's distribution as the label (needs final_hidden)
 
@@ -549,11 +550,13 @@ def ttt_outputs(params, embed, batch, *, config: EagleConfig, steps: int):
 
 
 def ttt_loss(trainable, frozen, batch, *, config: EagleConfig, steps: int, decay: float,
-             block: int, teacher=None):
+             block: int, teacher=None, lowering: Lowering = Lowering()):
   """sum_j decay^j CE_j (module doc); returns (loss, per-step CE [steps]). `teacher` [Vd, Dt]:
   the target's LM-head rows of the head's vocabulary; then each CE_j is against the target's
-  distribution from batch["hidden"] [B, T, Dt] at the label's slot (`soft_labels`)."""
-  params = {**frozen, **trainable}
+  distribution from batch["hidden"] [B, T, Dt] at the label's slot (`soft_labels`).
+  `lowering`: `Lowering(bf16_dots=True)` for mixed precision (every product, losses included)."""
+  params = with_lowering({**frozen, **trainable}, lowering)
+  bf16 = lowering.bf16_dots
   ces = []
   if teacher is not None:
     hid = batch["hidden"]
@@ -561,21 +564,22 @@ def ttt_loss(trainable, frozen, batch, *, config: EagleConfig, steps: int, decay
     dense = teacher.shape[0] <= block
     if dense:  # the target's distribution at every slot once, shared by the steps' slices
       B, Tp, Dt = hid.shape
-      probs = teacher_probs(hid.reshape(B * Tp, Dt), teacher).reshape(B, Tp, -1)
+      probs = teacher_probs(hid.reshape(B * Tp, Dt), teacher, bf16=bf16).reshape(B, Tp, -1)
   for j, (hn, label, weight) in enumerate(ttt_outputs(params, frozen["embed"], batch,
                                                       config=config, steps=steps)):
     B, n, D = hn.shape  # step j's labels sit at slots 1 + j .. n + j, as in ttt_outputs
     x, w = hn.reshape(-1, D), weight.reshape(-1)
     if teacher is None:
       ces.append(vocab_cross_entropy(x, params["lm_head"], jnp.maximum(label, 0).reshape(-1),
-                                     w, block=block))
+                                     w, block=block, bf16=bf16))
     elif dense:
       ces.append(probs_cross_entropy(x, params["lm_head"],
                                      probs[:, 1 + j:1 + j + n].reshape(B * n, -1), w,
-                                     block=block))
+                                     block=block, bf16=bf16))
     else:  # a vocabulary of several blocks: one [X, block] tile of the teacher at a time
       h = hid[:, 1 + j:1 + j + n].reshape(B * n, -1)
-      ces.append(soft_cross_entropy(x, params["lm_head"], h, teacher, w, block=block))
+      ces.append(soft_cross_entropy(x, params["lm_head"], h, teacher, w, block=block,
+                                    bf16=bf16))
   ces = jnp.stack(ces)
   return jnp.sum(ces * decay ** jnp.arange(steps)), ces
 
@@ -784,12 +788,14 @@ def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None =
   def frozen_of(st):
     return {"embed": embed, **st.aux}
 
+  lowering = Lowering(bf16_dots=job.compute_dtype == "bfloat16")  # mixed precision or f32
+
   @jax.jit  # the embedding is an argument: a closed-over array would be baked in as a constant
   def train_fn(st, batch, embed, teacher):
     (loss, ces), grads = jax.value_and_grad(
         lambda p: ttt_loss(p, {"embed": embed, **st.aux}, batch, config=hc,
                            steps=job.ttt_steps, decay=job.step_decay, block=job.vocab_block,
-                           teacher=teacher),
+                           teacher=teacher, lowering=lowering),
         has_aux=True)(st.params)
     return apply_grads(st, grads, opt), loss
 
@@ -831,8 +837,7 @@ def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None =
       idx = [train_idx[i] for i in rs.randint(0, len(train_idx), job.batch_size)]
       batch = make_batch(data, idx, rs, job, t2d, prompt=job.prompt_labels,
                          hidden=job.soft_labels)
-    with cpu_matmul.bf16_dots(job.compute_dtype == "bfloat16"):  # read when first traced
-      st, loss = train_fn(st, {k: jnp.asarray(v) for k, v in batch.items()}, embed, teacher)
+    st, loss = train_fn(st, {k: jnp.asarray(v) for k, v in batch.items()}, embed, teacher)
     return st, {"loss": loss}
 
   res = run.fit(state, step_fn, evaluate, on_row=keep_best, stop_after=stop_after,

@@ -6,8 +6,8 @@ top tokens per row, C a chunk of the vocabulary (one block).
 `blockwise_logsumexp(x[X, R], W[V, R])` = logsumexp(x W^T, axis=-1), computed over blocks of C
 vocabulary rows with a running (max, sum) pair in a `lax.scan` whose body is rematerialized
 (`jax.checkpoint`) when there is more than one block: forward and backward each hold one
-[X, C] block. Inside `cpu_matmul.bf16_dots()` the products are mixed-precision ones
-(`cpu_matmul.bf16_dot`).
+[X, C] block. With `bf16=True` (a training step's `Lowering.bf16_dots`) the products are
+mixed-precision ones (`cpu_matmul.bf16_dot`).
 
 Cross-entropy against a hard label y:    lse(x W^T) - x . W[y]
 Against a teacher's top-Kt distribution:  sum_t p_t (lse - x . W[ids_t])  (= KL(p || softmax) +
@@ -27,7 +27,8 @@ import jax.numpy as jnp
 from vocabjax.kernels import cpu_matmul
 
 
-def blockwise_logsumexp(x: jax.Array, W: jax.Array, *, block: int = 16384) -> jax.Array:
+def blockwise_logsumexp(x: jax.Array, W: jax.Array, *, block: int = 16384,
+                        bf16: bool = False) -> jax.Array:
   """logsumexp over V of x[X, R] @ W[V, R]^T, in f32, one [X, block] tile at a time."""
   V, R = W.shape
   block = min(block, V)
@@ -37,7 +38,7 @@ def blockwise_logsumexp(x: jax.Array, W: jax.Array, *, block: int = 16384) -> ja
   def body(carry, inp):
     m, s = carry
     b, Wb = inp
-    z = _product(x, Wb)
+    z = _product(x, Wb, bf16)
     z = jnp.where((b * block + jnp.arange(block) < V)[None, :], z, -jnp.inf)
     m_new = jnp.maximum(m, z.max(axis=-1))
     s = s * jnp.exp(m - m_new) + jnp.exp(z - m_new[:, None]).sum(axis=-1)
@@ -51,9 +52,9 @@ def blockwise_logsumexp(x: jax.Array, W: jax.Array, *, block: int = 16384) -> ja
   return m + jnp.log(s)
 
 
-def _product(x, W):
-  """x[X, R] . W[C, R]^T in f32: XLA's dot, or `cpu_matmul.bf16_dot` inside `bf16_dots()`."""
-  if cpu_matmul.bf16_dots_on():
+def _product(x, W, bf16: bool = False):
+  """x[X, R] . W[C, R]^T in f32: XLA's dot, or with `bf16` `cpu_matmul.bf16_dot`."""
+  if bf16:
     return cpu_matmul.bf16_dot(x, W)
   return jnp.einsum("XR,CR->XC", x, W, preferred_element_type=jnp.float32)
 
@@ -67,11 +68,11 @@ def picked_logits(x: jax.Array, W: jax.Array, ids: jax.Array) -> jax.Array:
 
 
 def vocab_cross_entropy(x, W, labels, weights=None, *, teacher_ids=None, teacher_probs=None,
-                        block: int = 16384) -> jax.Array:
+                        block: int = 16384, bf16: bool = False) -> jax.Array:
   """Mean cross-entropy of softmax(x W^T) against hard `labels` [X], or against the teacher's
   top-Kt distribution when `teacher_ids`/`teacher_probs` [X, Kt] are given; `weights` [X] masks
   or weighs rows (default: all 1)."""
-  lse = blockwise_logsumexp(x, W, block=block)
+  lse = blockwise_logsumexp(x, W, block=block, bf16=bf16)
   if teacher_ids is None:
     per_row = lse - picked_logits(x, W, labels)
   else:
@@ -82,7 +83,8 @@ def vocab_cross_entropy(x, W, labels, weights=None, *, teacher_ids=None, teacher
   return jnp.sum(per_row * weights) / jnp.maximum(jnp.sum(weights), 1.0)
 
 
-def soft_cross_entropy(x, W, h, Wt, weights=None, *, block: int = 16384) -> jax.Array:
+def soft_cross_entropy(x, W, h, Wt, weights=None, *, block: int = 16384,
+                       bf16: bool = False) -> jax.Array:
   """Mean cross-entropy of softmax(x[X, R] W[V, R]^T) against the teacher's softmax(h[X, Rt]
   Wt[V, Rt]^T) over the same V rows (module doc); no gradient reaches h or Wt. `weights` [X]
   masks or weighs rows (default: all 1)."""
@@ -90,8 +92,8 @@ def soft_cross_entropy(x, W, h, Wt, weights=None, *, block: int = 16384) -> jax.
   if Wt.shape[0] != V:
     raise ValueError(f"teacher rows {Wt.shape[0]} != student rows {V}")
   h, Wt = jax.lax.stop_gradient(h), jax.lax.stop_gradient(Wt)
-  lse_q = blockwise_logsumexp(x, W, block=block)
-  lse_t = blockwise_logsumexp(h, Wt, block=block)
+  lse_q = blockwise_logsumexp(x, W, block=block, bf16=bf16)
+  lse_t = blockwise_logsumexp(h, Wt, block=block, bf16=bf16)
   block = min(block, V)
   nb = -(-V // block)
   pad = lambda A: jnp.pad(A, ((0, nb * block - V), (0, 0))).reshape(nb, block, -1)  # noqa: E731
@@ -99,8 +101,8 @@ def soft_cross_entropy(x, W, h, Wt, weights=None, *, block: int = 16384) -> jax.
   def body(acc, inp):
     b, Wb, Wtb = inp
     valid = (b * block + jnp.arange(block) < V)[None, :]
-    p = jnp.where(valid, jnp.exp(_product(h, Wtb) - lse_t[:, None]), 0.0)
-    return acc + jnp.sum(p * jnp.where(valid, _product(x, Wb), 0.0), axis=-1), None
+    p = jnp.where(valid, jnp.exp(_product(h, Wtb, bf16) - lse_t[:, None]), 0.0)
+    return acc + jnp.sum(p * jnp.where(valid, _product(x, Wb, bf16), 0.0), axis=-1), None
 
   if nb > 1:
     body = jax.checkpoint(body)
@@ -112,19 +114,21 @@ def soft_cross_entropy(x, W, h, Wt, weights=None, *, block: int = 16384) -> jax.
   return jnp.sum(per_row * weights) / jnp.maximum(jnp.sum(weights), 1.0)
 
 
-def teacher_probs(h: jax.Array, Wt: jax.Array) -> jax.Array:
+def teacher_probs(h: jax.Array, Wt: jax.Array, *, bf16: bool = False) -> jax.Array:
   """softmax(h[X, Rt] Wt[V, Rt]^T) in f32, dense [X, V] (the products as `_product` takes
   them): the teacher distribution `probs_cross_entropy` reads."""
-  return jax.nn.softmax(_product(h, Wt), axis=-1)
+  return jax.nn.softmax(_product(h, Wt, bf16), axis=-1)
 
 
-def probs_cross_entropy(x, W, probs, weights=None, *, block: int = 16384) -> jax.Array:
+def probs_cross_entropy(x, W, probs, weights=None, *, block: int = 16384,
+                        bf16: bool = False) -> jax.Array:
   """Mean cross-entropy of softmax(x[X, R] W[V, R]^T) against given probabilities [X, V] (no
   gradient reaches them): `soft_cross_entropy` for a teacher distribution computed once
   and shared, e.g. by the depths of EAGLE's training-time test. Holds one [X, V] product:
   for a head's reduced vocabulary, not a 150K one."""
   probs = jax.lax.stop_gradient(probs)
-  per_row = blockwise_logsumexp(x, W, block=block) - jnp.sum(probs * _product(x, W), axis=-1)
+  per_row = (blockwise_logsumexp(x, W, block=block, bf16=bf16)
+             - jnp.sum(probs * _product(x, W, bf16), axis=-1))
   if weights is None:
     return per_row.mean()
   return jnp.sum(per_row * weights) / jnp.maximum(jnp.sum(weights), 1.0)

@@ -36,6 +36,7 @@ from vocabjax.kernels.indexed_lm_head import indexed_lm_head
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.identity import drafter_identity
 from vocabjax.models.llamalike import is_int8, lm_head_weight
+from vocabjax.lowering import lowering_of
 from vocabjax.vocab.policy import policy_state, with_policy_state
 
 FORMAT = "vocabjax-ranker/1"
@@ -181,7 +182,8 @@ def ranked_policy(params: dict, h: jax.Array, *, config: LlamaLikeConfig, k: int
   """(candidate target ids [..., k], their exact drafter logits [..., k])."""
   lead, D = h.shape[:-1], h.shape[-1]
   flat = h.reshape(-1, D)
-  _, idx = top_k(ranker_scores(policy_state(params), flat), k)
+  _, idx = top_k(ranker_scores(policy_state(params), flat), k,
+                 split=lowering_of(params).split_top_k)
   z = indexed_lm_head(flat, lm_head_weight(params, config), idx, impl=impl)
   return idx.reshape(lead + (k,)), z.reshape(lead + (k,))
 

@@ -27,6 +27,7 @@ from vocabjax.io import atomic_write_bytes
 from vocabjax.kernels.cpu_matmul import linear
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import lm_head_rows
+from vocabjax.lowering import lowering_of
 from vocabjax.vocab.policy import policy_state, with_policy_state
 
 
@@ -234,5 +235,6 @@ def subset_rows(params: dict) -> int | None:
 def static_policy(params: dict, hidden: jax.Array) -> tuple[jax.Array, jax.Array]:
   """(target ids [..., K], logits [..., K]) over the attached subset (f32 accumulation)."""
   sub = policy_state(params)
-  z = linear(hidden, sub["head"], sub.get("scale"))  # the CPU kernel streams the K rows once (f32 out)
+  # the CPU kernel streams the K rows once (f32 out)
+  z = linear(hidden, sub["head"], sub.get("scale"), lowering=lowering_of(params))
   return jnp.broadcast_to(sub["ids"], z.shape), z

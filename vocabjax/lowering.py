@@ -1,0 +1,134 @@
+"""How a traced program lowers its projections, top-k and cache writes: one static value.
+
+The same model code compiles differently in different programs: a decoding step runs its
+projections through the CPU kernel for blocks of any size (so a token's logits do not depend
+on its block), a bf16 model's prompt prefill through the bf16 GEMM, a program on a mesh does
+top-k as rounds of argmax and writes the cache one row at a time, a mixed-precision training
+step rounds its products' operands to bf16. `Lowering` names all of these:
+
+    Lowering(cpu_kernel, any_rows, bf16_blocks, bf16_dots, split_top_k, row_writes)
+
+A traced function that wants something other than the default takes a `lowering` as a static
+argument (the decoders' prefill and step functions all do: `functools.partial(fn,
+lowering=...)`, so it is part of the compiled program's identity like `config` and
+`sampling`) and puts it into the params it runs with (`with_lowering(params, lowering)`, a
+shallow copy). The model code reads it back where it lowers something (`lowering_of(params)`:
+`llamalike`'s projections and cache writes, the LM heads, the vocabulary policies, the tree's
+top-k). `Lowering` is a static pytree node: it has no leaves, it sits in the params' treedef,
+so jit's cache key and an AOT-compiled program's input check include it; a program compiled
+for one lowering refuses params tagged with another.
+
+Untagged params lower with `Lowering()`: the CPU kernel for blocks of at most
+`cpu_matmul.MAX_ROWS` rows (unless `VOCABJAX_CPU_KERNEL=0` was set when vocabjax was
+imported), everything else off. Nothing here is read from a global while a program is traced.
+The one process-level setting is `default_cpu_kernel()`: what `decoding_lowering` gives the
+decoders built from then on (each decoder fixes its lowering when it is constructed; its
+`lowering` attribute is what every program it compiles uses).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import dataclasses
+import os
+
+import jax
+
+KEY = "lowering"  # the params key a traced function's lowering travels under
+
+
+@jax.tree_util.register_static
+@dataclasses.dataclass(frozen=True)
+class Lowering:
+  """The static choices a traced program makes below the model code."""
+
+  cpu_kernel: bool = os.environ.get("VOCABJAX_CPU_KERNEL", "1") != "0"
+  """XLA:CPU: projections of blocks of <= MAX_ROWS rows through the streaming C++ kernel
+  (`vocabjax.kernels.cpu_matmul`); off: XLA's dot. No effect on GPU and TPU."""
+  any_rows: bool = False
+  """The kernel for blocks of any size (decoding steps: a verified batch block can outgrow
+  MAX_ROWS, and its logits must keep a one-token step's rounding)."""
+  bf16_blocks: bool = False
+  """Blocks of >= GEMM_MIN_ROWS rows through the CPU's bf16 GEMM (x rounded to bf16): a bf16
+  model's prompt prefill, a drafter's prefill. Not exact f32 arithmetic."""
+  bf16_dots: bool = False
+  """Every projection as mixed-precision training computes it (`cpu_matmul.bf16_dot`): both
+  operands rounded to bf16, f32 accumulation. Training only."""
+  split_top_k: bool = False
+  """top-k (k <= 16) as k rounds of argmax: partitioned over a vocabulary split by a mesh,
+  where XLA's TopK gathers every row to every device."""
+  row_writes: bool = False
+  """A batch's cache writes (and a tree's path compaction) as one update per row: on a mesh
+  the batched scatter is replicated."""
+
+  def replace(self, **changes) -> "Lowering":
+    return dataclasses.replace(self, **changes)
+
+
+_ENV_DEFAULT = Lowering().cpu_kernel
+_process = {"cpu_kernel": _ENV_DEFAULT}  # read by decoding_lowering only, never while tracing
+
+
+def with_lowering(params: dict, lowering: Lowering) -> dict:
+  """A shallow copy of `params` that lowers with `lowering` (inside a traced function)."""
+  if not isinstance(lowering, Lowering):
+    raise TypeError(f"with_lowering: expected a Lowering, got {type(lowering).__name__}")
+  return {**params, KEY: lowering}
+
+
+def lowering_of(params) -> Lowering:
+  """The lowering `params` carry (`Lowering()` when untagged)."""
+  got = params.get(KEY) if isinstance(params, dict) else None
+  return got if got is not None else Lowering()
+
+
+def decoding_lowering(*, mesh: bool, cpu_kernel: bool | None = None) -> Lowering:
+  """A decoder's base lowering: the CPU kernel unless on a mesh (the kernel is one device's
+  custom call; GSPMD would gather the weights to it) or switched off; on a mesh, top-k as
+  argmax rounds and per-row cache writes. Its step programs add `any_rows` (off a mesh), its
+  prefills `bf16_blocks` where the model's weights are bf16."""
+  kernel = _process["cpu_kernel"] if cpu_kernel is None else bool(cpu_kernel)
+  return Lowering(cpu_kernel=kernel and not mesh, split_top_k=mesh, row_writes=mesh)
+
+
+def step_lowering(base: Lowering) -> Lowering:
+  """`base` for a decoding step: the kernel for blocks of any size where the kernel is on."""
+  return base.replace(any_rows=base.cpu_kernel)
+
+
+def set_default_cpu_kernel(on: bool) -> None:
+  """Whether decoders built from now on use the CPU kernel (`VOCABJAX_CPU_KERNEL` at import
+  sets the initial value)."""
+  _process["cpu_kernel"] = bool(on)
+
+
+def default_cpu_kernel() -> bool:
+  return _process["cpu_kernel"]
+
+
+@contextlib.contextmanager
+def cpu_kernel_default(on: bool):
+  """`with cpu_kernel_default(False):` decoders constructed inside compile with XLA's dot."""
+  old = _process["cpu_kernel"]
+  _process["cpu_kernel"] = bool(on)
+  try:
+    yield
+  finally:
+    _process["cpu_kernel"] = old
+
+
+def lowered(fn, lowering: Lowering, argnums=(0,)):
+  """`fn` with its params arguments at positions `argnums` tagged with `lowering` when it runs
+  (inside the trace): what a decoder jits, so the lowering is fixed where the program is
+  compiled."""
+  argnums = tuple(argnums)
+
+  @functools.wraps(fn)
+  def run(*args, **kwargs):
+    args = list(args)
+    for i in argnums:
+      args[i] = with_lowering(args[i], lowering)
+    return fn(*args, **kwargs)
+
+  return run
