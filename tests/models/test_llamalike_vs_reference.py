@@ -1,5 +1,6 @@
 """The JAX decoder against transformers' PyTorch models built in the test (no downloads)."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -10,6 +11,9 @@ from vocabjax.checkpoints.hf import load_hf
 from vocabjax.decoding import Decoder
 from vocabjax.models import KVCache, forward, lm_head
 from vocabjax.testing.tiny import TINY_VARIANTS
+
+# one compiled program per shape: run op by op, each forward compiled ~80 small programs
+_forward = jax.jit(forward, static_argnames=("config", "fresh"))
 
 VARIANTS = sorted(TINY_VARIANTS)
 
@@ -22,7 +26,7 @@ def _jax_logits(params, config, tokens, max_len=64):
   B, T = tokens.shape
   cache = KVCache.init(config, B, max_len)
   positions = jnp.broadcast_to(jnp.arange(T), (B, T))
-  hidden, cache = forward(params, jnp.asarray(tokens), positions, cache, config=config)
+  hidden, cache = _forward(params, jnp.asarray(tokens), positions, cache, config=config)
   return np.asarray(lm_head(params, hidden, config=config)), cache
 
 
@@ -56,10 +60,10 @@ def test_incremental_decode_matches_full_forward(tiny_dirs, variant):
   tokens = np.random.RandomState(1).randint(0, config.vocab_size, (1, 16))
   full, _ = _jax_logits(params, config, tokens)
   cache = KVCache.init(config, 1, 32)
-  _, cache = forward(params, jnp.asarray(tokens[:, :10]), jnp.arange(10)[None], cache,
+  _, cache = _forward(params, jnp.asarray(tokens[:, :10]), jnp.arange(10)[None], cache,
                      config=config)
   for t in range(10, 16):
-    h, cache = forward(params, jnp.asarray(tokens[:, t:t + 1]), jnp.array([[t]]), cache,
+    h, cache = _forward(params, jnp.asarray(tokens[:, t:t + 1]), jnp.array([[t]]), cache,
                        config=config)
     np.testing.assert_allclose(np.asarray(lm_head(params, h, config=config))[0, 0], full[0, t],
                                atol=1e-4)
@@ -77,12 +81,12 @@ def test_explicit_mask_matches_separate_sequences(tiny_dirs):
   ref_a, _ = _jax_logits(params, config, np.concatenate([prefix, a])[None])
   ref_b, _ = _jax_logits(params, config, np.concatenate([prefix, b])[None])
   cache = KVCache.init(config, 1, 32)
-  _, cache = forward(params, jnp.asarray(prefix[None]), jnp.arange(6)[None], cache, config=config)
+  _, cache = _forward(params, jnp.asarray(prefix[None]), jnp.arange(6)[None], cache, config=config)
   block = np.zeros((5, 5), bool)
   block[:3, :3] = np.tril(np.ones((3, 3), bool))
   block[3:, 3:] = np.tril(np.ones((2, 2), bool))
   positions = jnp.asarray([[6, 7, 8, 6, 7]])
-  h, _ = forward(params, jnp.asarray(np.concatenate([a, b])[None]), positions, cache,
+  h, _ = _forward(params, jnp.asarray(np.concatenate([a, b])[None]), positions, cache,
                  jnp.asarray(block[None]), config=config)
   logits = np.asarray(lm_head(params, h, config=config))[0]
   np.testing.assert_allclose(logits[:3], ref_a[0, 6:], atol=1e-4)
@@ -167,14 +171,15 @@ def test_fresh_prefill_attention_matches_the_cache_path(tiny_dirs, variant, monk
   from vocabjax.models import llamalike
 
   monkeypatch.setattr(llamalike, "PREFILL_CHUNK", 16)  # 40 tokens: chunks of 16, 16, 8
+  fwd = jax.jit(forward, static_argnames=("config", "fresh"))  # traced after the patch
   config, params, _ = load_hf(tiny_dirs[variant])
   tokens = np.random.RandomState(1).randint(0, config.vocab_size, (2, 40))
   B, T = tokens.shape
   positions = jnp.broadcast_to(jnp.arange(T), (B, T))
   runs = {}
   for fresh in (False, True):
-    hidden, cache = forward(params, jnp.asarray(tokens), positions, KVCache.init(config, B, 64),
-                            config=config, fresh=fresh)
+    hidden, cache = fwd(params, jnp.asarray(tokens), positions, KVCache.init(config, B, 64),
+                        config=config, fresh=fresh)
     runs[fresh] = (np.asarray(hidden), np.asarray(cache.k), np.asarray(cache.v),
                    np.asarray(lm_head(params, hidden, config=config)))
   for a, b in zip(runs[False], runs[True]):
@@ -188,5 +193,5 @@ def test_fresh_prefill_refuses_a_mask(tiny_dirs):
   config, params, _ = load_hf(tiny_dirs[VARIANTS[0]])
   tokens = jnp.zeros((1, 4), jnp.int32)
   with pytest.raises(ValueError, match="fresh"):
-    forward(params, tokens, jnp.arange(4)[None], KVCache.init(config, 1, 8),
-            jnp.ones((1, 4, 4), bool), config=config, fresh=True)
+    _forward(params, tokens, jnp.arange(4)[None], KVCache.init(config, 1, 8),
+             jnp.ones((1, 4, 4), bool), config=config, fresh=True)
