@@ -27,6 +27,7 @@ import numpy as np
 
 from vocabjax import sharding
 from vocabjax.decoding.base import DecodingMethod, GenerationResult
+from vocabjax.decoding.engine import ProgramCache, Request, host_loop
 from vocabjax.sampling import NONFINITE, SamplingParams, sample
 from vocabjax.lowering import Lowering, decoding_lowering, lowered, step_lowering
 from vocabjax.models.cache import KVCache
@@ -183,7 +184,7 @@ class Decoder(DecodingMethod):
     # gather the weights to it), so sharded programs do without it
     self.lowering = decoding_lowering(mesh=mesh is not None)
     self.params = params if mesh is None else sharding.shard_params(params, config, mesh)
-    self._programs: dict = {}
+    self._programs = ProgramCache()
 
   def _new_cache(self, B: int, S: int, dtype) -> KVCache:
     cache = KVCache.init(self.config, B, S, dtype)
@@ -197,12 +198,8 @@ class Decoder(DecodingMethod):
 
   def _compile(self, key, B: int, S: int, cache_dtype, build):
     """(program, compile seconds): `build(abstract [B, S] cache)` once per key."""
-    if key in self._programs:
-      return self._programs[key], 0.0
-    t0 = time.perf_counter()
-    cache = abstract_cache(self.config, B, S, cache_dtype, self.mesh)
-    self._programs[key] = build(cache)
-    return self._programs[key], time.perf_counter() - t0
+    return self._programs.get(key, lambda: build(
+        abstract_cache(self.config, B, S, cache_dtype, self.mesh)))
 
   def prefill_program(self, sampling: SamplingParams, B: int, T: int, S: int, cache_dtype):
     """(compiled `_prefill` of a [B, T] prompt block into an S-slot cache, compile seconds)."""
@@ -241,24 +238,18 @@ class Decoder(DecodingMethod):
     tokens = np.zeros((B, T), np.int32)
     for b, p in enumerate(prompts):
       tokens[b, :len(p)] = p
-    key = jax.random.key(seed)
+    req = Request(prompts, lengths, S, T, tokens, jax.random.key(seed), out)
 
-    t0 = time.perf_counter()
-    cache = self._new_cache(B, S, cache_dtype)
-    new, cache = prefill(self.params, jnp.asarray(tokens), jnp.asarray(lengths), cache,
-                         jax.random.fold_in(key, 0))
-    out.add(np.asarray(new))
-    t1 = time.perf_counter()
-    steps = 0
-    while not out.done.all():
-      steps += 1
-      new, cache = step(self.params, new, cache, jax.random.fold_in(key, steps))
-      out.add(np.asarray(new))
-    t2 = time.perf_counter()
-    return GenerationResult(tokens=out.tokens, finish_reasons=out.reasons,
-                            prompt_lengths=lengths.tolist(),
-                            compile_s=compile_s, prefill_s=t1 - t0, decode_s=t2 - t1,
-                            steps=steps)
+    def start():
+      new, cache = prefill(self.params, jnp.asarray(tokens), jnp.asarray(lengths),
+                           self._new_cache(B, S, cache_dtype), jax.random.fold_in(req.key, 0))
+      return new, (new, cache)
+
+    def advance(carry, i, key, active):
+      new, cache = step(self.params, *carry, key)
+      return (new, cache), new, 0.0
+
+    return host_loop(req, start, advance, compile_s=compile_s)
 
   def generate_continuous(self, prompts: Sequence[Sequence[int]], *, rows: int,
                           max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
@@ -421,6 +412,21 @@ def block_request(prompts: Sequence[Sequence[int]], max_new_tokens: int,
   for b, p in enumerate(prompts):
     tokens[b, :len(p)] = p
   return prompts, lengths, S, T, tokens
+
+
+def request(prompts: Sequence[Sequence[int]], *, max_new_tokens: int, sampling: SamplingParams,
+            config: LlamaLikeConfig, max_len: int | None, extra_slots: int, method: str,
+            mesh, seed: int, eos_token_ids=(), stop_strings=(), tokenizer=None) -> Request:
+  """Validate a request (ids, lengths, cache room for one step's `extra_slots`, the mesh's data
+  axis dividing the batch) and lay it out (`block_request`) for `engine.host_loop`."""
+  prompts, lengths, S, T, tokens = block_request(prompts, max_new_tokens, sampling, config,
+                                                 max_len, extra_slots, method)
+  B = len(prompts)
+  if mesh is not None and B % mesh.shape["data"]:
+    raise ValueError(f"a batch of B={B} rows does not divide the mesh's data axis of "
+                     f"{mesh.shape['data']} devices: pad the batch or use another mesh")
+  out = OutputCollector(B, max_new_tokens, eos_token_ids, stop_strings, tokenizer)
+  return Request(prompts, lengths, S, T, tokens, jax.random.key(seed), out)
 
 
 def generate(params: dict, config: LlamaLikeConfig, prompts: Sequence[Sequence[int]],

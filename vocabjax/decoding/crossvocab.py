@@ -69,6 +69,7 @@ from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector,
                                               nonfinite_error, prompt_bucket, token_ids,
                                               validate_request)
 from vocabjax.decoding.base import DecodingMethod
+from vocabjax.decoding.engine import ProgramCache
 from vocabjax.sampling import NONFINITE, SamplingParams, log_probs, probs
 from vocabjax.decoding.speculative import (SpecStats, block_layout, check_draft_prefill,
                                            compile_draft_prefill, mesh_layout)
@@ -316,7 +317,7 @@ class CrossVocabDecoder(DecodingMethod):
     self.reset_ngram()
     self._d2t_idx = self._replicated(jnp.asarray(np.where(self.d2t >= 0, self.d2t, V),
                                                  jnp.int32))
-    self._programs: dict = {}
+    self._programs = ProgramCache()
 
   def _place(self, params, config: LlamaLikeConfig):
     """A model's params on the mesh by the sharding rules (as given without one)."""
@@ -391,14 +392,8 @@ class CrossVocabDecoder(DecodingMethod):
 
   # --- compiled programs --------------------------------------------------------------------
   def _program(self, name: str, sampling: SamplingParams, B: int, *shape):
-    key = (name, sampling, B, *shape)
-    if key in self._programs:
-      return self._programs[key], 0.0
-    t0 = time.perf_counter()
-    dtype = compute_dtype(self.tp)
-    fn = self._compile(name, sampling, B, shape, dtype)
-    self._programs[key] = fn
-    return fn, time.perf_counter() - t0
+    return self._programs.get((name, sampling, B, *shape), lambda: self._compile(
+        name, sampling, B, shape, compute_dtype(self.tp)))
 
   def _cache(self, config: LlamaLikeConfig, B: int, S: int, dtype, abstract: bool = False):
     """An empty cache (or its shapes, for lowering), on the mesh: rows over "data"."""

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
 
 import jax
 import jax.numpy as jnp
@@ -43,6 +42,7 @@ import numpy as np
 from flax import struct
 
 from vocabjax.decoding.autoregressive import GenerationResult, prefill_in_bf16
+from vocabjax.decoding.engine import host_loop
 from vocabjax.decoding.pld import LookupStats, check_lookup, trie_block
 from vocabjax.sampling import SamplingParams, sample
 from vocabjax.decoding.speculative import DraftVocab, SpecStats, SpeculativeDecoder
@@ -52,7 +52,7 @@ from vocabjax.lowering import lowered, lowering_of, with_lowering
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.eagle import EagleConfig, eagle_forward, fuse_features
-from vocabjax.models.llamalike import (forward_features, is_int8, lm_head,
+from vocabjax.models.llamalike import (compute_dtype, forward_features, is_int8, lm_head,
                                        lm_head_weight, rms_norm, with_mlp_layout)
 from vocabjax.vocab.subset import HeadRows
 
@@ -490,37 +490,43 @@ class EagleLookupDecoder(EagleDecoder):
 
   def programs(self, sampling: SamplingParams, B: int, T: int, S: int, dtype):
     """AOT-compiled (start, {bucket m: step}) for one shape, and the compile seconds."""
-    key = (sampling, B, T, S, jnp.dtype(dtype).name)
-    if key in self._programs:
-      return (*self._programs[key], 0.0)
-    t0 = time.perf_counter()
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
-    start, state = self._compile_start(sampling, B, T, S, dtype)
-    fn = jax.jit(self._lowered_step(sampling), donate_argnums=(2,))
-    steps = {m: fn.lower(self.tp, self.dp, state, jax.random.key(0), i32(B, m), i32(B, m),
-                         i32(B, m)).compile() for m in self.buckets}
-    self._programs[key] = (start, steps)
-    return start, steps, time.perf_counter() - t0
+
+    def build():
+      start, state = self._compile_start(sampling, B, T, S, dtype)
+      fn = jax.jit(self._lowered_step(sampling), donate_argnums=(2,))
+      return start, {m: fn.lower(self.tp, self.dp, state, jax.random.key(0), i32(B, m),
+                                 i32(B, m), i32(B, m)).compile() for m in self.buckets}
+
+    (start, steps), seconds = self._programs.get((sampling, B, T, S, jnp.dtype(dtype).name),
+                                                 build)
+    return start, steps, seconds
 
   def generate(self, prompts, *, max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
                seed: int = 0, eos_token_ids=(), max_len: int | None = None, stop_strings=(),
                tokenizer=None) -> GenerationResult:
     """Generate like `Decoder.generate`; greedy output equals it token for token. `stats` is an
     EagleLookupStats; `steps` counts verifications."""
-    run = self._begin(prompts, max_new_tokens, sampling, seed, eos_token_ids, max_len,
-                      stop_strings, tokenizer)
-    out, state, steps = run.out, run.state, run.step
-    hist = [np.append(np.asarray(p, np.int64), t) for p, t in zip(run.prompts, run.first)]
+    req = self._request(prompts, max_new_tokens, sampling, seed, eos_token_ids, max_len,
+                        stop_strings, tokenizer)
+    start, steps, compile_s = self.programs(sampling, req.B, req.T, req.S,
+                                            compute_dtype(self.tp))
+    prefill = self._start(req, start)
     stats = EagleLookupStats(drafted=[], accepted=[])
-    i = 0
-    while not out.done.all():
-      i += 1
-      active = ~out.done
+
+    def begin():
+      first, state = prefill()
+      first = np.asarray(first)  # committed tokens per row: the prompt and the first token
+      return first, (state, [np.append(np.asarray(p, np.int64), t)
+                             for p, t in zip(req.prompts, first)])
+
+    def advance(carry, i, key, active):
+      state, hist = carry
       tok, parent, depth, nodes = trie_block(hist, active, self.gamma, self.max_ngram,
                                              self.min_ngram, self.candidates, self.buckets)
       state, emitted, n, from_lk, *head = steps[tok.shape[1]](
-          self.tp, self.dp, state, jax.random.fold_in(run.key, i), jnp.asarray(tok),
-          jnp.asarray(parent), jnp.asarray(depth))
+          self.tp, self.dp, state, key, jnp.asarray(tok), jnp.asarray(parent),
+          jnp.asarray(depth))
       emitted, n, from_lk = np.asarray(emitted), np.asarray(n), np.asarray(from_lk)
       drafted = np.asarray(head[0]) if head else np.ones(len(active), bool)
       stats.drafted.append([self.tree.total_tokens * bool(h) + int(x) if a else 0
@@ -530,6 +536,7 @@ class EagleLookupDecoder(EagleDecoder):
       stats.lookup_nodes.append([int(x) if a else 0 for x, a in zip(nodes, active)])
       stats.from_lookup.append([int(x) if a else 0 for x, a in zip(from_lk, active)])
       stats.head.append([bool(h) if a else False for h, a in zip(drafted, active)])
-      out.add(emitted)
       hist = [np.concatenate([h, e[:k + 1]]) for h, e, k in zip(hist, emitted, n)]
-    return run.result(i, stats)
+      return (state, hist), emitted, 0.0
+
+    return host_loop(req, begin, advance, compile_s=compile_s, stats=stats)

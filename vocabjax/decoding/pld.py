@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
 from typing import Sequence
 
 import jax
@@ -44,9 +43,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from vocabjax import sharding
-from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector, abstract_cache,
-                                              block_request, compile_prefill)
+from vocabjax.decoding.autoregressive import (GenerationResult, abstract_cache, compile_prefill,
+                                              request)
 from vocabjax.decoding.base import DecodingMethod
+from vocabjax.decoding.engine import ProgramCache, host_loop
 from vocabjax.sampling import SamplingParams
 from vocabjax.decoding.speculative import SpecStats
 from vocabjax.decoding.tree import TreeBounds, verify_tree
@@ -204,8 +204,7 @@ class PromptLookupDecoder(DecodingMethod):
     self.drafted_per_step = candidates * gamma
     self.extra_slots = candidates * gamma + 1
     self.verify_tokens = candidates * gamma + 1
-    self._programs: dict = {}
-    self._tree_steps: dict = {}
+    self._programs = ProgramCache()  # (prefill, {M: chain step}) and the tree steps
 
   def _jit_step(self, fn, cache):
     """`jax.jit(fn)` lowered as the decoder's steps (`self.lowering`, see
@@ -224,34 +223,30 @@ class PromptLookupDecoder(DecodingMethod):
 
   def programs(self, sampling: SamplingParams, B: int, T: int, S: int, dtype):
     """(prefill, {g: step}) compiled for these shapes, and the compile seconds."""
-    key = (sampling, B, T, S, jnp.dtype(dtype).name)
-    if key in self._programs:
-      return (*self._programs[key], 0.0)
-    t0 = time.perf_counter()
-    cache = abstract_cache(self.tc, B, S, dtype, self.mesh)
-    fn = self._jit_step(functools.partial(pld_step, config=self.tc, sampling=sampling), cache)
-    i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
-    prefill = compile_prefill(self.tp, self.tc, sampling, B, T, cache, self.lowering)
-    steps = {M: fn.lower(self.tp, cache, i32(B, M + 1), i32(B), jax.random.key(0)).compile()
-             for M in range(self.gamma + 1)}
-    self._programs[key] = (prefill, steps)
-    return prefill, steps, time.perf_counter() - t0
+    def build():
+      cache = abstract_cache(self.tc, B, S, dtype, self.mesh)
+      fn = self._jit_step(functools.partial(pld_step, config=self.tc, sampling=sampling), cache)
+      i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
+      prefill = compile_prefill(self.tp, self.tc, sampling, B, T, cache, self.lowering)
+      return prefill, {M: fn.lower(self.tp, cache, i32(B, M + 1), i32(B),
+                                   jax.random.key(0)).compile() for M in range(self.gamma + 1)}
+
+    (prefill, steps), seconds = self._programs.get(
+        ("chain", sampling, B, T, S, jnp.dtype(dtype).name), build)
+    return prefill, steps, seconds
 
   def tree_program(self, sampling: SamplingParams, B: int, S: int, dtype, n: int):
     """The compiled tree verification of n nodes (`pld_tree_step`), and its compile seconds
     (0 when it was compiled before: programs are kept per node count and cache size)."""
-    key = (sampling, B, S, jnp.dtype(dtype).name, n)
-    if key in self._tree_steps:
-      return self._tree_steps[key], 0.0
-    t0 = time.perf_counter()
-    cache = abstract_cache(self.tc, B, S, dtype, self.mesh)
-    i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
-    fn = self._jit_step(functools.partial(pld_tree_step, config=self.tc, sampling=sampling,
-                                          tree=self.tree), cache)
-    prog = fn.lower(self.tp, cache, i32(B, n + 1), i32(B, n), i32(B, n),
-                    jax.random.key(0)).compile()
-    self._tree_steps[key] = prog
-    return prog, time.perf_counter() - t0
+    def build():
+      cache = abstract_cache(self.tc, B, S, dtype, self.mesh)
+      i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
+      fn = self._jit_step(functools.partial(pld_tree_step, config=self.tc, sampling=sampling,
+                                            tree=self.tree), cache)
+      return fn.lower(self.tp, cache, i32(B, n + 1), i32(B, n), i32(B, n),
+                      jax.random.key(0)).compile()
+
+    return self._programs.get(("tree", sampling, B, S, jnp.dtype(dtype).name, n), build)
 
   def _tree_block(self, hist, active, last_np):
     """(tokens [B, n + 1], parent [B, n], depth [B, n], nodes per row) of this step's tries."""
@@ -265,40 +260,32 @@ class PromptLookupDecoder(DecodingMethod):
                stop_strings: Sequence[str] = (), tokenizer=None) -> GenerationResult:
     """Generate like `Decoder.generate`; `stats` is a LookupStats, `steps` counts target
     forwards after the prefill."""
-    prompts, lengths, S, T, tokens = block_request(prompts, max_new_tokens, sampling, self.tc,
-                                                   max_len, self.extra_slots, self.method)
-    B = len(prompts)
-    if self.mesh is not None and B % self.mesh.shape["data"]:
-      raise ValueError(f"a batch of B={B} rows does not divide the mesh's data axis of "
-                       f"{self.mesh.shape['data']} devices: pad the batch or use another mesh")
-    dtype = compute_dtype(self.tp)
-    prefill, steps, compile_s = self.programs(sampling, B, T, S, dtype)
-    key = jax.random.key(seed)
-    out = OutputCollector(B, max_new_tokens, eos_token_ids, stop_strings, tokenizer)
-    hist = [np.asarray(p, np.int64) for p in prompts]  # committed tokens per row
-
-    t0 = time.perf_counter()
-    last, cache = prefill(self.tp, jnp.asarray(tokens), jnp.asarray(lengths),
-                          self._new_cache(B, S, dtype), jax.random.fold_in(key, 0))
-    if self.mesh is not None:  # the steps' cache sharding (the prefill's output may differ)
-      cache = jax.device_put(cache, jax.tree.map(
-          lambda x: x.sharding, abstract_cache(self.tc, B, S, dtype, self.mesh)))
-    last_np = np.asarray(last)
-    out.add(last_np)
-    hist = [np.append(h, t) for h, t in zip(hist, last_np)]
-    t1 = time.perf_counter()
+    req = request(prompts, max_new_tokens=max_new_tokens, sampling=sampling, config=self.tc,
+                  max_len=max_len, extra_slots=self.extra_slots, method=self.method,
+                  mesh=self.mesh, seed=seed, eos_token_ids=eos_token_ids,
+                  stop_strings=stop_strings, tokenizer=tokenizer)
+    B, S, dtype = req.B, req.S, compute_dtype(self.tp)
+    prefill, steps, compile_s = self.programs(sampling, B, req.T, S, dtype)
     stats = LookupStats(drafted=[], accepted=[])
-    i = 0
-    late_compile_s = 0.0  # tree programs compiled when a node count is first met
-    while not out.done.all():
-      i += 1
-      active = ~out.done
+
+    def start():
+      last, cache = prefill(self.tp, jnp.asarray(req.tokens), jnp.asarray(req.lengths),
+                            self._new_cache(B, S, dtype), jax.random.fold_in(req.key, 0))
+      if self.mesh is not None:  # the steps' cache sharding (the prefill's output may differ)
+        cache = jax.device_put(cache, jax.tree.map(
+            lambda x: x.sharding, abstract_cache(self.tc, B, S, dtype, self.mesh)))
+      last_np = np.asarray(last)
+      hist = [np.append(np.asarray(p, np.int64), t) for p, t in zip(req.prompts, last_np)]
+      return last_np, (cache, last_np, hist)  # committed tokens per row: prompt + first token
+
+    def advance(carry, i, key, active):
+      cache, last_np, hist = carry
+      compiled = 0.0  # tree programs compile when a node count is first met
       if self.candidates > 1:
         block, parent, depth, n_valid = self._tree_block(hist, active, last_np)
-        prog, c_s = self.tree_program(sampling, B, S, dtype, block.shape[1] - 1)
-        late_compile_s += c_s
+        prog, compiled = self.tree_program(sampling, B, S, dtype, block.shape[1] - 1)
         cache, last, emitted, n = prog(self.tp, cache, jnp.asarray(block), jnp.asarray(parent),
-                                       jnp.asarray(depth), jax.random.fold_in(key, i))
+                                       jnp.asarray(depth), key)
       else:
         drafts = [lookup_drafts(h, self.gamma, self.max_ngram, self.min_ngram) if a else
                   np.zeros(0, np.int64) for h, a in zip(hist, active)]
@@ -309,15 +296,12 @@ class PromptLookupDecoder(DecodingMethod):
         for b, d in enumerate(drafts):
           block[b, 1:1 + len(d)] = d
         cache, last, emitted, n = steps[M](self.tp, cache, jnp.asarray(block),
-                                           jnp.asarray(n_valid), jax.random.fold_in(key, i))
+                                           jnp.asarray(n_valid), key)
       last_np, emitted, n = np.asarray(last), np.asarray(emitted), np.asarray(n)
       stats.drafted.append([int(v) if a else 0 for v, a in zip(n_valid, active)])
       stats.accepted.append([int(x) if a else 0 for x, a in zip(n, active)])
       stats.active.append([bool(a) for a in active])
-      out.add(emitted)
       hist = [np.concatenate([h, e[:k + 1]]) for h, e, k in zip(hist, emitted, n)]
-    t2 = time.perf_counter()
-    return GenerationResult(tokens=out.tokens, finish_reasons=out.reasons,
-                            prompt_lengths=lengths.tolist(),
-                            compile_s=compile_s + late_compile_s, prefill_s=t1 - t0,
-                            decode_s=t2 - t1 - late_compile_s, steps=i, stats=stats)
+      return (cache, last_np, hist), emitted, compiled
+
+    return host_loop(req, start, advance, compile_s=compile_s, stats=stats)

@@ -24,17 +24,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import time
-from typing import NamedTuple, Sequence
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector, abstract_cache,
-                                              block_request, cache_slots, compile_prefill)
+from vocabjax.decoding.autoregressive import (GenerationResult, abstract_cache, cache_slots,
+                                              compile_prefill, request)
 from vocabjax.decoding.base import DecodingMethod
+from vocabjax.decoding.engine import ProgramCache, Request, host_loop
 from vocabjax.sampling import SamplingParams
 from vocabjax.decoding.tree import TreeParams, TreeState, tree_step
 from vocabjax.decoding.verify import verify_chain
@@ -225,7 +225,7 @@ class SpeculativeDecoder(DecodingMethod):
     if mesh is not None:
       self.tp = sharding.shard_params(self.tp, self.tc, mesh)
       self.dp = self._place_draft(self.dp, mesh)
-    self._programs: dict = {}
+    self._programs = ProgramCache()
 
   def _with_draft_layout(self, draft_params, layout: str):
     """The drafter's params with its MLP weights stored `layout` (`with_mlp_layout`)."""
@@ -307,18 +307,16 @@ class SpeculativeDecoder(DecodingMethod):
   # --- shared -------------------------------------------------------------------------------
   def programs(self, sampling: SamplingParams, B: int, T: int, S: int, dtype):
     """AOT-compiled (start: the prefills, step) for one shape, and the compile seconds."""
-    key = (sampling, B, T, S, jnp.dtype(dtype).name)
-    if key in self._programs:
-      return (*self._programs[key], 0.0)
-    t0 = time.perf_counter()
-    start, state = self._compile_start(sampling, B, T, S, dtype)
-    if self.mesh is None:
-      step = jax.jit(self._lowered_step(sampling), donate_argnums=(2,)).lower(
+    def build():
+      start, state = self._compile_start(sampling, B, T, S, dtype)
+      if self.mesh is not None:
+        return self._compile_sharded_step(sampling, start, B, T)
+      return start, jax.jit(self._lowered_step(sampling), donate_argnums=(2,)).lower(
           self.tp, self.dp, state, jax.random.key(0)).compile()
-    else:
-      start, step = self._compile_sharded_step(sampling, start, B, T)
-    self._programs[key] = (start, step)
-    return start, step, time.perf_counter() - t0
+
+    (start, step), seconds = self._programs.get((sampling, B, T, S, jnp.dtype(dtype).name),
+                                                build)
+    return start, step, seconds
 
   def _compile_sharded_step(self, sampling, start, B: int, T: int):
     """(start, step) on the mesh. The loop state keeps the shardings the prefills gave it (read
@@ -348,28 +346,21 @@ class SpeculativeDecoder(DecodingMethod):
         self.tp, self.dp, jax.device_put(state, state_sh), jax.random.key(0)).compile()
     return placed_start, step
 
-  def _begin(self, prompts, max_new_tokens: int, sampling: SamplingParams, seed: int,
-             eos_token_ids, max_len, stop_strings, tokenizer) -> "Run":
-    """The setup of a generate loop: validate the request, compile (or reuse) the programs
-    for its shape, run the prefills and collect the first token."""
-    prompts, lengths, S, T, tokens = block_request(prompts, max_new_tokens, sampling, self.tc,
-                                                   max_len, self.extra_slots, self.method)
-    B = len(prompts)
-    if self.mesh is not None and B % self.mesh.shape["data"]:
-      raise ValueError(f"a batch of B={B} rows does not divide the mesh's data axis of "
-                       f"{self.mesh.shape['data']} devices: pad the batch or use another mesh")
-    start, step, compile_s = self.programs(sampling, B, T, S, compute_dtype(self.tp))
-    key = jax.random.key(seed)
-    out = OutputCollector(B, max_new_tokens, eos_token_ids, stop_strings, tokenizer)
-    t0 = time.perf_counter()
-    first, state = start(jnp.asarray(tokens), jnp.asarray(lengths),
-                         jnp.asarray([p[-1] for p in prompts], jnp.int32),
-                         jax.random.fold_in(key, 0))
-    jax.block_until_ready(state)  # both prefills (the drafter's would else spill into decode_s)
-    first = np.asarray(first)
-    out.add(first)
-    return Run(prompts, lengths, step, key, out, first, state, compile_s, t0,
-               time.perf_counter())
+  def _request(self, prompts, max_new_tokens: int, sampling: SamplingParams, seed: int,
+               eos_token_ids, max_len, stop_strings, tokenizer) -> Request:
+    """The request checked and laid out (`autoregressive.request`) for this decoder."""
+    return request(prompts, max_new_tokens=max_new_tokens, sampling=sampling, config=self.tc,
+                   max_len=max_len, extra_slots=self.extra_slots, method=self.method,
+                   mesh=self.mesh, seed=seed, eos_token_ids=eos_token_ids,
+                   stop_strings=stop_strings, tokenizer=tokenizer)
+
+  def _start(self, req: Request, start):
+    """`host_loop`'s start: the compiled prefills (`programs`) over the request."""
+    def run():
+      return start(jnp.asarray(req.tokens), jnp.asarray(req.lengths),
+                   jnp.asarray([p[-1] for p in req.prompts], jnp.int32),
+                   jax.random.fold_in(req.key, 0))
+    return run
 
   def _new_stats(self) -> SpecStats:
     return SpecStats(drafted=[], accepted=[])
@@ -388,39 +379,17 @@ class SpeculativeDecoder(DecodingMethod):
 
     The result's `stats` is a SpecStats; `steps` counts verifications (target forwards).
     """
-    run = self._begin(prompts, max_new_tokens, sampling, seed, eos_token_ids, max_len,
-                      stop_strings, tokenizer)
-    out, state, stats = run.out, run.state, self._new_stats()
-    i = 0
-    while not out.done.all():
-      i += 1
-      active = ~out.done
-      state, emitted, n, *extra = run.step(self.tp, self.dp, state,
-                                           jax.random.fold_in(run.key, i))
+    req = self._request(prompts, max_new_tokens, sampling, seed, eos_token_ids, max_len,
+                        stop_strings, tokenizer)
+    start, step, compile_s = self.programs(sampling, req.B, req.T, req.S, compute_dtype(self.tp))
+    stats = self._new_stats()
+
+    def advance(state, i, key, active):
+      state, emitted, n, *extra = step(self.tp, self.dp, state, key)
       self._record(stats, active, np.asarray(n), [np.asarray(x) for x in extra])
-      out.add(np.asarray(emitted))
-    return run.result(i, stats)
+      return state, emitted, 0.0
 
-
-class Run(NamedTuple):
-  """A generate loop's setup (`SpeculativeDecoder._begin`)."""
-
-  prompts: list  # the prompts as int lists
-  lengths: np.ndarray  # [B]
-  step: object  # the compiled step program(s)
-  key: jax.Array
-  out: OutputCollector  # holds the first token already
-  first: np.ndarray  # [B] the first generated token
-  state: object  # the loop state after the prefills
-  compile_s: float
-  t0: float  # before the prefills
-  t1: float  # after them
-
-  def result(self, steps: int, stats) -> GenerationResult:
-    return GenerationResult(tokens=self.out.tokens, finish_reasons=self.out.reasons,
-                            prompt_lengths=self.lengths.tolist(), compile_s=self.compile_s,
-                            prefill_s=self.t1 - self.t0, decode_s=time.perf_counter() - self.t1,
-                            steps=steps, stats=stats)
+    return host_loop(req, self._start(req, start), advance, compile_s=compile_s, stats=stats)
 
 
 class ChainDecoder(SpeculativeDecoder):

@@ -1,0 +1,93 @@
+"""The host side every decoder shares: one request check, one program cache, one host loop.
+
+A decoder supplies only what is its own:
+
+    programs   built once per key through a `ProgramCache` (compile seconds counted)
+    start      its prefills: the first token of every row and the loop's carry
+    advance    one step: host inputs from the carry (a trie, a translation), the compiled
+               step, the step's counts recorded; returns (carry, emitted [B, W] with -1 after
+               each row's tokens, seconds spent compiling a program first met inside the loop)
+
+and `host_loop` drives it: rows stop at EOS, a stop string or `max_new_tokens`
+(`OutputCollector`), a non-finite flag raises, and the result's times keep compilation out of
+prefill and decode. Plain decoding, chain / tree / EAGLE / Medusa (`SpeculativeDecoder`), prompt
+lookup and EAGLE + lookup run through it. (The cross-vocabulary decoder's batched loop, with
+its per-row translation, still drives its programs itself: `crossvocab._generate_batch`.)
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Hashable, NamedTuple
+
+import jax
+import numpy as np
+
+from vocabjax.decoding.base import GenerationResult
+
+
+class ProgramCache:
+  """A decoder's compiled programs, each built once per key (sampling, shapes, dtype, ...)."""
+
+  def __init__(self):
+    self._built: dict = {}
+
+  def get(self, key: Hashable, build: Callable[[], Any]) -> tuple[Any, float]:
+    """(the program for `key`, seconds spent building it now: 0 when it was built before)."""
+    if key in self._built:
+      return self._built[key], 0.0
+    t0 = time.perf_counter()
+    self._built[key] = build()
+    return self._built[key], time.perf_counter() - t0
+
+  def items(self):
+    return self._built.items()
+
+  def __contains__(self, key) -> bool:
+    return key in self._built
+
+  def __len__(self) -> int:
+    return len(self._built)
+
+
+class Request(NamedTuple):
+  """A validated generate request, laid out as the prefill reads it."""
+
+  prompts: list  # int lists
+  lengths: np.ndarray  # [B]
+  S: int  # cache slots
+  T: int  # prompt block
+  tokens: np.ndarray  # [B, T] right-padded
+  key: jax.Array
+  out: Any  # the rows' OutputCollector (`autoregressive.request` builds one)
+
+  @property
+  def B(self) -> int:
+    return len(self.prompts)
+
+
+Advance = Callable[[Any, int, jax.Array, np.ndarray], tuple[Any, np.ndarray, float]]
+
+
+def host_loop(req: Request, start: Callable[[], tuple[np.ndarray, Any]], advance: Advance, *,
+              compile_s: float, stats=None) -> GenerationResult:
+  """Run `start()` (the prefills: (first tokens [B], carry)), then `advance(carry, i, key_i,
+  active rows)` until every row is done; the result's `compile_s` adds what compiled inside the
+  loop, and `decode_s` leaves it out."""
+  out = req.out
+  t0 = time.perf_counter()
+  first, carry = start()
+  jax.block_until_ready(carry)  # every prefill (a drafter's would else spill into decode_s)
+  out.add(np.asarray(first))
+  t1 = time.perf_counter()
+  steps, late = 0, 0.0
+  while not out.done.all():
+    steps += 1
+    carry, emitted, compiled = advance(carry, steps, jax.random.fold_in(req.key, steps),
+                                       ~out.done)
+    late += compiled
+    out.add(np.asarray(emitted))
+  t2 = time.perf_counter()
+  return GenerationResult(tokens=out.tokens, finish_reasons=out.reasons,
+                          prompt_lengths=req.lengths.tolist(), compile_s=compile_s + late,
+                          prefill_s=t1 - t0, decode_s=t2 - t1 - late, steps=steps, stats=stats)
