@@ -54,6 +54,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import time
+import types
 import warnings
 from typing import Sequence
 
@@ -69,7 +70,7 @@ from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector,
                                               nonfinite_error, prompt_bucket, token_ids,
                                               validate_request)
 from vocabjax.decoding.base import DecodingMethod
-from vocabjax.decoding.engine import ProgramCache
+from vocabjax.decoding.engine import ProgramCache, Request, host_loop
 from vocabjax.sampling import NONFINITE, SamplingParams, log_probs, probs
 from vocabjax.decoding.speculative import (SpecStats, block_layout, check_draft_prefill,
                                            compile_draft_prefill, mesh_layout)
@@ -532,62 +533,59 @@ class CrossVocabDecoder(DecodingMethod):
     Td = min(prompt_bucket(max(len(d) for d in dprompts)), Sd)
     tprefill, c1 = self._program("tprefill", sampling, B, T, S)
     dprefill, c2 = self._program("dprefill", sampling, B, Td, Sd)
-    res.compile_s += c1 + c2
+    compile_s = c1 + c2
     exact = not sampling.greedy and self.use_ngram and self.rule == "exact"
     # the programs a step needs, compiled before the clock starts (more only on rare paths:
     # a long pending run, a grown drafter cache; their compile time is kept out of decode_s)
     for m in range(G + 1):
-      res.compile_s += self._program("tprobs" if exact else "verify", sampling, B, S, m)[1]
+      compile_s += self._program("tprobs" if exact else "verify", sampling, B, S, m)[1]
     for P in (1, 2):
-      res.compile_s += self._program("draft", sampling, B, P, Sd)[1]
-    compile_in_loop = 0.0
+      compile_s += self._program("draft", sampling, B, P, Sd)[1]
     row_keys = [jax.random.fold_in(key, lo + b) for b in range(B)]
     rngs = [np.random.default_rng(np.asarray(jax.random.key_data(k)).ravel().tolist())
             for k in row_keys]
-
-    t0 = time.perf_counter()
     tokens = np.zeros((B, T), np.int32)
     dtokens = np.zeros((B, Td), np.int32)
     for b, (p, dp_) in enumerate(zip(prompts, dprompts)):
       tokens[b, :len(p)], dtokens[b, :len(dp_)] = p, dp_
-    first, tcache = tprefill(self.tp, jnp.asarray(tokens),
-                             jnp.asarray([len(p) for p in prompts], jnp.int32),
-                             self._cache(self.tc, B, S, dtype), jax.random.fold_in(key, lo))
-    dcache = dprefill(self.dp, jnp.asarray(dtokens),
-                      jnp.asarray([len(d) for d in dprompts], jnp.int32),
-                      self._cache(self.dc, B, Sd, dtype))
-    tcache, dcache = self._placed(tcache, self.tc), self._placed(dcache, self.dc)
-    last = [int(x) for x in np.asarray(first)]
-    for b, x in enumerate(last):  # before the drafter re-tokenizes it
-      if x == NONFINITE:
-        raise nonfinite_error(lo + b, 0, step=0)
-    tlen = [len(p) for p in prompts]  # each row's committed target tokens in its cache
-    out.add(np.asarray(last)[:, None])
-    self.learn(last)
-    pend = [self.to_drafter([x]) for x in last]
-    ctx = [list(d) for d in dprompts]  # the drafter tokens in each row's cache
-    res.prefill_s += time.perf_counter() - t0
+    lengths = np.asarray([len(p) for p in prompts], np.int32)
+    req = Request(prompts, lengths, S, T, tokens, key, out)
+    final = []
 
-    t_start = time.perf_counter()
-    step = 0
-    while not out.done.all():
-      step += 1
-      live = ~out.done  # rows still generating; the others are frozen
+    def start():
+      first, tcache = tprefill(self.tp, jnp.asarray(tokens), jnp.asarray(lengths),
+                               self._cache(self.tc, B, S, dtype), jax.random.fold_in(key, lo))
+      dcache = dprefill(self.dp, jnp.asarray(dtokens),
+                        jnp.asarray([len(d) for d in dprompts], jnp.int32),
+                        self._cache(self.dc, B, Sd, dtype))
+      last = [int(x) for x in np.asarray(first)]
+      for b, x in enumerate(last):  # before the drafter re-tokenizes it
+        if x == NONFINITE:
+          raise nonfinite_error(lo + b, 0, step=0)
+      self.learn(last)
+      # the loop's host state: each row's committed target tokens in its cache (tlen), its
+      # last token, the drafter tokens it has not read (pend) and those in its cache (ctx)
+      c = types.SimpleNamespace(
+          tcache=self._placed(tcache, self.tc), dcache=self._placed(dcache, self.dc), Sd=Sd,
+          last=last, tlen=[len(p) for p in prompts], pend=[self.to_drafter([x]) for x in last],
+          ctx=[list(d) for d in dprompts])
+      final.append(c)  # updated in place by every step
+      return np.asarray(last), c
+
+    def advance(c, step, _key, live):  # live: rows still generating; the others are frozen
       kd, kv = jax.random.split(jax.random.fold_in(key, step * total + lo))
-      P = bucket(max(len(x) for x in pend), minimum=1)
-      while max(map(len, ctx)) + P + G > Sd:  # long drafter spellings: grow its cache
-        Sd *= 2
-        dcache = self._placed(_grow(dcache, Sd), self.dc)
-      draft, c = self._program("draft", sampling, B, P, Sd)
-      res.compile_s += c
-      compile_in_loop += c
+      P = bucket(max(len(x) for x in c.pend), minimum=1)
+      while max(map(len, c.ctx)) + P + G > c.Sd:  # long drafter spellings: grow its cache
+        c.Sd *= 2
+        c.dcache = self._placed(_grow(c.dcache, c.Sd), self.dc)
+      draft, compiled = self._program("draft", sampling, B, P, c.Sd)
       t0 = time.perf_counter()
       pend_arr = np.zeros((B, P), np.int32)
-      for b, x in enumerate(pend):
+      for b, x in enumerate(c.pend):
         pend_arr[b, :len(x)] = x
-      ds, qd, qs, nd, _, dcache = draft(self.dp, dcache, jnp.asarray(pend_arr),
-                                        jnp.asarray([len(x) for x in pend], jnp.int32),
-                                        self.allowed(), kd, self.head)
+      ds, qd, qs, nd, _, c.dcache = draft(self.dp, c.dcache, jnp.asarray(pend_arr),
+                                          jnp.asarray([len(x) for x in c.pend], jnp.int32),
+                                          self.allowed(), kd, self.head)
       ds_h, qd_h, nd = np.asarray(ds), np.asarray(qd), np.asarray(nd)
       t1 = time.perf_counter()
       # translation, per row on the host: the exact rule's planned positions, or OmniDraft's
@@ -617,8 +615,8 @@ class CrossVocabDecoder(DecodingMethod):
       if exact:
         probs_fn = self._program("tprobs", sampling, B, S, M)[0]
         t2 = time.perf_counter()
-        p_rows, tcache = probs_fn(self.tp, tcache, jnp.asarray(last, jnp.int32),
-                                  jnp.asarray(drafts))
+        p_rows, c.tcache = probs_fn(self.tp, c.tcache, jnp.asarray(c.last, jnp.int32),
+                                    jnp.asarray(drafts))
         p_rows = np.asarray(p_rows)
         t3 = time.perf_counter()
         n, nxt = np.zeros(B, np.int64), np.zeros(B, np.int64)
@@ -646,10 +644,10 @@ class CrossVocabDecoder(DecodingMethod):
             pos += nsub[b][i]
         verify = self._program("verify", sampling, B, S, M)[0]
         t2 = time.perf_counter()
-        n, nxt, tcache = verify(self.tp, tcache, jnp.asarray(last, jnp.int32),
-                                jnp.asarray(drafts), jnp.asarray(m), qs, jnp.asarray(src),
-                                jnp.asarray(ngram_t), jnp.asarray(prefix_t), jnp.asarray(qp),
-                                self._d2t_idx, kv)
+        n, nxt, c.tcache = verify(self.tp, c.tcache, jnp.asarray(c.last, jnp.int32),
+                                  jnp.asarray(drafts), jnp.asarray(m), qs, jnp.asarray(src),
+                                  jnp.asarray(ngram_t), jnp.asarray(prefix_t), jnp.asarray(qp),
+                                  self._d2t_idx, kv)
         n, nxt = np.asarray(n).astype(np.int64), np.asarray(nxt).astype(np.int64)
         t3 = time.perf_counter()
       emitted = np.full((B, G + 1), -1, np.int64)
@@ -658,18 +656,18 @@ class CrossVocabDecoder(DecodingMethod):
           raise nonfinite_error(lo + b, len(out.tokens[b]), step)
         row = [int(x) for x in drafts[b, :n[b]]] + [int(nxt[b])]
         emitted[b, :len(row)] = row
-        tlen[b] += 1 + int(n[b])
+        c.tlen[b] += 1 + int(n[b])
         u = sum(nsub[b][:n[b]])  # drafter sub-tokens accepted
         fed = min(u, int(nd[b]) - 1)  # of them already in the drafter's cache
-        ctx[b] += pend[b] + [int(x) for x in ds_h[b, :fed]]
+        c.ctx[b] += c.pend[b] + [int(x) for x in ds_h[b, :fed]]
         self.learn(row)
-        pend[b] = [int(x) for x in ds_h[b, fed:u]] + self.to_drafter([int(nxt[b])])
-        last[b] = int(nxt[b])
+        c.pend[b] = [int(x) for x in ds_h[b, fed:u]] + self.to_drafter([int(nxt[b])])
+        c.last[b] = int(nxt[b])
       # frozen rows keep their lengths; live rows keep what they committed
-      tcache = self._lengths(tcache, tlen)
-      dcache = self._lengths(dcache, [len(x) for x in ctx])
-      out.add(emitted)
-      def spread(vals, live=live):  # this batch's values in the row layout of all prompts
+      c.tcache = self._lengths(c.tcache, c.tlen)
+      c.dcache = self._lengths(c.dcache, [len(x) for x in c.ctx])
+
+      def spread(vals):  # this batch's values in the row layout of all prompts
         v = [0] * total
         v[lo:lo + B] = [int(x) if live[b] else 0 for b, x in enumerate(vals)]
         return v
@@ -683,11 +681,16 @@ class CrossVocabDecoder(DecodingMethod):
       st.draft_s += t1 - t0
       st.verify_s += t3 - t2
       st.host_s += (t2 - t1) + (time.perf_counter() - t3)
-    res.steps += step
-    b = B - 1
-    self.trace = (ctx[b], pend[b], KVCache(dcache.k[:, b:b + 1], dcache.v[:, b:b + 1],
-                                           dcache.lengths[b:b + 1]))
-    res.decode_s += time.perf_counter() - t_start - compile_in_loop
+      return c, emitted, compiled
+
+    done = host_loop(req, start, advance, compile_s=compile_s)
+    res.compile_s += done.compile_s
+    res.prefill_s += done.prefill_s
+    res.decode_s += done.decode_s
+    res.steps += done.steps
+    c, b = final[0], B - 1
+    self.trace = (c.ctx[b], c.pend[b], KVCache(c.dcache.k[:, b:b + 1], c.dcache.v[:, b:b + 1],
+                                               c.dcache.lengths[b:b + 1]))
 
 
 def _grow(cache: KVCache, S: int) -> KVCache:

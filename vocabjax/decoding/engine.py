@@ -10,9 +10,9 @@ A decoder supplies only what is its own:
 
 and `host_loop` drives it: rows stop at EOS, a stop string or `max_new_tokens`
 (`OutputCollector`), a non-finite flag raises, and the result's times keep compilation out of
-prefill and decode. Plain decoding, chain / tree / EAGLE / Medusa (`SpeculativeDecoder`), prompt
-lookup and EAGLE + lookup run through it. (The cross-vocabulary decoder's batched loop, with
-its per-row translation, still drives its programs itself: `crossvocab._generate_batch`.)
+prefill and decode. Every decoder runs through it: plain decoding, chain / tree / EAGLE /
+Medusa (`SpeculativeDecoder`), prompt lookup, EAGLE + lookup, and the cross-vocabulary decoder
+(one `host_loop` per batch of rows, its translation and n-gram cache in `advance`).
 """
 
 from __future__ import annotations
