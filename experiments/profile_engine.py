@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import functools
 import json
 import platform
 import time
@@ -128,7 +127,6 @@ def main(argv=None) -> None:
   a = p.parse_args(argv)
 
   import jax
-  import jax.numpy as jnp
 
   from vocabjax.models import LlamaLikeConfig, init_params
   from vocabjax.models.llamalike import cast_weights, with_mlp_layout
