@@ -41,13 +41,8 @@ class ProgramCache:
     return self._built[key], time.perf_counter() - t0
 
   def items(self):
+    """(key, program) pairs built so far (e.g. to inspect every compiled program)."""
     return self._built.items()
-
-  def __contains__(self, key) -> bool:
-    return key in self._built
-
-  def __len__(self) -> int:
-    return len(self._built)
 
 
 class Request(NamedTuple):
