@@ -142,8 +142,8 @@ def test_prompt_lookup_on_a_mesh(pair, data, model):
       assert dec.tp["layers"][0]["w_up"].sharding.spec == P("model", None)
     B = 4
     if candidates == 1:
-      _, steps, _ = dec.programs(SamplingParams(), B, 16, 64, np.float32)
-      progs = list(steps.values())
+      _, step, _ = dec.programs(SamplingParams(), B, 16, 64, np.float32)
+      progs = [step(M)[0] for M in range(dec.gamma + 1)]
     else:
       progs = [dec.tree_program(SamplingParams(), B, 64, np.float32, 5)[0]]
     for prog in progs:

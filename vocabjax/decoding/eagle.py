@@ -451,8 +451,9 @@ class EagleLookupDecoder(EagleDecoder):
   features on whichever path it accepts. Where the text copies its context (summaries,
   retrieval answers, edited code) the lookup reaches further than the head; elsewhere the head
   drafts. A step program is compiled per trie size bucket (0, gamma, 2 gamma, ..,
-  candidates x gamma nodes; a trie is padded up to its bucket), so a step without a match
-  verifies the head's tree alone.
+  candidates x gamma nodes; a trie is padded up to its bucket) when the bucket is first met
+  (its compile time is reported apart from decoding), so a step without a match verifies the
+  head's tree alone.
 
   Greedy output equals the target's greedy output; sampling stays lossless (every draft is a
   deterministic function of the context: `verify_tree_sampling`'s multi-draft rule). One
@@ -489,18 +490,24 @@ class EagleLookupDecoder(EagleDecoder):
                              policy=self.draft_policy, gated=self.min_confidence > 0)
 
   def programs(self, sampling: SamplingParams, B: int, T: int, S: int, dtype):
-    """AOT-compiled (start, {bucket m: step}) for one shape, and the compile seconds."""
+    """(start, step, the start's compile seconds) for one shape; `step(m)` is (the step for
+    trie bucket m, seconds spent compiling it now): a bucket's step compiles when the bucket
+    is first met (0 when it was compiled before)."""
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
+    name = jnp.dtype(dtype).name
+    (start, state), seconds = self._programs.get(
+        ("start", sampling, B, T, S, name),
+        lambda: self._compile_start(sampling, B, T, S, dtype))
 
-    def build():
-      start, state = self._compile_start(sampling, B, T, S, dtype)
-      fn = jax.jit(self._lowered_step(sampling), donate_argnums=(2,))
-      return start, {m: fn.lower(self.tp, self.dp, state, jax.random.key(0), i32(B, m),
-                                 i32(B, m), i32(B, m)).compile() for m in self.buckets}
+    def step(m: int):
+      if m not in self.buckets:
+        raise ValueError(f"trie buckets are {self.buckets}, got m={m}")
+      return self._programs.get(("step", sampling, B, S, name, m), lambda: (
+          jax.jit(self._lowered_step(sampling), donate_argnums=(2,)).lower(
+              self.tp, self.dp, state, jax.random.key(0), i32(B, m), i32(B, m),
+              i32(B, m)).compile()))
 
-    (start, steps), seconds = self._programs.get((sampling, B, T, S, jnp.dtype(dtype).name),
-                                                 build)
-    return start, steps, seconds
+    return start, step, seconds
 
   def generate(self, prompts, *, max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
                seed: int = 0, eos_token_ids=(), max_len: int | None = None, stop_strings=(),
@@ -524,9 +531,9 @@ class EagleLookupDecoder(EagleDecoder):
       state, hist = carry
       tok, parent, depth, nodes = trie_block(hist, active, self.gamma, self.max_ngram,
                                              self.min_ngram, self.candidates, self.buckets)
-      state, emitted, n, from_lk, *head = steps[tok.shape[1]](
-          self.tp, self.dp, state, key, jnp.asarray(tok), jnp.asarray(parent),
-          jnp.asarray(depth))
+      prog, compiled = steps(tok.shape[1])
+      state, emitted, n, from_lk, *head = prog(self.tp, self.dp, state, key, jnp.asarray(tok),
+                                               jnp.asarray(parent), jnp.asarray(depth))
       emitted, n, from_lk = np.asarray(emitted), np.asarray(n), np.asarray(from_lk)
       drafted = np.asarray(head[0]) if head else np.ones(len(active), bool)
       stats.drafted.append([self.tree.total_tokens * bool(h) + int(x) if a else 0
@@ -537,6 +544,6 @@ class EagleLookupDecoder(EagleDecoder):
       stats.from_lookup.append([int(x) if a else 0 for x, a in zip(from_lk, active)])
       stats.head.append([bool(h) if a else False for h, a in zip(drafted, active)])
       hist = [np.concatenate([h, e[:k + 1]]) for h, e, k in zip(hist, emitted, n)]
-      return (state, hist), emitted, 0.0
+      return (state, hist), emitted, compiled
 
     return host_loop(req, begin, advance, compile_s=compile_s, stats=stats)

@@ -10,8 +10,8 @@ before that suffix (Saxena's `find_candidate_pred_tokens`); propose up to G toke
 followed it. No match: no drafts for that row.
 
 Verification: one target forward over [last, d_1 .. d_g] with g the longest draft in the batch
-this step; a program is compiled per g (0..G), so a step without any match is an ordinary
-one-token step. Rows with fewer drafts pass `n_valid`; what lies past it is never accepted.
+this step; a program is compiled per g (0..G) when that g is first met (its compile time is
+reported apart from decoding), so a step without any match is an ordinary one-token step. Rows with fewer drafts pass `n_valid`; what lies past it is never accepted.
 
 Tree (`candidates` c > 1): the continuations of up to c matches (the chain's first, then the
 other occurrences of the same n-gram, most recent first, then shorter n-grams) merged into a
@@ -204,7 +204,7 @@ class PromptLookupDecoder(DecodingMethod):
     self.drafted_per_step = candidates * gamma
     self.extra_slots = candidates * gamma + 1
     self.verify_tokens = candidates * gamma + 1
-    self._programs = ProgramCache()  # (prefill, {M: chain step}) and the tree steps
+    self._programs = ProgramCache()  # the prefills, the chain steps (per M), the tree steps
 
   def _jit_step(self, fn, cache):
     """`jax.jit(fn)` lowered as the decoder's steps (`self.lowering`, see
@@ -222,18 +222,27 @@ class PromptLookupDecoder(DecodingMethod):
     return cache if self.mesh is None else sharding.shard_cache(cache, self.tc, self.mesh)
 
   def programs(self, sampling: SamplingParams, B: int, T: int, S: int, dtype):
-    """(prefill, {g: step}) compiled for these shapes, and the compile seconds."""
-    def build():
-      cache = abstract_cache(self.tc, B, S, dtype, self.mesh)
-      fn = self._jit_step(functools.partial(pld_step, config=self.tc, sampling=sampling), cache)
-      i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
-      prefill = compile_prefill(self.tp, self.tc, sampling, B, T, cache, self.lowering)
-      return prefill, {M: fn.lower(self.tp, cache, i32(B, M + 1), i32(B),
-                                   jax.random.key(0)).compile() for M in range(self.gamma + 1)}
+    """(prefill, step, the prefill's compile seconds) for these shapes; `step(M)` is (the
+    chain step verifying M drafts, seconds spent compiling it now): a step compiles when its
+    draft count is first met (0 when it was compiled before), as the tree steps do."""
+    name = jnp.dtype(dtype).name
+    prefill, seconds = self._programs.get(("prefill", sampling, B, T, S, name), lambda: (
+        compile_prefill(self.tp, self.tc, sampling, B, T,
+                        abstract_cache(self.tc, B, S, dtype, self.mesh), self.lowering)))
 
-    (prefill, steps), seconds = self._programs.get(
-        ("chain", sampling, B, T, S, jnp.dtype(dtype).name), build)
-    return prefill, steps, seconds
+    def step(M: int):
+      def build():
+        cache = abstract_cache(self.tc, B, S, dtype, self.mesh)
+        fn = self._jit_step(functools.partial(pld_step, config=self.tc, sampling=sampling),
+                            cache)
+        i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
+        return fn.lower(self.tp, cache, i32(B, M + 1), i32(B), jax.random.key(0)).compile()
+
+      if not 0 <= M <= self.gamma:
+        raise ValueError(f"a chain step verifies 0..gamma={self.gamma} drafts, got M={M}")
+      return self._programs.get(("chain", sampling, B, S, name, M), build)
+
+    return prefill, step, seconds
 
   def tree_program(self, sampling: SamplingParams, B: int, S: int, dtype, n: int):
     """The compiled tree verification of n nodes (`pld_tree_step`), and its compile seconds
@@ -280,7 +289,7 @@ class PromptLookupDecoder(DecodingMethod):
 
     def advance(carry, i, key, active):
       cache, last_np, hist = carry
-      compiled = 0.0  # tree programs compile when a node count is first met
+      # a step program compiles when its node count (tree) or draft count (chain) is first met
       if self.candidates > 1:
         block, parent, depth, n_valid = self._tree_block(hist, active, last_np)
         prog, compiled = self.tree_program(sampling, B, S, dtype, block.shape[1] - 1)
@@ -295,8 +304,9 @@ class PromptLookupDecoder(DecodingMethod):
         block[:, 0] = last_np
         for b, d in enumerate(drafts):
           block[b, 1:1 + len(d)] = d
-        cache, last, emitted, n = steps[M](self.tp, cache, jnp.asarray(block),
-                                           jnp.asarray(n_valid), key)
+        prog, compiled = steps(M)
+        cache, last, emitted, n = prog(self.tp, cache, jnp.asarray(block),
+                                       jnp.asarray(n_valid), key)
       last_np, emitted, n = np.asarray(last), np.asarray(emitted), np.asarray(n)
       stats.drafted.append([int(v) if a else 0 for v, a in zip(n_valid, active)])
       stats.accepted.append([int(x) if a else 0 for x, a in zip(n, active)])
