@@ -27,6 +27,57 @@ import pytest  # noqa: E402
 
 from vocabjax.testing.tiny import TINY_VARIANTS, save_tiny_variant  # noqa: E402
 
+# VOCABJAX_TEST_PROFILE=PREFIX: each worker appends, per test, what compiling cost it (jax's
+# monitoring events: programs compiled / read from the persistent cache, seconds tracing,
+# lowering, compiling, and the compiled programs by name) to PREFIX.<pid>.jsonl
+# (tests/README.md reads them).
+_PROFILE = os.environ.get("VOCABJAX_TEST_PROFILE")
+_prof: dict = {}
+if _PROFILE:
+  import json
+  import time
+
+  import jax
+
+  _EVENTS = {"/jax/core/compile/jaxpr_trace_duration": "trace_s",
+             "/jax/core/compile/jaxpr_to_mlir_module_duration": "lower_s",
+             "/jax/core/compile/backend_compile_duration": "compile_s"}
+
+  def _on_duration(event, duration, **kw):
+    name = _EVENTS.get(event)
+    if name and _prof:
+      _prof[name] = _prof.get(name, 0.0) + duration
+      if name == "compile_s":
+        hit = _prof.pop("_hit", False)
+        key = "hit_s" if hit else "miss_s"
+        _prof[key] = _prof.get(key, 0.0) + duration
+        if not hit and duration > 0.2:
+          progs = _prof.setdefault("programs", {})
+          f = str(kw.get("fun_name"))
+          progs[f] = round(progs.get(f, 0.0) + duration, 3)
+
+  def _on_event(event, **kw):
+    if _prof and event == "/jax/compilation_cache/cache_hits":
+      _prof["_hit"] = True
+      _prof["hits"] = _prof.get("hits", 0) + 1
+    elif _prof and event == "/jax/compilation_cache/cache_misses":
+      _prof["misses"] = _prof.get("misses", 0) + 1
+
+  jax.monitoring.register_event_duration_secs_listener(_on_duration)
+  jax.monitoring.register_event_listener(_on_event)
+
+  @pytest.hookimpl(hookwrapper=True)
+  def pytest_runtest_protocol(item, nextitem):
+    _prof.clear()
+    _prof.update(test=item.nodeid, start=time.time())
+    yield
+    _prof["wall_s"] = round(time.time() - _prof.pop("start"), 3)
+    _prof.pop("_hit", None)
+    with open(f"{_PROFILE}.{os.getpid()}.jsonl", "a") as f:
+      f.write(json.dumps({k: round(v, 3) if isinstance(v, float) else v
+                          for k, v in _prof.items()}) + "\n")
+    _prof.clear()
+
 
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory):

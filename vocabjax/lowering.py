@@ -131,4 +131,7 @@ def lowered(fn, lowering: Lowering, argnums=(0,)):
       args[i] = with_lowering(args[i], lowering)
     return fn(*args, **kwargs)
 
+  # the program's name (jit(chain_step), not jit(run)) in logs, profiles and HLO dumps
+  run.__name__ = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None),
+                                                          "__name__", "run")
   return run
