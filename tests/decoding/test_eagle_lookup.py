@@ -40,6 +40,53 @@ def test_merge_nodes_by_hand():
   assert all(a is b for a, b in zip(same, (tok, parent, depth)))
 
 
+def _merge_reference(tok, parent, depth, x_tok, x_parent, x_depth):
+  """`merge_nodes` for one row, by its docstring, in plain Python."""
+  n, m = len(tok), len(x_tok)
+  toks, par, dep = list(tok) + list(x_tok), list(parent) + [0] * m, list(depth) + [1] * m
+  live = [True] * n + [False] * m
+  where = {0: 0}  # x node (0 root, j + 1) -> merged index (0 root, i + 1)
+  for j in range(m):
+    own = n + j + 1
+    if x_parent[j] == j + 1:  # padding
+      par[n + j], where[j + 1] = own, own
+      continue
+    mp = where[int(x_parent[j])]
+    twin = [i for i in range(n + j) if live[i] and par[i] == mp and toks[i] == x_tok[j]]
+    if twin:  # merged into the first child with its token
+      par[n + j], where[j + 1] = own, twin[0] + 1
+    else:
+      par[n + j], dep[n + j], live[n + j], where[j + 1] = mp, int(x_depth[j]), True, own
+  return toks, par, dep
+
+
+def test_merge_nodes_equals_its_reference_on_random_tries():
+  """Random head trees and lookup tries with shared tokens (merges at every depth), padding
+  nodes, several sizes: the compiled merge equals the plain-Python reference row by row."""
+  rs = np.random.RandomState(0)
+  for n, m in ((3, 1), (6, 4), (6, 8), (16, 12)):
+    B = 5
+    tok, par, dep = (np.zeros((B, n), np.int32) for _ in range(3))
+    xt, xp, xd = (np.zeros((B, m), np.int32) for _ in range(3))
+    for b in range(B):
+      for i in range(n):  # a random tree: each node under the root or an earlier node
+        par[b, i] = rs.randint(0, i + 1)
+        dep[b, i] = 1 if par[b, i] == 0 else dep[b, par[b, i] - 1] + 1
+        tok[b, i] = rs.randint(0, 4)  # few tokens: many twins to merge with
+      for j in range(m):
+        if rs.rand() < 0.2:
+          xp[b, j] = j + 1  # padding
+          continue
+        xp[b, j] = rs.choice([0] + [k + 1 for k in range(j) if xp[b, k] != k + 1])
+        xd[b, j] = 1 if xp[b, j] == 0 else xd[b, xp[b, j] - 1] + 1
+        xt[b, j] = rs.randint(0, 4)
+    got = [np.asarray(a) for a in merge_nodes(*map(jnp.asarray, (tok, par, dep, xt, xp, xd)))]
+    for b in range(B):
+      want = _merge_reference(tok[b], par[b], dep[b], xt[b], xp[b], xd[b])
+      for g, w in zip(got, want):
+        np.testing.assert_array_equal(g[b], w, err_msg=f"n={n} m={m} row {b}")
+
+
 def _cycle_prompts():
   # t -> 5t + 3 (mod 16) is a 16-cycle: a prompt that already holds the cycle lets the lookup
   # copy the continuation; the short ones give no match at first
