@@ -27,6 +27,12 @@ from vocabjax.train.loop import TrainError
 
 
 LAYERS = (0, 1)
+# the references below run jitted (one program per shape; op by op, every op of every shape
+# was a compile of its own: ~1,400 of them in this file)
+_forward_features = jax.jit(forward_features, static_argnames=("config", "layers", "fresh"))
+_forward = jax.jit(forward, static_argnames=("config", "fresh"))
+_ttt_outputs = jax.jit(ttt_outputs, static_argnames=("config", "steps"))
+_eagle_forward = jax.jit(eagle_forward, static_argnames=("config",))
 
 
 def _job(target_dir, data_file, out, **kw):
@@ -47,8 +53,8 @@ def test_features_are_the_targets_own(target_dir, data_file, tmp_path):
   assert len(data.seqs) == 24
   _, toks, first = data.seqs[5]
   T = len(toks)
-  h, _, f = forward_features(t.params, jnp.asarray(toks)[None], jnp.arange(T)[None],
-                             KVCache.init(t.config, 1, T), config=t.config, layers=LAYERS)
+  h, _, f = _forward_features(t.params, jnp.asarray(toks)[None], jnp.arange(T)[None],
+                              KVCache.init(t.config, 1, T), config=t.config, layers=LAYERS)
   np.testing.assert_allclose(data.feats[5].astype(np.float32), np.asarray(f[0]), rtol=2e-3,
                              atol=2e-3)  # stored as float16
   label = np.asarray(jnp.argmax(lm_head(t.params, h[0], config=t.config), -1))
@@ -79,8 +85,8 @@ def test_long_sequences_pad_to_multiples_and_keep_their_features(target_dir, dat
   _, toks, _ = data.seqs[0]
   T = len(toks)
   assert T == 140 and forward_len(T) == 192
-  h, _, f = forward_features(t.params, jnp.asarray(toks)[None], jnp.arange(T)[None],
-                             KVCache.init(t.config, 1, T), config=t.config, layers=LAYERS)
+  h, _, f = _forward_features(t.params, jnp.asarray(toks)[None], jnp.arange(T)[None],
+                              KVCache.init(t.config, 1, T), config=t.config, layers=LAYERS)
   np.testing.assert_allclose(data.feats[0].astype(np.float32), np.asarray(f[0]), rtol=2e-3,
                              atol=2e-3)
   np.testing.assert_array_equal(data.labels[0],
@@ -109,8 +115,8 @@ def test_torch_backend_features_equal_the_jax_ones(target_dir, data_file, tmp_pa
     # the final hidden state is the normed one the LM head reads
     _, toks, _ = b.seqs[i]
     T = len(toks)
-    h, _ = forward(t.params, jnp.asarray(toks)[None], jnp.arange(T)[None],
-                   KVCache.init(t.config, 1, T), config=t.config)
+    h, _ = _forward(t.params, jnp.asarray(toks)[None], jnp.arange(T)[None],
+                    KVCache.init(t.config, 1, T), config=t.config)
     np.testing.assert_allclose(b.hidden[i].astype(np.float32), np.asarray(h[0]), rtol=2e-3,
                                atol=2e-3)
   with pytest.raises(TrainError, match="hold no final hidden states"):
@@ -202,23 +208,23 @@ def test_training_time_test_computes_what_tree_decoding_computes(target_dir, wid
   rs = np.random.RandomState(0)
   T, steps = 12, 3
   toks = rs.randint(0, t.config.vocab_size, T)
-  _, _, f = forward_features(t.params, jnp.asarray(toks)[None], jnp.arange(T)[None],
-                             KVCache.init(t.config, 1, T), config=t.config, layers=LAYERS)
+  _, _, f = _forward_features(t.params, jnp.asarray(toks)[None], jnp.arange(T)[None],
+                              KVCache.init(t.config, 1, T), config=t.config, layers=LAYERS)
   batch = {"tokens": jnp.asarray(toks)[None], "feats": f, "dlabel": jnp.zeros((1, T), jnp.int32),
            "weight": jnp.ones((1, T))}
-  outs = ttt_outputs(params, t.params["embed"], batch, config=hc, steps=steps)
+  outs = _ttt_outputs(params, t.params["embed"], batch, config=hc, steps=steps)
   eps = hc.layer.rms_norm_eps
   for i in (0, 4, 7):
     # decoding: entries 0..i from target features, then a chain of the head's own outputs
     cache = KVCache.init(hc.layer, 1, 32)
-    x, cache = eagle_forward(params, t.params["embed"], jnp.asarray(toks[1:i + 2])[None],
-                             fuse_features(params, f[:, :i + 1]), jnp.arange(i + 1)[None],
-                             cache, config=hc)
+    x, cache = _eagle_forward(params, t.params["embed"], jnp.asarray(toks[1:i + 2])[None],
+                              fuse_features(params, f[:, :i + 1]), jnp.arange(i + 1)[None],
+                              cache, config=hc)
     x = x[:, -1:]
     for j in range(steps):
       if j:
-        x, cache = eagle_forward(params, t.params["embed"], jnp.asarray([[toks[i + 1 + j]]]),
-                                 x, jnp.asarray([[i + j]]), cache, config=hc)
+        x, cache = _eagle_forward(params, t.params["embed"], jnp.asarray([[toks[i + 1 + j]]]),
+                                  x, jnp.asarray([[i + j]]), cache, config=hc)
       np.testing.assert_allclose(np.asarray(outs[j][0][0, i]),
                                  np.asarray(rms_norm(x[0, 0], params["final_norm"], eps)),
                                  rtol=1e-4, atol=1e-5)
@@ -236,8 +242,8 @@ def test_packed_windows_compute_what_separate_windows_compute(target_dir):
 
   def alone(toks):
     n = len(toks)
-    _, _, f = forward_features(t.params, jnp.asarray(toks)[None], jnp.arange(n)[None],
-                               KVCache.init(t.config, 1, n), config=t.config, layers=LAYERS)
+    _, _, f = _forward_features(t.params, jnp.asarray(toks)[None], jnp.arange(n)[None],
+                                KVCache.init(t.config, 1, n), config=t.config, layers=LAYERS)
     return {"tokens": jnp.asarray(toks)[None], "feats": f,
             "dlabel": jnp.asarray(rs.randint(0, 50, n))[None], "weight": jnp.ones((1, n))}
 
@@ -253,11 +259,11 @@ def test_packed_windows_compute_what_separate_windows_compute(target_dir):
     packed["segment"][0, o:o + n] = k
     packed["position"][0, o:o + n] = np.arange(n)
     o += n
-  outs = ttt_outputs(params, t.params["embed"], {k: jnp.asarray(v) for k, v in packed.items()},
-                     config=hc, steps=steps)
+  outs = _ttt_outputs(params, t.params["embed"], {k: jnp.asarray(v) for k, v in packed.items()},
+                      config=hc, steps=steps)
   o = 0
   for n, r in zip(lens, recs):
-    ref = ttt_outputs(params, t.params["embed"], r, config=hc, steps=steps)
+    ref = _ttt_outputs(params, t.params["embed"], r, config=hc, steps=steps)
     for j in range(steps):
       (hn, label, weight), (rh, rl, rw) = outs[j], ref[j]
       valid = n - 1 - j  # queries whose label lies inside the record
@@ -580,9 +586,9 @@ def test_mixed_precision_training(target_dir, data_file, tmp_path):
   d2t = params.pop("d2t")
   rs = np.random.RandomState(1)
   B, T = 2, 24
-  _, _, f = forward_features(t.params, jnp.asarray(rs.randint(0, t.config.vocab_size, (B, T))),
-                             jnp.broadcast_to(jnp.arange(T), (B, T)),
-                             KVCache.init(t.config, B, T), config=t.config, layers=LAYERS)
+  _, _, f = _forward_features(t.params, jnp.asarray(rs.randint(0, t.config.vocab_size, (B, T))),
+                              jnp.broadcast_to(jnp.arange(T), (B, T)),
+                              KVCache.init(t.config, B, T), config=t.config, layers=LAYERS)
   batch = {"tokens": jnp.asarray(rs.randint(0, t.config.vocab_size, (B, T))), "feats": f,
            "dlabel": jnp.asarray(rs.randint(0, t.config.vocab_size, (B, T))),
            "weight": jnp.ones((B, T))}
@@ -789,8 +795,8 @@ def test_a_ranker_for_a_full_vocabulary_head(target_dir, data_file, tmp_path):
                   v=jnp.zeros((1, 1, T, c.num_kv_heads, c.head_dim)),
                   lengths=jnp.zeros((1,), jnp.int32))
   fused = fuse_features(hp, jnp.asarray(data.feats[3][None, :T - 1], jnp.float32))
-  x, _ = eagle_forward(hp, t.params["embed"], jnp.asarray(toks[None, 1:]), fused,
-                       jnp.arange(T - 1)[None], cache, config=hc)
+  x, _ = _eagle_forward(hp, t.params["embed"], jnp.asarray(toks[None, 1:]), fused,
+                        jnp.arange(T - 1)[None], cache, config=hc)
   normed = np.asarray(rms_norm(x[0], hp["final_norm"], c.rms_norm_eps))
   mine = feats.record == rec
   rows = np.arange(first - 1, T - 2)
