@@ -27,7 +27,7 @@ import numpy as np
 
 from vocabjax import sharding
 from vocabjax.decoding.base import DecodingMethod, GenerationResult
-from vocabjax.decoding.engine import ProgramCache, Request, host_loop
+from vocabjax.decoding.engine import ProgramCache, Request, fold_in, host_loop
 from vocabjax.sampling import NONFINITE, SamplingParams, sample
 from vocabjax.lowering import Lowering, decoding_lowering, lowered, step_lowering
 from vocabjax.models.cache import KVCache
@@ -242,7 +242,7 @@ class Decoder(DecodingMethod):
 
     def start():
       new, cache = prefill(self.params, jnp.asarray(tokens), jnp.asarray(lengths),
-                           self._new_cache(B, S, cache_dtype), jax.random.fold_in(req.key, 0))
+                           self._new_cache(B, S, cache_dtype), fold_in(req.key, 0))
       return new, (new, cache)
 
     def advance(carry, i, key, active):
@@ -296,7 +296,7 @@ class Decoder(DecodingMethod):
         tok, row = prefill(self.params, jnp.asarray(tokens),
                            jnp.asarray([lengths[i]], jnp.int32),
                            self._new_cache(1, S, cache_dtype),
-                           jax.random.fold_in(key_prefill, i))
+                           fold_in(key_prefill, i))
         tok = int(np.asarray(tok)[0])
         out.add_row(i, [tok], step=0)
         if not out.done[i]:
@@ -315,7 +315,7 @@ class Decoder(DecodingMethod):
     while any(i >= 0 for i in occupant):
       steps += 1
       emitted, cache = step(self.params, jnp.asarray(new), cache,
-                            jax.random.fold_in(key_step, steps))
+                            fold_in(key_step, steps))
       new = np.array(emitted, np.int32)
       for b, i in enumerate(occupant):
         if i >= 0:

@@ -70,7 +70,7 @@ from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector,
                                               nonfinite_error, prompt_bucket, token_ids,
                                               validate_request)
 from vocabjax.decoding.base import DecodingMethod
-from vocabjax.decoding.engine import ProgramCache, Request, host_loop
+from vocabjax.decoding.engine import ProgramCache, Request, fold_in, host_loop, split
 from vocabjax.sampling import NONFINITE, SamplingParams, log_probs, probs
 from vocabjax.decoding.speculative import (SpecStats, block_layout, check_draft_prefill,
                                            compile_draft_prefill, mesh_layout)
@@ -541,7 +541,7 @@ class CrossVocabDecoder(DecodingMethod):
       compile_s += self._program("tprobs" if exact else "verify", sampling, B, S, m)[1]
     for P in (1, 2):
       compile_s += self._program("draft", sampling, B, P, Sd)[1]
-    row_keys = [jax.random.fold_in(key, lo + b) for b in range(B)]
+    row_keys = [fold_in(key, lo + b) for b in range(B)]
     rngs = [np.random.default_rng(np.asarray(jax.random.key_data(k)).ravel().tolist())
             for k in row_keys]
     tokens = np.zeros((B, T), np.int32)
@@ -554,7 +554,7 @@ class CrossVocabDecoder(DecodingMethod):
 
     def start():
       first, tcache = tprefill(self.tp, jnp.asarray(tokens), jnp.asarray(lengths),
-                               self._cache(self.tc, B, S, dtype), jax.random.fold_in(key, lo))
+                               self._cache(self.tc, B, S, dtype), fold_in(key, lo))
       dcache = dprefill(self.dp, jnp.asarray(dtokens),
                         jnp.asarray([len(d) for d in dprompts], jnp.int32),
                         self._cache(self.dc, B, Sd, dtype))
@@ -573,7 +573,7 @@ class CrossVocabDecoder(DecodingMethod):
       return np.asarray(last), c
 
     def advance(c, step, _key, live):  # live: rows still generating; the others are frozen
-      kd, kv = jax.random.split(jax.random.fold_in(key, step * total + lo))
+      kd, kv = split(fold_in(key, step * total + lo))
       P = bucket(max(len(x) for x in c.pend), minimum=1)
       while max(map(len, c.ctx)) + P + G > c.Sd:  # long drafter spellings: grow its cache
         c.Sd *= 2

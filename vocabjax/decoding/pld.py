@@ -46,7 +46,7 @@ from vocabjax import sharding
 from vocabjax.decoding.autoregressive import (GenerationResult, abstract_cache, compile_prefill,
                                               request)
 from vocabjax.decoding.base import DecodingMethod
-from vocabjax.decoding.engine import ProgramCache, host_loop
+from vocabjax.decoding.engine import ProgramCache, fold_in, host_loop
 from vocabjax.sampling import SamplingParams
 from vocabjax.decoding.speculative import SpecStats
 from vocabjax.decoding.tree import TreeBounds, verify_tree
@@ -279,7 +279,7 @@ class PromptLookupDecoder(DecodingMethod):
 
     def start():
       last, cache = prefill(self.tp, jnp.asarray(req.tokens), jnp.asarray(req.lengths),
-                            self._new_cache(B, S, dtype), jax.random.fold_in(req.key, 0))
+                            self._new_cache(B, S, dtype), fold_in(req.key, 0))
       if self.mesh is not None:  # the steps' cache sharding (the prefill's output may differ)
         cache = jax.device_put(cache, jax.tree.map(
             lambda x: x.sharding, abstract_cache(self.tc, B, S, dtype, self.mesh)))

@@ -34,7 +34,7 @@ from flax import struct
 from vocabjax.decoding.autoregressive import (GenerationResult, abstract_cache, cache_slots,
                                               compile_prefill, request)
 from vocabjax.decoding.base import DecodingMethod
-from vocabjax.decoding.engine import ProgramCache, Request, host_loop
+from vocabjax.decoding.engine import ProgramCache, Request, fold_in, host_loop
 from vocabjax.sampling import SamplingParams
 from vocabjax.decoding.tree import TreeParams, TreeState, tree_step
 from vocabjax.decoding.verify import verify_chain
@@ -359,7 +359,7 @@ class SpeculativeDecoder(DecodingMethod):
     def run():
       return start(jnp.asarray(req.tokens), jnp.asarray(req.lengths),
                    jnp.asarray([p[-1] for p in req.prompts], jnp.int32),
-                   jax.random.fold_in(req.key, 0))
+                   fold_in(req.key, 0))
     return run
 
   def _new_stats(self) -> SpecStats:

@@ -10,11 +10,19 @@ masked out of attention, so right-padded prefill is exact.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 from flax import struct
 
 from vocabjax.models.config import LlamaLikeConfig
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _zeros(shape, dtype):
+  # one compiled call per shape (eagerly: a dispatched broadcast per buffer, per generate call)
+  return jnp.zeros(shape, dtype)
 
 
 @struct.dataclass
@@ -31,8 +39,9 @@ class KVCache:
     if max_len <= 0 or batch_size <= 0:
       raise ValueError(f"cache needs positive sizes, got {batch_size=} {max_len=}")
     shape = (config.num_layers, batch_size, max_len, config.num_kv_heads, config.head_dim)
-    return cls(k=jnp.zeros(shape, dtype), v=jnp.zeros(shape, dtype),
-               lengths=jnp.zeros((batch_size,), jnp.int32))
+    dtype = jnp.dtype(dtype)
+    return cls(k=_zeros(shape, dtype), v=_zeros(shape, dtype),
+               lengths=_zeros((batch_size,), jnp.dtype(jnp.int32)))
 
   @property
   def batch_size(self) -> int:
