@@ -189,3 +189,24 @@ def test_sampled_first_token_follows_target_distribution(tiny_dirs):
   stat = float(((obs - exp) ** 2 / exp).sum())
   assert float(chi2.sf(stat, len(obs) - 1)) > 1e-3
   assert len(set(r[0] for r in res.tokens)) > 10  # really sampling, not greedy
+
+
+def test_compiled_key_derivation_and_cache_buffers():
+  """The host loops' compiled `fold_in` / `split` give jax.random's keys bit for bit (seeded
+  sampling reproduces across versions), and `KVCache.init`'s compiled zeros are separate
+  buffers (a step donates k and v)."""
+  import jax.numpy as jnp
+
+  from vocabjax.decoding import engine
+  from tests.decoding.conftest import CFG
+
+  key = jax.random.key(7)
+  for i in (0, 1, 5, 1000, 2**31 - 1):
+    np.testing.assert_array_equal(jax.random.key_data(engine.fold_in(key, i)),
+                                  jax.random.key_data(jax.random.fold_in(key, i)))
+  for n in (2, 3):
+    np.testing.assert_array_equal(jax.random.key_data(engine.split(key, n)),
+                                  jax.random.key_data(jax.random.split(key, n)))
+  c = KVCache.init(CFG, 2, 8, "bfloat16")
+  assert c.k.dtype == jnp.bfloat16 and c.lengths.dtype == jnp.int32 and not c.k.any()
+  assert c.k.unsafe_buffer_pointer() != c.v.unsafe_buffer_pointer()
