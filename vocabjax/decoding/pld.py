@@ -11,7 +11,8 @@ followed it. No match: no drafts for that row.
 
 Verification: one target forward over [last, d_1 .. d_g] with g the longest draft in the batch
 this step; a program is compiled per g (0..G) when that g is first met (its compile time is
-reported apart from decoding), so a step without any match is an ordinary one-token step. Rows with fewer drafts pass `n_valid`; what lies past it is never accepted.
+reported apart from decoding), so a step without any match is an ordinary one-token step.
+Rows with fewer drafts pass `n_valid`; what lies past it is never accepted.
 
 Tree (`candidates` c > 1): the continuations of up to c matches (the chain's first, then the
 other occurrences of the same n-gram, most recent first, then shorter n-grams) merged into a

@@ -197,16 +197,16 @@ def merge_nodes(tok, parent, depth, x_tok, x_parent, x_depth):
   idx = jnp.arange(n + m, dtype=jnp.int32)[None]
 
   # One x node per iteration, parents first (each x node's parent is placed before it): a loop
-  # of fixed-shape arrays (nodes at n + j and later masked out), so the program holds one body
-  # whatever m (unrolled, each j's slices were other shapes: a step program per trie size
-  # compiled 6-12 s on XLA:CPU).
+  # over fixed-shape arrays (nodes from n + j on are not yet live), so the program holds one
+  # body whatever m (unrolled, each j's slices were other shapes, so other kernels:
+  # experiments/trie_bucket_compile.py).
   def body(j, carry):
     all_par, all_dep, live, where_x = carry
     xp = jax.lax.dynamic_index_in_dim(x_parent, j, 1, keepdims=False)
     pad = xp == j + 1
     mp = jnp.take_along_axis(where_x, jnp.minimum(xp, j)[:, None], axis=1)[:, 0]
     here = jax.lax.dynamic_index_in_dim(all_tok, n + j, 1, keepdims=True)
-    same = live & (idx < n + j) & (all_par == mp[:, None]) & (all_tok == here)
+    same = live & (all_par == mp[:, None]) & (all_tok == here)
     found = same.any(axis=1)
     keep = ~pad & ~found
     own = n + j + 1
