@@ -42,7 +42,9 @@ def test_logits_vs_reference(tiny_dirs, variant):
 
 def test_variants_cover_the_family(tiny_dirs):
   configs = [load_hf(tiny_dirs[v])[0] for v in VARIANTS]
-  assert {c.arch for c in configs} == {"llama", "qwen2", "qwen3"}
+  assert {c.arch for c in configs} == {"llama", "qwen2", "qwen3", "gemma3"}
+  assert any(c.has_sliding_layers and not all(map(c.is_sliding, range(c.num_layers)))
+             for c in configs)  # Gemma 3: a sliding and a global layer
   assert any(c.num_kv_heads == c.num_heads for c in configs)  # MHA
   assert any(1 < c.num_kv_heads < c.num_heads for c in configs)  # GQA
   assert any(c.num_kv_heads == 1 for c in configs)  # MQA

@@ -54,6 +54,16 @@ LAYER_NAMES = {
     "w_up": ("model.layers.{i}.mlp.up_proj.weight", "blk.{i}.ffn_up.weight"),
     "w_down": ("model.layers.{i}.mlp.down_proj.weight", "blk.{i}.ffn_down.weight"),
 }
+# Gemma 3's four norms per layer: `mlp_norm` is its pre-feedforward norm, and HF's
+# post_attention_layernorm is the norm *after* attention (Llama's name for the MLP's input norm).
+GEMMA3_LAYER_NAMES = {
+    **LAYER_NAMES,
+    "mlp_norm": ("model.layers.{i}.pre_feedforward_layernorm.weight", "blk.{i}.ffn_norm.weight"),
+    "post_attn_norm": ("model.layers.{i}.post_attention_layernorm.weight",
+                       "blk.{i}.post_attention_norm.weight"),
+    "post_mlp_norm": ("model.layers.{i}.post_feedforward_layernorm.weight",
+                      "blk.{i}.post_ffw_norm.weight"),
+}
 TOP_NAMES = {
     "embed": ("model.embed_tokens.weight", "token_embd.weight"),
     "final_norm": ("model.norm.weight", "output_norm.weight"),
@@ -68,12 +78,18 @@ def np_dtype(dtype) -> np.dtype:
   return np.dtype(ml_dtypes.bfloat16) if jnp.dtype(dtype) == jnp.bfloat16 else np.dtype(dtype)
 
 
+def layer_names(config: LlamaLikeConfig) -> dict:
+  """leaf -> (HF name, GGUF name) of a decoder layer of `config`'s architecture."""
+  return GEMMA3_LAYER_NAMES if config.sandwich_norms else LAYER_NAMES
+
+
 def expected_names(config: LlamaLikeConfig, scheme: str) -> list[str]:
   col = SCHEMES[scheme]
   shapes = param_shapes(config)
   names = [TOP_NAMES[k][col] for k in TOP_NAMES if k in shapes]
+  per_layer = layer_names(config)
   for i, layer in enumerate(shapes["layers"]):
-    names += [LAYER_NAMES[leaf][col].format(i=i) for leaf in layer]
+    names += [per_layer[leaf][col].format(i=i) for leaf in layer]
   return names
 
 
@@ -105,7 +121,8 @@ def assemble_params(config: LlamaLikeConfig, lookup: Callable[[str], np.ndarray]
 
   params: dict = {key: fetch(TOP_NAMES[key][col], shapes[key])
                   for key in TOP_NAMES if key in shapes}
-  params["layers"] = [{leaf: fetch(LAYER_NAMES[leaf][col].format(i=i), shape)
+  per_layer = layer_names(config)
+  params["layers"] = [{leaf: fetch(per_layer[leaf][col].format(i=i), shape)
                        for leaf, shape in layer.items()}
                       for i, layer in enumerate(shapes["layers"])]
   return params

@@ -4,6 +4,11 @@ Reading and dequantization are the `gguf` package's (`GGUFReader`, `gguf.quants.
 llama.cpp's converter permutes the rows of the q/k projections of the *llama* architecture
 (it turns the half-split RoPE layout into the interleaved one); `unpermute_qk` undoes it, as
 transformers' GGUF loader does. Qwen2/Qwen3 GGUFs use the NEOX RoPE layout and are not permuted.
+Gemma 3 GGUFs hold its norms as 1 + w (llama.cpp's converter adds the 1 that transformers'
+Gemma3RMSNorm adds at run time); the loader subtracts it (in f32) so both formats load to the
+same params. llama.cpp fixes what GGUF metadata does not say: every 6th layer global (unless
+`attention.sliding_window_pattern` says otherwise), local RoPE base 10,000, scores scaled by
+head_dim ** -0.5 (D / H for the 27B).
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ from vocabjax.checkpoints.hf_config import UnsupportedConfigError
 from vocabjax.checkpoints.zoo import cache_dir
 from vocabjax.models.config import LlamaLikeConfig
 
-_GGUF_ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+_GGUF_ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3"}
+GEMMA3_SLIDING_PATTERN = 6  # llama.cpp's `set_swa_pattern(6)` for LLM_ARCH_GEMMA3
+GEMMA3_LOCAL_ROPE_BASE = 10_000.0  # llama.cpp's rope_freq_base_train_swa for gemma3
 
 
 def open_gguf(path: str | os.PathLike):
@@ -68,8 +75,11 @@ def config_from_gguf(meta: dict, tensor_names: set[str], vocab_size: int,
   problems = []
   if get("expert_count", 0):
     problems.append(f"{arch}.expert_count={get('expert_count')} (mixture of experts)")
-  if get("attention.sliding_window"):
+  if get("attention.sliding_window") and arch != "gemma3":
     problems.append(f"{arch}.attention.sliding_window={get('attention.sliding_window')}")
+  for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+    if get(key):
+      problems.append(f"{arch}.{key}={get(key)} (soft-capping not implemented)")
   scaling = get("rope.scaling.type", "none")
   if scaling not in ("none", "linear"):
     problems.append(f"{arch}.rope.scaling.type={scaling!r} (supported: none, linear)")
@@ -80,12 +90,35 @@ def config_from_gguf(meta: dict, tensor_names: set[str], vocab_size: int,
                     f"head_dim={head_dim} (partial rotary)")
   if problems:
     raise UnsupportedConfigError(f"GGUF {arch} metadata not supported: {'; '.join(problems)}")
+  L = int(get("block_count"))
+  gemma = {}
+  if arch == "gemma3":
+    # the 27B's query_pre_attn_scalar is D / H (168), the others' head_dim (llama.cpp)
+    scalar = D // H if (L == 62 and D == 5376) else head_dim
+    window = get("attention.sliding_window")
+    # `attention.sliding_window_pattern`: an int n (every n-th layer global) or one bool per
+    # layer (true: sliding); files without it get llama.cpp's fixed 6
+    pattern = get("attention.sliding_window_pattern", GEMMA3_SLIDING_PATTERN)
+    if isinstance(pattern, (list, tuple)):
+      if len(pattern) != L:
+        raise UnsupportedConfigError(f"GGUF {arch}.attention.sliding_window_pattern has "
+                                     f"{len(pattern)} entries for {L} layers")
+      sliding = [bool(x) for x in pattern]
+    else:
+      sliding = [(i + 1) % int(pattern) != 0 for i in range(L)]
+    gemma = dict(
+        hidden_act="gelu_tanh", norm_unit_offset=True, sandwich_norms=True,
+        scale_embeddings=True, query_pre_attn_scalar=float(scalar),
+        sliding_window=int(window) if window else None,
+        layer_types=tuple("sliding_attention" if s and window else "full_attention"
+                          for s in sliding),
+        rope_local_theta=GEMMA3_LOCAL_ROPE_BASE)
   return LlamaLikeConfig(
       arch=_GGUF_ARCHS[arch],
       vocab_size=int(vocab_size),
       hidden_size=D,
       intermediate_size=int(get("feed_forward_length")),
-      num_layers=int(get("block_count")),
+      num_layers=L,
       num_heads=H,
       num_kv_heads=int(get("attention.head_count_kv", H)),
       head_dim=head_dim,
@@ -98,6 +131,7 @@ def config_from_gguf(meta: dict, tensor_names: set[str], vocab_size: int,
       qk_norm="blk.0.attn_q_norm.weight" in tensor_names,
       tie_word_embeddings="output.weight" not in tensor_names,
       max_position_embeddings=int(get("context_length", 4096)),
+      **gemma,
   )
 
 
@@ -134,6 +168,8 @@ def load_gguf(path: str | os.PathLike, dtype=jnp.float32) -> tuple[LlamaLikeConf
       w = unpermute_qk(w, config.num_heads)
     elif config.arch == "llama" and name.endswith(("attn_k.weight", "attn_k.bias")):
       w = unpermute_qk(w, config.num_kv_heads)
+    elif config.norm_unit_offset and name.endswith("norm.weight"):
+      w = w.astype(np.float32) - 1.0  # stored 1 + w (module doc)
     return w
 
   params = assemble_params(config, lookup, tensors.keys(), scheme="gguf", dtype=dtype,

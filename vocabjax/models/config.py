@@ -1,7 +1,9 @@
 """Frozen, hashable configuration of the llama-like decoder family.
 
-One dataclass covers Llama 2/3.x (incl. llama3 RoPE scaling), Qwen2/2.5 (q/k/v bias) and Qwen3
-(q/k RMSNorm), with MHA, GQA or MQA and tied or untied LM heads. It is a static argument to
+One dataclass covers Llama 2/3.x (incl. llama3 RoPE scaling), Qwen2/2.5 (q/k/v bias), Qwen3
+(q/k RMSNorm) and Gemma 3 (text: GELU-tanh MLP, (1 + w) norms around attention and MLP, a scaled
+embedding, `query_pre_attn_scalar`, sliding-window layers with their own RoPE base), with MHA,
+GQA or MQA and tied or untied LM heads. It is a static argument to
 `jax.jit`; derived sizes are properties. Conversion from a Hugging Face `config.json` lives in
 `vocabjax.checkpoints.hf_config`, from GGUF metadata in `vocabjax.checkpoints.gguf_io`.
 """
@@ -13,8 +15,10 @@ import math
 
 import numpy as np
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3")
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
 ROPE_TYPES = ("default", "linear", "llama3")
+ACTIVATIONS = ("silu", "gelu_tanh")
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +45,15 @@ class LlamaLikeConfig:
   qk_norm: bool = False  # RMSNorm over head_dim on q and k before RoPE (Qwen3)
   tie_word_embeddings: bool = False  # LM head = token embedding
   max_position_embeddings: int = 4096
+  # Gemma 3 (each off by default; `checkpoints.hf_config` sets them from a gemma3_text config):
+  hidden_act: str = "silu"  # MLP gate activation: silu (SwiGLU) | gelu_tanh (GeGLU, Gemma)
+  norm_unit_offset: bool = False  # RMSNorm scales by (1 + w), in f32 (Gemma's stored w)
+  sandwich_norms: bool = False  # norms after attention and after the MLP too (Gemma 2/3)
+  scale_embeddings: bool = False  # token embedding times sqrt(D), rounded to its dtype (Gemma)
+  query_pre_attn_scalar: float | None = None  # scores scaled by this ** -0.5 (default head_dim)
+  sliding_window: int | None = None  # W: a sliding layer's query at p sees keys p - W < p' <= p
+  layer_types: tuple[str, ...] | None = None  # per layer, one of LAYER_TYPES (None: all full)
+  rope_local_theta: float | None = None  # sliding layers' RoPE base (default RoPE; None: theta)
 
   def __post_init__(self):
     if self.arch not in ARCHITECTURES:
@@ -55,6 +68,21 @@ class LlamaLikeConfig:
       raise ValueError(f"{self.num_heads=} is not a multiple of {self.num_kv_heads=}")
     if self.head_dim % 2:
       raise ValueError(f"RoPE needs an even head_dim, got {self.head_dim=}")
+    if self.hidden_act not in ACTIVATIONS:
+      raise ValueError(f"unsupported {self.hidden_act=}; supported: {ACTIVATIONS}")
+    if self.layer_types is not None:
+      if len(self.layer_types) != self.num_layers:
+        raise ValueError(f"layer_types has {len(self.layer_types)} entries for "
+                         f"{self.num_layers} layers")
+      bad = sorted(set(self.layer_types) - set(LAYER_TYPES))
+      if bad:
+        raise ValueError(f"unknown layer types {bad}; supported: {LAYER_TYPES}")
+      if "sliding_attention" in self.layer_types and not (self.sliding_window or 0) > 0:
+        raise ValueError(f"sliding layers need a positive sliding_window, got "
+                         f"{self.sliding_window=}")
+    if self.query_pre_attn_scalar is not None and not self.query_pre_attn_scalar > 0:
+      raise ValueError(f"query_pre_attn_scalar must be positive, got "
+                       f"{self.query_pre_attn_scalar=}")
     if self.rope_freq_factors is not None and len(self.rope_freq_factors) != self.head_dim // 2:
       raise ValueError(f"rope_freq_factors has {len(self.rope_freq_factors)} entries, "
                        f"expected head_dim // 2 = {self.head_dim // 2}")
@@ -72,6 +100,20 @@ class LlamaLikeConfig:
     """Query heads per KV head (G)."""
     return self.num_heads // self.num_kv_heads
 
+  @property
+  def attn_divisor(self) -> float:
+    """What attention scores are divided by: sqrt(head_dim), or Gemma's
+    sqrt(query_pre_attn_scalar)."""
+    return float(np.sqrt(self.query_pre_attn_scalar or self.head_dim))
+
+  def is_sliding(self, layer: int) -> bool:
+    """Whether decoder layer `layer` attends over a sliding window."""
+    return self.layer_types is not None and self.layer_types[layer] == "sliding_attention"
+
+  @property
+  def has_sliding_layers(self) -> bool:
+    return self.layer_types is not None and "sliding_attention" in self.layer_types
+
   def replace(self, **changes) -> "LlamaLikeConfig":
     return dataclasses.replace(self, **changes)
 
@@ -79,6 +121,8 @@ class LlamaLikeConfig:
     """Parameter count; `head_rows` counts a trimmed LM head of that many rows (VocabTrim MBSU)."""
     D, F, L = self.hidden_size, self.intermediate_size, self.num_layers
     per_layer = D * (self.q_dim + 2 * self.kv_dim) + self.q_dim * D + 3 * D * F + 2 * D
+    if self.sandwich_norms:
+      per_layer += 2 * D
     if self.attention_bias:
       per_layer += self.q_dim + 2 * self.kv_dim
     if self.qk_norm:
@@ -91,9 +135,12 @@ class LlamaLikeConfig:
       total += rows * D
     return total
 
-  def inv_freq(self) -> np.ndarray:
-    """RoPE inverse frequencies [head_dim // 2] in float64 (computed at trace time)."""
+  def inv_freq(self, local: bool = False) -> np.ndarray:
+    """RoPE inverse frequencies [head_dim // 2] in float64 (computed at trace time); `local`:
+    a sliding layer's (default RoPE on `rope_local_theta`, Gemma 3's local base)."""
     hd = self.head_dim
+    if local and self.rope_local_theta is not None:
+      return 1.0 / (self.rope_local_theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
     inv = 1.0 / (self.rope_theta ** (np.arange(0, hd, 2, dtype=np.float64) / hd))
     if self.rope_type == "linear":
       inv = inv / self.rope_factor

@@ -1,4 +1,4 @@
-"""Pure-functional llama-like decoder: Llama 2/3.x, Qwen2/2.5, Qwen3.
+"""Pure-functional llama-like decoder: Llama 2/3.x, Qwen2/2.5, Qwen3, Gemma 3 (text).
 
 Letters: B batch, T query length, S cache slots, D model dim, F MLP width, V vocab,
 H query heads, N key/value heads, Q = H / N query heads per KV head, hd head dim (e in einsum
@@ -18,6 +18,14 @@ layout's matvec was also 1.2x faster than [in, out] there (62 vs 75 ms for 72 Qw
 matrices; PyTorch took 76 ms).
 
 `forward` returns the final *normed* hidden state; `lm_head` is applied separately.
+
+Gemma 3 (`config.arch == "gemma3"`) is the same loop with its switches on: norms scale by
+(1 + w) in f32 (`norm`), attention and MLP outputs are normed again before the residual add
+(`post_attn_norm`, `post_mlp_norm`), the MLP gate is GELU-tanh, the embedding is scaled by
+sqrt(D), scores by `query_pre_attn_scalar ** -0.5`, and the layers `config.layer_types` marks
+sliding see only the last `sliding_window` positions, with RoPE on `rope_local_theta`. The KV
+cache keeps every position for every layer (a sliding layer's entries past its window are
+masked, not dropped).
 """
 
 from __future__ import annotations
@@ -45,14 +53,17 @@ def init_params(key: jax.Array, config: LlamaLikeConfig, dtype=jnp.float32,
     k = jax.random.fold_in(key, next(counter))
     return (scale * jax.random.normal(k, shape, jnp.float32)).astype(dtype)
 
+  # Gemma's norms store w of a (1 + w) scale: zeros are the identity, as transformers inits them
+  norm_init = jnp.zeros if c.norm_unit_offset else jnp.ones
+
   def layer():
     p = {
-        "attn_norm": jnp.ones((D,), dtype),
+        "attn_norm": norm_init((D,), dtype),
         "wq": normal((c.q_dim, D)),
         "wk": normal((c.kv_dim, D)),
         "wv": normal((c.kv_dim, D)),
         "wo": normal((D, c.q_dim)),
-        "mlp_norm": jnp.ones((D,), dtype),
+        "mlp_norm": norm_init((D,), dtype),
         "w_gate": normal((F, D)),
         "w_up": normal((F, D)),
         "w_down": normal((D, F)),
@@ -60,12 +71,14 @@ def init_params(key: jax.Array, config: LlamaLikeConfig, dtype=jnp.float32,
     if c.attention_bias:
       p.update(bq=normal((c.q_dim,)), bk=normal((c.kv_dim,)), bv=normal((c.kv_dim,)))
     if c.qk_norm:
-      p.update(q_norm=jnp.ones((c.head_dim,), dtype), k_norm=jnp.ones((c.head_dim,), dtype))
+      p.update(q_norm=norm_init((c.head_dim,), dtype), k_norm=norm_init((c.head_dim,), dtype))
+    if c.sandwich_norms:
+      p.update(post_attn_norm=norm_init((D,), dtype), post_mlp_norm=norm_init((D,), dtype))
     return p
 
   layers = [layer() for _ in range(L)]
   params = {"embed": normal((c.vocab_size, D)), "layers": layers,
-            "final_norm": jnp.ones((D,), dtype)}
+            "final_norm": norm_init((D,), dtype)}
   if not c.tie_word_embeddings:
     params["lm_head"] = normal((c.vocab_size, D))
   return params
@@ -84,9 +97,21 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
   return weight * x32.astype(x.dtype)
 
 
-def rope_cos_sin(positions: jax.Array, config: LlamaLikeConfig) -> tuple[jax.Array, jax.Array]:
-  """cos, sin [B, T, d] for integer positions [B, T] (half-split "neox" layout)."""
-  inv_freq = jnp.asarray(config.inv_freq(), jnp.float32)
+def norm(x: jax.Array, weight: jax.Array, config: LlamaLikeConfig) -> jax.Array:
+  """The model's RMSNorm: `rms_norm`, or with `config.norm_unit_offset` Gemma's: x / rms(x)
+  times (1 + w), all in f32, then cast to x's dtype (transformers' Gemma3RMSNorm)."""
+  if not config.norm_unit_offset:
+    return rms_norm(x, weight, config.rms_norm_eps)
+  x32 = x.astype(jnp.float32)
+  x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + config.rms_norm_eps)
+  return (x32 * (1.0 + weight.astype(jnp.float32))).astype(x.dtype)
+
+
+def rope_cos_sin(positions: jax.Array, config: LlamaLikeConfig, local: bool = False
+                 ) -> tuple[jax.Array, jax.Array]:
+  """cos, sin [B, T, d] for integer positions [B, T] (half-split "neox" layout); `local`: a
+  sliding layer's RoPE (`LlamaLikeConfig.inv_freq`)."""
+  inv_freq = jnp.asarray(config.inv_freq(local), jnp.float32)
   freqs = positions.astype(jnp.float32)[..., None] * inv_freq
   emb = jnp.concatenate([freqs, freqs], axis=-1)
   return jnp.cos(emb), jnp.sin(emb)
@@ -128,7 +153,27 @@ def attention_mask(lengths: jax.Array, T: int, S: int, block_mask: jax.Array | N
 PREFILL_CHUNK = 128  # query rows per attention chunk of a fresh prefill (`fresh_attention`)
 
 
-def fresh_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+def window_mask(mask: jax.Array, lengths: jax.Array, positions: jax.Array, window: int
+                ) -> jax.Array:
+  """`mask` [B, T, S] (`attention_mask`) restricted to a sliding window: query t (at
+  `positions[b, t]`) keeps a slot only if its key's position is within `window - 1` before it.
+  A committed slot s < lengths[b] holds position s (the cache is kept compact: accepted tree
+  paths are compacted, rejected entries dropped); a slot of this call's block holds its
+  token's position. A drafter expanding a tree into slots past the committed ones (its
+  `prefix_mask`) is read with slot = position, an overestimate of those nodes' positions by at
+  most the tree's size: it can only keep a key that is up to that many positions too old, in
+  a drafter's proposal, which verification corrects."""
+  B, T, S = mask.shape
+  slots = jnp.arange(S)[None, :]  # [1, S]
+  rel = slots - lengths[:, None]  # [B, S]
+  in_block = (rel >= 0) & (rel < T)
+  block_pos = jnp.take_along_axis(positions, jnp.clip(rel, 0, T - 1), axis=1)  # [B, S]
+  key_pos = jnp.where(in_block, block_pos, slots)
+  return mask & (positions[:, :, None] - key_pos[:, None, :] < window)
+
+
+def fresh_attention(q: jax.Array, k: jax.Array, v: jax.Array, divisor: float | None = None,
+                    window: int | None = None) -> jax.Array:
   """Causal attention of a block over itself alone, for a prefill into an empty cache:
   q [B, T, N, Q, hd], k and v [B, T, N, hd] -> [B, T, N, Q, hd] f32-accumulated scores.
 
@@ -138,19 +183,26 @@ def fresh_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
   operands laid out [B, N, ., hd] for batched GEMMs. A 768-token block through one layer of
   Qwen2.5-0.5B (Qwen2.5-1.5B): 11 (15) ms against 98 (105) ms over a 1024-slot cache on the
   2-core CPU, where the prefill's attention had been ~60% (~22%) of the whole prefill.
+  `divisor`: what scores are divided by (default sqrt(hd)); `window`: a sliding layer's window (a query
+  at t sees t - window < t' <= t).
   """
   B, T, N, Q, hd = q.shape
+  divisor = np.sqrt(hd) if divisor is None else divisor
   qt = q.transpose(0, 2, 3, 1, 4)  # [B, N, Q, T, hd]
   kt, vt = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # [B, N, T, hd]
   outs = []
   for s in range(0, T, PREFILL_CHUNK):
     end = min(s + PREFILL_CHUNK, T)
-    scores = jnp.einsum("BNQTe,BNSe->BNQTS", qt[:, :, :, s:end], kt[:, :, :end],
-                        preferred_element_type=jnp.float32) / np.sqrt(hd)
-    causal = jnp.arange(end)[None, :] <= jnp.arange(s, end)[:, None]
+    lo = 0 if window is None else max(0, s - window + 1)  # keys no query of the chunk sees
+    scores = jnp.einsum("BNQTe,BNSe->BNQTS", qt[:, :, :, s:end], kt[:, :, lo:end],
+                        preferred_element_type=jnp.float32) / divisor
+    keys, queries = jnp.arange(lo, end)[None, :], jnp.arange(s, end)[:, None]
+    causal = keys <= queries
+    if window is not None:
+      causal = causal & (queries - keys < window)
     scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(q.dtype)
-    outs.append(jnp.einsum("BNQTS,BNSe->BNQTe", probs, vt[:, :, :end]))
+    outs.append(jnp.einsum("BNQTS,BNSe->BNQTe", probs, vt[:, :, lo:end]))
   return jnp.concatenate(outs, axis=3).transpose(0, 3, 1, 2, 4)
 
 
@@ -166,7 +218,7 @@ def decoder_layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, c
   """
   c, lw = config, lowering
   B, T, _ = x.shape
-  h = rms_norm(x, layer["attn_norm"], c.rms_norm_eps) if attn_input is None else attn_input
+  h = norm(x, layer["attn_norm"], c) if attn_input is None else attn_input
   q, k, v = (_proj(h, layer, name, lw) for name in ("wq", "wk", "wv"))
   if c.attention_bias:
     q, k, v = (q + layer["bq"]).astype(x.dtype), (k + layer["bk"]).astype(x.dtype), (
@@ -175,8 +227,8 @@ def decoder_layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, c
   k = k.reshape(B, T, c.num_kv_heads, c.head_dim)
   v = v.reshape(B, T, c.num_kv_heads, c.head_dim)
   if c.qk_norm:
-    q = rms_norm(q, layer["q_norm"], c.rms_norm_eps)
-    k = rms_norm(k, layer["k_norm"], c.rms_norm_eps)
+    q = norm(q, layer["q_norm"], c)
+    k = norm(k, layer["k_norm"], c)
   q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
   k_all = write_block(k_all, i, k, write_s[:, 0], per_row=lw.row_writes)
@@ -185,19 +237,26 @@ def decoder_layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, c
   q = q.reshape(B, T, c.num_kv_heads, c.num_groups, c.head_dim)
   if fresh:  # the values the cache holds, as the general path reads them back
     attn = fresh_attention(q, k.astype(k_all.dtype).astype(q.dtype),
-                           v.astype(v_all.dtype).astype(x.dtype))
+                           v.astype(v_all.dtype).astype(x.dtype), c.attn_divisor,
+                           c.sliding_window if c.is_sliding(i) else None)
   else:
     scores = jnp.einsum("BTNQe,BSNe->BNQTS", q, k_all[i].astype(q.dtype),
-                        preferred_element_type=jnp.float32) / np.sqrt(c.head_dim)
+                        preferred_element_type=jnp.float32) / c.attn_divisor
     scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
     attn = jnp.einsum("BNQTS,BSNe->BTNQe", probs, v_all[i].astype(x.dtype))
-  x = x + _proj(attn.reshape(B, T, c.q_dim), layer, "wo", lw)
+  out = _proj(attn.reshape(B, T, c.q_dim), layer, "wo", lw)
+  if c.sandwich_norms:
+    out = norm(out, layer["post_attn_norm"], c)
+  x = x + out
 
-  h = rms_norm(x, layer["mlp_norm"], c.rms_norm_eps)
+  h = norm(x, layer["mlp_norm"], c)
   gate, up = _proj(h, layer, "w_gate", lw), _proj(h, layer, "w_up", lw)
-  x = x + _proj(jax.nn.silu(gate) * up, layer, "w_down", lw)
-  return x, k_all, v_all
+  act = jax.nn.silu(gate) if c.hidden_act == "silu" else jax.nn.gelu(gate, approximate=True)
+  out = _proj(act * up, layer, "w_down", lw)
+  if c.sandwich_norms:
+    out = norm(out, layer["post_mlp_norm"], c)
+  return x + out, k_all, v_all
 
 
 def write_block(buf: jax.Array, i: int, new: jax.Array, start: jax.Array, *,
@@ -377,12 +436,17 @@ def is_int8(params: Params) -> bool:
   return "embed" + SCALE in params
 
 
-def embed_tokens(params: Params, tokens: jax.Array) -> jax.Array:
-  """The embedding rows of `tokens` in `compute_dtype(params)` (dequantized for int8)."""
+def embed_tokens(params: Params, tokens: jax.Array, config: LlamaLikeConfig | None = None
+                 ) -> jax.Array:
+  """The embedding rows of `tokens` in `compute_dtype(params)` (dequantized for int8); with
+  `config.scale_embeddings` (Gemma) times sqrt(D) rounded to the embedding's dtype and
+  multiplied in it, as transformers' Gemma3TextScaledWordEmbedding does."""
   x = jnp.take(params["embed"], tokens, axis=0)
   if is_int8(params):
-    return x.astype(jnp.float32) * jnp.take(params["embed" + SCALE], tokens, axis=0)[..., None]
-  return x.astype(compute_dtype(params))
+    x = x.astype(jnp.float32) * jnp.take(params["embed" + SCALE], tokens, axis=0)[..., None]
+  if config is not None and config.scale_embeddings:
+    x = x * jnp.asarray(np.sqrt(config.hidden_size), x.dtype)
+  return x.astype(jnp.float32 if is_int8(params) else compute_dtype(params))
 
 
 def cast_weights(params: Params, dtype) -> Params:
@@ -406,18 +470,24 @@ def _run(params, tokens, positions, cache, mask, prefix_mask, config, capture, f
   T = tokens.shape[1]
   if fresh and (mask is not None or prefix_mask is not None):
     raise ValueError("a fresh prefill (fresh=True) attends causally: pass no mask/prefix_mask")
-  x = embed_tokens(params, tokens)
+  x = embed_tokens(params, tokens, config)
   cos, sin, full_mask, write_b, write_s = step_inputs(tokens, positions, cache, mask,
                                                       prefix_mask, config)
+  per_type = {False: (full_mask, cos, sin)}
+  if config.has_sliding_layers:  # Gemma 3's local layers: their window and RoPE base
+    per_type[True] = (window_mask(full_mask, cache.lengths, positions, config.sliding_window),
+                      *rope_cos_sin(positions, config, local=True))
   k_all, v_all = cache.k, cache.v
   feats = {}
   lowering = lowering_of(params)
   for i, layer in enumerate(params["layers"]):
-    x, k_all, v_all = decoder_layer(x, layer, i, k_all, v_all, write_b, write_s, full_mask,
-                                    cos, sin, config, fresh=fresh, lowering=lowering)
+    layer_mask, layer_cos, layer_sin = per_type[config.is_sliding(i)]
+    x, k_all, v_all = decoder_layer(x, layer, i, k_all, v_all, write_b, write_s, layer_mask,
+                                    layer_cos, layer_sin, config, fresh=fresh,
+                                    lowering=lowering)
     if i in capture:
       feats[i] = x
-  hidden = rms_norm(x, params["final_norm"], config.rms_norm_eps)
+  hidden = norm(x, params["final_norm"], config)
   return hidden, KVCache(k=k_all, v=v_all, lengths=cache.lengths + T), feats
 
 

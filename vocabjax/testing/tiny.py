@@ -19,6 +19,15 @@ TINY_VARIANTS = {
     "qwen2_bias_tied": ("qwen2", dict(num_attention_heads=4, num_key_value_heads=2,
                                       tie_word_embeddings=True)),
     "qwen3_qknorm": ("qwen3", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32)),
+    # Gemma 3: a sliding layer (window 8, local RoPE base) and a global one (linear-scaled
+    # RoPE, as the 4B and up), query_pre_attn_scalar apart from head_dim, tied head.
+    "gemma3_sliding": ("gemma3_text", dict(
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16, query_pre_attn_scalar=24,
+        sliding_window=8, layer_types=["sliding_attention", "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                         "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0,
+                                            "factor": 2.0}},
+        tie_word_embeddings=True)),
 }
 
 
@@ -26,7 +35,8 @@ def tiny_hf_config(model_type: str, vocab_size: int = 128, **overrides):
   import transformers
 
   cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
-         "qwen3": transformers.Qwen3Config}[model_type]
+         "qwen3": transformers.Qwen3Config,
+         "gemma3_text": transformers.Gemma3TextConfig}[model_type]
   kwargs = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=96,
                 num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                 max_position_embeddings=256, rms_norm_eps=1e-5, bos_token_id=1,
@@ -43,10 +53,12 @@ def tiny_hf_model(model_type: str, seed: int = 0, vocab_size: int = 128, **overr
   torch.manual_seed(seed)
   config = tiny_hf_config(model_type, vocab_size=vocab_size, **overrides)
   model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+  # Gemma's norms scale by 1 + w: w near 0 is a scale near 1, as the others' w near 1
+  norm_base = 0.0 if model_type.startswith("gemma") else 1.0
   with torch.no_grad():  # non-trivial norms and biases, so parity really checks them
     for name, p in model.named_parameters():
       if name.endswith("norm.weight"):
-        p.copy_(1.0 + 0.1 * torch.randn_like(p))
+        p.copy_(norm_base + 0.1 * torch.randn_like(p))
       elif name.endswith("bias"):
         p.copy_(0.1 * torch.randn_like(p))
   return model.eval()
@@ -101,22 +113,26 @@ def llama_cpp_permute(w, n_head: int):
 
 
 def write_tiny_gguf(model, path: str | os.PathLike, qtype: str = "F32", tokenizer=None,
-                    state: dict | None = None) -> Path:
-  """Write a transformers llama/qwen2/qwen3 model as GGUF the way llama.cpp's converter does.
+                    state: dict | None = None, sliding_pattern=None) -> Path:
+  """Write a transformers llama/qwen2/qwen3/gemma3_text model as GGUF the way llama.cpp's
+  converter does.
 
   Linear weights are stored as `qtype` ("F32", "F16", "Q8_0", ...); norms and biases stay F32.
   For the llama architecture the q/k rows are permuted as llama.cpp does, so a loader that
-  forgets to undo it produces wrong logits. `state` overrides the model's state dict (tests of
+  forgets to undo it produces wrong logits. Gemma 3's norms are stored as 1 + w and its four
+  norms per layer under llama.cpp's names (`sliding_pattern`: its
+  `attention.sliding_window_pattern`, an int or one bool per layer). `state` overrides the model's state dict (tests of
   broken files).
   """
   import gguf
   import numpy as np
 
   cfg = model.config
-  arch = cfg.model_type
+  arch = {"gemma3_text": "gemma3"}.get(cfg.model_type, cfg.model_type)
   H, KV = cfg.num_attention_heads, cfg.num_key_value_heads
   head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // H
   rope = getattr(cfg, "rope_parameters", None) or {}
+  rope = rope.get("full_attention", rope)  # gemma3: per layer type
   writer = gguf.GGUFWriter(str(path), arch)
   writer.add_name("tiny")
   writer.add_block_count(cfg.num_hidden_layers)
@@ -131,6 +147,10 @@ def write_tiny_gguf(model, path: str | os.PathLike, qtype: str = "F32", tokenize
   writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
   writer.add_rope_freq_base(float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))))
   writer.add_vocab_size(cfg.vocab_size)
+  if arch == "gemma3":
+    writer.add_sliding_window(cfg.sliding_window)
+    if sliding_pattern is not None:
+      writer.add_sliding_window_pattern(sliding_pattern)
   if tokenizer is not None:
     vocab = tokenizer.get_vocab()
     tokens = [t for t, _ in sorted(vocab.items(), key=lambda kv: kv[1])]
@@ -156,6 +176,10 @@ def write_tiny_gguf(model, path: str | os.PathLike, qtype: str = "F32", tokenize
                "self_attn.k_norm.weight": "attn_k_norm.weight",
                "post_attention_layernorm.weight": "ffn_norm.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
                "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight"}
+  if arch == "gemma3":
+    per_layer.update({"post_attention_layernorm.weight": "post_attention_norm.weight",
+                      "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+                      "post_feedforward_layernorm.weight": "post_ffw_norm.weight"})
   qt = gguf.GGMLQuantizationType[qtype]
   state = dict(model.state_dict() if state is None else state)
   if cfg.tie_word_embeddings:
@@ -171,6 +195,8 @@ def write_tiny_gguf(model, path: str | os.PathLike, qtype: str = "F32", tokenize
       w = llama_cpp_permute(w, H)
     elif arch == "llama" and gname.endswith(("attn_k.weight", "attn_k.bias")):
       w = llama_cpp_permute(w, KV)
+    elif arch == "gemma3" and gname.endswith("norm.weight"):
+      w = w + 1.0  # llama.cpp's Gemma converter stores Gemma3RMSNorm's 1 + w
     if w.ndim == 2 and qt != gguf.GGMLQuantizationType.F32:
       writer.add_tensor(gname, gguf.quants.quantize(w, qt), raw_dtype=qt)
     else:

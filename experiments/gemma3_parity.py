@@ -1,0 +1,123 @@
+"""Gemma-3-270M: vocabjax against transformers on the same GGUF (logits and greedy ids).
+
+  python experiments/gemma3_parity.py --out experiments/results/gemma3/parity
+
+Loads the registry's `gemma-3-270m` (GGUF Q4_K_M, dequantized to f32) twice: vocabjax's loader
+and transformers' own GGUF loader (`checkpoints.torch_model.load_torch_model`, f32). For a
+short prompt and one longer than the model's 512-token sliding window (Spec-Bench summarization
+questions, from ../shared/data), it compares the logits of the prompt's last 8 positions (max
+absolute difference, the argmax of each) and the greedy continuation of N new tokens (plain
+decoding in vocabjax, `generate(do_sample=False)` in transformers), token for token. The token
+ids are vocabjax's tokenizer's (chat-free, with BOS), fed to both. Writes `<out>.json` and
+`<out>.md` atomically.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = ROOT.parent / "shared" / "data" / "spec_bench_dev.jsonl"
+SHORT = "The capital of France is"
+
+
+def long_prompt(tokenizer, min_tokens: int) -> str:
+  """Spec-Bench summarization questions joined until the prompt has `min_tokens` tokens."""
+  rows = [json.loads(line) for line in DATA.read_text().splitlines()]
+  text = ""
+  for r in rows:
+    if r["category"] == "summarization":
+      text += r["turns"][0] + "\n\n"
+      if len(tokenizer(text)["input_ids"]) >= min_tokens:
+        return text
+  raise RuntimeError(f"the summarization questions give fewer than {min_tokens} tokens")
+
+
+def main(argv: list[str] | None = None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--model", default="gemma-3-270m")
+  ap.add_argument("--out", default=str(ROOT / "experiments/results/gemma3/parity"))
+  ap.add_argument("--new-tokens", type=int, default=32)
+  ap.add_argument("--long-tokens", type=int, default=700,
+                  help="the long prompt's minimum length (past the 512-token window)")
+  args = ap.parse_args(argv)
+
+  import jax
+  import jax.numpy as jnp
+  import torch
+
+  from vocabjax.checkpoints.loader import load_model
+  from vocabjax.checkpoints.torch_model import load_torch_model
+  from vocabjax.decoding import Decoder
+  from vocabjax.io import atomic_write_json, atomic_write_text
+  from vocabjax.models import KVCache, forward, lm_head
+
+  t0 = time.perf_counter()
+  model = load_model(args.model, dtype="float32")
+  ref = load_torch_model(args.model, "float32")
+  c = model.config
+  print(f"loaded in {time.perf_counter() - t0:.1f} s: {c.num_layers} layers, V={c.vocab_size},"
+        f" window {c.sliding_window}, layer types {c.layer_types}", flush=True)
+  tok = model.tokenizer
+  prompts = {"short": SHORT, "long": long_prompt(tok, args.long_tokens)}
+  fwd = jax.jit(forward, static_argnames=("config", "fresh"))
+  decoder = Decoder(model.params, c)
+  rows = []
+  for name, text in prompts.items():
+    ids = tok(text)["input_ids"]
+    T = len(ids)
+    hidden, _ = fwd(model.params, jnp.asarray([ids]), jnp.arange(T)[None],
+                    KVCache.init(c, 1, T), config=c, fresh=True)
+    ours = np.asarray(lm_head(model.params, hidden[:, -8:], config=c))[0]
+    with torch.no_grad():
+      theirs = ref(torch.tensor([ids]), logits_to_keep=8).logits[0].float().numpy()
+    diff = float(np.abs(ours - theirs).max())
+    argmax_equal = bool((ours.argmax(-1) == theirs.argmax(-1)).all())
+    ours_ids = decoder.generate([ids], max_new_tokens=args.new_tokens).tokens[0]
+    with torch.no_grad():
+      ref_ids = ref.generate(torch.tensor([ids]), max_new_tokens=args.new_tokens,
+                             do_sample=False, eos_token_id=None,
+                             pad_token_id=0)[0, T:].tolist()
+    first_diff = next((i for i, (a, b) in enumerate(zip(ours_ids, ref_ids)) if a != b), None)
+    row = dict(prompt=name, prompt_tokens=T, max_abs_logit_diff=diff,
+               logit_scale=float(np.abs(theirs).max()), last8_argmax_equal=argmax_equal,
+               greedy_equal=ours_ids == ref_ids, first_differing_token=first_diff,
+               new_tokens=args.new_tokens, continuation=tok.decode(ours_ids))
+    rows.append(row)
+    print(json.dumps(row), flush=True)
+
+  result = dict(
+      command="python experiments/gemma3_parity.py " + " ".join(argv or sys.argv[1:]),
+      date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+      host=platform.processor() or platform.machine(), model=args.model,
+      source=model.source, jax=jax.__version__, torch=torch.__version__,
+      transformers=__import__("transformers").__version__, rows=rows)
+  out = Path(args.out)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  atomic_write_json(out.with_suffix(".json"), result)
+  md = [f"# {args.model}: vocabjax vs transformers (same GGUF, f32)", "",
+        f"`{result['command']}` ({result['date']}; jax {result['jax']}, torch "
+        f"{result['torch']}, transformers {result['transformers']})", "",
+        "| prompt | tokens | max abs logit diff (last 8) | max abs logit | argmax equal | "
+        f"greedy {args.new_tokens} equal | first differing |", "|---|---|---|---|---|---|---|"]
+  for r in rows:
+    md.append(f"| {r['prompt']} | {r['prompt_tokens']} | {r['max_abs_logit_diff']:.2e} | "
+              f"{r['logit_scale']:.1f} | {r['last8_argmax_equal']} | {r['greedy_equal']} | "
+              f"{r['first_differing_token']} |")
+  md += ["", "Continuations (vocabjax):", ""]
+  md += [f"- {r['prompt']}: {r['continuation']!r}" for r in rows]
+  atomic_write_text(out.with_suffix(".md"), "\n".join(md) + "\n")
+  print(out.with_suffix(".md").read_text())
+  return 0 if all(r["greedy_equal"] and r["last8_argmax_equal"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,224 @@
+"""Gemma 3 (text): its config, its sliding-window attention, its loaders and exact decoding.
+
+Parity of the logits with transformers' Gemma3ForCausalLM (prompts longer than the window, the
+chunked prefill) runs in `test_llamalike_vs_reference.py` over the `gemma3_sliding` tiny
+variant; this file checks what is Gemma's own.
+"""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from vocabjax.checkpoints.hf import load_hf
+from vocabjax.checkpoints.hf_config import UnsupportedConfigError, config_from_hf
+from vocabjax.decoding import Decoder, SamplingParams
+from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder
+from vocabjax.decoding.tree import TreeParams
+from vocabjax.models import KVCache, LlamaLikeConfig, forward, init_params, lm_head
+from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
+
+from tests.decoding.conftest import prompt_samples
+
+_forward = jax.jit(forward, static_argnames=("config", "fresh"))
+
+# random-weight pairs for decoding: window 4, one sliding and one global layer
+GEMMA = LlamaLikeConfig(
+    arch="gemma3", vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,
+    num_heads=4, num_kv_heads=2, head_dim=8, qk_norm=True, tie_word_embeddings=False,
+    hidden_act="gelu_tanh", norm_unit_offset=True, sandwich_norms=True, scale_embeddings=True,
+    query_pre_attn_scalar=12.0, sliding_window=4,
+    layer_types=("sliding_attention", "full_attention"), rope_theta=1e6, rope_local_theta=1e4)
+GEMMA_SMALL = GEMMA.replace(vocab_size=8, hidden_size=16, intermediate_size=16, num_heads=2,
+                            num_kv_heads=1, sliding_window=2)
+
+
+def _logits(params, config, tokens, max_len=64):
+  B, T = tokens.shape
+  positions = jnp.broadcast_to(jnp.arange(T), (B, T))
+  hidden, cache = _forward(params, jnp.asarray(tokens), positions,
+                           KVCache.init(config, B, max_len), config=config)
+  return np.asarray(lm_head(params, hidden, config=config)), cache
+
+
+def test_the_hf_config_maps_to_gemmas_switches(tiny_dirs):
+  config, _, raw = load_hf(tiny_dirs["gemma3_sliding"])
+  assert raw["model_type"] == "gemma3_text"
+  assert config.arch == "gemma3" and config.norm_unit_offset and config.sandwich_norms
+  assert config.scale_embeddings and config.hidden_act == "gelu_tanh" and config.qk_norm
+  assert config.sliding_window == 8 and config.layer_types == ("sliding_attention",
+                                                               "full_attention")
+  assert (config.rope_theta, config.rope_type, config.rope_factor) == (1e6, "linear", 2.0)
+  assert config.rope_local_theta == 1e4 and config.query_pre_attn_scalar == 24
+  assert config.attn_divisor == pytest.approx(np.sqrt(24))
+  # transformers' older spelling (rope_theta / rope_local_base_freq / sliding_window_pattern)
+  old = {k: v for k, v in raw.items() if k not in ("rope_parameters", "layer_types")}
+  old.update(rope_theta=1e6, rope_local_base_freq=1e4, sliding_window_pattern=2,
+             rope_scaling={"rope_type": "linear", "factor": 2.0})
+  assert config_from_hf(old) == config
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"final_logit_softcapping": 30.0}, "final_logit_softcapping=30.0"),
+    ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping=50.0"),
+    ({"use_bidirectional_attention": True}, "use_bidirectional_attention=True"),
+    ({"hidden_activation": "gelu"}, "hidden_activation='gelu'"),
+    ({"altup_num_inputs": 4}, "unknown field altup_num_inputs=4"),
+    ({"rope_parameters": {"sliding_attention": {"rope_type": "yarn", "rope_theta": 1e4,
+                                                "factor": 4.0},
+                          "full_attention": {"rope_type": "default", "rope_theta": 1e6}}},
+     "sliding_attention rope_type='yarn'"),
+    ({"model_type": "gemma3"}, "image-text model"),
+])
+def test_fields_it_does_not_implement_are_refused_by_name(tiny_dirs, change, message):
+  raw = json.loads((tiny_dirs["gemma3_sliding"] / "config.json").read_text())
+  raw.update(change)
+  with pytest.raises(UnsupportedConfigError, match=message.replace("(", r"\(").replace(
+      "[", r"\[")):
+    config_from_hf(raw)
+
+
+def test_bad_layer_types_are_refused():
+  with pytest.raises(ValueError, match="layer_types has 1 entries for 2 layers"):
+    GEMMA.replace(layer_types=("full_attention",))
+  with pytest.raises(ValueError, match=r"unknown layer types \['chunked_attention'\]"):
+    GEMMA.replace(layer_types=("chunked_attention", "full_attention"))
+  with pytest.raises(ValueError, match="sliding layers need a positive sliding_window"):
+    GEMMA.replace(sliding_window=None)
+
+
+def test_the_window_changes_the_logits_past_it(tiny_dirs):
+  """The mask is really applied: the same weights with every layer global agree with the
+  windowed model on the first W positions and not after them."""
+  config, params, _ = load_hf(tiny_dirs["gemma3_sliding"])
+  tokens = np.random.RandomState(0).randint(0, config.vocab_size, (1, 20))
+  windowed, _ = _logits(params, config, tokens)
+  full, _ = _logits(params, config.replace(layer_types=None, sliding_window=None,
+                                           rope_local_theta=None), tokens)
+  W = config.sliding_window
+  assert not np.allclose(windowed[0, W:], full[0, W:], atol=1e-3)
+  # before W the sliding layer sees everything; only its RoPE base differs from the global's
+  windowed_all_global_rope, _ = _logits(params, config.replace(rope_local_theta=None), tokens)
+  np.testing.assert_allclose(windowed_all_global_rope[0, :W], full[0, :W], atol=1e-5)
+
+
+def test_incremental_decode_past_the_window_matches_the_full_forward(tiny_dirs):
+  """Prefill 5 tokens, then one token at a time to 20 (window 8): each step's logits equal
+  the one-shot forward's, so the cached path masks by position as the block path does."""
+  config, params, _ = load_hf(tiny_dirs["gemma3_sliding"])
+  tokens = np.random.RandomState(1).randint(0, config.vocab_size, (1, 20))
+  full, _ = _logits(params, config, tokens)
+  cache = KVCache.init(config, 1, 32)
+  _, cache = _forward(params, jnp.asarray(tokens[:, :5]), jnp.arange(5)[None], cache,
+                      config=config, fresh=True)
+  for t in range(5, 20):
+    h, cache = _forward(params, jnp.asarray(tokens[:, t:t + 1]), jnp.array([[t]]), cache,
+                        config=config)
+    np.testing.assert_allclose(np.asarray(lm_head(params, h, config=config))[0, 0], full[0, t],
+                               atol=1e-5)
+
+
+def test_a_tree_block_past_the_window_matches_separate_sequences(tiny_dirs):
+  """Two branches in one block (tree verification's explicit mask and depth positions) after
+  a 12-token prefix (window 8): each branch's logits equal its own sequence's."""
+  config, params, _ = load_hf(tiny_dirs["gemma3_sliding"])
+  rs = np.random.RandomState(2)
+  prefix, a, b = (rs.randint(0, config.vocab_size, n) for n in (12, 3, 2))
+  ref_a, _ = _logits(params, config, np.concatenate([prefix, a])[None])
+  ref_b, _ = _logits(params, config, np.concatenate([prefix, b])[None])
+  cache = KVCache.init(config, 1, 32)
+  _, cache = _forward(params, jnp.asarray(prefix[None]), jnp.arange(12)[None], cache,
+                      config=config)
+  block = np.zeros((5, 5), bool)
+  block[:3, :3] = np.tril(np.ones((3, 3), bool))
+  block[3:, 3:] = np.tril(np.ones((2, 2), bool))
+  h, _ = _forward(params, jnp.asarray(np.concatenate([a, b])[None]),
+                  jnp.asarray([[12, 13, 14, 12, 13]]), cache, jnp.asarray(block[None]),
+                  config=config)
+  logits = np.asarray(lm_head(params, h, config=config))[0]
+  np.testing.assert_allclose(logits[:3], ref_a[0, 12:], atol=1e-5)
+  np.testing.assert_allclose(logits[3:], ref_b[0, 12:], atol=1e-5)
+
+
+def test_greedy_ids_vs_transformers_generate(tiny_dirs):
+  """Plain greedy decoding of 24 tokens after prompts shorter and longer than the window
+  gives transformers' ids."""
+  config, params, _ = load_hf(tiny_dirs["gemma3_sliding"])
+  model = transformers.AutoModelForCausalLM.from_pretrained(
+      tiny_dirs["gemma3_sliding"], dtype=torch.float32).eval()
+  decoder = Decoder(params, config)
+  rs = np.random.RandomState(3)
+  for n in (3, 13):
+    prompt = rs.randint(3, config.vocab_size, n).tolist()
+    ref = model.generate(torch.tensor([prompt]), max_new_tokens=24, do_sample=False,
+                         eos_token_id=None, pad_token_id=0)[0, n:].tolist()
+    assert decoder.generate([prompt], max_new_tokens=24).tokens[0] == ref, n
+
+
+@pytest.mark.parametrize("pattern", [None, [False, True]], ids=["fixed6", "per-layer"])
+def test_gguf_loads_to_the_same_model(tmp_path, pattern):
+  """A GGUF written as llama.cpp's converter writes Gemma 3 (norms stored as 1 + w, its
+  tensor names) loads to the HF model's logits, over a prompt past the window. What GGUF
+  metadata leaves out is llama.cpp's: query_pre_attn_scalar = head_dim, local RoPE base
+  10,000, every 6th layer global (both layers slide), or the file's per-layer pattern."""
+  from vocabjax.checkpoints.gguf_io import load_gguf
+  from vocabjax.testing.tiny import tiny_hf_model, write_tiny_gguf
+
+  types = ["sliding_attention"] * 2 if pattern is None else [
+      "sliding_attention" if s else "full_attention" for s in pattern]
+  model = tiny_hf_model("gemma3_text", num_attention_heads=4, num_key_value_heads=1,
+                        head_dim=16, query_pre_attn_scalar=16, sliding_window=6,
+                        layer_types=types, tie_word_embeddings=True)
+  path = write_tiny_gguf(model, tmp_path / "gemma.gguf", sliding_pattern=pattern)
+  config, params, _ = load_gguf(path)
+  assert config.arch == "gemma3" and config.layer_types == tuple(types)
+  assert config.sliding_window == 6 and config.query_pre_attn_scalar == 16
+  tokens = np.random.RandomState(4).randint(0, config.vocab_size, (1, 16))
+  with torch.no_grad():
+    ref = model(torch.tensor(tokens)).logits.numpy()
+  ours, _ = _logits(params, config, tokens)
+  np.testing.assert_allclose(ours, ref, atol=1e-4, rtol=0)
+
+
+@pytest.fixture(scope="module")
+def gemma_pair():
+  """A Gemma-3-shaped target and a noisy copy as its drafter (untied heads: with a tied head
+  the sqrt(D)-scaled embedding dominates a random model's residual, and it repeats its input
+  token)."""
+  target = init_params(jax.random.key(20), GEMMA, scale=0.3)
+  noise = init_params(jax.random.key(21), GEMMA, scale=0.3)
+  return target, jax.tree.map(lambda a, b: a + 0.1 * b, target, noise)
+
+
+@pytest.mark.parametrize("kind", ["chain", "tree"])
+def test_speculative_greedy_equals_plain_decoding_past_the_window(gemma_pair, kind):
+  """Chain (gamma 3) and tree drafting with a Gemma drafter and target: the plain greedy ids,
+  batched and one row at a time, for prompts shorter and longer than the window (4)."""
+  target, draft = gemma_pair
+  rs = np.random.RandomState(5)
+  prompts = [rs.randint(0, 64, n).tolist() for n in (1, 9, 3, 17)]
+  ar = Decoder(target, GEMMA).generate(prompts, max_new_tokens=24)
+  dec = (ChainDecoder(target, GEMMA, draft, GEMMA, gamma=3) if kind == "chain" else
+         TreeDecoder(target, GEMMA, draft, GEMMA, tree=TreeParams(2, 3, 6)))
+  batched = dec.generate(prompts, max_new_tokens=24)
+  assert batched.tokens == ar.tokens
+  assert dec.generate([prompts[3]], max_new_tokens=24).tokens[0] == ar.tokens[3]
+  assert 0.1 < batched.stats.acceptance_rate < 0.9  # accepted and rejected drafts both met
+  assert len(set(ar.tokens[3])) > 8  # a model that does not repeat itself
+
+
+def test_speculative_sampling_keeps_the_targets_law():
+  """Chain drafting between two unrelated V = 8 Gemma models (window 2, so the 3 sampled
+  tokens after a 2-token prompt pass it): the joint law of the first three tokens is the
+  target's (chi-square over 12,000 seeded rows, p > 1e-3)."""
+  target = init_params(jax.random.key(30), GEMMA_SMALL, scale=0.8)
+  draft = init_params(jax.random.key(31), GEMMA_SMALL, scale=0.8)
+  sp = SamplingParams(1.0)
+  dec = ChainDecoder(target, GEMMA_SMALL, draft, GEMMA_SMALL, gamma=2)
+  samples, stats = prompt_samples(dec, sp, prompt=[3, 1])
+  assert 0.05 < stats.acceptance_rate < 0.95
+  assert chi2_pvalue(samples, exact_sequence_probs(target, GEMMA_SMALL, [3, 1], sp)) > 1e-3
