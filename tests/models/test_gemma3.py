@@ -222,3 +222,30 @@ def test_speculative_sampling_keeps_the_targets_law():
   samples, stats = prompt_samples(dec, sp, prompt=[3, 1])
   assert 0.05 < stats.acceptance_rate < 0.95
   assert chi2_pvalue(samples, exact_sequence_probs(target, GEMMA_SMALL, [3, 1], sp)) > 1e-3
+
+
+def test_a_tokenizer_without_a_chat_template_gets_gemmas():
+  """GGUF files of Gemma 3 base models carry no chat template: the loader gives the tokenizer
+  Gemma 3's (user / model turns, a system message folded into the first user turn) and makes
+  <end_of_turn> a stop token; a template the tokenizer has is kept."""
+  from vocabjax.checkpoints.loader import GEMMA3_CHAT_TEMPLATE, gemma3_chat
+  from vocabjax.testing.tiny import tiny_tokenizer
+
+  tok = tiny_tokenizer(320)
+  tok.add_special_tokens({"additional_special_tokens": ["<start_of_turn>", "<end_of_turn>"]})
+  tok.chat_template = None
+  assert gemma3_chat(tok) == (tok.convert_tokens_to_ids("<end_of_turn>"),)
+  assert tok.chat_template == GEMMA3_CHAT_TEMPLATE
+  text = tok.apply_chat_template([{"role": "system", "content": "Be brief."},
+                                  {"role": "user", "content": "Hi "},
+                                  {"role": "assistant", "content": "Hello"},
+                                  {"role": "user", "content": "Bye"}],
+                                 tokenize=False, add_generation_prompt=True)
+  assert text == (f"{tok.bos_token}<start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n"
+                  "<start_of_turn>model\nHello<end_of_turn>\n<start_of_turn>user\nBye"
+                  "<end_of_turn>\n<start_of_turn>model\n")
+  with pytest.raises(Exception, match="roles must alternate"):
+    tok.apply_chat_template([{"role": "assistant", "content": "x"}], tokenize=False)
+  tok.chat_template = "{{ messages[0]['content'] }}"
+  gemma3_chat(tok)
+  assert tok.chat_template == "{{ messages[0]['content'] }}"

@@ -26,6 +26,11 @@ _LLAMA31 = dict(model_type="llama", hidden_act="silu", rms_norm_eps=1e-5, rope_t
                 max_position_embeddings=131072,
                 rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0,
                                   high_freq_factor=4.0, original_max_position_embeddings=8192))
+_GEMMA3 = dict(model_type="gemma3_text", hidden_activation="gelu_pytorch_tanh",
+               rms_norm_eps=1e-6, rope_theta=1000000.0, rope_local_base_freq=10000.0,
+               head_dim=256, query_pre_attn_scalar=256, sliding_window_pattern=6,
+               tie_word_embeddings=True, final_logit_softcapping=None,
+               attn_logit_softcapping=None)
 _QWEN25_05B = dict(_QWEN25, vocab_size=151936, hidden_size=896, intermediate_size=4864,
                    num_hidden_layers=24, num_attention_heads=14, num_key_value_heads=2,
                    tie_word_embeddings=True)
@@ -59,12 +64,28 @@ KNOWN: dict[str, dict] = {
                                   rope_scaling=dict(rope_type="llama3", factor=32.0,
                                                     low_freq_factor=1.0, high_freq_factor=4.0,
                                                     original_max_position_embeddings=8192)),
+    # Gemma 3 (text decoders; transformers' Gemma3TextConfig values, `layer_types` from the
+    # 5-local-1-global pattern). The 4B's vocabulary has 64 image-token rows past the 262,144
+    # that the 270M and 1B share: drafting it with those needs the rows padded (`bench tpu
+    # --pad-draft-vocab`).
+    "gemma-3-270m": dict(_GEMMA3, vocab_size=262144, hidden_size=640, intermediate_size=2048,
+                         num_hidden_layers=18, num_attention_heads=4, num_key_value_heads=1,
+                         sliding_window=512, max_position_embeddings=32768),
+    "gemma-3-1b": dict(_GEMMA3, vocab_size=262144, hidden_size=1152, intermediate_size=6912,
+                       num_hidden_layers=26, num_attention_heads=4, num_key_value_heads=1,
+                       sliding_window=512, max_position_embeddings=32768),
+    "gemma-3-4b": dict(_GEMMA3, vocab_size=262208, hidden_size=2560, intermediate_size=10240,
+                       num_hidden_layers=34, num_attention_heads=8, num_key_value_heads=4,
+                       sliding_window=1024, max_position_embeddings=131072,
+                       rope_scaling=dict(rope_type="linear", factor=8.0)),
 }
 
 PAIRS: dict[str, tuple[str, str]] = {
     "qwen2.5-coder": ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"),
     "qwen2.5-7b": ("qwen2.5-7b-instruct", "qwen2.5-0.5b-instruct"),
     "llama-3.1-8b": ("llama-3.1-8b-instruct", "llama-3.2-1b-instruct"),
+    "gemma-3-1b": ("gemma-3-1b", "gemma-3-270m"),
+    "gemma-3-4b": ("gemma-3-4b", "gemma-3-270m"),
 }
 
 

@@ -62,6 +62,39 @@ class Model:
     return Path(self.source).name
 
 
+# Gemma 3's chat template (text turns) as its instruction-tuned checkpoints ship it: the
+# assistant's role is "model", a system message is prefixed to the first user turn, and a turn
+# ends with <end_of_turn>. GGUF files of the base models carry none; `gemma3_chat` adds it.
+GEMMA3_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}"
+    "{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}"
+    "{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{%- endif -%}"
+    "{%- set role = 'model' if message['role'] == 'assistant' else message['role'] -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
+    "{{ message['content'] | trim }}{{ '<end_of_turn>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}")
+GEMMA3_END_OF_TURN = "<end_of_turn>"
+
+
+def gemma3_chat(tokenizer) -> tuple[int, ...]:
+  """Give a Gemma 3 tokenizer without a chat template Gemma 3's (`GEMMA3_CHAT_TEMPLATE`);
+  return the id of `<end_of_turn>`, which ends a chat turn (a stop token), if it has one."""
+  if tokenizer is None:
+    return ()
+  if not getattr(tokenizer, "chat_template", None):
+    tokenizer.chat_template = GEMMA3_CHAT_TEMPLATE
+  tid = tokenizer.convert_tokens_to_ids(GEMMA3_END_OF_TURN)
+  return (int(tid),) if isinstance(tid, int) and tid != tokenizer.unk_token_id else ()
+
+
 def eos_ids(*candidates) -> tuple[int, ...]:
   """The distinct non-negative ids among `candidates` (ints, lists of ints or None), in order:
   a model's EOS tokens from its generation config, config and tokenizer."""
@@ -106,6 +139,8 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
       tokenizer = load_gguf_tokenizer(path)
     eos = eos_ids(meta.get("tokenizer.ggml.eos_token_id"),
                    getattr(tokenizer, "eos_token_id", None))
+    if config.arch == "gemma3":
+      eos = eos_ids(eos, gemma3_chat(tokenizer))
   else:
     raise ValueError(f"{path}: expected a Hugging Face directory or a .gguf file")
   check_finite(params, str(path))
@@ -142,4 +177,8 @@ def load_tokenizer_and_vocab(name: str | os.PathLike):
   emb = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
   if emb is None:
     raise CheckpointError(f"{path}: tensor token_embd.weight missing")
-  return load_gguf_tokenizer(path), int(emb.shape[-1])
+  tokenizer = load_gguf_tokenizer(path)
+  arch = reader.fields.get("general.architecture")
+  if arch is not None and arch.contents() == "gemma3":
+    gemma3_chat(tokenizer)
+  return tokenizer, int(emb.shape[-1])
