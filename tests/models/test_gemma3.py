@@ -249,3 +249,24 @@ def test_a_tokenizer_without_a_chat_template_gets_gemmas():
   tok.chat_template = "{{ messages[0]['content'] }}"
   gemma3_chat(tok)
   assert tok.chat_template == "{{ messages[0]['content'] }}"
+
+
+def test_eagle_drafting_for_a_gemma_target_keeps_greedy_output(gemma_pair):
+  """An EAGLE-3 head (a llama layer, `train.eagle.head_config`: none of Gemma's switches) on a
+  Gemma target's fused layer features drafts trees whose output is plain greedy decoding's."""
+  from vocabjax.decoding.eagle import EagleDecoder
+  from vocabjax.models.eagle import init_eagle
+  from vocabjax.train.eagle import head_config
+
+  target, _ = gemma_pair
+  hc = head_config(GEMMA, (0, 1, 1), GEMMA.vocab_size, intermediate_size=24)
+  assert hc.layer.arch == "llama" and hc.layer.layer_types is None
+  assert not (hc.layer.sandwich_norms or hc.layer.norm_unit_offset or hc.layer.scale_embeddings)
+  head = init_eagle(jax.random.key(22), hc, scale=0.3)
+  head["d2t"] = jnp.zeros((GEMMA.vocab_size,), jnp.int32)
+  head["lm_head"] = target["lm_head"] + 0.1 * head["lm_head"]
+  prompts = [[5, 9, 1, 33, 2, 17, 40, 8, 3], [7]]
+  ar = Decoder(target, GEMMA).generate(prompts, max_new_tokens=20)
+  res = EagleDecoder(target, GEMMA, head, hc, tree=TreeParams(2, 3, 6)).generate(
+      prompts, max_new_tokens=20)
+  assert res.tokens == ar.tokens

@@ -424,10 +424,15 @@ def record_sources(paths, max_records=None) -> list[str]:
 
 def head_config(target: LlamaLikeConfig, layers, draft_vocab_size: int,
                 intermediate_size: int | None = None) -> EagleConfig:
-  """A one-layer llama head of the target's width, heads and RoPE (EAGLE-3's choice)."""
+  """A one-layer llama head of the target's width, heads and RoPE (EAGLE-3's choice). A Gemma 3
+  target's head is a llama layer too: SwiGLU, plain RMSNorm, global attention with the
+  target's global RoPE (its local layers' window and base are the target's own business)."""
   layer = dataclasses.replace(target, arch="llama", num_layers=1, attention_bias=False,
                               qk_norm=False, tie_word_embeddings=False,
-                              intermediate_size=intermediate_size or target.intermediate_size)
+                              intermediate_size=intermediate_size or target.intermediate_size,
+                              hidden_act="silu", norm_unit_offset=False, sandwich_norms=False,
+                              scale_embeddings=False, query_pre_attn_scalar=None,
+                              sliding_window=None, layer_types=None, rope_local_theta=None)
   return EagleConfig(layer=layer, target_hidden_size=target.hidden_size,
                      feature_layers=tuple(layers), draft_vocab_size=draft_vocab_size)
 
