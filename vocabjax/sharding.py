@@ -99,15 +99,17 @@ def shard_params(params: dict, config: LlamaLikeConfig, mesh: Mesh) -> dict:
   return jax.tree.map(lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), params, specs)
 
 
-def cache_specs(config: LlamaLikeConfig, batch_size: int, mesh: Mesh) -> KVCache:
+def cache_specs(config: LlamaLikeConfig, batch_size: int, mesh: Mesh,
+                ring: bool = False) -> KVCache:
+  """The cache's PartitionSpecs (`ring`: it has sliding layers' rings, `models.cache`)."""
   kv = P(None, "data" if batch_size % mesh.shape["data"] == 0 else None, None,
          "model" if config.num_kv_heads % mesh.shape["model"] == 0 else None, None)
   rows = P("data" if batch_size % mesh.shape["data"] == 0 else None)
-  return KVCache(k=kv, v=kv, lengths=rows)
+  return KVCache(k=kv, v=kv, lengths=rows, **(dict(k_local=kv, v_local=kv) if ring else {}))
 
 
 def shard_cache(cache: KVCache, config: LlamaLikeConfig, mesh: Mesh) -> KVCache:
-  specs = cache_specs(config, cache.batch_size, mesh)
+  specs = cache_specs(config, cache.batch_size, mesh, ring=cache.k_local is not None)
   return jax.tree.map(lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), cache, specs)
 
 

@@ -195,9 +195,18 @@ def gemma_pair():
 
 
 @pytest.mark.parametrize("kind", ["chain", "tree"])
-def test_speculative_greedy_equals_plain_decoding_past_the_window(gemma_pair, kind):
+@pytest.mark.parametrize("ring", [False, True], ids=["linear", "ring"])
+def test_speculative_greedy_equals_plain_decoding_past_the_window(gemma_pair, kind, ring,
+                                                                   monkeypatch):
   """Chain (gamma 3) and tree drafting with a Gemma drafter and target: the plain greedy ids,
-  batched and one row at a time, for prompts shorter and longer than the window (4)."""
+  batched and one row at a time, for prompts shorter and longer than the window (4); with
+  `ring`, every cache keeps its sliding layer in a ring of W + 9 slots (wrapped several
+  times by 24 new tokens after a 17-token prompt), rejected drafts rolled back and accepted
+  tree paths compacted in it."""
+  from vocabjax.models import cache as cache_module
+
+  if ring:
+    monkeypatch.setattr(cache_module, "RING_SLACK", 9)
   target, draft = gemma_pair
   rs = np.random.RandomState(5)
   prompts = [rs.randint(0, 64, n).tolist() for n in (1, 9, 3, 17)]
@@ -209,6 +218,8 @@ def test_speculative_greedy_equals_plain_decoding_past_the_window(gemma_pair, ki
   assert dec.generate([prompts[3]], max_new_tokens=24).tokens[0] == ar.tokens[3]
   assert 0.1 < batched.stats.acceptance_rate < 0.9  # accepted and rejected drafts both met
   assert len(set(ar.tokens[3])) > 8  # a model that does not repeat itself
+  probe = KVCache.init(GEMMA, 1, 64)
+  assert (probe.ring == 13) == ring  # the decoders' caches are what this test says
 
 
 def test_speculative_sampling_keeps_the_targets_law():
@@ -270,3 +281,80 @@ def test_eagle_drafting_for_a_gemma_target_keeps_greedy_output(gemma_pair):
   res = EagleDecoder(target, GEMMA, head, hc, tree=TreeParams(2, 3, 6)).generate(
       prompts, max_new_tokens=20)
   assert res.tokens == ar.tokens
+
+
+def _ring_logits(params, config, tokens, *, slack, prefill):
+  """Logits of `tokens` decoded one at a time after a `prefill`-token fresh prefill, into a
+  cache whose sliding layers keep a ring of W + slack slots."""
+  cache = KVCache.init(config, 1, 64, ring_slack=slack)
+  out = []
+  h, cache = _forward(params, jnp.asarray(tokens[:, :prefill]), jnp.arange(prefill)[None],
+                      cache, config=config, fresh=True, valid_lengths=jnp.array([prefill]))
+  out.append(np.asarray(lm_head(params, h, config=config))[0])
+  for t in range(prefill, tokens.shape[1]):
+    h, cache = _forward(params, jnp.asarray(tokens[:, t:t + 1]), jnp.array([[t]]), cache,
+                        config=config)
+    out.append(np.asarray(lm_head(params, h, config=config))[0])
+  return np.concatenate(out), cache
+
+
+@pytest.mark.parametrize("prefill", [5, 20], ids=["short-prefill", "prefill-past-the-ring"])
+def test_the_sliding_layers_ring_gives_the_full_caches_logits(tiny_dirs, prefill):
+  """Window 8, ring of 8 + 3 slots: 40 tokens (the ring wrapped three times; a 20-token
+  prefill writes only its last 11 entries) give the one-shot forward's logits, and the global
+  layer keeps every slot."""
+  config, params, _ = load_hf(tiny_dirs["gemma3_sliding"])
+  tokens = np.random.RandomState(6).randint(0, config.vocab_size, (1, 40))
+  full, _ = _logits(params, config, tokens)
+  ours, cache = _ring_logits(params, config, tokens, slack=3, prefill=prefill)
+  np.testing.assert_allclose(ours, full[0], atol=1e-5)
+  assert cache.ring == 11 and cache.k_local.shape[:3] == (1, 1, 11)
+  assert cache.k.shape[:3] == (1, 1, 64)  # one global layer, all 64 slots
+
+
+def test_a_rolled_back_block_in_the_ring_leaves_no_trace(tiny_dirs):
+  """Verification's pattern in a ring of W + 4: a 4-token block written and rolled back to
+  one accepted token (`with_lengths`), then the next block: its logits are those of the
+  sequence without the rejected tokens, also once the ring has wrapped."""
+  config, params, _ = load_hf(tiny_dirs["gemma3_sliding"])
+  rs = np.random.RandomState(7)
+  seq = rs.randint(0, config.vocab_size, 30)
+  cache = KVCache.init(config, 1, 64, ring_slack=4)
+  _, cache = _forward(params, jnp.asarray(seq[None, :6]), jnp.arange(6)[None], cache,
+                      config=config, fresh=True, valid_lengths=jnp.array([6]))
+  L = 6
+  while L + 5 <= len(seq):
+    junk = rs.randint(0, config.vocab_size, 3)
+    block = np.concatenate([seq[L:L + 1], junk])  # the first token is kept, the rest rejected
+    _, cache = _forward(params, jnp.asarray(block[None]), jnp.arange(L, L + 4)[None], cache,
+                        config=config)
+    cache = cache.with_lengths(jnp.array([L + 1]))
+    L += 1
+    nxt = seq[L:L + 4]
+    h, probe = _forward(params, jnp.asarray(nxt[None]), jnp.arange(L, L + 4)[None], cache,
+                        config=config)
+    ref, _ = _logits(params, config, seq[None, :L + 4])
+    np.testing.assert_allclose(np.asarray(lm_head(params, h, config=config))[0], ref[0, L:],
+                               atol=1e-5)
+  assert L > 2 * cache.ring  # wrapped twice
+
+
+def test_the_ring_bounds_gemma_3_270m_s_cache():
+  """Gemma-3-270M's shapes at 32K slots: 15 of its 18 layers slide (window 512) and keep
+  512 + RING_SLACK slots; a block too long for the ring is refused by name."""
+  from vocabjax.bench.shapes import resolve_config
+  from vocabjax.models.cache import RING_SLACK
+
+  _, c = resolve_config("gemma-3-270m")
+  ring = jax.eval_shape(lambda: KVCache.init(c, 1, 32768))
+  linear = jax.eval_shape(lambda: KVCache.init(c, 1, 32768, ring_slack=32768))
+  assert ring.k.shape[0] == 3 and ring.k_local.shape[:3] == (15, 1, 512 + RING_SLACK)
+  assert linear.k_local is None and linear.k.shape[0] == 18
+  size = lambda cache: sum(np.prod(a.shape) for a in jax.tree.leaves(cache))  # noqa: E731
+  assert size(ring) < 0.2 * size(linear)
+  small = GEMMA.replace(num_layers=2)
+  params = init_params(jax.random.key(0), small)
+  cache = KVCache.init(small, 1, 64, ring_slack=2)
+  with pytest.raises(ValueError, match=r"T=4 tokens needs 7 ring slots .* W=4; the cache's ring "
+                                       r"has 6"):
+    _forward(params, jnp.zeros((1, 4), jnp.int32), jnp.arange(4)[None], cache, config=small)

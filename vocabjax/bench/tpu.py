@@ -515,7 +515,7 @@ class TpuStep:
 
   def cache_bytes_per_chip(self) -> int:
     """Bytes of the step's KV caches on one chip (k and v; their shards on a mesh)."""
-    return sum(_bytes_per_chip(c.k) + _bytes_per_chip(c.v) for c in self.caches)
+    return sum(_cache_bytes(c) for c in self.caches)
 
   def compile(self, names=None) -> "TpuStep":
     """Compile the programs (default: all); errors as `lower_step`'s."""
@@ -525,6 +525,12 @@ class TpuStep:
         with not_cached():  # a deviceless executable cannot be loaded back from the cache
           prog.compiled = _guarded(self, name, prog.lowered.compile)
     return self
+
+
+def _cache_bytes(cache) -> int:
+  """Bytes per chip of a KV cache's buffers (a sliding layers' ring included)."""
+  arrays = [cache.k, cache.v] + ([] if cache.k_local is None else [cache.k_local, cache.v_local])
+  return sum(_bytes_per_chip(a) for a in arrays)
 
 
 def _bytes_per_chip(x) -> int:
@@ -1003,8 +1009,8 @@ def stream_bytes(spec: MethodSpec, step: TpuStep) -> int:
   dec, setup = step.decoder, step.setup
   passes = drafter_passes(spec, dec)
   target = getattr(dec, "params", None) or dec.tp
-  total = _bytes_per_chip(step.caches[0].k) + _bytes_per_chip(step.caches[0].v)
-  total += sum(passes * (_bytes_per_chip(c.k) + _bytes_per_chip(c.v)) for c in step.caches[1:])
+  total = _cache_bytes(step.caches[0])
+  total += sum(passes * _cache_bytes(c) for c in step.caches[1:])
   tied_target = setup.target.tie_word_embeddings
   for key, tree in target.items():
     if key != "embed" or tied_target:

@@ -124,7 +124,8 @@ def prompt_bucket(n: int, step: int = PROMPT_STEP) -> int:
 def _prefill(params, tokens, prompt_lengths, cache, key, *, config, sampling):
   B, T = tokens.shape
   positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-  hidden, cache = forward(params, tokens, positions, cache, config=config, fresh=True)
+  hidden, cache = forward(params, tokens, positions, cache, config=config, fresh=True,
+                          valid_lengths=prompt_lengths)
   cache = cache.with_lengths(prompt_lengths)
   last = jnp.take_along_axis(hidden, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
   logits = lm_head(params, last, config=config)
@@ -136,7 +137,7 @@ def abstract_cache(config: LlamaLikeConfig, B: int, S: int, dtype, mesh=None) ->
   shapes = jax.eval_shape(lambda: KVCache.init(config, B, S, dtype))
   if mesh is None:
     return shapes
-  specs = sharding.cache_specs(config, B, mesh)
+  specs = sharding.cache_specs(config, B, mesh, ring=shapes.k_local is not None)
   return jax.tree.map(lambda x, spec: jax.ShapeDtypeStruct(
       x.shape, x.dtype, sharding=jax.sharding.NamedSharding(mesh, spec)), shapes, specs)
 
@@ -332,9 +333,12 @@ class Decoder(DecodingMethod):
 @functools.partial(jax.jit, donate_argnums=(0,))
 def _put_row(cache: KVCache, row: KVCache, b) -> KVCache:
   """`cache` with row b replaced by the one-row cache `row` (continuous batching)."""
+  local = {} if cache.k_local is None else dict(
+      k_local=jax.lax.dynamic_update_slice_in_dim(cache.k_local, row.k_local, b, axis=1),
+      v_local=jax.lax.dynamic_update_slice_in_dim(cache.v_local, row.v_local, b, axis=1))
   return cache.replace(k=jax.lax.dynamic_update_slice_in_dim(cache.k, row.k, b, axis=1),
                        v=jax.lax.dynamic_update_slice_in_dim(cache.v, row.v, b, axis=1),
-                       lengths=cache.lengths.at[b].set(row.lengths[0]))
+                       lengths=cache.lengths.at[b].set(row.lengths[0]), **local)
 
 
 def _hits_stop(tokenizer, ids: list[int], stop_strings: Sequence[str]) -> bool:

@@ -689,12 +689,11 @@ class CrossVocabDecoder(DecodingMethod):
     res.decode_s += done.decode_s
     res.steps += done.steps
     c, b = final[0], B - 1
-    self.trace = (c.ctx[b], c.pend[b], KVCache(c.dcache.k[:, b:b + 1], c.dcache.v[:, b:b + 1],
-                                               c.dcache.lengths[b:b + 1]))
+    self.trace = (c.ctx[b], c.pend[b], c.dcache.rows(b, b + 1))
 
 
 def _grow(cache: KVCache, S: int) -> KVCache:
-  """The same entries in a cache of S slots."""
+  """The same entries in a cache of S slots (a sliding layers' ring keeps its size)."""
   pad = [(0, 0)] * cache.k.ndim
   pad[2] = (0, S - cache.max_len)
-  return KVCache(k=jnp.pad(cache.k, pad), v=jnp.pad(cache.v, pad), lengths=cache.lengths)
+  return cache.replace(k=jnp.pad(cache.k, pad), v=jnp.pad(cache.v, pad))

@@ -252,7 +252,8 @@ def _eagle_prefill(target_params, dp, tokens, prompt_lengths, tcache, hcache, ke
   positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
   hidden, tcache, feats = forward_features(target_params, tokens, positions, tcache,
                                            config=target_config,
-                                           layers=head_config.feature_layers, fresh=True)
+                                           layers=head_config.feature_layers, fresh=True,
+                                           valid_lengths=prompt_lengths)
   tcache = tcache.with_lengths(prompt_lengths)
   last = jnp.take_along_axis(hidden, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
   first = sample(key, lm_head(target_params, last, config=target_config), sampling)

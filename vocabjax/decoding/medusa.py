@@ -106,7 +106,7 @@ def _medusa_prefill(target_params, tokens, prompt_lengths, cache, key, *,
   B, T = tokens.shape
   positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
   hidden, cache = forward(target_params, tokens, positions, cache, config=target_config,
-                          fresh=True)
+                          fresh=True, valid_lengths=prompt_lengths)
   last = jnp.take_along_axis(hidden, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
   first = sample(key, lm_head(target_params, last, config=target_config), sampling)
   return first, cache.with_lengths(prompt_lengths), last

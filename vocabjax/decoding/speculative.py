@@ -508,5 +508,6 @@ def compile_draft_prefill(params, config: LlamaLikeConfig, B: int, T: int, cache
 def _draft_prefill(params, tokens, prompt_lengths, cache, *, config):
   B, T = tokens.shape
   positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-  _, cache = forward(params, tokens, positions, cache, config=config, fresh=True)
+  _, cache = forward(params, tokens, positions, cache, config=config, fresh=True,
+                     valid_lengths=prompt_lengths)
   return cache.with_lengths(prompt_lengths)

@@ -172,6 +172,28 @@ def window_mask(mask: jax.Array, lengths: jax.Array, positions: jax.Array, windo
   return mask & (positions[:, :, None] - key_pos[:, None, :] < window)
 
 
+def ring_slots(lengths: jax.Array, T: int, ring: int) -> jax.Array:
+  """[B, R]: the linear slot each ring slot holds after a call writes T entries at `lengths`:
+  the latest slot s < lengths + T with s = r (mod R); negative where none was written yet."""
+  top = (lengths + T - 1)[:, None]
+  return top - (top - jnp.arange(ring)[None, :]) % ring
+
+
+def ring_mask(mask: jax.Array, lengths: jax.Array, positions: jax.Array, window: int,
+              ring: int) -> jax.Array:
+  """`window_mask` over a sliding layer's ring (`models.cache`): [B, T, R], the linear mask
+  [B, T, S] read at the slot each ring slot holds (`ring_slots`)."""
+  B, T, S = mask.shape
+  slots = ring_slots(lengths, T, ring)  # [B, R]
+  seen = jnp.take_along_axis(mask, jnp.broadcast_to(jnp.clip(slots, 0, S - 1)[:, None, :],
+                                                    (B, T, ring)), axis=2)
+  rel = slots - lengths[:, None]
+  block_pos = jnp.take_along_axis(positions, jnp.clip(rel, 0, T - 1), axis=1)
+  key_pos = jnp.where(rel >= 0, block_pos, slots)
+  near = positions[:, :, None] - key_pos[:, None, :] < window
+  return seen & near & (slots >= 0)[:, None, :]
+
+
 def fresh_attention(q: jax.Array, k: jax.Array, v: jax.Array, divisor: float | None = None,
                     window: int | None = None) -> jax.Array:
   """Causal attention of a block over itself alone, for a prefill into an empty cache:
@@ -207,8 +229,15 @@ def fresh_attention(q: jax.Array, k: jax.Array, v: jax.Array, divisor: float | N
 
 
 def decoder_layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, config,
-                  attn_input=None, fresh=False, lowering: Lowering = Lowering()):
+                  attn_input=None, fresh=False, lowering: Lowering = Lowering(),
+                  cache_index: int | None = None, ring: int | None = None,
+                  valid: jax.Array | None = None):
   """Decoder layer i. x [B,T,D]; k_all/v_all [L,B,S,N,hd] get its T new entries written.
+
+  `cache_index`: the layer's index in k_all/v_all (default i); `ring`: k_all/v_all are a
+  sliding layer's ring of that many slots (`models.cache`), written at slot mod ring, and
+  `mask` is over the ring's slots; `valid` [B]: the rows' real entries of a fresh prefill
+  (`write_block`).
 
   `attn_input`: what the q/k/v projections read instead of norm(x) (an EAGLE head feeds its
   normed token embedding and target feature side by side, [B, T, 2D]); x stays the residual.
@@ -231,8 +260,11 @@ def decoder_layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, c
     k = norm(k, layer["k_norm"], c)
   q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
-  k_all = write_block(k_all, i, k, write_s[:, 0], per_row=lw.row_writes)
-  v_all = write_block(v_all, i, v, write_s[:, 0], per_row=lw.row_writes)
+  ci = i if cache_index is None else cache_index
+  k_all = write_block(k_all, ci, k, write_s[:, 0], per_row=lw.row_writes, ring=ring,
+                      valid=valid)
+  v_all = write_block(v_all, ci, v, write_s[:, 0], per_row=lw.row_writes, ring=ring,
+                      valid=valid)
 
   q = q.reshape(B, T, c.num_kv_heads, c.num_groups, c.head_dim)
   if fresh:  # the values the cache holds, as the general path reads them back
@@ -240,11 +272,11 @@ def decoder_layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, c
                            v.astype(v_all.dtype).astype(x.dtype), c.attn_divisor,
                            c.sliding_window if c.is_sliding(i) else None)
   else:
-    scores = jnp.einsum("BTNQe,BSNe->BNQTS", q, k_all[i].astype(q.dtype),
+    scores = jnp.einsum("BTNQe,BSNe->BNQTS", q, k_all[ci].astype(q.dtype),
                         preferred_element_type=jnp.float32) / c.attn_divisor
     scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
     probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
-    attn = jnp.einsum("BNQTS,BSNe->BTNQe", probs, v_all[i].astype(x.dtype))
+    attn = jnp.einsum("BNQTS,BSNe->BTNQe", probs, v_all[ci].astype(x.dtype))
   out = _proj(attn.reshape(B, T, c.q_dim), layer, "wo", lw)
   if c.sandwich_norms:
     out = norm(out, layer["post_attn_norm"], c)
@@ -260,7 +292,8 @@ def decoder_layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, c
 
 
 def write_block(buf: jax.Array, i: int, new: jax.Array, start: jax.Array, *,
-                per_row: bool = False) -> jax.Array:
+                per_row: bool = False, ring: int | None = None,
+                valid: jax.Array | None = None) -> jax.Array:
   """buf [L, B, S, N, hd] with layer i's row b given new[b] [T, N, hd] at slots start[b] ..
   start[b] + T - 1 (the caller guarantees start + T <= S). Batch 1: a dynamic-update-slice
   (in place); a batch: an indexed scatter, or with `per_row` (`Lowering.row_writes`, set by
@@ -268,9 +301,22 @@ def write_block(buf: jax.Array, i: int, new: jax.Array, start: jax.Array, *,
   a "data" axis that splits the batch, where the indexed scatter made every step gather all
   rows' indices and entries and permute them between devices. Off a mesh the indexed scatter
   stays: on one CPU device the vmapped form (a scatter with batching dimensions) is not
-  updated in place and made a batch-4 cross-vocabulary step several times slower."""
+  updated in place and made a batch-4 cross-vocabulary step several times slower.
+  `ring`: buf is a ring of that many slots (`models.cache`): slot s goes to s mod ring, by an
+  indexed scatter. `valid` [B] (a right-padded prefill's prompt lengths): row b writes only
+  its entries t in [valid[b] - ring, valid[b]), so neither padding nor a prompt longer than
+  the ring overwrites what its last `ring` real entries left (without it every entry is
+  written, the later ones last: a verification block, whose rejected tail the window never
+  shows, `models.cache`)."""
   new = new.astype(buf.dtype)
   B, T = new.shape[:2]
+  if ring is not None:
+    t = jnp.arange(T)[None]
+    end = jnp.full((B, 1), T) if valid is None else valid[:, None]
+    keep = (t < end) & (t >= end - ring)
+    slots = jnp.where(keep, (start[:, None] + t) % ring, ring)  # ring: dropped
+    rows = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
+    return buf.at[i, rows, slots].set(new, mode="drop")
   if B == 1:
     return jax.lax.dynamic_update_slice(buf, new[None], (i, 0, start[0], 0, 0))
   if not per_row:
@@ -331,8 +377,8 @@ def mlp_layout(params: Params) -> str:
 
 def forward(params: Params, tokens: jax.Array, positions: jax.Array, cache: KVCache,
             mask: jax.Array | None = None, *, config: LlamaLikeConfig,
-            prefix_mask: jax.Array | None = None, fresh: bool = False
-            ) -> tuple[jax.Array, KVCache]:
+            prefix_mask: jax.Array | None = None, fresh: bool = False,
+            valid_lengths: jax.Array | None = None) -> tuple[jax.Array, KVCache]:
   """Run T new tokens per row through the decoder and append their keys/values to the cache.
 
   Args:
@@ -348,25 +394,29 @@ def forward(params: Params, tokens: jax.Array, positions: jax.Array, cache: KVCa
     fresh: the caller guarantees every row's cache is empty (`lengths` 0: a prompt's
       prefill); attention then runs causally over the block alone (`fresh_attention`, several
       times faster than over the S slots). Needs mask and prefix_mask None.
+    valid_lengths: [B] int, with `fresh`: each row's real tokens of the right-padded block
+      (its prompt length). Required when the cache keeps sliding layers in a ring
+      (`models.cache`), where padding must not overwrite a row's entries; ignored otherwise.
 
   Returns:
     hidden [B, T, D], final-normed; and the cache with `lengths + T`.
   """
   hidden, cache, _ = _run(params, tokens, positions, cache, mask, prefix_mask, config, (),
-                          fresh)
+                          fresh, valid_lengths)
   return hidden, cache
 
 
 def forward_features(params: Params, tokens: jax.Array, positions: jax.Array, cache: KVCache,
                      mask: jax.Array | None = None, *, config: LlamaLikeConfig,
-                     layers: tuple[int, ...], fresh: bool = False
+                     layers: tuple[int, ...], fresh: bool = False,
+                     valid_lengths: jax.Array | None = None
                      ) -> tuple[jax.Array, KVCache, jax.Array]:
   """`forward` that also returns the outputs of decoder `layers` (0-based; the residual stream
   after layer i, what EAGLE-3 fuses), concatenated: [B, T, len(layers) * D]."""
   if not layers or min(layers) < 0 or max(layers) >= config.num_layers:
     raise ValueError(f"layers={layers} must name decoder layers in [0, {config.num_layers})")
   hidden, cache, feats = _run(params, tokens, positions, cache, mask, None, config,
-                              tuple(layers), fresh)
+                              tuple(layers), fresh, valid_lengths)
   return hidden, cache, jnp.concatenate([feats[i] for i in layers], axis=-1)
 
 
@@ -466,7 +516,8 @@ def cast_weights(params: Params, dtype) -> Params:
                       params)
 
 
-def _run(params, tokens, positions, cache, mask, prefix_mask, config, capture, fresh=False):
+def _run(params, tokens, positions, cache, mask, prefix_mask, config, capture, fresh=False,
+         valid_lengths=None):
   T = tokens.shape[1]
   if fresh and (mask is not None or prefix_mask is not None):
     raise ValueError("a fresh prefill (fresh=True) attends causally: pass no mask/prefix_mask")
@@ -474,21 +525,37 @@ def _run(params, tokens, positions, cache, mask, prefix_mask, config, capture, f
   cos, sin, full_mask, write_b, write_s = step_inputs(tokens, positions, cache, mask,
                                                       prefix_mask, config)
   per_type = {False: (full_mask, cos, sin)}
+  R = cache.ring
+  if R is not None and fresh and valid_lengths is None:
+    raise ValueError("a fresh prefill into a cache that keeps sliding layers in a ring "
+                     "(models.cache) needs the rows' prompt lengths: pass valid_lengths")
   if config.has_sliding_layers:  # Gemma 3's local layers: their window and RoPE base
-    per_type[True] = (window_mask(full_mask, cache.lengths, positions, config.sliding_window),
-                      *rope_cos_sin(positions, config, local=True))
-  k_all, v_all = cache.k, cache.v
+    W = config.sliding_window
+    if R is not None and not fresh and W + T - 1 > R:
+      raise ValueError(f"a block of T={T} tokens needs {W + T - 1} ring slots for the "
+                       f"sliding window W={W}; the cache's ring has {R} (raise "
+                       f"vocabjax.models.cache.RING_SLACK)")
+    local_mask = (window_mask(full_mask, cache.lengths, positions, W) if R is None else
+                  ring_mask(full_mask, cache.lengths, positions, W, R))
+    per_type[True] = (local_mask, *rope_cos_sin(positions, config, local=True))
+  bufs = {"global": [cache.k, cache.v], "local": [cache.k_local, cache.v_local]}
   feats = {}
   lowering = lowering_of(params)
   for i, layer in enumerate(params["layers"]):
     layer_mask, layer_cos, layer_sin = per_type[config.is_sliding(i)]
-    x, k_all, v_all = decoder_layer(x, layer, i, k_all, v_all, write_b, write_s, layer_mask,
+    where, j = cache.buffers(config, i)
+    kv = bufs[where]
+    x, kv[0], kv[1] = decoder_layer(x, layer, i, kv[0], kv[1], write_b, write_s, layer_mask,
                                     layer_cos, layer_sin, config, fresh=fresh,
-                                    lowering=lowering)
+                                    lowering=lowering, cache_index=j,
+                                    ring=R if where == "local" else None,
+                                    valid=valid_lengths if fresh else None)
     if i in capture:
       feats[i] = x
   hidden = norm(x, params["final_norm"], config)
-  return hidden, KVCache(k=k_all, v=v_all, lengths=cache.lengths + T), feats
+  return hidden, cache.replace(k=bufs["global"][0], v=bufs["global"][1],
+                               k_local=bufs["local"][0], v_local=bufs["local"][1],
+                               lengths=cache.lengths + T), feats
 
 
 def lm_head_rows(params: Params, config: LlamaLikeConfig) -> tuple[jax.Array, jax.Array | None]:

@@ -255,8 +255,10 @@ def _target_features(params, tokens, *, config, layers):
   of one padded sequence."""
   B, T = tokens.shape
   pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-  h, _, feats = forward_features(params, tokens, pos, KVCache.init(config, B, T), config=config,
-                                 layers=layers, fresh=True)
+  # a throwaway cache: linear (no sliding layers' ring, `models.cache`), as only T is written
+  cache = KVCache.init(config, B, T, ring_slack=T)
+  h, _, feats = forward_features(params, tokens, pos, cache, config=config, layers=layers,
+                                 fresh=True)
   return (feats.astype(jnp.float16), jnp.argmax(lm_head(params, h, config=config), -1),
           h.astype(jnp.float16))
 

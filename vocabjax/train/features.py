@@ -107,8 +107,9 @@ def sequence_hidden(params, tokens, *, config):
   cache of T slots): teacher forcing for features and training."""
   B, T = tokens.shape
   pos = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-  hidden, _ = forward(params, tokens, pos, KVCache.init(config, B, T), config=config,
-                      fresh=True)
+  # a throwaway cache: linear (no sliding layers' ring, `models.cache`)
+  hidden, _ = forward(params, tokens, pos, KVCache.init(config, B, T, ring_slack=T),
+                      config=config, fresh=True)
   return hidden
 
 
