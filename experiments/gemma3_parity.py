@@ -8,8 +8,9 @@ short prompt and one longer than the model's 512-token sliding window (Spec-Benc
 questions, from ../shared/data), it compares the logits of the prompt's last 8 positions (max
 absolute difference, the argmax of each) and the greedy continuation of N new tokens (plain
 decoding in vocabjax, `generate(do_sample=False)` in transformers), token for token. The token
-ids are vocabjax's tokenizer's (chat-free, with BOS), fed to both. Writes `<out>.json` and
-`<out>.md` atomically.
+ids are vocabjax's tokenizer's (chat-free, with BOS), fed to both. Past 768 tokens vocabjax's
+caches keep the 15 sliding layers in a ring of 512 + 256 slots (`models.cache`; `ring_slots`
+in the rows). Writes `<out>.json` and `<out>.md` atomically.
 """
 
 from __future__ import annotations
@@ -74,8 +75,9 @@ def main(argv: list[str] | None = None) -> int:
   for name, text in prompts.items():
     ids = tok(text)["input_ids"]
     T = len(ids)
-    hidden, _ = fwd(model.params, jnp.asarray([ids]), jnp.arange(T)[None],
-                    KVCache.init(c, 1, T), config=c, fresh=True)
+    cache = KVCache.init(c, 1, T)  # sliding layers in a ring when T > window + slack
+    hidden, _ = fwd(model.params, jnp.asarray([ids]), jnp.arange(T)[None], cache, config=c,
+                    fresh=True, valid_lengths=jnp.array([T]))
     ours = np.asarray(lm_head(model.params, hidden[:, -8:], config=c))[0]
     with torch.no_grad():
       theirs = ref(torch.tensor([ids]), logits_to_keep=8).logits[0].float().numpy()
@@ -87,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
                              do_sample=False, eos_token_id=None,
                              pad_token_id=0)[0, T:].tolist()
     first_diff = next((i for i, (a, b) in enumerate(zip(ours_ids, ref_ids)) if a != b), None)
-    row = dict(prompt=name, prompt_tokens=T, max_abs_logit_diff=diff,
+    row = dict(prompt=name, prompt_tokens=T, ring_slots=cache.ring, max_abs_logit_diff=diff,
                logit_scale=float(np.abs(theirs).max()), last8_argmax_equal=argmax_equal,
                greedy_equal=ours_ids == ref_ids, first_differing_token=first_diff,
                new_tokens=args.new_tokens, continuation=tok.decode(ours_ids))
@@ -106,10 +108,12 @@ def main(argv: list[str] | None = None) -> int:
   md = [f"# {args.model}: vocabjax vs transformers (same GGUF, f32)", "",
         f"`{result['command']}` ({result['date']}; jax {result['jax']}, torch "
         f"{result['torch']}, transformers {result['transformers']})", "",
-        "| prompt | tokens | max abs logit diff (last 8) | max abs logit | argmax equal | "
-        f"greedy {args.new_tokens} equal | first differing |", "|---|---|---|---|---|---|---|"]
+        "| prompt | tokens | sliding layers' ring slots | max abs logit diff (last 8) | "
+        f"max abs logit | argmax equal | greedy {args.new_tokens} equal | first differing |",
+        "|---|---|---|---|---|---|---|---|"]
   for r in rows:
-    md.append(f"| {r['prompt']} | {r['prompt_tokens']} | {r['max_abs_logit_diff']:.2e} | "
+    md.append(f"| {r['prompt']} | {r['prompt_tokens']} | {r['ring_slots'] or 'linear'} | "
+              f"{r['max_abs_logit_diff']:.2e} | "
               f"{r['logit_scale']:.1f} | {r['last8_argmax_equal']} | {r['greedy_equal']} | "
               f"{r['first_differing_token']} |")
   md += ["", "Continuations (vocabjax):", ""]
