@@ -322,6 +322,7 @@ def test_a_rolled_back_block_in_the_ring_leaves_no_trace(tiny_dirs):
   cache = KVCache.init(config, 1, 64, ring_slack=4)
   _, cache = _forward(params, jnp.asarray(seq[None, :6]), jnp.arange(6)[None], cache,
                       config=config, fresh=True, valid_lengths=jnp.array([6]))
+  ref, _ = _logits(params, config, seq[None])  # causal: position p's logits see seq[:p + 1]
   L = 6
   while L + 5 <= len(seq):
     junk = rs.randint(0, config.vocab_size, 3)
@@ -333,9 +334,8 @@ def test_a_rolled_back_block_in_the_ring_leaves_no_trace(tiny_dirs):
     nxt = seq[L:L + 4]
     h, probe = _forward(params, jnp.asarray(nxt[None]), jnp.arange(L, L + 4)[None], cache,
                         config=config)
-    ref, _ = _logits(params, config, seq[None, :L + 4])
-    np.testing.assert_allclose(np.asarray(lm_head(params, h, config=config))[0], ref[0, L:],
-                               atol=1e-5)
+    np.testing.assert_allclose(np.asarray(lm_head(params, h, config=config))[0],
+                               ref[0, L:L + 4], atol=1e-5)
   assert L > 2 * cache.ring  # wrapped twice
 
 
