@@ -23,9 +23,10 @@ Gemma 3 (`config.arch == "gemma3"`) is the same loop with its switches on: norms
 (1 + w) in f32 (`norm`), attention and MLP outputs are normed again before the residual add
 (`post_attn_norm`, `post_mlp_norm`), the MLP gate is GELU-tanh, the embedding is scaled by
 sqrt(D), scores by `query_pre_attn_scalar ** -0.5`, and the layers `config.layer_types` marks
-sliding see only the last `sliding_window` positions, with RoPE on `rope_local_theta`. The KV
-cache keeps every position for every layer (a sliding layer's entries past its window are
-masked, not dropped).
+sliding see only the last `sliding_window` positions, with RoPE on `rope_local_theta`. Past
+window + `models.cache.RING_SLACK` slots the KV cache keeps those layers in a ring of that
+size (`ring_mask`, `write_block`); below it, in the linear buffers, their entries past the
+window are masked (`window_mask`).
 """
 
 from __future__ import annotations
@@ -205,8 +206,8 @@ def fresh_attention(q: jax.Array, k: jax.Array, v: jax.Array, divisor: float | N
   operands laid out [B, N, ., hd] for batched GEMMs. A 768-token block through one layer of
   Qwen2.5-0.5B (Qwen2.5-1.5B): 11 (15) ms against 98 (105) ms over a 1024-slot cache on the
   2-core CPU, where the prefill's attention had been ~60% (~22%) of the whole prefill.
-  `divisor`: what scores are divided by (default sqrt(hd)); `window`: a sliding layer's window (a query
-  at t sees t - window < t' <= t).
+  `divisor`: what scores are divided by (default sqrt(hd)); `window`: a sliding layer's
+  window (a query at t sees t - window < t' <= t).
   """
   B, T, N, Q, hd = q.shape
   divisor = np.sqrt(hd) if divisor is None else divisor

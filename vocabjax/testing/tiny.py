@@ -121,8 +121,8 @@ def write_tiny_gguf(model, path: str | os.PathLike, qtype: str = "F32", tokenize
   For the llama architecture the q/k rows are permuted as llama.cpp does, so a loader that
   forgets to undo it produces wrong logits. Gemma 3's norms are stored as 1 + w and its four
   norms per layer under llama.cpp's names (`sliding_pattern`: its
-  `attention.sliding_window_pattern`, an int or one bool per layer). `state` overrides the model's state dict (tests of
-  broken files).
+  `attention.sliding_window_pattern`, an int or one bool per layer). `state` overrides the
+  model's state dict (tests of broken files).
   """
   import gguf
   import numpy as np
