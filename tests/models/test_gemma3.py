@@ -1,8 +1,8 @@
 """Gemma 3 (text): its config, its sliding-window attention, its loaders and exact decoding.
 
 Parity of the logits with transformers' Gemma3ForCausalLM (prompts longer than the window, the
-chunked prefill) runs in `test_llamalike_vs_reference.py` over the `gemma3_sliding` tiny
-variant; this file checks what is Gemma's own.
+chunked prefill) and a tree block past the window run in `test_llamalike_vs_reference.py` over
+the `gemma3_sliding` tiny variant; this file checks what is Gemma's own.
 """
 
 import json
@@ -120,28 +120,6 @@ def test_incremental_decode_past_the_window_matches_the_full_forward(tiny_dirs):
                         config=config)
     np.testing.assert_allclose(np.asarray(lm_head(params, h, config=config))[0, 0], full[0, t],
                                atol=1e-5)
-
-
-def test_a_tree_block_past_the_window_matches_separate_sequences(tiny_dirs):
-  """Two branches in one block (tree verification's explicit mask and depth positions) after
-  a 12-token prefix (window 8): each branch's logits equal its own sequence's."""
-  config, params, _ = load_hf(tiny_dirs["gemma3_sliding"])
-  rs = np.random.RandomState(2)
-  prefix, a, b = (rs.randint(0, config.vocab_size, n) for n in (12, 3, 2))
-  ref_a, _ = _logits(params, config, np.concatenate([prefix, a])[None])
-  ref_b, _ = _logits(params, config, np.concatenate([prefix, b])[None])
-  cache = KVCache.init(config, 1, 32)
-  _, cache = _forward(params, jnp.asarray(prefix[None]), jnp.arange(12)[None], cache,
-                      config=config)
-  block = np.zeros((5, 5), bool)
-  block[:3, :3] = np.tril(np.ones((3, 3), bool))
-  block[3:, 3:] = np.tril(np.ones((2, 2), bool))
-  h, _ = _forward(params, jnp.asarray(np.concatenate([a, b])[None]),
-                  jnp.asarray([[12, 13, 14, 12, 13]]), cache, jnp.asarray(block[None]),
-                  config=config)
-  logits = np.asarray(lm_head(params, h, config=config))[0]
-  np.testing.assert_allclose(logits[:3], ref_a[0, 12:], atol=1e-5)
-  np.testing.assert_allclose(logits[3:], ref_b[0, 12:], atol=1e-5)
 
 
 def test_greedy_ids_vs_transformers_generate(tiny_dirs):

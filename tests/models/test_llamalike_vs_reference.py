@@ -72,27 +72,30 @@ def test_incremental_decode_matches_full_forward(tiny_dirs, variant):
   assert int(cache.lengths[0]) == 16
 
 
-def test_explicit_mask_matches_separate_sequences(tiny_dirs):
+# Gemma: after a 12-token prefix, past its window of 8 (the window is kept by position)
+@pytest.mark.parametrize("variant, P, atol", [("qwen2_bias", 6, 1e-4),
+                                              ("gemma3_sliding", 12, 1e-5)])
+def test_explicit_mask_matches_separate_sequences(tiny_dirs, variant, P, atol):
   """Two branches packed into one block with a block-diagonal mask = two separate forwards.
 
   This is the mechanism tree verification relies on: explicit mask + explicit positions.
   """
-  config, params, _ = load_hf(tiny_dirs["qwen2_bias"])
+  config, params, _ = load_hf(tiny_dirs[variant])
   rs = np.random.RandomState(2)
-  prefix, a, b = (rs.randint(0, config.vocab_size, n) for n in (6, 3, 2))
+  prefix, a, b = (rs.randint(0, config.vocab_size, n) for n in (P, 3, 2))
   ref_a, _ = _jax_logits(params, config, np.concatenate([prefix, a])[None])
   ref_b, _ = _jax_logits(params, config, np.concatenate([prefix, b])[None])
   cache = KVCache.init(config, 1, 32)
-  _, cache = _forward(params, jnp.asarray(prefix[None]), jnp.arange(6)[None], cache, config=config)
+  _, cache = _forward(params, jnp.asarray(prefix[None]), jnp.arange(P)[None], cache, config=config)
   block = np.zeros((5, 5), bool)
   block[:3, :3] = np.tril(np.ones((3, 3), bool))
   block[3:, 3:] = np.tril(np.ones((2, 2), bool))
-  positions = jnp.asarray([[6, 7, 8, 6, 7]])
+  positions = jnp.asarray([[P, P + 1, P + 2, P, P + 1]])
   h, _ = _forward(params, jnp.asarray(np.concatenate([a, b])[None]), positions, cache,
                  jnp.asarray(block[None]), config=config)
   logits = np.asarray(lm_head(params, h, config=config))[0]
-  np.testing.assert_allclose(logits[:3], ref_a[0, 6:], atol=1e-4)
-  np.testing.assert_allclose(logits[3:], ref_b[0, 6:], atol=1e-4)
+  np.testing.assert_allclose(logits[:3], ref_a[0, P:], atol=atol)
+  np.testing.assert_allclose(logits[3:], ref_b[0, P:], atol=atol)
 
 
 @pytest.mark.parametrize("variant", ["llama_mha", "qwen2_bias_tied", "qwen3_qknorm"])

@@ -38,6 +38,18 @@ class UnsupportedConfigError(ValueError):
   """A config field or value this decoder family does not implement."""
 
 
+def _checker(cfg: Mapping[str, Any], known: set):
+  """(problems, check): the list of what a config has that the math does not handle, starting
+  with its fields outside `known`, and `check(cond, message)`, which adds message unless cond."""
+  problems = [f"unknown field {k}={cfg[k]!r}" for k in sorted(k for k in cfg if k not in known)]
+
+  def check(cond: bool, message: str):
+    if not cond:
+      problems.append(message)
+
+  return problems, check
+
+
 def config_from_hf(cfg: Mapping[str, Any]) -> LlamaLikeConfig:
   """Convert a Hugging Face config dict; raise UnsupportedConfigError listing what is not handled."""
   model_type = cfg.get("model_type")
@@ -51,13 +63,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> LlamaLikeConfig:
         f"unknown architecture model_type={model_type!r}; supported: {sorted(_MODEL_TYPES)}")
   if model_type == "gemma3_text":
     return _gemma3_config(cfg)
-  unknown = sorted(k for k in cfg if k not in _KNOWN)
-  problems = [f"unknown field {k}={cfg[k]!r}" for k in unknown]
-
-  def check(cond: bool, message: str):
-    if not cond:
-      problems.append(message)
-
+  problems, check = _checker(cfg, _KNOWN)
   check(cfg.get("hidden_act", "silu") == "silu", f"hidden_act={cfg.get('hidden_act')!r} (only silu)")
   check(not cfg.get("mlp_bias", False), f"mlp_bias={cfg.get('mlp_bias')!r} (not implemented)")
   check(not cfg.get("use_sliding_window", False),
@@ -113,13 +119,7 @@ def _gemma3_config(cfg: Mapping[str, Any]) -> LlamaLikeConfig:
   """transformers' Gemma3TextConfig (model_type gemma3_text, either the per-layer-type
   `rope_parameters` of transformers 5 or the older `rope_theta` / `rope_local_base_freq` /
   `rope_scaling`) -> LlamaLikeConfig with Gemma's switches on."""
-  unknown = sorted(k for k in cfg if k not in _KNOWN and k not in _GEMMA3)
-  problems = [f"unknown field {k}={cfg[k]!r}" for k in unknown]
-
-  def check(cond: bool, message: str):
-    if not cond:
-      problems.append(message)
-
+  problems, check = _checker(cfg, _KNOWN | _GEMMA3)
   act = cfg.get("hidden_activation", cfg.get("hidden_act", "gelu_pytorch_tanh"))
   check(act in ("gelu_pytorch_tanh", "gelu_tanh"),
         f"hidden_activation={act!r} (only gelu_pytorch_tanh)")

@@ -154,23 +154,30 @@ def attention_mask(lengths: jax.Array, T: int, S: int, block_mask: jax.Array | N
 PREFILL_CHUNK = 128  # query rows per attention chunk of a fresh prefill (`fresh_attention`)
 
 
+def _within_window(slots: jax.Array, lengths: jax.Array, positions: jax.Array, window: int
+                   ) -> jax.Array:
+  """[B, T, X]: whether the key that each cache slot of `slots` [B, X] holds lies within
+  `window - 1` positions before each query (at `positions` [B, T]). A committed slot
+  s < lengths[b] holds position s (the cache is kept compact: accepted tree paths are
+  compacted, rejected entries dropped); a slot of this call's block holds its token's
+  position."""
+  T = positions.shape[1]
+  rel = slots - lengths[:, None]
+  block_pos = jnp.take_along_axis(positions, jnp.clip(rel, 0, T - 1), axis=1)
+  key_pos = jnp.where(rel >= 0, block_pos, slots)
+  return positions[:, :, None] - key_pos[:, None, :] < window
+
+
 def window_mask(mask: jax.Array, lengths: jax.Array, positions: jax.Array, window: int
                 ) -> jax.Array:
-  """`mask` [B, T, S] (`attention_mask`) restricted to a sliding window: query t (at
-  `positions[b, t]`) keeps a slot only if its key's position is within `window - 1` before it.
-  A committed slot s < lengths[b] holds position s (the cache is kept compact: accepted tree
-  paths are compacted, rejected entries dropped); a slot of this call's block holds its
-  token's position. A drafter expanding a tree into slots past the committed ones (its
-  `prefix_mask`) is read with slot = position, an overestimate of those nodes' positions by at
-  most the tree's size: it can only keep a key that is up to that many positions too old, in
-  a drafter's proposal, which verification corrects."""
+  """`mask` [B, T, S] (`attention_mask`) restricted to a sliding window (`_within_window`;
+  slots past the block are masked already). A drafter expanding a tree into slots past the
+  committed ones (its `prefix_mask`) is read with slot = position, an overestimate of those
+  nodes' positions by at most the tree's size: it can only keep a key that is up to that many
+  positions too old, in a drafter's proposal, which verification corrects."""
   B, T, S = mask.shape
-  slots = jnp.arange(S)[None, :]  # [1, S]
-  rel = slots - lengths[:, None]  # [B, S]
-  in_block = (rel >= 0) & (rel < T)
-  block_pos = jnp.take_along_axis(positions, jnp.clip(rel, 0, T - 1), axis=1)  # [B, S]
-  key_pos = jnp.where(in_block, block_pos, slots)
-  return mask & (positions[:, :, None] - key_pos[:, None, :] < window)
+  slots = jnp.broadcast_to(jnp.arange(S)[None, :], (B, S))
+  return mask & _within_window(slots, lengths, positions, window)
 
 
 def ring_slots(lengths: jax.Array, T: int, ring: int) -> jax.Array:
@@ -188,10 +195,7 @@ def ring_mask(mask: jax.Array, lengths: jax.Array, positions: jax.Array, window:
   slots = ring_slots(lengths, T, ring)  # [B, R]
   seen = jnp.take_along_axis(mask, jnp.broadcast_to(jnp.clip(slots, 0, S - 1)[:, None, :],
                                                     (B, T, ring)), axis=2)
-  rel = slots - lengths[:, None]
-  block_pos = jnp.take_along_axis(positions, jnp.clip(rel, 0, T - 1), axis=1)
-  key_pos = jnp.where(rel >= 0, block_pos, slots)
-  near = positions[:, :, None] - key_pos[:, None, :] < window
+  near = _within_window(slots, lengths, positions, window)
   return seen & near & (slots >= 0)[:, None, :]
 
 
