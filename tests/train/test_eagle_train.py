@@ -516,7 +516,9 @@ def test_bad_input(target_dir, data_file, tmp_path):
 def test_cli(target_dir, data_file, tmp_path, capsys):
   cfg = tmp_path / "eagle.yaml"
   cfg.write_text(f"target: {target_dir}\ndata: {data_file}\nout: {tmp_path / 'run'}\n"
-                 f"feature_layers: [0, 1]\ndraft_vocab_size: 100\nttt_steps: 2\nseq_len: 64\n"
+                 # the shapes of `_job`'s runs: the CLI trains the program they compiled
+                 f"feature_layers: [0, 1]\ndraft_vocab_size: 200\nttt_steps: 3\nseq_len: 64\n"
+                 f"batch_size: 4\nvocab_block: 128\n"
                  f"steps: 4\neval_every: 2\ncheckpoint_every: 2\nwarmup_steps: 1\n"
                  f"heldout: 0.25\n")
   assert main(["--config", str(cfg), "--quiet"]) == 0
@@ -546,8 +548,9 @@ def test_data_source_comparison(target_dir, data_file, tmp_path, capsys):
   recs = [json.loads(x) for x in data_file.read_text().splitlines()]
   other.write_text("".join(json.dumps({**r, "completion_ids": rs.randint(
       0, t.config.vocab_size, len(r["completion_ids"])).tolist()}) + "\n" for r in recs))
-  kw = dict(steps=10, eval_every=5, checkpoint_every=10, ttt_steps=1, pack=True,
-            select_by="acc_0", seq_len=64)
+  # the packed shapes of test_packed_batches_and_training: one compiled training step
+  kw = dict(steps=10, eval_every=5, checkpoint_every=10, pack=True, select_by="acc_0",
+            seq_len=128, batch_size=6)
   runs = []
   for name, f in (("own", data_file), ("random", other)):
     job = _job(target_dir, f, tmp_path / name, features=str(tmp_path / f"feats_{name}"), **kw)
@@ -656,7 +659,8 @@ def test_prompt_labels_train_on_every_position_and_keep_the_heldout_figures(targ
   and counts the prompt's positions among its training labels."""
   from vocabjax.train.eagle import evaluate_heldout, make_batch, make_packed_batch
 
-  plain = _job(target_dir, data_file, tmp_path / "plain", pack=True, seq_len=128)
+  plain = _job(target_dir, data_file, tmp_path / "plain", pack=True, seq_len=128,
+               batch_size=6)  # test_packed_batches_and_training's shapes: its program
   job = dataclasses.replace(plain, out=str(tmp_path / "run"), prompt_labels=True)
   assert job.train_fingerprint() != dataclasses.replace(plain, out=job.out).train_fingerprint()
   assert plain.train_fingerprint() == dataclasses.replace(plain, prompt_labels=False)\
@@ -770,7 +774,7 @@ def test_a_ranker_for_a_full_vocabulary_head(target_dir, data_file, tmp_path):
   from vocabjax.vocab.ranked import Ranker, SpeculativeVocab
 
   head_job = _job(target_dir, data_file, tmp_path / "head_run", draft_vocab_size=None,
-                  train_lm_head=False, steps=10, eval_every=10, ttt_steps=2)
+                  train_lm_head=False, steps=10, eval_every=10)  # as the frozen-head test
   train(head_job, show_progress=False)
   head = tmp_path / "head_run" / "head"
   rjob = RankerJob(drafter=str(target_dir), data=(str(data_file),), out=str(tmp_path / "r"),

@@ -271,11 +271,11 @@ def test_a_nan_loss_stops_training_at_its_step_keeping_the_last_checkpoint(
 
   real = rk._frozen_step
 
-  def nan_after_12(opt, job, U):
-    step = real(opt, job, U)
+  def nan_after_12(job):
+    step = real(job)
 
-    def wrapped(state, batch):
-      state, loss = step(state, batch)
+    def wrapped(state, batch, U, hyper):
+      state, loss = step(state, batch, U, hyper)
       return state, loss if int(state.step) < 13 else jnp.float32(np.nan)
     return wrapped
 

@@ -461,7 +461,7 @@ class CrossVocabDecoder(DecodingMethod):
       cache = self._cache(self.tc, B, S, dtype, abstract=True)
       fn = self._lower(functools.partial(_target_probs, config=self.tc, sampling=sampling),
                        self.tp, cache, i32(B), i32(B, m)).compile()
-    else:  # verify up to m drafts per row: one program per block size, so short blocks cost less
+    else:  # verify up to m drafts per row, for each block M the loop meets (powers of two to gamma)
       S, m = shape
       G = self.gamma
       cache = self._cache(self.tc, B, S, dtype, abstract=True)
@@ -535,10 +535,11 @@ class CrossVocabDecoder(DecodingMethod):
     dprefill, c2 = self._program("dprefill", sampling, B, Td, Sd)
     compile_s = c1 + c2
     exact = not sampling.greedy and self.use_ngram and self.rule == "exact"
-    # the programs a step needs, compiled before the clock starts (more only on rare paths:
-    # a long pending run, a grown drafter cache; their compile time is kept out of decode_s)
-    for m in range(G + 1):
-      compile_s += self._program("tprobs" if exact else "verify", sampling, B, S, m)[1]
+    # the programs most steps need, compiled before the clock starts: full blocks and one or
+    # two pending tokens (shorter blocks, a long pending run or a grown drafter cache compile
+    # when first met; their compile time is kept out of decode_s)
+    verify_name = "tprobs" if exact else "verify"
+    compile_s += self._program(verify_name, sampling, B, S, G)[1]
     for P in (1, 2):
       compile_s += self._program("draft", sampling, B, P, Sd)[1]
     row_keys = [fold_in(key, lo + b) for b in range(B)]
@@ -608,12 +609,15 @@ class CrossVocabDecoder(DecodingMethod):
         if not live[b]:  # frozen: nothing to verify
           tids[b], nsub[b], is_ng[b] = [], [], []
       m = np.asarray([len(t) for t in tids], np.int32)
-      M = int(m.max())
+      # the block a verification program runs: a power of two up to gamma (rows pad past
+      # their m), so that at most log2(gamma) + 2 programs are compiled, not gamma + 1
+      M = min(bucket(max(int(m.max()), 1), minimum=1), G)
       drafts = np.zeros((B, M), np.int32)
       for b in range(B):
         drafts[b, :m[b]] = tids[b]
       if exact:
-        probs_fn = self._program("tprobs", sampling, B, S, M)[0]
+        probs_fn, seconds = self._program(verify_name, sampling, B, S, M)
+        compiled += seconds
         t2 = time.perf_counter()
         p_rows, c.tcache = probs_fn(self.tp, c.tcache, jnp.asarray(c.last, jnp.int32),
                                     jnp.asarray(drafts))
@@ -642,7 +646,8 @@ class CrossVocabDecoder(DecodingMethod):
               prefix_t[b, i] = (self.d2t[first_sub] if self.d2t[first_sub] >= 0
                                 else self.tc.vocab_size)
             pos += nsub[b][i]
-        verify = self._program("verify", sampling, B, S, M)[0]
+        verify, seconds = self._program(verify_name, sampling, B, S, M)
+        compiled += seconds
         t2 = time.perf_counter()
         n, nxt, c.tcache = verify(self.tp, c.tcache, jnp.asarray(c.last, jnp.int32),
                                   jnp.asarray(drafts), jnp.asarray(m), qs, jnp.asarray(src),

@@ -84,8 +84,8 @@ from vocabjax.train.features import (files_key, forward_len, heldout_records, jo
                                      model_identity, pending_shards, read_records, read_shards,
                                      write_shards)
 from vocabjax.train.loop import (OptimConfig, TrainError, TrainRun, TrainState, apply_grads,
-                                 job_fields, make_optimizer, run_job_cli, train_fingerprint,
-                                 step_rng)
+                                 job_fields, make_optimizer, optimizer_of, run_job_cli,
+                                 step_rng, train_fingerprint)
 from vocabjax.train.losses import (probs_cross_entropy, soft_cross_entropy, teacher_probs,
                                    vocab_cross_entropy)
 from vocabjax.vocab.subset import VocabSubset
@@ -783,11 +783,11 @@ def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None =
   aux = {k: init[k] if k != "d2t" else d2t for k in frozen_names}
   embed = target.params["embed"]
 
-  opt = make_optimizer(job.optim)
+  hyper = job.optim.array()  # the step's argument: jobs differing only there share a program
   fingerprint = job.train_fingerprint()  # reads init_head's files: once per run
   run = TrainRun(out, fingerprint, steps=job.steps, eval_every=job.eval_every,
                  checkpoint_every=job.checkpoint_every, what="train.eagle")
-  state = run.restore(TrainState.create(trainable, opt, aux))
+  state = run.restore(TrainState.create(trainable, make_optimizer(job.optim), aux))
   if not np.array_equal(np.asarray(state.aux["d2t"]), np.asarray(d2t)):
     raise TrainError(f"the checkpoint in {out / 'checkpoints'} has another head vocabulary")
   start = run.start
@@ -798,13 +798,13 @@ def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None =
   lowering = Lowering(bf16_dots=job.compute_dtype == "bfloat16")  # mixed precision or f32
 
   @jax.jit  # the embedding is an argument: a closed-over array would be baked in as a constant
-  def train_fn(st, batch, embed, teacher):
+  def train_fn(st, batch, embed, teacher, hyper):
     (loss, ces), grads = jax.value_and_grad(
         lambda p: ttt_loss(p, {"embed": embed, **st.aux}, batch, config=hc,
                            steps=job.ttt_steps, decay=job.step_decay, block=job.vocab_block,
                            teacher=teacher, lowering=lowering),
         has_aux=True)(st.params)
-    return apply_grads(st, grads, opt), loss
+    return apply_grads(st, grads, optimizer_of(hyper)), loss
 
   identity = model_identity(target)
   head_dir = out / "head"
@@ -844,7 +844,8 @@ def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None =
       idx = [train_idx[i] for i in rs.randint(0, len(train_idx), job.batch_size)]
       batch = make_batch(data, idx, rs, job, t2d, prompt=job.prompt_labels,
                          hidden=job.soft_labels)
-    st, loss = train_fn(st, {k: jnp.asarray(v) for k, v in batch.items()}, embed, teacher)
+    st, loss = train_fn(st, {k: jnp.asarray(v) for k, v in batch.items()}, embed, teacher,
+                        hyper)
     return st, {"loss": loss}
 
   res = run.fit(state, step_fn, evaluate, on_row=keep_best, stop_after=stop_after,

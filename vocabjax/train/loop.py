@@ -1,13 +1,17 @@
 """Shared training machinery: the optimizer, orbax checkpoints with resume, progress, curves.
 
-    opt = make_optimizer(OptimConfig(lr=3e-3, warmup_steps=50, total_steps=1000))
+    cfg = OptimConfig(lr=3e-3, warmup_steps=50, total_steps=1000)
+    step_fn = jax.jit(lambda st, batch, hyper: apply_grads(st, grads_of(st, batch),
+                                                           optimizer_of(hyper)))
     ckpt = Checkpoints(out / "checkpoints", job_fingerprint)
-    step, state = ckpt.restore_or(TrainState.create(params, opt))
-    for step in progress(range(step, total)): ... ckpt.maybe_save(step + 1, state)
+    step, state = ckpt.restore_or(TrainState.create(params, make_optimizer(cfg)))
+    for step in progress(range(step, total)):
+      state = step_fn(state, batch, cfg.array()); ckpt.maybe_save(step + 1, state)
 
 The optimizer is optax AdamW under a linear-warmup + cosine-decay schedule, after global-norm
-gradient clipping. Checkpoints are orbax `CheckpointManager` directories holding the whole
-`TrainState` (params, optimizer state, step); a directory written by another job (other data,
+gradient clipping; a jitted step reads its numbers (lr, warmup, steps, ...) from an array
+argument, so that jobs differing only there share one compiled program. Checkpoints are
+orbax `CheckpointManager` directories holding the whole `TrainState` (params, optimizer state, step); a directory written by another job (other data,
 model or hyperparameters: its fingerprint) is refused rather than resumed.
 """
 
@@ -55,16 +59,53 @@ class OptimConfig:
     if self.lr <= 0:
       raise TrainError(f"lr must be positive, got {self.lr}")
 
+  def array(self) -> jax.Array:
+    """The numbers as one f32 array, the argument `optimizer_of` reads inside a jitted step:
+    jobs that differ only in them (steps, warmup, lr, ...) then share one compiled program."""
+    return jnp.asarray([getattr(self, f) for f in HYPERPARAMETERS], jnp.float32)
+
+
+HYPERPARAMETERS = ("lr", "warmup_steps", "total_steps", "weight_decay", "clip_norm",
+                   "end_lr_ratio")
+
 
 def schedule(cfg: OptimConfig) -> optax.Schedule:
-  return optax.warmup_cosine_decay_schedule(
-      init_value=0.0, peak_value=cfg.lr, warmup_steps=cfg.warmup_steps,
-      decay_steps=cfg.total_steps, end_value=cfg.lr * cfg.end_lr_ratio)
+  """Linear warmup from 0 to `lr` over `warmup_steps`, then a cosine decay to
+  `lr * end_lr_ratio` at `total_steps` (optax's `warmup_cosine_decay_schedule`, written out so
+  that its numbers may be traced values)."""
+  return _schedule(cfg.lr, cfg.warmup_steps, cfg.total_steps, cfg.end_lr_ratio)
+
+
+def _schedule(lr, warmup_steps, total_steps, end_lr_ratio) -> optax.Schedule:
+  def value(count):
+    count = jnp.asarray(count, jnp.float32)
+    warm = jnp.clip(count, 0, warmup_steps)
+    up = (0.0 - lr) * (1 - warm / jnp.maximum(warmup_steps, 1)) + lr
+    decay_steps = jnp.maximum(total_steps - warmup_steps, 1)
+    c = jnp.minimum(count - warmup_steps, decay_steps)
+    cosine = 0.5 * (1 + jnp.cos(jnp.pi * c / decay_steps))
+    down = lr * ((1 - end_lr_ratio) * cosine + end_lr_ratio)
+    return jnp.where(count < warmup_steps, up, down)
+  return value
 
 
 def make_optimizer(cfg: OptimConfig) -> optax.GradientTransformation:
-  return optax.chain(optax.clip_by_global_norm(cfg.clip_norm),
-                     optax.adamw(schedule(cfg), weight_decay=cfg.weight_decay))
+  """AdamW under `schedule(cfg)` after global-norm clipping, cfg's numbers as constants (for
+  `TrainState.create`; a jitted step builds the same optimizer with `optimizer_of`)."""
+  return _optimizer(*(getattr(cfg, f) for f in HYPERPARAMETERS))
+
+
+def optimizer_of(hyper: jax.Array) -> optax.GradientTransformation:
+  """`make_optimizer`'s optimizer with its numbers read from `OptimConfig.array()` (traced
+  inside a jitted step, so the program does not depend on them; its state has the same
+  structure as `make_optimizer`'s)."""
+  return _optimizer(*(hyper[i] for i in range(len(HYPERPARAMETERS))))
+
+
+def _optimizer(lr, warmup_steps, total_steps, weight_decay, clip_norm, end_lr_ratio):
+  return optax.chain(optax.clip_by_global_norm(clip_norm),
+                     optax.adamw(_schedule(lr, warmup_steps, total_steps, end_lr_ratio),
+                                 weight_decay=weight_decay))
 
 
 @struct.dataclass
@@ -81,6 +122,7 @@ class TrainState:
 
 
 def apply_grads(state: TrainState, grads, opt: optax.GradientTransformation) -> TrainState:
+  """One optimizer step (`opt`: inside a jitted step, `optimizer_of(hyper)`)."""
   updates, opt_state = opt.update(grads, state.opt_state, state.params)
   return TrainState(step=state.step + 1, params=optax.apply_updates(state.params, updates),
                     opt_state=opt_state, aux=state.aux)
@@ -115,7 +157,10 @@ class Checkpoints:
 
     step = self.manager.latest_step()
     if step is None:
-      return state
+      # committed where a restored state's arrays are (orbax's restore commits them): a fresh
+      # and a resumed run then trace one program (an uncommitted state lowers without
+      # shardings, a different program, compiled again for the resumed run)
+      return jax.device_put(state, jax.tree.map(lambda x: x.sharding, state))
     abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, state)
     return self.manager.restore(step, args=ocp.args.StandardRestore(abstract))
 

@@ -49,8 +49,8 @@ from vocabjax.models.medusa import MedusaConfig, init_medusa, medusa_hidden
 from vocabjax.train.eagle import EagleJob, build_eagle_features, load_eagle_features
 from vocabjax.train.features import heldout_records, model_identity
 from vocabjax.train.loop import (OptimConfig, TrainError, TrainRun, TrainState, apply_grads,
-                                 job_fields, make_optimizer, run_job_cli, train_fingerprint,
-                                 step_rng)
+                                 job_fields, make_optimizer, optimizer_of, run_job_cli,
+                                 step_rng, train_fingerprint)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -259,17 +259,17 @@ def train(job: MedusaJob, *, show_progress: bool = True, stop_after: int | None 
   full = lm_head_weight(target.params, tc)
   params = init_medusa(jax.random.key(job.seed), mc, None if job.shared_lm_head else full)
   frozen = {"rows": jnp.take(full, jnp.asarray(ids), axis=0), "full": full}
-  opt = make_optimizer(job.optim)
+  hyper = job.optim.array()  # the step's argument: jobs differing only there share a program
   run = TrainRun(out, job.train_fingerprint(), steps=job.steps, eval_every=job.eval_every,
                  checkpoint_every=job.checkpoint_every, what="train.medusa")
-  state = run.restore(TrainState.create(params, opt))
+  state = run.restore(TrainState.create(params, make_optimizer(job.optim)))
 
   @jax.jit
-  def train_fn(st, frozen, h, dl):
+  def train_fn(st, frozen, h, dl, hyper):
     (loss, _), grads = jax.value_and_grad(
         lambda p: medusa_loss(p, frozen, h, dl, config=mc, decay=job.step_decay),
         has_aux=True)(st.params)
-    return apply_grads(st, grads, opt), loss
+    return apply_grads(st, grads, optimizer_of(hyper)), loss
 
   identity = model_identity(target)
   heads_dir = out / "heads"
@@ -295,7 +295,7 @@ def train(job: MedusaJob, *, show_progress: bool = True, stop_after: int | None 
     pick = rs.randint(0, len(tr.hidden), job.batch_size)
     y = tr.labels[pick]
     dl = np.where(y >= 0, t2k[np.maximum(y, 0)], -1)
-    st, loss = train_fn(st, frozen, jnp.asarray(tr.hidden[pick]), jnp.asarray(dl))
+    st, loss = train_fn(st, frozen, jnp.asarray(tr.hidden[pick]), jnp.asarray(dl), hyper)
     return st, {"loss": loss}
 
   res = run.fit(state, step_fn, evaluate, on_row=keep_best, stop_after=stop_after,

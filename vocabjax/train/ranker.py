@@ -69,8 +69,8 @@ from vocabjax.train.features import (FeatureSpec, Features, build_features, forw
                                      model_identity, pending_shards, sequence_hidden,
                                      write_shards)
 from vocabjax.train.loop import (OptimConfig, TrainError, TrainRun, TrainState, apply_grads,
-                                 job_fields, make_optimizer, run_job_cli, train_fingerprint,
-                                 step_rng)
+                                 job_fields, make_optimizer, optimizer_of, run_job_cli,
+                                 step_rng, train_fingerprint)
 from vocabjax.train.losses import label_ranks, vocab_cross_entropy
 from vocabjax.vocab.ranked import Ranker, RankerError, svd_of_head
 from vocabjax.models.identity import drafter_identity
@@ -328,19 +328,19 @@ def _init_ranker(job, U):
   return {"down": jnp.asarray(r.down), "vocab": jnp.asarray(r.vocab)}
 
 
-def _frozen_step(opt, job, U):
-  @jax.jit
-  def step(state, batch):
+def _frozen_step(job):
+  @jax.jit  # the head U and the optimizer's numbers are arguments, not constants of the program
+  def step(state, batch, U, hyper):
     loss, grads = jax.value_and_grad(
         lambda p: ranker_loss(materialize(p, U), batch["hidden"], batch, loss=job.loss,
                               block=job.vocab_block, label=job.label))(state.params)
-    return apply_grads(state, grads, opt), loss
+    return apply_grads(state, grads, optimizer_of(hyper)), loss
   return step
 
 
-def _joint_step(opt, job, config):
+def _joint_step(job, config):
   @jax.jit
-  def step(state, batch):
+  def step(state, batch, hyper):
     def total(p):
       B, T = batch["tokens"].shape
       h = sequence_hidden(p["drafter"], batch["tokens"], config=config).reshape(B * T, -1)
@@ -358,7 +358,7 @@ def _joint_step(opt, job, config):
                           block=job.vocab_block)
       return l_draft + job.joint_lambda * l_aux, (l_draft, l_aux)
     (loss, parts), grads = jax.value_and_grad(total, has_aux=True)(state.params)
-    return apply_grads(state, grads, opt), loss
+    return apply_grads(state, grads, optimizer_of(hyper)), loss
   return step
 
 
@@ -422,14 +422,14 @@ def train(job: RankerJob, *, show_progress: bool = True, stop_after: int | None 
   if not len(train_idx) or not len(held["label"]):
     raise TrainError(f"empty train ({len(train_idx)}) or held-out ({len(held['label'])}) rows")
 
-  opt = make_optimizer(OptimConfig(lr=job.lr, warmup_steps=job.warmup_steps,
-                                   total_steps=job.steps, weight_decay=job.weight_decay,
-                                   clip_norm=job.clip_norm))
+  optim = OptimConfig(lr=job.lr, warmup_steps=job.warmup_steps, total_steps=job.steps,
+                      weight_decay=job.weight_decay, clip_norm=job.clip_norm)
+  hyper = optim.array()  # the step's argument: jobs differing only there share a program
   ranker0 = _init_ranker(job, U)
   params = ranker0 if job.mode == "frozen" else {"drafter": draft.params, "ranker": ranker0}
   run = TrainRun(out, job.train_fingerprint(), steps=job.steps, eval_every=job.eval_every,
                  checkpoint_every=job.checkpoint_every, what="train.ranker")
-  state = run.restore(TrainState.create(params, opt))
+  state = run.restore(TrainState.create(params, make_optimizer(optim)))
   start = run.start
 
   def ranker_of(p):
@@ -469,7 +469,11 @@ def train(job: RankerJob, *, show_progress: bool = True, stop_after: int | None 
       best_row = row
 
   if job.mode == "frozen":
-    train_fn = _frozen_step(opt, job, U)
+    frozen_step = _frozen_step(job)
+    U_arg = jnp.asarray(U)
+
+    def train_fn(st, batch):
+      return frozen_step(st, batch, U_arg, hyper)
     cols = {k: jnp.asarray(v) for k, v in feats.rows(train_mask).items()}
     n = len(train_idx)
 
@@ -477,7 +481,10 @@ def train(job: RankerJob, *, show_progress: bool = True, stop_after: int | None 
       sel = jnp.asarray(step_rng(job.seed, step).randint(0, n, job.batch_tokens))
       return {k: v[sel] for k, v in cols.items()}
   else:
-    train_fn = _joint_step(opt, job, draft.config)
+    joint_step = _joint_step(job, draft.config)
+
+    def train_fn(st, batch):
+      return joint_step(st, batch, hyper)
     held_set = set(held_recs.tolist())
     rec_ids = [i for i, (r, _, _) in enumerate(feats.seqs) if r not in held_set]
     label_rows: dict = {}

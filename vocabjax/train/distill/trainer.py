@@ -25,7 +25,7 @@ from vocabjax.train.distill.job import DistillJob, load_model_for
 from vocabjax.train.distill.losses import acceptance_terms, distill_terms, masked_mean
 from vocabjax.train.features import read_records
 from vocabjax.train.loop import (OptimConfig, TrainError, TrainRun, TrainState,
-                                 make_optimizer)
+                                 make_optimizer, optimizer_of)
 from vocabjax.vocab.translate import Translator
 
 
@@ -51,14 +51,13 @@ class Distiller:
     if self.use_head:
       trainable["head"] = init_acceptance_head(jax.random.fold_in(key, 1), self.dcfg.hidden_size,
                                                job.head_width)
-    opt_d = make_optimizer(OptimConfig(lr=job.lr, warmup_steps=job.warmup_steps,
-                                       total_steps=job.steps, weight_decay=job.weight_decay,
-                                       clip_norm=job.clip_norm))
-    opt_h = make_optimizer(OptimConfig(lr=job.head_lr, warmup_steps=0, total_steps=job.steps,
-                                       weight_decay=0.0, clip_norm=job.clip_norm))
-    self.opt = optax.multi_transform(
-        {"drafter": opt_d, "head": opt_h},
-        lambda params: {k: jax.tree.map(lambda _, k=k: k, v) for k, v in params.items()})
+    optim_d = OptimConfig(lr=job.lr, warmup_steps=job.warmup_steps, total_steps=job.steps,
+                          weight_decay=job.weight_decay, clip_norm=job.clip_norm)
+    optim_h = OptimConfig(lr=job.head_lr, warmup_steps=0, total_steps=job.steps,
+                          weight_decay=0.0, clip_norm=job.clip_norm)
+    # the steps' argument (traced): jobs differing only in these numbers share a program
+    self.hyper = {"drafter": optim_d.array(), "head": optim_h.array()}
+    self.opt = self._optimizer(make_optimizer(optim_d), make_optimizer(optim_h))
     self.state = TrainState.create(trainable, self.opt)
     self.base_arg = self.base if job.lora_rank else None
     parts = ("drafter", "head") if job.acceptance == "interleaved" else ("both",)
@@ -66,6 +65,12 @@ class Distiller:
                    for p in parts}
     self._eval = jax.jit(self._eval_fn)
     self._merge = merge
+
+  @staticmethod
+  def _optimizer(opt_d, opt_h):
+    return optax.multi_transform(
+        {"drafter": opt_d, "head": opt_h},
+        lambda params: {k: jax.tree.map(lambda _, k=k: k, v) for k, v in params.items()})
 
   def effective(self, trainable, base):
     j = self.job
@@ -97,10 +102,11 @@ class Distiller:
         loss = loss + job.acceptance_mu * l_acc
     return loss, aux
 
-  def _step(self, st, batch, frozen, base, *, part):
+  def _step(self, st, batch, frozen, base, hyper, *, part):
     (loss, aux), grads = jax.value_and_grad(self.loss_fn, has_aux=True)(
         st.params, batch, frozen, base, part)
-    updates, opt_state = self.opt.update(grads, st.opt_state, st.params)
+    opt = self._optimizer(optimizer_of(hyper["drafter"]), optimizer_of(hyper["head"]))
+    updates, opt_state = opt.update(grads, st.opt_state, st.params)
     if part != "both":  # interleaved: only one part moves this step
       keep = "head" if part == "head" else "drafter"
       updates = {k: (u if k == keep else jax.tree.map(jnp.zeros_like, u))
@@ -125,7 +131,7 @@ class Distiller:
     part = (("drafter" if n % 2 == 0 else "head") if self.job.acceptance == "interleaved"
             else "both")
     self.state, m = self._steps[part](self.state, make_batch(ex, self.sizes), self.frozen,
-                                      self.base_arg)
+                                      self.base_arg, self.hyper)
     return {k: float(v) for k, v in m.items()}
 
   def evaluate(self, examples) -> dict:
