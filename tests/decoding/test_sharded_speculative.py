@@ -126,7 +126,11 @@ def test_bad_meshes_and_batches(pair):
     ChainDecoder(target, CFG, draft, CFG, gamma=2, mesh=mesh, layout="in_out")
 
 
-@pytest.mark.parametrize("data,model", [(1, 8), (2, 4)], ids=lambda x: str(x))
+# prompt lookup and cross-vocabulary drafting on the (2, 4) mesh only: rows over "data" (their
+# host-side state per row) and tensor parallelism at once; the (1, 8) mesh's own case (more
+# devices on "model" than heads) is the sharding rules', which the greedy identity test above
+# checks on it for every decoder kind these programs are built from
+@pytest.mark.parametrize("data,model", [(2, 4)], ids=lambda x: str(x))
 def test_prompt_lookup_on_a_mesh(pair, data, model):
   """Prompt lookup decoding (a chain, and a tree of 3 matches' continuations) on a mesh gives
   the unsharded greedy tokens; its verification programs (one per draft count or node count)
@@ -176,7 +180,7 @@ def test_prompt_lookup_sampling_is_lossless_on_a_mesh():
   assert chi2_pvalue(samples, exact_sequence_probs(target, SMALL, prompt, sp)) > 1e-3
 
 
-@pytest.mark.parametrize("data,model", [(1, 8), (2, 4)], ids=lambda x: str(x))
+@pytest.mark.parametrize("data,model", [(2, 4)], ids=lambda x: str(x))
 def test_cross_vocabulary_on_a_mesh(data, model):
   """Cross-vocabulary drafting (a drafter with another tokenizer, n-gram merges on and off) on
   a mesh gives the target's unsharded greedy tokens; its caches keep their shardings across
