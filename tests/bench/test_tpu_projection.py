@@ -50,7 +50,9 @@ def test_rows_hold_memory_costs_and_projected_speedups(projected):
     assert r["fits"] and r["total_bytes"] <= r["hbm_bytes"]
     assert r["weights_bytes"] > 0 and r["kv_bytes"] > 0 and r["temp_bytes"] >= 0
     assert r["total_bytes"] >= r["weights_bytes"] + r["kv_bytes"]
-    # the largest cache that fits, from the cache's bytes per slot
+    # the largest cache that fits, from the cache's bytes per slot (no sliding layers here: no
+    # fixed-size ring)
+    assert r["kv_ring_bytes"] == 0
     assert r["max_cache_slots"] == int((r["hbm_bytes"] - (r["total_bytes"] - r["kv_bytes"]))
                                        // r["kv_bytes_per_slot"])
     assert r["flops"] > 0 and r["bytes_accessed"] > 0
@@ -73,6 +75,32 @@ def test_rows_hold_memory_costs_and_projected_speedups(projected):
         r["tau"] * rows["ar"]["stream_s"] / r["stream_s"])
   assert rows["ar"]["projected_speedup"] == rows["ar"]["stream_speedup"] == 1.0
   assert (rows["chain_g3"]["drafter_passes"], rows["pld_g4"]["drafter_passes"]) == (3, 0)
+
+
+def test_cache_bytes_count_a_sliding_layers_ring_once():
+  """Gemma 3's sliding layers keep a ring of W + RING_SLACK slots past their window: the
+  projection's cache bytes are those of the cache `KVCache.init` makes, and only the global
+  layers' buffers grow with the slots (what max_cache_slots divides by)."""
+  import jax.numpy as jnp
+
+  from vocabjax.models.cache import RING_SLACK, KVCache
+  from vocabjax.models.config import LlamaLikeConfig
+
+  cfg = LlamaLikeConfig(arch="gemma3", vocab_size=64, hidden_size=32, intermediate_size=48,
+                        num_layers=6, num_heads=4, num_kv_heads=2, head_dim=8,
+                        hidden_act="gelu_tanh", norm_unit_offset=True, sandwich_norms=True,
+                        scale_embeddings=True, sliding_window=16,
+                        layer_types=("sliding_attention",) * 5 + ("full_attention",))
+  per = 2 * 8 * 4  # KV heads x head_dim x f32 bytes, per slot, row and layer
+  for S, ring in ((64, None), (2048, 16 + RING_SLACK)):
+    cache = KVCache.init(cfg, 3, S)
+    assert cache.ring == ring
+    want = 2 * 3 * per * (6 * S if ring is None else S + 5 * ring)  # k and v
+    assert tpu._kv_bytes_per_chip(cfg, 3, S, jnp.float32, None) == want == cache.nbytes()
+    assert tpu._cache_bytes(cache) == want
+    grow = tpu._cache_bytes(cache, ring=False)
+    assert grow == 2 * 3 * per * S * (6 if ring is None else 1)
+    assert want - grow == (0 if ring is None else 2 * 3 * per * 5 * ring)
 
 
 def test_markdown_labels_every_time_projected_and_says_what_it_cannot_see(projected):

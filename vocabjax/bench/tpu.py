@@ -73,6 +73,7 @@ from vocabjax.kernels import cpu_matmul
 from vocabjax.lowering import Lowering, cpu_kernel_default, decoding_lowering, lowered
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.eagle import EagleConfig, default_feature_layers, init_eagle
+from vocabjax.models.cache import KVCache
 from vocabjax.models.llamalike import init_params
 from vocabjax.models.medusa import MedusaConfig, init_medusa
 from vocabjax.testing.tpu_aot import not_cached, tpu_devices
@@ -517,6 +518,10 @@ class TpuStep:
     """Bytes of the step's KV caches on one chip (k and v; their shards on a mesh)."""
     return sum(_cache_bytes(c) for c in self.caches)
 
+  def ring_bytes_per_chip(self) -> int:
+    """Of those, the sliding layers' rings: a fixed size, not growing with the cache's slots."""
+    return sum(_cache_bytes(c) - _cache_bytes(c, ring=False) for c in self.caches)
+
   def compile(self, names=None) -> "TpuStep":
     """Compile the programs (default: all); errors as `lower_step`'s."""
     for name in names or self.programs:
@@ -527,10 +532,22 @@ class TpuStep:
     return self
 
 
-def _cache_bytes(cache) -> int:
-  """Bytes per chip of a KV cache's buffers (a sliding layers' ring included)."""
-  arrays = [cache.k, cache.v] + ([] if cache.k_local is None else [cache.k_local, cache.v_local])
+def _cache_bytes(cache, ring: bool = True) -> int:
+  """Bytes per chip of a KV cache's buffers (a sliding layers' ring included unless `ring` is
+  False)."""
+  arrays = [cache.k, cache.v]
+  if ring and cache.k_local is not None:
+    arrays += [cache.k_local, cache.v_local]
   return sum(_bytes_per_chip(a) for a in arrays)
+
+
+def _kv_bytes_per_chip(config: LlamaLikeConfig, B: int, S: int, dtype, mesh) -> int:
+  """Bytes on one chip of the KV cache `KVCache.init(config, B, S)` makes (its sliding layers
+  in a ring past their window), without making it."""
+  shapes = jax.eval_shape(lambda: KVCache.init(config, B, S, dtype))
+  slots = sum(int(np.prod(x.shape[:3])) for x in (shapes.k, shapes.v, shapes.k_local,
+                                                   shapes.v_local) if x is not None)
+  return slots * _kv_bytes_per_slot_per_chip(config, dtype, mesh)
 
 
 def _bytes_per_chip(x) -> int:
@@ -875,8 +892,7 @@ def project(setup: Setup, topology: str, methods=METHODS, *, B: int = 1, S: int 
 
   # the target alone: refused with its numbers before anything compiles
   ar = build_decoder("ar", setup, device=None if mesh is not None else device, mesh=mesh)
-  kv_ar = 2 * setup.target.num_layers * B * S * _kv_bytes_per_slot_per_chip(
-      setup.target, setup.dtype, mesh)
+  kv_ar = _kv_bytes_per_chip(setup.target, B, S, setup.dtype, mesh)
   need = _weight_bytes_per_chip(ar) + kv_ar
   if need > chip.hbm_bytes:
     total = sum(int(np.prod(x.shape)) * jnp.dtype(x.dtype).itemsize
@@ -961,12 +977,14 @@ def _project_method(spec, dec, setup, topology, chip, B, S, device, mesh, unroll
     flops += float(cost.get("flops", 0.0))
     bytes_ += float(cost.get("bytes accessed", 0.0))
   t_flops, t_bytes = flops / chip.bf16_flops_per_s, bytes_ / chip.hbm_bytes_per_s
-  per_slot = kv / S
+  ring = step.ring_bytes_per_chip()  # sliding layers' rings: fixed, whatever the slots
+  per_slot = (kv - ring) / S
   row = {"programs": list(step.step_programs), "cost_programs": list(step.cost_programs),
          "weights_bytes": args - kv, "kv_bytes": kv, "temp_bytes": temps,
          "total_bytes": total, "hbm_bytes": chip.hbm_bytes, "fits": total <= chip.hbm_bytes,
-         "kv_bytes_per_slot": per_slot,
-         "max_cache_slots": int((chip.hbm_bytes - (total - kv)) // per_slot) if per_slot else None,
+         "kv_bytes_per_slot": per_slot, "kv_ring_bytes": ring,
+         "max_cache_slots": (int((chip.hbm_bytes - (total - (kv - ring))) // per_slot)
+                             if per_slot else None),
          "model_max_positions": setup.target.max_position_embeddings,
          "flops": flops, "bytes_accessed": bytes_, "roofline_s": max(t_flops, t_bytes),
          "bound": "memory" if t_bytes >= t_flops else "compute",
