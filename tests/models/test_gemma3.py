@@ -200,6 +200,31 @@ def test_speculative_greedy_equals_plain_decoding_past_the_window(gemma_pair, ki
   assert (probe.ring == 13) == ring  # the decoders' caches are what this test says
 
 
+def test_ring_caches_on_a_mesh_decode_the_unsharded_ids(gemma_pair, monkeypatch):
+  """On a (4, 2) mesh (rows over "data", the 2 KV heads over "model") the sliding layer's ring
+  is sharded like the global layers' cache, and plain and chain decoding give the one-device
+  greedy ids past the window (rings of W + 9 slots, wrapped by 24 new tokens)."""
+  from jax.sharding import PartitionSpec as P
+
+  from vocabjax import sharding
+  from vocabjax.models import cache as cache_module
+
+  monkeypatch.setattr(cache_module, "RING_SLACK", 9)
+  target, draft = gemma_pair
+  rs = np.random.RandomState(5)
+  prompts = [rs.randint(0, 64, n).tolist() for n in (1, 9, 3, 17)]
+  ref = Decoder(target, GEMMA).generate(prompts, max_new_tokens=24).tokens
+  mesh = sharding.make_mesh(data=4, model=2)
+  cache = sharding.shard_cache(KVCache.init(GEMMA, 4, 64), GEMMA, mesh)
+  assert cache.ring == 13
+  assert cache.k_local.sharding.spec == cache.k.sharding.spec == P(None, "data", None, "model",
+                                                                    None)
+  assert Decoder(target, GEMMA, mesh=mesh).generate(prompts, max_new_tokens=24).tokens == ref
+  chain = ChainDecoder(target, GEMMA, draft, GEMMA, gamma=3, mesh=mesh)
+  res = chain.generate(prompts, max_new_tokens=24)
+  assert res.tokens == ref and res.stats.tau > 1
+
+
 def test_speculative_sampling_keeps_the_targets_law():
   """Chain drafting between two unrelated V = 8 Gemma models (window 2, so the 3 sampled
   tokens after a 2-token prompt pass it): the joint law of the first three tokens is the
