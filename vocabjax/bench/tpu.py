@@ -71,9 +71,9 @@ from vocabjax.decoding.speculative import (ChainDecoder, SpeculativeDecoder, Tre
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.kernels import cpu_matmul
 from vocabjax.lowering import Lowering, cpu_kernel_default, decoding_lowering, lowered
+from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.eagle import EagleConfig, default_feature_layers, init_eagle
-from vocabjax.models.cache import KVCache
 from vocabjax.models.llamalike import init_params
 from vocabjax.models.medusa import MedusaConfig, init_medusa
 from vocabjax.testing.tpu_aot import not_cached, tpu_devices

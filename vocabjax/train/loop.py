@@ -11,8 +11,9 @@
 The optimizer is optax AdamW under a linear-warmup + cosine-decay schedule, after global-norm
 gradient clipping; a jitted step reads its numbers (lr, warmup, steps, ...) from an array
 argument, so that jobs differing only there share one compiled program. Checkpoints are
-orbax `CheckpointManager` directories holding the whole `TrainState` (params, optimizer state, step); a directory written by another job (other data,
-model or hyperparameters: its fingerprint) is refused rather than resumed.
+orbax `CheckpointManager` directories holding the whole `TrainState` (params, optimizer state,
+step); a directory written by another job (other data, model or hyperparameters: its
+fingerprint) is refused rather than resumed.
 """
 
 from __future__ import annotations
