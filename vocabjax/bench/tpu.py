@@ -535,18 +535,15 @@ class TpuStep:
 def _cache_bytes(cache, ring: bool = True) -> int:
   """Bytes per chip of a KV cache's buffers (a sliding layers' ring included unless `ring` is
   False)."""
-  arrays = [cache.k, cache.v]
-  if ring and cache.k_local is not None:
-    arrays += [cache.k_local, cache.v_local]
-  return sum(_bytes_per_chip(a) for a in arrays)
+  return sum(_bytes_per_chip(x) for name, x in cache.kv_arrays().items()
+             if ring or not name.endswith("_local"))
 
 
 def _kv_bytes_per_chip(config: LlamaLikeConfig, B: int, S: int, dtype, mesh) -> int:
   """Bytes on one chip of the KV cache `KVCache.init(config, B, S)` makes (its sliding layers
   in a ring past their window), without making it."""
   shapes = jax.eval_shape(lambda: KVCache.init(config, B, S, dtype))
-  slots = sum(int(np.prod(x.shape[:3])) for x in (shapes.k, shapes.v, shapes.k_local,
-                                                   shapes.v_local) if x is not None)
+  slots = sum(int(np.prod(x.shape[:3])) for x in shapes.kv_arrays().values())
   return slots * _kv_bytes_per_slot_per_chip(config, dtype, mesh)
 
 

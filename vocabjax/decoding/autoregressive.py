@@ -333,12 +333,8 @@ class Decoder(DecodingMethod):
 @functools.partial(jax.jit, donate_argnums=(0,))
 def _put_row(cache: KVCache, row: KVCache, b) -> KVCache:
   """`cache` with row b replaced by the one-row cache `row` (continuous batching)."""
-  local = {} if cache.k_local is None else dict(
-      k_local=jax.lax.dynamic_update_slice_in_dim(cache.k_local, row.k_local, b, axis=1),
-      v_local=jax.lax.dynamic_update_slice_in_dim(cache.v_local, row.v_local, b, axis=1))
-  return cache.replace(k=jax.lax.dynamic_update_slice_in_dim(cache.k, row.k, b, axis=1),
-                       v=jax.lax.dynamic_update_slice_in_dim(cache.v, row.v, b, axis=1),
-                       lengths=cache.lengths.at[b].set(row.lengths[0]), **local)
+  return cache.map_kv(lambda x, _, r: jax.lax.dynamic_update_slice_in_dim(x, r, b, axis=1),
+                      row).replace(lengths=cache.lengths.at[b].set(row.lengths[0]))
 
 
 def _hits_stop(tokenizer, ids: list[int], stop_strings: Sequence[str]) -> bool:

@@ -251,22 +251,17 @@ def compact_path(cache: KVCache, base: jax.Array, path: jax.Array, n: jax.Array,
   src = base[:, None] + jnp.where(i <= n[:, None], path, i)  # [B, W]
   b = jnp.arange(B)[:, None]
   dst = base[:, None] + i
-  local = {}
-  if cache.k_local is not None:  # sliding layers' ring (`models.cache`): slot s at s mod R
-    R = cache.ring
-    local = dict(k_local=cache.k_local.at[:, b, dst % R].set(cache.k_local[:, b, src % R]),
-                 v_local=cache.v_local.at[:, b, dst % R].set(cache.v_local[:, b, src % R]))
-  if not per_row:
-    return cache.replace(k=cache.k.at[:, b, dst].set(cache.k[:, b, src]),
-                         v=cache.v.at[:, b, dst].set(cache.v[:, b, src]), lengths=base + n + 1,
-                         **local)
-
   def row(buf, s, b0):  # buf [L, S, N, hd]
     return jax.lax.dynamic_update_slice(buf, jnp.take(buf, s, axis=1), (0, b0, 0, 0))
 
   move = jax.vmap(row, in_axes=(1, 0, 0), out_axes=1)
-  return cache.replace(k=move(cache.k, src, base), v=move(cache.v, src, base),
-                       lengths=base + n + 1, **local)
+
+  def compact(x, R):
+    if R is not None:  # sliding layers' ring (`models.cache`): slot s at s mod R, scattered
+      return x.at[:, b, dst % R].set(x[:, b, src % R])
+    return move(x, src, base) if per_row else x.at[:, b, dst].set(x[:, b, src])
+
+  return cache.map_kv(compact).replace(lengths=base + n + 1)
 
 
 def tree_step(target_params, draft_params, state: TreeState, key, *, target_config,

@@ -85,12 +85,24 @@ class KVCache:
     same = sum(config.is_sliding(i) == sliding for i in range(layer))
     return ("local" if sliding else "global"), same
 
+  def kv_arrays(self) -> dict:
+    """The K/V buffers by field name: k and v, and k_local and v_local when there is a ring."""
+    names = ("k", "v") if self.k_local is None else ("k", "v", "k_local", "v_local")
+    return {name: getattr(self, name) for name in names}
+
+  def map_kv(self, fn, *others: "KVCache") -> "KVCache":
+    """This cache with each K/V buffer x replaced by fn(x, ring, *the same buffer of each of
+    `others`); `ring` is R for a sliding layers' ring buffer, None for the linear ones. The
+    lengths are kept (`replace` them)."""
+    R = self.ring
+    return self.replace(**{
+        name: fn(x, R if name.endswith("_local") else None, *(getattr(o, name) for o in others))
+        for name, x in self.kv_arrays().items()})
+
   def rows(self, start: int, stop: int) -> "KVCache":
     """Rows start..stop-1 of every buffer."""
-    local = {} if self.k_local is None else dict(k_local=self.k_local[:, start:stop],
-                                                 v_local=self.v_local[:, start:stop])
-    return KVCache(k=self.k[:, start:stop], v=self.v[:, start:stop],
-                   lengths=self.lengths[start:stop], **local)
+    return self.map_kv(lambda x, _: x[:, start:stop]).replace(
+        lengths=self.lengths[start:stop])
 
   @property
   def batch_size(self) -> int:
@@ -106,5 +118,4 @@ class KVCache:
     return self.replace(lengths=jnp.asarray(lengths, jnp.int32))
 
   def nbytes(self) -> int:
-    local = 0 if self.k_local is None else self.k_local.nbytes + self.v_local.nbytes
-    return self.k.nbytes + self.v.nbytes + local
+    return sum(x.nbytes for x in self.kv_arrays().values())
