@@ -73,7 +73,7 @@ from vocabjax.decoding.base import DecodingMethod
 from vocabjax.decoding.engine import ProgramCache, Request, fold_in, host_loop, split
 from vocabjax.sampling import NONFINITE, SamplingParams, log_probs, probs
 from vocabjax.decoding.speculative import (SpecStats, block_layout, check_draft_prefill,
-                                           compile_draft_prefill, mesh_layout)
+                                           compile_draft_prefill, fold_catch_up, mesh_layout)
 from vocabjax.decoding.verify import verify_chain
 from vocabjax.lowering import decoding_lowering, lowered, step_lowering
 from vocabjax.models.cache import KVCache
@@ -540,7 +540,11 @@ class CrossVocabDecoder(DecodingMethod):
     # when first met; their compile time is kept out of decode_s)
     verify_name = "tprobs" if exact else "verify"
     compile_s += self._program(verify_name, sampling, B, S, G)[1]
-    for P in (1, 2):
+    # the drafter's pending block is padded to 2 tokens at least where a two-token call costs
+    # about a one-token call (the CPU kernel, any GPU/TPU: `fold_catch_up`), so one program
+    # serves the usual one- and two-token steps; else 1- and 2-token programs
+    p_min = 2 if fold_catch_up(cpu_kernel=self.lowering.cpu_kernel) else 1
+    for P in range(p_min, 3):
       compile_s += self._program("draft", sampling, B, P, Sd)[1]
     row_keys = [fold_in(key, lo + b) for b in range(B)]
     rngs = [np.random.default_rng(np.asarray(jax.random.key_data(k)).ravel().tolist())
@@ -575,7 +579,7 @@ class CrossVocabDecoder(DecodingMethod):
 
     def advance(c, step, _key, live):  # live: rows still generating; the others are frozen
       kd, kv = split(fold_in(key, step * total + lo))
-      P = bucket(max(len(x) for x in c.pend), minimum=1)
+      P = bucket(max(len(x) for x in c.pend), minimum=p_min)
       while max(map(len, c.ctx)) + P + G > c.Sd:  # long drafter spellings: grow its cache
         c.Sd *= 2
         c.dcache = self._placed(_grow(c.dcache, c.Sd), self.dc)
