@@ -25,8 +25,9 @@ def test_greedy_identical_to_autoregressive(pair, gamma):
   dec = ChainDecoder(target, CFG, draft, CFG, gamma=gamma)
   batched = dec.generate(prompts, max_new_tokens=30)
   assert batched.tokens == ar.tokens
-  for p, ref in zip(prompts, ar.tokens):  # batch 1 too
-    assert dec.generate([p], max_new_tokens=30).tokens[0] == ref
+  if gamma == 3:  # batch 1 too, for one gamma: the rows' independence is the loop's, not the
+    for p, ref in zip(prompts, ar.tokens):  # chain length's (~12 s of compiles saved)
+      assert dec.generate([p], max_new_tokens=30).tokens[0] == ref
   st = batched.stats
   assert 0 < st.acceptance_rate < 1  # some drafts rejected, some accepted: both paths ran
   assert 1 < st.tau <= gamma + 1

@@ -66,8 +66,9 @@ def test_greedy_identical_to_autoregressive(pair, tp):
   dec = TreeDecoder(target, CFG, draft, CFG, tree=tp)
   batched = dec.generate(prompts, max_new_tokens=30)
   assert batched.tokens == ar.tokens
-  for p, ref in zip(prompts, ar.tokens):
-    assert dec.generate([p], max_new_tokens=30).tokens[0] == ref
+  if tp == TreeParams(4, 4, 16):  # batch 1 too, for one shape: the rows' independence is the
+    for p, ref in zip(prompts, ar.tokens):  # loop's, not the tree's (~20 s of compiles saved)
+      assert dec.generate([p], max_new_tokens=30).tokens[0] == ref
   assert 1 < batched.stats.tau <= tp.depth + 1
 
 

@@ -35,16 +35,22 @@ def _methods(target, draft):
           "pld": PromptLookupDecoder(target, CFG, gamma=3)}
 
 
-@pytest.mark.parametrize("dtype,kernel", [("bfloat16", True), ("float32", False),
-                                          ("bfloat16", False), ("int8", True),
-                                          ("int8", False)])
-def test_greedy_identity_per_dtype(pair, dtype, kernel):
+# Each (weight dtype, CPU kernel) lowering with the methods whose matmuls it meets in a new
+# shape: the chain's drafter (one row per call) and verification (gamma + 1 rows), the tree's
+# verification (its nodes + 1 rows). Prompt lookup verifies the chain's gamma + 1 rows with the
+# target alone, so it runs in two of the five (session 38: ~10 s of a 2-core run each).
+@pytest.mark.parametrize("dtype,kernel,names", [
+    ("bfloat16", True, ("chain", "tree", "pld")), ("float32", False, ("chain", "tree")),
+    ("bfloat16", False, ("chain", "tree")), ("int8", True, ("chain", "tree", "pld")),
+    ("int8", False, ("chain", "tree"))], ids=lambda x: "-".join(x) if isinstance(x, tuple)
+    else str(x))
+def test_greedy_identity_per_dtype(pair, dtype, kernel, names):
   target, draft = (cast_weights(p, dtype) for p in pair)
   rs = np.random.RandomState(3)
   prompts = [rs.randint(0, 64, n).tolist() for n in (1, 9, 4)] + [[5, 9, 2, 5, 9, 2, 5]]
   with cpu_kernel_default(kernel):  # decoders built inside fix their lowering
     ar = Decoder(target, CFG)
-    methods = _methods(target, draft)
+    methods = {k: v for k, v in _methods(target, draft).items() if k in names}
   ar = ar.generate(prompts, max_new_tokens=24)
   for name, dec in methods.items():
     assert dec.lowering.cpu_kernel == kernel, name
@@ -139,8 +145,10 @@ def test_bf16_pld_sampling_is_lossless():
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
 def test_prefill_precision_follows_the_weights(pair, dtype):
   """bf16 weights prefill through the CPU's bf16 GEMM (bf16-rounded activations, as PyTorch's
-  bf16), f32 and int8 ones in exact f32; either way every method's greedy output equals AR's
-  on prompts long enough for the GEMM (a 70-token block)."""
+  bf16), f32 and int8 ones in exact f32; either way a chain's greedy output equals AR's on
+  prompts long enough for the GEMM (a 70-token block). The chain runs both prefills every
+  method uses (the target's and a drafter's: tree and prompt lookup share them; checking their
+  steps at this cache size too cost ~18 s of a 2-core run and reached no other prefill code)."""
   from vocabjax.decoding.autoregressive import abstract_cache, compile_prefill, prefill_in_bf16
   from vocabjax.sampling import SamplingParams
 
@@ -152,5 +160,5 @@ def test_prefill_precision_follows_the_weights(pair, dtype):
   rs = np.random.RandomState(11)
   prompts = [rs.randint(0, 64, n).tolist() for n in (70, 33)]
   ar = Decoder(target, CFG).generate(prompts, max_new_tokens=16)
-  for name, dec in _methods(target, draft).items():
-    assert dec.generate(prompts, max_new_tokens=16).tokens == ar.tokens, name
+  chain = _methods(target, draft)["chain"]
+  assert chain.generate(prompts, max_new_tokens=16).tokens == ar.tokens
