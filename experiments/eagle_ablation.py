@@ -101,12 +101,9 @@ def main(argv=None) -> int:
               f"positions of this kind of data.", ""]
   out = Path(a.out)
   png = out.with_suffix(".png")
-  import matplotlib
+  from vocabjax.plots import save_png, subplots
 
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+  fig, (ax1, ax2) = subplots(1, 2, figsize=(11, 4))
   for r in runs + refs:
     s, acc, _ = zip(*r["curve"])
     ax1.plot(s, acc, marker=".", label=f"{r['name']} ({r['positions']:,} pos)")
@@ -127,9 +124,7 @@ def main(argv=None) -> int:
   ax2.set_xlabel("training label positions")
   ax2.set_ylabel("best held-out acc_0")
   ax2.legend(fontsize=8)
-  fig.tight_layout()
-  out.parent.mkdir(parents=True, exist_ok=True)
-  fig.savefig(png, dpi=110)
+  save_png(fig, png, dpi=110)
   lines.append(f"Plot: `{png.name}` (left: held-out acc_0 over training; right: best acc_0 "
                f"against training positions, with the fit).")
   from vocabjax.io import atomic_write_text

@@ -75,16 +75,11 @@ def report(run: Path, control: Path | None) -> tuple[str, dict]:
 
 
 def plot(rows, ctl, path: Path) -> None:
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  from vocabjax.train.loop import save_png
+  from vocabjax.plots import save_png, subplots
 
   x = np.arange(len(rows))
   w = max(1, min(8, len(rows) // 4))  # trailing window
-  fig, axes = plt.subplots(1, len(KEYS), figsize=(5 * len(KEYS), 3.4))
+  fig, axes = subplots(1, len(KEYS), figsize=(5 * len(KEYS), 3.4))
   for ax, k in zip(axes, KEYS):
     for rs, label, color in ((rows, "online", "C0"), (ctl, "frozen drafter", "C1")):
       if not rs:

@@ -94,13 +94,10 @@ def report(summary: dict) -> str:
 
 def plot(summary: dict, path: Path) -> Path:
   """tau and the drafter's step time against the drafting vocabulary's size (head rows)."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
+  from vocabjax.plots import save_png, subplots
 
   splits = summary.get("time_split_per_step") or {}
-  fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
+  fig, (a, b) = subplots(1, 2, figsize=(10, 4))
   for setting, marker in (("full", "o"), ("lm", "s")):
     pts = [(m["draft_vocab_size"], m["overall"]["tau"], splits.get(m["name"]), m["name"])
            for m in summary["methods"]
@@ -119,9 +116,7 @@ def plot(summary: dict, path: Path) -> Path:
     ax.set_xlabel("drafting vocabulary (LM-head rows per step)")
     ax.set_ylabel(ylab)
     ax.legend()
-  fig.tight_layout()
-  fig.savefig(path, dpi=120)
-  plt.close(fig)
+  save_png(fig, path, dpi=120)
   return path
 
 

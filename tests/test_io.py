@@ -37,3 +37,36 @@ def test_a_corrupt_line_before_the_last_is_refused_by_name(tmp_path):
   assert read_jsonl(tmp_path / "absent.jsonl") == []
   append_jsonl(tmp_path / "new.jsonl", {"x": [1, 2]})
   assert json.loads((tmp_path / "new.jsonl").read_text()) == {"x": [1, 2]}
+
+
+def test_plots_keep_the_process_matplotlib_backend_and_leave_no_figures(tmp_path):
+  """Reports, calibration plots and training curves draw on bare Figures: a notebook's backend
+  (here svg, standing in for an inline one) survives them, pyplot holds no figure after them,
+  and each file is a whole PNG."""
+  import matplotlib
+  import matplotlib.pyplot as plt
+  import numpy as np
+
+  from vocabjax.calibrate.counts import Counts, plot
+  from vocabjax.eval.report import plots
+  from vocabjax.train.loop import plot_curves
+
+  before = matplotlib.get_backend()
+  matplotlib.use("svg")
+  try:
+    plt.close("all")
+    c = Counts(counts=np.bincount(np.random.RandomState(0).zipf(1.5, 300).clip(0, 49),
+                                  minlength=50), meta={})
+    paths = plot({"a": c}, tmp_path / "cal")
+    plot_curves([{"step": i, "loss": 1.0 / (i + 1)} for i in range(5)], ["loss"],
+                tmp_path / "curves.png", "loss")
+    summary = {"suite": "s", "groups": ["g"], "methods": [
+        {"name": "chain", "method": "chain", "draft_vocab_size": 8,
+         "overall": {"speedup": 1.2, "tau": 2.0}, "by_group": {"g": {"speedup": 1.2}}}]}
+    paths += plots(summary, tmp_path) + [tmp_path / "curves.png"]
+    assert matplotlib.get_backend() == "svg"
+    assert plt.get_fignums() == []
+    for p in paths:
+      assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", p
+  finally:
+    matplotlib.use(before)

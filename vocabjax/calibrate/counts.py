@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from vocabjax.io import atomic_write_bytes
+from vocabjax.plots import save_png, subplots
 
 KINDS = ("text", "generated")
 
@@ -103,21 +104,16 @@ def coverage(counts: np.ndarray) -> np.ndarray:
 def plot(named: dict[str, Counts], out_dir: str | Path, marks=(8192, 16384, 32768, 65536)):
   """rank_frequency.png (log-log, VocabTrim fig. 1) and coverage.png (share of occurrences
   held by the top-K tokens, FR-Spec fig. 2) for one or more counts, overlaid."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
   out_dir = Path(out_dir)
   out_dir.mkdir(parents=True, exist_ok=True)
-  fig, ax = plt.subplots(figsize=(6, 4))
+  fig, ax = subplots(figsize=(6, 4))
   for name, c in named.items():
     f = np.sort(c.counts)[::-1]
     f = f[f > 0]
     ax.loglog(np.arange(1, f.size + 1), f / c.total, label=f"{name} ({c.total:,} tokens)")
   paths = [_finish(fig, ax, "token rank", "frequency", "rank-frequency of calibration tokens",
                    out_dir / "rank_frequency.png")]
-  fig, ax = plt.subplots(figsize=(6, 4))
+  fig, ax = subplots(figsize=(6, 4))
   for name, c in named.items():
     cov = coverage(c.counts)
     ax.semilogx(np.arange(1, cov.size + 1), cov, label=name)
@@ -125,7 +121,6 @@ def plot(named: dict[str, Counts], out_dir: str | Path, marks=(8192, 16384, 3276
     ax.axvline(k, color="grey", lw=0.5, ls=":")
   paths.append(_finish(fig, ax, "K (top-K tokens by count)", "share of occurrences covered",
                        "coverage of the top-K tokens", out_dir / "coverage.png"))
-  plt.close("all")
   return paths
 
 
@@ -135,8 +130,5 @@ def _finish(fig, ax, xlabel: str, ylabel: str, title: str, path: Path) -> Path:
   ax.set_ylabel(ylabel)
   ax.set_title(title)
   ax.legend(fontsize=7)
-  fig.tight_layout()
-  buf = io.BytesIO()
-  fig.savefig(buf, format="png", dpi=120)
-  atomic_write_bytes(path, buf.getvalue())
+  save_png(fig, path, dpi=120)
   return path

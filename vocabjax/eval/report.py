@@ -35,6 +35,7 @@ from vocabjax.eval.metrics import aggregate
 from vocabjax.eval.provenance import cpu_model
 from vocabjax.io import atomic_write_json, atomic_write_text
 from vocabjax.methods import METHODS
+from vocabjax.plots import save_png, subplots
 from vocabjax.prompts import GROUP_ORDER
 
 SCHEMA_VERSION = 1
@@ -347,24 +348,11 @@ def to_csv(summary: dict) -> str:
   return buf.getvalue()
 
 
-def _save(fig, path: Path) -> None:
-  import os
-
-  tmp = path.with_name(path.name + ".partial")
-  fig.savefig(tmp, dpi=120, format="png")
-  os.replace(tmp, path)
-
-
 def plots(summary: dict, out: Path) -> list[Path]:
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
   groups = summary["groups"] + ["overall"]
   ms = [m for m in summary["methods"] if m["method"] != "ar"]
   paths = []
-  fig, ax = plt.subplots(figsize=(max(6, 1.3 * len(groups)), 4))
+  fig, ax = subplots(figsize=(max(6, 1.3 * len(groups)), 4))
   width = 0.8 / max(1, len(ms))
   for j, m in enumerate(ms):
     vals = [(m["overall"] if g == "overall" else m["by_group"].get(g, {})).get("speedup")
@@ -377,13 +365,11 @@ def plots(summary: dict, out: Path) -> list[Path]:
   ax.set_ylabel("speedup over plain decoding")
   ax.set_title(f"{summary['suite']}: speedup per task group")
   ax.legend(fontsize=8)
-  fig.tight_layout()
   paths.append(out / "speedup_by_group.png")
-  _save(fig, paths[-1])
-  plt.close(fig)
+  save_png(fig, paths[-1], dpi=120)
 
   pts = [m for m in ms if m.get("draft_vocab_size") and m["overall"]["tau"] is not None]
-  fig, ax = plt.subplots(figsize=(5, 4))
+  fig, ax = subplots(figsize=(5, 4))
   for m in pts:
     ax.scatter(m["draft_vocab_size"], m["overall"]["tau"], label=m["name"])
   ax.set_xlabel("drafter vocabulary (LM-head rows)")
@@ -391,10 +377,8 @@ def plots(summary: dict, out: Path) -> list[Path]:
   ax.set_title("acceptance length vs drafter vocabulary")
   if pts:
     ax.legend(fontsize=8)
-  fig.tight_layout()
   paths.append(out / "tau_vs_vocab.png")
-  _save(fig, paths[-1])
-  plt.close(fig)
+  save_png(fig, paths[-1], dpi=120)
   return paths
 
 

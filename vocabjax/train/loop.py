@@ -19,9 +19,8 @@ fingerprint) is refused rather than resumed.
 from __future__ import annotations
 
 import dataclasses
-import math
-import io
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any, Iterable
@@ -33,7 +32,8 @@ import optax
 from flax import struct
 
 from vocabjax import interrupt
-from vocabjax.io import atomic_write_bytes, atomic_write_json
+from vocabjax.io import atomic_write_json
+from vocabjax.plots import save_png, subplots
 
 
 class TrainInterrupted(KeyboardInterrupt):
@@ -349,12 +349,7 @@ def read_log(path: Path, upto_step: int | None = None) -> list[dict]:
 
 def plot_curves(rows: list[dict], keys: list[str], path: Path, title: str) -> None:
   """One panel per key (rows missing a key are skipped), saved atomically as a PNG."""
-  import matplotlib
-
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-
-  fig, axes = plt.subplots(1, len(keys), figsize=(4.5 * len(keys), 3.2), squeeze=False)
+  fig, axes = subplots(1, len(keys), figsize=(4.5 * len(keys), 3.2), squeeze=False)
   for ax, key in zip(axes[0], keys):
     pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
     if pts:
@@ -364,17 +359,6 @@ def plot_curves(rows: list[dict], keys: list[str], path: Path, title: str) -> No
     ax.grid(alpha=0.3)
   fig.suptitle(title)
   save_png(fig, path)
-
-
-def save_png(fig, path: Path, dpi: int = 110) -> None:
-  """Lay out `fig`, write it atomically as a PNG and close it."""
-  import matplotlib.pyplot as plt
-
-  fig.tight_layout()
-  buf = io.BytesIO()
-  fig.savefig(buf, format="png", dpi=dpi)
-  plt.close(fig)
-  atomic_write_bytes(path, buf.getvalue())
 
 
 # --- job configs (YAML) and their command lines --------------------------------------------------
