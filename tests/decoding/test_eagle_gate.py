@@ -92,12 +92,13 @@ def test_a_row_drafts_exactly_when_its_root_confidence_reaches_the_threshold(tar
   assert [bool(d) for d in res.stats.drafted[0]] == list(conf >= thr)
 
 
-def test_gated_lookup_without_the_head_is_prompt_lookup(target, gamma=2, candidates=3):
+def test_gated_lookup_without_the_head_is_prompt_lookup(target):
   """A threshold the random head never reaches: every step verifies the lookup's trie alone,
   so the hybrid accepts exactly what prompt lookup accepts, all of it from lookup nodes.
   Three candidates (a trie with branches); one candidate's chain is the trie's special case
   (the same lookup, verified greedily: its acceptance follows from both being exact; the
   chain case cost ~17 s of a 2-core run)."""
+  gamma, candidates = 2, 3
   hc, head = random_head(target, CFG, 40)
   rs = np.random.RandomState(1)
   base = rs.randint(0, CFG.vocab_size, 9).tolist()

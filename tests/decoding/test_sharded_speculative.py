@@ -32,7 +32,8 @@ MESHES = [(1, 8), (2, 4)]
 # The decoders each mesh runs: on (2, 4) all six; on (1, 8) one of each step kind (chain, tree,
 # EAGLE, Medusa with a subset). The chain's subset and ranker heads split their rows over
 # "model" as Medusa's subset does, and (2, 4) checks them (session 38: ~10 s of a 2-core run).
-ON_MESH = {(1, 8): ("chain", "tree", "eagle", "medusa_subset")}
+DECODERS = ("chain", "chain_subset", "chain_ranker", "tree", "eagle", "medusa_subset")
+ON_MESH = {(1, 8): ("chain", "tree", "eagle", "medusa_subset"), (2, 4): DECODERS}
 PROMPTS = [[5, 9, 2, 7, 5, 9], [1, 2, 3], [8, 8, 8, 8, 4, 1, 1], [3]]
 
 
@@ -40,23 +41,34 @@ def test_there_are_8_devices():
   assert jax.device_count() == 8
 
 
-def _decoders(pair, mesh):
+def _decoders(pair, mesh, names=DECODERS):
+  """The named decoders (of `DECODERS`) on `mesh`, built in that order."""
   target, draft = pair
   tp = TreeParams(2, 3, 6)
   subset = VocabSubset(np.arange(0, CFG.vocab_size, 2), CFG.vocab_size)
-  ranker = SpeculativeVocab(svd_ranker(draft, CFG, rank=4), k=16)
-  hc, head = random_head(target, CFG, Vd=40)
-  heads, mc = heads_for(target, CFG, shared=True)
   kw = {} if mesh is None else {"mesh": mesh}
-  return {
-      "chain": ChainDecoder(target, CFG, draft, CFG, gamma=3, **kw),
-      "chain_subset": ChainDecoder(target, CFG, draft, CFG, gamma=3, draft_vocab=subset, **kw),
-      "chain_ranker": ChainDecoder(target, CFG, draft, CFG, gamma=3, draft_vocab=ranker, **kw),
-      "tree": TreeDecoder(target, CFG, draft, CFG, tree=tp, **kw),
-      "eagle": EagleDecoder(target, CFG, head, hc, tree=tp, **kw),
-      "medusa_subset": MedusaDecoder(target, CFG, heads, mc, choices=[[0], [1], [0, 0]],
-                                     draft_vocab=subset, **kw),
+
+  def eagle():
+    hc, head = random_head(target, CFG, Vd=40)
+    return EagleDecoder(target, CFG, head, hc, tree=tp, **kw)
+
+  def medusa_subset():
+    heads, mc = heads_for(target, CFG, shared=True)
+    return MedusaDecoder(target, CFG, heads, mc, choices=[[0], [1], [0, 0]],
+                         draft_vocab=subset, **kw)
+
+  make = {
+      "chain": lambda: ChainDecoder(target, CFG, draft, CFG, gamma=3, **kw),
+      "chain_subset": lambda: ChainDecoder(target, CFG, draft, CFG, gamma=3,
+                                           draft_vocab=subset, **kw),
+      "chain_ranker": lambda: ChainDecoder(
+          target, CFG, draft, CFG, gamma=3,
+          draft_vocab=SpeculativeVocab(svd_ranker(draft, CFG, rank=4), k=16), **kw),
+      "tree": lambda: TreeDecoder(target, CFG, draft, CFG, tree=tp, **kw),
+      "eagle": eagle,
+      "medusa_subset": medusa_subset,
   }
+  return {name: make[name]() for name in names}
 
 
 @pytest.mark.parametrize("data,model", MESHES, ids=lambda x: str(x))
@@ -74,10 +86,7 @@ def test_sharded_greedy_equals_unsharded_and_steps_do_not_reshard(pair, data, mo
   mesh = sharding.make_mesh(data=data, model=model)
   ar = Decoder(pair[0], CFG).generate(PROMPTS, max_new_tokens=16)
   B, longest = len(PROMPTS), max(map(len, PROMPTS))
-  names = ON_MESH.get((data, model))
-  for name, dec in _decoders(pair, mesh).items():
-    if names is not None and name not in names:
-      continue
+  for name, dec in _decoders(pair, mesh, ON_MESH[(data, model)]).items():
     res = dec.generate(PROMPTS, max_new_tokens=16)
     assert res.tokens == ar.tokens, name
     # drafts are accepted (the drafts themselves may differ from one device's in rounding:
@@ -97,7 +106,7 @@ def test_sharded_greedy_equals_unsharded_and_steps_do_not_reshard(pair, data, mo
 
 def test_loop_state_stays_sharded(pair):
   mesh = sharding.make_mesh(data=2, model=4)
-  dec = _decoders(pair, mesh)["chain"]
+  dec = _decoders(pair, mesh, ("chain",))["chain"]
   # the shapes the greedy test's chain on this mesh compiles (read back from the compile cache)
   T, S = 16, dec.cache_len(max(map(len, PROMPTS)), 16)
   start, step, _ = dec.programs(SamplingParams(), 4, T, S, np.float32)

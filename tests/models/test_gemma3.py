@@ -177,8 +177,8 @@ def gemma_pair():
 def test_speculative_greedy_equals_plain_decoding_past_the_window(gemma_pair, kind, ring,
                                                                    monkeypatch):
   """Chain (gamma 3) and tree drafting with a Gemma drafter and target: the plain greedy ids,
-  batched (and one row at a time with rings), for prompts shorter and longer than the window (4); with
-  `ring`, every cache keeps its sliding layer in a ring of W + 9 slots (wrapped several
+  batched (and one row at a time with rings), for prompts shorter and longer than the window
+  (4); with `ring`, every cache keeps its sliding layer in a ring of W + 9 slots (wrapped several
   times by 24 new tokens after a 17-token prompt), rejected drafts rolled back and accepted
   tree paths compacted in it."""
   from vocabjax.models import cache as cache_module
