@@ -23,6 +23,24 @@ if _cache != "off":
   # JAX's LRU bound (JAX_COMPILATION_CACHE_MAX_SIZE) rescans every entry under a file lock on
   # each write, which made a full run more than twice as slow (tests/README.md).
 
+# How XLA compiles the suite's programs. Most of the suite's time is XLA:CPU compiling tiny
+# programs, most of that LLVM optimizing each kernel (tests/README.md). On the CPU the suite
+# compiles with jax_disable_most_optimizations (LLVM at -O0, no expensive passes; every XLA
+# graph pass still runs): about half the compile time. The properties the tests check (the
+# same tokens as plain decoding, the target's law) are the algorithm's and hold under either
+# setting, but a program compiled otherwise is not the program a user runs (LLVM -O2 forms
+# FMAs, -O0 does not), so the tests marked `full_opt` -- one greedy-identity check per method
+# and weight path, and every deviceless TPU compile -- run at the settings users get, and
+# VOCABJAX_TEST_COMPILE=full runs the whole suite at them. Off the CPU (the GPU exactness run
+# sets JAX_PLATFORMS=cuda,cpu) the suite always compiles as users do.
+COMPILE = os.environ.get("VOCABJAX_TEST_COMPILE", "fast")
+if COMPILE not in ("fast", "full"):
+  raise ValueError(f"VOCABJAX_TEST_COMPILE={COMPILE!r}: choose fast or full")
+FAST_COMPILE = COMPILE == "fast" and os.environ["JAX_PLATFORMS"] == "cpu"
+# The flag's environment form, so that the tests' subprocesses (two-process runs, the
+# notebook's venv, the GPU run's dry run) compile the same way.
+os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1" if FAST_COMPILE else "0"
+
 import pytest  # noqa: E402
 
 from vocabjax.testing.tiny import TINY_VARIANTS, save_tiny_variant  # noqa: E402
@@ -77,6 +95,21 @@ if _PROFILE:
       f.write(json.dumps({k: round(v, 3) if isinstance(v, float) else v
                           for k, v in _prof.items()}) + "\n")
     _prof.clear()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+  """Tests marked `full_opt` compile at users' settings, the others fast (see COMPILE above),
+  set before any of the test's fixtures (a module fixture may compile). jax's in-memory caches
+  do not key on the flag (the persistent cache does), so a switch clears them: a program
+  compiled under one setting is never reused under the other."""
+  if FAST_COMPILE:
+    import jax
+
+    fast = item.get_closest_marker("full_opt") is None
+    if jax.config.values["jax_disable_most_optimizations"] != fast:
+      jax.clear_caches()
+      jax.config.update("jax_disable_most_optimizations", fast)
 
 
 @pytest.fixture(scope="session")

@@ -55,7 +55,8 @@ def prompts(ttok):
 
 
 @pytest.mark.parametrize("gamma,ngram,draft_prefill",
-                         [(1, False, "exact"), (3, False, "bf16"), (3, True, "exact"),
+                         [(1, False, "exact"), (3, False, "bf16"),
+                          pytest.param(3, True, "exact", marks=pytest.mark.full_opt),
                           (5, True, "bf16")])
 def test_greedy_identical_to_target(setup, gamma, ngram, draft_prefill):
   ttok, dtok, tc, dc, target, draft = setup

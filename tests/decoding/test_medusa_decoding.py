@@ -30,7 +30,9 @@ def heads_for(target, config, num_heads=3, num_layers=1, shared=False, seed=1):
 
 
 @pytest.mark.parametrize("choices,num_layers,shared", [
-    (SPARSE, 1, False), (medusa_choices_for(2, 3), 2, False), (SPARSE, 1, True)],
+    (SPARSE, 1, False),
+    pytest.param(medusa_choices_for(2, 3), 2, False, marks=pytest.mark.full_opt),
+    (SPARSE, 1, True)],
     ids=["sparse", "full_k3_d2_two_blocks", "shared_head"])
 def test_greedy_identical_to_autoregressive(choices, num_layers, shared):
   target = init_params(jax.random.key(0), CFG, scale=0.3)

@@ -31,7 +31,7 @@ def test_lookup_by_hand():
   assert lookup_drafts(np.array([1, 2, 1, 2]), 3, min_ngram=2).size == 0
 
 
-@pytest.mark.parametrize("gamma", [1, 4])
+@pytest.mark.parametrize("gamma", [1, pytest.param(4, marks=pytest.mark.full_opt)])
 def test_greedy_identical_to_autoregressive(gamma):
   params = init_params(jax.random.key(0), CFG, scale=0.3)
   prompts = [[5, 9, 2, 7, 5, 9, 2, 7, 5, 9], [1, 2, 3], [8, 8, 8, 8, 4, 8, 8]]

@@ -41,8 +41,9 @@ def _methods(target, draft, names):
 # verification (its nodes + 1 rows). Prompt lookup verifies the chain's gamma + 1 rows with the
 # target alone, so it runs in two of the five (session 38: ~10 s of a 2-core run each).
 @pytest.mark.parametrize("dtype,kernel,names", [
-    ("bfloat16", True, ("chain", "tree", "pld")), ("float32", False, ("chain", "tree")),
-    ("bfloat16", False, ("chain", "tree")), ("int8", True, ("chain", "tree", "pld")),
+    pytest.param("bfloat16", True, ("chain", "tree", "pld"), marks=pytest.mark.full_opt),
+    ("float32", False, ("chain", "tree")), ("bfloat16", False, ("chain", "tree")),
+    pytest.param("int8", True, ("chain", "tree", "pld"), marks=pytest.mark.full_opt),
     ("int8", False, ("chain", "tree"))], ids=lambda x: "-".join(x) if isinstance(x, tuple)
     else str(x))
 def test_greedy_identity_per_dtype(pair, dtype, kernel, names):

@@ -172,7 +172,7 @@ def gemma_pair():
   return target, jax.tree.map(lambda a, b: a + 0.1 * b, target, noise)
 
 
-@pytest.mark.parametrize("kind", ["chain", "tree"])
+@pytest.mark.parametrize("kind", ["chain", pytest.param("tree", marks=pytest.mark.full_opt)])
 @pytest.mark.parametrize("ring", [False, True], ids=["linear", "ring"])
 def test_speculative_greedy_equals_plain_decoding_past_the_window(gemma_pair, kind, ring,
                                                                    monkeypatch):
