@@ -24,22 +24,54 @@ if _cache != "off":
   # each write, which made a full run more than twice as slow (tests/README.md).
 
 # How XLA compiles the suite's programs. Most of the suite's time is XLA:CPU compiling tiny
-# programs, most of that LLVM optimizing each kernel (tests/README.md). On the CPU the suite
-# compiles with jax_disable_most_optimizations (LLVM at -O0, no expensive passes; every XLA
-# graph pass still runs): about half the compile time. The properties the tests check (the
-# same tokens as plain decoding, the target's law) are the algorithm's and hold under either
-# setting, but a program compiled otherwise is not the program a user runs (LLVM -O2 forms
-# FMAs, -O0 does not), so the tests marked `full_opt` -- one greedy-identity check per method
-# and weight path, and every deviceless TPU compile -- run at the settings users get, and
-# VOCABJAX_TEST_COMPILE=full runs the whole suite at them. Off the CPU (the GPU exactness run
-# sets JAX_PLATFORMS=cuda,cpu) the suite always compiles as users do.
+# programs (tests/README.md), and for programs this small most of a compile is LLVM optimizing
+# each kernel and XLA:CPU's MLIR fusion emitters. On the CPU the suite compiles with LLVM at
+# -O0 and XLA:CPU's older elementwise emitters (FAST_XLA_OPTIONS: every XLA graph pass, the
+# fusion decisions and the dot library calls stay as they are), about 2.5x cheaper. The
+# properties the tests check (the same tokens as plain decoding, the target's law) are the
+# algorithm's and hold under either setting, but such a program is not the one a user runs
+# (LLVM -O2 forms FMAs, -O0 does not), so the tests marked `full_opt` -- one greedy-identity
+# case per method and weight path -- compile at the settings users get, and
+# VOCABJAX_TEST_COMPILE=full compiles the whole suite so. Only CPU programs are compiled fast:
+# the deviceless TPU compiles are always users' (and the GPU exactness run, JAX_PLATFORMS=
+# cuda,cpu, compiles everything as users do).
 COMPILE = os.environ.get("VOCABJAX_TEST_COMPILE", "fast")
 if COMPILE not in ("fast", "full"):
   raise ValueError(f"VOCABJAX_TEST_COMPILE={COMPILE!r}: choose fast or full")
 FAST_COMPILE = COMPILE == "fast" and os.environ["JAX_PLATFORMS"] == "cpu"
-# The flag's environment form, so that the tests' subprocesses (two-process runs, the
-# notebook's venv, the GPU run's dry run) compile the same way.
-os.environ["JAX_DISABLE_MOST_OPTIMIZATIONS"] = "1" if FAST_COMPILE else "0"
+FAST_XLA_OPTIONS = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+_fast_now = [FAST_COMPILE]  # this test's setting (pytest_runtest_setup below)
+
+
+def subprocess_xla_flags(device_count: int | None = None) -> str:
+  """XLA_FLAGS for a test's CPU-only subprocess (a two-process run, the notebook's venv, the
+  GPU run's dry run): `device_count` virtual CPU devices, and the suite's fast setting as
+  flags. Flags reach every backend, and XLA:TPU refuses the CPU emitter flag: not for a
+  subprocess that compiles for a TPU."""
+  flags = [f"--xla_force_host_platform_device_count={device_count}"] if device_count else []
+  if FAST_COMPILE:
+    flags += [f"--{k}={str(v).lower()}" for k, v in FAST_XLA_OPTIONS.items()]
+  return " ".join(flags)
+if FAST_COMPILE:
+  import inspect
+
+  from jax._src import compiler as _jax_compiler
+
+  _get_compile_options = _jax_compiler.get_compile_options
+  # jax builds every program's options here (pxla.create_compile_options): a jax that no
+  # longer does fails the suite's first import instead of silently compiling at -O2.
+  assert {"backend", "env_options_overrides"} <= set(
+      inspect.signature(_get_compile_options).parameters), "jax changed get_compile_options"
+
+  def _get_compile_options_fast(*args, backend=None, env_options_overrides=None, **kw):
+    """FAST_XLA_OPTIONS added to a CPU program's options (a part of its persistent-cache
+    key, so fast and full programs never share an entry)."""
+    if _fast_now[0] and backend is not None and backend.platform == "cpu":
+      env_options_overrides = {**FAST_XLA_OPTIONS, **(env_options_overrides or {})}
+    return _get_compile_options(*args, backend=backend,
+                                env_options_overrides=env_options_overrides, **kw)
+
+  _jax_compiler.get_compile_options = _get_compile_options_fast
 
 import pytest  # noqa: E402
 
@@ -101,15 +133,15 @@ if _PROFILE:
 def pytest_runtest_setup(item):
   """Tests marked `full_opt` compile at users' settings, the others fast (see COMPILE above),
   set before any of the test's fixtures (a module fixture may compile). jax's in-memory caches
-  do not key on the flag (the persistent cache does), so a switch clears them: a program
-  compiled under one setting is never reused under the other."""
+  do not key on compile options (the persistent cache does), so a switch clears them: a
+  program compiled under one setting is never reused under the other."""
   if FAST_COMPILE:
-    import jax
-
     fast = item.get_closest_marker("full_opt") is None
-    if jax.config.values["jax_disable_most_optimizations"] != fast:
+    if _fast_now[0] != fast:
+      import jax
+
       jax.clear_caches()
-      jax.config.update("jax_disable_most_optimizations", fast)
+      _fast_now[0] = fast
 
 
 @pytest.fixture(scope="session")

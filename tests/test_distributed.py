@@ -13,6 +13,8 @@ import pytest
 from vocabjax.calibrate.counts import Counts
 from vocabjax.distributed import settings
 
+from tests.conftest import subprocess_xla_flags
+
 
 def test_settings_from_arguments_and_environment():
   assert settings(env={}) is None  # one process
@@ -39,7 +41,7 @@ def _port() -> int:
 
 
 def _env():
-  return {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+  return {**os.environ, "XLA_FLAGS": subprocess_xla_flags(2),
           "JAX_PLATFORMS": "cpu"}
 
 

@@ -12,9 +12,6 @@ from vocabjax.bench.__main__ import main
 GATE = "experiments/results/eagle/gate"  # a recorded eval run (summary.json with tau per method)
 HBM_V5E = 16 * 2**30
 
-# Compiled for TPUs as users compile them (tests/conftest.py: full_opt).
-pytestmark = pytest.mark.full_opt
-
 
 def _config(path, **kw):
   raw = dict(model_type="qwen2", hidden_act="silu", rms_norm_eps=1e-6, rope_theta=1e6,

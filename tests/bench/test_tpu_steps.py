@@ -27,9 +27,6 @@ from vocabjax.testing.tpu_aot import libtpu_available
 GENERATIONS = ["v5e:1x1", "v6e:1x1"]
 S = 256
 
-# Compiled for TPUs as users compile them (tests/conftest.py: full_opt).
-pytestmark = pytest.mark.full_opt
-
 
 def qwen2(V: int, L: int) -> LlamaLikeConfig:
   return LlamaLikeConfig(arch="qwen2", vocab_size=V, hidden_size=896, intermediate_size=4864,

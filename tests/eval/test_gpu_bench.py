@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import subprocess_xla_flags
 from tests.test_experiments import _tiny_configs
 
 ROOT = Path(__file__).parents[2]
@@ -22,7 +23,7 @@ def test_prepared_gpu_run_dry_on_cpu(tmp_path):
   w = tmp_path / "w"
   env = {**os.environ, "DRY": "1", "W": str(w), "DRY_TARGET": str(t), "DRY_DRAFT": str(d),
          "JAX_PLATFORMS": "cpu"}
-  env.pop("XLA_FLAGS", None)
+  env["XLA_FLAGS"] = subprocess_xla_flags()  # one CPU device, the suite's compile setting
   proc = subprocess.run(["bash", "experiments/gpu_bench.sh"], cwd=ROOT, env=env, capture_output=True,
                         text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

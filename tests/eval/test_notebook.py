@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import subprocess_xla_flags
+
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "quickstart.ipynb"
 EXTRAS = {"eval", "gguf"}
@@ -213,7 +215,8 @@ def test_notebook_installs_from_git_in_a_fresh_venv_and_runs(tmp_path):
   env.update(VOCABJAX_REPO=f"file://{ROOT}@{head.stdout.strip()}",
              VOCABJAX_PIP_ARGS="--no-index --no-build-isolation",
              PIP_CACHE_DIR=str(tmp_path / "pip-cache"), VOCABJAX_NOTEBOOK_MODE="tiny",
-             VOCABJAX_NOTEBOOK_DIR=str(tmp_path / "work"), MPLBACKEND="Agg")
+             VOCABJAX_NOTEBOOK_DIR=str(tmp_path / "work"), MPLBACKEND="Agg",
+             XLA_FLAGS=subprocess_xla_flags(8))
   r = subprocess.run([str(venv / "bin" / "python"), str(runner), str(NOTEBOOK),
                       str(tmp_path / "result.json")], cwd=tmp_path, env=env,
                      capture_output=True, text=True, timeout=600)

@@ -16,8 +16,6 @@ from vocabjax.kernels.indexed_lm_head import indexed_lm_head, indexed_lm_head_tp
 from vocabjax.testing.tpu_aot import compile_for_tpu, libtpu_available, lower_for_tpu, tpu_devices
 
 GENERATIONS = ["v5e:1x1", "v6e:1x1", "v5p:1x1x1"]
-# Compiled for TPUs as users compile them (tests/conftest.py: full_opt).
-pytestmark = pytest.mark.full_opt
 V = 151936  # Qwen2.5's vocabulary (SpecVocab's targets)
 
 # SpecVocab's shapes, B in {1, 10, 16}, K in {128, 1000, 2048, 8192}, D in {896, 2560, 4096}:
