@@ -25,3 +25,12 @@ def test_unmarked_tests_compile_fast_on_the_cpu():
 @pytest.mark.full_opt
 def test_marked_tests_compile_as_users_do():
   assert not set(FAST_XLA_OPTIONS) & set(_overrides())
+
+
+def test_tpu_programs_always_compile_as_users_do():
+  """Only CPU programs are compiled fast: a deviceless TPU compile gets users' options."""
+  from vocabjax.testing.tpu_aot import tpu_devices
+
+  opts = compiler.get_compile_options(num_replicas=1, num_partitions=1,
+                                      backend=tpu_devices("v5e:1x1")[0].client)
+  assert not set(FAST_XLA_OPTIONS) & set(dict(opts.env_option_overrides))

@@ -172,8 +172,10 @@ def gemma_pair():
   return target, jax.tree.map(lambda a, b: a + 0.1 * b, target, noise)
 
 
-@pytest.mark.parametrize("kind", ["chain", pytest.param("tree", marks=pytest.mark.full_opt)])
-@pytest.mark.parametrize("ring", [False, True], ids=["linear", "ring"])
+@pytest.mark.parametrize("ring,kind", [
+    (False, "chain"), (False, "tree"), (True, "chain"),
+    pytest.param(True, "tree", marks=pytest.mark.full_opt)],  # users' XLA settings too
+    ids=["linear-chain", "linear-tree", "ring-chain", "ring-tree"])
 def test_speculative_greedy_equals_plain_decoding_past_the_window(gemma_pair, kind, ring,
                                                                    monkeypatch):
   """Chain (gamma 3) and tree drafting with a Gemma drafter and target: the plain greedy ids,
