@@ -27,7 +27,7 @@ if _cache != "off":
 # programs (tests/README.md), and for programs this small most of a compile is LLVM optimizing
 # each kernel and XLA:CPU's MLIR fusion emitters. On the CPU the suite compiles with LLVM at
 # -O0 and XLA:CPU's older elementwise emitters (FAST_XLA_OPTIONS: every XLA graph pass, the
-# fusion decisions and the dot library calls stay as they are), about 2.5x cheaper. The
+# fusion decisions and the dot library calls stay as they are), about 3x cheaper. The
 # properties the tests check (the same tokens as plain decoding, the target's law) are the
 # algorithm's and hold under either setting, but such a program is not the one a user runs
 # (LLVM -O2 forms FMAs, -O0 does not), so the tests marked `full_opt` -- one greedy-identity
@@ -52,6 +52,8 @@ def subprocess_xla_flags(device_count: int | None = None) -> str:
   if FAST_COMPILE:
     flags += [f"--{k}={str(v).lower()}" for k, v in FAST_XLA_OPTIONS.items()]
   return " ".join(flags)
+
+
 if FAST_COMPILE:
   import inspect
 
