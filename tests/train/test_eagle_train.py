@@ -706,7 +706,8 @@ def _heldout(data, job):
   return set(heldout_records(data, job.heldout, job.heldout_split, job.seed).tolist())
 
 
-def test_soft_labels_are_the_targets_distribution(target_dir, data_file, tmp_path):
+def test_soft_labels_are_the_targets_distribution(target_dir, data_file, tmp_path,
+                                                    monkeypatch):
   """soft_labels: the stored final hidden states give the target's distribution, whose argmax
   is the hard label at every slot; sharpened, the soft TTT loss is the hard one step by step
   (so each step's distribution sits at its label's slot); a soft job trains under its own
@@ -745,12 +746,32 @@ def test_soft_labels_are_the_targets_distribution(target_dir, data_file, tmp_pat
   np.testing.assert_allclose(np.asarray(ce_sharp), np.asarray(ce_hard), rtol=1e-4)
   _, ce_soft = ttt_loss(params, frozen, jb, teacher=W, **kw)
   assert np.all(np.abs(np.asarray(ce_soft) - np.asarray(ce_hard)) > 1e-3)
-  # V > block: the teacher blockwise per step; V <= block: its distribution once, sliced
+  # the teacher's distribution once per batch, in vocabulary blocks (several: V > block; one:
+  # V <= block), or, past TEACHER_PROBS_BYTES, per step block by block: the same loss and
+  # gradients
+  import vocabjax.train.eagle as eagle_mod
   assert V > kw["block"]
-  _, ce_once = ttt_loss(params, frozen, jb, teacher=W, **{**kw, "block": 4 * V})
-  np.testing.assert_allclose(np.asarray(ce_once), np.asarray(ce_soft), rtol=1e-5)
-  _, ce_once_sharp = ttt_loss(params, frozen, sharp, teacher=W, **{**kw, "block": 4 * V})
-  np.testing.assert_allclose(np.asarray(ce_once_sharp), np.asarray(ce_hard), rtol=1e-4)
+
+  def loss_and_grad(batch, **over):
+    return jax.value_and_grad(lambda p: ttt_loss(p, frozen, batch, teacher=W, **{**kw, **over}),
+                              has_aux=True)(params)
+
+  (_, ce_shared), g_shared = loss_and_grad(jb)
+  (_, ce_one), g_one = loss_and_grad(jb, block=4 * V)
+  monkeypatch.setattr(eagle_mod, "TEACHER_PROBS_BYTES", 0)
+  (_, ce_per_step), g_per_step = loss_and_grad(jb)
+  _, ce_per_step_sharp = ttt_loss(params, frozen, sharp, teacher=W, **kw)
+  monkeypatch.undo()
+  np.testing.assert_allclose(np.asarray(ce_soft), np.asarray(ce_shared), rtol=1e-6)
+  for ce in (ce_one, ce_per_step):
+    np.testing.assert_allclose(np.asarray(ce), np.asarray(ce_shared), rtol=1e-5)
+  for g in (g_one, g_per_step):
+    for a, e in zip(jax.tree.leaves(g), jax.tree.leaves(g_shared)):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(e), rtol=2e-4, atol=1e-6)
+  assert any(np.any(np.asarray(a)) for a in jax.tree.leaves(g_shared))
+  np.testing.assert_allclose(np.asarray(ce_per_step_sharp), np.asarray(ce_hard), rtol=1e-4)
+  _, ce_one_sharp = ttt_loss(params, frozen, sharp, teacher=W, **{**kw, "block": 4 * V})
+  np.testing.assert_allclose(np.asarray(ce_one_sharp), np.asarray(ce_hard), rtol=1e-4)
 
   run = dict(steps=20, eval_every=20, checkpoint_every=20)
   summary = train(dataclasses.replace(job, **run), show_progress=False)

@@ -6,8 +6,9 @@ import numpy as np
 import optax
 import pytest
 
-from vocabjax.train.losses import (blockwise_logsumexp, label_ranks, probs_cross_entropy,
-                                   soft_cross_entropy, vocab_cross_entropy)
+from vocabjax.train.losses import (blocked_probs_cross_entropy, blockwise_logsumexp,
+                                   label_ranks, soft_cross_entropy, teacher_prob_blocks,
+                                   vocab_cross_entropy)
 
 
 @pytest.mark.parametrize("V,block", [(50, 16), (64, 64), (70, 1000)])
@@ -60,16 +61,27 @@ def test_soft_cross_entropy_matches_dense(V, block):
   for g, e in zip(gs[:2], es):
     np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-6)
   assert not np.any(gs[2]) and not np.any(gs[3])
-  # the same teacher given as probabilities (computed once, shared)
-  p = jax.nn.softmax(h @ Wt.T, -1)
-  given = lambda x, W, p: probs_cross_entropy(x, W, p, w, block=block)  # noqa: E731
-  np.testing.assert_allclose(given(x, W, p), dense(x, W, h, Wt), rtol=1e-5)
-  gp = jax.grad(given, (0, 1, 2))(x, W, p)
+  # the same teacher computed once, in vocabulary blocks (ragged last block: zeros past V)
+  pb = teacher_prob_blocks(h, Wt, block=block)
+  C = min(block, V)
+  assert pb.shape == (-(-V // C), 9, C)
+  np.testing.assert_allclose(pb.transpose(1, 0, 2).reshape(9, -1)[:, :V],
+                             jax.nn.softmax(h @ Wt.T, -1), rtol=1e-5, atol=1e-7)
+  assert not np.any(pb.transpose(1, 0, 2).reshape(9, -1)[:, V:])
+  given = lambda x, W, pb: blocked_probs_cross_entropy(x, W, pb, w)  # noqa: E731
+  np.testing.assert_allclose(given(x, W, pb), dense(x, W, h, Wt), rtol=1e-5)
+  gp = jax.grad(given, (0, 1, 2))(x, W, pb)
   for g, e in zip(gp[:2], es):
     np.testing.assert_allclose(g, e, rtol=1e-4, atol=1e-6)
   assert not np.any(gp[2])
+  assert not np.any(jax.grad(lambda h: teacher_prob_blocks(h, Wt, block=block).sum())(h))
   with pytest.raises(ValueError, match="teacher rows 3 != student rows"):
     soft_cross_entropy(x, W, h, Wt[:3])
+  with pytest.raises(ValueError, match=r"prob_blocks .* do not fit x \(9, 5\)"):
+    blocked_probs_cross_entropy(x, W, pb[:, :4], w)
+  if pb.shape[0] > 1:
+    with pytest.raises(ValueError, match=f"nb \\* C >= {V}"):
+      blocked_probs_cross_entropy(x, W, pb[:-1], w)
 
 
 def test_label_ranks_match_a_sort():

@@ -86,10 +86,16 @@ from vocabjax.train.features import (files_key, forward_len, heldout_records, jo
 from vocabjax.train.loop import (OptimConfig, TrainError, TrainRun, TrainState, apply_grads,
                                  job_fields, make_optimizer, optimizer_of, run_job_cli,
                                  step_rng, train_fingerprint)
-from vocabjax.train.losses import (probs_cross_entropy, soft_cross_entropy, teacher_probs,
-                                   vocab_cross_entropy)
+from vocabjax.train.losses import (blocked_probs_cross_entropy, soft_cross_entropy,
+                                   teacher_prob_blocks, vocab_cross_entropy)
 from vocabjax.vocab.subset import VocabSubset
 from vocabjax.checkpoints.torch_model import load_torch_model
+
+
+# soft labels: the teacher's probabilities at every slot of a batch are computed once and held
+# (f32, [B, T + J, Vd]) when they take at most this many bytes (~0.6 GB for 4 x 260 slots of the
+# 1.5B target's 151,936 tokens); past it each depth recomputes them block by block (3x the products)
+TEACHER_PROBS_BYTES = 2 << 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -565,13 +571,17 @@ def ttt_loss(trainable, frozen, batch, *, config: EagleConfig, steps: int, decay
   params = with_lowering({**frozen, **trainable}, lowering)
   bf16 = lowering.bf16_dots
   ces = []
+  shared = None
   if teacher is not None:
     hid = batch["hidden"]
     hid = jnp.pad(hid, ((0, 0), (0, steps), (0, 0))).astype(jnp.float32)
-    dense = teacher.shape[0] <= block
-    if dense:  # the target's distribution at every slot once, shared by the steps' slices
-      B, Tp, Dt = hid.shape
-      probs = teacher_probs(hid.reshape(B * Tp, Dt), teacher, bf16=bf16).reshape(B, Tp, -1)
+    B, Tp, Dt = hid.shape
+    V = teacher.shape[0]
+    if B * Tp * V * 4 <= TEACHER_PROBS_BYTES:
+      # the target's distribution at every slot once (one product), shared by the depths'
+      # slices: each depth then costs 3 products of its outputs with the head, not 9
+      shared = teacher_prob_blocks(hid.reshape(B * Tp, Dt), teacher, block=block, bf16=bf16)
+      shared = shared.reshape(shared.shape[0], B, Tp, shared.shape[-1])
   for j, (hn, label, weight) in enumerate(ttt_outputs(params, frozen["embed"], batch,
                                                       config=config, steps=steps)):
     B, n, D = hn.shape  # step j's labels sit at slots 1 + j .. n + j, as in ttt_outputs
@@ -579,11 +589,10 @@ def ttt_loss(trainable, frozen, batch, *, config: EagleConfig, steps: int, decay
     if teacher is None:
       ces.append(vocab_cross_entropy(x, params["lm_head"], jnp.maximum(label, 0).reshape(-1),
                                      w, block=block, bf16=bf16))
-    elif dense:
-      ces.append(probs_cross_entropy(x, params["lm_head"],
-                                     probs[:, 1 + j:1 + j + n].reshape(B * n, -1), w,
-                                     block=block, bf16=bf16))
-    else:  # a vocabulary of several blocks: one [X, block] tile of the teacher at a time
+    elif shared is not None:
+      pb = shared[:, :, 1 + j:1 + j + n].reshape(shared.shape[0], B * n, -1)
+      ces.append(blocked_probs_cross_entropy(x, params["lm_head"], pb, w, bf16=bf16))
+    else:  # too large to hold: one [X, block] tile of the teacher at a time, per depth
       h = hid[:, 1 + j:1 + j + n].reshape(B * n, -1)
       ces.append(soft_cross_entropy(x, params["lm_head"], h, teacher, w, block=block,
                                     bf16=bf16))

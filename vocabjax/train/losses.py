@@ -14,7 +14,11 @@ Against a teacher's top-Kt distribution:  sum_t p_t (lse - x . W[ids_t])  (= KL(
 H(p); the teacher's probabilities are renormalized over its top Kt).
 Against a teacher's whole distribution softmax(h Wt^T) over the same V rows (EAGLE-3's
 distillation target, `soft_cross_entropy`): lse(x W^T) - sum_v p_v (x . W[v]), p_v =
-exp(h . Wt[v] - lse(h Wt^T)), again one [X, C] block of each product at a time.
+exp(h . Wt[v] - lse(h Wt^T)), again one [X, C] block of each product at a time. When the
+teacher's [X, V] probabilities fit in memory, `teacher_prob_blocks` computes them once (one
+product) and `blocked_probs_cross_entropy` reads them block by block: one product of x with
+W per block forward, two backward, against nine for `soft_cross_entropy` (EAGLE's
+training-time test shares one teacher pass among its depths).
 """
 
 from __future__ import annotations
@@ -114,21 +118,54 @@ def soft_cross_entropy(x, W, h, Wt, weights=None, *, block: int = 16384,
   return jnp.sum(per_row * weights) / jnp.maximum(jnp.sum(weights), 1.0)
 
 
-def teacher_probs(h: jax.Array, Wt: jax.Array, *, bf16: bool = False) -> jax.Array:
-  """softmax(h[X, Rt] Wt[V, Rt]^T) in f32, dense [X, V] (the products as `_product` takes
-  them): the teacher distribution `probs_cross_entropy` reads."""
-  return jax.nn.softmax(_product(h, Wt, bf16), axis=-1)
-
-
-def probs_cross_entropy(x, W, probs, weights=None, *, block: int = 16384,
+def teacher_prob_blocks(h: jax.Array, Wt: jax.Array, *, block: int = 16384,
                         bf16: bool = False) -> jax.Array:
-  """Mean cross-entropy of softmax(x[X, R] W[V, R]^T) against given probabilities [X, V] (no
-  gradient reaches them): `soft_cross_entropy` for a teacher distribution computed once
-  and shared, e.g. by the depths of EAGLE's training-time test. Holds one [X, V] product:
-  for a head's reduced vocabulary, not a 150K one."""
-  probs = jax.lax.stop_gradient(probs)
-  per_row = (blockwise_logsumexp(x, W, block=block, bf16=bf16)
-             - jnp.sum(probs * _product(x, W, bf16), axis=-1))
+  """The teacher's distribution softmax(h[X, Rt] Wt[V, Rt]^T), f32, computed once and laid out
+  in vocabulary blocks [nb, X, C] (C = min(block, V), zeros past V): what
+  `blocked_probs_cross_entropy` reads. No gradient reaches h or Wt. Holds [X, V] a few times
+  over while it runs: for X * V in the hundreds of millions, not more."""
+  h, Wt = jax.lax.stop_gradient(h), jax.lax.stop_gradient(Wt)
+  V = Wt.shape[0]
+  C = min(block, V)
+  nb = -(-V // C)
+  p = jax.nn.softmax(_product(h, Wt, bf16), axis=-1)
+  p = jnp.pad(p, ((0, 0), (0, nb * C - V)))
+  return p.reshape(h.shape[0], nb, C).transpose(1, 0, 2)
+
+
+def blocked_probs_cross_entropy(x, W, prob_blocks, weights=None, *,
+                                bf16: bool = False) -> jax.Array:
+  """Mean cross-entropy of softmax(x[X, R] W[V, R]^T) against a distribution given in
+  vocabulary blocks `prob_blocks` [nb, X, C] (`teacher_prob_blocks`; no gradient reaches it):
+  per row lse(x W^T) - sum_v p_v (x . W[v]), both from ONE [X, C] product per block (a running
+  (max, sum) pair for the lse), so forward and backward cost 3 products of x with W in all, where
+  `soft_cross_entropy` costs 9 (it recomputes the teacher's products too). `weights` [X] masks
+  or weighs rows (default: all 1)."""
+  V, R = W.shape
+  nb, X, C = prob_blocks.shape
+  if X != x.shape[0] or not (nb - 1) * C < V <= nb * C:
+    raise ValueError(f"prob_blocks {prob_blocks.shape} do not fit x {x.shape} and W {W.shape}: "
+                     f"expected [nb, {x.shape[0]}, C] with nb * C >= {V} > (nb - 1) * C")
+  prob_blocks = jax.lax.stop_gradient(prob_blocks)
+  Wp = jnp.pad(W, ((0, nb * C - V), (0, 0))).reshape(nb, C, R)
+
+  def body(carry, inp):
+    m, s, acc = carry
+    b, Wb, pb = inp
+    z = _product(x, Wb, bf16)
+    valid = (b * C + jnp.arange(C) < V)[None, :]
+    zm = jnp.where(valid, z, -jnp.inf)
+    m_new = jnp.maximum(m, zm.max(axis=-1))
+    s = s * jnp.exp(m - m_new) + jnp.exp(zm - m_new[:, None]).sum(axis=-1)
+    acc = acc + jnp.sum(pb * jnp.where(valid, z, 0.0), axis=-1)
+    return (m_new, s, acc), None
+
+  init = (jnp.full((X,), -jnp.inf, jnp.float32), jnp.zeros((X,), jnp.float32),
+          jnp.zeros((X,), jnp.float32))
+  if nb > 1:  # one block: recomputing it would cost a second product and save no memory
+    body = jax.checkpoint(body)
+  (m, s, acc), _ = jax.lax.scan(body, init, (jnp.arange(nb), Wp, prob_blocks))
+  per_row = m + jnp.log(s) - acc
   if weights is None:
     return per_row.mean()
   return jnp.sum(per_row * weights) / jnp.maximum(jnp.sum(weights), 1.0)
