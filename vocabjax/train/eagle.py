@@ -27,7 +27,10 @@ feature cost), while the held-out figures stay on completion positions, what dec
 With `soft_labels: true` the label of every position is the target's whole distribution
 softmax(h W^T) over the head's vocabulary (h its stored final hidden state, W its LM-head rows
 of those ids), EAGLE-3's distillation target, instead of its argmax: more of what the target
-knows per position, for the cost of one more product per step. Held-out records (by prompt,
+knows per position, for one more product per batch (the target's distribution at every slot
+is computed once, in vocabulary blocks, and each depth's slice read from it: 3 products of the
+depth's outputs with the head, forward and backward, as for hard labels; past
+TEACHER_PROBS_BYTES each depth recomputes it, 9 products). Held-out records (by prompt,
 the last `heldout` fraction) give the
 per-step top-1 accuracy acc_j, EAGLE's figure of merit (the split follows the data files'
 order: put varied prompts last, or the held-out figures describe one kind of text only).
