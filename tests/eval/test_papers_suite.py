@@ -21,6 +21,7 @@ from tests.eval.test_vocab_methods import counts, head_dir, ranker_file  # noqa:
 SUITES = ("papers", "papers_small", "papers_t1")
 K_STANDIN = {"vocabtrim": 48, "frspec": 48, "specvocab": 32, "eagle": 32}  # k within V = 320
 FILE_KEYS = ("head", "subset", "counts", "ranker")
+SWEEP = {4096: 16, 8192: 24, 16384: 32, 65536: 64}  # FR-Spec's sweep K -> its stand-in's k
 
 
 def _suite_dict(name):
@@ -65,8 +66,12 @@ def _standins(counts, head_dir, full_head_dir, ranker_file, tiny_chat_dir):  # n
   m = load_model(tiny_chat_dir, dtype="float32")
   for c in (text, gen):  # the subset files the EAGLE methods name
     load_or_select(c, m.tokenizer, m.config.vocab_size, k=48)
+  for k in SWEEP.values():  # FR-Spec's sweep: growing stand-ins for 4K .. 64K
+    load_or_select(text, m.tokenizer, m.config.vocab_size, k=k)
   cal = "experiments/results/calibration"
   return {
+      **{f"{cal}/stdlib_code/subset-k{real}.npz": text.parent / f"subset-k{k}.npz"
+         for real, k in SWEEP.items()},
       "experiments/train/eagle/papers/fullvocab/head": full_head_dir,
       "experiments/train/eagle/papers/v32k/head": head_dir,
       f"{cal}/target_generated/subset-k32768.npz": gen.parent / "subset-k48.npz",
@@ -116,6 +121,8 @@ def test_every_method_builds_and_keeps_greedy_output(counts, head_dir, full_head
   for name, sub in (("full_vt32k", "target_generated"), ("full_fr32k", "stdlib_code")):
     K = len(VocabSubset.load(swap[f"{cal}/{sub}/subset-k32768.npz"]).ids)
     assert by[name]["draft_vocab_size"] == K < V, name  # the subset's rows, not the head's V
+  sweep = [by[f"full_fr{n}"]["draft_vocab_size"] for n in ("4k", "8k", "16k", "32k", "64k")]
+  assert sweep == sorted(set(sweep)) and sweep[-1] < V, sweep  # rows grow with K
   assert by["eagle3_32k"]["draft_vocab_size"] == 48  # the stand-in head's own rows
   rows = 32 + -(-(V * 8 + 8 * 64) // 64)  # a ranker's k + its cost in head rows (d' 8, d 64)
   assert by["full_sv512"]["draft_vocab_size"] == rows < V
