@@ -84,3 +84,26 @@ def test_step_programs_refuses_bad_requests(tmp_path):
     sp.main(common + ["--context", "100", "--max-len", "128"])
   with pytest.raises(FileNotFoundError, match="no summary.json"):
     sp.main(common + ["--run", str(tmp_path / "missing")])
+
+
+def test_papers_pipeline_names_existing_recipes_in_order():
+  """experiments/papers_pipeline.sh (issue 47's parts 1-4 in one command): valid bash, and
+  every recipe and suite it runs exists, heads before the rankers that read them."""
+  import re
+  import subprocess
+
+  script = EXPERIMENTS / "papers_pipeline.sh"
+  subprocess.run(["bash", "-n", str(script)], check=True)
+  text = "\n".join(line for line in script.read_text().splitlines()
+                   if not line.lstrip().startswith("#"))  # the commands, not the comments
+  root = EXPERIMENTS.parent
+  recipes = re.findall(r"configs/train/[\w/]+\.yaml", text)
+  assert recipes[:2] == ["configs/train/eagle_papers/fullvocab.yaml",
+                         "configs/train/eagle_papers/v32k.yaml"]
+  for path in recipes:
+    assert (root / path).is_file(), path
+  for r in re.search(r"for r in ([\w ]+); do", text).group(1).split():
+    assert (root / "configs/train/ranker_papers" / f"{r}.yaml").is_file(), r
+  suite = re.search(r'SUITE="\$\{SUITE:-(\w+)\}"', text).group(1)
+  assert (root / "configs/eval" / f"{suite}.yaml").is_file()
+  assert text.index("vocabjax.train.ranker") < text.index("vocabjax.eval")
