@@ -12,6 +12,7 @@
 #
 #   nohup nice -n 10 bash experiments/papers_pipeline.sh > /tmp/papers_pipeline.log 2>&1 &
 #   SUITE=papers bash experiments/papers_pipeline.sh        # the full suite (2 + 2 questions)
+#   SUITE=papers_t1 bash experiments/papers_pipeline.sh     # papers_small at temperature 1, seeds
 #
 # Stop it with one SIGINT to the running part (`pkill -INT -f "python -m vocabjax"`): training
 # saves a checkpoint after its step, the eval keeps every finished question, and the script
