@@ -92,7 +92,7 @@ sys.exit(1 if bad else 0)
   smoke=$?
   if [ "$smoke" = 0 ]; then
     # 2. The bars' shapes (B = 10), device-timed, tuned; the table the steps below read.
-    step kernel_b10 "${KB10_S:-150}" python3 "$K" --out "$W/kernel_b10" "${KB10[@]}" \
+    step kernel_b10 "${KB10_S:-120}" python3 "$K" --out "$W/kernel_b10" "${KB10[@]}" \
       --update-table "$TABLE"
     # 3. The real drafters' widths at B = 1 (Qwen2.5-0.5B d = 896, Llama-3.2-1B d = 2048).
     step kernel_b1 "${KB1_S:-75}" python3 "$K" --out "$W/kernel_b1" "${KB1[@]}" \
@@ -102,11 +102,11 @@ sys.exit(1 if bad else 0)
     echo "== the kernel failed its smoke test: tuning skipped (kernel_smoke.log)" | tee -a "$W/steps.log"
   fi
   # 4. Whole SpecVocab chain steps (kernel and XLA) against the full-vocabulary chain.
-  step steps_specvocab "${STEPS_S:-150}" python3 experiments/step_programs.py "${STEPS[@]}" \
+  step steps_specvocab "${STEPS_S:-130}" python3 experiments/step_programs.py "${STEPS[@]}" \
     --out "$W/steps_specvocab"
   # 5. The decoding exactness tests on this backend, f32 and bf16.
-  step exactness "${EXACT_S:-160}" python3 experiments/gpu_exactness.py --out "$W/exactness" \
-    --limit-s "${EXACT_EACH_S:-75}" "${EXACT[@]}"
+  step exactness "${EXACT_S:-200}" python3 experiments/gpu_exactness.py --out "$W/exactness" \
+    --limit-s "${EXACT_EACH_S:-95}" "${EXACT[@]}"
 elif [ "$SET" = first ]; then
   # The indexed LM head on SpecVocab's grid, block sizes tuned per (d, V, k) over a reduced grid.
   step kernel "${KERNEL_S:-170}" python3 experiments/bench_indexed_lm_head.py --out "$W/kernel" \

@@ -82,6 +82,28 @@ def test_device_timing_subtracts_one_dispatch_and_sizes_the_program(bench, monke
   assert n == 8 and got == pytest.approx(50e-6)  # at most len(idxs) calls
 
 
+def test_many_calls_are_chained_so_xla_cannot_merge_them(bench):
+  """The full head's N products share U: without a dependency between them XLA's DotMerger made
+  them one product (session 41's H200 run timed the full head at 13.7 TB/s). Each call's inputs
+  pass a barrier with the running total, and the sum is still every call's."""
+  import jax
+  import jax.numpy as jnp
+  import numpy as np
+
+  hs = jax.random.normal(jax.random.key(0), (5, 2, 8))
+  U = jax.random.normal(jax.random.key(1), (16, 8))
+  idxs = jnp.zeros((5, 2, 1), jnp.int32)
+  full = lambda h, U, i: h @ U.T  # noqa: E731
+  prog = bench.many_calls(full, 5)
+  want = sum(float(np.sum(np.asarray(hs[i]) @ np.asarray(U).T)) for i in range(5))
+  assert float(prog(hs, U, idxs)) == pytest.approx(want, rel=1e-5)
+  jaxpr = jax.make_jaxpr(prog)(hs, U, idxs).jaxpr.eqns
+  jaxpr = jaxpr[0].params["jaxpr"].jaxpr.eqns  # inside the jit
+  kinds = [e.primitive.name for e in jaxpr if e.primitive.name in ("optimization_barrier",
+                                                                    "dot_general")]
+  assert kinds == ["optimization_barrier", "dot_general"] * 5  # each product after its barrier
+
+
 def test_tuning_grid_options_and_reports_after_each_shape(bench, tmp_path, monkeypatch):
   """--tune-* narrow the grid, and a run stopped during its second shape (a device step's time
   limit) keeps the first shape's rows on disk."""
