@@ -8,12 +8,13 @@
 #   SET=first bash experiments/gpu_bench.sh   # session 28's set (kernel grid, engine programs)
 #   SET=second bash experiments/gpu_bench.sh  # session 30's set (whole steps, path move, 8B, 7B)
 #
-# SET=kernel (the default; sized to ~9.5 minutes of commands, ~12 device minutes with the
-# machine's start): the reworked Triton kernel smoke-tested, then tuned against XLA with
-# device-side timing at B = 10 (SpecVocab's bars: d >= 2560, k >= 2048) and at the real
-# drafters' B = 1 widths (writing the dispatch table the next steps use); whole SpecVocab chain
-# steps with the kernel and with XLA against the full-vocabulary chain; the decoding exactness
-# tests on the GPU in f32 and bf16. `DRY=1` runs the same steps on the CPU at tiny shapes
+# SET=kernel (the default; BUDGET_S=570 s of commands, ~12 device minutes with the machine's
+# start; each step's limit is capped by what is left of BUDGET_S, and SKIP="name ..." leaves
+# steps out): the reworked Triton kernel smoke-tested, then tuned against XLA with device-side
+# timing at B = 10 (SpecVocab's bars: d >= 2560, k >= 2048), again at k = 2048 over a wider
+# grid, and at the real drafters' B = 1 widths (writing the dispatch table the next steps use);
+# whole SpecVocab chain steps with the kernel and with XLA against the full-vocabulary chain;
+# the decoding exactness tests on the GPU in f32 and bf16 (last: it gets what is left). `DRY=1` runs the same steps on the CPU at tiny shapes
 # (interpret mode; tests/eval/test_gpu_bench.py) to check the script, not to measure.
 #
 # Then, here: unpack, `python -m vocabjax.bench project ...` (CPU-side arithmetic), and copy the
@@ -26,8 +27,18 @@ W=${W:-/tmp/gpu_bench}
 OUT=${OUT:-$W/out}
 mkdir -p "$W" "$OUT"
 snap() { tar czf "$OUT/gpu_bench.tgz" -C "$W" --exclude=out . 2>/dev/null; }
+BUDGET_S=${BUDGET_S:-570}  # the whole run's commands; each step's limit is capped by what is left
+SKIP=${SKIP:-}             # step names not to run, e.g. SKIP="exactness kernel_b1"
 step() {  # step NAME SECONDS COMMAND...: run with a limit, log, pack
   local name=$1 secs=$2; shift 2
+  if [[ " $SKIP " == *" $name "* ]]; then
+    echo "== $name: skipped (SKIP)" | tee -a "$W/steps.log"; return 0
+  fi
+  local left=$((BUDGET_S - SECONDS))
+  if [ "$left" -lt 20 ]; then
+    echo "== $name: skipped, ${left}s of BUDGET_S=$BUDGET_S left" | tee -a "$W/steps.log"; return 124
+  fi
+  [ "$secs" -gt "$left" ] && secs=$left
   echo "== $name (limit ${secs}s): $*" | tee -a "$W/steps.log"
   local t0=$SECONDS
   timeout "$secs" "$@" >"$W/$name.log" 2>&1
@@ -51,6 +62,7 @@ if [ "$SET" = kernel ]; then
     KB10=(--interpret --tune --shapes 128:1000 --ks 40 --batch 2 --repeats 1 --calls 1
           --copy-mib 8 16 --tune-block-k 64 --tune-block-d 64 --tune-num-warps 4 --tune-split-d 1)
     KB1=("${KB10[@]}")
+    KK=("${KB10[@]}")
     SMOKE_SHAPE=(2 256 1000 40)
     STEPS=(--target "$DRY_TARGET" --draft "$DRY_DRAFT" --context 16 --max-len 96 --steps 2
            --repeats 1 --ranker-rank 8 --methods ar chain_g3 sv16_g3_xla sv16_g3_auto)
@@ -61,6 +73,11 @@ if [ "$SET" = kernel ]; then
           --tune-num-warps 4 8 --hlo-dump)
     KB1=(--batch 1 --shapes 896:151936 2048:128256 --ks 2048 512 --calls 4 --repeats 10
          --tune-num-warps 4 --tune-block-d 128)
+    # k = 2048 at B = 10, where session 41's H200 run left the kernel at 0.92-1.03x XLA: a wider
+    # grid (dot only: it won every B = 10 row), block_k up to 256, 4 stages, split 2 and 8.
+    KK=(--batch 10 --shapes 4096:151936 --ks 2048 --calls 4 --repeats 10 --tune-variant dot
+        --tune-block-k 64 128 256 --tune-block-d 128 256 --tune-num-warps 4 8
+        --tune-num-stages 3 4 --tune-split-d 1 2 4 8)
     SMOKE_SHAPE=(10 4096 151936 2048)
     STEPS=(--pair qwen2.5-coder --dtype bfloat16 --steps 6 --repeats 3
            --methods ar chain_g3 sv2048_g3_xla sv2048_g3_kernel)
@@ -94,15 +111,18 @@ sys.exit(1 if bad else 0)
     # 2. The bars' shapes (B = 10), device-timed, tuned; the table the steps below read.
     step kernel_b10 "${KB10_S:-120}" python3 "$K" --out "$W/kernel_b10" "${KB10[@]}" \
       --update-table "$TABLE"
+    # 2b. k = 2048 with a wider grid (the bar the run above did not meet there).
+    step kernel_k2048 "${KK_S:-150}" python3 "$K" --out "$W/kernel_k2048" "${KK[@]}" \
+      --update-table "$TABLE"
     # 3. The real drafters' widths at B = 1 (Qwen2.5-0.5B d = 896, Llama-3.2-1B d = 2048).
-    step kernel_b1 "${KB1_S:-75}" python3 "$K" --out "$W/kernel_b1" "${KB1[@]}" \
+    step kernel_b1 "${KB1_S:-60}" python3 "$K" --out "$W/kernel_b1" "${KB1[@]}" \
       --update-table "$TABLE"
     cp "$TABLE" "$W/dispatch_table.json"; snap
   else
     echo "== the kernel failed its smoke test: tuning skipped (kernel_smoke.log)" | tee -a "$W/steps.log"
   fi
   # 4. Whole SpecVocab chain steps (kernel and XLA) against the full-vocabulary chain.
-  step steps_specvocab "${STEPS_S:-130}" python3 experiments/step_programs.py "${STEPS[@]}" \
+  step steps_specvocab "${STEPS_S:-120}" python3 experiments/step_programs.py "${STEPS[@]}" \
     --out "$W/steps_specvocab"
   # 5. The decoding exactness tests on this backend, f32 and bf16.
   step exactness "${EXACT_S:-200}" python3 experiments/gpu_exactness.py --out "$W/exactness" \

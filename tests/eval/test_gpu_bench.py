@@ -28,7 +28,8 @@ def test_prepared_gpu_run_dry_on_cpu(tmp_path):
                         text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   log = (w / "steps.log").read_text()
-  for name in ("kernel_smoke", "kernel_b10", "kernel_b1", "steps_specvocab", "exactness"):
+  for name in ("kernel_smoke", "kernel_b10", "kernel_k2048", "kernel_b1", "steps_specvocab",
+               "exactness"):
     assert f"== {name}: exit 0" in log, log
   b10 = json.loads((w / "kernel_b10" / "results.json").read_text())
   assert b10["interpret"] and b10["rows"][0]["kernel_max_err"] < 1e-5
@@ -52,3 +53,18 @@ def test_unknown_set_is_refused_before_anything_runs(tmp_path):
                         env={**os.environ, "SET": "third", "W": str(tmp_path / "w")})
   assert proc.returncode == 2 and "SET=third: choose kernel, first or second" in proc.stderr
   assert not (tmp_path / "w").exists()
+
+
+def test_skipped_steps_and_the_budget(tmp_path):
+  """SKIP leaves named steps out; a step that would start with under 20 s of BUDGET_S left is
+  skipped and says so (the device call's own limit never cuts the run mid-step)."""
+  w = tmp_path / "w"
+  env = {**os.environ, "DRY": "1", "W": str(w), "DRY_TARGET": "unused", "DRY_DRAFT": "unused",
+         "JAX_PLATFORMS": "cpu", "BUDGET_S": "0",
+         "SKIP": "kernel_smoke kernel_b10 kernel_k2048 kernel_b1"}
+  proc = subprocess.run(["bash", "experiments/gpu_bench.sh"], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=300)
+  log = (w / "steps.log").read_text()
+  assert "== kernel_smoke: skipped (SKIP)" in log and "== kernel_b1: skipped (SKIP)" in log
+  assert "== steps_specvocab: skipped" in log and "of BUDGET_S=0 left" in log
+  assert "== exactness: skipped" in log and "python3" not in log, proc.stdout[-2000:]

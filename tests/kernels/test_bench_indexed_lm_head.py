@@ -50,6 +50,9 @@ def test_tuned_kernel_rows_are_checked_against_the_reference(bench, tmp_path):
   assert "INTERPRET mode" in md and "| 2 | 128 | 1000 | 40 |" in md
   assert res["hlo"]["shape"] == "f32[2,100,128]" and (out / "xla_reference_hlo.txt").is_file()
   assert "XLA reference's compiled HLO" in md
+  assert res["read_GBps"] > 0 and set(res["hlo_by_k"]) == {"40"}  # every k dumped
+  assert res["hlo_by_k"]["40"]["shape"] == "f32[2,40,128]" and "- at k = 40:" in md
+  assert (out / "xla_reference_hlo_k40.txt").is_file()
   # interpret-mode times never reach a dispatch table
   assert json.loads((out / "dispatch.json").read_text()) == []
 
