@@ -264,6 +264,7 @@ def dispatch_entries(res: dict) -> list[dict]:
     return []
   return [{"device_kind": res["device"], "dtype": res["dtype"], "B": r["B"], "K": r["k"],
            "D": r["d"], "V": r["V"], "kernel_s": r["kernel_s"], "xla_s": r["xla_gather_s"],
+           "kernel_host_s": r["kernel_host_s"], "xla_host_s": r["xla_gather_host_s"],
            "config": r["kernel_blocks"], "commit": res["commit"], "date": res["date"]}
           for r in res["rows"] if r.get("kernel_blocks")]
 

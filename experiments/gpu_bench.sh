@@ -71,7 +71,7 @@ if [ "$SET" = kernel ]; then
   else
     KB10=(--batch 10 --shapes 4096:151936 2560:151936 --ks 2048 8192 --calls 4 --repeats 10
           --tune-num-warps 4 8 --hlo-dump)
-    KB1=(--batch 1 --shapes 896:151936 2048:128256 --ks 2048 512 --calls 4 --repeats 10
+    KB1=(--batch 1 --shapes 896:151936 2048:128256 --ks 2048 512 --calls 32 --repeats 10
          --tune-num-warps 4 --tune-block-d 128)
     # k = 2048 at B = 10, where session 41's H200 run left the kernel at 0.92-1.03x XLA: a wider
     # grid (dot only: it won every B = 10 row), block_k up to 256, 4 stages, split 2 and 8.

@@ -177,6 +177,13 @@ def test_gpu_dispatch_follows_the_measured_table(monkeypatch):
   lose = {**win, "kernel_s": 1.99e-5}  # within the margin: XLA stays
   monkeypatch.setattr(dispatch, "load_table", lambda path=None: (lose,))
   assert "triton" not in _lowered_for_cuda()
+  # faster by device time but slower by host-timed single calls: XLA stays
+  host_lose = {**win, "kernel_host_s": 9.3e-5, "xla_host_s": 8.3e-5}
+  monkeypatch.setattr(dispatch, "load_table", lambda path=None: (host_lose,))
+  assert "triton" not in _lowered_for_cuda()
+  host_win = {**win, "kernel_host_s": 2.9e-4, "xla_host_s": 8.2e-4}
+  monkeypatch.setattr(dispatch, "load_table", lambda path=None: (host_win,))
+  assert "triton" in _lowered_for_cuda()
 
 
 def test_dispatch_table_merge_and_bad_files(tmp_path):

@@ -6,7 +6,10 @@ The table (`dispatch_table.json`, shipped with the package) is written by
 B, K, D) with both implementations' device times and the kernel's block configuration. A call
 looks up its bucket (B and K rounded up to powers of two, the nearest measured D within 25%, the
 same dtype and device kind); it runs the kernel only where the kernel was measured faster than
-XLA by `MARGIN` in that bucket, and XLA everywhere else (nothing measured, another GPU, a
+XLA by `MARGIN` in that bucket (and, where the entry carries host-timed single calls too, not
+slower by those: at B = 1 a device-timed program of a few calls is mostly dispatch, and session
+41's H200 run had the kernel "winning" by device time a bucket it lost by host time), and XLA
+everywhere else (nothing measured, another GPU, a
 shape between buckets): the dispatcher is never slower than XLA where it has been measured, and
 never guesses where it has not.
 """
@@ -76,6 +79,8 @@ def choose(device_kind: str, dtype: str, B: int, K: int, D: int,
     if best is None or abs(e["D"] - D) < abs(best["D"] - D):
       best = e
   if best is None or best["kernel_s"] * MARGIN > best["xla_s"]:
+    return None
+  if best.get("kernel_host_s", 0) > best.get("xla_host_s", float("inf")):
     return None
   return dict(best["config"])
 
