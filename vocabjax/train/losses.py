@@ -31,28 +31,54 @@ import jax.numpy as jnp
 from vocabjax.kernels import cpu_matmul
 
 
+def _vocab_blocks(A: jax.Array, C: int) -> jax.Array:
+  """A[V, ...] zero-padded to a multiple of C rows and laid out as [nb, C, ...]."""
+  V = A.shape[0]
+  nb = -(-V // C)
+  return jnp.pad(A, ((0, nb * C - V),) + ((0, 0),) * (A.ndim - 1)).reshape(nb, C, *A.shape[1:])
+
+
+def _valid(b, C: int, V: int) -> jax.Array:
+  """[1, C] mask of block b's rows that lie inside the vocabulary (the last block is padded)."""
+  return (b * C + jnp.arange(C) < V)[None, :]
+
+
+def _lse_init(X: int):
+  return jnp.full((X,), -jnp.inf, jnp.float32), jnp.zeros((X,), jnp.float32)
+
+
+def _lse_step(m, s, z, valid):
+  """One block's update of the running (max, sum of exp) pair over the block's valid columns."""
+  z = jnp.where(valid, z, -jnp.inf)
+  m_new = jnp.maximum(m, z.max(axis=-1))
+  return m_new, s * jnp.exp(m - m_new) + jnp.exp(z - m_new[:, None]).sum(axis=-1)
+
+
+def _scan_blocks(body, init, xs, nb: int):
+  """lax.scan over vocabulary blocks, the body rematerialized when there is more than one (one
+  block: recomputing it would cost a second product and save no memory)."""
+  return jax.lax.scan(jax.checkpoint(body) if nb > 1 else body, init, xs)
+
+
+def _mean(per_row, weights):
+  """Mean over rows, or weighed by `weights` [X] (a 0/1 mask or weights)."""
+  if weights is None:
+    return per_row.mean()
+  return jnp.sum(per_row * weights) / jnp.maximum(jnp.sum(weights), 1.0)
+
+
 def blockwise_logsumexp(x: jax.Array, W: jax.Array, *, block: int = 16384,
                         bf16: bool = False) -> jax.Array:
   """logsumexp over V of x[X, R] @ W[V, R]^T, in f32, one [X, block] tile at a time."""
-  V, R = W.shape
-  block = min(block, V)
-  nb = -(-V // block)
-  Wp = jnp.pad(W, ((0, nb * block - V), (0, 0))).reshape(nb, block, R)
+  V = W.shape[0]
+  C = min(block, V)
+  Wp = _vocab_blocks(W, C)
 
   def body(carry, inp):
-    m, s = carry
     b, Wb = inp
-    z = _product(x, Wb, bf16)
-    z = jnp.where((b * block + jnp.arange(block) < V)[None, :], z, -jnp.inf)
-    m_new = jnp.maximum(m, z.max(axis=-1))
-    s = s * jnp.exp(m - m_new) + jnp.exp(z - m_new[:, None]).sum(axis=-1)
-    return (m_new, s), None
+    return _lse_step(*carry, _product(x, Wb, bf16), _valid(b, C, V)), None
 
-  X = x.shape[0]
-  init = (jnp.full((X,), -jnp.inf, jnp.float32), jnp.zeros((X,), jnp.float32))
-  if nb > 1:  # one block: recomputing it would cost a second product and save no memory
-    body = jax.checkpoint(body)
-  (m, s), _ = jax.lax.scan(body, init, (jnp.arange(nb), Wp))
+  (m, s), _ = _scan_blocks(body, _lse_init(x.shape[0]), (jnp.arange(len(Wp)), Wp), len(Wp))
   return m + jnp.log(s)
 
 
@@ -82,9 +108,7 @@ def vocab_cross_entropy(x, W, labels, weights=None, *, teacher_ids=None, teacher
   else:
     p = teacher_probs / jnp.maximum(teacher_probs.sum(-1, keepdims=True), 1e-30)
     per_row = jnp.sum(p * (lse[:, None] - picked_logits(x, W, teacher_ids)), axis=-1)
-  if weights is None:
-    return per_row.mean()
-  return jnp.sum(per_row * weights) / jnp.maximum(jnp.sum(weights), 1.0)
+  return _mean(per_row, weights)
 
 
 def soft_cross_entropy(x, W, h, Wt, weights=None, *, block: int = 16384,
@@ -98,24 +122,18 @@ def soft_cross_entropy(x, W, h, Wt, weights=None, *, block: int = 16384,
   h, Wt = jax.lax.stop_gradient(h), jax.lax.stop_gradient(Wt)
   lse_q = blockwise_logsumexp(x, W, block=block, bf16=bf16)
   lse_t = blockwise_logsumexp(h, Wt, block=block, bf16=bf16)
-  block = min(block, V)
-  nb = -(-V // block)
-  pad = lambda A: jnp.pad(A, ((0, nb * block - V), (0, 0))).reshape(nb, block, -1)  # noqa: E731
+  C = min(block, V)
+  Wp, Wtp = _vocab_blocks(W, C), _vocab_blocks(Wt, C)
 
   def body(acc, inp):
     b, Wb, Wtb = inp
-    valid = (b * block + jnp.arange(block) < V)[None, :]
+    valid = _valid(b, C, V)
     p = jnp.where(valid, jnp.exp(_product(h, Wtb, bf16) - lse_t[:, None]), 0.0)
     return acc + jnp.sum(p * jnp.where(valid, _product(x, Wb, bf16), 0.0), axis=-1), None
 
-  if nb > 1:
-    body = jax.checkpoint(body)
-  expected, _ = jax.lax.scan(body, jnp.zeros(x.shape[:1], jnp.float32),
-                             (jnp.arange(nb), pad(W), pad(Wt)))
-  per_row = lse_q - expected
-  if weights is None:
-    return per_row.mean()
-  return jnp.sum(per_row * weights) / jnp.maximum(jnp.sum(weights), 1.0)
+  expected, _ = _scan_blocks(body, jnp.zeros(x.shape[:1], jnp.float32),
+                             (jnp.arange(len(Wp)), Wp, Wtp), len(Wp))
+  return _mean(lse_q - expected, weights)
 
 
 def teacher_prob_blocks(h: jax.Array, Wt: jax.Array, *, block: int = 16384,
@@ -125,12 +143,9 @@ def teacher_prob_blocks(h: jax.Array, Wt: jax.Array, *, block: int = 16384,
   `blocked_probs_cross_entropy` reads. No gradient reaches h or Wt. Holds [X, V] a few times
   over while it runs: for X * V in the hundreds of millions, not more."""
   h, Wt = jax.lax.stop_gradient(h), jax.lax.stop_gradient(Wt)
-  V = Wt.shape[0]
-  C = min(block, V)
-  nb = -(-V // C)
+  C = min(block, Wt.shape[0])
   p = jax.nn.softmax(_product(h, Wt, bf16), axis=-1)
-  p = jnp.pad(p, ((0, 0), (0, nb * C - V)))
-  return p.reshape(h.shape[0], nb, C).transpose(1, 0, 2)
+  return _vocab_blocks(p.T, C).transpose(0, 2, 1)
 
 
 def blocked_probs_cross_entropy(x, W, prob_blocks, weights=None, *,
@@ -141,34 +156,25 @@ def blocked_probs_cross_entropy(x, W, prob_blocks, weights=None, *,
   (max, sum) pair for the lse), so forward and backward cost 3 products of x with W in all, where
   `soft_cross_entropy` costs 9 (it recomputes the teacher's products too). `weights` [X] masks
   or weighs rows (default: all 1)."""
-  V, R = W.shape
+  V = W.shape[0]
   nb, X, C = prob_blocks.shape
   if X != x.shape[0] or not (nb - 1) * C < V <= nb * C:
     raise ValueError(f"prob_blocks {prob_blocks.shape} do not fit x {x.shape} and W {W.shape}: "
                      f"expected [nb, {x.shape[0]}, C] with nb * C >= {V} > (nb - 1) * C")
   prob_blocks = jax.lax.stop_gradient(prob_blocks)
-  Wp = jnp.pad(W, ((0, nb * C - V), (0, 0))).reshape(nb, C, R)
+  Wp = _vocab_blocks(W, C)
 
   def body(carry, inp):
     m, s, acc = carry
     b, Wb, pb = inp
     z = _product(x, Wb, bf16)
-    valid = (b * C + jnp.arange(C) < V)[None, :]
-    zm = jnp.where(valid, z, -jnp.inf)
-    m_new = jnp.maximum(m, zm.max(axis=-1))
-    s = s * jnp.exp(m - m_new) + jnp.exp(zm - m_new[:, None]).sum(axis=-1)
-    acc = acc + jnp.sum(pb * jnp.where(valid, z, 0.0), axis=-1)
-    return (m_new, s, acc), None
+    valid = _valid(b, C, V)
+    m, s = _lse_step(m, s, z, valid)
+    return (m, s, acc + jnp.sum(pb * jnp.where(valid, z, 0.0), axis=-1)), None
 
-  init = (jnp.full((X,), -jnp.inf, jnp.float32), jnp.zeros((X,), jnp.float32),
-          jnp.zeros((X,), jnp.float32))
-  if nb > 1:  # one block: recomputing it would cost a second product and save no memory
-    body = jax.checkpoint(body)
-  (m, s, acc), _ = jax.lax.scan(body, init, (jnp.arange(nb), Wp, prob_blocks))
-  per_row = m + jnp.log(s) - acc
-  if weights is None:
-    return per_row.mean()
-  return jnp.sum(per_row * weights) / jnp.maximum(jnp.sum(weights), 1.0)
+  init = (*_lse_init(X), jnp.zeros((X,), jnp.float32))
+  (m, s, acc), _ = _scan_blocks(body, init, (jnp.arange(nb), Wp, prob_blocks), nb)
+  return _mean(m + jnp.log(s) - acc, weights)
 
 
 @functools.partial(jax.jit, static_argnames=("block",))
