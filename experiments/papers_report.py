@@ -4,12 +4,12 @@
         [--out experiments/results/papers/greedy/report.md]
 
 Writes report.md (and tau_vs_vocab.png beside it):
-- SpecVocab's layout (its tables 1-2): tau per Spec-Bench group and overall for every method, and
-  throughput (tokens/s) relative to the full-vocabulary head (`full_chain`) and to EAGLE-3's own
-  32K head (`eagle3_32k`), all from the same run;
+- SpecVocab's layout (its tables 1-2): tau per Spec-Bench group and overall for every method,
+  throughput (tokens/s) per group, and overall relative to the full-vocabulary head
+  (`full_chain`) and to EAGLE-3's own 32K head (`eagle3_32k`), all from the same run;
 - FR-Spec's layout: the drafting step's LM-head share (the run's timed step split) and each
   method's speedup over plain decoding and over the full-vocabulary drafter of its setting
-  (`full_chain` for the EAGLE head, `lm_chain_g3` for the 0.5B drafter);
+  (`full_chain` for the EAGLE head, `lm_chain_g3` for the 0.5B drafter), and its MBSU;
 - greedy identity per method (match rate against plain decoding);
 - the papers' published headline figures beside ours (abstracts of the arXiv versions cited),
   with the differences of setting that matter (model size, GPU vs this CPU, head strength);
@@ -68,10 +68,16 @@ def report(summary: dict) -> str:
            for k in ("full_chain", "eagle3_32k")]
     lines.append(f"| {m['name']} | {m.get('draft_vocab_size') or '-'} | " + " | ".join(cells)
                  + f" | {_f(o['tau'])} | {_f(o['tokens_per_s'])} | {rel[0]} | {rel[1]} |")
+  lines += ["", "## Throughput per Spec-Bench group (tokens/s)", "",
+            "| method | " + " | ".join(groups) + " | overall |", "|---" * (len(groups) + 2) + "|"]
+  for m in methods:
+    cells = [_f(m["by_group"].get(g, {}).get("tokens_per_s"), "{:.1f}") for g in groups]
+    lines.append(f"| {m['name']} | " + " | ".join(cells)
+                 + f" | {_f(m['overall']['tokens_per_s'], '{:.1f}')} |")
   lines += ["", "## The LM head's share of drafting and the speedups (FR-Spec's layout)", "",
             "| method | drafter step ms | of which LM head ms | head share | speedup vs plain | "
-            "speedup vs its full-vocabulary drafter | greedy identity |",
-            "|---|---|---|---|---|---|---|"]
+            "speedup vs its full-vocabulary drafter | MBSU | greedy identity |",
+            "|---|---|---|---|---|---|---|---|"]
   for m in methods:
     o, s = m["overall"], splits.get(m["name"])
     base = by.get(FULL[_setting(m["name"])])
@@ -81,7 +87,7 @@ def report(summary: dict) -> str:
         f"| {m['name']} | {_f(s and 1e3 * s['drafter_s'], '{:.1f}')} | "
         f"{_f(s and 1e3 * s['drafter_head_s'], '{:.1f}')} | "
         f"{_f(s and s['drafter_head_share'], '{:.0%}')} | {_f(o.get('speedup'), '{:.2f}x')} | "
-        f"{_f(vs_full, '{:.2f}x')} | {_f(o.get('match_rate'), '{:.0%}')} |")
+        f"{_f(vs_full, '{:.2f}x')} | {_f(o.get('mbsu'))} | {_f(o.get('match_rate'), '{:.0%}')} |")
   lines += ["", "## Published headline figures", "",
             "| paper | setting | published |", "|---|---|---|"]
   lines += [f"| {p} | {s} | {c} |" for p, s, c in PUBLISHED]

@@ -141,4 +141,7 @@ def test_every_method_builds_and_keeps_greedy_output(counts, head_dir, full_head
   rows = {line.split(" | ")[0][2:]: line for line in text.splitlines() if line.startswith("| ")}
   assert set(by) <= set(rows)
   assert "| 1.00x |" in rows["full_chain"]  # its own throughput relative to itself
+  assert "## Throughput per Spec-Bench group (tokens/s)" in text and "| MBSU |" in text
+  mbsu = by["full_fr32k"]["overall"]["mbsu"]
+  assert f"| {mbsu:.2f} |" in rows["full_fr32k"]  # the run's MBSU in the FR-Spec table
   assert (tmp_path / "res" / "tau_vs_vocab_rows.png").stat().st_size > 0
