@@ -138,13 +138,20 @@ def test_dispatch_entries_and_table_update(bench, tmp_path):
   res = {"interpret": False, "with_kernel": True, "device": "G", "dtype": "bfloat16",
          "commit": "abc", "date": "d",
          "rows": [{"B": 10, "k": 512, "d": 1024, "V": 100352, "kernel_s": 1e-5,
-                   "xla_gather_s": 2e-5, "kernel_blocks": {"variant": "dot", "block_k": 64}}]}
+                   "xla_gather_s": 2e-5, "kernel_host_s": 9e-5, "xla_gather_host_s": 1e-4,
+                   "kernel_blocks": {"variant": "dot", "block_k": 64}},
+                  {"B": 1, "k": 512, "d": 2048, "V": 128256, "kernel_s": 1.6e-5,
+                   "xla_gather_s": 2.5e-5, "kernel_host_s": 9.3e-5, "xla_gather_host_s": 8.3e-5,
+                   "kernel_blocks": {"variant": "dot", "block_k": 64}}]}
   entries = bench.dispatch_entries(res)
   assert entries[0]["K"] == 512 and entries[0]["config"]["variant"] == "dot"
+  assert (entries[1]["kernel_host_s"], entries[1]["xla_host_s"]) == (9.3e-5, 8.3e-5)
   from vocabjax.kernels import dispatch
   path = dispatch.merge(entries, tmp_path / "t.json")
   assert dispatch.choose("G", "bfloat16", 9, 400, 1000, dispatch.load_table(path)) == {
       "variant": "dot", "block_k": 64}
+  # faster by device time, slower by host-timed single calls (session 41's H200, B = 1): XLA
+  assert dispatch.choose("G", "bfloat16", 1, 512, 2048, dispatch.load_table(path)) is None
 
 
 def test_a_wrong_kernel_fails_the_run(bench, tmp_path, monkeypatch):
