@@ -139,13 +139,18 @@ def device_s(fn, hs, U, idxs, repeats: int, target_s: float = 2e-3,
 def copy_bandwidth(repeats: int, mib=(2048, 6144)) -> float:
   """GB/s of an elementwise bf16 kernel (read + write counted), from the slope between arrays
   of mib[0] and mib[1] MiB (what a copy adds per byte, free of dispatch)."""
-  f = jax.jit(lambda x: x * 2)
+  return 2 * _slope_GBps(jax.jit(lambda x: x * 2), repeats, mib)
+
+
+def _slope_GBps(f, repeats: int, mib) -> float:
+  """GB (of the array) per second that f adds between bf16 arrays of mib[0] and mib[1] MiB:
+  the per-byte cost free of dispatch."""
   ts = []
   for m in mib:
     x = jnp.ones(((m << 20) // 2,), jnp.bfloat16)
     ts.append(median_s(f, x, repeats=repeats))
     del x
-  return 2 * ((mib[1] - mib[0]) << 20) / max(ts[1] - ts[0], 1e-9) / 1e9
+  return ((mib[1] - mib[0]) << 20) / max(ts[1] - ts[0], 1e-9) / 1e9
 
 
 def read_slope_bandwidth(repeats: int, mib=(2048, 6144)) -> float:
@@ -153,13 +158,8 @@ def read_slope_bandwidth(repeats: int, mib=(2048, 6144)) -> float:
   reads), from the slope between arrays of mib[0] and mib[1] MiB. The older read probe
   (`read_bandwidth`: one f32 sum over 1 GiB, host-timed, dispatch included) gave 2666 GB/s on
   the H200 against a copy reference of 3361 GB/s read + write: a probe, not a ceiling."""
-  f = jax.jit(lambda x: jnp.sum(x.reshape(-1, 2048), axis=1, dtype=jnp.float32))
-  ts = []
-  for m in mib:
-    x = jnp.ones(((m << 20) // 2,), jnp.bfloat16)
-    ts.append(median_s(f, x, repeats=repeats))
-    del x
-  return ((mib[1] - mib[0]) << 20) / max(ts[1] - ts[0], 1e-9) / 1e9
+  return _slope_GBps(jax.jit(lambda x: jnp.sum(x.reshape(-1, 2048), axis=1, dtype=jnp.float32)),
+                     repeats, mib)
 
 
 def sm_count() -> int | None:
@@ -370,6 +370,7 @@ def main(argv=None) -> int:
     p.error("--tune covers the Triton (GPU) kernel only")
   tune_grid = {"variant": tuple(a.tune_variant),
                **{name: tuple(getattr(a, f"tune_{name}")) for name in INT_KNOBS}}
+  mib = tuple(a.copy_mib or ((256, 512) if backend == "cpu" else (2048, 6144)))
   commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True).stdout.strip()
   res = {"command": "python " + " ".join([sys.argv[0]] + (argv or sys.argv[1:])),
@@ -378,10 +379,8 @@ def main(argv=None) -> int:
          "jax": jax.__version__, "dtype": str(dtype), "with_kernel": with_kernel,
          "interpret": a.interpret, "tuned": tune, "tune_grid": tune_grid if tune else None,
          "calls": a.calls, "target_ms": a.target_ms, "bandwidth_GBps": read_bandwidth(1 << 30, a.repeats),
-         "copy_GBps": copy_bandwidth(a.repeats, tuple(
-             a.copy_mib or ((256, 512) if backend == "cpu" else (2048, 6144)))),
-         "read_GBps": read_slope_bandwidth(a.repeats, tuple(
-             a.copy_mib or ((256, 512) if backend == "cpu" else (2048, 6144)))), "rows": []}
+         "copy_GBps": copy_bandwidth(a.repeats, mib), "read_GBps": read_slope_bandwidth(
+             a.repeats, mib), "rows": []}
   print(f"[bench] {backend} ({res['device']}), {dtype}, copy bandwidth {res['copy_GBps']:.0f} "
         f"GB/s, read bandwidth {res['read_GBps']:.0f} GB/s", file=sys.stderr)
   out = Path(a.out)

@@ -14,8 +14,9 @@
 # timing at B = 10 (SpecVocab's bars: d >= 2560, k >= 2048), again at k = 2048 over a wider
 # grid, and at the real drafters' B = 1 widths (writing the dispatch table the next steps use);
 # whole SpecVocab chain steps with the kernel and with XLA against the full-vocabulary chain;
-# the decoding exactness tests on the GPU in f32 and bf16 (last: it gets what is left). `DRY=1` runs the same steps on the CPU at tiny shapes
-# (interpret mode; tests/eval/test_gpu_bench.py) to check the script, not to measure.
+# the decoding exactness tests on the GPU in f32 and bf16 (last: it gets what is left).
+# `DRY=1` runs the same steps on the CPU at tiny shapes (interpret mode;
+# tests/eval/test_gpu_bench.py) to check the script, not to measure.
 #
 # Then, here: unpack, `python -m vocabjax.bench project ...` (CPU-side arithmetic), and copy the
 # tables to experiments/results/bench/<gpu>/ and experiments/results/kernels/<gpu>/ with their commands.
