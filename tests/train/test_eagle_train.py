@@ -373,6 +373,31 @@ def test_resume_is_exact(target_dir, data_file, tmp_path):
   assert log == [0, 6, 12]
 
 
+def test_rerunning_a_finished_job_reuses_its_per_source_evaluation(target_dir, data_file,
+                                                                   tmp_path, monkeypatch):
+  """A finished job rerun (the papers' pipeline reruns every part) restores its last
+  checkpoint and does not evaluate again (minutes with a full-vocabulary head); a summary that
+  does not match the run (another last row) is recomputed."""
+  import vocabjax.train.eagle as eagle_mod
+
+  job = _job(target_dir, data_file, tmp_path / "run", steps=6, eval_every=6,
+             checkpoint_every=6)
+  first = train(job, show_progress=False)
+  calls = []
+  real = eagle_mod.evaluate_heldout
+  monkeypatch.setattr(eagle_mod, "evaluate_heldout",
+                      lambda *a, **k: calls.append(1) or real(*a, **k))
+  again = train(job, show_progress=False)
+  assert calls == [] and again["heldout_by_source"] == first["heldout_by_source"]
+  path = tmp_path / "run" / "summary.json"
+  stale = json.loads(path.read_text())
+  stale["final"]["acc_0"] += 0.5
+  stale["heldout_by_source"][data_file.parent.name]["acc_0"] = -1.0
+  path.write_text(json.dumps(stale))
+  third = train(job, show_progress=False)
+  assert calls and third["heldout_by_source"] == first["heldout_by_source"]
+
+
 def test_frozen_target_head_and_full_vocabulary(target_dir, data_file, tmp_path):
   job = _job(target_dir, data_file, tmp_path / "run", draft_vocab_size=None,
              train_lm_head=False, steps=10, eval_every=10)

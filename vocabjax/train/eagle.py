@@ -880,16 +880,37 @@ def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None =
     groups: dict = {}
     for i in held_idx:
       groups.setdefault(sources[data.seqs[i][0]], []).append(i)
-    summary["heldout_by_source"] = {
-        g: {"records": len(idx), **evaluate_heldout(state.params, frozen_of(state), data, idx,
-                                                    job, t2d, hc, fn_cache)}
-        for g, idx in sorted(groups.items())}
+    prev = _finished_summary(out / "summary.json", end, summary["final"])
+    if prev is not None and {g: len(idx) for g, idx in groups.items()} == {
+        g: r.get("records") for g, r in prev["heldout_by_source"].items()}:
+      # a rerun of a finished job: the same final parameters, the same split; the per-source
+      # evaluation (minutes with a full-vocabulary head) is not repeated
+      summary["heldout_by_source"] = prev["heldout_by_source"]
+    else:
+      summary["heldout_by_source"] = {
+          g: {"records": len(idx), **evaluate_heldout(state.params, frozen_of(state), data,
+                                                      idx, job, t2d, hc, fn_cache)}
+          for g, idx in sorted(groups.items())}
     if not job.select_by:
       export(state, rows[-1])
     load_eagle3(head_dir, target_config=tc)  # what was exported loads for this target
     summary["exported"] = json.loads((head_dir / "config.json").read_text())["vocabjax"]["row"]
   atomic_write_json(out / "summary.json", summary)
   return summary
+
+
+def _finished_summary(path: Path, steps_done: int, final: dict | None) -> dict | None:
+  """The summary a previous run of the same finished job wrote (same steps, same last row, a
+  per-source evaluation in it), else None: unreadable, older, or from other parameters."""
+  try:
+    prev = json.loads(path.read_text())
+  except (OSError, ValueError):
+    return None
+  if (not isinstance(prev, dict) or not prev.get("complete")
+      or prev.get("steps_done") != steps_done or prev.get("final") != final
+      or not isinstance(prev.get("heldout_by_source"), dict)):
+    return None
+  return prev
 
 
 # --- command line ------------------------------------------------------------------------------
