@@ -145,3 +145,15 @@ def test_every_method_builds_and_keeps_greedy_output(counts, head_dir, full_head
   mbsu = by["full_fr32k"]["overall"]["mbsu"]
   assert f"| {mbsu:.2f} |" in rows["full_fr32k"]  # the run's MBSU in the FR-Spec table
   assert (tmp_path / "res" / "tau_vs_vocab_rows.png").stat().st_size > 0
+  # beside FR-Spec's per-group tables: its ratios computed from its figures, ours from the run
+  assert "## Beside the papers' per-group figures" in text
+  pub = [a / b for a, b in zip(rep.FRSPEC_TAU["32k"], rep.FRSPEC_TAU["full"])]
+  assert f"| {sum(pub) / len(pub):.0%} |" in rows["FR-Spec Table 1, Llama-3-8B, FR 32k"]
+  g = next(g for g in rep.FRSPEC_GROUPS if g in by["full_fr32k"]["by_group"])
+  ratio = by["full_fr32k"]["by_group"][g]["tau"] / by["full_chain"]["by_group"][g]["tau"]
+  first = next(line for line in text.splitlines() if line.startswith("| ours, full_fr32k |"))
+  cells = first.split(" | ")  # the tau table's row (the tokens/s table's comes after it)
+  assert cells[1 + rep.FRSPEC_GROUPS.index(g)] == f"{ratio:.0%}"
+  gain = by["full_sv1024"]["overall"]["tokens_per_s"] / by["eagle3_32k"]["overall"][
+      "tokens_per_s"] - 1
+  assert f"| {gain:+.1%} |" in text
