@@ -441,10 +441,33 @@ def _eagle(target, draft, p: EagleParams, mesh=None):
                       draft_vocab=_eagle_vocab(target, p), min_confidence=p.min_confidence)
 
 
+_HEADS: list = []  # the last few loaded EAGLE heads: (key, target params, (params, config))
+_HEADS_KEPT = 2
+
+
 def _eagle_head(target, p: EagleParams):
-  """(head params, head config) of `p.head`, refused when trained for another target."""
+  """(head params, head config) of `p.head`, refused when trained for another target.
+
+  A suite's methods on one head (the papers' suite: 13 on the full-vocabulary head) share one
+  loaded copy: the last `_HEADS_KEPT` heads are kept, keyed by the file (path, size, mtime),
+  the dtype and whether the head's own LM head is read, for the same target params object.
+  With `lm_head: target` the head's own rows (in a full-vocabulary head, a copy of the
+  target's head) are not read at all."""
+  path = Path(p.head).resolve()
+  try:
+    st = (path / "model.safetensors").stat()
+    key = (str(path), st.st_size, st.st_mtime_ns, str(target.params["embed"].dtype),
+           p.lm_head == "own")
+  except OSError:
+    key = None  # load_eagle3 names the problem
+  for k, params_ref, loaded in _HEADS:
+    if key is not None and k == key and params_ref is target.params:
+      return loaded
   hc, params, _ = load_eagle3(p.head, target_config=target.config, target_params=target.params,
-                              dtype=target.params["embed"].dtype)
+                              dtype=target.params["embed"].dtype, lm_head=p.lm_head == "own")
+  if key is not None:
+    _HEADS.insert(0, (key, target.params, (params, hc)))
+    del _HEADS[_HEADS_KEPT:]
   return params, hc
 
 

@@ -157,3 +157,26 @@ def test_every_method_builds_and_keeps_greedy_output(counts, head_dir, full_head
   gain = by["full_sv1024"]["overall"]["tokens_per_s"] / by["eagle3_32k"]["overall"][
       "tokens_per_s"] - 1
   assert f"| {gain:+.1%} |" in text
+
+
+def test_methods_on_one_head_share_one_copy_without_its_lm_head(full_head_dir, tiny_chat_dir):
+  """The suite's 13 methods on the full-vocabulary head load it once (it OOM-killed a 24 GB
+  machine as 13 copies), and with `lm_head: target` its own rows are not read."""
+  from vocabjax.checkpoints.loader import load_model
+  from vocabjax.methods import METHODS, _eagle_head
+
+  m = load_model(tiny_chat_dir, dtype="float32")
+  def spec(**kw):
+    return METHODS["eagle"].params(**{"head": str(full_head_dir), "top_k": 1, "depth": 4,
+                                      "total_tokens": 4, **kw})
+
+  target = spec(lm_head="target")
+  a, hc = _eagle_head(m, target)
+  b, _ = _eagle_head(m, spec(lm_head="target", top_k=4, total_tokens=16))
+  assert a is b and "lm_head" not in a and hc.draft_vocab_size == m.config.vocab_size
+  own, _ = _eagle_head(m, spec(lm_head="own"))
+  assert own["lm_head"].shape == (m.config.vocab_size, m.config.hidden_size)
+  other = load_model(tiny_chat_dir, dtype="float32")  # another target object: loaded again
+  c, _ = _eagle_head(other, target)
+  assert c is not a
+  np.testing.assert_array_equal(np.asarray(c["layer"]["wq"]), np.asarray(a["layer"]["wq"]))

@@ -96,6 +96,13 @@ def test_eagle3_checkpoint_round_trip_is_exact(tmp_path):
   assert cfg == CFG and rec == target
   for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(back)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  # without the head's own LM head (a head drafting through the target's): the same other
+  # tensors, no "lm_head" read
+  _, no_head, _ = load_eagle3(tmp_path / "head", lm_head=False)
+  assert set(no_head) == set(back) - {"lm_head"}
+  for a, b in zip(jax.tree.leaves(no_head), jax.tree.leaves({k: v for k, v in back.items()
+                                                             if k != "lm_head"})):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   from safetensors.numpy import load_file
 
   t = load_file(str(tmp_path / "head" / "model.safetensors"))
@@ -127,6 +134,17 @@ def test_corrupt_or_incomplete_heads(tmp_path):
   save_file(t, str(f))
   with pytest.raises(CheckpointError, match="midlayer.hidden_norm.weight is missing"):
     load_eagle3(tmp_path / "head")
+  save_eagle3(_params(), CFG, tmp_path / "head")
+  t = load_file(str(f))
+  t["lm_head.weight"] = t["lm_head.weight"][:-1]
+  save_file(t, str(f))
+  for read in (True, False):  # the LM head's shape is checked even when it is not read
+    with pytest.raises(CheckpointError, match=r"lm_head.weight has shape \(19, "):
+      load_eagle3(tmp_path / "head", lm_head=read)
+  data = f.read_bytes()
+  f.write_bytes(data[:len(data) // 2])  # truncated
+  with pytest.raises(CheckpointError, match="not a readable EAGLE-3 head"):
+    load_eagle3(tmp_path / "head", lm_head=False)
   f.write_bytes(b"junk")
   with pytest.raises(CheckpointError, match="not a readable EAGLE-3 head"):
     load_eagle3(tmp_path / "head")

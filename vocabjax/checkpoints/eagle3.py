@@ -115,14 +115,17 @@ def load_eagle3_config(directory) -> EagleConfig:
 
 
 def load_eagle3(directory, *, target_config: LlamaLikeConfig | None = None,
-                target_params: dict | None = None,
-                dtype=jnp.float32) -> tuple[EagleConfig, dict, dict]:
+                target_params: dict | None = None, dtype=jnp.float32,
+                lm_head: bool = True) -> tuple[EagleConfig, dict, dict]:
   """(config, params, the `vocabjax.target` record) of an EAGLE-3 head directory; with
   `target_config`, a head made for another target (hidden size, vocabulary, layer count) is a
   ValueError naming the mismatch; with `target_params` too, a head whose recorded target has
-  another LM-head fingerprint (other weights of the same shapes) is one as well."""
-  from safetensors import SafetensorError
-  from safetensors.numpy import load_file
+  another LM-head fingerprint (other weights of the same shapes) is one as well.
+
+  `lm_head=False`: the head's LM-head rows are checked (present, their shape) but not read, and
+  params has no "lm_head" (a head that drafts through the target's own head: a full-vocabulary
+  head's file carries a copy of that head, 0.9 GB in f32 for a 151,936 x 1,536 one)."""
+  from safetensors import SafetensorError, safe_open
 
   directory = Path(directory)
   config, raw = _read_config(directory)
@@ -132,9 +135,24 @@ def load_eagle3(directory, *, target_config: LlamaLikeConfig | None = None,
     if target_params is not None:
       check_trained_for(directory, target, target_params, target_config)
   try:
-    tensors = load_file(str(directory / "model.safetensors"))
+    with safe_open(str(directory / "model.safetensors"), framework="numpy") as f:
+      tensors = _read_tensors(directory, config, f, lm_head)
   except (OSError, SafetensorError) as e:
     raise CheckpointError(f"{directory} is not a readable EAGLE-3 head ({e})") from None
+  params = {"layer": {k: jnp.asarray(tensors[n], dtype) for k, n in LAYER.items()},
+            "final_norm": jnp.asarray(tensors[TOP["final_norm"]], dtype),
+            "d2t": jnp.asarray(tensors["d2t"], jnp.int32)}
+  if lm_head:
+    params["lm_head"] = jnp.asarray(tensors[TOP["lm_head"]], dtype)
+  if config.has_fc:
+    params["fc"] = jnp.asarray(tensors[TOP["fc"]], dtype)
+  return config, params, target
+
+
+def _read_tensors(directory: Path, config: EagleConfig, f, lm_head: bool) -> dict:
+  """The head's tensors as numpy arrays from the open safetensors file `f`, each checked
+  against the config's shape first (from the header; the LM head's rows are read only with
+  `lm_head`); d2t checked against the target vocabulary."""
   c, Vd, D = config.layer, config.draft_vocab_size, config.hidden_size
   want = {LAYER["attn_norm"]: (D,), LAYER["hidden_norm"]: (D,),
           LAYER["wq"]: (c.q_dim, 2 * D), LAYER["wk"]: (c.kv_dim, 2 * D),
@@ -144,21 +162,18 @@ def load_eagle3(directory, *, target_config: LlamaLikeConfig | None = None,
           TOP["lm_head"]: (Vd, D), "d2t": (Vd,)}
   if config.has_fc:
     want[TOP["fc"]] = (D, config.fused_width)
+  names = set(f.keys())
   for name, shape in want.items():
-    if name not in tensors:
+    if name not in names:
       raise CheckpointError(f"{directory}: tensor {name} is missing")
-    if tuple(tensors[name].shape) != shape:
-      raise CheckpointError(f"{directory}: tensor {name} has shape "
-                            f"{tuple(tensors[name].shape)}, expected {shape}")
-  d2t = tensors["d2t"].astype(np.int64)
+    got = tuple(f.get_slice(name).get_shape())
+    if got != shape:
+      raise CheckpointError(f"{directory}: tensor {name} has shape {got}, expected {shape}")
+  out = {name: f.get_tensor(name) for name in want if lm_head or name != TOP["lm_head"]}
+  d2t = out["d2t"].astype(np.int64)
   target_ids = head_target_ids(d2t)
   if target_ids.min() < 0 or target_ids.max() >= c.vocab_size:
     raise CheckpointError(f"{directory}: d2t maps outside the target vocabulary "
                           f"[0, {c.vocab_size})")
-  params = {"layer": {k: jnp.asarray(tensors[n], dtype) for k, n in LAYER.items()},
-            "final_norm": jnp.asarray(tensors[TOP["final_norm"]], dtype),
-            "lm_head": jnp.asarray(tensors[TOP["lm_head"]], dtype),
-            "d2t": jnp.asarray(d2t, jnp.int32)}
-  if config.has_fc:
-    params["fc"] = jnp.asarray(tensors[TOP["fc"]], dtype)
-  return config, params, target
+  out["d2t"] = d2t
+  return out
