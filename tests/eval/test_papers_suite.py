@@ -177,6 +177,7 @@ def test_methods_on_one_head_share_one_copy_without_its_lm_head(full_head_dir, t
   from vocabjax.methods import METHODS, _eagle_head
 
   m = load_model(tiny_chat_dir, dtype="float32")
+
   def spec(**kw):
     return METHODS["eagle"].params(**{"head": str(full_head_dir), "top_k": 1, "depth": 4,
                                       "total_tokens": 4, **kw})

@@ -880,17 +880,13 @@ def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None =
     groups: dict = {}
     for i in held_idx:
       groups.setdefault(sources[data.seqs[i][0]], []).append(i)
-    prev = _finished_summary(out / "summary.json", end, summary["final"])
-    if prev is not None and {g: len(idx) for g, idx in groups.items()} == {
-        g: r.get("records") for g, r in prev["heldout_by_source"].items()}:
-      # a rerun of a finished job: the same final parameters, the same split; the per-source
-      # evaluation (minutes with a full-vocabulary head) is not repeated
-      summary["heldout_by_source"] = prev["heldout_by_source"]
-    else:
-      summary["heldout_by_source"] = {
-          g: {"records": len(idx), **evaluate_heldout(state.params, frozen_of(state), data,
-                                                      idx, job, t2d, hc, fn_cache)}
-          for g, idx in sorted(groups.items())}
+    # a rerun of a finished job (the same last row and split) keeps the per-source evaluation
+    # its summary holds: minutes with a full-vocabulary head
+    summary["heldout_by_source"] = _finished_by_source(
+        out / "summary.json", end, summary["final"], groups) or {
+            g: {"records": len(idx), **evaluate_heldout(state.params, frozen_of(state), data,
+                                                        idx, job, t2d, hc, fn_cache)}
+            for g, idx in sorted(groups.items())}
     if not job.select_by:
       export(state, rows[-1])
     load_eagle3(head_dir, target_config=tc)  # what was exported loads for this target
@@ -899,18 +895,22 @@ def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None =
   return summary
 
 
-def _finished_summary(path: Path, steps_done: int, final: dict | None) -> dict | None:
-  """The summary a previous run of the same finished job wrote (same steps, same last row, a
-  per-source evaluation in it), else None: unreadable, older, or from other parameters."""
+def _finished_by_source(path: Path, steps_done: int, final: dict | None,
+                        groups: dict) -> dict | None:
+  """The per-source held-out evaluation a previous run of the same finished job wrote in its
+  summary (same steps, same last row, the same records per source in `groups`), else None:
+  unreadable, older, from other parameters or another split."""
   try:
     prev = json.loads(path.read_text())
   except (OSError, ValueError):
     return None
-  if (not isinstance(prev, dict) or not prev.get("complete")
+  by_source = prev.get("heldout_by_source") if isinstance(prev, dict) else None
+  if (not isinstance(by_source, dict) or not prev.get("complete")
       or prev.get("steps_done") != steps_done or prev.get("final") != final
-      or not isinstance(prev.get("heldout_by_source"), dict)):
+      or {g: r.get("records") for g, r in by_source.items()}
+      != {g: len(idx) for g, idx in groups.items()}):
     return None
-  return prev
+  return by_source
 
 
 # --- command line ------------------------------------------------------------------------------
