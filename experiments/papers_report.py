@@ -80,6 +80,11 @@ def _f(x, fmt="{:.2f}"):
   return "-" if x is None else fmt.format(x)
 
 
+def _drafting_ms(split: dict | None) -> float | None:
+  """One drafting step of a timed step split, the drafter's layers plus its LM head (ms)."""
+  return None if not split else 1e3 * (split["drafter_s"] + split["drafter_head_s"])
+
+
 def _setting(name: str) -> str:
   return "lm" if name.startswith("lm_") else "full"
 
@@ -120,7 +125,7 @@ def report(summary: dict) -> str:
     vs_full = (o["tokens_per_s"] / base["overall"]["tokens_per_s"]
                if base is not None and m["method"] != "ar" else None)
     lines.append(
-        f"| {m['name']} | {_f(s and 1e3 * (s['drafter_s'] + s['drafter_head_s']), '{:.1f}')} | "
+        f"| {m['name']} | {_f(_drafting_ms(s), '{:.1f}')} | "
         f"{_f(s and 1e3 * s['drafter_s'], '{:.1f}')} | "
         f"{_f(s and 1e3 * s['drafter_head_s'], '{:.1f}')} | "
         f"{_f(s and s['drafter_head_share'], '{:.0%}')} | {_f(o.get('speedup'), '{:.2f}x')} | "
@@ -222,7 +227,7 @@ def plot(summary: dict, path: Path) -> Path:
     a.scatter([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=label)
     timed = [p for p in pts if p[2]]
     b.scatter([p[0] for p in timed],
-              [1e3 * (p[2]["drafter_s"] + p[2]["drafter_head_s"]) for p in timed],
+              [_drafting_ms(p[2]) for p in timed],
               marker=marker, label=label)
     for p in pts:
       a.annotate(p[3], (p[0], p[1]), fontsize=6)

@@ -8,6 +8,8 @@
   python -m vocabjax.eval --spec-bench my_questions.jsonl --categories qa rag
   python -m vocabjax.eval --config crossvocab --methods direct ngram   # some of a suite's methods
   python -m vocabjax.eval --compare-torch                  # + transformers assisted generation
+  python -m vocabjax.eval --config papers --reuse experiments/results/papers/small
+      # take the answers a smaller suite already made (same methods, settings and machine)
   python -m vocabjax.eval --mesh model=8 --coordinator h0:1234 --num-processes 2 --process-id 0
       # one process per host under jax.distributed (`vocabjax.distributed`); process 0 writes
 
@@ -47,6 +49,7 @@ class CliConfig:
   quiet: bool = False
   skip_bad_prompts: bool = False
   reference: str | None = None  # a results dir or summary.json to compare with; "none"
+  reuse: tuple[str, ...] = ()  # result dirs whose matching records are taken, not rerun
   mesh: str | None = None  # "data=D,model=M" replacing the suite's
   coordinator: str | None = None  # jax.distributed (`vocabjax.distributed`)
   num_processes: int | None = None
@@ -108,7 +111,7 @@ def main(cli: CliConfig) -> dict:
     raise ConfigError(str(e)) from None
   summary = run_suite(cfg, out, overwrite=cli.overwrite, compare_torch=cli.compare_torch,
                       progress=not cli.quiet, skip_bad_prompts=cli.skip_bad_prompts,
-                      reference=cli.reference)
+                      reference=cli.reference, reuse=cli.reuse)
   if not distributed.is_main():
     return summary
   print(report.markdown(summary))
@@ -150,6 +153,11 @@ def parse_args(argv=None) -> CliConfig:
   p.add_argument("--reference", help="a results directory (or its summary.json) to set this "
                  "run beside in the report (default: the recorded run of the same suite under "
                  "experiments/results/, when this is a source checkout; 'none': no comparison)")
+  p.add_argument("--reuse", nargs="+", metavar="DIR", help="result directories of other "
+                 "suites (e.g. a smaller one with the same methods): records this run would "
+                 "make identically (same settings, models, machine and vocabjax version; same "
+                 "method parameters and files; same question text) are taken from there, not "
+                 "generated again; each reused record names its source")
   distributed.add_arguments(p)
   a = p.parse_args(argv)
   return CliConfig(coordinator=a.coordinator, num_processes=a.num_processes,
@@ -159,7 +167,7 @@ def parse_args(argv=None) -> CliConfig:
                    max_new_tokens=a.max_new_tokens, target=a.target, draft=a.draft,
                    dtype=a.dtype, draft_dtype=a.draft_dtype, mesh=a.mesh, compare_torch=a.compare_torch,
                    overwrite=a.overwrite, quiet=a.quiet, skip_bad_prompts=a.skip_bad_prompts,
-                   reference=a.reference)
+                   reference=a.reference, reuse=tuple(a.reuse or ()))
 
 
 def cli(argv=None) -> None:

@@ -4,7 +4,8 @@ summary.json, schema version 1 (`SUMMARY_SCHEMA`, checked by `validate_summary`)
   schema_version  1
   suite, fingerprint, config        the suite and its full config
   environment     commit, record_commits (every commit that produced a record: a resumed run
-                  may span several), machine, backend, jax, dtype, date, command
+                  may span several), reused_from ({directory: records taken from it by
+                  --reuse}), machine, backend, jax, dtype, date, command
   models          target / draft: source, vocab_size, params_per_token (embedding excluded)
   groups          task groups in table order
   methods[]       name, method, framework ("vocabjax" | "torch"), params, draft_vocab_size,
@@ -250,6 +251,9 @@ def build_summary(config, records: list[dict], info: dict, splits: dict, meta: d
 
   env = {"commit": git_commit(),
          "record_commits": sorted({str(r.get("commit")) for r in records}),
+         "reused_from": {src: sum(r.get("reused_from") == src for r in records)
+                         for src in sorted({r["reused_from"] for r in records
+                                            if r.get("reused_from")})},
          "machine": platform.node() or platform.machine(),
          "backend": jax.default_backend(), "jax": jax.__version__,
          "dtype": info["dtype"],
@@ -283,6 +287,9 @@ def markdown(summary: dict) -> str:
            f"- command: `{env['command']}`", f"- commit: `{env['commit']}`",
            f"- machine: {env['machine']} ({env['cpu_count']} CPUs, {env.get('cpu') or 'CPU model unknown'}), backend {env['backend']}, "
            f"jax {env['jax']}, {env['dtype']}", f"- date: {env['date']}",
+           *([f"- records reused from other result directories (--reuse): "
+              + ", ".join(f"{n} from {d}" for d, n in env["reused_from"].items())]
+             if env.get("reused_from") else []),
            f"- target: {summary['models']['target']['source']}"
            + (f"; draft: {summary['models']['draft']['source']}"
               if "draft" in summary["models"] else ""),

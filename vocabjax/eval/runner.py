@@ -5,7 +5,7 @@ flushed as it finishes; a rerun with the same config skips what is done.
 Result directory:
   run.json          the config and its fingerprint (a directory holds one configuration)
   splits.json       per-method step time split (timed once, reused on resume)
-  questions.jsonl   per-question records (`vocabjax.eval.report.RECORD_FIELDS`)
+  questions.jsonl   per-question records (`run_suite`; metrics from `metrics.record_metrics`)
   summary.json, summary.md, summary.csv, speedup_by_group.png, tau_vs_vocab.png
 """
 
@@ -32,6 +32,7 @@ from vocabjax.sampling import SamplingParams
 from vocabjax.eval import provenance, report
 from vocabjax.eval.config import ConfigError, EvalConfig
 from vocabjax.eval.metrics import record_metrics
+from vocabjax.eval.reuse import reusable
 from vocabjax.eval.torch_compare import TorchRunner
 from vocabjax.io import append_jsonl, atomic_write_json, read_jsonl
 from vocabjax.methods import METHODS
@@ -165,7 +166,7 @@ def _check_map_count(n_methods: int, path: str = "/proc/sys/vm/max_map_count") -
 def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = False,
               compare_torch: bool = False, progress: bool = True,
               models: Loaded | None = None, skip_bad_prompts: bool = False,
-              reference: str | None = None) -> dict:
+              reference: str | None = None, reuse: tuple[str, ...] = ()) -> dict:
   """Run (or resume) `config` into `out` and write the reports; returns the summary.
 
   Every prompt is checked against the cache and the models' context before anything is
@@ -180,7 +181,11 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
   Under `jax.distributed` (`vocabjax.distributed`) every process runs every question on the
   mesh over all processes' devices; process 0 alone claims `out`, reads the records a resumed
   run has (the others get its list of what is still to run), writes records and reports, and
-  returns the summary (the others return {"process": their index})."""
+  returns the summary (the others return {"process": their index}).
+
+  `reuse`: result directories whose records this run would make identically are taken from
+  there instead of generated again (`vocabjax.eval.reuse`: same settings, models, machine and
+  version; per method the same parameters and files; per question the same text)."""
   from tqdm.auto import tqdm
 
   writer = distributed.is_main()
@@ -243,12 +248,36 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
     prompts, ids = [prompts[i] for i in keep], [ids[i] for i in keep]
   records_path = out / RECORDS
   splits_path = out / "splits.json"
+  reused = []
+  if writer:  # a source that cannot be reused fails before `out` is claimed
+    for source in reuse:
+      if Path(source).resolve() == out.resolve():
+        raise ConfigError(f"--reuse {source} is this run's own --out (a rerun resumes it "
+                          f"anyway)")
+      reused.append((source, reusable(source, config, inputs, prompts, set())))
   records, splits = [], {}
   if writer:
     prepare_dir(out, config, overwrite=overwrite, inputs=inputs)
     records = read_records(records_path)
     splits = json.loads(splits_path.read_text()) if splits_path.exists() else {}
   done = {(r["framework"], r["method"], r["qid"], r["seed"]) for r in records}
+  for source, found in reused:
+    for why in found.skipped:
+      print(f"[vocabjax.eval] --reuse {source}: not reused: {why}", file=sys.stderr)
+    new = [r for r in found.records
+           if (r["framework"], r["method"], r["qid"], r["seed"]) not in done]
+    for r in new:
+      append_jsonl(records_path, r)
+      done.add((r["framework"], r["method"], r["qid"], r["seed"]))
+    records += new
+    methods = {r["method"] for r in new}
+    fresh = {n: s for n, s in found.splits.items() if n in methods and n not in splits}
+    if fresh:
+      splits.update(fresh)
+      atomic_write_json(splits_path, splits)
+    print(f"[vocabjax.eval] --reuse {source}: {len(new)} records taken "
+          f"({len(found.records) - len(new)} already here), {len(methods)} methods",
+          file=sys.stderr)
 
   if config.time_split:
     names = [n for n, dec in decoders.items() if dec.times_step_parts]
