@@ -70,3 +70,11 @@ def test_plots_keep_the_process_matplotlib_backend_and_leave_no_figures(tmp_path
       assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", p
   finally:
     matplotlib.use(before)
+
+
+def test_reading_without_repair_leaves_a_file_being_written_alone(tmp_path):
+  p = tmp_path / "rows.jsonl"
+  p.write_text('{"a": 1}\n{"a": 2, "b')  # another process is mid-append
+  assert read_jsonl(p, repair=False) == [{"a": 1}]
+  assert p.read_text() == '{"a": 1}\n{"a": 2, "b'
+  assert read_jsonl(p) == [{"a": 1}] and p.read_text() == '{"a": 1}\n'  # the default repairs

@@ -115,11 +115,13 @@ def append_jsonl(path: str | os.PathLike, record: dict) -> None:
     os.fsync(f.fileno())
 
 
-def read_jsonl(path: str | os.PathLike, error: type[Exception] = ValueError) -> list[dict]:
+def read_jsonl(path: str | os.PathLike, error: type[Exception] = ValueError, *,
+               repair: bool = True) -> list[dict]:
   """The records of a JSON-lines file written by `append_jsonl` ([] when absent). A torn last
-  line (an interrupted write) is dropped and the file rewritten without it, whatever else it
-  holds (also when it was the only line); an unterminated but whole last record gets its
-  newline. A corrupt line elsewhere raises `error` naming the file and line."""
+  line (an interrupted write) is dropped and, with `repair`, the file rewritten without it,
+  whatever else it holds (also when it was the only line); an unterminated but whole last
+  record gets its newline. `repair=False` only reads (a file another process may still be
+  appending to). A corrupt line elsewhere raises `error` naming the file and line."""
   path = Path(path)
   if not path.exists():
     return []
@@ -134,6 +136,6 @@ def read_jsonl(path: str | os.PathLike, error: type[Exception] = ValueError) -> 
         raise error(f"{path}:{i + 1} is corrupt (not the last line, so not an interrupted "
                     f"write); move the file away to rerun") from None
       print(f"[vocabjax] dropping a torn last line of {path}", file=sys.stderr)
-  if len(out) < len(lines) or (text and not text.endswith("\n")):
+  if repair and (len(out) < len(lines) or (text and not text.endswith("\n"))):
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in out))
   return out

@@ -471,6 +471,13 @@ def _eagle_head(target, p: EagleParams):
   return params, hc
 
 
+def release_loaded_heads() -> None:
+  """Forget the shared EAGLE heads (`_eagle_head`): they hold the target's params too, so a
+  caller that frees its models (the eval before `--compare-torch` loads transformers' copy)
+  must drop these references as well, or neither is freed."""
+  _HEADS.clear()
+
+
 def _eagle_vocab(target, p: EagleParams):
   return (SpeculativeVocab(Ranker.load(p.ranker), k=p.k) if p.ranker
           else _load_subset(p.subset, target))

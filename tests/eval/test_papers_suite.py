@@ -192,3 +192,15 @@ def test_methods_on_one_head_share_one_copy_without_its_lm_head(full_head_dir, t
   c, _ = _eagle_head(other, target)
   assert c is not a
   np.testing.assert_array_equal(np.asarray(c["layer"]["wq"]), np.asarray(a["layer"]["wq"]))
+  # a caller that frees its models drops the shared heads' references to them too
+  import gc
+  import weakref
+
+  from vocabjax.methods import release_loaded_heads
+
+  gone = weakref.ref(other.params["embed"])
+  del other, c
+  release_loaded_heads()
+  gc.collect()
+  assert gone() is None  # nothing kept the other target's weights alive
+  assert _eagle_head(m, target)[0] is not a  # loaded afresh

@@ -30,6 +30,7 @@ import json
 from pathlib import Path
 
 from vocabjax.errors import ConfigError
+from vocabjax.io import read_jsonl
 from vocabjax.prompts import DatasetSpec, load_prompts
 
 # config fields that may differ between a source and this run (per-record checks cover them)
@@ -72,21 +73,6 @@ def _source_prompts(source: Path, config: dict, recorded_hash: str | None) -> di
                       f"hash {h[:12]} differs from the recorded {str(recorded_hash)[:12]}), so "
                       f"its records cannot be matched to questions")
   return {p.qid: p.text for p in prompts}
-
-
-def _source_records(path: Path) -> list[dict]:
-  """The source's records, read without touching the file (a run may still be appending to
-  it): a torn last line is left out; a corrupt line elsewhere is an error."""
-  lines = path.read_text().splitlines() if path.exists() else []
-  out = []
-  for i, line in enumerate(lines):
-    try:
-      out.append(json.loads(line))
-    except json.JSONDecodeError:
-      if i != len(lines) - 1:
-        raise ConfigError(f"--reuse: {path}:{i + 1} is corrupt (not the last line, so not an "
-                          f"interrupted write)") from None
-  return out
 
 
 def reusable(source: str | Path, config, inputs: dict, prompts, done: set) -> Reuse:
@@ -149,7 +135,8 @@ def reusable(source: str | Path, config, inputs: dict, prompts, done: set) -> Re
 
   seeds = set(config.seeds)
   records, seen = [], set(done)
-  for r in _source_records(source / "questions.jsonl"):
+  # read only: a run may still be appending to the source's records
+  for r in read_jsonl(source / "questions.jsonl", ConfigError, repair=False):
     key = (r.get("framework"), r.get("method"), r.get("qid"), r.get("seed"))
     if (key[0] != "vocabjax" or key[1] not in methods or key[2] not in questions
         or key[3] not in seeds or key in seen):

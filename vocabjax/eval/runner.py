@@ -35,7 +35,7 @@ from vocabjax.eval.metrics import record_metrics
 from vocabjax.eval.reuse import reusable
 from vocabjax.eval.torch_compare import TorchRunner
 from vocabjax.io import append_jsonl, atomic_write_json, read_jsonl
-from vocabjax.methods import METHODS
+from vocabjax.methods import METHODS, release_loaded_heads
 from vocabjax.prompts import encode_prompts, load_prompts
 from vocabjax.sharding import make_mesh, parse_mesh
 
@@ -343,6 +343,7 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
   if compare_torch:
     # free vocabjax's weights first: both frameworks' f32 copies do not fit 24 GB together
     del decoders, models
+    release_loaded_heads()  # the shared EAGLE heads reference the target's params
     gc.collect()
     torch_versions = _run_torch(config, prompts, ids, eos, out, records, done, progress,
                                 commit)
