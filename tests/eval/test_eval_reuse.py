@@ -82,9 +82,9 @@ def _fake_source(tmp_path, cfg, inputs, records):
 
 
 def _inputs(cfg, prompts, **change):
-  import hashlib
+  from vocabjax.eval.provenance import questions_hash
 
-  q = hashlib.sha256(json.dumps([[p.qid, p.text] for p in prompts]).encode()).hexdigest()
+  q = questions_hash(prompts)
   base = {"models": {"target": "sha256:t", "draft": "sha256:d"},
           "files": {"fr.counts": "sha256:c1"}, "questions": q, "vocabjax": "0.1.0",
           "machine": {"host": "h", "cpu": "c", "cpus": 2}}

@@ -109,6 +109,11 @@ def _is_path(value) -> bool:
       value).expanduser().exists()
 
 
+def questions_hash(prompts) -> str:
+  """sha256 of the questions' ids and text, in order (`inputs`' "questions")."""
+  return hashlib.sha256(json.dumps([[p.qid, p.text] for p in prompts]).encode()).hexdigest()
+
+
 def inputs(config, prompts) -> dict:
   """Everything besides the config that a suite's records depend on (module doc)."""
   models = {"target": content_id(config.target)}
@@ -116,8 +121,8 @@ def inputs(config, prompts) -> dict:
     models["draft"] = content_id(config.draft)
   files = {f"{m.name}.{k}": content_id(v) for m in config.methods for k, v in m.params
            if _is_path(v)}
-  q = hashlib.sha256(json.dumps([[p.qid, p.text] for p in prompts]).encode()).hexdigest()
-  return {"models": models, "files": files, "questions": q, "vocabjax": __version__,
+  return {"models": models, "files": files, "questions": questions_hash(prompts),
+          "vocabjax": __version__,
           "machine": machine_id()}
 
 

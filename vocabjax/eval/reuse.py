@@ -25,11 +25,11 @@ its records, so their time_split stays consistent.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 from pathlib import Path
 
 from vocabjax.errors import ConfigError
+from vocabjax.eval.provenance import questions_hash
 from vocabjax.io import read_jsonl
 from vocabjax.prompts import DatasetSpec, load_prompts
 
@@ -67,7 +67,7 @@ def _source_prompts(source: Path, config: dict, recorded_hash: str | None) -> di
     prompts = load_prompts(specs)
   except (ConfigError, OSError, TypeError) as e:
     raise ConfigError(f"--reuse {source}: its questions cannot be loaded again ({e})") from e
-  h = hashlib.sha256(json.dumps([[p.qid, p.text] for p in prompts]).encode()).hexdigest()
+  h = questions_hash(prompts)
   if h != recorded_hash:
     raise ConfigError(f"--reuse {source}: its questions' files changed since it ran (their "
                       f"hash {h[:12]} differs from the recorded {str(recorded_hash)[:12]}), so "
