@@ -324,7 +324,8 @@ def write_reports(res: dict, out: Path) -> str:
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--out", required=True, help="directory for results.json / results.md")
+  p.add_argument("--out", help="directory for results.json / results.md (required unless "
+                 "--from-results)")
   p.add_argument("--dtype", choices=("bfloat16", "float32"))
   p.add_argument("--batch", type=int, default=10)
   p.add_argument("--ks", type=int, nargs="+", default=list(KS))
@@ -355,7 +356,30 @@ def main(argv=None) -> int:
                       "at every k whether it writes the gathered rows to memory")
   p.add_argument("--update-table", metavar="PATH",
                  help="merge the measured entries into this dispatch table after the run")
+  p.add_argument("--table-history", action=argparse.BooleanOptionalAction, default=True,
+                 help="keep the replaced entries' timings in the table (the dispatcher then "
+                      "needs the kernel to have won every recorded run; default); "
+                      "--no-table-history after a change to the kernel")
+  p.add_argument("--from-results", nargs="+", metavar="RESULTS_JSON",
+                 help="measure nothing: merge these earlier runs' results.json, oldest first, "
+                      "into --update-table (a GPU run's results, recorded, merged here)")
   a = p.parse_args(argv)
+  if a.from_results:
+    if not a.update_table:
+      p.error("--from-results needs --update-table PATH")
+    from vocabjax.kernels import dispatch
+    for f in a.from_results:
+      try:
+        res = json.loads(Path(f).read_text())
+      except (OSError, json.JSONDecodeError) as e:
+        p.error(f"--from-results {f}: cannot read a results.json ({e})")
+      entries = dispatch_entries(res)
+      print(f"[bench] {f}: {len(entries)} entries merged into "
+            f"{dispatch.merge(entries, a.update_table, history=a.table_history)}",
+            file=sys.stderr)
+    return 0
+  if not a.out:
+    p.error("--out is required (unless --from-results)")
   if a.calls < 1 or a.repeats < 1 or a.batch < 1:
     p.error(f"--calls {a.calls}, --repeats {a.repeats} and --batch {a.batch} must be >= 1")
   backend = jax.default_backend()
@@ -402,7 +426,8 @@ def main(argv=None) -> int:
   if a.update_table:
     from vocabjax.kernels import dispatch
     print(f"[bench] {len(dispatch_entries(res))} entries merged into "
-          f"{dispatch.merge(dispatch_entries(res), a.update_table)}", file=sys.stderr)
+          f"{dispatch.merge(dispatch_entries(res), a.update_table, history=a.table_history)}",
+          file=sys.stderr)
   return 0
 
 

@@ -153,6 +153,25 @@ def test_dispatch_entries_and_table_update(bench, tmp_path):
   # faster by device time, slower by host-timed single calls (session 41's H200, B = 1): XLA
   assert dispatch.choose("G", "bfloat16", 1, 512, 2048, dispatch.load_table(path)) is None
 
+  # recorded runs merge into a table here, oldest first, without a GPU (--from-results)
+  runs = []
+  for i, ratio in enumerate((0.5, 1.2)):  # the second run has the kernel slower at B = 10
+    r = {**res, "commit": f"c{i}", "rows": [{**res["rows"][0], "kernel_s": 2e-5 * ratio}]}
+    runs.append(tmp_path / f"r{i}.json")
+    runs[-1].write_text(json.dumps(r))
+  table = tmp_path / "table.json"
+  assert bench.main(["--from-results", str(runs[0]), "--update-table", str(table)]) == 0
+  assert dispatch.choose("G", "bfloat16", 10, 512, 1024, dispatch.load_table(table)) is not None
+  assert bench.main(["--from-results", str(runs[1]), "--update-table", str(table)]) == 0
+  got = dispatch.load_table(table)
+  assert [h["commit"] for h in got[0]["history"]] == ["c0"]
+  assert dispatch.choose("G", "bfloat16", 10, 512, 1024, got) is None
+  with pytest.raises(SystemExit):
+    bench.main(["--from-results", str(runs[0])])  # no table named
+  (tmp_path / "bad.json").write_text("{")
+  with pytest.raises(SystemExit):
+    bench.main(["--from-results", str(tmp_path / "bad.json"), "--update-table", str(table)])
+
 
 def test_a_wrong_kernel_fails_the_run(bench, tmp_path, monkeypatch):
   import vocabjax.kernels.indexed_lm_head as ilh

@@ -198,6 +198,25 @@ def test_dispatch_table_merge_and_bad_files(tmp_path):
   assert [(x["K"], x["kernel_s"]) for x in got] == [(512, 3.0), (1024, 1.0)]
   assert dispatch.choose("G", "bfloat16", 10, 1000, 1024, got) == {"block_k": 64}
   assert dispatch.choose("G", "bfloat16", 10, 512, 1024, got) is None  # XLA won
+  assert got[0]["history"] == [{"kernel_s": 1.0, "xla_s": 2.0}]  # the replaced run is kept
+  # a later win does not undo a recorded loss: runs disagreed, XLA stays until every run agrees
+  dispatch.merge([{**e, "kernel_s": 0.5, "commit": "c3"}], path)
+  got = dispatch.load_table(path)
+  assert [r["kernel_s"] for r in got[0]["history"]] == [3.0, 1.0]  # newest first
+  assert dispatch.choose("G", "bfloat16", 10, 512, 1024, got) is None
+  dispatch.merge([{**e, "kernel_s": 0.5}], path, history=False)  # the kernel changed: start over
+  got = dispatch.load_table(path)
+  assert "history" not in got[0]
+  assert dispatch.choose("G", "bfloat16", 10, 512, 1024, got) == {"block_k": 64}
+  for i in range(dispatch.HISTORY + 3):  # history is capped
+    dispatch.merge([{**e, "kernel_s": 0.4 + i / 100}], path)
+  got = dispatch.load_table(path)
+  assert len(got[0]["history"]) == dispatch.HISTORY
+  assert dispatch.choose("G", "bfloat16", 10, 512, 1024, got) == {"block_k": 64}
+  # a host-timed loss in an earlier run counts too
+  dispatch.merge([{**e, "kernel_s": 0.5, "kernel_host_s": 2.0, "xla_host_s": 1.0}], path)
+  dispatch.merge([{**e, "kernel_s": 0.5, "kernel_host_s": 0.5, "xla_host_s": 1.0}], path)
+  assert dispatch.choose("G", "bfloat16", 10, 512, 1024, dispatch.load_table(path)) is None
   with pytest.raises(ValueError, match="lacks 'config'"):
     dispatch.merge([{k: v for k, v in e.items() if k != "config"}], path)
   path.write_text("{not json")
