@@ -10,6 +10,8 @@
   python -m vocabjax.eval --compare-torch                  # + transformers assisted generation
   python -m vocabjax.eval --config papers --reuse experiments/results/papers/small
       # take the answers a smaller suite already made (same methods, settings and machine)
+  python -m vocabjax.eval --config papers --out experiments/results/papers/full --report-only
+      # the reports of a run cut short, from its records (the questions every method finished)
   python -m vocabjax.eval --mesh model=8 --coordinator h0:1234 --num-processes 2 --process-id 0
       # one process per host under jax.distributed (`vocabjax.distributed`); process 0 writes
 
@@ -29,7 +31,7 @@ from vocabjax.decoding.autoregressive import NonFiniteLogitsError
 from vocabjax.eval import report
 from vocabjax.eval.config import ConfigError, DatasetSpec, _mesh, load_config
 from vocabjax.io import OutputPathError, check_output_dir
-from vocabjax.eval.runner import run_suite
+from vocabjax.eval.runner import report_only, run_suite
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +52,7 @@ class CliConfig:
   skip_bad_prompts: bool = False
   reference: str | None = None  # a results dir or summary.json to compare with; "none"
   reuse: tuple[str, ...] = ()  # result dirs whose matching records are taken, not rerun
+  report_only: bool = False  # write the reports from the records in --out, generate nothing
   mesh: str | None = None  # "data=D,model=M" replacing the suite's
   coordinator: str | None = None  # jax.distributed (`vocabjax.distributed`)
   num_processes: int | None = None
@@ -109,9 +112,19 @@ def main(cli: CliConfig) -> dict:
     check_output_dir(out, "--out")  # before a model is fetched or loaded
   except OutputPathError as e:
     raise ConfigError(str(e)) from None
-  summary = run_suite(cfg, out, overwrite=cli.overwrite, compare_torch=cli.compare_torch,
-                      progress=not cli.quiet, skip_bad_prompts=cli.skip_bad_prompts,
-                      reference=cli.reference, reuse=cli.reuse)
+  if cli.report_only:
+    if cli.out is None:
+      raise ConfigError("--report-only needs --out: the result directory to report")
+    clash = [f for f, on in (("--reuse", cli.reuse), ("--compare-torch", cli.compare_torch),
+                             ("--overwrite", cli.overwrite)) if on]
+    if clash:
+      raise ConfigError(f"--report-only generates nothing; it cannot be combined with "
+                        f"{', '.join(clash)}")
+    summary = report_only(cfg, out, reference=cli.reference)
+  else:
+    summary = run_suite(cfg, out, overwrite=cli.overwrite, compare_torch=cli.compare_torch,
+                        progress=not cli.quiet, skip_bad_prompts=cli.skip_bad_prompts,
+                        reference=cli.reference, reuse=cli.reuse)
   if not distributed.is_main():
     return summary
   print(report.markdown(summary))
@@ -158,6 +171,10 @@ def parse_args(argv=None) -> CliConfig:
                  "make identically (same settings, models, machine and vocabjax version; same "
                  "method parameters and files; same question text) are taken from there, not "
                  "generated again; each reused record names its source")
+  p.add_argument("--report-only", action="store_true",
+                 help="generate nothing: write the reports of --out from the records already "
+                      "there (a run cut short: only the questions every method finished are "
+                      "counted, and the summary says how many of the suite's that is)")
   distributed.add_arguments(p)
   a = p.parse_args(argv)
   return CliConfig(coordinator=a.coordinator, num_processes=a.num_processes,
@@ -167,7 +184,8 @@ def parse_args(argv=None) -> CliConfig:
                    max_new_tokens=a.max_new_tokens, target=a.target, draft=a.draft,
                    dtype=a.dtype, draft_dtype=a.draft_dtype, mesh=a.mesh, compare_torch=a.compare_torch,
                    overwrite=a.overwrite, quiet=a.quiet, skip_bad_prompts=a.skip_bad_prompts,
-                   reference=a.reference, reuse=tuple(a.reuse or ()))
+                   reference=a.reference, reuse=tuple(a.reuse or ()),
+                   report_only=a.report_only)
 
 
 def cli(argv=None) -> None:

@@ -5,7 +5,9 @@ summary.json, schema version 1 (`SUMMARY_SCHEMA`, checked by `validate_summary`)
   suite, fingerprint, config        the suite and its full config
   environment     commit, record_commits (every commit that produced a record: a resumed run
                   may span several), reused_from ({directory: records taken from it by
-                  --reuse}), machine, backend, jax, dtype, date, command
+                  --reuse}), machine, backend, jax, dtype, date, command, report_only
+                  (true: written by --report-only from recorded records; machine, cpu and
+                  cpu_count then the records')
   models          target / draft: source, vocab_size, params_per_token (embedding excluded)
   groups          task groups in table order
   methods[]       name, method, framework ("vocabjax" | "torch"), params, draft_vocab_size,
@@ -15,6 +17,9 @@ summary.json, schema version 1 (`SUMMARY_SCHEMA`, checked by `validate_summary`)
                   decoding, their match_rate against vocabjax's autoregressive output
   time_split_per_step  {method: vocabjax.decoding.profile.StepSplit.as_dict()}
   torch           versions of torch / transformers, or null
+  partial         (optional) null, or for a report of an unfinished run (--report-only):
+                  questions (x seeds) every method finished and counted, of (the suite's),
+                  records_left_out, left_out ("qid/seed s" not counted)
   reference       (optional) the recorded reference run this one is set beside
                   (`attach_reference`): path, commit, machine, cpu, date, same_config, and
                   per method in both runs {speedup, tokens_per_s, tau, match_rate} for each
@@ -75,6 +80,7 @@ SUMMARY_SCHEMA = {
         "torch": {"type": ["object", "null"]},
         "skipped": {"type": "array", "items": {"type": "object",
                                                "required": ["qid", "source", "reason"]}},
+        "partial": {"type": ["object", "null"], "required": ["questions", "of"]},
         "reference": {"type": ["object", "null"],
                       "required": ["path", "commit", "machine", "same_config", "methods"]},
     },
@@ -260,7 +266,7 @@ def build_summary(config, records: list[dict], info: dict, splits: dict, meta: d
          "date": datetime.datetime.now().isoformat(timespec="seconds"),
          "command": meta.get("command") or " ".join(["python -m vocabjax.eval", *sys.argv[1:]]),
          "cpu_count": __import__("os").cpu_count(), "cpu": cpu_model(),
-         "load_s": meta.get("load_s")}
+         "load_s": meta.get("load_s"), **(meta.get("environment") or {})}
   model_info = {"target": {"source": info["target_source"], "vocab_size": tcfg.vocab_size,
                            "params_per_token": t_params}}
   if dcfg is not None:
@@ -271,7 +277,7 @@ def build_summary(config, records: list[dict], info: dict, splits: dict, meta: d
              "fingerprint": config.fingerprint(), "config": config.as_dict(),
              "environment": env, "models": model_info, "groups": groups, "methods": methods,
              "time_split_per_step": splits, "torch": meta.get("torch_versions"),
-             "skipped": meta.get("skipped") or []}
+             "skipped": meta.get("skipped") or [], "partial": meta.get("partial")}
   summary = _clean(summary)
   validate_summary(summary)
   return summary
@@ -287,6 +293,16 @@ def markdown(summary: dict) -> str:
            f"- command: `{env['command']}`", f"- commit: `{env['commit']}`",
            f"- machine: {env['machine']} ({env['cpu_count']} CPUs, {env.get('cpu') or 'CPU model unknown'}), backend {env['backend']}, "
            f"jax {env['jax']}, {env['dtype']}", f"- date: {env['date']}",
+           *([f"- **partial run**: {summary['partial']['questions']} of "
+              f"{summary['partial']['of']} questions (x seeds) finished by every method, and "
+              f"only those are counted ({summary['partial']['records_left_out']} records of "
+              f"unfinished questions left out: "
+              f"{', '.join(summary['partial']['left_out'][:20])}"
+              f"{' ...' if len(summary['partial']['left_out']) > 20 else ''})"]
+             if summary.get("partial") else []),
+           *([f"- reports written from the recorded records (--report-only) on "
+              f"{platform.node() or platform.machine()}; machine and CPU above are the "
+              f"records'"] if env.get("report_only") else []),
            *([f"- records reused from other result directories (--reuse): "
               + ", ".join(f"{n} from {d}" for d, n in env["reused_from"].items())]
              if env.get("reused_from") else []),

@@ -356,6 +356,83 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
   return summary
 
 
+def config_info(config: EvalConfig) -> dict:
+  """`report.models_info` without loading weights: the models' configs by name
+  (`vocabjax.bench.shapes.resolve_config`: the registry's known configs, a config.json, a .gguf)
+  and their sources as `load_model` names them (a registry model: its cache path)."""
+  from vocabjax.bench.shapes import ShapeError, resolve_config
+  from vocabjax.checkpoints import zoo
+
+  def one(name):
+    if name is None:
+      return None, None
+    try:
+      cfg = resolve_config(name)[1]
+    except ShapeError as e:
+      raise ConfigError(f"config {config.name}: --report-only needs the models' configs: {e}")
+    entry = zoo.REGISTRY.get(name)
+    return cfg, str(zoo.cache_dir() / entry.filename) if entry else str(name)
+
+  (tcfg, tsrc), (dcfg, dsrc) = one(config.target), one(config.draft)
+  return {"target_config": tcfg, "target_source": tsrc, "draft_config": dcfg,
+          "draft_source": dsrc, "dtype": np.dtype(parse_dtype(config.dtype)).name}
+
+
+def report_only(config: EvalConfig, out: str | os.PathLike, *,
+                reference: str | None = None) -> dict:
+  """Write the reports of `out` from the records already there, generating nothing (a run cut
+  short, or one whose models are no longer at hand); returns the summary.
+
+  Only questions (and seeds) that every method finished are counted, so every method is
+  measured on the same questions; the summary's `partial` says how many of the suite's that
+  is and how many records were left out (null when the run is complete). The machine and CPU
+  in the summary are those the records were made on (`run.json`), not this one's."""
+  out = Path(out)
+  run = out / "run.json"
+  if not run.is_file():
+    raise ResultDirError(f"--report-only: {out} holds no run.json (no run of a suite there)")
+  try:
+    meta_run = json.loads(run.read_text())
+  except json.JSONDecodeError as e:
+    raise ResultDirError(f"--report-only: {run} is not readable JSON ({e})") from None
+  prepare_dir(out, config, overwrite=False, claim=False)  # same configuration, or an error
+  ref_path = report.reference_summary_path(config.name, out, reference)
+  prompts = load_prompts(config.datasets)
+  records = read_records(out / RECORDS)
+  if not records:
+    raise ResultDirError(f"--report-only: {out / RECORDS} holds no records yet")
+  names = [m.name for m in config.methods]
+  have = {}
+  for r in records:
+    if r["framework"] == "vocabjax":
+      have.setdefault((r["qid"], r["seed"]), set()).add(r["method"])
+  order = [(p.qid, s) for p in prompts for s in config.seeds]
+  complete = [q for q in order if have.get(q, set()) >= set(names)]
+  if not complete:
+    raise ResultDirError(f"--report-only: no question in {out} was finished by every method "
+                         f"({len(records)} records; methods {names})")
+  keep = set(complete)
+  kept = [r for r in records if (r["qid"], r["seed"]) in keep]
+  partial = None
+  if len(complete) < len(order):
+    partial = {"questions": len(complete), "of": len(order),
+               "records_left_out": len(records) - len(kept),
+               "left_out": [f"{q}/seed {s}" for q, s in order if (q, s) not in keep]}
+  splits_path = out / "splits.json"
+  splits = json.loads(splits_path.read_text()) if splits_path.exists() else {}
+  machine = (meta_run.get("inputs") or {}).get("machine") or {}
+  summary = report.build_summary(config, kept, config_info(config), splits, meta={
+      "load_s": None, "torch_versions": None, "skipped": [], "partial": partial,
+      "environment": {"report_only": True,
+                      **({"machine": machine["host"]} if "host" in machine else {}),
+                      **({"cpu": machine["cpu"]} if "cpu" in machine else {}),
+                      **({"cpu_count": machine["cpus"]} if "cpus" in machine else {})}})
+  if ref_path is not None:
+    summary = report.attach_reference(summary, ref_path)
+  report.write_reports(out, summary)
+  return summary
+
+
 def _run_torch(config, prompts, ids, eos, out, records, done, progress, commit) -> dict:
   from tqdm.auto import tqdm
 

@@ -1,0 +1,85 @@
+"""`python -m vocabjax.eval --report-only`: the reports of a result directory from the records it
+holds, generating nothing; a run cut short is reported on the questions every method finished."""
+
+import json
+
+import pytest
+
+from vocabjax.eval import ConfigError
+from vocabjax.eval.report import validate_summary
+from vocabjax.eval.runner import RECORDS
+
+from tests.eval.test_eval_cli import _run, suite  # noqa: F401 (fixture)
+
+
+def test_report_only_matches_the_run_and_reports_a_cut_run_on_finished_questions(
+    suite, tmp_path, capsys, monkeypatch):  # noqa: F811
+  path, _ = suite
+  out = tmp_path / "res"
+  full = _run(path, out)
+  import vocabjax.eval.runner as runner
+
+  def no_models(*a, **k):
+    raise AssertionError("--report-only loaded a model")
+
+  monkeypatch.setattr(runner, "load_model", no_models)
+  # records made on another machine: the report names that one, not this
+  run = json.loads((out / "run.json").read_text())
+  run["inputs"]["machine"] = {"host": "elsewhere", "cpu": "Fake CPU [avx2]", "cpus": 7}
+  (out / "run.json").write_text(json.dumps(run))
+  # a complete run: the same tables as the run wrote, and no model is loaded
+  again = _run(path, out, "--report-only")
+  assert again.get("partial") is None
+  for a, b in zip(full["methods"], again["methods"]):
+    assert a["name"] == b["name"]
+    for key in ("questions", "tokens", "tau", "tokens_per_s", "speedup", "match_rate", "mbsu"):
+      assert a["overall"][key] == b["overall"][key], (a["name"], key)
+  assert again["environment"]["report_only"] is True
+  env = again["environment"]
+  assert (env["machine"], env["cpu"], env["cpu_count"]) == ("elsewhere", "Fake CPU [avx2]", 7)
+  assert "Fake CPU [avx2]" in (out / "summary.md").read_text()
+
+  # cut the run: the last question's tree record is missing (as after Ctrl-C mid-question)
+  records = [json.loads(line) for line in (out / RECORDS).read_text().splitlines()]
+  last = records[-1]
+  assert last["method"] == "tree"
+  (out / RECORDS).write_text("".join(json.dumps(r) + "\n" for r in records[:-1]))
+  for f in out.glob("summary.*"):
+    f.unlink()
+  capsys.readouterr()
+  cut = _run(path, out, "--report-only")
+  validate_summary(json.loads((out / "summary.json").read_text()))
+  assert cut["partial"]["questions"] == 3 and cut["partial"]["of"] == 4
+  assert cut["partial"]["records_left_out"] == 2  # ar and chain_g2 of that question
+  assert cut["partial"]["left_out"] == [f"{last['qid']}/seed {last['seed']}"]
+  kept = [r for r in records if r["qid"] != last["qid"]]
+  for m in cut["methods"]:
+    mine = [r for r in kept if r["method"] == m["name"]]
+    assert m["overall"]["questions"] == 3
+    assert m["overall"]["tokens"] == sum(r["num_tokens"] for r in mine)
+  md = (out / "summary.md").read_text()
+  assert "partial run**: 3 of 4 questions" in md and last["qid"] in md
+  assert (out / RECORDS).read_text().count("\n") == len(records) - 1  # records untouched
+
+
+def test_report_only_refuses_what_it_cannot_report(suite, tmp_path):  # noqa: F811
+  path, _ = suite
+  with pytest.raises(ConfigError, match="no run.json"):
+    _run(path, tmp_path / "empty", "--report-only")
+  with pytest.raises(ConfigError, match="cannot be combined with --reuse"):
+    _run(path, tmp_path / "x", "--report-only", "--reuse", str(tmp_path))
+  out = tmp_path / "started"
+  out.mkdir()
+  from vocabjax.eval import load_config
+  cfg = load_config(path)
+  (out / "run.json").write_text(json.dumps({"fingerprint": cfg.fingerprint(),
+                                            "config": cfg.as_dict(), "inputs": None}))
+  with pytest.raises(ConfigError, match="holds no records yet"):
+    _run(path, out, "--report-only")
+  rec = {"framework": "vocabjax", "method": "ar", "qid": "q", "seed": 0}
+  (out / RECORDS).write_text(json.dumps(rec) + "\n")
+  with pytest.raises(ConfigError, match="no question .* was finished by every method"):
+    _run(path, out, "--report-only")
+  (out / "run.json").write_text(json.dumps({"fingerprint": "other", "config": {}}))
+  with pytest.raises(ConfigError, match="different configuration"):
+    _run(path, out, "--report-only")
