@@ -25,6 +25,8 @@ import jax
 import numpy as np
 
 from vocabjax import distributed, interrupt
+from vocabjax.checkpoints import zoo
+from vocabjax.checkpoints.known import ShapeError, resolve_config
 from vocabjax.checkpoints.loader import Model, load_model, parse_dtype
 from vocabjax.decoding.autoregressive import prompt_bucket
 from vocabjax.decoding.profile import StepSplit, run_split, skipped_drafting, step_split
@@ -358,10 +360,9 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
 
 def config_info(config: EvalConfig) -> dict:
   """`report.models_info` without loading weights: the models' configs by name
-  (`vocabjax.bench.shapes.resolve_config`: the registry's known configs, a config.json, a .gguf)
+  (`vocabjax.checkpoints.known.resolve_config`: the registry's known configs, a config.json, a
+  .gguf)
   and their sources as `load_model` names them (a registry model: its cache path)."""
-  from vocabjax.bench.shapes import ShapeError, resolve_config
-  from vocabjax.checkpoints import zoo
 
   def one(name):
     if name is None:
