@@ -186,9 +186,17 @@ def tune_gpu(hs, U, idxs, candidates: list[dict], repeats: int, interpret: bool 
   return best, best_s, [{**c, "s": t} for t, c in times]
 
 
+def contiguous_indices(key, calls: int, B: int, k: int, V: int):
+  """(calls, B, k) index sets of k consecutive rows each, at random offsets: the same bytes as
+  random indices, read in long runs (`--contiguous`: what random row order costs)."""
+  start = jax.random.randint(key, (calls, B, 1), 0, max(V - k, 1), jnp.int32)
+  return (start + jnp.arange(k, dtype=jnp.int32)) % V
+
+
 def bench(d: int, V: int, ks, B: int, dtype, repeats: int, with_kernel: bool, seed: int = 0,
           tune: bool = False, interpret: bool = False, tolerance: float = 1e-2,
-          tune_grid: dict = TUNE_GRID, calls: int = 64, target_s: float = 2e-3):
+          tune_grid: dict = TUNE_GRID, calls: int = 64, target_s: float = 2e-3,
+          contiguous: bool = False):
   from vocabjax.kernels import indexed_lm_head as ilh
 
   key = jax.random.key(seed)
@@ -234,6 +242,12 @@ def bench(d: int, V: int, ks, B: int, dtype, repeats: int, with_kernel: bool, se
       if row["kernel_max_err"] > tolerance:
         raise AssertionError(f"the kernel differs from the f32 reference at d={d} V={V} k={k}: "
                              f"max relative error {row['kernel_max_err']:.2e} > {tolerance}")
+    if contiguous:  # the same sizes with consecutive rows: what random row order costs each
+      cidx = contiguous_indices(jax.random.fold_in(key, (1 << 20) + k), calls, B, k, V)
+      row["xla_contig_s"] = device_s(ilh.indexed_lm_head_reference, hs, U, cidx, repeats,
+                                     target_s, over)[0]
+      if with_kernel:
+        row["kernel_contig_s"] = device_s(kern, hs, U, cidx, repeats, target_s, over)[0]
     rows.append(row)
   del U
   return rows
@@ -292,6 +306,21 @@ def markdown(res: dict) -> str:
                  f"{b['num_stages']}, {b['split_d']}") if b else "default",
                 f"{r['kernel_max_err']:.1e}"]
     lines.append("| " + " | ".join(map(str, cells)) + " |")
+  contig = [r for r in res["rows"] if r.get("xla_contig_s")]
+  if contig:
+    read = res.get("read_GBps")
+    lines += ["", "The same sizes with consecutive rows (`--contiguous`: each index set k rows in "
+              "a row at a random offset): what random row order costs.", "",
+              "| B | d | k | xla random ms | xla consecutive ms | xla consecutive / read bw | "
+              "kernel random ms | kernel consecutive ms | kernel consecutive / read bw |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in contig:
+      share = lambda s: f"{r['bytes'] / s / 1e9 / read:.0%}" if read else "-"  # noqa: E731
+      ks_ = r.get("kernel_contig_s")
+      lines.append(f"| {r['B']} | {r['d']} | {r['k']} | {r['xla_gather_s'] * 1e3:.4f} | "
+                   f"{r['xla_contig_s'] * 1e3:.4f} | {share(r['xla_contig_s'])} | "
+                   + (f"{r['kernel_s'] * 1e3:.4f} | {ks_ * 1e3:.4f} | {share(ks_)} |" if ks_
+                      else "- | - | - |"))
   return "\n".join(lines)
 
 
@@ -354,6 +383,10 @@ def main(argv=None) -> int:
   p.add_argument("--hlo-dump", action="store_true",
                  help="write XLA's compiled reference at the first shape's largest k, and say "
                       "at every k whether it writes the gathered rows to memory")
+  p.add_argument("--contiguous", action="store_true",
+                 help="also time XLA and the kernel (its tuned configuration) with index sets "
+                      "of consecutive rows: the same bytes in long runs, to separate the cost "
+                      "of random row order from the kernel's")
   p.add_argument("--update-table", metavar="PATH",
                  help="merge the measured entries into this dispatch table after the run")
   p.add_argument("--table-history", action=argparse.BooleanOptionalAction, default=True,
@@ -419,7 +452,8 @@ def main(argv=None) -> int:
   for d, V in grid:  # the reports are rewritten after each shape: a run cut short keeps them
     res["rows"] += bench(d, V, a.ks, a.batch, dtype, a.repeats, with_kernel, tune=tune,
                          interpret=a.interpret, tolerance=a.tolerance, tune_grid=tune_grid,
-                         calls=a.calls, target_s=a.target_ms / 1e3)
+                         calls=a.calls, target_s=a.target_ms / 1e3,
+                         contiguous=a.contiguous)
     print(f"[bench] B={a.batch} d={d} V={V} done", file=sys.stderr)
     md = write_reports(res, out)
   print(md)

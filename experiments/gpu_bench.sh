@@ -63,7 +63,7 @@ if [ "$SET" = kernel ]; then
     KB10=(--interpret --tune --shapes 128:1000 --ks 40 --batch 2 --repeats 1 --calls 1
           --copy-mib 8 16 --tune-block-k 64 --tune-block-d 64 --tune-num-warps 4 --tune-split-d 1)
     KB1=("${KB10[@]}")
-    KK=("${KB10[@]}")
+    KK=("${KB10[@]}" --contiguous)
     SMOKE_SHAPE=(2 256 1000 40)
     STEPS=(--target "$DRY_TARGET" --draft "$DRY_DRAFT" --context 16 --max-len 96 --steps 2
            --repeats 1 --ranker-rank 8 --methods ar chain_g3 sv16_g3_xla sv16_g3_auto)
@@ -80,9 +80,13 @@ if [ "$SET" = kernel ]; then
     # (experiments/results/kernels/nvidia-h200/session44/): the kernel and XLA are level. So this
     # step repeats the best few configurations at both widths with more repeats, for the
     # dispatch table's history (the kernel is chosen only where it won every recorded run).
+    # --contiguous times both again on runs of consecutive rows (the same bytes): if both then
+    # reach the full head's ~86% of read bandwidth, random row order, not the kernel, is what
+    # holds them at ~60-65%, and no tiling gets the kernel 1.3x past XLA at this size.
+    # num_warps 2 was never tried (4 beat 8 at every small tile in session 44).
     KK=(--batch 10 --shapes 4096:151936 2560:151936 --ks 2048 --calls 16 --repeats 30
-        --tune-variant dot fma --tune-block-k 64 128 --tune-block-d 128 --tune-num-warps 4 8
-        --tune-num-stages 3 --tune-split-d 1)
+        --tune-variant dot fma --tune-block-k 64 128 --tune-block-d 128 --tune-num-warps 2 4 8
+        --tune-num-stages 3 --tune-split-d 1 --contiguous)
     SMOKE_SHAPE=(10 4096 151936 2048)
     STEPS=(--pair qwen2.5-coder --dtype bfloat16 --steps 6 --repeats 3
            --methods ar chain_g3 sv2048_g3_xla sv2048_g3_kernel)

@@ -6,6 +6,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 _PATH = Path(__file__).resolve().parents[2] / "experiments" / "bench_indexed_lm_head.py"
@@ -38,7 +39,7 @@ def test_tuned_kernel_rows_are_checked_against_the_reference(bench, tmp_path):
   out = tmp_path / "r"
   assert bench.main(["--out", str(out), "--interpret", "--tune", "--shapes", "128:1000",
                      "--ks", "40", "100", "--batch", "2", "--tune-block-k", "64",
-                     "--tune-num-warps", "4", "--hlo-dump", *SMALL]) == 0
+                     "--tune-num-warps", "4", "--hlo-dump", "--contiguous", *SMALL]) == 0
   res = json.loads((out / "results.json").read_text())
   assert res["interpret"] and res["tuned"] and res["copy_GBps"] > 0
   for r in res["rows"]:
@@ -53,8 +54,20 @@ def test_tuned_kernel_rows_are_checked_against_the_reference(bench, tmp_path):
   assert res["read_GBps"] > 0 and set(res["hlo_by_k"]) == {"40"}  # every k dumped
   assert res["hlo_by_k"]["40"]["shape"] == "f32[2,40,128]" and "- at k = 40:" in md
   assert (out / "xla_reference_hlo_k40.txt").is_file()
+  # --contiguous: XLA and the tuned kernel timed again on runs of consecutive rows
+  assert all(r["xla_contig_s"] > 0 and r["kernel_contig_s"] > 0 for r in res["rows"])
+  assert "The same sizes with consecutive rows" in md and "| 2 | 128 | 100 |" in md
   # interpret-mode times never reach a dispatch table
   assert json.loads((out / "dispatch.json").read_text()) == []
+
+
+def test_contiguous_indices_are_runs_of_consecutive_rows(bench):
+  import jax
+
+  idx = np.asarray(bench.contiguous_indices(jax.random.key(3), 4, 3, 50, 1000))
+  assert idx.shape == (4, 3, 50) and idx.min() >= 0 and idx.max() < 1000
+  assert (np.diff(idx, axis=-1) == 1).all()  # k consecutive rows per set (no wrap at V - k)
+  assert len({int(i) for i in idx[..., 0].ravel()}) > 1  # at random offsets
 
 
 def test_device_timing_subtracts_one_dispatch_and_sizes_the_program(bench, monkeypatch):
