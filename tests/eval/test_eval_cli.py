@@ -378,7 +378,9 @@ def test_the_report_sets_a_run_beside_the_recorded_reference(suite, tmp_path, mo
                str(refs / "tiny" / "summary.json"))
   assert other["reference"]["same_config"] is False
   assert "another configuration" in (tmp_path / "other" / "summary.md").read_text()
-  assert "reference" not in _run(path, tmp_path / "none", "--reference", "none")
+  # "none": no comparison (the same records reported again: --report-only generates nothing)
+  assert "reference" not in _run(path, tmp_path / "mine", "--report-only", "--reference", "none")
+  assert "beside the recorded reference run" not in (tmp_path / "mine" / "summary.md").read_text()
   with pytest.raises(FileNotFoundError, match="nowhere"):  # a typo fails before any work
     _run(path, tmp_path / "typo", "--reference", str(tmp_path / "nowhere"))
   assert not (tmp_path / "typo").exists()
