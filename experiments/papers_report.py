@@ -97,6 +97,14 @@ def report(summary: dict) -> str:
   lines = [f"# The papers' experiment: {summary['suite']}", "",
            f"Run fingerprint {summary['fingerprint']}; machine: "
            f"{summary['environment'].get('cpu') or summary['environment'].get('device', '?')}.",
+           *(["", f"**Partial run**: {summary['partial']['questions']} of "
+              f"{summary['partial']['of']} questions (x seeds), those every method finished; "
+              f"left out: {', '.join(summary['partial']['left_out'])}."]
+             if summary.get("partial") else []),
+           *(["", f"MBSU and head rows (`rows`, the plot) not computed for "
+              f"{', '.join(summary['mbsu_unavailable'])}: their head / ranker / subset files "
+              f"were not at hand when the report was written (`--report-only`)."]
+             if summary.get("mbsu_unavailable") else []),
            "", "## Tau per Spec-Bench group and throughput (SpecVocab's layout)", "",
            "| method | rows | " + " | ".join(groups) + " | overall tau | tok/s | vs full | "
            "vs EAGLE-3 32K |", "|---" * (len(groups) + 6) + "|"]

@@ -72,9 +72,12 @@ class Method:
     return {f.name: f.default for f in dataclasses.fields(self.params)
             if f.default is not dataclasses.MISSING}
 
-  def parse(self, raw: dict, where: str):
+  def parse(self, raw: dict, where: str, *, check_files: bool = True):
     """The parameter dataclass from a mapping (YAML, flags); unknown, missing or mistyped
-    parameters and bad values are ConfigErrors naming the field and the value."""
+    parameters and bad values are ConfigErrors naming the field and the value. With
+    `check_files=False` the parameters' own checks (`params.check`: values, and the files they
+    name: heads, rankers, subsets) are left out, only names and types checked (a report
+    written from recorded records, `vocabjax.eval --report-only`, whose files may be gone)."""
     fields = self.fields
     unknown = sorted(set(raw) - set(fields))
     if unknown:
@@ -86,12 +89,13 @@ class Method:
       if k in raw and not _is(raw[k], typ):
         raise ConfigError(f"{where}: {self.name}.{k} must be {typ.__name__}, got {raw[k]!r}")
     params = self.params(**raw)
-    params.check(where)
+    if check_files:
+      params.check(where)
     return params
 
-  def check(self, raw: dict, where: str) -> None:
+  def check(self, raw: dict, where: str, *, check_files: bool = True) -> None:
     """`parse`, for validation only."""
-    self.parse(raw, where)
+    self.parse(raw, where, check_files=check_files)
 
   def make(self, target, draft, params, mesh=None):
     """The decoder; `params` is this method's dataclass or a mapping (parsed first). `mesh`:

@@ -3,6 +3,7 @@ counts of the wrong kind or size refused before anything runs."""
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -70,6 +71,21 @@ def test_vocabtrim_and_frspec_are_lossless_with_trimmed_mbsu(counts, tmp_path, t
   assert (text.parent / "subset-k48.npz").exists() and (gen.parent / "subset-k48.npz").exists()
   assert "vt_k48" in (out / "summary.md").read_text()
 
+  # the counts gone (a result directory copied elsewhere): --report-only needs nothing of
+  # them (a static subset's MBSU counts its k rows) and writes the same figures
+  aside = text.parent.with_name("text_aside")
+  text.parent.rename(aside)
+  try:
+    with pytest.raises(ConfigError, match="counts"):  # a run needs them, as before
+      main(parse_args(["--config", str(path), "--out", str(out), "--quiet"]))
+    again = main(parse_args(["--config", str(path), "--out", str(out), "--report-only"]))
+  finally:
+    aside.rename(text.parent)
+  assert "mbsu_unavailable" not in again
+  for m in again["methods"]:
+    for key in ("tau", "mbsu", "match_rate", "tokens_per_s"):
+      assert m["overall"][key] == by[m["name"]]["overall"][key], (m["name"], key)
+
 
 def test_wrong_counts_are_refused_at_load(counts, tmp_path, tiny_chat_dir):
   text, gen = counts
@@ -111,6 +127,9 @@ def ranker_file(tiny_chat_dir, tmp_path_factory):
 
 
 def test_specvocab_is_lossless_with_ranker_cost_in_mbsu(ranker_file, tmp_path, tiny_chat_dir):
+  import shutil
+
+  ranker_file = Path(shutil.copy(ranker_file, tmp_path / "ranker.safetensors"))  # removed below
   path = _suite(tmp_path, tiny_chat_dir, [
       {"name": "chain_g2", "method": "chain", "gamma": 2},
       {"name": "sv_k32", "method": "specvocab", "ranker": str(ranker_file), "k": 32,
@@ -125,6 +144,22 @@ def test_specvocab_is_lossless_with_ranker_cost_in_mbsu(ranker_file, tmp_path, t
     assert by[name]["draft_vocab_size"] == 32 + -(-(V * R + R * D) // D)  # k + ranker rows
   full, sv = by["chain_g2"]["overall"], by["sv_k32"]["overall"]
   assert sv["mbsu"] / sv["tau"] > full["mbsu"] / full["tau"]  # cheaper head than V rows
+
+  # the ranker gone: --report-only writes the tables from the records, without the MBSU and
+  # head rows that need the ranker's shapes, and says so
+  ranker_file.unlink()
+  again = main(parse_args(["--config", str(path), "--out", str(tmp_path / "res"),
+                           "--report-only"]))
+  assert set(again["mbsu_unavailable"]) == {"sv_k32", "sv_tree"}
+  assert "ranker" in again["mbsu_unavailable"]["sv_k32"]
+  re_by = {m["name"]: m for m in again["methods"]}
+  for name in ("sv_k32", "sv_tree"):
+    assert re_by[name]["overall"]["mbsu"] is None and re_by[name]["draft_vocab_size"] is None
+    assert re_by[name]["overall"]["tau"] == by[name]["overall"]["tau"]
+    assert re_by[name]["overall"]["match_rate"] == 1.0
+  assert re_by["chain_g2"]["overall"]["mbsu"] == full["mbsu"]
+  md = (tmp_path / "res" / "summary.md").read_text()
+  assert "MBSU and head rows not computed for sv_k32, sv_tree" in md
 
 
 def test_bad_specvocab_configs_are_refused(ranker_file, tmp_path, tiny_chat_dir):

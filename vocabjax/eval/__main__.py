@@ -61,7 +61,8 @@ class CliConfig:
 
 def resolve(cli: CliConfig):
   """The suite config with the command-line overrides applied."""
-  cfg = load_config(cli.config)
+  # --report-only reads recorded records: the methods' files (heads, rankers) may be gone
+  cfg = load_config(cli.config, check_files=not cli.report_only)
   if cli.spec_bench or cli.categories:
     ds = list(cfg.datasets)
     idx = [i for i, d in enumerate(ds) if d.kind == "spec_bench"]

@@ -81,7 +81,7 @@ class EvalConfig:
 _TOP = {f.name for f in dataclasses.fields(EvalConfig)}
 
 
-def config_from_dict(raw: dict, *, name: str = "custom") -> EvalConfig:
+def config_from_dict(raw: dict, *, name: str = "custom", check_files: bool = True) -> EvalConfig:
   """Validate a parsed YAML mapping and build the config; errors name the field and value."""
   if not isinstance(raw, dict):
     raise ConfigError(f"config {name}: expected a mapping at the top level, got {type(raw).__name__}")
@@ -104,7 +104,7 @@ def config_from_dict(raw: dict, *, name: str = "custom") -> EvalConfig:
       raise ConfigError(f"{where}: duplicate method name {label!r}")
     seen.add(label)
     params = {k: v for k, v in m.items() if k not in ("name", "method")}
-    METHODS[m["method"]].check(params, where)
+    METHODS[m["method"]].check(params, where, check_files=check_files)
     methods.append(MethodSpec(name=label, method=m["method"], params=tuple(sorted(params.items()))))
   if not methods:
     raise ConfigError(f"config {name}: 'methods' is empty")
@@ -189,9 +189,11 @@ def shipped_suites() -> list[str]:
   return sorted(p.stem for p in EVAL_CONFIG_DIR.glob("*.yaml"))
 
 
-def load_config(name_or_path: str | Path) -> EvalConfig:
-  """A shipped suite by name (`configs/eval/<name>.yaml`) or a YAML file by path."""
+def load_config(name_or_path: str | Path, *, check_files: bool = True) -> EvalConfig:
+  """A shipped suite by name (`configs/eval/<name>.yaml`) or a YAML file by path.
+  `check_files=False`: the methods' parameter values and files are not checked
+  (`Method.parse`), for reports of recorded runs."""
   path = suite_path(name_or_path)
   if not path.is_file():
     raise ConfigError(f"no eval config at {path}; shipped suites: {shipped_suites()}")
-  return config_from_dict(read_suite(path), name=path.stem)
+  return config_from_dict(read_suite(path), name=path.stem, check_files=check_files)

@@ -17,6 +17,8 @@ summary.json, schema version 1 (`SUMMARY_SCHEMA`, checked by `validate_summary`)
                   decoding, their match_rate against vocabjax's autoregressive output
   time_split_per_step  {method: vocabjax.decoding.profile.StepSplit.as_dict()}
   torch           versions of torch / transformers, or null
+  mbsu_unavailable (optional, --report-only) {method: why}: methods whose MBSU and head rows
+                  could not be computed (their head / ranker / subset files are not at hand)
   partial         (optional) null, or for a report of an unfinished run (--report-only):
                   questions (x seeds) every method finished and counted, of (the suite's),
                   records_left_out, left_out ("qid/seed s" not counted)
@@ -81,6 +83,7 @@ SUMMARY_SCHEMA = {
         "skipped": {"type": "array", "items": {"type": "object",
                                                "required": ["qid", "source", "reason"]}},
         "partial": {"type": ["object", "null"], "required": ["questions", "of"]},
+        "mbsu_unavailable": {"type": "object", "additionalProperties": {"type": "string"}},
         "reference": {"type": ["object", "null"],
                       "required": ["path", "commit", "machine", "same_config", "methods"]},
     },
@@ -220,7 +223,7 @@ def build_summary(config, records: list[dict], info: dict, splits: dict, meta: d
   vj_ar = {(r["qid"], r["seed"]): r for r in by.get(("vocabjax", ar_name), [])}
   torch_ar = {(r["qid"], r["seed"]): r for r in by.get(("torch", "ar"), [])}
 
-  methods = []
+  methods, unavailable = [], {}
   rows = [("vocabjax", m.name, m.method, m.kwargs) for m in config.methods]
   rows += [("torch", n, n, {}) for n in ("ar", "assisted", "uag") if ("torch", n) in by]
   for fw, name, method, params in rows:
@@ -230,14 +233,20 @@ def build_summary(config, records: list[dict], info: dict, splits: dict, meta: d
     c = gamma = vocab = None
     spec = METHODS.get(method) if fw == "vocabjax" else None
     full = spec.params(**params) if spec is not None else None  # the run validated them
-    if spec is not None and spec.drafter_params is not None:  # a drafter of its own (EAGLE)
-      vocab = spec.head_rows(full) if spec.head_rows else None
-      c = spec.drafter_params(full) / t_params
-      gamma = spec.drafter_passes(full)
-    elif spec is not None and spec.drafter_passes and dcfg is not None:
-      vocab = spec.head_rows(full) if spec.head_rows else dcfg.vocab_size
-      c = dcfg.num_params(include_embedding=False, head_rows=vocab) / t_params
-      gamma = spec.drafter_passes(full)
+    try:
+      if spec is not None and spec.drafter_params is not None:  # a drafter of its own (EAGLE)
+        vocab = spec.head_rows(full) if spec.head_rows else None
+        c = spec.drafter_params(full) / t_params
+        gamma = spec.drafter_passes(full)
+      elif spec is not None and spec.drafter_passes and dcfg is not None:
+        vocab = spec.head_rows(full) if spec.head_rows else dcfg.vocab_size
+        c = dcfg.num_params(include_embedding=False, head_rows=vocab) / t_params
+        gamma = spec.drafter_passes(full)
+    except Exception as e:  # noqa: BLE001 (whatever a missing or unreadable file raises)
+      if not meta.get("files_may_be_missing"):
+        raise
+      c = gamma = vocab = None  # MBSU and the head's rows need the method's files
+      unavailable[name] = f"{type(e).__name__}: {e}"
     base = vj_ar if fw == "vocabjax" else torch_ar
 
     def agg(rs):
@@ -277,7 +286,8 @@ def build_summary(config, records: list[dict], info: dict, splits: dict, meta: d
              "fingerprint": config.fingerprint(), "config": config.as_dict(),
              "environment": env, "models": model_info, "groups": groups, "methods": methods,
              "time_split_per_step": splits, "torch": meta.get("torch_versions"),
-             "skipped": meta.get("skipped") or [], "partial": meta.get("partial")}
+             "skipped": meta.get("skipped") or [], "partial": meta.get("partial"),
+             **({"mbsu_unavailable": unavailable} if unavailable else {})}
   summary = _clean(summary)
   validate_summary(summary)
   return summary
@@ -295,11 +305,17 @@ def markdown(summary: dict) -> str:
            f"jax {env['jax']}, {env['dtype']}", f"- date: {env['date']}",
            *([f"- **partial run**: {summary['partial']['questions']} of "
               f"{summary['partial']['of']} questions (x seeds) finished by every method, and "
-              f"only those are counted ({summary['partial']['records_left_out']} records of "
+              f"only those are counted ({summary['partial']['records_left_out']} record(s) of "
               f"unfinished questions left out: "
               f"{', '.join(summary['partial']['left_out'][:20])}"
               f"{' ...' if len(summary['partial']['left_out']) > 20 else ''})"]
              if summary.get("partial") else []),
+           *([f"- MBSU and head rows not computed for {', '.join(summary['mbsu_unavailable'])}: "
+              f"their files are not here ("
+              + "; ".join(f"{k}: {v[:160]}" for k, v in
+                          list(summary["mbsu_unavailable"].items())[:3])
+              + (" ..." if len(summary["mbsu_unavailable"]) > 3 else "") + ")"]
+             if summary.get("mbsu_unavailable") else []),
            *([f"- reports written from the recorded records (--report-only) on "
               f"{platform.node() or platform.machine()}; machine and CPU above are the "
               f"records'"] if env.get("report_only") else []),

@@ -387,7 +387,9 @@ def report_only(config: EvalConfig, out: str | os.PathLike, *,
   Only questions (and seeds) that every method finished are counted, so every method is
   measured on the same questions; the summary's `partial` says how many of the suite's that
   is and how many records were left out (null when the run is complete). The machine and CPU
-  in the summary are those the records were made on (`run.json`), not this one's."""
+  in the summary are those the records were made on (`run.json`), not this one's. The methods'
+  files need not be here (`config` loaded with `check_files=False`): a method whose MBSU needs
+  them is listed in the summary's `mbsu_unavailable` instead."""
   out = Path(out)
   run = out / "run.json"
   if not run.is_file():
@@ -424,6 +426,7 @@ def report_only(config: EvalConfig, out: str | os.PathLike, *,
   machine = (meta_run.get("inputs") or {}).get("machine") or {}
   summary = report.build_summary(config, kept, config_info(config), splits, meta={
       "load_s": None, "torch_versions": None, "skipped": [], "partial": partial,
+      "files_may_be_missing": True,
       "environment": {"report_only": True,
                       **({"machine": machine["host"]} if "host" in machine else {}),
                       **({"cpu": machine["cpu"]} if "cpu" in machine else {}),
