@@ -283,6 +283,15 @@ def dispatch_entries(res: dict) -> list[dict]:
           for r in res["rows"] if r.get("kernel_blocks")]
 
 
+def merge_into_table(res: dict, table: str, history: bool, label: str = "") -> None:
+  """A run's dispatch entries merged into the dispatch table at `table` (`dispatch.merge`)."""
+  from vocabjax.kernels import dispatch
+
+  entries = dispatch_entries(res)
+  print(f"[bench] {label}{len(entries)} entries merged into "
+        f"{dispatch.merge(entries, table, history=history)}", file=sys.stderr)
+
+
 def markdown(res: dict) -> str:
   bw = res["copy_GBps"]
   kern = res["with_kernel"]
@@ -400,16 +409,12 @@ def main(argv=None) -> int:
   if a.from_results:
     if not a.update_table:
       p.error("--from-results needs --update-table PATH")
-    from vocabjax.kernels import dispatch
     for f in a.from_results:
       try:
         res = json.loads(Path(f).read_text())
       except (OSError, json.JSONDecodeError) as e:
         p.error(f"--from-results {f}: cannot read a results.json ({e})")
-      entries = dispatch_entries(res)
-      print(f"[bench] {f}: {len(entries)} entries merged into "
-            f"{dispatch.merge(entries, a.update_table, history=a.table_history)}",
-            file=sys.stderr)
+      merge_into_table(res, a.update_table, a.table_history, f"{f}: ")
     return 0
   if not a.out:
     p.error("--out is required (unless --from-results)")
@@ -458,10 +463,7 @@ def main(argv=None) -> int:
     md = write_reports(res, out)
   print(md)
   if a.update_table:
-    from vocabjax.kernels import dispatch
-    print(f"[bench] {len(dispatch_entries(res))} entries merged into "
-          f"{dispatch.merge(dispatch_entries(res), a.update_table, history=a.table_history)}",
-          file=sys.stderr)
+    merge_into_table(res, a.update_table, a.table_history)
   return 0
 
 

@@ -82,7 +82,6 @@ KNOWN: dict[str, dict] = {
 }
 
 
-
 class ShapeError(ValueError):
   """A model the benchmark cannot find a config for."""
 
