@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import ast
 import collections
+import functools
 import json
 import random
 import sys
@@ -88,29 +89,41 @@ def stdlib_items(min_doc: int = 400, max_doc: int = 2500, methods: bool = False)
   root = Path(sysconfig.get_paths()["stdlib"])
   docs, funcs, meths = [], [], []
   for f in sorted(root.glob("*.py")):
-    text = f.read_text(errors="replace")
-    try:
-      tree = ast.parse(text)
-    except SyntaxError:
+    parsed = _stdlib_file(f)
+    if parsed is None:
       continue
-    doc = ast.get_docstring(tree)
+    doc, fs, ms = parsed
     if doc and min_doc <= len(doc) <= max_doc:
       docs.append((f.stem, doc))
-    src = text.splitlines()
-
-    def explainable(body, prefix):  # public, documented, 8-30 lines; dedented source
-      return [(f"{prefix}.{node.name}",
-               textwrap.dedent("\n".join(src[node.lineno - 1:node.end_lineno])))
-              for node in body
-              if isinstance(node, ast.FunctionDef) and ast.get_docstring(node)
-              and not node.name.startswith("_") and 8 <= node.end_lineno - node.lineno + 1 <= 30]
-
-    funcs += explainable(tree.body, f.stem)
+    funcs += fs
     if methods:
-      for cls in tree.body:
-        if isinstance(cls, ast.ClassDef) and not cls.name.startswith("_"):
-          meths += explainable(cls.body, f"{f.stem}.{cls.name}")
+      meths += ms
   return docs, funcs + meths
+
+
+@functools.lru_cache(maxsize=None)
+def _stdlib_file(f: Path):
+  """One stdlib file's (module docstring, functions, public classes' methods), each function
+  (name, dedented source) when public, documented and 8-30 lines long; None if it does not
+  parse. Parsed once per process (build and stdlib_items ask for every file each time)."""
+  text = f.read_text(errors="replace")
+  try:
+    tree = ast.parse(text)
+  except SyntaxError:
+    return None
+  src = text.splitlines()
+
+  def explainable(body, prefix):
+    return tuple((f"{prefix}.{node.name}",
+                  textwrap.dedent("\n".join(src[node.lineno - 1:node.end_lineno])))
+                 for node in body
+                 if isinstance(node, ast.FunctionDef) and ast.get_docstring(node)
+                 and not node.name.startswith("_") and 8 <= node.end_lineno - node.lineno + 1 <= 30)
+
+  meths = tuple(m for cls in tree.body
+                if isinstance(cls, ast.ClassDef) and not cls.name.startswith("_")
+                for m in explainable(cls.body, f"{f.stem}.{cls.name}"))
+  return ast.get_docstring(tree), explainable(tree.body, f.stem), meths
 
 
 def build(n_shakespeare: int, n_docs: int, n_functions: int, seed: int, *,
