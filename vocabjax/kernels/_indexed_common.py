@@ -9,6 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
 
+from vocabjax.kernels.gather import take_rows
+
 IMPLS = ("auto", "reference", "gpu", "tpu")
 
 
@@ -39,7 +41,7 @@ def indexed_lm_head_reference(h: jax.Array, U: jax.Array, idx: jax.Array) -> jax
   """XLA gather + einsum: reads the K selected rows per batch row, f32 accumulation."""
   check_shapes(h, U, idx)
   check_indices(idx, U.shape[0])
-  rows = jnp.take(U, idx, axis=0, mode="clip")  # [B, K, D]
+  rows = take_rows(U, idx, mode="clip")  # [B, K, D]
   return jnp.einsum("BKD,BD->BK", rows, h, preferred_element_type=jnp.float32)
 
 

@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 
 from vocabjax.kernels.cpu_matmul import linear
+from vocabjax.kernels.gather import take_rows
 from vocabjax.lowering import lowering_of
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
@@ -128,7 +129,7 @@ def eagle_forward(params: dict, embed: jax.Array, tokens: jax.Array, hidden: jax
   `llamalike.forward` (a tree's frontier sees only its ancestors)."""
   c = config.layer
   T = tokens.shape[1]
-  e = jnp.take(embed, tokens, axis=0)
+  e = take_rows(embed, tokens)
   layer = params["layer"]
   attn_in = jnp.concatenate([rms_norm(e, layer["attn_norm"], c.rms_norm_eps),
                              rms_norm(hidden, layer["hidden_norm"], c.rms_norm_eps)], axis=-1)

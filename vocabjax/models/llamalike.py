@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vocabjax.kernels.cpu_matmul import linear
+from vocabjax.kernels.gather import take_rows
 from vocabjax.lowering import Lowering, lowering_of
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
@@ -496,7 +497,7 @@ def embed_tokens(params: Params, tokens: jax.Array, config: LlamaLikeConfig | No
   """The embedding rows of `tokens` in `compute_dtype(params)` (dequantized for int8); with
   `config.scale_embeddings` (Gemma) times sqrt(D) rounded to the embedding's dtype and
   multiplied in it, as transformers' Gemma3TextScaledWordEmbedding does."""
-  x = jnp.take(params["embed"], tokens, axis=0)
+  x = take_rows(params["embed"], tokens)
   if is_int8(params):
     x = x.astype(jnp.float32) * jnp.take(params["embed" + SCALE], tokens, axis=0)[..., None]
   if config is not None and config.scale_embeddings:

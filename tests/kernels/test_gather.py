@@ -1,0 +1,42 @@
+"""`take_rows`: the rows `jnp.take` gives, and on the CPU a bf16 / f16 table is never widened
+whole inside a loop (XLA:CPU's f32 gather hoisted the table's convert out of a drafter's loop:
+the whole table written in f32 on every call of a step)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from vocabjax.kernels.gather import take_rows
+from vocabjax.testing.hlo import materialized
+
+V, D = 640, 48
+
+
+def _loop(take):
+  def f(table, idx):
+    def body(i, acc):
+      return acc + take(table, (idx + i) % V).astype(jnp.float32).sum(0)
+    return jax.lax.fori_loop(0, 4, body, jnp.zeros((D,), jnp.float32))
+  return jax.jit(f)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32", "int8"])
+def test_rows_are_jnp_takes_and_a_loop_never_widens_the_table(dtype):
+  rs = np.random.RandomState(0)
+  table = jnp.asarray(rs.randn(V, D) * 10, dtype)
+  idx = jnp.asarray([3, 0, V - 1, 17], jnp.int32)
+  for mode in (None, "clip", "fill"):
+    np.testing.assert_array_equal(np.asarray(take_rows(table, idx, mode=mode)),
+                                  np.asarray(jnp.take(table, idx, axis=0, mode=mode)))
+  bad = jnp.asarray([V + 2, -V - 1], jnp.int32)  # out of range: NaN for floats, as jnp.take
+  np.testing.assert_array_equal(  # (numpy compares a bf16 NaN with itself only widened)
+      np.asarray(take_rows(table, bad, mode="fill"), np.float32),
+      np.asarray(jnp.take(table, bad, axis=0, mode="fill"), np.float32))
+  ours = _loop(take_rows)
+  np.testing.assert_array_equal(np.asarray(ours(table, idx)),
+                                np.asarray(_loop(lambda t, i: jnp.take(t, i, axis=0))(table, idx)))
+  assert not materialized(ours.lower(table, idx).compile().as_text(), (V, D))
+  if dtype == "bfloat16":  # what the barrier prevents: jnp.take's loop widens the whole table
+    plain = _loop(lambda t, i: jnp.take(t, i, axis=0)).lower(table, idx).compile().as_text()
+    assert materialized(plain, (V, D))

@@ -1,0 +1,28 @@
+"""Reading a compiled program's optimized HLO in tests: which arrays it materializes."""
+
+from __future__ import annotations
+
+import re
+
+_INSTR = re.compile(r"^\s*(?:ROOT )?%(\S+) = (\w+)\[([\d,]*)\]\S* ([\w-]+)\(")
+_FUSED = re.compile(r"calls=%([\w.-]+)")
+# no new buffer: the operand itself, a view of it, or a loop's / call's pass-through
+_VIEWS = {"parameter", "get-tuple-element", "bitcast", "opt-barrier", "tuple"}
+
+
+def materialized(hlo_text: str, shape: tuple[int, ...]) -> list[tuple[str, str, str]]:
+  """(computation, instruction, opcode) of every instruction outside fusions whose result has
+  `shape` (any dtype) and is a new buffer: e.g. an embedding table widened to f32 in a loop.
+  Instructions inside a fused computation are computed element by element where they are
+  read (a fused gather converts only the rows it reads), so they are not counted."""
+  want = ",".join(map(str, shape))
+  fused = set(_FUSED.findall(hlo_text))
+  out, comp = [], None
+  for line in hlo_text.splitlines():
+    if line and not line[0].isspace() and "{" in line:  # a computation's header
+      comp = line.split()[1 if line.startswith("ENTRY") else 0].lstrip("%")
+      continue
+    m = _INSTR.match(line)
+    if m and comp not in fused and m.group(3) == want and m.group(4) not in _VIEWS:
+      out.append((comp, m.group(1), m.group(4)))
+  return out
