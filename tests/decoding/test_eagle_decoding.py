@@ -238,6 +238,13 @@ def test_greedy_identity_with_a_bf16_target(target):
   hc, head = random_head(bf, CFG, None, layers=(0, 1))
   prompts = [np.random.RandomState(4).randint(0, CFG.vocab_size, n).tolist() for n in (70, 40)]
   ar = Decoder(bf, CFG).generate(prompts, max_new_tokens=16)
-  res = EagleDecoder(bf, CFG, head, hc, tree=TreeParams(2, 3, 6)).generate(prompts,
-                                                                           max_new_tokens=16)
+  dec = EagleDecoder(bf, CFG, head, hc, tree=TreeParams(2, 3, 6))
+  res = dec.generate(prompts, max_new_tokens=16)
   assert res.tokens == ar.tokens
+  # the head's steps gather the bf16 target's embedding rows, never widen the whole table
+  from vocabjax.testing.hlo import materialized, step_programs
+
+  steps = step_programs(dec)
+  assert steps
+  for p in steps:
+    assert not materialized(p.as_text(), (CFG.vocab_size, CFG.hidden_size))

@@ -17,7 +17,7 @@ from vocabjax.decoding.tree import TreeParams
 from vocabjax.kernels import cpu_matmul
 from vocabjax.lowering import cpu_kernel_default
 from vocabjax.models.llamalike import cast_weights, compute_dtype
-from vocabjax.testing.hlo import materialized
+from vocabjax.testing.hlo import materialized, step_programs
 from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
 
 
@@ -61,14 +61,11 @@ def test_greedy_identity_per_dtype(pair, dtype, kernel, names):
     assert res.tokens == ar.tokens, name
     assert res.stats.tau > 1, name
     if kernel:  # (XLA's dot path widens its weights by design: the reason for the kernel)
-      steps = [p for _, progs in dec._programs.items()
-               for p in (progs if isinstance(progs, tuple) else (progs,))
-               if hasattr(p, "as_text") and "prefill" not in p.as_text().split(",")[0]]
+      steps = step_programs(dec)
       assert steps, name
       for step in steps:  # the drafting loop gathers table rows, never widens the table
-        table = (CFG.vocab_size, CFG.hidden_size)
-        assert not materialized(step.as_text(), table), (name, materialized(step.as_text(),
-                                                                            table))
+        found = materialized(step.as_text(), (CFG.vocab_size, CFG.hidden_size))
+        assert not found, (name, found)
 
 
 def test_bf16_differs_from_f32_but_decodes(pair):

@@ -26,3 +26,14 @@ def materialized(hlo_text: str, shape: tuple[int, ...]) -> list[tuple[str, str, 
     if m and comp not in fused and m.group(3) == want and m.group(4) not in _VIEWS:
       out.append((comp, m.group(1), m.group(4)))
   return out
+
+
+def step_programs(decoder) -> list:
+  """The compiled programs a decoder built so far (its `ProgramCache`), prefills left out (a
+  prompt block's activations may share a table's shape; the loops are in the steps)."""
+  out = []
+  for _, progs in decoder._programs.items():
+    for p in progs if isinstance(progs, tuple) else (progs,):
+      if hasattr(p, "as_text") and "prefill" not in p.as_text().split(",")[0]:
+        out.append(p)
+  return out
