@@ -40,3 +40,21 @@ def test_rows_are_jnp_takes_and_a_loop_never_widens_the_table(dtype):
   if dtype == "bfloat16":  # what the barrier prevents: jnp.take's loop widens the whole table
     plain = _loop(lambda t, i: jnp.take(t, i, axis=0)).lower(table, idx).compile().as_text()
     assert materialized(plain, (V, D))
+
+
+def test_the_indexed_heads_xla_path_in_a_loop_reads_rows_only():
+  """SpecVocab's head on the CPU (XLA's gather + dot, `indexed_lm_head_reference`) inside a
+  drafting loop over a bf16 head: the K rows are gathered, the [V, D] head is never widened."""
+  from vocabjax.kernels.indexed_lm_head import indexed_lm_head
+
+  U = jnp.asarray(np.random.RandomState(1).randn(V, D), jnp.bfloat16)
+  h = jnp.ones((2, D), jnp.float32)
+
+  def f(U, h):
+    def body(i, acc):
+      idx = (jnp.arange(16)[None, :] * 7 + i + jnp.arange(2)[:, None]) % V
+      return acc + indexed_lm_head(h, U, idx, impl="reference").sum()
+    return jax.lax.fori_loop(0, 3, body, jnp.float32(0))
+
+  txt = jax.jit(f).lower(U, h).compile().as_text()
+  assert not materialized(txt, (V, D))
