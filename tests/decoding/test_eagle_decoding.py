@@ -242,9 +242,9 @@ def test_greedy_identity_with_a_bf16_target(target):
   res = dec.generate(prompts, max_new_tokens=16)
   assert res.tokens == ar.tokens
   # the head's steps gather the bf16 target's embedding rows, never widen the whole table
-  from vocabjax.testing.hlo import materialized, step_programs
+  from vocabjax.testing.hlo import materialized, step_hlo
 
-  steps = step_programs(dec)
+  steps = step_hlo(dec)
   assert steps
-  for p in steps:
-    assert not materialized(p.as_text(), (CFG.vocab_size, CFG.hidden_size))
+  for text in steps:
+    assert not materialized(text, (CFG.vocab_size, CFG.hidden_size))

@@ -17,7 +17,7 @@ from vocabjax.decoding.tree import TreeParams
 from vocabjax.kernels import cpu_matmul
 from vocabjax.lowering import cpu_kernel_default
 from vocabjax.models.llamalike import cast_weights, compute_dtype
-from vocabjax.testing.hlo import materialized, step_programs
+from vocabjax.testing.hlo import materialized, step_hlo
 from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
 
 
@@ -61,10 +61,10 @@ def test_greedy_identity_per_dtype(pair, dtype, kernel, names):
     assert res.tokens == ar.tokens, name
     assert res.stats.tau > 1, name
     if kernel:  # (XLA's dot path widens its weights by design: the reason for the kernel)
-      steps = step_programs(dec)
+      steps = step_hlo(dec)
       assert steps, name
-      for step in steps:  # the drafting loop gathers table rows, never widens the table
-        found = materialized(step.as_text(), (CFG.vocab_size, CFG.hidden_size))
+      for text in steps:  # the drafting loop gathers table rows, never widens the table
+        found = materialized(text, (CFG.vocab_size, CFG.hidden_size))
         assert not found, (name, found)
 
 

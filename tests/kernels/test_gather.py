@@ -33,13 +33,12 @@ def test_rows_are_jnp_takes_and_a_loop_never_widens_the_table(dtype):
   np.testing.assert_array_equal(  # (numpy compares a bf16 NaN with itself only widened)
       np.asarray(take_rows(table, bad, mode="fill"), np.float32),
       np.asarray(jnp.take(table, bad, axis=0, mode="fill"), np.float32))
-  ours = _loop(take_rows)
-  np.testing.assert_array_equal(np.asarray(ours(table, idx)),
-                                np.asarray(_loop(lambda t, i: jnp.take(t, i, axis=0))(table, idx)))
-  assert not materialized(ours.lower(table, idx).compile().as_text(), (V, D))
+  ours, plain = (_loop(f).lower(table, idx).compile()
+                 for f in (take_rows, lambda t, i: jnp.take(t, i, axis=0)))
+  np.testing.assert_array_equal(np.asarray(ours(table, idx)), np.asarray(plain(table, idx)))
+  assert not materialized(ours.as_text(), (V, D))
   if dtype == "bfloat16":  # what the barrier prevents: jnp.take's loop widens the whole table
-    plain = _loop(lambda t, i: jnp.take(t, i, axis=0)).lower(table, idx).compile().as_text()
-    assert materialized(plain, (V, D))
+    assert materialized(plain.as_text(), (V, D))
 
 
 def test_the_indexed_heads_xla_path_in_a_loop_reads_rows_only():

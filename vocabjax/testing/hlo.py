@@ -7,7 +7,7 @@ import re
 _INSTR = re.compile(r"^\s*(?:ROOT )?%(\S+) = (\w+)\[([\d,]*)\]\S* ([\w-]+)\(")
 _FUSED = re.compile(r"calls=%([\w.-]+)")
 # no new buffer: the operand itself, a view of it, or a loop's / call's pass-through
-_VIEWS = {"parameter", "get-tuple-element", "bitcast", "opt-barrier", "tuple"}
+_VIEWS = {"parameter", "get-tuple-element", "bitcast", "opt-barrier"}
 
 
 def materialized(hlo_text: str, shape: tuple[int, ...]) -> list[tuple[str, str, str]]:
@@ -28,12 +28,10 @@ def materialized(hlo_text: str, shape: tuple[int, ...]) -> list[tuple[str, str, 
   return out
 
 
-def step_programs(decoder) -> list:
-  """The compiled programs a decoder built so far (its `ProgramCache`), prefills left out (a
-  prompt block's activations may share a table's shape; the loops are in the steps)."""
-  out = []
-  for _, progs in decoder._programs.items():
-    for p in progs if isinstance(progs, tuple) else (progs,):
-      if hasattr(p, "as_text") and "prefill" not in p.as_text().split(",")[0]:
-        out.append(p)
-  return out
+def step_hlo(decoder) -> list[str]:
+  """The optimized HLO of the compiled programs a decoder built so far (its `ProgramCache`),
+  prefills left out (a prompt block's activations may share a table's shape; the loops are in
+  the steps)."""
+  texts = [p.as_text() for _, progs in decoder._programs.items()
+           for p in (progs if isinstance(progs, tuple) else (progs,)) if hasattr(p, "as_text")]
+  return [t for t in texts if "prefill" not in t.split(",")[0]]
