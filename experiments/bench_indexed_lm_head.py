@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import platform
 import re
@@ -60,8 +61,8 @@ from vocabjax.io import atomic_write_text
 GRID = ((1024, 100352), (4096, 100352), (2560, 151936), (4096, 151936))
 KS = tuple(128 * 2 ** i for i in range(7))  # 128 ... 8192
 TUNE_GRID = {"variant": ("fma", "dot"), "block_k": (64, 128), "block_d": (128, 256),
-             "num_warps": (4, 8), "num_stages": (3,), "split_d": (1, 4)}
-INT_KNOBS = ("block_k", "block_d", "num_warps", "num_stages", "split_d")
+             "num_warps": (4, 8), "num_stages": (3,), "split_d": (1, 4), "persist": (0,)}
+INT_KNOBS = ("block_k", "block_d", "num_warps", "num_stages", "split_d", "persist")
 
 
 def gpu_candidates(d: int, k: int, grid: dict = TUNE_GRID, B: int | None = None,
@@ -69,7 +70,8 @@ def gpu_candidates(d: int, k: int, grid: dict = TUNE_GRID, B: int | None = None,
   """Configurations of the Triton kernel worth timing for width d and k candidates: block_d at
   most d, block_k at most k rounded up to a power of two, split_d at most d's chunk count, and
   (given B and the SM count) split_d > 1 only where B * K / block_k programs fill fewer than
-  two waves of the SMs."""
+  two waves of the SMs; a persistent grid (persist > 0) only with split_d 1 and (given B) at
+  most one program per tile."""
   from vocabjax.kernels.indexed_lm_head_gpu import aligned_block_d
 
   kp = 1 << max(0, (k - 1).bit_length())
@@ -79,15 +81,17 @@ def gpu_candidates(d: int, k: int, grid: dict = TUNE_GRID, B: int | None = None,
       for bd in grid["block_d"]:
         for nw in grid["num_warps"]:
           for ns in grid["num_stages"]:
-            for sd in grid["split_d"]:
+            for sd, pp in itertools.product(grid["split_d"], grid.get("persist", (0,))):
               if bd > max(d, grid["block_d"][0]) or bk > max(kp, grid["block_k"][0]):
                 continue
               if sd > -(-d // aligned_block_d(d, bd)):
                 continue
               if sd > 1 and B and sms and B * -(-k // bk) >= 2 * sms:
                 continue
+              if pp and (sd > 1 or (B and pp > B * -(-k // bk))):  # persist: split 1, <= tiles
+                continue
               c = {"variant": v, "block_k": bk, "block_d": bd, "num_warps": nw,
-                   "num_stages": ns, "split_d": sd}
+                   "num_stages": ns, "split_d": sd, "persist": pp}
               if tuple(c.values()) not in seen:
                 seen.add(tuple(c.values()))
                 out.append(c)
@@ -299,7 +303,7 @@ def markdown(res: dict) -> str:
   if kern:
     head += ["kernel ms", "kernel GB/s", "kernel / copy bw", "kernel / read bw", "kernel vs xla",
              "kernel host ms",
-             "config (variant, k, d, warps, stages, split)", "max err"]
+             "config (variant, k, d, warps, stages, split, persist)", "max err"]
   lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
   for r in res["rows"]:
     cells = [r["B"], r["d"], r["V"], r["k"], f"{r['full_s'] * 1e3:.4f}",
@@ -312,7 +316,8 @@ def markdown(res: dict) -> str:
                 f"{gbps / res['read_GBps']:.0%}" if res.get("read_GBps") else "-",
                 f"{r['xla_gather_s'] / r['kernel_s']:.2f}x", f"{r['kernel_host_s'] * 1e3:.3f}",
                 (f"{b['variant']}, {b['block_k']}, {b['block_d']}, {b['num_warps']}, "
-                 f"{b['num_stages']}, {b['split_d']}") if b else "default",
+                 f"{b['num_stages']}, {b['split_d']}, {b.get('persist', 0)}") if b else
+                "default",
                 f"{r['kernel_max_err']:.1e}"]
     lines.append("| " + " | ".join(map(str, cells)) + " |")
   contig = [r for r in res["rows"] if r.get("xla_contig_s")]

@@ -12,7 +12,8 @@
 # start; each step's limit is capped by what is left of BUDGET_S, and SKIP="name ..." leaves
 # steps out): the reworked Triton kernel smoke-tested, then tuned against XLA with device-side
 # timing at B = 10 (SpecVocab's bars: d >= 2560, k >= 2048), again at k = 2048 repeated (for the
-# dispatch table's history), and at the real drafters' B = 1 widths (writing the dispatch table the next steps use);
+# dispatch table's history), its persistent grid against one program per tile at k = 2048,
+# and at the real drafters' B = 1 widths (writing the dispatch table the next steps use);
 # whole SpecVocab chain steps with the kernel and with XLA against the full-vocabulary chain;
 # the decoding exactness tests on the GPU in f32 and bf16 (last: it gets what is left).
 # `DRY=1` runs the same steps on the CPU at tiny shapes (interpret mode;
@@ -64,7 +65,9 @@ if [ "$SET" = kernel ]; then
           --copy-mib 8 16 --tune-block-k 64 --tune-block-d 64 --tune-num-warps 4 --tune-split-d 1)
     KB1=("${KB10[@]}")
     KK=("${KB10[@]}" --contiguous)
+    KP=("${KB10[@]}" --tune-variant dot --tune-persist 0 2 --contiguous)
     SMOKE_SHAPE=(2 256 1000 40)
+    SMOKE_PERSIST=2
     STEPS=(--target "$DRY_TARGET" --draft "$DRY_DRAFT" --context 16 --max-len 96 --steps 2
            --repeats 1 --ranker-rank 8 --methods ar chain_g3 sv16_g3_xla sv16_g3_auto)
     EXACT=(--dtypes float32 --files tests/vocab/test_trimmed.py -k "greedy and chain and float32")
@@ -87,7 +90,16 @@ if [ "$SET" = kernel ]; then
     KK=(--batch 10 --shapes 4096:151936 2560:151936 --ks 2048 --calls 16 --repeats 30
         --tune-variant dot fma --tune-block-k 64 128 --tune-block-d 128 --tune-num-warps 2 4 8
         --tune-num-stages 3 --tune-split-d 1 --contiguous)
+    # A persistent grid (`persist`: 264 / 528 programs = 2 / 4 per SM of 132, each an equal
+    # share of the (tile, chunk) iterations in one pipelined loop) against one program per tile
+    # (320 tiles: some SMs run 3, most 2; `experiments/results/kernels/triton_inspect/`), in
+    # one step so both are timed in the same minutes. Not merged into the dispatch table here
+    # (`--from-results` after reading it): the k2048 step above is the table's run.
+    KP=(--batch 10 --shapes 4096:151936 2560:151936 --ks 2048 --calls 16 --repeats 30
+        --tune-variant dot --tune-block-k 32 64 --tune-block-d 128 --tune-num-warps 4
+        --tune-num-stages 3 5 --tune-split-d 1 --tune-persist 0 264 528 --contiguous)
     SMOKE_SHAPE=(10 4096 151936 2048)
+    SMOKE_PERSIST=264
     STEPS=(--pair qwen2.5-coder --dtype bfloat16 --steps 6 --repeats 3
            --methods ar chain_g3 sv2048_g3_xla sv2048_g3_kernel)
     EXACT=(--dtypes float32 bfloat16 --workers 12)
@@ -105,14 +117,14 @@ idx = jax.random.randint(jax.random.fold_in(k, 2), (B, K), 0, V)
 ref = np.asarray(indexed_lm_head_reference(h.astype(jnp.float32), U.astype(jnp.float32), idx))
 bad = 0
 for variant in ('fma', 'dot'):
-  for split in (1, 2):
+  for split, persist in ((1, 0), (2, 0), (1, $SMOKE_PERSIST)):
     try:
       got = np.asarray(jax.jit(lambda h, U, i: indexed_lm_head_gpu(h, U, i, variant=variant,
-                       split_d=split, interpret=$INTERP))(h, U, idx))
+                       split_d=split, persist=persist, interpret=$INTERP))(h, U, idx))
       err = float(np.abs(got - ref).max() / np.abs(ref).max())
-      print(variant, split, 'max rel err', err); bad += err > 1e-2
+      print(variant, split, persist, 'max rel err', err); bad += err > 1e-2
     except Exception as e:
-      print(variant, split, 'FAILED', type(e).__name__, str(e)[:2000]); bad += 1
+      print(variant, split, persist, 'FAILED', type(e).__name__, str(e)[:2000]); bad += 1
 sys.exit(1 if bad else 0)
 " "${SMOKE_SHAPE[@]}"
   smoke=$?
@@ -123,6 +135,8 @@ sys.exit(1 if bad else 0)
     # 2b. k = 2048 repeated (the kernel and XLA are level there; see above).
     step kernel_k2048 "${KK_S:-90}" python3 "$K" --out "$W/kernel_k2048" "${KK[@]}" \
       --update-table "$TABLE"
+    # 2c. The persistent grid against one program per tile, k = 2048 (see KP above).
+    step kernel_persist "${KP_S:-80}" python3 "$K" --out "$W/kernel_persist" "${KP[@]}"
     # 3. The real drafters' widths at B = 1 (Qwen2.5-0.5B d = 896, Llama-3.2-1B d = 2048).
     step kernel_b1 "${KB1_S:-60}" python3 "$K" --out "$W/kernel_b1" "${KB1[@]}" \
       --update-table "$TABLE"

@@ -28,9 +28,12 @@ def test_prepared_gpu_run_dry_on_cpu(tmp_path):
                         text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   log = (w / "steps.log").read_text()
-  for name in ("kernel_smoke", "kernel_b10", "kernel_k2048", "kernel_b1", "steps_specvocab",
-               "exactness"):
+  for name in ("kernel_smoke", "kernel_b10", "kernel_k2048", "kernel_persist", "kernel_b1",
+               "steps_specvocab", "exactness"):
     assert f"== {name}: exit 0" in log, log
+  assert "dot 1 2 max rel err" in (w / "kernel_smoke.log").read_text()  # the persistent grid
+  persist = json.loads((w / "kernel_persist" / "results.json").read_text())["rows"][0]
+  assert {c["persist"] for c in persist["tuning"]} == {0, 2} and persist["kernel_contig_s"]
   b10 = json.loads((w / "kernel_b10" / "results.json").read_text())
   assert b10["interpret"] and b10["rows"][0]["kernel_max_err"] < 1e-5
   assert (w / "kernel_b10" / "dispatch.json").is_file()

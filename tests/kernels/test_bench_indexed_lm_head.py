@@ -33,6 +33,13 @@ def test_candidates_fit_the_shape(bench):
   # split_d > 1 only where the programs fill fewer than two waves of the SMs
   assert {c["split_d"] for c in bench.gpu_candidates(4096, 512, B=10, sms=132)} == {1, 4}
   assert {c["split_d"] for c in bench.gpu_candidates(4096, 8192, B=10, sms=132)} == {1}
+  # a persistent grid: split 1 only, at most one program per tile (B * k / block_k)
+  grid = {**bench.TUNE_GRID, "variant": ("dot",), "block_k": (32, 64), "block_d": (128,),
+          "num_warps": (4,), "split_d": (1, 2), "persist": (0, 264, 528)}
+  got = {(c["block_k"], c["split_d"], c["persist"])
+         for c in bench.gpu_candidates(4096, 2048, grid, B=10, sms=400)}
+  assert got == {(32, 1, 0), (32, 2, 0), (64, 1, 0), (64, 2, 0), (32, 1, 264), (32, 1, 528),
+                 (64, 1, 264)}  # 64-row tiles: 320, fewer than 528
 
 
 def test_tuned_kernel_rows_are_checked_against_the_reference(bench, tmp_path):
@@ -140,7 +147,8 @@ def test_tuning_grid_options_and_reports_after_each_shape(bench, tmp_path, monke
                 "--tune-num-warps", "4", "--tune-num-stages", "1", "2", "--tune-variant", "dot",
                 "--tune-split-d", "1", *SMALL])
   assert calls[0][1] == {"variant": ("dot",), "block_k": (64,), "block_d": (64,),
-                         "num_warps": (4,), "num_stages": (1, 2), "split_d": (1,)}
+                         "num_warps": (4,), "num_stages": (1, 2), "split_d": (1,),
+                         "persist": (0,)}
   res = json.loads((out / "results.json").read_text())
   assert [(r["d"], r["k"]) for r in res["rows"]] == [(128, 40)]
   assert {(t["block_k"], t["num_stages"]) for t in res["rows"][0]["tuning"]} == {(64, 1), (64, 2)}

@@ -241,6 +241,39 @@ def test_gpu_kernel_variants_and_splits_interpret(variant, B, D, V, K, block_d, 
                              rtol=tol, atol=tol * D ** 0.5)
 
 
+@pytest.mark.parametrize("variant", ["fma", "dot"])
+@pytest.mark.parametrize("B,D,V,K,block_d,persist", [
+    (3, 96, 500, 70, 32, 2),  # 15 tiles of 3 chunks over 2 programs: ranges cut tiles
+    (3, 100, 500, 70, 32, 7),  # D = 100: masked chunks; 7 programs
+    (2, 128, 300, 64, 64, 1),  # one program walks everything
+    (1, 40, 300, 33, 32, 50)])  # more programs asked than tiles (3): one per tile
+def test_gpu_kernel_persistent_interpret(variant, B, D, V, K, block_d, persist):
+  h, U, idx = _inputs(B, D, V, K, jnp.bfloat16)
+  got = indexed_lm_head_gpu(h, U, idx, interpret=True, variant=variant, block_d=block_d,
+                            block_k=16, persist=persist)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(indexed_lm_head_reference(h, U, idx)),
+                             rtol=2e-2, atol=2e-2 * D ** 0.5)
+
+
+def test_persistent_ranges_cut_each_tile_at_most_once():
+  """The persistent kernel writes a tile's partial sums to two slots: that needs every tile to
+  meet at most two programs' ranges, which holds when there are no more programs than tiles."""
+  from vocabjax.kernels.indexed_lm_head_gpu import persistent_range, programs
+
+  for tiles in (1, 3, 15, 320):
+    for nc in (1, 3, 32):
+      for P in sorted({min(p, tiles) for p in (1, 2, 7, 132, 264)}):
+        ranges = [persistent_range(p, tiles * nc, P) for p in range(P)]
+        assert ranges[0][0] == 0 and ranges[-1][1] == tiles * nc
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))  # contiguous, no gaps
+        for t in range(tiles):
+          meets = [p for p, (s, e) in enumerate(ranges) if s < (t + 1) * nc and e > t * nc]
+          assert 1 <= len(meets) <= 2, (tiles, nc, P, t, meets)
+  assert programs(10, 4096, 2048, {"block_k": 64, "persist": 264}) == 264
+  assert programs(10, 4096, 2048, {"block_k": 64, "persist": 500}) == 320  # capped at tiles
+  assert programs(10, 4096, 2048, {"block_k": 64, "block_d": 128, "split_d": 2}) == 640
+
+
 def test_gpu_kernel_bad_options():
   from vocabjax.kernels.indexed_lm_head_gpu import aligned_block_d
 
@@ -252,3 +285,7 @@ def test_gpu_kernel_bad_options():
     indexed_lm_head_gpu(h, U, idx, block_k=48, interpret=True)
   with pytest.raises(ValueError, match=r"split_d=5 must be in \[1, 2\]"):
     indexed_lm_head_gpu(h, U, idx, block_d=64, split_d=5, interpret=True)
+  with pytest.raises(ValueError, match=r"persist=-1 must be 0"):
+    indexed_lm_head_gpu(h, U, idx, persist=-1, interpret=True)
+  with pytest.raises(ValueError, match=r"persist=4 .* split_d=1 \(got split_d=2\)"):
+    indexed_lm_head_gpu(h, U, idx, block_d=64, split_d=2, persist=4, interpret=True)

@@ -17,7 +17,10 @@ vocabulary cheaper than the full head (V*D reads) when K << V:
   GPU (Triton, `indexed_lm_head_gpu`): grid (B, K / block_k, split_d); a program loads its
     block_k indices, then walks its share of D in aligned contiguous chunks of block_d, gathering
     a [block_k, block_d] tile of U and accumulating in f32 (a 2-D accumulator reduced once, or
-    an MMA against h padded to 16 columns), software-pipelined.
+    an MMA against h padded to 16 columns), software-pipelined (the MMA form: Triton pipelines
+    loads that feed a dot). `persist=P`: a grid of P programs sharing the (tile, chunk)
+    iterations evenly instead (one loop each, partial sums of a tile cut between two programs
+    added after).
   TPU (Mosaic, `indexed_lm_head_tpu`): the indices are scalar-prefetched into SMEM; grid
     (B, K / block_k); each index's tile-aligned group of rows (2 rows in bf16, which share their
     32-bit words in HBM) is DMA'd from U, left in HBM in its own layout, into a double-buffered

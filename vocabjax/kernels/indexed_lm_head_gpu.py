@@ -19,6 +19,16 @@ Two ways to reduce a tile (`variant`):
          products and the accumulator stays small, so larger tiles fit in registers.
 `split_d` > 1 splits D over a third grid axis (more programs when B * K / block_k is below the
 SM count); the partial sums [split_d, B, K] are added by XLA after the kernel.
+
+`persist` = P > 0: a persistent grid of P programs (at most the B * K / block_k tiles) instead
+of one program per tile. The (tile, chunk) iterations, tile-major, are split into P contiguous
+ranges of equal length (+-1), and each program walks its range in one loop: the SMs' loads are
+even to one chunk (a grid of 320 tiles over 132 SMs leaves some SMs three tiles and most two),
+and the loop's loads can be pipelined across tile boundaries (the row indices are read per
+iteration). A tile is cut by at most one range boundary (ranges are at least a tile long): the
+program holding its first chunk writes its partial sum to slot 0 of a [2, B, K] output, the
+next program the rest to slot 1 (or the first program a zero, when it holds the whole tile),
+and XLA adds the two slots: one addition per output, in a fixed order (deterministic).
 """
 
 from __future__ import annotations
@@ -85,9 +95,74 @@ def _gpu_kernel(idx_ref, h_ref, u_ref, o_ref, *, D, V, block_k, block_d, chunks_
   o_ref[s, b, pl.ds(j * block_k, block_k)] = jnp.sum(acc, axis=1)
 
 
+def _persistent_kernel(idx_ref, h_ref, u_ref, o_ref, *, D, V, block_k, block_d, n_tiles,
+                       k_blocks, programs, variant):
+  from jax.experimental.pallas import triton as pltr
+
+  p = pl.program_id(0)
+  nc = pl.cdiv(D, block_d)
+  total = n_tiles * nc
+  start, end = persistent_range(p, total, programs)
+  aligned = D % block_d == 0
+  width = _MMA_N if variant == "dot" else block_d
+  first = (jnp.arange(_MMA_N) == 0)[None, :]
+
+  def body(it, acc):
+    t, c = it // nc, it % nc
+    b, j = t // k_blocks, t % k_blocks
+    rows = jnp.clip(idx_ref[b, pl.ds(pl.multiple_of(j * block_k, block_k), block_k)], 0, V - 1)
+    cs = pl.multiple_of(c * block_d, block_d)
+    if aligned:
+      uv, hv = u_ref[rows, pl.ds(cs, block_d)], h_ref[b, pl.ds(cs, block_d)]
+    else:
+      cols = cs + jnp.arange(block_d)
+      inside = cols < D
+      hv = pltr.load(h_ref.at[b, cols], mask=inside, other=0.0)
+      uv = pltr.load(u_ref.at[rows[:, None], cols[None, :]], mask=inside[None, :], other=0.0)
+    if variant == "dot":
+      hm = jnp.where(first, hv[:, None], jnp.zeros((), hv.dtype)).astype(uv.dtype)
+      acc = acc + pltr.dot(uv, hm, allow_tf32=False)
+    else:
+      acc = acc + uv.astype(jnp.float32) * hv.astype(jnp.float32)[None, :]
+    done = (c == nc - 1) | (it == end - 1)  # the tile ends here, or this program's range does
+
+    @pl.when(done)
+    def _():
+      out = pl.ds(pl.multiple_of(j * block_k, block_k), block_k)
+      holds_start = t * nc >= start
+      o_ref[jnp.where(holds_start, 0, 1), b, out] = jnp.sum(acc, axis=1)
+
+      @pl.when(holds_start & (c == nc - 1))  # the whole tile was here: nothing to add
+      def _():
+        o_ref[1, b, out] = jnp.zeros((block_k,), jnp.float32)
+
+    return jnp.where(done, 0.0, acc)
+
+  jax.lax.fori_loop(start, end, body, jnp.zeros((block_k, width), jnp.float32))
+
+
+def persistent_range(p, total, programs):
+  """[start, end) of program p's (tile, chunk) iterations among `total` split over `programs`:
+  lengths differ by at most one (ints or traced values)."""
+  return p * total // programs, (p + 1) * total // programs
+
+
+def programs(B: int, D: int, K: int, config: dict) -> int:
+  """Programs in the kernel's grid for (B, D, K) and a configuration (`indexed_lm_head_gpu`'s
+  keyword arguments)."""
+  bk = config.get("block_k", 64)
+  tiles = B * pl.cdiv(K, bk)
+  if config.get("persist", 0):
+    return min(config["persist"], tiles)
+  n_chunks = pl.cdiv(D, aligned_block_d(D, config.get("block_d", 128)))
+  cps = pl.cdiv(n_chunks, config.get("split_d", 1))
+  return tiles * pl.cdiv(n_chunks, cps)
+
+
 def indexed_lm_head_gpu(h, U, idx, *, block_k: int = 64, block_d: int = 128,
                         num_warps: int = 4, num_stages: int = 3, split_d: int = 1,
-                        variant: str = "fma", interpret: bool = False) -> jax.Array:
+                        variant: str = "fma", persist: int = 0,
+                        interpret: bool = False) -> jax.Array:
   """The Triton kernel (module doc); `interpret=True` runs it on any backend. block_d is
   lowered to a power of two dividing D where one >= 16 exists (`aligned_block_d`)."""
   check_shapes(h, U, idx)
@@ -105,20 +180,31 @@ def indexed_lm_head_gpu(h, U, idx, *, block_k: int = 64, block_d: int = 128,
   if not 1 <= split_d <= n_chunks:
     raise ValueError(f"split_d={split_d} must be in [1, {n_chunks}] (D={D} in chunks of "
                      f"block_d={block_d})")
+  if persist < 0 or (persist and split_d != 1):
+    raise ValueError(f"persist={persist} must be 0 (one program per tile) or a program count "
+                     f"> 0 with split_d=1 (got split_d={split_d})")
   cps = pl.cdiv(n_chunks, split_d)
   split_d = pl.cdiv(n_chunks, cps)  # no empty split
   idx_p = _pad_k(idx, block_k)
   Kp = idx_p.shape[1]
-  kernel = functools.partial(_gpu_kernel, D=D, V=U.shape[0], block_k=block_k,
-                             block_d=block_d, chunks_per_split=cps, variant=variant)
   compiler_params = None
   if not interpret:
     from jax.experimental.pallas import triton as pltr
     compiler_params = pltr.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+  if persist:
+    tiles = B * (Kp // block_k)
+    P = min(persist, tiles)  # every range at least a tile long: a tile meets <= 2 programs
+    kernel = functools.partial(_persistent_kernel, D=D, V=U.shape[0], block_k=block_k,
+                               block_d=block_d, n_tiles=tiles, k_blocks=Kp // block_k,
+                               programs=P, variant=variant)
+    grid, slots = (P,), 2
+  else:
+    kernel = functools.partial(_gpu_kernel, D=D, V=U.shape[0], block_k=block_k,
+                               block_d=block_d, chunks_per_split=cps, variant=variant)
+    grid, slots = (B, Kp // block_k, split_d), split_d
   out = pl.pallas_call(
-      kernel, grid=(B, Kp // block_k, split_d),
-      out_shape=jax.ShapeDtypeStruct((split_d, B, Kp), jnp.float32),
+      kernel, grid=grid, out_shape=jax.ShapeDtypeStruct((slots, B, Kp), jnp.float32),
       compiler_params=compiler_params, interpret=interpret,
       name="indexed_lm_head_gpu")(idx_p, h, U)
-  out = out[0] if split_d == 1 else jnp.sum(out, axis=0)
+  out = out[0] if slots == 1 else (out[0] + out[1] if slots == 2 else jnp.sum(out, axis=0))
   return out[:, :K]
