@@ -40,7 +40,7 @@ def tokenize(model: str, corpus: str, limit: int | None, num_proc: int):
   ds = datasets.Dataset.from_dict({"text": docs})
   t = time.perf_counter()
   ds.map(lambda b: {"ids": tok(b["text"], add_special_tokens=False)["input_ids"]},
-         batched=True, num_proc=num_proc, remove_columns=["text"])
+         batched=True, num_proc=num_proc if num_proc > 1 else None, remove_columns=["text"])
   out["datasets_map_s"] = time.perf_counter() - t
   out["datasets_map_num_proc"] = num_proc
   out["datasets_map_tokens_per_s"] = out["tokens"] / out["datasets_map_s"]

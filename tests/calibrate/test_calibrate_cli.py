@@ -92,6 +92,10 @@ def test_local_datasets_source(tiny_chat_dir, tmp_path):
                          dataset=str(tmp_path / "ds"), field="content", num_proc=2),
                 progress=False)
   np.testing.assert_array_equal(c.counts, _expected(tiny_chat_dir, DOCS * 3, c.vocab_size))
+  here = run_count(CountJob(model=str(tiny_chat_dir), out=str(tmp_path / "o1"),  # the default:
+                            dataset=str(tmp_path / "ds"), field="content"),    # no workers
+                   progress=False)
+  np.testing.assert_array_equal(here.counts, c.counts)
   with pytest.raises(CalibrationError, match="no column 'text'"):
     run_count(CountJob(model=str(tiny_chat_dir), out=str(tmp_path / "o2"),
                        dataset=str(tmp_path / "ds")), progress=False)

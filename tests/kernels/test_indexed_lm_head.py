@@ -266,6 +266,8 @@ def test_persistent_ranges_cut_each_tile_at_most_once():
         ranges = [persistent_range(p, tiles * nc, P) for p in range(P)]
         assert ranges[0][0] == 0 and ranges[-1][1] == tiles * nc
         assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))  # contiguous, no gaps
+        lengths = [e - s for s, e in ranges]
+        assert max(lengths) - min(lengths) <= 1  # even shares
         for t in range(tiles):
           meets = [p for p, (s, e) in enumerate(ranges) if s < (t + 1) * nc and e > t * nc]
           assert 1 <= len(meets) <= 2, (tiles, nc, P, t, meets)

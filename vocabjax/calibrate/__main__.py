@@ -40,7 +40,11 @@ def _parser():
   c.add_argument("--jsonl", nargs="+", default=[])
   c.add_argument("--dataset", help="a local datasets directory (save_to_disk) or data file")
   c.add_argument("--field", default="text", help="jsonl/dataset field with the text")
-  c.add_argument("--num-proc", type=int, default=2, help="datasets.map workers")
+  c.add_argument("--num-proc", type=int, default=1,
+                 help="datasets.map worker processes for --dataset (default 1: tokenize in this "
+                      "process, where the fast tokenizer already runs threads; more fork this "
+                      "process, which runs JAX's threads, and measured slower on 2 cores: "
+                      "docs/measurements.md)")
   c.add_argument("--docs-per-unit", type=int, default=256)
   c.add_argument("--generate", action="store_true", help="count generated completions")
   c.add_argument("--generator", help="model writing the completions (default: --model)")

@@ -68,7 +68,7 @@ class CountJob:
   glob: tuple[str, ...] = ("*.py", "*.txt", "*.md", "*.rst")
   skip_dirs: tuple[str, ...] = ("site-packages", "dist-packages", "__pycache__", ".git")
   docs_per_unit: int = 256
-  num_proc: int = 2  # datasets.map workers
+  num_proc: int = 1  # datasets.map worker processes (1: none; more fork this process)
   # generated sources
   generator: str | None = None  # model that writes the completions (default: `model`)
   prompts: tuple[str, ...] = ("spec_bench",)
@@ -430,7 +430,8 @@ def _dataset_units(job: CountJob, tokenizer, timing: dict) -> list:
   tok = ds.map(lambda b: {"_ids": tokenizer([_doc_text(x, field, "dataset") if not
                                               isinstance(x, str) else x for x in b[field]],
                                              add_special_tokens=False)["input_ids"]},
-               batched=True, num_proc=job.num_proc if len(ds) >= 2 * job.num_proc else None,
+               batched=True,
+               num_proc=job.num_proc if job.num_proc > 1 and len(ds) >= 2 * job.num_proc else None,
                remove_columns=ds.column_names, desc="tokenize")
   ids = tok["_ids"]
   timing["tokenize_s"] += time.perf_counter() - t

@@ -141,10 +141,13 @@ def _persistent_kernel(idx_ref, h_ref, u_ref, o_ref, *, D, V, block_k, block_d, 
   jax.lax.fori_loop(start, end, body, jnp.zeros((block_k, width), jnp.float32))
 
 
-def persistent_range(p, total, programs):
+def persistent_range(p, total: int, programs: int):
   """[start, end) of program p's (tile, chunk) iterations among `total` split over `programs`:
-  lengths differ by at most one (ints or traced values)."""
-  return p * total // programs, (p + 1) * total // programs
+  the first total % programs ranges one longer. p may be traced (int32: no product of p with
+  `total`, which would overflow for large grids)."""
+  q, r = divmod(total, programs)
+  start = p * q + (p < r) * p + (p >= r) * r
+  return start, start + q + (p < r)
 
 
 def programs(B: int, D: int, K: int, config: dict) -> int:
