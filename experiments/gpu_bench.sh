@@ -95,6 +95,8 @@ if [ "$SET" = kernel ]; then
     # (320 tiles: some SMs run 3, most 2; `experiments/results/kernels/triton_inspect/`), in
     # one step so both are timed in the same minutes. Not merged into the dispatch table here
     # (`--from-results` after reading it): the k2048 step above is the table's run.
+    # (Triton 3.9 pipelines the persistent loop with one buffer fewer per num_stages: 5
+    # stages keep 3 tiles of U in flight.)
     KP=(--batch 10 --shapes 4096:151936 2560:151936 --ks 2048 --calls 16 --repeats 30
         --tune-variant dot --tune-block-k 32 64 --tune-block-d 128 --tune-num-warps 4
         --tune-num-stages 3 5 --tune-split-d 1 --tune-persist 0 264 528 --contiguous)
@@ -135,8 +137,11 @@ sys.exit(1 if bad else 0)
     # 2b. k = 2048 repeated (the kernel and XLA are level there; see above).
     step kernel_k2048 "${KK_S:-90}" python3 "$K" --out "$W/kernel_k2048" "${KK[@]}" \
       --update-table "$TABLE"
-    # 2c. The persistent grid against one program per tile, k = 2048 (see KP above).
+    # 2c. The persistent grid against one program per tile, k = 2048 (see KP above), twice:
+    # two runs of the new grid for the table's history (`--from-results`, the first with
+    # `--no-table-history` if the persistent grid wins: it is a new kernel).
     step kernel_persist "${KP_S:-80}" python3 "$K" --out "$W/kernel_persist" "${KP[@]}"
+    step kernel_persist2 "${KP_S:-80}" python3 "$K" --out "$W/kernel_persist2" "${KP[@]}"
     # 3. The real drafters' widths at B = 1 (Qwen2.5-0.5B d = 896, Llama-3.2-1B d = 2048).
     step kernel_b1 "${KB1_S:-60}" python3 "$K" --out "$W/kernel_b1" "${KB1[@]}" \
       --update-table "$TABLE"

@@ -28,8 +28,8 @@ def test_prepared_gpu_run_dry_on_cpu(tmp_path):
                         text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   log = (w / "steps.log").read_text()
-  for name in ("kernel_smoke", "kernel_b10", "kernel_k2048", "kernel_persist", "kernel_b1",
-               "steps_specvocab", "exactness"):
+  for name in ("kernel_smoke", "kernel_b10", "kernel_k2048", "kernel_persist",
+               "kernel_persist2", "kernel_b1", "steps_specvocab", "exactness"):
     assert f"== {name}: exit 0" in log, log
   assert "dot 1 2 max rel err" in (w / "kernel_smoke.log").read_text()  # the persistent grid
   persist = json.loads((w / "kernel_persist" / "results.json").read_text())["rows"][0]
