@@ -248,11 +248,13 @@ def test_gpu_kernel_variants_and_splits_interpret(variant, B, D, V, K, block_d, 
     (2, 128, 300, 64, 64, 1),  # one program walks everything
     (1, 40, 300, 33, 32, 50)])  # more programs asked than tiles (3): one per tile
 def test_gpu_kernel_persistent_interpret(variant, B, D, V, K, block_d, persist):
-  h, U, idx = _inputs(B, D, V, K, jnp.bfloat16)
-  got = indexed_lm_head_gpu(h, U, idx, interpret=True, variant=variant, block_d=block_d,
-                            block_k=16, persist=persist)
-  np.testing.assert_allclose(np.asarray(got), np.asarray(indexed_lm_head_reference(h, U, idx)),
-                             rtol=2e-2, atol=2e-2 * D ** 0.5)
+  for dtype, tol in ((jnp.bfloat16, 2e-2), (jnp.float32, 1e-5)):
+    h, U, idx = _inputs(B, D, V, K, dtype)
+    got = indexed_lm_head_gpu(h, U, idx, interpret=True, variant=variant, block_d=block_d,
+                              block_k=16, persist=persist)
+    np.testing.assert_allclose(np.asarray(got),
+                               np.asarray(indexed_lm_head_reference(h, U, idx)),
+                               rtol=tol, atol=tol * D ** 0.5)
 
 
 def test_persistent_ranges_cut_each_tile_at_most_once():
