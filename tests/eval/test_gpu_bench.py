@@ -71,3 +71,20 @@ def test_skipped_steps_and_the_budget(tmp_path):
   assert "== kernel_smoke: skipped (SKIP)" in log and "== kernel_b1: skipped (SKIP)" in log
   assert "== steps_specvocab: skipped" in log and "of BUDGET_S=0 left" in log
   assert "== exactness: skipped" in log and "python3" not in log, proc.stdout[-2000:]
+
+
+def test_a_failing_persistent_grid_skips_only_its_steps(tmp_path):
+  """The new grid failing its smoke test (here: a refused program count) costs its own steps,
+  not the established kernel's measurements."""
+  w = tmp_path / "w"
+  env = {**os.environ, "DRY": "1", "W": str(w), "DRY_TARGET": "unused", "DRY_DRAFT": "unused",
+         "JAX_PLATFORMS": "cpu", "DRY_SMOKE_PERSIST": "-1", "XLA_FLAGS": subprocess_xla_flags(),
+         "SKIP": "kernel_b10 kernel_k2048 kernel_b1 steps_specvocab exactness"}
+  proc = subprocess.run(["bash", "experiments/gpu_bench.sh"], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=300)
+  log = (w / "steps.log").read_text()
+  assert "== kernel_smoke: exit 0" in log, proc.stdout[-2000:] + proc.stderr[-2000:]
+  assert "persist=-1 must be 0" in (w / "kernel_smoke.log").read_text()
+  assert "== kernel_persist: skipped (the persistent grid failed kernel_smoke)" in log
+  assert "kernel_persist2" not in log
+
