@@ -95,11 +95,11 @@ if [ "$SET" = kernel ]; then
     # (320 tiles: some SMs run 3, most 2; `experiments/results/kernels/triton_inspect/`), in
     # one step so both are timed in the same minutes. Not merged into the dispatch table here
     # (`--from-results` after reading it): the k2048 step above is the table's run.
-    # (Triton 3.9 pipelines the persistent loop with one buffer fewer per num_stages: 5
-    # stages keep 3 tiles of U in flight.)
+    # (Triton 3.9 pipelines the persistent loop with fewer buffers of U per num_stages, the
+    # per-iteration index load taking stages: 3 -> 2, 5 -> 3, 7 -> 4 buffers.)
     KP=(--batch 10 --shapes 4096:151936 2560:151936 --ks 2048 --calls 16 --repeats 30
         --tune-variant dot --tune-block-k 32 64 --tune-block-d 128 --tune-num-warps 4
-        --tune-num-stages 3 5 --tune-split-d 1 --tune-persist 0 264 528 --contiguous)
+        --tune-num-stages 3 5 7 --tune-split-d 1 --tune-persist 0 264 528 --contiguous)
     SMOKE_SHAPE=(10 4096 151936 2048)
     SMOKE_PERSIST=264
     STEPS=(--pair qwen2.5-coder --dtype bfloat16 --steps 6 --repeats 3
