@@ -6,6 +6,8 @@ own compiler for sm_90a (H100 / H200) in a subprocess, assembles the PTX with th
 package ships (`-v`: registers, spills), and reports per configuration:
 
   shared     shared memory per program (bytes; Triton's pipeliner stages tiles there)
+  u_buffers  tiles of U the pipeline keeps in shared memory (the TTGIR's multi-buffered
+             [N, block_k, block_d] allocation; 0: none, the loads go to registers)
   regs       registers per thread, spills (ptxas)
   cp.async   16-byte asynchronous global->shared copies in the PTX (the pipelined loads)
   ld.v4      16-byte global->register loads (vectorized, not pipelined across iterations)
@@ -149,7 +151,10 @@ def inspect(B: int, D: int, V: int, K: int, config: dict, triton_path: str, arch
   if r.returncode:
     return {**config, "error": r.stderr.strip()[-600:]}
   c = json.loads(r.stdout.strip().splitlines()[-1])
+  bufs = [int(n) for n in re.findall(
+      rf"memdesc<(\d+)x{config['block_k']}x{_block_d(D, config)}x", c["ttgir"])]
   row = {**config, "triton": c["triton"], "shared": c["shared"],
+         "u_buffers": max(bufs, default=0),
          **ptxas_info(c["ptx"], c["bin"], arch),
          **{n: len(re.findall(p, c["ptx"])) for n, p in PTX_COUNTS.items()}}
   row.update(occupancy(row["regs"], row["shared"], config["num_warps"]))
@@ -163,9 +168,15 @@ def inspect(B: int, D: int, V: int, K: int, config: dict, triton_path: str, arch
   return row
 
 
+def _block_d(D: int, config: dict) -> int:
+  from vocabjax.kernels.indexed_lm_head_gpu import aligned_block_d
+
+  return aligned_block_d(D, config["block_d"])
+
+
 def markdown(rows: list[dict], header: str) -> str:
   cols = ["variant", "block_k", "block_d", "num_warps", "num_stages", "split_d", "persist",
-          "shared", "regs", "spill_bytes", "cp_async", "ld_v4", "ld_scalar16", "mma", "wgmma",
+          "shared", "u_buffers", "regs", "spill_bytes", "cp_async", "ld_v4", "ld_scalar16", "mma", "wgmma",
           "programs_per_sm", "limited_by", "programs", "waves", "balance"]
   lines = [header, "", "| shape | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 1)]
   for r in rows:
@@ -211,8 +222,8 @@ def main(argv=None):
     for vals in itertools.product(a.variant, a.block_k, a.block_d, a.num_warps, a.num_stages,
                                   a.split_d, a.persist):
       cfg = dict(zip(names, vals))
-      if cfg["persist"] and cfg["split_d"] > 1:
-        continue
+      if cfg["persist"] and (cfg["split_d"] > 1 or cfg["persist"] > B * -(-K // cfg["block_k"])):
+        continue  # the kernel caps P at the tile count: that row is another persist's
       row = {"shape": shape, **inspect(B, D, V, K, cfg, a.triton_path, a.arch, a.sms,
                                        out / "ir" if a.keep_ir else None)}
       rows.append(row)
