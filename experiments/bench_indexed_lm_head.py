@@ -387,6 +387,10 @@ def main(argv=None) -> int:
     vals = TUNE_GRID[name]
     p.add_argument(f"--tune-{name.replace('_', '-')}", type=int, nargs="+", default=list(vals),
                    help=f"{name} values tried when tuning (default {' '.join(map(str, vals))})")
+  p.add_argument("--tune-persist-per-sm", type=int, nargs="+", default=[],
+                 help="persistent grids of N programs per SM (N x this GPU's SM count), added "
+                      "to --tune-persist (the SM count differs between GPUs: 132 on an H100 "
+                      "SXM or H200, 114 on an H100 PCIe)")
   p.add_argument("--interpret", action="store_true",
                  help="run the GPU kernel in interpret mode (any backend; small shapes only)")
   p.add_argument("--tolerance", type=float, default=1e-2,
@@ -437,6 +441,13 @@ def main(argv=None) -> int:
     p.error("--tune covers the Triton (GPU) kernel only")
   tune_grid = {"variant": tuple(a.tune_variant),
                **{name: tuple(getattr(a, f"tune_{name}")) for name in INT_KNOBS}}
+  if a.tune_persist_per_sm:
+    sms = sm_count()
+    if not sms:
+      p.error("--tune-persist-per-sm: this device does not say its SM count; give "
+              "--tune-persist program counts instead")
+    tune_grid["persist"] = tuple(dict.fromkeys(
+        tune_grid["persist"] + tuple(n * sms for n in a.tune_persist_per_sm)))
   mib = tuple(a.copy_mib or ((256, 512) if backend == "cpu" else (2048, 6144)))
   commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True).stdout.strip()

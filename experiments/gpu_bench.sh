@@ -90,7 +90,7 @@ if [ "$SET" = kernel ]; then
     KK=(--batch 10 --shapes 4096:151936 2560:151936 --ks 2048 --calls 16 --repeats 30
         --tune-variant dot fma --tune-block-k 64 128 --tune-block-d 128 --tune-num-warps 2 4 8
         --tune-num-stages 3 --tune-split-d 1 --contiguous)
-    # A persistent grid (`persist`: 264 / 528 programs = 2 / 4 per SM of 132, each an equal
+    # A persistent grid (`persist`: 2 / 4 programs per SM, 264 / 528 on 132 SMs, each an equal
     # share of the (tile, chunk) iterations in one pipelined loop) against one program per tile
     # (320 tiles: some SMs run 3, most 2; `experiments/results/kernels/triton_inspect/`), in
     # one step so both are timed in the same minutes. Not merged into the dispatch table here
@@ -99,7 +99,8 @@ if [ "$SET" = kernel ]; then
     # per-iteration index load taking stages: 3 -> 2, 5 -> 3, 7 -> 4 buffers.)
     KP=(--batch 10 --shapes 4096:151936 2560:151936 --ks 2048 --calls 16 --repeats 30
         --tune-variant dot --tune-block-k 32 64 --tune-block-d 128 --tune-num-warps 4
-        --tune-num-stages 3 5 7 --tune-split-d 1 --tune-persist 0 264 528 --contiguous)
+        --tune-num-stages 3 5 7 --tune-split-d 1 --tune-persist 0 --tune-persist-per-sm 2 4
+        --contiguous)
     SMOKE_SHAPE=(10 4096 151936 2048)
     SMOKE_PERSIST=264
     STEPS=(--pair qwen2.5-coder --dtype bfloat16 --steps 6 --repeats 3

@@ -42,6 +42,25 @@ def test_candidates_fit_the_shape(bench):
                  (64, 1, 264)}  # 64-row tiles: 320, fewer than 528
 
 
+def test_persistent_grids_per_sm(bench, tmp_path, monkeypatch):
+  """--tune-persist-per-sm N adds N x the SM count to the persistent grids tried, so one
+  command fits GPUs with different SM counts; without a count it is refused."""
+  monkeypatch.setattr(bench, "sm_count", lambda: 2)
+  out = tmp_path / "r"
+  assert bench.main(["--out", str(out), "--interpret", "--tune", "--shapes", "64:500", "--ks",
+                     "128", "--batch", "2", "--tune-variant", "dot", "--tune-block-k", "64",
+                     "--tune-block-d", "64", "--tune-num-warps", "4", "--tune-split-d", "1",
+                     "--tune-persist", "0", "--tune-persist-per-sm", "1", "2", *SMALL]) == 0
+  res = json.loads((out / "results.json").read_text())
+  assert res["tune_grid"]["persist"] == [0, 2, 4]
+  assert {t["persist"] for t in res["rows"][0]["tuning"]} == {0, 2, 4}  # 4 tiles: all fit
+  assert res["rows"][0]["kernel_max_err"] < 1e-5
+  monkeypatch.setattr(bench, "sm_count", lambda: None)
+  with pytest.raises(SystemExit):
+    bench.main(["--out", str(tmp_path / "r2"), "--tune", "--shapes", "64:500", "--ks", "128",
+                "--tune-persist-per-sm", "2", *SMALL])
+
+
 def test_tuned_kernel_rows_are_checked_against_the_reference(bench, tmp_path):
   out = tmp_path / "r"
   assert bench.main(["--out", str(out), "--interpret", "--tune", "--shapes", "128:1000",
