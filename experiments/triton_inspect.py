@@ -117,6 +117,9 @@ def _compile_child(ttir: str, num_warps: int, num_stages: int, arch: int) -> Non
                     "bin": str(Path(triton.__file__).parent / "backends/nvidia/bin")}))
 
 
+_PTXAS_OK: dict = {}  # bin directory -> the bundled ptxas that read its PTX last
+
+
 def ptxas_info(ptx: str, bindir: str, arch: int) -> dict:
   """Registers and spill bytes of the PTX's kernel (`ptxas -v`, whichever bundled ptxas reads
   this PTX version)."""
@@ -124,10 +127,11 @@ def ptxas_info(ptx: str, bindir: str, arch: int) -> dict:
     src = Path(tmp, "k.ptx")
     src.write_text(ptx)
     errs = []
-    for exe in ("ptxas", "ptxas-blackwell"):
+    for exe in sorted(("ptxas", "ptxas-blackwell"), key=lambda e: e != _PTXAS_OK.get(bindir)):
       r = subprocess.run([str(Path(bindir, exe)), f"-arch=sm_{arch}a", "-v", str(src), "-o",
                           str(Path(tmp, "k.cubin"))], capture_output=True, text=True)
       if r.returncode == 0:
+        _PTXAS_OK[bindir] = exe  # tried first for the next configuration
         out = r.stdout + r.stderr
         regs = re.search(r"Used (\d+) registers", out)
         spill = re.search(r"(\d+) bytes spill stores", out)

@@ -56,74 +56,71 @@ def aligned_block_d(D: int, block_d: int) -> int:
   return block_d
 
 
-def _gpu_kernel(idx_ref, h_ref, u_ref, o_ref, *, D, V, block_k, block_d, chunks_per_split,
-                variant):
+def _tile(h_ref, u_ref, b, rows, c, *, D, block_d):
+  """(U tile [block_k, block_d] of `rows`, h chunk [block_d] of row b) at chunk c, in the
+  inputs' dtype: aligned contiguous slices, or masked past D (never clamped)."""
   from jax.experimental.pallas import triton as pltr
 
+  start = pl.multiple_of(c * block_d, block_d)
+  if D % block_d == 0:
+    return u_ref[rows, pl.ds(start, block_d)], h_ref[b, pl.ds(start, block_d)]
+  cols = start + jnp.arange(block_d)
+  inside = cols < D  # masked past D: the addresses beyond are never read
+  hv = pltr.load(h_ref.at[b, cols], mask=inside, other=0.0)
+  uv = pltr.load(u_ref.at[rows[:, None], cols[None, :]], mask=inside[None, :], other=0.0)
+  return uv, hv
+
+
+def _accumulator(block_k, block_d, variant):
+  """(the f32 accumulator's initial value, add(acc, U tile, h chunk) -> acc): "dot" an MMA
+  against h in column 0 of 16 (acc [block_k, 16], the other columns stay zero), "fma"
+  elementwise (acc [block_k, block_d]). Call it outside the loop (the MMA's column mask is
+  built here once)."""
+  if variant == "dot":
+    from jax.experimental.pallas import triton as pltr
+
+    first = (jnp.arange(_MMA_N) == 0)[None, :]
+
+    def add(acc, uv, hv):
+      hm = jnp.where(first, hv[:, None], jnp.zeros((), hv.dtype)).astype(uv.dtype)
+      return acc + pltr.dot(uv, hm, allow_tf32=False)
+
+    return jnp.zeros((block_k, _MMA_N), jnp.float32), add
+
+  def add(acc, uv, hv):
+    return acc + uv.astype(jnp.float32) * hv.astype(jnp.float32)[None, :]
+
+  return jnp.zeros((block_k, block_d), jnp.float32), add
+
+
+def _gpu_kernel(idx_ref, h_ref, u_ref, o_ref, *, D, V, block_k, block_d, chunks_per_split,
+                variant):
   b, j, s = pl.program_id(0), pl.program_id(1), pl.program_id(2)
   rows = jnp.clip(idx_ref[b, pl.ds(j * block_k, block_k)], 0, V - 1)  # [block_k]
   n_chunks = pl.cdiv(D, block_d)
   c0 = s * chunks_per_split
   c1 = jnp.minimum(c0 + chunks_per_split, n_chunks)
-  aligned = D % block_d == 0
+  acc0, add = _accumulator(block_k, block_d, variant)
 
-  def load(c):  # (U tile [block_k, block_d], h chunk [block_d]) in the inputs' dtype
-    start = pl.multiple_of(c * block_d, block_d)
-    if aligned:
-      return u_ref[rows, pl.ds(start, block_d)], h_ref[b, pl.ds(start, block_d)]
-    cols = start + jnp.arange(block_d)
-    inside = cols < D  # masked past D: the addresses beyond are never read
-    hv = pltr.load(h_ref.at[b, cols], mask=inside, other=0.0)
-    uv = pltr.load(u_ref.at[rows[:, None], cols[None, :]], mask=inside[None, :], other=0.0)
-    return uv, hv
+  def chunk(c, acc):
+    return add(acc, *_tile(h_ref, u_ref, b, rows, c, D=D, block_d=block_d))
 
-  if variant == "dot":
-    first = (jnp.arange(_MMA_N) == 0)[None, :]
-
-    def chunk(c, acc):
-      uv, hv = load(c)
-      hm = jnp.where(first, hv[:, None], jnp.zeros((), hv.dtype)).astype(uv.dtype)
-      return acc + pltr.dot(uv, hm, allow_tf32=False)  # [block_k, 16], columns 1.. zero
-
-    acc = jax.lax.fori_loop(c0, c1, chunk, jnp.zeros((block_k, _MMA_N), jnp.float32))
-  else:
-    def chunk(c, acc):
-      uv, hv = load(c)
-      return acc + uv.astype(jnp.float32) * hv.astype(jnp.float32)[None, :]
-
-    acc = jax.lax.fori_loop(c0, c1, chunk, jnp.zeros((block_k, block_d), jnp.float32))
+  acc = jax.lax.fori_loop(c0, c1, chunk, acc0)
   o_ref[s, b, pl.ds(j * block_k, block_k)] = jnp.sum(acc, axis=1)
 
 
 def _persistent_kernel(idx_ref, h_ref, u_ref, o_ref, *, D, V, block_k, block_d, n_tiles,
                        k_blocks, programs, variant):
-  from jax.experimental.pallas import triton as pltr
-
   p = pl.program_id(0)
   nc = pl.cdiv(D, block_d)
-  total = n_tiles * nc
-  start, end = persistent_range(p, total, programs)
-  aligned = D % block_d == 0
-  width = _MMA_N if variant == "dot" else block_d
-  first = (jnp.arange(_MMA_N) == 0)[None, :]
+  start, end = persistent_range(p, n_tiles * nc, programs)
+  acc0, add = _accumulator(block_k, block_d, variant)
 
   def body(it, acc):
     t, c = it // nc, it % nc
     b, j = t // k_blocks, t % k_blocks
     rows = jnp.clip(idx_ref[b, pl.ds(pl.multiple_of(j * block_k, block_k), block_k)], 0, V - 1)
-    cs = pl.multiple_of(c * block_d, block_d)
-    if aligned:
-      uv, hv = u_ref[rows, pl.ds(cs, block_d)], h_ref[b, pl.ds(cs, block_d)]
-    else:
-      cols = cs + jnp.arange(block_d)
-      inside = cols < D
-      hv = pltr.load(h_ref.at[b, cols], mask=inside, other=0.0)
-      uv = pltr.load(u_ref.at[rows[:, None], cols[None, :]], mask=inside[None, :], other=0.0)
-    if variant == "dot":
-      hm = jnp.where(first, hv[:, None], jnp.zeros((), hv.dtype)).astype(uv.dtype)
-      acc = acc + pltr.dot(uv, hm, allow_tf32=False)
-    else:
-      acc = acc + uv.astype(jnp.float32) * hv.astype(jnp.float32)[None, :]
+    acc = add(acc, *_tile(h_ref, u_ref, b, rows, c, D=D, block_d=block_d))
     done = (c == nc - 1) | (it == end - 1)  # the tile ends here, or this program's range does
 
     @pl.when(done)
@@ -138,7 +135,7 @@ def _persistent_kernel(idx_ref, h_ref, u_ref, o_ref, *, D, V, block_k, block_d, 
 
     return jnp.where(done, 0.0, acc)
 
-  jax.lax.fori_loop(start, end, body, jnp.zeros((block_k, width), jnp.float32))
+  jax.lax.fori_loop(start, end, body, acc0)
 
 
 def persistent_range(p, total: int, programs: int):
