@@ -72,7 +72,7 @@ def gpu_candidates(d: int, k: int, grid: dict = TUNE_GRID, B: int | None = None,
   (given B and the SM count) split_d > 1 only where B * K / block_k programs fill fewer than
   two waves of the SMs; a persistent grid (persist > 0) only with split_d 1 and (given B) at
   most one program per tile."""
-  from vocabjax.kernels.indexed_lm_head_gpu import aligned_block_d
+  from vocabjax.kernels.indexed_lm_head_gpu import aligned_block_d, tiles
 
   kp = 1 << max(0, (k - 1).bit_length())
   out, seen = [], set()
@@ -86,9 +86,9 @@ def gpu_candidates(d: int, k: int, grid: dict = TUNE_GRID, B: int | None = None,
                 continue
               if sd > -(-d // aligned_block_d(d, bd)):
                 continue
-              if sd > 1 and B and sms and B * -(-k // bk) >= 2 * sms:
+              if sd > 1 and B and sms and tiles(B, k, bk) >= 2 * sms:
                 continue
-              if pp and (sd > 1 or (B and pp > B * -(-k // bk))):  # persist: split 1, <= tiles
+              if pp and (sd > 1 or (B and pp > tiles(B, k, bk))):  # persist: split 1, <= tiles
                 continue
               c = {"variant": v, "block_k": bk, "block_d": bd, "num_warps": nw,
                    "num_stages": ns, "split_d": sd, "persist": pp}

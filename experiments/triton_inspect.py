@@ -216,6 +216,7 @@ def main(argv=None):
   import jax
 
   from vocabjax.io import atomic_write_text
+  from vocabjax.kernels.indexed_lm_head_gpu import tiles
 
   out = Path(a.out)
   out.mkdir(parents=True, exist_ok=True)
@@ -226,7 +227,7 @@ def main(argv=None):
     for vals in itertools.product(a.variant, a.block_k, a.block_d, a.num_warps, a.num_stages,
                                   a.split_d, a.persist):
       cfg = dict(zip(names, vals))
-      if cfg["persist"] and (cfg["split_d"] > 1 or cfg["persist"] > B * -(-K // cfg["block_k"])):
+      if cfg["persist"] and (cfg["split_d"] > 1 or cfg["persist"] > tiles(B, K, cfg["block_k"])):
         continue  # the kernel caps P at the tile count: that row is another persist's
       row = {"shape": shape, **inspect(B, D, V, K, cfg, a.triton_path, a.arch, a.sms,
                                        out / "ir" if a.keep_ir else None)}

@@ -276,6 +276,9 @@ def test_persistent_ranges_cut_each_tile_at_most_once():
   assert programs(10, 4096, 2048, {"block_k": 64, "persist": 264}) == 264
   assert programs(10, 4096, 2048, {"block_k": 64, "persist": 500}) == 320  # capped at tiles
   assert programs(10, 4096, 2048, {"block_k": 64, "block_d": 128, "split_d": 2}) == 640
+  # left-out knobs take the kernel's own defaults (block_k 64, one split, no persistence)
+  assert programs(10, 4096, 2048, {}) == 320 and programs(10, 4096, 2000, {"block_k": 128}) == 160
+  assert programs(3, 896, 100, {"split_d": 7}) == 3 * 2 * 7  # 896 = 7 chunks of 128
 
 
 def test_gpu_kernel_bad_options():

@@ -147,16 +147,28 @@ def persistent_range(p, total: int, programs: int):
   return start, start + q + (p < r)
 
 
+def tiles(B: int, K: int, block_k: int) -> int:
+  """The kernel's (row, block of block_k indices) tiles for B rows of K indices each."""
+  return B * pl.cdiv(K, block_k)
+
+
 def programs(B: int, D: int, K: int, config: dict) -> int:
   """Programs in the kernel's grid for (B, D, K) and a configuration (`indexed_lm_head_gpu`'s
-  keyword arguments)."""
-  bk = config.get("block_k", 64)
-  tiles = B * pl.cdiv(K, bk)
-  if config.get("persist", 0):
-    return min(config["persist"], tiles)
-  n_chunks = pl.cdiv(D, aligned_block_d(D, config.get("block_d", 128)))
-  cps = pl.cdiv(n_chunks, config.get("split_d", 1))
-  return tiles * pl.cdiv(n_chunks, cps)
+  keyword arguments; those left out take its defaults)."""
+  c = {**_defaults(), **config}
+  n_tiles = tiles(B, K, c["block_k"])
+  if c["persist"]:
+    return min(c["persist"], n_tiles)
+  n_chunks = pl.cdiv(D, aligned_block_d(D, c["block_d"]))
+  cps = pl.cdiv(n_chunks, c["split_d"])
+  return n_tiles * pl.cdiv(n_chunks, cps)
+
+
+def _defaults() -> dict:
+  """`indexed_lm_head_gpu`'s keyword defaults (block_k, block_d, ..., persist)."""
+  import inspect
+  return {n: p.default for n, p in inspect.signature(indexed_lm_head_gpu).parameters.items()
+          if p.default is not inspect.Parameter.empty}
 
 
 def indexed_lm_head_gpu(h, U, idx, *, block_k: int = 64, block_d: int = 128,
@@ -192,10 +204,10 @@ def indexed_lm_head_gpu(h, U, idx, *, block_k: int = 64, block_d: int = 128,
     from jax.experimental.pallas import triton as pltr
     compiler_params = pltr.CompilerParams(num_warps=num_warps, num_stages=num_stages)
   if persist:
-    tiles = B * (Kp // block_k)
-    P = min(persist, tiles)  # every range at least a tile long: a tile meets <= 2 programs
+    n_tiles = tiles(B, K, block_k)  # = B * (Kp // block_k)
+    P = min(persist, n_tiles)  # every range at least a tile long: a tile meets <= 2 programs
     kernel = functools.partial(_persistent_kernel, D=D, V=U.shape[0], block_k=block_k,
-                               block_d=block_d, n_tiles=tiles, k_blocks=Kp // block_k,
+                               block_d=block_d, n_tiles=n_tiles, k_blocks=Kp // block_k,
                                programs=P, variant=variant)
     grid, slots = (P,), 2
   else:
