@@ -335,7 +335,41 @@ def markdown(res: dict) -> str:
                    f"{r['xla_contig_s'] * 1e3:.4f} | {share(r['xla_contig_s'])} | "
                    + (f"{r['kernel_s'] * 1e3:.4f} | {ks_ * 1e3:.4f} | {share(ks_)} |" if ks_
                       else "- | - | - |"))
+  lines += persist_table(res)
   return "\n".join(lines)
+
+
+def persist_table(res: dict) -> list[str]:
+  """Markdown lines comparing, per row whose tuning timed both, the best persistent grid
+  (persist > 0) with the best one-program-per-tile configuration, each against XLA, and whether
+  the issue's bar (>= 1.3x XLA at B = 10, d >= 2560, k >= 2048) holds; [] if none did."""
+  out = []
+  for r in res["rows"]:
+    timed = [c for c in r.get("tuning") or [] if c.get("s")]
+    tile = [c for c in timed if not c.get("persist")]
+    pers = [c for c in timed if c.get("persist")]
+    if not (tile and pers):
+      continue
+    a, b = min(tile, key=lambda c: c["s"]), min(pers, key=lambda c: c["s"])
+    read = res.get("read_GBps")
+    bars = r["B"] == 10 and r["d"] >= 2560 and r["k"] >= 2048
+    cfg = lambda c: (f"{c['variant']}, {c['block_k']}, {c['block_d']}, {c['num_warps']}, "  # noqa: E731
+                     f"{c['num_stages']}, {c['split_d']}, {c.get('persist', 0)}")
+    x = r["xla_gather_s"]
+    best = min(a["s"], b["s"])
+    out.append(f"| {r['B']} | {r['d']} | {r['k']} | {x * 1e3:.4f} | {a['s'] * 1e3:.4f} | "
+               f"{x / a['s']:.2f}x | {cfg(a)} | {b['s'] * 1e3:.4f} | {x / b['s']:.2f}x | "
+               + (f"{r['bytes'] / b['s'] / 1e9 / read:.0%}" if read else "-")
+               + f" | {cfg(b)} | " + (("yes" if x / best >= 1.3 else "no") if bars else "-")
+               + " |")
+  if not out:
+    return []
+  return ["", "The persistent grid (`persist` > 0) against one program per tile, the best of "
+          "each in this run's tuning (device-timed, ms); bar: >= 1.3x XLA at B = 10, "
+          "d >= 2560, k >= 2048.", "",
+          "| B | d | k | xla ms | per-tile ms | per-tile vs xla | per-tile config | "
+          "persistent ms | persistent vs xla | persistent / read bw | persistent config | "
+          "bar |", "|" + "---|" * 12] + out
 
 
 def write_reports(res: dict, out: Path) -> str:

@@ -10,10 +10,10 @@
 #
 # SET=kernel (the default; BUDGET_S=570 s of commands, ~12 device minutes with the machine's
 # start; each step's limit is capped by what is left of BUDGET_S, and SKIP="name ..." leaves
-# steps out): the reworked Triton kernel smoke-tested, then tuned against XLA with device-side
+# steps out): the reworked Triton kernel smoke-tested; its persistent grid against one program
+# per tile at k = 2048 (twice: the open question first); tuned against XLA with device-side
 # timing at B = 10 (SpecVocab's bars: d >= 2560, k >= 2048), again at k = 2048 repeated (for the
-# dispatch table's history), its persistent grid against one program per tile at k = 2048,
-# and at the real drafters' B = 1 widths (writing the dispatch table the next steps use);
+# dispatch table's history), and at the real drafters' B = 1 widths (writing the dispatch table the next steps use);
 # whole SpecVocab chain steps with the kernel and with XLA against the full-vocabulary chain;
 # the decoding exactness tests on the GPU in f32 and bf16 (last: it gets what is left).
 # `DRY=1` runs the same steps on the CPU at tiny shapes (interpret mode;
@@ -94,7 +94,7 @@ if [ "$SET" = kernel ]; then
     # share of the (tile, chunk) iterations in one pipelined loop) against one program per tile
     # (320 tiles: some SMs run 3, most 2; `experiments/results/kernels/triton_inspect/`), in
     # one step so both are timed in the same minutes. Not merged into the dispatch table here
-    # (`--from-results` after reading it): the k2048 step above is the table's run.
+    # (`--from-results` after reading it): the k2048 step below is the table's run.
     # (Triton 3.9 pipelines the persistent loop with fewer buffers of U per num_stages, the
     # per-iteration index load taking stages: 3 -> 2, 5 -> 3, 7 -> 4 buffers.)
     KP=(--batch 10 --shapes 4096:151936 2560:151936 --ks 2048 --calls 16 --repeats 30
@@ -141,21 +141,22 @@ sys.exit(1 if bad else 0)
 " "${SMOKE_SHAPE[@]}" "$W/persist_failed"
   smoke=$?
   if [ "$smoke" = 0 ]; then
-    # 2. The bars' shapes (B = 10), device-timed, tuned; the table the steps below read.
-    step kernel_b10 "${KB10_S:-120}" python3 "$K" --out "$W/kernel_b10" "${KB10[@]}" \
-      --update-table "$TABLE"
-    # 2b. k = 2048 repeated (the kernel and XLA are level there; see above).
-    step kernel_k2048 "${KK_S:-90}" python3 "$K" --out "$W/kernel_k2048" "${KK[@]}" \
-      --update-table "$TABLE"
-    # 2c. The persistent grid against one program per tile, k = 2048 (see KP above), twice:
-    # two runs of the new grid for the table's history (`--from-results`, the first with
-    # `--no-table-history` if the persistent grid wins: it is a new kernel).
+    # 2. The open question first (session 47): the persistent grid against one program per
+    # tile at k = 2048 (see KP above), twice; two runs of the new grid for the table's history
+    # (`--from-results`, the first with `--no-table-history` if the persistent grid wins: it is
+    # a new kernel).
     if [ -e "$W/persist_failed" ]; then
       echo "== kernel_persist: skipped (the persistent grid failed kernel_smoke)" | tee -a "$W/steps.log"
     else
       step kernel_persist "${KP_S:-80}" python3 "$K" --out "$W/kernel_persist" "${KP[@]}"
       step kernel_persist2 "${KP_S:-80}" python3 "$K" --out "$W/kernel_persist2" "${KP[@]}"
     fi
+    # 2b. The bars' shapes (B = 10), device-timed, tuned; the table the steps below read.
+    step kernel_b10 "${KB10_S:-120}" python3 "$K" --out "$W/kernel_b10" "${KB10[@]}" \
+      --update-table "$TABLE"
+    # 2c. k = 2048 repeated (the kernel and XLA are level there; see above).
+    step kernel_k2048 "${KK_S:-90}" python3 "$K" --out "$W/kernel_k2048" "${KK[@]}" \
+      --update-table "$TABLE"
     # 3. The real drafters' widths at B = 1 (Qwen2.5-0.5B d = 896, Llama-3.2-1B d = 2048).
     step kernel_b1 "${KB1_S:-60}" python3 "$K" --out "$W/kernel_b1" "${KB1[@]}" \
       --update-table "$TABLE"

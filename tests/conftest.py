@@ -81,8 +81,8 @@ from vocabjax.testing.tiny import TINY_VARIANTS, save_tiny_variant  # noqa: E402
 
 # VOCABJAX_TEST_PROFILE=PREFIX: each worker appends, per test, what compiling cost it (jax's
 # monitoring events: programs compiled / read from the persistent cache, seconds tracing,
-# lowering, compiling, and the compiled programs by name) to PREFIX.<pid>.jsonl
-# (tests/README.md reads them).
+# lowering, compiling, the compiled programs by name, those read back by name) to
+# PREFIX.<pid>.jsonl (tests/README.md reads them).
 _PROFILE = os.environ.get("VOCABJAX_TEST_PROFILE")
 _prof: dict = {}
 if _PROFILE:
@@ -107,6 +107,10 @@ if _PROFILE:
           progs = _prof.setdefault("programs", {})
           f = str(kw.get("fun_name"))
           progs[f] = round(progs.get(f, 0.0) + duration, 3)
+        elif hit:  # read back from the persistent cache: count them by name
+          loaded = _prof.setdefault("loaded", {})
+          f = str(kw.get("fun_name"))
+          loaded[f] = loaded.get(f, 0) + 1
 
   def _on_event(event, **kw):
     if _prof and event == "/jax/compilation_cache/cache_hits":

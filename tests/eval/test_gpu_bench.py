@@ -28,9 +28,12 @@ def test_prepared_gpu_run_dry_on_cpu(tmp_path):
                         text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   log = (w / "steps.log").read_text()
-  for name in ("kernel_smoke", "kernel_b10", "kernel_k2048", "kernel_persist",
-               "kernel_persist2", "kernel_b1", "steps_specvocab", "exactness"):
+  order = ("kernel_smoke", "kernel_persist", "kernel_persist2", "kernel_b10", "kernel_k2048",
+           "kernel_b1", "steps_specvocab", "exactness")  # the open question (persist) first
+  for name in order:
     assert f"== {name}: exit 0" in log, log
+  assert [log.index(f"== {n}: exit 0") for n in order] == sorted(
+    log.index(f"== {n}: exit 0") for n in order), log
   assert "dot 1 2 max rel err" in (w / "kernel_smoke.log").read_text()  # the persistent grid
   persist = json.loads((w / "kernel_persist" / "results.json").read_text())["rows"][0]
   assert {c["persist"] for c in persist["tuning"]} == {0, 2} and persist["kernel_contig_s"]

@@ -55,10 +55,34 @@ def test_persistent_grids_per_sm(bench, tmp_path, monkeypatch):
   assert res["tune_grid"]["persist"] == [0, 2, 4]
   assert {t["persist"] for t in res["rows"][0]["tuning"]} == {0, 2, 4}  # 4 tiles: all fit
   assert res["rows"][0]["kernel_max_err"] < 1e-5
+  md = (out / "results.md").read_text()
+  assert "The persistent grid (`persist` > 0) against one program per tile" in md
+  assert "| 2 | 64 | 128 | " in md.split("against one program per tile")[1]  # bar: "-" (B = 2)
   monkeypatch.setattr(bench, "sm_count", lambda: None)
   with pytest.raises(SystemExit):
     bench.main(["--out", str(tmp_path / "r2"), "--tune", "--shapes", "64:500", "--ks", "128",
                 "--tune-persist-per-sm", "2", *SMALL])
+
+
+def test_persist_table_reads_the_bar_from_the_best_of_each_grid(bench):
+  def cfg(persist, s):
+    return {"variant": "dot", "block_k": 64, "block_d": 128, "num_warps": 4, "num_stages": 3,
+            "split_d": 1, "persist": persist, "s": s}
+
+  def row(d, xla, tuning):
+    return {"B": 10, "d": d, "V": 151936, "k": 2048, "bytes": 10 * 2048 * d * 2,
+            "xla_gather_s": xla, "tuning": tuning}
+
+  res = {"read_GBps": 4500.0, "rows": [
+      row(4096, 60e-6, [cfg(0, 58e-6), cfg(0, 70e-6), cfg(264, 44e-6), cfg(528, None)]),
+      row(2560, 48e-6, [cfg(0, 45e-6), cfg(264, 40e-6)]),
+      row(1024, 48e-6, [cfg(0, 45e-6)])]}  # no persistent grid timed: no line
+  lines = bench.persist_table(res)
+  body = [line for line in lines if line.startswith("| 10 |")]
+  assert len(body) == 2
+  assert "| 0.0580 | 1.03x |" in body[0] and "| 0.0440 | 1.36x | 85% |" in body[0]
+  assert body[0].endswith("| yes |") and body[1].endswith("| no |")  # 48 / 40 = 1.20x
+  assert bench.persist_table({"rows": [row(4096, 60e-6, [cfg(0, 58e-6)])]}) == []
 
 
 def test_tuned_kernel_rows_are_checked_against_the_reference(bench, tmp_path):
