@@ -117,6 +117,13 @@ def test_loop_state_stays_sharded(pair):
   state, _, _ = step(dec.tp, dec.dp, state, jax.random.key(1))
   state, _, _ = step(dec.tp, dec.dp, state, jax.random.key(2))
   assert jax.tree.map(lambda x: x.sharding, state) == before
+  # another prompt block compiles its prefills, not another step: its start places the loop
+  # state as the step was compiled for
+  start4, step4, _ = dec.programs(SamplingParams(), 4, 4, S, np.float32)
+  assert step4 is step and start4 is not start
+  z = jax.numpy.zeros((4, 4), jax.numpy.int32)
+  _, state4 = start4(z, jax.numpy.ones((4,), jax.numpy.int32), z[:, 0], jax.random.key(0))
+  assert jax.tree.map(lambda x: x.sharding, state4) == before
 
 
 def test_sampling_is_lossless_on_a_mesh(small_pair):

@@ -8,6 +8,7 @@ import pytest
 import vocabjax.decoding.speculative as spec
 import vocabjax.decoding.verify as verify
 from vocabjax.decoding import Decoder, SamplingParams
+from vocabjax.decoding.autoregressive import prompt_bucket
 from vocabjax.decoding.speculative import ChainDecoder
 from vocabjax.kernels import cpu_matmul
 from vocabjax.models import init_params
@@ -32,6 +33,23 @@ def test_greedy_identical_to_autoregressive(pair, gamma):
   st = batched.stats
   assert 0 < st.acceptance_rate < 1  # some drafts rejected, some accepted: both paths ran
   assert 1 < st.tau <= gamma + 1
+
+
+def test_prompt_blocks_share_one_step_program(pair):
+  """The step holds [B, S] caches and nothing of the prompt block T: a prompt of another
+  length bucket compiles its prefills, not another step, and decodes the plain tokens."""
+  target, draft = pair
+  dec = ChainDecoder(target, CFG, draft, CFG, gamma=2)
+  ar = Decoder(target, CFG)
+  progs = []
+  for n in (3, 20):  # prompt blocks T = 4 and 32, one 64-slot cache
+    p = [list(range(1, n + 1))]
+    res = dec.generate(p, max_new_tokens=8, max_len=64)
+    assert res.tokens == ar.generate(p, max_new_tokens=8, max_len=64).tokens
+    progs.append(dec.programs(SamplingParams(), 1, prompt_bucket(n), 64, jnp.float32))
+  (start4, step4, c4), (start32, step32, c32) = progs
+  assert step4 is step32 and start4 is not start32 and c4 == c32 == 0.0  # generate compiled
+  assert sorted(k[0] for k, _ in dec._programs.items()) == ["start", "start", "step"]
 
 
 def test_hand_checked_acceptance():

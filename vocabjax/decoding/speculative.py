@@ -306,23 +306,35 @@ class SpeculativeDecoder(DecodingMethod):
 
   # --- shared -------------------------------------------------------------------------------
   def programs(self, sampling: SamplingParams, B: int, T: int, S: int, dtype):
-    """AOT-compiled (start: the prefills, step) for one shape, and the compile seconds."""
-    def build():
-      start, state = self._compile_start(sampling, B, T, S, dtype)
-      if self.mesh is not None:
-        return self._compile_sharded_step(sampling, start, B, T)
-      return start, jax.jit(self._lowered_step(sampling), donate_argnums=(2,)).lower(
-          self.tp, self.dp, state, jax.random.key(0)).compile()
+    """AOT-compiled (start: the prefills of a [B, T] prompt block, step) and the seconds spent
+    compiling them now. The prefills are compiled per prompt block T; the step, whose loop
+    state holds [B, S] caches and nothing of T, once per (B, S): prompts of another length
+    bucket reuse it."""
+    name = jnp.dtype(dtype).name
+    (start, state), c1 = self._programs.get(
+        ("start", sampling, B, T, S, name),
+        lambda: self._compile_start(sampling, B, T, S, dtype))
+    if self.mesh is None:
+      step, c2 = self._programs.get(("step", sampling, B, S, name), lambda: jax.jit(
+          self._lowered_step(sampling), donate_argnums=(2,)).lower(
+              self.tp, self.dp, state, jax.random.key(0)).compile())
+      return start, step, c1 + c2
+    (state_sh, step), c2 = self._programs.get(
+        ("step", sampling, B, S, name),
+        lambda: self._compile_sharded_step(sampling, start, B, T))
 
-    (start, step), seconds = self._programs.get((sampling, B, T, S, jnp.dtype(dtype).name),
-                                                build)
-    return start, step, seconds
+    def placed_start(tokens, lengths, prompt_last, key):
+      first, st = start(tokens, lengths, prompt_last, key)
+      return first, jax.device_put(st, state_sh)
+
+    return placed_start, step, c1 + c2
 
   def _compile_sharded_step(self, sampling, start, B: int, T: int):
-    """(start, step) on the mesh. The loop state keeps the shardings the prefills gave it (read
-    from one start on a dummy prompt, counted as compile time; a leaf made outside them, e.g. a
-    row counter, is placed with its rows over "data"), in and out of the step, so the loop
-    never reshards between steps; the emitted tokens come back replicated."""
+    """(the loop state's shardings, step) on the mesh. The loop state keeps the shardings the
+    prefills gave it (read from one start on a dummy [B, T] prompt, counted as compile time; a
+    leaf made outside them, e.g. a row counter, is placed with its rows over "data"), in and out
+    of the step, so the loop never reshards between steps (`programs` places every start's
+    state so); the emitted tokens come back replicated."""
     mesh = self.mesh
 
     def placed(x):
@@ -336,15 +348,10 @@ class SpeculativeDecoder(DecodingMethod):
     _, state = start(z, jnp.ones((B,), jnp.int32), z[:, 0], jax.random.key(0))
     state_sh = jax.tree.map(placed, state)
     rep = sharding.replicated(mesh)
-
-    def placed_start(tokens, lengths, prompt_last, key):
-      first, st = start(tokens, lengths, prompt_last, key)
-      return first, jax.device_put(st, state_sh)
-
     step = jax.jit(self._lowered_step(sampling), donate_argnums=(2,),
                    out_shardings=(state_sh,) + (rep,) * (self.step_outputs - 1)).lower(
         self.tp, self.dp, jax.device_put(state, state_sh), jax.random.key(0)).compile()
-    return placed_start, step
+    return state_sh, step
 
   def _request(self, prompts, max_new_tokens: int, sampling: SamplingParams, seed: int,
                eos_token_ids, max_len, stop_strings, tokenizer) -> Request:
