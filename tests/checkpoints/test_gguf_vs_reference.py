@@ -136,3 +136,61 @@ def test_gguf_missing_tensor_is_named(tmp_path):
   with pytest.raises(CheckpointError, match=r"blk\.1\.ffn_up\.weight"):
     load_gguf(path)
   assert os.path.exists(path)
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q5_K", "Q2_K", "Q3_K", "Q8_0", "Q4_0",
+                                   "BF16", "IQ4_XS", "F16", "F32"])
+def test_dequantize_is_gguf_s_bit_for_bit(qtype):
+  """The loader's dequantization (256-row groups on a thread pool) gives exactly gguf's values,
+  for the quantization types the registry's models use and others, from random block bytes
+  (f16 scale fields kept finite), on row counts that leave a short last group."""
+  from concurrent.futures import ThreadPoolExecutor
+
+  import gguf
+  from gguf.quants import dequantize as gguf_dequantize
+
+  from vocabjax.checkpoints.gguf_io import DEQUANT_ROWS, dequantize
+
+  t = gguf.GGMLQuantizationType[qtype]
+  block, size = gguf.GGML_QUANT_SIZES[t]
+  rng = np.random.RandomState(0)
+  rows = DEQUANT_ROWS * 2 + 37
+  data = rng.randint(0, 256, (rows, 3 * size), np.uint8)
+  if qtype in ("F16", "BF16", "F32"):  # plain floats: finite random values
+    vals = rng.randn(rows, 3 * block).astype(np.float32)
+    data = {"F32": vals, "F16": vals.astype(np.float16),
+            "BF16": (vals.view(np.uint32) >> 16).astype(np.uint16)}[qtype].view(np.uint8)
+  else:  # every 2-byte f16 field finite: clear bit 14 (no exponent of all ones)
+    data[:, 1::2] &= 0xBF
+  ref = gguf_dequantize(data, t)
+  with ThreadPoolExecutor(2) as pool:
+    got = dequantize(data, t, pool)
+  assert got.dtype == np.float32 and got.shape == ref.shape == (rows, 3 * block)
+  np.testing.assert_array_equal(got, ref)
+  np.testing.assert_array_equal(dequantize(data[:5], t), gguf_dequantize(data[:5], t))
+
+
+def test_gguf_reader_reads_what_gguf_s_reader_reads(tmp_path):
+  """The loader's reader (plain-array slicing) gives gguf.GGUFReader's fields (names, parts,
+  contents: strings, string arrays, scalar arrays) and tensors (type, shape, offset, bytes)."""
+  import gguf
+
+  from vocabjax.checkpoints.gguf_io import open_gguf
+
+  path = write_tiny_gguf(tiny_hf_model("qwen2"), tmp_path / "m.gguf", qtype="Q8_0",
+                         tokenizer=tiny_tokenizer())
+  ours, stock = open_gguf(path), gguf.GGUFReader(path)
+  assert type(ours) is not gguf.GGUFReader  # the fast reader (this gguf's _get is known)
+  assert list(ours.fields) == list(stock.fields)
+  assert any(len(f.data) > 100 for f in stock.fields.values())  # a vocabulary array was read
+  for name, f in stock.fields.items():
+    g = ours.fields[name]
+    assert g.types == f.types and g.data == f.data and g.offset == f.offset, name
+    assert len(g.parts) == len(f.parts), name
+    assert all(np.array_equal(a, b) and a.dtype == b.dtype for a, b in zip(g.parts, f.parts))
+    assert g.contents() == f.contents(), name
+  assert [t.name for t in ours.tensors] == [t.name for t in stock.tensors]
+  for a, b in zip(ours.tensors, stock.tensors):
+    assert (a.tensor_type, a.data_offset, a.n_bytes) == (b.tensor_type, b.data_offset, b.n_bytes)
+    np.testing.assert_array_equal(a.shape, b.shape)
+    np.testing.assert_array_equal(a.data, b.data)
