@@ -35,6 +35,7 @@ GEMMA3_SLIDING_PATTERN = 6  # llama.cpp's `set_swa_pattern(6)` for LLM_ARCH_GEMM
 GEMMA3_LOCAL_ROPE_BASE = 10_000.0  # llama.cpp's rope_freq_base_train_swa for gemma3
 
 
+@functools.lru_cache(maxsize=1)
 def _reader_class():
   """gguf.GGUFReader with its `_get` slicing a plain ndarray view of the file (module doc), if
   this gguf's `_get` is the one the override was written for; else the stock reader."""
