@@ -28,6 +28,7 @@ def main(argv=None) -> None:
   import numpy as np
 
   from vocabjax.checkpoints.loader import load_model
+  from vocabjax.io import atomic_write_text
 
   out = {}
   for spec in a.models:
@@ -40,8 +41,7 @@ def main(argv=None) -> None:
                  for k, v in flat}
     print(f"{spec}: load_model {seconds:.1f} s, {len(flat)} tensors", file=sys.stderr,
           flush=True)
-  with open(a.out, "w") as f:
-    json.dump(out, f)
+  atomic_write_text(a.out, json.dumps(out))
 
 
 if __name__ == "__main__":
