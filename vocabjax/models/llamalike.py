@@ -454,9 +454,11 @@ SCALE = "_scale"  # suffix of an int8 matrix's per-row scales: w ~ q * scale[:, 
 _MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
 
+@jax.jit
 def quantize_rows(w) -> tuple[jax.Array, jax.Array]:
   """Symmetric per-row int8: (q [F, D] int8, scale [F] f32) with w ~ q * scale[:, None] and
-  |q| <= 127; a row of zeros gets scale 1."""
+  |q| <= 127; a row of zeros gets scale 1. One compiled program per shape (op by op, a
+  drafter's 170 matrices cost seconds of dispatch)."""
   w = jnp.asarray(w, jnp.float32)
   amax = jnp.max(jnp.abs(w), axis=1)
   scale = jnp.where(amax > 0, amax / 127.0, 1.0)
