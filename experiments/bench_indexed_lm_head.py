@@ -315,9 +315,7 @@ def markdown(res: dict) -> str:
       cells += [f"{r['kernel_s'] * 1e3:.4f}", f"{gbps:.0f}", f"{gbps / bw:.0%}",
                 f"{gbps / res['read_GBps']:.0%}" if res.get("read_GBps") else "-",
                 f"{r['xla_gather_s'] / r['kernel_s']:.2f}x", f"{r['kernel_host_s'] * 1e3:.3f}",
-                (f"{b['variant']}, {b['block_k']}, {b['block_d']}, {b['num_warps']}, "
-                 f"{b['num_stages']}, {b['split_d']}, {b.get('persist', 0)}") if b else
-                "default",
+                config_cell(b) if b else "default",
                 f"{r['kernel_max_err']:.1e}"]
     lines.append("| " + " | ".join(map(str, cells)) + " |")
   contig = [r for r in res["rows"] if r.get("xla_contig_s")]
@@ -339,11 +337,18 @@ def markdown(res: dict) -> str:
   return "\n".join(lines)
 
 
+def config_cell(c: dict) -> str:
+  """A kernel configuration as the reports print it: variant, block_k, block_d, warps, stages,
+  split, persist."""
+  return (f"{c['variant']}, {c['block_k']}, {c['block_d']}, {c['num_warps']}, "
+          f"{c['num_stages']}, {c['split_d']}, {c.get('persist', 0)}")
+
+
 def persist_table(res: dict) -> list[str]:
   """Markdown lines comparing, per row whose tuning timed both, the best persistent grid
   (persist > 0) with the best one-program-per-tile configuration, each against XLA, and whether
   the issue's bar (>= 1.3x XLA at B = 10, d >= 2560, k >= 2048) holds; [] if none did."""
-  out = []
+  out, read = [], res.get("read_GBps")
   for r in res["rows"]:
     timed = [c for c in r.get("tuning") or [] if c.get("s")]
     tile = [c for c in timed if not c.get("persist")]
@@ -351,16 +356,13 @@ def persist_table(res: dict) -> list[str]:
     if not (tile and pers):
       continue
     a, b = min(tile, key=lambda c: c["s"]), min(pers, key=lambda c: c["s"])
-    read = res.get("read_GBps")
     bars = r["B"] == 10 and r["d"] >= 2560 and r["k"] >= 2048
-    cfg = lambda c: (f"{c['variant']}, {c['block_k']}, {c['block_d']}, {c['num_warps']}, "  # noqa: E731
-                     f"{c['num_stages']}, {c['split_d']}, {c.get('persist', 0)}")
     x = r["xla_gather_s"]
     best = min(a["s"], b["s"])
     out.append(f"| {r['B']} | {r['d']} | {r['k']} | {x * 1e3:.4f} | {a['s'] * 1e3:.4f} | "
-               f"{x / a['s']:.2f}x | {cfg(a)} | {b['s'] * 1e3:.4f} | {x / b['s']:.2f}x | "
+               f"{x / a['s']:.2f}x | {config_cell(a)} | {b['s'] * 1e3:.4f} | {x / b['s']:.2f}x | "
                + (f"{r['bytes'] / b['s'] / 1e9 / read:.0%}" if read else "-")
-               + f" | {cfg(b)} | " + (("yes" if x / best >= 1.3 else "no") if bars else "-")
+               + f" | {config_cell(b)} | " + (("yes" if x / best >= 1.3 else "no") if bars else "-")
                + " |")
   if not out:
     return []

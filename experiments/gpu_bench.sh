@@ -13,7 +13,8 @@
 # steps out): the reworked Triton kernel smoke-tested; its persistent grid against one program
 # per tile at k = 2048 (twice: the open question first); tuned against XLA with device-side
 # timing at B = 10 (SpecVocab's bars: d >= 2560, k >= 2048), again at k = 2048 repeated (for the
-# dispatch table's history), and at the real drafters' B = 1 widths (writing the dispatch table the next steps use);
+# dispatch table's history), and at the real drafters' B = 1 widths (writing the dispatch table
+# the next steps use);
 # whole SpecVocab chain steps with the kernel and with XLA against the full-vocabulary chain;
 # the decoding exactness tests on the GPU in f32 and bf16 (last: it gets what is left).
 # `DRY=1` runs the same steps on the CPU at tiny shapes (interpret mode;

@@ -180,8 +180,8 @@ def _block_d(D: int, config: dict) -> int:
 
 def markdown(rows: list[dict], header: str) -> str:
   cols = ["variant", "block_k", "block_d", "num_warps", "num_stages", "split_d", "persist",
-          "shared", "u_buffers", "regs", "spill_bytes", "cp_async", "ld_v4", "ld_scalar16", "mma", "wgmma",
-          "programs_per_sm", "limited_by", "programs", "waves", "balance"]
+          "shared", "u_buffers", "regs", "spill_bytes", "cp_async", "ld_v4", "ld_scalar16", "mma",
+          "wgmma", "programs_per_sm", "limited_by", "programs", "waves", "balance"]
   lines = [header, "", "| shape | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 1)]
   for r in rows:
     if "error" in r:
