@@ -105,7 +105,11 @@ def cache_specs(config: LlamaLikeConfig, batch_size: int, mesh: Mesh,
   kv = P(None, "data" if batch_size % mesh.shape["data"] == 0 else None, None,
          "model" if config.num_kv_heads % mesh.shape["model"] == 0 else None, None)
   rows = P("data" if batch_size % mesh.shape["data"] == 0 else None)
-  return KVCache(k=kv, v=kv, lengths=rows, **(dict(k_local=kv, v_local=kv) if ring else {}))
+  # every layer sliding (Mistral) with rings: the global buffers hold no layer; XLA returns an
+  # empty array replicated whatever it was given, so it is placed replicated to begin with
+  empty = ring and all(map(config.is_sliding, range(config.num_layers)))
+  glob = P() if empty else kv
+  return KVCache(k=glob, v=glob, lengths=rows, **(dict(k_local=kv, v_local=kv) if ring else {}))
 
 
 def shard_cache(cache: KVCache, config: LlamaLikeConfig, mesh: Mesh) -> KVCache:

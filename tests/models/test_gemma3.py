@@ -206,7 +206,8 @@ def test_speculative_greedy_equals_plain_decoding_past_the_window(gemma_pair, ki
 def test_ring_caches_on_a_mesh_decode_the_unsharded_ids(gemma_pair, monkeypatch):
   """On a (4, 2) mesh (rows over "data", the 2 KV heads over "model") the sliding layer's ring
   is sharded like the global layers' cache, and plain and chain decoding give the one-device
-  greedy ids past the window (rings of W + 9 slots, wrapped by 24 new tokens)."""
+  greedy ids past the window (rings of W + 9 slots, wrapped by 24 new tokens), with a step
+  that only all-reduces and all-gathers."""
   from jax.sharding import PartitionSpec as P
 
   from vocabjax import sharding
@@ -226,6 +227,12 @@ def test_ring_caches_on_a_mesh_decode_the_unsharded_ids(gemma_pair, monkeypatch)
   chain = ChainDecoder(target, GEMMA, draft, GEMMA, gamma=3, mesh=mesh)
   res = chain.generate(prompts, max_new_tokens=24)
   assert res.tokens == ref and res.stats.tau > 1
+  # the rings are written row by row on a mesh: a batch's scatter into them gathered every
+  # row's slots and new entries and permuted them between devices at every layer
+  _, step, compile_s = chain.programs(SamplingParams(), 4, 32, chain.cache_len(17, 24),
+                                      jnp.float32)
+  assert compile_s == 0.0  # the step generate ran
+  assert set(sharding.collectives(step.as_text())) <= {"all-reduce", "all-gather"}
 
 
 def test_speculative_sampling_keeps_the_targets_law():

@@ -42,9 +42,10 @@ def test_logits_vs_reference(tiny_dirs, variant):
 
 def test_variants_cover_the_family(tiny_dirs):
   configs = [load_hf(tiny_dirs[v])[0] for v in VARIANTS]
-  assert {c.arch for c in configs} == {"llama", "qwen2", "qwen3", "gemma3"}
+  assert {c.arch for c in configs} == {"llama", "mistral", "qwen2", "qwen3", "gemma3"}
   assert any(c.has_sliding_layers and not all(map(c.is_sliding, range(c.num_layers)))
-             for c in configs)  # Gemma 3: a sliding and a global layer
+             for c in configs)  # Gemma 3, Qwen2 with use_sliding_window: sliding and global
+  assert any(all(map(c.is_sliding, range(c.num_layers))) for c in configs)  # Mistral: all
   assert any(c.num_kv_heads == c.num_heads for c in configs)  # MHA
   assert any(1 < c.num_kv_heads < c.num_heads for c in configs)  # GQA
   assert any(c.num_kv_heads == 1 for c in configs)  # MQA
@@ -55,7 +56,8 @@ def test_variants_cover_the_family(tiny_dirs):
   assert any(c.head_dim * c.num_heads != c.hidden_size for c in configs)  # decoupled head_dim
 
 
-@pytest.mark.parametrize("variant", ["llama_gqa_llama3rope", "qwen2_bias", "qwen3_qknorm"])
+@pytest.mark.parametrize("variant", ["llama_gqa_llama3rope", "qwen2_bias", "qwen3_qknorm",
+                                     "mistral_sliding"])
 def test_incremental_decode_matches_full_forward(tiny_dirs, variant):
   """Prefill 10 tokens, then one token at a time: logits equal the one-shot forward."""
   config, params, _ = load_hf(tiny_dirs[variant])
@@ -98,8 +100,11 @@ def test_explicit_mask_matches_separate_sequences(tiny_dirs, variant, P, atol):
   np.testing.assert_allclose(logits[3:], ref_b[0, P:], atol=atol)
 
 
-@pytest.mark.parametrize("variant", ["llama_mha", "qwen2_bias_tied", "qwen3_qknorm"])
+@pytest.mark.parametrize("variant", ["llama_mha", "qwen2_bias_tied", "qwen3_qknorm",
+                                     "mistral_sliding", "qwen2_sliding"])
 def test_greedy_ids_vs_transformers_generate(tiny_dirs, variant):
+  """24 new tokens after prompts of 1, 7 and 19 tokens: the sliding variants (window 8) decode
+  past their window, transformers with its sliding-window cache layers."""
   config, params, _ = load_hf(tiny_dirs[variant])
   model = _torch_model(tiny_dirs[variant])
   decoder = Decoder(params, config)

@@ -25,7 +25,8 @@ _KNOWN = {
     "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens",
     "begin_suppress_tokens", "num_labels", "_attn_implementation_autoset", "tokenizer_file",
 }
-_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}
+_MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
+                "gemma3_text": "gemma3"}
 # gemma3_text fields handled below (or bookkeeping: `_sliding_window_pattern` is what
 # `layer_types` spells out, `final/attn_logit_softcapping` and `use_bidirectional_attention`
 # are refused unless off).
@@ -66,12 +67,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> LlamaLikeConfig:
   problems, check = _checker(cfg, _KNOWN)
   check(cfg.get("hidden_act", "silu") == "silu", f"hidden_act={cfg.get('hidden_act')!r} (only silu)")
   check(not cfg.get("mlp_bias", False), f"mlp_bias={cfg.get('mlp_bias')!r} (not implemented)")
-  check(not cfg.get("use_sliding_window", False),
-        f"use_sliding_window={cfg.get('use_sliding_window')!r} with "
-        f"sliding_window={cfg.get('sliding_window')!r} (not implemented)")
-  layer_types = cfg.get("layer_types") or []
-  check(all(t == "full_attention" for t in layer_types),
-        f"layer_types={sorted(set(layer_types))} (only full_attention)")
+  window, layer_types = _sliding_layers(model_type, cfg, check)
 
   rope = dict(cfg.get("rope_parameters") or {})
   if cfg.get("rope_scaling"):
@@ -112,7 +108,47 @@ def config_from_hf(cfg: Mapping[str, Any]) -> LlamaLikeConfig:
       qk_norm=model_type == "qwen3",
       tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
       max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
+      sliding_window=window,
+      layer_types=layer_types,
   )
+
+
+def _sliding_layers(model_type: str, cfg: Mapping[str, Any], check):
+  """(sliding_window, layer_types) of a llama / mistral / qwen2 / qwen3 config, as transformers
+  reads them: Mistral slides every layer over `sliding_window` when it is set (null: none);
+  Qwen2 and Qwen3 only with `use_sliding_window`, on the layers `layer_types` names (configs
+  without it: layers from `max_window_layers` on, transformers' rule); Llama has no sliding
+  layers, so a config that asks for them is refused. (None, None) when every layer is full."""
+  L = cfg["num_hidden_layers"]
+  W = cfg.get("sliding_window")
+  types = cfg.get("layer_types")
+  if model_type == "mistral":
+    window, types = W, ["sliding_attention"] * L if W is not None else None
+  elif model_type in ("qwen2", "qwen3"):
+    window = W if cfg.get("use_sliding_window", False) else None
+    if window is None:
+      types = None
+    elif not types:
+      start = cfg.get("max_window_layers", 28)
+      types = ["sliding_attention" if i >= start else "full_attention" for i in range(L)]
+  else:
+    check(not cfg.get("use_sliding_window", False),
+          f"use_sliding_window={cfg.get('use_sliding_window')!r} with "
+          f"sliding_window={W!r} ({model_type} has no sliding-window layers)")
+    check(all(t == "full_attention" for t in types or []),
+          f"layer_types={sorted(set(types or []))} ({model_type} has only full_attention)")
+    return None, None
+  if types is None:
+    return None, None
+  bad = sorted(set(types) - {"full_attention", "sliding_attention"})
+  check(not bad, f"layer_types {bad} (supported: full_attention, sliding_attention)")
+  check(len(types) == L, f"layer_types has {len(types)} entries for num_hidden_layers={L}")
+  check(isinstance(window, int) and window > 0, f"sliding_window={window!r} (a positive integer)")
+  if bad or len(types) != L or not (isinstance(window, int) and window > 0):
+    return None, None
+  if "sliding_attention" not in types:
+    return None, None
+  return int(window), tuple(types)
 
 
 def _gemma3_config(cfg: Mapping[str, Any]) -> LlamaLikeConfig:

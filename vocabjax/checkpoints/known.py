@@ -65,6 +65,16 @@ KNOWN: dict[str, dict] = {
                                   rope_scaling=dict(rope_type="llama3", factor=32.0,
                                                     low_freq_factor=1.0, high_freq_factor=4.0,
                                                     original_max_position_embeddings=8192)),
+    # Mistral NeMo 12B (Mistral-Nemo-Instruct-2407): the 131,072-token Tekken vocabulary,
+    # head_dim 128 apart from D / H, no sliding window
+    "mistral-nemo-12b-instruct": dict(model_type="mistral", hidden_act="silu",
+                                      rms_norm_eps=1e-5, rope_theta=1000000.0,
+                                      vocab_size=131072, hidden_size=5120,
+                                      intermediate_size=14336, num_hidden_layers=40,
+                                      num_attention_heads=32, num_key_value_heads=8,
+                                      head_dim=128, sliding_window=None,
+                                      tie_word_embeddings=False,
+                                      max_position_embeddings=1024000),
     # Gemma 3 (text decoders; transformers' Gemma3TextConfig values, `layer_types` from the
     # 5-local-1-global pattern). The 4B's vocabulary has 64 image-token rows past the 262,144
     # that the 270M and 1B share: drafting it with those needs the rows padded (`bench tpu

@@ -1,11 +1,12 @@
 """Frozen, hashable configuration of the llama-like decoder family.
 
-One dataclass covers Llama 2/3.x (incl. llama3 RoPE scaling), Qwen2/2.5 (q/k/v bias), Qwen3
-(q/k RMSNorm) and Gemma 3 (text: GELU-tanh MLP, (1 + w) norms around attention and MLP, a scaled
-embedding, `query_pre_attn_scalar`, sliding-window layers with their own RoPE base), with MHA,
-GQA or MQA and tied or untied LM heads. It is a static argument to
-`jax.jit`; derived sizes are properties. Conversion from a Hugging Face `config.json` lives in
-`vocabjax.checkpoints.hf_config`, from GGUF metadata in `vocabjax.checkpoints.gguf_io`.
+One dataclass covers Llama 2/3.x (incl. llama3 RoPE scaling), Mistral (every layer over a
+sliding window when its config sets one), Qwen2/2.5 (q/k/v bias), Qwen3 (q/k RMSNorm; both
+with optional sliding-window layers) and Gemma 3 (text: GELU-tanh MLP, (1 + w) norms around
+attention and MLP, a scaled embedding, `query_pre_attn_scalar`, sliding-window layers with
+their own RoPE base), with MHA, GQA or MQA and tied or untied LM heads. It is a static argument
+to `jax.jit`; derived sizes are properties. Conversion from a Hugging Face `config.json` lives
+in `vocabjax.checkpoints.hf_config`, from GGUF metadata in `vocabjax.checkpoints.gguf_io`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import math
 
 import numpy as np
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")
+ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
 ROPE_TYPES = ("default", "linear", "llama3")
 ACTIVATIONS = ("silu", "gelu_tanh")
 LAYER_TYPES = ("full_attention", "sliding_attention")

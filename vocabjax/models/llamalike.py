@@ -309,7 +309,8 @@ def write_block(buf: jax.Array, i: int, new: jax.Array, start: jax.Array, *,
   stays: on one CPU device the vmapped form (a scatter with batching dimensions) is not
   updated in place and made a batch-4 cross-vocabulary step several times slower.
   `ring`: buf is a ring of that many slots (`models.cache`): slot s goes to s mod ring, by an
-  indexed scatter. `valid` [B] (a right-padded prefill's prompt lengths): row b writes only
+  indexed scatter (with `per_row`, one per row, vmapped: partitioned along "data" as above,
+  where the batch's scatter gathered every row's slots and entries). `valid` [B] (a right-padded prefill's prompt lengths): row b writes only
   its entries t in [valid[b] - ring, valid[b]), so neither padding nor a prompt longer than
   the ring overwrites what its last `ring` real entries left (without it every entry is
   written, the later ones last: a verification block, whose rejected tail the window never
@@ -321,6 +322,11 @@ def write_block(buf: jax.Array, i: int, new: jax.Array, start: jax.Array, *,
     end = jnp.full((B, 1), T) if valid is None else valid[:, None]
     keep = (t < end) & (t >= end - ring)
     slots = jnp.where(keep, (start[:, None] + t) % ring, ring)  # ring: dropped
+    if per_row:
+      def ring_row(b_buf, b_new, s):  # b_buf [L, R, N, hd], b_new [T, N, hd], s [T]
+        return b_buf.at[i, s].set(b_new, mode="drop")
+
+      return jax.vmap(ring_row, in_axes=(1, 0, 0), out_axes=1)(buf, new, slots)
     rows = jnp.broadcast_to(jnp.arange(B)[:, None], (B, T))
     return buf.at[i, rows, slots].set(new, mode="drop")
   if B == 1:

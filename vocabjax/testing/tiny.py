@@ -19,6 +19,13 @@ TINY_VARIANTS = {
     "qwen2_bias_tied": ("qwen2", dict(num_attention_heads=4, num_key_value_heads=2,
                                       tie_word_embeddings=True)),
     "qwen3_qknorm": ("qwen3", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32)),
+    # Mistral: every layer over a window of 8 (Mistral 7B v0.1's 4,096, scaled down)
+    "mistral_sliding": ("mistral", dict(num_attention_heads=4, num_key_value_heads=2,
+                                        sliding_window=8)),
+    # Qwen2 with `use_sliding_window`: layers from `max_window_layers` on slide (window 8)
+    "qwen2_sliding": ("qwen2", dict(num_attention_heads=4, num_key_value_heads=2,
+                                    use_sliding_window=True, sliding_window=8,
+                                    max_window_layers=1)),
     # Gemma 3: a sliding layer (window 8, local RoPE base) and a global one (linear-scaled
     # RoPE, as the 4B and up), query_pre_attn_scalar apart from head_dim, tied head.
     "gemma3_sliding": ("gemma3_text", dict(
@@ -34,7 +41,8 @@ TINY_VARIANTS = {
 def tiny_hf_config(model_type: str, vocab_size: int = 128, **overrides):
   import transformers
 
-  cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+  cls = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
+         "qwen2": transformers.Qwen2Config,
          "qwen3": transformers.Qwen3Config,
          "gemma3_text": transformers.Gemma3TextConfig}[model_type]
   kwargs = dict(vocab_size=vocab_size, hidden_size=64, intermediate_size=96,
