@@ -55,9 +55,9 @@ def test_unsupported_fields_are_all_listed():
           "num_hidden_layers": 1, "num_attention_heads": 2}
   with pytest.raises(UnsupportedConfigError) as e:
     config_from_hf({**base, "hidden_act": "gelu", "mlp_bias": True, "fancy_new_thing": 3,
-                    "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+                    "rope_scaling": {"rope_type": "longrope", "factor": 4.0}})
   msg = str(e.value)
-  for part in ("hidden_act='gelu'", "mlp_bias=True", "fancy_new_thing=3", "rope_type='yarn'"):
+  for part in ("hidden_act='gelu'", "mlp_bias=True", "fancy_new_thing=3", "rope_type='longrope'"):
     assert part in msg
   with pytest.raises(UnsupportedConfigError, match="use_sliding_window=True"):
     config_from_hf({**base, "use_sliding_window": True, "sliding_window": 16})

@@ -52,7 +52,8 @@ def test_variants_cover_the_family(tiny_dirs):
   assert any(c.tie_word_embeddings for c in configs) and any(not c.tie_word_embeddings
                                                              for c in configs)
   assert any(c.attention_bias for c in configs) and any(c.qk_norm for c in configs)
-  assert any(c.rope_type == "llama3" for c in configs)
+  assert {c.rope_type for c in configs} >= {"default", "linear", "llama3", "yarn"}
+  assert any(c.rope_scale() != 1.0 for c in configs)  # yarn's cos/sin factor
   assert any(c.head_dim * c.num_heads != c.hidden_size for c in configs)  # decoupled head_dim
 
 
@@ -101,10 +102,11 @@ def test_explicit_mask_matches_separate_sequences(tiny_dirs, variant, P, atol):
 
 
 @pytest.mark.parametrize("variant", ["llama_mha", "qwen2_bias_tied", "qwen3_qknorm",
-                                     "mistral_sliding", "qwen2_sliding"])
+                                     "mistral_sliding", "qwen2_sliding", "qwen2_yarn"])
 def test_greedy_ids_vs_transformers_generate(tiny_dirs, variant):
   """24 new tokens after prompts of 1, 7 and 19 tokens: the sliding variants (window 8) decode
-  past their window, transformers with its sliding-window cache layers."""
+  past their window, transformers with its sliding-window cache layers; YaRN past its original
+  context of 16."""
   config, params, _ = load_hf(tiny_dirs[variant])
   model = _torch_model(tiny_dirs[variant])
   decoder = Decoder(params, config)

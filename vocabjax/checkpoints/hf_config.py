@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any, Mapping
 
 from vocabjax.models.config import LlamaLikeConfig
@@ -76,16 +77,20 @@ def config_from_hf(cfg: Mapping[str, Any]) -> LlamaLikeConfig:
   rope_type = rope.get("rope_type", rope.get("type", "default")) or "default"
   known_rope = {"rope_theta", "rope_type", "type", "factor", "low_freq_factor",
                 "high_freq_factor", "original_max_position_embeddings"}
-  check(rope_type in ("default", "linear", "llama3"),
-        f"rope_type={rope_type!r} (supported: default, linear, llama3)")
+  if rope_type == "yarn":
+    known_rope |= _YARN
+  check(rope_type in ("default", "linear", "llama3", "yarn"),
+        f"rope_type={rope_type!r} (supported: default, linear, llama3, yarn)")
   extra_rope = sorted(k for k in rope if k not in known_rope and rope[k] is not None)
   check(not extra_rope, f"rope parameters {extra_rope} (not implemented)")
+  yarn = _yarn(rope, cfg, check) if rope_type == "yarn" else {}
   if problems:
     raise UnsupportedConfigError(f"{model_type} config has fields that change the math and are "
                                  f"not supported: {'; '.join(problems)}")
 
   H = cfg["num_attention_heads"]
   head_dim = cfg.get("head_dim") or cfg["hidden_size"] // H
+  factor = yarn.pop("rope_factor", float(rope.get("factor", 1.0) or 1.0))
   # Qwen2 always has q/k/v bias; Llama and Qwen3 say so in `attention_bias`.
   bias = True if model_type == "qwen2" else bool(cfg.get("attention_bias", False))
   return LlamaLikeConfig(
@@ -100,10 +105,11 @@ def config_from_hf(cfg: Mapping[str, Any]) -> LlamaLikeConfig:
       rms_norm_eps=cfg.get("rms_norm_eps", 1e-6),
       rope_theta=float(theta),
       rope_type=rope_type,
-      rope_factor=float(rope.get("factor", 1.0)),
+      rope_factor=factor,
       rope_low_freq_factor=float(rope.get("low_freq_factor", 1.0)),
       rope_high_freq_factor=float(rope.get("high_freq_factor", 4.0)),
       rope_original_max_position=int(rope.get("original_max_position_embeddings", 8192)),
+      **yarn,
       attention_bias=bias,
       qk_norm=model_type == "qwen3",
       tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
@@ -111,6 +117,37 @@ def config_from_hf(cfg: Mapping[str, Any]) -> LlamaLikeConfig:
       sliding_window=window,
       layer_types=layer_types,
   )
+
+
+# YaRN's parameters besides factor and original_max_position_embeddings (transformers'
+# `_compute_yarn_parameters` reads these; `truncate` from transformers 4.55 on)
+_YARN = {"beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate"}
+
+
+def _yarn(rope: Mapping[str, Any], cfg: Mapping[str, Any], check) -> dict:
+  """LlamaLikeConfig's yarn fields from a `rope_scaling` / `rope_parameters` dict, as
+  transformers computes them: a missing factor is max_position_embeddings over the original
+  context; the attention factor, unless given, 0.1 ln(factor) + 1 (DeepSeek's mscale and
+  mscale_all_dim: the ratio of two such terms); beta_fast / beta_slow default to 32 / 1."""
+  original = rope.get("original_max_position_embeddings")
+  check(original is not None, "rope_type='yarn' without original_max_position_embeddings")
+  if original is None:
+    return {}
+  factor = rope.get("factor")
+  if factor is None:
+    factor = cfg.get("max_position_embeddings", 4096) / original
+
+  def mscale(scale, m=1.0):
+    return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+  attention = rope.get("attention_factor")
+  if attention is None:
+    m, m_all = rope.get("mscale"), rope.get("mscale_all_dim")
+    attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+  return dict(rope_factor=float(factor), rope_attention_factor=float(attention),
+              rope_beta_fast=float(rope.get("beta_fast") or 32),
+              rope_beta_slow=float(rope.get("beta_slow") or 1),
+              rope_truncate=bool(rope.get("truncate", True)))
 
 
 def _sliding_layers(model_type: str, cfg: Mapping[str, Any], check):

@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma3")
-ROPE_TYPES = ("default", "linear", "llama3")
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 ACTIVATIONS = ("silu", "gelu_tanh")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -36,11 +36,15 @@ class LlamaLikeConfig:
   head_dim: int  # per-head width (Qwen3 and Gemma decouple it from D / H)
   rms_norm_eps: float = 1e-6
   rope_theta: float = 10000.0
-  rope_type: str = "default"  # default | linear | llama3
-  rope_factor: float = 1.0  # linear and llama3 scaling factor
+  rope_type: str = "default"  # default | linear | llama3 | yarn
+  rope_factor: float = 1.0  # linear, llama3 and yarn scaling factor
   rope_low_freq_factor: float = 1.0  # llama3 only
   rope_high_freq_factor: float = 4.0  # llama3 only
-  rope_original_max_position: int = 8192  # llama3 only
+  rope_original_max_position: int = 8192  # llama3 and yarn: the pretraining context
+  rope_beta_fast: float = 32.0  # yarn only: rotations bounding the extrapolated dimensions
+  rope_beta_slow: float = 1.0  # yarn only: rotations bounding the interpolated dimensions
+  rope_truncate: bool = True  # yarn only: the correction range rounded to whole dimensions
+  rope_attention_factor: float = 1.0  # cos and sin scaled by it (yarn's mscale; else 1)
   rope_freq_factors: tuple[float, ...] | None = None  # GGUF `rope_freqs.weight`: inv_freq /= f
   attention_bias: bool = False  # q/k/v projections carry a bias (Qwen2)
   qk_norm: bool = False  # RMSNorm over head_dim on q and k before RoPE (Qwen3)
@@ -84,6 +88,11 @@ class LlamaLikeConfig:
     if self.query_pre_attn_scalar is not None and not self.query_pre_attn_scalar > 0:
       raise ValueError(f"query_pre_attn_scalar must be positive, got "
                        f"{self.query_pre_attn_scalar=}")
+    if not self.rope_attention_factor > 0:
+      raise ValueError(f"rope_attention_factor must be positive, got {self.rope_attention_factor=}")
+    if self.rope_type == "yarn" and not (self.rope_factor > 0 and self.rope_original_max_position > 0):
+      raise ValueError(f"yarn RoPE needs a positive factor and original context, got "
+                       f"{self.rope_factor=} {self.rope_original_max_position=}")
     if self.rope_freq_factors is not None and len(self.rope_freq_factors) != self.head_dim // 2:
       raise ValueError(f"rope_freq_factors has {len(self.rope_freq_factors)} entries, "
                        f"expected head_dim // 2 = {self.head_dim // 2}")
@@ -136,6 +145,11 @@ class LlamaLikeConfig:
       total += rows * D
     return total
 
+  def rope_scale(self, local: bool = False) -> float:
+    """What RoPE's cos and sin are multiplied by (yarn's attention factor; 1 otherwise; a
+    sliding layer with its own `rope_local_theta` runs default RoPE, 1)."""
+    return 1.0 if local and self.rope_local_theta is not None else self.rope_attention_factor
+
   def inv_freq(self, local: bool = False) -> np.ndarray:
     """RoPE inverse frequencies [head_dim // 2] in float64 (computed at trace time); `local`:
     a sliding layer's (default RoPE on `rope_local_theta`, Gemma 3's local base)."""
@@ -155,6 +169,22 @@ class LlamaLikeConfig:
       smoothed = (1 - smooth) * scaled / factor + smooth * scaled
       medium = (wavelen >= old / hi) & (wavelen <= old / lo)
       inv = np.where(medium, smoothed, scaled)
+    elif self.rope_type == "yarn":
+      # YaRN (Peng et al. 2023; transformers `_compute_yarn_parameters`): dimensions that turn
+      # more than beta_fast times over the pretraining context keep their frequency, those under
+      # beta_slow are interpolated by the factor, a linear ramp between
+      def dim_of(rotations):
+        return (hd * math.log(self.rope_original_max_position / (rotations * 2 * math.pi))
+                / (2 * math.log(self.rope_theta)))
+
+      low, high = dim_of(self.rope_beta_fast), dim_of(self.rope_beta_slow)
+      if self.rope_truncate:
+        low, high = math.floor(low), math.ceil(high)
+      low, high = max(low, 0), min(high, hd - 1)
+      if low == high:
+        high += 0.001  # transformers' guard against a zero-width ramp
+      ramp = np.clip((np.arange(hd // 2, dtype=np.float64) - low) / (high - low), 0, 1)
+      inv = inv / self.rope_factor * ramp + inv * (1 - ramp)
     if self.rope_freq_factors is not None:
       inv = inv / np.asarray(self.rope_freq_factors, np.float64)
     return inv

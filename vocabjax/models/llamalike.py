@@ -112,11 +112,15 @@ def norm(x: jax.Array, weight: jax.Array, config: LlamaLikeConfig) -> jax.Array:
 def rope_cos_sin(positions: jax.Array, config: LlamaLikeConfig, local: bool = False
                  ) -> tuple[jax.Array, jax.Array]:
   """cos, sin [B, T, d] for integer positions [B, T] (half-split "neox" layout); `local`: a
-  sliding layer's RoPE (`LlamaLikeConfig.inv_freq`)."""
+  sliding layer's RoPE (`LlamaLikeConfig.inv_freq`); both scaled by `config.rope_scale`
+  (yarn's attention factor) when it is not 1."""
   inv_freq = jnp.asarray(config.inv_freq(local), jnp.float32)
   freqs = positions.astype(jnp.float32)[..., None] * inv_freq
   emb = jnp.concatenate([freqs, freqs], axis=-1)
-  return jnp.cos(emb), jnp.sin(emb)
+  scale = config.rope_scale(local)
+  if scale == 1.0:
+    return jnp.cos(emb), jnp.sin(emb)
+  return jnp.cos(emb) * scale, jnp.sin(emb) * scale
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:

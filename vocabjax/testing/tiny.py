@@ -19,6 +19,11 @@ TINY_VARIANTS = {
     "qwen2_bias_tied": ("qwen2", dict(num_attention_heads=4, num_key_value_heads=2,
                                       tie_word_embeddings=True)),
     "qwen3_qknorm": ("qwen3", dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32)),
+    # YaRN RoPE (Qwen2.5's long-context recipe) over an original context of 16 positions
+    "qwen2_yarn": ("qwen2", dict(
+        num_attention_heads=4, num_key_value_heads=2,
+        rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                             original_max_position_embeddings=16))),
     # Mistral: every layer over a window of 8 (Mistral 7B v0.1's 4,096, scaled down)
     "mistral_sliding": ("mistral", dict(num_attention_heads=4, num_key_value_heads=2,
                                         sliding_window=8)),
