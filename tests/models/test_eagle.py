@@ -88,6 +88,47 @@ def test_forward_matches_the_sglang_layer_in_torch():
                                 np.asarray(ids + p["d2t"]))
 
 
+@pytest.mark.parametrize("rope", [
+    dict(rope_type="llama3", rope_theta=500000.0, rope_factor=8.0, rope_low_freq_factor=1.0,
+         rope_high_freq_factor=4.0, rope_original_max_position=8192),
+    dict(rope_type="linear", rope_theta=1e6, rope_factor=8.0),  # Gemma 3 4B's global RoPE
+    dict(rope_type="yarn", rope_factor=4.0, rope_original_max_position=32768,
+         rope_attention_factor=1.1386),
+    dict(rope_freq_factors=tuple(1.0 + 0.5 * i for i in range(4)))],  # a Llama 3.1 GGUF's
+    ids=["llama3", "linear", "yarn", "gguf-freq-factors"])
+def test_a_heads_rope_scaling_survives_its_checkpoint(tmp_path, rope):
+  """The head's layer RoPE (its target's: `train.eagle.head_config`) is written as config.json
+  spells it and read back: before, only rope_theta was, and a head trained for a Llama 3.1
+  target came back with plain RoPE (other positions' angles, other drafts)."""
+  cfg = CFG.__class__(layer=LAYER.replace(**rope), target_hidden_size=32,
+                      feature_layers=(1, 3, 5), draft_vocab_size=20)
+  save_eagle3(_params(), cfg, tmp_path / "head")
+  back, _, _ = load_eagle3(tmp_path / "head")
+  assert back == cfg
+  np.testing.assert_array_equal(back.layer.inv_freq(), cfg.layer.inv_freq())
+
+
+def test_a_published_heads_config_reads_its_rope_scaling(tmp_path):
+  """EAGLE-3's own head for Llama 3.1 8B writes its llama3 `rope_scaling` with transformers'
+  other fields (bos/eos ids, torch_dtype, ...): the layer gets that scaling."""
+  import json
+
+  save_eagle3(_params(), CFG, tmp_path / "head")
+  path = tmp_path / "head" / "config.json"
+  raw = json.loads(path.read_text())
+  raw.update(rope_theta=500000.0, bos_token_id=128000, eos_token_id=128001,
+             torch_dtype="float16", transformers_version="4.28.1", use_cache=True,
+             rope_scaling={"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                           "original_max_position_embeddings": 8192, "rope_type": "llama3"})
+  path.write_text(json.dumps(raw))
+  layer = load_eagle3(tmp_path / "head")[0].layer
+  assert (layer.rope_type, layer.rope_factor, layer.rope_theta) == ("llama3", 8.0, 500000.0)
+  raw["rope_scaling"] = {"rope_type": "dynamic", "factor": 2.0}
+  path.write_text(json.dumps(raw))
+  with pytest.raises(CheckpointError, match=r"config.json: .*rope_type='dynamic'"):
+    load_eagle3(tmp_path / "head")
+
+
 def test_eagle3_checkpoint_round_trip_is_exact(tmp_path):
   p = _params(3)
   target = {"source": "tiny", "fingerprint": "abc"}

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vocabjax.checkpoints.convert import CheckpointError, check_trained_for
+from vocabjax.checkpoints.hf_config import UnsupportedConfigError, config_from_hf, hf_rope_fields
 from vocabjax.io import atomic_directory
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.eagle import EagleConfig
@@ -41,19 +42,27 @@ LAYER = {"attn_norm": "midlayer.input_layernorm.weight",
 TOP = {"fc": "fc.weight", "final_norm": "norm.weight", "lm_head": "lm_head.weight"}
 
 
+# config.json fields of the head's layer that its LlamaLikeConfig is read from (the rest are
+# EAGLE-3's own or bookkeeping)
+_LAYER_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads",
+                 "num_key_value_heads", "rope_theta", "rope_scaling", "rope_parameters",
+                 "max_position_embeddings", "hidden_act", "attention_bias", "mlp_bias")
+
+
 def _hf_config(config: EagleConfig, target: dict | None, extra: dict | None) -> dict:
   c = config.layer
   return {"architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
           "hidden_size": c.hidden_size, "intermediate_size": c.intermediate_size,
           "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
           "head_dim": c.head_dim, "num_hidden_layers": 1, "rms_norm_eps": c.rms_norm_eps,
-          "rope_theta": c.rope_theta, "max_position_embeddings": c.max_position_embeddings,
+          **hf_rope_fields(c), "max_position_embeddings": c.max_position_embeddings,
           "hidden_act": "silu", "tie_word_embeddings": False, "vocab_size": c.vocab_size,
           "draft_vocab_size": config.draft_vocab_size,
           "target_hidden_size": config.target_hidden_size,
           "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(config.feature_layers),
                            "use_aux_hidden_state": True},
-          "vocabjax": {"target": target or {}, **(extra or {})}}
+          "vocabjax": {"target": target or {}, **(extra or {}), **(
+              {"rope_freq_factors": list(c.rope_freq_factors)} if c.rope_freq_factors else {})}}
 
 
 def head_target_ids(d2t) -> np.ndarray:
@@ -89,17 +98,21 @@ def _read_config(directory: Path) -> tuple[EagleConfig, dict]:
     raw = json.loads((directory / "config.json").read_text())
   except (OSError, json.JSONDecodeError) as e:
     raise CheckpointError(f"{directory} is not a readable EAGLE-3 head ({e})") from None
+  # the layer as a one-layer Llama config (its RoPE scaling included: EAGLE-3's heads for
+  # Llama 3.1 targets carry the target's llama3 `rope_scaling`)
   try:
     D = raw["hidden_size"]
-    layer_cfg = LlamaLikeConfig(
-        arch="llama", vocab_size=raw["vocab_size"], hidden_size=D,
-        intermediate_size=raw["intermediate_size"], num_layers=1,
-        num_heads=raw["num_attention_heads"], num_kv_heads=raw["num_key_value_heads"],
-        head_dim=raw.get("head_dim") or D // raw["num_attention_heads"],
-        rms_norm_eps=raw.get("rms_norm_eps", 1e-6), rope_theta=raw.get("rope_theta", 10000.0),
-        max_position_embeddings=raw.get("max_position_embeddings", 4096))
+    layer_cfg = config_from_hf({
+        "model_type": "llama", "num_hidden_layers": 1, "head_dim": raw.get("head_dim") or (
+            D // raw["num_attention_heads"]), "rms_norm_eps": raw.get("rms_norm_eps", 1e-6),
+        **{k: raw[k] for k in _LAYER_FIELDS if k in raw}})
   except KeyError as e:
     raise CheckpointError(f"{directory}/config.json lacks {e}") from None
+  except UnsupportedConfigError as e:
+    raise CheckpointError(f"{directory}/config.json: {e}") from None
+  factors = raw.get("vocabjax", {}).get("rope_freq_factors")
+  if factors:
+    layer_cfg = layer_cfg.replace(rope_freq_factors=tuple(float(f) for f in factors))
   ids = raw.get("eagle_config", {}).get("eagle_aux_hidden_state_layer_ids")
   if not ids:
     raise CheckpointError(f"{directory}/config.json names no fused target layers "

@@ -119,6 +119,28 @@ def config_from_hf(cfg: Mapping[str, Any]) -> LlamaLikeConfig:
   )
 
 
+def hf_rope_fields(config: LlamaLikeConfig) -> dict:
+  """`config`'s RoPE as a Hugging Face config.json spells it (`rope_theta`, and `rope_scaling`
+  unless plain), what `config_from_hf` reads back to the same fields. GGUF's baked frequency
+  factors (`rope_freq_factors`) have no config.json spelling and are left out."""
+  c = config
+  out: dict[str, Any] = {"rope_theta": c.rope_theta}
+  if c.rope_type == "linear":
+    out["rope_scaling"] = {"rope_type": "linear", "factor": c.rope_factor}
+  elif c.rope_type == "llama3":
+    out["rope_scaling"] = {"rope_type": "llama3", "factor": c.rope_factor,
+                           "low_freq_factor": c.rope_low_freq_factor,
+                           "high_freq_factor": c.rope_high_freq_factor,
+                           "original_max_position_embeddings": c.rope_original_max_position}
+  elif c.rope_type == "yarn":
+    out["rope_scaling"] = {"rope_type": "yarn", "factor": c.rope_factor,
+                           "original_max_position_embeddings": c.rope_original_max_position,
+                           "beta_fast": c.rope_beta_fast, "beta_slow": c.rope_beta_slow,
+                           "truncate": c.rope_truncate,
+                           "attention_factor": c.rope_attention_factor}
+  return out
+
+
 # YaRN's parameters besides factor and original_max_position_embeddings (transformers'
 # `_compute_yarn_parameters` reads these; `truncate` from transformers 4.55 on)
 _YARN = {"beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate"}
