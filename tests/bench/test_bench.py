@@ -124,7 +124,7 @@ def test_known_shapes_have_their_published_sizes():
   published = {"llama-3.1-8b-instruct": 8.03e9, "qwen2.5-7b-instruct": 7.62e9,
                "llama-3.2-1b-instruct": 1.24e9, "qwen2.5-0.5b-instruct": 0.494e9,
                "qwen2.5-coder-1.5b-instruct": 1.54e9, "smollm2-135m-instruct": 0.135e9,
-               "mistral-nemo-12b-instruct": 12.2e9}
+               "mistral-nemo-12b-instruct": 12.2e9, "qwen3-8b": 8.2e9, "qwen3-0.6b": 0.6e9}
   for name, n in published.items():
     _, cfg = shapes.resolve_config(name)
     assert abs(cfg.num_params() - n) / n < 0.01, (name, cfg.num_params())

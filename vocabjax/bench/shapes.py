@@ -16,6 +16,7 @@ PAIRS: dict[str, tuple[str, str]] = {
     "qwen2.5-coder": ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"),
     "qwen2.5-7b": ("qwen2.5-7b-instruct", "qwen2.5-0.5b-instruct"),
     "llama-3.1-8b": ("llama-3.1-8b-instruct", "llama-3.2-1b-instruct"),
+    "qwen3-8b": ("qwen3-8b", "qwen3-0.6b"),
     "gemma-3-1b": ("gemma-3-1b", "gemma-3-270m"),
     "gemma-3-4b": ("gemma-3-4b", "gemma-3-270m"),
 }

@@ -65,6 +65,17 @@ KNOWN: dict[str, dict] = {
                                   rope_scaling=dict(rope_type="llama3", factor=32.0,
                                                     low_freq_factor=1.0, high_freq_factor=4.0,
                                                     original_max_position_embeddings=8192)),
+    # Qwen3 (its model cards' configs: q/k RMSNorm, head_dim 128 apart from D / H)
+    "qwen3-8b": dict(model_type="qwen3", hidden_act="silu", rms_norm_eps=1e-6,
+                     rope_theta=1000000.0, vocab_size=151936, hidden_size=4096,
+                     intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32,
+                     num_key_value_heads=8, head_dim=128, tie_word_embeddings=False,
+                     max_position_embeddings=40960),
+    "qwen3-0.6b": dict(model_type="qwen3", hidden_act="silu", rms_norm_eps=1e-6,
+                       rope_theta=1000000.0, vocab_size=151936, hidden_size=1024,
+                       intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, head_dim=128, tie_word_embeddings=True,
+                       max_position_embeddings=40960),
     # Mistral NeMo 12B (Mistral-Nemo-Instruct-2407): the 131,072-token Tekken vocabulary,
     # head_dim 128 apart from D / H, no sliding window
     "mistral-nemo-12b-instruct": dict(model_type="mistral", hidden_act="silu",
