@@ -168,6 +168,28 @@ def test_rows_refuses_what_it_cannot_do(flags, message):
     parse_args(["--target", "x", "--prompt", "p", *flags])
 
 
+def test_stream_prints_the_text_as_it_comes(tiny_chat_dir, capsys):
+  """--stream: the text printed through transformers' TextStreamer, as the run's text (chain:
+  an accepted block at once); the closing report line still goes to stderr."""
+  base = ["--target", str(tiny_chat_dir), "--prompt", "def add(a, b):", "--max-new-tokens", "12",
+          "--draft", str(tiny_chat_dir), "--method", "chain", "--set", "gamma=3"]
+  out = main(parse_args(base + ["--stream"]))
+  printed = capsys.readouterr()
+  assert printed.out.rstrip("\n") == out["texts"][0] and out["settings"]["stream"]
+  assert "[vocabjax] chain: 12 tokens" in printed.err
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--stream", "--quiet"], "--stream prints the text as it comes and --quiet prints none"),
+    (["--stream", "--prompt", "q"], "--stream prints one prompt's text; this run has 2 prompts"),
+    (["--stream", "--batch-size", "3"], "this run has 3 prompts"),
+    (["--stream", "--rows", "1"], "--stream prints one prompt's text as one row decodes it"),
+])
+def test_stream_refuses_what_it_cannot_print(flags, message):
+  with pytest.raises(ValueError, match=re.escape(message)):
+    parse_args(["--target", "x", "--prompt", "p", *flags])
+
+
 def test_method_needs_a_drafter():
   with pytest.raises(ValueError, match="--method chain needs --draft"):
     parse_args(["--target", "x", "--prompt", "p", "--method", "chain"])

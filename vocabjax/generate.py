@@ -58,6 +58,7 @@ class GenerateConfig:
   draft_dtype: str | None = None  # the drafter's weights (default: dtype)
   output: str | None = None
   quiet: bool = False
+  stream: bool = False  # print the text as the steps keep tokens (one prompt)
   time_split: bool = False  # time drafter / drafter LM head / verification after the run
   batch_size: int | None = None  # repeat the prompts cyclically up to this many rows
   rows: int | None = None  # ar: continuous batching with this many cache rows (None: one batch)
@@ -87,6 +88,15 @@ class GenerateConfig:
                          f"{self.method}")
       if self.mesh is not None:
         raise ValueError("--rows (continuous batching) runs on one device: drop --mesh")
+    if self.stream:
+      if self.quiet:
+        raise ValueError("--stream prints the text as it comes and --quiet prints none: "
+                         "choose one")
+      if self.rows is not None:
+        raise ValueError("--stream prints one prompt's text as one row decodes it: drop --rows")
+      n = self.batch_size or len(self.prompts)
+      if n != 1:
+        raise ValueError(f"--stream prints one prompt's text; this run has {n} prompts")
     if self.output:
       check_output_file(self.output, "--output")
     if any(stop == "" for stop in self.stop):
@@ -198,10 +208,16 @@ def main(config: GenerateConfig) -> dict:
   dec = build_decoder(config, model)
   if config.method != "ar":
     load_s = time.perf_counter() - t0
+  main_process = jax.process_index() == 0  # under jax.distributed, process 0 reports
   if config.rows is not None:  # a finished row takes the next prompt
     res = dec.generate_continuous(prompt_ids, rows=config.rows, **common)
   else:
-    res = dec.generate(prompt_ids, **common)
+    streamer = None
+    if config.stream and main_process:
+      from transformers import TextStreamer
+
+      streamer = TextStreamer(model.tokenizer, skip_prompt=True, skip_special_tokens=True)
+    res = dec.generate(prompt_ids, **common, streamer=streamer)
   if config.method != "ar":
     st = res.stats
     spec_stats = {"tau": st.tau, "acceptance_rate": st.acceptance_rate,
@@ -216,8 +232,7 @@ def main(config: GenerateConfig) -> dict:
       spec_stats["time_split"] = run_split(split, st.target_forwards, res.decode_s,
                                            **skipped_drafting(st))
   texts = [model.tokenizer.decode(t, skip_special_tokens=True) for t in res.tokens]
-  main_process = jax.process_index() == 0  # under jax.distributed, process 0 reports
-  if not config.quiet and main_process:
+  if not config.quiet and not config.stream and main_process:
     for i, text in enumerate(texts):
       if len(texts) > 1:
         print(f"--- [{i}] ---")
@@ -282,6 +297,9 @@ def parse_args(argv=None) -> GenerateConfig:
                  help="after the run, time the step's parts (drafter, drafter LM head, "
                       "verification) as separate programs and add the split to the stats")
   p.add_argument("--quiet", action="store_true", help="do not print the text")
+  p.add_argument("--stream", action="store_true",
+                 help="print the text as it is generated (one prompt): a speculative step "
+                      "prints its whole accepted block at once")
   p.add_argument("--rows", type=int, default=None,
                  help="--method ar: continuous batching, this many cache rows decode the "
                       "prompts and a finished row takes the next one (default: one batch)")
@@ -296,7 +314,8 @@ def parse_args(argv=None) -> GenerateConfig:
                         max_new_tokens=a.max_new_tokens, temperature=a.temperature,
                         top_k=a.top_k, top_p=a.top_p, seed=a.seed, stop=tuple(a.stop),
                         max_len=a.max_len, dtype=a.dtype, draft_dtype=a.draft_dtype,
-                        output=a.output, quiet=a.quiet, time_split=a.time_split,
+                        output=a.output, quiet=a.quiet, stream=a.stream,
+                        time_split=a.time_split,
                         batch_size=a.batch_size, rows=a.rows, mesh=a.mesh,
                         coordinator=a.coordinator, num_processes=a.num_processes,
                         process_id=a.process_id)

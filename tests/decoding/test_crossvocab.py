@@ -336,3 +336,26 @@ def test_nonfinite_target_logits_are_an_error_naming_the_row(setup, sampling):
   bad = dict(target, embed=target["embed"].at[clean[pos]].set(jnp.inf))
   with pytest.raises(NonFiniteLogitsError, match=rf"row 0, generated token {pos + 1}\)"):
     dec(bad).generate(ps[:1], max_new_tokens=12, sampling=sampling)
+
+
+def test_a_streamer_gets_the_target_tokens_as_they_are_kept(setup):
+  """`streamer=` (transformers' protocol) on the cross-vocabulary decoder: the target prompt,
+  then the kept target tokens (a verified block at once), then `end()`; one row only."""
+  ttok, dtok, tc, dc, target, draft = setup
+  ps = prompts(ttok)
+  dec = CrossVocabDecoder(target, tc, draft, dc, target_tokenizer=ttok, draft_tokenizer=dtok,
+                          gamma=3, ngram=True)
+  puts, ends = [], []
+
+  class Rec:
+    def put(self, value):
+      puts.append(np.asarray(value).tolist())
+
+    def end(self):
+      ends.append(1)
+
+  res = dec.generate(ps[:1], max_new_tokens=16, streamer=Rec())
+  assert puts[0] == [ps[0]] and ends == [1]
+  assert [t for chunk in puts[1:] for t in chunk] == res.tokens[0]
+  with pytest.raises(ValueError, match="a streamer takes one row .* has 2 rows"):
+    dec.generate(ps[:2], max_new_tokens=4, streamer=Rec())

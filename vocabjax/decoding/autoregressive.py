@@ -58,12 +58,21 @@ class OutputCollector:
   A row finishes at an EOS token (kept), at a stop string (checked on the detokenized tail) or
   at `max_new_tokens`; tokens a step emits past that point are dropped. A `NONFINITE` token
   (the step's target logits held NaN or inf) raises `NonFiniteLogitsError`.
+
+  `streamer`: an object with transformers' streamer methods (`put(ids)`, `end()`:
+  `transformers.TextStreamer`, `TextIteratorStreamer`, or one's own), for one row: it gets the
+  prompt (`begin`), then each call's kept tokens as they are kept (a speculative step's
+  accepted block at once), then `end()` (`finish`).
   """
 
   def __init__(self, batch_size: int, max_new_tokens: int, eos_token_ids: Sequence[int] = (),
-               stop_strings: Sequence[str] = (), tokenizer=None):
+               stop_strings: Sequence[str] = (), tokenizer=None, streamer=None):
     if stop_strings and tokenizer is None:
       raise ValueError("stop strings need a tokenizer to detokenize with")
+    if streamer is not None and batch_size != 1:
+      raise ValueError(f"a streamer takes one row (as transformers' streamers do); this "
+                       f"request has {batch_size} rows")
+    self.streamer = streamer
     self.max_new_tokens, self.stop_strings, self.tokenizer = (max_new_tokens, stop_strings,
                                                               tokenizer)
     self.eos = set(int(e) for e in eos_token_ids)
@@ -71,6 +80,17 @@ class OutputCollector:
     self.reasons = ["length"] * batch_size
     self.done = np.zeros(batch_size, bool)
     self.calls = 0  # add() calls so far: the prefill's token, then one per step
+
+  def begin(self, prompts: Sequence[Sequence[int]]) -> None:
+    """The streamer (if any) gets the prompt first, as transformers' `generate` gives it
+    (`TextStreamer(skip_prompt=True)` skips that first call)."""
+    if self.streamer is not None:
+      self.streamer.put(np.asarray([prompts[0]], np.int64))
+
+  def finish(self) -> None:
+    """Every row is done: the streamer's `end()`."""
+    if self.streamer is not None:
+      self.streamer.end()
 
   def add(self, emitted: np.ndarray) -> None:
     """emitted [B] or [B, W]: each row's new tokens in order; -1 ends a row's block early."""
@@ -82,6 +102,12 @@ class OutputCollector:
   def add_row(self, b: int, emitted, step: int | None = None) -> None:
     """Row b's new tokens in order (-1 ends them early); nothing once the row is done."""
     row = self.tokens[b]
+    before = len(row)
+    self._extend(b, row, emitted, step)
+    if self.streamer is not None and len(row) > before:
+      self.streamer.put(np.asarray(row[before:], np.int64))
+
+  def _extend(self, b: int, row: list, emitted, step) -> None:
     for tok in emitted:
       if tok == NONFINITE and not self.done[b]:
         raise nonfinite_error(b, len(row), step)
@@ -222,13 +248,14 @@ class Decoder(DecodingMethod):
                sampling: SamplingParams = SamplingParams(), seed: int = 0,
                eos_token_ids: Sequence[int] = (), max_len: int | None = None,
                stop_strings: Sequence[str] = (), tokenizer=None,
-               cache_dtype=None) -> GenerationResult:
-    """Generate up to `max_new_tokens` per prompt; rows stop at EOS or a stop string."""
+               cache_dtype=None, streamer=None) -> GenerationResult:
+    """Generate up to `max_new_tokens` per prompt; rows stop at EOS or a stop string.
+    `streamer`: see `DecodingMethod.generate`."""
     cfg = self.config
     prompts = token_ids(prompts)
     validate_request(prompts, max_new_tokens, sampling, cfg, max_len)
     B = len(prompts)
-    out = OutputCollector(B, max_new_tokens, eos_token_ids, stop_strings, tokenizer)
+    out = OutputCollector(B, max_new_tokens, eos_token_ids, stop_strings, tokenizer, streamer)
     lengths = np.array([len(p) for p in prompts], np.int32)
     longest = int(lengths.max())
     S = cache_slots(longest, max_new_tokens, max_len)
@@ -416,7 +443,8 @@ def block_request(prompts: Sequence[Sequence[int]], max_new_tokens: int,
 
 def request(prompts: Sequence[Sequence[int]], *, max_new_tokens: int, sampling: SamplingParams,
             config: LlamaLikeConfig, max_len: int | None, extra_slots: int, method: str,
-            mesh, seed: int, eos_token_ids=(), stop_strings=(), tokenizer=None) -> Request:
+            mesh, seed: int, eos_token_ids=(), stop_strings=(), tokenizer=None,
+            streamer=None) -> Request:
   """Validate a request (ids, lengths, cache room for one step's `extra_slots`, the mesh's data
   axis dividing the batch) and lay it out (`block_request`) for `engine.host_loop`."""
   prompts, lengths, S, T, tokens = block_request(prompts, max_new_tokens, sampling, config,
@@ -425,7 +453,7 @@ def request(prompts: Sequence[Sequence[int]], *, max_new_tokens: int, sampling: 
   if mesh is not None and B % mesh.shape["data"]:
     raise ValueError(f"a batch of B={B} rows does not divide the mesh's data axis of "
                      f"{mesh.shape['data']} devices: pad the batch or use another mesh")
-  out = OutputCollector(B, max_new_tokens, eos_token_ids, stop_strings, tokenizer)
+  out = OutputCollector(B, max_new_tokens, eos_token_ids, stop_strings, tokenizer, streamer)
   return Request(prompts, lengths, S, T, tokens, jax.random.key(seed), out)
 
 

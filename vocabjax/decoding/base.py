@@ -57,8 +57,12 @@ class DecodingMethod(abc.ABC):
   def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                sampling: SamplingParams = SamplingParams(), seed: int = 0,
                eos_token_ids: Sequence[int] = (), max_len: int | None = None,
-               stop_strings: Sequence[str] = (), tokenizer=None) -> GenerationResult:
-    """Generate up to `max_new_tokens` per prompt; greedy output equals plain decoding's."""
+               stop_strings: Sequence[str] = (), tokenizer=None,
+               streamer=None) -> GenerationResult:
+    """Generate up to `max_new_tokens` per prompt; greedy output equals plain decoding's.
+    `streamer` (one prompt): transformers' streamer protocol, `put(ids)` with the prompt and
+    then the tokens as they are kept, `end()` when done (`transformers.TextStreamer(tokenizer,
+    skip_prompt=True)` prints the text as it comes)."""
 
   @property
   def times_step_parts(self) -> bool:

@@ -477,7 +477,7 @@ class CrossVocabDecoder(DecodingMethod):
                sampling: SamplingParams = SamplingParams(), seed: int = 0,
                eos_token_ids: Sequence[int] = (), max_len: int | None = None,
                stop_strings: Sequence[str] = (), tokenizer=None,
-               batch_size: int | None = None) -> GenerationResult:
+               batch_size: int | None = None, streamer=None) -> GenerationResult:
     """Generate like `Decoder.generate` (prompts in target ids); greedy output equals it token
     for token. `stats` is a CrossVocabStats counted in target tokens.
 
@@ -489,6 +489,9 @@ class CrossVocabDecoder(DecodingMethod):
     """
     prompts = token_ids(prompts)
     validate_request(prompts, max_new_tokens, sampling, self.tc, None)
+    if streamer is not None and len(prompts) != 1:
+      raise ValueError(f"a streamer takes one row (as transformers' streamers do); this "
+                       f"request has {len(prompts)} rows")
     if batch_size is not None and batch_size < 1:
       raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     room = max_new_tokens + self.gamma + 2
@@ -510,7 +513,8 @@ class CrossVocabDecoder(DecodingMethod):
                            compile_s=0.0, prefill_s=0.0, decode_s=0.0, steps=0, stats=stats)
     for lo in range(0, len(prompts), size):
       rows = prompts[lo:lo + size]
-      out = OutputCollector(len(rows), max_new_tokens, eos_token_ids, stop_strings, tokenizer)
+      out = OutputCollector(len(rows), max_new_tokens, eos_token_ids, stop_strings, tokenizer,
+                            streamer)
       self._generate_batch(lo, len(prompts), rows, max_len, room, out, sampling,
                            jax.random.key(seed), res)
       res.tokens.extend(out.tokens)

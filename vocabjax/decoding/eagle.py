@@ -512,11 +512,11 @@ class EagleLookupDecoder(EagleDecoder):
 
   def generate(self, prompts, *, max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
                seed: int = 0, eos_token_ids=(), max_len: int | None = None, stop_strings=(),
-               tokenizer=None) -> GenerationResult:
+               tokenizer=None, streamer=None) -> GenerationResult:
     """Generate like `Decoder.generate`; greedy output equals it token for token. `stats` is an
     EagleLookupStats; `steps` counts verifications."""
     req = self._request(prompts, max_new_tokens, sampling, seed, eos_token_ids, max_len,
-                        stop_strings, tokenizer)
+                        stop_strings, tokenizer, streamer)
     start, steps, compile_s = self.programs(sampling, req.B, req.T, req.S,
                                             compute_dtype(self.tp))
     prefill = self._start(req, start)

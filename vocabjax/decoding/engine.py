@@ -92,6 +92,7 @@ def host_loop(req: Request, start: Callable[[], tuple[np.ndarray, Any]], advance
   active rows)` until every row is done; the result's `compile_s` adds what compiled inside the
   loop, and `decode_s` leaves it out."""
   out = req.out
+  out.begin(req.prompts)  # a streamer's prompt
   t0 = time.perf_counter()
   first, carry = start()
   jax.block_until_ready(carry)  # every prefill (a drafter's would else spill into decode_s)
@@ -105,6 +106,7 @@ def host_loop(req: Request, start: Callable[[], tuple[np.ndarray, Any]], advance
     late += compiled
     out.add(np.asarray(emitted))
   t2 = time.perf_counter()
+  out.finish()
   return GenerationResult(tokens=out.tokens, finish_reasons=out.reasons,
                           prompt_lengths=req.lengths.tolist(), compile_s=compile_s + late,
                           prefill_s=t1 - t0, decode_s=t2 - t1 - late, steps=steps, stats=stats)

@@ -267,13 +267,14 @@ class PromptLookupDecoder(DecodingMethod):
   def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                sampling: SamplingParams = SamplingParams(), seed: int = 0,
                eos_token_ids: Sequence[int] = (), max_len: int | None = None,
-               stop_strings: Sequence[str] = (), tokenizer=None) -> GenerationResult:
+               stop_strings: Sequence[str] = (), tokenizer=None,
+               streamer=None) -> GenerationResult:
     """Generate like `Decoder.generate`; `stats` is a LookupStats, `steps` counts target
     forwards after the prefill."""
     req = request(prompts, max_new_tokens=max_new_tokens, sampling=sampling, config=self.tc,
                   max_len=max_len, extra_slots=self.extra_slots, method=self.method,
                   mesh=self.mesh, seed=seed, eos_token_ids=eos_token_ids,
-                  stop_strings=stop_strings, tokenizer=tokenizer)
+                  stop_strings=stop_strings, tokenizer=tokenizer, streamer=streamer)
     B, S, dtype = req.B, req.S, compute_dtype(self.tp)
     prefill, steps, compile_s = self.programs(sampling, B, req.T, S, dtype)
     stats = LookupStats(drafted=[], accepted=[])

@@ -354,12 +354,12 @@ class SpeculativeDecoder(DecodingMethod):
     return state_sh, step
 
   def _request(self, prompts, max_new_tokens: int, sampling: SamplingParams, seed: int,
-               eos_token_ids, max_len, stop_strings, tokenizer) -> Request:
+               eos_token_ids, max_len, stop_strings, tokenizer, streamer=None) -> Request:
     """The request checked and laid out (`autoregressive.request`) for this decoder."""
     return request(prompts, max_new_tokens=max_new_tokens, sampling=sampling, config=self.tc,
                    max_len=max_len, extra_slots=self.extra_slots, method=self.method,
                    mesh=self.mesh, seed=seed, eos_token_ids=eos_token_ids,
-                   stop_strings=stop_strings, tokenizer=tokenizer)
+                   stop_strings=stop_strings, tokenizer=tokenizer, streamer=streamer)
 
   def _start(self, req: Request, start):
     """`host_loop`'s start: the compiled prefills (`programs`) over the request."""
@@ -381,13 +381,14 @@ class SpeculativeDecoder(DecodingMethod):
   def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                sampling: SamplingParams = SamplingParams(), seed: int = 0,
                eos_token_ids: Sequence[int] = (), max_len: int | None = None,
-               stop_strings: Sequence[str] = (), tokenizer=None) -> GenerationResult:
+               stop_strings: Sequence[str] = (), tokenizer=None,
+               streamer=None) -> GenerationResult:
     """Generate like `Decoder.generate`; greedy output equals it token for token.
 
     The result's `stats` is a SpecStats; `steps` counts verifications (target forwards).
     """
     req = self._request(prompts, max_new_tokens, sampling, seed, eos_token_ids, max_len,
-                        stop_strings, tokenizer)
+                        stop_strings, tokenizer, streamer)
     start, step, compile_s = self.programs(sampling, req.B, req.T, req.S, compute_dtype(self.tp))
     stats = self._new_stats()
 
