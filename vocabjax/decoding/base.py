@@ -62,7 +62,7 @@ class DecodingMethod(abc.ABC):
     """Generate up to `max_new_tokens` per prompt; greedy output equals plain decoding's.
     `streamer` (one prompt): transformers' streamer protocol, `put(ids)` with the prompt and
     then the tokens as they are kept, `end()` when done (`transformers.TextStreamer(tokenizer,
-    skip_prompt=True)` prints the text as it comes)."""
+    skip_prompt=True)` prints the text as it comes; its calls count in `decode_s`)."""
 
   @property
   def times_step_parts(self) -> bool:
