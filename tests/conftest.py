@@ -165,6 +165,24 @@ def tiny_chat_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_thinking_dir(tiny_chat_dir, tmp_path_factory):
+  """`tiny_chat_dir` whose chat template reads a variable as Qwen3's does: it ends the prompt
+  with `<think></think>` when rendered with enable_thinking=false."""
+  import shutil
+
+  from transformers import AutoTokenizer
+
+  d = tmp_path_factory.mktemp("thinking") / "m"
+  shutil.copytree(tiny_chat_dir, d)
+  tok = AutoTokenizer.from_pretrained(d)
+  tok.chat_template = tok.chat_template + (
+      "{% if enable_thinking is defined and enable_thinking is false %}<think></think>"
+      "{% endif %}")
+  tok.save_pretrained(d)
+  return d
+
+
+@pytest.fixture(scope="session")
 def tiny_medusa_dir(tiny_chat_dir, tmp_path_factory):
   """Two random Medusa-1 heads (shared LM head) for `tiny_chat_dir`, in Medusa's layout."""
   import jax

@@ -34,6 +34,27 @@ def test_main_writes_ids_text_and_timing(tiny_chat_dir, tmp_path, capsys):
   assert saved["texts"][0] in capsys.readouterr().out
 
 
+def test_chat_template_variables_reach_the_template(tiny_thinking_dir):
+  """--chat-kwarg KEY=VALUE renders the chat template with that variable (YAML-typed: false is
+  the boolean), as Qwen3's `enable_thinking` switch needs; without --chat it is refused."""
+  from transformers import AutoTokenizer
+
+  d = tiny_thinking_dir
+  tok = AutoTokenizer.from_pretrained(d)
+  base = ["--target", str(d), "--prompt", "Hello", "--chat", "--max-new-tokens", "2", "--quiet"]
+  plain = main(parse_args(base))["prompt_ids"][0]
+  off = main(parse_args(base + ["--chat-kwarg", "enable_thinking=false"]))
+  assert tok.decode(off["prompt_ids"][0]).endswith("<think></think>")
+  assert not tok.decode(plain).endswith("</think>")
+  on = main(parse_args(base + ["--chat-kwarg", "enable_thinking=true"]))["prompt_ids"][0]
+  assert on == plain and off["settings"]["chat_template_kwargs"] == (("enable_thinking", False),)
+  with pytest.raises(ValueError, match="--chat-kwarg enable_thinking=... sets a chat template "
+                                       "variable: give --chat too"):
+    parse_args(["--target", "x", "--prompt", "p", "--chat-kwarg", "enable_thinking=false"])
+  with pytest.raises(ValueError, match="--chat-kwarg 'nothing': expected KEY=VALUE"):
+    parse_args(["--target", "x", "--prompt", "p", "--chat", "--chat-kwarg", "nothing"])
+
+
 def test_sampling_is_seeded(tiny_chat_dir):
   args = ["--target", str(tiny_chat_dir), "--prompt", "Hello", "--max-new-tokens", "12",
           "--temperature", "1.0", "--top-p", "0.95", "--quiet"]

@@ -47,6 +47,7 @@ class GenerateConfig:
   params: tuple[tuple[str, Any], ...] = ()  # (name, value) pairs; the registry parses them
   draft: str | None = None
   chat: bool = False
+  chat_template_kwargs: tuple[tuple[str, Any], ...] = ()  # the chat template's variables
   max_new_tokens: int = 64
   temperature: float = 0.0
   top_k: int = 0
@@ -88,6 +89,9 @@ class GenerateConfig:
                          f"{self.method}")
       if self.mesh is not None:
         raise ValueError("--rows (continuous batching) runs on one device: drop --mesh")
+    if self.chat_template_kwargs and not self.chat:
+      raise ValueError(f"--chat-kwarg {self.chat_template_kwargs[0][0]}=... sets a chat "
+                       f"template variable: give --chat too")
     if self.stream:
       if self.quiet:
         raise ValueError("--stream prints the text as it comes and --quiet prints none: "
@@ -124,6 +128,25 @@ def method_spec(config: GenerateConfig):
     dup = sorted({k for k, _ in config.params if sum(k == j for j, _ in config.params) > 1})
     raise ConfigError(f"--set gives {dup} more than once")
   return method, method.parse(raw, f"--method {config.method}")
+
+
+def parse_chat_kwargs(items: Sequence[str]) -> tuple[tuple[str, Any], ...]:
+  """`--chat-kwarg KEY=VALUE` flags -> (name, value) pairs: true/false, integers and numbers
+  as YAML reads them (`enable_thinking=false` is the boolean), anything else a string."""
+  import yaml
+
+  out = {}
+  for item in items:
+    key, sep, value = item.partition("=")
+    if not sep or not key.strip():
+      raise ConfigError(f"--chat-kwarg {item!r}: expected KEY=VALUE, e.g. "
+                        f"--chat-kwarg enable_thinking=false")
+    try:
+      parsed = yaml.safe_load(value)
+    except yaml.YAMLError:
+      parsed = value
+    out[key.strip()] = parsed if isinstance(parsed, (bool, int, float)) else value
+  return tuple(sorted(out.items()))
 
 
 def parse_set(items: Sequence[str], method: str) -> tuple[tuple[str, Any], ...]:
@@ -200,7 +223,8 @@ def main(config: GenerateConfig) -> dict:
   prompts = list(config.prompts)
   if config.batch_size:
     prompts = [prompts[i % len(prompts)] for i in range(config.batch_size)]
-  prompt_ids = encode_prompts(model.tokenizer, prompts, config.chat)
+  prompt_ids = encode_prompts(model.tokenizer, prompts, config.chat,
+                              dict(config.chat_template_kwargs))
   common = dict(max_new_tokens=config.max_new_tokens, sampling=sampling, seed=config.seed,
                 eos_token_ids=model.eos_token_ids, max_len=config.max_len)
   spec_stats = None
@@ -278,6 +302,9 @@ def parse_args(argv=None) -> GenerateConfig:
   p.add_argument("--draft", help="drafter: HF dir, .gguf or registry name (same vocabulary, "
                  "or another tokenizer's with --method crossvocab)")
   p.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template")
+  p.add_argument("--chat-kwarg", action="append", default=[], metavar="KEY=VALUE",
+                 help="a chat template variable (repeatable), e.g. enable_thinking=false "
+                      "for Qwen3's template")
   p.add_argument("--max-new-tokens", type=int, default=64,
                  help="tokens to generate per prompt (default 64)")
   p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
@@ -311,6 +338,7 @@ def parse_args(argv=None) -> GenerateConfig:
   a = p.parse_args(argv)
   return GenerateConfig(target=a.target, prompts=tuple(a.prompt), method=a.method,
                         params=parse_set(a.set, a.method), draft=a.draft, chat=a.chat,
+                        chat_template_kwargs=parse_chat_kwargs(a.chat_kwarg),
                         max_new_tokens=a.max_new_tokens, temperature=a.temperature,
                         top_k=a.top_k, top_p=a.top_p, seed=a.seed, stop=tuple(a.stop),
                         max_len=a.max_len, dtype=a.dtype, draft_dtype=a.draft_dtype,

@@ -235,10 +235,15 @@ def load_prompts(specs) -> list[Prompt]:
   return out
 
 
-def encode_prompts(tokenizer, prompts, chat: bool) -> list[list[int]]:
-  """Token ids per prompt; with `chat`, wrapped in the tokenizer's chat template."""
+def encode_prompts(tokenizer, prompts, chat: bool,
+                   template_kwargs: dict | None = None) -> list[list[int]]:
+  """Token ids per prompt; with `chat`, wrapped in the tokenizer's chat template, rendered with
+  `template_kwargs` as its variables (e.g. Qwen3's `enable_thinking: false`)."""
   if tokenizer is None:
     raise ValueError("this model has no tokenizer; text prompts cannot be encoded")
+  if template_kwargs and not chat:
+    raise ValueError(f"chat template variables {sorted(template_kwargs)} without the chat "
+                     f"template: turn chat on")
   out = []
   for i, p in enumerate(prompts):
     try:
@@ -251,7 +256,8 @@ def encode_prompts(tokenizer, prompts, chat: bool) -> list[list[int]]:
       if not getattr(tokenizer, "chat_template", None):
         raise ValueError("--chat given but the tokenizer has no chat template")
       text = tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                           add_generation_prompt=True)
+                                           add_generation_prompt=True,
+                                           **(template_kwargs or {}))
       out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
     else:
       out.append(tokenizer(p)["input_ids"])

@@ -19,6 +19,38 @@ def test_a_valid_suite_and_real_booleans():
   assert cfg.chat is False and cfg.time_split is False and cfg.seeds == (0, 1, 2 ** 32 - 1)
 
 
+def test_chat_template_variables_and_the_fingerprints_of_suites_without_them():
+  """`chat_template_kwargs` reaches the config sorted; a suite without it keeps the fingerprint
+  it had before the field existed (the recorded default run's, so its directory resumes), one
+  with it gets another."""
+  import json
+  from pathlib import Path
+
+  from vocabjax.eval.config import load_config
+
+  cfg = config_from_dict(dict(BASE, chat_template_kwargs={"enable_thinking": False, "a": 1}))
+  assert cfg.chat_template_kwargs == (("a", 1), ("enable_thinking", False))
+  recorded = json.loads((Path(__file__).parents[2] / "experiments/results/default/run.json")
+                        .read_text())["fingerprint"]
+  default = load_config("default")
+  assert default.chat_template_kwargs == () and default.fingerprint() == recorded
+  import dataclasses
+
+  assert dataclasses.replace(default, chat_template_kwargs=(("enable_thinking", False),)
+                             ).fingerprint() != recorded
+
+
+@pytest.mark.parametrize("value,match", [
+    ({"enable_thinking": [1]}, r"chat_template_kwargs must map variable names to scalars"),
+    ("enable_thinking=false", r"chat_template_kwargs must map .*got 'enable_thinking=false'"),
+])
+def test_bad_chat_template_variables_are_refused(value, match):
+  with pytest.raises(ConfigError, match=match):
+    config_from_dict(dict(BASE, chat_template_kwargs=value))
+  with pytest.raises(ConfigError, match=r"chat_template_kwargs \['x'\] with chat: false"):
+    config_from_dict(dict(BASE, chat=False, chat_template_kwargs={"x": 1}))
+
+
 @pytest.mark.parametrize("field,value,match", [
     ("chat", "false", r"chat must be true or false \(unquoted\), got 'false'"),
     ("time_split", "false", r"time_split must be true or false .*'false'"),

@@ -130,6 +130,29 @@ def test_methods_filter_keeps_the_baseline(suite, tmp_path):
     _run(path, tmp_path / "m", "--methods", "chain_g2")  # a subset is its own configuration
 
 
+def test_chat_template_variables_reach_the_prompts(suite, tmp_path, tiny_thinking_dir):
+  """A suite's `chat_template_kwargs` render the target's chat template (Qwen3's
+  enable_thinking: false appends `<think></think>`): every prompt grows by those tokens."""
+  path, cfg = suite
+
+  def prompt_tokens(out, **extra):
+    p = tmp_path / f"{out}.yaml"
+    p.write_text(yaml.safe_dump({**cfg, "target": str(tiny_thinking_dir), **extra,
+                                 "draft": None, "methods": [{"name": "ar", "method": "ar"}]}))
+    _run(p, tmp_path / out)
+    rows = [json.loads(x) for x in (tmp_path / out / "questions.jsonl").read_text().splitlines()]
+    return [r["prompt_tokens"] for r in rows]
+
+  plain = prompt_tokens("plain")
+  off = prompt_tokens("off", chat_template_kwargs={"enable_thinking": False})
+  from transformers import AutoTokenizer
+
+  extra = len(AutoTokenizer.from_pretrained(tiny_thinking_dir)("<think></think>",
+                                                               add_special_tokens=False)
+              ["input_ids"])
+  assert extra > 0 and [o - p for o, p in zip(off, plain)] == [extra] * len(plain)
+
+
 def test_prompt_longer_than_max_len_fails_before_running(suite, tmp_path):
   path, cfg = suite
   p = tmp_path / "short.yaml"

@@ -54,6 +54,8 @@ class EvalConfig:
   top_p: float = 1.0
   seeds: tuple[int, ...] = (0,)
   chat: bool = True
+  # the chat template's variables, e.g. (("enable_thinking", False),) for Qwen3
+  chat_template_kwargs: tuple[tuple[str, Any], ...] = ()
   max_len: int | None = None  # cache slots; None = sized per prompt
   dtype: str | None = None  # None = the backend default (f32 on CPU, bf16 on GPU/TPU)
   draft_dtype: str | None = None  # the drafter's; None = `dtype` (verification by the target
@@ -71,6 +73,8 @@ class EvalConfig:
     d = dataclasses.asdict(self)
     if d["mesh"] is None:  # one device: the fingerprint of suites recorded before meshes
       d.pop("mesh")
+    if not d["chat_template_kwargs"]:  # and before chat template variables
+      d.pop("chat_template_kwargs")
     blob = json.dumps(d, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
@@ -145,6 +149,7 @@ def config_from_dict(raw: dict, *, name: str = "custom", check_files: bool = Tru
       target=str(raw["target"]), draft=raw.get("draft"), datasets=datasets,
       methods=tuple(methods), max_new_tokens=raw.get("max_new_tokens", 128), temperature=temp,
       top_k=top_k, top_p=top_p, seeds=tuple(seeds), chat=_flag(raw, "chat", True, where),
+      chat_template_kwargs=_template_kwargs(raw, where),
       max_len=raw.get("max_len"), dtype=raw.get("dtype"), draft_dtype=raw.get("draft_dtype"),
       time_split=_flag(raw, "time_split", True, where), name=raw.get("name", name),
       mesh=_mesh(raw.get("mesh"), name))
@@ -152,6 +157,21 @@ def config_from_dict(raw: dict, *, name: str = "custom", check_files: bool = Tru
 
 # the dtypes a suite may ask of `load_model` (its `_DTYPES` accepts these and their short names)
 WEIGHT_DTYPES = ("float32", "bfloat16", "float16", "int8")
+
+
+def _template_kwargs(raw: dict, where: str) -> tuple[tuple[str, Any], ...]:
+  """`chat_template_kwargs`: a mapping of the chat template's variables to YAML scalars, only
+  with `chat` on."""
+  value = raw.get("chat_template_kwargs") or {}
+  if not isinstance(value, dict) or not all(
+      isinstance(k, str) and (v is None or isinstance(v, (bool, int, float, str)))
+      for k, v in value.items()):
+    raise ConfigError(f"{where}: chat_template_kwargs must map variable names to scalars "
+                      f"(e.g. {{enable_thinking: false}}), got {value!r}")
+  if value and not raw.get("chat", True):
+    raise ConfigError(f"{where}: chat_template_kwargs {sorted(value)} with chat: false (the "
+                      f"template is not applied)")
+  return tuple(sorted(value.items()))
 
 
 def _flag(raw: dict, key: str, default: bool, where: str) -> bool:

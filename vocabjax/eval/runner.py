@@ -206,7 +206,8 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
   load_s = time.perf_counter() - t0
   tok = models.target.tokenizer
   try:
-    ids = encode_prompts(tok, [p.text for p in prompts], config.chat)
+    ids = encode_prompts(tok, [p.text for p in prompts], config.chat,
+                         dict(config.chat_template_kwargs))
   except ValueError as e:  # generate's wording names its --chat flag; eval has `chat:`
     if config.chat and "chat template" in str(e):
       raise ConfigError(f"config {config.name}: chat: true, but the target's tokenizer "
