@@ -63,3 +63,21 @@ def test_yarn_without_its_original_context_is_refused():
   with pytest.raises(UnsupportedConfigError, match=r"rope parameters \['beta_fast'\]"):
     config_from_hf({**_BASE, "model_type": "llama",
                     "rope_scaling": {"rope_type": "linear", "factor": 2.0, "beta_fast": 8}})
+
+
+def test_rope_scaling_beside_disagreeing_rope_parameters_is_refused():
+  """A transformers-5 config.json (`rope_parameters`) with a `rope_scaling` added as Qwen's
+  model card says: transformers reads rope_scaling alone, with rope_theta back at 10,000 when
+  the file has none at the top level (checked on its own config class), so the two readings
+  differ; vocabjax names the clash instead of picking one. Agreeing copies are fine."""
+  params = {"rope_theta": 1e6, "rope_type": "default"}
+  yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+  hf = transformers.Qwen2Config(**_BASE, rope_parameters=dict(params), rope_scaling=dict(yarn))
+  assert hf.rope_parameters["rope_type"] == "yarn" and hf.rope_parameters["rope_theta"] == 1e4
+  with pytest.raises(UnsupportedConfigError, match=r"disagree on \['factor', "
+                     r"'original_max_position_embeddings', 'rope_type'\] .* keep one of them"):
+    config_from_hf({**_BASE, "model_type": "qwen2", "rope_parameters": params,
+                    "rope_scaling": yarn})
+  same = config_from_hf({**_BASE, "model_type": "qwen2", "rope_parameters": {**params, **yarn},
+                         "rope_scaling": {**yarn, "type": "yarn"}})
+  assert same.rope_type == "yarn" and same.rope_theta == 1e6

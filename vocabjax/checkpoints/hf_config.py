@@ -25,6 +25,9 @@ _KNOWN = {
     "output_scores", "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id",
     "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens",
     "begin_suppress_tokens", "num_labels", "_attn_implementation_autoset", "tokenizer_file",
+    # what transformers writes for a model read from a GGUF file (`from_pretrained(gguf_file=)`
+    # then `save_pretrained`)
+    "_model_name_or_path", "unk_token_id",
 }
 _MODEL_TYPES = {"llama": "llama", "mistral": "mistral", "qwen2": "qwen2", "qwen3": "qwen3",
                 "gemma3_text": "gemma3"}
@@ -71,8 +74,19 @@ def config_from_hf(cfg: Mapping[str, Any]) -> LlamaLikeConfig:
   window, layer_types = _sliding_layers(model_type, cfg, check)
 
   rope = dict(cfg.get("rope_parameters") or {})
-  if cfg.get("rope_scaling"):
-    rope.update(cfg["rope_scaling"])
+  scaling = dict(cfg.get("rope_scaling") or {})
+  if "type" in scaling:  # transformers 4's spelling
+    scaling.setdefault("rope_type", scaling.pop("type"))
+  # transformers 5 writes `rope_parameters`; a `rope_scaling` added beside it (as model cards
+  # say to add one) is read alone by transformers, with the top-level rope_theta or the
+  # default 10,000: refused when the two disagree rather than read either way
+  clash = sorted(k for k in scaling if rope and k in rope and scaling[k] != rope[k]
+                 or rope and k not in rope)
+  check(not clash, f"rope_parameters={cfg.get('rope_parameters')} and rope_scaling="
+                   f"{cfg.get('rope_scaling')} disagree on {clash} (transformers then reads "
+                   f"rope_scaling alone, with the top-level rope_theta or its default): keep "
+                   f"one of them")
+  rope.update(scaling)
   theta = rope.get("rope_theta", cfg.get("rope_theta", 10000.0))
   rope_type = rope.get("rope_type", rope.get("type", "default")) or "default"
   known_rope = {"rope_theta", "rope_type", "type", "factor", "low_freq_factor",
