@@ -62,6 +62,9 @@ def test_unsupported_fields_are_all_listed():
   with pytest.raises(UnsupportedConfigError, match="use_sliding_window=True"):
     config_from_hf({**base, "use_sliding_window": True, "sliding_window": 16})
   assert config_from_hf(base).num_kv_heads == 2
+  # what transformers writes for a model read from a GGUF file: bookkeeping, accepted
+  assert config_from_hf({**base, "_model_name_or_path": "Smollm2 135M", "unk_token_id": 0}
+                        ).num_kv_heads == 2
 
 
 def test_missing_tensor_is_named(tiny_dirs, tmp_path):
