@@ -194,3 +194,44 @@ def test_gguf_reader_reads_what_gguf_s_reader_reads(tmp_path):
     assert (a.tensor_type, a.data_offset, a.n_bytes) == (b.tensor_type, b.data_offset, b.n_bytes)
     np.testing.assert_array_equal(a.shape, b.shape)
     np.testing.assert_array_equal(a.data, b.data)
+
+
+def test_a_yarn_gguf_loads_to_the_hf_models_logits(tmp_path):
+  """llama.cpp's YaRN keys (rope.scaling.type yarn, factor, original_context_length) give
+  transformers' YaRN (llama.cpp's ramp is its `truncate` one); knobs without a transformers
+  counterpart are refused by name."""
+  import gguf
+
+  model = tiny_hf_model("qwen2", seed=7, num_attention_heads=4, num_key_value_heads=2,
+                        rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                             original_max_position_embeddings=8))
+  config, ours = _logits(write_tiny_gguf(model, tmp_path / "yarn.gguf", "F32"))
+  assert (config.rope_type, config.rope_factor, config.rope_original_max_position) == (
+      "yarn", 4.0, 8)
+  with torch.no_grad():
+    ref = model(torch.tensor(TOKENS)).logits.numpy()
+  np.testing.assert_allclose(ours, ref, atol=1e-4, rtol=0)
+  plain = tiny_hf_model("qwen2", seed=7, num_attention_heads=4, num_key_value_heads=2)
+  with torch.no_grad():
+    assert np.abs(plain(torch.tensor(TOKENS)).logits.numpy() - ref).max() > 1e-3  # not a no-op
+
+  r = gguf.GGUFReader(str(tmp_path / "yarn.gguf"))
+  assert r.fields["qwen2.rope.scaling.type"].contents() == "yarn"
+  bad = tmp_path / "bad.gguf"
+  w = gguf.GGUFWriter(str(bad), "qwen2")
+  for f in r.fields.values():
+    if f.name.startswith("GGUF.") or f.name == "general.architecture":
+      continue
+    w.add_key_value(f.name, f.contents(), f.types[0] if len(f.types) == 1 else f.types[0],
+                    sub_type=f.types[1] if len(f.types) > 1 else None)
+  w.add_rope_scaling_yarn_log_mul(0.1)
+  for t in r.tensors:
+    w.add_tensor(t.name, np.asarray(t.data), raw_dtype=t.tensor_type)
+  w.write_header_to_file()
+  w.write_kv_data_to_file()
+  w.write_tensors_to_file()
+  w.close()
+  with pytest.raises(UnsupportedConfigError,
+                     match=r"qwen2.rope.scaling.yarn_log_multiplier=0.1\d* \(YaRN with it not "
+                           r"implemented\)"):
+    load_gguf(bad)

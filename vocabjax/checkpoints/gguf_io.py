@@ -19,6 +19,7 @@ head_dim ** -0.5 (D / H for the 27B).
 from __future__ import annotations
 
 import functools
+import math
 import os
 from pathlib import Path
 
@@ -93,6 +94,30 @@ def metadata(reader) -> dict:
   return out
 
 
+def _gguf_yarn(arch: str, get, problems: list) -> dict:
+  """LlamaLikeConfig's yarn fields from llama.cpp's `rope.scaling.*` keys. llama.cpp's ramp
+  (`ggml_rope_yarn_corr_dims`: floor / ceil of the correction dimensions) and its scale of cos
+  and sin (1 + 0.1 ln factor) are transformers' with `truncate`; its further knobs (an
+  attention factor, an extrapolation mix, DeepSeek's log multiplier) are refused unless at
+  their neutral values."""
+  original = get("rope.scaling.original_context_length")
+  if not original:
+    problems.append(f"{arch}.rope.scaling.type='yarn' without "
+                    f"{arch}.rope.scaling.original_context_length")
+  for key, neutral in (("rope.scaling.attn_factor", (1.0,)),
+                       ("rope.scaling.yarn_attn_factor", (1.0,)),
+                       ("rope.scaling.yarn_ext_factor", (-1.0, 1.0)),
+                       ("rope.scaling.yarn_log_multiplier", (0.0,))):
+    value = get(key)
+    if value is not None and float(value) not in neutral:
+      problems.append(f"{arch}.{key}={value} (YaRN with it not implemented)")
+  factor = float(get("rope.scaling.factor", 1.0) or 1.0)
+  return dict(rope_original_max_position=int(original or 1),
+              rope_attention_factor=1.0 + 0.1 * math.log(factor) if factor > 1 else 1.0,
+              rope_beta_fast=float(get("rope.scaling.yarn_beta_fast", 32.0)),
+              rope_beta_slow=float(get("rope.scaling.yarn_beta_slow", 1.0)), rope_truncate=True)
+
+
 def config_from_gguf(meta: dict, tensor_names: set[str], vocab_size: int,
                      rope_freqs: np.ndarray | None = None) -> LlamaLikeConfig:
   arch = meta.get("general.architecture")
@@ -112,8 +137,11 @@ def config_from_gguf(meta: dict, tensor_names: set[str], vocab_size: int,
     if get(key):
       problems.append(f"{arch}.{key}={get(key)} (soft-capping not implemented)")
   scaling = get("rope.scaling.type", "none")
-  if scaling not in ("none", "linear"):
-    problems.append(f"{arch}.rope.scaling.type={scaling!r} (supported: none, linear)")
+  if scaling not in ("none", "linear", "yarn"):
+    problems.append(f"{arch}.rope.scaling.type={scaling!r} (supported: none, linear, yarn)")
+  yarn = {}
+  if scaling == "yarn":  # llama.cpp's YaRN, which is transformers' with truncate
+    yarn = _gguf_yarn(arch, get, problems)
   D, H = int(get("embedding_length")), int(get("attention.head_count"))
   head_dim = int(get("attention.key_length", D // H))
   if int(get("rope.dimension_count", head_dim)) != head_dim:
@@ -155,8 +183,9 @@ def config_from_gguf(meta: dict, tensor_names: set[str], vocab_size: int,
       head_dim=head_dim,
       rms_norm_eps=float(get("attention.layer_norm_rms_epsilon", 1e-6)),
       rope_theta=float(get("rope.freq_base", 10000.0)),
-      rope_type="linear" if scaling == "linear" else "default",
+      rope_type=scaling if scaling in ("linear", "yarn") else "default",
       rope_factor=float(get("rope.scaling.factor", 1.0) or 1.0),
+      **yarn,
       rope_freq_factors=None if rope_freqs is None else tuple(float(x) for x in rope_freqs),
       attention_bias="blk.0.attn_q.bias" in tensor_names,
       qk_norm="blk.0.attn_q_norm.weight" in tensor_names,

@@ -160,6 +160,10 @@ def write_tiny_gguf(model, path: str | os.PathLike, qtype: str = "F32", tokenize
   writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
   writer.add_rope_freq_base(float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0))))
   writer.add_vocab_size(cfg.vocab_size)
+  if rope.get("rope_type") == "yarn":  # llama.cpp's converter writes these three
+    writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    writer.add_rope_scaling_factor(float(rope["factor"]))
+    writer.add_rope_scaling_orig_ctx_len(int(rope["original_max_position_embeddings"]))
   if arch == "gemma3":
     writer.add_sliding_window(cfg.sliding_window)
     if sliding_pattern is not None:
