@@ -58,7 +58,6 @@ def main(argv: list[str] | None = None) -> int:
   from vocabjax.checkpoints.loader import load_model
   from vocabjax.checkpoints.torch_model import load_torch_model
   from vocabjax.decoding import Decoder
-  from vocabjax.io import atomic_write_json, atomic_write_text
   from vocabjax.models import KVCache, forward, lm_head
 
   t0 = time.perf_counter()
@@ -102,26 +101,37 @@ def main(argv: list[str] | None = None) -> int:
       host=platform.processor() or platform.machine(), model=args.model,
       source=model.source, jax=jax.__version__, torch=torch.__version__,
       transformers=__import__("transformers").__version__, rows=rows)
-  out = Path(args.out)
+  return write_report(Path(args.out), result, f"{args.model}: vocabjax vs transformers (same "
+                      f"GGUF, f32)", args.new_tokens)
+
+
+def write_report(out: Path, result: dict, title: str, new_tokens: int,
+                 extra: tuple = ()) -> int:
+  """`<out>.json` (`result`) and `<out>.md` (title, command, the rows' table with `extra`
+  (header, row -> cell) columns after the logit difference, the continuations), written
+  atomically; returns the exit code: 0 when every row's argmax and greedy tokens agree."""
+  from vocabjax.io import atomic_write_json, atomic_write_text
+
+  rows = result["rows"]
   out.parent.mkdir(parents=True, exist_ok=True)
   atomic_write_json(out.with_suffix(".json"), result)
-  md = [f"# {args.model}: vocabjax vs transformers (same GGUF, f32)", "",
-        f"`{result['command']}` ({result['date']}; jax {result['jax']}, torch "
-        f"{result['torch']}, transformers {result['transformers']})", "",
-        "| prompt | tokens | sliding layers' ring slots | max abs logit diff (last 8) | "
-        f"max abs logit | argmax equal | greedy {args.new_tokens} equal | first differing |",
-        "|---|---|---|---|---|---|---|---|"]
+  heads = ["prompt", "tokens", "sliding layers' ring slots", "max abs logit diff (last 8)",
+           *(h for h, _ in extra), "max abs logit", "argmax equal",
+           f"greedy {new_tokens} equal", "first differing"]
+  md = [f"# {title}", "", f"`{result['command']}` ({result['date']}; jax {result['jax']}, "
+        f"torch {result['torch']}, transformers {result['transformers']})", "",
+        "| " + " | ".join(heads) + " |", "|---" * len(heads) + "|"]
   for r in rows:
-    md.append(f"| {r['prompt']} | {r['prompt_tokens']} | {r['ring_slots'] or 'linear'} | "
-              f"{r['max_abs_logit_diff']:.2e} | "
-              f"{r['logit_scale']:.1f} | {r['last8_argmax_equal']} | {r['greedy_equal']} | "
-              f"{r['first_differing_token']} |")
+    cells = [r["prompt"], r["prompt_tokens"], r["ring_slots"] or "linear",
+             f"{r['max_abs_logit_diff']:.2e}", *(cell(r) for _, cell in extra),
+             f"{r['logit_scale']:.1f}", r["last8_argmax_equal"], r["greedy_equal"],
+             r["first_differing_token"]]
+    md.append("| " + " | ".join(map(str, cells)) + " |")
   md += ["", "Continuations (vocabjax):", ""]
   md += [f"- {r['prompt']}: {r['continuation']!r}" for r in rows]
   atomic_write_text(out.with_suffix(".md"), "\n".join(md) + "\n")
   print(out.with_suffix(".md").read_text())
   return 0 if all(r["greedy_equal"] and r["last8_argmax_equal"] for r in rows) else 1
-
 
 if __name__ == "__main__":
   sys.exit(main())

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import numpy as np
 
-from gemma3_parity import long_prompt  # experiments/ is the script's directory
+from gemma3_parity import long_prompt, write_report  # experiments/: the script's directory
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -97,7 +97,6 @@ def main(argv: list[str] | None = None) -> int:
 
   from vocabjax.checkpoints.loader import load_model
   from vocabjax.decoding import Decoder
-  from vocabjax.io import atomic_write_json, atomic_write_text
   from vocabjax.models import KVCache, forward, lm_head
 
   t0 = time.perf_counter()
@@ -154,27 +153,11 @@ def main(argv: list[str] | None = None) -> int:
       host=platform.processor() or platform.machine(), model=args.model, edits=edits,
       model_type=args.model_type or c.arch, jax=jax.__version__, torch=torch.__version__,
       transformers=transformers.__version__, rows=rows)
-  out = Path(args.out)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  atomic_write_json(out.with_suffix(".json"), result)
-  md = [f"# {args.model} as `{result['model_type']}` with {json.dumps(edits)}: vocabjax vs "
-        f"transformers (same HF directory, f32)", "",
-        f"`{result['command']}` ({result['date']}; jax {result['jax']}, torch "
-        f"{result['torch']}, transformers {result['transformers']})", "",
-        "| prompt | tokens | ring slots | max abs logit diff (last 8) | the edit moves "
-        f"vocabjax's logits by | max abs logit | argmax equal | greedy {args.new_tokens} equal "
-        "| first differing |", "|---|---|---|---|---|---|---|---|---|"]
-  for r in rows:
-    md.append(f"| {r['prompt']} | {r['prompt_tokens']} | {r['ring_slots'] or 'linear'} | "
-              f"{r['max_abs_logit_diff']:.2e} | {r['variant_moves_logits_by']:.2e} | "
-              f"{r['logit_scale']:.1f} | {r['last8_argmax_equal']} | {r['greedy_equal']} | "
-              f"{r['first_differing_token']} |")
-  md += ["", "Continuations (vocabjax):", ""]
-  md += [f"- {r['prompt']}: {r['continuation']!r}" for r in rows]
-  atomic_write_text(out.with_suffix(".md"), "\n".join(md) + "\n")
-  print(out.with_suffix(".md").read_text())
-  return 0 if all(r["greedy_equal"] and r["last8_argmax_equal"] for r in rows) else 1
-
+  return write_report(
+      Path(args.out), result, f"{args.model} as `{result['model_type']}` with "
+      f"{json.dumps(edits)}: vocabjax vs transformers (same HF directory, f32)", args.new_tokens,
+      extra=(("the edit moves vocabjax's logits by",
+              lambda r: f"{r['variant_moves_logits_by']:.2e}"),))
 
 if __name__ == "__main__":
   sys.exit(main())

@@ -16,13 +16,12 @@ import transformers
 
 from vocabjax.checkpoints.hf import load_hf
 from vocabjax.checkpoints.hf_config import UnsupportedConfigError, config_from_hf
-from vocabjax.decoding import Decoder, SamplingParams
-from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder
+from vocabjax.decoding import Decoder
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.models import KVCache, LlamaLikeConfig, forward, init_params, lm_head
-from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
 
-from tests.decoding.conftest import prompt_samples
+from tests.models.windows import (rings_on_a_mesh, sampling_keeps_the_targets_law,
+                                  speculative_past_the_window)
 
 _forward = jax.jit(forward, static_argnames=("config", "fresh"))
 
@@ -187,18 +186,8 @@ def test_speculative_greedy_equals_plain_decoding_past_the_window(gemma_pair, ki
 
   if ring:
     monkeypatch.setattr(cache_module, "RING_SLACK", 9)
-  target, draft = gemma_pair
-  rs = np.random.RandomState(5)
-  prompts = [rs.randint(0, 64, n).tolist() for n in (1, 9, 3, 17)]
-  ar = Decoder(target, GEMMA).generate(prompts, max_new_tokens=24)
-  dec = (ChainDecoder(target, GEMMA, draft, GEMMA, gamma=3) if kind == "chain" else
-         TreeDecoder(target, GEMMA, draft, GEMMA, tree=TreeParams(2, 3, 6)))
-  batched = dec.generate(prompts, max_new_tokens=24)
-  assert batched.tokens == ar.tokens
-  if ring:  # one row alone wraps its ring at its own pace (linear caches: test_speculative_*)
-    assert dec.generate([prompts[3]], max_new_tokens=24).tokens[0] == ar.tokens[3]
-  assert 0.1 < batched.stats.acceptance_rate < 0.9  # accepted and rejected drafts both met
-  assert len(set(ar.tokens[3])) > 8  # a model that does not repeat itself
+  # one row alone wraps its ring at its own pace (linear caches: test_speculative_*)
+  speculative_past_the_window(gemma_pair, GEMMA, kind, seed=5, alone=ring)
   probe = KVCache.init(GEMMA, 1, 64)
   assert (probe.ring == 13) == ring  # the decoders' caches are what this test says
 
@@ -210,42 +199,18 @@ def test_ring_caches_on_a_mesh_decode_the_unsharded_ids(gemma_pair, monkeypatch)
   that only all-reduces and all-gathers."""
   from jax.sharding import PartitionSpec as P
 
-  from vocabjax import sharding
   from vocabjax.models import cache as cache_module
 
   monkeypatch.setattr(cache_module, "RING_SLACK", 9)
-  target, draft = gemma_pair
-  rs = np.random.RandomState(5)
-  prompts = [rs.randint(0, 64, n).tolist() for n in (1, 9, 3, 17)]
-  ref = Decoder(target, GEMMA).generate(prompts, max_new_tokens=24).tokens
-  mesh = sharding.make_mesh(data=4, model=2)
-  cache = sharding.shard_cache(KVCache.init(GEMMA, 4, 64), GEMMA, mesh)
-  assert cache.ring == 13
+  cache = rings_on_a_mesh(gemma_pair, GEMMA, ["chain"], seed=5)
   assert cache.k_local.sharding.spec == cache.k.sharding.spec == P(None, "data", None, "model",
                                                                     None)
-  assert Decoder(target, GEMMA, mesh=mesh).generate(prompts, max_new_tokens=24).tokens == ref
-  chain = ChainDecoder(target, GEMMA, draft, GEMMA, gamma=3, mesh=mesh)
-  res = chain.generate(prompts, max_new_tokens=24)
-  assert res.tokens == ref and res.stats.tau > 1
-  # the rings are written row by row on a mesh: a batch's scatter into them gathered every
-  # row's slots and new entries and permuted them between devices at every layer
-  _, step, compile_s = chain.programs(SamplingParams(), 4, 32, chain.cache_len(17, 24),
-                                      jnp.float32)
-  assert compile_s == 0.0  # the step generate ran
-  assert set(sharding.collectives(step.as_text())) <= {"all-reduce", "all-gather"}
 
 
 def test_speculative_sampling_keeps_the_targets_law():
-  """Chain drafting between two unrelated V = 8 Gemma models (window 2, so the 3 sampled
-  tokens after a 2-token prompt pass it): the joint law of the first three tokens is the
-  target's (chi-square over 12,000 seeded rows, p > 1e-3)."""
-  target = init_params(jax.random.key(30), GEMMA_SMALL, scale=0.8)
-  draft = init_params(jax.random.key(31), GEMMA_SMALL, scale=0.8)
-  sp = SamplingParams(1.0)
-  dec = ChainDecoder(target, GEMMA_SMALL, draft, GEMMA_SMALL, gamma=2)
-  samples, stats = prompt_samples(dec, sp, prompt=[3, 1])
-  assert 0.05 < stats.acceptance_rate < 0.95
-  assert chi2_pvalue(samples, exact_sequence_probs(target, GEMMA_SMALL, [3, 1], sp)) > 1e-3
+  """Chain drafting between two unrelated V = 8 Gemma models keeps the target's law past
+  the window (`windows.sampling_keeps_the_targets_law`)."""
+  sampling_keeps_the_targets_law(GEMMA_SMALL, seed=30)
 
 
 def test_a_tokenizer_without_a_chat_template_gets_gemmas():

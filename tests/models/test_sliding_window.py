@@ -15,13 +15,10 @@ import pytest
 
 from vocabjax.checkpoints.hf import load_hf
 from vocabjax.checkpoints.hf_config import UnsupportedConfigError, config_from_hf
-from vocabjax.decoding import Decoder, SamplingParams
-from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder
-from vocabjax.decoding.tree import TreeParams
 from vocabjax.models import KVCache, LlamaLikeConfig, forward, init_params, lm_head
-from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
 
-from tests.decoding.conftest import prompt_samples
+from tests.models.windows import (rings_on_a_mesh, sampling_keeps_the_targets_law,
+                                  speculative_past_the_window)
 
 _forward = jax.jit(forward, static_argnames=("config", "fresh"))
 
@@ -140,17 +137,7 @@ def test_speculative_greedy_equals_plain_decoding_past_the_window(mistral_pair, 
 
   if ring:
     monkeypatch.setattr(cache_module, "RING_SLACK", 9)
-  target, draft = mistral_pair
-  rs = np.random.RandomState(6)
-  prompts = [rs.randint(0, 64, n).tolist() for n in (1, 9, 3, 17)]
-  ar = Decoder(target, MISTRAL).generate(prompts, max_new_tokens=24)
-  dec = (ChainDecoder(target, MISTRAL, draft, MISTRAL, gamma=3) if kind == "chain" else
-         TreeDecoder(target, MISTRAL, draft, MISTRAL, tree=TreeParams(2, 3, 6)))
-  batched = dec.generate(prompts, max_new_tokens=24)
-  assert batched.tokens == ar.tokens
-  assert dec.generate([prompts[3]], max_new_tokens=24).tokens[0] == ar.tokens[3]
-  assert 0.1 < batched.stats.acceptance_rate < 0.9  # accepted and rejected drafts both met
-  assert len(set(ar.tokens[3])) > 8  # a model that does not repeat itself
+  speculative_past_the_window(mistral_pair, MISTRAL, kind, seed=6, alone=True)
   probe = KVCache.init(MISTRAL, 1, 64)
   assert (probe.ring == 13) == ring and (probe.k.shape[0] == 0) == ring
 
@@ -161,38 +148,15 @@ def test_rings_alone_on_a_mesh_decode_the_unsharded_ids(mistral_pair, monkeypatc
   the one-device greedy ids past the window, with steps that only all-reduce and all-gather."""
   from jax.sharding import PartitionSpec as P
 
-  from vocabjax import sharding
   from vocabjax.models import cache as cache_module
 
   monkeypatch.setattr(cache_module, "RING_SLACK", 9)
-  target, draft = mistral_pair
-  rs = np.random.RandomState(6)
-  prompts = [rs.randint(0, 64, n).tolist() for n in (1, 9, 3, 17)]
-  ref = Decoder(target, MISTRAL).generate(prompts, max_new_tokens=24).tokens
-  mesh = sharding.make_mesh(data=4, model=2)
-  cache = sharding.shard_cache(KVCache.init(MISTRAL, 4, 64), MISTRAL, mesh)
-  assert cache.ring == 13 and cache.k.shape[0] == 0
+  cache = rings_on_a_mesh(mistral_pair, MISTRAL, ["chain", "tree"], seed=6)
+  assert cache.k.shape[0] == 0 and cache.k.sharding.spec == P()
   assert cache.k_local.sharding.spec == P(None, "data", None, "model", None)
-  assert Decoder(target, MISTRAL, mesh=mesh).generate(prompts, max_new_tokens=24).tokens == ref
-  assert cache.k.sharding.spec == P()
-  for dec in (ChainDecoder(target, MISTRAL, draft, MISTRAL, gamma=3, mesh=mesh),
-              TreeDecoder(target, MISTRAL, draft, MISTRAL, tree=TreeParams(2, 3, 6), mesh=mesh)):
-    res = dec.generate(prompts, max_new_tokens=24)
-    assert res.tokens == ref and res.stats.tau > 1
-    _, step, compile_s = dec.programs(SamplingParams(), 4, 32, dec.cache_len(17, 24),
-                                      jnp.float32)
-    assert compile_s == 0.0  # the step generate ran
-    assert set(sharding.collectives(step.as_text())) <= {"all-reduce", "all-gather"}
 
 
 def test_speculative_sampling_keeps_the_targets_law():
-  """Chain drafting between two unrelated V = 8 Mistral-shaped models (window 2, so the 3
-  sampled tokens after a 2-token prompt pass it): the joint law of the first three tokens is
-  the target's (chi-square over 12,000 seeded rows, p > 1e-3)."""
-  target = init_params(jax.random.key(42), MISTRAL_SMALL, scale=0.8)
-  draft = init_params(jax.random.key(43), MISTRAL_SMALL, scale=0.8)
-  sp = SamplingParams(1.0)
-  dec = ChainDecoder(target, MISTRAL_SMALL, draft, MISTRAL_SMALL, gamma=2)
-  samples, stats = prompt_samples(dec, sp, prompt=[3, 1])
-  assert 0.05 < stats.acceptance_rate < 0.95
-  assert chi2_pvalue(samples, exact_sequence_probs(target, MISTRAL_SMALL, [3, 1], sp)) > 1e-3
+  """Chain drafting between two unrelated V = 8 Mistral-shaped models keeps the target's law past
+  the window (`windows.sampling_keeps_the_targets_law`)."""
+  sampling_keeps_the_targets_law(MISTRAL_SMALL, seed=42)
