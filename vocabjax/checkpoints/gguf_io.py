@@ -19,7 +19,6 @@ head_dim ** -0.5 (D / H for the 27B).
 from __future__ import annotations
 
 import functools
-import math
 import os
 from pathlib import Path
 
@@ -27,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vocabjax.checkpoints.convert import CheckpointError, assemble_params
-from vocabjax.checkpoints.hf_config import UnsupportedConfigError
+from vocabjax.checkpoints.hf_config import UnsupportedConfigError, yarn_mscale
 from vocabjax.checkpoints.zoo import cache_dir
 from vocabjax.models.config import LlamaLikeConfig
 
@@ -111,9 +110,8 @@ def _gguf_yarn(arch: str, get, problems: list) -> dict:
     value = get(key)
     if value is not None and float(value) not in neutral:
       problems.append(f"{arch}.{key}={value} (YaRN with it not implemented)")
-  factor = float(get("rope.scaling.factor", 1.0) or 1.0)
   return dict(rope_original_max_position=int(original or 1),
-              rope_attention_factor=1.0 + 0.1 * math.log(factor) if factor > 1 else 1.0,
+              rope_attention_factor=yarn_mscale(float(get("rope.scaling.factor", 1.0) or 1.0)),
               rope_beta_fast=float(get("rope.scaling.yarn_beta_fast", 32.0)),
               rope_beta_slow=float(get("rope.scaling.yarn_beta_slow", 1.0)), rope_truncate=True)
 

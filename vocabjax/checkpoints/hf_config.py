@@ -80,8 +80,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> LlamaLikeConfig:
   # transformers 5 writes `rope_parameters`; a `rope_scaling` added beside it (as model cards
   # say to add one) is read alone by transformers, with the top-level rope_theta or the
   # default 10,000: refused when the two disagree rather than read either way
-  clash = sorted(k for k in scaling if rope and k in rope and scaling[k] != rope[k]
-                 or rope and k not in rope)
+  clash = sorted(k for k in scaling if rope and (k not in rope or rope[k] != scaling[k]))
   check(not clash, f"rope_parameters={cfg.get('rope_parameters')} and rope_scaling="
                    f"{cfg.get('rope_scaling')} disagree on {clash} (transformers then reads "
                    f"rope_scaling alone, with the top-level rope_theta or its default): keep "
@@ -160,6 +159,12 @@ def hf_rope_fields(config: LlamaLikeConfig) -> dict:
 _YARN = {"beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim", "truncate"}
 
 
+def yarn_mscale(factor: float, m: float = 1.0) -> float:
+  """YaRN's scale of cos and sin for a context `factor` (the paper's 0.1 m ln(factor) + 1; 1
+  when the factor does not stretch), as transformers and llama.cpp compute it."""
+  return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+
 def _yarn(rope: Mapping[str, Any], cfg: Mapping[str, Any], check) -> dict:
   """LlamaLikeConfig's yarn fields from a `rope_scaling` / `rope_parameters` dict, as
   transformers computes them: a missing factor is max_position_embeddings over the original
@@ -173,13 +178,11 @@ def _yarn(rope: Mapping[str, Any], cfg: Mapping[str, Any], check) -> dict:
   if factor is None:
     factor = cfg.get("max_position_embeddings", 4096) / original
 
-  def mscale(scale, m=1.0):
-    return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
   attention = rope.get("attention_factor")
   if attention is None:
     m, m_all = rope.get("mscale"), rope.get("mscale_all_dim")
-    attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+    attention = (yarn_mscale(factor, m) / yarn_mscale(factor, m_all) if m and m_all else
+                 yarn_mscale(factor))
   return dict(rope_factor=float(factor), rope_attention_factor=float(attention),
               rope_beta_fast=float(rope.get("beta_fast") or 32),
               rope_beta_slow=float(rope.get("beta_slow") or 1),
@@ -214,12 +217,11 @@ def _sliding_layers(model_type: str, cfg: Mapping[str, Any], check):
   if types is None:
     return None, None
   bad = sorted(set(types) - {"full_attention", "sliding_attention"})
+  positive = isinstance(window, int) and window > 0
   check(not bad, f"layer_types {bad} (supported: full_attention, sliding_attention)")
   check(len(types) == L, f"layer_types has {len(types)} entries for num_hidden_layers={L}")
-  check(isinstance(window, int) and window > 0, f"sliding_window={window!r} (a positive integer)")
-  if bad or len(types) != L or not (isinstance(window, int) and window > 0):
-    return None, None
-  if "sliding_attention" not in types:
+  check(positive, f"sliding_window={window!r} (a positive integer)")
+  if bad or len(types) != L or not positive or "sliding_attention" not in types:
     return None, None
   return int(window), tuple(types)
 

@@ -20,7 +20,6 @@ the drafter re-reads the accepted tokens at the start of the next step.
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import NamedTuple
 
 import jax
@@ -257,14 +256,13 @@ def compact_path(cache: KVCache, base: jax.Array, path: jax.Array, n: jax.Array,
 
   move = jax.vmap(row, in_axes=(1, 0, 0), out_axes=1)
 
-  def ring_row(buf, s, d, R):  # buf [L, R, N, hd]
-    return buf.at[:, d % R].set(jnp.take(buf, s % R, axis=1))
+  def ring_row(buf, s, d):  # buf [L, R, N, hd], s and d ring slots [W]
+    return buf.at[:, d].set(jnp.take(buf, s, axis=1))
 
   def compact(x, R):
     if R is not None:  # sliding layers' ring (`models.cache`): slot s at s mod R, scattered
       if per_row:  # per row as above (the batch's scatter permuted slots between devices)
-        return jax.vmap(functools.partial(ring_row, R=R), in_axes=(1, 0, 0), out_axes=1)(
-            x, src, dst)
+        return jax.vmap(ring_row, in_axes=(1, 0, 0), out_axes=1)(x, src % R, dst % R)
       return x.at[:, b, dst % R].set(x[:, b, src % R])
     return move(x, src, base) if per_row else x.at[:, b, dst].set(x[:, b, src])
 

@@ -90,7 +90,8 @@ class LlamaLikeConfig:
                        f"{self.query_pre_attn_scalar=}")
     if not self.rope_attention_factor > 0:
       raise ValueError(f"rope_attention_factor must be positive, got {self.rope_attention_factor=}")
-    if self.rope_type == "yarn" and not (self.rope_factor > 0 and self.rope_original_max_position > 0):
+    if self.rope_type == "yarn" and not (self.rope_factor > 0
+                                         and self.rope_original_max_position > 0):
       raise ValueError(f"yarn RoPE needs a positive factor and original context, got "
                        f"{self.rope_factor=} {self.rope_original_max_position=}")
     if self.rope_freq_factors is not None and len(self.rope_freq_factors) != self.head_dim // 2:

@@ -314,8 +314,9 @@ def write_block(buf: jax.Array, i: int, new: jax.Array, start: jax.Array, *,
   updated in place and made a batch-4 cross-vocabulary step several times slower.
   `ring`: buf is a ring of that many slots (`models.cache`): slot s goes to s mod ring, by an
   indexed scatter (with `per_row`, one per row, vmapped: partitioned along "data" as above,
-  where the batch's scatter gathered every row's slots and entries). `valid` [B] (a right-padded prefill's prompt lengths): row b writes only
-  its entries t in [valid[b] - ring, valid[b]), so neither padding nor a prompt longer than
+  where the batch's scatter gathered every row's slots and entries). `valid` [B] (a
+  right-padded prefill's prompt lengths): row b writes only its entries t in
+  [valid[b] - ring, valid[b]), so neither padding nor a prompt longer than
   the ring overwrites what its last `ring` real entries left (without it every entry is
   written, the later ones last: a verification block, whose rejected tail the window never
   shows, `models.cache`)."""
