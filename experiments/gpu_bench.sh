@@ -10,13 +10,14 @@
 #
 # SET=kernel (the default; BUDGET_S=570 s of commands, ~12 device minutes with the machine's
 # start; each step's limit is capped by what is left of BUDGET_S, and SKIP="name ..." leaves
-# steps out): the reworked Triton kernel smoke-tested; its persistent grid against one program
-# per tile at k = 2048 (twice: the open question first); tuned against XLA with device-side
-# timing at B = 10 (SpecVocab's bars: d >= 2560, k >= 2048), again at k = 2048 repeated (for the
-# dispatch table's history), and at the real drafters' B = 1 widths (writing the dispatch table
-# the next steps use);
-# whole SpecVocab chain steps with the kernel and with XLA against the full-vocabulary chain;
-# the decoding exactness tests on the GPU in f32 and bf16 (last: it gets what is left).
+# steps out): the Triton kernel smoke-tested; tuned against XLA with device-side timing at
+# B = 10 (SpecVocab's bars: d >= 2560, k >= 2048; k = 2048, 4096 and 8192), again at k = 2048
+# repeated (for the dispatch table's history), and at the real drafters' B = 1 widths (writing
+# the dispatch table the next steps use); the decoding exactness tests on the GPU in f32 and
+# bf16 (150 s a dtype: a fresh machine compiles every test's programs); whole SpecVocab chain
+# steps with the kernel and with XLA against the full-vocabulary chain (last: what is left).
+# PERSIST=1 adds, right after the smoke test, the persistent grid against one program per tile
+# at k = 2048, twice (sessions 47-49's question; session 49 answered it: no faster).
 # `DRY=1` runs the same steps on the CPU at tiny shapes (interpret mode;
 # tests/eval/test_gpu_bench.py) to check the script, not to measure.
 #
@@ -74,7 +75,10 @@ if [ "$SET" = kernel ]; then
     EXACT=(--dtypes float32 --files tests/vocab/test_trimmed.py -k "greedy and chain and float32")
     INTERP=True
   else
-    KB10=(--batch 10 --shapes 4096:151936 2560:151936 --ks 2048 8192 --calls 4 --repeats 10
+    # k = 4096 (session 49 on): between 2048 (XLA fuses the gather into its dot, the kernel
+    # level with it) and 8192 (XLA writes the gathered rows, the kernel 3.4x): where the kernel
+    # starts to pay.
+    KB10=(--batch 10 --shapes 4096:151936 2560:151936 --ks 2048 4096 8192 --calls 4 --repeats 10
           --tune-num-warps 4 8 --hlo-dump)
     KB1=(--batch 1 --shapes 896:151936 2048:128256 --ks 2048 512 --calls 32 --repeats 10
          --tune-num-warps 4 --tune-block-d 128)
@@ -142,11 +146,12 @@ sys.exit(1 if bad else 0)
 " "${SMOKE_SHAPE[@]}" "$W/persist_failed"
   smoke=$?
   if [ "$smoke" = 0 ]; then
-    # 2. The open question first (session 47): the persistent grid against one program per
-    # tile at k = 2048 (see KP above), twice; two runs of the new grid for the table's history
-    # (`--from-results`, the first with `--no-table-history` if the persistent grid wins: it is
-    # a new kernel).
-    if [ -e "$W/persist_failed" ]; then
+    # 2. With PERSIST=1: the persistent grid against one program per tile at k = 2048 (see KP
+    # above), twice; two runs of the new grid for the table's history (`--from-results`, the
+    # first with `--no-table-history` if the persistent grid wins: it is a new kernel).
+    if [ -z "${PERSIST:-}" ]; then
+      :  # answered in session 49 (experiments/results/kernels/nvidia-h200/session49/)
+    elif [ -e "$W/persist_failed" ]; then
       echo "== kernel_persist: skipped (the persistent grid failed kernel_smoke)" | tee -a "$W/steps.log"
     else
       step kernel_persist "${KP_S:-80}" python3 "$K" --out "$W/kernel_persist" "${KP[@]}"
@@ -165,12 +170,12 @@ sys.exit(1 if bad else 0)
   else
     echo "== the kernel failed its smoke test: tuning skipped (kernel_smoke.log)" | tee -a "$W/steps.log"
   fi
-  # 4. Whole SpecVocab chain steps (kernel and XLA) against the full-vocabulary chain.
+  # 4. The decoding exactness tests on this backend, f32 and bf16 (the GPU check of item 4).
+  step exactness "${EXACT_S:-360}" python3 experiments/gpu_exactness.py --out "$W/exactness" \
+    --limit-s "${EXACT_EACH_S:-150}" "${EXACT[@]}"
+  # 5. Whole SpecVocab chain steps (kernel and XLA) against the full-vocabulary chain.
   step steps_specvocab "${STEPS_S:-200}" python3 experiments/step_programs.py "${STEPS[@]}" \
     --out "$W/steps_specvocab"
-  # 5. The decoding exactness tests on this backend, f32 and bf16.
-  step exactness "${EXACT_S:-200}" python3 experiments/gpu_exactness.py --out "$W/exactness" \
-    --limit-s "${EXACT_EACH_S:-95}" "${EXACT[@]}"
 elif [ "$SET" = first ]; then
   # The indexed LM head on SpecVocab's grid, block sizes tuned per (d, V, k) over a reduced grid.
   step kernel "${KERNEL_S:-170}" python3 experiments/bench_indexed_lm_head.py --out "$W/kernel" \

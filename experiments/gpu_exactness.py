@@ -10,8 +10,8 @@ It runs pytest over the test files of `FILES`, keeping the tests whose names say
 once per dtype, with `--workers` pytest-xdist processes sharing the GPU (memory not
 preallocated): `VOCABJAX_TEST_DTYPE=bfloat16` casts
 the shared model pairs of tests/decoding/conftest.py to bf16 (tests that build their own models
-keep their dtype; a few are bf16 already). Each dtype's run has its own time limit; a run cut
-short keeps what finished (read from pytest's verbose log). Writes `exactness.md` (a table of passed / failed /
+keep their dtype; a few are bf16 already). Each dtype's run has its own time limit; at it
+pytest is interrupted and reports what finished, failures with their tracebacks (`pytest_<dtype>.log`). Writes `exactness.md` (a table of passed / failed /
 skipped per dtype and every failure's name) and `exactness.json` beside the XMLs, after each
 dtype. Exit 0 when nothing failed.
 """
@@ -23,6 +23,7 @@ import datetime
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
@@ -38,6 +39,7 @@ FILES = ("tests/vocab/test_ranked.py", "tests/vocab/test_trimmed.py",  # the voc
          "tests/decoding/test_nonfinite.py")  # NaN / inf logits flagged in the GPU's programs
 SELECT = ("greedy or identical or (lossless and (test_speculative_chain or test_ranked)) or "
           "test_nonfinite")
+GRACE_S = 30  # after the interrupt: pytest's report of what ran (then it is killed)
 LINE = re.compile(r"(?:(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (tests/\S+)|(tests/\S+) "
                   r"(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS))")
 
@@ -50,12 +52,15 @@ def junit_summary(path: Path) -> dict:
     return {}
   out = {"passed": 0, "failed": 0, "skipped": 0, "failures": [], "seconds": 0.0}
   for case in root.iter("testcase"):
+    if not case.get("name"):  # the test running when pytest was interrupted: not a result
+      continue
     name = f"{case.get('classname', '')}::{case.get('name', '')}"
     out["seconds"] += float(case.get("time", 0) or 0)
     if case.find("failure") is not None or case.find("error") is not None:
       out["failed"] += 1
       node = case.find("failure") if case.find("failure") is not None else case.find("error")
-      out["failures"].append(f"{name}: {(node.get('message') or '')[:200]}")
+      msg = " | ".join(l for l in (node.get("message") or "").splitlines() if l.strip())
+      out["failures"].append(f"{name}: {msg[:200]}")
     elif case.find("skipped") is not None:
       out["skipped"] += 1
     else:
@@ -79,7 +84,8 @@ def log_summary(log: str) -> dict:
 def run_dtype(dtype: str, out: Path, limit_s: int, files, select: str, workers: int,
               extra) -> dict:
   xml = out / f"junit_{dtype}.xml"
-  cmd = [sys.executable, "-m", "pytest", "-v", "-p", "no:cacheprovider", *files, "-k", select,
+  cmd = [sys.executable, "-m", "pytest", "-v", "-rfE", "--tb=short", "-p", "no:cacheprovider",
+         *files, "-k", select,
          f"--junitxml={xml}", *(["-n", str(workers)] if workers > 1 else []), *extra]
   # tests/conftest.py defaults JAX_PLATFORMS to cpu: name this machine's backend first
   import jax
@@ -88,14 +94,24 @@ def run_dtype(dtype: str, out: Path, limit_s: int, files, select: str, workers: 
          "JAX_PLATFORMS": backend if backend == "cpu" else f"{backend},cpu",
          "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # several workers share one GPU
   t0 = datetime.datetime.now()
+  # At the limit pytest is interrupted (SIGINT), not killed: it then prints the failures so far
+  # with their tracebacks and writes the JUnit XML, as after a finished run (session 49's cut
+  # runs, killed, kept the failures' names and lost why they failed).
+  proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True)
   try:
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=limit_s)
-    rc, log, cut = proc.returncode, proc.stdout + proc.stderr, False
-  except subprocess.TimeoutExpired as e:
-    rc, cut = None, True
-    log = (e.stdout or b"").decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-    xml.unlink(missing_ok=True)
+    log, _ = proc.communicate(timeout=limit_s)
+    cut = False
+  except subprocess.TimeoutExpired:
+    cut = True
+    proc.send_signal(signal.SIGINT)
+    try:
+      log, _ = proc.communicate(timeout=GRACE_S)
+    except subprocess.TimeoutExpired:
+      proc.kill()
+      log, _ = proc.communicate()
+      xml.unlink(missing_ok=True)  # a half-written XML: the verbose log is read instead
+  rc = proc.returncode
   (out / f"pytest_{dtype}.log").write_text(log)
   res = {"dtype": dtype, "command": " ".join(cmd), "exit": rc, "cut_at_limit_s": limit_s if cut
          else None, "wall_s": (datetime.datetime.now() - t0).total_seconds(),

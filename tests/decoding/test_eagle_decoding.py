@@ -247,4 +247,4 @@ def test_greedy_identity_with_a_bf16_target(target):
   steps = step_hlo(dec)
   assert steps
   for text in steps:
-    assert not materialized(text, (CFG.vocab_size, CFG.hidden_size))
+    assert not materialized(text, (CFG.vocab_size, CFG.hidden_size), "f32")

@@ -64,7 +64,7 @@ def test_greedy_identity_per_dtype(pair, dtype, kernel, names):
       steps = step_hlo(dec)
       assert steps, name
       for text in steps:  # the drafting loop gathers table rows, never widens the table
-        found = materialized(text, (CFG.vocab_size, CFG.hidden_size))
+        found = materialized(text, (CFG.vocab_size, CFG.hidden_size), "f32")
         assert not found, (name, found)
 
 

@@ -22,14 +22,14 @@ def test_prepared_gpu_run_dry_on_cpu(tmp_path):
   table_before = (ROOT / "vocabjax/kernels/dispatch_table.json").read_bytes()
   w = tmp_path / "w"
   env = {**os.environ, "DRY": "1", "W": str(w), "DRY_TARGET": str(t), "DRY_DRAFT": str(d),
-         "JAX_PLATFORMS": "cpu"}
+         "JAX_PLATFORMS": "cpu", "PERSIST": "1"}
   env["XLA_FLAGS"] = subprocess_xla_flags()  # one CPU device, the suite's compile setting
   proc = subprocess.run(["bash", "experiments/gpu_bench.sh"], cwd=ROOT, env=env, capture_output=True,
                         text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   log = (w / "steps.log").read_text()
   order = ("kernel_smoke", "kernel_persist", "kernel_persist2", "kernel_b10", "kernel_k2048",
-           "kernel_b1", "steps_specvocab", "exactness")  # the open question (persist) first
+           "kernel_b1", "exactness", "steps_specvocab")  # exactness before the whole steps
   for name in order:
     assert f"== {name}: exit 0" in log, log
   assert [log.index(f"== {n}: exit 0") for n in order] == sorted(
@@ -82,7 +82,7 @@ def test_a_failing_persistent_grid_skips_only_its_steps(tmp_path):
   w = tmp_path / "w"
   env = {**os.environ, "DRY": "1", "W": str(w), "DRY_TARGET": "unused", "DRY_DRAFT": "unused",
          "JAX_PLATFORMS": "cpu", "DRY_SMOKE_PERSIST": "-1", "XLA_FLAGS": subprocess_xla_flags(),
-         "SKIP": "kernel_b10 kernel_k2048 kernel_b1 steps_specvocab exactness"}
+         "SKIP": "kernel_b10 kernel_k2048 kernel_b1 steps_specvocab exactness", "PERSIST": "1"}
   proc = subprocess.run(["bash", "experiments/gpu_bench.sh"], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=300)
   log = (w / "steps.log").read_text()
@@ -90,4 +90,33 @@ def test_a_failing_persistent_grid_skips_only_its_steps(tmp_path):
   assert "persist=-1 must be 0" in (w / "kernel_smoke.log").read_text()
   assert "== kernel_persist: skipped (the persistent grid failed kernel_smoke)" in log
   assert "kernel_persist2" not in log
+  # without PERSIST=1 (the default since session 49 answered it) the grid is not measured
+  env.pop("PERSIST")
+  env["W"] = str(tmp_path / "w2")
+  subprocess.run(["bash", "experiments/gpu_bench.sh"], cwd=ROOT, env=env, capture_output=True,
+                 text=True, timeout=300)
+  log = (tmp_path / "w2" / "steps.log").read_text()
+  assert "== kernel_smoke: exit 0" in log and "== kernel_persist" not in log, log
 
+
+def test_exactness_run_cut_at_its_limit_keeps_why_tests_failed(tmp_path):
+  """experiments/gpu_exactness.py interrupts pytest at the limit: the failures so far come back
+  with their tracebacks and counts, not only their names (session 49's cut run lost them)."""
+  tests = tmp_path / "test_cut.py"
+  tests.write_text("import time\n\n"
+                   "def test_greedy_a():\n  assert 1 == 2, 'tokens differ at 7'\n\n"
+                   "def test_greedy_b():\n  pass\n\n"
+                   "def test_greedy_c():\n  time.sleep(60)\n")
+  out = tmp_path / "ex"
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": str(ROOT)}
+  proc = subprocess.run(["python", "experiments/gpu_exactness.py", "--out", str(out),
+                         "--dtypes", "float32", "--limit-s", "8", "--files", str(tests),
+                         "-k", "greedy", "--pytest-args", "-p", "no:randomly"], cwd=ROOT,
+                        env=env, capture_output=True, text=True, timeout=120)
+  assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+  run = json.loads((out / "exactness.json").read_text())["runs"][0]
+  assert run["cut_at_limit_s"] == 8 and (run["passed"], run["failed"]) == (1, 1), run
+  assert "test_greedy_a" in run["failures"][0]
+  log = (out / "pytest_float32.log").read_text()
+  assert "tokens differ at 7" in log and "KeyboardInterrupt" in log, log[-2000:]
+  assert "test_greedy_a" in (out / "exactness.md").read_text()

@@ -38,7 +38,7 @@ def test_rows_are_jnp_takes_and_a_loop_never_widens_the_table(dtype):
   np.testing.assert_array_equal(np.asarray(ours(table, idx)), np.asarray(plain(table, idx)))
   assert not materialized(ours.as_text(), (V, D))
   if dtype == "bfloat16":  # what the barrier prevents: jnp.take's loop widens the whole table
-    assert materialized(plain.as_text(), (V, D))
+    assert materialized(plain.as_text(), (V, D), "f32")
 
 
 def test_the_indexed_heads_xla_path_in_a_loop_reads_rows_only():
@@ -57,3 +57,17 @@ def test_the_indexed_heads_xla_path_in_a_loop_reads_rows_only():
 
   txt = jax.jit(f).lower(U, h).compile().as_text()
   assert not materialized(txt, (V, D))
+
+
+def test_materialized_can_name_the_dtype():
+  """XLA:GPU's merged q / k / v weights of a tiny test model (session 49's H200 run) have the
+  tiny table's shape in bf16: the widened-table checks name f32 and do not take them for it."""
+  hlo = """ENTRY %main.73 (p0: bf16[32,32], p1: bf16[16,32], p2: bf16[16,32]) -> f32[64,32] {
+  %p0 = bf16[32,32]{1,0} parameter(0)
+  %wrapped_concatenate = bf16[64,32]{1,0} fusion(%p0, %p1, %p2), kind=kLoop, calls=%wc
+  ROOT %convert.1 = f32[64,32]{1,0} convert(%wrapped_concatenate)
+}"""
+  assert [i for _, i, _ in materialized(hlo, (64, 32))] == ["wrapped_concatenate", "convert.1"]
+  assert materialized(hlo, (64, 32), "bf16") == [("main.73", "wrapped_concatenate", "fusion")]
+  assert materialized(hlo, (64, 32), "f32") == [("main.73", "convert.1", "convert")]
+  assert not materialized(hlo, (64, 32), "s8")

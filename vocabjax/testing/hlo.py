@@ -10,11 +10,19 @@ _FUSED = re.compile(r"calls=%([\w.-]+)")
 _VIEWS = {"parameter", "get-tuple-element", "bitcast", "opt-barrier"}
 
 
-def materialized(hlo_text: str, shape: tuple[int, ...]) -> list[tuple[str, str, str]]:
+def materialized(hlo_text: str, shape: tuple[int, ...],
+                 dtype: str | None = None) -> list[tuple[str, str, str]]:
   """(computation, instruction, opcode) of every instruction outside fusions whose result has
-  `shape` (any dtype) and is a new buffer: e.g. an embedding table widened to f32 in a loop.
-  Instructions inside a fused computation are computed element by element where they are
-  read (a fused gather converts only the rows it reads), so they are not counted."""
+  `shape` (of HLO element type `dtype`, e.g. "f32"; any when None) and is a new buffer: e.g. an
+  embedding table widened to f32 in a loop. Instructions inside a fused computation are
+  computed element by element where they are read (a fused gather converts only the rows it
+  reads), so they are not counted.
+
+  Name the dtype where a tiny model's table shape can coincide with another array: XLA:GPU
+  merges a tiny layer's q / k / v projections into one dot over their concatenated weights,
+  written every step, and a test model with 32 + 16 + 16 output rows over D = 32 gives a
+  bf16[64, 32] that a V = 64, D = 32 table's check would take for the table (session 49's
+  H200 run)."""
   want = ",".join(map(str, shape))
   fused = set(_FUSED.findall(hlo_text))
   out, comp = [], None
@@ -23,7 +31,8 @@ def materialized(hlo_text: str, shape: tuple[int, ...]) -> list[tuple[str, str, 
       comp = line.split()[1 if line.startswith("ENTRY") else 0].lstrip("%")
       continue
     m = _INSTR.match(line)
-    if m and comp not in fused and m.group(3) == want and m.group(4) not in _VIEWS:
+    if (m and comp not in fused and m.group(3) == want and m.group(4) not in _VIEWS
+        and dtype in (None, m.group(2))):
       out.append((comp, m.group(1), m.group(4)))
   return out
 
