@@ -82,7 +82,8 @@ from vocabjax.vocab.ranked import Ranker, SpeculativeVocab
 from vocabjax.vocab.subset import VocabSubset
 
 __all__ = ["CHIPS", "METHODS", "Chip", "Program", "Setup", "TpuStep", "build_decoder",
-           "chip_of", "cpu_custom_calls", "lower_step", "tpu_mesh", "tpu_tracing"]
+           "chip_of", "cpu_custom_calls", "devices_of", "lower_step", "platform_of", "tpu_mesh",
+           "tpu_tracing"]
 
 GiB = 1 << 30
 
@@ -136,15 +137,30 @@ def _backend_reads(platform: str):
       jax.default_backend = old
 
 
+def devices_of(topology: str) -> tuple:
+  """The compile-only devices of `topology`: a TPU slice ("v5e:2x2", libtpu) or one GPU
+  ("gpu:h100", "gpu:h200": `vocabjax.testing.gpu_aot`, JAX's CUDA plugin)."""
+  if topology.startswith("gpu:"):
+    from vocabjax.testing import gpu_aot
+
+    return gpu_aot.gpu_devices(topology[4:])
+  return tpu_devices(topology)
+
+
+def platform_of(topology: str) -> str:
+  """"gpu" for a "gpu:<target>" topology, else "tpu"."""
+  return "gpu" if topology.startswith("gpu:") else "tpu"
+
+
 @contextlib.contextmanager
-def tpu_tracing(device=None, mesh=None):
+def tpu_tracing(device=None, mesh=None, platform: str = "tpu"):
   """Trace programs inside as a TPU's decoder would (module doc): the library's backend reads
-  say "tpu", decoders built inside have the CPU matmul kernel off, and (with `device`, a TPU
-  device) Pallas lowering rules see that TPU as the default device. (`mesh` is kept for the
+  say "tpu" (`platform`: "gpu" for a GPU's, `vocabjax.testing.gpu_aot`), decoders built inside have the CPU matmul kernel off, and (with `device`, a TPU
+  device) Pallas lowering rules see that device as the default device. (`mesh` is kept for the
   callers; the mesh switches are in each program's lowering, `tpu_lowering`.)"""
   del mesh
   with contextlib.ExitStack() as stack:
-    stack.enter_context(_backend_reads("tpu"))
+    stack.enter_context(_backend_reads(platform))
     stack.enter_context(cpu_kernel_default(False))
     if device is not None:
       stack.enter_context(jax.default_device(device))
@@ -451,9 +467,9 @@ def _placements(jaxpr) -> list:
   return [None if hasattr(v, "val") else made.get(v) for v in jaxpr.outvars]
 
 
-def build_decoder(method: str, setup: Setup, *, device=None, mesh=None):
-  """The method's decoder with abstract weights placed on `device` (one TPU chip) or `mesh`
-  (a mesh of TPU chips, `tpu_mesh`): module doc."""
+def build_decoder(method: str, setup: Setup, *, device=None, mesh=None, platform: str = "tpu"):
+  """The method's decoder with abstract weights placed on `device` (one TPU chip, or one GPU
+  with `platform="gpu"`) or `mesh` (a mesh of TPU chips, `tpu_mesh`): module doc."""
   spec = method_spec(method)
   if (device is None) == (mesh is None):
     raise ValueError("give a TPU device or a mesh of TPU devices (not both)")
@@ -466,7 +482,7 @@ def build_decoder(method: str, setup: Setup, *, device=None, mesh=None):
     held["decoder"] = dec
     return {k: v for k, v in vars(dec).items() if _traced(v)}
 
-  with tpu_tracing(mesh=mesh):  # layouts and switches as on a TPU; values stay on the host
+  with tpu_tracing(mesh=mesh, platform=platform):  # switches as on a TPU; values stay here
     closed, shapes = jax.make_jaxpr(construct, return_shape=True)(*(arrays[n] for n in names))
   leaves, tree = jax.tree.flatten(shapes)
   default = SingleDeviceSharding(device) if mesh is None else sharding.replicated(mesh)
@@ -573,7 +589,8 @@ def _guarded(step_or_where, name: str, fn):
 def _where(method, topology, setup, B, S) -> str:
   c = setup.target
   cache = f"{jnp.dtype(setup.dtype).name}{[c.num_layers, B, S, c.num_kv_heads, c.head_dim]}"
-  return (f"{method} for TPU {topology} ({setup.describe()}; B={B}, S={S}; the target's K and "
+  kind = "GPU" if platform_of(topology) == "gpu" else "TPU"
+  return (f"{method} for {kind} {topology} ({setup.describe()}; B={B}, S={S}; the target's K and "
           f"V caches {cache})")
 
 
@@ -587,7 +604,7 @@ def lower_step(method: str, setup: Setup, *, topology: str = "v5e:1x1", B: int =
                sampling: SamplingParams = SamplingParams(), decoder=None) -> TpuStep:
   """The LOWERED whole step of `method` (a name of METHODS / NAME_FORMS) for `topology`: its
   decoder's step function over B rows and S cache slots, weights abstract and placed on the
-  topology's first chip, or on `mesh` (`tpu_mesh(topology)`: every chip, the model axis over
+  topology's first chip ("gpu:h100" / "gpu:h200": one GPU, `devices_of`), or on `mesh` (`tpu_mesh(topology)`: every chip, the model axis over
   them). `prefill`: also the prompt prefill programs of a [B, T] block. `costs`: also the step
   with its loops unrolled ("cost:<program>"; `TpuStep.cost_programs`), whose cost analysis
   counts every iteration (XLA's counts a loop body once). `compile`: compile them all
@@ -597,14 +614,15 @@ def lower_step(method: str, setup: Setup, *, topology: str = "v5e:1x1", B: int =
   if not 1 <= T <= S:
     raise ValueError(f"prompt block T={T} must be in [1, S={S}]")
   spec = method_spec(method)
-  device = tpu_devices(topology)[0]
-  if mesh is not None and set(mesh.devices.flat) - set(tpu_devices(topology)):
+  device, platform = devices_of(topology)[0], platform_of(topology)
+  if mesh is not None and set(mesh.devices.flat) - set(devices_of(topology)):
     raise ValueError(f"the mesh's devices are not the chips of {topology!r}")
   where = _where(method, topology, setup, B, S)
   if decoder is None:
     decoder = _guarded(where, "decoder", lambda: build_decoder(
-        method, setup, device=None if mesh is not None else device, mesh=mesh))
-  with tpu_tracing(device, mesh):
+        method, setup, device=None if mesh is not None else device, mesh=mesh,
+        platform=platform))
+  with tpu_tracing(device, mesh, platform):
     step = _guarded(where, "step", lambda: _lower(method, decoder, setup, B, S, T, device,
                                                   mesh, prefill, sampling, topology))
     step.spec = spec
@@ -616,7 +634,7 @@ def lower_step(method: str, setup: Setup, *, topology: str = "v5e:1x1", B: int =
         step.programs["cost:" + name] = dataclasses.replace(unrolled.programs[name],
                                                             name="cost:" + name)
   if compile:
-    with tpu_tracing(device, mesh):
+    with tpu_tracing(device, mesh, platform):
       step.compile()
   return step
 
