@@ -141,7 +141,7 @@ def devices_of(topology: str) -> tuple:
   """The compile-only devices of `topology`: a TPU slice ("v5e:2x2", libtpu) or one GPU
   ("gpu:h100", "gpu:h200": `vocabjax.testing.gpu_aot`, JAX's CUDA plugin)."""
   if topology.startswith("gpu:"):
-    from vocabjax.testing import gpu_aot
+    from vocabjax.testing import gpu_aot  # local: loads JAX's CUDA plugin only for GPU topologies
 
     return gpu_aot.gpu_devices(topology[4:])
   return tpu_devices(topology)
