@@ -1,20 +1,19 @@
-"""The decoding exactness tests run on the machine's default JAX backend (a GPU, where one is
-lent), in f32 and in bf16: greedy identity of every method against plain decoding and the
-chi-square checks of sampled output, on the tests' tiny random models.
+"""The decoding exactness tests run on the machine's default JAX backend (a GPU, where one is lent),
+in f32 and in bf16: greedy identity of every method against plain decoding and the chi-square
+checks of sampled output, on the tests' tiny random models.
 
   python experiments/gpu_exactness.py --out $OUT/exactness            # on the GPU machine
   python experiments/gpu_exactness.py --out /tmp/ex --dtypes float32 --limit-s 120   # anywhere
 
 It runs pytest over the test files of `FILES`, keeping the tests whose names say what they check
-(`-k`: every greedy-identity test, and the chi-square tests of the chain and of SpecVocab),
-once per dtype, with `--workers` pytest-xdist processes sharing the GPU (memory not
-preallocated): `VOCABJAX_TEST_DTYPE=bfloat16` casts
-the shared model pairs of tests/decoding/conftest.py to bf16 (tests that build their own models
-keep their dtype; a few are bf16 already). Each dtype's run has its own time limit; at it
-pytest is interrupted and reports what finished, failures with their tracebacks (`pytest_<dtype>.log`). Writes `exactness.md` (a table of passed / failed /
+(`-k`: every greedy-identity test, and the chi-square tests of the chain and of SpecVocab), once
+per dtype, with `--workers` pytest-xdist processes sharing the GPU (memory not preallocated):
+`VOCABJAX_TEST_DTYPE=bfloat16` casts the shared model pairs of tests/decoding/conftest.py to bf16
+(tests that build their own models keep their dtype; a few are bf16 already). Each dtype's run
+has its own time limit; at it pytest is interrupted and reports what finished, failures with
+their tracebacks (`pytest_<dtype>.log`). Writes `exactness.md` (a table of passed / failed /
 skipped per dtype and every failure's name) and `exactness.json` beside the XMLs, after each
-dtype. Exit 0 when nothing failed.
-"""
+dtype. Exit 0 when nothing failed."""
 
 from __future__ import annotations
 

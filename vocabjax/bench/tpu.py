@@ -154,10 +154,11 @@ def platform_of(topology: str) -> str:
 
 @contextlib.contextmanager
 def tpu_tracing(device=None, mesh=None, platform: str = "tpu"):
-  """Trace programs inside as a TPU's decoder would (module doc): the library's backend reads
-  say "tpu" (`platform`: "gpu" for a GPU's, `vocabjax.testing.gpu_aot`), decoders built inside have the CPU matmul kernel off, and (with `device`, a TPU
-  device) Pallas lowering rules see that device as the default device. (`mesh` is kept for the
-  callers; the mesh switches are in each program's lowering, `tpu_lowering`.)"""
+  """Trace programs inside as a TPU's decoder would (module doc): the library's backend reads say
+  "tpu" (`platform`: "gpu" for a GPU's, `vocabjax.testing.gpu_aot`), decoders built inside have
+  the CPU matmul kernel off, and (with `device`, a TPU device) Pallas lowering rules see that
+  device as the default device. (`mesh` is kept for the callers; the mesh switches are in each
+  program's lowering, `tpu_lowering`.)"""
   del mesh
   with contextlib.ExitStack() as stack:
     stack.enter_context(_backend_reads(platform))
@@ -604,13 +605,13 @@ def lower_step(method: str, setup: Setup, *, topology: str = "v5e:1x1", B: int =
                sampling: SamplingParams = SamplingParams(), decoder=None) -> TpuStep:
   """The LOWERED whole step of `method` (a name of METHODS / NAME_FORMS) for `topology`: its
   decoder's step function over B rows and S cache slots, weights abstract and placed on the
-  topology's first chip ("gpu:h100" / "gpu:h200": one GPU, `devices_of`), or on `mesh` (`tpu_mesh(topology)`: every chip, the model axis over
-  them). `prefill`: also the prompt prefill programs of a [B, T] block. `costs`: also the step
-  with its loops unrolled ("cost:<program>"; `TpuStep.cost_programs`), whose cost analysis
-  counts every iteration (XLA's counts a loop body once). `compile`: compile them all
-  (deviceless). `decoder`: one `build_decoder` made for the same placement (to share it).
-  Errors (Mosaic, lowering, memory) are AssertionErrors naming the method, topology, program
-  and shapes."""
+  topology's first chip ("gpu:h100" / "gpu:h200": one GPU, `devices_of`), or on `mesh`
+  (`tpu_mesh(topology)`: every chip, the model axis over them). `prefill`: also the prompt prefill
+  programs of a [B, T] block. `costs`: also the step with its loops unrolled ("cost:<program>";
+  `TpuStep.cost_programs`), whose cost analysis counts every iteration (XLA's counts a loop body
+  once). `compile`: compile them all (deviceless). `decoder`: one `build_decoder` made for the
+  same placement (to share it). Errors (Mosaic, lowering, memory) are AssertionErrors naming the
+  method, topology, program and shapes."""
   if not 1 <= T <= S:
     raise ValueError(f"prompt block T={T} must be in [1, S={S}]")
   spec = method_spec(method)
