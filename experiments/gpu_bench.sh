@@ -14,8 +14,9 @@
 # B = 10 (SpecVocab's bars: d >= 2560, k >= 2048; k = 2048, 4096 and 8192), again at k = 2048
 # repeated (for the dispatch table's history), and at the real drafters' B = 1 widths (writing
 # the dispatch table the next steps use); the decoding exactness tests on the GPU in f32 and
-# bf16 (150 s a dtype: a fresh machine compiles every test's programs); whole SpecVocab chain
-# steps with the kernel and with XLA against the full-vocabulary chain (last: what is left).
+# bf16 (150 s a dtype: a fresh machine compiles every test's programs); the plain step at
+# 1,024 and 16,384 cache slots (what a longer cache costs); whole SpecVocab chain steps with
+# the kernel and with XLA against the full-vocabulary chain (last: what is left).
 # PERSIST=1 adds, right after the smoke test, the persistent grid against one program per tile
 # at k = 2048, twice (sessions 47-49's question; session 49 answered it: no faster).
 # `DRY=1` runs the same steps on the CPU at tiny shapes (interpret mode;
@@ -73,6 +74,9 @@ if [ "$SET" = kernel ]; then
     STEPS=(--target "$DRY_TARGET" --draft "$DRY_DRAFT" --context 16 --max-len 96 --steps 2
            --repeats 1 --ranker-rank 8 --methods ar chain_g3 sv16_g3_xla sv16_g3_auto)
     EXACT=(--dtypes float32 --files tests/vocab/test_trimmed.py -k "greedy and chain and float32")
+    SLOTS=(--target "$DRY_TARGET" --draft "$DRY_DRAFT" --context 16 --steps 2 --repeats 1
+           --methods ar)
+    SLOT_LENS=(96 128)
     INTERP=True
   else
     # k = 4096 (session 49 on): between 2048 (XLA fuses the gather into its dot, the kernel
@@ -111,6 +115,8 @@ if [ "$SET" = kernel ]; then
     STEPS=(--pair qwen2.5-coder --dtype bfloat16 --steps 6 --repeats 3
            --methods ar chain_g3 sv2048_g3_xla sv2048_g3_kernel)
     EXACT=(--dtypes float32 bfloat16 --workers 12)
+    SLOTS=(--pair qwen2.5-coder --dtype bfloat16 --steps 6 --repeats 3 --methods ar)
+    SLOT_LENS=(1024 16384)
     INTERP=False
   fi
   # 1. Does the reworked kernel compile and agree with the reference here (both variants)?
@@ -173,6 +179,14 @@ sys.exit(1 if bad else 0)
   # 4. The decoding exactness tests on this backend, f32 and bf16 (the GPU check of item 4).
   step exactness "${EXACT_S:-360}" python3 experiments/gpu_exactness.py --out "$W/exactness" \
     --limit-s "${EXACT_EACH_S:-150}" "${EXACT[@]}"
+  # 4b. The plain step at 1,024 and 16,384 cache slots (same 512-token context): compiled
+  # deviceless here, XLA:GPU's step rewrites the whole K and V caches four times (a copy and
+  # three transposes, experiments/results/gpu_cache_traffic/): if so, the step grows by ~5x
+  # the extra cache's bytes (~0.5 ms on an H200 for the 1.5B), not 1x (attention's read).
+  for slots in "${SLOT_LENS[@]}"; do
+    step "steps_slots$slots" "${SLOTS_S:-45}" python3 experiments/step_programs.py \
+      "${SLOTS[@]}" --max-len "$slots" --out "$W/steps_slots$slots"
+  done
   # 5. Whole SpecVocab chain steps (kernel and XLA) against the full-vocabulary chain.
   step steps_specvocab "${STEPS_S:-200}" python3 experiments/step_programs.py "${STEPS[@]}" \
     --out "$W/steps_specvocab"

@@ -1,0 +1,136 @@
+"""How much of the KV cache a decoding step rewrites on an NVIDIA GPU, read from XLA:GPU's
+compiled program without a GPU (`vocabjax.testing.gpu_aot`, deviceless).
+
+A decoding step should read each layer's cache once (attention) and write one slot per layer
+in place. This compiles (1) the library's plain decoding step at a real model's shapes and
+(2) a small stand-alone model of its cache use (stacked [L, B, S, N, hd] caches, one slot
+written per layer, attention over the layer's slice) in four variants, and lists every
+instruction outside fusions that writes a whole-cache-sized buffer: copies, transposes, and
+dynamic-update-slice fusions (those write in place when they are not fed by a copy).
+
+  python experiments/gpu_cache_traffic.py --out experiments/results/gpu_cache_traffic
+  python experiments/gpu_cache_traffic.py --model qwen2.5-coder-1.5b-instruct --slots 4096 --target h200
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+OPS = re.compile(r"^\s*(?:ROOT )?%(\S+) = (\w+)\[([\d,]*)\]\S* (fusion|copy|transpose)\(")
+
+
+def whole_cache_writes(hlo: str, shape: tuple[int, ...]) -> list[tuple[str, str]]:
+  """(instruction, kind) of the entry computation's instructions that produce a buffer of
+  `shape` or a permutation of it (a transposed copy):
+  kind "copy", "transpose" (a transpose or a fusion XLA named after one), "in-place" (a
+  dynamic-update-slice fusion) or "other"."""
+  entry = hlo[hlo.index("\nENTRY"):]
+  entry = entry[:entry.index("\n}\n")]
+  want = sorted(shape)
+  out = []
+  for line in entry.splitlines():
+    m = OPS.match(line)
+    if m and m.group(3) and sorted(map(int, m.group(3).split(","))) == want:
+      name, op = m.group(1), m.group(4)
+      kind = ("copy" if op == "copy" else "in-place" if "dynamic_update_slice" in name else
+              "transpose" if op == "transpose" or "transpose" in name else "other")
+      out.append((name, kind))
+  return out
+
+
+def library_step(model: str, slots: int, target: str) -> dict:
+  from vocabjax.bench import tpu
+  from vocabjax.checkpoints.known import resolve_config
+
+  name, config = resolve_config(model)
+  step = tpu.lower_step("ar", tpu.Setup(config, config), topology="gpu:" + target, S=slots,
+                        T=16, compile=True)
+  compiled = step.programs["step"].compiled
+  shape = (config.num_layers, 1, slots, config.num_kv_heads, config.head_dim)
+  mem = compiled.memory_analysis()
+  return {"what": f"{name}'s plain decoding step (vocabjax), bf16, B = 1, {slots} slots",
+          "cache_mb": step.cache_bytes_per_chip() / 1e6, "temp_mb": mem.temp_size_in_bytes / 1e6,
+          "writes": whole_cache_writes(compiled.as_text(), shape)}
+
+
+def model_of_the_step(target: str, variant: str, barrier: bool, L=4, S=4096, N=2, e=128,
+                      G=6) -> dict:
+  """Stand-alone: L layers each write one slot of a stacked cache and attend over their slice,
+  by einsum (the library's) or by multiply-and-sum; `barrier`: the layer's attention output and
+  the caches pass an optimization barrier together before the next layer writes."""
+  from vocabjax.testing import gpu_aot
+
+  def step(k_all, v_all, q, knew, vnew, pos):
+    out = jnp.float32(0)
+    for layer in range(L):
+      k_all = jax.lax.dynamic_update_slice(k_all, knew[None], (layer, 0, pos, 0, 0))
+      v_all = jax.lax.dynamic_update_slice(v_all, vnew[None], (layer, 0, pos, 0, 0))
+      K, V, qq = k_all[layer], v_all[layer], q.reshape(1, 1, N, G, e)
+      if variant == "einsum":
+        s = jnp.einsum("BTNQe,BSNe->BNQTS", qq, K, preferred_element_type=jnp.float32)
+        a = jnp.einsum("BNQTS,BSNe->BTNQe", jax.nn.softmax(s, -1).astype(q.dtype), V)
+      else:
+        s = (qq[:, :, None].astype(jnp.float32) * K[:, None, :, :, None, :]).sum(-1)
+        a = (jax.nn.softmax(s, 2)[..., None] * V[:, None, :, :, None, :]).sum(2)
+      if barrier:
+        k_all, v_all, a = jax.lax.optimization_barrier((k_all, v_all, a))
+      out = out + a.astype(jnp.float32).sum()
+    return out, k_all, v_all
+
+  bf = jnp.bfloat16
+  args = [jax.ShapeDtypeStruct(s, d) for s, d in (((L, 1, S, N, e), bf), ((L, 1, S, N, e), bf),
+                                                   ((1, 1, N * G * e), bf), ((1, 1, N, e), bf),
+                                                   ((1, 1, N, e), bf), ((), jnp.int32))]
+  compiled = gpu_aot.compile_for_gpu(step, *args, target=target, donate_argnums=(0, 1))
+  return {"what": f"model: {variant}" + (" + barrier" if barrier else "") +
+          f" ({L} layers, {S} slots, {N} KV heads of {e})",
+          "cache_mb": 2 * L * S * N * e * 2 / 1e6,
+          "temp_mb": compiled.memory_analysis().temp_size_in_bytes / 1e6,
+          "writes": whole_cache_writes(compiled.as_text(), (L, 1, S, N, e))}
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
+  p.add_argument("--slots", type=int, default=4096)
+  p.add_argument("--target", default="h200", choices=("h100", "h200"))
+  p.add_argument("--out", default=None, help="folder for results.md")
+  a = p.parse_args(argv)
+  rows = [library_step(a.model, a.slots, a.target)]
+  for variant in ("einsum", "multiply-sum"):
+    for barrier in (False, True):
+      rows.append(model_of_the_step(a.target, variant, barrier))
+  lines = ["# Whole-cache writes in a decoding step compiled by XLA:GPU (deviceless)", "",
+           "`python experiments/gpu_cache_traffic.py " + " ".join(
+               sys.argv[1:] if argv is None else argv) + "`", "",
+           f"- jax {jax.__version__}, target {a.target}; instructions of the entry computation "
+           "that write a buffer of the whole stacked cache's shape or a permutation of it (a dynamic-update-slice "
+           "fusion not fed by a copy writes one slot in place)", "",
+           "| program | cache MB (K + V) | temp MB | copies | transposes | other | in-place slot "
+           "writes |", "|---|---|---|---|---|---|---|"]
+  for r in rows:
+    n = {k: sum(w == k for _, w in r["writes"]) for k in ("copy", "transpose", "other",
+                                                            "in-place")}
+    lines.append(f"| {r['what']} | {r['cache_mb']:.1f} | {r['temp_mb']:.1f} | {n['copy']} | "
+                 f"{n['transpose']} | {n['other']} | {n['in-place']} |")
+  lines.append("")
+  for r in rows:
+    lines.append(f"- {r['what']}: " + ", ".join(f"`{i}` ({k})" for i, k in r["writes"]))
+  text = "\n".join(lines) + "\n"
+  print(text)
+  if a.out:
+    from vocabjax.io import atomic_write_text
+
+    Path(a.out).mkdir(parents=True, exist_ok=True)
+    atomic_write_text(Path(a.out) / "results.md", text)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
