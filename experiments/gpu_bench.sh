@@ -75,7 +75,8 @@ if [ "$SET" = kernel ]; then
            --repeats 1 --ranker-rank 8 --methods ar chain_g3 sv16_g3_xla sv16_g3_auto)
     EXACT=(--dtypes float32 --files tests/vocab/test_trimmed.py -k "greedy and chain and float32")
     SLOTS=(--target "$DRY_TARGET" --draft "$DRY_DRAFT" --context 16 --steps 2 --repeats 1
-           --methods ar)
+           --methods ar ar+sum)
+    EXACT_SUM=("${EXACT[@]}")
     SLOT_LENS=(96 128)
     INTERP=True
   else
@@ -115,7 +116,8 @@ if [ "$SET" = kernel ]; then
     STEPS=(--pair qwen2.5-coder --dtype bfloat16 --steps 6 --repeats 3
            --methods ar chain_g3 sv2048_g3_xla sv2048_g3_kernel)
     EXACT=(--dtypes float32 bfloat16 --workers 12)
-    SLOTS=(--pair qwen2.5-coder --dtype bfloat16 --steps 6 --repeats 3 --methods ar)
+    SLOTS=(--pair qwen2.5-coder --dtype bfloat16 --steps 6 --repeats 3 --methods ar ar+sum)
+    EXACT_SUM=(--dtypes bfloat16 float32 --workers 12)
     SLOT_LENS=(1024 16384)
     INTERP=False
   fi
@@ -183,10 +185,16 @@ sys.exit(1 if bad else 0)
   # deviceless here, XLA:GPU's step rewrites the whole K and V caches four times (a copy and
   # three transposes, experiments/results/gpu_cache_traffic/): if so, the step grows by ~5x
   # the extra cache's bytes (~0.5 ms on an H200 for the 1.5B), not 1x (attention's read).
+  # `ar+sum`: the same step with Lowering.sum_attention, which compiled deviceless writes the
+  # cache slots in place (no rewrites); 4c then runs the exactness tests with it.
   for slots in "${SLOT_LENS[@]}"; do
-    step "steps_slots$slots" "${SLOTS_S:-45}" python3 experiments/step_programs.py \
+    step "steps_slots$slots" "${SLOTS_S:-60}" python3 experiments/step_programs.py \
       "${SLOTS[@]}" --max-len "$slots" --out "$W/steps_slots$slots"
   done
+  # 4c. The exactness tests with attention by summed products (bf16 first: the GPU's own
+  # numerics, where a flip would show).
+  step exactness_sum "${EXACT_SUM_S:-360}" python3 experiments/gpu_exactness.py \
+    --out "$W/exactness_sum" --limit-s "${EXACT_EACH_S:-150}" --sum-attention "${EXACT_SUM[@]}"
   # 5. Whole SpecVocab chain steps (kernel and XLA) against the full-vocabulary chain.
   step steps_specvocab "${STEPS_S:-200}" python3 experiments/step_programs.py "${STEPS[@]}" \
     --out "$W/steps_specvocab"

@@ -9,52 +9,36 @@ instruction outside fusions that writes a whole-cache-sized buffer: copies, tran
 dynamic-update-slice fusions (those write in place when they are not fed by a copy).
 
   python experiments/gpu_cache_traffic.py --out experiments/results/gpu_cache_traffic
-  python experiments/gpu_cache_traffic.py --model qwen2.5-coder-1.5b-instruct --slots 4096 --target h200
+  python experiments/gpu_cache_traffic.py --model qwen2.5-coder-1.5b-instruct --slots 4096 \
+      --target h200
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 
-OPS = re.compile(r"^\s*(?:ROOT )?%(\S+) = (\w+)\[([\d,]*)\]\S* (fusion|copy|transpose)\(")
+from vocabjax.testing.hlo import whole_array_writes as whole_cache_writes  # noqa: E402
 
 
-def whole_cache_writes(hlo: str, shape: tuple[int, ...]) -> list[tuple[str, str]]:
-  """(instruction, kind) of the entry computation's instructions that produce a buffer of
-  `shape` or a permutation of it (a transposed copy):
-  kind "copy", "transpose" (a transpose or a fusion XLA named after one), "in-place" (a
-  dynamic-update-slice fusion) or "other"."""
-  entry = hlo[hlo.index("\nENTRY"):]
-  entry = entry[:entry.index("\n}\n")]
-  want = sorted(shape)
-  out = []
-  for line in entry.splitlines():
-    m = OPS.match(line)
-    if m and m.group(3) and sorted(map(int, m.group(3).split(","))) == want:
-      name, op = m.group(1), m.group(4)
-      kind = ("copy" if op == "copy" else "in-place" if "dynamic_update_slice" in name else
-              "transpose" if op == "transpose" or "transpose" in name else "other")
-      out.append((name, kind))
-  return out
-
-
-def library_step(model: str, slots: int, target: str) -> dict:
+def library_step(model: str, slots: int, target: str, sum_attention: bool = False) -> dict:
   from vocabjax.bench import tpu
   from vocabjax.checkpoints.known import resolve_config
+  from vocabjax.lowering import sum_attention_default
 
   name, config = resolve_config(model)
-  step = tpu.lower_step("ar", tpu.Setup(config, config), topology="gpu:" + target, S=slots,
-                        T=16, compile=True)
+  with sum_attention_default(sum_attention):
+    step = tpu.lower_step("ar", tpu.Setup(config, config), topology="gpu:" + target, S=slots,
+                          T=16, compile=True)
   compiled = step.programs["step"].compiled
   shape = (config.num_layers, 1, slots, config.num_kv_heads, config.head_dim)
   mem = compiled.memory_analysis()
-  return {"what": f"{name}'s plain decoding step (vocabjax), bf16, B = 1, {slots} slots",
+  how = ", sum_attention" if sum_attention else ""
+  return {"what": f"{name}'s plain decoding step (vocabjax{how}), bf16, B = 1, {slots} slots",
           "cache_mb": step.cache_bytes_per_chip() / 1e6, "temp_mb": mem.temp_size_in_bytes / 1e6,
           "writes": whole_cache_writes(compiled.as_text(), shape)}
 
@@ -102,7 +86,8 @@ def main(argv=None) -> int:
   p.add_argument("--target", default="h200", choices=("h100", "h200"))
   p.add_argument("--out", default=None, help="folder for results.md")
   a = p.parse_args(argv)
-  rows = [library_step(a.model, a.slots, a.target)]
+  rows = [library_step(a.model, a.slots, a.target),
+          library_step(a.model, a.slots, a.target, sum_attention=True)]
   for variant in ("einsum", "multiply-sum"):
     for barrier in (False, True):
       rows.append(model_of_the_step(a.target, variant, barrier))
@@ -110,8 +95,8 @@ def main(argv=None) -> int:
            "`python experiments/gpu_cache_traffic.py " + " ".join(
                sys.argv[1:] if argv is None else argv) + "`", "",
            f"- jax {jax.__version__}, target {a.target}; instructions of the entry computation "
-           "that write a buffer of the whole stacked cache's shape or a permutation of it (a dynamic-update-slice "
-           "fusion not fed by a copy writes one slot in place)", "",
+           "that write a buffer of the whole stacked cache's shape or a permutation of it (a "
+           "dynamic-update-slice fusion not fed by a copy writes one slot in place)", "",
            "| program | cache MB (K + V) | temp MB | copies | transposes | other | in-place slot "
            "writes |", "|---|---|---|---|---|---|---|"]
   for r in rows:

@@ -38,6 +38,7 @@ FILES = ("tests/vocab/test_ranked.py", "tests/vocab/test_trimmed.py",  # the voc
          "tests/decoding/test_nonfinite.py")  # NaN / inf logits flagged in the GPU's programs
 SELECT = ("greedy or identical or (lossless and (test_speculative_chain or test_ranked)) or "
           "test_nonfinite")
+SUM_ATTENTION = [False]  # --sum-attention: decoders attend by summed products (lowering.py)
 GRACE_S = 30  # after the interrupt: pytest's report of what ran (then it is killed)
 LINE = re.compile(r"(?:(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (tests/\S+)|(tests/\S+) "
                   r"(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS))")
@@ -90,6 +91,7 @@ def run_dtype(dtype: str, out: Path, limit_s: int, files, select: str, workers: 
   import jax
   backend = {"gpu": "cuda"}.get(jax.default_backend(), jax.default_backend())
   env = {**os.environ, "VOCABJAX_TEST_DTYPE": dtype, "PYTHONPATH": str(ROOT),
+         "VOCABJAX_SUM_ATTENTION": "1" if SUM_ATTENTION[0] else "0",
          "JAX_PLATFORMS": backend if backend == "cpu" else f"{backend},cpu",
          "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}  # several workers share one GPU
   t0 = datetime.datetime.now()
@@ -126,7 +128,9 @@ def write(out: Path, env: dict, runs: list[dict]) -> None:
 
   atomic_write_text(out / "exactness.json", json.dumps({"environment": env, "runs": runs},
                                                        indent=1))
-  lines = [f"# Decoding exactness tests on {env['device']} ({env['backend']})", "",
+  lines = [f"# Decoding exactness tests on {env['device']} ({env['backend']})"
+           + (", attention by summed products (Lowering.sum_attention)" if env.get(
+               "sum_attention") else ""), "",
            f"`{env['command']}`", "", f"- {env['date']}, jax {env['jax']}; tests selected by "
            f"`-k \"{env['select']}\"` in {len(env['files'])} files", "",
            "| dtype | passed | failed | skipped | wall s | cut at limit |", "|---|---|---|---|---|---|"]
@@ -150,8 +154,11 @@ def main(argv=None) -> int:
   p.add_argument("--workers", type=int, default=1, help="pytest-xdist processes (-n)")
   p.add_argument("--files", nargs="+", default=list(FILES))
   p.add_argument("-k", dest="select", default=SELECT)
+  p.add_argument("--sum-attention", action="store_true",
+                 help="the tests' decoders with Lowering.sum_attention (VOCABJAX_SUM_ATTENTION=1)")
   p.add_argument("--pytest-args", nargs=argparse.REMAINDER, default=[])
   a = p.parse_args(argv)
+  SUM_ATTENTION[0] = a.sum_attention
   out = Path(a.out)
   out.mkdir(parents=True, exist_ok=True)
   import jax
@@ -160,6 +167,7 @@ def main(argv=None) -> int:
   env = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
          "backend": jax.default_backend(), "device": getattr(dev, "device_kind", str(dev)),
          "jax": jax.__version__, "files": a.files, "select": a.select,
+         "sum_attention": a.sum_attention,
          "command": "python experiments/gpu_exactness.py " + " ".join(
              sys.argv[1:] if argv is None else argv)}
   runs = []

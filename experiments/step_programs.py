@@ -53,9 +53,14 @@ METHODS = ("ar", "chain_g3", "tree_k4d4n16", "eagle_k1d4", "eagle_k4d4n16",
 SPECVOCAB = re.compile(r"sv(\d+)_g3_(xla|kernel|auto)")
 
 
+SUM = "+sum"  # a method's suffix: its decoder built with Lowering.sum_attention
+
+
 def method_name(name: str) -> str:
-  """argparse type: a name of METHODS or a SpecVocab chain `sv{K}_g3_{xla,kernel,auto}`."""
-  if name in METHODS or SPECVOCAB.fullmatch(name):
+  """argparse type: a name of METHODS or a SpecVocab chain `sv{K}_g3_{xla,kernel,auto}`, either
+  with `+sum` appended (the decoder attends by summed products: `Lowering.sum_attention`)."""
+  base = name.removesuffix(SUM)
+  if base in METHODS or SPECVOCAB.fullmatch(base):
     return name
   raise argparse.ArgumentTypeError(f"unknown method {name!r}: choose from {', '.join(METHODS)} "
                                    f"or sv<K>_g3_<xla|kernel|auto>")
@@ -85,28 +90,31 @@ def specvocab(dp, dc, k: int, impl: str, rank: int, seed: int = 4):
 
 
 def build(methods, tp, tc, dp, dc, hp, hc, ranker_rank: int = 128):
-  from vocabjax.decoding import ChainDecoder, Decoder, EagleDecoder, TreeDecoder, TreeParams
+  from vocabjax.lowering import sum_attention_default
+
   made = {}
   for m in methods:
-    sv = SPECVOCAB.fullmatch(m)
-    if sv:
-      made[m] = ChainDecoder(tp, tc, dp, dc, gamma=3,
-                             draft_vocab=specvocab(dp, dc, int(sv[1]), sv[2], ranker_rank))
-    elif m == "ar":
-      made[m] = Decoder(tp, tc)
-    elif m == "chain_g3":
-      made[m] = ChainDecoder(tp, tc, dp, dc, gamma=3)
-    elif m == "tree_k4d4n16":
-      made[m] = TreeDecoder(tp, tc, dp, dc, tree=TreeParams(4, 4, 16))
-    elif m == "eagle_k1d4":
-      made[m] = EagleDecoder(tp, tc, hp, hc, tree=TreeParams(1, 4, 4))
-    elif m == "eagle_k4d4n16":
-      made[m] = EagleDecoder(tp, tc, hp, hc, tree=TreeParams(4, 4, 16))
-    elif m == "eagle_k1d4_gated_off":
-      made[m] = EagleDecoder(tp, tc, hp, hc, tree=TreeParams(1, 4, 4), min_confidence=0.99)
-    else:
-      raise ValueError(f"unknown method {m!r}: choose from {', '.join(METHODS)}")
+    with sum_attention_default(m.endswith(SUM)):  # decoders fix their lowering when built
+      made[m] = _build(m.removesuffix(SUM), tp, tc, dp, dc, hp, hc, ranker_rank)
   return made
+
+
+def _build(m, tp, tc, dp, dc, hp, hc, ranker_rank):
+  from vocabjax.decoding import ChainDecoder, Decoder, EagleDecoder, TreeDecoder, TreeParams
+  sv = SPECVOCAB.fullmatch(m)
+  if sv:
+    return ChainDecoder(tp, tc, dp, dc, gamma=3,
+                        draft_vocab=specvocab(dp, dc, int(sv[1]), sv[2], ranker_rank))
+  make = {"ar": lambda: Decoder(tp, tc),
+          "chain_g3": lambda: ChainDecoder(tp, tc, dp, dc, gamma=3),
+          "tree_k4d4n16": lambda: TreeDecoder(tp, tc, dp, dc, tree=TreeParams(4, 4, 16)),
+          "eagle_k1d4": lambda: EagleDecoder(tp, tc, hp, hc, tree=TreeParams(1, 4, 4)),
+          "eagle_k4d4n16": lambda: EagleDecoder(tp, tc, hp, hc, tree=TreeParams(4, 4, 16)),
+          "eagle_k1d4_gated_off": lambda: EagleDecoder(tp, tc, hp, hc, tree=TreeParams(1, 4, 4),
+                                                       min_confidence=0.99)}
+  if m not in make:
+    raise ValueError(f"unknown method {m!r}: choose from {', '.join(METHODS)}")
+  return make[m]()
 
 
 def run_tau(run_dir: str) -> dict[str, float]:
@@ -182,7 +190,7 @@ def main(argv=None) -> int:
   prompt = jax.random.randint(jax.random.key(3), (1, T), 0, tc.vocab_size, jnp.int32)
   for name, dec in decoders.items():
     t0 = time.perf_counter()
-    if name == "ar":
+    if name.removesuffix(SUM) == "ar":
       step, _ = dec.step_program(greedy, 1, S, dtype)
 
       def fresh():

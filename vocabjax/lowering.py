@@ -6,7 +6,8 @@ on its block), a bf16 model's prompt prefill through the bf16 GEMM, a program on
 top-k as rounds of argmax and writes the cache one row at a time, a mixed-precision training
 step rounds its products' operands to bf16. `Lowering` names all of these:
 
-    Lowering(cpu_kernel, any_rows, bf16_blocks, bf16_dots, split_top_k, row_writes)
+    Lowering(cpu_kernel, any_rows, bf16_blocks, bf16_dots, split_top_k, row_writes,
+             sum_attention)
 
 A traced function that wants something other than the default takes a `lowering` as a static
 argument (the decoders' prefill and step functions all do: `functools.partial(fn,
@@ -61,13 +62,21 @@ class Lowering:
   row_writes: bool = False
   """A batch's cache writes (and a tree's path compaction) as one update per row: on a mesh
   the batched scatter is replicated."""
+  sum_attention: bool = os.environ.get("VOCABJAX_SUM_ATTENTION", "0") == "1"
+  """Attention over the cache as products summed (not einsum's dots), each layer's output tied
+  to the caches by an optimization barrier before the next layer writes: compiled by XLA:GPU,
+  the step then writes one cache slot per layer in place instead of copying and transposing
+  the whole stacked cache four times (experiments/results/gpu_cache_traffic/). Off by default
+  until a GPU run has timed it and passed the exactness tests with it
+  (`VOCABJAX_SUM_ATTENTION=1` when vocabjax is imported, or `sum_attention_default`)."""
 
   def replace(self, **changes) -> "Lowering":
     return dataclasses.replace(self, **changes)
 
 
 _ENV_DEFAULT = Lowering().cpu_kernel
-_process = {"cpu_kernel": _ENV_DEFAULT}  # read by decoding_lowering only, never while tracing
+_process = {"cpu_kernel": _ENV_DEFAULT,  # read by decoding_lowering only, never while tracing
+            "sum_attention": Lowering().sum_attention}
 
 
 def with_lowering(params: dict, lowering: Lowering) -> dict:
@@ -89,7 +98,8 @@ def decoding_lowering(*, mesh: bool, cpu_kernel: bool | None = None) -> Lowering
   argmax rounds and per-row cache writes. Its step programs add `any_rows` (off a mesh), its
   prefills `bf16_blocks` where the model's weights are bf16."""
   kernel = _process["cpu_kernel"] if cpu_kernel is None else bool(cpu_kernel)
-  return Lowering(cpu_kernel=kernel and not mesh, split_top_k=mesh, row_writes=mesh)
+  return Lowering(cpu_kernel=kernel and not mesh, split_top_k=mesh, row_writes=mesh,
+                  sum_attention=_process["sum_attention"])
 
 
 def step_lowering(base: Lowering) -> Lowering:
@@ -135,3 +145,15 @@ def lowered(fn, lowering: Lowering, argnums=(0,)):
   run.__name__ = getattr(fn, "__name__", None) or getattr(getattr(fn, "func", None),
                                                           "__name__", "run")
   return run
+
+
+@contextlib.contextmanager
+def sum_attention_default(on: bool):
+  """`with sum_attention_default(True):` decoders constructed inside attend by summed products
+  (`Lowering.sum_attention`)."""
+  old = _process["sum_attention"]
+  _process["sum_attention"] = bool(on)
+  try:
+    yield
+  finally:
+    _process["sum_attention"] = old

@@ -29,7 +29,7 @@ def test_prepared_gpu_run_dry_on_cpu(tmp_path):
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   log = (w / "steps.log").read_text()
   order = ("kernel_smoke", "kernel_persist", "kernel_persist2", "kernel_b10", "kernel_k2048",
-           "kernel_b1", "exactness", "steps_slots96", "steps_slots128",
+           "kernel_b1", "exactness", "steps_slots96", "steps_slots128", "exactness_sum",
            "steps_specvocab")  # exactness before the whole steps
   for name in order:
     assert f"== {name}: exit 0" in log, log
@@ -46,7 +46,10 @@ def test_prepared_gpu_run_dry_on_cpu(tmp_path):
   assert steps == {"ar", "chain_g3", "sv16_g3_xla", "sv16_g3_auto"}
   for slots in (96, 128):  # the plain step at two cache lengths
     rows = json.loads((w / f"steps_slots{slots}" / "steps.json").read_text())["rows"]
-    assert [r["method"] for r in rows] == ["ar"]
+    assert [r["method"] for r in rows] == ["ar", "ar+sum"]
+  ex_sum = json.loads((w / "exactness_sum" / "exactness.json").read_text())
+  assert ex_sum["environment"]["sum_attention"] and ex_sum["runs"][0]["passed"] >= 1
+  assert ex_sum["runs"][0]["failed"] == 0
   ex = json.loads((w / "exactness" / "exactness.json").read_text())
   assert ex["runs"][0]["passed"] >= 1 and ex["runs"][0]["failed"] == 0
   with tarfile.open(w / "out" / "gpu_bench.tgz") as tar:

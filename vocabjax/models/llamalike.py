@@ -238,6 +238,20 @@ def fresh_attention(q: jax.Array, k: jax.Array, v: jax.Array, divisor: float | N
   return jnp.concatenate(outs, axis=3).transpose(0, 3, 1, 2, 4)
 
 
+def _summed_attention(q, k, v, mask, divisor, dtype):
+  """`Lowering.sum_attention`: the einsum attention of `decoder_layer` as products summed, over
+  the cache in its stored [B, S, N, hd] layout. q [B, T, N, Q, hd], k / v [B, S, N, hd], mask
+  [B, T, S] -> [B, T, N, Q, hd]. Scores and the softmax in f32, probabilities cast to `dtype`
+  before they weight the values, as the einsum path does."""
+  qf = q.astype(jnp.float32)
+  scores = (qf[:, :, None] * k.astype(jnp.float32)[:, None, :, :, None, :]).sum(-1)
+  scores = scores / divisor  # [B, T, S, N, Q]
+  scores = jnp.where(mask[:, :, :, None, None], scores, jnp.finfo(jnp.float32).min)
+  probs = jax.nn.softmax(scores, axis=2).astype(dtype)
+  return (probs[..., None].astype(jnp.float32) * v.astype(dtype).astype(jnp.float32)[
+      :, None, :, :, None, :]).sum(2).astype(dtype)
+
+
 def decoder_layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, config,
                   attn_input=None, fresh=False, lowering: Lowering = Lowering(),
                   cache_index: int | None = None, ring: int | None = None,
@@ -281,6 +295,10 @@ def decoder_layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, c
     attn = fresh_attention(q, k.astype(k_all.dtype).astype(q.dtype),
                            v.astype(v_all.dtype).astype(x.dtype), c.attn_divisor,
                            c.sliding_window if c.is_sliding(i) else None)
+  elif lw.sum_attention:
+    attn = _summed_attention(q, k_all[ci], v_all[ci], mask, c.attn_divisor, x.dtype)
+    # this layer's reads of the caches happen before the next layer's writes (no copies)
+    k_all, v_all, attn = jax.lax.optimization_barrier((k_all, v_all, attn))
   else:
     scores = jnp.einsum("BTNQe,BSNe->BNQTS", q, k_all[ci].astype(q.dtype),
                         preferred_element_type=jnp.float32) / c.attn_divisor

@@ -44,3 +44,26 @@ def step_hlo(decoder) -> list[str]:
   texts = [p.as_text() for _, progs in decoder._programs.items()
            for p in (progs if isinstance(progs, tuple) else (progs,)) if hasattr(p, "as_text")]
   return [t for t in texts if "prefill" not in t.split(",")[0]]
+
+
+_WRITE = re.compile(r"^\s*(?:ROOT )?%(\S+) = (\w+)\[([\d,]*)\]\S* (fusion|copy|transpose)\(")
+
+
+def whole_array_writes(hlo_text: str, shape: tuple[int, ...]) -> list[tuple[str, str]]:
+  """(instruction, kind) of the entry computation's instructions that write a buffer of
+  `shape` or a permutation of it (a transposed copy): kind "copy", "transpose" (a transpose, or
+  a fusion XLA named after one), "in-place" (a dynamic-update-slice fusion: it writes its
+  update into its operand's buffer, unless that is a copy) or "other". For a decoding step and
+  its stacked KV cache: what it rewrites beside the slots it writes."""
+  entry = hlo_text[hlo_text.index("\nENTRY"):]
+  entry = entry[:entry.index("\n}\n")]
+  want = sorted(shape)
+  out = []
+  for line in entry.splitlines():
+    m = _WRITE.match(line)
+    if m and m.group(3) and sorted(map(int, m.group(3).split(","))) == want:
+      name, op = m.group(1), m.group(4)
+      kind = ("copy" if op == "copy" else "in-place" if "dynamic_update_slice" in name else
+              "transpose" if op == "transpose" or "transpose" in name else "other")
+      out.append((name, kind))
+  return out
