@@ -117,7 +117,8 @@ if [ "$SET" = kernel ]; then
            --methods ar chain_g3 sv2048_g3_xla sv2048_g3_kernel)
     EXACT=(--dtypes float32 bfloat16 --workers 12)
     SLOTS=(--pair qwen2.5-coder --dtype bfloat16 --steps 6 --repeats 3 --methods ar ar+sum)
-    EXACT_SUM=(--dtypes bfloat16 float32 --workers 12)
+    # shellcheck disable=SC2206  # EXACT_SUM_DTYPES="bfloat16": one dtype when time is short
+    EXACT_SUM=(--dtypes ${EXACT_SUM_DTYPES:-bfloat16 float32} --workers 12)
     SLOT_LENS=(1024 16384)
     INTERP=False
   fi
