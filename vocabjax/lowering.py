@@ -118,14 +118,18 @@ def default_cpu_kernel() -> bool:
 
 
 @contextlib.contextmanager
-def cpu_kernel_default(on: bool):
-  """`with cpu_kernel_default(False):` decoders constructed inside compile with XLA's dot."""
-  old = _process["cpu_kernel"]
-  _process["cpu_kernel"] = bool(on)
+def _process_default(key: str, on: bool):
+  old = _process[key]
+  _process[key] = bool(on)
   try:
     yield
   finally:
-    _process["cpu_kernel"] = old
+    _process[key] = old
+
+
+def cpu_kernel_default(on: bool):
+  """`with cpu_kernel_default(False):` decoders constructed inside compile with XLA's dot."""
+  return _process_default("cpu_kernel", on)
 
 
 def lowered(fn, lowering: Lowering, argnums=(0,)):
@@ -147,13 +151,7 @@ def lowered(fn, lowering: Lowering, argnums=(0,)):
   return run
 
 
-@contextlib.contextmanager
 def sum_attention_default(on: bool):
   """`with sum_attention_default(True):` decoders constructed inside attend by summed products
   (`Lowering.sum_attention`)."""
-  old = _process["sum_attention"]
-  _process["sum_attention"] = bool(on)
-  try:
-    yield
-  finally:
-    _process["sum_attention"] = old
+  return _process_default("sum_attention", on)
