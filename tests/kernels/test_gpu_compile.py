@@ -65,10 +65,11 @@ def test_a_tile_over_the_shared_memory_is_refused_naming_it():
   assert "Shared memory size limit exceeded" in msg, msg
 
 
-@pytest.mark.parametrize("method", ["chain_g3", "eagle_k2d3n6"])
+@pytest.mark.parametrize("method", ["chain_g3", "eagle_k2d3n6", "sv16_g3_gpu"])
 def test_decoding_steps_compile_for_a_gpu_and_widen_no_table(method):
   """The tests' tiny bf16 pair (V = 64, D = 32), the decoder's own step compiled by XLA:GPU:
-  no f32 [V, D] array in it (the checks the GPU exactness run applies), and no CPU kernel."""
+  no f32 [V, D] array in it (the checks the GPU exactness run applies), and no CPU kernel.
+  SpecVocab's chain with impl="gpu" carries the Triton indexed head inside its drafting loop."""
   from tests.decoding.conftest import CFG
   from vocabjax.bench import tpu
 
@@ -79,3 +80,4 @@ def test_decoding_steps_compile_for_a_gpu_and_widen_no_table(method):
     text = step.programs[name].compiled.as_text()
     assert not materialized(text, (CFG.vocab_size, CFG.hidden_size), "f32"), (method, name)
     assert not tpu.cpu_custom_calls(text), (method, name)
+    assert (TRITON in text) == method.endswith("_gpu"), (method, name)

@@ -248,7 +248,7 @@ METHODS = ("ar", "chain_g3", "tree_k4d4n16", "eagle_k1d4", "eagle_k4d4n16", "med
            "pld_g4", "vocabtrim_k8192_g3", "sv2048_g3_tpu", "crossvocab_g4")
 NAME_FORMS = ("ar", "chain_g<G>", "tree_k<k>d<d>n<n>", "eagle_k<k>d<d>[n<n>]", "medusa_h<H>k<k>",
               "pld_g<G>", "vocabtrim_k<K>_g<G>", "frspec_k<K>_g<G>",
-              "sv<K>_g<G>_<tpu|xla|auto>", "crossvocab_g<G>")
+              "sv<K>_g<G>_<tpu|gpu|xla|auto>", "crossvocab_g<G>")
 _FORMS = [
     ("chain", re.compile(r"chain_g(\d+)")),
     ("tree", re.compile(r"tree_k(\d+)d(\d+)n(\d+)")),
@@ -257,7 +257,7 @@ _FORMS = [
     ("pld", re.compile(r"pld_g(\d+)")),
     ("vocabtrim", re.compile(r"vocabtrim_k(\d+)_g(\d+)")),
     ("frspec", re.compile(r"frspec_k(\d+)_g(\d+)")),
-    ("specvocab", re.compile(r"sv(\d+)_g(\d+)_(tpu|xla|auto)")),
+    ("specvocab", re.compile(r"sv(\d+)_g(\d+)_(tpu|gpu|xla|auto)")),
     ("crossvocab", re.compile(r"crossvocab_g(\d+)")),
 ]
 
