@@ -43,6 +43,39 @@ def library_step(model: str, slots: int, target: str, sum_attention: bool = Fals
           "writes": whole_cache_writes(compiled.as_text(), shape)}
 
 
+def method_steps(target: str, methods=("chain_g3", "tree_k4d4n16"), layers: int = 2,
+                 slots: int = 1024) -> list[dict]:
+  """Speculative steps (target and drafter: Qwen2.5-0.5B's layers, `layers` each), with and
+  without sum attention: whole-cache writes in the step itself and in its loop bodies (the
+  drafting loop's run once per drafted token)."""
+  import dataclasses
+
+  from vocabjax.bench import tpu
+  from vocabjax.checkpoints.known import resolve_config
+  from vocabjax.lowering import sum_attention_default
+  from vocabjax.testing.hlo import whole_array_writes
+
+  _, c = resolve_config("qwen2.5-coder-0.5b-instruct")
+  c = dataclasses.replace(c, num_layers=layers)
+  shape = (layers, 1, slots, c.num_kv_heads, c.head_dim)
+  rows = []
+  for method in methods:
+    for on in (False, True):
+      with sum_attention_default(on):
+        step = tpu.lower_step(method, tpu.Setup(c, c), topology="gpu:" + target, S=slots,
+                              T=16, compile=True)
+      text = step.programs["step"].compiled.as_text()
+      entry = {n for n, _ in whole_array_writes(text, shape)}
+      writes = [(n, k + ("" if n.split("/", 1)[1] in entry else " (loop body)"))
+                for n, k in whole_array_writes(text, shape, entry_only=False)]
+      rows.append({"what": f"{method}{', sum_attention' if on else ''} (0.5B layers x {layers}, "
+                           f"target and drafter)", "cache_mb": 2 * 2 * layers * slots *
+                   c.num_kv_heads * c.head_dim / 1e6,
+                   "temp_mb": step.programs["step"].compiled.memory_analysis().temp_size_in_bytes
+                   / 1e6, "writes": writes})
+  return rows
+
+
 def model_of_the_step(target: str, variant: str, barrier: bool, L=4, S=4096, N=2, e=128,
                       G=6) -> dict:
   """Stand-alone: L layers each write one slot of a stacked cache and attend over their slice,
@@ -88,6 +121,7 @@ def main(argv=None) -> int:
   a = p.parse_args(argv)
   rows = [library_step(a.model, a.slots, a.target),
           library_step(a.model, a.slots, a.target, sum_attention=True)]
+  rows += method_steps(a.target)
   for variant in ("einsum", "multiply-sum"):
     for barrier in (False, True):
       rows.append(model_of_the_step(a.target, variant, barrier))
@@ -100,10 +134,12 @@ def main(argv=None) -> int:
            "| program | cache MB (K + V) | temp MB | copies | transposes | other | in-place slot "
            "writes |", "|---|---|---|---|---|---|---|"]
   for r in rows:
-    n = {k: sum(w == k for _, w in r["writes"]) for k in ("copy", "transpose", "other",
-                                                            "in-place")}
-    lines.append(f"| {r['what']} | {r['cache_mb']:.1f} | {r['temp_mb']:.1f} | {n['copy']} | "
-                 f"{n['transpose']} | {n['other']} | {n['in-place']} |")
+    def count(kind):
+      entry = sum(w == kind for _, w in r["writes"])
+      loop = sum(w == kind + " (loop body)" for _, w in r["writes"])
+      return f"{entry}" + (f" + {loop} per loop iteration" if loop else "")
+    lines.append(f"| {r['what']} | {r['cache_mb']:.1f} | {r['temp_mb']:.1f} | {count('copy')} | "
+                 f"{count('transpose')} | {count('other')} | {count('in-place')} |")
   lines.append("")
   for r in rows:
     lines.append(f"- {r['what']}: " + ", ".join(f"`{i}` ({k})" for i, k in r["writes"]))

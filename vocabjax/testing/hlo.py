@@ -49,21 +49,28 @@ def step_hlo(decoder) -> list[str]:
 _WRITE = re.compile(r"^\s*(?:ROOT )?%(\S+) = (\w+)\[([\d,]*)\]\S* (fusion|copy|transpose)\(")
 
 
-def whole_array_writes(hlo_text: str, shape: tuple[int, ...]) -> list[tuple[str, str]]:
+def whole_array_writes(hlo_text: str, shape: tuple[int, ...],
+                       entry_only: bool = True) -> list[tuple[str, str]]:
   """(instruction, kind) of the entry computation's instructions that write a buffer of
   `shape` or a permutation of it (a transposed copy): kind "copy", "transpose" (a transpose, or
   a fusion XLA named after one), "in-place" (a dynamic-update-slice fusion: it writes its
   update into its operand's buffer, unless that is a copy) or "other". For a decoding step and
-  its stacked KV cache: what it rewrites beside the slots it writes."""
-  entry = hlo_text[hlo_text.index("\nENTRY"):]
-  entry = entry[:entry.index("\n}\n")]
+  its stacked KV cache: what it rewrites beside the slots it writes. `entry_only=False`: every
+  computation that is not a fusion's (loop bodies too: a drafting loop's writes happen per
+  iteration), instructions named "<computation>/<instruction>"."""
+  fused = set(_FUSED.findall(hlo_text))
   want = sorted(shape)
-  out = []
-  for line in entry.splitlines():
+  out, comp = [], None
+  for line in hlo_text.splitlines():
+    if line and not line[0].isspace() and "{" in line:  # a computation's header
+      entry = line.startswith("ENTRY")
+      comp = line.split()[1 if entry else 0].lstrip("%")
+      keep = entry or (not entry_only and comp not in fused)
+      continue
     m = _WRITE.match(line)
-    if m and m.group(3) and sorted(map(int, m.group(3).split(","))) == want:
+    if comp and keep and m and m.group(3) and sorted(map(int, m.group(3).split(","))) == want:
       name, op = m.group(1), m.group(4)
       kind = ("copy" if op == "copy" else "in-place" if "dynamic_update_slice" in name else
               "transpose" if op == "transpose" or "transpose" in name else "other")
-      out.append((name, kind))
+      out.append((name if entry_only else f"{comp}/{name}", kind))
   return out
