@@ -19,9 +19,11 @@ from vocabjax.testing.hlo import materialized
 TRITON = "__gpu$xla.gpu.triton"
 
 
-def test_the_plugin_is_installed():
+def test_the_plugin_is_installed(capsys):
   assert gpu_aot.plugin_installed(), ("the GPU compile tests need JAX's CUDA plugin: "
                                       "`python -m vocabjax.testing.gpu_aot install`")
+  assert gpu_aot.main(["install"]) == 0  # installed: a no-op that says where
+  assert str(gpu_aot.plugin_dir()) in capsys.readouterr().out
 
 
 def test_each_target_is_a_hopper_gpu_of_its_kind():

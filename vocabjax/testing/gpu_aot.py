@@ -137,7 +137,12 @@ def install(force: bool = False) -> Path:
   cmd = _install_command(tmp)
   print("[gpu_aot] " + " ".join(cmd), flush=True)
   try:
-    subprocess.run(cmd, check=True)
+    try:
+      subprocess.run(cmd, check=True)
+    except subprocess.CalledProcessError as e:
+      raise RuntimeError(f"pip could not install JAX's CUDA plugin for jaxlib "
+                         f"{_jaxlib_version()} (exit {e.returncode}; its output is above): the "
+                         "tests that compile for a GPU need it") from None
     if not ((tmp / "jax_plugins" / "xla_cuda12").is_dir() and
             (tmp / "jax_cuda12_plugin").is_dir()):
       raise RuntimeError(f"pip installed no CUDA plugin into {tmp} (its output is above)")
