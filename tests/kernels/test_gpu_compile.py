@@ -67,7 +67,8 @@ def test_a_tile_over_the_shared_memory_is_refused_naming_it():
   assert "Shared memory size limit exceeded" in msg, msg
 
 
-@pytest.mark.parametrize("method", ["chain_g3", "eagle_k2d3n6", "sv16_g3_gpu"])
+@pytest.mark.parametrize("method", ["chain_g3", "eagle_k2d3n6", "sv16_g3_gpu", "medusa_h3k2",
+                                    "pld_g4", "vocabtrim_k32_g3"])
 def test_decoding_steps_compile_for_a_gpu_and_widen_no_table(method):
   """The tests' tiny bf16 pair (V = 64, D = 32), the decoder's own step compiled by XLA:GPU:
   no f32 [V, D] array in it (the checks the GPU exactness run applies), and no CPU kernel.
