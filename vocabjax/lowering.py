@@ -74,9 +74,8 @@ class Lowering:
     return dataclasses.replace(self, **changes)
 
 
-_ENV_DEFAULT = Lowering().cpu_kernel
-_process = {"cpu_kernel": _ENV_DEFAULT,  # read by decoding_lowering only, never while tracing
-            "sum_attention": Lowering().sum_attention}
+# read by decoding_lowering only, never while tracing; starts from the environment's defaults
+_process = {key: getattr(Lowering(), key) for key in ("cpu_kernel", "sum_attention")}
 
 
 def with_lowering(params: dict, lowering: Lowering) -> dict:

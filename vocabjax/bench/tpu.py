@@ -76,7 +76,7 @@ from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.eagle import EagleConfig, default_feature_layers, init_eagle
 from vocabjax.models.llamalike import init_params
 from vocabjax.models.medusa import MedusaConfig, init_medusa
-from vocabjax.testing.tpu_aot import not_cached, tpu_devices
+from vocabjax.testing.tpu_aot import compile_failure, not_cached, tpu_devices
 from vocabjax.vocab.policy import POLICY_STATE
 from vocabjax.vocab.ranked import Ranker, SpeculativeVocab
 from vocabjax.vocab.subset import VocabSubset
@@ -569,9 +569,6 @@ def _bytes_per_chip(x) -> int:
   return int(np.prod(shape, dtype=np.int64)) * jnp.dtype(x.dtype).itemsize
 
 
-_ERROR_LINES = 12  # as tpu_aot.compile_for_tpu: Mosaic's first lines say which check failed
-
-
 def _guarded(step_or_where, name: str, fn):
   """fn() with any error re-raised as AssertionError naming the method, program, topology and
   shapes (the style of `tpu_aot.compile_for_tpu`)."""
@@ -582,9 +579,7 @@ def _guarded(step_or_where, name: str, fn):
   where = (step_or_where if isinstance(step_or_where, str) else
            _where(step_or_where.method, step_or_where.topology, step_or_where.setup,
                   step_or_where.B, step_or_where.S))
-  lines = [l for l in str(err).splitlines() if l.strip()][:_ERROR_LINES]
-  raise AssertionError(f"{where}: program {name!r} does not compile:\n  "
-                       f"{type(err).__name__}: " + "\n  ".join(lines)) from err
+  raise compile_failure(f"{where}: program {name!r} does not compile", err) from err
 
 
 def _where(method, topology, setup, B, S) -> str:

@@ -33,12 +33,11 @@ from pathlib import Path
 import jax
 from jax.sharding import SingleDeviceSharding
 
-from vocabjax.testing.tpu_aot import not_cached
+from vocabjax.testing.tpu_aot import compile_failure, describe_args, not_cached
 
 __all__ = ["TARGETS", "compile_for_gpu", "device_kind", "gpu_devices", "install", "lower_for_gpu",
            "plugin_dir", "plugin_installed", "require_plugin"]
 
-_ERROR_LINES = 12
 _LOCK = threading.Lock()
 
 
@@ -205,10 +204,6 @@ def gpu_devices(target: str = "h100") -> tuple:
   return tuple(topo.devices)
 
 
-def _describe(structs) -> str:
-  return ", ".join(f"{s.dtype}{list(s.shape)}" for s in structs)
-
-
 def lower_for_gpu(fn: Callable, *shape_dtype_structs: jax.ShapeDtypeStruct,
                   target: str = "h100", **jit_kwargs):
   """Trace and lower `fn` for `target`'s GPU (no compilation)."""
@@ -233,11 +228,8 @@ def compile_for_gpu(fn: Callable, *shape_dtype_structs: jax.ShapeDtypeStruct,
       return lower_for_gpu(fn, *shape_dtype_structs, target=target, **jit_kwargs).compile()
   except Exception as e:  # JaxRuntimeError (RESOURCE_EXHAUSTED: shared memory), lowering
     err = e
-  lines = [l for l in str(err).splitlines() if l.strip()][:_ERROR_LINES]
-  msg = "\n  ".join(lines)
-  raise AssertionError(f"{name} does not compile for GPU {target} ({device_kind(target)}) with "
-                       f"arguments ({_describe(shape_dtype_structs)}):\n  "
-                       f"{type(err).__name__}: {msg}") from err
+  raise compile_failure(f"{name} does not compile for GPU {target} ({device_kind(target)}) "
+                        f"with arguments ({describe_args(shape_dtype_structs)})", err) from err
 
 
 def main(argv=None) -> int:

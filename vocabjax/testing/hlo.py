@@ -10,6 +10,21 @@ _FUSED = re.compile(r"calls=%([\w.-]+)")
 _VIEWS = {"parameter", "get-tuple-element", "bitcast", "opt-barrier"}
 
 
+def _unfused(hlo_text: str):
+  """(computation, is the entry, `_INSTR` match) of every instruction outside fused
+  computations (those a fusion calls: computed element by element where they are read)."""
+  fused = set(_FUSED.findall(hlo_text))
+  comp, entry = None, False
+  for line in hlo_text.splitlines():
+    if line and not line[0].isspace() and "{" in line:  # a computation's header
+      entry = line.startswith("ENTRY")
+      comp = line.split()[1 if entry else 0].lstrip("%")
+      continue
+    m = _INSTR.match(line)
+    if m and comp not in fused:
+      yield comp, entry, m
+
+
 def materialized(hlo_text: str, shape: tuple[int, ...],
                  dtype: str | None = None) -> list[tuple[str, str, str]]:
   """(computation, instruction, opcode) of every instruction outside fusions whose result has
@@ -24,17 +39,8 @@ def materialized(hlo_text: str, shape: tuple[int, ...],
   bf16[64, 32] that a V = 64, D = 32 table's check would take for the table (session 49's
   H200 run)."""
   want = ",".join(map(str, shape))
-  fused = set(_FUSED.findall(hlo_text))
-  out, comp = [], None
-  for line in hlo_text.splitlines():
-    if line and not line[0].isspace() and "{" in line:  # a computation's header
-      comp = line.split()[1 if line.startswith("ENTRY") else 0].lstrip("%")
-      continue
-    m = _INSTR.match(line)
-    if (m and comp not in fused and m.group(3) == want and m.group(4) not in _VIEWS
-        and dtype in (None, m.group(2))):
-      out.append((comp, m.group(1), m.group(4)))
-  return out
+  return [(comp, m.group(1), m.group(4)) for comp, _, m in _unfused(hlo_text)
+          if m.group(3) == want and m.group(4) not in _VIEWS and dtype in (None, m.group(2))]
 
 
 def step_hlo(decoder) -> list[str]:
@@ -46,9 +52,6 @@ def step_hlo(decoder) -> list[str]:
   return [t for t in texts if "prefill" not in t.split(",")[0]]
 
 
-_WRITE = re.compile(r"^\s*(?:ROOT )?%(\S+) = (\w+)\[([\d,]*)\]\S* (fusion|copy|transpose)\(")
-
-
 def whole_array_writes(hlo_text: str, shape: tuple[int, ...],
                        entry_only: bool = True) -> list[tuple[str, str]]:
   """(instruction, kind) of the entry computation's instructions that write a buffer of
@@ -58,18 +61,12 @@ def whole_array_writes(hlo_text: str, shape: tuple[int, ...],
   its stacked KV cache: what it rewrites beside the slots it writes. `entry_only=False`: every
   computation that is not a fusion's (loop bodies too: a drafting loop's writes happen per
   iteration), instructions named "<computation>/<instruction>"."""
-  fused = set(_FUSED.findall(hlo_text))
   want = sorted(shape)
-  out, comp = [], None
-  for line in hlo_text.splitlines():
-    if line and not line[0].isspace() and "{" in line:  # a computation's header
-      entry = line.startswith("ENTRY")
-      comp = line.split()[1 if entry else 0].lstrip("%")
-      keep = entry or (not entry_only and comp not in fused)
-      continue
-    m = _WRITE.match(line)
-    if comp and keep and m and m.group(3) and sorted(map(int, m.group(3).split(","))) == want:
-      name, op = m.group(1), m.group(4)
+  out = []
+  for comp, entry, m in _unfused(hlo_text):
+    name, op, dims = m.group(1), m.group(4), m.group(3)
+    if ((entry or not entry_only) and op in ("fusion", "copy", "transpose") and dims
+        and sorted(map(int, dims.split(","))) == want):
       kind = ("copy" if op == "copy" else "in-place" if "dynamic_update_slice" in name else
               "transpose" if op == "transpose" or "transpose" in name else "other")
       out.append((name if entry_only else f"{comp}/{name}", kind))

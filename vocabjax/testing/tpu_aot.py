@@ -20,8 +20,8 @@ from collections.abc import Callable
 import jax
 from jax.sharding import SingleDeviceSharding
 
-__all__ = ["compile_for_tpu", "libtpu_available", "lower_for_tpu", "not_cached",
-           "require_libtpu", "tpu_devices"]
+__all__ = ["compile_failure", "compile_for_tpu", "describe_args", "libtpu_available",
+           "lower_for_tpu", "not_cached", "require_libtpu", "tpu_devices"]
 
 # Mosaic's message starts with the failing check and the MLIR operation; a few lines say which.
 _ERROR_LINES = 12
@@ -61,8 +61,16 @@ def tpu_devices(topology_name: str = "v5e:1x1") -> tuple:
   return tuple(topo.devices)
 
 
-def _describe(structs) -> str:
+def describe_args(structs) -> str:
+  """"bfloat16[10, 896], int32[10, 2048]": arguments as a compile error names them."""
   return ", ".join(f"{s.dtype}{list(s.shape)}" for s in structs)
+
+
+def compile_failure(head: str, err: Exception) -> AssertionError:
+  """`head`, then the error's type and first lines (Mosaic's, Triton's and XLA's first lines
+  say which check failed): what every deviceless compile here raises."""
+  lines = [l for l in str(err).splitlines() if l.strip()][:_ERROR_LINES]
+  return AssertionError(f"{head}:\n  {type(err).__name__}: " + "\n  ".join(lines))
 
 
 def lower_for_tpu(fn: Callable, *shape_dtype_structs: jax.ShapeDtypeStruct,
@@ -110,8 +118,5 @@ def compile_for_tpu(fn: Callable, *shape_dtype_structs: jax.ShapeDtypeStruct,
       return lower_for_tpu(fn, *shape_dtype_structs, topology=topology, **jit_kwargs).compile()
   except Exception as e:  # MosaicError, JaxRuntimeError (RESOURCE_EXHAUSTED: VMEM), ...
     err = e
-  lines = [l for l in str(err).splitlines() if l.strip()][:_ERROR_LINES]
-  msg = "\n  ".join(lines)
-  raise AssertionError(f"{name} does not compile for TPU {topology} with arguments "
-                       f"({_describe(shape_dtype_structs)}):\n  {type(err).__name__}: {msg}"
-                       ) from err
+  raise compile_failure(f"{name} does not compile for TPU {topology} with arguments "
+                        f"({describe_args(shape_dtype_structs)})", err) from err
