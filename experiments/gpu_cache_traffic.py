@@ -79,37 +79,60 @@ def method_steps(target: str, methods=("chain_g3", "tree_k4d4n16"), layers: int 
 def model_of_the_step(target: str, variant: str, barrier: bool, L=4, S=4096, N=2, e=128,
                       G=6) -> dict:
   """Stand-alone: L layers each write one slot of a stacked cache and attend over their slice,
-  by einsum (the library's) or by multiply-and-sum; `barrier`: the layer's attention output and
-  the caches pass an optimization barrier together before the next layer writes."""
+  by einsum (the library's; "einsum, heads-major": the cache stored [L, B, N, S, hd]) or by
+  multiply-and-sum; `barrier`: the layer's attention output and the caches pass an
+  optimization barrier together before the next layer writes."""
   from vocabjax.testing import gpu_aot
+
+  heads_major = variant == "einsum, heads-major"
+  shape = (L, 1, N, S, e) if heads_major else (L, 1, S, N, e)
+  new = (1, N, 1, e) if heads_major else (1, 1, N, e)
 
   def step(k_all, v_all, q, knew, vnew, pos):
     out = jnp.float32(0)
+    at = (0, 0, pos, 0) if heads_major else (0, pos, 0, 0)
     for layer in range(L):
-      k_all = jax.lax.dynamic_update_slice(k_all, knew[None], (layer, 0, pos, 0, 0))
-      v_all = jax.lax.dynamic_update_slice(v_all, vnew[None], (layer, 0, pos, 0, 0))
+      k_all = jax.lax.dynamic_update_slice(k_all, knew[None], (layer, *at))
+      v_all = jax.lax.dynamic_update_slice(v_all, vnew[None], (layer, *at))
       K, V, qq = k_all[layer], v_all[layer], q.reshape(1, 1, N, G, e)
-      if variant == "einsum":
-        s = jnp.einsum("BTNQe,BSNe->BNQTS", qq, K, preferred_element_type=jnp.float32)
-        a = jnp.einsum("BNQTS,BSNe->BTNQe", jax.nn.softmax(s, -1).astype(q.dtype), V)
-      else:
+      if variant == "multiply-sum":
         s = (qq[:, :, None].astype(jnp.float32) * K[:, None, :, :, None, :]).sum(-1)
         a = (jax.nn.softmax(s, 2)[..., None] * V[:, None, :, :, None, :]).sum(2)
+      else:
+        kv = "BNSe" if heads_major else "BSNe"
+        s = jnp.einsum(f"BTNQe,{kv}->BNQTS", qq, K, preferred_element_type=jnp.float32)
+        a = jnp.einsum(f"BNQTS,{kv}->BTNQe", jax.nn.softmax(s, -1).astype(q.dtype), V)
       if barrier:
         k_all, v_all, a = jax.lax.optimization_barrier((k_all, v_all, a))
       out = out + a.astype(jnp.float32).sum()
     return out, k_all, v_all
 
   bf = jnp.bfloat16
-  args = [jax.ShapeDtypeStruct(s, d) for s, d in (((L, 1, S, N, e), bf), ((L, 1, S, N, e), bf),
-                                                   ((1, 1, N * G * e), bf), ((1, 1, N, e), bf),
-                                                   ((1, 1, N, e), bf), ((), jnp.int32))]
+  args = [jax.ShapeDtypeStruct(s, d) for s, d in ((shape, bf), (shape, bf),
+                                                   ((1, 1, N * G * e), bf), (new, bf),
+                                                   (new, bf), ((), jnp.int32))]
   compiled = gpu_aot.compile_for_gpu(step, *args, target=target, donate_argnums=(0, 1))
   return {"what": f"model: {variant}" + (" + barrier" if barrier else "") +
           f" ({L} layers, {S} slots, {N} KV heads of {e})",
           "cache_mb": 2 * L * S * N * e * 2 / 1e6,
           "temp_mb": compiled.memory_analysis().temp_size_in_bytes / 1e6,
-          "writes": whole_cache_writes(compiled.as_text(), (L, 1, S, N, e))}
+          "writes": whole_cache_writes(compiled.as_text(), shape)}
+
+
+def tpu_temp(model: str, slots: int, topology: str = "v5e:1x1") -> str:
+  """The same plain step compiled for a TPU (libtpu, deviceless): its temp buffer, beside the
+  GPU's (XLA:TPU's compiled HLO is not read back reliably deviceless, tpu_aot's doc)."""
+  from vocabjax.bench import tpu
+  from vocabjax.checkpoints.known import resolve_config
+
+  name, config = resolve_config(model)
+  step = tpu.lower_step("ar", tpu.Setup(config, config), topology=topology, S=slots, T=16,
+                        compile=True)
+  mem = step.programs["step"].compiled.memory_analysis()
+  return (f"- the same plain step compiled for TPU {topology}: temp "
+          f"{mem.temp_size_in_bytes / 1e6:.1f} MB, arguments "
+          f"{mem.argument_size_in_bytes / 1e6:.1f} MB, cache "
+          f"{step.cache_bytes_per_chip() / 1e6:.1f} MB")
 
 
 def main(argv=None) -> int:
@@ -118,11 +141,13 @@ def main(argv=None) -> int:
   p.add_argument("--slots", type=int, default=4096)
   p.add_argument("--target", default="h200", choices=("h100", "h200"))
   p.add_argument("--out", default=None, help="folder for results.md")
+  p.add_argument("--tpu", default=None, metavar="TOPOLOGY",
+                 help="also compile the plain step for this TPU (e.g. v5e:1x1; needs libtpu)")
   a = p.parse_args(argv)
   rows = [library_step(a.model, a.slots, a.target),
           library_step(a.model, a.slots, a.target, sum_attention=True)]
   rows += method_steps(a.target)
-  for variant in ("einsum", "multiply-sum"):
+  for variant in ("einsum", "multiply-sum", "einsum, heads-major"):
     for barrier in (False, True):
       rows.append(model_of_the_step(a.target, variant, barrier))
   lines = ["# Whole-cache writes in a decoding step compiled by XLA:GPU (deviceless)", "",
@@ -141,6 +166,8 @@ def main(argv=None) -> int:
     lines.append(f"| {r['what']} | {r['cache_mb']:.1f} | {r['temp_mb']:.1f} | {count('copy')} | "
                  f"{count('transpose')} | {count('other')} | {count('in-place')} |")
   lines.append("")
+  if a.tpu:
+    lines += [tpu_temp(a.model, a.slots, a.tpu), ""]
   for r in rows:
     lines.append(f"- {r['what']}: " + ", ".join(f"`{i}` ({k})" for i, k in r["writes"]))
   text = "\n".join(lines) + "\n"
