@@ -25,6 +25,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -40,6 +41,7 @@ SELECT = ("greedy or identical or (lossless and (test_speculative_chain or test_
           "test_nonfinite")
 SUM_ATTENTION = [False]  # --sum-attention: decoders attend by summed products (lowering.py)
 GRACE_S = 30  # after the interrupt: pytest's report of what ran (then it is killed)
+POLL_S = 0.25  # how often a cut condition (cut_when) is asked
 LINE = re.compile(r"(?:(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (tests/\S+)|(tests/\S+) "
                   r"(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS))")
 
@@ -81,9 +83,28 @@ def log_summary(log: str) -> dict:
   return out
 
 
+def wait_or_cut(proc: subprocess.Popen, limit_s: float, cut_when=None) -> bool:
+  """Wait for `proc`; True if it was still running at `limit_s` or when `cut_when()` (polled,
+  optional: a test's condition instead of the clock) became true."""
+  deadline = time.monotonic() + limit_s
+  while True:
+    left = deadline - time.monotonic()
+    if left <= 0:
+      return True
+    try:
+      proc.wait(timeout=min(left, POLL_S) if cut_when else left)
+      return False
+    except subprocess.TimeoutExpired:
+      if cut_when is not None and cut_when():
+        return True
+
+
 def run_dtype(dtype: str, out: Path, limit_s: int, files, select: str, workers: int,
-              extra) -> dict:
+              extra, cut_when=None) -> dict:
+  """One dtype's pytest run, cut at `limit_s` (or when `cut_when()`, polled, says so); its output
+  goes to `pytest_<dtype>.log` as it runs."""
   xml = out / f"junit_{dtype}.xml"
+  log_path = out / f"pytest_{dtype}.log"
   cmd = [sys.executable, "-m", "pytest", "-v", "-rfE", "--tb=short", "-p", "no:cacheprovider",
          *files, "-k", select,
          f"--junitxml={xml}", *(["-n", str(workers)] if workers > 1 else []), *extra]
@@ -98,22 +119,20 @@ def run_dtype(dtype: str, out: Path, limit_s: int, files, select: str, workers: 
   # At the limit pytest is interrupted (SIGINT), not killed: it then prints the failures so far
   # with their tracebacks and writes the JUnit XML, as after a finished run (session 49's cut
   # runs, killed, kept the failures' names and lost why they failed).
-  proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.STDOUT, text=True)
-  try:
-    log, _ = proc.communicate(timeout=limit_s)
-    cut = False
-  except subprocess.TimeoutExpired:
-    cut = True
-    proc.send_signal(signal.SIGINT)
-    try:
-      log, _ = proc.communicate(timeout=GRACE_S)
-    except subprocess.TimeoutExpired:
-      proc.kill()
-      log, _ = proc.communicate()
-      xml.unlink(missing_ok=True)  # a half-written XML: the verbose log is read instead
+  with open(log_path, "w") as log_file:
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT,
+                            text=True)
+    cut = wait_or_cut(proc, limit_s, cut_when)
+    if cut:
+      proc.send_signal(signal.SIGINT)
+      try:
+        proc.wait(timeout=GRACE_S)
+      except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        xml.unlink(missing_ok=True)  # a half-written XML: the verbose log is read instead
   rc = proc.returncode
-  (out / f"pytest_{dtype}.log").write_text(log)
+  log = log_path.read_text(errors="replace")
   res = {"dtype": dtype, "command": " ".join(cmd), "exit": rc, "cut_at_limit_s": limit_s if cut
          else None, "wall_s": (datetime.datetime.now() - t0).total_seconds(),
          **(junit_summary(xml) or log_summary(log))}
@@ -144,7 +163,9 @@ def write(out: Path, env: dict, runs: list[dict]) -> None:
   atomic_write_text(out / "exactness.md", "\n".join(lines) + "\n")
 
 
-def main(argv=None) -> int:
+def main(argv=None, cut_when=None) -> int:
+  """The command line; `cut_when` (Python callers: a test) cuts each dtype's run when it says
+  so, the limit still applying."""
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--out", required=True)
@@ -172,7 +193,8 @@ def main(argv=None) -> int:
              sys.argv[1:] if argv is None else argv)}
   runs = []
   for dtype in a.dtypes:
-    runs.append(run_dtype(dtype, out, a.limit_s, a.files, a.select, a.workers, a.pytest_args))
+    runs.append(run_dtype(dtype, out, a.limit_s, a.files, a.select, a.workers, a.pytest_args,
+                           cut_when))
     write(out, env, runs)
   print((out / "exactness.md").read_text())
   return 0 if all(r.get("failed", 1) == 0 and r["exit"] == 0 for r in runs) else 1

@@ -1,5 +1,9 @@
 """vocabjax: speculative decoding of large-vocabulary language models in JAX."""
 
+from vocabjax.backends import skip_absent_tpu
+
+skip_absent_tpu()  # before anything starts JAX's backends (vocabjax/backends.py)
+
 from vocabjax.checkpoints.loader import Model, default_dtype, load_model
 from vocabjax.decoding import (ChainDecoder, CrossVocabDecoder, Decoder, EagleDecoder,
                                GenerationResult, PromptLookupDecoder, SamplingParams, TreeDecoder,

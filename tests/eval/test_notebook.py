@@ -6,6 +6,7 @@ Colab runtime's) and run on tiny models: plain, chain, FR-Spec, VocabTrim and Sp
 import importlib.metadata
 import json
 import os
+import site
 import subprocess
 import sys
 import textwrap
@@ -196,6 +197,40 @@ RUNNER = textwrap.dedent("""
 """)
 
 
+def runtime_venv(venv: Path) -> Path:
+  """A fresh venv that sees this interpreter's packages after its own, as a Colab runtime's
+  Python sees the runtime's: jax, torch, pip and setuptools come from the environment running
+  the tests. `--system-site-packages` would not do: inside a virtualenv (the README reader's
+  usual setup) it means the *base* interpreter's packages (no jax; setuptools 65 without
+  `bdist_wheel`), not the virtualenv's. So the venv gets a .pth file that adds this
+  interpreter's site directories (their own .pth files processed, as for site-packages)."""
+  # --without-pip: pip comes from this interpreter's site-packages, as jax does
+  subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+  dirs = [d for d in dict.fromkeys([*site.getsitepackages(), site.getusersitepackages()])
+          if Path(d).is_dir()]
+  purelib = subprocess.run([str(venv / "bin" / "python"), "-c",
+                            "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                           capture_output=True, text=True, check=True).stdout.strip()
+  (Path(purelib) / "zz_runtime_packages.pth").write_text(
+      "import site; " + "; ".join(f"site.addsitedir({d!r})" for d in dirs) + "\n")
+  return venv
+
+
+def test_runtime_venv_sees_this_interpreters_packages_after_its_own(tmp_path):
+  venv = runtime_venv(tmp_path / "venv")
+  r = subprocess.run([str(venv / "bin" / "python"), "-c",
+                      "import sys, jax, setuptools; print(sys.prefix); print(jax.__file__);"
+                      " print(setuptools.__version__)"],
+                     capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                     env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"})
+  assert r.returncode == 0, r.stderr[-2000:]
+  prefix, jax_file, setuptools_version = r.stdout.split()
+  import jax
+  import setuptools
+  assert prefix == str(venv) and jax_file == jax.__file__
+  assert setuptools_version == setuptools.__version__
+
+
 @pytest.mark.slow
 def test_notebook_installs_from_git_in_a_fresh_venv_and_runs(tmp_path):
   """The Colab path end to end on tiny models: a venv with the host's site-packages (jax, torch,
@@ -205,10 +240,7 @@ def test_notebook_installs_from_git_in_a_fresh_venv_and_runs(tmp_path):
   head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
   if head.returncode != 0:
     pytest.skip("not a git checkout: no git URL to install from")
-  venv = tmp_path / "venv"
-  # --without-pip: pip comes from the host's site-packages, as jax does (and saves seconds)
-  subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip",
-                  str(venv)], check=True)
+  venv = runtime_venv(tmp_path / "venv")
   runner = tmp_path / "run_notebook.py"
   runner.write_text(RUNNER)
   env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VOCABJAX_REPO")}

@@ -1,0 +1,52 @@
+"""Which JAX backends vocabjax lets JAX start on a host.
+
+libtpu is installed beside JAX on hosts without a TPU for deviceless TPU compilation (the test
+extra, `tpu-aot`). JAX then starts the TPU backend on every first use and libtpu, finding no TPU,
+prints several lines of worker-hostname errors to stderr before JAX falls back to the CPU: noise
+before every command's output. JAX itself skips CUDA where no NVIDIA GPU is visible; vocabjax
+applies the same rule to the TPU: where JAX's own hardware probe finds no TPU chip (and no GPU
+whose plugin might be installed), and the user chose nothing (`JAX_PLATFORMS`,
+`JAX_FORCE_TPU_INIT`), JAX is asked for the CPU backend only. Deviceless TPU compilation
+(`jax.experimental.topologies`) does not need the TPU backend and works the same."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+
+def cpu_only_reason(environ=None, libtpu_installed=None, tpu_chips=None, gpus=None) -> str | None:
+  """Why JAX should start only its CPU backend here (None: leave JAX's choice alone). The
+  arguments stand in for this host's facts (tests); by default they are read."""
+  environ = os.environ if environ is None else environ
+  if environ.get("JAX_PLATFORMS") or "JAX_FORCE_TPU_INIT" in environ:
+    return None  # the user's choice
+  if libtpu_installed is None:
+    libtpu_installed = (importlib.util.find_spec("libtpu") is not None
+                        or bool(environ.get("TPU_LIBRARY_PATH")))
+  if not libtpu_installed:
+    return None  # no TPU backend to start
+  if tpu_chips is None or gpus is None:
+    from jax._src import hardware_utils  # JAX's own probe (PCI vendor ids), as JAX uses it
+
+    if tpu_chips is None:
+      tpu_chips = hardware_utils.num_available_tpu_chips_and_device_id()[0]
+    if gpus is None:
+      gpus = int(hardware_utils.has_visible_nvidia_gpu()) + hardware_utils.num_available_amd_gpus(
+          stop_at=1)
+  if tpu_chips or gpus:
+    return None
+  return "libtpu is installed but this host has no TPU chip and no GPU"
+
+
+def skip_absent_tpu() -> None:
+  """Start only JAX's CPU backend where `cpu_only_reason` says so (a no-op once JAX's backends
+  have started: JAX reads the setting then)."""
+  try:
+    reason = cpu_only_reason()
+  except Exception:  # a JAX whose private probe moved: leave JAX's choice alone
+    return
+  if reason:
+    import jax
+
+    jax.config.update("jax_platforms", "cpu")
