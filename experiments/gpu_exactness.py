@@ -18,6 +18,7 @@ dtype. Exit 0 when nothing failed."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
@@ -25,6 +26,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -42,7 +44,7 @@ SELECT = ("greedy or identical or (lossless and (test_speculative_chain or test_
 SUM_ATTENTION = [False]  # --sum-attention: decoders attend by summed products (lowering.py)
 GRACE_S = 30  # after the interrupt: pytest's report of what ran (then it is killed)
 POLL_S = 0.25  # how often a cut condition (cut_when) is asked
-LINE = re.compile(r"(?:(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (tests/\S+)|(tests/\S+) "
+LINE = re.compile(r"(?:(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS) (\S+::\S+)|(\S+::\S+) "
                   r"(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS))")
 
 
@@ -83,6 +85,23 @@ def log_summary(log: str) -> dict:
   return out
 
 
+@contextlib.contextmanager
+def _sigint_not_ignored():
+  """SIGINT handled (Python's default) while a child starts: a parent that ignores it (a
+  background job of a script, an xdist worker) would pass SIG_IGN on through exec, and the
+  child would never see the interrupt. A handler is reset to the default by exec; SIG_IGN is
+  not."""
+  if (threading.current_thread() is not threading.main_thread()
+      or signal.getsignal(signal.SIGINT) is not signal.SIG_IGN):
+    yield
+    return
+  signal.signal(signal.SIGINT, signal.default_int_handler)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def wait_or_cut(proc: subprocess.Popen, limit_s: float, cut_when=None) -> bool:
   """Wait for `proc`; True if it was still running at `limit_s` or when `cut_when()` (polled,
   optional: a test's condition instead of the clock) became true."""
@@ -120,8 +139,9 @@ def run_dtype(dtype: str, out: Path, limit_s: int, files, select: str, workers: 
   # with their tracebacks and writes the JUnit XML, as after a finished run (session 49's cut
   # runs, killed, kept the failures' names and lost why they failed).
   with open(log_path, "w") as log_file:
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log_file, stderr=subprocess.STDOUT,
-                            text=True)
+    with _sigint_not_ignored():
+      proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log_file,
+                              stderr=subprocess.STDOUT, text=True)
     cut = wait_or_cut(proc, limit_s, cut_when)
     if cut:
       proc.send_signal(signal.SIGINT)

@@ -4,6 +4,7 @@ the packed archive holds them; a failing step does not stop the others."""
 
 import json
 import os
+import signal
 import subprocess
 import tarfile
 from pathlib import Path
@@ -121,10 +122,14 @@ def test_exactness_run_cut_at_its_limit_keeps_why_tests_failed(tmp_path, monkeyp
                    f"def test_greedy_c():\n  Path({str(started)!r}).touch()\n  time.sleep(600)\n")
   out = tmp_path / "ex"
   monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-  ex = _script("gpu_exactness")
-  rc = ex.main(["--out", str(out), "--dtypes", "float32", "--limit-s", "300", "--files",
-                str(tests), "-k", "greedy", "--pytest-args", "-p", "no:randomly"],
-               cut_when=started.exists)
+  # as in a background job of a script (and an xdist worker): SIGINT ignored by the parent
+  previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+  try:
+    rc = _script("gpu_exactness").main(
+        ["--out", str(out), "--dtypes", "float32", "--limit-s", "300", "--files", str(tests),
+         "-k", "greedy", "--pytest-args", "-p", "no:randomly"], cut_when=started.exists)
+  finally:
+    signal.signal(signal.SIGINT, previous)
   assert rc == 1
   run = json.loads((out / "exactness.json").read_text())["runs"][0]
   assert run["cut_at_limit_s"] == 300 and (run["passed"], run["failed"]) == (1, 1), run
