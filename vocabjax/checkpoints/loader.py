@@ -108,8 +108,14 @@ def eos_ids(*candidates) -> tuple[int, ...]:
 
 
 def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
-               load_tokenizer: bool = True, progress: bool = True) -> Model:
-  """Load a model from an HF directory, a `.gguf` file or a registry name (fetched if needed).
+               load_tokenizer: bool = True, progress: bool = True,
+               allow_bin: bool | None = None) -> Model:
+  """Load a model from an HF directory, a `.gguf` file, a registry name (fetched if needed) or
+  a hub id (`org/name[@revision]`, downloaded through huggingface_hub: `checkpoints.hub`).
+
+  `allow_bin`: read pickled PyTorch weights (`pytorch_model.bin`) where a model has no
+  safetensors, with `torch.load(weights_only=True)`; refused by default (None: the
+  environment's `VOCABJAX_ALLOW_BIN`).
 
   `dtype`: the weights' dtype. On GPU/TPU every param takes it. On the CPU backend a dtype
   narrower than f32 applies to the weight matrices only (`models.llamalike.cast_weights`):
@@ -121,10 +127,10 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
   narrow_on_cpu = ((jax.default_backend() == "cpu" and jnp.dtype(dtype) != jnp.float32)
                    or jnp.dtype(dtype) == jnp.int8)
   out_dtype, dtype = dtype, (jnp.float32 if narrow_on_cpu else dtype)
-  path = zoo.resolve(name_or_path, progress=progress)
+  path = zoo.resolve(name_or_path, progress=progress, allow_bin=allow_bin)
   tokenizer = None
   if path.is_dir():
-    config, params, raw = load_hf(path, dtype=dtype)
+    config, params, raw = load_hf(path, dtype=dtype, allow_bin=allow_bin)
     gen = {}
     if (path / "generation_config.json").exists():
       gen = json.loads((path / "generation_config.json").read_text())

@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 
 from tqdm.auto import tqdm
 
+from vocabjax.checkpoints import hub
 from vocabjax.io import atomic_write_text
 
 
@@ -272,12 +273,17 @@ def fetch(name_or_entry: str | ZooEntry, root: Path | None = None, *, progress: 
   return path
 
 
-def resolve(name_or_path: str | os.PathLike, *, progress: bool = True) -> Path:
-  """A local path (file or directory) as is, or a registry name fetched into the cache."""
-  p = Path(name_or_path).expanduser()
-  if p.exists():
-    return p
-  if str(name_or_path) in REGISTRY:
-    return fetch(str(name_or_path), progress=progress)
-  raise FileNotFoundError(f"{str(name_or_path)!r} is neither an existing path nor a registry "
-                          f"model; registry: {sorted(REGISTRY)}")
+def resolve(name_or_path: str | os.PathLike, *, progress: bool = True,
+            allow_bin: bool | None = None) -> Path:
+  """A local path (file or directory) as is, a registry name fetched into the cache, or a hub
+  id (`org/name[@revision]`, `checkpoints.hub`) downloaded into the Hugging Face cache."""
+  def registry(name: str) -> Path | None:
+    return fetch(name, progress=progress) if name in REGISTRY else None
+
+  try:
+    return hub.resolve(name_or_path, "model", allow_bin=allow_bin, progress=progress,
+                       local=registry)
+  except FileNotFoundError:
+    raise FileNotFoundError(f"{str(name_or_path)!r} is neither an existing path, a registry "
+                            f"model nor a hub id (org/name[@revision]); registry: "
+                            f"{sorted(REGISTRY)}") from None

@@ -1,0 +1,246 @@
+"""Hub ids (`org/name[@revision]`) downloaded for real through huggingface_hub from a hub the
+test serves on 127.0.0.1 (`vocabjax.testing.local_hub`): the cache, a pinned revision, sharded
+safetensors, gated repositories, pickled weights refused then allowed, a download cut mid-file
+(resumed with a Range request), corrupt bytes (caught by their hash), offline answers from the
+cache, and every error one line before anything is downloaded."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+from vocabjax.checkpoints import hub
+from vocabjax.checkpoints.hub import HubError, HubId, parse_hub_id
+from vocabjax.checkpoints.loader import load_model
+from vocabjax.testing.local_hub import TOKEN, LocalHub
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _files(d: Path) -> dict[str, bytes]:
+  return {f.relative_to(d).as_posix(): f.read_bytes() for f in sorted(d.rglob("*")) if f.is_file()}
+
+
+@pytest.fixture
+def served(tmp_path, monkeypatch, tiny_chat_dir):
+  """A local hub holding `tiny_chat_dir` as org/tiny (and a gated copy), the client's cache
+  in tmp_path, no token, online."""
+  cache = tmp_path / "hf-cache"
+  with LocalHub() as h:
+    monkeypatch.setenv("HF_ENDPOINT", h.endpoint)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setenv("HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)  # the suite runs offline
+    monkeypatch.delenv("VOCABJAX_ALLOW_BIN", raising=False)
+    h.sha = h.add("org/tiny", _files(tiny_chat_dir))
+    h.add("org/gated", _files(tiny_chat_dir), gated=True)
+    h.cache = cache
+    yield h
+
+
+def _params_equal(a, b):
+  import jax
+
+  for x, y in zip(jax.tree_util.tree_leaves(a.params), jax.tree_util.tree_leaves(b.params)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+@pytest.mark.parametrize("text,want", [
+    ("org/name", HubId("org/name")),
+    ("Qwen/Qwen2.5-7B-Instruct@v1.0", HubId("Qwen/Qwen2.5-7B-Instruct", "v1.0")),
+    ("org/name@refs%2Fpr%2F3/sub/ranker.safetensors",
+     HubId("org/name", "refs/pr/3", "sub/ranker.safetensors")),
+    ("hf://org/name/heads", HubId("org/name", "main", "heads")),
+    ("./org/name", None), ("/abs/path", None), ("~/x/y", None), ("org/../x", None),
+    ("justaname", None), ("org/name/../../etc", None), ("org/name@", None),
+])
+def test_parse_hub_id(text, want):
+  assert parse_hub_id(text) == want
+
+
+def test_a_hub_id_loads_like_the_directory_and_only_what_is_loaded_is_fetched(served,
+                                                                              tiny_chat_dir):
+  served.add("org/tiny", {**_files(tiny_chat_dir), "README.md": b"x" * 1000,
+                          "flax_model.msgpack": b"y" * 4000, "pytorch_model.bin": b"z" * 4000})
+  m = load_model("org/tiny", dtype="float32")
+  ref = load_model(tiny_chat_dir, dtype="float32")
+  _params_equal(m, ref)
+  assert m.tokenizer is not None and m.eos_token_ids == ref.eos_token_ids
+  gets = [p for meth, p, _, _ in served.requests if meth == "GET" and "/resolve/" in p]
+  fetched = {p.rsplit("/", 1)[1] for p in gets}
+  assert "config.json" in fetched and "README.md" not in fetched
+  assert "flax_model.msgpack" not in fetched and "pytorch_model.bin" not in fetched
+  # the second load reads the cache: no file is downloaded again
+  n = len(served.requests)
+  load_model("org/tiny", dtype="float32")
+  assert not [r for r in served.requests[n:] if r[0] == "GET" and "/cdn/" in r[1]]
+
+
+def test_a_revision_pins_the_files_of_that_commit(served, tiny_chat_dir, tmp_path):
+  first = served.sha
+  changed = _files(tiny_chat_dir)
+  tensors = load_file(tiny_chat_dir / "model.safetensors")
+  tensors = {k: v * 2 for k, v in tensors.items()}
+  save_file(tensors, tmp_path / "m.safetensors")
+  changed["model.safetensors"] = (tmp_path / "m.safetensors").read_bytes()
+  served.add("org/tiny", changed)  # a new commit on main
+  old, new = load_model(f"org/tiny@{first}", dtype="float32"), load_model("org/tiny",
+                                                                          dtype="float32")
+  _params_equal(old, load_model(tiny_chat_dir, dtype="float32"))
+  assert not np.allclose(np.asarray(old.params["embed"]), np.asarray(new.params["embed"]))
+  assert first in old.source and first not in new.source
+
+
+def test_sharded_safetensors_download_the_index_and_its_shards(served, tiny_chat_dir,
+                                                                tmp_path):
+  files = {k: v for k, v in _files(tiny_chat_dir).items() if k != "model.safetensors"}
+  tensors = load_file(tiny_chat_dir / "model.safetensors")
+  names = sorted(tensors)
+  shards = {"model-00001-of-00002.safetensors": names[:len(names) // 2],
+            "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+  for fname, keys in shards.items():
+    save_file({k: tensors[k] for k in keys}, tmp_path / fname)
+    files[fname] = (tmp_path / fname).read_bytes()
+  files["model.safetensors.index.json"] = json.dumps(
+      {"metadata": {}, "weight_map": {k: f for f, ks in shards.items() for k in ks}}).encode()
+  served.add("org/sharded", files)
+  _params_equal(load_model("org/sharded", dtype="float32"),
+                load_model(tiny_chat_dir, dtype="float32"))
+  # an index naming a file outside the repository is refused before any shard is fetched
+  files["model.safetensors.index.json"] = json.dumps(
+      {"weight_map": {names[0]: "../../../etc/passwd"}}).encode()
+  served.add("org/evil", files)
+  with pytest.raises(HubError, match=r"names shard\(s\) that are not files of the repository"):
+    load_model("org/evil")
+
+
+def test_errors_are_one_line_and_come_before_any_download(served):
+  cases = {
+      "org/missing": "no repository org/missing on",
+      "org/tiny@no-such-branch": "has no revision 'no-such-branch'",
+      "org/gated": "org/gated is gated: accept its terms at",
+  }
+  for name, words in cases.items():
+    with pytest.raises(HubError) as e:
+      load_model(name)
+    assert words in str(e.value) and "\n" not in str(e.value), str(e.value)
+  assert not (served.cache / "models--org--missing").exists()
+  assert not [r for r in served.requests if "/cdn/" in r[1] or "/resolve/" in r[1]]
+
+
+def test_a_gated_repository_loads_with_a_token_and_says_when_the_token_has_no_access(
+    served, monkeypatch, tiny_chat_dir):
+  monkeypatch.setenv("HF_TOKEN", "hf_someone_else")
+  with pytest.raises(HubError, match="the token in HF_TOKEN has no access"):
+    load_model("org/gated")
+  monkeypatch.setenv("HF_TOKEN", TOKEN)
+  _params_equal(load_model("org/gated", dtype="float32"),
+                load_model(tiny_chat_dir, dtype="float32"))
+
+
+def test_no_loadable_weights_names_what_the_repository_has(served):
+  served.add("org/noweights", {"config.json": b"{}", "README.md": b"hi", "model.onnx": b"x"})
+  with pytest.raises(HubError, match=r"no loadable weights .*model.onnx"):
+    load_model("org/noweights")
+
+
+def test_pickled_weights_are_refused_unless_allowed_then_read_without_code(
+    served, tiny_chat_dir, tmp_path):
+  import torch
+
+  tensors = load_file(tiny_chat_dir / "model.safetensors")
+  torch.save({k: torch.from_numpy(v.copy()) for k, v in tensors.items()}, tmp_path / "w.bin")
+  files = {k: v for k, v in _files(tiny_chat_dir).items() if k != "model.safetensors"}
+  files["pytorch_model.bin"] = (tmp_path / "w.bin").read_bytes()
+  served.add("org/pickled", files)
+  with pytest.raises(HubError, match=r"only pickled PyTorch weights \(pytorch_model.bin\).*"
+                     "--allow-bin"):
+    load_model("org/pickled")
+  assert not [r for r in served.requests if "/cdn/" in r[1]]  # refused before downloading
+  _params_equal(load_model("org/pickled", dtype="float32", allow_bin=True),
+                load_model(tiny_chat_dir, dtype="float32"))
+
+  # a pickle that would run code is refused by weights_only, naming the file
+  class Boom:
+    def __reduce__(self):
+      return (os.system, ("touch " + str(tmp_path / "ran"),))
+
+  torch.save({"x": Boom()}, tmp_path / "evil.bin", _use_new_zipfile_serialization=True)
+  files["pytorch_model.bin"] = (tmp_path / "evil.bin").read_bytes()
+  served.add("org/evilpickle", files)
+  with pytest.raises(Exception, match="not a loadable PyTorch weights file"):
+    load_model("org/evilpickle", allow_bin=True)
+  assert not (tmp_path / "ran").exists()
+
+
+def test_a_download_cut_mid_file_is_resumed_from_where_it_stopped(served, monkeypatch,
+                                                                   tiny_chat_dir):
+  from huggingface_hub import constants
+
+  # the client writes in chunks of DOWNLOAD_CHUNK_SIZE (10 MiB) and resumes from what it has
+  # written; the tiny model is smaller than a chunk, so chunks of 4 KiB here
+  monkeypatch.setattr(constants, "DOWNLOAD_CHUNK_SIZE", 4096)
+  served.cut_next(1)
+  _params_equal(load_model("org/tiny", dtype="float32"),
+                load_model(tiny_chat_dir, dtype="float32"))
+  ranges = [rng for meth, p, rng, _ in served.requests if meth == "GET" and "/cdn/" in p]
+  assert ranges[0] is None and ranges[1] is not None and ranges[1].startswith("bytes=")
+  assert int(ranges[1][6:].rstrip("-")) > 0  # from the bytes it had, not from the start
+
+
+def test_corrupt_bytes_are_caught_by_their_hash_and_removed_from_the_cache(served):
+  served.corrupt = True
+  with pytest.raises(HubError, match=r"model.safetensors is not the hub's file .*deleted"):
+    load_model("org/tiny")
+  blobs = list((served.cache / "models--org--tiny" / "blobs").iterdir())
+  assert all(len(b.read_bytes()) < 100_000 for b in blobs)  # only the small files are kept
+  served.corrupt = False
+  assert load_model("org/tiny", dtype="float32").config.vocab_size > 0  # downloaded anew
+
+
+def test_offline_answers_from_the_cache_or_says_what_is_missing(served, monkeypatch):
+  load_model("org/tiny", dtype="float32")  # online once
+  from huggingface_hub import constants
+
+  monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+  n = len(served.requests)
+  assert load_model("org/tiny", dtype="float32").config.vocab_size > 0
+  assert len(served.requests) == n  # nothing asked of the hub
+  with pytest.raises(HubError, match=r"offline \(HF_HUB_OFFLINE\) and org/other@main is not in"):
+    load_model("org/other")
+
+
+def test_too_little_disk_is_said_before_downloading(served, monkeypatch):
+  import shutil
+  from collections import namedtuple
+
+  usage = namedtuple("usage", "total used free")
+  monkeypatch.setattr(shutil, "disk_usage", lambda p: usage(10, 10, 0))
+  with pytest.raises(HubError, match=r"GB to download into .* but only 0.00 GB free"):
+    load_model("org/tiny")
+  assert not [r for r in served.requests if "/cdn/" in r[1]]
+
+
+def test_the_command_line_takes_a_hub_id(served, tmp_path):
+  """`python -m vocabjax.generate --target org/tiny` (the code path a Colab runtime takes,
+  HF_ENDPOINT pointing at the local hub), and its one-line error for a missing repository."""
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "0"}
+  r = subprocess.run([sys.executable, "-m", "vocabjax.generate", "--target", "org/tiny",
+                      "--prompt", "hello", "--max-new-tokens", "4"], env=env,
+                     cwd=tmp_path, capture_output=True, text=True, timeout=600)
+  assert r.returncode == 0, r.stderr[-3000:]
+  assert "[hub] org/tiny@" in r.stderr and "ar: 4 tokens" in r.stderr
+  r = subprocess.run([sys.executable, "-m", "vocabjax.generate", "--target", "org/missing",
+                      "--prompt", "hello"], env=env, cwd=tmp_path, capture_output=True,
+                     text=True, timeout=600)
+  assert r.returncode == 2, r.stderr[-3000:]
+  assert r.stderr.strip().splitlines()[-1].startswith("error: org/missing: no repository")
+  assert "Traceback" not in r.stderr

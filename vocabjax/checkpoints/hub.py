@@ -1,0 +1,386 @@
+"""Hub ids wherever a model, a head or a file is named: `org/name[@revision][/path]`.
+
+A name that is not a local path (and, for models, not a registry name) but reads as a hub id is
+fetched through `huggingface_hub` (the field's client: its cache, `HF_TOKEN` for gated models,
+`HF_HUB_OFFLINE`, and `HF_ENDPOINT`, `HF_HUB_CACHE` / `HF_HOME` read at each call), and only the
+files that are loaded:
+
+- a model (`kind="model"`): config.json, generation_config.json, the tokenizer's files, and the
+  safetensors weights (model.safetensors, or the sharded index and the shards it names);
+- an EAGLE head (`"eagle"`): config.json and model.safetensors (or pytorch_model.bin);
+- Medusa heads (`"medusa"`): config.json and medusa_lm_head.safetensors (or .pt);
+- a file (`"file"`, or any id with a `/path` that names a file): that file.
+
+Pickled PyTorch weights (`.bin`, `.pt`) are refused unless allowed (`allow_bin=True`, the
+commands' `--allow-bin`, or `VOCABJAX_ALLOW_BIN=1`) and are then read with
+`torch.load(weights_only=True)` (`checkpoints.torch_weights`).
+
+Everything that can be said before a download is said before one, in one line naming the id: an
+unknown repository, a gated one without a token (or with a token that has no access), a
+revision that does not exist, a repository without loadable weights, a sharded index naming
+shards that are not in the repository, too little disk. All files come from one commit (the
+revision is resolved once). A download cut mid-file is resumed by the client (a `Range` request
+from what it has); each newly downloaded file is checked against the hub's hash (an LFS file's
+sha256, a small file's git blob id) and deleted if it does not match. Offline
+(`HF_HUB_OFFLINE=1`) the id is answered from the cache, or refused naming what is missing."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+from pathlib import Path, PurePosixPath
+from typing import Callable
+from urllib.parse import unquote
+
+from vocabjax.checkpoints.convert import CheckpointError
+from vocabjax.io import atomic_write_text
+
+KINDS = ("model", "eagle", "medusa", "file")
+CONFIG_FILES = ("config.json",)
+MODEL_EXTRAS = ("generation_config.json", "tokenizer.json", "tokenizer_config.json",
+                "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt",
+                "added_tokens.json", "chat_template.jinja", "chat_template.json")
+_SEGMENT = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
+_ID = re.compile(rf"(?:hf://)?(?P<repo>{_SEGMENT}/{_SEGMENT})(?:@(?P<rev>[A-Za-z0-9_.%-]+))?"
+                 r"(?P<path>(?:/[^/]+)*)/?")
+
+
+class HubError(CheckpointError):
+  """A hub id that cannot be loaded; the message is one line naming the id and what to do."""
+
+
+@dataclasses.dataclass(frozen=True)
+class HubId:
+  repo: str  # "org/name"
+  revision: str = "main"  # a branch, tag or commit sha ("refs/pr/1" written refs%2Fpr%2F1)
+  path: str = ""  # a file or folder inside the repository
+
+  def __str__(self) -> str:
+    rev = "" if self.revision == "main" else f"@{self.revision}"
+    return f"{self.repo}{rev}{'/' + self.path if self.path else ''}"
+
+
+def parse_hub_id(text) -> HubId | None:
+  """The hub id `text` reads as (`org/name[@revision][/path]`, optionally `hf://`), or None."""
+  s = str(text)
+  m = _ID.fullmatch(s)
+  if not m or ".." in m["repo"] or (not s.startswith("hf://") and s.startswith((".", "/", "~"))):
+    return None
+  path = m["path"].strip("/")
+  if any(part in ("", ".", "..") for part in path.split("/")) and path:
+    return None
+  return HubId(m["repo"], unquote(m["rev"]) if m["rev"] else "main", path)
+
+
+def allow_bin_default(allow_bin: bool | None = None) -> bool:
+  """`allow_bin` if given, else the environment's `VOCABJAX_ALLOW_BIN`."""
+  if allow_bin is not None:
+    return bool(allow_bin)
+  return os.environ.get("VOCABJAX_ALLOW_BIN", "").strip().lower() in ("1", "true", "yes")
+
+
+def bin_refusal(what: str, files) -> str:
+  return (f"{what} has only pickled PyTorch weights ({', '.join(sorted(files))}); pickles can "
+          f"run code when read, so they are refused unless allowed: pass --allow-bin (Python: "
+          f"allow_bin=True, or VOCABJAX_ALLOW_BIN=1) to read them with "
+          f"torch.load(weights_only=True)")
+
+
+# --- which files each kind loads ----------------------------------------------------------------
+
+def _weights(names: set[str], prefix: str, stems: tuple[str, ...], allow_bin: bool, what: str
+             ) -> list[str]:
+  """The weight files among `names` for one of `stems` (safetensors first, then pickles)."""
+  for stem in stems:
+    for ext in (".safetensors",):
+      if f"{prefix}{stem}{ext}.index.json" in names:
+        return [f"{prefix}{stem}{ext}.index.json"]  # + its shards, once the index is read
+      if f"{prefix}{stem}{ext}" in names:
+        return [f"{prefix}{stem}{ext}"]
+  pickles = [f"{prefix}{stem}{ext}" for stem in stems for ext in (".bin", ".pt", ".bin.index.json")
+             if f"{prefix}{stem}{ext}" in names]
+  if pickles and not allow_bin:
+    raise HubError(bin_refusal(what, pickles))
+  if pickles:
+    return pickles[:1]
+  listed = sorted(n for n in names if n.startswith(prefix))
+  raise HubError(f"{what}: no loadable weights ({' or '.join(s + '.safetensors' for s in stems)}"
+                 f"; found {listed[:12]}{' ...' if len(listed) > 12 else ''})")
+
+
+def select_files(kind: str, names: set[str], prefix: str, allow_bin: bool, what: str
+                 ) -> list[str]:
+  """The files of a repository listing `names` (under `prefix`, "" or "dir/") that `kind`
+  loads; HubError when something it needs is missing."""
+  if kind not in KINDS:
+    raise ValueError(f"unknown hub kind {kind!r}; choose one of {KINDS}")
+  if kind == "file":
+    return []
+  if f"{prefix}config.json" not in names:
+    raise HubError(f"{what}: no {prefix}config.json in the repository")
+  out = [f"{prefix}config.json"]
+  if kind == "model":
+    out += [f"{prefix}{f}" for f in MODEL_EXTRAS if f"{prefix}{f}" in names]
+    return out + _weights(names, prefix, ("model", "pytorch_model"), allow_bin, what)
+  if kind == "eagle":
+    return out + _weights(names, prefix, ("model", "pytorch_model"), allow_bin, what)
+  return out + _weights(names, prefix, ("medusa_lm_head",), allow_bin, what)
+
+
+def shards_of(index_path: Path, names: set[str], prefix: str, what: str) -> list[str]:
+  """The shard files a sharded index names, each refused unless it is a file of the
+  repository beside the index (no `..`, no absolute path)."""
+  try:
+    weight_map = json.loads(index_path.read_text())["weight_map"]
+    shards = sorted(set(weight_map.values()))
+  except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+    raise HubError(f"{what}: malformed sharded index {index_path.name} ({e})") from None
+  bad = [s for s in shards if not isinstance(s, str) or PurePosixPath(s).is_absolute()
+         or ".." in PurePosixPath(s).parts or f"{prefix}{s}" not in names]
+  if bad:
+    raise HubError(f"{what}: {index_path.name} names shard(s) that are not files of the "
+                   f"repository beside it: {bad[:5]}")
+  return [f"{prefix}{s}" for s in shards]
+
+
+# --- the client, read at each call -------------------------------------------------------------
+
+def endpoint() -> str:
+  from huggingface_hub import constants
+
+  return os.environ.get("HF_ENDPOINT", "").rstrip("/") or constants.ENDPOINT
+
+
+def cache_dir() -> Path:
+  from huggingface_hub import constants
+
+  if os.environ.get("HF_HUB_CACHE"):
+    return Path(os.environ["HF_HUB_CACHE"]).expanduser()
+  if os.environ.get("HF_HOME"):
+    return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+  return Path(constants.HF_HUB_CACHE)
+
+
+def offline() -> bool:
+  """The client's offline mode (`HF_HUB_OFFLINE`, which huggingface_hub reads when imported)."""
+  from huggingface_hub import is_offline_mode
+
+  return bool(is_offline_mode())
+
+
+def _repo_folder(repo: str) -> Path:
+  return cache_dir() / ("models--" + repo.replace("/", "--"))
+
+
+def _cached_commit(hid: HubId) -> str | None:
+  folder = _repo_folder(hid.repo)
+  if re.fullmatch(r"[0-9a-f]{40}", hid.revision) and (folder / "snapshots" / hid.revision).is_dir():
+    return hid.revision
+  ref = folder / "refs" / hid.revision
+  return ref.read_text().strip() if ref.is_file() else None
+
+
+def _listing(snapshot: Path) -> set[str]:
+  return {p.relative_to(snapshot).as_posix() for p in snapshot.rglob("*") if p.is_file()}
+
+
+def _one_line(e: BaseException) -> str:
+  return " ".join(str(e).split())[:300]
+
+
+def _info(hid: HubId, token):
+  from huggingface_hub import HfApi
+  from huggingface_hub.errors import (GatedRepoError, HfHubHTTPError, OfflineModeIsEnabled,
+                                      RepositoryNotFoundError, RevisionNotFoundError)
+
+  ep = endpoint()
+  try:
+    return HfApi(endpoint=ep).model_info(hid.repo, revision=hid.revision, files_metadata=True,
+                                         token=token)
+  except GatedRepoError:
+    if token:
+      raise HubError(f"{hid}: {hid.repo} is gated and the token in HF_TOKEN has no access to "
+                     f"it: accept its terms at {ep}/{hid.repo} with that account") from None
+    raise HubError(f"{hid}: {hid.repo} is gated: accept its terms at {ep}/{hid.repo}, then set "
+                   f"HF_TOKEN to a token of that account (or run `hf auth login`)") from None
+  except RepositoryNotFoundError:
+    raise HubError(f"{hid}: no repository {hid.repo} on {ep} (not a local path either; a "
+                   f"private repository needs HF_TOKEN)") from None
+  except RevisionNotFoundError:
+    raise HubError(f"{hid}: {hid.repo} has no revision {hid.revision!r} (a branch, tag or "
+                   f"commit sha)") from None
+  except OfflineModeIsEnabled:
+    raise HubError(f"{hid}: offline (HF_HUB_OFFLINE) and not in the cache") from None
+  except (HfHubHTTPError, OSError) as e:  # connection refused, DNS, a 5xx
+    raise HubError(f"{hid}: cannot reach {ep} ({_one_line(e)}); with the files in the cache, "
+                   f"HF_HUB_OFFLINE=1 loads them from there") from None
+
+
+def _verify(path: Path, sibling) -> str | None:
+  """Why the downloaded `path` is not the hub's file `sibling` (None: it is)."""
+  lfs = getattr(sibling, "lfs", None)
+  data_hash = (lfs.sha256 if lfs is not None else getattr(sibling, "blob_id", None))
+  size = lfs.size if lfs is not None else getattr(sibling, "size", None)
+  if size is not None and path.stat().st_size != size:
+    return f"{path.stat().st_size:,} bytes, the hub says {size:,}"
+  if not data_hash:
+    return None
+  if lfs is not None:
+    h = hashlib.sha256()
+  else:
+    h = hashlib.sha1()
+    h.update(b"blob %d\0" % path.stat().st_size)
+  with open(path, "rb") as f:
+    for chunk in iter(lambda: f.read(1 << 22), b""):
+      h.update(chunk)
+  if h.hexdigest() != data_hash:
+    return f"its bytes hash to {h.hexdigest()[:16]}..., the hub's file to {data_hash[:16]}..."
+  return None
+
+
+def _discard(local: Path) -> None:
+  """Remove a downloaded file from the cache: the blob and the snapshot's link to it."""
+  blob = local.resolve()
+  for p in (local, blob):
+    try:
+      p.unlink()
+    except OSError:
+      pass
+
+
+def fetch(ref, kind: str = "model", *, allow_bin: bool | None = None,
+          progress: bool = True) -> Path:
+  """The local path of hub id `ref` (a `HubId` or text), downloading what `kind` loads: the
+  snapshot directory (or the folder `ref.path` in it), or the file `ref.path` names."""
+  hid = ref if isinstance(ref, HubId) else parse_hub_id(ref)
+  if hid is None:
+    raise HubError(f"{ref!r} is not a hub id (org/name[@revision][/path])")
+  allow = allow_bin_default(allow_bin)
+  if offline():
+    return _from_cache(hid, kind, allow)
+  from huggingface_hub import get_token
+
+  token = get_token()
+  info = _info(hid, token)
+  siblings = {s.rfilename: s for s in (info.siblings or [])}
+  names = set(siblings)
+  what = str(hid)
+  if hid.path and hid.path in names:  # a file
+    files, prefix = [hid.path], ""
+    if hid.path.endswith((".bin", ".pt")) and not allow and kind != "file":
+      raise HubError(bin_refusal(what, [hid.path]))
+  else:
+    prefix = f"{hid.path}/" if hid.path else ""
+    if prefix and not any(n.startswith(prefix) for n in names):
+      raise HubError(f"{what}: {hid.repo} has no file or folder {hid.path!r}")
+    if kind == "file":
+      raise HubError(f"{what}: names a folder; name a file of {hid.repo} (org/name/path)")
+    files = select_files(kind, names, prefix, allow, what)
+  snapshot = _download(hid, info.sha, files, siblings, token, progress)
+  index = next((f for f in files if f.endswith(".index.json")), None)
+  if index:
+    shards = shards_of(snapshot / index, names, prefix, what)
+    _download(hid, info.sha, shards, siblings, token, progress)
+  if hid.revision != info.sha:  # what the revision named, for an offline run later
+    ref = _repo_folder(hid.repo) / "refs" / hid.revision
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(ref, info.sha)
+  return snapshot / hid.path if hid.path else snapshot
+
+
+def _download(hid: HubId, commit: str, files: list[str], siblings: dict, token,
+              progress: bool) -> Path:
+  """Download `files` of `commit` into the cache (each new one verified); the snapshot dir."""
+  from huggingface_hub import hf_hub_download, try_to_load_from_cache
+  from huggingface_hub.errors import HfHubHTTPError
+
+  cache, ep = cache_dir(), endpoint()
+  todo = [f for f in files if not isinstance(try_to_load_from_cache(
+      hid.repo, f, cache_dir=cache, revision=commit), str)]
+  need = sum(_size(siblings.get(f)) for f in todo)
+  if todo:
+    cache.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(cache).free
+    if need > free:
+      raise HubError(f"{hid}: {need / 1e9:.2f} GB to download into {cache} but only "
+                     f"{free / 1e9:.2f} GB free there (HF_HUB_CACHE moves the cache)")
+    if progress:
+      print(f"[hub] {hid.repo}@{commit[:12]}: downloading {len(todo)} file(s), "
+            f"{need / 1e6:,.1f} MB, into {cache}", file=sys.stderr, flush=True)
+  snapshot = None
+  for f in files:
+    try:
+      local = Path(hf_hub_download(hid.repo, f, revision=commit, cache_dir=cache, endpoint=ep,
+                                   token=token))
+    except HfHubHTTPError as e:
+      raise HubError(f"{hid}: downloading {f} failed ({_one_line(e)})") from None
+    except OSError as e:
+      if getattr(e, "errno", None) == 28:
+        raise HubError(f"{hid}: the disk under {cache} is full while downloading {f}") from None
+      raise HubError(f"{hid}: downloading {f} failed ({_one_line(e)}); run again to retry") \
+          from None
+    except Exception as e:  # the HTTP client's own errors (a connection cut too often)
+      raise HubError(f"{hid}: downloading {f} failed ({type(e).__name__}: {_one_line(e)}); run "
+                     f"again to retry") from None
+    if f in todo and siblings.get(f) is not None:
+      why = _verify(local, siblings[f])
+      if why:
+        _discard(local)
+        raise HubError(f"{hid}: downloaded {f} is not the hub's file ({why}); deleted from the "
+                       f"cache, run again to download it anew")
+    snapshot = Path(str(local)[:-len(f)]) if snapshot is None else snapshot
+  if snapshot is None:
+    snapshot = _repo_folder(hid.repo) / "snapshots" / commit
+  return snapshot
+
+
+def _size(sibling) -> int:
+  if sibling is None:
+    return 0
+  lfs = getattr(sibling, "lfs", None)
+  return int((lfs.size if lfs is not None else getattr(sibling, "size", 0)) or 0)
+
+
+def _from_cache(hid: HubId, kind: str, allow: bool) -> Path:
+  commit = _cached_commit(hid)
+  where = f"the cache {cache_dir()}"
+  if commit is None:
+    raise HubError(f"{hid}: offline (HF_HUB_OFFLINE) and {hid.repo}@{hid.revision} is not in "
+                   f"{where}; download it once online")
+  snapshot = _repo_folder(hid.repo) / "snapshots" / commit
+  names = _listing(snapshot)
+  target = snapshot / hid.path if hid.path else snapshot
+  if hid.path and target.is_file():
+    return target
+  prefix = f"{hid.path}/" if hid.path else ""
+  try:
+    files = select_files(kind, names, prefix, allow, f"{hid} (offline, from {where})")
+  except HubError as e:
+    raise HubError(f"{e}; download it once online") from None
+  index = next((f for f in files if f.endswith(".index.json")), None)
+  if index:
+    shards_of(snapshot / index, names, prefix, str(hid))
+  return target
+
+
+def resolve(name, kind: str = "model", *, allow_bin: bool | None = None, progress: bool = True,
+            local: Callable[[str], Path | None] | None = None) -> Path:
+  """`name` as a local path: an existing path as is, else what `local` makes of it (the
+  model registry), else the hub id fetched; a one-line error naming the name otherwise."""
+  p = Path(str(name)).expanduser()
+  if p.exists():
+    return p
+  if local is not None:
+    found = local(str(name))
+    if found is not None:
+      return found
+  hid = parse_hub_id(name)
+  if hid is None:
+    raise FileNotFoundError(f"{str(name)!r}: no such file or directory, and not a hub id "
+                            f"(org/name[@revision][/path])")
+  return fetch(hid, kind, allow_bin=allow_bin, progress=progress)
