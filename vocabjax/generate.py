@@ -25,6 +25,7 @@ from typing import Any, Sequence
 import jax
 import jax.numpy as jnp
 
+from vocabjax.checkpoints.hub import add_allow_bin_argument, allow_bin_from_args
 from vocabjax.checkpoints.loader import load_model
 from vocabjax.decoding.profile import run_split, skipped_drafting, step_split
 from vocabjax.sampling import SamplingParams
@@ -291,7 +292,8 @@ def parse_args(argv=None) -> GenerateConfig:
   p = argparse.ArgumentParser(prog="python -m vocabjax.generate", description=__doc__,
                               epilog=methods_help(),
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-  p.add_argument("--target", required=True, help="HF dir, .gguf file or registry name")
+  p.add_argument("--target", required=True,
+                 help="HF dir, .gguf file, registry name or hub id (org/name[@revision])")
   p.add_argument("--prompt", action="append", required=True, help="repeat for a batch")
   p.add_argument("--method", default="ar", choices=sorted(METHODS),
                  help="a registered decoding method (default ar: plain autoregressive); its "
@@ -334,8 +336,10 @@ def parse_args(argv=None) -> GenerateConfig:
                  help="repeat the prompts cyclically to this many rows")
   p.add_argument("--mesh", help="run on a device mesh, e.g. data=1,model=8 (tensor-parallel "
                  "target and drafter, batch rows over data)")
+  add_allow_bin_argument(p)
   distributed.add_arguments(p)
   a = p.parse_args(argv)
+  allow_bin_from_args(a)
   return GenerateConfig(target=a.target, prompts=tuple(a.prompt), method=a.method,
                         params=parse_set(a.set, a.method), draft=a.draft, chat=a.chat,
                         chat_template_kwargs=parse_chat_kwargs(a.chat_kwarg),

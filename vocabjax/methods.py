@@ -29,6 +29,7 @@ from safetensors import SafetensorError, safe_open
 
 from vocabjax.calibrate.counts import CalibrationError, Counts, tokenizer_identity
 from vocabjax.calibrate.select import load_or_select
+from vocabjax.checkpoints import hub
 from vocabjax.checkpoints.convert import CheckpointError
 from vocabjax.checkpoints.distilled import load_distilled
 from vocabjax.checkpoints.eagle3 import load_eagle3, load_eagle3_config
@@ -90,6 +91,7 @@ class Method:
         raise ConfigError(f"{where}: {self.name}.{k} must be {typ.__name__}, got {raw[k]!r}")
     params = self.params(**raw)
     if check_files:
+      params = _local_files(params, self.name, where)
       params.check(where)
     return params
 
@@ -103,6 +105,27 @@ class Method:
     if isinstance(params, dict):
       params = self.parse(params, f"method {self.name}")
     return self.build(target, draft, params, mesh)
+
+
+# the parameters that name files, and what a hub id in them fetches (`checkpoints.hub`)
+HUB_FIELDS = {"head": "eagle", "heads": "medusa", "ranker": "file", "subset": "file",
+              "counts": "file", "drafter": "folder"}
+
+
+def _local_files(params, method: str, where: str):
+  """`params` with each hub id among its file parameters (`HUB_FIELDS`) replaced by the local
+  path it is downloaded to; a local path that exists is kept as it is."""
+  changes = {}
+  for field, kind in HUB_FIELDS.items():
+    value = getattr(params, field, "")
+    if not value or Path(value).expanduser().exists() or hub.parse_hub_id(value) is None:
+      continue
+    try:
+      changes[field] = str(hub.fetch(value, kind))
+    except hub.HubError as e:
+      raise ConfigError(f"{where}: {method}.{field}={value!r}: no such local path, and as a "
+                        f"hub id: {e}") from None
+  return dataclasses.replace(params, **changes) if changes else params
 
 
 def _is(value, typ: type) -> bool:

@@ -9,7 +9,8 @@ files that are loaded:
   safetensors weights (model.safetensors, or the sharded index and the shards it names);
 - an EAGLE head (`"eagle"`): config.json and model.safetensors (or pytorch_model.bin);
 - Medusa heads (`"medusa"`): config.json and medusa_lm_head.safetensors (or .pt);
-- a file (`"file"`, or any id with a `/path` that names a file): that file.
+- a file (`"file"`, or any id with a `/path` that names a file): that file;
+- a folder (`"folder"`: a distilled drafter's directory): every file under it.
 
 Pickled PyTorch weights (`.bin`, `.pt`) are refused unless allowed (`allow_bin=True`, the
 commands' `--allow-bin`, or `VOCABJAX_ALLOW_BIN=1`) and are then read with
@@ -40,7 +41,7 @@ from urllib.parse import unquote
 from vocabjax.checkpoints.convert import CheckpointError
 from vocabjax.io import atomic_write_text
 
-KINDS = ("model", "eagle", "medusa", "file")
+KINDS = ("model", "eagle", "medusa", "file", "folder")
 CONFIG_FILES = ("config.json",)
 MODEL_EXTRAS = ("generation_config.json", "tokenizer.json", "tokenizer_config.json",
                 "special_tokens_map.json", "tokenizer.model", "vocab.json", "merges.txt",
@@ -91,6 +92,20 @@ def bin_refusal(what: str, files) -> str:
           f"torch.load(weights_only=True)")
 
 
+def add_allow_bin_argument(parser) -> None:
+  """The commands' `--allow-bin` flag (`allow_bin_from_args` applies it)."""
+  parser.add_argument("--allow-bin", action="store_true",
+                      help="read pickled PyTorch weights (pytorch_model.bin, medusa_lm_head.pt) "
+                           "where a model or head has no safetensors, with torch.load("
+                           "weights_only=True); refused by default (VOCABJAX_ALLOW_BIN=1 too)")
+
+
+def allow_bin_from_args(args) -> None:
+  """`--allow-bin` for everything this process (and its children) loads."""
+  if getattr(args, "allow_bin", False):
+    os.environ["VOCABJAX_ALLOW_BIN"] = "1"
+
+
 # --- which files each kind loads ----------------------------------------------------------------
 
 def _weights(names: set[str], prefix: str, stems: tuple[str, ...], allow_bin: bool, what: str
@@ -121,6 +136,12 @@ def select_files(kind: str, names: set[str], prefix: str, allow_bin: bool, what:
     raise ValueError(f"unknown hub kind {kind!r}; choose one of {KINDS}")
   if kind == "file":
     return []
+  if kind == "folder":
+    files = sorted(n for n in names if n.startswith(prefix))
+    pickles = [f for f in files if f.endswith((".bin", ".pt", ".pth", ".pkl"))]
+    if pickles and not allow_bin:
+      raise HubError(bin_refusal(what, pickles))
+    return files
   if f"{prefix}config.json" not in names:
     raise HubError(f"{what}: no {prefix}config.json in the repository")
   out = [f"{prefix}config.json"]
@@ -366,6 +387,23 @@ def _from_cache(hid: HubId, kind: str, allow: bool) -> Path:
   if index:
     shards_of(snapshot / index, names, prefix, str(hid))
   return target
+
+
+def commit_of(ref) -> str:
+  """The commit a hub id's revision names now (offline: the cache's record of it): what a
+  run's provenance records for a hub model, whose files are checked against that commit's."""
+  hid = ref if isinstance(ref, HubId) else parse_hub_id(ref)
+  if hid is None:
+    raise HubError(f"{ref!r} is not a hub id (org/name[@revision][/path])")
+  if offline():
+    commit = _cached_commit(hid)
+    if commit is None:
+      raise HubError(f"{hid}: offline (HF_HUB_OFFLINE) and {hid.repo}@{hid.revision} is not in "
+                     f"the cache {cache_dir()}")
+    return commit
+  from huggingface_hub import get_token
+
+  return _info(hid, get_token()).sha
 
 
 def resolve(name, kind: str = "model", *, allow_bin: bool | None = None, progress: bool = True,

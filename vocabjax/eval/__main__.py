@@ -26,6 +26,7 @@ import dataclasses
 import sys
 
 from vocabjax import distributed
+from vocabjax.checkpoints.hub import HubError, add_allow_bin_argument, allow_bin_from_args
 from vocabjax.checkpoints.loader import parse_dtype
 from vocabjax.decoding.autoregressive import NonFiniteLogitsError
 from vocabjax.eval import report
@@ -146,7 +147,7 @@ def parse_args(argv=None) -> CliConfig:
                  "name; its plain-decoding method always runs too, as the speedups' baseline)")
   p.add_argument("--max-new-tokens", type=int, help="tokens per answer (default: the suite's)")
   p.add_argument("--target", help="target model replacing the suite's: registry name, HF "
-                 "directory or .gguf file")
+                 "directory, .gguf file or hub id (org/name[@revision])")
   p.add_argument("--draft", help="drafter replacing the suite's (same forms as --target)")
   p.add_argument("--dtype", help="weights' dtype: f32 (the CPU default), bf16 (on the CPU: bf16 "
                  "weight matrices, f32 activations), int8 (weight-only, per-row scales), "
@@ -176,8 +177,10 @@ def parse_args(argv=None) -> CliConfig:
                  help="generate nothing: write the reports of --out from the records already "
                       "there (a run cut short: only the questions every method finished are "
                       "counted, and the summary says how many of the suite's that is)")
+  add_allow_bin_argument(p)
   distributed.add_arguments(p)
   a = p.parse_args(argv)
+  allow_bin_from_args(a)
   return CliConfig(coordinator=a.coordinator, num_processes=a.num_processes,
                    process_id=a.process_id, config=a.config, out=a.out, spec_bench=a.spec_bench,
                    categories=tuple(a.categories) if a.categories else None,
@@ -197,7 +200,7 @@ def cli(argv=None) -> None:
   try:
     cfg = parse_args(argv)
     main(cfg)
-  except (ConfigError, FileNotFoundError, NonFiniteLogitsError) as e:
+  except (ConfigError, FileNotFoundError, NonFiniteLogitsError, HubError) as e:
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
   except KeyboardInterrupt:

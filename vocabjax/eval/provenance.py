@@ -22,6 +22,7 @@ import os
 import platform
 from pathlib import Path
 
+from vocabjax.checkpoints.hub import HubError, commit_of, parse_hub_id
 from vocabjax.checkpoints.zoo import REGISTRY, cache_dir, sha256_file
 from vocabjax.io import atomic_write_json
 from vocabjax.kernels.cpu_matmul import cpuinfo
@@ -89,8 +90,9 @@ def _still_there(key: str) -> bool:
 
 
 def content_id(source: str | os.PathLike) -> str:
-  """A registry name's pinned sha256, else the content hash of the file or directory; a path
-  that does not exist is named as such (loading it fails later with its own message)."""
+  """A registry name's pinned sha256, else the content hash of the file or directory, else a
+  hub id's commit; a path that does not exist is named as such (loading it fails later with
+  its own message)."""
   if isinstance(source, str) and source in REGISTRY:
     return "sha256:" + REGISTRY[source].sha256
   path = Path(source).expanduser()
@@ -101,6 +103,12 @@ def content_id(source: str | os.PathLike) -> str:
     for f in sorted(p for p in path.rglob("*") if p.is_file()):
       h.update(f"{f.relative_to(path)}={file_sha256(f)}\n".encode())
     return "dir-sha256:" + h.hexdigest()
+  hid = parse_hub_id(source)
+  if hid is not None:  # a hub id: the commit its revision names (its files are checked at it)
+    try:
+      return f"hub:{hid.repo}@{commit_of(hid)}" + (f"/{hid.path}" if hid.path else "")
+    except HubError:
+      pass  # loading it fails later with its own message
   return f"missing:{source}"
 
 
@@ -120,7 +128,7 @@ def inputs(config, prompts) -> dict:
   if config.draft:
     models["draft"] = content_id(config.draft)
   files = {f"{m.name}.{k}": content_id(v) for m in config.methods for k, v in m.params
-           if _is_path(v)}
+           if _is_path(v) or (isinstance(v, str) and parse_hub_id(v) is not None)}
   return {"models": models, "files": files, "questions": questions_hash(prompts),
           "vocabjax": __version__,
           "machine": machine_id()}
