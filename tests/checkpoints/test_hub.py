@@ -244,3 +244,45 @@ def test_the_command_line_takes_a_hub_id(served, tmp_path):
   assert r.returncode == 2, r.stderr[-3000:]
   assert r.stderr.strip().splitlines()[-1].startswith("error: org/missing: no repository")
   assert "Traceback" not in r.stderr
+
+
+def test_heads_and_files_by_hub_id_decode_as_their_directories(served, tiny_chat_dir,
+                                                                tiny_medusa_dir, tmp_path):
+  """An EAGLE head, Medusa heads and a ranker named by hub id (org/name, org/name/path) give
+  the outputs of the same files named by path; a ranker named by its repository only (a
+  folder) is refused, naming what to write."""
+  import jax
+
+  from vocabjax.checkpoints.eagle3 import save_eagle3
+  from vocabjax.errors import ConfigError
+  from vocabjax.generate import main, parse_args
+  from vocabjax.models.eagle import init_eagle
+  from vocabjax.train.eagle import head_config
+  from vocabjax.train.features import model_identity
+  from vocabjax.vocab.ranked import svd_ranker
+
+  m = load_model(tiny_chat_dir, dtype="float32")
+  hc = head_config(m.config, (0, 1), 40)
+  p = init_eagle(jax.random.key(0), hc, scale=0.2)
+  p["d2t"] = jax.numpy.asarray(np.arange(0, 120, 3) - np.arange(40))
+  head = save_eagle3(p, hc, tmp_path / "head", target=model_identity(m))
+  svd_ranker(m.params, m.config, rank=4).save(tmp_path / "r" / "ranker.safetensors")
+  served.add("org/eagle-head", _files(head))
+  served.add("org/medusa-heads", _files(tiny_medusa_dir))
+  served.add("org/ranker", _files(tmp_path / "r"))
+  base = ["--target", str(tiny_chat_dir), "--prompt", "def add(a, b):", "--max-new-tokens",
+          "10", "--quiet"]
+  tree = ["--set", "top_k=2", "--set", "depth=3", "--set", "total_tokens=5"]
+  for method, local, remote in [
+      (["--method", "eagle", *tree], [f"head={head}"], ["head=org/eagle-head"]),
+      (["--method", "eagle", *tree, "--set", "lm_head=target", "--set", "k=8"],
+       [f"head={head}", f"ranker={tmp_path / 'r' / 'ranker.safetensors'}"],
+       ["head=org/eagle-head", "ranker=org/ranker/ranker.safetensors"]),
+      (["--method", "medusa"], [f"heads={tiny_medusa_dir}"], ["heads=org/medusa-heads"])]:
+    a = main(parse_args(base + method + [x for s in local for x in ("--set", s)]))
+    b = main(parse_args(base + method + [x for s in remote for x in ("--set", s)]))
+    assert a["output_ids"] == b["output_ids"] and a["speculative"] == b["speculative"], method
+  with pytest.raises(ConfigError, match=r"ranker='org/ranker': no such local path, and as a hub "
+                     r"id: org/ranker: names a folder; name a file"):
+    parse_args(base + ["--method", "eagle", *tree, "--set", "head=org/eagle-head", "--set",
+                       "ranker=org/ranker", "--set", "lm_head=target", "--set", "k=8"])
