@@ -482,7 +482,8 @@ def _eagle_head(target, p: EagleParams):
   target's head) are not read at all."""
   path = Path(p.head).resolve()
   try:
-    st = (path / "model.safetensors").stat()
+    weights = path / "model.safetensors"
+    st = (weights if weights.exists() else path / "pytorch_model.bin").stat()
     key = (str(path), st.st_size, st.st_mtime_ns, str(target.params["embed"].dtype),
            p.lm_head == "own")
   except OSError:

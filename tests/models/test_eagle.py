@@ -191,3 +191,94 @@ def test_corrupt_or_incomplete_heads(tmp_path):
     load_eagle3(tmp_path / "head")
   with pytest.raises(ValueError, match="draft_vocab_size=51 must be in"):
     EagleConfig(layer=LAYER, target_hidden_size=24, feature_layers=(1,), draft_vocab_size=51)
+
+
+def _authors_layout(src, dst, *, prefix="midlayer.", drop_ids=True, fmt="bin", extra=None,
+                    drop=()):
+  """`src` (a head vocabjax saved) rewritten as published: the authors' pytorch_model.bin
+  (midlayer.*) or SGLang's safetensors (layers.0.*), a config naming no fused layers and no
+  target_hidden_size, no vocabjax entry."""
+  import json
+
+  from safetensors.numpy import load_file, save_file
+
+  dst.mkdir()
+  cfg = json.loads((src / "config.json").read_text())
+  for k in ["vocabjax", "target_hidden_size"] + (["eagle_config"] if drop_ids else []):
+    cfg.pop(k, None)
+  (dst / "config.json").write_text(json.dumps(cfg))
+  t = {(prefix + k[len("midlayer."):] if k.startswith("midlayer.") else k): v
+       for k, v in load_file(str(src / "model.safetensors")).items() if k not in drop}
+  t.update(extra or {})
+  if fmt == "bin":
+    torch.save({k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in t.items()},
+               dst / "pytorch_model.bin")
+  else:
+    save_file(t, str(dst / "model.safetensors"))
+  return dst
+
+
+def test_heads_in_the_published_layouts_load_as_the_same_head(tmp_path, monkeypatch):
+  """The EAGLE authors' pytorch_model.bin (refused until pickles are allowed) and SGLang's
+  layers.0.* safetensors, each with a config naming no fused layers (the authors' default
+  1, L/2 - 1, L - 4 of the target), load as the head vocabjax saved."""
+  p = _params(4)
+  cfg6 = EagleConfig(layer=LAYER, target_hidden_size=32, feature_layers=(1, 2, 2),
+                     draft_vocab_size=20)  # what the authors' code reads of a 6-layer target
+  save_eagle3(p, cfg6, tmp_path / "ours")
+  target = LlamaLikeConfig(arch="llama", vocab_size=50, hidden_size=32, intermediate_size=32,
+                           num_layers=6, num_heads=4, num_kv_heads=2, head_dim=8)
+  monkeypatch.delenv("VOCABJAX_ALLOW_BIN", raising=False)
+  authors = _authors_layout(tmp_path / "ours", tmp_path / "authors")
+  with pytest.raises(CheckpointError, match=r"only pickled PyTorch weights \(pytorch_model.bin\)"):
+    load_eagle3(authors, target_config=target)
+  monkeypatch.setenv("VOCABJAX_ALLOW_BIN", "1")
+  sglang = _authors_layout(tmp_path / "ours", tmp_path / "sglang", prefix="layers.0.",
+                           fmt="safetensors")
+  for d in (authors, sglang):
+    cfg, back, _ = load_eagle3(d, target_config=target)
+    assert cfg == cfg6, d
+    for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(back)):
+      np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  with pytest.raises(CheckpointError, match="names no fused target layers"):
+    load_eagle3(authors)  # the default needs the target's layer count
+
+
+def test_published_heads_options_it_does_not_implement_are_refused_by_name(tmp_path,
+                                                                           monkeypatch):
+  monkeypatch.setenv("VOCABJAX_ALLOW_BIN", "1")
+  save_eagle3(_params(), CFG, tmp_path / "ours")
+  target = LlamaLikeConfig(arch="llama", vocab_size=50, hidden_size=32, intermediate_size=32,
+                           num_layers=6, num_heads=4, num_kv_heads=2, head_dim=8)
+  d = _authors_layout(tmp_path / "ours", tmp_path / "fcnorm", drop_ids=False,
+                      extra={"fc_norm.0.weight": np.ones(32, np.float32),
+                             "fc.bias": np.zeros(32, np.float32)})
+  with pytest.raises(CheckpointError, match=r"tensor\(s\) \['fc.bias', 'fc_norm.0.weight'\] are "
+                     "not part of the EAGLE-3 head"):
+    load_eagle3(d, target_config=target)
+  # a head carrying an embedding that is not the target's is refused; the target's passes
+  rs = np.random.RandomState(0)
+  embed = rs.randn(50, 32).astype(np.float32)
+  d = _authors_layout(tmp_path / "ours", tmp_path / "embed", drop_ids=False,
+                      extra={"embed_tokens.weight": embed})
+  load_eagle3(d, target_config=target, target_params={"embed": embed})
+  with pytest.raises(CheckpointError, match="carries its own token embedding"):
+    load_eagle3(d, target_config=target, target_params={"embed": embed + 1})
+
+
+def test_a_full_vocabulary_head_without_d2t_drafts_the_whole_vocabulary(tmp_path):
+  full = EagleConfig(layer=LAYER, target_hidden_size=32, feature_layers=(1, 3, 5),
+                     draft_vocab_size=50)
+  p = init_eagle(jax.random.key(2), full, scale=0.2)
+  p["d2t"] = jnp.zeros(50, jnp.int32)
+  save_eagle3(p, full, tmp_path / "ours")
+  d = _authors_layout(tmp_path / "ours", tmp_path / "nod2t", drop_ids=False, fmt="safetensors",
+                      drop=("d2t", "t2d"))
+  cfg, back, _ = load_eagle3(d)
+  np.testing.assert_array_equal(np.asarray(back["d2t"]), np.zeros(50))
+  # a smaller vocabulary without its map is an error naming the tensor
+  save_eagle3(_params(), CFG, tmp_path / "small")
+  d = _authors_layout(tmp_path / "small", tmp_path / "small-nod2t", drop_ids=False,
+                      fmt="safetensors", drop=("d2t",))
+  with pytest.raises(CheckpointError, match="tensor d2t is missing"):
+    load_eagle3(d)

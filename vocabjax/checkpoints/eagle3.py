@@ -1,5 +1,7 @@
-"""EAGLE-3 head checkpoints in the layout SGLang (`LlamaForCausalLMEagle3`) and vLLM load:
-a directory with `config.json` and `model.safetensors`.
+"""EAGLE-3 head checkpoints in the layouts their authors and servers publish: a directory with
+`config.json` and `model.safetensors` (SGLang's `LlamaForCausalLMEagle3`, vLLM, SpecForge's
+export) or `pytorch_model.bin` (the EAGLE authors' `yuhuili/EAGLE3-*` heads; pickled, read with
+`torch.load(weights_only=True)` only when allowed: `hub.allow_bin_default`).
 
 Tensors (PyTorch [out, in] layout):
   fc.weight                                  [D, F*Dt]   (absent when F*Dt == D)
@@ -16,6 +18,15 @@ Tensors (PyTorch [out, in] layout):
 config.json: a Llama config with num_hidden_layers 1, `draft_vocab_size`, `target_hidden_size`
 and `eagle_config.eagle_aux_hidden_state_layer_ids` (the fused target layers), plus a
 `vocabjax` entry naming the target the head was trained for.
+
+As published (EAGLE's `eagle/model/cnets.py`, SGLang's `llama_eagle3.py`): the layer's tensors
+may be named `layers.0.*` or `model.layers.0.*` instead of `midlayer.*`; the authors' configs
+name no fused layers (their code always reads the outputs of target layers 1, L/2 - 1 and
+L - 4: `models.eagle.default_feature_layers`); `d2t` may be absent when the head drafts over
+the whole vocabulary; `embed_tokens.weight` (a copy of the target's embedding, which drafting
+uses) is checked against the target's. A tensor this reader does not know (SpecForge's
+`fc_norm.*`, an `fc.bias`: options of other heads that this forward does not implement) is
+refused by name rather than ignored.
 """
 
 from __future__ import annotations
@@ -27,10 +38,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from vocabjax.checkpoints.convert import CheckpointError, check_trained_for
+from vocabjax.checkpoints.hf import torch_state
 from vocabjax.checkpoints.hf_config import UnsupportedConfigError, config_from_hf, hf_rope_fields
+from vocabjax.checkpoints.hub import allow_bin_default, bin_refusal
 from vocabjax.io import atomic_directory
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.eagle import EagleConfig
+from vocabjax.models.eagle import EagleConfig, default_feature_layers
 
 LAYER = {"attn_norm": "midlayer.input_layernorm.weight",
          "hidden_norm": "midlayer.hidden_norm.weight",
@@ -58,7 +71,10 @@ def _hf_config(config: EagleConfig, target: dict | None, extra: dict | None) -> 
           **hf_rope_fields(c), "max_position_embeddings": c.max_position_embeddings,
           "hidden_act": "silu", "tie_word_embeddings": False, "vocab_size": c.vocab_size,
           "draft_vocab_size": config.draft_vocab_size,
-          "target_hidden_size": config.target_hidden_size,
+          # only when it differs: the authors' code reads its presence as "the head has its own
+          # embedding" (cnets.py), and vocabjax's heads embed with the target's
+          **({"target_hidden_size": config.target_hidden_size}
+             if config.target_hidden_size != c.hidden_size else {}),
           "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(config.feature_layers),
                            "use_aux_hidden_state": True},
           "vocabjax": {"target": target or {}, **(extra or {}), **(
@@ -93,7 +109,10 @@ def save_eagle3(params: dict, config: EagleConfig, directory, *, target: dict | 
   return directory
 
 
-def _read_config(directory: Path) -> tuple[EagleConfig, dict]:
+def _read_config(directory: Path, target_layers: int | None = None
+                 ) -> tuple[EagleConfig, dict]:
+  """The head's config; `target_layers` (the target's layer count) gives the authors' fused
+  layers where config.json names none (without it: placeholders, for sizes only)."""
   try:
     raw = json.loads((directory / "config.json").read_text())
   except (OSError, json.JSONDecodeError) as e:
@@ -113,10 +132,9 @@ def _read_config(directory: Path) -> tuple[EagleConfig, dict]:
   factors = raw.get("vocabjax", {}).get("rope_freq_factors")
   if factors:
     layer_cfg = layer_cfg.replace(rope_freq_factors=tuple(float(f) for f in factors))
-  ids = raw.get("eagle_config", {}).get("eagle_aux_hidden_state_layer_ids")
-  if not ids:
-    raise CheckpointError(f"{directory}/config.json names no fused target layers "
-                          f"(eagle_config.eagle_aux_hidden_state_layer_ids)")
+  ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+  if not ids:  # the authors' heads: their code reads layers (1, L/2 - 1, L - 4) of the target
+    ids = default_feature_layers(target_layers) if target_layers else (-1, -1, -1)
   return EagleConfig(layer=layer_cfg, target_hidden_size=raw.get("target_hidden_size", D),
                      feature_layers=tuple(ids),
                      draft_vocab_size=raw.get("draft_vocab_size") or raw["vocab_size"]), raw
@@ -141,17 +159,35 @@ def load_eagle3(directory, *, target_config: LlamaLikeConfig | None = None,
   from safetensors import SafetensorError, safe_open
 
   directory = Path(directory)
-  config, raw = _read_config(directory)
+  config, raw = _read_config(directory, target_config.num_layers if target_config else None)
+  if min(config.feature_layers) < 0:
+    raise CheckpointError(f"{directory}/config.json names no fused target layers (eagle_config."
+                          f"eagle_aux_hidden_state_layer_ids): the authors' default needs the "
+                          f"target's layer count, pass target_config")
   target = raw.get("vocabjax", {}).get("target", {})
   if target_config is not None:
     config.check_target(target_config)
     if target_params is not None:
       check_trained_for(directory, target, target_params, target_config)
   try:
-    with safe_open(str(directory / "model.safetensors"), framework="numpy") as f:
-      tensors = _read_tensors(directory, config, f, lm_head)
+    if (directory / "model.safetensors").exists() or not (directory / "pytorch_model.bin"
+                                                          ).exists():
+      with safe_open(str(directory / "model.safetensors"), framework="numpy") as f:
+        tensors = _read_tensors(directory, config, _Safetensors(f), lm_head)
+    else:
+      if not allow_bin_default(None):
+        raise CheckpointError(bin_refusal(str(directory), ["pytorch_model.bin"]))
+      tensors = _read_tensors(directory, config, _State(torch_state(
+          directory / "pytorch_model.bin")), lm_head)
   except (OSError, SafetensorError) as e:
     raise CheckpointError(f"{directory} is not a readable EAGLE-3 head ({e})") from None
+  embed = tensors.pop("embed_tokens", None)
+  if embed is not None and target_params is not None:
+    own = np.asarray(target_params["embed"], np.float32)
+    if embed.shape != own.shape or not np.allclose(embed, own, rtol=1e-2, atol=1e-3):
+      raise CheckpointError(f"{directory}: the head carries its own token embedding "
+                            f"(embed_tokens.weight), unlike the target's; vocabjax drafts with "
+                            f"the target's embedding")
   params = {"layer": {k: jnp.asarray(tensors[n], dtype) for k, n in LAYER.items()},
             "final_norm": jnp.asarray(tensors[TOP["final_norm"]], dtype),
             "d2t": jnp.asarray(tensors["d2t"], jnp.int32)}
@@ -162,10 +198,57 @@ def load_eagle3(directory, *, target_config: LlamaLikeConfig | None = None,
   return config, params, target
 
 
+class _Safetensors:
+  """An open safetensors file: names, shapes from the header, tensors on demand."""
+
+  def __init__(self, f):
+    self.f = f
+
+  def keys(self):
+    return set(self.f.keys())
+
+  def shape(self, name):
+    return tuple(self.f.get_slice(name).get_shape())
+
+  def get(self, name):
+    return self.f.get_tensor(name)
+
+
+class _State:
+  """A loaded state dict (a pickled file read with weights_only) behind the same interface."""
+
+  def __init__(self, state: dict):
+    self.state = state
+
+  def keys(self):
+    return set(self.state)
+
+  def shape(self, name):
+    return tuple(self.state[name].shape)
+
+  def get(self, name):
+    return self.state[name]
+
+
+# what the published layouts call the layer's tensors (EAGLE's midlayer, SGLang's layers.0)
+_LAYER_PREFIXES = ("midlayer.", "layers.0.", "model.layers.0.")
+# tensors read elsewhere or not at all: t2d (the inverse of d2t), the rotary cache of older exports
+_IGNORED = ("t2d", "midlayer.self_attn.rotary_emb.inv_freq", "layers.0.self_attn.rotary_emb.inv_freq")
+
+
+def _aliases(name: str) -> tuple[str, ...]:
+  """The names `name` (this module's) goes by in the published layouts."""
+  if name.startswith("midlayer."):
+    rest = name[len("midlayer."):]
+    return tuple(p + rest for p in _LAYER_PREFIXES)
+  return (name, "model." + name) if name != "d2t" else (name,)
+
+
 def _read_tensors(directory: Path, config: EagleConfig, f, lm_head: bool) -> dict:
-  """The head's tensors as numpy arrays from the open safetensors file `f`, each checked
+  """The head's tensors as numpy arrays from `f` (`_Safetensors` or `_State`), each checked
   against the config's shape first (from the header; the LM head's rows are read only with
-  `lm_head`); d2t checked against the target vocabulary."""
+  `lm_head`); d2t checked against the target vocabulary (absent: the whole vocabulary, only
+  where the head's is the target's); a tensor of another layout refused by name."""
   c, Vd, D = config.layer, config.draft_vocab_size, config.hidden_size
   want = {LAYER["attn_norm"]: (D,), LAYER["hidden_norm"]: (D,),
           LAYER["wq"]: (c.q_dim, 2 * D), LAYER["wk"]: (c.kv_dim, 2 * D),
@@ -175,18 +258,34 @@ def _read_tensors(directory: Path, config: EagleConfig, f, lm_head: bool) -> dic
           TOP["lm_head"]: (Vd, D), "d2t": (Vd,)}
   if config.has_fc:
     want[TOP["fc"]] = (D, config.fused_width)
-  names = set(f.keys())
+  names = f.keys()
+  found = {}
   for name, shape in want.items():
-    if name not in names:
-      raise CheckpointError(f"{directory}: tensor {name} is missing")
-    got = tuple(f.get_slice(name).get_shape())
+    present = [a for a in _aliases(name) if a in names]
+    if not present:
+      if name == "d2t" and Vd == c.vocab_size:
+        continue  # the whole vocabulary, in order
+      raise CheckpointError(f"{directory}: tensor {name} is missing"
+                            + (f" (nor {', '.join(_aliases(name)[1:])})" if len(
+                                _aliases(name)) > 1 else ""))
+    got = f.shape(present[0])
     if got != shape:
-      raise CheckpointError(f"{directory}: tensor {name} has shape {got}, expected {shape}")
-  out = {name: f.get_tensor(name) for name in want if lm_head or name != TOP["lm_head"]}
-  d2t = out["d2t"].astype(np.int64)
+      raise CheckpointError(f"{directory}: tensor {present[0]} has shape {got}, expected {shape}")
+    found[name] = present[0]
+  embed = next((a for a in ("embed_tokens.weight", "model.embed_tokens.weight") if a in names),
+               None)
+  unknown = sorted(names - set(found.values()) - set(_IGNORED) - {embed})
+  if unknown:
+    raise CheckpointError(f"{directory}: tensor(s) {unknown[:8]} are not part of the EAGLE-3 "
+                          f"head this reader implements (another head's options, e.g. "
+                          f"SpecForge's fc_norm or an fc bias); refused rather than ignored")
+  out = {name: f.get(src) for name, src in found.items() if lm_head or name != TOP["lm_head"]}
+  d2t = (out["d2t"].astype(np.int64) if "d2t" in out else np.zeros(Vd, np.int64))
   target_ids = head_target_ids(d2t)
   if target_ids.min() < 0 or target_ids.max() >= c.vocab_size:
     raise CheckpointError(f"{directory}: d2t maps outside the target vocabulary "
                           f"[0, {c.vocab_size})")
   out["d2t"] = d2t
+  if embed is not None:
+    out["embed_tokens"] = np.asarray(f.get(embed), np.float32)
   return out
