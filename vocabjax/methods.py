@@ -32,7 +32,7 @@ from vocabjax.calibrate.select import load_or_select
 from vocabjax.checkpoints import hub
 from vocabjax.checkpoints.convert import CheckpointError
 from vocabjax.checkpoints.distilled import load_distilled
-from vocabjax.checkpoints.eagle3 import load_eagle3, load_eagle3_config
+from vocabjax.checkpoints.eagle2 import load_head, load_head_config
 from vocabjax.checkpoints.medusa import load_medusa
 from vocabjax.decoding.autoregressive import Decoder
 from vocabjax.decoding.crossvocab import RULES as CROSSVOCAB_RULES
@@ -402,24 +402,27 @@ def _specvocab(target, draft, p: SpecVocabParams, mesh=None):
   return _chain_or_tree(target, draft, p, SpeculativeVocab(Ranker.load(p.ranker), k=p.k), mesh)
 
 
-# --- EAGLE head (EAGLE-3 checkpoints) -------------------------------------------------------
-# An EAGLE-3 head directory (`python -m vocabjax.train.eagle`, or one exported by SpecForge for
-# SGLang / vLLM) drafts an EAGLE-2 tree from the target's own features; no separate drafter.
+# --- EAGLE head (EAGLE-3 and EAGLE-1/2 checkpoints) --------------------------------------------
+# An EAGLE-3 head directory (`python -m vocabjax.train.eagle`, the authors' `yuhuili/EAGLE3-*`,
+# or one exported by SpecForge for SGLang / vLLM) or an EAGLE-1/2 head (`yuhuili/EAGLE-*`, over
+# the target's own LM head: FR-Spec's and VocabTrim's setting) drafts an EAGLE-2 tree from the
+# target's own features; no separate drafter.
 
 def _eagle_config(path: str, where: str):
   try:
-    return load_eagle3_config(path)
+    return load_head_config(path)
   except CheckpointError as e:
     raise ConfigError(f"{where}: eagle.head={path!r}: {e}") from None
 
 
 @dataclasses.dataclass(frozen=True)
 class EagleParams:
-  head: str  # an EAGLE-3 head directory
+  head: str  # an EAGLE head directory (EAGLE-3 or EAGLE-1/2) or hub id
   top_k: int
   depth: int
   total_tokens: int
-  lm_head: str = "own"  # own: the head's rows (d2t); target: the target's LM head
+  lm_head: str = "own"  # own: the head's rows (d2t); target: the target's LM head (an
+  #   EAGLE-1/2 head's own is the target's: both the same)
   subset: str = ""  # a saved static subset for the head's drafting vocabulary
   ranker: str = ""  # or a SpecVocab ranker's per-step candidates (with k)
   k: int = 2048
@@ -487,11 +490,11 @@ def _eagle_head(target, p: EagleParams):
     key = (str(path), st.st_size, st.st_mtime_ns, str(target.params["embed"].dtype),
            p.lm_head == "own")
   except OSError:
-    key = None  # load_eagle3 names the problem
+    key = None  # load_head names the problem
   for k, params_ref, loaded in _HEADS:
     if key is not None and k == key and params_ref is target.params:
       return loaded
-  hc, params, _ = load_eagle3(p.head, target_config=target.config, target_params=target.params,
+  hc, params, _ = load_head(p.head, target_config=target.config, target_params=target.params,
                               dtype=target.params["embed"].dtype, lm_head=p.lm_head == "own")
   if key is not None:
     _HEADS.insert(0, (key, target.params, (params, hc)))

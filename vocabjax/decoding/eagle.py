@@ -51,7 +51,7 @@ from vocabjax import sharding
 from vocabjax.lowering import lowered, lowering_of, with_lowering
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.eagle import EagleConfig, eagle_forward, fuse_features
+from vocabjax.models.eagle import EagleConfig, eagle_forward, fuse_features, head_output
 from vocabjax.models.llamalike import (compute_dtype, forward_features, is_int8, lm_head,
                                        lm_head_weight, rms_norm, with_mlp_layout)
 from vocabjax.vocab.subset import HeadRows
@@ -73,7 +73,8 @@ class EagleState:
 
 
 def _norm(dp, x, config: EagleConfig):
-  return rms_norm(x, dp[HEAD_KEY]["final_norm"], config.layer.rms_norm_eps)
+  """What the drafting LM head reads of the head's output (`models.eagle.head_output`)."""
+  return head_output(dp[HEAD_KEY], x, config=config)
 
 
 def _head(dp) -> dict:
@@ -293,6 +294,8 @@ class EagleDecoder(SpeculativeDecoder):
                        "target in float32 or bfloat16")
     if lm_head not in ("own", "target"):
       raise ValueError(f"lm_head={lm_head!r}: choose 'own' (the head's rows) or 'target'")
+    if head_config.kind == "eagle2":
+      lm_head = "target"  # an EAGLE-1/2 head's own LM head is the target's (its authors')
     Vd, V = head_config.draft_vocab_size, target_config.vocab_size
     if lm_head == "own" and draft_vocab is not None and Vd != V:
       raise ValueError(f"the head has its own reduced vocabulary of Vd={Vd} tokens (d2t); a "

@@ -15,6 +15,17 @@ vocabulary, Vd the head's own (reduced) vocabulary, H*hd = query heads x head di
 
 The token embedding is the target's (frozen, passed in, never stored with the head). Names and
 layout follow the EAGLE-3 checkpoints SGLang and vLLM load (`vocabjax.checkpoints.eagle3`).
+
+EAGLE-1/2 heads (`kind="eagle2"`: the `yuhuili/EAGLE-*` heads FR-Spec and VocabTrim measured,
+as EAGLE's `eagle/model/cnets.py` computes them; `vocabjax.checkpoints.eagle2`) differ at every
+step: the feature is the target's final normed hidden state (`FINAL_NORMED`), fused with the
+token's embedding by `input_fc` at every step (the head's own outputs included), the layer reads
+that stream without an input norm, and there is no final norm: the target's LM head is applied
+to the layer's output as it is.
+
+    h   = input_fc(concat(embed[token], f))          [B, T, D]   f: the feature or own output
+    x   = decoder layer on h, no input norm          [B, T, D]   fed back as f
+    logits = target_lm_head(x)                        [B, T, V]
 """
 
 from __future__ import annotations
@@ -29,7 +40,9 @@ from vocabjax.kernels.gather import take_rows
 from vocabjax.lowering import lowering_of
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import decoder_layer, rms_norm, step_inputs
+from vocabjax.models.llamalike import FINAL_NORMED, decoder_layer, rms_norm, step_inputs
+
+KINDS = ("eagle3", "eagle2")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,10 +51,18 @@ class EagleConfig:
   target_hidden_size: int  # Dt
   feature_layers: tuple[int, ...]  # target layers fused (EAGLE-3: low, mid, high)
   draft_vocab_size: int  # Vd
+  kind: str = "eagle3"  # or "eagle2": an EAGLE-1/2 head (module doc)
 
   def __post_init__(self):
+    if self.kind not in KINDS:
+      raise ValueError(f"kind={self.kind!r}: choose one of {KINDS}")
     if self.layer.num_layers != 1:
       raise ValueError(f"an EAGLE head has one decoder layer, got {self.layer.num_layers}")
+    if self.kind == "eagle2" and (self.feature_layers != (FINAL_NORMED,)
+                                  or self.draft_vocab_size != self.layer.vocab_size):
+      raise ValueError("an EAGLE-1/2 head reads the target's final normed hidden state "
+                       f"(feature_layers=({FINAL_NORMED},)) and drafts over the target's whole "
+                       "LM head (draft_vocab_size = V)")
     if not 1 <= self.draft_vocab_size <= self.layer.vocab_size:
       raise ValueError(f"draft_vocab_size={self.draft_vocab_size} must be in [1, "
                        f"V={self.layer.vocab_size}]")
@@ -58,15 +79,18 @@ class EagleConfig:
 
   @property
   def has_fc(self) -> bool:
-    return self.fused_width != self.hidden_size
+    """An fc fusing the target's features once (EAGLE-3; EAGLE-1/2's `input_fc` runs in the
+    forward at every step instead)."""
+    return self.kind == "eagle3" and self.fused_width != self.hidden_size
 
   def num_params(self, head_rows: int | None = None) -> int:
     """Parameters read per drafted token (the shared embedding excluded): fc, the layer (q/k/v
     read 2D inputs), the norms and `head_rows` LM-head rows (default: its Vd)."""
     c, D = self.layer, self.hidden_size
-    layer = (2 * D * (c.q_dim + 2 * c.kv_dim) + c.q_dim * D + 3 * D * c.intermediate_size
+    width = D if self.kind == "eagle2" else 2 * D  # what q/k/v read
+    layer = (width * (c.q_dim + 2 * c.kv_dim) + c.q_dim * D + 3 * D * c.intermediate_size
              + 3 * D)
-    fc = D * self.fused_width if self.has_fc else 0
+    fc = D * self.fused_width if self.has_fc else (2 * D * D if self.kind == "eagle2" else 0)
     return fc + layer + D + (self.draft_vocab_size if head_rows is None else head_rows) * D
 
   def check_target(self, target: LlamaLikeConfig) -> None:
@@ -81,6 +105,8 @@ class EagleConfig:
     if target.vocab_size != self.layer.vocab_size:
       raise ValueError(f"the head maps into a vocabulary of {self.layer.vocab_size} tokens, "
                        f"the target has V={target.vocab_size}")
+    if self.kind == "eagle3" and min(self.feature_layers) < 0:
+      raise ValueError("the head names no target layers (feature_layers)")
     if max(self.feature_layers) >= target.num_layers:
       raise ValueError(f"the head reads target layers {self.feature_layers}, the target has "
                        f"{target.num_layers} layers")
@@ -98,6 +124,14 @@ def init_eagle(key: jax.Array, config: EagleConfig, dtype=jnp.float32,
 
   def normal(shape):
     return (scale * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
+
+  if config.kind == "eagle2":  # no input norm on its layer, no final norm, no LM head
+    layer = {"wq": normal((c.q_dim, D)), "wk": normal((c.kv_dim, D)),
+             "wv": normal((c.kv_dim, D)), "wo": normal((D, c.q_dim)),
+             "mlp_norm": jnp.ones((D,), dtype), "w_gate": normal((c.intermediate_size, D)),
+             "w_up": normal((c.intermediate_size, D)), "w_down": normal((D, c.intermediate_size))}
+    return {"layer": layer, "input_fc": normal((D, 2 * D)),
+            "d2t": jnp.zeros((config.draft_vocab_size,), jnp.int32)}
 
   layer = {"attn_norm": jnp.ones((D,), dtype), "hidden_norm": jnp.ones((D,), dtype),
            "wq": normal((c.q_dim, 2 * D)), "wk": normal((c.kv_dim, 2 * D)),
@@ -131,8 +165,16 @@ def eagle_forward(params: dict, embed: jax.Array, tokens: jax.Array, hidden: jax
   T = tokens.shape[1]
   e = take_rows(embed, tokens)
   layer = params["layer"]
-  attn_in = jnp.concatenate([rms_norm(e, layer["attn_norm"], c.rms_norm_eps),
-                             rms_norm(hidden, layer["hidden_norm"], c.rms_norm_eps)], axis=-1)
+  if config.kind == "eagle2":  # fc([embedding; feature]) each step, no input norm
+    hidden = linear(jnp.concatenate([e.astype(hidden.dtype), hidden], axis=-1),
+                    params["input_fc"], lowering=lowering_of(params))
+    if "input_fc_bias" in params:
+      hidden = hidden + params["input_fc_bias"]
+    hidden = hidden.astype(e.dtype)
+    attn_in = hidden
+  else:
+    attn_in = jnp.concatenate([rms_norm(e, layer["attn_norm"], c.rms_norm_eps),
+                               rms_norm(hidden, layer["hidden_norm"], c.rms_norm_eps)], axis=-1)
   cos, sin, full_mask, write_b, write_s = step_inputs(tokens, positions, cache, mask,
                                                       prefix_mask, c)
   x, k_all, v_all = decoder_layer(hidden, layer, 0, cache.k, cache.v, write_b, write_s,
@@ -141,10 +183,20 @@ def eagle_forward(params: dict, embed: jax.Array, tokens: jax.Array, hidden: jax
   return x, KVCache(k=k_all, v=v_all, lengths=cache.lengths + T)
 
 
-def eagle_logits(params: dict, x: jax.Array, *, config: EagleConfig) -> jax.Array:
-  """[..., Vd] logits over the head's vocabulary (f32); `draft_to_target` maps their ids."""
-  h = rms_norm(x, params["final_norm"], config.layer.rms_norm_eps)
-  return linear(h, params["lm_head"], lowering=lowering_of(params))
+def head_output(params: dict, x: jax.Array, *, config: EagleConfig) -> jax.Array:
+  """What the LM head reads of the layer output x: its final norm (EAGLE-3), x itself
+  (EAGLE-1/2)."""
+  if config.kind == "eagle2":
+    return x
+  return rms_norm(x, params["final_norm"], config.layer.rms_norm_eps)
+
+
+def eagle_logits(params: dict, x: jax.Array, *, config: EagleConfig,
+                 lm_head: jax.Array | None = None) -> jax.Array:
+  """[..., Vd] logits over the head's vocabulary (f32); `draft_to_target` maps their ids.
+  `lm_head`: the rows to use instead of the head's own (an EAGLE-1/2 head's: the target's)."""
+  w = params["lm_head"] if lm_head is None else lm_head
+  return linear(head_output(params, x, config=config), w, lowering=lowering_of(params))
 
 
 def draft_to_target(params: dict, ids: jax.Array) -> jax.Array:

@@ -447,12 +447,19 @@ def forward_features(params: Params, tokens: jax.Array, positions: jax.Array, ca
                      valid_lengths: jax.Array | None = None
                      ) -> tuple[jax.Array, KVCache, jax.Array]:
   """`forward` that also returns the outputs of decoder `layers` (0-based; the residual stream
-  after layer i, what EAGLE-3 fuses), concatenated: [B, T, len(layers) * D]."""
-  if not layers or min(layers) < 0 or max(layers) >= config.num_layers:
-    raise ValueError(f"layers={layers} must name decoder layers in [0, {config.num_layers})")
+  after layer i, what EAGLE-3 fuses), concatenated: [B, T, len(layers) * D]. `FINAL_NORMED`
+  (-1) among them is the final normed hidden state (what EAGLE-1/2 heads read)."""
+  if (not layers or max(layers) >= config.num_layers
+      or any(i < 0 and i != FINAL_NORMED for i in layers)):
+    raise ValueError(f"layers={layers} must name decoder layers in [0, {config.num_layers}) "
+                     f"or {FINAL_NORMED} (the final normed hidden state)")
   hidden, cache, feats = _run(params, tokens, positions, cache, mask, None, config,
-                              tuple(layers), fresh, valid_lengths)
+                              tuple(i for i in layers if i >= 0), fresh, valid_lengths)
+  feats[FINAL_NORMED] = hidden
   return hidden, cache, jnp.concatenate([feats[i] for i in layers], axis=-1)
+
+
+FINAL_NORMED = -1  # forward_features: the final normed hidden state instead of a layer's output
 
 
 def step_inputs(tokens, positions, cache: KVCache, mask, prefix_mask, config: LlamaLikeConfig):

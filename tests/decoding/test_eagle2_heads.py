@@ -1,0 +1,181 @@
+"""EAGLE-1/2 heads (the `yuhuili/EAGLE-*` layout, kind "eagle2"): their files read as the
+authors write them, the head's forward as EAGLE's cnets.py computes it (a PyTorch transcription
+here; the reference package itself in tests/decoding/test_reference_heads.py), and EAGLE-2 tree
+decoding with such a head over the target's own LM head exact under every vocabulary policy
+(full head, a static subset, a ranker's candidates)."""
+
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+
+from vocabjax.checkpoints.convert import CheckpointError
+from vocabjax.checkpoints.eagle2 import head_kind, load_eagle2, load_head, save_eagle2
+from vocabjax.checkpoints.loader import load_model
+from vocabjax.models.cache import KVCache
+from vocabjax.models.eagle import EagleConfig, eagle_forward, init_eagle
+from vocabjax.models.llamalike import FINAL_NORMED
+
+
+def eagle2_config(target, **changes) -> EagleConfig:
+  layer = dataclasses.replace(target, arch="llama", num_layers=1, tie_word_embeddings=False,
+                              **changes)
+  return EagleConfig(layer=layer, target_hidden_size=target.hidden_size,
+                     feature_layers=(FINAL_NORMED,), draft_vocab_size=target.vocab_size,
+                     kind="eagle2")
+
+
+def eagle2_params(hc: EagleConfig, seed: int = 0, bias: bool = True) -> dict:
+  p = init_eagle(jax.random.key(seed), hc, scale=0.3)
+  rs = np.random.RandomState(seed)
+  p["layer"]["mlp_norm"] = jnp.asarray(1 + 0.1 * rs.randn(hc.hidden_size), jnp.float32)
+  if bias:
+    p["input_fc_bias"] = jnp.asarray(0.1 * rs.randn(hc.hidden_size), jnp.float32)
+  if hc.layer.attention_bias:
+    for k, n in (("bq", hc.layer.q_dim), ("bk", hc.layer.kv_dim), ("bv", hc.layer.kv_dim)):
+      p["layer"][k] = jnp.asarray(0.1 * rs.randn(n), jnp.float32)
+  return p
+
+
+@pytest.fixture(scope="module")
+def target(tiny_chat_dir):
+  return load_model(tiny_chat_dir, dtype="float32")
+
+
+def test_the_authors_files_read_back_exactly(target, tmp_path, monkeypatch):
+  hc = eagle2_config(target.config, attention_bias=True)
+  p = eagle2_params(hc, bias=True)
+  monkeypatch.delenv("VOCABJAX_ALLOW_BIN", raising=False)
+  d = save_eagle2(p, hc, tmp_path / "bin", pickled=True, embed=target.params["embed"])
+  assert head_kind(d) == "eagle2"
+  raw = json.loads((d / "config.json").read_text())
+  assert raw["bias"] is True and raw["qkv_bias"] is True and "draft_vocab_size" not in raw
+  with pytest.raises(CheckpointError, match=r"only pickled PyTorch weights"):
+    load_eagle2(d, target_config=target.config)
+  monkeypatch.setenv("VOCABJAX_ALLOW_BIN", "1")
+  cfg, back, _ = load_head(d, target_config=target.config, target_params=target.params)
+  assert cfg == hc
+  for a, b in zip(jax.tree.leaves(p), jax.tree.leaves(back)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  # the embedding the file carries must be the target's
+  with pytest.raises(CheckpointError, match="embed_tokens.weight is not the target's"):
+    load_eagle2(d, target_config=target.config,
+                target_params={"embed": np.asarray(target.params["embed"]) + 1})
+
+
+@pytest.mark.parametrize("change,match", [
+    ("drop_bias", r"tensor fc.bias is missing \(config.json's bias is not false\)"),
+    ("input_norm", r"\['layers.0.input_layernorm.weight'\] are not part .* no input norm"),
+    ("wide_q", r"layers.0.self_attn.q_proj.weight has shape"),
+    ("two_layers", "num_hidden_layers=2"),
+])
+def test_files_of_another_layout_are_refused_by_name(target, tmp_path, change, match):
+  from safetensors.numpy import load_file, save_file
+
+  hc = eagle2_config(target.config, attention_bias=False)
+  d = save_eagle2(eagle2_params(hc), hc, tmp_path / "h")
+  t = load_file(str(d / "model.safetensors"))
+  raw = json.loads((d / "config.json").read_text())
+  D = hc.hidden_size
+  if change == "drop_bias":
+    del t["fc.bias"]
+  elif change == "input_norm":
+    t["layers.0.input_layernorm.weight"] = np.ones(D, np.float32)
+  elif change == "wide_q":
+    t["layers.0.self_attn.q_proj.weight"] = np.zeros((hc.layer.q_dim, 2 * D), np.float32)
+  else:
+    raw["num_hidden_layers"] = 2
+  save_file(t, str(d / "model.safetensors"))
+  (d / "config.json").write_text(json.dumps(raw))
+  with pytest.raises(CheckpointError, match=match):
+    load_eagle2(d, target_config=target.config)
+
+
+def _torch_eagle2(p, hc, embed, tokens, feats):
+  """EAGLE's cnets.py Model.forward written out in torch (float64, T tokens, no cache):
+  fc(cat(embed, feature)), layer 0 with no input norm, no final norm."""
+  c = hc.layer
+  t = {k: torch.tensor(np.asarray(v), dtype=torch.float64) for k, v in p["layer"].items()}
+  eps, H, KV, hd = c.rms_norm_eps, c.num_heads, c.num_kv_heads, c.head_dim
+
+  def rms(x, w):
+    return w * x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+  e = torch.tensor(np.asarray(embed), dtype=torch.float64)[torch.tensor(tokens)]
+  f = torch.tensor(feats, dtype=torch.float64)
+  h = torch.cat([e, f], -1) @ torch.tensor(np.asarray(p["input_fc"]), dtype=torch.float64).T
+  if "input_fc_bias" in p:
+    h = h + torch.tensor(np.asarray(p["input_fc_bias"]), dtype=torch.float64)
+  T = h.shape[0]
+  q, k, v = (h @ t[w].T + (t[b] if b in t else 0) for w, b in (("wq", "bq"), ("wk", "bk"),
+                                                                 ("wv", "bv")))
+  q, k, v = (z.view(T, n, hd).transpose(0, 1) for z, n in ((q, H), (k, KV), (v, KV)))
+  inv = 1.0 / (c.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+  ang = torch.arange(T, dtype=torch.float64)[:, None] * inv[None]
+  cos, sin = torch.cat([ang, ang], -1).cos(), torch.cat([ang, ang], -1).sin()
+
+  def rope(z):
+    return z * cos + torch.cat([-z[..., hd // 2:], z[..., :hd // 2]], -1) * sin
+
+  q, k = rope(q), rope(k)
+  k, v = k.repeat_interleave(H // KV, 0), v.repeat_interleave(H // KV, 0)
+  s = (q @ k.transpose(-1, -2) / hd ** 0.5).masked_fill(
+      torch.triu(torch.ones(T, T, dtype=torch.bool), 1), float("-inf"))
+  x = h + (s.softmax(-1) @ v).transpose(0, 1).reshape(T, H * hd) @ t["wo"].T
+  y = rms(x, t["mlp_norm"])
+  return (x + (torch.nn.functional.silu(y @ t["w_gate"].T) * (y @ t["w_up"].T)) @ t["w_down"].T
+          ).numpy()
+
+
+@pytest.mark.parametrize("qkv_bias", [False, True])
+def test_forward_matches_eagles_cnets_in_torch(target, qkv_bias):
+  hc = eagle2_config(target.config, attention_bias=qkv_bias)
+  p = eagle2_params(hc, seed=2)
+  rs = np.random.RandomState(3)
+  tokens = np.array([5, 40, 7, 300, 12, 9, 77])
+  feats = rs.randn(len(tokens), hc.hidden_size).astype(np.float32)
+  T = len(tokens)
+  x, _ = eagle_forward(p, target.params["embed"], jnp.asarray(tokens)[None],
+                       jnp.asarray(feats)[None], jnp.arange(T)[None],
+                       KVCache.init(hc.layer, 1, 16), config=hc)
+  want = _torch_eagle2(p, hc, target.params["embed"], tokens, feats)
+  np.testing.assert_allclose(np.asarray(x[0]), want, rtol=1e-4, atol=1e-4)
+
+
+def test_eagle2_tree_decoding_is_exact_under_every_vocabulary_policy(target, tiny_chat_dir,
+                                                                      tmp_path):
+  """`--method eagle` with an EAGLE-1/2 head in the authors' layout: the full target head,
+  lm_head=target (the same for such a head), a static subset of the target's head and a
+  ranker's candidates all give plain decoding's tokens; the MBSU accounting sees the head's
+  own fc over [embedding; feature]."""
+  from vocabjax.calibrate.counts import tokenizer_identity
+  from vocabjax.generate import main, parse_args
+  from vocabjax.methods import METHODS
+  from vocabjax.vocab.ranked import svd_ranker
+  from vocabjax.vocab.subset import VocabSubset
+
+  hc = eagle2_config(target.config, attention_bias=True)
+  head = save_eagle2(eagle2_params(hc, seed=5), hc, tmp_path / "head")
+  VocabSubset(np.arange(0, target.config.vocab_size, 2), target.config.vocab_size,
+              tokenizer_id=tokenizer_identity(target.tokenizer)).save(tmp_path / "sub.npz")
+  svd_ranker(target.params, target.config, rank=4).save(tmp_path / "r.safetensors")
+  base = ["--target", str(tiny_chat_dir), "--prompt", "def add(a, b):", "--prompt",
+          "The quick brown", "--max-new-tokens", "12", "--quiet"]
+  ar = main(parse_args(base))
+  eagle = ["--method", "eagle", "--set", f"head={head}", "--set", "top_k=3", "--set",
+           "depth=3", "--set", "total_tokens=6"]
+  for extra in ([], ["--set", "lm_head=target"], ["--set", f"subset={tmp_path / 'sub.npz'}"],
+                ["--set", f"ranker={tmp_path / 'r.safetensors'}", "--set", "k=16"]):
+    spec = main(parse_args(base + eagle + extra))
+    assert spec["output_ids"] == ar["output_ids"], extra
+    assert spec["speculative"]["tau"] >= 1
+  params = METHODS["eagle"].parse({"head": str(head), "top_k": 3, "depth": 3,
+                                   "total_tokens": 6}, "test")
+  D, V = hc.hidden_size, target.config.vocab_size
+  assert METHODS["eagle"].head_rows(params) == V
+  assert METHODS["eagle"].drafter_params(params) == hc.num_params(V)
+  assert hc.num_params(V) > 2 * D * D + V * D  # the fc over [embedding; feature] counted
