@@ -58,7 +58,7 @@ def _trained_like(params, seed=1):
 
 
 @pytest.mark.parametrize("num_layers", [1, 2])
-def test_heads_match_medusas_pytorch_heads(target, tmp_path, num_layers):
+def test_heads_match_medusas_pytorch_heads(target, tmp_path, num_layers, monkeypatch):
   U = lm_head_weight(target, CFG)
   mc = MedusaConfig(num_heads=3, hidden_size=32, vocab_size=96, num_layers=num_layers)
   params = _trained_like(init_medusa(jax.random.key(2), mc, U))
@@ -77,6 +77,10 @@ def test_heads_match_medusas_pytorch_heads(target, tmp_path, num_layers):
   torch.save(heads.state_dict(), d / "medusa_lm_head.pt")
   (d / "config.json").write_text(json.dumps({"medusa_num_heads": 3,
                                              "medusa_num_layers": num_layers}))
+  monkeypatch.delenv("VOCABJAX_ALLOW_BIN", raising=False)
+  with pytest.raises(CheckpointError, match=r"only pickled PyTorch weights \(medusa_lm_head.pt\)"):
+    load_medusa(d, target_config=CFG)
+  monkeypatch.setenv("VOCABJAX_ALLOW_BIN", "1")
   mc2, p2, _ = load_medusa(d, target_config=CFG)
   assert mc2 == mc
   np.testing.assert_allclose(np.asarray(medusa_logits(p2, jnp.asarray(h), config=mc2)), ref,

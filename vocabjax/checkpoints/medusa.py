@@ -1,6 +1,7 @@
 """Medusa heads in the layout of Medusa's repository: a directory with `config.json`
 (`medusa_num_heads`, `medusa_num_layers`, `base_model_name_or_path`) and the heads' state dict
-(`medusa_lm_head.safetensors`, or Medusa's own `medusa_lm_head.pt`, read through torch).
+(`medusa_lm_head.safetensors`, or Medusa's own `medusa_lm_head.pt`, read with
+`torch.load(weights_only=True)` only when pickles are allowed: `hub.allow_bin_default`).
 
 Tensors of head i (PyTorch [out, in] layout; Lm = medusa_num_layers):
   {i}.{j}.linear.weight   [D, D]   j = 0 .. Lm-1 (one shared module: the same tensor each j)
@@ -13,12 +14,14 @@ and whether the heads share the target's LM head.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import jax.numpy as jnp
 import numpy as np
 
 from vocabjax.checkpoints.convert import CheckpointError, check_trained_for
+from vocabjax.checkpoints.hub import allow_bin_default, bin_refusal
 from vocabjax.io import atomic_directory
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.medusa import MedusaConfig
@@ -72,6 +75,8 @@ def _read_tensors(directory: Path) -> dict[str, np.ndarray]:
   if (directory / TORCH_WEIGHTS).is_file():
     import torch  # optional: only Medusa's own .pt checkpoints need it
 
+    if not allow_bin_default(None):
+      raise CheckpointError(bin_refusal(str(directory), [TORCH_WEIGHTS]))
     try:
       sd = torch.load(directory / TORCH_WEIGHTS, map_location="cpu", weights_only=True)
     except Exception as e:  # torch raises many kinds for a truncated or foreign file
@@ -96,6 +101,11 @@ def load_medusa(directory, *, target_config: LlamaLikeConfig, target_params: dic
   record = raw.get("vocabjax", {})
   target = record.get("target", {})
   tensors = _read_tensors(directory)
+  in_file = len({k.split(".", 1)[0] for k in tensors if k.split(".", 1)[0].isdigit()})
+  if in_file > Hm:  # Medusa's own vicuna-7b heads: config.json says 2 of the file's 5 heads
+    print(f"[vocabjax] {directory}: config.json says medusa_num_heads={Hm} but the file holds "
+          f"{in_file} heads; reading all {in_file} (as Medusa's loader does)", file=sys.stderr)
+    Hm = in_file
   D, V = target_config.hidden_size, target_config.vocab_size
   shared = bool(record.get("shared_lm_head", f"0.{L}.weight" not in tensors))
   config = MedusaConfig(num_heads=Hm, hidden_size=D, vocab_size=V, num_layers=L,

@@ -1,0 +1,160 @@
+"""The drafters' reference implementations from PyPI, for the tests that check vocabjax's heads
+against them on the same weights:
+
+    python -m vocabjax.testing.references install      # once (pip, --no-deps, ~2 MB)
+    Model, EConfig = eagle1_head()                      # EAGLE's cnets.Model (EAGLE-1/2 heads)
+    Eagle3 = eagle3_head()                              # SpecForge's LlamaForCausalLMEagle3
+    ResBlock, utils = medusa_reference()                # Medusa's ResBlock and tree utilities
+
+`eagle-llm` 1.2.1 (EAGLE's authors; its `eagle/model/cnets.py` is the EAGLE-1/2 head, which
+EAGLE-2 reuses unchanged) and `medusa-llm` 0.1 (Medusa's authors) pin versions of accelerate,
+gradio, protobuf, ... that clash with this environment's, and only their model modules are
+needed (as for `specforge` 0.2.0, SGLang's team's EAGLE-3 trainer, whose
+`modeling/draft/llama3_eagle.py` is the one EAGLE-3 head on PyPI; it pins torch 2.11 and
+transformers 5.8.1 and runs on this environment's), so they are installed without
+dependencies into their own folder
+(`~/.cache/vocabjax/references/`, `VOCABJAX_REFERENCES_DIR` moves it), never into
+site-packages: their top-level packages (`eagle`, `medusa`) are put on `sys.path` only by the
+functions here. Neither package carries EAGLE-2's dynamic tree or EAGLE-3 (both only on
+GitHub; EAGLE-3's head is SpecForge's here), nor Medusa's sparse trees (its PyPI release has
+the dense per-level trees).
+
+Under transformers 5 one thing differs from what the reference code expects: a config's
+`rope_theta` moved into `rope_parameters` and `rope_scaling` became an alias of it, so
+`eagle1_config` restores the transformers-4 view the EAGLE code reads."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+PACKAGES = {"eagle-llm": ("1.2.1", "eagle"), "medusa-llm": ("0.1", "medusa"),
+            "specforge": ("0.2.0", "specforge")}
+
+
+def references_dir() -> Path:
+  base = os.environ.get("VOCABJAX_REFERENCES_DIR") or (
+      Path.home() / ".cache" / "vocabjax" / "references")
+  return Path(base)
+
+
+def _target(name: str) -> Path:
+  version, _ = PACKAGES[name]
+  return references_dir() / f"{name}-{version}"
+
+
+def installed(name: str) -> bool:
+  return (_target(name) / PACKAGES[name][1]).is_dir()
+
+
+def install(force: bool = False) -> None:
+  """pip install --no-deps each reference into its folder (through a temporary one: an
+  interrupted install leaves nothing half-written)."""
+  for name, (version, module) in PACKAGES.items():
+    final = _target(name)
+    if installed(name) and not force:
+      print(f"[references] {name}=={version} is in {final}")
+      continue
+    tmp = final.with_name(final.name + f".partial-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    cmd = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-deps",
+           "--target", str(tmp), f"{name}=={version}"]
+    print("[references] " + " ".join(cmd), flush=True)
+    try:
+      try:
+        subprocess.run(cmd, check=True)
+      except subprocess.CalledProcessError as e:
+        raise RuntimeError(f"pip could not install {name}=={version} (exit {e.returncode}; its "
+                           f"output is above): the reference comparison tests need it") from None
+      if not (tmp / module).is_dir():
+        raise RuntimeError(f"pip installed no `{module}` package into {tmp}")
+      if final.exists():
+        shutil.rmtree(final)
+      final.parent.mkdir(parents=True, exist_ok=True)
+      os.replace(tmp, final)
+    finally:
+      shutil.rmtree(tmp, ignore_errors=True)
+    print(f"[references] installed {name}=={version} in {final}")
+
+
+def _require(name: str) -> None:
+  """Put the reference on sys.path, or raise saying how to install it (CI must not skip)."""
+  if not installed(name):
+    raise RuntimeError(f"the reference implementation {name}=={PACKAGES[name][0]} is not in "
+                       f"{_target(name)}: run `python -m vocabjax.testing.references install`")
+  path = str(_target(name))
+  if path not in sys.path:
+    sys.path.insert(0, path)
+
+
+@functools.cache
+def eagle1_head():
+  """(cnets.Model, configs.EConfig) of EAGLE's PyPI release."""
+  _require("eagle-llm")
+  cnets = importlib.import_module("eagle.model.cnets")
+  configs = importlib.import_module("eagle.model.configs")
+  return cnets.Model, configs.EConfig
+
+
+def eagle1_config(raw: dict):
+  """An EConfig of `raw` (a head's config.json) as transformers 4 exposed it to EAGLE's code:
+  `rope_scaling` as written (None or {"type", "factor"}) and `rope_theta` an attribute."""
+  _, EConfig = eagle1_head()
+  with tempfile.TemporaryDirectory() as d:
+    (Path(d) / "config.json").write_text(json.dumps(raw))
+    c = EConfig.from_pretrained(d)
+  c.rope_scaling = raw.get("rope_scaling")
+  if "rope_theta" in raw:
+    c.rope_theta = raw["rope_theta"]
+  return c
+
+
+@functools.cache
+def eagle3_head():
+  """SpecForge's `LlamaForCausalLMEagle3` (build it with a transformers `LlamaConfig` carrying
+  `draft_vocab_size`, `attention_backend="sdpa"`; its forward: `embed_input_ids`,
+  `project_hidden_states` (fc), `backbone`, `compute_logits`)."""
+  _require("specforge")
+  import warnings
+
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # "flash_attn is not found": the CPU uses sdpa
+    module = importlib.import_module("specforge.modeling.draft.llama3_eagle")
+  return module.LlamaForCausalLMEagle3
+
+
+@functools.cache
+def medusa_reference():
+  """(medusa_model.ResBlock, medusa.model.utils) of Medusa's PyPI release."""
+  _require("medusa-llm")
+  import transformers.utils as tu
+
+  if not hasattr(tu, "is_flash_attn_available"):  # removed in transformers 5; its KV model
+    tu.is_flash_attn_available = lambda: False  # module imports it (unused on the CPU)
+  model = importlib.import_module("medusa.model.medusa_model")
+  utils = importlib.import_module("medusa.model.utils")
+  return model.ResBlock, utils
+
+
+def main(argv=None) -> int:
+  import argparse
+
+  p = argparse.ArgumentParser(prog="python -m vocabjax.testing.references",
+                              description=__doc__.split("\n\n")[0])
+  sub = p.add_subparsers(dest="cmd", required=True)
+  i = sub.add_parser("install", help="install the reference implementations (--no-deps)")
+  i.add_argument("--force", action="store_true", help="reinstall")
+  a = p.parse_args(argv)
+  install(force=a.force)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
