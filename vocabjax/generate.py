@@ -199,17 +199,14 @@ def methods_help() -> str:
   return "\n".join(lines)
 
 
-def build_decoder(config: GenerateConfig, model):
+def build_decoder(config: GenerateConfig, model, mesh=None):
   """The decoder for `config` from the library's method registry (loads the drafter when the
-  method needs one)."""
+  method needs one, onto `mesh` as the target was)."""
   method, params = method_spec(config)
   draft = None
   if method.needs_draft:
     draft = load_model(config.draft, dtype=config.draft_dtype or config.dtype,
-                       load_tokenizer=method.name == "crossvocab")
-  mesh = None
-  if config.mesh:
-    mesh = make_mesh(**parse_mesh(config.mesh))
+                       load_tokenizer=method.name == "crossvocab", mesh=mesh)
   return method.make(model, draft, params, mesh)
 
 
@@ -218,8 +215,9 @@ def main(config: GenerateConfig) -> dict:
   if config.max_new_tokens <= 0:
     raise ValueError(f"max_new_tokens must be > 0, got {config.max_new_tokens}")
   distributed.initialize(config.coordinator, config.num_processes, config.process_id)
+  mesh = make_mesh(**parse_mesh(config.mesh)) if config.mesh else None
   t0 = time.perf_counter()
-  model = load_model(config.target, dtype=config.dtype)
+  model = load_model(config.target, dtype=config.dtype, mesh=mesh)
   load_s = time.perf_counter() - t0
   prompts = list(config.prompts)
   if config.batch_size:
@@ -230,7 +228,7 @@ def main(config: GenerateConfig) -> dict:
                 eos_token_ids=model.eos_token_ids, max_len=config.max_len)
   spec_stats = None
   common.update(stop_strings=config.stop, tokenizer=model.tokenizer)
-  dec = build_decoder(config, model)
+  dec = build_decoder(config, model, mesh)
   if config.method != "ar":
     load_s = time.perf_counter() - t0
   main_process = jax.process_index() == 0  # under jax.distributed, process 0 reports

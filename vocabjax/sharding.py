@@ -90,6 +90,13 @@ def param_specs(config: LlamaLikeConfig, mesh: Mesh) -> dict:
   return specs
 
 
+def param_shardings(config: LlamaLikeConfig, mesh: Mesh) -> dict:
+  """The NamedSharding of every param leaf on `mesh` (`param_specs`): where `shard_params`
+  puts a model, and where `load_model(..., mesh=mesh)` places each tensor as it is read."""
+  return jax.tree.map(lambda s: NamedSharding(mesh, s), param_specs(config, mesh),
+                      is_leaf=lambda x: isinstance(x, P))
+
+
 def shard_params(params: dict, config: LlamaLikeConfig, mesh: Mesh) -> dict:
   """device_put every leaf with its NamedSharding."""
   if is_int8(params):

@@ -95,8 +95,12 @@ def expected_names(config: LlamaLikeConfig, scheme: str) -> list[str]:
 
 def assemble_params(config: LlamaLikeConfig, lookup: Callable[[str], np.ndarray],
                     available: Iterable[str], *, scheme: str, dtype=jnp.float32,
-                    source: str = "checkpoint") -> dict:
-  """Build the params pytree; raise CheckpointError naming every missing or misshapen tensor."""
+                    source: str = "checkpoint", shardings: dict | None = None) -> dict:
+  """Build the params pytree; raise CheckpointError naming every missing or misshapen tensor.
+
+  `shardings` (the params' tree of Shardings, `sharding.param_shardings`): each tensor is read,
+  cast and placed with its sharding before the next is read, so the host holds about one
+  tensor at a time, not the model (default: each on the default device)."""
   col = SCHEMES[scheme]
   available = set(available)
   shapes = param_shapes(config)
@@ -112,17 +116,22 @@ def assemble_params(config: LlamaLikeConfig, lookup: Callable[[str], np.ndarray]
                           f"describe them): {extra[:8]}{' ...' if len(extra) > 8 else ''}")
   out_dtype = np_dtype(dtype)
 
-  def fetch(name: str, want: tuple) -> jax.Array:
+  def fetch(name: str, want: tuple, where=None) -> jax.Array:
     arr = np.asarray(lookup(name))
     if tuple(arr.shape) != want:
       raise CheckpointError(f"{source}: tensor {name} has shape {tuple(arr.shape)}, "
                             f"expected {want}")
-    return jax.device_put(arr.astype(out_dtype, copy=False))
+    out = jax.device_put(arr.astype(out_dtype, copy=False), where)
+    if where is not None:
+      out.block_until_ready()  # placed before the next tensor is read: its host copy goes
+    return out
 
-  params: dict = {key: fetch(TOP_NAMES[key][col], shapes[key])
+  sh = shardings or {}
+  params: dict = {key: fetch(TOP_NAMES[key][col], shapes[key], sh.get(key))
                   for key in TOP_NAMES if key in shapes}
   per_layer = layer_names(config)
-  params["layers"] = [{leaf: fetch(per_layer[leaf][col].format(i=i), shape)
+  params["layers"] = [{leaf: fetch(per_layer[leaf][col].format(i=i), shape,
+                                   sh["layers"][i][leaf] if sh else None)
                        for leaf, shape in layer.items()}
                       for i, layer in enumerate(shapes["layers"])]
   return params

@@ -244,16 +244,18 @@ def dequantize(data: np.ndarray, qtype, pool=None) -> np.ndarray:
   return out.reshape(*data.shape[:-1], out_cols)
 
 
-def load_gguf(path: str | os.PathLike, dtype=jnp.float32) -> tuple[LlamaLikeConfig, dict, dict]:
-  """Read a GGUF file: (config, params, metadata)."""
+def load_gguf(path: str | os.PathLike, dtype=jnp.float32, *, placement=None
+              ) -> tuple[LlamaLikeConfig, dict, dict]:
+  """Read a GGUF file: (config, params, metadata). `placement`: config -> the params'
+  Shardings, each tensor placed as it is dequantized (`convert.assemble_params`)."""
   from concurrent.futures import ThreadPoolExecutor
 
   path = Path(path)
   with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
-    return _load_gguf(path, dtype, pool)
+    return _load_gguf(path, dtype, pool, placement)
 
 
-def _load_gguf(path: Path, dtype, pool) -> tuple[LlamaLikeConfig, dict, dict]:
+def _load_gguf(path: Path, dtype, pool, placement=None) -> tuple[LlamaLikeConfig, dict, dict]:
   reader = open_gguf(path)
   meta = metadata(reader)
   tensors = {t.name: t for t in reader.tensors}
@@ -280,7 +282,8 @@ def _load_gguf(path: Path, dtype, pool) -> tuple[LlamaLikeConfig, dict, dict]:
     return w
 
   params = assemble_params(config, lookup, tensors.keys(), scheme="gguf", dtype=dtype,
-                           source=str(path))
+                           source=str(path),
+                           shardings=placement(config) if placement else None)
   return config, params, meta
 
 

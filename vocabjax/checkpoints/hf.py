@@ -82,11 +82,13 @@ def read_hf_config(directory: str | os.PathLike) -> dict:
 
 
 def load_hf(directory: str | os.PathLike, dtype=jnp.float32, *,
-            allow_bin: bool | None = None) -> tuple[LlamaLikeConfig, dict, dict]:
+            allow_bin: bool | None = None, placement=None
+            ) -> tuple[LlamaLikeConfig, dict, dict]:
   """Read an HF directory: (config, params, the raw config dict). Safetensors weights; a
   directory with only pickled weights (`pytorch_model.bin`, or its sharded index) is read
   with `torch.load(weights_only=True)` when allowed (`allow_bin`, `VOCABJAX_ALLOW_BIN=1`),
-  refused naming the flag otherwise."""
+  refused naming the flag otherwise. `placement`: config -> the params' Shardings, each
+  tensor placed as it is read (`convert.assemble_params`)."""
   from safetensors import SafetensorError, safe_open
 
   directory = Path(directory)
@@ -118,7 +120,8 @@ def load_hf(directory: str | os.PathLike, dtype=jnp.float32, *,
     return src[name] if isinstance(src, dict) else src.get_tensor(name)
 
   params = assemble_params(config, lookup, where.keys(), scheme="hf", dtype=dtype,
-                           source=str(directory))
+                           source=str(directory),
+                           shardings=placement(config) if placement else None)
   return config, params, raw
 
 

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vocabjax import sharding
 from vocabjax.checkpoints import zoo
 from vocabjax.checkpoints.convert import CheckpointError
 from vocabjax.checkpoints.gguf_io import load_gguf, load_gguf_tokenizer, open_gguf
@@ -109,13 +110,18 @@ def eos_ids(*candidates) -> tuple[int, ...]:
 
 def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
                load_tokenizer: bool = True, progress: bool = True,
-               allow_bin: bool | None = None) -> Model:
+               allow_bin: bool | None = None, mesh=None) -> Model:
   """Load a model from an HF directory, a `.gguf` file, a registry name (fetched if needed) or
   a hub id (`org/name[@revision]`, downloaded through huggingface_hub: `checkpoints.hub`).
 
   `allow_bin`: read pickled PyTorch weights (`pytorch_model.bin`) where a model has no
   safetensors, with `torch.load(weights_only=True)`; refused by default (None: the
   environment's `VOCABJAX_ALLOW_BIN`).
+
+  `mesh` (a ("data", "model") mesh, `sharding.make_mesh`): each tensor is read and placed with
+  its sharding on the mesh (`sharding.param_shardings`, the layout the decoders run a mesh in)
+  before the next is read, so the host holds about one tensor, not the model, and no device
+  holds more than its share. int8 is a one-device format: refused with a mesh.
 
   `dtype`: the weights' dtype. On GPU/TPU every param takes it. On the CPU backend a dtype
   narrower than f32 applies to the weight matrices only (`models.llamalike.cast_weights`):
@@ -124,13 +130,17 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
   weights at load (`models.llamalike.quantize_int8`); activations and the cache stay f32.
   """
   dtype = parse_dtype(dtype)
+  if mesh is not None and jnp.dtype(dtype) == jnp.int8:
+    raise ValueError("int8 weights (weight-only quantization) are a one-device format: load "
+                     "the model in float32 or bfloat16 onto a mesh")
+  placement = (lambda cfg: sharding.param_shardings(cfg, mesh)) if mesh is not None else None
   narrow_on_cpu = ((jax.default_backend() == "cpu" and jnp.dtype(dtype) != jnp.float32)
                    or jnp.dtype(dtype) == jnp.int8)
   out_dtype, dtype = dtype, (jnp.float32 if narrow_on_cpu else dtype)
   path = zoo.resolve(name_or_path, progress=progress, allow_bin=allow_bin)
   tokenizer = None
   if path.is_dir():
-    config, params, raw = load_hf(path, dtype=dtype, allow_bin=allow_bin)
+    config, params, raw = load_hf(path, dtype=dtype, allow_bin=allow_bin, placement=placement)
     gen = {}
     if (path / "generation_config.json").exists():
       gen = json.loads((path / "generation_config.json").read_text())
@@ -141,7 +151,7 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
     eos = eos_ids(gen.get("eos_token_id"), raw.get("eos_token_id"),
                    getattr(tokenizer, "eos_token_id", None))
   elif path.suffix == ".gguf":
-    config, params, meta = load_gguf(path, dtype=dtype)
+    config, params, meta = load_gguf(path, dtype=dtype, placement=placement)
     if load_tokenizer:
       tokenizer = load_gguf_tokenizer(path)
     eos = eos_ids(meta.get("tokenizer.ggml.eos_token_id"),

@@ -116,13 +116,14 @@ class Loaded:
   draft: Model | None
 
 
-def load_models(config: EvalConfig) -> Loaded:
-  target = load_model(config.target, dtype=config.dtype)
+def load_models(config: EvalConfig, mesh=None) -> Loaded:
+  """The suite's models; on `mesh`, each tensor placed with its sharding as it is read."""
+  target = load_model(config.target, dtype=config.dtype, mesh=mesh)
   draft = None
   if config.draft:  # the drafter's tokenizer only matters to a cross-vocabulary method
     cross = any(m.method == "crossvocab" for m in config.methods)
     draft = load_model(config.draft, dtype=config.draft_dtype or config.dtype,
-                       load_tokenizer=cross)
+                       load_tokenizer=cross, mesh=mesh)
   return Loaded(target, draft)
 
 
@@ -201,8 +202,18 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
     prepare_dir(out, config, overwrite=overwrite, inputs=inputs, claim=False)  # refuse early
   ref_path = report.reference_summary_path(config.name, out, reference)  # a bad path, early
 
+  mesh = None
+  if config.mesh:
+    try:
+      mesh = make_mesh(**parse_mesh(config.mesh))
+    except ValueError as e:
+      raise ConfigError(f"config {config.name}: {e}") from None
+    if mesh.shape["data"] != 1:
+      raise ConfigError(f"config {config.name}: mesh {config.mesh!r}: a suite decodes one "
+                        f"question at a time (batch 1), so its mesh needs data=1 (tensor "
+                        f"parallel over model); got data={mesh.shape['data']}")
   t0 = time.perf_counter()
-  models = models or load_models(config)
+  models = models or load_models(config, mesh)
   load_s = time.perf_counter() - t0
   tok = models.target.tokenizer
   try:
@@ -215,16 +226,6 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
     raise ConfigError(f"config {config.name}: the prompts cannot be encoded: {e}") from e
   eos = models.target.eos_token_ids
   decoders = {}
-  mesh = None
-  if config.mesh:
-    try:
-      mesh = make_mesh(**parse_mesh(config.mesh))
-    except ValueError as e:
-      raise ConfigError(f"config {config.name}: {e}") from None
-    if mesh.shape["data"] != 1:
-      raise ConfigError(f"config {config.name}: mesh {config.mesh!r}: a suite decodes one "
-                        f"question at a time (batch 1), so its mesh needs data=1 (tensor "
-                        f"parallel over model); got data={mesh.shape['data']}")
   for m in config.methods:  # pairing and parameter errors, before `out` is claimed
     try:
       decoders[m.name] = METHODS[m.method].make(models.target, models.draft, m.kwargs, mesh)
