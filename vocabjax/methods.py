@@ -163,9 +163,12 @@ def _check_subset_file(where: str, what: str, path: str) -> None:
 
 
 def _load_subset(path: str, target) -> VocabSubset | None:
-  """A saved subset, refused when counted with another tokenizer than the target's."""
+  """A saved subset, refused when counted with another tokenizer than the target's; or
+  FR-Spec's released token list (`.pt`: no tokenizer recorded, its ids checked against V)."""
   if not path:
     return None
+  if Path(path).suffix in (".pt", ".pth"):
+    return VocabSubset.load(path, vocab_size=target.config.vocab_size)
   if target.tokenizer is None:
     raise ValueError(f"{target.source} has no tokenizer: the subset's tokenizer identity "
                      f"cannot be checked")

@@ -102,7 +102,8 @@ def test_truncated_safetensors(tiny_dirs, tmp_path):
 
 
 def test_bad_paths_and_dtypes(tmp_path):
-  with pytest.raises(FileNotFoundError, match="is neither an existing path, a registry model nor a hub id"):
+  with pytest.raises(FileNotFoundError,
+                     match="is neither an existing path, a registry model nor a hub id"):
     load_model(tmp_path / "nope")
   with pytest.raises(ValueError, match="dtype='f8'"):
     parse_dtype("f8")

@@ -179,3 +179,39 @@ def test_eagle2_tree_decoding_is_exact_under_every_vocabulary_policy(target, tin
   assert METHODS["eagle"].head_rows(params) == V
   assert METHODS["eagle"].drafter_params(params) == hc.num_params(V)
   assert hc.num_params(V) > 2 * D * D + V * D  # the fc over [embedding; feature] counted
+
+
+def test_frspec_released_token_lists_restrict_an_eagle2_head_exactly(target, tiny_chat_dir,
+                                                                     tmp_path, monkeypatch):
+  """FR-Spec's setting: an EAGLE-2 head over the target's head restricted to FR-Spec's released
+  frequency-ranked list (`freq_K.pt`: torch.save of a list of ids, most frequent first) gives
+  plain decoding's tokens; the list is pickled (refused until allowed) and is checked against
+  the target's vocabulary."""
+  from vocabjax.generate import main, parse_args
+  from vocabjax.vocab.subset import SubsetError, VocabSubset
+
+  V = target.config.vocab_size
+  ranked = [int(i) for i in np.random.RandomState(0).permutation(V)[:64]]
+  torch.save(ranked, tmp_path / "freq_64.pt")
+  monkeypatch.delenv("VOCABJAX_ALLOW_BIN", raising=False)
+  with pytest.raises(SubsetError, match=r"only pickled PyTorch weights \(freq_64.pt\)"):
+    VocabSubset.load(tmp_path / "freq_64.pt", vocab_size=V)
+  monkeypatch.setenv("VOCABJAX_ALLOW_BIN", "1")
+  sub = VocabSubset.load(tmp_path / "freq_64.pt", vocab_size=V)
+  assert sub.size == 64 and list(sub.ids) == sorted(ranked)
+  torch.save(torch.tensor(ranked), tmp_path / "tensor.pt")  # a tensor of ids reads the same
+  assert list(VocabSubset.load(tmp_path / "tensor.pt", vocab_size=V).ids) == sorted(ranked)
+  for bad, match in (([V + 5, 1], "do not fit the target's vocabulary"),
+                     ([3, 3], "repeats ids"), ({"a": 1}, "list \\(or tensor\\) of token ids")):
+    torch.save(bad, tmp_path / "bad.pt")
+    with pytest.raises(SubsetError, match=match):
+      VocabSubset.load(tmp_path / "bad.pt", vocab_size=V)
+  hc = eagle2_config(target.config)
+  head = save_eagle2(eagle2_params(hc, seed=9), hc, tmp_path / "head")
+  base = ["--target", str(tiny_chat_dir), "--prompt", "def add(a, b):", "--max-new-tokens", "12",
+          "--quiet"]
+  ar = main(parse_args(base))
+  spec = main(parse_args(base + ["--method", "eagle", "--set", f"head={head}", "--set",
+                                 "top_k=3", "--set", "depth=3", "--set", "total_tokens=6",
+                                 "--set", f"subset={tmp_path / 'freq_64.pt'}"]))
+  assert spec["output_ids"] == ar["output_ids"]

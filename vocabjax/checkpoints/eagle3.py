@@ -233,7 +233,8 @@ class _State:
 # what the published layouts call the layer's tensors (EAGLE's midlayer, SGLang's layers.0)
 _LAYER_PREFIXES = ("midlayer.", "layers.0.", "model.layers.0.")
 # tensors read elsewhere or not at all: t2d (the inverse of d2t), the rotary cache of older exports
-_IGNORED = ("t2d", "midlayer.self_attn.rotary_emb.inv_freq", "layers.0.self_attn.rotary_emb.inv_freq")
+_IGNORED = ("t2d", "midlayer.self_attn.rotary_emb.inv_freq",
+            "layers.0.self_attn.rotary_emb.inv_freq")
 
 
 def _aliases(name: str) -> tuple[str, ...]:

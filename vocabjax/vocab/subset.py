@@ -93,11 +93,36 @@ class VocabSubset:
     return path
 
   @classmethod
-  def load(cls, path: str | Path, *, tokenizer_id: str | None = None) -> "VocabSubset":
-    """Reload a saved subset; `tokenizer_id` (when given) must match the one it was made with."""
+  def from_frspec(cls, path, vocab_size: int | None = None) -> "VocabSubset":
+    """FR-Spec's released frequency-ranked token list (`fr/fr.py`: `torch.save` of the K most
+    frequent ids, most frequent first, EOS appended when it was not among them; e.g.
+    `thunlp/LLaMA3-Instruct-8B-FR-Spec/freq_32768.pt`) as a subset of a V-token vocabulary. It is
+    pickled: read with `torch.load(weights_only=True)` only when pickles are allowed
+    (`--allow-bin`). It records no tokenizer: only that its ids lie in [0, V) can be checked."""
+    path = Path(path)
+    ids = _frspec_ids(path)
+    if not ids:
+      raise SubsetError(f"{path}: the FR-Spec token list is empty")
+    if len(set(ids)) != len(ids):
+      raise SubsetError(f"{path}: the FR-Spec token list repeats ids")
+    V = int(vocab_size) if vocab_size is not None else max(ids) + 1
+    if min(ids) < 0 or max(ids) >= V:
+      raise SubsetError(f"{path}: FR-Spec token ids {min(ids)}..{max(ids)} do not fit the target's "
+                        f"vocabulary of V={V} (a list for another model?)")
+    return cls(ids=np.asarray(sorted(ids), np.int64), vocab_size=V,
+               meta=(("k", len(ids)), ("source", f"fr-spec:{path.name}")))
+
+  @classmethod
+  def load(cls, path: str | Path, *, tokenizer_id: str | None = None,
+           vocab_size: int | None = None) -> "VocabSubset":
+    """Reload a saved subset; `tokenizer_id` (when given) must match the one it was made with.
+    A `.pt` file is FR-Spec's released token list (`from_frspec`; `vocab_size`: the target's
+    V, which such a list does not record)."""
     path = Path(path)
     if not path.is_file():
       raise SubsetError(f"no vocabulary subset at {path}")
+    if path.suffix in (".pt", ".pth"):
+      return cls.from_frspec(path, vocab_size)
     try:
       with np.load(path, allow_pickle=False) as z:
         d2t, t2d, meta = z["d2t"], z["t2d"], json.loads(str(z["meta"]))
@@ -112,6 +137,28 @@ class VocabSubset:
     if t2d.shape != (V,) or not np.array_equal(sub.t2d, t2d):
       raise SubsetError(f"{path}: t2d does not match d2t (inconsistent file)")
     return sub
+
+
+def _frspec_ids(path: Path) -> list:
+  from vocabjax.checkpoints.hub import allow_bin_default, bin_refusal  # local: checkpoints sits
+  #   above vocab in the import order; only FR-Spec's pickled lists need it
+
+  if not allow_bin_default(None):
+    raise SubsetError(bin_refusal(str(path), [path.name]))
+  import torch  # local: torch is optional, and only FR-Spec's .pt lists need it
+
+  try:
+    ids = torch.load(str(path), map_location="cpu", weights_only=True)
+  except Exception as e:  # pickle errors, a truncated zip, a refused global
+    raise SubsetError(f"{path} is not a readable FR-Spec token list "
+                      f"({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
+  if isinstance(ids, torch.Tensor):
+    ids = ids.reshape(-1).tolist()
+  if not isinstance(ids, (list, tuple)) or not all(
+      isinstance(i, int) and not isinstance(i, bool) for i in ids):
+    raise SubsetError(f"{path}: an FR-Spec token list is a list (or tensor) of token ids, got "
+                      f"{type(ids).__name__}")
+  return list(ids)
 
 
 def select(counts, *, k: int | None = None, top_p: float | None = None,
