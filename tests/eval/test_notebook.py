@@ -231,15 +231,45 @@ def test_runtime_venv_sees_this_interpreters_packages_after_its_own(tmp_path):
   assert setuptools_version == importlib.metadata.version("setuptools")
 
 
+def _published_layouts_on_a_hub(hub, tiny_dir: Path, tmp_path: Path) -> None:
+  """The tiny model as org/tiny, an EAGLE-1/2 head for it in its authors' layout
+  (pytorch_model.bin) as org/eagle2-head and an FR-Spec list (freq_96.pt) as org/fr."""
+  import jax
+  import torch
+
+  from tests.decoding.test_eagle2_heads import eagle2_config, eagle2_params
+  from vocabjax.checkpoints.eagle2 import save_eagle2
+  from vocabjax.checkpoints.loader import load_model
+
+  files = lambda d: {f.relative_to(d).as_posix(): f.read_bytes()  # noqa: E731
+                     for f in d.rglob("*") if f.is_file()}
+  hub.add("org/tiny", files(tiny_dir))
+  m = load_model(tiny_dir, dtype="float32")
+  hc = eagle2_config(m.config)
+  head = save_eagle2(eagle2_params(hc, seed=1), hc, tmp_path / "eagle2-head", pickled=True,
+                     embed=m.params["embed"])
+  hub.add("org/eagle2-head", files(head))
+  (tmp_path / "fr").mkdir()
+  torch.save([int(i) for i in range(0, m.config.vocab_size, 3)][:96],
+             tmp_path / "fr" / "freq_96.pt")
+  hub.add("org/fr", files(tmp_path / "fr"))
+  del jax
+
+
 @pytest.mark.slow
-def test_notebook_installs_from_git_in_a_fresh_venv_and_runs(tmp_path):
+def test_notebook_installs_from_git_in_a_fresh_venv_and_runs(tmp_path, tiny_chat_dir):
   """The Colab path end to end on tiny models: a venv with the host's site-packages (jax, torch,
   ... as a Colab runtime has them), VOCABJAX_REPO a file:// git URL of this repository at HEAD
   (committed code: the working tree's changes are not in it), pip offline (--no-index: nothing
-  may come from the network) and the runtime's packages left as they were."""
+  may come from the network) and the runtime's packages left as they were. The models are
+  named as a user names theirs, by hub id (a hub served on 127.0.0.1, HF_ENDPOINT): the target
+  and drafter, a published EAGLE-1/2 head and FR-Spec's released list (the papers' setting)."""
+  from vocabjax.testing.local_hub import LocalHub
   head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
   if head.returncode != 0:
     pytest.skip("not a git checkout: no git URL to install from")
+  hub = LocalHub()
+  _published_layouts_on_a_hub(hub, tiny_chat_dir, tmp_path)
   venv = runtime_venv(tmp_path / "venv")
   runner = tmp_path / "run_notebook.py"
   runner.write_text(RUNNER)
@@ -248,10 +278,17 @@ def test_notebook_installs_from_git_in_a_fresh_venv_and_runs(tmp_path):
              VOCABJAX_PIP_ARGS="--no-index --no-build-isolation",
              PIP_CACHE_DIR=str(tmp_path / "pip-cache"), VOCABJAX_NOTEBOOK_MODE="tiny",
              VOCABJAX_NOTEBOOK_DIR=str(tmp_path / "work"), MPLBACKEND="Agg",
-             XLA_FLAGS=subprocess_xla_flags(8))
-  r = subprocess.run([str(venv / "bin" / "python"), str(runner), str(NOTEBOOK),
-                      str(tmp_path / "result.json")], cwd=tmp_path, env=env,
-                     capture_output=True, text=True, timeout=600)
+             XLA_FLAGS=subprocess_xla_flags(8), HF_ENDPOINT=hub.endpoint, HF_HUB_OFFLINE="0",
+             HF_HUB_CACHE=str(tmp_path / "hf-cache"), VOCABJAX_NOTEBOOK_TARGET="org/tiny",
+             VOCABJAX_NOTEBOOK_DRAFT="org/tiny", VOCABJAX_NOTEBOOK_EAGLE_HEAD="org/eagle2-head",
+             VOCABJAX_NOTEBOOK_FRSPEC_LIST="org/fr/freq_96.pt", VOCABJAX_NOTEBOOK_ALLOW_BIN="1")
+  env.pop("HF_TOKEN", None)
+  try:
+    r = subprocess.run([str(venv / "bin" / "python"), str(runner), str(NOTEBOOK),
+                        str(tmp_path / "result.json")], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=600)
+  finally:
+    hub.close()
   assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
   res = json.loads((tmp_path / "result.json").read_text())
 
@@ -269,7 +306,11 @@ def test_notebook_installs_from_git_in_a_fresh_venv_and_runs(tmp_path):
   assert res["real"] is False
   methods = res["methods"]
   assert [m for m, _, _ in methods.values()] == ["ar", "chain", "frspec", "vocabtrim",
-                                                 "specvocab"]
+                                                 "specvocab", "eagle", "eagle"]
+  assert {"eagle", "eagle_frspec"} <= set(methods)
+  downloaded = {p.rsplit("/", 1)[1] for meth, p, _, _ in hub.requests
+                if meth == "GET" and "/resolve/" in p}
+  assert {"config.json", "pytorch_model.bin", "freq_96.pt"} <= downloaded, downloaded
   assert methods[f"chain_g{res['gamma']}"][1] == res["gamma"] + 1  # full head: all accepted
   assert all(match == 1.0 for _, _, match in methods.values()), methods
   assert Path(res["plot"]).is_file()
