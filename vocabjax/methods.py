@@ -112,6 +112,19 @@ HUB_FIELDS = {"head": "eagle", "heads": "medusa", "ranker": "file", "subset": "f
               "counts": "file", "drafter": "folder"}
 
 
+def _local(value: str, kind: str, where: str = "") -> str:
+  """A file parameter's local path: itself when it exists (or is no hub id), else the hub id
+  fetched (from the cache when it is there). For what reads parameters that were parsed
+  without fetching (`check_files=False`: a report of recorded runs)."""
+  if not value or Path(value).expanduser().exists() or hub.parse_hub_id(value) is None:
+    return value
+  try:
+    return str(hub.fetch(value, kind, progress=False))
+  except hub.HubError as e:
+    raise ConfigError(f"{where or 'method'}: {value!r}: no such local path, and as a hub id: "
+                      f"{e}") from None
+
+
 def _local_files(params, method: str, where: str):
   """`params` with each hub id among its file parameters (`HUB_FIELDS`) replaced by the local
   path it is downloaded to; a local path that exists is kept as it is."""
@@ -360,6 +373,7 @@ register("frspec", FrSpecParams, drafter_passes=_passes, head_rows=lambda p: p.k
 
 def ranker_shapes(path: str, where: str) -> tuple[int, int, int]:
   """(V, d', d) of a ranker file, from its header; an unreadable file is a ConfigError."""
+  path = _local(path, "file", where)
   if not Path(path).is_file():
     raise ConfigError(f"{where}: ranker={path!r} is not a readable ranker file (no such file; "
                       f"train one with `python -m vocabjax.train.ranker --config "
@@ -412,6 +426,7 @@ def _specvocab(target, draft, p: SpecVocabParams, mesh=None):
 # target's own features; no separate drafter.
 
 def _eagle_config(path: str, where: str):
+  path = _local(path, "eagle", where)
   try:
     return load_head_config(path)
   except CheckpointError as e:
@@ -454,7 +469,7 @@ def _eagle_rows(p: EagleParams) -> int:
   else the head's own rows or the target's V."""
   if p.subset:
     try:
-      return len(VocabSubset.load(p.subset).ids)
+      return len(VocabSubset.load(_local(p.subset, "file")).ids)
     except SubsetError as e:
       raise ConfigError(f"eagle.subset={p.subset!r}: {e}") from None
   if p.ranker:
@@ -552,6 +567,7 @@ def _eagle_pld(target, draft, p: EaglePldParams, mesh=None):
 def _medusa_meta(path: str, where: str) -> dict:
   import json
 
+  path = _local(path, "medusa", where)
   try:
     raw = json.loads((Path(path) / "config.json").read_text())
     return {"heads": int(raw["medusa_num_heads"]), "vocab": raw.get("vocab_size"),
@@ -605,7 +621,8 @@ class MedusaParams:
 
 def _medusa_rows(p: MedusaParams) -> int:
   meta = _medusa_meta(p.heads, "medusa")
-  K = p.k if p.counts else (VocabSubset.load(p.subset).size if p.subset else meta["vocab"])
+  K = p.k if p.counts else (VocabSubset.load(_local(p.subset, "file")).size if p.subset
+                            else meta["vocab"])
   return meta["heads"] * int(K or 0)
 
 
