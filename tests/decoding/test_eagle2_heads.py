@@ -215,3 +215,26 @@ def test_frspec_released_token_lists_restrict_an_eagle2_head_exactly(target, tin
                                  "top_k=3", "--set", "depth=3", "--set", "total_tokens=6",
                                  "--set", f"subset={tmp_path / 'freq_64.pt'}"]))
   assert spec["output_ids"] == ar["output_ids"]
+
+
+def test_an_eagle2_head_on_a_mesh_gives_the_one_device_tokens(target, tmp_path):
+  """On a (2, 4) mesh of virtual CPU devices (weights loaded straight onto it), EAGLE-2 tree
+  decoding with an EAGLE-1/2 head gives plain decoding's tokens, row by row."""
+  from vocabjax import sharding
+  from vocabjax.decoding import Decoder, EagleDecoder
+  from vocabjax.decoding.tree import TreeParams
+  from vocabjax.sampling import SamplingParams
+
+  if jax.device_count() < 8:
+    pytest.fail("needs 8 devices: run via pytest (tests/conftest.py sets XLA_FLAGS)")
+  hc = eagle2_config(target.config)
+  p = eagle2_params(hc, seed=6)
+  mesh = sharding.make_mesh(data=2, model=4)
+  m = load_model(target.source, dtype="float32", mesh=mesh)
+  prompts = [target.tokenizer(t)["input_ids"] for t in ("def add(a, b):", "The quick brown")]
+  greedy = SamplingParams(temperature=0.0)
+  ar = Decoder(target.params, target.config).generate(prompts, max_new_tokens=10,
+                                                      sampling=greedy)
+  dec = EagleDecoder(m.params, m.config, p, hc, tree=TreeParams(3, 3, 6), mesh=mesh)
+  out = dec.generate(prompts, max_new_tokens=10, sampling=greedy)
+  assert out.tokens == ar.tokens

@@ -359,3 +359,34 @@ def test_eagle3_head_and_its_greedy_drafts_match_specforge(target, eagle3_pair):
       seq, hid = seq + [tok], torch.cat([hid, out[-1:]], 0)
       out, logits = _ref3(ref, seq, hid)
     assert ours_d == ref_d, text
+
+
+def test_a_medusa_file_with_more_heads_than_its_config_says_is_read_whole(target, medusa_pair,
+                                                                         tmp_path, capsys):
+  """Medusa's own vicuna-7b heads ship a config.json saying 2 heads beside a file of 5 (its
+  loader reads them all): every head in the file is read, and the run says so."""
+  import json
+
+  from vocabjax.checkpoints.medusa import load_medusa, save_medusa
+
+  mc, params, _ = medusa_pair
+  d = save_medusa(params, mc, tmp_path / "h")
+  raw = json.loads((d / "config.json").read_text())
+  raw["medusa_num_heads"] = 1
+  (d / "config.json").write_text(json.dumps(raw))
+  mc2, p2, _ = load_medusa(d, target_config=target.config)
+  assert mc2.num_heads == mc.num_heads == len(p2["heads"])
+  assert "config.json says medusa_num_heads=1 but the file holds 3 heads" in capsys.readouterr().err
+
+
+def test_an_eagle12_head_for_another_target_is_refused_by_name(target, eagle_pair, tmp_path):
+  from vocabjax.checkpoints.eagle2 import load_eagle2, save_eagle2
+
+  cfg, ours, _ = eagle_pair
+  d = save_eagle2(ours, cfg, tmp_path / "h")
+  for change, match in (({"hidden_size": 96}, "features of width 64, the target's hidden size "
+                         "is 96"), ({"vocab_size": 321}, "vocabulary of 320 tokens, the target "
+                                    "has V=321")):
+    other = dataclasses.replace(target.config, **change)
+    with pytest.raises(ValueError, match=match):
+      load_eagle2(d, target_config=other)
