@@ -78,3 +78,18 @@ def test_reading_without_repair_leaves_a_file_being_written_alone(tmp_path):
   assert read_jsonl(p, repair=False) == [{"a": 1}]
   assert p.read_text() == '{"a": 1}\n{"a": 2, "b'
   assert read_jsonl(p) == [{"a": 1}] and p.read_text() == '{"a": 1}\n'  # the default repairs
+
+
+def test_a_complete_corrupt_last_line_is_an_error_not_a_torn_write(tmp_path):
+  """Only an unterminated last line is a torn write. A newline-terminated last line that does
+  not parse was written whole and damaged since: an error naming file:line, the file kept
+  (before: dropped as torn, and the file rewritten, to 0 bytes when it was the only line)."""
+  p = tmp_path / "rows.jsonl"
+  for text, line in (('{"a": 1}\n{"a": 2, "b\n', 2), ('garbage\n', 1)):
+    p.write_text(text)
+    with pytest.raises(ValueError, match=rf"rows.jsonl:{line} is corrupt \(the last line, but "
+                       r"complete"):
+      read_jsonl(p)
+    assert p.read_text() == text
+    with pytest.raises(ValueError, match="is corrupt"):
+      read_jsonl(p, repair=False)

@@ -117,25 +117,32 @@ def append_jsonl(path: str | os.PathLike, record: dict) -> None:
 
 def read_jsonl(path: str | os.PathLike, error: type[Exception] = ValueError, *,
                repair: bool = True) -> list[dict]:
-  """The records of a JSON-lines file written by `append_jsonl` ([] when absent). A torn last
-  line (an interrupted write) is dropped and, with `repair`, the file rewritten without it,
-  whatever else it holds (also when it was the only line); an unterminated but whole last
-  record gets its newline. `repair=False` only reads (a file another process may still be
-  appending to). A corrupt line elsewhere raises `error` naming the file and line."""
+  """The records of a JSON-lines file written by `append_jsonl` ([] when absent). Only an
+  unterminated last line that does not parse is a torn write (an interrupted append): it is
+  dropped and, with `repair`, the file rewritten without it (also when it was the only line);
+  an unterminated but whole last record gets its newline. A complete (newline-terminated) line
+  that does not parse, the last one included, was written whole and corrupted since: `error`
+  naming the file and line, and nothing rewritten. `repair=False` only reads (a report of
+  recorded runs, a file another process may still be appending to)."""
   path = Path(path)
   if not path.exists():
     return []
   out = []
   text = path.read_text()
   lines = text.splitlines()
+  terminated = text.endswith("\n")
+  torn = False
   for i, line in enumerate(lines):
     try:
       out.append(json.loads(line))
     except json.JSONDecodeError:
-      if i != len(lines) - 1:
-        raise error(f"{path}:{i + 1} is corrupt (not the last line, so not an interrupted "
-                    f"write); move the file away to rerun") from None
+      if i != len(lines) - 1 or terminated:
+        where = ("not the last line" if i != len(lines) - 1 else
+                 "the last line, but complete (newline-terminated)")
+        raise error(f"{path}:{i + 1} is corrupt ({where}, so not an interrupted write); move "
+                    f"the file away to rerun") from None
+      torn = True
       print(f"[vocabjax] dropping a torn last line of {path}", file=sys.stderr)
-  if repair and (len(out) < len(lines) or (text and not text.endswith("\n"))):
+  if repair and (torn or (text and not terminated)):
     atomic_write_text(path, "".join(json.dumps(r) + "\n" for r in out))
   return out

@@ -83,3 +83,18 @@ def test_report_only_refuses_what_it_cannot_report(suite, tmp_path):  # noqa: F8
   (out / "run.json").write_text(json.dumps({"fingerprint": "other", "config": {}}))
   with pytest.raises(ConfigError, match="different configuration"):
     _run(path, out, "--report-only")
+
+
+def test_report_only_never_rewrites_the_records_file(tmp_path):
+  """A torn last line is left where it is by --report-only (a run appending to the file may
+  still be writing it; only a run repairs), and a complete corrupt last line is an error."""
+  from vocabjax.eval.runner import ResultDirError, read_records
+
+  p = tmp_path / "questions.jsonl"
+  p.write_text('{"qid": "a"}\n{"qid": "b", "x')
+  assert read_records(p, repair=False) == [{"qid": "a"}]
+  assert p.read_text() == '{"qid": "a"}\n{"qid": "b", "x'
+  p.write_text('{"qid": "a"}\nnot json\n')
+  with pytest.raises(ResultDirError, match=r"questions.jsonl:2 is corrupt"):
+    read_records(p, repair=False)
+  assert p.read_text() == '{"qid": "a"}\nnot json\n'

@@ -105,9 +105,10 @@ def prepare_dir(out: Path, config: EvalConfig, *, overwrite: bool,
                             "created": datetime.datetime.now().isoformat(timespec="seconds")})
 
 
-def read_records(path: Path) -> list[dict]:
-  """Records written so far; a torn last line (interrupted write) is dropped."""
-  return read_jsonl(path, ResultDirError)
+def read_records(path: Path, *, repair: bool = True) -> list[dict]:
+  """Records written so far; a torn last line (interrupted write) is dropped (and, with
+  `repair`, the file rewritten without it: a run about to append; a report only reads)."""
+  return read_jsonl(path, ResultDirError, repair=repair)
 
 
 @dataclasses.dataclass
@@ -403,7 +404,7 @@ def report_only(config: EvalConfig, out: str | os.PathLike, *,
   prepare_dir(out, config, overwrite=False, claim=False)  # same configuration, or an error
   ref_path = report.reference_summary_path(config.name, out, reference)
   prompts = load_prompts(config.datasets)
-  records = read_records(out / RECORDS)
+  records = read_records(out / RECORDS, repair=False)  # a report rewrites no records file
   if not records:
     raise ResultDirError(f"--report-only: {out / RECORDS} holds no records yet")
   names = [m.name for m in config.methods]
