@@ -218,3 +218,28 @@ def test_the_cli_refuses_a_bad_source_before_claiming_the_output(suite, tmp_path
   assert not out.exists()
   with pytest.raises(ConfigError, match="this run's own --out"):
     _run(path, out, "--reuse", str(out))
+
+
+def test_a_flipped_bit_with_size_and_mtime_restored_changes_the_content_id(tmp_path,
+                                                                           monkeypatch):
+  """The content id of a local file is reused only under a stamp that any write moves (ctime,
+  inode): flipping one bit of a model's weights and setting its mtime back (size unchanged) is
+  a new id, so a suite's records are not resumed as if the model were the same (before: the
+  cache keyed by path, size and mtime gave the old hash)."""
+  import os
+
+  from vocabjax.eval import provenance
+
+  monkeypatch.setenv("VOCABJAX_CACHE", str(tmp_path / "cache"))
+  f = tmp_path / "model.safetensors"
+  f.write_bytes(bytes(range(256)) * 64)
+  before = provenance.content_id(str(f))
+  st = f.stat()
+  data = bytearray(f.read_bytes())
+  data[1000] ^= 1
+  f.write_bytes(bytes(data))
+  os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))  # size and mtime as they were
+  assert f.stat().st_size == st.st_size and f.stat().st_mtime_ns == st.st_mtime_ns
+  after = provenance.content_id(str(f))
+  assert after != before
+  assert provenance.content_id(str(f)) == after  # then remembered: one stat per run

@@ -9,9 +9,16 @@ the old one aside), so one table never blends two models' drafts or two machines
     inputs(config, prompts) -> {"models": {...}, "files": {...}, "questions": sha,
                                 "vocabjax": version, "machine": {...}}
 
-Content ids: a registry name is its pinned sha256 (`checkpoints.zoo`); a file its sha256,
-cached in `<cache>/content_hashes.json` by (path, size, mtime) so a multi-GB checkpoint is
-hashed once; a directory the hash of its files' relative paths and ids.
+Content ids: a registry name is its pinned sha256 (`checkpoints.zoo`); a hub id the commit its
+revision names (its files are checked against that commit's hashes when downloaded); a file its
+sha256, cached in `<cache>/content_hashes.json` under a stamp no change of content can pass
+unnoticed: (path, size, mtime, inode, ctime). mtime alone can be set back after an edit
+(`touch -d`, `cp -p`, an editor that restores it: a flipped bit with size and mtime kept was
+resumed as the old model); ctime cannot be set by a user and moves with every write to the
+file, and a replaced file has a new inode. So a multi-GB checkpoint is hashed once (about 2-6 s
+for 3 GB at this machine's 0.5-1.5 GB/s of sha256) and then costs one stat per run; any write to
+it, even one that restores its size and mtime, costs one more hash. A directory is the hash of
+its files' relative paths and ids.
 """
 
 from __future__ import annotations
@@ -58,11 +65,17 @@ def _cache_file() -> Path:
   return cache_dir() / _HASHES
 
 
+def _stamp(path: Path, st: os.stat_result) -> str:
+  """What a cached hash is reused under (module doc): size, mtime, inode and ctime."""
+  return f"{path}|{st.st_size}|{st.st_mtime_ns}|{st.st_ino}|{st.st_ctime_ns}"
+
+
 def file_sha256(path: Path) -> str:
-  """sha256 of a file, remembered by (absolute path, size, mtime_ns)."""
+  """sha256 of a file, remembered under its stamp (`_stamp`: path, size, mtime, inode,
+  ctime)."""
   path = Path(path).resolve()
   st = path.stat()
-  key = f"{path}|{st.st_size}|{st.st_mtime_ns}"
+  key = _stamp(path, st)
   cache = _cache_file()
   try:
     known = json.loads(cache.read_text())
@@ -81,12 +94,13 @@ def file_sha256(path: Path) -> str:
 
 
 def _still_there(key: str) -> bool:
-  path, size, mtime = key.rsplit("|", 2)
+  """Whether a cached entry's file is still there unchanged (entries of the older
+  (path, size, mtime) form are dropped: they cannot tell a restored mtime)."""
+  path = key.rsplit("|", 4)[0]
   try:
-    st = Path(path).stat()
+    return _stamp(Path(path), Path(path).stat()) == key
   except OSError:
     return False
-  return str(st.st_size) == size and str(st.st_mtime_ns) == mtime
 
 
 def content_id(source: str | os.PathLike) -> str:
