@@ -21,7 +21,7 @@ import numpy as np
 from safetensors import SafetensorError
 from safetensors.numpy import load_file, save_file
 
-from vocabjax.checkpoints.convert import CheckpointError
+from vocabjax.checkpoints.convert import CheckpointError, check_finite
 from vocabjax.io import atomic_write_json
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.identity import drafter_identity
@@ -88,6 +88,7 @@ def load_distilled(directory, base_params, base_config: LlamaLikeConfig):
     flat = load_file(str(directory / "drafter.safetensors"))
   except (OSError, json.JSONDecodeError, SafetensorError) as e:
     raise DistilledError(f"{directory} is not a readable distilled drafter ({e})") from None
+  check_finite(flat, str(directory / "drafter.safetensors"))  # the adapters / weights as stored
   want, got = meta["base"], drafter_identity(base_params, base_config)
   if want != got:
     raise DistilledError(f"{directory} was distilled from another drafter ({want}), not this "
@@ -100,4 +101,5 @@ def load_distilled(directory, base_params, base_config: LlamaLikeConfig):
   head = None
   if (directory / "head.safetensors").exists():
     head = {k: jnp.asarray(v) for k, v in load_file(str(directory / "head.safetensors")).items()}
+    check_finite(head, str(directory / "head.safetensors"))
   return params, head

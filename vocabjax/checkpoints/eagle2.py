@@ -25,7 +25,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from vocabjax.checkpoints.convert import CheckpointError
+from vocabjax.checkpoints.convert import CheckpointError, check_finite
 from vocabjax.checkpoints.eagle3 import _Safetensors, _State, load_eagle3, load_eagle3_config
 from vocabjax.checkpoints.hf import torch_state
 from vocabjax.checkpoints.hf_config import UnsupportedConfigError, config_from_hf
@@ -154,6 +154,7 @@ def load_eagle2(directory, *, target_config: LlamaLikeConfig | None = None,
             "d2t": jnp.zeros((config.draft_vocab_size,), jnp.int32)}
   if "fc_bias" in tensors:
     params["input_fc_bias"] = jnp.asarray(tensors["fc_bias"], dtype)
+  check_finite(params, str(directory))
   return config, params, {}
 
 

@@ -37,7 +37,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from vocabjax.checkpoints.convert import CheckpointError, check_trained_for
+from vocabjax.checkpoints.convert import CheckpointError, check_finite, check_trained_for
 from vocabjax.checkpoints.hf import torch_state
 from vocabjax.checkpoints.hf_config import UnsupportedConfigError, config_from_hf, hf_rope_fields
 from vocabjax.checkpoints.hub import allow_bin_default, bin_refusal
@@ -195,6 +195,7 @@ def load_eagle3(directory, *, target_config: LlamaLikeConfig | None = None,
     params["lm_head"] = jnp.asarray(tensors[TOP["lm_head"]], dtype)
   if config.has_fc:
     params["fc"] = jnp.asarray(tensors[TOP["fc"]], dtype)
+  check_finite(params, str(directory))
   return config, params, target
 
 

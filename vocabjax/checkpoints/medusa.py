@@ -20,7 +20,7 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from vocabjax.checkpoints.convert import CheckpointError, check_trained_for
+from vocabjax.checkpoints.convert import CheckpointError, check_finite, check_trained_for
 from vocabjax.checkpoints.hub import allow_bin_default, bin_refusal
 from vocabjax.io import atomic_directory
 from vocabjax.models.config import LlamaLikeConfig
@@ -135,4 +135,5 @@ def load_medusa(directory, *, target_config: LlamaLikeConfig, target_params: dic
     if not shared:
       head["lm_head"] = jnp.asarray(get(f"{i}.{L}.weight", (V, D)), dtype)
     heads.append(head)
+  check_finite({"heads": heads}, str(directory))
   return config, {"heads": heads}, target

@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vocabjax.checkpoints.convert import CheckpointError, check_finite
 from vocabjax.sampling import top_k
 from vocabjax.io import atomic_write_bytes
 from vocabjax.kernels.indexed_lm_head import indexed_lm_head
@@ -115,6 +116,10 @@ class Ranker:
     missing = {"down", "vocab"} - set(t)
     if missing:
       raise RankerError(f"{path} lacks tensor(s) {sorted(missing)}")
+    try:
+      check_finite({"down": t["down"], "vocab": t["vocab"]}, str(path))
+    except CheckpointError as e:
+      raise RankerError(str(e)) from None
     return cls(t["down"], t["vocab"], json.loads(md["drafter"]), json.loads(md["meta"]))
 
 
