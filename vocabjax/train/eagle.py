@@ -87,8 +87,8 @@ from vocabjax.train.features import (files_key, forward_len, heldout_records, jo
                                      model_identity, pending_shards, read_records, read_shards,
                                      write_shards)
 from vocabjax.train.loop import (OptimConfig, TrainError, TrainRun, TrainState, apply_grads,
-                                 job_fields, make_optimizer, optimizer_of, run_job_cli,
-                                 step_rng, train_fingerprint)
+                                 check_settings, job_fields, make_optimizer, optimizer_of,
+                                 run_job_cli, step_rng, train_fingerprint)
 from vocabjax.train.losses import (blocked_probs_cross_entropy, soft_cross_entropy,
                                    teacher_prob_blocks, vocab_cross_entropy)
 from vocabjax.vocab.subset import VocabSubset
@@ -145,6 +145,7 @@ class EagleJob:
   soft_labels: bool = False  # the target's distribution as the label (needs final_hidden)
 
   def __post_init__(self):
+    check_settings(self)
     if not self.data:
       raise TrainError("no data files given")
     if isinstance(self.features, list):  # YAML gives lists; a str stays a str (fingerprints)

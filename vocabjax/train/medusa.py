@@ -49,8 +49,8 @@ from vocabjax.models.medusa import MedusaConfig, init_medusa, medusa_hidden
 from vocabjax.train.eagle import EagleJob, build_eagle_features, load_eagle_features
 from vocabjax.train.features import heldout_records, model_identity
 from vocabjax.train.loop import (OptimConfig, TrainError, TrainRun, TrainState, apply_grads,
-                                 job_fields, make_optimizer, optimizer_of, run_job_cli,
-                                 step_rng, train_fingerprint)
+                                 check_settings, job_fields, make_optimizer, optimizer_of,
+                                 run_job_cli, step_rng, train_fingerprint)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +83,7 @@ class MedusaJob:
   seed: int = 0
 
   def __post_init__(self):
+    check_settings(self)
     if not self.data:
       raise TrainError("no data files given")
     if self.num_heads < 1 or self.num_layers < 1:

@@ -69,8 +69,8 @@ from vocabjax.train.features import (FeatureSpec, Features, build_features, forw
                                      model_identity, pending_shards, sequence_hidden,
                                      write_shards)
 from vocabjax.train.loop import (OptimConfig, TrainError, TrainRun, TrainState, apply_grads,
-                                 job_fields, make_optimizer, optimizer_of, run_job_cli,
-                                 step_rng, train_fingerprint)
+                                 check_settings, job_fields, make_optimizer, optimizer_of,
+                                 run_job_cli, step_rng, train_fingerprint)
 from vocabjax.train.losses import label_ranks, vocab_cross_entropy
 from vocabjax.vocab.ranked import Ranker, RankerError, svd_of_head
 from vocabjax.models.identity import drafter_identity
@@ -120,6 +120,7 @@ class RankerJob:
   eagle_features: str | tuple[str, ...] | None = None
 
   def __post_init__(self):
+    check_settings(self)
     if isinstance(self.eagle_features, list):
       object.__setattr__(self, "eagle_features", tuple(self.eagle_features))
     if (self.eagle_head is None) != (self.eagle_features is None):

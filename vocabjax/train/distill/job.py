@@ -7,7 +7,7 @@ from pathlib import Path
 
 from vocabjax.checkpoints.loader import load_model
 from vocabjax.train.features import files_key, job_fingerprint
-from vocabjax.train.loop import TrainError, job_fields
+from vocabjax.train.loop import TrainError, check_settings, job_fields
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,15 +56,7 @@ class DistillJob:
                        f"lora_rank={self.lora_rank}, steps={self.steps}")
     if not 0 <= self.heldout < 1:
       raise TrainError(f"heldout={self.heldout} must be in [0, 1)")
-    import math
-    for name in ("lam", "rejection_weight", "acceptance_mu", "lr", "head_lr", "clip_norm",
-                 "weight_decay", "lora_alpha"):
-      v = getattr(self, name)
-      if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-        raise TrainError(f"{name}={v!r} must be a finite number >= 0 (a loss weight or an "
-                         f"optimizer setting)")
-    if self.lr == 0:
-      raise TrainError("lr=0 trains nothing")
+    check_settings(self)  # the optimizer's and the losses' numbers (train.loop.SETTINGS)
     if self.online_every < 1 or self.online_steps < 0:
       raise TrainError(f"need online_every >= 1 and online_steps >= 0; got online_every="
                        f"{self.online_every}, online_steps={self.online_steps}")
