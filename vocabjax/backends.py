@@ -50,3 +50,28 @@ def skip_absent_tpu() -> None:
     import jax
 
     jax.config.update("jax_platforms", "cpu")
+
+
+def available_memory_bytes(device=None) -> int | None:
+  """Memory a new allocation can have on `device` (default: JAX's first): the host's
+  MemAvailable for a CPU device, the device's bytes_limit - bytes_in_use otherwise; None when
+  unknown."""
+  import jax
+
+  device = device or jax.devices()[0]
+  if device.platform == "cpu":
+    try:
+      with open("/proc/meminfo") as f:
+        for line in f:
+          if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    except OSError:
+      return None
+    return None
+  try:
+    stats = device.memory_stats() or {}
+  except Exception:  # a backend without memory stats
+    return None
+  if "bytes_limit" not in stats:
+    return None
+  return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))

@@ -41,7 +41,7 @@ from vocabjax.decoding.eagle import EagleDecoder, EagleLookupDecoder
 from vocabjax.decoding.medusa import MedusaDecoder, medusa_choices_for
 from vocabjax.decoding.pld import PromptLookupDecoder
 from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder, block_layout
-from vocabjax.decoding.tree import TreeParams
+from vocabjax.decoding.tree import MAX_TREE_NODES, TreeParams
 from vocabjax.errors import ConfigError
 from vocabjax.models.medusa import medusa_tree
 from vocabjax.vocab.ranked import (Ranker, RankerError, SpeculativeVocab, ranked_head_rows,
@@ -210,8 +210,9 @@ class ChainParams:
   subset: str = ""  # a saved static vocabulary subset (.npz) for a trimmed drafter head
 
   def check(self, where: str) -> None:
-    if self.gamma < 1:
-      raise ConfigError(f"{where}: chain needs gamma >= 1, got gamma={self.gamma}")
+    if not 1 <= self.gamma <= MAX_TREE_NODES:
+      raise ConfigError(f"{where}: chain needs 1 <= gamma <= {MAX_TREE_NODES} (a step verifies "
+                        f"gamma + 1 tokens as one block), got gamma={self.gamma}")
     _check_subset_file(where, "chain", self.subset)
 
 
@@ -264,7 +265,8 @@ class PldParams:
   candidates: int = 1  # continuations of that many matches merged into a tree (1: a chain)
 
   def check(self, where: str) -> None:
-    if self.gamma < 1 or not 1 <= self.min_ngram <= self.max_ngram or self.candidates < 1:
+    if (not 1 <= self.gamma <= MAX_TREE_NODES or not 1 <= self.min_ngram <= self.max_ngram
+        or not 1 <= self.candidates <= MAX_TREE_NODES):
       raise ConfigError(f"{where}: pld needs gamma >= 1, 1 <= min_ngram <= max_ngram and "
                         f"candidates >= 1, got gamma={self.gamma}, min_ngram={self.min_ngram}, "
                         f"max_ngram={self.max_ngram}, candidates={self.candidates}")
@@ -290,9 +292,9 @@ def _pld(target, draft, p: PldParams, mesh=None):
 def _check_draft(where: str, method: str, k: int, gamma: int, top_k: int, depth: int,
                  total_tokens: int) -> None:
   """k and gamma positive; a tree's parameters valid and its top_k within the k candidates."""
-  if k < 1 or gamma < 1:
-    raise ConfigError(f"{where}: {method} needs k >= 1 and gamma >= 1, got k={k}, "
-                      f"gamma={gamma}")
+  if k < 1 or not 1 <= gamma <= MAX_TREE_NODES:
+    raise ConfigError(f"{where}: {method} needs k >= 1 and 1 <= gamma <= {MAX_TREE_NODES}, got "
+                      f"k={k}, gamma={gamma}")
   if depth:
     _tree(where, method, top_k, depth, total_tokens)
     if top_k > k:

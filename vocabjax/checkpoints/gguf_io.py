@@ -62,10 +62,90 @@ def _reader_class():
   return FastReader
 
 
+# GGUF value types (gguf's GGUFValueType) -> bytes of one value; 8 = string, 9 = array
+_SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+
+def check_header_counts(path: Path) -> None:
+  """Walk a GGUF file's header (its metadata and tensor infos) checking every count and length
+  against the bytes left in the file before anything is allocated: `gguf`'s reader trusts them,
+  and a 140-byte file whose array claims 2^40 elements makes it allocate until memory runs out.
+  CheckpointError naming the key and the count."""
+  import struct
+
+  size = path.stat().st_size
+  with open(path, "rb") as f:
+    data = f.read(min(size, 64 << 20))  # the header: metadata and tensor infos come first
+  pos = 0
+
+  def need(n: int, what: str) -> None:
+    if n < 0 or pos + n > size:
+      raise CheckpointError(f"{path}: corrupt or truncated GGUF header: {what} needs {n:,} "
+                            f"bytes at offset {pos:,}, the file has {size:,}")
+    if pos + n > len(data):
+      raise CheckpointError(f"{path}: GGUF header larger than {len(data) >> 20} MB at {what}: "
+                            f"not a model file vocabjax reads")
+
+  def take(fmt: str, what: str):
+    nonlocal pos
+    n = struct.calcsize(fmt)
+    need(n, what)
+    v = struct.unpack_from(fmt, data, pos)
+    pos += n
+    return v[0] if len(v) == 1 else v
+
+  def string(what: str) -> str:
+    nonlocal pos
+    n = take("<Q", what)
+    need(n, f"{what} ({n:,}-byte string)")
+    out = data[pos:pos + n].decode("utf-8", "replace")
+    pos += n
+    return out
+
+  def value(t: int, what: str) -> None:
+    nonlocal pos
+    if t in _SCALAR_BYTES:
+      need(_SCALAR_BYTES[t], what)
+      pos += _SCALAR_BYTES[t]
+    elif t == 8:
+      string(what)
+    elif t == 9:
+      et, count = take("<I", what), take("<Q", what)
+      least = _SCALAR_BYTES.get(et, 8)  # a string element is at least its 8-byte length
+      need(count * least, f"{what}: an array claiming {count:,} elements")
+      if et in _SCALAR_BYTES:
+        pos += count * least
+      else:
+        for i in range(count):
+          value(et, f"{what}[{i}]")
+    else:
+      raise CheckpointError(f"{path}: corrupt GGUF header: {what} has unknown value type {t}")
+
+  magic = take("<4s", "the magic")
+  if magic != b"GGUF":
+    raise CheckpointError(f"{path}: not a GGUF file (magic {magic!r})")
+  take("<I", "the version")
+  n_tensors, n_kv = take("<Q", "the tensor count"), take("<Q", "the metadata count")
+  need(n_kv * 13, f"{n_kv:,} metadata entries")  # key length 8 + type 4 + a 1-byte value
+  need(n_tensors * 24, f"{n_tensors:,} tensor infos")  # name 8 + dims 4 + type 4 + offset 8
+  for i in range(n_kv):
+    key = string(f"metadata key {i}")
+    value(take("<I", f"{key}'s type"), key)
+  for i in range(n_tensors):
+    name = string(f"tensor info {i}")
+    dims = take("<I", f"{name}'s dimension count")
+    if dims > 8:
+      raise CheckpointError(f"{path}: corrupt GGUF header: tensor {name} claims {dims} "
+                            f"dimensions")
+    need(8 * dims + 12, f"tensor {name}'s shape")
+    pos += 8 * dims + 12
+
+
 def open_gguf(path: str | os.PathLike):
   """A GGUFReader, after checking the file is complete; CheckpointError otherwise."""
   path = Path(path)
   size = path.stat().st_size
+  check_header_counts(path)
   try:
     reader = _reader_class()(path)
   except Exception as e:  # the reader raises ValueError/IndexError/... on garbage

@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vocabjax import sharding
+from vocabjax.backends import available_memory_bytes
 from vocabjax.decoding.base import DecodingMethod, GenerationResult
 from vocabjax.decoding.engine import ProgramCache, Request, fold_in, host_loop
 from vocabjax.sampling import NONFINITE, SamplingParams, sample
@@ -419,6 +420,18 @@ def validate_request(prompts: list[list[int]], max_new_tokens: int, sampling: Sa
                      f"context {config.max_position_embeddings}")
 
 
+def check_cache_fits(config: LlamaLikeConfig, B: int, S: int, method: str) -> None:
+  """Refuse, before anything is compiled or allocated, a target KV cache that cannot fit: B rows
+  of S slots need at least 2 (K and V) x layers x B x S x KV heads x head dim x 2 bytes (bf16:
+  a lower bound whatever the dtype) against the memory free on the device (`backends`)."""
+  need = 2 * config.num_layers * B * S * config.num_kv_heads * config.head_dim * 2
+  free = available_memory_bytes()
+  if free is not None and need > free:
+    raise ValueError(f"{method}: the target's KV cache for {B} row(s) x {S:,} slots needs at "
+                     f"least {need / 2**30:,.1f} GiB; {free / 2**30:,.1f} GiB are free on "
+                     f"{jax.devices()[0].platform}: fewer rows, new tokens or draft tokens")
+
+
 def block_request(prompts: Sequence[Sequence[int]], max_new_tokens: int,
                   sampling: SamplingParams, config: LlamaLikeConfig, max_len: int | None,
                   extra_slots: int, method: str):
@@ -430,10 +443,16 @@ def block_request(prompts: Sequence[Sequence[int]], max_new_tokens: int,
   validate_request(prompts, max_new_tokens, sampling, config, None)
   lengths = np.array([len(p) for p in prompts], np.int32)
   longest = int(lengths.max())
+  if extra_slots > config.max_position_embeddings:
+    raise ValueError(f"one {method} step writes {extra_slots} cache slots (its draft length or "
+                     f"tree), more than the model's whole context of "
+                     f"{config.max_position_embeddings} positions: lower gamma / the tree's "
+                     f"total_tokens")
   if max_len is not None and longest + room > max_len:
     raise ValueError(f"prompt of {longest} tokens + {max_new_tokens=} + {extra_slots} slots for "
                      f"one {method} step = {longest + room} exceeds the cache length {max_len=}")
   S = cache_slots(longest, room, max_len)
+  check_cache_fits(config, len(prompts), S, method)
   T = min(prompt_bucket(longest), S)
   tokens = np.zeros((len(prompts), T), np.int32)
   for b, p in enumerate(prompts):

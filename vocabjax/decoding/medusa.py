@@ -31,11 +31,12 @@ from vocabjax.lowering import lowered, lowering_of
 from vocabjax.sampling import SamplingParams, sample, top_k
 from vocabjax.decoding.autoregressive import prefill_in_bf16
 from vocabjax.decoding.speculative import SpeculativeDecoder
-from vocabjax.decoding.tree import TreeBounds, verify_tree
+from vocabjax.decoding.tree import MAX_TREE_NODES, TreeBounds, verify_tree
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import forward, is_int8, lm_head, lm_head_weight
-from vocabjax.models.medusa import MedusaConfig, MedusaTree, medusa_hidden, medusa_tree
+from vocabjax.models.medusa import (MedusaConfig, MedusaError, MedusaTree, medusa_hidden,
+                                    medusa_tree)
 from vocabjax.vocab.policy import policy_state, with_policy_state
 from vocabjax.vocab.subset import VocabSubset
 
@@ -228,6 +229,11 @@ class MedusaDecoder(SpeculativeDecoder):
 def medusa_choices_for(num_heads: int, top_k: int) -> list[list[int]]:
   """A simple full tree: every path of ranks < `top_k` down to depth `num_heads` (k + k^2 + ...
   nodes); Medusa's tuned sparse trees (e.g. `mc_sim_7b_63`) can be passed as they are."""
+  n = sum(top_k ** d for d in range(1, num_heads + 1))
+  if n > MAX_TREE_NODES:
+    raise MedusaError(f"a full tree of top_k={top_k} ranks over {num_heads} heads has {n:,} "
+                      f"nodes; one verification reads them all as one block: at most "
+                      f"{MAX_TREE_NODES:,} (set depth, or pass a sparse `choices` list)")
   paths: list[list[int]] = [[]]
   out = []
   for _ in range(num_heads):

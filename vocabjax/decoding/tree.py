@@ -35,6 +35,9 @@ from vocabjax.models.llamalike import forward, forward_features, lm_head
 from vocabjax.vocab.policy import full_policy, to_target_many
 
 
+MAX_TREE_NODES = 4096  # nodes one verification reads as a block (the trees used run 8-64)
+
+
 @dataclasses.dataclass(frozen=True)
 class TreeParams:
   """EAGLE-2 tree budget."""
@@ -52,6 +55,10 @@ class TreeParams:
       raise ValueError(f"tree budget total_tokens={self.total_tokens} is smaller than "
                        f"depth={self.depth}: {self.total_tokens} nodes below the root reach "
                        f"depth {self.total_tokens} at most; raise total_tokens or lower depth")
+    if self.total_tokens > MAX_TREE_NODES or self.top_k > MAX_TREE_NODES:
+      raise ValueError(f"tree total_tokens={self.total_tokens}, top_k={self.top_k}: one "
+                       f"verification reads the tree as one block, at most {MAX_TREE_NODES} "
+                       f"nodes")
     if self.total_tokens > self.num_candidates:
       raise ValueError(f"tree budget {self.total_tokens=} exceeds the {self.num_candidates} "
                        f"candidates that top_k={self.top_k}, depth={self.depth} produce")
