@@ -267,8 +267,9 @@ class PldParams:
   def check(self, where: str) -> None:
     if (not 1 <= self.gamma <= MAX_TREE_NODES or not 1 <= self.min_ngram <= self.max_ngram
         or not 1 <= self.candidates <= MAX_TREE_NODES):
-      raise ConfigError(f"{where}: pld needs gamma >= 1, 1 <= min_ngram <= max_ngram and "
-                        f"candidates >= 1, got gamma={self.gamma}, min_ngram={self.min_ngram}, "
+      raise ConfigError(f"{where}: pld needs 1 <= gamma <= {MAX_TREE_NODES}, 1 <= min_ngram <= "
+                        f"max_ngram and 1 <= candidates <= {MAX_TREE_NODES}, got "
+                        f"gamma={self.gamma}, min_ngram={self.min_ngram}, "
                         f"max_ngram={self.max_ngram}, candidates={self.candidates}")
 
 

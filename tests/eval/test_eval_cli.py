@@ -299,7 +299,8 @@ def test_a_prompt_too_long_for_the_model_fails_up_front_or_is_skipped(suite, tmp
 
 
 @pytest.mark.parametrize("method, message", [
-    ({"name": "c0", "method": "chain", "gamma": 0}, "chain needs gamma >= 1, got gamma=0"),
+    ({"name": "c0", "method": "chain", "gamma": 0},
+     "chain needs 1 <= gamma <= 4096 .*got gamma=0"),
     ({"name": "t", "method": "tree", "top_k": 2, "depth": 2, "total_tokens": 9},
      "exceeds the 6 candidates"),
 ])

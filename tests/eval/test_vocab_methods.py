@@ -260,7 +260,7 @@ def test_eagle_with_prompt_lookup_is_lossless_and_records_its_lookups(head_dir, 
   gated = [r["extra"] for r in recs if r["method"] == "eagle_pld_gated"]
   assert gated and all(e["head_steps"] == 0 and e["accepted_from_lookup"] == e["accepted"]
                        for e in gated)
-  for bad, match in (({"gamma": 0}, "pld needs gamma >= 1"),
+  for bad, match in (({"gamma": 0}, "pld needs 1 <= gamma <= 4096"),
                      ({"top_k": 64, "total_tokens": 64}, "exceeds the head's vocabulary")):
     p2 = _suite(tmp_path, tiny_chat_dir, [{"name": "e", "method": "eagle_pld",
                                            "head": str(head_dir), "top_k": 2, "depth": 2,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +146,10 @@ def config_from_dict(raw: dict, *, name: str = "custom", check_files: bool = Tru
   for key in ("target", "draft", "name"):
     if raw.get(key) is not None and not isinstance(raw[key], str):
       raise ConfigError(f"{where}: {key} must be a string, got {raw[key]!r}")
+  suite_name = raw.get("name", name)
+  if not SUITE_NAME.fullmatch(str(suite_name)) or suite_name in (".", ".."):
+    raise ConfigError(f"{where}: name={suite_name!r} must be a name (letters, digits, '.', '_', "
+                      f"'-'; not a path): it names the result directory runs/<name>")
   return EvalConfig(
       target=str(raw["target"]), draft=raw.get("draft"), datasets=datasets,
       methods=tuple(methods), max_new_tokens=raw.get("max_new_tokens", 128), temperature=temp,
@@ -155,6 +160,7 @@ def config_from_dict(raw: dict, *, name: str = "custom", check_files: bool = Tru
       mesh=_mesh(raw.get("mesh"), name))
 
 
+SUITE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # the dtypes a suite may ask of `load_model` (its `_DTYPES` accepts these and their short names)
 WEIGHT_DTYPES = ("float32", "bfloat16", "float16", "int8")
 

@@ -56,15 +56,95 @@ def _move_aside(out: Path) -> None:
   print(f"[vocabjax.eval] moved the old results to {aside}", file=sys.stderr)
 
 
+LOCK = ".vocabjax.lock"
+_HELD: dict[str, int] = {}  # result directories this process has claimed -> the lock's fd
+# what a run writes into its directory (anything else there is the user's: `_check_ours`)
+OURS = ("run.json", RECORDS, "splits.json", "summary.md", "summary.csv", "summary.json", LOCK)
+
+
+def claim_dir(out: Path) -> None:
+  """Claim `out` for this process: an exclusive lock on `out/.vocabjax.lock` (flock, held until
+  the process ends or `release_dir`), with the holder's pid, host and start time written in
+  it. A second run on the same directory is refused naming that process while it lives; the
+  lock of a run that crashed went with its process, so its successor takes the directory over.
+  A process that holds the claim already keeps it."""
+  import fcntl
+  import socket
+
+  key = str(out.resolve())
+  if key in _HELD:
+    return
+  out.mkdir(parents=True, exist_ok=True)
+  path = out / LOCK
+  if path.is_symlink():
+    raise ResultDirError(f"{path} is a symbolic link: a run directory's files are its own")
+  fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+  try:
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except OSError:
+    try:
+      holder = json.loads(os.pread(fd, 4096, 0).decode() or "{}")
+    except (OSError, ValueError):
+      holder = {}
+    os.close(fd)
+    raise ResultDirError(
+        f"{out} is in use by another run: process {holder.get('pid', '?')} on "
+        f"{holder.get('host', '?')} since {holder.get('started', '?')}; wait for it to "
+        f"finish, or use another --out") from None
+  os.ftruncate(fd, 0)
+  os.pwrite(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                            "started": datetime.datetime.now().isoformat(
+                                timespec="seconds")}).encode(), 0)
+  _HELD[key] = fd
+
+
+def _check_unclaimed(out: Path) -> None:
+  """Refuse early (before models are loaded) a directory another live process has claimed."""
+  if str(out.resolve()) in _HELD or not (out / LOCK).is_file():
+    return
+  claim_dir(out)  # raises naming the holder while it lives
+  release_dir(out)
+
+
+def release_dir(out: Path) -> None:
+  """Give up this process's claim on `out` (the end of a run)."""
+  fd = _HELD.pop(str(Path(out).resolve()), None)
+  if fd is not None:
+    os.close(fd)  # closing the descriptor releases the flock
+
+
+def _check_ours(out: Path) -> None:
+  """Refuse a directory holding files vocabjax did not write there: an existing directory that
+  is no run of this library (no run.json) and is not empty, and symbolic links among a run's
+  files (appending through one would write outside the run)."""
+  if not out.is_dir():
+    return
+  entries = sorted(p.name for p in out.iterdir())
+  if entries and not (out / "run.json").exists() and not (out / RECORDS).exists():
+    foreign = [e for e in entries if e != LOCK]
+    if foreign:
+      raise ResultDirError(f"{out} is not empty and holds no vocabjax run (no run.json): "
+                           f"{foreign[:8]}; results are never mixed with other files: use a "
+                           f"new or empty directory as --out")
+  _check_unclaimed(out)
+  links = [p.name for p in out.iterdir() if p.is_symlink()]
+  if links:
+    raise ResultDirError(f"{out} holds symbolic link(s) {links[:8]}: a run writes only its own "
+                         f"files; remove them or use another --out")
+
+
 def prepare_dir(out: Path, config: EvalConfig, *, overwrite: bool,
                 inputs: dict | None = None, claim: bool = True) -> None:
   """Claim `out` for `config` made from `inputs` (`vocabjax.eval.provenance.inputs`: model
   and method file contents, the questions' text, the library version, the machine); refuse a
   directory of another configuration or of other inputs unless `overwrite`, which moves the
   old results aside (never deletes them). So a resume never mixes records of a replaced model,
-  an edited question or another machine into one table."""
+  an edited question or another machine into one table. A directory that is no vocabjax run
+  and not empty, or one holding symbolic links, is refused (`_check_ours`); claiming it takes
+  its lock (`claim_dir`)."""
   run = out / "run.json"
   records = out / RECORDS
+  _check_ours(out)
   if not run.exists() and records.exists() and records.stat().st_size:
     # records whose configuration and inputs cannot be checked: never resumed into a table
     if not overwrite:
@@ -98,7 +178,7 @@ def prepare_dir(out: Path, config: EvalConfig, *, overwrite: bool,
       _move_aside(out)
   if not claim:
     return
-  out.mkdir(parents=True, exist_ok=True)
+  claim_dir(out)
   if not run.exists():
     atomic_write_json(run, {"fingerprint": config.fingerprint(), "config": config.as_dict(),
                             "inputs": inputs,
@@ -190,6 +270,17 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
   `reuse`: result directories whose records this run would make identically are taken from
   there instead of generated again (`vocabjax.eval.reuse`: same settings, models, machine and
   version; per method the same parameters and files; per question the same text)."""
+  try:
+    return _run_suite(config, out, overwrite=overwrite, compare_torch=compare_torch,
+                      progress=progress, models=models, skip_bad_prompts=skip_bad_prompts,
+                      reference=reference, reuse=reuse)
+  finally:
+    release_dir(Path(out))  # the claim `prepare_dir` took (none: nothing to release)
+
+
+def _run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool,
+               compare_torch: bool, progress: bool, models: Loaded | None,
+               skip_bad_prompts: bool, reference: str | None, reuse: tuple[str, ...]) -> dict:
   from tqdm.auto import tqdm
 
   writer = distributed.is_main()
