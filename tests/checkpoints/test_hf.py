@@ -147,3 +147,42 @@ def test_a_non_finite_weight_is_refused_naming_the_tensor(tiny_dirs, tmp_path, b
   with pytest.raises(CheckpointError, match=r"tensor \['layers'\]\[1\]\['w_up'\] .* holds 1 "
                                             r"non-finite value\(s\)"):
     load_model(d, load_tokenizer=False)
+
+
+@pytest.mark.parametrize("change,match", [
+    ({"num_attention_heads": 0}, r"num_attention_heads=0 must be a positive integer"),
+    ({"hidden_size": 64.5}, r"hidden_size=64.5 must be a positive integer"),
+    ({"num_hidden_layers": "2"}, r"num_hidden_layers='2' must be a positive integer"),
+    ({"num_hidden_layers": None}, r"num_hidden_layers=None must be a positive integer"),
+    ({"rms_norm_eps": -1}, r"rms_norm_eps=-1 must be a number in \(0, 1\)"),
+    ("missing", r"config.json lacks \['num_hidden_layers'\]"),
+])
+def test_bad_size_fields_are_named_with_their_value(tiny_dirs, tmp_path, change, match):
+  """A size of 0, 64.5 or "2", or a missing one, is an error naming the file, the field and the
+  value (before: ZeroDivisionError, TypeError, KeyError 'num_hidden_layers', or 64.5 taken)."""
+  from vocabjax.checkpoints.hf_config import InvalidConfigError
+
+  d = _copy(tiny_dirs["llama_mha"], tmp_path / "m")
+  if change == "missing":
+    cfg = json.loads((d / "config.json").read_text())
+    del cfg["num_hidden_layers"]
+    (d / "config.json").write_text(json.dumps(cfg))
+  else:
+    _edit_config(d, **change)
+  with pytest.raises(InvalidConfigError, match=match) as e:
+    load_hf(d)
+  assert str(e.value).startswith(str(d))
+
+
+def test_a_bad_config_is_one_error_line_on_the_command_lines(tiny_chat_dir, tmp_path):
+  import subprocess
+  import sys
+
+  d = _copy(tiny_chat_dir, tmp_path / "m")
+  _edit_config(d, num_attention_heads=0)
+  for cmd in (["vocabjax.generate", "--target", str(d), "--prompt", "hi"],):
+    r = subprocess.run([sys.executable, "-m", *cmd], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines()[-1] == (f"error: {d}/config.json: num_attention_heads=0 "
+                                                 f"must be a positive integer")

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vocabjax.checkpoints.convert import CheckpointError, LAYER_NAMES, TOP_NAMES, assemble_params
-from vocabjax.checkpoints.hf_config import config_from_hf
+from vocabjax.checkpoints.hf_config import InvalidConfigError, config_from_hf
 from vocabjax.checkpoints.hub import allow_bin_default, bin_refusal
 from vocabjax.io import atomic_directory
 from vocabjax.models.config import LlamaLikeConfig
@@ -93,7 +93,10 @@ def load_hf(directory: str | os.PathLike, dtype=jnp.float32, *,
 
   directory = Path(directory)
   raw = read_hf_config(directory)
-  config = config_from_hf(raw)
+  try:
+    config = config_from_hf(raw)
+  except InvalidConfigError as e:
+    raise InvalidConfigError(f"{directory}/{e}") from None
   handles, where = [], {}
   has_safetensors = any((directory / f).exists() for f in ("model.safetensors",
                                                            "model.safetensors.index.json"))

@@ -43,6 +43,33 @@ class UnsupportedConfigError(ValueError):
   """A config field or value this decoder family does not implement."""
 
 
+class InvalidConfigError(ValueError):
+  """A config field that is missing or not a valid value (a size of 0, 64.5 or "2")."""
+
+
+_SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+          "num_attention_heads")  # required positive integers
+_OPTIONAL_SIZES = ("num_key_value_heads", "head_dim", "max_position_embeddings",
+                   "sliding_window")  # positive integers when given (null: the default)
+
+
+def check_sizes(cfg: Mapping[str, Any]) -> None:
+  """Every size field a positive integer (bool, float and string values refused), and the
+  norm epsilon a positive number: InvalidConfigError naming the field and its value, before a
+  shape is computed from it (before: a ZeroDivisionError for 0 heads, a TypeError for a layer
+  count written as a string, KeyError 'num_hidden_layers' for a missing one, and 64.5 taken)."""
+  missing = [k for k in _SIZES if k not in cfg]
+  if missing:
+    raise InvalidConfigError(f"config.json lacks {missing}: a decoder's sizes")
+  for k in (*_SIZES, *(k for k in _OPTIONAL_SIZES if cfg.get(k) is not None)):
+    v = cfg[k]
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+      raise InvalidConfigError(f"config.json: {k}={v!r} must be a positive integer")
+  eps = cfg.get("rms_norm_eps", 1e-6)
+  if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
+    raise InvalidConfigError(f"config.json: rms_norm_eps={eps!r} must be a number in (0, 1)")
+
+
 def _checker(cfg: Mapping[str, Any], known: set):
   """(problems, check): the list of what a config has that the math does not handle, starting
   with its fields outside `known`, and `check(cond, message)`, which adds message unless cond."""
@@ -66,6 +93,7 @@ def config_from_hf(cfg: Mapping[str, Any]) -> LlamaLikeConfig:
   if model_type not in _MODEL_TYPES:
     raise UnsupportedConfigError(
         f"unknown architecture model_type={model_type!r}; supported: {sorted(_MODEL_TYPES)}")
+  check_sizes(cfg)
   if model_type == "gemma3_text":
     return _gemma3_config(cfg)
   problems, check = _checker(cfg, _KNOWN)
