@@ -473,3 +473,34 @@ def test_mesh_flag(tiny_chat_dir):
     parse_args(base + ["--mesh", "data=2,tensor=4"])
   with pytest.raises(ValueError, match=r"mesh data=3 x model=2 does not match 8 devices"):
     main(parse_args(base + ["--mesh", "data=3,model=2"]))
+
+
+def test_chat_template_failures_and_reserved_variables_are_one_line(tiny_chat_dir, tmp_path):
+  """A hostile chat template (stopped by transformers' sandbox), one that fails to render, and
+  template variables named like apply_chat_template's own arguments are each one `error:`
+  line naming the cause (before: a Jinja traceback; `messages=` replaced the conversation)."""
+  import shutil
+  import subprocess
+
+  from transformers import AutoTokenizer
+
+  d = tmp_path / "m"
+  shutil.copytree(tiny_chat_dir, d)
+  tok = AutoTokenizer.from_pretrained(d)
+  cases = {
+      "{{ ''.__class__.__mro__[1].__subclasses__() }}": "refused by transformers' sandbox",
+      "{{ messages[0]['content'] | no_such_filter }}": "failed to render",
+  }
+  for template, words in cases.items():
+    tok.chat_template = template
+    tok.save_pretrained(d)
+    r = subprocess.run([sys.executable, "-m", "vocabjax.generate", "--target", str(d),
+                        "--prompt", "hi", "--chat"], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: the tokenizer's chat template ") and words in last, last
+  for name in ("messages", "tokenize", "add_generation_prompt"):
+    with pytest.raises(ValueError, match=rf"\['{name}'\] are apply_chat_template's own"):
+      main(parse_args(["--target", str(tiny_chat_dir), "--prompt", "hi", "--chat",
+                       "--chat-kwarg", f"{name}=1", "--quiet"]))

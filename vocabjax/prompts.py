@@ -235,15 +235,30 @@ def load_prompts(specs) -> list[Prompt]:
   return out
 
 
+# apply_chat_template's own arguments: a template variable of one of these names would change
+# what the call does (tokenize, truncate, ...) or replace the conversation, not reach the template
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "conversation", "messages", "tools", "documents", "chat_template", "add_generation_prompt",
+    "continue_final_message", "tokenize", "padding", "truncation", "max_length",
+    "return_tensors", "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs"})
+
+
 def encode_prompts(tokenizer, prompts, chat: bool,
                    template_kwargs: dict | None = None) -> list[list[int]]:
   """Token ids per prompt; with `chat`, wrapped in the tokenizer's chat template, rendered with
-  `template_kwargs` as its variables (e.g. Qwen3's `enable_thinking: false`)."""
+  `template_kwargs` as its variables (e.g. Qwen3's `enable_thinking: false`). A template that
+  transformers' sandbox refuses (it reaches for Python internals) or that fails to render is
+  a ValueError in one line, as are variables named like `apply_chat_template`'s own
+  arguments."""
   if tokenizer is None:
     raise ValueError("this model has no tokenizer; text prompts cannot be encoded")
   if template_kwargs and not chat:
     raise ValueError(f"chat template variables {sorted(template_kwargs)} without the chat "
                      f"template: turn chat on")
+  reserved = sorted(set(template_kwargs or {}) & RESERVED_TEMPLATE_KWARGS)
+  if reserved:
+    raise ValueError(f"chat template variable(s) {reserved} are apply_chat_template's own "
+                     f"arguments, not template variables: choose other names")
   out = []
   for i, p in enumerate(prompts):
     try:
@@ -254,10 +269,16 @@ def encode_prompts(tokenizer, prompts, chat: bool,
                        f"{e.start}); give UTF-8 text") from None
     if chat:
       if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("--chat given but the tokenizer has no chat template")
-      text = tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                           add_generation_prompt=True,
-                                           **(template_kwargs or {}))
+        raise ValueError("chat is on but the tokenizer has no chat template")
+      try:
+        text = tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
+                                             add_generation_prompt=True,
+                                             **(template_kwargs or {}))
+      except Exception as e:  # jinja2's SecurityError (the sandbox), TemplateError, ...
+        kind = ("refused by transformers' sandbox (it reaches for what a template may not)"
+                if type(e).__name__ == "SecurityError" else "failed to render")
+        raise ValueError(f"the tokenizer's chat template {kind}: {type(e).__name__}: "
+                         f"{' '.join(str(e).split())[:200]}") from None
       out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
     else:
       out.append(tokenizer(p)["input_ids"])

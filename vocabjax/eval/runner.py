@@ -312,7 +312,7 @@ def _run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool,
     ids = encode_prompts(tok, [p.text for p in prompts], config.chat,
                          dict(config.chat_template_kwargs))
   except ValueError as e:  # generate's wording names its --chat flag; eval has `chat:`
-    if config.chat and "chat template" in str(e):
+    if config.chat and "has no chat template" in str(e):
       raise ConfigError(f"config {config.name}: chat: true, but the target's tokenizer "
                         f"({config.target}) has no chat template; set chat: false") from e
     raise ConfigError(f"config {config.name}: the prompts cannot be encoded: {e}") from e
