@@ -87,3 +87,42 @@ def test_a_bad_input_is_one_error_line_exit_2_and_nothing_written(name, tmp_path
   assert "Traceback" not in err, err
   assert len(lines) == 1 and "error: " in lines[0] and needle in lines[0], err
   assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
+
+
+def test_a_full_disk_is_one_line_naming_the_file_and_the_free_space(tmp_path, monkeypatch,
+                                                                    capsys, tiny_chat_dir):
+  """ENOSPC while an eval writes a record, or wrapped by a writer thread (orbax) while a trainer
+  checkpoints: one `error:` line saying the disk is full, which file, how much is free, that
+  what was finished is kept (before: a traceback, and 18 of orbax's from training)."""
+  import errno
+
+  import yaml
+
+  from vocabjax.errors import disk_full
+  from vocabjax.eval import __main__ as ev
+  from vocabjax.eval import runner
+
+  def full(path, record):
+    raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+  bench = tmp_path / "bench.jsonl"
+  bench.write_text('{"question_id": 1, "category": "qa", "turns": ["Who are you?"]}\n')
+  cfg = {"name": "tiny", "target": str(tiny_chat_dir), "max_new_tokens": 4, "max_len": 64,
+         "datasets": [{"kind": "spec_bench", "path": str(bench), "per_group": 1}],
+         "methods": [{"name": "ar", "method": "ar"}]}
+  (tmp_path / "s.yaml").write_text(yaml.safe_dump(cfg))
+  monkeypatch.setattr(runner, "append_jsonl", full)
+  with pytest.raises(SystemExit) as e:
+    ev.cli(["--config", str(tmp_path / "s.yaml"), "--out", str(tmp_path / "res"), "--quiet"])
+  assert e.value.code == 2
+  err = capsys.readouterr().err.strip().splitlines()[-1]
+  assert err.startswith("error: the disk is full: writing ") and "questions.jsonl" in err
+  assert "MB free there" in err and "what was finished is kept" in err
+  # wrapped, as orbax's threads wrap it
+  try:
+    try:
+      raise OSError(errno.ENOSPC, "No space left on device", "/x/ckpt")
+    except OSError as inner:
+      raise RuntimeError("async save failed") from inner
+  except RuntimeError as outer:
+    assert disk_full(outer).filename == "/x/ckpt"

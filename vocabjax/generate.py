@@ -30,7 +30,7 @@ from vocabjax.checkpoints.loader import load_model
 from vocabjax.decoding.profile import run_split, skipped_drafting, step_split
 from vocabjax.sampling import SamplingParams
 from vocabjax.io import atomic_write_json, check_output_file
-from vocabjax.errors import ConfigError
+from vocabjax.errors import ConfigError, disk_full, disk_full_message
 from vocabjax.methods import METHODS
 from vocabjax.prompts import encode_prompts, seed_arg
 from vocabjax import distributed
@@ -357,6 +357,12 @@ def cli(argv=None) -> int:
     main(parse_args(argv))
   except (ValueError, FileNotFoundError, KeyError) as e:
     print(f"error: {e}", file=sys.stderr)
+    return 2
+  except OSError as e:
+    full = disk_full(e)
+    if full is None:
+      raise
+    print(f"error: {disk_full_message(full)}", file=sys.stderr)
     return 2
   return 0
 

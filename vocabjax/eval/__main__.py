@@ -30,6 +30,7 @@ from vocabjax.checkpoints.hub import HubError, add_allow_bin_argument, allow_bin
 from vocabjax.checkpoints.loader import parse_dtype
 from vocabjax.decoding.autoregressive import NonFiniteLogitsError
 from vocabjax.eval import report
+from vocabjax.errors import disk_full, disk_full_message
 from vocabjax.eval.config import ConfigError, DatasetSpec, _mesh, load_config
 from vocabjax.io import OutputPathError, check_output_dir
 from vocabjax.eval.runner import report_only, run_suite
@@ -202,6 +203,13 @@ def cli(argv=None) -> None:
     main(cfg)
   except (ConfigError, FileNotFoundError, NonFiniteLogitsError, HubError) as e:
     print(f"error: {e}", file=sys.stderr)
+    sys.exit(2)
+  except OSError as e:
+    full = disk_full(e)
+    if full is None:
+      raise
+    print(f"error: {disk_full_message(full, cfg.out if cfg is not None else None)}",
+          file=sys.stderr)
     sys.exit(2)
   except KeyboardInterrupt:
     out = (cfg.out if cfg is not None and cfg.out else "runs/<suite>")

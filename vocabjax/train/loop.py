@@ -32,6 +32,7 @@ import optax
 from flax import struct
 
 from vocabjax import interrupt
+from vocabjax.errors import disk_full, disk_full_message
 from vocabjax.io import atomic_write_json
 from vocabjax.plots import save_png, subplots
 
@@ -517,7 +518,14 @@ def run_job_cli(argv, *, prog: str, doc: str, configs: str, what: str, job_from_
       return code
     summary = train(job, show_progress=not a.quiet, stop_after=a.stop_after)
   except errors as e:
-    print(f"error: {e}", file=sys.stderr)
+    full = disk_full(e)
+    print(f"error: {disk_full_message(full, a.out) if full else e}", file=sys.stderr)
+    return 2
+  except Exception as e:
+    full = disk_full(e)  # orbax's writer threads wrap ENOSPC in their own errors
+    if full is None:
+      raise
+    print(f"error: {disk_full_message(full, a.out)}", file=sys.stderr)
     return 2
   except KeyboardInterrupt as e:  # one line, not orbax's threads' tracebacks
     print(f"\n[{prog}] {e or 'interrupted'}", file=sys.stderr)
