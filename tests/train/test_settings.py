@@ -49,3 +49,19 @@ def test_settings_that_reverse_the_objective_are_refused(kind, field, value, mat
 def test_the_defaults_pass(kind):
   make, raw = BASE[kind]
   make(dict(raw))
+
+
+@pytest.mark.parametrize("kind,field,value,match", [
+    ("eagle", "feature_layers", 3, r"feature_layers must be a list of ints .*got 3"),
+    ("eagle", "feature_layers", [1, "2"], r"feature_layers must be a list of ints, got '2'"),
+    ("medusa", "feature_layers", "1,2", r"feature_layers must be a list of ints .*got '1,2'"),
+    ("ranker", "recall_k", 256, r"recall_k must be a list of ints .*got 256"),
+    ("eagle", "data", 3, r"data must be a list of strs .*got 3"),
+])
+def test_a_scalar_where_a_list_belongs_is_named(kind, field, value, match):
+  """YAML scalars where a trainer takes a list (before: TypeError 'int' object is not
+  iterable, or "1,2" taken as two characters)."""
+  make, raw = BASE[kind]
+  with pytest.raises(TrainError, match=match):
+    make({**raw, field: value})
+  make({**raw, "data": "one.jsonl"})  # a single path is a one-element list

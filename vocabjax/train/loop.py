@@ -375,14 +375,29 @@ def job_fields(raw: dict, job_cls, required, *, where: str, tuples=()) -> dict:
   if missing:
     raise TrainError(f"{where}: missing required field(s) {missing}")
   raw = dict(raw)
-  raw["data"] = tuple([raw["data"]] if isinstance(raw["data"], str) else raw["data"])
-  for k in tuples:
-    if raw.get(k) is not None:
-      raw[k] = tuple([raw[k]] if isinstance(raw[k], str) else raw[k])
   annotations = {f.name: str(f.type) for f in dataclasses.fields(job_cls)}
+  for k in ("data", *tuples):
+    if raw.get(k) is not None:
+      raw[k] = _as_tuple(k, raw[k], annotations[k], where)
   for k, v in raw.items():
     check_field(k, v, annotations[k], where)
   return raw
+
+
+def _as_tuple(name: str, value, annotation: str, where: str) -> tuple:
+  """A list field's YAML value as a tuple: a list as it is, a single path (a string where the
+  field holds strings) as a one-element list; anything else (a number, a mapping, a string
+  where numbers belong) a TrainError naming the field, what it holds and the value."""
+  elem = "str" if "tuple[str" in annotation else "int" if "tuple[int" in annotation else None
+  if isinstance(value, str) and elem == "str":
+    return (value,)
+  if not isinstance(value, (list, tuple)):
+    raise TrainError(f"{where}: {name} must be a list{f' of {elem}s' if elem else ''} (e.g. "
+                     f"{name}: [...]), got {value!r}")
+  if elem and not all(_TYPES[elem](v) for v in value):
+    bad = next(v for v in value if not _TYPES[elem](v))
+    raise TrainError(f"{where}: {name} must be a list of {elem}s, got {bad!r} in {list(value)}")
+  return tuple(value)
 
 
 # The optimizer's and the losses' numbers, one rule for every trainer (EAGLE, Medusa, ranker,
