@@ -230,8 +230,14 @@ def load_prompts(specs) -> list[Prompt]:
   out = [p for s in specs for p in LOADERS[s.kind](s)]
   qids = [p.qid for p in out]
   if len(set(qids)) != len(qids):
-    raise ConfigError("the datasets yield duplicate question ids (the same dataset listed "
-                      "twice?)")
+    seen, dups = set(), []
+    for q in qids:
+      if q in seen and q not in dups:
+        dups.append(q)
+      seen.add(q)
+    raise ConfigError(f"the datasets yield duplicate question ids {dups[:8]}"
+                      f"{' ...' if len(dups) > 8 else ''} (the same dataset listed twice, or "
+                      f"a file repeating a question_id?)")
   return out
 
 

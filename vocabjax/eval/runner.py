@@ -56,6 +56,9 @@ def _move_aside(out: Path) -> None:
   print(f"[vocabjax.eval] moved the old results to {aside}", file=sys.stderr)
 
 
+# the keys every record holds, which the reports read (metrics.py, report.py)
+RECORD_KEYS = frozenset({"framework", "method", "qid", "seed", "num_tokens", "wall_s",
+                         "output_ids"})
 LOCK = ".vocabjax.lock"
 _HELD: dict[str, int] = {}  # result directories this process has claimed -> the lock's fd
 # what a run writes into its directory (anything else there is the user's: `_check_ours`)
@@ -498,6 +501,11 @@ def report_only(config: EvalConfig, out: str | os.PathLike, *,
   records = read_records(out / RECORDS, repair=False)  # a report rewrites no records file
   if not records:
     raise ResultDirError(f"--report-only: {out / RECORDS} holds no records yet")
+  for i, r in enumerate(records):  # every key the report reads, or the record is named
+    missing = sorted(RECORD_KEYS - set(r)) if isinstance(r, dict) else sorted(RECORD_KEYS)
+    if missing:
+      raise ResultDirError(f"--report-only: {out / RECORDS}:{i + 1} is not a whole record: it "
+                           f"lacks {missing}; move the file away or rerun the suite")
   names = [m.name for m in config.methods]
   have = {}
   for r in records:

@@ -174,6 +174,10 @@ def select(counts, *, k: int | None = None, top_p: float | None = None,
   if counts.ndim != 1 or counts.size == 0:
     raise SubsetError(f"counts must be a non-empty [V] vector, got shape {counts.shape}")
   V = counts.size
+  if counts.min() < 0:
+    bad = int(np.argmin(counts))
+    raise SubsetError(f"the counts hold negative values (token {bad}: {int(counts[bad])}): a "
+                      f"corrupt counts file, not a calibration result")
   total = int(counts.sum())
   if total <= 0:
     raise SubsetError("the counts are all zero: empty calibration set?")
