@@ -186,3 +186,15 @@ def test_a_bad_config_is_one_error_line_on_the_command_lines(tiny_chat_dir, tmp_
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]
     assert r.stderr.strip().splitlines()[-1] == (f"error: {d}/config.json: num_attention_heads=0 "
                                                  f"must be a positive integer")
+
+
+def test_a_sharded_index_naming_a_file_outside_the_directory_is_refused(tiny_dirs, tmp_path):
+  d = _copy(tiny_dirs["qwen2_bias"], tmp_path / "m")
+  tensors = load_file(d / "model.safetensors")
+  (d / "model.safetensors").unlink()
+  outside = tmp_path / "outside.safetensors"
+  save_file(tensors, outside)
+  (d / "model.safetensors.index.json").write_text(json.dumps(
+      {"weight_map": {k: "../outside.safetensors" for k in tensors}}))
+  with pytest.raises(CheckpointError, match=r"names shard\(s\) outside .*\['../outside"):
+    load_hf(d)

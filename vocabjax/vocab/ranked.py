@@ -60,7 +60,9 @@ class Ranker:
     if R != R2:
       raise RankerError(f"W_down has rank {R} but W_vocab has rank {R2}")
     if R > D:
-      raise RankerError(f"ranker rank d'={R} exceeds the drafter's hidden size d={D}")
+      raise RankerError(f"ranker W_down has shape {tuple(np.shape(self.down))} = (rank d', "
+                        f"hidden d): its rank {R} exceeds its width {D} (the drafter's hidden "
+                        f"size is {self.drafter.get('hidden_size')}; W_down stored transposed?)")
     if (D, V) != (self.drafter.get("hidden_size"), self.drafter.get("vocab_size")):
       raise RankerError(f"ranker shapes (d={D}, V={V}) disagree with its drafter record "
                         f"{self.drafter}")
