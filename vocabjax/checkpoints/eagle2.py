@@ -26,10 +26,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from vocabjax.checkpoints.convert import CheckpointError, check_finite
-from vocabjax.checkpoints.eagle3 import _Safetensors, _State, load_eagle3, load_eagle3_config
-from vocabjax.checkpoints.hf import torch_state
+from vocabjax.checkpoints.eagle3 import (check_embedding, load_eagle3, load_eagle3_config,
+                                         read_head_file)
 from vocabjax.checkpoints.hf_config import UnsupportedConfigError, config_from_hf
-from vocabjax.checkpoints.hub import allow_bin_default, bin_refusal
 from vocabjax.io import atomic_directory
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.eagle import EagleConfig
@@ -123,31 +122,13 @@ def load_eagle2(directory, *, target_config: LlamaLikeConfig | None = None,
                 ) -> tuple[EagleConfig, dict, dict]:
   """(config, params, {}) of an EAGLE-1/2 head; a head for another target (width, vocabulary)
   or with an embedding that is not the target's is refused by name."""
-  from safetensors import SafetensorError, safe_open
-
   directory = Path(directory)
   config = load_eagle2_config(directory)
   raw = _raw_config(directory)
   if target_config is not None:
     config.check_target(target_config)
-  try:
-    if (directory / "model.safetensors").exists() or not (directory / "pytorch_model.bin"
-                                                          ).exists():
-      with safe_open(str(directory / "model.safetensors"), framework="numpy") as f:
-        tensors = _read(directory, config, raw, _Safetensors(f))
-    else:
-      if not allow_bin_default(None):
-        raise CheckpointError(bin_refusal(str(directory), ["pytorch_model.bin"]))
-      tensors = _read(directory, config, raw, _State(torch_state(
-          directory / "pytorch_model.bin")))
-  except (OSError, SafetensorError) as e:
-    raise CheckpointError(f"{directory} is not a readable EAGLE head ({e})") from None
-  embed = tensors.pop("embed_tokens", None)
-  if embed is not None and target_params is not None:
-    own = np.asarray(target_params["embed"], np.float32)
-    if embed.shape != own.shape or not np.allclose(embed, own, rtol=1e-2, atol=1e-3):
-      raise CheckpointError(f"{directory}: embed_tokens.weight is not the target's embedding: "
-                            f"the head was trained for another target")
+  tensors = read_head_file(directory, lambda f: _read(directory, config, raw, f), "EAGLE head")
+  check_embedding(directory, tensors.pop("embed_tokens", None), target_params)
   params = {"layer": {k: jnp.asarray(tensors[k], dtype) for k in (*LAYER, *BIASES)
                       if k in tensors},
             "input_fc": jnp.asarray(tensors["fc"], dtype),

@@ -156,8 +156,6 @@ def load_eagle3(directory, *, target_config: LlamaLikeConfig | None = None,
   `lm_head=False`: the head's LM-head rows are checked (present, their shape) but not read, and
   params has no "lm_head" (a head that drafts through the target's own head: a full-vocabulary
   head's file carries a copy of that head, 0.9 GB in f32 for a 151,936 x 1,536 one)."""
-  from safetensors import SafetensorError, safe_open
-
   directory = Path(directory)
   config, raw = _read_config(directory, target_config.num_layers if target_config else None)
   if min(config.feature_layers) < 0:
@@ -169,25 +167,9 @@ def load_eagle3(directory, *, target_config: LlamaLikeConfig | None = None,
     config.check_target(target_config)
     if target_params is not None:
       check_trained_for(directory, target, target_params, target_config)
-  try:
-    if (directory / "model.safetensors").exists() or not (directory / "pytorch_model.bin"
-                                                          ).exists():
-      with safe_open(str(directory / "model.safetensors"), framework="numpy") as f:
-        tensors = _read_tensors(directory, config, _Safetensors(f), lm_head)
-    else:
-      if not allow_bin_default(None):
-        raise CheckpointError(bin_refusal(str(directory), ["pytorch_model.bin"]))
-      tensors = _read_tensors(directory, config, _State(torch_state(
-          directory / "pytorch_model.bin")), lm_head)
-  except (OSError, SafetensorError) as e:
-    raise CheckpointError(f"{directory} is not a readable EAGLE-3 head ({e})") from None
-  embed = tensors.pop("embed_tokens", None)
-  if embed is not None and target_params is not None:
-    own = np.asarray(target_params["embed"], np.float32)
-    if embed.shape != own.shape or not np.allclose(embed, own, rtol=1e-2, atol=1e-3):
-      raise CheckpointError(f"{directory}: the head carries its own token embedding "
-                            f"(embed_tokens.weight), unlike the target's; vocabjax drafts with "
-                            f"the target's embedding")
+  tensors = read_head_file(directory, lambda f: _read_tensors(directory, config, f, lm_head),
+                           "EAGLE-3 head")
+  check_embedding(directory, tensors.pop("embed_tokens", None), target_params)
   params = {"layer": {k: jnp.asarray(tensors[n], dtype) for k, n in LAYER.items()},
             "final_norm": jnp.asarray(tensors[TOP["final_norm"]], dtype),
             "d2t": jnp.asarray(tensors["d2t"], jnp.int32)}
@@ -197,6 +179,36 @@ def load_eagle3(directory, *, target_config: LlamaLikeConfig | None = None,
     params["fc"] = jnp.asarray(tensors[TOP["fc"]], dtype)
   check_finite(params, str(directory))
   return config, params, target
+
+
+def read_head_file(directory: Path, read, what: str) -> dict:
+  """`read(f)` over a head directory's weights, `f` a `_Safetensors` of model.safetensors or,
+  where only the authors' pytorch_model.bin is there and pickles are allowed, a `_State` of it;
+  an unreadable file is a CheckpointError naming `what`."""
+  from safetensors import SafetensorError, safe_open
+
+  try:
+    if (directory / "model.safetensors").exists() or not (directory / "pytorch_model.bin"
+                                                          ).exists():
+      with safe_open(str(directory / "model.safetensors"), framework="numpy") as f:
+        return read(_Safetensors(f))
+    if not allow_bin_default(None):
+      raise CheckpointError(bin_refusal(str(directory), ["pytorch_model.bin"]))
+    return read(_State(torch_state(directory / "pytorch_model.bin")))
+  except (OSError, SafetensorError) as e:
+    raise CheckpointError(f"{directory} is not a readable {what} ({e})") from None
+
+
+def check_embedding(directory: Path, embed, target_params: dict | None) -> None:
+  """A head file's copy of the token embedding must be the target's (drafting embeds with the
+  target's): a CheckpointError otherwise."""
+  if embed is None or target_params is None:
+    return
+  own = np.asarray(target_params["embed"], np.float32)
+  if embed.shape != own.shape or not np.allclose(embed, own, rtol=1e-2, atol=1e-3):
+    raise CheckpointError(f"{directory}: the head carries its own token embedding "
+                          f"(embed_tokens.weight), not the target's; vocabjax drafts with the "
+                          f"target's embedding (a head trained for another target?)")
 
 
 class _Safetensors:

@@ -131,27 +131,36 @@ def install(force: bool = False) -> Path:
   if plugin_installed() and not force:
     print(f"[gpu_aot] the plugin for jaxlib {_jaxlib_version()} is in {final}")
     return final
+  return pip_install_into(
+      final, _install_command, lambda d: (d / "jax_plugins" / "xla_cuda12").is_dir() and (
+          d / "jax_cuda12_plugin").is_dir(), f"JAX's CUDA plugin for jaxlib {_jaxlib_version()}",
+      "the tests that compile for a GPU need it", tag="gpu_aot")
+
+
+def pip_install_into(final: Path, command, installed, what: str, why: str, *,
+                     tag: str) -> Path:
+  """Run pip's `command(folder)` into a temporary folder beside `final`, check it with
+  `installed(folder)`, then rename it into place (an interrupted install leaves nothing
+  half-written); RuntimeError naming `what` (and `why` it is needed) when pip fails."""
   tmp = final.with_name(final.name + f".partial-{os.getpid()}")
   shutil.rmtree(tmp, ignore_errors=True)
-  cmd = _install_command(tmp)
-  print("[gpu_aot] " + " ".join(cmd), flush=True)
+  cmd = command(tmp)
+  print(f"[{tag}] " + " ".join(cmd), flush=True)
   try:
     try:
       subprocess.run(cmd, check=True)
     except subprocess.CalledProcessError as e:
-      raise RuntimeError(f"pip could not install JAX's CUDA plugin for jaxlib "
-                         f"{_jaxlib_version()} (exit {e.returncode}; its output is above): the "
-                         "tests that compile for a GPU need it") from None
-    if not ((tmp / "jax_plugins" / "xla_cuda12").is_dir() and
-            (tmp / "jax_cuda12_plugin").is_dir()):
-      raise RuntimeError(f"pip installed no CUDA plugin into {tmp} (its output is above)")
+      raise RuntimeError(f"pip could not install {what} (exit {e.returncode}; its output is "
+                         f"above): {why}") from None
+    if not installed(tmp):
+      raise RuntimeError(f"pip installed no {what} into {tmp} (its output is above)")
     if final.exists():
       shutil.rmtree(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     os.replace(tmp, final)
   finally:
     shutil.rmtree(tmp, ignore_errors=True)
-  print(f"[gpu_aot] installed in {final}")
+  print(f"[{tag}] installed {what} in {final}")
   return final
 
 

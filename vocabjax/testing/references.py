@@ -29,11 +29,11 @@ import functools
 import importlib
 import json
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from vocabjax.testing.gpu_aot import pip_install_into
 
 PACKAGES = {"eagle-llm": ("1.2.1", "eagle"), "medusa-llm": ("0.1", "medusa"),
             "specforge": ("0.2.0", "specforge")}
@@ -62,26 +62,12 @@ def install(force: bool = False) -> None:
     if installed(name) and not force:
       print(f"[references] {name}=={version} is in {final}")
       continue
-    tmp = final.with_name(final.name + f".partial-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    cmd = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-deps",
-           "--target", str(tmp), f"{name}=={version}"]
-    print("[references] " + " ".join(cmd), flush=True)
-    try:
-      try:
-        subprocess.run(cmd, check=True)
-      except subprocess.CalledProcessError as e:
-        raise RuntimeError(f"pip could not install {name}=={version} (exit {e.returncode}; its "
-                           f"output is above): the reference comparison tests need it") from None
-      if not (tmp / module).is_dir():
-        raise RuntimeError(f"pip installed no `{module}` package into {tmp}")
-      if final.exists():
-        shutil.rmtree(final)
-      final.parent.mkdir(parents=True, exist_ok=True)
-      os.replace(tmp, final)
-    finally:
-      shutil.rmtree(tmp, ignore_errors=True)
-    print(f"[references] installed {name}=={version} in {final}")
+    pip_install_into(
+        final, lambda d, n=name, v=version: [
+            sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-deps",
+            "--target", str(d), f"{n}=={v}"],
+        lambda d, m=module: (d / m).is_dir(), f"{name}=={version}",
+        "the reference comparison tests need it", tag="references")
 
 
 def _require(name: str) -> None:
