@@ -273,7 +273,9 @@ def test_notebook_installs_from_git_in_a_fresh_venv_and_runs(tmp_path, tiny_chat
   venv = runtime_venv(tmp_path / "venv")
   runner = tmp_path / "run_notebook.py"
   runner.write_text(RUNNER)
-  env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VOCABJAX_REPO")}
+  # (PIP_QUIET, as .ci/run sets it, would hide the "Successfully installed" line read below)
+  env = {k: v for k, v in os.environ.items()
+         if k not in ("PYTHONPATH", "VOCABJAX_REPO", "PIP_QUIET")}
   env.update(VOCABJAX_REPO=f"file://{ROOT}@{head.stdout.strip()}",
              VOCABJAX_PIP_ARGS="--no-index --no-build-isolation",
              PIP_CACHE_DIR=str(tmp_path / "pip-cache"), VOCABJAX_NOTEBOOK_MODE="tiny",

@@ -273,7 +273,7 @@ def test_bad_eagle_configs_are_refused(head_dir, tmp_path, tiny_chat_dir):
   from vocabjax.testing.tiny import save_tiny_variant
 
   base = {"method": "eagle", "head": str(head_dir), "top_k": 2, "depth": 2, "total_tokens": 3}
-  cases = [({"head": str(tmp_path / "none")}, "not a readable EAGLE-3 head"),
+  cases = [({"head": str(tmp_path / "none")}, "not a readable EAGLE head"),
            ({"lm_head": "mine"}, "lm_head='mine' must be 'own' or 'target'"),
            ({"top_k": 64, "total_tokens": 64}, "top_k=64 exceeds the head's vocabulary of 48"),
            ({"total_tokens": 1}, "smaller than self.top_k=2"),
