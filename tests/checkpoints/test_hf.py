@@ -178,9 +178,19 @@ def test_a_bad_config_is_one_error_line_on_the_command_lines(tiny_chat_dir, tmp_
   import subprocess
   import sys
 
+  import yaml
+
   d = _copy(tiny_chat_dir, tmp_path / "m")
   _edit_config(d, num_attention_heads=0)
-  for cmd in (["vocabjax.generate", "--target", str(d), "--prompt", "hi"],):
+  bench = tmp_path / "b.jsonl"
+  bench.write_text('{"question_id": 1, "category": "qa", "turns": ["hi"]}\n')
+  (tmp_path / "s.yaml").write_text(yaml.safe_dump({
+      "name": "t", "target": str(d), "max_new_tokens": 4, "methods": [{"name": "ar",
+                                                                       "method": "ar"}],
+      "datasets": [{"kind": "spec_bench", "path": str(bench), "per_group": 1}]}))
+  for cmd in (["vocabjax.generate", "--target", str(d), "--prompt", "hi"],
+              ["vocabjax.eval", "--config", str(tmp_path / "s.yaml"), "--out",
+               str(tmp_path / "out")]):
     r = subprocess.run([sys.executable, "-m", *cmd], capture_output=True, text=True,
                        timeout=300)
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-2000:]

@@ -201,7 +201,9 @@ def cli(argv=None) -> None:
   try:
     cfg = parse_args(argv)
     main(cfg)
-  except (ConfigError, FileNotFoundError, NonFiniteLogitsError, HubError) as e:
+  except (ConfigError, FileNotFoundError, NonFiniteLogitsError, HubError, ValueError) as e:
+    # ValueError: what loading models and files refuses (CheckpointError, a bad config.json,
+    # a subset or ranker of another model), each naming the file and the value
     print(f"error: {e}", file=sys.stderr)
     sys.exit(2)
   except OSError as e:
