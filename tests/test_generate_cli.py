@@ -72,14 +72,14 @@ def test_sampling_is_seeded(tiny_chat_dir):
     (["--temperature", "inf"], "temperature must be finite"),
     (["--stop", ""], "stop strings must be non-empty"),
     (["--set", "candidates=2"], "method 'ar' has no parameter 'candidates'; it takes none"),
-    (["--method", "pld", "--set", "candidates=0"], "candidates >= 1"),
+    (["--method", "pld", "--set", "candidates=0"], "1 <= candidates <= 4096"),
     (["--method", "pld", "--set", "gamma=three"], "--set gamma=three: expected int, got 'three'"),
     (["--method", "pld", "--set", "gamma"], "--set 'gamma': expected KEY=VALUE"),
     (["--method", "pld", "--set", "gamma=2", "--set", "gamma=3"],
      "--set gives ['gamma'] more than once"),
     (["--method", "crossvocab", "--draft", "d", "--set", "ngram=maybe"],
      "expected a boolean (true/false), got 'maybe'"),
-    (["--method", "chain", "--draft", "d"], "method 'chain' needs parameter 'gamma'"),
+    (["--method", "specvocab", "--draft", "d"], "method 'specvocab' needs parameter 'ranker'"),
     (["--method", "pld", "--time-split"], "--method pld has none"),
 ])
 def test_cli_bad_input_exits_2_with_message(tiny_chat_dir, tmp_path, flags, message, capsys):
@@ -504,3 +504,18 @@ def test_chat_template_failures_and_reserved_variables_are_one_line(tiny_chat_di
     with pytest.raises(ValueError, match=rf"\['{name}'\] are apply_chat_template's own"):
       main(parse_args(["--target", str(tiny_chat_dir), "--prompt", "hi", "--chat",
                        "--chat-kwarg", f"{name}=1", "--quiet"]))
+
+
+@pytest.mark.parametrize("method", ["chain", "tree", "pld"])
+def test_the_drafting_methods_run_with_no_set(tiny_chat_dir, method):
+  """chain, tree and prompt lookup run with their defaults (the default suite's: gamma 3; a
+  tree of top-k 2, depth 4, 8 nodes; lookup gamma 4), shown by --help (before: `--method chain`
+  failed with "needs parameter 'gamma'")."""
+  from vocabjax.methods import METHODS
+
+  base = ["--target", str(tiny_chat_dir), "--prompt", "def add(a, b):", "--max-new-tokens",
+          "8", "--quiet"]
+  draft = ["--draft", str(tiny_chat_dir)] if METHODS[method].needs_draft else []
+  out = main(parse_args(base + ["--method", method, *draft]))
+  assert out["output_ids"] == main(parse_args(base))["output_ids"]
+  assert METHODS[method].parse({}, "test") == METHODS[method].params()

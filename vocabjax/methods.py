@@ -206,7 +206,7 @@ def _ar(target, draft, p: ArParams, mesh=None):
 
 @dataclasses.dataclass(frozen=True)
 class ChainParams:
-  gamma: int  # drafts per step
+  gamma: int = 3  # drafts per step (the default suite's)
   subset: str = ""  # a saved static vocabulary subset (.npz) for a trimmed drafter head
 
   def check(self, where: str) -> None:
@@ -239,9 +239,9 @@ def _chain(target, draft, p: ChainParams, mesh=None):
 
 @dataclasses.dataclass(frozen=True)
 class TreeMethodParams:
-  top_k: int  # children per expanded node
-  depth: int  # levels below the root
-  total_tokens: int  # nodes verified besides the root
+  top_k: int = 2  # children per expanded node (the default suite's tree: 2, 4, 8)
+  depth: int = 4  # levels below the root
+  total_tokens: int = 8  # nodes verified besides the root
   subset: str = ""  # a saved static vocabulary subset (.npz)
 
   def check(self, where: str) -> None:
@@ -439,9 +439,9 @@ def _eagle_config(path: str, where: str):
 @dataclasses.dataclass(frozen=True)
 class EagleParams:
   head: str  # an EAGLE head directory (EAGLE-3 or EAGLE-1/2) or hub id
-  top_k: int
-  depth: int
-  total_tokens: int
+  top_k: int = 4  # the tree (EAGLE's own evaluation defaults are 10, 6, 59: for GPUs)
+  depth: int = 4
+  total_tokens: int = 16
   lm_head: str = "own"  # own: the head's rows (d2t); target: the target's LM head (an
   #   EAGLE-1/2 head's own is the target's: both the same)
   subset: str = ""  # a saved static subset for the head's drafting vocabulary
