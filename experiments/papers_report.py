@@ -219,32 +219,43 @@ def beside_the_papers(summary: dict) -> list[str]:
   return lines
 
 
+def frspec_points(table=None) -> list[tuple[int, float]]:
+  """FR-Spec's published (LM-head rows, mean tau over its seven columns) for Llama-3-8B (its
+  Table 1: the full 128,256-row head and 64K .. 8K)."""
+  table = table or FRSPEC_TAU
+  rows = {"full": 128256, "64k": 65536, "32k": 32768, "16k": 16384, "8k": 8192}
+  return [(rows[k], sum(v) / len(v)) for k, v in table.items()]
+
+
 def plot(summary: dict, path: Path) -> Path:
-  """tau and the drafter's step time against the drafting vocabulary's size (head rows)."""
+  """tau and the drafter's step time against the drafting vocabulary's size (head rows, log),
+  a colour per drafter family and a marker per method (`vocabjax.eval.report.method_styles`),
+  legends outside; FR-Spec's published tau (Llama-3-8B, mean of its groups) drawn beside."""
+  from vocabjax.eval.report import method_styles
   from vocabjax.plots import save_png, subplots
 
   splits = summary.get("time_split_per_step") or {}
-  fig, (a, b) = subplots(1, 2, figsize=(10, 4))
-  for setting, marker in (("full", "o"), ("lm", "s")):
-    pts = [(m["draft_vocab_size"], m["overall"]["tau"], splits.get(m["name"]), m["name"])
-           for m in summary["methods"]
-           if m["method"] != "ar" and m.get("draft_vocab_size") and _setting(m["name"]) == setting]
-    if not pts:
-      continue
-    label = "EAGLE head" if setting == "full" else "0.5B drafter"
-    a.scatter([p[0] for p in pts], [p[1] for p in pts], marker=marker, label=label)
-    timed = [p for p in pts if p[2]]
-    b.scatter([p[0] for p in timed],
-              [_drafting_ms(p[2]) for p in timed],
-              marker=marker, label=label)
-    for p in pts:
-      a.annotate(p[3], (p[0], p[1]), fontsize=6)
+  ms = [m for m in summary["methods"] if m["method"] != "ar" and m.get("draft_vocab_size")]
+  styles = method_styles(ms)
+  fig, (a, b) = subplots(1, 2, figsize=(14, 4.8))
+  for m in ms:
+    color, marker, _ = styles[m["name"]]
+    a.scatter(m["draft_vocab_size"], m["overall"]["tau"], color=color, marker=marker, s=40,
+              label=m["name"])
+    s = splits.get(m["name"])
+    if s:
+      b.scatter(m["draft_vocab_size"], _drafting_ms(s), color=color, marker=marker, s=40,
+                label=m["name"])
+  pts = frspec_points()
+  a.scatter([x for x, _ in pts], [y for _, y in pts], facecolors="none", edgecolors="k", s=50,
+            label="FR-Spec, published (Llama-3-8B, EAGLE-2; GPU)")
+  a.plot([x for x, _ in pts], [y for _, y in pts], color="k", lw=0.6, ls=":")
   for ax, ylab in ((a, "tau (tokens per target step)"),
                    (b, "drafting per step, layers + LM head (ms)")):
     ax.set_xscale("log")
-    ax.set_xlabel("drafting vocabulary (LM-head rows per step)")
+    ax.set_xlabel("drafting vocabulary (LM-head rows per step, log)")
     ax.set_ylabel(ylab)
-    ax.legend()
+  a.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
   save_png(fig, path, dpi=120)
   return path
 

@@ -204,3 +204,37 @@ def test_methods_on_one_head_share_one_copy_without_its_lm_head(full_head_dir, t
   gc.collect()
   assert gone() is None  # nothing kept the other target's weights alive
   assert _eagle_head(m, target)[0] is not a  # loaded afresh
+
+
+def test_the_report_figures_give_each_method_its_own_style_and_each_family_a_colour():
+  """With the papers' 18 methods (recorded in experiments/results/papers/small) no two share a
+  colour-and-marker style (matplotlib's 10-colour cycle gave full_chain and full_sv2048 one),
+  the EAGLE head's methods share their family's colour, and the vocabulary axis is log with
+  FR-Spec's published points beside."""
+  from pathlib import Path
+
+  from vocabjax.eval.report import method_styles, plots
+
+  root = Path(__file__).resolve().parents[2]
+  summary = json.loads((root / "experiments/results/papers/small/summary.json").read_text())
+  ms = [m for m in summary["methods"] if m["method"] != "ar"]
+  styles = method_styles(ms)
+  assert len(ms) == 18 and len({(c, mk) for c, mk, _ in styles.values()}) == 18
+  assert len({(c, h) for c, _, h in styles.values()}) == 18  # the bars: colour and hatch
+  full = {styles[m["name"]][0] for m in ms if m["name"].startswith("full_")}
+  lm = {styles[m["name"]][0] for m in ms if m["name"].startswith("lm_")}
+  assert len(full) == 1 and len(lm) == 1 and full != lm
+  import importlib.util
+
+  spec = importlib.util.spec_from_file_location("papers_report",
+                                                root / "experiments/papers_report.py")
+  pr = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(pr)
+  pts = pr.frspec_points()
+  assert [x for x, _ in pts] == [128256, 65536, 32768, 16384, 8192]
+  assert abs(pts[2][1] - sum(pr.FRSPEC_TAU["32k"]) / 7) < 1e-9
+  import tempfile
+
+  with tempfile.TemporaryDirectory() as d:
+    paths = plots(summary, Path(d), extra_points=[("FR-Spec", pts)])
+    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)

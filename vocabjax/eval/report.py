@@ -387,35 +387,91 @@ def to_csv(summary: dict) -> str:
   return buf.getvalue()
 
 
-def plots(summary: dict, out: Path) -> list[Path]:
+# drafter families: one colour each (methods of a family share it; a marker / hatch each)
+FAMILIES = {"chain": "drafter model", "tree": "drafter model", "vocabtrim": "drafter model",
+            "frspec": "drafter model", "specvocab": "drafter model", "eagle": "EAGLE head",
+            "eagle_pld": "EAGLE head + lookup", "medusa": "Medusa heads", "pld": "prompt lookup",
+            "crossvocab": "other-tokenizer drafter"}
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "p", "h", "*", "d", "1", "2", "+")
+HATCHES = ("", "//", "..", "xx", "\\\\", "--", "oo", "++", "**", "||", "OO", "//..", "xx..",
+           "--..", "++..", "oo//")
+
+
+def family(m: dict) -> str:
+  """A summary method's drafter family (its colour in the plots): the drafter it drafts with,
+  whatever vocabulary policy it applies; the papers' suites name the EAGLE head's methods
+  full_* and the small drafter's lm_*, which are families of their own there."""
+  if m.get("framework") == "torch":
+    return "transformers"
+  name = m.get("name", "")
+  if name.startswith("full_"):
+    return "EAGLE head, full vocabulary"
+  if name.startswith("lm_"):
+    return "drafter model"
+  return FAMILIES.get(m.get("method"), m.get("method", "?"))
+
+
+def method_styles(methods) -> dict:
+  """name -> (colour, marker, hatch): a colour per family (tab10, then tab20), a marker and a
+  hatch per method within its family, in the summary's order: with 18 methods no two share
+  a style (matplotlib's 10-colour cycle repeats)."""
+  from matplotlib import colormaps
+
+  fams = list(dict.fromkeys(family(m) for m in methods))
+  cmap = colormaps["tab10" if len(fams) <= 10 else "tab20"]
+  seen: dict = {}
+  out = {}
+  for m in methods:
+    f = family(m)
+    i = seen[f] = seen.get(f, -1) + 1
+    out[m["name"]] = (cmap(fams.index(f) % cmap.N), MARKERS[i % len(MARKERS)],
+                      HATCHES[i % len(HATCHES)])
+  return out
+
+
+def plots(summary: dict, out: Path, extra_points=None) -> list[Path]:
+  """speedup_by_group.png (bars per task group and overall, a colour per drafter family, a
+  hatch per method) and tau_vs_vocab.png (tau against the drafting vocabulary's LM-head rows on
+  a log axis, a marker per method); legends outside the axes. `extra_points`: (label, [(rows,
+  tau), ...]) drawn beside ours (a paper's published points)."""
   groups = summary["groups"] + ["overall"]
   ms = [m for m in summary["methods"] if m["method"] != "ar"]
+  styles = method_styles(ms)
   paths = []
-  fig, ax = subplots(figsize=(max(6, 1.3 * len(groups)), 4))
+  fig, ax = subplots(figsize=(max(7, 1.3 * len(groups)) + 3, 4.5))
   width = 0.8 / max(1, len(ms))
   for j, m in enumerate(ms):
     vals = [(m["overall"] if g == "overall" else m["by_group"].get(g, {})).get("speedup")
             for g in groups]
+    color, _, hatch = styles[m["name"]]
     ax.bar([i + j * width for i in range(len(groups))], [v or 0 for v in vals], width,
-           label=m["name"])
+           label=m["name"], color=color, hatch=hatch, edgecolor="white", linewidth=0.3)
   ax.axhline(1.0, color="k", lw=0.8, ls="--")
   ax.set_xticks([i + width * (len(ms) - 1) / 2 for i in range(len(groups))], groups,
                 rotation=30, ha="right")
   ax.set_ylabel("speedup over plain decoding")
   ax.set_title(f"{summary['suite']}: speedup per task group")
-  ax.legend(fontsize=8)
+  if ms:
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
   paths.append(out / "speedup_by_group.png")
   save_png(fig, paths[-1], dpi=120)
 
   pts = [m for m in ms if m.get("draft_vocab_size") and m["overall"]["tau"] is not None]
-  fig, ax = subplots(figsize=(5, 4))
+  fig, ax = subplots(figsize=(8, 4.5))
   for m in pts:
-    ax.scatter(m["draft_vocab_size"], m["overall"]["tau"], label=m["name"])
-  ax.set_xlabel("drafter vocabulary (LM-head rows)")
+    color, marker, _ = styles[m["name"]]
+    ax.scatter(m["draft_vocab_size"], m["overall"]["tau"], label=m["name"], color=color,
+               marker=marker, s=40)
+  for label, xy in extra_points or ():
+    ax.scatter([x for x, _ in xy], [y for _, y in xy], label=label, facecolors="none",
+               edgecolors="k", marker="o", s=50)
+    ax.plot([x for x, _ in xy], [y for _, y in xy], color="k", lw=0.6, ls=":")
+  ax.set_xscale("log")
+  ax.set_xlabel("drafter vocabulary (LM-head rows, log)")
   ax.set_ylabel("tau (tokens per target forward)")
   ax.set_title("acceptance length vs drafter vocabulary")
-  if pts:
-    ax.legend(fontsize=8)
+  if pts or extra_points:
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
   paths.append(out / "tau_vs_vocab.png")
   save_png(fig, paths[-1], dpi=120)
   return paths
