@@ -57,7 +57,8 @@ from vocabjax.kernels.indexed_lm_head_gpu import indexed_lm_head_gpu
 from vocabjax.kernels.indexed_lm_head_tpu import indexed_lm_head_tpu
 
 __all__ = ["IMPLS", "check_indices", "check_shapes", "indexed_lm_head",
-           "indexed_lm_head_gpu", "indexed_lm_head_reference", "indexed_lm_head_tpu"]
+           "indexed_lm_head_gpu", "indexed_lm_head_reference", "indexed_lm_head_sharded",
+           "indexed_lm_head_tpu"]
 
 
 # --- dispatch and gradient ---------------------------------------------------------------------
@@ -117,3 +118,42 @@ def indexed_lm_head(h: jax.Array, U: jax.Array, idx: jax.Array, *, impl: str = "
   check_shapes(h, U, idx)
   check_indices(idx, U.shape[0])
   return _indexed(h, U, idx.astype(jnp.int32), impl, interpret)
+
+
+# --- on a mesh ---------------------------------------------------------------------------------
+
+def indexed_lm_head_sharded(h: jax.Array, U: jax.Array, idx: jax.Array, *, mesh,
+                            vocab_axis: str = "model", batch_axis: str | None = "data",
+                            impl: str = "auto", interpret: bool = False) -> jax.Array:
+  """`indexed_lm_head` over a mesh whose `vocab_axis` splits U's rows (the vocabulary-split LM
+  head of `vocabjax.sharding`): a Pallas kernel is one device's program, which GSPMD does not
+  partition, so it runs under `shard_map`. Each device computes the candidates whose rows it
+  owns (its slice of V; the others' indices clamped to its first row and their logits set to
+  0) and one sum over `vocab_axis` gives every device the exact logits (each candidate's is the
+  one non-zero term, so the sum adds zeros only). h and idx are split by rows over
+  `batch_axis` where it divides B (replicated otherwise); the result is placed as h. V must be
+  divisible by the vocabulary axis (as the sharding rules split it)."""
+  from jax.sharding import PartitionSpec as P
+
+  if impl not in IMPLS:
+    raise ValueError(f"impl={impl!r} is not one of {IMPLS}")
+  check_shapes(h, U, idx)
+  check_indices(idx, U.shape[0])
+  n = mesh.shape[vocab_axis]
+  V = U.shape[0]
+  if V % n:
+    raise ValueError(f"the vocabulary V={V} does not split over the {n} devices of mesh axis "
+                     f"{vocab_axis!r}: its LM head is replicated there, use indexed_lm_head")
+  rows = (batch_axis if batch_axis and batch_axis in mesh.shape
+          and h.shape[0] % mesh.shape[batch_axis] == 0 else None)
+  local_v = V // n
+
+  def local(h, U, idx):
+    lo = jax.lax.axis_index(vocab_axis) * local_v
+    j = idx - lo
+    mine = (j >= 0) & (j < local_v)
+    z = _forward(h, U, jnp.where(mine, j, 0).astype(jnp.int32), impl, interpret)
+    return jax.lax.psum(jnp.where(mine, z, 0.0), vocab_axis)
+
+  return jax.shard_map(local, mesh=mesh, in_specs=(P(rows), P(vocab_axis), P(rows)),
+                       out_specs=P(rows), check_vma=False)(h, U, idx.astype(jnp.int32))
