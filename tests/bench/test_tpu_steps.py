@@ -149,16 +149,19 @@ def test_sharded_steps_compile_on_a_4_chip_mesh(steps, method):
   assert tpu.cpu_custom_calls(step.programs["step"].text) == []
 
 
-def test_specvocab_kernel_on_a_mesh_is_refused_naming_the_method():
-  # Mosaic kernels are not partitioned by GSPMD: SpecVocab's TPU head on a mesh needs a
-  # shard_map (a known limitation); the error names the method, topology and shapes
-  with pytest.raises(AssertionError) as err:
-    tpu.lower_step("sv2048_g3_tpu", REAL_V, topology="v5e:2x2", S=S,
-                   mesh=tpu.tpu_mesh("v5e:2x2"), compile=True)
-  msg = str(err.value)
-  assert "sv2048_g3_tpu for TPU v5e:2x2" in msg and "program 'step'" in msg
-  assert "bfloat16[2, 1, 256, 2, 64]" in msg  # the target's KV cache shape
-  assert "shard_map" in msg
+def test_specvocab_kernel_step_on_a_slice_runs_the_kernel_under_shard_map(steps):
+  """SpecVocab's Pallas head on a v5e:2x2 slice: the indexed head runs under shard_map over
+  the vocabulary-split LM head (`indexed_lm_head_sharded`; before: refused, Mosaic kernels are
+  not partitioned by GSPMD), the step compiles with the Mosaic call in it, and each chip holds
+  a share of the weights (the one-chip step's arguments hold them all)."""
+  step = _step(steps, "v5e:2x2", "sv2048_g3_tpu", sharded=True)
+  prog = step.programs["step"]
+  assert "tpu_custom_call" in prog.text
+  assert tpu.cpu_custom_calls(prog.text) == []
+  per_chip = prog.compiled.memory_analysis().argument_size_in_bytes
+  one_chip = _step(steps, "v5e:1x1", "sv2048_g3_tpu").programs["step"].compiled \
+      .memory_analysis().argument_size_in_bytes
+  assert per_chip < 0.6 * one_chip, (per_chip, one_chip)
 
 
 def test_unknown_method_and_topology_are_value_errors_naming_them():

@@ -116,7 +116,7 @@ def test_ranker_file_round_trip_and_checks(tmp_path, pair):
     SpeculativeVocab(back, k=65)
   with pytest.raises(RankerError, match="rank d'=33 must be in"):
     svd_ranker(draft, CFG, rank=33)
-  with pytest.raises(RankerError, match="rank d'=40 exceeds the drafter's hidden size d=32"):
+  with pytest.raises(RankerError, match="its rank 40 exceeds its width 32"):
     Ranker(np.zeros((40, 32)), np.zeros((64, 40)), r.drafter)
   with pytest.raises(ValueError, match="top_k=9 exceeds.*K=8"):
     TreeDecoder(target, CFG, draft, CFG, tree=TreeParams(9, 2, 12),

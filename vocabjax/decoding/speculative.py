@@ -221,7 +221,7 @@ class SpeculativeDecoder(DecodingMethod):
     self.draft_policy: Policy = full_policy(draft_config)  # the drafter's vocabulary policy
     self.draft_vocab = draft_vocab
     if draft_vocab is not None:  # a trimmed head (VocabTrim / FR-Spec) or a ranker (SpecVocab)
-      self.dp, self.draft_policy = draft_vocab.attach(self.dp, draft_config)
+      self.dp, self.draft_policy = draft_vocab.attach(self.dp, draft_config, mesh=mesh)
     if mesh is not None:
       self.tp = sharding.shard_params(self.tp, self.tc, mesh)
       self.dp = self._place_draft(self.dp, mesh)

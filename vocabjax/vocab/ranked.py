@@ -33,7 +33,7 @@ import numpy as np
 from vocabjax.checkpoints.convert import CheckpointError, check_finite
 from vocabjax.sampling import top_k
 from vocabjax.io import atomic_write_bytes
-from vocabjax.kernels.indexed_lm_head import indexed_lm_head
+from vocabjax.kernels.indexed_lm_head import indexed_lm_head, indexed_lm_head_sharded
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.identity import drafter_identity
 from vocabjax.models.llamalike import is_int8, lm_head_weight
@@ -163,8 +163,10 @@ class SpeculativeVocab:
     r = self.ranker
     return ranked_head_rows(self.k, r.vocab_size, r.rank, r.hidden_size)
 
-  def attach(self, params: dict, config: LlamaLikeConfig):
-    """(params with the ranker beside them, the policy)."""
+  def attach(self, params: dict, config: LlamaLikeConfig, mesh=None):
+    """(params with the ranker beside them, the policy). On a `mesh` whose "model" axis splits
+    the drafter's LM head by rows, the indexed head runs under shard_map
+    (`indexed_lm_head_sharded`): a Pallas kernel is one device's program."""
     if is_int8(params):
       raise RankerError("a SpecVocab ranker is matched to its drafter's float LM head (by "
                         "fingerprint) and is not supported with an int8 drafter: load the "
@@ -173,8 +175,12 @@ class SpeculativeVocab:
     dtype = lm_head_weight(params, config).dtype
     ranker = {"down": jnp.asarray(self.ranker.down, dtype),
               "vocab": jnp.asarray(self.ranker.vocab, dtype)}
+    V = self.ranker.vocab_size
+    split = mesh if mesh is not None and mesh.shape["model"] > 1 and V % mesh.shape[
+        "model"] == 0 else None  # a head the sharding rules do not split stays replicated
     return (with_policy_state(params, ranker),
-            functools.partial(ranked_policy, config=config, k=self.k, impl=self.impl))
+            functools.partial(ranked_policy, config=config, k=self.k, impl=self.impl,
+                              mesh=split))
 
 
 def ranker_scores(ranker: dict, h: jax.Array) -> jax.Array:
@@ -185,13 +191,18 @@ def ranker_scores(ranker: dict, h: jax.Array) -> jax.Array:
 
 
 def ranked_policy(params: dict, h: jax.Array, *, config: LlamaLikeConfig, k: int,
-                  impl: str = "auto") -> tuple[jax.Array, jax.Array]:
-  """(candidate target ids [..., k], their exact drafter logits [..., k])."""
+                  impl: str = "auto", mesh=None) -> tuple[jax.Array, jax.Array]:
+  """(candidate target ids [..., k], their exact drafter logits [..., k]); `mesh`: the LM head
+  is split by rows over its "model" axis (the indexed head under shard_map)."""
   lead, D = h.shape[:-1], h.shape[-1]
   flat = h.reshape(-1, D)
   _, idx = top_k(ranker_scores(policy_state(params), flat), k,
                  split=lowering_of(params).split_top_k)
-  z = indexed_lm_head(flat, lm_head_weight(params, config), idx, impl=impl)
+  if mesh is not None:
+    z = indexed_lm_head_sharded(flat, lm_head_weight(params, config), idx, mesh=mesh,
+                                impl=impl)
+  else:
+    z = indexed_lm_head(flat, lm_head_weight(params, config), idx, impl=impl)
   return idx.reshape(lead + (k,)), z.reshape(lead + (k,))
 
 

@@ -59,9 +59,11 @@ class VocabSubset:
   def head_rows(self) -> int:  # LM-head rows a trimmed head multiplies per row
     return self.size
 
-  def attach(self, params: dict, config: LlamaLikeConfig):
+  def attach(self, params: dict, config: LlamaLikeConfig, mesh=None):
     """(the drafter's params with the trimmed head over this subset beside them, the static
-    policy): the draft-vocabulary interface `SpeculativeVocab.attach` shares."""
+    policy): the draft-vocabulary interface `SpeculativeVocab.attach` shares (`mesh`: unused,
+    the trimmed head is replicated)."""
+    del mesh
     return attach_subset(params, config, self), static_policy
 
   @property
@@ -250,8 +252,8 @@ class HeadRows:
   def head_rows(self) -> int:
     return self.size
 
-  def attach(self, params: dict, config: LlamaLikeConfig):
-    del config  # the rows are given
+  def attach(self, params: dict, config: LlamaLikeConfig, mesh=None):
+    del config, mesh  # the rows are given (and replicated on a mesh)
     return attach_rows(params, self.rows, self.ids), static_policy
 
 
