@@ -286,3 +286,19 @@ def test_heads_and_files_by_hub_id_decode_as_their_directories(served, tiny_chat
                      r"id: org/ranker: names a folder; name a file"):
     parse_args(base + ["--method", "eagle", *tree, "--set", "head=org/eagle-head", "--set",
                        "ranker=org/ranker", "--set", "lm_head=target", "--set", "k=8"])
+
+
+def test_a_gguf_file_by_hub_id(served, tmp_path):
+  """org/name/file.gguf: one file of a GGUF repository, downloaded alone and loaded as a .gguf
+  path is (the tokenizer from its metadata)."""
+  from vocabjax.testing.tiny import tiny_hf_model, tiny_tokenizer, write_tiny_gguf
+
+  tok = tiny_tokenizer(320)
+  model = tiny_hf_model("llama", vocab_size=len(tok))
+  p = write_tiny_gguf(model, tmp_path / "m-f32.gguf", tokenizer=tok)
+  served.add("org/tiny-GGUF", {"m-f32.gguf": p.read_bytes(), "m-q8.gguf": b"x" * 5000})
+  a = load_model("org/tiny-GGUF/m-f32.gguf", dtype="float32")
+  b = load_model(p, dtype="float32")
+  _params_equal(a, b)
+  fetched = {r[1].rsplit("/", 1)[1] for r in served.requests if "/resolve/" in r[1]}
+  assert fetched == {"m-f32.gguf"}
