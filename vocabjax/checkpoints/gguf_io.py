@@ -123,7 +123,7 @@ def check_header_counts(path: Path) -> None:
 
   magic = take("<4s", "the magic")
   if magic != b"GGUF":
-    raise CheckpointError(f"{path}: not a GGUF file (magic {magic!r})")
+    raise CheckpointError(f"{path}: not a readable GGUF file (magic {magic!r}, not b'GGUF')")
   take("<I", "the version")
   n_tensors, n_kv = take("<Q", "the tensor count"), take("<Q", "the metadata count")
   need(n_kv * 13, f"{n_kv:,} metadata entries")  # key length 8 + type 4 + a 1-byte value

@@ -49,8 +49,9 @@ class InvalidConfigError(ValueError):
 
 _SIZES = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
           "num_attention_heads")  # required positive integers
-_OPTIONAL_SIZES = ("num_key_value_heads", "head_dim", "max_position_embeddings",
-                   "sliding_window")  # positive integers when given (null: the default)
+_OPTIONAL_SIZES = ("num_key_value_heads", "head_dim", "max_position_embeddings"
+                   )  # positive integers when given (null: the default; sliding_window has its
+#                       own check, with the layers it applies to)
 
 
 def check_sizes(cfg: Mapping[str, Any]) -> None:

@@ -455,6 +455,16 @@ def _run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool,
   return summary
 
 
+def _check_record_keys(records, path: Path, keys, which=lambda r: True) -> None:
+  """A record lacking any of `keys` (among those `which` selects) named by file:line and the
+  keys, not a KeyError."""
+  for i, r in enumerate(records):
+    missing = sorted(set(keys) - set(r)) if isinstance(r, dict) else sorted(keys)
+    if missing and (not isinstance(r, dict) or which(r)):
+      raise ResultDirError(f"--report-only: {path}:{i + 1} is not a whole record: it lacks "
+                           f"{missing}; move the file away or rerun the suite")
+
+
 def config_info(config: EvalConfig) -> dict:
   """`report.models_info` without loading weights: the models' configs by name
   (`vocabjax.checkpoints.known.resolve_config`: the registry's known configs, a config.json, a
@@ -501,12 +511,8 @@ def report_only(config: EvalConfig, out: str | os.PathLike, *,
   records = read_records(out / RECORDS, repair=False)  # a report rewrites no records file
   if not records:
     raise ResultDirError(f"--report-only: {out / RECORDS} holds no records yet")
-  for i, r in enumerate(records):  # every key the report reads, or the record is named
-    missing = sorted(RECORD_KEYS - set(r)) if isinstance(r, dict) else sorted(RECORD_KEYS)
-    if missing:
-      raise ResultDirError(f"--report-only: {out / RECORDS}:{i + 1} is not a whole record: it "
-                           f"lacks {missing}; move the file away or rerun the suite")
   names = [m.name for m in config.methods]
+  _check_record_keys(records, out / RECORDS, ("framework", "method", "qid", "seed"))
   have = {}
   for r in records:
     if r["framework"] == "vocabjax":
@@ -518,6 +524,8 @@ def report_only(config: EvalConfig, out: str | os.PathLike, *,
                          f"({len(records)} records; methods {names})")
   keep = set(complete)
   kept = [r for r in records if (r["qid"], r["seed"]) in keep]
+  _check_record_keys(records, out / RECORDS, RECORD_KEYS,
+                     lambda r: (r["qid"], r["seed"]) in keep)  # what the report reads
   partial = None
   if len(complete) < len(order):
     partial = {"questions": len(complete), "of": len(order),
