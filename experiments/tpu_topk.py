@@ -63,6 +63,9 @@ def main(argv=None) -> int:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--out", required=True)
   p.add_argument("--topology", default="v5e:1x1")
+  p.add_argument("--steps", action="store_true",
+                 help="also the tree and EAGLE steps at V = 151,936 (a 2-layer target, 1-layer "
+                      "drafter of Qwen2.5-0.5B's width), one top-k and two-stage")
   a = p.parse_args(argv)
   from vocabjax.testing.tpu_aot import compile_for_tpu, lower_for_tpu
 
@@ -94,6 +97,7 @@ def main(argv=None) -> int:
                      "flops": cost.get("flops"), "bytes_accessed": cost.get("bytes accessed"),
                      "temp_bytes": mem.temp_size_in_bytes})
         print(rows[-1], flush=True)
+  steps = _steps(a.topology) if a.steps else []
   out = Path(a.out)
   out.mkdir(parents=True, exist_ok=True)
   cmd = "python experiments/tpu_topk.py " + " ".join(sys.argv[1:] if argv is None else argv)
@@ -110,9 +114,47 @@ def main(argv=None) -> int:
     lines.append(f"| {r['V']:,} | {r['shape']} | {r['form']} | {r['compile_s']} | "
                  f"{'yes' if r['sort_in_hlo'] else 'no'} | {r['flops'] or 0:,.0f} | "
                  f"{r['bytes_accessed'] or 0:,.0f} | {r['temp_bytes']:,} |")
+  if steps:
+    lines += ["", "Whole drafting steps at the real vocabulary (`vocabjax.bench.tpu.lower_step`, "
+              "S = 256; `TPU_TOP_K_BLOCK` 0 = one top-k, 4096 = two-stage):", "",
+              "| method | top-k | compile s | flops | bytes accessed |", "|---|---|---|---|---|"]
+    for r in steps:
+      lines.append(f"| {r['method']} | {r['top_k']} | {r['compile_s']} | {r['flops'] or 0:,.0f} "
+                   f"| {r['bytes_accessed'] or 0:,.0f} |")
+    data = json.loads((out / "results.json").read_text())
+    data["steps"] = steps
+    (out / "results.json").write_text(json.dumps(data, indent=1))
   (out / "README.md").write_text("\n".join(lines) + "\n")
   print("\n".join(lines))
   return 0
+
+
+def _steps(topology: str) -> list[dict]:
+  from vocabjax.bench import tpu
+  from vocabjax.models import LlamaLikeConfig
+
+  def qwen2(V: int, L: int) -> LlamaLikeConfig:
+    return LlamaLikeConfig(arch="qwen2", vocab_size=V, hidden_size=896, intermediate_size=4864,
+                           num_layers=L, num_heads=14, num_kv_heads=2, head_dim=64,
+                           attention_bias=True, tie_word_embeddings=True,
+                           max_position_embeddings=32768)
+
+  setup = tpu.Setup(qwen2(151936, 2), qwen2(151936, 1))
+  rows = []
+  for method in ("tree_k4d4n16", "eagle_k4d4n16"):
+    for block in (0, 4096):
+      tpu.TPU_TOP_K_BLOCK = block
+      t = time.perf_counter()
+      step = tpu.lower_step(method, setup, topology=topology, S=256, compile=True)
+      secs = time.perf_counter() - t
+      cost = step.programs["step"].compiled.cost_analysis() or {}
+      cost = cost[0] if isinstance(cost, list) else cost
+      rows.append({"method": method, "top_k": "two-stage (4096)" if block else "one top-k",
+                   "compile_s": round(secs, 1), "flops": cost.get("flops"),
+                   "bytes_accessed": cost.get("bytes accessed")})
+      print(rows[-1], flush=True)
+  tpu.TPU_TOP_K_BLOCK = 4096
+  return rows
 
 
 if __name__ == "__main__":

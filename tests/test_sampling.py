@@ -77,3 +77,23 @@ def test_bad_sampling_params(kwargs, match):
 def test_top_k_larger_than_vocab():
   with pytest.raises(ValueError, match="top_k=500 exceeds the vocabulary size V=128"):
     SamplingParams(1.0, 500).validate_for_vocab(128)
+
+
+@pytest.mark.parametrize("V,k,block", [(1000, 4, 64), (1000, 10, 100), (4097, 16, 1024),
+                                       (300, 3, 128)])
+def test_blocked_top_k_gives_lax_top_k_values_and_indices(V, k, block):
+  """The two-stage top-k TPU steps use (`Lowering.block_top_k`): the same values and indices as
+  one top-k, ties (many equal values, -inf masks) resolved to the lower index alike."""
+  import jax
+  import jax.numpy as jnp
+
+  from vocabjax.sampling import blocked_top_k, top_k
+
+  rs = np.random.RandomState(V + k)
+  for x in (rs.randn(3, 2, V), np.round(rs.randn(3, 2, V)),  # rounding: many exact ties
+            np.where(rs.rand(3, 2, V) < 0.9, -np.inf, rs.randn(3, 2, V))):
+    x = jnp.asarray(x, jnp.float32)
+    want = jax.lax.top_k(x, k)
+    for got in (blocked_top_k(x, k, block), top_k(x, k, block=block)):
+      np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]))
+      np.testing.assert_array_equal(np.asarray(got[1]), np.asarray(want[1]))

@@ -59,6 +59,12 @@ class Lowering:
   split_top_k: bool = False
   """top-k (k <= 16) as k rounds of argmax: partitioned over a vocabulary split by a mesh,
   where XLA's TopK gathers every row to every device."""
+  block_top_k: int = 0
+  """A drafting top-k over more than 2x this many entries (the vocabulary) in two stages: the
+  top-k of each block of this many, then of the blocks' winners (the same values and indices,
+  ties at the lower index). XLA:TPU sorts a whole row for a top-k: a tree level's over 152K-262K
+  logits takes 5-7 s to compile alone, the two-stage form under 1 s
+  (experiments/results/tpu_topk). 0: one top-k."""
   row_writes: bool = False
   """A batch's cache writes (and a tree's path compaction) as one update per row: on a mesh
   the batched scatter is replicated."""
@@ -94,11 +100,20 @@ def lowering_of(params) -> Lowering:
 def decoding_lowering(*, mesh: bool, cpu_kernel: bool | None = None) -> Lowering:
   """A decoder's base lowering: the CPU kernel unless on a mesh (the kernel is one device's
   custom call; GSPMD would gather the weights to it) or switched off; on a mesh, top-k as
-  argmax rounds and per-row cache writes. Its step programs add `any_rows` (off a mesh), its
+  argmax rounds and per-row cache writes; on TPU, drafting top-ks in two stages. Its step programs add `any_rows` (off a mesh), its
   prefills `bf16_blocks` where the model's weights are bf16."""
   kernel = _process["cpu_kernel"] if cpu_kernel is None else bool(cpu_kernel)
   return Lowering(cpu_kernel=kernel and not mesh, split_top_k=mesh, row_writes=mesh,
-                  sum_attention=_process["sum_attention"])
+                  sum_attention=_process["sum_attention"],
+                  block_top_k=TPU_TOP_K_BLOCK if _backend() == "tpu" else 0)
+
+
+TPU_TOP_K_BLOCK = 4096  # Lowering.block_top_k where the decoders run on TPU
+
+
+def _backend() -> str:
+  """The platform decoders are built for (read when a decoder is built, never while tracing)."""
+  return jax.default_backend()
 
 
 def step_lowering(base: Lowering) -> Lowering:

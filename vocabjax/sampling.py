@@ -106,16 +106,40 @@ def flag_nonfinite(tokens: jax.Array, x: jax.Array) -> jax.Array:
 SPLIT_TOP_K_MAX = 16  # larger k keep XLA's top_k even on a mesh
 
 
-def top_k(x: jax.Array, k: int, *, split: bool = False) -> tuple[jax.Array, jax.Array]:
+def top_k(x: jax.Array, k: int, *, split: bool = False,
+          block: int = 0) -> tuple[jax.Array, jax.Array]:
   """`jax.lax.top_k` over the last axis (values descending, ties: lower index first); with
   `split` (`Lowering.split_top_k`, set by decoders on a mesh) and k <= SPLIT_TOP_K_MAX computed
   as k rounds of argmax, each masking the index it chose: the same values and indices (while
   at least k entries are finite). XLA's TopK is not partitioned: over logits whose vocabulary
   axis a mesh splits it gathers the whole [.., V] row to every device (1.2 MB per row and tree
   level for a 152K vocabulary), while an argmax reduces each device's rows locally and gathers
-  one (value, index) per device."""
-  if not split or k > SPLIT_TOP_K_MAX:
-    return jax.lax.top_k(x, k)
+  one (value, index) per device. With `block` (`Lowering.block_top_k`) and a last axis longer
+  than 2 x block: in two stages (`blocked_top_k`), the same values and indices."""
+  if split and k <= SPLIT_TOP_K_MAX:
+    return _argmax_rounds(x, k)
+  if block and x.shape[-1] > 2 * block and 1 < k <= block:  # a top-1 is a reduction already
+    return blocked_top_k(x, k, block)
+  return jax.lax.top_k(x, k)
+
+
+def blocked_top_k(x: jax.Array, k: int, block: int) -> tuple[jax.Array, jax.Array]:
+  """`jax.lax.top_k` over the last axis as the top-k of each `block` of it (padded with -inf)
+  and then of the blocks' winners: the same values and indices (a winner of the row is a
+  winner of its block; the second stage sees the blocks in index order and top_k keeps lower
+  positions first, so ties still go to the lower index; padding never wins over a finite
+  value, and over -inf it ranks after every real entry)."""
+  V = x.shape[-1]
+  nb = -(-V // block)
+  xp = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, nb * block - V)],
+               constant_values=-jnp.inf)
+  v1, i1 = jax.lax.top_k(xp.reshape(x.shape[:-1] + (nb, block)), k)
+  i1 = i1 + (jnp.arange(nb, dtype=i1.dtype) * block)[:, None]
+  v2, j = jax.lax.top_k(v1.reshape(x.shape[:-1] + (nb * k,)), k)
+  return v2, jnp.take_along_axis(i1.reshape(x.shape[:-1] + (nb * k,)), j, axis=-1)
+
+
+def _argmax_rounds(x: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
   iota = jnp.arange(x.shape[-1], dtype=jnp.int32)
   vals, idxs = [], []
   for _ in range(k):

@@ -70,7 +70,8 @@ from vocabjax.decoding.speculative import (ChainDecoder, SpeculativeDecoder, Tre
                                            _draft_prefill)
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.kernels import cpu_matmul
-from vocabjax.lowering import Lowering, cpu_kernel_default, decoding_lowering, lowered
+from vocabjax.lowering import (TPU_TOP_K_BLOCK, Lowering, cpu_kernel_default, decoding_lowering,
+                               lowered)
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.eagle import EagleConfig, default_feature_layers, init_eagle
@@ -664,9 +665,11 @@ def _unrolled_loops(while_trips: int):
 
 
 def tpu_lowering(mesh) -> Lowering:
-  """What a decoder's programs lower with on TPU chips: no CPU kernel; on a mesh top-k as
-  argmax rounds and per-row cache writes (as `decoding_lowering` gives)."""
-  return decoding_lowering(mesh=mesh is not None, cpu_kernel=False)
+  """What a decoder's programs lower with on TPU chips: no CPU kernel; a drafting top-k over the
+  vocabulary in two stages of 4,096-token blocks (XLA:TPU sorts a whole row for a top-k); on a
+  mesh top-k as argmax rounds and per-row cache writes (as `decoding_lowering` gives)."""
+  return decoding_lowering(mesh=mesh is not None, cpu_kernel=False).replace(
+      block_top_k=TPU_TOP_K_BLOCK)  # as `decoding_lowering` sets it on a TPU host
 
 
 def _lower(method, dec, setup, B, S, T, device, mesh, prefill, sampling, topology) -> TpuStep:

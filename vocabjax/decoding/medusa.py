@@ -80,7 +80,8 @@ def medusa_candidates(dp, hidden, *, config: MedusaConfig, tree: MedusaTree):
   subset attached, the ranks are taken among its K tokens only."""
   x = medusa_hidden(dp[MEDUSA_KEY], hidden, config=config)  # [B, Hm, D]
   ids, logits = medusa_projection(dp, x)
-  _, top = top_k(logits, tree.top_k, split=lowering_of(dp).split_top_k)  # [B, Hm, k]
+  lw = lowering_of(dp)
+  _, top = top_k(logits, tree.top_k, split=lw.split_top_k, block=lw.block_top_k)  # [B, Hm, k]
   if ids is not None:
     top = ids[top]
   return top[:, tree.head, tree.rank].astype(jnp.int32)

@@ -121,9 +121,9 @@ def grow_tree(params, h_root, state_root, cache, *, tree: TreeParams, policy, ex
   k, d = tree.top_k, tree.depth
   C = cache.lengths
   B = C.shape[0]
-  split = lowering_of(params).split_top_k
+  split, block = lowering_of(params).split_top_k, lowering_of(params).block_top_k
   ids, logits = root if root is not None else policy(params, h_root)
-  score1, j1 = top_k(jax.nn.log_softmax(logits, axis=-1), k, split=split)  # [B, k]
+  score1, j1 = top_k(jax.nn.log_softmax(logits, axis=-1), k, split=split, block=block)
   tok1 = to_target_many(ids, j1)
   S = cache.max_len
   slots = jnp.arange(S)
@@ -138,7 +138,8 @@ def grow_tree(params, h_root, state_root, cache, *, tree: TreeParams, policy, ex
       own = (slots[None, None, :] == (start[:, None] + jnp.arange(k)[None])[..., None])
       child_anc = f_anc | own  # [B, k, S]: what each frontier node's children may see
       ids, logits = policy(params, h)  # logits [B, k, V or K candidates]
-      top_score, top_j = top_k(jax.nn.log_softmax(logits, axis=-1), k, split=split)  # [B,k,k]
+      top_score, top_j = top_k(jax.nn.log_softmax(logits, axis=-1), k, split=split,
+                               block=block)  # [B, k, k]
       top_tok = to_target_many(ids, top_j)
       c_score = (f_score[..., None] + top_score).reshape(B, k * k)
       c_tok = top_tok.reshape(B, k * k).astype(jnp.int32)

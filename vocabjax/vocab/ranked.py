@@ -196,8 +196,9 @@ def ranked_policy(params: dict, h: jax.Array, *, config: LlamaLikeConfig, k: int
   is split by rows over its "model" axis (the indexed head under shard_map)."""
   lead, D = h.shape[:-1], h.shape[-1]
   flat = h.reshape(-1, D)
-  _, idx = top_k(ranker_scores(policy_state(params), flat), k,
-                 split=lowering_of(params).split_top_k)
+  lw = lowering_of(params)
+  _, idx = top_k(ranker_scores(policy_state(params), flat), k, split=lw.split_top_k,
+                 block=lw.block_top_k)
   if mesh is not None:
     z = indexed_lm_head_sharded(flat, lm_head_weight(params, config), idx, mesh=mesh,
                                 impl=impl)
