@@ -112,32 +112,29 @@ HUB_FIELDS = {"head": "eagle", "heads": "medusa", "ranker": "file", "subset": "f
               "counts": "file", "drafter": "folder"}
 
 
-def _local(value: str, kind: str, where: str = "") -> str:
+def _local(value: str, kind: str, where: str = "", label: str = "", progress: bool = False) -> str:
   """A file parameter's local path: itself when it exists (or is no hub id), else the hub id
-  fetched (from the cache when it is there). For what reads parameters that were parsed
-  without fetching (`check_files=False`: a report of recorded runs)."""
+  fetched (from the cache when it is there). `label` (`method.field`) names the parameter in
+  the error."""
   if not value or Path(value).expanduser().exists() or hub.parse_hub_id(value) is None:
     return value
   try:
-    return str(hub.fetch(value, kind, progress=False))
+    return str(hub.fetch(value, kind, progress=progress))
   except hub.HubError as e:
-    raise ConfigError(f"{where or 'method'}: {value!r}: no such local path, and as a hub id: "
-                      f"{e}") from None
+    name = f"{label}=" if label else ""
+    raise ConfigError(f"{where or 'method'}: {name}{value!r}: no such local path, and as a hub "
+                      f"id: {e}") from None
 
 
 def _local_files(params, method: str, where: str):
   """`params` with each hub id among its file parameters (`HUB_FIELDS`) replaced by the local
-  path it is downloaded to; a local path that exists is kept as it is."""
+  path it is downloaded to (with progress); a local path that exists is kept as it is."""
   changes = {}
   for field, kind in HUB_FIELDS.items():
     value = getattr(params, field, "")
-    if not value or Path(value).expanduser().exists() or hub.parse_hub_id(value) is None:
-      continue
-    try:
-      changes[field] = str(hub.fetch(value, kind))
-    except hub.HubError as e:
-      raise ConfigError(f"{where}: {method}.{field}={value!r}: no such local path, and as a "
-                        f"hub id: {e}") from None
+    local = _local(value, kind, where, f"{method}.{field}", progress=True)
+    if local != value:
+      changes[field] = local
   return dataclasses.replace(params, **changes) if changes else params
 
 

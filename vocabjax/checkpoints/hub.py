@@ -112,11 +112,9 @@ def _weights(names: set[str], prefix: str, stems: tuple[str, ...], allow_bin: bo
              ) -> list[str]:
   """The weight files among `names` for one of `stems` (safetensors first, then pickles)."""
   for stem in stems:
-    for ext in (".safetensors",):
-      if f"{prefix}{stem}{ext}.index.json" in names:
-        return [f"{prefix}{stem}{ext}.index.json"]  # + its shards, once the index is read
-      if f"{prefix}{stem}{ext}" in names:
-        return [f"{prefix}{stem}{ext}"]
+    for name in (f"{prefix}{stem}.safetensors.index.json", f"{prefix}{stem}.safetensors"):
+      if name in names:
+        return [name]  # an index: + its shards, once the index is read
   pickles = [f"{prefix}{stem}{ext}" for stem in stems for ext in (".bin", ".pt", ".bin.index.json")
              if f"{prefix}{stem}{ext}" in names]
   if pickles and not allow_bin:
@@ -147,10 +145,8 @@ def select_files(kind: str, names: set[str], prefix: str, allow_bin: bool, what:
   out = [f"{prefix}config.json"]
   if kind == "model":
     out += [f"{prefix}{f}" for f in MODEL_EXTRAS if f"{prefix}{f}" in names]
-    return out + _weights(names, prefix, ("model", "pytorch_model"), allow_bin, what)
-  if kind == "eagle":
-    return out + _weights(names, prefix, ("model", "pytorch_model"), allow_bin, what)
-  return out + _weights(names, prefix, ("medusa_lm_head",), allow_bin, what)
+  stems = ("medusa_lm_head",) if kind == "medusa" else ("model", "pytorch_model")
+  return out + _weights(names, prefix, stems, allow_bin, what)
 
 
 def shards_of(index_path: Path, names: set[str], prefix: str, what: str) -> list[str]:

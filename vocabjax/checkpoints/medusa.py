@@ -21,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vocabjax.checkpoints.convert import CheckpointError, check_finite, check_trained_for
+from vocabjax.checkpoints.hf import torch_state
 from vocabjax.checkpoints.hub import allow_bin_default, bin_refusal
 from vocabjax.io import atomic_directory
 from vocabjax.models.config import LlamaLikeConfig
@@ -72,17 +73,10 @@ def _read_tensors(directory: Path) -> dict[str, np.ndarray]:
     except (OSError, SafetensorError) as e:
       raise CheckpointError(f"{directory / WEIGHTS} is not a readable safetensors file "
                             f"({e})") from None
-  if (directory / TORCH_WEIGHTS).is_file():
-    import torch  # optional: only Medusa's own .pt checkpoints need it
-
+  if (directory / TORCH_WEIGHTS).is_file():  # Medusa's own heads; torch is optional
     if not allow_bin_default(None):
       raise CheckpointError(bin_refusal(str(directory), [TORCH_WEIGHTS]))
-    try:
-      sd = torch.load(directory / TORCH_WEIGHTS, map_location="cpu", weights_only=True)
-    except Exception as e:  # torch raises many kinds for a truncated or foreign file
-      raise CheckpointError(f"{directory / TORCH_WEIGHTS} is not a readable PyTorch state "
-                            f"dict ({type(e).__name__}: {e})") from None
-    return {k: v.float().numpy() for k, v in sd.items()}
+    return torch_state(directory / TORCH_WEIGHTS)
   raise CheckpointError(f"{directory} holds no Medusa heads ({WEIGHTS} or {TORCH_WEIGHTS})")
 
 
