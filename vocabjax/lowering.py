@@ -6,8 +6,8 @@ on its block), a bf16 model's prompt prefill through the bf16 GEMM, a program on
 top-k as rounds of argmax and writes the cache one row at a time, a mixed-precision training
 step rounds its products' operands to bf16. `Lowering` names all of these:
 
-    Lowering(cpu_kernel, any_rows, bf16_blocks, bf16_dots, split_top_k, row_writes,
-             sum_attention)
+    Lowering(platform, cpu_kernel, any_rows, bf16_blocks, bf16_dots, split_top_k,
+             block_top_k, row_writes, sum_attention)
 
 A traced function that wants something other than the default takes a `lowering` as a static
 argument (the decoders' prefill and step functions all do: `functools.partial(fn,
@@ -19,12 +19,18 @@ top-k). `Lowering` is a static pytree node: it has no leaves, it sits in the par
 so jit's cache key and an AOT-compiled program's input check include it; a program compiled
 for one lowering refuses params tagged with another.
 
-Untagged params lower with `Lowering()`: the CPU kernel for blocks of at most
-`cpu_matmul.MAX_ROWS` rows (unless `VOCABJAX_CPU_KERNEL=0` was set when vocabjax was
-imported), everything else off. Nothing here is read from a global while a program is traced.
-The one process-level setting is `default_cpu_kernel()`: what `decoding_lowering` gives the
-decoders built from then on (each decoder fixes its lowering when it is constructed; its
-`lowering` attribute is what every program it compiles uses).
+`Lowering.platform` is the platform the program is built for ("cpu", "gpu", "tpu"): a decoder
+sets it when it is constructed (its mesh's devices, else the default backend; a deviceless TPU
+or GPU compile sets "tpu" / "gpu" with `platform_default`), so the CPU kernel, the MLP layout
+and the chain's first drafting call are chosen from it, never from `jax.default_backend()`
+while tracing. Untagged params lower with `Lowering()`: platform "" (left to where the program
+is lowered: `jax.lax.platform_dependent` picks the CPU branch on a CPU), the CPU kernel for
+blocks of at most `cpu_matmul.MAX_ROWS` rows (unless `VOCABJAX_CPU_KERNEL=0` was set when
+vocabjax was imported), everything else off. Nothing here is read from a global while a
+program is traced. The process-level settings are `default_cpu_kernel()` and the platform of
+`platform_default`: what `decoding_lowering` gives the decoders built from then on (each
+decoder fixes its lowering when it is constructed; its `lowering` attribute is what every
+program it compiles uses).
 """
 
 from __future__ import annotations
@@ -44,6 +50,9 @@ KEY = "lowering"  # the params key a traced function's lowering travels under
 class Lowering:
   """The static choices a traced program makes below the model code."""
 
+  platform: str = ""
+  """The platform the program is built for: "cpu", "gpu" or "tpu" (a decoder's, fixed when it
+  is built); "": decided where the program is lowered (`jax.lax.platform_dependent`)."""
   cpu_kernel: bool = os.environ.get("VOCABJAX_CPU_KERNEL", "1") != "0"
   """XLA:CPU: projections of blocks of <= MAX_ROWS rows through the streaming C++ kernel
   (`vocabjax.kernels.cpu_matmul`); off: XLA's dot. No effect on GPU and TPU."""
@@ -82,6 +91,7 @@ class Lowering:
 
 # read by decoding_lowering only, never while tracing; starts from the environment's defaults
 _process = {key: getattr(Lowering(), key) for key in ("cpu_kernel", "sum_attention")}
+_process["platform"] = ""  # "": the default backend (`platform_default` sets another)
 
 
 def with_lowering(params: dict, lowering: Lowering) -> dict:
@@ -97,23 +107,41 @@ def lowering_of(params) -> Lowering:
   return got if got is not None else Lowering()
 
 
-def decoding_lowering(*, mesh: bool, cpu_kernel: bool | None = None) -> Lowering:
-  """A decoder's base lowering: the CPU kernel unless on a mesh (the kernel is one device's
-  custom call; GSPMD would gather the weights to it) or switched off; on a mesh, top-k as
-  argmax rounds and per-row cache writes; on TPU, drafting top-ks in two stages. Its step programs add `any_rows` (off a mesh), its
-  prefills `bf16_blocks` where the model's weights are bf16."""
+def decoding_lowering(*, mesh, cpu_kernel: bool | None = None,
+                      platform: str | None = None) -> Lowering:
+  """A decoder's base lowering, for `platform` (None: `target_platform(mesh)`): the CPU kernel
+  on a CPU unless on a mesh (the kernel is one device's custom call; GSPMD would gather the
+  weights to it) or switched off; on a mesh (`mesh`: a Mesh, or True), top-k as argmax rounds
+  and per-row cache writes; on TPU, drafting top-ks in two stages. Its step programs add
+  `any_rows` (off a mesh), its prefills `bf16_blocks` where the model's weights are bf16."""
+  on_mesh = mesh is not None and mesh is not False
+  platform = platform or target_platform(mesh if on_mesh and mesh is not True else None)
   kernel = _process["cpu_kernel"] if cpu_kernel is None else bool(cpu_kernel)
-  return Lowering(cpu_kernel=kernel and not mesh, split_top_k=mesh, row_writes=mesh,
+  return Lowering(platform=platform, cpu_kernel=kernel and not on_mesh and platform == "cpu",
+                  split_top_k=on_mesh, row_writes=on_mesh,
                   sum_attention=_process["sum_attention"],
-                  block_top_k=TPU_TOP_K_BLOCK if _backend() == "tpu" else 0)
+                  block_top_k=TPU_TOP_K_BLOCK if platform == "tpu" else 0)
 
 
 TPU_TOP_K_BLOCK = 4096  # Lowering.block_top_k where the decoders run on TPU
 
 
-def _backend() -> str:
-  """The platform decoders are built for (read when a decoder is built, never while tracing)."""
-  return jax.default_backend()
+def target_platform(mesh=None) -> str:
+  """The platform a decoder built now compiles for: its mesh's devices' platform, else the
+  process's (`platform_default`), else JAX's default backend. Read when a decoder is built,
+  never while tracing."""
+  if mesh is not None:
+    return next(iter(mesh.devices.flat)).platform
+  return _process["platform"] or jax.default_backend()
+
+
+def platform_default(platform: str):
+  """`with platform_default("tpu"):` decoders constructed inside compile for TPU (their layout,
+  kernel and top-k choices), whatever this host's backend: deviceless compilation
+  (`vocabjax.bench.tpu`)."""
+  if platform not in ("cpu", "gpu", "tpu"):
+    raise ValueError(f"platform {platform!r}: choose 'cpu', 'gpu' or 'tpu'")
+  return _process_default("platform", platform)
 
 
 def step_lowering(base: Lowering) -> Lowering:
@@ -132,9 +160,9 @@ def default_cpu_kernel() -> bool:
 
 
 @contextlib.contextmanager
-def _process_default(key: str, on: bool):
+def _process_default(key: str, value):
   old = _process[key]
-  _process[key] = bool(on)
+  _process[key] = value if key == "platform" else bool(value)
   try:
     yield
   finally:

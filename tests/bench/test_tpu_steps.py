@@ -103,24 +103,34 @@ def test_specvocab_tpu_step_holds_the_pallas_kernel(steps, topology):
       "step"].text
 
 
-def test_tpu_tracing_sets_the_backend_switches_as_a_tpu_would():
+def test_tpu_tracing_builds_decoders_for_a_tpu_and_nothing_reads_the_backend_while_tracing():
   import jax.numpy as jnp
+
+  from vocabjax.lowering import with_lowering
 
   x = jax.ShapeDtypeStruct((2, 896), jnp.bfloat16)
   w = jax.ShapeDtypeStruct((64, 896), jnp.bfloat16)
-  # a fresh function per trace: jit keeps a function's traces, and the switches are read at
-  # trace time (the decoders' step functions are new partials per program, for the same reason)
-  on_cpu = jax.jit(lambda x, w: cpu_matmul.linear(x, w)).trace(x, w).lower().as_text()
+  on_cpu_lw = decoding_lowering(mesh=False)
   with tpu.tpu_tracing():
-    assert fold_catch_up() and block_layout() == "out_in"
-    assert not decoding_lowering(mesh=False).cpu_kernel  # decoders built inside
-    on_tpu = jax.jit(lambda x, w: cpu_matmul.linear(x, w)).trace(x, w).lower().as_text()
-  assert jax.default_backend() == "cpu"  # restored
-  if Lowering().cpu_kernel and cpu_matmul.available():  # the check is not vacuous here
+    assert block_layout() == "out_in" and fold_catch_up()
+    lw = decoding_lowering(mesh=False)  # what decoders built inside lower with
+  assert lw.platform == "tpu" and not lw.cpu_kernel and lw.block_top_k
+  assert on_cpu_lw.platform == "cpu" and jax.default_backend() == "cpu"  # nothing patched
+
+  def lowered(lowering, platforms=None):  # a fresh function per trace
+    fn = jax.jit(lambda x, w: cpu_matmul.linear(x, w, lowering=lowering))
+    return fn.trace(x, w).lower(lowering_platforms=platforms).as_text()
+
+  on_cpu, on_tpu = lowered(on_cpu_lw), lowered(lw)
+  if on_cpu_lw.cpu_kernel and cpu_matmul.available():  # the check is not vacuous here
     assert tpu.cpu_custom_calls(on_cpu), on_cpu[:2000]
+    # untagged (platform ""): decided where it lowers, the CPU's kernel for a CPU only
+    assert tpu.cpu_custom_calls(lowered(Lowering()))
   assert tpu.cpu_custom_calls(on_tpu) == []
+  assert tpu.cpu_custom_calls(lowered(Lowering(), ("tpu",))) == []
   # the weight stays bf16 into the dot (XLA:CPU's path widens it to f32 first)
   assert "tensor<64x896xf32>" not in on_tpu and "tensor<64x896xbf16>" in on_tpu
+  assert with_lowering({}, lw)["lowering"].platform == "tpu"
 
 
 def test_chain_prefills_compile():

@@ -21,17 +21,13 @@ function (`_step_fn`, `_step`, `pld_step`, crossvocab's `_draft` / `_verify` thr
 exactly as the decoder's `programs()` jits it (same donation, same out_shardings on a mesh), for
 the TPU devices: what compiles here is what the decoder runs on a TPU.
 
-Trace-time switches that read the host's backend (`jax.default_backend()`, "cpu" here) are set
-as a TPU would see them while tracing (`tpu_tracing`):
-  - `cpu_matmul.linear` lowers to the C++ CPU custom call (VjSkinnyMatmul*, VjGemmBF16*) and, even
-    with the kernel off, widens bf16 weights to f32 before XLA's dot when the backend is "cpu";
-  - `speculative.block_layout` / `fold_catch_up` pick the MLP layout and the chain's two-token
-    first drafting call from the backend ("in_out" and a conditional catch-up on XLA:CPU);
-so `jax.default_backend` answers "tpu" while a decoder is built and traced, and decoders built
-inside have the CPU kernel off (`lowering.cpu_kernel_default(False)`). Every program is lowered
-with `tpu_lowering(mesh)` (the decoder's `lowering` is set to it): no CPU kernel, and the mesh
-switches (`Lowering.split_top_k`, `row_writes`) as the decoders set them: on for a mesh, off
-for one chip.
+The platform is the decoder's, not the host's: decoders built inside `tpu_tracing` are built
+for "tpu" (`lowering.platform_default`; on a mesh, the mesh's devices say so), so their
+`Lowering` has the platform, no CPU kernel (`cpu_matmul.linear` never reaches the C++ CPU
+custom call, nor widens bf16 weights as on XLA:CPU), the MLP layout and the chain's two-token
+first drafting call of an accelerator (`speculative.block_layout` / `fold_catch_up` read the
+lowering), drafting top-ks in two stages, and on a mesh the mesh switches
+(`Lowering.split_top_k`, `row_writes`). Nothing reads or patches `jax.default_backend()`.
 
 `project` (`python -m vocabjax.bench tpu`) compiles each method's step for a topology (one
 chip, or every chip with the model axis over them) and records per chip: memory from
@@ -50,7 +46,6 @@ import contextlib
 import dataclasses
 import functools
 import re
-import threading
 from typing import Any, Callable
 
 import jax
@@ -70,8 +65,7 @@ from vocabjax.decoding.speculative import (ChainDecoder, SpeculativeDecoder, Tre
                                            _draft_prefill)
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.kernels import cpu_matmul
-from vocabjax.lowering import (TPU_TOP_K_BLOCK, Lowering, cpu_kernel_default, decoding_lowering,
-                               lowered)
+from vocabjax.lowering import Lowering, decoding_lowering, lowered, platform_default
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.eagle import EagleConfig, default_feature_layers, init_eagle
@@ -122,22 +116,6 @@ def chip_of(topology: str) -> Chip:
 
 # --- tracing for a TPU on this host ----------------------------------------------------------
 
-_BACKEND_LOCK = threading.RLock()
-
-
-@contextlib.contextmanager
-def _backend_reads(platform: str):
-  """`jax.default_backend()` answers `platform` inside (module doc: the library's trace-time
-  switches read it; JAX itself asks xla_bridge, not this public name)."""
-  with _BACKEND_LOCK:
-    old = jax.default_backend
-    jax.default_backend = lambda: platform
-    try:
-      yield
-    finally:
-      jax.default_backend = old
-
-
 def devices_of(topology: str) -> tuple:
   """The compile-only devices of `topology`: a TPU slice ("v5e:2x2", libtpu) or one GPU
   ("gpu:h100", "gpu:h200": `vocabjax.testing.gpu_aot`, JAX's CUDA plugin)."""
@@ -155,15 +133,15 @@ def platform_of(topology: str) -> str:
 
 @contextlib.contextmanager
 def tpu_tracing(device=None, mesh=None, platform: str = "tpu"):
-  """Trace programs inside as a TPU's decoder would (module doc): the library's backend reads say
-  "tpu" (`platform`: "gpu" for a GPU's, `vocabjax.testing.gpu_aot`), decoders built inside have
-  the CPU matmul kernel off, and (with `device`, a TPU device) Pallas lowering rules see that
-  device as the default device. (`mesh` is kept for the callers; the mesh switches are in each
-  program's lowering, `tpu_lowering`.)"""
+  """Build and trace programs inside as a TPU's decoder would (module doc): decoders built
+  inside are built for `platform` ("gpu" for a GPU's, `vocabjax.testing.gpu_aot`:
+  `lowering.platform_default`, so their lowering has no CPU kernel and their layout and
+  drafting calls are a TPU's), and (with `device`, a TPU device) Pallas lowering rules see that
+  device as the default device. (`mesh` is kept for the callers: a decoder on a mesh takes
+  its platform from the mesh's devices.)"""
   del mesh
   with contextlib.ExitStack() as stack:
-    stack.enter_context(_backend_reads(platform))
-    stack.enter_context(cpu_kernel_default(False))
+    stack.enter_context(platform_default(platform))
     if device is not None:
       stack.enter_context(jax.default_device(device))
     yield
@@ -664,18 +642,22 @@ def _unrolled_loops(while_trips: int):
       jax.lax.scan, jax.lax.while_loop = scan, while_loop
 
 
-def tpu_lowering(mesh) -> Lowering:
-  """What a decoder's programs lower with on TPU chips: no CPU kernel; a drafting top-k over the
-  vocabulary in two stages of 4,096-token blocks (XLA:TPU sorts a whole row for a top-k); on a
-  mesh top-k as argmax rounds and per-row cache writes (as `decoding_lowering` gives)."""
-  return decoding_lowering(mesh=mesh is not None, cpu_kernel=False).replace(
-      block_top_k=TPU_TOP_K_BLOCK)  # as `decoding_lowering` sets it on a TPU host
+def tpu_lowering(mesh, platform: str = "tpu") -> Lowering:
+  """What a decoder's programs lower with on TPU chips (`decoding_lowering` for "tpu"): no CPU
+  kernel; a drafting top-k over the vocabulary in two stages of 4,096-token blocks (XLA:TPU
+  sorts a whole row for a top-k); on a mesh top-k as argmax rounds and per-row cache writes.
+  `platform="gpu"`: a GPU's."""
+  return decoding_lowering(mesh=mesh, platform=platform)
 
 
 def _lower(method, dec, setup, B, S, T, device, mesh, prefill, sampling, topology) -> TpuStep:
   dtype = jnp.dtype(setup.dtype)
-  lw = tpu_lowering(mesh)  # steps and prefills alike: any_rows and bf16_blocks are the CPU's
-  dec.lowering = lw
+  # steps and prefills alike (any_rows and bf16_blocks are the CPU's): what the decoder was
+  # built with under `tpu_tracing`
+  lw = tpu_lowering(mesh, platform_of(topology))
+  if dec.lowering != lw:
+    raise ValueError(f"the decoder was built for {dec.lowering}, not {lw}: build it with "
+                     f"build_decoder for the same placement")
   one = SingleDeviceSharding(device) if mesh is None else None
 
   def rows(shape):  # a loop-state or host input leaf: its rows over "data" on a mesh

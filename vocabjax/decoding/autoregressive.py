@@ -210,7 +210,7 @@ class Decoder(DecodingMethod):
     # what every program of this decoder lowers with (`vocabjax.lowering`): on a mesh XLA's dot
     # is partitioned with the weights; the CPU kernel is one device's custom call (GSPMD would
     # gather the weights to it), so sharded programs do without it
-    self.lowering = decoding_lowering(mesh=mesh is not None)
+    self.lowering = decoding_lowering(mesh=mesh)
     self.params = params if mesh is None else sharding.shard_params(params, config, mesh)
     self._programs = ProgramCache()
 

@@ -73,7 +73,8 @@ from vocabjax.decoding.base import DecodingMethod
 from vocabjax.decoding.engine import ProgramCache, Request, fold_in, host_loop, split
 from vocabjax.sampling import NONFINITE, SamplingParams, log_probs, probs
 from vocabjax.decoding.speculative import (SpecStats, block_layout, check_draft_prefill,
-                                           compile_draft_prefill, fold_catch_up, mesh_layout)
+                                           compile_draft_prefill, lowering_folds_catch_up,
+                                           mesh_layout)
 from vocabjax.decoding.verify import verify_chain
 from vocabjax.lowering import decoding_lowering, lowered, step_lowering
 from vocabjax.models.cache import KVCache
@@ -279,7 +280,7 @@ class CrossVocabDecoder(DecodingMethod):
     check_draft_prefill(draft_prefill)
     self.mesh = mesh
     # what its programs lower with, as `SpeculativeDecoder`'s (`vocabjax.lowering`)
-    self.lowering = decoding_lowering(mesh=mesh is not None)
+    self.lowering = decoding_lowering(mesh=mesh)
     layout = mesh_layout(layout, mesh)
     if rule not in RULES:
       raise ValueError(f"unknown crossvocab sampling rule {rule!r}; choose one of {RULES}")
@@ -308,7 +309,7 @@ class CrossVocabDecoder(DecodingMethod):
     self.vm, self.d2t, self.t2d = self.translator.vm, self.translator.d2t, self.translator.t2d
     V = target_config.vocab_size
     if layout == "auto":
-      layout = block_layout(cpu_kernel=self.lowering.cpu_kernel)
+      layout = block_layout(self.lowering.platform, self.lowering.cpu_kernel)
     self.tc, self.dc = target_config, draft_config
     self.tp = self._place(with_mlp_layout(target_params, layout), target_config)
     self.dp = self._place(with_mlp_layout(draft_params, "out_in"), draft_config)
@@ -547,7 +548,7 @@ class CrossVocabDecoder(DecodingMethod):
     # the drafter's pending block is padded to 2 tokens at least where a two-token call costs
     # about a one-token call (the CPU kernel, any GPU/TPU: `fold_catch_up`), so one program
     # serves the usual one- and two-token steps; else 1- and 2-token programs
-    p_min = 2 if fold_catch_up(cpu_kernel=self.lowering.cpu_kernel) else 1
+    p_min = 2 if lowering_folds_catch_up(self.lowering) else 1
     for P in range(p_min, 3):
       compile_s += self._program("draft", sampling, B, P, Sd)[1]
     row_keys = [fold_in(key, lo + b) for b in range(B)]

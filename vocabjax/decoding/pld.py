@@ -195,7 +195,7 @@ class PromptLookupDecoder(DecodingMethod):
     drafts are looked up on the host either way)."""
     check_lookup(gamma, max_ngram, min_ngram, candidates)
     self.tc, self.mesh = target_config, mesh
-    self.lowering = decoding_lowering(mesh=mesh is not None)  # as `SpeculativeDecoder`'s
+    self.lowering = decoding_lowering(mesh=mesh)  # as `SpeculativeDecoder`'s
     self.tp = target_params if mesh is None else sharding.shard_params(target_params,
                                                                        target_config, mesh)
     self.gamma, self.max_ngram, self.min_ngram = gamma, max_ngram, min_ngram

@@ -40,7 +40,7 @@ from vocabjax.decoding.tree import TreeParams, TreeState, tree_step
 from vocabjax.decoding.verify import verify_chain
 from vocabjax.kernels import cpu_matmul
 from vocabjax.lowering import (Lowering, decoding_lowering, default_cpu_kernel, lowered,
-                               lowering_of, step_lowering)
+                               lowering_of, step_lowering, target_platform)
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import compute_dtype, forward, with_mlp_layout
@@ -114,7 +114,7 @@ def chain_step(target_params, draft_params, state: ChainState, key, *, target_co
   # two-token call costs about one one-token call, so this is cheaper than a separate
   # catch-up call after every fully accepted block (which XLA:CPU's dot needed: there a
   # T=2 forward cost ~2.4 T=1 forwards, and a conditional T=1 call is used instead).
-  if fold_catch_up(cpu_kernel=lowering_of(draft_params).cpu_kernel):
+  if lowering_folds_catch_up(lowering_of(draft_params)):
     pair = jnp.stack([state.prev, state.last], axis=1)
     h, dcache = forward(draft_params, pair, (N - 1)[:, None] + jnp.arange(2)[None],
                         state.draft_cache.with_lengths(N - 1), config=draft_config)
@@ -160,18 +160,26 @@ def chain_step(target_params, draft_params, state: ChainState, key, *, target_co
 
 def fold_catch_up(backend: str | None = None, cpu_kernel: bool | None = None) -> bool:
   """Whether chain drafting starts with a two-token call (see `chain_step`): everywhere but
-  on XLA:CPU without the CPU kernel (`cpu_kernel`: the program's `Lowering.cpu_kernel`; None:
-  the default of decoders built now)."""
+  on XLA:CPU without the CPU kernel (`backend`: the program's `Lowering.platform`;
+  `cpu_kernel`: its `Lowering.cpu_kernel`; None: the defaults of decoders built now)."""
   return block_layout(backend, cpu_kernel) == "out_in"
+
+
+def lowering_folds_catch_up(lowering: Lowering) -> bool:
+  """`fold_catch_up` for a traced program's `lowering` (read from it, nothing else: an
+  untagged program, platform "", folds, which is exact on every platform)."""
+  return fold_catch_up(lowering.platform or "any", lowering.cpu_kernel)
 
 
 def block_layout(backend: str | None = None, cpu_kernel: bool | None = None) -> str:
   """MLP weight layout for programs that run T > 1 tokens: PyTorch's [out, in] (what the CPU
   kernel `vocabjax.kernels.cpu_matmul` streams, and what GPU/TPU compilers lay out
   themselves); [in, out] only on XLA:CPU without the kernel, where Eigen's GEMM repacks
-  [out, in] weights on every call (see `with_mlp_layout`). `cpu_kernel`: whether the programs
-  use the kernel (None: `lowering.default_cpu_kernel()`, what decoders built now use)."""
-  if (backend or jax.default_backend()) != "cpu":
+  [out, in] weights on every call (see `with_mlp_layout`). `backend`: the platform the
+  programs are built for (None: `lowering.target_platform()`, read when a decoder is built,
+  never while tracing); `cpu_kernel`: whether the programs use the kernel (None:
+  `lowering.default_cpu_kernel()`, what decoders built now use)."""
+  if (backend or target_platform()) != "cpu":
     return "out_in"
   kernel = default_cpu_kernel() if cpu_kernel is None else cpu_kernel
   return "out_in" if kernel and cpu_matmul.available() else "in_out"
@@ -202,7 +210,7 @@ class SpeculativeDecoder(DecodingMethod):
     # (GSPMD would gather the weights to it), so sharded programs do without it; XLA's TopK is
     # not partitioned either, so top-k over vocabulary-split logits runs as rounds of argmax,
     # and a batch's cache writes as one update per row
-    self.lowering = decoding_lowering(mesh=mesh is not None)
+    self.lowering = decoding_lowering(mesh=mesh)
     layout = mesh_layout(layout, mesh)
     self.draft_prefill = draft_prefill
     if draft_config.vocab_size != target_config.vocab_size:
@@ -212,7 +220,7 @@ class SpeculativeDecoder(DecodingMethod):
           f"`vocabjax.decoding.crossvocab.CrossVocabDecoder` (OmniDraft), not {self.method} "
           f"drafting")
     if layout == "auto":  # the target only ever runs blocks (prefill, verification)
-      t_layout = block_layout(cpu_kernel=self.lowering.cpu_kernel)
+      t_layout = block_layout(self.lowering.platform, self.lowering.cpu_kernel)
       d_layout = t_layout if self.draft_block_calls else "out_in"
     else:
       t_layout = d_layout = layout
@@ -418,7 +426,7 @@ class ChainDecoder(SpeculativeDecoder):
     self.verify_tokens = gamma + 1
 
   def drafter_calls(self):
-    if fold_catch_up(cpu_kernel=self.lowering.cpu_kernel):  # [prev, last], then 1 per call
+    if lowering_folds_catch_up(self.lowering):  # [prev, last], then 1 per call
       return [(2, 1)] + [(1, 1)] * (self.gamma - 1)
     # the T=1 catch-up call (no head) runs only after a fully accepted block: counted as always
     return [(1, 1)] * self.gamma + [(1, 0)]

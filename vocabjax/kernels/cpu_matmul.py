@@ -118,7 +118,7 @@ def gemm_available() -> bool:
 def uses_gemm(x_shape, x_dtype, w_dtype, lowering: Lowering = Lowering()) -> bool:
   """Whether `linear` on these operands lowers to the bf16 GEMM under `lowering`."""
   M = int(np.prod(x_shape[:-1], dtype=np.int64))
-  return (lowering.bf16_blocks and lowering.cpu_kernel and jax.default_backend() == "cpu"
+  return (lowering.bf16_blocks and lowering.cpu_kernel and _on_cpu(lowering)
           and M >= GEMM_MIN_ROWS and jnp.dtype(x_dtype).name in ("float32", "bfloat16")
           and jnp.dtype(w_dtype).name in _GEMM_TARGETS and gemm_available())
 
@@ -207,10 +207,17 @@ def available() -> bool:
   return load() is not None
 
 
+def _on_cpu(lowering: Lowering) -> bool:
+  """Whether `lowering` builds for XLA:CPU. Platform "" (untagged) is resolved here from JAX's
+  default backend: callers outside a trace only (`linear` resolves it with
+  `jax.lax.platform_dependent` before asking)."""
+  return (lowering.platform or jax.default_backend()) == "cpu"
+
+
 def uses_kernel(x_shape, x_dtype, w_dtype, lowering: Lowering = Lowering()) -> bool:
   """Whether `linear` on these operands lowers to the kernel under `lowering`."""
   M = int(np.prod(x_shape[:-1], dtype=np.int64))
-  return (lowering.cpu_kernel and jax.default_backend() == "cpu"
+  return (lowering.cpu_kernel and _on_cpu(lowering)
           and 0 < M and (M <= MAX_ROWS or lowering.any_rows)
           and jnp.dtype(x_dtype).name in ("float32", "bfloat16")
           and jnp.dtype(w_dtype).name in _TARGETS
@@ -266,11 +273,15 @@ def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None, *,
                      f"input width {w.shape[-1]}")
   if lowering.bf16_dots and scale is None and jnp.issubdtype(w.dtype, jnp.floating):
     return bf16_dot(x, w)
+  if not lowering.platform:  # untagged: the CPU's lowering where the program lowers for a CPU
+    return jax.lax.platform_dependent(
+        x, w, cpu=lambda x, w: linear(x, w, scale, lowering=lowering.replace(platform="cpu")),
+        default=lambda x, w: linear(x, w, scale, lowering=lowering.replace(platform="other")))
   if (w.dtype == jnp.int8) == (scale is not None) and uses_gemm(x.shape, x.dtype, w.dtype, lowering):
     y = _streamed(x.reshape(-1, x.shape[-1]).astype(jnp.float32), w, scale, True)
     return y.reshape(*x.shape[:-1], w.shape[0])
   if not uses_kernel(x.shape, x.dtype, w.dtype, lowering) or (w.dtype == jnp.int8) != (scale is not None):
-    if jax.default_backend() == "cpu" and w.dtype != jnp.float32:
+    if lowering.platform == "cpu" and w.dtype != jnp.float32:
       # XLA:CPU's bf16 GEMM is slower than widening the weights and running its f32 GEMM
       # (a 709-token prefill with bf16 weights: 26 s against 21 s in f32)
       x, w = x.astype(jnp.float32), w.astype(jnp.float32)
