@@ -119,6 +119,20 @@ def cache_specs(config: LlamaLikeConfig, batch_size: int, mesh: Mesh,
   return KVCache(k=glob, v=glob, lengths=rows, **(dict(k_local=kv, v_local=kv) if ring else {}))
 
 
+def cache_shardings(cache: KVCache, mesh: Mesh) -> KVCache:
+  """The NamedShardings `cache_specs` gives a cache of these shapes (read from the shapes alone:
+  rows over "data", KV heads over "model" where they divide; empty global buffers of an
+  all-sliding model replicated), for a cache whose config is not at hand (a loop state's)."""
+  B, N = cache.lengths.shape[0], cache.k.shape[3]
+  data = "data" if B % mesh.shape["data"] == 0 else None
+  kv = NamedSharding(mesh, P(None, data, None, "model" if N % mesh.shape["model"] == 0
+                             else None, None))
+  ring = cache.k_local is not None
+  glob = NamedSharding(mesh, P()) if ring and cache.k.shape[0] == 0 else kv
+  return KVCache(k=glob, v=glob, lengths=NamedSharding(mesh, P(data)),
+                 **(dict(k_local=kv, v_local=kv) if ring else {}))
+
+
 def shard_cache(cache: KVCache, config: LlamaLikeConfig, mesh: Mesh) -> KVCache:
   specs = cache_specs(config, cache.batch_size, mesh, ring=cache.k_local is not None)
   return jax.tree.map(lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), cache, specs)

@@ -147,7 +147,7 @@ def test_head_cache_equals_a_fresh_recomputation(lookup):
   toks = np.zeros((B, T), np.int32)
   toks[0, :len(prompt)] = prompt
   first, state = start(jnp.asarray(toks), jnp.asarray([len(prompt)], jnp.int32),
-                       jnp.asarray([prompt[-1]], jnp.int32), jax.random.key(0))
+                       jax.random.key(0))
   committed = prompt + [int(first[0])]
   accepted = []
   for i in range(6):
@@ -157,7 +157,8 @@ def test_head_cache_equals_a_fresh_recomputation(lookup):
   assert max(accepted) >= 1  # steps that handed over more than one feature
   Nt = int(state.target_cache.lengths[0])
   assert Nt == len(committed) - 1  # every committed token but `last`
-  L0, pc = int(state.head_cache.lengths[0]), int(state.pend_count[0])
+  head_state = state.draft
+  L0, pc = int(head_state.head_cache.lengths[0]), int(head_state.pend_count[0])
   assert L0 + pc == Nt
 
   seq = jnp.asarray([committed])
@@ -168,13 +169,14 @@ def test_head_cache_equals_a_fresh_recomputation(lookup):
   shifted = seq[:, 1:]
   _, fresh = eagle_forward(head, target["embed"], shifted, fuse_features(head, feats[:, :-1]),
                            pos[:, :-1], KVCache.init(hc.layer, 1, L), config=hc)
-  np.testing.assert_allclose(np.asarray(state.head_cache.k[0, 0, :L0]),
+  np.testing.assert_allclose(np.asarray(head_state.head_cache.k[0, 0, :L0]),
                              np.asarray(fresh.k[0, 0, :L0]), rtol=2e-4, atol=2e-5)
-  np.testing.assert_allclose(np.asarray(state.head_cache.v[0, 0, :L0]),
+  np.testing.assert_allclose(np.asarray(head_state.head_cache.v[0, 0, :L0]),
                              np.asarray(fresh.v[0, 0, :L0]), rtol=2e-4, atol=2e-5)
   # pending entries L0 .. Nt - 1: tokens x_{p+1}, features f_p
-  np.testing.assert_array_equal(np.asarray(state.pend_tokens[0, :pc]), committed[L0 + 1:Nt + 1])
-  np.testing.assert_allclose(np.asarray(state.pend_feats[0, :pc]),
+  np.testing.assert_array_equal(np.asarray(head_state.pend_tokens[0, :pc]),
+                                committed[L0 + 1:Nt + 1])
+  np.testing.assert_allclose(np.asarray(head_state.pend_feats[0, :pc]),
                              np.asarray(feats[0, L0:Nt]), rtol=2e-4, atol=2e-5)
 
 

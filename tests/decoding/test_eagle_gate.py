@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from vocabjax.decoding import Decoder, SamplingParams
-from vocabjax.decoding.eagle import (EagleDecoder, EagleLookupDecoder, EagleStats, _head_root,
+from vocabjax.decoding.eagle import (EagleDecoder, EagleLookupDecoder, _head_root,
                                      root_confidence)
 from vocabjax.decoding.pld import PromptLookupDecoder
+from vocabjax.decoding.speculative import SpecStats
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.models import init_params
 from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
@@ -52,7 +53,7 @@ def test_gated_drafting_keeps_greedy_output(target, Vd, lm_head):
                        min_confidence=thr).generate(prompts, max_new_tokens=24)
     assert res.tokens == ar.tokens, thr
     st = res.stats
-    assert isinstance(st, EagleStats) and res.steps == len(st.drafted)
+    assert isinstance(st, SpecStats) and res.steps == len(st.drafted)
     rec = st.record()
     assert rec["verifications"] == res.steps
     # tau counts every verification, those without the head's nodes too
@@ -80,9 +81,8 @@ def test_a_row_drafts_exactly_when_its_root_confidence_reaches_the_threshold(tar
   tokens = np.zeros((4, 32), np.int32)
   for b, p in enumerate(prompts):
     tokens[b, :len(p)] = p
-  _, state = start(tokens, np.array([len(p) for p in prompts], np.int32),
-                   np.array([p[-1] for p in prompts], np.int32), jax.random.key(0))
-  x_root, _ = _head_root(dec.dp, state, head_config=hc)
+  _, state = start(tokens, np.array([len(p) for p in prompts], np.int32), jax.random.key(0))
+  x_root, _ = _head_root(dec.dp, state.draft, head_config=hc)
   conf = np.asarray(root_confidence(dec.dp, x_root, head_config=hc, policy=dec.draft_policy))
   c = np.sort(conf)
   assert c[2] - c[1] > 1e-3, c  # distinct enough to split

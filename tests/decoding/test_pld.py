@@ -118,25 +118,24 @@ def test_tree_accepts_a_later_branch_and_pads_short_rows():
   prompts, lengths, S, T, tokens = block_request(prompts, 8, sp, CFG, None, dec.extra_slots,
                                                  "pld")
   dtype = jnp.float32
-  prefill, _, _ = dec.programs(sp, 2, T, S, dtype)
-  last, cache = prefill(params, jnp.asarray(tokens), jnp.asarray(lengths),
-                        KVCache.init(CFG, 2, S, dtype), jax.random.key(1))
+  start, steps, _ = dec.programs(sp, 2, T, S, dtype)
+  last, state = start(jnp.asarray(tokens), jnp.asarray(lengths), jax.random.key(1))
   assert np.asarray(last).tolist() == [g[0], h[0]]
   tok, par, dep = continuation_trie([np.array([(g[1] + 1) % V, g[2], g[3]]),
                                      np.array([g[1], g[2], (g[3] + 1) % V])])
   n = len(tok)
-  block = np.zeros((2, n + 1), np.int32)
-  block[:, 0] = [g[0], h[0]]
-  block[0, 1:] = tok
+  block = np.zeros((2, n), np.int32)
+  block[0] = tok
   parent = np.stack([par, np.arange(1, n + 1)]).astype(np.int32)  # row 1: padding only
   depth = np.stack([dep, np.ones(n)]).astype(np.int32)
-  prog, _ = dec.tree_program(sp, 2, S, dtype, n)
-  cache, nxt, emitted, acc = prog(params, cache, jnp.asarray(block), jnp.asarray(parent),
-                                  jnp.asarray(depth), jax.random.key(2))
+  prog, _ = steps(((2, n),) * 3)
+  state, emitted, acc = prog(dec.tp, dec.dp, state, jax.random.key(2), jnp.asarray(block),
+                             jnp.asarray(parent), jnp.asarray(depth))
   assert np.asarray(acc).tolist() == [2, 0]
-  assert np.asarray(emitted)[0, :3].tolist() == g[1:4] and np.asarray(nxt).tolist() == [g[3],
-                                                                                       h[1]]
+  assert np.asarray(emitted)[0, :3].tolist() == g[1:4] and np.asarray(state.last).tolist() == [
+      g[3], h[1]]
   assert np.asarray(emitted)[1, 0] == h[1] and (np.asarray(emitted)[1, 1:] == -1).all()
+  cache = state.target_cache
   assert np.asarray(cache.lengths).tolist() == [lengths[0] + 3, lengths[1] + 1]
 
 

@@ -5,8 +5,6 @@ import math
 import pytest
 
 from tests.decoding.conftest import CFG
-from vocabjax.decoding.eagle import EagleLookupStats, EagleStats
-from vocabjax.decoding.pld import LookupStats
 from vocabjax.decoding.profile import StepSplit, run_split, skipped_drafting, step_split
 from vocabjax.decoding.speculative import SpecStats
 from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder, fold_catch_up
@@ -57,7 +55,7 @@ def test_run_split_counts_steps_that_skipped_drafting():
   split = StepSplit(drafter_s=0.02, drafter_head_s=0.01, verification_s=0.3, target_step_s=0.25,
                     drafter_calls=((5, 1),), verify_tokens=5)
   # 4 batched steps of 2 rows: drafts in steps 0 and 2 (a row each), none in 1 and 3
-  st = EagleStats(drafted=[[4, 0], [0, 0], [0, 4], [0, 0]], accepted=[[1, 0]] * 4,
+  st = SpecStats(drafted=[[4, 0], [0, 0], [0, 4], [0, 0]], accepted=[[1, 0]] * 4,
                   active=[[True, True]] * 4)
   kw = skipped_drafting(st)
   assert kw == {"verified_steps": 2, "drafter_steps": 2}
@@ -66,12 +64,12 @@ def test_run_split_counts_steps_that_skipped_drafting():
   assert run["verification_s"] == pytest.approx(2 * 0.3 + 2 * 0.25)
   assert run["other_s"] == pytest.approx(2.0 - 0.04 - 0.02 - 1.1)
   # prompt lookup: the same from its matched steps
-  pld = LookupStats(drafted=[[3], [0], [0]], accepted=[[2], [0], [0]], active=[[True]] * 3)
+  pld = SpecStats(drafted=[[3], [0], [0]], accepted=[[2], [0], [0]], active=[[True]] * 3)
   assert skipped_drafting(pld) == {"verified_steps": 1, "drafter_steps": 1}
   # eagle_pld: the head's steps drive the drafter parts, lookup-only steps verify their trie
-  el = EagleLookupStats(drafted=[[6], [2], [0]], accepted=[[0]] * 3, active=[[True]] * 3,
-                        lookup_nodes=[[2], [2], [0]], from_lookup=[[0]] * 3,
-                        head=[[True], [False], [False]])
+  el = SpecStats(drafted=[[6], [2], [0]], accepted=[[0]] * 3, active=[[True]] * 3,
+                 counts={"lookup_nodes": [[2], [2], [0]], "from_lookup": [[0]] * 3,
+                         "head": [[True], [False], [False]]})
   assert skipped_drafting(el) == {"verified_steps": 2, "drafter_steps": 1}
   # a method that drafts every step keeps the old split
   assert skipped_drafting(SpecStats(drafted=[[3]], accepted=[[1]])) == {}

@@ -111,7 +111,7 @@ def test_loop_state_stays_sharded(pair):
   T, S = 16, dec.cache_len(max(map(len, PROMPTS)), 16)
   start, step, _ = dec.programs(SamplingParams(), 4, T, S, np.float32)
   z = jax.numpy.zeros((4, T), jax.numpy.int32)
-  _, state = start(z, jax.numpy.ones((4,), jax.numpy.int32), z[:, 0], jax.random.key(0))
+  _, state = start(z, jax.numpy.ones((4,), jax.numpy.int32), jax.random.key(0))
   before = jax.tree.map(lambda x: x.sharding, state)
   assert state.target_cache.k.sharding.spec[1] == "data"  # rows over the data axis
   state, _, _ = step(dec.tp, dec.dp, state, jax.random.key(1))
@@ -122,7 +122,7 @@ def test_loop_state_stays_sharded(pair):
   start4, step4, _ = dec.programs(SamplingParams(), 4, 4, S, np.float32)
   assert step4 is step and start4 is not start
   z = jax.numpy.zeros((4, 4), jax.numpy.int32)
-  _, state4 = start4(z, jax.numpy.ones((4,), jax.numpy.int32), z[:, 0], jax.random.key(0))
+  _, state4 = start4(z, jax.numpy.ones((4,), jax.numpy.int32), jax.random.key(0))
   assert jax.tree.map(lambda x: x.sharding, state4) == before
 
 
@@ -171,10 +171,12 @@ def test_prompt_lookup_on_a_mesh(pair, data, model):
       assert dec.tp["layers"][0]["w_up"].sharding.spec == P("model", None)
     B = 4
     # the verification programs generate compiled (one per draft count M or node count n
-    # met, the last element of their key), W = M + 1 or n + 1 tokens verified per row: each
+    # met: the host block's shape, the last of their key's shapes), W = M + 1 or n + 1 tokens
+    # verified per row: each
     # all-gather carries at most one value per token, row and device (the per-device partial
     # argmax / max over the vocabulary-split logits), never a logits row or a cache
-    progs = [(key[-1] + 1, p) for key, p in dec._programs.items() if key[0] in ("chain", "tree")]
+    progs = [(key.shapes[-1][0][1] + 1, p) for key, p in dec._programs.items()
+             if key.program == "step"]
     assert len(progs) >= 2, candidates
     for W, prog in progs:
       coll = sharding.collectives(prog.as_text())
@@ -225,8 +227,9 @@ def test_cross_vocabulary_on_a_mesh(data, model):
     assert res.stats.tau > 1.0, ngram
     for params in (dec.tp, dec.dp):  # both models tensor-parallel: their MLPs split
       assert params["layers"][0]["w_up"].sharding.spec == P("model", None)
-    for (name, *shape), prog in dec._programs.items():
-      if name in ("draft", "verify"):
+    for key, prog in dec._programs.items():
+      if key.program in ("draft", "verify"):
+        name = key.program
         coll = sharding.collectives(prog.as_text())
         assert set(coll) <= {"all-reduce", "all-gather"}, (name, coll)
         count, nbytes = coll.get("all-gather", (0, 0))

@@ -49,7 +49,7 @@ def test_prompt_blocks_share_one_step_program(pair):
     progs.append(dec.programs(SamplingParams(), 1, prompt_bucket(n), 64, jnp.float32))
   (start4, step4, c4), (start32, step32, c32) = progs
   assert step4 is step32 and start4 is not start32 and c4 == c32 == 0.0  # generate compiled
-  assert sorted(k[0] for k, _ in dec._programs.items()) == ["start", "start", "step"]
+  assert sorted(k.program for k, _ in dec._programs.items()) == ["prefill", "prefill", "step"]
 
 
 def test_hand_checked_acceptance():

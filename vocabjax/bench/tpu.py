@@ -46,6 +46,7 @@ import contextlib
 import dataclasses
 import functools
 import re
+import threading
 from typing import Any, Callable
 
 import jax
@@ -54,18 +55,16 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P, SingleDeviceSharding
 
 from vocabjax import sharding
-from vocabjax.decoding.autoregressive import Decoder, _prefill, _step, abstract_cache
-from vocabjax.decoding.crossvocab import CrossVocabDecoder, _draft, _verify
-from vocabjax.decoding.eagle import EagleDecoder, EagleState, _eagle_prefill
-from vocabjax.decoding.medusa import (MedusaDecoder, MedusaState, _medusa_prefill,
-                                      medusa_choices_for)
-from vocabjax.decoding.pld import PromptLookupDecoder, pld_step
+from vocabjax.decoding.autoregressive import Decoder
+from vocabjax.decoding.crossvocab import CrossVocabDecoder
+from vocabjax.decoding.eagle import EagleDecoder
+from vocabjax.decoding.medusa import MedusaDecoder, medusa_choices_for
+from vocabjax.decoding.pld import PromptLookupDecoder
 from vocabjax.sampling import SamplingParams
-from vocabjax.decoding.speculative import (ChainDecoder, SpeculativeDecoder, TreeDecoder,
-                                           _draft_prefill)
+from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.kernels import cpu_matmul
-from vocabjax.lowering import Lowering, decoding_lowering, lowered, platform_default
+from vocabjax.lowering import Lowering, decoding_lowering, platform_default
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.eagle import EagleConfig, default_feature_layers, init_eagle
@@ -460,7 +459,7 @@ def build_decoder(method: str, setup: Setup, *, device=None, mesh=None, platform
   def construct(*values):
     dec = spec.build(dict(zip(names, values)), setup, mesh)
     held["decoder"] = dec
-    return {k: v for k, v in vars(dec).items() if _traced(v)}
+    return _held(dec)
 
   with tpu_tracing(mesh=mesh, platform=platform):  # switches as on a TPU; values stay here
     closed, shapes = jax.make_jaxpr(construct, return_shape=True)(*(arrays[n] for n in names))
@@ -470,8 +469,20 @@ def build_decoder(method: str, setup: Setup, *, device=None, mesh=None, platform
             for x, where in zip(leaves, _placements(closed.jaxpr))]
   dec = held["decoder"]
   for name, value in jax.tree.unflatten(tree, placed).items():
-    setattr(dec, name, value)
+    owner, attr = (dec.proposer, name[len("proposer."):]) if name.startswith("proposer.") \
+        else (dec, name)
+    setattr(owner, attr, value)
   return dec
+
+
+def _held(dec, pred=None) -> dict:
+  """The arrays a decoder holds, by attribute ("proposer.<name>" for its proposer's)."""
+  pred = pred or _traced
+  out = {k: v for k, v in vars(dec).items() if pred(v)}
+  proposer = vars(dec).get("proposer")
+  if proposer is not None:
+    out.update({"proposer." + k: v for k, v in vars(proposer).items() if pred(v)})
+  return out
 
 
 @dataclasses.dataclass
@@ -634,12 +645,15 @@ def _unrolled_loops(while_trips: int):
       carry = body(carry)
     return carry
 
-  with _BACKEND_LOCK:
+  with _UNROLL_LOCK:
     jax.lax.scan, jax.lax.while_loop = unrolled_scan, unrolled_while
     try:
       yield
     finally:
       jax.lax.scan, jax.lax.while_loop = scan, while_loop
+
+
+_UNROLL_LOCK = threading.RLock()
 
 
 def tpu_lowering(mesh, platform: str = "tpu") -> Lowering:
@@ -651,138 +665,22 @@ def tpu_lowering(mesh, platform: str = "tpu") -> Lowering:
 
 
 def _lower(method, dec, setup, B, S, T, device, mesh, prefill, sampling, topology) -> TpuStep:
-  dtype = jnp.dtype(setup.dtype)
+  """The decoder's own programs (`lower`: the one way every decoder builds them), lowered for
+  the topology's chips; bench adds nothing but the placement of the abstract weights."""
+  del device
   # steps and prefills alike (any_rows and bf16_blocks are the CPU's): what the decoder was
   # built with under `tpu_tracing`
   lw = tpu_lowering(mesh, platform_of(topology))
   if dec.lowering != lw:
     raise ValueError(f"the decoder was built for {dec.lowering}, not {lw}: build it with "
                      f"build_decoder for the same placement")
-  one = SingleDeviceSharding(device) if mesh is None else None
-
-  def rows(shape):  # a loop-state or host input leaf: its rows over "data" on a mesh
-    if mesh is None:
-      return one
-    split = len(shape) >= 1 and shape[0] == B and B % mesh.shape["data"] == 0
-    return NamedSharding(mesh, P("data" if split else None))
-
-  def i32(*shape):
-    return _sds(shape, jnp.int32, rows(shape))
-
-  def cache(config, slots=S):
-    c = abstract_cache(config, B, slots, dtype, mesh)
-    return c if mesh is not None else jax.tree.map(lambda x: _sds(x.shape, x.dtype, one), c)
-
-  key = jax.eval_shape(lambda: jax.random.key(0))
-  key = _sds(key.shape, key.dtype, one if mesh is None else sharding.replicated(mesh))
-  rep = None if mesh is None else sharding.replicated(mesh)
-  progs, caches = {}, []
-
-  def add(name, lowered):
-    progs[name] = Program(name, lowered)
-
-  if isinstance(dec, Decoder):
-    c = cache(dec.config)
-    caches.append(c)
-    add("step", jax.jit(lowered(functools.partial(_step, config=dec.config, sampling=sampling),
-                                lw), donate_argnums=(2,)).trace(dec.params, i32(B), c,
-                                                                 key).lower())
-    if prefill:
-      add("prefill", _lower_prefill(dec.params, dec.config, sampling, i32(B, T), i32(B), c,
-                                    key, lw))
-    steps = ("step",)
-  elif isinstance(dec, PromptLookupDecoder):
-    c = cache(dec.tc)
-    caches.append(c)
-    fn = dec._jit_step(functools.partial(pld_step, config=dec.tc, sampling=sampling), c)
-    add("step", fn.trace(dec.tp, c, i32(B, dec.gamma + 1), i32(B), key).lower())
-    if prefill:
-      add("prefill", _lower_prefill(dec.tp, dec.tc, sampling, i32(B, T), i32(B), c, key, lw))
-    steps = ("step",)
-  elif isinstance(dec, CrossVocabDecoder):
-    tc_, dc_ = cache(dec.tc), cache(dec.dc)  # the drafter's cache: S slots too (stand-in)
-    caches += [tc_, dc_]
-    G, Vd = dec.gamma, dec.dc.vocab_size
-    allowed = _sds((Vd,), jnp.bool_, one if mesh is None else rep)
-    add("draft", dec._lower(functools.partial(_draft, config=dec.dc, gamma=G,
-                                              sampling=sampling, threshold=dec.threshold),
-                            dec.dp, dc_, i32(B, 1), i32(B), allowed, key, dec.head))
-    Vq = 1 if sampling.greedy else Vd
-    f32 = lambda *s: _sds(s, jnp.float32, rows(s))  # noqa: E731
-    add("verify", dec._lower(functools.partial(_verify, config=dec.tc, sampling=sampling),
-                             dec.tp, tc_, i32(B), i32(B, G), i32(B), f32(B, G, Vq), i32(B, G),
-                             i32(B, G), i32(B, G), f32(B, G), dec._d2t_idx, key))
-    if prefill:
-      add("prefill", _lower_prefill(dec.tp, dec.tc, sampling, i32(B, T), i32(B), tc_, key,
-                                    lw))
-      add("draft_prefill", _lower_draft_prefill(dec.dp, dec.dc, i32(B, T), i32(B), dc_, lw))
-    steps = ("draft", "verify")
-  elif isinstance(dec, SpeculativeDecoder):
-    state, caches = _spec_state(dec, B, cache, i32, dtype, rows)
-    fn = dec._lowered_step(sampling)
-    kw = {}
-    if mesh is not None:  # as `_compile_sharded_step`: the state keeps its shardings
-      kw["out_shardings"] = ((jax.tree.map(lambda x: x.sharding, state),)
-                             + (rep,) * (dec.step_outputs - 1))
-    add("step", jax.jit(fn, donate_argnums=(2,), **kw).trace(dec.tp, dec.dp, state,
-                                                              key).lower())
-    if prefill:
-      toks, lens = i32(B, T), i32(B)
-      if isinstance(dec, EagleDecoder):
-        add("prefill", jax.jit(lowered(functools.partial(
-            _eagle_prefill, target_config=dec.tc, head_config=dec.hc, sampling=sampling),
-            lw, argnums=(0, 1)), donate_argnums=(4, 5)).trace(dec.tp, dec.dp, toks, lens, state.target_cache,
-                                         state.head_cache, key).lower())
-      elif isinstance(dec, MedusaDecoder):
-        add("prefill", jax.jit(lowered(functools.partial(
-            _medusa_prefill, target_config=dec.tc, sampling=sampling), lw),
-                               donate_argnums=(3,)).trace(dec.tp, toks, lens,
-                                                          state.target_cache, key).lower())
-      else:
-        add("prefill", _lower_prefill(dec.tp, dec.tc, sampling, toks, lens,
-                                      state.target_cache, key, lw))
-        add("draft_prefill", _lower_draft_prefill(dec.dp, dec.dc, toks, lens,
-                                                  state.draft_cache, lw))
-    steps = ("step",)
-  else:
-    raise TypeError(f"no TPU lowering for {type(dec).__name__}")
+  steps = tuple(dec.step_programs)
+  wanted = steps + (tuple(dec.prefill_programs) if prefill else ())
+  lowered_ = dec.lower(sampling, B, T, S, jnp.dtype(setup.dtype), programs=wanted)
+  progs = {name: Program(name, lowered_[name]) for name in wanted}
   return TpuStep(method=method, topology=topology, setup=setup, B=B, S=S, decoder=dec,
-                 programs=progs, step_programs=steps, caches=caches)
-
-
-def _spec_state(dec, B, cache, i32, dtype, rows):
-  """The abstract loop state a decoder's prefills give (its `_initial_state`, or EAGLE's and
-  Medusa's `_compile_start` state: the same shapes), placed; and its KV caches."""
-  if isinstance(dec, EagleDecoder):
-    tcache, hcache = cache(dec.tc), cache(dec.hc.layer)
-    Pw, F = dec.pend_width, dec.hc.fused_width
-    state = EagleState(target_cache=tcache, head_cache=hcache, last=i32(B),
-                       pend_tokens=i32(B, Pw), pend_count=i32(B),
-                       pend_feats=_sds((B, Pw, F), dtype, rows((B, Pw, F))))
-    return state, [tcache, hcache]
-  if isinstance(dec, MedusaDecoder):
-    tcache = cache(dec.tc)
-    D = dec.tc.hidden_size
-    return (MedusaState(target_cache=tcache, last=i32(B),
-                        hidden=_sds((B, D), dtype, rows((B, D)))), [tcache])
-  tcache, dcache = cache(dec.tc), cache(dec.dc)
-  shapes = jax.eval_shape(dec._initial_state, tcache, dcache, i32(B), i32(B))
-  state = jax.tree.map(lambda x: _sds(x.shape, x.dtype, rows(x.shape)), shapes)
-  # the caches pass through `_initial_state` unchanged: keep their own placements
-  return state.replace(target_cache=tcache, draft_cache=dcache), [tcache, dcache]
-
-
-def _lower_prefill(params, config, sampling, tokens, lengths, cache, key, lowering):
-  """`compile_prefill`'s program (plain decoding's prefill), lowered."""
-  return jax.jit(lowered(functools.partial(_prefill, config=config, sampling=sampling),
-                         lowering),
-                 donate_argnums=(3,)).trace(params, tokens, lengths, cache, key).lower()
-
-
-def _lower_draft_prefill(params, config, tokens, lengths, cache, lowering):
-  """`compile_draft_prefill`'s program, lowered (its bf16 GEMM is the CPU's: off here)."""
-  return jax.jit(lowered(functools.partial(_draft_prefill, config=config), lowering),
-                 donate_argnums=(3,)).trace(params, tokens, lengths, cache).lower()
+                 programs=progs, step_programs=steps,
+                 caches=list(dec.abstract_caches(B, S, jnp.dtype(setup.dtype))))
 
 
 # --- projection: memory, cost analysis and roofline times per method ------------------------
@@ -839,7 +737,7 @@ def match_tau(spec: MethodSpec, entries: list[dict]) -> dict | None:
 
 def _weight_bytes_per_chip(dec) -> int:
   """Bytes per chip of every array a decoder holds (weights, attached policies, id maps)."""
-  return sum(_bytes_per_chip(x) for v in vars(dec).values() if _traced_abstract(v)
+  return sum(_bytes_per_chip(x) for v in _held(dec, _traced_abstract).values()
              for x in jax.tree.leaves(v))
 
 
@@ -1007,10 +905,8 @@ def drafter_passes(spec: MethodSpec, dec) -> int:
   the decoder counts them on a TPU: a chain's first call feeds two tokens), crossvocab's G."""
   if spec.kind == "crossvocab":
     return spec.params["gamma"]
-  if isinstance(dec, SpeculativeDecoder):
-    with _backend_reads("tpu"):  # chain drafting's first call as a TPU's (fold_catch_up)
-      return len(dec.drafter_calls())
-  return 0
+  calls = getattr(dec, "drafter_calls", None)  # as the decoder's lowering (a TPU's) counts
+  return len(calls()) if calls is not None else 0
 
 
 def stream_bytes(spec: MethodSpec, step: TpuStep) -> int:
@@ -1032,7 +928,8 @@ def stream_bytes(spec: MethodSpec, step: TpuStep) -> int:
   dp = getattr(dec, "dp", None)
   if dp is not None and dp is not target:
     policy = POLICY_STATE in dp or spec.kind in ("vocabtrim", "frspec", "specvocab")
-    tied = getattr(dec, "dc", setup.draft).tie_word_embeddings
+    dc = getattr(dec, "dc", None)  # a head or heads: no embedding of their own
+    tied = bool(dc is not None and dc.tie_word_embeddings)
     for key, tree in dp.items():
       if key == "lm_head" and policy:
         continue  # the policy's rows or kernel read the head instead

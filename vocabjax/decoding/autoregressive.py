@@ -28,7 +28,8 @@ import numpy as np
 from vocabjax import sharding
 from vocabjax.backends import available_memory_bytes
 from vocabjax.decoding.base import DecodingMethod, GenerationResult
-from vocabjax.decoding.engine import ProgramCache, Request, fold_in, host_loop
+from vocabjax.decoding.engine import (KEY, ProgramCache, ProgramKey, Request, abstract_arg,
+                                      fold_in, host_loop, placed_like)
 from vocabjax.sampling import NONFINITE, SamplingParams, sample
 from vocabjax.lowering import Lowering, decoding_lowering, lowered, step_lowering
 from vocabjax.models.cache import KVCache
@@ -218,32 +219,59 @@ class Decoder(DecodingMethod):
     cache = KVCache.init(self.config, B, S, dtype)
     return cache if self.mesh is None else sharding.shard_cache(cache, self.config, self.mesh)
 
+  step_programs = ("step",)  # the programs one decoding step runs (`lower`'s names)
+  prefill_programs = ("prefill",)
+
   def programs(self, sampling: SamplingParams, B: int, T: int, S: int, cache_dtype):
     """(prefill, step, compile seconds) for these shapes, compiled once."""
     prefill, c1 = self.prefill_program(sampling, B, T, S, cache_dtype)
     step, c2 = self.step_program(sampling, B, S, cache_dtype)
     return prefill, step, c1 + c2
 
-  def _compile(self, key, B: int, S: int, cache_dtype, build):
-    """(program, compile seconds): `build(abstract [B, S] cache)` once per key."""
-    return self._programs.get(key, lambda: build(
-        abstract_cache(self.config, B, S, cache_dtype, self.mesh)))
+  def abstract_caches(self, B: int, S: int, dtype) -> list:
+    """The step's KV cache, abstract and placed (with the params, or on the mesh)."""
+    cache = abstract_cache(self.config, B, S, dtype, self.mesh)
+    return [cache if self.mesh is not None else placed_like(cache, self.params)]
+
+  def lower(self, sampling: SamplingParams, B: int, T: int, S: int, dtype, *,
+            programs=("prefill", "step")) -> dict:
+    """The decoder's programs for these shapes, LOWERED (not compiled): "prefill" (a [B, T]
+    prompt block into S slots) and "step" (`programs`: which). What `programs()` compiles, and
+    what bench and the deviceless TPU/GPU builds compile."""
+    i32 = lambda *shape: abstract_arg(shape, jnp.int32, B=B, mesh=self.mesh,  # noqa: E731
+                                      like=self.params)
+    key = abstract_arg(KEY.shape, KEY.dtype, B=B, mesh=self.mesh, like=self.params, rows=False)
+    cache, = self.abstract_caches(B, S, dtype)
+    out = {}
+    if "prefill" in programs:
+      lw = self.lowering.replace(bf16_blocks=prefill_in_bf16(self.params))
+      out["prefill"] = jax.jit(lowered(functools.partial(_prefill, config=self.config,
+                                                         sampling=sampling), lw),
+                               donate_argnums=(3,)).lower(self.params, i32(B, T), i32(B),
+                                                          cache, key)
+    if "step" in programs:
+      out["step"] = jax.jit(lowered(functools.partial(_step, config=self.config,
+                                                      sampling=sampling),
+                                    step_lowering(self.lowering)), donate_argnums=(2,)).lower(
+          self.params, i32(B), cache, key)
+    return out
+
+  def _compile(self, name: str, sampling, shapes: tuple, build):
+    """(program, compile seconds): `build()` once per `ProgramKey`."""
+    key = ProgramKey(name, ("ar", self.config), sampling, shapes, self.lowering)
+    return self._programs.get(key, build)
 
   def prefill_program(self, sampling: SamplingParams, B: int, T: int, S: int, cache_dtype):
     """(compiled `_prefill` of a [B, T] prompt block into an S-slot cache, compile seconds)."""
-    return self._compile(("prefill", sampling, B, T, S, jnp.dtype(cache_dtype).name), B, S,
-                         cache_dtype, lambda cache: compile_prefill(
-                             self.params, self.config, sampling, B, T, cache, self.lowering))
+    return self._compile("prefill", sampling, (B, T, S, jnp.dtype(cache_dtype).name),
+                         lambda: self.lower(sampling, B, T, S, cache_dtype,
+                                            programs=("prefill",))["prefill"].compile())
 
   def step_program(self, sampling: SamplingParams, B: int, S: int, cache_dtype):
     """(compiled decode step of B rows over an S-slot cache, compile seconds)."""
-    def build(cache):
-      return jax.jit(lowered(functools.partial(_step, config=self.config, sampling=sampling),
-                             step_lowering(self.lowering)), donate_argnums=(2,)).lower(
-          self.params, jax.ShapeDtypeStruct((B,), jnp.int32), cache,
-          jax.random.key(0)).compile()
-    return self._compile(("step", sampling, B, S, jnp.dtype(cache_dtype).name), B, S,
-                         cache_dtype, build)
+    return self._compile("step", sampling, (B, S, jnp.dtype(cache_dtype).name),
+                         lambda: self.lower(sampling, B, 1, S, cache_dtype,
+                                            programs=("step",))["step"].compile())
 
   def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                sampling: SamplingParams = SamplingParams(), seed: int = 0,

@@ -66,15 +66,16 @@ from vocabjax import sharding
 from vocabjax.decoding.adaptive import acceptance_logit, check_threshold, should_stop
 from vocabjax.decoding.routes import Routes
 from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector, abstract_cache,
-                                              bucket, cache_slots, compile_prefill,
-                                              nonfinite_error, prompt_bucket, token_ids,
+                                              _prefill, bucket, cache_slots, nonfinite_error,
+                                              prefill_in_bf16, prompt_bucket, token_ids,
                                               validate_request)
 from vocabjax.decoding.base import DecodingMethod
-from vocabjax.decoding.engine import ProgramCache, Request, fold_in, host_loop, split
+from vocabjax.decoding.engine import (KEY, ProgramCache, ProgramKey, Request, abstract_arg,
+                                      fold_in, host_loop, placed_like, split)
 from vocabjax.sampling import NONFINITE, SamplingParams, log_probs, probs
-from vocabjax.decoding.speculative import (SpecStats, block_layout, check_draft_prefill,
-                                           compile_draft_prefill, lowering_folds_catch_up,
-                                           mesh_layout)
+from vocabjax.decoding.drafter import (_draft_prefill, block_layout, check_draft_prefill,
+                                       lowering_folds_catch_up)
+from vocabjax.decoding.speculative import SpecStats, mesh_layout
 from vocabjax.decoding.verify import verify_chain
 from vocabjax.lowering import decoding_lowering, lowered, step_lowering
 from vocabjax.models.cache import KVCache
@@ -272,7 +273,7 @@ class CrossVocabDecoder(DecodingMethod):
                round_trip_texts: Sequence[str] = ROUND_TRIP_TEXTS, draft_prefill: str = "bf16",
                rule: str = "exact", mesh=None):
     """`draft_prefill`: the drafter's prompt prefill precision, as for `ChainDecoder`
-    (`vocabjax.decoding.speculative.compile_draft_prefill`). `mesh`: a ("data", "model") mesh
+    (`vocabjax.decoding.drafter.compile_draft_prefill`). `mesh`: a ("data", "model") mesh
     (`vocabjax.sharding`): target and drafter placed on it by the sharding rules (weights
     [out, in]), their caches rows over "data"; every program (prefills, drafting, the target's
     probabilities, verification) runs partitioned and keeps its cache's sharding, while
@@ -394,7 +395,9 @@ class CrossVocabDecoder(DecodingMethod):
 
   # --- compiled programs --------------------------------------------------------------------
   def _program(self, name: str, sampling: SamplingParams, B: int, *shape):
-    return self._programs.get((name, sampling, B, *shape), lambda: self._compile(
+    key = ProgramKey(name, ("crossvocab", self.tc, self.dc, self.gamma, self.threshold),
+                     sampling, (B, *shape), self.lowering)
+    return self._programs.get(key, lambda: self._compile(
         name, sampling, B, shape, compute_dtype(self.tp)))
 
   def _cache(self, config: LlamaLikeConfig, B: int, S: int, dtype, abstract: bool = False):
@@ -424,7 +427,8 @@ class CrossVocabDecoder(DecodingMethod):
     KVCache output keeps that cache's sharding and the other outputs come back replicated (for
     the host), so no program reshards a cache between steps."""
     fn = lowered(fn, step_lowering(self.lowering))
-    if self.mesh is None:
+    if self.mesh is None:  # the cache with the params (a deviceless build's chip too)
+      args = (args[0], placed_like(args[1], args[0]), *args[2:])
       return jax.jit(fn, donate_argnums=(1,)).lower(*args)
     cache_sh = jax.tree.map(lambda x: x.sharding, args[1])
     rep = sharding.replicated(self.mesh)
@@ -438,40 +442,68 @@ class CrossVocabDecoder(DecodingMethod):
 
   def _compile(self, name, sampling, B, shape, dtype):
     """One of `_program`'s programs, compiled (decoding steps take the CPU kernel for any M)."""
-    i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
-    f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
-    if name == "tprefill":
+    return self._lowered(name, sampling, B, shape, dtype).compile()
+
+  step_programs = ("draft", "verify")  # the programs one decoding step runs (`lower`'s names)
+  prefill_programs = ("tprefill", "dprefill")
+
+  def abstract_caches(self, B: int, S: int, dtype) -> list:
+    """The step's KV caches (the target's, the drafter's: S slots each here), abstract."""
+    return [self._cache(self.tc, B, S, dtype, abstract=True),
+            self._cache(self.dc, B, S, dtype, abstract=True)]
+
+  def lower(self, sampling: SamplingParams, B: int, T: int, S: int, dtype, *,
+            programs=("tprefill", "dprefill", "draft", "verify")) -> dict:
+    """The decoder's programs LOWERED (not compiled) for a [B, T] prompt block, S cache slots
+    (both models'), a one-token pending block and a verification of gamma drafts: what
+    `_program` compiles (per shape met), and what bench and deviceless builds compile."""
+    shapes = {"tprefill": (T, S), "dprefill": (T, S), "draft": (1, S), "tprobs": (S, self.gamma),
+              "verify": (S, self.gamma)}
+    return {name: self._lowered(name, sampling, B, shapes[name], dtype) for name in programs}
+
+  def _lowered(self, name, sampling, B, shape, dtype):
+    """One of `_program`'s programs, lowered: the one way this decoder builds a program."""
+    i32 = lambda *s: abstract_arg(s, jnp.int32, B=B, mesh=self.mesh,  # noqa: E731
+                                  like=self.tp, rows=False)
+    f32 = lambda *s: abstract_arg(s, jnp.float32, B=B, mesh=self.mesh,  # noqa: E731
+                                  like=self.tp, rows=False)
+    key = abstract_arg(KEY.shape, KEY.dtype, B=B, mesh=self.mesh, like=self.tp, rows=False)
+    if name in ("tprefill", "dprefill"):
       T, S = shape
-      cache = self._cache(self.tc, B, S, dtype, abstract=True)
-      fn = compile_prefill(self.tp, self.tc, sampling, B, T, cache, self.lowering)
-    elif name == "dprefill":
-      T, S = shape
-      cache = self._cache(self.dc, B, S, dtype, abstract=True)
-      fn = compile_draft_prefill(self.dp, self.dc, B, T, cache, self.draft_prefill,
-                                 self.lowering)
-    elif name == "draft":
+      config, params = (self.tc, self.tp) if name == "tprefill" else (self.dc, self.dp)
+      cache = self._cache(config, B, S, dtype, abstract=True)
+      if self.mesh is None:
+        cache = placed_like(cache, params)
+      if name == "tprefill":
+        lw = self.lowering.replace(bf16_blocks=prefill_in_bf16(params))
+        fn = functools.partial(_prefill, config=config, sampling=sampling)
+        args = (params, i32(B, T), i32(B), cache, key)
+      else:
+        lw = self.lowering.replace(bf16_blocks=self.draft_prefill == "bf16")
+        fn = functools.partial(_draft_prefill, config=config)
+        args = (params, i32(B, T), i32(B), cache)
+      return jax.jit(lowered(fn, lw), donate_argnums=(3,)).lower(*args)
+    if name == "draft":
       P, S = shape
       cache = self._cache(self.dc, B, S, dtype, abstract=True)
-      fn = self._lower(functools.partial(_draft, config=self.dc, gamma=self.gamma,
-                                         sampling=sampling, threshold=self.threshold),
-                       self.dp, cache, i32(B, P), i32(B),
-                       jax.ShapeDtypeStruct((self.dc.vocab_size,), bool), jax.random.key(0),
-                       self.head).compile()
-    elif name == "tprobs":  # the target's probabilities of m drafts per row (exact rule)
+      return self._lower(functools.partial(_draft, config=self.dc, gamma=self.gamma,
+                                           sampling=sampling, threshold=self.threshold),
+                         self.dp, cache, i32(B, P), i32(B),
+                         abstract_arg((self.dc.vocab_size,), jnp.bool_, B=B, mesh=self.mesh,
+                                      like=self.tp, rows=False), key, self.head)
+    if name == "tprobs":  # the target's probabilities of m drafts per row (exact rule)
       S, m = shape
       cache = self._cache(self.tc, B, S, dtype, abstract=True)
-      fn = self._lower(functools.partial(_target_probs, config=self.tc, sampling=sampling),
-                       self.tp, cache, i32(B), i32(B, m)).compile()
-    else:  # verify up to m drafts per row, for each block M the loop meets (powers of two to gamma)
-      S, m = shape
-      G = self.gamma
-      cache = self._cache(self.tc, B, S, dtype, abstract=True)
-      Vq = 1 if sampling.greedy else self.dc.vocab_size
-      fn = self._lower(functools.partial(_verify, config=self.tc, sampling=sampling),
+      return self._lower(functools.partial(_target_probs, config=self.tc, sampling=sampling),
+                         self.tp, cache, i32(B), i32(B, m))
+    # verify up to m drafts per row, for each block M the loop meets (powers of two to gamma)
+    S, m = shape
+    G = self.gamma
+    cache = self._cache(self.tc, B, S, dtype, abstract=True)
+    Vq = 1 if sampling.greedy else self.dc.vocab_size
+    return self._lower(functools.partial(_verify, config=self.tc, sampling=sampling),
                        self.tp, cache, i32(B), i32(B, m), i32(B), f32(B, G, Vq), i32(B, m),
-                       i32(B, m), i32(B, m), f32(B, m), self._d2t_idx,
-                       jax.random.key(0)).compile()
-    return fn
+                       i32(B, m), i32(B, m), f32(B, m), self._d2t_idx, key)
 
   # --- generation ---------------------------------------------------------------------------
   def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,

@@ -41,14 +41,15 @@ import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
-from vocabjax.decoding.autoregressive import GenerationResult, prefill_in_bf16
-from vocabjax.decoding.engine import host_loop
-from vocabjax.decoding.pld import LookupStats, check_lookup, trie_block
-from vocabjax.sampling import SamplingParams, sample
-from vocabjax.decoding.speculative import DraftVocab, SpecStats, SpeculativeDecoder
-from vocabjax.decoding.tree import TreeBounds, TreeParams, grow_tree, merge_nodes, verify_tree
 from vocabjax import sharding
-from vocabjax.lowering import lowered, lowering_of, with_lowering
+from vocabjax.decoding.drafter import DraftVocab
+from vocabjax.decoding.pld import check_lookup, trie_block
+from vocabjax.decoding.proposer import Context, Drafts, Prefilled, Proposer
+from vocabjax.decoding.speculative import SpeculativeEngine
+from vocabjax.decoding.tree import TreeBounds, TreeParams, grow_tree, merge_nodes
+from vocabjax.lowering import lowering_of, with_lowering
+from vocabjax.sampling import SamplingParams
+from vocabjax.vocab.policy import full_policy
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.eagle import EagleConfig, eagle_forward, fuse_features, head_output
@@ -62,11 +63,9 @@ GATE_KEY = "gate"  # a gated decoder's threshold (f32 scalar) inside the drafter
 
 @struct.dataclass
 class EagleState:
-  """Loop state of EAGLE tree decoding; fixed shapes, one row per sequence."""
+  """An EAGLE head's state (the engine keeps the target cache and `last`, the next root)."""
 
-  target_cache: KVCache
   head_cache: KVCache  # one layer; entries 0 .. Nt - 1 - pend_count
-  last: jax.Array  # [B] newest committed token: the next tree's root
   pend_tokens: jax.Array  # [B, P] tokens of the pending entries, left-aligned
   pend_feats: jax.Array  # [B, P, Lf*Dt] the target features paired with them
   pend_count: jax.Array  # [B] int32 in 1 .. P
@@ -128,55 +127,6 @@ def _top_probability(logits) -> jax.Array:
   return jnp.exp(jnp.max(jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1), axis=-1))
 
 
-def _committed(state: EagleState, v, hcache) -> EagleState:
-  """The next step's state: the verified path's tokens and features become pending entries."""
-  return EagleState(target_cache=v.target_cache, head_cache=hcache, last=v.next,
-                    pend_tokens=v.pend_tokens,
-                    pend_feats=v.features.astype(state.pend_feats.dtype),
-                    pend_count=v.accepted + 1)
-
-
-def eagle_step(target_params, dp, state: EagleState, key, *, target_config, head_config,
-               tree: TreeParams, sampling: SamplingParams, policy, gated: bool = False):
-  """Read the pending entries, grow a tree with the head, verify it with feature capture.
-
-  `gated` (EAGLE-2's confidence, used as a gate): a row drafts only when the head's top
-  probability at its root (`root_confidence`) reaches `dp[GATE_KEY]`, the threshold (a runtime
-  f32 scalar: every threshold runs the same compiled program); the other rows' nodes are
-  dropped (they verify their root alone: a plain step that still captures the features the
-  head reads next). When no row drafts, the step skips the tree's growth and verifies the
-  roots alone (one target position instead of n + 1): where the head would rarely be accepted
-  the step costs about a plain one. Greedy output and sampling stay exact (the gate reads the
-  context only).
-
-  Returns (state, emitted [B, d + 1] with -1 after the emitted tokens, accepted [B]), and when
-  `gated` also which rows drafted [B] (bool).
-  """
-  x_root, cache = _head_root(dp, state, head_config=head_config)
-  keep, root = _confident(dp, x_root, head_config, policy, gated)
-
-  def drafted():
-    node_tok, parent, depth, hcache = _grow(dp, x_root, cache, head_config=head_config,
-                                            tree=tree, policy=policy, root=root)
-    node_tok, parent, depth = _drop_rows(node_tok, parent, depth, keep)
-    v = verify_tree(target_params, state.last, node_tok, parent, depth, state.target_cache,
-                    key, target_config=target_config, tree=tree, sampling=sampling,
-                    feature_layers=head_config.feature_layers)
-    return _committed(state, v, hcache), v.emitted, v.accepted
-
-  if keep is None:
-    return drafted()
-
-  def plain():
-    v = verify_tree(target_params, state.last, *_no_nodes(state.last), state.target_cache, key,
-                    target_config=target_config, tree=TreeBounds(1, tree.depth),
-                    sampling=sampling, feature_layers=head_config.feature_layers)
-    return _committed(state, v, cache), v.emitted, v.accepted
-
-  # XLA runs the taken branch only
-  return (*jax.lax.cond(jnp.any(keep), drafted, plain), keep)
-
-
 def _confident(dp, x_root, head_config, policy, gated: bool):
   """(keep [B] bool: rows whose root confidence reaches the threshold `dp[GATE_KEY]`, the
   policy's output at the root, which the tree's growth reuses); (None, None) when not gated."""
@@ -202,92 +152,42 @@ def _no_nodes(last):
   return e, e, e
 
 
-def eagle_lookup_step(target_params, dp, state: EagleState, key, lk_tok, lk_parent, lk_depth, *,
-                      target_config, head_config, tree: TreeParams, bounds: TreeBounds,
-                      sampling: SamplingParams, policy, gated: bool = False):
-  """`eagle_step` with prompt-lookup nodes added to the head's tree: lk_tok / lk_parent /
-  lk_depth [B, m] a trie of context continuations under the same root (`merge_nodes`'s form;
-  padding nodes are their own parents), merged into the head's tree and verified with it in
-  one target forward. `bounds`: the merged tree's most children per node and depth. When
-  `gated`, a row whose head is unsure at the root (`eagle_step`) offers the
-  lookup's trie alone, as prompt lookup would; when no row drafts, the step verifies the tries
-  alone (the roots alone where there is none).
-
-  Returns (state, emitted [B, bounds.depth + 1], accepted [B], accepted nodes that came from the
-  lookup [B]), and when `gated` which rows' heads drafted [B] (bool).
-  """
-  x_root, cache = _head_root(dp, state, head_config=head_config)
-  keep, root = _confident(dp, x_root, head_config, policy, gated)
-
-  def drafted():
-    node_tok, parent, depth, hcache = _grow(dp, x_root, cache, head_config=head_config,
-                                            tree=tree, policy=policy, root=root)
-    n_head = node_tok.shape[1]
-    node_tok, parent, depth = merge_nodes(*_drop_rows(node_tok, parent, depth, keep),
-                                          lk_tok, lk_parent, lk_depth)
-    v = verify_tree(target_params, state.last, node_tok, parent, depth, state.target_cache,
-                    key, target_config=target_config, tree=bounds, sampling=sampling,
-                    feature_layers=head_config.feature_layers)
-    from_lookup = (v.path > n_head).sum(axis=1).astype(jnp.int32)  # path: node + 1, 0-padded
-    return _committed(state, v, hcache), v.emitted, v.accepted, from_lookup
-
-  if keep is None:
-    return drafted()
-
-  def lookup_only():  # the trie is a tree of merge_nodes's form already
-    v = verify_tree(target_params, state.last, lk_tok, lk_parent, lk_depth, state.target_cache,
-                    key, target_config=target_config,
-                    tree=TreeBounds(min(bounds.top_k, lk_tok.shape[1] + 1), bounds.depth),
-                    sampling=sampling, feature_layers=head_config.feature_layers)
-    return (_committed(state, v, cache), v.emitted, v.accepted,
-            (v.path > 0).sum(axis=1).astype(jnp.int32))
-
-  return (*jax.lax.cond(jnp.any(keep), drafted, lookup_only), keep)
-
-
-def _eagle_prefill(target_params, dp, tokens, prompt_lengths, tcache, hcache, key, *,
-                   target_config, head_config, sampling):
-  """Target prefill with feature capture, then the head over entries 0 .. P - 2 (tokens
-  x_1 .. x_{P-1} with features f_0 .. f_{P-2}); entry P - 1 = (first, f_{P-1}) stays pending."""
+def head_prefill(dp, pre: Prefilled, *, head_config: EagleConfig, pend_width: int) -> EagleState:
+  """The head over the prompt's entries 0 .. P - 2 (tokens x_1 .. x_{P-1} with the target's
+  features f_0 .. f_{P-2}); entry P - 1 = (first, f_{P-1}) stays pending."""
+  tokens, lengths, feats = pre.tokens, pre.lengths, pre.features
   B, T = tokens.shape
   positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-  hidden, tcache, feats = forward_features(target_params, tokens, positions, tcache,
-                                           config=target_config,
-                                           layers=head_config.feature_layers, fresh=True,
-                                           valid_lengths=prompt_lengths)
-  tcache = tcache.with_lengths(prompt_lengths)
-  last = jnp.take_along_axis(hidden, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
-  first = sample(key, lm_head(target_params, last, config=target_config), sampling)
   shifted = jnp.pad(tokens[:, 1:], ((0, 0), (0, 1)))  # entry p reads token p + 1
   head = _head(dp)
   _, hcache = eagle_forward(head, dp["embed"], shifted, fuse_features(head, feats), positions,
-                            hcache, config=head_config)
-  pend_feat = jnp.take_along_axis(feats, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
-  return first, tcache, hcache.with_lengths(prompt_lengths - 1), pend_feat
+                            pre.caches["head"], config=head_config)
+  feat = jnp.take_along_axis(feats, (lengths - 1)[:, None, None], axis=1)[:, 0]
+  P, F = pend_width, head_config.fused_width
+  return EagleState(head_cache=hcache.with_lengths(lengths - 1),
+                    pend_tokens=jnp.broadcast_to(pre.first[:, None], (B, P)).astype(jnp.int32),
+                    pend_feats=jnp.broadcast_to(feat[:, None], (B, P, F)),
+                    pend_count=jnp.ones_like(pre.first))
 
 
-class EagleDecoder(SpeculativeDecoder):
-  """EAGLE-2 dynamic-tree speculative decoding with an EAGLE(-3) head on the target's features.
-
-      dec = EagleDecoder(target_params, target_config, head_params, head_config,
-                         tree=TreeParams(top_k=4, depth=4, total_tokens=16))
-      res = dec.generate(prompts, max_new_tokens=128)
+class EagleProposer(Proposer):
+  """An EAGLE(-3) head on the target's features growing an EAGLE-2 tree (module doc).
 
   `lm_head`: "own" (the head's Vd rows with d2t, default) or "target" (the target's LM head,
-  frozen); `draft_vocab` restricts a full-V head (module doc).
-  """
+  frozen); `draft_vocab` restricts a full-V head. `min_confidence` > 0 gates each row on the
+  head's top probability at its root (`root_confidence`)."""
 
   method = "eagle"
+  draft_block_calls = True  # the head runs top_k tokens per tree level, as the target's blocks
 
   def __init__(self, target_params, target_config: LlamaLikeConfig, head_params,
                head_config: EagleConfig, *, tree: TreeParams = TreeParams(),
-               lm_head: str = "own", layout: str = "auto",
-               draft_vocab: DraftVocab | None = None, mesh=None, min_confidence: float = 0.0):
+               lm_head: str = "own", draft_vocab: DraftVocab | None = None,
+               min_confidence: float = 0.0):
     head_config.check_target(target_config)
     if not 0.0 <= min_confidence < 1.0:
       raise ValueError(f"min_confidence={min_confidence} must lie in [0, 1): the head drafts "
                        f"when its top probability at the root reaches it (0: always)")
-
     if is_int8(target_params):
       raise ValueError("an EAGLE head reads the target's embedding rows and features as "
                        "floats; an int8 target (`quantize_int8`) is not supported: load the "
@@ -305,36 +205,98 @@ class EagleDecoder(SpeculativeDecoder):
     if size < tree.top_k:
       raise ValueError(f"tree top_k={tree.top_k} exceeds the head's {size} candidate tokens")
     self.hc, self.tree, self.lm_head_source = head_config, tree, lm_head
-    # the drafter's pytree: the head, the target's embedding and the LM head the head drafts
-    # with; its "config" is the target's with an untied head `lm_head` (what policies read)
-    dc = dataclasses.replace(target_config, tie_word_embeddings=False)
+    self.bounds = TreeBounds(tree.top_k, tree.depth)
+    self.feature_layers = head_config.feature_layers
+    # the drafting LM head the policies read: the target's frozen head, or the head's own
+    # rows; as a model config, the target's with that head untied (`head_vocab_config`)
+    self.head_vocab_config = dataclasses.replace(target_config, tie_word_embeddings=False)
     U = lm_head_weight(target_params, target_config) if lm_head == "target" \
         else head_params["lm_head"]
-    dp = {HEAD_KEY: head_params, "embed": target_params["embed"], "lm_head": U}
+    self.params = {HEAD_KEY: head_params, "embed": target_params["embed"], "lm_head": U}
     if min_confidence > 0:  # an input of the step, not a constant: thresholds share programs
-      dp[GATE_KEY] = jnp.asarray(min_confidence, jnp.float32)
+      self.params[GATE_KEY] = jnp.asarray(min_confidence, jnp.float32)
     if draft_vocab is None and lm_head == "own" and Vd < V:
       # the head's own static subset: its rows, ids = j + d2t
       ids = jnp.arange(Vd, dtype=jnp.int32) + head_params["d2t"].astype(jnp.int32)
       draft_vocab = HeadRows(head_params["lm_head"], ids)
-    super().__init__(target_params, target_config, dp, dc, layout=layout,
-                     draft_vocab=draft_vocab, mesh=mesh)
+    self.draft_vocab = draft_vocab
+    self.policy = full_policy(self.head_vocab_config)
+    self.min_confidence = float(min_confidence)
+    self.gated = self.min_confidence > 0
+    self.pend_width = tree.depth + 1  # P: a step's accepted tokens + the next, at most
     self.drafted_per_step = tree.total_tokens
     self.extra_slots = tree.total_tokens + tree.draft_slots + tree.depth + 2
-    self.verify_tokens = tree.total_tokens + 1
-    self.pend_width = tree.depth + 1  # P: a step's accepted tokens + the next, at most
-    self.min_confidence = float(min_confidence)
 
-  draft_block_calls = True  # the head runs top_k tokens per tree level, as the target's blocks
+  def key(self):
+    return ("eagle", self.hc, self.tree, self.policy, self.gated, self.pend_width)
+
+  def prepare(self, *, layout: str, lowering, mesh=None) -> None:
+    """The head's one decoder layer in `layout` (the embedding and LM head have no MLP), and
+    the vocabulary policy's arrays."""
+    dp = self.params
+    layer = with_mlp_layout({"layers": [dp[HEAD_KEY]["layer"]]}, layout)["layers"][0]
+    self.params = {**dp, HEAD_KEY: {**dp[HEAD_KEY], "layer": layer}}
+    if self.draft_vocab is not None:
+      self.params, self.policy = self.draft_vocab.attach(self.params, self.head_vocab_config,
+                                                         mesh=mesh)
+
+  def place(self, mesh, target_config) -> None:
+    """On a mesh: the target's embedding split by rows as the target's own, the head (and a
+    policy's arrays) replicated."""
+    self.params = {k: sharding.shard_rows(v, mesh) if k in ("embed", "lm_head")
+                   else sharding.replicate(v, mesh) for k, v in self.params.items()}
+
+  def caches(self) -> dict:
+    return {"head": self.hc.layer}
+
+  def prefill(self, params, target_params, pre: Prefilled) -> EagleState:
+    return head_prefill(params, pre, head_config=self.hc, pend_width=self.pend_width)
+
+  def gate(self, params, state: EagleState, ctx: Context):
+    x_root, cache = _head_root(params, state, head_config=self.hc)
+    keep, root = _confident(params, x_root, self.hc, self.policy, self.gated)
+    return keep, (state, x_root, cache, root)
+
+  def _tree(self, params, pre, keep):
+    _, x_root, cache, root = pre
+    tok, parent, depth, hcache = _grow(params, x_root, cache, head_config=self.hc,
+                                       tree=self.tree, policy=self.policy, root=root)
+    return (*_drop_rows(tok, parent, depth, keep), hcache)
+
+  def propose(self, params, pre, ctx: Context, key, *, sampling: SamplingParams, keep=None):
+    del key, sampling  # deterministic drafts
+    tok, parent, depth, hcache = self._tree(params, pre, keep)
+    return Drafts(tokens=tok, parent=parent, depth=depth, bounds=self.bounds), (pre[0], hcache)
+
+  def fallback(self, params, pre, ctx: Context):
+    """No row's head is sure: the roots alone (a plain step that still captures the features
+    the head reads next)."""
+    tok, parent, depth = _no_nodes(ctx.last)
+    return (Drafts(tokens=tok, parent=parent, depth=depth,
+                   bounds=TreeBounds(1, self.tree.depth)), (pre[0], pre[2]))
+
+  def commit(self, params, carry, ctx: Context, drafts: Drafts, v) -> EagleState:
+    state, hcache = carry
+    return EagleState(head_cache=hcache, pend_tokens=v.pend_tokens,
+                      pend_feats=v.features.astype(state.pend_feats.dtype),
+                      pend_count=v.accepted + 1)
+
+  def record(self, stats) -> dict:
+    """Totals for an eval record (gated only): (row) steps where the head drafted, and all
+    verifications."""
+    if not self.gated:
+      return {}
+    return {"head_steps": sum(1 for row in stats.drafted for d in row if d),
+            "verifications": len(stats.drafted)}
 
   @property
-  def step_outputs(self) -> int:
-    return 4 if self.min_confidence > 0 else 3  # gated: + which rows drafted
+  def head_rows(self) -> int:
+    return (self.draft_vocab.head_rows if self.draft_vocab is not None
+            else self.head_vocab_config.vocab_size)
 
-  def _with_draft_layout(self, draft_params, layout: str):
-    """The head's one decoder layer in `layout` (the embedding and LM head have no MLP)."""
-    layer = with_mlp_layout({"layers": [draft_params[HEAD_KEY]["layer"]]}, layout)["layers"][0]
-    return {**draft_params, HEAD_KEY: {**draft_params[HEAD_KEY], "layer": layer}}
+  @property
+  def head_policy(self):
+    return self.policy
 
   def drafter_calls(self):
     t = self.tree
@@ -351,120 +313,132 @@ class EagleDecoder(SpeculativeDecoder):
       return eagle_forward(head, dp["embed"], tokens, fuse_features(head, feats), positions,
                            cache, config=hc)[0]
 
-    return body, self.dp, hc.layer
+    return body, self.params, hc.layer
 
-  def _step_fn(self, sampling):
-    return functools.partial(eagle_step, target_config=self.tc, head_config=self.hc,
-                             tree=self.tree, sampling=sampling, policy=self.draft_policy,
-                             gated=self.min_confidence > 0)
-
-  def _new_stats(self) -> SpecStats:
-    return EagleStats(drafted=[], accepted=[]) if self.min_confidence > 0 else super()._new_stats()
-
-  def _record(self, stats, active, accepted, extra) -> None:
-    if self.min_confidence <= 0:
-      return super()._record(stats, active, accepted, extra)
-    head = extra[0]  # [B] which rows drafted
-    stats.drafted.append([self.tree.total_tokens if a and h else 0
-                          for a, h in zip(active, head)])
-    stats.accepted.append([int(x) if a else 0 for x, a in zip(accepted, active)])
-    stats.active.append([bool(a) for a in active])
-
-  def _place_draft(self, draft_params, mesh):
-    """On a mesh: the target's embedding split by rows as the target's own, the head (and a
-    policy's arrays) replicated."""
-    return {k: sharding.shard_rows(v, mesh) if k in ("embed", "lm_head")
-            else sharding.replicate(v, mesh)
-            for k, v in draft_params.items()}
-
-  def _compile_start(self, sampling, B, T, S, dtype):
-    tcache = self._abstract_cache(self.tc, B, S, dtype)
-    hcache = self._abstract_cache(self.hc.layer, B, S, dtype)
-    i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
-    # as plain decoding's prefill: the bf16 GEMM for a bf16 target
-    lowering = self.lowering.replace(bf16_blocks=prefill_in_bf16(self.tp))
-    prefill = jax.jit(lowered(functools.partial(_eagle_prefill, target_config=self.tc,
-                                                head_config=self.hc, sampling=sampling),
-                              lowering, argnums=(0, 1)), donate_argnums=(4, 5)).lower(
-        self.tp, self.dp, i32(B, T), i32(B), tcache, hcache, jax.random.key(0)).compile()
-    P, F = self.pend_width, self.hc.fused_width
-
-    def initial(tc, hc, first, feat):
-      return EagleState(target_cache=tc, head_cache=hc, last=first,
-                        pend_tokens=jnp.broadcast_to(first[:, None], (B, P)).astype(jnp.int32),
-                        pend_feats=jnp.broadcast_to(feat[:, None], (B, P, F)),
-                        pend_count=jnp.ones_like(first))
-
-    def start(tokens, lengths, prompt_last, key):
-      del prompt_last
-      first, tc, hc, feat = prefill(self.tp, self.dp, tokens, lengths,
-                                    self._cache(self.tc, B, S, dtype),
-                                    self._cache(self.hc.layer, B, S, dtype), key)
-      return first, initial(tc, hc, first, feat)
-
-    state = jax.eval_shape(initial, tcache, hcache, i32(B),
-                           jax.ShapeDtypeStruct((B, F), dtype))
-    return start, state
+  def draft_width(self) -> int:
+    return self.head_vocab_config.hidden_size
 
 
-@dataclasses.dataclass
-class EagleStats(LookupStats):
-  """SpecStats of an EagleDecoder with `min_confidence`: a row whose head was unsure verifies
-  its root alone (`drafted` 0) and still counts as a verification (tau is per verification,
-  as prompt lookup's)."""
+class EagleDecoder(SpeculativeEngine):
+  """EAGLE-2 dynamic-tree speculative decoding with an EAGLE(-3) head on the target's features
+  (`EagleProposer`).
 
-  def record(self) -> dict:
-    """Totals for an eval record: (row) steps where the head drafted, and all verifications."""
-    return {"head_steps": sum(1 for row in self.drafted for d in row if d),
-            "verifications": len(self.drafted)}
+      dec = EagleDecoder(target_params, target_config, head_params, head_config,
+                         tree=TreeParams(top_k=4, depth=4, total_tokens=16))
+      res = dec.generate(prompts, max_new_tokens=128)
+
+  `lm_head`: "own" (the head's Vd rows with d2t, default) or "target" (the target's LM head,
+  frozen); `draft_vocab` restricts a full-V head (module doc).
+  """
+
+  def __init__(self, target_params, target_config: LlamaLikeConfig, head_params,
+               head_config: EagleConfig, *, tree: TreeParams = TreeParams(),
+               lm_head: str = "own", layout: str = "auto",
+               draft_vocab: DraftVocab | None = None, mesh=None, min_confidence: float = 0.0):
+    super().__init__(target_params, target_config, EagleProposer(
+        target_params, target_config, head_params, head_config, tree=tree, lm_head=lm_head,
+        draft_vocab=draft_vocab, min_confidence=min_confidence), layout=layout, mesh=mesh)
 
 
-@dataclasses.dataclass
-class EagleLookupStats(LookupStats):
-  """SpecStats of `EagleLookupDecoder`: `drafted` counts the head's nodes (when it drafted)
-  plus the lookup's trie nodes of each step; `lookup_nodes` / `from_lookup` [steps][B] the
-  trie nodes offered and the accepted tokens that came from them (the rest came from the
-  head's nodes); `head` [steps][B] whether the row's head drafted (always, without
-  `min_confidence`)."""
+class EagleLookupProposer(EagleProposer):
+  """An EAGLE head's tree plus prompt lookup (Saxena 2023) in the same tree
+  (`EagleLookupDecoder`): each step, on the host, the continuations of earlier occurrences of
+  the context's suffix n-grams (`pld.lookup_continuations`: up to `candidates` of them, `gamma`
+  tokens each) form a trie under the root (the host hook), padded to a bucket of 0, gamma,
+  .., candidates x gamma nodes; the head grows its tree, the trie is merged into it
+  (`tree.merge_nodes`: a lookup token the head also drafted under the same parent is one node)
+  and the target verifies both in one forward. A gated row whose head is unsure offers the trie
+  alone; where no row's head drafts, the step verifies the tries alone."""
 
-  lookup_nodes: list[list[int]] = dataclasses.field(default_factory=list)
-  from_lookup: list[list[int]] = dataclasses.field(default_factory=list)
-  head: list[list[bool]] = dataclasses.field(default_factory=list)
+  method = "eagle_pld"
+  host_hook = True
 
-  def record(self) -> dict:
+  def __init__(self, target_params, target_config, head_params, head_config, *,
+               tree: TreeParams = TreeParams(), gamma: int = 4, max_ngram: int = 3,
+               min_ngram: int = 1, candidates: int = 1, lm_head: str = "own",
+               draft_vocab: DraftVocab | None = None, min_confidence: float = 0.0):
+    check_lookup(gamma, max_ngram, min_ngram, candidates)
+    super().__init__(target_params, target_config, head_params, head_config, tree=tree,
+                     lm_head=lm_head, draft_vocab=draft_vocab, min_confidence=min_confidence)
+    self.gamma, self.max_ngram, self.min_ngram = gamma, max_ngram, min_ngram
+    self.candidates = candidates
+    m = candidates * gamma
+    self.buckets = tuple(range(0, m + 1, gamma))
+    self.bounds = TreeBounds(top_k=tree.top_k + candidates, depth=max(tree.depth, gamma))
+    self.pend_width = self.bounds.depth + 1
+    self.drafted_per_step = tree.total_tokens + m
+    self.extra_slots = tree.total_tokens + m + tree.draft_slots + self.bounds.depth + 2
+
+  def key(self):
+    return (super().key(), "lookup", self.bounds)
+
+  def host_block(self, history, active):
+    tok, parent, depth, nodes = trie_block(history, active, self.gamma, self.max_ngram,
+                                           self.min_ngram, self.candidates, self.buckets)
+    return (tok, parent, depth), nodes
+
+  def host_shapes(self, B: int = 1):
+    return [((B, m), (B, m), (B, m)) for m in self.buckets]
+
+  def propose(self, params, pre, ctx: Context, key, *, sampling: SamplingParams, keep=None):
+    del key, sampling
+    tok, parent, depth, hcache = self._tree(params, pre, keep)
+    n_head = tok.shape[1]
+    tok, parent, depth = merge_nodes(tok, parent, depth, *ctx.host)
+    return (Drafts(tokens=tok, parent=parent, depth=depth, bounds=self.bounds,
+                   host_from=n_head), (pre[0], hcache))
+
+  def fallback(self, params, pre, ctx: Context):
+    """No row's head is sure: the tries alone (a tree of merge_nodes's form already; the roots
+    alone where there is none)."""
+    tok, parent, depth = ctx.host
+    return (Drafts(tokens=tok, parent=parent, depth=depth, host_from=0,
+                   bounds=TreeBounds(min(self.bounds.top_k, tok.shape[1] + 1),
+                                     self.bounds.depth)), (pre[0], pre[2]))
+
+  def step_count_names(self):
+    return ("from_lookup",)
+
+  def step_counts(self, drafts: Drafts, verdict) -> tuple:
+    # path: node + 1, 0-padded; nodes from host_from on came from the trie
+    return ((verdict.path > drafts.host_from).sum(axis=1).astype(jnp.int32),)
+
+  def drafted_counts(self, active, counts, host_counts, keep):
+    head = keep if keep is not None else [True] * len(active)
+    return [self.tree.total_tokens * bool(h) + int(x) if a else 0
+            for x, a, h in zip(host_counts, active, head)]
+
+  def record_step(self, stats, active, counts, host_counts, keep) -> None:
+    head = keep if keep is not None else [True] * len(active)
+    stats.add("lookup_nodes", [int(x) if a else 0 for x, a in zip(host_counts, active)])
+    stats.add("from_lookup", [int(x) if a else 0 for x, a in zip(counts["from_lookup"], active)])
+    stats.add("head", [bool(h) if a else False for h, a in zip(head, active)])
+
+  def record(self, stats) -> dict:
     """Totals for an eval record: steps with lookup nodes, tokens accepted from them, steps
     where the head drafted, all verifications."""
-    return {"lookup_steps": sum(1 for row in self.lookup_nodes for x in row if x),
-            "lookup_nodes": sum(map(sum, self.lookup_nodes)),
-            "accepted_from_lookup": sum(map(sum, self.from_lookup)),
-            "accepted": sum(map(sum, self.accepted)),
-            "head_steps": sum(map(sum, self.head)), "verifications": len(self.drafted)}
+    c = stats.counts
+    return {"lookup_steps": sum(1 for row in c["lookup_nodes"] for x in row if x),
+            "lookup_nodes": sum(map(sum, c["lookup_nodes"])),
+            "accepted_from_lookup": sum(map(sum, c["from_lookup"])),
+            "accepted": sum(map(sum, stats.accepted)),
+            "head_steps": sum(map(sum, c["head"])), "verifications": len(stats.drafted)}
 
 
-class EagleLookupDecoder(EagleDecoder):
-  """EAGLE-2 tree of an EAGLE-3 head plus prompt lookup (Saxena 2023) in the same tree.
+class EagleLookupDecoder(SpeculativeEngine):
+  """EAGLE-2 tree of an EAGLE-3 head plus prompt lookup (Saxena 2023) in the same tree
+  (`EagleLookupProposer`).
 
       dec = EagleLookupDecoder(target_params, target_config, head_params, head_config,
                                tree=TreeParams(4, 4, 16), gamma=4, candidates=1)
 
-  Each step, on the host, the continuations of earlier occurrences of the context's suffix
-  n-grams (`pld.lookup_continuations`: up to `candidates` of them, `gamma` tokens each) form a
-  trie under the root; in the step program the head grows its tree as `EagleDecoder` does, the
-  trie is merged into it (`tree.merge_nodes`: a lookup token that the head also drafted under
-  the same parent is one node) and the target verifies both in one forward, capturing its
-  features on whichever path it accepts. Where the text copies its context (summaries,
-  retrieval answers, edited code) the lookup reaches further than the head; elsewhere the head
-  drafts. A step program is compiled per trie size bucket (0, gamma, 2 gamma, ..,
-  candidates x gamma nodes; a trie is padded up to its bucket) when the bucket is first met
-  (its compile time is reported apart from decoding), so a step without a match verifies the
-  head's tree alone.
-
+  Where the text copies its context (summaries, retrieval answers, edited code) the lookup
+  reaches further than the head; elsewhere the head drafts. A step program is compiled per trie
+  size bucket when the bucket is first met (its compile time is reported apart from decoding).
   Greedy output equals the target's greedy output; sampling stays lossless (every draft is a
   deterministic function of the context: `verify_tree_sampling`'s multi-draft rule). One
   device only (`mesh` is refused).
   """
-
-  method = "eagle_pld"
 
   def __init__(self, target_params, target_config: LlamaLikeConfig, head_params,
                head_config: EagleConfig, *, tree: TreeParams = TreeParams(), gamma: int = 4,
@@ -474,80 +448,7 @@ class EagleLookupDecoder(EagleDecoder):
     if mesh is not None:
       raise ValueError("EAGLE with prompt lookup runs on one device: mesh is not supported "
                        "(use method eagle or pld on a mesh)")
-    check_lookup(gamma, max_ngram, min_ngram, candidates)
-    super().__init__(target_params, target_config, head_params, head_config, tree=tree,
-                     lm_head=lm_head, layout=layout, draft_vocab=draft_vocab,
-                     min_confidence=min_confidence)
-    self.gamma, self.max_ngram, self.min_ngram = gamma, max_ngram, min_ngram
-    self.candidates = candidates
-    m = candidates * gamma
-    self.buckets = tuple(range(0, m + 1, gamma))
-    self.bounds = TreeBounds(top_k=tree.top_k + candidates, depth=max(tree.depth, gamma))
-    self.pend_width = self.bounds.depth + 1
-    self.drafted_per_step = tree.total_tokens + m
-    self.extra_slots = tree.total_tokens + m + tree.draft_slots + self.bounds.depth + 2
-    self.verify_tokens = tree.total_tokens + m + 1
-
-  def _step_fn(self, sampling):
-    return functools.partial(eagle_lookup_step, target_config=self.tc, head_config=self.hc,
-                             tree=self.tree, bounds=self.bounds, sampling=sampling,
-                             policy=self.draft_policy, gated=self.min_confidence > 0)
-
-  def programs(self, sampling: SamplingParams, B: int, T: int, S: int, dtype):
-    """(start, step, the start's compile seconds) for one shape; `step(m)` is (the step for
-    trie bucket m, seconds spent compiling it now): a bucket's step compiles when the bucket
-    is first met (0 when it was compiled before)."""
-    i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
-    name = jnp.dtype(dtype).name
-    (start, state), seconds = self._programs.get(
-        ("start", sampling, B, T, S, name),
-        lambda: self._compile_start(sampling, B, T, S, dtype))
-
-    def step(m: int):
-      if m not in self.buckets:
-        raise ValueError(f"trie buckets are {self.buckets}, got m={m}")
-      return self._programs.get(("step", sampling, B, S, name, m), lambda: (
-          jax.jit(self._lowered_step(sampling), donate_argnums=(2,)).lower(
-              self.tp, self.dp, state, jax.random.key(0), i32(B, m), i32(B, m),
-              i32(B, m)).compile()))
-
-    return start, step, seconds
-
-  def generate(self, prompts, *, max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
-               seed: int = 0, eos_token_ids=(), max_len: int | None = None, stop_strings=(),
-               tokenizer=None, streamer=None) -> GenerationResult:
-    """Generate like `Decoder.generate`; greedy output equals it token for token. `stats` is an
-    EagleLookupStats; `steps` counts verifications."""
-    req = self._request(prompts, max_new_tokens, sampling, seed, eos_token_ids, max_len,
-                        stop_strings, tokenizer, streamer)
-    start, steps, compile_s = self.programs(sampling, req.B, req.T, req.S,
-                                            compute_dtype(self.tp))
-    prefill = self._start(req, start)
-    stats = EagleLookupStats(drafted=[], accepted=[])
-
-    def begin():
-      first, state = prefill()
-      first = np.asarray(first)  # committed tokens per row: the prompt and the first token
-      return first, (state, [np.append(np.asarray(p, np.int64), t)
-                             for p, t in zip(req.prompts, first)])
-
-    def advance(carry, i, key, active):
-      state, hist = carry
-      tok, parent, depth, nodes = trie_block(hist, active, self.gamma, self.max_ngram,
-                                             self.min_ngram, self.candidates, self.buckets)
-      prog, compiled = steps(tok.shape[1])
-      state, emitted, n, from_lk, *head = prog(self.tp, self.dp, state, key, jnp.asarray(tok),
-                                               jnp.asarray(parent), jnp.asarray(depth))
-      emitted, n, from_lk = np.asarray(emitted), np.asarray(n), np.asarray(from_lk)
-      drafted = np.asarray(head[0]) if head else np.ones(len(active), bool)
-      stats.drafted.append([self.tree.total_tokens * bool(h) + int(x) if a else 0
-                            for x, a, h in zip(nodes, active, drafted)])
-      stats.accepted.append([int(x) if a else 0 for x, a in zip(n, active)])
-      stats.active.append([bool(a) for a in active])
-      stats.lookup_nodes.append([int(x) if a else 0 for x, a in zip(nodes, active)])
-      stats.from_lookup.append([int(x) if a else 0 for x, a in zip(from_lk, active)])
-      stats.head.append([bool(h) if a else False for h, a in zip(drafted, active)])
-      hist = [np.concatenate([h, e[:k + 1]]) for h, e, k in zip(hist, emitted, n)]
-      return (state, hist), emitted, compiled
-
-    return host_loop(req, begin, advance, compile_s=compile_s, stats=stats)
+    super().__init__(target_params, target_config, EagleLookupProposer(
+        target_params, target_config, head_params, head_config, tree=tree, gamma=gamma,
+        max_ngram=max_ngram, min_ngram=min_ngram, candidates=candidates, lm_head=lm_head,
+        draft_vocab=draft_vocab, min_confidence=min_confidence), layout=layout)

@@ -48,14 +48,28 @@ def split(key: jax.Array, num: int = 2) -> jax.Array:
   return _split(key, num)
 
 
+class ProgramKey(NamedTuple):
+  """What a compiled program is built for: the one key scheme of every decoder's programs."""
+
+  program: str  # which program: "prefill", "step", "draft", "verify", ...
+  method: Hashable  # the method's static identity (a proposer's `key()`, a decoder's settings)
+  sampling: Any  # SamplingParams
+  shapes: tuple  # batch rows, cache slots, prompt block, dtype name, host block shapes, ...
+  lowering: Any  # the `Lowering` the program is compiled with
+
+
 class ProgramCache:
-  """A decoder's compiled programs, each built once per key (sampling, shapes, dtype, ...)."""
+  """A decoder's compiled programs, each built once per `ProgramKey`: a program compiled for
+  one lowering is never reused for another (changing a decoder's `lowering` builds anew)."""
 
   def __init__(self):
     self._built: dict = {}
 
-  def get(self, key: Hashable, build: Callable[[], Any]) -> tuple[Any, float]:
+  def get(self, key: ProgramKey, build: Callable[[], Any]) -> tuple[Any, float]:
     """(the program for `key`, seconds spent building it now: 0 when it was built before)."""
+    if not isinstance(key, ProgramKey):
+      raise TypeError(f"program keys are ProgramKey(program, method, sampling, shapes, "
+                      f"lowering), got {key!r}")
     if key in self._built:
       return self._built[key], 0.0
     t0 = time.perf_counter()
@@ -110,3 +124,31 @@ def host_loop(req: Request, start: Callable[[], tuple[np.ndarray, Any]], advance
   return GenerationResult(tokens=out.tokens, finish_reasons=out.reasons,
                           prompt_lengths=req.lengths.tolist(), compile_s=compile_s + late,
                           prefill_s=t1 - t0, decode_s=t2 - t1 - late, steps=steps, stats=stats)
+
+
+KEY = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype)  # a PRNG key
+
+
+def device_of(params):
+  """The one device `params` are on (a SingleDeviceSharding), or None (JAX's default: arrays
+  not yet placed)."""
+  leaves = jax.tree.leaves(params)
+  sh = getattr(leaves[0], "sharding", None) if leaves else None
+  return sh if isinstance(sh, jax.sharding.SingleDeviceSharding) else None
+
+
+def abstract_arg(shape, dtype, *, B: int, mesh=None, like=None, rows: bool = True):
+  """An abstract program argument placed as the decoders place their inputs: on a mesh its rows
+  over "data" (where its leading axis is the batch and divides it; `rows=False`: replicated),
+  else on the device of the params `like` (a deviceless TPU or GPU build's chip too)."""
+  if mesh is None:
+    return jax.ShapeDtypeStruct(shape, dtype, sharding=device_of(like))
+  split = rows and len(shape) >= 1 and shape[0] == B and B % mesh.shape["data"] == 0
+  spec = jax.sharding.PartitionSpec("data") if split else jax.sharding.PartitionSpec()
+  return jax.ShapeDtypeStruct(shape, dtype, sharding=jax.sharding.NamedSharding(mesh, spec))
+
+
+def placed_like(tree, like):
+  """`tree`'s abstract leaves placed on the device of `like` (off a mesh)."""
+  one = device_of(like)
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one), tree)

@@ -29,9 +29,9 @@ from flax import struct
 from vocabjax import sharding
 from vocabjax.lowering import lowered, lowering_of
 from vocabjax.sampling import SamplingParams, sample, top_k
-from vocabjax.decoding.autoregressive import prefill_in_bf16
-from vocabjax.decoding.speculative import SpeculativeDecoder
-from vocabjax.decoding.tree import MAX_TREE_NODES, TreeBounds, verify_tree
+from vocabjax.decoding.proposer import Context, Drafts, Prefilled, Proposer, static_tree
+from vocabjax.decoding.speculative import SpeculativeEngine
+from vocabjax.decoding.tree import MAX_TREE_NODES, TreeBounds
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import forward, is_int8, lm_head, lm_head_weight
@@ -45,10 +45,8 @@ MEDUSA_KEY = "medusa"  # the heads inside the decoder's drafter pytree
 
 @struct.dataclass
 class MedusaState:
-  """Loop state of Medusa decoding; fixed shapes, one row per sequence."""
+  """The heads' state (the engine keeps the target cache and `last`, the next root)."""
 
-  target_cache: KVCache  # every committed token except `last`
-  last: jax.Array  # [B] newest committed token: the next tree's root
   hidden: jax.Array  # [B, D] the target's final hidden state that produced `last`
 
 
@@ -87,49 +85,19 @@ def medusa_candidates(dp, hidden, *, config: MedusaConfig, tree: MedusaTree):
   return top[:, tree.head, tree.rank].astype(jnp.int32)
 
 
-def medusa_step(target_params, dp, state: MedusaState, key, *, target_config: LlamaLikeConfig,
-                medusa_config: MedusaConfig, tree: MedusaTree, bounds: TreeBounds,
-                sampling: SamplingParams):
-  """Draft the tree from the heads, verify it. Returns (state, emitted [B, d + 1] with -1
-  after the emitted tokens, accepted [B])."""
-  node_tok = medusa_candidates(dp, state.hidden, config=medusa_config, tree=tree)
-  B = node_tok.shape[0]
-  parent = jnp.broadcast_to(jnp.asarray(tree.parent), (B, tree.size))
-  depth = jnp.broadcast_to(jnp.asarray(tree.depth), (B, tree.size))
-  v = verify_tree(target_params, state.last, node_tok, parent, depth, state.target_cache, key,
-                  target_config=target_config, tree=bounds, sampling=sampling)
-  return (MedusaState(target_cache=v.target_cache, last=v.next,
-                      hidden=v.hidden.astype(state.hidden.dtype)), v.emitted, v.accepted)
+class MedusaProposer(Proposer):
+  """Medusa-1 heads on the target's final hidden state drafting a static tree (module doc).
 
-
-def _medusa_prefill(target_params, tokens, prompt_lengths, cache, key, *,
-                    target_config: LlamaLikeConfig, sampling: SamplingParams):
-  """(first token [B], cache, the final hidden state at the prompt's last position [B, D])."""
-  B, T = tokens.shape
-  positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-  hidden, cache = forward(target_params, tokens, positions, cache, config=target_config,
-                          fresh=True, valid_lengths=prompt_lengths)
-  last = jnp.take_along_axis(hidden, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
-  first = sample(key, lm_head(target_params, last, config=target_config), sampling)
-  return first, cache.with_lengths(prompt_lengths), last
-
-
-class MedusaDecoder(SpeculativeDecoder):
-  """Medusa-1 heads drafting a static tree for their own target.
-
-      dec = MedusaDecoder(target_params, target_config, heads, medusa_config,
-                          choices=[[0], [1], [0, 0], [0, 1], [0, 0, 0]])
-      res = dec.generate(prompts, max_new_tokens=128)
-  """
+  `draft_vocab`: a static subset (VocabTrim / FR-Spec, `VocabSubset`) restricting every head's
+  projection to its K rows (FR-Spec on Medusa); the ranks of `choices` are then ranks among
+  those K tokens."""
 
   method = "medusa"
+  draft_block_calls = True  # no drafter model: the layout choice is the target's alone
 
   def __init__(self, target_params, target_config: LlamaLikeConfig, medusa_params,
                medusa_config: MedusaConfig, *, choices: Sequence[Sequence[int]],
-               layout: str = "auto", draft_vocab: VocabSubset | None = None, mesh=None):
-    """`draft_vocab`: a static subset (VocabTrim / FR-Spec, `VocabSubset`) restricting every
-    head's projection to its K rows (FR-Spec on Medusa); the ranks of `choices` are then ranks
-    among those K tokens."""
+               draft_vocab: VocabSubset | None = None):
     medusa_config.check_target(target_config.hidden_size, target_config.vocab_size)
     if is_int8(target_params):
       raise ValueError("Medusa heads read the target's float hidden states and LM head; an "
@@ -138,9 +106,9 @@ class MedusaDecoder(SpeculativeDecoder):
     if tree.top_k > target_config.vocab_size:
       raise ValueError(f"Medusa choices use rank {tree.top_k - 1}, beyond the vocabulary of "
                        f"V={target_config.vocab_size} tokens")
-    self.mc, self.medusa_tree = medusa_config, tree
-    # the tree engine's bounds: siblings, depth and node count of this static tree
-    self.tree = TreeBounds(top_k=tree.max_children, depth=tree.max_depth)
+    self.mc, self.medusa_tree, self.tc = medusa_config, tree, target_config
+    # the verifier's bounds: siblings, depth and node count of this static tree
+    self.bounds = self.tree = TreeBounds(top_k=tree.max_children, depth=tree.max_depth)
     dp = {MEDUSA_KEY: medusa_params}
     self.subset_size = None
     if draft_vocab is not None:
@@ -165,22 +133,38 @@ class MedusaDecoder(SpeculativeDecoder):
       self.subset_size = draft_vocab.size
     elif medusa_config.shared_lm_head:
       dp["lm_head"] = lm_head_weight(target_params, target_config)
-    super().__init__(target_params, target_config, dp, target_config, layout=layout, mesh=mesh)
-    self.draft_policy = medusa_projection  # what the time split times as the drafter's head
+    self.params = dp
     self.drafted_per_step = tree.size
     self.extra_slots = tree.size + 2
-    self.verify_tokens = tree.size + 1
 
-  draft_block_calls = True  # no drafter model: the layout choice is the target's alone
+  def key(self):
+    return ("medusa", self.mc, self.medusa_tree.choices, self.subset_size)
 
-  def _with_draft_layout(self, draft_params, layout: str):
-    del layout  # the heads have no MLP weights
-    return draft_params
+  def place(self, mesh, target_config) -> None:
+    """On a mesh: a shared LM head split by rows as the target's, the heads (and a subset's
+    rows) replicated."""
+    self.params = {k: sharding.shard_rows(v, mesh) if k == "lm_head"
+                   else sharding.replicate(v, mesh) for k, v in self.params.items()}
+
+  def prefill(self, params, target_params, pre: Prefilled) -> MedusaState:
+    return MedusaState(hidden=pre.hidden)
+
+  def propose(self, params, state: MedusaState, ctx: Context, key, *,
+              sampling: SamplingParams, keep=None):
+    del key, sampling, keep  # deterministic drafts
+    tok = medusa_candidates(params, state.hidden, config=self.mc, tree=self.medusa_tree)
+    parent, depth = static_tree(self.medusa_tree.parent, self.medusa_tree.depth, tok.shape[0])
+    return Drafts(tokens=tok, parent=parent, depth=depth, bounds=self.bounds), state
+
+  def commit(self, params, state: MedusaState, ctx: Context, drafts: Drafts, v) -> MedusaState:
+    return MedusaState(hidden=v.hidden.astype(state.hidden.dtype))
 
   @property
-  def draft_head_rows(self) -> int:
+  def head_rows(self) -> int:
     """LM-head rows the heads multiply per step: V (or the subset's K) per head."""
     return self.mc.num_heads * (self.subset_size or self.tc.vocab_size)
+
+  head_policy = staticmethod(medusa_projection)  # what the time split times as the head
 
   def drafter_calls(self):
     return [(1, self.mc.num_heads)]
@@ -195,36 +179,26 @@ class MedusaDecoder(SpeculativeDecoder):
       h = jnp.zeros(tokens.shape + (mc.hidden_size,), jnp.float32)
       return medusa_hidden(dp[MEDUSA_KEY], h, config=mc)
 
-    return body, self.dp, self.tc
+    return body, self.params, self.tc
 
-  def _step_fn(self, sampling):
-    return functools.partial(medusa_step, target_config=self.tc, medusa_config=self.mc,
-                             tree=self.medusa_tree, bounds=self.tree, sampling=sampling)
+  def draft_width(self) -> int:
+    return self.tc.hidden_size
 
-  def _place_draft(self, draft_params, mesh):
-    """On a mesh: a shared LM head split by rows as the target's, the heads (and a subset's
-    rows) replicated."""
-    return {k: sharding.shard_rows(v, mesh) if k == "lm_head" else sharding.replicate(v, mesh)
-            for k, v in draft_params.items()}
 
-  def _compile_start(self, sampling, B, T, S, dtype):
-    tcache = self._abstract_cache(self.tc, B, S, dtype)
-    i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
-    # as plain decoding's prefill (the bf16 GEMM for a bf16 target), so outputs stay identical
-    lowering = self.lowering.replace(bf16_blocks=prefill_in_bf16(self.tp))
-    prefill = jax.jit(lowered(functools.partial(_medusa_prefill, target_config=self.tc,
-                                                sampling=sampling), lowering),
-                      donate_argnums=(3,)).lower(
-        self.tp, i32(B, T), i32(B), tcache, jax.random.key(0)).compile()
+class MedusaDecoder(SpeculativeEngine):
+  """Medusa-1 heads drafting a static tree for their own target (`MedusaProposer`).
 
-    def start(tokens, lengths, prompt_last, key):
-      del prompt_last
-      first, tc, h = prefill(self.tp, tokens, lengths, self._cache(self.tc, B, S, dtype), key)
-      return first, MedusaState(target_cache=tc, last=first, hidden=h)
+      dec = MedusaDecoder(target_params, target_config, heads, medusa_config,
+                          choices=[[0], [1], [0, 0], [0, 1], [0, 0, 0]])
+      res = dec.generate(prompts, max_new_tokens=128)
+  """
 
-    state = MedusaState(target_cache=tcache, last=i32(B),
-                        hidden=jax.ShapeDtypeStruct((B, self.tc.hidden_size), dtype))
-    return start, state
+  def __init__(self, target_params, target_config: LlamaLikeConfig, medusa_params,
+               medusa_config: MedusaConfig, *, choices: Sequence[Sequence[int]],
+               layout: str = "auto", draft_vocab: VocabSubset | None = None, mesh=None):
+    super().__init__(target_params, target_config, MedusaProposer(
+        target_params, target_config, medusa_params, medusa_config, choices=choices,
+        draft_vocab=draft_vocab), layout=layout, mesh=mesh)
 
 
 def medusa_choices_for(num_heads: int, top_k: int) -> list[list[int]]:

@@ -35,27 +35,15 @@ rejection (`verify_tree_sampling`), the multi-draft form of the same rule.
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 from typing import Sequence
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from vocabjax import sharding
-from vocabjax.decoding.autoregressive import (GenerationResult, abstract_cache, compile_prefill,
-                                              request)
-from vocabjax.decoding.base import DecodingMethod
-from vocabjax.decoding.engine import ProgramCache, fold_in, host_loop
-from vocabjax.sampling import SamplingParams
-from vocabjax.decoding.speculative import SpecStats
-from vocabjax.decoding.tree import TreeBounds, verify_tree
-from vocabjax.decoding.verify import verify_chain
-from vocabjax.lowering import decoding_lowering, lowered, step_lowering
-from vocabjax.models.cache import KVCache
+from vocabjax.decoding.proposer import Context, Drafts, Prefilled, Proposer
+from vocabjax.decoding.speculative import SpeculativeEngine
+from vocabjax.decoding.tree import TreeBounds
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import compute_dtype
+from vocabjax.sampling import SamplingParams
 
 
 def lookup_drafts(seq: np.ndarray, gamma: int, max_ngram: int = 3,
@@ -137,183 +125,79 @@ def trie_block(hist: Sequence[np.ndarray], active, gamma: int, max_ngram: int, m
   return tok, parent, depth, np.array([len(t[0]) for t in tries], np.int32)
 
 
-@dataclasses.dataclass
-class LookupStats(SpecStats):
-  """SpecStats where a step may propose no drafts (no match): every active step counts."""
-
-  active: list[list[bool]] = dataclasses.field(default_factory=list)  # [steps][B]
-
-  @property
-  def target_forwards(self) -> int:
-    """Verifications after the prefill, with or without drafts."""
-    return len(self.drafted)
-
-  @property
-  def tau(self) -> float:
-    steps = sum(a for row in self.active for a in row)
-    acc = sum(a for row in self.accepted for a in row)
-    return (acc + steps) / steps if steps else float("nan")
-
-  def record(self) -> dict:
-    """Totals for an eval record: steps that found a match, and all verifications."""
-    matched = sum(1 for row in self.drafted for d in row if d)
-    return {"matched_steps": matched, "verifications": len(self.drafted)}
-
-
-def pld_step(params, cache: KVCache, tokens, n_valid, key, *, config: LlamaLikeConfig,
-             sampling: SamplingParams):
-  """Verify tokens [B, g + 1] = [last, d_1 .. d_g] (drafts past n_valid [B] are padding).
-
-  The cache holds every committed token except `last`. Returns (cache, next last [B],
-  emitted [B, g + 1] with -1 after the emitted tokens, accepted [B]).
-  """
-  v = verify_chain(params, tokens[:, 0], tokens[:, 1:], cache, key, target_config=config,
-                   sampling=sampling, n_valid=n_valid)
-  return v.target_cache, v.next, v.emitted, v.accepted
-
-
-def pld_tree_step(params, cache: KVCache, tokens, parent, depth, key, *,
-                  config: LlamaLikeConfig, sampling: SamplingParams, tree: TreeBounds):
-  """Verify the trie tokens [B, n + 1] = [last, nodes] (parent [B, n]: 0 the root, j + 1 node
-  j; a padding node is its own parent; depth [B, n]). Returns what `pld_step` returns, emitted
-  [B, G + 1]."""
-  v = verify_tree(params, tokens[:, 0], tokens[:, 1:], parent, depth, cache, key,
-                  target_config=config, tree=tree, sampling=sampling)
-  return v.target_cache, v.next.astype(jnp.int32), v.emitted, v.accepted
-
-
-class PromptLookupDecoder(DecodingMethod):
-  """Prompt lookup decoding of one target; greedy output equals `Decoder.generate`'s."""
+class LookupProposer(Proposer):
+  """Prompt lookup's drafts (module doc): found on the host (the host hook) before each step,
+  a chain of up to `gamma` tokens (`candidates` 1) or a trie of up to `candidates` x `gamma`
+  nodes; no device state, no weights."""
 
   method = "pld"
+  host_hook = True
+
+  def __init__(self, *, gamma: int = 4, max_ngram: int = 3, min_ngram: int = 1,
+               candidates: int = 1):
+    check_lookup(gamma, max_ngram, min_ngram, candidates)
+    self.gamma, self.max_ngram, self.min_ngram = gamma, max_ngram, min_ngram
+    self.candidates = candidates
+    self.params = {}
+    # the tree's bounds: siblings <= candidates, depth <= gamma (nodes <= candidates * gamma)
+    self.tree = self.bounds = TreeBounds(top_k=candidates, depth=gamma)
+    self.drafted_per_step = candidates * gamma
+    self.extra_slots = candidates * gamma + 1
+
+  def key(self):
+    return ("pld", self.gamma, self.candidates)
+
+  def host_block(self, history, active):
+    """A chain's drafts [B, M] (M: the longest this step) and their counts [B], or a trie's
+    tokens, parent and depth [B, n] (n: the most nodes of a row)."""
+    if self.candidates > 1:
+      tok, parent, depth, nodes = trie_block(history, active, self.gamma, self.max_ngram,
+                                             self.min_ngram, self.candidates)
+      return (tok, parent, depth), nodes
+    drafts = [lookup_drafts(h, self.gamma, self.max_ngram, self.min_ngram) if a else
+              np.zeros(0, np.int64) for h, a in zip(history, active)]
+    n_valid = np.array([len(d) for d in drafts], np.int32)
+    block = np.zeros((len(drafts), int(n_valid.max())), np.int32)
+    for b, d in enumerate(drafts):
+      block[b, :len(d)] = d
+    return (block, n_valid), n_valid
+
+  def host_shapes(self, B: int = 1):
+    if self.candidates > 1:
+      return [((B, n), (B, n), (B, n)) for n in range(self.candidates * self.gamma + 1)]
+    return [((B, M), (B,)) for M in range(self.gamma + 1)]
+
+  def prefill(self, params, target_params, pre: Prefilled):
+    return ()
+
+  def propose(self, params, state, ctx: Context, key, *, sampling: SamplingParams, keep=None):
+    del key, sampling, keep
+    if self.candidates > 1:
+      tok, parent, depth = ctx.host
+      return Drafts(tokens=tok, parent=parent, depth=depth, bounds=self.bounds), state
+    block, n_valid = ctx.host
+    return Drafts(tokens=block, n_valid=n_valid), state
+
+  def commit(self, params, state, ctx: Context, drafts: Drafts, verdict):
+    return state
+
+  def record(self, stats) -> dict:
+    """Totals for an eval record: steps that found a match, and all verifications."""
+    matched = sum(1 for row in stats.drafted for d in row if d)
+    return {"matched_steps": matched, "verifications": len(stats.drafted)}
+
+
+class PromptLookupDecoder(SpeculativeEngine):
+  """Prompt lookup decoding of one target (`LookupProposer`); greedy output equals
+  `Decoder.generate`'s. `mesh`: a ("data", "model") mesh (`vocabjax.sharding`): the target is
+  placed on it (weights [out, in]), the cache rows over "data" and KV heads over "model";
+  prefill and every verification run partitioned, the cache keeping its sharding from step to
+  step (the drafts are looked up on the host either way). The result's `stats` is a SpecStats
+  whose `drafted` counts each row's looked-up drafts; `steps` counts target forwards after the
+  prefill."""
 
   def __init__(self, target_params, target_config: LlamaLikeConfig, *, gamma: int = 4,
                max_ngram: int = 3, min_ngram: int = 1, candidates: int = 1, mesh=None):
-    """`mesh`: a ("data", "model") mesh (`vocabjax.sharding`): the target is placed on it
-    (weights [out, in]), the cache rows over "data" and KV heads over "model"; prefill and
-    every verification run partitioned, the cache keeping its sharding from step to step (the
-    drafts are looked up on the host either way)."""
-    check_lookup(gamma, max_ngram, min_ngram, candidates)
-    self.tc, self.mesh = target_config, mesh
-    self.lowering = decoding_lowering(mesh=mesh)  # as `SpeculativeDecoder`'s
-    self.tp = target_params if mesh is None else sharding.shard_params(target_params,
-                                                                       target_config, mesh)
-    self.gamma, self.max_ngram, self.min_ngram = gamma, max_ngram, min_ngram
-    self.candidates = candidates
-    # the tree's bounds: siblings <= candidates, depth <= gamma (nodes <= candidates * gamma)
-    self.tree = TreeBounds(top_k=candidates, depth=gamma)
-    self.drafted_per_step = candidates * gamma
-    self.extra_slots = candidates * gamma + 1
-    self.verify_tokens = candidates * gamma + 1
-    self._programs = ProgramCache()  # the prefills, the chain steps (per M), the tree steps
-
-  def _jit_step(self, fn, cache):
-    """`jax.jit(fn)` lowered as the decoder's steps (`self.lowering`, see
-    `SpeculativeDecoder`) with the cache donated; on a mesh the cache keeps its sharding out
-    of the step and the step's other outputs come back replicated (for the host)."""
-    fn = lowered(fn, step_lowering(self.lowering))
-    if self.mesh is None:
-      return jax.jit(fn, donate_argnums=(1,))
-    rep = sharding.replicated(self.mesh)
-    return jax.jit(fn, donate_argnums=(1,), out_shardings=(
-        jax.tree.map(lambda x: x.sharding, cache), rep, rep, rep))
-
-  def _new_cache(self, B: int, S: int, dtype) -> KVCache:
-    cache = KVCache.init(self.tc, B, S, dtype)
-    return cache if self.mesh is None else sharding.shard_cache(cache, self.tc, self.mesh)
-
-  def programs(self, sampling: SamplingParams, B: int, T: int, S: int, dtype):
-    """(prefill, step, the prefill's compile seconds) for these shapes; `step(M)` is (the
-    chain step verifying M drafts, seconds spent compiling it now): a step compiles when its
-    draft count is first met (0 when it was compiled before), as the tree steps do."""
-    name = jnp.dtype(dtype).name
-    prefill, seconds = self._programs.get(("prefill", sampling, B, T, S, name), lambda: (
-        compile_prefill(self.tp, self.tc, sampling, B, T,
-                        abstract_cache(self.tc, B, S, dtype, self.mesh), self.lowering)))
-
-    def step(M: int):
-      def build():
-        cache = abstract_cache(self.tc, B, S, dtype, self.mesh)
-        fn = self._jit_step(functools.partial(pld_step, config=self.tc, sampling=sampling),
-                            cache)
-        i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
-        return fn.lower(self.tp, cache, i32(B, M + 1), i32(B), jax.random.key(0)).compile()
-
-      if not 0 <= M <= self.gamma:
-        raise ValueError(f"a chain step verifies 0..gamma={self.gamma} drafts, got M={M}")
-      return self._programs.get(("chain", sampling, B, S, name, M), build)
-
-    return prefill, step, seconds
-
-  def tree_program(self, sampling: SamplingParams, B: int, S: int, dtype, n: int):
-    """The compiled tree verification of n nodes (`pld_tree_step`), and its compile seconds
-    (0 when it was compiled before: programs are kept per node count and cache size)."""
-    def build():
-      cache = abstract_cache(self.tc, B, S, dtype, self.mesh)
-      i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
-      fn = self._jit_step(functools.partial(pld_tree_step, config=self.tc, sampling=sampling,
-                                            tree=self.tree), cache)
-      return fn.lower(self.tp, cache, i32(B, n + 1), i32(B, n), i32(B, n),
-                      jax.random.key(0)).compile()
-
-    return self._programs.get(("tree", sampling, B, S, jnp.dtype(dtype).name, n), build)
-
-  def _tree_block(self, hist, active, last_np):
-    """(tokens [B, n + 1], parent [B, n], depth [B, n], nodes per row) of this step's tries."""
-    tok, parent, depth, nodes = trie_block(hist, active, self.gamma, self.max_ngram,
-                                           self.min_ngram, self.candidates)
-    return np.concatenate([np.asarray(last_np, np.int32)[:, None], tok], 1), parent, depth, nodes
-
-  def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
-               sampling: SamplingParams = SamplingParams(), seed: int = 0,
-               eos_token_ids: Sequence[int] = (), max_len: int | None = None,
-               stop_strings: Sequence[str] = (), tokenizer=None,
-               streamer=None) -> GenerationResult:
-    """Generate like `Decoder.generate`; `stats` is a LookupStats, `steps` counts target
-    forwards after the prefill."""
-    req = request(prompts, max_new_tokens=max_new_tokens, sampling=sampling, config=self.tc,
-                  max_len=max_len, extra_slots=self.extra_slots, method=self.method,
-                  mesh=self.mesh, seed=seed, eos_token_ids=eos_token_ids,
-                  stop_strings=stop_strings, tokenizer=tokenizer, streamer=streamer)
-    B, S, dtype = req.B, req.S, compute_dtype(self.tp)
-    prefill, steps, compile_s = self.programs(sampling, B, req.T, S, dtype)
-    stats = LookupStats(drafted=[], accepted=[])
-
-    def start():
-      last, cache = prefill(self.tp, jnp.asarray(req.tokens), jnp.asarray(req.lengths),
-                            self._new_cache(B, S, dtype), fold_in(req.key, 0))
-      if self.mesh is not None:  # the steps' cache sharding (the prefill's output may differ)
-        cache = jax.device_put(cache, jax.tree.map(
-            lambda x: x.sharding, abstract_cache(self.tc, B, S, dtype, self.mesh)))
-      last_np = np.asarray(last)
-      hist = [np.append(np.asarray(p, np.int64), t) for p, t in zip(req.prompts, last_np)]
-      return last_np, (cache, last_np, hist)  # committed tokens per row: prompt + first token
-
-    def advance(carry, i, key, active):
-      cache, last_np, hist = carry
-      # a step program compiles when its node count (tree) or draft count (chain) is first met
-      if self.candidates > 1:
-        block, parent, depth, n_valid = self._tree_block(hist, active, last_np)
-        prog, compiled = self.tree_program(sampling, B, S, dtype, block.shape[1] - 1)
-        cache, last, emitted, n = prog(self.tp, cache, jnp.asarray(block), jnp.asarray(parent),
-                                       jnp.asarray(depth), key)
-      else:
-        drafts = [lookup_drafts(h, self.gamma, self.max_ngram, self.min_ngram) if a else
-                  np.zeros(0, np.int64) for h, a in zip(hist, active)]
-        n_valid = np.array([len(d) for d in drafts], np.int32)
-        M = int(n_valid.max())
-        block = np.zeros((B, M + 1), np.int32)
-        block[:, 0] = last_np
-        for b, d in enumerate(drafts):
-          block[b, 1:1 + len(d)] = d
-        prog, compiled = steps(M)
-        cache, last, emitted, n = prog(self.tp, cache, jnp.asarray(block),
-                                       jnp.asarray(n_valid), key)
-      last_np, emitted, n = np.asarray(last), np.asarray(emitted), np.asarray(n)
-      stats.drafted.append([int(v) if a else 0 for v, a in zip(n_valid, active)])
-      stats.accepted.append([int(x) if a else 0 for x, a in zip(n, active)])
-      stats.active.append([bool(a) for a in active])
-      hist = [np.concatenate([h, e[:k + 1]]) for h, e, k in zip(hist, emitted, n)]
-      return (cache, last_np, hist), emitted, compiled
-
-    return host_loop(req, start, advance, compile_s=compile_s, stats=stats)
+    super().__init__(target_params, target_config, LookupProposer(
+        gamma=gamma, max_ngram=max_ngram, min_ngram=min_ngram, candidates=candidates),
+        mesh=mesh)

@@ -162,8 +162,7 @@ def skipped_drafting(stats) -> dict:
   """`run_split`'s keywords for a run whose steps may skip drafting (a LookupStats: prompt
   lookup, gated EAGLE, eagle_pld), from its per-step counts; {} for a method that drafts in
   every step. A batched step drafts when any of its rows does."""
-  active = getattr(stats, "active", None)
-  if active is None:
+  if not getattr(stats, "active", None):  # no per-row activity recorded: drafts every step
     return {}
   verified = sum(1 for row in stats.drafted if any(row))
   head = getattr(stats, "head", None)  # eagle_pld: steps where its head drafted

@@ -1,84 +1,100 @@
-"""Chain and tree speculative decoding with an independent drafter (Leviathan et al. 2023).
+"""The speculative engine: one request path, one prefill, one step, one program cache, for
+every proposer (`vocabjax.decoding.proposer`).
 
-Letters: B batch, G gamma (drafts per step), T prompt block, S cache slots, V vocabulary.
+Letters: B batch, n drafts (a chain) or tree nodes, T prompt block, S cache slots, V vocabulary.
 
-One step, compiled once per configuration: the drafter proposes G tokens, the target scores
-[last, d_1 .. d_G] in one forward, verification keeps a prefix and emits one more token, and
-both caches are rolled back by resetting their lengths. Rows of a batch accept different
-numbers of tokens; everything is per row.
+    engine = SpeculativeEngine(target_params, target_config, ChainProposer(dp, dc, gamma=4))
+    res = engine.generate(prompts, max_new_tokens=128)
 
-Cache invariants at the start of a step (N[b] = target cache length):
-  target: holds every committed token except `last` (N entries);
-  drafter: holds every committed token except the last `pending` (1 or 2) of them. After a
-    fully accepted block the drafter never saw d_G (pending 2), so the next step's first
-    drafting call feeds [prev = d_G, last] as one two-token call (or, on XLA:CPU without the
-    CPU kernel, a conditional T=1 catch-up call first).
+One step, compiled once per (proposer, sampling, shapes, lowering): the proposer proposes
+(`propose`: a chain with its draft law, or a tree with its parents and depths), the target scores
+[last, drafts] in one forward and verification keeps a prefix or path and emits one more token
+(`verify_chain` / `verify_tree`, lossless for sampled and deterministic drafts alike), the
+target cache is rolled back or compacted, and the proposer updates its own state from the
+verdict (`commit`). A gated proposer (EAGLE's confidence) may leave every row undrafted: the
+step then verifies its `fallback` (the roots alone, or a lookup trie) instead, and skips the
+drafting (`jax.lax.cond`). A proposer with a host hook (prompt lookup, SuffixDecoding) gives
+each step host arrays; a step program is compiled per block shape when first met.
 
-`draft_vocab` swaps the drafter's vocabulary policy: a static subset (`VocabSubset`, VocabTrim /
-FR-Spec) for `vocabjax.vocab.subset.static_policy`, a ranker (`SpeculativeVocab`, SpecVocab) for
-`vocabjax.vocab.ranked.ranked_policy`. Only the candidates' rows are multiplied, drafts and q
-stay over the target's ids (q = 0 outside the candidates), and verification is unchanged.
+The classic constructors stay: `ChainDecoder` and `TreeDecoder` (a same-vocabulary drafter
+model, `drafter.ChainProposer` / `TreeProposer`), `EagleDecoder`, `MedusaDecoder`,
+`PromptLookupDecoder`, `EagleLookupDecoder` are this engine with their proposer.
+
+`draft_vocab` swaps a model drafter's vocabulary policy: a static subset (`VocabSubset`,
+VocabTrim / FR-Spec) for `vocabjax.vocab.subset.static_policy`, a ranker (`SpeculativeVocab`,
+SpecVocab) for `vocabjax.vocab.ranked.ranked_policy`. Only the candidates' rows are
+multiplied, drafts and q stay over the target's ids (q = 0 outside the candidates), and
+verification is unchanged.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Sequence
+from typing import Any, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from vocabjax import sharding
 from vocabjax.decoding.autoregressive import (GenerationResult, abstract_cache, cache_slots,
-                                              compile_prefill, request)
+                                              prefill_in_bf16, request)
 from vocabjax.decoding.base import DecodingMethod
-from vocabjax.decoding.engine import ProgramCache, Request, fold_in, host_loop
-from vocabjax.sampling import SamplingParams
-from vocabjax.decoding.tree import TreeParams, TreeState, tree_step
+from vocabjax.decoding.drafter import (DRAFT_PREFILLS, ChainProposer, DraftVocab,  # noqa: F401
+                                       TreeProposer, block_layout, check_draft_prefill,
+                                       compile_draft_prefill, fold_catch_up,
+                                       lowering_folds_catch_up, model_body)
+from vocabjax.decoding.engine import (KEY, ProgramCache, ProgramKey, abstract_arg, fold_in,
+                                      host_loop, placed_like)
+from vocabjax.decoding.proposer import Context, Drafts, Prefilled, Proposer
+from vocabjax.decoding.tree import TreeParams, verify_tree
 from vocabjax.decoding.verify import verify_chain
-from vocabjax.kernels import cpu_matmul
-from vocabjax.lowering import (Lowering, decoding_lowering, default_cpu_kernel, lowered,
-                               lowering_of, step_lowering, target_platform)
+from vocabjax.lowering import decoding_lowering, step_lowering, with_lowering
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import compute_dtype, forward, with_mlp_layout
-from vocabjax import sharding
-from vocabjax.vocab.policy import POLICY_STATE, Policy, draft_choice, full_policy
-from vocabjax.vocab.ranked import SpeculativeVocab
-from vocabjax.vocab.subset import VocabSubset
-
-DraftVocab = VocabSubset | SpeculativeVocab  # a static subset or a ranker's per-step candidates
-DRAFT_PREFILLS = ("bf16", "exact")  # the drafter's prompt prefill: see `compile_draft_prefill`
-
+from vocabjax.models.llamalike import (compute_dtype, forward, forward_features, lm_head,
+                                       with_mlp_layout)
+from vocabjax.sampling import SamplingParams, sample
 
 @struct.dataclass
-class ChainState:
-  """Loop state of chain speculative decoding; fixed shapes, one row per sequence."""
+class EngineState:
+  """The loop state of every speculative method; fixed shapes, one row per sequence."""
 
   target_cache: KVCache  # every committed token except `last`
-  draft_cache: KVCache  # every committed token except the last `pending`
-  last: jax.Array  # [B] int32 newest committed token (fed to both models next step)
-  prev: jax.Array  # [B] int32 the committed token before `last`
-  pending: jax.Array  # [B] int32 in {1, 2}: committed tokens the drafter has not seen
+  last: jax.Array  # [B] int32 the newest committed token (the next step's root)
+  draft: Any  # the proposer's state
 
 
 @dataclasses.dataclass
 class SpecStats:
-  """Per-step, per-row counts of a speculative run (rows count only while active)."""
+  """Per-step, per-row counts of a speculative run (rows count only while active): the one
+  stats record of every proposer. `counts` holds a proposer's own per-step counts by name
+  (prompt lookup's nodes, a gated head's rows), also read as attributes (`stats.head`)."""
 
-  drafted: list[list[int]]  # [steps][B] drafts proposed (0 once a row finished)
+  drafted: list[list[int]]  # [steps][B] drafts proposed (0 once a row finished, or undrafted)
   accepted: list[list[int]]  # [steps][B] drafts accepted
+  active: list[list[bool]] = dataclasses.field(default_factory=list)  # [steps][B]
+  counts: dict = dataclasses.field(default_factory=dict)  # name -> [steps][B]
+  proposer: Any = dataclasses.field(default=None, repr=False)
+
+  def __getattr__(self, name):
+    counts = self.__dict__.get("counts") or {}
+    if name in counts:
+      return counts[name]
+    raise AttributeError(name)
 
   @property
   def target_forwards(self) -> int:
-    return sum(1 for row in self.drafted if any(row))
+    """Verifications after the prefill (one per step, with or without drafts)."""
+    return len(self.drafted)
 
   @property
   def tau(self) -> float:
     """Mean tokens emitted per verification (accepted + 1), over active rows and steps."""
-    steps = sum(1 for row in self.drafted for d in row if d)
+    steps = (sum(a for row in self.active for a in row) if self.active
+             else sum(1 for row in self.drafted for d in row if d))
     acc = sum(a for row in self.accepted for a in row)
     return (acc + steps) / steps if steps else float("nan")
 
@@ -88,304 +104,326 @@ class SpecStats:
     acc = sum(a for row in self.accepted for a in row)
     return acc / drafted if drafted else float("nan")
 
+  def add(self, name: str, row: list) -> None:
+    """One step's per-row values of the count `name`."""
+    self.counts.setdefault(name, []).append(row)
+
   def record(self) -> dict:
-    """Method-specific totals for an eval record (subclasses add theirs; none here)."""
-    return {}
+    """Method-specific totals for an eval record (the proposer's `record`)."""
+    return self.proposer.record(self) if self.proposer is not None else {}
 
 
-def chain_step(target_params, draft_params, state: ChainState, key, *, target_config,
-               draft_config, gamma: int, sampling: SamplingParams,
-               draft_policy: Policy | None = None):
-  """Draft gamma tokens, verify them in one target forward, accept, roll back the caches.
-
-  `draft_policy`: the drafter's vocabulary policy (`vocabjax.vocab.policy`; default: its full
-  LM head). Returns (state, emitted [B, gamma + 1] with -1 after the emitted tokens,
-  accepted [B]).
-  """
-  policy = draft_policy or full_policy(draft_config)
-  V = target_config.vocab_size
-  G = gamma
-  N = state.target_cache.lengths
-  keys = jax.random.split(key, G + 1)
-
-  # The first drafting call feeds [prev, last] at slots [N - 1, N]: after a fully accepted
-  # block the drafter never saw d_G (= prev), and otherwise prev's entry is already cached
-  # and is written again from the same context. With the CPU kernel (or any GPU/TPU) a
-  # two-token call costs about one one-token call, so this is cheaper than a separate
-  # catch-up call after every fully accepted block (which XLA:CPU's dot needed: there a
-  # T=2 forward cost ~2.4 T=1 forwards, and a conditional T=1 call is used instead).
-  if lowering_folds_catch_up(lowering_of(draft_params)):
-    pair = jnp.stack([state.prev, state.last], axis=1)
-    h, dcache = forward(draft_params, pair, (N - 1)[:, None] + jnp.arange(2)[None],
-                        state.draft_cache.with_lengths(N - 1), config=draft_config)
+def engine_prefill(target_params, draft_params, tokens, prompt_lengths, target_cache, caches,
+                   key, *, target_config: LlamaLikeConfig, sampling: SamplingParams,
+                   proposer: Proposer):
+  """The target's prefill (with the features the proposer reads), its first token, and the
+  proposer's state from the prompt: (first [B], EngineState)."""
+  B, T = tokens.shape
+  positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+  feats = None
+  if proposer.feature_layers:
+    hidden, tcache, feats = forward_features(target_params, tokens, positions, target_cache,
+                                             config=target_config,
+                                             layers=proposer.feature_layers, fresh=True,
+                                             valid_lengths=prompt_lengths)
   else:
-    def catch_up(cache):
-      need = state.pending == 2
-      pos = jnp.where(need, N - 1, N)
-      tok = jnp.where(need, state.prev, state.last)
-      _, cache = forward(draft_params, tok[:, None], pos[:, None], cache.with_lengths(pos),
-                         config=draft_config)
-      return cache
-
-    dcache = jax.lax.cond(jnp.any(state.pending == 2), catch_up, lambda c: c,
-                          state.draft_cache)
-    h, dcache = forward(draft_params, state.last[:, None], N[:, None], dcache.with_lengths(N),
-                        config=draft_config)
-  d0, q0 = draft_choice(policy, draft_params, h[:, -1], keys[0], sampling, V)
-
-  def body(carry, i):
-    tok, cache = carry
-    h, cache = forward(draft_params, tok[:, None], (N + i)[:, None], cache, config=draft_config)
-    d, q = draft_choice(policy, draft_params, h[:, -1], keys[i], sampling, V)
-    return (d, cache), (d, q)
-
-  (_, dcache), (ds, qs) = jax.lax.scan(body, (d0, dcache), jnp.arange(1, G))
-  ds = jnp.concatenate([d0[None], ds])
-  qs = None if q0 is None else jnp.concatenate([q0[None], qs])  # greedy drafts carry no q
-  drafts = ds.T  # scan stacks on axis 0: [G, B] -> [B, G]
-
-  v = verify_chain(target_params, state.last, drafts, state.target_cache, keys[G],
-                   target_config=target_config, sampling=sampling,
-                   q=None if qs is None else jnp.moveaxis(qs, 0, 1))  # q [B, G, V]
-  n = v.accepted
-  new_n = N + 1 + n
-  pending = jnp.where(n == G, 2, 1).astype(jnp.int32)
-  committed = jnp.concatenate([state.last[:, None], drafts], axis=1)
-  prev = jnp.take_along_axis(committed, n[:, None], axis=1)[:, 0]
-  new_state = ChainState(target_cache=v.target_cache,
-                         draft_cache=dcache.with_lengths(new_n + 1 - pending),
-                         last=v.next, prev=prev, pending=pending)
-  return new_state, v.emitted, n
+    hidden, tcache = forward(target_params, tokens, positions, target_cache,
+                             config=target_config, fresh=True, valid_lengths=prompt_lengths)
+  tcache = tcache.with_lengths(prompt_lengths)
+  last = jnp.take_along_axis(hidden, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
+  first = sample(key, lm_head(target_params, last, config=target_config), sampling)
+  state = proposer.prefill(draft_params, target_params,
+                           Prefilled(tokens=tokens, lengths=prompt_lengths, first=first,
+                                     hidden=last, features=feats, caches=caches))
+  return first, EngineState(target_cache=tcache, last=first, draft=state)
 
 
-def fold_catch_up(backend: str | None = None, cpu_kernel: bool | None = None) -> bool:
-  """Whether chain drafting starts with a two-token call (see `chain_step`): everywhere but
-  on XLA:CPU without the CPU kernel (`backend`: the program's `Lowering.platform`;
-  `cpu_kernel`: its `Lowering.cpu_kernel`; None: the defaults of decoders built now)."""
-  return block_layout(backend, cpu_kernel) == "out_in"
+def verify(target_params, state: EngineState, drafts: Drafts, key, *,
+           target_config: LlamaLikeConfig, sampling: SamplingParams, feature_layers=None):
+  """The verifier a proposal calls for: `verify_chain` for a chain (parent None), else
+  `verify_tree` (with the target's features of `feature_layers` on the path)."""
+  if drafts.parent is None:
+    return verify_chain(target_params, state.last, drafts.tokens, state.target_cache, key,
+                        target_config=target_config, sampling=sampling, q=drafts.q,
+                        n_valid=drafts.n_valid)
+  return verify_tree(target_params, state.last, drafts.tokens, drafts.parent, drafts.depth,
+                     state.target_cache, key, target_config=target_config, tree=drafts.bounds,
+                     sampling=sampling, feature_layers=feature_layers)
 
 
-def lowering_folds_catch_up(lowering: Lowering) -> bool:
-  """`fold_catch_up` for a traced program's `lowering` (read from it, nothing else: an
-  untagged program, platform "", folds, which is exact on every platform)."""
-  return fold_catch_up(lowering.platform or "any", lowering.cpu_kernel)
+def engine_step(target_params, draft_params, state: EngineState, key, *host,
+                target_config: LlamaLikeConfig, sampling: SamplingParams, proposer: Proposer):
+  """Propose, verify, commit. Returns (state, emitted [B, W] with -1 after each row's tokens,
+  accepted [B], *the proposer's counts [B], and, when gated, which rows drafted [B])."""
+  ctx = Context(last=state.last, lengths=state.target_cache.lengths, host=tuple(host))
+  k_draft, k_verify = jax.random.split(key)
+  keep, pre = proposer.gate(draft_params, state.draft, ctx)
+
+  def run(proposal):
+    drafts, dstate = proposal()
+    v = verify(target_params, state, drafts, k_verify, target_config=target_config,
+               sampling=sampling, feature_layers=proposer.feature_layers)
+    dstate = proposer.commit(draft_params, dstate, ctx, drafts, v)
+    counts = proposer.step_counts(drafts, v)
+    return (EngineState(target_cache=v.target_cache, last=v.next.astype(jnp.int32),
+                        draft=dstate), v.emitted, v.accepted, tuple(counts))
+
+  def drafted():
+    return run(lambda: proposer.propose(draft_params, pre, ctx, k_draft, sampling=sampling,
+                                        keep=keep))
+
+  if keep is None:
+    new, emitted, n, counts = drafted()
+    return (new, emitted, n, *counts)
+  # XLA runs the taken branch only: where no row drafts, the step costs about a plain one
+  new, emitted, n, counts = jax.lax.cond(
+      jnp.any(keep), drafted, lambda: run(lambda: proposer.fallback(draft_params, pre, ctx)))
+  return (new, emitted, n, *counts, keep)
 
 
-def block_layout(backend: str | None = None, cpu_kernel: bool | None = None) -> str:
-  """MLP weight layout for programs that run T > 1 tokens: PyTorch's [out, in] (what the CPU
-  kernel `vocabjax.kernels.cpu_matmul` streams, and what GPU/TPU compilers lay out
-  themselves); [in, out] only on XLA:CPU without the kernel, where Eigen's GEMM repacks
-  [out, in] weights on every call (see `with_mlp_layout`). `backend`: the platform the
-  programs are built for (None: `lowering.target_platform()`, read when a decoder is built,
-  never while tracing); `cpu_kernel`: whether the programs use the kernel (None:
-  `lowering.default_cpu_kernel()`, what decoders built now use)."""
-  if (backend or target_platform()) != "cpu":
-    return "out_in"
-  kernel = default_cpu_kernel() if cpu_kernel is None else cpu_kernel
-  return "out_in" if kernel and cpu_matmul.available() else "in_out"
+class SpeculativeEngine(DecodingMethod):
+  """One target and one proposer: requests, prefill, steps, programs and statistics (module
+  doc). `layout`: the MLP weight layout ("auto": `block_layout` for the target, and for the
+  proposer's model where its calls feed blocks). `mesh`: a ("data", "model") mesh
+  (`vocabjax.sharding`): the target and the proposer's params are placed on it
+  (tensor-parallel heads / MLP, vocabulary-split LM heads; a policy's arrays and a head's
+  weights replicated), the caches and the loop state row over "data", and every program runs
+  partitioned (module doc of `vocabjax.sharding`)."""
 
-
-class SpeculativeDecoder(DecodingMethod):
-  """Shared host loop of chain and tree speculative decoding (subclasses define the step)."""
-
-  method = "speculative"
-
-  draft_block_calls = False  # whether the drafter's calls feed T > 1 tokens (layout choice)
-  step_outputs = 3  # the step program returns (state, emitted, accepted, *more)
-
-  def __init__(self, target_params, target_config: LlamaLikeConfig, draft_params,
-               draft_config: LlamaLikeConfig, *, layout: str = "auto",
-               draft_vocab: DraftVocab | None = None, draft_prefill: str = "bf16", mesh=None):
-    """`draft_prefill`: "bf16" (default) runs the drafter's prompt prefill with bf16-rounded
-    activations where the CPU has AVX512-BF16 (about 2x faster; it changes only what the
-    drafter proposes, never the output), "exact" in the drafter's own precision; see
-    `compile_draft_prefill`. `mesh`: a ("data", "model") mesh (`vocabjax.sharding`): the target
-    and the drafter are placed on it (tensor-parallel heads / MLP, vocabulary-split LM heads;
-    a policy's arrays and a head-drafter's weights replicated), the caches and every loop state
-    row over "data", and every program runs partitioned (module doc of `vocabjax.sharding`)."""
-    check_draft_prefill(draft_prefill)
-    self.mesh = mesh
-    # what every program of this decoder lowers with (`vocabjax.lowering`): on a mesh XLA's
+  def __init__(self, target_params, target_config: LlamaLikeConfig, proposer: Proposer, *,
+               layout: str = "auto", mesh=None):
+    if not isinstance(proposer, Proposer):
+      raise TypeError(f"a SpeculativeEngine runs a Proposer, got {type(proposer).__name__}")
+    self.proposer, self.mesh = proposer, mesh
+    self.method = proposer.method
+    # what every program of this engine lowers with (`vocabjax.lowering`): on a mesh XLA's
     # dot is partitioned with the weights, while the CPU kernel is one device's custom call
     # (GSPMD would gather the weights to it), so sharded programs do without it; XLA's TopK is
     # not partitioned either, so top-k over vocabulary-split logits runs as rounds of argmax,
     # and a batch's cache writes as one update per row
     self.lowering = decoding_lowering(mesh=mesh)
     layout = mesh_layout(layout, mesh)
-    self.draft_prefill = draft_prefill
-    if draft_config.vocab_size != target_config.vocab_size:
-      raise ValueError(
-          f"drafter vocabulary V={draft_config.vocab_size} differs from the target's "
-          f"V={target_config.vocab_size}; a drafter with another tokenizer needs "
-          f"`vocabjax.decoding.crossvocab.CrossVocabDecoder` (OmniDraft), not {self.method} "
-          f"drafting")
     if layout == "auto":  # the target only ever runs blocks (prefill, verification)
       t_layout = block_layout(self.lowering.platform, self.lowering.cpu_kernel)
-      d_layout = t_layout if self.draft_block_calls else "out_in"
+      d_layout = t_layout if proposer.draft_block_calls else "out_in"
     else:
       t_layout = d_layout = layout
     self.tp, self.tc = with_mlp_layout(target_params, t_layout), target_config
-    self.dp, self.dc = self._with_draft_layout(draft_params, d_layout), draft_config
-    self.draft_policy: Policy = full_policy(draft_config)  # the drafter's vocabulary policy
-    self.draft_vocab = draft_vocab
-    if draft_vocab is not None:  # a trimmed head (VocabTrim / FR-Spec) or a ranker (SpecVocab)
-      self.dp, self.draft_policy = draft_vocab.attach(self.dp, draft_config, mesh=mesh)
+    proposer.prepare(layout=d_layout, lowering=self.lowering, mesh=mesh)
     if mesh is not None:
       self.tp = sharding.shard_params(self.tp, self.tc, mesh)
-      self.dp = self._place_draft(self.dp, mesh)
+      proposer.place(mesh, target_config)
     self._programs = ProgramCache()
 
-  def _with_draft_layout(self, draft_params, layout: str):
-    """The drafter's params with its MLP weights stored `layout` (`with_mlp_layout`)."""
-    return with_mlp_layout(draft_params, layout)
+  # --- the proposer's, as the engine's callers read them ---------------------------------------
+  @property
+  def dp(self):
+    """The proposer's params (what every step program takes after the target's)."""
+    return self.proposer.params
 
-  def _place_draft(self, draft_params, mesh):
-    """The drafter's params on `mesh`: a llama drafter by the sharding rules, its policy's
-    arrays replicated (head drafters override: their weights are small, all replicated)."""
-    rest = {k: v for k, v in draft_params.items() if k != POLICY_STATE}
-    out = sharding.shard_params(rest, self.dc, mesh)
-    if POLICY_STATE in draft_params:
-      out[POLICY_STATE] = sharding.replicate(draft_params[POLICY_STATE], mesh)
-    return out
+  @dp.setter
+  def dp(self, value):
+    self.proposer.params = value
 
-  def _cache(self, config: LlamaLikeConfig, B: int, S: int, dtype) -> KVCache:
-    """An empty cache, placed on the mesh (rows over "data", KV heads over "model")."""
-    cache = KVCache.init(config, B, S, dtype)
-    return cache if self.mesh is None else sharding.shard_cache(cache, config, self.mesh)
+  @property
+  def extra_slots(self) -> int:
+    return self.proposer.extra_slots
 
-  def _abstract_cache(self, config: LlamaLikeConfig, B: int, S: int, dtype) -> KVCache:
-    return abstract_cache(config, B, S, dtype, self.mesh)
+  @property
+  def drafted_per_step(self) -> int:
+    return self.proposer.drafted_per_step
 
-  # --- what a method defines ----------------------------------------------------------------
-  drafted_per_step: int  # drafts proposed per row per verification
-  extra_slots: int  # cache slots a step may write past max_new_tokens
-  verify_tokens: int  # target positions one step verifies per row
+  @property
+  def verify_tokens(self) -> int:
+    return self.proposer.verify_tokens
+
+  @property
+  def draft_policy(self):
+    """The drafting head the time split times (`Proposer.head_policy`)."""
+    return self.proposer.head_policy
 
   @property
   def draft_head_rows(self) -> int:
     """LM-head rows the drafter multiplies per call (K for a trimmed head, K + the ranker's
     cost in D-wide rows for a speculative vocabulary, else V)."""
-    return self.draft_vocab.head_rows if self.draft_vocab is not None else self.dc.vocab_size
+    return self.proposer.head_rows
+
+  @property
+  def times_step_parts(self) -> bool:
+    return self.proposer.drafter_body() is not None
+
+  def drafter_calls(self) -> list[tuple[int, int]]:
+    return self.proposer.drafter_calls()
+
+  def drafter_body(self):
+    return self.proposer.drafter_body()
+
+  def __getattr__(self, name):
+    # a proposer's settings read through its engine (dec.gamma, dec.tree, dec.hc, dec.dc, ...)
+    proposer = self.__dict__.get("proposer")
+    if proposer is not None and not name.startswith("_"):
+      try:
+        return getattr(proposer, name)
+      except AttributeError:
+        pass
+    raise AttributeError(f"{type(self).__name__!s} has no attribute {name!r}")
 
   def cache_len(self, longest: int, max_new_tokens: int, max_len: int | None = None) -> int:
     """Cache slots `generate` uses: `max_len`, else the longest prompt + new tokens + one
     step's extra slots, rounded up to a bucket."""
     return cache_slots(longest, max_new_tokens + self.extra_slots, max_len)
 
-  @property
-  def times_step_parts(self) -> bool:
-    return True
+  def run_record(self, result) -> dict:
+    return result.stats.record() if result.stats is not None else {}
 
-  def drafter_calls(self) -> list[tuple[int, int]]:
-    """(tokens fed, LM-head rows) per row of each drafter call in one step (for profiling)."""
-    raise NotImplementedError
+  # --- programs -------------------------------------------------------------------------------
+  def _key(self, program: str, sampling: SamplingParams, *shapes) -> ProgramKey:
+    return ProgramKey(program, self.proposer.key(), sampling, shapes, self.lowering)
 
-  def drafter_body(self):
-    """(fn(params, tokens, positions, cache) -> hidden, params, cache config): the drafter's
-    forward without its LM head (for profiling)."""
-    return functools.partial(model_body, config=self.dc), self.dp, self.dc
+  step_programs = ("step",)  # the programs one decoding step runs (`lower`'s names)
+  prefill_programs = ("prefill",)  # and the prompt's
+
+  def _placed(self, shape, dtype, B: int, rows: bool = True):
+    """An abstract argument placed as the engine's inputs are (`engine.abstract_arg`)."""
+    return abstract_arg(shape, dtype, B=B, mesh=self.mesh, like=self.tp, rows=rows)
+
+  def _abstract_caches(self, B: int, S: int, dtype):
+    """(the target's cache, {name: the proposer's caches}), abstract and placed."""
+    def cache(config):
+      c = abstract_cache(config, B, S, dtype, self.mesh)
+      return c if self.mesh is not None else placed_like(c, self.tp)
+    return cache(self.tc), {k: cache(c) for k, c in self.proposer.caches().items()}
+
+  def abstract_caches(self, B: int, S: int, dtype) -> list:
+    """Every KV cache a step holds (the target's first), abstract and placed."""
+    tcache, caches = self._abstract_caches(B, S, dtype)
+    return [tcache, *caches.values()]
+
+  def _new_caches(self, B: int, S: int, dtype):
+    def cache(config):
+      c = KVCache.init(config, B, S, dtype)
+      return c if self.mesh is None else sharding.shard_cache(c, config, self.mesh)
+    return cache(self.tc), {k: cache(c) for k, c in self.proposer.caches().items()}
+
+  def _prefill_fn(self, sampling: SamplingParams):
+    """`engine_prefill` with the target's params lowered as plain decoding's prefill (the bf16
+    GEMM for a bf16 target) and the proposer's as its prefill asks."""
+    base = self.lowering
+    t_lw = base.replace(bf16_blocks=prefill_in_bf16(self.tp))
+    d_lw = self.proposer.prefill_lowering(t_lw, base)
+    fn = functools.partial(engine_prefill, target_config=self.tc, sampling=sampling,
+                           proposer=self.proposer)
+
+    def prefill(tp, dp, *args):
+      return fn(with_lowering(tp, t_lw), with_lowering(dp, d_lw) if isinstance(dp, dict)
+                else dp, *args)
+    prefill.__name__ = f"{self.method}_prefill"
+    return prefill
 
   def _step_fn(self, sampling: SamplingParams):
-    raise NotImplementedError
+    lw = step_lowering(self.lowering)
+    fn = functools.partial(engine_step, target_config=self.tc, sampling=sampling,
+                           proposer=self.proposer)
 
-  def _lowered_step(self, sampling: SamplingParams):
-    """`_step_fn` with both models' params tagged with the decoder's step lowering."""
-    return lowered(self._step_fn(sampling), step_lowering(self.lowering), argnums=(0, 1))
+    def step(tp, dp, *args):
+      return fn(with_lowering(tp, lw), with_lowering(dp, lw) if isinstance(dp, dict) else dp,
+                *args)
+    step.__name__ = f"{self.method}_step"
+    return step
 
-  def _initial_state(self, tcache, dcache, first, prompts):
-    raise NotImplementedError
-
-  def _compile_start(self, sampling: SamplingParams, B: int, T: int, S: int, dtype):
-    """(start, abstract initial state): `start(tokens [B, T], lengths [B], prompt_last [B],
-    key) -> (first token [B], initial loop state)` runs the compiled prefills."""
-    tcache = self._abstract_cache(self.tc, B, S, dtype)
-    dcache = self._abstract_cache(self.dc, B, S, dtype)
-    i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
-    tprefill = compile_prefill(self.tp, self.tc, sampling, B, T, tcache, self.lowering)
-    dprefill = compile_draft_prefill(self.dp, self.dc, B, T, dcache, self.draft_prefill,
-                                     self.lowering)
-
-    def start(tokens, lengths, prompt_last, key):
-      first, tc = tprefill(self.tp, tokens, lengths, self._cache(self.tc, B, S, dtype), key)
-      dc = dprefill(self.dp, tokens, lengths, self._cache(self.dc, B, S, dtype))
-      return first, self._initial_state(tc, dc, first, prompt_last)
-
-    return start, jax.eval_shape(self._initial_state, tcache, dcache, i32(B), i32(B))
-
-  # --- shared -------------------------------------------------------------------------------
-  def programs(self, sampling: SamplingParams, B: int, T: int, S: int, dtype):
-    """AOT-compiled (start: the prefills of a [B, T] prompt block, step) and the seconds spent
-    compiling them now. The prefills are compiled per prompt block T; the step, whose loop
-    state holds [B, S] caches and nothing of T, once per (B, S): prompts of another length
-    bucket reuse it."""
-    name = jnp.dtype(dtype).name
-    (start, state), c1 = self._programs.get(
-        ("start", sampling, B, T, S, name),
-        lambda: self._compile_start(sampling, B, T, S, dtype))
-    if self.mesh is None:
-      step, c2 = self._programs.get(("step", sampling, B, S, name), lambda: jax.jit(
-          self._lowered_step(sampling), donate_argnums=(2,)).lower(
-              self.tp, self.dp, state, jax.random.key(0)).compile())
-      return start, step, c1 + c2
-    (state_sh, step), c2 = self._programs.get(
-        ("step", sampling, B, S, name),
-        lambda: self._compile_sharded_step(sampling, start, B, T))
-
-    def placed_start(tokens, lengths, prompt_last, key):
-      first, st = start(tokens, lengths, prompt_last, key)
-      return first, jax.device_put(st, state_sh)
-
-    return placed_start, step, c1 + c2
-
-  def _compile_sharded_step(self, sampling, start, B: int, T: int):
-    """(the loop state's shardings, step) on the mesh. The loop state keeps the shardings the
-    prefills gave it (read from one start on a dummy [B, T] prompt, counted as compile time; a
-    leaf made outside them, e.g. a row counter, is placed with its rows over "data"), in and out
-    of the step, so the loop never reshards between steps (`programs` places every start's
-    state so); the emitted tokens come back replicated."""
+  def _state_shardings(self, state, B: int):
+    """On a mesh: every KVCache of the loop state as the sharding rules place it, every other
+    leaf with its rows over "data" (where B divides) or replicated."""
     mesh = self.mesh
 
-    def placed(x):
-      if isinstance(x.sharding, jax.sharding.NamedSharding) and x.sharding.mesh == mesh:
-        return x.sharding
-      rows = x.ndim >= 1 and x.shape[0] == B and B % mesh.shape["data"] == 0
-      return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(
-          "data" if rows else None))
+    def place(node):
+      if isinstance(node, KVCache):
+        return sharding.cache_shardings(node, mesh)
+      return self._placed(node.shape, node.dtype, B).sharding
 
-    z = jnp.zeros((B, T), jnp.int32)
-    _, state = start(z, jnp.ones((B,), jnp.int32), z[:, 0], jax.random.key(0))
-    state_sh = jax.tree.map(placed, state)
-    rep = sharding.replicated(mesh)
-    step = jax.jit(self._lowered_step(sampling), donate_argnums=(2,),
-                   out_shardings=(state_sh,) + (rep,) * (self.step_outputs - 1)).lower(
-        self.tp, self.dp, jax.device_put(state, state_sh), jax.random.key(0)).compile()
-    return state_sh, step
+    return jax.tree.map(place, state, is_leaf=lambda x: isinstance(x, KVCache))
 
-  def _request(self, prompts, max_new_tokens: int, sampling: SamplingParams, seed: int,
-               eos_token_ids, max_len, stop_strings, tokenizer, streamer=None) -> Request:
-    """The request checked and laid out (`autoregressive.request`) for this decoder."""
-    return request(prompts, max_new_tokens=max_new_tokens, sampling=sampling, config=self.tc,
-                   max_len=max_len, extra_slots=self.extra_slots, method=self.method,
-                   mesh=self.mesh, seed=seed, eos_token_ids=eos_token_ids,
-                   stop_strings=stop_strings, tokenizer=tokenizer, streamer=streamer)
+  def abstract_state(self, sampling: SamplingParams, B: int, T: int, S: int, dtype):
+    """The loop state's shapes (placed) that a [B, T] prefill into S slots gives."""
+    i32 = functools.partial(self._placed, dtype=jnp.int32, B=B)
+    tcache, caches = self._abstract_caches(B, S, dtype)
+    _, state = jax.eval_shape(self._prefill_fn(sampling), self.tp, self.dp, i32((B, T)),
+                              i32((B,)), tcache, caches, KEY)
+    if self.mesh is None:
+      return placed_like(state, self.tp)
+    sh = self._state_shardings(state, B)
+    return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                        state, sh)
 
-  def _start(self, req: Request, start):
-    """`host_loop`'s start: the compiled prefills (`programs`) over the request."""
-    def run():
-      return start(jnp.asarray(req.tokens), jnp.asarray(req.lengths),
-                   jnp.asarray([p[-1] for p in req.prompts], jnp.int32),
-                   fold_in(req.key, 0))
-    return run
+  def lower(self, sampling: SamplingParams, B: int, T: int, S: int, dtype, *,
+            host_shape: tuple | None = None, programs=("prefill", "step")) -> dict:
+    """The engine's programs for these shapes, LOWERED (not compiled): {"prefill": the prompt
+    prefill of a [B, T] block into S slots, "step": one step} (`programs`: which). `host_shape`:
+    the host block's array shapes for a proposer with a host hook (default: its largest,
+    `Proposer.host_shapes`). What `programs()` compiles, and what bench and the deviceless
+    TPU/GPU builds compile: one way to build a program."""
+    out = {}
+    i32 = functools.partial(self._placed, dtype=jnp.int32, B=B)
+    key = self._placed(KEY.shape, KEY.dtype, B, rows=False)
+    state = self.abstract_state(sampling, B, T, S, dtype)
+    rep = None if self.mesh is None else sharding.replicated(self.mesh)
+    if "prefill" in programs:
+      tcache, caches = self._abstract_caches(B, S, dtype)
+      jit_kw = {}
+      if self.mesh is not None:
+        jit_kw["out_shardings"] = (rep, jax.tree.map(lambda x: x.sharding, state))
+      out["prefill"] = jax.jit(self._prefill_fn(sampling), donate_argnums=(4, 5),
+                               **jit_kw).lower(self.tp, self.dp, i32((B, T)), i32((B,)),
+                                               tcache, caches, key)
+    if "step" in programs:
+      if host_shape is None:
+        host_shape = tuple(self.proposer.host_shapes(B))[-1]
+      host = [self._placed(s, jnp.int32, B, rows=False) for s in host_shape]
+      jit_kw = {}
+      if self.mesh is not None:
+        n_out = 3 + len(self.proposer.step_count_names()) + int(self.proposer.gated)
+        jit_kw["out_shardings"] = ((jax.tree.map(lambda x: x.sharding, state),)
+                                   + (rep,) * (n_out - 1))
+      out["step"] = jax.jit(self._step_fn(sampling), donate_argnums=(2,), **jit_kw).lower(
+          self.tp, self.dp, state, key, *host)
+    return out
 
-  def _new_stats(self) -> SpecStats:
-    return SpecStats(drafted=[], accepted=[])
+  def start_program(self, sampling: SamplingParams, B: int, T: int, S: int, dtype):
+    """(start(tokens [B, T], lengths [B], key) -> (first [B], state), compile seconds): the
+    compiled prefill over fresh caches."""
+    prog, seconds = self._programs.get(
+        self._key("prefill", sampling, B, T, S, jnp.dtype(dtype).name),
+        lambda: self.lower(sampling, B, T, S, dtype, programs=("prefill",))[
+            "prefill"].compile())
 
-  def _record(self, stats: SpecStats, active, accepted, extra) -> None:
-    """Add one step's counts (host arrays; `extra`: the step's outputs after `accepted`)."""
-    del extra
-    stats.drafted.append([self.drafted_per_step if a else 0 for a in active])
-    stats.accepted.append([int(x) if a else 0 for x, a in zip(accepted, active)])
+    def start(tokens, lengths, key):
+      tcache, caches = self._new_caches(B, S, dtype)
+      return prog(self.tp, self.dp, tokens, lengths, tcache, caches, key)
 
+    return start, seconds
+
+  def step_program(self, sampling: SamplingParams, B: int, S: int, dtype,
+                   host_shape: tuple = ()):
+    """(the compiled step for a host block of `host_shape`, compile seconds: 0 when it was
+    compiled before). The step's loop state holds [B, S] caches and nothing of the prompt
+    block, so prompts of every length bucket share it."""
+    T = 1  # the state's shapes do not depend on the prompt block
+    return self._programs.get(
+        self._key("step", sampling, B, S, jnp.dtype(dtype).name, tuple(host_shape)),
+        lambda: self.lower(sampling, B, T, S, dtype, host_shape=tuple(host_shape),
+                           programs=("step",))["step"].compile())
+
+  def programs(self, sampling: SamplingParams, B: int, T: int, S: int, dtype):
+    """(start, step, compile seconds): `start(tokens, lengths, key) -> (first, state)`; `step`
+    the compiled step (`step(tp, dp, state, key, *host)`), or for a proposer with a host hook
+    a function of the host block's shapes returning (step, compile seconds now)."""
+    start, c1 = self.start_program(sampling, B, T, S, dtype)
+    if self.proposer.host_hook:
+      return start, functools.partial(self.step_program, sampling, B, S, dtype), c1
+    step, c2 = self.step_program(sampling, B, S, dtype)
+    return start, step, c1 + c2
+
+  # --- generation ------------------------------------------------------------------------------
   def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
                sampling: SamplingParams = SamplingParams(), seed: int = 0,
                eos_token_ids: Sequence[int] = (), max_len: int | None = None,
@@ -395,95 +433,78 @@ class SpeculativeDecoder(DecodingMethod):
 
     The result's `stats` is a SpecStats; `steps` counts verifications (target forwards).
     """
-    req = self._request(prompts, max_new_tokens, sampling, seed, eos_token_ids, max_len,
-                        stop_strings, tokenizer, streamer)
-    start, step, compile_s = self.programs(sampling, req.B, req.T, req.S, compute_dtype(self.tp))
-    stats = self._new_stats()
+    P = self.proposer
+    req = request(prompts, max_new_tokens=max_new_tokens, sampling=sampling, config=self.tc,
+                  max_len=max_len, extra_slots=self.extra_slots, method=self.method,
+                  mesh=self.mesh, seed=seed, eos_token_ids=eos_token_ids,
+                  stop_strings=stop_strings, tokenizer=tokenizer, streamer=streamer)
+    B, S, dtype = req.B, req.S, compute_dtype(self.tp)
+    start, step, compile_s = self.programs(sampling, B, req.T, S, dtype)
+    stats = SpecStats(drafted=[], accepted=[], proposer=P)
+    names = P.step_count_names()
 
-    def advance(state, i, key, active):
-      state, emitted, n, *extra = step(self.tp, self.dp, state, key)
-      self._record(stats, active, np.asarray(n), [np.asarray(x) for x in extra])
-      return state, emitted, 0.0
+    def begin():
+      first, state = start(jnp.asarray(req.tokens), jnp.asarray(req.lengths),
+                           fold_in(req.key, 0))
+      first = np.asarray(first)
+      hist = ([np.append(np.asarray(p, np.int64), t) for p, t in zip(req.prompts, first)]
+              if P.host_hook else None)  # committed tokens per row: prompt + first token
+      return first, (state, hist)
 
-    return host_loop(req, self._start(req, start), advance, compile_s=compile_s, stats=stats)
+    def advance(carry, i, key, active):
+      state, hist = carry
+      compiled = 0.0
+      if P.host_hook:
+        arrays, host_counts = P.host_block(hist, active)
+        prog, compiled = step(tuple(np.shape(a) for a in arrays))
+        out = prog(self.tp, self.dp, state, key, *map(jnp.asarray, arrays))
+      else:
+        host_counts, out = None, step(self.tp, self.dp, state, key)
+      state, emitted, n, *rest = out
+      emitted, n = np.asarray(emitted), np.asarray(n)
+      rest = [np.asarray(x) for x in rest]
+      counts = dict(zip(names, rest))
+      keep = rest[len(names)] if P.gated else None
+      stats.drafted.append(P.drafted_counts(active, counts, host_counts, keep))
+      stats.accepted.append([int(x) if a else 0 for x, a in zip(n, active)])
+      stats.active.append([bool(a) for a in active])
+      P.record_step(stats, active, counts, host_counts, keep)
+      if hist is not None:
+        hist = [np.concatenate([h, e[:k + 1]]) for h, e, k in zip(hist, emitted, n)]
+      return (state, hist), emitted, compiled
+
+    return host_loop(req, begin, advance, compile_s=compile_s, stats=stats)
 
 
-class ChainDecoder(SpeculativeDecoder):
-  """Chain speculative decoding with an independent same-vocabulary drafter."""
+SpeculativeDecoder = SpeculativeEngine  # the name the engine had before proposers
 
-  method = "chain"
+
+class ChainDecoder(SpeculativeEngine):
+  """Chain speculative decoding with an independent same-vocabulary drafter
+  (`drafter.ChainProposer`)."""
 
   def __init__(self, target_params, target_config, draft_params, draft_config, *,
                gamma: int = 4, layout: str = "auto", draft_vocab: DraftVocab | None = None,
                draft_prefill: str = "bf16", mesh=None):
-    if gamma < 1:
-      raise ValueError(f"gamma must be >= 1, got {gamma=}")
-    super().__init__(target_params, target_config, draft_params, draft_config, layout=layout,
-                     draft_vocab=draft_vocab, draft_prefill=draft_prefill, mesh=mesh)
-    self.gamma = gamma
-    self.drafted_per_step = gamma
-    self.extra_slots = gamma + 2  # a whole block past max_new_tokens, and the dummy slot
-    self.verify_tokens = gamma + 1
-
-  def drafter_calls(self):
-    if lowering_folds_catch_up(self.lowering):  # [prev, last], then 1 per call
-      return [(2, 1)] + [(1, 1)] * (self.gamma - 1)
-    # the T=1 catch-up call (no head) runs only after a fully accepted block: counted as always
-    return [(1, 1)] * self.gamma + [(1, 0)]
-
-  def _step_fn(self, sampling):
-    return functools.partial(chain_step, target_config=self.tc, draft_config=self.dc,
-                             gamma=self.gamma, sampling=sampling,
-                             draft_policy=self.draft_policy)
-
-  def _initial_state(self, tcache, dcache, first, prompt_last):
-    return ChainState(target_cache=tcache, draft_cache=dcache, last=first, prev=prompt_last,
-                      pending=jnp.ones_like(first))
+    """`draft_prefill`: "bf16" (default) runs the drafter's prompt prefill with bf16-rounded
+    activations where the CPU has AVX512-BF16 (about 2x faster; it changes only what the
+    drafter proposes, never the output), "exact" in the drafter's own precision; see
+    `compile_draft_prefill`. `mesh`: see `SpeculativeEngine`."""
+    super().__init__(target_params, target_config, ChainProposer(
+        draft_params, draft_config, target_config, gamma=gamma, draft_vocab=draft_vocab,
+        draft_prefill=draft_prefill), layout=layout, mesh=mesh)
 
 
-class TreeDecoder(SpeculativeDecoder):
-  """EAGLE-2 dynamic-tree speculative decoding with an independent same-vocabulary drafter."""
-
-  method = "tree"
-
-  draft_block_calls = True  # the pending block and k-wide frontiers
+class TreeDecoder(SpeculativeEngine):
+  """EAGLE-2 dynamic-tree speculative decoding with an independent same-vocabulary drafter
+  (`drafter.TreeProposer`)."""
 
   def __init__(self, target_params, target_config, draft_params, draft_config, *,
                tree: TreeParams = TreeParams(), layout: str = "auto",
                draft_vocab: DraftVocab | None = None, draft_prefill: str = "bf16", mesh=None):
-    if draft_vocab is not None and draft_vocab.size < tree.top_k:
-      raise ValueError(f"tree top_k={tree.top_k} exceeds the drafter's vocabulary subset of "
-                       f"K={draft_vocab.size} tokens")
-    if tree.top_k > draft_config.vocab_size:
-      raise ValueError(f"tree top_k={tree.top_k} exceeds the drafter's vocabulary of "
-                       f"V={draft_config.vocab_size} tokens")
-    super().__init__(target_params, target_config, draft_params, draft_config, layout=layout,
-                     draft_vocab=draft_vocab, draft_prefill=draft_prefill, mesh=mesh)
-    self.tree = tree
-    self.drafted_per_step = tree.total_tokens
-    self.extra_slots = tree.total_tokens + tree.draft_slots + tree.depth + 2
-    self.verify_tokens = tree.total_tokens + 1
-
-  def drafter_calls(self):
-    t = self.tree
-    return [(t.depth + 1, 1)] + [(t.top_k, t.top_k)] * (t.depth - 1)
-
-  def _step_fn(self, sampling):
-    return functools.partial(tree_step, target_config=self.tc, draft_config=self.dc,
-                             tree=self.tree, sampling=sampling,
-                             draft_policy=self.draft_policy)
-
-  def _initial_state(self, tcache, dcache, first, prompt_last):
-    del prompt_last
-    B, P = first.shape[0], self.tree.depth + 1
-    return TreeState(target_cache=tcache, draft_cache=dcache, last=first,
-                     pend_tokens=jnp.broadcast_to(first[:, None], (B, P)).astype(jnp.int32),
-                     pend_count=jnp.ones_like(first))
-
-
-def model_body(params, tokens, positions, cache, *, config):
-  """The hidden states of `forward` alone (what profiling times as a model's body)."""
-  return forward(params, tokens, positions, cache, config=config)[0]
+    super().__init__(target_params, target_config, TreeProposer(
+        draft_params, draft_config, target_config, tree=tree, draft_vocab=draft_vocab,
+        draft_prefill=draft_prefill), layout=layout, mesh=mesh)
 
 
 def mesh_layout(layout: str, mesh) -> str:
@@ -495,35 +516,3 @@ def mesh_layout(layout: str, mesh) -> str:
     raise ValueError(f"layout={layout!r}: on a mesh the weights stay [out, in] (the "
                      f"sharding rules' layout); pass layout='auto' or 'out_in'")
   return "out_in"
-
-
-def check_draft_prefill(draft_prefill: str) -> None:
-  if draft_prefill not in DRAFT_PREFILLS:
-    raise ValueError(f"unknown draft_prefill={draft_prefill!r}; choose one of {DRAFT_PREFILLS}")
-
-
-def compile_draft_prefill(params, config: LlamaLikeConfig, B: int, T: int, cache: KVCache,
-                          precision: str = "bf16", lowering: Lowering = Lowering()):
-  """AOT-compiled drafter prefill of a [B, T] prompt block (the cache argument is donated).
-
-  `precision="bf16"`: on a CPU with AVX512-BF16 the projections of blocks of >= 32 tokens run
-  `vocabjax.kernels.cpu_matmul`'s bf16 GEMM (activations rounded to bf16, f32 accumulation),
-  twice XLA's f32 GEMM rate: a 709-token prompt's drafter prefill is a third of the target's
-  prefill time in f32, so this is time every speculative method pays and plain decoding does
-  not. The drafter's precision only changes which tokens it proposes; the target verifies
-  every one, so outputs are unchanged (greedy identical, sampling lossless). Elsewhere (GPU,
-  TPU, CPUs without AVX512-BF16, short prompts) it is the same program as "exact".
-  """
-  check_draft_prefill(precision)
-  i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
-  lowering = lowering.replace(bf16_blocks=precision == "bf16")
-  return jax.jit(lowered(functools.partial(_draft_prefill, config=config), lowering),
-                 donate_argnums=(3,)).lower(params, i32(B, T), i32(B), cache).compile()
-
-
-def _draft_prefill(params, tokens, prompt_lengths, cache, *, config):
-  B, T = tokens.shape
-  positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-  _, cache = forward(params, tokens, positions, cache, config=config, fresh=True,
-                     valid_lengths=prompt_lengths)
-  return cache.with_lengths(prompt_lengths)

@@ -1,4 +1,4 @@
-"""EAGLE-2 dynamic-tree drafting (Li et al. 2024) with an independent drafter, and tree steps.
+"""EAGLE-2 dynamic-tree drafting (Li et al. 2024) and tree verification.
 
 Letters: B batch, k top_k, d depth, n total_tokens (tree nodes besides the root), m candidates
 (k + (d - 1) k^2), S cache slots, V vocabulary.
@@ -32,7 +32,7 @@ from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.lowering import lowering_of
 from vocabjax.models.llamalike import forward, forward_features, lm_head
-from vocabjax.vocab.policy import full_policy, to_target_many
+from vocabjax.vocab.policy import to_target_many
 
 
 MAX_TREE_NODES = 4096  # nodes one verification reads as a block (the trees used run 8-64)
@@ -73,27 +73,18 @@ class TreeParams:
     return max(self.depth + 1, 1 + (self.depth - 1) * self.top_k)
 
 
-@struct.dataclass
-class TreeState:
-  """Loop state of tree speculative decoding; fixed shapes, one row per sequence."""
-
-  target_cache: KVCache  # every committed token except `last`
-  draft_cache: KVCache  # every committed token except the `pend_count` pending ones
-  last: jax.Array  # [B] int32 newest committed token: the next tree's root
-  pend_tokens: jax.Array  # [B, d + 1] committed tokens the drafter has not read, left-aligned
-  pend_count: jax.Array  # [B] int32 in 1 .. d + 1
-
-
-def draft_tree(params, state: TreeState, *, config: LlamaLikeConfig, tree: TreeParams, policy):
-  """Build the tree with an independent drafter: (node tokens [B, n], parent [B, n] in 0..n
-  (0 = root), depth [B, n], drafter cache holding every committed token, root included)."""
-  B, P = state.pend_tokens.shape
-  cache = state.draft_cache
+def draft_tree(params, cache: KVCache, pend_tokens, pend_count, *, config: LlamaLikeConfig,
+               tree: TreeParams, policy):
+  """Build the tree with an independent drafter whose `cache` holds every committed token but
+  the `pend_count` [B] pending ones (`pend_tokens` [B, d + 1], left-aligned): (node tokens
+  [B, n], parent [B, n] in 0..n (0 = root), depth [B, n], drafter cache holding every
+  committed token, root included)."""
+  B, P = pend_tokens.shape
   L0 = cache.lengths
-  h, cache = forward(params, state.pend_tokens, L0[:, None] + jnp.arange(P)[None], cache,
+  h, cache = forward(params, pend_tokens, L0[:, None] + jnp.arange(P)[None], cache,
                      config=config)
-  C = L0 + state.pend_count  # committed tokens, root included
-  h_root = jnp.take_along_axis(h, (state.pend_count - 1)[:, None, None], axis=1)[:, 0]
+  C = L0 + pend_count  # committed tokens, root included
+  h_root = jnp.take_along_axis(h, (pend_count - 1)[:, None, None], axis=1)[:, 0]
 
   def expand(params, tok, parent_state, positions, cache, prefix_mask):
     del parent_state  # the drafter reads its own cache only
@@ -275,22 +266,6 @@ def compact_path(cache: KVCache, base: jax.Array, path: jax.Array, n: jax.Array,
     return move(x, src, base) if per_row else x.at[:, b, dst].set(x[:, b, src])
 
   return cache.map_kv(compact).replace(lengths=base + n + 1)
-
-
-def tree_step(target_params, draft_params, state: TreeState, key, *, target_config,
-              draft_config, tree: TreeParams, sampling: SamplingParams, draft_policy=None):
-  """Draft a tree, verify it in one target forward, accept a path, update both caches.
-
-  Returns (state, emitted [B, d + 1] with -1 after the emitted tokens, accepted [B]).
-  """
-  node_tok, parent, depth, dcache = draft_tree(draft_params, state, config=draft_config,
-                                               tree=tree,
-                                               policy=draft_policy or full_policy(draft_config))
-  v = verify_tree(target_params, state.last, node_tok, parent, depth, state.target_cache, key,
-                  target_config=target_config, tree=tree, sampling=sampling)
-  new_state = TreeState(target_cache=v.target_cache, draft_cache=dcache, last=v.next,
-                        pend_tokens=v.pend_tokens, pend_count=v.accepted + 1)
-  return new_state, v.emitted, v.accepted
 
 
 class TreeBounds(NamedTuple):

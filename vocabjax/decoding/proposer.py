@@ -1,0 +1,215 @@
+"""The proposer contract: how a drafting method proposes tokens, and nothing else.
+
+A speculative method is a `Proposer` run by the one engine (`speculative.SpeculativeEngine`),
+which owns everything else: the request and its checks, the target's prefill and caches, the
+verifier (`verify_chain` for a chain, `verify_tree` for a tree), the host loop (stop rules,
+streaming), the compiled programs (one `ProgramCache`, keyed by the proposer's `key`, the
+sampling, the shapes and the `Lowering`), the statistics and the programs' lowering for anyone
+who asks (`SpeculativeEngine.lower`: bench, deviceless TPU/GPU compilation, tests).
+
+What a proposer supplies (letters: B rows, n drafts or tree nodes, S cache slots):
+
+    key()                static identity of its programs (its configs, sizes, policy)
+    chain | bounds       a chain of `gamma` drafts, or a tree within `bounds` (TreeBounds)
+    drafted_per_step, extra_slots   drafts per row per step; cache slots a step may write past
+                         max_new_tokens (the engine sizes caches and checks requests with it)
+    params               its weights (a pytree; the engine places and passes them)
+    caches(B, S, dtype)  the KV caches it keeps: {name: config}; the engine makes them
+    feature_layers       target layers whose outputs it reads (EAGLE); the engine's prefill and
+                         tree verification capture them
+    prefill(...)         traced inside the engine's prefill program: its state from the prompt
+    propose(...)         traced inside the step: Drafts (tokens; q where it samples; a tree's
+                         parent and depth), and its state
+    commit(...)          traced after verification: its state for the next step
+    host_block(...)      optional host hook, run before each step on the committed tokens (a
+                         lookup trie, SuffixDecoding's tree): host arrays the step reads; a
+                         program is compiled per block shape met
+    drafter_calls(), drafter_body(), head_policy, head_rows   its profile of drafter calls
+    record(stats)        its counts for an eval record
+
+Exactness is the engine's: drafts are verified by the target, and a proposer that samples must
+return the law it sampled from (`Drafts.q`); deterministic drafts (q None) are point masses,
+for which the verifiers' multi-draft rule is lossless.
+"""
+
+from __future__ import annotations
+
+import abc
+from typing import Any, Hashable, Sequence
+
+import jax
+import numpy as np
+from flax import struct
+
+from vocabjax.decoding.tree import TreeBounds
+from vocabjax.sampling import SamplingParams
+
+
+@struct.dataclass
+class Drafts:
+  """What one step proposes, per row: a chain (parent None) or a tree."""
+
+  tokens: jax.Array  # [B, n] int32 target ids
+  q: jax.Array | None = None  # chain, sampled drafts: [B, n, V] the law each was drawn from
+  n_valid: jax.Array | None = None  # chain: [B] drafts that count (the rest is padding)
+  parent: jax.Array | None = None  # tree: [B, n] 0 the root, j + 1 node j (own parent: padding)
+  depth: jax.Array | None = None  # tree: [B, n] from 1
+  bounds: TreeBounds | None = struct.field(pytree_node=False, default=None)  # tree: its bounds
+  host_from: int | None = struct.field(pytree_node=False, default=None)  # tree nodes from this
+  #   index on came from the host block (a hybrid's lookup trie); None: none did
+
+
+@struct.dataclass
+class Context:
+  """What the engine hands a proposer in a step."""
+
+  last: jax.Array  # [B] the newest committed token (a tree's root; not yet in the caches)
+  lengths: jax.Array  # [B] the target cache's length: committed tokens except `last`
+  host: tuple = ()  # the host hook's arrays for this step (`Proposer.host_block`)
+
+
+@struct.dataclass
+class Prefilled:
+  """What the engine's prefill hands a proposer."""
+
+  tokens: jax.Array  # [B, T] the right-padded prompts
+  lengths: jax.Array  # [B] prompt lengths
+  first: jax.Array  # [B] the target's first token
+  hidden: jax.Array  # [B, D] the target's final hidden state that gave `first`
+  features: jax.Array | None  # [B, T, F] the `feature_layers` outputs (None when not asked)
+  caches: dict  # the proposer's empty caches (`Proposer.caches`), to fill
+
+
+class Proposer(abc.ABC):
+  """A drafting method (module doc). Subclasses set `method`, the sizes and `params`, and
+  define `key`, `prefill`, `propose` and `commit`."""
+
+  method: str = "proposer"
+  gamma: int | None = None  # a chain's drafts per step (None: a tree, see `bounds`)
+  bounds: TreeBounds | None = None  # a tree's most children per node and depth
+  drafted_per_step: int = 0
+  extra_slots: int = 0
+  params: Any = None  # the proposer's weights (a pytree; {} when it has none)
+  feature_layers: tuple[int, ...] | None = None
+  host_hook: bool = False  # whether `host_block` runs before each step
+  gated: bool = False  # whether `gate` may leave rows undrafted (a step then verifies less)
+  draft_block_calls: bool = False  # whether its model's calls feed T > 1 tokens (layout)
+
+  @property
+  def verify_tokens(self) -> int:
+    """Target positions one step verifies per row."""
+    return self.drafted_per_step + 1
+
+  @abc.abstractmethod
+  def key(self) -> Hashable:
+    """What makes this proposer's programs differ from another's (configs, sizes, policy)."""
+
+  def caches(self) -> dict:
+    """{name: LlamaLikeConfig} of the KV caches it keeps (each [B, S] like the target's)."""
+    return {}
+
+  def prepare(self, *, layout: str, lowering, mesh=None) -> None:
+    """Store its weights in the MLP `layout` its programs run best with ("out_in"/"in_out"),
+    attach what its programs read (a vocabulary policy's arrays); `mesh`: where it will run."""
+    del layout, lowering, mesh
+
+  def prefill_lowering(self, target: "Lowering", base: "Lowering") -> "Lowering":
+    """What its params lower with in the engine's prefill program (`target`: the target's
+    prefill lowering, `base`: the engine's). Default: as the target's prefill."""
+    del base
+    return target
+
+  def place(self, mesh, target_config) -> None:
+    """Put its params on `mesh` (default: every array replicated)."""
+    from vocabjax import sharding
+
+    self.params = sharding.replicate(self.params, mesh)
+
+  @abc.abstractmethod
+  def prefill(self, params, target_params, pre: Prefilled):
+    """Its loop state after the prompt (traced in the engine's prefill program)."""
+
+  def gate(self, params, state, ctx: Context):
+    """(which rows draft [B] bool, or None: all; its state): where no row drafts, the engine
+    verifies `fallback`'s drafts instead of calling `propose`."""
+    return None, state
+
+  def fallback(self, params, state, ctx: Context) -> tuple[Drafts, Any]:
+    """The drafts of a step where `gate` let no row draft (default: none, the roots alone)."""
+    raise NotImplementedError
+
+  @abc.abstractmethod
+  def propose(self, params, state, ctx: Context, key, *, sampling: SamplingParams,
+              keep=None) -> tuple[Drafts, Any]:
+    """This step's drafts and its state (traced). `keep`: `gate`'s rows (others undrafted)."""
+
+  @abc.abstractmethod
+  def commit(self, params, state, ctx: Context, drafts: Drafts, verdict):
+    """Its state for the next step, from the verdict (`verify.ChainVerdict` for a chain,
+    `tree.Verified` for a tree: accepted, next, path, features, hidden)."""
+
+  # --- host ------------------------------------------------------------------------------------
+  def host_block(self, history: Sequence[np.ndarray], active: np.ndarray) -> tuple:
+    """(host arrays for this step's program, per-row counts for the stats): run before each
+    step when `host_hook`; `history[b]` is row b's committed tokens (prompt, output)."""
+    raise NotImplementedError
+
+  def host_shapes(self, B: int = 1) -> Sequence[tuple]:
+    """Every host block's array shapes a run of B rows may meet, smallest first ((): no host
+    hook): a step program is compiled per shapes when first met."""
+    del B
+    return [()]
+
+  # --- statistics and profile ------------------------------------------------------------------
+  def step_count_names(self) -> tuple[str, ...]:
+    """Names of the [B] counts `step_counts` returns (the step's outputs after `accepted`)."""
+    return ()
+
+  def step_counts(self, drafts: Drafts, verdict) -> tuple:
+    """[B] counts the step returns for the stats (traced), one per `step_count_names`."""
+    del drafts, verdict
+    return ()
+
+  def drafted_counts(self, active, counts: dict, host_counts, keep) -> list[int]:
+    """Drafts proposed per row this step (host values; 0 for inactive rows): `counts` the
+    step's named counts, `host_counts` what `host_block` said, `keep` which rows drafted
+    (gated proposers)."""
+    del counts
+    if host_counts is not None:
+      return [int(x) if a else 0 for x, a in zip(host_counts, active)]
+    if keep is not None:
+      return [self.drafted_per_step if a and k else 0 for a, k in zip(active, keep)]
+    return [self.drafted_per_step if a else 0 for a in active]
+
+  def record_step(self, stats, active, counts: dict, host_counts, keep) -> None:
+    """Add this step's own counts to `stats` (`SpecStats.add`); default: none."""
+    del stats, active, counts, host_counts, keep
+
+  def record(self, stats) -> dict:
+    """Method-specific totals of a finished run's `SpecStats` for an eval record."""
+    return {}
+
+  head_rows: int = 0  # LM-head rows its drafter multiplies per call
+  head_policy: Any = None  # the drafting head the time split times (a policy function)
+
+  def drafter_calls(self) -> list[tuple[int, int]]:
+    """(tokens fed, LM-head rows) per row of each drafter call in one step (for profiling)."""
+    return []
+
+  def drafter_body(self):
+    """(fn(params, tokens, positions, cache) -> hidden, params, cache config): the drafter's
+    forward without its LM head (for profiling); None when it has no model."""
+    return None
+
+  def draft_width(self) -> int:
+    """The hidden width its LM head reads (for profiling)."""
+    raise NotImplementedError
+
+
+def static_tree(parent: np.ndarray, depth: np.ndarray, B: int):
+  """A static tree's parent and depth [n] broadcast to B rows (jnp)."""
+  import jax.numpy as jnp
+
+  n = len(parent)
+  return (jnp.broadcast_to(jnp.asarray(parent, jnp.int32), (B, n)),
+          jnp.broadcast_to(jnp.asarray(depth, jnp.int32), (B, n)))
