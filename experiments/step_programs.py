@@ -205,8 +205,7 @@ def main(argv=None) -> int:
       start, step, _ = dec.programs(greedy, 1, T, S, dtype)
 
       def fresh(start=start):
-        _, state = start(prompt, jnp.asarray([N0], jnp.int32), prompt[:, -1],
-                         jax.random.key(0))
+        _, state = start(prompt, jnp.asarray([N0], jnp.int32), jax.random.key(0))
         return state
 
       def call(st, step=step, dec=dec):

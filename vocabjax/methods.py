@@ -2,7 +2,7 @@
 parameters into a decoder, used by the eval suites (`methods:` entries of a YAML suite) and by
 `python -m vocabjax.generate` (its flags) alike.
 
-Methods: ar, chain, tree, pld, vocabtrim, frspec, specvocab, eagle, eagle_pld, medusa,
+Methods: ar, chain, tree, pld, ngram, vocabtrim, frspec, specvocab, eagle, eagle_pld, medusa,
 crossvocab. Each has a frozen parameter dataclass (field types are checked, then the
 dataclass's `check` validates the values, naming the field and the value), a builder `(target Model, draft Model | None,
 params) -> decoder` (anything with `generate(prompts, **kw) -> GenerationResult`), and what
@@ -39,8 +39,10 @@ from vocabjax.decoding.crossvocab import RULES as CROSSVOCAB_RULES
 from vocabjax.decoding.crossvocab import CrossVocabDecoder
 from vocabjax.decoding.eagle import EagleDecoder, EagleLookupDecoder
 from vocabjax.decoding.medusa import MedusaDecoder, medusa_choices_for
+from vocabjax.decoding.ngram import NgramProposer, table_from
 from vocabjax.decoding.pld import PromptLookupDecoder
-from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder, block_layout
+from vocabjax.decoding.speculative import (ChainDecoder, SpeculativeEngine, TreeDecoder,
+                                           block_layout)
 from vocabjax.decoding.tree import MAX_TREE_NODES, TreeParams
 from vocabjax.errors import ConfigError
 from vocabjax.models.medusa import medusa_tree
@@ -278,6 +280,34 @@ def _pld(target, draft, p: PldParams, mesh=None):
   return PromptLookupDecoder(_blocks(target, mesh), target.config, gamma=p.gamma,
                              max_ngram=p.max_ngram, min_ngram=p.min_ngram,
                              candidates=p.candidates, mesh=mesh)
+
+
+# --- a fixed n-gram table (the worked example of docs/extending.md) --------------------------
+
+@dataclasses.dataclass(frozen=True)
+class NgramParams:
+  corpus: str  # a text file the table is fit on (one document per line; .jsonl: its "text")
+  n: int = 3  # contexts of up to n - 1 tokens
+  gamma: int = 4  # most drafts per step
+
+  def check(self, where: str) -> None:
+    if self.n < 2 or not 1 <= self.gamma <= MAX_TREE_NODES:
+      raise ConfigError(f"{where}: ngram needs n >= 2 and 1 <= gamma <= {MAX_TREE_NODES}, got "
+                        f"n={self.n}, gamma={self.gamma}")
+    if not Path(self.corpus).is_file():
+      raise ConfigError(f"{where}: ngram.corpus={self.corpus!r}: no such file (a text file, "
+                        f"one document per line, or a .jsonl with a \"text\" field)")
+
+
+@register("ngram", NgramParams, needs_draft=False, drafter_passes=lambda p: 0, timed=False)
+def _ngram(target, draft, p: NgramParams, mesh=None):
+  """Drafts walked from an n-gram table fit on a corpus (`decoding.ngram`), no drafter."""
+  del draft
+  if target.tokenizer is None:
+    raise ValueError(f"{target.source} has no tokenizer to encode the ngram corpus with")
+  table = table_from(p.corpus, target.tokenizer, n=p.n)
+  return SpeculativeEngine(_blocks(target, mesh), target.config,
+                           NgramProposer(table, gamma=p.gamma), mesh=mesh)
 
 
 # --- static drafter vocabularies (VocabTrim, FR-Spec) ---------------------------------------

@@ -45,13 +45,11 @@ def small_pair():
 
 
 def prompt_samples(decoder, sampling, n: int = 12_000, seed: int = 5, prompt=PROMPT):
-  """n seeded rows of `prompt`, 3 new tokens each: (flat cell ids x1*V^2 + x2*V + x3, stats)."""
-  import numpy as np
+  """n seeded rows of `prompt`, 3 new tokens each: (flat cell ids x1*V^2 + x2*V + x3, stats)
+  (`vocabjax.testing.proposers.sampled_cells` over SMALL's vocabulary)."""
+  from vocabjax.testing.proposers import sampled_cells
 
-  res = decoder.generate([prompt] * n, max_new_tokens=3, sampling=sampling, seed=seed)
-  V = SMALL.vocab_size
-  toks = np.asarray([r[:3] for r in res.tokens])
-  return toks[:, 0] * V * V + toks[:, 1] * V + toks[:, 2], res.stats
+  return sampled_cells(decoder, prompt, sampling, SMALL.vocab_size, n, seed)
 
 
 def check_vocab_sampling_lossless(kind, small_pair, draft_vocab, sampling, seed):

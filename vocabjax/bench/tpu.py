@@ -16,9 +16,9 @@ from `vocabjax.sharding`) comes back as a ShapeDtypeStruct placed on the topolog
 program). Where a constructor needs concrete values they are small stand-ins: a static subset's
 ids (the first K ids), a random ranker's matrices (zeros of [V, R] and [R, D]: only their shapes
 reach the program), tiny trained tokenizers for the cross-vocabulary id map (a [Vd] int32 array
-in the program whatever it holds). The step program is then traced from the decoder's own step
-function (`_step_fn`, `_step`, `pld_step`, crossvocab's `_draft` / `_verify` through its `_lower`)
-exactly as the decoder's `programs()` jits it (same donation, same out_shardings on a mesh), for
+in the program whatever it holds). The programs are then the decoder's own: its `lower()` (the
+one way every decoder builds its programs, which its `programs()` compiles too: same function,
+donation and out_shardings on a mesh), given the abstract placed weights, for
 the TPU devices: what compiles here is what the decoder runs on a TPU.
 
 The platform is the decoder's, not the host's: decoders built inside `tpu_tracing` are built

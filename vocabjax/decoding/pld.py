@@ -125,6 +125,16 @@ def trie_block(hist: Sequence[np.ndarray], active, gamma: int, max_ngram: int, m
   return tok, parent, depth, np.array([len(t[0]) for t in tries], np.int32)
 
 
+def chain_block(drafts) -> tuple[np.ndarray, np.ndarray]:
+  """Rows' chains of drafts (each a token list, maybe empty) as one block: (tokens [B, M] with
+  M the longest, zero-padded; counts [B]) for a chain step's host arrays."""
+  n_valid = np.array([len(d) for d in drafts], np.int32)
+  block = np.zeros((len(drafts), int(n_valid.max(initial=0))), np.int32)
+  for b, d in enumerate(drafts):
+    block[b, :len(d)] = d
+  return block, n_valid
+
+
 class LookupProposer(Proposer):
   """Prompt lookup's drafts (module doc): found on the host (the host hook) before each step,
   a chain of up to `gamma` tokens (`candidates` 1) or a trie of up to `candidates` x `gamma`
@@ -154,12 +164,9 @@ class LookupProposer(Proposer):
       tok, parent, depth, nodes = trie_block(history, active, self.gamma, self.max_ngram,
                                              self.min_ngram, self.candidates)
       return (tok, parent, depth), nodes
-    drafts = [lookup_drafts(h, self.gamma, self.max_ngram, self.min_ngram) if a else
-              np.zeros(0, np.int64) for h, a in zip(history, active)]
-    n_valid = np.array([len(d) for d in drafts], np.int32)
-    block = np.zeros((len(drafts), int(n_valid.max())), np.int32)
-    for b, d in enumerate(drafts):
-      block[b, :len(d)] = d
+    drafts = [lookup_drafts(h, self.gamma, self.max_ngram, self.min_ngram) if a else []
+              for h, a in zip(history, active)]
+    block, n_valid = chain_block(drafts)
     return (block, n_valid), n_valid
 
   def host_shapes(self, B: int = 1):

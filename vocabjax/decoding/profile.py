@@ -125,7 +125,7 @@ def _step_split(decoder, batch_size, max_len, context, repeats, mesh) -> StepSpl
     if T not in body_t:
       body_t[T] = _time_body(dbody, dp, dcache_config, B, T, S, context, repeats, mesh)
     if rows and rows not in head_t:
-      head_t[rows] = _time_head(dp, dhead, B, rows, decoder.dc.hidden_size, repeats)
+      head_t[rows] = _time_head(dp, dhead, B, rows, decoder.proposer.draft_width(), repeats)
   verify = (_time_body(tbody, tp, tc, B, T_verify, S, context, repeats, mesh)
             + _time_head(tp, thead, B, T_verify, tc.hidden_size, repeats))
   ar = (_time_body(tbody, tp, tc, B, 1, S, context, repeats, mesh)

@@ -38,9 +38,11 @@ import abc
 from typing import Any, Hashable, Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import struct
 
+from vocabjax import sharding
 from vocabjax.decoding.tree import TreeBounds
 from vocabjax.sampling import SamplingParams
 
@@ -121,8 +123,6 @@ class Proposer(abc.ABC):
 
   def place(self, mesh, target_config) -> None:
     """Put its params on `mesh` (default: every array replicated)."""
-    from vocabjax import sharding
-
     self.params = sharding.replicate(self.params, mesh)
 
   @abc.abstractmethod
@@ -208,8 +208,6 @@ class Proposer(abc.ABC):
 
 def static_tree(parent: np.ndarray, depth: np.ndarray, B: int):
   """A static tree's parent and depth [n] broadcast to B rows (jnp)."""
-  import jax.numpy as jnp
-
   n = len(parent)
   return (jnp.broadcast_to(jnp.asarray(parent, jnp.int32), (B, n)),
           jnp.broadcast_to(jnp.asarray(depth, jnp.int32), (B, n)))

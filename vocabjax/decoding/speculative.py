@@ -261,7 +261,7 @@ class SpeculativeEngine(DecodingMethod):
   def __getattr__(self, name):
     # a proposer's settings read through its engine (dec.gamma, dec.tree, dec.hc, dec.dc, ...)
     proposer = self.__dict__.get("proposer")
-    if proposer is not None and not name.startswith("_"):
+    if proposer is not None and not name.startswith("_") and name != "params":
       try:
         return getattr(proposer, name)
       except AttributeError:
