@@ -2,8 +2,8 @@
 parameters into a decoder, used by the eval suites (`methods:` entries of a YAML suite) and by
 `python -m vocabjax.generate` (its flags) alike.
 
-Methods: ar, chain, tree, pld, ngram, vocabtrim, frspec, specvocab, eagle, eagle_pld, medusa,
-crossvocab. Each has a frozen parameter dataclass (field types are checked, then the
+Methods: ar, chain, tree, pld, ngram, suffix, vocabtrim, frspec, specvocab, eagle, eagle_pld,
+medusa, crossvocab. Each has a frozen parameter dataclass (field types are checked, then the
 dataclass's `check` validates the values, naming the field and the value), a builder `(target Model, draft Model | None,
 params) -> decoder` (anything with `generate(prompts, **kw) -> GenerationResult`), and what
 the reports need for MBSU: drafter forwards per block and the drafter's LM-head rows.
@@ -43,6 +43,7 @@ from vocabjax.decoding.ngram import NgramProposer, table_from
 from vocabjax.decoding.pld import PromptLookupDecoder
 from vocabjax.decoding.speculative import (ChainDecoder, SpeculativeEngine, TreeDecoder,
                                            block_layout)
+from vocabjax.decoding.suffix import SuffixProposer, check_suffix
 from vocabjax.decoding.tree import MAX_TREE_NODES, TreeParams
 from vocabjax.errors import ConfigError
 from vocabjax.models.medusa import medusa_tree
@@ -308,6 +309,35 @@ def _ngram(target, draft, p: NgramParams, mesh=None):
   table = table_from(p.corpus, target.tokenizer, n=p.n)
   return SpeculativeEngine(_blocks(target, mesh), target.config,
                            NgramProposer(table, gamma=p.gamma), mesh=mesh)
+
+
+# --- SuffixDecoding ----------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class SuffixParams:
+  max_spec_tokens: int = 8  # most drafts per step
+  max_spec_factor: float = 1.0  # drafts per matched context token
+  max_spec_offset: float = 0.0  # drafts added to that
+  min_token_prob: float = 0.1  # a draft's estimated probability must reach it
+  max_tree_depth: int = 64  # the trees' n-grams: at most this long
+  max_cached_requests: int = 10_000  # earlier outputs the global tree keeps (-1: all)
+  use_tree: bool = False  # a tree of continuations (best first) instead of one chain
+
+  def check(self, where: str) -> None:
+    try:
+      check_suffix(self.max_tree_depth, self.max_spec_tokens, self.max_spec_factor,
+                   self.max_spec_offset, self.min_token_prob, self.max_cached_requests)
+    except ValueError as e:
+      raise ConfigError(f"{where}: suffix: {e}") from None
+
+
+@register("suffix", SuffixParams, needs_draft=False, drafter_passes=lambda p: 0, timed=False)
+def _suffix(target, draft, p: SuffixParams, mesh=None):
+  """SuffixDecoding (`decoding.suffix`): drafts from suffix trees over the request and over
+  earlier outputs (kept across the decoder's requests), no drafter."""
+  del draft
+  return SpeculativeEngine(_blocks(target, mesh), target.config, SuffixProposer(
+      **dataclasses.asdict(p)), mesh=mesh)
 
 
 # --- static drafter vocabularies (VocabTrim, FR-Spec) ---------------------------------------

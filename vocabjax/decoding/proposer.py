@@ -154,6 +154,15 @@ class Proposer(abc.ABC):
     step when `host_hook`; `history[b]` is row b's committed tokens (prompt, output)."""
     raise NotImplementedError
 
+  def host_begin(self, history: Sequence[np.ndarray]) -> None:
+    """A `generate` call starts (host hook): `history[b]` is row b's prompt and first token."""
+    del history
+
+  def host_end(self, history: Sequence[np.ndarray]) -> None:
+    """The `generate` call ended (host hook): every row's committed tokens, the last step's
+    included."""
+    del history
+
   def host_shapes(self, B: int = 1) -> Sequence[tuple]:
     """Every host block's array shapes a run of B rows may meet, smallest first ((): no host
     hook): a step program is compiled per shapes when first met."""

@@ -449,6 +449,9 @@ class SpeculativeEngine(DecodingMethod):
       first = np.asarray(first)
       hist = ([np.append(np.asarray(p, np.int64), t) for p, t in zip(req.prompts, first)]
               if P.host_hook else None)  # committed tokens per row: prompt + first token
+      if hist is not None:
+        P.host_begin(hist)
+        held["hist"] = hist
       return first, (state, hist)
 
     def advance(carry, i, key, active):
@@ -470,10 +473,16 @@ class SpeculativeEngine(DecodingMethod):
       stats.active.append([bool(a) for a in active])
       P.record_step(stats, active, counts, host_counts, keep)
       if hist is not None:
-        hist = [np.concatenate([h, e[:k + 1]]) for h, e, k in zip(hist, emitted, n)]
+        hist = held["hist"] = [np.concatenate([h, e[:k + 1]])
+                               for h, e, k in zip(hist, emitted, n)]
       return (state, hist), emitted, compiled
 
-    return host_loop(req, begin, advance, compile_s=compile_s, stats=stats)
+    held = {}
+    try:
+      return host_loop(req, begin, advance, compile_s=compile_s, stats=stats)
+    finally:
+      if "hist" in held:
+        P.host_end(held["hist"])
 
 
 SpeculativeDecoder = SpeculativeEngine  # the name the engine had before proposers

@@ -5,6 +5,7 @@ against them on the same weights:
     Model, EConfig = eagle1_head()                      # EAGLE's cnets.Model (EAGLE-1/2 heads)
     Eagle3 = eagle3_head()                              # SpecForge's LlamaForCausalLMEagle3
     ResBlock, utils = medusa_reference()                # Medusa's ResBlock and tree utilities
+    _C = suffix_reference()                             # Arctic Inference's C++ suffix tree
 
 `eagle-llm` 1.2.1 (EAGLE's authors; its `eagle/model/cnets.py` is the EAGLE-1/2 head, which
 EAGLE-2 reuses unchanged) and `medusa-llm` 0.1 (Medusa's authors) pin versions of accelerate,
@@ -21,7 +22,12 @@ the dense per-level trees).
 
 Under transformers 5 one thing differs from what the reference code expects: a config's
 `rope_theta` moved into `rope_parameters` and `rope_scaling` became an alias of it, so
-`eagle1_config` restores the transformers-4 view the EAGLE code reads."""
+`eagle1_config` restores the transformers-4 view the EAGLE code reads.
+
+`arctic-inference` 0.3.0 (Snowflake's SuffixDecoding, what vLLM's `method: suffix` calls) has no
+wheel for this platform and its build pulls torch and gRPC: only its suffix tree is built, from
+the source distribution's `csrc/suffix_decoding` (four C++ files, nanobind 2.9.2, CMake and
+Ninja from PyPI, the system's C++20 compiler: ~20 s), with its `cache.py` beside it."""
 
 from __future__ import annotations
 
@@ -68,6 +74,95 @@ def install(force: bool = False) -> None:
             "--target", str(d), f"{n}=={v}"],
         lambda d, m=module: (d / m).is_dir(), f"{name}=={version}",
         "the reference comparison tests need it", tag="references")
+  install_arctic(force)
+
+
+ARCTIC = ("arctic-inference", "0.3.0", "nanobind==2.9.2")
+
+
+def _arctic_dir() -> Path:
+  return references_dir() / f"{ARCTIC[0]}-{ARCTIC[1]}"
+
+
+def arctic_installed() -> bool:
+  return any((_arctic_dir() / "arctic_inference" / "suffix_decoding").glob("_C*.so"))
+
+
+def install_arctic(force: bool = False) -> None:
+  """Build Arctic Inference's suffix tree extension from its PyPI source distribution into its
+  folder (through a temporary one: an interrupted build leaves nothing half-written)."""
+  import glob
+  import shutil
+  import subprocess
+  import tarfile
+
+  final = _arctic_dir()
+  if arctic_installed() and not force:
+    print(f"[references] {ARCTIC[0]}=={ARCTIC[1]} (suffix tree) is in {final}")
+    return
+  tmp = final.with_name(final.name + f".partial-{os.getpid()}")
+  shutil.rmtree(tmp, ignore_errors=True)
+  tools = tmp / "tools"
+  pip = [sys.executable, "-m", "pip", "--disable-pip-version-check"]
+
+  def run(cmd, **kw):
+    print("[references] " + " ".join(map(str, cmd)), flush=True)
+    try:
+      subprocess.run(list(map(str, cmd)), check=True, **kw)
+    except (subprocess.CalledProcessError, FileNotFoundError) as e:
+      raise RuntimeError(f"building {ARCTIC[0]}=={ARCTIC[1]}'s suffix tree failed at "
+                         f"{cmd[0]} ({e}); the SuffixDecoding reference test needs it") from None
+
+  try:
+    run(pip + ["download", "--no-deps", "--no-binary", ":all:", "--no-build-isolation",
+               "-d", tmp / "sdist", f"{ARCTIC[0]}=={ARCTIC[1]}"])
+    run(pip + ["install", "--no-deps", "--target", tools, ARCTIC[2], "cmake", "ninja"])
+    src = tmp / "src"
+    with tarfile.open(next((tmp / "sdist").glob("*.tar.gz"))) as tar:
+      try:
+        tar.extractall(src, filter="data")
+      except TypeError:  # Python < 3.11.4: no extraction filters (PyPI's own sdist)
+        tar.extractall(src)
+    root = next(src.iterdir())
+    env = {**os.environ, "PYTHONPATH": str(tools)}
+    exe = lambda name: next(iter(glob.glob(str(tools / "bin" / name))), name)  # noqa: E731
+    build = tmp / "build"
+    run([exe("cmake"), "-S", root / "csrc" / "suffix_decoding", "-B", build, "-G", "Ninja",
+         f"-DCMAKE_MAKE_PROGRAM={exe('ninja')}", f"-DPython_EXECUTABLE={sys.executable}",
+         "-DCMAKE_BUILD_TYPE=Release"], env=env)
+    run([exe("cmake"), "--build", build], env=env)
+    pkg = tmp / "arctic_inference" / "suffix_decoding"
+    pkg.mkdir(parents=True)
+    (pkg.parent / "__init__.py").write_text("")
+    for name in ("__init__.py", "cache.py"):
+      shutil.copy(root / "arctic_inference" / "suffix_decoding" / name, pkg / name)
+    for so in build.glob("_C*.so"):
+      shutil.copy(so, pkg / so.name)
+    for junk in ("sdist", "src", "build", "tools"):
+      shutil.rmtree(tmp / junk)
+    if final.exists():
+      shutil.rmtree(final)
+    os.replace(tmp, final)
+  finally:
+    shutil.rmtree(tmp, ignore_errors=True)
+  if not arctic_installed():
+    raise RuntimeError(f"the build left no suffix tree extension in {final}")
+  print(f"[references] built {ARCTIC[0]}=={ARCTIC[1]}'s suffix tree in {final}")
+
+
+@functools.cache
+def suffix_reference():
+  """Arctic Inference's suffix tree module (`_C`: `SuffixTree(max_depth)`, `.extend(seq_id,
+  tokens)`, `.remove(seq_id)`, `.speculate(context, max_spec_tokens, max_spec_factor,
+  max_spec_offset, min_token_prob, use_tree_spec)` -> a Draft of token_ids, parents, probs,
+  score, match_len), or RuntimeError saying how to build it (CI must not skip)."""
+  if not arctic_installed():
+    raise RuntimeError(f"the SuffixDecoding reference ({ARCTIC[0]}=={ARCTIC[1]}'s suffix tree) "
+                       f"is not in {_arctic_dir()}: run `python -m vocabjax.testing install`")
+  path = str(_arctic_dir())
+  if path not in sys.path:
+    sys.path.insert(0, path)
+  return importlib.import_module("arctic_inference.suffix_decoding._C")
 
 
 def _require(name: str) -> None:

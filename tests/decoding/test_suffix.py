@@ -1,0 +1,121 @@
+"""SuffixDecoding (`vocabjax.decoding.suffix`): its suffix trees against Arctic Inference's C++
+tree (the reference, built by `python -m vocabjax.testing install`), and the proposer on the
+engine: greedy identity, the target's law, what the global tree buys a repeated request."""
+
+import random
+
+import jax
+import pytest
+
+from tests.decoding.conftest import CFG, SMALL
+from vocabjax.decoding import Decoder, SamplingParams
+from vocabjax.decoding.speculative import SpeculativeEngine
+from vocabjax.decoding.suffix import SuffixCache, SuffixProposer, SuffixTree
+from vocabjax.models import init_params
+from vocabjax.testing.proposers import greedy_identity, target_law
+from vocabjax.testing.references import suffix_reference
+
+
+def _trees(rng, remove):
+  """Our tree and Arctic's over the same random sequences (appended in chunks, as decoding
+  appends accepted blocks), the first one removed again when `remove`."""
+  D, V = rng.choice([4, 8, 64]), rng.choice([3, 5, 20])
+  ours, ref = SuffixTree(D), suffix_reference().SuffixTree(D)
+  for sid in range(rng.randint(1, 4)):
+    seq = [rng.randrange(V) for _ in range(rng.randint(5, 200))]
+    i = 0
+    while i < len(seq):
+      k = rng.randint(1, 6)
+      ours.extend(sid, seq[i:i + k])
+      ref.extend(sid, seq[i:i + k])
+      i += k
+  if remove and len(ours.seqs) > 1:
+    ours.remove(0)
+    ref.remove(0)
+  return ours, ref, V
+
+
+@pytest.mark.parametrize("use_tree", [False, True], ids=["chain", "tree"])
+def test_proposals_equal_arctic_inference(use_tree):
+  """1,800 random (trees, context, settings): chain proposals equal Arctic's token for token,
+  parents, float32 probabilities and scores bit for bit, the same match length; tree proposals
+  the same size, match length and score (to float32 rounding: ties and compressed edges,
+  module doc), after removals too."""
+  rng = random.Random(0)
+  for case in range(60):
+    ours, ref, V = _trees(rng, remove=case % 2 == 1)
+    for _ in range(30):
+      ctx = [rng.randrange(V) for _ in range(rng.randint(1, 12))]
+      kw = dict(max_spec_tokens=rng.choice([1, 4, 8, 16]),
+                max_spec_factor=rng.choice([0.5, 1.0, 2.0]),
+                max_spec_offset=rng.choice([0.0, 1.0]),
+                min_token_prob=rng.choice([0.0, 0.1, 0.3]))
+      a = ours.speculate(ctx, use_tree=use_tree, **kw)
+      b = ref.speculate(ctx, kw["max_spec_tokens"], kw["max_spec_factor"],
+                        kw["max_spec_offset"], kw["min_token_prob"], use_tree)
+      where = (case, ctx, kw)
+      assert a.match_len == b.match_len and len(a.tokens) == len(b.token_ids), where
+      if use_tree:
+        assert abs(float(a.score) - b.score) <= 1e-5 * max(1.0, b.score), where
+      else:
+        assert (a.tokens, a.parents) == (list(b.token_ids), list(b.parents)), where
+        assert [float(p) for p in a.probs] == list(b.probs) and float(a.score) == b.score, where
+
+
+def test_counts_and_the_global_tree_by_hand():
+  t = SuffixTree(4)
+  t.extend(0, [1, 2, 3, 1, 2, 4, 1, 2])
+  assert t.match([1, 2]).count == 3 and t.match([1, 2, 3]).count == 1
+  p = t.speculate([5, 1, 2], max_spec_tokens=4, max_spec_factor=2.0)
+  # (1, 2) continues with 3 and 4 once each (its third occurrence ends the sequence): 1/3 each,
+  # the earlier child first; then (1, 2, 3) -> 1 always, and 4-grams are the tree's depth
+  assert p.match_len == 2 and p.tokens == [3, 1] and p.parents == [-1, 0]
+  assert [float(x) for x in p.probs] == [pytest.approx(1 / 3)] * 2
+  cache = SuffixCache(max_tree_depth=8, max_cached_requests=2)
+  cache.start("a", [9, 9])
+  cache.extend("a", [4, 5, 6, 7])
+  cache.stop("a")
+  cache.start("b", [1])  # a's output is in the global tree, its prompt is not
+  got = cache.speculate("b", [3, 4, 5], max_spec_tokens=4, max_spec_factor=2.0)
+  assert got.tokens == [6, 7]
+  cache.start("c", [1])  # two cached requests (b, c): a's output evicted, the oldest
+  assert cache.speculate("c", [3, 4, 5], max_spec_tokens=4).tokens == []
+
+
+@pytest.mark.parametrize("use_tree", [False, True], ids=["chain", "tree"])
+def test_greedy_identical_and_a_repeated_request_reuses_its_output(use_tree):
+  params = init_params(jax.random.key(0), CFG, scale=0.3)
+  dec = SpeculativeEngine(params, CFG, SuffixProposer(max_spec_tokens=6, use_tree=use_tree))
+  prompts = [[5, 9, 2, 7, 5, 9], [1, 2, 3]]
+  first = greedy_identity(dec, params, CFG, prompts, max_new_tokens=24)
+  # the same requests again: the global tree holds their outputs, so most steps draft them
+  again = greedy_identity(dec, params, CFG, prompts, max_new_tokens=24)
+  assert again.stats.tau > max(first.stats.tau, 2.0), (first.stats.tau, again.stats.tau)
+  rec = again.stats.record()
+  assert rec["matched_steps"] > 0 and rec["mean_match_len"] >= 1
+
+
+@pytest.mark.parametrize("use_tree", [False, True], ids=["chain", "tree"])
+def test_sampling_follows_the_target_law(use_tree):
+  target = init_params(jax.random.key(10), SMALL, scale=0.8)
+  greedy = Decoder(target, SMALL).generate([[3, 1]], max_new_tokens=6).tokens[0]
+  dec = SpeculativeEngine(target, SMALL, SuffixProposer(max_spec_tokens=2, use_tree=use_tree,
+                                                        min_token_prob=0.0))
+  prompt = [3, 1, *greedy, 3, 1]
+  pvalue, stats = target_law(dec, target, SMALL, prompt, SamplingParams(temperature=1.0),
+                             seed=7)
+  assert 0.05 < stats.acceptance_rate < 0.95
+  assert pvalue > 1e-3
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(max_spec_factor=-1.0), "max_spec_factor must be > 0"),
+    (dict(min_token_prob=1.5), r"min_token_prob must lie in \[0, 1\], got 1.5"),
+    (dict(max_cached_requests=0), "max_cached_requests=0"),
+    (dict(max_tree_depth=1), "max_tree_depth must be >= 2, got 1"),
+    (dict(max_spec_tokens=0), r"max_spec_tokens must be in \[1, 4096\], got 0"),
+    (dict(max_spec_offset=-2.0), "max_spec_offset must be >= 0, got -2.0"),
+])
+def test_nonsense_settings_are_refused_in_one_line(kw, match):
+  with pytest.raises(ValueError, match=match):
+    SuffixProposer(**kw)
