@@ -221,3 +221,31 @@ def test_bad_input_is_one_error_line_and_exit_2(tmp_path, capfd, args, message):
   assert rc == 2
   err = capfd.readouterr().err.strip().splitlines()  # libtpu's own log lines kept off stderr
   assert len(err) == 1 and err[0].startswith(message), err
+
+
+def test_methods_are_the_registrys_names_and_parameters(tiny):
+  """The bench speaks the registry, as `python -m vocabjax.generate --method NAME --set k=v`
+  does: every registered method by name (its defaults), parameters as NAME:key=value, the
+  registry's own checks; a short name is an alias whose program is the registry form's."""
+  from vocabjax.bench.shapes import resolve_config
+  from vocabjax.methods import METHODS as REGISTRY
+
+  for name, m in REGISTRY.items():  # required values given as generate's --set would
+    need = [f"{k}=64" for k, t in m.fields.items() if k not in m.defaults and t is not str]
+    spec = tpu.method_spec(name + (":" + ",".join(need) if need else ""))
+    assert spec.kind == name
+  assert tpu.method_spec("chain:gamma=3").params == tpu.method_spec("chain_g3").params
+  with pytest.raises(ValueError, match=r"method 'chain' has no parameters \['gama'\]"):
+    tpu.method_spec("chain:gama=3")
+  with pytest.raises(ValueError, match="chain needs 1 <= gamma.*got gamma=0"):
+    tpu.method_spec("chain:gamma=0")
+  with pytest.raises(ValueError, match=r"min_token_prob must lie in \[0, 1\], got 2"):
+    tpu.method_spec("suffix:min_token_prob=2")
+  setup = tpu.Setup(resolve_config(tiny[0])[1], resolve_config(tiny[1])[1])
+  texts = [tpu.lower_step(m, setup, S=128).programs["step"].text
+           for m in ("chain_g3", "chain:gamma=3")]
+  assert texts[0] == texts[1]
+  # the proposers the short names never had compile for a TPU chip as they are
+  for m in ("suffix:max_spec_tokens=4", "ngram:gamma=3"):
+    step = tpu.lower_step(m, setup, S=128, compile=True)
+    assert step.programs["step"].compiled.memory_analysis().alias_size_in_bytes > 0, m

@@ -143,8 +143,10 @@ def _tpu_parser() -> argparse.ArgumentParser:
   p.add_argument("--out", required=True, help="result directory (tpu.md, tpu.json)")
   p.add_argument("--run", help="an eval result directory whose summary.json gives tau per "
                  "method (matched by name, else by registry method and step parameters)")
-  p.add_argument("--methods", nargs="+", help="method names (default: all; ar is always "
-                 "included: speedups are against it)")
+  p.add_argument("--methods", nargs="+", help="methods as the registry names them: NAME (its "
+                 "defaults) or NAME:key=value,... (e.g. tree:top_k=4,depth=4,total_tokens=16; "
+                 "files are stand-ins of the pair's shapes), or a short name (default: the gate "
+                 "run's set; ar is always included: speedups are against it)")
   p.add_argument("--context", type=int, default=1024, help="cache slots S of the step programs "
                  "(their attention reads all S; default 1024, the gate run's max_len)")
   p.add_argument("--batch", type=int, default=1, help="batch rows B")

@@ -57,12 +57,15 @@ from jax.sharding import NamedSharding, PartitionSpec as P, SingleDeviceSharding
 from vocabjax import sharding
 from vocabjax.decoding.autoregressive import Decoder
 from vocabjax.decoding.crossvocab import CrossVocabDecoder
-from vocabjax.decoding.eagle import EagleDecoder
+from vocabjax.decoding.eagle import EagleDecoder, EagleLookupDecoder
+from vocabjax.decoding.ngram import NgramProposer, NgramTable
 from vocabjax.decoding.medusa import MedusaDecoder, medusa_choices_for
 from vocabjax.decoding.pld import PromptLookupDecoder
 from vocabjax.sampling import SamplingParams
-from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder
+from vocabjax.decoding.speculative import ChainDecoder, SpeculativeEngine, TreeDecoder
+from vocabjax.decoding.suffix import SuffixProposer
 from vocabjax.decoding.tree import TreeParams
+from vocabjax.errors import ConfigError
 from vocabjax.kernels import cpu_matmul
 from vocabjax.lowering import Lowering, decoding_lowering, platform_default
 from vocabjax.models.cache import KVCache
@@ -216,148 +219,241 @@ class MethodSpec:
   @property
   def loops(self) -> bool:
     """Whether the step holds a scan or while loop (XLA's cost analysis counts a body once)."""
-    return self.kind in ("chain", "tree", "eagle", "vocabtrim", "frspec", "specvocab",
-                         "crossvocab")
+    return self.kind in ("chain", "tree", "eagle", "eagle_pld", "vocabtrim", "frspec",
+                         "specvocab", "crossvocab")
 
 
-# the method names `lower_step` and `python -m vocabjax.bench tpu` take; the defaults are the
-# shapes of experiments/results/eagle/gate's methods (and SpecVocab's main setting)
+# the methods `lower_step` and `python -m vocabjax.bench tpu` take: the registry's names and
+# parameters, as `python -m vocabjax.generate --method NAME --set key=value` takes them, written
+# "NAME" (its defaults) or "NAME:key=value,key=value" (e.g. "tree:top_k=4,depth=4,total_tokens=16");
+# files a method reads (heads, rankers, counts, subsets, corpora) are stand-ins of the Setup's
+# shapes. The defaults are the shapes of experiments/results/eagle/gate's methods (and SpecVocab's
+# main setting), under their short names: aliases of registry forms (ALIASES), which the recorded
+# runs and tables use.
 METHODS = ("ar", "chain_g3", "tree_k4d4n16", "eagle_k1d4", "eagle_k4d4n16", "medusa_h3k2",
            "pld_g4", "vocabtrim_k8192_g3", "sv2048_g3_tpu", "crossvocab_g4")
-NAME_FORMS = ("ar", "chain_g<G>", "tree_k<k>d<d>n<n>", "eagle_k<k>d<d>[n<n>]", "medusa_h<H>k<k>",
-              "pld_g<G>", "vocabtrim_k<K>_g<G>", "frspec_k<K>_g<G>",
-              "sv<K>_g<G>_<tpu|gpu|xla|auto>", "crossvocab_g<G>")
-_FORMS = [
-    ("chain", re.compile(r"chain_g(\d+)")),
-    ("tree", re.compile(r"tree_k(\d+)d(\d+)n(\d+)")),
-    ("eagle", re.compile(r"eagle_k(\d+)d(\d+)(?:n(\d+))?")),
-    ("medusa", re.compile(r"medusa_h(\d+)k(\d+)")),
-    ("pld", re.compile(r"pld_g(\d+)")),
-    ("vocabtrim", re.compile(r"vocabtrim_k(\d+)_g(\d+)")),
-    ("frspec", re.compile(r"frspec_k(\d+)_g(\d+)")),
-    ("specvocab", re.compile(r"sv(\d+)_g(\d+)_(tpu|gpu|xla|auto)")),
-    ("crossvocab", re.compile(r"crossvocab_g(\d+)")),
+NAME_FORMS = ("NAME", "NAME:key=value,...", "ar", "chain_g<G>", "tree_k<k>d<d>n<n>",
+              "eagle_k<k>d<d>[n<n>]", "medusa_h<H>k<k>", "pld_g<G>", "vocabtrim_k<K>_g<G>",
+              "frspec_k<K>_g<G>", "sv<K>_g<G>_<tpu|gpu|xla|auto>", "crossvocab_g<G>")
+ALIASES = [  # short name -> registry form (and bench-only settings: SpecVocab's kernel impl)
+    (re.compile(r"chain_g(\d+)"), lambda g: "chain:gamma={}".format(*g)),
+    (re.compile(r"tree_k(\d+)d(\d+)n(\d+)"),
+     lambda g: "tree:top_k={},depth={},total_tokens={}".format(*g)),
+    (re.compile(r"eagle_k(\d+)d(\d+)(?:n(\d+))?"), lambda g: "eagle:top_k={},depth={},"
+     "total_tokens={}".format(g[0], g[1], g[2] or int(g[0]) * int(g[1]))),
+    (re.compile(r"medusa_h(\d+)k(\d+)"), lambda g: "medusa:depth={},top_k={}".format(*g)),
+    (re.compile(r"pld_g(\d+)"), lambda g: "pld:gamma={}".format(*g)),
+    (re.compile(r"vocabtrim_k(\d+)_g(\d+)"), lambda g: "vocabtrim:k={},gamma={}".format(*g)),
+    (re.compile(r"frspec_k(\d+)_g(\d+)"), lambda g: "frspec:k={},gamma={}".format(*g)),
+    (re.compile(r"sv(\d+)_g(\d+)_(tpu|gpu|xla|auto)"),
+     lambda g: "specvocab:k={},gamma={}|impl={}".format(*g)),
+    (re.compile(r"crossvocab_g(\d+)"), lambda g: "crossvocab:gamma={}".format(*g)),
 ]
 
 
 # registry parameters that never change a step program (host-side lookup, file paths; an EAGLE
 # head's or a ranker's shapes are taken as the Setup's)
 _HOST_ONLY = {"min_ngram", "max_ngram", "head", "ranker", "subset", "counts", "drafter",
-              "ngram", "rule", "choices", "heads", "threshold"}
+              "ngram", "rule", "choices", "heads", "threshold", "corpus", "n",
+              "max_tree_depth", "max_cached_requests", "min_token_prob", "max_spec_factor",
+              "max_spec_offset"}
+_STAND_IN = "<bench stand-in>"  # what a file parameter holds here (never read)
+
+
+def registry_form(name: str) -> tuple[str, dict, dict]:
+  """(registry method, its parameters as given, bench-only settings) of a method name: "NAME",
+  "NAME:key=value,...", or a short alias (ALIASES); ValueError naming it otherwise."""
+  from vocabjax.methods import METHODS as REGISTRY  # local: the registry's parsers
+
+  for form, to in ALIASES:
+    m = form.fullmatch(name)
+    if m:
+      name = to(m.groups())
+      break
+  name, _, extra = name.partition("|")
+  kind, _, given = name.partition(":")
+  if kind not in REGISTRY:
+    raise ValueError(f"unknown method {kind!r}: the registry's {sorted(REGISTRY)}, as NAME or "
+                     f"NAME:key=value,... (or a short name: {', '.join(NAME_FORMS[2:])})")
+  raw = {}
+  for item in filter(None, given.split(",")):
+    key, eq, value = item.partition("=")
+    if not eq:
+      raise ValueError(f"method {name!r}: {item!r} is not key=value")
+    raw[key.strip()] = _value(value.strip())
+  bench = dict(kv.split("=", 1) for kv in filter(None, extra.split(";")))
+  return kind, raw, bench
+
+
+def _value(text: str):
+  """A parameter's value as `--set` reads it: int, float, true/false, else the string."""
+  low = text.lower()
+  if low in ("true", "false"):
+    return low == "true"
+  for cast in (int, float):
+    try:
+      return cast(text)
+    except ValueError:
+      pass
+  return text
 
 
 def method_spec(name: str) -> MethodSpec:
-  """The method a name says (NAME_FORMS); ValueError naming it and the forms otherwise."""
-  if name == "ar":
-    return MethodSpec(name, "ar", {}, ("target",),
-                      lambda a, s, mesh: Decoder(a["target"], s.target, mesh=mesh),
-                      "plain decoding's step")
-  for kind, form in _FORMS:
-    m = form.fullmatch(name)
-    if m:
-      try:
-        return _SPECS[kind](name, *m.groups())
-      except ValueError as e:
-        raise ValueError(f"method {name!r}: {e}") from None
-  raise ValueError(f"unknown method {name!r}: names look like {', '.join(NAME_FORMS)} "
-                   f"(defaults: {', '.join(METHODS)})")
+  """The method a name says (`registry_form`), its parameters parsed by the registry's own
+  dataclass (defaults filled, types checked; files are stand-ins); ValueError naming the name
+  and the problem otherwise."""
+  from vocabjax.methods import METHODS as REGISTRY  # local: the registry's parsers
+
+  kind, raw, bench = registry_form(name)
+  method = REGISTRY[kind]
+  for field, typ in method.fields.items():  # a file the step does not read: a stand-in
+    if typ is str and field not in method.defaults and field not in raw:
+      raw[field] = _STAND_IN
+  try:
+    p = method.parse(raw, f"method {name!r}", check_files=False)
+    p.check(f"method {name!r}")  # the values' checks (a stand-in file's are not this one's)
+  except ConfigError as e:
+    if _STAND_IN not in str(e):
+      raise ValueError(str(e)) from None
+  try:
+    return _SPECS[kind](name, kind, p, bench)
+  except ValueError as e:
+    raise ValueError(f"method {name!r}: {e}") from None
 
 
-def _chain_spec(name, g):
-  G = int(g)
-  if G < 1:
-    raise ValueError(f"gamma {G} must be >= 1")
-  return MethodSpec(name, "chain", {"gamma": G}, ("target", "draft"), lambda a, s, mesh:
-                    ChainDecoder(a["target"], s.target, a["draft"], s.draft, gamma=G,
-                                 mesh=mesh), f"drafter chain of {G}")
+def _shaping(kind: str, p) -> dict:
+  """The registry parameters of `p` that shape the step program (a run's tau is matched on
+  them)."""
+  return {k: v for k, v in dataclasses.asdict(p).items() if k not in _HOST_ONLY}
 
 
-def _tree_spec(name, k, d, n):
-  tree = TreeParams(int(k), int(d), int(n))
-  return MethodSpec(name, "tree", dataclasses.asdict(tree), ("target", "draft"),
-                    lambda a, s, mesh: TreeDecoder(a["target"], s.target, a["draft"], s.draft,
-                                                   tree=tree, mesh=mesh),
-                    f"drafter tree of {tree.total_tokens} nodes")
+def _draft_vocab(s: Setup, kind: str, p, bench: dict):
+  """A stand-in vocabulary policy of the parameters' size over the drafter (`k`)."""
+  if kind in ("vocabtrim", "frspec"):
+    if not 1 <= p.k <= s.draft.vocab_size:
+      raise ValueError(f"subset K={p.k} must be in [1, V={s.draft.vocab_size}]")
+    # the subset's ids only fix K: which K rows are copied does not change the program
+    return VocabSubset(np.arange(p.k), s.draft.vocab_size, meta=(("ids", "stand-in"),))
+  if kind == "specvocab":
+    impl = {"xla": "reference"}.get(bench.get("impl", "auto"), bench.get("impl", "auto"))
+    return _ranker_vocab(s, p.k, impl)
+  return None
 
 
-def _eagle_spec(name, k, d, n):
-  k, d = int(k), int(d)
-  tree = TreeParams(k, d, int(n) if n else k * d)  # n left out: every node of k per level
-  what = f"chain of {d}" if k == 1 else f"tree of {tree.total_tokens}"
-  return MethodSpec(name, "eagle", {**dataclasses.asdict(tree), "min_confidence": 0.0},
-                    ("target", "head"), lambda a, s, mesh: EagleDecoder(
-                        a["target"], s.target, a["head"], _head_config(s), tree=tree,
-                        mesh=mesh), f"EAGLE-3 head (own Vd rows), {what}")
+def _tree_of(p) -> TreeParams | None:
+  return TreeParams(p.top_k, p.depth, p.total_tokens) if getattr(p, "depth", 0) else None
 
 
-def _medusa_spec(name, h, k):
-  H, k = int(h), int(k)
-  if H < 1 or k < 1:
-    raise ValueError(f"Medusa needs heads >= 1 and top-k >= 1, got {H} and {k}")
-  choices = medusa_choices_for(H, k)  # every path of ranks < k down to depth H
-  return MethodSpec(name, "medusa", None, ("target", f"medusa{H}"), lambda a, s, mesh:
+def _model_spec(name, kind, p, bench):
+  """chain, tree and the drafter vocabularies (a chain, or a tree where depth > 0)."""
+  if getattr(p, "subset", ""):
+    raise ValueError("a saved subset is read for its size: name it as vocabtrim:k=K")
+
+  def build(a, s, mesh):
+    vocab = _draft_vocab(s, kind, p, bench)
+    tree = _tree_of(p) if kind != "chain" else None
+    if kind == "tree" or tree is not None:
+      return TreeDecoder(a["target"], s.target, a["draft"], s.draft, tree=tree, mesh=mesh,
+                         draft_vocab=vocab)
+    return ChainDecoder(a["target"], s.target, a["draft"], s.draft, gamma=p.gamma, mesh=mesh,
+                        draft_vocab=vocab)
+
+  shape = (f"tree of {p.total_tokens} nodes" if kind == "tree" or _tree_of(p) is not None
+           else f"chain of {p.gamma}")
+  about = {"chain": "drafter", "tree": "drafter",
+           "vocabtrim": f"static subset of {getattr(p, 'k', 0)} rows (VocabTrim and FR-Spec run "
+                        f"the same program)",
+           "frspec": f"static subset of {getattr(p, 'k', 0)} rows (VocabTrim and FR-Spec run "
+                     f"the same program)",
+           "specvocab": f"SpecVocab top-{getattr(p, 'k', 0)} (a rank-R ranker, indexed head "
+                        f"impl={bench.get('impl', 'auto')!r})"}[kind]
+  return MethodSpec(name, kind, _shaping(kind, p), ("target", "draft"), build,
+                    f"{about}, {shape}")
+
+
+def _eagle_spec(name, kind, p, bench):
+  if p.subset:
+    raise ValueError("a saved subset is read for its size: not a bench stand-in")
+  tree = TreeParams(p.top_k, p.depth, p.total_tokens)
+
+  def build(a, s, mesh):
+    vocab = _ranker_vocab(s, p.k, "auto") if p.ranker else None
+    kw = dict(tree=tree, lm_head=p.lm_head, draft_vocab=vocab, mesh=mesh,
+              min_confidence=p.min_confidence)
+    if kind == "eagle_pld":
+      return EagleLookupDecoder(a["target"], s.target, a["head"], _head_config(s), gamma=p.gamma,
+                                candidates=p.candidates, **kw)
+    return EagleDecoder(a["target"], s.target, a["head"], _head_config(s), **kw)
+
+  what = f"chain of {p.depth}" if p.top_k == 1 else f"tree of {tree.total_tokens}"
+  return MethodSpec(name, kind, _shaping(kind, p), ("target", "head"), build,
+                    f"EAGLE-3 head ({p.lm_head} LM head), {what}"
+                    + (" + prompt lookup" if kind == "eagle_pld" else ""))
+
+
+def _medusa_spec(name, kind, p, bench):
+  import json
+
+  choices = json.loads(p.choices) if p.choices else None
+  H = max(map(len, choices)) if choices else (p.depth or 3)
+  if H < 1 or p.top_k < 1:
+    raise ValueError(f"Medusa needs heads >= 1 and top-k >= 1, got {H} and {p.top_k}")
+  choices = choices or medusa_choices_for(H, p.top_k)  # every path of ranks < k down to H
+  return MethodSpec(name, kind, None, ("target", f"medusa{H}"), lambda a, s, mesh:
                     MedusaDecoder(a["target"], s.target, a[f"medusa{H}"], _medusa_config(s, H),
                                   choices=choices, mesh=mesh),
-                    f"Medusa-1, {H} heads with own [V, D] projections, top-{k} full tree "
-                    f"({len(choices)} nodes)")
+                    f"Medusa-1, {H} heads with own [V, D] projections, "
+                    f"{len(choices)}-node tree")
 
 
-def _pld_spec(name, g):
-  G = int(g)
-  return MethodSpec(name, "pld", {"gamma": G, "candidates": 1}, ("target",),
-                    lambda a, s, mesh: PromptLookupDecoder(a["target"], s.target, gamma=G,
-                                                           mesh=mesh),
-                    f"prompt lookup, the step verifying {G} looked-up drafts")
-
-
-def _static_spec(kind):
-  def spec(name, k, g):
-    K, G = int(k), int(g)
-
+def _lookup_spec(name, kind, p, bench):
+  """Prompt lookup, the n-gram table and SuffixDecoding: host drafts, the target's step."""
+  if kind == "pld":
     def build(a, s, mesh):
-      # the subset's ids only fix K: which K rows are copied does not change the program
-      if not 1 <= K <= s.draft.vocab_size:
-        raise ValueError(f"subset K={K} must be in [1, V={s.draft.vocab_size}]")
-      subset = VocabSubset(np.arange(K), s.draft.vocab_size, meta=(("ids", "stand-in"),))
-      return ChainDecoder(a["target"], s.target, a["draft"], s.draft, gamma=G,
-                          draft_vocab=subset, mesh=mesh)
-
-    return MethodSpec(name, kind, {"k": K, "gamma": G, "depth": 0}, ("target", "draft"), build,
-                      f"static subset of {K} rows ({kind}; VocabTrim and FR-Spec run the same "
-                      f"program), chain of {G}")
-  return spec
-
-
-def _specvocab_spec(name, k, g, impl):
-  K, G = int(k), int(g)
-  impl = {"xla": "reference"}.get(impl, impl)
-  return MethodSpec(name, "specvocab", {"k": K, "gamma": G, "depth": 0}, ("target", "draft"),
-                    lambda a, s, mesh: ChainDecoder(a["target"], s.target, a["draft"], s.draft,
-                                                    gamma=G, mesh=mesh,
-                                                    draft_vocab=_ranker_vocab(s, K, impl)),
-                    f"SpecVocab top-{K} (a rank-R ranker, indexed head impl={impl!r}), "
-                    f"chain of {G}")
+      return PromptLookupDecoder(a["target"], s.target, gamma=p.gamma, max_ngram=p.max_ngram,
+                                 min_ngram=p.min_ngram, candidates=p.candidates, mesh=mesh)
+    about = f"prompt lookup, the step verifying {p.candidates * p.gamma} looked-up drafts"
+  elif kind == "ngram":
+    def build(a, s, mesh):
+      table = NgramTable.fit([[0, 1]])  # stand-in: the table never reaches the program
+      return SpeculativeEngine(a["target"], s.target, NgramProposer(table, gamma=p.gamma),
+                               mesh=mesh)
+    about = f"n-gram table drafts, the step verifying {p.gamma}"
+  else:
+    def build(a, s, mesh):
+      return SpeculativeEngine(a["target"], s.target,
+                               SuffixProposer(**dataclasses.asdict(p)), mesh=mesh)
+    about = (f"SuffixDecoding, the step verifying {p.max_spec_tokens} drafts"
+             + (" as a tree" if p.use_tree else ""))
+  return MethodSpec(name, kind, _shaping(kind, p), ("target",), build, about)
 
 
-def _crossvocab_spec(name, g):
-  G = int(g)
+def _crossvocab_spec(name, kind, p, bench):
+  if p.adaptive:
+    raise ValueError("adaptive=true reads a trained acceptance head: not a bench stand-in")
 
   def build(a, s, mesh):
     ttok, dtok = _tokenizers()
     return CrossVocabDecoder(a["target"], s.target, a["cross_draft"], s.crossvocab_draft,
-                             target_tokenizer=ttok, draft_tokenizer=dtok, gamma=G, mesh=mesh)
+                             target_tokenizer=ttok, draft_tokenizer=dtok, gamma=p.gamma,
+                             ngram=p.ngram, mesh=mesh)
 
-  return MethodSpec(name, "crossvocab", {"gamma": G, "adaptive": False},
-                    ("target", "cross_draft"), build,
-                    f"cross-vocabulary drafter, {G} drafts: its draft and verify programs "
-                    f"(the host's translation between them not counted)", while_trips=G - 1,
-                    loop_programs=("draft",))
+  return MethodSpec(name, kind, _shaping(kind, p), ("target", "cross_draft"), build,
+                    f"cross-vocabulary drafter, {p.gamma} drafts: its draft and verify programs "
+                    f"(the host's translation between them not counted)",
+                    while_trips=p.gamma - 1, loop_programs=("draft",))
 
 
-_SPECS = {"chain": _chain_spec, "tree": _tree_spec, "eagle": _eagle_spec,
-          "medusa": _medusa_spec, "pld": _pld_spec, "vocabtrim": _static_spec("vocabtrim"),
-          "frspec": _static_spec("frspec"), "specvocab": _specvocab_spec,
-          "crossvocab": _crossvocab_spec}
+def _ar_spec(name, kind, p, bench):
+  return MethodSpec(name, "ar", {}, ("target",),
+                    lambda a, s, mesh: Decoder(a["target"], s.target, mesh=mesh),
+                    "plain decoding's step")
+
+
+_SPECS = {"ar": _ar_spec, "chain": _model_spec, "tree": _model_spec, "vocabtrim": _model_spec,
+          "frspec": _model_spec, "specvocab": _model_spec, "eagle": _eagle_spec,
+          "eagle_pld": _eagle_spec, "medusa": _medusa_spec, "pld": _lookup_spec,
+          "ngram": _lookup_spec, "suffix": _lookup_spec, "crossvocab": _crossvocab_spec}
 
 
 def _head_config(s: Setup) -> EagleConfig:
