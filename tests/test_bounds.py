@@ -76,11 +76,13 @@ def test_a_draft_longer_than_a_block_or_the_context_is_refused(tiny_chat_dir):
 def test_a_kv_cache_larger_than_the_free_memory_is_refused(tiny_chat_dir, monkeypatch):
   from vocabjax.checkpoints.loader import load_model
   from vocabjax.decoding import ChainDecoder
-  from vocabjax.decoding import autoregressive
+  from vocabjax.decoding import Decoder, engine
 
   m = load_model(tiny_chat_dir, dtype="float32")
-  monkeypatch.setattr(autoregressive, "available_memory_bytes", lambda: 1 << 10)
+  monkeypatch.setattr(engine, "available_memory_bytes", lambda: 1 << 10)
   dec = ChainDecoder(m.params, m.config, m.params, m.config, gamma=3)
   with pytest.raises(ValueError, match=r"KV cache for 1 row\(s\) x .* slots needs at least "
                      r"0\.0 GiB; 0\.0 GiB are free"):
     dec.generate([[5, 6, 7]], max_new_tokens=8)
+  with pytest.raises(ValueError, match=r"ar: the target's KV cache for 1 row"):  # one path
+    Decoder(m.params, m.config).generate([[5, 6, 7]], max_new_tokens=8)

@@ -1,4 +1,6 @@
-"""The host side every decoder shares: one request check, one program cache, one host loop.
+"""The host side every decoder shares: one request check and layout (`request`: prompts as
+ids, the cache room one step needs, the mesh's data axis, the rows' `OutputCollector`), one
+program cache (`ProgramKey`), one host loop.
 
 A decoder supplies only what is its own:
 
@@ -17,14 +19,18 @@ Medusa (`SpeculativeDecoder`), prompt lookup, EAGLE + lookup, and the cross-voca
 
 from __future__ import annotations
 
+import collections.abc
 import functools
 import time
-from typing import Any, Callable, Hashable, NamedTuple
+from typing import Any, Callable, Hashable, NamedTuple, Sequence
 
 import jax
 import numpy as np
 
+from vocabjax.backends import available_memory_bytes
 from vocabjax.decoding.base import GenerationResult
+from vocabjax.models.config import LlamaLikeConfig
+from vocabjax.sampling import NONFINITE, SamplingParams
 
 
 @jax.jit
@@ -90,11 +96,240 @@ class Request(NamedTuple):
   T: int  # prompt block
   tokens: np.ndarray  # [B, T] right-padded
   key: jax.Array
-  out: Any  # the rows' OutputCollector (`autoregressive.request` builds one)
+  out: "OutputCollector"  # the rows' output (`request` builds it)
 
   @property
   def B(self) -> int:
     return len(self.prompts)
+
+
+# --- requests: checks, layout, the rows' output ------------------------------------------
+
+class NonFiniteLogitsError(ValueError):
+  """A decoding step's target logits held a NaN or an infinity (flagged in the compiled step
+  as `sampling.NONFINITE`): without this, argmax would emit token 0 forever."""
+
+
+def nonfinite_error(row: int, position: int, step: int | None = None) -> NonFiniteLogitsError:
+  """The error for row `row`'s generated token `position` whose target logits held NaN or inf
+  (step 0 is the prefill); the caller raises it where it sees the `NONFINITE` flag."""
+  where = "the prefill" if step == 0 else (f"decoding step {step}" if step is not None
+                                            else "a decoding step")
+  return NonFiniteLogitsError(
+      f"the target's logits in {where} hold NaN or inf (row {row}, generated token "
+      f"{position}): the weights hold non-finite values or the activations overflowed "
+      f"their dtype; nothing after this point would be a real token (load_model checks "
+      f"weights with check_finite=True; try float32 weights)")
+
+
+class OutputCollector:
+  """Appends each row's emitted tokens and decides when the row is finished.
+
+  A row finishes at an EOS token (kept), at a stop string (checked on the detokenized tail) or
+  at `max_new_tokens`; tokens a step emits past that point are dropped. A `NONFINITE` token
+  (the step's target logits held NaN or inf) raises `NonFiniteLogitsError`.
+
+  `streamer`: an object with transformers' streamer methods (`put(ids)`, `end()`:
+  `transformers.TextStreamer`, `TextIteratorStreamer`, or one's own), for one row: it gets the
+  prompt (`begin`), then each call's kept tokens as they are kept (a speculative step's
+  accepted block at once), then `end()` (`finish`).
+  """
+
+  def __init__(self, batch_size: int, max_new_tokens: int, eos_token_ids: Sequence[int] = (),
+               stop_strings: Sequence[str] = (), tokenizer=None, streamer=None):
+    if stop_strings and tokenizer is None:
+      raise ValueError("stop strings need a tokenizer to detokenize with")
+    if streamer is not None and batch_size != 1:
+      raise ValueError(f"a streamer takes one row (as transformers' streamers do); this "
+                       f"request has {batch_size} rows")
+    self.streamer = streamer
+    self.max_new_tokens, self.stop_strings, self.tokenizer = (max_new_tokens, stop_strings,
+                                                              tokenizer)
+    self.eos = set(int(e) for e in eos_token_ids)
+    self.tokens: list[list[int]] = [[] for _ in range(batch_size)]
+    self.reasons = ["length"] * batch_size
+    self.done = np.zeros(batch_size, bool)
+    self.calls = 0  # add() calls so far: the prefill's token, then one per step
+
+  def begin(self, prompts: Sequence[Sequence[int]]) -> None:
+    """The streamer (if any) gets the prompt first, as transformers' `generate` gives it
+    (`TextStreamer(skip_prompt=True)` skips that first call)."""
+    if self.streamer is not None:
+      self.streamer.put(np.asarray([prompts[0]], np.int64))
+
+  def finish(self) -> None:
+    """Every row is done: the streamer's `end()`."""
+    if self.streamer is not None:
+      self.streamer.end()
+
+  def add(self, emitted: np.ndarray) -> None:
+    """emitted [B] or [B, W]: each row's new tokens in order; -1 ends a row's block early."""
+    emitted = np.asarray(emitted).reshape(len(self.tokens), -1)
+    self.calls += 1
+    for b in np.flatnonzero(~self.done):
+      self.add_row(b, emitted[b], step=self.calls - 1)
+
+  def add_row(self, b: int, emitted, step: int | None = None) -> None:
+    """Row b's new tokens in order (-1 ends them early); nothing once the row is done."""
+    row = self.tokens[b]
+    before = len(row)
+    self._extend(b, row, emitted, step)
+    if self.streamer is not None and len(row) > before:
+      self.streamer.put(np.asarray(row[before:], np.int64))
+
+  def _extend(self, b: int, row: list, emitted, step) -> None:
+    for tok in emitted:
+      if tok == NONFINITE and not self.done[b]:
+        raise nonfinite_error(b, len(row), step)
+      if self.done[b] or tok < 0:
+        break
+      row.append(int(tok))
+      if tok in self.eos:
+        self.done[b], self.reasons[b] = True, "eos"
+      elif self.stop_strings and _hits_stop(self.tokenizer, row, self.stop_strings):
+        self.done[b], self.reasons[b] = True, "stop"
+      elif len(row) >= self.max_new_tokens:
+        self.done[b] = True
+
+
+def bucket(n: int, minimum: int = 16) -> int:
+  """Round up to a power of two (few distinct compiled shapes across prompts)."""
+  return max(minimum, 1 << (max(n, 1) - 1).bit_length())
+
+
+PROMPT_STEP = 128  # prompt blocks above this many tokens grow by this many
+
+
+def cache_slots(longest: int, room: int, max_len: int | None = None) -> int:
+  """Cache slots S of a request: `max_len`, else the longest prompt + `room` (new tokens +
+  the slots one step may write past them) rounded up to a bucket. The one formula every
+  decoder (and `cache_len`) uses."""
+  return max_len or bucket(longest + room)
+
+
+def prompt_bucket(n: int, step: int = PROMPT_STEP) -> int:
+  """The prompt block T for an n-token prompt: a power of two up to `step`, then the next
+  multiple of it. Prefill is compute bound (every padded position costs a full token's
+  FLOPs), so a 709-token prompt runs as 768 tokens, not 1024 (a 1.5B f32 prefill: ~25% less
+  time), at the price of a few more compiled shapes."""
+  if n <= step:
+    return bucket(n)
+  return -(-n // step) * step
+
+
+
+def _hits_stop(tokenizer, ids: list[int], stop_strings: Sequence[str]) -> bool:
+  tail = tokenizer.decode(ids[-16:], skip_special_tokens=False)
+  return any(s in tail for s in stop_strings)
+
+
+def token_ids(prompts) -> list[list[int]]:
+  """Prompts as lists of Python ints. Each prompt must be a sequence of integers (Python ints,
+  or a 1-D integer NumPy/JAX array): a float (1.9 would become 1), a string ('42' would become
+  [4, 2]) or a bool is refused naming the prompt and the value, never silently converted."""
+  if isinstance(prompts, (str, bytes)) or not (isinstance(prompts, collections.abc.Sequence)
+                                               or hasattr(prompts, "__array__")):
+    raise ValueError(f"prompts must be a list of token-id lists, got {type(prompts).__name__}")
+  out = []
+  for i, p in enumerate(prompts):
+    if hasattr(p, "__array__") and not isinstance(p, (list, tuple)):
+      a = np.asarray(p)
+      if a.ndim != 1 or not np.issubdtype(a.dtype, np.integer):
+        raise ValueError(f"prompt {i} must be a 1-D integer array of token ids, got "
+                         f"{a.dtype}{list(a.shape)}")
+      out.append([int(t) for t in a])
+      continue
+    if isinstance(p, (str, bytes)) or not isinstance(p, collections.abc.Sequence):
+      raise ValueError(f"prompt {i} must be a sequence of token ids, got {p!r:.60} "
+                       f"({type(p).__name__}); tokenize text first")
+    for t in p:
+      if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+        raise ValueError(f"prompt {i} holds {t!r} ({type(t).__name__}), not an integer "
+                         f"token id")
+    out.append([int(t) for t in p])
+  return out
+
+
+def validate_request(prompts: list[list[int]], max_new_tokens: int, sampling: SamplingParams,
+                     config: LlamaLikeConfig, max_len: int | None) -> None:
+  """Reject bad generation requests with errors that quote the offending value."""
+  if not prompts:
+    raise ValueError("no prompts given")
+  if max_new_tokens <= 0:
+    raise ValueError(f"max_new_tokens must be > 0, got {max_new_tokens=}")
+  for i, p in enumerate(prompts):
+    if not p:
+      raise ValueError(f"prompt {i} is empty")
+    bad = [t for t in p if not 0 <= t < config.vocab_size]
+    if bad:
+      raise ValueError(f"prompt {i} holds token ids outside [0, {config.vocab_size}): {bad[:5]}")
+  sampling.validate_for_vocab(config.vocab_size)
+  longest = max(len(p) for p in prompts)
+  if max_len is not None and longest + max_new_tokens > max_len:
+    raise ValueError(f"prompt of {longest} tokens + {max_new_tokens=} exceeds the cache length "
+                     f"{max_len=}")
+  if longest + max_new_tokens > config.max_position_embeddings:
+    raise ValueError(f"prompt of {longest} tokens + {max_new_tokens=} exceeds the model's "
+                     f"context {config.max_position_embeddings}")
+
+
+def check_cache_fits(config: LlamaLikeConfig, B: int, S: int, method: str) -> None:
+  """Refuse, before anything is compiled or allocated, a target KV cache that cannot fit: B rows
+  of S slots need at least 2 (K and V) x layers x B x S x KV heads x head dim x 2 bytes (bf16:
+  a lower bound whatever the dtype) against the memory free on the device (`backends`)."""
+  need = 2 * config.num_layers * B * S * config.num_kv_heads * config.head_dim * 2
+  free = available_memory_bytes()
+  if free is not None and need > free:
+    raise ValueError(f"{method}: the target's KV cache for {B} row(s) x {S:,} slots needs at "
+                     f"least {need / 2**30:,.1f} GiB; {free / 2**30:,.1f} GiB are free on "
+                     f"{jax.devices()[0].platform}: fewer rows, new tokens or draft tokens")
+
+
+def block_request(prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                  sampling: SamplingParams, config: LlamaLikeConfig, max_len: int | None,
+                  extra_slots: int, method: str):
+  """Validate a request for a method whose steps write up to `extra_slots` cache slots past
+  `max_new_tokens`; returns (prompts as int lists, lengths [B], cache slots S, prompt block T,
+  right-padded prompt tokens [B, T])."""
+  prompts = token_ids(prompts)
+  room = max_new_tokens + extra_slots
+  # plain decoding (no extra slots): its own message for a cache that is too short
+  validate_request(prompts, max_new_tokens, sampling, config, None if extra_slots else max_len)
+  lengths = np.array([len(p) for p in prompts], np.int32)
+  longest = int(lengths.max())
+  if extra_slots > config.max_position_embeddings:
+    raise ValueError(f"one {method} step writes {extra_slots} cache slots (its draft length or "
+                     f"tree), more than the model's whole context of "
+                     f"{config.max_position_embeddings} positions: lower gamma / the tree's "
+                     f"total_tokens")
+  if max_len is not None and longest + room > max_len:
+    raise ValueError(f"prompt of {longest} tokens + {max_new_tokens=} + {extra_slots} slots for "
+                     f"one {method} step = {longest + room} exceeds the cache length {max_len=}")
+  S = cache_slots(longest, room, max_len)
+  check_cache_fits(config, len(prompts), S, method)
+  T = min(prompt_bucket(longest), S)
+  tokens = np.zeros((len(prompts), T), np.int32)
+  for b, p in enumerate(prompts):
+    tokens[b, :len(p)] = p
+  return prompts, lengths, S, T, tokens
+
+
+def request(prompts: Sequence[Sequence[int]], *, max_new_tokens: int, sampling: SamplingParams,
+            config: LlamaLikeConfig, max_len: int | None, extra_slots: int, method: str,
+            mesh, seed: int, eos_token_ids=(), stop_strings=(), tokenizer=None,
+            streamer=None, rows_over_data: bool = True) -> Request:
+  """Validate a request (ids, lengths, cache room for one step's `extra_slots`, the device's
+  memory, on a mesh its data axis dividing the batch unless `rows_over_data` is False: plain
+  decoding places an odd batch replicated) and lay it out (`block_request`) for `host_loop`:
+  the one request path of every decoder but the cross-vocabulary one."""
+  prompts, lengths, S, T, tokens = block_request(prompts, max_new_tokens, sampling, config,
+                                                 max_len, extra_slots, method)
+  B = len(prompts)
+  if rows_over_data and mesh is not None and B % mesh.shape["data"]:
+    raise ValueError(f"a batch of B={B} rows does not divide the mesh's data axis of "
+                     f"{mesh.shape['data']} devices: pad the batch or use another mesh")
+  out = OutputCollector(B, max_new_tokens, eos_token_ids, stop_strings, tokenizer, streamer)
+  return Request(prompts, lengths, S, T, tokens, jax.random.key(seed), out)
 
 
 Advance = Callable[[Any, int, jax.Array, np.ndarray], tuple[Any, np.ndarray, float]]
