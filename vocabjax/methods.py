@@ -3,7 +3,7 @@ parameters into a decoder, used by the eval suites (`methods:` entries of a YAML
 `python -m vocabjax.generate` (its flags) alike.
 
 Methods: ar, chain, tree, pld, ngram, suffix, vocabtrim, frspec, specvocab, eagle, eagle_pld,
-medusa, crossvocab. Each has a frozen parameter dataclass (field types are checked, then the
+eagle_suffix, medusa, crossvocab. Each has a frozen parameter dataclass (field types are checked, then the
 dataclass's `check` validates the values, naming the field and the value), a builder `(target Model, draft Model | None,
 params) -> decoder` (anything with `generate(prompts, **kw) -> GenerationResult`), and what
 the reports need for MBSU: drafter forwards per block and the drafter's LM-head rows.
@@ -37,7 +37,7 @@ from vocabjax.checkpoints.medusa import load_medusa
 from vocabjax.decoding.autoregressive import Decoder
 from vocabjax.decoding.crossvocab import RULES as CROSSVOCAB_RULES
 from vocabjax.decoding.crossvocab import CrossVocabDecoder
-from vocabjax.decoding.eagle import EagleDecoder, EagleLookupDecoder
+from vocabjax.decoding.eagle import EagleDecoder, EagleLookupDecoder, EagleSuffixDecoder
 from vocabjax.decoding.medusa import MedusaDecoder, medusa_choices_for
 from vocabjax.decoding.ngram import NgramProposer, table_from
 from vocabjax.decoding.pld import PromptLookupDecoder
@@ -616,6 +616,44 @@ def _eagle_pld(target, draft, p: EaglePldParams, mesh=None):
                             lm_head=p.lm_head, draft_vocab=_eagle_vocab(target, p),
                             gamma=p.gamma, max_ngram=p.max_ngram, min_ngram=p.min_ngram,
                             candidates=p.candidates, min_confidence=p.min_confidence)
+
+
+@dataclasses.dataclass(frozen=True)
+class EagleSuffixParams(EagleParams):
+  max_spec_tokens: int = 8  # SuffixDecoding's most drafts per step
+  max_spec_factor: float = 1.0
+  max_spec_offset: float = 0.0
+  min_token_prob: float = 0.1
+  max_tree_depth: int = 64
+  max_cached_requests: int = 10_000
+  score_threshold: float = -1.0  # >= 0: a suffix proposal scoring that much drafts alone
+
+  def check(self, where: str) -> None:
+    super().check(where)
+    SuffixParams(self.max_spec_tokens, self.max_spec_factor, self.max_spec_offset,
+                 self.min_token_prob, self.max_tree_depth, self.max_cached_requests).check(where)
+
+
+@register("eagle_suffix", EagleSuffixParams, needs_draft=False,
+          drafter_passes=lambda p: p.depth, head_rows=_eagle_rows,
+          drafter_params=lambda p: _eagle_config(p.head, "eagle").num_params(_eagle_rows(p)))
+def _eagle_suffix(target, draft, p: EagleSuffixParams, mesh=None):
+  """The EAGLE head's tree with SuffixDecoding's proposal merged into it (or, with
+  `score_threshold`, alone where it scores that much), one verification
+  (`EagleSuffixDecoder`); one device."""
+  del draft
+  if mesh is not None:
+    raise ValueError("eagle_suffix runs on one device (its suffix trees are the host's)")
+  suffix = SuffixProposer(max_spec_tokens=p.max_spec_tokens, max_spec_factor=p.max_spec_factor,
+                          max_spec_offset=p.max_spec_offset, min_token_prob=p.min_token_prob,
+                          max_tree_depth=p.max_tree_depth,
+                          max_cached_requests=p.max_cached_requests)
+  return EagleSuffixDecoder(_blocks(target, mesh), target.config, *_eagle_head(target, p),
+                            tree=TreeParams(p.top_k, p.depth, p.total_tokens),
+                            lm_head=p.lm_head, draft_vocab=_eagle_vocab(target, p),
+                            suffix=suffix, min_confidence=p.min_confidence,
+                            score_threshold=None if p.score_threshold < 0
+                            else p.score_threshold)
 
 
 # --- Medusa heads ---------------------------------------------------------------------------

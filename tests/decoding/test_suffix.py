@@ -119,3 +119,54 @@ def test_sampling_follows_the_target_law(use_tree):
 def test_nonsense_settings_are_refused_in_one_line(kw, match):
   with pytest.raises(ValueError, match=match):
     SuffixProposer(**kw)
+
+
+# --- the hybrid with an EAGLE head -----------------------------------------------------------
+
+def _hybrid(target, threshold=None, **kw):
+  from tests.decoding.test_eagle_decoding import random_head
+  from vocabjax.decoding.eagle import EagleSuffixDecoder
+  from vocabjax.decoding.tree import TreeParams
+
+  hc, head = random_head(target, CFG, 40)
+  return EagleSuffixDecoder(target, CFG, head, hc, tree=TreeParams(2, 3, 6),
+                            suffix=SuffixProposer(max_spec_tokens=6), score_threshold=threshold,
+                            **kw)
+
+
+@pytest.mark.parametrize("threshold", [None, 1.0], ids=["merged", "thresholded"])
+def test_hybrid_with_eagle_is_greedy_identical_and_takes_suffix_tokens(threshold):
+  """The head's tree and the suffix proposal merged (or, thresholded, the suffix proposal alone
+  where it scores >= 1): plain greedy tokens; on the repeated requests, accepted tokens come
+  from the suffix nodes, and thresholded, rows skip the head."""
+  target = init_params(jax.random.key(0), CFG, scale=0.3)
+  dec = _hybrid(target, threshold)
+  prompts = [[5, 9, 2, 7, 5, 9], [1, 2, 3]]
+  greedy_identity(dec, target, CFG, prompts, max_new_tokens=24)
+  again = greedy_identity(dec, target, CFG, prompts, max_new_tokens=24)
+  rec = again.stats.record()
+  assert rec["accepted_from_suffix"] > 0 and rec["suffix_steps"] > 0, rec
+  if threshold is not None:
+    assert rec["head_steps"] < sum(map(sum, again.stats.active)), rec
+
+
+def test_hybrid_sampling_follows_the_target_law():
+  import dataclasses
+
+  from tests.decoding.test_eagle_decoding import random_head
+  from vocabjax.decoding.eagle import EagleSuffixDecoder
+  from vocabjax.decoding.tree import TreeParams
+
+  small = dataclasses.replace(SMALL, num_layers=2)  # two layers to fuse
+  target = init_params(jax.random.key(10), small, scale=0.8)
+  hc, head = random_head(target, small, 6, seed=4)
+  greedy = Decoder(target, small).generate([[3, 1]], max_new_tokens=6).tokens[0]
+  dec = EagleSuffixDecoder(target, small, head, hc, tree=TreeParams(2, 2, 4),
+                           suffix=SuffixProposer(max_spec_tokens=2, min_token_prob=0.0))
+  pvalue, stats = target_law(dec, target, small, [3, 1, *greedy, 3, 1],
+                             SamplingParams(temperature=1.0), seed=7)
+  acc = [a > 0 for arow, drow in zip(stats.accepted, stats.drafted)
+         for a, d in zip(arow, drow) if d]
+  assert 0.05 < sum(acc) / len(acc) < 0.95  # informative: some paths accepted, some not
+  assert sum(map(sum, stats.counts["from_lookup"])) > 0  # suffix nodes among them
+  assert pvalue > 1e-3

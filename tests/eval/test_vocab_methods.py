@@ -350,3 +350,28 @@ def test_a_suite_on_a_mesh(head_dir, tmp_path, tiny_chat_dir):
   with pytest.raises(ConfigError, match=r"mesh 'data=2,pipe=4': expected data=D,model=M"):
     main(parse_args(["--config", str(path), "--out", str(tmp_path / "x"), "--mesh",
                      "data=2,pipe=4"]))
+
+
+def test_eagle_with_suffix_decoding_and_suffix_alone_are_lossless_in_a_suite(head_dir, tmp_path,
+                                                                            tiny_chat_dir):
+  """SuffixDecoding (`suffix`) and its hybrid with an EAGLE head (`eagle_suffix`) as suite
+  methods: greedy output equal to plain decoding's, their records' counts, a bad setting
+  refused when the suite is read."""
+  import json
+
+  path = _suite(tmp_path, tiny_chat_dir, [
+      {"name": "suffix", "method": "suffix", "max_spec_tokens": 4},
+      {"name": "eagle_suffix", "method": "eagle_suffix", "head": str(head_dir), "top_k": 2,
+       "depth": 2, "total_tokens": 3, "max_spec_tokens": 4, "score_threshold": 1.5}])
+  summary = main(parse_args(["--config", str(path), "--out", str(tmp_path / "res"), "--quiet"]))
+  by_name = {m["name"]: m for m in summary["methods"]}
+  assert by_name["suffix"]["overall"]["match_rate"] == 1.0
+  assert by_name["eagle_suffix"]["overall"]["match_rate"] == 1.0
+  recs = [json.loads(x) for x in (tmp_path / "res" / "questions.jsonl").read_text().splitlines()]
+  extra = [r["extra"] for r in recs if r["method"] == "eagle_suffix"]
+  assert extra and all(e["accepted_from_suffix"] <= e["accepted"] for e in extra)
+  assert all(r["extra"]["verifications"] > 0 for r in recs if r["method"] == "suffix")
+  bad = _suite(tmp_path, tiny_chat_dir, [{"name": "s", "method": "suffix",
+                                          "min_token_prob": 1.5}])
+  with pytest.raises(ConfigError, match=r"suffix: min_token_prob must lie in \[0, 1\]"):
+    load_config(bad)

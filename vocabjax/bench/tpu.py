@@ -57,7 +57,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P, SingleDeviceSharding
 from vocabjax import sharding
 from vocabjax.decoding.autoregressive import Decoder
 from vocabjax.decoding.crossvocab import CrossVocabDecoder
-from vocabjax.decoding.eagle import EagleDecoder, EagleLookupDecoder
+from vocabjax.decoding.eagle import EagleDecoder, EagleLookupDecoder, EagleSuffixDecoder
 from vocabjax.decoding.ngram import NgramProposer, NgramTable
 from vocabjax.decoding.medusa import MedusaDecoder, medusa_choices_for
 from vocabjax.decoding.pld import PromptLookupDecoder
@@ -219,8 +219,8 @@ class MethodSpec:
   @property
   def loops(self) -> bool:
     """Whether the step holds a scan or while loop (XLA's cost analysis counts a body once)."""
-    return self.kind in ("chain", "tree", "eagle", "eagle_pld", "vocabtrim", "frspec",
-                         "specvocab", "crossvocab")
+    return self.kind in ("chain", "tree", "eagle", "eagle_pld", "eagle_suffix", "vocabtrim",
+                         "frspec", "specvocab", "crossvocab")
 
 
 # the methods `lower_step` and `python -m vocabjax.bench tpu` take: the registry's names and
@@ -383,12 +383,21 @@ def _eagle_spec(name, kind, p, bench):
     if kind == "eagle_pld":
       return EagleLookupDecoder(a["target"], s.target, a["head"], _head_config(s), gamma=p.gamma,
                                 candidates=p.candidates, **kw)
+    if kind == "eagle_suffix":
+      del kw["mesh"]  # one device (its trees are the host's)
+      if mesh is not None:
+        raise ValueError("eagle_suffix runs on one device")
+      return EagleSuffixDecoder(a["target"], s.target, a["head"], _head_config(s),
+                                suffix=SuffixProposer(max_spec_tokens=p.max_spec_tokens),
+                                score_threshold=None if p.score_threshold < 0
+                                else p.score_threshold, **kw)
     return EagleDecoder(a["target"], s.target, a["head"], _head_config(s), **kw)
 
   what = f"chain of {p.depth}" if p.top_k == 1 else f"tree of {tree.total_tokens}"
   return MethodSpec(name, kind, _shaping(kind, p), ("target", "head"), build,
                     f"EAGLE-3 head ({p.lm_head} LM head), {what}"
-                    + (" + prompt lookup" if kind == "eagle_pld" else ""))
+                    + {"eagle_pld": " + prompt lookup",
+                       "eagle_suffix": " + SuffixDecoding"}.get(kind, ""))
 
 
 def _medusa_spec(name, kind, p, bench):
@@ -452,7 +461,7 @@ def _ar_spec(name, kind, p, bench):
 
 _SPECS = {"ar": _ar_spec, "chain": _model_spec, "tree": _model_spec, "vocabtrim": _model_spec,
           "frspec": _model_spec, "specvocab": _model_spec, "eagle": _eagle_spec,
-          "eagle_pld": _eagle_spec, "medusa": _medusa_spec, "pld": _lookup_spec,
+          "eagle_pld": _eagle_spec, "eagle_suffix": _eagle_spec, "medusa": _medusa_spec, "pld": _lookup_spec,
           "ngram": _lookup_spec, "suffix": _lookup_spec, "crossvocab": _crossvocab_spec}
 
 

@@ -46,6 +46,7 @@ from vocabjax.decoding.drafter import DraftVocab
 from vocabjax.decoding.pld import check_lookup, trie_block
 from vocabjax.decoding.proposer import Context, Drafts, Prefilled, Proposer
 from vocabjax.decoding.speculative import SpeculativeEngine
+from vocabjax.decoding.suffix import SuffixProposer
 from vocabjax.decoding.tree import TreeBounds, TreeParams, grow_tree, merge_nodes
 from vocabjax.lowering import lowering_of, with_lowering
 from vocabjax.sampling import SamplingParams
@@ -254,7 +255,7 @@ class EagleProposer(Proposer):
 
   def gate(self, params, state: EagleState, ctx: Context):
     x_root, cache = _head_root(params, state, head_config=self.hc)
-    keep, root = _confident(params, x_root, self.hc, self.policy, self.gated)
+    keep, root = _confident(params, x_root, self.hc, self.policy, self.min_confidence > 0)
     return keep, (state, x_root, cache, root)
 
   def _tree(self, params, pre, keep):
@@ -452,3 +453,101 @@ class EagleLookupDecoder(SpeculativeEngine):
         target_params, target_config, head_params, head_config, tree=tree, gamma=gamma,
         max_ngram=max_ngram, min_ngram=min_ngram, candidates=candidates, lm_head=lm_head,
         draft_vocab=draft_vocab, min_confidence=min_confidence), layout=layout)
+
+
+class EagleSuffixProposer(EagleLookupProposer):
+  """An EAGLE head's tree and SuffixDecoding's proposal in one tree (SuffixDecoding's hybrid
+  with EAGLE): each step the suffix trees (`suffix.SuffixProposer`: the request's and the
+  global one over earlier outputs) propose on the host, the proposal is merged into the head's
+  tree (`tree.merge_nodes`) and the target verifies both in one forward. With
+  `score_threshold`, a row whose suffix proposal scores at least that (the sum of its tokens'
+  estimated probabilities) takes the suffix proposal alone, without the head's tree (the paper's
+  rule: the suffix tree where it is confident, else the model); with `min_confidence` too, the
+  head also sits out where it is unsure. Where no row's head drafts, the step verifies the suffix
+  proposals alone. Vocabulary policies (`draft_vocab`) apply to the head's part."""
+
+  method = "eagle_suffix"
+
+  def __init__(self, target_params, target_config, head_params, head_config, *,
+               tree: TreeParams = TreeParams(), suffix=None, score_threshold: float | None = None,
+               lm_head: str = "own", draft_vocab: DraftVocab | None = None,
+               min_confidence: float = 0.0):
+    EagleProposer.__init__(self, target_params, target_config, head_params, head_config,
+                           tree=tree, lm_head=lm_head, draft_vocab=draft_vocab,
+                           min_confidence=min_confidence)
+    if score_threshold is not None and not score_threshold >= 0:
+      raise ValueError(f"score_threshold must be >= 0 (a sum of probabilities), got "
+                       f"{score_threshold}")
+    self.suffix = suffix if suffix is not None else SuffixProposer()
+    n = self.suffix.gamma
+    self.score_threshold = score_threshold
+    self.gated = self.gated or score_threshold is not None
+    self.buckets = self.suffix.buckets
+    # a suffix tree's node may have up to n children, and it reaches depth n
+    self.bounds = TreeBounds(top_k=tree.top_k + n, depth=max(tree.depth, n))
+    self.pend_width = self.bounds.depth + 1
+    self.drafted_per_step = tree.total_tokens + n
+    self.extra_slots = tree.total_tokens + n + tree.draft_slots + self.bounds.depth + 2
+
+  def key(self):
+    return (EagleProposer.key(self), "suffix", self.bounds, self.suffix.key(),
+            self.score_threshold is not None)
+
+  def host_begin(self, history) -> None:
+    self.suffix.host_begin(history)
+
+  def host_end(self, history) -> None:
+    self.suffix.host_end(history)
+
+  def host_block(self, history, active):
+    proposals = self.suffix.proposals(history, active)
+    arrays, counts = self.suffix.tree_block(proposals)
+    if self.score_threshold is not None:  # rows that take the head's tree too
+      head = np.array([float(p.score) < self.score_threshold for p in proposals], np.int32)
+      arrays = (*arrays, head)
+    return arrays, counts
+
+  def host_shapes(self, B: int = 1):
+    extra = ((B,),) if self.score_threshold is not None else ()
+    return [((B, m),) * 3 + extra for m in self.buckets]
+
+  def gate(self, params, state, ctx: Context):
+    keep, pre = EagleProposer.gate(self, params, state, ctx)
+    if self.score_threshold is not None:
+      use = ctx.host[3] > 0
+      keep = use if keep is None else keep & use
+    return keep, pre
+
+  def propose(self, params, pre, ctx: Context, key, *, sampling: SamplingParams, keep=None):
+    return super().propose(params, pre, ctx.replace(host=ctx.host[:3]), key,
+                           sampling=sampling, keep=keep)
+
+  def fallback(self, params, pre, ctx: Context):
+    return super().fallback(params, pre, ctx.replace(host=ctx.host[:3]))
+
+  def record_step(self, stats, active, counts, host_counts, keep) -> None:
+    super().record_step(stats, active, counts, host_counts, keep)
+    self.suffix.record_step(stats, active, counts, host_counts, keep)
+
+  def record(self, stats) -> dict:
+    out = super().record(stats)
+    out["suffix_nodes"] = out.pop("lookup_nodes")
+    out["suffix_steps"] = out.pop("lookup_steps")
+    out["accepted_from_suffix"] = out.pop("accepted_from_lookup")
+    return out
+
+
+class EagleSuffixDecoder(SpeculativeEngine):
+  """EAGLE-2 tree of an EAGLE-3 head with SuffixDecoding's proposal merged in
+  (`EagleSuffixProposer`); greedy output equals plain decoding's, sampling the target's law
+  (every draft a deterministic function of the context). One device only."""
+
+  def __init__(self, target_params, target_config: LlamaLikeConfig, head_params,
+               head_config: EagleConfig, *, tree: TreeParams = TreeParams(), suffix=None,
+               score_threshold: float | None = None, lm_head: str = "own",
+               layout: str = "auto", draft_vocab: DraftVocab | None = None,
+               min_confidence: float = 0.0):
+    super().__init__(target_params, target_config, EagleSuffixProposer(
+        target_params, target_config, head_params, head_config, tree=tree, suffix=suffix,
+        score_threshold=score_threshold, lm_head=lm_head, draft_vocab=draft_vocab,
+        min_confidence=min_confidence), layout=layout)

@@ -346,22 +346,26 @@ class SuffixProposer(Proposer):
       self.cache.stop(request)
     self._rows, self._seen = [], []
 
-  def host_block(self, history, active):
-    proposals = []
+  def proposals(self, history, active) -> list[Proposal]:
+    """Each active row's proposal (its new tokens added to its trees first; `Proposal()` for
+    an inactive row)."""
+    out = []
     for b, (h, a) in enumerate(zip(history, active)):
       if not a:
-        proposals.append(Proposal())
+        out.append(Proposal())
         continue
       request = self._rows[b]
       self.cache.extend(request, [int(t) for t in h[self._seen[b]:]])
       self._seen[b] = len(h)
-      proposals.append(self.cache.speculate(request, h, **self.settings))
-    self.last = proposals
+      out.append(self.cache.speculate(request, h, **self.settings))
+    self.last = out
+    return out
+
+  def tree_block(self, proposals: list[Proposal]):
+    """The proposals as one tree block (a chain is a one-branch tree): (tokens, parent, depth)
+    [B, m] with m the smallest bucket that holds the largest (padding nodes are their own
+    parents, at depth 1: never reached)."""
     counts = np.array([len(p.tokens) for p in proposals], np.int32)
-    if not self.use_tree:
-      block, n_valid = chain_block([p.tokens for p in proposals])
-      block = _pad_to(block, next(s for s in self.buckets if s >= block.shape[1]))
-      return (block, n_valid), counts
     m = next(s for s in self.buckets if s >= int(counts.max(initial=0)))
     B = len(proposals)
     tok = np.zeros((B, m), np.int32)
@@ -372,6 +376,15 @@ class SuffixProposer(Proposer):
         tok[b, j], parent[b, j] = t, par + 1
         depth[b, j] = 1 if par < 0 else depth[b, par] + 1
     return (tok, parent, depth), counts
+
+  def host_block(self, history, active):
+    proposals = self.proposals(history, active)
+    if self.use_tree:
+      return self.tree_block(proposals)
+    counts = np.array([len(p.tokens) for p in proposals], np.int32)
+    block, n_valid = chain_block([p.tokens for p in proposals])
+    block = _pad_to(block, next(s for s in self.buckets if s >= block.shape[1]))
+    return (block, n_valid), counts
 
   def host_shapes(self, B: int = 1):
     if self.use_tree:
