@@ -195,3 +195,19 @@ def test_a_batch_block_beyond_the_kernels_rows_keeps_the_kernel(pair):
   assert kernels[0] > 0 and kernels[1] == kernels[0]
   _, ar_step, _ = Decoder(target, CFG).programs(SamplingParams(), 80, 16, 64, jnp.float32)
   assert ar_step.as_text().count("VjSkinnyMatmul") > 0
+
+
+def test_programs_are_keyed_by_their_lowering(pair):
+  """A decoder's programs are cached per `ProgramKey` (program, proposer, sampling, shapes,
+  lowering): a changed `lowering` builds new programs instead of reusing the old ones (before
+  the key held the lowering, the old programs ran)."""
+  target, draft = pair
+  dec = ChainDecoder(target, CFG, draft, CFG, gamma=2)
+  p = [[1, 2, 3]]
+  first = dec.generate(p, max_new_tokens=6, max_len=64)
+  before = {k.lowering for k, _ in dec._programs.items()}
+  dec.lowering = dec.lowering.replace(block_top_k=8)
+  again = dec.generate(p, max_new_tokens=6, max_len=64)
+  after = {k.lowering for k, _ in dec._programs.items()}
+  assert again.tokens == first.tokens and again.compile_s > 0
+  assert before < after and dec.lowering in after - before

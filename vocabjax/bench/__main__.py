@@ -10,6 +10,7 @@ projects its memory and roofline time (`vocabjax.bench.tpu`).
   python -m vocabjax.bench project --run experiments/results/default --bench experiments/results/bench/<dev>
   python -m vocabjax.bench tpu --topology v5e:1x1 --pair qwen2.5-coder --out DIR \
       [--run experiments/results/eagle/gate] [--methods ar chain_g3 ...] [--context 1024]
+  python -m vocabjax.bench tpu-matrix --out DIR   # the CI's TPU matrix, compiled and tabled
 
 Defaults: on the CPU the registry's pair (Qwen2.5-Coder 1.5B <- 0.5B), float32 and bfloat16,
 batch 1; on GPU/TPU every pair of `vocabjax.bench.shapes.PAIRS` (adding Qwen2.5-7B <- 0.5B,
@@ -267,12 +268,48 @@ def _tpu_run(a, argv: list[str]) -> int:
   return 0
 
 
+def _tpu_matrix(argv: list[str]) -> int:
+  """Compile the TPU matrix (`vocabjax.bench.tpu.MATRIX_METHODS` x `MATRIX_TOPOLOGIES`, the
+  shapes of tests/bench/test_tpu_steps.py: Qwen2.5-0.5B's layers, V = 151,936, a 2-layer
+  target, 1-layer drafter, bf16, B = 1, S = 256) and write tpu_matrix.md / .json in --out."""
+  import datetime
+  import importlib.metadata
+
+  p = argparse.ArgumentParser(prog="python -m vocabjax.bench tpu-matrix",
+                              description=_tpu_matrix.__doc__)
+  p.add_argument("--out", required=True, help="result directory")
+  a = p.parse_args(argv)
+  command = "python -m vocabjax.bench tpu-matrix " + shlex.join(argv)
+  with _libtpu_log():
+    from vocabjax.bench import tpu  # local: JAX and libtpu only for this subcommand
+
+    setup = tpu.matrix_setup()
+    rows = []
+    for method, topology, sharded in tpu.matrix_cells():
+      try:
+        rows.append(tpu.matrix_cell(method, setup, topology, sharded))
+      except AssertionError as e:
+        rows.append({"method": method, "topology": topology, "sharded": sharded,
+                     "error": str(e)})
+      print(f"{method} {topology}: {'error' if 'error' in rows[-1] else 'ok'}", flush=True)
+  md = tpu.render_matrix(rows, setup, command)
+  out = Path(a.out)
+  atomic_write_json(out / "tpu_matrix.json", {
+      "command": command, "date": datetime.datetime.now().isoformat(timespec="seconds"),
+      "libtpu": importlib.metadata.version("libtpu"), "rows": rows})
+  atomic_write_text(out / "tpu_matrix.md", md)
+  print(md)
+  return 1 if any("error" in r for r in rows) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
   argv = list(sys.argv[1:] if argv is None else argv)
   if argv[:1] == ["project"]:
     return _project(argv[1:])
   if argv[:1] == ["tpu"]:
     return _tpu(argv[1:])
+  if argv[:1] == ["tpu-matrix"]:
+    return _tpu_matrix(argv[1:])
   parser = _bench_parser()
   a = parser.parse_args(argv)
   import jax  # local: the backend decides the defaults

@@ -45,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import re
 import threading
 from typing import Any, Callable
@@ -635,13 +636,22 @@ class TpuStep:
     return sum(_cache_bytes(c) - _cache_bytes(c, ring=False) for c in self.caches)
 
   def compile(self, names=None) -> "TpuStep":
-    """Compile the programs (default: all); errors as `lower_step`'s."""
+    """Compile the programs (default: all), each program once per process and topology: two
+    methods whose step is the same program (prompt lookup's, the n-gram table's and
+    SuffixDecoding's chains verify host drafts of the same shapes) share one compile (the
+    StableHLO text and the topology are the key); errors as `lower_step`'s."""
     for name in names or self.programs:
       prog = self.programs[name]
       if prog.compiled is None:
-        with not_cached():  # a deviceless executable cannot be loaded back from the cache
-          prog.compiled = _guarded(self, name, prog.lowered.compile)
+        key = (self.topology, hashlib.sha256(prog.text.encode()).hexdigest())
+        if key not in _COMPILED:
+          with not_cached():  # a deviceless executable cannot be loaded back from the cache
+            _COMPILED[key] = _guarded(self, name, prog.lowered.compile)
+        prog.compiled = _COMPILED[key]
     return self
+
+
+_COMPILED: dict = {}  # (topology, program text digest) -> compiled (`TpuStep.compile`)
 
 
 def _cache_bytes(cache, ring: bool = True) -> int:
@@ -1172,3 +1182,99 @@ def _tau(r) -> str:
     return "-"
   src = r.get("tau_from")
   return f"{r['tau']:.2f}" + (f" ({src})" if src and src != r["method"] else "")
+
+
+# --- the matrix: every method's step on every generation, one chip and a slice ----------------
+
+# one chip of each generation, and a 4-chip slice of each with the model axis over its chips
+MATRIX_TOPOLOGIES = (("v5e:1x1", False), ("v6e:1x1", False), ("v5p:1x1x1", False),
+                     ("v5e:2x2", True), ("v6e:2x2", True), ("v5p:2x2x1", True))
+# every registered method's step, with each drafter vocabulary policy where it applies (full,
+# a static subset: VocabTrim and FR-Spec run one program, SpecVocab's ranker with the Mosaic
+# kernel), in the registry's names; `ONE_DEVICE` methods (their trees are the host's, merged
+# into a head's) on one chip only
+# (trees of 2 levels: every level is the same program part, and each costs the compile seconds
+# of a top-k over the vocabulary; prompt lookup's, the n-gram table's and SuffixDecoding's
+# chains of 4 are one program, compiled once)
+MATRIX_METHODS = (
+    "ar", "chain:gamma=3", "vocabtrim:k=8192,gamma=3", "specvocab:k=2048,gamma=3",
+    "tree:top_k=2,depth=2,total_tokens=4", "vocabtrim:k=8192,top_k=2,depth=2,total_tokens=4",
+    "specvocab:k=2048,top_k=2,depth=2,total_tokens=4", "pld:gamma=4",
+    "pld:gamma=4,candidates=2", "ngram:gamma=4", "suffix:max_spec_tokens=4",
+    "suffix:max_spec_tokens=4,use_tree=true", "eagle:top_k=1,depth=3,total_tokens=3",
+    "eagle:top_k=2,depth=2,total_tokens=4", "eagle_pld:top_k=2,depth=2,total_tokens=4",
+    "eagle_suffix:top_k=2,depth=2,total_tokens=4,max_spec_tokens=4", "medusa:top_k=2,depth=2",
+    "crossvocab:gamma=4")
+ONE_DEVICE = ("eagle_pld", "eagle_suffix")
+
+
+def matrix_setup() -> Setup:
+  """The matrix's models (configs only): Qwen2.5-0.5B's layers (D 896, 14 heads, 2 KV heads of
+  64, F 4864) with its real vocabulary (V 151,936), a 2-layer target and a 1-layer drafter, and
+  a V 32,000 llama drafter for the cross-vocabulary method; bf16."""
+  def qwen2(L):
+    return LlamaLikeConfig(arch="qwen2", vocab_size=151936, hidden_size=896,
+                           intermediate_size=4864, num_layers=L, num_heads=14, num_kv_heads=2,
+                           head_dim=64, attention_bias=True, tie_word_embeddings=True,
+                           max_position_embeddings=32768)
+
+  cross = LlamaLikeConfig(arch="llama", vocab_size=32000, hidden_size=512,
+                          intermediate_size=1536, num_layers=1, num_heads=8, num_kv_heads=2,
+                          head_dim=64)
+  return Setup(qwen2(2), qwen2(1), cross_draft=cross, target_name="Qwen2.5-0.5B layers x2",
+               draft_name="x1", cross_draft_name="llama V32000 x1")
+
+
+def matrix_cells(methods=MATRIX_METHODS, topologies=MATRIX_TOPOLOGIES) -> list[tuple]:
+  """(method, topology, sharded) of the matrix: every method on every topology, the one-device
+  methods on one chip only."""
+  return [(m, t, sh) for t, sh in topologies for m in methods
+          if not (sh and m.split(":")[0] in ONE_DEVICE)]
+
+
+def matrix_cell(method: str, setup: Setup, topology: str, sharded: bool, *, S: int = 256,
+                step: TpuStep | None = None) -> dict:
+  """Compile one cell (or read `step`, compiled) and report it: per chip the programs'
+  argument bytes (weights, caches) and temporaries (`memory_analysis`), XLA's flops and bytes
+  accessed of the step's programs as compiled (a loop body counted once), whether any CPU
+  custom call reached the program, and the Mosaic calls in it."""
+  if step is None:
+    mesh = tpu_mesh(topology) if sharded else None
+    step = lower_step(method, setup, topology=topology, S=S, mesh=mesh, compile=True)
+  mem = [step.programs[n].compiled.memory_analysis() for n in step.step_programs]
+  cost = [step.programs[n].compiled.cost_analysis() or {} for n in step.step_programs]
+  text = "".join(step.programs[n].text for n in step.step_programs)
+  return {"method": method, "topology": topology, "sharded": sharded,
+          "chips": len(devices_of(topology)), "programs": list(step.step_programs),
+          "argument_bytes": sum(m.argument_size_in_bytes for m in mem),
+          "temp_bytes": max(m.temp_size_in_bytes for m in mem),
+          "alias_bytes": sum(m.alias_size_in_bytes for m in mem),
+          "flops": sum(float(c.get("flops", 0.0)) for c in cost),
+          "bytes_accessed": sum(float(c.get("bytes accessed", 0.0)) for c in cost),
+          "cpu_custom_calls": cpu_custom_calls(text),
+          "mosaic_calls": text.count("tpu_custom_call")}
+
+
+def render_matrix(rows: list[dict], setup: Setup, command: str = "") -> str:
+  """The matrix as markdown: method x topology, per-chip MiB of arguments + temporaries, and
+  the step's GFLOP and GB accessed (XLA's counts, a loop body once)."""
+  tops = list(dict.fromkeys(r["topology"] for r in rows))
+  cell = {(r["method"], r["topology"]): r for r in rows}
+  lines = [f"Deviceless compiles ({setup.describe()}; B=1, S=256): each cell per chip "
+           f"`arguments + temporaries MiB / GFLOP / GB accessed` of the step's programs "
+           f"(XLA's cost analysis, a loop body once), `-`: not compiled (one device only).",
+           "", f"`{command}`" if command else "", "",
+           "| method | " + " | ".join(tops) + " |", "|---|" + "---|" * len(tops)]
+  for m in dict.fromkeys(r["method"] for r in rows):
+    out = []
+    for t in tops:
+      r = cell.get((m, t))
+      if r is None:
+        out.append("-")
+      elif "error" in r:
+        out.append("error")
+      else:
+        out.append(f"{(r['argument_bytes'] + r['temp_bytes']) / 2**20:,.0f} / "
+                   f"{r['flops'] / 1e9:.2f} / {r['bytes_accessed'] / 1e9:.2f}")
+    lines.append(f"| `{m}` | " + " | ".join(out) + " |")
+  return "\n".join(lines) + "\n"

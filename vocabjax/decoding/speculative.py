@@ -317,7 +317,7 @@ class SpeculativeEngine(DecodingMethod):
     def prefill(tp, dp, *args):
       return fn(with_lowering(tp, t_lw), with_lowering(dp, d_lw) if isinstance(dp, dict)
                 else dp, *args)
-    prefill.__name__ = f"{self.method}_prefill"
+    prefill.__name__ = "speculative_prefill"  # one name: equal programs are equal texts
     return prefill
 
   def _step_fn(self, sampling: SamplingParams):
@@ -328,7 +328,7 @@ class SpeculativeEngine(DecodingMethod):
     def step(tp, dp, *args):
       return fn(with_lowering(tp, lw), with_lowering(dp, lw) if isinstance(dp, dict) else dp,
                 *args)
-    step.__name__ = f"{self.method}_step"
+    step.__name__ = "speculative_step"
     return step
 
   def _state_shardings(self, state, B: int):
