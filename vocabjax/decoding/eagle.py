@@ -34,7 +34,6 @@ no drafting distribution, so the head cannot bias the output.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -54,8 +53,7 @@ from vocabjax.vocab.policy import full_policy
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.eagle import EagleConfig, eagle_forward, fuse_features, head_output
-from vocabjax.models.llamalike import (compute_dtype, forward_features, is_int8, lm_head,
-                                       lm_head_weight, rms_norm, with_mlp_layout)
+from vocabjax.models.llamalike import is_int8, lm_head_weight, with_mlp_layout
 from vocabjax.vocab.subset import HeadRows
 
 HEAD_KEY = "eagle"  # the head's own params inside the decoder's drafter pytree

@@ -18,7 +18,6 @@ exactly. Medusa's "typical acceptance" (a thresholded, lossy rule) is not offere
 
 from __future__ import annotations
 
-import functools
 from typing import Sequence
 
 import jax
@@ -27,14 +26,13 @@ import numpy as np
 from flax import struct
 
 from vocabjax import sharding
-from vocabjax.lowering import lowered, lowering_of
-from vocabjax.sampling import SamplingParams, sample, top_k
+from vocabjax.lowering import lowering_of
+from vocabjax.sampling import SamplingParams, top_k
 from vocabjax.decoding.proposer import Context, Drafts, Prefilled, Proposer, static_tree
 from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.tree import MAX_TREE_NODES, TreeBounds
-from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import forward, is_int8, lm_head, lm_head_weight
+from vocabjax.models.llamalike import is_int8, lm_head_weight
 from vocabjax.models.medusa import (MedusaConfig, MedusaError, MedusaTree, medusa_hidden,
                                     medusa_tree)
 from vocabjax.vocab.policy import policy_state, with_policy_state

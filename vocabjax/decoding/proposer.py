@@ -44,6 +44,7 @@ from flax import struct
 
 from vocabjax import sharding
 from vocabjax.decoding.tree import TreeBounds
+from vocabjax.lowering import Lowering
 from vocabjax.sampling import SamplingParams
 
 
@@ -115,7 +116,7 @@ class Proposer(abc.ABC):
     attach what its programs read (a vocabulary policy's arrays); `mesh`: where it will run."""
     del layout, lowering, mesh
 
-  def prefill_lowering(self, target: "Lowering", base: "Lowering") -> "Lowering":
+  def prefill_lowering(self, target: Lowering, base: Lowering) -> Lowering:
     """What its params lower with in the engine's prefill program (`target`: the target's
     prefill lowering, `base`: the engine's). Default: as the target's prefill."""
     del base

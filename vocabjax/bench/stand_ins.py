@@ -1,0 +1,402 @@
+"""The registry's methods as decoders over abstract stand-ins of a pair's shapes: what the
+deviceless compiles (`vocabjax.bench.tpu`) build. A method is named as the registry names it,
+"NAME" (its defaults) or "NAME:key=value,..." (`python -m vocabjax.generate --method NAME --set
+key=value`), or by a short alias of the recorded tables; its parameters are parsed and checked
+by the registry's own dataclasses, and the files it would read (heads, rankers, counts,
+subsets, corpora) are stand-ins of the `Setup`'s shapes (module doc of `vocabjax.bench.tpu`)."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import re
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from vocabjax.decoding.autoregressive import Decoder
+from vocabjax.decoding.crossvocab import CrossVocabDecoder
+from vocabjax.decoding.eagle import EagleDecoder, EagleLookupDecoder, EagleSuffixDecoder
+from vocabjax.decoding.medusa import MedusaDecoder, medusa_choices_for
+from vocabjax.decoding.ngram import NgramProposer, NgramTable
+from vocabjax.decoding.pld import PromptLookupDecoder
+from vocabjax.decoding.speculative import ChainDecoder, SpeculativeEngine, TreeDecoder
+from vocabjax.decoding.suffix import SuffixProposer
+from vocabjax.decoding.tree import TreeParams
+from vocabjax.errors import ConfigError
+from vocabjax.models.config import LlamaLikeConfig
+from vocabjax.models.eagle import EagleConfig, default_feature_layers, init_eagle
+from vocabjax.models.llamalike import init_params
+from vocabjax.models.medusa import MedusaConfig, init_medusa
+from vocabjax.vocab.ranked import Ranker, SpeculativeVocab
+from vocabjax.vocab.subset import VocabSubset
+
+# --- what is compiled --------------------------------------------------------------------------
+
+@dataclasses.dataclass(frozen=True)
+class Setup:
+  """The models of a comparison (configs only, no weights) and the shapes of the heads."""
+
+  target: LlamaLikeConfig
+  draft: LlamaLikeConfig  # the same-vocabulary drafter (chain, tree, VocabTrim, SpecVocab)
+  cross_draft: LlamaLikeConfig | None = None  # crossvocab's drafter (default: `draft`)
+  dtype: str = "bfloat16"  # weights and KV caches
+  head_vocab: int = 8192  # EAGLE head's Vd (the chat_pl head of experiments/results/eagle/gate)
+  head_intermediate: int = 2048
+  ranker_rank: int = 128  # SpecVocab ranker rank d'
+  target_name: str = "target"
+  draft_name: str = "draft"
+  cross_draft_name: str = ""
+
+  def __post_init__(self):
+    if self.target.vocab_size != self.draft.vocab_size:
+      raise ValueError(f"target V={self.target.vocab_size} and drafter V="
+                       f"{self.draft.vocab_size} differ: pass a same-vocabulary drafter as "
+                       f"`draft` and the other one as `cross_draft`")
+
+  @property
+  def crossvocab_draft(self) -> LlamaLikeConfig:
+    return self.cross_draft or self.draft
+
+  def describe(self) -> str:
+    def c(cfg):
+      return f"L{cfg.num_layers} D{cfg.hidden_size} V{cfg.vocab_size}"
+    out = f"target {c(self.target)}, drafter {c(self.draft)}"
+    if self.cross_draft is not None:
+      out += f", crossvocab drafter {c(self.cross_draft)}"
+    return f"{out}, {self.dtype}"
+
+
+@dataclasses.dataclass(frozen=True)
+class MethodSpec:
+  """A method name parsed (`method_spec`)."""
+
+  name: str
+  kind: str  # the registry's method (vocabjax.methods.METHODS) whose step this is
+  params: dict | None  # its step-shaping registry parameters (a run's tau is matched on them;
+  #   None: by name only)
+  needs: tuple  # abstract models the decoder takes: "target", "draft", "head", ...
+  build: Callable  # (arrays, setup, mesh) -> decoder
+  about: str
+  while_trips: int = 0  # iterations of the step's while_loop (crossvocab drafting), for costs
+  loop_programs: tuple = ("step",)  # the step programs that hold the loops
+
+  @property
+  def loops(self) -> bool:
+    """Whether the step holds a scan or while loop (XLA's cost analysis counts a body once)."""
+    return self.kind in ("chain", "tree", "eagle", "eagle_pld", "eagle_suffix", "vocabtrim",
+                         "frspec", "specvocab", "crossvocab")
+
+
+# the methods `lower_step` and `python -m vocabjax.bench tpu` take: the registry's names and
+# parameters, as `python -m vocabjax.generate --method NAME --set key=value` takes them, written
+# "NAME" (its defaults) or "NAME:key=value,key=value" (e.g. "tree:top_k=4,depth=4,total_tokens=16");
+# files a method reads (heads, rankers, counts, subsets, corpora) are stand-ins of the Setup's
+# shapes. The defaults are the shapes of experiments/results/eagle/gate's methods (and SpecVocab's
+# main setting), under their short names: aliases of registry forms (ALIASES), which the recorded
+# runs and tables use.
+METHODS = ("ar", "chain_g3", "tree_k4d4n16", "eagle_k1d4", "eagle_k4d4n16", "medusa_h3k2",
+           "pld_g4", "vocabtrim_k8192_g3", "sv2048_g3_tpu", "crossvocab_g4")
+NAME_FORMS = ("NAME", "NAME:key=value,...", "ar", "chain_g<G>", "tree_k<k>d<d>n<n>",
+              "eagle_k<k>d<d>[n<n>]", "medusa_h<H>k<k>", "pld_g<G>", "vocabtrim_k<K>_g<G>",
+              "frspec_k<K>_g<G>", "sv<K>_g<G>_<tpu|gpu|xla|auto>", "crossvocab_g<G>")
+ALIASES = [  # short name -> registry form (and bench-only settings: SpecVocab's kernel impl)
+    (re.compile(r"chain_g(\d+)"), lambda g: "chain:gamma={}".format(*g)),
+    (re.compile(r"tree_k(\d+)d(\d+)n(\d+)"),
+     lambda g: "tree:top_k={},depth={},total_tokens={}".format(*g)),
+    (re.compile(r"eagle_k(\d+)d(\d+)(?:n(\d+))?"), lambda g: "eagle:top_k={},depth={},"
+     "total_tokens={}".format(g[0], g[1], g[2] or int(g[0]) * int(g[1]))),
+    (re.compile(r"medusa_h(\d+)k(\d+)"), lambda g: "medusa:depth={},top_k={}".format(*g)),
+    (re.compile(r"pld_g(\d+)"), lambda g: "pld:gamma={}".format(*g)),
+    (re.compile(r"vocabtrim_k(\d+)_g(\d+)"), lambda g: "vocabtrim:k={},gamma={}".format(*g)),
+    (re.compile(r"frspec_k(\d+)_g(\d+)"), lambda g: "frspec:k={},gamma={}".format(*g)),
+    (re.compile(r"sv(\d+)_g(\d+)_(tpu|gpu|xla|auto)"),
+     lambda g: "specvocab:k={},gamma={}|impl={}".format(*g)),
+    (re.compile(r"crossvocab_g(\d+)"), lambda g: "crossvocab:gamma={}".format(*g)),
+]
+
+
+# registry parameters that never change a step program (host-side lookup, file paths; an EAGLE
+# head's or a ranker's shapes are taken as the Setup's)
+_HOST_ONLY = {"min_ngram", "max_ngram", "head", "ranker", "subset", "counts", "drafter",
+              "ngram", "rule", "choices", "heads", "threshold", "corpus", "n",
+              "max_tree_depth", "max_cached_requests", "min_token_prob", "max_spec_factor",
+              "max_spec_offset"}
+_STAND_IN = "<bench stand-in>"  # what a file parameter holds here (never read)
+
+
+def registry_form(name: str) -> tuple[str, dict, dict]:
+  """(registry method, its parameters as given, bench-only settings) of a method name: "NAME",
+  "NAME:key=value,...", or a short alias (ALIASES); ValueError naming it otherwise."""
+  from vocabjax.methods import METHODS as REGISTRY  # local: the registry's parsers
+
+  for form, to in ALIASES:
+    m = form.fullmatch(name)
+    if m:
+      name = to(m.groups())
+      break
+  name, _, extra = name.partition("|")
+  kind, _, given = name.partition(":")
+  if kind not in REGISTRY:
+    raise ValueError(f"unknown method {kind!r}: the registry's {sorted(REGISTRY)}, as NAME or "
+                     f"NAME:key=value,... (or a short name: {', '.join(NAME_FORMS[2:])})")
+  raw = {}
+  for item in filter(None, given.split(",")):
+    key, eq, value = item.partition("=")
+    if not eq:
+      raise ValueError(f"method {name!r}: {item!r} is not key=value")
+    raw[key.strip()] = _value(value.strip())
+  bench = dict(kv.split("=", 1) for kv in filter(None, extra.split(";")))
+  return kind, raw, bench
+
+
+def _value(text: str):
+  """A parameter's value as `--set` reads it: int, float, true/false, else the string."""
+  low = text.lower()
+  if low in ("true", "false"):
+    return low == "true"
+  for cast in (int, float):
+    try:
+      return cast(text)
+    except ValueError:
+      pass
+  return text
+
+
+def method_spec(name: str) -> MethodSpec:
+  """The method a name says (`registry_form`), its parameters parsed by the registry's own
+  dataclass (defaults filled, types checked; files are stand-ins); ValueError naming the name
+  and the problem otherwise."""
+  from vocabjax.methods import METHODS as REGISTRY  # local: the registry's parsers
+
+  kind, raw, bench = registry_form(name)
+  method = REGISTRY[kind]
+  for field, typ in method.fields.items():  # a file the step does not read: a stand-in
+    if typ is str and field not in method.defaults and field not in raw:
+      raw[field] = _STAND_IN
+  try:
+    p = method.parse(raw, f"method {name!r}", check_files=False)
+    p.check(f"method {name!r}")  # the values' checks (a stand-in file's are not this one's)
+  except ConfigError as e:
+    if _STAND_IN not in str(e):
+      raise ValueError(str(e)) from None
+  try:
+    return _SPECS[kind](name, kind, p, bench)
+  except ValueError as e:
+    raise ValueError(f"method {name!r}: {e}") from None
+
+
+def _shaping(kind: str, p) -> dict:
+  """The registry parameters of `p` that shape the step program (a run's tau is matched on
+  them)."""
+  return {k: v for k, v in dataclasses.asdict(p).items() if k not in _HOST_ONLY}
+
+
+def _draft_vocab(s: Setup, kind: str, p, bench: dict):
+  """A stand-in vocabulary policy of the parameters' size over the drafter (`k`)."""
+  if kind in ("vocabtrim", "frspec"):
+    if not 1 <= p.k <= s.draft.vocab_size:
+      raise ValueError(f"subset K={p.k} must be in [1, V={s.draft.vocab_size}]")
+    # the subset's ids only fix K: which K rows are copied does not change the program
+    return VocabSubset(np.arange(p.k), s.draft.vocab_size, meta=(("ids", "stand-in"),))
+  if kind == "specvocab":
+    impl = {"xla": "reference"}.get(bench.get("impl", "auto"), bench.get("impl", "auto"))
+    return _ranker_vocab(s, p.k, impl)
+  return None
+
+
+def _tree_of(p) -> TreeParams | None:
+  return TreeParams(p.top_k, p.depth, p.total_tokens) if getattr(p, "depth", 0) else None
+
+
+def _model_spec(name, kind, p, bench):
+  """chain, tree and the drafter vocabularies (a chain, or a tree where depth > 0)."""
+  if getattr(p, "subset", ""):
+    raise ValueError("a saved subset is read for its size: name it as vocabtrim:k=K")
+
+  def build(a, s, mesh):
+    vocab = _draft_vocab(s, kind, p, bench)
+    tree = _tree_of(p) if kind != "chain" else None
+    if kind == "tree" or tree is not None:
+      return TreeDecoder(a["target"], s.target, a["draft"], s.draft, tree=tree, mesh=mesh,
+                         draft_vocab=vocab)
+    return ChainDecoder(a["target"], s.target, a["draft"], s.draft, gamma=p.gamma, mesh=mesh,
+                        draft_vocab=vocab)
+
+  shape = (f"tree of {p.total_tokens} nodes" if kind == "tree" or _tree_of(p) is not None
+           else f"chain of {p.gamma}")
+  about = {"chain": "drafter", "tree": "drafter",
+           "vocabtrim": f"static subset of {getattr(p, 'k', 0)} rows (VocabTrim and FR-Spec run "
+                        f"the same program)",
+           "frspec": f"static subset of {getattr(p, 'k', 0)} rows (VocabTrim and FR-Spec run "
+                     f"the same program)",
+           "specvocab": f"SpecVocab top-{getattr(p, 'k', 0)} (a rank-R ranker, indexed head "
+                        f"impl={bench.get('impl', 'auto')!r})"}[kind]
+  return MethodSpec(name, kind, _shaping(kind, p), ("target", "draft"), build,
+                    f"{about}, {shape}")
+
+
+def _eagle_spec(name, kind, p, bench):
+  if p.subset:
+    raise ValueError("a saved subset is read for its size: not a bench stand-in")
+  tree = TreeParams(p.top_k, p.depth, p.total_tokens)
+
+  def build(a, s, mesh):
+    vocab = _ranker_vocab(s, p.k, "auto") if p.ranker else None
+    kw = dict(tree=tree, lm_head=p.lm_head, draft_vocab=vocab, mesh=mesh,
+              min_confidence=p.min_confidence)
+    if kind == "eagle_pld":
+      return EagleLookupDecoder(a["target"], s.target, a["head"], _head_config(s), gamma=p.gamma,
+                                candidates=p.candidates, **kw)
+    if kind == "eagle_suffix":
+      del kw["mesh"]  # one device (its trees are the host's)
+      if mesh is not None:
+        raise ValueError("eagle_suffix runs on one device")
+      return EagleSuffixDecoder(a["target"], s.target, a["head"], _head_config(s),
+                                suffix=SuffixProposer(max_spec_tokens=p.max_spec_tokens),
+                                score_threshold=None if p.score_threshold < 0
+                                else p.score_threshold, **kw)
+    return EagleDecoder(a["target"], s.target, a["head"], _head_config(s), **kw)
+
+  what = f"chain of {p.depth}" if p.top_k == 1 else f"tree of {tree.total_tokens}"
+  return MethodSpec(name, kind, _shaping(kind, p), ("target", "head"), build,
+                    f"EAGLE-3 head ({p.lm_head} LM head), {what}"
+                    + {"eagle_pld": " + prompt lookup",
+                       "eagle_suffix": " + SuffixDecoding"}.get(kind, ""))
+
+
+def _medusa_spec(name, kind, p, bench):
+  import json
+
+  choices = json.loads(p.choices) if p.choices else None
+  H = max(map(len, choices)) if choices else (p.depth or 3)
+  if H < 1 or p.top_k < 1:
+    raise ValueError(f"Medusa needs heads >= 1 and top-k >= 1, got {H} and {p.top_k}")
+  choices = choices or medusa_choices_for(H, p.top_k)  # every path of ranks < k down to H
+  return MethodSpec(name, kind, None, ("target", f"medusa{H}"), lambda a, s, mesh:
+                    MedusaDecoder(a["target"], s.target, a[f"medusa{H}"], _medusa_config(s, H),
+                                  choices=choices, mesh=mesh),
+                    f"Medusa-1, {H} heads with own [V, D] projections, "
+                    f"{len(choices)}-node tree")
+
+
+def _lookup_spec(name, kind, p, bench):
+  """Prompt lookup, the n-gram table and SuffixDecoding: host drafts, the target's step."""
+  if kind == "pld":
+    def build(a, s, mesh):
+      return PromptLookupDecoder(a["target"], s.target, gamma=p.gamma, max_ngram=p.max_ngram,
+                                 min_ngram=p.min_ngram, candidates=p.candidates, mesh=mesh)
+    about = f"prompt lookup, the step verifying {p.candidates * p.gamma} looked-up drafts"
+  elif kind == "ngram":
+    def build(a, s, mesh):
+      table = NgramTable.fit([[0, 1]])  # stand-in: the table never reaches the program
+      return SpeculativeEngine(a["target"], s.target, NgramProposer(table, gamma=p.gamma),
+                               mesh=mesh)
+    about = f"n-gram table drafts, the step verifying {p.gamma}"
+  else:
+    def build(a, s, mesh):
+      return SpeculativeEngine(a["target"], s.target,
+                               SuffixProposer(**dataclasses.asdict(p)), mesh=mesh)
+    about = (f"SuffixDecoding, the step verifying {p.max_spec_tokens} drafts"
+             + (" as a tree" if p.use_tree else ""))
+  return MethodSpec(name, kind, _shaping(kind, p), ("target",), build, about)
+
+
+def _crossvocab_spec(name, kind, p, bench):
+  if p.adaptive:
+    raise ValueError("adaptive=true reads a trained acceptance head: not a bench stand-in")
+
+  def build(a, s, mesh):
+    ttok, dtok = _tokenizers()
+    return CrossVocabDecoder(a["target"], s.target, a["cross_draft"], s.crossvocab_draft,
+                             target_tokenizer=ttok, draft_tokenizer=dtok, gamma=p.gamma,
+                             ngram=p.ngram, mesh=mesh)
+
+  return MethodSpec(name, kind, _shaping(kind, p), ("target", "cross_draft"), build,
+                    f"cross-vocabulary drafter, {p.gamma} drafts: its draft and verify programs "
+                    f"(the host's translation between them not counted)",
+                    while_trips=p.gamma - 1, loop_programs=("draft",))
+
+
+def _ar_spec(name, kind, p, bench):
+  return MethodSpec(name, "ar", {}, ("target",),
+                    lambda a, s, mesh: Decoder(a["target"], s.target, mesh=mesh),
+                    "plain decoding's step")
+
+
+_SPECS = {"ar": _ar_spec, "chain": _model_spec, "tree": _model_spec, "vocabtrim": _model_spec,
+          "frspec": _model_spec, "specvocab": _model_spec, "eagle": _eagle_spec,
+          "eagle_pld": _eagle_spec, "eagle_suffix": _eagle_spec, "medusa": _medusa_spec, "pld": _lookup_spec,
+          "ngram": _lookup_spec, "suffix": _lookup_spec, "crossvocab": _crossvocab_spec}
+
+
+def _head_config(s: Setup) -> EagleConfig:
+  from vocabjax.train.eagle import head_config  # local: bench uses train's head shapes
+
+  L = s.target.num_layers
+  # EAGLE-3's low/mid/high layers need L >= 8; a test's short target reads what it has
+  layers = default_feature_layers(L) if L >= 8 else tuple(sorted({0, L // 2, L - 1}))
+  return head_config(s.target, layers, min(s.head_vocab, s.target.vocab_size),
+                     s.head_intermediate)
+
+
+def _medusa_config(s: Setup, heads: int) -> MedusaConfig:
+  return MedusaConfig(num_heads=heads, hidden_size=s.target.hidden_size,
+                      vocab_size=s.target.vocab_size)
+
+
+class _ShapeRanker(Ranker):
+  """A ranker for abstract drafter weights: the drafter's fingerprint hashes its LM head's
+  values, which abstract weights do not have, so only its shapes are checked."""
+
+  def check_drafter(self, params, config) -> None:
+    for key, got in (("hidden_size", config.hidden_size), ("vocab_size", config.vocab_size),
+                     ("num_layers", config.num_layers)):
+      if self.drafter.get(key) != got:
+        raise ValueError(f"ranker made for {key}={self.drafter.get(key)}, drafter has {got}")
+
+
+def _ranker_vocab(s: Setup, k: int, impl: str) -> SpeculativeVocab:
+  dc, R = s.draft, s.ranker_rank
+  # zeros: only the shapes [R, D] and [V, R] reach the program (as its arguments)
+  ranker = _ShapeRanker(down=np.zeros((R, dc.hidden_size), np.float32),
+                        vocab=np.zeros((dc.vocab_size, R), np.float32),
+                        drafter={"hidden_size": dc.hidden_size, "vocab_size": dc.vocab_size,
+                                 "num_layers": dc.num_layers, "fingerprint": "abstract"},
+                        meta={"init": "zeros (deviceless TPU compile)"})
+  return SpeculativeVocab(ranker, k, impl=impl)
+
+
+@functools.cache
+def _tokenizers():
+  """Two tiny byte-level BPE tokenizers trained on different text (`vocabjax.testing.tiny`):
+  the cross-vocabulary decoder needs a real pair to build its id map; the map is a [Vd] int32
+  argument of the program, whatever it holds."""
+  from vocabjax.testing.tiny import tiny_tokenizer  # local: transformers only for crossvocab
+
+  corpus = ["The lazy dog sleeps while the quick fox runs.",
+            "def mul(a, b):\n    return a * b\n", "print('hello world')"] * 20
+  return tiny_tokenizer(400), tiny_tokenizer(320, corpus=corpus)
+
+
+def abstract_models(setup: Setup, needs) -> dict:
+  """ShapeDtypeStructs of the models `needs` names (`init_params` & co. under eval_shape)."""
+  dtype = jnp.dtype(setup.dtype)
+  key = jax.random.key(0)
+  out = {}
+  for name in needs:
+    if name in ("target", "draft", "cross_draft"):
+      cfg = {"target": setup.target, "draft": setup.draft,
+             "cross_draft": setup.crossvocab_draft}[name]
+      out[name] = jax.eval_shape(lambda c=cfg: init_params(key, c, dtype=dtype))
+    elif name == "head":
+      out[name] = jax.eval_shape(lambda: init_eagle(key, _head_config(setup), dtype=dtype))
+    elif name.startswith("medusa"):  # "medusa<H>": H heads
+      mc, c = _medusa_config(setup, int(name[len("medusa"):])), setup.target
+      out[name] = jax.eval_shape(lambda: init_medusa(
+          key, mc, lm_head=jnp.zeros((c.vocab_size, c.hidden_size), dtype), dtype=dtype))
+    else:
+      raise ValueError(f"unknown model {name!r}")
+  return out
