@@ -263,6 +263,7 @@ class PldParams:
   max_ngram: int = 3  # longest context n-gram matched
   min_ngram: int = 1  # shortest
   candidates: int = 1  # continuations of that many matches merged into a tree (1: a chain)
+  self_sizing: bool = False  # each step's draft length from step costs and acceptance
 
   def check(self, where: str) -> None:
     if (not 1 <= self.gamma <= MAX_TREE_NODES or not 1 <= self.min_ngram <= self.max_ngram
@@ -280,7 +281,7 @@ def _pld(target, draft, p: PldParams, mesh=None):
   del draft
   return PromptLookupDecoder(_blocks(target, mesh), target.config, gamma=p.gamma,
                              max_ngram=p.max_ngram, min_ngram=p.min_ngram,
-                             candidates=p.candidates, mesh=mesh)
+                             candidates=p.candidates, mesh=mesh, self_sizing=p.self_sizing)
 
 
 # --- a fixed n-gram table (the worked example of docs/extending.md) --------------------------
@@ -290,6 +291,7 @@ class NgramParams:
   corpus: str  # a text file the table is fit on (one document per line; .jsonl: its "text")
   n: int = 3  # contexts of up to n - 1 tokens
   gamma: int = 4  # most drafts per step
+  self_sizing: bool = False  # each step's draft length from step costs and acceptance
 
   def check(self, where: str) -> None:
     if self.n < 2 or not 1 <= self.gamma <= MAX_TREE_NODES:
@@ -308,7 +310,8 @@ def _ngram(target, draft, p: NgramParams, mesh=None):
     raise ValueError(f"{target.source} has no tokenizer to encode the ngram corpus with")
   table = table_from(p.corpus, target.tokenizer, n=p.n)
   return SpeculativeEngine(_blocks(target, mesh), target.config,
-                           NgramProposer(table, gamma=p.gamma), mesh=mesh)
+                           NgramProposer(table, gamma=p.gamma), mesh=mesh,
+                           self_sizing=p.self_sizing)
 
 
 # --- SuffixDecoding ----------------------------------------------------------------------------
@@ -322,6 +325,7 @@ class SuffixParams:
   max_tree_depth: int = 64  # the trees' n-grams: at most this long
   max_cached_requests: int = 10_000  # earlier outputs the global tree keeps (-1: all)
   use_tree: bool = False  # a tree of continuations (best first) instead of one chain
+  self_sizing: bool = False  # each step's draft length from step costs and acceptance
 
   def check(self, where: str) -> None:
     try:
@@ -336,8 +340,9 @@ def _suffix(target, draft, p: SuffixParams, mesh=None):
   """SuffixDecoding (`decoding.suffix`): drafts from suffix trees over the request and over
   earlier outputs (kept across the decoder's requests), no drafter."""
   del draft
-  return SpeculativeEngine(_blocks(target, mesh), target.config, SuffixProposer(
-      **dataclasses.asdict(p)), mesh=mesh)
+  settings = {k: v for k, v in dataclasses.asdict(p).items() if k != "self_sizing"}
+  return SpeculativeEngine(_blocks(target, mesh), target.config, SuffixProposer(**settings),
+                           mesh=mesh, self_sizing=p.self_sizing)
 
 
 # --- static drafter vocabularies (VocabTrim, FR-Spec) ---------------------------------------

@@ -121,6 +121,7 @@ ALIASES = [  # short name -> registry form (and bench-only settings: SpecVocab's
 # registry parameters that never change a step program (host-side lookup, file paths; an EAGLE
 # head's or a ranker's shapes are taken as the Setup's)
 _HOST_ONLY = {"min_ngram", "max_ngram", "head", "ranker", "subset", "counts", "drafter",
+              "self_sizing",
               "ngram", "rule", "choices", "heads", "threshold", "corpus", "n",
               "max_tree_depth", "max_cached_requests", "min_token_prob", "max_spec_factor",
               "max_spec_offset"}
@@ -297,8 +298,8 @@ def _lookup_spec(name, kind, p, bench):
     about = f"n-gram table drafts, the step verifying {p.gamma}"
   else:
     def build(a, s, mesh):
-      return SpeculativeEngine(a["target"], s.target,
-                               SuffixProposer(**dataclasses.asdict(p)), mesh=mesh)
+      settings = {k: v for k, v in dataclasses.asdict(p).items() if k != "self_sizing"}
+      return SpeculativeEngine(a["target"], s.target, SuffixProposer(**settings), mesh=mesh)
     about = (f"SuffixDecoding, the step verifying {p.max_spec_tokens} drafts"
              + (" as a tree" if p.use_tree else ""))
   return MethodSpec(name, kind, _shaping(kind, p), ("target",), build, about)

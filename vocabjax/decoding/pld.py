@@ -204,7 +204,8 @@ class PromptLookupDecoder(SpeculativeEngine):
   prefill."""
 
   def __init__(self, target_params, target_config: LlamaLikeConfig, *, gamma: int = 4,
-               max_ngram: int = 3, min_ngram: int = 1, candidates: int = 1, mesh=None):
+               max_ngram: int = 3, min_ngram: int = 1, candidates: int = 1, mesh=None,
+               self_sizing: bool = False):
     super().__init__(target_params, target_config, LookupProposer(
         gamma=gamma, max_ngram=max_ngram, min_ngram=min_ngram, candidates=candidates),
-        mesh=mesh)
+        mesh=mesh, self_sizing=self_sizing)

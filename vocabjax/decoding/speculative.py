@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from typing import Any, Sequence
 
 import jax
@@ -49,6 +50,7 @@ from vocabjax.decoding.drafter import (DRAFT_PREFILLS, ChainProposer, DraftVocab
 from vocabjax.decoding.engine import (KEY, ProgramCache, ProgramKey, abstract_arg, fold_in,
                                       host_loop, placed_like)
 from vocabjax.decoding.proposer import Context, Drafts, Prefilled, Proposer
+from vocabjax.decoding.sizing import DraftSizer, limit_block
 from vocabjax.decoding.tree import TreeParams, verify_tree
 from vocabjax.decoding.verify import verify_chain
 from vocabjax.lowering import decoding_lowering, step_lowering, with_lowering
@@ -108,9 +110,13 @@ class SpecStats:
     """One step's per-row values of the count `name`."""
     self.counts.setdefault(name, []).append(row)
 
+  sizing: dict | None = None  # the self-sizing rule, its inputs and choices (`sizing`)
+
   def record(self) -> dict:
-    """Method-specific totals for an eval record (the proposer's `record`)."""
-    return self.proposer.record(self) if self.proposer is not None else {}
+    """Method-specific totals for an eval record (the proposer's `record`, and the self-sizing
+    rule's where it ran)."""
+    out = self.proposer.record(self) if self.proposer is not None else {}
+    return {**out, "sizing": self.sizing} if self.sizing else out
 
 
 def engine_prefill(target_params, draft_params, tokens, prompt_lengths, target_cache, caches,
@@ -191,9 +197,16 @@ class SpeculativeEngine(DecodingMethod):
   partitioned (module doc of `vocabjax.sharding`)."""
 
   def __init__(self, target_params, target_config: LlamaLikeConfig, proposer: Proposer, *,
-               layout: str = "auto", mesh=None):
+               layout: str = "auto", mesh=None, self_sizing: bool = False):
+    """`self_sizing`: each step's draft length chosen from the measured step costs and the
+    running acceptance (`vocabjax.decoding.sizing`), for a proposer that drafts on the host."""
     if not isinstance(proposer, Proposer):
       raise TypeError(f"a SpeculativeEngine runs a Proposer, got {type(proposer).__name__}")
+    if self_sizing and not proposer.host_hook:
+      raise ValueError(f"self_sizing applies to proposers that draft on the host (pld, ngram, "
+                       f"suffix); {proposer.method} compiles its draft length into its step")
+    self.self_sizing = self_sizing
+    self._sizers: dict = {}  # (rows, cache slots) -> DraftSizer
     self.proposer, self.mesh = proposer, mesh
     self.method = proposer.method
     # what every program of this engine lowers with (`vocabjax.lowering`): on a mesh XLA's
@@ -454,17 +467,30 @@ class SpeculativeEngine(DecodingMethod):
         held["hist"] = hist
       return first, (state, hist)
 
+    sizer = None
+    if self.self_sizing:
+      sizer = self._sizers.setdefault((B, S), DraftSizer(
+          [shape[0][1] for shape in P.host_shapes(B)]))
+
     def advance(carry, i, key, active):
       state, hist = carry
       compiled = 0.0
       if P.host_hook:
         arrays, host_counts = P.host_block(hist, active)
+        if sizer is not None:  # at most the chosen length, at most what was found
+          need = min(sizer.choose(), int(np.max(host_counts, initial=0)))
+          width = next(m for m in sizer.lengths if m >= need)
+          arrays, host_counts = limit_block(arrays, host_counts, width)
         prog, compiled = step(tuple(np.shape(a) for a in arrays))
+        t0 = time.perf_counter()
         out = prog(self.tp, self.dp, state, key, *map(jnp.asarray, arrays))
       else:
         host_counts, out = None, step(self.tp, self.dp, state, key)
       state, emitted, n, *rest = out
       emitted, n = np.asarray(emitted), np.asarray(n)
+      if sizer is not None:  # the step's time (not when its program compiled first)
+        sizer.update(width, None if compiled else time.perf_counter() - t0,
+                     [int(c) if a else 0 for c, a in zip(host_counts, active)], n)
       rest = [np.asarray(x) for x in rest]
       counts = dict(zip(names, rest))
       keep = rest[len(names)] if P.gated else None
@@ -479,10 +505,13 @@ class SpeculativeEngine(DecodingMethod):
 
     held = {}
     try:
-      return host_loop(req, begin, advance, compile_s=compile_s, stats=stats)
+      res = host_loop(req, begin, advance, compile_s=compile_s, stats=stats)
     finally:
       if "hist" in held:
         P.host_end(held["hist"])
+    if sizer is not None:
+      stats.sizing = sizer.record()
+    return res
 
 
 SpeculativeDecoder = SpeculativeEngine  # the name the engine had before proposers

@@ -1,0 +1,82 @@
+"""Speculation that sizes itself (`vocabjax.decoding.sizing`): the rule on hand-set costs and
+acceptance, the host block cut to the chosen length, and the engine with it on (greedy output
+unchanged, the rule and its choices in the record)."""
+
+import jax
+import numpy as np
+import pytest
+
+from tests.decoding.conftest import CFG
+from vocabjax.decoding.pld import PromptLookupDecoder
+from vocabjax.decoding.sizing import RULE, DraftSizer, limit_block
+from vocabjax.decoding.speculative import SpeculativeEngine
+from vocabjax.decoding.suffix import SuffixProposer
+from vocabjax.models import init_params
+from vocabjax.testing.proposers import greedy_identity
+
+
+def _sizer(acceptance: float, costs: dict) -> DraftSizer:
+  s = DraftSizer(lengths=sorted(costs), prior=0.5)
+  for n, c in costs.items():
+    s.update(n, c, [], [])
+  k = int(acceptance * 100)  # 100 one-draft rows, k of them accepted
+  s.update(0, None, [1] * 100, [1] * k + [0] * (100 - k))
+  return s
+
+
+def test_the_rule_drafts_as_far_as_acceptance_pays_and_steps_aside_when_it_does_not():
+  flat = {0: 1.0, 1: 1.01, 2: 1.02, 4: 1.04, 8: 1.08}  # memory bound: drafts nearly free
+  assert _sizer(0.9, flat).choose() == 8  # drafts accepted: the longest
+  assert _sizer(0.0, flat).choose() == 0  # nothing accepted: a plain step
+  steep = {0: 1.0, 1: 1.4, 2: 1.8, 4: 2.6, 8: 4.2}  # compute bound: each draft costs
+  s = _sizer(0.5, steep)
+  # E(n) = 1, 1.5, 1.75, 1.94, 2.0 over c(n): rates 1.0, 1.07, 0.97, 0.75, 0.48: one draft
+  assert s.choose() == 1
+  rates = {n: s.expected_tokens(n) / c for n, c in steep.items()}
+  assert s.choices[-1] == max(rates, key=rates.get)
+  rec = s.record()
+  assert rec["rule"] == RULE and rec["lengths"] == [0, 1, 2, 4, 8]
+  assert 0.4 < rec["acceptance"] < 0.6 and rec["choices"]
+
+
+def test_an_unmeasured_length_is_tried_once_and_bad_settings_are_refused():
+  s = DraftSizer(lengths=[0, 2, 4])
+  assert s.choose() == 4  # nothing measured: the longest
+  s.update(4, 2.0, [4], [0])
+  assert s.choose() == 0  # nothing measured below 4: the plain step is tried
+  with pytest.raises(ValueError, match=r"prior acceptance must lie in \(0, 1\), got 1.0"):
+    DraftSizer(lengths=[0, 1], prior=1.0)
+
+
+def test_limit_block_cuts_chains_and_trees():
+  block = np.array([[5, 6, 7, 0], [1, 2, 0, 0]], np.int32)
+  (b, nv), counts = limit_block((block, np.array([3, 2], np.int32)), [3, 2], 2)
+  assert b.tolist() == [[5, 6], [1, 2]] and nv.tolist() == [2, 2] and counts.tolist() == [2, 2]
+  (b, nv), _ = limit_block((block[:, :1], np.array([1, 0], np.int32)), [1, 0], 3)
+  assert b.shape == (2, 3) and nv.tolist() == [1, 0]  # padded: a program per length
+  tok = np.array([[4, 5, 6]], np.int32)
+  parent = np.array([[0, 1, 1]], np.int32)  # nodes 2 and 3 under node 1
+  depth = np.array([[1, 2, 2]], np.int32)
+  (t, p, d), _ = limit_block((tok, parent, depth), [3], 2)
+  assert t.tolist() == [[4, 5]] and p.tolist() == [[0, 1]] and d.tolist() == [[1, 2]]
+  (t, p, d), _ = limit_block((tok, parent, depth), [3], 4)
+  assert p[0, 3] == 4 and d[0, 3] == 1  # padding: its own parent
+
+
+@pytest.mark.parametrize("make", ["pld", "suffix"])
+def test_self_sizing_keeps_plain_greedy_tokens_and_records_its_choices(make):
+  params = init_params(jax.random.key(0), CFG, scale=0.3)
+  if make == "pld":
+    dec = PromptLookupDecoder(params, CFG, gamma=4, self_sizing=True)
+  else:
+    dec = SpeculativeEngine(params, CFG, SuffixProposer(max_spec_tokens=4), self_sizing=True)
+  prompts = [[5, 9, 2, 7, 5, 9, 3, 5, 9, 2, 7, 5, 9], [1, 2, 3]]
+  res = greedy_identity(dec, params, CFG, prompts, max_new_tokens=24)
+  sizing = res.stats.record()["sizing"]
+  assert sizing["rule"] == RULE and sum(sizing["choices"].values()) == res.steps
+  assert set(sizing["choices"]) <= set(sizing["lengths"])
+  with pytest.raises(ValueError, match="self_sizing applies to proposers that draft on the host"):
+    from vocabjax.decoding.speculative import ChainDecoder  # noqa: F401
+    from vocabjax.decoding.drafter import ChainProposer
+
+    SpeculativeEngine(params, CFG, ChainProposer(params, CFG, CFG), self_sizing=True)

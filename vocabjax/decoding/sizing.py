@@ -1,0 +1,133 @@
+"""Speculation that sizes itself: each step's draft length chosen from the measured step
+costs and the running acceptance, for the proposers that draft on the host (prompt lookup,
+the n-gram table, SuffixDecoding), and off where drafting does not pay.
+
+Letters: n drafts verified in a step (0: a plain step), a the per-draft acceptance rate, c(n)
+the seconds of a step that verifies n drafts.
+
+The rule (`DraftSizer.choose`): a chain of n drafts, each accepted with probability a given
+the ones before, emits E(n) = (1 - a^(n+1)) / (1 - a) tokens in expectation (Leviathan et al.
+2023, eq. 1); the step costs c(n); the sizer picks the n in `lengths` (the proposer's block
+sizes) that maximizes E(n) / c(n), and n = 0 (verify no drafts: a plain step) when none beats
+it. `a` is the running acceptance (accepted / drafted over the last `window` drafts, starting
+from `prior`); c(n) is the running median of the step times measured at n (steps whose
+program compiled excluded), and an n not measured yet is assumed to cost the measured n' <= n
+nearest it (the optimistic guess, so it gets tried and measured once). Where verification is
+compute bound (large batches, long blocks on a CPU) c(n) grows with n and the rule shortens
+the drafts or steps aside; where it is memory bound c(n) is flat and the rule drafts as much
+as acceptance pays for. The rule, its inputs and each step's choice are in the run's record
+(`SizedStats`).
+
+Exactness is untouched: the sizer only truncates a proposal (a prefix of a chain, or the first
+nodes of a tree, parents first), and the engine verifies whatever is proposed.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import statistics
+from typing import Sequence
+
+RULE = "n* = argmax_n E(n)/c(n), E(n) = (1 - a^(n+1)) / (1 - a); n = 0: a plain step"
+
+
+@dataclasses.dataclass
+class DraftSizer:
+  """The draft-length rule (module doc); host state, updated after every step."""
+
+  lengths: Sequence[int]  # the draft lengths a step may verify (0 included)
+  prior: float = 0.5  # acceptance assumed before any draft was verified
+  window: int = 256  # drafts the running acceptance is taken over
+  samples: int = 5  # step times kept per length (their median is c(n))
+
+  def __post_init__(self):
+    if not 0.0 < self.prior < 1.0:
+      raise ValueError(f"prior acceptance must lie in (0, 1), got {self.prior}")
+    if self.window < 1 or self.samples < 1:
+      raise ValueError(f"window={self.window} and samples={self.samples} must be >= 1")
+    self.lengths = tuple(sorted(set(int(n) for n in self.lengths) | {0}))
+    if self.lengths[0] < 0:
+      raise ValueError(f"draft lengths must be >= 0, got {self.lengths}")
+    self._outcomes: collections.deque = collections.deque(maxlen=self.window)
+    self._times: dict[int, collections.deque] = {}
+    self.choices: list[int] = []
+
+  @property
+  def acceptance(self) -> float:
+    """The running per-draft acceptance rate (the prior until a draft was verified)."""
+    if not self._outcomes:
+      return self.prior
+    return min(max(sum(self._outcomes) / len(self._outcomes), 1e-3), 1 - 1e-3)
+
+  def cost(self, n: int) -> float | None:
+    """c(n): the median step time measured at n, else at the nearest measured n' <= n (None
+    when nothing is measured at or below n)."""
+    for m in sorted(self._times, reverse=True):
+      if m <= n and self._times[m]:
+        return statistics.median(self._times[m])
+    return None
+
+  def expected_tokens(self, n: int) -> float:
+    a = self.acceptance
+    return (1 - a ** (n + 1)) / (1 - a)
+
+  def choose(self) -> int:
+    """This step's draft length (module doc). With no step measured yet: the longest."""
+    if self.cost(0) is None and not self._times:
+      n = self.lengths[-1]
+    else:
+      rates = {}
+      for n in self.lengths:
+        c = self.cost(n)
+        if c is None or c <= 0:
+          rates[n] = float("inf")  # never measured below it: try it once
+        else:
+          rates[n] = self.expected_tokens(n) / c
+      n = max(self.lengths, key=lambda m: (rates[m], -m))
+    self.choices.append(n)
+    return n
+
+  def update(self, n: int, seconds: float | None, drafted: Sequence[int],
+             accepted: Sequence[int]) -> None:
+    """After a step that verified up to n drafts: its time (None: it compiled, not counted)
+    and each row's drafted and accepted counts (a chain: the first rejection ends a row)."""
+    if seconds is not None:
+      self._times.setdefault(n, collections.deque(maxlen=self.samples)).append(seconds)
+    for d, acc in zip(drafted, accepted):
+      if d:
+        # the accepted drafts, then the rejected one (if any); drafts after it were not tried
+        self._outcomes.extend([1] * int(acc) + ([0] if acc < d else []))
+
+  def record(self) -> dict:
+    """The rule, its inputs and its choices for a run's record."""
+    return {"rule": RULE, "lengths": list(self.lengths),
+            "acceptance": round(self.acceptance, 4),
+            "cost_s": {n: round(self.cost(n), 6) for n in self._times if self.cost(n)},
+            "choices": dict(collections.Counter(self.choices))}
+
+
+def limit_block(arrays: tuple, counts, n: int):
+  """A host block cut (or padded) to width n: a chain's (tokens [B, M], counts [B]) keeps its
+  first n drafts; a tree's (tokens, parent, depth [B, M], ...) its first n nodes, which are
+  parents first, so the rest stays a tree (a node past n is dropped with its subtree, whose
+  nodes all come after it); padding nodes are their own parents. Returns (arrays, counts)."""
+  import numpy as np
+
+  counts = np.minimum(np.asarray(counts), n).astype(np.int32)
+  if len(arrays) == 2:  # a chain and its counts
+    block, n_valid = arrays
+    out = np.zeros((block.shape[0], n), block.dtype)
+    w = min(n, block.shape[1])
+    out[:, :w] = block[:, :w]
+    return (out, np.minimum(n_valid, n).astype(n_valid.dtype)), counts
+  tok, parent, depth, *rest = arrays
+  B, M = tok.shape
+  w = min(n, M)
+  t = np.zeros((B, n), tok.dtype)
+  par = np.broadcast_to(np.arange(1, n + 1, dtype=parent.dtype), (B, n)).copy()
+  dep = np.ones((B, n), depth.dtype)
+  t[:, :w], par[:, :w], dep[:, :w] = tok[:, :w], parent[:, :w], depth[:, :w]
+  cut = par[:, :w] > w  # a kept node whose parent was cut: padding too (never, parents first)
+  par[:, :w] = np.where(cut, np.arange(1, w + 1)[None], par[:, :w])
+  return (t, par, dep, *rest), counts
