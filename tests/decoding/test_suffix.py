@@ -93,6 +93,7 @@ def test_greedy_identical_and_a_repeated_request_reuses_its_output(use_tree):
   assert again.stats.tau > max(first.stats.tau, 2.0), (first.stats.tau, again.stats.tau)
   rec = again.stats.record()
   assert rec["matched_steps"] > 0 and rec["mean_match_len"] >= 1
+  assert rec["host_s"] > 0  # the trees' host time, reported (it precedes every step)
 
 
 @pytest.mark.parametrize("use_tree", [False, True], ids=["chain", "tree"])

@@ -111,11 +111,14 @@ class SpecStats:
     self.counts.setdefault(name, []).append(row)
 
   sizing: dict | None = None  # the self-sizing rule, its inputs and choices (`sizing`)
+  host_s: float = 0.0  # seconds in the proposer's host hook (a lookup, the suffix trees)
 
   def record(self) -> dict:
     """Method-specific totals for an eval record (the proposer's `record`, and the self-sizing
     rule's where it ran)."""
     out = self.proposer.record(self) if self.proposer is not None else {}
+    if self.proposer is not None and self.proposer.host_hook:
+      out["host_s"] = round(self.host_s, 4)  # on the critical path: before each step
     return {**out, "sizing": self.sizing} if self.sizing else out
 
 
@@ -476,7 +479,9 @@ class SpeculativeEngine(DecodingMethod):
       state, hist = carry
       compiled = 0.0
       if P.host_hook:
+        t_host = time.perf_counter()
         arrays, host_counts = P.host_block(hist, active)
+        stats.host_s += time.perf_counter() - t_host
         if sizer is not None:  # at most the chosen length, at most what was found
           need = min(sizer.choose(), int(np.max(host_counts, initial=0)))
           width = next(m for m in sizer.lengths if m >= need)
