@@ -58,6 +58,9 @@ def test_the_matrix_holds_every_registered_method_and_generation():
   assert gens == set(tpu.CHIPS) and {sh for _, sh in tpu.MATRIX_TOPOLOGIES} == {True, False}
   assert len(tpu.matrix_cells()) == (len(tpu.MATRIX_METHODS) * len(tpu.MATRIX_TOPOLOGIES)
                                      - len(tpu.ONE_DEVICE) * 3)
+  policies = {m.split(":")[0] for m in tpu.MATRIX_METHODS if m.startswith(("vocabtrim",
+                                                                             "specvocab"))}
+  assert policies == {"vocabtrim", "specvocab"}  # each drafter vocabulary policy
 
 
 @pytest.mark.parametrize("method,topology,sharded", tpu.matrix_cells())
@@ -119,7 +122,7 @@ def test_chain_prefill_compiles():
 
 # --- sharded over 4 chips -----------------------------------------------------------------
 
-@pytest.mark.parametrize("method", ["ar", "chain:gamma=3", "eagle:top_k=4,depth=4,total_tokens=16"])
+@pytest.mark.parametrize("method", ["ar", "chain:gamma=3", "eagle:top_k=2,depth=2,total_tokens=4"])
 def test_sharded_steps_split_the_target_over_the_chips(steps, method):
   step = _step(steps, "v5e:2x2", method, sharded=True)
   mesh = step.decoder.mesh

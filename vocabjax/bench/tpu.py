@@ -808,15 +808,15 @@ MATRIX_TOPOLOGIES = (("v5e:1x1", False), ("v6e:1x1", False), ("v5p:1x1x1", False
                      ("v5e:2x2", True), ("v6e:2x2", True), ("v5p:2x2x1", True))
 # every registered method's step, with each drafter vocabulary policy where it applies (full,
 # a static subset: VocabTrim and FR-Spec run one program, SpecVocab's ranker with the Mosaic
-# kernel), in the registry's names; `ONE_DEVICE` methods (their trees are the host's, merged
+# kernel; each policy on a chain: a tree under a policy runs the same policy per level, and
+# costs 4-9 s more a topology to compile), in the registry's names; `ONE_DEVICE` methods (their trees are the host's, merged
 # into a head's) on one chip only
 # (trees of 2 levels: every level is the same program part, and each costs the compile seconds
 # of a top-k over the vocabulary; prompt lookup's, the n-gram table's and SuffixDecoding's
 # chains of 4 are one program, compiled once)
 MATRIX_METHODS = (
     "ar", "chain:gamma=3", "vocabtrim:k=8192,gamma=3", "specvocab:k=2048,gamma=3",
-    "tree:top_k=2,depth=2,total_tokens=4", "vocabtrim:k=8192,top_k=2,depth=2,total_tokens=4",
-    "specvocab:k=2048,top_k=2,depth=2,total_tokens=4", "pld:gamma=4",
+    "tree:top_k=2,depth=2,total_tokens=4", "pld:gamma=4",
     "pld:gamma=4,candidates=2", "ngram:gamma=4", "suffix:max_spec_tokens=4",
     "suffix:max_spec_tokens=4,use_tree=true", "eagle:top_k=1,depth=3,total_tokens=3",
     "eagle:top_k=2,depth=2,total_tokens=4", "eagle_pld:top_k=2,depth=2,total_tokens=4",
