@@ -14,18 +14,22 @@ What a proposer supplies (letters: B rows, n drafts or tree nodes, S cache slots
     drafted_per_step, extra_slots   drafts per row per step; cache slots a step may write past
                          max_new_tokens (the engine sizes caches and checks requests with it)
     params               its weights (a pytree; the engine places and passes them)
-    caches(B, S, dtype)  the KV caches it keeps: {name: config}; the engine makes them
+    caches()             the KV caches it keeps: {name: config}; the engine makes them [B, S]
     feature_layers       target layers whose outputs it reads (EAGLE); the engine's prefill and
                          tree verification capture them
     prefill(...)         traced inside the engine's prefill program: its state from the prompt
     propose(...)         traced inside the step: Drafts (tokens; q where it samples; a tree's
                          parent and depth), and its state
     commit(...)          traced after verification: its state for the next step
+    gate(...), fallback(...)   optional: rows that draft this step; where none does the step
+                         verifies the fallback's drafts instead (EAGLE's confidence gate)
     host_block(...)      optional host hook, run before each step on the committed tokens (a
                          lookup trie, SuffixDecoding's tree): host arrays the step reads; a
-                         program is compiled per block shape met
+                         program is compiled per block shape met (`host_shapes`); `host_begin`
+                         / `host_end` around each generate call (per-request state)
     drafter_calls(), drafter_body(), head_policy, head_rows   its profile of drafter calls
-    record(stats)        its counts for an eval record
+    record(stats)        its counts for an eval record (`step_counts` / `record_step`: per
+                         step, from the device and the host)
 
 Exactness is the engine's: drafts are verified by the target, and a proposer that samples must
 return the law it sampled from (`Drafts.q`); deterministic drafts (q None) are point masses,
