@@ -99,12 +99,13 @@ class DraftSizer:
         # the accepted drafts, then the rejected one (if any); drafts after it were not tried
         self._outcomes.extend([1] * int(acc) + ([0] if acc < d else []))
 
-  def record(self) -> dict:
-    """The rule, its inputs and its choices for a run's record."""
+  def record(self, since: int = 0) -> dict:
+    """The rule, its inputs (acceptance and costs as they stand: a sizer keeps learning across
+    a decoder's runs of the same shapes) and its choices from choice `since` on (one run's)."""
     return {"rule": RULE, "lengths": list(self.lengths),
             "acceptance": round(self.acceptance, 4),
             "cost_s": {n: round(self.cost(n), 6) for n in self._times if self.cost(n)},
-            "choices": dict(collections.Counter(self.choices))}
+            "choices": dict(collections.Counter(self.choices[since:]))}
 
 
 def limit_block(arrays: tuple, counts, n: int):

@@ -470,10 +470,11 @@ class SpeculativeEngine(DecodingMethod):
         held["hist"] = hist
       return first, (state, hist)
 
-    sizer = None
+    sizer, since = None, 0
     if self.self_sizing:
       sizer = self._sizers.setdefault((B, S), DraftSizer(
           [shape[0][1] for shape in P.host_shapes(B)]))
+      since = len(sizer.choices)  # this run's choices are the ones from here
 
     def advance(carry, i, key, active):
       state, hist = carry
@@ -515,7 +516,7 @@ class SpeculativeEngine(DecodingMethod):
       if "hist" in held:
         P.host_end(held["hist"])
     if sizer is not None:
-      stats.sizing = sizer.record()
+      stats.sizing = sizer.record(since)
     return res
 
 
