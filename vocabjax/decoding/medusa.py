@@ -139,10 +139,17 @@ class MedusaProposer(Proposer):
     return ("medusa", self.mc, self.medusa_tree.choices, self.subset_size)
 
   def place(self, mesh, target_config) -> None:
-    """On a mesh: a shared LM head split by rows as the target's, the heads (and a subset's
-    rows) replicated."""
+    """On a mesh: a shared LM head, and each head's own [V, D] projection, split by rows as
+    the target's head is (replicated, each head's V x D would sit whole on every chip); the
+    heads' residual blocks and a subset's rows replicated."""
+    def heads(tree):
+      return {"heads": [{k: sharding.shard_rows(v, mesh) if k == "lm_head"
+                         else sharding.replicate(v, mesh) for k, v in h.items()}
+                        for h in tree["heads"]]}
+
     self.params = {k: sharding.shard_rows(v, mesh) if k == "lm_head"
-                   else sharding.replicate(v, mesh) for k, v in self.params.items()}
+                   else heads(v) if k == MEDUSA_KEY else sharding.replicate(v, mesh)
+                   for k, v in self.params.items()}
 
   def prefill(self, params, target_params, pre: Prefilled) -> MedusaState:
     return MedusaState(hidden=pre.hidden)
