@@ -362,11 +362,17 @@ class EagleLookupProposer(EagleProposer):
     self.gamma, self.max_ngram, self.min_ngram = gamma, max_ngram, min_ngram
     self.candidates = candidates
     m = candidates * gamma
-    self.buckets = tuple(range(0, m + 1, gamma))
-    self.bounds = TreeBounds(top_k=tree.top_k + candidates, depth=max(tree.depth, gamma))
+    self._host_tree(tuple(range(0, m + 1, gamma)), children=candidates, depth=gamma, nodes=m)
+
+  def _host_tree(self, buckets, *, children: int, depth: int, nodes: int) -> None:
+    """The merged tree's sizes when the host block adds up to `nodes` nodes, `children` under a
+    node and `depth` levels to the head's tree (padded to one of `buckets`)."""
+    tree = self.tree
+    self.buckets = buckets
+    self.bounds = TreeBounds(top_k=tree.top_k + children, depth=max(tree.depth, depth))
     self.pend_width = self.bounds.depth + 1
-    self.drafted_per_step = tree.total_tokens + m
-    self.extra_slots = tree.total_tokens + m + tree.draft_slots + self.bounds.depth + 2
+    self.drafted_per_step = tree.total_tokens + nodes
+    self.extra_slots = tree.total_tokens + nodes + tree.draft_slots + self.bounds.depth + 2
 
   def key(self):
     return (super().key(), "lookup", self.bounds)
@@ -480,12 +486,8 @@ class EagleSuffixProposer(EagleLookupProposer):
     n = self.suffix.gamma
     self.score_threshold = score_threshold
     self.gated = self.gated or score_threshold is not None
-    self.buckets = self.suffix.buckets
     # a suffix tree's node may have up to n children, and it reaches depth n
-    self.bounds = TreeBounds(top_k=tree.top_k + n, depth=max(tree.depth, n))
-    self.pend_width = self.bounds.depth + 1
-    self.drafted_per_step = tree.total_tokens + n
-    self.extra_slots = tree.total_tokens + n + tree.draft_slots + self.bounds.depth + 2
+    self._host_tree(self.suffix.buckets, children=n, depth=n, nodes=n)
 
   def key(self):
     return (EagleProposer.key(self), "suffix", self.bounds, self.suffix.key(),

@@ -381,7 +381,10 @@ class SpeculativeEngine(DecodingMethod):
     out = {}
     i32 = functools.partial(self._placed, dtype=jnp.int32, B=B)
     key = self._placed(KEY.shape, KEY.dtype, B, rows=False)
-    state = self.abstract_state(sampling, B, T, S, dtype)
+    # the loop state's shapes (an abstract trace of the prefill): the step's input, and on a
+    # mesh the prefill's output shardings; a prefill alone off a mesh needs none
+    state = (self.abstract_state(sampling, B, T, S, dtype)
+             if "step" in programs or self.mesh is not None else None)
     rep = None if self.mesh is None else sharding.replicated(self.mesh)
     if "prefill" in programs:
       tcache, caches = self._abstract_caches(B, S, dtype)
