@@ -26,54 +26,13 @@ import json
 import sys
 from pathlib import Path
 
+from vocabjax.eval.published import (FRSPEC_GROUPS, FRSPEC_HEAD_SHARE, FRSPEC_TAU,
+                                     FRSPEC_TAU_QWEN, FRSPEC_TOKS, PUBLISHED, SPECVOCAB_GAIN,
+                                     VOCABTRIM_MBSU_GAIN)
 from vocabjax.io import atomic_write_text
 
-# The papers' own headline claims (their abstracts), for the comparison table. Per-group tables
-# are in the papers (arXiv HTML) and can be added here with their table numbers.
-PUBLISHED = [
-    ("FR-Spec (Zhao et al. 2025, arXiv 2502.14856)", "EAGLE-2 drafter, Llama-3-8B (128K vocab), GPU",
-     "LM-head computation cut by 75%; average 1.12x speedup over EAGLE-2"),
-    ("VocabTrim (Goel et al. 2025, arXiv 2506.22694)", "drafters of Llama-3 models, Spec-Bench",
-     "memory-bound speedup +16% for Llama-3.2-3B-Instruct"),
-    ("SpecVocab (Williams et al. 2026, arXiv 2602.13836)", "EAGLE-3 drafters, Spec-Bench, GPU",
-     "higher acceptance length than EAGLE-3; up to +8.1% average throughput over EAGLE-3"),
-]
 FULL = {"full": "full_chain", "lm": "lm_chain_g3"}  # each setting's full-vocabulary drafter
 
-# The papers' per-group figures, copied from the papers (ratios below are computed from them).
-# FR-Spec (arXiv 2502.14856v2, https://arxiv.org/html/2502.14856; ACL 2025): 1x A800, EAGLE-2
-# depth 6 / 60 draft tokens, Spec-Bench 80 prompts per task + HumanEval, temperature 0, FR-Spec
-# subsets from SlimPajama counts. Its columns, in its order, as our task groups: MT. = WMT14
-# translation, Conv. = MT-bench (multi-turn), RAG, Math = GSM8K, QA = Natural Questions,
-# Summ. = CNN/DailyMail, Code = HumanEval.
-FRSPEC_GROUPS = ("translation", "multi-turn", "rag", "math_reasoning", "qa", "summarization",
-                 "humaneval")
-FRSPEC_TAU = {  # Table 1 (Llama-3-8B, 128K vocabulary), average acceptance length
-    "full": (3.66, 4.12, 4.05, 4.29, 3.49, 3.68, 3.92),
-    "64k": (3.59, 4.07, 3.98, 4.26, 3.42, 3.65, 3.62),
-    "32k": (3.39, 3.89, 3.85, 4.15, 3.34, 3.51, 3.29),
-    "16k": (3.20, 3.63, 3.56, 3.84, 3.19, 3.28, 3.10),
-    "8k": (2.98, 3.33, 3.25, 3.52, 2.97, 2.98, 2.86),
-}
-FRSPEC_TAU_QWEN = {  # Table 6 (Qwen-2-7B, 152K vocabulary: the target family of ours)
-    "full": (2.90, 4.06, 3.65, 4.31, 3.27, 3.74, 4.22),
-    "32k": (2.83, 3.73, 3.53, 4.20, 3.39, 3.58, 3.71),
-}
-FRSPEC_TOKS = {  # Table 2 (Llama-3-8B, their C/CUDA implementation), tokens/s
-    "full": (176.79, 203.41, 168.05, 209.88, 166.60, 167.12, 175.11),  # EAGLE-2
-    "64k": (192.85, 224.52, 178.53, 231.99, 183.17, 183.86, 183.11),
-    "32k": (195.60, 227.68, 184.85, 243.36, 190.27, 188.14, 183.19),
-    "16k": (194.02, 223.32, 178.22, 233.69, 188.60, 182.26, 176.70),
-    "8k": (185.78, 210.66, 167.64, 218.57, 180.40, 170.97, 167.85),
-}
-FRSPEC_HEAD_SHARE = "49% of EAGLE-2's drafting time (62% with the softmax; Llama-3-8B, Fig. 6)"
-# SpecVocab (arXiv 2602.13836): its repository's README (github.com/SamsungLabs/SpecVocab), H100,
-# SGLang fork, Spec-Bench batch 1: average throughput gain of SpecVocab (k = 2048) over EAGLE-3
-# with its 32,000-token head. Its per-group tables 1-2 were not readable here.
-SPECVOCAB_GAIN = {"OLMo 2 1B": 0.050, "OLMo 2 7B": 0.081, "Qwen3 4B": 0.050, "Qwen3 8B": 0.043}
-# VocabTrim (arXiv 2506.22694v2), abstract: memory-bound speedup +16% for Llama-3.2-3B-Instruct's
-# EAGLE drafter on Spec-Bench (32K target-generated vocabulary); per-task tables not readable here.
-VOCABTRIM_MBSU_GAIN = 0.16
 
 
 def _f(x, fmt="{:.2f}"):

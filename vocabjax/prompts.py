@@ -5,6 +5,12 @@ below all of them (it imports nothing of vocabjax but `errors`).
 Spec-Bench's task groups: the eight MT-bench categories form "multi-turn" (only the first turn
 is used: the second turn would condition on each method's own first answer), the others
 (translation, summarization, qa, math_reasoning, rag) are their own group.
+
+Conversations: a prompt with `followups` is asked turn after turn, each turn's prompt holding
+the conversation so far with the method's own answers (`encode_conversation`): the
+`self_refine` kind asks for an answer, then for a revision, then for another (each answer
+repeats much of the one before). Greedy decoding is lossless, so every method sees the same
+conversation; each turn is its own record (`Prompt.turn_qid`, group `<group>/turn<t>`).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import yaml
 
 from vocabjax.errors import ConfigError
 
-DATASET_KINDS = ("spec_bench", "humaneval", "gsm8k", "code_edit", "tool_call")
+DATASET_KINDS = ("spec_bench", "humaneval", "gsm8k", "code_edit", "tool_call", "self_refine")
 # a source checkout's configs/: the shipped eval suites (configs/eval/, found by bare name) and
 # the training recipes (configs/train/, given by path)
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -49,6 +55,18 @@ class Prompt:
   category: str  # finer category (Spec-Bench's own field)
   text: str
   source: str = ""  # the file it came from (named in error messages)
+  followups: tuple[str, ...] = ()  # later turns, each asked after the method's own answer
+
+  @property
+  def turns(self) -> tuple[str, ...]:
+    return (self.text, *self.followups)
+
+  def turn_qid(self, t: int) -> str:
+    """The record id of turn t (0-based): the question's own id for the first."""
+    return self.qid if t == 0 else f"{self.qid}/turn{t + 1}"
+
+  def turn_group(self, t: int) -> str:
+    return self.group if not self.followups else f"{self.group}/turn{t + 1}"
 
 
 _DS = {f.name for f in dataclasses.fields(DatasetSpec)}
@@ -282,8 +300,26 @@ def load_tool_call(spec: DatasetSpec) -> list[Prompt]:
   return out
 
 
+# what the self-refinement conversation asks after the first answer (SuffixDecoding's
+# self-refinement workload: each revision repeats much of the answer before it)
+REFINE_FOLLOWUPS = (
+    "Revise your answer: correct anything that is wrong and make the wording clearer. Reply "
+    "with the whole revised answer.",
+    "Revise it once more in the same way and reply with the whole answer again.",
+)
+
+
+def load_self_refine(spec: DatasetSpec) -> list[Prompt]:
+  """Multi-turn self-refinement: Spec-Bench questions (the same filters as `spec_bench`:
+  `path`, `per_group`, `categories`, `limit`), each answered and then revised twice
+  (`REFINE_FOLLOWUPS`), three turns of one conversation."""
+  return [Prompt(f"self_refine/{p.qid.split('/', 1)[1]}", "self_refine", p.category, p.text,
+                 p.source, REFINE_FOLLOWUPS) for p in load_spec_bench(spec)]
+
+
 LOADERS = {"spec_bench": load_spec_bench, "humaneval": load_humaneval, "gsm8k": load_gsm8k,
-           "code_edit": load_code_edit, "tool_call": load_tool_call}
+           "code_edit": load_code_edit, "tool_call": load_tool_call,
+           "self_refine": load_self_refine}
 
 
 def load_prompts(specs) -> list[Prompt]:
@@ -325,27 +361,40 @@ def encode_prompts(tokenizer, prompts, chat: bool,
   if reserved:
     raise ValueError(f"chat template variable(s) {reserved} are apply_chat_template's own "
                      f"arguments, not template variables: choose other names")
-  out = []
-  for i, p in enumerate(prompts):
+  return [encode_conversation(tokenizer, [p], [], chat, template_kwargs, where=f"prompt {i}")
+          for i, p in enumerate(prompts)]
+
+
+def encode_conversation(tokenizer, turns, answers, chat: bool,
+                        template_kwargs: dict | None = None, where: str = "prompt") -> list[int]:
+  """Token ids of a conversation: user `turns` and the assistant's `answers` between them
+  (len(answers) == len(turns) - 1), ending where the next answer begins. With `chat`, the chat
+  template's messages; without, the texts joined by blank lines. Errors as `encode_prompts`'."""
+  if len(answers) != len(turns) - 1:
+    raise ValueError(f"{len(turns)} turns need {len(turns) - 1} answers, got {len(answers)}")
+  for p in turns:
     try:
       p.encode("utf-8")
     except UnicodeEncodeError as e:  # undecodable bytes (argv, files) arrive as surrogates
       bad = p[e.start:e.end].encode("utf-8", "surrogateescape")
-      raise ValueError(f"prompt {i} is not valid UTF-8 (bytes {bad!r} at character "
+      raise ValueError(f"{where} is not valid UTF-8 (bytes {bad!r} at character "
                        f"{e.start}); give UTF-8 text") from None
-    if chat:
-      if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("chat is on but the tokenizer has no chat template")
-      try:
-        text = tokenizer.apply_chat_template([{"role": "user", "content": p}], tokenize=False,
-                                             add_generation_prompt=True,
-                                             **(template_kwargs or {}))
-      except Exception as e:  # jinja2's SecurityError (the sandbox), TemplateError, ...
-        kind = ("refused by transformers' sandbox (it reaches for what a template may not)"
-                if type(e).__name__ == "SecurityError" else "failed to render")
-        raise ValueError(f"the tokenizer's chat template {kind}: {type(e).__name__}: "
-                         f"{' '.join(str(e).split())[:200]}") from None
-      out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
-    else:
-      out.append(tokenizer(p)["input_ids"])
-  return out
+  if not chat:
+    parts = [x for pair in zip(turns, [*answers, None]) for x in pair if x is not None]
+    return tokenizer("\n\n".join(parts))["input_ids"]
+  if not getattr(tokenizer, "chat_template", None):
+    raise ValueError("chat is on but the tokenizer has no chat template")
+  messages = []
+  for user, answer in zip(turns, [*answers, None]):
+    messages.append({"role": "user", "content": user})
+    if answer is not None:
+      messages.append({"role": "assistant", "content": answer})
+  try:
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
+                                         **(template_kwargs or {}))
+  except Exception as e:  # jinja2's SecurityError (the sandbox), TemplateError, ...
+    kind = ("refused by transformers' sandbox (it reaches for what a template may not)"
+            if type(e).__name__ == "SecurityError" else "failed to render")
+    raise ValueError(f"the tokenizer's chat template {kind}: {type(e).__name__}: "
+                     f"{' '.join(str(e).split())[:200]}") from None
+  return tokenizer(text, add_special_tokens=False)["input_ids"]

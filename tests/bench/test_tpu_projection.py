@@ -215,6 +215,8 @@ def test_a_method_that_does_not_fit_is_a_row_with_needed_and_available_bytes(tmp
     (["--topology", "v5e:1x1", "--methods", "tree_k4"], "error: unknown method 'tree_k4'"),
     (["--topology", "v5e:1x1", "--run", "no/such/run"], "error: --run no/such/run: no "
      "summary.json there"),
+    (["--topology", "v5e:1x1", "--paper", "frspec-llama3", "--pair", "qwen2.5-coder"],
+     "error: --paper names the models, methods and tau"),
 ])
 def test_bad_input_is_one_error_line_and_exit_2(tmp_path, capfd, args, message):
   rc = main(["tpu", *args, "--out", str(tmp_path / "out")])
@@ -249,3 +251,62 @@ def test_methods_are_the_registrys_names_and_parameters(tiny):
   for m in ("suffix:max_spec_tokens=4", "ngram:gamma=3"):
     step = tpu.lower_step(m, setup, S=128, compile=True)
     assert step.programs["step"].compiled.memory_analysis().alias_size_in_bytes > 0, m
+
+
+def test_papers_pairs_name_published_heads_and_taus():
+  """Every paper's row is a method the bench compiles, its tau the paper's own figure (mean of
+  the published table's columns) or none, and its target a known config."""
+  from vocabjax.bench.papers import PAPER_PAIRS
+  from vocabjax.bench.shapes import resolve_config
+  from vocabjax.eval import published
+
+  assert set(PAPER_PAIRS) == {"frspec-llama3", "eagle3-llama31", "specvocab-qwen3"}
+  for pair in PAPER_PAIRS.values():
+    cfg = resolve_config(pair.target)[1]
+    assert cfg.hidden_size == 4096 and cfg.vocab_size in (128256, 151936)
+    for row in pair.rows:
+      assert tpu.method_spec(row.method).kind == "eagle"
+      assert row.source  # where tau comes from, or why there is none
+  fr = {r.label: r for r in PAPER_PAIRS["frspec-llama3"].rows}
+  full = fr["EAGLE-2 (full vocabulary)"]
+  assert full.tau == pytest.approx(sum(published.FRSPEC_TAU["full"]) / 7, abs=1e-3)
+  assert fr["FR-Spec 8K"].tau == pytest.approx(sum(published.FRSPEC_TAU["8k"]) / 7, abs=1e-3)
+  assert fr["FR-Spec 8K"].method == full.method + "|subset_k=8192"
+  assert tpu.method_spec(fr["FR-Spec 8K"].method).params["subset_k"] == 8192
+  e3 = PAPER_PAIRS["eagle3-llama31"]
+  assert e3.head_vocab == 32000 and e3.rows[0].tau == 6.23 and e3.rows[1].tau is None
+  sv = {r.label: r.tau for r in PAPER_PAIRS["specvocab-qwen3"].rows}
+  assert sv["SpecVocab k=2048"] > sv["EAGLE-3 (32K head)"]
+
+
+def test_published_tau_gives_projected_speedups_for_an_eagle2_head_and_its_subsets(tiny):
+  """A paper's pair in small: an EAGLE-1/2 head over the target's LM head, restricted to a
+  static subset (`|subset_k=K`), projected with published taus instead of a run's."""
+  from vocabjax.bench.shapes import resolve_config
+
+  tc = resolve_config(tiny[0])[1]
+  setup = tpu.Setup(tc, tc, head_kind="eagle2", head_intermediate=128)
+  tree = "eagle:top_k=2,depth=2,total_tokens=4"
+  sub = tree + "|subset_k=1024"
+  taus = {tree: (3.0, "paper A, Table 1"), sub: (2.5, "paper A, Table 1")}
+  result = tpu.project(setup, "v5e:1x1", ["ar", tree, sub], S=128, unrolled_costs=False,
+                       taus=taus, labels={tree: "full head", sub: "1K subset"},
+                       paper="paper A on a tiny pair")
+  rows = {r["method"]: r for r in result["rows"]}
+  assert result["setup"]["eagle_head"] == {"kind": "eagle2", "draft_vocab": 4096,
+                                           "intermediate": 128}
+  for m, (tau, _) in taus.items():
+    r = rows[m]
+    assert "error" not in r, r.get("error")
+    assert r["tau"] == tau and r["tau_from"] == "published" and r["tau_source"]
+    assert r["projected_speedup"] == pytest.approx(tau * rows["ar"]["roofline_s"]
+                                                   / r["roofline_s"])
+  # the subset's head reads 1,024 of the 4,096 rows per drafting pass
+  assert rows[sub]["stream_bytes"] < rows[tree]["stream_bytes"]
+  md = tpu.render(result)
+  assert "tau: PUBLISHED, from the paper" in md and "paper A on a tiny pair" in md
+  assert f"| 1K subset (`{sub}`) |" in md and "tau: paper A, Table 1" in md
+  assert "EAGLE head (eagle2) Vd=4096" in md
+  with pytest.raises(ValueError, match="subset_k restricts a full LM head"):
+    tpu.build_decoder(tree + "|subset_k=8", tpu.Setup(tc, tc, head_vocab=64),
+                      device=tpu.devices_of("v5e:1x1")[0])

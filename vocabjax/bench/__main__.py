@@ -137,6 +137,10 @@ def _tpu_parser() -> argparse.ArgumentParser:
                  "v5p:1x1x1, ... (several chips: the model axis over all of them)")
   p.add_argument("--pair", choices=sorted(shapes.PAIRS), help="a target/drafter pair "
                  "(default qwen2.5-coder)")
+  p.add_argument("--paper", choices=sorted(_paper_pairs()), help="a paper's pair at its "
+                 "published sizes (vocabjax.bench.papers): its target, its published head's "
+                 "shapes, its methods and tree, tau from the paper (PROJECTED speedups); "
+                 "instead of --pair, --methods and --run")
   p.add_argument("--target", help="a target model instead of --pair (a name of "
                  "vocabjax.bench.shapes.KNOWN, a config.json, ...); with --draft")
   p.add_argument("--draft", help="its same-vocabulary drafter")
@@ -159,6 +163,12 @@ def _tpu_parser() -> argparse.ArgumentParser:
                  "e.g. Qwen2.5-0.5B (V=151936) for Qwen2.5-7B (V=152064): same-vocabulary "
                  "drafting refuses differing V")
   return p
+
+
+def _paper_pairs() -> dict:
+  from vocabjax.bench.papers import PAPER_PAIRS  # local: the published figures only for tpu
+
+  return PAPER_PAIRS
 
 
 def _tpu_names() -> list[str]:
@@ -220,11 +230,22 @@ def _tpu_run(a, argv: list[str]) -> int:
   from vocabjax.bench import tpu  # local: JAX and libtpu only for this subcommand
 
   command = "python -m vocabjax.bench tpu " + shlex.join(argv)
+  taus = labels = None
   try:
-    tname, dname = (a.target, a.draft) if a.target else shapes.PAIRS[a.pair or "qwen2.5-coder"]
+    if a.paper and (a.pair or a.target or a.draft or a.cross_draft or a.methods or a.run):
+      raise ValueError("--paper names the models, methods and tau: without --pair, --target, "
+                       "--draft, --cross-draft, --methods and --run")
+    paper = _paper_pairs()[a.paper] if a.paper else None
+    tname, dname = ((paper.target, paper.target) if paper else (a.target, a.draft) if a.target
+                    else shapes.PAIRS[a.pair or "qwen2.5-coder"])
     tname, tc = shapes.resolve_config(tname)
     dname, dc = shapes.resolve_config(dname)
     xname, xc = shapes.resolve_config(a.cross_draft) if a.cross_draft else ("", None)
+    if paper:  # no drafter model: the head is the paper's
+      dname = f"no drafter model: {paper.head} ({paper.head_kind} head)"
+      a.methods = [r.method for r in paper.rows]
+      taus = {r.method: (r.tau, r.source) for r in paper.rows}
+      labels = {r.method: r.label for r in paper.rows}
     if dc.vocab_size != tc.vocab_size:
       if not (a.pad_draft_vocab and dc.vocab_size < tc.vocab_size):
         raise ValueError(f"{dname} has V={dc.vocab_size}, {tname} V={tc.vocab_size}: "
@@ -235,8 +256,11 @@ def _tpu_run(a, argv: list[str]) -> int:
     methods = list(dict.fromkeys(["ar", *(a.methods or tpu.METHODS)]))
     for m in methods:
       tpu.method_spec(m)  # a bad name is refused before anything compiles
+    heads = (dict(head_kind=paper.head_kind, head_vocab=paper.head_vocab,
+                  head_intermediate=paper.head_intermediate, ranker_rank=paper.ranker_rank)
+             if paper else {})
     setup = tpu.Setup(tc, dc, cross_draft=xc, dtype=a.dtype, target_name=tname,
-                      draft_name=dname, cross_draft_name=xname)
+                      draft_name=dname, cross_draft_name=xname, **heads)
     tpu.tpu_devices(a.topology)  # ValueError naming an unknown topology
     tpu.chip_of(a.topology)  # a topology libtpu knows but the chip table does not
     if a.run:
@@ -259,7 +283,8 @@ def _tpu_run(a, argv: list[str]) -> int:
 
   try:
     result = tpu.project(setup, a.topology, methods, B=a.batch, S=a.context, run=a.run,
-                         unrolled_costs=not a.rolled_costs, on_row=save,
+                         unrolled_costs=not a.rolled_costs, on_row=save, taus=taus,
+                         labels=labels, paper=paper.paper if paper else None,
                          progress=lambda text: print(text, file=sys.stderr, flush=True))
   except tpu.TpuProjectionError as e:
     print(f"error: {e}", file=sys.stderr)

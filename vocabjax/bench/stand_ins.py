@@ -28,7 +28,7 @@ from vocabjax.decoding.tree import TreeParams
 from vocabjax.errors import ConfigError
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.eagle import EagleConfig, default_feature_layers, init_eagle
-from vocabjax.models.llamalike import init_params
+from vocabjax.models.llamalike import FINAL_NORMED, init_params
 from vocabjax.models.medusa import MedusaConfig, init_medusa
 from vocabjax.vocab.ranked import Ranker, SpeculativeVocab
 from vocabjax.vocab.subset import VocabSubset
@@ -45,12 +45,16 @@ class Setup:
   dtype: str = "bfloat16"  # weights and KV caches
   head_vocab: int = 8192  # EAGLE head's Vd (the chat_pl head of experiments/results/eagle/gate)
   head_intermediate: int = 2048
+  head_kind: str = "eagle3"  # or "eagle2": an EAGLE-1/2 head (the target's final normed
+  #   feature, drafting over the target's LM head: its Vd is the target's V)
   ranker_rank: int = 128  # SpecVocab ranker rank d'
   target_name: str = "target"
   draft_name: str = "draft"
   cross_draft_name: str = ""
 
   def __post_init__(self):
+    if self.head_kind not in ("eagle2", "eagle3"):
+      raise ValueError(f"head_kind={self.head_kind!r}: 'eagle2' or 'eagle3'")
     if self.target.vocab_size != self.draft.vocab_size:
       raise ValueError(f"target V={self.target.vocab_size} and drafter V="
                        f"{self.draft.vocab_size} differ: pass a same-vocabulary drafter as "
@@ -241,11 +245,23 @@ def _model_spec(name, kind, p, bench):
 
 def _eagle_spec(name, kind, p, bench):
   if p.subset:
-    raise ValueError("a saved subset is read for its size: not a bench stand-in")
+    raise ValueError("a saved subset is read for its size: give its size as the bench setting "
+                     "`|subset_k=K` (e.g. eagle:lm_head=target|subset_k=32768)")
+  subset_k = int(bench.get("subset_k", 0))
+  if subset_k and p.ranker:
+    raise ValueError("eagle takes a subset or a ranker, not both")
   tree = TreeParams(p.top_k, p.depth, p.total_tokens)
 
   def build(a, s, mesh):
     vocab = _ranker_vocab(s, p.k, "auto") if p.ranker else None
+    if subset_k:  # a static subset (FR-Spec's, VocabTrim's) of a full-vocabulary LM head
+      V = s.target.vocab_size
+      if p.lm_head != "target" and s.head_kind != "eagle2":
+        raise ValueError("subset_k restricts a full LM head: an EAGLE-1/2 head's, or "
+                         "lm_head=target")
+      if not 1 <= subset_k <= V:
+        raise ValueError(f"subset_k={subset_k} must be in [1, V={V}]")
+      vocab = VocabSubset(np.arange(subset_k), V, meta=(("ids", "stand-in"),))
     kw = dict(tree=tree, lm_head=p.lm_head, draft_vocab=vocab, mesh=mesh,
               min_confidence=p.min_confidence)
     if kind == "eagle_pld":
@@ -262,8 +278,11 @@ def _eagle_spec(name, kind, p, bench):
     return EagleDecoder(a["target"], s.target, a["head"], _head_config(s), **kw)
 
   what = f"chain of {p.depth}" if p.top_k == 1 else f"tree of {tree.total_tokens}"
-  return MethodSpec(name, kind, _shaping(kind, p), ("target", "head"), build,
-                    f"EAGLE-3 head ({p.lm_head} LM head), {what}"
+  policy = (f", a static subset of {subset_k} rows" if subset_k else
+            f", SpecVocab top-{p.k} (a rank-R ranker)" if p.ranker else "")
+  shaping = _shaping(kind, p) if not subset_k else {**_shaping(kind, p), "subset_k": subset_k}
+  return MethodSpec(name, kind, shaping, ("target", "head"), build,
+                    f"EAGLE head (lm_head={p.lm_head}{policy}), {what}"
                     + {"eagle_pld": " + prompt lookup",
                        "eagle_suffix": " + SuffixDecoding"}.get(kind, ""))
 
@@ -337,6 +356,9 @@ def _head_config(s: Setup) -> EagleConfig:
   from vocabjax.train.eagle import head_config  # local: bench uses train's head shapes
 
   L = s.target.num_layers
+  if s.head_kind == "eagle2":  # EAGLE-1/2: the final normed feature, the target's V
+    hc = head_config(s.target, (FINAL_NORMED,), s.target.vocab_size, s.head_intermediate)
+    return dataclasses.replace(hc, kind="eagle2")
   # EAGLE-3's low/mid/high layers need L >= 8; a test's short target reads what it has
   layers = default_feature_layers(L) if L >= 8 else tuple(sorted({0, L // 2, L - 1}))
   return head_config(s.target, layers, min(s.head_vocab, s.target.vocab_size),

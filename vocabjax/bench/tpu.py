@@ -495,7 +495,8 @@ def _fmt_bytes(n: int) -> str:
 
 def project(setup: Setup, topology: str, methods=METHODS, *, B: int = 1, S: int = 1024,
             run: str | None = None, unrolled_costs: bool = True, progress=None,
-            on_row=None) -> dict:
+            on_row=None, taus: dict | None = None, labels: dict | None = None,
+            paper: str | None = None) -> dict:
   """Compile each method's whole step for `topology` (deviceless; on every chip with the
   model axis over them when it has several) and project it (module doc of the CLI:
   `python -m vocabjax.bench tpu`). Returns {"rows": [...], ...}; `on_row(result)` is called
@@ -503,7 +504,10 @@ def project(setup: Setup, topology: str, methods=METHODS, *, B: int = 1, S: int 
 
   TpuProjectionError when the target alone (plain decoding's weights and cache) does not fit
   one chip: a message with the bytes needed and available and a topology that would hold it.
-  A method whose drafter or heads do not fit is a row marked "does not fit" with its bytes."""
+  A method whose drafter or heads do not fit is a row marked "does not fit" with its bytes.
+
+  `taus` ({method: (tau, source)}: a paper's published acceptance lengths, `--paper`) instead of
+  a run's; `labels` ({method: the paper's name for it}); `paper`: the paper and its setting."""
   import time
 
   chip = chip_of(topology)
@@ -537,11 +541,15 @@ def project(setup: Setup, topology: str, methods=METHODS, *, B: int = 1, S: int 
             "setup": {"target": setup.target_name, "draft": setup.draft_name,
                       "cross_draft": setup.cross_draft_name or setup.draft_name,
                       "describe": setup.describe(), "dtype": setup.dtype,
-                      "eagle_head": {"draft_vocab": min(setup.head_vocab,
-                                                        setup.target.vocab_size),
+                      "eagle_head": {"kind": setup.head_kind,
+                                     "draft_vocab": (setup.target.vocab_size
+                                                     if setup.head_kind == "eagle2" else
+                                                     min(setup.head_vocab,
+                                                         setup.target.vocab_size)),
                                      "intermediate": setup.head_intermediate},
                       "ranker_rank": setup.ranker_rank},
-            "B": B, "S": S, "run": run, "unrolled_costs": unrolled_costs, "rows": []}
+            "B": B, "S": S, "run": run, "paper": paper, "unrolled_costs": unrolled_costs,
+            "rows": []}
   for spec in specs:
     say(f"{spec.name}: compiling for {topology} ...")
     t0 = time.perf_counter()
@@ -559,6 +567,13 @@ def project(setup: Setup, topology: str, methods=METHODS, *, B: int = 1, S: int 
     hit = match_tau(spec, entries) if entries else None
     if hit is not None:
       row["tau"], row["tau_from"] = hit["tau"], hit["name"]
+    if labels and spec.name in labels:
+      row["label"] = labels[spec.name]
+    if taus and spec.name in taus:
+      tau, source = taus[spec.name]
+      row["tau_source"] = source
+      if tau is not None:
+        row["tau"], row["tau_from"] = tau, "published"
     result["rows"].append(row)
     say(f"{spec.name}: " + ("error" if "error" in row else
                             "does not fit" if row.get("fits") is False else "ok")
@@ -738,11 +753,15 @@ def render(result: dict) -> str:
            f"({chip['hbm_bytes']:,} bytes), {chip['hbm_bytes_per_s'] / 1e9:.0f} GB/s, bf16 peak "
            f"{chip['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s",
            f"- {st['describe']}; batch B={result['B']}, cache S={result['S']} slots; random "
-           f"abstract weights; EAGLE head Vd={st['eagle_head']['draft_vocab']}, intermediate "
+           f"abstract weights; EAGLE head ({st['eagle_head'].get('kind', 'eagle3')}) "
+           f"Vd={st['eagle_head']['draft_vocab']}, intermediate "
            f"{st['eagle_head']['intermediate']}; SpecVocab ranker rank {st['ranker_rank']}; "
            f"crossvocab drafter {st['cross_draft']} (id map of tiny tokenizers: only its "
            f"[Vd] shape reaches the program)",
-           f"- tau: {result['run'] or 'no --run given'}", "",
+           (f"- tau: PUBLISHED, from the paper (each row's source under the table): "
+            f"{result['paper']}; every speedup below is a PROJECTION of that tau onto this "
+            f"TPU's compiled step costs, not a measurement" if result.get("paper") else
+            f"- tau: {result['run'] or 'no --run given'}"), "",
            "| method | programs | weights + inputs GiB | KV GiB | temps GiB | total GiB "
            "(HBM) | fits | max cache slots | GFLOP | GB accessed | PROJECTED roofline "
            "time us | PROJECTED floor us (arguments read once) | bound | Pallas bytes (not "
@@ -754,13 +773,13 @@ def render(result: dict) -> str:
     if "error" in r:
       first = r["error"].splitlines()
       msg = " ".join(x.strip() for x in first[1:3]) or first[0]
-      lines.append(f"| {r['method']} | - | - | - | - | - | "
+      lines.append(f"| {_name(r)} | - | - | - | - | - | "
                    f"{'no' if r.get('fits') is False else 'error'} | - | - | - | - | - | - | "
                    f"- | {_tau(r)} | - | - | - | - |")
       lines.append(f"|  | error: {msg[:300]} |" + " |" * 17)
       continue
     if r.get("roofline_s") is None:  # does not fit (checked before compiling)
-      lines.append(f"| {r['method']} | - | {g('weights_bytes')} | {g('kv_bytes')} | - | "
+      lines.append(f"| {_name(r)} | - | {g('weights_bytes')} | {g('kv_bytes')} | - | "
                    f"{r['needed_bytes'] / GiB:.3f} ({r['hbm_bytes'] / GiB:.0f}) | no: "
                    f"{r['needed_bytes']:,} > {r['hbm_bytes']:,} bytes | - | - | - | - | - | "
                    f"- | - | {_tau(r)} | - | - | - | - |")
@@ -768,7 +787,7 @@ def render(result: dict) -> str:
     slots = r["max_cache_slots"]
     pb = r.get("pallas_bytes_not_counted")
     lines.append(
-        f"| {r['method']} | {' + '.join(r['cost_programs'])} | {g('weights_bytes')} | "
+        f"| {_name(r)} | {' + '.join(r['cost_programs'])} | {g('weights_bytes')} | "
         f"{g('kv_bytes')} | {g('temp_bytes')} | {g('total_bytes')} "
         f"({r['hbm_bytes'] / GiB:.0f}) | {'yes' if r['fits'] else 'NO'} | "
         f"{slots:,} | {r['flops'] / 1e9:.2f} | {r['bytes_accessed'] / 1e9:.3f} | "
@@ -781,6 +800,7 @@ def render(result: dict) -> str:
         + (f"PROJECTED {r['stream_speedup']:.2f}x |" if "stream_speedup" in r else "- |"))
   lines += ["", "Methods:", ""]
   lines += [f"- `{r['method']}`: {r['about']}" + (f"; {r['note']}" if r.get("note") else "")
+            + (f"; tau: {r['tau_source']}" if r.get("tau_source") else "")
             for r in result["rows"]]
   lines += ["", "PROJECTED: roofline time = max(XLA's flops / peak bf16 compute, XLA's bytes "
             "accessed / HBM bandwidth) per chip, from the compiled programs' cost analysis; "
@@ -792,6 +812,10 @@ def render(result: dict) -> str:
             "Nothing here ran on a TPU. What a projection cannot see:", ""]
   lines += [f"- {n}" for n in CANNOT_SEE]
   return "\n".join(lines) + "\n"
+
+
+def _name(r) -> str:
+  return f"{r['label']} (`{r['method']}`)" if r.get("label") else r["method"]
 
 
 def _tau(r) -> str:

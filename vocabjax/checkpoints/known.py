@@ -54,6 +54,12 @@ KNOWN: dict[str, dict] = {
                                 num_attention_heads=28, num_key_value_heads=4,
                                 tie_word_embeddings=False),
     "qwen2.5-0.5b-instruct": _QWEN25_05B,  # the Coder 0.5B's architecture
+    # Meta-Llama-3-8B-Instruct (FR-Spec's target): Llama 3.1's shapes, no RoPE scaling, 8K
+    "llama-3-8b-instruct": dict(model_type="llama", hidden_act="silu", rms_norm_eps=1e-5,
+                                rope_theta=500000.0, max_position_embeddings=8192,
+                                vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+                                num_hidden_layers=32, num_attention_heads=32,
+                                num_key_value_heads=8, tie_word_embeddings=False),
     "llama-3.1-8b-instruct": dict(_LLAMA31, vocab_size=128256, hidden_size=4096,
                                   intermediate_size=14336, num_hidden_layers=32,
                                   num_attention_heads=32, num_key_value_heads=8,

@@ -38,7 +38,7 @@ from vocabjax.eval.reuse import reusable
 from vocabjax.eval.torch_compare import TorchRunner
 from vocabjax.io import append_jsonl, atomic_write_json, read_jsonl
 from vocabjax.methods import METHODS, release_loaded_heads
-from vocabjax.prompts import encode_prompts, load_prompts
+from vocabjax.prompts import encode_conversation, encode_prompts, load_prompts
 from vocabjax.sharding import make_mesh, parse_mesh
 
 RECORDS = "questions.jsonl"
@@ -231,6 +231,26 @@ def bad_prompts(prompts, ids, config: EvalConfig, models: Loaded, room: int) -> 
   return out
 
 
+def _turn_ids(tok, config: EvalConfig, p, t: int, answers, room: int, limits) -> list[int]:
+  """The prompt of turn t of conversation `p`: its turns so far with the method's own `answers`
+  (decoded, special tokens dropped); a ConfigError naming the question, the turn and the
+  tokens when it leaves too little room for the new tokens (`limits`: (name, tokens))."""
+  texts = [tok.decode(a, skip_special_tokens=True) for a in answers]
+  try:
+    x = encode_conversation(tok, p.turns[:t + 1], texts, config.chat,
+                            dict(config.chat_template_kwargs), where=f"{p.qid} turn {t + 1}")
+  except ValueError as e:
+    raise ConfigError(f"config {config.name}: {p.qid} turn {t + 1} cannot be encoded: "
+                      f"{e}") from e
+  for what, limit in limits:
+    if len(x) + room > limit:
+      raise ConfigError(f"config {config.name}: {p.qid} turn {t + 1}: the conversation so far "
+                        f"is {len(x)} tokens; with {room} slots for new tokens it exceeds "
+                        f"{what}: raise max_len (or drop it to size the cache per prompt), or "
+                        f"lower max_new_tokens")
+  return x
+
+
 def _check_map_count(n_methods: int, path: str = "/proc/sys/vm/max_map_count") -> None:
   """Warn when many methods may exhaust Linux's memory-map limit.
 
@@ -391,8 +411,16 @@ def _run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool,
 
   todo = [(p, i, s) for i, p in enumerate(prompts) for s in config.seeds]
   every = [(p, i, s, m.name) for p, i, s in todo for m in config.methods]
-  missing = distributed.broadcast_from_main(
-      np.array([("vocabjax", name, p.qid, s) not in done for p, _, s, name in every], bool))
+  missing = distributed.broadcast_from_main(  # a conversation: any of its turns
+      np.array([any(("vocabjax", name, p.turn_qid(t), s) not in done
+                    for t in range(len(p.turns))) for p, _, s, name in every], bool))
+  answered = {(r["method"], r["qid"], r["seed"]): r["output_ids"] for r in records
+              if r["framework"] == "vocabjax"}
+  limits = [(f"max_len={max_len}", max_len)] if max_len else []
+  limits += [(f"the {role}'s context of {m.config.max_position_embeddings}",
+              m.config.max_position_embeddings)
+             for role, m in (("target", models.target), ("drafter", models.draft))
+             if m is not None and m.config.max_position_embeddings]
   jobs = [job for job, m in zip(every, missing) if m]
   commit = report.git_commit()
   old = sorted({r.get("commit") for r in records} - {commit})
@@ -403,34 +431,46 @@ def _run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool,
   bar = tqdm(total=len(jobs), desc="vocabjax.eval", disable=not progress, file=sys.stderr)
   with interrupt.deferred_interrupt():  # Ctrl-C: finish and record the current question
     for p, i, seed, name in jobs:
-      interrupt.check()  # a deferred Ctrl-C stops here, after the last record was written
       dec = decoders[name]
       kw = dict(max_new_tokens=config.max_new_tokens, sampling=sampling, seed=seed,
                 eos_token_ids=eos, max_len=max_len)
-      # The first call of a method at a prompt-block shape pays one-off costs (compilation,
-      # which `compile_s` keeps out anyway, and first-touch allocation of its buffers: a chain
-      # step's first prefill of a 152-token prompt took 9.9 s against 6.7 s on later calls), so
-      # each (method, prompt block) is run once untimed first; every method gets the same.
-      shape = (name, prompt_bucket(len(ids[i])))
-      if shape not in warmed:
-        dec.generate([ids[i]], **{**kw, "max_new_tokens": min(8, config.max_new_tokens)})
-        warmed.add(shape)
-      res = dec.generate([ids[i]], **kw)
-      rec = {"framework": "vocabjax", "method": name, "qid": p.qid, "group": p.group,
-             "category": p.category, "seed": seed, "prompt_tokens": len(ids[i]),
-             "output_ids": res.tokens[0], "compile_s": res.compile_s, "commit": commit,
-             **record_metrics(res)}
-      extra = dec.run_record(res)  # method-specific counts (crossvocab: n-gram hits, ...)
-      if extra:
-        rec["extra"] = extra
-      split = splits.get(name)
-      rec["time_split"] = None
-      if split and res.stats is not None:
-        rec["time_split"] = run_split(StepSplit.from_dict(split), res.steps, res.decode_s,
-                                      **skipped_drafting(res.stats))
-      if writer:
-        append_jsonl(records_path, rec)
-      records.append(rec)
+      answers = []  # a conversation's earlier answers (this method's own)
+      for t in range(len(p.turns)):
+        interrupt.check()  # a deferred Ctrl-C stops here, after the last record was written
+        qid = p.turn_qid(t)
+        if (name, qid, seed) in answered:  # a resumed conversation: this turn is recorded
+          answers.append(answered[(name, qid, seed)])
+          continue
+        x = ids[i] if t == 0 else _turn_ids(tok, config, p, t, answers, room, limits)
+        # The first call of a method at a prompt-block shape pays one-off costs (compilation,
+        # which `compile_s` keeps out anyway, and first-touch allocation of its buffers: a
+        # chain step's first prefill of a 152-token prompt took 9.9 s against 6.7 s on later
+        # calls), so each (method, prompt block) is run once untimed first; every method gets
+        # the same.
+        shape = (name, prompt_bucket(len(x)))
+        if shape not in warmed:
+          dec.generate([x], **{**kw, "max_new_tokens": min(8, config.max_new_tokens)})
+          warmed.add(shape)
+        res = dec.generate([x], **kw)
+        rec = {"framework": "vocabjax", "method": name, "qid": qid, "group": p.turn_group(t),
+               "category": p.category, "seed": seed, "prompt_tokens": len(x),
+               "output_ids": res.tokens[0], "compile_s": res.compile_s, "commit": commit,
+               **record_metrics(res)}
+        if p.followups:
+          rec["turn"] = t + 1
+        extra = dec.run_record(res)  # method-specific counts (crossvocab: n-gram hits, ...)
+        if extra:
+          rec["extra"] = extra
+        split = splits.get(name)
+        rec["time_split"] = None
+        if split and res.stats is not None:
+          rec["time_split"] = run_split(StepSplit.from_dict(split), res.steps, res.decode_s,
+                                        **skipped_drafting(res.stats))
+        if writer:
+          append_jsonl(records_path, rec)
+        records.append(rec)
+        answered[(name, qid, seed)] = res.tokens[0]
+        answers.append(res.tokens[0])
       bar.set_postfix_str(f"{name} {p.qid} {rec['tokens_per_s']:.2f} tok/s")
       bar.update(1)
   bar.close()
@@ -563,7 +603,8 @@ def _run_torch(config, prompts, ids, eos, out, records, done, progress, commit) 
                                          file=sys.stderr):
     r = runner.generate(ids[i], max_new_tokens=config.max_new_tokens, assisted=assisted,
                         eos_token_ids=eos, temperature=config.temperature, seed=seed)
-    rec = {"framework": "torch", "method": name, "qid": p.qid, "group": p.group,
+    # a conversation's first turn only (its later turns hold vocabjax's own answers)
+    rec = {"framework": "torch", "method": name, "qid": p.qid, "group": p.turn_group(0),
            "category": p.category, "seed": seed, "prompt_tokens": len(ids[i]), **r,
            "prefill_s": None, "decode_s": None, "steps": None, "accepted": None,
            "drafted": None, "finish_reason": None, "compile_s": 0.0, "time_split": None,

@@ -1,0 +1,105 @@
+"""The papers' pairs at their published sizes, for `python -m vocabjax.bench tpu --paper NAME`.
+
+Each pair is a paper's target with the drafting head it published (or the head of the size its
+setting names), the paper's tree, and one row per method the paper measured, with the paper's
+own mean acceptance length (`vocabjax.eval.published`). The projection compiles each row's
+whole step for a TPU topology (deviceless, abstract weights of these shapes: nothing is
+downloaded) and turns the published tau into a PROJECTED speedup tau x t(ar) / t(method) from
+the compiled programs' costs: what the paper's acceptance would buy on that TPU if the step
+costs what XLA's cost analysis says. A row without a published tau is compiled and costed,
+with no speedup.
+
+    python -m vocabjax.bench tpu --paper frspec-llama3 --topology v6e:1x1 --out DIR
+
+The heads' shapes, from their authors' config.json files as the loaders read them
+(`checkpoints/eagle2.py`, `checkpoints/eagle3.py`): an EAGLE-1/2 head is one decoder layer of
+the target's sizes over [embedding; feature] and the target's own LM head; an EAGLE-3 head is
+one layer whose attention reads [embedding; fused feature] (2D wide), an fc fusing three of the
+target's layers (3D -> D) and its own LM head over a draft vocabulary (d2t).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from vocabjax.eval.published import (EAGLE3_TAU, FRSPEC_GROUPS, FRSPEC_TAU, SPECVOCAB_TAU)
+
+__all__ = ["PAPER_PAIRS", "PaperPair", "PaperRow"]
+
+# EAGLE-2's tree at its evaluation defaults (EAGLE's --total-token 60 --depth 5 --top-k 10, as
+# FR-Spec ran it; vocabjax counts the nodes besides the root and the levels below it)
+EAGLE2_TREE = "eagle:top_k=10,depth=6,total_tokens=59"
+
+
+@dataclasses.dataclass(frozen=True)
+class PaperRow:
+  label: str  # the paper's name for the row
+  method: str  # its step as `bench tpu` names methods (registry form | bench settings)
+  tau: float | None  # the paper's mean acceptance length, None where it published none
+  source: str  # where tau comes from (paper, table, what was averaged), or why there is none
+
+
+@dataclasses.dataclass(frozen=True)
+class PaperPair:
+  key: str
+  paper: str  # the paper and its setting
+  target: str  # a key of vocabjax.checkpoints.known.KNOWN
+  head: str  # the published head (hub id) whose shapes these are
+  head_kind: str  # "eagle2" or "eagle3"
+  head_vocab: int  # the head's own LM-head rows (an EAGLE-1/2 head: the target's V)
+  head_intermediate: int
+  rows: tuple[PaperRow, ...]
+  ranker_rank: int = 128  # SpecVocab's ranker: [V, R] and [R, D]
+
+
+def _mean(values) -> float:
+  return round(sum(values) / len(values), 3)
+
+
+def _frspec(key: str) -> PaperRow:
+  k = {"64k": 65536, "32k": 32768, "16k": 16384, "8k": 8192}.get(key)
+  src = (f"FR-Spec (arXiv 2502.14856v2) Table 1, Llama-3-8B, row "
+         f"{'EAGLE-2' if k is None else 'FR-Spec ' + key.upper()}: mean of its "
+         f"{len(FRSPEC_GROUPS)} columns")
+  if k is None:
+    return PaperRow("EAGLE-2 (full vocabulary)", EAGLE2_TREE, _mean(FRSPEC_TAU["full"]), src)
+  return PaperRow(f"FR-Spec {key.upper()}", f"{EAGLE2_TREE}|subset_k={k}",
+                  _mean(FRSPEC_TAU[key]), src)
+
+
+PAPER_PAIRS: dict[str, PaperPair] = {
+    # FR-Spec's and VocabTrim's setting: the EAGLE authors' EAGLE-2 head for Llama-3-8B-Instruct
+    # over the target's 128,256-row LM head, restricted to a static frequency-ranked subset
+    # (VocabTrim's 32K subset runs FR-Spec 32K's program: only which rows differ)
+    "frspec-llama3": PaperPair(
+        "frspec-llama3", "FR-Spec (Zhao et al. 2025, arXiv 2502.14856): EAGLE-2 on "
+        "Llama-3-8B-Instruct, Spec-Bench + HumanEval, greedy, 1x A800",
+        "llama-3-8b-instruct", "yuhuili/EAGLE-LLaMA3-Instruct-8B", "eagle2", 128256, 14336,
+        tuple(_frspec(k) for k in ("full", "64k", "32k", "16k", "8k"))),
+    # EAGLE-3 with its authors' head for Llama-3.1-8B-Instruct (its own 32,000-row vocabulary)
+    "eagle3-llama31": PaperPair(
+        "eagle3-llama31", "EAGLE-3 (Li et al. 2025, arXiv 2503.01840): Llama-3.1-8B-Instruct, "
+        "MT-bench, HumanEval, GSM8K, Alpaca, CNN/DM, greedy",
+        "llama-3.1-8b-instruct", "yuhuili/EAGLE3-LLaMA3.1-Instruct-8B", "eagle3", 32000, 14336,
+        (PaperRow("EAGLE-3 (32K head), EAGLE-2 tree", EAGLE2_TREE, EAGLE3_TAU["llama31_8b"],
+                  EAGLE3_TAU["source"]),
+         PaperRow("EAGLE-3 (32K head), chain of 6", "eagle:top_k=1,depth=6,total_tokens=6",
+                  None, "the paper measured trees, not chains: no published tau"))),
+    # SpecVocab's setting: Qwen3-8B with an EAGLE-3 head; the 32K-head baseline, the head
+    # drafting over the whole vocabulary, and SpecVocab's per-step k = 2048 of it
+    "specvocab-qwen3": PaperPair(
+        "specvocab-qwen3", "SpecVocab (Williams et al. 2026, arXiv 2602.13836): Qwen3-8B with "
+        "EAGLE-3 heads, Spec-Bench, batch 1, H100 (SGLang)",
+        "qwen3-8b", "SpecVocab's EAGLE-3 head for Qwen3-8B (configs/Qwen3-8B-eagle3.json of "
+        "github.com/SamsungLabs/SpecVocab: D 4096, F 12288, 32,000 draft rows)", "eagle3",
+        32000, 12288,
+        (PaperRow("EAGLE-3 (32K head)", EAGLE2_TREE, SPECVOCAB_TAU["eagle3_32k"],
+                  SPECVOCAB_TAU["source"]),
+         PaperRow("EAGLE-3 (full-vocabulary head)", f"{EAGLE2_TREE},lm_head=target", None,
+                  "no published tau at hand for a full-vocabulary EAGLE-3 head on Qwen3-8B"),
+         PaperRow("SpecVocab k=2048", f"{EAGLE2_TREE},lm_head=target,ranker=x,k=2048",
+                  SPECVOCAB_TAU["specvocab_2048"], SPECVOCAB_TAU["source"])),
+        # its vocabulary speculator's width (configs/Qwen3-8B-specvocab-eagle3.json of
+        # github.com/SamsungLabs/SpecVocab: "vocabulary_speculator": {"intermediate_size": 512})
+        ranker_rank=512),
+}
