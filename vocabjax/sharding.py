@@ -155,6 +155,16 @@ def shard_rows(x: jax.Array, mesh: Mesh) -> jax.Array:
   return jax.device_put(x, NamedSharding(mesh, _spec(x.shape, 0, mesh)))
 
 
+def place_policy(state: dict, mesh: Mesh) -> dict:
+  """A vocabulary policy's arrays on a mesh: a trimmed head's rows (and their ids and int8
+  scales: [K, ...]) split by rows over "model" as the full head's are (replicated, each chip
+  would read all K rows every drafting call: on a 4-chip slice a 64K subset read more per chip
+  than the 128K head it trims), a ranker's matrices replicated (`SpeculativeVocab.attach`
+  shards its indexed head itself)."""
+  return {k: shard_rows(v, mesh) if k in ("head", "ids", "scale") else replicate(v, mesh)
+          for k, v in state.items()}
+
+
 def shard_batch(x: jax.Array, mesh: Mesh) -> jax.Array:
   """Place a [B, ...] array with its rows over "data" (replicated if B does not divide)."""
   spec = P("data") if x.shape[0] % mesh.shape["data"] == 0 else P()

@@ -285,7 +285,7 @@ def test_published_tau_gives_projected_speedups_for_an_eagle2_head_and_its_subse
   from vocabjax.bench.shapes import resolve_config
 
   tc = resolve_config(tiny[0])[1]
-  setup = tpu.Setup(tc, tc, head_kind="eagle2", head_intermediate=128)
+  setup = tpu.Setup(tc, tc, head_kind="eagle2", head_intermediate=128, has_drafter=False)
   tree = "eagle:top_k=2,depth=2,total_tokens=4"
   sub = tree + "|subset_k=1024"
   taus = {tree: (3.0, "paper A, Table 1"), sub: (2.5, "paper A, Table 1")}
@@ -306,7 +306,26 @@ def test_published_tau_gives_projected_speedups_for_an_eagle2_head_and_its_subse
   md = tpu.render(result)
   assert "tau: PUBLISHED, from the paper" in md and "paper A on a tiny pair" in md
   assert f"| 1K subset (`{sub}`) |" in md and "tau: paper A, Table 1" in md
-  assert "EAGLE head (eagle2) Vd=4096" in md
+  assert "EAGLE head (eagle2) Vd=4096" in md and ", no drafter model," in md
+  assert "crossvocab drafter" not in md and tpu.PAPER_TAU_CAVEAT in md
+  assert "tau comes from the recorded run" not in md
   with pytest.raises(ValueError, match="subset_k restricts a full LM head"):
     tpu.build_decoder(tree + "|subset_k=8", tpu.Setup(tc, tc, head_vocab=64),
                       device=tpu.devices_of("v5e:1x1")[0])
+
+
+def test_kernel_bytes_count_every_position_an_eagle_tree_puts_through_the_ranked_head(tiny):
+  """SpecVocab over an EAGLE head: the indexed head's uncounted reads are k rows (in pairs in
+  bf16) per position each drafting level puts through the head: 1 + top_k x (depth - 1)."""
+  from vocabjax.bench.shapes import resolve_config
+
+  tc = resolve_config(tiny[0])[1]
+  setup = tpu.Setup(tc, tc, head_vocab=64, head_intermediate=128, ranker_rank=8)
+  name = "eagle:top_k=2,depth=3,total_tokens=6,lm_head=target,ranker=x,k=64"
+  dec = tpu.build_decoder(name, setup, device=tpu.devices_of("v5e:1x1")[0])
+  positions = 1 + 2 * (3 - 1)
+  assert tpu._pallas_bytes(tpu.method_spec(name), setup, 1, dec) == positions * 64 * 2 * 256 * 2
+  plain = "eagle:top_k=2,depth=3,total_tokens=6,lm_head=target"
+  assert tpu._pallas_bytes(tpu.method_spec(plain), setup, 1,
+                           tpu.build_decoder(plain, setup,
+                                             device=tpu.devices_of("v5e:1x1")[0])) is None

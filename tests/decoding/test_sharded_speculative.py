@@ -20,6 +20,7 @@ from vocabjax.decoding.tree import TreeParams
 from vocabjax.models import init_params
 from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
 from vocabjax.vocab.ranked import SpeculativeVocab, svd_ranker
+from vocabjax.vocab.policy import policy_state
 from vocabjax.vocab.subset import VocabSubset
 
 from tests.decoding.conftest import CFG, PROMPT, SMALL, prompt_samples
@@ -97,6 +98,8 @@ def test_sharded_greedy_equals_unsharded_and_steps_do_not_reshard(pair, data, mo
     if model > 1:  # the target is tensor-parallel: its MLP and vocabulary split
       assert dec.tp["layers"][0]["w_up"].sharding.spec == P("model", None), name
       assert dec.tp["embed"].sharding.spec == P("model", None), name
+      if name.endswith("_subset"):  # a trimmed head's rows split as the full head's
+        assert policy_state(dec.dp)["head"].sharding.spec == P("model", None), name
     _, step, compile_s = dec.programs(SamplingParams(), B, 16, dec.cache_len(longest, 16),
                                       jax.numpy.float32)
     assert compile_s == 0.0, name  # the program generate ran

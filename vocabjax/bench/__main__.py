@@ -260,7 +260,8 @@ def _tpu_run(a, argv: list[str]) -> int:
                   head_intermediate=paper.head_intermediate, ranker_rank=paper.ranker_rank)
              if paper else {})
     setup = tpu.Setup(tc, dc, cross_draft=xc, dtype=a.dtype, target_name=tname,
-                      draft_name=dname, cross_draft_name=xname, **heads)
+                      draft_name=dname, cross_draft_name=xname, has_drafter=not paper,
+                      **heads)
     tpu.tpu_devices(a.topology)  # ValueError naming an unknown topology
     tpu.chip_of(a.topology)  # a topology libtpu knows but the chip table does not
     if a.run:

@@ -51,6 +51,7 @@ class Setup:
   target_name: str = "target"
   draft_name: str = "draft"
   cross_draft_name: str = ""
+  has_drafter: bool = True  # False: `draft` only stands in (a paper's pair: heads alone)
 
   def __post_init__(self):
     if self.head_kind not in ("eagle2", "eagle3"):
@@ -67,7 +68,8 @@ class Setup:
   def describe(self) -> str:
     def c(cfg):
       return f"L{cfg.num_layers} D{cfg.hidden_size} V{cfg.vocab_size}"
-    out = f"target {c(self.target)}, drafter {c(self.draft)}"
+    out = f"target {c(self.target)}" + (f", drafter {c(self.draft)}" if self.has_drafter
+                                          else ", no drafter model")
     if self.cross_draft is not None:
       out += f", crossvocab drafter {c(self.cross_draft)}"
     return f"{out}, {self.dtype}"

@@ -64,6 +64,7 @@ from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.testing.tpu_aot import compile_failure, not_cached, tpu_devices
 from vocabjax.vocab.policy import POLICY_STATE
+from vocabjax.vocab.ranked import SpeculativeVocab
 
 __all__ = ["CHIPS", "METHODS", "Chip", "Program", "Setup", "TpuStep", "build_decoder",
            "chip_of", "cpu_custom_calls", "devices_of", "lower_step", "platform_of", "tpu_mesh",
@@ -639,7 +640,7 @@ def _project_method(spec, dec, setup, topology, chip, B, S, device, mesh, unroll
   pallas = sum(step.programs[n].text.count("tpu_custom_call") for n in step.step_programs)
   if pallas:
     row["pallas_calls_lowered"] = pallas
-    row["pallas_bytes_not_counted"] = _pallas_bytes(spec, setup, B)
+    row["pallas_bytes_not_counted"] = _pallas_bytes(spec, setup, B, dec)
   if not row["fits"]:
     row["note"] = (f"does not fit: needs {_fmt_bytes(total)} per chip > HBM "
                    f"{_fmt_bytes(chip.hbm_bytes)}; try "
@@ -683,18 +684,24 @@ def stream_bytes(spec: MethodSpec, step: TpuStep) -> int:
       if key == "embed" and (policy or not tied):
         continue  # lookups gather rows
       total += passes * sum(_bytes_per_chip(x) for x in jax.tree.leaves(tree))
-  return total + (_pallas_bytes(spec, setup, step.B) or 0)
+  return total + (_pallas_bytes(spec, setup, step.B, dec) or 0)
 
 
-def _pallas_bytes(spec, setup, B) -> int | None:
+def _pallas_bytes(spec, setup, B, dec=None) -> int | None:
   """HBM bytes SpecVocab's indexed-head kernel reads per step, which XLA's cost analysis does
-  not count: each of the G drafting calls DMAs its k candidates' rows, in pairs in bf16 (two
-  rows share a 32-bit word), D wide."""
-  if spec.kind != "specvocab":
+  not count: every position a drafting call puts through the head (a chain's G calls one each;
+  an EAGLE tree's first level one, each later level its top-k nodes: `drafter_calls`) DMAs its
+  k candidates' rows, in pairs in bf16 (two rows share a 32-bit word), D wide."""
+  vocab = getattr(getattr(dec, "proposer", dec), "draft_vocab", None)
+  if not (spec.kind == "specvocab" or isinstance(vocab, SpeculativeVocab)):
     return None
-  K, G = spec.params["k"], spec.params["gamma"]
+  K = spec.params["k"]
+  calls = getattr(dec, "drafter_calls", None)
+  positions = (sum(h for _, h in calls()) if calls is not None
+               else spec.params.get("gamma", 1))
+  D = setup.target.hidden_size if spec.kind.startswith("eagle") else setup.draft.hidden_size
   item = jnp.dtype(setup.dtype).itemsize
-  return G * B * K * (4 // item) * setup.draft.hidden_size * item
+  return positions * B * K * (4 // item) * D * item
 
 
 def _speedups(result: dict) -> None:
@@ -737,6 +744,13 @@ CANNOT_SEE = (
 )
 
 
+PAPER_TAU_CAVEAT = (
+    "tau is the paper's own (its models and weights, its GPU's numerics, its tree settings, its "
+    "datasets; a summary's figure where the row's source says so): a TPU's bf16 numerics and "
+    "this tree may accept differently, and a method's steps are assumed to cost the same every "
+    "step.")
+
+
 def render(result: dict) -> str:
   """The projection as markdown: every time is labelled PROJECTED."""
   chip = result["chip"]
@@ -755,9 +769,10 @@ def render(result: dict) -> str:
            f"- {st['describe']}; batch B={result['B']}, cache S={result['S']} slots; random "
            f"abstract weights; EAGLE head ({st['eagle_head'].get('kind', 'eagle3')}) "
            f"Vd={st['eagle_head']['draft_vocab']}, intermediate "
-           f"{st['eagle_head']['intermediate']}; SpecVocab ranker rank {st['ranker_rank']}; "
-           f"crossvocab drafter {st['cross_draft']} (id map of tiny tokenizers: only its "
-           f"[Vd] shape reaches the program)",
+           f"{st['eagle_head']['intermediate']}; SpecVocab ranker rank {st['ranker_rank']}"
+           + ("" if result.get("paper") else
+              f"; crossvocab drafter {st['cross_draft']} (id map of tiny tokenizers: only its "
+              f"[Vd] shape reaches the program)"),
            (f"- tau: PUBLISHED, from the paper (each row's source under the table): "
             f"{result['paper']}; every speedup below is a PROJECTION of that tau onto this "
             f"TPU's compiled step costs, not a measurement" if result.get("paper") else
@@ -810,7 +825,9 @@ def render(result: dict) -> str:
             "only where they are an LM head, a policy's rows instead of the drafter's head, "
             "SpecVocab's kernel rows added); speedup = tau x t(ar) / t(method) for each. "
             "Nothing here ran on a TPU. What a projection cannot see:", ""]
-  lines += [f"- {n}" for n in CANNOT_SEE]
+  lines += [f"- {n}" for n in CANNOT_SEE if not (result.get("paper") and n.startswith("tau"))]
+  if result.get("paper"):
+    lines.append(f"- {PAPER_TAU_CAVEAT}")
   return "\n".join(lines) + "\n"
 
 

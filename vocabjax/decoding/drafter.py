@@ -87,11 +87,12 @@ class ModelProposer(Proposer):
       self.params, self.policy = self.draft_vocab.attach(self.params, self.config, mesh=mesh)
 
   def place(self, mesh, target_config) -> None:
-    """A llama drafter by the sharding rules, its policy's arrays replicated."""
+    """A llama drafter by the sharding rules, its policy's arrays by `sharding.place_policy`
+    (a trimmed head's rows split as the full head's)."""
     rest = {k: v for k, v in self.params.items() if k != POLICY_STATE}
     out = sharding.shard_params(rest, self.config, mesh)
     if POLICY_STATE in self.params:
-      out[POLICY_STATE] = sharding.replicate(self.params[POLICY_STATE], mesh)
+      out[POLICY_STATE] = sharding.place_policy(self.params[POLICY_STATE], mesh)
     self.params = out
 
   def caches(self) -> dict:

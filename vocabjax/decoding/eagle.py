@@ -49,7 +49,7 @@ from vocabjax.decoding.suffix import SuffixProposer
 from vocabjax.decoding.tree import TreeBounds, TreeParams, grow_tree, merge_nodes
 from vocabjax.lowering import lowering_of, with_lowering
 from vocabjax.sampling import SamplingParams
-from vocabjax.vocab.policy import full_policy
+from vocabjax.vocab.policy import POLICY_STATE, full_policy
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.eagle import EagleConfig, eagle_forward, fuse_features, head_output
@@ -240,9 +240,10 @@ class EagleProposer(Proposer):
                                                          mesh=mesh)
 
   def place(self, mesh, target_config) -> None:
-    """On a mesh: the target's embedding split by rows as the target's own, the head (and a
-    policy's arrays) replicated."""
+    """On a mesh: the target's embedding split by rows as the target's own, a policy's arrays
+    by `sharding.place_policy` (a trimmed head's rows split too), the head replicated."""
     self.params = {k: sharding.shard_rows(v, mesh) if k in ("embed", "lm_head")
+                   else sharding.place_policy(v, mesh) if k == POLICY_STATE
                    else sharding.replicate(v, mesh) for k, v in self.params.items()}
 
   def caches(self) -> dict:

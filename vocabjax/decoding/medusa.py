@@ -35,7 +35,7 @@ from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import is_int8, lm_head_weight
 from vocabjax.models.medusa import (MedusaConfig, MedusaError, MedusaTree, medusa_hidden,
                                     medusa_tree)
-from vocabjax.vocab.policy import policy_state, with_policy_state
+from vocabjax.vocab.policy import POLICY_STATE, policy_state, with_policy_state
 from vocabjax.vocab.subset import VocabSubset
 
 MEDUSA_KEY = "medusa"  # the heads inside the decoder's drafter pytree
@@ -140,16 +140,17 @@ class MedusaProposer(Proposer):
 
   def place(self, mesh, target_config) -> None:
     """On a mesh: a shared LM head, and each head's own [V, D] projection, split by rows as
-    the target's head is (replicated, each head's V x D would sit whole on every chip); the
-    heads' residual blocks and a subset's rows replicated."""
+    the target's head is (replicated, each head's V x D would sit whole on every chip); a
+    subset's rows split too (`sharding.place_policy`); the heads' residual blocks replicated."""
     def heads(tree):
       return {"heads": [{k: sharding.shard_rows(v, mesh) if k == "lm_head"
                          else sharding.replicate(v, mesh) for k, v in h.items()}
                         for h in tree["heads"]]}
 
     self.params = {k: sharding.shard_rows(v, mesh) if k == "lm_head"
-                   else heads(v) if k == MEDUSA_KEY else sharding.replicate(v, mesh)
-                   for k, v in self.params.items()}
+                   else heads(v) if k == MEDUSA_KEY
+                   else sharding.place_policy(v, mesh) if k == POLICY_STATE
+                   else sharding.replicate(v, mesh) for k, v in self.params.items()}
 
   def prefill(self, params, target_params, pre: Prefilled) -> MedusaState:
     return MedusaState(hidden=pre.hidden)
