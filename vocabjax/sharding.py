@@ -155,6 +155,22 @@ def shard_rows(x: jax.Array, mesh: Mesh) -> jax.Array:
   return jax.device_put(x, NamedSharding(mesh, _spec(x.shape, 0, mesh)))
 
 
+def shard_layer(layer: dict, config: LlamaLikeConfig, mesh: Mesh) -> dict:
+  """One decoder layer's leaves placed by the model's rules (`param_specs`: attention by whole
+  KV-head groups, the MLP by its intermediate axis; norms and leaves the rules do not name,
+  such as an [in, out] MLP's `*_t`, replicated): a head drafter's layer (EAGLE's) split as
+  its target's layers are, so each chip streams its share of it per drafting call."""
+  M = mesh.shape["model"]
+
+  def axis(leaf):
+    if leaf in _ATTENTION and config.num_kv_heads % M:
+      return None
+    return _LAYER_MODEL_AXIS.get(leaf)
+
+  return {leaf: jax.device_put(x, NamedSharding(mesh, _spec(x.shape, axis(leaf), mesh)))
+          for leaf, x in layer.items()}
+
+
 def place_policy(state: dict, mesh: Mesh) -> dict:
   """A vocabulary policy's arrays on a mesh: a trimmed head's rows (and their ids and int8
   scales: [K, ...]) split by rows over "model" as the full head's are (replicated, each chip

@@ -329,3 +329,27 @@ def test_kernel_bytes_count_every_position_an_eagle_tree_puts_through_the_ranked
   assert tpu._pallas_bytes(tpu.method_spec(plain), setup, 1,
                            tpu.build_decoder(plain, setup,
                                              device=tpu.devices_of("v5e:1x1")[0])) is None
+
+
+def test_on_a_slice_heads_and_subsets_are_split_as_the_target(tiny):
+  """On a TPU slice (the [out, in] MLP layout of an accelerator) an EAGLE head's decoder layer
+  is split by the target's layer rules and a trimmed head's rows by rows: replicated, each chip
+  streamed all of them on every drafting call (v5e:2x2, Llama-3-8B: FR-Spec's 64K subset read
+  more per chip than the 128K head it trims; experiments/results/tpu_papers)."""
+  from jax.sharding import PartitionSpec as P
+
+  from vocabjax.bench.shapes import resolve_config
+  from vocabjax.vocab.policy import policy_state
+
+  tc = resolve_config(tiny[0])[1]
+  setup = tpu.Setup(tc, tc, head_vocab=64, head_intermediate=128)
+  mesh = tpu.tpu_mesh("v5e:2x2")
+  dec = tpu.build_decoder("eagle:top_k=2,depth=2,total_tokens=4,lm_head=target|subset_k=1024",
+                          setup, mesh=mesh)
+  spec = {k: v.sharding.spec for k, v in dec.dp["eagle"]["layer"].items()}
+  assert spec["wq"] == spec["w_up"] == spec["w_gate"] == P("model", None)
+  assert spec["wo"] == spec["w_down"] == P(None, "model")
+  assert spec["attn_norm"] == P(None)
+  assert policy_state(dec.dp)["head"].sharding.spec == P("model", None)
+  chain = tpu.build_decoder("vocabtrim:k=1024,gamma=2", setup, mesh=mesh)
+  assert policy_state(chain.dp)["head"].sharding.spec == P("model", None)

@@ -241,9 +241,16 @@ class EagleProposer(Proposer):
 
   def place(self, mesh, target_config) -> None:
     """On a mesh: the target's embedding split by rows as the target's own, a policy's arrays
-    by `sharding.place_policy` (a trimmed head's rows split too), the head replicated."""
+    by `sharding.place_policy` (a trimmed head's rows split too), the head's decoder layer by
+    the target's layer rules (`sharding.shard_layer`: replicated, every chip streamed the whole
+    layer on each drafting call), its fc, norms and own LM head replicated."""
+    def head(tree):
+      return {k: sharding.shard_layer(v, self.hc.layer, mesh) if k == "layer"
+              else sharding.replicate(v, mesh) for k, v in tree.items()}
+
     self.params = {k: sharding.shard_rows(v, mesh) if k in ("embed", "lm_head")
                    else sharding.place_policy(v, mesh) if k == POLICY_STATE
+                   else head(v) if k == HEAD_KEY
                    else sharding.replicate(v, mesh) for k, v in self.params.items()}
 
   def caches(self) -> dict:
