@@ -208,6 +208,7 @@ def _ar(target, draft, p: ArParams, mesh=None):
 class ChainParams:
   gamma: int = 3  # drafts per step (the default suite's)
   subset: str = ""  # a saved static vocabulary subset (.npz) for a trimmed drafter head
+  self_sizing: bool = False  # each step's length (1..gamma) from step costs and acceptance
 
   def check(self, where: str) -> None:
     if not 1 <= self.gamma <= MAX_TREE_NODES:
@@ -222,9 +223,10 @@ def _blocks(model, mesh):
   return model.params if mesh is not None else model.in_layout(block_layout())
 
 
-def _chain_decoder(target, draft, gamma, draft_vocab, mesh=None):
+def _chain_decoder(target, draft, gamma, draft_vocab, mesh=None, self_sizing=False):
   return ChainDecoder(_blocks(target, mesh), target.config, draft.params,
-                      draft.config, gamma=gamma, draft_vocab=draft_vocab, mesh=mesh)
+                      draft.config, gamma=gamma, draft_vocab=draft_vocab, mesh=mesh,
+                      self_sizing=self_sizing)
 
 
 def _tree_decoder(target, draft, tree: TreeParams, draft_vocab, mesh=None):
@@ -234,7 +236,8 @@ def _tree_decoder(target, draft, tree: TreeParams, draft_vocab, mesh=None):
 
 @register("chain", ChainParams, drafter_passes=lambda p: p.gamma)
 def _chain(target, draft, p: ChainParams, mesh=None):
-  return _chain_decoder(target, draft, p.gamma, _load_subset(p.subset, target), mesh)
+  return _chain_decoder(target, draft, p.gamma, _load_subset(p.subset, target), mesh,
+                        p.self_sizing)
 
 
 @dataclasses.dataclass(frozen=True)

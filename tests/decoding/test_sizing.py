@@ -75,8 +75,32 @@ def test_self_sizing_keeps_plain_greedy_tokens_and_records_its_choices(make):
   sizing = res.stats.record()["sizing"]
   assert sizing["rule"] == RULE and sum(sizing["choices"].values()) == res.steps
   assert set(sizing["choices"]) <= set(sizing["lengths"])
-  with pytest.raises(ValueError, match="self_sizing applies to proposers that draft on the host"):
-    from vocabjax.decoding.speculative import ChainDecoder  # noqa: F401
-    from vocabjax.decoding.drafter import ChainProposer
+  with pytest.raises(ValueError, match="self_sizing applies to proposers that draft on the host "
+                                       r"\(pld, ngram, suffix\) or size their drafts \(chain\); "
+                                       "tree compiles its draft length"):
+    from vocabjax.decoding.drafter import TreeProposer
 
-    SpeculativeEngine(params, CFG, ChainProposer(params, CFG, CFG), self_sizing=True)
+    SpeculativeEngine(params, CFG, TreeProposer(params, CFG, CFG), self_sizing=True)
+
+
+@pytest.mark.parametrize("draft_seed", [0, 7])  # the target itself (all accepted), another model
+def test_a_sized_chain_keeps_plain_greedy_tokens_drafting_1_to_gamma(draft_seed):
+  """A chain drafter sized per step (one step program per length 1..gamma, the same loop
+  state): greedy output is plain decoding's; every step drafts the length the rule chose."""
+  from vocabjax.decoding.speculative import ChainDecoder
+
+  params = init_params(jax.random.key(0), CFG, scale=0.3)
+  draft = params if draft_seed == 0 else init_params(jax.random.key(draft_seed), CFG, scale=0.3)
+  dec = ChainDecoder(params, CFG, draft, CFG, gamma=4, self_sizing=True)
+  prompts = [[5, 9, 2, 7, 5, 9, 3], [1, 2, 3]]
+  res = greedy_identity(dec, params, CFG, prompts, max_new_tokens=24)
+  sizing = res.stats.record()["sizing"]
+  assert sizing["lengths"] == [1, 2, 3, 4]  # no plain step for a device drafter (yet)
+  assert sum(sizing["choices"].values()) == res.steps
+  sizer = next(iter(dec._sizers.values()))
+  for n, drafted in zip(sizer.choices, res.stats.drafted):
+    assert max(drafted) == n  # the step drafted the chosen length on every active row
+  if draft_seed == 0:
+    assert sizing["acceptance"] > 0.9  # the target drafting for itself
+  again = dec.generate(prompts, max_new_tokens=24)  # the sizer keeps learning: same tokens
+  assert again.tokens == res.tokens

@@ -127,3 +127,30 @@ def test_a_conversation_outgrowing_max_len_names_the_turn(suite, tmp_path):
                                         r"\d+ tokens; with 8 slots for new tokens it exceeds "
                                         r"max_len="):
     _run(bad, tmp_path / "short")
+
+
+def test_reuse_takes_every_turn_and_the_followups_are_in_the_questions_hash(suite, tmp_path,
+                                                                            monkeypatch):
+  from vocabjax.eval.provenance import questions_hash
+
+  path, cfg = suite
+  first = tmp_path / "first.yaml"
+  first.write_text(yaml.safe_dump({**cfg, "methods": cfg["methods"][:2]}))
+  _run(first, tmp_path / "a")
+  old = {(r["method"], r["qid"]): r for r in _records(tmp_path / "a")}
+  assert len(old) == 2 * 3 * 2
+  _run(path, tmp_path / "b", "--reuse", str(tmp_path / "a"))  # + suffix
+  new = _records(tmp_path / "b")
+  assert len(new) == 18
+  for r in new:  # every turn of ar and chain copied as recorded (times included), not redone
+    if r["method"] != "suffix":
+      assert r.pop("reused_from") == str(tmp_path / "a")
+      assert r == old[(r["method"], r["qid"])]
+  # the later turns' text is part of the questions: other follow-ups are other questions
+  prompts = load_prompts([DatasetSpec("self_refine", path=cfg["datasets"][0]["path"],
+                                      per_group=1)])
+  before = questions_hash(prompts)
+  monkeypatch.setattr("vocabjax.prompts.REFINE_FOLLOWUPS", ("Revise.", "Again."))
+  assert questions_hash(load_prompts([DatasetSpec("self_refine",
+                                                  path=cfg["datasets"][0]["path"],
+                                                  per_group=1)])) != before

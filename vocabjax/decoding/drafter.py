@@ -20,6 +20,7 @@ stay over the target's ids (q = 0 outside the candidates), and verification is u
 
 from __future__ import annotations
 
+import copy
 import functools
 
 import jax
@@ -158,6 +159,20 @@ class ChainProposer(ModelProposer):
     prev = jnp.take_along_axis(committed, n[:, None], axis=1)[:, 0]
     return ChainState(draft_cache=dcache.with_lengths(new_n + 1 - pending), prev=prev,
                       pending=pending)
+
+  def sized_lengths(self) -> tuple[int, ...]:
+    return tuple(range(1, self.gamma + 1))
+
+  def sized(self, n: int) -> "ChainProposer":
+    """A chain of n <= gamma drafts sharing this one's params, cache and state (its slots are
+    this chain's: `extra_slots` kept)."""
+    if not 1 <= n <= self.gamma:
+      raise ValueError(f"a sized chain drafts 1 <= n <= gamma={self.gamma} tokens, got {n}")
+    if n == self.gamma:
+      return self
+    out = copy.copy(self)
+    out.gamma = out.drafted_per_step = n
+    return out
 
   def drafter_calls(self):
     if self._folds:

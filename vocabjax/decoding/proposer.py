@@ -168,6 +168,17 @@ class Proposer(abc.ABC):
     included."""
     del history
 
+  # --- self-sizing a device drafter (`vocabjax.decoding.sizing`) --------------------------------
+  def sized_lengths(self) -> tuple[int, ...]:
+    """Draft lengths a step may be sized to (`sized`); () where the length is compiled in for
+    good. Host-drafting proposers size their host blocks instead (`host_shapes`)."""
+    return ()
+
+  def sized(self, n: int) -> "Proposer":
+    """This proposer drafting n (of `sized_lengths`) tokens a step, with the same params,
+    caches and loop state: a step program is compiled per n when first chosen."""
+    raise NotImplementedError(f"{type(self).__name__} does not size its drafts")
+
   def host_shapes(self, B: int = 1) -> Sequence[tuple]:
     """Every host block's array shapes a run of B rows may meet, smallest first ((): no host
     hook): a step program is compiled per shapes when first met."""

@@ -1,6 +1,8 @@
 """Speculation that sizes itself: each step's draft length chosen from the measured step
 costs and the running acceptance, for the proposers that draft on the host (prompt lookup,
-the n-gram table, SuffixDecoding), and off where drafting does not pay.
+the n-gram table, SuffixDecoding: their block cut to the length, and off where drafting does
+not pay) and for a chain drafter (one step program per length 1..gamma, `Proposer.sized`; no
+plain step for it yet: `DraftSizer(plain=False)`).
 
 Letters: n drafts verified in a step (0: a plain step), a the per-draft acceptance rate, c(n)
 the seconds of a step that verifies n drafts.
@@ -40,15 +42,17 @@ class DraftSizer:
   prior: float = 0.5  # acceptance assumed before any draft was verified
   window: int = 256  # drafts the running acceptance is taken over
   samples: int = 5  # step times kept per length (their median is c(n))
+  plain: bool = True  # n = 0 (a plain step) among the choices (a device drafter: not yet)
 
   def __post_init__(self):
     if not 0.0 < self.prior < 1.0:
       raise ValueError(f"prior acceptance must lie in (0, 1), got {self.prior}")
     if self.window < 1 or self.samples < 1:
       raise ValueError(f"window={self.window} and samples={self.samples} must be >= 1")
-    self.lengths = tuple(sorted(set(int(n) for n in self.lengths) | {0}))
-    if self.lengths[0] < 0:
-      raise ValueError(f"draft lengths must be >= 0, got {self.lengths}")
+    self.lengths = tuple(sorted(set(int(n) for n in self.lengths) | ({0} if self.plain
+                                                                      else set())))
+    if not self.lengths or self.lengths[0] < 0:
+      raise ValueError(f"draft lengths must be >= 0 (and one given), got {self.lengths}")
     self._outcomes: collections.deque = collections.deque(maxlen=self.window)
     self._times: dict[int, collections.deque] = {}
     self.choices: list[int] = []
@@ -74,7 +78,7 @@ class DraftSizer:
 
   def choose(self) -> int:
     """This step's draft length (module doc). With no step measured yet: the longest."""
-    if self.cost(0) is None and not self._times:
+    if not self._times:
       n = self.lengths[-1]
     else:
       rates = {}

@@ -195,19 +195,23 @@ class SpeculativeEngine(DecodingMethod):
   doc). `layout`: the MLP weight layout ("auto": `block_layout` for the target, and for the
   proposer's model where its calls feed blocks). `mesh`: a ("data", "model") mesh
   (`vocabjax.sharding`): the target and the proposer's params are placed on it
-  (tensor-parallel heads / MLP, vocabulary-split LM heads; a policy's arrays and a head's
+  (tensor-parallel heads / MLP, vocabulary-split LM heads; a trimmed head's rows split as the
+  full head's and an EAGLE head's layer as the target's layers, a ranker and a head's other
   weights replicated), the caches and the loop state row over "data", and every program runs
   partitioned (module doc of `vocabjax.sharding`)."""
 
   def __init__(self, target_params, target_config: LlamaLikeConfig, proposer: Proposer, *,
                layout: str = "auto", mesh=None, self_sizing: bool = False):
     """`self_sizing`: each step's draft length chosen from the measured step costs and the
-    running acceptance (`vocabjax.decoding.sizing`), for a proposer that drafts on the host."""
+    running acceptance (`vocabjax.decoding.sizing`), for a proposer that drafts on the host
+    (its block cut to the length) or one that sizes its drafts (`Proposer.sized`: a chain
+    drafter, one step program per length)."""
     if not isinstance(proposer, Proposer):
       raise TypeError(f"a SpeculativeEngine runs a Proposer, got {type(proposer).__name__}")
-    if self_sizing and not proposer.host_hook:
+    if self_sizing and not (proposer.host_hook or proposer.sized_lengths()):
       raise ValueError(f"self_sizing applies to proposers that draft on the host (pld, ngram, "
-                       f"suffix); {proposer.method} compiles its draft length into its step")
+                       f"suffix) or size their drafts (chain); {proposer.method} compiles its "
+                       f"draft length into its step")
     self.self_sizing = self_sizing
     self._sizers: dict = {}  # (rows, cache slots) -> DraftSizer
     self.proposer, self.mesh = proposer, mesh
@@ -293,8 +297,9 @@ class SpeculativeEngine(DecodingMethod):
     return result.stats.record() if result.stats is not None else {}
 
   # --- programs -------------------------------------------------------------------------------
-  def _key(self, program: str, sampling: SamplingParams, *shapes) -> ProgramKey:
-    return ProgramKey(program, self.proposer.key(), sampling, shapes, self.lowering)
+  def _key(self, program: str, sampling: SamplingParams, *shapes, proposer=None) -> ProgramKey:
+    return ProgramKey(program, (proposer or self.proposer).key(), sampling, shapes,
+                      self.lowering)
 
   step_programs = ("step",)  # the programs one decoding step runs (`lower`'s names)
   prefill_programs = ("prefill",)  # and the prompt's
@@ -336,10 +341,10 @@ class SpeculativeEngine(DecodingMethod):
     prefill.__name__ = "speculative_prefill"  # one name: equal programs are equal texts
     return prefill
 
-  def _step_fn(self, sampling: SamplingParams):
+  def _step_fn(self, sampling: SamplingParams, proposer=None):
     lw = step_lowering(self.lowering)
     fn = functools.partial(engine_step, target_config=self.tc, sampling=sampling,
-                           proposer=self.proposer)
+                           proposer=proposer or self.proposer)
 
     def step(tp, dp, *args):
       return fn(with_lowering(tp, lw), with_lowering(dp, lw) if isinstance(dp, dict) else dp,
@@ -372,12 +377,15 @@ class SpeculativeEngine(DecodingMethod):
                         state, sh)
 
   def lower(self, sampling: SamplingParams, B: int, T: int, S: int, dtype, *,
-            host_shape: tuple | None = None, programs=("prefill", "step")) -> dict:
+            host_shape: tuple | None = None, programs=("prefill", "step"),
+            proposer=None) -> dict:
     """The engine's programs for these shapes, LOWERED (not compiled): {"prefill": the prompt
     prefill of a [B, T] block into S slots, "step": one step} (`programs`: which). `host_shape`:
     the host block's array shapes for a proposer with a host hook (default: its largest,
-    `Proposer.host_shapes`). What `programs()` compiles, and what bench and the deviceless
+    `Proposer.host_shapes`). `proposer`: the step of a sized variant (`Proposer.sized`; its
+    loop state is this one's). What `programs()` compiles, and what bench and the deviceless
     TPU/GPU builds compile: one way to build a program."""
+    P = proposer or self.proposer
     out = {}
     i32 = functools.partial(self._placed, dtype=jnp.int32, B=B)
     key = self._placed(KEY.shape, KEY.dtype, B, rows=False)
@@ -396,14 +404,14 @@ class SpeculativeEngine(DecodingMethod):
                                                tcache, caches, key)
     if "step" in programs:
       if host_shape is None:
-        host_shape = tuple(self.proposer.host_shapes(B))[-1]
+        host_shape = tuple(P.host_shapes(B))[-1]
       host = [self._placed(s, jnp.int32, B, rows=False) for s in host_shape]
       jit_kw = {}
       if self.mesh is not None:
-        n_out = 3 + len(self.proposer.step_count_names()) + int(self.proposer.gated)
+        n_out = 3 + len(P.step_count_names()) + int(P.gated)
         jit_kw["out_shardings"] = ((jax.tree.map(lambda x: x.sharding, state),)
                                    + (rep,) * (n_out - 1))
-      out["step"] = jax.jit(self._step_fn(sampling), donate_argnums=(2,), **jit_kw).lower(
+      out["step"] = jax.jit(self._step_fn(sampling, P), donate_argnums=(2,), **jit_kw).lower(
           self.tp, self.dp, state, key, *host)
     return out
 
@@ -422,15 +430,23 @@ class SpeculativeEngine(DecodingMethod):
     return start, seconds
 
   def step_program(self, sampling: SamplingParams, B: int, S: int, dtype,
-                   host_shape: tuple = ()):
-    """(the compiled step for a host block of `host_shape`, compile seconds: 0 when it was
-    compiled before). The step's loop state holds [B, S] caches and nothing of the prompt
-    block, so prompts of every length bucket share it."""
+                   host_shape: tuple = (), proposer=None):
+    """(the compiled step for a host block of `host_shape` (of a sized variant `proposer`),
+    compile seconds: 0 when it was compiled before). The step's loop state holds [B, S] caches
+    and nothing of the prompt block, so prompts of every length bucket share it."""
     T = 1  # the state's shapes do not depend on the prompt block
     return self._programs.get(
-        self._key("step", sampling, B, S, jnp.dtype(dtype).name, tuple(host_shape)),
+        self._key("step", sampling, B, S, jnp.dtype(dtype).name, tuple(host_shape),
+                  proposer=proposer),
         lambda: self.lower(sampling, B, T, S, dtype, host_shape=tuple(host_shape),
-                           programs=("step",))["step"].compile())
+                           programs=("step",), proposer=proposer)["step"].compile())
+
+  def _sized(self, n: int):
+    """The proposer drafting n tokens a step (`Proposer.sized`), made once per n."""
+    cache = self.__dict__.setdefault("_sized_proposers", {})
+    if n not in cache:
+      cache[n] = self.proposer.sized(n)
+    return cache[n]
 
   def programs(self, sampling: SamplingParams, B: int, T: int, S: int, dtype):
     """(start, step, compile seconds): `start(tokens, lengths, key) -> (first, state)`; `step`
@@ -439,6 +455,9 @@ class SpeculativeEngine(DecodingMethod):
     start, c1 = self.start_program(sampling, B, T, S, dtype)
     if self.proposer.host_hook:
       return start, functools.partial(self.step_program, sampling, B, S, dtype), c1
+    if self.self_sizing:  # a sized device drafter: the step of n drafts, compiled when chosen
+      return start, lambda n: self.step_program(sampling, B, S, dtype,
+                                                proposer=self._sized(n)), c1
     step, c2 = self.step_program(sampling, B, S, dtype)
     return start, step, c1 + c2
 
@@ -474,14 +493,16 @@ class SpeculativeEngine(DecodingMethod):
       return first, (state, hist)
 
     sizer, since = None, 0
-    if self.self_sizing:
+    if self.self_sizing:  # host blocks cut to a width (0: a plain step), or a sized drafter
       sizer = self._sizers.setdefault((B, S), DraftSizer(
-          [shape[0][1] for shape in P.host_shapes(B)]))
+          [shape[0][1] for shape in P.host_shapes(B)]) if P.host_hook else DraftSizer(
+              P.sized_lengths(), plain=False))
       since = len(sizer.choices)  # this run's choices are the ones from here
 
     def advance(carry, i, key, active):
       state, hist = carry
       compiled = 0.0
+      SP = P  # this step's proposer (a sized variant of P)
       if P.host_hook:
         t_host = time.perf_counter()
         arrays, host_counts = P.host_block(hist, active)
@@ -493,20 +514,26 @@ class SpeculativeEngine(DecodingMethod):
         prog, compiled = step(tuple(np.shape(a) for a in arrays))
         t0 = time.perf_counter()
         out = prog(self.tp, self.dp, state, key, *map(jnp.asarray, arrays))
+      elif sizer is not None:  # a sized device drafter
+        width = sizer.choose()
+        SP = self._sized(width)
+        prog, compiled = step(width)
+        t0 = time.perf_counter()
+        host_counts, out = None, prog(self.tp, self.dp, state, key)
       else:
         host_counts, out = None, step(self.tp, self.dp, state, key)
       state, emitted, n, *rest = out
       emitted, n = np.asarray(emitted), np.asarray(n)
-      if sizer is not None:  # the step's time (not when its program compiled first)
-        sizer.update(width, None if compiled else time.perf_counter() - t0,
-                     [int(c) if a else 0 for c, a in zip(host_counts, active)], n)
       rest = [np.asarray(x) for x in rest]
       counts = dict(zip(names, rest))
       keep = rest[len(names)] if P.gated else None
-      stats.drafted.append(P.drafted_counts(active, counts, host_counts, keep))
+      drafted = SP.drafted_counts(active, counts, host_counts, keep)
+      if sizer is not None:  # the step's time (not when its program compiled first)
+        sizer.update(width, None if compiled else time.perf_counter() - t0, drafted, n)
+      stats.drafted.append(drafted)
       stats.accepted.append([int(x) if a else 0 for x, a in zip(n, active)])
       stats.active.append([bool(a) for a in active])
-      P.record_step(stats, active, counts, host_counts, keep)
+      SP.record_step(stats, active, counts, host_counts, keep)
       if hist is not None:
         hist = held["hist"] = [np.concatenate([h, e[:k + 1]])
                                for h, e, k in zip(hist, emitted, n)]
@@ -532,14 +559,15 @@ class ChainDecoder(SpeculativeEngine):
 
   def __init__(self, target_params, target_config, draft_params, draft_config, *,
                gamma: int = 4, layout: str = "auto", draft_vocab: DraftVocab | None = None,
-               draft_prefill: str = "bf16", mesh=None):
+               draft_prefill: str = "bf16", mesh=None, self_sizing: bool = False):
     """`draft_prefill`: "bf16" (default) runs the drafter's prompt prefill with bf16-rounded
     activations where the CPU has AVX512-BF16 (about 2x faster; it changes only what the
     drafter proposes, never the output), "exact" in the drafter's own precision; see
-    `compile_draft_prefill`. `mesh`: see `SpeculativeEngine`."""
+    `compile_draft_prefill`. `mesh`, `self_sizing` (each step drafts 1..gamma tokens, chosen
+    from the measured step costs and the running acceptance): see `SpeculativeEngine`."""
     super().__init__(target_params, target_config, ChainProposer(
         draft_params, draft_config, target_config, gamma=gamma, draft_vocab=draft_vocab,
-        draft_prefill=draft_prefill), layout=layout, mesh=mesh)
+        draft_prefill=draft_prefill), layout=layout, mesh=mesh, self_sizing=self_sizing)
 
 
 class TreeDecoder(SpeculativeEngine):

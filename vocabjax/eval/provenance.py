@@ -132,8 +132,11 @@ def _is_path(value) -> bool:
 
 
 def questions_hash(prompts) -> str:
-  """sha256 of the questions' ids and text, in order (`inputs`' "questions")."""
-  return hashlib.sha256(json.dumps([[p.qid, p.text] for p in prompts]).encode()).hexdigest()
+  """sha256 of the questions' ids and text, in order (`inputs`' "questions"); a conversation's
+  later turns too (a question without them hashes as before they existed)."""
+  return hashlib.sha256(json.dumps([[p.qid, p.text, *([list(p.followups)] if p.followups
+                                                      else [])]
+                                    for p in prompts]).encode()).hexdigest()
 
 
 def inputs(config, prompts) -> dict:

@@ -72,7 +72,12 @@ def _source_prompts(source: Path, config: dict, recorded_hash: str | None) -> di
     raise ConfigError(f"--reuse {source}: its questions' files changed since it ran (their "
                       f"hash {h[:12]} differs from the recorded {str(recorded_hash)[:12]}), so "
                       f"its records cannot be matched to questions")
-  return {p.qid: p.text for p in prompts}
+  return _turn_texts(prompts)
+
+
+def _turn_texts(prompts) -> dict:
+  """record qid -> the conversation up to that turn (a question's own text for one turn)."""
+  return {p.turn_qid(t): p.turns[:t + 1] for p in prompts for t in range(len(p.turns))}
 
 
 def reusable(source: str | Path, config, inputs: dict, prompts, done: set) -> Reuse:
@@ -124,7 +129,7 @@ def reusable(source: str | Path, config, inputs: dict, prompts, done: set) -> Re
       continue
     methods.add(name)
 
-  texts = {p.qid: p.text for p in prompts}
+  texts = _turn_texts(prompts)
   old_texts = _source_prompts(source, old_cfg, old_in.get("questions"))
   questions = set()
   for qid, text in old_texts.items():
