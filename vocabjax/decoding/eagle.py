@@ -211,7 +211,11 @@ class EagleProposer(Proposer):
     self.head_vocab_config = dataclasses.replace(target_config, tie_word_embeddings=False)
     U = lm_head_weight(target_params, target_config) if lm_head == "target" \
         else head_params["lm_head"]
-    self.params = {HEAD_KEY: head_params, "embed": target_params["embed"], "lm_head": U}
+    # the head's own LM head lives at "lm_head" (or as `HeadRows`' rows below), not also under
+    # the head's key: a second argument of the same [Vd, D] rows, which a slice would place
+    # twice and a projection would count twice
+    self.params = {HEAD_KEY: {k: v for k, v in head_params.items() if k != "lm_head"},
+                   "embed": target_params["embed"], "lm_head": U}
     if min_confidence > 0:  # an input of the step, not a constant: thresholds share programs
       self.params[GATE_KEY] = jnp.asarray(min_confidence, jnp.float32)
     if draft_vocab is None and lm_head == "own" and Vd < V:
