@@ -104,3 +104,30 @@ def test_a_sized_chain_keeps_plain_greedy_tokens_drafting_1_to_gamma(draft_seed)
     assert sizing["acceptance"] > 0.9  # the target drafting for itself
   again = dec.generate(prompts, max_new_tokens=24)  # the sizer keeps learning: same tokens
   assert again.tokens == res.tokens
+
+
+def test_a_sized_chain_samples_the_target_law(monkeypatch):
+  """Sampling with the chain's length changing from step to step (forced: 1, 2, 3, ...) keeps
+  the target's law: each length's step is the chain verifier over that many drafts."""
+  import itertools
+
+  from tests.decoding.conftest import SMALL
+  from vocabjax.decoding import SamplingParams
+  from vocabjax.decoding.speculative import ChainDecoder
+  from vocabjax.testing.proposers import target_law
+
+  target = init_params(jax.random.key(10), SMALL, scale=0.8)
+  draft = init_params(jax.random.key(11), SMALL, scale=0.8)
+  dec = ChainDecoder(target, SMALL, draft, SMALL, gamma=3, self_sizing=True)
+  lengths = itertools.cycle([1, 2, 3])
+
+  def choose(self):
+    self.choices.append(next(lengths))
+    return self.choices[-1]
+
+  monkeypatch.setattr(DraftSizer, "choose", choose)
+  pvalue, stats = target_law(dec, target, SMALL, [3, 1], SamplingParams(temperature=1.0),
+                             seed=7)
+  assert len(set(next(iter(dec._sizers.values())).choices)) >= 2  # more than one length ran
+  assert 0.05 < stats.acceptance_rate < 0.95  # accepts and rejections both happen
+  assert pvalue > 1e-3
