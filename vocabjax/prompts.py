@@ -379,16 +379,13 @@ def encode_conversation(tokenizer, turns, answers, chat: bool,
       bad = p[e.start:e.end].encode("utf-8", "surrogateescape")
       raise ValueError(f"{where} is not valid UTF-8 (bytes {bad!r} at character "
                        f"{e.start}); give UTF-8 text") from None
+  # the user's turns and the answers between them, in order: user, assistant, ..., user
+  said = [x for pair in zip(turns, [*answers, None]) for x in pair if x is not None]
   if not chat:
-    parts = [x for pair in zip(turns, [*answers, None]) for x in pair if x is not None]
-    return tokenizer("\n\n".join(parts))["input_ids"]
+    return tokenizer("\n\n".join(said))["input_ids"]
   if not getattr(tokenizer, "chat_template", None):
     raise ValueError("chat is on but the tokenizer has no chat template")
-  messages = []
-  for user, answer in zip(turns, [*answers, None]):
-    messages.append({"role": "user", "content": user})
-    if answer is not None:
-      messages.append({"role": "assistant", "content": answer})
+  messages = [{"role": ("user", "assistant")[i % 2], "content": x} for i, x in enumerate(said)]
   try:
     text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
                                          **(template_kwargs or {}))

@@ -78,16 +78,16 @@ def param_specs(config: LlamaLikeConfig, mesh: Mesh) -> dict:
   shapes = param_shapes(config)
   specs = {k: _spec(shapes[k], 0, mesh) for k in ("embed", "lm_head") if k in shapes}
   specs["final_norm"] = P()
-  M = mesh.shape["model"]
-
-  def axis(leaf):
-    if leaf in _ATTENTION and config.num_kv_heads % M:
-      return None  # would split a KV-head group: replicate (module doc)
-    return _LAYER_MODEL_AXIS.get(leaf)
-
-  specs["layers"] = [{leaf: _spec(shape, axis(leaf), mesh) for leaf, shape in layer.items()}
-                     for layer in shapes["layers"]]
+  specs["layers"] = [{leaf: _spec(shape, _layer_axis(leaf, config, mesh), mesh)
+                      for leaf, shape in layer.items()} for layer in shapes["layers"]]
   return specs
+
+
+def _layer_axis(leaf: str, config: LlamaLikeConfig, mesh: Mesh) -> int | None:
+  """The axis a decoder layer's leaf is split on over "model" (None: replicated)."""
+  if leaf in _ATTENTION and config.num_kv_heads % mesh.shape["model"]:
+    return None  # would split a KV-head group: replicate (module doc)
+  return _LAYER_MODEL_AXIS.get(leaf)
 
 
 def param_shardings(config: LlamaLikeConfig, mesh: Mesh) -> dict:
@@ -160,15 +160,11 @@ def shard_layer(layer: dict, config: LlamaLikeConfig, mesh: Mesh) -> dict:
   KV-head groups, the MLP by its intermediate axis; norms and leaves the rules do not name,
   such as an [in, out] MLP's `*_t`, replicated): a head drafter's layer (EAGLE's) split as
   its target's layers are, so each chip streams its share of it per drafting call."""
-  M = mesh.shape["model"]
+  def place(leaf, x):
+    return jax.device_put(x, NamedSharding(mesh, _spec(x.shape, _layer_axis(leaf, config, mesh),
+                                                       mesh)))
 
-  def axis(leaf):
-    if leaf in _ATTENTION and config.num_kv_heads % M:
-      return None
-    return _LAYER_MODEL_AXIS.get(leaf)
-
-  return {leaf: jax.device_put(x, NamedSharding(mesh, _spec(x.shape, axis(leaf), mesh)))
-          for leaf, x in layer.items()}
+  return {leaf: place(leaf, x) for leaf, x in layer.items()}
 
 
 def place_policy(state: dict, mesh: Mesh) -> dict:

@@ -55,8 +55,8 @@ from jax.sharding import SingleDeviceSharding
 
 from vocabjax import sharding
 from vocabjax.bench.stand_ins import (  # noqa: F401  (NAME_FORMS, registry_form: re-exported)
-    _HOST_ONLY, METHODS, NAME_FORMS, MethodSpec, Setup, abstract_models, method_spec,
-    registry_form)
+    _HOST_ONLY, METHODS, NAME_FORMS, MethodSpec, Setup, _head_config, abstract_models,
+    method_spec, registry_form)
 from vocabjax.sampling import SamplingParams
 from vocabjax.kernels import cpu_matmul
 from vocabjax.lowering import Lowering, decoding_lowering, platform_default
@@ -543,10 +543,7 @@ def project(setup: Setup, topology: str, methods=METHODS, *, B: int = 1, S: int 
                       "cross_draft": setup.cross_draft_name or setup.draft_name,
                       "describe": setup.describe(), "dtype": setup.dtype,
                       "eagle_head": {"kind": setup.head_kind,
-                                     "draft_vocab": (setup.target.vocab_size
-                                                     if setup.head_kind == "eagle2" else
-                                                     min(setup.head_vocab,
-                                                         setup.target.vocab_size)),
+                                     "draft_vocab": _head_config(setup).draft_vocab_size,
                                      "intermediate": setup.head_intermediate},
                       "ranker_rank": setup.ranker_rank},
             "B": B, "S": S, "run": run, "paper": paper, "unrolled_costs": unrolled_costs,

@@ -214,6 +214,7 @@ class SpeculativeEngine(DecodingMethod):
                        f"draft length into its step")
     self.self_sizing = self_sizing
     self._sizers: dict = {}  # (rows, cache slots) -> DraftSizer
+    self._sized_proposers: dict = {}  # n -> the proposer drafting n a step (`_sized`)
     self.proposer, self.mesh = proposer, mesh
     self.method = proposer.method
     # what every program of this engine lowers with (`vocabjax.lowering`): on a mesh XLA's
@@ -443,10 +444,9 @@ class SpeculativeEngine(DecodingMethod):
 
   def _sized(self, n: int):
     """The proposer drafting n tokens a step (`Proposer.sized`), made once per n."""
-    cache = self.__dict__.setdefault("_sized_proposers", {})
-    if n not in cache:
-      cache[n] = self.proposer.sized(n)
-    return cache[n]
+    if n not in self._sized_proposers:
+      self._sized_proposers[n] = self.proposer.sized(n)
+    return self._sized_proposers[n]
 
   def programs(self, sampling: SamplingParams, B: int, T: int, S: int, dtype):
     """(start, step, compile seconds): `start(tokens, lengths, key) -> (first, state)`; `step`

@@ -211,14 +211,21 @@ def load_models(config: EvalConfig, mesh=None) -> Loaded:
   return Loaded(target, draft)
 
 
-def bad_prompts(prompts, ids, config: EvalConfig, models: Loaded, room: int) -> list:
-  """(prompt, reason) for every prompt that cannot run: empty once encoded, or too long for
-  `max_len` or for a model's context with `room` slots of new tokens (the longest method's)."""
+def _length_limits(config: EvalConfig, models: Loaded) -> list[tuple[str, int]]:
+  """(name, tokens) of every bound a prompt and its new tokens must fit: `max_len`, and each
+  model's context."""
   limits = [(f"max_len={config.max_len}", config.max_len)] if config.max_len else []
   for role, m in (("target", models.target), ("drafter", models.draft)):
     ctx = m.config.max_position_embeddings if m is not None else None
     if ctx:
       limits.append((f"the {role}'s context of {ctx}", ctx))
+  return limits
+
+
+def bad_prompts(prompts, ids, config: EvalConfig, models: Loaded, room: int) -> list:
+  """(prompt, reason) for every prompt that cannot run: empty once encoded, or too long for
+  `max_len` or for a model's context with `room` slots of new tokens (the longest method's)."""
+  limits = _length_limits(config, models)
   out = []
   for p, x in zip(prompts, ids):
     if not x:
@@ -234,7 +241,7 @@ def bad_prompts(prompts, ids, config: EvalConfig, models: Loaded, room: int) -> 
 def _turn_ids(tok, config: EvalConfig, p, t: int, answers, room: int, limits) -> list[int]:
   """The prompt of turn t of conversation `p`: its turns so far with the method's own `answers`
   (decoded, special tokens dropped); a ConfigError naming the question, the turn and the
-  tokens when it leaves too little room for the new tokens (`limits`: (name, tokens))."""
+  tokens when it leaves too little room for the new tokens (`limits`: `_length_limits`)."""
   texts = [tok.decode(a, skip_special_tokens=True) for a in answers]
   try:
     x = encode_conversation(tok, p.turns[:t + 1], texts, config.chat,
@@ -416,11 +423,7 @@ def _run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool,
                     for t in range(len(p.turns))) for p, _, s, name in every], bool))
   answered = {(r["method"], r["qid"], r["seed"]): r["output_ids"] for r in records
               if r["framework"] == "vocabjax"}
-  limits = [(f"max_len={max_len}", max_len)] if max_len else []
-  limits += [(f"the {role}'s context of {m.config.max_position_embeddings}",
-              m.config.max_position_embeddings)
-             for role, m in (("target", models.target), ("drafter", models.draft))
-             if m is not None and m.config.max_position_embeddings]
+  limits = _length_limits(config, models)  # what a later turn's conversation must fit
   jobs = [job for job, m in zip(every, missing) if m]
   commit = report.git_commit()
   old = sorted({r.get("commit") for r in records} - {commit})
