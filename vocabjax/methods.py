@@ -2,8 +2,8 @@
 parameters into a decoder, used by the eval suites (`methods:` entries of a YAML suite) and by
 `python -m vocabjax.generate` (its flags) alike.
 
-Methods: ar, chain, tree, pld, ngram, suffix, vocabtrim, frspec, specvocab, eagle, eagle_pld,
-eagle_suffix, medusa, crossvocab. Each has a frozen parameter dataclass (field types are checked, then the
+Methods: ar, chain, tree, pld, ngram, suffix, tree_suffix, vocabtrim, frspec, specvocab, eagle,
+eagle_pld, eagle_suffix, medusa, crossvocab. Each has a frozen parameter dataclass (field types are checked, then the
 dataclass's `check` validates the values, naming the field and the value), a builder `(target Model, draft Model | None,
 params) -> decoder` (anything with `generate(prompts, **kw) -> GenerationResult`), and what
 the reports need for MBSU: drafter forwards per block and the drafter's LM-head rows.
@@ -38,6 +38,7 @@ from vocabjax.decoding.autoregressive import Decoder
 from vocabjax.decoding.crossvocab import RULES as CROSSVOCAB_RULES
 from vocabjax.decoding.crossvocab import CrossVocabDecoder
 from vocabjax.decoding.eagle import EagleDecoder, EagleLookupDecoder, EagleSuffixDecoder
+from vocabjax.decoding.hybrid import TreeSuffixDecoder
 from vocabjax.decoding.medusa import MedusaDecoder, medusa_choices_for
 from vocabjax.decoding.ngram import NgramProposer, table_from
 from vocabjax.decoding.pld import PromptLookupDecoder
@@ -348,6 +349,55 @@ def _suffix(target, draft, p: SuffixParams, mesh=None):
                            mesh=mesh, self_sizing=p.self_sizing)
 
 
+@dataclasses.dataclass(frozen=True)
+class SuffixHybridParams:
+  """SuffixDecoding's settings in a hybrid with a device tree (a drafter model's, an EAGLE
+  head's), after the device tree's own fields (a mixin before them in the bases)."""
+
+  max_spec_tokens: int = 8  # SuffixDecoding's most drafts per step
+  max_spec_factor: float = 1.0
+  max_spec_offset: float = 0.0
+  min_token_prob: float = 0.1
+  max_tree_depth: int = 64
+  max_cached_requests: int = 10_000
+  score_threshold: float = -1.0  # >= 0: a suffix proposal scoring that much drafts alone
+
+  def _suffix_params(self) -> SuffixParams:
+    return SuffixParams(self.max_spec_tokens, self.max_spec_factor, self.max_spec_offset,
+                        self.min_token_prob, self.max_tree_depth, self.max_cached_requests)
+
+  def check(self, where: str) -> None:
+    super().check(where)
+    self._suffix_params().check(where)
+
+  def suffix(self) -> SuffixProposer:
+    settings = dataclasses.asdict(self._suffix_params())
+    del settings["self_sizing"]
+    return SuffixProposer(**settings)
+
+  @property
+  def threshold(self) -> float | None:
+    return None if self.score_threshold < 0 else self.score_threshold
+
+
+@dataclasses.dataclass(frozen=True)
+class TreeSuffixParams(SuffixHybridParams, TreeMethodParams):
+  """The drafter's tree's fields, then SuffixDecoding's (`SuffixHybridParams`)."""
+
+
+@register("tree_suffix", TreeSuffixParams, drafter_passes=lambda p: p.depth)
+def _tree_suffix(target, draft, p: TreeSuffixParams, mesh=None):
+  """The drafter model's EAGLE-2 tree with SuffixDecoding's proposal merged into it (or, with
+  `score_threshold`, alone where it scores that much), one verification
+  (`hybrid.TreeSuffixDecoder`); one device."""
+  if mesh is not None:
+    raise ValueError("tree_suffix runs on one device (its suffix trees are the host's)")
+  return TreeSuffixDecoder(_blocks(target, mesh), target.config, _blocks(draft, mesh),
+                           draft.config, tree=TreeParams(p.top_k, p.depth, p.total_tokens),
+                           draft_vocab=_load_subset(p.subset, target), suffix=p.suffix(),
+                           score_threshold=p.threshold)
+
+
 # --- static drafter vocabularies (VocabTrim, FR-Spec) ---------------------------------------
 # Both draft with a trimmed LM head over the top-k tokens of a counts file made by
 # `python -m vocabjax.calibrate count`; they differ in what was counted: VocabTrim counts
@@ -627,19 +677,8 @@ def _eagle_pld(target, draft, p: EaglePldParams, mesh=None):
 
 
 @dataclasses.dataclass(frozen=True)
-class EagleSuffixParams(EagleParams):
-  max_spec_tokens: int = 8  # SuffixDecoding's most drafts per step
-  max_spec_factor: float = 1.0
-  max_spec_offset: float = 0.0
-  min_token_prob: float = 0.1
-  max_tree_depth: int = 64
-  max_cached_requests: int = 10_000
-  score_threshold: float = -1.0  # >= 0: a suffix proposal scoring that much drafts alone
-
-  def check(self, where: str) -> None:
-    super().check(where)
-    SuffixParams(self.max_spec_tokens, self.max_spec_factor, self.max_spec_offset,
-                 self.min_token_prob, self.max_tree_depth, self.max_cached_requests).check(where)
+class EagleSuffixParams(SuffixHybridParams, EagleParams):
+  """EAGLE's fields, then SuffixDecoding's (`SuffixHybridParams`)."""
 
 
 @register("eagle_suffix", EagleSuffixParams, needs_draft=False,
@@ -652,16 +691,11 @@ def _eagle_suffix(target, draft, p: EagleSuffixParams, mesh=None):
   del draft
   if mesh is not None:
     raise ValueError("eagle_suffix runs on one device (its suffix trees are the host's)")
-  suffix = SuffixProposer(max_spec_tokens=p.max_spec_tokens, max_spec_factor=p.max_spec_factor,
-                          max_spec_offset=p.max_spec_offset, min_token_prob=p.min_token_prob,
-                          max_tree_depth=p.max_tree_depth,
-                          max_cached_requests=p.max_cached_requests)
   return EagleSuffixDecoder(_blocks(target, mesh), target.config, *_eagle_head(target, p),
                             tree=TreeParams(p.top_k, p.depth, p.total_tokens),
                             lm_head=p.lm_head, draft_vocab=_eagle_vocab(target, p),
-                            suffix=suffix, min_confidence=p.min_confidence,
-                            score_threshold=None if p.score_threshold < 0
-                            else p.score_threshold)
+                            suffix=p.suffix(), min_confidence=p.min_confidence,
+                            score_threshold=p.threshold)
 
 
 # --- Medusa heads ---------------------------------------------------------------------------

@@ -173,3 +173,47 @@ def test_hybrid_sampling_follows_the_target_law():
   assert 0.05 < sum(acc) / len(acc) < 0.95  # informative: some paths accepted, some not
   assert sum(map(sum, stats.counts["from_lookup"])) > 0  # suffix nodes among them
   assert pvalue > 1e-3
+
+
+# --- the hybrid with a drafter model's tree ---------------------------------------------------
+
+@pytest.mark.parametrize("threshold", [None, 1.0], ids=["merged", "thresholded"])
+def test_hybrid_with_a_drafter_tree_is_greedy_identical_and_takes_suffix_tokens(threshold):
+  """A drafter model's EAGLE-2 tree and the suffix proposal merged (the merged tree deeper than
+  the drafter's: its pending block grows with it), or thresholded: plain greedy tokens; on the
+  repeated requests accepted tokens come from suffix nodes, and thresholded, rows skip the
+  drafter's tree (whose cache still reads every committed token)."""
+  from vocabjax.decoding.hybrid import TreeSuffixDecoder
+  from vocabjax.decoding.tree import TreeParams
+
+  target = init_params(jax.random.key(0), CFG, scale=0.3)
+  draft = init_params(jax.random.key(3), CFG, scale=0.3)
+  dec = TreeSuffixDecoder(target, CFG, draft, CFG, tree=TreeParams(2, 2, 4),
+                          suffix=SuffixProposer(max_spec_tokens=6), score_threshold=threshold)
+  assert dec.proposer.pend_width == 7  # the suffix proposal reaches depth 6
+  prompts = [[5, 9, 2, 7, 5, 9], [1, 2, 3]]
+  greedy_identity(dec, target, CFG, prompts, max_new_tokens=24)
+  again = greedy_identity(dec, target, CFG, prompts, max_new_tokens=24)
+  rec = again.stats.record()
+  assert rec["accepted_from_suffix"] > 0 and rec["suffix_steps"] > 0, rec
+  assert max(max(row) for row in again.stats.accepted) > 2  # deeper than the drafter's tree
+  if threshold is not None:
+    assert rec["head_steps"] < sum(map(sum, again.stats.active)), rec
+
+
+def test_hybrid_with_a_drafter_tree_samples_the_target_law():
+  from vocabjax.decoding.hybrid import TreeSuffixDecoder
+  from vocabjax.decoding.tree import TreeParams
+
+  target = init_params(jax.random.key(10), SMALL, scale=0.8)
+  draft = init_params(jax.random.key(11), SMALL, scale=0.8)
+  greedy = Decoder(target, SMALL).generate([[3, 1]], max_new_tokens=6).tokens[0]
+  dec = TreeSuffixDecoder(target, SMALL, draft, SMALL, tree=TreeParams(2, 2, 4),
+                          suffix=SuffixProposer(max_spec_tokens=2, min_token_prob=0.0))
+  pvalue, stats = target_law(dec, target, SMALL, [3, 1, *greedy, 3, 1],
+                             SamplingParams(temperature=1.0), n=6000, seed=7)
+  acc = [a > 0 for arow, drow in zip(stats.accepted, stats.drafted)
+         for a, d in zip(arow, drow) if d]
+  assert 0.05 < sum(acc) / len(acc) < 0.95  # informative: some paths accepted, some not
+  assert sum(map(sum, stats.counts["from_lookup"])) > 0  # suffix nodes among them
+  assert pvalue > 1e-3

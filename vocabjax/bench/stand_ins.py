@@ -19,6 +19,7 @@ import numpy as np
 from vocabjax.decoding.autoregressive import Decoder
 from vocabjax.decoding.crossvocab import CrossVocabDecoder
 from vocabjax.decoding.eagle import EagleDecoder, EagleLookupDecoder, EagleSuffixDecoder
+from vocabjax.decoding.hybrid import TreeSuffixDecoder
 from vocabjax.decoding.medusa import MedusaDecoder, medusa_choices_for
 from vocabjax.decoding.ngram import NgramProposer, NgramTable
 from vocabjax.decoding.pld import PromptLookupDecoder
@@ -92,7 +93,8 @@ class MethodSpec:
   @property
   def loops(self) -> bool:
     """Whether the step holds a scan or while loop (XLA's cost analysis counts a body once)."""
-    return self.kind in ("chain", "tree", "eagle", "eagle_pld", "eagle_suffix", "vocabtrim",
+    return self.kind in ("chain", "tree", "tree_suffix", "eagle", "eagle_pld", "eagle_suffix",
+                         "vocabtrim",
                          "frspec", "specvocab", "crossvocab")
 
 
@@ -226,15 +228,21 @@ def _model_spec(name, kind, p, bench):
   def build(a, s, mesh):
     vocab = _draft_vocab(s, kind, p, bench)
     tree = _tree_of(p) if kind != "chain" else None
+    if kind == "tree_suffix":
+      if mesh is not None:
+        raise ValueError("tree_suffix runs on one device")
+      return TreeSuffixDecoder(a["target"], s.target, a["draft"], s.draft, tree=tree,
+                               suffix=p.suffix(), score_threshold=p.threshold)
     if kind == "tree" or tree is not None:
       return TreeDecoder(a["target"], s.target, a["draft"], s.draft, tree=tree, mesh=mesh,
                          draft_vocab=vocab)
     return ChainDecoder(a["target"], s.target, a["draft"], s.draft, gamma=p.gamma, mesh=mesh,
                         draft_vocab=vocab)
 
-  shape = (f"tree of {p.total_tokens} nodes" if kind == "tree" or _tree_of(p) is not None
+  shape = (f"tree of {p.total_tokens} nodes" if kind in ("tree", "tree_suffix")
+           or _tree_of(p) is not None
            else f"chain of {p.gamma}")
-  about = {"chain": "drafter", "tree": "drafter",
+  about = {"chain": "drafter", "tree": "drafter", "tree_suffix": "drafter + SuffixDecoding",
            "vocabtrim": f"static subset of {getattr(p, 'k', 0)} rows (VocabTrim and FR-Spec run "
                         f"the same program)",
            "frspec": f"static subset of {getattr(p, 'k', 0)} rows (VocabTrim and FR-Spec run "
@@ -274,9 +282,7 @@ def _eagle_spec(name, kind, p, bench):
       if mesh is not None:
         raise ValueError("eagle_suffix runs on one device")
       return EagleSuffixDecoder(a["target"], s.target, a["head"], _head_config(s),
-                                suffix=SuffixProposer(max_spec_tokens=p.max_spec_tokens),
-                                score_threshold=None if p.score_threshold < 0
-                                else p.score_threshold, **kw)
+                                suffix=p.suffix(), score_threshold=p.threshold, **kw)
     return EagleDecoder(a["target"], s.target, a["head"], _head_config(s), **kw)
 
   what = f"chain of {p.depth}" if p.top_k == 1 else f"tree of {tree.total_tokens}"
@@ -348,7 +354,8 @@ def _ar_spec(name, kind, p, bench):
                     "plain decoding's step")
 
 
-_SPECS = {"ar": _ar_spec, "chain": _model_spec, "tree": _model_spec, "vocabtrim": _model_spec,
+_SPECS = {"ar": _ar_spec, "chain": _model_spec, "tree": _model_spec, "tree_suffix": _model_spec,
+          "vocabtrim": _model_spec,
           "frspec": _model_spec, "specvocab": _model_spec, "eagle": _eagle_spec,
           "eagle_pld": _eagle_spec, "eagle_suffix": _eagle_spec, "medusa": _medusa_spec, "pld": _lookup_spec,
           "ngram": _lookup_spec, "suffix": _lookup_spec, "crossvocab": _crossvocab_spec}

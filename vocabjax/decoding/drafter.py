@@ -29,7 +29,8 @@ from flax import struct
 
 from vocabjax import sharding
 from vocabjax.decoding.proposer import Context, Drafts, Prefilled, Proposer
-from vocabjax.decoding.tree import TreeBounds, TreeParams, draft_tree
+from vocabjax.decoding.tree import (TreeBounds, TreeParams, drop_rows, grow_drafter_tree,
+                                    read_pending)
 from vocabjax.kernels import cpu_matmul
 from vocabjax.lowering import Lowering, default_cpu_kernel, lowered, lowering_of, target_platform
 from vocabjax.models.cache import KVCache
@@ -253,24 +254,40 @@ class TreeProposer(ModelProposer):
                      draft_prefill=draft_prefill)
     self.tree = tree
     self.bounds = TreeBounds(tree.top_k, tree.depth)
+    self.pend_width = tree.depth + 1  # P: a step's accepted tokens + the next, at most
     self.drafted_per_step = tree.total_tokens
     self.extra_slots = tree.total_tokens + tree.draft_slots + tree.depth + 2
 
   def key(self):
-    return ("tree", self.config, self.tree, self.policy, self.draft_prefill)
+    return ("tree", self.config, self.tree, self.policy, self.draft_prefill, self.pend_width)
 
   def prefill(self, params, target_params, pre: Prefilled) -> TreeState:
-    B, P = pre.first.shape[0], self.tree.depth + 1
+    B, P = pre.first.shape[0], self.pend_width
     return TreeState(draft_cache=self._prefill_cache(params, pre),
                      pend_tokens=jnp.broadcast_to(pre.first[:, None], (B, P)).astype(jnp.int32),
                      pend_count=jnp.ones_like(pre.first))
 
-  def propose(self, params, state: TreeState, ctx: Context, key, *,
-              sampling: SamplingParams, keep=None):
-    del key, sampling, keep  # deterministic drafts
-    tok, parent, depth, dcache = draft_tree(params, state.draft_cache, state.pend_tokens,
-                                            state.pend_count, config=self.config,
-                                            tree=self.tree, policy=self.policy)
+  def gate(self, params, state: TreeState, ctx: Context):
+    """Every row drafts; the drafter reads its pending tokens here (the root's output), so a
+    hybrid's step that grows no tree still leaves the drafter's cache caught up."""
+    h_root, dcache = read_pending(params, state.draft_cache, state.pend_tokens,
+                                  state.pend_count, config=self.config)
+    return None, (h_root, dcache)
+
+  def _grow(self, params, pre, keep):
+    """(tokens, parent, depth [B, n] of the tree grown from the root, the drafter cache); rows
+    not in `keep` made padding."""
+    h_root, dcache = pre
+    tok, parent, depth, dcache = grow_drafter_tree(params, h_root, dcache, config=self.config,
+                                                   tree=self.tree, policy=self.policy)
+    return (*drop_rows(tok, parent, depth, keep), dcache)
+
+  def _skip(self, pre):
+    return pre[1]
+
+  def propose(self, params, pre, ctx: Context, key, *, sampling: SamplingParams, keep=None):
+    del key, sampling  # deterministic drafts
+    tok, parent, depth, dcache = self._grow(params, pre, keep)
     return Drafts(tokens=tok, parent=parent, depth=depth, bounds=self.bounds), dcache
 
   def commit(self, params, dcache, ctx: Context, drafts: Drafts, verdict) -> TreeState:

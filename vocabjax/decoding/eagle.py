@@ -37,16 +37,14 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import struct
 
 from vocabjax import sharding
 from vocabjax.decoding.drafter import DraftVocab
-from vocabjax.decoding.pld import check_lookup, trie_block
+from vocabjax.decoding.hybrid import LookupHybrid, SuffixHybrid
 from vocabjax.decoding.proposer import Context, Drafts, Prefilled, Proposer
 from vocabjax.decoding.speculative import SpeculativeEngine
-from vocabjax.decoding.suffix import SuffixProposer
-from vocabjax.decoding.tree import TreeBounds, TreeParams, grow_tree, merge_nodes
+from vocabjax.decoding.tree import TreeBounds, TreeParams, drop_rows, grow_tree
 from vocabjax.lowering import lowering_of, with_lowering
 from vocabjax.sampling import SamplingParams
 from vocabjax.vocab.policy import POLICY_STATE, full_policy
@@ -133,16 +131,6 @@ def _confident(dp, x_root, head_config, policy, gated: bool):
     return None, None
   root = _root_policy(dp, x_root, head_config, policy)
   return _top_probability(root[1]) >= dp[GATE_KEY], root
-
-
-def _drop_rows(tok, parent, depth, keep):
-  """The tree with the nodes of rows where `keep` [B] is False made padding (their own parents,
-  never reached from the root, as `merge_nodes`'s padding); all of it when keep is None."""
-  if keep is None:
-    return tok, parent, depth
-  own = jnp.arange(1, parent.shape[1] + 1, dtype=parent.dtype)[None]
-  return (tok, jnp.where(keep[:, None], parent, own),
-          jnp.where(keep[:, None], depth, jnp.ones_like(depth)))
 
 
 def _no_nodes(last):
@@ -268,23 +256,29 @@ class EagleProposer(Proposer):
     keep, root = _confident(params, x_root, self.hc, self.policy, self.min_confidence > 0)
     return keep, (state, x_root, cache, root)
 
-  def _tree(self, params, pre, keep):
-    _, x_root, cache, root = pre
+  def _grow(self, params, pre, keep):
+    """(tokens, parent, depth [B, n] of the head's tree, its state for `commit`); rows not in
+    `keep` made padding."""
+    state, x_root, cache, root = pre
     tok, parent, depth, hcache = _grow(params, x_root, cache, head_config=self.hc,
                                        tree=self.tree, policy=self.policy, root=root)
-    return (*_drop_rows(tok, parent, depth, keep), hcache)
+    return (*drop_rows(tok, parent, depth, keep), (state, hcache))
+
+  def _skip(self, pre):
+    """Its state when it grew no tree: the pending entries read (`gate`)."""
+    return pre[0], pre[2]
 
   def propose(self, params, pre, ctx: Context, key, *, sampling: SamplingParams, keep=None):
     del key, sampling  # deterministic drafts
-    tok, parent, depth, hcache = self._tree(params, pre, keep)
-    return Drafts(tokens=tok, parent=parent, depth=depth, bounds=self.bounds), (pre[0], hcache)
+    tok, parent, depth, carry = self._grow(params, pre, keep)
+    return Drafts(tokens=tok, parent=parent, depth=depth, bounds=self.bounds), carry
 
   def fallback(self, params, pre, ctx: Context):
     """No row's head is sure: the roots alone (a plain step that still captures the features
     the head reads next)."""
     tok, parent, depth = _no_nodes(ctx.last)
     return (Drafts(tokens=tok, parent=parent, depth=depth,
-                   bounds=TreeBounds(1, self.tree.depth)), (pre[0], pre[2]))
+                   bounds=TreeBounds(1, self.tree.depth)), self._skip(pre))
 
   def commit(self, params, carry, ctx: Context, drafts: Drafts, v) -> EagleState:
     state, hcache = carry
@@ -351,95 +345,22 @@ class EagleDecoder(SpeculativeEngine):
         draft_vocab=draft_vocab, min_confidence=min_confidence), layout=layout, mesh=mesh)
 
 
-class EagleLookupProposer(EagleProposer):
+class EagleLookupProposer(LookupHybrid, EagleProposer):
   """An EAGLE head's tree plus prompt lookup (Saxena 2023) in the same tree
-  (`EagleLookupDecoder`): each step, on the host, the continuations of earlier occurrences of
-  the context's suffix n-grams (`pld.lookup_continuations`: up to `candidates` of them, `gamma`
-  tokens each) form a trie under the root (the host hook), padded to a bucket of 0, gamma,
-  .., candidates x gamma nodes; the head grows its tree, the trie is merged into it
-  (`tree.merge_nodes`: a lookup token the head also drafted under the same parent is one node)
-  and the target verifies both in one forward. A gated row whose head is unsure offers the trie
-  alone; where no row's head drafts, the step verifies the tries alone."""
+  (`EagleLookupDecoder`, `hybrid.LookupHybrid`): the head grows its tree, the lookup trie is
+  merged into it and the target verifies both in one forward. A gated row whose head is unsure
+  offers the trie alone; where no row's head drafts, the step verifies the tries alone."""
 
   method = "eagle_pld"
-  host_hook = True
 
   def __init__(self, target_params, target_config, head_params, head_config, *,
                tree: TreeParams = TreeParams(), gamma: int = 4, max_ngram: int = 3,
                min_ngram: int = 1, candidates: int = 1, lm_head: str = "own",
                draft_vocab: DraftVocab | None = None, min_confidence: float = 0.0):
-    check_lookup(gamma, max_ngram, min_ngram, candidates)
-    super().__init__(target_params, target_config, head_params, head_config, tree=tree,
-                     lm_head=lm_head, draft_vocab=draft_vocab, min_confidence=min_confidence)
-    self.gamma, self.max_ngram, self.min_ngram = gamma, max_ngram, min_ngram
-    self.candidates = candidates
-    m = candidates * gamma
-    self._host_tree(tuple(range(0, m + 1, gamma)), children=candidates, depth=gamma, nodes=m)
-
-  def _host_tree(self, buckets, *, children: int, depth: int, nodes: int) -> None:
-    """The merged tree's sizes when the host block adds up to `nodes` nodes, `children` under a
-    node and `depth` levels to the head's tree (padded to one of `buckets`)."""
-    tree = self.tree
-    self.buckets = buckets
-    self.bounds = TreeBounds(top_k=tree.top_k + children, depth=max(tree.depth, depth))
-    self.pend_width = self.bounds.depth + 1
-    self.drafted_per_step = tree.total_tokens + nodes
-    self.extra_slots = tree.total_tokens + nodes + tree.draft_slots + self.bounds.depth + 2
-
-  def key(self):
-    return (super().key(), "lookup", self.bounds)
-
-  def host_block(self, history, active):
-    tok, parent, depth, nodes = trie_block(history, active, self.gamma, self.max_ngram,
-                                           self.min_ngram, self.candidates, self.buckets)
-    return (tok, parent, depth), nodes
-
-  def host_shapes(self, B: int = 1):
-    return [((B, m), (B, m), (B, m)) for m in self.buckets]
-
-  def propose(self, params, pre, ctx: Context, key, *, sampling: SamplingParams, keep=None):
-    del key, sampling
-    tok, parent, depth, hcache = self._tree(params, pre, keep)
-    n_head = tok.shape[1]
-    tok, parent, depth = merge_nodes(tok, parent, depth, *ctx.host)
-    return (Drafts(tokens=tok, parent=parent, depth=depth, bounds=self.bounds,
-                   host_from=n_head), (pre[0], hcache))
-
-  def fallback(self, params, pre, ctx: Context):
-    """No row's head is sure: the tries alone (a tree of merge_nodes's form already; the roots
-    alone where there is none)."""
-    tok, parent, depth = ctx.host
-    return (Drafts(tokens=tok, parent=parent, depth=depth, host_from=0,
-                   bounds=TreeBounds(min(self.bounds.top_k, tok.shape[1] + 1),
-                                     self.bounds.depth)), (pre[0], pre[2]))
-
-  def step_count_names(self):
-    return ("from_lookup",)
-
-  def step_counts(self, drafts: Drafts, verdict) -> tuple:
-    # path: node + 1, 0-padded; nodes from host_from on came from the trie
-    return ((verdict.path > drafts.host_from).sum(axis=1).astype(jnp.int32),)
-
-  def drafted_counts(self, active, counts, host_counts, keep):
-    head = keep if keep is not None else [True] * len(active)
-    return [self.tree.total_tokens * bool(h) + int(x) if a else 0
-            for x, a, h in zip(host_counts, active, head)]
-
-  def record_step(self, stats, active, counts, host_counts, keep) -> None:
-    head = keep if keep is not None else [True] * len(active)
-    stats.add("lookup_nodes", [int(x) if a else 0 for x, a in zip(host_counts, active)])
-    stats.add("from_lookup", [int(x) if a else 0 for x, a in zip(counts["from_lookup"], active)])
-    stats.add("head", [bool(h) if a else False for h, a in zip(head, active)])
-
-  def record(self, stats) -> dict:
-    """Totals for an eval record: steps with lookup nodes, tokens accepted from them, steps
-    where the head drafted, all verifications."""
-    c = stats.counts
-    return {"lookup_steps": sum(1 for row in c["lookup_nodes"] for x in row if x),
-            "lookup_nodes": sum(map(sum, c["lookup_nodes"])),
-            "accepted_from_lookup": sum(map(sum, c["from_lookup"])),
-            "accepted": sum(map(sum, stats.accepted)),
-            "head_steps": sum(map(sum, c["head"])), "verifications": len(stats.drafted)}
+    EagleProposer.__init__(self, target_params, target_config, head_params, head_config,
+                           tree=tree, lm_head=lm_head, draft_vocab=draft_vocab,
+                           min_confidence=min_confidence)
+    self._lookup(gamma=gamma, max_ngram=max_ngram, min_ngram=min_ngram, candidates=candidates)
 
 
 class EagleLookupDecoder(SpeculativeEngine):
@@ -471,16 +392,12 @@ class EagleLookupDecoder(SpeculativeEngine):
         draft_vocab=draft_vocab, min_confidence=min_confidence), layout=layout)
 
 
-class EagleSuffixProposer(EagleLookupProposer):
+class EagleSuffixProposer(SuffixHybrid, EagleProposer):
   """An EAGLE head's tree and SuffixDecoding's proposal in one tree (SuffixDecoding's hybrid
-  with EAGLE): each step the suffix trees (`suffix.SuffixProposer`: the request's and the
-  global one over earlier outputs) propose on the host, the proposal is merged into the head's
-  tree (`tree.merge_nodes`) and the target verifies both in one forward. With
-  `score_threshold`, a row whose suffix proposal scores at least that (the sum of its tokens'
-  estimated probabilities) takes the suffix proposal alone, without the head's tree (the paper's
-  rule: the suffix tree where it is confident, else the model); with `min_confidence` too, the
-  head also sits out where it is unsure. Where no row's head drafts, the step verifies the suffix
-  proposals alone. Vocabulary policies (`draft_vocab`) apply to the head's part."""
+  with EAGLE; `hybrid.SuffixHybrid`): with `score_threshold`, a row whose suffix proposal
+  scores at least that takes it alone, without the head's tree; with `min_confidence` too, the
+  head also sits out where it is unsure. Vocabulary policies (`draft_vocab`) apply to the
+  head's part."""
 
   method = "eagle_suffix"
 
@@ -491,62 +408,7 @@ class EagleSuffixProposer(EagleLookupProposer):
     EagleProposer.__init__(self, target_params, target_config, head_params, head_config,
                            tree=tree, lm_head=lm_head, draft_vocab=draft_vocab,
                            min_confidence=min_confidence)
-    if score_threshold is not None and not score_threshold >= 0:
-      raise ValueError(f"score_threshold must be >= 0 (a sum of probabilities), got "
-                       f"{score_threshold}")
-    self.suffix = suffix if suffix is not None else SuffixProposer()
-    n = self.suffix.gamma
-    self.score_threshold = score_threshold
-    self.gated = self.gated or score_threshold is not None
-    # a suffix tree's node may have up to n children, and it reaches depth n
-    self._host_tree(self.suffix.buckets, children=n, depth=n, nodes=n)
-
-  def key(self):
-    return (EagleProposer.key(self), "suffix", self.bounds, self.suffix.key(),
-            self.score_threshold is not None)
-
-  def host_begin(self, history) -> None:
-    self.suffix.host_begin(history)
-
-  def host_end(self, history) -> None:
-    self.suffix.host_end(history)
-
-  def host_block(self, history, active):
-    proposals = self.suffix.proposals(history, active)
-    arrays, counts = self.suffix.tree_block(proposals)
-    if self.score_threshold is not None:  # rows that take the head's tree too
-      head = np.array([float(p.score) < self.score_threshold for p in proposals], np.int32)
-      arrays = (*arrays, head)
-    return arrays, counts
-
-  def host_shapes(self, B: int = 1):
-    extra = ((B,),) if self.score_threshold is not None else ()
-    return [((B, m),) * 3 + extra for m in self.buckets]
-
-  def gate(self, params, state, ctx: Context):
-    keep, pre = EagleProposer.gate(self, params, state, ctx)
-    if self.score_threshold is not None:
-      use = ctx.host[3] > 0
-      keep = use if keep is None else keep & use
-    return keep, pre
-
-  def propose(self, params, pre, ctx: Context, key, *, sampling: SamplingParams, keep=None):
-    return super().propose(params, pre, ctx.replace(host=ctx.host[:3]), key,
-                           sampling=sampling, keep=keep)
-
-  def fallback(self, params, pre, ctx: Context):
-    return super().fallback(params, pre, ctx.replace(host=ctx.host[:3]))
-
-  def record_step(self, stats, active, counts, host_counts, keep) -> None:
-    super().record_step(stats, active, counts, host_counts, keep)
-    self.suffix.record_step(stats, active, counts, host_counts, keep)
-
-  def record(self, stats) -> dict:
-    out = super().record(stats)
-    out["suffix_nodes"] = out.pop("lookup_nodes")
-    out["suffix_steps"] = out.pop("lookup_steps")
-    out["accepted_from_suffix"] = out.pop("accepted_from_lookup")
-    return out
+    self._suffix(suffix, score_threshold)
 
 
 class EagleSuffixDecoder(SpeculativeEngine):

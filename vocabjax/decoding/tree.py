@@ -73,19 +73,24 @@ class TreeParams:
     return max(self.depth + 1, 1 + (self.depth - 1) * self.top_k)
 
 
-def draft_tree(params, cache: KVCache, pend_tokens, pend_count, *, config: LlamaLikeConfig,
-               tree: TreeParams, policy):
-  """Build the tree with an independent drafter whose `cache` holds every committed token but
-  the `pend_count` [B] pending ones (`pend_tokens` [B, d + 1], left-aligned): (node tokens
-  [B, n], parent [B, n] in 0..n (0 = root), depth [B, n], drafter cache holding every
-  committed token, root included)."""
+def read_pending(params, cache: KVCache, pend_tokens, pend_count, *, config: LlamaLikeConfig):
+  """Feed an independent drafter whose `cache` holds every committed token but the
+  `pend_count` [B] pending ones (`pend_tokens` [B, P], left-aligned) those tokens: (its output
+  at the root, the last pending token [B, D], the cache holding every committed token, root
+  included)."""
   B, P = pend_tokens.shape
   L0 = cache.lengths
   h, cache = forward(params, pend_tokens, L0[:, None] + jnp.arange(P)[None], cache,
                      config=config)
-  C = L0 + pend_count  # committed tokens, root included
   h_root = jnp.take_along_axis(h, (pend_count - 1)[:, None, None], axis=1)[:, 0]
+  return h_root, cache.with_lengths(L0 + pend_count)
 
+
+def grow_drafter_tree(params, h_root, cache: KVCache, *, config: LlamaLikeConfig,
+                      tree: TreeParams, policy):
+  """`grow_tree` with an independent drafter from its output at the root (`read_pending`):
+  (node tokens [B, n], parent [B, n] in 0..n (0 = root), depth [B, n], the drafter cache as
+  given)."""
   def expand(params, tok, parent_state, positions, cache, prefix_mask):
     del parent_state  # the drafter reads its own cache only
     k = tok.shape[1]
@@ -93,8 +98,17 @@ def draft_tree(params, cache: KVCache, pend_tokens, pend_count, *, config: Llama
                        config=config, prefix_mask=prefix_mask)
     return h, h, cache
 
-  return grow_tree(params, h_root, h_root, cache.with_lengths(C), tree=tree, policy=policy,
-                   expand=expand)
+  return grow_tree(params, h_root, h_root, cache, tree=tree, policy=policy, expand=expand)
+
+
+def drop_rows(tok, parent, depth, keep):
+  """The tree with the nodes of rows where `keep` [B] is False made padding (their own parents,
+  never reached from the root, as `merge_nodes`'s padding); all of it when keep is None."""
+  if keep is None:
+    return tok, parent, depth
+  own = jnp.arange(1, parent.shape[1] + 1, dtype=parent.dtype)[None]
+  return (tok, jnp.where(keep[:, None], parent, own),
+          jnp.where(keep[:, None], depth, jnp.ones_like(depth)))
 
 
 def grow_tree(params, h_root, state_root, cache, *, tree: TreeParams, policy, expand,
