@@ -230,9 +230,9 @@ def _chain_decoder(target, draft, gamma, draft_vocab, mesh=None, self_sizing=Fal
                       self_sizing=self_sizing)
 
 
-def _tree_decoder(target, draft, tree: TreeParams, draft_vocab, mesh=None):
+def _tree_decoder(target, draft, tree: TreeParams, draft_vocab, mesh=None, self_sizing=False):
   return TreeDecoder(_blocks(target, mesh), target.config, _blocks(draft, mesh), draft.config,
-                     tree=tree, draft_vocab=draft_vocab, mesh=mesh)
+                     tree=tree, draft_vocab=draft_vocab, mesh=mesh, self_sizing=self_sizing)
 
 
 @register("chain", ChainParams, drafter_passes=lambda p: p.gamma)
@@ -247,6 +247,8 @@ class TreeMethodParams:
   depth: int = 4  # levels below the root
   total_tokens: int = 8  # nodes verified besides the root
   subset: str = ""  # a saved static vocabulary subset (.npz)
+  self_sizing: bool = False  # each step's tree (0, 1, 2, 4, .. nodes) from step costs and
+  #   acceptance (tree_suffix: the suffix proposal's length; the drafter's tree kept)
 
   def check(self, where: str) -> None:
     _tree(where, "tree", self.top_k, self.depth, self.total_tokens)
@@ -256,7 +258,7 @@ class TreeMethodParams:
 @register("tree", TreeMethodParams, drafter_passes=lambda p: p.depth)
 def _tree_method(target, draft, p: TreeMethodParams, mesh=None):
   return _tree_decoder(target, draft, TreeParams(p.top_k, p.depth, p.total_tokens),
-                       _load_subset(p.subset, target), mesh)
+                       _load_subset(p.subset, target), mesh, p.self_sizing)
 
 
 # --- prompt lookup ----------------------------------------------------------------------------
@@ -395,7 +397,7 @@ def _tree_suffix(target, draft, p: TreeSuffixParams, mesh=None):
   return TreeSuffixDecoder(_blocks(target, mesh), target.config, _blocks(draft, mesh),
                            draft.config, tree=TreeParams(p.top_k, p.depth, p.total_tokens),
                            draft_vocab=_load_subset(p.subset, target), suffix=p.suffix(),
-                           score_threshold=p.threshold)
+                           score_threshold=p.threshold, self_sizing=p.self_sizing)
 
 
 # --- static drafter vocabularies (VocabTrim, FR-Spec) ---------------------------------------

@@ -76,11 +76,13 @@ def test_self_sizing_keeps_plain_greedy_tokens_and_records_its_choices(make):
   assert sizing["rule"] == RULE and sum(sizing["choices"].values()) == res.steps
   assert set(sizing["choices"]) <= set(sizing["lengths"])
   with pytest.raises(ValueError, match="self_sizing applies to proposers that draft on the host "
-                                       r"\(pld, ngram, suffix\) or size their drafts \(chain\); "
-                                       "tree compiles its draft length"):
-    from vocabjax.decoding.drafter import TreeProposer
+                                       r"\(pld, ngram, suffix\) or size their drafts \(chain, "
+                                       r"tree\); eagle compiles its draft length"):
+    from tests.decoding.test_eagle_decoding import random_head
+    from vocabjax.decoding.eagle import EagleProposer
 
-    SpeculativeEngine(params, CFG, TreeProposer(params, CFG, CFG), self_sizing=True)
+    hc, head = random_head(params, CFG, 40)
+    SpeculativeEngine(params, CFG, EagleProposer(params, CFG, head, hc), self_sizing=True)
 
 
 @pytest.mark.parametrize("draft_seed", [0, 7])  # the target itself (all accepted), another model
@@ -95,7 +97,7 @@ def test_a_sized_chain_keeps_plain_greedy_tokens_drafting_1_to_gamma(draft_seed)
   prompts = [[5, 9, 2, 7, 5, 9, 3], [1, 2, 3]]
   res = greedy_identity(dec, params, CFG, prompts, max_new_tokens=24)
   sizing = res.stats.record()["sizing"]
-  assert sizing["lengths"] == [1, 2, 3, 4]  # no plain step for a device drafter (yet)
+  assert sizing["lengths"] == [0, 1, 2, 3, 4]  # 0: a plain step (the drafter catches up)
   assert sum(sizing["choices"].values()) == res.steps
   sizer = next(iter(dec._sizers.values()))
   for n, drafted in zip(sizer.choices, res.stats.drafted):
@@ -104,6 +106,80 @@ def test_a_sized_chain_keeps_plain_greedy_tokens_drafting_1_to_gamma(draft_seed)
     assert sizing["acceptance"] > 0.9  # the target drafting for itself
   again = dec.generate(prompts, max_new_tokens=24)  # the sizer keeps learning: same tokens
   assert again.tokens == res.tokens
+
+
+def _forced(monkeypatch, lengths):
+  """DraftSizer.choose cycling through `lengths` (every variant, plain steps included, runs
+  between drafting steps of other lengths)."""
+  import itertools
+
+  cycle = itertools.cycle(lengths)
+
+  def choose(self):
+    self.choices.append(next(cycle))
+    return self.choices[-1]
+
+  monkeypatch.setattr(DraftSizer, "choose", choose)
+
+
+@pytest.mark.parametrize("kind", ["chain", "tree"])
+@pytest.mark.parametrize("draft_seed", [0, 7])
+def test_sized_drafters_with_plain_steps_between_keep_plain_greedy_tokens(monkeypatch, kind,
+                                                                         draft_seed):
+  """A sized chain (0..gamma) or tree (0, 1, 2, 4, 8 nodes) forced through every length, plain
+  steps (n = 0) among them, twice in a row too: the drafter's cache stays caught up (with the
+  target drafting for itself every draft after a plain step is accepted) and the output is
+  plain decoding's."""
+  from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder
+  from vocabjax.decoding.tree import TreeParams
+
+  params = init_params(jax.random.key(0), CFG, scale=0.3)
+  draft = params if draft_seed == 0 else init_params(jax.random.key(draft_seed), CFG, scale=0.3)
+  if kind == "chain":
+    dec = ChainDecoder(params, CFG, draft, CFG, gamma=3, self_sizing=True,
+                       draft_prefill="exact")  # the drafter's cache exactly the target's
+    order = [3, 0, 2, 0, 0, 1, 3]
+  else:
+    dec = TreeDecoder(params, CFG, draft, CFG, tree=TreeParams(2, 4, 8), self_sizing=True,
+                      draft_prefill="exact")
+    assert dec.proposer.sized_lengths() == (0, 1, 2, 4, 8)
+    order = [8, 0, 4, 0, 0, 1, 2, 8]
+  _forced(monkeypatch, order)
+  prompts = [[5, 9, 2, 7, 5, 9, 3], [1, 2, 3]]
+  res = greedy_identity(dec, params, CFG, prompts, max_new_tokens=32)
+  sizer = next(iter(dec._sizers.values()))
+  assert set(sizer.choices) == set(order)
+  for n, drafted, acc, active in zip(sizer.choices, res.stats.drafted, res.stats.accepted,
+                                     res.stats.active):
+    assert max(drafted) == n and (n or max(acc) == 0)
+    acc = [a for a, on in zip(acc, active) if on]
+    if draft_seed == 0 and n:  # the target drafting for itself: a chain passes whole, a
+      # tree its greedy path (its top-1 child at least: the best 8 of its candidates may not
+      # reach the tree's whole depth)
+      assert (min(acc) == n if kind == "chain" else min(acc) >= 1), (n, acc)
+  if kind == "tree":
+    assert res.stats.record()["sizing"]["reach"] == {0: 0, 1: 1, 2: 2, 4: 4, 8: 4}
+
+
+def test_a_sized_tree_samples_the_target_law(monkeypatch):
+  """Sampling with the tree's size changing from step to step (4, 0, 2 nodes forced: the first
+  three tokens take two or three steps) keeps the target's law (each size's step is the tree
+  verifier over its nodes)."""
+  from tests.decoding.conftest import SMALL
+  from vocabjax.decoding import SamplingParams
+  from vocabjax.decoding.speculative import TreeDecoder
+  from vocabjax.decoding.tree import TreeParams
+  from vocabjax.testing.proposers import target_law
+
+  target = init_params(jax.random.key(10), SMALL, scale=0.8)
+  draft = init_params(jax.random.key(11), SMALL, scale=0.8)
+  dec = TreeDecoder(target, SMALL, draft, SMALL, tree=TreeParams(2, 2, 4), self_sizing=True)
+  _forced(monkeypatch, [4, 0, 2])
+  pvalue, stats = target_law(dec, target, SMALL, [3, 1], SamplingParams(temperature=1.0),
+                             seed=7)
+  assert {0, 4} <= set(next(iter(dec._sizers.values())).choices)  # a plain step among them
+  assert 0.05 < stats.acceptance_rate < 0.95
+  assert pvalue > 1e-3
 
 
 def test_a_sized_chain_samples_the_target_law(monkeypatch):
@@ -119,7 +195,7 @@ def test_a_sized_chain_samples_the_target_law(monkeypatch):
   target = init_params(jax.random.key(10), SMALL, scale=0.8)
   draft = init_params(jax.random.key(11), SMALL, scale=0.8)
   dec = ChainDecoder(target, SMALL, draft, SMALL, gamma=3, self_sizing=True)
-  lengths = itertools.cycle([1, 2, 3])
+  lengths = itertools.cycle([1, 2, 0, 3])
 
   def choose(self):
     self.choices.append(next(lengths))

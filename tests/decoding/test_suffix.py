@@ -177,8 +177,10 @@ def test_hybrid_sampling_follows_the_target_law():
 
 # --- the hybrid with a drafter model's tree ---------------------------------------------------
 
-@pytest.mark.parametrize("threshold", [None, 1.0], ids=["merged", "thresholded"])
-def test_hybrid_with_a_drafter_tree_is_greedy_identical_and_takes_suffix_tokens(threshold):
+@pytest.mark.parametrize("threshold,sized", [(None, False), (1.0, False), (None, True)],
+                         ids=["merged", "thresholded", "self-sized"])
+def test_hybrid_with_a_drafter_tree_is_greedy_identical_and_takes_suffix_tokens(threshold,
+                                                                                 sized):
   """A drafter model's EAGLE-2 tree and the suffix proposal merged (the merged tree deeper than
   the drafter's: its pending block grows with it), or thresholded: plain greedy tokens; on the
   repeated requests accepted tokens come from suffix nodes, and thresholded, rows skip the
@@ -189,7 +191,8 @@ def test_hybrid_with_a_drafter_tree_is_greedy_identical_and_takes_suffix_tokens(
   target = init_params(jax.random.key(0), CFG, scale=0.3)
   draft = init_params(jax.random.key(3), CFG, scale=0.3)
   dec = TreeSuffixDecoder(target, CFG, draft, CFG, tree=TreeParams(2, 2, 4),
-                          suffix=SuffixProposer(max_spec_tokens=6), score_threshold=threshold)
+                          suffix=SuffixProposer(max_spec_tokens=6), score_threshold=threshold,
+                          self_sizing=sized)
   assert dec.proposer.pend_width == 7  # the suffix proposal reaches depth 6
   prompts = [[5, 9, 2, 7, 5, 9], [1, 2, 3]]
   greedy_identity(dec, target, CFG, prompts, max_new_tokens=24)
@@ -199,6 +202,8 @@ def test_hybrid_with_a_drafter_tree_is_greedy_identical_and_takes_suffix_tokens(
   assert max(max(row) for row in again.stats.accepted) > 2  # deeper than the drafter's tree
   if threshold is not None:
     assert rec["head_steps"] < sum(map(sum, again.stats.active)), rec
+  if sized:  # the suffix part's length chosen per step (its host block cut to a bucket)
+    assert set(rec["sizing"]["choices"]) <= set(dec.proposer.buckets), rec["sizing"]
 
 
 def test_hybrid_with_a_drafter_tree_samples_the_target_law():

@@ -148,6 +148,8 @@ class ChainProposer(ModelProposer):
   def propose(self, params, state: ChainState, ctx: Context, key, *,
               sampling: SamplingParams, keep=None):
     del keep
+    if self.gamma == 0:  # a sized chain's plain step (`sized(0)`)
+      return plain_chain(params, state, ctx, config=self.config, sampling=sampling)
     return chain_drafts(params, state, ctx, key, config=self.config, gamma=self.gamma,
                         sampling=sampling, policy=self.policy)
 
@@ -162,13 +164,13 @@ class ChainProposer(ModelProposer):
                       pending=pending)
 
   def sized_lengths(self) -> tuple[int, ...]:
-    return tuple(range(1, self.gamma + 1))
+    return tuple(range(0, self.gamma + 1))
 
   def sized(self, n: int) -> "ChainProposer":
     """A chain of n <= gamma drafts sharing this one's params, cache and state (its slots are
-    this chain's: `extra_slots` kept)."""
-    if not 1 <= n <= self.gamma:
-      raise ValueError(f"a sized chain drafts 1 <= n <= gamma={self.gamma} tokens, got {n}")
+    this chain's: `extra_slots` kept); n = 0 a plain step (`plain_chain`)."""
+    if not 0 <= n <= self.gamma:
+      raise ValueError(f"a sized chain drafts 0 <= n <= gamma={self.gamma} tokens, got {n}")
     if n == self.gamma:
       return self
     out = copy.copy(self)
@@ -176,6 +178,8 @@ class ChainProposer(ModelProposer):
     return out
 
   def drafter_calls(self):
+    if self.gamma == 0:  # a plain step: the catch-up call, when a row is behind
+      return [(1, 0)]
     if self._folds:
       return [(2, 1)] + [(1, 1)] * (self.gamma - 1)  # [prev, last], then 1 per call
     # the T=1 catch-up call (no head) runs only after a fully accepted block: counted as always
@@ -208,16 +212,7 @@ def chain_drafts(params, state: ChainState, ctx: Context, key, *, config: LlamaL
     h, dcache = forward(params, pair, (N - 1)[:, None] + jnp.arange(2)[None],
                         state.draft_cache.with_lengths(N - 1), config=config)
   else:
-    def catch_up(cache):
-      need = state.pending == 2
-      pos = jnp.where(need, N - 1, N)
-      tok = jnp.where(need, state.prev, ctx.last)
-      _, cache = forward(params, tok[:, None], pos[:, None], cache.with_lengths(pos),
-                         config=config)
-      return cache
-
-    dcache = jax.lax.cond(jnp.any(state.pending == 2), catch_up, lambda c: c,
-                          state.draft_cache)
+    dcache = catch_up(params, state, ctx, config=config)
     h, dcache = forward(params, ctx.last[:, None], N[:, None], dcache.with_lengths(N),
                         config=config)
   d0, q0 = draft_choice(policy, params, h[:, -1], keys[0], sampling, V)
@@ -233,6 +228,35 @@ def chain_drafts(params, state: ChainState, ctx: Context, key, *, config: LlamaL
   qs = None if q0 is None else jnp.concatenate([q0[None], qs])  # greedy drafts carry no q
   drafts = ds.T.astype(jnp.int32)  # scan stacks on axis 0: [G, B] -> [B, G]
   return Drafts(tokens=drafts, q=None if qs is None else jnp.moveaxis(qs, 0, 1)), dcache
+
+
+def catch_up(params, state: ChainState, ctx: Context, *, config: LlamaLikeConfig) -> KVCache:
+  """The chain drafter's cache with `prev` written at slot N - 1 where it was pending (a row
+  with pending 1 writes `last` at N instead: the same entry a drafting call writes), under a
+  conditional: no call when no row is behind."""
+  N = ctx.lengths
+
+  def feed(cache):
+    need = state.pending == 2
+    pos = jnp.where(need, N - 1, N)
+    tok = jnp.where(need, state.prev, ctx.last)
+    _, cache = forward(params, tok[:, None], pos[:, None], cache.with_lengths(pos),
+                       config=config)
+    return cache
+
+  return jax.lax.cond(jnp.any(state.pending == 2), feed, lambda c: c, state.draft_cache)
+
+
+def plain_chain(params, state: ChainState, ctx: Context, *, config: LlamaLikeConfig,
+                sampling: SamplingParams):
+  """A sized chain's plain step: no drafts (the target verifies `last` alone), and the
+  drafter's cache caught up to everything but `last` (`catch_up`: a call only where `prev` was
+  pending), so `commit`'s rule for n = 0 = gamma (pending 2: prev = last, then the next token)
+  holds for the next step's first call."""
+  B, V = ctx.last.shape[0], config.vocab_size
+  tokens = jnp.zeros((B, 0), jnp.int32)
+  q = None if sampling.greedy else jnp.zeros((B, 0, V), jnp.float32)
+  return Drafts(tokens=tokens, q=q), catch_up(params, state, ctx, config=config)
 
 
 class TreeProposer(ModelProposer):
@@ -287,6 +311,10 @@ class TreeProposer(ModelProposer):
 
   def propose(self, params, pre, ctx: Context, key, *, sampling: SamplingParams, keep=None):
     del key, sampling  # deterministic drafts
+    if self.tree is None:  # a sized tree's plain step (`sized(0)`): the root alone
+      e = jnp.zeros((ctx.last.shape[0], 0), jnp.int32)
+      return (Drafts(tokens=e, parent=e, depth=e, bounds=TreeBounds(1, self.bounds.depth)),
+              self._skip(pre))
     tok, parent, depth, dcache = self._grow(params, pre, keep)
     return Drafts(tokens=tok, parent=parent, depth=depth, bounds=self.bounds), dcache
 
@@ -294,8 +322,32 @@ class TreeProposer(ModelProposer):
     return TreeState(draft_cache=dcache, pend_tokens=verdict.pend_tokens,
                      pend_count=verdict.accepted + 1)
 
+  def sized_lengths(self) -> tuple[int, ...]:
+    """0 (a plain step), then trees of 1, 2, 4, .. nodes up to `total_tokens`."""
+    n = self.tree.total_tokens
+    return tuple(sorted({0, n} | {1 << i for i in range(n.bit_length()) if 1 << i <= n}))
+
+  def sized_reach(self, n: int) -> int:
+    return self.sized(n).tree.depth if n else 0
+
+  def sized(self, n: int) -> "TreeProposer":
+    """A tree of n nodes (top_k and depth at most n) sharing this one's params, cache, state
+    and bounds (so the pending block keeps its width); n = 0 a plain step (the drafter still
+    reads its pending tokens in `gate`)."""
+    if n not in self.sized_lengths():
+      raise ValueError(f"a sized tree drafts one of {self.sized_lengths()} nodes, got {n}")
+    if n == self.tree.total_tokens:
+      return self
+    out = copy.copy(self)
+    t = self.tree
+    out.tree = TreeParams(min(t.top_k, n), min(t.depth, n), n) if n else None
+    out.drafted_per_step = n
+    return out
+
   def drafter_calls(self):
     t = self.tree
+    if t is None:  # a plain step: the pending block alone
+      return [(self.pend_width, 0)]
     return [(t.depth + 1, 1)] + [(t.top_k, t.top_k)] * (t.depth - 1)
 
 

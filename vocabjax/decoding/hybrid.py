@@ -209,8 +209,10 @@ class TreeSuffixDecoder(SpeculativeEngine):
   def __init__(self, target_params, target_config, draft_params, draft_config, *,
                tree: TreeParams = TreeParams(), suffix: SuffixProposer | None = None,
                score_threshold: float | None = None, draft_vocab: DraftVocab | None = None,
-               draft_prefill: str = "bf16", layout: str = "auto"):
+               draft_prefill: str = "bf16", layout: str = "auto", self_sizing: bool = False):
+    """`self_sizing`: the suffix proposal's length each step from the measured step costs and
+    the running acceptance (its host block cut, as `suffix`'s); the drafter's tree kept."""
     super().__init__(target_params, target_config, TreeSuffixProposer(
         draft_params, draft_config, target_config, tree=tree, suffix=suffix,
         score_threshold=score_threshold, draft_vocab=draft_vocab, draft_prefill=draft_prefill),
-        layout=layout)
+        layout=layout, self_sizing=self_sizing)

@@ -179,6 +179,10 @@ class Proposer(abc.ABC):
     caches and loop state: a step program is compiled per n when first chosen."""
     raise NotImplementedError(f"{type(self).__name__} does not size its drafts")
 
+  def sized_reach(self, n: int) -> int:
+    """The drafts in a row a proposal sized to n reaches (a chain: n; a tree: its depth)."""
+    return n
+
   def host_shapes(self, B: int = 1) -> Sequence[tuple]:
     """Every host block's array shapes a run of B rows may meet, smallest first ((): no host
     hook): a step program is compiled per shapes when first met."""

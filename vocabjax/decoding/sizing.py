@@ -1,15 +1,16 @@
 """Speculation that sizes itself: each step's draft length chosen from the measured step
 costs and the running acceptance, for the proposers that draft on the host (prompt lookup,
 the n-gram table, SuffixDecoding: their block cut to the length, and off where drafting does
-not pay) and for a chain drafter (one step program per length 1..gamma, `Proposer.sized`; no
-plain step for it yet: `DraftSizer(plain=False)`).
+not pay) and for a drafter model (`Proposer.sized`: one step program per length, a chain of
+0..gamma drafts or a tree of 0, 1, 2, 4, .. total_tokens nodes; 0 is a plain step in which the
+drafter only reads the tokens it has not seen, so the next step can draft).
 
 Letters: n drafts verified in a step (0: a plain step), a the per-draft acceptance rate, c(n)
 the seconds of a step that verifies n drafts.
 
 The rule (`DraftSizer.choose`): a chain of n drafts, each accepted with probability a given
 the ones before, emits E(n) = (1 - a^(n+1)) / (1 - a) tokens in expectation (Leviathan et al.
-2023, eq. 1); the step costs c(n); the sizer picks the n in `lengths` (the proposer's block
+2023, eq. 1; for a tree of n nodes, n is its depth and a the chance a level passes); the step costs c(n); the sizer picks the n in `lengths` (the proposer's block
 sizes) that maximizes E(n) / c(n), and n = 0 (verify no drafts: a plain step) when none beats
 it. `a` is the running acceptance (accepted / drafted over the last `window` drafts, starting
 from `prior`); c(n) is the running median of the step times measured at n (steps whose
@@ -42,7 +43,10 @@ class DraftSizer:
   prior: float = 0.5  # acceptance assumed before any draft was verified
   window: int = 256  # drafts the running acceptance is taken over
   samples: int = 5  # step times kept per length (their median is c(n))
-  plain: bool = True  # n = 0 (a plain step) among the choices (a device drafter: not yet)
+  plain: bool = True  # add n = 0 (a plain step) to the choices (a drafter model's
+  #   `sized_lengths` name it themselves)
+  reach: dict | None = None  # n -> the levels a proposal of n drafts reaches (a tree of n
+  #   nodes: its depth; None: n, a chain): E(n) and the acceptance count levels
 
   def __post_init__(self):
     if not 0.0 < self.prior < 1.0:
@@ -72,9 +76,13 @@ class DraftSizer:
         return statistics.median(self._times[m])
     return None
 
+  def levels(self, n: int) -> int:
+    """The drafts in a row a proposal of n reaches (n for a chain, a tree's depth)."""
+    return n if self.reach is None else int(self.reach.get(n, n))
+
   def expected_tokens(self, n: int) -> float:
-    a = self.acceptance
-    return (1 - a ** (n + 1)) / (1 - a)
+    a, d = self.acceptance, self.levels(n)
+    return (1 - a ** (d + 1)) / (1 - a)
 
   def choose(self) -> int:
     """This step's draft length (module doc). With no step measured yet: the longest."""
@@ -101,7 +109,9 @@ class DraftSizer:
     for d, acc in zip(drafted, accepted):
       if d:
         # the accepted drafts, then the rejected one (if any); drafts after it were not tried
-        self._outcomes.extend([1] * int(acc) + ([0] if acc < d else []))
+        # (a tree: its accepted levels, then the level none of its nodes passed)
+        reach = d if self.reach is None else min(d, self.levels(n))
+        self._outcomes.extend([1] * int(acc) + ([0] if acc < reach else []))
 
   def record(self, since: int = 0) -> dict:
     """The rule, its inputs (acceptance and costs as they stand: a sizer keeps learning across
@@ -109,7 +119,8 @@ class DraftSizer:
     return {"rule": RULE, "lengths": list(self.lengths),
             "acceptance": round(self.acceptance, 4),
             "cost_s": {n: round(self.cost(n), 6) for n in self._times if self.cost(n)},
-            "choices": dict(collections.Counter(self.choices[since:]))}
+            "choices": dict(collections.Counter(self.choices[since:])),
+            **({"reach": {n: self.levels(n) for n in self.lengths}} if self.reach else {})}
 
 
 def limit_block(arrays: tuple, counts, n: int):

@@ -204,14 +204,14 @@ class SpeculativeEngine(DecodingMethod):
                layout: str = "auto", mesh=None, self_sizing: bool = False):
     """`self_sizing`: each step's draft length chosen from the measured step costs and the
     running acceptance (`vocabjax.decoding.sizing`), for a proposer that drafts on the host
-    (its block cut to the length) or one that sizes its drafts (`Proposer.sized`: a chain
-    drafter, one step program per length)."""
+    (its block cut to the length) or one that sizes its drafts (`Proposer.sized`: a chain or
+    tree drafter, one step program per length, 0 a plain step)."""
     if not isinstance(proposer, Proposer):
       raise TypeError(f"a SpeculativeEngine runs a Proposer, got {type(proposer).__name__}")
     if self_sizing and not (proposer.host_hook or proposer.sized_lengths()):
       raise ValueError(f"self_sizing applies to proposers that draft on the host (pld, ngram, "
-                       f"suffix) or size their drafts (chain); {proposer.method} compiles its "
-                       f"draft length into its step")
+                       f"suffix) or size their drafts (chain, tree); {proposer.method} "
+                       f"compiles its draft length into its step")
     self.self_sizing = self_sizing
     self._sizers: dict = {}  # (rows, cache slots) -> DraftSizer
     self._sized_proposers: dict = {}  # n -> the proposer drafting n a step (`_sized`)
@@ -496,7 +496,8 @@ class SpeculativeEngine(DecodingMethod):
     if self.self_sizing:  # host blocks cut to a width (0: a plain step), or a sized drafter
       sizer = self._sizers.setdefault((B, S), DraftSizer(
           [shape[0][1] for shape in P.host_shapes(B)]) if P.host_hook else DraftSizer(
-              P.sized_lengths(), plain=False))
+              P.sized_lengths(), plain=False,
+              reach={n: P.sized_reach(n) for n in P.sized_lengths()}))
       since = len(sizer.choices)  # this run's choices are the ones from here
 
     def advance(carry, i, key, active):
@@ -563,7 +564,7 @@ class ChainDecoder(SpeculativeEngine):
     """`draft_prefill`: "bf16" (default) runs the drafter's prompt prefill with bf16-rounded
     activations where the CPU has AVX512-BF16 (about 2x faster; it changes only what the
     drafter proposes, never the output), "exact" in the drafter's own precision; see
-    `compile_draft_prefill`. `mesh`, `self_sizing` (each step drafts 1..gamma tokens, chosen
+    `compile_draft_prefill`. `mesh`, `self_sizing` (each step drafts 0..gamma tokens, chosen
     from the measured step costs and the running acceptance): see `SpeculativeEngine`."""
     super().__init__(target_params, target_config, ChainProposer(
         draft_params, draft_config, target_config, gamma=gamma, draft_vocab=draft_vocab,
@@ -576,10 +577,13 @@ class TreeDecoder(SpeculativeEngine):
 
   def __init__(self, target_params, target_config, draft_params, draft_config, *,
                tree: TreeParams = TreeParams(), layout: str = "auto",
-               draft_vocab: DraftVocab | None = None, draft_prefill: str = "bf16", mesh=None):
+               draft_vocab: DraftVocab | None = None, draft_prefill: str = "bf16", mesh=None,
+               self_sizing: bool = False):
+    """`self_sizing`: each step a tree of 0 (a plain step), 1, 2, 4, .. `tree.total_tokens`
+    nodes, chosen from the measured step costs and the running acceptance."""
     super().__init__(target_params, target_config, TreeProposer(
         draft_params, draft_config, target_config, tree=tree, draft_vocab=draft_vocab,
-        draft_prefill=draft_prefill), layout=layout, mesh=mesh)
+        draft_prefill=draft_prefill), layout=layout, mesh=mesh, self_sizing=self_sizing)
 
 
 def mesh_layout(layout: str, mesh) -> str:
