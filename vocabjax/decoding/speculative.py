@@ -113,27 +113,12 @@ class SpecStats:
   sizing: dict | None = None  # the self-sizing rule, its inputs and choices (`sizing`)
   host_s: float = 0.0  # seconds in the proposer's host hook (a lookup, the suffix trees)
 
-  def by_depth(self) -> dict:
-    """Acceptance by depth over the (row) steps that drafted: `drafted_hist[n]` steps drafted
-    n, `accepted_hist[n]` accepted n (a tree: its accepted path's length)."""
-    def hist(values):
-      out = [0] * (max(values, default=0) + 1)
-      for v in values:
-        out[v] += 1
-      return out
-
-    pairs = [(int(d), int(a)) for dr, ar in zip(self.drafted, self.accepted)
-             for d, a in zip(dr, ar) if d]
-    return {"drafted_hist": hist([d for d, _ in pairs]),
-            "accepted_hist": hist([a for _, a in pairs])}
-
   def record(self) -> dict:
-    """Method-specific totals for an eval record (the proposer's `record`, acceptance by depth,
-    and the self-sizing rule's where it ran)."""
+    """Method-specific totals for an eval record (the proposer's `record`, and the self-sizing
+    rule's where it ran)."""
     out = self.proposer.record(self) if self.proposer is not None else {}
     if self.proposer is not None and self.proposer.host_hook:
       out["host_s"] = round(self.host_s, 4)  # on the critical path: before each step
-    out.update(self.by_depth())
     return {**out, "sizing": self.sizing} if self.sizing else out
 
 
