@@ -48,6 +48,21 @@ def test_an_unmeasured_length_is_tried_once_and_bad_settings_are_refused():
     DraftSizer(lengths=[0, 1], prior=1.0)
 
 
+def test_a_rule_that_stepped_aside_probes_again_and_returns_when_drafts_pay():
+  """Early rejections make a plain step the best choice; plain steps verify nothing, so the
+  acceptance would never change: after `probe` plain steps in a row one step drafts, and once
+  its drafts are accepted the rule drafts again."""
+  s = DraftSizer(lengths=[0, 4], probe=3)
+  s.update(0, 1.0, [], [])
+  s.update(4, 1.2, [4] * 8, [0] * 8)  # every draft rejected
+  assert [s.choose() for _ in range(3)] == [0, 0, 0]
+  assert s.choose() == 4  # the probe
+  s.update(4, 1.2, [4] * 200, [4] * 200)  # now they are accepted
+  assert s.choose() == 4 and s.choose() == 4
+  with pytest.raises(ValueError, match="probe=0 must be >= 1"):
+    DraftSizer(lengths=[0, 1], probe=0)
+
+
 def test_limit_block_cuts_chains_and_trees():
   block = np.array([[5, 6, 7, 0], [1, 2, 0, 0]], np.int32)
   (b, nv), counts = limit_block((block, np.array([3, 2], np.int32)), [3, 2], 2)

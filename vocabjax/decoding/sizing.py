@@ -13,7 +13,9 @@ the ones before, emits E(n) = (1 - a^(n+1)) / (1 - a) tokens in expectation (Lev
 2023, eq. 1; for a tree of n nodes, n is its depth and a the chance a level passes); the step costs c(n); the sizer picks the n in `lengths` (the proposer's block
 sizes) that maximizes E(n) / c(n), and n = 0 (verify no drafts: a plain step) when none beats
 it. `a` is the running acceptance (accepted / drafted over the last `window` drafts, starting
-from `prior`); c(n) is the running median of the step times measured at n (steps whose
+from `prior`; a plain step verifies no draft, so after `probe` plain steps in a row one step
+drafts the best n > 0 to measure it again: without it a few early rejections would keep the
+rule off for good); c(n) is the running median of the step times measured at n (steps whose
 program compiled excluded), and an n not measured yet is assumed to cost the measured n' <= n
 nearest it (the optimistic guess, so it gets tried and measured once). Where verification is
 compute bound (large batches, long blocks on a CPU) c(n) grows with n and the rule shortens
@@ -47,12 +49,15 @@ class DraftSizer:
   #   `sized_lengths` name it themselves)
   reach: dict | None = None  # n -> the levels a proposal of n drafts reaches (a tree of n
   #   nodes: its depth; None: n, a chain): E(n) and the acceptance count levels
+  probe: int = 16  # after this many plain steps in a row, one step drafts (the best n > 0):
+  #   a plain step verifies nothing, so without it the acceptance that chose it never changes
 
   def __post_init__(self):
     if not 0.0 < self.prior < 1.0:
       raise ValueError(f"prior acceptance must lie in (0, 1), got {self.prior}")
-    if self.window < 1 or self.samples < 1:
-      raise ValueError(f"window={self.window} and samples={self.samples} must be >= 1")
+    if self.window < 1 or self.samples < 1 or self.probe < 1:
+      raise ValueError(f"window={self.window}, samples={self.samples} and probe={self.probe} "
+                       f"must be >= 1")
     self.lengths = tuple(sorted(set(int(n) for n in self.lengths) | ({0} if self.plain
                                                                       else set())))
     if not self.lengths or self.lengths[0] < 0:
@@ -60,6 +65,7 @@ class DraftSizer:
     self._outcomes: collections.deque = collections.deque(maxlen=self.window)
     self._times: dict[int, collections.deque] = {}
     self.choices: list[int] = []
+    self._plain_run = 0  # plain steps chosen in a row
 
   @property
   def acceptance(self) -> float:
@@ -97,6 +103,9 @@ class DraftSizer:
         else:
           rates[n] = self.expected_tokens(n) / c
       n = max(self.lengths, key=lambda m: (rates[m], -m))
+      if n == 0 and self._plain_run >= self.probe and len(self.lengths) > 1:
+        n = max(self.lengths[1:], key=lambda m: (rates[m], -m))  # a probe (module doc)
+    self._plain_run = self._plain_run + 1 if n == 0 else 0
     self.choices.append(n)
     return n
 
