@@ -52,12 +52,13 @@ def test_a_rule_that_stepped_aside_probes_again_and_returns_when_drafts_pay():
   """Early rejections make a plain step the best choice; plain steps verify nothing, so the
   acceptance would never change: after `probe` plain steps in a row one step drafts, and once
   its drafts are accepted the rule drafts again."""
-  s = DraftSizer(lengths=[0, 4], probe=3)
+  s = DraftSizer(lengths=[0, 1, 4], probe=3)
   s.update(0, 1.0, [], [])
+  s.update(1, 1.1, [], [])
   s.update(4, 1.2, [4] * 8, [0] * 8)  # every draft rejected
   assert [s.choose() for _ in range(3)] == [0, 0, 0]
-  assert s.choose() == 4  # the probe
-  s.update(4, 1.2, [4] * 200, [4] * 200)  # now they are accepted
+  assert s.choose() == 1  # the probe: the cheapest drafting step
+  s.update(1, 1.1, [1] * 200, [1] * 200)  # now drafts are accepted
   assert s.choose() == 4 and s.choose() == 4
   with pytest.raises(ValueError, match="probe=0 must be >= 1"):
     DraftSizer(lengths=[0, 1], probe=0)

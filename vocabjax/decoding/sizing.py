@@ -14,8 +14,8 @@ the ones before, emits E(n) = (1 - a^(n+1)) / (1 - a) tokens in expectation (Lev
 sizes) that maximizes E(n) / c(n), and n = 0 (verify no drafts: a plain step) when none beats
 it. `a` is the running acceptance (accepted / drafted over the last `window` drafts, starting
 from `prior`; a plain step verifies no draft, so after `probe` plain steps in a row one step
-drafts the best n > 0 to measure it again: without it a few early rejections would keep the
-rule off for good); c(n) is the running median of the step times measured at n (steps whose
+drafts the shortest n > 0 to measure it again, at the least cost: without it a few early
+rejections would keep the rule off for good); c(n) is the running median of the step times measured at n (steps whose
 program compiled excluded), and an n not measured yet is assumed to cost the measured n' <= n
 nearest it (the optimistic guess, so it gets tried and measured once). Where verification is
 compute bound (large batches, long blocks on a CPU) c(n) grows with n and the rule shortens
@@ -49,7 +49,7 @@ class DraftSizer:
   #   `sized_lengths` name it themselves)
   reach: dict | None = None  # n -> the levels a proposal of n drafts reaches (a tree of n
   #   nodes: its depth; None: n, a chain): E(n) and the acceptance count levels
-  probe: int = 16  # after this many plain steps in a row, one step drafts (the best n > 0):
+  probe: int = 16  # after this many plain steps in a row, one step drafts (the least n > 0):
   #   a plain step verifies nothing, so without it the acceptance that chose it never changes
 
   def __post_init__(self):
@@ -104,7 +104,7 @@ class DraftSizer:
           rates[n] = self.expected_tokens(n) / c
       n = max(self.lengths, key=lambda m: (rates[m], -m))
       if n == 0 and self._plain_run >= self.probe and len(self.lengths) > 1:
-        n = max(self.lengths[1:], key=lambda m: (rates[m], -m))  # a probe (module doc)
+        n = self.lengths[1]  # a probe: the shortest drafting step (module doc)
     self._plain_run = self._plain_run + 1 if n == 0 else 0
     self.choices.append(n)
     return n
