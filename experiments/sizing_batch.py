@@ -64,8 +64,14 @@ def main(argv=None) -> int:
   ap.add_argument("--rows", type=int, default=8)
   ap.add_argument("--max-prompt-tokens", type=int, default=160)
   ap.add_argument("--max-new-tokens", type=int, default=48)
+  ap.add_argument("--methods", nargs="+", default=[name for name, _, _ in RUNS],
+                  help="of RUNS' names (ar first: the speedups' reference)")
   ap.add_argument("--out", required=True)
   a = ap.parse_args(argv)
+  runs = [r for r in RUNS if r[0] in a.methods]
+  if not runs or runs[0][0] != "ar" or len(runs) != len(a.methods):
+    raise SystemExit(f"--methods: ar and some of {[name for name, _, _ in RUNS]}, got "
+                     f"{a.methods}")
   out = Path(a.out)
   out.mkdir(parents=True, exist_ok=True)
   target = load_model(a.target)
@@ -75,11 +81,11 @@ def main(argv=None) -> int:
                           text=True).stdout.strip()
   cmd = (f"python experiments/sizing_batch.py --batches {' '.join(map(str, a.batches))} "
          f"--rows {a.rows} --max-prompt-tokens {a.max_prompt_tokens} --max-new-tokens "
-         f"{a.max_new_tokens} --out {a.out}")
+         f"{a.max_new_tokens} --methods {' '.join(a.methods)} --out {a.out}")
   results = []
   for B in a.batches:
     ref = None
-    for name, method, params in RUNS:
+    for name, method, params in runs:
       dec = METHODS[method].make(target, draft if METHODS[method].needs_draft else None, params)
       t0 = time.perf_counter()
       outs, secs, steps, acc, stats = _decode(dec, rows, B, a.max_new_tokens)

@@ -153,19 +153,28 @@ def test_hybrid_with_eagle_is_greedy_identical_and_takes_suffix_tokens(threshold
     assert rec["head_steps"] < sum(map(sum, again.stats.active)), rec
 
 
-def test_hybrid_sampling_follows_the_target_law():
+@pytest.mark.parametrize("device", ["eagle", "tree"])
+def test_hybrid_sampling_follows_the_target_law(device):
+  """The suffix proposal merged into an EAGLE head's tree or a drafter model's tree: sampled
+  output follows the target's law (chi-square), with suffix nodes among the accepted."""
   import dataclasses
 
   from tests.decoding.test_eagle_decoding import random_head
   from vocabjax.decoding.eagle import EagleSuffixDecoder
+  from vocabjax.decoding.hybrid import TreeSuffixDecoder
   from vocabjax.decoding.tree import TreeParams
 
   small = dataclasses.replace(SMALL, num_layers=2)  # two layers to fuse
   target = init_params(jax.random.key(10), small, scale=0.8)
-  hc, head = random_head(target, small, 6, seed=4)
   greedy = Decoder(target, small).generate([[3, 1]], max_new_tokens=6).tokens[0]
-  dec = EagleSuffixDecoder(target, small, head, hc, tree=TreeParams(2, 2, 4),
-                           suffix=SuffixProposer(max_spec_tokens=2, min_token_prob=0.0))
+  suffix = SuffixProposer(max_spec_tokens=2, min_token_prob=0.0)
+  if device == "eagle":
+    hc, head = random_head(target, small, 6, seed=4)
+    dec = EagleSuffixDecoder(target, small, head, hc, tree=TreeParams(2, 2, 4), suffix=suffix)
+  else:
+    draft = init_params(jax.random.key(11), small, scale=0.8)
+    dec = TreeSuffixDecoder(target, small, draft, small, tree=TreeParams(2, 2, 4),
+                            suffix=suffix)
   pvalue, stats = target_law(dec, target, small, [3, 1, *greedy, 3, 1],
                              SamplingParams(temperature=1.0), n=6000, seed=7)
   acc = [a > 0 for arow, drow in zip(stats.accepted, stats.drafted)
@@ -204,21 +213,3 @@ def test_hybrid_with_a_drafter_tree_is_greedy_identical_and_takes_suffix_tokens(
     assert rec["head_steps"] < sum(map(sum, again.stats.active)), rec
   if sized:  # the suffix part's length chosen per step (its host block cut to a bucket)
     assert set(rec["sizing"]["choices"]) <= set(dec.proposer.buckets), rec["sizing"]
-
-
-def test_hybrid_with_a_drafter_tree_samples_the_target_law():
-  from vocabjax.decoding.hybrid import TreeSuffixDecoder
-  from vocabjax.decoding.tree import TreeParams
-
-  target = init_params(jax.random.key(10), SMALL, scale=0.8)
-  draft = init_params(jax.random.key(11), SMALL, scale=0.8)
-  greedy = Decoder(target, SMALL).generate([[3, 1]], max_new_tokens=6).tokens[0]
-  dec = TreeSuffixDecoder(target, SMALL, draft, SMALL, tree=TreeParams(2, 2, 4),
-                          suffix=SuffixProposer(max_spec_tokens=2, min_token_prob=0.0))
-  pvalue, stats = target_law(dec, target, SMALL, [3, 1, *greedy, 3, 1],
-                             SamplingParams(temperature=1.0), n=6000, seed=7)
-  acc = [a > 0 for arow, drow in zip(stats.accepted, stats.drafted)
-         for a, d in zip(arow, drow) if d]
-  assert 0.05 < sum(acc) / len(acc) < 0.95  # informative: some paths accepted, some not
-  assert sum(map(sum, stats.counts["from_lookup"])) > 0  # suffix nodes among them
-  assert pvalue > 1e-3
