@@ -201,3 +201,11 @@ def tiny_medusa_dir(tiny_chat_dir, tmp_path_factory):
     h["w"] = jax.numpy.asarray(np.random.RandomState(1).randn(*h["w"].shape) * 0.1)
   return save_medusa(p, mc, tmp_path_factory.mktemp("medusa") / "heads",
                      target=model_identity(m))
+
+
+def pytest_collection_modifyitems(config, items):
+  """The tests marked `slow` (subprocess runs of tens of seconds) first: run last, one of them
+  kept a worker busy while the other had nothing left (the suite's tail); run first, the
+  workers share the rest as they free up. Otherwise the collection order is kept."""
+  del config
+  items.sort(key=lambda item: item.get_closest_marker("slow") is None)

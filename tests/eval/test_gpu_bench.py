@@ -84,6 +84,7 @@ def test_skipped_steps_and_the_budget(tmp_path):
   assert "== exactness: skipped" in log and "python3" not in log, proc.stdout[-2000:]
 
 
+@pytest.mark.slow
 def test_a_failing_persistent_grid_skips_only_its_steps(tmp_path):
   """The new grid failing its smoke test (here: a refused program count) costs its own steps,
   not the established kernel's measurements."""
