@@ -3,10 +3,11 @@ parameters into a decoder, used by the eval suites (`methods:` entries of a YAML
 `python -m vocabjax.generate` (its flags) alike.
 
 Methods: ar, chain, tree, pld, ngram, suffix, tree_suffix, vocabtrim, frspec, specvocab, eagle,
-eagle_pld, eagle_suffix, medusa, crossvocab. Each has a frozen parameter dataclass (field types are checked, then the
-dataclass's `check` validates the values, naming the field and the value), a builder `(target Model, draft Model | None,
-params) -> decoder` (anything with `generate(prompts, **kw) -> GenerationResult`), and what
-the reports need for MBSU: drafter forwards per block and the drafter's LM-head rows.
+eagle_pld, eagle_suffix, medusa, crossvocab. Each has a frozen parameter dataclass (field types
+are checked, then the dataclass's `check` validates the values, naming the field and the
+value), a builder `(target Model, draft Model | None, params) -> decoder` (anything with
+`generate(prompts, **kw) -> GenerationResult`), and what the reports need for MBSU: drafter
+forwards per block and the drafter's LM-head rows.
 
     method = METHODS["chain"]
     params = method.parse({"gamma": 3}, where="my suite")   # ChainParams(gamma=3, subset="")
@@ -340,15 +341,19 @@ class SuffixParams:
     except ValueError as e:
       raise ConfigError(f"{where}: suffix: {e}") from None
 
+  def proposer(self) -> SuffixProposer:
+    """The SuffixProposer of these settings (`self_sizing` is the engine's, not its)."""
+    return SuffixProposer(**{k: v for k, v in dataclasses.asdict(self).items()
+                             if k != "self_sizing"})
+
 
 @register("suffix", SuffixParams, needs_draft=False, drafter_passes=lambda p: 0, timed=False)
 def _suffix(target, draft, p: SuffixParams, mesh=None):
   """SuffixDecoding (`decoding.suffix`): drafts from suffix trees over the request and over
   earlier outputs (kept across the decoder's requests), no drafter."""
   del draft
-  settings = {k: v for k, v in dataclasses.asdict(p).items() if k != "self_sizing"}
-  return SpeculativeEngine(_blocks(target, mesh), target.config, SuffixProposer(**settings),
-                           mesh=mesh, self_sizing=p.self_sizing)
+  return SpeculativeEngine(_blocks(target, mesh), target.config, p.proposer(), mesh=mesh,
+                           self_sizing=p.self_sizing)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -373,9 +378,7 @@ class SuffixHybridParams:
     self._suffix_params().check(where)
 
   def suffix(self) -> SuffixProposer:
-    settings = dataclasses.asdict(self._suffix_params())
-    del settings["self_sizing"]
-    return SuffixProposer(**settings)
+    return self._suffix_params().proposer()
 
   @property
   def threshold(self) -> float | None:

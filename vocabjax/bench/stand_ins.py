@@ -24,7 +24,6 @@ from vocabjax.decoding.medusa import MedusaDecoder, medusa_choices_for
 from vocabjax.decoding.ngram import NgramProposer, NgramTable
 from vocabjax.decoding.pld import PromptLookupDecoder
 from vocabjax.decoding.speculative import ChainDecoder, SpeculativeEngine, TreeDecoder
-from vocabjax.decoding.suffix import SuffixProposer
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.errors import ConfigError
 from vocabjax.models.config import LlamaLikeConfig
@@ -325,8 +324,7 @@ def _lookup_spec(name, kind, p, bench):
     about = f"n-gram table drafts, the step verifying {p.gamma}"
   else:
     def build(a, s, mesh):
-      settings = {k: v for k, v in dataclasses.asdict(p).items() if k != "self_sizing"}
-      return SpeculativeEngine(a["target"], s.target, SuffixProposer(**settings), mesh=mesh)
+      return SpeculativeEngine(a["target"], s.target, p.proposer(), mesh=mesh)
     about = (f"SuffixDecoding, the step verifying {p.max_spec_tokens} drafts"
              + (" as a tree" if p.use_tree else ""))
   return MethodSpec(name, kind, _shaping(kind, p), ("target",), build, about)

@@ -10,12 +10,13 @@ the seconds of a step that verifies n drafts.
 
 The rule (`DraftSizer.choose`): a chain of n drafts, each accepted with probability a given
 the ones before, emits E(n) = (1 - a^(n+1)) / (1 - a) tokens in expectation (Leviathan et al.
-2023, eq. 1; for a tree of n nodes, n is its depth and a the chance a level passes); the step costs c(n); the sizer picks the n in `lengths` (the proposer's block
-sizes) that maximizes E(n) / c(n), and n = 0 (verify no drafts: a plain step) when none beats
-it. `a` is the running acceptance (accepted / drafted over the last `window` drafts, starting
-from `prior`; a plain step verifies no draft, so after `probe` plain steps in a row one step
-drafts the shortest n > 0 to measure it again, at the least cost: without it a few early
-rejections would keep the rule off for good); c(n) is the running median of the step times measured at n (steps whose
+2023, eq. 1; for a tree of n nodes, n is its depth and a the chance a level passes); the step
+costs c(n); the sizer picks the n in `lengths` (the proposer's block sizes) that maximizes
+E(n) / c(n), and n = 0 (verify no drafts: a plain step) when none beats it. `a` is the running
+acceptance (accepted / drafted over the last `window` drafts, starting from `prior`; a plain
+step verifies no draft, so after `probe` plain steps in a row one step drafts the shortest
+n > 0 to measure it again, at the least cost: without it a few early rejections would keep the
+rule off for good); c(n) is the running median of the step times measured at n (steps whose
 program compiled excluded), and an n not measured yet is assumed to cost the measured n' <= n
 nearest it (the optimistic guess, so it gets tried and measured once). Where verification is
 compute bound (large batches, long blocks on a CPU) c(n) grows with n and the rule shortens
