@@ -9,7 +9,7 @@ import pytest
 
 from vocabjax.decoding.adaptive import init_acceptance_head, should_stop
 from vocabjax.decoding.autoregressive import Decoder
-from vocabjax.decoding.crossvocab import CrossVocabDecoder, translated_q
+from vocabjax.decoding.crossvocab import CrossVocabDecoder, ngram_hits_per_step, translated_q
 from vocabjax.sampling import SamplingParams
 from vocabjax.models import LlamaLikeConfig, init_params
 from vocabjax.models.cache import KVCache
@@ -81,7 +81,7 @@ def test_greedy_identical_to_target(setup, gamma, ngram, draft_prefill):
   Ld = len(ctx)
   h_cache = np.asarray(dcache.k[:, 0, :Ld])
   fresh = KVCache.init(dc, 1, Ld)
-  _, fresh = forward(dec.dp, jnp.asarray([ctx]), jnp.arange(Ld)[None], fresh, config=dc)
+  _, fresh = forward(dec.proposer.dp, jnp.asarray([ctx]), jnp.arange(Ld)[None], fresh, config=dc)
   rounded = draft_prefill == "bf16" and cpu_matmul.gemm_available()
   np.testing.assert_allclose(h_cache, np.asarray(fresh.k[:, 0, :Ld]),
                              atol=0.15 if rounded else 2e-5)
@@ -124,7 +124,7 @@ def test_lookup_pair_merges_ngrams_and_accepts_them():
     st = res.stats
     if ngram:
       merged = sum(map(sum, st.ngram_accepted))
-      assert merged > 0 and st.ngram_hits_per_step > 0
+      assert merged > 0 and ngram_hits_per_step(st) > 0
       tau_ngram = st.tau
     else:
       tau_direct = st.tau

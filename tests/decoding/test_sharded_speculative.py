@@ -230,10 +230,10 @@ def test_cross_vocabulary_on_a_mesh(data, model):
     res = dec.generate(ps, max_new_tokens=24)
     assert res.tokens == ref.tokens, ngram
     assert res.stats.tau > 1.0, ngram
-    for params in (dec.tp, dec.dp):  # both models tensor-parallel: their MLPs split
+    for params in (dec.tp, dec.proposer.dp):  # both models tensor-parallel: their MLPs split
       assert params["layers"][0]["w_up"].sharding.spec == P("model", None)
     for key, prog in dec._programs.items():
-      if key.program in ("draft", "verify"):
+      if key.program in ("draft", "step"):
         name = key.program
         coll = sharding.collectives(prog.as_text())
         assert set(coll) <= {"all-reduce", "all-gather"}, (name, coll)

@@ -43,15 +43,21 @@ Exactness (sampling, temperature > 0):
     target's distribution (its total-variation distance on the test pair is recorded in
     experiments/results/crossvocab_tv.md).
 
-Batches run in lockstep: drafting and verification are device programs over all rows (their
-own lengths and pending tokens per row); translation, reverse translation and the n-gram cache
-run per row on the host. Compiled programs are shared across calls. The n-gram cache persists
+A proposer on the engine (`CrossVocabProposer`, `vocabjax.decoding.proposer`): its host hook
+runs the drafter's own programs (its prefill over the drafter's spelling of the prompt, its
+drafting loop over its own KV cache), translates on the host and hands the engine's step the
+target drafts (with the drafting law in target ids when it samples: `translated_q`); the
+engine verifies them (`verify_chain`), or, for the exact rule, returns the target's
+probabilities and the proposer walks its trie on the host (`host_verify`). The reverse
+translation reads the committed tokens the engine hands the next host call. Batches run in
+lockstep: drafting and verification are device programs over all rows (their own lengths and
+pending tokens per row); translation, reverse translation and the n-gram cache run per row on
+the host. Compiled programs live in the engine's one program cache. The n-gram cache persists
 across calls (online learning) and is shared by the rows of a batch.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import time
 import types
@@ -64,24 +70,18 @@ import numpy as np
 
 from vocabjax import sharding
 from vocabjax.decoding.adaptive import acceptance_logit, check_threshold, should_stop
-from vocabjax.decoding.routes import Routes
-from vocabjax.decoding.autoregressive import (GenerationResult, OutputCollector, abstract_cache,
-                                              _prefill, bucket, cache_slots, nonfinite_error,
-                                              prefill_in_bf16, prompt_bucket, token_ids,
-                                              validate_request)
-from vocabjax.decoding.base import DecodingMethod
-from vocabjax.decoding.engine import (KEY, ProgramCache, ProgramKey, Request, abstract_arg,
-                                      fold_in, host_loop, placed_like, split)
-from vocabjax.sampling import NONFINITE, SamplingParams, log_probs, probs
-from vocabjax.decoding.drafter import (_draft_prefill, block_layout, check_draft_prefill,
+from vocabjax.decoding.autoregressive import abstract_cache, bucket, cache_slots, prompt_bucket
+from vocabjax.decoding.drafter import (_draft_prefill, check_draft_prefill,
                                        lowering_folds_catch_up)
-from vocabjax.decoding.speculative import SpecStats, mesh_layout
-from vocabjax.decoding.verify import verify_chain
-from vocabjax.lowering import decoding_lowering, lowered, step_lowering
+from vocabjax.decoding.engine import KEY, abstract_arg, fold_in, placed_like
+from vocabjax.decoding.proposer import Context, Drafts, HostRun, Prefilled, Proposer
+from vocabjax.decoding.routes import Routes
+from vocabjax.decoding.speculative import SpeculativeEngine
+from vocabjax.lowering import lowered, step_lowering
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import (compute_dtype, embed_tokens, forward, lm_head,
-                                       with_mlp_layout)
+from vocabjax.models.llamalike import embed_tokens, forward, lm_head, with_mlp_layout
+from vocabjax.sampling import NONFINITE, SamplingParams, log_probs
 from vocabjax.vocab.translate import (NgramCache, TranslationError, Translator, VocabMap,
                                       check_round_trip)
 
@@ -94,50 +94,6 @@ ROUND_TRIP_TEXTS = (
     "  indented\ttabs\n\nand blank lines  ",
     "café naïve – 東京 🙂",
 )
-
-
-@dataclasses.dataclass
-class CrossVocabStats(SpecStats):
-  """SpecStats (counted in target tokens) plus what the translator did."""
-
-  ngram_drafted: list[list[int]] = dataclasses.field(default_factory=list)  # merged drafts
-  ngram_accepted: list[list[int]] = dataclasses.field(default_factory=list)  # of them accepted
-  drafter_tokens: list[list[int]] = dataclasses.field(default_factory=list)  # drafter proposals
-  draft_s: float = 0.0  # drafter programs (pending block + drafting loop)
-  verify_s: float = 0.0  # target verification
-  host_s: float = 0.0  # translation, reverse translation, n-gram cache
-
-  active: list[list[bool]] = dataclasses.field(default_factory=list)  # row ran this step
-  # (a step may translate to 0 drafts, when the first drafter token merges into nothing; the
-  # target still runs and emits one token, so steps are counted from `active`, not `drafted`)
-
-  @property
-  def num_steps(self) -> int:
-    return sum(1 for row in self.active for a in row if a)
-
-  @property
-  def target_forwards(self) -> int:
-    return sum(1 for row in self.active if any(row))
-
-  @property
-  def tau(self) -> float:
-    acc = sum(a for row in self.accepted for a in row)
-    steps = self.num_steps
-    return (acc + steps) / steps if steps else float("nan")
-
-  def record(self) -> dict:
-    """Totals for an eval record."""
-    tot = lambda rows: int(sum(map(sum, rows)))  # noqa: E731
-    return {"ngram_drafted": tot(self.ngram_drafted), "ngram_accepted": tot(self.ngram_accepted),
-            "drafter_tokens": tot(self.drafter_tokens), "verifications": self.num_steps,
-            "draft_s": self.draft_s, "verify_s": self.verify_s, "host_s": self.host_s}
-
-  @property
-  def ngram_hits_per_step(self) -> float:
-    """Merged (n-gram) target drafts proposed per verification."""
-    steps = self.num_steps
-    return sum(map(sum, self.ngram_drafted)) / steps if steps else float("nan")
-
 
 
 def _draft(dp, cache, pend, n_pend, allowed, key, head, *, config: LlamaLikeConfig, gamma: int,
@@ -223,70 +179,34 @@ def translated_q(q_rows, d2t_idx, ngram_t, prefix_t, qprime, vocab_size: int) ->
   return jnp.maximum(qt[:, :V], 0.0)
 
 
-def _target_probs(tp, cache, last, drafts, *, config: LlamaLikeConfig, sampling: SamplingParams):
-  """The target's processed probabilities after `last` [B] and each row's drafts [B, m],
-  [B, m + 1, V], for host-side verification (the `exact` rule); the cache keeps its lengths
-  (the host sets them once it knows how many drafts each row had accepted)."""
-  N = cache.lengths
-  tokens = jnp.concatenate([last[:, None], drafts], axis=1)
-  h, cache = forward(tp, tokens, N[:, None] + jnp.arange(tokens.shape[1])[None], cache,
-                     config=config)
-  return probs(lm_head(tp, h, config=config), sampling), cache.with_lengths(N)
-
-
-def _verify(tp, cache, last, drafts, m, qs, src, ngram_t, prefix_t, qprime, d2t_idx, key, *,
-            config: LlamaLikeConfig, sampling: SamplingParams):
-  """Verify row b's m[b] translated drafts (drafts [B, M], the rest padding) in one forward.
-
-  Sampling builds q over the target vocabulary per draft position: the drafter's q row of the
-  draft's first sub-token (qs[b, src]) scattered through the direct map (d2t_idx [Vd], V where
-  there is no target token); at an n-gram position, q' added at the merged token and taken
-  from the prefix sub-token's own target token (eq. 2), clipped at 0 (module doc).
-  Returns (accepted [B], next token [B], cache with every committed token but `next`).
-  """
-  qt = None
-  if not sampling.greedy:
-    q_rows = jnp.take_along_axis(qs, src[..., None], axis=1)  # [B, M, Vd]
-    qt = jax.vmap(translated_q, in_axes=(0, None, 0, 0, 0, None))(
-        q_rows, d2t_idx, ngram_t, prefix_t, qprime, config.vocab_size)
-  v = verify_chain(tp, last, drafts, cache, key, target_config=config, sampling=sampling,
-                   q=qt, n_valid=m)
-  return v.accepted, v.next, v.target_cache
-
-
-class CrossVocabDecoder(DecodingMethod):
-  """A drafter with another tokenizer drafting for a target (module doc).
+class CrossVocabProposer(Proposer):
+  """A drafter with another tokenizer (module doc): its drafting and translation in the host
+  hook, target drafts into the engine's step.
 
   `ngram=False` is the direct-mapping (UAG) baseline; `acceptance_head` (params of
   `vocabjax.decoding.adaptive`) with `stop_threshold` makes the draft length adaptive. `rule`:
-  how sampled drafts with n-gram merges are verified, "exact" (lossless) or "omnidraft" (the
-  paper's approximation; module doc). Greedy decoding and direct mapping are exact either way.
+  how sampled drafts with n-gram merges are verified, "exact" (lossless, on the host) or
+  "omnidraft" (the paper's approximation; module doc). Greedy decoding and direct mapping are
+  exact either way. `draft_prefill`: the drafter's prompt prefill precision, as for a chain
+  drafter (`vocabjax.decoding.drafter.compile_draft_prefill`).
   """
 
   method = "crossvocab"
+  host_hook = True
+  host_sizable = False  # its draft length is the drafter's (gamma, or the acceptance head's)
+  host_step_programs = ("draft",)
+  host_prefill_programs = ("dprefill",)
 
-  def __init__(self, target_params, target_config: LlamaLikeConfig, draft_params,
-               draft_config: LlamaLikeConfig, *, target_tokenizer, draft_tokenizer,
+  def __init__(self, draft_params, draft_config: LlamaLikeConfig,
+               target_config: LlamaLikeConfig, *, target_tokenizer, draft_tokenizer,
                gamma: int = 4, ngram: bool = True, vocab_map: VocabMap | None = None,
                min_overlap: float = 0.1, acceptance_head: dict | None = None,
-               stop_threshold: float = 0.5, layout: str = "auto",
+               stop_threshold: float = 0.5,
                round_trip_texts: Sequence[str] = ROUND_TRIP_TEXTS, draft_prefill: str = "bf16",
-               rule: str = "exact", mesh=None):
-    """`draft_prefill`: the drafter's prompt prefill precision, as for `ChainDecoder`
-    (`vocabjax.decoding.drafter.compile_draft_prefill`). `mesh`: a ("data", "model") mesh
-    (`vocabjax.sharding`): target and drafter placed on it by the sharding rules (weights
-    [out, in]), their caches rows over "data"; every program (prefills, drafting, the target's
-    probabilities, verification) runs partitioned and keeps its cache's sharding, while
-    translation and the n-gram cache stay on the host as on one device."""
+               rule: str = "exact"):
     check_draft_prefill(draft_prefill)
-    self.mesh = mesh
-    # what its programs lower with, as `SpeculativeDecoder`'s (`vocabjax.lowering`)
-    self.lowering = decoding_lowering(mesh=mesh)
-    layout = mesh_layout(layout, mesh)
     if rule not in RULES:
       raise ValueError(f"unknown crossvocab sampling rule {rule!r}; choose one of {RULES}")
-    self.rule = rule
-    self.draft_prefill = draft_prefill
     if gamma < 1:
       raise ValueError(f"gamma must be >= 1, got {gamma=}")
     if acceptance_head is not None:
@@ -308,31 +228,42 @@ class CrossVocabDecoder(DecodingMethod):
                                  min_overlap=min_overlap, target_vocab=target_config.vocab_size,
                                  draft_vocab=draft_config.vocab_size)
     self.vm, self.d2t, self.t2d = self.translator.vm, self.translator.d2t, self.translator.t2d
-    V = target_config.vocab_size
-    if layout == "auto":
-      layout = block_layout(self.lowering.platform, self.lowering.cpu_kernel)
+    self.rule, self.draft_prefill = rule, draft_prefill
     self.tc, self.dc = target_config, draft_config
-    self.tp = self._place(with_mlp_layout(target_params, layout), target_config)
-    self.dp = self._place(with_mlp_layout(draft_params, "out_in"), draft_config)
     self.gamma, self.use_ngram = gamma, ngram
+    self.drafted_per_step = gamma  # target drafts per step, at most (one per drafter token)
     self.extra_slots = gamma + 2  # target cache slots one step may write past max_new_tokens
-    self.head, self.threshold = self._replicated(acceptance_head), stop_threshold
+    self.dp, self.head, self.threshold = draft_params, acceptance_head, stop_threshold
+    V = target_config.vocab_size
+    # the step's params: each drafter id's target id (V where none), for the law in target ids
+    self.params = {"d2t_idx": jnp.asarray(np.where(self.d2t >= 0, self.d2t, V), jnp.int32)}
+    self.mesh, self.lowering = None, None
     self.reset_ngram()
-    self._d2t_idx = self._replicated(jnp.asarray(np.where(self.d2t >= 0, self.d2t, V),
-                                                 jnp.int32))
-    self._programs = ProgramCache()
+    self.trace = None
 
-  def _place(self, params, config: LlamaLikeConfig):
-    """A model's params on the mesh by the sharding rules (as given without one)."""
-    return params if self.mesh is None else sharding.shard_params(params, config, self.mesh)
+  def key(self):
+    return ("crossvocab", self.dc, self.gamma, self.threshold, self.head is not None,
+            self.use_ngram, self.rule)
+
+  # --- placement ---------------------------------------------------------------------------
+  def prepare(self, *, layout: str, lowering, mesh=None) -> None:
+    del layout  # the drafter runs one token at a time but its pending block: [out, in]
+    self.lowering, self.mesh = lowering, mesh
+    self.dp = with_mlp_layout(self.dp, "out_in")
+
+  def place(self, mesh, target_config) -> None:
+    self.dp = sharding.shard_params(self.dp, self.dc, mesh)
+    self.params = sharding.replicate(self.params, mesh)
+    self.head = self._replicated(self.head)
 
   def _replicated(self, tree):
-    """Small arrays (the acceptance head, the id map) copied to every device of the mesh."""
+    """Small arrays (the acceptance head, the allowed tokens) copied to every device."""
     return tree if self.mesh is None or tree is None else sharding.replicate(tree, self.mesh)
 
   def set_drafter(self, draft_params, head: dict | None = None) -> None:
     """Swap in updated drafter weights (online distillation); same shapes, no recompilation."""
-    self.dp = self._place(with_mlp_layout(draft_params, "out_in"), self.dc)
+    dp = with_mlp_layout(draft_params, "out_in")
+    self.dp = dp if self.mesh is None else sharding.shard_params(dp, self.dc, self.mesh)
     if head is not None:
       self.head = self._replicated(head)
 
@@ -359,10 +290,6 @@ class CrossVocabDecoder(DecodingMethod):
     self._allowed[list(drafter_ids)] = True
     self._allowed_dev = None
     return True
-
-  def run_record(self, result) -> dict:
-    """The run's translator counts (`CrossVocabStats.record`) and the n-gram cache's size."""
-    return {**result.stats.record(), "ngram_cache": self.ngram.stats}
 
   def ngram_entries(self) -> list[list]:
     """The n-gram cache as [[drafter ids], target id] pairs in insertion order (to save)."""
@@ -393,26 +320,102 @@ class CrossVocabDecoder(DecodingMethod):
     return ([t for t, _, _ in merged], [q for _, q, _ in merged], [k for _, _, k in merged],
             [k > 1 for _, _, k in merged])
 
-  # --- compiled programs --------------------------------------------------------------------
-  def _program(self, name: str, sampling: SamplingParams, B: int, *shape):
-    key = ProgramKey(name, ("crossvocab", self.tc, self.dc, self.gamma, self.threshold),
-                     sampling, (B, *shape), self.lowering)
-    return self._programs.get(key, lambda: self._compile(
-        name, sampling, B, shape, compute_dtype(self.tp)))
+  # --- the step (traced in the engine's program) --------------------------------------------
+  def _exact(self, sampling: SamplingParams) -> bool:
+    return not sampling.greedy and self.use_ngram and self.rule == "exact"
 
-  def _cache(self, config: LlamaLikeConfig, B: int, S: int, dtype, abstract: bool = False):
-    """An empty cache (or its shapes, for lowering), on the mesh: rows over "data"."""
+  def verifies_on_host(self, sampling: SamplingParams) -> bool:
+    """The exact rule's walk down the n-gram trie runs on the host (`routes.verify`)."""
+    return self._exact(sampling)
+
+  def _blocks(self) -> list[int]:
+    """Verification blocks M a step may meet: powers of two up to gamma (rows pad past their
+    m), so that at most log2(gamma) + 2 step programs are compiled, not gamma + 1."""
+    return sorted({min(bucket(m, minimum=1), self.gamma) for m in range(1, self.gamma + 1)})
+
+  def host_shapes_for(self, B: int, sampling: SamplingParams):
+    out = []
+    for M in self._blocks():
+      shapes = ((B, M), (B,))
+      if not sampling.greedy and not self._exact(sampling):  # the law, built in the step
+        f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
+        shapes += (f32(B, self.gamma, self.dc.vocab_size), (B, M), (B, M), (B, M), f32(B, M))
+      out.append(shapes)
+    return out
+
+  def host_shapes(self, B: int = 1):
+    return self.host_shapes_for(B, SamplingParams(temperature=0.0))
+
+  def host_caches(self) -> dict:
+    return {"drafter": self.dc}
+
+  def prefill(self, params, target_params, pre: Prefilled):
+    return ()  # its state is the host's (its own cache, its pending tokens)
+
+  def propose(self, params, state, ctx: Context, key, *, sampling: SamplingParams, keep=None):
+    """The host's target drafts [B, M] (row b's first m[b] real); sampling with the verifier
+    on the device: q over the target vocabulary per position, the drafter's q row of the
+    draft's first sub-token (qs[b, src]) scattered through the direct map, at an n-gram
+    position q' added at the merged token and taken from the prefix sub-token's own target
+    token (eq. 2), clipped at 0 (module doc)."""
+    drafts, m, *rest = ctx.host
+    q = None
+    if rest:
+      qs, src, ngram_t, prefix_t, qprime = rest
+      q_rows = jnp.take_along_axis(qs, src[..., None], axis=1)  # [B, M, Vd]
+      q = jax.vmap(translated_q, in_axes=(0, None, 0, 0, 0, None))(
+          q_rows, params["d2t_idx"], ngram_t, prefix_t, qprime, self.tc.vocab_size)
+    return Drafts(tokens=drafts, q=q, n_valid=m), state
+
+  def commit(self, params, state, ctx: Context, drafts: Drafts, verdict):
+    return state
+
+  # --- its own programs (the drafter's prefill and drafting loop) ---------------------------
+  def lower_host(self, name: str, sampling: SamplingParams, B: int, T: int, S: int, dtype):
+    """"dprefill": the drafter's prefill of a [B, T] block into S slots; "draft": a one-token
+    pending block and gamma drafts over S slots."""
+    return self._lowered(name, sampling, B, (T, S) if name == "dprefill" else (1, S), dtype)
+
+  def _cache(self, B: int, S: int, dtype, abstract: bool = False):
+    """An empty drafter cache (or its shapes, for lowering), on the mesh: rows over "data"."""
     if abstract:
-      return abstract_cache(config, B, S, dtype, self.mesh)
-    cache = KVCache.init(config, B, S, dtype)
-    return cache if self.mesh is None else sharding.shard_cache(cache, config, self.mesh)
+      cache = abstract_cache(self.dc, B, S, dtype, self.mesh)
+      return cache if self.mesh is not None else placed_like(cache, self.dp)
+    cache = KVCache.init(self.dc, B, S, dtype)
+    return cache if self.mesh is None else sharding.shard_cache(cache, self.dc, self.mesh)
 
-  def _placed(self, cache: KVCache, config: LlamaLikeConfig) -> KVCache:
-    """`cache` with the sharding the programs were compiled for (a prefill's or a grown
-    cache's layout may differ; nothing moves when it already has it)."""
+  def _lowered(self, name, sampling, B, shape, dtype):
+    i32 = lambda *s: abstract_arg(s, jnp.int32, B=B, mesh=self.mesh,  # noqa: E731
+                                  like=self.dp, rows=False)
+    key = abstract_arg(KEY.shape, KEY.dtype, B=B, mesh=self.mesh, like=self.dp, rows=False)
+    if name == "dprefill":
+      T, S = shape
+      lw = self.lowering.replace(bf16_blocks=self.draft_prefill == "bf16")
+      fn = functools.partial(_draft_prefill, config=self.dc)
+      return jax.jit(lowered(fn, lw), donate_argnums=(3,)).lower(
+          self.dp, i32(B, T), i32(B), self._cache(B, S, dtype, abstract=True))
+    if name != "draft":
+      raise ValueError(f"crossvocab has no program {name!r}")
+    P, S = shape
+    fn = lowered(functools.partial(_draft, config=self.dc, gamma=self.gamma, sampling=sampling,
+                                   threshold=self.threshold), step_lowering(self.lowering))
+    cache = self._cache(B, S, dtype, abstract=True)
+    allowed = abstract_arg((self.dc.vocab_size,), jnp.bool_, B=B, mesh=self.mesh, like=self.dp,
+                           rows=False)
+    args = (self.dp, cache, i32(B, P), i32(B), allowed, key, self.head)
     if self.mesh is None:
-      return cache
-    return sharding.shard_cache(cache, config, self.mesh)
+      return jax.jit(fn, donate_argnums=(1,)).lower(*args)
+    # the cache keeps its sharding, the other outputs come back replicated (for the host)
+    cache_sh = jax.tree.map(lambda x: x.sharding, cache)
+    rep = sharding.replicated(self.mesh)
+    out = jax.tree.map(lambda x: cache_sh if isinstance(x, KVCache) else rep,
+                       jax.eval_shape(fn, *args), is_leaf=lambda x: isinstance(x, KVCache))
+    return jax.jit(fn, donate_argnums=(1,), out_shardings=out).lower(*args)
+
+  def _program(self, name: str, B: int, *shape):
+    run = self._run
+    return run.program(name, (B, *shape, jnp.dtype(run.dtype).name),
+                       lambda: self._lowered(name, run.sampling, B, shape, run.dtype).compile())
 
   def _lengths(self, cache: KVCache, lengths) -> KVCache:
     """`cache` with the host's lengths, placed as its own lengths are."""
@@ -421,321 +424,226 @@ class CrossVocabDecoder(DecodingMethod):
       arr = jax.device_put(arr, cache.lengths.sharding)
     return cache.with_lengths(arr)
 
-  def _lower(self, fn, *args):
-    """`jax.jit(fn).lower(*args)` lowered as the decoder's steps (its params, args[0], tagged
-    with `step_lowering(self.lowering)`) with the cache (args[1]) donated; on a mesh every
-    KVCache output keeps that cache's sharding and the other outputs come back replicated (for
-    the host), so no program reshards a cache between steps."""
-    fn = lowered(fn, step_lowering(self.lowering))
-    if self.mesh is None:  # the cache with the params (a deviceless build's chip too)
-      args = (args[0], placed_like(args[1], args[0]), *args[2:])
-      return jax.jit(fn, donate_argnums=(1,)).lower(*args)
-    cache_sh = jax.tree.map(lambda x: x.sharding, args[1])
-    rep = sharding.replicated(self.mesh)
-    out = jax.tree.map(lambda x: cache_sh if isinstance(x, KVCache) else rep,
-                       jax.eval_shape(fn, *args), is_leaf=lambda x: isinstance(x, KVCache))
-    # the host's inputs (tokens, lengths, q rows, the id map, keys) replicated: left
-    # unspecified, XLA may choose to split one, and a replicated array passed then is refused
-    rest = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rep),
-                        args[2:])
-    return jax.jit(fn, donate_argnums=(1,), out_shardings=out).lower(*args[:2], *rest)
+  def _placed(self, cache: KVCache) -> KVCache:
+    """`cache` with the sharding the programs were compiled for (a prefill's or a grown
+    cache's layout may differ; nothing moves when it already has it)."""
+    return cache if self.mesh is None else sharding.shard_cache(cache, self.dc, self.mesh)
 
-  def _compile(self, name, sampling, B, shape, dtype):
-    """One of `_program`'s programs, compiled (decoding steps take the CPU kernel for any M)."""
-    return self._lowered(name, sampling, B, shape, dtype).compile()
-
-  step_programs = ("draft", "verify")  # the programs one decoding step runs (`lower`'s names)
-  prefill_programs = ("tprefill", "dprefill")
-
-  def abstract_caches(self, B: int, S: int, dtype) -> list:
-    """The step's KV caches (the target's, the drafter's: S slots each here), abstract."""
-    return [self._cache(self.tc, B, S, dtype, abstract=True),
-            self._cache(self.dc, B, S, dtype, abstract=True)]
-
-  def lower(self, sampling: SamplingParams, B: int, T: int, S: int, dtype, *,
-            programs=("tprefill", "dprefill", "draft", "verify")) -> dict:
-    """The decoder's programs LOWERED (not compiled) for a [B, T] prompt block, S cache slots
-    (both models'), a one-token pending block and a verification of gamma drafts: what
-    `_program` compiles (per shape met), and what bench and deviceless builds compile."""
-    shapes = {"tprefill": (T, S), "dprefill": (T, S), "draft": (1, S), "tprobs": (S, self.gamma),
-              "verify": (S, self.gamma)}
-    return {name: self._lowered(name, sampling, B, shapes[name], dtype) for name in programs}
-
-  def _lowered(self, name, sampling, B, shape, dtype):
-    """One of `_program`'s programs, lowered: the one way this decoder builds a program."""
-    i32 = lambda *s: abstract_arg(s, jnp.int32, B=B, mesh=self.mesh,  # noqa: E731
-                                  like=self.tp, rows=False)
-    f32 = lambda *s: abstract_arg(s, jnp.float32, B=B, mesh=self.mesh,  # noqa: E731
-                                  like=self.tp, rows=False)
-    key = abstract_arg(KEY.shape, KEY.dtype, B=B, mesh=self.mesh, like=self.tp, rows=False)
-    if name in ("tprefill", "dprefill"):
-      T, S = shape
-      config, params = (self.tc, self.tp) if name == "tprefill" else (self.dc, self.dp)
-      cache = self._cache(config, B, S, dtype, abstract=True)
-      if self.mesh is None:
-        cache = placed_like(cache, params)
-      if name == "tprefill":
-        lw = self.lowering.replace(bf16_blocks=prefill_in_bf16(params))
-        fn = functools.partial(_prefill, config=config, sampling=sampling)
-        args = (params, i32(B, T), i32(B), cache, key)
-      else:
-        lw = self.lowering.replace(bf16_blocks=self.draft_prefill == "bf16")
-        fn = functools.partial(_draft_prefill, config=config)
-        args = (params, i32(B, T), i32(B), cache)
-      return jax.jit(lowered(fn, lw), donate_argnums=(3,)).lower(*args)
-    if name == "draft":
-      P, S = shape
-      cache = self._cache(self.dc, B, S, dtype, abstract=True)
-      return self._lower(functools.partial(_draft, config=self.dc, gamma=self.gamma,
-                                           sampling=sampling, threshold=self.threshold),
-                         self.dp, cache, i32(B, P), i32(B),
-                         abstract_arg((self.dc.vocab_size,), jnp.bool_, B=B, mesh=self.mesh,
-                                      like=self.tp, rows=False), key, self.head)
-    if name == "tprobs":  # the target's probabilities of m drafts per row (exact rule)
-      S, m = shape
-      cache = self._cache(self.tc, B, S, dtype, abstract=True)
-      return self._lower(functools.partial(_target_probs, config=self.tc, sampling=sampling),
-                         self.tp, cache, i32(B), i32(B, m))
-    # verify up to m drafts per row, for each block M the loop meets (powers of two to gamma)
-    S, m = shape
-    G = self.gamma
-    cache = self._cache(self.tc, B, S, dtype, abstract=True)
-    Vq = 1 if sampling.greedy else self.dc.vocab_size
-    return self._lower(functools.partial(_verify, config=self.tc, sampling=sampling),
-                       self.tp, cache, i32(B), i32(B, m), i32(B), f32(B, G, Vq), i32(B, m),
-                       i32(B, m), i32(B, m), f32(B, m), self._d2t_idx, key)
-
-  # --- generation ---------------------------------------------------------------------------
-  def generate(self, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
-               sampling: SamplingParams = SamplingParams(), seed: int = 0,
-               eos_token_ids: Sequence[int] = (), max_len: int | None = None,
-               stop_strings: Sequence[str] = (), tokenizer=None,
-               batch_size: int | None = None, streamer=None) -> GenerationResult:
-    """Generate like `Decoder.generate` (prompts in target ids); greedy output equals it token
-    for token. `stats` is a CrossVocabStats counted in target tokens.
-
-    The prompts run as one batch (`batch_size`: in batches of that many rows): drafting and
-    verification are batched device programs over the rows, in lockstep; only translation,
-    reverse translation and the n-gram cache run per row on the host (microseconds a row). A
-    row that has finished stays in its batch, frozen (its caches do not advance) until the
-    batch ends.
-    """
-    prompts = token_ids(prompts)
-    validate_request(prompts, max_new_tokens, sampling, self.tc, None)
-    if streamer is not None and len(prompts) != 1:
-      raise ValueError(f"a streamer takes one row (as transformers' streamers do); this "
-                       f"request has {len(prompts)} rows")
-    if batch_size is not None and batch_size < 1:
-      raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    room = max_new_tokens + self.gamma + 2
-    longest = max(len(p) for p in prompts)
-    if max_len is not None and longest + room > max_len:
-      raise ValueError(f"prompt of {longest} tokens + {max_new_tokens=} + {self.gamma + 2} "
-                       f"slots for one crossvocab step = {longest + room} exceeds the cache "
-                       f"length {max_len=}")
-    size = batch_size or len(prompts)
-    if self.mesh is not None:
-      sizes = sorted({min(size, len(prompts) - lo) for lo in range(0, len(prompts), size)})
-      bad = [n for n in sizes if n % self.mesh.shape["data"]]
-      if bad:
-        raise ValueError(f"a batch of B={bad[0]} rows does not divide the mesh's data axis of "
-                         f"{self.mesh.shape['data']} devices: pad the batch, pick batch_size, "
-                         f"or use another mesh")
-    stats = CrossVocabStats(drafted=[], accepted=[])
-    res = GenerationResult(tokens=[], finish_reasons=[], prompt_lengths=[len(p) for p in prompts],
-                           compile_s=0.0, prefill_s=0.0, decode_s=0.0, steps=0, stats=stats)
-    for lo in range(0, len(prompts), size):
-      rows = prompts[lo:lo + size]
-      out = OutputCollector(len(rows), max_new_tokens, eos_token_ids, stop_strings, tokenizer,
-                            streamer)
-      self._generate_batch(lo, len(prompts), rows, max_len, room, out, sampling,
-                           jax.random.key(seed), res)
-      res.tokens.extend(out.tokens)
-      res.finish_reasons.extend(out.reasons)
-    return res
-
-  def _generate_batch(self, lo, total, prompts, max_len, room, out, sampling, key, res):
-    """Rows lo .. lo + len(prompts) - 1 of `total` (stats rows are laid out over all of them)."""
-    st = res.stats
-    G, B = self.gamma, len(prompts)
-    dtype = compute_dtype(self.tp)
-    S = cache_slots(max(len(p) for p in prompts), room, max_len)
+  # --- the host hook ------------------------------------------------------------------------
+  def host_start(self, prompts, run: HostRun) -> None:
+    """The drafter's spelling of each prompt, its cache size, and its programs compiled: the
+    prefill, and the drafting loop for one- and two-token pending blocks (a longer pending
+    run or a grown cache compiles when first met)."""
+    self._run, B, G = run, run.B, self.gamma
     dprompts = [self.prompt_to_drafter(p) for p in prompts]
     # the drafter's cache: each row's own need (its drafter prompt + twice its target room, as
     # one row alone would get), the largest of them; not the longest drafter prompt + twice the
     # batch's room over the shortest target prompt, which mixed prompt lengths inflate
-    Sd = bucket(max(len(d) + 2 * (cache_slots(len(p), room, max_len) - len(p))
+    Sd = bucket(max(len(d) + 2 * (cache_slots(len(p), run.room, run.max_len) - len(p))
                     for p, d in zip(prompts, dprompts)) + 2 * G + 16)
-    T = min(prompt_bucket(max(len(p) for p in prompts)), S)
     Td = min(prompt_bucket(max(len(d) for d in dprompts)), Sd)
-    tprefill, c1 = self._program("tprefill", sampling, B, T, S)
-    dprefill, c2 = self._program("dprefill", sampling, B, Td, Sd)
-    compile_s = c1 + c2
-    exact = not sampling.greedy and self.use_ngram and self.rule == "exact"
-    # the programs most steps need, compiled before the clock starts: full blocks and one or
-    # two pending tokens (shorter blocks, a long pending run or a grown drafter cache compile
-    # when first met; their compile time is kept out of decode_s)
-    verify_name = "tprobs" if exact else "verify"
-    compile_s += self._program(verify_name, sampling, B, S, G)[1]
-    # the drafter's pending block is padded to 2 tokens at least where a two-token call costs
-    # about a one-token call (the CPU kernel, any GPU/TPU: `fold_catch_up`), so one program
-    # serves the usual one- and two-token steps; else 1- and 2-token programs
+    # the pending block is padded to 2 tokens at least where a two-token call costs about a
+    # one-token call (the CPU kernel, any GPU/TPU: `fold_catch_up`), so one program serves
+    # the usual one- and two-token steps; else 1- and 2-token programs
     p_min = 2 if lowering_folds_catch_up(self.lowering) else 1
+    self._program("dprefill", B, Td, Sd)
     for P in range(p_min, 3):
-      compile_s += self._program("draft", sampling, B, P, Sd)[1]
-    row_keys = [fold_in(key, lo + b) for b in range(B)]
-    rngs = [np.random.default_rng(np.asarray(jax.random.key_data(k)).ravel().tolist())
-            for k in row_keys]
-    tokens = np.zeros((B, T), np.int32)
-    dtokens = np.zeros((B, Td), np.int32)
-    for b, (p, dp_) in enumerate(zip(prompts, dprompts)):
-      tokens[b, :len(p)], dtokens[b, :len(dp_)] = p, dp_
-    lengths = np.asarray([len(p) for p in prompts], np.int32)
-    req = Request(prompts, lengths, S, T, tokens, key, out)
-    final = []
+      self._program("draft", B, P, Sd)
+    rows = [fold_in(run.key, b) for b in range(B)]  # the exact rule's host draws, per row
+    self._c = types.SimpleNamespace(
+        dprompts=dprompts, Sd=Sd, Td=Td, p_min=p_min, steps=0, step=None,
+        rngs=[np.random.default_rng(np.asarray(jax.random.key_data(k)).ravel().tolist())
+              for k in rows])
 
-    def start():
-      first, tcache = tprefill(self.tp, jnp.asarray(tokens), jnp.asarray(lengths),
-                               self._cache(self.tc, B, S, dtype), fold_in(key, lo))
-      dcache = dprefill(self.dp, jnp.asarray(dtokens),
-                        jnp.asarray([len(d) for d in dprompts], jnp.int32),
-                        self._cache(self.dc, B, Sd, dtype))
-      last = [int(x) for x in np.asarray(first)]
-      for b, x in enumerate(last):  # before the drafter re-tokenizes it
-        if x == NONFINITE:
-          raise nonfinite_error(lo + b, 0, step=0)
-      self.learn(last)
-      # the loop's host state: each row's committed target tokens in its cache (tlen), its
-      # last token, the drafter tokens it has not read (pend) and those in its cache (ctx)
-      c = types.SimpleNamespace(
-          tcache=self._placed(tcache, self.tc), dcache=self._placed(dcache, self.dc), Sd=Sd,
-          last=last, tlen=[len(p) for p in prompts], pend=[self.to_drafter([x]) for x in last],
-          ctx=[list(d) for d in dprompts])
-      final.append(c)  # updated in place by every step
-      return np.asarray(last), c
+  def host_begin(self, history) -> None:
+    """The drafter's prefill over its spelling of the prompts; each row's first target token
+    becomes its pending drafter tokens."""
+    c, run = self._c, self._run
+    B = len(history)
+    tokens = np.zeros((B, c.Td), np.int32)
+    for b, d in enumerate(c.dprompts):
+      tokens[b, :len(d)] = d
+    dprefill = self._program("dprefill", B, c.Td, c.Sd)
+    c.dcache = self._placed(dprefill(self.dp, jnp.asarray(tokens),
+                                     jnp.asarray([len(d) for d in c.dprompts], jnp.int32),
+                                     self._cache(B, c.Sd, run.dtype)))
+    # a non-finite first token is the collector's error (naming its row): nothing to spell
+    first = [int(h[-1]) if h[-1] != NONFINITE else 0 for h in history]
+    self.learn(first)
+    c.seen = [len(h) for h in history]  # committed tokens the host has read, per row
+    c.pend = [self.to_drafter([x]) for x in first]  # drafter tokens it has not read
+    c.ctx = [list(d) for d in c.dprompts]  # drafter tokens in its cache
 
-    def advance(c, step, _key, live):  # live: rows still generating; the others are frozen
-      kd, kv = split(fold_in(key, step * total + lo))
-      P = bucket(max(len(x) for x in c.pend), minimum=p_min)
-      while max(map(len, c.ctx)) + P + G > c.Sd:  # long drafter spellings: grow its cache
-        c.Sd *= 2
-        c.dcache = self._placed(_grow(c.dcache, c.Sd), self.dc)
-      draft, compiled = self._program("draft", sampling, B, P, c.Sd)
-      t0 = time.perf_counter()
-      pend_arr = np.zeros((B, P), np.int32)
-      for b, x in enumerate(c.pend):
-        pend_arr[b, :len(x)] = x
-      ds, qd, qs, nd, _, c.dcache = draft(self.dp, c.dcache, jnp.asarray(pend_arr),
-                                          jnp.asarray([len(x) for x in c.pend], jnp.int32),
-                                          self.allowed(), kd, self.head)
-      ds_h, qd_h, nd = np.asarray(ds), np.asarray(qd), np.asarray(nd)
-      t1 = time.perf_counter()
-      # translation, per row on the host: the exact rule's planned positions, or OmniDraft's
-      # q' of each translated draft
-      plans, qprimes, tids, nsub, is_ng = [], [], [], [], []
-      for b in range(B):
-        if exact:
-          positions = self.routes.plan(ds_h[b], nd[b])
-          kept = [x for x in positions if x.fed]
-          plans.append(positions)
-          tids.append([x.target for x in kept])
-          nsub.append([x.end - x.start for x in kept])
-          is_ng.append([len(x.node) > 1 for x in kept])
-        else:
-          t_b, qp_b, ns_b, ng_b = self.translate(ds_h[b, :nd[b]], qd_h[b, :nd[b]])
-          qprimes.append(qp_b)
-          tids.append(t_b)
-          nsub.append(ns_b)
-          is_ng.append(ng_b)
-        if not live[b]:  # frozen: nothing to verify
-          tids[b], nsub[b], is_ng[b] = [], [], []
-      m = np.asarray([len(t) for t in tids], np.int32)
-      # the block a verification program runs: a power of two up to gamma (rows pad past
-      # their m), so that at most log2(gamma) + 2 programs are compiled, not gamma + 1
-      M = min(bucket(max(int(m.max()), 1), minimum=1), G)
-      drafts = np.zeros((B, M), np.int32)
-      for b in range(B):
-        drafts[b, :m[b]] = tids[b]
+  def _commit(self, history) -> None:
+    """The last step's verdict, read off the committed tokens: the drafter's cache keeps the
+    accepted sub-tokens it holds, the correction / bonus token's spelling becomes pending,
+    the emitted tokens teach the n-gram cache."""
+    c = self._c
+    if c.step is None:
+      return
+    ds_h, nd, nsub, live = c.step.ds, c.step.nd, c.step.nsub, c.step.live
+    for b, h in enumerate(history):
+      new, c.seen[b] = [int(t) for t in h[c.seen[b]:]], len(h)
+      if not live[b]:  # frozen: its caches do not advance
+        continue
+      n = len(new) - 1
+      u = sum(nsub[b][:n])  # drafter sub-tokens accepted
+      fed = min(u, int(nd[b]) - 1)  # of them already in the drafter's cache
+      c.ctx[b] += c.pend[b] + [int(x) for x in ds_h[b, :fed]]
+      self.learn(new)
+      c.pend[b] = [int(x) for x in ds_h[b, fed:u]] + self.to_drafter([new[-1]])
+    c.step = None
+
+  def host_block(self, history, active):
+    c, run = self._c, self._run
+    self._commit(history)
+    B, G = len(history), self.gamma
+    sampling = run.sampling
+    exact = self._exact(sampling)
+    c.dcache = self._lengths(c.dcache, [len(x) for x in c.ctx])
+    P = bucket(max(len(x) for x in c.pend), minimum=c.p_min)
+    while max(map(len, c.ctx)) + P + G > c.Sd:  # long drafter spellings: grow its cache
+      c.Sd *= 2
+      c.dcache = self._placed(_grow(c.dcache, c.Sd))
+    draft = self._program("draft", B, P, c.Sd)
+    c.steps += 1
+    t0 = time.perf_counter()
+    pend = np.zeros((B, P), np.int32)
+    for b, x in enumerate(c.pend):
+      pend[b, :len(x)] = x
+    ds, qd, qs, nd, _, c.dcache = draft(self.dp, c.dcache, jnp.asarray(pend),
+                                        jnp.asarray([len(x) for x in c.pend], jnp.int32),
+                                        self.allowed(), fold_in(run.key, B + c.steps),
+                                        self.head)
+    ds_h, qd_h, nd = np.asarray(ds), np.asarray(qd), np.asarray(nd)
+    draft_s = time.perf_counter() - t0
+    # translation, per row: the exact rule's planned positions, or OmniDraft's q' of each
+    # translated draft
+    plans, qprimes, tids, nsub, is_ng = [], [], [], [], []
+    for b in range(B):
       if exact:
-        probs_fn, seconds = self._program(verify_name, sampling, B, S, M)
-        compiled += seconds
-        t2 = time.perf_counter()
-        p_rows, c.tcache = probs_fn(self.tp, c.tcache, jnp.asarray(c.last, jnp.int32),
-                                    jnp.asarray(drafts))
-        p_rows = np.asarray(p_rows)
-        t3 = time.perf_counter()
-        n, nxt = np.zeros(B, np.int64), np.zeros(B, np.int64)
-        qs_h = np.asarray(qs)
-        for b in np.flatnonzero(live):
-          kept = sum(x.fed for x in plans[b])
-          if not np.isfinite(p_rows[b, :kept + 1]).all():
-            raise nonfinite_error(lo + b, len(out.tokens[b]), step)
-          n[b], nxt[b] = self.routes.verify(p_rows[b, :kept + 1], plans[b], ds_h[b],
-                                            qs_h[b, :nd[b]], rngs[b])
+        positions = self.routes.plan(ds_h[b], nd[b])
+        kept = [x for x in positions if x.fed]
+        plans.append(positions)
+        tids.append([x.target for x in kept])
+        nsub.append([x.end - x.start for x in kept])
+        is_ng.append([len(x.node) > 1 for x in kept])
+        qprimes.append([])
       else:
-        src = np.zeros((B, M), np.int32)
-        ngram_t = np.full((B, M), -1, np.int32)
-        prefix_t = np.full((B, M), -1, np.int32)
-        qp = np.zeros((B, M), np.float32)
-        for b in range(B):
-          pos = 0
-          for i in range(m[b]):
-            src[b, i] = pos
-            if is_ng[b][i]:
-              ngram_t[b, i], qp[b, i] = tids[b][i], qprimes[b][i]
-              first_sub = ds_h[b, pos]
-              prefix_t[b, i] = (self.d2t[first_sub] if self.d2t[first_sub] >= 0
-                                else self.tc.vocab_size)
-            pos += nsub[b][i]
-        verify, seconds = self._program(verify_name, sampling, B, S, M)
-        compiled += seconds
-        t2 = time.perf_counter()
-        n, nxt, c.tcache = verify(self.tp, c.tcache, jnp.asarray(c.last, jnp.int32),
-                                  jnp.asarray(drafts), jnp.asarray(m), qs, jnp.asarray(src),
-                                  jnp.asarray(ngram_t), jnp.asarray(prefix_t), jnp.asarray(qp),
-                                  self._d2t_idx, kv)
-        n, nxt = np.asarray(n).astype(np.int64), np.asarray(nxt).astype(np.int64)
-        t3 = time.perf_counter()
-      emitted = np.full((B, G + 1), -1, np.int64)
-      for b in np.flatnonzero(live):
-        if nxt[b] == NONFINITE:
-          raise nonfinite_error(lo + b, len(out.tokens[b]), step)
-        row = [int(x) for x in drafts[b, :n[b]]] + [int(nxt[b])]
-        emitted[b, :len(row)] = row
-        c.tlen[b] += 1 + int(n[b])
-        u = sum(nsub[b][:n[b]])  # drafter sub-tokens accepted
-        fed = min(u, int(nd[b]) - 1)  # of them already in the drafter's cache
-        c.ctx[b] += c.pend[b] + [int(x) for x in ds_h[b, :fed]]
-        self.learn(row)
-        c.pend[b] = [int(x) for x in ds_h[b, fed:u]] + self.to_drafter([int(nxt[b])])
-        c.last[b] = int(nxt[b])
-      # frozen rows keep their lengths; live rows keep what they committed
-      c.tcache = self._lengths(c.tcache, c.tlen)
-      c.dcache = self._lengths(c.dcache, [len(x) for x in c.ctx])
+        t_b, qp_b, ns_b, ng_b = self.translate(ds_h[b, :nd[b]], qd_h[b, :nd[b]])
+        qprimes.append(qp_b)
+        tids.append(t_b)
+        nsub.append(ns_b)
+        is_ng.append(ng_b)
+      if not active[b]:  # frozen: nothing to verify
+        tids[b], nsub[b], is_ng[b] = [], [], []
+    m = np.asarray([len(t) for t in tids], np.int32)
+    M = next(x for x in self._blocks() if x >= max(int(m.max()), 1))
+    drafts = np.zeros((B, M), np.int32)
+    for b in range(B):
+      drafts[b, :m[b]] = tids[b]
+    c.step = types.SimpleNamespace(ds=ds_h, nd=nd, nsub=nsub, is_ng=is_ng, plans=plans,
+                                   qs=qs if exact else None, live=np.asarray(active, bool),
+                                   draft_s=draft_s)
+    if sampling.greedy or exact:
+      return (drafts, m), m
+    src = np.zeros((B, M), np.int32)
+    ngram_t = np.full((B, M), -1, np.int32)
+    prefix_t = np.full((B, M), -1, np.int32)
+    qp = np.zeros((B, M), np.float32)
+    for b in range(B):
+      pos = 0
+      for i in range(m[b]):
+        src[b, i] = pos
+        if is_ng[b][i]:
+          ngram_t[b, i], qp[b, i] = tids[b][i], qprimes[b][i]
+          first_sub = ds_h[b, pos]
+          prefix_t[b, i] = (self.d2t[first_sub] if self.d2t[first_sub] >= 0
+                            else self.tc.vocab_size)
+        pos += nsub[b][i]
+    return (drafts, m, qs, src, ngram_t, prefix_t, qp), m
 
-      def spread(vals):  # this batch's values in the row layout of all prompts
-        v = [0] * total
-        v[lo:lo + B] = [int(x) if live[b] else 0 for b, x in enumerate(vals)]
-        return v
+  def host_verify(self, probs: np.ndarray, active):
+    """The exact rule: each row's planned positions verified level by level against the
+    drafter's branch laws (`routes.verify`). A position whose target probabilities are not
+    finite ends the row there, flagged (the collector's error names it)."""
+    c, B = self._c, probs.shape[0]
+    st = c.step
+    qs_h = np.asarray(st.qs)
+    n, nxt = np.zeros(B, np.int64), np.zeros(B, np.int64)
+    for b in np.flatnonzero(active):
+      kept = sum(x.fed for x in st.plans[b])
+      p = probs[b, :kept + 1]
+      finite = np.isfinite(p).all(axis=-1)
+      bad = int(np.argmin(finite)) if not finite.all() else None
+      if bad is not None:
+        p = np.where(finite[:, None], p, 1.0 / p.shape[-1])
+      n[b], nxt[b] = self.routes.verify(p, st.plans[b], st.ds[b], qs_h[b, :st.nd[b]],
+                                        c.rngs[b])
+      if bad is not None and bad <= n[b]:
+        n[b], nxt[b] = bad, NONFINITE
+    return n, nxt
 
-      st.drafted.append(spread(m))
-      st.accepted.append(spread(n))
-      st.ngram_drafted.append(spread([sum(x) for x in is_ng]))
-      st.ngram_accepted.append(spread([sum(x[:k]) for x, k in zip(is_ng, n)]))
-      st.drafter_tokens.append(spread(nd))
-      st.active.append([lo <= j < lo + B and bool(live[j - lo]) for j in range(total)])
-      st.draft_s += t1 - t0
-      st.verify_s += t3 - t2
-      st.host_s += (t2 - t1) + (time.perf_counter() - t3)
-      return c, emitted, compiled
-
-    done = host_loop(req, start, advance, compile_s=compile_s)
-    res.compile_s += done.compile_s
-    res.prefill_s += done.prefill_s
-    res.decode_s += done.decode_s
-    res.steps += done.steps
-    c, b = final[0], B - 1
+  def host_end(self, history) -> None:
+    """The last step's verdict (as the next step would read it); `trace` keeps the last row's
+    drafter tokens, pending tokens and cache rows (tests check the cache against them)."""
+    self._commit(history)
+    c = self._c
+    b = len(history) - 1
+    c.dcache = self._lengths(c.dcache, [len(x) for x in c.ctx])
     self.trace = (c.ctx[b], c.pend[b], c.dcache.rows(b, b + 1))
+
+  # --- statistics ---------------------------------------------------------------------------
+  def record_step(self, stats, active, counts, host_counts, keep) -> None:
+    st, n = self._c.step, counts["accepted"]
+    stats.add("ngram_drafted", [sum(x) if a else 0 for x, a in zip(st.is_ng, active)])
+    stats.add("ngram_accepted", [sum(x[:k]) if a else 0
+                                 for x, k, a in zip(st.is_ng, n, active)])
+    stats.add("drafter_tokens", [int(x) if a else 0 for x, a in zip(st.nd, active)])
+    stats.time("draft_s", st.draft_s)
+
+  def record(self, stats) -> dict:
+    """Totals for an eval record: the translator's counts, the drafter's, the target's and
+    the host's seconds (translation and host verification), and the n-gram cache."""
+    tot = lambda rows: int(sum(map(sum, rows)))  # noqa: E731
+    c = stats.counts
+    draft_s = stats.seconds.get("draft_s", 0.0)
+    return {"ngram_drafted": tot(c.get("ngram_drafted", [])),
+            "ngram_accepted": tot(c.get("ngram_accepted", [])),
+            "drafter_tokens": tot(c.get("drafter_tokens", [])), "verifications": stats.num_steps,
+            "verify_s": round(stats.step_s, 4), "translate_s": round(stats.host_s - draft_s, 4),
+            "ngram_cache": self.ngram.stats}
+
+
+def ngram_hits_per_step(stats) -> float:
+  """Merged (n-gram) target drafts proposed per verification of a crossvocab run."""
+  steps = stats.num_steps
+  return sum(map(sum, stats.counts.get("ngram_drafted", []))) / steps if steps else float("nan")
+
+
+class CrossVocabDecoder(SpeculativeEngine):
+  """The engine with a `CrossVocabProposer`: a drafter with another tokenizer drafting for a
+  target (module doc). `layout`, `mesh`: see `SpeculativeEngine` (on a mesh both models are
+  placed by the sharding rules, their caches rows over "data"; translation and the n-gram
+  cache stay on the host as on one device). The proposer's methods read through the decoder:
+  `learn`, `to_drafter`, `set_drafter`, `reset_ngram`, `load_ngram`, `ngram`, `trace`."""
+
+  def __init__(self, target_params, target_config: LlamaLikeConfig, draft_params,
+               draft_config: LlamaLikeConfig, *, target_tokenizer, draft_tokenizer,
+               gamma: int = 4, ngram: bool = True, vocab_map: VocabMap | None = None,
+               min_overlap: float = 0.1, acceptance_head: dict | None = None,
+               stop_threshold: float = 0.5, layout: str = "auto",
+               round_trip_texts: Sequence[str] = ROUND_TRIP_TEXTS, draft_prefill: str = "bf16",
+               rule: str = "exact", mesh=None):
+    super().__init__(target_params, target_config, CrossVocabProposer(
+        draft_params, draft_config, target_config, target_tokenizer=target_tokenizer,
+        draft_tokenizer=draft_tokenizer, gamma=gamma, ngram=ngram, vocab_map=vocab_map,
+        min_overlap=min_overlap, acceptance_head=acceptance_head,
+        stop_threshold=stop_threshold, round_trip_texts=round_trip_texts,
+        draft_prefill=draft_prefill, rule=rule), layout=layout, mesh=mesh)
+
+  def run_record(self, result) -> dict:
+    return result.stats.record()
 
 
 def _grow(cache: KVCache, S: int) -> KVCache:

@@ -150,6 +150,7 @@ class OutputCollector:
     self.reasons = ["length"] * batch_size
     self.done = np.zeros(batch_size, bool)
     self.calls = 0  # add() calls so far: the prefill's token, then one per step
+    self.row0 = 0  # the first row's index in the caller's request (a batch of it): for errors
 
   def begin(self, prompts: Sequence[Sequence[int]]) -> None:
     """The streamer (if any) gets the prompt first, as transformers' `generate` gives it
@@ -180,7 +181,7 @@ class OutputCollector:
   def _extend(self, b: int, row: list, emitted, step) -> None:
     for tok in emitted:
       if tok == NONFINITE and not self.done[b]:
-        raise nonfinite_error(b, len(row), step)
+        raise nonfinite_error(self.row0 + b, len(row), step)
       if self.done[b] or tok < 0:
         break
       row.append(int(tok))

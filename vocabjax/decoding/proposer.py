@@ -24,9 +24,15 @@ What a proposer supplies (letters: B rows, n drafts or tree nodes, S cache slots
     gate(...), fallback(...)   optional: rows that draft this step; where none does the step
                          verifies the fallback's drafts instead (EAGLE's confidence gate)
     host_block(...)      optional host hook, run before each step on the committed tokens (a
-                         lookup trie, SuffixDecoding's tree): host arrays the step reads; a
-                         program is compiled per block shape met (`host_shapes`); `host_begin`
+                         lookup trie, SuffixDecoding's tree, a drafter with another tokenizer and
+                         its translation): host arrays the step reads; a program is compiled per
+                         block shape met (`host_shapes`); `host_start` (before the clock: its own
+                         programs compiled through the engine's cache, `HostRun`), `host_begin`
                          / `host_end` around each generate call (per-request state)
+    verifies_on_host(sampling), host_verify(...)   optional: the step returns the target's
+                         probabilities of [last, drafts] and the proposer verifies on the host
+                         (the cross-vocabulary exact rule's walk down its n-gram trie); the
+                         engine commits what it accepted
     drafter_calls(), drafter_body(), head_policy, head_rows   its profile of drafter calls
     record(stats)        its counts for an eval record (`step_counts` / `record_step`: per
                          step, from the device and the host)
@@ -39,7 +45,8 @@ for which the verifiers' multi-draft rule is lossless.
 from __future__ import annotations
 
 import abc
-from typing import Any, Hashable, Sequence
+import dataclasses
+from typing import Any, Callable, Hashable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -87,6 +94,23 @@ class Prefilled:
   caches: dict  # the proposer's empty caches (`Proposer.caches`), to fill
 
 
+@dataclasses.dataclass
+class HostRun:
+  """What the engine hands a host hook for one generate call (`Proposer.host_start`)."""
+
+  sampling: SamplingParams
+  key: jax.Array  # the hook's own key for this call (a stream the engine's steps never use)
+  B: int  # rows
+  S: int  # the target cache's slots
+  dtype: Any  # the caches' dtype
+  room: int  # slots a row needs past its prompt (new tokens + one step's extra slots)
+  max_len: int | None  # the request's cache length, if it set one
+  program: Callable  # program(name, shapes, build) -> compiled: the engine's ProgramCache,
+  #   keyed by (name, the proposer's key, sampling, shapes, lowering); compile seconds counted
+  compiled_s: float = 0.0  # seconds `program` spent compiling (the engine keeps them out of
+  #   the decode time)
+
+
 class Proposer(abc.ABC):
   """A drafting method (module doc). Subclasses set `method`, the sizes and `params`, and
   define `key`, `prefill`, `propose` and `commit`."""
@@ -99,6 +123,9 @@ class Proposer(abc.ABC):
   params: Any = None  # the proposer's weights (a pytree; {} when it has none)
   feature_layers: tuple[int, ...] | None = None
   host_hook: bool = False  # whether `host_block` runs before each step
+  host_sizable: bool = True  # a host hook's blocks may be cut to a width (`self_sizing`)
+  host_step_programs: tuple = ()  # its own programs a step runs before the engine's step
+  host_prefill_programs: tuple = ()  # and after the engine's prefill (`lower_host`)
   gated: bool = False  # whether `gate` may leave rows undrafted (a step then verifies less)
   draft_block_calls: bool = False  # whether its model's calls feed T > 1 tokens (layout)
 
@@ -159,8 +186,14 @@ class Proposer(abc.ABC):
     step when `host_hook`; `history[b]` is row b's committed tokens (prompt, output)."""
     raise NotImplementedError
 
+  def host_start(self, prompts: Sequence[Sequence[int]], run: HostRun) -> None:
+    """A `generate` call is about to start (host hook; before its clock): compile what its own
+    host-side programs need (`run.program`)."""
+    del prompts, run
+
   def host_begin(self, history: Sequence[np.ndarray]) -> None:
-    """A `generate` call starts (host hook): `history[b]` is row b's prompt and first token."""
+    """A `generate` call starts (host hook): `history[b]` is row b's prompt and first token.
+    Timed as the prefill (a drafter's own prefill runs here)."""
     del history
 
   def host_end(self, history: Sequence[np.ndarray]) -> None:
@@ -185,9 +218,37 @@ class Proposer(abc.ABC):
 
   def host_shapes(self, B: int = 1) -> Sequence[tuple]:
     """Every host block's array shapes a run of B rows may meet, smallest first ((): no host
-    hook): a step program is compiled per shapes when first met."""
+    hook): a step program is compiled per shapes when first met. An entry is a shape (int32)
+    or a `jax.ShapeDtypeStruct` (another dtype)."""
     del B
     return [()]
+
+  def host_shapes_for(self, B: int, sampling: SamplingParams) -> Sequence[tuple]:
+    """`host_shapes` of a run with `sampling` (a proposer whose blocks depend on it)."""
+    del sampling
+    return self.host_shapes(B)
+
+  def lower_host(self, name: str, sampling: SamplingParams, B: int, T: int, S: int, dtype):
+    """Its own program `name` (of `host_step_programs` / `host_prefill_programs`) LOWERED for a
+    [B, T] prompt block and S cache slots: what `SpeculativeEngine.lower` returns for it."""
+    raise NotImplementedError(f"{type(self).__name__} has no host program {name!r}")
+
+  def host_caches(self) -> dict:
+    """{name: LlamaLikeConfig} of the KV caches its host hook keeps on the device (a drafter
+    with another tokenizer): counted with the step's caches (bench's memory fit)."""
+    return {}
+
+  # --- verification on the host ----------------------------------------------------------------
+  def verifies_on_host(self, sampling: SamplingParams) -> bool:
+    """Whether steps with `sampling` are verified by `host_verify` (default: never)."""
+    del sampling
+    return False
+
+  def host_verify(self, probs: np.ndarray, active: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(accepted [B], next token [B]) from the target's processed probabilities of [last,
+    drafts] [B, n + 1, V]; `sampling.NONFINITE` as a row's next token where the probabilities
+    it reached were not finite."""
+    raise NotImplementedError
 
   # --- statistics and profile ------------------------------------------------------------------
   def step_count_names(self) -> tuple[str, ...]:

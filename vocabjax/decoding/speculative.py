@@ -41,7 +41,7 @@ from flax import struct
 
 from vocabjax import sharding
 from vocabjax.decoding.autoregressive import (GenerationResult, abstract_cache, cache_slots,
-                                              prefill_in_bf16, request)
+                                              prefill_in_bf16, request, token_ids)
 from vocabjax.decoding.base import DecodingMethod
 from vocabjax.decoding.drafter import (DRAFT_PREFILLS, ChainProposer, DraftVocab,  # noqa: F401
                                        TreeProposer, block_layout, check_draft_prefill,
@@ -49,7 +49,7 @@ from vocabjax.decoding.drafter import (DRAFT_PREFILLS, ChainProposer, DraftVocab
                                        lowering_folds_catch_up, model_body)
 from vocabjax.decoding.engine import (KEY, ProgramCache, ProgramKey, abstract_arg, fold_in,
                                       host_loop, placed_like)
-from vocabjax.decoding.proposer import Context, Drafts, Prefilled, Proposer
+from vocabjax.decoding.proposer import Context, Drafts, HostRun, Prefilled, Proposer
 from vocabjax.decoding.sizing import DraftSizer, limit_block
 from vocabjax.decoding.tree import TreeParams, verify_tree
 from vocabjax.decoding.verify import verify_chain
@@ -58,7 +58,9 @@ from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import (compute_dtype, forward, forward_features, lm_head,
                                        with_mlp_layout)
-from vocabjax.sampling import SamplingParams, sample
+from vocabjax.sampling import SamplingParams, probs, sample
+
+HOST_STREAM = 2**32 - 1  # fold_in(request key, this): a host hook's draws (steps use 0, 1, ..)
 
 @struct.dataclass
 class EngineState:
@@ -112,6 +114,39 @@ class SpecStats:
 
   sizing: dict | None = None  # the self-sizing rule, its inputs and choices (`sizing`)
   host_s: float = 0.0  # seconds in the proposer's host hook (a lookup, the suffix trees)
+  seconds: dict = dataclasses.field(default_factory=dict)  # a proposer's own timings by name
+  step_s: float = 0.0  # seconds in the engine's compiled steps (first compiles left out)
+
+  @property
+  def num_steps(self) -> int:
+    """Row-steps verified (a row's step counts while the row is active)."""
+    return sum(1 for row in self.active for a in row if a)
+
+  def time(self, name: str, seconds: float) -> None:
+    """Add `seconds` to the proposer's timing `name` (`seconds`)."""
+    self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
+  def spread(self, lo: int, total: int) -> "SpecStats":
+    """These per-row counts laid out as rows lo .. lo + B - 1 of `total` (a batch of a larger
+    request: `generate(batch_size=...)`), other rows 0 / inactive."""
+    def widen(rows, fill):
+      return [[fill] * lo + list(r) + [fill] * (total - lo - len(r)) for r in rows]
+    return dataclasses.replace(
+        self, drafted=widen(self.drafted, 0), accepted=widen(self.accepted, 0),
+        active=widen(self.active, False),
+        counts={k: widen(v, 0) for k, v in self.counts.items()})
+
+  def extend(self, other: "SpecStats") -> None:
+    """Append another run's steps (laid out over the same rows: `spread`) and times."""
+    self.drafted += other.drafted
+    self.accepted += other.accepted
+    self.active += other.active
+    for k, v in other.counts.items():
+      self.counts.setdefault(k, []).extend(v)
+    for k, v in other.seconds.items():
+      self.time(k, v)
+    self.host_s += other.host_s
+    self.step_s += other.step_s
 
   def record(self) -> dict:
     """Method-specific totals for an eval record (the proposer's `record`, and the self-sizing
@@ -119,6 +154,7 @@ class SpecStats:
     out = self.proposer.record(self) if self.proposer is not None else {}
     if self.proposer is not None and self.proposer.host_hook:
       out["host_s"] = round(self.host_s, 4)  # on the critical path: before each step
+    out.update({k: round(v, 4) for k, v in self.seconds.items()})
     return {**out, "sizing": self.sizing} if self.sizing else out
 
 
@@ -190,6 +226,32 @@ def engine_step(target_params, draft_params, state: EngineState, key, *host,
   return (new, emitted, n, *counts, keep)
 
 
+def engine_probs_step(target_params, draft_params, state: EngineState, key, *host,
+                      target_config: LlamaLikeConfig, sampling: SamplingParams,
+                      proposer: Proposer):
+  """The step of a proposer that verifies on the host (`Proposer.verifies_on_host`): its chain
+  proposed, the target's processed probabilities of [last, drafts] [B, n + 1, V]; the target
+  cache holds them past its lengths, which the engine sets once the host has verified
+  (`commit_host`). Returns (state, probabilities)."""
+  ctx = Context(last=state.last, lengths=state.target_cache.lengths, host=tuple(host))
+  drafts, dstate = proposer.propose(draft_params, state.draft, ctx, jax.random.split(key)[0],
+                                    sampling=sampling)
+  N = state.target_cache.lengths
+  tokens = jnp.concatenate([state.last[:, None], drafts.tokens], axis=1)
+  h, cache = forward(target_params, tokens, N[:, None] + jnp.arange(tokens.shape[1])[None],
+                     state.target_cache, config=target_config)
+  p = probs(lm_head(target_params, h, config=target_config), sampling)
+  return state.replace(target_cache=cache.with_lengths(N), draft=dstate), p
+
+
+def commit_host(state: EngineState, accepted, nxt) -> EngineState:
+  """A host verification's verdict into the loop state: `accepted` [B] drafts and the last
+  token kept in the target cache, `nxt` [B] the next step's root."""
+  tc = state.target_cache
+  return state.replace(target_cache=tc.with_lengths(tc.lengths + 1 + accepted),
+                       last=nxt.astype(jnp.int32))
+
+
 class SpeculativeEngine(DecodingMethod):
   """One target and one proposer: requests, prefill, steps, programs and statistics (module
   doc). `layout`: the MLP weight layout ("auto": `block_layout` for the target, and for the
@@ -208,7 +270,8 @@ class SpeculativeEngine(DecodingMethod):
     tree drafter, one step program per length, 0 a plain step)."""
     if not isinstance(proposer, Proposer):
       raise TypeError(f"a SpeculativeEngine runs a Proposer, got {type(proposer).__name__}")
-    if self_sizing and not (proposer.host_hook or proposer.sized_lengths()):
+    if self_sizing and not ((proposer.host_hook and proposer.host_sizable)
+                            or proposer.sized_lengths()):
       raise ValueError(f"self_sizing applies to proposers that draft on the host (pld, ngram, "
                        f"suffix) or size their drafts (chain, tree); {proposer.method} "
                        f"compiles its draft length into its step")
@@ -302,8 +365,16 @@ class SpeculativeEngine(DecodingMethod):
     return ProgramKey(program, (proposer or self.proposer).key(), sampling, shapes,
                       self.lowering)
 
-  step_programs = ("step",)  # the programs one decoding step runs (`lower`'s names)
-  prefill_programs = ("prefill",)  # and the prompt's
+  @property
+  def step_programs(self) -> tuple:
+    """The programs one decoding step runs, in order (`lower`'s names): the proposer's own
+    host-side ones (a cross-vocabulary drafter's), then the engine's step."""
+    return (*self.proposer.host_step_programs, "step")
+
+  @property
+  def prefill_programs(self) -> tuple:
+    """And the prompt's: the engine's prefill, then the proposer's own."""
+    return ("prefill", *self.proposer.host_prefill_programs)
 
   def _placed(self, shape, dtype, B: int, rows: bool = True):
     """An abstract argument placed as the engine's inputs are (`engine.abstract_arg`)."""
@@ -319,7 +390,8 @@ class SpeculativeEngine(DecodingMethod):
   def abstract_caches(self, B: int, S: int, dtype) -> list:
     """Every KV cache a step holds (the target's first), abstract and placed."""
     tcache, caches = self._abstract_caches(B, S, dtype)
-    return [tcache, *caches.values()]
+    host = [abstract_cache(c, B, S, dtype, self.mesh) for c in self.proposer.host_caches().values()]
+    return [tcache, *caches.values(), *host]
 
   def _new_caches(self, B: int, S: int, dtype):
     def cache(config):
@@ -343,9 +415,10 @@ class SpeculativeEngine(DecodingMethod):
     return prefill
 
   def _step_fn(self, sampling: SamplingParams, proposer=None):
+    P = proposer or self.proposer
     lw = step_lowering(self.lowering)
-    fn = functools.partial(engine_step, target_config=self.tc, sampling=sampling,
-                           proposer=proposer or self.proposer)
+    fn = functools.partial(engine_probs_step if P.verifies_on_host(sampling) else engine_step,
+                           target_config=self.tc, sampling=sampling, proposer=P)
 
     def step(tp, dp, *args):
       return fn(with_lowering(tp, lw), with_lowering(dp, lw) if isinstance(dp, dict) else dp,
@@ -403,13 +476,19 @@ class SpeculativeEngine(DecodingMethod):
       out["prefill"] = jax.jit(self._prefill_fn(sampling), donate_argnums=(4, 5),
                                **jit_kw).lower(self.tp, self.dp, i32((B, T)), i32((B,)),
                                                tcache, caches, key)
+    for name in programs:  # the proposer's own (a cross-vocabulary drafter's)
+      if name not in ("prefill", "step"):
+        out[name] = P.lower_host(name, sampling, B, T, S, dtype)
     if "step" in programs:
       if host_shape is None:
-        host_shape = tuple(P.host_shapes(B))[-1]
-      host = [self._placed(s, jnp.int32, B, rows=False) for s in host_shape]
+        host_shape = tuple(P.host_shapes_for(B, sampling))[-1]
+      host = [self._placed(s.shape, s.dtype, B, rows=False)
+              if isinstance(s, jax.ShapeDtypeStruct) else self._placed(s, jnp.int32, B, rows=False)
+              for s in host_shape]
       jit_kw = {}
       if self.mesh is not None:
-        n_out = 3 + len(P.step_count_names()) + int(P.gated)
+        n_out = (2 if P.verifies_on_host(sampling)
+                 else 3 + len(P.step_count_names()) + int(P.gated))
         jit_kw["out_shardings"] = ((jax.tree.map(lambda x: x.sharding, state),)
                                    + (rep,) * (n_out - 1))
       out["step"] = jax.jit(self._step_fn(sampling, P), donate_argnums=(2,), **jit_kw).lower(
@@ -448,6 +527,17 @@ class SpeculativeEngine(DecodingMethod):
       self._sized_proposers[n] = self.proposer.sized(n)
     return self._sized_proposers[n]
 
+  def _commit_host(self, state: EngineState, accepted, nxt) -> EngineState:
+    """`commit_host` compiled once (on a mesh the state keeps its shardings)."""
+    def build():
+      kw = {}
+      if self.mesh is not None:
+        kw["out_shardings"] = jax.tree.map(lambda x: x.sharding, state)
+      return jax.jit(commit_host, donate_argnums=(0,), **kw)
+    prog, _ = self._programs.get(ProgramKey("commit_host", "engine", None, (), self.lowering),
+                                 build)
+    return prog(state, jnp.asarray(accepted), jnp.asarray(nxt))
+
   def programs(self, sampling: SamplingParams, B: int, T: int, S: int, dtype):
     """(start, step, compile seconds): `start(tokens, lengths, key) -> (first, state)`; `step`
     the compiled step (`step(tp, dp, state, key, *host)`), or for a proposer with a host hook
@@ -466,20 +556,77 @@ class SpeculativeEngine(DecodingMethod):
                sampling: SamplingParams = SamplingParams(), seed: int = 0,
                eos_token_ids: Sequence[int] = (), max_len: int | None = None,
                stop_strings: Sequence[str] = (), tokenizer=None,
-               streamer=None) -> GenerationResult:
+               streamer=None, batch_size: int | None = None) -> GenerationResult:
     """Generate like `Decoder.generate`; greedy output equals it token for token.
 
     The result's `stats` is a SpecStats; `steps` counts verifications (target forwards).
+    `batch_size`: the prompts run in batches of that many rows, one batch after another (each
+    batch's draws from its own key; `stats` laid out over all the prompts).
     """
+    kw = dict(max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids,
+              max_len=max_len, stop_strings=stop_strings, tokenizer=tokenizer,
+              streamer=streamer)
+    if batch_size is not None and batch_size < 1:
+      raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    prompts = token_ids(prompts)
+    if batch_size is None or batch_size >= len(prompts):
+      return self._generate(prompts, seed=seed, **kw)
+    if streamer is not None:
+      raise ValueError(f"a streamer takes one row (as transformers' streamers do); this "
+                       f"request has {len(prompts)} rows")
+    root = jax.random.fold_in(jax.random.key(seed), HOST_STREAM - 1)
+    res = None
+    for lo in range(0, len(prompts), batch_size):
+      part = self._generate(prompts[lo:lo + batch_size], seed=seed, row0=lo,
+                            key=None if lo == 0 else fold_in(root, lo), **kw)
+      stats = part.stats.spread(lo, len(prompts))
+      if res is None:
+        res = dataclasses.replace(part, stats=stats)
+        continue
+      res.stats.extend(stats)
+      res.tokens += part.tokens
+      res.finish_reasons += part.finish_reasons
+      res.prompt_lengths += part.prompt_lengths
+      res.compile_s += part.compile_s
+      res.prefill_s += part.prefill_s
+      res.decode_s += part.decode_s
+      res.steps += part.steps
+      res.stats.sizing = part.stats.sizing or res.stats.sizing
+    return res
+
+  def _generate(self, prompts, *, max_new_tokens: int, sampling: SamplingParams, seed: int,
+                eos_token_ids, max_len, stop_strings, tokenizer, streamer, row0: int = 0,
+                key=None) -> GenerationResult:
+    """One batch: `row0` its first row in the caller's request (errors name rows by it),
+    `key` its key (default: the seed's)."""
     P = self.proposer
     req = request(prompts, max_new_tokens=max_new_tokens, sampling=sampling, config=self.tc,
                   max_len=max_len, extra_slots=self.extra_slots, method=self.method,
                   mesh=self.mesh, seed=seed, eos_token_ids=eos_token_ids,
                   stop_strings=stop_strings, tokenizer=tokenizer, streamer=streamer)
+    if key is not None:
+      req = req._replace(key=key)
+    req.out.row0 = row0
     B, S, dtype = req.B, req.S, compute_dtype(self.tp)
     start, step, compile_s = self.programs(sampling, B, req.T, S, dtype)
     stats = SpecStats(drafted=[], accepted=[], proposer=P)
     names = P.step_count_names()
+    on_host = P.verifies_on_host(sampling)
+    run = None
+    if P.host_hook:  # its own programs compiled before the clock starts
+      run = HostRun(sampling=sampling, key=fold_in(req.key, HOST_STREAM), B=B, S=S,
+                    dtype=dtype, room=max_new_tokens + self.extra_slots, max_len=max_len,
+                    program=None)
+
+      def program(name, shapes, build):
+        prog, seconds = self._programs.get(self._key(name, sampling, *shapes), build)
+        run.compiled_s += seconds
+        return prog
+
+      run.program = program
+      P.host_start(req.prompts, run)
+      compile_s += run.compiled_s
+      run.compiled_s = 0.0
 
     def begin():
       first, state = start(jnp.asarray(req.tokens), jnp.asarray(req.lengths),
@@ -507,12 +654,15 @@ class SpeculativeEngine(DecodingMethod):
       if P.host_hook:
         t_host = time.perf_counter()
         arrays, host_counts = P.host_block(hist, active)
-        stats.host_s += time.perf_counter() - t_host
+        # a program the hook compiled first now: its seconds are compile time, not host time
+        compiled, run.compiled_s = run.compiled_s, 0.0
+        stats.host_s += time.perf_counter() - t_host - compiled
         if sizer is not None:  # at most the chosen length, at most what was found
           need = min(sizer.choose(), int(np.max(host_counts, initial=0)))
           width = next(m for m in sizer.lengths if m >= need)
           arrays, host_counts = limit_block(arrays, host_counts, width)
-        prog, compiled = step(tuple(np.shape(a) for a in arrays))
+        prog, seconds = step(tuple(host_spec(a) for a in arrays))
+        compiled += seconds
         t0 = time.perf_counter()
         out = prog(self.tp, self.dp, state, key, *map(jnp.asarray, arrays))
       elif sizer is not None:  # a sized device drafter
@@ -522,9 +672,26 @@ class SpeculativeEngine(DecodingMethod):
         t0 = time.perf_counter()
         host_counts, out = None, prog(self.tp, self.dp, state, key)
       else:
+        t0 = time.perf_counter()
         host_counts, out = None, step(self.tp, self.dp, state, key)
-      state, emitted, n, *rest = out
-      emitted, n = np.asarray(emitted), np.asarray(n)
+      if on_host:  # the target's probabilities; the proposer verifies, the engine commits
+        state, p = out
+        p = np.asarray(p)
+        stats.step_s += time.perf_counter() - t0
+        t_host = time.perf_counter()
+        n, nxt = P.host_verify(p, active)
+        stats.host_s += time.perf_counter() - t_host
+        n, nxt = np.asarray(n, np.int32), np.asarray(nxt, np.int32)
+        state = self._commit_host(state, n, nxt)
+        drafts = np.asarray(arrays[0])
+        emitted = np.full((B, drafts.shape[1] + 1), -1, np.int64)
+        for b in range(B):
+          emitted[b, :n[b] + 1] = [*drafts[b, :n[b]], nxt[b]]
+        rest = []
+      else:
+        state, emitted, n, *rest = out
+        emitted, n = np.asarray(emitted), np.asarray(n)
+        stats.step_s += time.perf_counter() - t0
       rest = [np.asarray(x) for x in rest]
       counts = dict(zip(names, rest))
       keep = rest[len(names)] if P.gated else None
@@ -534,7 +701,7 @@ class SpeculativeEngine(DecodingMethod):
       stats.drafted.append(drafted)
       stats.accepted.append([int(x) if a else 0 for x, a in zip(n, active)])
       stats.active.append([bool(a) for a in active])
-      SP.record_step(stats, active, counts, host_counts, keep)
+      SP.record_step(stats, active, {**counts, "accepted": n}, host_counts, keep)
       if hist is not None:
         hist = held["hist"] = [np.concatenate([h, e[:k + 1]])
                                for h, e, k in zip(hist, emitted, n)]
@@ -584,6 +751,15 @@ class TreeDecoder(SpeculativeEngine):
     super().__init__(target_params, target_config, TreeProposer(
         draft_params, draft_config, target_config, tree=tree, draft_vocab=draft_vocab,
         draft_prefill=draft_prefill), layout=layout, mesh=mesh, self_sizing=self_sizing)
+
+
+def host_spec(a):
+  """A host block array's part of a step program's key: its shape (int32), or its
+  `jax.ShapeDtypeStruct` (another dtype: a sampled drafter's q rows)."""
+  dtype = jnp.dtype(a.dtype)
+  if dtype == jnp.int32:
+    return tuple(np.shape(a))
+  return jax.ShapeDtypeStruct(tuple(np.shape(a)), dtype)
 
 
 def mesh_layout(layout: str, mesh) -> str:

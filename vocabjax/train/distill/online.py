@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 
 from vocabjax.decoding.autoregressive import Decoder
-from vocabjax.decoding.crossvocab import CrossVocabDecoder
+from vocabjax.decoding.crossvocab import CrossVocabDecoder, ngram_hits_per_step
 from vocabjax.decoding.speculative import block_layout
 from vocabjax.io import atomic_write_json
 from vocabjax.prompts import DatasetSpec, encode_prompts, load_prompts
@@ -101,7 +101,7 @@ def online(job: DistillJob, *, show_progress: bool = True, models=None,
     st = r.stats
     row = {"seq": k, "qid": prompts[k].qid, "updates": updates,
            "acceptance_rate": st.acceptance_rate, "tau": st.tau,
-           "ngram_per_step": st.ngram_hits_per_step, "tokens_per_s": r.tokens_per_s,
+           "ngram_per_step": ngram_hits_per_step(st), "tokens_per_s": r.tokens_per_s,
            "ar_tokens_per_s": a.tokens_per_s, "speedup": r.tokens_per_s / a.tokens_per_s,
            "identical": r.tokens == a.tokens, "tokens": r.num_generated,
            "ngram_entries": len(dec.ngram.entries)}
