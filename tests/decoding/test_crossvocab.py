@@ -330,6 +330,8 @@ def test_nonfinite_target_logits_are_an_error_naming_the_row(setup, sampling):
   with pytest.raises(NonFiniteLogitsError, match=r"prefill hold NaN or inf \(row 1, generated "
                                                  r"token 0\)"):
     dec(bad).generate(ps, max_new_tokens=6, sampling=sampling)
+  with pytest.raises(NonFiniteLogitsError, match=r"\(row 1, generated token 0\)"):
+    dec(bad).generate(ps, max_new_tokens=6, sampling=sampling, batch_size=1)  # its own batch
   clean = Decoder(target, tc).generate(ps[:1], max_new_tokens=12).tokens[0]
   pos = next(i for i, t in enumerate(clean) if t not in ps[0] and t not in clean[:i])
   assert pos < 10, clean
@@ -359,3 +361,30 @@ def test_a_streamer_gets_the_target_tokens_as_they_are_kept(setup):
   assert [t for chunk in puts[1:] for t in chunk] == res.tokens[0]
   with pytest.raises(ValueError, match="a streamer takes one row .* has 2 rows"):
     dec.generate(ps[:2], max_new_tokens=4, streamer=Rec())
+
+
+def test_batch_size_runs_batches_in_turn_with_the_target_tokens(setup):
+  """`batch_size` (the engine's, for every method): three prompts in batches of two give the
+  target's greedy tokens, for the cross-vocabulary proposer and a chain drafter alike; the
+  stats are laid out over all three rows (a batch's steps count only its own rows) and add up
+  to the batches' own runs."""
+  from vocabjax.decoding.speculative import ChainDecoder
+
+  ttok, dtok, tc, dc, target, draft = setup
+  ps = prompts(ttok)
+  ref = Decoder(target, tc).generate(ps, max_new_tokens=20)
+  for dec in (CrossVocabDecoder(target, tc, draft, dc, target_tokenizer=ttok,
+                                draft_tokenizer=dtok, gamma=3, ngram=False),
+              ChainDecoder(target, tc, target, tc, gamma=3)):
+    res = dec.generate(ps, max_new_tokens=20, batch_size=2)
+    assert res.tokens == ref.tokens and res.prompt_lengths == [len(p) for p in ps]
+    st = res.stats
+    assert all(len(row) == 3 for row in st.drafted + st.accepted + st.active)
+    first = dec.generate(ps[:2], max_new_tokens=20).stats
+    last = dec.generate(ps[2:], max_new_tokens=20).stats
+    assert res.steps == len(first.drafted) + len(last.drafted)
+    assert st.active[:len(first.drafted)] == [row + [False] for row in first.active]
+    assert st.active[len(first.drafted):] == [[False, False] + row for row in last.active]
+    assert st.num_steps == first.num_steps + last.num_steps
+  with pytest.raises(ValueError, match="batch_size must be >= 1, got 0"):
+    dec.generate(ps, max_new_tokens=4, batch_size=0)

@@ -13,8 +13,8 @@ A decoder supplies only what is its own:
 and `host_loop` drives it: rows stop at EOS, a stop string or `max_new_tokens`
 (`OutputCollector`), a non-finite flag raises, and the result's times keep compilation out of
 prefill and decode. Every decoder runs through it: plain decoding, chain / tree / EAGLE /
-Medusa (`SpeculativeDecoder`), prompt lookup, EAGLE + lookup, and the cross-vocabulary decoder
-(one `host_loop` per batch of rows, its translation and n-gram cache in `advance`).
+Medusa, prompt lookup, EAGLE + lookup, SuffixDecoding and the cross-vocabulary drafter (every
+speculative method is a proposer on `speculative.SpeculativeEngine`).
 """
 
 from __future__ import annotations
@@ -322,7 +322,7 @@ def request(prompts: Sequence[Sequence[int]], *, max_new_tokens: int, sampling: 
   """Validate a request (ids, lengths, cache room for one step's `extra_slots`, the device's
   memory, on a mesh its data axis dividing the batch unless `rows_over_data` is False: plain
   decoding places an odd batch replicated) and lay it out (`block_request`) for `host_loop`:
-  the one request path of every decoder but the cross-vocabulary one."""
+  the one request path of every decoder."""
   prompts, lengths, S, T, tokens = block_request(prompts, max_new_tokens, sampling, config,
                                                  max_len, extra_slots, method)
   B = len(prompts)

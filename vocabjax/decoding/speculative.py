@@ -13,12 +13,17 @@ One step, compiled once per (proposer, sampling, shapes, lowering): the proposer
 target cache is rolled back or compacted, and the proposer updates its own state from the
 verdict (`commit`). A gated proposer (EAGLE's confidence) may leave every row undrafted: the
 step then verifies its `fallback` (the roots alone, or a lookup trie) instead, and skips the
-drafting (`jax.lax.cond`). A proposer with a host hook (prompt lookup, SuffixDecoding) gives
-each step host arrays; a step program is compiled per block shape when first met.
+drafting (`jax.lax.cond`). A proposer with a host hook (prompt lookup, SuffixDecoding, a
+drafter with another tokenizer) gives each step host arrays; a step program is compiled per
+block shape when first met. A hook may run device programs of its own through the engine's
+cache (`HostRun`: the cross-vocabulary drafter's prefill and drafting loop), and a proposer may
+verify on the host (`verifies_on_host`: the step then returns the target's probabilities of
+[last, drafts], `engine_probs_step`, and the engine commits the host's verdict, `commit_host`).
 
 The classic constructors stay: `ChainDecoder` and `TreeDecoder` (a same-vocabulary drafter
 model, `drafter.ChainProposer` / `TreeProposer`), `EagleDecoder`, `MedusaDecoder`,
-`PromptLookupDecoder`, `EagleLookupDecoder` are this engine with their proposer.
+`PromptLookupDecoder`, `EagleLookupDecoder`, `CrossVocabDecoder` are this engine with their
+proposer.
 
 `draft_vocab` swaps a model drafter's vocabulary policy: a static subset (`VocabSubset`,
 VocabTrim / FR-Spec) for `vocabjax.vocab.subset.static_policy`, a ranker (`SpeculativeVocab`,
