@@ -7,8 +7,10 @@ and XLA:TPU's compiler run on exactly what the decoders would run. `tpu.MATRIX_M
 `tpu.MATRIX_TOPOLOGIES` are the matrix; `python -m vocabjax.bench tpu-matrix` compiles the same
 cells and writes their table (experiments/results/tpu_matrix/, quoted in docs/tpu.md).
 
-Shapes: Qwen2.5-0.5B's layers (D=896, 14 heads, 2 KV heads of 64, F=4864), a 2-layer target
-and a 1-layer drafter, bf16, B=1, a 256-slot cache, Qwen's V=151936 for every method (the
+Shapes: layers of D=256 (4 heads, 2 KV heads of 64, F=512: `matrix_setup(narrow=True)`, a
+third less compile time than Qwen2.5-0.5B's D=896 layers, which `bench tpu-matrix` records),
+a 2-layer target and a 1-layer drafter, bf16, B=1, a 256-slot cache, Qwen's V=151936 for
+every method (the
 tree-shaped steps' drafting top-k runs in two stages on TPU, `Lowering.block_top_k`: 2-4 s a
 program), crossvocab with a V=32000 llama drafter.
 
@@ -27,7 +29,7 @@ from vocabjax.testing.tpu_aot import libtpu_available
 S = 256
 
 
-REAL_V = tpu.matrix_setup()  # the matrix's models (and `python -m vocabjax.bench tpu-matrix`'s)
+REAL_V = tpu.matrix_setup(narrow=True)  # the matrix's models, narrow layers (module doc)
 
 
 @pytest.fixture(scope="module")

@@ -190,3 +190,40 @@ def test_bf16_dots_round_products_and_their_gradients(M):
   assert np.abs(np.asarray(y) - exact).max() > 1e-3  # it did round
   y32 = jax.jit(lambda x, w: vjp(x, w, Lowering())[0])(x, w)  # the default: exact f32
   np.testing.assert_allclose(np.asarray(y32), exact, rtol=1e-5, atol=1e-4)
+
+
+def test_an_avx2_target_builds_its_own_library_without_the_bf16_gemm(tmp_path):
+  """`VOCABJAX_CPU_MARCH=x86-64-v3` (an AVX2-only host's code path): a library of its own
+  beside the native one, without the AVX512-BF16 GEMM, whose matmuls (int8 weights, the
+  decoders' drafter path) still match the reference; a value that is no target name is
+  refused naming it. In a subprocess: the kernel library is loaded once per process."""
+  import os
+  import subprocess
+  import sys
+
+  from tests.conftest import subprocess_xla_flags
+
+  code = (
+      "import jax, numpy as np\n"
+      "from tests.kernels.test_cpu_matmul import _operands\n"
+      "from vocabjax.kernels import cpu_matmul\n"
+      "x, w, s = _operands(3, 100, 37, 'int8')\n"
+      "y = jax.jit(cpu_matmul.linear)(x, w, s)\n"
+      "ref = cpu_matmul.linear_reference(x, w, s)\n"
+      "np.testing.assert_allclose(np.asarray(y), np.asarray(ref), rtol=2e-5, atol=2e-4)\n"
+      "print(cpu_matmul.available(), cpu_matmul.gemm_available(), cpu_matmul.library_path())\n")
+  env = {**os.environ, "VOCABJAX_CPU_MARCH": "x86-64-v3", "VOCABJAX_CACHE": str(tmp_path),
+         "XLA_FLAGS": subprocess_xla_flags(1)}
+  out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+  assert out.returncode == 0, out.stderr[-2000:]
+  available, gemm, path = out.stdout.split()
+  assert available == "True" and gemm == "False"
+  assert path.startswith(str(tmp_path)) and path != str(cpu_matmul.library_path())
+  os.environ["VOCABJAX_CPU_MARCH"] = "native; rm -rf /"
+  try:
+    with pytest.raises(ValueError, match=r"VOCABJAX_CPU_MARCH='native; rm -rf /' is not a "
+                                         r"compiler target name"):
+      cpu_matmul.march()
+  finally:
+    del os.environ["VOCABJAX_CPU_MARCH"]

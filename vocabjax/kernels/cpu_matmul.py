@@ -20,8 +20,11 @@ on the stored values (bf16 activations are widened to f32 first). Its result for
 a verified block equal its logits in a one-token step bit for bit (greedy identity holds by
 construction, not only up to ties).
 
-The kernel is compiled on first use with the system C++ compiler (`-O3 -march=native`) into
-`$VOCABJAX_CACHE/kernels/` (keyed by the source, the jaxlib version and the CPU's flags) and
+The kernel is compiled on first use with the system C++ compiler (`-O3 -march=native`; the
+environment variable `VOCABJAX_CPU_MARCH` names another target, e.g. `x86-64-v3` for AVX2 + FMA
+without AVX-512: a library for a fleet of mixed hosts, or an AVX2-only host's code path measured
+on an AVX-512 one) into `$VOCABJAX_CACHE/kernels/` (keyed by the source, the jaxlib version, the
+CPU's flags and that target) and
 registered as an XLA FFI target. It is used on the CPU backend for f32 or bf16 x with
 M <= `MAX_ROWS`, and for any M in decoding steps (`Lowering.any_rows`, so that a batch's
 verified block keeps the one-token step's rounding however many rows it has); everything else
@@ -150,9 +153,19 @@ def library_path() -> Path:
   """Where the compiled kernel for this source, jaxlib and CPU lives."""
   import jaxlib
   key = hashlib.sha256(_SOURCE.read_bytes() + jaxlib.__version__.encode()
-                       + cpuinfo().get("flags", sys.platform).encode()).hexdigest()[:16]
+                       + cpuinfo().get("flags", sys.platform).encode()
+                       + march().encode()).hexdigest()[:16]
   root = Path(os.environ.get("VOCABJAX_CACHE", Path.home() / ".cache" / "vocabjax"))
   return root / "kernels" / f"cpu_matmul-{key}.so"
+
+
+def march() -> str:
+  """The `-march` the kernel is built for: `VOCABJAX_CPU_MARCH`, else "native"."""
+  value = os.environ.get("VOCABJAX_CPU_MARCH", "").strip() or "native"
+  if not all(c.isalnum() or c in "-_." for c in value):
+    raise ValueError(f"VOCABJAX_CPU_MARCH={value!r} is not a compiler target name (e.g. "
+                     f"native, x86-64-v3, skylake-avx512)")
+  return value
 
 
 def build(force: bool = False) -> Path:
@@ -167,7 +180,7 @@ def build(force: bool = False) -> Path:
   out.parent.mkdir(parents=True, exist_ok=True)
   fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=out.name, suffix=".partial")
   os.close(fd)
-  cmd = [cxx, "-O3", "-march=native", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno",
+  cmd = [cxx, "-O3", f"-march={march()}", "-std=c++17", "-shared", "-fPIC", "-fno-math-errno",
          "-ffp-contract=off", "-w",
          f"-I{jax.ffi.include_dir()}", str(_SOURCE), "-o", tmp]
   try:
