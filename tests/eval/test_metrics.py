@@ -29,3 +29,18 @@ def test_decode_speedup_absent_without_decode_times():
   got = aggregate(torch, {("a", 0): ar[0]})
   assert got["decode_tokens_per_s"] is None and got["decode_speedup"] is None
   assert got["speedup"] == pytest.approx(15 / 12)
+
+
+def test_a_capped_instruction_set_is_named_in_the_machine_line(monkeypatch):
+  """A run with the CPU kernel built for another target and XLA capped (an AVX2-only host's
+  code path on an AVX-512 one) says so beside the CPU's own flags; an uncapped one adds
+  nothing."""
+  from vocabjax.eval.provenance import cpu_model, isa_cap
+
+  monkeypatch.delenv("VOCABJAX_CPU_MARCH", raising=False)
+  monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+  assert isa_cap() == "" and "code capped" not in cpu_model()
+  monkeypatch.setenv("VOCABJAX_CPU_MARCH", "x86-64-v3")
+  monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_max_isa=AVX2 --xla_force_host_platform_device_count=8")
+  assert isa_cap() == " (code capped: kernel -march=x86-64-v3, XLA max ISA AVX2)"
+  assert cpu_model().endswith(isa_cap())

@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 from pathlib import Path
 
 from vocabjax.checkpoints.hub import HubError, commit_of, parse_hub_id
@@ -52,8 +53,25 @@ def cpu_model() -> str:
   if info.get("model name"):
     flags = set(info.get("flags", "").split())
     isa = " ".join(f for f in _ISA if f in flags)
-    return f"{info['model name']} [{isa}]" if isa else info["model name"]
-  return platform.processor() or platform.machine()
+    name = f"{info['model name']} [{isa}]" if isa else info["model name"]
+  else:
+    name = platform.processor() or platform.machine()
+  return name + isa_cap()
+
+
+def isa_cap() -> str:
+  """"" where the code uses the whole CPU; else what caps it (the CPU kernel built for another
+  `-march`, `VOCABJAX_CPU_MARCH`; XLA's `--xla_cpu_max_isa`), e.g. " (code capped: kernel
+  -march=x86-64-v3, XLA max ISA AVX2)": an AVX2-only host's code path run on an AVX-512 one is
+  labelled so, never as the host it runs on."""
+  from vocabjax.kernels.cpu_matmul import march
+  caps = []
+  if march() != "native":
+    caps.append(f"kernel -march={march()}")
+  m = re.search(r"--xla_cpu_max_isa=(\S+)", os.environ.get("XLA_FLAGS", ""))
+  if m:
+    caps.append(f"XLA max ISA {m.group(1)}")
+  return f" (code capped: {', '.join(caps)})" if caps else ""
 
 
 def machine_id() -> dict:
