@@ -33,7 +33,7 @@ from pathlib import Path
 from vocabjax.checkpoints.hub import HubError, commit_of, parse_hub_id
 from vocabjax.checkpoints.zoo import REGISTRY, cache_dir, sha256_file
 from vocabjax.io import atomic_write_json
-from vocabjax.kernels.cpu_matmul import cpuinfo
+from vocabjax.kernels.cpu_matmul import cpuinfo, march
 from vocabjax.version import __version__
 
 _HASHES = "content_hashes.json"
@@ -64,7 +64,6 @@ def isa_cap() -> str:
   `-march`, `VOCABJAX_CPU_MARCH`; XLA's `--xla_cpu_max_isa`), e.g. " (code capped: kernel
   -march=x86-64-v3, XLA max ISA AVX2)": an AVX2-only host's code path run on an AVX-512 one is
   labelled so, never as the host it runs on."""
-  from vocabjax.kernels.cpu_matmul import march
   caps = []
   if march() != "native":
     caps.append(f"kernel -march={march()}")
