@@ -102,7 +102,7 @@ class SpecStats:
   @property
   def tau(self) -> float:
     """Mean tokens emitted per verification (accepted + 1), over active rows and steps."""
-    steps = (sum(a for row in self.active for a in row) if self.active
+    steps = (self.num_steps if self.active
              else sum(1 for row in self.drafted for d in row if d))
     acc = sum(a for row in self.accepted for a in row)
     return (acc + steps) / steps if steps else float("nan")
@@ -385,17 +385,21 @@ class SpeculativeEngine(DecodingMethod):
     """An abstract argument placed as the engine's inputs are (`engine.abstract_arg`)."""
     return abstract_arg(shape, dtype, B=B, mesh=self.mesh, like=self.tp, rows=rows)
 
+  def _abstract_cache(self, config: LlamaLikeConfig, B: int, S: int, dtype):
+    """A [B, S] cache of `config`, abstract and placed as the engine's caches are."""
+    c = abstract_cache(config, B, S, dtype, self.mesh)
+    return c if self.mesh is not None else placed_like(c, self.tp)
+
   def _abstract_caches(self, B: int, S: int, dtype):
     """(the target's cache, {name: the proposer's caches}), abstract and placed."""
-    def cache(config):
-      c = abstract_cache(config, B, S, dtype, self.mesh)
-      return c if self.mesh is not None else placed_like(c, self.tp)
-    return cache(self.tc), {k: cache(c) for k, c in self.proposer.caches().items()}
+    return (self._abstract_cache(self.tc, B, S, dtype),
+            {k: self._abstract_cache(c, B, S, dtype) for k, c in self.proposer.caches().items()})
 
   def abstract_caches(self, B: int, S: int, dtype) -> list:
-    """Every KV cache a step holds (the target's first), abstract and placed."""
+    """Every KV cache a step holds (the target's first, its host hook's last), abstract and
+    placed."""
     tcache, caches = self._abstract_caches(B, S, dtype)
-    host = [abstract_cache(c, B, S, dtype, self.mesh) for c in self.proposer.host_caches().values()]
+    host = [self._abstract_cache(c, B, S, dtype) for c in self.proposer.host_caches().values()]
     return [tcache, *caches.values(), *host]
 
   def _new_caches(self, B: int, S: int, dtype):
@@ -619,16 +623,14 @@ class SpeculativeEngine(DecodingMethod):
     on_host = P.verifies_on_host(sampling)
     run = None
     if P.host_hook:  # its own programs compiled before the clock starts
-      run = HostRun(sampling=sampling, key=fold_in(req.key, HOST_STREAM), B=B, S=S,
-                    dtype=dtype, room=max_new_tokens + self.extra_slots, max_len=max_len,
-                    program=None)
-
       def program(name, shapes, build):
         prog, seconds = self._programs.get(self._key(name, sampling, *shapes), build)
         run.compiled_s += seconds
         return prog
 
-      run.program = program
+      run = HostRun(sampling=sampling, key=fold_in(req.key, HOST_STREAM), B=B, S=S,
+                    dtype=dtype, room=max_new_tokens + self.extra_slots, max_len=max_len,
+                    program=program)
       P.host_start(req.prompts, run)
       compile_s += run.compiled_s
       run.compiled_s = 0.0
