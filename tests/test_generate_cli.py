@@ -167,6 +167,7 @@ def test_batch_size_repeats_prompts(tiny_chat_dir):
 
 
 def test_rows_decode_continuously_with_the_batched_outputs(tiny_chat_dir, tmp_path):
+  """--rows 2 over three prompts, plain and speculative (prompt lookup): the batched outputs."""
   base = ["--target", str(tiny_chat_dir), "--prompt", "def add(a, b):", "--prompt", "Hi",
           "--prompt", "Hello there, how are you today?", "--max-new-tokens", "9", "--quiet"]
   batched = main(parse_args(base))
@@ -176,11 +177,15 @@ def test_rows_decode_continuously_with_the_batched_outputs(tiny_chat_dir, tmp_pa
   saved = json.loads((tmp_path / "c.json").read_text())
   assert saved["settings"]["rows"] == 2 and saved["timing"]["generated_tokens"] == sum(
       map(len, batched["output_ids"]))
+  pld = main(parse_args(base + ["--rows", "2", "--method", "pld"]))
+  assert pld["output_ids"] == batched["output_ids"]
+  assert len(pld["speculative"]["accepted_per_step_row"][0]) == 2  # the stats' rows: cache rows
 
 
 @pytest.mark.parametrize("flags,message", [
     (["--rows", "0"], "--rows must be >= 1, got 0"),
-    (["--rows", "2", "--method", "pld"], "decodes with --method ar, not pld"),
+    (["--rows", "2", "--method", "crossvocab", "--draft", "d"],
+     "--method crossvocab keeps per-row host state"),
     (["--method", "pld", "--draft", "d"], "--method pld drafts without a drafter model"),
     (["--rows", "2", "--mesh", "data=1,model=1"], "runs on one device: drop --mesh"),
 ])

@@ -17,7 +17,6 @@ rows would otherwise idle until its longest answer ends.
 from __future__ import annotations
 
 import functools
-import time
 from typing import Sequence
 
 import jax
@@ -28,8 +27,8 @@ from vocabjax import sharding
 from vocabjax.decoding.base import DecodingMethod, GenerationResult
 from vocabjax.decoding.engine import (  # noqa: F401  (request checks re-exported: their old home)
     KEY, PROMPT_STEP, NonFiniteLogitsError, OutputCollector, ProgramCache, ProgramKey, Request,
-    abstract_arg, block_request, bucket, cache_slots, check_cache_fits, fold_in, host_loop,
-    nonfinite_error, placed_like, prompt_bucket, request, token_ids, validate_request)
+    abstract_arg, block_request, bucket, cache_slots, check_cache_fits, continuous_loop, fold_in,
+    host_loop, nonfinite_error, placed_like, prompt_bucket, request, token_ids, validate_request)
 from vocabjax.sampling import SamplingParams, sample
 from vocabjax.lowering import Lowering, decoding_lowering, lowered, step_lowering
 from vocabjax.models.cache import KVCache
@@ -202,68 +201,35 @@ class Decoder(DecodingMethod):
     Sampling draws other random numbers than `generate` (per prompt and step). One device."""
     if self.mesh is not None:
       raise ValueError("continuous batching runs on one device; use generate() on a mesh")
-    if rows < 1:
-      raise ValueError(f"rows={rows} must be >= 1")
-    cfg = self.config
-    prompts = token_ids(prompts)
-    validate_request(prompts, max_new_tokens, sampling, cfg, max_len)
-    N, B = len(prompts), min(rows, len(prompts))
-    out = OutputCollector(N, max_new_tokens, eos_token_ids, stop_strings, tokenizer)
-    lengths = [len(p) for p in prompts]
-    S = cache_slots(max(lengths), max_new_tokens, max_len)
+    req = request(prompts, max_new_tokens=max_new_tokens, sampling=sampling,
+                  config=self.config, max_len=max_len, extra_slots=0, method=self.method,
+                  mesh=None, seed=seed, eos_token_ids=eos_token_ids, stop_strings=stop_strings,
+                  tokenizer=tokenizer, rows=rows)
+    B, S = min(rows, req.B), req.S
     cache_dtype = cache_dtype or compute_dtype(self.params)
     step, compile_s = self.step_program(sampling, B, S, cache_dtype)
-    key_prefill, key_step = jax.random.split(jax.random.key(seed))
-    cache = self._new_cache(B, S, cache_dtype)
-    new = np.zeros(B, np.int32)
-    occupant = [-1] * B  # the prompt each row decodes (-1: idle)
-    pending = iter(range(N))
-    timing = {"prefill": 0.0, "compile": 0.0}  # spent on the prompts' prefills
 
-    def fill(b: int) -> None:
-      """Give row b the next prompt that is not finished by its first token."""
-      nonlocal cache
-      for i in pending:
-        T = min(prompt_bucket(lengths[i]), S)
-        prefill, c = self.prefill_program(sampling, 1, T, S, cache_dtype)
-        timing["compile"] += c
-        t = time.perf_counter()
-        tokens = np.zeros((1, T), np.int32)
-        tokens[0, :lengths[i]] = prompts[i]
-        tok, row = prefill(self.params, jnp.asarray(tokens),
-                           jnp.asarray([lengths[i]], jnp.int32),
-                           self._new_cache(1, S, cache_dtype),
-                           fold_in(key_prefill, i))
-        tok = int(np.asarray(tok)[0])
-        out.add_row(i, [tok], step=0)
-        if not out.done[i]:
-          cache = _put_row(cache, row, b)
-          timing["prefill"] += time.perf_counter() - t
-          new[b], occupant[b] = tok, i
-          return
-        timing["prefill"] += time.perf_counter() - t
-      occupant[b] = -1  # no prompt left: the row idles from slot 0 (never past S)
-      cache = cache.replace(lengths=cache.lengths.at[b].set(0))
+    def fill(carry, b, i, key):
+      new, cache = carry
+      if i is None:  # the row idles from slot 0 (never past S)
+        return (new, cache.replace(lengths=cache.lengths.at[b].set(0))), None, 0.0
+      n = len(req.prompts[i])
+      T = min(prompt_bucket(n), S)
+      prefill, compiled = self.prefill_program(sampling, 1, T, S, cache_dtype)
+      tok, row = prefill(self.params, jnp.asarray(req.tokens[i:i + 1, :T]),
+                         jnp.asarray([n], jnp.int32), self._new_cache(1, S, cache_dtype), key)
+      tok = int(np.asarray(tok)[0])
+      new[b] = tok
+      return (new, _put_row(cache, row, b)), tok, compiled
 
-    t0 = time.perf_counter()
-    for b in range(B):
-      fill(b)
-    steps = 0
-    while any(i >= 0 for i in occupant):
-      steps += 1
-      emitted, cache = step(self.params, jnp.asarray(new), cache,
-                            fold_in(key_step, steps))
+    def advance(carry, i, key, active):
+      new, cache = carry
+      emitted, cache = step(self.params, jnp.asarray(new), cache, key)
       new = np.array(emitted, np.int32)
-      for b, i in enumerate(occupant):
-        if i >= 0:
-          out.add_row(i, [int(new[b])], step=steps)
-          if out.done[i]:
-            fill(b)
-    total = time.perf_counter() - t0
-    return GenerationResult(tokens=out.tokens, finish_reasons=out.reasons,
-                            prompt_lengths=lengths, compile_s=compile_s + timing["compile"],
-                            prefill_s=timing["prefill"],
-                            decode_s=total - timing["prefill"] - timing["compile"], steps=steps)
+      return (new, cache), new, 0.0
+
+    carry = (np.zeros(B, np.int32), self._new_cache(B, S, cache_dtype))
+    return continuous_loop(req, rows, carry, fill, advance, compile_s=compile_s)
 
 
 @functools.partial(jax.jit, donate_argnums=(0,))

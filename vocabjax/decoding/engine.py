@@ -288,10 +288,11 @@ def check_cache_fits(config: LlamaLikeConfig, B: int, S: int, method: str) -> No
 
 def block_request(prompts: Sequence[Sequence[int]], max_new_tokens: int,
                   sampling: SamplingParams, config: LlamaLikeConfig, max_len: int | None,
-                  extra_slots: int, method: str):
+                  extra_slots: int, method: str, rows: int | None = None):
   """Validate a request for a method whose steps write up to `extra_slots` cache slots past
   `max_new_tokens`; returns (prompts as int lists, lengths [B], cache slots S, prompt block T,
-  right-padded prompt tokens [B, T])."""
+  right-padded prompt tokens [B, T]). `rows`: the cache rows that decode them (continuous
+  batching; default one per prompt), what the memory check counts."""
   prompts = token_ids(prompts)
   room = max_new_tokens + extra_slots
   # plain decoding (no extra slots): its own message for a cache that is too short
@@ -307,7 +308,7 @@ def block_request(prompts: Sequence[Sequence[int]], max_new_tokens: int,
     raise ValueError(f"prompt of {longest} tokens + {max_new_tokens=} + {extra_slots} slots for "
                      f"one {method} step = {longest + room} exceeds the cache length {max_len=}")
   S = cache_slots(longest, room, max_len)
-  check_cache_fits(config, len(prompts), S, method)
+  check_cache_fits(config, min(rows or len(prompts), len(prompts)), S, method)
   T = min(prompt_bucket(longest), S)
   tokens = np.zeros((len(prompts), T), np.int32)
   for b, p in enumerate(prompts):
@@ -318,13 +319,16 @@ def block_request(prompts: Sequence[Sequence[int]], max_new_tokens: int,
 def request(prompts: Sequence[Sequence[int]], *, max_new_tokens: int, sampling: SamplingParams,
             config: LlamaLikeConfig, max_len: int | None, extra_slots: int, method: str,
             mesh, seed: int, eos_token_ids=(), stop_strings=(), tokenizer=None,
-            streamer=None, rows_over_data: bool = True) -> Request:
+            streamer=None, rows_over_data: bool = True, rows: int | None = None) -> Request:
   """Validate a request (ids, lengths, cache room for one step's `extra_slots`, the device's
   memory, on a mesh its data axis dividing the batch unless `rows_over_data` is False: plain
   decoding places an odd batch replicated) and lay it out (`block_request`) for `host_loop`:
-  the one request path of every decoder."""
+  the one request path of every decoder. `rows`: continuous batching's cache rows
+  (`continuous_loop`; the collector keeps one row per prompt all the same)."""
+  if rows is not None and rows < 1:
+    raise ValueError(f"rows={rows} must be >= 1")
   prompts, lengths, S, T, tokens = block_request(prompts, max_new_tokens, sampling, config,
-                                                 max_len, extra_slots, method)
+                                                 max_len, extra_slots, method, rows)
   B = len(prompts)
   if rows_over_data and mesh is not None and B % mesh.shape["data"]:
     raise ValueError(f"a batch of B={B} rows does not divide the mesh's data axis of "
@@ -360,6 +364,69 @@ def host_loop(req: Request, start: Callable[[], tuple[np.ndarray, Any]], advance
   return GenerationResult(tokens=out.tokens, finish_reasons=out.reasons,
                           prompt_lengths=req.lengths.tolist(), compile_s=compile_s + late,
                           prefill_s=t1 - t0, decode_s=t2 - t1 - late, steps=steps, stats=stats)
+
+
+Fill = Callable[[Any, int, "int | None", jax.Array], tuple[Any, "int | None", float]]
+
+
+def continuous_loop(req: Request, rows: int, carry, fill: Fill, advance: Advance, *,
+                    compile_s: float, stats=None) -> GenerationResult:
+  """Continuous batching, for every decoder: `rows` cache rows decode the request's prompts
+  (its collector holds one row per prompt, outputs in prompt order), and a row whose prompt is
+  done takes the next one, so answers of different lengths keep every row busy.
+
+  `carry` holds `rows` rows (none of them a prompt's yet). `fill(carry, b, i, key) -> (carry,
+  first token, compile seconds)` prefills prompt i alone into row b, replacing the row's state
+  (the prompt before it, if any, is done); `fill(carry, b, None, None) -> (carry, None, 0.0)`
+  parks row b, no prompt being left for it. `advance` is `host_loop`'s step over the rows
+  (`active`: the rows holding a prompt; an idle row's tokens are ignored). Keys: prompt i's
+  prefill folds i into the request key's first split, step s's step folds s into its second.
+  `prefill_s` counts the prompts' prefills (one at a time), `decode_s` the steps, neither the
+  seconds compiling programs first met."""
+  out, N = req.out, len(req.prompts)
+  R = min(rows, N)
+  key_prefill, key_step = split(req.key)
+  occupant = np.full(R, -1)  # the prompt each row decodes (-1: idle)
+  pending = iter(range(N))
+  spent = {"prefill": 0.0, "compile": 0.0}
+
+  def take(carry, b: int):
+    """Give row b the next prompt that its first token does not finish."""
+    for i in pending:
+      t = time.perf_counter()
+      carry, first, compiled = fill(carry, b, i, fold_in(key_prefill, i))
+      out.add_row(i, [int(first)], step=0)
+      spent["prefill"] += time.perf_counter() - t - compiled
+      spent["compile"] += compiled
+      if not out.done[i]:
+        occupant[b] = i
+        return carry
+    occupant[b] = -1
+    carry, _, _ = fill(carry, b, None, None)
+    return carry
+
+  t0 = time.perf_counter()
+  for b in range(R):
+    carry = take(carry, b)
+  steps = 0
+  while (occupant >= 0).any():
+    steps += 1
+    active = occupant >= 0
+    carry, emitted, compiled = advance(carry, steps, fold_in(key_step, steps), active)
+    spent["compile"] += compiled
+    emitted = np.asarray(emitted).reshape(R, -1)
+    for b in np.flatnonzero(active):
+      i = int(occupant[b])
+      out.add_row(i, emitted[b], step=steps)
+      if out.done[i]:
+        carry = take(carry, b)
+  total = time.perf_counter() - t0
+  out.finish()
+  return GenerationResult(tokens=out.tokens, finish_reasons=out.reasons,
+                          prompt_lengths=req.lengths.tolist(),
+                          compile_s=compile_s + spent["compile"], prefill_s=spent["prefill"],
+                          decode_s=total - spent["prefill"] - spent["compile"], steps=steps,
+                          stats=stats)
 
 
 KEY = jax.ShapeDtypeStruct((), jax.eval_shape(lambda: jax.random.key(0)).dtype)  # a PRNG key

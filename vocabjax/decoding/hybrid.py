@@ -41,6 +41,7 @@ class HostTreeHybrid:
   """A device tree with the host block's tree merged in (module doc); counts named `lookup`."""
 
   host_hook = True
+  continuous = True  # a lookup trie keeps no row state; the suffix trees hand rows over
 
   def _host_tree(self, buckets, *, children: int, depth: int, nodes: int) -> None:
     """The merged tree's sizes when the host block adds up to `nodes` nodes, `children` under a
@@ -150,6 +151,9 @@ class SuffixHybrid(HostTreeHybrid):
 
   def host_end(self, history) -> None:
     self.suffix.host_end(history)
+
+  def host_swap(self, b: int, ended, started) -> None:
+    self.suffix.host_swap(b, ended, started)
 
   def host_block(self, history, active):
     proposals = self.suffix.proposals(history, active)

@@ -57,6 +57,7 @@ class NgramProposer(Proposer):
 
   method = "ngram"
   host_hook = True
+  continuous = True  # no row state: each block from the row's committed tokens
 
   def __init__(self, table: NgramTable, gamma: int = 4):
     if gamma < 1:

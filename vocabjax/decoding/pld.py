@@ -142,6 +142,7 @@ class LookupProposer(Proposer):
 
   method = "pld"
   host_hook = True
+  continuous = True  # no row state: each block from the row's committed tokens
 
   def __init__(self, *, gamma: int = 4, max_ngram: int = 3, min_ngram: int = 1,
                candidates: int = 1):

@@ -201,6 +201,19 @@ class Proposer(abc.ABC):
     included."""
     del history
 
+  @property
+  def continuous(self) -> bool:
+    """Whether `SpeculativeEngine.generate_continuous` may hand a row to another prompt: a
+    device proposer's state is per row (the engine replaces the row's); a host hook keeping
+    per-row state hands it over in `host_swap` and says True, as does one keeping none."""
+    return not self.host_hook
+
+  def host_swap(self, b: int, ended: np.ndarray | None, started: np.ndarray | None) -> None:
+    """Continuous batching (host hook; in place of `host_begin` / `host_end`): row b's prompt
+    is done (`ended`: its committed tokens, the last step's included) and/or the row takes
+    another (`started`: its prompt and first token). None: no prompt ended / the row idles."""
+    del b, ended, started
+
   # --- self-sizing a device drafter (`vocabjax.decoding.sizing`) --------------------------------
   def sized_lengths(self) -> tuple[int, ...]:
     """Draft lengths a step may be sized to (`sized`); () where the length is compiled in for

@@ -52,8 +52,9 @@ from vocabjax.decoding.drafter import (DRAFT_PREFILLS, ChainProposer, DraftVocab
                                        TreeProposer, block_layout, check_draft_prefill,
                                        compile_draft_prefill, fold_catch_up,
                                        lowering_folds_catch_up, model_body)
-from vocabjax.decoding.engine import (KEY, ProgramCache, ProgramKey, abstract_arg, fold_in,
-                                      host_loop, placed_like)
+from vocabjax.decoding.engine import (KEY, ProgramCache, ProgramKey, abstract_arg,
+                                      continuous_loop, fold_in, host_loop, placed_like,
+                                      prompt_bucket)
 from vocabjax.decoding.proposer import Context, Drafts, HostRun, Prefilled, Proposer
 from vocabjax.decoding.sizing import DraftSizer, limit_block
 from vocabjax.decoding.tree import TreeParams, verify_tree
@@ -547,11 +548,13 @@ class SpeculativeEngine(DecodingMethod):
                                  build)
     return prog(state, jnp.asarray(accepted), jnp.asarray(nxt))
 
-  def programs(self, sampling: SamplingParams, B: int, T: int, S: int, dtype):
-    """(start, step, compile seconds): `start(tokens, lengths, key) -> (first, state)`; `step`
-    the compiled step (`step(tp, dp, state, key, *host)`), or for a proposer with a host hook
-    a function of the host block's shapes returning (step, compile seconds now)."""
-    start, c1 = self.start_program(sampling, B, T, S, dtype)
+  def programs(self, sampling: SamplingParams, B: int, T: int, S: int, dtype, *,
+               start: bool = True):
+    """(start, step, compile seconds): `start(tokens, lengths, key) -> (first, state)` (None
+    with `start=False`: continuous batching's prefills are one-row ones); `step` the compiled
+    step (`step(tp, dp, state, key, *host)`), or for a proposer with a host hook a function of
+    the host block's shapes returning (step, compile seconds now)."""
+    start, c1 = self.start_program(sampling, B, T, S, dtype) if start else (None, 0.0)
     if self.proposer.host_hook:
       return start, functools.partial(self.step_program, sampling, B, S, dtype), c1
     if self.self_sizing:  # a sized device drafter: the step of n drafts, compiled when chosen
@@ -619,21 +622,9 @@ class SpeculativeEngine(DecodingMethod):
     B, S, dtype = req.B, req.S, compute_dtype(self.tp)
     start, step, compile_s = self.programs(sampling, B, req.T, S, dtype)
     stats = SpecStats(drafted=[], accepted=[], proposer=P)
-    names = P.step_count_names()
-    on_host = P.verifies_on_host(sampling)
-    run = None
-    if P.host_hook:  # its own programs compiled before the clock starts
-      def program(name, shapes, build):
-        prog, seconds = self._programs.get(self._key(name, sampling, *shapes), build)
-        run.compiled_s += seconds
-        return prog
-
-      run = HostRun(sampling=sampling, key=fold_in(req.key, HOST_STREAM), B=B, S=S,
-                    dtype=dtype, room=max_new_tokens + self.extra_slots, max_len=max_len,
-                    program=program)
-      P.host_start(req.prompts, run)
-      compile_s += run.compiled_s
-      run.compiled_s = 0.0
+    run, compile_s = self._host_start(req, sampling, B, dtype, max_new_tokens, max_len,
+                                      compile_s)
+    held = {}
 
     def begin():
       first, state = start(jnp.asarray(req.tokens), jnp.asarray(req.lengths),
@@ -646,13 +637,147 @@ class SpeculativeEngine(DecodingMethod):
         held["hist"] = hist
       return first, (state, hist)
 
-    sizer, since = None, 0
-    if self.self_sizing:  # host blocks cut to a width (0: a plain step), or a sized drafter
-      sizer = self._sizers.setdefault((B, S), DraftSizer(
-          [shape[0][1] for shape in P.host_shapes(B)]) if P.host_hook else DraftSizer(
-              P.sized_lengths(), plain=False,
-              reach={n: P.sized_reach(n) for n in P.sized_lengths()}))
-      since = len(sizer.choices)  # this run's choices are the ones from here
+    sizer, since = self._sizer(B, S)
+    advance = self._advance(sampling, step, stats, run, sizer, held)
+    try:
+      res = host_loop(req, begin, advance, compile_s=compile_s, stats=stats)
+    finally:
+      if "hist" in held:
+        P.host_end(held["hist"])
+    if sizer is not None:
+      stats.sizing = sizer.record(since)
+    return res
+
+  def generate_continuous(self, prompts: Sequence[Sequence[int]], *, rows: int,
+                          max_new_tokens: int, sampling: SamplingParams = SamplingParams(),
+                          seed: int = 0, eos_token_ids: Sequence[int] = (),
+                          max_len: int | None = None, stop_strings: Sequence[str] = (),
+                          tokenizer=None) -> GenerationResult:
+    """Continuous batching (`engine.continuous_loop`, as `Decoder.generate_continuous`):
+    `rows` cache rows decode the prompts, and a row whose prompt is done takes the next one (a
+    one-row prefill of the target and the proposer, the row's loop state replaced; a host hook
+    hands the row over in `Proposer.host_swap`), so answers of different lengths keep every
+    row busy. Outputs in prompt order; greedy output equals plain decoding's, and sampled
+    output keeps the target's law (with other draws than `generate`'s). `stats` is laid out
+    over the cache rows ([steps][rows], a row active while it holds a prompt). One device."""
+    P = self.proposer
+    if self.mesh is not None:
+      raise ValueError("continuous batching runs on one device; use generate() on a mesh")
+    if not P.continuous:
+      raise ValueError(f"continuous batching: {self.method}'s proposer "
+                       f"({type(P).__name__}) keeps per-row host state it cannot hand to "
+                       f"another prompt; use generate(), with batch_size for many prompts")
+    req = request(prompts, max_new_tokens=max_new_tokens, sampling=sampling, config=self.tc,
+                  max_len=max_len, extra_slots=self.extra_slots, method=self.method,
+                  mesh=None, seed=seed, eos_token_ids=eos_token_ids,
+                  stop_strings=stop_strings, tokenizer=tokenizer, rows=rows)
+    B, S, dtype = min(rows, req.B), req.S, compute_dtype(self.tp)
+    _, step, compile_s = self.programs(sampling, B, 1, S, dtype, start=False)
+    stats = SpecStats(drafted=[], accepted=[], proposer=P)
+    run, compile_s = self._host_start(req, sampling, B, dtype, max_new_tokens, max_len,
+                                      compile_s)
+    put, c = self._put_row_program(sampling, B, S, dtype)
+    compile_s += c
+    state = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype, device=x.sharding),
+                         self.abstract_state(sampling, B, 1, S, dtype))
+    hist = [None] * B if P.host_hook else None  # per row: its prompt's committed tokens
+    held = {"hist": hist} if P.host_hook else {}
+
+    def fill(carry, b, i, key):
+      state, hist = carry
+      if P.host_hook and hist[b] is not None:  # row b's prompt is done
+        P.host_swap(b, hist[b], None)
+        hist[b] = None
+      if i is None:  # no prompt left: the row idles (its tokens ignored)
+        return (state, hist), None, 0.0
+      n = len(req.prompts[i])
+      T = min(prompt_bucket(n), S)
+      start, compiled = self.start_program(sampling, 1, T, S, dtype)
+      first, row = start(jnp.asarray(req.tokens[i:i + 1, :T]), jnp.asarray([n], jnp.int32),
+                         key)
+      state = put(state, row, jnp.int32(b))
+      tok = int(np.asarray(first)[0])
+      if P.host_hook:
+        hist[b] = np.append(np.asarray(req.prompts[i], np.int64), tok)
+        P.host_swap(b, None, hist[b])
+      return (state, hist), tok, compiled
+
+    sizer, since = self._sizer(B, S)
+    advance = self._advance(sampling, step, stats, run, sizer, held)
+    try:
+      res = continuous_loop(req, rows, (state, hist), fill, advance, compile_s=compile_s,
+                            stats=stats)
+    finally:  # an error mid-run: the rows' prompts end where they are
+      for b, h in enumerate(held.get("hist") or ()):
+        if h is not None:
+          P.host_swap(b, h, None)
+    if sizer is not None:
+      stats.sizing = sizer.record(since)
+    return res
+
+  def _put_row_program(self, sampling: SamplingParams, B: int, S: int, dtype):
+    """(put(state, row, b): the B-row loop state with row b replaced by a one-row prefill's
+    state (every leaf along its row axis, found by comparing the state's shapes at 1 and 2
+    rows), compiled once per shapes; compile seconds)."""
+    one = self.abstract_state(sampling, 1, 1, S, dtype)
+    two = self.abstract_state(sampling, 2, 1, S, dtype)
+
+    def axis(x, y):
+      diff = [a for a, (m, n) in enumerate(zip(x.shape, y.shape)) if m != n]
+      if len(diff) != 1:
+        raise ValueError(f"continuous batching: a loop-state leaf of {self.method} has no one "
+                         f"row axis (shape {x.shape} at 1 row, {y.shape} at 2)")
+      return diff[0]
+
+    axes = jax.tree.map(axis, one, two)
+
+    def put(state, row, b):
+      return jax.tree.map(
+          lambda x, r, a: jax.lax.dynamic_update_slice_in_dim(x, r.astype(x.dtype), b, axis=a),
+          state, row, axes)
+
+    return self._programs.get(
+        self._key("put_row", sampling, B, S, jnp.dtype(dtype).name),
+        lambda: jax.jit(put, donate_argnums=(0,)))
+
+  def _host_start(self, req, sampling, B: int, dtype, max_new_tokens: int, max_len, compile_s):
+    """A host hook's `HostRun` (None without one) and `host_start` called, before the clock
+    (its programs' compile seconds added to `compile_s`): (run, compile_s)."""
+    P = self.proposer
+    if not P.host_hook:
+      return None, compile_s
+    run = None
+
+    def program(name, shapes, build):
+      prog, seconds = self._programs.get(self._key(name, sampling, *shapes), build)
+      run.compiled_s += seconds
+      return prog
+
+    run = HostRun(sampling=sampling, key=fold_in(req.key, HOST_STREAM), B=B, S=req.S,
+                  dtype=dtype, room=max_new_tokens + self.extra_slots, max_len=max_len,
+                  program=program)
+    P.host_start(req.prompts, run)
+    compile_s += run.compiled_s
+    run.compiled_s = 0.0
+    return run, compile_s
+
+  def _sizer(self, B: int, S: int):
+    """(the self-sizing rule of B rows over S slots, or None; where this run's choices start)."""
+    if not self.self_sizing:
+      return None, 0
+    P = self.proposer  # host blocks cut to a width (0: a plain step), or a sized drafter
+    sizer = self._sizers.setdefault((B, S), DraftSizer(
+        [shape[0][1] for shape in P.host_shapes(B)]) if P.host_hook else DraftSizer(
+            P.sized_lengths(), plain=False,
+            reach={n: P.sized_reach(n) for n in P.sized_lengths()}))
+    return sizer, len(sizer.choices)
+
+  def _advance(self, sampling: SamplingParams, step, stats: SpecStats, run, sizer, held: dict):
+    """`host_loop`'s step for this engine: carry (loop state, each row's committed tokens for
+    a host hook, else None); the step's counts recorded into `stats`."""
+    P = self.proposer
+    names = P.step_count_names()
+    on_host = P.verifies_on_host(sampling)
 
     def advance(carry, i, key, active):
       state, hist = carry
@@ -691,8 +816,8 @@ class SpeculativeEngine(DecodingMethod):
         n, nxt = np.asarray(n, np.int32), np.asarray(nxt, np.int32)
         state = self._commit_host(state, n, nxt)
         drafts = np.asarray(arrays[0])
-        emitted = np.full((B, drafts.shape[1] + 1), -1, np.int64)
-        for b in range(B):
+        emitted = np.full((len(n), drafts.shape[1] + 1), -1, np.int64)
+        for b in range(len(n)):
           emitted[b, :n[b] + 1] = [*drafts[b, :n[b]], nxt[b]]
         rest = []
       else:
@@ -709,20 +834,11 @@ class SpeculativeEngine(DecodingMethod):
       stats.accepted.append([int(x) if a else 0 for x, a in zip(n, active)])
       stats.active.append([bool(a) for a in active])
       SP.record_step(stats, active, {**counts, "accepted": n}, host_counts, keep)
-      if hist is not None:
-        hist = held["hist"] = [np.concatenate([h, e[:k + 1]])
-                               for h, e, k in zip(hist, emitted, n)]
+      if hist is not None:  # idle rows' (continuous batching) stay as they are
+        hist = held["hist"] = [np.concatenate([h, e[:k + 1]]) if a else h
+                               for h, e, k, a in zip(hist, emitted, n, active)]
       return (state, hist), emitted, compiled
-
-    held = {}
-    try:
-      res = host_loop(req, begin, advance, compile_s=compile_s, stats=stats)
-    finally:
-      if "hist" in held:
-        P.host_end(held["hist"])
-    if sizer is not None:
-      stats.sizing = sizer.record(since)
-    return res
+    return advance
 
 
 SpeculativeDecoder = SpeculativeEngine  # the name the engine had before proposers

@@ -346,6 +346,24 @@ class SuffixProposer(Proposer):
       self.cache.stop(request)
     self._rows, self._seen = [], []
 
+  continuous = True  # `host_swap` hands a row's request over
+
+  def host_swap(self, b: int, ended, started) -> None:
+    """Continuous batching: the ended prompt's last tokens into the trees and its request tree
+    dropped (as `host_end`), the started one's request tree over its prompt (as
+    `host_begin`)."""
+    while len(self._rows) <= b:
+      self._rows.append(None)
+      self._seen.append(0)
+    if ended is not None and self._rows[b] is not None:
+      self.cache.extend(self._rows[b], [int(t) for t in ended[self._seen[b]:]])
+      self.cache.stop(self._rows[b])
+      self._rows[b] = None
+    if started is not None:
+      request, self._requests = self._requests, self._requests + 1
+      self.cache.start(request, list(started[:-1]))
+      self._rows[b], self._seen[b] = request, len(started) - 1
+
   def proposals(self, history, active) -> list[Proposal]:
     """Each active row's proposal (its new tokens added to its trees first; `Proposal()` for
     an inactive row)."""

@@ -1,0 +1,127 @@
+"""Continuous batching on the speculative engine (`SpeculativeEngine.generate_continuous`, one
+`engine.continuous_loop` with plain decoding's): every kind of proposer state handed from one
+prompt to the next (a drafter's cache, an EAGLE head's features, Medusa's hidden state, a host
+hook's trees) keeps plain greedy tokens; sampled output keeps the target's law; what cannot run
+so says why."""
+
+import jax
+import numpy as np
+import pytest
+
+from tests.decoding.conftest import CFG, PROMPT, SMALL
+from vocabjax.decoding import Decoder, SamplingParams
+from vocabjax.decoding.speculative import ChainDecoder, SpeculativeEngine, TreeDecoder
+from vocabjax.decoding.tree import TreeParams
+from vocabjax.models import init_params
+from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
+
+# prompts of four length buckets; rows < prompts, so rows are handed over mid-run
+PROMPTS = [[5, 9, 2, 7, 5, 9], [1, 2, 3], [8] * 19, [4], [3, 1, 4, 1, 5, 9, 2, 6], [7, 7]]
+
+
+def _decoder(kind, target, draft):
+  if kind == "chain":
+    return ChainDecoder(target, CFG, draft, CFG, gamma=3)
+  if kind == "tree":
+    return TreeDecoder(target, CFG, draft, CFG, tree=TreeParams(2, 2, 4))
+  if kind == "eagle":
+    from tests.decoding.test_eagle_decoding import random_head
+    from vocabjax.decoding.eagle import EagleDecoder
+
+    hc, head = random_head(target, CFG, 40)
+    return EagleDecoder(target, CFG, head, hc, tree=TreeParams(2, 2, 4))
+  if kind == "medusa":
+    from tests.decoding.test_medusa_decoding import SPARSE, heads_for
+    from vocabjax.decoding.medusa import MedusaDecoder
+
+    heads, mc = heads_for(target, CFG)
+    return MedusaDecoder(target, CFG, heads, mc, choices=SPARSE)
+  if kind == "pld":
+    from vocabjax.decoding.pld import PromptLookupDecoder
+
+    return PromptLookupDecoder(target, CFG, gamma=3)
+  if kind == "eagle_suffix":  # the suffix trees (per-row requests on the host) + a head's tree
+    from tests.decoding.test_eagle_decoding import random_head
+    from vocabjax.decoding.eagle import EagleSuffixDecoder
+    from vocabjax.decoding.suffix import SuffixProposer
+
+    hc, head = random_head(target, CFG, 40)
+    return EagleSuffixDecoder(target, CFG, head, hc, tree=TreeParams(2, 2, 4),
+                              suffix=SuffixProposer(max_spec_tokens=6))
+  raise ValueError(kind)
+
+
+@pytest.mark.parametrize("kind", ["chain", "tree", "eagle", "medusa", "pld", "eagle_suffix"])
+def test_rows_handed_to_the_next_prompt_keep_plain_greedy_tokens(pair, kind):
+  """Two rows decode six prompts: each prompt's tokens and finish reason are plain decoding's
+  (an EOS token ends some early, so rows take new prompts at different steps); the stats are
+  laid out over the two rows. The suffix hybrid's trees learn from the prompts that ended: the
+  same prompts again draft more from them."""
+  target, draft = pair
+  ar = Decoder(target, CFG).generate(PROMPTS, max_new_tokens=20)
+  eos = [ar.tokens[0][1], ar.tokens[3][7]]  # tokens the outputs hold: some rows end early
+  want = Decoder(target, CFG).generate(PROMPTS, max_new_tokens=20, eos_token_ids=eos)
+  assert len({len(t) for t in want.tokens}) > 2  # answers of different lengths
+  dec = _decoder(kind, target, draft)
+  res = dec.generate_continuous(PROMPTS, rows=2, max_new_tokens=20, eos_token_ids=eos)
+  assert res.tokens == want.tokens and res.finish_reasons == want.finish_reasons
+  assert res.prompt_lengths == [len(p) for p in PROMPTS]
+  st = res.stats
+  assert {len(r) for r in st.drafted} == {2} and len(st.drafted) == res.steps
+  # the stats count the rows' steps: each keeps a token or more of its row's prompt, and at
+  # most its accepted drafts + 1 (a prompt's last step may emit past its end)
+  kept = sum(len(t) - 1 for t in res.tokens)
+  assert st.num_steps <= kept <= sum(map(sum, st.accepted)) + st.num_steps
+  if kind == "eagle_suffix":
+    again = dec.generate_continuous(PROMPTS, rows=2, max_new_tokens=20, eos_token_ids=eos)
+    assert again.tokens == want.tokens
+    assert again.stats.record()["accepted_from_suffix"] > res.stats.record()[
+        "accepted_from_suffix"]
+
+
+def test_sampled_output_keeps_the_targets_law():
+  """6,000 rows of one prompt through 500 cache rows (each row decodes about 12 prompts in turn,
+  each prompt's first token from its own one-row prefill): the joint law of the first three
+  tokens is the target's (chi-square), with drafts both accepted and rejected."""
+  target = init_params(jax.random.key(10), SMALL, scale=0.8)
+  draft = init_params(jax.random.key(11), SMALL, scale=0.8)
+  dec = ChainDecoder(target, SMALL, draft, SMALL, gamma=2)
+  sampling = SamplingParams(temperature=1.0)
+  res = dec.generate_continuous([PROMPT] * 6000, rows=500, max_new_tokens=3, sampling=sampling,
+                                seed=3)
+  toks = np.asarray([t[:3] for t in res.tokens])
+  V = SMALL.vocab_size
+  cells = toks[:, 0] * V * V + toks[:, 1] * V + toks[:, 2]
+  assert 0.05 < res.stats.acceptance_rate < 0.95
+  assert chi2_pvalue(cells, exact_sequence_probs(target, SMALL, PROMPT, sampling)) > 1e-3
+
+
+def test_what_cannot_batch_continuously_says_why(pair):
+  """A proposer whose host state is per row and not handed over (the cross-vocabulary
+  drafter's cache of its own spelling) is refused naming the method, as is a bad row count."""
+  from vocabjax.decoding.proposer import Proposer
+
+  class Held(Proposer):  # a host hook that does not say it can hand rows over
+    method = "held"
+    host_hook = True
+
+    def key(self):
+      return ("held",)
+
+    def prefill(self, params, target_params, pre):
+      return ()
+
+    def propose(self, params, state, ctx, key, *, sampling, keep=None):
+      raise AssertionError("never traced")
+
+    def commit(self, params, state, ctx, drafts, verdict):
+      return state
+
+  target, _ = pair
+  dec = SpeculativeEngine(target, CFG, Held())
+  with pytest.raises(ValueError, match="continuous batching: held's proposer \\(Held\\) keeps "
+                                       "per-row host state"):
+    dec.generate_continuous(PROMPTS, rows=2, max_new_tokens=4)
+  with pytest.raises(ValueError, match="rows=0 must be >= 1"):
+    ChainDecoder(target, CFG, target, CFG, gamma=2).generate_continuous(
+        PROMPTS, rows=0, max_new_tokens=4)
