@@ -184,8 +184,6 @@ def test_rows_decode_continuously_with_the_batched_outputs(tiny_chat_dir, tmp_pa
 
 @pytest.mark.parametrize("flags,message", [
     (["--rows", "0"], "--rows must be >= 1, got 0"),
-    (["--rows", "2", "--method", "crossvocab", "--draft", "d"],
-     "--method crossvocab keeps per-row host state"),
     (["--method", "pld", "--draft", "d"], "--method pld drafts without a drafter model"),
     (["--rows", "2", "--mesh", "data=1,model=1"], "runs on one device: drop --mesh"),
 ])

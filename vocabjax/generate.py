@@ -85,10 +85,6 @@ class GenerateConfig:
     if self.rows is not None:
       if self.rows < 1:
         raise ValueError(f"--rows must be >= 1, got {self.rows}")
-      if not method.continuous:
-        raise ValueError(f"--rows (continuous batching): --method {self.method} keeps per-row "
-                         f"host state it cannot hand to another prompt; continuous methods: "
-                         f"{sorted(m for m, x in METHODS.items() if x.continuous)}")
       if self.mesh is not None:
         raise ValueError("--rows (continuous batching) runs on one device: drop --mesh")
     if self.chat_template_kwargs and not self.chat:
@@ -329,9 +325,8 @@ def parse_args(argv=None) -> GenerateConfig:
                  help="print the text as it is generated (one prompt): a speculative step "
                       "prints its whole accepted block at once")
   p.add_argument("--rows", type=int, default=None,
-                 help="continuous batching (every method but crossvocab): this many cache rows "
-                      "decode the prompts and a finished row takes the next one (default: one "
-                      "batch)")
+                 help="continuous batching (every method): this many cache rows decode the "
+                      "prompts and a finished row takes the next one (default: one batch)")
   p.add_argument("--batch-size", type=int, default=None,
                  help="repeat the prompts cyclically to this many rows")
   p.add_argument("--mesh", help="run on a device mesh, e.g. data=1,model=8 (tensor-parallel "

@@ -66,8 +66,6 @@ class Method:
   #   token, for MBSU (None: the draft model's, with head_rows LM-head rows)
   timed: bool = False  # its decoders time their step's parts (`DecodingMethod.times_step_parts`:
   #   a compiled drafter step, `vocabjax.decoding.profile.step_split`); checked in tests
-  continuous: bool = True  # its decoders batch continuously (`generate_continuous`, `--rows`;
-  #   the proposer's `continuous`); checked in tests
 
   @property
   def fields(self) -> dict[str, type]:
@@ -156,11 +154,10 @@ METHODS: dict[str, Method] = {}
 
 
 def register(name: str, params: type, *, needs_draft: bool = True, drafter_passes=None,
-             head_rows=None, drafter_params=None, timed: bool = True,
-             continuous: bool = True):
+             head_rows=None, drafter_params=None, timed: bool = True):
   def deco(fn):
     METHODS[name] = Method(name, params, fn, needs_draft, drafter_passes, head_rows,
-                           drafter_params, timed, continuous)
+                           drafter_params, timed)
     return fn
   return deco
 
@@ -832,8 +829,7 @@ class CrossVocabParams:
                         f"trained acceptance head")
 
 
-@register("crossvocab", CrossVocabParams, drafter_passes=lambda p: p.gamma, timed=False,
-          continuous=False)
+@register("crossvocab", CrossVocabParams, drafter_passes=lambda p: p.gamma, timed=False)
 def _crossvocab(target, draft, p: CrossVocabParams, mesh=None):
   if target.tokenizer is None or draft.tokenizer is None:
     raise ValueError("crossvocab needs both tokenizers (the target's and the drafter's)")

@@ -2,7 +2,7 @@
 `engine.continuous_loop` with plain decoding's): every kind of proposer state handed from one
 prompt to the next (a drafter's cache, an EAGLE head's features, Medusa's hidden state, a host
 hook's trees) keeps plain greedy tokens; sampled output keeps the target's law; what cannot run
-so says why."""
+so says why; calls from two threads run one after another."""
 
 import jax
 import numpy as np
@@ -97,8 +97,9 @@ def test_sampled_output_keeps_the_targets_law():
 
 
 def test_what_cannot_batch_continuously_says_why(pair):
-  """A proposer whose host state is per row and not handed over (the cross-vocabulary
-  drafter's cache of its own spelling) is refused naming the method, as is a bad row count."""
+  """A host hook that does not say it hands rows over (`Proposer.continuous`: every registered
+  method does, the TPU matrix test checks) is refused naming the method, as is a bad row
+  count."""
   from vocabjax.decoding.proposer import Proposer
 
   class Held(Proposer):  # a host hook that does not say it can hand rows over
@@ -125,3 +126,55 @@ def test_what_cannot_batch_continuously_says_why(pair):
   with pytest.raises(ValueError, match="rows=0 must be >= 1"):
     ChainDecoder(target, CFG, target, CFG, gamma=2).generate_continuous(
         PROMPTS, rows=0, max_new_tokens=4)
+
+
+def test_calls_from_two_threads_run_one_after_another():
+  """Two threads on one SuffixDecoding engine (its host hook keeps a call's rows): the second
+  call, started while the first one waits in its streamer, begins only once the first has
+  ended, and each gets plain greedy tokens."""
+  import threading
+  import time
+
+  from vocabjax.decoding.suffix import SuffixProposer
+
+  events = []
+
+  class Logged(SuffixProposer):
+    def host_begin(self, history):
+      events.append((threading.current_thread().name, "begin"))
+      super().host_begin(history)
+
+    def host_end(self, history):
+      events.append((threading.current_thread().name, "end"))
+      super().host_end(history)
+
+  in_put, second_started = threading.Event(), threading.Event()
+
+  class Held:  # transformers' streamer protocol: the prompt first, then the kept tokens
+    def put(self, ids):
+      if not second_started.is_set():
+        in_put.set()
+        second_started.wait(10)
+        time.sleep(0.5)  # the second call (its programs compiled) would begin now, let in
+
+    def end(self):
+      pass
+
+  params = init_params(jax.random.key(0), CFG, scale=0.3)
+  dec = SpeculativeEngine(params, CFG, Logged(max_spec_tokens=4))
+  want = Decoder(params, CFG).generate(PROMPTS[:2], max_new_tokens=12).tokens
+  assert dec.generate(PROMPTS[:2], max_new_tokens=12).tokens == want  # the second's programs
+  events.clear()
+  got = {}
+  a = threading.Thread(name="a", target=lambda: got.update(a=dec.generate(
+      [PROMPTS[0]], max_new_tokens=12, streamer=Held()).tokens))
+  b = threading.Thread(name="b", target=lambda: got.update(b=dec.generate(
+      PROMPTS[:2], max_new_tokens=12).tokens))
+  a.start()
+  assert in_put.wait(60)  # the first call is in its streamer's first put (the prompt)
+  b.start()
+  second_started.set()
+  a.join(60)
+  b.join(60)
+  assert events == [("a", "begin"), ("a", "end"), ("b", "begin"), ("b", "end")]
+  assert got == {"a": want[:1], "b": want}

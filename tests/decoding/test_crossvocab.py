@@ -74,9 +74,15 @@ def test_greedy_identical_to_target(setup, gamma, ngram, draft_prefill):
   assert emitted >= res.num_generated - len(ps) and st.target_forwards == res.steps
   if not ngram:
     assert sum(map(sum, st.ngram_drafted)) == 0
-  # the drafter's cache holds exactly its tokens of the committed text (module invariant); a
-  # bf16 prompt prefill (AVX512-BF16 hosts: bf16 GEMM for blocks of >= GEMM_MIN_ROWS rows)
-  # rounds the prompt's entries to ~1e-2, while a wrong token or position differs by O(1)
+  _check_drafter_cache(dec, dc, ttok, dtok, [ps[-1] + res.tokens[-1]], draft_prefill)
+
+
+def _check_drafter_cache(dec, dc, ttok, dtok, texts, draft_prefill="exact"):
+  """The drafter's cache row `dec.trace` keeps (the last row at the end of a call, or the
+  last prompt that ended in continuous batching) holds exactly its tokens of one of `texts`'
+  committed text (module invariant); a bf16 prompt prefill (AVX512-BF16 hosts: bf16 GEMM for
+  blocks of >= GEMM_MIN_ROWS rows) rounds the prompt's entries to ~1e-2, while a wrong token
+  or position differs by O(1)."""
   ctx, pend, dcache = dec.trace
   Ld = len(ctx)
   h_cache = np.asarray(dcache.k[:, 0, :Ld])
@@ -85,9 +91,33 @@ def test_greedy_identical_to_target(setup, gamma, ngram, draft_prefill):
   rounded = draft_prefill == "bf16" and cpu_matmul.gemm_available()
   np.testing.assert_allclose(h_cache, np.asarray(fresh.k[:, 0, :Ld]),
                              atol=0.15 if rounded else 2e-5)
-  text = ttok.decode(ps[-1] + res.tokens[-1]).encode()
   drafter_text = dtok.decode(ctx + pend).encode()
-  assert text.startswith(drafter_text) and len(text) - len(drafter_text) <= 64
+  assert any(t.startswith(drafter_text) and len(t) - len(drafter_text) <= 64
+             for t in (ttok.decode(ids).encode() for ids in texts))
+
+
+def test_continuous_batching_keeps_the_target_tokens(setup):
+  """Two rows over the prompts (twice each, EOS tokens ending some early): each row's drafter
+  cache row is refilled from the next prompt's own spelling (`host_swap`): every prompt gets
+  the target's greedy tokens, the drafter drafts as many tokens as `generate`'s (no n-grams:
+  each row's drafts are its own prompt's), and the last prompt to end left its own spelling
+  in its cache row."""
+  ttok, dtok, tc, dc, target, draft = setup
+  ps = prompts(ttok) * 2
+  ref = Decoder(target, tc).generate(ps, max_new_tokens=24)
+  eos = [ref.tokens[0][3], ref.tokens[1][9]]
+  want = Decoder(target, tc).generate(ps, max_new_tokens=24, eos_token_ids=eos)
+  assert len({len(t) for t in want.tokens}) > 1
+  dec = CrossVocabDecoder(target, tc, draft, dc, target_tokenizer=ttok, draft_tokenizer=dtok,
+                          gamma=3, ngram=False)
+  res = dec.generate_continuous(ps, rows=2, max_new_tokens=24, eos_token_ids=eos)
+  assert res.tokens == want.tokens and res.finish_reasons == want.finish_reasons
+  assert {len(r) for r in res.stats.drafted} == {2}
+  _check_drafter_cache(dec, dc, ttok, dtok, [p + t for p, t in zip(ps, res.tokens)])
+  batched = dec.generate(ps, max_new_tokens=24, eos_token_ids=eos).stats
+  for name in ("drafted", "accepted"):
+    assert sum(map(sum, getattr(res.stats, name))) == sum(map(sum, getattr(batched, name)))
+  assert sum(map(sum, res.stats.drafter_tokens)) == sum(map(sum, batched.drafter_tokens))
 
 
 def test_lookup_pair_merges_ngrams_and_accepts_them():
@@ -269,9 +299,10 @@ def merging():
   return merging_pair(seed=0)
 
 
-def _merging_law(merging, rule, sp, rows, batch, seed=0, mesh=None):
+def _merging_law(merging, rule, sp, rows, batch, seed=0, mesh=None, continuous=False):
   """(p-value of the first three tokens against target-only sampling, merged drafts accepted
-  per row) with `rows` samples, `batch` prompts per generate call (on `mesh` if given)."""
+  per row) with `rows` samples, `batch` prompts per generate call (on `mesh` if given;
+  `continuous`: one call, `batch` cache rows decoding them in turn)."""
   ttok, dtok, tc, dc, target, draft, pool = merging
   dec = CrossVocabDecoder(target, tc, draft, dc, target_tokenizer=ttok, draft_tokenizer=dtok,
                           gamma=4, rule=rule, mesh=mesh)
@@ -279,9 +310,15 @@ def _merging_law(merging, rule, sp, rows, batch, seed=0, mesh=None):
   prompt = pool[:2]
   toks, merged = [], 0
   for call in range(rows // batch):
-    res = dec.generate([prompt] * batch, max_new_tokens=3, sampling=sp, seed=seed + call)
+    if continuous:
+      res = dec.generate_continuous([prompt] * rows, rows=batch, max_new_tokens=3, sampling=sp,
+                                    seed=seed)
+    else:
+      res = dec.generate([prompt] * batch, max_new_tokens=3, sampling=sp, seed=seed + call)
     toks += [tuple(t[:3]) for t in res.tokens]
     merged += sum(map(sum, res.stats.ngram_accepted))
+    if continuous:
+      break
   law = exact_support_probs(target, tc, prompt, sp, n_tokens=3)
   cells = {s: i for i, s in enumerate(law)}
   assert all(s in cells for s in toks), "a sequence outside the target's support was emitted"
@@ -289,15 +326,19 @@ def _merging_law(merging, rule, sp, rows, batch, seed=0, mesh=None):
       merged / len(toks)
 
 
-@pytest.mark.parametrize("sp,batch", [(SamplingParams(temperature=1.0), 400),
-                                      (SamplingParams(temperature=1.0), 1),
-                                      (SamplingParams(temperature=0.7, top_p=0.9), 400)],
-                         ids=["T1-batch400", "T1-batch1", "T0.7p0.9-batch400"])
-def test_exact_rule_with_merges_is_lossless(merging, sp, batch):
-  """Batch 400 in one call per seed, and batch 1 (2,400 calls, the n-gram cache growing from
-  call to call); temperature / top-p at batch 400 (the logit processor is the same at batch 1:
-  a fourth case, top-p at batch 1, cost 50 s of host loop and tested nothing new)."""
-  pvalue, merged = _merging_law(merging, "exact", sp, 2400, batch)
+@pytest.mark.parametrize("sp,batch,continuous", [
+    (SamplingParams(temperature=1.0), 400, False),
+    (SamplingParams(temperature=0.7, top_p=0.9), 400, False),
+    (SamplingParams(temperature=1.0), 1, True)],
+    ids=["T1-batch400", "T0.7p0.9-batch400", "T1-rows1"])
+def test_exact_rule_with_merges_is_lossless(merging, sp, batch, continuous):
+  """Batch 400 in one call per seed (six calls); temperature / top-p at batch 400 (the logit
+  processor is the same at batch 1: top-p at batch 1 cost 50 s of host loop and tested nothing
+  new); one row (continuous batching: the 2,400 prompts in one call through one cache row, the
+  n-gram cache growing from prompt to prompt, each prompt's drafter prefill into the row and
+  its own draws). The last replaced 2,400 one-row `generate` calls (18 s against 8 s), whose
+  one-row loop and growing n-gram cache it runs too."""
+  pvalue, merged = _merging_law(merging, "exact", sp, 2400, batch, continuous=continuous)
   assert merged > 0.5  # many merged drafts accepted per row
   assert pvalue > 1e-3
 

@@ -220,7 +220,7 @@ class Decoder(DecodingMethod):
                          jnp.asarray([n], jnp.int32), self._new_cache(1, S, cache_dtype), key)
       tok = int(np.asarray(tok)[0])
       new[b] = tok
-      return (new, _put_row(cache, row, b)), tok, compiled
+      return (new, put_cache_row(cache, row, b)), tok, compiled
 
     def advance(carry, i, key, active):
       new, cache = carry
@@ -233,7 +233,7 @@ class Decoder(DecodingMethod):
 
 
 @functools.partial(jax.jit, donate_argnums=(0,))
-def _put_row(cache: KVCache, row: KVCache, b) -> KVCache:
+def put_cache_row(cache: KVCache, row: KVCache, b) -> KVCache:
   """`cache` with row b replaced by the one-row cache `row` (continuous batching)."""
   return cache.map_kv(lambda x, _, r: jax.lax.dynamic_update_slice_in_dim(x, r, b, axis=1),
                       row).replace(lengths=cache.lengths.at[b].set(row.lengths[0]))

@@ -70,7 +70,8 @@ import numpy as np
 
 from vocabjax import sharding
 from vocabjax.decoding.adaptive import acceptance_logit, check_threshold, should_stop
-from vocabjax.decoding.autoregressive import abstract_cache, bucket, cache_slots, prompt_bucket
+from vocabjax.decoding.autoregressive import (abstract_cache, bucket, cache_slots,
+                                              prompt_bucket, put_cache_row)
 from vocabjax.decoding.drafter import (_draft_prefill, check_draft_prefill,
                                        lowering_folds_catch_up)
 from vocabjax.decoding.engine import KEY, abstract_arg, fold_in, placed_like
@@ -85,6 +86,7 @@ from vocabjax.sampling import NONFINITE, SamplingParams, log_probs
 from vocabjax.vocab.translate import (NgramCache, TranslationError, Translator, VocabMap,
                                       check_round_trip)
 
+ROW_DRAWS = 2**32 - 2  # fold_in(the hook's key, this): continuous batching's per-prompt draws
 RULES = ("exact", "omnidraft")  # verification of sampled drafts with n-gram merges (module doc)
 
 ROUND_TRIP_TEXTS = (
@@ -446,14 +448,53 @@ class CrossVocabProposer(Proposer):
     # one-token call (the CPU kernel, any GPU/TPU: `fold_catch_up`), so one program serves
     # the usual one- and two-token steps; else 1- and 2-token programs
     p_min = 2 if lowering_folds_catch_up(self.lowering) else 1
-    self._program("dprefill", B, Td, Sd)
+    if not run.continuous:  # (continuous batching: one-row prefills, when first met)
+      self._program("dprefill", B, Td, Sd)
     for P in range(p_min, 3):
       self._program("draft", B, P, Sd)
-    rows = [fold_in(run.key, b) for b in range(B)]  # the exact rule's host draws, per row
     self._c = types.SimpleNamespace(
         dprompts=dprompts, Sd=Sd, Td=Td, p_min=p_min, steps=0, step=None,
-        rngs=[np.random.default_rng(np.asarray(jax.random.key_data(k)).ravel().tolist())
-              for k in rows])
+        rngs=[self._rng(fold_in(run.key, b)) for b in range(B)], started=0)
+    if run.continuous:  # rows filled by `host_swap`
+      c = self._c
+      c.dcache = self._placed(self._cache(B, Sd, run.dtype))
+      c.seen, c.pend, c.ctx = [0] * B, [[] for _ in range(B)], [[] for _ in range(B)]
+
+  @staticmethod
+  def _rng(key) -> np.random.Generator:
+    """The exact rule's host draws for a row, seeded from `key`."""
+    return np.random.default_rng(np.asarray(jax.random.key_data(key)).ravel().tolist())
+
+  continuous = True  # `host_swap` hands a row over (its drafter cache row, its draws)
+
+  def host_swap(self, b: int, ended, started) -> None:
+    """Continuous batching: the ended prompt's last verdict read (as `host_end` reads every
+    row's; `trace` keeps its row), then the started one's spelling prefilled alone into row b
+    of the drafter's cache, its first token pending, its draws its own."""
+    c, run = self._c, self._run
+    if ended is not None:
+      if c.step is not None:
+        self._commit_row(b, ended)
+      c.dcache = self._lengths(c.dcache, [len(x) for x in c.ctx])
+      self.trace = (c.ctx[b], c.pend[b], c.dcache.rows(b, b + 1))
+    if started is None:
+      return
+    d = self.prompt_to_drafter([int(t) for t in started[:-1]])
+    T = min(prompt_bucket(len(d)), c.Sd)  # (c.Sd holds every prompt's need: host_start)
+    tokens = np.zeros((1, T), np.int32)
+    tokens[0, :len(d)] = d
+    dprefill = self._program("dprefill", 1, T, c.Sd)
+    row = dprefill(self.dp, jnp.asarray(tokens), jnp.asarray([len(d)], jnp.int32),
+                   self._cache(1, c.Sd, run.dtype))
+    c.dcache = self._placed(put_cache_row(c.dcache, row, b))
+    # a non-finite first token is the collector's error (naming its prompt): nothing to spell
+    first = int(started[-1]) if started[-1] != NONFINITE else 0
+    self.learn([first])
+    c.seen[b] = len(started)
+    c.pend[b] = self.to_drafter([first])
+    c.ctx[b] = list(d)
+    c.rngs[b] = self._rng(fold_in(fold_in(run.key, ROW_DRAWS), c.started))
+    c.started += 1
 
   def host_begin(self, history) -> None:
     """The drafter's prefill over its spelling of the prompts; each row's first target token
@@ -481,18 +522,23 @@ class CrossVocabProposer(Proposer):
     c = self._c
     if c.step is None:
       return
-    ds_h, nd, nsub, live = c.step.ds, c.step.nd, c.step.nsub, c.step.live
     for b, h in enumerate(history):
-      new, c.seen[b] = [int(t) for t in h[c.seen[b]:]], len(h)
-      if not live[b]:  # frozen: its caches do not advance
-        continue
-      n = len(new) - 1
-      u = sum(nsub[b][:n])  # drafter sub-tokens accepted
-      fed = min(u, int(nd[b]) - 1)  # of them already in the drafter's cache
-      c.ctx[b] += c.pend[b] + [int(x) for x in ds_h[b, :fed]]
-      self.learn(new)
-      c.pend[b] = [int(x) for x in ds_h[b, fed:u]] + self.to_drafter([new[-1]])
+      self._commit_row(b, h)
     c.step = None
+
+  def _commit_row(self, b: int, h) -> None:
+    """`_commit` of row b (committed tokens `h`); the row leaves the step's verdict."""
+    c = self._c
+    new, c.seen[b] = [int(t) for t in h[c.seen[b]:]], len(h)
+    if not c.step.live[b]:  # frozen: its caches do not advance
+      return
+    c.step.live[b] = False
+    n = len(new) - 1
+    u = sum(c.step.nsub[b][:n])  # drafter sub-tokens accepted
+    fed = min(u, int(c.step.nd[b]) - 1)  # of them already in the drafter's cache
+    c.ctx[b] += c.pend[b] + [int(x) for x in c.step.ds[b, :fed]]
+    self.learn(new)
+    c.pend[b] = [int(x) for x in c.step.ds[b, fed:u]] + self.to_drafter([new[-1]])
 
   def host_block(self, history, active):
     c, run = self._c, self._run

@@ -109,6 +109,8 @@ class HostRun:
   #   keyed by (name, the proposer's key, sampling, shapes, lowering); compile seconds counted
   compiled_s: float = 0.0  # seconds `program` spent compiling (the engine keeps them out of
   #   the decode time)
+  continuous: bool = False  # continuous batching: `prompts` are all the call's, B rows decode
+  #   them in turn (`host_swap` hands a row from one to the next; no host_begin / host_end)
 
 
 class Proposer(abc.ABC):

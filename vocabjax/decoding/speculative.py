@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 import time
 from typing import Any, Sequence
 
@@ -304,6 +305,9 @@ class SpeculativeEngine(DecodingMethod):
       self.tp = sharding.shard_params(self.tp, self.tc, mesh)
       proposer.place(mesh, target_config)
     self._programs = ProgramCache()
+    # one call at a time: a host hook keeps a call's rows (the suffix trees' requests, the
+    # cross-vocabulary drafter's cache), and the self-sizing rule its running figures
+    self._lock = threading.Lock()
 
   # --- the proposer's, as the engine's callers read them ---------------------------------------
   @property
@@ -573,8 +577,17 @@ class SpeculativeEngine(DecodingMethod):
 
     The result's `stats` is a SpecStats; `steps` counts verifications (target forwards).
     `batch_size`: the prompts run in batches of that many rows, one batch after another (each
-    batch's draws from its own key; `stats` laid out over all the prompts).
+    batch's draws from its own key; `stats` laid out over all the prompts). Calls on one engine
+    from several threads run one after another.
     """
+    with self._lock:
+      return self._generate_batches(prompts, max_new_tokens=max_new_tokens, sampling=sampling,
+                                    seed=seed, eos_token_ids=eos_token_ids, max_len=max_len,
+                                    stop_strings=stop_strings, tokenizer=tokenizer,
+                                    streamer=streamer, batch_size=batch_size)
+
+  def _generate_batches(self, prompts, *, max_new_tokens, sampling, seed, eos_token_ids,
+                        max_len, stop_strings, tokenizer, streamer, batch_size):
     kw = dict(max_new_tokens=max_new_tokens, sampling=sampling, eos_token_ids=eos_token_ids,
               max_len=max_len, stop_strings=stop_strings, tokenizer=tokenizer,
               streamer=streamer)
@@ -659,7 +672,15 @@ class SpeculativeEngine(DecodingMethod):
     hands the row over in `Proposer.host_swap`), so answers of different lengths keep every
     row busy. Outputs in prompt order; greedy output equals plain decoding's, and sampled
     output keeps the target's law (with other draws than `generate`'s). `stats` is laid out
-    over the cache rows ([steps][rows], a row active while it holds a prompt). One device."""
+    over the cache rows ([steps][rows], a row active while it holds a prompt). One device;
+    calls on one engine run one after another (`generate`)."""
+    with self._lock:
+      return self._continuous(prompts, rows=rows, max_new_tokens=max_new_tokens,
+                              sampling=sampling, seed=seed, eos_token_ids=eos_token_ids,
+                              max_len=max_len, stop_strings=stop_strings, tokenizer=tokenizer)
+
+  def _continuous(self, prompts, *, rows, max_new_tokens, sampling, seed, eos_token_ids,
+                  max_len, stop_strings, tokenizer) -> GenerationResult:
     P = self.proposer
     if self.mesh is not None:
       raise ValueError("continuous batching runs on one device; use generate() on a mesh")
@@ -675,19 +696,22 @@ class SpeculativeEngine(DecodingMethod):
     _, step, compile_s = self.programs(sampling, B, 1, S, dtype, start=False)
     stats = SpecStats(drafted=[], accepted=[], proposer=P)
     run, compile_s = self._host_start(req, sampling, B, dtype, max_new_tokens, max_len,
-                                      compile_s)
+                                      compile_s, continuous=True)
     put, c = self._put_row_program(sampling, B, S, dtype)
     compile_s += c
     state = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype, device=x.sharding),
                          self.abstract_state(sampling, B, 1, S, dtype))
-    hist = [None] * B if P.host_hook else None  # per row: its prompt's committed tokens
+    # per row: its prompt's committed tokens (an idle row keeps its last prompt's: a hook's
+    # block reads only active rows), and whether it holds a prompt
+    hist = [np.zeros(1, np.int64)] * B if P.host_hook else None
     held = {"hist": hist} if P.host_hook else {}
+    live = [False] * B
 
     def fill(carry, b, i, key):
       state, hist = carry
-      if P.host_hook and hist[b] is not None:  # row b's prompt is done
+      if P.host_hook and live[b]:  # row b's prompt is done
         P.host_swap(b, hist[b], None)
-        hist[b] = None
+      live[b] = False
       if i is None:  # no prompt left: the row idles (its tokens ignored)
         return (state, hist), None, 0.0
       n = len(req.prompts[i])
@@ -697,9 +721,11 @@ class SpeculativeEngine(DecodingMethod):
                          key)
       state = put(state, row, jnp.int32(b))
       tok = int(np.asarray(first)[0])
+      live[b] = True
       if P.host_hook:
         hist[b] = np.append(np.asarray(req.prompts[i], np.int64), tok)
-        P.host_swap(b, None, hist[b])
+        P.host_swap(b, None, hist[b])  # may compile (a drafter's one-row prefill)
+        compiled, run.compiled_s = compiled + run.compiled_s, 0.0
       return (state, hist), tok, compiled
 
     sizer, since = self._sizer(B, S)
@@ -709,7 +735,7 @@ class SpeculativeEngine(DecodingMethod):
                             stats=stats)
     finally:  # an error mid-run: the rows' prompts end where they are
       for b, h in enumerate(held.get("hist") or ()):
-        if h is not None:
+        if live[b]:
           P.host_swap(b, h, None)
     if sizer is not None:
       stats.sizing = sizer.record(since)
@@ -740,7 +766,8 @@ class SpeculativeEngine(DecodingMethod):
         self._key("put_row", sampling, B, S, jnp.dtype(dtype).name),
         lambda: jax.jit(put, donate_argnums=(0,)))
 
-  def _host_start(self, req, sampling, B: int, dtype, max_new_tokens: int, max_len, compile_s):
+  def _host_start(self, req, sampling, B: int, dtype, max_new_tokens: int, max_len, compile_s,
+                  continuous: bool = False):
     """A host hook's `HostRun` (None without one) and `host_start` called, before the clock
     (its programs' compile seconds added to `compile_s`): (run, compile_s)."""
     P = self.proposer
@@ -755,7 +782,7 @@ class SpeculativeEngine(DecodingMethod):
 
     run = HostRun(sampling=sampling, key=fold_in(req.key, HOST_STREAM), B=B, S=req.S,
                   dtype=dtype, room=max_new_tokens + self.extra_slots, max_len=max_len,
-                  program=program)
+                  program=program, continuous=continuous)
     P.host_start(req.prompts, run)
     compile_s += run.compiled_s
     run.compiled_s = 0.0
