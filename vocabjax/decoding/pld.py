@@ -39,7 +39,7 @@ from typing import Sequence
 
 import numpy as np
 
-from vocabjax.decoding.proposer import Context, Drafts, Prefilled, Proposer
+from vocabjax.decoding.proposer import Context, Drafts, Prefilled, Proposer, padding_block
 from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.tree import TreeBounds
 from vocabjax.models.config import LlamaLikeConfig
@@ -116,10 +116,7 @@ def trie_block(hist: Sequence[np.ndarray], active, gamma: int, max_ngram: int, m
            if a else continuation_trie([]) for h, a in zip(hist, active)]
   n = max(len(t[0]) for t in tries)
   m = n if sizes is None else next(s for s in sorted(sizes) if s >= n)
-  B = len(tries)
-  tok = np.zeros((B, m), np.int32)
-  parent = np.broadcast_to(np.arange(1, m + 1, dtype=np.int32), (B, m)).copy()
-  depth = np.ones((B, m), np.int32)
+  tok, parent, depth = padding_block(len(tries), m)
   for b, (t, p, d) in enumerate(tries):
     tok[b, :len(t)], parent[b, :len(t)], depth[b, :len(t)] = t, p, d
   return tok, parent, depth, np.array([len(t[0]) for t in tries], np.int32)

@@ -311,6 +311,15 @@ class Proposer(abc.ABC):
     raise NotImplementedError
 
 
+def padding_block(B: int, m: int, dtype=np.int32) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  """A host tree block of B rows of m padding nodes, (tokens, parent, depth) [B, m], for rows
+  to write their real nodes over from the front: token 0, node j its own parent's index
+  (parent j + 1: the root is 0, node j is j + 1) at depth 1, so that a padding node is never
+  a child of anything and never reached."""
+  parent = np.broadcast_to(np.arange(1, m + 1, dtype=dtype), (B, m)).copy()
+  return np.zeros((B, m), dtype), parent, np.ones((B, m), dtype)
+
+
 def static_tree(parent: np.ndarray, depth: np.ndarray, B: int):
   """A static tree's parent and depth [n] broadcast to B rows (jnp)."""
   n = len(parent)

@@ -35,6 +35,10 @@ import dataclasses
 import statistics
 from typing import Sequence
 
+import numpy as np
+
+from vocabjax.decoding.proposer import padding_block
+
 RULE = "n* = argmax_n E(n)/c(n), E(n) = (1 - a^(n+1)) / (1 - a); n = 0: a plain step"
 
 
@@ -138,8 +142,6 @@ def limit_block(arrays: tuple, counts, n: int):
   first n drafts; a tree's (tokens, parent, depth [B, M], ...) its first n nodes, which are
   parents first, so the rest stays a tree (a node past n is dropped with its subtree, whose
   nodes all come after it); padding nodes are their own parents. Returns (arrays, counts)."""
-  import numpy as np
-
   counts = np.minimum(np.asarray(counts), n).astype(np.int32)
   if len(arrays) == 2:  # a chain and its counts
     block, n_valid = arrays
@@ -150,9 +152,7 @@ def limit_block(arrays: tuple, counts, n: int):
   tok, parent, depth, *rest = arrays
   B, M = tok.shape
   w = min(n, M)
-  t = np.zeros((B, n), tok.dtype)
-  par = np.broadcast_to(np.arange(1, n + 1, dtype=parent.dtype), (B, n)).copy()
-  dep = np.ones((B, n), depth.dtype)
+  t, par, dep = padding_block(B, n, tok.dtype)
   t[:, :w], par[:, :w], dep[:, :w] = tok[:, :w], parent[:, :w], depth[:, :w]
   cut = par[:, :w] > w  # a kept node whose parent was cut: padding too (never, parents first)
   par[:, :w] = np.where(cut, np.arange(1, w + 1)[None], par[:, :w])

@@ -43,7 +43,7 @@ from typing import Sequence
 import numpy as np
 
 from vocabjax.decoding.pld import chain_block
-from vocabjax.decoding.proposer import Context, Drafts, Proposer
+from vocabjax.decoding.proposer import Context, Drafts, Proposer, padding_block
 from vocabjax.decoding.tree import MAX_TREE_NODES, TreeBounds
 
 F32 = np.float32
@@ -385,10 +385,7 @@ class SuffixProposer(Proposer):
     parents, at depth 1: never reached)."""
     counts = np.array([len(p.tokens) for p in proposals], np.int32)
     m = next(s for s in self.buckets if s >= int(counts.max(initial=0)))
-    B = len(proposals)
-    tok = np.zeros((B, m), np.int32)
-    parent = np.broadcast_to(np.arange(1, m + 1, dtype=np.int32), (B, m)).copy()
-    depth = np.ones((B, m), np.int32)
+    tok, parent, depth = padding_block(len(proposals), m)
     for b, p in enumerate(proposals):
       for j, (t, par) in enumerate(zip(p.tokens, p.parents)):
         tok[b, j], parent[b, j] = t, par + 1
