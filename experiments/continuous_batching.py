@@ -16,14 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
-from pathlib import Path
 
-from vocabjax import load_model
 from vocabjax.io import atomic_write_text
 from vocabjax.methods import METHODS
 
-from crossvocab_batch import pick_rows  # noqa: E402 (experiments/ is the script's directory)
+from pair_study import add_pair_args, pair_setup  # noqa: E402 (experiments/: the script's dir)
 
 RUNS = (("ar", "ar", {}), ("chain_g3", "chain", {"gamma": 3}),
         ("pld_g4_n2", "pld", {"gamma": 4, "min_ngram": 2}), ("suffix", "suffix", {}))
@@ -42,28 +39,10 @@ def _batches(dec, rows, R, kw):
 
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
-  ap.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
-  ap.add_argument("--draft-dtype", default="int8")
-  ap.add_argument("--prompts", type=int, default=8)
-  ap.add_argument("--rows", type=int, default=4)
-  ap.add_argument("--max-prompt-tokens", type=int, default=160)
-  ap.add_argument("--max-new-tokens", type=int, default=96)
-  ap.add_argument("--methods", nargs="+", default=[name for name, _, _ in RUNS],
-                  help="of RUNS' names (ar first: the outputs' reference)")
-  ap.add_argument("--out", required=True)
+  add_pair_args(ap, RUNS, prompts_flag="--prompts", prompts=8, max_new_tokens=96)
+  ap.add_argument("--rows", type=int, default=4, help="cache rows decoding them")
   a = ap.parse_args(argv)
-  runs = [r for r in RUNS if r[0] in a.methods]
-  if not runs or runs[0][0] != "ar" or len(runs) != len(a.methods):
-    raise SystemExit(f"--methods: ar and some of {[name for name, _, _ in RUNS]}, got "
-                     f"{a.methods}")
-  out = Path(a.out)
-  out.mkdir(parents=True, exist_ok=True)
-  target = load_model(a.target)
-  draft = load_model(a.draft, dtype=a.draft_dtype)
-  rows, qids = pick_rows(target.tokenizer, a.prompts, a.max_prompt_tokens)
-  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True).stdout.strip()
+  runs, out, target, draft, rows, qids, commit = pair_setup(a, RUNS)
   cmd = (f"python experiments/continuous_batching.py --prompts {a.prompts} --rows {a.rows} "
          f"--max-prompt-tokens {a.max_prompt_tokens} --max-new-tokens {a.max_new_tokens} "
          f"--methods {' '.join(a.methods)} --out {a.out}")

@@ -18,15 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import subprocess
 import time
-from pathlib import Path
 
-from vocabjax import load_model
 from vocabjax.io import atomic_write_text
 from vocabjax.methods import METHODS
 
-from crossvocab_batch import pick_rows  # noqa: E402 (experiments/ is the script's directory)
+from pair_study import add_pair_args, pair_setup  # noqa: E402 (experiments/: the script's dir)
 
 # (name, registry method, parameters): each drafter with and without the rule
 RUNS = (
@@ -57,30 +54,12 @@ def _decode(dec, rows, B, max_new_tokens):
 
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
-  ap.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
-  ap.add_argument("--draft-dtype", default="int8")
+  add_pair_args(ap, RUNS, prompts_flag="--rows", prompts=8, max_new_tokens=48)
   ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
-  ap.add_argument("--rows", type=int, default=8)
-  ap.add_argument("--max-prompt-tokens", type=int, default=160)
-  ap.add_argument("--max-new-tokens", type=int, default=48)
-  ap.add_argument("--methods", nargs="+", default=[name for name, _, _ in RUNS],
-                  help="of RUNS' names (ar first: the speedups' reference)")
-  ap.add_argument("--out", required=True)
   a = ap.parse_args(argv)
-  runs = [r for r in RUNS if r[0] in a.methods]
-  if not runs or runs[0][0] != "ar" or len(runs) != len(a.methods):
-    raise SystemExit(f"--methods: ar and some of {[name for name, _, _ in RUNS]}, got "
-                     f"{a.methods}")
-  out = Path(a.out)
-  out.mkdir(parents=True, exist_ok=True)
-  target = load_model(a.target)
-  draft = load_model(a.draft, dtype=a.draft_dtype)
-  rows, qids = pick_rows(target.tokenizer, a.rows, a.max_prompt_tokens)
-  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True).stdout.strip()
+  runs, out, target, draft, rows, qids, commit = pair_setup(a, RUNS)
   cmd = (f"python experiments/sizing_batch.py --batches {' '.join(map(str, a.batches))} "
-         f"--rows {a.rows} --max-prompt-tokens {a.max_prompt_tokens} --max-new-tokens "
+         f"--rows {a.prompts} --max-prompt-tokens {a.max_prompt_tokens} --max-new-tokens "
          f"{a.max_new_tokens} --methods {' '.join(a.methods)} --out {a.out}")
   results = []
   for B in a.batches:
