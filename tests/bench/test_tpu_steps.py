@@ -65,6 +65,26 @@ def test_the_matrix_holds_every_registered_method_and_generation():
   assert policies == {"vocabtrim", "specvocab"}  # each drafter vocabulary policy
 
 
+def test_continuous_batching_hands_rows_over_on_one_chip():
+  """Continuous batching's own program (`lower(programs=("put_row",))`: a one-row prefill's
+  loop state written into row b of four) compiles for a v5e chip for every speculative method
+  (its one-row prefill is the matrix's prefill at B=1)."""
+  import jax.numpy as jnp
+
+  from vocabjax.sampling import SamplingParams
+
+  chip = tpu.devices_of("v5e:1x1")[0]
+  for method in tpu.MATRIX_METHODS:
+    if method == "ar":  # plain decoding hands its cache row over (`put_cache_row`)
+      continue
+    dec = tpu.build_decoder(method, REAL_V, device=chip)
+    with tpu.tpu_tracing(chip, None, "tpu"):
+      prog = dec.lower(SamplingParams(), 4, 1, S, jnp.bfloat16, programs=("put_row",))[
+          "put_row"]
+    compiled = prog.compile()
+    assert compiled.memory_analysis().argument_size_in_bytes > 0, method
+
+
 @pytest.mark.parametrize("method,topology,sharded", tpu.matrix_cells())
 def test_every_method_compiles_on_every_generation_and_slice(steps, method, topology, sharded):
   # lower_step raises AssertionError naming the method, program, topology and shapes

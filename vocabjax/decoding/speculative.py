@@ -468,7 +468,8 @@ class SpeculativeEngine(DecodingMethod):
             host_shape: tuple | None = None, programs=("prefill", "step"),
             proposer=None) -> dict:
     """The engine's programs for these shapes, LOWERED (not compiled): {"prefill": the prompt
-    prefill of a [B, T] block into S slots, "step": one step} (`programs`: which). `host_shape`:
+    prefill of a [B, T] block into S slots, "step": one step, and when asked "put_row":
+    continuous batching's hand-over of a row} (`programs`: which). `host_shape`:
     the host block's array shapes for a proposer with a host hook (default: its largest,
     `Proposer.host_shapes`). `proposer`: the step of a sized variant (`Proposer.sized`; its
     loop state is this one's). What `programs()` compiles, and what bench and the deviceless
@@ -480,7 +481,7 @@ class SpeculativeEngine(DecodingMethod):
     # the loop state's shapes (an abstract trace of the prefill): the step's input, and on a
     # mesh the prefill's output shardings; a prefill alone off a mesh needs none
     state = (self.abstract_state(sampling, B, T, S, dtype)
-             if "step" in programs or self.mesh is not None else None)
+             if {"step", "put_row"} & set(programs) or self.mesh is not None else None)
     rep = None if self.mesh is None else sharding.replicated(self.mesh)
     if "prefill" in programs:
       tcache, caches = self._abstract_caches(B, S, dtype)
@@ -490,8 +491,12 @@ class SpeculativeEngine(DecodingMethod):
       out["prefill"] = jax.jit(self._prefill_fn(sampling), donate_argnums=(4, 5),
                                **jit_kw).lower(self.tp, self.dp, i32((B, T)), i32((B,)),
                                                tcache, caches, key)
+    if "put_row" in programs:  # (one device: continuous batching)
+      out["put_row"] = jax.jit(self._put_row_fn(sampling, S, dtype), donate_argnums=(0,)).lower(
+          state, self.abstract_state(sampling, 1, T, S, dtype),
+          self._placed((), jnp.int32, B, rows=False))
     for name in programs:  # the proposer's own (a cross-vocabulary drafter's)
-      if name not in ("prefill", "step"):
+      if name not in ("prefill", "step", "put_row"):
         out[name] = P.lower_host(name, sampling, B, T, S, dtype)
     if "step" in programs:
       if host_shape is None:
@@ -742,9 +747,16 @@ class SpeculativeEngine(DecodingMethod):
     return res
 
   def _put_row_program(self, sampling: SamplingParams, B: int, S: int, dtype):
-    """(put(state, row, b): the B-row loop state with row b replaced by a one-row prefill's
-    state (every leaf along its row axis, found by comparing the state's shapes at 1 and 2
-    rows), compiled once per shapes; compile seconds)."""
+    """(the compiled `_put_row_fn` for B rows, compile seconds: 0 when compiled before)."""
+    return self._programs.get(
+        self._key("put_row", sampling, B, S, jnp.dtype(dtype).name),
+        lambda: self.lower(sampling, B, 1, S, dtype, programs=("put_row",))[
+            "put_row"].compile())
+
+  def _put_row_fn(self, sampling: SamplingParams, S: int, dtype):
+    """put(state, row, b): a B-row loop state with row b replaced by a one-row prefill's state
+    (every leaf along its row axis, found by comparing the state's shapes at 1 and 2 rows):
+    continuous batching's hand-over."""
     one = self.abstract_state(sampling, 1, 1, S, dtype)
     two = self.abstract_state(sampling, 2, 1, S, dtype)
 
@@ -762,9 +774,8 @@ class SpeculativeEngine(DecodingMethod):
           lambda x, r, a: jax.lax.dynamic_update_slice_in_dim(x, r.astype(x.dtype), b, axis=a),
           state, row, axes)
 
-    return self._programs.get(
-        self._key("put_row", sampling, B, S, jnp.dtype(dtype).name),
-        lambda: jax.jit(put, donate_argnums=(0,)))
+    put.__name__ = "speculative_put_row"
+    return put
 
   def _host_start(self, req, sampling, B: int, dtype, max_new_tokens: int, max_len, compile_s,
                   continuous: bool = False):
