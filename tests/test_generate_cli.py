@@ -351,7 +351,8 @@ def test_medusa_heads(tiny_chat_dir, tiny_medusa_dir, tmp_path):
 
 
 def test_crossvocab_method_with_another_tokenizer(tiny_chat_dir, tmp_path):
-  """--method crossvocab: a drafter with its own trained tokenizer; output = AR, n-gram stats."""
+  """--method crossvocab: a drafter with its own trained tokenizer; output = AR, n-gram stats
+  (the run without n-grams in continuous batching: one row decoding both prompts in turn)."""
   from vocabjax.testing.tiny import tiny_hf_model, tiny_tokenizer
 
   tok = tiny_tokenizer(340, corpus=["The lazy dog sleeps while the quick fox runs.",
@@ -362,7 +363,7 @@ def test_crossvocab_method_with_another_tokenizer(tiny_chat_dir, tmp_path):
   base = ["--target", str(tiny_chat_dir), "--prompt", "def add(a, b):", "--prompt", "Hi",
           "--max-new-tokens", "12", "--quiet"]
   ar = main(parse_args(base))
-  for extra in ([], ["--set", "ngram=false"]):
+  for extra in ([], ["--set", "ngram=false", "--rows", "1"]):
     out = main(parse_args(base + ["--draft", str(d), "--method", "crossvocab", "--set",
                                   "gamma=3", *extra]))
     assert out["output_ids"] == ar["output_ids"]
