@@ -185,7 +185,7 @@ def test_rows_decode_continuously_with_the_batched_outputs(tiny_chat_dir, tmp_pa
 @pytest.mark.parametrize("flags,message", [
     (["--rows", "0"], "--rows must be >= 1, got 0"),
     (["--method", "pld", "--draft", "d"], "--method pld drafts without a drafter model"),
-    (["--rows", "2", "--mesh", "data=1,model=1"], "runs on one device: drop --mesh"),
+    (["--rows", "2", "--mesh", "data=2,model=1"], "a model-parallel mesh (data=1)"),
 ])
 def test_rows_refuses_what_it_cannot_do(flags, message):
   with pytest.raises(ValueError, match=re.escape(message)):

@@ -85,8 +85,10 @@ class GenerateConfig:
     if self.rows is not None:
       if self.rows < 1:
         raise ValueError(f"--rows must be >= 1, got {self.rows}")
-      if self.mesh is not None:
-        raise ValueError("--rows (continuous batching) runs on one device: drop --mesh")
+      if self.mesh is not None and parse_mesh(self.mesh).get("data", 1) != 1:
+        raise ValueError("--rows (continuous batching) prefills one prompt at a time: it runs "
+                         "on one device or a model-parallel mesh (data=1): drop data from "
+                         "--mesh")
     if self.chat_template_kwargs and not self.chat:
       raise ValueError(f"--chat-kwarg {self.chat_template_kwargs[0][0]}=... sets a chat "
                        f"template variable: give --chat too")

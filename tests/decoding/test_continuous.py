@@ -178,3 +178,24 @@ def test_calls_from_two_threads_run_one_after_another():
   b.join(60)
   assert events == [("a", "begin"), ("a", "end"), ("b", "begin"), ("b", "end")]
   assert got == {"a": want[:1], "b": want}
+
+
+def test_a_model_parallel_mesh_decodes_continuously(pair):
+  """On a (1, 2) mesh (heads and MLP split over two devices, no data axis) plain decoding and a
+  chain drafter batch continuously with plain greedy tokens (the compiled step takes the rows'
+  state only with the shardings it was compiled for: a hand-over must keep them); a mesh with
+  a data axis is refused (one prompt is prefilled at a time)."""
+  from vocabjax import sharding
+
+  target, draft = pair
+  want = Decoder(target, CFG).generate(PROMPTS, max_new_tokens=16).tokens
+  mesh = sharding.make_mesh(data=1, model=2, devices=jax.devices()[:2])
+  plain = Decoder(target, CFG, mesh=mesh).generate_continuous(PROMPTS, rows=2,
+                                                              max_new_tokens=16)
+  assert plain.tokens == want
+  dec = ChainDecoder(target, CFG, draft, CFG, gamma=3, mesh=mesh)
+  assert dec.generate_continuous(PROMPTS, rows=2, max_new_tokens=16).tokens == want
+  data = sharding.make_mesh(data=2, model=1, devices=jax.devices()[:2])
+  with pytest.raises(ValueError, match="not one of data=2; use generate"):
+    ChainDecoder(target, CFG, draft, CFG, gamma=3, mesh=data).generate_continuous(
+        PROMPTS, rows=2, max_new_tokens=4)

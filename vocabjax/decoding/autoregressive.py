@@ -103,7 +103,10 @@ class Decoder(DecodingMethod):
     self._programs = ProgramCache()
 
   def _new_cache(self, B: int, S: int, dtype) -> KVCache:
-    cache = KVCache.init(self.config, B, S, dtype)
+    return self._placed(KVCache.init(self.config, B, S, dtype))
+
+  def _placed(self, cache: KVCache) -> KVCache:
+    """`cache` as the programs take it (on a mesh: its sharding; nothing moves when it has it)."""
     return cache if self.mesh is None else sharding.shard_cache(cache, self.config, self.mesh)
 
   step_programs = ("step",)  # the programs one decoding step runs (`lower`'s names)
@@ -198,13 +201,17 @@ class Decoder(DecodingMethod):
     Rows and outputs are in prompt order; each prompt's output is what `generate` gives it
     (a batch-1 prefill and `rows`-row decode steps, whose rows never see each other).
     `steps` counts the decode steps, `prefill_s` the prompts' prefills (one at a time).
-    Sampling draws other random numbers than `generate` (per prompt and step). One device."""
-    if self.mesh is not None:
-      raise ValueError("continuous batching runs on one device; use generate() on a mesh")
+    Sampling draws other random numbers than `generate` (per prompt and step). One device or
+    a model-parallel mesh (its data axis 1)."""
+    if self.mesh is not None and self.mesh.shape["data"] != 1:
+      raise ValueError(f"continuous batching prefills one prompt at a time: it runs on one "
+                       f"device or a mesh without a data axis (model-parallel), not one of "
+                       f"data={self.mesh.shape['data']}; use generate()")
     req = request(prompts, max_new_tokens=max_new_tokens, sampling=sampling,
                   config=self.config, max_len=max_len, extra_slots=0, method=self.method,
-                  mesh=None, seed=seed, eos_token_ids=eos_token_ids, stop_strings=stop_strings,
-                  tokenizer=tokenizer, rows=rows)
+                  mesh=self.mesh, seed=seed, eos_token_ids=eos_token_ids,
+                  stop_strings=stop_strings, tokenizer=tokenizer, rows_over_data=False,
+                  rows=rows)
     B, S = min(rows, req.B), req.S
     cache_dtype = cache_dtype or compute_dtype(self.params)
     step, compile_s = self.step_program(sampling, B, S, cache_dtype)
@@ -212,7 +219,7 @@ class Decoder(DecodingMethod):
     def fill(carry, b, i, key):
       new, cache = carry
       if i is None:  # the row idles from slot 0 (never past S)
-        return (new, cache.replace(lengths=cache.lengths.at[b].set(0))), None, 0.0
+        return (new, self._placed(cache.replace(lengths=cache.lengths.at[b].set(0)))), None, 0.0
       n = len(req.prompts[i])
       T = min(prompt_bucket(n), S)
       prefill, compiled = self.prefill_program(sampling, 1, T, S, cache_dtype)
@@ -220,7 +227,7 @@ class Decoder(DecodingMethod):
                          jnp.asarray([n], jnp.int32), self._new_cache(1, S, cache_dtype), key)
       tok = int(np.asarray(tok)[0])
       new[b] = tok
-      return (new, put_cache_row(cache, row, b)), tok, compiled
+      return (new, self._placed(put_cache_row(cache, row, b))), tok, compiled
 
     def advance(carry, i, key, active):
       new, cache = carry

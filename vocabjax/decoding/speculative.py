@@ -491,10 +491,13 @@ class SpeculativeEngine(DecodingMethod):
       out["prefill"] = jax.jit(self._prefill_fn(sampling), donate_argnums=(4, 5),
                                **jit_kw).lower(self.tp, self.dp, i32((B, T)), i32((B,)),
                                                tcache, caches, key)
-    if "put_row" in programs:  # (one device: continuous batching)
-      out["put_row"] = jax.jit(self._put_row_fn(sampling, S, dtype), donate_argnums=(0,)).lower(
-          state, self.abstract_state(sampling, 1, T, S, dtype),
-          self._placed((), jnp.int32, B, rows=False))
+    if "put_row" in programs:  # continuous batching (a mesh's state keeps its shardings)
+      jit_kw = {} if self.mesh is None else {
+          "out_shardings": jax.tree.map(lambda x: x.sharding, state)}
+      out["put_row"] = jax.jit(self._put_row_fn(sampling, S, dtype), donate_argnums=(0,),
+                               **jit_kw).lower(state, self.abstract_state(sampling, 1, T, S,
+                                                                          dtype),
+                                               self._placed((), jnp.int32, B, rows=False))
     for name in programs:  # the proposer's own (a cross-vocabulary drafter's)
       if name not in ("prefill", "step", "put_row"):
         out[name] = P.lower_host(name, sampling, B, T, S, dtype)
@@ -677,8 +680,9 @@ class SpeculativeEngine(DecodingMethod):
     hands the row over in `Proposer.host_swap`), so answers of different lengths keep every
     row busy. Outputs in prompt order; greedy output equals plain decoding's, and sampled
     output keeps the target's law (with other draws than `generate`'s). `stats` is laid out
-    over the cache rows ([steps][rows], a row active while it holds a prompt). One device;
-    calls on one engine run one after another (`generate`)."""
+    over the cache rows ([steps][rows], a row active while it holds a prompt). One device or
+    a model-parallel mesh (its data axis 1); calls on one engine run one after another
+    (`generate`)."""
     with self._lock:
       return self._continuous(prompts, rows=rows, max_new_tokens=max_new_tokens,
                               sampling=sampling, seed=seed, eos_token_ids=eos_token_ids,
@@ -687,15 +691,17 @@ class SpeculativeEngine(DecodingMethod):
   def _continuous(self, prompts, *, rows, max_new_tokens, sampling, seed, eos_token_ids,
                   max_len, stop_strings, tokenizer) -> GenerationResult:
     P = self.proposer
-    if self.mesh is not None:
-      raise ValueError("continuous batching runs on one device; use generate() on a mesh")
+    if self.mesh is not None and self.mesh.shape["data"] != 1:
+      raise ValueError(f"continuous batching prefills one prompt at a time: it runs on one "
+                       f"device or a mesh without a data axis (model-parallel), not one of "
+                       f"data={self.mesh.shape['data']}; use generate()")
     if not P.continuous:
       raise ValueError(f"continuous batching: {self.method}'s proposer "
                        f"({type(P).__name__}) keeps per-row host state it cannot hand to "
                        f"another prompt; use generate(), with batch_size for many prompts")
     req = request(prompts, max_new_tokens=max_new_tokens, sampling=sampling, config=self.tc,
                   max_len=max_len, extra_slots=self.extra_slots, method=self.method,
-                  mesh=None, seed=seed, eos_token_ids=eos_token_ids,
+                  mesh=self.mesh, seed=seed, eos_token_ids=eos_token_ids,
                   stop_strings=stop_strings, tokenizer=tokenizer, rows=rows)
     B, S, dtype = min(rows, req.B), req.S, compute_dtype(self.tp)
     _, step, compile_s = self.programs(sampling, B, 1, S, dtype, start=False)
