@@ -65,24 +65,34 @@ def test_the_matrix_holds_every_registered_method_and_generation():
   assert policies == {"vocabtrim", "specvocab"}  # each drafter vocabulary policy
 
 
-def test_continuous_batching_hands_rows_over_on_one_chip():
+@pytest.mark.parametrize("topology", ["v5e:1x1", "v5e:2x2"])
+def test_continuous_batching_hands_rows_over(topology):
   """Continuous batching's own program (`lower(programs=("put_row",))`: a one-row prefill's
-  loop state written into row b of four) compiles for a v5e chip for every speculative method
-  (its one-row prefill is the matrix's prefill at B=1)."""
+  loop state written into row b of four) compiles for a v5e chip and for a v5e:2x2 slice
+  (model-parallel: the state keeps its shardings) for every speculative method (the host-tree
+  hybrids on one chip only; the one-row prefill is the matrix's prefill at B=1)."""
   import jax.numpy as jnp
 
   from vocabjax.sampling import SamplingParams
 
-  chip = tpu.devices_of("v5e:1x1")[0]
+  sharded = topology != "v5e:1x1"
+  chip = tpu.devices_of(topology)[0]
+  mesh = tpu.tpu_mesh(topology) if sharded else None
   for method in tpu.MATRIX_METHODS:
-    if method == "ar":  # plain decoding hands its cache row over (`put_cache_row`)
-      continue
-    dec = tpu.build_decoder(method, REAL_V, device=chip)
-    with tpu.tpu_tracing(chip, None, "tpu"):
+    if method == "ar" or (sharded and method.split(":")[0] in tpu.ONE_DEVICE):
+      continue  # plain decoding hands its cache row over (`put_cache_row`)
+    dec = tpu.build_decoder(method, REAL_V, device=None if sharded else chip, mesh=mesh)
+    with tpu.tpu_tracing(chip, mesh, "tpu"):
       prog = dec.lower(SamplingParams(), 4, 1, S, jnp.bfloat16, programs=("put_row",))[
           "put_row"]
     compiled = prog.compile()
     assert compiled.memory_analysis().argument_size_in_bytes > 0, method
+    if sharded:  # the rows' state comes out placed as it went in
+      outs = jax.tree.leaves(compiled.output_shardings)
+      ins = jax.tree.leaves(compiled.input_shardings[0][0])
+      dims = [len(x.shape) for x in jax.tree.leaves(prog.out_info)]
+      assert len(outs) == len(ins) == len(dims) and all(
+          o.is_equivalent_to(i, d) for o, i, d in zip(outs, ins, dims)), method
 
 
 @pytest.mark.parametrize("method,topology,sharded", tpu.matrix_cells())
