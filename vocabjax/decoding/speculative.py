@@ -305,6 +305,7 @@ class SpeculativeEngine(DecodingMethod):
       self.tp = sharding.shard_params(self.tp, self.tc, mesh)
       proposer.place(mesh, target_config)
     self._programs = ProgramCache()
+    self._states: dict = {}  # `abstract_state`'s shapes by (sampling, B, T, S, dtype)
     # one call at a time: a host hook keeps a call's rows (the suffix trees' requests, the
     # cross-vocabulary drafter's cache), and the self-sizing rule its running figures
     self._lock = threading.Lock()
@@ -453,7 +454,17 @@ class SpeculativeEngine(DecodingMethod):
     return jax.tree.map(place, state, is_leaf=lambda x: isinstance(x, KVCache))
 
   def abstract_state(self, sampling: SamplingParams, B: int, T: int, S: int, dtype):
-    """The loop state's shapes (placed) that a [B, T] prefill into S slots gives."""
+    """The loop state's shapes (placed) that a [B, T] prefill into S slots gives (traced once
+    per shapes and params: a continuous batching call reads them for its empty rows)."""
+    key = (sampling, B, T, S, jnp.dtype(dtype).name)
+    held = self._states.get(key)
+    if held is not None and held[0] is self.tp and held[1] is self.dp:
+      return held[2]
+    state = self._trace_state(sampling, B, T, S, dtype)
+    self._states[key] = (self.tp, self.dp, state)
+    return state
+
+  def _trace_state(self, sampling: SamplingParams, B: int, T: int, S: int, dtype):
     i32 = functools.partial(self._placed, dtype=jnp.int32, B=B)
     tcache, caches = self._abstract_caches(B, S, dtype)
     _, state = jax.eval_shape(self._prefill_fn(sampling), self.tp, self.dp, i32((B, T)),
