@@ -72,6 +72,17 @@ def test_rows_handed_to_the_next_prompt_keep_plain_greedy_tokens(pair, kind):
   # most its accepted drafts + 1 (a prompt's last step may emit past its end)
   kept = sum(len(t) - 1 for t in res.tokens)
   assert st.num_steps <= kept <= sum(map(sum, st.accepted)) + st.num_steps
+  # per prompt (`per_prompt`: the rows' counts by the prompt each row held): the same bounds,
+  # and a chain's deterministic drafts give each prompt the counts it gets alone (a one-row
+  # prefill either way; a batch's padded prompt block may prefill the drafter in bf16)
+  steps, acc = st.per_prompt("steps"), st.per_prompt("accepted")
+  assert sum(steps) == st.num_steps and sum(acc) == sum(map(sum, st.accepted))
+  for t, s, a in zip(res.tokens, steps, acc):
+    assert s <= len(t) - 1 <= a + s
+  if kind == "chain":
+    alone = [dec.generate([p], max_new_tokens=20, eos_token_ids=eos).stats for p in PROMPTS]
+    assert acc == [sum(map(sum, s.accepted)) for s in alone]
+    assert steps == [s.num_steps for s in alone]
   if kind == "eagle_suffix":
     again = dec.generate_continuous(PROMPTS, rows=2, max_new_tokens=20, eos_token_ids=eos)
     assert again.tokens == want.tokens

@@ -414,6 +414,9 @@ def continuous_loop(req: Request, rows: int, carry, fill: Fill, advance: Advance
     active = occupant >= 0
     carry, emitted, compiled = advance(carry, steps, fold_in(key_step, steps), active)
     spent["compile"] += compiled
+    if stats is not None and hasattr(stats, "prompt_rows"):  # who each row decoded
+      stats.prompt_rows.append(occupant.tolist())
+      stats.num_prompts = N
     emitted = np.asarray(emitted).reshape(R, -1)
     for b in np.flatnonzero(active):
       i = int(occupant[b])

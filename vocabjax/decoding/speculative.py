@@ -120,6 +120,9 @@ class SpecStats:
     self.counts.setdefault(name, []).append(row)
 
   sizing: dict | None = None  # the self-sizing rule, its inputs and choices (`sizing`)
+  prompt_rows: list[list[int]] = dataclasses.field(default_factory=list)  # continuous
+  #   batching: [steps][rows] the prompt each row decoded at that step (-1: idle); else empty
+  num_prompts: int = 0  # continuous batching: the prompts its rows decoded
   host_s: float = 0.0  # seconds in the proposer's host hook (a lookup, the suffix trees)
   seconds: dict = dataclasses.field(default_factory=dict)  # a proposer's own timings by name
   step_s: float = 0.0  # seconds in the engine's compiled steps (first compiles left out)
@@ -132,6 +135,22 @@ class SpecStats:
   def time(self, name: str, seconds: float) -> None:
     """Add `seconds` to the proposer's timing `name` (`seconds`)."""
     self.seconds[name] = self.seconds.get(name, 0.0) + seconds
+
+  def per_prompt(self, name: str = "accepted") -> list[int]:
+    """A continuous batching run's per-row counts `name` ("accepted", "drafted", "steps": the
+    verifications a prompt took, or a proposer's count) summed per prompt, in prompt order."""
+    if not self.num_prompts:
+      raise ValueError("per_prompt: not a continuous batching run (its rows are its prompts)")
+    n = self.num_prompts
+    rows = self.active if name == "steps" else {"accepted": self.accepted,
+                                                 "drafted": self.drafted}.get(name)
+    rows = self.counts[name] if rows is None else rows
+    out = [0] * n
+    for step, prompts in zip(rows, self.prompt_rows):
+      for value, i in zip(step, prompts):
+        if i >= 0:
+          out[i] += int(value)
+    return out
 
   def spread(self, lo: int, total: int) -> "SpecStats":
     """These per-row counts laid out as rows lo .. lo + B - 1 of `total` (a batch of a larger
@@ -691,7 +710,8 @@ class SpeculativeEngine(DecodingMethod):
     hands the row over in `Proposer.host_swap`), so answers of different lengths keep every
     row busy. Outputs in prompt order; greedy output equals plain decoding's, and sampled
     output keeps the target's law (with other draws than `generate`'s). `stats` is laid out
-    over the cache rows ([steps][rows], a row active while it holds a prompt). One device or
+    over the cache rows ([steps][rows], a row active while it holds a prompt; `per_prompt`
+    sums a count per prompt). One device or
     a model-parallel mesh (its data axis 1); calls on one engine run one after another
     (`generate`)."""
     with self._lock:
