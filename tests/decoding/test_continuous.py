@@ -83,6 +83,9 @@ def test_rows_handed_to_the_next_prompt_keep_plain_greedy_tokens(pair, kind):
     alone = [dec.generate([p], max_new_tokens=20, eos_token_ids=eos).stats for p in PROMPTS]
     assert acc == [sum(map(sum, s.accepted)) for s in alone]
     assert steps == [s.num_steps for s in alone]
+    # every prompt done at its first token: no step, and still one count per prompt
+    first = dec.generate_continuous(PROMPTS, rows=2, max_new_tokens=1).stats
+    assert first.per_prompt("steps") == [0] * len(PROMPTS)
   if kind == "eagle_suffix":
     again = dec.generate_continuous(PROMPTS, rows=2, max_new_tokens=20, eos_token_ids=eos)
     assert again.tokens == want.tokens

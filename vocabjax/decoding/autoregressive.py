@@ -27,8 +27,8 @@ from vocabjax import sharding
 from vocabjax.decoding.base import DecodingMethod, GenerationResult
 from vocabjax.decoding.engine import (  # noqa: F401  (request checks re-exported: their old home)
     KEY, PROMPT_STEP, NonFiniteLogitsError, OutputCollector, ProgramCache, ProgramKey, Request,
-    abstract_arg, block_request, bucket, cache_slots, check_cache_fits, continuous_loop, fold_in,
-    host_loop, nonfinite_error, placed_like, prompt_bucket, request, token_ids, validate_request)
+    abstract_arg, block_request, bucket, cache_slots, check_cache_fits, check_continuous_mesh,
+    continuous_loop, fold_in, host_loop, nonfinite_error, placed_like, prompt_bucket, request, token_ids, validate_request)
 from vocabjax.sampling import SamplingParams, sample
 from vocabjax.lowering import Lowering, decoding_lowering, lowered, step_lowering
 from vocabjax.models.cache import KVCache
@@ -203,10 +203,7 @@ class Decoder(DecodingMethod):
     `steps` counts the decode steps, `prefill_s` the prompts' prefills (one at a time).
     Sampling draws other random numbers than `generate` (per prompt and step). One device or
     a model-parallel mesh (its data axis 1)."""
-    if self.mesh is not None and self.mesh.shape["data"] != 1:
-      raise ValueError(f"continuous batching prefills one prompt at a time: it runs on one "
-                       f"device or a mesh without a data axis (model-parallel), not one of "
-                       f"data={self.mesh.shape['data']}; use generate()")
+    check_continuous_mesh(self.mesh)
     req = request(prompts, max_new_tokens=max_new_tokens, sampling=sampling,
                   config=self.config, max_len=max_len, extra_slots=0, method=self.method,
                   mesh=self.mesh, seed=seed, eos_token_ids=eos_token_ids,

@@ -469,15 +469,17 @@ class CrossVocabProposer(Proposer):
 
   def host_swap(self, b: int, ended, started) -> None:
     """Continuous batching: the ended prompt's last verdict read (as `host_end` reads every
-    row's; `trace` keeps its row), then the started one's spelling prefilled alone into row b
-    of the drafter's cache, its first token pending, its draws its own."""
+    row's), then the started one's spelling prefilled alone into row b of the drafter's cache,
+    its first token pending, its draws its own. A row left idle keeps its last prompt's
+    drafter tokens, pending tokens and cache row in `trace` (tests check the cache; no device
+    work on a hand-over)."""
     c, run = self._c, self._run
-    if ended is not None:
-      if c.step is not None:
-        self._commit_row(b, ended)
-      c.dcache = self._lengths(c.dcache, [len(x) for x in c.ctx])
-      self.trace = (c.ctx[b], c.pend[b], c.dcache.rows(b, b + 1))
+    if ended is not None and c.step is not None:
+      self._commit_row(b, ended)
     if started is None:
+      if ended is not None:
+        c.dcache = self._lengths(c.dcache, [len(x) for x in c.ctx])
+        self.trace = (c.ctx[b], c.pend[b], c.dcache.rows(b, b + 1))
       return
     d = self.prompt_to_drafter([int(t) for t in started[:-1]])
     T = min(prompt_bucket(len(d)), c.Sd)  # (c.Sd holds every prompt's need: host_start)

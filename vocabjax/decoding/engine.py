@@ -366,6 +366,15 @@ def host_loop(req: Request, start: Callable[[], tuple[np.ndarray, Any]], advance
                           prefill_s=t1 - t0, decode_s=t2 - t1 - late, steps=steps, stats=stats)
 
 
+def check_continuous_mesh(mesh) -> None:
+  """Continuous batching prefills one prompt at a time: one device or a model-parallel mesh
+  (data axis 1); a mesh with a data axis is refused, saying why."""
+  if mesh is not None and mesh.shape["data"] != 1:
+    raise ValueError(f"continuous batching prefills one prompt at a time: it runs on one "
+                     f"device or a mesh without a data axis (model-parallel), not one of "
+                     f"data={mesh.shape['data']}; use generate()")
+
+
 Fill = Callable[[Any, int, "int | None", jax.Array], tuple[Any, "int | None", float]]
 
 
@@ -389,6 +398,8 @@ def continuous_loop(req: Request, rows: int, carry, fill: Fill, advance: Advance
   occupant = np.full(R, -1)  # the prompt each row decodes (-1: idle)
   pending = iter(range(N))
   spent = {"prefill": 0.0, "compile": 0.0}
+  if stats is not None and hasattr(stats, "prompt_rows"):  # who each row decodes, per step
+    stats.num_prompts = N
 
   def take(carry, b: int):
     """Give row b the next prompt that its first token does not finish."""
@@ -414,9 +425,8 @@ def continuous_loop(req: Request, rows: int, carry, fill: Fill, advance: Advance
     active = occupant >= 0
     carry, emitted, compiled = advance(carry, steps, fold_in(key_step, steps), active)
     spent["compile"] += compiled
-    if stats is not None and hasattr(stats, "prompt_rows"):  # who each row decoded
+    if stats is not None and hasattr(stats, "prompt_rows"):
       stats.prompt_rows.append(occupant.tolist())
-      stats.num_prompts = N
     emitted = np.asarray(emitted).reshape(R, -1)
     for b in np.flatnonzero(active):
       i = int(occupant[b])

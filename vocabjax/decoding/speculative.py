@@ -54,8 +54,8 @@ from vocabjax.decoding.drafter import (DRAFT_PREFILLS, ChainProposer, DraftVocab
                                        compile_draft_prefill, fold_catch_up,
                                        lowering_folds_catch_up, model_body)
 from vocabjax.decoding.engine import (KEY, ProgramCache, ProgramKey, abstract_arg,
-                                      continuous_loop, fold_in, host_loop, placed_like,
-                                      prompt_bucket)
+                                      check_continuous_mesh, continuous_loop, fold_in,
+                                      host_loop, placed_like, prompt_bucket)
 from vocabjax.decoding.proposer import Context, Drafts, HostRun, Prefilled, Proposer
 from vocabjax.decoding.sizing import DraftSizer, limit_block
 from vocabjax.decoding.tree import TreeParams, verify_tree
@@ -722,10 +722,7 @@ class SpeculativeEngine(DecodingMethod):
   def _continuous(self, prompts, *, rows, max_new_tokens, sampling, seed, eos_token_ids,
                   max_len, stop_strings, tokenizer) -> GenerationResult:
     P = self.proposer
-    if self.mesh is not None and self.mesh.shape["data"] != 1:
-      raise ValueError(f"continuous batching prefills one prompt at a time: it runs on one "
-                       f"device or a mesh without a data axis (model-parallel), not one of "
-                       f"data={self.mesh.shape['data']}; use generate()")
+    check_continuous_mesh(self.mesh)
     if not P.continuous:
       raise ValueError(f"continuous batching: {self.method}'s proposer "
                        f"({type(P).__name__}) keeps per-row host state it cannot hand to "
@@ -751,10 +748,11 @@ class SpeculativeEngine(DecodingMethod):
 
     def fill(carry, b, i, key):
       state, hist = carry
-      if P.host_hook and live[b]:  # row b's prompt is done
-        P.host_swap(b, hist[b], None)
-      live[b] = False
+      ended = hist[b] if P.host_hook and live[b] else None  # row b's prompt is done
       if i is None:  # no prompt left: the row idles (its tokens ignored)
+        if ended is not None:
+          P.host_swap(b, ended, None)
+        live[b] = False
         return (state, hist), None, 0.0
       n = len(req.prompts[i])
       T = min(prompt_bucket(n), S)
@@ -763,11 +761,12 @@ class SpeculativeEngine(DecodingMethod):
                          key)
       state = put(state, row, jnp.int32(b))
       tok = int(np.asarray(first)[0])
-      live[b] = True
-      if P.host_hook:
-        hist[b] = np.append(np.asarray(req.prompts[i], np.int64), tok)
-        P.host_swap(b, None, hist[b])  # may compile (a drafter's one-row prefill)
+      if P.host_hook:  # one hand-over: may compile (a drafter's one-row prefill)
+        started = np.append(np.asarray(req.prompts[i], np.int64), tok)
+        P.host_swap(b, ended, started)
+        hist[b] = started
         compiled, run.compiled_s = compiled + run.compiled_s, 0.0
+      live[b] = True
       return (state, hist), tok, compiled
 
     sizer, since = self._sizer(B, S)

@@ -331,38 +331,42 @@ class SuffixProposer(Proposer):
   def host_begin(self, history) -> None:
     """A new batch: a request per row, its tree over the prompt (the history but its first
     generated token, which `host_block` adds as output)."""
-    self._rows, self._seen = [], []
-    for h in history:
-      request, self._requests = self._requests, self._requests + 1
-      self.cache.start(request, list(h[:-1]))
-      self._rows.append(request)
-      self._seen.append(len(h) - 1)
+    self._rows, self._seen = [None] * len(history), [0] * len(history)
+    for b, h in enumerate(history):
+      self._start_row(b, h)
 
   def host_end(self, history) -> None:
     """The last step's tokens into the trees (the global tree keeps the whole output), then
     the request trees dropped."""
-    for b, (request, h) in enumerate(zip(self._rows, history)):
-      self.cache.extend(request, [int(t) for t in h[self._seen[b]:]])
-      self.cache.stop(request)
+    for b, h in enumerate(history):
+      self._end_row(b, h)
     self._rows, self._seen = [], []
+
+  def _start_row(self, b: int, h) -> None:
+    """Row b's new request, its tree over the prompt (`h` but its first generated token)."""
+    request, self._requests = self._requests, self._requests + 1
+    self.cache.start(request, list(h[:-1]))
+    self._rows[b], self._seen[b] = request, len(h) - 1
+
+  def _end_row(self, b: int, h) -> None:
+    """Row b's last tokens into the trees, its request tree dropped."""
+    if self._rows[b] is not None:
+      self.cache.extend(self._rows[b], [int(t) for t in h[self._seen[b]:]])
+      self.cache.stop(self._rows[b])
+      self._rows[b] = None
 
   continuous = True  # `host_swap` hands a row's request over
 
   def host_swap(self, b: int, ended, started) -> None:
-    """Continuous batching: the ended prompt's last tokens into the trees and its request tree
-    dropped (as `host_end`), the started one's request tree over its prompt (as
-    `host_begin`)."""
+    """Continuous batching: the ended prompt's request ended (as `host_end`), the started one's
+    begun (as `host_begin`)."""
     while len(self._rows) <= b:
       self._rows.append(None)
       self._seen.append(0)
-    if ended is not None and self._rows[b] is not None:
-      self.cache.extend(self._rows[b], [int(t) for t in ended[self._seen[b]:]])
-      self.cache.stop(self._rows[b])
-      self._rows[b] = None
+    if ended is not None:
+      self._end_row(b, ended)
     if started is not None:
-      request, self._requests = self._requests, self._requests + 1
-      self.cache.start(request, list(started[:-1]))
-      self._rows[b], self._seen[b] = request, len(started) - 1
+      self._start_row(b, started)
 
   def proposals(self, history, active) -> list[Proposal]:
     """Each active row's proposal (its new tokens added to its trees first; `Proposal()` for
