@@ -245,7 +245,7 @@ class CrossVocabProposer(Proposer):
 
   def key(self):
     return ("crossvocab", self.dc, self.gamma, self.threshold, self.head is not None,
-            self.use_ngram, self.rule)
+            self.use_ngram, self.rule, self.draft_prefill)
 
   # --- placement ---------------------------------------------------------------------------
   def prepare(self, *, layout: str, lowering, mesh=None) -> None:

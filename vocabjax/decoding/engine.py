@@ -1,6 +1,7 @@
 """The host side every decoder shares: one request check and layout (`request`: prompts as
 ids, the cache room one step needs, the mesh's data axis, the rows' `OutputCollector`), one
-program cache (`ProgramKey`), one host loop.
+program cache (`ProgramKey`; programs shared across the process's decoders by
+`SHARED_PROGRAMS`), one host loop.
 
 A decoder supplies only what is its own:
 
@@ -19,8 +20,11 @@ speculative method is a proposer on `speculative.SpeculativeEngine`).
 
 from __future__ import annotations
 
+import collections
 import collections.abc
 import functools
+import os
+import threading
 import time
 from typing import Any, Callable, Hashable, NamedTuple, Sequence
 
@@ -64,23 +68,125 @@ class ProgramKey(NamedTuple):
   lowering: Any  # the `Lowering` the program is compiled with
 
 
+def arg_signature(tree) -> tuple:
+  """What a compiled program needs of a pytree argument to take it in place of another: the
+  tree's structure and, per leaf, its shape, dtype and sharding (weak type included; a leaf
+  that is no array by its type and value)."""
+  leaves, treedef = jax.tree.flatten(tree)
+
+  def one(x):
+    if isinstance(x, jax.Array):
+      return (x.shape, x.dtype.name, x.sharding, x.weak_type)
+    if isinstance(x, (np.ndarray, np.generic)):
+      return (x.shape, x.dtype.name)
+    return (type(x).__name__, repr(x))
+
+  return treedef, tuple(one(x) for x in leaves)
+
+
+class SharedPrograms:
+  """Compiled programs shared by every decoder of the process (`ProgramCache(scope=...)`): a
+  decoder built again for the same models, method and shapes (a notebook cell re-run, an eval
+  suite's second decoder of a pair, a test's) takes the programs the first one compiled
+  instead of tracing, lowering and compiling them again. An entry's key is the program's
+  `ProgramKey` and its decoder's scope: the decoder's class, its proposer's class, the model
+  configs and the mesh, and the signature of every params argument (`arg_signature`: tree,
+  shapes, dtypes, shardings), so only a program that would be built the same way is shared;
+  the params themselves are arguments, never part of a program. At most `max_programs`, the
+  least recently used dropped first; `clear()` empties it, `enabled = False` turns it off.
+
+  `check = True` (or `VOCABJAX_CHECK_SHARED_PROGRAMS=1`) builds every shared program anyway and
+  raises if its compiled text differs from the shared one's: a proposer whose `key()` misses
+  something its programs read shows up there (the tests run their registry with it)."""
+
+  def __init__(self, max_programs: int = 512):
+    self.max_programs = max_programs
+    self.enabled = True
+    self.check = os.environ.get("VOCABJAX_CHECK_SHARED_PROGRAMS", "") not in ("", "0")
+    self.hits = 0  # programs taken from the table (a decoder that built nothing)
+    self._table: collections.OrderedDict = collections.OrderedDict()
+    self._lock = threading.Lock()
+
+  def __len__(self) -> int:
+    return len(self._table)
+
+  def clear(self) -> None:
+    with self._lock:
+      self._table.clear()
+
+  def lookup(self, key: Hashable):
+    with self._lock:
+      prog = self._table.get(key)
+      if prog is not None:
+        self._table.move_to_end(key)
+        self.hits += 1
+      return prog
+
+  def store(self, key: Hashable, prog) -> None:
+    with self._lock:
+      self._table[key] = prog
+      self._table.move_to_end(key)
+      while len(self._table) > self.max_programs:
+        self._table.popitem(last=False)
+
+
+SHARED_PROGRAMS = SharedPrograms()
+
+
+def _trace_context():
+  """jax's own configuration that a trace reads (matmul precision, x64, ...: what jax's
+  caches key on), so a program traced under one setting is not shared under another."""
+  try:
+    from jax._src import config as jax_config  # noqa: PLC0415 (jax's private; tolerated)
+    return jax_config.trace_context()
+  except (ImportError, AttributeError):  # a jax without it: no sharing across settings
+    return object()
+
+
+class SharedProgramMismatch(RuntimeError):
+  """`SharedPrograms.check`: a shared program is not the program its decoder builds."""
+
+
 class ProgramCache:
   """A decoder's compiled programs, each built once per `ProgramKey`: a program compiled for
-  one lowering is never reused for another (changing a decoder's `lowering` builds anew)."""
+  one lowering is never reused for another (changing a decoder's `lowering` builds anew).
+  `scope`: a function returning what the decoder's programs close over besides the key (its
+  class, configs, mesh, params signatures): given, the programs named in `shared` are also
+  taken from and given to the process's `SHARED_PROGRAMS`."""
 
-  def __init__(self):
+  def __init__(self, scope: Callable[[], Hashable] | None = None, shared: tuple = ()):
     self._built: dict = {}
+    self._scope, self._shared = scope, frozenset(shared)
 
   def get(self, key: ProgramKey, build: Callable[[], Any]) -> tuple[Any, float]:
-    """(the program for `key`, seconds spent building it now: 0 when it was built before)."""
+    """(the program for `key`, seconds spent building it now: 0 when it was built before, by
+    this decoder or, shared, by another)."""
     if not isinstance(key, ProgramKey):
       raise TypeError(f"program keys are ProgramKey(program, method, sampling, shapes, "
                       f"lowering), got {key!r}")
     if key in self._built:
       return self._built[key], 0.0
+    table = SHARED_PROGRAMS
+    full = None
+    if self._scope is not None and key.program in self._shared and table.enabled:
+      full = (key, self._scope(), _trace_context())
+      prog = table.lookup(full)
+      if prog is not None:
+        if table.check:
+          fresh = build()
+          if fresh.as_text() != prog.as_text():
+            raise SharedProgramMismatch(
+                f"the shared program {key.program!r} of {str(key.method)[:160]} is not the "
+                f"one this decoder builds: something its programs read is not in its key (a "
+                f"proposer's key() misses a setting, or a module constant was patched after "
+                f"the first build)")
+        self._built[key] = prog
+        return prog, 0.0
     t0 = time.perf_counter()
-    self._built[key] = build()
-    return self._built[key], time.perf_counter() - t0
+    self._built[key] = prog = build()
+    if full is not None:
+      table.store(full, prog)
+    return prog, time.perf_counter() - t0
 
   def items(self):
     """(key, program) pairs built so far (e.g. to inspect every compiled program)."""

@@ -53,7 +53,7 @@ from vocabjax.decoding.drafter import (DRAFT_PREFILLS, ChainProposer, DraftVocab
                                        TreeProposer, block_layout, check_draft_prefill,
                                        compile_draft_prefill, fold_catch_up,
                                        lowering_folds_catch_up, model_body)
-from vocabjax.decoding.engine import (KEY, ProgramCache, ProgramKey, abstract_arg,
+from vocabjax.decoding.engine import (KEY, ProgramCache, ProgramKey, abstract_arg, arg_signature,
                                       check_continuous_mesh, continuous_loop, fold_in,
                                       host_loop, placed_like, prompt_bucket)
 from vocabjax.decoding.proposer import Context, Drafts, HostRun, Prefilled, Proposer
@@ -323,7 +323,13 @@ class SpeculativeEngine(DecodingMethod):
     if mesh is not None:
       self.tp = sharding.shard_params(self.tp, self.tc, mesh)
       proposer.place(mesh, target_config)
-    self._programs = ProgramCache()
+    # the engine's own programs are shared with the process's engines of the same models,
+    # proposer and params signatures (`engine.SharedPrograms`); a host hook's programs stay
+    # this engine's
+    self._programs = ProgramCache(
+        scope=lambda: (type(self), type(self.proposer), self.tc, self.mesh,
+                       arg_signature(self.tp), arg_signature(self.dp)),
+        shared=("prefill", "step", "put_row"))
     self._states: dict = {}  # `abstract_state`'s shapes by (sampling, B, T, S, dtype)
     # one call at a time: a host hook keeps a call's rows (the suffix trees' requests, the
     # cross-vocabulary drafter's cache), and the self-sizing rule its running figures

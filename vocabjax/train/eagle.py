@@ -63,6 +63,7 @@ step with the lowest held-out loss (`select_by`), and `summary.json`.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gc
 import json
 import sys
@@ -680,6 +681,34 @@ def make_packed_batch(data: EagleData, train_idx, rs, job: EagleJob, t2d: np.nda
 
 # --- evaluation --------------------------------------------------------------------------------
 
+@functools.partial(jax.jit, static_argnames=("config", "steps"))
+def _heldout_sums(trainable, frozen, batch, *, config, steps):
+  """Per TTT step: summed held-out cross-entropy, hits and label weight of one batch (one
+  program per head config and steps, shared by every run of the process)."""
+  p = {**frozen, **trainable}
+  rows = []
+  for hn, label, weight in ttt_outputs(p, frozen["embed"], batch, config=config, steps=steps):
+    logits = jnp.einsum("BND,VD->BNV", hn, p["lm_head"], preferred_element_type=jnp.float32)
+    lse = jax.nn.logsumexp(logits, -1)
+    own = jnp.take_along_axis(logits, jnp.maximum(label, 0)[..., None], -1)[..., 0]
+    hit = (jnp.argmax(logits, -1) == label)
+    rows.append(jnp.stack([jnp.sum((lse - own) * weight), jnp.sum(hit * weight),
+                           jnp.sum(weight)]))
+  return jnp.stack(rows)
+
+
+@functools.partial(jax.jit, static_argnames=("config", "steps", "decay", "block", "lowering"))
+def _train_step(st, batch, embed, teacher, hyper, *, config, steps, decay, block, lowering):
+  """One optimizer step of the TTT loss. Module level, its settings static: every run of the
+  process with the same head config and settings shares its traced and compiled program (the
+  embedding, the teacher's rows and the optimizer's numbers are arguments, never constants)."""
+  (loss, ces), grads = jax.value_and_grad(
+      lambda p: ttt_loss(p, {"embed": embed, **st.aux}, batch, config=config, steps=steps,
+                         decay=decay, block=block, teacher=teacher, lowering=lowering),
+      has_aux=True)(st.params)
+  return apply_grads(st, grads, optimizer_of(hyper)), loss
+
+
 def evaluate_heldout(params, frozen, data: EagleData, held_idx, job: EagleJob, t2d, config,
                      fn_cache: dict, *, all_windows: bool = False) -> dict:
   """Held-out per-step loss and top-1 accuracy (whole records, windows of seq_len, batch_size
@@ -687,21 +716,7 @@ def evaluate_heldout(params, frozen, data: EagleData, held_idx, job: EagleJob, t
   (the chat-task records' long passages are most of their tokens); `all_windows`: score them
   too, the same figures slower (a test compares)."""
   if "fn" not in fn_cache:
-    @jax.jit
-    def fn(trainable, frozen, batch):
-      p = {**frozen, **trainable}
-      rows = []
-      for hn, label, weight in ttt_outputs(p, frozen["embed"], batch, config=config,
-                                           steps=job.ttt_steps):
-        logits = jnp.einsum("BND,VD->BNV", hn, p["lm_head"],
-                            preferred_element_type=jnp.float32)
-        lse = jax.nn.logsumexp(logits, -1)
-        own = jnp.take_along_axis(logits, jnp.maximum(label, 0)[..., None], -1)[..., 0]
-        hit = (jnp.argmax(logits, -1) == label)
-        rows.append(jnp.stack([jnp.sum((lse - own) * weight), jnp.sum(hit * weight),
-                               jnp.sum(weight)]))
-      return jnp.stack(rows)
-    fn_cache["fn"] = fn
+    fn_cache["fn"] = functools.partial(_heldout_sums, config=config, steps=job.ttt_steps)
   tot = np.zeros((job.ttt_steps, 3))
   skipped = total = 0
   windows = []
@@ -810,14 +825,8 @@ def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None =
 
   lowering = Lowering(bf16_dots=job.compute_dtype == "bfloat16")  # mixed precision or f32
 
-  @jax.jit  # the embedding is an argument: a closed-over array would be baked in as a constant
-  def train_fn(st, batch, embed, teacher, hyper):
-    (loss, ces), grads = jax.value_and_grad(
-        lambda p: ttt_loss(p, {"embed": embed, **st.aux}, batch, config=hc,
-                           steps=job.ttt_steps, decay=job.step_decay, block=job.vocab_block,
-                           teacher=teacher, lowering=lowering),
-        has_aux=True)(st.params)
-    return apply_grads(st, grads, optimizer_of(hyper)), loss
+  train_fn = functools.partial(_train_step, config=hc, steps=job.ttt_steps,
+                               decay=job.step_decay, block=job.vocab_block, lowering=lowering)
 
   identity = model_identity(target)
   head_dir = out / "head"

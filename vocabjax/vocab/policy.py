@@ -57,8 +57,10 @@ def _full(params, h, *, config):
   return None, lm_head(params, h, config=config)
 
 
+@functools.cache
 def full_policy(config: LlamaLikeConfig) -> Policy:
-  """The drafter's whole LM head: every target id is a candidate."""
+  """The drafter's whole LM head: every target id is a candidate. One function per config (a
+  proposer's `key()` holds its policy: equal drafters share programs)."""
   return functools.partial(_full, config=config)
 
 

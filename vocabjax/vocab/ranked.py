@@ -179,8 +179,14 @@ class SpeculativeVocab:
     split = mesh if mesh is not None and mesh.shape["model"] > 1 and V % mesh.shape[
         "model"] == 0 else None  # a head the sharding rules do not split stays replicated
     return (with_policy_state(params, ranker),
-            functools.partial(ranked_policy, config=config, k=self.k, impl=self.impl,
-                              mesh=split))
+            _ranked_policy_of(config, self.k, self.impl, split))
+
+
+@functools.cache
+def _ranked_policy_of(config: LlamaLikeConfig, k: int, impl: str, mesh):
+  """`ranked_policy` for these settings, one function per settings (a proposer's `key()` holds
+  its policy: equal drafters share programs)."""
+  return functools.partial(ranked_policy, config=config, k=k, impl=impl, mesh=mesh)
 
 
 def ranker_scores(ranker: dict, h: jax.Array) -> jax.Array:

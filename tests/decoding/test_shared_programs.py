@@ -1,0 +1,116 @@
+"""Programs shared across the process's decoders (`engine.SHARED_PROGRAMS`): a decoder built
+again for the same models, method and shapes takes the first one's compiled programs, and
+gives its own params' tokens; anything its programs would be built differently for (another
+method setting, weight dtype, model config, mesh) builds its own."""
+
+import dataclasses
+
+import jax
+import pytest
+
+from vocabjax.decoding import engine
+from vocabjax.decoding.autoregressive import Decoder
+from vocabjax.decoding.drafter import ChainProposer
+from vocabjax.decoding.speculative import ChainDecoder, SpeculativeEngine, TreeDecoder
+from vocabjax.decoding.tree import TreeParams
+from vocabjax.models.llamalike import cast_weights
+from vocabjax.testing.proposers import greedy_identity
+
+from .conftest import CFG
+
+PROMPTS = [[3, 1, 4, 1, 5], [9, 2]]
+
+
+@pytest.fixture
+def table(monkeypatch):
+  """An empty table of its own for the test (the process's is left as it was)."""
+  t = engine.SharedPrograms()
+  monkeypatch.setattr(engine, "SHARED_PROGRAMS", t)
+  return t
+
+
+def _run(dec, **kw):
+  return dec.generate(PROMPTS, max_new_tokens=6, **kw)
+
+
+def test_plain_decoders_of_one_model_share_programs_and_keep_their_own_tokens(pair, table):
+  a, b = pair
+  first = _run(Decoder(a, CFG))
+  assert len(table) == 2 and table.hits == 0  # its prefill and step
+  second = _run(Decoder(b, CFG))
+  assert table.hits == 2 and second.compile_s == 0.0
+  table.enabled = False  # the same decoder compiling its own programs
+  alone = _run(Decoder(b, CFG))
+  assert alone.compile_s > 0
+  assert second.tokens == alone.tokens != first.tokens
+
+
+def test_speculative_engines_share_programs_and_stay_lossless(pair, table):
+  a, b = pair
+  greedy_identity(ChainDecoder(a, CFG, b, CFG, gamma=3), a, CFG, PROMPTS, max_new_tokens=12)
+  hits = table.hits
+  # the same method with the roles of the weights swapped: every program shared, and its
+  # output is its own target's plain greedy output
+  swapped = ChainDecoder(b, CFG, a, CFG, gamma=3)
+  res = greedy_identity(swapped, b, CFG, PROMPTS, max_new_tokens=12)
+  assert table.hits > hits and res.compile_s == 0.0
+
+
+@pytest.mark.parametrize("change", ["gamma", "tree", "dtype", "config", "sampling"])
+def test_what_builds_another_program_is_not_shared(pair, table, change):
+  a, b = pair
+  _run(ChainDecoder(a, CFG, b, CFG, gamma=3))
+  hits = table.hits
+  if change == "gamma":
+    dec, kw = ChainDecoder(a, CFG, b, CFG, gamma=2), {}
+  elif change == "tree":
+    dec, kw = TreeDecoder(a, CFG, b, CFG, tree=TreeParams(2, 2, 4)), {}
+  elif change == "dtype":  # bf16 drafter weights: another params signature
+    dec, kw = ChainDecoder(a, CFG, cast_weights(b, "bfloat16"), CFG, gamma=3), {}
+  elif change == "config":  # equal weights' shapes, another model (the RoPE base)
+    other = dataclasses.replace(CFG, rope_theta=CFG.rope_theta * 2)
+    dec, kw = ChainDecoder(a, other, b, other, gamma=3), {}
+  else:
+    from vocabjax.sampling import SamplingParams
+
+    dec, kw = ChainDecoder(a, CFG, b, CFG, gamma=3), {"sampling": SamplingParams(temperature=0.7)}
+  res = _run(dec, **kw)
+  assert table.hits == hits and res.compile_s > 0
+
+
+def test_a_mesh_builds_its_own_programs(pair, table):
+  from vocabjax.sharding import make_mesh
+
+  a, _ = pair
+  _run(Decoder(a, CFG))
+  hits = table.hits
+  res = _run(Decoder(a, CFG, mesh=make_mesh(data=1, model=2, devices=jax.devices()[:2])))
+  assert table.hits == hits and res.compile_s > 0
+
+
+class _KeyMissesGamma(ChainProposer):
+  """A proposer whose key() forgets a setting its programs read (a broken contract)."""
+
+  def key(self):
+    return ("chain", self.config, self.policy, self.draft_prefill)
+
+
+def test_check_mode_finds_a_key_that_misses_a_setting(pair, table):
+  a, b = pair
+  table.check = True
+  _run(SpeculativeEngine(a, CFG, _KeyMissesGamma(b, CFG, CFG, gamma=3)))
+  same = _run(SpeculativeEngine(a, CFG, _KeyMissesGamma(b, CFG, CFG, gamma=3)))  # checked: equal
+  assert table.hits >= 2 and same.compile_s == 0.0
+  with pytest.raises(engine.SharedProgramMismatch, match="not in its key"):
+    _run(SpeculativeEngine(a, CFG, _KeyMissesGamma(b, CFG, CFG, gamma=2)))
+
+
+def test_the_table_is_bounded_least_recently_used_first():
+  t = engine.SharedPrograms(max_programs=2)
+  for k in "abc":
+    t.store(k, k.upper())
+  assert len(t) == 2 and t.lookup("a") is None and t.lookup("b") == "B"
+  t.store("d", "D")  # "c" is now the least recently used
+  assert t.lookup("c") is None and t.lookup("b") == "B" and t.lookup("d") == "D"
+  t.clear()
+  assert len(t) == 0
