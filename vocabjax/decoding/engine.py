@@ -97,7 +97,8 @@ class SharedPrograms:
 
   `check = True` (or `VOCABJAX_CHECK_SHARED_PROGRAMS=1`) builds every shared program anyway and
   raises if its compiled text differs from the shared one's: a proposer whose `key()` misses
-  something its programs read shows up there (the tests run their registry with it)."""
+  something its programs read shows up there (tests/README.md records the decoding tests run
+  with it; `tests/decoding/test_shared_programs.py` checks that it catches such a key)."""
 
   def __init__(self, max_programs: int = 512):
     self.max_programs = max_programs
