@@ -153,6 +153,7 @@ def pytest_runtest_setup(item):
       SHARED_PROGRAMS.clear()  # the decoders' programs shared across tests, likewise
       _fast_now[0] = fast
 
+
 @pytest.fixture(autouse=True)
 def _own_programs_when_patched(request):
   """The decoders' programs are shared across tests (`engine.SHARED_PROGRAMS`: keyed by what
@@ -171,7 +172,6 @@ def _own_programs_when_patched(request):
     yield
   finally:
     engine.SHARED_PROGRAMS = held
-
 
 
 @pytest.fixture(scope="session")

@@ -27,9 +27,9 @@ from vocabjax import sharding
 from vocabjax.decoding.base import DecodingMethod, GenerationResult
 from vocabjax.decoding.engine import (  # noqa: F401  (request checks re-exported: their old home)
     KEY, PROMPT_STEP, NonFiniteLogitsError, OutputCollector, ProgramCache, ProgramKey, Request,
-    arg_signature,
-    abstract_arg, block_request, bucket, cache_slots, check_cache_fits, check_continuous_mesh,
-    continuous_loop, fold_in, host_loop, nonfinite_error, placed_like, prompt_bucket, request, token_ids, validate_request)
+    abstract_arg, arg_signature, block_request, bucket, cache_slots, check_cache_fits,
+    check_continuous_mesh, continuous_loop, fold_in, host_loop, nonfinite_error, placed_like,
+    prompt_bucket, request, token_ids, validate_request)
 from vocabjax.sampling import SamplingParams, sample
 from vocabjax.lowering import Lowering, decoding_lowering, lowered, step_lowering
 from vocabjax.models.cache import KVCache

@@ -31,6 +31,11 @@ from typing import Any, Callable, Hashable, NamedTuple, Sequence
 import jax
 import numpy as np
 
+try:  # jax's private trace settings (`_trace_context`), tolerated: none in a jax without it
+  from jax._src.config import trace_context as _jax_trace_context
+except ImportError:
+  _jax_trace_context = None
+
 from vocabjax.backends import available_memory_bytes
 from vocabjax.decoding.base import GenerationResult
 from vocabjax.models.config import LlamaLikeConfig
@@ -136,12 +141,9 @@ SHARED_PROGRAMS = SharedPrograms()
 
 def _trace_context():
   """jax's own configuration that a trace reads (matmul precision, x64, ...: what jax's
-  caches key on), so a program traced under one setting is not shared under another."""
-  try:
-    from jax._src import config as jax_config  # noqa: PLC0415 (jax's private; tolerated)
-    return jax_config.trace_context()
-  except (ImportError, AttributeError):  # a jax without it: no sharing across settings
-    return object()
+  caches key on), so a program traced under one setting is not shared under another; a jax
+  without it shares nothing (a fresh object never compares equal)."""
+  return _jax_trace_context() if _jax_trace_context is not None else object()
 
 
 class SharedProgramMismatch(RuntimeError):
@@ -505,7 +507,8 @@ def continuous_loop(req: Request, rows: int, carry, fill: Fill, advance: Advance
   occupant = np.full(R, -1)  # the prompt each row decodes (-1: idle)
   pending = iter(range(N))
   spent = {"prefill": 0.0, "compile": 0.0}
-  if stats is not None and hasattr(stats, "prompt_rows"):  # who each row decodes, per step
+  by_prompt = stats is not None and hasattr(stats, "prompt_rows")  # who each row decodes
+  if by_prompt:
     stats.num_prompts = N
 
   def take(carry, b: int):
@@ -532,7 +535,7 @@ def continuous_loop(req: Request, rows: int, carry, fill: Fill, advance: Advance
     active = occupant >= 0
     carry, emitted, compiled = advance(carry, steps, fold_in(key_step, steps), active)
     spent["compile"] += compiled
-    if stats is not None and hasattr(stats, "prompt_rows"):
+    if by_prompt:
       stats.prompt_rows.append(occupant.tolist())
     emitted = np.asarray(emitted).reshape(R, -1)
     for b in np.flatnonzero(active):
