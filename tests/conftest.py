@@ -27,7 +27,9 @@ if _cache != "off":
 # programs (tests/README.md), and for programs this small most of a compile is LLVM optimizing
 # each kernel and XLA:CPU's MLIR fusion emitters. On the CPU the suite compiles with LLVM at
 # -O0 and XLA:CPU's older elementwise emitters (FAST_XLA_OPTIONS: every XLA graph pass, the
-# fusion decisions and the dot library calls stay as they are), about 3x cheaper. The
+# fusion decisions and the dot library calls stay as they are), about 3x cheaper, and in one
+# piece (codegen split count 1: at -O0, splitting a program's LLVM module over threads costs
+# more than it saves, and both xdist workers hold the 2 cores anyway: -6% wall). The
 # properties the tests check (the same tokens as plain decoding, the target's law) are the
 # algorithm's and hold under either setting, but such a program is not the one a user runs
 # (LLVM -O2 forms FMAs, -O0 does not), so the tests marked `full_opt` -- one greedy-identity
@@ -39,7 +41,8 @@ COMPILE = os.environ.get("VOCABJAX_TEST_COMPILE", "fast")
 if COMPILE not in ("fast", "full"):
   raise ValueError(f"VOCABJAX_TEST_COMPILE={COMPILE!r}: choose fast or full")
 FAST_COMPILE = COMPILE == "fast" and os.environ["JAX_PLATFORMS"] == "cpu"
-FAST_XLA_OPTIONS = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False}
+FAST_XLA_OPTIONS = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False,
+                    "xla_cpu_parallel_codegen_split_count": 1}
 _fast_now = [FAST_COMPILE]  # this test's setting (pytest_runtest_setup below)
 
 
