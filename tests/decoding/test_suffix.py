@@ -40,17 +40,22 @@ def test_proposals_equal_arctic_inference(use_tree):
   """1,800 random (trees, context, settings): chain proposals equal Arctic's token for token,
   parents, float32 probabilities and scores bit for bit, the same match length; tree proposals
   the same size, match length and score (to float32 rounding: ties and compressed edges,
-  module doc), after removals too."""
+  module doc), after removals too. Every third context is the tail of a held sequence and
+  names it (`seq_id`: the matches are the sequence's own suffix nodes, as a request's tree
+  takes them, not walks from the root)."""
   rng = random.Random(0)
   for case in range(60):
     ours, ref, V = _trees(rng, remove=case % 2 == 1)
-    for _ in range(30):
+    for i in range(30):
       ctx = [rng.randrange(V) for _ in range(rng.randint(1, 12))]
+      seq_id = rng.choice(sorted(ours.seqs)) if i % 3 == 0 else None
+      if seq_id is not None:
+        ctx = ours.seqs[seq_id][-rng.randint(1, ours.max_depth + 2):]
       kw = dict(max_spec_tokens=rng.choice([1, 4, 8, 16]),
                 max_spec_factor=rng.choice([0.5, 1.0, 2.0]),
                 max_spec_offset=rng.choice([0.0, 1.0]),
                 min_token_prob=rng.choice([0.0, 0.1, 0.3]))
-      a = ours.speculate(ctx, use_tree=use_tree, **kw)
+      a = ours.speculate(ctx, use_tree=use_tree, seq_id=seq_id, **kw)
       b = ref.speculate(ctx, kw["max_spec_tokens"], kw["max_spec_factor"],
                         kw["max_spec_offset"], kw["min_token_prob"], use_tree)
       where = (case, ctx, kw)

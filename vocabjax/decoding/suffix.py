@@ -52,8 +52,8 @@ F32 = np.float32
 class _Node:
   __slots__ = ("token", "count", "children", "order", "parent")
 
-  def __init__(self, token: int, parent):
-    self.token, self.count, self.parent = token, 0, parent
+  def __init__(self, token: int, parent, count: int = 0):
+    self.token, self.count, self.parent = token, count, parent
     self.children: dict[int, _Node] = {}
     self.order: list[_Node] = []  # children by non-increasing count (Arctic's sibling list)
 
@@ -67,28 +67,30 @@ class SuffixTree:
     self.max_depth = max_depth
     self.root = _Node(-1, None)
     self.seqs: dict[int, list[int]] = {}
-    self._active: dict[int, collections.deque] = {}  # per sequence: its suffix nodes
+    self._active: dict[int, list] = {}  # per sequence: its suffix nodes, shortest first
 
   def extend(self, seq_id: int, tokens: Sequence[int]) -> None:
     """Append `tokens` to sequence `seq_id` (a new one when unknown)."""
     seq = self.seqs.setdefault(seq_id, [])
-    active = self._active.setdefault(seq_id, collections.deque())
+    active = self._active.get(seq_id, [])  # the nodes of the sequence's suffixes, shortest first
+    root, keep = self.root, self.max_depth - 1
     for tok in tokens:
       tok = int(tok)
       seq.append(tok)
-      _increment(self.root)
-      active.appendleft(self.root)
-      if len(active) > self.max_depth:
-        active.pop()
-      for i, node in enumerate(active):
+      root.count += 1
+      grown = []
+      for node in (root, *active[:keep]):
         child = node.children.get(tok)
         if child is None:  # a new child: count 1, at the end of the sibling list (Arctic's)
-          child = node.children[tok] = _Node(tok, node)
-          child.count = 1
+          child = node.children[tok] = _Node(tok, node, 1)
           node.order.append(child)
+        elif node.order[0] is child:  # the first sibling stays first (`_increment`)
+          child.count += 1
         else:
           _increment(child)
-        active[i] = child
+        grown.append(child)
+      active = grown
+    self._active[seq_id] = active
 
   def remove(self, seq_id: int) -> None:
     """Forget sequence `seq_id` (nothing when it holds no token): every n-gram occurrence of it
@@ -115,21 +117,37 @@ class SuffixTree:
 
   def speculate(self, context: Sequence[int], *, max_spec_tokens: int,
                 max_spec_factor: float = 1.0, max_spec_offset: float = 0.0,
-                min_token_prob: float = 0.1, use_tree: bool = False) -> "Proposal":
-    """The best proposal over the context's suffix matches (module doc)."""
-    context = list(context)
+                min_token_prob: float = 0.1, use_tree: bool = False,
+                seq_id: int | None = None) -> "Proposal":
+    """The best proposal over the context's suffix matches (module doc). `seq_id`: a sequence
+    this tree holds that may end with the context (a request's own tree): where it does, the
+    matches are its suffixes' nodes, kept by `extend`, instead of one walk from the root per
+    match length (D^2 / 2 lookups a step)."""
+    context = [int(t) for t in context]
+    n = len(context)
+    ends = None
+    seq = self.seqs.get(seq_id) if seq_id is not None else None
+    if seq and len(seq) >= n and seq[len(seq) - n:] == context:
+      ends = self._active[seq_id]  # the node of the context's last m tokens: ends[m - 1]
     factor, offset, floor = F32(max_spec_factor), F32(max_spec_offset), F32(min_token_prob)
-    best = Proposal()
-    for m in range(1, len(context)):
-      node = self.match(context[len(context) - m:])
-      if node is None:
+    grow = _tree if use_tree else _path
+    best, best_m = ([], [], [], F32(0)), 0
+    for m in range(1, n):
+      if ends is not None:
+        node = ends[m - 1] if m <= len(ends) else None
+      else:
+        node = self.root
+        for j in range(n - m, n):  # the match of the context's last m tokens
+          node = node.children.get(context[j])
+          if node is None:
+            break
+      if node is None:  # every longer suffix is missing too (the trees hold every n-gram's)
         break
       limit = max(min(max_spec_tokens, int(float(F32(m) * factor + offset) + 1e-6)), 0)
-      grow = _tree if use_tree else _path
       draft = grow(node, limit, floor)
-      if draft.score >= best.score:
-        best = dataclasses.replace(draft, match_len=m)
-    return best
+      if draft[3] >= best[3]:  # ties: the longer match
+        best, best_m = draft, m
+    return Proposal(*best, match_len=best_m)
 
 
 def _increment(node: _Node) -> None:
@@ -140,7 +158,7 @@ def _increment(node: _Node) -> None:
     node.count += 1
     return
   order = parent.order
-  i = order.index(node)
+  i = 0 if order[0] is node else order.index(node)
   if i == 0 or order[i - 1].count > node.count + 1:
     node.count += 1
     return
@@ -182,28 +200,27 @@ class Proposal:
   match_len: int = 0
 
 
-def _path(node: _Node, limit: int, floor: np.float32) -> Proposal:
-  out = Proposal()
+def _path(node: _Node, limit: int, floor: np.float32) -> tuple:
+  """(tokens, parents, probs, score) of the chain that follows the most frequent child."""
+  tokens, parents, probs, score = [], [], [], F32(0)
   prob = F32(1)
-  while len(out.tokens) < limit and prob >= floor:
-    if node is not None and node.order:
-      child = node.order[0]
-      prob = F32(prob * (F32(child.count) / F32(node.count)))
-      if prob < floor:
-        break
-      out.parents.append(len(out.tokens) - 1)
-      out.tokens.append(child.token)
-      out.probs.append(prob)
-      out.score = F32(out.score + prob)
-      node = child
-    else:
+  while len(tokens) < limit and prob >= floor and node.order:
+    child = node.order[0]
+    prob = F32(prob * (F32(child.count) / F32(node.count)))
+    if prob < floor:
       break
-  return out
+    parents.append(len(tokens) - 1)
+    tokens.append(child.token)
+    probs.append(prob)
+    score = F32(score + prob)
+    node = child
+  return tokens, parents, probs, score
 
 
-def _tree(node: _Node, limit: int, floor: np.float32) -> Proposal:
-  """Best first by probability (ties: the earlier pushed), children in sibling order."""
-  out = Proposal()
+def _tree(node: _Node, limit: int, floor: np.float32) -> tuple:
+  """(tokens, parents, probs, score), best first by probability (ties: the earlier pushed),
+  children in sibling order."""
+  tokens, parents, probs, score = [], [], [], F32(0)
   queue, pushed = [], 0
   for child in node.order:
     p = F32(F32(1) * F32(child.count) / F32(node.count))
@@ -211,21 +228,21 @@ def _tree(node: _Node, limit: int, floor: np.float32) -> Proposal:
       break
     heapq.heappush(queue, (-p, pushed, child, -1))
     pushed += 1
-  while len(out.tokens) < limit and queue:
+  while len(tokens) < limit and queue:
     negp, _, child, parent = heapq.heappop(queue)
     p = F32(-negp)
-    out.parents.append(parent)
-    out.tokens.append(child.token)
-    out.probs.append(p)
-    out.score = F32(out.score + p)
-    me = len(out.tokens) - 1
+    parents.append(parent)
+    tokens.append(child.token)
+    probs.append(p)
+    score = F32(score + p)
+    me = len(tokens) - 1
     for grand in child.order:
       q = F32(F32(p * F32(grand.count)) / F32(child.count))
       if q < floor:
         break
       heapq.heappush(queue, (-q, pushed, grand, me))
       pushed += 1
-  return out
+  return tokens, parents, probs, score
 
 
 class SuffixCache:
@@ -268,7 +285,7 @@ class SuffixCache:
   def speculate(self, request, context: Sequence[int], **kw) -> Proposal:
     """The request tree's proposal, or the global tree's where it scores higher."""
     context = list(context)[-self.max_depth:]
-    own = self.local[request].speculate(context, **kw)
+    own = self.local[request].speculate(context, seq_id=0, **kw)
     if self.global_tree is None:
       return own
     other = self.global_tree.speculate(context, **kw)
