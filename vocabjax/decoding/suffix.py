@@ -38,6 +38,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import heapq
+import types
 from typing import Sequence
 
 import numpy as np
@@ -49,13 +50,19 @@ from vocabjax.decoding.tree import MAX_TREE_NODES, TreeBounds
 F32 = np.float32
 
 
+_NO_CHILDREN = types.MappingProxyType({})  # a leaf's (read-only: never filled)
+
+
 class _Node:
+  """A trie node. A leaf holds no containers of its own (`_NO_CHILDREN`, an empty tuple): most
+  nodes of a suffix trie are leaves, and every container the cyclic GC tracks makes its passes
+  over a large tree longer (a tree of 250K nodes: ~3 tracked objects a node otherwise)."""
   __slots__ = ("token", "count", "children", "order", "parent")
 
   def __init__(self, token: int, parent, count: int = 0):
     self.token, self.count, self.parent = token, count, parent
-    self.children: dict[int, _Node] = {}
-    self.order: list[_Node] = []  # children by non-increasing count (Arctic's sibling list)
+    self.children = _NO_CHILDREN  # token -> child, once it has one
+    self.order = ()  # children by non-increasing count (Arctic's sibling list)
 
 
 class SuffixTree:
@@ -72,25 +79,30 @@ class SuffixTree:
   def extend(self, seq_id: int, tokens: Sequence[int]) -> None:
     """Append `tokens` to sequence `seq_id` (a new one when unknown)."""
     seq = self.seqs.setdefault(seq_id, [])
-    active = self._active.get(seq_id, [])  # the nodes of the sequence's suffixes, shortest first
-    root, keep = self.root, self.max_depth - 1
+    # the nodes of the sequence's suffixes, shortest first, updated in place (no container
+    # made per token: the cyclic GC's passes over a large tree follow allocations)
+    active = self._active.setdefault(seq_id, [])
+    root, depth = self.root, self.max_depth
     for tok in tokens:
       tok = int(tok)
       seq.append(tok)
       root.count += 1
-      grown = []
-      for node in (root, *active[:keep]):
+      active.insert(0, root)
+      if len(active) > depth:
+        active.pop()
+      for i in range(len(active)):
+        node = active[i]
         child = node.children.get(tok)
         if child is None:  # a new child: count 1, at the end of the sibling list (Arctic's)
+          if not node.order:  # its first: the containers made now
+            node.children, node.order = {}, []
           child = node.children[tok] = _Node(tok, node, 1)
           node.order.append(child)
         elif node.order[0] is child:  # the first sibling stays first (`_increment`)
           child.count += 1
         else:
           _increment(child)
-        grown.append(child)
-      active = grown
-    self._active[seq_id] = active
+        active[i] = child
 
   def remove(self, seq_id: int) -> None:
     """Forget sequence `seq_id` (nothing when it holds no token): every n-gram occurrence of it
