@@ -446,3 +446,27 @@ def test_ctrl_c_during_a_question_finishes_and_records_it_then_stops(suite, tmp_
   monkeypatch.setattr(Decoder, "generate", real)
   _run(path, out)  # resumes the rest
   assert len((out / RECORDS).read_text().splitlines()) == 12
+
+
+@pytest.mark.parametrize("quiet", [True, False])
+def test_quiet_reaches_the_model_loading(suite, tmp_path, monkeypatch, quiet):
+  """`--quiet` turns off the models' fetch and checksum bars too (before: a quiet run still
+  drew the registry fetch's sha256 bars); without it they are on. The loading is stopped at
+  the target: what is checked is the flag it was asked with."""
+  from vocabjax.eval import runner
+
+  class Stop(Exception):
+    pass
+
+  seen = []
+
+  def load_model(name, **kw):
+    seen.append((name, kw.get("progress")))
+    raise Stop
+
+  monkeypatch.setattr(runner, "load_model", load_model)
+  path, cfg = suite
+  args = ["--config", str(path), "--out", str(tmp_path / "o"), *(["--quiet"] if quiet else [])]
+  with pytest.raises(Stop):
+    main(parse_args(args))
+  assert seen == [(cfg["target"], not quiet)]

@@ -200,14 +200,15 @@ class Loaded:
   draft: Model | None
 
 
-def load_models(config: EvalConfig, mesh=None) -> Loaded:
-  """The suite's models; on `mesh`, each tensor placed with its sharding as it is read."""
-  target = load_model(config.target, dtype=config.dtype, mesh=mesh)
+def load_models(config: EvalConfig, mesh=None, progress: bool = True) -> Loaded:
+  """The suite's models; on `mesh`, each tensor placed with its sharding as it is read.
+  `progress`: the fetch's and the checksum's bars (off under `--quiet`)."""
+  target = load_model(config.target, dtype=config.dtype, mesh=mesh, progress=progress)
   draft = None
   if config.draft:  # the drafter's tokenizer only matters to a cross-vocabulary method
     cross = any(m.method == "crossvocab" for m in config.methods)
     draft = load_model(config.draft, dtype=config.draft_dtype or config.dtype,
-                       load_tokenizer=cross, mesh=mesh)
+                       load_tokenizer=cross, mesh=mesh, progress=progress)
   return Loaded(target, draft)
 
 
@@ -335,7 +336,7 @@ def _run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool,
                         f"question at a time (batch 1), so its mesh needs data=1 (tensor "
                         f"parallel over model); got data={mesh.shape['data']}")
   t0 = time.perf_counter()
-  models = models or load_models(config, mesh)
+  models = models or load_models(config, mesh, progress)
   load_s = time.perf_counter() - t0
   tok = models.target.tokenizer
   try:
