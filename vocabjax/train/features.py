@@ -256,8 +256,9 @@ def build_features(job: FeatureSpec, *, show_progress: bool = True) -> Path:
   todo = pending_shards(fdir, job.fingerprint(), len(records))
   if not todo:
     return fdir
-  draft = load_model(job.drafter, dtype="float32")
-  target = load_model(job.target, dtype="float32") if job.target else None
+  draft = load_model(job.drafter, dtype="float32", progress=show_progress)
+  target = (load_model(job.target, dtype="float32", progress=show_progress) if job.target
+            else None)
   if target is not None and target.config.vocab_size != draft.config.vocab_size:
     raise TrainError(f"target vocabulary V={target.config.vocab_size} differs from the "
                      f"drafter's V={draft.config.vocab_size}: a ranker needs one tokenizer")
