@@ -54,9 +54,10 @@ _NO_CHILDREN = types.MappingProxyType({})  # a leaf's (read-only: never filled)
 
 
 class _Node:
-  """A trie node. A leaf holds no containers of its own (`_NO_CHILDREN`, an empty tuple): most
-  nodes of a suffix trie are leaves, and every container the cyclic GC tracks makes its passes
-  over a large tree longer (a tree of 250K nodes: ~3 tracked objects a node otherwise)."""
+  """A trie node. A leaf holds no containers of its own (children `_NO_CHILDREN`, order an empty
+  tuple; both made with its first child): most nodes of a suffix trie are leaves, and every
+  object the cyclic GC tracks makes its full passes over the process longer (3 a node
+  otherwise)."""
   __slots__ = ("token", "count", "children", "order", "parent")
 
   def __init__(self, token: int, parent, count: int = 0):
