@@ -99,8 +99,6 @@ class SuffixTree:
             node.children, node.order = {}, []
           child = node.children[tok] = _Node(tok, node, 1)
           node.order.append(child)
-        elif node.order[0] is child:  # the first sibling stays first (`_increment`)
-          child.count += 1
         else:
           _increment(child)
         active[i] = child
@@ -149,11 +147,7 @@ class SuffixTree:
       if ends is not None:
         node = ends[m - 1] if m <= len(ends) else None
       else:
-        node = self.root
-        for j in range(n - m, n):  # the match of the context's last m tokens
-          node = node.children.get(context[j])
-          if node is None:
-            break
+        node = self.match(context[n - m:])
       if node is None:  # every longer suffix is missing too (the trees hold every n-gram's)
         break
       limit = max(min(max_spec_tokens, int(float(F32(m) * factor + offset) + 1e-6)), 0)
@@ -171,7 +165,7 @@ def _increment(node: _Node) -> None:
     node.count += 1
     return
   order = parent.order
-  i = 0 if order[0] is node else order.index(node)
+  i = 0 if order[0] is node else order.index(node)  # most increments: the first sibling
   if i == 0 or order[i - 1].count > node.count + 1:
     node.count += 1
     return
