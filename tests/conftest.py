@@ -142,39 +142,38 @@ if _PROFILE:
 def pytest_runtest_setup(item):
   """Tests marked `full_opt` compile at users' settings, the others fast (see COMPILE above),
   set before any of the test's fixtures (a module fixture may compile). jax's in-memory caches
-  do not key on compile options (the persistent cache does), nor do the decoders' shared
-  programs (`engine.SHARED_PROGRAMS`), so a switch clears them: a program compiled under one
-  setting is never reused under the other."""
+  do not key on compile options (the persistent cache does), nor does the decoders' program
+  cache (`engine.PROGRAMS`), so a switch clears them: a program compiled under one setting is
+  never reused under the other."""
   if FAST_COMPILE:
     fast = item.get_closest_marker("full_opt") is None
     if _fast_now[0] != fast:
       import jax
 
-      from vocabjax.decoding.engine import SHARED_PROGRAMS
+      from vocabjax.decoding.engine import PROGRAMS
 
       jax.clear_caches()
-      SHARED_PROGRAMS.clear()  # the decoders' programs shared across tests, likewise
+      PROGRAMS.clear()
       _fast_now[0] = fast
 
 
 @pytest.fixture(autouse=True)
-def _own_programs_when_patched(request):
-  """The decoders' programs are shared across tests (`engine.SHARED_PROGRAMS`: keyed by what
-  they are built from, as jax's caches are, not by module constants). A test that patches
-  something (`monkeypatch`: a ring's slack, a verifier replaced) may change what a program
-  traces, so it gets a table of its own: it neither takes programs built before nor leaves
-  its own to the tests after."""
+def _fresh_programs_when_patched(request):
+  """The decoders' programs are shared across tests (`engine.PROGRAMS`: keyed by what they are
+  built from, as jax's caches are, not by module constants). A test that patches something
+  (`monkeypatch`: a ring's slack, a verifier replaced) may change what a program traces, so
+  the cache is cleared around it, as `jax.clear_caches()` would be: it neither takes programs
+  built before nor leaves its own to the tests after."""
   if "monkeypatch" not in request.fixturenames:
     yield
     return
-  from vocabjax.decoding import engine
+  from vocabjax.decoding.engine import PROGRAMS
 
-  held = engine.SHARED_PROGRAMS
-  engine.SHARED_PROGRAMS = engine.SharedPrograms()
+  PROGRAMS.clear()
   try:
     yield
   finally:
-    engine.SHARED_PROGRAMS = held
+    PROGRAMS.clear()
 
 
 @pytest.fixture(scope="session")

@@ -27,13 +27,11 @@ def cpu_only_reason(environ=None, libtpu_installed=None, tpu_chips=None, gpus=No
   if not libtpu_installed:
     return None  # no TPU backend to start
   if tpu_chips is None or gpus is None:
-    from jax._src import hardware_utils  # JAX's own probe (PCI vendor ids), as JAX uses it
+    from vocabjax.jax_internals import accelerator_counts  # JAX's own PCI probe
 
-    if tpu_chips is None:
-      tpu_chips = hardware_utils.num_available_tpu_chips_and_device_id()[0]
-    if gpus is None:
-      gpus = int(hardware_utils.has_visible_nvidia_gpu()) + hardware_utils.num_available_amd_gpus(
-          stop_at=1)
+    probed_tpus, probed_gpus = accelerator_counts()
+    tpu_chips = probed_tpus if tpu_chips is None else tpu_chips
+    gpus = probed_gpus if gpus is None else gpus
   if tpu_chips or gpus:
     return None
   return "libtpu is installed but this host has no TPU chip and no GPU"

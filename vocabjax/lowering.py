@@ -85,6 +85,14 @@ class Lowering:
   until a GPU run has timed it and passed the exactness tests with it
   (`VOCABJAX_SUM_ATTENTION=1` when vocabjax is imported, or `sum_attention_default`)."""
 
+  unroll_loops: bool = False
+  """For cost analysis only (`vocabjax.bench.tpu`): the drafting loops traced unrolled (a scan
+  fully, a bounded while loop as `while_trips` calls of its body; `scan` / `while_loop`
+  below), since XLA's cost analysis counts a loop body once whatever its trip count."""
+  while_trips: int = 0
+  """With `unroll_loops`: the iterations a drafting while loop is traced as (exact for the
+  cross-vocabulary drafter without an acceptance head: it always runs gamma - 1)."""
+
   def replace(self, **changes) -> "Lowering":
     return dataclasses.replace(self, **changes)
 
@@ -92,6 +100,7 @@ class Lowering:
 # read by decoding_lowering only, never while tracing; starts from the environment's defaults
 _process = {key: getattr(Lowering(), key) for key in ("cpu_kernel", "sum_attention")}
 _process["platform"] = ""  # "": the default backend (`platform_default` sets another)
+_process["unroll"] = (False, 0)  # (unroll_loops, while_trips): `loops_unrolled`
 
 
 def with_lowering(params: dict, lowering: Lowering) -> dict:
@@ -117,10 +126,12 @@ def decoding_lowering(*, mesh, cpu_kernel: bool | None = None,
   on_mesh = mesh is not None and mesh is not False
   platform = platform or target_platform(mesh if on_mesh and mesh is not True else None)
   kernel = _process["cpu_kernel"] if cpu_kernel is None else bool(cpu_kernel)
+  unroll, trips = _process["unroll"]
   return Lowering(platform=platform, cpu_kernel=kernel and not on_mesh and platform == "cpu",
                   split_top_k=on_mesh, row_writes=on_mesh,
                   sum_attention=_process["sum_attention"],
-                  block_top_k=TPU_TOP_K_BLOCK if platform == "tpu" else 0)
+                  block_top_k=TPU_TOP_K_BLOCK if platform == "tpu" else 0,
+                  unroll_loops=unroll, while_trips=trips)
 
 
 TPU_TOP_K_BLOCK = 4096  # Lowering.block_top_k where the decoders run on TPU
@@ -197,3 +208,32 @@ def sum_attention_default(on: bool):
   """`with sum_attention_default(True):` decoders constructed inside attend by summed products
   (`Lowering.sum_attention`)."""
   return _process_default("sum_attention", on)
+
+
+@contextlib.contextmanager
+def loops_unrolled(while_trips: int = 0):
+  """`with loops_unrolled(n):` decoders constructed inside trace their drafting loops unrolled
+  (`Lowering.unroll_loops`, a while loop as n calls of its body): for cost analysis, never to
+  run."""
+  old = _process["unroll"]
+  _process["unroll"] = (True, int(while_trips))
+  try:
+    yield
+  finally:
+    _process["unroll"] = old
+
+
+def scan(f, init, xs, lowering: Lowering):
+  """`jax.lax.scan(f, init, xs)`, fully unrolled where `lowering.unroll_loops`."""
+  return jax.lax.scan(f, init, xs, unroll=True if lowering.unroll_loops else 1)
+
+
+def while_loop(cond, body, init, lowering: Lowering):
+  """`jax.lax.while_loop(cond, body, init)`; where `lowering.unroll_loops`, `body` called
+  `lowering.while_trips` times instead (`cond` unread: for a loop of known trips)."""
+  if not lowering.unroll_loops:
+    return jax.lax.while_loop(cond, body, init)
+  carry = init
+  for _ in range(lowering.while_trips):
+    carry = body(carry)
+  return carry

@@ -180,7 +180,7 @@ def test_prompt_lookup_on_a_mesh(pair, data, model):
     # verified per row: each
     # all-gather carries at most one value per token, row and device (the per-device partial
     # argmax / max over the vocabulary-split logits), never a logits row or a cache
-    progs = [(key.shapes[-1][0][1] + 1, p) for key, p in dec._programs.items()
+    progs = [(key.shapes[-1][0][1] + 1, p) for key, p in dec.compiled_programs().items()
              if key.program == "step"]
     assert len(progs) >= 2, candidates
     for W, prog in progs:
@@ -232,7 +232,7 @@ def test_cross_vocabulary_on_a_mesh(data, model):
     assert res.stats.tau > 1.0, ngram
     for params in (dec.tp, dec.proposer.dp):  # both models tensor-parallel: their MLPs split
       assert params["layers"][0]["w_up"].sharding.spec == P("model", None)
-    for key, prog in dec._programs.items():
+    for key, prog in dec.compiled_programs().items():
       if key.program in ("draft", "step"):
         name = key.program
         coll = sharding.collectives(prog.as_text())

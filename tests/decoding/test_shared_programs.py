@@ -1,4 +1,4 @@
-"""Programs shared across the process's decoders (`engine.SHARED_PROGRAMS`): a decoder built
+"""Programs shared across the process's decoders (`engine.PROGRAMS`): a decoder built
 again for the same models, method and shapes takes the first one's compiled programs, and
 gives its own params' tokens; anything its programs would be built differently for (another
 method setting, weight dtype, model config, mesh) builds its own."""
@@ -21,11 +21,15 @@ PROMPTS = [[3, 1, 4, 1, 5], [9, 2]]
 
 
 @pytest.fixture
-def table(monkeypatch):
-  """An empty table of its own for the test (the process's is left as it was)."""
-  t = engine.SharedPrograms()
-  monkeypatch.setattr(engine, "SHARED_PROGRAMS", t)
-  return t
+def table():
+  """The process's program cache, emptied for the test (and after it), its hit count from 0."""
+  t = engine.PROGRAMS
+  held = (t.enabled, t.check)
+  t.clear()
+  t.hits = 0
+  yield t
+  t.enabled, t.check = held
+  t.clear()
 
 
 def _run(dec, **kw):
@@ -90,12 +94,26 @@ def test_check_mode_finds_a_key_that_misses_a_setting(pair, table):
     _run(SpeculativeEngine(a, CFG, _KeyMissesGamma(b, CFG, CFG, gamma=2)))
 
 
-def test_the_table_is_bounded_least_recently_used_first():
-  t = engine.SharedPrograms(max_programs=2)
+def test_the_cache_is_bounded_least_recently_used_first():
+  t = engine.ProgramCache(max_programs=2)
+  key = lambda name: engine.ProgramKey(name, "m", None, (), None)  # noqa: E731
+  built = []
+
+  def build(name):
+    built.append(name)
+    return name.upper()
+
   for k in "abc":
-    t.store(k, k.upper())
-  assert len(t) == 2 and t.lookup("a") is None and t.lookup("b") == "B"
-  t.store("d", "D")  # "c" is now the least recently used
-  assert t.lookup("c") is None and t.lookup("b") == "B" and t.lookup("d") == "D"
+    assert t.get(key(k), "scope", lambda k=k: build(k))[0] == k.upper()
+  assert len(t) == 2 and built == ["a", "b", "c"]
+  assert t.get(key("b"), "scope", lambda: build("b"))[0] == "B" and built == ["a", "b", "c"]
+  t.get(key("a"), "scope", lambda: build("a"))  # "a" was dropped: built again, "c" dropped
+  assert built == ["a", "b", "c", "a"]
+  t.get(key("b"), "scope", lambda: build("b"))
+  assert built == ["a", "b", "c", "a"] and t.hits == 2
+  t.get(key("b"), "another scope", lambda: build("b"))  # a scope of its own: built
+  assert built[-1] == "b" and len(built) == 5
+  with pytest.raises(TypeError, match="ProgramKey"):
+    t.get(("b",), "scope", lambda: "B")
   t.clear()
   assert len(t) == 0

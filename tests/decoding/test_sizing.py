@@ -115,7 +115,7 @@ def test_a_sized_chain_keeps_plain_greedy_tokens_drafting_1_to_gamma(draft_seed)
   sizing = res.stats.record()["sizing"]
   assert sizing["lengths"] == [0, 1, 2, 3, 4]  # 0: a plain step (the drafter catches up)
   assert sum(sizing["choices"].values()) == res.steps
-  sizer = next(iter(dec._sizers.values()))
+  sizer = next(iter(dec.sizing_rules().values()))
   for n, drafted in zip(sizer.choices, res.stats.drafted):
     assert max(drafted) == n  # the step drafted the chosen length on every active row
   if draft_seed == 0:
@@ -162,7 +162,7 @@ def test_sized_drafters_with_plain_steps_between_keep_plain_greedy_tokens(monkey
   _forced(monkeypatch, order)
   prompts = [[5, 9, 2, 7, 5, 9, 3], [1, 2, 3]]
   res = greedy_identity(dec, params, CFG, prompts, max_new_tokens=32)
-  sizer = next(iter(dec._sizers.values()))
+  sizer = next(iter(dec.sizing_rules().values()))
   assert set(sizer.choices) == set(order)
   for n, drafted, acc, active in zip(sizer.choices, res.stats.drafted, res.stats.accepted,
                                      res.stats.active):
@@ -192,7 +192,7 @@ def test_a_sized_tree_samples_the_target_law(monkeypatch):
   _forced(monkeypatch, [4, 0, 2])
   pvalue, stats = target_law(dec, target, SMALL, [3, 1], SamplingParams(temperature=1.0),
                              seed=7)
-  assert {0, 4} <= set(next(iter(dec._sizers.values())).choices)  # a plain step among them
+  assert {0, 4} <= set(next(iter(dec.sizing_rules().values())).choices)  # a plain step among them
   assert 0.05 < stats.acceptance_rate < 0.95
   assert pvalue > 1e-3
 
@@ -219,6 +219,6 @@ def test_a_sized_chain_samples_the_target_law(monkeypatch):
   monkeypatch.setattr(DraftSizer, "choose", choose)
   pvalue, stats = target_law(dec, target, SMALL, [3, 1], SamplingParams(temperature=1.0),
                              seed=7)
-  assert len(set(next(iter(dec._sizers.values())).choices)) >= 2  # more than one length ran
+  assert len(set(next(iter(dec.sizing_rules().values())).choices)) >= 2  # more than one length ran
   assert 0.05 < stats.acceptance_rate < 0.95  # accepts and rejections both happen
   assert pvalue > 1e-3

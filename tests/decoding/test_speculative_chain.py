@@ -49,7 +49,7 @@ def test_prompt_blocks_share_one_step_program(pair):
     progs.append(dec.programs(SamplingParams(), 1, prompt_bucket(n), 64, jnp.float32))
   (start4, step4, c4), (start32, step32, c32) = progs
   assert step4 is step32 and start4 is not start32 and c4 == c32 == 0.0  # generate compiled
-  assert sorted(k.program for k, _ in dec._programs.items()) == ["prefill", "prefill", "step"]
+  assert sorted(k.program for k, _ in dec.compiled_programs().items()) == ["prefill", "prefill", "step"]
 
 
 def test_hand_checked_acceptance():
@@ -205,9 +205,9 @@ def test_programs_are_keyed_by_their_lowering(pair):
   dec = ChainDecoder(target, CFG, draft, CFG, gamma=2)
   p = [[1, 2, 3]]
   first = dec.generate(p, max_new_tokens=6, max_len=64)
-  before = {k.lowering for k, _ in dec._programs.items()}
+  before = {k.lowering for k, _ in dec.compiled_programs().items()}
   dec.lowering = dec.lowering.replace(block_top_k=8)
   again = dec.generate(p, max_new_tokens=6, max_len=64)
-  after = {k.lowering for k, _ in dec._programs.items()}
+  after = {k.lowering for k, _ in dec.compiled_programs().items()}
   assert again.tokens == first.tokens and again.compile_s > 0
   assert before < after and dec.lowering in after - before

@@ -45,7 +45,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import threading
 from typing import Any
 
 import jax
@@ -54,12 +53,13 @@ import numpy as np
 from jax.sharding import SingleDeviceSharding
 
 from vocabjax import sharding
+from vocabjax.decoding.engine import PROGRAMS, ProgramKey
 from vocabjax.bench.stand_ins import (  # noqa: F401  (NAME_FORMS, registry_form: re-exported)
     _HOST_ONLY, METHODS, NAME_FORMS, MethodSpec, Setup, _head_config, abstract_models,
     method_spec, registry_form)
 from vocabjax.sampling import SamplingParams
 from vocabjax.kernels import cpu_matmul
-from vocabjax.lowering import Lowering, decoding_lowering, platform_default
+from vocabjax.lowering import Lowering, decoding_lowering, loops_unrolled, platform_default
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.testing.tpu_aot import compile_failure, not_cached, tpu_devices
@@ -261,15 +261,15 @@ class TpuStep:
     for name in names or self.programs:
       prog = self.programs[name]
       if prog.compiled is None:
-        key = (self.topology, hashlib.sha256(prog.text.encode()).hexdigest())
-        if key not in _COMPILED:
+        key = ProgramKey("deviceless", hashlib.sha256(prog.text.encode()).hexdigest(), None,
+                         (self.topology,), None)
+
+        def build(name=name, prog=prog):
           with not_cached():  # a deviceless executable cannot be loaded back from the cache
-            _COMPILED[key] = _guarded(self, name, prog.lowered.compile)
-        prog.compiled = _COMPILED[key]
+            return _guarded(self, name, prog.lowered.compile)
+
+        prog.compiled, _ = PROGRAMS.get(key, "deviceless", build)
     return self
-
-
-_COMPILED: dict = {}  # (topology, program text digest) -> compiled (`TpuStep.compile`)
 
 
 def _cache_bytes(cache, ring: bool = True) -> int:
@@ -341,14 +341,20 @@ def lower_step(method: str, setup: Setup, *, topology: str = "v5e:1x1", B: int =
     decoder = _guarded(where, "decoder", lambda: build_decoder(
         method, setup, device=None if mesh is not None else device, mesh=mesh,
         platform=platform))
+  unrolled_dec = None
+  if costs and spec.loops:  # the same decoder with its drafting loops traced unrolled
+    with loops_unrolled(spec.while_trips):
+      unrolled_dec = _guarded(where, "decoder (loops unrolled)", lambda: build_decoder(
+          method, setup, device=None if mesh is not None else device, mesh=mesh,
+          platform=platform))
   with tpu_tracing(device, mesh, platform):
     step = _guarded(where, "step", lambda: _lower(method, decoder, setup, B, S, T, device,
                                                   mesh, prefill, sampling, topology))
     step.spec = spec
-    if costs and spec.loops:
-      with _unrolled_loops(spec.while_trips):
+    if unrolled_dec is not None:
+      with loops_unrolled(spec.while_trips):
         unrolled = _guarded(where, "step (loops unrolled)", lambda: _lower(
-            method, decoder, setup, B, S, T, device, mesh, False, sampling, topology))
+            method, unrolled_dec, setup, B, S, T, device, mesh, False, sampling, topology))
       for name in spec.loop_programs:
         step.programs["cost:" + name] = dataclasses.replace(unrolled.programs[name],
                                                             name="cost:" + name)
@@ -356,37 +362,6 @@ def lower_step(method: str, setup: Setup, *, topology: str = "v5e:1x1", B: int =
     with tpu_tracing(device, mesh, platform):
       step.compile()
   return step
-
-
-@contextlib.contextmanager
-def _unrolled_loops(while_trips: int):
-  """`jax.lax.scan` traced fully unrolled, and `jax.lax.while_loop` as `while_trips` calls of
-  its body, inside (for cost analysis only: the decoders' bounded drafting loops, whose
-  bodies XLA's cost analysis otherwise counts once whatever the trip count). The while form
-  is exact for crossvocab's drafting loop without an acceptance head (it always runs G - 1
-  iterations)."""
-  scan, while_loop = jax.lax.scan, jax.lax.while_loop
-
-  def unrolled_scan(*args, **kwargs):
-    kwargs["unroll"] = True
-    return scan(*args, **kwargs)
-
-  def unrolled_while(cond, body, init):
-    del cond
-    carry = init
-    for _ in range(while_trips):
-      carry = body(carry)
-    return carry
-
-  with _UNROLL_LOCK:
-    jax.lax.scan, jax.lax.while_loop = unrolled_scan, unrolled_while
-    try:
-      yield
-    finally:
-      jax.lax.scan, jax.lax.while_loop = scan, while_loop
-
-
-_UNROLL_LOCK = threading.RLock()
 
 
 def tpu_lowering(mesh, platform: str = "tpu") -> Lowering:

@@ -26,7 +26,7 @@ import numpy as np
 from vocabjax import sharding
 from vocabjax.decoding.base import DecodingMethod, GenerationResult
 from vocabjax.decoding.engine import (  # noqa: F401  (request checks re-exported: their old home)
-    KEY, PROMPT_STEP, NonFiniteLogitsError, OutputCollector, ProgramCache, ProgramKey, Request,
+    KEY, PROMPT_STEP, NonFiniteLogitsError, OutputCollector, DecoderPrograms, ProgramKey, Request,
     abstract_arg, arg_signature, block_request, bucket, cache_slots, check_cache_fits,
     check_continuous_mesh, continuous_loop, fold_in, host_loop, nonfinite_error, placed_like,
     prompt_bucket, request, token_ids, validate_request)
@@ -101,7 +101,7 @@ class Decoder(DecodingMethod):
     # gather the weights to it), so sharded programs do without it
     self.lowering = decoding_lowering(mesh=mesh)
     self.params = params if mesh is None else sharding.shard_params(params, config, mesh)
-    self._programs = ProgramCache(  # shared with the process's decoders of this model
+    self._programs = DecoderPrograms(  # shared with the process's decoders of this model
         scope=lambda: (type(self), self.mesh, arg_signature(self.params)),
         shared=("prefill", "step"))
 

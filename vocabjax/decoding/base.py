@@ -2,9 +2,9 @@
 vocabjax.generate` and the bench ask of a decoding method, instead of probing it with
 `hasattr`.
 
-A new method subclasses `DecodingMethod` (directly, or through
-`vocabjax.decoding.speculative.SpeculativeDecoder` when it drafts with a model or a head and
-verifies in one compiled step) and registers a maker in `vocabjax.methods.METHODS`.
+A speculative method is a proposer (`vocabjax.decoding.proposer`) run by the one engine
+(`vocabjax.decoding.speculative.SpeculativeEngine`), registered beside its parameters
+(`vocabjax.methods.register`); `DecodingMethod` is what plain decoding and the engine share.
 """
 
 from __future__ import annotations
@@ -69,6 +69,12 @@ class DecodingMethod(abc.ABC):
     """Whether `vocabjax.decoding.profile.step_split` can time this method's step parts (its
     drafter's calls and the verification): methods with a compiled drafter say so."""
     return False
+
+  def compiled_programs(self) -> dict:
+    """{`engine.ProgramKey`: compiled program} of every program this decoder has used so far
+    (for inspecting their HLO, collectives, memory; the programs themselves live in the
+    process's `engine.PROGRAMS`)."""
+    return dict(self._programs.items())
 
   def run_record(self, result: GenerationResult) -> dict:
     """Method-specific counts of one finished run for an eval record or generate's report

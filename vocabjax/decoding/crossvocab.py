@@ -78,7 +78,8 @@ from vocabjax.decoding.engine import KEY, abstract_arg, fold_in, placed_like
 from vocabjax.decoding.proposer import Context, Drafts, HostRun, Prefilled, Proposer
 from vocabjax.decoding.routes import Routes
 from vocabjax.decoding.speculative import SpeculativeEngine
-from vocabjax.lowering import lowered, step_lowering
+from vocabjax.lowering import lowered, lowering_of, step_lowering
+from vocabjax.lowering import while_loop as lowering_while_loop
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import embed_tokens, forward, lm_head, with_mlp_layout
@@ -159,8 +160,8 @@ def _draft(dp, cache, pend, n_pend, allowed, key, head, *, config: LlamaLikeConf
     n = n + ~stopped
     return i + 1, d, stopped | stop, p_all, n, cache, record(bufs, i, d, q_d, q_row, a)
 
-  _, _, _, _, n, cache, (ds, qd, qs, acc) = jax.lax.while_loop(
-      cond, body, (jnp.int32(1), d, stop, p_all, n, cache, bufs))
+  _, _, _, _, n, cache, (ds, qd, qs, acc) = lowering_while_loop(
+      cond, body, (jnp.int32(1), d, stop, p_all, n, cache, bufs), lowering_of(dp))
   return ds, qd, qs, n, acc, cache
 
 

@@ -32,7 +32,8 @@ from vocabjax.decoding.proposer import Context, Drafts, Prefilled, Proposer
 from vocabjax.decoding.tree import (TreeBounds, TreeParams, drop_rows, grow_drafter_tree,
                                     read_pending)
 from vocabjax.kernels import cpu_matmul
-from vocabjax.lowering import Lowering, default_cpu_kernel, lowered, lowering_of, target_platform
+from vocabjax.lowering import (Lowering, default_cpu_kernel, lowered, lowering_of, target_platform,
+                               scan as lowering_scan)
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import forward, with_mlp_layout
@@ -223,7 +224,8 @@ def chain_drafts(params, state: ChainState, ctx: Context, key, *, config: LlamaL
     d, q = draft_choice(policy, params, h[:, -1], keys[i], sampling, V)
     return (d, cache), (d, q)
 
-  (_, dcache), (ds, qs) = jax.lax.scan(body, (d0, dcache), jnp.arange(1, G))
+  (_, dcache), (ds, qs) = lowering_scan(body, (d0, dcache), jnp.arange(1, G),
+                                        lowering_of(params))
   ds = jnp.concatenate([d0[None], ds])
   qs = None if q0 is None else jnp.concatenate([q0[None], qs])  # greedy drafts carry no q
   drafts = ds.T.astype(jnp.int32)  # scan stacks on axis 0: [G, B] -> [B, G]

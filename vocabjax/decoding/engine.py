@@ -1,11 +1,11 @@
 """The host side every decoder shares: one request check and layout (`request`: prompts as
 ids, the cache room one step needs, the mesh's data axis, the rows' `OutputCollector`), one
-program cache (`ProgramKey`; programs shared across the process's decoders by
-`SHARED_PROGRAMS`), one host loop.
+program cache (`ProgramCache`, the process's `PROGRAMS`, keyed by `ProgramKey` and what a
+decoder's programs close over), one host loop.
 
 A decoder supplies only what is its own:
 
-    programs   built once per key through a `ProgramCache` (compile seconds counted)
+    programs   built once per key through `PROGRAMS` (compile seconds counted)
     start      its prefills: the first token of every row and the loop's carry
     advance    one step: host inputs from the carry (a trie, a translation), the compiled
                step, the step's counts recorded; returns (carry, emitted [B, W] with -1 after
@@ -31,13 +31,9 @@ from typing import Any, Callable, Hashable, NamedTuple, Sequence
 import jax
 import numpy as np
 
-try:  # jax's private trace settings (`_trace_context`), tolerated: none in a jax without it
-  from jax._src.config import trace_context as _jax_trace_context
-except ImportError:
-  _jax_trace_context = None
-
 from vocabjax.backends import available_memory_bytes
 from vocabjax.decoding.base import GenerationResult
+from vocabjax.jax_internals import trace_settings
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.sampling import NONFINITE, SamplingParams
 
@@ -89,27 +85,34 @@ def arg_signature(tree) -> tuple:
   return treedef, tuple(one(x) for x in leaves)
 
 
-class SharedPrograms:
-  """Compiled programs shared by every decoder of the process (`ProgramCache(scope=...)`): a
-  decoder built again for the same models, method and shapes (a notebook cell re-run, an eval
-  suite's second decoder of a pair, a test's) takes the programs the first one compiled
-  instead of tracing, lowering and compiling them again. An entry's key is the program's
-  `ProgramKey` and its decoder's scope: the decoder's class, its proposer's class, the model
-  configs and the mesh, and the signature of every params argument (`arg_signature`: tree,
-  shapes, dtypes, shardings), so only a program that would be built the same way is shared;
-  the params themselves are arguments, never part of a program. At most `max_programs`, the
-  least recently used dropped first; `clear()` empties it, `enabled = False` turns it off.
+class SharedProgramMismatch(RuntimeError):
+  """`ProgramCache.check`: a shared program is not the program its decoder builds."""
 
-  `check = True` (or `VOCABJAX_CHECK_SHARED_PROGRAMS=1`) builds every shared program anyway and
-  raises if its compiled text differs from the shared one's: a proposer whose `key()` misses
-  something its programs read shows up there (tests/README.md records the decoding tests run
-  with it; `tests/decoding/test_shared_programs.py` checks that it catches such a key)."""
+
+class ProgramCache:
+  """The process's compiled programs, each built once per key: the one program cache.
+
+  A decoder asks for a program by its `ProgramKey` (program name, the method's static
+  identity, sampling, shapes, lowering) and its `scope`: what its programs close over besides
+  the key (its class, its proposer's class, the model configs, the mesh, the signature of every
+  params argument: tree, shapes, dtypes, shardings; `arg_signature`). With JAX's trace settings
+  (`jax_internals.trace_settings`) these make the entry's key, so a decoder built again for the
+  same models, method and shapes (a notebook cell re-run, an eval suite's second decoder of a
+  pair, a test's) takes the programs the first one compiled instead of tracing, lowering and
+  compiling them again; the params are arguments, never part of a program. A scope that is a
+  fresh `object()` keeps a decoder's programs its own.
+
+  At most `max_programs`, the least recently used dropped first; `clear()` empties it (as
+  `jax.clear_caches()` does JAX's: after patching code that programs trace), `enabled = False`
+  builds everything afresh. `check = True` (or `VOCABJAX_CHECK_SHARED_PROGRAMS=1`) builds
+  every program anyway and raises `SharedProgramMismatch` if its compiled text differs from the
+  cached one's: a proposer whose `key()` misses something its programs read shows up there."""
 
   def __init__(self, max_programs: int = 512):
     self.max_programs = max_programs
     self.enabled = True
     self.check = os.environ.get("VOCABJAX_CHECK_SHARED_PROGRAMS", "") not in ("", "0")
-    self.hits = 0  # programs taken from the table (a decoder that built nothing)
+    self.hits = 0  # programs taken from the cache (a decoder that built nothing)
     self._table: collections.OrderedDict = collections.OrderedDict()
     self._lock = threading.Lock()
 
@@ -120,80 +123,73 @@ class SharedPrograms:
     with self._lock:
       self._table.clear()
 
-  def lookup(self, key: Hashable):
+  def get(self, key: ProgramKey, scope: Hashable, build: Callable[[], Any]) -> tuple[Any, float]:
+    """(the program for `key` in `scope`, seconds spent building it now: 0 when it was built
+    before, by this decoder or another)."""
+    if not isinstance(key, ProgramKey):
+      raise TypeError(f"program keys are ProgramKey(program, method, sampling, shapes, "
+                      f"lowering), got {key!r}")
+    full = (key, scope, trace_settings())
+    prog = self._lookup(full) if self.enabled else None
+    if prog is not None:
+      if self.check and hasattr(prog, "as_text"):
+        fresh = build()
+        if fresh.as_text() != prog.as_text():
+          raise SharedProgramMismatch(
+              f"the shared program {key.program!r} of {str(key.method)[:160]} is not the "
+              f"one this decoder builds: something its programs read is not in its key (a "
+              f"proposer's key() misses a setting, or code was patched without "
+              f"`PROGRAMS.clear()`)")
+      return prog, 0.0
+    t0 = time.perf_counter()
+    prog = build()
+    seconds = time.perf_counter() - t0
+    if self.enabled:
+      self._store(full, prog)
+    return prog, seconds
+
+  def _lookup(self, full: Hashable):
     with self._lock:
-      prog = self._table.get(key)
+      prog = self._table.get(full)
       if prog is not None:
-        self._table.move_to_end(key)
+        self._table.move_to_end(full)
         self.hits += 1
       return prog
 
-  def store(self, key: Hashable, prog) -> None:
+  def _store(self, full: Hashable, prog) -> None:
     with self._lock:
-      self._table[key] = prog
-      self._table.move_to_end(key)
+      self._table[full] = prog
+      self._table.move_to_end(full)
       while len(self._table) > self.max_programs:
         self._table.popitem(last=False)
 
 
-SHARED_PROGRAMS = SharedPrograms()
+PROGRAMS = ProgramCache()  # the process's
 
 
-def _trace_context():
-  """jax's own configuration that a trace reads (matmul precision, x64, ...: what jax's
-  caches key on), so a program traced under one setting is not shared under another; a jax
-  without it shares nothing (a fresh object never compares equal)."""
-  return _jax_trace_context() if _jax_trace_context is not None else object()
+class DecoderPrograms:
+  """One decoder's view of `PROGRAMS`: the programs it has used, by key (its fast path: a
+  host loop asks for a step program every step), and its scope. `shared`: the program names
+  other decoders of the same scope may take; the rest are keyed to this decoder alone."""
 
-
-class SharedProgramMismatch(RuntimeError):
-  """`SharedPrograms.check`: a shared program is not the program its decoder builds."""
-
-
-class ProgramCache:
-  """A decoder's compiled programs, each built once per `ProgramKey`: a program compiled for
-  one lowering is never reused for another (changing a decoder's `lowering` builds anew).
-  `scope`: a function returning what the decoder's programs close over besides the key (its
-  class, configs, mesh, params signatures): given, the programs named in `shared` are also
-  taken from and given to the process's `SHARED_PROGRAMS`."""
-
-  def __init__(self, scope: Callable[[], Hashable] | None = None, shared: tuple = ()):
-    self._built: dict = {}
+  def __init__(self, scope: Callable[[], Hashable], shared: tuple = ()):
+    self._used: dict = {}
     self._scope, self._shared = scope, frozenset(shared)
+    self._own = object()  # the scope of its unshared programs
 
   def get(self, key: ProgramKey, build: Callable[[], Any]) -> tuple[Any, float]:
-    """(the program for `key`, seconds spent building it now: 0 when it was built before, by
-    this decoder or, shared, by another)."""
-    if not isinstance(key, ProgramKey):
-      raise TypeError(f"program keys are ProgramKey(program, method, sampling, shapes, "
-                      f"lowering), got {key!r}")
-    if key in self._built:
-      return self._built[key], 0.0
-    table = SHARED_PROGRAMS
-    full = None
-    if self._scope is not None and key.program in self._shared and table.enabled:
-      full = (key, self._scope(), _trace_context())
-      prog = table.lookup(full)
-      if prog is not None:
-        if table.check:
-          fresh = build()
-          if fresh.as_text() != prog.as_text():
-            raise SharedProgramMismatch(
-                f"the shared program {key.program!r} of {str(key.method)[:160]} is not the "
-                f"one this decoder builds: something its programs read is not in its key (a "
-                f"proposer's key() misses a setting, or a module constant was patched after "
-                f"the first build)")
-        self._built[key] = prog
-        return prog, 0.0
-    t0 = time.perf_counter()
-    self._built[key] = prog = build()
-    if full is not None:
-      table.store(full, prog)
-    return prog, time.perf_counter() - t0
+    """(the program for `key`, seconds spent building it now)."""
+    prog = self._used.get(key)
+    if prog is not None:
+      return prog, 0.0
+    scope = self._scope() if key.program in self._shared else self._own
+    prog, seconds = PROGRAMS.get(key, scope, build)
+    self._used[key] = prog
+    return prog, seconds
 
   def items(self):
-    """(key, program) pairs built so far (e.g. to inspect every compiled program)."""
-    return self._built.items()
+    """(key, program) pairs this decoder has used."""
+    return self._used.items()
 
 
 class Request(NamedTuple):

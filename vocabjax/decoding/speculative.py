@@ -53,7 +53,7 @@ from vocabjax.decoding.drafter import (DRAFT_PREFILLS, ChainProposer, DraftVocab
                                        TreeProposer, block_layout, check_draft_prefill,
                                        compile_draft_prefill, fold_catch_up,
                                        lowering_folds_catch_up, model_body)
-from vocabjax.decoding.engine import (KEY, ProgramCache, ProgramKey, abstract_arg, arg_signature,
+from vocabjax.decoding.engine import (KEY, DecoderPrograms, ProgramKey, abstract_arg, arg_signature,
                                       check_continuous_mesh, continuous_loop, fold_in,
                                       host_loop, placed_like, prompt_bucket)
 from vocabjax.decoding.proposer import Context, Drafts, HostRun, Prefilled, Proposer
@@ -324,9 +324,9 @@ class SpeculativeEngine(DecodingMethod):
       self.tp = sharding.shard_params(self.tp, self.tc, mesh)
       proposer.place(mesh, target_config)
     # the engine's own programs are shared with the process's engines of the same models,
-    # proposer and params signatures (`engine.SharedPrograms`); a host hook's programs stay
+    # proposer and params signatures (`engine.ProgramCache`); a host hook's programs stay
     # this engine's
-    self._programs = ProgramCache(
+    self._programs = DecoderPrograms(
         scope=lambda: (type(self), type(self.proposer), self.tc, self.mesh,
                        arg_signature(self.tp), arg_signature(self.dp)),
         shared=("prefill", "step", "put_row"))
@@ -840,6 +840,11 @@ class SpeculativeEngine(DecodingMethod):
     compile_s += run.compiled_s
     run.compiled_s = 0.0
     return run, compile_s
+
+  def sizing_rules(self) -> dict:
+    """{(rows, cache slots): the self-sizing rule (`sizing.DraftSizer`) its runs used}: the
+    lengths chosen step by step (`choices`) and the running figures it chose them from."""
+    return dict(self._sizers)
 
   def _sizer(self, B: int, S: int):
     """(the self-sizing rule of B rows over S slots, or None; where this run's choices start)."""

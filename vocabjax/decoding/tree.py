@@ -31,6 +31,7 @@ from vocabjax.decoding.verify import verify_tree_greedy, verify_tree_sampling
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.lowering import lowering_of
+from vocabjax.lowering import scan as lowering_scan
 from vocabjax.models.llamalike import forward, forward_features, lm_head
 from vocabjax.vocab.policy import to_target_many
 
@@ -162,7 +163,8 @@ def grow_tree(params, h_root, state_root, cache, *, tree: TreeParams, policy, ex
     f_state = jnp.broadcast_to(state_root[:, None], (B, k) + state_root.shape[1:])
     init = (cache, jnp.broadcast_to(jnp.arange(k), (B, k)), tok1.astype(jnp.int32), score1,
             f_anc, f_state)
-    (cache, *_), (toks, scores, parents) = jax.lax.scan(step, init, jnp.arange(1, d))
+    (cache, *_), (toks, scores, parents) = lowering_scan(step, init, jnp.arange(1, d),
+                                                         lowering_of(params))
     cand_tok += list(toks)
     cand_score += list(scores)
     cand_parent += list(parents)

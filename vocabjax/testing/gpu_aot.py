@@ -93,9 +93,9 @@ def device_kind(target: str) -> str:
 
 
 def _jaxlib_version() -> str:
-  from jax._src.lib import version_str
+  import jaxlib
 
-  return version_str
+  return jaxlib.__version__
 
 
 def plugin_dir() -> Path:
@@ -168,11 +168,11 @@ def pip_install_into(final: Path, command, installed, what: str, why: str, *,
 def _register() -> None:
   """Load the plugin into this process (once): JAX's CPU backend first, so that the plugin
   registers a GPU compiler and topology without becoming a backend JAX starts."""
-  from jax._src import xla_bridge as xb
+  from vocabjax.jax_internals import gpu_topology_known
 
   require_plugin()
   jax.devices()  # the backends JAX starts, before "cuda" is known to it
-  if "cuda" in xb._topology_factories:  # a plugin installed the usual way, found at start
+  if gpu_topology_known():  # a plugin installed the usual way, found at start
     return
   d = str(plugin_dir())
   if d not in sys.path:
@@ -194,7 +194,7 @@ def _register() -> None:
       os.environ.pop("JAX_SKIP_CUDA_CONSTRAINTS_CHECK")
     else:
       os.environ["JAX_SKIP_CUDA_CONSTRAINTS_CHECK"] = old
-  if "cuda" not in xb._topology_factories:
+  if not gpu_topology_known():
     raise RuntimeError(f"the CUDA plugin in {d} registered no GPU topology")
 
 

@@ -47,7 +47,7 @@ def step_hlo(decoder) -> list[str]:
   """The optimized HLO of the compiled programs a decoder built so far (its `ProgramCache`),
   prefills left out (a prompt block's activations may share a table's shape; the loops are in
   the steps)."""
-  texts = [p.as_text() for _, progs in decoder._programs.items()
+  texts = [p.as_text() for progs in decoder.compiled_programs().values()
            for p in (progs if isinstance(progs, tuple) else (progs,)) if hasattr(p, "as_text")]
   return [t for t in texts if "prefill" not in t.split(",")[0]]
 
