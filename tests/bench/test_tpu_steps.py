@@ -21,6 +21,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from vocabjax.bench import tpu
+from vocabjax.decoding.proposer import continuous_capable
 from vocabjax.decoding.speculative import block_layout, fold_catch_up
 from vocabjax.kernels import cpu_matmul
 from vocabjax.lowering import Lowering, decoding_lowering
@@ -100,7 +101,8 @@ def test_every_method_compiles_on_every_generation_and_slice(steps, method, topo
   # lower_step raises AssertionError naming the method, program, topology and shapes
   step = _step(steps, topology, method, sharded)
   # every registered method batches continuously (`generate --rows` takes them all)
-  assert getattr(step.decoder, "proposer", None) is None or step.decoder.proposer.continuous
+  assert (getattr(step.decoder, "proposer", None) is None
+          or continuous_capable(step.decoder.proposer))
   row = tpu.matrix_cell(method, REAL_V, topology, sharded, step=step)
   assert row["cpu_custom_calls"] == [], row  # no CPU-only custom call reaches a TPU program
   assert row["argument_bytes"] > 0 and row["temp_bytes"] < 1 << 30, row

@@ -111,14 +111,16 @@ def test_sampled_output_keeps_the_targets_law():
 
 
 def test_what_cannot_batch_continuously_says_why(pair):
-  """A host hook that does not say it hands rows over (`Proposer.continuous`: every registered
+  """A host drafter that does not say it hands rows over (no `RowHandover`: every registered
   method does, the TPU matrix test checks) is refused naming the method, as is a bad row
   count."""
-  from vocabjax.decoding.proposer import Proposer
+  from vocabjax.decoding.proposer import HostDrafter
 
-  class Held(Proposer):  # a host hook that does not say it can hand rows over
+  class Held(HostDrafter):  # a host drafter that does not say it can hand rows over
     method = "held"
-    host_hook = True
+
+    def host_block(self, history, active):
+      raise AssertionError("never called")
 
     def key(self):
       return ("held",)

@@ -75,7 +75,8 @@ from vocabjax.decoding.autoregressive import (abstract_cache, bucket, cache_slot
 from vocabjax.decoding.drafter import (_draft_prefill, check_draft_prefill,
                                        lowering_folds_catch_up)
 from vocabjax.decoding.engine import KEY, abstract_arg, fold_in, placed_like
-from vocabjax.decoding.proposer import Context, Drafts, HostRun, Prefilled, Proposer
+from vocabjax.decoding.proposer import (Context, Counted, Drafts, HostPrograms, HostRun,
+                                       HostVerifier, Prefilled, RowHandover)
 from vocabjax.decoding.routes import Routes
 from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.lowering import lowered, lowering_of, step_lowering
@@ -182,7 +183,7 @@ def translated_q(q_rows, d2t_idx, ngram_t, prefix_t, qprime, vocab_size: int) ->
   return jnp.maximum(qt[:, :V], 0.0)
 
 
-class CrossVocabProposer(Proposer):
+class CrossVocabProposer(HostPrograms, RowHandover, HostVerifier, Counted):
   """A drafter with another tokenizer (module doc): its drafting and translation in the host
   hook, target drafts into the engine's step.
 
@@ -195,7 +196,6 @@ class CrossVocabProposer(Proposer):
   """
 
   method = "crossvocab"
-  host_hook = True
   host_sizable = False  # its draft length is the drafter's (gamma, or the acceptance head's)
   host_step_programs = ("draft",)
   host_prefill_programs = ("dprefill",)
@@ -336,7 +336,8 @@ class CrossVocabProposer(Proposer):
     m), so that at most log2(gamma) + 2 step programs are compiled, not gamma + 1."""
     return sorted({min(bucket(m, minimum=1), self.gamma) for m in range(1, self.gamma + 1)})
 
-  def host_shapes_for(self, B: int, sampling: SamplingParams):
+  def host_shapes(self, B: int = 1, sampling: SamplingParams | None = None):
+    sampling = sampling or SamplingParams(temperature=0.0)
     out = []
     for M in self._blocks():
       shapes = ((B, M), (B,))
@@ -345,9 +346,6 @@ class CrossVocabProposer(Proposer):
         shapes += (f32(B, self.gamma, self.dc.vocab_size), (B, M), (B, M), (B, M), f32(B, M))
       out.append(shapes)
     return out
-
-  def host_shapes(self, B: int = 1):
-    return self.host_shapes_for(B, SamplingParams(temperature=0.0))
 
   def host_caches(self) -> dict:
     return {"drafter": self.dc}
@@ -466,7 +464,6 @@ class CrossVocabProposer(Proposer):
     """The exact rule's host draws for a row, seeded from `key`."""
     return np.random.default_rng(np.asarray(jax.random.key_data(key)).ravel().tolist())
 
-  continuous = True  # `host_swap` hands a row over (its drafter cache row, its draws)
 
   def host_swap(self, b: int, ended, started) -> None:
     """Continuous batching: the ended prompt's last verdict read (as `host_end` reads every

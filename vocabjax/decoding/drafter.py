@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from vocabjax import sharding
-from vocabjax.decoding.proposer import Context, Drafts, Prefilled, Proposer
+from vocabjax.decoding.proposer import Context, Drafts, Gated, Prefilled, Profiled, SelfSizing
 from vocabjax.decoding.tree import (TreeBounds, TreeParams, drop_rows, grow_drafter_tree,
                                     read_pending)
 from vocabjax.kernels import cpu_matmul
@@ -64,7 +64,7 @@ class TreeState:
   pend_count: jax.Array  # [B] int32 in 1 .. d + 1
 
 
-class ModelProposer(Proposer):
+class ModelProposer(Profiled):
   """A drafter model of the target's vocabulary, with its vocabulary policy."""
 
   draft_block_calls = False
@@ -123,7 +123,7 @@ class ModelProposer(Proposer):
     return self.config.hidden_size
 
 
-class ChainProposer(ModelProposer):
+class ChainProposer(SelfSizing, ModelProposer):
   """A drafter model proposing a chain of `gamma` tokens (sampled drafts carry their q)."""
 
   method = "chain"
@@ -261,11 +261,12 @@ def plain_chain(params, state: ChainState, ctx: Context, *, config: LlamaLikeCon
   return Drafts(tokens=tokens, q=q), catch_up(params, state, ctx, config=config)
 
 
-class TreeProposer(ModelProposer):
+class TreeProposer(SelfSizing, Gated, ModelProposer):
   """A drafter model growing an EAGLE-2 dynamic tree (`tree.grow_tree`)."""
 
   method = "tree"
   draft_block_calls = True  # the pending block and k-wide frontiers
+  gated = False  # `gate` reads the pending tokens; every row drafts
 
   def __init__(self, draft_params, draft_config, target_config, *,
                tree: TreeParams = TreeParams(), draft_vocab: DraftVocab | None = None,

@@ -42,7 +42,7 @@ from flax import struct
 from vocabjax import sharding
 from vocabjax.decoding.drafter import DraftVocab
 from vocabjax.decoding.hybrid import LookupHybrid, SuffixHybrid
-from vocabjax.decoding.proposer import Context, Drafts, Prefilled, Proposer
+from vocabjax.decoding.proposer import Context, Counted, Drafts, Gated, Prefilled, Profiled
 from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.tree import TreeBounds, TreeParams, drop_rows, grow_tree
 from vocabjax.lowering import lowering_of, with_lowering
@@ -157,7 +157,7 @@ def head_prefill(dp, pre: Prefilled, *, head_config: EagleConfig, pend_width: in
                     pend_count=jnp.ones_like(pre.first))
 
 
-class EagleProposer(Proposer):
+class EagleProposer(Gated, Profiled, Counted):
   """An EAGLE(-3) head on the target's features growing an EAGLE-2 tree (module doc).
 
   `lm_head`: "own" (the head's Vd rows with d2t, default) or "target" (the target's LM head,

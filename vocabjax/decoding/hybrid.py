@@ -30,18 +30,17 @@ import numpy as np
 
 from vocabjax.decoding.drafter import DraftVocab, TreeProposer
 from vocabjax.decoding.pld import check_lookup, trie_block
-from vocabjax.decoding.proposer import Context, Drafts
+from vocabjax.decoding.proposer import Context, Counted, Drafts, RowHandover
 from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.suffix import SuffixProposer
 from vocabjax.decoding.tree import TreeBounds, TreeParams, merge_nodes
 from vocabjax.sampling import SamplingParams
 
 
-class HostTreeHybrid:
+class HostTreeHybrid(RowHandover, Counted):
   """A device tree with the host block's tree merged in (module doc); counts named `lookup`."""
 
-  host_hook = True
-  continuous = True  # a lookup trie keeps no row state; the suffix trees hand rows over
+  # continuous batching: a lookup trie keeps no row state; the suffix trees hand rows over
 
   def _host_tree(self, buckets, *, children: int, depth: int, nodes: int) -> None:
     """The merged tree's sizes when the host block adds up to `nodes` nodes, `children` under a
@@ -119,7 +118,7 @@ class LookupHybrid(HostTreeHybrid):
                                            self.min_ngram, self.candidates, self.buckets)
     return (tok, parent, depth), nodes
 
-  def host_shapes(self, B: int = 1):
+  def host_shapes(self, B: int = 1, sampling=None):
     return [((B, m), (B, m), (B, m)) for m in self.buckets]
 
 
@@ -163,7 +162,7 @@ class SuffixHybrid(HostTreeHybrid):
       arrays = (*arrays, device)
     return arrays, counts
 
-  def host_shapes(self, B: int = 1):
+  def host_shapes(self, B: int = 1, sampling=None):
     extra = ((B,),) if self.score_threshold is not None else ()
     return [((B, m),) * 3 + extra for m in self.buckets]
 

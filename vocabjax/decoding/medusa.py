@@ -28,7 +28,7 @@ from flax import struct
 from vocabjax import sharding
 from vocabjax.lowering import lowering_of
 from vocabjax.sampling import SamplingParams, top_k
-from vocabjax.decoding.proposer import Context, Drafts, Prefilled, Proposer, static_tree
+from vocabjax.decoding.proposer import Context, Drafts, Prefilled, Profiled, static_tree
 from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.tree import MAX_TREE_NODES, TreeBounds
 from vocabjax.models.config import LlamaLikeConfig
@@ -83,7 +83,7 @@ def medusa_candidates(dp, hidden, *, config: MedusaConfig, tree: MedusaTree):
   return top[:, tree.head, tree.rank].astype(jnp.int32)
 
 
-class MedusaProposer(Proposer):
+class MedusaProposer(Profiled):
   """Medusa-1 heads on the target's final hidden state drafting a static tree (module doc).
 
   `draft_vocab`: a static subset (VocabTrim / FR-Spec, `VocabSubset`) restricting every head's

@@ -14,7 +14,7 @@ from __future__ import annotations
 import collections
 
 from vocabjax.decoding.pld import chain_block
-from vocabjax.decoding.proposer import Context, Drafts, Proposer
+from vocabjax.decoding.proposer import Context, Counted, Drafts, RowHandover
 
 
 class NgramTable:
@@ -52,12 +52,11 @@ class NgramTable:
     return out
 
 
-class NgramProposer(Proposer):
+class NgramProposer(RowHandover, Counted):
   """Chains of up to `gamma` drafts from an `NgramTable`, found on the host before each step."""
 
   method = "ngram"
-  host_hook = True
-  continuous = True  # no row state: each block from the row's committed tokens
+  # continuous batching: no row state, each block from the row's committed tokens
 
   def __init__(self, table: NgramTable, gamma: int = 4):
     if gamma < 1:
@@ -73,7 +72,7 @@ class NgramProposer(Proposer):
     block, n_valid = chain_block(drafts)
     return (block, n_valid), n_valid
 
-  def host_shapes(self, B: int = 1):
+  def host_shapes(self, B: int = 1, sampling=None):
     return [((B, M), (B,)) for M in range(self.gamma + 1)]
 
   def prefill(self, params, target_params, pre):

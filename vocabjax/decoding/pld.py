@@ -39,7 +39,7 @@ from typing import Sequence
 
 import numpy as np
 
-from vocabjax.decoding.proposer import Context, Drafts, Prefilled, Proposer, padding_block
+from vocabjax.decoding.proposer import Context, Counted, Drafts, Prefilled, RowHandover, padding_block
 from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.tree import TreeBounds
 from vocabjax.models.config import LlamaLikeConfig
@@ -132,14 +132,13 @@ def chain_block(drafts) -> tuple[np.ndarray, np.ndarray]:
   return block, n_valid
 
 
-class LookupProposer(Proposer):
+class LookupProposer(RowHandover, Counted):
   """Prompt lookup's drafts (module doc): found on the host (the host hook) before each step,
   a chain of up to `gamma` tokens (`candidates` 1) or a trie of up to `candidates` x `gamma`
   nodes; no device state, no weights."""
 
   method = "pld"
-  host_hook = True
-  continuous = True  # no row state: each block from the row's committed tokens
+  # continuous batching: no row state, each block from the row's committed tokens
 
   def __init__(self, *, gamma: int = 4, max_ngram: int = 3, min_ngram: int = 1,
                candidates: int = 1):
@@ -167,7 +166,7 @@ class LookupProposer(Proposer):
     block, n_valid = chain_block(drafts)
     return (block, n_valid), n_valid
 
-  def host_shapes(self, B: int = 1):
+  def host_shapes(self, B: int = 1, sampling=None):
     if self.candidates > 1:
       return [((B, n), (B, n), (B, n)) for n in range(self.candidates * self.gamma + 1)]
     return [((B, M), (B,)) for M in range(self.gamma + 1)]

@@ -13,29 +13,23 @@ What a proposer supplies (letters: B rows, n drafts or tree nodes, S cache slots
     chain | bounds       a chain of `gamma` drafts, or a tree within `bounds` (TreeBounds)
     drafted_per_step, extra_slots   drafts per row per step; cache slots a step may write past
                          max_new_tokens (the engine sizes caches and checks requests with it)
-    params               its weights (a pytree; the engine places and passes them)
-    caches()             the KV caches it keeps: {name: config}; the engine makes them [B, S]
-    feature_layers       target layers whose outputs it reads (EAGLE); the engine's prefill and
-                         tree verification capture them
-    prefill(...)         traced inside the engine's prefill program: its state from the prompt
-    propose(...)         traced inside the step: Drafts (tokens; q where it samples; a tree's
-                         parent and depth), and its state
-    commit(...)          traced after verification: its state for the next step
-    gate(...), fallback(...)   optional: rows that draft this step; where none does the step
-                         verifies the fallback's drafts instead (EAGLE's confidence gate)
-    host_block(...)      optional host hook, run before each step on the committed tokens (a
-                         lookup trie, SuffixDecoding's tree, a drafter with another tokenizer and
-                         its translation): host arrays the step reads; a program is compiled per
-                         block shape met (`host_shapes`); `host_start` (before the clock: its own
-                         programs compiled through the engine's cache, `HostRun`), `host_begin`
-                         / `host_end` around each generate call (per-request state)
-    verifies_on_host(sampling), host_verify(...)   optional: the step returns the target's
-                         probabilities of [last, drafts] and the proposer verifies on the host
-                         (the cross-vocabulary exact rule's walk down its n-gram trie); the
-                         engine commits what it accepted
-    drafter_calls(), drafter_body(), head_policy, head_rows   its profile of drafter calls
-    record(stats)        its counts for an eval record (`step_counts` / `record_step`: per
-                         step, from the device and the host)
+    params, caches(), feature_layers   its weights, the KV caches it keeps, the target layers
+                         whose outputs it reads (EAGLE)
+    prefill / propose / commit   traced in the engine's programs: its state from the prompt;
+                         this step's Drafts (tokens, q where it samples, a tree's parent and
+                         depth); its state after verification
+
+Everything else is a capability, a small base class the engine checks for:
+
+    Gated          gate / fallback: rows that draft this step (EAGLE's confidence gate)
+    HostDrafter    host_block before each step on the committed tokens (a lookup trie, a
+                   suffix tree, another tokenizer's drafter); host_shapes, host_begin / end
+    RowHandover    host_swap: continuous batching's hand-over of a host drafter's row
+    HostPrograms   compiled programs of its own (lower_host), through the engine's cache
+    HostVerifier   host_verify: the step returns the target's probabilities, it decides
+    SelfSizing     sized(n): one step program per draft length, chosen per step
+    Profiled       drafter_calls / drafter_body: the time split of its drafting
+    Counted        its own per-step counts and record totals
 
 Exactness is the engine's: drafts are verified by the target, and a proposer that samples must
 return the law it sampled from (`Drafts.q`); deterministic drafts (q None) are point masses,
@@ -114,8 +108,9 @@ class HostRun:
 
 
 class Proposer(abc.ABC):
-  """A drafting method (module doc). Subclasses set `method`, the sizes and `params`, and
-  define `key`, `prefill`, `propose` and `commit`."""
+  """A drafting method's core (module doc): its sizes and `params`, `key`, `prefill`, `propose`
+  and `commit`. What else it can do is a capability below, which the engine checks for with
+  `isinstance`."""
 
   method: str = "proposer"
   gamma: int | None = None  # a chain's drafts per step (None: a tree, see `bounds`)
@@ -124,11 +119,6 @@ class Proposer(abc.ABC):
   extra_slots: int = 0
   params: Any = None  # the proposer's weights (a pytree; {} when it has none)
   feature_layers: tuple[int, ...] | None = None
-  host_hook: bool = False  # whether `host_block` runs before each step
-  host_sizable: bool = True  # a host hook's blocks may be cut to a width (`self_sizing`)
-  host_step_programs: tuple = ()  # its own programs a step runs before the engine's step
-  host_prefill_programs: tuple = ()  # and after the engine's prefill (`lower_host`)
-  gated: bool = False  # whether `gate` may leave rows undrafted (a step then verifies less)
   draft_block_calls: bool = False  # whether its model's calls feed T > 1 tokens (layout)
 
   @property
@@ -163,109 +153,158 @@ class Proposer(abc.ABC):
   def prefill(self, params, target_params, pre: Prefilled):
     """Its loop state after the prompt (traced in the engine's prefill program)."""
 
-  def gate(self, params, state, ctx: Context):
-    """(which rows draft [B] bool, or None: all; its state): where no row drafts, the engine
-    verifies `fallback`'s drafts instead of calling `propose`."""
-    return None, state
-
-  def fallback(self, params, state, ctx: Context) -> tuple[Drafts, Any]:
-    """The drafts of a step where `gate` let no row draft (default: none, the roots alone)."""
-    raise NotImplementedError
-
   @abc.abstractmethod
   def propose(self, params, state, ctx: Context, key, *, sampling: SamplingParams,
               keep=None) -> tuple[Drafts, Any]:
-    """This step's drafts and its state (traced). `keep`: `gate`'s rows (others undrafted)."""
+    """This step's drafts and its state (traced). `keep`: `Gated.gate`'s rows (others
+    undrafted)."""
 
   @abc.abstractmethod
   def commit(self, params, state, ctx: Context, drafts: Drafts, verdict):
     """Its state for the next step, from the verdict (`verify.ChainVerdict` for a chain,
     `tree.Verified` for a tree: accepted, next, path, features, hidden)."""
 
-  # --- host ------------------------------------------------------------------------------------
-  def host_block(self, history: Sequence[np.ndarray], active: np.ndarray) -> tuple:
-    """(host arrays for this step's program, per-row counts for the stats): run before each
-    step when `host_hook`; `history[b]` is row b's committed tokens (prompt, output)."""
+
+# --- capabilities ---------------------------------------------------------------------------
+
+class Gated(Proposer):
+  """Rows may go undrafted: `gate` says which draft this step; where none does, the engine
+  verifies `fallback`'s drafts instead of calling `propose` (EAGLE's confidence gate)."""
+
+  gated: bool = True  # an instance may switch its gate off (then `gate` returns None)
+
+  def gate(self, params, state, ctx: Context):
+    """(which rows draft [B] bool, or None: all; its state)."""
+    return None, state
+
+  def fallback(self, params, state, ctx: Context) -> tuple[Drafts, Any]:
+    """The drafts of a step where `gate` let no row draft (default: none, the roots alone)."""
     raise NotImplementedError
 
+
+class HostDrafter(Proposer):
+  """Drafts (or part of them) made on the host before each step from the rows' committed
+  tokens (a lookup trie, SuffixDecoding's tree, a drafter with another tokenizer): `host_block`
+  gives the host arrays the step reads; a step program is compiled per block shape met."""
+
+  host_sizable: bool = True  # its blocks may be cut to a width (`self_sizing`)
+
+  @abc.abstractmethod
+  def host_block(self, history: Sequence[np.ndarray], active: np.ndarray) -> tuple:
+    """(host arrays for this step's program, per-row counts for the stats): `history[b]` is
+    row b's committed tokens (prompt, output)."""
+
+  def host_shapes(self, B: int = 1, sampling: SamplingParams | None = None) -> Sequence[tuple]:
+    """Every host block's array shapes a run of B rows (with `sampling`, for a proposer whose
+    blocks depend on it) may meet, smallest first: a step program is compiled per shapes when
+    first met. An entry is a shape (int32) or a `jax.ShapeDtypeStruct` (another dtype)."""
+    del B, sampling
+    return [()]
+
   def host_start(self, prompts: Sequence[Sequence[int]], run: HostRun) -> None:
-    """A `generate` call is about to start (host hook; before its clock): compile what its own
-    host-side programs need (`run.program`)."""
+    """A `generate` call is about to start (before its clock): compile what its own host-side
+    programs need (`run.program`)."""
     del prompts, run
 
   def host_begin(self, history: Sequence[np.ndarray]) -> None:
-    """A `generate` call starts (host hook): `history[b]` is row b's prompt and first token.
-    Timed as the prefill (a drafter's own prefill runs here)."""
+    """A `generate` call starts: `history[b]` is row b's prompt and first token. Timed as the
+    prefill (a drafter's own prefill runs here)."""
     del history
 
   def host_end(self, history: Sequence[np.ndarray]) -> None:
-    """The `generate` call ended (host hook): every row's committed tokens, the last step's
-    included."""
+    """The `generate` call ended: every row's committed tokens, the last step's included."""
     del history
 
-  @property
-  def continuous(self) -> bool:
-    """Whether `SpeculativeEngine.generate_continuous` may hand a row to another prompt: a
-    device proposer's state is per row (the engine replaces the row's); a host hook keeping
-    per-row state hands it over in `host_swap` and says True, as does one keeping none."""
-    return not self.host_hook
+
+class RowHandover(HostDrafter):
+  """Continuous batching for a host drafter (`SpeculativeEngine.generate_continuous`): a row's
+  host state handed from one prompt to the next in `host_swap` (in place of `host_begin` /
+  `host_end`). A device proposer's state is per row and needs nothing of this; a host drafter
+  without it is refused continuous batching."""
 
   def host_swap(self, b: int, ended: np.ndarray | None, started: np.ndarray | None) -> None:
-    """Continuous batching (host hook; in place of `host_begin` / `host_end`): row b's prompt
-    is done (`ended`: its committed tokens, the last step's included) and/or the row takes
-    another (`started`: its prompt and first token). None: no prompt ended / the row idles."""
+    """Row b's prompt is done (`ended`: its committed tokens, the last step's included) and/or
+    the row takes another (`started`: its prompt and first token). None: no prompt ended / the
+    row idles. Default: nothing (a drafter keeping no row state)."""
     del b, ended, started
 
-  # --- self-sizing a device drafter (`vocabjax.decoding.sizing`) --------------------------------
-  def sized_lengths(self) -> tuple[int, ...]:
-    """Draft lengths a step may be sized to (`sized`); () where the length is compiled in for
-    good. Host-drafting proposers size their host blocks instead (`host_shapes`)."""
-    return ()
 
+class HostPrograms(HostDrafter):
+  """A host drafter running compiled programs of its own (a drafter with another tokenizer),
+  built through the engine's program cache (`HostRun.program`)."""
+
+  host_step_programs: tuple = ()  # its programs a step runs before the engine's step
+  host_prefill_programs: tuple = ()  # and after the engine's prefill (`lower_host`)
+
+  def lower_host(self, name: str, sampling: SamplingParams, B: int, T: int, S: int, dtype):
+    """Its program `name` (of `host_step_programs` / `host_prefill_programs`) LOWERED for a
+    [B, T] prompt block and S cache slots: what `SpeculativeEngine.lower` returns for it."""
+    raise NotImplementedError(f"{type(self).__name__} has no host program {name!r}")
+
+  def host_caches(self) -> dict:
+    """{name: LlamaLikeConfig} of the KV caches it keeps on the device: counted with the
+    step's caches (bench's memory fit)."""
+    return {}
+
+
+class HostVerifier(Proposer):
+  """Steps verified on the host: the step returns the target's probabilities of [last,
+  drafts] and `host_verify` decides (the cross-vocabulary exact rule's walk down its n-gram
+  trie); the engine commits what it accepted."""
+
+  def verifies_on_host(self, sampling: SamplingParams) -> bool:
+    """Whether steps with `sampling` are verified by `host_verify`."""
+    del sampling
+    return True
+
+  @abc.abstractmethod
+  def host_verify(self, probs: np.ndarray, active: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(accepted [B], next token [B]) from the target's processed probabilities of [last,
+    drafts] [B, n + 1, V]; `sampling.NONFINITE` as a row's next token where the probabilities
+    it reached were not finite."""
+
+
+class SelfSizing(Proposer):
+  """A device drafter whose draft length is chosen per step (`vocabjax.decoding.sizing`): one
+  step program per length, the same loop state."""
+
+  @abc.abstractmethod
+  def sized_lengths(self) -> tuple[int, ...]:
+    """Draft lengths a step may be sized to (`sized`)."""
+
+  @abc.abstractmethod
   def sized(self, n: int) -> "Proposer":
     """This proposer drafting n (of `sized_lengths`) tokens a step, with the same params,
-    caches and loop state: a step program is compiled per n when first chosen."""
-    raise NotImplementedError(f"{type(self).__name__} does not size its drafts")
+    caches and loop state."""
 
   def sized_reach(self, n: int) -> int:
     """The drafts in a row a proposal sized to n reaches (a chain: n; a tree: its depth)."""
     return n
 
-  def host_shapes(self, B: int = 1) -> Sequence[tuple]:
-    """Every host block's array shapes a run of B rows may meet, smallest first ((): no host
-    hook): a step program is compiled per shapes when first met. An entry is a shape (int32)
-    or a `jax.ShapeDtypeStruct` (another dtype)."""
-    del B
-    return [()]
 
-  def host_shapes_for(self, B: int, sampling: SamplingParams) -> Sequence[tuple]:
-    """`host_shapes` of a run with `sampling` (a proposer whose blocks depend on it)."""
-    del sampling
-    return self.host_shapes(B)
+class Profiled(Proposer):
+  """A drafter with a model whose calls `vocabjax.decoding.profile.step_split` times apart."""
 
-  def lower_host(self, name: str, sampling: SamplingParams, B: int, T: int, S: int, dtype):
-    """Its own program `name` (of `host_step_programs` / `host_prefill_programs`) LOWERED for a
-    [B, T] prompt block and S cache slots: what `SpeculativeEngine.lower` returns for it."""
-    raise NotImplementedError(f"{type(self).__name__} has no host program {name!r}")
+  head_rows: int = 0  # LM-head rows its drafter multiplies per call
+  head_policy: Any = None  # the drafting head the time split times (a policy function)
 
-  def host_caches(self) -> dict:
-    """{name: LlamaLikeConfig} of the KV caches its host hook keeps on the device (a drafter
-    with another tokenizer): counted with the step's caches (bench's memory fit)."""
-    return {}
+  @abc.abstractmethod
+  def drafter_calls(self) -> list[tuple[int, int]]:
+    """(tokens fed, LM-head rows) per row of each drafter call in one step."""
 
-  # --- verification on the host ----------------------------------------------------------------
-  def verifies_on_host(self, sampling: SamplingParams) -> bool:
-    """Whether steps with `sampling` are verified by `host_verify` (default: never)."""
-    del sampling
-    return False
+  @abc.abstractmethod
+  def drafter_body(self):
+    """(fn(params, tokens, positions, cache) -> hidden, params, cache config): the drafter's
+    forward without its LM head."""
 
-  def host_verify(self, probs: np.ndarray, active: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(accepted [B], next token [B]) from the target's processed probabilities of [last,
-    drafts] [B, n + 1, V]; `sampling.NONFINITE` as a row's next token where the probabilities
-    it reached were not finite."""
-    raise NotImplementedError
+  @abc.abstractmethod
+  def draft_width(self) -> int:
+    """The hidden width its LM head reads."""
 
-  # --- statistics and profile ------------------------------------------------------------------
+
+class Counted(Proposer):
+  """Counts of its own per step and totals for an eval record, beyond drafted / accepted."""
+
   def step_count_names(self) -> tuple[str, ...]:
     """Names of the [B] counts `step_counts` returns (the step's outputs after `accepted`)."""
     return ()
@@ -276,15 +315,9 @@ class Proposer(abc.ABC):
     return ()
 
   def drafted_counts(self, active, counts: dict, host_counts, keep) -> list[int]:
-    """Drafts proposed per row this step (host values; 0 for inactive rows): `counts` the
-    step's named counts, `host_counts` what `host_block` said, `keep` which rows drafted
-    (gated proposers)."""
+    """Drafts proposed per row this step (`drafted_counts` below by default)."""
     del counts
-    if host_counts is not None:
-      return [int(x) if a else 0 for x, a in zip(host_counts, active)]
-    if keep is not None:
-      return [self.drafted_per_step if a and k else 0 for a, k in zip(active, keep)]
-    return [self.drafted_per_step if a else 0 for a in active]
+    return drafted_counts(self, active, host_counts, keep)
 
   def record_step(self, stats, active, counts: dict, host_counts, keep) -> None:
     """Add this step's own counts to `stats` (`SpecStats.add`); default: none."""
@@ -292,23 +325,33 @@ class Proposer(abc.ABC):
 
   def record(self, stats) -> dict:
     """Method-specific totals of a finished run's `SpecStats` for an eval record."""
+    del stats
     return {}
 
-  head_rows: int = 0  # LM-head rows its drafter multiplies per call
-  head_policy: Any = None  # the drafting head the time split times (a policy function)
 
-  def drafter_calls(self) -> list[tuple[int, int]]:
-    """(tokens fed, LM-head rows) per row of each drafter call in one step (for profiling)."""
-    return []
+def drafted_counts(proposer: Proposer, active, host_counts, keep) -> list[int]:
+  """Drafts proposed per row in a step (host values; 0 for inactive rows): what `host_block`
+  said, else `drafted_per_step` for the rows that drafted (`keep`: a gate's rows)."""
+  if host_counts is not None:
+    return [int(x) if a else 0 for x, a in zip(host_counts, active)]
+  if keep is not None:
+    return [proposer.drafted_per_step if a and k else 0 for a, k in zip(active, keep)]
+  return [proposer.drafted_per_step if a else 0 for a in active]
 
-  def drafter_body(self):
-    """(fn(params, tokens, positions, cache) -> hidden, params, cache config): the drafter's
-    forward without its LM head (for profiling); None when it has no model."""
-    return None
 
-  def draft_width(self) -> int:
-    """The hidden width its LM head reads (for profiling)."""
-    raise NotImplementedError
+def is_gated(proposer: Proposer) -> bool:
+  """Whether the proposer's gate may leave rows undrafted (the step then returns which)."""
+  return isinstance(proposer, Gated) and proposer.gated
+
+
+def verifies_on_host(proposer: Proposer, sampling: SamplingParams) -> bool:
+  return isinstance(proposer, HostVerifier) and proposer.verifies_on_host(sampling)
+
+
+def continuous_capable(proposer: Proposer) -> bool:
+  """Whether continuous batching may hand its rows between prompts: a device proposer's state
+  is per row (the engine replaces it); a host drafter must say how (`RowHandover`)."""
+  return not isinstance(proposer, HostDrafter) or isinstance(proposer, RowHandover)
 
 
 def padding_block(B: int, m: int, dtype=np.int32) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -17,7 +17,7 @@ drafting (`jax.lax.cond`). A proposer with a host hook (prompt lookup, SuffixDec
 drafter with another tokenizer) gives each step host arrays; a step program is compiled per
 block shape when first met. A hook may run device programs of its own through the engine's
 cache (`HostRun`: the cross-vocabulary drafter's prefill and drafting loop), and a proposer may
-verify on the host (`verifies_on_host`: the step then returns the target's probabilities of
+verify on the host (`HostVerifier`: the step then returns the target's probabilities of
 [last, drafts], `engine_probs_step`, and the engine commits the host's verdict, `commit_host`).
 
 The classic constructors stay: `ChainDecoder` and `TreeDecoder` (a same-vocabulary drafter
@@ -56,7 +56,10 @@ from vocabjax.decoding.drafter import (DRAFT_PREFILLS, ChainProposer, DraftVocab
 from vocabjax.decoding.engine import (KEY, DecoderPrograms, ProgramKey, abstract_arg, arg_signature,
                                       check_continuous_mesh, continuous_loop, fold_in,
                                       host_loop, placed_like, prompt_bucket)
-from vocabjax.decoding.proposer import Context, Drafts, HostRun, Prefilled, Proposer
+from vocabjax.decoding.proposer import (Context, Counted, Drafts, Gated, HostDrafter,
+                                       HostPrograms, HostRun, Prefilled, Profiled, Proposer,
+                                       SelfSizing, continuous_capable, drafted_counts,
+                                       is_gated, verifies_on_host)
 from vocabjax.decoding.sizing import DraftSizer, limit_block
 from vocabjax.decoding.tree import TreeParams, verify_tree
 from vocabjax.decoding.verify import verify_chain
@@ -177,8 +180,9 @@ class SpecStats:
   def record(self) -> dict:
     """Method-specific totals for an eval record (the proposer's `record`, and the self-sizing
     rule's where it ran)."""
-    out = self.proposer.record(self) if self.proposer is not None else {}
-    if self.proposer is not None and self.proposer.host_hook:
+    P = self.proposer
+    out = P.record(self) if isinstance(P, Counted) else {}
+    if isinstance(P, HostDrafter):
       out["host_s"] = round(self.host_s, 4)  # on the critical path: before each step
     out.update({k: round(v, 4) for k, v in self.seconds.items()})
     return {**out, "sizing": self.sizing} if self.sizing else out
@@ -222,20 +226,26 @@ def verify(target_params, state: EngineState, drafts: Drafts, key, *,
                      sampling=sampling, feature_layers=feature_layers)
 
 
+def step_count_names(proposer: Proposer) -> tuple[str, ...]:
+  """The names of the proposer's own per-step counts (`Counted`), () for one without."""
+  return proposer.step_count_names() if isinstance(proposer, Counted) else ()
+
+
 def engine_step(target_params, draft_params, state: EngineState, key, *host,
                 target_config: LlamaLikeConfig, sampling: SamplingParams, proposer: Proposer):
   """Propose, verify, commit. Returns (state, emitted [B, W] with -1 after each row's tokens,
   accepted [B], *the proposer's counts [B], and, when gated, which rows drafted [B])."""
   ctx = Context(last=state.last, lengths=state.target_cache.lengths, host=tuple(host))
   k_draft, k_verify = jax.random.split(key)
-  keep, pre = proposer.gate(draft_params, state.draft, ctx)
+  keep, pre = (proposer.gate(draft_params, state.draft, ctx) if isinstance(proposer, Gated)
+               else (None, state.draft))
 
   def run(proposal):
     drafts, dstate = proposal()
     v = verify(target_params, state, drafts, k_verify, target_config=target_config,
                sampling=sampling, feature_layers=proposer.feature_layers)
     dstate = proposer.commit(draft_params, dstate, ctx, drafts, v)
-    counts = proposer.step_counts(drafts, v)
+    counts = proposer.step_counts(drafts, v) if isinstance(proposer, Counted) else ()
     return (EngineState(target_cache=v.target_cache, last=v.next.astype(jnp.int32),
                         draft=dstate), v.emitted, v.accepted, tuple(counts))
 
@@ -255,7 +265,7 @@ def engine_step(target_params, draft_params, state: EngineState, key, *host,
 def engine_probs_step(target_params, draft_params, state: EngineState, key, *host,
                       target_config: LlamaLikeConfig, sampling: SamplingParams,
                       proposer: Proposer):
-  """The step of a proposer that verifies on the host (`Proposer.verifies_on_host`): its chain
+  """The step of a proposer that verifies on the host (`HostVerifier`): its chain
   proposed, the target's processed probabilities of [last, drafts] [B, n + 1, V]; the target
   cache holds them past its lengths, which the engine sets once the host has verified
   (`commit_host`). Returns (state, probabilities)."""
@@ -296,8 +306,8 @@ class SpeculativeEngine(DecodingMethod):
     tree drafter, one step program per length, 0 a plain step)."""
     if not isinstance(proposer, Proposer):
       raise TypeError(f"a SpeculativeEngine runs a Proposer, got {type(proposer).__name__}")
-    if self_sizing and not ((proposer.host_hook and proposer.host_sizable)
-                            or proposer.sized_lengths()):
+    if self_sizing and not ((isinstance(proposer, HostDrafter) and proposer.host_sizable)
+                            or isinstance(proposer, SelfSizing)):
       raise ValueError(f"self_sizing applies to proposers that draft on the host (pld, ngram, "
                        f"suffix) or size their drafts (chain, tree); {proposer.method} "
                        f"compiles its draft length into its step")
@@ -359,24 +369,24 @@ class SpeculativeEngine(DecodingMethod):
 
   @property
   def draft_policy(self):
-    """The drafting head the time split times (`Proposer.head_policy`)."""
-    return self.proposer.head_policy
+    """The drafting head the time split times (`Profiled.head_policy`; None: no model)."""
+    return self.proposer.head_policy if isinstance(self.proposer, Profiled) else None
 
   @property
   def draft_head_rows(self) -> int:
     """LM-head rows the drafter multiplies per call (K for a trimmed head, K + the ranker's
     cost in D-wide rows for a speculative vocabulary, else V)."""
-    return self.proposer.head_rows
+    return self.proposer.head_rows if isinstance(self.proposer, Profiled) else 0
 
   @property
   def times_step_parts(self) -> bool:
-    return self.proposer.drafter_body() is not None
+    return self.drafter_body() is not None
 
   def drafter_calls(self) -> list[tuple[int, int]]:
-    return self.proposer.drafter_calls()
+    return self.proposer.drafter_calls() if isinstance(self.proposer, Profiled) else []
 
   def drafter_body(self):
-    return self.proposer.drafter_body()
+    return self.proposer.drafter_body() if isinstance(self.proposer, Profiled) else None
 
   def __getattr__(self, name):
     # a proposer's settings read through its engine (dec.gamma, dec.tree, dec.hc, dec.dc, ...)
@@ -405,12 +415,14 @@ class SpeculativeEngine(DecodingMethod):
   def step_programs(self) -> tuple:
     """The programs one decoding step runs, in order (`lower`'s names): the proposer's own
     host-side ones (a cross-vocabulary drafter's), then the engine's step."""
-    return (*self.proposer.host_step_programs, "step")
+    P = self.proposer
+    return (*(P.host_step_programs if isinstance(P, HostPrograms) else ()), "step")
 
   @property
   def prefill_programs(self) -> tuple:
     """And the prompt's: the engine's prefill, then the proposer's own."""
-    return ("prefill", *self.proposer.host_prefill_programs)
+    P = self.proposer
+    return ("prefill", *(P.host_prefill_programs if isinstance(P, HostPrograms) else ()))
 
   def _placed(self, shape, dtype, B: int, rows: bool = True):
     """An abstract argument placed as the engine's inputs are (`engine.abstract_arg`)."""
@@ -430,7 +442,8 @@ class SpeculativeEngine(DecodingMethod):
     """Every KV cache a step holds (the target's first, its host hook's last), abstract and
     placed."""
     tcache, caches = self._abstract_caches(B, S, dtype)
-    host = [self._abstract_cache(c, B, S, dtype) for c in self.proposer.host_caches().values()]
+    own = self.proposer.host_caches() if isinstance(self.proposer, HostPrograms) else {}
+    host = [self._abstract_cache(c, B, S, dtype) for c in own.values()]
     return [tcache, *caches.values(), *host]
 
   def _new_caches(self, B: int, S: int, dtype):
@@ -457,7 +470,7 @@ class SpeculativeEngine(DecodingMethod):
   def _step_fn(self, sampling: SamplingParams, proposer=None):
     P = proposer or self.proposer
     lw = step_lowering(self.lowering)
-    fn = functools.partial(engine_probs_step if P.verifies_on_host(sampling) else engine_step,
+    fn = functools.partial(engine_probs_step if verifies_on_host(P, sampling) else engine_step,
                            target_config=self.tc, sampling=sampling, proposer=P)
 
     def step(tp, dp, *args):
@@ -507,7 +520,7 @@ class SpeculativeEngine(DecodingMethod):
     prefill of a [B, T] block into S slots, "step": one step, and when asked "put_row":
     continuous batching's hand-over of a row} (`programs`: which). `host_shape`:
     the host block's array shapes for a proposer with a host hook (default: its largest,
-    `Proposer.host_shapes`). `proposer`: the step of a sized variant (`Proposer.sized`; its
+    `HostDrafter.host_shapes`). `proposer`: the step of a sized variant (`SelfSizing.sized`; its
     loop state is this one's). What `programs()` compiles, and what bench and the deviceless
     TPU/GPU builds compile: one way to build a program."""
     P = proposer or self.proposer
@@ -539,14 +552,15 @@ class SpeculativeEngine(DecodingMethod):
         out[name] = P.lower_host(name, sampling, B, T, S, dtype)
     if "step" in programs:
       if host_shape is None:
-        host_shape = tuple(P.host_shapes_for(B, sampling))[-1]
+        host_shape = (tuple(P.host_shapes(B, sampling))[-1] if isinstance(P, HostDrafter)
+                      else ())
       host = [self._placed(s.shape, s.dtype, B, rows=False)
               if isinstance(s, jax.ShapeDtypeStruct) else self._placed(s, jnp.int32, B, rows=False)
               for s in host_shape]
       jit_kw = {}
       if self.mesh is not None:
-        n_out = (2 if P.verifies_on_host(sampling)
-                 else 3 + len(P.step_count_names()) + int(P.gated))
+        n_out = (2 if verifies_on_host(P, sampling)
+                 else 3 + len(step_count_names(P)) + int(is_gated(P)))
         jit_kw["out_shardings"] = ((jax.tree.map(lambda x: x.sharding, state),)
                                    + (rep,) * (n_out - 1))
       out["step"] = jax.jit(self._step_fn(sampling, P), donate_argnums=(2,), **jit_kw).lower(
@@ -603,7 +617,7 @@ class SpeculativeEngine(DecodingMethod):
     step (`step(tp, dp, state, key, *host)`), or for a proposer with a host hook a function of
     the host block's shapes returning (step, compile seconds now)."""
     start, c1 = self.start_program(sampling, B, T, S, dtype) if start else (None, 0.0)
-    if self.proposer.host_hook:
+    if isinstance(self.proposer, HostDrafter):
       return start, functools.partial(self.step_program, sampling, B, S, dtype), c1
     if self.self_sizing:  # a sized device drafter: the step of n drafts, compiled when chosen
       return start, lambda n: self.step_program(sampling, B, S, dtype,
@@ -688,7 +702,7 @@ class SpeculativeEngine(DecodingMethod):
                            fold_in(req.key, 0))
       first = np.asarray(first)
       hist = ([np.append(np.asarray(p, np.int64), t) for p, t in zip(req.prompts, first)]
-              if P.host_hook else None)  # committed tokens per row: prompt + first token
+              if isinstance(P, HostDrafter) else None)  # committed: prompt + first token
       if hist is not None:
         P.host_begin(hist)
         held["hist"] = hist
@@ -729,7 +743,7 @@ class SpeculativeEngine(DecodingMethod):
                   max_len, stop_strings, tokenizer) -> GenerationResult:
     P = self.proposer
     check_continuous_mesh(self.mesh)
-    if not P.continuous:
+    if not continuous_capable(P):
       raise ValueError(f"continuous batching: {self.method}'s proposer "
                        f"({type(P).__name__}) keeps per-row host state it cannot hand to "
                        f"another prompt; use generate(), with batch_size for many prompts")
@@ -748,13 +762,14 @@ class SpeculativeEngine(DecodingMethod):
                          self.abstract_state(sampling, B, 1, S, dtype))
     # per row: its prompt's committed tokens (an idle row keeps its last prompt's: a hook's
     # block reads only active rows), and whether it holds a prompt
-    hist = [np.zeros(1, np.int64)] * B if P.host_hook else None
-    held = {"hist": hist} if P.host_hook else {}
+    host = isinstance(P, HostDrafter)
+    hist = [np.zeros(1, np.int64)] * B if host else None
+    held = {"hist": hist} if host else {}
     live = [False] * B
 
     def fill(carry, b, i, key):
       state, hist = carry
-      ended = hist[b] if P.host_hook and live[b] else None  # row b's prompt is done
+      ended = hist[b] if host and live[b] else None  # row b's prompt is done
       if i is None:  # no prompt left: the row idles (its tokens ignored)
         if ended is not None:
           P.host_swap(b, ended, None)
@@ -767,7 +782,7 @@ class SpeculativeEngine(DecodingMethod):
                          key)
       state = put(state, row, jnp.int32(b))
       tok = int(np.asarray(first)[0])
-      if P.host_hook:  # one hand-over: may compile (a drafter's one-row prefill)
+      if host:  # one hand-over: may compile (a drafter's one-row prefill)
         started = np.append(np.asarray(req.prompts[i], np.int64), tok)
         P.host_swap(b, ended, started)
         hist[b] = started
@@ -824,7 +839,7 @@ class SpeculativeEngine(DecodingMethod):
     """A host hook's `HostRun` (None without one) and `host_start` called, before the clock
     (its programs' compile seconds added to `compile_s`): (run, compile_s)."""
     P = self.proposer
-    if not P.host_hook:
+    if not isinstance(P, HostDrafter):
       return None, compile_s
     run = None
 
@@ -852,7 +867,7 @@ class SpeculativeEngine(DecodingMethod):
       return None, 0
     P = self.proposer  # host blocks cut to a width (0: a plain step), or a sized drafter
     sizer = self._sizers.setdefault((B, S), DraftSizer(
-        [shape[0][1] for shape in P.host_shapes(B)]) if P.host_hook else DraftSizer(
+        [shape[0][1] for shape in P.host_shapes(B)]) if isinstance(P, HostDrafter) else DraftSizer(
             P.sized_lengths(), plain=False,
             reach={n: P.sized_reach(n) for n in P.sized_lengths()}))
     return sizer, len(sizer.choices)
@@ -861,14 +876,15 @@ class SpeculativeEngine(DecodingMethod):
     """`host_loop`'s step for this engine: carry (loop state, each row's committed tokens for
     a host hook, else None); the step's counts recorded into `stats`."""
     P = self.proposer
-    names = P.step_count_names()
-    on_host = P.verifies_on_host(sampling)
+    names = step_count_names(P)
+    on_host = verifies_on_host(P, sampling)
+    host = isinstance(P, HostDrafter)
 
     def advance(carry, i, key, active):
       state, hist = carry
       compiled = 0.0
       SP = P  # this step's proposer (a sized variant of P)
-      if P.host_hook:
+      if host:
         t_host = time.perf_counter()
         arrays, host_counts = P.host_block(hist, active)
         # a program the hook compiled first now: its seconds are compile time, not host time
@@ -911,14 +927,16 @@ class SpeculativeEngine(DecodingMethod):
         stats.step_s += time.perf_counter() - t0
       rest = [np.asarray(x) for x in rest]
       counts = dict(zip(names, rest))
-      keep = rest[len(names)] if P.gated else None
-      drafted = SP.drafted_counts(active, counts, host_counts, keep)
+      keep = rest[len(names)] if is_gated(P) else None
+      drafted = (SP.drafted_counts(active, counts, host_counts, keep)
+                 if isinstance(SP, Counted) else drafted_counts(SP, active, host_counts, keep))
       if sizer is not None:  # the step's time (not when its program compiled first)
         sizer.update(width, None if compiled else time.perf_counter() - t0, drafted, n)
       stats.drafted.append(drafted)
       stats.accepted.append([int(x) if a else 0 for x, a in zip(n, active)])
       stats.active.append([bool(a) for a in active])
-      SP.record_step(stats, active, {**counts, "accepted": n}, host_counts, keep)
+      if isinstance(SP, Counted):
+        SP.record_step(stats, active, {**counts, "accepted": n}, host_counts, keep)
       if hist is not None:  # idle rows' (continuous batching) stay as they are
         hist = held["hist"] = [np.concatenate([h, e[:k + 1]]) if a else h
                                for h, e, k, a in zip(hist, emitted, n, active)]

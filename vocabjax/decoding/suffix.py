@@ -44,7 +44,7 @@ from typing import Sequence
 import numpy as np
 
 from vocabjax.decoding.pld import chain_block
-from vocabjax.decoding.proposer import Context, Drafts, Proposer, padding_block
+from vocabjax.decoding.proposer import Context, Counted, Drafts, RowHandover, padding_block
 from vocabjax.decoding.tree import MAX_TREE_NODES, TreeBounds
 
 F32 = np.float32
@@ -319,14 +319,13 @@ def check_suffix(max_tree_depth: int, max_spec_tokens: int, max_spec_factor: flo
                      f"least one request's output (-1: no bound)")
 
 
-class SuffixProposer(Proposer):
+class SuffixProposer(RowHandover, Counted):
   """SuffixDecoding's drafts (module doc), found on the host before each step. Its trees live
   across `generate` calls: the global tree keeps the outputs of earlier requests (up to
   `max_cached_requests` of them), which is where repeated work (a revision of an answer, the
   same tool call filled again) pays."""
 
   method = "suffix"
-  host_hook = True
 
   def __init__(self, *, max_tree_depth: int = 64, max_spec_tokens: int = 8,
                max_spec_factor: float = 1.0, max_spec_offset: float = 0.0,
@@ -379,7 +378,6 @@ class SuffixProposer(Proposer):
       self.cache.stop(self._rows[b])
       self._rows[b] = None
 
-  continuous = True  # `host_swap` hands a row's request over
 
   def host_swap(self, b: int, ended, started) -> None:
     """Continuous batching: the ended prompt's request ended (as `host_end`), the started one's
@@ -429,7 +427,7 @@ class SuffixProposer(Proposer):
     block = _pad_to(block, next(s for s in self.buckets if s >= block.shape[1]))
     return (block, n_valid), counts
 
-  def host_shapes(self, B: int = 1):
+  def host_shapes(self, B: int = 1, sampling=None):
     if self.use_tree:
       return [((B, m),) * 3 for m in self.buckets]
     return [((B, m), (B,)) for m in self.buckets]
