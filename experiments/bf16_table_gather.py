@@ -22,7 +22,8 @@ import numpy as np
 from vocabjax.bench.engine import random_params
 from vocabjax.checkpoints.known import resolve_config
 from vocabjax.decoding.profile import step_split
-from vocabjax.decoding.speculative import ChainDecoder
+from vocabjax.decoding.speculative import SpeculativeEngine
+from vocabjax.decoding.drafter import ChainProposer
 from vocabjax.testing.hlo import materialized
 
 
@@ -35,8 +36,7 @@ def main(argv=None) -> None:
     ll.take_rows = lambda t, i, mode=None: jnp.take(t, i, axis=0, mode=mode)
   _, tc = resolve_config("qwen2.5-0.5b-instruct")
   dc = dataclasses.replace(tc, num_layers=2)
-  dec = ChainDecoder(random_params(tc, "bfloat16", 0), tc, random_params(dc, "bfloat16", 1), dc,
-                     gamma=3)
+  dec = SpeculativeEngine(random_params(tc, "bfloat16", 0), tc, ChainProposer(random_params(dc, "bfloat16", 1), dc, tc, gamma=3))
   prompt = [np.random.RandomState(0).randint(3, 1000, 250).tolist()]
   for _ in range(2):  # the second run is timed (the first compiles)
     res = dec.generate(prompt, max_new_tokens=64, max_len=1024)

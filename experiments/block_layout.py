@@ -49,16 +49,15 @@ def body_times(repeats: int, Ts=(1, 2, 4, 6)) -> dict:
 def split_ab(repeats: int) -> dict:
   from vocabjax.checkpoints.loader import load_model
   from vocabjax.decoding.profile import step_split
-  from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder
+  from vocabjax.decoding.speculative import SpeculativeEngine
+  from vocabjax.decoding.drafter import ChainProposer, TreeProposer
   from vocabjax.decoding.tree import TreeParams
 
   t = load_model("qwen2.5-coder-1.5b-instruct", load_tokenizer=False)
   d = load_model("qwen2.5-coder-0.5b-instruct", load_tokenizer=False)
   makers = {
-      "chain_g3": lambda lay: ChainDecoder(t.params, t.config, d.params, d.config, gamma=3,
-                                           layout=lay),
-      "tree_k2_d4_n8": lambda lay: TreeDecoder(t.params, t.config, d.params, d.config,
-                                               tree=TreeParams(2, 4, 8), layout=lay)}
+      "chain_g3": lambda lay: SpeculativeEngine(t.params, t.config, ChainProposer(d.params, d.config, t.config, gamma=3), layout=lay),
+      "tree_k2_d4_n8": lambda lay: SpeculativeEngine(t.params, t.config, TreeProposer(d.params, d.config, t.config, tree=TreeParams(2, 4, 8)), layout=lay)}
   runs = {}
   for rep in range(2):
     for name, make in makers.items():
@@ -80,8 +79,7 @@ def main(argv=None) -> int:
 
   import jax
 
-  from vocabjax.io import atomic_write_json
-  from vocabjax.io import atomic_write_text
+  from vocabjax.io import atomic_write_json, atomic_write_text
 
   body = body_times(args.repeats)
   splits = split_ab(args.repeats)

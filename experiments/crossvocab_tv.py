@@ -19,7 +19,8 @@ import time
 
 import numpy as np
 
-from vocabjax.decoding.crossvocab import CrossVocabDecoder
+from vocabjax.decoding.crossvocab import CrossVocabProposer
+from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.sampling import SamplingParams
 from vocabjax.io import atomic_write_text
 from vocabjax.testing.fixtures import merging_pair
@@ -56,8 +57,7 @@ def main(argv=None) -> int:
       law1[s[1:2]] += pr
     for rule in ("exact", "omnidraft"):
       t0 = time.perf_counter()
-      dec = CrossVocabDecoder(target, tc, draft, dc, target_tokenizer=ttok,
-                              draft_tokenizer=dtok, gamma=4, rule=rule)
+      dec = SpeculativeEngine(target, tc, CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok, gamma=4, rule=rule))
       dec.learn(pool)
       seqs, merged = [], 0
       for call in range(a.rows // a.batch):

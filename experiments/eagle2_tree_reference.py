@@ -69,7 +69,8 @@ def main(argv=None) -> int:
   from eagle.model import cnets1  # the reference (EAGLE-2)
   from vocabjax.checkpoints.eagle2 import load_eagle2, save_eagle2
   from vocabjax.checkpoints.loader import load_model
-  from vocabjax.decoding.eagle import EagleDecoder, EagleState, _eagle_prefill, _grow, _head_root
+  from vocabjax.decoding.eagle import EagleProposer, EagleState, _eagle_prefill, _grow, _head_root
+  from vocabjax.decoding.speculative import SpeculativeEngine
   from vocabjax.decoding.tree import TreeParams
   from vocabjax.models.cache import KVCache
   from vocabjax.models.eagle import EagleConfig, init_eagle
@@ -110,7 +111,7 @@ def main(argv=None) -> int:
     ref.load_state_dict(state, strict=True)
     ref.init_tree()
     tree = TreeParams(top_k=k, depth=depth + 1, total_tokens=total - 1)
-    dec = EagleDecoder(target.params, target.config, params, hc, tree=tree, lm_head="target")
+    dec = SpeculativeEngine(target.params, target.config, EagleProposer(target.params, target.config, params, hc, tree=tree, lm_head="target"))
     same = broken = ties = 0
     for ids in prompts:
       T = len(ids)

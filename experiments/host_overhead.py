@@ -22,13 +22,13 @@ def main(argv=None) -> None:
   ap.add_argument("--profile", action="store_true", help="under cProfile, with its top entries")
   args = ap.parse_args(argv)
 
-  from vocabjax.decoding.crossvocab import CrossVocabDecoder
+  from vocabjax.decoding.crossvocab import CrossVocabProposer
+  from vocabjax.decoding.speculative import SpeculativeEngine
   from vocabjax.sampling import SamplingParams
   from vocabjax.testing.fixtures import merging_pair
 
   ttok, dtok, tc, dc, target, draft, pool = merging_pair(seed=0)
-  dec = CrossVocabDecoder(target, tc, draft, dc, target_tokenizer=ttok, draft_tokenizer=dtok,
-                          gamma=4, rule="exact")
+  dec = SpeculativeEngine(target, tc, CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok, gamma=4, rule="exact"))
   dec.learn(pool)
   prompt, sp = pool[:2], SamplingParams(temperature=1.0)
   for call in range(30):  # every block size compiled

@@ -33,7 +33,8 @@ def main(argv=None) -> int:
   from vocabjax.checkpoints.zoo import resolve
   from vocabjax.decoding import SamplingParams
   from vocabjax.decoding.profile import step_split
-  from vocabjax.decoding.speculative import ChainDecoder
+  from vocabjax.decoding.speculative import SpeculativeEngine
+  from vocabjax.decoding.drafter import ChainProposer
   from vocabjax.io import atomic_write_text
   from vocabjax.models.llamalike import param_shapes
   from jax.sharding import NamedSharding
@@ -97,8 +98,7 @@ def main(argv=None) -> int:
     return make_mesh(**spec, devices=jax.devices()[:n])
 
   def measure(label, mesh):  # one placement; everything it built is freed when it returns
-    dec = ChainDecoder(params(tc, 0, mesh), tc, params(dc, 1, mesh), dc, gamma=a.gamma,
-                       mesh=mesh)
+    dec = SpeculativeEngine(params(tc, 0, mesh), tc, ChainProposer(params(dc, 1, mesh), dc, tc, gamma=a.gamma), mesh=mesh)
     start, step, _ = dec.programs(SamplingParams(), B, T, S, jnp.float32)
     toks = jnp.asarray(np.random.RandomState(0).randint(0, tc.vocab_size, (B, T)), jnp.int32)
     _, state = start(toks, jnp.full((B,), T, jnp.int32), toks[:, -1], jax.random.key(0))

@@ -100,18 +100,19 @@ def build(methods, tp, tc, dp, dc, hp, hc, ranker_rank: int = 128):
 
 
 def _build(m, tp, tc, dp, dc, hp, hc, ranker_rank):
-  from vocabjax.decoding import ChainDecoder, Decoder, EagleDecoder, TreeDecoder, TreeParams
+  from vocabjax.decoding import Decoder, TreeParams
+  from vocabjax.decoding.speculative import SpeculativeEngine
+  from vocabjax.decoding.drafter import ChainProposer, TreeProposer
+  from vocabjax.decoding.eagle import EagleProposer
   sv = SPECVOCAB.fullmatch(m)
   if sv:
-    return ChainDecoder(tp, tc, dp, dc, gamma=3,
-                        draft_vocab=specvocab(dp, dc, int(sv[1]), sv[2], ranker_rank))
+    return SpeculativeEngine(tp, tc, ChainProposer(dp, dc, tc, gamma=3, draft_vocab=specvocab(dp, dc, int(sv[1]), sv[2], ranker_rank)))
   make = {"ar": lambda: Decoder(tp, tc),
-          "chain_g3": lambda: ChainDecoder(tp, tc, dp, dc, gamma=3),
-          "tree_k4d4n16": lambda: TreeDecoder(tp, tc, dp, dc, tree=TreeParams(4, 4, 16)),
-          "eagle_k1d4": lambda: EagleDecoder(tp, tc, hp, hc, tree=TreeParams(1, 4, 4)),
-          "eagle_k4d4n16": lambda: EagleDecoder(tp, tc, hp, hc, tree=TreeParams(4, 4, 16)),
-          "eagle_k1d4_gated_off": lambda: EagleDecoder(tp, tc, hp, hc, tree=TreeParams(1, 4, 4),
-                                                       min_confidence=0.99)}
+          "chain_g3": lambda: SpeculativeEngine(tp, tc, ChainProposer(dp, dc, tc, gamma=3)),
+          "tree_k4d4n16": lambda: SpeculativeEngine(tp, tc, TreeProposer(dp, dc, tc, tree=TreeParams(4, 4, 16))),
+          "eagle_k1d4": lambda: SpeculativeEngine(tp, tc, EagleProposer(tp, tc, hp, hc, tree=TreeParams(1, 4, 4))),
+          "eagle_k4d4n16": lambda: SpeculativeEngine(tp, tc, EagleProposer(tp, tc, hp, hc, tree=TreeParams(4, 4, 16))),
+          "eagle_k1d4_gated_off": lambda: SpeculativeEngine(tp, tc, EagleProposer(tp, tc, hp, hc, tree=TreeParams(1, 4, 4), min_confidence=0.99))}
   if m not in make:
     raise ValueError(f"unknown method {m!r}: choose from {', '.join(METHODS)}")
   return make[m]()

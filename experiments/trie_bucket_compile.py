@@ -22,14 +22,14 @@ def main() -> None:
   from tests.decoding.conftest import CFG
   from tests.decoding.test_eagle_decoding import random_head
   from vocabjax.decoding import SamplingParams
-  from vocabjax.decoding.eagle import EagleLookupDecoder
+  from vocabjax.decoding.eagle import EagleLookupProposer
+  from vocabjax.decoding.speculative import SpeculativeEngine
   from vocabjax.decoding.tree import TreeParams
   from vocabjax.models import init_params
 
   target = init_params(jax.random.key(0), CFG, scale=0.3)
   hc, head = random_head(target, CFG, 40)
-  dec = EagleLookupDecoder(target, CFG, head, hc, tree=TreeParams(2, 3, 6), gamma=2,
-                           candidates=3)
+  dec = SpeculativeEngine(target, CFG, EagleLookupProposer(target, CFG, head, hc, tree=TreeParams(2, 3, 6), gamma=2, candidates=3))
   start, step, c = dec.programs(SamplingParams(), 4, 32, 64, jnp.float32)
   print(f"prefills: {c:.2f} s compile; buckets {dec.buckets}")
   for m in dec.buckets:

@@ -75,12 +75,13 @@ def test_a_draft_longer_than_a_block_or_the_context_is_refused(tiny_chat_dir):
 
 def test_a_kv_cache_larger_than_the_free_memory_is_refused(tiny_chat_dir, monkeypatch):
   from vocabjax.checkpoints.loader import load_model
-  from vocabjax.decoding import ChainDecoder
+  from vocabjax.decoding.speculative import SpeculativeEngine
+  from vocabjax.decoding.drafter import ChainProposer
   from vocabjax.decoding import Decoder, engine
 
   m = load_model(tiny_chat_dir, dtype="float32")
   monkeypatch.setattr(engine, "available_memory_bytes", lambda: 1 << 10)
-  dec = ChainDecoder(m.params, m.config, m.params, m.config, gamma=3)
+  dec = SpeculativeEngine(m.params, m.config, ChainProposer(m.params, m.config, m.config, gamma=3))
   with pytest.raises(ValueError, match=r"KV cache for 1 row\(s\) x .* slots needs at least "
                      r"0\.0 GiB; 0\.0 GiB are free"):
     dec.generate([[5, 6, 7]], max_new_tokens=8)

@@ -13,7 +13,7 @@ import vocabjax
 ROOT = Path(vocabjax.__file__).resolve().parent
 # a module may import only from its own layer or those below (layer of its first name part)
 LAYER = {"errors": 0, "io": 0, "prompts": 0, "version": 0, "interrupt": 0, "lowering": 0,
-         "backends": 0, "plots": 0, "sampling": 1,
+         "backends": 0, "plots": 0, "jax_internals": 0, "sampling": 1,
          "sharding": 1, "distributed": 1, "kernels": 1, "models": 1,
          "checkpoints": 2, "vocab": 3, "decoding": 4, "calibrate": 5, "train": 5,
          "eval": 6, "methods": 6, "zoo": 7, "generate": 7, "testing": 7, "bench": 7,

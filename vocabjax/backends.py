@@ -27,7 +27,7 @@ def cpu_only_reason(environ=None, libtpu_installed=None, tpu_chips=None, gpus=No
   if not libtpu_installed:
     return None  # no TPU backend to start
   if tpu_chips is None or gpus is None:
-    from vocabjax.jax_internals import accelerator_counts  # JAX's own PCI probe
+    from vocabjax.jax_internals import accelerator_counts  # local: only when probed
 
     probed_tpus, probed_gpus = accelerator_counts()
     tpu_chips = probed_tpus if tpu_chips is None else tpu_chips

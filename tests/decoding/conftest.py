@@ -57,16 +57,16 @@ def check_vocab_sampling_lossless(kind, small_pair, draft_vocab, sampling, seed)
   over `draft_vocab`; assert the acceptance rate is informative (0.05-0.95) and the joint law
   of the first three tokens matches target-only sampling (chi-square p > 1e-3).
   Returns (flat samples, the exact law)."""
-  from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder
+  from vocabjax.decoding.speculative import SpeculativeEngine
+  from vocabjax.decoding.drafter import ChainProposer, TreeProposer
   from vocabjax.decoding.tree import TreeParams
   from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
 
   target, draft = small_pair
   if kind == "chain":
-    dec = ChainDecoder(target, SMALL, draft, SMALL, gamma=2, draft_vocab=draft_vocab)
+    dec = SpeculativeEngine(target, SMALL, ChainProposer(draft, SMALL, SMALL, gamma=2, draft_vocab=draft_vocab))
   else:
-    dec = TreeDecoder(target, SMALL, draft, SMALL, tree=TreeParams(2, 2, 4),
-                      draft_vocab=draft_vocab)
+    dec = SpeculativeEngine(target, SMALL, TreeProposer(draft, SMALL, SMALL, tree=TreeParams(2, 2, 4), draft_vocab=draft_vocab))
   samples, stats = prompt_samples(dec, sampling, seed=seed)
   assert 0.05 < stats.acceptance_rate < 0.95
   exact = exact_sequence_probs(target, SMALL, PROMPT, sampling)

@@ -8,7 +8,8 @@ from jax.scipy.stats import chi2
 from vocabjax.checkpoints.hf import load_hf
 from vocabjax.checkpoints.loader import load_model
 from vocabjax.decoding import Decoder, SamplingParams
-from vocabjax.decoding.speculative import ChainDecoder
+from vocabjax.decoding.speculative import SpeculativeEngine
+from vocabjax.decoding.drafter import ChainProposer
 from vocabjax.models import KVCache, forward, lm_head
 
 
@@ -160,7 +161,7 @@ def test_stop_string(tiny_chat_dir):
   with pytest.raises(ValueError, match="stop strings need a tokenizer"):
     dec.generate([prompt], max_new_tokens=4, stop_strings=["x"])
   # the speculative host loop shares the same collector: a stop inside an accepted block
-  chain = ChainDecoder(model.params, model.config, model.params, model.config, gamma=4)
+  chain = SpeculativeEngine(model.params, model.config, ChainProposer(model.params, model.config, model.config, gamma=4))
   spec = chain.generate([prompt], max_new_tokens=16, stop_strings=[stop],
                         tokenizer=model.tokenizer)
   assert spec.tokens == res.tokens and spec.finish_reasons == ["stop"]

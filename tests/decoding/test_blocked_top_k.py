@@ -6,7 +6,10 @@ import pytest
 
 from tests.decoding.test_eagle2_heads import eagle2_config, eagle2_params
 from vocabjax.checkpoints.loader import load_model
-from vocabjax.decoding import Decoder, EagleDecoder, TreeDecoder
+from vocabjax.decoding import Decoder
+from vocabjax.decoding.speculative import SpeculativeEngine
+from vocabjax.decoding.drafter import TreeProposer
+from vocabjax.decoding.eagle import EagleProposer
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.sampling import SamplingParams
 
@@ -36,9 +39,8 @@ def test_tree_and_eagle_with_blocked_top_k_keep_plain_tokens(model, monkeypatch)
   hc = eagle2_config(model.config)
   head = eagle2_params(hc, seed=4)
   makers = {
-      "tree": lambda: TreeDecoder(model.params, model.config, model.params, model.config,
-                                  tree=tree),
-      "eagle": lambda: EagleDecoder(model.params, model.config, head, hc, tree=tree)}
+      "tree": lambda: SpeculativeEngine(model.params, model.config, TreeProposer(model.params, model.config, model.config, tree=tree)),
+      "eagle": lambda: SpeculativeEngine(model.params, model.config, EagleProposer(model.params, model.config, head, hc, tree=tree))}
   for name, make in makers.items():
     plain = make().generate(ids, max_new_tokens=10, sampling=GREEDY)
     dec = _blocked(make())  # set before its programs are built (they are cached per decoder)

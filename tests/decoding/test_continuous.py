@@ -10,7 +10,8 @@ import pytest
 
 from tests.decoding.conftest import CFG, PROMPT, SMALL
 from vocabjax.decoding import Decoder, SamplingParams
-from vocabjax.decoding.speculative import ChainDecoder, SpeculativeEngine, TreeDecoder
+from vocabjax.decoding.speculative import SpeculativeEngine
+from vocabjax.decoding.drafter import ChainProposer, TreeProposer
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.models import init_params
 from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
@@ -21,33 +22,36 @@ PROMPTS = [[5, 9, 2, 7, 5, 9], [1, 2, 3], [8] * 19, [4], [3, 1, 4, 1, 5, 9, 2, 6
 
 def _decoder(kind, target, draft):
   if kind == "chain":
-    return ChainDecoder(target, CFG, draft, CFG, gamma=3)
+    return SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=3))
   if kind == "tree":
-    return TreeDecoder(target, CFG, draft, CFG, tree=TreeParams(2, 2, 4))
+    return SpeculativeEngine(target, CFG, TreeProposer(draft, CFG, CFG, tree=TreeParams(2, 2, 4)))
   if kind == "eagle":
     from tests.decoding.test_eagle_decoding import random_head
-    from vocabjax.decoding.eagle import EagleDecoder
+    from vocabjax.decoding.eagle import EagleProposer
+    from vocabjax.decoding.speculative import SpeculativeEngine
 
     hc, head = random_head(target, CFG, 40)
-    return EagleDecoder(target, CFG, head, hc, tree=TreeParams(2, 2, 4))
+    return SpeculativeEngine(target, CFG, EagleProposer(target, CFG, head, hc, tree=TreeParams(2, 2, 4)))
   if kind == "medusa":
     from tests.decoding.test_medusa_decoding import SPARSE, heads_for
-    from vocabjax.decoding.medusa import MedusaDecoder
+    from vocabjax.decoding.medusa import MedusaProposer
+    from vocabjax.decoding.speculative import SpeculativeEngine
 
     heads, mc = heads_for(target, CFG)
-    return MedusaDecoder(target, CFG, heads, mc, choices=SPARSE)
+    return SpeculativeEngine(target, CFG, MedusaProposer(target, CFG, heads, mc, choices=SPARSE))
   if kind == "pld":
-    from vocabjax.decoding.pld import PromptLookupDecoder
+    from vocabjax.decoding.pld import LookupProposer
+    from vocabjax.decoding.speculative import SpeculativeEngine
 
-    return PromptLookupDecoder(target, CFG, gamma=3)
+    return SpeculativeEngine(target, CFG, LookupProposer(gamma=3))
   if kind == "eagle_suffix":  # the suffix trees (per-row requests on the host) + a head's tree
     from tests.decoding.test_eagle_decoding import random_head
-    from vocabjax.decoding.eagle import EagleSuffixDecoder
+    from vocabjax.decoding.eagle import EagleSuffixProposer
+    from vocabjax.decoding.speculative import SpeculativeEngine
     from vocabjax.decoding.suffix import SuffixProposer
 
     hc, head = random_head(target, CFG, 40)
-    return EagleSuffixDecoder(target, CFG, head, hc, tree=TreeParams(2, 2, 4),
-                              suffix=SuffixProposer(max_spec_tokens=6))
+    return SpeculativeEngine(target, CFG, EagleSuffixProposer(target, CFG, head, hc, tree=TreeParams(2, 2, 4), suffix=SuffixProposer(max_spec_tokens=6)))
   raise ValueError(kind)
 
 
@@ -99,7 +103,7 @@ def test_sampled_output_keeps_the_targets_law():
   tokens is the target's (chi-square), with drafts both accepted and rejected."""
   target = init_params(jax.random.key(10), SMALL, scale=0.8)
   draft = init_params(jax.random.key(11), SMALL, scale=0.8)
-  dec = ChainDecoder(target, SMALL, draft, SMALL, gamma=2)
+  dec = SpeculativeEngine(target, SMALL, ChainProposer(draft, SMALL, SMALL, gamma=2))
   sampling = SamplingParams(temperature=1.0)
   res = dec.generate_continuous([PROMPT] * 6000, rows=500, max_new_tokens=3, sampling=sampling,
                                 seed=3)
@@ -140,7 +144,7 @@ def test_what_cannot_batch_continuously_says_why(pair):
                                        "per-row host state"):
     dec.generate_continuous(PROMPTS, rows=2, max_new_tokens=4)
   with pytest.raises(ValueError, match="rows=0 must be >= 1"):
-    ChainDecoder(target, CFG, target, CFG, gamma=2).generate_continuous(
+    SpeculativeEngine(target, CFG, ChainProposer(target, CFG, CFG, gamma=2)).generate_continuous(
         PROMPTS, rows=0, max_new_tokens=4)
 
 
@@ -209,9 +213,9 @@ def test_a_model_parallel_mesh_decodes_continuously(pair):
   plain = Decoder(target, CFG, mesh=mesh).generate_continuous(PROMPTS, rows=2,
                                                               max_new_tokens=16)
   assert plain.tokens == want
-  dec = ChainDecoder(target, CFG, draft, CFG, gamma=3, mesh=mesh)
+  dec = SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=3), mesh=mesh)
   assert dec.generate_continuous(PROMPTS, rows=2, max_new_tokens=16).tokens == want
   data = sharding.make_mesh(data=2, model=1, devices=jax.devices()[:2])
   with pytest.raises(ValueError, match="not one of data=2; use generate"):
-    ChainDecoder(target, CFG, draft, CFG, gamma=3, mesh=data).generate_continuous(
+    SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=3), mesh=data).generate_continuous(
         PROMPTS, rows=2, max_new_tokens=4)

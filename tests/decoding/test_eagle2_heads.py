@@ -221,7 +221,9 @@ def test_an_eagle2_head_on_a_mesh_gives_the_one_device_tokens(target, tmp_path):
   """On a (2, 4) mesh of virtual CPU devices (weights loaded straight onto it), EAGLE-2 tree
   decoding with an EAGLE-1/2 head gives plain decoding's tokens, row by row."""
   from vocabjax import sharding
-  from vocabjax.decoding import Decoder, EagleDecoder
+  from vocabjax.decoding import Decoder
+  from vocabjax.decoding.speculative import SpeculativeEngine
+  from vocabjax.decoding.eagle import EagleProposer
   from vocabjax.decoding.tree import TreeParams
   from vocabjax.sampling import SamplingParams
 
@@ -235,6 +237,6 @@ def test_an_eagle2_head_on_a_mesh_gives_the_one_device_tokens(target, tmp_path):
   greedy = SamplingParams(temperature=0.0)
   ar = Decoder(target.params, target.config).generate(prompts, max_new_tokens=10,
                                                       sampling=greedy)
-  dec = EagleDecoder(m.params, m.config, p, hc, tree=TreeParams(3, 3, 6), mesh=mesh)
+  dec = SpeculativeEngine(m.params, m.config, EagleProposer(m.params, m.config, p, hc, tree=TreeParams(3, 3, 6)), mesh=mesh)
   out = dec.generate(prompts, max_new_tokens=10, sampling=greedy)
   assert out.tokens == ar.tokens

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from vocabjax.decoding import Decoder, SamplingParams
-from vocabjax.decoding.eagle import EagleDecoder
+from vocabjax.decoding.eagle import EagleProposer
+from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.models import KVCache, LlamaLikeConfig, init_params
 from vocabjax.models.eagle import EagleConfig, eagle_forward, fuse_features, init_eagle
@@ -80,8 +81,9 @@ def test_greedy_identity_with_a_head_that_is_often_right(lookup, vocab):
     kw["draft_vocab"] = VocabSubset(ids=np.arange(0, 16, 2), vocab_size=16)
   prompts = [[1], [4, 9, 2], [7, 7, 7, 7, 7, 3]]
   ar = Decoder(target, LOOKUP).generate(prompts, max_new_tokens=20)
-  res = EagleDecoder(target, LOOKUP, head, hc, tree=TreeParams(2, 3, 6), **kw).generate(
-      prompts, max_new_tokens=20)
+  res = SpeculativeEngine(target, LOOKUP, EagleProposer(
+      target, LOOKUP, head, hc, tree=TreeParams(2, 3, 6), **kw)).generate(prompts,
+                                                                        max_new_tokens=20)
   assert res.tokens == ar.tokens
   acc = [a for arow, drow in zip(res.stats.accepted, res.stats.drafted)
          for a, d in zip(arow, drow) if d]
@@ -130,7 +132,8 @@ def test_greedy_identical_to_autoregressive_random_models(target, tp, vocab):
     kw["draft_vocab"] = SpeculativeVocab(svd_ranker(target, CFG, 8), k=12)
   prompts = _prompts()
   ar = Decoder(target, CFG).generate(prompts, max_new_tokens=24)
-  res = EagleDecoder(target, CFG, head, hc, tree=tp, **kw).generate(prompts, max_new_tokens=24)
+  res = SpeculativeEngine(target, CFG, EagleProposer(target, CFG, head, hc, tree=tp, **kw)).generate(
+      prompts, max_new_tokens=24)
   assert res.tokens == ar.tokens
 
 
@@ -140,7 +143,7 @@ def test_head_cache_equals_a_fresh_recomputation(lookup):
   features are the target's features of the newest positions: the hand-over loses nothing."""
   target, hc, head = lookup
   head = {**head, "layer": init_eagle(jax.random.key(9), hc, scale=0.3)["layer"]}  # busy layer
-  dec = EagleDecoder(target, LOOKUP, head, hc, tree=TreeParams(2, 3, 6), layout="out_in")
+  dec = SpeculativeEngine(target, LOOKUP, EagleProposer(target, LOOKUP, head, hc, tree=TreeParams(2, 3, 6)), layout="out_in")
   prompt = [5, 9, 13, 2, 7]
   B, S, T = 1, 64, 16
   start, step, _ = dec.programs(SamplingParams(), B, T, S, jnp.float32)
@@ -188,7 +191,7 @@ def test_sampling_is_lossless(sampling):
   small = dataclasses.replace(SMALL, num_layers=2)  # two layers to fuse
   tgt2 = init_params(jax.random.key(10), small, scale=0.8)
   hc, head = random_head(tgt2, small, 6, seed=4)
-  dec = EagleDecoder(tgt2, small, head, hc, tree=TreeParams(2, 2, 4))
+  dec = SpeculativeEngine(tgt2, small, EagleProposer(tgt2, small, head, hc, tree=TreeParams(2, 2, 4)))
   res = dec.generate([PROMPT] * 12_000, max_new_tokens=3, sampling=sampling, seed=7)
   V = small.vocab_size
   t = np.asarray([r[:3] for r in res.tokens])
@@ -204,21 +207,24 @@ def test_bad_input(target):
   hc, head = random_head(target, CFG, 40)
   other = dataclasses.replace(CFG, hidden_size=48, num_heads=6)
   with pytest.raises(ValueError, match="width 32, the target.s hidden size is 48"):
-    EagleDecoder(init_params(jax.random.key(1), other), other, head, hc)
+    other_target = init_params(jax.random.key(1), other)
+    SpeculativeEngine(other_target, other, EagleProposer(other_target, other, head, hc))
   with pytest.raises(ValueError, match="V=65"):
     bigger = dataclasses.replace(CFG, vocab_size=65)
-    EagleDecoder(init_params(jax.random.key(1), bigger), bigger, head, hc)
+    bigger_target = init_params(jax.random.key(1), bigger)
+    SpeculativeEngine(bigger_target, bigger, EagleProposer(bigger_target, bigger, head, hc))
   hc3, head3 = random_head(target, CFG, 40, layers=(0, 1, 2))
   with pytest.raises(ValueError, match="has 2 layers"):
-    EagleDecoder(target, CFG, head3, hc3)
+    SpeculativeEngine(target, CFG, EagleProposer(target, CFG, head3, hc3))
   with pytest.raises(ValueError, match="own reduced vocabulary of Vd=40"):
-    EagleDecoder(target, CFG, head, hc, draft_vocab=VocabSubset(ids=(1, 2, 3, 4, 5),
-                                                               vocab_size=64))
+    SpeculativeEngine(target, CFG, EagleProposer(
+        target, CFG, head, hc, draft_vocab=VocabSubset(ids=(1, 2, 3, 4, 5), vocab_size=64)))
   with pytest.raises(ValueError, match="top_k=8 exceeds the head's 5 candidate"):
-    EagleDecoder(target, CFG, head, hc, lm_head="target", tree=TreeParams(8, 2, 8),
-                 draft_vocab=VocabSubset(ids=(1, 2, 3, 4, 5), vocab_size=64))
+    SpeculativeEngine(target, CFG, EagleProposer(
+        target, CFG, head, hc, lm_head="target", tree=TreeParams(8, 2, 8),
+        draft_vocab=VocabSubset(ids=(1, 2, 3, 4, 5), vocab_size=64)))
   with pytest.raises(ValueError, match="lm_head='mine'"):
-    EagleDecoder(target, CFG, head, hc, lm_head="mine")
+    SpeculativeEngine(target, CFG, EagleProposer(target, CFG, head, hc, lm_head="mine"))
 
 
 def test_int8_target_is_refused(target):
@@ -228,7 +234,8 @@ def test_int8_target_is_refused(target):
 
   hc, head = random_head(target, CFG)
   with pytest.raises(ValueError, match="int8 target"):
-    EagleDecoder(cast_weights(target, "int8"), CFG, head, hc, tree=TreeParams(2, 3, 6))
+    int8 = cast_weights(target, "int8")
+    SpeculativeEngine(int8, CFG, EagleProposer(int8, CFG, head, hc, tree=TreeParams(2, 3, 6)))
 
 
 def test_greedy_identity_with_a_bf16_target(target):
@@ -240,7 +247,7 @@ def test_greedy_identity_with_a_bf16_target(target):
   hc, head = random_head(bf, CFG, None, layers=(0, 1))
   prompts = [np.random.RandomState(4).randint(0, CFG.vocab_size, n).tolist() for n in (70, 40)]
   ar = Decoder(bf, CFG).generate(prompts, max_new_tokens=16)
-  dec = EagleDecoder(bf, CFG, head, hc, tree=TreeParams(2, 3, 6))
+  dec = SpeculativeEngine(bf, CFG, EagleProposer(bf, CFG, head, hc, tree=TreeParams(2, 3, 6)))
   res = dec.generate(prompts, max_new_tokens=16)
   assert res.tokens == ar.tokens
   # the head's steps gather the bf16 target's embedding rows, never widen the whole table

@@ -1,4 +1,4 @@
-"""EAGLE head + prompt lookup in one tree (`EagleLookupDecoder`): the trie merge by hand, greedy
+"""EAGLE head + prompt lookup in one tree (`EagleLookupProposer`): the trie merge by hand, greedy
 identity, that the lookup's nodes are what is accepted where the text repeats, lossless
 sampling, bad input."""
 
@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from vocabjax.decoding import Decoder, SamplingParams
-from vocabjax.decoding.eagle import EagleDecoder, EagleLookupDecoder
+from vocabjax.decoding.eagle import EagleLookupProposer, EagleProposer
+from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.tree import TreeParams, merge_nodes
 from vocabjax.models import init_params
 from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
@@ -107,9 +108,8 @@ def test_lookup_nodes_are_accepted_where_the_text_repeats(lookup, gamma, candida
   target, hc, head = lookup
   prompts = _cycle_prompts()
   ar = Decoder(target, LOOKUP).generate(prompts, max_new_tokens=24)
-  alone = EagleDecoder(target, LOOKUP, head, hc, tree=tp).generate(prompts, max_new_tokens=24)
-  dec = EagleLookupDecoder(target, LOOKUP, head, hc, tree=tp, gamma=gamma,
-                           candidates=candidates)
+  alone = SpeculativeEngine(target, LOOKUP, EagleProposer(target, LOOKUP, head, hc, tree=tp)).generate(prompts, max_new_tokens=24)
+  dec = SpeculativeEngine(target, LOOKUP, EagleLookupProposer(target, LOOKUP, head, hc, tree=tp, gamma=gamma, candidates=candidates))
   res = dec.generate(prompts, max_new_tokens=24)
   assert res.tokens == ar.tokens == alone.tokens
   st = res.stats
@@ -140,9 +140,7 @@ def test_greedy_identical_to_autoregressive_random_models(target, vocab, gamma, 
   base = rs.randint(0, CFG.vocab_size, 9).tolist()
   prompts = [base * 3, [5], rs.randint(0, CFG.vocab_size, 4).tolist() * 2, base[:5]]
   ar = Decoder(target, CFG).generate(prompts, max_new_tokens=24)
-  res = EagleLookupDecoder(target, CFG, head, hc, tree=TreeParams(2, 3, 6), gamma=gamma,
-                           candidates=cand, lm_head="target" if vocab == "target" else "own"
-                           ).generate(prompts, max_new_tokens=24)
+  res = SpeculativeEngine(target, CFG, EagleLookupProposer(target, CFG, head, hc, tree=TreeParams(2, 3, 6), gamma=gamma, candidates=cand, lm_head="target" if vocab == "target" else "own")).generate(prompts, max_new_tokens=24)
   assert res.tokens == ar.tokens
   assert res.stats.record()["lookup_nodes"] > 0
 
@@ -159,8 +157,7 @@ def test_sampling_is_lossless(sampling):
   tgt2 = init_params(jax.random.key(10), small, scale=0.8)
   hc, head = random_head(tgt2, small, 6, seed=4)
   prompt = PROMPT + Decoder(tgt2, small).generate([PROMPT], max_new_tokens=12).tokens[0]
-  dec = EagleLookupDecoder(tgt2, small, head, hc, tree=TreeParams(2, 2, 4), gamma=2,
-                           candidates=2)
+  dec = SpeculativeEngine(tgt2, small, EagleLookupProposer(tgt2, small, head, hc, tree=TreeParams(2, 2, 4), gamma=2, candidates=2))
   res = dec.generate([prompt] * 12_000, max_new_tokens=3, sampling=sampling, seed=7)
   V = small.vocab_size
   t = np.asarray([r[:3] for r in res.tokens])
@@ -174,14 +171,14 @@ def test_sampling_is_lossless(sampling):
 def test_bad_input(target):
   hc, head = random_head(target, CFG, 40)
   with pytest.raises(ValueError, match="gamma must be >= 1, got gamma=0"):
-    EagleLookupDecoder(target, CFG, head, hc, gamma=0)
+    SpeculativeEngine(target, CFG, EagleLookupProposer(target, CFG, head, hc, gamma=0))
   with pytest.raises(ValueError, match="min_ngram=3 max_ngram=2"):
-    EagleLookupDecoder(target, CFG, head, hc, min_ngram=3, max_ngram=2)
+    SpeculativeEngine(target, CFG, EagleLookupProposer(target, CFG, head, hc, min_ngram=3, max_ngram=2))
   with pytest.raises(ValueError, match="candidates must be >= 1 .*got candidates=0"):
-    EagleLookupDecoder(target, CFG, head, hc, candidates=0)
+    SpeculativeEngine(target, CFG, EagleLookupProposer(target, CFG, head, hc, candidates=0))
   with pytest.raises(ValueError, match="mesh is not supported"):
-    EagleLookupDecoder(target, CFG, head, hc, mesh=object())
+    SpeculativeEngine(target, CFG, EagleLookupProposer(target, CFG, head, hc), mesh=object())
   with pytest.raises(ValueError, match="own reduced vocabulary of Vd=40"):  # the head's checks
     from vocabjax.vocab.subset import VocabSubset
-    EagleLookupDecoder(target, CFG, head, hc, draft_vocab=VocabSubset(ids=(1, 2, 3),
-                                                                      vocab_size=64))
+    SpeculativeEngine(target, CFG, EagleLookupProposer(target, CFG, head, hc, draft_vocab=VocabSubset(ids=(1, 2, 3),
+                                                                      vocab_size=64)))

@@ -9,9 +9,10 @@ import pytest
 from tests.decoding.conftest import CFG
 from vocabjax.decoding import NonFiniteLogitsError
 from vocabjax.decoding.autoregressive import Decoder
-from vocabjax.decoding.pld import PromptLookupDecoder
+from vocabjax.decoding.pld import LookupProposer
+from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.sampling import NONFINITE, SamplingParams, flag_nonfinite
-from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder
+from vocabjax.decoding.drafter import ChainProposer, TreeProposer
 from vocabjax.decoding.tree import TreeParams
 
 GREEDY, SAMPLED = SamplingParams(temperature=0.0), SamplingParams(temperature=1.0)
@@ -28,10 +29,10 @@ def _decoder(kind, target, draft):
   if kind == "ar":
     return Decoder(target, CFG)
   if kind == "chain":
-    return ChainDecoder(target, CFG, draft, CFG, gamma=2)
+    return SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=2))
   if kind == "tree":
-    return TreeDecoder(target, CFG, draft, CFG, tree=TreeParams(2, 2, 3))
-  return PromptLookupDecoder(target, CFG, gamma=2)
+    return SpeculativeEngine(target, CFG, TreeProposer(draft, CFG, CFG, tree=TreeParams(2, 2, 3)))
+  return SpeculativeEngine(target, CFG, LookupProposer(gamma=2))
 
 
 def _poisoned(params, token: int, value=jnp.nan):
@@ -77,6 +78,6 @@ def test_finite_models_are_unaffected(pair):
   target, draft = pair
   big = dict(target, final_norm=target["final_norm"] * 1e3)
   ar = Decoder(big, CFG).generate(PROMPTS, max_new_tokens=8)
-  res = ChainDecoder(big, CFG, draft, CFG, gamma=2).generate(PROMPTS, max_new_tokens=8)
+  res = SpeculativeEngine(big, CFG, ChainProposer(draft, CFG, CFG, gamma=2)).generate(PROMPTS, max_new_tokens=8)
   assert res.tokens == ar.tokens
   assert np.all(np.asarray(sum(ar.tokens, [])) >= 0)

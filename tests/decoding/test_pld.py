@@ -6,10 +6,9 @@ import numpy as np
 import pytest
 
 from tests.decoding.conftest import CFG, SMALL, prompt_samples
-from vocabjax.decoding.autoregressive import Decoder
-from vocabjax.decoding.autoregressive import block_request
-from vocabjax.decoding.pld import (PromptLookupDecoder, continuation_trie, lookup_continuations,
-                                   lookup_drafts)
+from vocabjax.decoding.autoregressive import Decoder, block_request
+from vocabjax.decoding.pld import LookupProposer, continuation_trie, lookup_continuations, lookup_drafts
+from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.models.cache import KVCache
 from vocabjax.sampling import SamplingParams
 from vocabjax.models import init_params
@@ -36,7 +35,7 @@ def test_greedy_identical_to_autoregressive(gamma):
   params = init_params(jax.random.key(0), CFG, scale=0.3)
   prompts = [[5, 9, 2, 7, 5, 9, 2, 7, 5, 9], [1, 2, 3], [8, 8, 8, 8, 4, 8, 8]]
   ar = Decoder(params, CFG).generate(prompts, max_new_tokens=24)
-  dec = PromptLookupDecoder(params, CFG, gamma=gamma)
+  dec = SpeculativeEngine(params, CFG, LookupProposer(gamma=gamma))
   res = dec.generate(prompts, max_new_tokens=24)
   assert res.tokens == ar.tokens
   st = res.stats
@@ -49,9 +48,9 @@ def test_greedy_identical_to_autoregressive(gamma):
 
 def test_no_match_is_a_plain_step():
   params = init_params(jax.random.key(0), CFG, scale=0.3)
-  res = PromptLookupDecoder(params, CFG, gamma=3).generate([[1, 2, 3]], max_new_tokens=1)
+  res = SpeculativeEngine(params, CFG, LookupProposer(gamma=3)).generate([[1, 2, 3]], max_new_tokens=1)
   assert res.steps == 0 and len(res.tokens[0]) == 1  # the prefill's token only
-  res = PromptLookupDecoder(params, CFG, gamma=3).generate([[1, 2, 3]], max_new_tokens=2)
+  res = SpeculativeEngine(params, CFG, LookupProposer(gamma=3)).generate([[1, 2, 3]], max_new_tokens=2)
   assert res.stats.drafted == [[0]] and res.stats.tau == 1.0
 
 
@@ -64,7 +63,7 @@ def test_sampling_is_lossless(sp):
   target = init_params(jax.random.key(10), SMALL, scale=0.8)
   greedy = Decoder(target, SMALL).generate([[3, 1]], max_new_tokens=6).tokens[0]
   prompt = [3, 1, *greedy, 3, 1]
-  samples, st = prompt_samples(PromptLookupDecoder(target, SMALL, gamma=2), sp, seed=7,
+  samples, st = prompt_samples(SpeculativeEngine(target, SMALL, LookupProposer(gamma=2)), sp, seed=7,
                                prompt=prompt)
   assert 0.05 < st.acceptance_rate < 0.95  # accepts and rejections both happen
   assert chi2_pvalue(samples, exact_sequence_probs(target, SMALL, prompt, sp)) > 1e-3
@@ -73,11 +72,11 @@ def test_sampling_is_lossless(sp):
 def test_bad_settings():
   params = init_params(jax.random.key(0), CFG)
   with pytest.raises(ValueError, match="gamma must be >= 1, got gamma=0"):
-    PromptLookupDecoder(params, CFG, gamma=0)
+    SpeculativeEngine(params, CFG, LookupProposer(gamma=0))
   with pytest.raises(ValueError, match="min_ngram=3 max_ngram=2"):
-    PromptLookupDecoder(params, CFG, max_ngram=2, min_ngram=3)
+    SpeculativeEngine(params, CFG, LookupProposer(max_ngram=2, min_ngram=3))
   with pytest.raises(ValueError, match="exceeds the cache length max_len=16"):
-    PromptLookupDecoder(params, CFG, gamma=4).generate([[1] * 8], max_new_tokens=6, max_len=16)
+    SpeculativeEngine(params, CFG, LookupProposer(gamma=4)).generate([[1] * 8], max_new_tokens=6, max_len=16)
 
 
 # --- trees of several matches' continuations (candidates > 1) ------------------------------
@@ -113,7 +112,7 @@ def test_tree_accepts_a_later_branch_and_pads_short_rows():
   ar = Decoder(params, CFG).generate(prompts, max_new_tokens=4).tokens
   g, h = ar
   V = CFG.vocab_size
-  dec = PromptLookupDecoder(params, CFG, gamma=3, candidates=2)
+  dec = SpeculativeEngine(params, CFG, LookupProposer(gamma=3, candidates=2))
   sp = SamplingParams()
   prompts, lengths, S, T, tokens = block_request(prompts, 8, sp, CFG, None, dec.extra_slots,
                                                  "pld")
@@ -144,7 +143,7 @@ def test_tree_greedy_identical_to_autoregressive(candidates):
   params = init_params(jax.random.key(0), CFG, scale=0.3)
   prompts = [[5, 9, 2, 7, 5, 9, 3, 5, 9, 2, 7, 5, 9], [1, 2, 3], [8, 8, 8, 8, 4, 8, 8]]
   ar = Decoder(params, CFG).generate(prompts, max_new_tokens=24)
-  dec = PromptLookupDecoder(params, CFG, gamma=3, candidates=candidates)
+  dec = SpeculativeEngine(params, CFG, LookupProposer(gamma=3, candidates=candidates))
   res = dec.generate(prompts, max_new_tokens=24)
   assert res.tokens == ar.tokens
   assert max(map(max, res.stats.drafted)) > 3  # more than one branch was verified at once
@@ -164,7 +163,7 @@ def test_tree_sampling_is_lossless():
   other = [(t + 1) % V for t in greedy]
   prompt = [3, 1, *other, 3, 1, *greedy, 3, 1, *other[::-1], 3, 1]
   sp = SamplingParams(temperature=1.0)
-  samples, st = prompt_samples(PromptLookupDecoder(target, SMALL, gamma=2, candidates=3), sp,
+  samples, st = prompt_samples(SpeculativeEngine(target, SMALL, LookupProposer(gamma=2, candidates=3)), sp,
                                seed=7, prompt=prompt)
   assert max(map(max, st.drafted)) > 2  # trees, not chains
   assert 0.05 < st.acceptance_rate < 0.95
@@ -174,4 +173,4 @@ def test_tree_sampling_is_lossless():
 def test_tree_bad_settings():
   params = init_params(jax.random.key(0), CFG)
   with pytest.raises(ValueError, match="candidates must be >= 1"):
-    PromptLookupDecoder(params, CFG, candidates=0)
+    SpeculativeEngine(params, CFG, LookupProposer(candidates=0))

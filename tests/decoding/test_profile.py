@@ -6,14 +6,14 @@ import pytest
 
 from tests.decoding.conftest import CFG
 from vocabjax.decoding.profile import StepSplit, run_split, skipped_drafting, step_split
-from vocabjax.decoding.speculative import SpecStats
-from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder, fold_catch_up
+from vocabjax.decoding.speculative import SpecStats, SpeculativeEngine, fold_catch_up
+from vocabjax.decoding.drafter import ChainProposer, TreeProposer
 from vocabjax.decoding.tree import TreeParams
 
 
 def test_chain_split_covers_gamma_drafter_calls(pair):
   target, draft = pair
-  dec = ChainDecoder(target, CFG, draft, CFG, gamma=3)
+  dec = SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=3))
   split = step_split(dec, batch_size=2, max_len=64, repeats=2)
   # [prev, last] then one token per draft (or, on XLA's dot, 3 drafts + a catch-up call)
   want = ((2, 1), (1, 1), (1, 1)) if fold_catch_up() else ((1, 1), (1, 1), (1, 1), (1, 0))
@@ -30,7 +30,7 @@ def test_chain_split_covers_gamma_drafter_calls(pair):
 
 def test_tree_split_times_frontier_calls(pair):
   target, draft = pair
-  dec = TreeDecoder(target, CFG, draft, CFG, tree=TreeParams(top_k=2, depth=3, total_tokens=5))
+  dec = SpeculativeEngine(target, CFG, TreeProposer(draft, CFG, CFG, tree=TreeParams(top_k=2, depth=3, total_tokens=5)))
   split = step_split(dec, max_len=64, repeats=1)
   assert split.drafter_calls == ((4, 1), (2, 2), (2, 2))  # pending block, then 2 frontier calls
   assert split.verify_tokens == 6
@@ -38,7 +38,7 @@ def test_tree_split_times_frontier_calls(pair):
 
 def test_run_split_reports_the_remainder(pair):
   target, draft = pair
-  dec = ChainDecoder(target, CFG, draft, CFG, gamma=2)
+  dec = SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=2))
   res = dec.generate([[1, 2, 3]], max_new_tokens=10)
   split = step_split(dec, max_len=64, repeats=1)
   run = run_split(split, res.stats.target_forwards, res.decode_s)
@@ -80,7 +80,7 @@ def test_run_split_counts_steps_that_skipped_drafting():
 
 def test_split_rejects_a_context_that_does_not_fit(pair):
   target, draft = pair
-  dec = ChainDecoder(target, CFG, draft, CFG, gamma=4)
+  dec = SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=4))
   with pytest.raises(ValueError, match="context=60"):
     step_split(dec, max_len=64, context=60)
 
@@ -96,7 +96,7 @@ def test_split_on_a_mesh_times_the_placed_parts(pair, monkeypatch):
 
   target, draft = pair
   mesh = sharding.make_mesh(data=2, model=4)
-  dec = ChainDecoder(target, CFG, draft, CFG, gamma=2, mesh=mesh)
+  dec = SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=2), mesh=mesh)
   seen = []
   real = profile.median_s
 

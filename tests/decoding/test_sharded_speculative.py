@@ -12,10 +12,11 @@ from jax.sharding import PartitionSpec as P
 
 from vocabjax import sharding
 from vocabjax.decoding import Decoder, SamplingParams
-from vocabjax.decoding.eagle import EagleDecoder
-from vocabjax.decoding.medusa import MedusaDecoder
-from vocabjax.decoding.pld import PromptLookupDecoder
-from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder
+from vocabjax.decoding.eagle import EagleProposer
+from vocabjax.decoding.speculative import SpeculativeEngine
+from vocabjax.decoding.medusa import MedusaProposer
+from vocabjax.decoding.pld import LookupProposer
+from vocabjax.decoding.drafter import ChainProposer, TreeProposer
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.models import init_params
 from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
@@ -51,25 +52,28 @@ def _decoders(pair, mesh, names=DECODERS):
 
   def eagle():
     hc, head = random_head(target, CFG, Vd=40)
-    return EagleDecoder(target, CFG, head, hc, tree=tp, **kw)
+    return SpeculativeEngine(target, CFG, EagleProposer(target, CFG, head, hc, tree=tp), **kw)
 
   def medusa_subset():
     heads, mc = heads_for(target, CFG, shared=True)
-    return MedusaDecoder(target, CFG, heads, mc, choices=[[0], [1], [0, 0]],
-                         draft_vocab=subset, **kw)
+    return SpeculativeEngine(target, CFG, MedusaProposer(
+        target, CFG, heads, mc, choices=[[0], [1], [0, 0]], draft_vocab=subset), **kw)
 
   make = {
-      "chain": lambda: ChainDecoder(target, CFG, draft, CFG, gamma=3, **kw),
-      "chain_subset": lambda: ChainDecoder(target, CFG, draft, CFG, gamma=3,
-                                           draft_vocab=subset, **kw),
-      "chain_ranker": lambda: ChainDecoder(
-          target, CFG, draft, CFG, gamma=3,
-          draft_vocab=SpeculativeVocab(svd_ranker(draft, CFG, rank=4), k=16), **kw),
-      "tree": lambda: TreeDecoder(target, CFG, draft, CFG, tree=tp, **kw),
+      "chain": lambda: SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=3),
+                                         **kw),
+      "chain_subset": lambda: SpeculativeEngine(target, CFG, ChainProposer(
+          draft, CFG, CFG, gamma=3, draft_vocab=subset), **kw),
+      "chain_ranker": lambda: SpeculativeEngine(target, CFG, ChainProposer(
+          draft, CFG, CFG, gamma=3,
+          draft_vocab=SpeculativeVocab(svd_ranker(draft, CFG, rank=4), k=16)), **kw),
+      "tree": lambda: SpeculativeEngine(target, CFG, TreeProposer(draft, CFG, CFG, tree=tp),
+                                        **kw),
       "eagle": eagle,
       "medusa_subset": medusa_subset,
-      "medusa": lambda: MedusaDecoder(target, CFG, *heads_for(target, CFG, shared=False),
-                                      choices=[[0], [1], [0, 0]], **kw),
+      "medusa": lambda: SpeculativeEngine(target, CFG, MedusaProposer(
+          target, CFG, *heads_for(target, CFG, shared=False), choices=[[0], [1], [0, 0]]),
+          **kw),
   }
   return {name: make[name]() for name in names}
 
@@ -137,7 +141,7 @@ def test_sampling_is_lossless_on_a_mesh(small_pair):
   target, draft = small_pair
   mesh = sharding.make_mesh(data=2, model=4)
   sp = SamplingParams(temperature=1.0)
-  samples, st = prompt_samples(ChainDecoder(target, SMALL, draft, SMALL, gamma=2, mesh=mesh), sp)
+  samples, st = prompt_samples(SpeculativeEngine(target, SMALL, ChainProposer(draft, SMALL, SMALL, gamma=2), mesh=mesh), sp)
   assert 0.05 < st.acceptance_rate < 0.95
   assert chi2_pvalue(samples, exact_sequence_probs(target, SMALL, PROMPT, sp)) > 1e-3
 
@@ -147,11 +151,11 @@ def test_bad_meshes_and_batches(pair):
   with pytest.raises(ValueError, match=r"mesh data=3 x model=2 does not match 8 devices"):
     sharding.make_mesh(data=3, model=2)
   mesh = sharding.make_mesh(data=4, model=2)
-  dec = ChainDecoder(target, CFG, draft, CFG, gamma=2, mesh=mesh)
+  dec = SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=2), mesh=mesh)
   with pytest.raises(ValueError, match=r"B=3 rows does not divide the mesh's data axis of 4"):
     dec.generate(PROMPTS[:3], max_new_tokens=4)
   with pytest.raises(ValueError, match=r"layout='in_out': on a mesh"):
-    ChainDecoder(target, CFG, draft, CFG, gamma=2, mesh=mesh, layout="in_out")
+    SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=2), mesh=mesh, layout="in_out")
 
 
 # prompt lookup and cross-vocabulary drafting on the (2, 4) mesh only: rows over "data" (their
@@ -168,7 +172,7 @@ def test_prompt_lookup_on_a_mesh(pair, data, model):
   mesh = sharding.make_mesh(data=data, model=model)
   ar = Decoder(target, CFG).generate(PROMPTS, max_new_tokens=24)
   for candidates in (1, 3):
-    dec = PromptLookupDecoder(target, CFG, gamma=3, candidates=candidates, mesh=mesh)
+    dec = SpeculativeEngine(target, CFG, LookupProposer(gamma=3, candidates=candidates), mesh=mesh)
     res = dec.generate(PROMPTS, max_new_tokens=24)
     assert res.tokens == ar.tokens, candidates
     assert sum(map(sum, res.stats.drafted)) > 0, candidates  # matches were verified
@@ -188,7 +192,7 @@ def test_prompt_lookup_on_a_mesh(pair, data, model):
       assert set(coll) <= {"all-reduce", "all-gather"}, (candidates, W, coll)
       count, nbytes = coll.get("all-gather", (0, 0))
       assert nbytes <= count * 4 * B * W * model, (candidates, W, coll)
-  dec = PromptLookupDecoder(target, CFG, gamma=2, mesh=mesh)
+  dec = SpeculativeEngine(target, CFG, LookupProposer(gamma=2), mesh=mesh)
   if data > 1:
     with pytest.raises(ValueError, match=rf"B=3 rows does not divide the mesh's data axis of "
                                          rf"{data}"):
@@ -204,7 +208,7 @@ def test_prompt_lookup_sampling_is_lossless_on_a_mesh():
   prompt = [3, 1, *greedy, 3, 1]
   mesh = sharding.make_mesh(data=2, model=4)
   sp = SamplingParams(temperature=1.0)
-  samples, st = prompt_samples(PromptLookupDecoder(target, SMALL, gamma=2, mesh=mesh), sp,
+  samples, st = prompt_samples(SpeculativeEngine(target, SMALL, LookupProposer(gamma=2), mesh=mesh), sp,
                                seed=7, prompt=prompt)
   assert 0.05 < st.acceptance_rate < 0.95
   assert chi2_pvalue(samples, exact_sequence_probs(target, SMALL, prompt, sp)) > 1e-3
@@ -218,15 +222,15 @@ def test_cross_vocabulary_on_a_mesh(data, model):
   parallelism's all-reduces and a few values per row; a batch that does not divide the data
   axis is refused by name."""
   from tests.decoding.test_crossvocab import prompts, setup as cv_setup
-  from vocabjax.decoding.crossvocab import CrossVocabDecoder
+  from vocabjax.decoding.crossvocab import CrossVocabProposer
+  from vocabjax.decoding.speculative import SpeculativeEngine
 
   ttok, dtok, tc, dc, target, draft = cv_setup.__wrapped__()
   mesh = sharding.make_mesh(data=data, model=model)
   ps = prompts(ttok) + prompts(ttok)[:1]  # 4 rows
   ref = Decoder(target, tc).generate(ps, max_new_tokens=24)
   for ngram in (False, True):
-    dec = CrossVocabDecoder(target, tc, draft, dc, target_tokenizer=ttok, draft_tokenizer=dtok,
-                            gamma=3, ngram=ngram, mesh=mesh)
+    dec = SpeculativeEngine(target, tc, CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok, gamma=3, ngram=ngram), mesh=mesh)
     res = dec.generate(ps, max_new_tokens=24)
     assert res.tokens == ref.tokens, ngram
     assert res.stats.tau > 1.0, ngram

@@ -11,7 +11,7 @@ import pytest
 from vocabjax.decoding import engine
 from vocabjax.decoding.autoregressive import Decoder
 from vocabjax.decoding.drafter import ChainProposer
-from vocabjax.decoding.speculative import ChainDecoder, SpeculativeEngine
+from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.models.llamalike import cast_weights
 from vocabjax.testing.proposers import greedy_identity
 
@@ -50,11 +50,11 @@ def test_plain_decoders_of_one_model_share_programs_and_keep_their_own_tokens(pa
 
 def test_speculative_engines_share_programs_and_stay_lossless(pair, table):
   a, b = pair
-  greedy_identity(ChainDecoder(a, CFG, b, CFG, gamma=3), a, CFG, PROMPTS, max_new_tokens=12)
+  greedy_identity(SpeculativeEngine(a, CFG, ChainProposer(b, CFG, CFG, gamma=3)), a, CFG, PROMPTS, max_new_tokens=12)
   hits = table.hits
   # the same method with the roles of the weights swapped: every program shared, and its
   # output is its own target's plain greedy output
-  swapped = ChainDecoder(b, CFG, a, CFG, gamma=3)
+  swapped = SpeculativeEngine(b, CFG, ChainProposer(a, CFG, CFG, gamma=3))
   res = greedy_identity(swapped, b, CFG, PROMPTS, max_new_tokens=12)
   assert table.hits > hits and res.compile_s == 0.0
 
@@ -65,13 +65,13 @@ def test_what_builds_another_program_is_not_shared(pair, table):
   from vocabjax.sharding import make_mesh
 
   a, b = pair
-  _run(ChainDecoder(a, CFG, b, CFG, gamma=3))
+  _run(SpeculativeEngine(a, CFG, ChainProposer(b, CFG, CFG, gamma=3)))
   other = dataclasses.replace(CFG, rope_theta=CFG.rope_theta * 2)
   mesh = make_mesh(data=1, model=2, devices=jax.devices()[:2])
-  for dec in (ChainDecoder(a, CFG, b, CFG, gamma=2),
-              ChainDecoder(a, CFG, cast_weights(b, "bfloat16"), CFG, gamma=3),
-              ChainDecoder(a, other, b, other, gamma=3),
-              ChainDecoder(a, CFG, b, CFG, gamma=3, mesh=mesh)):
+  for dec in (SpeculativeEngine(a, CFG, ChainProposer(b, CFG, CFG, gamma=2)),
+              SpeculativeEngine(a, CFG, ChainProposer(cast_weights(b, "bfloat16"), CFG, CFG, gamma=3)),
+              SpeculativeEngine(a, other, ChainProposer(b, other, other, gamma=3)),
+              SpeculativeEngine(a, CFG, ChainProposer(b, CFG, CFG, gamma=3), mesh=mesh)):
     hits = table.hits
     res = _run(dec)
     assert table.hits == hits and res.compile_s > 0, dec

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from tests.decoding.conftest import CFG
-from vocabjax.decoding.pld import PromptLookupDecoder
-from vocabjax.decoding.sizing import RULE, DraftSizer, limit_block
+from vocabjax.decoding.pld import LookupProposer
 from vocabjax.decoding.speculative import SpeculativeEngine
+from vocabjax.decoding.sizing import RULE, DraftSizer, limit_block
 from vocabjax.decoding.suffix import SuffixProposer
 from vocabjax.models import init_params
 from vocabjax.testing.proposers import greedy_identity
@@ -83,7 +83,7 @@ def test_limit_block_cuts_chains_and_trees():
 def test_self_sizing_keeps_plain_greedy_tokens_and_records_its_choices(make):
   params = init_params(jax.random.key(0), CFG, scale=0.3)
   if make == "pld":
-    dec = PromptLookupDecoder(params, CFG, gamma=4, self_sizing=True)
+    dec = SpeculativeEngine(params, CFG, LookupProposer(gamma=4), self_sizing=True)
   else:
     dec = SpeculativeEngine(params, CFG, SuffixProposer(max_spec_tokens=4), self_sizing=True)
   prompts = [[5, 9, 2, 7, 5, 9, 3, 5, 9, 2, 7, 5, 9], [1, 2, 3]]
@@ -105,11 +105,12 @@ def test_self_sizing_keeps_plain_greedy_tokens_and_records_its_choices(make):
 def test_a_sized_chain_keeps_plain_greedy_tokens_drafting_1_to_gamma(draft_seed):
   """A chain drafter sized per step (one step program per length 1..gamma, the same loop
   state): greedy output is plain decoding's; every step drafts the length the rule chose."""
-  from vocabjax.decoding.speculative import ChainDecoder
+  from vocabjax.decoding.speculative import SpeculativeEngine
+  from vocabjax.decoding.drafter import ChainProposer
 
   params = init_params(jax.random.key(0), CFG, scale=0.3)
   draft = params if draft_seed == 0 else init_params(jax.random.key(draft_seed), CFG, scale=0.3)
-  dec = ChainDecoder(params, CFG, draft, CFG, gamma=4, self_sizing=True)
+  dec = SpeculativeEngine(params, CFG, ChainProposer(draft, CFG, CFG, gamma=4), self_sizing=True)
   prompts = [[5, 9, 2, 7, 5, 9, 3], [1, 2, 3]]
   res = greedy_identity(dec, params, CFG, prompts, max_new_tokens=24)
   sizing = res.stats.record()["sizing"]
@@ -145,18 +146,17 @@ def test_sized_drafters_with_plain_steps_between_keep_plain_greedy_tokens(monkey
   steps (n = 0) among them, twice in a row too: the drafter's cache stays caught up (with the
   target drafting for itself every draft after a plain step is accepted) and the output is
   plain decoding's. (A sized chain drafted by another model: the test above.)"""
-  from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder
+  from vocabjax.decoding.speculative import SpeculativeEngine
+  from vocabjax.decoding.drafter import ChainProposer, TreeProposer
   from vocabjax.decoding.tree import TreeParams
 
   params = init_params(jax.random.key(0), CFG, scale=0.3)
   draft = params if draft_seed == 0 else init_params(jax.random.key(draft_seed), CFG, scale=0.3)
   if kind == "chain":
-    dec = ChainDecoder(params, CFG, draft, CFG, gamma=3, self_sizing=True,
-                       draft_prefill="exact")  # the drafter's cache exactly the target's
+    dec = SpeculativeEngine(params, CFG, ChainProposer(draft, CFG, CFG, gamma=3, draft_prefill="exact"), self_sizing=True)  # the drafter's cache exactly the target's
     order = [3, 0, 2, 0, 0, 1, 3]
   else:
-    dec = TreeDecoder(params, CFG, draft, CFG, tree=TreeParams(2, 4, 8), self_sizing=True,
-                      draft_prefill="exact")
+    dec = SpeculativeEngine(params, CFG, TreeProposer(draft, CFG, CFG, tree=TreeParams(2, 4, 8), draft_prefill="exact"), self_sizing=True)
     assert dec.proposer.sized_lengths() == (0, 1, 2, 4, 8)
     order = [8, 0, 4, 0, 0, 1, 2, 8]
   _forced(monkeypatch, order)
@@ -182,13 +182,14 @@ def test_a_sized_tree_samples_the_target_law(monkeypatch):
   verifier over its nodes)."""
   from tests.decoding.conftest import SMALL
   from vocabjax.decoding import SamplingParams
-  from vocabjax.decoding.speculative import TreeDecoder
+  from vocabjax.decoding.speculative import SpeculativeEngine
+  from vocabjax.decoding.drafter import TreeProposer
   from vocabjax.decoding.tree import TreeParams
   from vocabjax.testing.proposers import target_law
 
   target = init_params(jax.random.key(10), SMALL, scale=0.8)
   draft = init_params(jax.random.key(11), SMALL, scale=0.8)
-  dec = TreeDecoder(target, SMALL, draft, SMALL, tree=TreeParams(2, 2, 4), self_sizing=True)
+  dec = SpeculativeEngine(target, SMALL, TreeProposer(draft, SMALL, SMALL, tree=TreeParams(2, 2, 4)), self_sizing=True)
   _forced(monkeypatch, [4, 0, 2])
   pvalue, stats = target_law(dec, target, SMALL, [3, 1], SamplingParams(temperature=1.0),
                              seed=7)
@@ -204,12 +205,13 @@ def test_a_sized_chain_samples_the_target_law(monkeypatch):
 
   from tests.decoding.conftest import SMALL
   from vocabjax.decoding import SamplingParams
-  from vocabjax.decoding.speculative import ChainDecoder
+  from vocabjax.decoding.speculative import SpeculativeEngine
+  from vocabjax.decoding.drafter import ChainProposer
   from vocabjax.testing.proposers import target_law
 
   target = init_params(jax.random.key(10), SMALL, scale=0.8)
   draft = init_params(jax.random.key(11), SMALL, scale=0.8)
-  dec = ChainDecoder(target, SMALL, draft, SMALL, gamma=3, self_sizing=True)
+  dec = SpeculativeEngine(target, SMALL, ChainProposer(draft, SMALL, SMALL, gamma=3), self_sizing=True)
   lengths = itertools.cycle([1, 2, 0, 3])
 
   def choose(self):

@@ -9,7 +9,9 @@ import vocabjax.decoding.speculative as spec
 import vocabjax.decoding.verify as verify
 from vocabjax.decoding import Decoder, SamplingParams
 from vocabjax.decoding.autoregressive import prompt_bucket
-from vocabjax.decoding.speculative import ChainDecoder
+from vocabjax.decoding.speculative import SpeculativeEngine
+from vocabjax.decoding.drafter import ChainProposer, TreeProposer
+from vocabjax.decoding.tree import TreeParams
 from vocabjax.kernels import cpu_matmul
 from vocabjax.models import init_params
 from vocabjax.testing.fixtures import successor_pair
@@ -24,7 +26,7 @@ def test_greedy_identical_to_autoregressive(pair, gamma):
   rs = np.random.RandomState(gamma)
   prompts = [rs.randint(0, 64, n).tolist() for n in (1, 9, 4, 17)]
   ar = Decoder(target, CFG).generate(prompts, max_new_tokens=30)
-  dec = ChainDecoder(target, CFG, draft, CFG, gamma=gamma)
+  dec = SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=gamma))
   batched = dec.generate(prompts, max_new_tokens=30)
   assert batched.tokens == ar.tokens
   if gamma == 3:  # batch 1 too, for one gamma: the rows' independence is the loop's, not the
@@ -39,7 +41,7 @@ def test_prompt_blocks_share_one_step_program(pair):
   """The step holds [B, S] caches and nothing of the prompt block T: a prompt of another
   length bucket compiles its prefills, not another step, and decodes the plain tokens."""
   target, draft = pair
-  dec = ChainDecoder(target, CFG, draft, CFG, gamma=2)
+  dec = SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=2))
   ar = Decoder(target, CFG)
   progs = []
   for n in (3, 20):  # prompt blocks T = 4 and 32, one 64-slot cache
@@ -59,7 +61,7 @@ def test_hand_checked_acceptance():
   meets exactly one token divisible by 3 at the third draft: two accepted, three emitted.
   """
   config, target, draft = successor_pair(12, skip=3)
-  res = ChainDecoder(target, config, draft, config, gamma=3).generate([[1]], max_new_tokens=15)
+  res = SpeculativeEngine(target, config, ChainProposer(draft, config, config, gamma=3)).generate([[1]], max_new_tokens=15)
   assert res.tokens[0] == [(2 + i) % 12 for i in range(15)]
   accepted = [row[0] for row in res.stats.accepted]
   assert accepted[:5] == [1, 2, 2, 2, 2]
@@ -71,7 +73,7 @@ def test_hand_checked_acceptance():
 
 def test_identical_drafter_accepts_everything():
   config, target, draft = successor_pair(12, skip=0)
-  res = ChainDecoder(target, config, draft, config, gamma=4).generate([[5], [7, 8]],
+  res = SpeculativeEngine(target, config, ChainProposer(draft, config, config, gamma=4)).generate([[5], [7, 8]],
                                                                      max_new_tokens=21)
   assert res.tokens == [[(6 + i) % 12 for i in range(21)], [(9 + i) % 12 for i in range(21)]]
   assert res.stats.tau == 5 and res.stats.acceptance_rate == 1
@@ -79,7 +81,7 @@ def test_identical_drafter_accepts_everything():
 
 def test_eos_inside_an_accepted_block_and_max_new_tokens_mid_block():
   config, target, draft = successor_pair(12, skip=0)
-  dec = ChainDecoder(target, config, draft, config, gamma=4)
+  dec = SpeculativeEngine(target, config, ChainProposer(draft, config, config, gamma=4))
   # blocks of 5 after the prefill token: 3 | 4 5 6 7 8 | 9 ...; EOS 6 is mid-block
   res = dec.generate([[2], [5]], max_new_tokens=20, eos_token_ids=[6])
   assert res.tokens[0] == [3, 4, 5, 6] and res.finish_reasons[0] == "eos"
@@ -91,19 +93,19 @@ def test_eos_inside_an_accepted_block_and_max_new_tokens_mid_block():
 def test_bad_configuration():
   other = CFG.replace(vocab_size=65)
   p = init_params(jax.random.key(0), CFG)
-  with pytest.raises(ValueError, match="V=65 differs from the target's V=64.*CrossVocabDecoder"):
-    ChainDecoder(p, CFG, init_params(jax.random.key(0), other), other)
+  with pytest.raises(ValueError, match="V=65 differs from the target's V=64.*CrossVocabProposer"):
+    SpeculativeEngine(p, CFG, ChainProposer(init_params(jax.random.key(0), other), other, CFG))
   with pytest.raises(ValueError, match="gamma must be >= 1, got gamma=0"):
-    ChainDecoder(p, CFG, p, CFG, gamma=0)
+    SpeculativeEngine(p, CFG, ChainProposer(p, CFG, CFG, gamma=0))
   with pytest.raises(ValueError, match="exceeds the cache length max_len=16"):
-    ChainDecoder(p, CFG, p, CFG, gamma=4).generate([[1] * 5], max_new_tokens=6, max_len=16)
+    SpeculativeEngine(p, CFG, ChainProposer(p, CFG, CFG, gamma=4)).generate([[1] * 5], max_new_tokens=6, max_len=16)
 
 
 # --- statistical losslessness ---------------------------------------------------------------
 
 
 def _spec_samples(target, draft, sp):
-  return prompt_samples(ChainDecoder(target, SMALL, draft, SMALL, gamma=2), sp, seed=5)
+  return prompt_samples(SpeculativeEngine(target, SMALL, ChainProposer(draft, SMALL, SMALL, gamma=2)), sp, seed=5)
 
 
 @pytest.mark.parametrize("sp", [SamplingParams(1.0), SamplingParams(0.7, 0, 0.9)],
@@ -134,8 +136,8 @@ def test_broken_acceptance_rule_is_detected(small_pair, monkeypatch):
 
 
 @pytest.mark.parametrize("make", [
-    lambda t, d: ChainDecoder(t, CFG, d, CFG, gamma=3),
-    lambda t, d: spec.TreeDecoder(t, CFG, d, CFG, tree=spec.TreeParams(2, 3, 5)),
+    lambda t, d: SpeculativeEngine(t, CFG, ChainProposer(d, CFG, CFG, gamma=3)),
+    lambda t, d: SpeculativeEngine(t, CFG, TreeProposer(d, CFG, CFG, tree=TreeParams(2, 3, 5))),
 ], ids=["chain", "tree"])
 def test_no_recompilation_across_steps(pair, make):
   target, draft = pair
@@ -168,7 +170,7 @@ def test_drafter_prefill_precision_keeps_greedy_identity(pair, draft_prefill):
   rs = np.random.RandomState(7)
   prompts = [rs.randint(0, 64, n).tolist() for n in (45, 70)]
   ar = Decoder(target, CFG).generate(prompts, max_new_tokens=20)
-  dec = ChainDecoder(target, CFG, draft, CFG, gamma=3, draft_prefill=draft_prefill)
+  dec = SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=3, draft_prefill=draft_prefill))
   assert dec.generate(prompts, max_new_tokens=20).tokens == ar.tokens
   cache = abstract_cache(CFG, 2, 128, jnp.float32)
   hlo = spec.compile_draft_prefill(dec.dp, CFG, 2, 128, cache, draft_prefill).as_text()
@@ -178,14 +180,14 @@ def test_drafter_prefill_precision_keeps_greedy_identity(pair, draft_prefill):
   # the target's prefill (f32 weights) and the decoder's steps stay exact f32
   assert not dec.lowering.bf16_blocks and not step_lowering(dec.lowering).bf16_blocks
   with pytest.raises(ValueError, match="draft_prefill"):
-    ChainDecoder(target, CFG, draft, CFG, draft_prefill="fp8")
+    SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, draft_prefill="fp8"))
 
 
 def test_a_batch_block_beyond_the_kernels_rows_keeps_the_kernel(pair):
   # 16 rows x 5 tokens = 80 > MAX_ROWS: the step's projections must still be the CPU kernel's
   # (XLA's dot would round them differently from plain decoding's one-token steps)
   target, draft = pair
-  dec = ChainDecoder(target, CFG, draft, CFG, gamma=4)
+  dec = SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=4))
   B = 16
   assert B * 5 > cpu_matmul.MAX_ROWS
   kernels = []
@@ -202,7 +204,7 @@ def test_programs_are_keyed_by_their_lowering(pair):
   lowering): a changed `lowering` builds new programs instead of reusing the old ones (before
   the key held the lowering, the old programs ran)."""
   target, draft = pair
-  dec = ChainDecoder(target, CFG, draft, CFG, gamma=2)
+  dec = SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=2))
   p = [[1, 2, 3]]
   first = dec.generate(p, max_new_tokens=6, max_len=64)
   before = {k.lowering for k, _ in dec.compiled_programs().items()}

@@ -7,7 +7,8 @@ import pytest
 
 import vocabjax.decoding.tree as tree_mod
 from vocabjax.decoding import Decoder, SamplingParams
-from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder
+from vocabjax.decoding.speculative import SpeculativeEngine
+from vocabjax.decoding.drafter import ChainProposer, TreeProposer
 from vocabjax.decoding.tree import TreeParams, ancestor_mask, compact_path
 from vocabjax.decoding.verify import verify_tree_greedy
 from vocabjax.models import KVCache, init_params
@@ -64,7 +65,7 @@ def test_greedy_identical_to_autoregressive(pair, tp):
   rs = np.random.RandomState(tp.total_tokens)
   prompts = [rs.randint(0, 64, n).tolist() for n in (1, 9, 4, 17)]
   ar = Decoder(target, CFG).generate(prompts, max_new_tokens=30)
-  dec = TreeDecoder(target, CFG, draft, CFG, tree=tp)
+  dec = SpeculativeEngine(target, CFG, TreeProposer(draft, CFG, CFG, tree=tp))
   batched = dec.generate(prompts, max_new_tokens=30)
   assert batched.tokens == ar.tokens
   if tp == TreeParams(4, 4, 16):  # batch 1 too, for one shape: the rows' independence is the
@@ -75,7 +76,7 @@ def test_greedy_identical_to_autoregressive(pair, tp):
 
 def test_identical_drafter_accepts_full_depth():
   config, target, draft = successor_pair(12, skip=0)
-  dec = TreeDecoder(target, config, draft, config, tree=TreeParams(2, 3, 6))
+  dec = SpeculativeEngine(target, config, TreeProposer(draft, config, config, tree=TreeParams(2, 3, 6)))
   res = dec.generate([[5], [1, 2, 3]], max_new_tokens=17)
   assert res.tokens == [[(6 + i) % 12 for i in range(17)], [(4 + i) % 12 for i in range(17)]]
   assert res.stats.tau == 4  # depth 3 accepted + bonus, every step
@@ -89,7 +90,7 @@ def test_hand_checked_tree_acceptance():
   """Successor fixture, skip 3, a chain-shaped tree (top_k 1, depth 3): the same worked numbers
   as the chain test: one accepted at the first step, then two per step."""
   config, target, draft = successor_pair(12, skip=3)
-  res = TreeDecoder(target, config, draft, config, tree=TreeParams(1, 3, 3)).generate(
+  res = SpeculativeEngine(target, config, TreeProposer(draft, config, config, tree=TreeParams(1, 3, 3))).generate(
       [[1]], max_new_tokens=15)
   assert res.tokens[0] == [(2 + i) % 12 for i in range(15)]
   assert [r[0] for r in res.stats.accepted] == [1, 2, 2, 2, 2]
@@ -106,12 +107,12 @@ def test_bad_tree_budgets():
     TreeParams(0, 2, 2)
   p = init_params(jax.random.key(0), CFG)
   with pytest.raises(ValueError, match="exceeds the cache length max_len=32"):
-    TreeDecoder(p, CFG, p, CFG, tree=TreeParams(4, 4, 16)).generate([[1] * 4], max_new_tokens=4,
+    SpeculativeEngine(p, CFG, TreeProposer(p, CFG, CFG, tree=TreeParams(4, 4, 16))).generate([[1] * 4], max_new_tokens=4,
                                                                     max_len=32)
 
 
 def _tree_samples(target, draft, sp):
-  return prompt_samples(TreeDecoder(target, SMALL, draft, SMALL, tree=TreeParams(2, 2, 4)), sp,
+  return prompt_samples(SpeculativeEngine(target, SMALL, TreeProposer(draft, SMALL, SMALL, tree=TreeParams(2, 2, 4))), sp,
                         seed=9)
 
 
@@ -144,17 +145,18 @@ def test_drafter_context_survives_steps(pair):
   is right, so a chain-shaped tree accepts its full depth at every step. This failed when the
   drafter's cache update of the step's first call was dropped (tau fell to ~1.3)."""
   target, _ = pair
-  res = TreeDecoder(target, CFG, target, CFG, tree=TreeParams(1, 4, 4)).generate(
+  res = SpeculativeEngine(target, CFG, TreeProposer(target, CFG, CFG, tree=TreeParams(1, 4, 4))).generate(
       [[5, 6, 7, 8, 9], [1, 2]], max_new_tokens=41)
   assert res.stats.tau == 5.0
-  assert ChainDecoder(target, CFG, target, CFG, gamma=4).generate(
+  assert SpeculativeEngine(target, CFG, ChainProposer(target, CFG, CFG, gamma=4)).generate(
       [[5, 6, 7, 8, 9], [1, 2]], max_new_tokens=41).stats.tau == 5.0
 
 
 def test_top_k_beyond_the_vocabulary_is_refused(small_pair):
-  from vocabjax.decoding.speculative import TreeDecoder
+  from vocabjax.decoding.speculative import SpeculativeEngine
+  from vocabjax.decoding.drafter import TreeProposer
   from vocabjax.decoding.tree import TreeParams
 
   target, draft = small_pair
   with pytest.raises(ValueError, match="top_k=9 exceeds the drafter's vocabulary of V=8"):
-    TreeDecoder(target, SMALL, draft, SMALL, tree=TreeParams(9, 1, 9))
+    SpeculativeEngine(target, SMALL, TreeProposer(draft, SMALL, SMALL, tree=TreeParams(9, 1, 9)))

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from vocabjax.decoding import Decoder
-from vocabjax.decoding.pld import PromptLookupDecoder
-from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder
+from vocabjax.decoding.pld import LookupProposer
+from vocabjax.decoding.speculative import SpeculativeEngine
+from vocabjax.decoding.drafter import ChainProposer, TreeProposer
 from vocabjax.decoding.tree import TreeParams
 
 from tests.decoding.conftest import CFG
@@ -33,9 +34,9 @@ PROMPT = [5, 9, 17, 3, 44, 21, 8, 9, 10, 11, 5, 9, 17]
 def _decoders(pair):
   target, draft = pair
   return {"ar": Decoder(target, CFG),
-          "chain": ChainDecoder(target, CFG, draft, CFG, gamma=3),
-          "tree": TreeDecoder(target, CFG, draft, CFG, tree=TreeParams(2, 3, 6)),
-          "pld": PromptLookupDecoder(target, CFG, gamma=3)}
+          "chain": SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=3)),
+          "tree": SpeculativeEngine(target, CFG, TreeProposer(draft, CFG, CFG, tree=TreeParams(2, 3, 6))),
+          "pld": SpeculativeEngine(target, CFG, LookupProposer(gamma=3))}
 
 
 @pytest.mark.parametrize("name", ["ar", "chain", "tree", "pld"])
@@ -59,7 +60,7 @@ def test_the_stream_stops_where_the_output_stops(pair):
   full = Decoder(target, CFG).generate([PROMPT], max_new_tokens=20).tokens[0]
   eos = full[7]
   rec = Recorder()
-  res = ChainDecoder(target, CFG, draft, CFG, gamma=3).generate(
+  res = SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=3)).generate(
       [PROMPT], max_new_tokens=20, eos_token_ids=[eos], streamer=rec)
   cut = full[:full.index(eos) + 1]
   assert res.tokens[0] == cut and [t for c in rec.puts[1:] for t in c] == cut

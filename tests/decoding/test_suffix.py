@@ -133,13 +133,14 @@ def test_nonsense_settings_are_refused_in_one_line(kw, match):
 
 def _hybrid(target, threshold=None, **kw):
   from tests.decoding.test_eagle_decoding import random_head
-  from vocabjax.decoding.eagle import EagleSuffixDecoder
+  from vocabjax.decoding.eagle import EagleSuffixProposer
+  from vocabjax.decoding.speculative import SpeculativeEngine
   from vocabjax.decoding.tree import TreeParams
 
   hc, head = random_head(target, CFG, 40)
-  return EagleSuffixDecoder(target, CFG, head, hc, tree=TreeParams(2, 3, 6),
-                            suffix=SuffixProposer(max_spec_tokens=6), score_threshold=threshold,
-                            **kw)
+  return SpeculativeEngine(target, CFG, EagleSuffixProposer(
+      target, CFG, head, hc, tree=TreeParams(2, 3, 6), suffix=SuffixProposer(max_spec_tokens=6),
+      score_threshold=threshold, **kw))
 
 
 @pytest.mark.parametrize("threshold", [None, 1.0], ids=["merged", "thresholded"])
@@ -165,8 +166,9 @@ def test_hybrid_sampling_follows_the_target_law(device):
   import dataclasses
 
   from tests.decoding.test_eagle_decoding import random_head
-  from vocabjax.decoding.eagle import EagleSuffixDecoder
-  from vocabjax.decoding.hybrid import TreeSuffixDecoder
+  from vocabjax.decoding.eagle import EagleSuffixProposer
+  from vocabjax.decoding.speculative import SpeculativeEngine
+  from vocabjax.decoding.hybrid import TreeSuffixProposer
   from vocabjax.decoding.tree import TreeParams
 
   small = dataclasses.replace(SMALL, num_layers=2)  # two layers to fuse
@@ -175,11 +177,10 @@ def test_hybrid_sampling_follows_the_target_law(device):
   suffix = SuffixProposer(max_spec_tokens=2, min_token_prob=0.0)
   if device == "eagle":
     hc, head = random_head(target, small, 6, seed=4)
-    dec = EagleSuffixDecoder(target, small, head, hc, tree=TreeParams(2, 2, 4), suffix=suffix)
+    dec = SpeculativeEngine(target, small, EagleSuffixProposer(target, small, head, hc, tree=TreeParams(2, 2, 4), suffix=suffix))
   else:
     draft = init_params(jax.random.key(11), small, scale=0.8)
-    dec = TreeSuffixDecoder(target, small, draft, small, tree=TreeParams(2, 2, 4),
-                            suffix=suffix)
+    dec = SpeculativeEngine(target, small, TreeSuffixProposer(draft, small, small, tree=TreeParams(2, 2, 4), suffix=suffix))
   pvalue, stats = target_law(dec, target, small, [3, 1, *greedy, 3, 1],
                              SamplingParams(temperature=1.0), n=6000, seed=7)
   acc = [a > 0 for arow, drow in zip(stats.accepted, stats.drafted)
@@ -201,14 +202,13 @@ def test_hybrid_with_a_drafter_tree_is_greedy_identical_and_takes_suffix_tokens(
   tokens and the choices are asserted): plain greedy tokens; on the
   repeated requests accepted tokens come from suffix nodes, and thresholded, rows skip the
   drafter's tree (whose cache still reads every committed token)."""
-  from vocabjax.decoding.hybrid import TreeSuffixDecoder
+  from vocabjax.decoding.hybrid import TreeSuffixProposer
+  from vocabjax.decoding.speculative import SpeculativeEngine
   from vocabjax.decoding.tree import TreeParams
 
   target = init_params(jax.random.key(0), CFG, scale=0.3)
   draft = init_params(jax.random.key(3), CFG, scale=0.3)
-  dec = TreeSuffixDecoder(target, CFG, draft, CFG, tree=TreeParams(2, 2, 4),
-                          suffix=SuffixProposer(max_spec_tokens=6), score_threshold=threshold,
-                          self_sizing=sized)
+  dec = SpeculativeEngine(target, CFG, TreeSuffixProposer(draft, CFG, CFG, tree=TreeParams(2, 2, 4), suffix=SuffixProposer(max_spec_tokens=6), score_threshold=threshold), self_sizing=sized)
   assert dec.proposer.pend_width == 7  # the suffix proposal reaches depth 6
   prompts = [[5, 9, 2, 7, 5, 9], [1, 2, 3]]
   greedy_identity(dec, target, CFG, prompts, max_new_tokens=24)

@@ -11,8 +11,9 @@ import pytest
 
 from tests.decoding.conftest import CFG
 from vocabjax.decoding.autoregressive import Decoder
-from vocabjax.decoding.pld import PromptLookupDecoder
-from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder
+from vocabjax.decoding.pld import LookupProposer
+from vocabjax.decoding.speculative import SpeculativeEngine
+from vocabjax.decoding.drafter import ChainProposer, TreeProposer
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.lowering import Lowering, sum_attention_default, with_lowering
 from vocabjax.models import KVCache, forward
@@ -50,9 +51,9 @@ def test_every_decoder_keeps_greedy_identity_with_summed_attention(pair, dtype):
   prompts = [rs.randint(0, 64, n).tolist() for n in (1, 9, 4)] + [[5, 9, 2, 5, 9, 2, 5]]
   with sum_attention_default(True):  # decoders fix their lowering when constructed
     decoders = {"ar": Decoder(target, CFG),
-                "chain": ChainDecoder(target, CFG, draft, CFG, gamma=3),
-                "tree": TreeDecoder(target, CFG, draft, CFG, tree=TreeParams(2, 3, 6)),
-                "pld": PromptLookupDecoder(target, CFG, gamma=3)}
+                "chain": SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=3)),
+                "tree": SpeculativeEngine(target, CFG, TreeProposer(draft, CFG, CFG, tree=TreeParams(2, 3, 6))),
+                "pld": SpeculativeEngine(target, CFG, LookupProposer(gamma=3))}
   assert all(d.lowering.sum_attention for d in decoders.values())
   assert not Decoder(target, CFG).lowering.sum_attention  # off outside (the default)
   ar = decoders.pop("ar").generate(prompts, max_new_tokens=20)

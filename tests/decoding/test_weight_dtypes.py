@@ -10,9 +10,10 @@ import pytest
 
 from tests.decoding.conftest import CFG, PROMPT, SMALL, prompt_samples
 from vocabjax.decoding.autoregressive import Decoder
-from vocabjax.decoding.pld import PromptLookupDecoder
+from vocabjax.decoding.pld import LookupProposer
+from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.sampling import SamplingParams
-from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder
+from vocabjax.decoding.drafter import ChainProposer, TreeProposer
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.kernels import cpu_matmul
 from vocabjax.lowering import cpu_kernel_default
@@ -31,9 +32,9 @@ def test_cast_weights_narrows_matrices_only(pair):
 
 
 def _methods(target, draft, names):
-  make = {"chain": lambda: ChainDecoder(target, CFG, draft, CFG, gamma=3),
-          "tree": lambda: TreeDecoder(target, CFG, draft, CFG, tree=TreeParams(2, 3, 6)),
-          "pld": lambda: PromptLookupDecoder(target, CFG, gamma=3)}
+  make = {"chain": lambda: SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=3)),
+          "tree": lambda: SpeculativeEngine(target, CFG, TreeProposer(draft, CFG, CFG, tree=TreeParams(2, 3, 6))),
+          "pld": lambda: SpeculativeEngine(target, CFG, LookupProposer(gamma=3))}
   return {name: make[name]() for name in names}
 
 
@@ -116,8 +117,8 @@ def test_int8_drafter_with_f32_target_is_exact(pair):
   rs = np.random.RandomState(3)
   prompts = [rs.randint(0, 64, n).tolist() for n in (1, 9, 4)] + [[5, 9, 2, 5, 9, 2, 5]]
   ar = Decoder(target, CFG).generate(prompts, max_new_tokens=20)
-  for dec in (ChainDecoder(target, CFG, draft8, CFG, gamma=3),
-              TreeDecoder(target, CFG, draft8, CFG, tree=TreeParams(2, 3, 6))):
+  for dec in (SpeculativeEngine(target, CFG, ChainProposer(draft8, CFG, CFG, gamma=3)),
+              SpeculativeEngine(target, CFG, TreeProposer(draft8, CFG, CFG, tree=TreeParams(2, 3, 6)))):
     res = dec.generate(prompts, max_new_tokens=20)
     assert res.tokens == ar.tokens and res.stats.tau > 1
 
@@ -127,8 +128,8 @@ def test_int8_drafter_with_f32_target_is_exact(pair):
 def test_narrow_sampling_is_lossless(small_pair, kind, dtype):
   target, draft = (cast_weights(p, dtype) for p in small_pair)
   sp = SamplingParams(temperature=1.0)
-  dec = (ChainDecoder(target, SMALL, draft, SMALL, gamma=2) if kind == "chain" else
-         TreeDecoder(target, SMALL, draft, SMALL, tree=TreeParams(2, 2, 4)))
+  dec = (SpeculativeEngine(target, SMALL, ChainProposer(draft, SMALL, SMALL, gamma=2)) if kind == "chain" else
+         SpeculativeEngine(target, SMALL, TreeProposer(draft, SMALL, SMALL, tree=TreeParams(2, 2, 4))))
   samples, stats = prompt_samples(dec, sp, seed=11)
   assert 0.05 < stats.acceptance_rate < 0.95
   assert chi2_pvalue(samples, exact_sequence_probs(target, SMALL, PROMPT, sp)) > 1e-3
@@ -141,7 +142,7 @@ def test_bf16_pld_sampling_is_lossless():
   sp = SamplingParams(temperature=1.0)
   greedy = Decoder(target, SMALL).generate([[3, 1]], max_new_tokens=6).tokens[0]
   prompt = [3, 1, *greedy, 3, 1]
-  res = PromptLookupDecoder(target, SMALL, gamma=2).generate([prompt] * 12_000,
+  res = SpeculativeEngine(target, SMALL, LookupProposer(gamma=2)).generate([prompt] * 12_000,
                                                              max_new_tokens=3, sampling=sp,
                                                              seed=13)
   assert 0.05 < res.stats.acceptance_rate < 0.95

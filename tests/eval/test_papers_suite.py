@@ -174,7 +174,8 @@ def test_methods_on_one_head_share_one_copy_without_its_lm_head(full_head_dir, t
   """The suite's 13 methods on the full-vocabulary head load it once (it OOM-killed a 24 GB
   machine as 13 copies), and with `lm_head: target` its own rows are not read."""
   from vocabjax.checkpoints.loader import load_model
-  from vocabjax.methods import METHODS, _eagle_head
+  from vocabjax.methods import METHODS
+  from vocabjax.methods.eagle import _eagle_head
 
   m = load_model(tiny_chat_dir, dtype="float32")
 
@@ -196,7 +197,7 @@ def test_methods_on_one_head_share_one_copy_without_its_lm_head(full_head_dir, t
   import gc
   import weakref
 
-  from vocabjax.methods import release_loaded_heads
+  from vocabjax.methods.eagle import release_loaded_heads
 
   gone = weakref.ref(other.params["embed"])
   del other, c

@@ -243,7 +243,8 @@ def test_a_tokenizer_without_a_chat_template_gets_gemmas():
 def test_eagle_drafting_for_a_gemma_target_keeps_greedy_output(gemma_pair):
   """An EAGLE-3 head (a llama layer, `train.eagle.head_config`: none of Gemma's switches) on a
   Gemma target's fused layer features drafts trees whose output is plain greedy decoding's."""
-  from vocabjax.decoding.eagle import EagleDecoder
+  from vocabjax.decoding.eagle import EagleProposer
+  from vocabjax.decoding.speculative import SpeculativeEngine
   from vocabjax.models.eagle import init_eagle
   from vocabjax.train.eagle import head_config
 
@@ -256,7 +257,7 @@ def test_eagle_drafting_for_a_gemma_target_keeps_greedy_output(gemma_pair):
   head["lm_head"] = target["lm_head"] + 0.1 * head["lm_head"]
   prompts = [[5, 9, 1, 33, 2, 17, 40, 8, 3], [7]]
   ar = Decoder(target, GEMMA).generate(prompts, max_new_tokens=20)
-  res = EagleDecoder(target, GEMMA, head, hc, tree=TreeParams(2, 3, 6)).generate(
+  res = SpeculativeEngine(target, GEMMA, EagleProposer(target, GEMMA, head, hc, tree=TreeParams(2, 3, 6))).generate(
       prompts, max_new_tokens=20)
   assert res.tokens == ar.tokens
 

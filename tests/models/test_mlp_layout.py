@@ -40,7 +40,8 @@ def test_model_converts_a_layout_once():
 
 
 def test_speculative_decoders_pick_block_layouts_on_cpu():
-  from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder
+  from vocabjax.decoding.speculative import SpeculativeEngine
+  from vocabjax.decoding.drafter import ChainProposer, TreeProposer
   from vocabjax.decoding.tree import TreeParams
 
   from vocabjax.kernels import cpu_matmul
@@ -49,13 +50,13 @@ def test_speculative_decoders_pick_block_layouts_on_cpu():
   params = init_params(jax.random.key(0), CFG)
   assert jax.default_backend() == "cpu" and cpu_matmul.available()
   # the CPU kernel streams [out, in] weights for every block size: no transposed copy
-  chain = ChainDecoder(params, CFG, params, CFG, gamma=2)
-  tree = TreeDecoder(params, CFG, params, CFG, tree=TreeParams(2, 2, 3))
+  chain = SpeculativeEngine(params, CFG, ChainProposer(params, CFG, CFG, gamma=2))
+  tree = SpeculativeEngine(params, CFG, TreeProposer(params, CFG, CFG, tree=TreeParams(2, 2, 3)))
   assert chain.tp is params and chain.dp is params and tree.tp is params and tree.dp is params
   with cpu_kernel_default(False):  # XLA's GEMM: [in, out] for block programs
-    chain = ChainDecoder(params, CFG, params, CFG, gamma=2)
-    tree = TreeDecoder(params, CFG, params, CFG, tree=TreeParams(2, 2, 3))
+    chain = SpeculativeEngine(params, CFG, ChainProposer(params, CFG, CFG, gamma=2))
+    tree = SpeculativeEngine(params, CFG, TreeProposer(params, CFG, CFG, tree=TreeParams(2, 2, 3)))
   assert mlp_layout(chain.tp) == "in_out" and mlp_layout(chain.dp) == "out_in"  # T=1 drafting
   assert mlp_layout(tree.tp) == "in_out" and mlp_layout(tree.dp) == "in_out"  # block drafting
-  kept = ChainDecoder(params, CFG, params, CFG, gamma=2, layout="out_in")
+  kept = SpeculativeEngine(params, CFG, ChainProposer(params, CFG, CFG, gamma=2), layout="out_in")
   assert kept.tp is params and kept.dp is params

@@ -7,7 +7,8 @@ import numpy as np
 
 from vocabjax import sharding
 from vocabjax.decoding import Decoder, SamplingParams
-from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder
+from vocabjax.decoding.speculative import SpeculativeEngine
+from vocabjax.decoding.drafter import ChainProposer, TreeProposer
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.models import KVCache, init_params
 from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
@@ -24,8 +25,8 @@ def _prompts(config, seed: int) -> list[list[int]]:
 def _decoder(kind: str, pair, config, mesh=None):
   target, draft = pair
   if kind == "chain":
-    return ChainDecoder(target, config, draft, config, gamma=3, mesh=mesh)
-  return TreeDecoder(target, config, draft, config, tree=TreeParams(2, 3, 6), mesh=mesh)
+    return SpeculativeEngine(target, config, ChainProposer(draft, config, config, gamma=3), mesh=mesh)
+  return SpeculativeEngine(target, config, TreeProposer(draft, config, config, tree=TreeParams(2, 3, 6)), mesh=mesh)
 
 
 def speculative_past_the_window(pair, config, kind: str, *, seed: int, alone: bool) -> None:
@@ -75,7 +76,7 @@ def sampling_keeps_the_targets_law(config, seed: int) -> None:
   target = init_params(jax.random.key(seed), config, scale=0.8)
   draft = init_params(jax.random.key(seed + 1), config, scale=0.8)
   sp = SamplingParams(1.0)
-  dec = ChainDecoder(target, config, draft, config, gamma=2)
+  dec = SpeculativeEngine(target, config, ChainProposer(draft, config, config, gamma=2))
   samples, stats = prompt_samples(dec, sp, prompt=[3, 1])
   assert 0.05 < stats.acceptance_rate < 0.95
   assert chi2_pvalue(samples, exact_sequence_probs(target, config, [3, 1], sp)) > 1e-3

@@ -11,7 +11,8 @@ import pytest
 
 from vocabjax.checkpoints.loader import Model
 from vocabjax.decoding.autoregressive import Decoder
-from vocabjax.decoding.crossvocab import CrossVocabDecoder
+from vocabjax.decoding.crossvocab import CrossVocabProposer
+from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.models import LlamaLikeConfig, init_params
 from vocabjax.testing.tiny import tiny_tokenizer
 from vocabjax.checkpoints.distilled import DistilledError, load_distilled
@@ -118,8 +119,7 @@ def test_distillation_lowers_loss_and_exports(pair, tmp_path, lora_rank):
   # the distilled drafter decodes losslessly with the target
   ids = [target.tokenizer("quick fox", add_special_tokens=False)["input_ids"]]
   ref = Decoder(target.params, target.config).generate(ids, max_new_tokens=16)
-  dec = CrossVocabDecoder(target.params, target.config, params, draft.config,
-                          target_tokenizer=target.tokenizer, draft_tokenizer=draft.tokenizer)
+  dec = SpeculativeEngine(target.params, target.config, CrossVocabProposer(params, draft.config, target.config, target_tokenizer=target.tokenizer, draft_tokenizer=draft.tokenizer))
   assert dec.generate(ids, max_new_tokens=16).tokens == ref.tokens
   # another base drafter is refused
   other = init_params(jax.random.key(7), draft.config, scale=0.3)

@@ -14,7 +14,8 @@ import pytest
 from vocabjax.checkpoints.eagle3 import load_eagle3
 from vocabjax.checkpoints.loader import load_model
 from vocabjax.decoding import Decoder
-from vocabjax.decoding.eagle import EagleDecoder
+from vocabjax.decoding.eagle import EagleProposer
+from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.models.cache import KVCache
 from vocabjax.models.eagle import eagle_forward, fuse_features, init_eagle
@@ -344,12 +345,12 @@ def test_training_lowers_the_loss_exports_and_decodes(target_dir, data_file, tmp
   prompts = [list(map(int, toks[:first + 1])) for _, toks, first in data.seqs[:6]]
   ar = Decoder(t.params, t.config).generate(prompts, max_new_tokens=16)
   tree = TreeParams(2, 3, 6)
-  res = EagleDecoder(t.params, t.config, head, hc, tree=tree).generate(prompts,
+  res = SpeculativeEngine(t.params, t.config, EagleProposer(t.params, t.config, head, hc, tree=tree)).generate(prompts,
                                                                       max_new_tokens=16)
   assert res.tokens == ar.tokens
   untrained = {**init_eagle(jax.random.key(0), hc), "lm_head": head["lm_head"],
                "d2t": head["d2t"]}
-  res0 = EagleDecoder(t.params, t.config, untrained, hc, tree=tree).generate(
+  res0 = SpeculativeEngine(t.params, t.config, EagleProposer(t.params, t.config, untrained, hc, tree=tree)).generate(
       prompts, max_new_tokens=16)
   assert res0.tokens == ar.tokens
   assert res.stats.tau > res0.stats.tau + 0.3
@@ -816,8 +817,7 @@ def test_a_ranker_for_a_full_vocabulary_head(target_dir, data_file, tmp_path):
   normed depth-0 outputs over the head's own training features. The rows are what the head's
   drafting policy reads; training raises the held-out recall; the ranker drafts losslessly;
   a head with a reduced vocabulary is refused by name."""
-  from vocabjax.train.ranker import RankerJob, load_head
-  from vocabjax.train.ranker import train as train_ranker
+  from vocabjax.train.ranker import RankerJob, load_head, train as train_ranker
   from vocabjax.train.features import load_features
   from vocabjax.vocab.ranked import Ranker, SpeculativeVocab
 
@@ -859,8 +859,7 @@ def test_a_ranker_for_a_full_vocabulary_head(target_dir, data_file, tmp_path):
   ar = Decoder(t.params, t.config).generate(prompts, max_new_tokens=12)
   ranker = Ranker.load(tmp_path / "r" / "ranker.safetensors")
   for tree in (TreeParams(1, 3, 3), TreeParams(2, 2, 4)):
-    res = EagleDecoder(t.params, t.config, hp, hc, tree=tree, lm_head="target",
-                       draft_vocab=SpeculativeVocab(ranker, k=16)).generate(prompts,
+    res = SpeculativeEngine(t.params, t.config, EagleProposer(t.params, t.config, hp, hc, tree=tree, lm_head="target", draft_vocab=SpeculativeVocab(ranker, k=16))).generate(prompts,
                                                                             max_new_tokens=12)
     assert res.tokens == ar.tokens
 

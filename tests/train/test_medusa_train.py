@@ -10,7 +10,8 @@ import pytest
 from vocabjax.checkpoints.loader import load_model
 from vocabjax.checkpoints.medusa import load_medusa
 from vocabjax.decoding import Decoder
-from vocabjax.decoding.medusa import MedusaDecoder
+from vocabjax.decoding.medusa import MedusaProposer
+from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.models.cache import KVCache
 from vocabjax.models.llamalike import forward
 from vocabjax.train.eagle import build_eagle_features, load_eagle_features
@@ -66,7 +67,7 @@ def test_training_lowers_the_loss_exports_and_decodes(target_dir, data_file, tmp
   prompts = [list(map(int, toks[:first + 1])) for _, toks, first in data.seqs[:6]]
   ar = Decoder(t.params, t.config).generate(prompts, max_new_tokens=16)
   choices = [[0], [1], [0, 0], [0, 1], [0, 0, 0]]
-  res = MedusaDecoder(t.params, t.config, heads, mc, choices=choices).generate(
+  res = SpeculativeEngine(t.params, t.config, MedusaProposer(t.params, t.config, heads, mc, choices=choices)).generate(
       prompts, max_new_tokens=16)
   assert res.tokens == ar.tokens
   # the trained heads draft the target's text: more than one token per step on average

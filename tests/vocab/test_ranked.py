@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from vocabjax.decoding import Decoder, SamplingParams
-from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder
+from vocabjax.decoding.speculative import SpeculativeEngine
+from vocabjax.decoding.drafter import ChainProposer, TreeProposer
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.models import init_params
 from vocabjax.models.llamalike import lm_head
@@ -108,7 +109,7 @@ def test_ranker_file_round_trip_and_checks(tmp_path, pair):
   with pytest.raises(RankerError, match="trained for another drafter"):
     back.check_drafter(target, CFG)  # same shapes, other weights
   with pytest.raises(RankerError, match="trained for another drafter"):
-    ChainDecoder(target, CFG, target, CFG, draft_vocab=SpeculativeVocab(back, k=4))
+    SpeculativeEngine(target, CFG, ChainProposer(target, CFG, CFG, draft_vocab=SpeculativeVocab(back, k=4)))
   other = CFG.__class__(**{**CFG.__dict__, "vocab_size": 80})
   with pytest.raises(RankerError, match="vocab_size=64, this drafter has vocab_size=80"):
     back.check_drafter(init_params(jax.random.key(0), other), other)
@@ -119,8 +120,7 @@ def test_ranker_file_round_trip_and_checks(tmp_path, pair):
   with pytest.raises(RankerError, match="its rank 40 exceeds its width 32"):
     Ranker(np.zeros((40, 32)), np.zeros((64, 40)), r.drafter)
   with pytest.raises(ValueError, match="top_k=9 exceeds.*K=8"):
-    TreeDecoder(target, CFG, draft, CFG, tree=TreeParams(9, 2, 12),
-                draft_vocab=SpeculativeVocab(back, k=8))
+    SpeculativeEngine(target, CFG, TreeProposer(draft, CFG, CFG, tree=TreeParams(9, 2, 12), draft_vocab=SpeculativeVocab(back, k=8)))
   bad = tmp_path / "bad.safetensors"
   bad.write_bytes(path.read_bytes()[:200])
   with pytest.raises(RankerError, match="not a readable ranker file"):

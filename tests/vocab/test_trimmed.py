@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from vocabjax.decoding import Decoder, SamplingParams
-from vocabjax.decoding.speculative import ChainDecoder, TreeDecoder
+from vocabjax.decoding.speculative import SpeculativeEngine
+from vocabjax.decoding.drafter import ChainProposer, TreeProposer
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.models.llamalike import lm_head
 from vocabjax.testing.fixtures import successor_pair
@@ -51,10 +52,10 @@ def _subset(V, ids):
 def _decoders(kind, target, draft, config, sub, gamma=3, tp=TreeParams(2, 3, 5)):
   """(trimmed, full-vocabulary) decoders of one kind."""
   if kind == "chain":
-    return (ChainDecoder(target, config, draft, config, gamma=gamma, draft_vocab=sub),
-            ChainDecoder(target, config, draft, config, gamma=gamma))
-  return (TreeDecoder(target, config, draft, config, tree=tp, draft_vocab=sub),
-          TreeDecoder(target, config, draft, config, tree=tp))
+    return (SpeculativeEngine(target, config, ChainProposer(draft, config, config, gamma=gamma, draft_vocab=sub)),
+            SpeculativeEngine(target, config, ChainProposer(draft, config, config, gamma=gamma)))
+  return (SpeculativeEngine(target, config, TreeProposer(draft, config, config, tree=tp, draft_vocab=sub)),
+          SpeculativeEngine(target, config, TreeProposer(draft, config, config, tree=tp)))
 
 
 @pytest.mark.parametrize("kind,draft_dtype", [
@@ -119,8 +120,7 @@ def test_trimmed_sampling_is_lossless(small_pair, sp, kind):
 def test_bad_subsets(pair):
   target, draft = pair
   with pytest.raises(SubsetError, match="vocabulary of 65 tokens.*V=64"):
-    ChainDecoder(target, CFG, draft, CFG, draft_vocab=_subset(65, [1, 2]))
+    SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, draft_vocab=_subset(65, [1, 2])))
   with pytest.raises(ValueError, match="top_k=4 exceeds.*K=3"):
-    TreeDecoder(target, CFG, draft, CFG, tree=TreeParams(4, 2, 8),
-                draft_vocab=_subset(64, [1, 2, 3]))
+    SpeculativeEngine(target, CFG, TreeProposer(draft, CFG, CFG, tree=TreeParams(4, 2, 8), draft_vocab=_subset(64, [1, 2, 3])))
 

@@ -17,13 +17,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from vocabjax.decoding.autoregressive import Decoder
-from vocabjax.decoding.crossvocab import CrossVocabDecoder
-from vocabjax.decoding.eagle import EagleDecoder, EagleLookupDecoder, EagleSuffixDecoder
-from vocabjax.decoding.hybrid import TreeSuffixDecoder
-from vocabjax.decoding.medusa import MedusaDecoder, medusa_choices_for
+from vocabjax.decoding.crossvocab import CrossVocabProposer
+from vocabjax.decoding.speculative import SpeculativeEngine
+from vocabjax.decoding.eagle import EagleLookupProposer, EagleProposer, EagleSuffixProposer
+from vocabjax.decoding.hybrid import TreeSuffixProposer
+from vocabjax.decoding.medusa import MedusaProposer, medusa_choices_for
 from vocabjax.decoding.ngram import NgramProposer, NgramTable
-from vocabjax.decoding.pld import PromptLookupDecoder
-from vocabjax.decoding.speculative import ChainDecoder, SpeculativeEngine, TreeDecoder
+from vocabjax.decoding.pld import LookupProposer
+from vocabjax.decoding.drafter import ChainProposer, TreeProposer
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.errors import ConfigError
 from vocabjax.models.config import LlamaLikeConfig
@@ -230,13 +231,10 @@ def _model_spec(name, kind, p, bench):
     if kind == "tree_suffix":
       if mesh is not None:
         raise ValueError("tree_suffix runs on one device")
-      return TreeSuffixDecoder(a["target"], s.target, a["draft"], s.draft, tree=tree,
-                               suffix=p.suffix(), score_threshold=p.threshold)
+      return SpeculativeEngine(a["target"], s.target, TreeSuffixProposer(a["draft"], s.draft, s.target, tree=tree, suffix=p.suffix(), score_threshold=p.threshold))
     if kind == "tree" or tree is not None:
-      return TreeDecoder(a["target"], s.target, a["draft"], s.draft, tree=tree, mesh=mesh,
-                         draft_vocab=vocab)
-    return ChainDecoder(a["target"], s.target, a["draft"], s.draft, gamma=p.gamma, mesh=mesh,
-                        draft_vocab=vocab)
+      return SpeculativeEngine(a["target"], s.target, TreeProposer(a["draft"], s.draft, s.target, tree=tree, draft_vocab=vocab), mesh=mesh)
+    return SpeculativeEngine(a["target"], s.target, ChainProposer(a["draft"], s.draft, s.target, gamma=p.gamma, draft_vocab=vocab), mesh=mesh)
 
   shape = (f"tree of {p.total_tokens} nodes" if kind in ("tree", "tree_suffix")
            or _tree_of(p) is not None
@@ -271,18 +269,17 @@ def _eagle_spec(name, kind, p, bench):
       if not 1 <= subset_k <= V:
         raise ValueError(f"subset_k={subset_k} must be in [1, V={V}]")
       vocab = VocabSubset(np.arange(subset_k), V, meta=(("ids", "stand-in"),))
-    kw = dict(tree=tree, lm_head=p.lm_head, draft_vocab=vocab, mesh=mesh,
-              min_confidence=p.min_confidence)
+    kw = dict(tree=tree, lm_head=p.lm_head, draft_vocab=vocab, min_confidence=p.min_confidence)
+    head = (a["target"], s.target, a["head"], _head_config(s))
     if kind == "eagle_pld":
-      return EagleLookupDecoder(a["target"], s.target, a["head"], _head_config(s), gamma=p.gamma,
-                                candidates=p.candidates, **kw)
-    if kind == "eagle_suffix":
-      del kw["mesh"]  # one device (its trees are the host's)
+      proposer = EagleLookupProposer(*head, gamma=p.gamma, candidates=p.candidates, **kw)
+    elif kind == "eagle_suffix":
       if mesh is not None:
         raise ValueError("eagle_suffix runs on one device")
-      return EagleSuffixDecoder(a["target"], s.target, a["head"], _head_config(s),
-                                suffix=p.suffix(), score_threshold=p.threshold, **kw)
-    return EagleDecoder(a["target"], s.target, a["head"], _head_config(s), **kw)
+      proposer = EagleSuffixProposer(*head, suffix=p.suffix(), score_threshold=p.threshold, **kw)
+    else:
+      proposer = EagleProposer(*head, **kw)
+    return SpeculativeEngine(a["target"], s.target, proposer, mesh=mesh)
 
   what = f"chain of {p.depth}" if p.top_k == 1 else f"tree of {tree.total_tokens}"
   policy = (f", a static subset of {subset_k} rows" if subset_k else
@@ -303,8 +300,7 @@ def _medusa_spec(name, kind, p, bench):
     raise ValueError(f"Medusa needs heads >= 1 and top-k >= 1, got {H} and {p.top_k}")
   choices = choices or medusa_choices_for(H, p.top_k)  # every path of ranks < k down to H
   return MethodSpec(name, kind, None, ("target", f"medusa{H}"), lambda a, s, mesh:
-                    MedusaDecoder(a["target"], s.target, a[f"medusa{H}"], _medusa_config(s, H),
-                                  choices=choices, mesh=mesh),
+                    SpeculativeEngine(a["target"], s.target, MedusaProposer(a["target"], s.target, a[f"medusa{H}"], _medusa_config(s, H), choices=choices), mesh=mesh),
                     f"Medusa-1, {H} heads with own [V, D] projections, "
                     f"{len(choices)}-node tree")
 
@@ -313,8 +309,7 @@ def _lookup_spec(name, kind, p, bench):
   """Prompt lookup, the n-gram table and SuffixDecoding: host drafts, the target's step."""
   if kind == "pld":
     def build(a, s, mesh):
-      return PromptLookupDecoder(a["target"], s.target, gamma=p.gamma, max_ngram=p.max_ngram,
-                                 min_ngram=p.min_ngram, candidates=p.candidates, mesh=mesh)
+      return SpeculativeEngine(a["target"], s.target, LookupProposer(gamma=p.gamma, max_ngram=p.max_ngram, min_ngram=p.min_ngram, candidates=p.candidates), mesh=mesh)
     about = f"prompt lookup, the step verifying {p.candidates * p.gamma} looked-up drafts"
   elif kind == "ngram":
     def build(a, s, mesh):
@@ -336,9 +331,7 @@ def _crossvocab_spec(name, kind, p, bench):
 
   def build(a, s, mesh):
     ttok, dtok = _tokenizers()
-    return CrossVocabDecoder(a["target"], s.target, a["cross_draft"], s.crossvocab_draft,
-                             target_tokenizer=ttok, draft_tokenizer=dtok, gamma=p.gamma,
-                             ngram=p.ngram, mesh=mesh)
+    return SpeculativeEngine(a["target"], s.target, CrossVocabProposer(a["cross_draft"], s.crossvocab_draft, s.target, target_tokenizer=ttok, draft_tokenizer=dtok, gamma=p.gamma, ngram=p.ngram), mesh=mesh)
 
   return MethodSpec(name, kind, _shaping(kind, p), ("target", "cross_draft"), build,
                     f"cross-vocabulary drafter, {p.gamma} drafts: its draft and verify programs "

@@ -7,7 +7,7 @@ Letters: B batch rows, S cache slots, T prompt block, V vocabulary, D hidden siz
                       compile=True)
     step.programs["step"].compiled.memory_analysis(), .cost_analysis()
 
-The decoders are the library's own (`ChainDecoder`, `TreeDecoder`, `EagleDecoder`, ...), built
+The decoders are the library's own (`SpeculativeEngine` with their proposers), built
 with ABSTRACT weights: a decoder's constructor runs under `jax.make_jaxpr` on
 ShapeDtypeStructs, so no weight is ever materialized (a 7-8B target costs no host memory), and
 every array it keeps (its params after layout changes, attached vocabulary policies, shardings

@@ -78,7 +78,6 @@ from vocabjax.decoding.engine import KEY, abstract_arg, fold_in, placed_like
 from vocabjax.decoding.proposer import (Context, Counted, Drafts, HostPrograms, HostRun,
                                        HostVerifier, Prefilled, RowHandover)
 from vocabjax.decoding.routes import Routes
-from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.lowering import lowered, lowering_of, step_lowering
 from vocabjax.lowering import while_loop as lowering_while_loop
 from vocabjax.models.cache import KVCache
@@ -665,31 +664,6 @@ def ngram_hits_per_step(stats) -> float:
   """Merged (n-gram) target drafts proposed per verification of a crossvocab run."""
   steps = stats.num_steps
   return sum(map(sum, stats.counts.get("ngram_drafted", []))) / steps if steps else float("nan")
-
-
-class CrossVocabDecoder(SpeculativeEngine):
-  """The engine with a `CrossVocabProposer`: a drafter with another tokenizer drafting for a
-  target (module doc). `layout`, `mesh`: see `SpeculativeEngine` (on a mesh both models are
-  placed by the sharding rules, their caches rows over "data"; translation and the n-gram
-  cache stay on the host as on one device). The proposer's methods read through the decoder:
-  `learn`, `to_drafter`, `set_drafter`, `reset_ngram`, `load_ngram`, `ngram`, `trace`."""
-
-  def __init__(self, target_params, target_config: LlamaLikeConfig, draft_params,
-               draft_config: LlamaLikeConfig, *, target_tokenizer, draft_tokenizer,
-               gamma: int = 4, ngram: bool = True, vocab_map: VocabMap | None = None,
-               min_overlap: float = 0.1, acceptance_head: dict | None = None,
-               stop_threshold: float = 0.5, layout: str = "auto",
-               round_trip_texts: Sequence[str] = ROUND_TRIP_TEXTS, draft_prefill: str = "bf16",
-               rule: str = "exact", mesh=None):
-    super().__init__(target_params, target_config, CrossVocabProposer(
-        draft_params, draft_config, target_config, target_tokenizer=target_tokenizer,
-        draft_tokenizer=draft_tokenizer, gamma=gamma, ngram=ngram, vocab_map=vocab_map,
-        min_overlap=min_overlap, acceptance_head=acceptance_head,
-        stop_threshold=stop_threshold, round_trip_texts=round_trip_texts,
-        draft_prefill=draft_prefill, rule=rule), layout=layout, mesh=mesh)
-
-  def run_record(self, result) -> dict:
-    return result.stats.record()
 
 
 def _grow(cache: KVCache, S: int) -> KVCache:

@@ -77,7 +77,7 @@ class ModelProposer(Profiled):
       raise ValueError(
           f"drafter vocabulary V={draft_config.vocab_size} differs from the target's "
           f"V={target_config.vocab_size}; a drafter with another tokenizer needs "
-          f"`vocabjax.decoding.crossvocab.CrossVocabDecoder` (OmniDraft), not {self.method} "
+          f"`vocabjax.decoding.crossvocab.CrossVocabProposer` (OmniDraft), not {self.method} "
           f"drafting")
     self.params, self.config = draft_params, draft_config
     self.dc = draft_config

@@ -43,7 +43,6 @@ from vocabjax import sharding
 from vocabjax.decoding.drafter import DraftVocab
 from vocabjax.decoding.hybrid import LookupHybrid, SuffixHybrid
 from vocabjax.decoding.proposer import Context, Counted, Drafts, Gated, Prefilled, Profiled
-from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.tree import TreeBounds, TreeParams, drop_rows, grow_tree
 from vocabjax.lowering import lowering_of, with_lowering
 from vocabjax.sampling import SamplingParams
@@ -59,6 +58,8 @@ GATE_KEY = "gate"  # a gated decoder's threshold (f32 scalar) inside the drafter
 
 
 @struct.dataclass
+
+
 class EagleState:
   """An EAGLE head's state (the engine keeps the target cache and `last`, the next root)."""
 
@@ -324,30 +325,9 @@ class EagleProposer(Gated, Profiled, Counted):
     return self.head_vocab_config.hidden_size
 
 
-class EagleDecoder(SpeculativeEngine):
-  """EAGLE-2 dynamic-tree speculative decoding with an EAGLE(-3) head on the target's features
-  (`EagleProposer`).
-
-      dec = EagleDecoder(target_params, target_config, head_params, head_config,
-                         tree=TreeParams(top_k=4, depth=4, total_tokens=16))
-      res = dec.generate(prompts, max_new_tokens=128)
-
-  `lm_head`: "own" (the head's Vd rows with d2t, default) or "target" (the target's LM head,
-  frozen); `draft_vocab` restricts a full-V head (module doc).
-  """
-
-  def __init__(self, target_params, target_config: LlamaLikeConfig, head_params,
-               head_config: EagleConfig, *, tree: TreeParams = TreeParams(),
-               lm_head: str = "own", layout: str = "auto",
-               draft_vocab: DraftVocab | None = None, mesh=None, min_confidence: float = 0.0):
-    super().__init__(target_params, target_config, EagleProposer(
-        target_params, target_config, head_params, head_config, tree=tree, lm_head=lm_head,
-        draft_vocab=draft_vocab, min_confidence=min_confidence), layout=layout, mesh=mesh)
-
-
 class EagleLookupProposer(LookupHybrid, EagleProposer):
   """An EAGLE head's tree plus prompt lookup (Saxena 2023) in the same tree
-  (`EagleLookupDecoder`, `hybrid.LookupHybrid`): the head grows its tree, the lookup trie is
+  (`hybrid.LookupHybrid`): the head grows its tree, the lookup trie is
   merged into it and the target verifies both in one forward. A gated row whose head is unsure
   offers the trie alone; where no row's head drafts, the step verifies the tries alone."""
 
@@ -362,34 +342,9 @@ class EagleLookupProposer(LookupHybrid, EagleProposer):
                            min_confidence=min_confidence)
     self._lookup(gamma=gamma, max_ngram=max_ngram, min_ngram=min_ngram, candidates=candidates)
 
-
-class EagleLookupDecoder(SpeculativeEngine):
-  """EAGLE-2 tree of an EAGLE-3 head plus prompt lookup (Saxena 2023) in the same tree
-  (`EagleLookupProposer`).
-
-      dec = EagleLookupDecoder(target_params, target_config, head_params, head_config,
-                               tree=TreeParams(4, 4, 16), gamma=4, candidates=1)
-
-  Where the text copies its context (summaries, retrieval answers, edited code) the lookup
-  reaches further than the head; elsewhere the head drafts. A step program is compiled per trie
-  size bucket when the bucket is first met (its compile time is reported apart from decoding).
-  Greedy output equals the target's greedy output; sampling stays lossless (every draft is a
-  deterministic function of the context: `verify_tree_sampling`'s multi-draft rule). One
-  device only (`mesh` is refused).
-  """
-
-  def __init__(self, target_params, target_config: LlamaLikeConfig, head_params,
-               head_config: EagleConfig, *, tree: TreeParams = TreeParams(), gamma: int = 4,
-               max_ngram: int = 3, min_ngram: int = 1, candidates: int = 1,
-               lm_head: str = "own", layout: str = "auto",
-               draft_vocab: DraftVocab | None = None, mesh=None, min_confidence: float = 0.0):
-    if mesh is not None:
-      raise ValueError("EAGLE with prompt lookup runs on one device: mesh is not supported "
-                       "(use method eagle or pld on a mesh)")
-    super().__init__(target_params, target_config, EagleLookupProposer(
-        target_params, target_config, head_params, head_config, tree=tree, gamma=gamma,
-        max_ngram=max_ngram, min_ngram=min_ngram, candidates=candidates, lm_head=lm_head,
-        draft_vocab=draft_vocab, min_confidence=min_confidence), layout=layout)
+  def place(self, mesh, target_config) -> None:
+    raise ValueError("EAGLE with prompt lookup runs on one device: mesh is not supported "
+                     "(use method eagle or pld on a mesh)")
 
 
 class EagleSuffixProposer(SuffixHybrid, EagleProposer):
@@ -409,19 +364,3 @@ class EagleSuffixProposer(SuffixHybrid, EagleProposer):
                            tree=tree, lm_head=lm_head, draft_vocab=draft_vocab,
                            min_confidence=min_confidence)
     self._suffix(suffix, score_threshold)
-
-
-class EagleSuffixDecoder(SpeculativeEngine):
-  """EAGLE-2 tree of an EAGLE-3 head with SuffixDecoding's proposal merged in
-  (`EagleSuffixProposer`); greedy output equals plain decoding's, sampling the target's law
-  (every draft a deterministic function of the context). One device only."""
-
-  def __init__(self, target_params, target_config: LlamaLikeConfig, head_params,
-               head_config: EagleConfig, *, tree: TreeParams = TreeParams(), suffix=None,
-               score_threshold: float | None = None, lm_head: str = "own",
-               layout: str = "auto", draft_vocab: DraftVocab | None = None,
-               min_confidence: float = 0.0):
-    super().__init__(target_params, target_config, EagleSuffixProposer(
-        target_params, target_config, head_params, head_config, tree=tree, suffix=suffix,
-        score_threshold=score_threshold, lm_head=lm_head, draft_vocab=draft_vocab,
-        min_confidence=min_confidence), layout=layout)

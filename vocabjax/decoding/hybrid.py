@@ -31,7 +31,6 @@ import numpy as np
 from vocabjax.decoding.drafter import DraftVocab, TreeProposer
 from vocabjax.decoding.pld import check_lookup, trie_block
 from vocabjax.decoding.proposer import Context, Counted, Drafts, RowHandover
-from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.suffix import SuffixProposer
 from vocabjax.decoding.tree import TreeBounds, TreeParams, merge_nodes
 from vocabjax.sampling import SamplingParams
@@ -130,6 +129,10 @@ class SuffixHybrid(HostTreeHybrid):
   proposal alone, without the device tree (the paper's rule: the suffix tree where it is
   confident, else the model)."""
 
+  def place(self, mesh, target_config) -> None:
+    raise ValueError(f"{self.method} runs on one device (its suffix trees are the host's): "
+                     f"mesh is not supported")
+
   def _suffix(self, suffix: SuffixProposer | None, score_threshold: float | None) -> None:
     if score_threshold is not None and not score_threshold >= 0:
       raise ValueError(f"score_threshold must be >= 0 (a sum of probabilities), got "
@@ -198,24 +201,3 @@ class TreeSuffixProposer(SuffixHybrid, TreeProposer):
     TreeProposer.__init__(self, draft_params, draft_config, target_config, tree=tree,
                           draft_vocab=draft_vocab, draft_prefill=draft_prefill)
     self._suffix(suffix, score_threshold)
-
-
-class TreeSuffixDecoder(SpeculativeEngine):
-  """A drafter model's EAGLE-2 tree with SuffixDecoding's proposal merged in
-  (`TreeSuffixProposer`); greedy output equals plain decoding's, sampling the target's law.
-  One device only (the suffix trees are the host's).
-
-      dec = TreeSuffixDecoder(target_params, target_config, draft_params, draft_config,
-                              tree=TreeParams(2, 4, 8), suffix=SuffixProposer())
-  """
-
-  def __init__(self, target_params, target_config, draft_params, draft_config, *,
-               tree: TreeParams = TreeParams(), suffix: SuffixProposer | None = None,
-               score_threshold: float | None = None, draft_vocab: DraftVocab | None = None,
-               draft_prefill: str = "bf16", layout: str = "auto", self_sizing: bool = False):
-    """`self_sizing`: the suffix proposal's length each step from the measured step costs and
-    the running acceptance (its host block cut, as `suffix`'s); the drafter's tree kept."""
-    super().__init__(target_params, target_config, TreeSuffixProposer(
-        draft_params, draft_config, target_config, tree=tree, suffix=suffix,
-        score_threshold=score_threshold, draft_vocab=draft_vocab, draft_prefill=draft_prefill),
-        layout=layout, self_sizing=self_sizing)

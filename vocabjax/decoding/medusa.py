@@ -29,7 +29,6 @@ from vocabjax import sharding
 from vocabjax.lowering import lowering_of
 from vocabjax.sampling import SamplingParams, top_k
 from vocabjax.decoding.proposer import Context, Drafts, Prefilled, Profiled, static_tree
-from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.tree import MAX_TREE_NODES, TreeBounds
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import is_int8, lm_head_weight
@@ -42,6 +41,8 @@ MEDUSA_KEY = "medusa"  # the heads inside the decoder's drafter pytree
 
 
 @struct.dataclass
+
+
 class MedusaState:
   """The heads' state (the engine keeps the target cache and `last`, the next root)."""
 
@@ -189,22 +190,6 @@ class MedusaProposer(Profiled):
 
   def draft_width(self) -> int:
     return self.tc.hidden_size
-
-
-class MedusaDecoder(SpeculativeEngine):
-  """Medusa-1 heads drafting a static tree for their own target (`MedusaProposer`).
-
-      dec = MedusaDecoder(target_params, target_config, heads, medusa_config,
-                          choices=[[0], [1], [0, 0], [0, 1], [0, 0, 0]])
-      res = dec.generate(prompts, max_new_tokens=128)
-  """
-
-  def __init__(self, target_params, target_config: LlamaLikeConfig, medusa_params,
-               medusa_config: MedusaConfig, *, choices: Sequence[Sequence[int]],
-               layout: str = "auto", draft_vocab: VocabSubset | None = None, mesh=None):
-    super().__init__(target_params, target_config, MedusaProposer(
-        target_params, target_config, medusa_params, medusa_config, choices=choices,
-        draft_vocab=draft_vocab), layout=layout, mesh=mesh)
 
 
 def medusa_choices_for(num_heads: int, top_k: int) -> list[list[int]]:

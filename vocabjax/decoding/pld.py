@@ -40,9 +40,7 @@ from typing import Sequence
 import numpy as np
 
 from vocabjax.decoding.proposer import Context, Counted, Drafts, Prefilled, RowHandover, padding_block
-from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.tree import TreeBounds
-from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.sampling import SamplingParams
 
 
@@ -189,20 +187,3 @@ class LookupProposer(RowHandover, Counted):
     """Totals for an eval record: steps that found a match, and all verifications."""
     matched = sum(1 for row in stats.drafted for d in row if d)
     return {"matched_steps": matched, "verifications": len(stats.drafted)}
-
-
-class PromptLookupDecoder(SpeculativeEngine):
-  """Prompt lookup decoding of one target (`LookupProposer`); greedy output equals
-  `Decoder.generate`'s. `mesh`: a ("data", "model") mesh (`vocabjax.sharding`): the target is
-  placed on it (weights [out, in]), the cache rows over "data" and KV heads over "model";
-  prefill and every verification run partitioned, the cache keeping its sharding from step to
-  step (the drafts are looked up on the host either way). The result's `stats` is a SpecStats
-  whose `drafted` counts each row's looked-up drafts; `steps` counts target forwards after the
-  prefill."""
-
-  def __init__(self, target_params, target_config: LlamaLikeConfig, *, gamma: int = 4,
-               max_ngram: int = 3, min_ngram: int = 1, candidates: int = 1, mesh=None,
-               self_sizing: bool = False):
-    super().__init__(target_params, target_config, LookupProposer(
-        gamma=gamma, max_ngram=max_ngram, min_ngram=min_ngram, candidates=candidates),
-        mesh=mesh, self_sizing=self_sizing)

@@ -97,7 +97,8 @@ def _time_head(params, head, B: int, rows: int, D: int, repeats: int) -> float:
 
 def step_split(decoder, *, batch_size: int = 1, max_len: int = 512, context: int | None = None,
                repeats: int = 5) -> StepSplit:
-  """Time the parts of one step of `decoder` (a ChainDecoder, TreeDecoder or EagleDecoder).
+  """Time the parts of one step of `decoder` (an engine whose proposer is `Profiled`: a drafter
+  model's chain or tree, an EAGLE or Medusa head).
 
   `context`: committed tokens in the cache while timing (default: half of `max_len`). A
   decoder on a mesh has its parts timed on that mesh (its placed params, caches placed by the

@@ -20,10 +20,12 @@ cache (`HostRun`: the cross-vocabulary drafter's prefill and drafting loop), and
 verify on the host (`HostVerifier`: the step then returns the target's probabilities of
 [last, drafts], `engine_probs_step`, and the engine commits the host's verdict, `commit_host`).
 
-The classic constructors stay: `ChainDecoder` and `TreeDecoder` (a same-vocabulary drafter
-model, `drafter.ChainProposer` / `TreeProposer`), `EagleDecoder`, `MedusaDecoder`,
-`PromptLookupDecoder`, `EagleLookupDecoder`, `CrossVocabDecoder` are this engine with their
-proposer.
+A decoder is this engine and a proposer:
+
+    dec = SpeculativeEngine(target_params, target_config,
+                            ChainProposer(draft_params, draft_config, target_config, gamma=4))
+
+or, by name and parameters, `vocabjax.methods.METHODS[name].make(target, draft, params)`.
 
 `draft_vocab` swaps a model drafter's vocabulary policy: a static subset (`VocabSubset`,
 VocabTrim / FR-Spec) for `vocabjax.vocab.subset.static_policy`, a ranker (`SpeculativeVocab`,
@@ -61,7 +63,7 @@ from vocabjax.decoding.proposer import (Context, Counted, Drafts, Gated, HostDra
                                        SelfSizing, continuous_capable, drafted_counts,
                                        is_gated, verifies_on_host)
 from vocabjax.decoding.sizing import DraftSizer, limit_block
-from vocabjax.decoding.tree import TreeParams, verify_tree
+from vocabjax.decoding.tree import verify_tree
 from vocabjax.decoding.verify import verify_chain
 from vocabjax.lowering import decoding_lowering, step_lowering, with_lowering
 from vocabjax.models.cache import KVCache
@@ -72,7 +74,10 @@ from vocabjax.sampling import SamplingParams, probs, sample
 
 HOST_STREAM = 2**32 - 1  # fold_in(request key, this): a host hook's draws (steps use 0, 1, ..)
 
+
 @struct.dataclass
+
+
 class EngineState:
   """The loop state of every speculative method; fixed shapes, one row per sequence."""
 
@@ -82,6 +87,8 @@ class EngineState:
 
 
 @dataclasses.dataclass
+
+
 class SpecStats:
   """Per-step, per-row counts of a speculative run (rows count only while active): the one
   stats record of every proposer. `counts` holds a proposer's own per-step counts by name
@@ -942,41 +949,6 @@ class SpeculativeEngine(DecodingMethod):
                                for h, e, k, a in zip(hist, emitted, n, active)]
       return (state, hist), emitted, compiled
     return advance
-
-
-SpeculativeDecoder = SpeculativeEngine  # the name the engine had before proposers
-
-
-class ChainDecoder(SpeculativeEngine):
-  """Chain speculative decoding with an independent same-vocabulary drafter
-  (`drafter.ChainProposer`)."""
-
-  def __init__(self, target_params, target_config, draft_params, draft_config, *,
-               gamma: int = 4, layout: str = "auto", draft_vocab: DraftVocab | None = None,
-               draft_prefill: str = "bf16", mesh=None, self_sizing: bool = False):
-    """`draft_prefill`: "bf16" (default) runs the drafter's prompt prefill with bf16-rounded
-    activations where the CPU has AVX512-BF16 (about 2x faster; it changes only what the
-    drafter proposes, never the output), "exact" in the drafter's own precision; see
-    `compile_draft_prefill`. `mesh`, `self_sizing` (each step drafts 0..gamma tokens, chosen
-    from the measured step costs and the running acceptance): see `SpeculativeEngine`."""
-    super().__init__(target_params, target_config, ChainProposer(
-        draft_params, draft_config, target_config, gamma=gamma, draft_vocab=draft_vocab,
-        draft_prefill=draft_prefill), layout=layout, mesh=mesh, self_sizing=self_sizing)
-
-
-class TreeDecoder(SpeculativeEngine):
-  """EAGLE-2 dynamic-tree speculative decoding with an independent same-vocabulary drafter
-  (`drafter.TreeProposer`)."""
-
-  def __init__(self, target_params, target_config, draft_params, draft_config, *,
-               tree: TreeParams = TreeParams(), layout: str = "auto",
-               draft_vocab: DraftVocab | None = None, draft_prefill: str = "bf16", mesh=None,
-               self_sizing: bool = False):
-    """`self_sizing`: each step a tree of 0 (a plain step), 1, 2, 4, .. `tree.total_tokens`
-    nodes, chosen from the measured step costs and the running acceptance."""
-    super().__init__(target_params, target_config, TreeProposer(
-        draft_params, draft_config, target_config, tree=tree, draft_vocab=draft_vocab,
-        draft_prefill=draft_prefill), layout=layout, mesh=mesh, self_sizing=self_sizing)
 
 
 def host_spec(a):

@@ -37,7 +37,8 @@ from vocabjax.eval.metrics import record_metrics
 from vocabjax.eval.reuse import reusable
 from vocabjax.eval.torch_compare import TorchRunner
 from vocabjax.io import append_jsonl, atomic_write_json, read_jsonl
-from vocabjax.methods import METHODS, release_loaded_heads
+from vocabjax.methods import METHODS
+from vocabjax.methods.eagle import release_loaded_heads
 from vocabjax.prompts import encode_conversation, encode_prompts, load_prompts
 from vocabjax.sharding import make_mesh, parse_mesh
 

@@ -168,7 +168,7 @@ def pip_install_into(final: Path, command, installed, what: str, why: str, *,
 def _register() -> None:
   """Load the plugin into this process (once): JAX's CPU backend first, so that the plugin
   registers a GPU compiler and topology without becoming a backend JAX starts."""
-  from vocabjax.jax_internals import gpu_topology_known
+  from vocabjax.jax_internals import gpu_topology_known  # local: with the plugin only
 
   require_plugin()
   jax.devices()  # the backends JAX starts, before "cuda" is known to it

@@ -272,7 +272,7 @@ def build_head_features(job: RankerJob, target=None, head=None, *,
 
 
 def head_drafter_identity(target, head_params: dict) -> dict:
-  """The drafter record of a head's ranker (and its features): what `EagleDecoder` attaches a
+  """The drafter record of a head's ranker (and its features): what `EagleProposer` attaches a
   ranker to, the target's config with the head's LM-head rows (for a full-vocabulary head
   trained with the target's head frozen these are the target's rows, so the ranker serves the
   head with lm_head 'own' or 'target' alike)."""

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 
 from vocabjax.decoding.autoregressive import Decoder
-from vocabjax.decoding.crossvocab import CrossVocabDecoder, ngram_hits_per_step
-from vocabjax.decoding.speculative import block_layout
+from vocabjax.decoding.crossvocab import CrossVocabProposer, ngram_hits_per_step
+from vocabjax.decoding.speculative import SpeculativeEngine, block_layout
 from vocabjax.io import atomic_write_json
 from vocabjax.prompts import DatasetSpec, encode_prompts, load_prompts
 from vocabjax.train.distill.data import (example_of, read_sides, save_side, target_side_record,
@@ -73,10 +73,8 @@ def online(job: DistillJob, *, show_progress: bool = True, models=None,
   seen = read_sides(side_dir, start, tr, job.max_tokens,
                     remedy=f"resuming after update {done} needs it; delete {out} to start the "
                            f"stream over")
-  dec = CrossVocabDecoder(target.in_layout(block_layout()), target.config, dist.drafter_params()
-                          if done else draft.params, draft.config,
-                          target_tokenizer=target.tokenizer, draft_tokenizer=draft.tokenizer,
-                          gamma=job.gamma, vocab_map=tr.vm)
+  dec = SpeculativeEngine(target.in_layout(block_layout()), target.config, CrossVocabProposer(dist.drafter_params()
+                          if done else draft.params, draft.config, target.config, target_tokenizer=target.tokenizer, draft_tokenizer=draft.tokenizer, gamma=job.gamma, vocab_map=tr.vm))
   ar = Decoder(target.params, target.config)
   run = target_side_runner(target)
   kw = dict(max_new_tokens=job.max_new_tokens, eos_token_ids=target.eos_token_ids)
