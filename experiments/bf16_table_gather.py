@@ -36,18 +36,20 @@ def main(argv=None) -> None:
     ll.take_rows = lambda t, i, mode=None: jnp.take(t, i, axis=0, mode=mode)
   _, tc = resolve_config("qwen2.5-0.5b-instruct")
   dc = dataclasses.replace(tc, num_layers=2)
-  dec = SpeculativeEngine(random_params(tc, "bfloat16", 0), tc, ChainProposer(random_params(dc, "bfloat16", 1), dc, tc, gamma=3))
+  dec = SpeculativeEngine(random_params(tc, "bfloat16", 0), tc,
+                          ChainProposer(random_params(dc, "bfloat16", 1), dc, tc, gamma=3))
   prompt = [np.random.RandomState(0).randint(3, 1000, 250).tolist()]
   for _ in range(2):  # the second run is timed (the first compiles)
     res = dec.generate(prompt, max_new_tokens=64, max_len=1024)
-  (_, sampling, B, T, S, dtype), = [k for k, _ in dec.compiled_programs().items() if k[0] == "start"]
+  (_, sampling, B, T, S,
+   dtype), = [k for k, _ in dec.compiled_programs().items() if k[0] == "start"]
   start, step, _ = dec.programs(sampling, B, T, S, dtype)  # the ones generate compiled
   _, state = start(jnp.zeros((1, T), jnp.int32), jnp.asarray([250], jnp.int32),
                    jnp.zeros((1,), jnp.int32), jax.random.key(0))
   times = []
   for i in range(10):
     t = time.perf_counter()
-    state, *rest = step(dec.tp, dec.dp, state, jax.random.key(i))
+    state, *rest = step(dec.target_params, dec.proposer_params, state, jax.random.key(i))
     jax.block_until_ready(rest)
     times.append(time.perf_counter() - t)
   split = step_split(dec, max_len=1024, repeats=5)

@@ -111,20 +111,22 @@ def main(argv=None) -> int:
     ref.load_state_dict(state, strict=True)
     ref.init_tree()
     tree = TreeParams(top_k=k, depth=depth + 1, total_tokens=total - 1)
-    dec = SpeculativeEngine(target.params, target.config, EagleProposer(target.params, target.config, params, hc, tree=tree, lm_head="target"))
+    dec = SpeculativeEngine(
+        target.params, target.config,
+        EagleProposer(target.params, target.config, params, hc, tree=tree, lm_head="target"))
     same = broken = ties = 0
     for ids in prompts:
       T = len(ids)
       S = T + 4 * tree.total_tokens + 64
       first, tcache, hcache, feat = _eagle_prefill(
-          dec.tp, dec.dp, jnp.asarray([ids]), jnp.asarray([T]),
+          dec.target_params, dec.proposer_params, jnp.asarray([ids]), jnp.asarray([T]),
           KVCache.init(target.config, 1, S), KVCache.init(hc.layer, 1, S), jax.random.key(0),
-          target_config=dec.tc, head_config=hc, sampling=SamplingParams(temperature=0.0))
+          target_config=dec.target_config, head_config=hc, sampling=SamplingParams(temperature=0.0))
       st = EagleState(target_cache=tcache, head_cache=hcache, last=first,
                       pend_tokens=first[:, None].astype(jnp.int32), pend_feats=feat[:, None],
                       pend_count=jnp.ones((1,), jnp.int32))
-      x_root, cache = _head_root(dec.dp, st, head_config=hc)
-      tok, parent, _, _ = _grow(dec.dp, x_root, cache, head_config=hc, tree=tree,
+      x_root, cache = _head_root(dec.proposer_params, st, head_config=hc)
+      tok, parent, _, _ = _grow(dec.proposer_params, x_root, cache, head_config=hc, tree=tree,
                                 policy=dec.draft_policy)
       root = int(first[0])
       ours = _paths_ours(root, np.asarray(tok[0]).tolist(), np.asarray(parent[0]).tolist())

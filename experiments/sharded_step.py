@@ -98,14 +98,15 @@ def main(argv=None) -> int:
     return make_mesh(**spec, devices=jax.devices()[:n])
 
   def measure(label, mesh):  # one placement; everything it built is freed when it returns
-    dec = SpeculativeEngine(params(tc, 0, mesh), tc, ChainProposer(params(dc, 1, mesh), dc, tc, gamma=a.gamma), mesh=mesh)
+    dec = SpeculativeEngine(params(tc, 0, mesh), tc,
+                            ChainProposer(params(dc, 1, mesh), dc, tc, gamma=a.gamma), mesh=mesh)
     start, step, _ = dec.programs(SamplingParams(), B, T, S, jnp.float32)
     toks = jnp.asarray(np.random.RandomState(0).randint(0, tc.vocab_size, (B, T)), jnp.int32)
     _, state = start(toks, jnp.full((B,), T, jnp.int32), toks[:, -1], jax.random.key(0))
     times = []
     for i in range(a.repeats + 1):
       t0 = time.perf_counter()
-      state, emitted, _ = step(dec.tp, dec.dp, state, jax.random.key(i))
+      state, emitted, _ = step(dec.target_params, dec.proposer_params, state, jax.random.key(i))
       jax.block_until_ready(emitted)
       times.append(time.perf_counter() - t0)
     coll = collectives(step.as_text())

@@ -106,13 +106,27 @@ def _build(m, tp, tc, dp, dc, hp, hc, ranker_rank):
   from vocabjax.decoding.eagle import EagleProposer
   sv = SPECVOCAB.fullmatch(m)
   if sv:
-    return SpeculativeEngine(tp, tc, ChainProposer(dp, dc, tc, gamma=3, draft_vocab=specvocab(dp, dc, int(sv[1]), sv[2], ranker_rank)))
-  make = {"ar": lambda: Decoder(tp, tc),
-          "chain_g3": lambda: SpeculativeEngine(tp, tc, ChainProposer(dp, dc, tc, gamma=3)),
-          "tree_k4d4n16": lambda: SpeculativeEngine(tp, tc, TreeProposer(dp, dc, tc, tree=TreeParams(4, 4, 16))),
-          "eagle_k1d4": lambda: SpeculativeEngine(tp, tc, EagleProposer(tp, tc, hp, hc, tree=TreeParams(1, 4, 4))),
-          "eagle_k4d4n16": lambda: SpeculativeEngine(tp, tc, EagleProposer(tp, tc, hp, hc, tree=TreeParams(4, 4, 16))),
-          "eagle_k1d4_gated_off": lambda: SpeculativeEngine(tp, tc, EagleProposer(tp, tc, hp, hc, tree=TreeParams(1, 4, 4), min_confidence=0.99))}
+    return SpeculativeEngine(
+        tp, tc,
+        ChainProposer(dp, dc, tc, gamma=3, draft_vocab=specvocab(dp, dc, int(sv[1]), sv[2],
+                                                                 ranker_rank)))
+  make = {
+      "ar":
+          lambda: Decoder(tp, tc),
+      "chain_g3":
+          lambda: SpeculativeEngine(tp, tc, ChainProposer(dp, dc, tc, gamma=3)),
+      "tree_k4d4n16":
+          lambda: SpeculativeEngine(tp, tc, TreeProposer(dp, dc, tc, tree=TreeParams(4, 4, 16))),
+      "eagle_k1d4":
+          lambda: SpeculativeEngine(tp, tc, EagleProposer(tp, tc, hp, hc, tree=TreeParams(1, 4, 4))
+                                   ),
+      "eagle_k4d4n16":
+          lambda: SpeculativeEngine(tp, tc, EagleProposer(tp, tc, hp, hc, tree=TreeParams(4, 4, 16))
+                                   ),
+      "eagle_k1d4_gated_off":
+          lambda: SpeculativeEngine(
+              tp, tc, EagleProposer(tp, tc, hp, hc, tree=TreeParams(1, 4, 4), min_confidence=0.99))
+  }
   if m not in make:
     raise ValueError(f"unknown method {m!r}: choose from {', '.join(METHODS)}")
   return make[m]()
@@ -210,7 +224,7 @@ def main(argv=None) -> int:
         return state
 
       def call(st, step=step, dec=dec):
-        out = step(dec.tp, dec.dp, st, jax.random.key(0))
+        out = step(dec.target_params, dec.proposer_params, st, jax.random.key(0))
         return out[0], out[1]
     jax.block_until_ready(fresh())  # compiles the prefill too
     compile_s[name] = time.perf_counter() - t0

@@ -154,12 +154,14 @@ def test_weight_stream_model_counts_each_drafting_pass(tiny):
   tcache, dcache = chain.caches
   # tied models: the embedding is the LM head, streamed with the target once, the drafter 3x
   assert tpu.stream_bytes(tpu.method_spec("chain_g3"), chain) == (
-      nbytes(d.tp) + kv(tcache) + 3 * (nbytes(d.dp) + kv(dcache)))
+      nbytes(d.target_params) + kv(tcache) + 3 * (nbytes(d.proposer_params) + kv(dcache)))
   trim = tpu.lower_step("vocabtrim_k1024_g3", setup, S=128)
   d = trim.decoder
   # a trimmed head: its 1024 rows per pass instead of the drafter's [V, D] head
-  assert tpu.stream_bytes(tpu.method_spec("vocabtrim_k1024_g3"), trim) == (
-      nbytes(d.tp) + kv(tcache) + 3 * (nbytes(d.dp) - nbytes(d.dp["embed"]) + kv(dcache)))
+  assert tpu.stream_bytes(
+      tpu.method_spec("vocabtrim_k1024_g3"),
+      trim) == (nbytes(d.target_params) + kv(tcache) + 3 *
+                (nbytes(d.proposer_params) - nbytes(d.proposer_params["embed"]) + kv(dcache)))
 
 
 def test_tau_matching_against_the_gate_run():
@@ -346,10 +348,10 @@ def test_on_a_slice_heads_and_subsets_are_split_as_the_target(tiny):
   mesh = tpu.tpu_mesh("v5e:2x2")
   dec = tpu.build_decoder("eagle:top_k=2,depth=2,total_tokens=4,lm_head=target|subset_k=1024",
                           setup, mesh=mesh)
-  spec = {k: v.sharding.spec for k, v in dec.dp["eagle"]["layer"].items()}
+  spec = {k: v.sharding.spec for k, v in dec.proposer_params["eagle"]["layer"].items()}
   assert spec["wq"] == spec["w_up"] == spec["w_gate"] == P("model", None)
   assert spec["wo"] == spec["w_down"] == P(None, "model")
   assert spec["attn_norm"] == P(None)
-  assert policy_state(dec.dp)["head"].sharding.spec == P("model", None)
+  assert policy_state(dec.proposer_params)["head"].sharding.spec == P("model", None)
   chain = tpu.build_decoder("vocabtrim:k=1024,gamma=2", setup, mesh=mesh)
-  assert policy_state(chain.dp)["head"].sharding.spec == P("model", None)
+  assert policy_state(chain.proposer_params)["head"].sharding.spec == P("model", None)

@@ -163,7 +163,7 @@ def test_sharded_steps_split_the_target_over_the_chips(steps, method):
   step = _step(steps, "v5e:2x2", method, sharded=True)
   mesh = step.decoder.mesh
   assert dict(mesh.shape) == {"data": 1, "model": 4}
-  params = step.decoder.params if method == "ar" else step.decoder.tp
+  params = step.decoder.params if method == "ar" else step.decoder.target_params
   # the target is tensor-parallel: its MLP and vocabulary split over the 4 chips
   assert params["layers"][0]["w_up"].sharding.spec == P("model", None)
   assert params["embed"].sharding.spec == P("model", None)

@@ -91,7 +91,7 @@ def test_the_tpu_slice_steps_take_weights_as_the_loader_lays_them():
   setup = tpu.Setup(resolve_config(tname)[1], resolve_config(dname)[1])
   mesh = tpu.tpu_mesh("v5e:2x2")
   dec = tpu.build_decoder("chain_g3", setup, mesh=mesh)
-  for params, config in ((dec.tp, setup.target), (dec.dp, setup.draft)):
+  for params, config in ((dec.target_params, setup.target), (dec.proposer_params, setup.draft)):
     want = sharding.param_shardings(config, mesh)
     got = jax.tree.map(lambda x: x.sharding, {k: params[k] for k in want})
     pairs = list(zip(jax.tree.leaves(got), jax.tree.leaves(want)))

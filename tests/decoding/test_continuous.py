@@ -28,26 +28,22 @@ def _decoder(kind, target, draft):
   if kind == "eagle":
     from tests.decoding.test_eagle_decoding import random_head
     from vocabjax.decoding.eagle import EagleProposer
-    from vocabjax.decoding.speculative import SpeculativeEngine
 
     hc, head = random_head(target, CFG, 40)
     return SpeculativeEngine(target, CFG, EagleProposer(target, CFG, head, hc, tree=TreeParams(2, 2, 4)))
   if kind == "medusa":
     from tests.decoding.test_medusa_decoding import SPARSE, heads_for
     from vocabjax.decoding.medusa import MedusaProposer
-    from vocabjax.decoding.speculative import SpeculativeEngine
 
     heads, mc = heads_for(target, CFG)
     return SpeculativeEngine(target, CFG, MedusaProposer(target, CFG, heads, mc, choices=SPARSE))
   if kind == "pld":
     from vocabjax.decoding.pld import LookupProposer
-    from vocabjax.decoding.speculative import SpeculativeEngine
 
     return SpeculativeEngine(target, CFG, LookupProposer(gamma=3))
   if kind == "eagle_suffix":  # the suffix trees (per-row requests on the host) + a head's tree
     from tests.decoding.test_eagle_decoding import random_head
     from vocabjax.decoding.eagle import EagleSuffixProposer
-    from vocabjax.decoding.speculative import SpeculativeEngine
     from vocabjax.decoding.suffix import SuffixProposer
 
     hc, head = random_head(target, CFG, 40)

@@ -22,8 +22,10 @@ from vocabjax.testing.stats import chi2_pvalue, exact_support_probs
 from vocabjax.testing.tiny import tiny_tokenizer
 from vocabjax.vocab.translate import TranslationError, build_vocab_map
 
-DRAFT_CORPUS = ["The lazy dog sleeps while the quick fox runs.", "def mul(a, b):\n    return a * b\n",
-                "Bonjour le monde, comment allez-vous ?", "print('hello world')"] * 20
+DRAFT_CORPUS = [
+    "The lazy dog sleeps while the quick fox runs.", "def mul(a, b):\n    return a * b\n",
+    "Bonjour le monde, comment allez-vous ?", "print('hello world')"
+] * 20
 TEXTS = ["def add(a, b):\n", "The quick brown fox", "Hello world! How"]
 
 
@@ -63,7 +65,10 @@ def test_greedy_identical_to_target(setup, gamma, ngram, draft_prefill):
   ttok, dtok, tc, dc, target, draft = setup
   ps = prompts(ttok)
   ref = Decoder(target, tc).generate(ps, max_new_tokens=40)
-  dec = SpeculativeEngine(target, tc, CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok, gamma=gamma, ngram=ngram, draft_prefill=draft_prefill))
+  dec = SpeculativeEngine(
+      target, tc,
+      CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok, gamma=gamma,
+                         ngram=ngram, draft_prefill=draft_prefill))
   res = dec.generate(ps, max_new_tokens=40)
   assert res.tokens == ref.tokens
   st = res.stats
@@ -87,7 +92,8 @@ def _check_drafter_cache(dec, dc, ttok, dtok, texts, draft_prefill="exact"):
   Ld = len(ctx)
   h_cache = np.asarray(dcache.k[:, 0, :Ld])
   fresh = KVCache.init(dc, 1, Ld)
-  _, fresh = forward(dec.proposer.dp, jnp.asarray([ctx]), jnp.arange(Ld)[None], fresh, config=dc)
+  _, fresh = forward(dec.proposer.draft_params, jnp.asarray([ctx]),
+                     jnp.arange(Ld)[None], fresh, config=dc)
   rounded = draft_prefill == "bf16" and cpu_matmul.gemm_available()
   np.testing.assert_allclose(h_cache, np.asarray(fresh.k[:, 0, :Ld]),
                              atol=0.15 if rounded else 2e-5)
@@ -108,7 +114,10 @@ def test_continuous_batching_keeps_the_target_tokens(setup):
   eos = [ref.tokens[0][3], ref.tokens[1][9]]
   want = Decoder(target, tc).generate(ps, max_new_tokens=24, eos_token_ids=eos)
   assert len({len(t) for t in want.tokens}) > 1
-  dec = SpeculativeEngine(target, tc, CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok, gamma=3, ngram=False))
+  dec = SpeculativeEngine(
+      target, tc,
+      CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok, gamma=3,
+                         ngram=False))
   res = dec.generate_continuous(ps, rows=2, max_new_tokens=24, eos_token_ids=eos)
   assert res.tokens == want.tokens and res.finish_reasons == want.finish_reasons
   assert {len(r) for r in res.stats.drafted} == {2}
@@ -135,7 +144,10 @@ def test_lookup_pair_merges_ngrams_and_accepts_them():
                        head_dim=4, max_position_embeddings=1024)
   t_next = dict(zip(t_ids, t_ids[1:] + [t_ids[0]]))
   target = lookup_model(tc, lambda t: t_next.get(t, t_ids[0]))
-  probe = SpeculativeEngine(target, tc, CrossVocabProposer(lookup_model(dc, lambda t: t), dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok))
+  probe = SpeculativeEngine(
+      target, tc,
+      CrossVocabProposer(lookup_model(dc, lambda t: t), dc, tc, target_tokenizer=ttok,
+                         draft_tokenizer=dtok))
   d_ids = probe.to_drafter(t_ids)
   assert len(d_ids) > len(t_ids)  # B spells some of A's tokens with several tokens
   d_next = dict(zip(d_ids, d_ids[1:] + [d_ids[0]]))
@@ -144,7 +156,10 @@ def test_lookup_pair_merges_ngrams_and_accepts_them():
   ps = [t_ids[:2]]
   ref = Decoder(target, tc).generate(ps, max_new_tokens=30)
   for ngram in (False, True):
-    dec = SpeculativeEngine(target, tc, CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok, gamma=8, ngram=ngram))  # room for the 6-token spelling
+    dec = SpeculativeEngine(target, tc,
+                            CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok,
+                                               draft_tokenizer=dtok, gamma=8,
+                                               ngram=ngram))  # room for the 6-token spelling
     assert dec.learn(t_ids) == (len(d_ids) - len(t_ids) > 0) * dec.ngram.stats["entries"]
     res = dec.generate(ps, max_new_tokens=30)
     assert res.tokens == ref.tokens
@@ -163,7 +178,10 @@ def test_direct_mapping_sampling_is_lossless(setup):
   sampling (chi-square over the top-4 support), with real rejections."""
   ttok, dtok, tc, dc, target, draft = setup
   sp = SamplingParams(temperature=1.0, top_k=4)
-  dec = SpeculativeEngine(target, tc, CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok, gamma=2, ngram=False))
+  dec = SpeculativeEngine(
+      target, tc,
+      CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok, gamma=2,
+                         ngram=False))
   prompt = prompts(ttok)[0]
   res = dec.generate([prompt] * 3000, max_new_tokens=3, sampling=sp, seed=3)
   # ~5% of drafts are accepted here (~590 of ~11,800); the bound only asks for real
@@ -191,7 +209,8 @@ def test_translated_q_direct_and_ngram_positions():
 
 def test_reverse_translation_of_partial_characters(setup):
   ttok, dtok, tc, dc, target, draft = setup
-  dec = SpeculativeEngine(target, tc, CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok))
+  dec = SpeculativeEngine(
+      target, tc, CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok))
   emoji = ttok("🙂 café", add_special_tokens=False)["input_ids"]
   got = dec.to_drafter(emoji)
   assert dtok.decode(got) == "🙂 café"
@@ -207,29 +226,44 @@ def test_adaptive_stop_rule(setup):
   head = init_acceptance_head(jax.random.key(3), dc.hidden_size)
   drafted = {}
   for bias in (-10.0, 10.0):  # a head sure of rejection stops after one draft; sure of acceptance
-    dec = SpeculativeEngine(target, tc, CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok, gamma=4, acceptance_head={**head, "b2": jnp.float32(bias)}, stop_threshold=0.5))
+    dec = SpeculativeEngine(
+        target, tc,
+        CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok, gamma=4,
+                           acceptance_head={
+                               **head, "b2": jnp.float32(bias)
+                           }, stop_threshold=0.5))
     res = dec.generate(ps, max_new_tokens=24)
     assert res.tokens == ref.tokens
     drafted[bias] = {d for row in res.stats.drafter_tokens for d in row if d}
   assert drafted[-10.0] == {1} and drafted[10.0] == {4}
   with pytest.raises(ValueError, match="threshold"):
-    SpeculativeEngine(target, tc, CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok, acceptance_head=head, stop_threshold=1.5))
+    SpeculativeEngine(
+        target, tc,
+        CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok,
+                           acceptance_head=head, stop_threshold=1.5))
 
 
 def test_bad_pairs_are_refused_with_numbers(setup):
   ttok, dtok, tc, dc, target, draft = setup
   with pytest.raises(TranslationError, match=r"shares \d+ of its \d+ tokens .*min_overlap=99%"):
-    SpeculativeEngine(target, tc, CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok, min_overlap=0.99))
+    SpeculativeEngine(
+        target, tc,
+        CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok,
+                           min_overlap=0.99))
   small = config(200)  # a drafter model far smaller than its tokenizer: wrong pairing
   with pytest.raises(TranslationError, match=f"the drafter tokenizer has {len(dtok)} tokens but "
                                              f"the drafter model only V=200"):
-    SpeculativeEngine(target, tc, CrossVocabProposer(init_params(jax.random.key(2), small), small, tc, target_tokenizer=ttok, draft_tokenizer=dtok))
+    SpeculativeEngine(
+        target, tc,
+        CrossVocabProposer(init_params(jax.random.key(2), small), small, tc, target_tokenizer=ttok,
+                           draft_tokenizer=dtok))
   from tokenizers import normalizers
 
   lower = tiny_tokenizer(320, corpus=DRAFT_CORPUS)
   lower.backend_tokenizer.normalizer = normalizers.Lowercase()
   with pytest.raises(TranslationError, match=r"does not round-trip \d+ of 5 texts"):
-    SpeculativeEngine(target, tc, CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=lower))
+    SpeculativeEngine(
+        target, tc, CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=lower))
 
 
 # --- exact sampling with n-gram merges (issue 23) ----------------------------------------------
@@ -295,7 +329,10 @@ def _merging_law(merging, rule, sp, rows, batch, seed=0, mesh=None, continuous=F
   per row) with `rows` samples, `batch` prompts per generate call (on `mesh` if given;
   `continuous`: one call, `batch` cache rows decoding them in turn)."""
   ttok, dtok, tc, dc, target, draft, pool = merging
-  dec = SpeculativeEngine(target, tc, CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok, gamma=4, rule=rule), mesh=mesh)
+  dec = SpeculativeEngine(
+      target, tc,
+      CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok, gamma=4,
+                         rule=rule), mesh=mesh)
   dec.learn(pool)
   prompt = pool[:2]
   toks, merged = [], 0
@@ -354,7 +391,10 @@ def test_nonfinite_target_logits_are_an_error_naming_the_row(setup, sampling):
   ps = prompts(ttok)
 
   def dec(params):
-    return SpeculativeEngine(params, tc, CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok, gamma=3, ngram=True))
+    return SpeculativeEngine(
+        params, tc,
+        CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok, gamma=3,
+                           ngram=True))
 
   only_row1 = next(t for t in ps[1] if t not in ps[0] and t not in ps[2])
   bad = dict(target, embed=target["embed"].at[only_row1].set(jnp.nan))
@@ -376,7 +416,10 @@ def test_a_streamer_gets_the_target_tokens_as_they_are_kept(setup):
   then the kept target tokens (a verified block at once), then `end()`; one row only."""
   ttok, dtok, tc, dc, target, draft = setup
   ps = prompts(ttok)
-  dec = SpeculativeEngine(target, tc, CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok, gamma=3, ngram=True))
+  dec = SpeculativeEngine(
+      target, tc,
+      CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok, gamma=3,
+                         ngram=True))
   puts, ends = [], []
 
   class Rec:
@@ -398,13 +441,15 @@ def test_batch_size_runs_batches_in_turn_with_the_target_tokens(setup):
   target's greedy tokens, for the cross-vocabulary proposer and a chain drafter alike; the
   stats are laid out over all three rows (a batch's steps count only its own rows) and add up
   to the batches' own runs."""
-  from vocabjax.decoding.speculative import SpeculativeEngine
   from vocabjax.decoding.drafter import ChainProposer
 
   ttok, dtok, tc, dc, target, draft = setup
   ps = prompts(ttok)
   ref = Decoder(target, tc).generate(ps, max_new_tokens=20)
-  for dec in (SpeculativeEngine(target, tc, CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok, gamma=3, ngram=False)),
+  for dec in (SpeculativeEngine(
+      target, tc,
+      CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok, gamma=3,
+                         ngram=False)),
               SpeculativeEngine(target, tc, ChainProposer(target, tc, tc, gamma=3))):
     res = dec.generate(ps, max_new_tokens=20, batch_size=2)
     assert res.tokens == ref.tokens and res.prompt_lengths == [len(p) for p in ps]

@@ -132,8 +132,8 @@ def test_greedy_identical_to_autoregressive_random_models(target, tp, vocab):
     kw["draft_vocab"] = SpeculativeVocab(svd_ranker(target, CFG, 8), k=12)
   prompts = _prompts()
   ar = Decoder(target, CFG).generate(prompts, max_new_tokens=24)
-  res = SpeculativeEngine(target, CFG, EagleProposer(target, CFG, head, hc, tree=tp, **kw)).generate(
-      prompts, max_new_tokens=24)
+  res = SpeculativeEngine(target, CFG, EagleProposer(target, CFG, head, hc, tree=tp,
+                                                     **kw)).generate(prompts, max_new_tokens=24)
   assert res.tokens == ar.tokens
 
 
@@ -143,7 +143,9 @@ def test_head_cache_equals_a_fresh_recomputation(lookup):
   features are the target's features of the newest positions: the hand-over loses nothing."""
   target, hc, head = lookup
   head = {**head, "layer": init_eagle(jax.random.key(9), hc, scale=0.3)["layer"]}  # busy layer
-  dec = SpeculativeEngine(target, LOOKUP, EagleProposer(target, LOOKUP, head, hc, tree=TreeParams(2, 3, 6)), layout="out_in")
+  dec = SpeculativeEngine(target, LOOKUP,
+                          EagleProposer(target, LOOKUP, head, hc, tree=TreeParams(2, 3, 6)),
+                          layout="out_in")
   prompt = [5, 9, 13, 2, 7]
   B, S, T = 1, 64, 16
   start, step, _ = dec.programs(SamplingParams(), B, T, S, jnp.float32)
@@ -154,7 +156,7 @@ def test_head_cache_equals_a_fresh_recomputation(lookup):
   committed = prompt + [int(first[0])]
   accepted = []
   for i in range(6):
-    state, emitted, n = step(dec.tp, dec.dp, state, jax.random.key(i))
+    state, emitted, n = step(dec.target_params, dec.proposer_params, state, jax.random.key(i))
     committed += [int(t) for t in np.asarray(emitted)[0] if t >= 0]
     accepted.append(int(n[0]))
   assert max(accepted) >= 1  # steps that handed over more than one feature
@@ -191,7 +193,8 @@ def test_sampling_is_lossless(sampling):
   small = dataclasses.replace(SMALL, num_layers=2)  # two layers to fuse
   tgt2 = init_params(jax.random.key(10), small, scale=0.8)
   hc, head = random_head(tgt2, small, 6, seed=4)
-  dec = SpeculativeEngine(tgt2, small, EagleProposer(tgt2, small, head, hc, tree=TreeParams(2, 2, 4)))
+  dec = SpeculativeEngine(tgt2, small, EagleProposer(tgt2, small, head, hc,
+                                                     tree=TreeParams(2, 2, 4)))
   res = dec.generate([PROMPT] * 12_000, max_new_tokens=3, sampling=sampling, seed=7)
   V = small.vocab_size
   t = np.asarray([r[:3] for r in res.tokens])

@@ -43,12 +43,16 @@ def test_gated_drafting_keeps_greedy_output(target, Vd, lm_head):
   prompts = _prompts()
   ar = Decoder(target, CFG).generate(prompts, max_new_tokens=24)
   tp = TreeParams(2, 3, 6)
-  ungated = SpeculativeEngine(target, CFG, EagleProposer(target, CFG, head, hc, tree=tp, lm_head=lm_head)).generate(
-      prompts, max_new_tokens=24)
+  ungated = SpeculativeEngine(target, CFG,
+                              EagleProposer(target, CFG, head, hc, tree=tp,
+                                            lm_head=lm_head)).generate(prompts, max_new_tokens=24)
   assert ungated.tokens == ar.tokens
   mixed = 0
   for thr in (1e-6, 0.2, 0.3, 0.999):
-    res = SpeculativeEngine(target, CFG, EagleProposer(target, CFG, head, hc, tree=tp, lm_head=lm_head, min_confidence=thr)).generate(prompts, max_new_tokens=24)
+    res = SpeculativeEngine(
+        target, CFG,
+        EagleProposer(target, CFG, head, hc, tree=tp, lm_head=lm_head,
+                      min_confidence=thr)).generate(prompts, max_new_tokens=24)
     assert res.tokens == ar.tokens, thr
     st = res.stats
     assert isinstance(st, SpecStats) and res.steps == len(st.drafted)
@@ -74,18 +78,23 @@ def test_a_row_drafts_exactly_when_its_root_confidence_reaches_the_threshold(tar
   (read from the same start state), so the gate is per row, not per batch."""
   hc, head = random_head(target, CFG, 40)
   prompts = _prompts(3)
-  dec = SpeculativeEngine(target, CFG, EagleProposer(target, CFG, head, hc, tree=TreeParams(2, 3, 6)))
+  dec = SpeculativeEngine(target, CFG, EagleProposer(target, CFG, head, hc,
+                                                     tree=TreeParams(2, 3, 6)))
   start, _, _ = dec.programs(SamplingParams(), 4, 32, 64, np.float32)
   tokens = np.zeros((4, 32), np.int32)
   for b, p in enumerate(prompts):
     tokens[b, :len(p)] = p
   _, state = start(tokens, np.array([len(p) for p in prompts], np.int32), jax.random.key(0))
-  x_root, _ = _head_root(dec.dp, state.draft, head_config=hc)
-  conf = np.asarray(root_confidence(dec.dp, x_root, head_config=hc, policy=dec.draft_policy))
+  x_root, _ = _head_root(dec.proposer_params, state.draft, head_config=hc)
+  conf = np.asarray(
+      root_confidence(dec.proposer_params, x_root, head_config=hc, policy=dec.draft_policy))
   c = np.sort(conf)
   assert c[2] - c[1] > 1e-3, c  # distinct enough to split
   thr = float(c[1] + c[2]) / 2  # two rows below, two above
-  res = SpeculativeEngine(target, CFG, EagleProposer(target, CFG, head, hc, tree=TreeParams(2, 3, 6), min_confidence=thr)).generate(prompts, max_new_tokens=8, max_len=64)
+  res = SpeculativeEngine(
+      target, CFG, EagleProposer(target, CFG, head, hc, tree=TreeParams(2, 3, 6),
+                                 min_confidence=thr)).generate(prompts, max_new_tokens=8,
+                                                               max_len=64)
   assert [bool(d) for d in res.stats.drafted[0]] == list(conf >= thr)
 
 
@@ -103,8 +112,11 @@ def test_gated_lookup_without_the_head_is_prompt_lookup(target):
   ar = Decoder(target, CFG).generate(prompts, max_new_tokens=24)
   pld = SpeculativeEngine(target, CFG, LookupProposer(gamma=gamma, candidates=candidates)).generate(
       prompts, max_new_tokens=24)
-  res = SpeculativeEngine(target, CFG, EagleLookupProposer(target, CFG, head, hc, tree=TreeParams(2, 3, 6), gamma=gamma, candidates=candidates, min_confidence=0.999)).generate(
-      prompts, max_new_tokens=24)
+  res = SpeculativeEngine(
+      target, CFG,
+      EagleLookupProposer(target, CFG, head, hc, tree=TreeParams(2, 3, 6), gamma=gamma,
+                          candidates=candidates,
+                          min_confidence=0.999)).generate(prompts, max_new_tokens=24)
   assert res.tokens == pld.tokens == ar.tokens
   rec = res.stats.record()
   assert rec["head_steps"] == 0 and rec["accepted"] > 0
@@ -112,8 +124,11 @@ def test_gated_lookup_without_the_head_is_prompt_lookup(target):
   assert res.stats.accepted == pld.stats.accepted
   assert res.stats.tau == pytest.approx(pld.stats.tau)
   # a threshold some steps reach: the head's nodes come back on those, output unchanged
-  mid = SpeculativeEngine(target, CFG, EagleLookupProposer(target, CFG, head, hc, tree=TreeParams(2, 3, 6), gamma=gamma, candidates=candidates, min_confidence=0.2)).generate(
-      prompts, max_new_tokens=24)
+  mid = SpeculativeEngine(
+      target, CFG,
+      EagleLookupProposer(target, CFG, head, hc, tree=TreeParams(2, 3, 6), gamma=gamma,
+                          candidates=candidates,
+                          min_confidence=0.2)).generate(prompts, max_new_tokens=24)
   assert mid.tokens == ar.tokens
   assert 0 < mid.stats.record()["head_steps"] < _row_steps(mid.stats)
 
@@ -134,9 +149,14 @@ def test_gated_sampling_is_lossless(lookup):
   prompt = PROMPT
   if lookup:
     prompt = PROMPT + Decoder(tgt2, small).generate([PROMPT], max_new_tokens=12).tokens[0]
-    dec = SpeculativeEngine(tgt2, small, EagleLookupProposer(tgt2, small, head, hc, tree=TreeParams(2, 2, 4), gamma=2, candidates=2, min_confidence=0.6))
+    dec = SpeculativeEngine(
+        tgt2, small,
+        EagleLookupProposer(tgt2, small, head, hc, tree=TreeParams(2, 2, 4), gamma=2, candidates=2,
+                            min_confidence=0.6))
   else:
-    dec = SpeculativeEngine(tgt2, small, EagleProposer(tgt2, small, head, hc, tree=TreeParams(2, 2, 4), min_confidence=0.6))
+    dec = SpeculativeEngine(
+        tgt2, small,
+        EagleProposer(tgt2, small, head, hc, tree=TreeParams(2, 2, 4), min_confidence=0.6))
   res = dec.generate([prompt] * 12_000, max_new_tokens=3, sampling=sampling, seed=7)
   st = res.stats
   drafted, gated = st.record()["head_steps"], _gated_rows(st)

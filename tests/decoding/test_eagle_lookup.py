@@ -14,6 +14,7 @@ from vocabjax.decoding.eagle import EagleLookupProposer, EagleProposer
 from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.tree import TreeParams, merge_nodes
 from vocabjax.models import init_params
+from vocabjax.sharding import make_mesh
 from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
 
 from tests.decoding.conftest import CFG, PROMPT, SMALL
@@ -177,7 +178,8 @@ def test_bad_input(target):
   with pytest.raises(ValueError, match="candidates must be >= 1 .*got candidates=0"):
     SpeculativeEngine(target, CFG, EagleLookupProposer(target, CFG, head, hc, candidates=0))
   with pytest.raises(ValueError, match="mesh is not supported"):
-    SpeculativeEngine(target, CFG, EagleLookupProposer(target, CFG, head, hc), mesh=object())
+    mesh = make_mesh(data=1, model=2, devices=jax.devices()[:2])
+    SpeculativeEngine(target, CFG, EagleLookupProposer(target, CFG, head, hc), mesh=mesh)
   with pytest.raises(ValueError, match="own reduced vocabulary of Vd=40"):  # the head's checks
     from vocabjax.vocab.subset import VocabSubset
     SpeculativeEngine(target, CFG, EagleLookupProposer(target, CFG, head, hc, draft_vocab=VocabSubset(ids=(1, 2, 3),

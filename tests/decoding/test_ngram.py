@@ -6,7 +6,7 @@ import pytest
 
 from tests.decoding.conftest import CFG, SMALL
 from vocabjax.decoding import Decoder, SamplingParams
-from vocabjax.decoding.ngram import NgramProposer, NgramTable
+from vocabjax.methods.ngram import NgramProposer, NgramTable
 from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.models import init_params
 from vocabjax.testing.proposers import greedy_identity, target_law

@@ -7,7 +7,8 @@ import pytest
 
 from tests.decoding.conftest import CFG, SMALL, prompt_samples
 from vocabjax.decoding.autoregressive import Decoder, block_request
-from vocabjax.decoding.pld import LookupProposer, continuation_trie, lookup_continuations, lookup_drafts
+from vocabjax.decoding.pld import (LookupProposer, continuation_trie, lookup_continuations,
+                                   lookup_drafts)
 from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.models.cache import KVCache
 from vocabjax.sampling import SamplingParams
@@ -48,9 +49,11 @@ def test_greedy_identical_to_autoregressive(gamma):
 
 def test_no_match_is_a_plain_step():
   params = init_params(jax.random.key(0), CFG, scale=0.3)
-  res = SpeculativeEngine(params, CFG, LookupProposer(gamma=3)).generate([[1, 2, 3]], max_new_tokens=1)
+  res = SpeculativeEngine(params, CFG, LookupProposer(gamma=3)).generate([[1, 2, 3]],
+                                                                         max_new_tokens=1)
   assert res.steps == 0 and len(res.tokens[0]) == 1  # the prefill's token only
-  res = SpeculativeEngine(params, CFG, LookupProposer(gamma=3)).generate([[1, 2, 3]], max_new_tokens=2)
+  res = SpeculativeEngine(params, CFG, LookupProposer(gamma=3)).generate([[1, 2, 3]],
+                                                                         max_new_tokens=2)
   assert res.stats.drafted == [[0]] and res.stats.tau == 1.0
 
 
@@ -63,8 +66,8 @@ def test_sampling_is_lossless(sp):
   target = init_params(jax.random.key(10), SMALL, scale=0.8)
   greedy = Decoder(target, SMALL).generate([[3, 1]], max_new_tokens=6).tokens[0]
   prompt = [3, 1, *greedy, 3, 1]
-  samples, st = prompt_samples(SpeculativeEngine(target, SMALL, LookupProposer(gamma=2)), sp, seed=7,
-                               prompt=prompt)
+  samples, st = prompt_samples(SpeculativeEngine(target, SMALL, LookupProposer(gamma=2)), sp,
+                               seed=7, prompt=prompt)
   assert 0.05 < st.acceptance_rate < 0.95  # accepts and rejections both happen
   assert chi2_pvalue(samples, exact_sequence_probs(target, SMALL, prompt, sp)) > 1e-3
 
@@ -76,7 +79,8 @@ def test_bad_settings():
   with pytest.raises(ValueError, match="min_ngram=3 max_ngram=2"):
     SpeculativeEngine(params, CFG, LookupProposer(max_ngram=2, min_ngram=3))
   with pytest.raises(ValueError, match="exceeds the cache length max_len=16"):
-    SpeculativeEngine(params, CFG, LookupProposer(gamma=4)).generate([[1] * 8], max_new_tokens=6, max_len=16)
+    SpeculativeEngine(params, CFG, LookupProposer(gamma=4)).generate([[1] * 8], max_new_tokens=6,
+                                                                     max_len=16)
 
 
 # --- trees of several matches' continuations (candidates > 1) ------------------------------
@@ -128,8 +132,8 @@ def test_tree_accepts_a_later_branch_and_pads_short_rows():
   parent = np.stack([par, np.arange(1, n + 1)]).astype(np.int32)  # row 1: padding only
   depth = np.stack([dep, np.ones(n)]).astype(np.int32)
   prog, _ = steps(((2, n),) * 3)
-  state, emitted, acc = prog(dec.tp, dec.dp, state, jax.random.key(2), jnp.asarray(block),
-                             jnp.asarray(parent), jnp.asarray(depth))
+  state, emitted, acc = prog(dec.target_params, dec.proposer_params, state, jax.random.key(2),
+                             jnp.asarray(block), jnp.asarray(parent), jnp.asarray(depth))
   assert np.asarray(acc).tolist() == [2, 0]
   assert np.asarray(emitted)[0, :3].tolist() == g[1:4] and np.asarray(state.last).tolist() == [
       g[3], h[1]]
@@ -163,8 +167,9 @@ def test_tree_sampling_is_lossless():
   other = [(t + 1) % V for t in greedy]
   prompt = [3, 1, *other, 3, 1, *greedy, 3, 1, *other[::-1], 3, 1]
   sp = SamplingParams(temperature=1.0)
-  samples, st = prompt_samples(SpeculativeEngine(target, SMALL, LookupProposer(gamma=2, candidates=3)), sp,
-                               seed=7, prompt=prompt)
+  samples, st = prompt_samples(
+      SpeculativeEngine(target, SMALL, LookupProposer(gamma=2, candidates=3)), sp, seed=7,
+      prompt=prompt)
   assert max(map(max, st.drafted)) > 2  # trees, not chains
   assert 0.05 < st.acceptance_rate < 0.95
   assert chi2_pvalue(samples, exact_sequence_probs(target, SMALL, prompt, sp)) > 1e-3

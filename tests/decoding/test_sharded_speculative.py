@@ -100,10 +100,10 @@ def test_sharded_greedy_equals_unsharded_and_steps_do_not_reshard(pair, data, mo
     # the one-device drafter prefills in bf16 and uses the CPU matmul kernel)
     assert res.stats.tau > 1.0, name
     if model > 1:  # the target is tensor-parallel: its MLP and vocabulary split
-      assert dec.tp["layers"][0]["w_up"].sharding.spec == P("model", None), name
-      assert dec.tp["embed"].sharding.spec == P("model", None), name
+      assert dec.target_params["layers"][0]["w_up"].sharding.spec == P("model", None), name
+      assert dec.target_params["embed"].sharding.spec == P("model", None), name
       if name.endswith("_subset"):  # a trimmed head's rows split as the full head's
-        assert policy_state(dec.dp)["head"].sharding.spec == P("model", None), name
+        assert policy_state(dec.proposer_params)["head"].sharding.spec == P("model", None), name
     _, step, compile_s = dec.programs(SamplingParams(), B, 16, dec.cache_len(longest, 16),
                                       jax.numpy.float32)
     assert compile_s == 0.0, name  # the program generate ran
@@ -123,8 +123,8 @@ def test_loop_state_stays_sharded(pair):
   _, state = start(z, jax.numpy.ones((4,), jax.numpy.int32), jax.random.key(0))
   before = jax.tree.map(lambda x: x.sharding, state)
   assert state.target_cache.k.sharding.spec[1] == "data"  # rows over the data axis
-  state, _, _ = step(dec.tp, dec.dp, state, jax.random.key(1))
-  state, _, _ = step(dec.tp, dec.dp, state, jax.random.key(2))
+  state, _, _ = step(dec.target_params, dec.proposer_params, state, jax.random.key(1))
+  state, _, _ = step(dec.target_params, dec.proposer_params, state, jax.random.key(2))
   assert jax.tree.map(lambda x: x.sharding, state) == before
   # another prompt block compiles its prefills, not another step: its start places the loop
   # state as the step was compiled for
@@ -141,7 +141,8 @@ def test_sampling_is_lossless_on_a_mesh(small_pair):
   target, draft = small_pair
   mesh = sharding.make_mesh(data=2, model=4)
   sp = SamplingParams(temperature=1.0)
-  samples, st = prompt_samples(SpeculativeEngine(target, SMALL, ChainProposer(draft, SMALL, SMALL, gamma=2), mesh=mesh), sp)
+  samples, st = prompt_samples(
+      SpeculativeEngine(target, SMALL, ChainProposer(draft, SMALL, SMALL, gamma=2), mesh=mesh), sp)
   assert 0.05 < st.acceptance_rate < 0.95
   assert chi2_pvalue(samples, exact_sequence_probs(target, SMALL, PROMPT, sp)) > 1e-3
 
@@ -155,7 +156,8 @@ def test_bad_meshes_and_batches(pair):
   with pytest.raises(ValueError, match=r"B=3 rows does not divide the mesh's data axis of 4"):
     dec.generate(PROMPTS[:3], max_new_tokens=4)
   with pytest.raises(ValueError, match=r"layout='in_out': on a mesh"):
-    SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=2), mesh=mesh, layout="in_out")
+    SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=2), mesh=mesh,
+                      layout="in_out")
 
 
 # prompt lookup and cross-vocabulary drafting on the (2, 4) mesh only: rows over "data" (their
@@ -177,7 +179,7 @@ def test_prompt_lookup_on_a_mesh(pair, data, model):
     assert res.tokens == ar.tokens, candidates
     assert sum(map(sum, res.stats.drafted)) > 0, candidates  # matches were verified
     if model > 1:
-      assert dec.tp["layers"][0]["w_up"].sharding.spec == P("model", None)
+      assert dec.target_params["layers"][0]["w_up"].sharding.spec == P("model", None)
     B = 4
     # the verification programs generate compiled (one per draft count M or node count n
     # met: the host block's shape, the last of their key's shapes), W = M + 1 or n + 1 tokens
@@ -208,8 +210,8 @@ def test_prompt_lookup_sampling_is_lossless_on_a_mesh():
   prompt = [3, 1, *greedy, 3, 1]
   mesh = sharding.make_mesh(data=2, model=4)
   sp = SamplingParams(temperature=1.0)
-  samples, st = prompt_samples(SpeculativeEngine(target, SMALL, LookupProposer(gamma=2), mesh=mesh), sp,
-                               seed=7, prompt=prompt)
+  samples, st = prompt_samples(SpeculativeEngine(target, SMALL, LookupProposer(gamma=2), mesh=mesh),
+                               sp, seed=7, prompt=prompt)
   assert 0.05 < st.acceptance_rate < 0.95
   assert chi2_pvalue(samples, exact_sequence_probs(target, SMALL, prompt, sp)) > 1e-3
 
@@ -223,18 +225,21 @@ def test_cross_vocabulary_on_a_mesh(data, model):
   axis is refused by name."""
   from tests.decoding.test_crossvocab import prompts, setup as cv_setup
   from vocabjax.decoding.crossvocab import CrossVocabProposer
-  from vocabjax.decoding.speculative import SpeculativeEngine
 
   ttok, dtok, tc, dc, target, draft = cv_setup.__wrapped__()
   mesh = sharding.make_mesh(data=data, model=model)
   ps = prompts(ttok) + prompts(ttok)[:1]  # 4 rows
   ref = Decoder(target, tc).generate(ps, max_new_tokens=24)
   for ngram in (False, True):
-    dec = SpeculativeEngine(target, tc, CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok, gamma=3, ngram=ngram), mesh=mesh)
+    dec = SpeculativeEngine(
+        target, tc,
+        CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok, gamma=3,
+                           ngram=ngram), mesh=mesh)
     res = dec.generate(ps, max_new_tokens=24)
     assert res.tokens == ref.tokens, ngram
     assert res.stats.tau > 1.0, ngram
-    for params in (dec.tp, dec.proposer.dp):  # both models tensor-parallel: their MLPs split
+    for params in (dec.target_params,
+                   dec.proposer.draft_params):  # both models tensor-parallel: their MLPs split
       assert params["layers"][0]["w_up"].sharding.spec == P("model", None)
     for key, prog in dec.compiled_programs().items():
       if key.program in ("draft", "step"):

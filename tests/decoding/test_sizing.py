@@ -105,7 +105,6 @@ def test_self_sizing_keeps_plain_greedy_tokens_and_records_its_choices(make):
 def test_a_sized_chain_keeps_plain_greedy_tokens_drafting_1_to_gamma(draft_seed):
   """A chain drafter sized per step (one step program per length 1..gamma, the same loop
   state): greedy output is plain decoding's; every step drafts the length the rule chose."""
-  from vocabjax.decoding.speculative import SpeculativeEngine
   from vocabjax.decoding.drafter import ChainProposer
 
   params = init_params(jax.random.key(0), CFG, scale=0.3)
@@ -146,7 +145,6 @@ def test_sized_drafters_with_plain_steps_between_keep_plain_greedy_tokens(monkey
   steps (n = 0) among them, twice in a row too: the drafter's cache stays caught up (with the
   target drafting for itself every draft after a plain step is accepted) and the output is
   plain decoding's. (A sized chain drafted by another model: the test above.)"""
-  from vocabjax.decoding.speculative import SpeculativeEngine
   from vocabjax.decoding.drafter import ChainProposer, TreeProposer
   from vocabjax.decoding.tree import TreeParams
 
@@ -182,7 +180,6 @@ def test_a_sized_tree_samples_the_target_law(monkeypatch):
   verifier over its nodes)."""
   from tests.decoding.conftest import SMALL
   from vocabjax.decoding import SamplingParams
-  from vocabjax.decoding.speculative import SpeculativeEngine
   from vocabjax.decoding.drafter import TreeProposer
   from vocabjax.decoding.tree import TreeParams
   from vocabjax.testing.proposers import target_law
@@ -205,7 +202,6 @@ def test_a_sized_chain_samples_the_target_law(monkeypatch):
 
   from tests.decoding.conftest import SMALL
   from vocabjax.decoding import SamplingParams
-  from vocabjax.decoding.speculative import SpeculativeEngine
   from vocabjax.decoding.drafter import ChainProposer
   from vocabjax.testing.proposers import target_law
 

@@ -51,7 +51,8 @@ def test_prompt_blocks_share_one_step_program(pair):
     progs.append(dec.programs(SamplingParams(), 1, prompt_bucket(n), 64, jnp.float32))
   (start4, step4, c4), (start32, step32, c32) = progs
   assert step4 is step32 and start4 is not start32 and c4 == c32 == 0.0  # generate compiled
-  assert sorted(k.program for k, _ in dec.compiled_programs().items()) == ["prefill", "prefill", "step"]
+  assert sorted(
+      k.program for k, _ in dec.compiled_programs().items()) == ["prefill", "prefill", "step"]
 
 
 def test_hand_checked_acceptance():
@@ -61,7 +62,8 @@ def test_hand_checked_acceptance():
   meets exactly one token divisible by 3 at the third draft: two accepted, three emitted.
   """
   config, target, draft = successor_pair(12, skip=3)
-  res = SpeculativeEngine(target, config, ChainProposer(draft, config, config, gamma=3)).generate([[1]], max_new_tokens=15)
+  res = SpeculativeEngine(target, config, ChainProposer(draft, config, config,
+                                                        gamma=3)).generate([[1]], max_new_tokens=15)
   assert res.tokens[0] == [(2 + i) % 12 for i in range(15)]
   accepted = [row[0] for row in res.stats.accepted]
   assert accepted[:5] == [1, 2, 2, 2, 2]
@@ -73,8 +75,9 @@ def test_hand_checked_acceptance():
 
 def test_identical_drafter_accepts_everything():
   config, target, draft = successor_pair(12, skip=0)
-  res = SpeculativeEngine(target, config, ChainProposer(draft, config, config, gamma=4)).generate([[5], [7, 8]],
-                                                                     max_new_tokens=21)
+  res = SpeculativeEngine(target, config, ChainProposer(draft, config, config,
+                                                        gamma=4)).generate([[5], [7, 8]],
+                                                                           max_new_tokens=21)
   assert res.tokens == [[(6 + i) % 12 for i in range(21)], [(9 + i) % 12 for i in range(21)]]
   assert res.stats.tau == 5 and res.stats.acceptance_rate == 1
 
@@ -98,14 +101,17 @@ def test_bad_configuration():
   with pytest.raises(ValueError, match="gamma must be >= 1, got gamma=0"):
     SpeculativeEngine(p, CFG, ChainProposer(p, CFG, CFG, gamma=0))
   with pytest.raises(ValueError, match="exceeds the cache length max_len=16"):
-    SpeculativeEngine(p, CFG, ChainProposer(p, CFG, CFG, gamma=4)).generate([[1] * 5], max_new_tokens=6, max_len=16)
+    SpeculativeEngine(p, CFG, ChainProposer(p, CFG, CFG,
+                                            gamma=4)).generate([[1] * 5], max_new_tokens=6,
+                                                               max_len=16)
 
 
 # --- statistical losslessness ---------------------------------------------------------------
 
 
 def _spec_samples(target, draft, sp):
-  return prompt_samples(SpeculativeEngine(target, SMALL, ChainProposer(draft, SMALL, SMALL, gamma=2)), sp, seed=5)
+  return prompt_samples(
+      SpeculativeEngine(target, SMALL, ChainProposer(draft, SMALL, SMALL, gamma=2)), sp, seed=5)
 
 
 @pytest.mark.parametrize("sp", [SamplingParams(1.0), SamplingParams(0.7, 0, 0.9)],
@@ -170,10 +176,11 @@ def test_drafter_prefill_precision_keeps_greedy_identity(pair, draft_prefill):
   rs = np.random.RandomState(7)
   prompts = [rs.randint(0, 64, n).tolist() for n in (45, 70)]
   ar = Decoder(target, CFG).generate(prompts, max_new_tokens=20)
-  dec = SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=3, draft_prefill=draft_prefill))
+  dec = SpeculativeEngine(target, CFG,
+                          ChainProposer(draft, CFG, CFG, gamma=3, draft_prefill=draft_prefill))
   assert dec.generate(prompts, max_new_tokens=20).tokens == ar.tokens
   cache = abstract_cache(CFG, 2, 128, jnp.float32)
-  hlo = spec.compile_draft_prefill(dec.dp, CFG, 2, 128, cache, draft_prefill).as_text()
+  hlo = spec.compile_draft_prefill(dec.proposer_params, CFG, 2, 128, cache, draft_prefill).as_text()
   # the GEMM is a CPU kernel: on a GPU (experiments/gpu_exactness.py) no program holds it
   assert ("VjGemmBF16" in hlo) == (draft_prefill == "bf16" and cpu_matmul.gemm_available()
                                    and jax.default_backend() == "cpu")

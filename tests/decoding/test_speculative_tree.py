@@ -153,7 +153,6 @@ def test_drafter_context_survives_steps(pair):
 
 
 def test_top_k_beyond_the_vocabulary_is_refused(small_pair):
-  from vocabjax.decoding.speculative import SpeculativeEngine
   from vocabjax.decoding.drafter import TreeProposer
   from vocabjax.decoding.tree import TreeParams
 

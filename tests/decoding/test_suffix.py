@@ -134,7 +134,6 @@ def test_nonsense_settings_are_refused_in_one_line(kw, match):
 def _hybrid(target, threshold=None, **kw):
   from tests.decoding.test_eagle_decoding import random_head
   from vocabjax.decoding.eagle import EagleSuffixProposer
-  from vocabjax.decoding.speculative import SpeculativeEngine
   from vocabjax.decoding.tree import TreeParams
 
   hc, head = random_head(target, CFG, 40)
@@ -167,7 +166,6 @@ def test_hybrid_sampling_follows_the_target_law(device):
 
   from tests.decoding.test_eagle_decoding import random_head
   from vocabjax.decoding.eagle import EagleSuffixProposer
-  from vocabjax.decoding.speculative import SpeculativeEngine
   from vocabjax.decoding.hybrid import TreeSuffixProposer
   from vocabjax.decoding.tree import TreeParams
 
@@ -203,7 +201,6 @@ def test_hybrid_with_a_drafter_tree_is_greedy_identical_and_takes_suffix_tokens(
   repeated requests accepted tokens come from suffix nodes, and thresholded, rows skip the
   drafter's tree (whose cache still reads every committed token)."""
   from vocabjax.decoding.hybrid import TreeSuffixProposer
-  from vocabjax.decoding.speculative import SpeculativeEngine
   from vocabjax.decoding.tree import TreeParams
 
   target = init_params(jax.random.key(0), CFG, scale=0.3)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import subprocess_xla_flags
+from vocabjax.version import __version__
 
 ROOT = Path(__file__).resolve().parents[2]
 NOTEBOOK = ROOT / "notebooks" / "quickstart.ipynb"
@@ -299,7 +300,7 @@ def test_notebook_installs_from_git_in_a_fresh_venv_and_runs(tmp_path, tiny_chat
   assert Path(res["vocabjax"]).is_relative_to(venv), res["vocabjax"]
   assert not Path(res["jax"]).is_relative_to(venv), res["jax"]
   installed = [ln for ln in res["pip_log"].splitlines() if ln.startswith("Successfully installed")]
-  assert len(installed) == 1 and installed[0].split()[2:] == ["vocabjax-0.1.0"], installed
+  assert len(installed) == 1 and installed[0].split()[2:] == [f"vocabjax-{__version__}"], installed
   assert f"Cloning file://localhost{ROOT} (to revision " in res["pip_log"]
   for name in ("jax", "jaxlib", "libtpu", "torch", "numpy"):
     assert res["after"].get(name) == res["before"].get(name), name

@@ -52,11 +52,14 @@ def test_speculative_decoders_pick_block_layouts_on_cpu():
   # the CPU kernel streams [out, in] weights for every block size: no transposed copy
   chain = SpeculativeEngine(params, CFG, ChainProposer(params, CFG, CFG, gamma=2))
   tree = SpeculativeEngine(params, CFG, TreeProposer(params, CFG, CFG, tree=TreeParams(2, 2, 3)))
-  assert chain.tp is params and chain.dp is params and tree.tp is params and tree.dp is params
+  assert chain.target_params is params and chain.proposer_params is params
+  assert tree.target_params is params and tree.proposer_params is params
   with cpu_kernel_default(False):  # XLA's GEMM: [in, out] for block programs
     chain = SpeculativeEngine(params, CFG, ChainProposer(params, CFG, CFG, gamma=2))
     tree = SpeculativeEngine(params, CFG, TreeProposer(params, CFG, CFG, tree=TreeParams(2, 2, 3)))
-  assert mlp_layout(chain.tp) == "in_out" and mlp_layout(chain.dp) == "out_in"  # T=1 drafting
-  assert mlp_layout(tree.tp) == "in_out" and mlp_layout(tree.dp) == "in_out"  # block drafting
+  assert mlp_layout(chain.target_params) == "in_out" and mlp_layout(
+      chain.proposer_params) == "out_in"  # T=1 drafting
+  assert mlp_layout(tree.target_params) == "in_out" and mlp_layout(
+      tree.proposer_params) == "in_out"  # block drafting
   kept = SpeculativeEngine(params, CFG, ChainProposer(params, CFG, CFG, gamma=2), layout="out_in")
-  assert kept.tp is params and kept.dp is params
+  assert kept.target_params is params and kept.proposer_params is params

@@ -22,7 +22,7 @@ from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.eagle import EagleLookupProposer, EagleProposer, EagleSuffixProposer
 from vocabjax.decoding.hybrid import TreeSuffixProposer
 from vocabjax.decoding.medusa import MedusaProposer, medusa_choices_for
-from vocabjax.decoding.ngram import NgramProposer, NgramTable
+from vocabjax.methods.ngram import NgramProposer, NgramTable
 from vocabjax.decoding.pld import LookupProposer
 from vocabjax.decoding.drafter import ChainProposer, TreeProposer
 from vocabjax.decoding.tree import TreeParams
@@ -231,10 +231,17 @@ def _model_spec(name, kind, p, bench):
     if kind == "tree_suffix":
       if mesh is not None:
         raise ValueError("tree_suffix runs on one device")
-      return SpeculativeEngine(a["target"], s.target, TreeSuffixProposer(a["draft"], s.draft, s.target, tree=tree, suffix=p.suffix(), score_threshold=p.threshold))
+      return SpeculativeEngine(
+          a["target"], s.target,
+          TreeSuffixProposer(a["draft"], s.draft, s.target, tree=tree, suffix=p.suffix(),
+                             score_threshold=p.threshold))
     if kind == "tree" or tree is not None:
-      return SpeculativeEngine(a["target"], s.target, TreeProposer(a["draft"], s.draft, s.target, tree=tree, draft_vocab=vocab), mesh=mesh)
-    return SpeculativeEngine(a["target"], s.target, ChainProposer(a["draft"], s.draft, s.target, gamma=p.gamma, draft_vocab=vocab), mesh=mesh)
+      return SpeculativeEngine(
+          a["target"], s.target,
+          TreeProposer(a["draft"], s.draft, s.target, tree=tree, draft_vocab=vocab), mesh=mesh)
+    return SpeculativeEngine(
+        a["target"], s.target,
+        ChainProposer(a["draft"], s.draft, s.target, gamma=p.gamma, draft_vocab=vocab), mesh=mesh)
 
   shape = (f"tree of {p.total_tokens} nodes" if kind in ("tree", "tree_suffix")
            or _tree_of(p) is not None
@@ -299,17 +306,22 @@ def _medusa_spec(name, kind, p, bench):
   if H < 1 or p.top_k < 1:
     raise ValueError(f"Medusa needs heads >= 1 and top-k >= 1, got {H} and {p.top_k}")
   choices = choices or medusa_choices_for(H, p.top_k)  # every path of ranks < k down to H
-  return MethodSpec(name, kind, None, ("target", f"medusa{H}"), lambda a, s, mesh:
-                    SpeculativeEngine(a["target"], s.target, MedusaProposer(a["target"], s.target, a[f"medusa{H}"], _medusa_config(s, H), choices=choices), mesh=mesh),
-                    f"Medusa-1, {H} heads with own [V, D] projections, "
-                    f"{len(choices)}-node tree")
+  return MethodSpec(
+      name, kind, None, ("target", f"medusa{H}"), lambda a, s, mesh: SpeculativeEngine(
+          a["target"], s.target,
+          MedusaProposer(a["target"], s.target, a[f"medusa{H}"], _medusa_config(s, H), choices=
+                         choices), mesh=mesh), f"Medusa-1, {H} heads with own [V, D] projections, "
+      f"{len(choices)}-node tree")
 
 
 def _lookup_spec(name, kind, p, bench):
   """Prompt lookup, the n-gram table and SuffixDecoding: host drafts, the target's step."""
   if kind == "pld":
     def build(a, s, mesh):
-      return SpeculativeEngine(a["target"], s.target, LookupProposer(gamma=p.gamma, max_ngram=p.max_ngram, min_ngram=p.min_ngram, candidates=p.candidates), mesh=mesh)
+      return SpeculativeEngine(
+          a["target"], s.target,
+          LookupProposer(gamma=p.gamma, max_ngram=p.max_ngram, min_ngram=p.min_ngram,
+                         candidates=p.candidates), mesh=mesh)
     about = f"prompt lookup, the step verifying {p.candidates * p.gamma} looked-up drafts"
   elif kind == "ngram":
     def build(a, s, mesh):
@@ -331,7 +343,10 @@ def _crossvocab_spec(name, kind, p, bench):
 
   def build(a, s, mesh):
     ttok, dtok = _tokenizers()
-    return SpeculativeEngine(a["target"], s.target, CrossVocabProposer(a["cross_draft"], s.crossvocab_draft, s.target, target_tokenizer=ttok, draft_tokenizer=dtok, gamma=p.gamma, ngram=p.ngram), mesh=mesh)
+    return SpeculativeEngine(
+        a["target"], s.target,
+        CrossVocabProposer(a["cross_draft"], s.crossvocab_draft, s.target, target_tokenizer=ttok,
+                           draft_tokenizer=dtok, gamma=p.gamma, ngram=p.ngram), mesh=mesh)
 
   return MethodSpec(name, kind, _shaping(kind, p), ("target", "cross_draft"), build,
                     f"cross-vocabulary drafter, {p.gamma} drafts: its draft and verify programs "
@@ -345,11 +360,23 @@ def _ar_spec(name, kind, p, bench):
                     "plain decoding's step")
 
 
-_SPECS = {"ar": _ar_spec, "chain": _model_spec, "tree": _model_spec, "tree_suffix": _model_spec,
-          "vocabtrim": _model_spec,
-          "frspec": _model_spec, "specvocab": _model_spec, "eagle": _eagle_spec,
-          "eagle_pld": _eagle_spec, "eagle_suffix": _eagle_spec, "medusa": _medusa_spec, "pld": _lookup_spec,
-          "ngram": _lookup_spec, "suffix": _lookup_spec, "crossvocab": _crossvocab_spec}
+_SPECS = {
+    "ar": _ar_spec,
+    "chain": _model_spec,
+    "tree": _model_spec,
+    "tree_suffix": _model_spec,
+    "vocabtrim": _model_spec,
+    "frspec": _model_spec,
+    "specvocab": _model_spec,
+    "eagle": _eagle_spec,
+    "eagle_pld": _eagle_spec,
+    "eagle_suffix": _eagle_spec,
+    "medusa": _medusa_spec,
+    "pld": _lookup_spec,
+    "ngram": _lookup_spec,
+    "suffix": _lookup_spec,
+    "crossvocab": _crossvocab_spec
+}
 
 
 def _head_config(s: Setup) -> EagleConfig:

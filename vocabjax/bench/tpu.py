@@ -638,17 +638,17 @@ def stream_bytes(spec: MethodSpec, step: TpuStep) -> int:
   `_pallas_bytes`)."""
   dec, setup = step.decoder, step.setup
   passes = drafter_passes(spec, dec)
-  target = getattr(dec, "params", None) or dec.tp
+  target = getattr(dec, "params", None) or dec.target_params
   total = _cache_bytes(step.caches[0])
   total += sum(passes * _cache_bytes(c) for c in step.caches[1:])
   tied_target = setup.target.tie_word_embeddings
   for key, tree in target.items():
     if key != "embed" or tied_target:
       total += sum(_bytes_per_chip(x) for x in jax.tree.leaves(tree))
-  dp = getattr(dec, "dp", None)
+  dp = getattr(dec, "proposer_params", None)  # plain decoding has none
   if dp is not None and dp is not target:
     policy = POLICY_STATE in dp or spec.kind in ("vocabtrim", "frspec", "specvocab")
-    dc = getattr(dec, "dc", None)  # a head or heads: no embedding of their own
+    dc = getattr(dec.proposer, "draft_config", None)  # a head or heads: no embedding of their own
     tied = bool(dc is not None and dc.tie_word_embeddings)
     for key, tree in dp.items():
       if key == "lm_head" and policy:

@@ -58,11 +58,11 @@ across calls (online learning) and is shared by the rows of a batch.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
-import types
 import warnings
-from typing import Sequence
+from typing import Any, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -72,8 +72,8 @@ from vocabjax import sharding
 from vocabjax.decoding.adaptive import acceptance_logit, check_threshold, should_stop
 from vocabjax.decoding.autoregressive import (abstract_cache, bucket, cache_slots,
                                               prompt_bucket, put_cache_row)
-from vocabjax.decoding.drafter import (_draft_prefill, check_draft_prefill,
-                                       lowering_folds_catch_up)
+from vocabjax.decoding.drafter import (check_draft_prefill, lowering_folds_catch_up,
+                                       prefill_drafter)
 from vocabjax.decoding.engine import KEY, abstract_arg, fold_in, placed_like
 from vocabjax.decoding.proposer import (Context, Counted, Drafts, HostPrograms, HostRun,
                                        HostVerifier, Prefilled, RowHandover)
@@ -99,13 +99,36 @@ ROUND_TRIP_TEXTS = (
 )
 
 
-def _draft(dp, cache, pend, n_pend, allowed, key, head, *, config: LlamaLikeConfig, gamma: int,
-           sampling: SamplingParams, threshold: float):
+class DrafterOutput(NamedTuple):
+  """What the drafting program (`draft_tokens`) returns, per row."""
+
+  tokens: jax.Array  # [B, G] int32 drafter ids
+  q_tokens: jax.Array  # [B, G] the drafter's probability of each
+  q_rows: jax.Array  # [B, G, Vd] its law at each position (sampling), else [B, G, 1]
+  drafted: jax.Array  # [B] drafter tokens drafted
+  acceptance: jax.Array  # [B, G] the acceptance head's probabilities (1 without one)
+  cache: KVCache  # the drafter's cache: its pending tokens and all drafts but the last fed
+
+
+class HostDrafts(NamedTuple):
+  """The host arrays a step reads (`ctx.host`): the target drafts, and where the step builds
+  their law in target ids (sampling, not the exact rule) what it builds it from."""
+
+  tokens: Any  # [B, M] target drafts (row b's first n_valid[b] real)
+  n_valid: Any  # [B]
+  q_rows: Any = None  # [B, G, Vd] the drafter's laws
+  source: Any = None  # [B, M] the drafter position of each target draft's first sub-token
+  ngram_target: Any = None  # [B, M] the merged target id at an n-gram position, else -1
+  prefix_target: Any = None  # [B, M] the first sub-token's own target id there, else -1
+  q_prime: Any = None  # [B, M] OmniDraft's q' at an n-gram position
+
+
+def draft_tokens(dp, cache, pend, n_pend, allowed, key, head, *, config: LlamaLikeConfig,
+                 gamma: int, sampling: SamplingParams, threshold: float) -> DrafterOutput:
   """Feed each row's pending drafter tokens, then propose up to `gamma` drafter tokens per row.
 
   pend [B, P] (row b's first n_pend[b] real), allowed [Vd] bool, head: acceptance head params
-  or None. Returns (drafts [B, G] int32, q of each draft [B, G], q rows [B, G, Vd] (sampling)
-  or [B, G, 1], number drafted [B], acceptance probabilities [B, G], cache). Row b's cache
+  or None. Row b's cache
   gains its n_pend[b] tokens and its first (number drafted - 1) drafts: the last draft is never
   fed (it may be rejected). Rows draft in lockstep; a row the acceptance head stopped keeps
   running with the others, and what it drafts after stopping is not counted (its cache entries
@@ -162,7 +185,8 @@ def _draft(dp, cache, pend, n_pend, allowed, key, head, *, config: LlamaLikeConf
 
   _, _, _, _, n, cache, (ds, qd, qs, acc) = lowering_while_loop(
       cond, body, (jnp.int32(1), d, stop, p_all, n, cache, bufs), lowering_of(dp))
-  return ds, qd, qs, n, acc, cache
+  return DrafterOutput(tokens=ds, q_tokens=qd, q_rows=qs, drafted=n, acceptance=acc,
+                       cache=cache)
 
 
 def translated_q(q_rows, d2t_idx, ngram_t, prefix_t, qprime, vocab_size: int) -> jax.Array:
@@ -180,6 +204,39 @@ def translated_q(q_rows, d2t_idx, ngram_t, prefix_t, qprime, vocab_size: int) ->
   qt = qt.at[rows, jnp.where(is_ng, ngram_t, V)].add(jnp.where(is_ng, qprime, 0.0))
   qt = qt.at[rows, jnp.where(is_ng, prefix_t, V)].add(jnp.where(is_ng, -qprime, 0.0))
   return jnp.maximum(qt[:, :V], 0.0)
+
+
+@dataclasses.dataclass
+class DraftStep:
+  """One step's drafting on the host, kept until the step's verdict is read (`_commit_row`)."""
+
+  tokens: np.ndarray  # [B, G] the drafter's tokens
+  drafted: np.ndarray  # [B] how many each row drafted
+  subtokens: list  # per row, per target draft: the drafter tokens it spans
+  merged: list  # per row, per target draft: whether the n-gram cache merged it
+  plans: list  # per row: the exact rule's planned positions (`routes.Routes.plan`), or []
+  q_rows: Any  # [B, G, Vd] the drafter's laws (the exact rule's host verification), or None
+  live: np.ndarray  # [B] bool: rows whose verdict is still to be read
+  draft_s: float  # seconds the drafting program took
+
+
+@dataclasses.dataclass
+class DrafterRun:
+  """The drafter's state over one generate call (from `host_start` to `host_end`), per row
+  where a list."""
+
+  prompts: list  # each row's prompt spelled in drafter tokens
+  slots: int  # the drafter cache's slots (doubled when long spellings need more)
+  prompt_block: int  # its prefill's prompt block
+  min_pending: int  # the smallest pending block its drafting program takes
+  rngs: list  # the exact rule's host draws
+  steps: int = 0
+  started: int = 0  # prompts started by continuous batching's hand-overs
+  step: DraftStep | None = None  # the last step's drafting, until its verdict is read
+  cache: KVCache | None = None  # [B, slots] the drafter's KV cache
+  seen: list = dataclasses.field(default_factory=list)  # committed target tokens read
+  pending: list = dataclasses.field(default_factory=list)  # drafter tokens not yet fed
+  context: list = dataclasses.field(default_factory=list)  # drafter tokens in its cache
 
 
 class CrossVocabProposer(HostPrograms, RowHandover, HostVerifier, Counted):
@@ -231,11 +288,11 @@ class CrossVocabProposer(HostPrograms, RowHandover, HostVerifier, Counted):
                                  draft_vocab=draft_config.vocab_size)
     self.vm, self.d2t, self.t2d = self.translator.vm, self.translator.d2t, self.translator.t2d
     self.rule, self.draft_prefill = rule, draft_prefill
-    self.tc, self.dc = target_config, draft_config
+    self.target_config, self.draft_config = target_config, draft_config
     self.gamma, self.use_ngram = gamma, ngram
     self.drafted_per_step = gamma  # target drafts per step, at most (one per drafter token)
     self.extra_slots = gamma + 2  # target cache slots one step may write past max_new_tokens
-    self.dp, self.head, self.threshold = draft_params, acceptance_head, stop_threshold
+    self.draft_params, self.head, self.threshold = draft_params, acceptance_head, stop_threshold
     V = target_config.vocab_size
     # the step's params: each drafter id's target id (V where none), for the law in target ids
     self.params = {"d2t_idx": jnp.asarray(np.where(self.d2t >= 0, self.d2t, V), jnp.int32)}
@@ -244,17 +301,17 @@ class CrossVocabProposer(HostPrograms, RowHandover, HostVerifier, Counted):
     self.trace = None
 
   def key(self):
-    return ("crossvocab", self.dc, self.gamma, self.threshold, self.head is not None,
+    return ("crossvocab", self.draft_config, self.gamma, self.threshold, self.head is not None,
             self.use_ngram, self.rule, self.draft_prefill)
 
   # --- placement ---------------------------------------------------------------------------
   def prepare(self, *, layout: str, lowering, mesh=None) -> None:
     del layout  # the drafter runs one token at a time but its pending block: [out, in]
     self.lowering, self.mesh = lowering, mesh
-    self.dp = with_mlp_layout(self.dp, "out_in")
+    self.draft_params = with_mlp_layout(self.draft_params, "out_in")
 
   def place(self, mesh, target_config) -> None:
-    self.dp = sharding.shard_params(self.dp, self.dc, mesh)
+    self.draft_params = sharding.shard_params(self.draft_params, self.draft_config, mesh)
     self.params = sharding.replicate(self.params, mesh)
     self.head = self._replicated(self.head)
 
@@ -265,7 +322,8 @@ class CrossVocabProposer(HostPrograms, RowHandover, HostVerifier, Counted):
   def set_drafter(self, draft_params, head: dict | None = None) -> None:
     """Swap in updated drafter weights (online distillation); same shapes, no recompilation."""
     dp = with_mlp_layout(draft_params, "out_in")
-    self.dp = dp if self.mesh is None else sharding.shard_params(dp, self.dc, self.mesh)
+    self.draft_params = dp if self.mesh is None else sharding.shard_params(
+        dp, self.draft_config, self.mesh)
     if head is not None:
       self.head = self._replicated(head)
 
@@ -342,12 +400,13 @@ class CrossVocabProposer(HostPrograms, RowHandover, HostVerifier, Counted):
       shapes = ((B, M), (B,))
       if not sampling.greedy and not self._exact(sampling):  # the law, built in the step
         f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)  # noqa: E731
-        shapes += (f32(B, self.gamma, self.dc.vocab_size), (B, M), (B, M), (B, M), f32(B, M))
+        shapes += (f32(B, self.gamma,
+                       self.draft_config.vocab_size), (B, M), (B, M), (B, M), f32(B, M))
       out.append(shapes)
     return out
 
   def host_caches(self) -> dict:
-    return {"drafter": self.dc}
+    return {"drafter": self.draft_config}
 
   def prefill(self, params, target_params, pre: Prefilled):
     return ()  # its state is the host's (its own cache, its pending tokens)
@@ -358,14 +417,14 @@ class CrossVocabProposer(HostPrograms, RowHandover, HostVerifier, Counted):
     draft's first sub-token (qs[b, src]) scattered through the direct map, at an n-gram
     position q' added at the merged token and taken from the prefix sub-token's own target
     token (eq. 2), clipped at 0 (module doc)."""
-    drafts, m, *rest = ctx.host
+    host = HostDrafts(*ctx.host)
     q = None
-    if rest:
-      qs, src, ngram_t, prefix_t, qprime = rest
-      q_rows = jnp.take_along_axis(qs, src[..., None], axis=1)  # [B, M, Vd]
+    if host.q_rows is not None:
+      q_rows = jnp.take_along_axis(host.q_rows, host.source[..., None], axis=1)  # [B, M, Vd]
       q = jax.vmap(translated_q, in_axes=(0, None, 0, 0, 0, None))(
-          q_rows, params["d2t_idx"], ngram_t, prefix_t, qprime, self.tc.vocab_size)
-    return Drafts(tokens=drafts, q=q, n_valid=m), state
+          q_rows, params["d2t_idx"], host.ngram_target, host.prefix_target, host.q_prime,
+          self.target_config.vocab_size)
+    return Drafts(tokens=host.tokens, q=q, n_valid=host.n_valid), state
 
   def commit(self, params, state, ctx: Context, drafts: Drafts, verdict):
     return state
@@ -379,30 +438,33 @@ class CrossVocabProposer(HostPrograms, RowHandover, HostVerifier, Counted):
   def _cache(self, B: int, S: int, dtype, abstract: bool = False):
     """An empty drafter cache (or its shapes, for lowering), on the mesh: rows over "data"."""
     if abstract:
-      cache = abstract_cache(self.dc, B, S, dtype, self.mesh)
-      return cache if self.mesh is not None else placed_like(cache, self.dp)
-    cache = KVCache.init(self.dc, B, S, dtype)
-    return cache if self.mesh is None else sharding.shard_cache(cache, self.dc, self.mesh)
+      cache = abstract_cache(self.draft_config, B, S, dtype, self.mesh)
+      return cache if self.mesh is not None else placed_like(cache, self.draft_params)
+    cache = KVCache.init(self.draft_config, B, S, dtype)
+    return cache if self.mesh is None else sharding.shard_cache(cache, self.draft_config, self.mesh)
 
   def _lowered(self, name, sampling, B, shape, dtype):
     i32 = lambda *s: abstract_arg(s, jnp.int32, B=B, mesh=self.mesh,  # noqa: E731
-                                  like=self.dp, rows=False)
-    key = abstract_arg(KEY.shape, KEY.dtype, B=B, mesh=self.mesh, like=self.dp, rows=False)
+                                  like=self.draft_params, rows=False)
+    key = abstract_arg(KEY.shape, KEY.dtype, B=B, mesh=self.mesh, like=self.draft_params,
+                       rows=False)
     if name == "dprefill":
       T, S = shape
       lw = self.lowering.replace(bf16_blocks=self.draft_prefill == "bf16")
-      fn = functools.partial(_draft_prefill, config=self.dc)
+      fn = functools.partial(prefill_drafter, config=self.draft_config)
       return jax.jit(lowered(fn, lw), donate_argnums=(3,)).lower(
-          self.dp, i32(B, T), i32(B), self._cache(B, S, dtype, abstract=True))
+          self.draft_params, i32(B, T), i32(B), self._cache(B, S, dtype, abstract=True))
     if name != "draft":
       raise ValueError(f"crossvocab has no program {name!r}")
     P, S = shape
-    fn = lowered(functools.partial(_draft, config=self.dc, gamma=self.gamma, sampling=sampling,
-                                   threshold=self.threshold), step_lowering(self.lowering))
+    fn = lowered(
+        functools.partial(draft_tokens, config=self.draft_config,
+                          gamma=self.gamma, sampling=sampling, threshold=self.threshold),
+        step_lowering(self.lowering))
     cache = self._cache(B, S, dtype, abstract=True)
-    allowed = abstract_arg((self.dc.vocab_size,), jnp.bool_, B=B, mesh=self.mesh, like=self.dp,
-                           rows=False)
-    args = (self.dp, cache, i32(B, P), i32(B), allowed, key, self.head)
+    allowed = abstract_arg((self.draft_config.vocab_size,), jnp.bool_, B=B, mesh=self.mesh,
+                           like=self.draft_params, rows=False)
+    args = (self.draft_params, cache, i32(B, P), i32(B), allowed, key, self.head)
     if self.mesh is None:
       return jax.jit(fn, donate_argnums=(1,)).lower(*args)
     # the cache keeps its sharding, the other outputs come back replicated (for the host)
@@ -427,7 +489,7 @@ class CrossVocabProposer(HostPrograms, RowHandover, HostVerifier, Counted):
   def _placed(self, cache: KVCache) -> KVCache:
     """`cache` with the sharding the programs were compiled for (a prefill's or a grown
     cache's layout may differ; nothing moves when it already has it)."""
-    return cache if self.mesh is None else sharding.shard_cache(cache, self.dc, self.mesh)
+    return cache if self.mesh is None else sharding.shard_cache(cache, self.draft_config, self.mesh)
 
   # --- the host hook ------------------------------------------------------------------------
   def host_start(self, prompts, run: HostRun) -> None:
@@ -435,34 +497,33 @@ class CrossVocabProposer(HostPrograms, RowHandover, HostVerifier, Counted):
     prefill, and the drafting loop for one- and two-token pending blocks (a longer pending
     run or a grown cache compiles when first met)."""
     self._run, B, G = run, run.B, self.gamma
-    dprompts = [self.prompt_to_drafter(p) for p in prompts]
+    spelled = [self.prompt_to_drafter(p) for p in prompts]
     # the drafter's cache: each row's own need (its drafter prompt + twice its target room, as
     # one row alone would get), the largest of them; not the longest drafter prompt + twice the
     # batch's room over the shortest target prompt, which mixed prompt lengths inflate
-    Sd = bucket(max(len(d) + 2 * (cache_slots(len(p), run.room, run.max_len) - len(p))
-                    for p, d in zip(prompts, dprompts)) + 2 * G + 16)
-    Td = min(prompt_bucket(max(len(d) for d in dprompts)), Sd)
+    slots = bucket(max(len(d) + 2 * (cache_slots(len(p), run.room, run.max_len) - len(p))
+                       for p, d in zip(prompts, spelled)) + 2 * G + 16)
+    prompt_block = min(prompt_bucket(max(len(d) for d in spelled)), slots)
     # the pending block is padded to 2 tokens at least where a two-token call costs about a
     # one-token call (the CPU kernel, any GPU/TPU: `fold_catch_up`), so one program serves
     # the usual one- and two-token steps; else 1- and 2-token programs
-    p_min = 2 if lowering_folds_catch_up(self.lowering) else 1
+    min_pending = 2 if lowering_folds_catch_up(self.lowering) else 1
     if not run.continuous:  # (continuous batching: one-row prefills, when first met)
-      self._program("dprefill", B, Td, Sd)
-    for P in range(p_min, 3):
-      self._program("draft", B, P, Sd)
-    self._c = types.SimpleNamespace(
-        dprompts=dprompts, Sd=Sd, Td=Td, p_min=p_min, steps=0, step=None,
-        rngs=[self._rng(fold_in(run.key, b)) for b in range(B)], started=0)
+      self._program("dprefill", B, prompt_block, slots)
+    for P in range(min_pending, 3):
+      self._program("draft", B, P, slots)
+    self._state = DrafterRun(prompts=spelled, slots=slots, prompt_block=prompt_block,
+                             min_pending=min_pending,
+                             rngs=[self._rng(fold_in(run.key, b)) for b in range(B)])
     if run.continuous:  # rows filled by `host_swap`
-      c = self._c
-      c.dcache = self._placed(self._cache(B, Sd, run.dtype))
-      c.seen, c.pend, c.ctx = [0] * B, [[] for _ in range(B)], [[] for _ in range(B)]
+      st = self._state
+      st.cache = self._placed(self._cache(B, slots, run.dtype))
+      st.seen, st.pending, st.context = [0] * B, [[] for _ in range(B)], [[] for _ in range(B)]
 
   @staticmethod
   def _rng(key) -> np.random.Generator:
     """The exact rule's host draws for a row, seeded from `key`."""
     return np.random.default_rng(np.asarray(jax.random.key_data(key)).ravel().tolist())
-
 
   def host_swap(self, b: int, ended, started) -> None:
     """Continuous batching: the ended prompt's last verdict read (as `host_end` reads every
@@ -470,161 +531,166 @@ class CrossVocabProposer(HostPrograms, RowHandover, HostVerifier, Counted):
     its first token pending, its draws its own. A row left idle keeps its last prompt's
     drafter tokens, pending tokens and cache row in `trace` (tests check the cache; no device
     work on a hand-over)."""
-    c, run = self._c, self._run
-    if ended is not None and c.step is not None:
+    st, run = self._state, self._run
+    if ended is not None and st.step is not None:
       self._commit_row(b, ended)
     if started is None:
       if ended is not None:
-        c.dcache = self._lengths(c.dcache, [len(x) for x in c.ctx])
-        self.trace = (c.ctx[b], c.pend[b], c.dcache.rows(b, b + 1))
+        st.cache = self._lengths(st.cache, [len(x) for x in st.context])
+        self.trace = (st.context[b], st.pending[b], st.cache.rows(b, b + 1))
       return
-    d = self.prompt_to_drafter([int(t) for t in started[:-1]])
-    T = min(prompt_bucket(len(d)), c.Sd)  # (c.Sd holds every prompt's need: host_start)
+    spelled = self.prompt_to_drafter([int(t) for t in started[:-1]])
+    T = min(prompt_bucket(len(spelled)), st.slots)  # (st.slots holds every prompt's need)
     tokens = np.zeros((1, T), np.int32)
-    tokens[0, :len(d)] = d
-    dprefill = self._program("dprefill", 1, T, c.Sd)
-    row = dprefill(self.dp, jnp.asarray(tokens), jnp.asarray([len(d)], jnp.int32),
-                   self._cache(1, c.Sd, run.dtype))
-    c.dcache = self._placed(put_cache_row(c.dcache, row, b))
+    tokens[0, :len(spelled)] = spelled
+    dprefill = self._program("dprefill", 1, T, st.slots)
+    row = dprefill(self.draft_params, jnp.asarray(tokens), jnp.asarray([len(spelled)], jnp.int32),
+                   self._cache(1, st.slots, run.dtype))
+    st.cache = self._placed(put_cache_row(st.cache, row, b))
     # a non-finite first token is the collector's error (naming its prompt): nothing to spell
     first = int(started[-1]) if started[-1] != NONFINITE else 0
     self.learn([first])
-    c.seen[b] = len(started)
-    c.pend[b] = self.to_drafter([first])
-    c.ctx[b] = list(d)
-    c.rngs[b] = self._rng(fold_in(fold_in(run.key, ROW_DRAWS), c.started))
-    c.started += 1
+    st.seen[b] = len(started)
+    st.pending[b] = self.to_drafter([first])
+    st.context[b] = list(spelled)
+    st.rngs[b] = self._rng(fold_in(fold_in(run.key, ROW_DRAWS), st.started))
+    st.started += 1
 
   def host_begin(self, history) -> None:
     """The drafter's prefill over its spelling of the prompts; each row's first target token
     becomes its pending drafter tokens."""
-    c, run = self._c, self._run
+    st, run = self._state, self._run
     B = len(history)
-    tokens = np.zeros((B, c.Td), np.int32)
-    for b, d in enumerate(c.dprompts):
+    tokens = np.zeros((B, st.prompt_block), np.int32)
+    for b, d in enumerate(st.prompts):
       tokens[b, :len(d)] = d
-    dprefill = self._program("dprefill", B, c.Td, c.Sd)
-    c.dcache = self._placed(dprefill(self.dp, jnp.asarray(tokens),
-                                     jnp.asarray([len(d) for d in c.dprompts], jnp.int32),
-                                     self._cache(B, c.Sd, run.dtype)))
+    dprefill = self._program("dprefill", B, st.prompt_block, st.slots)
+    st.cache = self._placed(dprefill(self.draft_params, jnp.asarray(tokens),
+                                     jnp.asarray([len(d) for d in st.prompts], jnp.int32),
+                                     self._cache(B, st.slots, run.dtype)))
     # a non-finite first token is the collector's error (naming its row): nothing to spell
     first = [int(h[-1]) if h[-1] != NONFINITE else 0 for h in history]
     self.learn(first)
-    c.seen = [len(h) for h in history]  # committed tokens the host has read, per row
-    c.pend = [self.to_drafter([x]) for x in first]  # drafter tokens it has not read
-    c.ctx = [list(d) for d in c.dprompts]  # drafter tokens in its cache
+    st.seen = [len(h) for h in history]
+    st.pending = [self.to_drafter([x]) for x in first]
+    st.context = [list(d) for d in st.prompts]
 
   def _commit(self, history) -> None:
     """The last step's verdict, read off the committed tokens: the drafter's cache keeps the
     accepted sub-tokens it holds, the correction / bonus token's spelling becomes pending,
     the emitted tokens teach the n-gram cache."""
-    c = self._c
-    if c.step is None:
+    st = self._state
+    if st.step is None:
       return
     for b, h in enumerate(history):
       self._commit_row(b, h)
-    c.step = None
+    st.step = None
 
   def _commit_row(self, b: int, h) -> None:
     """`_commit` of row b (committed tokens `h`); the row leaves the step's verdict."""
-    c = self._c
-    new, c.seen[b] = [int(t) for t in h[c.seen[b]:]], len(h)
-    if not c.step.live[b]:  # frozen: its caches do not advance
+    st = self._state
+    step = st.step
+    new, st.seen[b] = [int(t) for t in h[st.seen[b]:]], len(h)
+    if not step.live[b]:  # frozen: its caches do not advance
       return
-    c.step.live[b] = False
+    step.live[b] = False
     n = len(new) - 1
-    u = sum(c.step.nsub[b][:n])  # drafter sub-tokens accepted
-    fed = min(u, int(c.step.nd[b]) - 1)  # of them already in the drafter's cache
-    c.ctx[b] += c.pend[b] + [int(x) for x in c.step.ds[b, :fed]]
+    accepted = sum(step.subtokens[b][:n])  # drafter sub-tokens accepted
+    fed = min(accepted, int(step.drafted[b]) - 1)  # of them already in the drafter's cache
+    st.context[b] += st.pending[b] + [int(x) for x in step.tokens[b, :fed]]
     self.learn(new)
-    c.pend[b] = [int(x) for x in c.step.ds[b, fed:u]] + self.to_drafter([new[-1]])
+    st.pending[b] = ([int(x) for x in step.tokens[b, fed:accepted]]
+                     + self.to_drafter([new[-1]]))
 
   def host_block(self, history, active):
-    c, run = self._c, self._run
+    st, run = self._state, self._run
     self._commit(history)
     B, G = len(history), self.gamma
     sampling = run.sampling
     exact = self._exact(sampling)
-    c.dcache = self._lengths(c.dcache, [len(x) for x in c.ctx])
-    P = bucket(max(len(x) for x in c.pend), minimum=c.p_min)
-    while max(map(len, c.ctx)) + P + G > c.Sd:  # long drafter spellings: grow its cache
-      c.Sd *= 2
-      c.dcache = self._placed(_grow(c.dcache, c.Sd))
-    draft = self._program("draft", B, P, c.Sd)
-    c.steps += 1
+    st.cache = self._lengths(st.cache, [len(x) for x in st.context])
+    P = bucket(max(len(x) for x in st.pending), minimum=st.min_pending)
+    while max(map(len, st.context)) + P + G > st.slots:  # long spellings: grow its cache
+      st.slots *= 2
+      st.cache = self._placed(_grow(st.cache, st.slots))
+    draft = self._program("draft", B, P, st.slots)
+    st.steps += 1
     t0 = time.perf_counter()
     pend = np.zeros((B, P), np.int32)
-    for b, x in enumerate(c.pend):
+    for b, x in enumerate(st.pending):
       pend[b, :len(x)] = x
-    ds, qd, qs, nd, _, c.dcache = draft(self.dp, c.dcache, jnp.asarray(pend),
-                                        jnp.asarray([len(x) for x in c.pend], jnp.int32),
-                                        self.allowed(), fold_in(run.key, B + c.steps),
-                                        self.head)
-    ds_h, qd_h, nd = np.asarray(ds), np.asarray(qd), np.asarray(nd)
+    out = draft(self.draft_params, st.cache, jnp.asarray(pend),
+                jnp.asarray([len(x) for x in st.pending], jnp.int32), self.allowed(),
+                fold_in(run.key, B + st.steps), self.head)
+    st.cache = out.cache
+    tokens, q_tokens = np.asarray(out.tokens), np.asarray(out.q_tokens)
+    drafted = np.asarray(out.drafted)
     draft_s = time.perf_counter() - t0
     # translation, per row: the exact rule's planned positions, or OmniDraft's q' of each
-    # translated draft
-    plans, qprimes, tids, nsub, is_ng = [], [], [], [], []
+    # translated draft; per target draft the drafter tokens it spans and whether it is merged
+    plans, q_primes, targets, subtokens, merged = [], [], [], [], []
     for b in range(B):
       if exact:
-        positions = self.routes.plan(ds_h[b], nd[b])
+        positions = self.routes.plan(tokens[b], drafted[b])
         kept = [x for x in positions if x.fed]
         plans.append(positions)
-        tids.append([x.target for x in kept])
-        nsub.append([x.end - x.start for x in kept])
-        is_ng.append([len(x.node) > 1 for x in kept])
-        qprimes.append([])
+        targets.append([x.target for x in kept])
+        subtokens.append([x.end - x.start for x in kept])
+        merged.append([len(x.node) > 1 for x in kept])
+        q_primes.append([])
       else:
-        t_b, qp_b, ns_b, ng_b = self.translate(ds_h[b, :nd[b]], qd_h[b, :nd[b]])
-        qprimes.append(qp_b)
-        tids.append(t_b)
-        nsub.append(ns_b)
-        is_ng.append(ng_b)
+        t_b, qp_b, ns_b, ng_b = self.translate(tokens[b, :drafted[b]],
+                                               q_tokens[b, :drafted[b]])
+        q_primes.append(qp_b)
+        targets.append(t_b)
+        subtokens.append(ns_b)
+        merged.append(ng_b)
       if not active[b]:  # frozen: nothing to verify
-        tids[b], nsub[b], is_ng[b] = [], [], []
-    m = np.asarray([len(t) for t in tids], np.int32)
+        targets[b], subtokens[b], merged[b] = [], [], []
+    m = np.asarray([len(t) for t in targets], np.int32)
     M = next(x for x in self._blocks() if x >= max(int(m.max()), 1))
     drafts = np.zeros((B, M), np.int32)
     for b in range(B):
-      drafts[b, :m[b]] = tids[b]
-    c.step = types.SimpleNamespace(ds=ds_h, nd=nd, nsub=nsub, is_ng=is_ng, plans=plans,
-                                   qs=qs if exact else None, live=np.asarray(active, bool),
-                                   draft_s=draft_s)
+      drafts[b, :m[b]] = targets[b]
+    st.step = DraftStep(tokens=tokens, drafted=drafted, subtokens=subtokens, merged=merged,
+                        plans=plans, q_rows=out.q_rows if exact else None,
+                        live=np.asarray(active, bool), draft_s=draft_s)
     if sampling.greedy or exact:
-      return (drafts, m), m
-    src = np.zeros((B, M), np.int32)
-    ngram_t = np.full((B, M), -1, np.int32)
-    prefix_t = np.full((B, M), -1, np.int32)
-    qp = np.zeros((B, M), np.float32)
+      return tuple(HostDrafts(drafts, m)[:2]), m
+    source = np.zeros((B, M), np.int32)
+    ngram_target = np.full((B, M), -1, np.int32)
+    prefix_target = np.full((B, M), -1, np.int32)
+    q_prime = np.zeros((B, M), np.float32)
     for b in range(B):
       pos = 0
       for i in range(m[b]):
-        src[b, i] = pos
-        if is_ng[b][i]:
-          ngram_t[b, i], qp[b, i] = tids[b][i], qprimes[b][i]
-          first_sub = ds_h[b, pos]
-          prefix_t[b, i] = (self.d2t[first_sub] if self.d2t[first_sub] >= 0
-                            else self.tc.vocab_size)
-        pos += nsub[b][i]
-    return (drafts, m, qs, src, ngram_t, prefix_t, qp), m
+        source[b, i] = pos
+        if merged[b][i]:
+          ngram_target[b, i], q_prime[b, i] = targets[b][i], q_primes[b][i]
+          first_sub = tokens[b, pos]
+          prefix_target[b, i] = (self.d2t[first_sub] if self.d2t[first_sub] >= 0
+                                 else self.target_config.vocab_size)
+        pos += subtokens[b][i]
+    return tuple(HostDrafts(drafts, m, out.q_rows, source, ngram_target, prefix_target,
+                            q_prime)), m
 
   def host_verify(self, probs: np.ndarray, active):
     """The exact rule: each row's planned positions verified level by level against the
     drafter's branch laws (`routes.verify`). A position whose target probabilities are not
     finite ends the row there, flagged (the collector's error names it)."""
-    c, B = self._c, probs.shape[0]
-    st = c.step
-    qs_h = np.asarray(st.qs)
+    st, B = self._state, probs.shape[0]
+    step = st.step
+    q_rows = np.asarray(step.q_rows)
     n, nxt = np.zeros(B, np.int64), np.zeros(B, np.int64)
     for b in np.flatnonzero(active):
-      kept = sum(x.fed for x in st.plans[b])
+      kept = sum(x.fed for x in step.plans[b])
       p = probs[b, :kept + 1]
       finite = np.isfinite(p).all(axis=-1)
       bad = int(np.argmin(finite)) if not finite.all() else None
       if bad is not None:
         p = np.where(finite[:, None], p, 1.0 / p.shape[-1])
-      n[b], nxt[b] = self.routes.verify(p, st.plans[b], st.ds[b], qs_h[b, :st.nd[b]],
-                                        c.rngs[b])
+      n[b], nxt[b] = self.routes.verify(p, step.plans[b], step.tokens[b],
+                                        q_rows[b, :step.drafted[b]], st.rngs[b])
       if bad is not None and bad <= n[b]:
         n[b], nxt[b] = bad, NONFINITE
     return n, nxt
@@ -633,19 +699,19 @@ class CrossVocabProposer(HostPrograms, RowHandover, HostVerifier, Counted):
     """The last step's verdict (as the next step would read it); `trace` keeps the last row's
     drafter tokens, pending tokens and cache rows (tests check the cache against them)."""
     self._commit(history)
-    c = self._c
+    st = self._state
     b = len(history) - 1
-    c.dcache = self._lengths(c.dcache, [len(x) for x in c.ctx])
-    self.trace = (c.ctx[b], c.pend[b], c.dcache.rows(b, b + 1))
+    st.cache = self._lengths(st.cache, [len(x) for x in st.context])
+    self.trace = (st.context[b], st.pending[b], st.cache.rows(b, b + 1))
 
   # --- statistics ---------------------------------------------------------------------------
   def record_step(self, stats, active, counts, host_counts, keep) -> None:
-    st, n = self._c.step, counts["accepted"]
-    stats.add("ngram_drafted", [sum(x) if a else 0 for x, a in zip(st.is_ng, active)])
+    step, n = self._state.step, counts["accepted"]
+    stats.add("ngram_drafted", [sum(x) if a else 0 for x, a in zip(step.merged, active)])
     stats.add("ngram_accepted", [sum(x[:k]) if a else 0
-                                 for x, k, a in zip(st.is_ng, n, active)])
-    stats.add("drafter_tokens", [int(x) if a else 0 for x, a in zip(st.nd, active)])
-    stats.time("draft_s", st.draft_s)
+                                 for x, k, a in zip(step.merged, n, active)])
+    stats.add("drafter_tokens", [int(x) if a else 0 for x, a in zip(step.drafted, active)])
+    stats.time("draft_s", step.draft_s)
 
   def record(self, stats) -> dict:
     """Totals for an eval record: the translator's counts, the drafter's, the target's and

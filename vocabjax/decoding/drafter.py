@@ -80,7 +80,7 @@ class ModelProposer(Profiled):
           f"`vocabjax.decoding.crossvocab.CrossVocabProposer` (OmniDraft), not {self.method} "
           f"drafting")
     self.params, self.config = draft_params, draft_config
-    self.dc = draft_config
+    self.draft_config = draft_config
     self.draft_vocab, self.draft_prefill = draft_vocab, draft_prefill
     self.policy: Policy = full_policy(draft_config)  # the drafter's vocabulary policy
 
@@ -105,7 +105,7 @@ class ModelProposer(Profiled):
     return base.replace(bf16_blocks=self.draft_prefill == "bf16")
 
   def _prefill_cache(self, params, pre: Prefilled) -> KVCache:
-    return _draft_prefill(params, pre.tokens, pre.lengths, pre.caches["draft"],
+    return prefill_drafter(params, pre.tokens, pre.lengths, pre.caches["draft"],
                           config=self.config)
 
   @property
@@ -407,11 +407,11 @@ def compile_draft_prefill(params, config: LlamaLikeConfig, B: int, T: int, cache
   check_draft_prefill(precision)
   i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)  # noqa: E731
   lowering = lowering.replace(bf16_blocks=precision == "bf16")
-  return jax.jit(lowered(functools.partial(_draft_prefill, config=config), lowering),
+  return jax.jit(lowered(functools.partial(prefill_drafter, config=config), lowering),
                  donate_argnums=(3,)).lower(params, i32(B, T), i32(B), cache).compile()
 
 
-def _draft_prefill(params, tokens, prompt_lengths, cache, *, config):
+def prefill_drafter(params, tokens, prompt_lengths, cache, *, config):
   B, T = tokens.shape
   positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
   _, cache = forward(params, tokens, positions, cache, config=config, fresh=True,

@@ -192,7 +192,7 @@ class EagleProposer(Gated, Profiled, Counted):
     size = draft_vocab.size if draft_vocab is not None else (Vd if lm_head == "own" else V)
     if size < tree.top_k:
       raise ValueError(f"tree top_k={tree.top_k} exceeds the head's {size} candidate tokens")
-    self.hc, self.tree, self.lm_head_source = head_config, tree, lm_head
+    self.head_config, self.tree, self.lm_head_source = head_config, tree, lm_head
     self.bounds = TreeBounds(tree.top_k, tree.depth)
     self.feature_layers = head_config.feature_layers
     # the drafting LM head the policies read: the target's frozen head, or the head's own
@@ -220,7 +220,7 @@ class EagleProposer(Gated, Profiled, Counted):
     self.extra_slots = tree.total_tokens + tree.draft_slots + tree.depth + 2
 
   def key(self):
-    return ("eagle", self.hc, self.tree, self.policy, self.gated, self.pend_width)
+    return ("eagle", self.head_config, self.tree, self.policy, self.gated, self.pend_width)
 
   def prepare(self, *, layout: str, lowering, mesh=None) -> None:
     """The head's one decoder layer in `layout` (the embedding and LM head have no MLP), and
@@ -238,7 +238,7 @@ class EagleProposer(Gated, Profiled, Counted):
     the target's layer rules (`sharding.shard_layer`: replicated, every chip streamed the whole
     layer on each drafting call), its fc, norms and own LM head replicated."""
     def head(tree):
-      return {k: sharding.shard_layer(v, self.hc.layer, mesh) if k == "layer"
+      return {k: sharding.shard_layer(v, self.head_config.layer, mesh) if k == "layer"
               else sharding.replicate(v, mesh) for k, v in tree.items()}
 
     self.params = {k: sharding.shard_rows(v, mesh) if k in ("embed", "lm_head")
@@ -247,21 +247,21 @@ class EagleProposer(Gated, Profiled, Counted):
                    else sharding.replicate(v, mesh) for k, v in self.params.items()}
 
   def caches(self) -> dict:
-    return {"head": self.hc.layer}
+    return {"head": self.head_config.layer}
 
   def prefill(self, params, target_params, pre: Prefilled) -> EagleState:
-    return head_prefill(params, pre, head_config=self.hc, pend_width=self.pend_width)
+    return head_prefill(params, pre, head_config=self.head_config, pend_width=self.pend_width)
 
   def gate(self, params, state: EagleState, ctx: Context):
-    x_root, cache = _head_root(params, state, head_config=self.hc)
-    keep, root = _confident(params, x_root, self.hc, self.policy, self.min_confidence > 0)
+    x_root, cache = _head_root(params, state, head_config=self.head_config)
+    keep, root = _confident(params, x_root, self.head_config, self.policy, self.min_confidence > 0)
     return keep, (state, x_root, cache, root)
 
   def _grow(self, params, pre, keep):
     """(tokens, parent, depth [B, n] of the head's tree, its state for `commit`); rows not in
     `keep` made padding."""
     state, x_root, cache, root = pre
-    tok, parent, depth, hcache = _grow(params, x_root, cache, head_config=self.hc,
+    tok, parent, depth, hcache = _grow(params, x_root, cache, head_config=self.head_config,
                                        tree=self.tree, policy=self.policy, root=root)
     return (*drop_rows(tok, parent, depth, keep), (state, hcache))
 
@@ -311,7 +311,7 @@ class EagleProposer(Gated, Profiled, Counted):
   def drafter_body(self):
     """(fn(params, tokens, positions, cache) -> output, params, cache config) of the head's
     layer alone (for profiling; the feature input is zeros)."""
-    hc = self.hc
+    hc = self.head_config
 
     def body(dp, tokens, positions, cache):
       head = _head(dp)

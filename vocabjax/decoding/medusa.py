@@ -105,7 +105,7 @@ class MedusaProposer(Profiled):
     if tree.top_k > target_config.vocab_size:
       raise ValueError(f"Medusa choices use rank {tree.top_k - 1}, beyond the vocabulary of "
                        f"V={target_config.vocab_size} tokens")
-    self.mc, self.medusa_tree, self.tc = medusa_config, tree, target_config
+    self.mc, self.medusa_tree, self.target_config = medusa_config, tree, target_config
     # the verifier's bounds: siblings, depth and node count of this static tree
     self.bounds = self.tree = TreeBounds(top_k=tree.max_children, depth=tree.max_depth)
     dp = {MEDUSA_KEY: medusa_params}
@@ -169,7 +169,7 @@ class MedusaProposer(Profiled):
   @property
   def head_rows(self) -> int:
     """LM-head rows the heads multiply per step: V (or the subset's K) per head."""
-    return self.mc.num_heads * (self.subset_size or self.tc.vocab_size)
+    return self.mc.num_heads * (self.subset_size or self.target_config.vocab_size)
 
   head_policy = staticmethod(medusa_projection)  # what the time split times as the head
 
@@ -186,10 +186,10 @@ class MedusaProposer(Profiled):
       h = jnp.zeros(tokens.shape + (mc.hidden_size,), jnp.float32)
       return medusa_hidden(dp[MEDUSA_KEY], h, config=mc)
 
-    return body, self.params, self.tc
+    return body, self.params, self.target_config
 
   def draft_width(self) -> int:
-    return self.tc.hidden_size
+    return self.target_config.hidden_size
 
 
 def medusa_choices_for(num_heads: int, top_k: int) -> list[list[int]]:

@@ -115,7 +115,7 @@ def _step_split(decoder, batch_size, max_len, context, repeats, mesh) -> StepSpl
   context = S // 2 if context is None else context
   if context + T_verify + max(t for t, _ in calls) > S:
     raise ValueError(f"{context=} + one step does not fit the timing cache {max_len=}")
-  tp, tc = with_lowering(decoder.tp, lw), decoder.tc
+  tp, tc = with_lowering(decoder.target_params, lw), decoder.target_config
   dbody, dp, dcache_config = decoder.drafter_body()
   dp = with_lowering(dp, lw)
   dhead = decoder.draft_policy

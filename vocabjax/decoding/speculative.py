@@ -335,17 +335,17 @@ class SpeculativeEngine(DecodingMethod):
       d_layout = t_layout if proposer.draft_block_calls else "out_in"
     else:
       t_layout = d_layout = layout
-    self.tp, self.tc = with_mlp_layout(target_params, t_layout), target_config
+    self.target_params, self.target_config = with_mlp_layout(target_params, t_layout), target_config
     proposer.prepare(layout=d_layout, lowering=self.lowering, mesh=mesh)
     if mesh is not None:
-      self.tp = sharding.shard_params(self.tp, self.tc, mesh)
+      self.target_params = sharding.shard_params(self.target_params, self.target_config, mesh)
       proposer.place(mesh, target_config)
     # the engine's own programs are shared with the process's engines of the same models,
     # proposer and params signatures (`engine.ProgramCache`); a host hook's programs stay
     # this engine's
     self._programs = DecoderPrograms(
-        scope=lambda: (type(self), type(self.proposer), self.tc, self.mesh,
-                       arg_signature(self.tp), arg_signature(self.dp)),
+        scope=lambda: (type(self), type(self.proposer), self.target_config, self.mesh,
+                       arg_signature(self.target_params), arg_signature(self.proposer_params)),
         shared=("prefill", "step", "put_row"))
     self._states: dict = {}  # `abstract_state`'s shapes by (sampling, B, T, S, dtype)
     # one call at a time: a host hook keeps a call's rows (the suffix trees' requests, the
@@ -354,12 +354,12 @@ class SpeculativeEngine(DecodingMethod):
 
   # --- the proposer's, as the engine's callers read them ---------------------------------------
   @property
-  def dp(self):
+  def proposer_params(self):
     """The proposer's params (what every step program takes after the target's)."""
     return self.proposer.params
 
-  @dp.setter
-  def dp(self, value):
+  @proposer_params.setter
+  def proposer_params(self, value):
     self.proposer.params = value
 
   @property
@@ -396,7 +396,7 @@ class SpeculativeEngine(DecodingMethod):
     return self.proposer.drafter_body() if isinstance(self.proposer, Profiled) else None
 
   def __getattr__(self, name):
-    # a proposer's settings read through its engine (dec.gamma, dec.tree, dec.hc, dec.dc, ...)
+    # a proposer's settings read through its engine (dec.gamma, dec.tree, dec.head_config, ...)
     proposer = self.__dict__.get("proposer")
     if proposer is not None and not name.startswith("_") and name != "params":
       try:
@@ -433,16 +433,16 @@ class SpeculativeEngine(DecodingMethod):
 
   def _placed(self, shape, dtype, B: int, rows: bool = True):
     """An abstract argument placed as the engine's inputs are (`engine.abstract_arg`)."""
-    return abstract_arg(shape, dtype, B=B, mesh=self.mesh, like=self.tp, rows=rows)
+    return abstract_arg(shape, dtype, B=B, mesh=self.mesh, like=self.target_params, rows=rows)
 
   def _abstract_cache(self, config: LlamaLikeConfig, B: int, S: int, dtype):
     """A [B, S] cache of `config`, abstract and placed as the engine's caches are."""
     c = abstract_cache(config, B, S, dtype, self.mesh)
-    return c if self.mesh is not None else placed_like(c, self.tp)
+    return c if self.mesh is not None else placed_like(c, self.target_params)
 
   def _abstract_caches(self, B: int, S: int, dtype):
     """(the target's cache, {name: the proposer's caches}), abstract and placed."""
-    return (self._abstract_cache(self.tc, B, S, dtype),
+    return (self._abstract_cache(self.target_config, B, S, dtype),
             {k: self._abstract_cache(c, B, S, dtype) for k, c in self.proposer.caches().items()})
 
   def abstract_caches(self, B: int, S: int, dtype) -> list:
@@ -457,15 +457,15 @@ class SpeculativeEngine(DecodingMethod):
     def cache(config):
       c = KVCache.init(config, B, S, dtype)
       return c if self.mesh is None else sharding.shard_cache(c, config, self.mesh)
-    return cache(self.tc), {k: cache(c) for k, c in self.proposer.caches().items()}
+    return cache(self.target_config), {k: cache(c) for k, c in self.proposer.caches().items()}
 
   def _prefill_fn(self, sampling: SamplingParams):
     """`engine_prefill` with the target's params lowered as plain decoding's prefill (the bf16
     GEMM for a bf16 target) and the proposer's as its prefill asks."""
     base = self.lowering
-    t_lw = base.replace(bf16_blocks=prefill_in_bf16(self.tp))
+    t_lw = base.replace(bf16_blocks=prefill_in_bf16(self.target_params))
     d_lw = self.proposer.prefill_lowering(t_lw, base)
-    fn = functools.partial(engine_prefill, target_config=self.tc, sampling=sampling,
+    fn = functools.partial(engine_prefill, target_config=self.target_config, sampling=sampling,
                            proposer=self.proposer)
 
     def prefill(tp, dp, *args):
@@ -478,7 +478,7 @@ class SpeculativeEngine(DecodingMethod):
     P = proposer or self.proposer
     lw = step_lowering(self.lowering)
     fn = functools.partial(engine_probs_step if verifies_on_host(P, sampling) else engine_step,
-                           target_config=self.tc, sampling=sampling, proposer=P)
+                           target_config=self.target_config, sampling=sampling, proposer=P)
 
     def step(tp, dp, *args):
       return fn(with_lowering(tp, lw), with_lowering(dp, lw) if isinstance(dp, dict) else dp,
@@ -503,19 +503,19 @@ class SpeculativeEngine(DecodingMethod):
     per shapes and params: a continuous batching call reads them for its empty rows)."""
     key = (sampling, B, T, S, jnp.dtype(dtype).name)
     held = self._states.get(key)
-    if held is not None and held[0] is self.tp and held[1] is self.dp:
+    if held is not None and held[0] is self.target_params and held[1] is self.proposer_params:
       return held[2]
     state = self._trace_state(sampling, B, T, S, dtype)
-    self._states[key] = (self.tp, self.dp, state)
+    self._states[key] = (self.target_params, self.proposer_params, state)
     return state
 
   def _trace_state(self, sampling: SamplingParams, B: int, T: int, S: int, dtype):
     i32 = functools.partial(self._placed, dtype=jnp.int32, B=B)
     tcache, caches = self._abstract_caches(B, S, dtype)
-    _, state = jax.eval_shape(self._prefill_fn(sampling), self.tp, self.dp, i32((B, T)),
-                              i32((B,)), tcache, caches, KEY)
+    _, state = jax.eval_shape(self._prefill_fn(sampling), self.target_params, self.proposer_params,
+                              i32((B, T)), i32((B,)), tcache, caches, KEY)
     if self.mesh is None:
-      return placed_like(state, self.tp)
+      return placed_like(state, self.target_params)
     sh = self._state_shardings(state, B)
     return jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                         state, sh)
@@ -545,8 +545,8 @@ class SpeculativeEngine(DecodingMethod):
       if self.mesh is not None:
         jit_kw["out_shardings"] = (rep, jax.tree.map(lambda x: x.sharding, state))
       out["prefill"] = jax.jit(self._prefill_fn(sampling), donate_argnums=(4, 5),
-                               **jit_kw).lower(self.tp, self.dp, i32((B, T)), i32((B,)),
-                                               tcache, caches, key)
+                               **jit_kw).lower(self.target_params, self.proposer_params, i32(
+                                   (B, T)), i32((B,)), tcache, caches, key)
     if "put_row" in programs:  # continuous batching (a mesh's state keeps its shardings)
       jit_kw = {} if self.mesh is None else {
           "out_shardings": jax.tree.map(lambda x: x.sharding, state)}
@@ -571,7 +571,7 @@ class SpeculativeEngine(DecodingMethod):
         jit_kw["out_shardings"] = ((jax.tree.map(lambda x: x.sharding, state),)
                                    + (rep,) * (n_out - 1))
       out["step"] = jax.jit(self._step_fn(sampling, P), donate_argnums=(2,), **jit_kw).lower(
-          self.tp, self.dp, state, key, *host)
+          self.target_params, self.proposer_params, state, key, *host)
     return out
 
   def start_program(self, sampling: SamplingParams, B: int, T: int, S: int, dtype):
@@ -584,7 +584,7 @@ class SpeculativeEngine(DecodingMethod):
 
     def start(tokens, lengths, key):
       tcache, caches = self._new_caches(B, S, dtype)
-      return prog(self.tp, self.dp, tokens, lengths, tcache, caches, key)
+      return prog(self.target_params, self.proposer_params, tokens, lengths, tcache, caches, key)
 
     return start, seconds
 
@@ -690,14 +690,14 @@ class SpeculativeEngine(DecodingMethod):
     """One batch: `row0` its first row in the caller's request (errors name rows by it),
     `key` its key (default: the seed's)."""
     P = self.proposer
-    req = request(prompts, max_new_tokens=max_new_tokens, sampling=sampling, config=self.tc,
-                  max_len=max_len, extra_slots=self.extra_slots, method=self.method,
-                  mesh=self.mesh, seed=seed, eos_token_ids=eos_token_ids,
+    req = request(prompts, max_new_tokens=max_new_tokens, sampling=sampling,
+                  config=self.target_config, max_len=max_len, extra_slots=self.extra_slots,
+                  method=self.method, mesh=self.mesh, seed=seed, eos_token_ids=eos_token_ids,
                   stop_strings=stop_strings, tokenizer=tokenizer, streamer=streamer)
     if key is not None:
       req = req._replace(key=key)
     req.out.row0 = row0
-    B, S, dtype = req.B, req.S, compute_dtype(self.tp)
+    B, S, dtype = req.B, req.S, compute_dtype(self.target_params)
     start, step, compile_s = self.programs(sampling, B, req.T, S, dtype)
     stats = SpecStats(drafted=[], accepted=[], proposer=P)
     run, compile_s = self._host_start(req, sampling, B, dtype, max_new_tokens, max_len,
@@ -754,11 +754,11 @@ class SpeculativeEngine(DecodingMethod):
       raise ValueError(f"continuous batching: {self.method}'s proposer "
                        f"({type(P).__name__}) keeps per-row host state it cannot hand to "
                        f"another prompt; use generate(), with batch_size for many prompts")
-    req = request(prompts, max_new_tokens=max_new_tokens, sampling=sampling, config=self.tc,
-                  max_len=max_len, extra_slots=self.extra_slots, method=self.method,
-                  mesh=self.mesh, seed=seed, eos_token_ids=eos_token_ids,
+    req = request(prompts, max_new_tokens=max_new_tokens, sampling=sampling,
+                  config=self.target_config, max_len=max_len, extra_slots=self.extra_slots,
+                  method=self.method, mesh=self.mesh, seed=seed, eos_token_ids=eos_token_ids,
                   stop_strings=stop_strings, tokenizer=tokenizer, rows=rows)
-    B, S, dtype = min(rows, req.B), req.S, compute_dtype(self.tp)
+    B, S, dtype = min(rows, req.B), req.S, compute_dtype(self.target_params)
     _, step, compile_s = self.programs(sampling, B, 1, S, dtype, start=False)
     stats = SpecStats(drafted=[], accepted=[], proposer=P)
     run, compile_s = self._host_start(req, sampling, B, dtype, max_new_tokens, max_len,
@@ -904,16 +904,16 @@ class SpeculativeEngine(DecodingMethod):
         prog, seconds = step(tuple(host_spec(a) for a in arrays))
         compiled += seconds
         t0 = time.perf_counter()
-        out = prog(self.tp, self.dp, state, key, *map(jnp.asarray, arrays))
+        out = prog(self.target_params, self.proposer_params, state, key, *map(jnp.asarray, arrays))
       elif sizer is not None:  # a sized device drafter
         width = sizer.choose()
         SP = self._sized(width)
         prog, compiled = step(width)
         t0 = time.perf_counter()
-        host_counts, out = None, prog(self.tp, self.dp, state, key)
+        host_counts, out = None, prog(self.target_params, self.proposer_params, state, key)
       else:
         t0 = time.perf_counter()
-        host_counts, out = None, step(self.tp, self.dp, state, key)
+        host_counts, out = None, step(self.target_params, self.proposer_params, state, key)
       if on_host:  # the target's probabilities; the proposer verifies, the engine commits
         state, p = out
         p = np.asarray(p)

@@ -13,15 +13,18 @@ MBSU (drafter forwards per block, the drafter's LM-head rows and params).
     params = method.parse({"gamma": 3}, where="my suite")   # ChainParams(gamma=3, ...)
     decoder = method.make(target, draft, params)
 
-The library's own methods, one module each beside this one: `plain` (ar), `drafter` (chain,
-tree), `lookup` (pld, ngram), `suffix` (suffix, tree_suffix), `vocab` (vocabtrim, frspec,
-specvocab), `eagle` (eagle, eagle_pld, eagle_suffix), `medusa`, `crossvocab`. A method of
-your own registers itself the same way when its file is imported (docs/extending.md).
+The library's own methods, one module each beside this one (every module of this package is
+imported with it): `plain` (ar), `drafter` (chain, tree), `lookup` (pld), `ngram` (the whole
+method in one file: docs/extending.md's worked example), `suffix` (suffix, tree_suffix),
+`vocab` (vocabtrim, frspec, specvocab), `eagle` (eagle, eagle_pld, eagle_suffix), `medusa`,
+`crossvocab`. A method of your own registers itself the same way when its file is imported.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import pkgutil
 import typing
 from pathlib import Path
 from typing import Any, Callable
@@ -189,8 +192,18 @@ def model_blocks(model, mesh):
   return model.params if mesh is not None else model.in_layout(block_layout())
 
 
-# the library's own methods (each registers itself; this order is the registry's)
-from vocabjax.methods import plain, drafter, lookup, suffix, vocab, eagle, medusa, crossvocab  # noqa: E402,F401,I001
+def _import_builtins() -> None:
+  """Import every module of this package: each registers its methods. The known ones first,
+  in the registry's order (how methods are listed); a module added here later registers itself
+  with no edit to this file."""
+  order = ("plain", "drafter", "lookup", "ngram", "suffix", "vocab", "eagle", "medusa",
+           "crossvocab")
+  found = {m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_")}
+  for name in [*[n for n in order if n in found], *sorted(found - set(order))]:
+    importlib.import_module(f"{__name__}.{name}")
+
+
+_import_builtins()
 
 __all__ = ["METHODS", "Method", "register", "HUB_FIELDS", "local_path", "local_files",
            "tree_params", "check_subset_file", "load_subset", "model_blocks"]

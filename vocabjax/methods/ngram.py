@@ -1,20 +1,30 @@
-"""Drafts from a fixed n-gram table: the worked example of docs/extending.md (a proposer in one
-file). The table maps each context of up to n - 1 tokens to the token that most often followed
-it in a corpus (`NgramTable.fit`); a step drafts up to `gamma` tokens by walking it from the
+"""A fixed n-gram table (`ngram`), a whole drafting method in one file: the table, its
+proposer, its parameters and its registration (docs/extending.md's worked example).
+
+The table maps each context of up to n - 1 tokens to the token that most often followed it in
+a corpus (`NgramTable.fit`); a step drafts up to `gamma` tokens by walking it from the
 committed tokens (the longest context it knows, backing off to shorter ones), on the host.
 The engine verifies the chain: greedy output equals plain decoding's, and sampling follows the
 target's law (the drafts are a deterministic function of the context: point masses).
 
     table = NgramTable.fit(token_id_lists, n=3)
     dec = SpeculativeEngine(params, config, NgramProposer(table, gamma=4))
+    dec = METHODS["ngram"].make(target, None, {"corpus": "my_code.txt", "gamma": 4})
 """
 
 from __future__ import annotations
 
 import collections
+import dataclasses
+import json
+from pathlib import Path
 
 from vocabjax.decoding.pld import chain_block
 from vocabjax.decoding.proposer import Context, Counted, Drafts, RowHandover
+from vocabjax.decoding.speculative import SpeculativeEngine
+from vocabjax.decoding.tree import MAX_TREE_NODES
+from vocabjax.errors import ConfigError
+from vocabjax.methods import model_blocks, register
 
 
 class NgramTable:
@@ -93,12 +103,36 @@ class NgramProposer(RowHandover, Counted):
 def table_from(path: str, tokenizer, n: int = 3) -> NgramTable:
   """An `NgramTable` fit on a text file (one document per line; `.jsonl`: each line's "text")
   tokenized with `tokenizer`."""
-  import json
-  from pathlib import Path
-
   lines = Path(path).read_text().splitlines()
   texts = [json.loads(x)["text"] if path.endswith(".jsonl") else x for x in lines if x.strip()]
   return NgramTable.fit((tokenizer.encode(t) for t in texts), n=n)
 
 
-__all__ = ["NgramProposer", "NgramTable", "table_from"]
+# --- its registration: `--method ngram`, a suite's `method: ngram` ----------------------------
+
+@dataclasses.dataclass(frozen=True)
+class NgramParams:
+  corpus: str  # a text file the table is fit on (one document per line; .jsonl: its "text")
+  n: int = 3  # contexts of up to n - 1 tokens
+  gamma: int = 4  # most drafts per step
+  self_sizing: bool = False  # each step's draft length from step costs and acceptance
+
+  def check(self, where: str) -> None:
+    if self.n < 2 or not 1 <= self.gamma <= MAX_TREE_NODES:
+      raise ConfigError(f"{where}: ngram needs n >= 2 and 1 <= gamma <= {MAX_TREE_NODES}, got "
+                        f"n={self.n}, gamma={self.gamma}")
+    if not Path(self.corpus).is_file():
+      raise ConfigError(f"{where}: ngram.corpus={self.corpus!r}: no such file (a text file, "
+                        f"one document per line, or a .jsonl with a \"text\" field)")
+
+
+@register("ngram", NgramParams, needs_draft=False, drafter_passes=lambda p: 0, timed=False)
+def _ngram(target, draft, p: NgramParams, mesh=None):
+  """Drafts walked from an n-gram table fit on a corpus, no drafter."""
+  del draft
+  if target.tokenizer is None:
+    raise ValueError(f"{target.source} has no tokenizer to encode the ngram corpus with")
+  table = table_from(p.corpus, target.tokenizer, n=p.n)
+  return SpeculativeEngine(model_blocks(target, mesh), target.config,
+                           NgramProposer(table, gamma=p.gamma), mesh=mesh,
+                           self_sizing=p.self_sizing)
