@@ -25,60 +25,50 @@ if _cache != "off":
 
 # How XLA compiles the suite's programs. Most of the suite's time is XLA:CPU compiling tiny
 # programs (tests/README.md), and for programs this small most of a compile is LLVM optimizing
-# each kernel and XLA:CPU's MLIR fusion emitters. On the CPU the suite compiles with LLVM at
-# -O0 and XLA:CPU's older elementwise emitters (FAST_XLA_OPTIONS: every XLA graph pass, the
-# fusion decisions and the dot library calls stay as they are), about 3x cheaper, and in one
-# piece (codegen split count 1: at -O0, splitting a program's LLVM module over threads costs
-# more than it saves, and both xdist workers hold the 2 cores anyway: -6% wall). The
+# each kernel and XLA:CPU's MLIR fusion emitters. By default (VOCABJAX_TEST_COMPILE=fast) the
+# suite compiles its CPU programs with LLVM at -O0 and XLA:CPU's older elementwise emitters, in
+# one piece (FAST_XLA_OPTIONS, set through XLA_FLAGS, JAX's public way: every XLA graph pass,
+# the fusion decisions and the dot library calls stay as they are), about 3x cheaper. The
 # properties the tests check (the same tokens as plain decoding, the target's law) are the
 # algorithm's and hold under either setting, but such a program is not the one a user runs
-# (LLVM -O2 forms FMAs, -O0 does not), so the tests marked `full_opt` -- one greedy-identity
-# case per method and weight path -- compile at the settings users get, and
-# VOCABJAX_TEST_COMPILE=full compiles the whole suite so. Only CPU programs are compiled fast:
-# the deviceless TPU compiles are always users' (and the GPU exactness run, JAX_PLATFORMS=
-# cuda,cpu, compiles everything as users do).
+# (LLVM -O2 forms FMAs, -O0 does not). XLA_FLAGS reach every backend of the process, and
+# XLA:TPU refuses the CPU emitter flag, so a fast run leaves out (deselects, saying so) the
+# tests marked `integration` (deviceless TPU/GPU compiles, multi-process runs, the notebook's
+# fresh virtualenv, the GPU run's dry run) and `full_opt` (one greedy-identity case per method
+# and weight path, compiled as users' programs are): `VOCABJAX_TEST_COMPILE=full` runs the
+# whole suite at users' settings, and `.ci/run`'s second step runs those two marks so.
 COMPILE = os.environ.get("VOCABJAX_TEST_COMPILE", "fast")
 if COMPILE not in ("fast", "full"):
   raise ValueError(f"VOCABJAX_TEST_COMPILE={COMPILE!r}: choose fast or full")
 FAST_COMPILE = COMPILE == "fast" and os.environ["JAX_PLATFORMS"] == "cpu"
 FAST_XLA_OPTIONS = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False,
                     "xla_cpu_parallel_codegen_split_count": 1}
-_fast_now = [FAST_COMPILE]  # this test's setting (pytest_runtest_setup below)
+USERS_SETTINGS = ("integration", "full_opt")  # marks a fast run leaves to a full one
+
+
+def _flags(options: dict) -> list[str]:
+  return [f"--{k}={str(v).lower()}" for k, v in options.items()]
+
+
+if FAST_COMPILE:  # before jax starts its CPU backend (it reads XLA_FLAGS then); once (xdist's
+  # workers inherit the controller's environment)
+  _have = os.environ["XLA_FLAGS"].split()
+  os.environ["XLA_FLAGS"] = " ".join([*_have, *[f for f in _flags(FAST_XLA_OPTIONS)
+                                                 if f not in _have]])
 
 
 def subprocess_xla_flags(device_count: int | None = None) -> str:
   """XLA_FLAGS for a test's CPU-only subprocess (a two-process run, the notebook's venv, the
-  GPU run's dry run): `device_count` virtual CPU devices, and the suite's fast setting as
-  flags. Flags reach every backend, and XLA:TPU refuses the CPU emitter flag: not for a
-  subprocess that compiles for a TPU."""
+  GPU run's dry run): `device_count` virtual CPU devices, and the suite's setting."""
   flags = [f"--xla_force_host_platform_device_count={device_count}"] if device_count else []
   if FAST_COMPILE:
-    flags += [f"--{k}={str(v).lower()}" for k, v in FAST_XLA_OPTIONS.items()]
+    flags += _flags(FAST_XLA_OPTIONS)
   return " ".join(flags)
 
 
-if FAST_COMPILE:
-  import inspect
-
-  from jax._src import compiler as _jax_compiler
-
-  _get_compile_options = _jax_compiler.get_compile_options
-  # jax builds every program's options here (pxla.create_compile_options): a jax that no
-  # longer does fails the suite's first import instead of silently compiling at -O2.
-  assert {"backend", "env_options_overrides"} <= set(
-      inspect.signature(_get_compile_options).parameters), "jax changed get_compile_options"
-
-  def _get_compile_options_fast(*args, backend=None, env_options_overrides=None, **kw):
-    """FAST_XLA_OPTIONS added to a CPU program's options (a part of its persistent-cache
-    key, so fast and full programs never share an entry)."""
-    if _fast_now[0] and backend is not None and backend.platform == "cpu":
-      env_options_overrides = {**FAST_XLA_OPTIONS, **(env_options_overrides or {})}
-    return _get_compile_options(*args, backend=backend,
-                                env_options_overrides=env_options_overrides, **kw)
-
-  _jax_compiler.get_compile_options = _get_compile_options_fast
-
 import pytest  # noqa: E402
+
+pytest_plugins = ("pytester",)  # tests/test_suite_settings.py runs the collection hook
 
 from vocabjax.testing.tiny import TINY_VARIANTS, save_tiny_variant  # noqa: E402
 
@@ -138,23 +128,29 @@ if _PROFILE:
     _prof.clear()
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_runtest_setup(item):
-  """Tests marked `full_opt` compile at users' settings, the others fast (see COMPILE above),
-  set before any of the test's fixtures (a module fixture may compile). jax's in-memory caches
-  do not key on compile options (the persistent cache does), nor does the decoders' program
-  cache (`engine.PROGRAMS`), so a switch clears them: a program compiled under one setting is
-  never reused under the other."""
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+  """A fast run (the default) leaves the tests that need users' compile settings to a full
+  one (module comment above; the report header says how to run them), and runs the slow
+  ones first."""
   if FAST_COMPILE:
-    fast = item.get_closest_marker("full_opt") is None
-    if _fast_now[0] != fast:
-      import jax
+    left = [i for i in items if any(i.get_closest_marker(m) for m in USERS_SETTINGS)]
+    if left:
+      config.hook.pytest_deselected(items=left)
+      kept = set(left)
+      items[:] = [i for i in items if i not in kept]
+  # the tests marked `slow` (subprocess runs of tens of seconds) first: run last, one of them
+  # kept a worker busy while the other had nothing left (the suite's tail); run first, the
+  # workers share the rest as they free up. Otherwise the collection order is kept.
+  items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
-      from vocabjax.decoding.engine import PROGRAMS
 
-      jax.clear_caches()
-      PROGRAMS.clear()
-      _fast_now[0] = fast
+def pytest_report_header(config):
+  if FAST_COMPILE:
+    return ("compile: fast (CPU programs at LLVM -O0, XLA_FLAGS); tests marked integration or "
+            "full_opt are left out: VOCABJAX_TEST_COMPILE=full python -m pytest -m "
+            "'integration or full_opt' tests runs them (.ci/run's second step)")
+  return "compile: full (users' XLA settings)"
 
 
 @pytest.fixture(autouse=True)
@@ -229,9 +225,3 @@ def tiny_medusa_dir(tiny_chat_dir, tmp_path_factory):
                      target=model_identity(m))
 
 
-def pytest_collection_modifyitems(config, items):
-  """The tests marked `slow` (subprocess runs of tens of seconds) first: run last, one of them
-  kept a worker busy while the other had nothing left (the suite's tail); run first, the
-  workers share the rest as they free up. Otherwise the collection order is kept."""
-  del config
-  items.sort(key=lambda item: item.get_closest_marker("slow") is None)

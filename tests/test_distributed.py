@@ -62,6 +62,7 @@ def _run(module_args, processes: int):
   return outs
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_two_processes_count_what_one_counts(tiny_chat_dir, tmp_path):
   text = tmp_path / "text"
@@ -84,6 +85,7 @@ def test_two_processes_count_what_one_counts(tiny_chat_dir, tmp_path):
   assert two.meta["processes"] == 2 and two.meta["devices"] == 4 and one.total > 0
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_two_processes_decode_what_one_decodes(tiny_chat_dir, tmp_path):
   def args(name, mesh, method=()):
@@ -101,6 +103,7 @@ def test_two_processes_decode_what_one_decodes(tiny_chat_dir, tmp_path):
   assert two["settings"]["num_processes"] == 2
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_two_processes_run_an_eval_suite_as_one_does(tiny_chat_dir, tmp_path):
   """`python -m vocabjax.eval` under jax.distributed: both processes decode every question on

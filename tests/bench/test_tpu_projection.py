@@ -9,6 +9,8 @@ import pytest
 from vocabjax.bench import tpu
 from vocabjax.bench.__main__ import main
 
+pytestmark = pytest.mark.integration  # compiles for TPU / GPU (.ci/run's second step)
+
 GATE = "experiments/results/eagle/gate"  # a recorded eval run (summary.json with tau per method)
 HBM_V5E = 16 * 2**30
 

@@ -27,6 +27,8 @@ from vocabjax.kernels import cpu_matmul
 from vocabjax.lowering import Lowering, decoding_lowering
 from vocabjax.testing.tpu_aot import libtpu_available
 
+pytestmark = pytest.mark.integration  # compiles for TPU / GPU (.ci/run's second step)
+
 S = 256
 
 

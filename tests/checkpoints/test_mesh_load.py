@@ -81,6 +81,7 @@ def test_int8_onto_a_mesh_is_refused(tiny_chat_dir):
     load_model(tiny_chat_dir, dtype="int8", mesh=sharding.make_mesh(data=1, model=8))
 
 
+@pytest.mark.integration
 def test_the_tpu_slice_steps_take_weights_as_the_loader_lays_them():
   """The 8B pair's deviceless chain step on a v5e:2x2 slice: the target's and the drafter's
   params reach the step with exactly the shardings `load_model(..., mesh=)` gives them."""

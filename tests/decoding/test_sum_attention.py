@@ -63,6 +63,7 @@ def test_every_decoder_keeps_greedy_identity_with_summed_attention(pair, dtype):
     assert res.stats.tau > 1, name
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("method", ["ar", "chain_g3", "tree_k2d3n6"])
 def test_the_gpu_step_writes_slots_in_place_with_summed_attention(method):
   """XLA:GPU (deviceless, an H100): with the option the step neither copies nor transposes

@@ -17,6 +17,7 @@ from tests.test_experiments import _tiny_configs
 ROOT = Path(__file__).parents[2]
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_prepared_gpu_run_dry_on_cpu(tmp_path):
   t, d = _tiny_configs(tmp_path)
@@ -84,6 +85,7 @@ def test_skipped_steps_and_the_budget(tmp_path):
   assert "== exactness: skipped" in log and "python3" not in log, proc.stdout[-2000:]
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_a_failing_persistent_grid_skips_only_its_steps(tmp_path):
   """The new grid failing its smoke test (here: a refused program count) costs its own steps,

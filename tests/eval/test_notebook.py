@@ -257,6 +257,7 @@ def _published_layouts_on_a_hub(hub, tiny_dir: Path, tmp_path: Path) -> None:
   del jax
 
 
+@pytest.mark.integration
 @pytest.mark.slow
 def test_notebook_installs_from_git_in_a_fresh_venv_and_runs(tmp_path, tiny_chat_dir):
   """The Colab path end to end on tiny models: a venv with the host's site-packages (jax, torch,

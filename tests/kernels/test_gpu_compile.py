@@ -16,6 +16,8 @@ from vocabjax.kernels.indexed_lm_head_gpu import indexed_lm_head_gpu
 from vocabjax.testing import gpu_aot
 from vocabjax.testing.hlo import materialized
 
+pytestmark = pytest.mark.integration  # compiles for TPU / GPU (.ci/run's second step)
+
 TRITON = "__gpu$xla.gpu.triton"
 
 

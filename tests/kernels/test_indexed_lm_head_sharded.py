@@ -60,6 +60,7 @@ def test_a_vocabulary_that_does_not_split_is_refused():
                             mesh=sharding.make_mesh(data=1, model=8))
 
 
+@pytest.mark.integration
 @pytest.mark.parametrize("topology", ["v5e:2x2", "v6e:2x2", "v5p:2x2x1"])
 def test_the_tpu_kernel_compiles_for_slices_with_the_head_split(topology):
   """SpecVocab's main setting (B = 10, k = 2048, the 0.5B drafter's d = 896, Qwen's 151,936

@@ -15,6 +15,8 @@ from jax.experimental import pallas as pl
 from vocabjax.kernels.indexed_lm_head import indexed_lm_head, indexed_lm_head_tpu
 from vocabjax.testing.tpu_aot import compile_for_tpu, libtpu_available, lower_for_tpu, tpu_devices
 
+pytestmark = pytest.mark.integration  # compiles for TPU / GPU (.ci/run's second step)
+
 GENERATIONS = ["v5e:1x1", "v6e:1x1", "v5p:1x1x1"]
 V = 151936  # Qwen2.5's vocabulary (SpecVocab's targets)
 
