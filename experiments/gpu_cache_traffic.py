@@ -27,12 +27,13 @@ from vocabjax.testing.hlo import whole_array_writes as whole_cache_writes  # noq
 
 def library_step(model: str, slots: int, target: str, sum_attention: bool = False) -> dict:
   from vocabjax.bench import tpu
+  from vocabjax.bench import stand_ins
   from vocabjax.checkpoints.known import resolve_config
   from vocabjax.lowering import sum_attention_default
 
   name, config = resolve_config(model)
   with sum_attention_default(sum_attention):
-    step = tpu.lower_step("ar", tpu.Setup(config, config), topology="gpu:" + target, S=slots,
+    step = tpu.lower_step("ar", stand_ins.Setup(config, config), topology="gpu:" + target, S=slots,
                           T=16, compile=True)
   compiled = step.programs["step"].compiled
   shape = (config.num_layers, 1, slots, config.num_kv_heads, config.head_dim)
@@ -51,6 +52,7 @@ def method_steps(target: str, methods=("chain_g3", "tree_k4d4n16"), layers: int 
   import dataclasses
 
   from vocabjax.bench import tpu
+  from vocabjax.bench import stand_ins
   from vocabjax.checkpoints.known import resolve_config
   from vocabjax.lowering import sum_attention_default
   from vocabjax.testing.hlo import whole_array_writes
@@ -62,7 +64,7 @@ def method_steps(target: str, methods=("chain_g3", "tree_k4d4n16"), layers: int 
   for method in methods:
     for on in (False, True):
       with sum_attention_default(on):
-        step = tpu.lower_step(method, tpu.Setup(c, c), topology="gpu:" + target, S=slots,
+        step = tpu.lower_step(method, stand_ins.Setup(c, c), topology="gpu:" + target, S=slots,
                               T=16, compile=True)
       text = step.programs["step"].compiled.as_text()
       entry = {n for n, _ in whole_array_writes(text, shape)}
@@ -123,10 +125,11 @@ def tpu_temp(model: str, slots: int, topology: str = "v5e:1x1") -> str:
   """The same plain step compiled for a TPU (libtpu, deviceless): its temp buffer, beside the
   GPU's (XLA:TPU's compiled HLO is not read back reliably deviceless, tpu_aot's doc)."""
   from vocabjax.bench import tpu
+  from vocabjax.bench import stand_ins
   from vocabjax.checkpoints.known import resolve_config
 
   name, config = resolve_config(model)
-  step = tpu.lower_step("ar", tpu.Setup(config, config), topology=topology, S=slots, T=16,
+  step = tpu.lower_step("ar", stand_ins.Setup(config, config), topology=topology, S=slots, T=16,
                         compile=True)
   mem = step.programs["step"].compiled.memory_analysis()
   return (f"- the same plain step compiled for TPU {topology}: temp "

@@ -131,6 +131,7 @@ def main(argv=None) -> int:
 
 def _steps(topology: str) -> list[dict]:
   from vocabjax.bench import tpu
+  from vocabjax.bench import stand_ins
   from vocabjax.models import LlamaLikeConfig
 
   def qwen2(V: int, L: int) -> LlamaLikeConfig:
@@ -139,7 +140,7 @@ def _steps(topology: str) -> list[dict]:
                            attention_bias=True, tie_word_embeddings=True,
                            max_position_embeddings=32768)
 
-  setup = tpu.Setup(qwen2(151936, 2), qwen2(151936, 1))
+  setup = stand_ins.Setup(qwen2(151936, 2), qwen2(151936, 1))
   rows = []
   for method in ("tree_k4d4n16", "eagle_k4d4n16"):
     for block in (0, 4096):

@@ -7,6 +7,9 @@ import json
 import pytest
 
 from vocabjax.bench import tpu
+from vocabjax.bench import stand_ins
+from vocabjax.bench import tpu_projection
+from vocabjax.bench import tpu_report
 from vocabjax.bench.__main__ import main
 
 pytestmark = pytest.mark.integration  # compiles for TPU / GPU (.ci/run's second step)
@@ -98,9 +101,9 @@ def test_cache_bytes_count_a_sliding_layers_ring_once():
     cache = KVCache.init(cfg, 3, S)
     assert cache.ring == ring
     want = 2 * 3 * per * (6 * S if ring is None else S + 5 * ring)  # k and v
-    assert tpu._kv_bytes_per_chip(cfg, 3, S, jnp.float32, None) == want == cache.nbytes()
-    assert tpu._cache_bytes(cache) == want
-    grow = tpu._cache_bytes(cache, ring=False)
+    assert tpu.kv_bytes_per_chip(cfg, 3, S, jnp.float32, None) == want == cache.nbytes()
+    assert tpu.cache_bytes(cache) == want
+    grow = tpu.cache_bytes(cache, ring=False)
     assert grow == 2 * 3 * per * S * (6 if ring is None else 1)
     assert want - grow == (0 if ring is None else 2 * 3 * per * 5 * ring)
 
@@ -131,7 +134,7 @@ def test_markdown_labels_every_time_projected_and_says_what_it_cannot_see(projec
 def test_unrolled_copy_counts_every_drafting_call(tiny):
   from vocabjax.bench.shapes import resolve_config
 
-  setup = tpu.Setup(resolve_config(tiny[0])[1], resolve_config(tiny[1])[1])
+  setup = stand_ins.Setup(resolve_config(tiny[0])[1], resolve_config(tiny[1])[1])
   step = tpu.lower_step("chain_g3", setup, S=128, costs=True, compile=True)
   rolled, unrolled = (step.programs[n].compiled.cost_analysis()["flops"]
                       for n in ("step", "cost:step"))
@@ -144,39 +147,40 @@ def test_weight_stream_model_counts_each_drafting_pass(tiny):
 
   from vocabjax.bench.shapes import resolve_config
 
-  setup = tpu.Setup(resolve_config(tiny[0])[1], resolve_config(tiny[1])[1])
+  setup = stand_ins.Setup(resolve_config(tiny[0])[1], resolve_config(tiny[1])[1])
   nbytes = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))  # noqa
   kv = lambda c: nbytes([c.k, c.v])  # noqa: E731
   ar = tpu.lower_step("ar", setup, S=128)  # lowered only: the model needs no compile
-  assert tpu.stream_bytes(tpu.method_spec("ar"), ar) == nbytes(ar.decoder.params) + kv(
-      ar.caches[0])
+  assert tpu_projection.stream_bytes(stand_ins.method_spec("ar"),
+                                     ar) == nbytes(ar.decoder.params) + kv(ar.caches[0])
   chain = tpu.lower_step("chain_g3", setup, S=128)
   d = chain.decoder
-  assert tpu.drafter_passes(tpu.method_spec("chain_g3"), d) == 3  # [prev, last], then 2
+  assert tpu_projection.drafter_passes(stand_ins.method_spec("chain_g3"),
+                                       d) == 3  # [prev, last], then 2
   tcache, dcache = chain.caches
   # tied models: the embedding is the LM head, streamed with the target once, the drafter 3x
-  assert tpu.stream_bytes(tpu.method_spec("chain_g3"), chain) == (
+  assert tpu_projection.stream_bytes(stand_ins.method_spec("chain_g3"), chain) == (
       nbytes(d.target_params) + kv(tcache) + 3 * (nbytes(d.proposer_params) + kv(dcache)))
   trim = tpu.lower_step("vocabtrim_k1024_g3", setup, S=128)
   d = trim.decoder
   # a trimmed head: its 1024 rows per pass instead of the drafter's [V, D] head
-  assert tpu.stream_bytes(
-      tpu.method_spec("vocabtrim_k1024_g3"),
+  assert tpu_projection.stream_bytes(
+      stand_ins.method_spec("vocabtrim_k1024_g3"),
       trim) == (nbytes(d.target_params) + kv(tcache) + 3 *
                 (nbytes(d.proposer_params) - nbytes(d.proposer_params["embed"]) + kv(dcache)))
 
 
 def test_tau_matching_against_the_gate_run():
-  entries = tpu.run_methods(GATE)
-  got = {m: (tpu.match_tau(tpu.method_spec(m), entries) or {}).get("name")
-         for m in tpu.METHODS}
+  entries = tpu_projection.run_methods(GATE)
+  got = {m: (tpu_projection.match_tau(stand_ins.method_spec(m), entries) or {}).get("name")
+         for m in stand_ins.METHODS}
   assert got == {"ar": "ar", "chain_g3": "chain_g3", "tree_k4d4n16": "tree_k4d4n16",
                  "eagle_k1d4": "eagle_k1d4", "eagle_k4d4n16": "eagle_k4d4n16",
                  "pld_g4": "pld_g4_n2", "medusa_h3k2": None, "vocabtrim_k8192_g3": None,
                  "sv2048_g3_tpu": None, "crossvocab_g4": None}
   # a gated EAGLE (min_confidence 0.2) runs another step program: not matched to the ungated
   gated = [e for e in entries if e["name"] == "eagle_k4d4n16_c0.2"]
-  assert tpu.match_tau(tpu.method_spec("eagle_k4d4n16"), gated) is None
+  assert tpu_projection.match_tau(stand_ins.method_spec("eagle_k4d4n16"), gated) is None
 
 
 def test_a_target_too_big_for_one_chip_is_an_error_with_bytes(tmp_path, capsys):
@@ -238,16 +242,16 @@ def test_methods_are_the_registrys_names_and_parameters(tiny):
 
   for name, m in REGISTRY.items():  # required values given as generate's --set would
     need = [f"{k}=64" for k, t in m.fields.items() if k not in m.defaults and t is not str]
-    spec = tpu.method_spec(name + (":" + ",".join(need) if need else ""))
+    spec = stand_ins.method_spec(name + (":" + ",".join(need) if need else ""))
     assert spec.kind == name
-  assert tpu.method_spec("chain:gamma=3").params == tpu.method_spec("chain_g3").params
+  assert stand_ins.method_spec("chain:gamma=3").params == stand_ins.method_spec("chain_g3").params
   with pytest.raises(ValueError, match=r"method 'chain' has no parameters \['gama'\]"):
-    tpu.method_spec("chain:gama=3")
+    stand_ins.method_spec("chain:gama=3")
   with pytest.raises(ValueError, match="chain needs 1 <= gamma.*got gamma=0"):
-    tpu.method_spec("chain:gamma=0")
+    stand_ins.method_spec("chain:gamma=0")
   with pytest.raises(ValueError, match=r"min_token_prob must lie in \[0, 1\], got 2"):
-    tpu.method_spec("suffix:min_token_prob=2")
-  setup = tpu.Setup(resolve_config(tiny[0])[1], resolve_config(tiny[1])[1])
+    stand_ins.method_spec("suffix:min_token_prob=2")
+  setup = stand_ins.Setup(resolve_config(tiny[0])[1], resolve_config(tiny[1])[1])
   texts = [tpu.lower_step(m, setup, S=128).programs["step"].text
            for m in ("chain_g3", "chain:gamma=3")]
   assert texts[0] == texts[1]
@@ -269,14 +273,14 @@ def test_papers_pairs_name_published_heads_and_taus():
     cfg = resolve_config(pair.target)[1]
     assert cfg.hidden_size == 4096 and cfg.vocab_size in (128256, 151936)
     for row in pair.rows:
-      assert tpu.method_spec(row.method).kind == "eagle"
+      assert stand_ins.method_spec(row.method).kind == "eagle"
       assert row.source  # where tau comes from, or why there is none
   fr = {r.label: r for r in PAPER_PAIRS["frspec-llama3"].rows}
   full = fr["EAGLE-2 (full vocabulary)"]
   assert full.tau == pytest.approx(sum(published.FRSPEC_TAU["full"]) / 7, abs=1e-3)
   assert fr["FR-Spec 8K"].tau == pytest.approx(sum(published.FRSPEC_TAU["8k"]) / 7, abs=1e-3)
   assert fr["FR-Spec 8K"].method == full.method + "|subset_k=8192"
-  assert tpu.method_spec(fr["FR-Spec 8K"].method).params["subset_k"] == 8192
+  assert stand_ins.method_spec(fr["FR-Spec 8K"].method).params["subset_k"] == 8192
   e3 = PAPER_PAIRS["eagle3-llama31"]
   assert e3.head_vocab == 32000 and e3.rows[0].tau == 6.23 and e3.rows[1].tau is None
   sv = {r.label: r.tau for r in PAPER_PAIRS["specvocab-qwen3"].rows}
@@ -289,11 +293,11 @@ def test_published_tau_gives_projected_speedups_for_an_eagle2_head_and_its_subse
   from vocabjax.bench.shapes import resolve_config
 
   tc = resolve_config(tiny[0])[1]
-  setup = tpu.Setup(tc, tc, head_kind="eagle2", head_intermediate=128, has_drafter=False)
+  setup = stand_ins.Setup(tc, tc, head_kind="eagle2", head_intermediate=128, has_drafter=False)
   tree = "eagle:top_k=2,depth=2,total_tokens=4"
   sub = tree + "|subset_k=1024"
   taus = {tree: (3.0, "paper A, Table 1"), sub: (2.5, "paper A, Table 1")}
-  result = tpu.project(setup, "v5e:1x1", ["ar", tree, sub], S=128, unrolled_costs=False,
+  result = tpu_projection.project(setup, "v5e:1x1", ["ar", tree, sub], S=128, unrolled_costs=False,
                        taus=taus, labels={tree: "full head", sub: "1K subset"},
                        paper="paper A on a tiny pair")
   rows = {r["method"]: r for r in result["rows"]}
@@ -307,14 +311,14 @@ def test_published_tau_gives_projected_speedups_for_an_eagle2_head_and_its_subse
                                                    / r["roofline_s"])
   # the subset's head reads 1,024 of the 4,096 rows per drafting pass
   assert rows[sub]["stream_bytes"] < rows[tree]["stream_bytes"]
-  md = tpu.render(result)
+  md = tpu_report.render(result)
   assert "tau: PUBLISHED, from the paper" in md and "paper A on a tiny pair" in md
   assert f"| 1K subset (`{sub}`) |" in md and "tau: paper A, Table 1" in md
   assert "EAGLE head (eagle2) Vd=4096" in md and ", no drafter model," in md
-  assert "crossvocab drafter" not in md and tpu.PAPER_TAU_CAVEAT in md
+  assert "crossvocab drafter" not in md and tpu_report.PAPER_TAU_CAVEAT in md
   assert "tau comes from the recorded run" not in md
   with pytest.raises(ValueError, match="subset_k restricts a full LM head"):
-    tpu.build_decoder(tree + "|subset_k=8", tpu.Setup(tc, tc, head_vocab=64),
+    tpu.build_decoder(tree + "|subset_k=8", stand_ins.Setup(tc, tc, head_vocab=64),
                       device=tpu.devices_of("v5e:1x1")[0])
 
 
@@ -324,13 +328,14 @@ def test_kernel_bytes_count_every_position_an_eagle_tree_puts_through_the_ranked
   from vocabjax.bench.shapes import resolve_config
 
   tc = resolve_config(tiny[0])[1]
-  setup = tpu.Setup(tc, tc, head_vocab=64, head_intermediate=128, ranker_rank=8)
+  setup = stand_ins.Setup(tc, tc, head_vocab=64, head_intermediate=128, ranker_rank=8)
   name = "eagle:top_k=2,depth=3,total_tokens=6,lm_head=target,ranker=x,k=64"
   dec = tpu.build_decoder(name, setup, device=tpu.devices_of("v5e:1x1")[0])
   positions = 1 + 2 * (3 - 1)
-  assert tpu._pallas_bytes(tpu.method_spec(name), setup, 1, dec) == positions * 64 * 2 * 256 * 2
+  assert tpu_projection.pallas_bytes(stand_ins.method_spec(name), setup, 1,
+                                     dec) == positions * 64 * 2 * 256 * 2
   plain = "eagle:top_k=2,depth=3,total_tokens=6,lm_head=target"
-  assert tpu._pallas_bytes(tpu.method_spec(plain), setup, 1,
+  assert tpu_projection.pallas_bytes(stand_ins.method_spec(plain), setup, 1,
                            tpu.build_decoder(plain, setup,
                                              device=tpu.devices_of("v5e:1x1")[0])) is None
 
@@ -346,7 +351,7 @@ def test_on_a_slice_heads_and_subsets_are_split_as_the_target(tiny):
   from vocabjax.vocab.policy import policy_state
 
   tc = resolve_config(tiny[0])[1]
-  setup = tpu.Setup(tc, tc, head_vocab=64, head_intermediate=128)
+  setup = stand_ins.Setup(tc, tc, head_vocab=64, head_intermediate=128)
   mesh = tpu.tpu_mesh("v5e:2x2")
   dec = tpu.build_decoder("eagle:top_k=2,depth=2,total_tokens=4,lm_head=target|subset_k=1024",
                           setup, mesh=mesh)

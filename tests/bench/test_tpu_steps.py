@@ -3,9 +3,9 @@ where it applies) compiled for real TPUs on this CPU host (deviceless: libtpu's 
 `vocabjax.bench.tpu`) at the real vocabulary, on one chip of v5e, v6e and v5p and sharded over
 a 4-chip slice of each (v5e:2x2, v6e:2x2, v5p:2x2x1, the model axis over the chips): the
 decoders' own programs (`lower()`) with abstract weights placed on TPU chips, so Mosaic's checks
-and XLA:TPU's compiler run on exactly what the decoders would run. `tpu.MATRIX_METHODS` and
-`tpu.MATRIX_TOPOLOGIES` are the matrix; `python -m vocabjax.bench tpu-matrix` compiles the same
-cells and writes their table (experiments/results/tpu_matrix/, quoted in docs/tpu.md).
+and XLA:TPU's compiler run on exactly what the decoders would run.
+`tpu_projection.MATRIX_METHODS` and `tpu_projection.MATRIX_TOPOLOGIES` are the matrix; `python -m
+vocabjax.bench tpu-matrix` compiles the same cells and writes their table (experiments/results/tpu_matrix/, quoted in docs/tpu.md).
 
 Shapes: layers of D=256 (4 heads, 2 KV heads of 64, F=512: `matrix_setup(narrow=True)`, a
 third less compile time than Qwen2.5-0.5B's D=896 layers, which `bench tpu-matrix` records),
@@ -21,6 +21,7 @@ import pytest
 from jax.sharding import PartitionSpec as P
 
 from vocabjax.bench import tpu
+from vocabjax.bench import tpu_projection
 from vocabjax.decoding.proposer import continuous_capable
 from vocabjax.decoding.speculative import block_layout, fold_catch_up
 from vocabjax.kernels import cpu_matmul
@@ -32,7 +33,7 @@ pytestmark = pytest.mark.integration  # compiles for TPU / GPU (.ci/run's second
 S = 256
 
 
-REAL_V = tpu.matrix_setup(narrow=True)  # the matrix's models, narrow layers (module doc)
+REAL_V = tpu_projection.matrix_setup(narrow=True)  # the matrix's models, narrow layers (module doc)
 
 
 @pytest.fixture(scope="module")
@@ -57,13 +58,15 @@ def test_libtpu_is_installed():
 def test_the_matrix_holds_every_registered_method_and_generation():
   from vocabjax.methods import METHODS as REGISTRY
 
-  kinds = {m.split(":")[0] for m in tpu.MATRIX_METHODS}
+  kinds = {m.split(":")[0] for m in tpu_projection.MATRIX_METHODS}
   assert kinds == set(REGISTRY) - {"frspec"}  # FR-Spec's step is VocabTrim's (a K-row subset)
-  gens = {t.split(":")[0] for t, _ in tpu.MATRIX_TOPOLOGIES}
-  assert gens == set(tpu.CHIPS) and {sh for _, sh in tpu.MATRIX_TOPOLOGIES} == {True, False}
-  assert len(tpu.matrix_cells()) == (len(tpu.MATRIX_METHODS) * len(tpu.MATRIX_TOPOLOGIES)
-                                     - len(tpu.ONE_DEVICE) * 3)
-  policies = {m.split(":")[0] for m in tpu.MATRIX_METHODS if m.startswith(("vocabtrim",
+  gens = {t.split(":")[0] for t, _ in tpu_projection.MATRIX_TOPOLOGIES}
+  assert gens == set(tpu.CHIPS) and {sh for _, sh in tpu_projection.MATRIX_TOPOLOGIES
+                                    } == {True, False}
+  assert len(tpu_projection.matrix_cells()) == (
+      len(tpu_projection.MATRIX_METHODS) * len(tpu_projection.MATRIX_TOPOLOGIES) -
+      len(tpu_projection.ONE_DEVICE) * 3)
+  policies = {m.split(":")[0] for m in tpu_projection.MATRIX_METHODS if m.startswith(("vocabtrim",
                                                                              "specvocab"))}
   assert policies == {"vocabtrim", "specvocab"}  # each drafter vocabulary policy
 
@@ -81,8 +84,8 @@ def test_continuous_batching_hands_rows_over(topology):
   sharded = topology != "v5e:1x1"
   chip = tpu.devices_of(topology)[0]
   mesh = tpu.tpu_mesh(topology) if sharded else None
-  for method in tpu.MATRIX_METHODS:
-    if method == "ar" or (sharded and method.split(":")[0] in tpu.ONE_DEVICE):
+  for method in tpu_projection.MATRIX_METHODS:
+    if method == "ar" or (sharded and method.split(":")[0] in tpu_projection.ONE_DEVICE):
       continue  # plain decoding hands its cache row over (`put_cache_row`)
     dec = tpu.build_decoder(method, REAL_V, device=None if sharded else chip, mesh=mesh)
     with tpu.tpu_tracing(chip, mesh, "tpu"):
@@ -98,14 +101,14 @@ def test_continuous_batching_hands_rows_over(topology):
           o.is_equivalent_to(i, d) for o, i, d in zip(outs, ins, dims)), method
 
 
-@pytest.mark.parametrize("method,topology,sharded", tpu.matrix_cells())
+@pytest.mark.parametrize("method,topology,sharded", tpu_projection.matrix_cells())
 def test_every_method_compiles_on_every_generation_and_slice(steps, method, topology, sharded):
   # lower_step raises AssertionError naming the method, program, topology and shapes
   step = _step(steps, topology, method, sharded)
   # every registered method batches continuously (`generate --rows` takes them all)
   assert (getattr(step.decoder, "proposer", None) is None
           or continuous_capable(step.decoder.proposer))
-  row = tpu.matrix_cell(method, REAL_V, topology, sharded, step=step)
+  row = tpu_projection.matrix_cell(method, REAL_V, topology, sharded, step=step)
   assert row["cpu_custom_calls"] == [], row  # no CPU-only custom call reaches a TPU program
   assert row["argument_bytes"] > 0 and row["temp_bytes"] < 1 << 30, row
   assert row["flops"] > 0 and row["bytes_accessed"] > 0, row
@@ -206,8 +209,8 @@ def test_the_readme_tpu_line_says_what_the_matrix_compiles():
 
   text = (Path(__file__).parents[2] / "README.md").read_text()
   line = text[text.index("- **TPU**"):text.index("- **CPU**")].replace("\n  ", " ")
-  for topology, _ in tpu.MATRIX_TOPOLOGIES:
+  for topology, _ in tpu_projection.MATRIX_TOPOLOGIES:
     assert topology in line, topology
   assert "every registered method's whole step" in line
-  assert f"{tpu.matrix_setup().target.vocab_size:,}-token vocabulary" in line
+  assert f"{tpu_projection.matrix_setup().target.vocab_size:,}-token vocabulary" in line
   assert "experiments/results/tpu_matrix/tpu_matrix.md" in line

@@ -86,10 +86,11 @@ def test_the_tpu_slice_steps_take_weights_as_the_loader_lays_them():
   """The 8B pair's deviceless chain step on a v5e:2x2 slice: the target's and the drafter's
   params reach the step with exactly the shardings `load_model(..., mesh=)` gives them."""
   from vocabjax.bench import tpu
+  from vocabjax.bench import stand_ins
   from vocabjax.bench.shapes import PAIRS, resolve_config
 
   tname, dname = PAIRS["llama-3.1-8b"]
-  setup = tpu.Setup(resolve_config(tname)[1], resolve_config(dname)[1])
+  setup = stand_ins.Setup(resolve_config(tname)[1], resolve_config(dname)[1])
   mesh = tpu.tpu_mesh("v5e:2x2")
   dec = tpu.build_decoder("chain_g3", setup, mesh=mesh)
   for params, config in ((dec.target_params, setup.target), (dec.proposer_params, setup.draft)):

@@ -71,11 +71,12 @@ def test_the_gpu_step_writes_slots_in_place_with_summed_attention(method):
   both, and the tree's drafting loop copies the drafter's cache every iteration: session 49);
   the plain and chain steps' slot writes are all in place (the tree's compaction scatters)."""
   from vocabjax.bench import tpu
+  from vocabjax.bench import stand_ins
   from vocabjax.testing.hlo import whole_array_writes
 
   S = 256
   shape = (CFG.num_layers, 1, S, CFG.num_kv_heads, CFG.head_dim)
-  setup = tpu.Setup(CFG, CFG, head_vocab=32, head_intermediate=48, ranker_rank=8)
+  setup = stand_ins.Setup(CFG, CFG, head_vocab=32, head_intermediate=48, ranker_rank=8)
   with sum_attention_default(True):
     step = tpu.lower_step(method, setup, topology="gpu:h100", S=S, T=16, compile=True)
   assert step.decoder.lowering.sum_attention

@@ -77,8 +77,9 @@ def test_decoding_steps_compile_for_a_gpu_and_widen_no_table(method):
   SpecVocab's chain with impl="gpu" carries the Triton indexed head inside its drafting loop."""
   from tests.decoding.conftest import CFG
   from vocabjax.bench import tpu
+  from vocabjax.bench import stand_ins
 
-  setup = tpu.Setup(CFG, CFG, head_vocab=32, head_intermediate=48, ranker_rank=8)
+  setup = stand_ins.Setup(CFG, CFG, head_vocab=32, head_intermediate=48, ranker_rank=8)
   step = tpu.lower_step(method, setup, topology="gpu:h100", S=128, T=16, compile=True)
   assert step.step_programs
   for name in step.step_programs:

@@ -172,7 +172,7 @@ def _paper_pairs() -> dict:
 
 
 def _tpu_names() -> list[str]:
-  from vocabjax.bench.tpu import NAME_FORMS  # local: JAX's import only for this subcommand
+  from vocabjax.bench.stand_ins import NAME_FORMS  # local: JAX's import only for this subcommand
 
   return list(NAME_FORMS)
 
@@ -227,7 +227,7 @@ def _tpu_run(a, argv: list[str]) -> int:
   import importlib.metadata
   import platform
 
-  from vocabjax.bench import tpu  # local: JAX and libtpu only for this subcommand
+  from vocabjax.bench import stand_ins, tpu, tpu_projection, tpu_report  # local: JAX, libtpu
 
   command = "python -m vocabjax.bench tpu " + shlex.join(argv)
   taus = labels = None
@@ -253,19 +253,19 @@ def _tpu_run(a, argv: list[str]) -> int:
                          f"same-tokenizer drafter with fewer (padded) rows, or a --cross-draft")
       dname = f"{dname} (V {dc.vocab_size} padded to {tc.vocab_size})"
       dc = dataclasses.replace(dc, vocab_size=tc.vocab_size)
-    methods = list(dict.fromkeys(["ar", *(a.methods or tpu.METHODS)]))
+    methods = list(dict.fromkeys(["ar", *(a.methods or stand_ins.METHODS)]))
     for m in methods:
-      tpu.method_spec(m)  # a bad name is refused before anything compiles
+      stand_ins.method_spec(m)  # a bad name is refused before anything compiles
     heads = (dict(head_kind=paper.head_kind, head_vocab=paper.head_vocab,
                   head_intermediate=paper.head_intermediate, ranker_rank=paper.ranker_rank)
              if paper else {})
-    setup = tpu.Setup(tc, dc, cross_draft=xc, dtype=a.dtype, target_name=tname,
+    setup = stand_ins.Setup(tc, dc, cross_draft=xc, dtype=a.dtype, target_name=tname,
                       draft_name=dname, cross_draft_name=xname, has_drafter=not paper,
                       **heads)
     tpu.tpu_devices(a.topology)  # ValueError naming an unknown topology
     tpu.chip_of(a.topology)  # a topology libtpu knows but the chip table does not
     if a.run:
-      tpu.run_methods(a.run)  # a --run without a readable summary.json
+      tpu_projection.run_methods(a.run)  # a --run without a readable summary.json
     check_output_dir(a.out, "--out")  # before anything compiles
   except (ValueError, RuntimeError, shapes.ShapeError, UnsupportedConfigError) as e:
     print(f"error: {e}", file=sys.stderr)
@@ -280,22 +280,22 @@ def _tpu_run(a, argv: list[str]) -> int:
   def save(result):
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_json(out / "tpu.json", {**env, **result})
-    atomic_write_text(out / "tpu.md", tpu.render({**env, **result}))
+    atomic_write_text(out / "tpu.md", tpu_report.render({**env, **result}))
 
   try:
-    result = tpu.project(setup, a.topology, methods, B=a.batch, S=a.context, run=a.run,
+    result = tpu_projection.project(setup, a.topology, methods, B=a.batch, S=a.context, run=a.run,
                          unrolled_costs=not a.rolled_costs, on_row=save, taus=taus,
                          labels=labels, paper=paper.paper if paper else None,
                          progress=lambda text: print(text, file=sys.stderr, flush=True))
-  except tpu.TpuProjectionError as e:
+  except tpu_projection.TpuProjectionError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
-  print(tpu.render({**env, **result}))
+  print(tpu_report.render({**env, **result}))
   return 0
 
 
 def _tpu_matrix(argv: list[str]) -> int:
-  """Compile the TPU matrix (`vocabjax.bench.tpu.MATRIX_METHODS` x `MATRIX_TOPOLOGIES`, the
+  """Compile the TPU matrix (`tpu_projection.MATRIX_METHODS` x `MATRIX_TOPOLOGIES`, the
   shapes of tests/bench/test_tpu_steps.py: Qwen2.5-0.5B's layers, V = 151,936, a 2-layer
   target, 1-layer drafter, bf16, B = 1, S = 256) and write tpu_matrix.md / .json in --out."""
   import datetime
@@ -307,18 +307,18 @@ def _tpu_matrix(argv: list[str]) -> int:
   a = p.parse_args(argv)
   command = "python -m vocabjax.bench tpu-matrix " + shlex.join(argv)
   with _libtpu_log():
-    from vocabjax.bench import tpu  # local: JAX and libtpu only for this subcommand
+    from vocabjax.bench import tpu_projection, tpu_report  # local: JAX and libtpu only here
 
-    setup = tpu.matrix_setup()
+    setup = tpu_projection.matrix_setup()
     rows = []
-    for method, topology, sharded in tpu.matrix_cells():
+    for method, topology, sharded in tpu_projection.matrix_cells():
       try:
-        rows.append(tpu.matrix_cell(method, setup, topology, sharded))
+        rows.append(tpu_projection.matrix_cell(method, setup, topology, sharded))
       except AssertionError as e:
         rows.append({"method": method, "topology": topology, "sharded": sharded,
                      "error": str(e)})
       print(f"{method} {topology}: {'error' if 'error' in rows[-1] else 'ok'}", flush=True)
-  md = tpu.render_matrix(rows, setup, command)
+  md = tpu_report.render_matrix(rows, setup, command)
   out = Path(a.out)
   atomic_write_json(out / "tpu_matrix.json", {
       "command": command, "date": datetime.datetime.now().isoformat(timespec="seconds"),

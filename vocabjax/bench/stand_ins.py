@@ -128,7 +128,7 @@ ALIASES = [  # short name -> registry form (and bench-only settings: SpecVocab's
 
 # registry parameters that never change a step program (host-side lookup, file paths; an EAGLE
 # head's or a ranker's shapes are taken as the Setup's)
-_HOST_ONLY = {"min_ngram", "max_ngram", "head", "ranker", "subset", "counts", "drafter",
+HOST_ONLY = {"min_ngram", "max_ngram", "head", "ranker", "subset", "counts", "drafter",
               "self_sizing",
               "ngram", "rule", "choices", "heads", "threshold", "corpus", "n",
               "max_tree_depth", "max_cached_requests", "min_token_prob", "max_spec_factor",
@@ -200,7 +200,7 @@ def method_spec(name: str) -> MethodSpec:
 def _shaping(kind: str, p) -> dict:
   """The registry parameters of `p` that shape the step program (a run's tau is matched on
   them)."""
-  return {k: v for k, v in dataclasses.asdict(p).items() if k not in _HOST_ONLY}
+  return {k: v for k, v in dataclasses.asdict(p).items() if k not in HOST_ONLY}
 
 
 def _draft_vocab(s: Setup, kind: str, p, bench: dict):
@@ -277,7 +277,7 @@ def _eagle_spec(name, kind, p, bench):
         raise ValueError(f"subset_k={subset_k} must be in [1, V={V}]")
       vocab = VocabSubset(np.arange(subset_k), V, meta=(("ids", "stand-in"),))
     kw = dict(tree=tree, lm_head=p.lm_head, draft_vocab=vocab, min_confidence=p.min_confidence)
-    head = (a["target"], s.target, a["head"], _head_config(s))
+    head = (a["target"], s.target, a["head"], abstract_head_config(s))
     if kind == "eagle_pld":
       proposer = EagleLookupProposer(*head, gamma=p.gamma, candidates=p.candidates, **kw)
     elif kind == "eagle_suffix":
@@ -379,7 +379,7 @@ _SPECS = {
 }
 
 
-def _head_config(s: Setup) -> EagleConfig:
+def abstract_head_config(s: Setup) -> EagleConfig:
   from vocabjax.train.eagle import head_config  # local: bench uses train's head shapes
 
   L = s.target.num_layers
@@ -442,7 +442,7 @@ def abstract_models(setup: Setup, needs) -> dict:
              "cross_draft": setup.crossvocab_draft}[name]
       out[name] = jax.eval_shape(lambda c=cfg: init_params(key, c, dtype=dtype))
     elif name == "head":
-      out[name] = jax.eval_shape(lambda: init_eagle(key, _head_config(setup), dtype=dtype))
+      out[name] = jax.eval_shape(lambda: init_eagle(key, abstract_head_config(setup), dtype=dtype))
     elif name.startswith("medusa"):  # "medusa<H>": H heads
       mc, c = _medusa_config(setup, int(name[len("medusa"):])), setup.target
       out[name] = jax.eval_shape(lambda: init_medusa(
