@@ -87,7 +87,7 @@ def test_step_programs_refuses_bad_requests(tmp_path):
 
 
 def test_papers_pipeline_names_existing_recipes_in_order():
-  """experiments/papers_pipeline.sh (issue 47's parts 1-4 in one command): valid bash, and
+  """experiments/papers_pipeline.sh (the papers' comparison in one command): valid bash, and
   every recipe and suite it runs exists, heads before the rankers that read them."""
   import re
   import subprocess

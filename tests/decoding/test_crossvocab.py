@@ -266,7 +266,7 @@ def test_bad_pairs_are_refused_with_numbers(setup):
         target, tc, CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=lower))
 
 
-# --- exact sampling with n-gram merges (issue 23) ----------------------------------------------
+# --- exact sampling with n-gram merges ----------------------------------------------------------
 
 def _walk_setup():
   """Drafter ids 0-5, target ids 0-7. Direct pairs d0-t0, d1-t1, d2-t2; keys (1, 2) -> t5,

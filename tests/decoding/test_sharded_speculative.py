@@ -33,7 +33,7 @@ from tests.decoding.test_medusa_decoding import heads_for
 MESHES = [(1, 8), (2, 4)]
 # The decoders each mesh runs: on (2, 4) all six; on (1, 8) one of each step kind (chain, tree,
 # EAGLE, Medusa with a subset). The chain's subset and ranker heads split their rows over
-# "model" as Medusa's subset does, and (2, 4) checks them (session 38: ~10 s of a 2-core run).
+# "model" as Medusa's subset does, and (2, 4) checks them (~10 s of a 2-core run).
 DECODERS = ("chain", "chain_subset", "chain_ranker", "tree", "eagle", "medusa_subset", "medusa")
 ON_MESH = {(1, 8): ("chain", "tree", "eagle", "medusa_subset"), (2, 4): DECODERS}
 PROMPTS = [[5, 9, 2, 7, 5, 9], [1, 2, 3], [8, 8, 8, 8, 4, 1, 1], [3]]

@@ -68,7 +68,7 @@ def test_every_decoder_keeps_greedy_identity_with_summed_attention(pair, dtype):
 def test_the_gpu_step_writes_slots_in_place_with_summed_attention(method):
   """XLA:GPU (deviceless, an H100): with the option the step neither copies nor transposes
   the stacked K / V caches, in the step or in its drafting loop's body (the einsum path does
-  both, and the tree's drafting loop copies the drafter's cache every iteration: session 49);
+  both, and the tree's drafting loop copies the drafter's cache every iteration: a recorded H200 run);
   the plain and chain steps' slot writes are all in place (the tree's compaction scatters)."""
   from vocabjax.bench import tpu
   from vocabjax.bench import stand_ins

@@ -102,7 +102,7 @@ def test_a_failing_persistent_grid_skips_only_its_steps(tmp_path):
   assert "persist=-1 must be 0" in (w / "kernel_smoke.log").read_text()
   assert "== kernel_persist: skipped (the persistent grid failed kernel_smoke)" in log
   assert "kernel_persist2" not in log
-  # without PERSIST=1 (the default since session 49 answered it) the grid is not measured
+  # without PERSIST=1 (the default) the grid is not measured
   env.pop("PERSIST")
   env["W"] = str(tmp_path / "w2")
   subprocess.run(["bash", "experiments/gpu_bench.sh"], cwd=ROOT, env=env, capture_output=True,
@@ -113,7 +113,7 @@ def test_a_failing_persistent_grid_skips_only_its_steps(tmp_path):
 
 def test_exactness_run_cut_at_its_limit_keeps_why_tests_failed(tmp_path, monkeypatch):
   """experiments/gpu_exactness.py interrupts pytest at the limit: the failures so far come back
-  with their tracebacks and counts, not only their names (session 49's cut run lost them). The
+  with their tracebacks and counts, not only their names (a cut run lost them). The
   cut comes when the third test has started (it says so in a file), not at a time: a loaded
   machine may take any time to start pytest; the limit (300 s) is only a backstop."""
   from tests.test_experiments import _script

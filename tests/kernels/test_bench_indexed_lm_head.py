@@ -150,7 +150,7 @@ def test_device_timing_subtracts_one_dispatch_and_sizes_the_program(bench, monke
 
 def test_many_calls_are_chained_so_xla_cannot_merge_them(bench):
   """The full head's N products share U: without a dependency between them XLA's DotMerger made
-  them one product (session 41's H200 run timed the full head at 13.7 TB/s). Each call's inputs
+  them one product (a recorded H200 run timed the full head at 13.7 TB/s). Each call's inputs
   pass a barrier with the running total, and the sum is still every call's."""
   import jax
   import jax.numpy as jnp
@@ -214,7 +214,7 @@ def test_dispatch_entries_and_table_update(bench, tmp_path):
   path = dispatch.merge(entries, tmp_path / "t.json")
   assert dispatch.choose("G", "bfloat16", 9, 400, 1000, dispatch.load_table(path)) == {
       "variant": "dot", "block_k": 64}
-  # faster by device time, slower by host-timed single calls (session 41's H200, B = 1): XLA
+  # faster by device time, slower by host-timed single calls (a recorded H200 run, B = 1): XLA
   assert dispatch.choose("G", "bfloat16", 1, 512, 2048, dispatch.load_table(path)) is None
 
   # recorded runs merge into a table here, oldest first, without a GPU (--from-results)

@@ -60,7 +60,7 @@ def test_the_indexed_heads_xla_path_in_a_loop_reads_rows_only():
 
 
 def test_materialized_can_name_the_dtype():
-  """XLA:GPU's merged q / k / v weights of a tiny test model (session 49's H200 run) have the
+  """XLA:GPU's merged q / k / v weights of a tiny test model (a recorded H200 run) have the
   tiny table's shape in bf16: the widened-table checks name f32 and do not take them for it."""
   hlo = """ENTRY %main.73 (p0: bf16[32,32], p1: bf16[16,32], p2: bf16[16,32]) -> f32[64,32] {
   %p0 = bf16[32,32]{1,0} parameter(0)

@@ -2,7 +2,7 @@
 JAX's CUDA plugin, `vocabjax.testing.gpu_aot`): the Triton indexed-LM-head kernel at every
 configuration the shipped dispatch table would run on an H100 or H200, a tile that overflows
 shared memory refused by name, and whole decoding steps compiled for a GPU with no widened
-table in them (what the H200 exactness run of session 49 could not tell apart).
+table in them (what a recorded H200 exactness run could not tell apart).
 
 These tests need the plugin (`python -m vocabjax.testing.gpu_aot install`, which the README's
 test setup runs) and fail, not skip, without it."""
@@ -58,7 +58,7 @@ def test_the_kernel_compiles_at_every_configuration_the_table_ships(target):
 
 
 def test_a_tile_over_the_shared_memory_is_refused_naming_it():
-  """Session 44 met this on an H200 (block_k 64, block_d 512, 6 stages: 405 KB of 227 KB)."""
+  """A lent H200 met this (block_k 64, block_d 512, 6 stages: 405 KB of 227 KB)."""
   fn = lambda h, U, i: indexed_lm_head_gpu(h, U, i, variant="dot", block_k=64,  # noqa: E731
                                            block_d=512, num_stages=6)
   with pytest.raises(AssertionError) as e:

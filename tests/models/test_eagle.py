@@ -1,4 +1,4 @@
-"""EAGLE-3 head (issue 6 groundwork): forward against a PyTorch transcription of SGLang's
+"""EAGLE-3 head: forward against a PyTorch transcription of SGLang's
 `LlamaForCausalLMEagle3` layer, EAGLE-3 checkpoint round trip, target mismatch errors."""
 
 import jax

@@ -13,7 +13,7 @@ everywhere else (nothing measured, another GPU, a
 shape between buckets): the dispatcher is never slower than XLA where it has been measured, and
 never guesses where it has not.
 
-Runs disagree: at B = 10, k = 2048, d = 4096 session 44's H200 runs measured the tuned kernel at
+Runs disagree: at B = 10, k = 2048, d = 4096 recorded H200 runs measured the tuned kernel at
 0.95x, 1.04x and 1.12x XLA's time within ten minutes, more than `MARGIN`. So `merge` keeps the
 timings an entry replaces (`history`, the last `HISTORY` runs of that bucket) and `choose` runs
 the kernel only where it won every recorded run, by both timings; the newest run's blocks are

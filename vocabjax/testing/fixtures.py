@@ -57,7 +57,7 @@ def bigram_model(config: LlamaLikeConfig, logits: np.ndarray) -> dict:
 
 def merging_pair(seed: int = 0, pool_size: int = 40, candidates: int = 6):
   """A target and a drafter with different tokenizers built so that drafts merge often
-  (cross-vocabulary sampling tests, issue 23).
+  (the cross-vocabulary sampling tests).
 
   Target: a byte-level BPE of ~380 tokens; drafter: one of 270 trained on other text, so most
   target tokens are spelled by several drafter tokens. The target is a bigram model whose

@@ -79,8 +79,8 @@ device_description_str: "{name}"
 
 MiB = 1 << 20
 # device_description_str is the device_kind JAX reports (the dispatch table's key): the names
-# the drivers give, as an H200 reported them in session 49 (`nvidia-smi`: 143771 MiB) and an
-# H100 SXM in session 31.
+# the drivers give, as a lent H200 reported them (`nvidia-smi`: 143771 MiB) and a lent
+# H100 SXM.
 TARGETS: dict[str, str] = {
     "h100": _target("NVIDIA H100 80GB HBM3", 81559 * MiB, 3.35e12),
     "h200": _target("NVIDIA H200", 143771 * MiB, 4.8e12),

@@ -36,7 +36,7 @@ def materialized(hlo_text: str, shape: tuple[int, ...],
   Name the dtype where a tiny model's table shape can coincide with another array: XLA:GPU
   merges a tiny layer's q / k / v projections into one dot over their concatenated weights,
   written every step, and a test model with 32 + 16 + 16 output rows over D = 32 gives a
-  bf16[64, 32] that a V = 64, D = 32 table's check would take for the table (session 49's
+  bf16[64, 32] that a V = 64, D = 32 table's check would take for the table (a recorded H200 run's
   H200 run)."""
   want = ",".join(map(str, shape))
   return [(comp, m.group(1), m.group(4)) for comp, _, m in _unfused(hlo_text)

@@ -1,4 +1,4 @@
-"""Chat-task prompts from text that can be had offline, for the target to answer (issue 18).
+"""Chat-task prompts from text that can be had offline, for the target to answer.
 
 The Spec-Bench and HumanEval prompts outside the eval suites are used up
 (`experiments/train/eagle/data/target_chat`: 361), and an EAGLE head trained on the target's answers
