@@ -37,39 +37,23 @@ if _cache != "off":
 # fresh virtualenv, the GPU run's dry run) and `full_opt` (one greedy-identity case per method
 # and weight path, compiled as users' programs are): `VOCABJAX_TEST_COMPILE=full` runs the
 # whole suite at users' settings, and `.ci/run`'s second step runs those two marks so.
-COMPILE = os.environ.get("VOCABJAX_TEST_COMPILE", "fast")
-if COMPILE not in ("fast", "full"):
-  raise ValueError(f"VOCABJAX_TEST_COMPILE={COMPILE!r}: choose fast or full")
-FAST_COMPILE = COMPILE == "fast" and os.environ["JAX_PLATFORMS"] == "cpu"
-FAST_XLA_OPTIONS = {"xla_backend_optimization_level": 0, "xla_cpu_use_fusion_emitters": False,
-                    "xla_cpu_parallel_codegen_split_count": 1}
-USERS_SETTINGS = ("integration", "full_opt")  # marks a fast run leaves to a full one
-
-
-def _flags(options: dict) -> list[str]:
-  return [f"--{k}={str(v).lower()}" for k, v in options.items()]
-
+from tests.helpers.compile import (FAST_COMPILE, FAST_XLA_OPTIONS, flags,  # noqa: E402
+                                   leave_to_full_run)
 
 if FAST_COMPILE:  # before jax starts its CPU backend (it reads XLA_FLAGS then); once (xdist's
   # workers inherit the controller's environment)
   _have = os.environ["XLA_FLAGS"].split()
-  os.environ["XLA_FLAGS"] = " ".join([*_have, *[f for f in _flags(FAST_XLA_OPTIONS)
+  os.environ["XLA_FLAGS"] = " ".join([*_have, *[f for f in flags(FAST_XLA_OPTIONS)
                                                  if f not in _have]])
-
-
-def subprocess_xla_flags(device_count: int | None = None) -> str:
-  """XLA_FLAGS for a test's CPU-only subprocess (a two-process run, the notebook's venv, the
-  GPU run's dry run): `device_count` virtual CPU devices, and the suite's setting."""
-  flags = [f"--xla_force_host_platform_device_count={device_count}"] if device_count else []
-  if FAST_COMPILE:
-    flags += _flags(FAST_XLA_OPTIONS)
-  return " ".join(flags)
-
 
 import pytest  # noqa: E402
 
 pytest_plugins = ("pytester",)  # tests/test_suite_settings.py runs the collection hook
 
+import jax  # noqa: E402
+
+from tests.helpers.models import CFG, SMALL, as_test_dtype  # noqa: E402
+from vocabjax.models import init_params  # noqa: E402
 from vocabjax.testing.tiny import TINY_VARIANTS, save_tiny_variant  # noqa: E402
 
 # VOCABJAX_TEST_PROFILE=PREFIX: each worker appends, per test, what compiling cost it (jax's
@@ -133,12 +117,7 @@ def pytest_collection_modifyitems(config, items):
   """A fast run (the default) leaves the tests that need users' compile settings to a full
   one (module comment above; the report header says how to run them), and runs the slow
   ones first."""
-  if FAST_COMPILE:
-    left = [i for i in items if any(i.get_closest_marker(m) for m in USERS_SETTINGS)]
-    if left:
-      config.hook.pytest_deselected(items=left)
-      kept = set(left)
-      items[:] = [i for i in items if i not in kept]
+  leave_to_full_run(config, items)
   # the tests marked `slow` (subprocess runs of tens of seconds) first: run last, one of them
   # kept a worker busy while the other had nothing left (the suite's tail); run first, the
   # workers share the rest as they free up. Otherwise the collection order is kept.
@@ -225,3 +204,22 @@ def tiny_medusa_dir(tiny_chat_dir, tmp_path_factory):
                      target=model_identity(m))
 
 
+# The model pairs shared by the speculative-decoding tests. `VOCABJAX_TEST_DTYPE=bfloat16` casts
+# their weights (target and drafter) to bf16, so that the exactness tests built on them (greedy
+# identity, chi-square) check the bf16 programs: `experiments/gpu_exactness.py` runs them that
+# way on a GPU. Unset, they are f32 (the CPU reference).
+
+@pytest.fixture(scope="session")
+def pair():
+  """A target and a drafter that agree often but not always (the drafter is a noisy copy)."""
+  target = init_params(jax.random.key(0), CFG, scale=0.3)
+  noise = init_params(jax.random.key(1), CFG, scale=0.3)
+  draft = jax.tree.map(lambda a, b: a + 0.5 * b, target, noise)
+  return as_test_dtype(target), as_test_dtype(draft)
+
+
+@pytest.fixture(scope="session")
+def small_pair():
+  """V = 8 target and an unrelated drafter: many rejections, exact laws computable."""
+  return (as_test_dtype(init_params(jax.random.key(10), SMALL, scale=0.8)),
+          as_test_dtype(init_params(jax.random.key(11), SMALL, scale=0.8)))

@@ -13,7 +13,7 @@ import pytest
 from vocabjax.calibrate.counts import Counts
 from vocabjax.distributed import settings
 
-from tests.conftest import subprocess_xla_flags
+from tests.helpers.compile import subprocess_xla_flags
 
 
 def test_settings_from_arguments_and_environment():
@@ -111,7 +111,7 @@ def test_two_processes_run_an_eval_suite_as_one_does(tiny_chat_dir, tmp_path):
   ids as a one-process run; a rerun resumes with nothing left to do."""
   import yaml
 
-  from tests.eval.test_eval_cli import QUESTIONS
+  from tests.helpers.eval import QUESTIONS
 
   bench = tmp_path / "bench.jsonl"
   bench.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))

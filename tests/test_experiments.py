@@ -1,32 +1,11 @@
 """Lab scripts under experiments/ that other runs depend on (step_programs.py: the prepared GPU
 run's step timing), loaded by path: they are not part of the package."""
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-
-EXPERIMENTS = Path(__file__).parents[1] / "experiments"
-
-
-def _script(name):
-  spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
-  mod = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(mod)
-  return mod
-
-
-def _tiny_configs(tmp_path):
-  base = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", vocab_size=256,
-              hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-              num_key_value_heads=1, rms_norm_eps=1e-6, rope_theta=10000.0,
-              max_position_embeddings=512, tie_word_embeddings=True, hidden_act="silu")
-  base["num_hidden_layers"] = 6  # EAGLE-3's feature layers (1, L/2 - 1, L - 4) need L >= 5
-  t, d = tmp_path / "t.json", tmp_path / "d.json"
-  t.write_text(json.dumps(base))
-  d.write_text(json.dumps(dict(base, hidden_size=16, num_hidden_layers=1)))
-  return t, d
+from tests.helpers.experiments import _script, _tiny_configs
+from tests.helpers.experiments import EXPERIMENTS
 
 
 def test_step_programs_times_steps_and_projects_from_a_run(tmp_path):

@@ -7,7 +7,8 @@ import os
 
 import pytest
 
-from tests.conftest import FAST_COMPILE, FAST_XLA_OPTIONS, USERS_SETTINGS, subprocess_xla_flags
+from tests.helpers.compile import (FAST_COMPILE, FAST_XLA_OPTIONS, USERS_SETTINGS,
+                                   subprocess_xla_flags)
 
 
 def _set_flags() -> dict[str, str]:
@@ -32,7 +33,9 @@ def test_the_flags_follow_the_setting():
 
 def test_a_fast_run_leaves_out_what_needs_users_settings(pytester):
   """Collected in a fast run, marked tests are deselected (never run at the fast setting)."""
-  pytester.makeconftest("from tests.conftest import pytest_collection_modifyitems  # noqa\n")
+  pytester.makeconftest("from tests.helpers.compile import leave_to_full_run\n\n\n"
+                        "def pytest_collection_modifyitems(config, items):\n"
+                        "  leave_to_full_run(config, items)\n")
   pytester.makepyfile(test_marks="""
       import pytest
 

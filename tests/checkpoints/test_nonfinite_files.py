@@ -39,7 +39,7 @@ def test_eagle3_head(target, tmp_path):
 
 
 def test_eagle2_head(target, tmp_path):
-  from tests.decoding.test_eagle2_heads import eagle2_config, eagle2_params
+  from tests.helpers.heads import eagle2_config, eagle2_params
   from vocabjax.checkpoints.eagle2 import load_eagle2, save_eagle2
 
   hc = eagle2_config(target.config)

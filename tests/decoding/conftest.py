@@ -1,74 +1,31 @@
-"""Model pairs shared by the speculative-decoding tests.
+"""Fixtures of the decoding tests: the hand-built lookup pair an EAGLE head drafts for exactly
+(`lookup`). The model pairs (`pair`, `small_pair`) are tests/conftest.py's."""
 
-`VOCABJAX_TEST_DTYPE=bfloat16` casts the shared pairs' weights (target and drafter) to bf16, so
-that the exactness tests built on them (greedy identity, chi-square) check the bf16 programs:
-`experiments/gpu_exactness.py` runs them that way on a GPU. Unset, they are f32 (the CPU reference)."""
-
-import os
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
-from vocabjax.models import LlamaLikeConfig, init_params
+from vocabjax.models.eagle import init_eagle
+from vocabjax.testing.fixtures import lookup_model
 
-CFG = LlamaLikeConfig(arch="qwen2", vocab_size=64, hidden_size=32, intermediate_size=48,
-                      num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8, attention_bias=True)
-SMALL = LlamaLikeConfig(arch="llama", vocab_size=8, hidden_size=16, intermediate_size=16,
-                        num_layers=1, num_heads=2, num_kv_heads=1, head_dim=8)
-PROMPT = [3, 1]
-DTYPE = os.environ.get("VOCABJAX_TEST_DTYPE", "float32")
-if DTYPE not in ("float32", "bfloat16"):
-  raise ValueError(f"VOCABJAX_TEST_DTYPE={DTYPE!r}: choose float32 or bfloat16")
+from tests.helpers.heads import LOOKUP, head_config, lookup_next
 
 
-def _as_test_dtype(params):
-  if DTYPE == "float32":
-    return params
-  from vocabjax.models.llamalike import cast_weights
-  return cast_weights(params, DTYPE)
 
-
-@pytest.fixture(scope="session")
-def pair():
-  """A target and a drafter that agree often but not always (the drafter is a noisy copy)."""
-  target = init_params(jax.random.key(0), CFG, scale=0.3)
-  noise = init_params(jax.random.key(1), CFG, scale=0.3)
-  draft = jax.tree.map(lambda a, b: a + 0.5 * b, target, noise)
-  return _as_test_dtype(target), _as_test_dtype(draft)
-
-
-@pytest.fixture(scope="session")
-def small_pair():
-  """V = 8 target and an unrelated drafter: many rejections, exact laws computable."""
-  return (_as_test_dtype(init_params(jax.random.key(10), SMALL, scale=0.8)),
-          _as_test_dtype(init_params(jax.random.key(11), SMALL, scale=0.8)))
-
-
-def prompt_samples(decoder, sampling, n: int = 12_000, seed: int = 5, prompt=PROMPT):
-  """n seeded rows of `prompt`, 3 new tokens each: (flat cell ids x1*V^2 + x2*V + x3, stats)
-  (`vocabjax.testing.proposers.sampled_cells` over SMALL's vocabulary)."""
-  from vocabjax.testing.proposers import sampled_cells
-
-  return sampled_cells(decoder, prompt, sampling, SMALL.vocab_size, n, seed)
-
-
-def check_vocab_sampling_lossless(kind, small_pair, draft_vocab, sampling, seed):
-  """Sample PROMPT with a chain (gamma 2) or tree (2, 2, 4) decoder of `small_pair` drafting
-  over `draft_vocab`; assert the acceptance rate is informative (0.05-0.95) and the joint law
-  of the first three tokens matches target-only sampling (chi-square p > 1e-3).
-  Returns (flat samples, the exact law)."""
-  from vocabjax.decoding.speculative import SpeculativeEngine
-  from vocabjax.decoding.drafter import ChainProposer, TreeProposer
-  from vocabjax.decoding.tree import TreeParams
-  from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
-
-  target, draft = small_pair
-  if kind == "chain":
-    dec = SpeculativeEngine(target, SMALL, ChainProposer(draft, SMALL, SMALL, gamma=2, draft_vocab=draft_vocab))
-  else:
-    dec = SpeculativeEngine(target, SMALL, TreeProposer(draft, SMALL, SMALL, tree=TreeParams(2, 2, 4), draft_vocab=draft_vocab))
-  samples, stats = prompt_samples(dec, sampling, seed=seed)
-  assert 0.05 < stats.acceptance_rate < 0.95
-  exact = exact_sequence_probs(target, SMALL, PROMPT, sampling)
-  assert chi2_pvalue(samples, exact) > 1e-3
-  return samples, exact
+@pytest.fixture(scope="module")
+def lookup():
+  """A 1-layer target continuing t -> 5t + 3 (mod 16) whose layer-0 output is the one-hot
+  embedding, and a head that knows it: fc maps f_p = onehot(x_p) to onehot(x_{p+1}) (so the
+  target's own LM head on it predicts x_{p+2}) and its own LM head is the target's. It drafts
+  depth 1 right and deeper levels wrong (it re-predicts x_{p+2}), so paths of n = 0 and 1 occur."""
+  target = lookup_model(LOOKUP, lookup_next)
+  hc = head_config(LOOKUP, layers=(0, 0))
+  head = init_eagle(jax.random.key(5), hc, scale=0.02)
+  P = np.zeros((16, 16), np.float32)
+  for t in range(16):
+    P[lookup_next(t), t] = 1.0
+  head["fc"] = jnp.asarray(np.concatenate([P, np.zeros_like(P)], axis=1))
+  head["lm_head"] = target["lm_head"]
+  return target, hc, head

@@ -199,7 +199,7 @@ def test_compiled_key_derivation_and_cache_buffers():
   import jax.numpy as jnp
 
   from vocabjax.decoding import engine
-  from tests.decoding.conftest import CFG
+  from tests.helpers.models import CFG
 
   key = jax.random.key(7)
   for i in (0, 1, 5, 1000, 2**31 - 1):

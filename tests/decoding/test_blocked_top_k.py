@@ -4,7 +4,7 @@ SpecVocab's ranker over 320-token vocabularies cut in blocks of 64."""
 
 import pytest
 
-from tests.decoding.test_eagle2_heads import eagle2_config, eagle2_params
+from tests.helpers.heads import eagle2_config, eagle2_params
 from vocabjax.checkpoints.loader import load_model
 from vocabjax.decoding import Decoder
 from vocabjax.decoding.speculative import SpeculativeEngine

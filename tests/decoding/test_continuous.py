@@ -8,7 +8,7 @@ import jax
 import numpy as np
 import pytest
 
-from tests.decoding.conftest import CFG, PROMPT, SMALL
+from tests.helpers.models import CFG, PROMPT, SMALL
 from vocabjax.decoding import Decoder, SamplingParams
 from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.drafter import ChainProposer, TreeProposer
@@ -26,13 +26,13 @@ def _decoder(kind, target, draft):
   if kind == "tree":
     return SpeculativeEngine(target, CFG, TreeProposer(draft, CFG, CFG, tree=TreeParams(2, 2, 4)))
   if kind == "eagle":
-    from tests.decoding.test_eagle_decoding import random_head
+    from tests.helpers.heads import random_head
     from vocabjax.decoding.eagle import EagleProposer
 
     hc, head = random_head(target, CFG, 40)
     return SpeculativeEngine(target, CFG, EagleProposer(target, CFG, head, hc, tree=TreeParams(2, 2, 4)))
   if kind == "medusa":
-    from tests.decoding.test_medusa_decoding import SPARSE, heads_for
+    from tests.helpers.heads import SPARSE, heads_for
     from vocabjax.decoding.medusa import MedusaProposer
 
     heads, mc = heads_for(target, CFG)
@@ -42,7 +42,7 @@ def _decoder(kind, target, draft):
 
     return SpeculativeEngine(target, CFG, LookupProposer(gamma=3))
   if kind == "eagle_suffix":  # the suffix trees (per-row requests on the host) + a head's tree
-    from tests.decoding.test_eagle_decoding import random_head
+    from tests.helpers.heads import random_head
     from vocabjax.decoding.eagle import EagleSuffixProposer
     from vocabjax.decoding.suffix import SuffixProposer
 

@@ -20,41 +20,13 @@ from vocabjax.kernels import cpu_matmul
 from vocabjax.testing.fixtures import lookup_model, merging_pair
 from vocabjax.testing.stats import chi2_pvalue, exact_support_probs
 from vocabjax.testing.tiny import tiny_tokenizer
-from vocabjax.vocab.translate import TranslationError, build_vocab_map
-
-DRAFT_CORPUS = [
-    "The lazy dog sleeps while the quick fox runs.", "def mul(a, b):\n    return a * b\n",
-    "Bonjour le monde, comment allez-vous ?", "print('hello world')"
-] * 20
-TEXTS = ["def add(a, b):\n", "The quick brown fox", "Hello world! How"]
-
-
-def config(V, arch="qwen2"):
-  return LlamaLikeConfig(arch=arch, vocab_size=V, hidden_size=32, intermediate_size=48,
-                         num_layers=2, num_heads=4, num_kv_heads=2, head_dim=8,
-                         attention_bias=arch == "qwen2", max_position_embeddings=2048)
+from vocabjax.vocab.translate import TranslationError
+from tests.helpers.crossvocab import DRAFT_CORPUS, merging_law, config, crossvocab_pair, prompts
 
 
 @pytest.fixture(scope="module")
 def setup():
-  """Target (V=400, tokenizer A) and a drafter (V=320, tokenizer B trained on other text) that
-  is the target's copy through the vocabulary intersection plus noise: they agree often."""
-  ttok, dtok = tiny_tokenizer(400), tiny_tokenizer(320, corpus=DRAFT_CORPUS)
-  tc, dc = config(len(ttok)), config(len(dtok), arch="qwen2")
-  target = init_params(jax.random.key(0), tc, scale=0.3)
-  vm = build_vocab_map(dtok, ttok)
-  noise = init_params(jax.random.key(1), dc, scale=0.3)
-  rows = np.where(vm.d2t >= 0, vm.d2t, 0)
-  draft = jax.tree.map(lambda a: a, target)
-  for name in ("embed", "lm_head"):
-    draft[name] = jnp.where(jnp.asarray(vm.d2t >= 0)[:, None], target[name][rows],
-                            noise[name]) + 0.3 * noise[name]
-  draft["layers"] = jax.tree.map(lambda a, b: a + 0.3 * b, target["layers"], noise["layers"])
-  return ttok, dtok, tc, dc, target, draft
-
-
-def prompts(ttok):
-  return [ttok(t, add_special_tokens=False)["input_ids"] for t in TEXTS]
+  return crossvocab_pair()
 
 
 @pytest.mark.parametrize("gamma,ngram,draft_prefill",
@@ -324,35 +296,6 @@ def merging():
   return merging_pair(seed=0)
 
 
-def _merging_law(merging, rule, sp, rows, batch, seed=0, mesh=None, continuous=False):
-  """(p-value of the first three tokens against target-only sampling, merged drafts accepted
-  per row) with `rows` samples, `batch` prompts per generate call (on `mesh` if given;
-  `continuous`: one call, `batch` cache rows decoding them in turn)."""
-  ttok, dtok, tc, dc, target, draft, pool = merging
-  dec = SpeculativeEngine(
-      target, tc,
-      CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok, gamma=4,
-                         rule=rule), mesh=mesh)
-  dec.learn(pool)
-  prompt = pool[:2]
-  toks, merged = [], 0
-  for call in range(rows // batch):
-    if continuous:
-      res = dec.generate_continuous([prompt] * rows, rows=batch, max_new_tokens=3, sampling=sp,
-                                    seed=seed)
-    else:
-      res = dec.generate([prompt] * batch, max_new_tokens=3, sampling=sp, seed=seed + call)
-    toks += [tuple(t[:3]) for t in res.tokens]
-    merged += sum(map(sum, res.stats.ngram_accepted))
-    if continuous:
-      break
-  law = exact_support_probs(target, tc, prompt, sp, n_tokens=3)
-  cells = {s: i for i, s in enumerate(law)}
-  assert all(s in cells for s in toks), "a sequence outside the target's support was emitted"
-  return chi2_pvalue(np.asarray([cells[s] for s in toks]), np.asarray(list(law.values()))), \
-      merged / len(toks)
-
-
 @pytest.mark.parametrize("sp,batch,continuous", [
     (SamplingParams(temperature=1.0), 400, False),
     (SamplingParams(temperature=0.7, top_p=0.9), 400, False),
@@ -366,7 +309,7 @@ def test_exact_rule_with_merges_is_lossless(merging, sp, batch, continuous):
   its own draws). The last replaced 2,400 one-row `generate` calls, whose one-row loop and
   growing n-gram cache it runs too, in about their time (16.3 s on a fresh clone against
   14.8-18.4 s for the calls, tests/README.md)."""
-  pvalue, merged = _merging_law(merging, "exact", sp, 2400, batch, continuous=continuous)
+  pvalue, merged = merging_law(merging, "exact", sp, 2400, batch, continuous=continuous)
   assert merged > 0.5  # many merged drafts accepted per row
   assert pvalue > 1e-3
 
@@ -374,7 +317,7 @@ def test_exact_rule_with_merges_is_lossless(merging, sp, batch, continuous):
 def test_omnidraft_rule_fails_the_same_test(merging):
   """The approximation (q' per spelling) on the same pair: the chi-square test rejects it, so
   the test above has power."""
-  pvalue, merged = _merging_law(merging, "omnidraft", SamplingParams(temperature=1.0), 2400, 400)
+  pvalue, merged = merging_law(merging, "omnidraft", SamplingParams(temperature=1.0), 2400, 400)
   assert merged > 0.5 and pvalue < 1e-3
 
 

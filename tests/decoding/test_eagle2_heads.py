@@ -4,7 +4,6 @@ here; the reference package itself in tests/decoding/test_reference_heads.py), a
 decoding with such a head over the target's own LM head exact under every vocabulary policy
 (full head, a static subset, a ranker's candidates)."""
 
-import dataclasses
 import json
 
 import jax
@@ -17,28 +16,8 @@ from vocabjax.checkpoints.convert import CheckpointError
 from vocabjax.checkpoints.eagle2 import head_kind, load_eagle2, load_head, save_eagle2
 from vocabjax.checkpoints.loader import load_model
 from vocabjax.models.cache import KVCache
-from vocabjax.models.eagle import EagleConfig, eagle_forward, init_eagle
-from vocabjax.models.llamalike import FINAL_NORMED
-
-
-def eagle2_config(target, **changes) -> EagleConfig:
-  layer = dataclasses.replace(target, arch="llama", num_layers=1, tie_word_embeddings=False,
-                              **changes)
-  return EagleConfig(layer=layer, target_hidden_size=target.hidden_size,
-                     feature_layers=(FINAL_NORMED,), draft_vocab_size=target.vocab_size,
-                     kind="eagle2")
-
-
-def eagle2_params(hc: EagleConfig, seed: int = 0, bias: bool = True) -> dict:
-  p = init_eagle(jax.random.key(seed), hc, scale=0.3)
-  rs = np.random.RandomState(seed)
-  p["layer"]["mlp_norm"] = jnp.asarray(1 + 0.1 * rs.randn(hc.hidden_size), jnp.float32)
-  if bias:
-    p["input_fc_bias"] = jnp.asarray(0.1 * rs.randn(hc.hidden_size), jnp.float32)
-  if hc.layer.attention_bias:
-    for k, n in (("bq", hc.layer.q_dim), ("bk", hc.layer.kv_dim), ("bv", hc.layer.kv_dim)):
-      p["layer"][k] = jnp.asarray(0.1 * rs.randn(n), jnp.float32)
-  return p
+from vocabjax.models.eagle import eagle_forward
+from tests.helpers.heads import eagle2_config, eagle2_params
 
 
 @pytest.fixture(scope="module")

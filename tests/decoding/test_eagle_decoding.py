@@ -12,61 +12,15 @@ from vocabjax.decoding import Decoder, SamplingParams
 from vocabjax.decoding.eagle import EagleProposer
 from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.tree import TreeParams
-from vocabjax.models import KVCache, LlamaLikeConfig, init_params
-from vocabjax.models.eagle import EagleConfig, eagle_forward, fuse_features, init_eagle
+from vocabjax.models import KVCache, init_params
+from vocabjax.models.eagle import eagle_forward, fuse_features, init_eagle
 from vocabjax.models.llamalike import forward_features
-from vocabjax.testing.fixtures import lookup_model
 from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
 from vocabjax.vocab.ranked import SpeculativeVocab, svd_ranker
 from vocabjax.vocab.subset import VocabSubset
 
-from tests.decoding.conftest import CFG, PROMPT, SMALL
-
-
-def head_config(target: LlamaLikeConfig, draft_vocab_size=None, layers=(0, 1)):
-  layer = LlamaLikeConfig(arch="llama", vocab_size=target.vocab_size,
-                          hidden_size=target.hidden_size, intermediate_size=24, num_layers=1,
-                          num_heads=2, num_kv_heads=1, head_dim=8)
-  return EagleConfig(layer=layer, target_hidden_size=target.hidden_size, feature_layers=layers,
-                     draft_vocab_size=draft_vocab_size or target.vocab_size)
-
-
-def random_head(target_params, target: LlamaLikeConfig, Vd=None, seed=3, layers=(0, 1)):
-  hc = head_config(target, Vd, layers)
-  p = init_eagle(jax.random.key(seed), hc, scale=0.3)
-  V = target.vocab_size
-  ids = np.sort(np.random.RandomState(seed).choice(V, hc.draft_vocab_size, replace=False))
-  p["d2t"] = jnp.asarray(ids - np.arange(len(ids)), jnp.int32)
-  # the target's rows of its own LM head: a head that drafts something the target may accept
-  U = target_params.get("lm_head", target_params["embed"])
-  p["lm_head"] = jnp.asarray(U)[ids] + 0.1 * p["lm_head"]
-  return hc, p
-
-
-LOOKUP = LlamaLikeConfig(arch="llama", vocab_size=16, hidden_size=16, intermediate_size=8,
-                         num_layers=1, num_heads=2, num_kv_heads=1, head_dim=4,
-                         max_position_embeddings=1024)
-
-
-def _next(t):
-  return (5 * t + 3) % 16
-
-
-@pytest.fixture(scope="module")
-def lookup():
-  """A 1-layer target continuing t -> 5t + 3 (mod 16) whose layer-0 output is the one-hot
-  embedding, and a head that knows it: fc maps f_p = onehot(x_p) to onehot(x_{p+1}) (so the
-  target's own LM head on it predicts x_{p+2}) and its own LM head is the target's. It drafts
-  depth 1 right and deeper levels wrong (it re-predicts x_{p+2}), so paths of n = 0 and 1 occur."""
-  target = lookup_model(LOOKUP, _next)
-  hc = head_config(LOOKUP, layers=(0, 0))
-  head = init_eagle(jax.random.key(5), hc, scale=0.02)
-  P = np.zeros((16, 16), np.float32)
-  for t in range(16):
-    P[_next(t), t] = 1.0
-  head["fc"] = jnp.asarray(np.concatenate([P, np.zeros_like(P)], axis=1))
-  head["lm_head"] = target["lm_head"]
-  return target, hc, head
+from tests.helpers.models import CFG, PROMPT, SMALL
+from tests.helpers.heads import LOOKUP, random_head
 
 
 @pytest.mark.parametrize("vocab", ["own", "own-reduced", "target", "target-subset"])

@@ -16,8 +16,8 @@ from vocabjax.decoding.tree import TreeParams
 from vocabjax.models import init_params
 from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
 
-from tests.decoding.conftest import CFG, PROMPT, SMALL
-from tests.decoding.test_eagle_decoding import random_head
+from tests.helpers.models import CFG, PROMPT, SMALL
+from tests.helpers.heads import random_head
 
 
 @pytest.fixture(scope="module")

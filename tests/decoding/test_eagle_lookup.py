@@ -17,8 +17,8 @@ from vocabjax.models import init_params
 from vocabjax.sharding import make_mesh
 from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
 
-from tests.decoding.conftest import CFG, PROMPT, SMALL
-from tests.decoding.test_eagle_decoding import LOOKUP, lookup, random_head  # noqa: F401
+from tests.helpers.models import CFG, PROMPT, SMALL
+from tests.helpers.heads import LOOKUP, random_head
 
 
 def test_merge_nodes_by_hand():

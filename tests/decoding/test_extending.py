@@ -19,7 +19,7 @@ from vocabjax.methods import METHODS
 from vocabjax.models import init_params
 from vocabjax.testing.proposers import greedy_identity, target_law
 
-from .conftest import CFG, SMALL
+from tests.helpers.models import CFG, SMALL
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "extending.md"
 

@@ -2,7 +2,6 @@
 tree holds every token, chi-square losslessness, bad input."""
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -10,24 +9,12 @@ from vocabjax.decoding import Decoder, SamplingParams
 from vocabjax.decoding.medusa import MedusaProposer, medusa_choices_for
 from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.models import init_params
-from vocabjax.models.llamalike import lm_head_weight
-from vocabjax.models.medusa import MedusaConfig, MedusaError, init_medusa
+from vocabjax.models.medusa import MedusaError
 from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
 from vocabjax.vocab.subset import VocabSubset
 
-from tests.decoding.conftest import CFG, PROMPT, SMALL, prompt_samples
-
-SPARSE = [[0], [1], [2], [0, 0], [0, 1], [1, 0], [0, 0, 0]]
-
-
-def heads_for(target, config, num_heads=3, num_layers=1, shared=False, seed=1):
-  mc = MedusaConfig(num_heads=num_heads, hidden_size=config.hidden_size,
-                    vocab_size=config.vocab_size, num_layers=num_layers, shared_lm_head=shared)
-  p = init_medusa(jax.random.key(seed), mc, None if shared else lm_head_weight(target, config))
-  rs = np.random.RandomState(seed)
-  for head in p["heads"]:  # not the zero initial blocks: heads that differ from each other
-    head["w"] = jnp.asarray(rs.randn(*head["w"].shape) * 0.3, jnp.float32)
-  return p, mc
+from tests.helpers.models import CFG, PROMPT, SMALL, prompt_samples
+from tests.helpers.heads import SPARSE, heads_for
 
 
 @pytest.mark.parametrize("choices,num_layers,shared", [

@@ -4,7 +4,7 @@ shared helpers every proposer's tests use (`vocabjax.testing.proposers`)."""
 import jax
 import pytest
 
-from tests.decoding.conftest import CFG, SMALL
+from tests.helpers.models import CFG, SMALL
 from vocabjax.decoding import Decoder, SamplingParams
 from vocabjax.methods.ngram import NgramProposer, NgramTable
 from vocabjax.decoding.speculative import SpeculativeEngine

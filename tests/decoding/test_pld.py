@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.decoding.conftest import CFG, SMALL, prompt_samples
+from tests.helpers.models import CFG, SMALL, prompt_samples
 from vocabjax.decoding.autoregressive import Decoder, block_request
 from vocabjax.decoding.pld import (LookupProposer, continuation_trie, lookup_continuations,
                                    lookup_drafts)

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from tests.decoding.conftest import CFG
+from tests.helpers.models import CFG
 from vocabjax.decoding.profile import StepSplit, run_split, skipped_drafting, step_split
 from vocabjax.decoding.speculative import SpecStats, SpeculativeEngine, fold_catch_up
 from vocabjax.decoding.drafter import ChainProposer, TreeProposer

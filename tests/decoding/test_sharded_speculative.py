@@ -24,9 +24,9 @@ from vocabjax.vocab.ranked import SpeculativeVocab, svd_ranker
 from vocabjax.vocab.policy import policy_state
 from vocabjax.vocab.subset import VocabSubset
 
-from tests.decoding.conftest import CFG, PROMPT, SMALL, prompt_samples
-from tests.decoding.test_eagle_decoding import random_head
-from tests.decoding.test_medusa_decoding import heads_for
+from tests.helpers.models import CFG, PROMPT, SMALL, prompt_samples
+from tests.helpers.heads import random_head
+from tests.helpers.heads import heads_for
 
 # tensor parallelism alone and data x model (a third shape, (4, 2), compiled every decoder again
 # for 30 s and checked nothing the two do not)
@@ -223,10 +223,10 @@ def test_cross_vocabulary_on_a_mesh(data, model):
   steps (rows over "data"), its drafting and verification programs communicate only tensor
   parallelism's all-reduces and a few values per row; a batch that does not divide the data
   axis is refused by name."""
-  from tests.decoding.test_crossvocab import prompts, setup as cv_setup
+  from tests.helpers.crossvocab import crossvocab_pair, prompts
   from vocabjax.decoding.crossvocab import CrossVocabProposer
 
-  ttok, dtok, tc, dc, target, draft = cv_setup.__wrapped__()
+  ttok, dtok, tc, dc, target, draft = crossvocab_pair()
   mesh = sharding.make_mesh(data=data, model=model)
   ps = prompts(ttok) + prompts(ttok)[:1]  # 4 rows
   ref = Decoder(target, tc).generate(ps, max_new_tokens=24)
@@ -257,10 +257,10 @@ def test_cross_vocabulary_on_a_mesh(data, model):
 def test_cross_vocabulary_sampling_is_lossless_on_a_mesh():
   """The exact rule with n-gram merges on a (2, 4) mesh: 2,400 rows (batches of 400) follow
   the target's law (chi-square), with many merged drafts accepted."""
-  from tests.decoding.test_crossvocab import _merging_law
+  from tests.helpers.crossvocab import merging_law
   from vocabjax.testing.fixtures import merging_pair
 
-  pvalue, merged = _merging_law(merging_pair(seed=0), "exact", SamplingParams(temperature=1.0),
+  pvalue, merged = merging_law(merging_pair(seed=0), "exact", SamplingParams(temperature=1.0),
                                 2400, 400, mesh=sharding.make_mesh(data=2, model=4))
   assert merged > 0.5
   assert pvalue > 1e-3

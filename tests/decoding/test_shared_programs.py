@@ -15,7 +15,7 @@ from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.models.llamalike import cast_weights
 from vocabjax.testing.proposers import greedy_identity
 
-from .conftest import CFG
+from tests.helpers.models import CFG
 
 PROMPTS = [[3, 1, 4, 1, 5], [9, 2]]
 

@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from tests.decoding.conftest import CFG
+from tests.helpers.models import CFG
 from vocabjax.decoding.pld import LookupProposer
 from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.sizing import RULE, DraftSizer, limit_block
@@ -94,7 +94,7 @@ def test_self_sizing_keeps_plain_greedy_tokens_and_records_its_choices(make):
   with pytest.raises(ValueError, match="self_sizing applies to proposers that draft on the host "
                                        r"\(pld, ngram, suffix\) or size their drafts \(chain, "
                                        r"tree\); eagle compiles its draft length"):
-    from tests.decoding.test_eagle_decoding import random_head
+    from tests.helpers.heads import random_head
     from vocabjax.decoding.eagle import EagleProposer
 
     hc, head = random_head(params, CFG, 40)
@@ -178,7 +178,7 @@ def test_a_sized_tree_samples_the_target_law(monkeypatch):
   """Sampling with the tree's size changing from step to step (4, 0, 2 nodes forced: the first
   three tokens take two or three steps) keeps the target's law (each size's step is the tree
   verifier over its nodes)."""
-  from tests.decoding.conftest import SMALL
+  from tests.helpers.models import SMALL
   from vocabjax.decoding import SamplingParams
   from vocabjax.decoding.drafter import TreeProposer
   from vocabjax.decoding.tree import TreeParams
@@ -200,7 +200,7 @@ def test_a_sized_chain_samples_the_target_law(monkeypatch):
   the target's law: each length's step is the chain verifier over that many drafts."""
   import itertools
 
-  from tests.decoding.conftest import SMALL
+  from tests.helpers.models import SMALL
   from vocabjax.decoding import SamplingParams
   from vocabjax.decoding.drafter import ChainProposer
   from vocabjax.testing.proposers import target_law

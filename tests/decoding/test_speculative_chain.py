@@ -17,7 +17,7 @@ from vocabjax.models import init_params
 from vocabjax.testing.fixtures import successor_pair
 from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
 
-from tests.decoding.conftest import CFG, PROMPT, SMALL, prompt_samples
+from tests.helpers.models import CFG, PROMPT, SMALL, prompt_samples
 
 # gamma 3 (with its one-row calls) also runs at users' XLA settings (tests/conftest.py)
 @pytest.mark.parametrize("gamma", [1, pytest.param(3, marks=pytest.mark.full_opt), 5])

@@ -16,7 +16,7 @@ from vocabjax.testing.fixtures import successor_pair
 
 from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
 
-from tests.decoding.conftest import CFG, PROMPT, SMALL, prompt_samples
+from tests.helpers.models import CFG, PROMPT, SMALL, prompt_samples
 
 
 def test_ancestor_mask_and_greedy_walk_by_hand():

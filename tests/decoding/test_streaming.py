@@ -11,7 +11,7 @@ from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.drafter import ChainProposer, TreeProposer
 from vocabjax.decoding.tree import TreeParams
 
-from tests.decoding.conftest import CFG
+from tests.helpers.models import CFG
 
 
 class Recorder:

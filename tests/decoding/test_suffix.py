@@ -7,7 +7,7 @@ import random
 import jax
 import pytest
 
-from tests.decoding.conftest import CFG, SMALL
+from tests.helpers.models import CFG, SMALL
 from vocabjax.decoding import Decoder, SamplingParams
 from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.suffix import SuffixCache, SuffixProposer, SuffixTree
@@ -132,7 +132,7 @@ def test_nonsense_settings_are_refused_in_one_line(kw, match):
 # --- the hybrid with an EAGLE head -----------------------------------------------------------
 
 def _hybrid(target, threshold=None, **kw):
-  from tests.decoding.test_eagle_decoding import random_head
+  from tests.helpers.heads import random_head
   from vocabjax.decoding.eagle import EagleSuffixProposer
   from vocabjax.decoding.tree import TreeParams
 
@@ -164,7 +164,7 @@ def test_hybrid_sampling_follows_the_target_law(device):
   output follows the target's law (chi-square), with suffix nodes among the accepted."""
   import dataclasses
 
-  from tests.decoding.test_eagle_decoding import random_head
+  from tests.helpers.heads import random_head
   from vocabjax.decoding.eagle import EagleSuffixProposer
   from vocabjax.decoding.hybrid import TreeSuffixProposer
   from vocabjax.decoding.tree import TreeParams

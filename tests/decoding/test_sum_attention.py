@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.decoding.conftest import CFG
+from tests.helpers.models import CFG
 from vocabjax.decoding.autoregressive import Decoder
 from vocabjax.decoding.pld import LookupProposer
 from vocabjax.decoding.speculative import SpeculativeEngine

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.decoding.conftest import CFG, PROMPT, SMALL, prompt_samples
+from tests.helpers.models import CFG, PROMPT, SMALL, prompt_samples
 from vocabjax.decoding.autoregressive import Decoder
 from vocabjax.decoding.pld import LookupProposer
 from vocabjax.decoding.speculative import SpeculativeEngine

@@ -8,34 +8,7 @@ import yaml
 from vocabjax.eval import ConfigError, load_config, validate_summary
 from vocabjax.eval.__main__ import main, parse_args
 from vocabjax.eval.runner import RECORDS, ResultDirError
-
-QUESTIONS = [
-    {"question_id": 1, "category": "writing", "turns": ["Write a haiku.", "Again."]},
-    {"question_id": 2, "category": "coding", "turns": ["def add(a, b):"]},
-    {"question_id": 3, "category": "translation", "turns": ["Bonjour le monde"]},
-    {"question_id": 4, "category": "qa", "turns": ["Who are you?"]},
-]
-
-
-@pytest.fixture
-def suite(tmp_path, tiny_chat_dir):
-  """A YAML suite on a tiny chat model drafting for itself, and a Spec-Bench-format file."""
-  bench = tmp_path / "bench.jsonl"
-  bench.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
-  cfg = {"name": "tiny", "target": str(tiny_chat_dir), "draft": str(tiny_chat_dir),
-         "datasets": [{"kind": "spec_bench", "path": str(bench), "per_group": 2}],
-         "max_new_tokens": 10, "max_len": 128,
-         "methods": [{"name": "ar", "method": "ar"},
-                     {"name": "chain_g2", "method": "chain", "gamma": 2},
-                     {"name": "tree", "method": "tree", "top_k": 2, "depth": 2,
-                      "total_tokens": 3}]}
-  path = tmp_path / "tiny.yaml"
-  path.write_text(yaml.safe_dump(cfg))
-  return path, cfg
-
-
-def _run(path, out, *extra):
-  return main(parse_args(["--config", str(path), "--out", str(out), "--quiet", *extra]))
+from tests.helpers.eval import QUESTIONS, _run
 
 
 def test_end_to_end_writes_every_report(suite, tmp_path):

@@ -9,7 +9,7 @@ from vocabjax.eval import ConfigError
 from vocabjax.eval.report import validate_summary
 from vocabjax.eval.runner import RECORDS
 
-from tests.eval.test_eval_cli import _run, suite  # noqa: F401 (fixture)
+from tests.helpers.eval import _run
 
 
 def test_report_only_matches_the_run_and_reports_a_cut_run_on_finished_questions(

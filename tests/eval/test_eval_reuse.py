@@ -12,7 +12,7 @@ from vocabjax.eval.reuse import reusable
 from vocabjax.eval.runner import RECORDS
 from vocabjax.prompts import load_prompts
 
-from tests.eval.test_eval_cli import QUESTIONS, _run, suite  # noqa: F401 (fixture)
+from tests.helpers.eval import QUESTIONS, _run
 
 
 def _records(out):

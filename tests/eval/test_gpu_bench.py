@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import subprocess_xla_flags
-from tests.test_experiments import _tiny_configs
+from tests.helpers.compile import subprocess_xla_flags
+from tests.helpers.experiments import _tiny_configs
 
 ROOT = Path(__file__).parents[2]
 
@@ -116,7 +116,7 @@ def test_exactness_run_cut_at_its_limit_keeps_why_tests_failed(tmp_path, monkeyp
   with their tracebacks and counts, not only their names (a cut run lost them). The
   cut comes when the third test has started (it says so in a file), not at a time: a loaded
   machine may take any time to start pytest; the limit (300 s) is only a backstop."""
-  from tests.test_experiments import _script
+  from tests.helpers.experiments import _script
 
   started = tmp_path / "c_started"
   tests = tmp_path / "test_cut.py"
@@ -148,7 +148,7 @@ def test_exactness_run_waits_for_a_run_that_ends_before_its_limit(tmp_path, monk
   tests.write_text("def test_greedy_a():\n  pass\n")
   out = tmp_path / "ex"
   monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-  from tests.test_experiments import _script
+  from tests.helpers.experiments import _script
 
   rc = _script("gpu_exactness").main(["--out", str(out), "--dtypes", "float32", "--limit-s",
                                       "300", "--files", str(tests), "-k", "greedy"],

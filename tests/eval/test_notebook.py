@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import subprocess_xla_flags
+from tests.helpers.compile import subprocess_xla_flags
 from vocabjax.version import __version__
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -238,7 +238,7 @@ def _published_layouts_on_a_hub(hub, tiny_dir: Path, tmp_path: Path) -> None:
   import jax
   import torch
 
-  from tests.decoding.test_eagle2_heads import eagle2_config, eagle2_params
+  from tests.helpers.heads import eagle2_config, eagle2_params
   from vocabjax.checkpoints.eagle2 import save_eagle2
   from vocabjax.checkpoints.loader import load_model
 

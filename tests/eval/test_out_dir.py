@@ -13,7 +13,7 @@ import textwrap
 import pytest
 import yaml
 
-from tests.eval.test_eval_cli import _run, suite  # noqa: F401 (fixture)
+from tests.helpers.eval import _run
 from vocabjax.eval import ConfigError, load_config
 from vocabjax.eval.runner import RECORDS, ResultDirError
 

@@ -15,8 +15,7 @@ from vocabjax.eval import load_config
 from vocabjax.eval.__main__ import main, parse_args
 from vocabjax.prompts import EVAL_CONFIG_DIR
 
-from tests.eval.test_eval_cli import QUESTIONS
-from tests.eval.test_vocab_methods import counts, head_dir, ranker_file  # noqa: F401 (fixtures)
+from tests.helpers.eval import QUESTIONS
 
 K_STANDIN = {"vocabtrim": 48, "frspec": 48, "specvocab": 32, "eagle": 32}  # k within V = 320
 FILE_KEYS = ("head", "subset", "counts", "ranker")

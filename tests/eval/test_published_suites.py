@@ -14,8 +14,8 @@ import pytest
 import torch
 import yaml
 
-from tests.decoding.test_eagle2_heads import eagle2_config, eagle2_params
-from tests.eval.test_eval_cli import QUESTIONS
+from tests.helpers.heads import eagle2_config, eagle2_params
+from tests.helpers.eval import QUESTIONS
 from vocabjax.prompts import EVAL_CONFIG_DIR
 from vocabjax.testing.local_hub import TOKEN, LocalHub
 

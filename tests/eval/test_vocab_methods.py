@@ -8,29 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vocabjax.calibrate import CountJob, run_count
 from vocabjax.eval import ConfigError, load_config
 from vocabjax.eval.__main__ import main, parse_args
 
-from tests.eval.test_eval_cli import QUESTIONS
-
-
-@pytest.fixture(scope="module")
-def counts(tmp_path_factory, tiny_chat_dir):
-  """Counts of a raw text corpus and of the tiny model's own completions."""
-  root = tmp_path_factory.mktemp("counts")
-  (root / "corpus.txt").write_text("def add(a, b):\n    return a + b\n" * 3 +
-                                   "Who are you? Bonjour le monde. Write a haiku.\n")
-  text = run_count(CountJob(model=str(tiny_chat_dir), out=str(root / "text"),
-                            text=(str(root / "corpus.txt"),)), progress=False)
-  prompts = root / "p.jsonl"
-  prompts.write_text("".join(json.dumps({"question_id": i, "category": "qa", "turns": [t]})
-                             + "\n" for i, t in enumerate(["hi", "add two numbers", "a poem"])))
-  gen = run_count(CountJob(model=str(tiny_chat_dir), out=str(root / "gen"), kind="generated",
-                           prompts=(str(prompts),), exclude_suites=(), batch_size=3,
-                           max_new_tokens=12, max_len=128), progress=False)
-  assert text.total > 0 and gen.total > 0
-  return root / "text" / "counts.npz", root / "gen" / "counts.npz"
+from tests.helpers.eval import QUESTIONS
 
 
 def _suite(tmp_path, tiny_chat_dir, methods):
@@ -116,16 +97,6 @@ def test_map_count_warning(tmp_path, capsys):
   assert capsys.readouterr().err == ""
 
 
-@pytest.fixture(scope="module")
-def ranker_file(tiny_chat_dir, tmp_path_factory):
-  from vocabjax.checkpoints.loader import load_model
-  from vocabjax.vocab.ranked import svd_ranker
-
-  m = load_model(tiny_chat_dir, dtype="float32")
-  return svd_ranker(m.params, m.config, rank=8).save(
-      tmp_path_factory.mktemp("ranker") / "r.safetensors")
-
-
 def test_specvocab_is_lossless_with_ranker_cost_in_mbsu(ranker_file, tmp_path, tiny_chat_dir):
   import shutil
 
@@ -193,27 +164,6 @@ def test_specvocab_ranker_of_another_drafter_fails_before_generation(tmp_path, t
     main(parse_args(["--config", str(path), "--out", str(tmp_path / "o"), "--quiet"]))
   assert isinstance(e.value.__cause__, RankerError)
   assert not (tmp_path / "o").exists()  # not even claimed
-
-
-@pytest.fixture(scope="module")
-def head_dir(tiny_chat_dir, tmp_path_factory):
-  """An untrained EAGLE-3 head for the tiny chat model (48-token vocabulary), exported."""
-  import jax
-  import numpy as np
-
-  from vocabjax.checkpoints.eagle3 import save_eagle3
-  from vocabjax.checkpoints.loader import load_model
-  from vocabjax.models.eagle import init_eagle
-  from vocabjax.train.eagle import head_config
-  from vocabjax.train.features import model_identity
-
-  m = load_model(tiny_chat_dir, dtype="float32")
-  hc = head_config(m.config, (0, 1), 48)
-  p = init_eagle(jax.random.key(0), hc, scale=0.2)
-  ids = np.arange(0, 96, 2)
-  p["d2t"] = jax.numpy.asarray(ids - np.arange(48))
-  return save_eagle3(p, hc, tmp_path_factory.mktemp("head") / "head",
-                     target=model_identity(m))
 
 
 def test_eagle_is_lossless_with_the_heads_cost_in_mbsu(head_dir, tmp_path, tiny_chat_dir):

@@ -10,17 +10,7 @@ from vocabjax.kernels import cpu_matmul
 from vocabjax.kernels.cpu_matmul import linear, linear_reference, uses_kernel
 from vocabjax.lowering import (Lowering, decoding_lowering, lowering_of, step_lowering,
                                with_lowering)
-
-
-def _operands(M, D, F, dtype, seed=0):
-  rng = np.random.default_rng(seed)
-  x = jnp.asarray(rng.standard_normal((M, D)), jnp.float32)
-  w32 = rng.standard_normal((F, D)).astype(np.float32)
-  if dtype == "int8":
-    scale = np.abs(w32).max(1) / 127 + 1e-3
-    return x, jnp.asarray(np.round(w32 / scale[:, None]).astype(np.int8)), jnp.asarray(
-        scale, jnp.float32)
-  return x, jnp.asarray(w32).astype(dtype), None
+from tests.helpers.kernels import _operands
 
 
 def test_kernel_builds_here():
@@ -201,11 +191,11 @@ def test_an_avx2_target_builds_its_own_library_without_the_bf16_gemm(tmp_path):
   import subprocess
   import sys
 
-  from tests.conftest import subprocess_xla_flags
+  from tests.helpers.compile import subprocess_xla_flags
 
   code = (
       "import jax, numpy as np\n"
-      "from tests.kernels.test_cpu_matmul import _operands\n"
+      "from tests.helpers.kernels import _operands\n"
       "from vocabjax.kernels import cpu_matmul\n"
       "x, w, s = _operands(3, 100, 37, 'int8')\n"
       "y = jax.jit(cpu_matmul.linear)(x, w, s)\n"

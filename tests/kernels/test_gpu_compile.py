@@ -75,7 +75,7 @@ def test_decoding_steps_compile_for_a_gpu_and_widen_no_table(method):
   """The tests' tiny bf16 pair (V = 64, D = 32), the decoder's own step compiled by XLA:GPU:
   no f32 [V, D] array in it (the checks the GPU exactness run applies), and no CPU kernel.
   SpecVocab's chain with impl="gpu" carries the Triton indexed head inside its drafting loop."""
-  from tests.decoding.conftest import CFG
+  from tests.helpers.models import CFG
   from vocabjax.bench import tpu
   from vocabjax.bench import stand_ins
 

@@ -20,7 +20,7 @@ from vocabjax.decoding import Decoder
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.models import KVCache, LlamaLikeConfig, forward, init_params, lm_head
 
-from tests.models.windows import (rings_on_a_mesh, sampling_keeps_the_targets_law,
+from tests.helpers.windows import (rings_on_a_mesh, sampling_keeps_the_targets_law,
                                   speculative_past_the_window)
 
 _forward = jax.jit(forward, static_argnames=("config", "fresh"))

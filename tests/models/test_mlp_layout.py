@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.decoding.conftest import CFG
+from tests.helpers.models import CFG
 from vocabjax.checkpoints.loader import Model
 from vocabjax.models import KVCache, forward, init_params
 from vocabjax.models.llamalike import mlp_layout, with_mlp_layout

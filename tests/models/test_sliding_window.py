@@ -17,7 +17,7 @@ from vocabjax.checkpoints.hf import load_hf
 from vocabjax.checkpoints.hf_config import UnsupportedConfigError, config_from_hf
 from vocabjax.models import KVCache, LlamaLikeConfig, forward, init_params, lm_head
 
-from tests.models.windows import (rings_on_a_mesh, sampling_keeps_the_targets_law,
+from tests.helpers.windows import (rings_on_a_mesh, sampling_keeps_the_targets_law,
                                   speculative_past_the_window)
 
 _forward = jax.jit(forward, static_argnames=("config", "fresh"))

@@ -16,7 +16,7 @@ from vocabjax.testing.tiny import save_tiny_variant
 from vocabjax.train.features import build_features, load_features
 from vocabjax.train.loop import TrainError
 
-from tests.train.conftest import write_completions
+from tests.helpers.train import write_completions
 from vocabjax.train.ranker import RankerJob, job_from_dict, main, train
 from vocabjax.vocab.ranked import Ranker, RankerError, SpeculativeVocab
 

@@ -17,9 +17,8 @@ from vocabjax.vocab.policy import policy_state
 from vocabjax.vocab.ranked import (Ranker, RankerError, SpeculativeVocab,
                                    ranker_scores, svd_ranker)
 
-from tests.decoding.conftest import (CFG, SMALL, check_vocab_sampling_lossless,  # noqa: F401
-                                     pair, small_pair)
-from tests.vocab.test_trimmed import _decoders
+from tests.helpers.models import CFG, SMALL, check_vocab_sampling_lossless
+from tests.helpers.vocab import _decoders
 
 
 def _random_ranker(params, config, rank, seed=0):

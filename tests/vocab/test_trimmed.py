@@ -15,8 +15,8 @@ from vocabjax.vocab import SubsetError, VocabSubset
 from vocabjax.vocab.policy import scatter_full, to_target
 from vocabjax.vocab.subset import attach_subset, static_policy, subset_rows
 
-from tests.decoding.conftest import (CFG, SMALL, check_vocab_sampling_lossless,  # noqa: F401
-                                     pair, small_pair)
+from tests.helpers.models import CFG, SMALL, check_vocab_sampling_lossless
+from tests.helpers.vocab import _decoders
 
 
 @pytest.mark.parametrize("dtype", ["float32", "int8"])
@@ -47,15 +47,6 @@ def test_trimmed_head_is_the_full_head_on_the_subset(dtype):
 
 def _subset(V, ids):
   return VocabSubset(ids=np.asarray(ids), vocab_size=V)
-
-
-def _decoders(kind, target, draft, config, sub, gamma=3, tp=TreeParams(2, 3, 5)):
-  """(trimmed, full-vocabulary) decoders of one kind."""
-  if kind == "chain":
-    return (SpeculativeEngine(target, config, ChainProposer(draft, config, config, gamma=gamma, draft_vocab=sub)),
-            SpeculativeEngine(target, config, ChainProposer(draft, config, config, gamma=gamma)))
-  return (SpeculativeEngine(target, config, TreeProposer(draft, config, config, tree=tp, draft_vocab=sub)),
-          SpeculativeEngine(target, config, TreeProposer(draft, config, config, tree=tp)))
 
 
 @pytest.mark.parametrize("kind,draft_dtype", [

@@ -13,7 +13,7 @@ from vocabjax.decoding.tree import TreeParams
 from vocabjax.models import KVCache, init_params
 from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
 
-from tests.decoding.conftest import prompt_samples
+from tests.helpers.models import prompt_samples
 
 
 def _prompts(config, seed: int) -> list[list[int]]:

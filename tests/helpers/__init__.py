@@ -1,0 +1,1 @@
+"""Helpers the tests share: model configs, heads, fixtures' builders, command runners."""
