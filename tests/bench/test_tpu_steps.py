@@ -200,17 +200,3 @@ def test_unknown_method_and_topology_are_value_errors_naming_them():
     tpu.lower_step("tree_k4", REAL_V)
   with pytest.raises(ValueError, match="unknown TPU topology 'v9z:1x1'"):
     tpu.lower_step("ar", REAL_V, topology="v9z:1x1")
-
-
-def test_the_readme_tpu_line_says_what_the_matrix_compiles():
-  """The README's TPU coverage is derived from the matrix this file compiles: every topology
-  of `MATRIX_TOPOLOGIES` named, every registered method, the vocabulary of `matrix_setup`."""
-  from pathlib import Path
-
-  text = (Path(__file__).parents[2] / "README.md").read_text()
-  line = text[text.index("- **TPU**"):text.index("- **CPU**")].replace("\n  ", " ")
-  for topology, _ in tpu_projection.MATRIX_TOPOLOGIES:
-    assert topology in line, topology
-  assert "every registered method's whole step" in line
-  assert f"{tpu_projection.matrix_setup().target.vocab_size:,}-token vocabulary" in line
-  assert "experiments/results/tpu_matrix/tpu_matrix.md" in line
