@@ -32,8 +32,9 @@ from vocabjax.checkpoints.eagle3 import head_target_ids, load_eagle3
 from vocabjax.checkpoints.loader import load_model
 from vocabjax.io import atomic_write_text
 from vocabjax.models.eagle import default_feature_layers
-from vocabjax.train.eagle import (EagleJob, evaluate_heldout, job_from_dict, load_eagle_features,
-                                  record_sources, target_to_head)
+from vocabjax.train.eagle import EagleJob, job_from_dict
+from vocabjax.train.eagle_step import evaluate_heldout, target_to_head
+from vocabjax.train.eagle_data import load_eagle_features, record_sources
 from vocabjax.train.features import heldout_records, prompt_key
 from vocabjax.train.loop import read_job_yaml
 

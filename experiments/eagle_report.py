@@ -2,7 +2,7 @@
 
 For each record of an eval run's `questions.jsonl` (the autoregressive method's output: the
 target's own greedy text), the target runs once over prompt + output; the head's training-time
-test (`vocabjax.train.eagle.ttt_outputs`, the exact computation tree decoding performs) gives
+test (`vocabjax.train.eagle_step.ttt_outputs`, the exact computation tree decoding performs) gives
 its top-1 / top-k accuracy at every output position for depths 0..J-1. Compared with the
 acceptance the eagle methods of the same run reached, this tells a weak head from a decoding
 fault: at depth 0, decoding accepts a root child exactly when the target's token is among the
@@ -38,7 +38,7 @@ def main(argv=None) -> int:
   from vocabjax.models.cache import KVCache
   from vocabjax.models.llamalike import forward_features, lm_head
   from vocabjax.io import atomic_write_text
-  from vocabjax.train.eagle import ttt_outputs
+  from vocabjax.train.eagle_step import ttt_outputs
 
   p = argparse.ArgumentParser(description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)

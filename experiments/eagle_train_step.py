@@ -30,7 +30,8 @@ def main(argv=None) -> int:
   from vocabjax.kernels import cpu_matmul
   from vocabjax.lowering import Lowering
   from vocabjax.models.eagle import default_feature_layers, init_eagle
-  from vocabjax.train.eagle import head_config, job_from_dict, ttt_loss
+  from vocabjax.train.eagle_step import head_config, ttt_loss
+  from vocabjax.train.eagle import job_from_dict
   from vocabjax.train.loop import TrainState, apply_grads, make_optimizer
 
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

@@ -31,7 +31,7 @@ def main(argv=None) -> int:
   from vocabjax.io import atomic_write_text
   from vocabjax.models.cache import KVCache
   from vocabjax.models.llamalike import forward_features, lm_head
-  from vocabjax.train.eagle import _target_features
+  from vocabjax.train.eagle_data import target_features
 
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--target", required=True)
@@ -59,7 +59,7 @@ def main(argv=None) -> int:
     return min(times)
 
   x = np.ones((1, a.T), np.int32)
-  run = jax.jit(lambda p, tok: _target_features(p, tok, config=t.config, layers=layers))
+  run = jax.jit(lambda p, tok: target_features(p, tok, config=t.config, layers=layers))
   s = best(lambda: jax.block_until_ready(run(t.params, jnp.asarray(x))))
   lines.append(f"| vocabjax (XLA:CPU) | float32 | {s:.2f} | {a.T / s:.1f} |")
   print(lines[-1], flush=True)

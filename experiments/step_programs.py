@@ -178,7 +178,7 @@ def main(argv=None) -> int:
   from vocabjax.io import atomic_write_text
   from vocabjax.models import KVCache
   from vocabjax.models.eagle import default_feature_layers, init_eagle
-  from vocabjax.train.eagle import head_config
+  from vocabjax.train.eagle_step import head_config
 
   if (a.target is None) != (a.draft is None):
     p.error("--target and --draft go together")

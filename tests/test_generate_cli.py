@@ -283,7 +283,7 @@ def test_eagle_head(tiny_chat_dir, tmp_path):
   from vocabjax.checkpoints.eagle3 import save_eagle3
   from vocabjax.models.eagle import init_eagle
   from vocabjax.testing.tiny import save_tiny_variant
-  from vocabjax.train.eagle import head_config
+  from vocabjax.train.eagle_step import head_config
   from vocabjax.train.features import model_identity
   from vocabjax.vocab.ranked import svd_ranker
 

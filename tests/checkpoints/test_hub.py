@@ -257,7 +257,7 @@ def test_heads_and_files_by_hub_id_decode_as_their_directories(served, tiny_chat
   from vocabjax.errors import ConfigError
   from vocabjax.generate import main, parse_args
   from vocabjax.models.eagle import init_eagle
-  from vocabjax.train.eagle import head_config
+  from vocabjax.train.eagle_step import head_config
   from vocabjax.train.features import model_identity
   from vocabjax.vocab.ranked import svd_ranker
 

@@ -28,7 +28,7 @@ def _poison(f, name, value=np.nan, at=(0,)):
 def test_eagle3_head(target, tmp_path):
   from vocabjax.checkpoints.eagle3 import load_eagle3, save_eagle3
   from vocabjax.models.eagle import init_eagle
-  from vocabjax.train.eagle import head_config
+  from vocabjax.train.eagle_step import head_config
 
   hc = head_config(target.config, (0, 1), 40)
   p = init_eagle(jax.random.key(0), hc, scale=0.2)

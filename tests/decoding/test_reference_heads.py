@@ -267,7 +267,7 @@ def eagle3_pair(target, tmp_path_factory):
   from transformers import LlamaConfig
 
   from vocabjax.checkpoints.eagle3 import load_eagle3, save_eagle3
-  from vocabjax.train.eagle import head_config
+  from vocabjax.train.eagle_step import head_config
 
   tc = target.config
   hc = head_config(tc, (0, tc.num_layers - 1, tc.num_layers - 1), 40)

@@ -62,7 +62,7 @@ def head_dir(tiny_chat_dir, tmp_path_factory):
   from vocabjax.checkpoints.eagle3 import save_eagle3
   from vocabjax.checkpoints.loader import load_model
   from vocabjax.models.eagle import init_eagle
-  from vocabjax.train.eagle import head_config
+  from vocabjax.train.eagle_step import head_config
   from vocabjax.train.features import model_identity
 
   m = load_model(tiny_chat_dir, dtype="float32")

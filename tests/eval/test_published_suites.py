@@ -45,7 +45,7 @@ def hub(tiny_chat_dir, six_layer_chat_dir, tmp_path_factory):
   from vocabjax.checkpoints.eagle3 import save_eagle3
   from vocabjax.checkpoints.loader import load_model
   from vocabjax.models.eagle import default_feature_layers, init_eagle
-  from vocabjax.train.eagle import head_config
+  from vocabjax.train.eagle_step import head_config
 
   tmp = tmp_path_factory.mktemp("published")
   h = LocalHub()

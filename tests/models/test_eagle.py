@@ -97,7 +97,7 @@ def test_forward_matches_the_sglang_layer_in_torch():
     dict(rope_freq_factors=tuple(1.0 + 0.5 * i for i in range(4)))],  # a Llama 3.1 GGUF's
     ids=["llama3", "linear", "yarn", "gguf-freq-factors"])
 def test_a_heads_rope_scaling_survives_its_checkpoint(tmp_path, rope):
-  """The head's layer RoPE (its target's: `train.eagle.head_config`) is written as config.json
+  """The head's layer RoPE (its target's: `train.eagle_step.head_config`) is written as config.json
   spells it and read back: before, only rope_theta was, and a head trained for a Llama 3.1
   target came back with plain RoPE (other positions' angles, other drafts)."""
   cfg = CFG.__class__(layer=LAYER.replace(**rope), target_hidden_size=32,

@@ -241,12 +241,12 @@ def test_a_tokenizer_without_a_chat_template_gets_gemmas():
 
 
 def test_eagle_drafting_for_a_gemma_target_keeps_greedy_output(gemma_pair):
-  """An EAGLE-3 head (a llama layer, `train.eagle.head_config`: none of Gemma's switches) on a
+  """An EAGLE-3 head (a llama layer, `train.eagle_step.head_config`: none of Gemma's switches) on a
   Gemma target's fused layer features drafts trees whose output is plain greedy decoding's."""
   from vocabjax.decoding.eagle import EagleProposer
   from vocabjax.decoding.speculative import SpeculativeEngine
   from vocabjax.models.eagle import init_eagle
-  from vocabjax.train.eagle import head_config
+  from vocabjax.train.eagle_step import head_config
 
   target, _ = gemma_pair
   hc = head_config(GEMMA, (0, 1, 1), GEMMA.vocab_size, intermediate_size=24)

@@ -22,8 +22,9 @@ from vocabjax.models.eagle import eagle_forward, fuse_features, init_eagle
 from vocabjax.models.llamalike import (forward, forward_features, lm_head, lm_head_weight,
                                       rms_norm)
 from vocabjax.testing.tiny import save_tiny_variant
-from vocabjax.train.eagle import (EagleJob, build_eagle_features, head_config,
-                                  load_eagle_features, main, train, ttt_outputs)
+from vocabjax.train.eagle import EagleJob, main, train
+from vocabjax.train.eagle_data import build_eagle_features, load_eagle_features
+from vocabjax.train.eagle_step import head_config, ttt_outputs
 from vocabjax.train.loop import TrainError
 
 
@@ -282,7 +283,7 @@ def test_packed_windows_compute_what_separate_windows_compute(target_dir):
 def test_packed_batches_and_training(target_dir, data_file, tmp_path):
   """make_packed_batch fills rows with whole records or windows of them (segments, positions,
   completion weights as in make_batch), and a packed job trains under its own fingerprint."""
-  from vocabjax.train.eagle import PACK_MIN, make_batch, make_packed_batch
+  from vocabjax.train.eagle_data import PACK_MIN, make_batch, make_packed_batch
 
   job = _job(target_dir, data_file, tmp_path / "run", pack=True, seq_len=128, batch_size=6)
   assert job.train_fingerprint() != _job(target_dir, data_file, tmp_path / "run")\
@@ -606,7 +607,7 @@ def test_mixed_precision_training(target_dir, data_file, tmp_path):
   f32 ones (but are not them), a run has its own fingerprint and still learns, and a bad
   dtype is refused."""
   from vocabjax.lowering import Lowering
-  from vocabjax.train.eagle import ttt_loss
+  from vocabjax.train.eagle_step import ttt_loss
 
   t = load_model(target_dir, dtype="float32")
   hc = head_config(t.config, LAYERS, t.config.vocab_size)
@@ -648,7 +649,7 @@ def test_mixed_precision_training(target_dir, data_file, tmp_path):
 def test_heldout_evaluation_batches_windows_without_changing_it(target_dir, data_file, tmp_path):
   """evaluate_heldout scores batch_size windows per call (the last batch padded): the same
   figures as one window per call, records longer than a window included."""
-  from vocabjax.train.eagle import evaluate_heldout
+  from vocabjax.train.eagle_step import evaluate_heldout
 
   job = _job(target_dir, data_file, tmp_path / "run", seq_len=16, batch_size=3)
   t = load_model(target_dir, dtype="float32")
@@ -683,7 +684,8 @@ def test_prompt_labels_train_on_every_position_and_keep_the_heldout_figures(targ
   where the plain job weighs completion slots only, with the same tokens, features and labels;
   the held-out evaluation (completion positions) is the same; the job has its own fingerprint
   and counts the prompt's positions among its training labels."""
-  from vocabjax.train.eagle import evaluate_heldout, make_batch, make_packed_batch
+  from vocabjax.train.eagle_step import evaluate_heldout
+  from vocabjax.train.eagle_data import make_batch, make_packed_batch
 
   plain = _job(target_dir, data_file, tmp_path / "plain", pack=True, seq_len=128,
                batch_size=6)  # test_packed_batches_and_training's shapes: its program
@@ -740,7 +742,8 @@ def test_soft_labels_are_the_targets_distribution(target_dir, data_file, tmp_pat
   is the hard label at every slot; sharpened, the soft TTT loss is the hard one step by step
   (so each step's distribution sits at its label's slot); a soft job trains under its own
   fingerprint, from the same held-out figures; without final_hidden it is refused."""
-  from vocabjax.train.eagle import make_packed_batch, ttt_loss
+  from vocabjax.train.eagle_data import make_packed_batch
+  from vocabjax.train.eagle_step import ttt_loss
 
   with pytest.raises(TrainError, match="soft_labels: true needs final_hidden: true"):
     _job(target_dir, data_file, tmp_path / "x", soft_labels=True)
@@ -777,7 +780,7 @@ def test_soft_labels_are_the_targets_distribution(target_dir, data_file, tmp_pat
   # the teacher's distribution once per batch, in vocabulary blocks (several: V > block; one:
   # V <= block), or, past TEACHER_PROBS_BYTES, per step block by block: the same loss and
   # gradients
-  import vocabjax.train.eagle as eagle_mod
+  import vocabjax.train.eagle_step as eagle_step
   assert V > kw["block"]
 
   def loss_and_grad(batch, **over):
@@ -786,7 +789,7 @@ def test_soft_labels_are_the_targets_distribution(target_dir, data_file, tmp_pat
 
   (_, ce_shared), g_shared = loss_and_grad(jb)
   (_, ce_one), g_one = loss_and_grad(jb, block=4 * V)
-  monkeypatch.setattr(eagle_mod, "TEACHER_PROBS_BYTES", 0)
+  monkeypatch.setattr(eagle_step, "TEACHER_PROBS_BYTES", 0)
   (_, ce_per_step), g_per_step = loss_and_grad(jb)
   _, ce_per_step_sharp = ttt_loss(params, frozen, sharp, teacher=W, **kw)
   monkeypatch.undo()

@@ -14,7 +14,7 @@ from vocabjax.decoding.medusa import MedusaProposer
 from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.models.cache import KVCache
 from vocabjax.models.llamalike import forward
-from vocabjax.train.eagle import build_eagle_features, load_eagle_features
+from vocabjax.train.eagle_data import build_eagle_features, load_eagle_features
 from vocabjax.train.loop import TrainError
 from vocabjax.train.medusa import MedusaJob, choose_train_vocab, main, positions, train
 
@@ -107,7 +107,7 @@ def test_bad_input(target_dir, data_file, tmp_path):
   # shards without the final hidden state (an EAGLE-only build) are refused by name
   import dataclasses
 
-  from vocabjax.train.eagle import build_eagle_features as build
+  from vocabjax.train.eagle_data import build_eagle_features as build
 
   job = _job(target_dir, data_file, tmp_path / "z", features=str(tmp_path / "fz"))
   t = load_model(target_dir, dtype="float32")

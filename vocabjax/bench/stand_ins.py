@@ -380,7 +380,7 @@ _SPECS = {
 
 
 def abstract_head_config(s: Setup) -> EagleConfig:
-  from vocabjax.train.eagle import head_config  # local: bench uses train's head shapes
+  from vocabjax.train.eagle_step import head_config  # local: bench uses train's head shapes
 
   L = s.target.num_layers
   if s.head_kind == "eagle2":  # EAGLE-1/2: the final normed feature, the target's V

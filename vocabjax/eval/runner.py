@@ -62,8 +62,9 @@ RECORD_KEYS = frozenset({"framework", "method", "qid", "seed", "num_tokens", "wa
                          "output_ids"})
 LOCK = ".vocabjax.lock"
 _HELD: dict[str, int] = {}  # result directories this process has claimed -> the lock's fd
+SPLITS = "splits.json"  # the step-part timings of a result directory's methods
 # what a run writes into its directory (anything else there is the user's: `_check_ours`)
-OURS = ("run.json", RECORDS, "splits.json", "summary.md", "summary.csv", "summary.json", LOCK)
+OURS = ("run.json", RECORDS, SPLITS, "summary.md", "summary.csv", "summary.json", LOCK)
 
 
 def claim_dir(out: Path) -> None:
@@ -313,56 +314,108 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
 def _run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool,
                compare_torch: bool, progress: bool, models: Loaded | None,
                skip_bad_prompts: bool, reference: str | None, reuse: tuple[str, ...]) -> dict:
-  from tqdm.auto import tqdm
-
+  """`run_suite`'s stages: every check before `out` is claimed, then records and reports."""
   writer = distributed.is_main()
   progress = progress and writer
   out = Path(out)
   _check_map_count(len(config.methods))
   prompts = load_prompts(config.datasets)  # bad datasets fail before anything is written
-  sampling = SamplingParams(config.temperature, config.top_k, config.top_p)
   inputs = provenance.inputs(config, prompts)
   if writer:
     prepare_dir(out, config, overwrite=overwrite, inputs=inputs, claim=False)  # refuse early
   ref_path = report.reference_summary_path(config.name, out, reference)  # a bad path, early
-
-  mesh = None
-  if config.mesh:
-    try:
-      mesh = make_mesh(**parse_mesh(config.mesh))
-    except ValueError as e:
-      raise ConfigError(f"config {config.name}: {e}") from None
-    if mesh.shape["data"] != 1:
-      raise ConfigError(f"config {config.name}: mesh {config.mesh!r}: a suite decodes one "
-                        f"question at a time (batch 1), so its mesh needs data=1 (tensor "
-                        f"parallel over model); got data={mesh.shape['data']}")
+  mesh = _suite_mesh(config)
   t0 = time.perf_counter()
   models = models or load_models(config, mesh, progress)
   load_s = time.perf_counter() - t0
-  tok = models.target.tokenizer
+  ids = _encoded(config, models, prompts)
+  decoders = _decoders(config, models, mesh)
+  room = config.max_new_tokens + max(d.extra_slots for d in decoders.values())
+  prompts, ids, skipped = _runnable(config, models, prompts, ids, room, skip_bad_prompts)
+  reused = _reusable(config, out, inputs, prompts, reuse) if writer else []
+  records, splits = [], {}
+  if writer:
+    prepare_dir(out, config, overwrite=overwrite, inputs=inputs)
+    records = read_records(out / RECORDS)
+    splits = json.loads((out / SPLITS).read_text()) if (out / SPLITS).exists() else {}
+  done = {(r["framework"], r["method"], r["qid"], r["seed"]) for r in records}
+  _take_reused(out, reused, records, splits, done)
+  if config.time_split:
+    _time_step_parts(config, decoders, splits, out, writer, progress)
+  commit = report.git_commit()
+  _generate(config, models, decoders, prompts, ids, room, records, splits, done, out, writer,
+            progress, commit)
+  if not writer:
+    return {"process": jax.process_index()}
+
+  info = report.models_info(models)
+  eos = models.target.eos_token_ids
+  torch_versions = None
+  if compare_torch:
+    # free vocabjax's weights first: both frameworks' f32 copies do not fit 24 GB together
+    del decoders, models
+    release_loaded_heads()  # the shared EAGLE heads reference the target's params
+    gc.collect()
+    torch_versions = _run_torch(config, prompts, ids, eos, out, records, done, progress,
+                                commit)
+  summary = report.build_summary(config, records, info, splits, meta={
+      "load_s": load_s, "torch_versions": torch_versions, "skipped": skipped})
+  if ref_path is not None:
+    summary = report.attach_reference(summary, ref_path)
+  report.write_reports(out, summary)
+  return summary
+
+
+
+def _suite_mesh(config: EvalConfig):
+  """The suite's mesh (None without one); data=1: a suite decodes one question at a time."""
+  if not config.mesh:
+    return None
   try:
-    ids = encode_prompts(tok, [p.text for p in prompts], config.chat,
-                         dict(config.chat_template_kwargs))
+    mesh = make_mesh(**parse_mesh(config.mesh))
+  except ValueError as e:
+    raise ConfigError(f"config {config.name}: {e}") from None
+  if mesh.shape["data"] != 1:
+    raise ConfigError(f"config {config.name}: mesh {config.mesh!r}: a suite decodes one "
+                      f"question at a time (batch 1), so its mesh needs data=1 (tensor "
+                      f"parallel over model); got data={mesh.shape['data']}")
+  return mesh
+
+
+def _encoded(config: EvalConfig, models: Loaded, prompts) -> list[list[int]]:
+  """Each prompt's first turn as the target's ids (through its chat template with `chat`)."""
+  try:
+    return encode_prompts(models.target.tokenizer, [p.text for p in prompts], config.chat,
+                          dict(config.chat_template_kwargs))
   except ValueError as e:  # generate's wording names its --chat flag; eval has `chat:`
     if config.chat and "has no chat template" in str(e):
       raise ConfigError(f"config {config.name}: chat: true, but the target's tokenizer "
                         f"({config.target}) has no chat template; set chat: false") from e
     raise ConfigError(f"config {config.name}: the prompts cannot be encoded: {e}") from e
-  eos = models.target.eos_token_ids
+
+
+def _decoders(config: EvalConfig, models: Loaded, mesh) -> dict:
+  """{method name: decoder}; pairing and parameter errors before `out` is claimed."""
   decoders = {}
-  for m in config.methods:  # pairing and parameter errors, before `out` is claimed
+  for m in config.methods:
     try:
       decoders[m.name] = METHODS[m.method].make(models.target, models.draft, m.kwargs, mesh)
     except (ValueError, KeyError) as e:
       raise ConfigError(f"config {config.name}: method {m.name!r} ({m.method}) cannot be "
                         f"built with these models: {e}") from e
-  max_len = config.max_len
-  room = config.max_new_tokens + max(d.extra_slots for d in decoders.values())
+  return decoders
+
+
+def _runnable(config: EvalConfig, models: Loaded, prompts, ids, room: int,
+              skip_bad_prompts: bool):
+  """(prompts, ids, skipped): the prompts that fit the cache and the models' context. One that
+  does not fails the suite (before any generation and before `out` is claimed), naming it,
+  or with `skip_bad_prompts` is left out and listed."""
   bad = bad_prompts(prompts, ids, config, models, room)
-  if bad and not skip_bad_prompts:  # before any generation, and before claiming `out`
+  if bad and not skip_bad_prompts:
     listed = "; ".join(f"{p.qid} ({p.source or 'no file'}): {why}" for p, why in bad[:10])
     more = f" (and {len(bad) - 10} more)" if len(bad) > 10 else ""
-    hint = ("raise max_len or drop it to size the cache per prompt" if max_len else
+    hint = ("raise max_len or drop it to size the cache per prompt" if config.max_len else
             "shorten or drop them")
     raise ConfigError(f"{len(bad)} of {len(prompts)} prompts cannot run: {listed}{more}; "
                       f"{hint}, or pass --skip-bad-prompts to run the others and list these "
@@ -374,50 +427,68 @@ def _run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool,
           file=sys.stderr)
     keep = [i for i, p in enumerate(prompts) if p.qid not in drop]
     prompts, ids = [prompts[i] for i in keep], [ids[i] for i in keep]
-  records_path = out / RECORDS
-  splits_path = out / "splits.json"
-  reused = []
-  if writer:  # a source that cannot be reused fails before `out` is claimed
-    for source in reuse:
-      if Path(source).resolve() == out.resolve():
-        raise ConfigError(f"--reuse {source} is this run's own --out (a rerun resumes it "
-                          f"anyway)")
-      reused.append((source, reusable(source, config, inputs, prompts, set())))
-  records, splits = [], {}
-  if writer:
-    prepare_dir(out, config, overwrite=overwrite, inputs=inputs)
-    records = read_records(records_path)
-    splits = json.loads(splits_path.read_text()) if splits_path.exists() else {}
-  done = {(r["framework"], r["method"], r["qid"], r["seed"]) for r in records}
+  return prompts, ids, skipped
+
+
+def _reusable(config: EvalConfig, out: Path, inputs, prompts, reuse) -> list:
+  """[(source, what it can give)] for each `--reuse` directory; one that cannot be reused fails
+  before `out` is claimed."""
+  found = []
+  for source in reuse:
+    if Path(source).resolve() == out.resolve():
+      raise ConfigError(f"--reuse {source} is this run's own --out (a rerun resumes it "
+                        f"anyway)")
+    found.append((source, reusable(source, config, inputs, prompts, set())))
+  return found
+
+
+def _take_reused(out: Path, reused, records: list, splits: dict, done: set) -> None:
+  """The reusable records not here yet appended (to `records`, `done` and the file), their
+  methods' step splits too."""
   for source, found in reused:
     for why in found.skipped:
       print(f"[vocabjax.eval] --reuse {source}: not reused: {why}", file=sys.stderr)
     new = [r for r in found.records
            if (r["framework"], r["method"], r["qid"], r["seed"]) not in done]
     for r in new:
-      append_jsonl(records_path, r)
+      append_jsonl(out / RECORDS, r)
       done.add((r["framework"], r["method"], r["qid"], r["seed"]))
     records += new
     methods = {r["method"] for r in new}
     fresh = {n: s for n, s in found.splits.items() if n in methods and n not in splits}
     if fresh:
       splits.update(fresh)
-      atomic_write_json(splits_path, splits)
+      atomic_write_json(out / SPLITS, splits)
     print(f"[vocabjax.eval] --reuse {source}: {len(new)} records taken "
           f"({len(found.records) - len(new)} already here), {len(methods)} methods",
           file=sys.stderr)
 
-  if config.time_split:
-    names = [n for n, dec in decoders.items() if dec.times_step_parts]
-    need = distributed.broadcast_from_main(np.array([n not in splits for n in names], bool))
-    for name, todo_split in zip(names, need):
-      if todo_split:  # every process times it (its programs span the mesh); 0 writes it
-        if progress:
-          print(f"[vocabjax.eval] timing the step parts of {name}", file=sys.stderr)
-        splits[name] = step_split(decoders[name], max_len=max_len or 512, repeats=3).as_dict()
-        if writer:
-          atomic_write_json(splits_path, splits)
 
+def _time_step_parts(config: EvalConfig, decoders: dict, splits: dict, out: Path, writer: bool,
+                     progress: bool) -> None:
+  """The step-part timings of the methods that time them and have none yet (every process
+  times, its programs span the mesh; process 0 writes)."""
+  names = [n for n, dec in decoders.items() if dec.times_step_parts]
+  need = distributed.broadcast_from_main(np.array([n not in splits for n in names], bool))
+  for name, todo_split in zip(names, need):
+    if todo_split:
+      if progress:
+        print(f"[vocabjax.eval] timing the step parts of {name}", file=sys.stderr)
+      splits[name] = step_split(decoders[name], max_len=config.max_len or 512,
+                                repeats=3).as_dict()
+      if writer:
+        atomic_write_json(out / SPLITS, splits)
+
+
+def _generate(config: EvalConfig, models: Loaded, decoders: dict, prompts, ids, room: int,
+              records: list, splits: dict, done: set, out: Path, writer: bool, progress: bool,
+              commit) -> None:
+  """Every (question, seed, method) not recorded yet generated, turn by turn, each record
+  appended as it comes (process 0) and to `records`; Ctrl-C finishes the current question."""
+  from tqdm.auto import tqdm
+
+  tok, eos = models.target.tokenizer, models.target.eos_token_ids
+  sampling = SamplingParams(config.temperature, config.top_k, config.top_p)
   todo = [(p, i, s) for i, p in enumerate(prompts) for s in config.seeds]
   every = [(p, i, s, m.name) for p, i, s in todo for m in config.methods]
   missing = distributed.broadcast_from_main(  # a conversation: any of its turns
@@ -427,7 +498,6 @@ def _run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool,
               if r["framework"] == "vocabjax"}
   limits = _length_limits(config, models)  # what a later turn's conversation must fit
   jobs = [job for job, m in zip(every, missing) if m]
-  commit = report.git_commit()
   old = sorted({r.get("commit") for r in records} - {commit})
   if old:
     print(f"[vocabjax.eval] resuming records made at other commits {old} (now {commit}); "
@@ -438,7 +508,7 @@ def _run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool,
     for p, i, seed, name in jobs:
       dec = decoders[name]
       kw = dict(max_new_tokens=config.max_new_tokens, sampling=sampling, seed=seed,
-                eos_token_ids=eos, max_len=max_len)
+                eos_token_ids=eos, max_len=config.max_len)
       answers = []  # a conversation's earlier answers (this method's own)
       for t in range(len(p.turns)):
         interrupt.check()  # a deferred Ctrl-C stops here, after the last record was written
@@ -472,32 +542,13 @@ def _run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool,
           rec["time_split"] = run_split(StepSplit.from_dict(split), res.steps, res.decode_s,
                                         **skipped_drafting(res.stats))
         if writer:
-          append_jsonl(records_path, rec)
+          append_jsonl(out / RECORDS, rec)
         records.append(rec)
         answered[(name, qid, seed)] = res.tokens[0]
         answers.append(res.tokens[0])
       bar.set_postfix_str(f"{name} {p.qid} {rec['tokens_per_s']:.2f} tok/s")
       bar.update(1)
   bar.close()
-  if not writer:
-    return {"process": jax.process_index()}
-
-  info = report.models_info(models)
-  torch_versions = None
-  if compare_torch:
-    # free vocabjax's weights first: both frameworks' f32 copies do not fit 24 GB together
-    del decoders, models
-    release_loaded_heads()  # the shared EAGLE heads reference the target's params
-    gc.collect()
-    torch_versions = _run_torch(config, prompts, ids, eos, out, records, done, progress,
-                                commit)
-
-  summary = report.build_summary(config, records, info, splits, meta={
-      "load_s": load_s, "torch_versions": torch_versions, "skipped": skipped})
-  if ref_path is not None:
-    summary = report.attach_reference(summary, ref_path)
-  report.write_reports(out, summary)
-  return summary
 
 
 def _check_record_keys(records, path: Path, keys, which=lambda r: True) -> None:
@@ -576,7 +627,7 @@ def report_only(config: EvalConfig, out: str | os.PathLike, *,
     partial = {"questions": len(complete), "of": len(order),
                "records_left_out": len(records) - len(kept),
                "left_out": [f"{q}/seed {s}" for q, s in order if (q, s) not in keep]}
-  splits_path = out / "splits.json"
+  splits_path = out / SPLITS
   splits = json.loads(splits_path.read_text()) if splits_path.exists() else {}
   machine = (meta_run.get("inputs") or {}).get("machine") or {}
   summary = report.build_summary(config, kept, config_info(config), splits, meta={

@@ -46,7 +46,8 @@ from vocabjax.io import atomic_write_json
 from vocabjax.models.eagle import default_feature_layers
 from vocabjax.models.llamalike import lm_head_weight
 from vocabjax.models.medusa import MedusaConfig, init_medusa, medusa_hidden
-from vocabjax.train.eagle import EagleJob, build_eagle_features, load_eagle_features
+from vocabjax.train.eagle import EagleJob
+from vocabjax.train.eagle_data import build_eagle_features, load_eagle_features
 from vocabjax.train.features import heldout_records, model_identity
 from vocabjax.train.loop import (OptimConfig, TrainError, TrainRun, TrainState, apply_grads,
                                  check_settings, job_fields, make_optimizer, optimizer_of,

@@ -63,7 +63,9 @@ from vocabjax.checkpoints.hf import save_hf
 from vocabjax.checkpoints.loader import load_model
 from vocabjax.io import atomic_write_json
 from vocabjax.models.llamalike import lm_head_weight
-from vocabjax.train.eagle import head_identity, load_eagle_features, ttt_outputs
+from vocabjax.train.eagle_job import head_identity
+from vocabjax.train.eagle_data import load_eagle_features
+from vocabjax.train.eagle_step import ttt_outputs
 from vocabjax.train.features import (FeatureSpec, Features, build_features, forward_len,
                                      heldout_records, job_fingerprint, load_features,
                                      model_identity, pending_shards, sequence_hidden,

@@ -28,7 +28,6 @@ only through their `attach(params, config) -> (params, policy)` (`VocabSubset.at
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Callable, Optional
 
 import jax
@@ -57,11 +56,26 @@ def _full(params, h, *, config):
   return None, lm_head(params, h, config=config)
 
 
-@functools.cache
-def full_policy(config: LlamaLikeConfig) -> Policy:
-  """The drafter's whole LM head: every target id is a candidate. One function per config (a
+@dataclasses.dataclass(frozen=True)
+class BoundPolicy:
+  """A policy function with its static settings bound, hashable and equal by value (a
   proposer's `key()` holds its policy: equal drafters share programs)."""
-  return functools.partial(_full, config=config)
+
+  fn: Callable
+  settings: tuple  # ((name, value), ...) sorted by name
+
+  def __call__(self, params, hidden):
+    return self.fn(params, hidden, **dict(self.settings))
+
+
+def bound_policy(fn: Callable, **settings) -> BoundPolicy:
+  """`fn(params, hidden, **settings)` as a policy."""
+  return BoundPolicy(fn, tuple(sorted(settings.items())))
+
+
+def full_policy(config: LlamaLikeConfig) -> Policy:
+  """The drafter's whole LM head: every target id is a candidate."""
+  return bound_policy(_full, config=config)
 
 
 def to_target(ids: jax.Array | None, j: jax.Array) -> jax.Array:

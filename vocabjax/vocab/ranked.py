@@ -22,7 +22,6 @@ so a ranker is never silently used with another drafter.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 from pathlib import Path
 
@@ -38,7 +37,7 @@ from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.identity import drafter_identity
 from vocabjax.models.llamalike import is_int8, lm_head_weight
 from vocabjax.lowering import lowering_of
-from vocabjax.vocab.policy import policy_state, with_policy_state
+from vocabjax.vocab.policy import bound_policy, policy_state, with_policy_state
 
 FORMAT = "vocabjax-ranker/1"
 
@@ -182,11 +181,9 @@ class SpeculativeVocab:
             _ranked_policy_of(config, self.k, self.impl, split))
 
 
-@functools.cache
 def _ranked_policy_of(config: LlamaLikeConfig, k: int, impl: str, mesh):
-  """`ranked_policy` for these settings, one function per settings (a proposer's `key()` holds
-  its policy: equal drafters share programs)."""
-  return functools.partial(ranked_policy, config=config, k=k, impl=impl, mesh=mesh)
+  """`ranked_policy` with these settings bound (equal settings, equal policies)."""
+  return bound_policy(ranked_policy, config=config, k=k, impl=impl, mesh=mesh)
 
 
 def ranker_scores(ranker: dict, h: jax.Array) -> jax.Array:
