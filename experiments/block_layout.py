@@ -56,8 +56,14 @@ def split_ab(repeats: int) -> dict:
   t = load_model("qwen2.5-coder-1.5b-instruct", load_tokenizer=False)
   d = load_model("qwen2.5-coder-0.5b-instruct", load_tokenizer=False)
   makers = {
-      "chain_g3": lambda lay: SpeculativeEngine(t.params, t.config, ChainProposer(d.params, d.config, t.config, gamma=3), layout=lay),
-      "tree_k2_d4_n8": lambda lay: SpeculativeEngine(t.params, t.config, TreeProposer(d.params, d.config, t.config, tree=TreeParams(2, 4, 8)), layout=lay)}
+      "chain_g3":
+          lambda lay: SpeculativeEngine(
+              t.params, t.config, ChainProposer(d.params, d.config, t.config, gamma=3), layout=lay),
+      "tree_k2_d4_n8":
+          lambda lay: SpeculativeEngine(
+              t.params, t.config,
+              TreeProposer(d.params, d.config, t.config, tree=TreeParams(2, 4, 8)), layout=lay)
+  }
   runs = {}
   for rep in range(2):
     for name, make in makers.items():

@@ -60,7 +60,11 @@ def main(argv=None) -> int:
   target, draft = load_model(a.target), load_model(a.draft)
   rows, qids = pick_rows(target.tokenizer, a.rows, a.max_prompt_tokens)
   ar = Decoder(target.params, target.config)
-  cv = SpeculativeEngine(target.in_layout(block_layout()), target.config, CrossVocabProposer(draft.params, draft.config, target.config, target_tokenizer=target.tokenizer, draft_tokenizer=draft.tokenizer, gamma=a.gamma))
+  cv = SpeculativeEngine(
+      target.in_layout(block_layout()), target.config,
+      CrossVocabProposer(draft.params, draft.config, target.config,
+                         target_tokenizer=target.tokenizer, draft_tokenizer=draft.tokenizer,
+                         gamma=a.gamma))
   kw = dict(max_new_tokens=a.max_new_tokens, eos_token_ids=())
   lines = ["# Cross-vocabulary drafting by batch size", "",
            f"Command: `python experiments/crossvocab_batch.py --batches {' '.join(map(str, a.batches))} "

@@ -57,7 +57,10 @@ def main(argv=None) -> int:
       law1[s[1:2]] += pr
     for rule in ("exact", "omnidraft"):
       t0 = time.perf_counter()
-      dec = SpeculativeEngine(target, tc, CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok, gamma=4, rule=rule))
+      dec = SpeculativeEngine(
+          target, tc,
+          CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok, gamma=4,
+                             rule=rule))
       dec.learn(pool)
       seqs, merged = [], 0
       for call in range(a.rows // a.batch):

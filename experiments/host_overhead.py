@@ -28,7 +28,10 @@ def main(argv=None) -> None:
   from vocabjax.testing.fixtures import merging_pair
 
   ttok, dtok, tc, dc, target, draft, pool = merging_pair(seed=0)
-  dec = SpeculativeEngine(target, tc, CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok, gamma=4, rule="exact"))
+  dec = SpeculativeEngine(
+      target, tc,
+      CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok, gamma=4,
+                         rule="exact"))
   dec.learn(pool)
   prompt, sp = pool[:2], SamplingParams(temperature=1.0)
   for call in range(30):  # every block size compiled

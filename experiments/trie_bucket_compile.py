@@ -29,7 +29,9 @@ def main() -> None:
 
   target = init_params(jax.random.key(0), CFG, scale=0.3)
   hc, head = random_head(target, CFG, 40)
-  dec = SpeculativeEngine(target, CFG, EagleLookupProposer(target, CFG, head, hc, tree=TreeParams(2, 3, 6), gamma=2, candidates=3))
+  dec = SpeculativeEngine(
+      target, CFG,
+      EagleLookupProposer(target, CFG, head, hc, tree=TreeParams(2, 3, 6), gamma=2, candidates=3))
   start, step, c = dec.programs(SamplingParams(), 4, 32, 64, jnp.float32)
   print(f"prefills: {c:.2f} s compile; buckets {dec.buckets}")
   for m in dec.buckets:

@@ -45,7 +45,7 @@ def _env():
           "JAX_PLATFORMS": "cpu"}
 
 
-def _run(module_args, processes: int):
+def run_eval(module_args, processes: int):
   """Run `python -m ...` as `processes` processes of one jax.distributed run; their outputs."""
   port = _port()
   procs = []
@@ -77,8 +77,8 @@ def test_two_processes_count_what_one_counts(tiny_chat_dir, tmp_path):
                       str(tmp_path / out), "--text", str(text), "--docs-per-unit", "1",
                       "--quiet"]
 
-  _run(args("one"), 1)
-  _run(args("two"), 2)
+  run_eval(args("one"), 1)
+  run_eval(args("two"), 2)
   one, two = Counts.load(tmp_path / "one" / "counts.npz"), Counts.load(tmp_path / "two" /
                                                                          "counts.npz")
   np.testing.assert_array_equal(one.counts, two.counts)
@@ -95,8 +95,8 @@ def test_two_processes_decode_what_one_decodes(tiny_chat_dir, tmp_path):
                       str(tmp_path / f"{name}.json")]
 
   chain = ["--method", "chain", "--draft", str(tiny_chat_dir), "--set", "gamma=3"]
-  _run(args("one", "model=2", chain), 1)
-  _run(args("two", "model=4", chain), 2)  # one mesh over both processes' devices
+  run_eval(args("one", "model=2", chain), 1)
+  run_eval(args("two", "model=4", chain), 2)  # one mesh over both processes' devices
   one = json.loads((tmp_path / "one.json").read_text())
   two = json.loads((tmp_path / "two.json").read_text())
   assert two["output_ids"] == one["output_ids"] and two["speculative"]["tau"] >= 1
@@ -132,15 +132,15 @@ def test_two_processes_run_an_eval_suite_as_one_does(tiny_chat_dir, tmp_path):
             .splitlines()]
     return {(r["method"], r["qid"]): r["output_ids"] for r in rows}, len(rows)
 
-  _run(args("one", "model=2"), 1)
-  outs = _run(args("two", "model=4"), 2)
+  run_eval(args("one", "model=2"), 1)
+  outs = run_eval(args("two", "model=4"), 2)
   one, n_one = records("one")
   two, n_two = records("two")
   assert two == one and n_two == n_one == len(one) >= 4  # no record written twice
   assert "| chain_g2 |" in outs[0][0] and "| chain_g2 |" not in outs[1][0]  # 0 reports
   split = json.loads((tmp_path / "two" / "splits.json").read_text())
   assert split["chain_g2"]["verification_s"] > 0
-  _run(args("two", "model=4"), 2)  # resumed: nothing to run, nothing appended
+  run_eval(args("two", "model=4"), 2)  # resumed: nothing to run, nothing appended
   assert records("two")[1] == n_two
 
 

@@ -4,13 +4,13 @@ run's step timing), loaded by path: they are not part of the package."""
 import json
 
 import pytest
-from tests.helpers.experiments import _script, _tiny_configs
+from tests.helpers.experiments import load_script, tiny_configs
 from tests.helpers.experiments import EXPERIMENTS
 
 
 def test_step_programs_times_steps_and_projects_from_a_run(tmp_path):
-  sp = _script("step_programs")
-  t, d = _tiny_configs(tmp_path)
+  sp = load_script("step_programs")
+  t, d = tiny_configs(tmp_path)
   run = tmp_path / "run"
   run.mkdir()
   (run / "summary.json").write_text(json.dumps({"methods": [
@@ -35,8 +35,8 @@ def test_step_programs_times_steps_and_projects_from_a_run(tmp_path):
 def test_step_programs_times_specvocab_chains(tmp_path):
   """The SpecVocab chain steps (XLA's gather and the dispatcher) beside the full-vocabulary
   chain; `kernel` needs a GPU/TPU backend and says so on the CPU."""
-  sp = _script("step_programs")
-  t, d = _tiny_configs(tmp_path)
+  sp = load_script("step_programs")
+  t, d = tiny_configs(tmp_path)
   out = tmp_path / "out"
   assert sp.main(["--target", str(t), "--draft", str(d), "--context", "16", "--max-len", "96",
                   "--steps", "2", "--repeats", "1", "--ranker-rank", "8", "--methods", "ar",
@@ -54,8 +54,8 @@ def test_step_programs_times_specvocab_chains(tmp_path):
 
 
 def test_step_programs_refuses_bad_requests(tmp_path):
-  sp = _script("step_programs")
-  t, d = _tiny_configs(tmp_path)
+  sp = load_script("step_programs")
+  t, d = tiny_configs(tmp_path)
   common = ["--target", str(t), "--draft", str(d), "--out", str(tmp_path / "o")]
   with pytest.raises(SystemExit):  # no plain step to compare with
     sp.main(common + ["--methods", "eagle_k1d4"])

@@ -28,7 +28,8 @@ def test_the_flags_follow_the_setting():
   # a subprocess gets the same setting, with the devices it asks for
   sub = subprocess_xla_flags(2).split()
   assert sub[0] == "--xla_force_host_platform_device_count=2"
-  assert all((f"--{k}={str(v).lower()}" in sub) == FAST_COMPILE for k, v in FAST_XLA_OPTIONS.items())
+  assert all(
+      (f"--{k}={str(v).lower()}" in sub) == FAST_COMPILE for k, v in FAST_XLA_OPTIONS.items())
 
 
 def test_a_fast_run_leaves_out_what_needs_users_settings(pytester):

@@ -7,11 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.helpers.heads import LOOKUP, head_config, lookup_next
 from vocabjax.models.eagle import init_eagle
 from vocabjax.testing.fixtures import lookup_model
-
-from tests.helpers.heads import LOOKUP, head_config, lookup_next
-
 
 
 @pytest.fixture(scope="module")

@@ -161,7 +161,8 @@ def test_stop_string(tiny_chat_dir):
   with pytest.raises(ValueError, match="stop strings need a tokenizer"):
     dec.generate([prompt], max_new_tokens=4, stop_strings=["x"])
   # the speculative host loop shares the same collector: a stop inside an accepted block
-  chain = SpeculativeEngine(model.params, model.config, ChainProposer(model.params, model.config, model.config, gamma=4))
+  chain = SpeculativeEngine(model.params, model.config,
+                            ChainProposer(model.params, model.config, model.config, gamma=4))
   spec = chain.generate([prompt], max_new_tokens=16, stop_strings=[stop],
                         tokenizer=model.tokenizer)
   assert spec.tokens == res.tokens and spec.finish_reasons == ["stop"]

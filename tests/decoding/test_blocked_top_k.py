@@ -39,8 +39,14 @@ def test_tree_and_eagle_with_blocked_top_k_keep_plain_tokens(model, monkeypatch)
   hc = eagle2_config(model.config)
   head = eagle2_params(hc, seed=4)
   makers = {
-      "tree": lambda: SpeculativeEngine(model.params, model.config, TreeProposer(model.params, model.config, model.config, tree=tree)),
-      "eagle": lambda: SpeculativeEngine(model.params, model.config, EagleProposer(model.params, model.config, head, hc, tree=tree))}
+      "tree":
+          lambda: SpeculativeEngine(
+              model.params, model.config,
+              TreeProposer(model.params, model.config, model.config, tree=tree)),
+      "eagle":
+          lambda: SpeculativeEngine(model.params, model.config,
+                                    EagleProposer(model.params, model.config, head, hc, tree=tree))
+  }
   for name, make in makers.items():
     plain = make().generate(ids, max_new_tokens=10, sampling=GREEDY)
     dec = _blocked(make())  # set before its programs are built (they are cached per decoder)

@@ -30,7 +30,8 @@ def _decoder(kind, target, draft):
     from vocabjax.decoding.eagle import EagleProposer
 
     hc, head = random_head(target, CFG, 40)
-    return SpeculativeEngine(target, CFG, EagleProposer(target, CFG, head, hc, tree=TreeParams(2, 2, 4)))
+    return SpeculativeEngine(target, CFG,
+                             EagleProposer(target, CFG, head, hc, tree=TreeParams(2, 2, 4)))
   if kind == "medusa":
     from tests.helpers.heads import SPARSE, heads_for
     from vocabjax.decoding.medusa import MedusaProposer
@@ -47,7 +48,10 @@ def _decoder(kind, target, draft):
     from vocabjax.decoding.suffix import SuffixProposer
 
     hc, head = random_head(target, CFG, 40)
-    return SpeculativeEngine(target, CFG, EagleSuffixProposer(target, CFG, head, hc, tree=TreeParams(2, 2, 4), suffix=SuffixProposer(max_spec_tokens=6)))
+    return SpeculativeEngine(
+        target, CFG,
+        EagleSuffixProposer(target, CFG, head, hc, tree=TreeParams(2, 2, 4),
+                            suffix=SuffixProposer(max_spec_tokens=6)))
   raise ValueError(kind)
 
 
@@ -213,5 +217,5 @@ def test_a_model_parallel_mesh_decodes_continuously(pair):
   assert dec.generate_continuous(PROMPTS, rows=2, max_new_tokens=16).tokens == want
   data = sharding.make_mesh(data=2, model=1, devices=jax.devices()[:2])
   with pytest.raises(ValueError, match="not one of data=2; use generate"):
-    SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=3), mesh=data).generate_continuous(
-        PROMPTS, rows=2, max_new_tokens=4)
+    SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=3),
+                      mesh=data).generate_continuous(PROMPTS, rows=2, max_new_tokens=4)

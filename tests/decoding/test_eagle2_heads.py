@@ -216,6 +216,8 @@ def test_an_eagle2_head_on_a_mesh_gives_the_one_device_tokens(target, tmp_path):
   greedy = SamplingParams(temperature=0.0)
   ar = Decoder(target.params, target.config).generate(prompts, max_new_tokens=10,
                                                       sampling=greedy)
-  dec = SpeculativeEngine(m.params, m.config, EagleProposer(m.params, m.config, p, hc, tree=TreeParams(3, 3, 6)), mesh=mesh)
+  dec = SpeculativeEngine(m.params, m.config,
+                          EagleProposer(m.params, m.config, p, hc, tree=TreeParams(3, 3, 6)),
+                          mesh=mesh)
   out = dec.generate(prompts, max_new_tokens=10, sampling=greedy)
   assert out.tokens == ar.tokens

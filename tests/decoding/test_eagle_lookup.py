@@ -109,8 +109,12 @@ def test_lookup_nodes_are_accepted_where_the_text_repeats(lookup, gamma, candida
   target, hc, head = lookup
   prompts = _cycle_prompts()
   ar = Decoder(target, LOOKUP).generate(prompts, max_new_tokens=24)
-  alone = SpeculativeEngine(target, LOOKUP, EagleProposer(target, LOOKUP, head, hc, tree=tp)).generate(prompts, max_new_tokens=24)
-  dec = SpeculativeEngine(target, LOOKUP, EagleLookupProposer(target, LOOKUP, head, hc, tree=tp, gamma=gamma, candidates=candidates))
+  alone = SpeculativeEngine(target, LOOKUP,
+                            EagleProposer(target, LOOKUP, head, hc,
+                                          tree=tp)).generate(prompts, max_new_tokens=24)
+  dec = SpeculativeEngine(
+      target, LOOKUP,
+      EagleLookupProposer(target, LOOKUP, head, hc, tree=tp, gamma=gamma, candidates=candidates))
   res = dec.generate(prompts, max_new_tokens=24)
   assert res.tokens == ar.tokens == alone.tokens
   st = res.stats
@@ -141,7 +145,12 @@ def test_greedy_identical_to_autoregressive_random_models(target, vocab, gamma, 
   base = rs.randint(0, CFG.vocab_size, 9).tolist()
   prompts = [base * 3, [5], rs.randint(0, CFG.vocab_size, 4).tolist() * 2, base[:5]]
   ar = Decoder(target, CFG).generate(prompts, max_new_tokens=24)
-  res = SpeculativeEngine(target, CFG, EagleLookupProposer(target, CFG, head, hc, tree=TreeParams(2, 3, 6), gamma=gamma, candidates=cand, lm_head="target" if vocab == "target" else "own")).generate(prompts, max_new_tokens=24)
+  res = SpeculativeEngine(
+      target, CFG,
+      EagleLookupProposer(target, CFG, head, hc, tree=TreeParams(2, 3,
+                                                                 6), gamma=gamma, candidates=cand,
+                          lm_head="target" if vocab == "target" else "own")).generate(
+                              prompts, max_new_tokens=24)
   assert res.tokens == ar.tokens
   assert res.stats.record()["lookup_nodes"] > 0
 
@@ -158,7 +167,9 @@ def test_sampling_is_lossless(sampling):
   tgt2 = init_params(jax.random.key(10), small, scale=0.8)
   hc, head = random_head(tgt2, small, 6, seed=4)
   prompt = PROMPT + Decoder(tgt2, small).generate([PROMPT], max_new_tokens=12).tokens[0]
-  dec = SpeculativeEngine(tgt2, small, EagleLookupProposer(tgt2, small, head, hc, tree=TreeParams(2, 2, 4), gamma=2, candidates=2))
+  dec = SpeculativeEngine(
+      tgt2, small,
+      EagleLookupProposer(tgt2, small, head, hc, tree=TreeParams(2, 2, 4), gamma=2, candidates=2))
   res = dec.generate([prompt] * 12_000, max_new_tokens=3, sampling=sampling, seed=7)
   V = small.vocab_size
   t = np.asarray([r[:3] for r in res.tokens])
@@ -174,7 +185,8 @@ def test_bad_input(target):
   with pytest.raises(ValueError, match="gamma must be >= 1, got gamma=0"):
     SpeculativeEngine(target, CFG, EagleLookupProposer(target, CFG, head, hc, gamma=0))
   with pytest.raises(ValueError, match="min_ngram=3 max_ngram=2"):
-    SpeculativeEngine(target, CFG, EagleLookupProposer(target, CFG, head, hc, min_ngram=3, max_ngram=2))
+    SpeculativeEngine(target, CFG,
+                      EagleLookupProposer(target, CFG, head, hc, min_ngram=3, max_ngram=2))
   with pytest.raises(ValueError, match="candidates must be >= 1 .*got candidates=0"):
     SpeculativeEngine(target, CFG, EagleLookupProposer(target, CFG, head, hc, candidates=0))
   with pytest.raises(ValueError, match="mesh is not supported"):
@@ -182,5 +194,7 @@ def test_bad_input(target):
     SpeculativeEngine(target, CFG, EagleLookupProposer(target, CFG, head, hc), mesh=mesh)
   with pytest.raises(ValueError, match="own reduced vocabulary of Vd=40"):  # the head's checks
     from vocabjax.vocab.subset import VocabSubset
-    SpeculativeEngine(target, CFG, EagleLookupProposer(target, CFG, head, hc, draft_vocab=VocabSubset(ids=(1, 2, 3),
-                                                                      vocab_size=64)))
+    SpeculativeEngine(
+        target, CFG,
+        EagleLookupProposer(target, CFG, head, hc,
+                            draft_vocab=VocabSubset(ids=(1, 2, 3), vocab_size=64)))

@@ -42,14 +42,21 @@ def test_subsets_on_the_heads(shared):
   heads, mc = heads_for(target, CFG, shared=shared)
   prompts = [[5, 9, 2, 7, 5, 9], [1, 2, 3], [8, 8, 8, 8, 4]]
   ar = Decoder(target, CFG).generate(prompts, max_new_tokens=20)
-  full = SpeculativeEngine(target, CFG, MedusaProposer(target, CFG, heads, mc, choices=SPARSE)).generate(prompts,
-                                                                       max_new_tokens=20)
+  full = SpeculativeEngine(target, CFG,
+                           MedusaProposer(target, CFG, heads, mc,
+                                          choices=SPARSE)).generate(prompts, max_new_tokens=20)
   for k in (3, 20, 48):
     ids = np.sort(np.random.RandomState(k).choice(CFG.vocab_size, k, replace=False))
-    dec = SpeculativeEngine(target, CFG, MedusaProposer(target, CFG, heads, mc, choices=SPARSE, draft_vocab=VocabSubset(ids, CFG.vocab_size)))
+    dec = SpeculativeEngine(
+        target, CFG,
+        MedusaProposer(target, CFG, heads, mc, choices=SPARSE,
+                       draft_vocab=VocabSubset(ids, CFG.vocab_size)))
     assert dec.generate(prompts, max_new_tokens=20).tokens == ar.tokens
     assert dec.draft_head_rows == 3 * k
-  every = SpeculativeEngine(target, CFG, MedusaProposer(target, CFG, heads, mc, choices=SPARSE, draft_vocab=VocabSubset(np.arange(CFG.vocab_size), CFG.vocab_size)))
+  every = SpeculativeEngine(
+      target, CFG,
+      MedusaProposer(target, CFG, heads, mc, choices=SPARSE,
+                     draft_vocab=VocabSubset(np.arange(CFG.vocab_size), CFG.vocab_size)))
   res = every.generate(prompts, max_new_tokens=20)
   assert res.tokens == ar.tokens and res.stats.accepted == full.stats.accepted
 
@@ -61,8 +68,9 @@ def test_a_tree_holding_every_token_accepts_every_step():
   heads, mc = heads_for(target, SMALL, num_heads=1)
   choices = [[r] for r in range(SMALL.vocab_size)]
   ar = Decoder(target, SMALL).generate([[3, 1]], max_new_tokens=13)
-  res = SpeculativeEngine(target, SMALL, MedusaProposer(target, SMALL, heads, mc, choices=choices)).generate(
-      [[3, 1]], max_new_tokens=13)
+  res = SpeculativeEngine(target, SMALL,
+                          MedusaProposer(target, SMALL, heads, mc,
+                                         choices=choices)).generate([[3, 1]], max_new_tokens=13)
   assert res.tokens == ar.tokens
   assert all(a == [1] for a in res.stats.accepted)  # one draft accepted at every step
   assert res.steps == 6  # 1 from the prefill + 6 steps of 2
@@ -81,7 +89,10 @@ def test_sampling_is_lossless(sp, subset):
   vocab = (VocabSubset(np.arange(0, SMALL.vocab_size, 2), SMALL.vocab_size) if subset
            else None)
   samples, st = prompt_samples(
-      SpeculativeEngine(target, SMALL, MedusaProposer(target, SMALL, heads, mc, choices=[[0], [1], [2], [0, 0], [1, 0]], draft_vocab=vocab)), sp)
+      SpeculativeEngine(
+          target, SMALL,
+          MedusaProposer(target, SMALL, heads, mc, choices=[[0], [1], [2], [0, 0], [1, 0]],
+                         draft_vocab=vocab)), sp)
   assert 0.05 < st.acceptance_rate < 0.95  # accepts and rejections both happen
   assert chi2_pvalue(samples, exact_sequence_probs(target, SMALL, PROMPT, sp)) > 1e-3
 
@@ -97,8 +108,16 @@ def test_bad_input():
   with pytest.raises(ValueError, match="rank 64, beyond the vocabulary of V=64"):
     SpeculativeEngine(target, CFG, MedusaProposer(target, CFG, heads, mc, choices=[[0], [64]]))
   with pytest.raises(ValueError, match=r"rank 2, beyond the subset's K=2 tokens"):
-    SpeculativeEngine(target, CFG, MedusaProposer(target, CFG, heads, mc, choices=[[0], [1], [2]], draft_vocab=VocabSubset(np.asarray([1, 5]), CFG.vocab_size)))
+    SpeculativeEngine(
+        target, CFG,
+        MedusaProposer(target, CFG, heads, mc, choices=[[0], [1], [2]],
+                       draft_vocab=VocabSubset(np.asarray([1, 5]), CFG.vocab_size)))
   with pytest.raises(ValueError, match="over a vocabulary of 100 tokens, the target has V=64"):
-    SpeculativeEngine(target, CFG, MedusaProposer(target, CFG, heads, mc, choices=[[0]], draft_vocab=VocabSubset(np.asarray([1, 5]), 100)))
+    SpeculativeEngine(
+        target, CFG,
+        MedusaProposer(target, CFG, heads, mc, choices=[[0]],
+                       draft_vocab=VocabSubset(np.asarray([1, 5]), 100)))
   with pytest.raises(ValueError, match="static subset .* not str"):
-    SpeculativeEngine(target, CFG, MedusaProposer(target, CFG, heads, mc, choices=[[0]], draft_vocab="ranker.safetensors"))
+    SpeculativeEngine(
+        target, CFG,
+        MedusaProposer(target, CFG, heads, mc, choices=[[0]], draft_vocab="ranker.safetensors"))

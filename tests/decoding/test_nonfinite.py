@@ -78,6 +78,7 @@ def test_finite_models_are_unaffected(pair):
   target, draft = pair
   big = dict(target, final_norm=target["final_norm"] * 1e3)
   ar = Decoder(big, CFG).generate(PROMPTS, max_new_tokens=8)
-  res = SpeculativeEngine(big, CFG, ChainProposer(draft, CFG, CFG, gamma=2)).generate(PROMPTS, max_new_tokens=8)
+  res = SpeculativeEngine(big, CFG, ChainProposer(draft, CFG, CFG,
+                                                  gamma=2)).generate(PROMPTS, max_new_tokens=8)
   assert res.tokens == ar.tokens
   assert np.all(np.asarray(sum(ar.tokens, [])) >= 0)

@@ -30,7 +30,8 @@ def test_chain_split_covers_gamma_drafter_calls(pair):
 
 def test_tree_split_times_frontier_calls(pair):
   target, draft = pair
-  dec = SpeculativeEngine(target, CFG, TreeProposer(draft, CFG, CFG, tree=TreeParams(top_k=2, depth=3, total_tokens=5)))
+  dec = SpeculativeEngine(
+      target, CFG, TreeProposer(draft, CFG, CFG, tree=TreeParams(top_k=2, depth=3, total_tokens=5)))
   split = step_split(dec, max_len=64, repeats=1)
   assert split.drafter_calls == ((4, 1), (2, 2), (2, 2))  # pending block, then 2 frontier calls
   assert split.verify_tokens == 6

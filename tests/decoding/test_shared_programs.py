@@ -50,7 +50,8 @@ def test_plain_decoders_of_one_model_share_programs_and_keep_their_own_tokens(pa
 
 def test_speculative_engines_share_programs_and_stay_lossless(pair, table):
   a, b = pair
-  greedy_identity(SpeculativeEngine(a, CFG, ChainProposer(b, CFG, CFG, gamma=3)), a, CFG, PROMPTS, max_new_tokens=12)
+  greedy_identity(SpeculativeEngine(a, CFG, ChainProposer(b, CFG, CFG, gamma=3)), a, CFG, PROMPTS,
+                  max_new_tokens=12)
   hits = table.hits
   # the same method with the roles of the weights swapped: every program shared, and its
   # output is its own target's plain greedy output
@@ -69,7 +70,8 @@ def test_what_builds_another_program_is_not_shared(pair, table):
   other = dataclasses.replace(CFG, rope_theta=CFG.rope_theta * 2)
   mesh = make_mesh(data=1, model=2, devices=jax.devices()[:2])
   for dec in (SpeculativeEngine(a, CFG, ChainProposer(b, CFG, CFG, gamma=2)),
-              SpeculativeEngine(a, CFG, ChainProposer(cast_weights(b, "bfloat16"), CFG, CFG, gamma=3)),
+              SpeculativeEngine(a, CFG, ChainProposer(cast_weights(b, "bfloat16"), CFG, CFG,
+                                                      gamma=3)),
               SpeculativeEngine(a, other, ChainProposer(b, other, other, gamma=3)),
               SpeculativeEngine(a, CFG, ChainProposer(b, CFG, CFG, gamma=3), mesh=mesh)):
     hits = table.hits

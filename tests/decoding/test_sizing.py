@@ -151,10 +151,14 @@ def test_sized_drafters_with_plain_steps_between_keep_plain_greedy_tokens(monkey
   params = init_params(jax.random.key(0), CFG, scale=0.3)
   draft = params if draft_seed == 0 else init_params(jax.random.key(draft_seed), CFG, scale=0.3)
   if kind == "chain":
-    dec = SpeculativeEngine(params, CFG, ChainProposer(draft, CFG, CFG, gamma=3, draft_prefill="exact"), self_sizing=True)  # the drafter's cache exactly the target's
+    dec = SpeculativeEngine(params, CFG,
+                            ChainProposer(draft, CFG, CFG, gamma=3, draft_prefill="exact"),
+                            self_sizing=True)  # the drafter's cache exactly the target's
     order = [3, 0, 2, 0, 0, 1, 3]
   else:
-    dec = SpeculativeEngine(params, CFG, TreeProposer(draft, CFG, CFG, tree=TreeParams(2, 4, 8), draft_prefill="exact"), self_sizing=True)
+    dec = SpeculativeEngine(
+        params, CFG, TreeProposer(draft, CFG, CFG, tree=TreeParams(2, 4, 8), draft_prefill="exact"),
+        self_sizing=True)
     assert dec.proposer.sized_lengths() == (0, 1, 2, 4, 8)
     order = [8, 0, 4, 0, 0, 1, 2, 8]
   _forced(monkeypatch, order)
@@ -186,7 +190,8 @@ def test_a_sized_tree_samples_the_target_law(monkeypatch):
 
   target = init_params(jax.random.key(10), SMALL, scale=0.8)
   draft = init_params(jax.random.key(11), SMALL, scale=0.8)
-  dec = SpeculativeEngine(target, SMALL, TreeProposer(draft, SMALL, SMALL, tree=TreeParams(2, 2, 4)), self_sizing=True)
+  dec = SpeculativeEngine(target, SMALL, TreeProposer(draft, SMALL, SMALL,
+                                                      tree=TreeParams(2, 2, 4)), self_sizing=True)
   _forced(monkeypatch, [4, 0, 2])
   pvalue, stats = target_law(dec, target, SMALL, [3, 1], SamplingParams(temperature=1.0),
                              seed=7)
@@ -207,7 +212,8 @@ def test_a_sized_chain_samples_the_target_law(monkeypatch):
 
   target = init_params(jax.random.key(10), SMALL, scale=0.8)
   draft = init_params(jax.random.key(11), SMALL, scale=0.8)
-  dec = SpeculativeEngine(target, SMALL, ChainProposer(draft, SMALL, SMALL, gamma=3), self_sizing=True)
+  dec = SpeculativeEngine(target, SMALL, ChainProposer(draft, SMALL, SMALL, gamma=3),
+                          self_sizing=True)
   lengths = itertools.cycle([1, 2, 0, 3])
 
   def choose(self):

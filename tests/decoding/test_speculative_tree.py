@@ -76,7 +76,8 @@ def test_greedy_identical_to_autoregressive(pair, tp):
 
 def test_identical_drafter_accepts_full_depth():
   config, target, draft = successor_pair(12, skip=0)
-  dec = SpeculativeEngine(target, config, TreeProposer(draft, config, config, tree=TreeParams(2, 3, 6)))
+  dec = SpeculativeEngine(target, config,
+                          TreeProposer(draft, config, config, tree=TreeParams(2, 3, 6)))
   res = dec.generate([[5], [1, 2, 3]], max_new_tokens=17)
   assert res.tokens == [[(6 + i) % 12 for i in range(17)], [(4 + i) % 12 for i in range(17)]]
   assert res.stats.tau == 4  # depth 3 accepted + bonus, every step
@@ -90,8 +91,9 @@ def test_hand_checked_tree_acceptance():
   """Successor fixture, skip 3, a chain-shaped tree (top_k 1, depth 3): the same worked numbers
   as the chain test: one accepted at the first step, then two per step."""
   config, target, draft = successor_pair(12, skip=3)
-  res = SpeculativeEngine(target, config, TreeProposer(draft, config, config, tree=TreeParams(1, 3, 3))).generate(
-      [[1]], max_new_tokens=15)
+  res = SpeculativeEngine(target, config,
+                          TreeProposer(draft, config, config,
+                                       tree=TreeParams(1, 3, 3))).generate([[1]], max_new_tokens=15)
   assert res.tokens[0] == [(2 + i) % 12 for i in range(15)]
   assert [r[0] for r in res.stats.accepted] == [1, 2, 2, 2, 2]
 
@@ -107,13 +109,16 @@ def test_bad_tree_budgets():
     TreeParams(0, 2, 2)
   p = init_params(jax.random.key(0), CFG)
   with pytest.raises(ValueError, match="exceeds the cache length max_len=32"):
-    SpeculativeEngine(p, CFG, TreeProposer(p, CFG, CFG, tree=TreeParams(4, 4, 16))).generate([[1] * 4], max_new_tokens=4,
-                                                                    max_len=32)
+    SpeculativeEngine(p, CFG,
+                      TreeProposer(p, CFG, CFG,
+                                   tree=TreeParams(4, 4, 16))).generate([[1] * 4], max_new_tokens=4,
+                                                                        max_len=32)
 
 
 def _tree_samples(target, draft, sp):
-  return prompt_samples(SpeculativeEngine(target, SMALL, TreeProposer(draft, SMALL, SMALL, tree=TreeParams(2, 2, 4))), sp,
-                        seed=9)
+  return prompt_samples(
+      SpeculativeEngine(target, SMALL, TreeProposer(draft, SMALL, SMALL, tree=TreeParams(2, 2, 4))),
+      sp, seed=9)
 
 
 @pytest.mark.parametrize("sp", [SamplingParams(1.0), SamplingParams(0.7, 0, 0.9)],
@@ -145,8 +150,11 @@ def test_drafter_context_survives_steps(pair):
   is right, so a chain-shaped tree accepts its full depth at every step. This failed when the
   drafter's cache update of the step's first call was dropped (tau fell to ~1.3)."""
   target, _ = pair
-  res = SpeculativeEngine(target, CFG, TreeProposer(target, CFG, CFG, tree=TreeParams(1, 4, 4))).generate(
-      [[5, 6, 7, 8, 9], [1, 2]], max_new_tokens=41)
+  res = SpeculativeEngine(target, CFG,
+                          TreeProposer(target, CFG, CFG,
+                                       tree=TreeParams(1, 4,
+                                                       4))).generate([[5, 6, 7, 8, 9], [1, 2]],
+                                                                     max_new_tokens=41)
   assert res.stats.tau == 5.0
   assert SpeculativeEngine(target, CFG, ChainProposer(target, CFG, CFG, gamma=4)).generate(
       [[5, 6, 7, 8, 9], [1, 2]], max_new_tokens=41).stats.tau == 5.0

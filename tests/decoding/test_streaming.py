@@ -33,10 +33,16 @@ PROMPT = [5, 9, 17, 3, 44, 21, 8, 9, 10, 11, 5, 9, 17]
 
 def _decoders(pair):
   target, draft = pair
-  return {"ar": Decoder(target, CFG),
-          "chain": SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=3)),
-          "tree": SpeculativeEngine(target, CFG, TreeProposer(draft, CFG, CFG, tree=TreeParams(2, 3, 6))),
-          "pld": SpeculativeEngine(target, CFG, LookupProposer(gamma=3))}
+  return {
+      "ar":
+          Decoder(target, CFG),
+      "chain":
+          SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=3)),
+      "tree":
+          SpeculativeEngine(target, CFG, TreeProposer(draft, CFG, CFG, tree=TreeParams(2, 3, 6))),
+      "pld":
+          SpeculativeEngine(target, CFG, LookupProposer(gamma=3))
+  }
 
 
 @pytest.mark.parametrize("name", ["ar", "chain", "tree", "pld"])

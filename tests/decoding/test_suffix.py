@@ -175,10 +175,14 @@ def test_hybrid_sampling_follows_the_target_law(device):
   suffix = SuffixProposer(max_spec_tokens=2, min_token_prob=0.0)
   if device == "eagle":
     hc, head = random_head(target, small, 6, seed=4)
-    dec = SpeculativeEngine(target, small, EagleSuffixProposer(target, small, head, hc, tree=TreeParams(2, 2, 4), suffix=suffix))
+    dec = SpeculativeEngine(
+        target, small,
+        EagleSuffixProposer(target, small, head, hc, tree=TreeParams(2, 2, 4), suffix=suffix))
   else:
     draft = init_params(jax.random.key(11), small, scale=0.8)
-    dec = SpeculativeEngine(target, small, TreeSuffixProposer(draft, small, small, tree=TreeParams(2, 2, 4), suffix=suffix))
+    dec = SpeculativeEngine(
+        target, small,
+        TreeSuffixProposer(draft, small, small, tree=TreeParams(2, 2, 4), suffix=suffix))
   pvalue, stats = target_law(dec, target, small, [3, 1, *greedy, 3, 1],
                              SamplingParams(temperature=1.0), n=6000, seed=7)
   acc = [a > 0 for arow, drow in zip(stats.accepted, stats.drafted)
@@ -205,7 +209,11 @@ def test_hybrid_with_a_drafter_tree_is_greedy_identical_and_takes_suffix_tokens(
 
   target = init_params(jax.random.key(0), CFG, scale=0.3)
   draft = init_params(jax.random.key(3), CFG, scale=0.3)
-  dec = SpeculativeEngine(target, CFG, TreeSuffixProposer(draft, CFG, CFG, tree=TreeParams(2, 2, 4), suffix=SuffixProposer(max_spec_tokens=6), score_threshold=threshold), self_sizing=sized)
+  dec = SpeculativeEngine(
+      target, CFG,
+      TreeSuffixProposer(draft, CFG, CFG, tree=TreeParams(2, 2, 4),
+                         suffix=SuffixProposer(max_spec_tokens=6), score_threshold=threshold),
+      self_sizing=sized)
   assert dec.proposer.pend_width == 7  # the suffix proposal reaches depth 6
   prompts = [[5, 9, 2, 7, 5, 9], [1, 2, 3]]
   greedy_identity(dec, target, CFG, prompts, max_new_tokens=24)

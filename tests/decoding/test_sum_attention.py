@@ -50,10 +50,16 @@ def test_every_decoder_keeps_greedy_identity_with_summed_attention(pair, dtype):
   rs = np.random.RandomState(7)
   prompts = [rs.randint(0, 64, n).tolist() for n in (1, 9, 4)] + [[5, 9, 2, 5, 9, 2, 5]]
   with sum_attention_default(True):  # decoders fix their lowering when constructed
-    decoders = {"ar": Decoder(target, CFG),
-                "chain": SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=3)),
-                "tree": SpeculativeEngine(target, CFG, TreeProposer(draft, CFG, CFG, tree=TreeParams(2, 3, 6))),
-                "pld": SpeculativeEngine(target, CFG, LookupProposer(gamma=3))}
+    decoders = {
+        "ar":
+            Decoder(target, CFG),
+        "chain":
+            SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=3)),
+        "tree":
+            SpeculativeEngine(target, CFG, TreeProposer(draft, CFG, CFG, tree=TreeParams(2, 3, 6))),
+        "pld":
+            SpeculativeEngine(target, CFG, LookupProposer(gamma=3))
+    }
   assert all(d.lowering.sum_attention for d in decoders.values())
   assert not Decoder(target, CFG).lowering.sum_attention  # off outside (the default)
   ar = decoders.pop("ar").generate(prompts, max_new_tokens=20)
@@ -68,8 +74,9 @@ def test_every_decoder_keeps_greedy_identity_with_summed_attention(pair, dtype):
 def test_the_gpu_step_writes_slots_in_place_with_summed_attention(method):
   """XLA:GPU (deviceless, an H100): with the option the step neither copies nor transposes
   the stacked K / V caches, in the step or in its drafting loop's body (the einsum path does
-  both, and the tree's drafting loop copies the drafter's cache every iteration: a recorded H200 run);
-  the plain and chain steps' slot writes are all in place (the tree's compaction scatters)."""
+  both, and the tree's drafting loop copies the drafter's cache every iteration: a recorded
+  H200 run); the plain and chain steps' slot writes are all in place (the tree's compaction
+  scatters)."""
   from vocabjax.bench import tpu
   from vocabjax.bench import stand_ins
   from vocabjax.testing.hlo import whole_array_writes

@@ -32,9 +32,15 @@ def test_cast_weights_narrows_matrices_only(pair):
 
 
 def _methods(target, draft, names):
-  make = {"chain": lambda: SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=3)),
-          "tree": lambda: SpeculativeEngine(target, CFG, TreeProposer(draft, CFG, CFG, tree=TreeParams(2, 3, 6))),
-          "pld": lambda: SpeculativeEngine(target, CFG, LookupProposer(gamma=3))}
+  make = {
+      "chain":
+          lambda: SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=3)),
+      "tree":
+          lambda: SpeculativeEngine(target, CFG,
+                                    TreeProposer(draft, CFG, CFG, tree=TreeParams(2, 3, 6))),
+      "pld":
+          lambda: SpeculativeEngine(target, CFG, LookupProposer(gamma=3))
+  }
   return {name: make[name]() for name in names}
 
 
@@ -118,7 +124,8 @@ def test_int8_drafter_with_f32_target_is_exact(pair):
   prompts = [rs.randint(0, 64, n).tolist() for n in (1, 9, 4)] + [[5, 9, 2, 5, 9, 2, 5]]
   ar = Decoder(target, CFG).generate(prompts, max_new_tokens=20)
   for dec in (SpeculativeEngine(target, CFG, ChainProposer(draft8, CFG, CFG, gamma=3)),
-              SpeculativeEngine(target, CFG, TreeProposer(draft8, CFG, CFG, tree=TreeParams(2, 3, 6)))):
+              SpeculativeEngine(target, CFG,
+                                TreeProposer(draft8, CFG, CFG, tree=TreeParams(2, 3, 6)))):
     res = dec.generate(prompts, max_new_tokens=20)
     assert res.tokens == ar.tokens and res.stats.tau > 1
 
@@ -128,8 +135,9 @@ def test_int8_drafter_with_f32_target_is_exact(pair):
 def test_narrow_sampling_is_lossless(small_pair, kind, dtype):
   target, draft = (cast_weights(p, dtype) for p in small_pair)
   sp = SamplingParams(temperature=1.0)
-  dec = (SpeculativeEngine(target, SMALL, ChainProposer(draft, SMALL, SMALL, gamma=2)) if kind == "chain" else
-         SpeculativeEngine(target, SMALL, TreeProposer(draft, SMALL, SMALL, tree=TreeParams(2, 2, 4))))
+  dec = (SpeculativeEngine(target, SMALL, ChainProposer(draft, SMALL, SMALL, gamma=2))
+         if kind == "chain" else SpeculativeEngine(
+             target, SMALL, TreeProposer(draft, SMALL, SMALL, tree=TreeParams(2, 2, 4))))
   samples, stats = prompt_samples(dec, sp, seed=11)
   assert 0.05 < stats.acceptance_rate < 0.95
   assert chi2_pvalue(samples, exact_sequence_probs(target, SMALL, PROMPT, sp)) > 1e-3

@@ -2,10 +2,12 @@
 directory and a ranker file made from the tiny model."""
 
 import json
+
 import pytest
 import yaml
-from vocabjax.calibrate import CountJob, run_count
+
 from tests.helpers.eval import QUESTIONS
+from vocabjax.calibrate import CountJob, run_count
 
 
 @pytest.fixture

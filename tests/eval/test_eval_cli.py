@@ -8,13 +8,13 @@ import yaml
 from vocabjax.eval import ConfigError, load_config, validate_summary
 from vocabjax.eval.__main__ import main, parse_args
 from vocabjax.eval.runner import RECORDS, ResultDirError
-from tests.helpers.eval import QUESTIONS, _run
+from tests.helpers.eval import QUESTIONS, run_eval
 
 
 def test_end_to_end_writes_every_report(suite, tmp_path):
   path, _ = suite
   out = tmp_path / "res"
-  summary = _run(path, out)
+  summary = run_eval(path, out)
   validate_summary(json.loads((out / "summary.json").read_text()))
   for f in ("summary.md", "summary.csv", "speedup_by_group.png", "tau_vs_vocab.png",
             "run.json", "splits.json"):
@@ -45,11 +45,11 @@ def test_end_to_end_writes_every_report(suite, tmp_path):
 def test_resume_after_an_interrupted_run(suite, tmp_path):
   path, _ = suite
   out = tmp_path / "res"
-  first = _run(path, out)
+  first = run_eval(path, out)
   lines = (out / RECORDS).read_text().splitlines()
   # interrupted: 5 records kept, the 6th torn mid-write
   (out / RECORDS).write_text("\n".join(lines[:5]) + "\n" + lines[5][:17])
-  second = _run(path, out)
+  second = run_eval(path, out)
   again = [json.loads(line) for line in (out / RECORDS).read_text().splitlines()]
   assert len(again) == 12
   assert again[:5] == [json.loads(line) for line in lines[:5]]  # kept, not redone
@@ -58,49 +58,49 @@ def test_resume_after_an_interrupted_run(suite, tmp_path):
       key(json.loads(line)): json.loads(line)["output_ids"] for line in lines}
   assert second["methods"][1]["overall"]["match_rate"] == 1.0
   assert first["fingerprint"] == second["fingerprint"]
-  _run(path, out)  # complete: nothing new
+  run_eval(path, out)  # complete: nothing new
   assert len((out / RECORDS).read_text().splitlines()) == 12
 
 
 def test_other_configuration_is_refused_then_moved_aside(suite, tmp_path):
   path, _ = suite
   out = tmp_path / "res"
-  _run(path, out)
+  run_eval(path, out)
   before = (out / RECORDS).read_text()
   with pytest.raises(ResultDirError, match="different configuration.*max_new_tokens"):
-    _run(path, out, "--max-new-tokens", "5")
+    run_eval(path, out, "--max-new-tokens", "5")
   assert (out / RECORDS).read_text() == before  # untouched
-  _run(path, out, "--max-new-tokens", "5", "--overwrite")
+  run_eval(path, out, "--max-new-tokens", "5", "--overwrite")
   aside = [p for p in tmp_path.iterdir() if p.name.startswith("res.replaced-")]
   assert len(aside) == 1 and (aside[0] / RECORDS).read_text() == before
 
 
 def test_category_filter_and_bench_override(suite, tmp_path):
   path, _ = suite
-  summary = _run(path, tmp_path / "r", "--categories", "qa", "translation")
+  summary = run_eval(path, tmp_path / "r", "--categories", "qa", "translation")
   assert summary["groups"] == ["translation", "qa"]
   with pytest.raises(ConfigError, match=r"unknown categories \['poetry'\]"):
-    _run(path, tmp_path / "r2", "--categories", "poetry")
+    run_eval(path, tmp_path / "r2", "--categories", "poetry")
   with pytest.raises(ConfigError, match="Spec-Bench file not found: .*nope.jsonl"):
-    _run(path, tmp_path / "r3", "--spec-bench", str(tmp_path / "nope.jsonl"))
+    run_eval(path, tmp_path / "r3", "--spec-bench", str(tmp_path / "nope.jsonl"))
   bad = tmp_path / "bad.jsonl"
   bad.write_text(json.dumps(QUESTIONS[0]) + "\n{\"question_id\": 9}\n")
   with pytest.raises(ConfigError, match="bad.jsonl:2: not a Spec-Bench row"):
-    _run(path, tmp_path / "r4", "--spec-bench", str(bad))
+    run_eval(path, tmp_path / "r4", "--spec-bench", str(bad))
   assert not (tmp_path / "r4").exists()  # nothing written for a bad dataset
 
 
 def test_methods_filter_keeps_the_baseline(suite, tmp_path):
   path, _ = suite
-  summary = _run(path, tmp_path / "m", "--methods", "tree")
+  summary = run_eval(path, tmp_path / "m", "--methods", "tree")
   assert [m["name"] for m in summary["methods"]] == ["ar", "tree"]  # AR kept as the baseline
   rows = [json.loads(x) for x in (tmp_path / "m" / "questions.jsonl").read_text().splitlines()]
   assert {r["method"] for r in rows} == {"ar", "tree"}
   with pytest.raises(ConfigError, match=r"--methods: \['chian'\] not in suite 'tiny', whose "
                                         r"methods are \['ar', 'chain_g2', 'tree'\]"):
-    _run(path, tmp_path / "m2", "--methods", "chian")
+    run_eval(path, tmp_path / "m2", "--methods", "chian")
   with pytest.raises(ConfigError, match="results of a different configuration"):
-    _run(path, tmp_path / "m", "--methods", "chain_g2")  # a subset is its own configuration
+    run_eval(path, tmp_path / "m", "--methods", "chain_g2")  # a subset is its own configuration
 
 
 def test_chat_template_variables_reach_the_prompts(suite, tmp_path, tiny_thinking_dir):
@@ -112,7 +112,7 @@ def test_chat_template_variables_reach_the_prompts(suite, tmp_path, tiny_thinkin
     p = tmp_path / f"{out}.yaml"
     p.write_text(yaml.safe_dump({**cfg, "target": str(tiny_thinking_dir), **extra,
                                  "draft": None, "methods": [{"name": "ar", "method": "ar"}]}))
-    _run(p, tmp_path / out)
+    run_eval(p, tmp_path / out)
     rows = [json.loads(x) for x in (tmp_path / out / "questions.jsonl").read_text().splitlines()]
     return [r["prompt_tokens"] for r in rows]
 
@@ -133,7 +133,7 @@ def test_prompt_longer_than_max_len_fails_before_running(suite, tmp_path):
   with pytest.raises(ConfigError, match=r"\d+ of 4 prompts cannot run: spec_bench/\d+ \(.*"
                                         r"bench.jsonl\): \d+ tokens \+ \d+ slots for new tokens "
                                         r"exceed max_len=24"):
-    _run(p, tmp_path / "o")
+    run_eval(p, tmp_path / "o")
   assert not (tmp_path / "o" / RECORDS).exists()
 
 
@@ -176,7 +176,7 @@ def test_cli_exit_code_and_message_for_bad_config(tmp_path):
 
 def test_compare_torch_runs_transformers_on_the_same_prompts(suite, tmp_path):
   path, _ = suite
-  summary = _run(path, tmp_path / "t", "--compare-torch", "--categories", "qa")
+  summary = run_eval(path, tmp_path / "t", "--compare-torch", "--categories", "qa")
   by = {m["name"]: m for m in summary["methods"]}
   assert summary["torch"]["transformers"]
   # transformers' greedy and assisted outputs agree with vocabjax's greedy output
@@ -190,7 +190,7 @@ def test_sampled_suite_runs_every_seed(suite, tmp_path):
   p = tmp_path / "sampled.yaml"
   p.write_text(yaml.safe_dump({**cfg, "temperature": 0.7, "top_p": 0.9, "seeds": [0, 1],
                                "methods": cfg["methods"][:2]}))
-  summary = _run(p, tmp_path / "s", "--categories", "qa")
+  summary = run_eval(p, tmp_path / "s", "--categories", "qa")
   records = [json.loads(line) for line in (tmp_path / "s" / RECORDS).read_text().splitlines()]
   assert sorted((r["method"], r["seed"]) for r in records) == [
       ("ar", 0), ("ar", 1), ("chain_g2", 0), ("chain_g2", 1)]
@@ -212,34 +212,34 @@ def test_changed_inputs_are_not_resumed(suite, tmp_path, tiny_chat_dir, monkeypa
   cfg = {**cfg, "draft": str(draft)}
   path.write_text(yaml.safe_dump(cfg))
   out = tmp_path / "res"
-  _run(path, out)
+  run_eval(path, out)
   before = (out / RECORDS).read_text()
-  _run(path, out)  # same inputs: resumed, nothing redone
+  run_eval(path, out)  # same inputs: resumed, nothing redone
   assert (out / RECORDS).read_text() == before
 
   weights = next(p for p in draft.iterdir() if p.suffix == ".safetensors")
   weights.write_bytes(weights.read_bytes()[:-8] + b"\0" * 8)  # same path, other content
   with pytest.raises(ResultDirError, match="other inputs: draft changed content"):
-    _run(path, out)
+    run_eval(path, out)
   assert (out / RECORDS).read_text() == before
   shutil.rmtree(draft)
   shutil.copytree(tiny_chat_dir, draft)  # the original drafter again: resumable again
-  _run(path, out)
+  run_eval(path, out)
 
   bench = tmp_path / "bench.jsonl"
   edited = [dict(q) for q in QUESTIONS]
   edited[1]["turns"] = ["def sub(a, b):"]
   bench.write_text("".join(json.dumps(q) + "\n" for q in edited))
   with pytest.raises(ResultDirError, match="questions' text changed"):
-    _run(path, out)
+    run_eval(path, out)
   bench.write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
 
   monkeypatch.setattr(provenance, "machine_id", lambda: {"host": "elsewhere", "cpu": "x",
                                                          "cpus": 64})
   with pytest.raises(ResultDirError, match="another machine"):
-    _run(path, out)
+    run_eval(path, out)
   assert (out / RECORDS).read_text() == before
-  _run(path, out, "--overwrite")  # a fresh directory; the old one moved aside intact
+  run_eval(path, out, "--overwrite")  # a fresh directory; the old one moved aside intact
   aside = [p for p in tmp_path.iterdir() if p.name.startswith("res.replaced-")]
   assert len(aside) == 1 and (aside[0] / RECORDS).read_text() == before
   run = json.loads((out / "run.json").read_text())
@@ -260,14 +260,14 @@ def test_a_prompt_too_long_for_the_model_fails_up_front_or_is_skipped(suite, tmp
   out = tmp_path / "res"
   with pytest.raises(ConfigError, match=r"1 of 5 prompts cannot run: spec_bench/9 \(.*bench"
                                         r"\.jsonl\): \d+ tokens .* exceed the target's context"):
-    _run(path, out)
+    run_eval(path, out)
   assert not (out / "run.json").exists()  # the directory is not claimed
-  summary = _run(path, out, "--skip-bad-prompts")
+  summary = run_eval(path, out, "--skip-bad-prompts")
   assert [q["qid"] for q in summary["skipped"]] == ["spec_bench/9"]
   assert "skipped (--skip-bad-prompts)" in (out / "summary.md").read_text()
   records = (out / RECORDS).read_text()
   assert len(records.splitlines()) == 4 * 3 and "spec_bench/9" not in records
-  _run(path, out, "--skip-bad-prompts")  # resumes: nothing redone
+  run_eval(path, out, "--skip-bad-prompts")  # resumes: nothing redone
   assert (out / RECORDS).read_text() == records
 
 
@@ -284,9 +284,9 @@ def test_bad_method_parameters_fail_before_claiming_the_directory(suite, tmp_pat
   bad.write_text(yaml.safe_dump({**cfg, "methods": [{"name": "ar", "method": "ar"}, method]}))
   out = tmp_path / "res"
   with pytest.raises(ConfigError, match=message):
-    _run(bad, out)
+    run_eval(bad, out)
   assert not out.exists()
-  _run(path, out)  # the corrected suite may use the directory
+  run_eval(path, out)  # the corrected suite may use the directory
   assert (out / RECORDS).exists()
 
 
@@ -304,7 +304,7 @@ def test_a_decoder_that_cannot_be_built_is_a_config_error_before_claiming(suite,
   out = tmp_path / "res"
   with pytest.raises(ConfigError, match=r"method 'chain_g2' \(chain\) cannot be built .*"
                                         r"vocabulary"):
-    _run(bad, out)
+    run_eval(bad, out)
   assert not out.exists()
 
 
@@ -324,7 +324,7 @@ def test_chat_without_a_chat_template_is_a_config_error(suite, tmp_path, tiny_ch
   bad.write_text(yaml.safe_dump({**cfg, "target": str(model), "draft": str(model)}))
   with pytest.raises(ConfigError, match="chat: true, but the target's tokenizer .* has no chat "
                                         "template; set chat: false"):
-    _run(bad, tmp_path / "res")
+    run_eval(bad, tmp_path / "res")
   assert not (tmp_path / "res").exists()
 
 
@@ -357,9 +357,9 @@ def test_the_report_sets_a_run_beside_the_recorded_reference(suite, tmp_path, mo
   path, _ = suite
   refs = tmp_path / "recorded"
   monkeypatch.setattr(report, "REFERENCE_ROOT", refs)
-  first = _run(path, refs / "tiny")  # recording the reference itself: nothing to compare
+  first = run_eval(path, refs / "tiny")  # recording the reference itself: nothing to compare
   assert "reference" not in first
-  mine = _run(path, tmp_path / "mine")  # default: the recorded run of the same suite
+  mine = run_eval(path, tmp_path / "mine")  # default: the recorded run of the same suite
   ref = mine["reference"]
   assert ref["same_config"] and ref["commit"] == first["environment"]["commit"]
   assert set(ref["methods"]) == {"ar", "chain_g2", "tree"}
@@ -371,15 +371,16 @@ def test_the_report_sets_a_run_beside_the_recorded_reference(suite, tmp_path, mo
   assert "beside the recorded reference run" in md and "| chain_g2 |" in md.split("beside")[1]
   validate_summary(json.loads((tmp_path / "mine" / "summary.json").read_text()))
 
-  other = _run(path, tmp_path / "other", "--max-new-tokens", "5", "--reference",
+  other = run_eval(path, tmp_path / "other", "--max-new-tokens", "5", "--reference",
                str(refs / "tiny" / "summary.json"))
   assert other["reference"]["same_config"] is False
   assert "another configuration" in (tmp_path / "other" / "summary.md").read_text()
   # "none": no comparison (the same records reported again: --report-only generates nothing)
-  assert "reference" not in _run(path, tmp_path / "mine", "--report-only", "--reference", "none")
+  assert "reference" not in run_eval(path, tmp_path / "mine", "--report-only", "--reference",
+                                     "none")
   assert "beside the recorded reference run" not in (tmp_path / "mine" / "summary.md").read_text()
   with pytest.raises(FileNotFoundError, match="nowhere"):  # a typo fails before any work
-    _run(path, tmp_path / "typo", "--reference", str(tmp_path / "nowhere"))
+    run_eval(path, tmp_path / "typo", "--reference", str(tmp_path / "nowhere"))
   assert not (tmp_path / "typo").exists()
 
 
@@ -417,7 +418,7 @@ def test_ctrl_c_during_a_question_finishes_and_records_it_then_stops(suite, tmp_
   assert len(records) == 1 and records[0]["method"] == "ar"  # finished, then stopped
   assert signal.getsignal(signal.SIGINT) is before  # handler restored
   monkeypatch.setattr(Decoder, "generate", real)
-  _run(path, out)  # resumes the rest
+  run_eval(path, out)  # resumes the rest
   assert len((out / RECORDS).read_text().splitlines()) == 12
 
 

@@ -9,14 +9,14 @@ from vocabjax.eval import ConfigError
 from vocabjax.eval.report import validate_summary
 from vocabjax.eval.runner import RECORDS
 
-from tests.helpers.eval import _run
+from tests.helpers.eval import run_eval
 
 
 def test_report_only_matches_the_run_and_reports_a_cut_run_on_finished_questions(
     suite, tmp_path, capsys, monkeypatch):  # noqa: F811
   path, _ = suite
   out = tmp_path / "res"
-  full = _run(path, out)
+  full = run_eval(path, out)
   import vocabjax.eval.runner as runner
 
   def no_models(*a, **k):
@@ -28,7 +28,7 @@ def test_report_only_matches_the_run_and_reports_a_cut_run_on_finished_questions
   run["inputs"]["machine"] = {"host": "elsewhere", "cpu": "Fake CPU [avx2]", "cpus": 7}
   (out / "run.json").write_text(json.dumps(run))
   # a complete run: the same tables as the run wrote, and no model is loaded
-  again = _run(path, out, "--report-only")
+  again = run_eval(path, out, "--report-only")
   assert again.get("partial") is None
   for a, b in zip(full["methods"], again["methods"]):
     assert a["name"] == b["name"]
@@ -47,7 +47,7 @@ def test_report_only_matches_the_run_and_reports_a_cut_run_on_finished_questions
   for f in out.glob("summary.*"):
     f.unlink()
   capsys.readouterr()
-  cut = _run(path, out, "--report-only")
+  cut = run_eval(path, out, "--report-only")
   validate_summary(json.loads((out / "summary.json").read_text()))
   assert cut["partial"]["questions"] == 3 and cut["partial"]["of"] == 4
   assert cut["partial"]["records_left_out"] == 2  # ar and chain_g2 of that question
@@ -65,9 +65,9 @@ def test_report_only_matches_the_run_and_reports_a_cut_run_on_finished_questions
 def test_report_only_refuses_what_it_cannot_report(suite, tmp_path):  # noqa: F811
   path, _ = suite
   with pytest.raises(ConfigError, match="no run.json"):
-    _run(path, tmp_path / "empty", "--report-only")
+    run_eval(path, tmp_path / "empty", "--report-only")
   with pytest.raises(ConfigError, match="cannot be combined with --reuse"):
-    _run(path, tmp_path / "x", "--report-only", "--reuse", str(tmp_path))
+    run_eval(path, tmp_path / "x", "--report-only", "--reuse", str(tmp_path))
   out = tmp_path / "started"
   out.mkdir()
   from vocabjax.eval import load_config
@@ -75,14 +75,14 @@ def test_report_only_refuses_what_it_cannot_report(suite, tmp_path):  # noqa: F8
   (out / "run.json").write_text(json.dumps({"fingerprint": cfg.fingerprint(),
                                             "config": cfg.as_dict(), "inputs": None}))
   with pytest.raises(ConfigError, match="holds no records yet"):
-    _run(path, out, "--report-only")
+    run_eval(path, out, "--report-only")
   rec = {"framework": "vocabjax", "method": "ar", "qid": "q", "seed": 0}
   (out / RECORDS).write_text(json.dumps(rec) + "\n")
   with pytest.raises(ConfigError, match="no question .* was finished by every method"):
-    _run(path, out, "--report-only")
+    run_eval(path, out, "--report-only")
   (out / "run.json").write_text(json.dumps({"fingerprint": "other", "config": {}}))
   with pytest.raises(ConfigError, match="different configuration"):
-    _run(path, out, "--report-only")
+    run_eval(path, out, "--report-only")
 
 
 def test_report_only_never_rewrites_the_records_file(tmp_path):
@@ -105,7 +105,7 @@ def test_report_only_names_a_record_that_lacks_keys(suite, tmp_path):  # noqa: F
   KeyError traceback."""
   path, _ = suite
   out = tmp_path / "res"
-  _run(path, out)
+  run_eval(path, out)
   lines = (out / RECORDS).read_text().splitlines()
   rec = json.loads(lines[2])
   del rec["wall_s"], rec["output_ids"]
@@ -115,7 +115,7 @@ def test_report_only_names_a_record_that_lacks_keys(suite, tmp_path):  # noqa: F
 
   with pytest.raises(ResultDirError, match=r"questions.jsonl:3 is not a whole record: it lacks "
                      r"\['output_ids', 'wall_s'\]"):
-    _run(path, out, "--report-only")
+    run_eval(path, out, "--report-only")
 
 
 def test_duplicate_question_ids_are_named(tmp_path):

@@ -12,7 +12,7 @@ from vocabjax.eval.reuse import reusable
 from vocabjax.eval.runner import RECORDS
 from vocabjax.prompts import load_prompts
 
-from tests.helpers.eval import QUESTIONS, _run
+from tests.helpers.eval import QUESTIONS, run_eval
 
 
 def _records(out):
@@ -30,7 +30,7 @@ def test_a_larger_suite_takes_a_smaller_ones_records(suite, tmp_path, capsys):  
   small_path = tmp_path / "small.yaml"
   small_path.write_text(yaml.safe_dump(small_cfg))
   small = tmp_path / "small"
-  _run(small_path, small)
+  run_eval(small_path, small)
   source = {(r["method"], r["qid"]): r for r in _records(small)}
   assert len(source) == 3 * 3  # one question per group (multi-turn, translation, qa)
 
@@ -42,7 +42,7 @@ def test_a_larger_suite_takes_a_smaller_ones_records(suite, tmp_path, capsys):  
   big_path.write_text(yaml.safe_dump(big_cfg))
   big = tmp_path / "big"
   capsys.readouterr()
-  summary = _run(big_path, big, "--reuse", str(small))
+  summary = run_eval(big_path, big, "--reuse", str(small))
   err = capsys.readouterr().err
   assert "not reused: tree: other method or parameters" in err
   assert "6 records taken" in err
@@ -67,7 +67,7 @@ def test_a_larger_suite_takes_a_smaller_ones_records(suite, tmp_path, capsys):  
   assert by["tree"]["match_rate"] == 1.0 and by["chain_g1"]["match_rate"] == 1.0
 
   before = (big / RECORDS).read_text()
-  _run(big_path, big, "--reuse", str(small))  # a rerun: resumed, nothing taken twice
+  run_eval(big_path, big, "--reuse", str(small))  # a rerun: resumed, nothing taken twice
   assert (big / RECORDS).read_text() == before
 
 
@@ -214,10 +214,10 @@ def test_the_cli_refuses_a_bad_source_before_claiming_the_output(suite, tmp_path
   path, _ = suite
   out = tmp_path / "res"
   with pytest.raises(ConfigError, match="no run.json there"):
-    _run(path, out, "--reuse", str(tmp_path / "nowhere"))
+    run_eval(path, out, "--reuse", str(tmp_path / "nowhere"))
   assert not out.exists()
   with pytest.raises(ConfigError, match="this run's own --out"):
-    _run(path, out, "--reuse", str(out))
+    run_eval(path, out, "--reuse", str(out))
 
 
 def test_a_flipped_bit_with_size_and_mtime_restored_changes_the_content_id(tmp_path,

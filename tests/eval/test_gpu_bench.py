@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.compile import subprocess_xla_flags
-from tests.helpers.experiments import _tiny_configs
+from tests.helpers.experiments import tiny_configs
 
 ROOT = Path(__file__).parents[2]
 
@@ -20,7 +20,7 @@ ROOT = Path(__file__).parents[2]
 @pytest.mark.integration
 @pytest.mark.slow
 def test_prepared_gpu_run_dry_on_cpu(tmp_path):
-  t, d = _tiny_configs(tmp_path)
+  t, d = tiny_configs(tmp_path)
   table_before = (ROOT / "vocabjax/kernels/dispatch_table.json").read_bytes()
   w = tmp_path / "w"
   env = {**os.environ, "DRY": "1", "W": str(w), "DRY_TARGET": str(t), "DRY_DRAFT": str(d),
@@ -116,7 +116,7 @@ def test_exactness_run_cut_at_its_limit_keeps_why_tests_failed(tmp_path, monkeyp
   with their tracebacks and counts, not only their names (a cut run lost them). The
   cut comes when the third test has started (it says so in a file), not at a time: a loaded
   machine may take any time to start pytest; the limit (300 s) is only a backstop."""
-  from tests.helpers.experiments import _script
+  from tests.helpers.experiments import load_script
 
   started = tmp_path / "c_started"
   tests = tmp_path / "test_cut.py"
@@ -129,7 +129,7 @@ def test_exactness_run_cut_at_its_limit_keeps_why_tests_failed(tmp_path, monkeyp
   # as in a background job of a script (and an xdist worker): SIGINT ignored by the parent
   previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
   try:
-    rc = _script("gpu_exactness").main(
+    rc = load_script("gpu_exactness").main(
         ["--out", str(out), "--dtypes", "float32", "--limit-s", "300", "--files", str(tests),
          "-k", "greedy", "--pytest-args", "-p", "no:randomly"], cut_when=started.exists)
   finally:
@@ -148,9 +148,9 @@ def test_exactness_run_waits_for_a_run_that_ends_before_its_limit(tmp_path, monk
   tests.write_text("def test_greedy_a():\n  pass\n")
   out = tmp_path / "ex"
   monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-  from tests.helpers.experiments import _script
+  from tests.helpers.experiments import load_script
 
-  rc = _script("gpu_exactness").main(["--out", str(out), "--dtypes", "float32", "--limit-s",
+  rc = load_script("gpu_exactness").main(["--out", str(out), "--dtypes", "float32", "--limit-s",
                                       "300", "--files", str(tests), "-k", "greedy"],
                                      cut_when=lambda: False)
   run = json.loads((out / "exactness.json").read_text())["runs"][0]

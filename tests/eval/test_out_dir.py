@@ -13,7 +13,7 @@ import textwrap
 import pytest
 import yaml
 
-from tests.helpers.eval import _run
+from tests.helpers.eval import run_eval
 from vocabjax.eval import ConfigError, load_config
 from vocabjax.eval.runner import RECORDS, ResultDirError
 
@@ -36,14 +36,14 @@ def test_a_second_run_is_refused_while_the_first_lives_and_takes_over_after(suit
   try:
     assert holder.stdout.readline().strip() == "held"
     with pytest.raises(ResultDirError, match=rf"in use by another run: process {holder.pid} "):
-      _run(path, out)
+      run_eval(path, out)
     assert not (out / RECORDS).exists()  # refused before anything was written
   finally:
     holder.kill()  # as a crash: its lock goes with it
     holder.wait()
-  summary = _run(path, out)  # the successor takes the directory over
+  summary = run_eval(path, out)  # the successor takes the directory over
   assert summary["methods"][0]["overall"]["questions"] == 4
-  _run(path, out)  # and a rerun in the same process claims it again
+  run_eval(path, out)  # and a rerun in the same process claims it again
   records = (out / RECORDS).read_text().splitlines()
   assert len(records) == len(set(records))  # nothing written twice
 
@@ -55,7 +55,7 @@ def test_a_directory_of_the_users_files_is_never_written_into(suite, tmp_path):
   (out / "summary.md").write_text("my own notes")
   (out / "data.csv").write_text("1,2")
   with pytest.raises(ResultDirError, match=r"not empty and holds no vocabjax run .*data.csv"):
-    _run(path, out)
+    run_eval(path, out)
   assert (out / "summary.md").read_text() == "my own notes"
   assert sorted(p.name for p in out.iterdir()) == ["data.csv", "summary.md"]
 
@@ -63,14 +63,14 @@ def test_a_directory_of_the_users_files_is_never_written_into(suite, tmp_path):
 def test_symbolic_links_in_a_run_directory_are_refused(suite, tmp_path):
   path, _ = suite
   out = tmp_path / "res"
-  _run(path, out)
+  run_eval(path, out)
   outside = tmp_path / "outside.jsonl"
   outside.write_text((out / RECORDS).read_text())
   (out / RECORDS).unlink()
   (out / RECORDS).symlink_to(outside)
   before = outside.read_text()
   with pytest.raises(ResultDirError, match=r"symbolic link\(s\) \['questions.jsonl'\]"):
-    _run(path, out)
+    run_eval(path, out)
   assert outside.read_text() == before
 
 

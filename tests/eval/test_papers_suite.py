@@ -26,9 +26,9 @@ def _suite_dict(name):
   return yaml.safe_load((EVAL_CONFIG_DIR / f"{name}.yaml").read_text())
 
 
-# what the papers' comparison asks of every suite: plain decoding; the full-vocabulary head (chain, tree);
-# VocabTrim and FR-Spec 32K on it; EAGLE-3's 32K head; SpecVocab k = 512-2048 on it; the 0.5B
-# drafter full / VocabTrim / FR-Spec / SpecVocab
+# what the papers' comparison asks of every suite: plain decoding; the full-vocabulary head
+# (chain, tree); VocabTrim and FR-Spec 32K on it; EAGLE-3's 32K head; SpecVocab k = 512-2048
+# on it; the 0.5B drafter full / VocabTrim / FR-Spec / SpecVocab
 REQUIRED = ("ar", "full_chain", "full_tree", "full_vt32k", "full_fr32k", "full_sv512",
             "full_sv1024", "full_sv2048", "eagle3_32k", "lm_chain_g3", "lm_vt32k", "lm_fr32k",
             "lm_sv1024")

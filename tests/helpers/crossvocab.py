@@ -4,13 +4,13 @@ tokenizers (`crossvocab_pair`), prompts, and the merged-draft sampling check (`m
 import jax
 import jax.numpy as jnp
 import numpy as np
+
 from vocabjax.decoding.crossvocab import CrossVocabProposer
 from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.models import LlamaLikeConfig, init_params
 from vocabjax.testing.stats import chi2_pvalue, exact_support_probs
 from vocabjax.testing.tiny import tiny_tokenizer
 from vocabjax.vocab.translate import build_vocab_map
-
 
 DRAFT_CORPUS = [
     "The lazy dog sleeps while the quick fox runs.", "def mul(a, b):\n    return a * b\n",

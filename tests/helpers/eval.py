@@ -1,8 +1,7 @@
-"""The eval command line as the tests run it (`_run`: quiet, into an output folder) and the
+"""The eval command line as the tests run it (`run_eval`: quiet, into an output folder) and the
 questions of their Spec-Bench-format files (`QUESTIONS`)."""
 
 from vocabjax.eval.__main__ import main, parse_args
-
 
 QUESTIONS = [
     {"question_id": 1, "category": "writing", "turns": ["Write a haiku.", "Again."]},
@@ -12,5 +11,5 @@ QUESTIONS = [
 ]
 
 
-def _run(path, out, *extra):
+def run_eval(path, out, *extra):
   return main(parse_args(["--config", str(path), "--out", str(out), "--quiet", *extra]))

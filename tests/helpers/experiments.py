@@ -1,18 +1,20 @@
-"""The lab scripts as the tests load them (`_script`), and tiny configs for their dry runs."""
+"""The lab scripts as the tests load them (`load_script`), and tiny configs for their dry runs."""
 
+import importlib.util
 import json
 from pathlib import Path
-import importlib.util
+
+EXPERIMENTS = Path(__file__).parents[2] / "experiments"
 
 
-def _script(name):
+def load_script(name):
   spec = importlib.util.spec_from_file_location(name, EXPERIMENTS / f"{name}.py")
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
   return mod
 
 
-def _tiny_configs(tmp_path):
+def tiny_configs(tmp_path):
   base = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", vocab_size=256,
               hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
               num_key_value_heads=1, rms_norm_eps=1e-6, rope_theta=10000.0,
@@ -23,5 +25,3 @@ def _tiny_configs(tmp_path):
   d.write_text(json.dumps(dict(base, hidden_size=16, num_hidden_layers=1)))
   return t, d
 
-
-EXPERIMENTS = Path(__file__).parents[2] / "experiments"

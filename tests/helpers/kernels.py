@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 
 
-def _operands(M, D, F, dtype, seed=0):
+def matmul_operands(M, D, F, dtype, seed=0):
   rng = np.random.default_rng(seed)
   x = jnp.asarray(rng.standard_normal((M, D)), jnp.float32)
   w32 = rng.standard_normal((F, D)).astype(np.float32)

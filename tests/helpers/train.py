@@ -1,6 +1,7 @@
 """Training data the tests build: a tiny target's own completions as the trainers read them."""
 
 import json
+
 import numpy as np
 
 

@@ -5,15 +5,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from tests.helpers.models import prompt_samples
 from vocabjax import sharding
 from vocabjax.decoding import Decoder, SamplingParams
-from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.drafter import ChainProposer, TreeProposer
+from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.models import KVCache, init_params
 from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
-
-from tests.helpers.models import prompt_samples
 
 
 def _prompts(config, seed: int) -> list[list[int]]:
@@ -25,8 +24,10 @@ def _prompts(config, seed: int) -> list[list[int]]:
 def _decoder(kind: str, pair, config, mesh=None):
   target, draft = pair
   if kind == "chain":
-    return SpeculativeEngine(target, config, ChainProposer(draft, config, config, gamma=3), mesh=mesh)
-  return SpeculativeEngine(target, config, TreeProposer(draft, config, config, tree=TreeParams(2, 3, 6)), mesh=mesh)
+    return SpeculativeEngine(target, config, ChainProposer(draft, config, config, gamma=3),
+                             mesh=mesh)
+  return SpeculativeEngine(target, config,
+                           TreeProposer(draft, config, config, tree=TreeParams(2, 3, 6)), mesh=mesh)
 
 
 def speculative_past_the_window(pair, config, kind: str, *, seed: int, alone: bool) -> None:

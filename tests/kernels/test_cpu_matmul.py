@@ -10,7 +10,7 @@ from vocabjax.kernels import cpu_matmul
 from vocabjax.kernels.cpu_matmul import linear, linear_reference, uses_kernel
 from vocabjax.lowering import (Lowering, decoding_lowering, lowering_of, step_lowering,
                                with_lowering)
-from tests.helpers.kernels import _operands
+from tests.helpers.kernels import matmul_operands
 
 
 def test_kernel_builds_here():
@@ -23,7 +23,7 @@ def test_kernel_builds_here():
 @pytest.mark.parametrize("M,D,F", [(1, 64, 40), (1, 33, 9), (3, 100, 37), (4, 16, 8),
                                    (5, 17, 70), (9, 130, 129), (64, 48, 67), (2, 8, 1)])
 def test_matches_reference(M, D, F, dtype):
-  x, w, scale = _operands(M, D, F, dtype)
+  x, w, scale = matmul_operands(M, D, F, dtype)
   assert uses_kernel(x.shape, x.dtype, w.dtype)
   y = jax.jit(linear)(x, w, scale)
   ref = linear_reference(x, w, scale)
@@ -36,7 +36,7 @@ def test_a_rows_result_does_not_depend_on_the_block(dtype):
   # what makes greedy speculative output identical to one-token decoding bit for bit; the
   # blocks cover every register tile the kernel picks by M (1, 2..4, 5..6, 7..9, 10+) and
   # F spans several thread chunks, so the prefetch of the next rows runs too
-  x, w, scale = _operands(20, 200, 300, dtype, seed=1)
+  x, w, scale = matmul_operands(20, 200, 300, dtype, seed=1)
   f = jax.jit(linear)
   full = np.asarray(f(x, w, scale))
   for lo, hi in [(0, 1), (3, 4), (2, 5), (2, 7), (1, 7), (0, 8), (4, 13), (5, 13), (12, 13),
@@ -45,7 +45,7 @@ def test_a_rows_result_does_not_depend_on_the_block(dtype):
 
 
 def test_leading_dims_and_bf16_activations():
-  x, w, _ = _operands(6, 40, 24, "bfloat16", seed=2)
+  x, w, _ = matmul_operands(6, 40, 24, "bfloat16", seed=2)
   x3 = x.reshape(2, 3, 40)
   y = jax.jit(linear)(x3, w)
   assert y.shape == (2, 3, 24)
@@ -57,7 +57,7 @@ def test_leading_dims_and_bf16_activations():
 
 
 def test_large_blocks_and_the_switch_take_xlas_dot():
-  x, w, _ = _operands(cpu_matmul.MAX_ROWS + 1, 16, 8, "float32")
+  x, w, _ = matmul_operands(cpu_matmul.MAX_ROWS + 1, 16, 8, "float32")
   assert not uses_kernel(x.shape, x.dtype, w.dtype)
   np.testing.assert_allclose(np.asarray(linear(x, w)), np.asarray(linear_reference(x, w)),
                              rtol=1e-5, atol=1e-5)
@@ -71,7 +71,7 @@ def test_large_blocks_and_the_switch_take_xlas_dot():
 def test_a_programs_lowering_is_part_of_its_key():
   """The same jitted function over params tagged with two lowerings compiles twice (the
   lowering is in the params' treedef), and a program compiled for one refuses the other."""
-  x, w, _ = _operands(2, 16, 8, "float32")
+  x, w, _ = matmul_operands(2, 16, 8, "float32")
   f = jax.jit(lambda p, a: linear(a, p["w"], lowering=lowering_of(p)))
   on, off = {"w": w}, with_lowering({"w": w}, Lowering(cpu_kernel=False))
   assert "custom_call" in f.lower(on, x).as_text()
@@ -83,7 +83,7 @@ def test_a_programs_lowering_is_part_of_its_key():
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_gradients_match_the_reference(dtype):
-  x, w, _ = _operands(3, 24, 10, dtype, seed=3)
+  x, w, _ = matmul_operands(3, 24, 10, dtype, seed=3)
   loss = lambda f: lambda a, b: jnp.sum(jnp.sin(f(a, b)))  # noqa: E731
   gx, gw = jax.grad(loss(linear), argnums=(0, 1))(x, w)
   rx, rw = jax.grad(loss(linear_reference), argnums=(0, 1))(x, w)
@@ -94,7 +94,7 @@ def test_gradients_match_the_reference(dtype):
 
 
 def test_width_mismatch_is_refused():
-  x, w, _ = _operands(2, 16, 8, "float32")
+  x, w, _ = matmul_operands(2, 16, 8, "float32")
   with pytest.raises(ValueError, match=r"x's width 15 differs from w\(8, 16\)"):
     linear(x[:, :15], w)
 
@@ -108,7 +108,7 @@ def _bf16(a):
 def test_bf16_gemm_matches_the_rounded_product(M, D, F, dtype):
   """Under `Lowering.bf16_blocks` a block of >= GEMM_MIN_ROWS rows is x rounded to bf16 times
   W rounded to bf16 (exact for bf16 and int8 weights), accumulated in f32; ragged M, D, F."""
-  x, w, scale = _operands(M, D, F, dtype, seed=5)
+  x, w, scale = matmul_operands(M, D, F, dtype, seed=5)
   lw = Lowering(bf16_blocks=True)
   on = cpu_matmul.uses_gemm(x.shape, x.dtype, w.dtype, lw)
   y = np.asarray(jax.jit(lambda a, b, s: linear(a, b, s, lowering=lw))(x, w, scale))
@@ -124,7 +124,7 @@ def test_bf16_gemm_matches_the_rounded_product(M, D, F, dtype):
 
 
 def test_bf16_blocks_only_under_the_switch_and_for_long_blocks():
-  x, w, _ = _operands(cpu_matmul.GEMM_MIN_ROWS, 32, 16, "float32")
+  x, w, _ = matmul_operands(cpu_matmul.GEMM_MIN_ROWS, 32, 16, "float32")
 
   def lower(a, lw=Lowering()):
     return jax.jit(lambda a, b: linear(a, b, lowering=lw)).lower(a, w).as_text()
@@ -142,7 +142,7 @@ def test_decode_steps_take_the_kernel_for_any_block(dtype):
   # decoding step's lowering) it still takes the kernel, so each row equals its one-row result
   # bit for bit
   M = cpu_matmul.MAX_ROWS + 9
-  x, w, scale = _operands(M, 40, 24, dtype, seed=4)
+  x, w, scale = matmul_operands(M, 40, 24, dtype, seed=4)
 
   def lower(a, lw=Lowering()):
     return jax.jit(lambda a, b, s: linear(a, b, s, lowering=lw)).lower(a, w, scale)
@@ -163,7 +163,7 @@ def test_bf16_dots_round_products_and_their_gradients(M):
   """With `Lowering.bf16_dots`, `linear` (any M: the kernel's range and beyond) is the product of
   bf16-rounded operands in f32, its gradients the products of the bf16-rounded cotangent with
   the rounded operands, returned in the f32 operands' dtype; outside, exact f32 as before."""
-  x, w, _ = _operands(M, 96, 40, "float32", seed=3)
+  x, w, _ = matmul_operands(M, 96, 40, "float32", seed=3)
   g = jnp.asarray(np.random.default_rng(4).standard_normal((M, 40)), jnp.float32)
 
   def vjp(x, w, lw=Lowering(bf16_dots=True)):
@@ -195,9 +195,9 @@ def test_an_avx2_target_builds_its_own_library_without_the_bf16_gemm(tmp_path):
 
   code = (
       "import jax, numpy as np\n"
-      "from tests.helpers.kernels import _operands\n"
+      "from tests.helpers.kernels import matmul_operands\n"
       "from vocabjax.kernels import cpu_matmul\n"
-      "x, w, s = _operands(3, 100, 37, 'int8')\n"
+      "x, w, s = matmul_operands(3, 100, 37, 'int8')\n"
       "y = jax.jit(cpu_matmul.linear)(x, w, s)\n"
       "ref = cpu_matmul.linear_reference(x, w, s)\n"
       "np.testing.assert_allclose(np.asarray(y), np.asarray(ref), rtol=2e-5, atol=2e-4)\n"

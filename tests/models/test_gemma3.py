@@ -257,8 +257,10 @@ def test_eagle_drafting_for_a_gemma_target_keeps_greedy_output(gemma_pair):
   head["lm_head"] = target["lm_head"] + 0.1 * head["lm_head"]
   prompts = [[5, 9, 1, 33, 2, 17, 40, 8, 3], [7]]
   ar = Decoder(target, GEMMA).generate(prompts, max_new_tokens=20)
-  res = SpeculativeEngine(target, GEMMA, EagleProposer(target, GEMMA, head, hc, tree=TreeParams(2, 3, 6))).generate(
-      prompts, max_new_tokens=20)
+  res = SpeculativeEngine(target, GEMMA,
+                          EagleProposer(target, GEMMA, head, hc,
+                                        tree=TreeParams(2, 3,
+                                                        6))).generate(prompts, max_new_tokens=20)
   assert res.tokens == ar.tokens
 
 

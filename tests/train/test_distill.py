@@ -119,7 +119,10 @@ def test_distillation_lowers_loss_and_exports(pair, tmp_path, lora_rank):
   # the distilled drafter decodes losslessly with the target
   ids = [target.tokenizer("quick fox", add_special_tokens=False)["input_ids"]]
   ref = Decoder(target.params, target.config).generate(ids, max_new_tokens=16)
-  dec = SpeculativeEngine(target.params, target.config, CrossVocabProposer(params, draft.config, target.config, target_tokenizer=target.tokenizer, draft_tokenizer=draft.tokenizer))
+  dec = SpeculativeEngine(
+      target.params, target.config,
+      CrossVocabProposer(params, draft.config, target.config, target_tokenizer=target.tokenizer,
+                         draft_tokenizer=draft.tokenizer))
   assert dec.generate(ids, max_new_tokens=16).tokens == ref.tokens
   # another base drafter is refused
   other = init_params(jax.random.key(7), draft.config, scale=0.3)

@@ -346,13 +346,15 @@ def test_training_lowers_the_loss_exports_and_decodes(target_dir, data_file, tmp
   prompts = [list(map(int, toks[:first + 1])) for _, toks, first in data.seqs[:6]]
   ar = Decoder(t.params, t.config).generate(prompts, max_new_tokens=16)
   tree = TreeParams(2, 3, 6)
-  res = SpeculativeEngine(t.params, t.config, EagleProposer(t.params, t.config, head, hc, tree=tree)).generate(prompts,
-                                                                      max_new_tokens=16)
+  res = SpeculativeEngine(t.params, t.config,
+                          EagleProposer(t.params, t.config, head, hc,
+                                        tree=tree)).generate(prompts, max_new_tokens=16)
   assert res.tokens == ar.tokens
   untrained = {**init_eagle(jax.random.key(0), hc), "lm_head": head["lm_head"],
                "d2t": head["d2t"]}
-  res0 = SpeculativeEngine(t.params, t.config, EagleProposer(t.params, t.config, untrained, hc, tree=tree)).generate(
-      prompts, max_new_tokens=16)
+  res0 = SpeculativeEngine(t.params, t.config,
+                           EagleProposer(t.params, t.config, untrained, hc,
+                                         tree=tree)).generate(prompts, max_new_tokens=16)
   assert res0.tokens == ar.tokens
   assert res.stats.tau > res0.stats.tau + 0.3
 
@@ -862,8 +864,11 @@ def test_a_ranker_for_a_full_vocabulary_head(target_dir, data_file, tmp_path):
   ar = Decoder(t.params, t.config).generate(prompts, max_new_tokens=12)
   ranker = Ranker.load(tmp_path / "r" / "ranker.safetensors")
   for tree in (TreeParams(1, 3, 3), TreeParams(2, 2, 4)):
-    res = SpeculativeEngine(t.params, t.config, EagleProposer(t.params, t.config, hp, hc, tree=tree, lm_head="target", draft_vocab=SpeculativeVocab(ranker, k=16))).generate(prompts,
-                                                                            max_new_tokens=12)
+    res = SpeculativeEngine(
+        t.params, t.config,
+        EagleProposer(t.params, t.config, hp, hc, tree=tree, lm_head="target",
+                      draft_vocab=SpeculativeVocab(ranker,
+                                                   k=16))).generate(prompts, max_new_tokens=12)
     assert res.tokens == ar.tokens
 
   from vocabjax.checkpoints.eagle3 import save_eagle3

@@ -67,8 +67,9 @@ def test_training_lowers_the_loss_exports_and_decodes(target_dir, data_file, tmp
   prompts = [list(map(int, toks[:first + 1])) for _, toks, first in data.seqs[:6]]
   ar = Decoder(t.params, t.config).generate(prompts, max_new_tokens=16)
   choices = [[0], [1], [0, 0], [0, 1], [0, 0, 0]]
-  res = SpeculativeEngine(t.params, t.config, MedusaProposer(t.params, t.config, heads, mc, choices=choices)).generate(
-      prompts, max_new_tokens=16)
+  res = SpeculativeEngine(t.params, t.config,
+                          MedusaProposer(t.params, t.config, heads, mc,
+                                         choices=choices)).generate(prompts, max_new_tokens=16)
   assert res.tokens == ar.tokens
   # the trained heads draft the target's text: more than one token per step on average
   assert res.stats.tau > 1.3

@@ -98,7 +98,10 @@ def test_training_lowers_the_loss_and_the_ranker_drafts_losslessly(pair_dirs, da
     r.check_drafter(target.params, target.config)
   prompts = [[5, 9, 30], [7]]
   ar = Decoder(target.params, target.config).generate(prompts, max_new_tokens=16)
-  spec = SpeculativeEngine(target.params, target.config, ChainProposer(draft.params, draft.config, target.config, gamma=3, draft_vocab=SpeculativeVocab(r, k=16)))
+  spec = SpeculativeEngine(
+      target.params, target.config,
+      ChainProposer(draft.params, draft.config, target.config, gamma=3,
+                    draft_vocab=SpeculativeVocab(r, k=16)))
   assert spec.generate(prompts, max_new_tokens=16).tokens == ar.tokens
 
 
@@ -130,7 +133,10 @@ def test_tied_ranker_on_the_drafters_own_tokens(pair_dirs, data_file, tmp_path):
   np.testing.assert_allclose(U @ P, r.vocab, atol=1e-4)
   prompts = [[5, 9, 30], [7]]
   ar = Decoder(target.params, target.config).generate(prompts, max_new_tokens=16)
-  spec = SpeculativeEngine(target.params, target.config, ChainProposer(draft.params, draft.config, target.config, gamma=3, draft_vocab=SpeculativeVocab(r, k=16)))
+  spec = SpeculativeEngine(
+      target.params, target.config,
+      ChainProposer(draft.params, draft.config, target.config, gamma=3,
+                    draft_vocab=SpeculativeVocab(r, k=16)))
   assert spec.generate(prompts, max_new_tokens=16).tokens == ar.tokens
   # the label/vocab options change the job's fingerprint; the defaults keep old ones
   assert job.train_fingerprint() != _job(pair_dirs, data_file, tmp_path / "t", target=None,

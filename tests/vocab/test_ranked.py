@@ -18,7 +18,7 @@ from vocabjax.vocab.ranked import (Ranker, RankerError, SpeculativeVocab,
                                    ranker_scores, svd_ranker)
 
 from tests.helpers.models import CFG, SMALL, check_vocab_sampling_lossless
-from tests.helpers.vocab import _decoders
+from tests.helpers.vocab import trimmed_and_full
 
 
 def _random_ranker(params, config, rank, seed=0):
@@ -63,7 +63,8 @@ def test_greedy_identical_with_a_ranked_vocabulary(pair, kind):
   prompts = [rs.randint(0, 64, n).tolist() for n in (1, 9, 4)]
   ar = Decoder(target, CFG).generate(prompts, max_new_tokens=24)
   # a ranker that knows nothing: candidates often exclude the target's choice
-  dec, _ = _decoders(kind, target, draft, CFG, SpeculativeVocab(_random_ranker(draft, CFG, 4), 8))
+  dec, _ = trimmed_and_full(kind, target, draft, CFG,
+                            SpeculativeVocab(_random_ranker(draft, CFG, 4), 8))
   assert dec.generate(prompts, max_new_tokens=24).tokens == ar.tokens
 
 
@@ -77,8 +78,8 @@ def test_ranker_quality_sets_acceptance_not_output(kind):
   ar = Decoder(target, config).generate(prompts, max_new_tokens=20)
   exact = SpeculativeVocab(svd_ranker(target, config, config.hidden_size), k=3)
   rand = SpeculativeVocab(_random_ranker(target, config, 2, seed=3), k=3)
-  d_exact, full = _decoders(kind, target, target, config, exact)
-  d_rand, _ = _decoders(kind, target, target, config, rand)
+  d_exact, full = trimmed_and_full(kind, target, target, config, exact)
+  d_rand, _ = trimmed_and_full(kind, target, target, config, rand)
   r_full, r_exact, r_rand = (d.generate(prompts, max_new_tokens=20)
                              for d in (full, d_exact, d_rand))
   assert r_full.tokens == r_exact.tokens == r_rand.tokens == ar.tokens
@@ -108,7 +109,8 @@ def test_ranker_file_round_trip_and_checks(tmp_path, pair):
   with pytest.raises(RankerError, match="trained for another drafter"):
     back.check_drafter(target, CFG)  # same shapes, other weights
   with pytest.raises(RankerError, match="trained for another drafter"):
-    SpeculativeEngine(target, CFG, ChainProposer(target, CFG, CFG, draft_vocab=SpeculativeVocab(back, k=4)))
+    SpeculativeEngine(target, CFG,
+                      ChainProposer(target, CFG, CFG, draft_vocab=SpeculativeVocab(back, k=4)))
   other = CFG.__class__(**{**CFG.__dict__, "vocab_size": 80})
   with pytest.raises(RankerError, match="vocab_size=64, this drafter has vocab_size=80"):
     back.check_drafter(init_params(jax.random.key(0), other), other)
@@ -119,7 +121,10 @@ def test_ranker_file_round_trip_and_checks(tmp_path, pair):
   with pytest.raises(RankerError, match="its rank 40 exceeds its width 32"):
     Ranker(np.zeros((40, 32)), np.zeros((64, 40)), r.drafter)
   with pytest.raises(ValueError, match="top_k=9 exceeds.*K=8"):
-    SpeculativeEngine(target, CFG, TreeProposer(draft, CFG, CFG, tree=TreeParams(9, 2, 12), draft_vocab=SpeculativeVocab(back, k=8)))
+    SpeculativeEngine(
+        target, CFG,
+        TreeProposer(draft, CFG, CFG, tree=TreeParams(9, 2, 12),
+                     draft_vocab=SpeculativeVocab(back, k=8)))
   bad = tmp_path / "bad.safetensors"
   bad.write_bytes(path.read_bytes()[:200])
   with pytest.raises(RankerError, match="not a readable ranker file"):

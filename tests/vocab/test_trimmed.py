@@ -16,7 +16,7 @@ from vocabjax.vocab.policy import scatter_full, to_target
 from vocabjax.vocab.subset import attach_subset, static_policy, subset_rows
 
 from tests.helpers.models import CFG, SMALL, check_vocab_sampling_lossless
-from tests.helpers.vocab import _decoders
+from tests.helpers.vocab import trimmed_and_full
 
 
 @pytest.mark.parametrize("dtype", ["float32", "int8"])
@@ -63,7 +63,7 @@ def test_greedy_identical_with_a_trimmed_drafter(pair, kind, draft_dtype):
   rs = np.random.RandomState(0)
   prompts = [rs.randint(0, 64, n).tolist() for n in (1, 9, 4)]
   ar = Decoder(target, CFG).generate(prompts, max_new_tokens=24)
-  dec, _ = _decoders(kind, target, draft, CFG, _subset(64, np.arange(0, 64, 2)))
+  dec, _ = trimmed_and_full(kind, target, draft, CFG, _subset(64, np.arange(0, 64, 2)))
   assert dec.generate(prompts, max_new_tokens=24).tokens == ar.tokens
   emitted = np.concatenate([np.asarray(t) for t in ar.tokens])
   assert np.any(emitted % 2 == 1)  # tokens outside the subset really were emitted
@@ -77,7 +77,7 @@ def test_trimmed_drafter_cannot_propose_outside_tokens(kind):
   config, target, _ = successor_pair(vocab_size=12, skip=0)
   prompts = [[0], [3, 4], [7]]
   ar = Decoder(target, config).generate(prompts, max_new_tokens=20)
-  trimmed, full = _decoders(kind, target, target, config, _subset(12, range(0, 12, 2)))
+  trimmed, full = trimmed_and_full(kind, target, target, config, _subset(12, range(0, 12, 2)))
   r_full, r_trim = (d.generate(prompts, max_new_tokens=20) for d in (full, trimmed))
   assert r_full.tokens == r_trim.tokens == ar.tokens
   assert r_full.stats.tau == 4.0  # every step accepts its whole chain / tree depth (3)
@@ -113,5 +113,6 @@ def test_bad_subsets(pair):
   with pytest.raises(SubsetError, match="vocabulary of 65 tokens.*V=64"):
     SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, draft_vocab=_subset(65, [1, 2])))
   with pytest.raises(ValueError, match="top_k=4 exceeds.*K=3"):
-    SpeculativeEngine(target, CFG, TreeProposer(draft, CFG, CFG, tree=TreeParams(4, 2, 8), draft_vocab=_subset(64, [1, 2, 3])))
-
+    SpeculativeEngine(
+        target, CFG,
+        TreeProposer(draft, CFG, CFG, tree=TreeParams(4, 2, 8), draft_vocab=_subset(64, [1, 2, 3])))

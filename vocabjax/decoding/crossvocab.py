@@ -656,7 +656,7 @@ class CrossVocabProposer(HostPrograms, RowHandover, HostVerifier, Counted):
                         plans=plans, q_rows=out.q_rows if exact else None,
                         live=np.asarray(active, bool), draft_s=draft_s)
     if sampling.greedy or exact:
-      return tuple(HostDrafts(drafts, m)[:2]), m
+      return (drafts, m), m  # HostDrafts' tokens and n_valid alone: the law is not built
     source = np.zeros((B, M), np.int32)
     ngram_target = np.full((B, M), -1, np.int32)
     prefix_target = np.full((B, M), -1, np.int32)
@@ -671,8 +671,7 @@ class CrossVocabProposer(HostPrograms, RowHandover, HostVerifier, Counted):
           prefix_target[b, i] = (self.d2t[first_sub] if self.d2t[first_sub] >= 0
                                  else self.target_config.vocab_size)
         pos += subtokens[b][i]
-    return tuple(HostDrafts(drafts, m, out.q_rows, source, ngram_target, prefix_target,
-                            q_prime)), m
+    return HostDrafts(drafts, m, out.q_rows, source, ngram_target, prefix_target, q_prime), m
 
   def host_verify(self, probs: np.ndarray, active):
     """The exact rule: each row's planned positions verified level by level against the

@@ -58,8 +58,6 @@ GATE_KEY = "gate"  # a gated decoder's threshold (f32 scalar) inside the drafter
 
 
 @struct.dataclass
-
-
 class EagleState:
   """An EAGLE head's state (the engine keeps the target cache and `last`, the next root)."""
 

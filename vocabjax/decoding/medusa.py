@@ -41,8 +41,6 @@ MEDUSA_KEY = "medusa"  # the heads inside the decoder's drafter pytree
 
 
 @struct.dataclass
-
-
 class MedusaState:
   """The heads' state (the engine keeps the target cache and `last`, the next root)."""
 

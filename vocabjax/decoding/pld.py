@@ -39,7 +39,8 @@ from typing import Sequence
 
 import numpy as np
 
-from vocabjax.decoding.proposer import Context, Counted, Drafts, Prefilled, RowHandover, padding_block
+from vocabjax.decoding.proposer import (Context, Counted, Drafts, Prefilled, RowHandover,
+                                       padding_block)
 from vocabjax.decoding.tree import TreeBounds
 from vocabjax.sampling import SamplingParams
 

@@ -344,6 +344,11 @@ def is_gated(proposer: Proposer) -> bool:
   return isinstance(proposer, Gated) and proposer.gated
 
 
+def step_count_names(proposer: Proposer) -> tuple[str, ...]:
+  """The names of the proposer's own per-step counts (`Counted`), () for one without."""
+  return proposer.step_count_names() if isinstance(proposer, Counted) else ()
+
+
 def verifies_on_host(proposer: Proposer, sampling: SamplingParams) -> bool:
   return isinstance(proposer, HostVerifier) and proposer.verifies_on_host(sampling)
 

@@ -61,7 +61,7 @@ from vocabjax.decoding.engine import (KEY, DecoderPrograms, ProgramKey, abstract
 from vocabjax.decoding.proposer import (Context, Counted, Drafts, Gated, HostDrafter,
                                        HostPrograms, HostRun, Prefilled, Profiled, Proposer,
                                        SelfSizing, continuous_capable, drafted_counts,
-                                       is_gated, verifies_on_host)
+                                       is_gated, step_count_names, verifies_on_host)
 from vocabjax.decoding.sizing import DraftSizer, limit_block
 from vocabjax.decoding.tree import verify_tree
 from vocabjax.decoding.verify import verify_chain
@@ -76,8 +76,6 @@ HOST_STREAM = 2**32 - 1  # fold_in(request key, this): a host hook's draws (step
 
 
 @struct.dataclass
-
-
 class EngineState:
   """The loop state of every speculative method; fixed shapes, one row per sequence."""
 
@@ -87,8 +85,6 @@ class EngineState:
 
 
 @dataclasses.dataclass
-
-
 class SpecStats:
   """Per-step, per-row counts of a speculative run (rows count only while active): the one
   stats record of every proposer. `counts` holds a proposer's own per-step counts by name
@@ -231,11 +227,6 @@ def verify(target_params, state: EngineState, drafts: Drafts, key, *,
   return verify_tree(target_params, state.last, drafts.tokens, drafts.parent, drafts.depth,
                      state.target_cache, key, target_config=target_config, tree=drafts.bounds,
                      sampling=sampling, feature_layers=feature_layers)
-
-
-def step_count_names(proposer: Proposer) -> tuple[str, ...]:
-  """The names of the proposer's own per-step counts (`Counted`), () for one without."""
-  return proposer.step_count_names() if isinstance(proposer, Counted) else ()
 
 
 def engine_step(target_params, draft_params, state: EngineState, key, *host,

@@ -73,8 +73,11 @@ def online(job: DistillJob, *, show_progress: bool = True, models=None,
   seen = read_sides(side_dir, start, tr, job.max_tokens,
                     remedy=f"resuming after update {done} needs it; delete {out} to start the "
                            f"stream over")
-  dec = SpeculativeEngine(target.in_layout(block_layout()), target.config, CrossVocabProposer(dist.drafter_params()
-                          if done else draft.params, draft.config, target.config, target_tokenizer=target.tokenizer, draft_tokenizer=draft.tokenizer, gamma=job.gamma, vocab_map=tr.vm))
+  dec = SpeculativeEngine(
+      target.in_layout(block_layout()), target.config,
+      CrossVocabProposer(dist.drafter_params() if done else draft.params, draft.config,
+                         target.config, target_tokenizer=target.tokenizer,
+                         draft_tokenizer=draft.tokenizer, gamma=job.gamma, vocab_map=tr.vm))
   ar = Decoder(target.params, target.config)
   run = target_side_runner(target)
   kw = dict(max_new_tokens=job.max_new_tokens, eos_token_ids=target.eos_token_ids)
