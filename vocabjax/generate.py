@@ -26,7 +26,7 @@ import jax
 import jax.numpy as jnp
 
 from vocabjax.checkpoints.hub import add_allow_bin_argument, allow_bin_from_args
-from vocabjax.checkpoints.loader import load_model
+from vocabjax.checkpoints.loader import dtype_name, load_model
 from vocabjax.decoding.profile import run_split, skipped_drafting, step_split
 from vocabjax.sampling import SamplingParams
 from vocabjax.io import atomic_write_json, check_output_file
@@ -264,7 +264,7 @@ def main(config: GenerateConfig) -> dict:
       "config": dataclasses.asdict(model.config),
       "settings": {**{k: v for k, v in dataclasses.asdict(config).items() if k != "output"},
                    "params": dataclasses.asdict(method_spec(config)[1])},  # with defaults
-      "dtype": jnp.dtype(model.dtype).name,
+      "dtype": dtype_name(model.dtype),
       "backend": jax.default_backend(),
       "machine": platform.node(),
       "prompt_ids": prompt_ids,
@@ -315,7 +315,8 @@ def parse_args(argv=None) -> GenerateConfig:
   p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
   p.add_argument("--max-len", type=int, default=None, help="KV cache slots per row")
   p.add_argument("--dtype", default="auto", help="auto (f32 on CPU, bf16 on GPU/TPU), f32, bf16, "
-                 "int8 (weight-only int8 with per-row scales; activations stay f32)")
+                 "int8 (weight-only int8 with per-row scales; activations stay f32), gguf (a "
+                 "GGUF file's own quantized blocks, kept as stored)")
   p.add_argument("--draft-dtype", help="the drafter's weights (default: --dtype); the target "
                  "verifies, so output stays exact")
   p.add_argument("--output", help="write token ids and timing here as JSON")

@@ -33,7 +33,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import is_int8, param_shapes
+from vocabjax.models.llamalike import is_quantized, param_shapes
 
 # leaf -> which axis of the per-layer tensor goes to "model".
 _LAYER_MODEL_AXIS = {"wq": 0, "wk": 0, "wv": 0, "bq": 0, "bk": 0, "bv": 0, "wo": 1,
@@ -99,9 +99,9 @@ def param_shardings(config: LlamaLikeConfig, mesh: Mesh) -> dict:
 
 def shard_params(params: dict, config: LlamaLikeConfig, mesh: Mesh) -> dict:
   """device_put every leaf with its NamedSharding."""
-  if is_int8(params):
-    raise ValueError("int8 weights (`quantize_int8`) are a one-device option; shard the "
-                     "model in float32 or bfloat16")
+  if is_quantized(params):
+    raise ValueError("quantized weights (int8 rows, GGUF blocks) are a one-device option; "
+                     "shard the model in float32 or bfloat16")
   specs = param_specs(config, mesh)
   return jax.tree.map(lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), params, specs)
 

@@ -18,6 +18,7 @@ import numpy as np
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.identity import drafter_fingerprint
 from vocabjax.models.llamalike import param_shapes
+from vocabjax.kernels.blocks import BlockWeight
 
 
 class CheckpointError(ValueError):
@@ -117,7 +118,13 @@ def assemble_params(config: LlamaLikeConfig, lookup: Callable[[str], np.ndarray]
   out_dtype = np_dtype(dtype)
 
   def fetch(name: str, want: tuple, where=None) -> jax.Array:
-    arr = np.asarray(lookup(name))
+    arr = lookup(name)
+    if isinstance(arr, BlockWeight):  # GGUF blocks, kept as stored (one device)
+      if tuple(arr.shape) != want:
+        raise CheckpointError(f"{source}: tensor {name} has shape {tuple(arr.shape)}, "
+                              f"expected {want}")
+      return arr
+    arr = np.asarray(arr)
     if tuple(arr.shape) != want:
       raise CheckpointError(f"{source}: tensor {name} has shape {tuple(arr.shape)}, "
                             f"expected {want}")

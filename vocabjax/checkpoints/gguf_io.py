@@ -28,6 +28,7 @@ import numpy as np
 from vocabjax.checkpoints.convert import CheckpointError, assemble_params
 from vocabjax.checkpoints.hf_config import UnsupportedConfigError, yarn_mscale
 from vocabjax.checkpoints.zoo import cache_dir
+from vocabjax.kernels.blocks import BLOCK_TYPES, BlockError, BlockWeight, from_numpy
 from vocabjax.models.config import LlamaLikeConfig
 
 _GGUF_ARCHS = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3"}
@@ -324,18 +325,24 @@ def dequantize(data: np.ndarray, qtype, pool=None) -> np.ndarray:
   return out.reshape(*data.shape[:-1], out_cols)
 
 
-def load_gguf(path: str | os.PathLike, dtype=jnp.float32, *, placement=None
-              ) -> tuple[LlamaLikeConfig, dict, dict]:
+def load_gguf(path: str | os.PathLike, dtype=jnp.float32, *, placement=None,
+              keep_blocks: bool = False) -> tuple[LlamaLikeConfig, dict, dict]:
   """Read a GGUF file: (config, params, metadata). `placement`: config -> the params'
-  Shardings, each tensor placed as it is dequantized (`convert.assemble_params`)."""
+  Shardings, each tensor placed as it is dequantized (`convert.assemble_params`).
+  `keep_blocks`: matrices of a type in `kernels.blocks.BLOCK_TYPES` stay as their blocks
+  (`BlockWeight`); matrices of other quantized types are dequantized to `dtype`, with a
+  warning naming them."""
   from concurrent.futures import ThreadPoolExecutor
 
   path = Path(path)
+  if keep_blocks and placement is not None:
+    raise ValueError("GGUF blocks are a one-device format: no placement on a mesh")
   with ThreadPoolExecutor(min(8, os.cpu_count() or 1)) as pool:
-    return _load_gguf(path, dtype, pool, placement)
+    return _load_gguf(path, dtype, pool, placement, keep_blocks)
 
 
-def _load_gguf(path: Path, dtype, pool, placement=None) -> tuple[LlamaLikeConfig, dict, dict]:
+def _load_gguf(path: Path, dtype, pool, placement=None, keep_blocks: bool = False
+               ) -> tuple[LlamaLikeConfig, dict, dict]:
   reader = open_gguf(path)
   meta = metadata(reader)
   tensors = {t.name: t for t in reader.tensors}
@@ -348,8 +355,23 @@ def _load_gguf(path: Path, dtype, pool, placement=None) -> tuple[LlamaLikeConfig
   vocab_size = int(tensors["token_embd.weight"].shape[-1])  # ggml ne order: [D, V]
   config = config_from_gguf(meta, set(tensors), vocab_size, rope_freqs)
 
-  def lookup(name: str) -> np.ndarray:
+  widened: dict[str, int] = {}  # quantized types not kept as blocks -> tensors dequantized
+
+  def lookup(name: str) -> np.ndarray | BlockWeight:
     t = tensors[name]
+    qtype = t.tensor_type.name
+    if keep_blocks and len(t.shape) == 2 and qtype in BLOCK_TYPES:
+      rows = np.asarray(t.data).reshape(int(t.shape[1]), -1)  # [F, row bytes]
+      if config.arch == "llama" and name.endswith("attn_q.weight"):
+        rows = unpermute_qk(rows, config.num_heads)
+      elif config.arch == "llama" and name.endswith("attn_k.weight"):
+        rows = unpermute_qk(rows, config.num_kv_heads)
+      try:
+        return from_numpy(rows, qtype, int(t.shape[0]))
+      except BlockError as e:
+        raise CheckpointError(f"{path}: tensor {name}: {e}") from None
+    if keep_blocks and qtype not in ("F32", "F16", "BF16"):
+      widened[qtype] = widened.get(qtype, 0) + 1
     w = dequantize(t.data, t.tensor_type, pool)
     # ggml's ne is reversed numpy order; dequantize keeps the byte-row layout, reshape to be sure.
     w = w.reshape(tuple(int(n) for n in reversed(t.shape.tolist())))
@@ -364,6 +386,12 @@ def _load_gguf(path: Path, dtype, pool, placement=None) -> tuple[LlamaLikeConfig
   params = assemble_params(config, lookup, tensors.keys(), scheme="gguf", dtype=dtype,
                            source=str(path),
                            shardings=placement(config) if placement else None)
+  if widened:
+    import warnings
+
+    warnings.warn(f"{path.name}: {', '.join(f'{n} {q}' for q, n in sorted(widened.items()))} "
+                  f"tensor(s) dequantized to {np.dtype(dtype).name} (kept as blocks: "
+                  f"{', '.join(BLOCK_TYPES)})", stacklevel=3)
   return config, params, meta
 
 

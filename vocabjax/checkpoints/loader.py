@@ -29,16 +29,27 @@ def default_dtype(backend: str | None = None):
   return jnp.float32 if (backend or jax.default_backend()) == "cpu" else jnp.bfloat16
 
 
+GGUF = "gguf"  # the dtype that keeps a GGUF file's quantized blocks (`kernels.blocks`)
+
+
 def parse_dtype(dtype: Any):
   """None -> the backend default; a name ('f32', 'bfloat16', 'int8', ...) or a dtype -> that
-  dtype (int8 means weight-only int8, `models.llamalike.quantize_int8`)."""
+  dtype (int8 means weight-only int8, `models.llamalike.quantize_int8`); 'gguf' -> GGUF (the
+  file's own quantization: its blocks kept as stored, a GGUF file only)."""
   if dtype is None or dtype == "auto":
     return default_dtype()
   if isinstance(dtype, str):
+    if dtype == GGUF:
+      return GGUF
     if dtype not in _DTYPES:
-      raise ValueError(f"unknown {dtype=}; choose one of {sorted(_DTYPES)} or 'auto'")
+      raise ValueError(f"unknown {dtype=}; choose one of {sorted(_DTYPES) + [GGUF]} or 'auto'")
     return _DTYPES[dtype]
   return jnp.dtype(dtype).type
+
+
+def dtype_name(dtype: Any) -> str:
+  """The name a record gives a parsed dtype: 'float32', 'bfloat16', 'int8', 'gguf'."""
+  return GGUF if dtype == GGUF else jnp.dtype(dtype).name
 
 
 @dataclasses.dataclass
@@ -130,6 +141,15 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
   weights at load (`models.llamalike.quantize_int8`); activations and the cache stay f32.
   """
   dtype = parse_dtype(dtype)
+  path = zoo.resolve(name_or_path, progress=progress, allow_bin=allow_bin)
+  if dtype == GGUF:
+    if mesh is not None:
+      raise ValueError("GGUF blocks (dtype='gguf') are a one-device format: load the model in "
+                       "float32 or bfloat16 onto a mesh")
+    if path.suffix != ".gguf":
+      raise ValueError(f"dtype='gguf' keeps a GGUF file's quantized blocks; {path} is not a "
+                       f".gguf file: choose float32, bfloat16 or int8")
+    return _load_gguf_model(path, dtype, load_tokenizer)
   if mesh is not None and jnp.dtype(dtype) == jnp.int8:
     raise ValueError("int8 weights (weight-only quantization) are a one-device format: load "
                      "the model in float32 or bfloat16 onto a mesh")
@@ -137,7 +157,6 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
   narrow_on_cpu = ((jax.default_backend() == "cpu" and jnp.dtype(dtype) != jnp.float32)
                    or jnp.dtype(dtype) == jnp.int8)
   out_dtype, dtype = dtype, (jnp.float32 if narrow_on_cpu else dtype)
-  path = zoo.resolve(name_or_path, progress=progress, allow_bin=allow_bin)
   tokenizer = None
   if path.is_dir():
     config, params, raw = load_hf(path, dtype=dtype, allow_bin=allow_bin, placement=placement)
@@ -152,12 +171,7 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
                    getattr(tokenizer, "eos_token_id", None))
   elif path.suffix == ".gguf":
     config, params, meta = load_gguf(path, dtype=dtype, placement=placement)
-    if load_tokenizer:
-      tokenizer = load_gguf_tokenizer(path)
-    eos = eos_ids(meta.get("tokenizer.ggml.eos_token_id"),
-                   getattr(tokenizer, "eos_token_id", None))
-    if config.arch == "gemma3":
-      eos = eos_ids(eos, gemma3_chat(tokenizer))
+    tokenizer, eos = _gguf_tokenizer(path, config, meta, load_tokenizer)
   else:
     raise ValueError(f"{path}: expected a Hugging Face directory or a .gguf file")
   check_finite(params, str(path))
@@ -165,6 +179,25 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
     params = cast_weights(params, out_dtype)
   return Model(config=config, params=params, tokenizer=tokenizer, eos_token_ids=eos,
                source=str(path), dtype=out_dtype)
+
+
+def _gguf_tokenizer(path: Path, config: LlamaLikeConfig, meta: dict, load: bool):
+  """(tokenizer or None, stop tokens) of a GGUF file."""
+  tokenizer = load_gguf_tokenizer(path) if load else None
+  eos = eos_ids(meta.get("tokenizer.ggml.eos_token_id"), getattr(tokenizer, "eos_token_id", None))
+  if config.arch == "gemma3":
+    eos = eos_ids(eos, gemma3_chat(tokenizer))
+  return tokenizer, eos
+
+
+def _load_gguf_model(path: Path, dtype, load_tokenizer: bool) -> Model:
+  """A GGUF file with its quantized matrices kept as blocks (`kernels.blocks`); its float
+  tensors (norms, biases) in f32."""
+  config, params, meta = load_gguf(path, dtype=jnp.float32, keep_blocks=True)
+  check_finite(params, str(path))
+  tokenizer, eos = _gguf_tokenizer(path, config, meta, load_tokenizer)
+  return Model(config=config, params=params, tokenizer=tokenizer, eos_token_ids=eos,
+               source=str(path), dtype=dtype)
 
 
 def load_tokenizer_and_vocab(name: str | os.PathLike):

@@ -27,7 +27,7 @@ import numpy as np
 from vocabjax import distributed, interrupt
 from vocabjax.checkpoints import zoo
 from vocabjax.checkpoints.known import ShapeError, resolve_config
-from vocabjax.checkpoints.loader import Model, load_model, parse_dtype
+from vocabjax.checkpoints.loader import Model, dtype_name, load_model, parse_dtype
 from vocabjax.decoding.autoregressive import prompt_bucket
 from vocabjax.decoding.profile import StepSplit, run_split, skipped_drafting, step_split
 from vocabjax.sampling import SamplingParams
@@ -579,7 +579,7 @@ def config_info(config: EvalConfig) -> dict:
 
   (tcfg, tsrc), (dcfg, dsrc) = one(config.target), one(config.draft)
   return {"target_config": tcfg, "target_source": tsrc, "draft_config": dcfg,
-          "draft_source": dsrc, "dtype": np.dtype(parse_dtype(config.dtype)).name}
+          "draft_source": dsrc, "dtype": dtype_name(parse_dtype(config.dtype))}
 
 
 def report_only(config: EvalConfig, out: str | os.PathLike, *,

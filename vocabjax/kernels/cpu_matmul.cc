@@ -9,6 +9,12 @@
 // with every one of the M rows of x held in L1: exact f32 arithmetic on the stored weight
 // values, at the memory speed of the stored dtype.
 //
+// GGUF's quantized blocks (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K) are a weight source like the
+// dtypes: 16 values at a time are dequantized in registers with the f32 operations of `gguf`'s
+// own dequantization (a product, then a subtraction or an addition where the type has a
+// minimum, each rounded once), then multiplied exactly as f32 weights are. The result is the
+// f32 kernel's on the dequantized matrix, bit for bit.
+//
 // Every output y[m, f] is the same sequence of f32 operations whatever M is and wherever row f
 // falls in a thread's block (16 lane accumulators over d in order, then a fixed tree sum), so
 // a token's result in a verified block equals its result in a one-token step bit for bit.
@@ -146,22 +152,280 @@ inline Mask tail_mask(int64_t n) { return static_cast<__mmask16>((1u << n) - 1u)
 inline Mask tail_mask(int64_t n) { return static_cast<int>(n); }
 #endif
 
+// ---- weight sources: a row's 16 values at d as f32 ------------------------------------------
+// Dense<W>: W[F, D] stored as float, bf16 (uint16_t) or int8. Blocked<T>: rows of GGUF blocks.
+template <typename W>
+struct Dense {
+  const W* w;
+  int64_t D;
+  inline Vec load(int64_t r, int64_t d) const { return wload(w + r * D + d); }
+  inline Vec load_tail(int64_t r, int64_t d, Mask k) const { return wload_tail(w + r * D + d, k); }
+  inline const char* row(int64_t r) const { return reinterpret_cast<const char*>(w + r * D); }
+};
+
+enum class QT { Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K };
+template <QT T> struct QTraits;
+template <> struct QTraits<QT::Q4_0> { static constexpr int64_t values = 32, bytes = 18; };
+template <> struct QTraits<QT::Q4_1> { static constexpr int64_t values = 32, bytes = 20; };
+template <> struct QTraits<QT::Q5_0> { static constexpr int64_t values = 32, bytes = 22; };
+template <> struct QTraits<QT::Q5_1> { static constexpr int64_t values = 32, bytes = 24; };
+template <> struct QTraits<QT::Q8_0> { static constexpr int64_t values = 32, bytes = 34; };
+template <> struct QTraits<QT::Q4_K> { static constexpr int64_t values = 256, bytes = 144; };
+template <> struct QTraits<QT::Q5_K> { static constexpr int64_t values = 256, bytes = 176; };
+template <> struct QTraits<QT::Q6_K> { static constexpr int64_t values = 256, bytes = 210; };
+
+inline float f16_to_f32(const uint8_t* p) {  // little-endian float16 -> f32 (exact)
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+#if defined(__F16C__)
+  return _cvtsh_ss(h);
+#else
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16, exp = (h >> 10) & 0x1fu;
+  uint32_t man = h & 0x3ffu, u;
+  if (exp == 0x1f) {
+    u = sign | 0x7f800000u | (man << 13);
+  } else if (exp != 0) {
+    u = sign | ((exp + 112u) << 23) | (man << 13);
+  } else if (man == 0) {
+    u = sign;
+  } else {  // subnormal: normalize
+    uint32_t e = 113;
+    while (!(man & 0x400u)) { man <<= 1; --e; }
+    u = sign | (e << 23) | ((man & 0x3ffu) << 13);
+  }
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+
+inline uint32_t u32_at(const uint8_t* p) { uint32_t v; std::memcpy(&v, p, 4); return v; }
+
+// The K types' 6-bit scale and minimum of sub-block s from their 12 packed bytes.
+inline void k_scale_min(const uint8_t* s12, int s, float* sc, float* mn) {
+  if (s < 4) {
+    *sc = static_cast<float>(s12[s] & 63);
+    *mn = static_cast<float>(s12[s + 4] & 63);
+  } else {
+    *sc = static_cast<float>((s12[s + 4] & 0xF) | ((s12[s - 4] >> 6) << 4));
+    *mn = static_cast<float>((s12[s + 4] >> 4) | ((s12[s] >> 6) << 4));
+  }
+}
+
+// 32 values of a block row at d (a multiple of 32; for the K types one sub-block of 32), in
+// the terms every type shares: integer codes q[l] for l in [0, 32) made of the low bits
+// (byte lo[l % 16] >> (l < 16 ? lo_shift[0] : lo_shift[1]), 4 bits, lo advancing by lo_step
+// bytes for the second half; Q8_0: int8 bytes), high bits (`hi`: hi[l] >> hi_shift & hi_mask,
+// or bit l of the 32-bit word at `bits`), minus `offset`; value = q x a (x a2 for the second
+// half of Q6_K), then - b (K types) or + b (Q4_1, Q5_1), each rounded as gguf rounds.
+struct Group {
+  const uint8_t* lo;
+  int lo_shift[2];
+  int lo_step;
+  const uint8_t* hi;  // Q5_K, Q6_K
+  int hi_shift, hi_mask;
+  const uint8_t* bits;  // Q5_0, Q5_1
+  int offset;
+  float a[2], b;
+  int b_sign;  // 0: no minimum, -1: q a - b, +1: q a + b
+};
+
+template <QT T>
+inline Group group32(const uint8_t* row, int64_t d) {
+  constexpr int64_t V = QTraits<T>::values, B = QTraits<T>::bytes;
+  const uint8_t* p = row + (d / V) * B;
+  const int o = static_cast<int>(d % V);
+  Group g{};
+  if constexpr (T == QT::Q8_0) {
+    g.lo = p + 2; g.lo_step = 16;
+    g.a[0] = g.a[1] = f16_to_f32(p);
+  } else if constexpr (T == QT::Q4_0 || T == QT::Q4_1 || T == QT::Q5_0 || T == QT::Q5_1) {
+    constexpr int qs = T == QT::Q4_0 ? 2 : T == QT::Q4_1 ? 4 : T == QT::Q5_0 ? 6 : 8;
+    g.lo = p + qs; g.lo_shift[1] = 4;
+    g.a[0] = g.a[1] = f16_to_f32(p);
+    if constexpr (T == QT::Q5_0) g.bits = p + 2;
+    if constexpr (T == QT::Q5_1) g.bits = p + 4;
+    if constexpr (T == QT::Q4_0) g.offset = 8;
+    if constexpr (T == QT::Q5_0) g.offset = 16;
+    if constexpr (T == QT::Q4_1 || T == QT::Q5_1) { g.b = f16_to_f32(p + 2); g.b_sign = 1; }
+  } else if constexpr (T == QT::Q4_K || T == QT::Q5_K) {
+    const int s = o / 32, c = s / 2;
+    g.lo = p + (T == QT::Q4_K ? 16 : 48) + 32 * c; g.lo_step = 16;
+    g.lo_shift[0] = g.lo_shift[1] = (s & 1) * 4;
+    if constexpr (T == QT::Q5_K) { g.hi = p + 16; g.hi_shift = s; g.hi_mask = 1; }
+    float sc, mn;
+    k_scale_min(p + 4, s, &sc, &mn);
+    g.a[0] = g.a[1] = f16_to_f32(p) * sc;
+    g.b = f16_to_f32(p + 2) * mn;
+    g.b_sign = -1;
+  } else {  // Q6_K: half h of 128 values, quarter i / 32 of it
+    const int h = o / 128, i = o % 128;
+    g.lo = p + 64 * h + i % 64; g.lo_step = 16;
+    g.lo_shift[0] = g.lo_shift[1] = (i / 64) * 4;
+    g.hi = p + 128 + 32 * h; g.hi_shift = 2 * (i / 32); g.hi_mask = 3;
+    g.offset = 32;
+    const float dd = f16_to_f32(p + 208);
+    g.a[0] = dd * static_cast<float>(static_cast<int8_t>(p[192 + o / 16]));
+    g.a[1] = dd * static_cast<float>(static_cast<int8_t>(p[192 + o / 16 + 1]));
+  }
+  return g;
+}
+
+// Value l in [0, 32) of a group, one at a time (the reference the vector paths equal).
+template <QT T>
+inline float group_value(const Group& g, int l) {
+  const int half = l / 16;
+  int q;
+  if constexpr (T == QT::Q8_0) {
+    q = static_cast<int8_t>(g.lo[l]);
+  } else {
+    q = (g.lo[l % 16 + half * g.lo_step] >> g.lo_shift[half]) & 15;
+    if (g.hi) q |= ((g.hi[l] >> g.hi_shift) & g.hi_mask) << 4;
+    if (g.bits) q |= ((u32_at(g.bits) >> l) & 1u) << 4;
+    q -= g.offset;
+  }
+  const float v = static_cast<float>(q) * g.a[half];
+  return g.b_sign < 0 ? v - g.b : g.b_sign > 0 ? v + g.b : v;
+}
+
+#if defined(__AVX512F__)
+// AVX-512: the 4- and 5-bit types look their values up in a table of the 16 (32) values a
+// code can take, computed with the same operations (so the same values); Q8_0 and Q6_K
+// convert their codes and multiply.
+inline __m512i bytes16(const uint8_t* p) {
+  return _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline __m512 iota16(float from) {
+  return _mm512_add_ps(_mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                       _mm512_set1_ps(from));
+}
+template <QT T>
+inline __m512 table16(const Group& g, float from) {  // values of codes from .. from + 15
+  const __m512 v = _mm512_mul_ps(iota16(from - static_cast<float>(g.offset)),
+                                 _mm512_set1_ps(g.a[0]));
+  if (g.b_sign < 0) return _mm512_sub_ps(v, _mm512_set1_ps(g.b));
+  if (g.b_sign > 0) return _mm512_add_ps(v, _mm512_set1_ps(g.b));
+  return v;
+}
+
+template <QT T>
+inline void dequant32(const Group& g, Vec& a, Vec& b) {
+  if constexpr (T == QT::Q8_0) {
+    const __m512 s = _mm512_set1_ps(g.a[0]);
+    a = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(g.lo)))), s);
+    b = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(g.lo + 16)))), s);
+  } else if constexpr (T == QT::Q6_K) {
+    const __m512i m15 = _mm512_set1_epi32(15), m3 = _mm512_set1_epi32(3);
+    const __m512i off = _mm512_set1_epi32(32), ls = _mm512_set1_epi32(g.lo_shift[0]);
+    const __m512i hs = _mm512_set1_epi32(g.hi_shift);
+    for (int half = 0; half < 2; ++half) {
+      __m512i q = _mm512_and_si512(_mm512_srlv_epi32(bytes16(g.lo + 16 * half), ls), m15);
+      __m512i h = _mm512_and_si512(_mm512_srlv_epi32(bytes16(g.hi + 16 * half), hs), m3);
+      q = _mm512_sub_epi32(_mm512_or_si512(q, _mm512_slli_epi32(h, 4)), off);
+      const __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(q), _mm512_set1_ps(g.a[half]));
+      (half ? b : a) = v;
+    }
+  } else if constexpr (T == QT::Q4_0 || T == QT::Q4_1 || T == QT::Q4_K) {
+    const __m512 t = table16<T>(g, 0.f);  // the index's low 4 bits pick the lane
+    __m512i ia = bytes16(g.lo), ib = bytes16(g.lo + g.lo_step);
+    if (g.lo_shift[0]) ia = _mm512_srli_epi32(ia, 4);
+    if (g.lo_shift[1]) ib = _mm512_srli_epi32(ib, 4);
+    a = _mm512_permutexvar_ps(ia, t);
+    b = _mm512_permutexvar_ps(ib, t);
+  } else {  // Q5_0, Q5_1, Q5_K: 32 values, the fifth bit picks the table
+    const __m512 t0 = table16<T>(g, 0.f), t1 = table16<T>(g, 16.f);
+    const __m512i m15 = _mm512_set1_epi32(15), one = _mm512_set1_epi32(1);
+    __m512i ia = bytes16(g.lo), ib = bytes16(g.lo + g.lo_step);
+    ia = g.lo_shift[0] ? _mm512_srli_epi32(ia, 4) : _mm512_and_si512(ia, m15);
+    ib = g.lo_shift[1] ? _mm512_srli_epi32(ib, 4) : _mm512_and_si512(ib, m15);
+    __m512i ha, hb;
+    if constexpr (T == QT::Q5_K) {
+      const __m512i hs = _mm512_set1_epi32(g.hi_shift);
+      ha = _mm512_and_si512(_mm512_srlv_epi32(bytes16(g.hi), hs), one);
+      hb = _mm512_and_si512(_mm512_srlv_epi32(bytes16(g.hi + 16), hs), one);
+    } else {
+      const __m512i w = _mm512_set1_epi32(static_cast<int>(u32_at(g.bits)));
+      const __m512i lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+      ha = _mm512_and_si512(_mm512_srlv_epi32(w, lanes), one);
+      hb = _mm512_and_si512(_mm512_srlv_epi32(w, _mm512_add_epi32(lanes, _mm512_set1_epi32(16))),
+                            one);
+    }
+    a = _mm512_permutex2var_ps(t0, _mm512_or_si512(ia, _mm512_slli_epi32(ha, 4)), t1);
+    b = _mm512_permutex2var_ps(t0, _mm512_or_si512(ib, _mm512_slli_epi32(hb, 4)), t1);
+  }
+}
+#else
+template <QT T>
+inline void dequant32(const Group& g, Vec& a, Vec& b) {
+  alignas(64) float t[32];
+  for (int l = 0; l < 32; ++l) t[l] = group_value<T>(g, l);
+  a = vload_x(t);
+  b = vload_x(t + 16);
+}
+#endif
+
+template <typename W>
+constexpr bool kPairs = false;  // whether a source loads 32 values at a time (`load2`)
+
+template <QT T>
+struct Blocked {
+  const uint8_t* w;
+  int64_t row_bytes;
+  // 32 values at d (a multiple of 32): the block's scales decoded once for both halves
+  inline void load2(int64_t r, int64_t d, Vec& a, Vec& b) const {
+    dequant32<T>(group32<T>(w + r * row_bytes, d), a, b);
+  }
+  inline Vec load(int64_t r, int64_t d) const {  // 16 values (d a multiple of 16)
+    Vec a, b;
+    load2(r, d / 32 * 32, a, b);
+    return d % 32 ? b : a;
+  }
+  // rows are whole blocks (D a multiple of 32): the masked tail never runs
+  inline Vec load_tail(int64_t r, int64_t d, Mask) const { return load(r, d); }
+  inline const char* row(int64_t r) const {
+    return reinterpret_cast<const char*>(w + r * row_bytes);
+  }
+};
+template <QT T>
+constexpr bool kPairs<Blocked<T>> = true;
+
 // One tile: rows [r, r + R) of W against rows [m, m + TM) of x.
-template <int R, int TM, typename W>
-inline void tile(const float* x, const W* w, const float* scale, float* y, int64_t D,
+template <int R, int TM, typename S>
+inline void tile(const float* x, const S& w, const float* scale, float* y, int64_t D,
                  int64_t F, int64_t r, int64_t m, const char* pf = nullptr,
                  int64_t pf_per_step = 0, const char* pf_end = nullptr) {
   Vec acc[R][TM];
   for (int i = 0; i < R; ++i)
     for (int j = 0; j < TM; ++j) acc[i][j] = vzero();
   const int64_t full = D / 16 * 16;
-  for (int64_t d = 0; d < full; d += 16) {
+  int64_t d0 = 0;
+  if constexpr (kPairs<S>) {
+    // 32 values a step (a block source decodes its scales once for both halves); the same
+    // multiply-adds in the same order as two 16-value steps
+    for (; d0 + 32 <= full; d0 += 32) {
+#if defined(__AVX512F__)
+      for (int64_t q = 0; q < 2 * pf_per_step && pf < pf_end; ++q, pf += 64)
+        _mm_prefetch(pf, _MM_HINT_T1);
+#endif
+      Vec wa[R], wb[R];
+      for (int i = 0; i < R; ++i) w.load2(r + i, d0, wa[i], wb[i]);
+      for (int j = 0; j < TM; ++j) {
+        Vec xa = vload_x(x + (m + j) * D + d0);
+        for (int i = 0; i < R; ++i) acc[i][j] = vfma(wa[i], xa, acc[i][j]);
+        Vec xb = vload_x(x + (m + j) * D + d0 + 16);
+        for (int i = 0; i < R; ++i) acc[i][j] = vfma(wb[i], xb, acc[i][j]);
+      }
+    }
+  }
+  for (int64_t d = d0; d < full; d += 16) {
 #if defined(__AVX512F__)
     for (int64_t q = 0; q < pf_per_step && pf < pf_end; ++q, pf += 64)
       _mm_prefetch(pf, _MM_HINT_T1);
 #endif
     Vec wv[R];
-    for (int i = 0; i < R; ++i) wv[i] = wload(w + (r + i) * D + d);
+    for (int i = 0; i < R; ++i) wv[i] = w.load(r + i, d);
     for (int j = 0; j < TM; ++j) {
       Vec xv = vload_x(x + (m + j) * D + d);
       for (int i = 0; i < R; ++i) acc[i][j] = vfma(wv[i], xv, acc[i][j]);
@@ -170,7 +434,7 @@ inline void tile(const float* x, const W* w, const float* scale, float* y, int64
   if (full < D) {
     Mask k = tail_mask(D - full);
     Vec wv[R];
-    for (int i = 0; i < R; ++i) wv[i] = wload_tail(w + (r + i) * D + full, k);
+    for (int i = 0; i < R; ++i) wv[i] = w.load_tail(r + i, full, k);
     for (int j = 0; j < TM; ++j) {
       Vec xv = vload_x_tail(x + (m + j) * D + full, k);
       for (int i = 0; i < R; ++i) acc[i][j] = vfma(wv[i], xv, acc[i][j]);
@@ -186,8 +450,8 @@ inline void tile(const float* x, const W* w, const float* scale, float* y, int64
 }
 
 // Rows [r, r + R) of W against all M rows of x: tiles of TMAX rows of x, then the remainder.
-template <int R, int N, typename W>
-inline void remainder(int64_t rem, const float* x, const W* w, const float* scale, float* y,
+template <int R, int N, typename S>
+inline void remainder(int64_t rem, const float* x, const S& w, const float* scale, float* y,
                       int64_t D, int64_t F, int64_t r, int64_t m, const char* pf,
                       int64_t per_step, const char* pf_end) {
   if (rem == N) {
@@ -197,8 +461,8 @@ inline void remainder(int64_t rem, const float* x, const W* w, const float* scal
   }
 }
 
-template <int R, int TMAX, typename W>
-inline void rows(const float* x, const W* w, const float* scale, float* y, int64_t M,
+template <int R, int TMAX, typename S>
+inline void rows(const float* x, const S& w, const float* scale, float* y, int64_t M,
                  int64_t D, int64_t F, int64_t r, int64_t r1) {
   int64_t m = 0;
   // Software prefetch (into L2) of the next group of R rows of W, spread evenly over this
@@ -209,8 +473,8 @@ inline void rows(const float* x, const W* w, const float* scale, float* y, int64
   const int64_t pass_steps = D / 16;
   const char* pf = nullptr; const char* pf_end = nullptr; int64_t per_step = 0;
   if (r + 2 * R <= r1 && pass_steps > 0) {
-    pf = reinterpret_cast<const char*>(w + (r + R) * D);
-    pf_end = reinterpret_cast<const char*>(w + (r + 2 * R) * D);
+    pf = w.row(r + R);
+    pf_end = w.row(r + 2 * R);
     const int64_t lines = (pf_end - pf + 63) / 64;
     const int64_t steps = ((M + TMAX - 1) / TMAX) * pass_steps;
     per_step = (lines + steps - 1) / steps;
@@ -225,16 +489,16 @@ inline void rows(const float* x, const W* w, const float* scale, float* y, int64
 // Rows [r0, r1) of W. The register tile (R rows of W x TM rows of x: R * TM <= 27
 // accumulators, R weight vectors and one x vector within the 32 vector registers) is picked
 // by M: more rows of W in flight for a lone token.
-template <int R, int TMAX, typename W>
-void run_rows(const float* x, const W* w, const float* scale, float* y, int64_t M, int64_t D,
+template <int R, int TMAX, typename S>
+void run_rows(const float* x, const S& w, const float* scale, float* y, int64_t M, int64_t D,
               int64_t F, int64_t r0, int64_t r1) {
   int64_t r = r0;
   for (; r + R <= r1; r += R) rows<R, TMAX>(x, w, scale, y, M, D, F, r, r1);
   for (; r < r1; ++r) rows<1, TMAX>(x, w, scale, y, M, D, F, r, r1);
 }
 
-template <typename W>
-void run_chunk(const float* x, const W* w, const float* scale, float* y, int64_t M, int64_t D,
+template <typename S>
+void run_chunk(const float* x, const S& w, const float* scale, float* y, int64_t M, int64_t D,
                int64_t F, int64_t r0, int64_t r1) {
   // Measured on the 2-core AVX-512 VM (12 [8960, 1536] matrices out of cache, f32/bf16/int8):
   // 4 x 4 tiles for M <= 4, 3 x 9 (one pass) for M = 7..9, 4 x 6 otherwise beat 4 x 4
@@ -260,8 +524,8 @@ struct Work {
   std::atomic<int64_t> done{0};
 };
 
-template <typename W>
-void parallel_rows(ffi::ThreadPool& pool, const float* x, const W* w, const float* scale,
+template <typename S>
+void parallel_rows(ffi::ThreadPool& pool, const float* x, const S& w, const float* scale,
                    float* y, int64_t M, int64_t D, int64_t F) {
   const int64_t chunks = (F + kRowsPerChunk - 1) / kRowsPerChunk;
   auto work = std::make_shared<Work>();
@@ -301,16 +565,21 @@ constexpr int64_t kXPanel = 32;
 constexpr int kFR = 12;
 constexpr int64_t kWRowsPerTask = 48;
 
-// 32 values of x or W (n <= 32 valid, the rest 0) -> 32 bf16 (16 pairs) in one vector.
-template <typename W>
-inline __m512i w_to_bf16x32(const W* p, int64_t n) {
+// 32 values of row r of a weight source from d (n <= 32 valid, the rest 0) -> 32 bf16 (16
+// pairs) in one vector.
+template <typename S>
+inline __m512i w_to_bf16x32(const S& w, int64_t r, int64_t d, int64_t n) {
   Vec lo, hi;
   if (n >= 32) {
-    lo = wload(p);
-    hi = wload(p + 16);
+    if constexpr (kPairs<S>) {
+      w.load2(r, d, lo, hi);
+    } else {
+      lo = w.load(r, d);
+      hi = w.load(r, d + 16);
+    }
   } else {
-    lo = n >= 16 ? wload(p) : wload_tail(p, tail_mask(n));
-    hi = n > 16 ? wload_tail(p + 16, tail_mask(n - 16)) : vzero();
+    lo = n >= 16 ? w.load(r, d) : w.load_tail(r, d, tail_mask(n));
+    hi = n > 16 ? w.load_tail(r, d + 16, tail_mask(n - 16)) : vzero();
   }
   return (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
 }
@@ -326,26 +595,25 @@ void pack_x_panel(const float* x, uint32_t* xp, int64_t M, int64_t D, int64_t b)
       for (int64_t p = 0; p < P; ++p) out[p * kXPanel + l] = 0;
       continue;
     }
-    const float* row = x + m * D;
+    const Dense<float> row{x + m * D, D};
     for (int64_t d = 0; d < D; d += 32) {
-      _mm512_store_si512(t, w_to_bf16x32(row + d, D - d));
+      _mm512_store_si512(t, w_to_bf16x32(row, 0, d, D - d));
       const int64_t np = (D - d + 1) / 2 < 16 ? (D - d + 1) / 2 : 16;
       for (int64_t k = 0; k < np; ++k) out[(d / 2 + k) * kXPanel + l] = t[k];
     }
   }
 }
 
-template <typename W>
-void convert_w_rows(const W* w, uint16_t* wb, int64_t D, int64_t r0, int64_t r1) {
+template <typename S>
+void convert_w_rows(const S& w, uint16_t* wb, int64_t D, int64_t r0, int64_t r1) {
   const int64_t P2 = 2 * ((D + 1) / 2);
   for (int64_t r = r0; r < r1; ++r) {
     uint16_t* dst = wb + (r - r0) * P2;
-    const W* src = w + r * D;
     int64_t d = 0;
-    for (; d + 32 <= D; d += 32) _mm512_storeu_si512(dst + d, w_to_bf16x32(src + d, 32));
+    for (; d + 32 <= D; d += 32) _mm512_storeu_si512(dst + d, w_to_bf16x32(w, r, d, 32));
     if (d < D) {
       alignas(64) uint16_t t[32];
-      _mm512_store_si512(t, w_to_bf16x32(src + d, D - d));
+      _mm512_store_si512(t, w_to_bf16x32(w, r, d, D - d));
       for (int64_t k = 0; k < P2 - d; ++k) dst[d + k] = t[k];
     }
   }
@@ -407,8 +675,8 @@ void parallel_for(ffi::ThreadPool& pool, int64_t n, Fn fn) {
   while (work->done.load(std::memory_order_acquire) < n) std::this_thread::yield();
 }
 
-template <typename W>
-ffi::Error gemm_bf16(ffi::ThreadPool& pool, const float* x, const W* w, const float* scale,
+template <typename S>
+ffi::Error gemm_bf16(ffi::ThreadPool& pool, const float* x, const S& w, const float* scale,
                      float* y, int64_t M, int64_t D, int64_t F) {
 #if defined(VJ_HAS_BF16_GEMM)
   const int64_t P = (D + 1) / 2, panels = (M + kXPanel - 1) / kXPanel;
@@ -436,8 +704,8 @@ ffi::Error gemm_bf16(ffi::ThreadPool& pool, const float* x, const W* w, const fl
 }
 
 // y = x . W^T (* scale) by the streaming kernel (Gemm false) or the bf16 GEMM (Gemm true).
-template <bool Gemm, typename W>
-ffi::Error run(ffi::ThreadPool& pool, const float* x, const W* w, const float* scale, float* y,
+template <bool Gemm, typename S>
+ffi::Error run(ffi::ThreadPool& pool, const float* x, const S& w, const float* scale, float* y,
                int64_t M, int64_t D, int64_t F) {
   if constexpr (Gemm) {
     return gemm_bf16(pool, x, w, scale, y, M, D, F);
@@ -453,8 +721,8 @@ ffi::Error matmul_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffe
   auto xd = x.dimensions(), wd = w.dimensions();
   if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1])
     return ffi::Error::InvalidArgument("vocabjax matmul: expected x[M, D], w[F, D]");
-  return run<Gemm>(pool, x.typed_data(), reinterpret_cast<const W*>(w.untyped_data()), nullptr,
-                   y->typed_data(), xd[0], xd[1], wd[0]);
+  const Dense<W> src{reinterpret_cast<const W*>(w.untyped_data()), xd[1]};
+  return run<Gemm>(pool, x.typed_data(), src, nullptr, y->typed_data(), xd[0], xd[1], wd[0]);
 }
 
 template <bool Gemm>
@@ -465,8 +733,22 @@ ffi::Error matmul_int8_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   if (xd.size() != 2 || wd.size() != 2 || xd[1] != wd[1] || scale.element_count() != wd[0])
     return ffi::Error::InvalidArgument(
         "vocabjax matmul: expected x[M, D], w[F, D] int8, scale[F]");
-  return run<Gemm>(pool, x.typed_data(), w.typed_data(), scale.typed_data(), y->typed_data(),
-                   xd[0], xd[1], wd[0]);
+  const Dense<int8_t> src{w.typed_data(), xd[1]};
+  return run<Gemm>(pool, x.typed_data(), src, scale.typed_data(), y->typed_data(), xd[0], xd[1],
+                   wd[0]);
+}
+
+// w: [F, D / values * bytes] uint8, each row D values in blocks of type T.
+template <bool Gemm, QT T>
+ffi::Error matmul_blocks_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
+                              ffi::Buffer<ffi::U8> w, ffi::ResultBuffer<ffi::F32> y) {
+  auto xd = x.dimensions(), wd = w.dimensions();
+  constexpr int64_t V = QTraits<T>::values, B = QTraits<T>::bytes;
+  if (xd.size() != 2 || wd.size() != 2 || xd[1] % V != 0 || wd[1] != xd[1] / V * B)
+    return ffi::Error::InvalidArgument(
+        "vocabjax matmul: expected x[M, D] with D whole blocks, w[F, D / values * bytes]");
+  const Blocked<T> src{w.typed_data(), wd[1]};
+  return run<Gemm>(pool, x.typed_data(), src, nullptr, y->typed_data(), xd[0], xd[1], wd[0]);
 }
 
 }  // namespace
@@ -488,6 +770,40 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(VjGemmBF16BF16, (matmul_impl<true, uint16_t, ffi::
                               VJ_BIND(ffi::BF16) VJ_RET);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(VjGemmBF16Int8, matmul_int8_impl<true>,
                               VJ_BIND(ffi::S8).Arg<ffi::Buffer<ffi::F32>>() VJ_RET);
+
+// GGUF blocks: w [F, row bytes] uint8 (see matmul_blocks_impl).
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjSkinnyMatmulQ4_0, (matmul_blocks_impl<false, QT::Q4_0>),
+                              VJ_BIND(ffi::U8) VJ_RET);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjGemmBF16Q4_0, (matmul_blocks_impl<true, QT::Q4_0>),
+                              VJ_BIND(ffi::U8) VJ_RET);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjSkinnyMatmulQ4_1, (matmul_blocks_impl<false, QT::Q4_1>),
+                              VJ_BIND(ffi::U8) VJ_RET);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjGemmBF16Q4_1, (matmul_blocks_impl<true, QT::Q4_1>),
+                              VJ_BIND(ffi::U8) VJ_RET);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjSkinnyMatmulQ5_0, (matmul_blocks_impl<false, QT::Q5_0>),
+                              VJ_BIND(ffi::U8) VJ_RET);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjGemmBF16Q5_0, (matmul_blocks_impl<true, QT::Q5_0>),
+                              VJ_BIND(ffi::U8) VJ_RET);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjSkinnyMatmulQ5_1, (matmul_blocks_impl<false, QT::Q5_1>),
+                              VJ_BIND(ffi::U8) VJ_RET);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjGemmBF16Q5_1, (matmul_blocks_impl<true, QT::Q5_1>),
+                              VJ_BIND(ffi::U8) VJ_RET);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjSkinnyMatmulQ8_0, (matmul_blocks_impl<false, QT::Q8_0>),
+                              VJ_BIND(ffi::U8) VJ_RET);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjGemmBF16Q8_0, (matmul_blocks_impl<true, QT::Q8_0>),
+                              VJ_BIND(ffi::U8) VJ_RET);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjSkinnyMatmulQ4_K, (matmul_blocks_impl<false, QT::Q4_K>),
+                              VJ_BIND(ffi::U8) VJ_RET);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjGemmBF16Q4_K, (matmul_blocks_impl<true, QT::Q4_K>),
+                              VJ_BIND(ffi::U8) VJ_RET);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjSkinnyMatmulQ5_K, (matmul_blocks_impl<false, QT::Q5_K>),
+                              VJ_BIND(ffi::U8) VJ_RET);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjGemmBF16Q5_K, (matmul_blocks_impl<true, QT::Q5_K>),
+                              VJ_BIND(ffi::U8) VJ_RET);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjSkinnyMatmulQ6_K, (matmul_blocks_impl<false, QT::Q6_K>),
+                              VJ_BIND(ffi::U8) VJ_RET);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjGemmBF16Q6_K, (matmul_blocks_impl<true, QT::Q6_K>),
+                              VJ_BIND(ffi::U8) VJ_RET);
 
 // Whether the bf16 GEMM targets compute (else they return an error): AVX512-BF16 at build time.
 extern "C" int vj_has_bf16_gemm() {

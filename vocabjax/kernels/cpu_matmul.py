@@ -67,6 +67,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vocabjax.kernels.blocks import BLOCK_TYPES, BlockWeight, dequantize
 from vocabjax.lowering import Lowering
 
 MAX_ROWS = 64  # largest M (rows of x) the kernel takes; larger blocks are compute bound
@@ -75,6 +76,9 @@ _TARGETS = {"float32": "VjSkinnyMatmulF32", "bfloat16": "VjSkinnyMatmulBF16",
             "int8": "VjSkinnyMatmulInt8"}
 _GEMM_TARGETS = {"float32": "VjGemmBF16F32", "bfloat16": "VjGemmBF16BF16",
                  "int8": "VjGemmBF16Int8"}
+# GGUF blocks (`blocks.BlockWeight`) by type: the streaming kernel and the bf16 GEMM
+_BLOCK_TARGETS = {q: f"VjSkinnyMatmul{q}" for q in BLOCK_TYPES}
+_BLOCK_GEMM_TARGETS = {q: f"VjGemmBF16{q}" for q in BLOCK_TYPES}
 
 GEMM_MIN_ROWS = 32  # smallest M the bf16 GEMM takes (below it the streaming kernel is as fast)
 _built = {"lib": None, "error": None, "warned": False}  # the built library (or why not)
@@ -202,7 +206,8 @@ def load():
       return _built["lib"]
     try:
       lib = ctypes.cdll.LoadLibrary(str(build()))
-      for target in (*_TARGETS.values(), *_GEMM_TARGETS.values()):
+      for target in (*_TARGETS.values(), *_GEMM_TARGETS.values(), *_BLOCK_TARGETS.values(),
+                     *_BLOCK_GEMM_TARGETS.values()):
         jax.ffi.register_ffi_target(f"vocabjax_{target}", jax.ffi.pycapsule(getattr(lib, target)),
                                     platform="cpu")
       _built["lib"] = lib
@@ -284,6 +289,10 @@ def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None, *,
   if x.shape[-1] != w.shape[-1]:
     raise ValueError(f"linear: x's width {x.shape[-1]} differs from w{tuple(w.shape)}'s "
                      f"input width {w.shape[-1]}")
+  if isinstance(w, BlockWeight):
+    if scale is not None:
+      raise ValueError("linear: GGUF blocks carry their own scales; pass no scale")
+    return _linear_blocks(x, w, lowering)
   if lowering.bf16_dots and scale is None and jnp.issubdtype(w.dtype, jnp.floating):
     return bf16_dot(x, w)
   if not lowering.platform:  # untagged: the CPU's lowering where the program lowers for a CPU
@@ -302,3 +311,30 @@ def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None, *,
   lead = x.shape[:-1]  # bf16 activations are widened: the kernel computes in f32
   y = _streamed(x.reshape(-1, x.shape[-1]).astype(jnp.float32), w, scale, False)
   return y.reshape(*lead, w.shape[0])
+
+
+def _linear_blocks(x: jax.Array, w: BlockWeight, lowering: Lowering) -> jax.Array:
+  """`linear` of GGUF blocks: the kernel's block targets on the CPU (dequantizing in registers),
+  else XLA's dot on `blocks.dequantize(w)` (f32 values, widened one matrix at a time)."""
+  if not lowering.platform:
+    return jax.lax.platform_dependent(
+        x, w, cpu=lambda x, w: _linear_blocks(x, w, lowering.replace(platform="cpu")),
+        default=lambda x, w: _linear_blocks(x, w, lowering.replace(platform="other")))
+  lead, D = x.shape[:-1], x.shape[-1]
+  M = int(np.prod(lead, dtype=np.int64))
+  float_x = jnp.dtype(x.dtype).name in ("float32", "bfloat16")
+  on_kernel = lowering.cpu_kernel and lowering.platform == "cpu" and float_x and M > 0
+  if on_kernel and available():
+    gemm = lowering.bf16_blocks and M >= GEMM_MIN_ROWS and gemm_available()
+    if gemm or M <= MAX_ROWS or lowering.any_rows:
+      target = (_BLOCK_GEMM_TARGETS if gemm else _BLOCK_TARGETS)[w.qtype]
+      x2 = x.reshape(M, D).astype(jnp.float32)
+      call = jax.ffi.ffi_call(f"vocabjax_{target}",
+                              jax.ShapeDtypeStruct((M, w.data.shape[0]), jnp.float32),
+                              vmap_method="sequential")
+      return call(x2, w.data).reshape(*lead, w.data.shape[0])
+  u = dequantize(w)
+  if lowering.bf16_dots:
+    return bf16_dot(x, u)
+  return jnp.einsum("...D,FD->...F", x.astype(jnp.float32), u,
+                    preferred_element_type=jnp.float32)

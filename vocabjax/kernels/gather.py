@@ -5,6 +5,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from vocabjax.kernels.blocks import dequantize, is_blocks
+
 
 def take_rows(table: jax.Array, idx: jax.Array, mode: str | None = None) -> jax.Array:
   """`jnp.take(table, idx, axis=0, mode=mode)` (rows of an embedding or an LM head), without
@@ -18,7 +20,11 @@ def take_rows(table: jax.Array, idx: jax.Array, mode: str | None = None) -> jax.
   `experiments/results/bf16_gather/`). On the CPU the table therefore passes through an
   optimization barrier together with the indices (which vary from iteration to iteration), so
   nothing computed from it is loop-invariant; the barrier is no computation (the same
-  buffer). Other platforms and dtypes: `jnp.take`."""
+  buffer). Other platforms and dtypes: `jnp.take`. GGUF blocks (`kernels.blocks`): the rows'
+  bytes are gathered and dequantized (f32 rows)."""
+  if is_blocks(table):  # GGUF blocks: gather the rows' bytes, then widen only those rows
+    return dequantize(table.take(idx, mode=mode))
+
   def take(t, i):
     return jnp.take(t, i, axis=0, mode=mode)
 

@@ -50,6 +50,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vocabjax.kernels.blocks import is_blocks
 from vocabjax.kernels import dispatch
 from vocabjax.kernels._indexed_common import (IMPLS, check_indices, check_shapes,
                                               indexed_lm_head_reference)
@@ -115,6 +116,8 @@ def indexed_lm_head(h: jax.Array, U: jax.Array, idx: jax.Array, *, impl: str = "
   """z[b, j] = U[idx[b, j]] . h[b] in f32 (module doc); differentiable in h and U."""
   if impl not in IMPLS:
     raise ValueError(f"impl={impl!r} is not one of {IMPLS}")
+  if is_blocks(U):  # GGUF blocks: the K rows' bytes gathered and widened (XLA)
+    return indexed_lm_head_reference(h, U, idx)
   check_shapes(h, U, idx)
   check_indices(idx, U.shape[0])
   return _indexed(h, U, idx.astype(jnp.int32), impl, interpret)

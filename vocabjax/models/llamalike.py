@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vocabjax.kernels.cpu_matmul import linear
+from vocabjax.kernels.blocks import dequantize, is_blocks
 from vocabjax.kernels.gather import take_rows
 from vocabjax.lowering import Lowering, lowering_of
 from vocabjax.models.cache import KVCache
@@ -392,8 +393,8 @@ def with_mlp_layout(params: Params, layout: str) -> Params:
   """
   if layout not in MLP_LAYOUTS:
     raise ValueError(f"unknown MLP layout {layout=}; choose one of {MLP_LAYOUTS}")
-  if mlp_layout(params) == layout or (layout == "in_out" and is_int8(params)):
-    return params  # int8 weights stay [out, in] with their per-row scales (see `quantize_int8`)
+  if mlp_layout(params) == layout or (layout == "in_out" and is_quantized(params)):
+    return params  # quantized weights stay [out, in] rows (int8 with their scales, GGUF blocks)
   layers = []
   for layer in params["layers"]:
     layer = dict(layer)
@@ -480,7 +481,9 @@ def compute_dtype(params: Params):
   if "final_norm" in params:
     return params["final_norm"].dtype
   if "embed" in params:
-    return jnp.float32 if params["embed"].dtype == jnp.int8 else params["embed"].dtype
+    if is_blocks(params["embed"]) or params["embed"].dtype == jnp.int8:
+      return jnp.float32
+    return params["embed"].dtype
   # heads on a target's hidden state (Medusa's): their first floating array's dtype
   floats = [x.dtype for x in jax.tree.leaves(params) if jnp.issubdtype(x.dtype, jnp.floating)]
   return floats[0] if floats else jnp.float32
@@ -530,6 +533,17 @@ def is_int8(params: Params) -> bool:
   return "embed" + SCALE in params
 
 
+def has_blocks(params: Params) -> bool:
+  """Whether `params` hold GGUF blocks (`kernels.blocks.BlockWeight`, a GGUF file's own
+  quantization kept at load)."""
+  return any(is_blocks(x) for x in jax.tree.leaves(params, is_leaf=is_blocks))
+
+
+def is_quantized(params: Params) -> bool:
+  """Whether `params` hold quantized weights: int8 rows or GGUF blocks."""
+  return is_int8(params) or has_blocks(params)
+
+
 def embed_tokens(params: Params, tokens: jax.Array, config: LlamaLikeConfig | None = None
                  ) -> jax.Array:
   """The embedding rows of `tokens` in `compute_dtype(params)` (dequantized for int8); with
@@ -550,8 +564,11 @@ def cast_weights(params: Params, dtype) -> Params:
   step reads and the CPU kernel widens them in registers, while XLA:CPU's bf16 arithmetic
   elsewhere (attention, softmax, cache writes) made a bf16 step 2.6x slower than the same
   step with f32 activations (`experiments/results/profile/`)."""
-  if jnp.dtype(dtype) == jnp.int8:
+  if jnp.dtype(dtype) == jnp.int8 and not has_blocks(params):
     return quantize_int8(params)
+  if has_blocks(params):
+    raise ValueError(f"cannot cast a GGUF file's quantized blocks to {jnp.dtype(dtype).name}: "
+                     f"load the model again with that dtype (dtype='gguf' keeps the blocks)")
   if is_int8(params):
     raise ValueError(f"cannot cast int8 weights to {jnp.dtype(dtype).name}: load the model "
                      f"again in that dtype")
@@ -613,6 +630,8 @@ def lm_head_weight(params: Params, config: LlamaLikeConfig) -> jax.Array:
   """U [V, D]: the LM head rows (the embedding when tied); f32 dequantized rows for int8
   weights (decoding paths use `lm_head_rows` and never materialize them)."""
   U, scale = lm_head_rows(params, config)
+  if is_blocks(U):
+    return dequantize(U)
   return U if scale is None else U.astype(jnp.float32) * scale[:, None]
 
 

@@ -215,7 +215,7 @@ def write_tiny_gguf(model, path: str | os.PathLike, qtype: str = "F32", tokenize
     elif arch == "gemma3" and gname.endswith("norm.weight"):
       w = w + 1.0  # llama.cpp's Gemma converter stores Gemma3RMSNorm's 1 + w
     if w.ndim == 2 and qt != gguf.GGMLQuantizationType.F32:
-      writer.add_tensor(gname, gguf.quants.quantize(w, qt), raw_dtype=qt)
+      writer.add_tensor(gname, quantize_blocks(w, qtype), raw_dtype=qt)
     else:
       writer.add_tensor(gname, np.ascontiguousarray(w, np.float32))
   writer.write_header_to_file()
@@ -223,3 +223,59 @@ def write_tiny_gguf(model, path: str | os.PathLike, qtype: str = "F32", tokenize
   writer.write_tensors_to_file()
   writer.close()
   return Path(path)
+
+
+def quantize_blocks(w, qtype: str):
+  """[rows, cols] f32 -> GGUF blocks [rows, row bytes] uint8 of `qtype`: `gguf`'s quantizer
+  where it has one (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), else a plain round-to-nearest encoder of the
+  K types' layout (Q4_K, Q5_K, Q6_K; not llama.cpp's search for the best scales, which only
+  changes how close the values come, not the format `gguf.quants.dequantize` reads)."""
+  import gguf
+  import numpy as np
+
+  w = np.asarray(w, np.float32)
+  if qtype not in ("Q4_K", "Q5_K", "Q6_K"):
+    return gguf.quants.quantize(w, gguf.GGMLQuantizationType[qtype])
+  rows, cols = w.shape
+  x = w.reshape(rows, cols // 256, 256)
+  f16 = lambda v: np.asarray(v, np.float32).astype(np.float16)  # noqa: E731
+  if qtype == "Q6_K":
+    sub = x.reshape(*x.shape[:2], 16, 16)
+    amax = np.abs(sub).max(-1)  # [r, b, 16]
+    d = f16(amax.max(-1) / 32 / 127)
+    df = d.astype(np.float32)[..., None]
+    sc = np.clip(np.round(np.divide(amax / 32, df, out=np.zeros_like(amax), where=df > 0)),
+                 -127, 127)
+    step = (df * sc)[..., None]
+    q = np.clip(np.round(np.divide(sub, step, out=np.zeros_like(sub), where=step > 0)) + 32,
+                0, 63).astype(np.uint8).reshape(*x.shape[:2], 2, 4, 32)  # half, quarter, l
+    ql = np.concatenate([(q[:, :, :, 0] & 15) | ((q[:, :, :, 2] & 15) << 4),
+                         (q[:, :, :, 1] & 15) | ((q[:, :, :, 3] & 15) << 4)], axis=-1)
+    qh = ((q[:, :, :, 0] >> 4) | ((q[:, :, :, 1] >> 4) << 2) | ((q[:, :, :, 2] >> 4) << 4)
+          | ((q[:, :, :, 3] >> 4) << 6))
+    blocks = np.concatenate([ql.reshape(*x.shape[:2], 128), qh.reshape(*x.shape[:2], 64),
+                             sc.astype(np.int8).view(np.uint8), d[..., None].view(np.uint8)],
+                            axis=-1)
+    return blocks.reshape(rows, -1)
+  levels = 15 if qtype == "Q4_K" else 31
+  sub = x.reshape(*x.shape[:2], 8, 32)
+  lo, hi = np.minimum(sub.min(-1), 0), np.maximum(sub.max(-1), 0)  # [r, b, 8]
+  scale, mins = (hi - lo) / levels, -lo
+  d, dmin = f16(scale.max(-1) / 63), f16(mins.max(-1) / 63)
+  df, dmf = d.astype(np.float32)[..., None], dmin.astype(np.float32)[..., None]
+  sc = np.clip(np.round(np.divide(scale, df, out=np.zeros_like(scale), where=df > 0)), 0, 63)
+  m = np.clip(np.round(np.divide(mins, dmf, out=np.zeros_like(mins), where=dmf > 0)), 0, 63)
+  step, off = (df * sc)[..., None], (dmf * m)[..., None]
+  q = np.clip(np.round(np.divide(sub + off, step, out=np.zeros_like(sub), where=step > 0)),
+              0, levels).astype(np.uint8)  # [r, b, 8, 32]
+  sc, m = sc.astype(np.uint8), m.astype(np.uint8)
+  s12 = np.zeros((*x.shape[:2], 12), np.uint8)
+  s12[..., 0:4] = (sc[..., 0:4] & 63) | ((sc[..., 4:8] >> 4) << 6)
+  s12[..., 4:8] = (m[..., 0:4] & 63) | ((m[..., 4:8] >> 4) << 6)
+  s12[..., 8:12] = (sc[..., 4:8] & 15) | ((m[..., 4:8] & 15) << 4)
+  qs = ((q[:, :, 0::2] & 15) | ((q[:, :, 1::2] & 15) << 4)).reshape(*x.shape[:2], 128)
+  parts = [d[..., None].view(np.uint8), dmin[..., None].view(np.uint8), s12]
+  if qtype == "Q5_K":
+    bits = (q >> 4) & 1  # [r, b, 8, 32]: bit s of qh[l]
+    parts.append((bits << np.arange(8, dtype=np.uint8)[:, None]).sum(axis=-2, dtype=np.uint8))
+  return np.concatenate(parts + [qs], axis=-1).reshape(rows, -1)

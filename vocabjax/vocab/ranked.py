@@ -35,7 +35,8 @@ from vocabjax.io import atomic_write_bytes
 from vocabjax.kernels.indexed_lm_head import indexed_lm_head, indexed_lm_head_sharded
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.identity import drafter_identity
-from vocabjax.models.llamalike import is_int8, lm_head_weight
+from vocabjax.kernels.blocks import is_blocks
+from vocabjax.models.llamalike import is_int8, lm_head_rows, lm_head_weight
 from vocabjax.lowering import lowering_of
 from vocabjax.vocab.policy import bound_policy, policy_state, with_policy_state
 
@@ -206,7 +207,9 @@ def ranked_policy(params: dict, h: jax.Array, *, config: LlamaLikeConfig, k: int
     z = indexed_lm_head_sharded(flat, lm_head_weight(params, config), idx, mesh=mesh,
                                 impl=impl)
   else:
-    z = indexed_lm_head(flat, lm_head_weight(params, config), idx, impl=impl)
+    U = lm_head_rows(params, config)[0]  # GGUF blocks: only the K rows are widened
+    z = indexed_lm_head(flat, U if is_blocks(U) else lm_head_weight(params, config), idx,
+                        impl=impl)
   return idx.reshape(lead + (k,)), z.reshape(lead + (k,))
 
 

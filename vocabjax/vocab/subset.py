@@ -26,6 +26,7 @@ import numpy as np
 from vocabjax.io import atomic_write_bytes
 from vocabjax.kernels.cpu_matmul import linear
 from vocabjax.models.config import LlamaLikeConfig
+from vocabjax.kernels.blocks import is_blocks
 from vocabjax.models.llamalike import lm_head_rows
 from vocabjax.lowering import lowering_of
 from vocabjax.vocab.policy import policy_state, with_policy_state
@@ -264,7 +265,8 @@ def attach_subset(params: dict, config: LlamaLikeConfig, subset: VocabSubset) ->
                       f"drafter has V={config.vocab_size}: counted with another tokenizer?")
   ids = jnp.asarray(np.asarray(subset.ids), jnp.int32)
   U, scale = lm_head_rows(params, config)
-  return attach_rows(params, jnp.take(U, ids, axis=0), ids,
+  rows = U.take(ids) if is_blocks(U) else jnp.take(U, ids, axis=0)  # blocks stay blocks
+  return attach_rows(params, rows, ids,
                      None if scale is None else jnp.take(scale, ids, axis=0))
 
 

@@ -1,0 +1,173 @@
+"""Weights kept as GGUF's quantized blocks (`BlockWeight`): what a Q4_K_M file holds, in memory.
+
+A GGUF matrix [F, D] of a block type is F rows of D / n blocks, each block n values stored
+in a fixed number of bytes (a float16 scale, packed 4/5/6/8-bit codes, and for the K types
+sub-block scales and minimums). `BlockWeight` holds those bytes unchanged ([F, row bytes]
+uint8) with the type and D as static fields, so a model loaded from a 1.1 GB Q4_K_M file holds
+1.1 GB of weights instead of 6.2 GB of f32. `linear` multiplies them on the CPU with the C++
+kernel (`cpu_matmul.cc`), which dequantizes 16 values at a time in registers and then does
+exactly the f32 kernel's arithmetic; elsewhere (long prefill blocks, GPU, TPU) `dequantize`
+widens them in XLA first. Both compute every value with the same f32 operations as `gguf`'s
+own `dequantize` (a product, then for the types with a minimum a subtraction or an addition,
+each rounded once), so the model is the file's model: logits equal the f32 path over the
+dequantized weights bit for bit on the CPU kernel, and greedy tokens are identical.
+
+Types kept as blocks: `BLOCK_TYPES` (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K: the registry's
+files and of most GGUF files); other quantized types are dequantized at load, and the loader
+says which.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class BlockType:
+  name: str
+  ggml_type: int  # gguf.GGMLQuantizationType's value
+  values: int  # values per block
+  bytes: int  # bytes per block
+
+
+BLOCK_TYPES = {t.name: t for t in (
+    BlockType("Q4_0", 2, 32, 18), BlockType("Q4_1", 3, 32, 20), BlockType("Q5_0", 6, 32, 22),
+    BlockType("Q5_1", 7, 32, 24), BlockType("Q8_0", 8, 32, 34),
+    BlockType("Q4_K", 12, 256, 144), BlockType("Q5_K", 13, 256, 176),
+    BlockType("Q6_K", 14, 256, 210))}
+
+
+class BlockError(ValueError):
+  """Blocks that cannot be a weight: an unknown type, a width that is not whole blocks, a row
+  of the wrong byte length."""
+
+
+def block_type(qtype: str) -> BlockType:
+  if qtype not in BLOCK_TYPES:
+    raise BlockError(f"quantization type {qtype!r} is not kept as blocks (supported: "
+                     f"{', '.join(BLOCK_TYPES)})")
+  return BLOCK_TYPES[qtype]
+
+
+def row_bytes(qtype: str, cols: int) -> int:
+  """Bytes of one row of `cols` values in blocks of `qtype`; BlockError if `cols` is not a
+  whole number of blocks."""
+  t = block_type(qtype)
+  if cols <= 0 or cols % t.values:
+    raise BlockError(f"a row of {cols} values is not a whole number of {qtype} blocks of "
+                     f"{t.values}")
+  return cols // t.values * t.bytes
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["data"],
+                   meta_fields=["qtype", "cols"])
+@dataclasses.dataclass(frozen=True)
+class BlockWeight:
+  """A weight matrix [F, cols] (or a stack of rows [..., cols]) as stored in GGUF blocks."""
+  data: jax.Array  # [..., row_bytes(qtype, cols)] uint8: each row's blocks, as in the file
+  qtype: str  # a BLOCK_TYPES name
+  cols: int  # D, values per row
+
+  def __post_init__(self):
+    want = row_bytes(self.qtype, self.cols)
+    shape = getattr(self.data, "shape", None)
+    if shape is not None and len(shape) and shape[-1] != want:
+      raise BlockError(f"{self.qtype} rows of {self.cols} values take {want} bytes; the data's "
+                       f"rows have {shape[-1]}")
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    return (*self.data.shape[:-1], self.cols)
+
+  @property
+  def ndim(self) -> int:
+    return len(self.data.shape)
+
+  @property
+  def nbytes(self) -> int:
+    return int(np.prod(self.data.shape)) if self.data.shape else 0
+
+  def take(self, idx, mode: str | None = None) -> "BlockWeight":
+    """The rows `idx` (any shape) still as blocks: [*idx.shape, cols]."""
+    return BlockWeight(jnp.take(self.data, idx, axis=0, mode=mode), self.qtype, self.cols)
+
+
+def is_blocks(w) -> bool:
+  return isinstance(w, BlockWeight)
+
+
+def _f16(b) -> jax.Array:
+  """Two bytes [..., 2] (little-endian) -> their float16 value as f32 [...]."""
+  return jax.lax.bitcast_convert_type(b, jnp.float16).astype(jnp.float32)
+
+
+def _nibbles(qs) -> jax.Array:
+  """[..., n] bytes -> [..., 2, n]: low nibbles, then high nibbles."""
+  return jnp.stack([qs & 0xF, qs >> 4], axis=-2)
+
+
+def _k_scales(s) -> tuple[jax.Array, jax.Array]:
+  """The K types' 12 scale bytes [..., 12] -> 6-bit (scales, mins), each [..., 8] f32."""
+  d, m, md = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+  sc = jnp.concatenate([d & 0x3F, (md & 0x0F) | ((d >> 2) & 0x30)], axis=-1)
+  mn = jnp.concatenate([m & 0x3F, (md >> 4) | ((m >> 2) & 0x30)], axis=-1)
+  return sc.astype(jnp.float32), mn.astype(jnp.float32)
+
+
+def dequantize(w: BlockWeight) -> jax.Array:
+  """The f32 values [..., cols] of `w`, each computed as `gguf.quants.dequantize` computes it."""
+  t = block_type(w.qtype)
+  lead = w.data.shape[:-1]
+  b = w.data.reshape(*lead, w.cols // t.values, t.bytes).astype(jnp.uint8)
+  if t.name == "Q8_0":
+    q = jax.lax.bitcast_convert_type(b[..., 2:], jnp.int8).astype(jnp.float32)
+    out = q * _f16(b[..., 0:2])[..., None]
+  elif t.name in ("Q4_0", "Q4_1", "Q5_0", "Q5_1"):
+    start = {"Q4_0": 2, "Q4_1": 4, "Q5_0": 6, "Q5_1": 8}[t.name]
+    q = _nibbles(b[..., start:]).reshape(*b.shape[:-1], 32)
+    if t.name in ("Q5_0", "Q5_1"):  # the fifth bits: bit l of a little-endian 32-bit word
+      word = b[..., start - 4:start]
+      bits = (word[..., jnp.arange(32) // 8] >> (jnp.arange(32) % 8).astype(jnp.uint8)) & 1
+      q = q | (bits << 4)
+    d = _f16(b[..., 0:2])[..., None]
+    if t.name in ("Q4_0", "Q5_0"):
+      out = d * (q.astype(jnp.int8) - (8 if t.name == "Q4_0" else 16)).astype(jnp.float32)
+    else:
+      out = d * q.astype(jnp.float32) + _f16(b[..., 2:4])[..., None]
+  elif t.name in ("Q4_K", "Q5_K"):
+    d, dmin = _f16(b[..., 0:2]), _f16(b[..., 2:4])
+    sc, mn = _k_scales(b[..., 4:16])
+    qs = b[..., 16:144] if t.name == "Q4_K" else b[..., 48:176]
+    q = _nibbles(qs.reshape(*qs.shape[:-1], 4, 32)).reshape(*b.shape[:-1], 8, 32)
+    if t.name == "Q5_K":
+      qh = b[..., 16:48]
+      bits = (qh[..., None, :] >> jnp.arange(8, dtype=jnp.uint8)[:, None]) & 1
+      q = q | (bits << 4)
+    out = (d[..., None] * sc)[..., None] * q.astype(jnp.float32) - (dmin[..., None] * mn)[..., None]
+  else:  # Q6_K
+    ql, qh = b[..., 0:128], b[..., 128:192]
+    sc = jax.lax.bitcast_convert_type(b[..., 192:208], jnp.int8).astype(jnp.float32)
+    d = _f16(b[..., 208:210])
+    lo = _nibbles(ql.reshape(*ql.shape[:-1], 2, 64)).reshape(*b.shape[:-1], 8, 32)
+    hi = ((qh.reshape(*qh.shape[:-1], 2, 1, 32) >> jnp.array([0, 2, 4, 6], jnp.uint8)[:, None])
+          & 3).reshape(*b.shape[:-1], 8, 32)
+    q = ((lo | (hi << 4)).astype(jnp.int8) - 32).reshape(*b.shape[:-1], 16, 16)
+    out = (d[..., None] * sc)[..., None] * q.astype(jnp.float32)
+  return out.reshape(*lead, w.cols)
+
+
+def from_numpy(data: np.ndarray, qtype: str, cols: int | None = None) -> BlockWeight:
+  """A BlockWeight of a GGUF tensor's bytes [F, row bytes] (as `gguf`'s reader hands them)."""
+  t = block_type(qtype)
+  data = np.ascontiguousarray(data, np.uint8)
+  if cols is None:
+    if data.shape[-1] % t.bytes:
+      raise BlockError(f"{qtype} rows are whole blocks of {t.bytes} bytes; these have "
+                       f"{data.shape[-1]}")
+    cols = data.shape[-1] // t.bytes * t.values
+  return BlockWeight(jnp.asarray(data), qtype, cols)
