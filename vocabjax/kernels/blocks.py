@@ -85,6 +85,12 @@ class BlockWeight:
     return (*self.data.shape[:-1], self.cols)
 
   @property
+  def dtype(self):
+    """The stored bytes' dtype (uint8): not a float, so dtype checks treat blocks as
+    quantized."""
+    return self.data.dtype
+
+  @property
   def ndim(self) -> int:
     return len(self.data.shape)
 

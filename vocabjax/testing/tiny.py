@@ -126,7 +126,8 @@ def llama_cpp_permute(w, n_head: int):
 
 
 def write_tiny_gguf(model, path: str | os.PathLike, qtype: str = "F32", tokenizer=None,
-                    state: dict | None = None, sliding_pattern=None) -> Path:
+                    state: dict | None = None, sliding_pattern=None,
+                    raw: dict | None = None) -> Path:
   """Write a transformers llama/qwen2/qwen3/gemma3_text model as GGUF the way llama.cpp's
   converter does.
 
@@ -135,7 +136,8 @@ def write_tiny_gguf(model, path: str | os.PathLike, qtype: str = "F32", tokenize
   forgets to undo it produces wrong logits. Gemma 3's norms are stored as 1 + w and its four
   norms per layer under llama.cpp's names (`sliding_pattern`: its
   `attention.sliding_window_pattern`, an int or one bool per layer). `state` overrides the
-  model's state dict (tests of broken files).
+  model's state dict (tests of broken files); `raw` maps GGUF tensor names to (bytes [rows,
+  row bytes] uint8, type name) written instead (a type this writer cannot quantize).
   """
   import gguf
   import numpy as np
@@ -214,7 +216,10 @@ def write_tiny_gguf(model, path: str | os.PathLike, qtype: str = "F32", tokenize
       w = llama_cpp_permute(w, KV)
     elif arch == "gemma3" and gname.endswith("norm.weight"):
       w = w + 1.0  # llama.cpp's Gemma converter stores Gemma3RMSNorm's 1 + w
-    if w.ndim == 2 and qt != gguf.GGMLQuantizationType.F32:
+    if raw and gname in raw:
+      data, raw_type = raw[gname]
+      writer.add_tensor(gname, data, raw_dtype=gguf.GGMLQuantizationType[raw_type])
+    elif w.ndim == 2 and qt != gguf.GGMLQuantizationType.F32:
       writer.add_tensor(gname, quantize_blocks(w, qtype), raw_dtype=qt)
     else:
       writer.add_tensor(gname, np.ascontiguousarray(w, np.float32))
