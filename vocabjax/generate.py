@@ -23,7 +23,6 @@ import time
 from typing import Any, Sequence
 
 import jax
-import jax.numpy as jnp
 
 from vocabjax.checkpoints.hub import add_allow_bin_argument, allow_bin_from_args
 from vocabjax.checkpoints.loader import dtype_name, load_model

@@ -10,7 +10,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from vocabjax import sharding
 from vocabjax.checkpoints import zoo
