@@ -7,16 +7,16 @@ import numpy as np
 import pytest
 
 from tests.helpers.blocks import to_blocks
+from tests.helpers.models import greedy_decoders
 from vocabjax.decoding.autoregressive import Decoder
 from vocabjax.decoding.drafter import ChainProposer, TreeProposer
-from vocabjax.decoding.pld import LookupProposer
 from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.kernels.blocks import BLOCK_TYPES, is_blocks
 from vocabjax.models import LlamaLikeConfig, init_params
 from vocabjax.models.llamalike import cast_weights, compute_dtype, has_blocks
 from vocabjax.sampling import SamplingParams
-from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
+from vocabjax.testing.proposers import target_law
 from vocabjax.vocab.subset import VocabSubset, attach_subset
 
 # widths of whole K blocks (256 values)
@@ -35,15 +35,12 @@ def _pair(config, qtype, scale):
 
 
 def _methods(target, draft, config):
-  return {
-      "chain": SpeculativeEngine(target, config, ChainProposer(draft, config, config, gamma=3)),
-      "tree": SpeculativeEngine(target, config, TreeProposer(draft, config, config,
-                                                              tree=TreeParams(2, 3, 6))),
-      "pld": SpeculativeEngine(target, config, LookupProposer(gamma=3)),
-      "vocabtrim": SpeculativeEngine(target, config, ChainProposer(
-          attach_subset(draft, config, VocabSubset(np.arange(0, 64, 2), 64)), config, config,
-          gamma=3)),
-  }
+  methods = greedy_decoders(target, draft, config)
+  del methods["ar"]
+  methods["vocabtrim"] = SpeculativeEngine(target, config, ChainProposer(
+      attach_subset(draft, config, VocabSubset(np.arange(0, 64, 2), 64)), config, config,
+      gamma=3))
+  return methods
 
 
 @pytest.mark.parametrize("qtype", sorted(BLOCK_TYPES))
@@ -73,14 +70,10 @@ def test_sampling_on_blocks_is_lossless(qtype, kind):
   sp = SamplingParams(temperature=1.0)
   proposer = (ChainProposer(draft, BSMALL, BSMALL, gamma=2) if kind == "chain" else
               TreeProposer(draft, BSMALL, BSMALL, tree=TreeParams(2, 2, 4)))
-  dec = SpeculativeEngine(target, BSMALL, proposer)
-  prompt = [3, 1]
-  res = dec.generate([prompt] * 6000, max_new_tokens=3, sampling=sp, seed=17)
-  assert 0.05 < res.stats.acceptance_rate < 0.95
-  V = BSMALL.vocab_size
-  toks = np.asarray([r[:3] for r in res.tokens])
-  samples = toks[:, 0] * V * V + toks[:, 1] * V + toks[:, 2]
-  assert chi2_pvalue(samples, exact_sequence_probs(target, BSMALL, prompt, sp)) > 1e-3
+  pvalue, stats = target_law(SpeculativeEngine(target, BSMALL, proposer), target, BSMALL,
+                             [3, 1], sp, n=6000, seed=17)
+  assert 0.05 < stats.acceptance_rate < 0.95
+  assert pvalue > 1e-3
 
 
 def test_blocks_refuse_a_cast():

@@ -6,12 +6,10 @@ import numpy as np
 import pytest
 
 from vocabjax.decoding import Decoder
-from vocabjax.decoding.pld import LookupProposer
 from vocabjax.decoding.speculative import SpeculativeEngine
-from vocabjax.decoding.drafter import ChainProposer, TreeProposer
-from vocabjax.decoding.tree import TreeParams
+from vocabjax.decoding.drafter import ChainProposer
 
-from tests.helpers.models import CFG
+from tests.helpers.models import CFG, greedy_decoders
 
 
 class Recorder:
@@ -32,17 +30,7 @@ PROMPT = [5, 9, 17, 3, 44, 21, 8, 9, 10, 11, 5, 9, 17]
 
 
 def _decoders(pair):
-  target, draft = pair
-  return {
-      "ar":
-          Decoder(target, CFG),
-      "chain":
-          SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=3)),
-      "tree":
-          SpeculativeEngine(target, CFG, TreeProposer(draft, CFG, CFG, tree=TreeParams(2, 3, 6))),
-      "pld":
-          SpeculativeEngine(target, CFG, LookupProposer(gamma=3))
-  }
+  return greedy_decoders(*pair)
 
 
 @pytest.mark.parametrize("name", ["ar", "chain", "tree", "pld"])

@@ -4,17 +4,12 @@ its cache slots in place instead of rewriting the whole stacked cache
 (experiments/results/gpu_cache_traffic/); here: the same logits as the einsum path, greedy
 identity of every decoder with it, and the GPU step compiled deviceless without the rewrites."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.helpers.models import CFG
+from tests.helpers.models import CFG, greedy_decoders
 from vocabjax.decoding.autoregressive import Decoder
-from vocabjax.decoding.pld import LookupProposer
-from vocabjax.decoding.speculative import SpeculativeEngine
-from vocabjax.decoding.drafter import ChainProposer, TreeProposer
-from vocabjax.decoding.tree import TreeParams
 from vocabjax.lowering import Lowering, sum_attention_default, with_lowering
 from vocabjax.models import KVCache, forward
 from vocabjax.models.llamalike import cast_weights, lm_head
@@ -50,16 +45,7 @@ def test_every_decoder_keeps_greedy_identity_with_summed_attention(pair, dtype):
   rs = np.random.RandomState(7)
   prompts = [rs.randint(0, 64, n).tolist() for n in (1, 9, 4)] + [[5, 9, 2, 5, 9, 2, 5]]
   with sum_attention_default(True):  # decoders fix their lowering when constructed
-    decoders = {
-        "ar":
-            Decoder(target, CFG),
-        "chain":
-            SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=3)),
-        "tree":
-            SpeculativeEngine(target, CFG, TreeProposer(draft, CFG, CFG, tree=TreeParams(2, 3, 6))),
-        "pld":
-            SpeculativeEngine(target, CFG, LookupProposer(gamma=3))
-    }
+    decoders = greedy_decoders(target, draft)
   assert all(d.lowering.sum_attention for d in decoders.values())
   assert not Decoder(target, CFG).lowering.sum_attention  # off outside (the default)
   ar = decoders.pop("ar").generate(prompts, max_new_tokens=20)

@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.helpers.models import CFG, PROMPT, SMALL, prompt_samples
+from tests.helpers.models import CFG, PROMPT, SMALL, greedy_decoders, prompt_samples
 from vocabjax.decoding.autoregressive import Decoder
 from vocabjax.decoding.pld import LookupProposer
 from vocabjax.decoding.speculative import SpeculativeEngine
@@ -32,16 +32,7 @@ def test_cast_weights_narrows_matrices_only(pair):
 
 
 def _methods(target, draft, names):
-  make = {
-      "chain":
-          lambda: SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=3)),
-      "tree":
-          lambda: SpeculativeEngine(target, CFG,
-                                    TreeProposer(draft, CFG, CFG, tree=TreeParams(2, 3, 6))),
-      "pld":
-          lambda: SpeculativeEngine(target, CFG, LookupProposer(gamma=3))
-  }
-  return {name: make[name]() for name in names}
+  return {n: d for n, d in greedy_decoders(target, draft).items() if n in names}
 
 
 # Each (weight dtype, CPU kernel) lowering with the methods whose matmuls it meets in a new

@@ -1,10 +1,13 @@
 """The tiny model configs the decoding tests share (`CFG`: V = 64; `SMALL`: V = 8, whose
-exact laws are computable), the test dtype (`VOCABJAX_TEST_DTYPE`), and the sampling checks
-(`prompt_samples`, `check_vocab_sampling_lossless`)."""
+exact laws are computable), the test dtype (`VOCABJAX_TEST_DTYPE`), the usual decoders of a
+pair (`greedy_decoders`), and the sampling checks (`prompt_samples`,
+`check_vocab_sampling_lossless`)."""
 
 import os
 
+from vocabjax.decoding.autoregressive import Decoder
 from vocabjax.decoding.drafter import ChainProposer, TreeProposer
+from vocabjax.decoding.pld import LookupProposer
 from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.models import LlamaLikeConfig
@@ -29,6 +32,18 @@ def as_test_dtype(params):
   if DTYPE == "float32":
     return params
   return cast_weights(params, DTYPE)
+
+
+def greedy_decoders(target, draft, config=CFG) -> dict:
+  """Plain decoding and the three methods every weight format and lowering is checked with:
+  a chain (gamma 3), a tree (2 x 3, 6 nodes) and prompt lookup (gamma 3), by name."""
+  return {
+      "ar": Decoder(target, config),
+      "chain": SpeculativeEngine(target, config, ChainProposer(draft, config, config, gamma=3)),
+      "tree": SpeculativeEngine(target, config, TreeProposer(draft, config, config,
+                                                              tree=TreeParams(2, 3, 6))),
+      "pld": SpeculativeEngine(target, config, LookupProposer(gamma=3)),
+  }
 
 
 def prompt_samples(decoder, sampling, n: int = 12_000, seed: int = 5, prompt=PROMPT):

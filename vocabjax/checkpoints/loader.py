@@ -138,24 +138,27 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
   norms, biases, activations and the KV cache stay f32, which is what runs fast there.
   `int8` (any backend) is weight-only int8 with per-row f32 scales, quantized from the f32
   weights at load (`models.llamalike.quantize_int8`); activations and the cache stay f32.
+  `gguf` (a .gguf file, one device) keeps the file's quantized matrices as their blocks
+  (`kernels.blocks`); its norms and biases load as f32.
   """
   dtype = parse_dtype(dtype)
-  path = zoo.resolve(name_or_path, progress=progress, allow_bin=allow_bin)
-  if dtype == GGUF:
-    if mesh is not None:
-      raise ValueError("GGUF blocks (dtype='gguf') are a one-device format: load the model in "
-                       "float32 or bfloat16 onto a mesh")
-    if path.suffix != ".gguf":
-      raise ValueError(f"dtype='gguf' keeps a GGUF file's quantized blocks; {path} is not a "
-                       f".gguf file: choose float32, bfloat16 or int8")
-    return _load_gguf_model(path, dtype, load_tokenizer)
+  keep_blocks = dtype == GGUF
+  if keep_blocks and mesh is not None:
+    raise ValueError("GGUF blocks (dtype='gguf') are a one-device format: load the model in "
+                     "float32 or bfloat16 onto a mesh")
   if mesh is not None and jnp.dtype(dtype) == jnp.int8:
     raise ValueError("int8 weights (weight-only quantization) are a one-device format: load "
                      "the model in float32 or bfloat16 onto a mesh")
+  path = zoo.resolve(name_or_path, progress=progress, allow_bin=allow_bin)
+  if keep_blocks and path.suffix != ".gguf":
+    raise ValueError(f"dtype='gguf' keeps a GGUF file's quantized blocks; {path} is not a "
+                     f".gguf file: choose float32, bfloat16 or int8")
   placement = (lambda cfg: sharding.param_shardings(cfg, mesh)) if mesh is not None else None
-  narrow_on_cpu = ((jax.default_backend() == "cpu" and jnp.dtype(dtype) != jnp.float32)
-                   or jnp.dtype(dtype) == jnp.int8)
-  out_dtype, dtype = dtype, (jnp.float32 if narrow_on_cpu else dtype)
+  narrow_on_cpu = not keep_blocks and (
+      (jax.default_backend() == "cpu" and jnp.dtype(dtype) != jnp.float32)
+      or jnp.dtype(dtype) == jnp.int8)
+  # the float tensors (norms, biases) of a GGUF file kept as blocks load as f32
+  out_dtype, dtype = dtype, (jnp.float32 if narrow_on_cpu or keep_blocks else dtype)
   tokenizer = None
   if path.is_dir():
     config, params, raw = load_hf(path, dtype=dtype, allow_bin=allow_bin, placement=placement)
@@ -169,8 +172,13 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
     eos = eos_ids(gen.get("eos_token_id"), raw.get("eos_token_id"),
                    getattr(tokenizer, "eos_token_id", None))
   elif path.suffix == ".gguf":
-    config, params, meta = load_gguf(path, dtype=dtype, placement=placement)
-    tokenizer, eos = _gguf_tokenizer(path, config, meta, load_tokenizer)
+    config, params, meta = load_gguf(path, dtype=dtype, placement=placement,
+                                     keep_blocks=keep_blocks)
+    tokenizer = load_gguf_tokenizer(path) if load_tokenizer else None
+    eos = eos_ids(meta.get("tokenizer.ggml.eos_token_id"),
+                  getattr(tokenizer, "eos_token_id", None))
+    if config.arch == "gemma3":
+      eos = eos_ids(eos, gemma3_chat(tokenizer))
   else:
     raise ValueError(f"{path}: expected a Hugging Face directory or a .gguf file")
   check_finite(params, str(path))
@@ -178,25 +186,6 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
     params = cast_weights(params, out_dtype)
   return Model(config=config, params=params, tokenizer=tokenizer, eos_token_ids=eos,
                source=str(path), dtype=out_dtype)
-
-
-def _gguf_tokenizer(path: Path, config: LlamaLikeConfig, meta: dict, load: bool):
-  """(tokenizer or None, stop tokens) of a GGUF file."""
-  tokenizer = load_gguf_tokenizer(path) if load else None
-  eos = eos_ids(meta.get("tokenizer.ggml.eos_token_id"), getattr(tokenizer, "eos_token_id", None))
-  if config.arch == "gemma3":
-    eos = eos_ids(eos, gemma3_chat(tokenizer))
-  return tokenizer, eos
-
-
-def _load_gguf_model(path: Path, dtype, load_tokenizer: bool) -> Model:
-  """A GGUF file with its quantized matrices kept as blocks (`kernels.blocks`); its float
-  tensors (norms, biases) in f32."""
-  config, params, meta = load_gguf(path, dtype=jnp.float32, keep_blocks=True)
-  check_finite(params, str(path))
-  tokenizer, eos = _gguf_tokenizer(path, config, meta, load_tokenizer)
-  return Model(config=config, params=params, tokenizer=tokenizer, eos_token_ids=eos,
-               source=str(path), dtype=dtype)
 
 
 def load_tokenizer_and_vocab(name: str | os.PathLike):

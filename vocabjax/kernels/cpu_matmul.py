@@ -251,7 +251,11 @@ def linear_reference(x: jax.Array, w: jax.Array, scale: jax.Array | None = None)
 
 
 def _kernel_call(x2, w, scale, gemm=False):
-  target = f"vocabjax_{(_GEMM_TARGETS if gemm else _TARGETS)[jnp.dtype(w.dtype).name]}"
+  if isinstance(w, BlockWeight):  # GGUF blocks: the type's target over the rows' bytes
+    target, w = (_BLOCK_GEMM_TARGETS if gemm else _BLOCK_TARGETS)[w.qtype], w.data
+  else:
+    target = (_GEMM_TARGETS if gemm else _TARGETS)[jnp.dtype(w.dtype).name]
+  target = f"vocabjax_{target}"
   out = jax.ShapeDtypeStruct((x2.shape[0], w.shape[0]), jnp.float32)
   call = jax.ffi.ffi_call(target, out, vmap_method="sequential")
   return call(x2, w) if scale is None else call(x2, w, scale)
@@ -289,16 +293,16 @@ def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None, *,
   if x.shape[-1] != w.shape[-1]:
     raise ValueError(f"linear: x's width {x.shape[-1]} differs from w{tuple(w.shape)}'s "
                      f"input width {w.shape[-1]}")
-  if isinstance(w, BlockWeight):
-    if scale is not None:
-      raise ValueError("linear: GGUF blocks carry their own scales; pass no scale")
-    return _linear_blocks(x, w, lowering)
+  if isinstance(w, BlockWeight) and scale is not None:
+    raise ValueError("linear: GGUF blocks carry their own scales; pass no scale")
   if lowering.bf16_dots and scale is None and jnp.issubdtype(w.dtype, jnp.floating):
     return bf16_dot(x, w)
   if not lowering.platform:  # untagged: the CPU's lowering where the program lowers for a CPU
     return jax.lax.platform_dependent(
         x, w, cpu=lambda x, w: linear(x, w, scale, lowering=lowering.replace(platform="cpu")),
         default=lambda x, w: linear(x, w, scale, lowering=lowering.replace(platform="other")))
+  if isinstance(w, BlockWeight):
+    return _linear_blocks(x, w, lowering)
   if (w.dtype == jnp.int8) == (scale is not None) and uses_gemm(x.shape, x.dtype, w.dtype, lowering):
     y = _streamed(x.reshape(-1, x.shape[-1]).astype(jnp.float32), w, scale, True)
     return y.reshape(*x.shape[:-1], w.shape[0])
@@ -314,12 +318,9 @@ def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None, *,
 
 
 def _linear_blocks(x: jax.Array, w: BlockWeight, lowering: Lowering) -> jax.Array:
-  """`linear` of GGUF blocks: the kernel's block targets on the CPU (dequantizing in registers),
-  else XLA's dot on `blocks.dequantize(w)` (f32 values, widened one matrix at a time)."""
-  if not lowering.platform:
-    return jax.lax.platform_dependent(
-        x, w, cpu=lambda x, w: _linear_blocks(x, w, lowering.replace(platform="cpu")),
-        default=lambda x, w: _linear_blocks(x, w, lowering.replace(platform="other")))
+  """`linear` of GGUF blocks under a platform-tagged `lowering`: the kernel's block targets on
+  the CPU (dequantizing in registers), else XLA's dot on `blocks.dequantize(w)` (f32 values,
+  widened one matrix at a time)."""
   lead, D = x.shape[:-1], x.shape[-1]
   M = int(np.prod(lead, dtype=np.int64))
   float_x = jnp.dtype(x.dtype).name in ("float32", "bfloat16")
@@ -327,12 +328,8 @@ def _linear_blocks(x: jax.Array, w: BlockWeight, lowering: Lowering) -> jax.Arra
   if on_kernel and available():
     gemm = lowering.bf16_blocks and M >= GEMM_MIN_ROWS and gemm_available()
     if gemm or M <= MAX_ROWS or lowering.any_rows:
-      target = (_BLOCK_GEMM_TARGETS if gemm else _BLOCK_TARGETS)[w.qtype]
-      x2 = x.reshape(M, D).astype(jnp.float32)
-      call = jax.ffi.ffi_call(f"vocabjax_{target}",
-                              jax.ShapeDtypeStruct((M, w.data.shape[0]), jnp.float32),
-                              vmap_method="sequential")
-      return call(x2, w.data).reshape(*lead, w.data.shape[0])
+      y = _kernel_call(x.reshape(M, D).astype(jnp.float32), w, None, gemm)
+      return y.reshape(*lead, w.shape[0])
   u = dequantize(w)
   if lowering.bf16_dots:
     return bf16_dot(x, u)
