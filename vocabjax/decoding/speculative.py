@@ -219,11 +219,11 @@ def engine_prefill(target_params, draft_params, tokens, prompt_lengths, target_c
 def verify(target_params, state: EngineState, drafts: Drafts, key, *,
            target_config: LlamaLikeConfig, sampling: SamplingParams, feature_layers=None):
   """The verifier a proposal calls for: `verify_chain` for a chain (parent None), else
-  `verify_tree` (with the target's features of `feature_layers` on the path)."""
+  `verify_tree`, each with the target's features of `feature_layers` (a tree's on its path)."""
   if drafts.parent is None:
     return verify_chain(target_params, state.last, drafts.tokens, state.target_cache, key,
                         target_config=target_config, sampling=sampling, q=drafts.q,
-                        n_valid=drafts.n_valid)
+                        n_valid=drafts.n_valid, feature_layers=feature_layers)
   return verify_tree(target_params, state.last, drafts.tokens, drafts.parent, drafts.depth,
                      state.target_cache, key, target_config=target_config, tree=drafts.bounds,
                      sampling=sampling, feature_layers=feature_layers)

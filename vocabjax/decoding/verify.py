@@ -18,7 +18,7 @@ from flax import struct
 
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import forward, lm_head
+from vocabjax.models.llamalike import forward, forward_features, lm_head
 from vocabjax.sampling import SamplingParams, flag_nonfinite, probs, sample
 
 
@@ -86,23 +86,31 @@ class ChainVerdict:
   next: jax.Array  # [B] int32, the token the target emits after them
   emitted: jax.Array  # [B, G + 1] the n accepted drafts and `next`, then -1
   target_cache: KVCache  # every committed token but `next`: lengths + n + 1
+  features: jax.Array | None = None  # [B, G + 1, Lf*Dt] the target's features of [last,
+  #   drafts] (when asked: a drafter conditioned on the target's layers reads them next)
 
 
 def verify_chain(target_params, last, drafts, target_cache: KVCache, key, *,
                  target_config: LlamaLikeConfig, sampling: SamplingParams, q=None,
-                 n_valid=None) -> ChainVerdict:
+                 n_valid=None, feature_layers: tuple[int, ...] | None = None) -> ChainVerdict:
   """Score [last, drafts] (drafts [B, G]) in one target forward at the cache's next slots,
   verify the drafts and commit.
 
   `q` [B, G, V]: the drafter's probabilities of each draft position over the target's
   vocabulary, after the same logit processing as the target's (sampling only; None: the drafts
   are point masses, as prompt lookup's are). `n_valid` [B]: only the first n_valid drafts of a
-  row are real, the rest padding. With G = 0 the step samples the target's next token."""
+  row are real, the rest padding. With G = 0 the step samples the target's next token.
+  `feature_layers`: also return the target's features of those layers at [last, drafts]."""
   B, G = drafts.shape
   N = target_cache.lengths
   tokens = jnp.concatenate([last[:, None], drafts], axis=1)  # [B, G + 1]
-  h, cache = forward(target_params, tokens, N[:, None] + jnp.arange(G + 1)[None], target_cache,
-                     config=target_config)
+  positions = N[:, None] + jnp.arange(G + 1)[None]
+  feats = None
+  if feature_layers:
+    h, cache, feats = forward_features(target_params, tokens, positions, target_cache,
+                                       config=target_config, layers=feature_layers)
+  else:
+    h, cache = forward(target_params, tokens, positions, target_cache, config=target_config)
   logits = lm_head(target_params, h, config=target_config)  # [B, G + 1, V]
   if G == 0:
     n, nxt = jnp.zeros((B,), jnp.int32), sample(key, logits[:, 0], sampling)
@@ -116,7 +124,7 @@ def verify_chain(target_params, last, drafts, target_cache: KVCache, key, *,
   emitted = jnp.where(slot < n[:, None], jnp.pad(drafts, ((0, 0), (0, 1))),
                       jnp.where(slot == n[:, None], nxt[:, None], -1))
   return ChainVerdict(accepted=n, next=nxt.astype(jnp.int32), emitted=emitted,
-                      target_cache=cache.with_lengths(N + 1 + n))
+                      target_cache=cache.with_lengths(N + 1 + n), features=feats)
 
 
 def _children(parent_full: jax.Array, cur: jax.Array) -> jax.Array:

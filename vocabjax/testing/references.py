@@ -6,6 +6,7 @@ against them on the same weights:
     Eagle3 = eagle3_head()                              # SpecForge's LlamaForCausalLMEagle3
     ResBlock, utils = medusa_reference()                # Medusa's ResBlock and tree utilities
     _C = suffix_reference()                             # Arctic Inference's C++ suffix tree
+    model = dflash_reference()                          # z-lab's dflash.model (DFlash drafters)
 
 `eagle-llm` 1.2.1 (EAGLE's authors; its `eagle/model/cnets.py` is the EAGLE-1/2 head, which
 EAGLE-2 reuses unchanged) and `medusa-llm` 0.1 (Medusa's authors) pin versions of accelerate,
@@ -42,7 +43,7 @@ from pathlib import Path
 from vocabjax.testing.gpu_aot import pip_install_into
 
 PACKAGES = {"eagle-llm": ("1.2.1", "eagle"), "medusa-llm": ("0.1", "medusa"),
-            "specforge": ("0.2.0", "specforge")}
+            "specforge": ("0.2.0", "specforge"), "dflash": ("0.1.0", "dflash")}
 
 
 def references_dir() -> Path:
@@ -231,6 +232,15 @@ def medusa_reference():
   model = importlib.import_module("medusa.model.medusa_model")
   utils = importlib.import_module("medusa.model.utils")
   return model.ResBlock, utils
+
+
+@functools.cache
+def dflash_reference():
+  """z-lab's `dflash.model` of its PyPI release (`DFlashDraftModel`, `DFlash2DraftModel`,
+  `dflash_generate`, `extract_context_feature`); it runs on this environment's torch and
+  transformers (its `local` extra pins torch 2.13.0 and transformers 5.15.0)."""
+  _require("dflash")
+  return importlib.import_module("dflash.model")
 
 
 def main(argv=None) -> int:

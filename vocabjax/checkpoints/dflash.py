@@ -1,0 +1,189 @@
+"""DFlash drafter checkpoints in z-lab's layout (`z-lab/*-DFlash*`, what `dflash` 0.1.0's
+`DFlashDraftModel.save_pretrained` writes): a directory with `config.json` (a Qwen3 config with
+`num_target_layers` and the drafter's own fields, either in a `dflash_config` entry or at the
+top level: `target_layer_ids`, `mask_token_id`, `block_size`, `input_embedding_scale`,
+`output_multiplier`, `final_logit_softcapping`, `is_causal`) and `model.safetensors`:
+
+  fc.weight                                    [D, Lf*Dt]
+  hidden_norm.weight, norm.weight              [D]
+  layers.{i}.input_layernorm.weight            [D]
+  layers.{i}.self_attn.{q,k,v,o}_proj.weight   (biases where attention_bias)
+  layers.{i}.self_attn.{q,k}_norm.weight       [head_dim]
+  layers.{i}.post_attention_layernorm.weight   [D]
+  layers.{i}.mlp.{gate,up,down}_proj.weight
+
+The drafter has no embedding and no LM head of its own: it drafts with the target's. A tensor
+this reader does not know (DFlash 2's convolutions and selector, which `dflash` loads as
+`DFlash2DraftModel`) is refused by name rather than ignored.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+
+from vocabjax.checkpoints.convert import CheckpointError, check_finite
+from vocabjax.checkpoints.eagle3 import read_head_file
+from vocabjax.checkpoints.hf_config import UnsupportedConfigError, config_from_hf
+from vocabjax.models.config import LlamaLikeConfig
+from vocabjax.models.dflash import DFlashConfig, default_target_layers
+
+# config.json fields that belong to the drafter, not to its Qwen3 layers
+DRAFT_FIELDS = ("target_layer_ids", "mask_token_id", "block_size", "input_embedding_scale",
+                "output_multiplier", "final_logit_softcapping", "is_causal")
+_BOOKKEEPING = ("architectures", "auto_map", "dflash_config", "num_target_layers", "dtype",
+                "torch_dtype", "transformers_version", "use_cache", "initializer_range",
+                "attention_dropout", "bos_token_id", "eos_token_id", "pad_token_id",
+                "use_sliding_window", "max_window_layers", "tie_word_embeddings", "_name_or_path",
+                "model_type", "layer_types")
+
+LAYER = {"attn_norm": "input_layernorm.weight", "wq": "self_attn.q_proj.weight",
+         "wk": "self_attn.k_proj.weight", "wv": "self_attn.v_proj.weight",
+         "wo": "self_attn.o_proj.weight", "q_norm": "self_attn.q_norm.weight",
+         "k_norm": "self_attn.k_norm.weight", "mlp_norm": "post_attention_layernorm.weight",
+         "w_gate": "mlp.gate_proj.weight", "w_up": "mlp.up_proj.weight",
+         "w_down": "mlp.down_proj.weight"}
+BIASES = {"bq": "self_attn.q_proj.bias", "bk": "self_attn.k_proj.bias",
+          "bv": "self_attn.v_proj.bias", "bo": "self_attn.o_proj.bias"}
+TOP = {"fc": "fc.weight", "hidden_norm": "hidden_norm.weight", "final_norm": "norm.weight"}
+
+
+def is_dflash_config(raw: dict) -> bool:
+  """Whether a config.json is a DFlash drafter's (z-lab's layout)."""
+  archs = raw.get("architectures") or []
+  return "dflash_config" in raw or any("DFlash" in a for a in archs)
+
+
+def draft_value(raw: dict, name: str, default=None):
+  """A drafter field as the reference reads it: `dflash_config` first, then the top level."""
+  own = raw.get("dflash_config") or {}
+  return own.get(name, raw.get(name, default))
+
+
+def dflash_config_from_raw(raw: dict, where: str = "config.json") -> DFlashConfig:
+  """The DFlashConfig of a config.json dict; CheckpointError naming the field and value."""
+  archs = raw.get("architectures") or []
+  if any("DFlash2" in a for a in archs) or draft_value(raw, "conv_kernel_size") is not None:
+    raise CheckpointError(f"{where}: a DFlash 2 drafter (architectures={archs}); this reader "
+                          f"implements DFlash (no convolutions, no candidate selector)")
+  layer_raw = {k: v for k, v in raw.items() if k not in _BOOKKEEPING and k not in DRAFT_FIELDS}
+  layer_raw["model_type"] = "qwen3"
+  try:
+    layer = config_from_hf(layer_raw)
+  except (UnsupportedConfigError, ValueError) as e:
+    raise CheckpointError(f"{where}: {e}") from None
+  if raw.get("layer_types"):
+    layer = _with_layer_types(layer, raw, where)
+  ids = draft_value(raw, "target_layer_ids")
+  if ids is None:
+    n = raw.get("num_target_layers")
+    if not isinstance(n, int) or n < 1:
+      raise CheckpointError(f"{where}: names no target_layer_ids and num_target_layers={n!r}: "
+                            f"the target layers the drafter reads cannot be known")
+    ids = default_target_layers(n, layer.num_layers)
+  if (not isinstance(ids, (list, tuple)) or not ids
+      or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)):
+    raise CheckpointError(f"{where}: target_layer_ids={ids!r} must be a list of layer indices")
+  mask = draft_value(raw, "mask_token_id")
+  if not isinstance(mask, int) or isinstance(mask, bool):
+    raise CheckpointError(f"{where}: mask_token_id={mask!r}: a DFlash drafter needs the id of "
+                          f"the token its undrafted block positions embed")
+  cap = draft_value(raw, "final_logit_softcapping")
+  causal = draft_value(raw, "is_causal")
+  try:
+    return DFlashConfig(
+        layer=layer, target_hidden_size=int(raw.get("target_hidden_size") or layer.hidden_size),
+        target_layer_ids=tuple(ids), block_size=int(draft_value(raw, "block_size", 16)),
+        mask_token_id=mask,
+        input_embedding_scale=float(draft_value(raw, "input_embedding_scale", 1.0)),
+        output_multiplier=float(draft_value(raw, "output_multiplier", 1.0)),
+        final_logit_softcapping=None if cap is None else float(cap),
+        causal=None if causal is None else bool(causal))
+  except ValueError as e:
+    raise CheckpointError(f"{where}: {e}") from None
+
+
+def _with_layer_types(layer: LlamaLikeConfig, raw: dict, where: str) -> LlamaLikeConfig:
+  types = tuple(raw["layer_types"])
+  if len(types) != layer.num_layers or set(types) - {"full_attention", "sliding_attention"}:
+    raise CheckpointError(f"{where}: layer_types={list(types)} must name full_attention or "
+                          f"sliding_attention for each of its {layer.num_layers} layers")
+  window = raw.get("sliding_window")
+  if "sliding_attention" in types and not (isinstance(window, int) and window > 0):
+    raise CheckpointError(f"{where}: sliding layers need a positive sliding_window, got "
+                          f"{window!r}")
+  return layer.replace(layer_types=types, sliding_window=window if "sliding_attention" in types
+                       else None)
+
+
+def load_dflash_config(directory) -> DFlashConfig:
+  directory = Path(directory)
+  try:
+    raw = json.loads((directory / "config.json").read_text())
+  except (OSError, json.JSONDecodeError) as e:
+    raise CheckpointError(f"{directory} is not a readable DFlash drafter ({e})") from None
+  return dflash_config_from_raw(raw, f"{directory}/config.json")
+
+
+def load_dflash(directory, *, target_config: LlamaLikeConfig | None = None,
+                dtype=jnp.float32) -> tuple[DFlashConfig, dict]:
+  """(config, params) of a DFlash drafter directory; with `target_config`, a drafter made for
+  another target (hidden size, vocabulary, layer ids out of range) is a ValueError naming the
+  mismatch."""
+  directory = Path(directory)
+  config = load_dflash_config(directory)
+  if target_config is not None:
+    config.check_target(target_config)
+  params = read_head_file(directory, lambda f: _read(directory, config, f), "DFlash drafter")
+  params = _to_jnp(params, dtype)
+  check_finite(params, str(directory))
+  return config, params
+
+
+def _read(directory: Path, config: DFlashConfig, f) -> dict:
+  c, D = config.layer, config.layer.hidden_size
+  names = f.keys()
+  prefix = "model." if not any(n.startswith("layers.") for n in names) and any(
+      n.startswith("model.layers.") for n in names) else ""
+  shapes = {"attn_norm": (D,), "wq": (c.q_dim, D), "wk": (c.kv_dim, D), "wv": (c.kv_dim, D),
+            "wo": (D, c.q_dim), "q_norm": (c.head_dim,), "k_norm": (c.head_dim,),
+            "mlp_norm": (D,), "w_gate": (c.intermediate_size, D),
+            "w_up": (c.intermediate_size, D), "w_down": (D, c.intermediate_size),
+            "bq": (c.q_dim,), "bk": (c.kv_dim,), "bv": (c.kv_dim,), "bo": (D,)}
+  top = {"fc": (D, config.fused_width), "hidden_norm": (D,), "final_norm": (D,)}
+  used = set()
+
+  def get(name, shape):
+    full = prefix + name
+    if full not in names:
+      raise CheckpointError(f"{directory}: tensor {full} is missing")
+    got = f.shape(full)
+    if got != shape:
+      raise CheckpointError(f"{directory}: tensor {full} has shape {got}, expected {shape}")
+    used.add(full)
+    return np.asarray(f.get(full))
+
+  layers = []
+  for i in range(c.num_layers):
+    own = dict(LAYER, **(BIASES if c.attention_bias else {}))
+    layers.append({k: get(f"layers.{i}.{v}", shapes[k]) for k, v in own.items()})
+  out = {"layers": layers, **{k: get(TOP[k], s) for k, s in top.items()}}
+  ignored = {n for n in names if n.endswith("rotary_emb.inv_freq")}
+  unknown = sorted(names - used - ignored)
+  if unknown:
+    raise CheckpointError(f"{directory}: tensor(s) {unknown[:8]} are not part of the DFlash "
+                          f"drafter this reader implements (a DFlash 2 drafter's convolutions "
+                          f"or selector, an embedding or LM head of its own); refused rather "
+                          f"than ignored")
+  return out
+
+
+def _to_jnp(tree, dtype):
+  if isinstance(tree, dict):
+    return {k: _to_jnp(v, dtype) for k, v in tree.items()}
+  if isinstance(tree, list):
+    return [_to_jnp(v, dtype) for v in tree]
+  return jnp.asarray(np.asarray(tree, np.float32), dtype)

@@ -1,0 +1,185 @@
+"""Block drafting with a DFlash drafter (`vocabjax.models.dflash`): bs - 1 drafts per step from
+one pass, verified as a chain.
+
+Letters: B batch, bs block size, G = bs - 1 drafts, P = bs pending entries, Lf*Dt fused
+target feature width, S cache slots, V target vocabulary.
+
+Feature hand-over (as for an EAGLE head, `vocabjax.decoding.eagle`): the target's prefill and
+each chain verification return the outputs of the drafter's `target_layer_ids` at every
+position they score; after acceptance the features of [last, accepted drafts] are the pending
+context the next pass writes into the draft cache before drafting. A target layer id naming
+the target's last layer reads its final normed hidden state, as the reference's
+`output_hidden_states` gives it.
+
+Cache invariants at the start of a step (N = the target cache's length, per row): the draft
+cache holds the context of positions 0 .. N - 1 - pend_count; the pend_count pending features
+complete it to N - 1; the block sits at N .. N + bs - 1.
+
+Vocabulary: the drafter drafts through the target's own LM head (z-lab's DFlash has none of
+its own) at every block position; `draft_vocab` restricts it per position as for the other
+drafters (a VocabTrim / FR-Spec subset or a SpecVocab ranker), then `output_multiplier` and the
+soft cap apply. Greedy drafts are each position's argmax; sampled drafts are drawn from each
+position's processed law, returned as `q` (positions are independent given the block), so the
+chain's verification keeps the target's law exactly.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import struct
+
+from vocabjax import sharding
+from vocabjax.decoding.drafter import DraftVocab
+from vocabjax.decoding.proposer import Context, Drafts, Prefilled, Profiled
+from vocabjax.lowering import lowering_of, with_lowering
+from vocabjax.models.cache import KVCache
+from vocabjax.models.config import LlamaLikeConfig
+from vocabjax.models.dflash import (
+  DFlashConfig,
+  block_forward,
+  context_prefill,
+  scale_logits,
+)
+from vocabjax.models.llamalike import (
+  FINAL_NORMED,
+  is_quantized,
+  lm_head_weight,
+  with_mlp_layout,
+)
+from vocabjax.sampling import SamplingParams
+from vocabjax.vocab.policy import POLICY_STATE, bound_policy, draft_choice, full_policy
+
+DRAFTER_KEY = "dflash"  # the drafter's own params inside the proposer's pytree
+
+
+@struct.dataclass
+class DFlashState:
+  cache: KVCache  # context entries 0 .. N - 1 - pend_count (module doc)
+  pend_feats: jax.Array  # [B, P, Lf*Dt] features of the pending committed positions
+  pend_count: jax.Array  # [B] int32 in 0 .. P
+
+
+def _scaled(params, h, *, inner, config: DFlashConfig):
+  """A vocabulary policy whose logits pass through the drafter's multiplier and soft cap."""
+  ids, logits = inner(params, h)
+  return ids, scale_logits(logits, config)
+
+
+def _drafter(params) -> dict:
+  return with_lowering(params[DRAFTER_KEY], lowering_of(params))
+
+
+class DFlashProposer(Profiled):
+  """A DFlash drafter proposing a chain of bs - 1 tokens per pass (module doc)."""
+
+  method = "dflash"
+  draft_block_calls = True  # one call over the block
+
+  def __init__(self, target_params, target_config: LlamaLikeConfig, drafter_params,
+               config: DFlashConfig, *, draft_vocab: DraftVocab | None = None):
+    config.check_target(target_config)
+    if is_quantized(target_params):
+      raise ValueError("a DFlash drafter reads the target's embedding rows and features as "
+                       "floats; load the target in float32 or bfloat16")
+    self.config = config
+    self.gamma = config.gamma
+    self.drafted_per_step = config.gamma
+    self.extra_slots = config.block_size + 1  # the block past max_new_tokens, and one more
+    L = target_config.num_layers
+    # the reference reads `output_hidden_states[i + 1]`: the last layer's is the final normed one
+    self.feature_layers = tuple(FINAL_NORMED if i == L - 1 else i
+                                for i in config.target_layer_ids)
+    self.head_vocab_config = target_config.replace(tie_word_embeddings=False)
+    self.params = {DRAFTER_KEY: drafter_params, "embed": target_params["embed"],
+                   "lm_head": lm_head_weight(target_params, target_config)}
+    self.draft_vocab = draft_vocab
+    self._inner = full_policy(self.head_vocab_config)
+    self.policy = bound_policy(_scaled, inner=self._inner, config=config)
+
+  def key(self):
+    return ("dflash", self.config, self.policy, self.feature_layers)
+
+  def prepare(self, *, layout: str, lowering, mesh=None) -> None:
+    dp = self.params
+    self.params = {**dp, DRAFTER_KEY: with_mlp_layout(dp[DRAFTER_KEY], layout)}
+    if self.draft_vocab is not None:
+      self.params, self._inner = self.draft_vocab.attach(self.params, self.head_vocab_config,
+                                                         mesh=mesh)
+      self.policy = bound_policy(_scaled, inner=self._inner, config=self.config)
+
+  def place(self, mesh, target_config) -> None:
+    """The embedding and LM head split by rows as the target's, a policy's arrays by
+    `sharding.place_policy`, the drafter's layers by the target's layer rules."""
+    def drafter(tree):
+      return {k: [sharding.shard_layer(x, self.config.layer, mesh) for x in v]
+              if k == "layers" else sharding.replicate(v, mesh) for k, v in tree.items()}
+
+    self.params = {k: sharding.shard_rows(v, mesh) if k in ("embed", "lm_head")
+                   else sharding.place_policy(v, mesh) if k == POLICY_STATE
+                   else drafter(v) if k == DRAFTER_KEY
+                   else sharding.replicate(v, mesh) for k, v in self.params.items()}
+
+  def caches(self) -> dict:
+    return {"dflash": self.config.cache_config()}
+
+  def prefill(self, params, target_params, pre: Prefilled) -> DFlashState:
+    cache = context_prefill(_drafter(params), pre.features, pre.caches["dflash"],
+                            config=self.config)
+    B, P = pre.tokens.shape[0], self.config.block_size
+    return DFlashState(cache=cache.with_lengths(pre.lengths),
+                       pend_feats=jnp.zeros((B, P, self.config.fused_width),
+                                            pre.features.dtype),
+                       pend_count=jnp.zeros_like(pre.lengths))
+
+  def propose(self, params, state: DFlashState, ctx: Context, key, *,
+              sampling: SamplingParams, keep=None):
+    del keep
+    c = self.config
+    B, G = ctx.last.shape[0], c.gamma
+    block = jnp.concatenate([ctx.last[:, None].astype(jnp.int32),
+                             jnp.full((B, G), c.mask_token_id, jnp.int32)], axis=1)
+    h, cache = block_forward(_drafter(params), params["embed"], block, state.pend_feats,
+                             state.pend_count, state.cache, config=c)
+    h = h[:, 1:]  # position i predicts the token at N + i
+    tok, q = draft_choice(self.policy, params, h.reshape(B * G, -1), key, sampling,
+                          self.head_vocab_config.vocab_size)
+    drafts = Drafts(tokens=tok.reshape(B, G).astype(jnp.int32),
+                    q=None if q is None else q.reshape(B, G, -1))
+    return drafts, state.replace(cache=cache)
+
+  def commit(self, params, state: DFlashState, ctx: Context, drafts: Drafts, v) -> DFlashState:
+    return state.replace(pend_feats=v.features.astype(state.pend_feats.dtype),
+                         pend_count=(v.accepted + 1).astype(jnp.int32))
+
+  # --- profiling (`vocabjax.decoding.profile`) ------------------------------------------------
+
+  @property
+  def head_rows(self) -> int:
+    return (self.draft_vocab.head_rows if self.draft_vocab is not None
+            else self.head_vocab_config.vocab_size)
+
+  @property
+  def head_policy(self):
+    return self.policy
+
+  def drafter_calls(self):
+    return [(self.config.block_size, self.config.gamma)]
+
+  def drafter_body(self):
+    """(fn(params, tokens, positions, cache) -> hidden, params, cache config): one pass over a
+    block with no pending context (the feature fusion of a step's pending entries is left
+    out: it is one [P, Lf*Dt] x [Lf*Dt, D] product)."""
+    c = self.config
+
+    def body(dp, tokens, positions, cache):
+      del positions
+      B, T = tokens.shape
+      feats = jnp.zeros((B, T, c.fused_width), dp["embed"].dtype)
+      return block_forward(_drafter(dp), dp["embed"], tokens, feats,
+                           jnp.zeros((B,), jnp.int32), cache, config=c)[0]
+
+    return body, self.params, c.cache_config()
+
+  def draft_width(self) -> int:
+    return self.config.layer.hidden_size
