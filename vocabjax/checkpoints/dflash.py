@@ -27,7 +27,8 @@ import numpy as np
 
 from vocabjax.checkpoints.convert import CheckpointError, check_finite
 from vocabjax.checkpoints.eagle3 import read_head_file
-from vocabjax.checkpoints.hf_config import UnsupportedConfigError, config_from_hf
+from vocabjax.checkpoints.hf_config import UnsupportedConfigError, config_from_hf, hf_rope_fields
+from vocabjax.io import atomic_directory
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.dflash import DFlashConfig, default_target_layers
 
@@ -49,6 +50,46 @@ LAYER = {"attn_norm": "input_layernorm.weight", "wq": "self_attn.q_proj.weight",
 BIASES = {"bq": "self_attn.q_proj.bias", "bk": "self_attn.k_proj.bias",
           "bv": "self_attn.v_proj.bias", "bo": "self_attn.o_proj.bias"}
 TOP = {"fc": "fc.weight", "hidden_norm": "hidden_norm.weight", "final_norm": "norm.weight"}
+
+
+def save_dflash(params: dict, config: DFlashConfig, directory, *, num_target_layers: int
+                ) -> Path:
+  """Write a DFlash drafter in z-lab's layout (module doc), atomically: what `load_dflash` and
+  `dflash`'s `DFlashDraftModel.from_pretrained` read."""
+  from safetensors.numpy import save_file
+
+  c = config.layer
+  tensors = {TOP[k]: params[k] for k in TOP}
+  for i, layer in enumerate(params["layers"]):
+    names = dict(LAYER, **(BIASES if c.attention_bias else {}))
+    tensors.update({f"layers.{i}.{v}": layer[k] for k, v in names.items()})
+  arrays = {k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in tensors.items()}
+  raw = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+         "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
+         "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers,
+         "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
+         "head_dim": c.head_dim, "rms_norm_eps": c.rms_norm_eps, "hidden_act": "silu",
+         "attention_bias": c.attention_bias,
+         "max_position_embeddings": c.max_position_embeddings, **hf_rope_fields(c),
+         "num_target_layers": num_target_layers,
+         "dflash_config": {"target_layer_ids": list(config.target_layer_ids),
+                           "mask_token_id": config.mask_token_id,
+                           "block_size": config.block_size}}
+  if config.input_embedding_scale != 1.0:
+    raw["dflash_config"]["input_embedding_scale"] = config.input_embedding_scale
+  if config.output_multiplier != 1.0:
+    raw["dflash_config"]["output_multiplier"] = config.output_multiplier
+  if config.final_logit_softcapping is not None:
+    raw["dflash_config"]["final_logit_softcapping"] = config.final_logit_softcapping
+  if config.causal is not None:
+    raw["dflash_config"]["is_causal"] = config.causal
+  if c.layer_types is not None:
+    raw.update(layer_types=list(c.layer_types), sliding_window=c.sliding_window)
+  directory = Path(directory)
+  with atomic_directory(directory) as tmp:
+    save_file(arrays, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    (tmp / "config.json").write_text(json.dumps(raw, indent=1))
+  return directory
 
 
 def is_dflash_config(raw: dict) -> bool:

@@ -1,0 +1,121 @@
+"""DFlash block drafting on the engine: greedy output equal to plain greedy decoding for block
+sizes, batches of prompts, the drafter's options (sliding layers, causal attention, multiplier
+and soft cap) and the vocabulary policies on its head (a static subset, a SpecVocab ranker);
+the target's law kept when sampling, with and without a subset (chi-square); its checkpoint
+written and read back; the method by name, with its files by hub id."""
+
+import dataclasses
+
+import jax
+import numpy as np
+import pytest
+
+from vocabjax.checkpoints.dflash import load_dflash, save_dflash
+from vocabjax.decoding.dflash import DFlashProposer
+from vocabjax.decoding.speculative import SpeculativeEngine
+from vocabjax.models import init_params
+from vocabjax.models.dflash import DFlashConfig, init_dflash
+from vocabjax.sampling import SamplingParams
+from vocabjax.testing.proposers import greedy_identity, target_law
+from vocabjax.vocab.ranked import SpeculativeVocab, svd_ranker
+from vocabjax.vocab.subset import VocabSubset
+
+from tests.helpers.models import CFG, PROMPT, SMALL
+
+
+def dflash_config(target, block_size=4, layers=(0, 1), **changes) -> DFlashConfig:
+  layer = target.replace(arch="qwen3", qk_norm=True, attention_bias=False, num_layers=2)
+  return DFlashConfig(layer=layer, target_hidden_size=target.hidden_size,
+                      target_layer_ids=layers, block_size=block_size, mask_token_id=5,
+                      **changes)
+
+
+@pytest.fixture(scope="module")
+def target():
+  return init_params(jax.random.key(0), CFG, scale=0.3)
+
+
+def _prompts(seed=0):
+  rs = np.random.RandomState(seed)
+  return [rs.randint(0, CFG.vocab_size, n).tolist() for n in (1, 9, 4, 17)]
+
+
+@pytest.mark.parametrize("case", ["b2", "b4", "b8-subset", "b4-ranker", "b4-sliding-scaled",
+                                  "b4-causal-last-layer"])
+def test_greedy_identical_to_plain_decoding(target, case):
+  """Block sizes 2, 4 and 8 over a batch of prompts of lengths 1-17; a subset of half the
+  vocabulary, a ranker's 16 candidates; a drafter with a sliding layer (window 3), an input
+  scale, an output multiplier and a soft cap; a causal drafter reading the target's last layer
+  (its final normed hidden state)."""
+  block = int(case.split("-")[0][1:])
+  changes, vocab, layers = {}, None, (0, 1)
+  if "sliding" in case:
+    changes = dict(input_embedding_scale=1.5, output_multiplier=0.7, final_logit_softcapping=3.0)
+  if "causal" in case:
+    changes, layers = dict(causal=True), (1,)
+  dc = dflash_config(CFG, block, layers, **changes)
+  if "sliding" in case:
+    dc = dataclasses.replace(dc, layer=dc.layer.replace(
+        layer_types=("sliding_attention", "full_attention"), sliding_window=3))
+  if "subset" in case:
+    vocab = VocabSubset(ids=np.arange(0, CFG.vocab_size, 2), vocab_size=CFG.vocab_size)
+  if "ranker" in case:
+    vocab = SpeculativeVocab(svd_ranker(target, CFG, rank=4), k=16)
+  dp = init_dflash(jax.random.key(block), dc, scale=0.3)
+  engine = SpeculativeEngine(target, CFG, DFlashProposer(target, CFG, dp, dc, draft_vocab=vocab))
+  res = greedy_identity(engine, target, CFG, _prompts(block), max_new_tokens=30)
+  assert all(d == block - 1 for row in res.stats.drafted for d in row if d)
+
+
+@pytest.mark.parametrize("subset", [False, True])
+def test_sampling_keeps_the_targets_law(subset):
+  """Each position's law returned as q: the first three tokens' joint law equals the target's
+  (chi-square over V = 8), with the drafter's whole head and over 6 of its 8 tokens."""
+  t = init_params(jax.random.key(10), SMALL, scale=0.8)
+  dc = dflash_config(SMALL, 3, (0,))
+  dp = init_dflash(jax.random.key(3), dc, scale=0.8)
+  vocab = VocabSubset(ids=np.arange(6), vocab_size=8) if subset else None
+  engine = SpeculativeEngine(t, SMALL, DFlashProposer(t, SMALL, dp, dc, draft_vocab=vocab))
+  p, stats = target_law(engine, t, SMALL, PROMPT, SamplingParams(temperature=1.0))
+  assert 0.05 < stats.acceptance_rate < 0.95
+  assert p > 1e-3
+
+
+def test_checkpoint_round_trip_and_the_method_by_hub_id(target, tmp_path, monkeypatch):
+  """save_dflash -> load_dflash gives the same config and weights (a sliding layer, the
+  options); the `dflash` method with the directory by path and by hub id (a hub served on
+  127.0.0.1) decodes as plain decoding does; a drafter for another target is refused."""
+  from vocabjax.checkpoints.loader import Model
+  from vocabjax.errors import ConfigError
+  from vocabjax.methods import METHODS
+  from vocabjax.testing.local_hub import LocalHub
+
+  dc = dflash_config(CFG, 4, output_multiplier=0.5, final_logit_softcapping=30.0)
+  dc = dataclasses.replace(dc, layer=dc.layer.replace(
+      layer_types=("sliding_attention", "full_attention"), sliding_window=3))
+  dp = init_dflash(jax.random.key(4), dc, scale=0.3)
+  d = save_dflash(dp, dc, tmp_path / "drafter", num_target_layers=CFG.num_layers)
+  got, params = load_dflash(d, target_config=CFG)
+  assert got == dc
+  np.testing.assert_array_equal(np.asarray(params["layers"][1]["wq"]),
+                                np.asarray(dp["layers"][1]["wq"]))
+  model = Model(config=CFG, params=target, tokenizer=None, eos_token_ids=(), source="random",
+                dtype=np.float32)
+  want = greedy_identity(METHODS["dflash"].make(model, None, {"head": str(d)}), target, CFG,
+                         _prompts(2))
+  with LocalHub() as hub:
+    monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    hub.add("z-lab/tiny-dflash", {f.name: f.read_bytes() for f in d.iterdir()})
+    p = METHODS["dflash"].parse({"head": "z-lab/tiny-dflash"}, "test")
+  res = METHODS["dflash"].make(model, None, p).generate(_prompts(2), max_new_tokens=24)
+  assert res.tokens == want.tokens
+  other = dataclasses.replace(CFG, num_layers=1)
+  with pytest.raises(ValueError, match=r"target_layer_ids=\[0, 1\] name layers \[1\] outside "
+                                       r"the target's 1"):
+    load_dflash(d, target_config=other)
+  with pytest.raises(ConfigError, match="dflash.head"):
+    METHODS["dflash"].parse({"head": str(tmp_path / "missing")}, "test")
