@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 
+from tests.helpers.models import CFG, PROMPT, SMALL
 from vocabjax.checkpoints.dflash import load_dflash, save_dflash
 from vocabjax.decoding.dflash import DFlashProposer
 from vocabjax.decoding.speculative import SpeculativeEngine
@@ -19,8 +20,6 @@ from vocabjax.sampling import SamplingParams
 from vocabjax.testing.proposers import greedy_identity, target_law
 from vocabjax.vocab.ranked import SpeculativeVocab, svd_ranker
 from vocabjax.vocab.subset import VocabSubset
-
-from tests.helpers.models import CFG, PROMPT, SMALL
 
 
 def dflash_config(target, block_size=4, layers=(0, 1), **changes) -> DFlashConfig:
@@ -50,9 +49,9 @@ def test_greedy_identical_to_plain_decoding(target, case):
   block = int(case.split("-")[0][1:])
   changes, vocab, layers = {}, None, (0, 1)
   if "sliding" in case:
-    changes = dict(input_embedding_scale=1.5, output_multiplier=0.7, final_logit_softcapping=3.0)
+    changes = {"input_embedding_scale": 1.5, "output_multiplier": 0.7, "final_logit_softcapping": 3.0}
   if "causal" in case:
-    changes, layers = dict(causal=True), (1,)
+    changes, layers = {"causal": True}, (1,)
   dc = dflash_config(CFG, block, layers, **changes)
   if "sliding" in case:
     dc = dataclasses.replace(dc, layer=dc.layer.replace(

@@ -27,7 +27,11 @@ import numpy as np
 
 from vocabjax.checkpoints.convert import CheckpointError, check_finite
 from vocabjax.checkpoints.eagle3 import read_head_file
-from vocabjax.checkpoints.hf_config import UnsupportedConfigError, config_from_hf, hf_rope_fields
+from vocabjax.checkpoints.hf_config import (
+  UnsupportedConfigError,
+  config_from_hf,
+  hf_rope_fields,
+)
 from vocabjax.io import atomic_directory
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.dflash import DFlashConfig, default_target_layers
