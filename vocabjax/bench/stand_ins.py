@@ -18,6 +18,7 @@ import numpy as np
 
 from vocabjax.decoding.autoregressive import Decoder
 from vocabjax.decoding.crossvocab import CrossVocabProposer
+from vocabjax.decoding.dflash import DFlashProposer
 from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.eagle import EagleLookupProposer, EagleProposer, EagleSuffixProposer
 from vocabjax.decoding.hybrid import TreeSuffixProposer
@@ -28,6 +29,7 @@ from vocabjax.decoding.drafter import ChainProposer, TreeProposer
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.errors import ConfigError
 from vocabjax.models.config import LlamaLikeConfig
+from vocabjax.models.dflash import DFlashConfig, init_dflash
 from vocabjax.models.eagle import EagleConfig, default_feature_layers, init_eagle
 from vocabjax.models.llamalike import FINAL_NORMED, init_params
 from vocabjax.models.medusa import MedusaConfig, init_medusa
@@ -298,6 +300,49 @@ def _eagle_spec(name, kind, p, bench):
                        "eagle_suffix": " + SuffixDecoding"}.get(kind, ""))
 
 
+def _dflash_spec(name, kind, p, bench):
+  """DFlash: a one-layer block drafter of the target's width (bench setting `block`, default
+  16 as z-lab's), over the target's LM head, a static subset of it (`subset_k`) or a ranker's
+  candidates (`ranker`, `k`)."""
+  if p.subset:
+    raise ValueError("a saved subset is read for its size: give its size as the bench setting "
+                     "`|subset_k=K` (e.g. dflash|subset_k=32768)")
+  subset_k, block = int(bench.get("subset_k", 0)), int(bench.get("block", 16))
+  if subset_k and p.ranker:
+    raise ValueError("dflash takes a subset or a ranker, not both")
+
+  def build(a, s, mesh):
+    V = s.target.vocab_size
+    vocab = None
+    if p.ranker:
+      vocab = _ranker_vocab(s, p.k, "auto", config=s.target)
+    elif subset_k:
+      if not 1 <= subset_k <= V:
+        raise ValueError(f"subset_k={subset_k} must be in [1, V={V}]")
+      vocab = VocabSubset(np.arange(subset_k), V, meta=(("ids", "stand-in"),))
+    return SpeculativeEngine(a["target"], s.target, DFlashProposer(
+        a["target"], s.target, a[f"dflash{block}"], abstract_dflash_config(s, block),
+        draft_vocab=vocab), mesh=mesh)
+
+  policy = (f", a static subset of {subset_k} rows" if subset_k else
+            f", SpecVocab top-{p.k} (a rank-R ranker)" if p.ranker else "")
+  shaping = {**_shaping(kind, p), "block": block, **({"subset_k": subset_k} if subset_k else {})}
+  return MethodSpec(name, kind, shaping, ("target", f"dflash{block}"), build,
+                    f"DFlash drafter (block of {block}, the target's LM head{policy}), "
+                    f"chain of {block - 1}")
+
+
+def abstract_dflash_config(s: Setup, block: int) -> DFlashConfig:
+  """A one-layer DFlash drafter for the setup's target (the target's width and heads)."""
+  L = s.target.num_layers
+  layer = s.target.replace(arch="qwen3", qk_norm=True, attention_bias=False, num_layers=1,
+                           layer_types=None, sliding_window=None,
+                           intermediate_size=s.head_intermediate)
+  return DFlashConfig(layer=layer, target_hidden_size=s.target.hidden_size,
+                      target_layer_ids=tuple(sorted({0, L // 2, L - 1})), block_size=block,
+                      mask_token_id=0)
+
+
 def _medusa_spec(name, kind, p, bench):
   import json
 
@@ -372,6 +417,7 @@ _SPECS = {
     "eagle_pld": _eagle_spec,
     "eagle_suffix": _eagle_spec,
     "medusa": _medusa_spec,
+    "dflash": _dflash_spec,
     "pld": _lookup_spec,
     "ngram": _lookup_spec,
     "suffix": _lookup_spec,
@@ -408,8 +454,10 @@ class _ShapeRanker(Ranker):
         raise ValueError(f"ranker made for {key}={self.drafter.get(key)}, drafter has {got}")
 
 
-def _ranker_vocab(s: Setup, k: int, impl: str) -> SpeculativeVocab:
-  dc, R = s.draft, s.ranker_rank
+def _ranker_vocab(s: Setup, k: int, impl: str, config: LlamaLikeConfig | None = None
+                  ) -> SpeculativeVocab:
+  """A stand-in ranker over `config`'s LM head (default: the drafter's)."""
+  dc, R = config or s.draft, s.ranker_rank
   # zeros: only the shapes [R, D] and [V, R] reach the program (as its arguments)
   ranker = _ShapeRanker(down=np.zeros((R, dc.hidden_size), np.float32),
                         vocab=np.zeros((dc.vocab_size, R), np.float32),
@@ -443,6 +491,9 @@ def abstract_models(setup: Setup, needs) -> dict:
       out[name] = jax.eval_shape(lambda c=cfg: init_params(key, c, dtype=dtype))
     elif name == "head":
       out[name] = jax.eval_shape(lambda: init_eagle(key, abstract_head_config(setup), dtype=dtype))
+    elif name.startswith("dflash"):  # "dflash<bs>": a block of bs
+      dc = abstract_dflash_config(setup, int(name[len("dflash"):]))
+      out[name] = jax.eval_shape(lambda dc=dc: init_dflash(key, dc, dtype=dtype))
     elif name.startswith("medusa"):  # "medusa<H>": H heads
       mc, c = _medusa_config(setup, int(name[len("medusa"):])), setup.target
       out[name] = jax.eval_shape(lambda: init_medusa(

@@ -25,6 +25,10 @@ Under transformers 5 one thing differs from what the reference code expects: a c
 `rope_theta` moved into `rope_parameters` and `rope_scaling` became an alias of it, so
 `eagle1_config` restores the transformers-4 view the EAGLE code reads.
 
+`dflash` 0.1.0 (z-lab's DFlash drafters: `DFlashDraftModel`, `dflash_generate`) is installed the
+same way; its `local` extra pins torch 2.13.0 and transformers 5.15.0, and its model code runs
+on this environment's transformers.
+
 `arctic-inference` 0.3.0 (Snowflake's SuffixDecoding, what vLLM's `method: suffix` calls) has no
 wheel for this platform and its build pulls torch and gRPC: only its suffix tree is built, from
 the source distribution's `csrc/suffix_decoding` (four C++ files, nanobind 2.9.2, CMake and
