@@ -1,5 +1,6 @@
-"""Fixtures of the decoding tests: the hand-built lookup pair an EAGLE head drafts for exactly
-(`lookup`). The model pairs (`pair`, `small_pair`) are tests/conftest.py's."""
+"""Fixtures of the decoding tests: a random target of `CFG` (`target`), the hand-built lookup
+pair an EAGLE head drafts for exactly (`lookup`). The model pairs (`pair`, `small_pair`) are
+tests/conftest.py's."""
 
 
 import jax
@@ -8,8 +9,16 @@ import numpy as np
 import pytest
 
 from tests.helpers.heads import LOOKUP, head_config, lookup_next
+from tests.helpers.models import CFG
+from vocabjax.models import init_params
 from vocabjax.models.eagle import init_eagle
 from vocabjax.testing.fixtures import lookup_model
+
+
+@pytest.fixture(scope="module")
+def target():
+  """A random target of `CFG` (V = 64), weights of scale 0.3."""
+  return init_params(jax.random.key(0), CFG, scale=0.3)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from tests.helpers.models import CFG, PROMPT, SMALL
+from tests.helpers.models import CFG, PROMPT, SMALL, random_prompts
 from vocabjax.checkpoints.dflash import load_dflash, save_dflash
 from vocabjax.decoding.dflash import DFlashProposer
 from vocabjax.decoding.speculative import SpeculativeEngine
@@ -27,16 +27,6 @@ def dflash_config(target, block_size=4, layers=(0, 1), **changes) -> DFlashConfi
   return DFlashConfig(layer=layer, target_hidden_size=target.hidden_size,
                       target_layer_ids=layers, block_size=block_size, mask_token_id=5,
                       **changes)
-
-
-@pytest.fixture(scope="module")
-def target():
-  return init_params(jax.random.key(0), CFG, scale=0.3)
-
-
-def _prompts(seed=0):
-  rs = np.random.RandomState(seed)
-  return [rs.randint(0, CFG.vocab_size, n).tolist() for n in (1, 9, 4, 17)]
 
 
 @pytest.mark.parametrize("case", ["b2", "b4", "b8-subset", "b4-ranker", "b4-sliding-scaled",
@@ -62,7 +52,7 @@ def test_greedy_identical_to_plain_decoding(target, case):
     vocab = SpeculativeVocab(svd_ranker(target, CFG, rank=4), k=16)
   dp = init_dflash(jax.random.key(block), dc, scale=0.3)
   engine = SpeculativeEngine(target, CFG, DFlashProposer(target, CFG, dp, dc, draft_vocab=vocab))
-  res = greedy_identity(engine, target, CFG, _prompts(block), max_new_tokens=30)
+  res = greedy_identity(engine, target, CFG, random_prompts(seed=block), max_new_tokens=30)
   assert all(d == block - 1 for row in res.stats.drafted for d in row if d)
 
 
@@ -101,7 +91,7 @@ def test_checkpoint_round_trip_and_the_method_by_hub_id(target, tmp_path, monkey
   model = Model(config=CFG, params=target, tokenizer=None, eos_token_ids=(), source="random",
                 dtype=np.float32)
   want = greedy_identity(METHODS["dflash"].make(model, None, {"head": str(d)}), target, CFG,
-                         _prompts(2))
+                         random_prompts(seed=2))
   with LocalHub() as hub:
     monkeypatch.setenv("HF_ENDPOINT", hub.endpoint)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
@@ -110,7 +100,7 @@ def test_checkpoint_round_trip_and_the_method_by_hub_id(target, tmp_path, monkey
     monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
     hub.add("z-lab/tiny-dflash", {f.name: f.read_bytes() for f in d.iterdir()})
     p = METHODS["dflash"].parse({"head": "z-lab/tiny-dflash"}, "test")
-  res = METHODS["dflash"].make(model, None, p).generate(_prompts(2), max_new_tokens=24)
+  res = METHODS["dflash"].make(model, None, p).generate(random_prompts(seed=2), max_new_tokens=24)
   assert res.tokens == want.tokens
   other = dataclasses.replace(CFG, num_layers=1)
   with pytest.raises(ValueError, match=r"target_layer_ids=\[0, 1\] name layers \[1\] outside "

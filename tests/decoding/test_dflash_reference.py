@@ -120,8 +120,9 @@ def test_greedy_blocks_outputs_and_accepted_lengths_match_dflash_generate(pair, 
 
   ref, target, draft, ours, (config, params) = pair
   monkeypatch.setattr(ref, "_cuda_time", time.perf_counter)  # its stats' clock syncs CUDA
-  engine = SpeculativeEngine(ours.params, ours.config,
-                             DFlashProposer(ours.params, ours.config, params, config))
+  proposer = DFlashProposer(ours.params, ours.config, params, config)
+  engine = SpeculativeEngine(ours.params, ours.config, proposer)
+  U = lm_head_weight(ours.params, ours.config)
   new = 24
   blocks = []
   compute_logits = draft.compute_logits
@@ -151,14 +152,12 @@ def test_greedy_blocks_outputs_and_accepted_lengths_match_dflash_generate(pair, 
       # each reference block against vocabjax's pass over the same committed context
       committed = list(ids) + want
       W = 48  # the context padded to one width: one set of shapes for every step
-      proposer = DFlashProposer(ours.params, ours.config, params, config)
       _, _, feats = forward_features(
           ours.params, jnp.asarray([committed + [0] * (W - len(committed))]),
           jnp.arange(W)[None], KVCache.init(ours.config, 1, W), config=ours.config,
           layers=proposer.feature_layers)  # causal: a position's features see no padding
       cache = context_prefill(params, feats, KVCache.init(config.cache_config(), 1, W + BLOCK),
                               config=config)
-      U = lm_head_weight(ours.params, ours.config)
       start = len(ids)
       for drafted, n in zip(blocks, out.acceptance_lengths):
         bs = min(BLOCK, len(ids) + new - start)  # the reference's block, shrunk at the end

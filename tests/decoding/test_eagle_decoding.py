@@ -19,7 +19,7 @@ from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
 from vocabjax.vocab.ranked import SpeculativeVocab, svd_ranker
 from vocabjax.vocab.subset import VocabSubset
 
-from tests.helpers.models import CFG, PROMPT, SMALL
+from tests.helpers.models import CFG, PROMPT, SMALL, random_prompts
 from tests.helpers.heads import LOOKUP, random_head
 
 
@@ -44,16 +44,6 @@ def test_greedy_identity_with_a_head_that_is_often_right(lookup, vocab):
   # its top child is always right with a full vocabulary; half the vocabulary misses some
   assert (min(acc) >= 1) == (vocab in ("own", "target")), acc
   assert np.mean(acc) >= 0.4, acc
-
-
-@pytest.fixture(scope="module")
-def target():
-  return init_params(jax.random.key(0), CFG, scale=0.3)
-
-
-def _prompts(n_max=17, seed=0):
-  rs = np.random.RandomState(seed)
-  return [rs.randint(0, CFG.vocab_size, n).tolist() for n in (1, 9, 4, n_max)]
 
 
 _TREES = [TreeParams(1, 3, 3), TreeParams(2, 3, 6), TreeParams(4, 4, 16)]
@@ -84,7 +74,7 @@ def test_greedy_identical_to_autoregressive_random_models(target, tp, vocab):
     kw["draft_vocab"] = VocabSubset(ids=tuple(range(0, 64, 2)), vocab_size=64)
   elif vocab == "target-ranker":
     kw["draft_vocab"] = SpeculativeVocab(svd_ranker(target, CFG, 8), k=12)
-  prompts = _prompts()
+  prompts = random_prompts()
   ar = Decoder(target, CFG).generate(prompts, max_new_tokens=24)
   res = SpeculativeEngine(target, CFG, EagleProposer(target, CFG, head, hc, tree=tp,
                                                      **kw)).generate(prompts, max_new_tokens=24)

@@ -16,18 +16,8 @@ from vocabjax.decoding.tree import TreeParams
 from vocabjax.models import init_params
 from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs
 
-from tests.helpers.models import CFG, PROMPT, SMALL
+from tests.helpers.models import CFG, PROMPT, SMALL, random_prompts
 from tests.helpers.heads import random_head
-
-
-@pytest.fixture(scope="module")
-def target():
-  return init_params(jax.random.key(0), CFG, scale=0.3)
-
-
-def _prompts(seed=0):
-  rs = np.random.RandomState(seed)
-  return [rs.randint(0, CFG.vocab_size, n).tolist() for n in (1, 9, 4, 17)]
 
 
 def _row_steps(stats):
@@ -40,7 +30,7 @@ def test_gated_drafting_keeps_greedy_output(target, Vd, lm_head):
   decoding; a threshold below any probability drafts every step as the ungated decoder does
   (same accepted counts); one above every confidence never drafts (tau 1)."""
   hc, head = random_head(target, CFG, Vd)
-  prompts = _prompts()
+  prompts = random_prompts()
   ar = Decoder(target, CFG).generate(prompts, max_new_tokens=24)
   tp = TreeParams(2, 3, 6)
   ungated = SpeculativeEngine(target, CFG,
@@ -77,7 +67,7 @@ def test_a_row_drafts_exactly_when_its_root_confidence_reaches_the_threshold(tar
   """First step of each row: the head drafts iff `root_confidence` at its root >= the threshold
   (read from the same start state), so the gate is per row, not per batch."""
   hc, head = random_head(target, CFG, 40)
-  prompts = _prompts(3)
+  prompts = random_prompts(seed=3)
   dec = SpeculativeEngine(target, CFG, EagleProposer(target, CFG, head, hc,
                                                      tree=TreeParams(2, 3, 6)))
   start, _, _ = dec.programs(SamplingParams(), 4, 32, 64, np.float32)

@@ -128,11 +128,6 @@ def test_lookup_nodes_are_accepted_where_the_text_repeats(lookup, gamma, candida
              for d, x in zip(dr, lr) if d)
 
 
-@pytest.fixture(scope="module")
-def target():
-  return init_params(jax.random.key(0), CFG, scale=0.3)
-
-
 @pytest.mark.parametrize("vocab,gamma,cand", [
     ("own-reduced", 4, 1), pytest.param("target", 2, 3, marks=pytest.mark.full_opt)])
 def test_greedy_identical_to_autoregressive_random_models(target, vocab, gamma, cand):

@@ -5,6 +5,8 @@ pair (`greedy_decoders`), and the sampling checks (`prompt_samples`,
 
 import os
 
+import numpy as np
+
 from vocabjax.decoding.autoregressive import Decoder
 from vocabjax.decoding.drafter import ChainProposer, TreeProposer
 from vocabjax.decoding.pld import LookupProposer
@@ -26,6 +28,12 @@ PROMPT = [3, 1]
 DTYPE = os.environ.get("VOCABJAX_TEST_DTYPE", "float32")
 if DTYPE not in ("float32", "bfloat16"):
   raise ValueError(f"VOCABJAX_TEST_DTYPE={DTYPE!r}: choose float32 or bfloat16")
+
+
+def random_prompts(n_max: int = 17, seed: int = 0, config=CFG) -> list[list[int]]:
+  """Four seeded prompts of lengths 1, 9, 4 and n_max over `config`'s vocabulary."""
+  rs = np.random.RandomState(seed)
+  return [rs.randint(0, config.vocab_size, n).tolist() for n in (1, 9, 4, n_max)]
 
 
 def as_test_dtype(params):

@@ -259,25 +259,37 @@ def _model_spec(name, kind, p, bench):
                     f"{about}, {shape}")
 
 
-def _eagle_spec(name, kind, p, bench):
+def _bench_subset_k(kind: str, p, bench: dict, example: str) -> int:
+  """A head's static subset as a bench setting (`|subset_k=K`, 0: none): a saved subset file is
+  read for its size alone, so it is refused; a subset and a ranker both are too."""
   if p.subset:
-    raise ValueError("a saved subset is read for its size: give its size as the bench setting "
-                     "`|subset_k=K` (e.g. eagle:lm_head=target|subset_k=32768)")
+    raise ValueError(f"a saved subset is read for its size: give its size as the bench setting "
+                     f"`|subset_k=K` (e.g. {example})")
   subset_k = int(bench.get("subset_k", 0))
   if subset_k and p.ranker:
-    raise ValueError("eagle takes a subset or a ranker, not both")
+    raise ValueError(f"{kind} takes a subset or a ranker, not both")
+  return subset_k
+
+
+def _subset_stand_in(subset_k: int, V: int) -> VocabSubset:
+  """A stand-in static subset of K rows of a V-row head (which rows does not change the
+  program)."""
+  if not 1 <= subset_k <= V:
+    raise ValueError(f"subset_k={subset_k} must be in [1, V={V}]")
+  return VocabSubset(np.arange(subset_k), V, meta=(("ids", "stand-in"),))
+
+
+def _eagle_spec(name, kind, p, bench):
+  subset_k = _bench_subset_k(kind, p, bench, "eagle:lm_head=target|subset_k=32768")
   tree = TreeParams(p.top_k, p.depth, p.total_tokens)
 
   def build(a, s, mesh):
     vocab = _ranker_vocab(s, p.k, "auto") if p.ranker else None
     if subset_k:  # a static subset (FR-Spec's, VocabTrim's) of a full-vocabulary LM head
-      V = s.target.vocab_size
       if p.lm_head != "target" and s.head_kind != "eagle2":
         raise ValueError("subset_k restricts a full LM head: an EAGLE-1/2 head's, or "
                          "lm_head=target")
-      if not 1 <= subset_k <= V:
-        raise ValueError(f"subset_k={subset_k} must be in [1, V={V}]")
-      vocab = VocabSubset(np.arange(subset_k), V, meta=(("ids", "stand-in"),))
+      vocab = _subset_stand_in(subset_k, s.target.vocab_size)
     kw = dict(tree=tree, lm_head=p.lm_head, draft_vocab=vocab, min_confidence=p.min_confidence)
     head = (a["target"], s.target, a["head"], abstract_head_config(s))
     if kind == "eagle_pld":
@@ -304,22 +316,15 @@ def _dflash_spec(name, kind, p, bench):
   """DFlash: a one-layer block drafter of the target's width (bench setting `block`, default
   16 as z-lab's), over the target's LM head, a static subset of it (`subset_k`) or a ranker's
   candidates (`ranker`, `k`)."""
-  if p.subset:
-    raise ValueError("a saved subset is read for its size: give its size as the bench setting "
-                     "`|subset_k=K` (e.g. dflash|subset_k=32768)")
-  subset_k, block = int(bench.get("subset_k", 0)), int(bench.get("block", 16))
-  if subset_k and p.ranker:
-    raise ValueError("dflash takes a subset or a ranker, not both")
+  subset_k = _bench_subset_k(kind, p, bench, "dflash|subset_k=32768")
+  block = int(bench.get("block", 16))
 
   def build(a, s, mesh):
-    V = s.target.vocab_size
     vocab = None
     if p.ranker:
       vocab = _ranker_vocab(s, p.k, "auto", config=s.target)
     elif subset_k:
-      if not 1 <= subset_k <= V:
-        raise ValueError(f"subset_k={subset_k} must be in [1, V={V}]")
-      vocab = VocabSubset(np.arange(subset_k), V, meta=(("ids", "stand-in"),))
+      vocab = _subset_stand_in(subset_k, s.target.vocab_size)
     return SpeculativeEngine(a["target"], s.target, DFlashProposer(
         a["target"], s.target, a[f"dflash{block}"], abstract_dflash_config(s, block),
         draft_vocab=vocab), mesh=mesh)

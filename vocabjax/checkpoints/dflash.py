@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -94,12 +95,6 @@ def save_dflash(params: dict, config: DFlashConfig, directory, *, num_target_lay
     save_file(arrays, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(raw, indent=1))
   return directory
-
-
-def is_dflash_config(raw: dict) -> bool:
-  """Whether a config.json is a DFlash drafter's (z-lab's layout)."""
-  archs = raw.get("architectures") or []
-  return "dflash_config" in raw or any("DFlash" in a for a in archs)
 
 
 def draft_value(raw: dict, name: str, default=None):
@@ -183,7 +178,7 @@ def load_dflash(directory, *, target_config: LlamaLikeConfig | None = None,
   if target_config is not None:
     config.check_target(target_config)
   params = read_head_file(directory, lambda f: _read(directory, config, f), "DFlash drafter")
-  params = _to_jnp(params, dtype)
+  params = jax.tree.map(lambda x: jnp.asarray(x, dtype), params)
   check_finite(params, str(directory))
   return config, params
 
@@ -225,10 +220,3 @@ def _read(directory: Path, config: DFlashConfig, f) -> dict:
                           f"than ignored")
   return out
 
-
-def _to_jnp(tree, dtype):
-  if isinstance(tree, dict):
-    return {k: _to_jnp(v, dtype) for k, v in tree.items()}
-  if isinstance(tree, list):
-    return [_to_jnp(v, dtype) for v in tree]
-  return jnp.asarray(np.asarray(tree, np.float32), dtype)

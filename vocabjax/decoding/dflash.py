@@ -30,8 +30,8 @@ import jax.numpy as jnp
 from flax import struct
 
 from vocabjax import sharding
-from vocabjax.decoding.drafter import DraftVocab
-from vocabjax.decoding.proposer import Context, Drafts, Prefilled, Profiled
+from vocabjax.decoding.drafter import DraftVocab, PolicyHead
+from vocabjax.decoding.proposer import Context, Drafts, Prefilled
 from vocabjax.lowering import lowering_of, with_lowering
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
@@ -70,7 +70,7 @@ def _drafter(params) -> dict:
   return with_lowering(params[DRAFTER_KEY], lowering_of(params))
 
 
-class DFlashProposer(Profiled):
+class DFlashProposer(PolicyHead):
   """A DFlash drafter proposing a chain of bs - 1 tokens per pass (module doc)."""
 
   method = "dflash"
@@ -153,15 +153,6 @@ class DFlashProposer(Profiled):
                          pend_count=(v.accepted + 1).astype(jnp.int32))
 
   # --- profiling (`vocabjax.decoding.profile`) ------------------------------------------------
-
-  @property
-  def head_rows(self) -> int:
-    return (self.draft_vocab.head_rows if self.draft_vocab is not None
-            else self.head_vocab_config.vocab_size)
-
-  @property
-  def head_policy(self):
-    return self.policy
 
   def drafter_calls(self):
     return [(self.config.block_size, self.config.gamma)]

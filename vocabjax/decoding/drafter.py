@@ -64,7 +64,26 @@ class TreeState:
   pend_count: jax.Array  # [B] int32 in 1 .. d + 1
 
 
-class ModelProposer(Profiled):
+class PolicyHead(Profiled):
+  """A drafter whose LM head is a vocabulary policy (`policy`) over the head of
+  `head_vocab_config`, restricted by `draft_vocab` when there is one: what the time split
+  (`vocabjax.decoding.profile`) multiplies."""
+
+  draft_vocab: DraftVocab | None = None
+  policy: Policy | None = None
+  head_vocab_config: LlamaLikeConfig
+
+  @property
+  def head_rows(self) -> int:
+    return (self.draft_vocab.head_rows if self.draft_vocab is not None
+            else self.head_vocab_config.vocab_size)
+
+  @property
+  def head_policy(self):
+    return self.policy
+
+
+class ModelProposer(PolicyHead):
   """A drafter model of the target's vocabulary, with its vocabulary policy."""
 
   draft_block_calls = False
@@ -80,7 +99,7 @@ class ModelProposer(Profiled):
           f"`vocabjax.decoding.crossvocab.CrossVocabProposer` (OmniDraft), not {self.method} "
           f"drafting")
     self.params, self.config = draft_params, draft_config
-    self.draft_config = draft_config
+    self.draft_config = self.head_vocab_config = draft_config
     self.draft_vocab, self.draft_prefill = draft_vocab, draft_prefill
     self.policy: Policy = full_policy(draft_config)  # the drafter's vocabulary policy
 
@@ -107,14 +126,6 @@ class ModelProposer(Profiled):
   def _prefill_cache(self, params, pre: Prefilled) -> KVCache:
     return prefill_drafter(params, pre.tokens, pre.lengths, pre.caches["draft"],
                           config=self.config)
-
-  @property
-  def head_rows(self) -> int:
-    return self.draft_vocab.head_rows if self.draft_vocab is not None else self.config.vocab_size
-
-  @property
-  def head_policy(self):
-    return self.policy
 
   def drafter_body(self):
     return functools.partial(model_body, config=self.config), self.params, self.config

@@ -40,9 +40,9 @@ import jax.numpy as jnp
 from flax import struct
 
 from vocabjax import sharding
-from vocabjax.decoding.drafter import DraftVocab
+from vocabjax.decoding.drafter import DraftVocab, PolicyHead
 from vocabjax.decoding.hybrid import LookupHybrid, SuffixHybrid
-from vocabjax.decoding.proposer import Context, Counted, Drafts, Gated, Prefilled, Profiled
+from vocabjax.decoding.proposer import Context, Counted, Drafts, Gated, Prefilled
 from vocabjax.decoding.tree import TreeBounds, TreeParams, drop_rows, grow_tree
 from vocabjax.lowering import lowering_of, with_lowering
 from vocabjax.sampling import SamplingParams
@@ -156,7 +156,7 @@ def head_prefill(dp, pre: Prefilled, *, head_config: EagleConfig, pend_width: in
                     pend_count=jnp.ones_like(pre.first))
 
 
-class EagleProposer(Gated, Profiled, Counted):
+class EagleProposer(Gated, PolicyHead, Counted):
   """An EAGLE(-3) head on the target's features growing an EAGLE-2 tree (module doc).
 
   `lm_head`: "own" (the head's Vd rows with d2t, default) or "target" (the target's LM head,
@@ -292,15 +292,6 @@ class EagleProposer(Gated, Profiled, Counted):
       return {}
     return {"head_steps": sum(1 for row in stats.drafted for d in row if d),
             "verifications": len(stats.drafted)}
-
-  @property
-  def head_rows(self) -> int:
-    return (self.draft_vocab.head_rows if self.draft_vocab is not None
-            else self.head_vocab_config.vocab_size)
-
-  @property
-  def head_policy(self):
-    return self.policy
 
   def drafter_calls(self):
     t = self.tree

@@ -31,6 +31,7 @@ from typing import Any, Callable
 
 from vocabjax.calibrate.counts import tokenizer_identity
 from vocabjax.checkpoints import hub
+from vocabjax.checkpoints.convert import CheckpointError
 from vocabjax.decoding.speculative import block_layout
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.errors import ConfigError
@@ -152,6 +153,17 @@ def local_files(params, method: str, where: str):
   return dataclasses.replace(params, **changes) if changes else params
 
 
+def read_head_config(value: str, where: str, label: str, load: Callable):
+  """`load(path)` of a head directory named by path or hub id (fetched, as the kind "eagle": its
+  config.json and weights); a CheckpointError becomes a ConfigError naming the parameter
+  (`label`, e.g. eagle.head) and the path."""
+  path = local_path(value, "eagle", where)
+  try:
+    return load(path)
+  except CheckpointError as e:
+    raise ConfigError(f"{where}: {label}={path!r}: {e}") from None
+
+
 def _is(value, typ: type) -> bool:
   """`value` fits a parameter of type `typ` (a bool is not an int here; an int is a float)."""
   if typ is bool or isinstance(value, bool):
@@ -206,4 +218,5 @@ def _import_builtins() -> None:
 _import_builtins()
 
 __all__ = ["METHODS", "Method", "register", "HUB_FIELDS", "local_path", "local_files",
+           "read_head_config",
            "tree_params", "check_subset_file", "load_subset", "model_blocks"]

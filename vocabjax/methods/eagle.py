@@ -7,19 +7,15 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from vocabjax.checkpoints.convert import CheckpointError
 from vocabjax.checkpoints.eagle2 import load_head, load_head_config
 from vocabjax.decoding.eagle import EagleLookupProposer, EagleProposer, EagleSuffixProposer
 from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.errors import ConfigError
-from vocabjax.methods import (check_subset_file, load_subset, local_path, model_blocks, register,
-                              tree_params)
+from vocabjax.methods import model_blocks, read_head_config, register, tree_params
 from vocabjax.methods.lookup import PldParams
 from vocabjax.methods.suffix import SuffixHybridParams
-from vocabjax.methods.vocab import check_ranker_k, ranker_shapes
-from vocabjax.vocab.ranked import Ranker, SpeculativeVocab, ranked_head_rows
-from vocabjax.vocab.subset import SubsetError, VocabSubset
+from vocabjax.methods.vocab import check_head_policy, head_policy, head_policy_rows
 
 
 # An EAGLE-3 head directory (`python -m vocabjax.train.eagle`, the authors' `yuhuili/EAGLE3-*`,
@@ -28,11 +24,7 @@ from vocabjax.vocab.subset import SubsetError, VocabSubset
 # target's own features; no separate drafter.
 
 def _eagle_config(path: str, where: str):
-  path = local_path(path, "eagle", where)
-  try:
-    return load_head_config(path)
-  except CheckpointError as e:
-    raise ConfigError(f"{where}: eagle.head={path!r}: {e}") from None
+  return read_head_config(path, where, "eagle.head", load_head_config)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,23 +51,15 @@ class EagleParams:
     if self.lm_head == "own" and self.top_k > hc.draft_vocab_size:
       raise ConfigError(f"{where}: eagle.top_k={self.top_k} exceeds the head's vocabulary of "
                         f"{hc.draft_vocab_size} tokens")
-    if self.subset and self.ranker:
-      raise ConfigError(f"{where}: eagle takes a subset or a ranker, not both")
-    check_subset_file(where, "eagle", self.subset)
-    if self.ranker:
-      check_ranker_k(where, "eagle", self.ranker, self.k)
+    check_head_policy(where, "eagle", self.subset, self.ranker, self.k)
 
 
 def _eagle_rows(p: EagleParams) -> int:
   """LM-head rows the head drafts over per step: a subset's K, a ranker's k + its cost in rows,
   else the head's own rows or the target's V."""
-  if p.subset:
-    try:
-      return len(VocabSubset.load(local_path(p.subset, "file")).ids)
-    except SubsetError as e:
-      raise ConfigError(f"eagle.subset={p.subset!r}: {e}") from None
-  if p.ranker:
-    return ranked_head_rows(p.k, *ranker_shapes(p.ranker, "eagle"))
+  rows = head_policy_rows("eagle", p.subset, p.ranker, p.k)
+  if rows is not None:
+    return rows
   hc = _eagle_config(p.head, "eagle")
   return hc.draft_vocab_size if p.lm_head == "own" else hc.layer.vocab_size
 
@@ -132,8 +116,7 @@ def release_loaded_heads() -> None:
 
 
 def _eagle_vocab(target, p: EagleParams):
-  return (SpeculativeVocab(Ranker.load(p.ranker), k=p.k) if p.ranker
-          else load_subset(p.subset, target))
+  return head_policy(target, p.subset, p.ranker, p.k)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,10 +14,12 @@ from vocabjax.calibrate.counts import CalibrationError, Counts
 from vocabjax.calibrate.select import load_or_select
 from vocabjax.decoding.tree import MAX_TREE_NODES, TreeParams
 from vocabjax.errors import ConfigError
-from vocabjax.methods import local_path, register, tree_params
+from vocabjax.methods import (check_subset_file, load_subset, local_path, register,
+                              tree_params)
 from vocabjax.methods.drafter import chain_decoder, tree_decoder
 from vocabjax.vocab.ranked import (Ranker, RankerError, SpeculativeVocab, ranked_head_rows,
                                    read_metadata)
+from vocabjax.vocab.subset import SubsetError, VocabSubset
 
 
 # Both draft with a trimmed LM head over the top-k tokens of a counts file made by
@@ -130,6 +132,35 @@ def check_ranker_k(where: str, method: str, ranker: str, k: int) -> None:
   V, _, _ = ranker_shapes(ranker, where)
   if k > V:
     raise ConfigError(f"{where}: {method}.k={k} exceeds the ranker's vocabulary of {V} tokens")
+
+
+def check_head_policy(where: str, method: str, subset: str, ranker: str, k: int) -> None:
+  """A head's vocabulary policy parameters: a subset or a ranker (not both), each file there
+  and a ranker's k within its vocabulary."""
+  if subset and ranker:
+    raise ConfigError(f"{where}: {method} takes a subset or a ranker, not both")
+  check_subset_file(where, method, subset)
+  if ranker:
+    check_ranker_k(where, method, ranker, k)
+
+
+def head_policy_rows(method: str, subset: str, ranker: str, k: int) -> int | None:
+  """LM-head rows a head drafts over per step under its policy: a subset's K, a ranker's k +
+  its cost in rows; None without a policy (the head's own rows)."""
+  if subset:
+    try:
+      return len(VocabSubset.load(local_path(subset, "file")).ids)
+    except SubsetError as e:
+      raise ConfigError(f"{method}.subset={subset!r}: {e}") from None
+  if ranker:
+    return ranked_head_rows(k, *ranker_shapes(ranker, method))
+  return None
+
+
+def head_policy(target, subset: str, ranker: str, k: int):
+  """The DraftVocab a head's parameters name (a ranker's per-step candidates, a saved subset
+  checked against the target's tokenizer), None for the whole head."""
+  return SpeculativeVocab(Ranker.load(ranker), k=k) if ranker else load_subset(subset, target)
 
 
 @dataclasses.dataclass(frozen=True)
