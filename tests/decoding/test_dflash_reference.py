@@ -1,8 +1,10 @@
-"""vocabjax's DFlash drafter against z-lab's `dflash` 0.1.0 (`vocabjax.testing.references`), on
-the same random weights written in z-lab's layout by the reference's own `save_pretrained`,
-and the same tiny Qwen3 target (transformers' model and vocabjax's load of its files). Float32;
-1e-4 on the target features, each layer's output and the draft logits; greedy blocks, outputs
-and accepted lengths of `dflash_generate` against vocabjax's engine."""
+"""vocabjax's DFlash and DFlash 2 drafters against z-lab's `dflash` 0.1.0
+(`DFlashDraftModel`, `DFlash2DraftModel`; `vocabjax.testing.references`), on the same random
+weights written in z-lab's layout by the reference's own `save_pretrained`, and the same tiny
+Qwen3 target (transformers' model and vocabjax's load of its files). Float32; 1e-4 on the
+target features, each layer's output (DFlash 2's convolutions inside) and the draft logits;
+DFlash 2's selected drafts; greedy blocks, outputs and accepted lengths of `dflash_generate`
+against vocabjax's engine."""
 
 import json
 
@@ -13,11 +15,12 @@ import torch
 
 from vocabjax.checkpoints.dflash import load_dflash
 from vocabjax.checkpoints.loader import load_model
-from vocabjax.decoding.dflash import DFlashProposer
+from vocabjax.decoding.dflash import DFlashProposer, select_drafts
 from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.models.cache import KVCache
 from vocabjax.models.dflash import block_forward, context_prefill, scale_logits
 from vocabjax.models.llamalike import forward_features, lm_head_weight
+from vocabjax.sampling import SamplingParams
 from vocabjax.testing import references
 from vocabjax.testing.tiny import tiny_hf_model
 
@@ -25,39 +28,72 @@ V, BLOCK, MASK = 16, 4, 5
 PROMPTS = [[3, 9, 1], [7, 7, 12, 4, 0, 15, 2], [11], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]]
 
 
+DFLASH2 = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 6}
+
+
 def _randomize(model, scale, seed):
-  """Weights of order `scale` (norms near 1): logits far from ties, so greedy choices are the
-  same on both sides."""
+  """Weights of order `scale` (norms near 1, DFlash 2's base kernels near the identity):
+  logits far from ties, so greedy choices are the same on both sides."""
   gen = torch.Generator().manual_seed(seed)
   with torch.no_grad():
     for name, p in model.named_parameters():
       noise = torch.randn(p.shape, generator=gen)
-      p.copy_(1 + 0.1 * noise if name.endswith("norm.weight") else scale * noise)
+      if name.endswith("norm.weight"):
+        p.copy_(1 + 0.1 * noise)
+      elif name.endswith("base_kernel"):
+        p.copy_(0.2 * noise)
+        p[:, 0] += 1
+      else:
+        p.copy_(scale * noise)
   return model.eval()
 
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory):
+@pytest.fixture(scope="module", params=["dflash", "dflash2"])
+def pair(tmp_path_factory, request):
   """(the reference module, transformers' target, the reference drafter, vocabjax's target
   Model, vocabjax's (config, params) of the drafter's files). The drafter reads target layers
   1 and 3 of 4: the last one is the final normed hidden state in the reference's
-  `output_hidden_states`."""
+  `output_hidden_states`. DFlash 2: convolutions of 2 taps over groups of 16 channels, a
+  selector of rank 8 over each position's top 6."""
   ref = references.dflash_reference()
   from transformers import Qwen3Config
 
-  root = tmp_path_factory.mktemp("dflash")
+  v2 = request.param == "dflash2"
+  root = tmp_path_factory.mktemp(request.param)
   target = _randomize(tiny_hf_model("qwen3", vocab_size=V, num_hidden_layers=4), 0.15, 0)
   target.save_pretrained(root / "target")
   cfg = Qwen3Config(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                     rms_norm_eps=1e-5, max_position_embeddings=256)
   cfg.num_target_layers = 4
-  cfg.dflash_config = {"target_layer_ids": [1, 3], "mask_token_id": MASK, "block_size": BLOCK}
-  cfg.architectures = ["DFlashDraftModel"]
-  draft = _randomize(ref.DFlashDraftModel(cfg), 0.15, 1)
+  cfg.dflash_config = {"target_layer_ids": [1, 3], "mask_token_id": MASK, "block_size": BLOCK,
+                       **(DFLASH2 if v2 else {})}
+  cfg.architectures = ["DFlash2DraftModel" if v2 else "DFlashDraftModel"]
+  # seeds whose drafters get some drafts accepted by the random target
+  draft = _randomize((ref.DFlash2DraftModel if v2 else ref.DFlashDraftModel)(cfg), 0.15,
+                     4 if v2 else 1)
   draft.save_pretrained(root / "draft")
   ours = load_model(root / "target", dtype="float32")
   return ref, target, draft, ours, load_dflash(root / "draft", target_config=ours.config)
+
+
+def _ref_drafts(ref, draft, h, anchor, head):
+  """The reference's greedy drafts of a block's final hidden states h [1, G, D]."""
+  with torch.no_grad():
+    if isinstance(draft, ref.DFlash2DraftModel):
+      return draft.propose(h, torch.tensor([anchor]), head, 0.0)[0][0].tolist()
+    return torch.argmax(draft.compute_logits(h, head), dim=-1)[0].tolist()
+
+
+def _our_drafts(proposer, h, anchor):
+  """vocabjax's greedy drafts of h [1, G, D]: the selector's for DFlash 2, else the argmax."""
+  if proposer.selector:
+    tok, _ = select_drafts(proposer.policy, proposer.params, h, jnp.asarray([anchor]), None,
+                           SamplingParams(), config=proposer.config, vocab_size=V)
+    return np.asarray(tok)[0].tolist()
+  ids, logits = proposer.policy(proposer.params, h[0])
+  assert ids is None
+  return np.argmax(np.asarray(logits), axis=-1).tolist()
 
 
 def _features(ref, target, draft, ids):
@@ -72,6 +108,9 @@ def test_config_read_as_the_reference_reads_it(pair):
   assert (config.block_size, config.mask_token_id) == (draft.block_size, draft.mask_token_id)
   proposer = DFlashProposer(ours.params, ours.config, pair[4][1], config)
   assert proposer.feature_layers == (1, -1)  # layer 3 of 4: the final normed hidden state
+  assert proposer.selector == isinstance(draft, pair[0].DFlash2DraftModel)
+  if proposer.selector:
+    assert {k: getattr(config, k) for k in DFLASH2} == DFLASH2
 
 
 def test_features_layers_and_logits_match_the_reference(pair):
@@ -106,6 +145,8 @@ def test_features_layers_and_logits_match_the_reference(pair):
         np.testing.assert_allclose(np.asarray(h), want, atol=1e-4, rtol=1e-4)
       logits = scale_logits(h[:, 1:] @ U.T, config)
       np.testing.assert_allclose(np.asarray(logits), logits_ref, atol=1e-4, rtol=1e-4)
+      assert (_our_drafts(proposer, h[:, 1:], block[0])
+              == _ref_drafts(ref, draft, h_ref[:, 1:], block[0], target.lm_head))
   finally:
     for hook in hooks:
       hook.remove()
@@ -122,17 +163,26 @@ def test_greedy_blocks_outputs_and_accepted_lengths_match_dflash_generate(pair, 
   monkeypatch.setattr(ref, "_cuda_time", time.perf_counter)  # its stats' clock syncs CUDA
   proposer = DFlashProposer(ours.params, ours.config, params, config)
   engine = SpeculativeEngine(ours.params, ours.config, proposer)
-  U = lm_head_weight(ours.params, ours.config)
   new = 24
   blocks = []
   compute_logits = draft.compute_logits
 
-  def recording(hidden, head):
+  def recording(hidden, head):  # each block's greedy drafts (DFlash 2: the selector's path)
     logits = compute_logits(hidden, head)
-    blocks.append(torch.argmax(logits, dim=-1)[0].tolist())
+    if not proposer.selector:
+      blocks.append(torch.argmax(logits, dim=-1)[0].tolist())
     return logits
 
   draft.compute_logits = recording
+  if proposer.selector:
+    propose = draft.propose
+
+    def recording_path(hidden, anchor, head, temperature):
+      out = propose(hidden, anchor, head, temperature)
+      blocks.append(out[0][0].tolist())
+      return out
+
+    draft.propose = recording_path
   accepted_any = 0
   try:
     for ids in PROMPTS:
@@ -165,18 +215,20 @@ def test_greedy_blocks_outputs_and_accepted_lengths_match_dflash_generate(pair, 
         h, _ = block_forward(params, ours.params["embed"], jnp.asarray([block]),
                              jnp.zeros((1, BLOCK, config.fused_width)), jnp.zeros((1,), int),
                              cache.with_lengths(jnp.asarray([start])), config=config)
-        got = np.argmax(np.asarray(scale_logits(h[0, 1:] @ U.T, config)), axis=-1).tolist()
+        got = _our_drafts(proposer, h[:, 1:], block[0])
         assert got == drafted, (start, got, drafted)
         start += n
   finally:
     draft.compute_logits = compute_logits
+    draft.__dict__.pop("propose", None)
   assert accepted_any >= 3  # the comparison saw accepted drafts, not only rejections
 
 
 def test_zlab_layout_with_top_level_fields_and_refusals(pair, tmp_path):
-  """The same drafter with its fields at the top level of config.json loads the same; a
-  DFlash 2 config, a mask token outside the vocabulary and a target layer out of range are
-  refused in one line naming the value."""
+  """The same drafter with its fields at the top level of config.json loads the same (DFlash 2:
+  also with its codebooks named as z-lab publishes them, without `.weight`); a DFlash 2
+  config without its fields, DFlash 2 weights under a DFlash config, a mask token outside the
+  vocabulary and a target layer out of range are refused in one line naming the value."""
   import shutil
 
   from vocabjax.checkpoints.convert import CheckpointError
@@ -196,8 +248,24 @@ def test_zlab_layout_with_top_level_fields_and_refusals(pair, tmp_path):
   c2, p2 = load_dflash(variant("flat", {}), target_config=ours.config)
   assert c2 == config
   np.testing.assert_array_equal(np.asarray(p2["fc"]), np.asarray(params["fc"]))
-  with pytest.raises(CheckpointError, match="DFlash 2"):
-    load_dflash(variant("v2", {"architectures": ["DFlash2DraftModel"]}))
+  if config.dflash2:
+    from safetensors.torch import load_file, save_file
+
+    d = variant("published", {})
+    tensors = load_file(d / "model.safetensors")
+    save_file({k.removesuffix(".weight") if "codebook" in k else k: v
+               for k, v in tensors.items()}, d / "model.safetensors")
+    _, p3 = load_dflash(d, target_config=ours.config)
+    np.testing.assert_array_equal(np.asarray(p3["selector"]["pred"]),
+                                  np.asarray(params["selector"]["pred"]))
+    with pytest.raises(CheckpointError, match="selector_rank=None"):
+      load_dflash(variant("v2-fields", {"selector_rank": None}))
+    with pytest.raises(CheckpointError, match=r"attention_conv.* not part of the DFlash drafter"):
+      load_dflash(variant("as-v1", {"architectures": ["DFlashDraftModel"],
+                                    **{k: None for k in DFLASH2}}))
+  else:
+    with pytest.raises(CheckpointError, match="DFlash 2 .* conv_kernel_size=None"):
+      load_dflash(variant("v2", {"architectures": ["DFlash2DraftModel"]}))
   with pytest.raises(CheckpointError, match=f"mask_token_id=99 .* V={V}"):
     load_dflash(variant("mask", {"mask_token_id": 99}))
   with pytest.raises(ValueError, match=r"target_layer_ids=\[1, 7\] name layers \[7\]"):

@@ -12,9 +12,21 @@ top level: `target_layer_ids`, `mask_token_id`, `block_size`, `input_embedding_s
   layers.{i}.post_attention_layernorm.weight   [D]
   layers.{i}.mlp.{gate,up,down}_proj.weight
 
+DFlash 2 (`DFlash2DraftModel` in `architectures`; config fields `conv_kernel_size`,
+`conv_group_size`, `selector_rank`, `selector_top_k`) adds, per layer and for each of
+`attention_conv` and `mlp_conv`:
+
+  layers.{i}.{attention,mlp}_conv.base_kernel              [2, K, D]
+  layers.{i}.{attention,mlp}_conv.kernel_projection.weight [2 * K * D / group, D]
+
+and its candidate selector (the codebooks with or without a `.weight` suffix: z-lab's published
+files have none, `save_pretrained` of its module writes one):
+
+  candidate_selector.{predecessor,successor}_codebook  [V, R]
+  candidate_selector.hidden_projection.weight          [R, D]
+
 The drafter has no embedding and no LM head of its own: it drafts with the target's. A tensor
-this reader does not know (DFlash 2's convolutions and selector, which `dflash` loads as
-`DFlash2DraftModel`) is refused by name rather than ignored.
+this reader does not know is refused by name rather than ignored.
 """
 
 from __future__ import annotations
@@ -40,6 +52,7 @@ from vocabjax.models.dflash import DFlashConfig, default_target_layers
 # config.json fields that belong to the drafter, not to its Qwen3 layers
 DRAFT_FIELDS = ("target_layer_ids", "mask_token_id", "block_size", "input_embedding_scale",
                 "output_multiplier", "final_logit_softcapping", "is_causal")
+DFLASH2_FIELDS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 _BOOKKEEPING = ("architectures", "auto_map", "dflash_config", "num_target_layers", "dtype",
                 "torch_dtype", "transformers_version", "use_cache", "initializer_range",
                 "attention_dropout", "bos_token_id", "eos_token_id", "pad_token_id",
@@ -55,12 +68,17 @@ LAYER = {"attn_norm": "input_layernorm.weight", "wq": "self_attn.q_proj.weight",
 BIASES = {"bq": "self_attn.q_proj.bias", "bk": "self_attn.k_proj.bias",
           "bv": "self_attn.v_proj.bias", "bo": "self_attn.o_proj.bias"}
 TOP = {"fc": "fc.weight", "hidden_norm": "hidden_norm.weight", "final_norm": "norm.weight"}
+CONV = {"attn_conv": "attention_conv", "mlp_conv": "mlp_conv"}
+SELECTOR = {"pred": "candidate_selector.predecessor_codebook",
+            "succ": "candidate_selector.successor_codebook",
+            "proj": "candidate_selector.hidden_projection.weight"}
 
 
 def save_dflash(params: dict, config: DFlashConfig, directory, *, num_target_layers: int
                 ) -> Path:
-  """Write a DFlash drafter in z-lab's layout (module doc), atomically: what `load_dflash` and
-  `dflash`'s `DFlashDraftModel.from_pretrained` read."""
+  """Write a DFlash or DFlash 2 drafter in z-lab's layout (module doc), atomically: what
+  `load_dflash` and `dflash`'s `DFlashDraftModel` / `DFlash2DraftModel.from_pretrained`
+  read."""
   from safetensors.numpy import save_file
 
   c = config.layer
@@ -68,8 +86,15 @@ def save_dflash(params: dict, config: DFlashConfig, directory, *, num_target_lay
   for i, layer in enumerate(params["layers"]):
     names = dict(LAYER, **(BIASES if c.attention_bias else {}))
     tensors.update({f"layers.{i}.{v}": layer[k] for k, v in names.items()})
+    if config.dflash2:
+      for ours, theirs in CONV.items():
+        tensors[f"layers.{i}.{theirs}.base_kernel"] = layer[f"{ours}_base"]
+        tensors[f"layers.{i}.{theirs}.kernel_projection.weight"] = layer[f"{ours}_proj"]
+  if config.dflash2:
+    tensors.update({v: params["selector"][k] for k, v in SELECTOR.items()})
   arrays = {k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in tensors.items()}
-  raw = {"architectures": ["DFlashDraftModel"], "model_type": "qwen3",
+  raw = {"architectures": ["DFlash2DraftModel" if config.dflash2 else "DFlashDraftModel"],
+         "model_type": "qwen3",
          "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
          "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers,
          "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
@@ -88,6 +113,8 @@ def save_dflash(params: dict, config: DFlashConfig, directory, *, num_target_lay
     raw["dflash_config"]["final_logit_softcapping"] = config.final_logit_softcapping
   if config.causal is not None:
     raw["dflash_config"]["is_causal"] = config.causal
+  if config.dflash2:
+    raw["dflash_config"].update({k: getattr(config, k) for k in DFLASH2_FIELDS})
   if c.layer_types is not None:
     raw.update(layer_types=list(c.layer_types), sliding_window=c.sliding_window)
   directory = Path(directory)
@@ -106,10 +133,18 @@ def draft_value(raw: dict, name: str, default=None):
 def dflash_config_from_raw(raw: dict, where: str = "config.json") -> DFlashConfig:
   """The DFlashConfig of a config.json dict; CheckpointError naming the field and value."""
   archs = raw.get("architectures") or []
-  if any("DFlash2" in a for a in archs) or draft_value(raw, "conv_kernel_size") is not None:
-    raise CheckpointError(f"{where}: a DFlash 2 drafter (architectures={archs}); this reader "
-                          f"implements DFlash (no convolutions, no candidate selector)")
-  layer_raw = {k: v for k, v in raw.items() if k not in _BOOKKEEPING and k not in DRAFT_FIELDS}
+  dflash2 = {}
+  if any("DFlash2" in str(a) for a in archs) or any(draft_value(raw, k) is not None
+                                                    for k in DFLASH2_FIELDS):
+    for k in DFLASH2_FIELDS:
+      v = draft_value(raw, k)
+      if not isinstance(v, int) or isinstance(v, bool):
+        raise CheckpointError(f"{where}: a DFlash 2 drafter (architectures={archs}) with "
+                              f"{k}={v!r}: DFlash 2 needs {', '.join(DFLASH2_FIELDS)} as "
+                              f"integers")
+      dflash2[k] = v
+  layer_raw = {k: v for k, v in raw.items()
+               if k not in _BOOKKEEPING and k not in DRAFT_FIELDS and k not in DFLASH2_FIELDS}
   layer_raw["model_type"] = "qwen3"
   try:
     layer = config_from_hf(layer_raw)
@@ -141,7 +176,7 @@ def dflash_config_from_raw(raw: dict, where: str = "config.json") -> DFlashConfi
         input_embedding_scale=float(draft_value(raw, "input_embedding_scale", 1.0)),
         output_multiplier=float(draft_value(raw, "output_multiplier", 1.0)),
         final_logit_softcapping=None if cap is None else float(cap),
-        causal=None if causal is None else bool(causal))
+        causal=None if causal is None else bool(causal), **dflash2)
   except ValueError as e:
     raise CheckpointError(f"{where}: {e}") from None
 
@@ -211,12 +246,23 @@ def _read(directory: Path, config: DFlashConfig, f) -> dict:
     own = dict(LAYER, **(BIASES if c.attention_bias else {}))
     layers.append({k: get(f"layers.{i}.{v}", shapes[k]) for k, v in own.items()})
   out = {"layers": layers, **{k: get(TOP[k], s) for k, s in top.items()}}
+  if config.dflash2:
+    K, G, R = config.conv_kernel_size, config.conv_groups, config.selector_rank
+    for i, layer in enumerate(layers):
+      for ours, theirs in CONV.items():
+        layer[f"{ours}_base"] = get(f"layers.{i}.{theirs}.base_kernel", (2, K, D))
+        layer[f"{ours}_proj"] = get(f"layers.{i}.{theirs}.kernel_projection.weight",
+                                    (2 * K * G, D))
+    shapes = {"pred": (c.vocab_size, R), "succ": (c.vocab_size, R), "proj": (R, D)}
+    out["selector"] = {k: get(v + ".weight" if k != "proj" and prefix + v + ".weight" in names
+                              else v, shapes[k]) for k, v in SELECTOR.items()}
   ignored = {n for n in names if n.endswith("rotary_emb.inv_freq")}
   unknown = sorted(names - used - ignored)
   if unknown:
-    raise CheckpointError(f"{directory}: tensor(s) {unknown[:8]} are not part of the DFlash "
-                          f"drafter this reader implements (a DFlash 2 drafter's convolutions "
-                          f"or selector, an embedding or LM head of its own); refused rather "
-                          f"than ignored")
+    kind = "DFlash 2" if config.dflash2 else "DFlash"
+    raise CheckpointError(f"{directory}: tensor(s) {unknown[:8]} are not part of the {kind} "
+                          f"drafter its config.json describes (a DFlash 2 drafter's with a "
+                          f"DFlash config, an embedding or LM head of its own, another "
+                          f"architecture's modules); refused rather than ignored")
   return out
 

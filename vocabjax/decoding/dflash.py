@@ -21,6 +21,14 @@ drafters (a VocabTrim / FR-Spec subset or a SpecVocab ranker), then `output_mult
 soft cap apply. Greedy drafts are each position's argmax; sampled drafts are drawn from each
 position's processed law, returned as `q` (positions are independent given the block), so the
 chain's verification keeps the target's law exactly.
+
+DFlash 2 drafts through its candidate selector (`select_drafts`): at each position the head's
+top `selector_top_k` candidates (of the policy's rows when there is a policy) are rescored
+given the token drafted before, left to right from the block's anchor; greedy takes each
+position's best score, sampling draws from the processed law of the scores over the
+candidates, returned as `q` (conditional on the drafts before it, which the chain's
+verification allows). `selector=False` drafts a DFlash 2 drafter by the head's argmax as DFlash
+does (an ablation).
 """
 
 from __future__ import annotations
@@ -40,6 +48,8 @@ from vocabjax.models.dflash import (
   block_forward,
   context_prefill,
   scale_logits,
+  selector_context,
+  selector_scores,
 )
 from vocabjax.models.llamalike import (
   FINAL_NORMED,
@@ -47,8 +57,17 @@ from vocabjax.models.llamalike import (
   lm_head_weight,
   with_mlp_layout,
 )
-from vocabjax.sampling import SamplingParams
-from vocabjax.vocab.policy import POLICY_STATE, bound_policy, draft_choice, full_policy
+from vocabjax.sampling import SamplingParams, log_probs
+from vocabjax.vocab.policy import (
+  POLICY_STATE,
+  Policy,
+  bound_policy,
+  candidate_sampling,
+  draft_choice,
+  full_policy,
+  scatter_full,
+  to_target_many,
+)
 
 DRAFTER_KEY = "dflash"  # the drafter's own params inside the proposer's pytree
 
@@ -70,15 +89,53 @@ def _drafter(params) -> dict:
   return with_lowering(params[DRAFTER_KEY], lowering_of(params))
 
 
+def select_drafts(policy: Policy, params, h: jax.Array, anchor: jax.Array, key,
+                  sampling: SamplingParams, *, config: DFlashConfig, vocab_size: int
+                  ) -> tuple[jax.Array, jax.Array | None]:
+  """DFlash 2's candidate selector over a block's G positions (module doc): h [B, G, D] the
+  final normed hidden states of the drafted positions, anchor [B] the block's first token.
+  (tokens [B, G] int32, q [B, G, V] or None when greedy)."""
+  B, G, D = h.shape
+  selector = params[DRAFTER_KEY]["selector"]
+  ids, logits = policy(params, h.reshape(B * G, D))
+  k = min(config.selector_top_k, logits.shape[-1])  # a policy of fewer rows: all of them
+  unary, j = jax.lax.top_k(logits, k)
+  cands = to_target_many(ids, j).reshape(B, G, k)
+  context = selector_context(selector, h, lowering_of(params))
+  sp = candidate_sampling(sampling, k)
+
+  def step(prev, xs):
+    ctx, un, cand, key = xs
+    scores = selector_scores(selector, ctx, prev, un, cand)
+    if sampling.greedy:
+      pick, q = jnp.argmax(scores, axis=-1), None
+    else:
+      lp = log_probs(scores, sp)
+      pick = jax.random.categorical(key, lp, axis=-1)
+      q = scatter_full(cand, jnp.exp(lp), vocab_size)
+    tok = jnp.take_along_axis(cand, pick[:, None].astype(jnp.int32), axis=-1)[:, 0]
+    return tok, (tok, q)
+
+  keys = jnp.zeros((G,)) if sampling.greedy else jax.random.split(key, G)  # greedy: unread
+  xs = (context.swapaxes(0, 1), unary.reshape(B, G, k).swapaxes(0, 1), cands.swapaxes(0, 1),
+        keys)
+  _, (tokens, q) = jax.lax.scan(step, anchor.astype(jnp.int32), xs)
+  return tokens.swapaxes(0, 1), None if q is None else q.swapaxes(0, 1)
+
+
 class DFlashProposer(PolicyHead):
-  """A DFlash drafter proposing a chain of bs - 1 tokens per pass (module doc)."""
+  """A DFlash or DFlash 2 drafter proposing a chain of bs - 1 tokens per pass (module doc)."""
 
   method = "dflash"
   draft_block_calls = True  # one call over the block
 
   def __init__(self, target_params, target_config: LlamaLikeConfig, drafter_params,
-               config: DFlashConfig, *, draft_vocab: DraftVocab | None = None):
+               config: DFlashConfig, *, draft_vocab: DraftVocab | None = None,
+               selector: bool = True):
     config.check_target(target_config)
+    if config.dflash2:
+      self.method = "dflash2"
+    self.selector = selector and config.dflash2
     if is_quantized(target_params):
       raise ValueError("a DFlash drafter reads the target's embedding rows and features as "
                        "floats; load the target in float32 or bfloat16")
@@ -98,7 +155,7 @@ class DFlashProposer(PolicyHead):
     self.policy = bound_policy(_scaled, inner=self._inner, config=config)
 
   def key(self):
-    return ("dflash", self.config, self.policy, self.feature_layers)
+    return ("dflash", self.config, self.policy, self.feature_layers, self.selector)
 
   def prepare(self, *, layout: str, lowering, mesh=None) -> None:
     dp = self.params
@@ -142,8 +199,12 @@ class DFlashProposer(PolicyHead):
     h, cache = block_forward(_drafter(params), params["embed"], block, state.pend_feats,
                              state.pend_count, state.cache, config=c)
     h = h[:, 1:]  # position i predicts the token at N + i
-    tok, q = draft_choice(self.policy, params, h.reshape(B * G, -1), key, sampling,
-                          self.head_vocab_config.vocab_size)
+    V = self.head_vocab_config.vocab_size
+    if self.selector:
+      tok, q = select_drafts(self.policy, params, h, ctx.last, key, sampling, config=c,
+                             vocab_size=V)
+    else:
+      tok, q = draft_choice(self.policy, params, h.reshape(B * G, -1), key, sampling, V)
     drafts = Drafts(tokens=tok.reshape(B, G).astype(jnp.int32),
                     q=None if q is None else q.reshape(B, G, -1))
     return drafts, state.replace(cache=cache)

@@ -1,6 +1,8 @@
-"""DFlash (`dflash`): a block-diffusion drafter conditioned on the target's layers drafts
-block_size - 1 tokens per pass through the target's LM head, verified as a chain; optionally
-over a static subset (VocabTrim / FR-Spec) or a SpecVocab ranker's per-position candidates."""
+"""DFlash and DFlash 2 (`dflash`): a block-diffusion drafter conditioned on the target's layers
+drafts block_size - 1 tokens per pass through the target's LM head, verified as a chain;
+optionally over a static subset (VocabTrim / FR-Spec) or a SpecVocab ranker's per-position
+candidates. A DFlash 2 drafter (its checkpoint says which) drafts through its candidate
+selector, or (`selector=false`) by the head's argmax as DFlash does."""
 
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ class DFlashParams:
   subset: str = ""  # a saved static subset of the target's LM head to draft over
   ranker: str = ""  # or a SpecVocab ranker's per-position candidates (with k)
   k: int = 2048
+  selector: bool = True  # a DFlash 2 drafter's candidate selector (no effect on DFlash)
 
   def check(self, where: str) -> None:
     _config(self.head, where)
@@ -46,4 +49,4 @@ def _dflash(target, draft, p: DFlashParams, mesh=None):
                                dtype=compute_dtype(target.params))
   return SpeculativeEngine(blocks, target.config, DFlashProposer(
       blocks, target.config, params, config,
-      draft_vocab=head_policy(target, p.subset, p.ranker, p.k)), mesh=mesh)
+      draft_vocab=head_policy(target, p.subset, p.ranker, p.k), selector=p.selector), mesh=mesh)

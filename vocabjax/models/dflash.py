@@ -22,6 +22,15 @@ The draft cache keeps, per layer, the keys and values of the context (one entry 
 position); a step writes the pending context entries and attends to the block's own entries
 without writing them (the reference appends them and crops its cache back to the committed
 length). Position i of the block predicts the token at N + i: bs - 1 drafts per pass.
+
+DFlash 2 (z-lab's `DFlash2DraftModel`) adds, in every layer, a grouped dynamic causal
+convolution along the block around the attention and around the MLP (`conv_prepare` on the
+normed input, `dynamic_conv` again on the sublayer's output with the second kernel computed
+from the same input), and a candidate selector over the head's top-k at each position
+(`selector_scores`; the drafting order is `vocabjax.decoding.dflash`'s):
+
+    conv(x)[t] = sum over taps j < K of x[t - j] * (base[j] + delta[t, j, group])  (x[<0] = 0)
+    score(c | prev, h_t) = unary_logit(c) + <pred_code[prev] * (W_sel h_t), succ_code[c]>
 """
 
 from __future__ import annotations
@@ -33,7 +42,7 @@ import jax.numpy as jnp
 
 from vocabjax.kernels.cpu_matmul import linear
 from vocabjax.kernels.gather import take_rows
-from vocabjax.lowering import lowering_of
+from vocabjax.lowering import Lowering, lowering_of
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import _proj, apply_rope, norm, rope_cos_sin, write_block
@@ -50,6 +59,11 @@ class DFlashConfig:
   output_multiplier: float = 1.0
   final_logit_softcapping: float | None = None
   causal: bool | None = None  # None: causal only on sliding layers (the reference's default)
+  # DFlash 2: both set (convolutions in every layer, a candidate selector), or neither (DFlash)
+  conv_kernel_size: int | None = None  # K causal taps of each dynamic convolution
+  conv_group_size: int = 16  # channels sharing one dynamic kernel entry
+  selector_rank: int | None = None  # R of the selector's codebooks
+  selector_top_k: int = 16  # candidates the selector rescores per position
 
   def __post_init__(self):
     if self.block_size < 2:
@@ -64,6 +78,29 @@ class DFlashConfig:
       raise ValueError(f"the drafter's width D={self.layer.hidden_size} differs from the "
                        f"target's hidden size {self.target_hidden_size}: it embeds with the "
                        f"target's embedding")
+    if (self.conv_kernel_size is None) != (self.selector_rank is None):
+      raise ValueError(f"conv_kernel_size={self.conv_kernel_size}, "
+                       f"selector_rank={self.selector_rank}: a DFlash 2 drafter has both its "
+                       f"convolutions and its candidate selector, DFlash neither")
+    if self.dflash2:
+      K, g, D = self.conv_kernel_size, self.conv_group_size, self.layer.hidden_size
+      if not 1 <= K <= self.block_size:
+        raise ValueError(f"conv_kernel_size={K} must lie in 1 .. block_size={self.block_size}")
+      if g < 1 or D % g:
+        raise ValueError(f"conv_group_size={g} must divide the drafter's width D={D}")
+      if self.selector_rank < 1:
+        raise ValueError(f"selector_rank={self.selector_rank} must be at least 1")
+      if not 1 <= self.selector_top_k <= self.layer.vocab_size:
+        raise ValueError(f"selector_top_k={self.selector_top_k} must lie in 1 .. "
+                         f"V={self.layer.vocab_size}")
+
+  @property
+  def dflash2(self) -> bool:
+    return self.conv_kernel_size is not None
+
+  @property
+  def conv_groups(self) -> int:
+    return self.layer.hidden_size // self.conv_group_size
 
   @property
   def gamma(self) -> int:
@@ -87,8 +124,13 @@ class DFlashConfig:
     c, D = self.layer, self.layer.hidden_size
     per_layer = (D * (c.q_dim + 2 * c.kv_dim) + c.q_dim * D + 3 * D * c.intermediate_size
                  + 2 * D + 2 * c.head_dim)
+    if self.dflash2:  # two convolutions per layer; the selector's projection and its rows
+      K = self.conv_kernel_size
+      per_layer += 2 * (2 * K * D + 2 * K * self.conv_groups * D)
     rows = c.vocab_size if head_rows is None else head_rows
-    return D * self.fused_width + c.num_layers * per_layer + 2 * D + rows * D
+    selector = (self.selector_rank * D + self.gamma * (1 + self.selector_top_k)
+                * self.selector_rank if self.dflash2 else 0)
+    return D * self.fused_width + c.num_layers * per_layer + 2 * D + rows * D + selector
 
   def check_target(self, target: LlamaLikeConfig) -> None:
     """ValueError naming the mismatch when this drafter was not made for `target`."""
@@ -118,7 +160,7 @@ def default_target_layers(num_target_layers: int, num_draft_layers: int) -> tupl
 def init_dflash(key: jax.Array, config: DFlashConfig, dtype=jnp.float32,
                 scale: float = 0.02) -> dict:
   c, D = config.layer, config.layer.hidden_size
-  keys = iter(jax.random.split(key, 8 * c.num_layers + 4))
+  keys = iter(jax.random.split(key, 12 * c.num_layers + 8))
 
   def normal(shape):
     return (scale * jax.random.normal(next(keys), shape, jnp.float32)).astype(dtype)
@@ -134,9 +176,70 @@ def init_dflash(key: jax.Array, config: DFlashConfig, dtype=jnp.float32,
     if c.attention_bias:
       layer.update(bq=normal((c.q_dim,)), bk=normal((c.kv_dim,)), bv=normal((c.kv_dim,)),
                    bo=normal((D,)))
+    if config.dflash2:  # near the identity: tap 0 of each base kernel is one
+      K = config.conv_kernel_size
+      for name in CONVS:
+        layer[f"{name}_base"] = (jnp.zeros((2, K, D), dtype).at[:, 0].set(1)
+                                 + normal((2, K, D)))
+        layer[f"{name}_proj"] = normal((2 * K * config.conv_groups, D))
     layers.append(layer)
-  return {"layers": layers, "fc": normal((D, config.fused_width)),
-          "hidden_norm": jnp.ones((D,), dtype), "final_norm": jnp.ones((D,), dtype)}
+  out = {"layers": layers, "fc": normal((D, config.fused_width)),
+         "hidden_norm": jnp.ones((D,), dtype), "final_norm": jnp.ones((D,), dtype)}
+  if config.dflash2:
+    R = config.selector_rank
+    out["selector"] = {"pred": normal((c.vocab_size, R)), "succ": normal((c.vocab_size, R)),
+                       "proj": normal((R, D))}
+  return out
+
+
+CONVS = ("attn_conv", "mlp_conv")  # DFlash 2's convolutions around the attention and the MLP
+
+
+def dynamic_conv(x: jax.Array, delta: jax.Array, base: jax.Array, group_size: int
+                 ) -> jax.Array:
+  """DFlash 2's grouped dynamic causal convolution along the block: x [B, T, D], delta
+  [B, T, K, Gr] (one entry per tap and group of `group_size` channels, from position t),
+  base [K, D]; out[t] = sum_j x[t - j] * (base[j] + delta[t, j]), zero before the block."""
+  K = base.shape[0]
+  out = jnp.zeros(x.shape, jnp.float32)
+  for j in range(K):
+    shifted = x if j == 0 else jnp.pad(x[:, :-j], ((0, 0), (j, 0), (0, 0)))
+    coef = (base[j].astype(jnp.float32)
+            + jnp.repeat(delta[:, :, j].astype(jnp.float32), group_size, axis=-1))
+    out = out + shifted.astype(jnp.float32) * coef
+  return out.astype(x.dtype)
+
+
+def conv_prepare(layer: dict, name: str, h: jax.Array, config: DFlashConfig, lw
+                 ) -> tuple[jax.Array, jax.Array]:
+  """A sublayer's input convolved with the first kernel, and the second kernel's dynamic part
+  [B, T, K, Gr] (from the same input) for `conv_finish`."""
+  B, T, _ = h.shape
+  K, G = config.conv_kernel_size, config.conv_groups
+  delta = linear(h, layer[f"{name}_proj"], lowering=lw).astype(jnp.float32)
+  delta = delta.reshape(B, T, 2, K, G)
+  return (dynamic_conv(h, delta[:, :, 0], layer[f"{name}_base"][0], config.conv_group_size),
+          delta[:, :, 1])
+
+
+def conv_finish(layer: dict, name: str, out: jax.Array, delta: jax.Array,
+                config: DFlashConfig) -> jax.Array:
+  return dynamic_conv(out, delta, layer[f"{name}_base"][1], config.conv_group_size)
+
+
+def selector_context(selector: dict, h: jax.Array, lw: Lowering) -> jax.Array:
+  """W_sel h: [..., D] -> [..., R] (f32), each position's part of the selector's scores."""
+  return linear(h, selector["proj"], lowering=lw).astype(jnp.float32)
+
+
+def selector_scores(selector: dict, context: jax.Array, prev: jax.Array, unary: jax.Array,
+                    candidates: jax.Array) -> jax.Array:
+  """DFlash 2's candidate scores at one position: `unary` [B, k] the head's (scaled) logits of
+  `candidates` [B, k] (target ids), `prev` [B] the token drafted before (the block's anchor at
+  the first position), `context` [B, R] from `selector_context`. [B, k] f32."""
+  pred = take_rows(selector["pred"], prev).astype(jnp.float32) * context
+  succ = take_rows(selector["succ"], candidates).astype(jnp.float32)
+  return unary.astype(jnp.float32) + jnp.einsum("BR,BKR->BK", pred, succ)
 
 
 def fuse_context(params: dict, features: jax.Array, config: DFlashConfig) -> jax.Array:
@@ -219,6 +322,8 @@ def block_forward(params: dict, embed, block: jax.Array, pend_feats: jax.Array,
   low = jnp.finfo(jnp.float32).min
   for i, layer in enumerate(params["layers"]):
     h = norm(x, layer["attn_norm"], c)
+    if config.dflash2:
+      h, delta = conv_prepare(layer, "attn_conv", h, config, lw)
     q = _proj(h, layer, "wq", lw)
     if c.attention_bias:
       q = (q + layer["bq"]).astype(x.dtype)
@@ -238,10 +343,17 @@ def block_forward(params: dict, embed, block: jax.Array, pend_feats: jax.Array,
     out = _proj(attn.reshape(B, bs, c.q_dim), layer, "wo", lw)
     if "bo" in layer:
       out = out + layer["bo"]
+    if config.dflash2:
+      out = conv_finish(layer, "attn_conv", out, delta, config)
     x = x + out
     h = norm(x, layer["mlp_norm"], c)
+    if config.dflash2:
+      h, delta = conv_prepare(layer, "mlp_conv", h, config, lw)
     gate, up = _proj(h, layer, "w_gate", lw), _proj(h, layer, "w_up", lw)
-    x = x + _proj(jax.nn.silu(gate) * up, layer, "w_down", lw)
+    out = _proj(jax.nn.silu(gate) * up, layer, "w_down", lw)
+    if config.dflash2:
+      out = conv_finish(layer, "mlp_conv", out, delta, config)
+    x = x + out
   return norm(x, params["final_norm"], c), cache.with_lengths(N)
 
 
