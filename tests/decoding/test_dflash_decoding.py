@@ -1,8 +1,9 @@
-"""DFlash block drafting on the engine: greedy output equal to plain greedy decoding for block
-sizes, batches of prompts, the drafter's options (sliding layers, causal attention, multiplier
-and soft cap) and the vocabulary policies on its head (a static subset, a SpecVocab ranker);
-the target's law kept when sampling, with and without a subset (chi-square); its checkpoint
-written and read back; the method by name, with its files by hub id."""
+"""DFlash and DFlash 2 block drafting on the engine: greedy output equal to plain greedy
+decoding for block sizes, batches of prompts, the drafter's options (sliding layers, causal
+attention, multiplier and soft cap, DFlash 2's convolutions and selector) and the vocabulary
+policies on its head (a static subset, a SpecVocab ranker); the target's law kept when
+sampling, with and without a subset, DFlash 2's selector law included (chi-square); its
+checkpoint written and read back; the method by name, with its files by hub id."""
 
 import dataclasses
 
@@ -22,6 +23,9 @@ from vocabjax.vocab.ranked import SpeculativeVocab, svd_ranker
 from vocabjax.vocab.subset import VocabSubset
 
 
+V2 = {"conv_kernel_size": 2, "conv_group_size": 8, "selector_rank": 8, "selector_top_k": 4}
+
+
 def dflash_config(target, block_size=4, layers=(0, 1), **changes) -> DFlashConfig:
   layer = target.replace(arch="qwen3", qk_norm=True, attention_bias=False, num_layers=2)
   return DFlashConfig(layer=layer, target_hidden_size=target.hidden_size,
@@ -30,14 +34,15 @@ def dflash_config(target, block_size=4, layers=(0, 1), **changes) -> DFlashConfi
 
 
 @pytest.mark.parametrize("case", ["b2", "b4", "b8-subset", "b4-ranker", "b4-sliding-scaled",
-                                  "b4-causal-last-layer"])
+                                  "b4-causal-last-layer", "b4-dflash2", "b8-dflash2-ranker"])
 def test_greedy_identical_to_plain_decoding(target, case):
   """Block sizes 2, 4 and 8 over a batch of prompts of lengths 1-17; a subset of half the
   vocabulary, a ranker's 16 candidates; a drafter with a sliding layer (window 3), an input
   scale, an output multiplier and a soft cap; a causal drafter reading the target's last layer
-  (its final normed hidden state)."""
+  (its final normed hidden state); DFlash 2 (its selector over the top 4), alone and over a
+  ranker's candidates."""
   block = int(case.split("-")[0][1:])
-  changes, vocab, layers = {}, None, (0, 1)
+  changes, vocab, layers = (V2 if "dflash2" in case else {}), None, (0, 1)
   if "sliding" in case:
     changes = {"input_embedding_scale": 1.5, "output_multiplier": 0.7, "final_logit_softcapping": 3.0}
   if "causal" in case:
@@ -56,12 +61,14 @@ def test_greedy_identical_to_plain_decoding(target, case):
   assert all(d == block - 1 for row in res.stats.drafted for d in row if d)
 
 
+@pytest.mark.parametrize("kind", ["dflash", "dflash2"])
 @pytest.mark.parametrize("subset", [False, True])
-def test_sampling_keeps_the_targets_law(subset):
+def test_sampling_keeps_the_targets_law(kind, subset):
   """Each position's law returned as q: the first three tokens' joint law equals the target's
-  (chi-square over V = 8), with the drafter's whole head and over 6 of its 8 tokens."""
+  (chi-square over V = 8), with the drafter's whole head and over 6 of its 8 tokens; DFlash 2's
+  selector law over each position's top 4 (conditional on the draft before it) likewise."""
   t = init_params(jax.random.key(10), SMALL, scale=0.8)
-  dc = dflash_config(SMALL, 3, (0,))
+  dc = dflash_config(SMALL, 3, (0,), **(V2 if kind == "dflash2" else {}))
   dp = init_dflash(jax.random.key(3), dc, scale=0.8)
   vocab = VocabSubset(ids=np.arange(6), vocab_size=8) if subset else None
   engine = SpeculativeEngine(t, SMALL, DFlashProposer(t, SMALL, dp, dc, draft_vocab=vocab))
@@ -88,6 +95,11 @@ def test_checkpoint_round_trip_and_the_method_by_hub_id(target, tmp_path, monkey
   assert got == dc
   np.testing.assert_array_equal(np.asarray(params["layers"][1]["wq"]),
                                 np.asarray(dp["layers"][1]["wq"]))
+  dc2 = dataclasses.replace(dc, **V2)
+  dp2 = init_dflash(jax.random.key(5), dc2, scale=0.3)
+  got2, params2 = load_dflash(save_dflash(dp2, dc2, tmp_path / "v2", num_target_layers=2))
+  assert got2 == dc2
+  jax.tree.map(np.testing.assert_array_equal, params2, dp2)
   model = Model(config=CFG, params=target, tokenizer=None, eos_token_ids=(), source="random",
                 dtype=np.float32)
   want = greedy_identity(METHODS["dflash"].make(model, None, {"head": str(d)}), target, CFG,

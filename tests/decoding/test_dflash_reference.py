@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from vocabjax.checkpoints.dflash import load_dflash
+from vocabjax.checkpoints.dflash import load_dflash, save_dflash
 from vocabjax.checkpoints.loader import load_model
 from vocabjax.decoding.dflash import DFlashProposer, select_drafts
 from vocabjax.decoding.speculative import SpeculativeEngine
@@ -258,6 +258,12 @@ def test_zlab_layout_with_top_level_fields_and_refusals(pair, tmp_path):
     _, p3 = load_dflash(d, target_config=ours.config)
     np.testing.assert_array_equal(np.asarray(p3["selector"]["pred"]),
                                   np.asarray(params["selector"]["pred"]))
+    ref = pair[0]  # vocabjax's writer, read back by the reference's from_pretrained
+    mine = save_dflash(params, config, tmp_path / "ours", num_target_layers=4)
+    back = ref.DFlash2DraftModel.from_pretrained(mine, torch_dtype=torch.float32)
+    want = draft.state_dict()
+    for name, value in back.state_dict().items():
+      np.testing.assert_allclose(value.numpy(), want[name].numpy(), atol=0, rtol=0, err_msg=name)
     with pytest.raises(CheckpointError, match="selector_rank=None"):
       load_dflash(variant("v2-fields", {"selector_rank": None}))
     with pytest.raises(CheckpointError, match=r"attention_conv.* not part of the DFlash drafter"):
