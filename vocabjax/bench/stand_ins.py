@@ -315,9 +315,14 @@ def _eagle_spec(name, kind, p, bench):
 def _dflash_spec(name, kind, p, bench):
   """DFlash: a one-layer block drafter of the target's width (bench setting `block`, default
   16 as z-lab's), over the target's LM head, a static subset of it (`subset_k`) or a ranker's
-  candidates (`ranker`, `k`)."""
+  candidates (`ranker`, `k`); `version=2`: DFlash 2 (its convolutions and candidate selector,
+  `speculators`' default sizes)."""
   subset_k = _bench_subset_k(kind, p, bench, "dflash|subset_k=32768")
   block = int(bench.get("block", 16))
+  version = int(bench.get("version", 1))
+  if version not in (1, 2):
+    raise ValueError(f"{name}: version={version}; DFlash is version 1 or 2")
+  model = f"dflash{block}" + ("v2" if version == 2 else "")
 
   def build(a, s, mesh):
     vocab = None
@@ -326,26 +331,32 @@ def _dflash_spec(name, kind, p, bench):
     elif subset_k:
       vocab = _subset_stand_in(subset_k, s.target.vocab_size)
     return SpeculativeEngine(a["target"], s.target, DFlashProposer(
-        a["target"], s.target, a[f"dflash{block}"], abstract_dflash_config(s, block),
-        draft_vocab=vocab), mesh=mesh)
+        a["target"], s.target, a[model], abstract_dflash_config(s, block, version),
+        draft_vocab=vocab, selector=p.selector), mesh=mesh)
 
   policy = (f", a static subset of {subset_k} rows" if subset_k else
             f", SpecVocab top-{p.k} (a rank-R ranker)" if p.ranker else "")
-  shaping = {**_shaping(kind, p), "block": block, **({"subset_k": subset_k} if subset_k else {})}
-  return MethodSpec(name, kind, shaping, ("target", f"dflash{block}"), build,
-                    f"DFlash drafter (block of {block}, the target's LM head{policy}), "
+  shaping = {**_shaping(kind, p), "block": block, **({"subset_k": subset_k} if subset_k else {}),
+             **({"version": 2} if version == 2 else {})}
+  what = "DFlash 2 drafter (its selector, " if version == 2 else "DFlash drafter ("
+  return MethodSpec(name, kind, shaping, ("target", model), build,
+                    f"{what}block of {block}, the target's LM head{policy}), "
                     f"chain of {block - 1}")
 
 
-def abstract_dflash_config(s: Setup, block: int) -> DFlashConfig:
-  """A one-layer DFlash drafter for the setup's target (the target's width and heads)."""
+def abstract_dflash_config(s: Setup, block: int, version: int = 1) -> DFlashConfig:
+  """A one-layer DFlash drafter for the setup's target (the target's width and heads); version
+  2: DFlash 2 with `speculators`' default convolution and selector sizes (2 taps over groups
+  of 16 channels, rank 256, top 16)."""
   L = s.target.num_layers
   layer = s.target.replace(arch="qwen3", qk_norm=True, attention_bias=False, num_layers=1,
                            layer_types=None, sliding_window=None,
                            intermediate_size=s.head_intermediate)
   return DFlashConfig(layer=layer, target_hidden_size=s.target.hidden_size,
                       target_layer_ids=tuple(sorted({0, L // 2, L - 1})), block_size=block,
-                      mask_token_id=0)
+                      mask_token_id=0,
+                      **({"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 256,
+                          "selector_top_k": 16} if version == 2 else {}))
 
 
 def _medusa_spec(name, kind, p, bench):
@@ -496,8 +507,9 @@ def abstract_models(setup: Setup, needs) -> dict:
       out[name] = jax.eval_shape(lambda c=cfg: init_params(key, c, dtype=dtype))
     elif name == "head":
       out[name] = jax.eval_shape(lambda: init_eagle(key, abstract_head_config(setup), dtype=dtype))
-    elif name.startswith("dflash"):  # "dflash<bs>": a block of bs
-      dc = abstract_dflash_config(setup, int(name[len("dflash"):]))
+    elif name.startswith("dflash"):  # "dflash<bs>": a block of bs; "dflash<bs>v2": DFlash 2
+      block, v2, _ = name[len("dflash"):].partition("v2")
+      dc = abstract_dflash_config(setup, int(block), 2 if v2 else 1)
       out[name] = jax.eval_shape(lambda dc=dc: init_dflash(key, dc, dtype=dtype))
     elif name.startswith("medusa"):  # "medusa<H>": H heads
       mc, c = _medusa_config(setup, int(name[len("medusa"):])), setup.target
