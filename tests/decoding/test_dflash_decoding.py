@@ -22,7 +22,6 @@ from vocabjax.testing.proposers import greedy_identity, target_law
 from vocabjax.vocab.ranked import SpeculativeVocab, svd_ranker
 from vocabjax.vocab.subset import VocabSubset
 
-
 V2 = {"conv_kernel_size": 2, "conv_group_size": 8, "selector_rank": 8, "selector_top_k": 4}
 
 

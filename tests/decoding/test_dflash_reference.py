@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers.dflash import our_drafts, randomize, ref_drafts
 from vocabjax.checkpoints.dflash import load_dflash, save_dflash
 from vocabjax.checkpoints.loader import load_model
-from vocabjax.decoding.dflash import DFlashProposer, select_drafts
+from vocabjax.decoding.dflash import DFlashProposer
 from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.models.cache import KVCache
 from vocabjax.models.dflash import block_forward, context_prefill, scale_logits
 from vocabjax.models.llamalike import forward_features, lm_head_weight
-from vocabjax.sampling import SamplingParams
 from vocabjax.testing import references
 from vocabjax.testing.tiny import tiny_hf_model
 
@@ -29,23 +29,6 @@ PROMPTS = [[3, 9, 1], [7, 7, 12, 4, 0, 15, 2], [11], [1, 2, 3, 4, 5, 6, 7, 8, 9,
 
 
 DFLASH2 = {"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 8, "selector_top_k": 6}
-
-
-def _randomize(model, scale, seed):
-  """Weights of order `scale` (norms near 1, DFlash 2's base kernels near the identity):
-  logits far from ties, so greedy choices are the same on both sides."""
-  gen = torch.Generator().manual_seed(seed)
-  with torch.no_grad():
-    for name, p in model.named_parameters():
-      noise = torch.randn(p.shape, generator=gen)
-      if name.endswith("norm.weight"):
-        p.copy_(1 + 0.1 * noise)
-      elif name.endswith("base_kernel"):
-        p.copy_(0.2 * noise)
-        p[:, 0] += 1
-      else:
-        p.copy_(scale * noise)
-  return model.eval()
 
 
 @pytest.fixture(scope="module", params=["dflash", "dflash2"])
@@ -60,7 +43,7 @@ def pair(tmp_path_factory, request):
 
   v2 = request.param == "dflash2"
   root = tmp_path_factory.mktemp(request.param)
-  target = _randomize(tiny_hf_model("qwen3", vocab_size=V, num_hidden_layers=4), 0.15, 0)
+  target = randomize(tiny_hf_model("qwen3", vocab_size=V, num_hidden_layers=4), 0.15, 0)
   target.save_pretrained(root / "target")
   cfg = Qwen3Config(vocab_size=V, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
                     num_attention_heads=4, num_key_value_heads=2, head_dim=16,
@@ -70,30 +53,11 @@ def pair(tmp_path_factory, request):
                        **(DFLASH2 if v2 else {})}
   cfg.architectures = ["DFlash2DraftModel" if v2 else "DFlashDraftModel"]
   # seeds whose drafters get some drafts accepted by the random target
-  draft = _randomize((ref.DFlash2DraftModel if v2 else ref.DFlashDraftModel)(cfg), 0.15,
+  draft = randomize((ref.DFlash2DraftModel if v2 else ref.DFlashDraftModel)(cfg), 0.15,
                      4 if v2 else 1)
   draft.save_pretrained(root / "draft")
   ours = load_model(root / "target", dtype="float32")
   return ref, target, draft, ours, load_dflash(root / "draft", target_config=ours.config)
-
-
-def _ref_drafts(ref, draft, h, anchor, head):
-  """The reference's greedy drafts of a block's final hidden states h [1, G, D]."""
-  with torch.no_grad():
-    if isinstance(draft, ref.DFlash2DraftModel):
-      return draft.propose(h, torch.tensor([anchor]), head, 0.0)[0][0].tolist()
-    return torch.argmax(draft.compute_logits(h, head), dim=-1)[0].tolist()
-
-
-def _our_drafts(proposer, h, anchor):
-  """vocabjax's greedy drafts of h [1, G, D]: the selector's for DFlash 2, else the argmax."""
-  if proposer.selector:
-    tok, _ = select_drafts(proposer.policy, proposer.params, h, jnp.asarray([anchor]), None,
-                           SamplingParams(), config=proposer.config, vocab_size=V)
-    return np.asarray(tok)[0].tolist()
-  ids, logits = proposer.policy(proposer.params, h[0])
-  assert ids is None
-  return np.argmax(np.asarray(logits), axis=-1).tolist()
 
 
 def _features(ref, target, draft, ids):
@@ -145,8 +109,8 @@ def test_features_layers_and_logits_match_the_reference(pair):
         np.testing.assert_allclose(np.asarray(h), want, atol=1e-4, rtol=1e-4)
       logits = scale_logits(h[:, 1:] @ U.T, config)
       np.testing.assert_allclose(np.asarray(logits), logits_ref, atol=1e-4, rtol=1e-4)
-      assert (_our_drafts(proposer, h[:, 1:], block[0])
-              == _ref_drafts(ref, draft, h_ref[:, 1:], block[0], target.lm_head))
+      assert (our_drafts(proposer, h[:, 1:], block[0])
+              == ref_drafts(ref, draft, h_ref[:, 1:], block[0], target.lm_head))
   finally:
     for hook in hooks:
       hook.remove()
@@ -215,7 +179,7 @@ def test_greedy_blocks_outputs_and_accepted_lengths_match_dflash_generate(pair, 
         h, _ = block_forward(params, ours.params["embed"], jnp.asarray([block]),
                              jnp.zeros((1, BLOCK, config.fused_width)), jnp.zeros((1,), int),
                              cache.with_lengths(jnp.asarray([start])), config=config)
-        got = _our_drafts(proposer, h[:, 1:], block[0])
+        got = our_drafts(proposer, h[:, 1:], block[0])
         assert got == drafted, (start, got, drafted)
         start += n
   finally:

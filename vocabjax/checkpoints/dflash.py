@@ -27,6 +27,19 @@ files have none, `save_pretrained` of its module writes one):
 
 The drafter has no embedding and no LM head of its own: it drafts with the target's. A tensor
 this reader does not know is refused by name rather than ignored.
+
+vLLM's `speculators` layout (`speculators_model_type` "dflash" or "dflash2", what its
+`DFlashConverter` and `save_pretrained` write) holds the same tensors and a config of its own:
+`transformer_layer_config` (the Qwen3 layers), `aux_hidden_state_layer_ids` (numbered as
+`output_hidden_states` indexes them: id j is the output of layer j - 1, one higher than z-lab's
+`target_layer_ids`, which this reader and vocabjax use), `block_size`, `mask_token_id`,
+`target_hidden_size` (null: the drafter's width), `sliding_window_non_causal`,
+`sample_from_anchor` (refused: the anchor drafting too is not DFlash's block), DFlash 2's fields
+at the top level, and `draft_vocab_size`: below the target's V the drafter has an LM head of
+its own (`lm_head.weight` [Vd, D]) over the target ids `d2t` names (offsets: target id = draft
+id + d2t[draft id], checked against `t2d` [V] where the file has one). The verifier's own
+tensors a `speculators` file may carry (`embed_tokens`, `verifier_lm_head`, `verifier_norm`,
+and `lm_head` over the whole vocabulary) are the target's: not read.
 """
 
 from __future__ import annotations
@@ -81,6 +94,9 @@ def save_dflash(params: dict, config: DFlashConfig, directory, *, num_target_lay
   read."""
   from safetensors.numpy import save_file
 
+  if config.draft_vocab_size is not None:
+    raise ValueError(f"draft_vocab_size={config.draft_vocab_size}: z-lab's layout has no LM "
+                     f"head of its own; such a drafter is speculators' layout")
   c = config.layer
   tensors = {TOP[k]: params[k] for k in TOP}
   for i, layer in enumerate(params["layers"]):
@@ -130,8 +146,15 @@ def draft_value(raw: dict, name: str, default=None):
   return own.get(name, raw.get(name, default))
 
 
+def is_speculators(raw: dict) -> bool:
+  return "speculators_model_type" in raw or "transformer_layer_config" in raw
+
+
 def dflash_config_from_raw(raw: dict, where: str = "config.json") -> DFlashConfig:
-  """The DFlashConfig of a config.json dict; CheckpointError naming the field and value."""
+  """The DFlashConfig of a config.json dict (z-lab's or `speculators`' layout, module doc);
+  CheckpointError naming the field and value."""
+  if is_speculators(raw):
+    return _from_speculators(raw, where)
   archs = raw.get("architectures") or []
   dflash2 = {}
   if any("DFlash2" in str(a) for a in archs) or any(draft_value(raw, k) is not None
@@ -181,6 +204,77 @@ def dflash_config_from_raw(raw: dict, where: str = "config.json") -> DFlashConfi
     raise CheckpointError(f"{where}: {e}") from None
 
 
+def _int(raw: dict, name: str, where: str, *, minimum: int = 0) -> int:
+  v = raw.get(name)
+  if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
+    raise CheckpointError(f"{where}: {name}={v!r} must be an integer of at least {minimum}")
+  return v
+
+
+def _from_speculators(raw: dict, where: str) -> DFlashConfig:
+  kind = raw.get("speculators_model_type")
+  if kind not in ("dflash", "dflash2"):
+    raise CheckpointError(f"{where}: speculators_model_type={kind!r}: this reader reads "
+                          f"speculators' DFlash drafters ('dflash', 'dflash2')")
+  tlc = raw.get("transformer_layer_config")
+  if not isinstance(tlc, dict):
+    raise CheckpointError(f"{where}: transformer_layer_config={tlc!r} must be the drafter "
+                          f"layers' config")
+  try:  # a diff dict (speculators writes `to_diff_dict`): completed by its own class
+    from transformers import AutoConfig
+
+    rest = {k: v for k, v in tlc.items() if k != "model_type"}
+    full = AutoConfig.for_model(tlc.get("model_type", "qwen3"), **rest).to_dict()
+  except (ValueError, KeyError, TypeError) as e:
+    raise CheckpointError(f"{where}: transformer_layer_config: {e}") from None
+  if raw.get("sample_from_anchor"):
+    raise CheckpointError(f"{where}: sample_from_anchor=true: the drafter drafts at the anchor "
+                          f"too (block_size drafts per pass); vocabjax implements DFlash's "
+                          f"block, whose anchor is the last committed token")
+  layer_raw = {k: v for k, v in full.items() if k not in _BOOKKEEPING}
+  layer_raw["model_type"] = "qwen3"
+  try:
+    layer = config_from_hf(layer_raw)
+  except (UnsupportedConfigError, ValueError) as e:
+    raise CheckpointError(f"{where}: transformer_layer_config: {e}") from None
+  if full.get("layer_types") and "sliding_attention" in full["layer_types"]:
+    raise CheckpointError(f"{where}: layer_types={full['layer_types']}: speculators' sliding "
+                          f"layers mask the context from the block's anchor, not per query "
+                          f"as z-lab's; not implemented")
+  if full.get("layer_types"):
+    layer = _with_layer_types(layer, full, where)
+  ids = raw.get("aux_hidden_state_layer_ids")
+  if (not isinstance(ids, list) or not ids
+      or not all(isinstance(j, int) and not isinstance(j, bool) for j in ids)):
+    raise CheckpointError(f"{where}: aux_hidden_state_layer_ids={ids!r} must name the target "
+                          f"layers the drafter reads")
+  if min(ids) < 1:
+    raise CheckpointError(f"{where}: aux_hidden_state_layer_ids={ids} names 0, the "
+                          f"embedding's output (ids count as output_hidden_states does: j is "
+                          f"layer j - 1's output); vocabjax reads layer outputs")
+  V = layer.vocab_size
+  dv = _int(raw, "draft_vocab_size", where, minimum=1)
+  if dv > V:
+    raise CheckpointError(f"{where}: draft_vocab_size={dv} exceeds the vocabulary of "
+                          f"V={V} tokens")
+  mask = raw.get("mask_token_id")
+  if not isinstance(mask, int) or isinstance(mask, bool):
+    raise CheckpointError(f"{where}: mask_token_id={mask!r}: a DFlash drafter needs the id of "
+                          f"the token its undrafted block positions embed")
+  extra = {}
+  if kind == "dflash2":
+    extra = {k: _int(raw, k, where, minimum=1) for k in DFLASH2_FIELDS}
+  non_causal = raw.get("sliding_window_non_causal", kind == "dflash2")
+  try:
+    return DFlashConfig(
+        layer=layer, target_hidden_size=int(raw.get("target_hidden_size") or layer.hidden_size),
+        target_layer_ids=tuple(j - 1 for j in ids),
+        block_size=_int(raw, "block_size", where, minimum=2), mask_token_id=mask,
+        causal=False if non_causal else None, draft_vocab_size=dv if dv < V else None, **extra)
+  except ValueError as e:
+    raise CheckpointError(f"{where}: {e}") from None
+
+
 def _with_layer_types(layer: LlamaLikeConfig, raw: dict, where: str) -> LlamaLikeConfig:
   types = tuple(raw["layer_types"])
   if len(types) != layer.num_layers or set(types) - {"full_attention", "sliding_attention"}:
@@ -214,8 +308,30 @@ def load_dflash(directory, *, target_config: LlamaLikeConfig | None = None,
     config.check_target(target_config)
   params = read_head_file(directory, lambda f: _read(directory, config, f), "DFlash drafter")
   params = jax.tree.map(lambda x: jnp.asarray(x, dtype), params)
+  if "d2t" in params:  # ids stay integers
+    params["d2t"] = jnp.asarray(np.asarray(params["d2t"]), jnp.int32)
   check_finite(params, str(directory))
   return config, params
+
+
+def _own_head(directory: Path, config: DFlashConfig, get, names, prefix: str) -> dict:
+  """A speculators drafter's own head [Vd, D] and d2t [Vd] (offsets), checked against the
+  vocabulary and against t2d [V] where the file has one: a d2t of absolute target ids is
+  named as such."""
+  Vd, V, D = config.draft_vocab_size, config.layer.vocab_size, config.layer.hidden_size
+  rows = get("lm_head.weight", (Vd, D))
+  d2t = get("d2t", (Vd,)).astype(np.int64)
+  target = np.arange(Vd) + d2t
+  bad = (target.min() < 0 or target.max() >= V or np.any(np.diff(target) <= 0))
+  t2d = get("t2d", (V,)).astype(bool) if prefix + "t2d" in names else None
+  absolute = np.all(np.diff(d2t) > 0) and (t2d is None or np.array_equal(np.flatnonzero(t2d), d2t))
+  if bad or (t2d is not None and not np.array_equal(np.flatnonzero(t2d), target)):
+    hint = ("; d2t holds the target ids themselves, not their offsets (target id = draft id "
+            "+ d2t[draft id])" if absolute else "")
+    what = f"{Vd} ascending ids of [0, {V})" + (" matching t2d" if t2d is not None else "")
+    raise CheckpointError(f"{directory}: d2t maps its {Vd} draft ids to target ids "
+                          f"{target[:4].tolist()}..., not {what}{hint}")
+  return {"lm_head": rows, "d2t": d2t}
 
 
 def _read(directory: Path, config: DFlashConfig, f) -> dict:
@@ -256,7 +372,14 @@ def _read(directory: Path, config: DFlashConfig, f) -> dict:
     shapes = {"pred": (c.vocab_size, R), "succ": (c.vocab_size, R), "proj": (R, D)}
     out["selector"] = {k: get(v + ".weight" if k != "proj" and prefix + v + ".weight" in names
                               else v, shapes[k]) for k, v in SELECTOR.items()}
-  ignored = {n for n in names if n.endswith("rotary_emb.inv_freq")}
+  if config.draft_vocab_size is not None:
+    out.update(_own_head(directory, config, get, names, prefix))
+  # the verifier's own tensors a speculators file may carry: the target's, not read
+  verifier = {prefix + n for n in ("embed_tokens.weight", "verifier_lm_head.weight",
+                                   "verifier_norm.weight")}
+  if config.draft_vocab_size is None:
+    verifier |= {prefix + n for n in ("lm_head.weight", "d2t", "t2d")}
+  ignored = {n for n in names if n.endswith("rotary_emb.inv_freq")} | (verifier & set(names))
   unknown = sorted(names - used - ignored)
   if unknown:
     kind = "DFlash 2" if config.dflash2 else "DFlash"

@@ -16,7 +16,8 @@ cache holds the context of positions 0 .. N - 1 - pend_count; the pend_count pen
 complete it to N - 1; the block sits at N .. N + bs - 1.
 
 Vocabulary: the drafter drafts through the target's own LM head (z-lab's DFlash has none of
-its own) at every block position; `draft_vocab` restricts it per position as for the other
+its own; a `speculators` drafter with draft_vocab_size < V has one, over the target ids its d2t
+names, and drafts over those rows alone) at every block position; `draft_vocab` restricts it per position as for the other
 drafters (a VocabTrim / FR-Spec subset or a SpecVocab ranker), then `output_multiplier` and the
 soft cap apply. Greedy drafts are each position's argmax; sampled drafts are drawn from each
 position's processed law, returned as `q` (positions are independent given the block), so the
@@ -68,6 +69,7 @@ from vocabjax.vocab.policy import (
   scatter_full,
   to_target_many,
 )
+from vocabjax.vocab.subset import HeadRows
 
 DRAFTER_KEY = "dflash"  # the drafter's own params inside the proposer's pytree
 
@@ -133,6 +135,20 @@ class DFlashProposer(PolicyHead):
                config: DFlashConfig, *, draft_vocab: DraftVocab | None = None,
                selector: bool = True):
     config.check_target(target_config)
+    if ("lm_head" in drafter_params) != (config.draft_vocab_size is not None):
+      raise ValueError(f"the drafter's params {'hold' if 'lm_head' in drafter_params else 'lack'}"
+                       f" an LM head of its own, its config says draft_vocab_size="
+                       f"{config.draft_vocab_size}")
+    if config.draft_vocab_size is not None:  # a head of its own: its rows are the policy
+      if draft_vocab is not None:
+        raise ValueError(f"this DFlash drafter drafts over its own head of "
+                         f"{config.draft_vocab_size} rows (draft_vocab_size); a second "
+                         f"vocabulary policy on top of it is not supported")
+      K = config.draft_vocab_size
+      draft_vocab = HeadRows(rows=drafter_params["lm_head"],
+                             ids=jnp.arange(K, dtype=jnp.int32)
+                             + jnp.asarray(drafter_params["d2t"], jnp.int32))
+      drafter_params = {k: v for k, v in drafter_params.items() if k not in ("lm_head", "d2t")}
     if config.dflash2:
       self.method = "dflash2"
     self.selector = selector and config.dflash2

@@ -11,6 +11,7 @@ import dataclasses
 from vocabjax.checkpoints.dflash import load_dflash, load_dflash_config
 from vocabjax.decoding.dflash import DFlashProposer
 from vocabjax.decoding.speculative import SpeculativeEngine
+from vocabjax.errors import ConfigError
 from vocabjax.methods import model_blocks, read_head_config, register
 from vocabjax.methods.vocab import check_head_policy, head_policy, head_policy_rows
 from vocabjax.models.llamalike import compute_dtype
@@ -29,14 +30,21 @@ class DFlashParams:
   selector: bool = True  # a DFlash 2 drafter's candidate selector (no effect on DFlash)
 
   def check(self, where: str) -> None:
-    _config(self.head, where)
+    config = _config(self.head, where)
     check_head_policy(where, "dflash", self.subset, self.ranker, self.k)
+    if config.draft_vocab_size is not None and (self.subset or self.ranker):
+      raise ConfigError(f"{where}: dflash.head={self.head!r} drafts over a head of its own "
+                        f"({config.draft_vocab_size} rows, draft_vocab_size); a subset or a "
+                        f"ranker on top of it is not supported")
 
 
 def _rows(p: DFlashParams) -> int:
   """LM-head rows drafted over per position: the policy's, else the target's V."""
   rows = head_policy_rows("dflash", p.subset, p.ranker, p.k)
-  return rows if rows is not None else _config(p.head, "dflash").layer.vocab_size
+  if rows is not None:
+    return rows
+  config = _config(p.head, "dflash")
+  return config.draft_vocab_size or config.layer.vocab_size
 
 
 @register("dflash", DFlashParams, needs_draft=False, drafter_passes=lambda p: 1,

@@ -64,6 +64,9 @@ class DFlashConfig:
   conv_group_size: int = 16  # channels sharing one dynamic kernel entry
   selector_rank: int | None = None  # R of the selector's codebooks
   selector_top_k: int = 16  # candidates the selector rescores per position
+  # a head of its own over Vd < V rows (`speculators`' draft_vocab_size, with d2t); None: the
+  # target's LM head
+  draft_vocab_size: int | None = None
 
   def __post_init__(self):
     if self.block_size < 2:
@@ -82,6 +85,13 @@ class DFlashConfig:
       raise ValueError(f"conv_kernel_size={self.conv_kernel_size}, "
                        f"selector_rank={self.selector_rank}: a DFlash 2 drafter has both its "
                        f"convolutions and its candidate selector, DFlash neither")
+    if self.draft_vocab_size is not None and not 1 <= self.draft_vocab_size < self.layer.vocab_size:
+      raise ValueError(f"draft_vocab_size={self.draft_vocab_size} must lie in 1 .. "
+                       f"V - 1 = {self.layer.vocab_size - 1} (V: the target's whole head)")
+    if self.dflash2 and self.draft_vocab_size is not None:
+      raise ValueError(f"draft_vocab_size={self.draft_vocab_size}: a DFlash 2 drafter's "
+                       f"selector ranks the target's whole vocabulary (as speculators defines "
+                       f"it); a head of its own is DFlash only")
     if self.dflash2:
       K, g, D = self.conv_kernel_size, self.conv_group_size, self.layer.hidden_size
       if not 1 <= K <= self.block_size:
@@ -127,7 +137,8 @@ class DFlashConfig:
     if self.dflash2:  # two convolutions per layer; the selector's projection and its rows
       K = self.conv_kernel_size
       per_layer += 2 * (2 * K * D + 2 * K * self.conv_groups * D)
-    rows = c.vocab_size if head_rows is None else head_rows
+    rows = (head_rows if head_rows is not None else self.draft_vocab_size
+            if self.draft_vocab_size is not None else c.vocab_size)
     selector = (self.selector_rank * D + self.gamma * (1 + self.selector_top_k)
                 * self.selector_rank if self.dflash2 else 0)
     return D * self.fused_width + c.num_layers * per_layer + 2 * D + rows * D + selector
@@ -185,6 +196,9 @@ def init_dflash(key: jax.Array, config: DFlashConfig, dtype=jnp.float32,
     layers.append(layer)
   out = {"layers": layers, "fc": normal((D, config.fused_width)),
          "hidden_norm": jnp.ones((D,), dtype), "final_norm": jnp.ones((D,), dtype)}
+  if config.draft_vocab_size is not None:  # its own head over the first Vd target ids
+    out["lm_head"] = normal((config.draft_vocab_size, D))
+    out["d2t"] = jnp.zeros((config.draft_vocab_size,), jnp.int32)
   if config.dflash2:
     R = config.selector_rank
     out["selector"] = {"pred": normal((c.vocab_size, R)), "succ": normal((c.vocab_size, R)),

@@ -7,6 +7,7 @@ against them on the same weights:
     ResBlock, utils = medusa_reference()                # Medusa's ResBlock and tree utilities
     _C = suffix_reference()                             # Arctic Inference's C++ suffix tree
     model = dflash_reference()                          # z-lab's dflash.model (DFlash drafters)
+    speculators = speculators_reference()               # vLLM's speculators (its formats)
 
 `eagle-llm` 1.2.1 (EAGLE's authors; its `eagle/model/cnets.py` is the EAGLE-1/2 head, which
 EAGLE-2 reuses unchanged) and `medusa-llm` 0.1 (Medusa's authors) pin versions of accelerate,
@@ -29,6 +30,12 @@ Under transformers 5 one thing differs from what the reference code expects: a c
 same way; its `local` extra pins torch 2.13.0 and transformers 5.15.0, and its model code runs
 on this environment's transformers.
 
+`speculators` 0.9.0 (vLLM's speculator formats: its DFlash, DFlash 2, EAGLE-3 and P-EAGLE model
+definitions and checkpoint converters) is installed the same way with the few pure-Python
+packages its import chain reaches and this environment lacks (`SPECULATORS_IMPORTS`: its
+package `__init__` imports its trainer, which imports `openai` and `hs_connectors`); its
+requirements' torchvision and torchaudio are not needed by its models and are left out.
+
 `arctic-inference` 0.3.0 (Snowflake's SuffixDecoding, what vLLM's `method: suffix` calls) has no
 wheel for this platform and its build pulls torch and gRPC: only its suffix tree is built, from
 the source distribution's `csrc/suffix_decoding` (four C++ files, nanobind 2.9.2, CMake and
@@ -47,7 +54,13 @@ from pathlib import Path
 from vocabjax.testing.gpu_aot import pip_install_into
 
 PACKAGES = {"eagle-llm": ("1.2.1", "eagle"), "medusa-llm": ("0.1", "medusa"),
-            "specforge": ("0.2.0", "specforge"), "dflash": ("0.1.0", "dflash")}
+            "specforge": ("0.2.0", "specforge"), "dflash": ("0.1.0", "dflash"),
+            "speculators": ("0.9.0", "speculators")}
+# what `import speculators` needs beside this environment (installed into its folder, no deps)
+SPECULATORS_IMPORTS = ("loguru==0.7.3", "pydantic-settings==2.16.3", "python-dotenv==1.2.4",
+                       "openai==3.57.0", "jiter==0.19.0", "distro==1.9.0", "httpx==0.29.0",
+                       "httpcore==1.0.9", "sniffio==1.3.1", "hs-connectors==0.9.0")
+EXTRA = {"speculators": SPECULATORS_IMPORTS}
 
 
 def references_dir() -> Path:
@@ -76,7 +89,7 @@ def install(force: bool = False) -> None:
     pip_install_into(
         final, lambda d, n=name, v=version: [
             sys.executable, "-m", "pip", "install", "--disable-pip-version-check", "--no-deps",
-            "--target", str(d), f"{n}=={v}"],
+            "--target", str(d), f"{n}=={v}", *EXTRA.get(n, ())],
         lambda d, m=module: (d / m).is_dir(), f"{name}=={version}",
         "the reference comparison tests need it", tag="references")
   try:
@@ -245,6 +258,12 @@ def dflash_reference():
   transformers (its `local` extra pins torch 2.13.0 and transformers 5.15.0)."""
   _require("dflash")
   return importlib.import_module("dflash.model")
+
+
+def speculators_reference():
+  """vLLM's `speculators` package of its PyPI release (with `SPECULATORS_IMPORTS` beside it)."""
+  _require("speculators")
+  return importlib.import_module("speculators")
 
 
 def main(argv=None) -> int:
