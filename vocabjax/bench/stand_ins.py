@@ -23,6 +23,7 @@ from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.eagle import EagleLookupProposer, EagleProposer, EagleSuffixProposer
 from vocabjax.decoding.hybrid import TreeSuffixProposer
 from vocabjax.decoding.medusa import MedusaProposer, medusa_choices_for
+from vocabjax.decoding.peagle import PEagleProposer
 from vocabjax.methods.ngram import NgramProposer, NgramTable
 from vocabjax.decoding.pld import LookupProposer
 from vocabjax.decoding.drafter import ChainProposer, TreeProposer
@@ -344,6 +345,34 @@ def _dflash_spec(name, kind, p, bench):
                     f"chain of {block - 1}")
 
 
+def _peagle_spec(name, kind, p, bench):
+  """P-EAGLE: the setup's EAGLE-3 head with a mask token, `gamma` drafts per pass, over its own
+  rows or the target's head (a static subset `subset_k` of it, or a ranker's candidates)."""
+  subset_k = _bench_subset_k(kind, p, bench, "peagle:lm_head=target|subset_k=32768")
+
+  def build(a, s, mesh):
+    vocab = _ranker_vocab(s, p.k, "auto") if p.ranker else None
+    if subset_k:
+      if p.lm_head != "target":
+        raise ValueError("subset_k restricts a full LM head: lm_head=target")
+      vocab = _subset_stand_in(subset_k, s.target.vocab_size)
+    return SpeculativeEngine(a["target"], s.target, PEagleProposer(
+        a["target"], s.target, a["peagle_head"], abstract_peagle_config(s), drafts=p.gamma,
+        lm_head=p.lm_head, draft_vocab=vocab), mesh=mesh)
+
+  policy = (f", a static subset of {subset_k} rows" if subset_k else
+            f", SpecVocab top-{p.k} (a rank-R ranker)" if p.ranker else "")
+  shaping = {**_shaping(kind, p), **({"subset_k": subset_k} if subset_k else {})}
+  return MethodSpec(name, kind, shaping, ("target", "peagle_head"), build,
+                    f"P-EAGLE head (lm_head={p.lm_head}{policy}), chain of {p.gamma} from one "
+                    f"pass")
+
+
+def abstract_peagle_config(s: Setup) -> EagleConfig:
+  """The setup's EAGLE-3 head (`abstract_head_config`) with a mask token: a P-EAGLE head."""
+  return dataclasses.replace(abstract_head_config(s), mask_token_id=0)
+
+
 def abstract_dflash_config(s: Setup, block: int, version: int = 1) -> DFlashConfig:
   """A one-layer DFlash drafter for the setup's target (the target's width and heads); version
   2: DFlash 2 with `speculators`' default convolution and selector sizes (2 taps over groups
@@ -434,6 +463,7 @@ _SPECS = {
     "eagle_suffix": _eagle_spec,
     "medusa": _medusa_spec,
     "dflash": _dflash_spec,
+    "peagle": _peagle_spec,
     "pld": _lookup_spec,
     "ngram": _lookup_spec,
     "suffix": _lookup_spec,
@@ -507,6 +537,9 @@ def abstract_models(setup: Setup, needs) -> dict:
       out[name] = jax.eval_shape(lambda c=cfg: init_params(key, c, dtype=dtype))
     elif name == "head":
       out[name] = jax.eval_shape(lambda: init_eagle(key, abstract_head_config(setup), dtype=dtype))
+    elif name == "peagle_head":
+      out[name] = jax.eval_shape(lambda: init_eagle(key, abstract_peagle_config(setup),
+                                                    dtype=dtype))
     elif name.startswith("dflash"):  # "dflash<bs>": a block of bs; "dflash<bs>v2": DFlash 2
       block, v2, _ = name[len("dflash"):].partition("v2")
       dc = abstract_dflash_config(setup, int(block), 2 if v2 else 1)

@@ -52,7 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vocabjax.checkpoints.convert import CheckpointError, check_finite
-from vocabjax.checkpoints.eagle3 import read_head_file
+from vocabjax.checkpoints.eagle3 import check_d2t, read_head_file
 from vocabjax.checkpoints.hf_config import (
   UnsupportedConfigError,
   config_from_hf,
@@ -321,16 +321,8 @@ def _own_head(directory: Path, config: DFlashConfig, get, names, prefix: str) ->
   Vd, V, D = config.draft_vocab_size, config.layer.vocab_size, config.layer.hidden_size
   rows = get("lm_head.weight", (Vd, D))
   d2t = get("d2t", (Vd,)).astype(np.int64)
-  target = np.arange(Vd) + d2t
-  bad = (target.min() < 0 or target.max() >= V or np.any(np.diff(target) <= 0))
-  t2d = get("t2d", (V,)).astype(bool) if prefix + "t2d" in names else None
-  absolute = np.all(np.diff(d2t) > 0) and (t2d is None or np.array_equal(np.flatnonzero(t2d), d2t))
-  if bad or (t2d is not None and not np.array_equal(np.flatnonzero(t2d), target)):
-    hint = ("; d2t holds the target ids themselves, not their offsets (target id = draft id "
-            "+ d2t[draft id])" if absolute else "")
-    what = f"{Vd} ascending ids of [0, {V})" + (" matching t2d" if t2d is not None else "")
-    raise CheckpointError(f"{directory}: d2t maps its {Vd} draft ids to target ids "
-                          f"{target[:4].tolist()}..., not {what}{hint}")
+  t2d = get("t2d", (V,)) if prefix + "t2d" in names else None
+  check_d2t(directory, d2t, t2d, V)
   return {"lm_head": rows, "d2t": d2t}
 
 

@@ -27,6 +27,20 @@ the whole vocabulary; `embed_tokens.weight` (a copy of the target's embedding, w
 uses) is checked against the target's. A tensor this reader does not know (SpecForge's
 `fc_norm.*`, an `fc.bias`: options of other heads that this forward does not implement) is
 refused by name rather than ignored.
+
+vLLM's `speculators` layout (`speculators_model_type: "eagle3"`, what its `Eagle3Converter` and
+`save_pretrained` write): the layer's fields in `transformer_layer_config` (a Llama config;
+completed by its own class, as `speculators` writes a diff), `draft_vocab_size`,
+`target_hidden_size` (null: the head's width) and `eagle_aux_hidden_state_layer_ids` at the top
+level, numbered as `output_hidden_states` indexes them (id j is the output of layer j - 1:
+one higher than SGLang's numbering, which vocabjax uses, so read one lower; null: speculators'
+default (2, L // 2, L - 3), i.e. the authors' layers); the layer's tensors as `layers.0.*`.
+Its options this forward does not implement are refused by name: `norm_before_residual`,
+`norm_before_fc`, `fc_norm` (extra norms) and `norm_output` (the normed output fed back).
+A `speculators` P-EAGLE head (`"peagle"`: the same fields and `mask_token_id`) adds
+`mask_hidden` [1, 1, F] and may carry its own trained `embed_tokens`, which it then embeds
+with (`vocabjax.decoding.peagle`). Where a reduced head's file has `t2d`, d2t is checked
+against it: a d2t of absolute target ids instead of offsets is refused by name.
 """
 
 from __future__ import annotations
@@ -117,6 +131,8 @@ def _read_config(directory: Path, target_layers: int | None = None
     raw = json.loads((directory / "config.json").read_text())
   except (OSError, json.JSONDecodeError) as e:
     raise CheckpointError(f"{directory} is not a readable EAGLE-3 head ({e})") from None
+  if "speculators_model_type" in raw or "transformer_layer_config" in raw:
+    raw = _from_speculators(raw, f"{directory}/config.json")
   # the layer as a one-layer Llama config (its RoPE scaling included: EAGLE-3's heads for
   # Llama 3.1 targets carry the target's llama3 `rope_scaling`)
   try:
@@ -135,9 +151,70 @@ def _read_config(directory: Path, target_layers: int | None = None
   ids = (raw.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
   if not ids:  # the authors' heads: their code reads layers (1, L/2 - 1, L - 4) of the target
     ids = default_feature_layers(target_layers) if target_layers else (-1, -1, -1)
-  return EagleConfig(layer=layer_cfg, target_hidden_size=raw.get("target_hidden_size", D),
-                     feature_layers=tuple(ids),
-                     draft_vocab_size=raw.get("draft_vocab_size") or raw["vocab_size"]), raw
+  try:
+    return EagleConfig(layer=layer_cfg, target_hidden_size=raw.get("target_hidden_size") or D,
+                       feature_layers=tuple(ids),
+                       draft_vocab_size=raw.get("draft_vocab_size") or raw["vocab_size"],
+                       mask_token_id=raw.get(PEAGLE_MASK)), raw
+  except ValueError as e:
+    raise CheckpointError(f"{directory}/config.json: {e}") from None
+
+
+PEAGLE_MASK = "peagle_mask_token_id"  # where `_from_speculators` hands P-EAGLE's mask id on
+SPECULATORS_OPTIONS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+
+
+def _from_speculators(raw: dict, where: str) -> dict:
+  """A `speculators` EAGLE-3 config as the SGLang-layout fields this reader reads (module doc);
+  CheckpointError naming a field it cannot honour."""
+  kind = raw.get("speculators_model_type")
+  if kind not in ("eagle3", "peagle"):
+    other = {"dflash": "a DFlash drafter (method dflash)",
+             "dflash2": "a DFlash 2 drafter (method dflash)"}.get(kind, "another speculator")
+    raise CheckpointError(f"{where}: speculators_model_type={kind!r}: {other}, not an "
+                          f"EAGLE-3 or P-EAGLE head this reader reads")
+  mask = raw.get("mask_token_id")
+  if kind == "peagle" and (not isinstance(mask, int) or isinstance(mask, bool)):
+    raise CheckpointError(f"{where}: mask_token_id={mask!r}: a P-EAGLE head needs the id of "
+                          f"the token its parallel positions read")
+  on = [k for k in SPECULATORS_OPTIONS if raw.get(k)]
+  if on:
+    raise CheckpointError(f"{where}: {', '.join(f'{k}=true' for k in on)}: an option of "
+                          f"speculators' EAGLE-3 head that vocabjax's forward does not "
+                          f"implement; refused rather than ignored")
+  tlc = raw.get("transformer_layer_config")
+  if not isinstance(tlc, dict):
+    raise CheckpointError(f"{where}: transformer_layer_config={tlc!r} must be the head "
+                          f"layer's config")
+  model_type = tlc.get("model_type", "llama")
+  if model_type != "llama":
+    raise CheckpointError(f"{where}: transformer_layer_config.model_type={model_type!r}: "
+                          f"vocabjax reads EAGLE-3 heads of Llama layers (a Qwen3 layer's "
+                          f"q/k norms are not implemented)")
+  from transformers import AutoConfig
+
+  full = AutoConfig.for_model("llama", **{k: v for k, v in tlc.items()
+                                          if k != "model_type"}).to_dict()
+  ids = raw.get("eagle_aux_hidden_state_layer_ids")
+  if ids is not None:
+    if (not isinstance(ids, list) or not ids
+        or not all(isinstance(j, int) and not isinstance(j, bool) for j in ids)):
+      raise CheckpointError(f"{where}: eagle_aux_hidden_state_layer_ids={ids!r} must name "
+                            f"the target layers the head fuses")
+    if min(ids) < 1:
+      raise CheckpointError(f"{where}: eagle_aux_hidden_state_layer_ids={ids} names 0, the "
+                            f"embedding's output (speculators counts as output_hidden_states "
+                            f"does: j is layer j - 1's output); vocabjax fuses layer outputs")
+  out = {k: full[k] for k in _LAYER_FIELDS + ("head_dim", "rms_norm_eps") if k in full}
+  if raw.get("draft_vocab_size") is not None:
+    out["draft_vocab_size"] = raw["draft_vocab_size"]
+  if raw.get("target_hidden_size") is not None:
+    out["target_hidden_size"] = raw["target_hidden_size"]
+  if ids is not None:
+    out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [j - 1 for j in ids]}
+  if kind == "peagle":
+    out[PEAGLE_MASK] = mask
+  return out
 
 
 def load_eagle3_config(directory) -> EagleConfig:
@@ -169,10 +246,19 @@ def load_eagle3(directory, *, target_config: LlamaLikeConfig | None = None,
       check_trained_for(directory, target, target_params, target_config)
   tensors = read_head_file(directory, lambda f: _read_tensors(directory, config, f, lm_head),
                            "EAGLE-3 head")
-  check_embedding(directory, tensors.pop("embed_tokens", None), target_params)
+  embed = tensors.pop("embed_tokens", None)
+  if not config.parallel:
+    check_embedding(directory, embed, target_params)
   params = {"layer": {k: jnp.asarray(tensors[n], dtype) for k, n in LAYER.items()},
             "final_norm": jnp.asarray(tensors[TOP["final_norm"]], dtype),
             "d2t": jnp.asarray(tensors["d2t"], jnp.int32)}
+  if config.parallel:  # P-EAGLE trains its embedding: it embeds with its own where it has one
+    params["mask_hidden"] = jnp.asarray(tensors["mask_hidden"], dtype)
+    if embed is not None:
+      if embed.shape != (config.layer.vocab_size, config.hidden_size):
+        raise CheckpointError(f"{directory}: embed_tokens has shape {embed.shape}, expected "
+                              f"({config.layer.vocab_size}, {config.hidden_size})")
+      params["embed_tokens"] = jnp.asarray(embed, dtype)
   if lm_head:
     params["lm_head"] = jnp.asarray(tensors[TOP["lm_head"]], dtype)
   if config.has_fc:
@@ -258,6 +344,27 @@ def _aliases(name: str) -> tuple[str, ...]:
   return (name, "model." + name) if name != "d2t" else (name,)
 
 
+def check_d2t(where, d2t: np.ndarray, t2d: np.ndarray | None, vocab_size: int) -> np.ndarray:
+  """The target ids a reduced head's `d2t` (offsets: target id = draft id + d2t[draft id])
+  names, checked: inside the vocabulary, ascending, and (where the file has `t2d` [V], the
+  target ids' mask) the ids t2d marks. A d2t of absolute target ids, as an exporter that
+  confuses the two writes, is named as such where t2d shows it."""
+  d2t = np.asarray(d2t, np.int64)
+  Vd = d2t.size
+  target = head_target_ids(d2t)
+  marked = None if t2d is None else np.flatnonzero(np.asarray(t2d).astype(bool))
+  if (target.min() >= 0 and target.max() < vocab_size and np.all(np.diff(target) > 0)
+      and (marked is None or np.array_equal(marked, target))):
+    return target
+  absolute = bool(np.all(np.diff(d2t) > 0)) and (marked is None or np.array_equal(marked, d2t))
+  hint = ("; d2t holds the target ids themselves, not their offsets (target id = draft id + "
+          "d2t[draft id])" if absolute else "")
+  what = f"{Vd} ascending ids of [0, {vocab_size})" + (" matching t2d" if marked is not None
+                                                       else "")
+  raise CheckpointError(f"{where}: d2t maps its {Vd} draft ids to target ids "
+                        f"{target[:4].tolist()}..., not {what}{hint}")
+
+
 def _read_tensors(directory: Path, config: EagleConfig, f, lm_head: bool) -> dict:
   """The head's tensors as numpy arrays from `f` (`_Safetensors` or `_State`), each checked
   against the config's shape first (from the header; the LM head's rows are read only with
@@ -288,18 +395,32 @@ def _read_tensors(directory: Path, config: EagleConfig, f, lm_head: bool) -> dic
     found[name] = present[0]
   embed = next((a for a in ("embed_tokens.weight", "model.embed_tokens.weight") if a in names),
                None)
-  unknown = sorted(names - set(found.values()) - set(_IGNORED) - {embed})
+  mask = None
+  if config.parallel:  # P-EAGLE's feature of the parallel positions: [1, 1, F] or [F]
+    mask = next((a for a in ("mask_hidden", "model.mask_hidden") if a in names), None)
+    if mask is None:
+      raise CheckpointError(f"{directory}: tensor mask_hidden is missing (a P-EAGLE head's "
+                            f"feature of its parallel positions)")
+    if int(np.prod(f.shape(mask))) != config.fused_width:
+      raise CheckpointError(f"{directory}: tensor {mask} has shape {f.shape(mask)}, expected "
+                            f"{config.fused_width} values")
+  unknown = sorted(names - set(found.values()) - set(_IGNORED) - {embed, mask})
   if unknown:
     raise CheckpointError(f"{directory}: tensor(s) {unknown[:8]} are not part of the EAGLE-3 "
                           f"head this reader implements (another head's options, e.g. "
                           f"SpecForge's fc_norm or an fc bias); refused rather than ignored")
   out = {name: f.get(src) for name, src in found.items() if lm_head or name != TOP["lm_head"]}
   d2t = (out["d2t"].astype(np.int64) if "d2t" in out else np.zeros(Vd, np.int64))
-  target_ids = head_target_ids(d2t)
-  if target_ids.min() < 0 or target_ids.max() >= c.vocab_size:
-    raise CheckpointError(f"{directory}: d2t maps outside the target vocabulary "
-                          f"[0, {c.vocab_size})")
+  t2d = None
+  if "t2d" in names and Vd < c.vocab_size:
+    if f.shape("t2d") != (c.vocab_size,):
+      raise CheckpointError(f"{directory}: tensor t2d has shape {f.shape('t2d')}, expected "
+                            f"({c.vocab_size},)")
+    t2d = f.get("t2d")
+  check_d2t(directory, d2t, t2d, c.vocab_size)
   out["d2t"] = d2t
+  if config.parallel:
+    out["mask_hidden"] = np.asarray(f.get(mask), np.float32).reshape(-1)
   if embed is not None:
     out["embed_tokens"] = np.asarray(f.get(embed), np.float32)
   return out

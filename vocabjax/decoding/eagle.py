@@ -165,12 +165,16 @@ class EagleProposer(Gated, PolicyHead, Counted):
 
   method = "eagle"
   draft_block_calls = True  # the head runs top_k tokens per tree level, as the target's blocks
+  parallel_head = False  # a P-EAGLE head is `PEagleProposer`'s
 
   def __init__(self, target_params, target_config: LlamaLikeConfig, head_params,
                head_config: EagleConfig, *, tree: TreeParams = TreeParams(),
                lm_head: str = "own", draft_vocab: DraftVocab | None = None,
                min_confidence: float = 0.0):
     head_config.check_target(target_config)
+    if head_config.parallel and not self.parallel_head:
+      raise ValueError("a P-EAGLE head (mask_token_id set) drafts its depths in parallel: "
+                       "`vocabjax.decoding.peagle.PEagleProposer` (method peagle)")
     if not 0.0 <= min_confidence < 1.0:
       raise ValueError(f"min_confidence={min_confidence} must lie in [0, 1): the head drafts "
                        f"when its top probability at the root reaches it (0: always)")

@@ -26,6 +26,13 @@ to the layer's output as it is.
     h   = input_fc(concat(embed[token], f))          [B, T, D]   f: the feature or own output
     x   = decoder layer on h, no input norm          [B, T, D]   fed back as f
     logits = target_lm_head(x)                        [B, T, V]
+
+P-EAGLE heads (parallel EAGLE-3, as vLLM's `speculators` defines them: `mask_token_id` set) are
+EAGLE-3 heads with one more parameter, `mask_hidden` [Lf*Dt]: the fused feature of the
+positions past the newest one, whose tokens are `mask_token_id`; one pass over the newest entry
+and K - 1 such positions drafts K tokens (`vocabjax.decoding.peagle`). Their token embedding
+may be trained with them (`speculators` saves it as `embed_tokens`); such a head embeds with its
+own.
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ class EagleConfig:
   feature_layers: tuple[int, ...]  # target layers fused (EAGLE-3: low, mid, high)
   draft_vocab_size: int  # Vd
   kind: str = "eagle3"  # or "eagle2": an EAGLE-1/2 head (module doc)
+  mask_token_id: int | None = None  # P-EAGLE: the token of the parallel positions (module doc)
 
   def __post_init__(self):
     if self.kind not in KINDS:
@@ -68,6 +76,15 @@ class EagleConfig:
                        f"V={self.layer.vocab_size}]")
     if not self.feature_layers:
       raise ValueError("feature_layers is empty: name the target layers the head reads")
+    if self.mask_token_id is not None and (self.kind != "eagle3" or not 0 <= self.mask_token_id
+                                           < self.layer.vocab_size):
+      raise ValueError(f"mask_token_id={self.mask_token_id}: a P-EAGLE head is an EAGLE-3 head "
+                       f"whose mask token lies in the vocabulary of V={self.layer.vocab_size}")
+
+  @property
+  def parallel(self) -> bool:
+    """A P-EAGLE head (module doc)."""
+    return self.mask_token_id is not None
 
   @property
   def hidden_size(self) -> int:
@@ -143,6 +160,8 @@ def init_eagle(key: jax.Array, config: EagleConfig, dtype=jnp.float32,
             "d2t": jnp.zeros((config.draft_vocab_size,), jnp.int32)}
   if config.has_fc:
     params["fc"] = normal((D, config.fused_width))
+  if config.parallel:
+    params["mask_hidden"] = normal((config.fused_width,))
   return params
 
 
