@@ -117,20 +117,19 @@ def main(argv=None) -> int:
           f"{s.verification_s * 1e3:8.1f} ms  ({time.perf_counter() - t0:.0f} s)", flush=True)
     del dec
 
-  lines = [
-      "# Parallel drafters' step split on this CPU (random weights, registry target sizes)", "",
-      f"Command: `python experiments/parallel_split.py --out {a.out}` (defaults: --block "
-      f"{a.block} --layers {a.layers} --subset {a.subset} --k {a.k} --rank {a.rank} "
-      f"--head-vocab {a.head_vocab} --repeats {a.repeats}).", "",
-      f"Host: {cpu_model()}, {jax.device_count()} JAX CPU "
-      f"device(s); jax {jax.__version__}. Target {a.target} (D {tc.hidden_size}, V "
-      f"{tc.vocab_size}, {L} layers), f32; drafters at the target's width reading layers "
-      f"{list(layers)}; {G} drafts per step (a block of {a.block}); batch 1, 256 committed "
-      f"tokens. Each part compiled and timed alone (`vocabjax.decoding.profile.step_split`, "
-      f"median of {a.repeats}); DFlash 2's selector is not in the split.", "",
-      "| drafter | LM head | rows per position | layers ms | LM head ms | head share of drafting "
-      "| verification ms | one target step ms |",
-      "|---|---|---|---|---|---|---|---|"]
+  command = (f"Command: `python experiments/parallel_split.py --out {a.out}` (defaults: "
+             f"--block {a.block} --layers {a.layers} --subset {a.subset} --k {a.k} --rank "
+             f"{a.rank} --head-vocab {a.head_vocab} --repeats {a.repeats}).")
+  setting = (f"Host: {cpu_model()}, {jax.device_count()} JAX CPU device(s); jax "
+             f"{jax.__version__}. Target {a.target} (D {tc.hidden_size}, V {tc.vocab_size}, {L} "
+             f"layers), f32; drafters at the target's width reading layers {list(layers)}; {G} "
+             f"drafts per step (a block of {a.block}); batch 1, 256 committed tokens. Each part "
+             f"compiled and timed alone (`vocabjax.decoding.profile.step_split`, median of "
+             f"{a.repeats}); DFlash 2's selector is not in the split.")
+  header = ("| drafter | LM head | rows per position | layers ms | LM head ms | head share of "
+            "drafting | verification ms | one target step ms |")
+  lines = ["# Parallel drafters' step split on this CPU (random weights, registry target sizes)",
+           "", command, "", setting, "", header, "|---|---|---|---|---|---|---|---|"]
   for m, h, r, d, hd, sh, v, t in rows:
     lines.append(f"| {m} | {h} | {r:,} | {d:.1f} | {hd:.1f} | {sh:.0%} | {v:.1f} | {t:.1f} |")
   atomic_write_text(a.out, "\n".join(lines) + "\n")
