@@ -32,14 +32,18 @@ def dflash_config(target, block_size=4, layers=(0, 1), **changes) -> DFlashConfi
                       **changes)
 
 
+TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0]]
+
+
 @pytest.mark.parametrize("case", ["b2", "b4", "b8-subset", "b4-ranker", "b4-sliding-scaled",
-                                  "b4-causal-last-layer", "b4-dflash2", "b8-dflash2-ranker"])
+                                  "b4-causal-last-layer", "b4-dflash2", "b8-dflash2-ranker",
+                                  "b6-tree", "b6-tree-subset"])
 def test_greedy_identical_to_plain_decoding(target, case):
   """Block sizes 2, 4 and 8 over a batch of prompts of lengths 1-17; a subset of half the
   vocabulary, a ranker's 16 candidates; a drafter with a sliding layer (window 3), an input
   scale, an output multiplier and a soft cap; a causal drafter reading the target's last layer
   (its final normed hidden state); DFlash 2 (its selector over the top 4), alone and over a
-  ranker's candidates."""
+  ranker's candidates; a tree of 8 nodes over the positions' top-2 (alone, over a subset)."""
   block = int(case.split("-")[0][1:])
   changes, vocab, layers = (V2 if "dflash2" in case else {}), None, (0, 1)
   if "sliding" in case:
@@ -55,22 +59,28 @@ def test_greedy_identical_to_plain_decoding(target, case):
   if "ranker" in case:
     vocab = SpeculativeVocab(svd_ranker(target, CFG, rank=4), k=16)
   dp = init_dflash(jax.random.key(block), dc, scale=0.3)
-  engine = SpeculativeEngine(target, CFG, DFlashProposer(target, CFG, dp, dc, draft_vocab=vocab))
+  tree = TREE if "tree" in case else None
+  engine = SpeculativeEngine(target, CFG, DFlashProposer(target, CFG, dp, dc, draft_vocab=vocab,
+                                                         tree=tree))
   res = greedy_identity(engine, target, CFG, random_prompts(seed=block), max_new_tokens=30)
-  assert all(d == block - 1 for row in res.stats.drafted for d in row if d)
+  per_step = len(TREE) if tree else block - 1
+  assert all(d == per_step for row in res.stats.drafted for d in row if d)
 
 
-@pytest.mark.parametrize("kind", ["dflash", "dflash2"])
+@pytest.mark.parametrize("kind", ["dflash", "dflash2", "tree"])
 @pytest.mark.parametrize("subset", [False, True])
 def test_sampling_keeps_the_targets_law(kind, subset):
   """Each position's law returned as q: the first three tokens' joint law equals the target's
   (chi-square over V = 8), with the drafter's whole head and over 6 of its 8 tokens; DFlash 2's
-  selector law over each position's top 4 (conditional on the draft before it) likewise."""
+  selector law over each position's top 4 (conditional on the draft before it) likewise; a
+  tree over the positions' top-2 (deterministic nodes, the tree's multi-draft rule) too."""
   t = init_params(jax.random.key(10), SMALL, scale=0.8)
   dc = dflash_config(SMALL, 3, (0,), **(V2 if kind == "dflash2" else {}))
   dp = init_dflash(jax.random.key(3), dc, scale=0.8)
   vocab = VocabSubset(ids=np.arange(6), vocab_size=8) if subset else None
-  engine = SpeculativeEngine(t, SMALL, DFlashProposer(t, SMALL, dp, dc, draft_vocab=vocab))
+  tree = [[0], [1], [0, 0], [1, 0]] if kind == "tree" else None
+  engine = SpeculativeEngine(t, SMALL, DFlashProposer(t, SMALL, dp, dc, draft_vocab=vocab,
+                                                      tree=tree))
   p, stats = target_law(engine, t, SMALL, PROMPT, SamplingParams(temperature=1.0))
   assert 0.05 < stats.acceptance_rate < 0.95
   assert p > 1e-3
@@ -119,3 +129,19 @@ def test_checkpoint_round_trip_and_the_method_by_hub_id(target, tmp_path, monkey
     load_dflash(d, target_config=other)
   with pytest.raises(ConfigError, match="dflash.head"):
     METHODS["dflash"].parse({"head": str(tmp_path / "missing")}, "test")
+
+
+def test_a_tree_is_refused_where_it_cannot_apply(target):
+  """DFlash 2's selector with a tree; ranks beyond the policy's candidates; a path deeper than
+  the block's drafts."""
+  dc2 = dflash_config(CFG, 4, **V2)
+  dp2 = init_dflash(jax.random.key(1), dc2)
+  with pytest.raises(ValueError, match="needs selector=False"):
+    DFlashProposer(target, CFG, dp2, dc2, tree=[[0]])
+  dc = dflash_config(CFG, 4)
+  dp = init_dflash(jax.random.key(1), dc)
+  with pytest.raises(ValueError, match="rank 4, beyond the 4 candidates"):
+    DFlashProposer(target, CFG, dp, dc, tree=[[4]],
+                   draft_vocab=VocabSubset(ids=np.arange(4), vocab_size=CFG.vocab_size))
+  with pytest.raises(ValueError, match="4 deep but there are 3 heads"):
+    DFlashProposer(target, CFG, dp, dc, tree=[[0], [0, 0], [0, 0, 0], [0, 0, 0, 0]])

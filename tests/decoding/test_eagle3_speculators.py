@@ -110,3 +110,34 @@ def test_options_it_cannot_honour_are_refused(setup, tmp_path):
   with pytest.raises(CheckpointError, match=r"eagle_aux_hidden_state_layer_ids=\[0, 4, 5\] "
                                             r"names 0"):
     load_eagle3(variant("zero", {"eagle_aux_hidden_state_layer_ids": [0, 4, 5]}))
+
+
+def test_sglang_layout_options_and_d2t_traps_are_refused(setup, tmp_path):
+  """In SGLang's / SpecForge's layout: `norm_output: false` (SpecForge: no final norm before
+  the LM head), `norm_before_residual: true` and `fc_norm: true` refused naming the option; a
+  d2t of absolute target ids beside its t2d refused naming the confusion; `target_hidden_size:
+  null` reads as the head's width."""
+  from safetensors.numpy import load_file, save_file
+
+  _, target, original = setup
+  raw = json.loads((original / "config.json").read_text())
+
+  def variant(name, changes=None, tensors=None):
+    out = tmp_path / name
+    shutil.copytree(original, out)
+    (out / "config.json").write_text(json.dumps({**raw, **(changes or {})}))
+    if tensors:
+      t = load_file(out / "model.safetensors")
+      save_file({**t, **tensors}, out / "model.safetensors")
+    return out
+
+  assert load_eagle3(variant("null", {"target_hidden_size": None}),
+                     target_config=target.config)[0].target_hidden_size == target.config.hidden_size
+  for option, value in (("norm_output", False), ("norm_before_residual", True),
+                        ("fc_norm", True)):
+    with pytest.raises(CheckpointError, match=f"{option}={json.dumps(value)}: an option"):
+      load_eagle3(variant(option, {option: value}))
+  d2t = load_file(original / "model.safetensors")["d2t"]
+  absolute = d2t + np.arange(VD)  # the target ids themselves
+  with pytest.raises(CheckpointError, match="d2t holds the target ids themselves"):
+    load_eagle3(variant("absolute", tensors={"d2t": absolute}))

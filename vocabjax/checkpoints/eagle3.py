@@ -26,7 +26,9 @@ L - 4: `models.eagle.default_feature_layers`); `d2t` may be absent when the head
 the whole vocabulary; `embed_tokens.weight` (a copy of the target's embedding, which drafting
 uses) is checked against the target's. A tensor this reader does not know (SpecForge's
 `fc_norm.*`, an `fc.bias`: options of other heads that this forward does not implement) is
-refused by name rather than ignored.
+refused by name rather than ignored, and so is a config option that changes the forward away
+from its default (SpecForge's `norm_output: false`, `norm_before_residual: true`, `fc_norm`,
+`norm_before_fc`).
 
 vLLM's `speculators` layout (`speculators_model_type: "eagle3"`, what its `Eagle3Converter` and
 `save_pretrained` write): the layer's fields in `transformer_layer_config` (a Llama config;
@@ -133,6 +135,8 @@ def _read_config(directory: Path, target_layers: int | None = None
     raise CheckpointError(f"{directory} is not a readable EAGLE-3 head ({e})") from None
   if "speculators_model_type" in raw or "transformer_layer_config" in raw:
     raw = _from_speculators(raw, f"{directory}/config.json")
+  else:
+    _refuse_options(raw, f"{directory}/config.json")
   # the layer as a one-layer Llama config (its RoPE scaling included: EAGLE-3's heads for
   # Llama 3.1 targets carry the target's llama3 `rope_scaling`)
   try:
@@ -158,6 +162,24 @@ def _read_config(directory: Path, target_layers: int | None = None
                        mask_token_id=raw.get(PEAGLE_MASK)), raw
   except ValueError as e:
     raise CheckpointError(f"{directory}/config.json: {e}") from None
+
+
+# SGLang / SpecForge / vLLM config options whose non-default value changes the forward, which
+# vocabjax implements at their defaults only (SpecForge's `norm_output: false` drops the final
+# norm before the LM head; `norm_before_residual` takes the normed feature as the residual;
+# `fc_norm` norms each fused layer)
+_OPTION_DEFAULTS = {"norm_output": True, "norm_before_residual": False, "fc_norm": False,
+                    "norm_before_fc": False}
+
+
+def _refuse_options(raw: dict, where: str) -> None:
+  own = {**raw, **(raw.get("eagle_config") or {})}
+  off = [f"{k}={json.dumps(own[k])}" for k, default in _OPTION_DEFAULTS.items()
+         if k in own and own[k] is not None and bool(own[k]) != default]
+  if off:
+    raise CheckpointError(f"{where}: {', '.join(off)}: an option of the head's forward that "
+                          f"vocabjax implements only at its default; refused rather than "
+                          f"ignored")
 
 
 PEAGLE_MASK = "peagle_mask_token_id"  # where `_from_speculators` hands P-EAGLE's mask id on

@@ -30,9 +30,18 @@ position's best score, sampling draws from the processed law of the scores over 
 candidates, returned as `q` (conditional on the drafts before it, which the chain's
 verification allows). `selector=False` drafts a DFlash 2 drafter by the head's argmax as DFlash
 does (an ablation).
+
+A tree instead of a chain (`tree=`: Medusa-style choices, each a path of per-position ranks):
+the block's positions are drafted independently given the block, so position i's top-k
+candidates are exactly the children a depth-i node can take, as Medusa's heads'; node j is
+position depth_j's rank-r_j candidate (under the policy), verified with the tree's rule
+(deterministic drafts: lossless without a q). DFlash 2's selector drafts one path and takes no
+tree.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -40,7 +49,8 @@ from flax import struct
 
 from vocabjax import sharding
 from vocabjax.decoding.drafter import DraftVocab, PolicyHead
-from vocabjax.decoding.proposer import Context, Drafts, Prefilled
+from vocabjax.decoding.proposer import Context, Drafts, Prefilled, static_tree
+from vocabjax.decoding.tree import TreeBounds
 from vocabjax.lowering import lowering_of, with_lowering
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
@@ -58,6 +68,7 @@ from vocabjax.models.llamalike import (
   lm_head_weight,
   with_mlp_layout,
 )
+from vocabjax.models.medusa import MedusaError, medusa_tree
 from vocabjax.sampling import SamplingParams, log_probs
 from vocabjax.vocab.policy import (
   POLICY_STATE,
@@ -133,7 +144,7 @@ class DFlashProposer(PolicyHead):
 
   def __init__(self, target_params, target_config: LlamaLikeConfig, drafter_params,
                config: DFlashConfig, *, draft_vocab: DraftVocab | None = None,
-               selector: bool = True):
+               selector: bool = True, tree: Sequence[Sequence[int]] | None = None):
     config.check_target(target_config)
     if ("lm_head" in drafter_params) != (config.draft_vocab_size is not None):
       raise ValueError(f"the drafter's params {'hold' if 'lm_head' in drafter_params else 'lack'}"
@@ -152,13 +163,25 @@ class DFlashProposer(PolicyHead):
     if config.dflash2:
       self.method = "dflash2"
     self.selector = selector and config.dflash2
+    self.tree = None
+    if tree is not None:  # Medusa-style choices over the block's positions (module doc)
+      if self.selector:
+        raise ValueError("DFlash 2's selector drafts one path (each pick rescored given the one "
+                         "before it); a tree over the positions' top-k needs selector=False")
+      try:
+        self.tree = medusa_tree(tree, config.gamma)
+      except MedusaError as e:  # its "heads" are the block's drafted positions here
+        raise ValueError(f"tree choices: {e} (DFlash: the block's {config.gamma} drafted "
+                         f"positions)") from None
+      self.bounds = TreeBounds(top_k=self.tree.max_children, depth=self.tree.max_depth)
     if is_quantized(target_params):
       raise ValueError("a DFlash drafter reads the target's embedding rows and features as "
                        "floats; load the target in float32 or bfloat16")
     self.config = config
     self.gamma = config.gamma
-    self.drafted_per_step = config.gamma
-    self.extra_slots = config.block_size + 1  # the block past max_new_tokens, and one more
+    self.drafted_per_step = config.gamma if self.tree is None else self.tree.size
+    # the block (or the tree's nodes) past max_new_tokens, and one more
+    self.extra_slots = max(config.block_size, self.drafted_per_step + 1) + 1
     L = target_config.num_layers
     # the reference reads `output_hidden_states[i + 1]`: the last layer's is the final normed one
     self.feature_layers = tuple(FINAL_NORMED if i == L - 1 else i
@@ -167,11 +190,16 @@ class DFlashProposer(PolicyHead):
     self.params = {DRAFTER_KEY: drafter_params, "embed": target_params["embed"],
                    "lm_head": lm_head_weight(target_params, target_config)}
     self.draft_vocab = draft_vocab
+    rows = draft_vocab.size if draft_vocab is not None else target_config.vocab_size
+    if self.tree is not None and self.tree.top_k > rows:
+      raise ValueError(f"the tree's choices use rank {self.tree.top_k - 1}, beyond the "
+                       f"{rows} candidates each position drafts over")
     self._inner = full_policy(self.head_vocab_config)
     self.policy = bound_policy(_scaled, inner=self._inner, config=config)
 
   def key(self):
-    return ("dflash", self.config, self.policy, self.feature_layers, self.selector)
+    return ("dflash", self.config, self.policy, self.feature_layers, self.selector,
+            None if self.tree is None else self.tree.choices)
 
   def prepare(self, *, layout: str, lowering, mesh=None) -> None:
     dp = self.params
@@ -216,6 +244,15 @@ class DFlashProposer(PolicyHead):
                              state.pend_count, state.cache, config=c)
     h = h[:, 1:]  # position i predicts the token at N + i
     V = self.head_vocab_config.vocab_size
+    if self.tree is not None:  # deterministic nodes: each position's rank-r candidate
+      t = self.tree
+      ids, logits = self.policy(params, h.reshape(B * G, -1))
+      _, top = jax.lax.top_k(logits, t.top_k)
+      top = to_target_many(ids, top).reshape(B, G, t.top_k)
+      parent, depth = static_tree(t.parent, t.depth, B)
+      drafts = Drafts(tokens=top[:, t.head, t.rank].astype(jnp.int32), parent=parent,
+                      depth=depth, bounds=self.bounds)
+      return drafts, state.replace(cache=cache)
     if self.selector:
       tok, q = select_drafts(self.policy, params, h, ctx.last, key, sampling, config=c,
                              vocab_size=V)
@@ -226,8 +263,9 @@ class DFlashProposer(PolicyHead):
     return drafts, state.replace(cache=cache)
 
   def commit(self, params, state: DFlashState, ctx: Context, drafts: Drafts, v) -> DFlashState:
-    return state.replace(pend_feats=v.features.astype(state.pend_feats.dtype),
-                         pend_count=(v.accepted + 1).astype(jnp.int32))
+    feats = v.features.astype(state.pend_feats.dtype)  # a tree's path: depth + 1 <= P entries
+    feats = jnp.pad(feats, ((0, 0), (0, state.pend_feats.shape[1] - feats.shape[1]), (0, 0)))
+    return state.replace(pend_feats=feats, pend_count=(v.accepted + 1).astype(jnp.int32))
 
   # --- profiling (`vocabjax.decoding.profile`) ------------------------------------------------
 

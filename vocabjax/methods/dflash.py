@@ -28,6 +28,7 @@ class DFlashParams:
   ranker: str = ""  # or a SpecVocab ranker's per-position candidates (with k)
   k: int = 2048
   selector: bool = True  # a DFlash 2 drafter's candidate selector (no effect on DFlash)
+  choices: str = ""  # a tree over the positions' top-k: Medusa-style paths of ranks (JSON)
 
   def check(self, where: str) -> None:
     config = _config(self.head, where)
@@ -36,6 +37,22 @@ class DFlashParams:
       raise ConfigError(f"{where}: dflash.head={self.head!r} drafts over a head of its own "
                         f"({config.draft_vocab_size} rows, draft_vocab_size); a subset or a "
                         f"ranker on top of it is not supported")
+    if self.choices:
+      from vocabjax.models.medusa import MedusaError, medusa_tree
+
+      try:
+        medusa_tree(_choices(self), config.gamma)
+      except (MedusaError, ValueError) as e:
+        raise ConfigError(f"{where}: dflash.choices: {e}") from None
+      if config.dflash2 and self.selector:
+        raise ConfigError(f"{where}: dflash.choices: DFlash 2's selector drafts one path; a "
+                          f"tree over the positions' top-k needs selector=false")
+
+
+def _choices(p: DFlashParams):
+  import json
+
+  return json.loads(p.choices) if p.choices else None
 
 
 def _rows(p: DFlashParams) -> int:
@@ -57,4 +74,5 @@ def _dflash(target, draft, p: DFlashParams, mesh=None):
                                dtype=compute_dtype(target.params))
   return SpeculativeEngine(blocks, target.config, DFlashProposer(
       blocks, target.config, params, config,
-      draft_vocab=head_policy(target, p.subset, p.ranker, p.k), selector=p.selector), mesh=mesh)
+      draft_vocab=head_policy(target, p.subset, p.ranker, p.k), selector=p.selector,
+      tree=_choices(p)), mesh=mesh)
