@@ -317,13 +317,18 @@ def _dflash_spec(name, kind, p, bench):
   """DFlash: a one-layer block drafter of the target's width (bench setting `block`, default
   16 as z-lab's), over the target's LM head, a static subset of it (`subset_k`) or a ranker's
   candidates (`ranker`, `k`); `version=2`: DFlash 2 (its convolutions and candidate selector,
-  `speculators`' default sizes)."""
+  `speculators`' default sizes); `tree=KxD`: a tree over the positions' top-K down to depth D
+  instead of the chain."""
   subset_k = _bench_subset_k(kind, p, bench, "dflash|subset_k=32768")
   block = int(bench.get("block", 16))
   version = int(bench.get("version", 1))
   if version not in (1, 2):
     raise ValueError(f"{name}: version={version}; DFlash is version 1 or 2")
   model = f"dflash{block}" + ("v2" if version == 2 else "")
+  tree = None
+  if bench.get("tree"):  # "KxD": every path of ranks < K down to depth D (Medusa's dense tree)
+    k, _, d = bench["tree"].partition("x")
+    tree = medusa_choices_for(int(d), int(k))
 
   def build(a, s, mesh):
     vocab = None
@@ -333,16 +338,19 @@ def _dflash_spec(name, kind, p, bench):
       vocab = _subset_stand_in(subset_k, s.target.vocab_size)
     return SpeculativeEngine(a["target"], s.target, DFlashProposer(
         a["target"], s.target, a[model], abstract_dflash_config(s, block, version),
-        draft_vocab=vocab, selector=p.selector), mesh=mesh)
+        draft_vocab=vocab, selector=p.selector and tree is None, tree=tree), mesh=mesh)
 
   policy = (f", a static subset of {subset_k} rows" if subset_k else
             f", SpecVocab top-{p.k} (a rank-R ranker)" if p.ranker else "")
   shaping = {**_shaping(kind, p), "block": block, **({"subset_k": subset_k} if subset_k else {}),
              **({"version": 2} if version == 2 else {})}
   what = "DFlash 2 drafter (its selector, " if version == 2 else "DFlash drafter ("
+  if tree:
+    shaping["tree"] = bench["tree"]
   return MethodSpec(name, kind, shaping, ("target", model), build,
                     f"{what}block of {block}, the target's LM head{policy}), "
-                    f"chain of {block - 1}")
+                    + (f"tree of {len(tree)} over the positions' top-{bench['tree'].split('x')[0]}"
+                       if tree else f"chain of {block - 1}"))
 
 
 def _peagle_spec(name, kind, p, bench):

@@ -342,7 +342,7 @@ MATRIX_METHODS = (
     "eagle_suffix:top_k=2,depth=2,total_tokens=4,max_spec_tokens=4", "medusa:top_k=2,depth=2",
     "crossvocab:gamma=4", "tree_suffix:top_k=2,depth=2,total_tokens=4,max_spec_tokens=4",
     "dflash", "dflash|subset_k=8192", "dflash:ranker=x,k=2048", "dflash|version=2",
-    "dflash:ranker=x,k=2048|version=2", "peagle:gamma=4",
+    "dflash:ranker=x,k=2048|version=2", "dflash|tree=2x3", "peagle:gamma=4",
     "peagle:gamma=4,lm_head=target|subset_k=8192")
 ONE_DEVICE = ("eagle_pld", "eagle_suffix", "tree_suffix")
 
