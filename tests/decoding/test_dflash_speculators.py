@@ -61,9 +61,9 @@ def _zlab(ref, cls, ids, seed, **fields):
   return randomize(cls(cfg), 0.15, seed)
 
 
-def _block_drafts(ours, proposer, config, params, ids):
-  """vocabjax's greedy drafts of one block after prompt `ids` (no engine: the committed context
-  prefilled from the target's features)."""
+def _block_hidden(ours, proposer, config, params, ids):
+  """(the final hidden states [1, bs, D] of one block after prompt `ids`, the block) without
+  an engine: the committed context prefilled from the target's features."""
   from vocabjax.models.dflash import context_prefill
 
   T = len(ids)
@@ -76,6 +76,12 @@ def _block_drafts(ours, proposer, config, params, ids):
   h, _ = block_forward(params, ours.params["embed"], jnp.asarray([block]),
                        jnp.zeros((1, BLOCK, config.fused_width)), jnp.zeros((1,), int),
                        cache.with_lengths(jnp.asarray([T])), config=config)
+  return h, block
+
+
+def _block_drafts(ours, proposer, config, params, ids):
+  """vocabjax's greedy drafts of one block after prompt `ids`."""
+  h, block = _block_hidden(ours, proposer, config, params, ids)
   return our_drafts(proposer, h[:, 1:], block[0])
 
 
@@ -158,19 +164,7 @@ def test_own_head_drafts_match_the_speculators_rows(setup, own_head):
   W = model.lm_head.weight.detach().numpy()
   d2t = model.d2t.numpy()
   for ids in PROMPTS:
-    T = len(ids)
-    _, _, feats = forward_features(ours.params, jnp.asarray([ids]), jnp.arange(T)[None],
-                                   KVCache.init(ours.config, 1, T + 8), config=ours.config,
-                                   layers=proposer.feature_layers)
-    from vocabjax.models.dflash import context_prefill
-
-    dp = proposer.params["dflash"]
-    cache = context_prefill(dp, feats, KVCache.init(config.cache_config(), 1, T + BLOCK),
-                            config=config)
-    block = [ids[-1]] + [MASK] * (BLOCK - 1)
-    h, _ = block_forward(dp, ours.params["embed"], jnp.asarray([block]),
-                         jnp.zeros((1, BLOCK, config.fused_width)), jnp.zeros((1,), int),
-                         cache.with_lengths(jnp.asarray([T])), config=config)
+    h, block = _block_hidden(ours, proposer, config, proposer.params["dflash"], ids)
     j = np.argmax(np.asarray(h[0, 1:]) @ W.T, axis=-1)
     want = (j + d2t[j]).tolist()
     assert our_drafts(proposer, h[:, 1:], block[0]) == want and set(want) <= set(OWN_IDS)

@@ -52,7 +52,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vocabjax.checkpoints.convert import CheckpointError, check_finite
-from vocabjax.checkpoints.eagle3 import check_d2t, read_head_file
+from vocabjax.checkpoints.eagle3 import check_d2t, read_head_file, speculators_layer_ids
 from vocabjax.checkpoints.hf_config import (
   UnsupportedConfigError,
   config_from_hf,
@@ -243,15 +243,7 @@ def _from_speculators(raw: dict, where: str) -> DFlashConfig:
                           f"as z-lab's; not implemented")
   if full.get("layer_types"):
     layer = _with_layer_types(layer, full, where)
-  ids = raw.get("aux_hidden_state_layer_ids")
-  if (not isinstance(ids, list) or not ids
-      or not all(isinstance(j, int) and not isinstance(j, bool) for j in ids)):
-    raise CheckpointError(f"{where}: aux_hidden_state_layer_ids={ids!r} must name the target "
-                          f"layers the drafter reads")
-  if min(ids) < 1:
-    raise CheckpointError(f"{where}: aux_hidden_state_layer_ids={ids} names 0, the "
-                          f"embedding's output (ids count as output_hidden_states does: j is "
-                          f"layer j - 1's output); vocabjax reads layer outputs")
+  ids = speculators_layer_ids(raw, "aux_hidden_state_layer_ids", where)
   V = layer.vocab_size
   dv = _int(raw, "draft_vocab_size", where, minimum=1)
   if dv > V:
@@ -268,7 +260,7 @@ def _from_speculators(raw: dict, where: str) -> DFlashConfig:
   try:
     return DFlashConfig(
         layer=layer, target_hidden_size=int(raw.get("target_hidden_size") or layer.hidden_size),
-        target_layer_ids=tuple(j - 1 for j in ids),
+        target_layer_ids=ids,
         block_size=_int(raw, "block_size", where, minimum=2), mask_token_id=mask,
         causal=False if non_causal else None, draft_vocab_size=dv if dv < V else None, **extra)
   except ValueError as e:

@@ -186,6 +186,22 @@ PEAGLE_MASK = "peagle_mask_token_id"  # where `_from_speculators` hands P-EAGLE'
 SPECULATORS_OPTIONS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 
 
+def speculators_layer_ids(raw: dict, key: str, where: str) -> tuple[int, ...]:
+  """A `speculators` config's target layer ids (`key`), counted as `output_hidden_states`
+  indexes them (j: layer j - 1's output), as vocabjax counts them (one lower); CheckpointError
+  for anything but a list of ids >= 1 (0 is the embedding's output, which no drafter here
+  reads)."""
+  ids = raw.get(key)
+  if (not isinstance(ids, list) or not ids
+      or not all(isinstance(j, int) and not isinstance(j, bool) for j in ids)):
+    raise CheckpointError(f"{where}: {key}={ids!r} must name the target layers read")
+  if min(ids) < 1:
+    raise CheckpointError(f"{where}: {key}={ids} names 0, the embedding's output "
+                          f"(speculators counts as output_hidden_states does: j is layer "
+                          f"j - 1's output); vocabjax reads layer outputs")
+  return tuple(j - 1 for j in ids)
+
+
 def _from_speculators(raw: dict, where: str) -> dict:
   """A `speculators` EAGLE-3 config as the SGLang-layout fields this reader reads (module doc);
   CheckpointError naming a field it cannot honour."""
@@ -219,21 +235,14 @@ def _from_speculators(raw: dict, where: str) -> dict:
                                           if k != "model_type"}).to_dict()
   ids = raw.get("eagle_aux_hidden_state_layer_ids")
   if ids is not None:
-    if (not isinstance(ids, list) or not ids
-        or not all(isinstance(j, int) and not isinstance(j, bool) for j in ids)):
-      raise CheckpointError(f"{where}: eagle_aux_hidden_state_layer_ids={ids!r} must name "
-                            f"the target layers the head fuses")
-    if min(ids) < 1:
-      raise CheckpointError(f"{where}: eagle_aux_hidden_state_layer_ids={ids} names 0, the "
-                            f"embedding's output (speculators counts as output_hidden_states "
-                            f"does: j is layer j - 1's output); vocabjax fuses layer outputs")
+    ids = speculators_layer_ids(raw, "eagle_aux_hidden_state_layer_ids", where)
   out = {k: full[k] for k in _LAYER_FIELDS + ("head_dim", "rms_norm_eps") if k in full}
   if raw.get("draft_vocab_size") is not None:
     out["draft_vocab_size"] = raw["draft_vocab_size"]
   if raw.get("target_hidden_size") is not None:
     out["target_hidden_size"] = raw["target_hidden_size"]
   if ids is not None:
-    out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": [j - 1 for j in ids]}
+    out["eagle_config"] = {"eagle_aux_hidden_state_layer_ids": list(ids)}
   if kind == "peagle":
     out[PEAGLE_MASK] = mask
   return out
