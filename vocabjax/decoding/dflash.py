@@ -17,11 +17,11 @@ complete it to N - 1; the block sits at N .. N + bs - 1.
 
 Vocabulary: the drafter drafts through the target's own LM head (z-lab's DFlash has none of
 its own; a `speculators` drafter with draft_vocab_size < V has one, over the target ids its d2t
-names, and drafts over those rows alone) at every block position; `draft_vocab` restricts it per position as for the other
-drafters (a VocabTrim / FR-Spec subset or a SpecVocab ranker), then `output_multiplier` and the
-soft cap apply. Greedy drafts are each position's argmax; sampled drafts are drawn from each
-position's processed law, returned as `q` (positions are independent given the block), so the
-chain's verification keeps the target's law exactly.
+names, and drafts over those rows alone) at every block position; `draft_vocab` restricts it
+per position as for the other drafters (a VocabTrim / FR-Spec subset or a SpecVocab ranker),
+then `output_multiplier` and the soft cap apply. Greedy drafts are each position's argmax;
+sampled drafts are drawn from each position's processed law, returned as `q` (positions are
+independent given the block), so the chain's verification keeps the target's law exactly.
 
 DFlash 2 drafts through its candidate selector (`select_drafts`): at each position the head's
 top `selector_top_k` candidates (of the policy's rows when there is a policy) are rescored
