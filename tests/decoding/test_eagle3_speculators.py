@@ -82,7 +82,8 @@ def test_a_converted_head_drafts_as_the_original(setup, ids):
 
 def test_options_it_cannot_honour_are_refused(setup, tmp_path):
   """Each of speculators' head options set, a DFlash type, a P-EAGLE type without its mask
-  token, a Qwen3 layer, layer id 0: refused naming the field; `target_hidden_size: null` (as speculators writes it) loads."""
+  token, a Qwen3 layer, layer id 0: refused naming the field; `target_hidden_size: null` (as
+  speculators writes it) loads."""
   _, target, _ = setup
   d = _convert(setup, "converted-traps", [i + 1 for i in LAYERS])
   raw = json.loads((d / "config.json").read_text())
