@@ -7,6 +7,7 @@ selector, or (`selector=false`) by the head's argmax as DFlash does."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
 from vocabjax.checkpoints.dflash import load_dflash, load_dflash_config
 from vocabjax.decoding.dflash import DFlashProposer
@@ -15,6 +16,7 @@ from vocabjax.errors import ConfigError
 from vocabjax.methods import model_blocks, read_head_config, register
 from vocabjax.methods.vocab import check_head_policy, head_policy, head_policy_rows
 from vocabjax.models.llamalike import compute_dtype
+from vocabjax.models.medusa import MedusaError, medusa_tree
 
 
 def _config(path: str, where: str):
@@ -38,8 +40,6 @@ class DFlashParams:
                         f"({config.draft_vocab_size} rows, draft_vocab_size); a subset or a "
                         f"ranker on top of it is not supported")
     if self.choices:
-      from vocabjax.models.medusa import MedusaError, medusa_tree
-
       try:
         medusa_tree(_choices(self), config.gamma)
       except (MedusaError, ValueError) as e:
@@ -50,8 +50,6 @@ class DFlashParams:
 
 
 def _choices(p: DFlashParams):
-  import json
-
   return json.loads(p.choices) if p.choices else None
 
 
