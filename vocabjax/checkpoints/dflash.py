@@ -52,7 +52,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from vocabjax.checkpoints.convert import CheckpointError, check_finite
-from vocabjax.checkpoints.eagle3 import check_d2t, read_head_file, speculators_layer_ids
+from vocabjax.checkpoints.eagle3 import (
+  check_d2t,
+  is_speculators,
+  read_head_file,
+  speculators_layer_config,
+  speculators_layer_ids,
+)
 from vocabjax.checkpoints.hf_config import (
   UnsupportedConfigError,
   config_from_hf,
@@ -146,10 +152,6 @@ def draft_value(raw: dict, name: str, default=None):
   return own.get(name, raw.get(name, default))
 
 
-def is_speculators(raw: dict) -> bool:
-  return "speculators_model_type" in raw or "transformer_layer_config" in raw
-
-
 def dflash_config_from_raw(raw: dict, where: str = "config.json") -> DFlashConfig:
   """The DFlashConfig of a config.json dict (z-lab's or `speculators`' layout, module doc);
   CheckpointError naming the field and value."""
@@ -216,17 +218,7 @@ def _from_speculators(raw: dict, where: str) -> DFlashConfig:
   if kind not in ("dflash", "dflash2"):
     raise CheckpointError(f"{where}: speculators_model_type={kind!r}: this reader reads "
                           f"speculators' DFlash drafters ('dflash', 'dflash2')")
-  tlc = raw.get("transformer_layer_config")
-  if not isinstance(tlc, dict):
-    raise CheckpointError(f"{where}: transformer_layer_config={tlc!r} must be the drafter "
-                          f"layers' config")
-  try:  # a diff dict (speculators writes `to_diff_dict`): completed by its own class
-    from transformers import AutoConfig
-
-    rest = {k: v for k, v in tlc.items() if k != "model_type"}
-    full = AutoConfig.for_model(tlc.get("model_type", "qwen3"), **rest).to_dict()
-  except (ValueError, KeyError, TypeError) as e:
-    raise CheckpointError(f"{where}: transformer_layer_config: {e}") from None
+  full = speculators_layer_config(raw, where, "qwen3")
   if raw.get("sample_from_anchor"):
     raise CheckpointError(f"{where}: sample_from_anchor=true: the drafter drafts at the anchor "
                           f"too (block_size drafts per pass); vocabjax implements DFlash's "

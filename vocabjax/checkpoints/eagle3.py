@@ -133,7 +133,7 @@ def _read_config(directory: Path, target_layers: int | None = None
     raw = json.loads((directory / "config.json").read_text())
   except (OSError, json.JSONDecodeError) as e:
     raise CheckpointError(f"{directory} is not a readable EAGLE-3 head ({e})") from None
-  if "speculators_model_type" in raw or "transformer_layer_config" in raw:
+  if is_speculators(raw):
     raw = _from_speculators(raw, f"{directory}/config.json")
   else:
     _refuse_options(raw, f"{directory}/config.json")
@@ -186,6 +186,28 @@ PEAGLE_MASK = "peagle_mask_token_id"  # where `_from_speculators` hands P-EAGLE'
 SPECULATORS_OPTIONS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 
 
+def is_speculators(raw: dict) -> bool:
+  """A config.json in vLLM's `speculators` layout."""
+  return "speculators_model_type" in raw or "transformer_layer_config" in raw
+
+
+def speculators_layer_config(raw: dict, where: str, default_type: str) -> dict:
+  """A `speculators` config's `transformer_layer_config` whole: speculators writes a diff
+  (`to_diff_dict`), completed by its model type's own transformers config class."""
+  # local: transformers' config registry, only for this layout
+  from transformers import AutoConfig
+
+  tlc = raw.get("transformer_layer_config")
+  if not isinstance(tlc, dict):
+    raise CheckpointError(f"{where}: transformer_layer_config={tlc!r} must be the drafter "
+                          f"layers' config")
+  try:
+    rest = {k: v for k, v in tlc.items() if k != "model_type"}
+    return AutoConfig.for_model(tlc.get("model_type", default_type), **rest).to_dict()
+  except (ValueError, KeyError, TypeError) as e:
+    raise CheckpointError(f"{where}: transformer_layer_config: {e}") from None
+
+
 def speculators_layer_ids(raw: dict, key: str, where: str) -> tuple[int, ...]:
   """A `speculators` config's target layer ids (`key`), counted as `output_hidden_states`
   indexes them (j: layer j - 1's output), as vocabjax counts them (one lower); CheckpointError
@@ -220,19 +242,12 @@ def _from_speculators(raw: dict, where: str) -> dict:
     raise CheckpointError(f"{where}: {', '.join(f'{k}=true' for k in on)}: an option of "
                           f"speculators' EAGLE-3 head that vocabjax's forward does not "
                           f"implement; refused rather than ignored")
-  tlc = raw.get("transformer_layer_config")
-  if not isinstance(tlc, dict):
-    raise CheckpointError(f"{where}: transformer_layer_config={tlc!r} must be the head "
-                          f"layer's config")
-  model_type = tlc.get("model_type", "llama")
+  model_type = (raw.get("transformer_layer_config") or {}).get("model_type", "llama")
   if model_type != "llama":
     raise CheckpointError(f"{where}: transformer_layer_config.model_type={model_type!r}: "
                           f"vocabjax reads EAGLE-3 heads of Llama layers (a Qwen3 layer's "
                           f"q/k norms are not implemented)")
-  from transformers import AutoConfig
-
-  full = AutoConfig.for_model("llama", **{k: v for k, v in tlc.items()
-                                          if k != "model_type"}).to_dict()
+  full = speculators_layer_config(raw, where, "llama")
   ids = raw.get("eagle_aux_hidden_state_layer_ids")
   if ids is not None:
     ids = speculators_layer_ids(raw, "eagle_aux_hidden_state_layer_ids", where)

@@ -69,7 +69,7 @@ from vocabjax.models.llamalike import (
   with_mlp_layout,
 )
 from vocabjax.models.medusa import MedusaError, medusa_tree
-from vocabjax.sampling import SamplingParams, log_probs
+from vocabjax.sampling import SamplingParams, log_probs, top_k
 from vocabjax.vocab.policy import (
   POLICY_STATE,
   Policy,
@@ -112,9 +112,10 @@ def select_drafts(policy: Policy, params, h: jax.Array, anchor: jax.Array, key,
   selector = params[DRAFTER_KEY]["selector"]
   ids, logits = policy(params, h.reshape(B * G, D))
   k = min(config.selector_top_k, logits.shape[-1])  # a policy of fewer rows: all of them
-  unary, j = jax.lax.top_k(logits, k)
+  lw = lowering_of(params)
+  unary, j = top_k(logits, k, split=lw.split_top_k, block=lw.block_top_k)
   cands = to_target_many(ids, j).reshape(B, G, k)
-  context = selector_context(selector, h, lowering_of(params))
+  context = selector_context(selector, h, lw)
   sp = candidate_sampling(sampling, k)
 
   def step(prev, xs):
@@ -247,7 +248,8 @@ class DFlashProposer(PolicyHead):
     if self.tree is not None:  # deterministic nodes: each position's rank-r candidate
       t = self.tree
       ids, logits = self.policy(params, h.reshape(B * G, -1))
-      _, top = jax.lax.top_k(logits, t.top_k)
+      lw = lowering_of(params)
+      _, top = top_k(logits, t.top_k, split=lw.split_top_k, block=lw.block_top_k)
       top = to_target_many(ids, top).reshape(B, G, t.top_k)
       parent, depth = static_tree(t.parent, t.depth, B)
       drafts = Drafts(tokens=top[:, t.head, t.rank].astype(jnp.int32), parent=parent,

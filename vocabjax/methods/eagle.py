@@ -54,13 +54,14 @@ class EagleParams:
     check_head_policy(where, "eagle", self.subset, self.ranker, self.k)
 
 
-def _eagle_rows(p: EagleParams) -> int:
+def _eagle_rows(p: EagleParams, method: str = "eagle") -> int:
   """LM-head rows the head drafts over per step: a subset's K, a ranker's k + its cost in rows,
-  else the head's own rows or the target's V."""
-  rows = head_policy_rows("eagle", p.subset, p.ranker, p.k)
+  else the head's own rows or the target's V (`method` names the parameters in errors: `eagle`,
+  or a method on the same head's parameters)."""
+  rows = head_policy_rows(method, p.subset, p.ranker, p.k)
   if rows is not None:
     return rows
-  hc = _eagle_config(p.head, "eagle")
+  hc = _eagle_config(p.head, method)
   return hc.draft_vocab_size if p.lm_head == "own" else hc.layer.vocab_size
 
 

@@ -11,8 +11,8 @@ from vocabjax.decoding.peagle import PEagleProposer
 from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.errors import ConfigError
 from vocabjax.methods import model_blocks, register
-from vocabjax.methods.eagle import _eagle_config, _eagle_head, _eagle_vocab
-from vocabjax.methods.vocab import check_head_policy, head_policy_rows
+from vocabjax.methods.eagle import _eagle_config, _eagle_head, _eagle_rows, _eagle_vocab
+from vocabjax.methods.vocab import check_head_policy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,11 +37,7 @@ class PEagleParams:
 
 
 def _rows(p: PEagleParams) -> int:
-  rows = head_policy_rows("peagle", p.subset, p.ranker, p.k)
-  if rows is not None:
-    return rows
-  hc = _eagle_config(p.head, "peagle")
-  return hc.draft_vocab_size if p.lm_head == "own" else hc.layer.vocab_size
+  return _eagle_rows(p, "peagle")
 
 
 @register("peagle", PEagleParams, needs_draft=False, drafter_passes=lambda p: 2,
