@@ -44,14 +44,15 @@ def _decoder(kind, target, draft):
     return SpeculativeEngine(target, CFG, LookupProposer(gamma=3))
   if kind == "eagle_suffix":  # the suffix trees (per-row requests on the host) + a head's tree
     from tests.helpers.heads import random_head
-    from vocabjax.decoding.eagle import EagleSuffixProposer
+    from vocabjax.decoding.eagle import EagleProposer
+    from vocabjax.decoding.hybrid import HostTreeHybrid, SuffixTrees
     from vocabjax.decoding.suffix import SuffixProposer
 
     hc, head = random_head(target, CFG, 40)
     return SpeculativeEngine(
         target, CFG,
-        EagleSuffixProposer(target, CFG, head, hc, tree=TreeParams(2, 2, 4),
-                            suffix=SuffixProposer(max_spec_tokens=6)))
+        HostTreeHybrid(EagleProposer(target, CFG, head, hc, tree=TreeParams(2, 2, 4)),
+                       SuffixTrees(SuffixProposer(max_spec_tokens=6))))
   raise ValueError(kind)
 
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from vocabjax.decoding import Decoder, SamplingParams
-from vocabjax.decoding.eagle import EagleLookupProposer, EagleProposer, _head_root, root_confidence
+from vocabjax.decoding.eagle import EagleProposer, _head_root, root_confidence
+from vocabjax.decoding.hybrid import HostTreeHybrid, LookupTrie
 from vocabjax.decoding.speculative import SpecStats, SpeculativeEngine
 from vocabjax.decoding.pld import LookupProposer
 from vocabjax.decoding.tree import TreeParams
@@ -104,9 +105,10 @@ def test_gated_lookup_without_the_head_is_prompt_lookup(target):
       prompts, max_new_tokens=24)
   res = SpeculativeEngine(
       target, CFG,
-      EagleLookupProposer(target, CFG, head, hc, tree=TreeParams(2, 3, 6), gamma=gamma,
-                          candidates=candidates,
-                          min_confidence=0.999)).generate(prompts, max_new_tokens=24)
+      HostTreeHybrid(EagleProposer(target, CFG, head, hc, tree=TreeParams(2, 3, 6),
+                                   min_confidence=0.999),
+                     LookupTrie(gamma=gamma, candidates=candidates))).generate(
+                         prompts, max_new_tokens=24)
   assert res.tokens == pld.tokens == ar.tokens
   rec = res.stats.record()
   assert rec["head_steps"] == 0 and rec["accepted"] > 0
@@ -116,9 +118,10 @@ def test_gated_lookup_without_the_head_is_prompt_lookup(target):
   # a threshold some steps reach: the head's nodes come back on those, output unchanged
   mid = SpeculativeEngine(
       target, CFG,
-      EagleLookupProposer(target, CFG, head, hc, tree=TreeParams(2, 3, 6), gamma=gamma,
-                          candidates=candidates,
-                          min_confidence=0.2)).generate(prompts, max_new_tokens=24)
+      HostTreeHybrid(EagleProposer(target, CFG, head, hc, tree=TreeParams(2, 3, 6),
+                                   min_confidence=0.2),
+                     LookupTrie(gamma=gamma, candidates=candidates))).generate(
+                         prompts, max_new_tokens=24)
   assert mid.tokens == ar.tokens
   assert 0 < mid.stats.record()["head_steps"] < _row_steps(mid.stats)
 
@@ -141,8 +144,8 @@ def test_gated_sampling_is_lossless(lookup):
     prompt = PROMPT + Decoder(tgt2, small).generate([PROMPT], max_new_tokens=12).tokens[0]
     dec = SpeculativeEngine(
         tgt2, small,
-        EagleLookupProposer(tgt2, small, head, hc, tree=TreeParams(2, 2, 4), gamma=2, candidates=2,
-                            min_confidence=0.6))
+        HostTreeHybrid(EagleProposer(tgt2, small, head, hc, tree=TreeParams(2, 2, 4),
+                                     min_confidence=0.6), LookupTrie(gamma=2, candidates=2)))
   else:
     dec = SpeculativeEngine(
         tgt2, small,
@@ -167,4 +170,5 @@ def test_bad_min_confidence_is_refused(target):
     with pytest.raises(ValueError, match=f"min_confidence={bad} must lie in"):
       SpeculativeEngine(target, CFG, EagleProposer(target, CFG, head, hc, min_confidence=bad))
     with pytest.raises(ValueError, match=f"min_confidence={bad} must lie in"):
-      SpeculativeEngine(target, CFG, EagleLookupProposer(target, CFG, head, hc, min_confidence=bad))
+      SpeculativeEngine(target, CFG, HostTreeHybrid(
+          EagleProposer(target, CFG, head, hc, min_confidence=bad), LookupTrie()))

@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 
 from vocabjax.decoding import Decoder, SamplingParams
-from vocabjax.decoding.eagle import EagleLookupProposer, EagleProposer
+from vocabjax.decoding.drafter import ChainProposer
+from vocabjax.decoding.eagle import EagleProposer
+from vocabjax.decoding.hybrid import HostTreeHybrid, LookupTrie
 from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.tree import TreeParams, merge_nodes
 from vocabjax.models import init_params
@@ -114,7 +116,8 @@ def test_lookup_nodes_are_accepted_where_the_text_repeats(lookup, gamma, candida
                                           tree=tp)).generate(prompts, max_new_tokens=24)
   dec = SpeculativeEngine(
       target, LOOKUP,
-      EagleLookupProposer(target, LOOKUP, head, hc, tree=tp, gamma=gamma, candidates=candidates))
+      HostTreeHybrid(EagleProposer(target, LOOKUP, head, hc, tree=tp),
+                     LookupTrie(gamma=gamma, candidates=candidates)))
   res = dec.generate(prompts, max_new_tokens=24)
   assert res.tokens == ar.tokens == alone.tokens
   st = res.stats
@@ -142,9 +145,9 @@ def test_greedy_identical_to_autoregressive_random_models(target, vocab, gamma, 
   ar = Decoder(target, CFG).generate(prompts, max_new_tokens=24)
   res = SpeculativeEngine(
       target, CFG,
-      EagleLookupProposer(target, CFG, head, hc, tree=TreeParams(2, 3,
-                                                                 6), gamma=gamma, candidates=cand,
-                          lm_head="target" if vocab == "target" else "own")).generate(
+      HostTreeHybrid(EagleProposer(target, CFG, head, hc, tree=TreeParams(2, 3, 6),
+                                   lm_head="target" if vocab == "target" else "own"),
+                     LookupTrie(gamma=gamma, candidates=cand))).generate(
                               prompts, max_new_tokens=24)
   assert res.tokens == ar.tokens
   assert res.stats.record()["lookup_nodes"] > 0
@@ -164,7 +167,8 @@ def test_sampling_is_lossless(sampling):
   prompt = PROMPT + Decoder(tgt2, small).generate([PROMPT], max_new_tokens=12).tokens[0]
   dec = SpeculativeEngine(
       tgt2, small,
-      EagleLookupProposer(tgt2, small, head, hc, tree=TreeParams(2, 2, 4), gamma=2, candidates=2))
+      HostTreeHybrid(EagleProposer(tgt2, small, head, hc, tree=TreeParams(2, 2, 4)),
+                     LookupTrie(gamma=2, candidates=2)))
   res = dec.generate([prompt] * 12_000, max_new_tokens=3, sampling=sampling, seed=7)
   V = small.vocab_size
   t = np.asarray([r[:3] for r in res.tokens])
@@ -178,18 +182,21 @@ def test_sampling_is_lossless(sampling):
 def test_bad_input(target):
   hc, head = random_head(target, CFG, 40)
   with pytest.raises(ValueError, match="gamma must be >= 1, got gamma=0"):
-    SpeculativeEngine(target, CFG, EagleLookupProposer(target, CFG, head, hc, gamma=0))
+    LookupTrie(gamma=0)
   with pytest.raises(ValueError, match="min_ngram=3 max_ngram=2"):
-    SpeculativeEngine(target, CFG,
-                      EagleLookupProposer(target, CFG, head, hc, min_ngram=3, max_ngram=2))
+    LookupTrie(min_ngram=3, max_ngram=2)
   with pytest.raises(ValueError, match="candidates must be >= 1 .*got candidates=0"):
-    SpeculativeEngine(target, CFG, EagleLookupProposer(target, CFG, head, hc, candidates=0))
+    LookupTrie(candidates=0)
+  with pytest.raises(TypeError, match=r"ChainProposer \(chain\) does not grow one"):
+    HostTreeHybrid(ChainProposer(target, CFG, CFG, gamma=2), LookupTrie())
   with pytest.raises(ValueError, match="mesh is not supported"):
     mesh = make_mesh(data=1, model=2, devices=jax.devices()[:2])
-    SpeculativeEngine(target, CFG, EagleLookupProposer(target, CFG, head, hc), mesh=mesh)
+    SpeculativeEngine(target, CFG, HostTreeHybrid(EagleProposer(target, CFG, head, hc),
+                                                  LookupTrie()), mesh=mesh)
   with pytest.raises(ValueError, match="own reduced vocabulary of Vd=40"):  # the head's checks
     from vocabjax.vocab.subset import VocabSubset
     SpeculativeEngine(
         target, CFG,
-        EagleLookupProposer(target, CFG, head, hc,
-                            draft_vocab=VocabSubset(ids=(1, 2, 3), vocab_size=64)))
+        HostTreeHybrid(EagleProposer(target, CFG, head, hc,
+                                     draft_vocab=VocabSubset(ids=(1, 2, 3), vocab_size=64)),
+                       LookupTrie()))

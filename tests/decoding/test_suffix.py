@@ -9,6 +9,9 @@ import pytest
 
 from tests.helpers.models import CFG, SMALL
 from vocabjax.decoding import Decoder, SamplingParams
+from vocabjax.decoding.drafter import TreeProposer
+from vocabjax.decoding.eagle import EagleProposer
+from vocabjax.decoding.hybrid import HostTreeHybrid, SuffixTrees
 from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.suffix import SuffixCache, SuffixProposer, SuffixTree
 from vocabjax.models import init_params
@@ -133,13 +136,12 @@ def test_nonsense_settings_are_refused_in_one_line(kw, match):
 
 def _hybrid(target, threshold=None, **kw):
   from tests.helpers.heads import random_head
-  from vocabjax.decoding.eagle import EagleSuffixProposer
   from vocabjax.decoding.tree import TreeParams
 
   hc, head = random_head(target, CFG, 40)
-  return SpeculativeEngine(target, CFG, EagleSuffixProposer(
-      target, CFG, head, hc, tree=TreeParams(2, 3, 6), suffix=SuffixProposer(max_spec_tokens=6),
-      score_threshold=threshold, **kw))
+  return SpeculativeEngine(target, CFG, HostTreeHybrid(
+      EagleProposer(target, CFG, head, hc, tree=TreeParams(2, 3, 6), **kw),
+      SuffixTrees(SuffixProposer(max_spec_tokens=6), score_threshold=threshold)))
 
 
 @pytest.mark.parametrize("threshold", [None, 1.0], ids=["merged", "thresholded"])
@@ -165,8 +167,6 @@ def test_hybrid_sampling_follows_the_target_law(device):
   import dataclasses
 
   from tests.helpers.heads import random_head
-  from vocabjax.decoding.eagle import EagleSuffixProposer
-  from vocabjax.decoding.hybrid import TreeSuffixProposer
   from vocabjax.decoding.tree import TreeParams
 
   small = dataclasses.replace(SMALL, num_layers=2)  # two layers to fuse
@@ -177,12 +177,14 @@ def test_hybrid_sampling_follows_the_target_law(device):
     hc, head = random_head(target, small, 6, seed=4)
     dec = SpeculativeEngine(
         target, small,
-        EagleSuffixProposer(target, small, head, hc, tree=TreeParams(2, 2, 4), suffix=suffix))
+        HostTreeHybrid(EagleProposer(target, small, head, hc, tree=TreeParams(2, 2, 4)),
+                       SuffixTrees(suffix)))
   else:
     draft = init_params(jax.random.key(11), small, scale=0.8)
     dec = SpeculativeEngine(
         target, small,
-        TreeSuffixProposer(draft, small, small, tree=TreeParams(2, 2, 4), suffix=suffix))
+        HostTreeHybrid(TreeProposer(draft, small, small, tree=TreeParams(2, 2, 4)),
+                       SuffixTrees(suffix)))
   pvalue, stats = target_law(dec, target, small, [3, 1, *greedy, 3, 1],
                              SamplingParams(temperature=1.0), n=6000, seed=7)
   acc = [a > 0 for arow, drow in zip(stats.accepted, stats.drafted)
@@ -204,23 +206,22 @@ def test_hybrid_with_a_drafter_tree_is_greedy_identical_and_takes_suffix_tokens(
   tokens and the choices are asserted): plain greedy tokens; on the
   repeated requests accepted tokens come from suffix nodes, and thresholded, rows skip the
   drafter's tree (whose cache still reads every committed token)."""
-  from vocabjax.decoding.hybrid import TreeSuffixProposer
   from vocabjax.decoding.tree import TreeParams
 
   target = init_params(jax.random.key(0), CFG, scale=0.3)
   draft = init_params(jax.random.key(3), CFG, scale=0.3)
   dec = SpeculativeEngine(
       target, CFG,
-      TreeSuffixProposer(draft, CFG, CFG, tree=TreeParams(2, 2, 4),
-                         suffix=SuffixProposer(max_spec_tokens=6), score_threshold=threshold),
+      HostTreeHybrid(TreeProposer(draft, CFG, CFG, tree=TreeParams(2, 2, 4)),
+                     SuffixTrees(SuffixProposer(max_spec_tokens=6), score_threshold=threshold)),
       self_sizing=sized)
-  assert dec.proposer.pend_width == 7  # the suffix proposal reaches depth 6
+  assert dec.proposer.device.pend_width == 7  # the suffix proposal reaches depth 6
   prompts = [[5, 9, 2, 7, 5, 9], [1, 2, 3]]
   greedy_identity(dec, target, CFG, prompts, max_new_tokens=24)
   again = greedy_identity(dec, target, CFG, prompts, max_new_tokens=24)
   rec = again.stats.record()
   if sized:  # the suffix part's length chosen per step (its host block cut to a bucket)
-    assert set(rec["sizing"]["choices"]) <= set(dec.proposer.buckets), rec["sizing"]
+    assert set(rec["sizing"]["choices"]) <= set(dec.proposer.host.buckets), rec["sizing"]
     return
   assert rec["accepted_from_suffix"] > 0 and rec["suffix_steps"] > 0, rec
   assert max(max(row) for row in again.stats.accepted) > 2  # deeper than the drafter's tree

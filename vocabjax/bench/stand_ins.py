@@ -20,8 +20,8 @@ from vocabjax.decoding.autoregressive import Decoder
 from vocabjax.decoding.crossvocab import CrossVocabProposer
 from vocabjax.decoding.dflash import DFlashProposer
 from vocabjax.decoding.speculative import SpeculativeEngine
-from vocabjax.decoding.eagle import EagleLookupProposer, EagleProposer, EagleSuffixProposer
-from vocabjax.decoding.hybrid import TreeSuffixProposer
+from vocabjax.decoding.eagle import EagleProposer
+from vocabjax.decoding.hybrid import HostTreeHybrid, LookupTrie
 from vocabjax.decoding.medusa import MedusaProposer, medusa_choices_for
 from vocabjax.decoding.peagle import PEagleProposer
 from vocabjax.methods.ngram import NgramProposer, NgramTable
@@ -236,8 +236,8 @@ def _model_spec(name, kind, p, bench):
         raise ValueError("tree_suffix runs on one device")
       return SpeculativeEngine(
           a["target"], s.target,
-          TreeSuffixProposer(a["draft"], s.draft, s.target, tree=tree, suffix=p.suffix(),
-                             score_threshold=p.threshold))
+          HostTreeHybrid(TreeProposer(a["draft"], s.draft, s.target, tree=tree),
+                         p.host_tree()))
     if kind == "tree" or tree is not None:
       return SpeculativeEngine(
           a["target"], s.target,
@@ -293,14 +293,13 @@ def _eagle_spec(name, kind, p, bench):
       vocab = _subset_stand_in(subset_k, s.target.vocab_size)
     kw = dict(tree=tree, lm_head=p.lm_head, draft_vocab=vocab, min_confidence=p.min_confidence)
     head = (a["target"], s.target, a["head"], abstract_head_config(s))
+    proposer = EagleProposer(*head, **kw)
     if kind == "eagle_pld":
-      proposer = EagleLookupProposer(*head, gamma=p.gamma, candidates=p.candidates, **kw)
+      proposer = HostTreeHybrid(proposer, LookupTrie(gamma=p.gamma, candidates=p.candidates))
     elif kind == "eagle_suffix":
       if mesh is not None:
         raise ValueError("eagle_suffix runs on one device")
-      proposer = EagleSuffixProposer(*head, suffix=p.suffix(), score_threshold=p.threshold, **kw)
-    else:
-      proposer = EagleProposer(*head, **kw)
+      proposer = HostTreeHybrid(proposer, p.host_tree())
     return SpeculativeEngine(a["target"], s.target, proposer, mesh=mesh)
 
   what = f"chain of {p.depth}" if p.top_k == 1 else f"tree of {tree.total_tokens}"

@@ -28,7 +28,8 @@ import jax.numpy as jnp
 from flax import struct
 
 from vocabjax import sharding
-from vocabjax.decoding.proposer import Context, Drafts, Gated, Prefilled, Profiled, SelfSizing
+from vocabjax.decoding.proposer import (Context, Drafts, Prefilled, Profiled, SelfSizing,
+                                       TreeGrower)
 from vocabjax.decoding.tree import (TreeBounds, TreeParams, drop_rows, grow_drafter_tree,
                                     read_pending)
 from vocabjax.kernels import cpu_matmul
@@ -272,7 +273,7 @@ def plain_chain(params, state: ChainState, ctx: Context, *, config: LlamaLikeCon
   return Drafts(tokens=tokens, q=q), catch_up(params, state, ctx, config=config)
 
 
-class TreeProposer(SelfSizing, Gated, ModelProposer):
+class TreeProposer(SelfSizing, TreeGrower, ModelProposer):
   """A drafter model growing an EAGLE-2 dynamic tree (`tree.grow_tree`)."""
 
   method = "tree"
@@ -312,7 +313,7 @@ class TreeProposer(SelfSizing, Gated, ModelProposer):
                                   state.pend_count, config=self.config)
     return None, (h_root, dcache)
 
-  def _grow(self, params, pre, keep):
+  def grow(self, params, pre, keep):
     """(tokens, parent, depth [B, n] of the tree grown from the root, the drafter cache); rows
     not in `keep` made padding."""
     h_root, dcache = pre
@@ -320,7 +321,7 @@ class TreeProposer(SelfSizing, Gated, ModelProposer):
                                                    tree=self.tree, policy=self.policy)
     return (*drop_rows(tok, parent, depth, keep), dcache)
 
-  def _skip(self, pre):
+  def skip(self, pre):
     return pre[1]
 
   def propose(self, params, pre, ctx: Context, key, *, sampling: SamplingParams, keep=None):
@@ -328,8 +329,8 @@ class TreeProposer(SelfSizing, Gated, ModelProposer):
     if self.tree is None:  # a sized tree's plain step (`sized(0)`): the root alone
       e = jnp.zeros((ctx.last.shape[0], 0), jnp.int32)
       return (Drafts(tokens=e, parent=e, depth=e, bounds=TreeBounds(1, self.bounds.depth)),
-              self._skip(pre))
-    tok, parent, depth, dcache = self._grow(params, pre, keep)
+              self.skip(pre))
+    tok, parent, depth, dcache = self.grow(params, pre, keep)
     return Drafts(tokens=tok, parent=parent, depth=depth, bounds=self.bounds), dcache
 
   def commit(self, params, dcache, ctx: Context, drafts: Drafts, verdict) -> TreeState:

@@ -41,8 +41,7 @@ from flax import struct
 
 from vocabjax import sharding
 from vocabjax.decoding.drafter import DraftVocab, PolicyHead
-from vocabjax.decoding.hybrid import LookupHybrid, SuffixHybrid
-from vocabjax.decoding.proposer import Context, Counted, Drafts, Gated, Prefilled
+from vocabjax.decoding.proposer import Context, Counted, Drafts, Prefilled, TreeGrower
 from vocabjax.decoding.tree import TreeBounds, TreeParams, drop_rows, grow_tree
 from vocabjax.lowering import lowering_of, with_lowering
 from vocabjax.sampling import SamplingParams
@@ -156,7 +155,7 @@ def head_prefill(dp, pre: Prefilled, *, head_config: EagleConfig, pend_width: in
                     pend_count=jnp.ones_like(pre.first))
 
 
-class EagleProposer(Gated, PolicyHead, Counted):
+class EagleProposer(TreeGrower, PolicyHead, Counted):
   """An EAGLE(-3) head on the target's features growing an EAGLE-2 tree (module doc).
 
   `lm_head`: "own" (the head's Vd rows with d2t, default) or "target" (the target's LM head,
@@ -259,7 +258,7 @@ class EagleProposer(Gated, PolicyHead, Counted):
     keep, root = _confident(params, x_root, self.head_config, self.policy, self.min_confidence > 0)
     return keep, (state, x_root, cache, root)
 
-  def _grow(self, params, pre, keep):
+  def grow(self, params, pre, keep):
     """(tokens, parent, depth [B, n] of the head's tree, its state for `commit`); rows not in
     `keep` made padding."""
     state, x_root, cache, root = pre
@@ -267,13 +266,13 @@ class EagleProposer(Gated, PolicyHead, Counted):
                                        tree=self.tree, policy=self.policy, root=root)
     return (*drop_rows(tok, parent, depth, keep), (state, hcache))
 
-  def _skip(self, pre):
+  def skip(self, pre):
     """Its state when it grew no tree: the pending entries read (`gate`)."""
     return pre[0], pre[2]
 
   def propose(self, params, pre, ctx: Context, key, *, sampling: SamplingParams, keep=None):
     del key, sampling  # deterministic drafts
-    tok, parent, depth, carry = self._grow(params, pre, keep)
+    tok, parent, depth, carry = self.grow(params, pre, keep)
     return Drafts(tokens=tok, parent=parent, depth=depth, bounds=self.bounds), carry
 
   def fallback(self, params, pre, ctx: Context):
@@ -281,7 +280,7 @@ class EagleProposer(Gated, PolicyHead, Counted):
     the head reads next)."""
     tok, parent, depth = _no_nodes(ctx.last)
     return (Drafts(tokens=tok, parent=parent, depth=depth,
-                   bounds=TreeBounds(1, self.tree.depth)), self._skip(pre))
+                   bounds=TreeBounds(1, self.tree.depth)), self.skip(pre))
 
   def commit(self, params, carry, ctx: Context, drafts: Drafts, v) -> EagleState:
     state, hcache = carry
@@ -316,44 +315,3 @@ class EagleProposer(Gated, PolicyHead, Counted):
 
   def draft_width(self) -> int:
     return self.head_vocab_config.hidden_size
-
-
-class EagleLookupProposer(LookupHybrid, EagleProposer):
-  """An EAGLE head's tree plus prompt lookup (Saxena 2023) in the same tree
-  (`hybrid.LookupHybrid`): the head grows its tree, the lookup trie is
-  merged into it and the target verifies both in one forward. A gated row whose head is unsure
-  offers the trie alone; where no row's head drafts, the step verifies the tries alone."""
-
-  method = "eagle_pld"
-
-  def __init__(self, target_params, target_config, head_params, head_config, *,
-               tree: TreeParams = TreeParams(), gamma: int = 4, max_ngram: int = 3,
-               min_ngram: int = 1, candidates: int = 1, lm_head: str = "own",
-               draft_vocab: DraftVocab | None = None, min_confidence: float = 0.0):
-    EagleProposer.__init__(self, target_params, target_config, head_params, head_config,
-                           tree=tree, lm_head=lm_head, draft_vocab=draft_vocab,
-                           min_confidence=min_confidence)
-    self._lookup(gamma=gamma, max_ngram=max_ngram, min_ngram=min_ngram, candidates=candidates)
-
-  def place(self, mesh, target_config) -> None:
-    raise ValueError("EAGLE with prompt lookup runs on one device: mesh is not supported "
-                     "(use method eagle or pld on a mesh)")
-
-
-class EagleSuffixProposer(SuffixHybrid, EagleProposer):
-  """An EAGLE head's tree and SuffixDecoding's proposal in one tree (SuffixDecoding's hybrid
-  with EAGLE; `hybrid.SuffixHybrid`): with `score_threshold`, a row whose suffix proposal
-  scores at least that takes it alone, without the head's tree; with `min_confidence` too, the
-  head also sits out where it is unsure. Vocabulary policies (`draft_vocab`) apply to the
-  head's part."""
-
-  method = "eagle_suffix"
-
-  def __init__(self, target_params, target_config, head_params, head_config, *,
-               tree: TreeParams = TreeParams(), suffix=None, score_threshold: float | None = None,
-               lm_head: str = "own", draft_vocab: DraftVocab | None = None,
-               min_confidence: float = 0.0):
-    EagleProposer.__init__(self, target_params, target_config, head_params, head_config,
-                           tree=tree, lm_head=lm_head, draft_vocab=draft_vocab,
-                           min_confidence=min_confidence)
-    self._suffix(suffix, score_threshold)

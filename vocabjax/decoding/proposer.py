@@ -22,6 +22,7 @@ What a proposer supplies (letters: B rows, n drafts or tree nodes, S cache slots
 Everything else is a capability, a small base class the engine checks for:
 
     Gated          gate / fallback: rows that draft this step (EAGLE's confidence gate)
+    TreeGrower     grow / skip: a device tree a hybrid merges a host tree into
     HostDrafter    host_block before each step on the committed tokens (a lookup trie, a
                    suffix tree, another tokenizer's drafter); host_shapes, host_begin / end
     RowHandover    host_swap: continuous batching's hand-over of a host drafter's row
@@ -39,6 +40,7 @@ for which the verifiers' multi-draft rule is lossless.
 from __future__ import annotations
 
 import abc
+import copy
 import dataclasses
 from typing import Any, Callable, Hashable, Sequence
 
@@ -48,7 +50,7 @@ import numpy as np
 from flax import struct
 
 from vocabjax import sharding
-from vocabjax.decoding.tree import TreeBounds
+from vocabjax.decoding.tree import TreeBounds, TreeParams
 from vocabjax.lowering import Lowering
 from vocabjax.sampling import SamplingParams
 
@@ -180,6 +182,33 @@ class Gated(Proposer):
   def fallback(self, params, state, ctx: Context) -> tuple[Drafts, Any]:
     """The drafts of a step where `gate` let no row draft (default: none, the roots alone)."""
     raise NotImplementedError
+
+
+class TreeGrower(Gated):
+  """A proposer that grows a tree on the device, which a hybrid can merge a host tree into:
+  `gate` gives (rows that draft, what `grow` reads), `grow` the tree and its state for
+  `commit`, `skip` that state where it grew nothing. Its loop state keeps `pend_width` pending
+  entries; `pending(w)` is a copy of it keeping w (a merged tree accepts up to its depth)."""
+
+  tree: TreeParams
+  pend_width: int
+
+  @abc.abstractmethod
+  def grow(self, params, pre, keep):
+    """(tokens, parent, depth [B, n] of its tree, its state for `commit`); rows not in `keep`
+    made padding."""
+
+  @abc.abstractmethod
+  def skip(self, pre):
+    """Its state for `commit` when it grew no tree."""
+
+  def pending(self, width: int) -> "TreeGrower":
+    """This proposer with a pending block of `width` entries (its params shared)."""
+    if width == self.pend_width:
+      return self
+    out = copy.copy(self)
+    out.pend_width = width
+    return out
 
 
 class HostDrafter(Proposer):

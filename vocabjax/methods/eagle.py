@@ -8,7 +8,8 @@ import dataclasses
 from pathlib import Path
 
 from vocabjax.checkpoints.eagle2 import load_head, load_head_config
-from vocabjax.decoding.eagle import EagleLookupProposer, EagleProposer, EagleSuffixProposer
+from vocabjax.decoding.eagle import EagleProposer
+from vocabjax.decoding.hybrid import HostTreeHybrid, LookupTrie
 from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.errors import ConfigError
@@ -72,10 +73,14 @@ def _eagle(target, draft, p: EagleParams, mesh=None):
   """EAGLE-2 tree drafting with an EAGLE-3 head trained for `target` (refused otherwise)."""
   del draft
   blocks = model_blocks(target, mesh)
-  return SpeculativeEngine(blocks, target.config, EagleProposer(
-      blocks, target.config, *_eagle_head(target, p),
-      tree=TreeParams(p.top_k, p.depth, p.total_tokens), lm_head=p.lm_head,
-      draft_vocab=_eagle_vocab(target, p), min_confidence=p.min_confidence), mesh=mesh)
+  return SpeculativeEngine(blocks, target.config, _eagle_proposer(blocks, target, p), mesh=mesh)
+
+
+def _eagle_proposer(blocks, target, p: EagleParams) -> EagleProposer:
+  """The EAGLE proposer of `p` (its tree, LM head, vocabulary policy and gate) on `blocks`."""
+  return EagleProposer(blocks, target.config, *_eagle_head(target, p),
+                       tree=TreeParams(p.top_k, p.depth, p.total_tokens), lm_head=p.lm_head,
+                       draft_vocab=_eagle_vocab(target, p), min_confidence=p.min_confidence)
 
 
 _HEADS: list = []  # the last few loaded EAGLE heads: (key, target params, (params, config))
@@ -137,15 +142,13 @@ class EaglePldParams(EagleParams):
           drafter_params=lambda p: _eagle_config(p.head, "eagle").num_params(_eagle_rows(p)))
 def _eagle_pld(target, draft, p: EaglePldParams, mesh=None):
   """The EAGLE head's tree with prompt lookup's continuations merged into it, one verification
-  (`EagleLookupProposer`); one device."""
+  (`hybrid.HostTreeHybrid` of an `EagleProposer` and a `LookupTrie`); one device."""
   del draft
   blocks = model_blocks(target, mesh)
-  return SpeculativeEngine(blocks, target.config, EagleLookupProposer(
-      blocks, target.config, *_eagle_head(target, p),
-      tree=TreeParams(p.top_k, p.depth, p.total_tokens), lm_head=p.lm_head,
-      draft_vocab=_eagle_vocab(target, p), gamma=p.gamma, max_ngram=p.max_ngram,
-      min_ngram=p.min_ngram, candidates=p.candidates, min_confidence=p.min_confidence),
-      mesh=mesh)
+  return SpeculativeEngine(blocks, target.config, HostTreeHybrid(
+      _eagle_proposer(blocks, target, p),
+      LookupTrie(gamma=p.gamma, max_ngram=p.max_ngram, min_ngram=p.min_ngram,
+                 candidates=p.candidates)), mesh=mesh)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -159,13 +162,10 @@ class EagleSuffixParams(SuffixHybridParams, EagleParams):
 def _eagle_suffix(target, draft, p: EagleSuffixParams, mesh=None):
   """The EAGLE head's tree with SuffixDecoding's proposal merged into it (or, with
   `score_threshold`, alone where it scores that much), one verification
-  (`EagleSuffixProposer`); one device."""
+  (`hybrid.HostTreeHybrid` of an `EagleProposer` and `SuffixTrees`); one device."""
   del draft
   if mesh is not None:
     raise ValueError("eagle_suffix runs on one device (its suffix trees are the host's)")
   blocks = model_blocks(target, mesh)
-  return SpeculativeEngine(blocks, target.config, EagleSuffixProposer(
-      blocks, target.config, *_eagle_head(target, p),
-      tree=TreeParams(p.top_k, p.depth, p.total_tokens), lm_head=p.lm_head,
-      draft_vocab=_eagle_vocab(target, p), suffix=p.suffix(), min_confidence=p.min_confidence,
-      score_threshold=p.threshold))
+  return SpeculativeEngine(blocks, target.config, HostTreeHybrid(
+      _eagle_proposer(blocks, target, p), p.host_tree()))

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from vocabjax.decoding.hybrid import TreeSuffixProposer
+from vocabjax.decoding.drafter import TreeProposer
+from vocabjax.decoding.hybrid import HostTreeHybrid, SuffixTrees
 from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.suffix import SuffixProposer, check_suffix
 from vocabjax.decoding.tree import TreeParams
@@ -71,6 +72,10 @@ class SuffixHybridParams:
   def suffix(self) -> SuffixProposer:
     return self._suffix_params().proposer()
 
+  def host_tree(self) -> SuffixTrees:
+    """The hybrid's host part: these suffix trees, with the score threshold."""
+    return SuffixTrees(self.suffix(), self.threshold)
+
   @property
   def threshold(self) -> float | None:
     return None if self.score_threshold < 0 else self.score_threshold
@@ -85,12 +90,12 @@ class TreeSuffixParams(SuffixHybridParams, TreeMethodParams):
 def _tree_suffix(target, draft, p: TreeSuffixParams, mesh=None):
   """The drafter model's EAGLE-2 tree with SuffixDecoding's proposal merged into it (or, with
   `score_threshold`, alone where it scores that much), one verification
-  (`hybrid.TreeSuffixProposer`); one device."""
+  (`hybrid.HostTreeHybrid` of a `TreeProposer` and `SuffixTrees`); one device."""
   if mesh is not None:
     raise ValueError("tree_suffix runs on one device (its suffix trees are the host's)")
   return SpeculativeEngine(
       model_blocks(target, mesh), target.config,
-      TreeSuffixProposer(model_blocks(draft, mesh), draft.config, target.config,
-                         tree=TreeParams(p.top_k, p.depth, p.total_tokens),
-                         draft_vocab=load_subset(p.subset, target), suffix=p.suffix(),
-                         score_threshold=p.threshold), self_sizing=p.self_sizing)
+      HostTreeHybrid(TreeProposer(model_blocks(draft, mesh), draft.config, target.config,
+                                  tree=TreeParams(p.top_k, p.depth, p.total_tokens),
+                                  draft_vocab=load_subset(p.subset, target)),
+                     p.host_tree()), self_sizing=p.self_sizing)
