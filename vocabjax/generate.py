@@ -314,8 +314,10 @@ def parse_args(argv=None) -> GenerateConfig:
   p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
   p.add_argument("--max-len", type=int, default=None, help="KV cache slots per row")
   p.add_argument("--dtype", default="auto", help="auto (f32 on CPU, bf16 on GPU/TPU), f32, bf16, "
-                 "int8 (weight-only int8 with per-row scales; activations stay f32), gguf (a "
-                 "GGUF file's own quantized blocks, kept as stored)")
+                 "int8 (weight-only int8 with per-row scales; activations stay f32), int4 "
+                 "(weight-only, any checkpoint quantized into Q4_0 blocks: groups of 32 weights, "
+                 "a float16 scale each), gguf (a GGUF file's own quantized blocks, kept as "
+                 "stored)")
   p.add_argument("--draft-dtype", help="the drafter's weights (default: --dtype); the target "
                  "verifies, so output stays exact")
   p.add_argument("--output", help="write token ids and timing here as JSON")

@@ -17,7 +17,8 @@ from vocabjax.checkpoints.convert import CheckpointError, check_finite
 from vocabjax.checkpoints.gguf_io import load_gguf, load_gguf_tokenizer, open_gguf
 from vocabjax.checkpoints.hf import load_hf, read_hf_config
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import cast_weights, with_mlp_layout
+from vocabjax.models.llamalike import (INT4, LAYER_MATRICES, cast_weights, quantize_blocks,
+                                       with_mlp_layout)
 
 _DTYPES = {"float32": jnp.float32, "f32": jnp.float32, "bfloat16": jnp.bfloat16,
            "bf16": jnp.bfloat16, "float16": jnp.float16, "f16": jnp.float16, "int8": jnp.int8}
@@ -29,26 +30,30 @@ def default_dtype(backend: str | None = None):
 
 
 GGUF = "gguf"  # the dtype that keeps a GGUF file's quantized blocks (`kernels.blocks`)
+INT4_DTYPE = "int4"  # weight-only int4: any checkpoint quantized into Q4_0 blocks at load
+_QUANTIZED = (GGUF, INT4_DTYPE)  # dtypes that are not jnp dtypes
 
 
 def parse_dtype(dtype: Any):
   """None -> the backend default; a name ('f32', 'bfloat16', 'int8', ...) or a dtype -> that
   dtype (int8 means weight-only int8, `models.llamalike.quantize_int8`); 'gguf' -> GGUF (the
-  file's own quantization: its blocks kept as stored, a GGUF file only)."""
+  file's own quantization: its blocks kept as stored, a GGUF file only); 'int4' -> weight-only
+  grouped int4 (`models.llamalike.quantize_blocks`: Q4_0 blocks, any checkpoint)."""
   if dtype is None or dtype == "auto":
     return default_dtype()
   if isinstance(dtype, str):
-    if dtype == GGUF:
-      return GGUF
+    if dtype in _QUANTIZED:
+      return dtype
     if dtype not in _DTYPES:
-      raise ValueError(f"unknown {dtype=}; choose one of {sorted(_DTYPES) + [GGUF]} or 'auto'")
+      raise ValueError(f"unknown {dtype=}; choose one of {sorted(_DTYPES) + list(_QUANTIZED)} "
+                       f"or 'auto'")
     return _DTYPES[dtype]
   return jnp.dtype(dtype).type
 
 
 def dtype_name(dtype: Any) -> str:
-  """The name a record gives a parsed dtype: 'float32', 'bfloat16', 'int8', 'gguf'."""
-  return GGUF if dtype == GGUF else jnp.dtype(dtype).name
+  """The name a record gives a parsed dtype: 'float32', 'bfloat16', 'int8', 'int4', 'gguf'."""
+  return dtype if isinstance(dtype, str) and dtype in _QUANTIZED else jnp.dtype(dtype).name
 
 
 @dataclasses.dataclass
@@ -139,14 +144,20 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
   `int8` (any backend) is weight-only int8 with per-row f32 scales, quantized from the f32
   weights at load (`models.llamalike.quantize_int8`); activations and the cache stay f32.
   `gguf` (a .gguf file, one device) keeps the file's quantized matrices as their blocks
-  (`kernels.blocks`); its norms and biases load as f32.
+  (`kernels.blocks`); its norms and biases load as f32. `int4` (any checkpoint, one device)
+  loads f32 and quantizes every matrix into Q4_0 blocks (groups of 32 weights, a float16 scale
+  each: `models.llamalike.quantize_blocks`), which then run as a GGUF file's blocks do.
   """
   dtype = parse_dtype(dtype)
+  int4 = isinstance(dtype, str) and dtype == INT4_DTYPE
+  if int4 and mesh is not None:
+    raise ValueError("int4 weights (Q4_0 blocks) are a one-device format: load the model in "
+                     "float32 or bfloat16 onto a mesh")
   keep_blocks = dtype == GGUF
   if keep_blocks and mesh is not None:
     raise ValueError("GGUF blocks (dtype='gguf') are a one-device format: load the model in "
                      "float32 or bfloat16 onto a mesh")
-  if mesh is not None and jnp.dtype(dtype) == jnp.int8:
+  if mesh is not None and not int4 and jnp.dtype(dtype) == jnp.int8:
     raise ValueError("int8 weights (weight-only quantization) are a one-device format: load "
                      "the model in float32 or bfloat16 onto a mesh")
   path = zoo.resolve(name_or_path, progress=progress, allow_bin=allow_bin)
@@ -154,11 +165,11 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
     raise ValueError(f"dtype='gguf' keeps a GGUF file's quantized blocks; {path} is not a "
                      f".gguf file: choose float32, bfloat16 or int8")
   placement = (lambda cfg: sharding.param_shardings(cfg, mesh)) if mesh is not None else None
-  narrow_on_cpu = not keep_blocks and (
+  narrow_on_cpu = not keep_blocks and not int4 and (
       (jax.default_backend() == "cpu" and jnp.dtype(dtype) != jnp.float32)
       or jnp.dtype(dtype) == jnp.int8)
   # the float tensors (norms, biases) of a GGUF file kept as blocks load as f32
-  out_dtype, dtype = dtype, (jnp.float32 if narrow_on_cpu or keep_blocks else dtype)
+  out_dtype, dtype = dtype, (jnp.float32 if narrow_on_cpu or keep_blocks or int4 else dtype)
   tokenizer = None
   if path.is_dir():
     config, params, raw = load_hf(path, dtype=dtype, allow_bin=allow_bin, placement=placement)
@@ -184,8 +195,21 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
   check_finite(params, str(path))
   if narrow_on_cpu:
     params = cast_weights(params, out_dtype)
+  if int4:
+    params = _quantize_int4(params, str(path), progress)
   return Model(config=config, params=params, tokenizer=tokenizer, eos_token_ids=eos,
                source=str(path), dtype=out_dtype)
+
+
+def _quantize_int4(params: dict, source: str, progress: bool) -> dict:
+  """`quantize_blocks` into INT4 blocks, with a progress bar over the matrices."""
+  from tqdm.auto import tqdm  # local: tqdm's import is only needed here
+
+  n = (sum(1 for k in ("embed", "lm_head") if k in params)
+       + len(LAYER_MATRICES) * len(params["layers"]))
+  with tqdm(total=n, desc=f"int4 {Path(source).name}", unit="matrix", disable=not progress,
+            leave=False) as bar:
+    return quantize_blocks(params, INT4, progress=lambda name: bar.update(1))
 
 
 def load_tokenizer_and_vocab(name: str | os.PathLike):

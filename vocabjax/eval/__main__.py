@@ -151,7 +151,8 @@ def parse_args(argv=None) -> CliConfig:
                  "directory, .gguf file or hub id (org/name[@revision])")
   p.add_argument("--draft", help="drafter replacing the suite's (same forms as --target)")
   p.add_argument("--dtype", help="weights' dtype: f32 (the CPU default), bf16 (on the CPU: bf16 "
-                 "weight matrices, f32 activations), int8 (weight-only, per-row scales), gguf "
+                 "weight matrices, f32 activations), int8 (weight-only, per-row scales), int4 "
+                 "(weight-only, Q4_0 blocks: groups of 32, a scale each), gguf "
                  "(a GGUF file's own quantized blocks, kept as stored), auto; also the PyTorch side's with --compare-torch (f32 or bf16)")
   p.add_argument("--draft-dtype", help="the drafter's weights' dtype (default: the config's "
                  "draft_dtype, else --dtype's); the target verifies, so output stays exact")

@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 
+import gguf
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -177,3 +178,25 @@ def from_numpy(data: np.ndarray, qtype: str, cols: int | None = None) -> BlockWe
                        f"{data.shape[-1]}")
     cols = data.shape[-1] // t.bytes * t.values
   return BlockWeight(jnp.asarray(data), qtype, cols)
+
+
+# block types `gguf`'s own quantizers write (its K types only read): weight-only quantization
+# of any checkpoint into blocks (`models.llamalike.quantize_blocks`)
+QUANTIZABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+
+
+def quantize(w, qtype: str, name: str = "weight") -> BlockWeight:
+  """`w` [F, D] (floats) quantized into blocks of `qtype` by `gguf.quants.quantize` (Q4_0:
+  groups of 32 weights as 4-bit codes with one float16 scale, llama.cpp's own rounding), so a
+  model quantized here is what llama.cpp would make of the same weights. BlockError, naming
+  `name`, when the type has no quantizer or D is not a whole number of groups."""
+  if qtype not in QUANTIZABLE:
+    raise BlockError(f"cannot quantize into {qtype!r}: gguf quantizes {', '.join(QUANTIZABLE)}"
+                     f" (its K types are read, not written)")
+  t = block_type(qtype)
+  shape = tuple(np.shape(w))
+  if len(shape) != 2 or shape[1] % t.values:
+    raise BlockError(f"{name}: a {qtype} group of {t.values} values does not divide its rows "
+                     f"(shape {shape})")
+  data = gguf.quants.quantize(np.asarray(w, np.float32), gguf.GGMLQuantizationType[qtype])
+  return BlockWeight(jnp.asarray(data), qtype, shape[1])

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vocabjax.kernels.cpu_matmul import linear
-from vocabjax.kernels.blocks import dequantize, is_blocks
+from vocabjax.kernels.blocks import dequantize, is_blocks, quantize
 from vocabjax.kernels.gather import take_rows
 from vocabjax.lowering import Lowering, lowering_of
 from vocabjax.models.cache import KVCache
@@ -490,7 +490,8 @@ def compute_dtype(params: Params):
 
 
 SCALE = "_scale"  # suffix of an int8 matrix's per-row scales: w ~ q * scale[:, None]
-_MATRICES = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+LAYER_MATRICES = (  # a decoder layer's weight matrices (what quantization quantizes)
+    "wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
 
 
 @jax.jit
@@ -521,8 +522,41 @@ def quantize_int8(params: Params) -> Params:
   layers = []
   for layer in params["layers"]:
     layer = dict(with_mlp_layout({"layers": [layer]}, "out_in")["layers"][0])
-    for name in _MATRICES:
+    for name in LAYER_MATRICES:
       layer[name], layer[name + SCALE] = quantize_rows(layer[name])
+    layers.append(layer)
+  params["layers"] = layers
+  return params
+
+
+INT4 = "Q4_0"  # the block type of weight-only int4 (`quantize_blocks`, dtype "int4")
+
+
+def quantize_blocks(params: Params, qtype: str = INT4, progress=None) -> Params:
+  """Weight-only grouped quantization of a float model into GGUF blocks of `qtype`
+  (`kernels.blocks.quantize`, `gguf`'s own quantizer; Q4_0, the default and dtype "int4": 4-bit
+  codes in groups of 32 weights with one float16 scale each, 4.5 bits a weight): every
+  projection, the embedding and the LM head; norms and biases keep their dtype (and with the
+  final norm's, the activations and the KV cache theirs: f32 from a float32 load). The result
+  runs on the GGUF blocks path as a GGUF file's own weights do (the CPU kernel dequantizes in
+  registers; elsewhere XLA dequantizes before the dot). Tied embeddings stay tied. `progress(name)`: called before each matrix (a progress bar's hook)."""
+  if has_blocks(params):
+    raise ValueError("these weights are GGUF blocks already: load the model again in float32 "
+                     "to quantize it to another type")
+  if is_int8(params):
+    raise ValueError("cannot quantize int8 weights again: load the model in float32")
+  step = progress or (lambda name: None)
+  params = dict(with_mlp_layout(params, "out_in"))
+  for name in ("embed", "lm_head"):
+    if name in params:
+      step(name)
+      params[name] = quantize(params[name], qtype, name)
+  layers = []
+  for i, layer in enumerate(params["layers"]):
+    layer = dict(layer)
+    for name in LAYER_MATRICES:
+      step(f"layers.{i}.{name}")
+      layer[name] = quantize(layer[name], qtype, f"layers.{i}.{name}")
     layers.append(layer)
   params["layers"] = layers
   return params
