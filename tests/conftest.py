@@ -39,6 +39,7 @@ if _cache != "off":
 # whole suite at users' settings, and `.ci/run`'s second step runs those two marks so.
 from tests.helpers.compile import (FAST_COMPILE, FAST_XLA_OPTIONS, flags,  # noqa: E402
                                    leave_to_full_run)
+from tests.helpers.selection import EXTENDED_MODES, select_extended  # noqa: E402
 
 if FAST_COMPILE:  # before jax starts its CPU backend (it reads XLA_FLAGS then); once (xdist's
   # workers inherit the controller's environment)
@@ -112,11 +113,20 @@ if _PROFILE:
     _prof.clear()
 
 
+def pytest_addoption(parser):
+  parser.addoption("--extended", choices=EXTENDED_MODES, default="no",
+                   help="the tests marked extended (pipelines end to end, more references and "
+                        "configurations; tests/helpers/selection.py): no (the default: the "
+                        "core alone), also (the core and them), only (them alone: .ci/run's "
+                        "second step)")
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
-  """A fast run (the default) leaves the tests that need users' compile settings to a full
-  one (module comment above; the report header says how to run them), and runs the slow
-  ones first."""
+  """The core or the extended tests (`--extended`); a fast run (the default) leaves the tests
+  that need users' compile settings to a full one (module comment above; the report header
+  says how to run them), and runs the slow ones first."""
+  select_extended(config, items)
   leave_to_full_run(config, items)
   # the tests marked `slow` (subprocess runs of tens of seconds) first: run last, one of them
   # kept a worker busy while the other had nothing left (the suite's tail); run first, the
@@ -125,11 +135,15 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_report_header(config):
+  extended = {"no": "the core (tests marked extended are left out: --extended only runs them)",
+              "also": "the core and the extended tests",
+              "only": "the extended tests alone"}[config.getoption("extended")]
   if FAST_COMPILE:
-    return ("compile: fast (CPU programs at LLVM -O0, XLA_FLAGS); tests marked integration or "
+    return [f"tests: {extended}",
+            "compile: fast (CPU programs at LLVM -O0, XLA_FLAGS); tests marked integration or "
             "full_opt are left out: VOCABJAX_TEST_COMPILE=full python -m pytest -m "
-            "'integration or full_opt' tests runs them (.ci/run's second step)")
-  return "compile: full (users' XLA settings)"
+            "'integration or full_opt' tests runs them (.ci/run's second step)"]
+  return [f"tests: {extended}", "compile: full (users' XLA settings)"]
 
 
 @pytest.fixture(autouse=True)

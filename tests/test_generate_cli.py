@@ -319,6 +319,7 @@ def test_eagle_head(tiny_chat_dir, tmp_path):
     parse_args(base + ["--method", "pld", "--set", "min_confidence=0.3"])
 
 
+@pytest.mark.extended
 def test_medusa_heads(tiny_chat_dir, tiny_medusa_dir, tmp_path):
   """--method medusa --set heads=: a chain of the heads' top-1 tokens, a JSON tree, and the
   heads restricted by a subset all equal AR; heads for another target and a tree deeper than
@@ -350,6 +351,7 @@ def test_medusa_heads(tiny_chat_dir, tiny_medusa_dir, tmp_path):
     parse_args(base + ["--method", "medusa"])
 
 
+@pytest.mark.extended
 def test_crossvocab_method_with_another_tokenizer(tiny_chat_dir, tmp_path):
   """--method crossvocab: a drafter with its own trained tokenizer; output = AR, n-gram stats
   (the run without n-grams in continuous batching: one row decoding both prompts in turn)."""
@@ -446,6 +448,7 @@ def test_bad_output_path_is_refused_before_loading(tmp_path, kind, monkeypatch):
     assert target.read_text() == "keep" and (target.stat().st_mode & 0o777) == 0o444
 
 
+@pytest.mark.extended
 def test_a_prompt_that_is_not_utf8_is_refused_with_its_bytes(tiny_chat_dir, tmp_path):
   """Bytes that are not UTF-8 on the command line: exit 2 naming them, not a traceback."""
   import os
@@ -460,6 +463,7 @@ def test_a_prompt_that_is_not_utf8_is_refused_with_its_bytes(tiny_chat_dir, tmp_
   assert not out.exists()
 
 
+@pytest.mark.extended
 def test_mesh_flag(tiny_chat_dir):
   """--mesh data=D,model=M: the same greedy ids as one device for AR and chain drafting (8
   virtual devices); a malformed shape and one that does not match the devices are refused by
@@ -479,6 +483,7 @@ def test_mesh_flag(tiny_chat_dir):
     main(parse_args(base + ["--mesh", "data=3,model=2"]))
 
 
+@pytest.mark.extended
 def test_chat_template_failures_and_reserved_variables_are_one_line(tiny_chat_dir, tmp_path):
   """A hostile chat template (stopped by transformers' sandbox), one that fails to render, and
   template variables named like apply_chat_template's own arguments are each one `error:`

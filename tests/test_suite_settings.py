@@ -62,3 +62,57 @@ def test_a_fast_run_leaves_out_what_needs_users_settings(pytester):
 @pytest.mark.full_opt
 def test_marked_tests_run_at_users_settings():
   assert not set(FAST_XLA_OPTIONS) & set(_set_flags())
+
+
+_SELECTION_CONFTEST = (
+    "from tests.helpers.selection import EXTENDED_MODES, select_extended\n\n\n"
+    "def pytest_addoption(parser):\n"
+    "  parser.addoption('--extended', choices=EXTENDED_MODES, default='no')\n\n\n"
+    "def pytest_collection_modifyitems(config, items):\n"
+    "  select_extended(config, items)\n")
+
+
+@pytest.mark.parametrize("mode,passed", [("no", ["test_core", "test_cases[a]"]),
+                                         ("only", ["test_extended", "test_cases[b]"]),
+                                         ("also", ["test_core", "test_extended", "test_cases[a]",
+                                                   "test_cases[b]"])])
+def test_the_core_and_the_extended_tests_are_selected_by_their_mark(pytester, mode, passed):
+  """The README's command runs the core, `--extended only` the marked tests and the named
+  cases of a marked parametrized test (the rest of its cases stay in the core)."""
+  pytester.makeconftest(_SELECTION_CONFTEST)
+  pytester.makepyfile(test_sel="""
+      import pytest
+
+      def test_core():
+        pass
+
+      @pytest.mark.extended
+      def test_extended():
+        pass
+
+      @pytest.mark.extended(params=["b"])
+      @pytest.mark.parametrize("x", ["a", "b"], ids=["a", "b"])
+      def test_cases(x):
+        pass
+  """)
+  result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-W", "ignore", "-v",
+                                        "--extended", mode)
+  result.assert_outcomes(passed=len(passed), deselected=4 - len(passed))
+  ran = {line.split("::")[1].split(" ")[0] for line in result.outlines if " PASSED" in line}
+  assert ran == set(passed)
+
+
+def test_an_extended_case_that_does_not_exist_is_refused(pytester):
+  pytester.makeconftest(_SELECTION_CONFTEST)
+  pytester.makepyfile(test_sel="""
+      import pytest
+
+      @pytest.mark.extended(params=["c"])
+      @pytest.mark.parametrize("x", ["a", "b"], ids=["a", "b"])
+      def test_cases(x):
+        pass
+  """)
+  result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-W", "ignore")
+  assert result.ret == pytest.ExitCode.USAGE_ERROR
+  assert ("ERROR: test_sel::test_cases: extended(params=...) names cases it does not have: "
+          "['c'] (its cases: ['a', 'b'])") in result.stderr.lines

@@ -296,6 +296,7 @@ def merging():
   return merging_pair(seed=0)
 
 
+@pytest.mark.extended(params=["T1-batch400", "T1-rows1"])
 @pytest.mark.parametrize("sp,batch,continuous", [
     (SamplingParams(temperature=1.0), 400, False),
     (SamplingParams(temperature=0.7, top_p=0.9), 400, False),

@@ -67,6 +67,7 @@ def test_greedy_identical_to_plain_decoding(target, case):
   assert all(d == per_step for row in res.stats.drafted for d in row if d)
 
 
+@pytest.mark.extended(params=["True-tree", "False-tree", "True-dflash2", "False-dflash"])
 @pytest.mark.parametrize("kind", ["dflash", "dflash2", "tree"])
 @pytest.mark.parametrize("subset", [False, True])
 def test_sampling_keeps_the_targets_law(kind, subset):

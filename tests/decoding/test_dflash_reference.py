@@ -116,6 +116,7 @@ def test_features_layers_and_logits_match_the_reference(pair):
       hook.remove()
 
 
+@pytest.mark.extended
 def test_greedy_blocks_outputs_and_accepted_lengths_match_dflash_generate(pair, monkeypatch):
   """`dflash_generate` (greedy, no stop tokens) and vocabjax's engine on each prompt: the same
   tokens, the same accepted length at every step before the reference shrinks its block to the

@@ -129,6 +129,7 @@ def test_head_cache_equals_a_fresh_recomputation(lookup):
                              np.asarray(feats[0, L0:Nt]), rtol=2e-4, atol=2e-5)
 
 
+@pytest.mark.extended(params=["t1"])
 @pytest.mark.parametrize("sampling", [SamplingParams(temperature=1.0),
                                       SamplingParams(temperature=0.7, top_p=0.9)],
                          ids=["t1", "t0.7-p0.9"])

@@ -131,6 +131,7 @@ def _gated_rows(stats):
              if a and not d)
 
 
+@pytest.mark.extended(params=["eagle+lookup"])
 @pytest.mark.parametrize("lookup", [False, True], ids=["eagle", "eagle+lookup"])
 def test_gated_sampling_is_lossless(lookup):
   """Joint law of the first three tokens (V = 8) equals target-only sampling (chi-square) when

@@ -57,6 +57,7 @@ def test_no_match_is_a_plain_step():
   assert res.stats.drafted == [[0]] and res.stats.tau == 1.0
 
 
+@pytest.mark.extended(params=["sp1"])
 @pytest.mark.parametrize("sp", [SamplingParams(temperature=1.0),
                                 SamplingParams(temperature=0.7, top_p=0.9)])
 def test_sampling_is_lossless(sp):
@@ -142,6 +143,7 @@ def test_tree_accepts_a_later_branch_and_pads_short_rows():
   assert np.asarray(cache.lengths).tolist() == [lengths[0] + 3, lengths[1] + 1]
 
 
+@pytest.mark.extended(params=["2"])
 @pytest.mark.parametrize("candidates", [2, 3])
 def test_tree_greedy_identical_to_autoregressive(candidates):
   params = init_params(jax.random.key(0), CFG, scale=0.3)

@@ -83,6 +83,7 @@ def _ref_step(ref, feats, ids, kv=None):
   return out[0].numpy(), kv
 
 
+@pytest.mark.extended
 def test_eagle12_head_output_and_logits_match_the_reference(target, eagle_pair):
   cfg, ours, ref = eagle_pair
   U = np.asarray(lm_head_weight(target.params, target.config), np.float32)
@@ -191,6 +192,7 @@ def test_medusa_heads_logits_match_the_reference(target, medusa_pair):
     np.testing.assert_allclose(ours, want, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.extended(params=["per_level1", "per_level2"])
 @pytest.mark.parametrize("per_level", [[3, 2], [2, 2, 2], [4]])
 def test_medusa_tree_candidates_and_acceptance_match_the_reference(target, medusa_pair,
                                                                    per_level):

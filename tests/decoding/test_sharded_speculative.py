@@ -78,6 +78,7 @@ def _decoders(pair, mesh, names=DECODERS):
   return {name: make[name]() for name in names}
 
 
+@pytest.mark.extended(params=["1-8"])
 @pytest.mark.parametrize("data,model", MESHES, ids=lambda x: str(x))
 def test_sharded_greedy_equals_unsharded_and_steps_do_not_reshard(pair, data, model):
   """Every decoder on the mesh gives the unsharded greedy tokens, and the step it ran (chain
@@ -254,6 +255,7 @@ def test_cross_vocabulary_on_a_mesh(data, model):
       dec.generate(ps[:3], max_new_tokens=4)
 
 
+@pytest.mark.extended
 def test_cross_vocabulary_sampling_is_lossless_on_a_mesh():
   """The exact rule with n-gram merges on a (2, 4) mesh: 2,400 rows (batches of 400) follow
   the target's law (chi-square), with many merged drafts accepted."""

@@ -104,6 +104,7 @@ def test_greedy_identical_and_a_repeated_request_reuses_its_output(use_tree):
   assert rec["host_s"] > 0  # the trees' host time, reported (it precedes every step)
 
 
+@pytest.mark.extended(params=["tree"])
 @pytest.mark.parametrize("use_tree", [False, True], ids=["chain", "tree"])
 def test_sampling_follows_the_target_law(use_tree):
   target = init_params(jax.random.key(10), SMALL, scale=0.8)
@@ -160,6 +161,7 @@ def test_hybrid_with_eagle_is_greedy_identical_and_takes_suffix_tokens(threshold
     assert rec["head_steps"] < sum(map(sum, again.stats.active)), rec
 
 
+@pytest.mark.extended(params=["tree"])
 @pytest.mark.parametrize("device", ["eagle", "tree"])
 def test_hybrid_sampling_follows_the_target_law(device):
   """The suffix proposal merged into an EAGLE head's tree or a drafter model's tree: sampled
@@ -196,6 +198,7 @@ def test_hybrid_sampling_follows_the_target_law(device):
 
 # --- the hybrid with a drafter model's tree ---------------------------------------------------
 
+@pytest.mark.extended(params=["thresholded"])
 @pytest.mark.parametrize("threshold,sized", [(None, False), (1.0, False), (None, True)],
                          ids=["merged", "thresholded", "self-sized"])
 def test_hybrid_with_a_drafter_tree_is_greedy_identical_and_takes_suffix_tokens(threshold,

@@ -81,6 +81,7 @@ def test_the_gpu_step_writes_slots_in_place_with_summed_attention(method):
       assert {k for _, k in whole_array_writes(text, shape)} == {"in-place"}, everywhere
 
 
+@pytest.mark.extended
 def test_the_environment_switches_it_on_for_a_process():
   """`VOCABJAX_SUM_ATTENTION=1` at import (what experiments/gpu_exactness.py --sum-attention
   sets for its pytest runs) makes it every decoder's default."""

@@ -62,6 +62,7 @@ def test_resume_after_an_interrupted_run(suite, tmp_path):
   assert len((out / RECORDS).read_text().splitlines()) == 12
 
 
+@pytest.mark.extended
 def test_other_configuration_is_refused_then_moved_aside(suite, tmp_path):
   path, _ = suite
   out = tmp_path / "res"
@@ -174,6 +175,7 @@ def test_cli_exit_code_and_message_for_bad_config(tmp_path):
   assert proc.returncode == 2 and "unknown method 'nope'" in proc.stderr
 
 
+@pytest.mark.extended
 def test_compare_torch_runs_transformers_on_the_same_prompts(suite, tmp_path):
   path, _ = suite
   summary = run_eval(path, tmp_path / "t", "--compare-torch", "--categories", "qa")
@@ -199,6 +201,7 @@ def test_sampled_suite_runs_every_seed(suite, tmp_path):
   assert chain["questions"] == 2 and chain["speedup"] > 0
 
 
+@pytest.mark.extended
 def test_changed_inputs_are_not_resumed(suite, tmp_path, tiny_chat_dir, monkeypatch):
   """Same config, other inputs: a drafter replaced in place, a question edited under its id,
   another machine. Each is refused (nothing touched) and --overwrite starts afresh."""
@@ -351,6 +354,7 @@ def test_ctrl_c_is_a_clean_exit_that_says_how_to_resume(monkeypatch, capsys, tmp
   assert "Traceback" not in err
 
 
+@pytest.mark.extended
 def test_the_report_sets_a_run_beside_the_recorded_reference(suite, tmp_path, monkeypatch):
   from vocabjax.eval import report
 

@@ -19,6 +19,7 @@ def _records(out):
   return [json.loads(line) for line in (out / RECORDS).read_text().splitlines()]
 
 
+@pytest.mark.extended
 def test_a_larger_suite_takes_a_smaller_ones_records(suite, tmp_path, capsys):  # noqa: F811
   """The smaller suite (1 question per group) is reused by the larger (2 per group, one method
   changed, one added): the shared (method, question) records are copied, not regenerated (same

@@ -27,6 +27,7 @@ HOLD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.extended
 def test_a_second_run_is_refused_while_the_first_lives_and_takes_over_after(suite, tmp_path):
   path, _ = suite
   out = tmp_path / "res"

@@ -96,6 +96,7 @@ def _standins(counts, head_dir, full_head_dir, ranker_file, tiny_chat_dir):  # n
   }
 
 
+@pytest.mark.extended
 def test_every_method_builds_and_keeps_greedy_output(counts, head_dir, full_head_dir,  # noqa: F811
                                                      ranker_file, tmp_path, tiny_chat_dir):
   d = _suite_dict("papers")

@@ -85,6 +85,7 @@ def hub(tiny_chat_dir, six_layer_chat_dir, tmp_path_factory):
   h.close()
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("suite", ["published_frspec_llama3", "published_eagle3_llama31"])
 def test_a_published_suite_runs_as_shipped_on_stand_ins(suite, hub, tmp_path, monkeypatch):
   from huggingface_hub import constants

@@ -129,6 +129,7 @@ def test_a_conversation_outgrowing_max_len_names_the_turn(suite, tmp_path):
     _run(bad, tmp_path / "short")
 
 
+@pytest.mark.extended
 def test_reuse_takes_every_turn_and_the_followups_are_in_the_questions_hash(suite, tmp_path,
                                                                             monkeypatch):
   from vocabjax.eval.provenance import questions_hash

@@ -187,6 +187,7 @@ def test_eagle_is_lossless_with_the_heads_cost_in_mbsu(head_dir, tmp_path, tiny_
     assert o["time_split"]["drafter_s"] > 0 and o["time_split"]["drafter_head_s"] > 0
 
 
+@pytest.mark.extended
 def test_eagle_with_prompt_lookup_is_lossless_and_records_its_lookups(head_dir, tmp_path,
                                                                       tiny_chat_dir):
   import json
@@ -266,6 +267,7 @@ def test_medusa_is_lossless_with_the_heads_rows_counted(tiny_medusa_dir, counts,
                                                     "heads": str(tiny_medusa_dir), **bad}]))
 
 
+@pytest.mark.extended
 def test_a_suite_on_a_mesh(head_dir, tmp_path, tiny_chat_dir):
   """`mesh:` (and --mesh): the suite's methods run sharded on 8 virtual devices with the
   unsharded greedy output (a drafter model, and a head read from its directory; every method on
@@ -302,6 +304,7 @@ def test_a_suite_on_a_mesh(head_dir, tmp_path, tiny_chat_dir):
                      "data=2,pipe=4"]))
 
 
+@pytest.mark.extended
 def test_eagle_with_suffix_decoding_and_suffix_alone_are_lossless_in_a_suite(head_dir, tmp_path,
                                                                             tiny_chat_dir):
   """SuffixDecoding (`suffix`) and its hybrid with an EAGLE head (`eagle_suffix`) as suite

@@ -182,6 +182,7 @@ def test_bf16_dots_round_products_and_their_gradients(M):
   np.testing.assert_allclose(np.asarray(y32), exact, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.extended
 def test_an_avx2_target_builds_its_own_library_without_the_bf16_gemm(tmp_path):
   """`VOCABJAX_CPU_MARCH=x86-64-v3` (an AVX2-only host's code path): a library of its own
   beside the native one, without the AVX512-BF16 GEMM, whose matmuls (int8 weights, the

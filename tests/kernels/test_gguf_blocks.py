@@ -67,6 +67,7 @@ def test_without_the_kernel_xla_dots_the_dequantized_rows(qtype):
     np.testing.assert_allclose(np.asarray(got), np.asarray(x) @ u.T, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.extended
 def test_a_mixed_stack_of_types_and_the_avx2_build_agree(tmp_path):
   """The AVX2 build (`VOCABJAX_CPU_MARCH=x86-64-v3`: its scalar block decoding) computes what
   the native build computes, bit for bit, for every type (a subprocess: one library per

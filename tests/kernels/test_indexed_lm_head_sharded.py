@@ -39,6 +39,8 @@ def test_every_mesh_gives_the_one_device_logits(data, model):
   assert got.sharding.spec == (P("data") if 1 < data <= 4 else P())
 
 
+@pytest.mark.extended(params=["float32-1-4-tpu", "bfloat16-1-4-tpu", "bfloat16-2-2-tpu",
+                               "float32-1-4-gpu", "bfloat16-1-4-gpu", "bfloat16-2-2-gpu"])
 @pytest.mark.parametrize("impl", ["tpu", "gpu"])
 @pytest.mark.parametrize("data,model", [(1, 4), (2, 2)])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])

@@ -125,6 +125,7 @@ def mistral_pair():
   return target, jax.tree.map(lambda a, b: a + 0.1 * b, target, noise)
 
 
+@pytest.mark.extended(params=["ring-chain"])
 @pytest.mark.parametrize("ring,kind", [(False, "chain"), (True, "chain"), (True, "tree")],
                          ids=["linear-chain", "ring-chain", "ring-tree"])
 def test_speculative_greedy_equals_plain_decoding_past_the_window(mistral_pair, kind, ring,

@@ -98,6 +98,7 @@ def test_lora_shapes_and_merge():
     init_lora(jax.random.key(1), params, rank=64)
 
 
+@pytest.mark.extended(params=["4"])
 @pytest.mark.parametrize("lora_rank", [0, 4])
 def test_distillation_lowers_loss_and_exports(pair, tmp_path, lora_rank):
   target, draft, data = pair
@@ -130,6 +131,7 @@ def test_distillation_lowers_loss_and_exports(pair, tmp_path, lora_rank):
     load_distilled(tmp_path / "out" / "drafter", other, draft.config)
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("mode", ["joint", "interleaved"])
 def test_acceptance_head_trains(pair, tmp_path, mode):
   target, draft, data = pair
@@ -198,6 +200,7 @@ def test_online_mode_updates_the_drafter_while_staying_lossless(online_pair):
   assert (root / "l" / "out" / "online.png").stat().st_size > 0
 
 
+@pytest.mark.extended
 def test_online_mode_resumes_after_its_last_update(pair, tmp_path):
   """Stopped after 3 prompts (one update made, the third prompt's row dropped), then rerun:
   the same rows and the same final drafter as one uninterrupted stream."""
@@ -271,6 +274,7 @@ def test_target_side_matches_a_plain_forward_at_bucket_edges(pair, n):
   np.testing.assert_array_equal(z["argmax"], np.argmax(logits[:n], -1))
 
 
+@pytest.mark.extended
 def test_online_report_pairs_the_run_with_its_control(pair, online_pair, tmp_path):
   import importlib.util
   from pathlib import Path

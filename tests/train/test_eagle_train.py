@@ -130,6 +130,7 @@ def test_torch_backend_features_equal_the_jax_ones(target_dir, data_file, tmp_pa
                               features=str(tmp_path / "fy")), t, LAYERS, show_progress=False)
 
 
+@pytest.mark.extended
 def test_features_per_data_file_reuse_a_files_features(target_dir, data_file, tmp_path):
   """A job over two data files with one features directory each reads what a job with one
   directory for both reads (records numbered on across the files), and the first file's
@@ -280,6 +281,7 @@ def test_packed_windows_compute_what_separate_windows_compute(target_dir):
   assert all(float(jnp.sum(w[0, o:])) == 0 for _, _, w in outs)  # padding
 
 
+@pytest.mark.extended
 def test_packed_batches_and_training(target_dir, data_file, tmp_path):
   """make_packed_batch fills rows with whole records or windows of them (segments, positions,
   completion weights as in make_batch), and a packed job trains under its own fingerprint."""
@@ -377,6 +379,7 @@ def test_resume_is_exact(target_dir, data_file, tmp_path):
   assert log == [0, 6, 12]
 
 
+@pytest.mark.extended
 def test_rerunning_a_finished_job_reuses_its_per_source_evaluation(target_dir, data_file,
                                                                    tmp_path, monkeypatch):
   """A finished job rerun (the papers' pipeline reruns every part) restores its last
@@ -402,6 +405,7 @@ def test_rerunning_a_finished_job_reuses_its_per_source_evaluation(target_dir, d
   assert calls and third["heldout_by_source"] == first["heldout_by_source"]
 
 
+@pytest.mark.extended
 def test_frozen_target_head_and_full_vocabulary(target_dir, data_file, tmp_path):
   job = _job(target_dir, data_file, tmp_path / "run", draft_vocab_size=None,
              train_lm_head=False, steps=10, eval_every=10)
@@ -413,6 +417,7 @@ def test_frozen_target_head_and_full_vocabulary(target_dir, data_file, tmp_path)
   assert not np.asarray(head["d2t"]).any()
 
 
+@pytest.mark.extended
 def test_train_fraction_keeps_the_split_and_the_vocabulary(target_dir, data_file, tmp_path):
   """A data-size ablation (`train_fraction`) trains on the first part of the training records;
   the held-out records and the head's vocabulary stay those of the whole data; a job without
@@ -459,6 +464,7 @@ def test_train_fraction_keeps_the_split_and_the_vocabulary(target_dir, data_file
     _job(target_dir, data_file, tmp_path / "x", train_subset="last")
 
 
+@pytest.mark.extended
 def test_fine_tuning_starts_from_an_exported_head(target_dir, data_file, tmp_path):
   """`init_head`: training starts from the head's weights and vocabulary (its first held-out
   figures are the head's own on the same split), goes on lowering the loss, and its fingerprint
@@ -560,6 +566,7 @@ def test_cli(target_dir, data_file, tmp_path, capsys):
   assert "unknown fields ['ttt_step']" in capsys.readouterr().err
 
 
+@pytest.mark.extended
 def test_data_source_comparison(target_dir, data_file, tmp_path, capsys):
   """experiments/eagle_data_source.py: heads trained on two completions of the same prompts (the
   target's own and random text) scored on the target run's held-out records; the target's own
@@ -604,6 +611,7 @@ def test_data_source_comparison(target_dir, data_file, tmp_path, capsys):
   assert "summary.json does not exist" in capsys.readouterr().err
 
 
+@pytest.mark.extended
 def test_mixed_precision_training(target_dir, data_file, tmp_path):
   """compute_dtype bfloat16: the TTT loss and its gradients stay within bf16 rounding of the
   f32 ones (but are not them), a run has its own fingerprint and still learns, and a bad
@@ -680,6 +688,7 @@ def test_heldout_evaluation_batches_windows_without_changing_it(target_dir, data
   assert batched["heldout_loss"] > 0 and skipped["heldout_loss"] > 0  # labels were scored
 
 
+@pytest.mark.extended
 def test_prompt_labels_train_on_every_position_and_keep_the_heldout_figures(target_dir,
                                                                             data_file, tmp_path):
   """prompt_labels: training batches weigh every slot of a window (the prompt's positions too)
@@ -738,6 +747,7 @@ def _heldout(data, job):
   return set(heldout_records(data, job.heldout, job.heldout_split, job.seed).tolist())
 
 
+@pytest.mark.extended
 def test_soft_labels_are_the_targets_distribution(target_dir, data_file, tmp_path,
                                                     monkeypatch):
   """soft_labels: the stored final hidden states give the target's distribution, whose argmax
@@ -816,6 +826,7 @@ def test_soft_labels_are_the_targets_distribution(target_dir, data_file, tmp_pat
   assert summary["final"]["acc_0"] > summary["start"]["acc_0"] + 0.1
 
 
+@pytest.mark.extended
 def test_a_ranker_for_a_full_vocabulary_head(target_dir, data_file, tmp_path):
   """SpecVocab on an EAGLE head (the papers' setting): a head over the target's whole
   vocabulary (draft_vocab_size null, the target's LM head frozen), then a ranker trained on its

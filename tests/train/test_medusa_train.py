@@ -75,6 +75,7 @@ def test_training_lowers_the_loss_exports_and_decodes(target_dir, data_file, tmp
   assert res.stats.tau > 1.3
 
 
+@pytest.mark.extended
 def test_resume_is_exact_and_subset_training(target_dir, data_file, tmp_path):
   full = train(_job(target_dir, data_file, tmp_path / "a", steps=20, train_vocab_size=150),
                show_progress=False)

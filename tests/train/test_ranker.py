@@ -47,6 +47,7 @@ def _job(pair_dirs, data_file, out, **kw):
   return RankerJob(**base)
 
 
+@pytest.mark.extended
 def test_features_are_the_models_own_states(pair_dirs, data_file, tmp_path):
   job = _job(pair_dirs, data_file, tmp_path / "run")
   feats = load_features(build_features(job.feature_spec, show_progress=False))
@@ -76,6 +77,7 @@ def test_features_are_the_models_own_states(pair_dirs, data_file, tmp_path):
   assert json.loads((tmp_path / "features" / "meta.json").read_text())["complete"]
 
 
+@pytest.mark.extended(params=["kl"])
 @pytest.mark.parametrize("loss", ["ce", "kl"])
 def test_training_lowers_the_loss_and_the_ranker_drafts_losslessly(pair_dirs, data_file,
                                                                    tmp_path, loss):
@@ -105,6 +107,7 @@ def test_training_lowers_the_loss_and_the_ranker_drafts_losslessly(pair_dirs, da
   assert spec.generate(prompts, max_new_tokens=16).tokens == ar.tokens
 
 
+@pytest.mark.extended
 def test_tied_ranker_on_the_drafters_own_tokens(pair_dirs, data_file, tmp_path):
   """label: drafter, vocab: tied: the ranker is U P over the drafter's frozen head, starts as
   the SVD ranker exactly, learns the drafter's greedy token (no target needed), and exports
@@ -180,6 +183,7 @@ def test_resume_is_exact(pair_dirs, data_file, tmp_path):
   assert (tmp_path / "b" / "ranker.safetensors").read_bytes() == before
 
 
+@pytest.mark.extended
 def test_joint_mode_trains_drafter_and_ranker(pair_dirs, data_file, tmp_path):
   job = _job(pair_dirs, data_file, tmp_path / "j", mode="joint", steps=6, eval_every=3,
              checkpoint_every=3, joint_batch=2, seq_len=64, lr=3e-3)
