@@ -218,6 +218,31 @@ def test_offline_answers_from_the_cache_or_says_what_is_missing(served, monkeypa
     load_model("org/other")
 
 
+@pytest.mark.parametrize("rev", ["..%2F..%2F..%2Fw%2Fevilref", "..%2Frefs%2Fdev", "..",
+                                 "a%2F%2Fb", "refs%2F.hidden", "x" * 256])
+def test_a_revision_cannot_leave_the_cache(rev):
+  """A revision is checked after %-decoding: no '..', no empty or dot-led part, a length bound
+  (refs/<revision> in the cache stays inside refs/)."""
+  with pytest.raises(HubError, match=r"is not a branch, tag or commit name"):
+    parse_hub_id(f"org/name@{rev}")
+
+
+def test_a_planted_ref_that_names_no_commit_is_refused_offline(served, monkeypatch, tmp_path):
+  """The cache's ref file names the snapshot: one that does not hold a commit id is refused
+  without echoing what it holds, and nothing outside the cache is read."""
+  load_model("org/tiny", dtype="float32")  # online once: refs/main and its snapshot
+  from huggingface_hub import constants
+
+  monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+  ref = served.cache / "models--org--tiny" / "refs" / "dev"
+  ref.write_text("../../../../secret-dir")
+  with pytest.raises(HubError, match=r"org/tiny@dev: the cache's ref .*refs/dev does not hold "
+                                     r"a commit id \(40 hex digits; it holds 22 characters\)"
+                     ) as e:
+    load_model("org/tiny@dev", dtype="float32")
+  assert "secret" not in str(e.value)
+
+
 def test_too_little_disk_is_said_before_downloading(served, monkeypatch):
   import shutil
   from collections import namedtuple
@@ -229,6 +254,7 @@ def test_too_little_disk_is_said_before_downloading(served, monkeypatch):
   assert not [r for r in served.requests if "/cdn/" in r[1]]
 
 
+@pytest.mark.extended
 def test_the_command_line_takes_a_hub_id(served, tmp_path):
   """`python -m vocabjax.generate --target org/tiny` (the code path a Colab runtime takes,
   HF_ENDPOINT pointing at the local hub), and its one-line error for a missing repository."""

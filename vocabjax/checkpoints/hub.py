@@ -51,6 +51,12 @@ _ID = re.compile(rf"(?:hf://)?(?P<repo>{_SEGMENT}/{_SEGMENT})(?:@(?P<rev>[A-Za-z
                  r"(?P<path>(?:/[^/]+)*)/?")
 
 
+# a revision after %-decoding: a branch or tag (parts may be separated by "/", as in refs/pr/1)
+# or a commit id; no part empty or dot-led, so refs/<revision> stays inside the cache's refs/
+_REVISION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*(?:/[A-Za-z0-9_][A-Za-z0-9_.-]*)*")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
 class HubError(CheckpointError):
   """A hub id that cannot be loaded; the message is one line naming the id and what to do."""
 
@@ -75,7 +81,12 @@ def parse_hub_id(text) -> HubId | None:
   path = m["path"].strip("/")
   if any(part in ("", ".", "..") for part in path.split("/")) and path:
     return None
-  return HubId(m["repo"], unquote(m["rev"]) if m["rev"] else "main", path)
+  revision = unquote(m["rev"]) if m["rev"] else "main"
+  if not _REVISION.fullmatch(revision) or len(revision) > 255:
+    raise HubError(f"{s}: the revision {revision!r} is not a branch, tag or commit name (parts "
+                   f"of letters, digits and _.- separated by /, none empty or starting with "
+                   f"'.'; at most 255 characters)")
+  return HubId(m["repo"], revision, path)
 
 
 def allow_bin_default(allow_bin: bool | None = None) -> bool:
@@ -195,11 +206,19 @@ def _repo_folder(repo: str) -> Path:
 
 
 def _cached_commit(hid: HubId) -> str | None:
+  """The commit the cache records for the id's revision (None: not cached); a ref file that
+  does not hold a commit id is refused (its content would name a snapshot path)."""
   folder = _repo_folder(hid.repo)
-  if re.fullmatch(r"[0-9a-f]{40}", hid.revision) and (folder / "snapshots" / hid.revision).is_dir():
+  if _COMMIT.fullmatch(hid.revision) and (folder / "snapshots" / hid.revision).is_dir():
     return hid.revision
   ref = folder / "refs" / hid.revision
-  return ref.read_text().strip() if ref.is_file() else None
+  if not ref.is_file():
+    return None
+  commit = ref.read_text().strip()
+  if not _COMMIT.fullmatch(commit):
+    raise HubError(f"{hid}: the cache's ref {ref} does not hold a commit id (40 hex digits; it "
+                   f"holds {len(commit)} characters): delete it and download the revision again")
+  return commit
 
 
 def _listing(snapshot: Path) -> set[str]:
