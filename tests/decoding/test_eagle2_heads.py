@@ -35,6 +35,10 @@ def test_the_authors_files_read_back_exactly(target, tmp_path, monkeypatch):
   assert raw["bias"] is True and raw["qkv_bias"] is True and "draft_vocab_size" not in raw
   with pytest.raises(CheckpointError, match=r"only pickled PyTorch weights"):
     load_eagle2(d, target_config=target.config)
+  # allowed through the Python API alone, the environment unset
+  assert load_head(d, target_config=target.config, allow_bin=True)[0] == hc
+  with pytest.raises(CheckpointError, match=r"only pickled PyTorch weights"):
+    load_head(d, target_config=target.config, allow_bin=False)
   monkeypatch.setenv("VOCABJAX_ALLOW_BIN", "1")
   cfg, back, _ = load_head(d, target_config=target.config, target_params=target.params)
   assert cfg == hc

@@ -232,6 +232,7 @@ def test_heads_in_the_published_layouts_load_as_the_same_head(tmp_path, monkeypa
   authors = _authors_layout(tmp_path / "ours", tmp_path / "authors")
   with pytest.raises(CheckpointError, match=r"only pickled PyTorch weights \(pytorch_model.bin\)"):
     load_eagle3(authors, target_config=target)
+  assert load_eagle3(authors, target_config=target, allow_bin=True)[0] == cfg6  # the API alone
   monkeypatch.setenv("VOCABJAX_ALLOW_BIN", "1")
   sglang = _authors_layout(tmp_path / "ours", tmp_path / "sglang", prefix="layers.0.",
                            fmt="safetensors")

@@ -80,6 +80,7 @@ def test_heads_match_medusas_pytorch_heads(target, tmp_path, num_layers, monkeyp
   monkeypatch.delenv("VOCABJAX_ALLOW_BIN", raising=False)
   with pytest.raises(CheckpointError, match=r"only pickled PyTorch weights \(medusa_lm_head.pt\)"):
     load_medusa(d, target_config=CFG)
+  assert load_medusa(d, target_config=CFG, allow_bin=True)[0] == mc  # the Python API alone
   monkeypatch.setenv("VOCABJAX_ALLOW_BIN", "1")
   mc2, p2, _ = load_medusa(d, target_config=CFG)
   assert mc2 == mc

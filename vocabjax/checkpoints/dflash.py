@@ -282,15 +282,17 @@ def load_dflash_config(directory) -> DFlashConfig:
 
 
 def load_dflash(directory, *, target_config: LlamaLikeConfig | None = None,
-                dtype=jnp.float32) -> tuple[DFlashConfig, dict]:
+                dtype=jnp.float32, allow_bin: bool | None = None) -> tuple[DFlashConfig, dict]:
   """(config, params) of a DFlash drafter directory; with `target_config`, a drafter made for
   another target (hidden size, vocabulary, layer ids out of range) is a ValueError naming the
-  mismatch."""
+  mismatch. `allow_bin`: read a pickled `pytorch_model.bin` where there is no safetensors file
+  (None: `VOCABJAX_ALLOW_BIN`)."""
   directory = Path(directory)
   config = load_dflash_config(directory)
   if target_config is not None:
     config.check_target(target_config)
-  params = read_head_file(directory, lambda f: _read(directory, config, f), "DFlash drafter")
+  params = read_head_file(directory, lambda f: _read(directory, config, f), "DFlash drafter",
+                          allow_bin)
   params = jax.tree.map(lambda x: jnp.asarray(x, dtype), params)
   if "d2t" in params:  # ids stay integers
     params["d2t"] = jnp.asarray(np.asarray(params["d2t"]), jnp.int32)

@@ -118,8 +118,8 @@ def load_eagle2_config(directory) -> EagleConfig:
 
 
 def load_eagle2(directory, *, target_config: LlamaLikeConfig | None = None,
-                target_params: dict | None = None, dtype=jnp.float32
-                ) -> tuple[EagleConfig, dict, dict]:
+                target_params: dict | None = None, dtype=jnp.float32,
+                allow_bin: bool | None = None) -> tuple[EagleConfig, dict, dict]:
   """(config, params, {}) of an EAGLE-1/2 head; a head for another target (width, vocabulary)
   or with an embedding that is not the target's is refused by name."""
   directory = Path(directory)
@@ -127,7 +127,8 @@ def load_eagle2(directory, *, target_config: LlamaLikeConfig | None = None,
   raw = _raw_config(directory)
   if target_config is not None:
     config.check_target(target_config)
-  tensors = read_head_file(directory, lambda f: _read(directory, config, raw, f), "EAGLE head")
+  tensors = read_head_file(directory, lambda f: _read(directory, config, raw, f), "EAGLE head",
+                           allow_bin)
   check_embedding(directory, tensors.pop("embed_tokens", None), target_params)
   params = {"layer": {k: jnp.asarray(tensors[k], dtype) for k in (*LAYER, *BIASES)
                       if k in tensors},
@@ -182,11 +183,13 @@ def load_head_config(directory) -> EagleConfig:
 
 
 def load_head(directory, *, target_config=None, target_params=None, dtype=jnp.float32,
-              lm_head: bool = True) -> tuple[EagleConfig, dict, dict]:
+              lm_head: bool = True, allow_bin: bool | None = None
+              ) -> tuple[EagleConfig, dict, dict]:
   """Either kind of EAGLE head: `load_eagle3` or `load_eagle2` (which has no LM head of its
-  own: `lm_head` does not apply)."""
+  own: `lm_head` does not apply). `allow_bin`: read a pickled `pytorch_model.bin` (the
+  authors' format) where there is no safetensors file (None: `VOCABJAX_ALLOW_BIN`)."""
   if head_kind(directory) == "eagle2":
     return load_eagle2(directory, target_config=target_config, target_params=target_params,
-                       dtype=dtype)
+                       dtype=dtype, allow_bin=allow_bin)
   return load_eagle3(directory, target_config=target_config, target_params=target_params,
-                     dtype=dtype, lm_head=lm_head)
+                     dtype=dtype, lm_head=lm_head, allow_bin=allow_bin)

@@ -270,7 +270,8 @@ def load_eagle3_config(directory) -> EagleConfig:
 
 def load_eagle3(directory, *, target_config: LlamaLikeConfig | None = None,
                 target_params: dict | None = None, dtype=jnp.float32,
-                lm_head: bool = True) -> tuple[EagleConfig, dict, dict]:
+                lm_head: bool = True, allow_bin: bool | None = None
+                ) -> tuple[EagleConfig, dict, dict]:
   """(config, params, the `vocabjax.target` record) of an EAGLE-3 head directory; with
   `target_config`, a head made for another target (hidden size, vocabulary, layer count) is a
   ValueError naming the mismatch; with `target_params` too, a head whose recorded target has
@@ -278,7 +279,9 @@ def load_eagle3(directory, *, target_config: LlamaLikeConfig | None = None,
 
   `lm_head=False`: the head's LM-head rows are checked (present, their shape) but not read, and
   params has no "lm_head" (a head that drafts through the target's own head: a full-vocabulary
-  head's file carries a copy of that head, 0.9 GB in f32 for a 151,936 x 1,536 one)."""
+  head's file carries a copy of that head, 0.9 GB in f32 for a 151,936 x 1,536 one).
+  `allow_bin`: read the authors' pickled `pytorch_model.bin` where there is no safetensors file
+  (None: the environment's `VOCABJAX_ALLOW_BIN`)."""
   directory = Path(directory)
   config, raw = _read_config(directory, target_config.num_layers if target_config else None)
   if min(config.feature_layers) < 0:
@@ -291,7 +294,7 @@ def load_eagle3(directory, *, target_config: LlamaLikeConfig | None = None,
     if target_params is not None:
       check_trained_for(directory, target, target_params, target_config)
   tensors = read_head_file(directory, lambda f: _read_tensors(directory, config, f, lm_head),
-                           "EAGLE-3 head")
+                           "EAGLE-3 head", allow_bin)
   embed = tensors.pop("embed_tokens", None)
   if not config.parallel:
     check_embedding(directory, embed, target_params)
@@ -313,7 +316,7 @@ def load_eagle3(directory, *, target_config: LlamaLikeConfig | None = None,
   return config, params, target
 
 
-def read_head_file(directory: Path, read, what: str) -> dict:
+def read_head_file(directory: Path, read, what: str, allow_bin: bool | None = None) -> dict:
   """`read(f)` over a head directory's weights, `f` a `_Safetensors` of model.safetensors or,
   where only the authors' pytorch_model.bin is there and pickles are allowed, a `_State` of it;
   an unreadable file is a CheckpointError naming `what`."""
@@ -324,7 +327,7 @@ def read_head_file(directory: Path, read, what: str) -> dict:
                                                           ).exists():
       with safe_open(str(directory / "model.safetensors"), framework="numpy") as f:
         return read(_Safetensors(f))
-    if not allow_bin_default(None):
+    if not allow_bin_default(allow_bin):
       raise CheckpointError(bin_refusal(str(directory), ["pytorch_model.bin"]))
     return read(_State(torch_state(directory / "pytorch_model.bin")))
   except (OSError, SafetensorError) as e:

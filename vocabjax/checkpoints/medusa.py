@@ -63,7 +63,7 @@ def save_medusa(params: dict, config: MedusaConfig, directory, *, target: dict |
   return directory
 
 
-def _read_tensors(directory: Path) -> dict[str, np.ndarray]:
+def _read_tensors(directory: Path, allow_bin: bool | None = None) -> dict[str, np.ndarray]:
   if (directory / WEIGHTS).is_file():
     from safetensors import SafetensorError
     from safetensors.numpy import load_file
@@ -74,18 +74,20 @@ def _read_tensors(directory: Path) -> dict[str, np.ndarray]:
       raise CheckpointError(f"{directory / WEIGHTS} is not a readable safetensors file "
                             f"({e})") from None
   if (directory / TORCH_WEIGHTS).is_file():  # Medusa's own heads; torch is optional
-    if not allow_bin_default(None):
+    if not allow_bin_default(allow_bin):
       raise CheckpointError(bin_refusal(str(directory), [TORCH_WEIGHTS]))
     return torch_state(directory / TORCH_WEIGHTS)
   raise CheckpointError(f"{directory} holds no Medusa heads ({WEIGHTS} or {TORCH_WEIGHTS})")
 
 
 def load_medusa(directory, *, target_config: LlamaLikeConfig, target_params: dict | None = None,
-                dtype=jnp.float32) -> tuple[MedusaConfig, dict, dict]:
+                dtype=jnp.float32, allow_bin: bool | None = None
+                ) -> tuple[MedusaConfig, dict, dict]:
   """(config, params, the `vocabjax.target` record) of a Medusa head directory for this
   target: heads of another hidden size or vocabulary, a missing or misshapen tensor, blocks
   that are not one shared module, or (with `target_params`) heads recorded for a target with
-  another LM-head fingerprint are errors naming the value."""
+  another LM-head fingerprint are errors naming the value. `allow_bin`: read Medusa's own
+  pickled `medusa_lm_head.pt` where there is no safetensors file (None: `VOCABJAX_ALLOW_BIN`)."""
   directory = Path(directory)
   try:
     raw = json.loads((directory / "config.json").read_text())
@@ -94,7 +96,7 @@ def load_medusa(directory, *, target_config: LlamaLikeConfig, target_params: dic
     raise CheckpointError(f"{directory}/config.json is not a Medusa config ({e})") from None
   record = raw.get("vocabjax", {})
   target = record.get("target", {})
-  tensors = _read_tensors(directory)
+  tensors = _read_tensors(directory, allow_bin)
   in_file = len({k.split(".", 1)[0] for k in tensors if k.split(".", 1)[0].isdigit()})
   if in_file > Hm:  # Medusa's own vicuna-7b heads: config.json says 2 of the file's 5 heads
     print(f"[vocabjax] {directory}: config.json says medusa_num_heads={Hm} but the file holds "
