@@ -45,7 +45,8 @@ def test_run_split_reports_the_remainder(pair):
   run = run_split(split, res.stats.target_forwards, res.decode_s)
   assert run["decode_s"] == res.decode_s
   parts = run["drafter_s"] + run["drafter_head_s"] + run["verification_s"]
-  assert math.isclose(parts + run["other_s"], res.decode_s)
+  assert math.isclose(parts + run["other_s"] - run["parts_excess_s"], res.decode_s)
+  assert run["other_s"] >= 0 and run["parts_excess_s"] >= 0
   assert run["drafter_s"] == pytest.approx(split.drafter_s * res.stats.target_forwards)
 
 
@@ -64,6 +65,10 @@ def test_run_split_counts_steps_that_skipped_drafting():
   assert run["drafter_s"] == pytest.approx(0.04) and run["drafter_head_s"] == pytest.approx(0.02)
   assert run["verification_s"] == pytest.approx(2 * 0.3 + 2 * 0.25)
   assert run["other_s"] == pytest.approx(2.0 - 0.04 - 0.02 - 1.1)
+  assert run["parts_excess_s"] == 0
+  # parts timed apart that exceed the run (the step fuses them): no negative remainder
+  short = run_split(split, 4, 1.0, **kw)
+  assert short["other_s"] == 0 and short["parts_excess_s"] == pytest.approx(1.16 - 1.0)
   # prompt lookup: the same from its matched steps
   pld = SpecStats(drafted=[[3], [0], [0]], accepted=[[2], [0], [0]], active=[[True]] * 3)
   assert skipped_drafting(pld) == {"verified_steps": 1, "drafter_steps": 1}

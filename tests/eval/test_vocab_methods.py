@@ -51,6 +51,9 @@ def test_vocabtrim_and_frspec_are_lossless_with_trimmed_mbsu(counts, tmp_path, t
   assert by["fr_k48"]["overall"]["acceptance_rate"] < 1.0  # ...but not with 48 of 320 tokens
   assert (text.parent / "subset-k48.npz").exists() and (gen.parent / "subset-k48.npz").exists()
   assert "vt_k48" in (out / "summary.md").read_text()
+  # two vocabulary sizes (48 and 320 rows): tau against the vocabulary is drawn
+  assert (out / "tau_vs_vocab.png").stat().st_size > 0
+  assert "tau_vs_vocab.png is not drawn" not in (out / "summary.md").read_text()
 
   # the counts gone (a result directory copied elsewhere): --report-only needs nothing of
   # them (a static subset's MBSU counts its k rows) and writes the same figures
@@ -97,6 +100,7 @@ def test_map_count_warning(tmp_path, capsys):
   assert capsys.readouterr().err == ""
 
 
+@pytest.mark.extended
 def test_specvocab_is_lossless_with_ranker_cost_in_mbsu(ranker_file, tmp_path, tiny_chat_dir):
   import shutil
 
@@ -166,6 +170,7 @@ def test_specvocab_ranker_of_another_drafter_fails_before_generation(tmp_path, t
   assert not (tmp_path / "o").exists()  # not even claimed
 
 
+@pytest.mark.extended
 def test_eagle_is_lossless_with_the_heads_cost_in_mbsu(head_dir, tmp_path, tiny_chat_dir):
   from vocabjax.checkpoints.eagle3 import load_eagle3_config
 

@@ -140,7 +140,10 @@ def _step_split(decoder, batch_size, max_len, context, repeats, mesh) -> StepSpl
 def run_split(split: StepSplit, steps: int, decode_s: float, *, verified_steps: int | None = None,
               drafter_steps: int | None = None) -> dict:
   """A run's decode time split: per-step parts x the steps that ran them, and the measured
-  remainder (acceptance, rollback, the host loop).
+  remainder (acceptance, rollback, the host loop): `other_s`, never negative. Each part is
+  timed as a program of its own, which the step fuses: where the parts add up to more than the
+  run took, `other_s` is 0 and `parts_excess_s` says by how much they exceed it (the parts are
+  then upper bounds, and the remainder is not measurable).
 
   A method whose steps may skip drafting (`skipped_drafting`: prompt lookup without a match, a
   gated EAGLE step whose head was unsure) passes `verified_steps` (steps that verified drafts;
@@ -154,7 +157,8 @@ def run_split(split: StepSplit, steps: int, decode_s: float, *, verified_steps: 
                      f"lie in [0, steps={steps}]")
   parts = {"drafter_s": split.drafter_s * d, "drafter_head_s": split.drafter_head_s * d,
            "verification_s": split.verification_s * v + split.target_step_s * (steps - v)}
-  parts["other_s"] = decode_s - sum(parts.values())
+  rest = decode_s - sum(parts.values())
+  parts["other_s"], parts["parts_excess_s"] = max(rest, 0.0), max(-rest, 0.0)
   parts["decode_s"] = decode_s
   return parts
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 
-SPLIT_KEYS = ("drafter_s", "drafter_head_s", "verification_s", "other_s")
+SPLIT_KEYS = ("drafter_s", "drafter_head_s", "verification_s", "other_s", "parts_excess_s")
 
 
 def record_metrics(result) -> dict:
@@ -76,7 +76,7 @@ def aggregate(records: list[dict], ar_records: dict | None = None, *, greedy: bo
     if drafted:
       out.update(acceptance_rate=_nan_div(accepted, drafted), mbsu=mbsu(out["tau"], c, gamma))
   splits = [r["time_split"] for r in records if r.get("time_split")]
-  out["time_split"] = ({k: sum(s[k] for s in splits) for k in SPLIT_KEYS}
+  out["time_split"] = ({k: sum(s.get(k, 0.0) for s in splits) for k in SPLIT_KEYS}
                        if splits and len(splits) == len(records) else None)
   if ar_records is not None:
     base = [ar_records.get((r["qid"], r["seed"])) for r in records]
