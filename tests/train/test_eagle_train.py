@@ -18,7 +18,8 @@ from vocabjax.decoding.eagle import EagleProposer
 from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.models.cache import KVCache
-from vocabjax.models.eagle import eagle_forward, fuse_features, init_eagle
+from vocabjax.models.eagle import (default_feature_layers, eagle_forward, fuse_features,
+                                   init_eagle, training_feature_layers)
 from vocabjax.models.llamalike import (forward, forward_features, lm_head, lm_head_weight,
                                       rms_norm)
 from vocabjax.testing.tiny import save_tiny_variant
@@ -361,6 +362,7 @@ def test_training_lowers_the_loss_exports_and_decodes(target_dir, data_file, tmp
   assert res.stats.tau > res0.stats.tau + 0.3
 
 
+@pytest.mark.extended
 def test_resume_is_exact(target_dir, data_file, tmp_path):
   kw = dict(steps=12, eval_every=6, checkpoint_every=3, select_by=None)
   straight = _job(target_dir, data_file, tmp_path / "straight", **kw)
@@ -897,3 +899,16 @@ def test_a_ranker_for_a_full_vocabulary_head(target_dir, data_file, tmp_path):
                               out=str(tmp_path / "r3"), features=str(tmp_path / "f3"))
   with pytest.raises(TrainError, match="are not the files eagle_features"):
     train_ranker(other, show_progress=False)
+
+
+def test_default_layers_of_a_trained_head_are_distinct_and_in_order():
+  """A head trained without feature_layers reads the authors' (1, L/2 - 1, L - 4) where those
+  are three distinct increasing layers; a shallow target's low / middle / last instead of the
+  authors' repeats ((1, 1, 0) on 4 layers), which a loaded head without ids still reads."""
+  assert default_feature_layers(4) == (1, 1, 0)  # the authors' formula, kept for loading
+  assert training_feature_layers(4) == (1, 2, 3)
+  assert training_feature_layers(28) == default_feature_layers(28) == (1, 13, 24)
+  for L in range(1, 65):
+    layers = training_feature_layers(L)
+    assert list(layers) == sorted(set(layers)) and 0 <= layers[0] and layers[-1] < L, (L, layers)
+    assert len(layers) == min(3, L), (L, layers)

@@ -31,7 +31,7 @@ from vocabjax.decoding.tree import TreeParams
 from vocabjax.errors import ConfigError
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.dflash import DFlashConfig, init_dflash
-from vocabjax.models.eagle import EagleConfig, default_feature_layers, init_eagle
+from vocabjax.models.eagle import EagleConfig, init_eagle, training_feature_layers
 from vocabjax.models.llamalike import FINAL_NORMED, init_params
 from vocabjax.models.medusa import MedusaConfig, init_medusa
 from vocabjax.vocab.ranked import Ranker, SpeculativeVocab
@@ -485,8 +485,7 @@ def abstract_head_config(s: Setup) -> EagleConfig:
   if s.head_kind == "eagle2":  # EAGLE-1/2: the final normed feature, the target's V
     hc = head_config(s.target, (FINAL_NORMED,), s.target.vocab_size, s.head_intermediate)
     return dataclasses.replace(hc, kind="eagle2")
-  # EAGLE-3's low/mid/high layers need L >= 8; a test's short target reads what it has
-  layers = default_feature_layers(L) if L >= 8 else tuple(sorted({0, L // 2, L - 1}))
+  layers = training_feature_layers(L)  # a short target's: distinct, in order
   return head_config(s.target, layers, min(s.head_vocab, s.target.vocab_size),
                      s.head_intermediate)
 

@@ -130,8 +130,22 @@ class EagleConfig:
 
 
 def default_feature_layers(num_layers: int) -> tuple[int, int, int]:
-  """EAGLE-3's low / middle / high choice (SpecForge / vLLM default: 1, L/2 - 1, L - 4)."""
+  """EAGLE-3's low / middle / high choice (SpecForge / vLLM default: 1, L/2 - 1, L - 4): what a
+  head whose config names no layers was trained on, on any target (below 7 layers it repeats
+  or reverses layers, as the authors' code does)."""
   return (1, num_layers // 2 - 1, num_layers - 4)
+
+
+def training_feature_layers(num_layers: int) -> tuple[int, ...]:
+  """The layers a head trained here reads when the job names none: the authors' choice where
+  it is three distinct increasing layers (7 layers and more), else low / middle / last of a
+  shallow target, each once and in order ((1, 2, 3) on 4 layers, not the authors' (1, 1, 0))."""
+  authors = default_feature_layers(num_layers)
+  if 0 <= authors[0] < authors[1] < authors[2] < num_layers:
+    return authors
+  if num_layers <= 3:
+    return tuple(range(num_layers))
+  return (1, num_layers // 2, num_layers - 1)
 
 
 def init_eagle(key: jax.Array, config: EagleConfig, dtype=jnp.float32,

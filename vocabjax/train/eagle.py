@@ -77,7 +77,7 @@ from vocabjax.checkpoints.eagle3 import head_target_ids, load_eagle3, save_eagle
 from vocabjax.checkpoints.loader import load_model
 from vocabjax.io import atomic_write_json
 from vocabjax.lowering import Lowering
-from vocabjax.models.eagle import default_feature_layers, init_eagle
+from vocabjax.models.eagle import init_eagle, training_feature_layers
 from vocabjax.models.llamalike import lm_head_weight
 from vocabjax.train.eagle_data import (build_eagle_features, load_eagle_features, make_batch,
                                        make_packed_batch, record_sources)
@@ -97,7 +97,7 @@ def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None =
   out.mkdir(parents=True, exist_ok=True)
   target = load_model(job.target, dtype="float32", progress=show_progress)
   tc = target.config
-  layers = tuple(job.feature_layers or default_feature_layers(tc.num_layers))
+  layers = tuple(job.feature_layers or training_feature_layers(tc.num_layers))
   if min(layers) < 0 or max(layers) >= tc.num_layers:
     raise TrainError(f"feature_layers={list(layers)} must be target layers in [0, "
                      f"{tc.num_layers})")

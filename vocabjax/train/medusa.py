@@ -43,7 +43,7 @@ import numpy as np
 from vocabjax.checkpoints.loader import load_model
 from vocabjax.checkpoints.medusa import load_medusa, save_medusa
 from vocabjax.io import atomic_write_json
-from vocabjax.models.eagle import default_feature_layers
+from vocabjax.models.eagle import training_feature_layers
 from vocabjax.models.llamalike import lm_head_weight
 from vocabjax.models.medusa import MedusaConfig, init_medusa, medusa_hidden
 from vocabjax.train.eagle import EagleJob
@@ -232,7 +232,7 @@ def train(job: MedusaJob, *, show_progress: bool = True, stop_after: int | None 
   out.mkdir(parents=True, exist_ok=True)
   target = load_model(job.target, dtype="float32", progress=show_progress)
   tc = target.config
-  layers = tuple(job.feature_layers or default_feature_layers(tc.num_layers))
+  layers = tuple(job.feature_layers or training_feature_layers(tc.num_layers))
   if job.train_vocab_size is not None and not 1 <= job.train_vocab_size <= tc.vocab_size:
     raise TrainError(f"train_vocab_size={job.train_vocab_size} must be in [1, "
                      f"V={tc.vocab_size}]")
