@@ -23,6 +23,7 @@ def test_cpu_only_where_libtpu_finds_no_tpu():
   assert cpu_only_reason({"JAX_PLATFORMS": ""}, True, 0, 0)  # empty: JAX's automatic choice
 
 
+@pytest.mark.extended
 @pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
                     reason="libtpu not installed (the test extra installs it)")
 def test_a_command_on_a_host_without_tpu_prints_no_libtpu_noise(tmp_path):

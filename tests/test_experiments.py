@@ -8,6 +8,7 @@ from tests.helpers.experiments import load_script, tiny_configs
 from tests.helpers.experiments import EXPERIMENTS
 
 
+@pytest.mark.extended
 def test_step_programs_times_steps_and_projects_from_a_run(tmp_path):
   sp = load_script("step_programs")
   t, d = tiny_configs(tmp_path)
@@ -32,6 +33,7 @@ def test_step_programs_times_steps_and_projects_from_a_run(tmp_path):
   assert "PROJECTED" in (out / "steps.md").read_text()
 
 
+@pytest.mark.extended
 def test_step_programs_times_specvocab_chains(tmp_path):
   """The SpecVocab chain steps (XLA's gather and the dispatcher) beside the full-vocabulary
   chain; `kernel` needs a GPU/TPU backend and says so on the CPU."""

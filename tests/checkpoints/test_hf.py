@@ -174,6 +174,7 @@ def test_bad_size_fields_are_named_with_their_value(tiny_dirs, tmp_path, change,
   assert str(e.value).startswith(str(d))
 
 
+@pytest.mark.extended
 def test_a_bad_config_is_one_error_line_on_the_command_lines(tiny_chat_dir, tmp_path):
   import subprocess
   import sys

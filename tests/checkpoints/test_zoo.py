@@ -112,6 +112,7 @@ def test_registry_pins_and_cli_list(capsys, tmp_path, monkeypatch):
     zoo.get_entry("qwen-typo")
 
 
+@pytest.mark.extended
 def test_in_place_corruption_with_size_and_mtime_kept_is_caught_by_the_next_process(
     fake_model, tmp_path, monkeypatch):
   """The stamp (size, mtime) cannot see bytes changed in place with the mtime restored; a new

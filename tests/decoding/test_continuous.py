@@ -56,6 +56,7 @@ def _decoder(kind, target, draft):
   raise ValueError(kind)
 
 
+@pytest.mark.extended(params=["chain", "eagle_suffix"])
 @pytest.mark.parametrize("kind", ["chain", "tree", "eagle", "medusa", "pld", "eagle_suffix"])
 def test_rows_handed_to_the_next_prompt_keep_plain_greedy_tokens(pair, kind):
   """Two rows decode six prompts: each prompt's tokens and finish reason are plain decoding's
@@ -98,6 +99,7 @@ def test_rows_handed_to_the_next_prompt_keep_plain_greedy_tokens(pair, kind):
         "accepted_from_suffix"]
 
 
+@pytest.mark.extended
 def test_sampled_output_keeps_the_targets_law():
   """6,000 rows of one prompt through 500 cache rows (each row decodes about 12 prompts in turn,
   each prompt's first token from its own one-row prefill): the joint law of the first three

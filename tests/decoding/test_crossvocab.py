@@ -315,6 +315,7 @@ def test_exact_rule_with_merges_is_lossless(merging, sp, batch, continuous):
   assert pvalue > 1e-3
 
 
+@pytest.mark.extended
 def test_omnidraft_rule_fails_the_same_test(merging):
   """The approximation (q' per spelling) on the same pair: the chi-square test rejects it, so
   the test above has power."""
@@ -322,6 +323,7 @@ def test_omnidraft_rule_fails_the_same_test(merging):
   assert merged > 0.5 and pvalue < 1e-3
 
 
+@pytest.mark.extended(params=["sampling0"])
 @pytest.mark.parametrize("sampling", [SamplingParams(temperature=0.0),
                                       SamplingParams(temperature=1e-3)])
 def test_nonfinite_target_logits_are_an_error_naming_the_row(setup, sampling):

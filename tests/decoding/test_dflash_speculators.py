@@ -85,6 +85,7 @@ def _block_drafts(ours, proposer, config, params, ids):
   return our_drafts(proposer, h[:, 1:], block[0])
 
 
+@pytest.mark.extended
 def test_a_converted_zlab_drafter_drafts_as_the_original(setup):
   """z-lab's layer ids (0, 2) become speculators' (1, 3) in the converted config; read back
   they are (0, 2) again, the weights are the same, and the engine's output and accepted

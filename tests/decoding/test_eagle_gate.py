@@ -89,6 +89,7 @@ def test_a_row_drafts_exactly_when_its_root_confidence_reaches_the_threshold(tar
   assert [bool(d) for d in res.stats.drafted[0]] == list(conf >= thr)
 
 
+@pytest.mark.extended
 def test_gated_lookup_without_the_head_is_prompt_lookup(target):
   """A threshold the random head never reaches: every step verifies the lookup's trie alone,
   so the hybrid accepts exactly what prompt lookup accepts, all of it from lookup nodes.

@@ -153,7 +153,7 @@ def test_greedy_identical_to_autoregressive_random_models(target, vocab, gamma, 
   assert res.stats.record()["lookup_nodes"] > 0
 
 
-@pytest.mark.extended(params=["t1"])
+@pytest.mark.extended
 @pytest.mark.parametrize("sampling", [SamplingParams(temperature=1.0),
                                       SamplingParams(temperature=0.7, top_p=0.9)],
                          ids=["t1", "t0.7-p0.9"])

@@ -43,7 +43,7 @@ def _methods(target, draft, config):
   return methods
 
 
-@pytest.mark.extended(params=["Q4_1", "Q5_0", "Q5_1", "Q5_K", "Q8_0"])
+@pytest.mark.extended(params=["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0"])
 @pytest.mark.parametrize("qtype", sorted(BLOCK_TYPES))
 def test_greedy_identity_on_blocks(qtype):
   (target, target32), (draft, _) = _pair(BCFG, qtype, 0.3)
@@ -61,7 +61,7 @@ def test_greedy_identity_on_blocks(qtype):
 
 
 # Q4_K and Q6_K (a Q4_K_M file's) in the fast run, the other types in the integration step
-@pytest.mark.extended(params=["tree-Q4_K", "tree-Q6_K", "chain-Q6_K"])
+@pytest.mark.extended(params=["tree-Q4_K", "tree-Q6_K", "chain-Q6_K", "chain-Q4_K"])
 @pytest.mark.parametrize("qtype", [pytest.param(q, marks=() if q in ("Q4_K", "Q6_K") else
                                                 pytest.mark.integration)
                                    for q in sorted(BLOCK_TYPES)])

@@ -192,7 +192,7 @@ def test_medusa_heads_logits_match_the_reference(target, medusa_pair):
     np.testing.assert_allclose(ours, want, atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.extended(params=["per_level1", "per_level2"])
+@pytest.mark.extended
 @pytest.mark.parametrize("per_level", [[3, 2], [2, 2, 2], [4]])
 def test_medusa_tree_candidates_and_acceptance_match_the_reference(target, medusa_pair,
                                                                    per_level):

@@ -165,6 +165,7 @@ def test_bad_meshes_and_batches(pair):
 # host-side state per row) and tensor parallelism at once; the (1, 8) mesh's own case (more
 # devices on "model" than heads) is the sharding rules', which the greedy identity test above
 # checks on it for every decoder kind these programs are built from
+@pytest.mark.extended
 @pytest.mark.parametrize("data,model", [(2, 4)], ids=lambda x: str(x))
 def test_prompt_lookup_on_a_mesh(pair, data, model):
   """Prompt lookup decoding (a chain, and a tree of 3 matches' continuations) on a mesh gives
@@ -202,6 +203,7 @@ def test_prompt_lookup_on_a_mesh(pair, data, model):
       dec.generate(PROMPTS[:3], max_new_tokens=4)
 
 
+@pytest.mark.extended
 def test_prompt_lookup_sampling_is_lossless_on_a_mesh():
   """12,000 rows sampled by prompt lookup on a (2, 4) mesh follow the target's law (chi-square;
   the prompt of tests/decoding/test_pld.py::test_sampling_is_lossless: its lookups draft
@@ -217,6 +219,7 @@ def test_prompt_lookup_sampling_is_lossless_on_a_mesh():
   assert chi2_pvalue(samples, exact_sequence_probs(target, SMALL, prompt, sp)) > 1e-3
 
 
+@pytest.mark.extended
 @pytest.mark.parametrize("data,model", [(2, 4)], ids=lambda x: str(x))
 def test_cross_vocabulary_on_a_mesh(data, model):
   """Cross-vocabulary drafting (a drafter with another tokenizer, n-gram merges on and off) on

@@ -138,6 +138,7 @@ def _forced(monkeypatch, lengths):
   monkeypatch.setattr(DraftSizer, "choose", choose)
 
 
+@pytest.mark.extended(params=["tree-7", "tree-0"])
 @pytest.mark.parametrize("kind,draft_seed", [("chain", 0), ("tree", 0), ("tree", 7)])
 def test_sized_drafters_with_plain_steps_between_keep_plain_greedy_tokens(monkeypatch, kind,
                                                                          draft_seed):

@@ -145,6 +145,7 @@ def _hybrid(target, threshold=None, **kw):
       SuffixTrees(SuffixProposer(max_spec_tokens=6), score_threshold=threshold)))
 
 
+@pytest.mark.extended(params=["merged"])
 @pytest.mark.parametrize("threshold", [None, 1.0], ids=["merged", "thresholded"])
 def test_hybrid_with_eagle_is_greedy_identical_and_takes_suffix_tokens(threshold):
   """The head's tree and the suffix proposal merged (or, thresholded, the suffix proposal alone
@@ -161,7 +162,7 @@ def test_hybrid_with_eagle_is_greedy_identical_and_takes_suffix_tokens(threshold
     assert rec["head_steps"] < sum(map(sum, again.stats.active)), rec
 
 
-@pytest.mark.extended(params=["tree"])
+@pytest.mark.extended
 @pytest.mark.parametrize("device", ["eagle", "tree"])
 def test_hybrid_sampling_follows_the_target_law(device):
   """The suffix proposal merged into an EAGLE head's tree or a drafter model's tree: sampled

@@ -12,6 +12,7 @@ from vocabjax.eval.runner import RECORDS
 from tests.helpers.eval import run_eval
 
 
+@pytest.mark.extended
 def test_report_only_matches_the_run_and_reports_a_cut_run_on_finished_questions(
     suite, tmp_path, capsys, monkeypatch):  # noqa: F811
   path, _ = suite

@@ -70,6 +70,7 @@ def test_unknown_set_is_refused_before_anything_runs(tmp_path):
   assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.extended
 def test_skipped_steps_and_the_budget(tmp_path):
   """SKIP leaves named steps out; a step that would start with under 20 s of BUDGET_S left is
   skipped and says so (the device call's own limit never cuts the run mid-step)."""

@@ -78,6 +78,7 @@ def test_a_conversation_holds_the_earlier_answers(tiny_chat_dir):
     encode_conversation(tok, ["Hi.", "Again."], [], chat=True)
 
 
+@pytest.mark.extended
 def test_every_turn_is_lossless_and_resumes_from_its_recorded_turns(suite, tmp_path):
   from transformers import AutoTokenizer
 

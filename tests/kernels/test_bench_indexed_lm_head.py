@@ -42,6 +42,7 @@ def test_candidates_fit_the_shape(bench):
                  (64, 1, 264)}  # 64-row tiles: 320, fewer than 528
 
 
+@pytest.mark.extended
 def test_persistent_grids_per_sm(bench, tmp_path, monkeypatch):
   """--tune-persist-per-sm N adds N x the SM count to the persistent grids tried, so one
   command fits GPUs with different SM counts; without a count it is refused."""

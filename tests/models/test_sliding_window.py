@@ -143,6 +143,7 @@ def test_speculative_greedy_equals_plain_decoding_past_the_window(mistral_pair, 
   assert (probe.ring == 13) == ring and (probe.k.shape[0] == 0) == ring
 
 
+@pytest.mark.extended
 def test_rings_alone_on_a_mesh_decode_the_unsharded_ids(mistral_pair, monkeypatch):
   """On a (4, 2) mesh a cache of rings alone is sharded as the others (its empty global
   buffer replicated, as XLA hands an empty array back), and plain, chain and tree decoding give

@@ -190,6 +190,7 @@ def online_pair(pair, tmp_path_factory):
   return root, out["l"], out["c"]
 
 
+@pytest.mark.extended
 def test_online_mode_updates_the_drafter_while_staying_lossless(online_pair):
   root, s, _ = online_pair
   rows = [json.loads(x) for x in (root / "l" / "out" / "online.jsonl").read_text().splitlines()]

@@ -11,7 +11,7 @@ from vocabjax.train.losses import (blocked_probs_cross_entropy, blockwise_logsum
                                    vocab_cross_entropy)
 
 
-@pytest.mark.extended(params=["50-16"])
+@pytest.mark.extended
 @pytest.mark.parametrize("V,block", [(50, 16), (64, 64), (70, 1000)])
 def test_blockwise_losses_match_dense(V, block):
   rs = np.random.RandomState(V)
