@@ -113,10 +113,28 @@ def test_no_recompilation_across_steps_and_calls(decoder):
                                          r"cache length max_len=10"),
     (dict(max_new_tokens=300), "exceeds the model's context 256"),
     (dict(max_new_tokens=4, sampling=SamplingParams(1.0, 1000)), "top_k=1000 exceeds"),
+    (dict(max_new_tokens=2.5), r"max_new_tokens must be an integer, got 2.5 \(float\)"),
+    (dict(max_new_tokens=True), r"max_new_tokens must be an integer, got True \(bool\)"),
+    (dict(max_new_tokens=4, seed="7"), r"seed must be an integer, got '7' \(str\)"),
+    (dict(max_new_tokens=4, seed=2 ** 32), r"seed must lie in \[0, 2\*\*32\)"),
+    (dict(max_new_tokens=4, eos_token_ids="28"),
+     r"eos_token_ids must be an int or a sequence of ints, got '28' \(str\)"),
+    (dict(max_new_tokens=4, eos_token_ids=[2, 1.5]), r"eos_token_ids holds 1.5 \(float\)"),
+    (dict(max_new_tokens=4, eos_token_ids=[2, 128, 900]),
+     r"eos_token_ids holds ids outside the vocabulary \[0, 128\): \[128, 900\]"),
 ])
 def test_bad_requests(decoder, kwargs, match):
   with pytest.raises(ValueError, match=match):
     decoder.generate([[1, 2, 3, 4, 5]], **kwargs)
+
+
+def test_an_int_eos_id_stops_as_a_list_of_it_does(decoder):
+  ref = decoder.generate([[1, 2, 3]], max_new_tokens=12).tokens[0]
+  stop = ref[3]
+  one = decoder.generate([[1, 2, 3]], max_new_tokens=12, eos_token_ids=stop)
+  assert one.tokens == decoder.generate([[1, 2, 3]], max_new_tokens=12,
+                                        eos_token_ids=[stop]).tokens
+  assert one.tokens[0] == ref[:ref.index(stop) + 1]
 
 
 def test_bad_prompts(decoder):

@@ -379,6 +379,32 @@ def validate_request(prompts: list[list[int]], max_new_tokens: int, sampling: Sa
                      f"context {config.max_position_embeddings}")
 
 
+def check_integer(name: str, value) -> None:
+  """An integer argument: bools, floats and strings refused by name (2.5 new tokens, True)."""
+  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+    raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+
+
+def eos_ids(eos_token_ids, vocab_size: int) -> tuple[int, ...]:
+  """The stop ids of a request: an int or a sequence of ints, each inside the vocabulary. A
+  string is refused (read as a sequence, "28" would be the ids 2 and 8)."""
+  if isinstance(eos_token_ids, (int, np.integer)) and not isinstance(eos_token_ids, bool):
+    eos_token_ids = (eos_token_ids,)
+  if (isinstance(eos_token_ids, (str, bytes))
+      or not isinstance(eos_token_ids, collections.abc.Iterable)):
+    raise ValueError(f"eos_token_ids must be an int or a sequence of ints, got "
+                     f"{eos_token_ids!r:.60} ({type(eos_token_ids).__name__})")
+  ids = tuple(eos_token_ids)
+  for t in ids:
+    if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+      raise ValueError(f"eos_token_ids holds {t!r} ({type(t).__name__}), not an integer id")
+  bad = [int(t) for t in ids if not 0 <= t < vocab_size]
+  if bad:
+    raise ValueError(f"eos_token_ids holds ids outside the vocabulary [0, {vocab_size}): "
+                     f"{bad[:5]}")
+  return tuple(int(t) for t in ids)
+
+
 def check_cache_fits(config: LlamaLikeConfig, B: int, S: int, method: str) -> None:
   """Refuse, before anything is compiled or allocated, a target KV cache that cannot fit: B rows
   of S slots need at least 2 (K and V) x layers x B x S x KV heads x head dim x 2 bytes (bf16:
@@ -432,6 +458,11 @@ def request(prompts: Sequence[Sequence[int]], *, max_new_tokens: int, sampling: 
   (`continuous_loop`; the collector keeps one row per prompt all the same)."""
   if rows is not None and rows < 1:
     raise ValueError(f"rows={rows} must be >= 1")
+  check_integer("max_new_tokens", max_new_tokens)
+  check_integer("seed", seed)
+  if not 0 <= seed < 2 ** 32:  # jax.random.key takes 32 bits: 2**32 would be seed 0
+    raise ValueError(f"seed must lie in [0, 2**32), got {seed=}")
+  eos_token_ids = eos_ids(eos_token_ids, config.vocab_size)
   prompts, lengths, S, T, tokens = block_request(prompts, max_new_tokens, sampling, config,
                                                  max_len, extra_slots, method, rows)
   B = len(prompts)
