@@ -243,6 +243,31 @@ def test_a_planted_ref_that_names_no_commit_is_refused_offline(served, monkeypat
   assert "secret" not in str(e.value)
 
 
+def test_a_cached_file_whose_bytes_changed_is_refused_online_and_offline(served, monkeypatch):
+  """A blob's name is its file's sha256 (LFS) or git blob id: bytes changed after the download
+  (bit rot, a bad copy) are caught the first time a process reads them, offline too."""
+  from vocabjax.checkpoints import hub
+
+  load_model("org/tiny", dtype="float32")
+  link = next((served.cache / "models--org--tiny" / "snapshots").glob("*/model.safetensors"))
+  blob = link.resolve()
+  assert len(blob.name) in (40, 64)  # hash-named, as huggingface_hub names its blobs
+  data = bytearray(blob.read_bytes())
+  data[-1] ^= 0xFF
+  blob.write_bytes(bytes(data))
+  for offline in (False, True):
+    from huggingface_hub import constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", offline)
+    with pytest.raises(HubError, match=r"org/tiny: the cached model.safetensors is not the file "
+                                       r"it was downloaded as .*delete .* and load it online"):
+      load_model("org/tiny", dtype="float32")
+  data[-1] ^= 0xFF  # restored: loads again (checked afresh: its mtime changed)
+  blob.write_bytes(bytes(data))
+  assert load_model("org/tiny", dtype="float32").config.vocab_size > 0
+  assert hub._VERIFIED.get(blob) == hub._stamp(blob)
+
+
 def test_too_little_disk_is_said_before_downloading(served, monkeypatch):
   import shutil
   from collections import namedtuple

@@ -55,6 +55,7 @@ _ID = re.compile(rf"(?:hf://)?(?P<repo>{_SEGMENT}/{_SEGMENT})(?:@(?P<rev>[A-Za-z
 # or a commit id; no part empty or dot-led, so refs/<revision> stays inside the cache's refs/
 _REVISION = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*(?:/[A-Za-z0-9_][A-Za-z0-9_.-]*)*")
 _COMMIT = re.compile(r"[0-9a-f]{40}")
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class HubError(CheckpointError):
@@ -279,6 +280,39 @@ def _verify(path: Path, sibling) -> str | None:
   return None
 
 
+_VERIFIED: dict = {}  # blob path -> (size, mtime_ns) when this process checked its bytes
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+  st = path.stat()
+  return st.st_size, st.st_mtime_ns
+
+
+def check_cached(hid: HubId, local: Path, name: str) -> None:
+  """A cached file's bytes against its blob's name, which huggingface_hub's cache makes the
+  file's sha256 (LFS files) or its git blob id (the others): a file changed since it was
+  downloaded (bit rot, a bad copy) is refused, naming it and what to do. Checked the first time
+  this process reads the blob (and again if its size or mtime changed)."""
+  blob = local.resolve()
+  if _VERIFIED.get(blob) == _stamp(blob):
+    return
+  if _SHA256.fullmatch(blob.name):
+    h = hashlib.sha256()
+  elif _COMMIT.fullmatch(blob.name):
+    h = hashlib.sha1()
+    h.update(b"blob %d\0" % blob.stat().st_size)
+  else:  # not a hash-named blob (a cache laid out by hand): nothing to check it against
+    return
+  with open(blob, "rb") as f:
+    for chunk in iter(lambda: f.read(1 << 22), b""):
+      h.update(chunk)
+  if h.hexdigest() != blob.name:
+    raise HubError(f"{hid}: the cached {name} is not the file it was downloaded as (its bytes "
+                   f"hash to {h.hexdigest()[:16]}..., its blob is {blob.name[:16]}...: changed "
+                   f"since, by bit rot or a bad copy); delete {blob} and load it online again")
+  _VERIFIED[blob] = _stamp(blob)
+
+
 def _discard(local: Path) -> None:
   """Remove a downloaded file from the cache: the blob and the snapshot's link to it."""
   blob = local.resolve()
@@ -369,6 +403,9 @@ def _download(hid: HubId, commit: str, files: list[str], siblings: dict, token,
         _discard(local)
         raise HubError(f"{hid}: downloaded {f} is not the hub's file ({why}); deleted from the "
                        f"cache, run again to download it anew")
+      _VERIFIED[local.resolve()] = _stamp(local)
+    else:  # in the cache already: its bytes against its blob's name, once a process
+      check_cached(hid, local, f)
     snapshot = Path(str(local)[:-len(f)]) if snapshot is None else snapshot
   if snapshot is None:
     snapshot = _repo_folder(hid.repo) / "snapshots" / commit
@@ -392,6 +429,7 @@ def _from_cache(hid: HubId, kind: str, allow: bool) -> Path:
   names = _listing(snapshot)
   target = snapshot / hid.path if hid.path else snapshot
   if hid.path and target.is_file():
+    check_cached(hid, target, hid.path)
     return target
   prefix = f"{hid.path}/" if hid.path else ""
   try:
@@ -400,7 +438,9 @@ def _from_cache(hid: HubId, kind: str, allow: bool) -> Path:
     raise HubError(f"{e}; download it once online") from None
   index = next((f for f in files if f.endswith(".index.json")), None)
   if index:
-    shards_of(snapshot / index, names, prefix, str(hid))
+    files = [*files, *(prefix + s for s in shards_of(snapshot / index, names, prefix, str(hid)))]
+  for f in files:
+    check_cached(hid, snapshot / f, f)
   return target
 
 
