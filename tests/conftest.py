@@ -39,7 +39,7 @@ if _cache != "off":
 # whole suite at users' settings, and `.ci/run`'s second step runs those two marks so.
 from tests.helpers.compile import (FAST_COMPILE, FAST_XLA_OPTIONS, flags,  # noqa: E402
                                    leave_to_full_run)
-from tests.helpers.selection import EXTENDED_MODES, select_extended  # noqa: E402
+from tests.helpers.selection import EXTENDED_MODES, ExtendedCheck, select_extended  # noqa: E402
 
 if FAST_COMPILE:  # before jax starts its CPU backend (it reads XLA_FLAGS then); once (xdist's
   # workers inherit the controller's environment)
@@ -111,6 +111,10 @@ if _PROFILE:
       f.write(json.dumps({k: round(v, 3) if isinstance(v, float) else v
                           for k, v in _prof.items()}) + "\n")
     _prof.clear()
+
+
+def pytest_configure(config):
+  config.pluginmanager.register(ExtendedCheck(), "vocabjax-extended-check")
 
 
 def pytest_addoption(parser):

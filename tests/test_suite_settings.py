@@ -65,7 +65,9 @@ def test_marked_tests_run_at_users_settings():
 
 
 _SELECTION_CONFTEST = (
-    "from tests.helpers.selection import EXTENDED_MODES, select_extended\n\n\n"
+    "from tests.helpers.selection import EXTENDED_MODES, ExtendedCheck, select_extended\n\n\n"
+    "def pytest_configure(config):\n"
+    "  config.pluginmanager.register(ExtendedCheck(), 'extended-check')\n\n\n"
     "def pytest_addoption(parser):\n"
     "  parser.addoption('--extended', choices=EXTENDED_MODES, default='no')\n\n\n"
     "def pytest_collection_modifyitems(config, items):\n"
@@ -100,6 +102,22 @@ def test_the_core_and_the_extended_tests_are_selected_by_their_mark(pytester, mo
   result.assert_outcomes(passed=len(passed), deselected=4 - len(passed))
   ran = {line.split("::")[1].split(" ")[0] for line in result.outlines if " PASSED" in line}
   assert ran == set(passed)
+
+
+def test_cases_deselected_by_a_mark_expression_are_still_known_to_the_check(pytester):
+  """`-m` deselects before the selection hook runs: the check sees every case all the same."""
+  pytester.makeconftest(_SELECTION_CONFTEST)
+  pytester.makepyfile(test_sel="""
+      import pytest
+
+      @pytest.mark.extended(params=["b"])
+      @pytest.mark.parametrize("x", [pytest.param("a", marks=pytest.mark.other), "b"],
+                               ids=["a", "b"])
+      def test_cases(x):
+        pass
+  """)
+  result = pytester.runpytest_inprocess("-p", "no:cacheprovider", "-W", "ignore", "-m", "other")
+  result.assert_outcomes(passed=1, deselected=1)
 
 
 def test_an_extended_case_that_does_not_exist_is_refused(pytester):

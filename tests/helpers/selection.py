@@ -43,10 +43,18 @@ def check_extended_params(items) -> None:
                               f"have: {missing} (its cases: {sorted(ids)})")
 
 
+class ExtendedCheck:
+  """`check_extended_params` over every collected case, before `-m` or `-k` deselect any (a
+  plugin: `config.pluginmanager.register(ExtendedCheck())` in `pytest_configure`)."""
+
+  @pytest.hookimpl(tryfirst=True)
+  def pytest_collection_modifyitems(self, config, items):
+    check_extended_params(items)
+
+
 def select_extended(config, items) -> None:
   """Keep the core (`--extended no`, the default), both (`also`) or the extended tests alone
   (`only`), in place; the others deselected, as pytest reports deselected tests."""
-  check_extended_params(items)
   mode = config.getoption("extended")
   if mode == "also":
     return
