@@ -23,7 +23,8 @@ import statistics
 import time
 
 from vocabjax import Decoder, load_model
-from vocabjax.decoding.speculative import SpeculativeEngine, block_layout
+from vocabjax.decoding.drafter import block_layout
+from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.crossvocab import CrossVocabProposer
 from vocabjax.io import atomic_write_text
 from vocabjax.prompts import DatasetSpec, encode_prompts, load_prompts

@@ -8,7 +8,7 @@ tokens, a cache of 1024 slots; three timed runs each (the first includes one-off
 import time, numpy as np, jax, jax.numpy as jnp
 from vocabjax.checkpoints.loader import load_model
 from vocabjax.decoding.autoregressive import abstract_cache
-from vocabjax.decoding.speculative import compile_draft_prefill
+from vocabjax.decoding.drafter import compile_draft_prefill
 from vocabjax.models.cache import KVCache
 from vocabjax.models.llamalike import cast_weights
 

@@ -24,7 +24,7 @@ from jax.sharding import PartitionSpec as P
 from vocabjax.bench import tpu
 from vocabjax.bench import tpu_projection
 from vocabjax.decoding.proposer import continuous_capable
-from vocabjax.decoding.speculative import block_layout, fold_catch_up
+from vocabjax.decoding.drafter import block_layout, fold_catch_up
 from vocabjax.kernels import cpu_matmul
 from vocabjax.lowering import Lowering, decoding_lowering
 from vocabjax.testing.tpu_aot import libtpu_available

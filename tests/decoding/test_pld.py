@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from tests.helpers.models import CFG, SMALL, prompt_samples
-from vocabjax.decoding.autoregressive import Decoder, block_request
+from vocabjax.decoding.autoregressive import Decoder
+from vocabjax.decoding.engine import block_request
 from vocabjax.decoding.pld import (LookupProposer, continuation_trie, lookup_continuations,
                                    lookup_drafts)
 from vocabjax.decoding.speculative import SpeculativeEngine

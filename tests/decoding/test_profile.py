@@ -6,7 +6,8 @@ import pytest
 
 from tests.helpers.models import CFG
 from vocabjax.decoding.profile import StepSplit, run_split, skipped_drafting, step_split
-from vocabjax.decoding.speculative import SpecStats, SpeculativeEngine, fold_catch_up
+from vocabjax.decoding.drafter import fold_catch_up
+from vocabjax.decoding.speculative import SpecStats, SpeculativeEngine
 from vocabjax.decoding.drafter import ChainProposer, TreeProposer
 from vocabjax.decoding.tree import TreeParams
 

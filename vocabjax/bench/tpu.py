@@ -25,7 +25,7 @@ The platform is the decoder's, not the host's: decoders built inside `tpu_tracin
 for "tpu" (`lowering.platform_default`; on a mesh, the mesh's devices say so), so their
 `Lowering` has the platform, no CPU kernel (`cpu_matmul.linear` never reaches the C++ CPU
 custom call, nor widens bf16 weights as on XLA:CPU), the MLP layout and the chain's two-token
-first drafting call of an accelerator (`speculative.block_layout` / `fold_catch_up` read the
+first drafting call of an accelerator (`drafter.block_layout` / `fold_catch_up` read the
 lowering), drafting top-ks in two stages, and on a mesh the mesh switches
 (`Lowering.split_top_k`, `row_writes`). Nothing reads or patches `jax.default_backend()`.
 

@@ -46,7 +46,7 @@ from vocabjax.calibrate.counts import CalibrationError, Counts, KINDS, plot, tok
 from vocabjax.checkpoints.loader import eos_ids, load_model, load_tokenizer_and_vocab
 from vocabjax.checkpoints.torch_model import TORCH_DTYPES, load_torch_model
 from vocabjax.decoding import Decoder, SamplingParams
-from vocabjax.decoding.speculative import block_layout
+from vocabjax.decoding.drafter import block_layout
 from vocabjax.io import atomic_write_bytes, atomic_write_text
 from vocabjax.prompts import (DatasetSpec, LOADERS, encode_prompts, in_suites, load_prompts,
                               suite_questions)

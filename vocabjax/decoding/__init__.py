@@ -6,11 +6,12 @@ table (`ngram`), SuffixDecoding (`suffix`), device and host trees merged (`hybri
 with another tokenizer (`crossvocab`); verification (`verify`, `tree`), the decoder contract
 (`base`) and the per-step time split (`profile`)."""
 
-from vocabjax.decoding.autoregressive import (Decoder, GenerationResult, NonFiniteLogitsError,
-                                              generate)
+from vocabjax.decoding.autoregressive import Decoder, generate
+from vocabjax.decoding.base import GenerationResult
 from vocabjax.decoding.crossvocab import CrossVocabProposer
 from vocabjax.decoding.drafter import ChainProposer, TreeProposer
 from vocabjax.decoding.eagle import EagleProposer
+from vocabjax.decoding.engine import NonFiniteLogitsError
 from vocabjax.decoding.medusa import MedusaProposer
 from vocabjax.decoding.pld import LookupProposer
 from vocabjax.decoding.proposer import Proposer

@@ -25,11 +25,9 @@ import numpy as np
 
 from vocabjax import sharding
 from vocabjax.decoding.base import DecodingMethod, GenerationResult
-from vocabjax.decoding.engine import (  # noqa: F401  (request checks re-exported: their old home)
-    KEY, PROMPT_STEP, NonFiniteLogitsError, OutputCollector, DecoderPrograms, ProgramKey, Request,
-    abstract_arg, arg_signature, block_request, bucket, cache_slots, check_cache_fits,
-    check_continuous_mesh, continuous_loop, fold_in, host_loop, nonfinite_error, placed_like,
-    prompt_bucket, request, token_ids, validate_request)
+from vocabjax.decoding.engine import (KEY, DecoderPrograms, ProgramKey, abstract_arg,
+                                      arg_signature, check_continuous_mesh, continuous_loop,
+                                      fold_in, host_loop, placed_like, prompt_bucket, request)
 from vocabjax.sampling import SamplingParams, sample
 from vocabjax.lowering import Lowering, decoding_lowering, lowered, step_lowering
 from vocabjax.models.cache import KVCache

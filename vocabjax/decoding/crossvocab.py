@@ -70,11 +70,11 @@ import numpy as np
 
 from vocabjax import sharding
 from vocabjax.decoding.adaptive import acceptance_logit, check_threshold, should_stop
-from vocabjax.decoding.autoregressive import (abstract_cache, bucket, cache_slots,
-                                              prompt_bucket, put_cache_row)
+from vocabjax.decoding.autoregressive import abstract_cache, put_cache_row
 from vocabjax.decoding.drafter import (check_draft_prefill, lowering_folds_catch_up,
                                        prefill_drafter)
-from vocabjax.decoding.engine import KEY, abstract_arg, fold_in, placed_like
+from vocabjax.decoding.engine import (KEY, abstract_arg, bucket, cache_slots, fold_in,
+                                      placed_like, prompt_bucket)
 from vocabjax.decoding.proposer import (Context, Counted, Drafts, HostPrograms, HostRun,
                                        HostVerifier, Prefilled, RowHandover)
 from vocabjax.decoding.routes import Routes

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vocabjax import sharding
-from vocabjax.decoding.speculative import model_body
+from vocabjax.decoding.drafter import model_body
 from vocabjax.lowering import step_lowering, with_lowering
 from vocabjax.models.cache import KVCache
 from vocabjax.models.llamalike import compute_dtype, lm_head

@@ -48,16 +48,13 @@ import numpy as np
 from flax import struct
 
 from vocabjax import sharding
-from vocabjax.decoding.autoregressive import (GenerationResult, abstract_cache, cache_slots,
-                                              prefill_in_bf16, request, token_ids)
-from vocabjax.decoding.base import DecodingMethod
-from vocabjax.decoding.drafter import (DRAFT_PREFILLS, ChainProposer, DraftVocab,  # noqa: F401
-                                       TreeProposer, block_layout, check_draft_prefill,
-                                       compile_draft_prefill, fold_catch_up,
-                                       lowering_folds_catch_up, model_body)
+from vocabjax.decoding.autoregressive import abstract_cache, prefill_in_bf16
+from vocabjax.decoding.base import DecodingMethod, GenerationResult
+from vocabjax.decoding.drafter import block_layout
 from vocabjax.decoding.engine import (KEY, DecoderPrograms, ProgramKey, abstract_arg, arg_signature,
-                                      check_continuous_mesh, continuous_loop, fold_in,
-                                      host_loop, placed_like, prompt_bucket)
+                                      cache_slots, check_continuous_mesh, continuous_loop,
+                                      fold_in, host_loop, placed_like, prompt_bucket, request,
+                                      token_ids)
 from vocabjax.decoding.proposer import (Context, Counted, Drafts, Gated, HostDrafter,
                                        HostPrograms, HostRun, Prefilled, Profiled, Proposer,
                                        SelfSizing, continuous_capable, drafted_counts,

@@ -28,7 +28,7 @@ import sys
 from vocabjax import distributed
 from vocabjax.checkpoints.hub import HubError, add_allow_bin_argument, allow_bin_from_args
 from vocabjax.checkpoints.loader import parse_dtype
-from vocabjax.decoding.autoregressive import NonFiniteLogitsError
+from vocabjax.decoding.engine import NonFiniteLogitsError
 from vocabjax.eval import report
 from vocabjax.errors import disk_full, disk_full_message
 from vocabjax.eval.config import ConfigError, DatasetSpec, _mesh, load_config

@@ -32,7 +32,7 @@ from typing import Any, Callable
 from vocabjax.calibrate.counts import tokenizer_identity
 from vocabjax.checkpoints import hub
 from vocabjax.checkpoints.convert import CheckpointError
-from vocabjax.decoding.speculative import block_layout
+from vocabjax.decoding.drafter import block_layout
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.errors import ConfigError
 from vocabjax.vocab.subset import VocabSubset

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vocabjax.decoding.autoregressive import bucket
+from vocabjax.decoding.engine import bucket
 from vocabjax.io import atomic_write_bytes, atomic_write_json
 from vocabjax.models.llamalike import lm_head_weight
 from vocabjax.train.distill.job import DistillJob

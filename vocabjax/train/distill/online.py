@@ -12,7 +12,8 @@ import numpy as np
 
 from vocabjax.decoding.autoregressive import Decoder
 from vocabjax.decoding.crossvocab import CrossVocabProposer, ngram_hits_per_step
-from vocabjax.decoding.speculative import SpeculativeEngine, block_layout
+from vocabjax.decoding.drafter import block_layout
+from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.io import atomic_write_json
 from vocabjax.prompts import DatasetSpec, encode_prompts, load_prompts
 from vocabjax.train.distill.data import (example_of, read_sides, save_side, target_side_record,
