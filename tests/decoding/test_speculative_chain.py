@@ -5,12 +5,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import vocabjax.decoding.speculative as spec
 import vocabjax.decoding.verify as verify
 from vocabjax.decoding import Decoder, SamplingParams
-from vocabjax.decoding.autoregressive import prompt_bucket
+from vocabjax.decoding.engine import prompt_bucket
 from vocabjax.decoding.speculative import SpeculativeEngine
-from vocabjax.decoding.drafter import ChainProposer, TreeProposer
+from vocabjax.decoding.drafter import ChainProposer, TreeProposer, compile_draft_prefill
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.kernels import cpu_matmul
 from vocabjax.models import init_params
@@ -180,7 +179,7 @@ def test_drafter_prefill_precision_keeps_greedy_identity(pair, draft_prefill):
                           ChainProposer(draft, CFG, CFG, gamma=3, draft_prefill=draft_prefill))
   assert dec.generate(prompts, max_new_tokens=20).tokens == ar.tokens
   cache = abstract_cache(CFG, 2, 128, jnp.float32)
-  hlo = spec.compile_draft_prefill(dec.proposer_params, CFG, 2, 128, cache, draft_prefill).as_text()
+  hlo = compile_draft_prefill(dec.proposer_params, CFG, 2, 128, cache, draft_prefill).as_text()
   # the GEMM is a CPU kernel: on a GPU (experiments/gpu_exactness.py) no program holds it
   assert ("VjGemmBF16" in hlo) == (draft_prefill == "bf16" and cpu_matmul.gemm_available()
                                    and jax.default_backend() == "cpu")

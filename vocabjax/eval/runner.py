@@ -28,7 +28,7 @@ from vocabjax import distributed, interrupt
 from vocabjax.checkpoints import zoo
 from vocabjax.checkpoints.known import ShapeError, resolve_config
 from vocabjax.checkpoints.loader import Model, dtype_name, load_model, parse_dtype
-from vocabjax.decoding.autoregressive import prompt_bucket
+from vocabjax.decoding.engine import prompt_bucket
 from vocabjax.decoding.profile import StepSplit, run_split, skipped_drafting, step_split
 from vocabjax.sampling import SamplingParams
 from vocabjax.eval import provenance, report

@@ -33,7 +33,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vocabjax.checkpoints.loader import load_model
-from vocabjax.decoding.autoregressive import prompt_bucket
+from vocabjax.decoding.engine import prompt_bucket
 from vocabjax.io import atomic_write_bytes, atomic_write_json
 from vocabjax.models.cache import KVCache
 from vocabjax.models.llamalike import forward, lm_head
