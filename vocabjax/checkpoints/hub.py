@@ -354,8 +354,8 @@ def fetch(ref, kind: str = "model", *, allow_bin: bool | None = None,
   snapshot = _download(hid, info.sha, files, siblings, token, progress)
   index = next((f for f in files if f.endswith(".index.json")), None)
   if index:
-    shards = shards_of(snapshot / index, names, prefix, what)
-    _download(hid, info.sha, shards, siblings, token, progress)
+    shards = shards_of(snapshot / index, names, prefix, what)  # named beside the index
+    _download(hid, info.sha, [prefix + s for s in shards], siblings, token, progress)
   if hid.revision != info.sha:  # what the revision named, for an offline run later
     ref = _repo_folder(hid.repo) / "refs" / hid.revision
     ref.parent.mkdir(parents=True, exist_ok=True)
