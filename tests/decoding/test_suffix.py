@@ -126,7 +126,12 @@ def test_sampling_follows_the_target_law(use_tree):
     (dict(max_cached_requests=0), "max_cached_requests=0"),
     (dict(max_tree_depth=1), "max_tree_depth must be >= 2, got 1"),
     (dict(max_spec_tokens=0), r"max_spec_tokens must be in \[1, 4096\], got 0"),
-    (dict(max_spec_offset=-2.0), "max_spec_offset must be >= 0, got -2.0"),
+    (dict(max_spec_offset=-2.0), "max_spec_offset must be >= 0 and at most 4096, got -2.0"),
+    (dict(max_spec_offset=float("nan")), "max_spec_offset must be >= 0 .*got nan"),
+    (dict(max_spec_offset=float("inf")), "max_spec_offset must be >= 0 .*got inf"),
+    (dict(max_spec_factor=1e300), r"max_spec_factor must be > 0 and at most 4096 .*got 1e\+300"),
+    (dict(max_spec_factor=float("nan")), "max_spec_factor must be > 0 .*got nan"),
+    (dict(min_token_prob=float("nan")), r"min_token_prob must lie in \[0, 1\], got nan"),
 ])
 def test_nonsense_settings_are_refused_in_one_line(kw, match):
   with pytest.raises(ValueError, match=match):

@@ -307,11 +307,12 @@ def check_suffix(max_tree_depth: int, max_spec_tokens: int, max_spec_factor: flo
     raise ValueError(f"max_tree_depth must be >= 2, got {max_tree_depth}")
   if not 1 <= max_spec_tokens <= MAX_TREE_NODES:
     raise ValueError(f"max_spec_tokens must be in [1, {MAX_TREE_NODES}], got {max_spec_tokens}")
-  if not max_spec_factor > 0:
-    raise ValueError(f"max_spec_factor must be > 0 (drafts per matched token), got "
-                     f"{max_spec_factor}")
-  if max_spec_offset < 0:
-    raise ValueError(f"max_spec_offset must be >= 0, got {max_spec_offset}")
+  if not 0 < max_spec_factor <= MAX_TREE_NODES:
+    raise ValueError(f"max_spec_factor must be > 0 and at most {MAX_TREE_NODES} (drafts per "
+                     f"matched token), got {max_spec_factor}")
+  if not 0 <= max_spec_offset <= MAX_TREE_NODES:
+    raise ValueError(f"max_spec_offset must be >= 0 and at most {MAX_TREE_NODES}, got "
+                     f"{max_spec_offset}")
   if not 0.0 <= min_token_prob <= 1.0:
     raise ValueError(f"min_token_prob must lie in [0, 1], got {min_token_prob}")
   if max_cached_requests == 0 or max_cached_requests < -1:
