@@ -143,3 +143,15 @@ def test_sglang_layout_options_and_d2t_traps_are_refused(setup, tmp_path):
   absolute = d2t + np.arange(VD)  # the target ids themselves
   with pytest.raises(CheckpointError, match="d2t holds the target ids themselves"):
     load_eagle3(variant("absolute", tensors={"d2t": absolute}))
+  # two draft ids on one target id: the first bad draft id named
+  twice = d2t.copy()
+  twice[3] = twice[2] + 2 - 3  # draft id 3 -> the target id of draft id 2
+  with pytest.raises(CheckpointError, match=r"not .*ascending ids .*\(first bad: draft id 3 -> "):
+    load_eagle3(variant("twice", tensors={"d2t": twice}))
+  with pytest.raises(CheckpointError, match="d2t holds float32 values; it must hold integer"):
+    load_eagle3(variant("float", tensors={"d2t": d2t.astype(np.float32)}))
+  t2d = load_file(original / "model.safetensors")["t2d"]  # the converter writes both
+  with pytest.raises(CheckpointError, match=r"t2d has shape \(\d+,\)"):
+    load_eagle3(variant("t2d_short", tensors={"t2d": t2d[:-1]}))
+  with pytest.raises(CheckpointError, match=r"matching t2d .*\(first bad: draft id 0 -> "):
+    load_eagle3(variant("t2d_false", tensors={"t2d": np.zeros_like(t2d)}))

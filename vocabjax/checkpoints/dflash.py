@@ -306,10 +306,10 @@ def _own_head(directory: Path, config: DFlashConfig, get, names, prefix: str) ->
   named as such."""
   Vd, V, D = config.draft_vocab_size, config.layer.vocab_size, config.layer.hidden_size
   rows = get("lm_head.weight", (Vd, D))
-  d2t = get("d2t", (Vd,)).astype(np.int64)
+  d2t = get("d2t", (Vd,))
   t2d = get("t2d", (V,)) if prefix + "t2d" in names else None
-  check_d2t(directory, d2t, t2d, V)
-  return {"lm_head": rows, "d2t": d2t}
+  check_d2t(directory, d2t, t2d, V)  # an integer d2t (a float one refused)
+  return {"lm_head": rows, "d2t": np.asarray(d2t, np.int64)}
 
 
 def _read(directory: Path, config: DFlashConfig, f) -> dict:

@@ -397,8 +397,16 @@ def check_d2t(where, d2t: np.ndarray, t2d: np.ndarray | None, vocab_size: int) -
   """The target ids a reduced head's `d2t` (offsets: target id = draft id + d2t[draft id])
   names, checked: inside the vocabulary, ascending, and (where the file has `t2d` [V], the
   target ids' mask) the ids t2d marks. A d2t of absolute target ids, as an exporter that
-  confuses the two writes, is named as such where t2d shows it."""
-  d2t = np.asarray(d2t, np.int64)
+  confuses the two writes, is named as such where t2d shows it; a float d2t, a t2d that is not
+  a [V] mask, and the first bad draft id are named."""
+  raw = np.asarray(d2t)
+  if not np.issubdtype(raw.dtype, np.integer):
+    raise CheckpointError(f"{where}: d2t holds {raw.dtype} values; it must hold integer offsets "
+                          f"(target id = draft id + d2t[draft id])")
+  if t2d is not None and np.shape(t2d) != (vocab_size,):
+    raise CheckpointError(f"{where}: t2d has shape {tuple(np.shape(t2d))}; it must be the "
+                          f"target vocabulary's mask of shape ({vocab_size},)")
+  d2t = raw.astype(np.int64)
   Vd = d2t.size
   target = head_target_ids(d2t)
   marked = None if t2d is None else np.flatnonzero(np.asarray(t2d).astype(bool))
@@ -410,8 +418,17 @@ def check_d2t(where, d2t: np.ndarray, t2d: np.ndarray | None, vocab_size: int) -
           "d2t[draft id])" if absolute else "")
   what = f"{Vd} ascending ids of [0, {vocab_size})" + (" matching t2d" if marked is not None
                                                        else "")
+  bad = ((target < 0) | (target >= vocab_size)
+         | np.concatenate([[False], np.diff(target) <= 0]))
+  if marked is not None:
+    n = min(len(marked), Vd)
+    bad[:n] |= target[:n] != marked[:n]
+    if len(marked) < Vd:  # t2d marks fewer ids than the head drafts
+      bad[n:] = True
+  first = int(np.argmax(bad)) if bad.any() else Vd - 1
   raise CheckpointError(f"{where}: d2t maps its {Vd} draft ids to target ids "
-                        f"{target[:4].tolist()}..., not {what}{hint}")
+                        f"{target[:4].tolist()}..., not {what}{hint} (first bad: draft id "
+                        f"{first} -> target id {int(target[first])})")
 
 
 def _read_tensors(directory: Path, config: EagleConfig, f, lm_head: bool) -> dict:
@@ -459,7 +476,7 @@ def _read_tensors(directory: Path, config: EagleConfig, f, lm_head: bool) -> dic
                           f"head this reader implements (another head's options, e.g. "
                           f"SpecForge's fc_norm or an fc bias); refused rather than ignored")
   out = {name: f.get(src) for name, src in found.items() if lm_head or name != TOP["lm_head"]}
-  d2t = (out["d2t"].astype(np.int64) if "d2t" in out else np.zeros(Vd, np.int64))
+  d2t = out["d2t"] if "d2t" in out else np.zeros(Vd, np.int64)  # its dtype checked below
   t2d = None
   if "t2d" in names and Vd < c.vocab_size:
     if f.shape("t2d") != (c.vocab_size,):
@@ -467,7 +484,7 @@ def _read_tensors(directory: Path, config: EagleConfig, f, lm_head: bool) -> dic
                             f"({c.vocab_size},)")
     t2d = f.get("t2d")
   check_d2t(directory, d2t, t2d, c.vocab_size)
-  out["d2t"] = d2t
+  out["d2t"] = np.asarray(d2t, np.int64)
   if config.parallel:
     out["mask_hidden"] = np.asarray(f.get(mask), np.float32).reshape(-1)
   if embed is not None:
