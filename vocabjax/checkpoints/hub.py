@@ -267,7 +267,16 @@ def _verify(path: Path, sibling) -> str | None:
     return f"{path.stat().st_size:,} bytes, the hub says {size:,}"
   if not data_hash:
     return None
-  if lfs is not None:
+  digest = _file_hash(path, lfs=lfs is not None)
+  if digest != data_hash:
+    return f"its bytes hash to {digest[:16]}..., the hub's file to {data_hash[:16]}..."
+  return None
+
+
+def _file_hash(path: Path, *, lfs: bool) -> str:
+  """The hub's id of a file's bytes: its sha256 (an LFS file) or its git blob id (the sha1 of
+  "blob <size>\\0" and the bytes)."""
+  if lfs:
     h = hashlib.sha256()
   else:
     h = hashlib.sha1()
@@ -275,9 +284,7 @@ def _verify(path: Path, sibling) -> str | None:
   with open(path, "rb") as f:
     for chunk in iter(lambda: f.read(1 << 22), b""):
       h.update(chunk)
-  if h.hexdigest() != data_hash:
-    return f"its bytes hash to {h.hexdigest()[:16]}..., the hub's file to {data_hash[:16]}..."
-  return None
+  return h.hexdigest()
 
 
 _VERIFIED: dict = {}  # blob path -> (size, mtime_ns) when this process checked its bytes
@@ -296,19 +303,12 @@ def check_cached(hid: HubId, local: Path, name: str) -> None:
   blob = local.resolve()
   if _VERIFIED.get(blob) == _stamp(blob):
     return
-  if _SHA256.fullmatch(blob.name):
-    h = hashlib.sha256()
-  elif _COMMIT.fullmatch(blob.name):
-    h = hashlib.sha1()
-    h.update(b"blob %d\0" % blob.stat().st_size)
-  else:  # not a hash-named blob (a cache laid out by hand): nothing to check it against
-    return
-  with open(blob, "rb") as f:
-    for chunk in iter(lambda: f.read(1 << 22), b""):
-      h.update(chunk)
-  if h.hexdigest() != blob.name:
+  if not (_SHA256.fullmatch(blob.name) or _COMMIT.fullmatch(blob.name)):
+    return  # not a hash-named blob (a cache laid out by hand): nothing to check it against
+  digest = _file_hash(blob, lfs=len(blob.name) == 64)
+  if digest != blob.name:
     raise HubError(f"{hid}: the cached {name} is not the file it was downloaded as (its bytes "
-                   f"hash to {h.hexdigest()[:16]}..., its blob is {blob.name[:16]}...: changed "
+                   f"hash to {digest[:16]}..., its blob is {blob.name[:16]}...: changed "
                    f"since, by bit rot or a bad copy); delete {blob} and load it online again")
   _VERIFIED[blob] = _stamp(blob)
 

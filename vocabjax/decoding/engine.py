@@ -349,7 +349,7 @@ def token_ids(prompts) -> list[list[int]]:
       raise ValueError(f"prompt {i} must be a sequence of token ids, got {p!r:.60} "
                        f"({type(p).__name__}); tokenize text first")
     for t in p:
-      if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+      if not is_integer(t):
         raise ValueError(f"prompt {i} holds {t!r} ({type(t).__name__}), not an integer "
                          f"token id")
     out.append([int(t) for t in p])
@@ -379,16 +379,21 @@ def validate_request(prompts: list[list[int]], max_new_tokens: int, sampling: Sa
                      f"context {config.max_position_embeddings}")
 
 
+def is_integer(value) -> bool:
+  """An int or a numpy integer, not a bool (True would count as 1)."""
+  return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
 def check_integer(name: str, value) -> None:
   """An integer argument: bools, floats and strings refused by name (2.5 new tokens, True)."""
-  if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+  if not is_integer(value):
     raise ValueError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
 
 
 def eos_ids(eos_token_ids, vocab_size: int) -> tuple[int, ...]:
   """The stop ids of a request: an int or a sequence of ints, each inside the vocabulary. A
   string is refused (read as a sequence, "28" would be the ids 2 and 8)."""
-  if isinstance(eos_token_ids, (int, np.integer)) and not isinstance(eos_token_ids, bool):
+  if is_integer(eos_token_ids):
     eos_token_ids = (eos_token_ids,)
   if (isinstance(eos_token_ids, (str, bytes))
       or not isinstance(eos_token_ids, collections.abc.Iterable)):
@@ -396,7 +401,7 @@ def eos_ids(eos_token_ids, vocab_size: int) -> tuple[int, ...]:
                      f"{eos_token_ids!r:.60} ({type(eos_token_ids).__name__})")
   ids = tuple(eos_token_ids)
   for t in ids:
-    if isinstance(t, bool) or not isinstance(t, (int, np.integer)):
+    if not is_integer(t):
       raise ValueError(f"eos_token_ids holds {t!r} ({type(t).__name__}), not an integer id")
   bad = [int(t) for t in ids if not 0 <= t < vocab_size]
   if bad:
