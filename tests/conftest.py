@@ -224,7 +224,7 @@ def tiny_medusa_dir(tiny_chat_dir, tmp_path_factory):
 
 # The model pairs shared by the speculative-decoding tests. `VOCABJAX_TEST_DTYPE=bfloat16` casts
 # their weights (target and drafter) to bf16, so that the exactness tests built on them (greedy
-# identity, chi-square) check the bf16 programs: `experiments/gpu_exactness.py` runs them that
+# identity, chi-square) check the bf16 programs: `eval/gpu_exactness.py` runs them that
 # way on a GPU. Unset, they are f32 (the CPU reference).
 
 @pytest.fixture(scope="session")

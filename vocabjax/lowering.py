@@ -73,7 +73,7 @@ class Lowering:
   top-k of each block of this many, then of the blocks' winners (the same values and indices,
   ties at the lower index). XLA:TPU sorts a whole row for a top-k: a tree level's over 152K-262K
   logits takes 5-7 s to compile alone, the two-stage form under 1 s
-  (experiments/results/tpu_topk). 0: one top-k."""
+  (kernels/results/tpu_topk). 0: one top-k."""
   row_writes: bool = False
   """A batch's cache writes (and a tree's path compaction) as one update per row: on a mesh
   the batched scatter is replicated."""
@@ -81,7 +81,7 @@ class Lowering:
   """Attention over the cache as products summed (not einsum's dots), each layer's output tied
   to the caches by an optimization barrier before the next layer writes: compiled by XLA:GPU,
   the step then writes one cache slot per layer in place instead of copying and transposing
-  the whole stacked cache four times (experiments/results/gpu_cache_traffic/). Off by default
+  the whole stacked cache four times (kernels/results/gpu_cache_traffic/). Off by default
   until a GPU run has timed it and passed the exactness tests with it
   (`VOCABJAX_SUM_ATTENTION=1` when vocabjax is imported, or `sum_attention_default`)."""
 

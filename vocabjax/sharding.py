@@ -13,7 +13,7 @@ with their KV head); otherwise all of attention is replicated (e.g. Qwen2.5-1.5B
 a 4- or 8-way axis) and only the MLP and vocabulary split. Splitting the flat
 [heads * head_dim] axis across a head made every reshape to [heads, head_dim], RoPE's half
 rotation and the cache write reshard inside the step (measured: 621 all-gathers, 684
-collective-permutes and 86 all-to-alls per chain step, `experiments/sharded_step.py`); splitting
+collective-permutes and 86 all-to-alls per chain step, `kernels/sharded_step.py`); splitting
 query heads over a replicated cache made XLA split the cache by KV head inside the step and
 gather it whole at its end. Any other dimension that does not divide by its mesh axis is
 replicated too, so every mesh shape works. The forward and decode functions are unchanged:
@@ -190,7 +190,7 @@ _BYTES = {"f32": 4, "bf16": 2, "f16": 2, "s32": 4, "u32": 4, "s8": 1, "u8": 1, "
 
 def collectives(hlo: str) -> dict:
   """{op: (count, result bytes)} of the collectives in compiled HLO text (async pairs counted
-  once, at their -start): what a partitioned program communicates (`experiments/sharded_step.py`,
+  once, at their -start): what a partitioned program communicates (`kernels/sharded_step.py`,
   and the tests that a sharded decoding step does not reshard)."""
   out = {op: [0, 0] for op in COLLECTIVES}
   shape = re.compile(r"(\w+)\[([\d,]*)\]")

@@ -1,3 +1,3 @@
 """The package version (a leaf module, so any layer can name it)."""
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"

@@ -14,7 +14,7 @@ from vocabjax.bench.__main__ import main
 
 pytestmark = pytest.mark.integration  # compiles for TPU / GPU (.ci/run's second step)
 
-GATE = "experiments/results/eagle/gate"  # a recorded eval run (summary.json with tau per method)
+GATE = "eval/results/eagle/gate"  # a recorded eval run (summary.json with tau per method)
 HBM_V5E = 16 * 2**30
 
 
@@ -344,7 +344,7 @@ def test_on_a_slice_heads_and_subsets_are_split_as_the_target(tiny):
   """On a TPU slice (the [out, in] MLP layout of an accelerator) an EAGLE head's decoder layer
   is split by the target's layer rules and a trimmed head's rows by rows: replicated, each chip
   streamed all of them on every drafting call (v5e:2x2, Llama-3-8B: FR-Spec's 64K subset read
-  more per chip than the 128K head it trims; experiments/results/tpu_papers)."""
+  more per chip than the 128K head it trims; eval/results/tpu_papers)."""
   from jax.sharding import PartitionSpec as P
 
   from vocabjax.bench.shapes import resolve_config

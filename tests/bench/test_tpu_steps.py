@@ -6,7 +6,7 @@ decoders' own programs (`lower()`) with abstract weights placed on TPU chips, so
 and XLA:TPU's compiler run on exactly what the decoders would run.
 `tpu_projection.MATRIX_METHODS` and `tpu_projection.MATRIX_TOPOLOGIES` are the matrix; `python -m
 vocabjax.bench tpu-matrix` compiles the same cells and writes their table
-(experiments/results/tpu_matrix/, quoted in docs/tpu.md).
+(kernels/results/tpu_matrix/, quoted in docs/tpu.md).
 
 Shapes: layers of D=256 (4 heads, 2 KV heads of 64, F=512: `matrix_setup(narrow=True)`, a
 third less compile time than Qwen2.5-0.5B's D=896 layers, which `bench tpu-matrix` records),

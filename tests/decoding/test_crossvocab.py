@@ -55,12 +55,12 @@ def test_greedy_identical_to_target(setup, gamma, ngram, draft_prefill):
 
 
 def _check_drafter_cache(dec, dc, ttok, dtok, texts, draft_prefill="exact"):
-  """The drafter's cache row `dec.trace` keeps (the last row at the end of a call, or the
+  """The drafter's cache row `dec.proposer.trace` keeps (the last row at the end of a call, or the
   last prompt that ended in continuous batching) holds exactly its tokens of one of `texts`'
   committed text (module invariant); a bf16 prompt prefill (AVX512-BF16 hosts: bf16 GEMM for
   blocks of >= GEMM_MIN_ROWS rows) rounds the prompt's entries to ~1e-2, while a wrong token
   or position differs by O(1)."""
-  ctx, pend, dcache = dec.trace
+  ctx, pend, dcache = dec.proposer.trace
   Ld = len(ctx)
   h_cache = np.asarray(dcache.k[:, 0, :Ld])
   fresh = KVCache.init(dc, 1, Ld)
@@ -120,7 +120,7 @@ def test_lookup_pair_merges_ngrams_and_accepts_them():
       target, tc,
       CrossVocabProposer(lookup_model(dc, lambda t: t), dc, tc, target_tokenizer=ttok,
                          draft_tokenizer=dtok))
-  d_ids = probe.to_drafter(t_ids)
+  d_ids = probe.proposer.to_drafter(t_ids)
   assert len(d_ids) > len(t_ids)  # B spells some of A's tokens with several tokens
   d_next = dict(zip(d_ids, d_ids[1:] + [d_ids[0]]))
   assert len(set(d_ids)) == len(d_ids)
@@ -132,7 +132,7 @@ def test_lookup_pair_merges_ngrams_and_accepts_them():
                             CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok,
                                                draft_tokenizer=dtok, gamma=8,
                                                ngram=ngram))  # room for the 6-token spelling
-    assert dec.learn(t_ids) == (len(d_ids) - len(t_ids) > 0) * dec.ngram.stats["entries"]
+    assert dec.proposer.learn(t_ids) == (len(d_ids) - len(t_ids) > 0) * dec.proposer.ngram.stats["entries"]
     res = dec.generate(ps, max_new_tokens=30)
     assert res.tokens == ref.tokens
     st = res.stats
@@ -184,10 +184,10 @@ def test_reverse_translation_of_partial_characters(setup):
   dec = SpeculativeEngine(
       target, tc, CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok))
   emoji = ttok("🙂 café", add_special_tokens=False)["input_ids"]
-  got = dec.to_drafter(emoji)
+  got = dec.proposer.to_drafter(emoji)
   assert dtok.decode(got) == "🙂 café"
   im_end = ttok.convert_tokens_to_ids("<|im_end|>")
-  assert dec.to_drafter([im_end]) == [dtok.convert_tokens_to_ids("<|im_end|>")]
+  assert dec.proposer.to_drafter([im_end]) == [dtok.convert_tokens_to_ids("<|im_end|>")]
 
 
 def test_adaptive_stop_rule(setup):

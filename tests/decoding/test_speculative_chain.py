@@ -36,6 +36,17 @@ def test_greedy_identical_to_autoregressive(pair, gamma):
   assert 1 < st.tau <= gamma + 1
 
 
+def test_the_engine_does_not_stand_in_for_its_proposer(pair):
+  """A proposer's settings are read from the proposer (`dec.proposer.gamma`); the engine's own
+  namespace is its own, so a typo or a proposer attribute fails by name."""
+  target, draft = pair
+  dec = SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=2))
+  assert dec.proposer.gamma == 2
+  for name in ("gamma", "gammma"):
+    with pytest.raises(AttributeError, match=name):
+      getattr(dec, name)
+
+
 def test_prompt_blocks_share_one_step_program(pair):
   """The step holds [B, S] caches and nothing of the prompt block T: a prompt of another
   length bucket compiles its prefills, not another step, and decodes the plain tokens."""
@@ -180,7 +191,7 @@ def test_drafter_prefill_precision_keeps_greedy_identity(pair, draft_prefill):
   assert dec.generate(prompts, max_new_tokens=20).tokens == ar.tokens
   cache = abstract_cache(CFG, 2, 128, jnp.float32)
   hlo = compile_draft_prefill(dec.proposer_params, CFG, 2, 128, cache, draft_prefill).as_text()
-  # the GEMM is a CPU kernel: on a GPU (experiments/gpu_exactness.py) no program holds it
+  # the GEMM is a CPU kernel: on a GPU (eval/gpu_exactness.py) no program holds it
   assert ("VjGemmBF16" in hlo) == (draft_prefill == "bf16" and cpu_matmul.gemm_available()
                                    and jax.default_backend() == "cpu")
   # the target's prefill (f32 weights) and the decoder's steps stay exact f32

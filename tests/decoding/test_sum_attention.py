@@ -1,7 +1,7 @@
 """`Lowering.sum_attention` (opt-in): attention over the cache as summed products, each
 layer's output tied to the caches before the next layer writes. On XLA:GPU the step then writes
 its cache slots in place instead of rewriting the whole stacked cache
-(experiments/results/gpu_cache_traffic/); here: the same logits as the einsum path, greedy
+(kernels/results/gpu_cache_traffic/); here: the same logits as the einsum path, greedy
 identity of every decoder with it, and the GPU step compiled deviceless without the rewrites."""
 
 import jax.numpy as jnp
@@ -83,7 +83,7 @@ def test_the_gpu_step_writes_slots_in_place_with_summed_attention(method):
 
 @pytest.mark.extended
 def test_the_environment_switches_it_on_for_a_process():
-  """`VOCABJAX_SUM_ATTENTION=1` at import (what experiments/gpu_exactness.py --sum-attention
+  """`VOCABJAX_SUM_ATTENTION=1` at import (what eval/gpu_exactness.py --sum-attention
   sets for its pytest runs) makes it every decoder's default."""
   import os
   import subprocess

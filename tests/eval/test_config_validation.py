@@ -30,7 +30,7 @@ def test_chat_template_variables_and_the_fingerprints_of_suites_without_them():
 
   cfg = config_from_dict(dict(BASE, chat_template_kwargs={"enable_thinking": False, "a": 1}))
   assert cfg.chat_template_kwargs == (("a", 1), ("enable_thinking", False))
-  recorded = json.loads((Path(__file__).parents[2] / "experiments/results/default/run.json")
+  recorded = json.loads((Path(__file__).parents[2] / "eval/results/default/run.json")
                         .read_text())["fingerprint"]
   default = load_config("default")
   assert default.chat_template_kwargs == () and default.fingerprint() == recorded

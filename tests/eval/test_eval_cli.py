@@ -363,13 +363,17 @@ def test_the_report_sets_a_run_beside_the_recorded_reference(suite, tmp_path, mo
   from vocabjax.eval import report
 
   path, _ = suite
-  refs = tmp_path / "recorded"
+  refs = tmp_path / "references"
   monkeypatch.setattr(report, "REFERENCE_ROOT", refs)
-  first = run_eval(path, refs / "tiny")  # recording the reference itself: nothing to compare
+  first = run_eval(path, tmp_path / "recorded")  # no reference of the suite yet
   assert "reference" not in first
-  mine = run_eval(path, tmp_path / "mine")  # default: the recorded run of the same suite
+  written = report.write_reference(tmp_path / "recorded" / "summary.json", refs,
+                                   source="eval/results/tiny")
+  assert written == refs / "tiny.json" and not list(refs.glob("*.partial"))
+  mine = run_eval(path, tmp_path / "mine")  # default: the shipped reference of the same suite
   ref = mine["reference"]
   assert ref["same_config"] and ref["commit"] == first["environment"]["commit"]
+  assert ref["path"] == "eval/results/tiny"
   assert set(ref["methods"]) == {"ar", "chain_g2", "tree"}
   for name, v in ref["methods"].items():
     assert v["tau"]["this"] == v["tau"]["reference"]  # greedy, same models: same drafts
@@ -377,10 +381,14 @@ def test_the_report_sets_a_run_beside_the_recorded_reference(suite, tmp_path, mo
     assert v["tokens_per_s"]["this"] > 0 and v["tokens_per_s"]["reference"] > 0
   md = (tmp_path / "mine" / "summary.md").read_text()
   assert "beside the recorded reference run" in md and "| chain_g2 |" in md.split("beside")[1]
+  # a full summary.json given by --reference reads the same as its trimmed copy
+  again = run_eval(path, tmp_path / "again", "--reference", str(tmp_path / "recorded"))
+  assert again["reference"]["methods"].keys() == ref["methods"].keys()
+  assert again["reference"]["path"] == str(tmp_path / "recorded")
   validate_summary(json.loads((tmp_path / "mine" / "summary.json").read_text()))
 
   other = run_eval(path, tmp_path / "other", "--max-new-tokens", "5", "--reference",
-               str(refs / "tiny" / "summary.json"))
+               str(tmp_path / "recorded" / "summary.json"))
   assert other["reference"]["same_config"] is False
   assert "another configuration" in (tmp_path / "other" / "summary.md").read_text()
   # "none": no comparison (the same records reported again: --report-only generates nothing)

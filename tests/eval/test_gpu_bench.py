@@ -1,4 +1,4 @@
-"""experiments/gpu_bench.sh's default set (the GPU run prepared for a lent machine) dry-run on the CPU:
+"""kernels/gpu_bench.sh's default set (the GPU run prepared for a lent machine) dry-run on the CPU:
 every step runs at tiny shapes (the kernel in interpret mode), writes its reports and logs, and
 the packed archive holds them; a failing step does not stop the others."""
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.compile import subprocess_xla_flags
-from tests.helpers.experiments import tiny_configs
+from tests.helpers.lab import tiny_configs
 
 ROOT = Path(__file__).parents[2]
 
@@ -26,7 +26,7 @@ def test_prepared_gpu_run_dry_on_cpu(tmp_path):
   env = {**os.environ, "DRY": "1", "W": str(w), "DRY_TARGET": str(t), "DRY_DRAFT": str(d),
          "JAX_PLATFORMS": "cpu", "PERSIST": "1"}
   env["XLA_FLAGS"] = subprocess_xla_flags()  # one CPU device, the suite's compile setting
-  proc = subprocess.run(["bash", "experiments/gpu_bench.sh"], cwd=ROOT, env=env, capture_output=True,
+  proc = subprocess.run(["bash", "kernels/gpu_bench.sh"], cwd=ROOT, env=env, capture_output=True,
                         text=True, timeout=600)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   log = (w / "steps.log").read_text()
@@ -64,7 +64,7 @@ def test_prepared_gpu_run_dry_on_cpu(tmp_path):
 
 
 def test_unknown_set_is_refused_before_anything_runs(tmp_path):
-  proc = subprocess.run(["bash", "experiments/gpu_bench.sh"], cwd=ROOT, capture_output=True, text=True,
+  proc = subprocess.run(["bash", "kernels/gpu_bench.sh"], cwd=ROOT, capture_output=True, text=True,
                         env={**os.environ, "SET": "third", "W": str(tmp_path / "w")})
   assert proc.returncode == 2 and "SET=third: choose kernel, first or second" in proc.stderr
   assert not (tmp_path / "w").exists()
@@ -78,7 +78,7 @@ def test_skipped_steps_and_the_budget(tmp_path):
   env = {**os.environ, "DRY": "1", "W": str(w), "DRY_TARGET": "unused", "DRY_DRAFT": "unused",
          "JAX_PLATFORMS": "cpu", "BUDGET_S": "0",
          "SKIP": "kernel_smoke kernel_b10 kernel_k2048 kernel_b1"}
-  proc = subprocess.run(["bash", "experiments/gpu_bench.sh"], cwd=ROOT, env=env,
+  proc = subprocess.run(["bash", "kernels/gpu_bench.sh"], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=300)
   log = (w / "steps.log").read_text()
   assert "== kernel_smoke: skipped (SKIP)" in log and "== kernel_b1: skipped (SKIP)" in log
@@ -96,7 +96,7 @@ def test_a_failing_persistent_grid_skips_only_its_steps(tmp_path):
          "JAX_PLATFORMS": "cpu", "DRY_SMOKE_PERSIST": "-1", "XLA_FLAGS": subprocess_xla_flags(),
          "SKIP": "kernel_b10 kernel_k2048 kernel_b1 steps_specvocab exactness steps_slots96 "
                  "steps_slots128 exactness_sum", "PERSIST": "1"}
-  proc = subprocess.run(["bash", "experiments/gpu_bench.sh"], cwd=ROOT, env=env,
+  proc = subprocess.run(["bash", "kernels/gpu_bench.sh"], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=300)
   log = (w / "steps.log").read_text()
   assert "== kernel_smoke: exit 0" in log, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -106,18 +106,18 @@ def test_a_failing_persistent_grid_skips_only_its_steps(tmp_path):
   # without PERSIST=1 (the default) the grid is not measured
   env.pop("PERSIST")
   env["W"] = str(tmp_path / "w2")
-  subprocess.run(["bash", "experiments/gpu_bench.sh"], cwd=ROOT, env=env, capture_output=True,
+  subprocess.run(["bash", "kernels/gpu_bench.sh"], cwd=ROOT, env=env, capture_output=True,
                  text=True, timeout=300)
   log = (tmp_path / "w2" / "steps.log").read_text()
   assert "== kernel_smoke: exit 0" in log and "== kernel_persist" not in log, log
 
 
 def test_exactness_run_cut_at_its_limit_keeps_why_tests_failed(tmp_path, monkeypatch):
-  """experiments/gpu_exactness.py interrupts pytest at the limit: the failures so far come back
+  """eval/gpu_exactness.py interrupts pytest at the limit: the failures so far come back
   with their tracebacks and counts, not only their names (a cut run lost them). The
   cut comes when the third test has started (it says so in a file), not at a time: a loaded
   machine may take any time to start pytest; the limit (300 s) is only a backstop."""
-  from tests.helpers.experiments import load_script
+  from tests.helpers.lab import load_script
 
   started = tmp_path / "c_started"
   tests = tmp_path / "test_cut.py"
@@ -149,7 +149,7 @@ def test_exactness_run_waits_for_a_run_that_ends_before_its_limit(tmp_path, monk
   tests.write_text("def test_greedy_a():\n  pass\n")
   out = tmp_path / "ex"
   monkeypatch.setenv("JAX_PLATFORMS", "cpu")
-  from tests.helpers.experiments import load_script
+  from tests.helpers.lab import load_script
 
   rc = load_script("gpu_exactness").main(["--out", str(out), "--dtypes", "float32", "--limit-s",
                                       "300", "--files", str(tests), "-k", "greedy"],

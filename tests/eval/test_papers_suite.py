@@ -78,21 +78,21 @@ def _standins(counts, head_dir, full_head_dir, ranker_file, tiny_chat_dir):  # n
     load_or_select(c, m.tokenizer, m.config.vocab_size, k=48)
   for k in SWEEP.values():  # FR-Spec's sweep: growing stand-ins for 4K .. 64K
     load_or_select(text, m.tokenizer, m.config.vocab_size, k=k)
-  cal = "experiments/results/calibration"
+  cal = "train/calibration"
   return {
       **{f"{cal}/stdlib_code/subset-k{real}.npz": text.parent / f"subset-k{k}.npz"
          for real, k in SWEEP.items()},
-      "experiments/train/eagle/papers/fullvocab/head": full_head_dir,
-      "experiments/train/eagle/papers/v32k/head": head_dir,
+      "train/eagle/papers/fullvocab/head": full_head_dir,
+      "train/eagle/papers/v32k/head": head_dir,
       f"{cal}/target_generated/subset-k32768.npz": gen.parent / "subset-k48.npz",
       f"{cal}/stdlib_code/subset-k32768.npz": text.parent / "subset-k48.npz",
       f"{cal}/target_generated/counts.npz": gen,
       f"{cal}/stdlib_code/counts.npz": text,
-      "experiments/train/ranker/d56_tied/ranker.safetensors": ranker_file,
+      "train/ranker/d56_tied/ranker.safetensors": ranker_file,
       # the target's own SVD ranker stands in for the full head's (its LM head is the target's)
-      "experiments/train/ranker/papers/d96/ranker.safetensors": ranker_file,
-      "experiments/train/ranker/papers/d192/ranker.safetensors": ranker_file,
-      "experiments/train/ranker/papers/d96_tied/ranker.safetensors": ranker_file,
+      "train/ranker/papers/d96/ranker.safetensors": ranker_file,
+      "train/ranker/papers/d192/ranker.safetensors": ranker_file,
+      "train/ranker/papers/d96_tied/ranker.safetensors": ranker_file,
   }
 
 
@@ -128,7 +128,7 @@ def test_every_method_builds_and_keeps_greedy_output(counts, head_dir, full_head
   assert by["full_chain"]["draft_vocab_size"] == V  # the target's whole head
   from vocabjax.vocab.subset import VocabSubset
 
-  cal = "experiments/results/calibration"
+  cal = "train/calibration"
   for name, sub in (("full_vt32k", "target_generated"), ("full_fr32k", "stdlib_code")):
     K = len(VocabSubset.load(swap[f"{cal}/{sub}/subset-k32768.npz"]).ids)
     assert by[name]["draft_vocab_size"] == K < V, name  # the subset's rows, not the head's V
@@ -139,11 +139,11 @@ def test_every_method_builds_and_keeps_greedy_output(counts, head_dir, full_head
   assert by["full_sv512"]["draft_vocab_size"] == rows < V
   assert np.isfinite(by["full_tree"]["overall"]["tau"])
 
-  # the report in the papers' layout reads the run (experiments/papers_report.py)
+  # the report in the papers' layout reads the run (eval/papers_report.py)
   import importlib.util
   from pathlib import Path
 
-  script = Path(__file__).parents[2] / "experiments" / "papers_report.py"
+  script = Path(__file__).parents[2] / "eval" / "papers_report.py"
   spec = importlib.util.spec_from_file_location("papers_report", script)
   rep = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(rep)
@@ -208,7 +208,7 @@ def test_methods_on_one_head_share_one_copy_without_its_lm_head(full_head_dir, t
 
 
 def test_the_report_figures_give_each_method_its_own_style_and_each_family_a_colour():
-  """With the papers' 18 methods (recorded in experiments/results/papers/small) no two share a
+  """With the papers' 18 methods (recorded in eval/results/papers/small) no two share a
   colour-and-marker style (matplotlib's 10-colour cycle gave full_chain and full_sv2048 one),
   the EAGLE head's methods share their family's colour, and the vocabulary axis is log with
   FR-Spec's published points beside."""
@@ -217,7 +217,7 @@ def test_the_report_figures_give_each_method_its_own_style_and_each_family_a_col
   from vocabjax.eval.report import method_styles, plots
 
   root = Path(__file__).resolve().parents[2]
-  summary = json.loads((root / "experiments/results/papers/small/summary.json").read_text())
+  summary = json.loads((root / "eval/results/papers/small/summary.json").read_text())
   ms = [m for m in summary["methods"] if m["method"] != "ar"]
   styles = method_styles(ms)
   assert len(ms) == 18 and len({(c, mk) for c, mk, _ in styles.values()}) == 18
@@ -228,7 +228,7 @@ def test_the_report_figures_give_each_method_its_own_style_and_each_family_a_col
   import importlib.util
 
   spec = importlib.util.spec_from_file_location("papers_report",
-                                                root / "experiments/papers_report.py")
+                                                root / "eval/papers_report.py")
   pr = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(pr)
   pts = pr.frspec_points()

@@ -58,7 +58,7 @@ def merging_law(merging, rule, sp, rows, batch, seed=0, mesh=None, continuous=Fa
       target, tc,
       CrossVocabProposer(draft, dc, tc, target_tokenizer=ttok, draft_tokenizer=dtok, gamma=4,
                          rule=rule), mesh=mesh)
-  dec.learn(pool)
+  dec.proposer.learn(pool)
   prompt = pool[:2]
   toks, merged = [], 0
   for call in range(rows // batch):

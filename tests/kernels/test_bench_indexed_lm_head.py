@@ -1,4 +1,4 @@
-"""experiments/bench_indexed_lm_head.py: tuning over the kernel's configurations, device-side
+"""kernels/bench_indexed_lm_head.py: tuning over the kernel's configurations, device-side
 timing, the on-device correctness check, the HLO report and the dispatch table it writes, run
 with the GPU kernel in interpret mode on tiny shapes."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-_PATH = Path(__file__).resolve().parents[2] / "experiments" / "bench_indexed_lm_head.py"
+_PATH = Path(__file__).resolve().parents[2] / "kernels" / "bench_indexed_lm_head.py"
 SMALL = ["--repeats", "1", "--calls", "1", "--copy-mib", "8", "16"]
 
 

@@ -1,4 +1,4 @@
-"""experiments/triton_inspect.py's parts that need no `triton` package: the TTIR Pallas lowers
+"""kernels/triton_inspect.py's parts that need no `triton` package: the TTIR Pallas lowers
 for cuda on this host, and the occupancy and grid arithmetic its table reports."""
 
 import importlib.util
@@ -12,7 +12,7 @@ ROOT = Path(__file__).parents[2]
 @pytest.fixture(scope="module")
 def inspect():
   spec = importlib.util.spec_from_file_location("triton_inspect",
-                                                ROOT / "experiments/triton_inspect.py")
+                                                ROOT / "kernels/triton_inspect.py")
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
   return mod

@@ -281,7 +281,7 @@ def test_online_report_pairs_the_run_with_its_control(pair, online_pair, tmp_pat
   from pathlib import Path
 
   spec = importlib.util.spec_from_file_location(
-      "online_report", Path(__file__).parents[2] / "experiments" / "online_report.py")
+      "online_report", Path(__file__).parents[2] / "train" / "online_report.py")
   rep = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(rep)
   target, draft, _ = pair

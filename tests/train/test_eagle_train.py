@@ -570,14 +570,14 @@ def test_cli(target_dir, data_file, tmp_path, capsys):
 
 @pytest.mark.extended
 def test_data_source_comparison(target_dir, data_file, tmp_path, capsys):
-  """experiments/eagle_data_source.py: heads trained on two completions of the same prompts (the
+  """train/eagle_data_source.py: heads trained on two completions of the same prompts (the
   target's own and random text) scored on the target run's held-out records; the target's own
   greedy text agrees with its labels everywhere, random text rarely; a run that trained on
   the held-out prompts is refused, one that held them out (and more) is scored."""
   import importlib.util
 
   spec = importlib.util.spec_from_file_location(
-      "eagle_data_source", Path(__file__).parents[2] / "experiments" / "eagle_data_source.py")
+      "eagle_data_source", Path(__file__).parents[2] / "train" / "eagle_data_source.py")
   mod = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(mod)
   rs = np.random.RandomState(5)

@@ -27,7 +27,7 @@ def test_recipes_are_there():
 @pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
 def test_recipe_parses(path):
   job = PARSERS[kind(path)](yaml.safe_load(path.read_text()), where=str(path))
-  assert str(job.out).startswith("experiments/train/")
+  assert str(job.out).startswith("train/")
 
 
 def test_the_medusa_recipe_names_the_eagle_mix_shards():

@@ -7,9 +7,9 @@ projects its memory and roofline time (`vocabjax.bench.tpu`).
   python -m vocabjax.bench                                  # defaults for this backend
   python -m vocabjax.bench --pair llama-3.1-8b --dtypes bfloat16 --batch 1 4 16 64
   python -m vocabjax.bench --target path/to/config.json --draft qwen2.5-0.5b-instruct
-  python -m vocabjax.bench project --run experiments/results/default --bench experiments/results/bench/<dev>
+  python -m vocabjax.bench project --run eval/results/default --bench kernels/results/bench/<dev>
   python -m vocabjax.bench tpu --topology v5e:1x1 --pair qwen2.5-coder --out DIR \
-      [--run experiments/results/eagle/gate] [--methods ar chain_g3 ...] [--context 1024]
+      [--run eval/results/eagle/gate] [--methods ar chain_g3 ...] [--context 1024]
   python -m vocabjax.bench tpu-matrix --out DIR   # the CI's TPU matrix, compiled and tabled
 
 Defaults: on the CPU the registry's pair (Qwen2.5-Coder 1.5B <- 0.5B), float32 and bfloat16,
@@ -17,7 +17,7 @@ batch 1; on GPU/TPU every pair of `vocabjax.bench.shapes.PAIRS` (adding Qwen2.5-
 Llama-3.1-8B <- Llama-3.2-1B, Qwen3-8B <- 0.6B and Gemma 3 1B / 4B <- 270M), bfloat16 and
 float32, batch 1, 4, 16, 64. Output:
 runs/bench/<device>/ unless --out says otherwise (bench.md, bench.json, rows.jsonl; a rerun
-resumes); the recorded tables are in experiments/results/bench/<device>/.
+resumes); the recorded tables are in kernels/results/bench/<device>/.
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ def device_info() -> dict:
 
 def default_out(info: dict) -> Path:
   """runs/bench/<device> (git-ignored, like the eval's runs/): the GPU's kind, or
-  cpu-<model and vector ISA>; recorded results go to experiments/results/bench/<device> by --out."""
+  cpu-<model and vector ISA>; recorded results go to kernels/results/bench/<device> by --out."""
   name = info["device"] if info["backend"] != "cpu" else f"cpu {info['host_cpu']}"
   return Path("runs/bench") / re.sub(r"[^a-z0-9.]+", "-", name.lower()).strip("-")
 

@@ -47,7 +47,7 @@ class Setup:
   draft: LlamaLikeConfig  # the same-vocabulary drafter (chain, tree, VocabTrim, SpecVocab)
   cross_draft: LlamaLikeConfig | None = None  # crossvocab's drafter (default: `draft`)
   dtype: str = "bfloat16"  # weights and KV caches
-  head_vocab: int = 8192  # EAGLE head's Vd (the chat_pl head of experiments/results/eagle/gate)
+  head_vocab: int = 8192  # EAGLE head's Vd (the chat_pl head of eval/results/eagle/gate)
   head_intermediate: int = 2048
   head_kind: str = "eagle3"  # or "eagle2": an EAGLE-1/2 head (the target's final normed
   #   feature, drafting over the target's LM head: its Vd is the target's V)
@@ -105,7 +105,7 @@ class MethodSpec:
 # parameters, as `python -m vocabjax.generate --method NAME --set key=value` takes them, written
 # "NAME" (its defaults) or "NAME:key=value,key=value" (e.g. "tree:top_k=4,depth=4,total_tokens=16");
 # files a method reads (heads, rankers, counts, subsets, corpora) are stand-ins of the Setup's
-# shapes. The defaults are the shapes of experiments/results/eagle/gate's methods (and SpecVocab's
+# shapes. The defaults are the shapes of eval/results/eagle/gate's methods (and SpecVocab's
 # main setting), under their short names: aliases of registry forms (ALIASES), which the recorded
 # runs and tables use.
 METHODS = ("ar", "chain_g3", "tree_k4d4n16", "eagle_k1d4", "eagle_k4d4n16", "medusa_h3k2",

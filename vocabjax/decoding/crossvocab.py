@@ -41,7 +41,7 @@ Exactness (sampling, temperature > 0):
     direct-mapped entry lowered by q' (eq. 2: the mass that went on to the n-gram is not also
     proposed as the prefix alone), clipped at 0. The output is close to, not exactly, the
     target's distribution (its total-variation distance on the test pair is recorded in
-    experiments/results/crossvocab_tv.md).
+    eval/results/crossvocab_tv.md).
 
 A proposer on the engine (`CrossVocabProposer`, `vocabjax.decoding.proposer`): its host hook
 runs the drafter's own programs (its prefill over the drafter's spelling of the prompt, its
@@ -200,9 +200,9 @@ def translated_q(q_rows, d2t_idx, ngram_t, prefix_t, qprime, vocab_size: int) ->
   G, V = q_rows.shape[0], vocab_size
   rows = jnp.arange(G)
   qt = jnp.zeros((G, V + 1), jnp.float32).at[:, d2t_idx].add(q_rows.astype(jnp.float32))
-  is_ng = ngram_t >= 0
-  qt = qt.at[rows, jnp.where(is_ng, ngram_t, V)].add(jnp.where(is_ng, qprime, 0.0))
-  qt = qt.at[rows, jnp.where(is_ng, prefix_t, V)].add(jnp.where(is_ng, -qprime, 0.0))
+  is_ngram = ngram_t >= 0
+  qt = qt.at[rows, jnp.where(is_ngram, ngram_t, V)].add(jnp.where(is_ngram, qprime, 0.0))
+  qt = qt.at[rows, jnp.where(is_ngram, prefix_t, V)].add(jnp.where(is_ngram, -qprime, 0.0))
   return jnp.maximum(qt[:, :V], 0.0)
 
 

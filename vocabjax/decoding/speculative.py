@@ -383,16 +383,6 @@ class SpeculativeEngine(DecodingMethod):
   def drafter_body(self):
     return self.proposer.drafter_body() if isinstance(self.proposer, Profiled) else None
 
-  def __getattr__(self, name):
-    # a proposer's settings read through its engine (dec.gamma, dec.tree, dec.head_config, ...)
-    proposer = self.__dict__.get("proposer")
-    if proposer is not None and not name.startswith("_") and name != "params":
-      try:
-        return getattr(proposer, name)
-      except AttributeError:
-        pass
-    raise AttributeError(f"{type(self).__name__!s} has no attribute {name!r}")
-
   def cache_len(self, longest: int, max_new_tokens: int, max_len: int | None = None) -> int:
     """Cache slots `generate` uses: `max_len`, else the longest prompt + new tokens + one
     step's extra slots, rounded up to a bucket."""

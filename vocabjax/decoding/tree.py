@@ -214,7 +214,7 @@ def merge_nodes(tok, parent, depth, x_tok, x_parent, x_depth):
   # One x node per iteration, parents first (each x node's parent is placed before it): a loop
   # over fixed-shape arrays (nodes from n + j on are not yet live), so the program holds one
   # body whatever m (unrolled, each j's slices were other shapes, so other kernels:
-  # experiments/trie_bucket_compile.py).
+  # kernels/trie_bucket_compile.py).
   def body(j, carry):
     all_par, all_dep, live, where_x = carry
     xp = jax.lax.dynamic_index_in_dim(x_parent, j, 1, keepdims=False)
@@ -260,7 +260,7 @@ def compact_path(cache: KVCache, base: jax.Array, path: jax.Array, n: jax.Array,
   indexed scatter made XLA gather every row's entries to every device). Not on one device: XLA
   copies the whole cache for the vmapped form (measured at batch 1 on the 1.5B target's
   [28, 1, 1024, 2, 128] f32 cache: 18 ms for the move alone, ~46 ms of a 269 ms verification
-  step, against 0.06 ms for the scatter; `experiments/results/compact_path.md`)."""
+  step, against 0.06 ms for the scatter; `kernels/results/compact_path.md`)."""
   B, W = path.shape
   i = jnp.arange(W)[None]
   src = base[:, None] + jnp.where(i <= n[:, None], path, i)  # [B, W]

@@ -8,9 +8,9 @@
   python -m vocabjax.eval --spec-bench my_questions.jsonl --categories qa rag
   python -m vocabjax.eval --config crossvocab --methods direct ngram   # some of a suite's methods
   python -m vocabjax.eval --compare-torch                  # + transformers assisted generation
-  python -m vocabjax.eval --config papers --reuse experiments/results/papers/small
+  python -m vocabjax.eval --config papers --reuse eval/results/papers/small
       # take the answers a smaller suite already made (same methods, settings and machine)
-  python -m vocabjax.eval --config papers --out experiments/results/papers/full --report-only
+  python -m vocabjax.eval --config papers --out eval/results/papers/full --report-only
       # the reports of a run cut short, from its records (the questions every method finished)
   python -m vocabjax.eval --mesh model=8 --coordinator h0:1234 --num-processes 2 --process-id 0
       # one process per host under jax.distributed (`vocabjax.distributed`); process 0 writes
@@ -109,8 +109,7 @@ def main(cli: CliConfig) -> dict:
                       f"of a run of {multi[1]} processes (run it on its own)")
   distributed.initialize(cli.coordinator, cli.num_processes, cli.process_id)  # before JAX runs
   cfg = resolve(cli)
-  out = cli.out or f"runs/{cfg.name}"  # a user's run: never committed (recorded references
-  #   live under experiments/results/, written there with --out)
+  out = cli.out or f"runs/{cfg.name}"  # a user's run, git-ignored
   try:
     check_output_dir(out, "--out")  # before a model is fetched or loaded
   except OutputPathError as e:
@@ -141,7 +140,7 @@ def parse_args(argv=None) -> CliConfig:
                               formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--config", default="default", help="shipped suite name or a YAML path")
   p.add_argument("--out", help="result directory (default runs/<suite>, git-ignored; the "
-                 "recorded reference runs are under experiments/results/)")
+                 "recorded reference runs are in the source tree's eval/results/)")
   p.add_argument("--spec-bench", help="a Spec-Bench-format jsonl replacing the suite's split")
   p.add_argument("--categories", nargs="+", help="keep only these categories / task groups")
   p.add_argument("--methods", nargs="+", help="run only these of the suite's methods (by "
@@ -168,8 +167,8 @@ def parse_args(argv=None) -> CliConfig:
                       "model's context) and list them in the summary, instead of refusing the "
                       "suite up front; does not change the fingerprint, so records stay")
   p.add_argument("--reference", help="a results directory (or its summary.json) to set this "
-                 "run beside in the report (default: the recorded run of the same suite under "
-                 "experiments/results/, when this is a source checkout; 'none': no comparison)")
+                 "run beside in the report (default: the recorded reference run of the same suite, "
+                 "shipped trimmed with vocabjax, where one was recorded; 'none': no comparison)")
   p.add_argument("--reuse", nargs="+", metavar="DIR", help="result directories of other "
                  "suites (e.g. a smaller one with the same methods): records this run would "
                  "make identically (same settings, models, machine and vocabjax version; same "

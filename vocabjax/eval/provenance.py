@@ -45,7 +45,7 @@ _ISA = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16")
 def cpu_model() -> str:
   """The CPU's model name and its vector extensions (/proc/cpuinfo, else
   `platform.processor()`), e.g. "AMD EPYC [avx2 avx512f avx512_bf16 avx512_vnni]": hosts of one
-  VM type can differ several-fold (transformers' f32 decoding in `experiments/results/compare_torch`:
+  VM type can differ several-fold (transformers' f32 decoding in `eval/results/compare_torch`:
   3.92 tok/s on one host, 1.92 on an AMD EPYC host two days later; an AMD EPYC host without
   AVX-512 took 360 ms per 1.5B f32 AR step against 185 ms on one with it), and the model name
   alone does not tell them apart."""

@@ -1,5 +1,5 @@
 """The papers' published figures, copied from the papers (never measured here): the papers'
-report (`experiments/papers_report.py`) sets them beside a run's, and the TPU projections of
+report (`eval/papers_report.py`) sets them beside a run's, and the TPU projections of
 the papers' pairs (`vocabjax.bench.papers`) take their acceptance lengths from them.
 
 Every figure names its source (paper, version, table); a figure that could not be read from

@@ -34,6 +34,7 @@ import datetime
 import io
 import json
 import math
+import os
 import platform
 import subprocess
 import sys
@@ -89,59 +90,90 @@ SUMMARY_SCHEMA = {
     },
 }
 
-# The recorded reference runs (`python -m vocabjax.eval --config X --out experiments/results/X`) in a
-# source checkout; absent in an installed wheel, where no comparison is made.
-REFERENCE_ROOT = Path(__file__).resolve().parents[2] / "experiments" / "results"
+# The recorded reference run of each shipped suite, trimmed to what a comparison reads
+# (`trim_reference`): references/<suite>.json, shipped with the package. The runs themselves are
+# recorded in the source tree's eval/results/<suite>/; `write_reference` makes the trimmed copy.
+REFERENCE_ROOT = Path(__file__).parent / "references"
 _REF_METRICS = ("speedup", "tokens_per_s", "tau", "match_rate")
+_REF_ENV = ("commit", "machine", "cpu", "cpu_count", "date", "dtype")
 
 
 def reference_summary_path(suite: str, out: Path, reference: str | None = None) -> Path | None:
-  """The summary.json to set a run beside: `reference` (a results directory or a summary.json;
-  "none" for no comparison), else the recorded run of the same suite under experiments/results/.
-  None when there is none, or when `out` is that directory itself (recording it)."""
+  """The reference to set a run beside: `reference` (a results directory or a summary.json;
+  "none" for no comparison), else the shipped reference of the same suite
+  (references/<suite>.json). None when there is none, or when `out` is the given directory
+  itself (recording it)."""
   if reference is not None and reference.lower() == "none":
     return None
-  if reference is not None:
-    path = Path(reference)
-    path = path / "summary.json" if path.is_dir() else path
-    if not path.is_file():
-      raise FileNotFoundError(f"--reference {reference}: no summary.json there")
-  else:
-    path = REFERENCE_ROOT / suite / "summary.json"
-    if not path.is_file():
-      return None
+  if reference is None:
+    path = REFERENCE_ROOT / f"{suite}.json"
+    return path if path.is_file() else None
+  path = Path(reference)
+  path = path / "summary.json" if path.is_dir() else path
+  if not path.is_file():
+    raise FileNotFoundError(f"--reference {reference}: no summary.json there")
   if path.parent.resolve() == Path(out).resolve():
     return None
   return path
+
+
+def trim_reference(summary: dict, source: str) -> dict:
+  """What a later run's comparison reads of a recorded run's summary: its fingerprint, its
+  environment's provenance and each method's overall speedup, tokens/s, tau and match rate.
+  `source` names the recorded run (a path in the source tree)."""
+  validate_summary(summary)
+  env = summary["environment"]
+  return {"reference_of": summary["suite"], "source": source,
+          "fingerprint": summary["fingerprint"],
+          "environment": {k: env.get(k) for k in _REF_ENV},
+          "methods": {m["name"]: {k: m["overall"].get(k) for k in _REF_METRICS}
+                      for m in summary["methods"]}}
+
+
+def write_reference(summary_path: str | os.PathLike, root: str | os.PathLike = REFERENCE_ROOT,
+                    source: str | None = None) -> Path:
+  """Write the trimmed reference (`trim_reference`) of the recorded run whose summary.json is
+  `summary_path` to `root`/<suite>.json, atomically. Returns the file written."""
+  summary_path = Path(summary_path)
+  summary = json.loads(summary_path.read_text())
+  ref = trim_reference(summary, source or str(summary_path.parent))
+  dest = Path(root) / f"{summary['suite']}.json"
+  dest.parent.mkdir(parents=True, exist_ok=True)
+  atomic_write_text(dest, json.dumps(ref, indent=1, sort_keys=True) + "\n")
+  return dest
+
+
+def load_reference(path: Path) -> dict:
+  """A reference as `trim_reference` writes it, from a trimmed file or a full summary.json."""
+  data = json.loads(Path(path).read_text())
+  if "reference_of" in data:
+    missing = [k for k in ("source", "fingerprint", "environment", "methods") if k not in data]
+    if missing:
+      raise ValueError(f"a trimmed reference without {missing}")
+    return data
+  return trim_reference(data, str(Path(path).parent))
 
 
 def attach_reference(summary: dict, ref_path: Path) -> dict:
   """`summary` plus a `reference` entry: the reference run's overall metrics per method,
   beside this run's. A reference that cannot be read is reported, never fatal."""
   try:
-    ref = json.loads(Path(ref_path).read_text())
-    validate_summary(ref)
+    ref = load_reference(ref_path)
   except Exception as e:  # noqa: BLE001 -- a broken reference must not lose this run's report
     print(f"[vocabjax.eval] the reference run {ref_path} cannot be read ({e}); no comparison",
           file=sys.stderr)
     return summary
   renv = ref["environment"]
-  ref_methods = {m["name"]: m["overall"] for m in ref["methods"]}
   methods = {}
   for m in summary["methods"]:
-    r = ref_methods.get(m["name"])
+    r = ref["methods"].get(m["name"])
     if r is not None:
       methods[m["name"]] = {k: {"this": m["overall"].get(k), "reference": r.get(k)}
                             for k in _REF_METRICS}
-  rel = ref_path.parent
-  try:
-    rel = rel.resolve().relative_to(REFERENCE_ROOT.parents[1])
-  except ValueError:
-    pass
   summary = {**summary, "reference": {
-      "path": str(rel), "commit": renv.get("commit"), "machine": renv.get("machine"),
+      "path": ref["source"], "commit": renv.get("commit"), "machine": renv.get("machine"),
       "cpu": renv.get("cpu"), "cpu_count": renv.get("cpu_count"), "date": renv.get("date"),
-      "dtype": renv.get("dtype"), "same_config": ref.get("fingerprint") == summary["fingerprint"],
+      "dtype": renv.get("dtype"), "same_config": ref["fingerprint"] == summary["fingerprint"],
       "methods": methods}}
   validate_summary(summary)
   return summary

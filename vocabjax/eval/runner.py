@@ -292,8 +292,8 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
   the summary (`skipped`). Neither choice changes the fingerprint, so finished records stay.
 
   The report sets the run beside a recorded reference run (`report.reference_summary_path`:
-  `reference`, a results directory or summary.json, else experiments/results/<suite>; "none": no
-  comparison).
+  `reference`, a results directory or summary.json, else the shipped reference of the suite,
+  `vocabjax/eval/references/<suite>.json`; "none": no comparison).
 
   Under `jax.distributed` (`vocabjax.distributed`) every process runs every question on the
   mesh over all processes' devices; process 0 alone claims `out`, reads the records a resumed

@@ -13,7 +13,7 @@ should cost about what one token costs: one pass over the weights. XLA:CPU (jaxl
 M = 1 as a matvec at memory speed but M >= 2 as an Eigen GEMM that repacks the weight first
 (the Qwen2.5-1.5B MLPs: 147 ms at M = 1, 249-400 ms at M = 4 depending on the layout), and it
 has no fast bf16 or int8 weight path (bf16 at M = 1 was 10x slower than f32; none of its
-XNNPACK/oneDNN/YNNPACK switches changed that; `experiments/results/kernels/xla_cpu_flags.md`). The C++
+XNNPACK/oneDNN/YNNPACK switches changed that; `kernels/results/kernels/xla_cpu_flags.md`). The C++
 kernel reads each weight row once in its stored dtype (f32, bf16, or int8 with a per-row
 scale), converts it in registers and multiplies it with all M rows of x: exact f32 arithmetic
 on the stored values (bf16 activations are widened to f32 first). Its result for one row of x does not depend on M, so a token's logits in

@@ -2,7 +2,7 @@
 or XLA's gather + einsum, from a table measured per device kind and shape bucket.
 
 The table (`dispatch_table.json`, shipped with the package) is written by
-`experiments/bench_indexed_lm_head.py --update-table`: one entry per measured (device kind, dtype,
+`kernels/bench_indexed_lm_head.py --update-table`: one entry per measured (device kind, dtype,
 B, K, D) with both implementations' device times and the kernel's block configuration. A call
 looks up its bucket (B and K rounded up to powers of two, the nearest measured D within 25%, the
 same dtype and device kind); it runs the kernel only where the kernel was measured faster than

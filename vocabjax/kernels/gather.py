@@ -17,7 +17,7 @@ def take_rows(table: jax.Array, idx: jax.Array, mode: str | None = None) -> jax.
   head's steps, a ranked head's row gather) the table is loop-invariant, so the convert was
   hoisted out of the loop and every call of the step wrote the whole [V, D] table in f32 (a
   0.5B drafter's bf16 embedding: a chain step of 352 ms, 152 ms without it, on 2 cores;
-  `experiments/results/bf16_gather/`). On the CPU the table therefore passes through an
+  `kernels/results/bf16_gather/`). On the CPU the table therefore passes through an
   optimization barrier together with the indices (which vary from iteration to iteration), so
   nothing computed from it is loop-invariant; the barrier is no computation (the same
   buffer). Other platforms and dtypes: `jnp.take`. GGUF blocks (`kernels.blocks`): the rows'

@@ -388,7 +388,7 @@ def with_mlp_layout(params: Params, layout: str) -> Params:
   XLA:CPU runs a GEMM that, with [out, in] weights, repacks the transposed weight on every
   call: the Qwen2.5-1.5B body over T=4 tokens took 629 ms with [out, in] and 501 ms with
   [in, out] MLP weights, against 220 ms vs 259 ms at T=1 (random weights of the real shapes,
-  2-core CPU; `experiments/block_layout.py`). Other backends choose layouts themselves; keep
+  2-core CPU; `kernels/block_layout.py`). Other backends choose layouts themselves; keep
   `out_in` there.
   """
   if layout not in MLP_LAYOUTS:
@@ -597,7 +597,7 @@ def cast_weights(params: Params, dtype) -> Params:
   this is what bf16 means (`checkpoints.loader.load_model`): bf16 weights halve the bytes a
   step reads and the CPU kernel widens them in registers, while XLA:CPU's bf16 arithmetic
   elsewhere (attention, softmax, cache writes) made a bf16 step 2.6x slower than the same
-  step with f32 activations (`experiments/results/profile/`)."""
+  step with f32 activations (`kernels/results/profile/`)."""
   if jnp.dtype(dtype) == jnp.int8 and not has_blocks(params):
     return quantize_int8(params)
   if has_blocks(params):

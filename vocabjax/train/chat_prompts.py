@@ -1,29 +1,29 @@
 """Chat-task prompts from text that can be had offline, for the target to answer.
 
 The Spec-Bench and HumanEval prompts outside the eval suites are used up
-(`experiments/train/eagle/data/target_chat`: 361), and an EAGLE head trained on the target's answers
+(`train/eagle/data/target_chat`: 361), and an EAGLE head trained on the target's answers
 to them still drafts the eval suite's summarization, translation, QA and RAG answers poorly
-(`experiments/train/eagle/qwen15b_chat`). This writes prompts of those kinds, built from passages
+(`train/eagle/qwen15b_chat`). This writes prompts of those kinds, built from passages
 of Shakespeare's works and from the standard library's module docstrings and functions, as a
 Spec-Bench-format jsonl (`question_id`, `category`, `turns`) for
 
     python -m vocabjax.calibrate count --model qwen2.5-coder-1.5b-instruct --generate \\
-        --prompts experiments/train/eagle/data/chat_tasks.jsonl ...
+        --prompts train/eagle/data/chat_tasks.jsonl ...
 
 Kinds (`category`): summarization (a passage or a module's documentation summarized),
 translation (Shakespeare's lines rewritten in modern English), rag (a question answered from a
 passage or documentation given with it), explanation (what a stdlib function does). Seeded,
 deterministic, written atomically.
 
-    python -m vocabjax.train.chat_prompts --out experiments/train/eagle/data/chat_tasks.jsonl
+    python -m vocabjax.train.chat_prompts --out train/eagle/data/chat_tasks.jsonl
 
 A second file draws none of the first one's passages, modules or functions (`--exclude`), and
 `--methods` adds classes' methods to the functions to explain (the first file took 300 of the
 ~400 top-level ones):
 
     python -m vocabjax.train.chat_prompts --seed 1 --shakespeare 900 --docs 3 --functions 600 \
-        --methods --exclude experiments/train/eagle/data/chat_tasks.jsonl \
-        --out experiments/train/eagle/data/chat_tasks2.jsonl
+        --methods --exclude train/eagle/data/chat_tasks.jsonl \
+        --out train/eagle/data/chat_tasks2.jsonl
 """
 
 from __future__ import annotations

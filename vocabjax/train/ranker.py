@@ -35,7 +35,7 @@ What it learns (frozen mode):
                   forward, so any text can be used (`target: null`).
   vocab: free     W_vocab [V, R] is a free matrix (SpecVocab), V*R parameters: with tens of
                   thousands of rows, tokens never seen as labels are pushed down and missed
-                  on new text (experiments/train/ranker/README.md), or
+                  on new text (train/ranker/README.md), or
          tied     W_vocab = U P with U the drafter's frozen LM head [V, D] and P [D, R]
                   learned (2*D*R parameters): every token's score stays its head row's, so
                   tokens unseen in training are ranked like the seen ones. The export

@@ -84,11 +84,11 @@ def online(job: DistillJob, *, show_progress: bool = True, models=None,
   kw = dict(max_new_tokens=job.max_new_tokens, eos_token_ids=target.eos_token_ids)
   for d in (dec, ar):  # compile outside the timings
     d.generate([ids[0]], **{**kw, "max_new_tokens": 8})
-  dec.reset_ngram()  # forget what the warm-up taught it
+  dec.proposer.reset_ngram()  # forget what the warm-up taught it
   if done:
     ngram_path = ngram_dir / f"update-{done:04d}.json"
     try:
-      dec.load_ngram(json.loads(ngram_path.read_text())["entries"])
+      dec.proposer.load_ngram(json.loads(ngram_path.read_text())["entries"])
     except (OSError, ValueError, KeyError) as e:
       raise TrainError(f"resuming after update {done} needs {ngram_path}, which is missing or "
                        f"corrupt ({e}); delete {out} to start the stream over") from None
@@ -106,7 +106,7 @@ def online(job: DistillJob, *, show_progress: bool = True, models=None,
            "ngram_per_step": ngram_hits_per_step(st), "tokens_per_s": r.tokens_per_s,
            "ar_tokens_per_s": a.tokens_per_s, "speedup": r.tokens_per_s / a.tokens_per_s,
            "identical": r.tokens == a.tokens, "tokens": r.num_generated,
-           "ngram_entries": len(dec.ngram.entries)}
+           "ngram_entries": len(dec.proposer.ngram.entries)}
     new.append((k, {"prompt": target.tokenizer.decode(ids[k]), "completion_ids": r.tokens[0]}))
     if learn and (k + 1) % job.online_every == 0:
       t0 = time.perf_counter()
@@ -124,9 +124,9 @@ def online(job: DistillJob, *, show_progress: bool = True, models=None,
         check_finite_loss(float(m["loss"]), int(dist.state.step), "train.distill online",
                           ckpt)
       atomic_write_json(ngram_dir / f"update-{updates + 1:04d}.json",
-                        {"entries": dec.ngram_entries()})
+                        {"entries": dec.proposer.ngram_entries()})
       ckpt.save(int(dist.state.step), dist.state, force=True)
-      dec.set_drafter(dist.drafter_params(), head=None)
+      dec.proposer.set_drafter(dist.drafter_params(), head=None)
       updates += 1
       row.update(update_s=time.perf_counter() - t0,
                  train_loss=float(np.mean([m["loss"] for m in losses])))

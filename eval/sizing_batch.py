@@ -1,0 +1,118 @@
+"""Speculation that sizes itself, by batch size: where verification turns compute bound the
+rule (`vocabjax.decoding.sizing`) shortens the drafts or steps aside.
+
+The registry pair (Qwen2.5-Coder-1.5B f32 target, 0.5B int8 drafter), greedy, no EOS stop. For
+each batch size every method runs with and without `self_sizing` on the same rows (Spec-Bench
+prompts, chat-wrapped, at most `--max-prompt-tokens` tokens, round-robin over the task groups),
+in consecutive batches of that size. Reported per batch size and method: decode tokens/s (new
+tokens of all rows / decode time summed over the batches; prefill and compilation left out),
+speedup over plain decoding at the same batch size, tau, and for a sized method the rule's
+inputs as it left them (acceptance, the measured step cost c(n) per length) and its choices.
+Greedy outputs are checked equal to plain decoding's.
+
+    python eval/sizing_batch.py --out eval/results/sizing_batch
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+
+from vocabjax.io import atomic_write_text
+from vocabjax.methods import METHODS
+
+from pair_study import add_pair_args, pair_setup  # noqa: E402 (the script's directory)
+
+# (name, registry method, parameters): each drafter with and without the rule
+RUNS = (
+    ("ar", "ar", {}),
+    ("chain_g3", "chain", {"gamma": 3}),
+    ("chain_g3_sized", "chain", {"gamma": 3, "self_sizing": True}),
+    ("tree_k2_d4_n8", "tree", {"top_k": 2, "depth": 4, "total_tokens": 8}),
+    ("tree_sized", "tree", {"top_k": 2, "depth": 4, "total_tokens": 8, "self_sizing": True}),
+    ("suffix", "suffix", {}),
+    ("suffix_sized", "suffix", {"self_sizing": True}),
+)
+
+
+def _decode(dec, rows, B, max_new_tokens):
+  """(outputs, decode seconds summed over the batches, steps, accepted, stats of each batch)."""
+  outs, secs, steps, acc, stats = [], 0.0, 0, 0, []
+  for i in range(0, len(rows), B):
+    res = dec.generate(rows[i:i + B], max_new_tokens=max_new_tokens, eos_token_ids=())
+    outs += res.tokens
+    secs += res.decode_s
+    s = res.stats
+    if s is not None and hasattr(s, "accepted"):
+      steps += sum(1 for row in s.active for a in row if a)
+      acc += sum(map(sum, s.accepted))
+      stats.append(s)
+  return outs, secs, steps, acc, stats
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  add_pair_args(ap, RUNS, prompts_flag="--rows", prompts=8, max_new_tokens=48)
+  ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+  a = ap.parse_args(argv)
+  runs, out, target, draft, rows, qids, commit = pair_setup(a, RUNS)
+  cmd = (f"python eval/sizing_batch.py --batches {' '.join(map(str, a.batches))} "
+         f"--rows {a.prompts} --max-prompt-tokens {a.max_prompt_tokens} --max-new-tokens "
+         f"{a.max_new_tokens} --methods {' '.join(a.methods)} --out {a.out}")
+  results = []
+  for B in a.batches:
+    ref = None
+    for name, method, params in runs:
+      dec = METHODS[method].make(target, draft if METHODS[method].needs_draft else None, params)
+      t0 = time.perf_counter()
+      outs, secs, steps, acc, stats = _decode(dec, rows, B, a.max_new_tokens)
+      wall = time.perf_counter() - t0
+      if ref is None:
+        ref = outs
+      row = {"batch": B, "method": name, "tok_s": len(rows) * (a.max_new_tokens - 1) / secs,
+             "decode_s": secs, "wall_s": wall, "equal_ar": outs == ref,
+             "tau": (acc + steps) / steps if steps else None}
+      sized = [s.record().get("sizing") for s in stats if s.record().get("sizing")]
+      if sized:
+        row["sizing"] = sized[-1]  # the rule's inputs as the last batch left them
+        choices: dict = {}
+        for rec in sized:
+          for n, c in rec["choices"].items():
+            choices[n] = choices.get(n, 0) + c
+        row["sizing"]["choices"] = choices  # every batch's
+      results.append(row)
+      print(f"[sizing_batch] B={B} {name}: {row['tok_s']:.2f} tok/s, tau {row['tau']}, "
+            f"equal {row['equal_ar']}, {row.get('sizing', {}).get('choices', '')}", flush=True)
+  by = {(r["batch"], r["method"]): r for r in results}
+  lines = ["# Self-sizing by batch size", "",
+           f"Command: `{cmd}`; commit `{commit}`; host {platform.processor() or platform.machine()}"
+           f" ({platform.node()}); target {a.target} f32, drafter {a.draft} {a.draft_dtype}, "
+           f"greedy, no EOS stop. Rows ({len(rows)}, prompt lengths {min(map(len, rows))}-"
+           f"{max(map(len, rows))} tokens): {', '.join(qids)}; every batch size decodes all of "
+           f"them in consecutive batches. tok/s = new tokens of all rows / decode time summed "
+           f"over the batches (prefill and compilation left out).", "",
+           "| batch | method | tok/s | speedup over AR | tau | equal AR | sizing: acceptance, "
+           "c(n) ms, choices |", "|---|---|---|---|---|---|---|"]
+  for r in results:
+    ar = by[(r["batch"], "ar")]["tok_s"]
+    sz = r.get("sizing")
+    rule = (f"a {sz['acceptance']:.2f}; c(n) " + ", ".join(
+        f"{n}: {1000 * c:.0f}" for n, c in sorted(sz["cost_s"].items(), key=lambda x: int(x[0])))
+        + "; chose " + ", ".join(f"{n}: {c}" for n, c in
+                                 sorted(sz["choices"].items(), key=lambda x: int(x[0])))
+        if sz else "")
+    tau = f"{r['tau']:.2f}" if r["tau"] else "-"
+    lines.append(f"| {r['batch']} | {r['method']} | {r['tok_s']:.2f} | {r['tok_s'] / ar:.2f}x | "
+                 f"{tau} | {r['equal_ar']} | {rule} |")
+  atomic_write_text(out / "sizing_batch.md", "\n".join(lines) + "\n")
+  atomic_write_text(out / "sizing_batch.json", json.dumps(
+      {"command": cmd, "commit": commit, "rows": qids, "results": results}, indent=1,
+      default=str) + "\n")
+  print("\n".join(lines))
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())

@@ -1,0 +1,90 @@
+"""Lab scripts (kernels/, train/, eval/) that other runs depend on (step_programs.py: the prepared GPU
+run's step timing), loaded by path: they are not part of the package."""
+
+import json
+
+import pytest
+from tests.helpers.lab import load_script, tiny_configs
+from tests.helpers.lab import script_path
+
+
+@pytest.mark.extended
+def test_step_programs_times_steps_and_projects_from_a_run(tmp_path):
+  sp = load_script("step_programs")
+  t, d = tiny_configs(tmp_path)
+  run = tmp_path / "run"
+  run.mkdir()
+  (run / "summary.json").write_text(json.dumps({"methods": [
+      {"name": "ar", "overall": {"tau": 1.0}}, {"name": "eagle_k1d4", "overall": {"tau": 2.5}},
+      {"name": "other", "overall": {"tau": None}}]}))
+  out = tmp_path / "out"
+  assert sp.main(["--target", str(t), "--draft", str(d), "--context", "16", "--max-len", "96",
+                  "--steps", "2", "--repeats", "1", "--head-intermediate", "32",
+                  "--head-vocab", "64", "--methods", "ar", "eagle_k1d4", "eagle_k1d4_gated_off",
+                  "--run", str(run), "--out", str(out)]) == 0
+  rows = {r["method"]: r for r in json.loads((out / "steps.json").read_text())["rows"]}
+  assert set(rows) == {"ar", "eagle_k1d4", "eagle_k1d4_gated_off"}
+  ar, e = rows["ar"], rows["eagle_k1d4"]
+  assert ar["per_ar_step"] == 1.0 and e["verify_tokens"] == 5
+  assert rows["eagle_k1d4_gated_off"]["verify_tokens"] == 1
+  assert e["per_ar_step"] == pytest.approx(e["median_ms"] / ar["median_ms"])
+  assert e["projected_speedup"] == pytest.approx(2.5 * ar["median_ms"] / e["median_ms"])
+  assert "projected_speedup" not in rows["eagle_k1d4_gated_off"]  # no such run method
+  assert "PROJECTED" in (out / "steps.md").read_text()
+
+
+@pytest.mark.extended
+def test_step_programs_times_specvocab_chains(tmp_path):
+  """The SpecVocab chain steps (XLA's gather and the dispatcher) beside the full-vocabulary
+  chain; `kernel` needs a GPU/TPU backend and says so on the CPU."""
+  sp = load_script("step_programs")
+  t, d = tiny_configs(tmp_path)
+  out = tmp_path / "out"
+  assert sp.main(["--target", str(t), "--draft", str(d), "--context", "16", "--max-len", "96",
+                  "--steps", "2", "--repeats", "1", "--ranker-rank", "8", "--methods", "ar",
+                  "chain_g3", "sv16_g3_xla", "sv16_g3_auto", "--out", str(out)]) == 0
+  rows = {r["method"]: r for r in json.loads((out / "steps.json").read_text())["rows"]}
+  assert set(rows) == {"ar", "chain_g3", "sv16_g3_xla", "sv16_g3_auto"}
+  assert all(r["verify_tokens"] == 4 for m, r in rows.items() if m != "ar")
+  with pytest.raises(ValueError, match="needs a GPU or TPU backend"):
+    sp.main(["--target", str(t), "--draft", str(d), "--context", "16", "--max-len", "96",
+             "--ranker-rank", "8", "--methods", "ar", "sv16_g3_kernel",
+             "--out", str(tmp_path / "o2")])
+  with pytest.raises(SystemExit):  # not a method
+    sp.main(["--target", str(t), "--draft", str(d), "--methods", "ar", "sv16_g4_xla",
+             "--out", str(tmp_path / "o3")])
+
+
+def test_step_programs_refuses_bad_requests(tmp_path):
+  sp = load_script("step_programs")
+  t, d = tiny_configs(tmp_path)
+  common = ["--target", str(t), "--draft", str(d), "--out", str(tmp_path / "o")]
+  with pytest.raises(SystemExit):  # no plain step to compare with
+    sp.main(common + ["--methods", "eagle_k1d4"])
+  with pytest.raises(SystemExit):  # no room for the steps
+    sp.main(common + ["--context", "100", "--max-len", "128"])
+  with pytest.raises(FileNotFoundError, match="no summary.json"):
+    sp.main(common + ["--run", str(tmp_path / "missing")])
+
+
+def test_papers_pipeline_names_existing_recipes_in_order():
+  """eval/papers_pipeline.sh (the papers' comparison in one command): valid bash, and
+  every recipe and suite it runs exists, heads before the rankers that read them."""
+  import re
+  import subprocess
+
+  script = script_path("papers_pipeline.sh")
+  subprocess.run(["bash", "-n", str(script)], check=True)
+  text = "\n".join(line for line in script.read_text().splitlines()
+                   if not line.lstrip().startswith("#"))  # the commands, not the comments
+  root = script.parents[1]
+  recipes = re.findall(r"configs/train/[\w/]+\.yaml", text)
+  assert recipes[:2] == ["configs/train/eagle_papers/fullvocab.yaml",
+                         "configs/train/eagle_papers/v32k.yaml"]
+  for path in recipes:
+    assert (root / path).is_file(), path
+  for r in re.search(r"for r in ([\w ]+); do", text).group(1).split():
+    assert (root / "configs/train/ranker_papers" / f"{r}.yaml").is_file(), r
+  suite = re.search(r'SUITE="\$\{SUITE:-(\w+)\}"', text).group(1)
+  assert (root / "configs/eval" / f"{suite}.yaml").is_file()
+  assert text.index("vocabjax.train.ranker") < text.index("vocabjax.eval")
