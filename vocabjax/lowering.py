@@ -1,36 +1,22 @@
 """How a traced program lowers its projections, top-k and cache writes: one static value.
 
-The same model code compiles differently in different programs: a decoding step runs its
-projections through the CPU kernel for blocks of any size (so a token's logits do not depend
-on its block), a bf16 model's prompt prefill through the bf16 GEMM, a program on a mesh does
-top-k as rounds of argmax and writes the cache one row at a time, a mixed-precision training
-step rounds its products' operands to bf16. `Lowering` names all of these:
+The same model code compiles differently in different programs (a decoding step's projections
+through the CPU kernel for blocks of any size, a bf16 model's prefill through the bf16 GEMM, top-k
+as argmax rounds and row-by-row cache writes on a mesh, bf16 products in mixed-precision
+training). `Lowering` names all of these:
 
     Lowering(platform, cpu_kernel, any_rows, bf16_blocks, bf16_dots, split_top_k,
              block_top_k, row_writes, sum_attention)
 
-A traced function that wants something other than the default takes a `lowering` as a static
-argument (the decoders' prefill and step functions all do: `functools.partial(fn,
-lowering=...)`, so it is part of the compiled program's identity like `config` and
-`sampling`) and puts it into the params it runs with (`with_lowering(params, lowering)`, a
-shallow copy). The model code reads it back where it lowers something (`lowering_of(params)`:
-`llamalike`'s projections and cache writes, the LM heads, the vocabulary policies, the tree's
-top-k). `Lowering` is a static pytree node: it has no leaves, it sits in the params' treedef,
-so jit's cache key and an AOT-compiled program's input check include it; a program compiled
-for one lowering refuses params tagged with another.
-
-`Lowering.platform` is the platform the program is built for ("cpu", "gpu", "tpu"): a decoder
-sets it when it is constructed (its mesh's devices, else the default backend; a deviceless TPU
-or GPU compile sets "tpu" / "gpu" with `platform_default`), so the CPU kernel, the MLP layout
-and the chain's first drafting call are chosen from it, never from `jax.default_backend()`
-while tracing. Untagged params lower with `Lowering()`: platform "" (left to where the program
-is lowered: `jax.lax.platform_dependent` picks the CPU branch on a CPU), the CPU kernel for
-blocks of at most `cpu_matmul.MAX_ROWS` rows (unless `VOCABJAX_CPU_KERNEL=0` was set when
-vocabjax was imported), everything else off. Nothing here is read from a global while a
-program is traced. The process-level settings are `default_cpu_kernel()` and the platform of
-`platform_default`: what `decoding_lowering` gives the decoders built from then on (each
-decoder fixes its lowering when it is constructed; its `lowering` attribute is what every
-program it compiles uses).
+A traced function takes a `lowering` as a static argument (part of the compiled program's
+identity) and puts it into its params (`with_lowering`); model code reads it back with
+`lowering_of(params)`. `Lowering` is a static pytree node in the params' treedef, so jit's cache
+key and an AOT program's input check include it. A decoder fixes its lowering when built
+(`decoding_lowering`; `platform` from its mesh's devices, else the default backend, or
+`platform_default` for deviceless builds), never from `jax.default_backend()` while tracing.
+Untagged params lower with `Lowering()`: platform left to where the program lowers, the CPU
+kernel for blocks of at most `cpu_matmul.MAX_ROWS` rows (unless `VOCABJAX_CPU_KERNEL=0` at
+import), all else off. docs/engine.md, 'CPU speed' ('How a program chooses').
 """
 
 from __future__ import annotations

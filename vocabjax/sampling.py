@@ -116,9 +116,9 @@ def top_k(x: jax.Array, k: int, *, split: bool = False,
   axis a mesh splits it gathers the whole [.., V] row to every device (1.2 MB per row and tree
   level for a 152K vocabulary), while an argmax reduces each device's rows locally and gathers
   one (value, index) per device. With `block` (`Lowering.block_top_k`), a last axis longer
-  than 2 x block and k <= BLOCK_TOP_K_MAX_K: in two stages (`blocked_top_k`), the same values
-  and indices (a drafting tree's k of 2-16; SpecVocab's candidate top-k of 1,024-8,192 keeps
-  one top_k: blocked, k = 2048 over 151,936 scores compiled for v5e in 6.9 s against 2.4 s)."""
+  than twice the block and k <= BLOCK_TOP_K_MAX_K: in two stages (`blocked_top_k`), the same
+  values and indices, which compiles faster on a TPU for a drafting tree's small k (SpecVocab's
+  candidate top-k keeps one top_k: docs/tpu.md, 'In CI')."""
   if split and k <= SPLIT_TOP_K_MAX:
     return _argmax_rounds(x, k)
   if block and x.shape[-1] > 2 * block and 1 < k <= min(block, BLOCK_TOP_K_MAX_K):

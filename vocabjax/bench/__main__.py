@@ -15,9 +15,8 @@ projects its memory and roofline time (`vocabjax.bench.tpu`).
 Defaults: on the CPU the registry's pair (Qwen2.5-Coder 1.5B <- 0.5B), float32 and bfloat16,
 batch 1; on GPU/TPU every pair of `vocabjax.bench.shapes.PAIRS` (adding Qwen2.5-7B <- 0.5B,
 Llama-3.1-8B <- Llama-3.2-1B, Qwen3-8B <- 0.6B and Gemma 3 1B / 4B <- 270M), bfloat16 and
-float32, batch 1, 4, 16, 64. Output:
-runs/bench/<device>/ unless --out says otherwise (bench.md, bench.json, rows.jsonl; a rerun
-resumes); the recorded tables are in kernels/results/bench/<device>/.
+float32, batch 1, 4, 16, 64. Output: runs/bench/<device>/ unless --out says otherwise
+(bench.md, bench.json, rows.jsonl; a rerun resumes). Recorded tables: docs/bench.md.
 """
 
 from __future__ import annotations

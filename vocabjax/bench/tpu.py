@@ -7,30 +7,14 @@ Letters: B batch rows, S cache slots, T prompt block, V vocabulary, D hidden siz
                       compile=True)
     step.programs["step"].compiled.memory_analysis(), .cost_analysis()
 
-The decoders are the library's own (`SpeculativeEngine` with their proposers), built
-with ABSTRACT weights: a decoder's constructor runs under `jax.make_jaxpr` on
-ShapeDtypeStructs, so no weight is ever materialized (a 7-8B target costs no host memory), and
-every array it keeps (its params after layout changes, attached vocabulary policies, shardings
-from `vocabjax.sharding`) comes back as a ShapeDtypeStruct placed on the topology's TPU devices
-(a `jax.device_put` in the constructor gives that array its NamedSharding, read from the traced
-program). Where a constructor needs concrete values they are small stand-ins: a static subset's
-ids (the first K ids), a random ranker's matrices (zeros of [V, R] and [R, D]: only their shapes
-reach the program), tiny trained tokenizers for the cross-vocabulary id map (a [Vd] int32 array
-in the program whatever it holds). The programs are then the decoder's own: its `lower()` (the
-one way every decoder builds its programs, which its `programs()` compiles too: same function,
-donation and out_shardings on a mesh), given the abstract placed weights, for
-the TPU devices: what compiles here is what the decoder runs on a TPU.
-
-The platform is the decoder's, not the host's: decoders built inside `tpu_tracing` are built
-for "tpu" (`lowering.platform_default`; on a mesh, the mesh's devices say so), so their
-`Lowering` has the platform, no CPU kernel (`cpu_matmul.linear` never reaches the C++ CPU
-custom call, nor widens bf16 weights as on XLA:CPU), the MLP layout and the chain's two-token
-first drafting call of an accelerator (`drafter.block_layout` / `fold_catch_up` read the
-lowering), drafting top-ks in two stages, and on a mesh the mesh switches
-(`Lowering.split_top_k`, `row_writes`). Nothing reads or patches `jax.default_backend()`.
-
-What the compiled programs say about a TPU (memory, costs, projected speed) is
-`vocabjax.bench.tpu_projection`; its tables are `vocabjax.bench.tpu_report`.
+The decoders are the library's own, built with abstract weights: the constructor runs under
+`jax.make_jaxpr` on ShapeDtypeStructs (no weight is materialized; where it needs concrete
+values, small stand-ins of the right shapes), and the programs come from the decoder's own
+`lower()`, so what compiles here is what the decoder runs on a TPU. Decoders built inside
+`tpu_tracing` are built for "tpu" (`lowering.platform_default`): their `Lowering` picks the
+accelerator's paths (no CPU custom call); nothing reads or patches `jax.default_backend()`.
+Memory, costs and projections: `vocabjax.bench.tpu_projection`, tables `vocabjax.bench.tpu_report`
+(docs/tpu.md, 'Projections').
 """
 
 from __future__ import annotations

@@ -2,27 +2,21 @@
 
 Sources (one kind per run):
   text       raw text: files and directories (searched recursively with `glob`), `.jsonl`
-             files (one document per line, `field`), a local `datasets` dataset (`dataset`,
+             files (one document per line, `field`), or a local `datasets` dataset (`dataset`,
              tokenized with `datasets.map(num_proc=...)`). FR-Spec counts a raw corpus.
-  generated  completions of a model (`generator`: the target for VocabTrim's best choice, or
-             the drafter) on prompts from the eval datasets (`prompts`: "spec_bench",
-             "humaneval", "gsm8k" or a Spec-Bench-format .jsonl), minus every prompt of the
-             eval suites in `exclude_suites`; batched greedy or sampled generation with the chat
-             template (`rows`: continuous batching, each unit's `batch_size` prompts decoded by
-             `rows` rows that take the next prompt as theirs finish); only generated tokens are
-             counted, and the completions are kept in `generated.jsonl` (EAGLE training data).
-             `backend: torch` generates with transformers instead (`torch_dtype`, bf16 by
-             default: on a CPU with AMX, bf16 GEMMs run ~6x its f32 ones, and a batch of 64
-             decodes ~4x faster than vocabjax's f32 continuous batching; each unit is one
-             left-padded `generate` batch). Its greedy answers are the target's in bf16: they
-             may part from the f32 ones after a near tie (training data, not an output).
+  generated  a model's completions (`generator`: the target, VocabTrim's best choice, or the
+             drafter) of eval prompts (`prompts`: "spec_bench", "humaneval", "gsm8k" or a
+             Spec-Bench-format .jsonl) minus those of `exclude_suites`, chat template, batched
+             (`rows`: continuous batching); only generated tokens count, and the completions are
+             kept in `generated.jsonl` (EAGLE training data). `backend: torch` generates with
+             transformers (`torch_dtype`, bf16 by default: faster on a CPU with AMX,
+             docs/eagle.md, 'Generating the target's answers fast'); its answers may part from
+             f32's after a near tie.
 
-The work is split into units (a batch of documents or of prompts) in a fixed order. After each
-unit the counts and the number of units done are saved atomically to `counts.partial.npz`; a
-rerun with the same job resumes there, a finished job is not redone, and a different job in the
-same directory is refused. Tokenization and counting are timed separately (tokens/s of each).
-Multi-host (`jax.distributed`): process i takes units i, i + P, ...; the counter reduces across
-all processes; process 0 writes the files.
+Units (batches of documents or prompts) run in a fixed order; after each, the counts are saved
+atomically to `counts.partial.npz`: a rerun of the same job resumes, a finished one is not redone,
+another job in the same directory is refused. Multi-host: process i takes units i, i + P, ...;
+the counts are reduced across processes; process 0 writes the files.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """GGUF (llama.cpp) checkpoints: config from metadata, dequantized params, tokenizer.
 
-Reading and dequantization are the `gguf` package's: its `GGUFReader`, with its per-field
-slicing done on a plain ndarray view of the file instead of its `np.memmap` (whose Python-level
-`__getitem__` made parsing a 151K-token vocabulary take 8-15 s; the fields and tensors are the
-same), and its quantization classes' `dequantize_rows`, applied to 256-row groups on a thread
-pool instead of `gguf.quants.dequantize`'s 16-row groups in one thread (the same values, bit
-for bit: every block dequantizes on its own; ~4x faster on 2 cores).
+Reading and dequantization are the `gguf` package's (`GGUFReader`, the quantization classes'
+`dequantize_rows`), driven faster with the same fields, tensors and values bit for bit: fields
+sliced from a plain ndarray view of the file instead of its `np.memmap`, rows dequantized in
+256-row groups on a thread pool (docs/engine.md, 'CPU speed', on loading GGUF files).
 llama.cpp's converter permutes the rows of the q/k projections of the *llama* architecture
 (it turns the half-split RoPE layout into the interleaved one); `unpermute_qk` undoes it, as
 transformers' GGUF loader does. Qwen2/Qwen3 GGUFs use the NEOX RoPE layout and are not permuted.

@@ -1,29 +1,21 @@
 """Hub ids wherever a model, a head or a file is named: `org/name[@revision][/path]`.
 
-A name that is not a local path (and, for models, not a registry name) but reads as a hub id is
-fetched through `huggingface_hub` (the field's client: its cache, `HF_TOKEN` for gated models,
-`HF_HUB_OFFLINE`, and `HF_ENDPOINT`, `HF_HUB_CACHE` / `HF_HOME` read at each call), and only the
-files that are loaded:
+A name that is not a local path (nor, for models, a registry name) but reads as a hub id is
+fetched through `huggingface_hub` (its cache, `HF_TOKEN`, `HF_HUB_OFFLINE`, `HF_ENDPOINT`,
+`HF_HUB_CACHE` / `HF_HOME`, read at each call), and only the files that are loaded: for
+`kind="model"` config, generation config, tokenizer files and safetensors weights (or the sharded
+index and its shards); `"eagle"` config.json and model.safetensors (or pytorch_model.bin);
+`"medusa"` config.json and medusa_lm_head.safetensors (or .pt); `"file"` (or an id with a
+`/path`) that file; `"folder"` (a distilled drafter) every file under it. Pickled `.bin` / `.pt`
+weights are refused unless allowed (`allow_bin=True`, `--allow-bin`, `VOCABJAX_ALLOW_BIN=1`),
+then read with `torch.load(weights_only=True)`.
 
-- a model (`kind="model"`): config.json, generation_config.json, the tokenizer's files, and the
-  safetensors weights (model.safetensors, or the sharded index and the shards it names);
-- an EAGLE head (`"eagle"`): config.json and model.safetensors (or pytorch_model.bin);
-- Medusa heads (`"medusa"`): config.json and medusa_lm_head.safetensors (or .pt);
-- a file (`"file"`, or any id with a `/path` that names a file): that file;
-- a folder (`"folder"`: a distilled drafter's directory): every file under it.
-
-Pickled PyTorch weights (`.bin`, `.pt`) are refused unless allowed (`allow_bin=True`, the
-commands' `--allow-bin`, or `VOCABJAX_ALLOW_BIN=1`) and are then read with
-`torch.load(weights_only=True)` (`checkpoints.torch_weights`).
-
-Everything that can be said before a download is said before one, in one line naming the id: an
-unknown repository, a gated one without a token (or with a token that has no access), a
-revision that does not exist, a repository without loadable weights, a sharded index naming
-shards that are not in the repository, too little disk. All files come from one commit (the
-revision is resolved once). A download cut mid-file is resumed by the client (a `Range` request
-from what it has); each newly downloaded file is checked against the hub's hash (an LFS file's
-sha256, a small file's git blob id) and deleted if it does not match. Offline
-(`HF_HUB_OFFLINE=1`) the id is answered from the cache, or refused naming what is missing."""
+Whatever can fail before a download fails before one, in one line naming the id (unknown or
+gated repository, missing revision, no loadable weights, missing shards, too little disk). All
+files come from one commit; a cut download resumes; each new file is checked against the hub's
+hash (LFS sha256 or git blob id) and deleted on a mismatch. Offline, the id is answered from the
+cache or refused naming what is missing (docs/published_heads.md, 'Naming models, heads and
+files')."""
 
 from __future__ import annotations
 

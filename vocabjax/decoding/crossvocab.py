@@ -3,57 +3,17 @@
 Letters: G drafter tokens per step (gamma), P pending drafter tokens, Vd drafter vocabulary,
 V target vocabulary, S cache slots, D drafter hidden size.
 
-The drafter has its own tokenizer. One step:
-  1. the drafter first reads the drafter tokens it has not seen (the reverse translation of the
-     last committed target token, plus an accepted draft it never fed), then proposes up to G
-     drafter tokens. Tokens that cannot reach the target are suppressed (their logits set to
-     -inf before q is formed): with the n-gram cache off, every token outside the vocabulary
-     intersection (the UAG baseline); with it on, tokens outside the intersection that no cache
-     entry uses. An acceptance head may stop the block early (`vocabjax.decoding.adaptive`).
-  2. the translator (host) turns the run into target tokens: the longest n-gram cache hit first,
-     merging its sub-tokens into one target token with q' = prod q(d_j) (eq. 1), else the
-     direct mapping; the run ends at a token that is neither.
-  3. the target verifies the m target tokens in one forward (chain rejection sampling, or
-     greedy argmax matching) and emits n accepted + 1.
-  4. reverse translation: the drafter cache is rolled back to the accepted sub-tokens it holds;
-     the correction / bonus target token is detokenized and retokenized with the drafter's
-     tokenizer (cached per token id; bytes that are not whole UTF-8 go through the drafter's
-     single-byte tokens), and those ids become its pending input, so the drafter's KV cache
-     always holds exactly the drafter tokens of the committed text. Every emitted target token
-     the drafter spells with two or more tokens enters the n-gram cache.
-
-Exactness (sampling, temperature > 0):
-  * greedy: the output equals the target's greedy output token for token, whatever is drafted.
-  * direct mapping only (`ngram=False`): exact. The drafted target token at each position is
-    the image of a drafter token sampled from q restricted to the intersection and
-    renormalized; that distribution scattered into the target vocabulary is passed as q, so
-    accept/residual are Leviathan's rule with the true proposal distribution. Tested with a
-    chi-square test against target-only sampling.
-  * with the n-gram cache, `rule="exact"` (the default): the drafted run is walked down the
-    trie of cache keys into target positions, and each position is verified level by level
-    against the drafter's exact branch laws (`vocabjax.decoding.routes`): exact for any
-    drafter and cache, tested with chi-square tests on a pair built to merge often. The
-    verification runs on the host from the target's probabilities of the m + 1 positions.
-  * `rule="omnidraft"`: OmniDraft's approximation, kept as a labelled option. A merged token's
-    q' = prod q(d_j) is the probability of that particular drafter spelling, not of the target
-    token (other spellings and the mass of unmapped tokens are ignored), and the residual at a
-    merged position uses q scattered from the first sub-token's distribution with the prefix's
-    direct-mapped entry lowered by q' (eq. 2: the mass that went on to the n-gram is not also
-    proposed as the prefix alone), clipped at 0. The output is close to, not exactly, the
-    target's distribution (its total-variation distance on the test pair is recorded in
-    eval/results/crossvocab_tv.md).
-
-A proposer on the engine (`CrossVocabProposer`, `vocabjax.decoding.proposer`): its host hook
-runs the drafter's own programs (its prefill over the drafter's spelling of the prompt, its
-drafting loop over its own KV cache), translates on the host and hands the engine's step the
-target drafts (with the drafting law in target ids when it samples: `translated_q`); the
-engine verifies them (`verify_chain`), or, for the exact rule, returns the target's
-probabilities and the proposer walks its trie on the host (`host_verify`). The reverse
-translation reads the committed tokens the engine hands the next host call. Batches run in
-lockstep: drafting and verification are device programs over all rows (their own lengths and
-pending tokens per row); translation, reverse translation and the n-gram cache run per row on
-the host. Compiled programs live in the engine's one program cache. The n-gram cache persists
-across calls (online learning) and is shared by the rows of a batch.
+The drafter has its own tokenizer. One step: it reads its pending tokens and proposes up to G
+drafter tokens (those that cannot reach the target suppressed before q is formed; an acceptance
+head may stop early, `vocabjax.decoding.adaptive`); the host translates the run into target
+tokens (longest n-gram cache hit first, merged with q' = prod q(d_j), else the direct mapping);
+the target verifies them in one forward; the drafter cache is rolled back to the accepted
+sub-tokens and fed its spelling of the correction, so it holds exactly the committed text.
+Greedy output equals the target's; sampling is exact with direct mapping and with the n-gram
+cache under `rule="exact"` (default, `vocabjax.decoding.routes`); `rule="omnidraft"` is the
+paper's approximation. `CrossVocabProposer` is a host-hook proposer: its drafter programs run
+through the engine's cache, rows in lockstep, translation per row on the host; the n-gram cache
+persists across calls, shared by a batch's rows (docs/crossvocab.md).
 """
 
 from __future__ import annotations

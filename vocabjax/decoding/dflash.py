@@ -1,42 +1,19 @@
 """Block drafting with a DFlash drafter (`vocabjax.models.dflash`): bs - 1 drafts per step from
-one pass, verified as a chain.
+one pass, verified as a chain (or as a tree, `tree=`).
 
 Letters: B batch, bs block size, G = bs - 1 drafts, P = bs pending entries, Lf*Dt fused
 target feature width, S cache slots, V target vocabulary.
 
-Feature hand-over (as for an EAGLE head, `vocabjax.decoding.eagle`): the target's prefill and
-each chain verification return the outputs of the drafter's `target_layer_ids` at every
-position they score; after acceptance the features of [last, accepted drafts] are the pending
-context the next pass writes into the draft cache before drafting. A target layer id naming
-the target's last layer reads its final normed hidden state, as the reference's
-`output_hidden_states` gives it.
-
-Cache invariants at the start of a step (N = the target cache's length, per row): the draft
-cache holds the context of positions 0 .. N - 1 - pend_count; the pend_count pending features
-complete it to N - 1; the block sits at N .. N + bs - 1.
-
-Vocabulary: the drafter drafts through the target's own LM head (z-lab's DFlash has none of
-its own; a `speculators` drafter with draft_vocab_size < V has one, over the target ids its d2t
-names, and drafts over those rows alone) at every block position; `draft_vocab` restricts it
-per position as for the other drafters (a VocabTrim / FR-Spec subset or a SpecVocab ranker),
-then `output_multiplier` and the soft cap apply. Greedy drafts are each position's argmax;
-sampled drafts are drawn from each position's processed law, returned as `q` (positions are
-independent given the block), so the chain's verification keeps the target's law exactly.
-
-DFlash 2 drafts through its candidate selector (`select_drafts`): at each position the head's
-top `selector_top_k` candidates (of the policy's rows when there is a policy) are rescored
-given the token drafted before, left to right from the block's anchor; greedy takes each
-position's best score, sampling draws from the processed law of the scores over the
-candidates, returned as `q` (conditional on the drafts before it, which the chain's
-verification allows). `selector=False` drafts a DFlash 2 drafter by the head's argmax as DFlash
-does (an ablation).
-
-A tree instead of a chain (`tree=`: Medusa-style choices, each a path of per-position ranks):
-the block's positions are drafted independently given the block, so position i's top-k
-candidates are exactly the children a depth-i node can take, as Medusa's heads'; node j is
-position depth_j's rank-r_j candidate (under the policy), verified with the tree's rule
-(deterministic drafts: lossless without a q). DFlash 2's selector drafts one path and takes no
-tree.
+Features are handed over as for an EAGLE head: the target's prefill and each verification return
+the outputs of the drafter's `target_layer_ids` (the last layer: its final normed hidden state);
+the accepted positions' features are the pending context the next pass writes into the draft
+cache. At the start of a step (N = the target cache's length, per row) the draft cache holds
+positions 0 .. N - 1 - pend_count, the pending features complete it to N - 1, and the block sits
+at N .. N + bs - 1. Drafts go through the target's LM head (or a `speculators` head's own rows),
+restricted by `draft_vocab`; sampled drafts return each position's law as `q`, so the chain keeps
+the target's law. DFlash 2 drafts through its candidate selector (`select_drafts`;
+`selector=False`: the head's argmax). A tree takes each position's top-k as a depth's children
+(deterministic, not with the selector). docs/dflash.md.
 """
 
 from __future__ import annotations

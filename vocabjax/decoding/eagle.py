@@ -3,32 +3,17 @@
 Letters: B batch, d tree depth, P = d + 1 pending entries, Lf*Dt fused target feature width (Lf fused layers),
 D head width (= the target's hidden size), S cache slots, V target vocabulary.
 
-The head drafts from the target's own features (`vocabjax.models.eagle`). Its entry at position
-p pairs the token x_{p+1} with the target's feature f_p of position p and predicts x_{p+2}; at
-deeper tree levels a node's entry pairs its token with its parent entry's output instead of a
-target feature. Positions and attention are the target's: entry p sits at slot p of the head's
-one-layer KV cache, RoPE position p.
-
-Feature hand-over (the engine's side of EAGLE): the target's verification forward captures the
-fused layers' outputs at every tree node; after acceptance the path's features (root and n
-accepted nodes) become the head's next pending entries, paired with the tokens that follow them
-(the n accepted tokens and the target's next token). So the head never needs a second target
-pass, and its cache stays exactly one entry per committed position.
-
-Cache invariants at the start of a step (Nt = target cache length, all per row):
-  target: every committed token except `last` (Nt entries);
-  head: entries 0 .. Nt - 1 - pend_count; the pend_count pending entries (tokens, features)
-    complete it up to entry Nt - 1 = (last, f_{Nt-1}), whose output gives the root's children.
-
-Vocabulary: by default the head's own LM head over its Vd tokens (d2t maps them to target ids,
-a static subset as in FR-Spec / EAGLE-3). `lm_head="target"` uses the target's frozen LM head
-on the head's normed output instead, and every drafter vocabulary policy applies to it
-(`draft_vocab`: a VocabTrim / FR-Spec subset or a SpecVocab ranker of the target's head). A
-head with a full-V LM head (Vd = V) takes a `draft_vocab` over its own head as well.
-
-Greedy output equals the target's greedy output token for token; sampling uses the tree's
-lossless verification of deterministically chosen drafts (`verify_tree_sampling`), which needs
-no drafting distribution, so the head cannot bias the output.
+The head (`vocabjax.models.eagle`) drafts from the target's own features: its entry at position
+p pairs token x_{p+1} with the target's feature f_p and predicts x_{p+2} (deeper tree levels pair
+a node's token with its parent entry's output); entry p sits at slot p of its one-layer cache,
+RoPE position p. The target's verification captures the fused layers' outputs at every node, and
+the accepted path's features become the head's pending entries: no second target pass. At the
+start of a step (Nt = target cache length, per row) the target holds every committed token but
+`last`; the head holds entries 0 .. Nt - 1 - pend_count, and the pending entries complete it up
+to (last, f_{Nt-1}), whose output gives the root's children. Vocabulary: the head's own LM head
+over Vd tokens (d2t), or `lm_head="target"`, with any `draft_vocab` policy on the target's head
+(or on its own when Vd = V). Greedy output equals the target's; sampling verifies deterministic
+drafts losslessly (`verify_tree_sampling`).
 """
 
 from __future__ import annotations

@@ -4,24 +4,14 @@ trains it): K tokens per head pass, verified as a chain.
 Letters: B batch, K drafts per step, P = K + 1 pending entries, Lf*Dt fused target feature
 width, D head width, S cache slots, V target vocabulary.
 
-The head is an EAGLE-3 head (`vocabjax.models.eagle`) trained with "depths": its entry at
-position p pairs the token x_{p+1} with the target's feature f_p and predicts x_{p+2} (depth
-0, EAGLE-3's own step); an entry at depth d > 0 of the same rollout sits at position p + d, reads
-the mask token and the learned `mask_hidden` feature, attends to every committed entry and to
-the depths before it, and predicts x_{p+d+2}. Drafting from the newest committed entry (the
-root: the step's `last` token with the target's feature of the position before it) therefore
-runs the root and K - 1 mask entries causally in one pass and reads K drafts off their outputs
-(`speculators`' P-EAGLE mask: `peagle/attention.py`).
-
-State and feature hand-over are EAGLE's (`vocabjax.decoding.eagle`): the chain's verification
-returns the target's features of [last, drafts]; the accepted tokens and the next one, paired
-with them, are the pending entries written into the head's cache before the next pass. The mask
-entries are attended to within the pass and never kept.
-
-Vocabulary: the head's own LM head over its Vd tokens (d2t), or the target's (`lm_head`), with
-any drafter vocabulary policy, as EAGLE's. Greedy drafts are each position's argmax; sampled
-drafts come from each position's processed law, returned as `q` (positions are independent
-given the pass), so the chain's verification keeps the target's law exactly.
+The head is an EAGLE-3 head (`vocabjax.models.eagle`) trained with depths: depth 0 is EAGLE-3's
+own step (token x_{p+1} with the target's feature f_p predicts x_{p+2}); an entry at depth d > 0
+sits at position p + d, reads the mask token and the learned `mask_hidden` feature, attends to
+every committed entry and the depths before it, and predicts x_{p+d+2}. So one causal pass over
+the root (the step's `last` with the feature before it) and K - 1 mask entries reads K drafts
+(`speculators`' `peagle/attention.py`); mask entries are never kept. State, feature hand-over
+and vocabulary are EAGLE's (`vocabjax.decoding.eagle`); sampled drafts return each position's
+law as `q`, so the chain keeps the target's law (docs/peagle.md).
 """
 
 from __future__ import annotations

@@ -4,33 +4,17 @@ context at no model cost, verified by the same lossless chain verification.
 Letters: B batch, G most drafts per step (gamma), g drafts in this step's block (0..G), c
 candidates (matches) of a tree, n its nodes (<= c*G), S cache slots, V vocabulary.
 
-Drafting (host, numpy, per row): for n = max_ngram down to min_ngram, take the last n committed
-tokens (prompt + output) and find their earliest earlier occurrence whose continuation starts
-before that suffix (Saxena's `find_candidate_pred_tokens`); propose up to G tokens that
-followed it. No match: no drafts for that row.
-
-Verification: one target forward over [last, d_1 .. d_g] with g the longest draft in the batch
-this step; a program is compiled per g (0..G) when that g is first met (its compile time is
-reported apart from decoding), so a step without any match is an ordinary one-token step.
-Rows with fewer drafts pass `n_valid`; what lies past it is never accepted.
-
-Tree (`candidates` c > 1): the continuations of up to c matches (the chain's first, then the
-other occurrences of the same n-gram, most recent first, then shorter n-grams) merged into a
-token trie of at most c*G nodes (shared prefixes once, siblings distinct), verified in one
-target forward with the tree engine's ancestor mask and path compaction
-(`vocabjax.decoding.tree.verify_tree`). The chain's drafts are one branch, so greedily the tree
-accepts at least what the chain would. Where the context repeats with variations (a passage
-restated, code edited in several places) the other branches catch what the first match misses.
-A program is compiled per node count actually met (n = 0..c*G, padded rows point padding nodes
-at themselves, so they are never a child of anything); its compile time is reported apart.
-
-Exactness: greedy keeps the longest prefix equal to the target's argmax, then the target's
-token: identical to autoregressive greedy decoding. Sampling: the drafts are a deterministic
-function of the context, so the drafting law is a point mass q = one-hot(d); the chain rule
-then accepts d with probability p(d) and on rejection samples norm(max(0, p - one-hot(d))),
-i.e. p with d removed: the output follows p exactly (DESIGN: deterministic drafts). A tree's
-siblings are distinct deterministic tokens: each is tried with p'(x) and removed from p' on
-rejection (`verify_tree_sampling`), the multi-draft form of the same rule.
+Drafting (host, numpy, per row): for n = max_ngram down to min_ngram, the last n committed tokens
+are looked up at their earliest earlier occurrence whose continuation starts before that suffix
+(Saxena's `find_candidate_pred_tokens`), and up to G tokens that followed it are proposed; no
+match, no drafts. One target forward verifies [last, d_1 .. d_g] with g the batch's longest draft
+(`n_valid` masks shorter rows); a program is compiled per g when first met (its compile time
+reported apart), so a step without a match is a plain step. A tree (`candidates` c > 1) merges the
+continuations of up to c matches into a trie of at most c*G nodes, verified by
+`vocabjax.decoding.tree.verify_tree`; the chain's drafts are one branch, so greedily it accepts at
+least what the chain would. Drafts are deterministic, so sampling treats them as point masses:
+greedy output equals plain decoding's, sampled output follows p (docs/speculative.md, 'Prompt
+lookup decoding').
 """
 
 from __future__ import annotations

@@ -2,39 +2,17 @@
 
 A speculative method is a `Proposer` run by the one engine (`speculative.SpeculativeEngine`),
 which owns everything else: the request and its checks, the target's prefill and caches, the
-verifier (`verify_chain` for a chain, `verify_tree` for a tree), the host loop (stop rules,
-streaming), the compiled programs (one `ProgramCache`, keyed by the proposer's `key`, the
-sampling, the shapes and the `Lowering`), the statistics and the programs' lowering for anyone
-who asks (`SpeculativeEngine.lower`: bench, deviceless TPU/GPU compilation, tests).
+verifier (`verify_chain` / `verify_tree`), the host loop, the compiled programs (one
+`ProgramCache`, keyed by the proposer's `key`, sampling, shapes and `Lowering`), the statistics
+and `SpeculativeEngine.lower`. Letters: B rows, n drafts or tree nodes, S cache slots.
 
-What a proposer supplies (letters: B rows, n drafts or tree nodes, S cache slots):
-
-    key()                static identity of its programs (its configs, sizes, policy)
-    chain | bounds       a chain of `gamma` drafts, or a tree within `bounds` (TreeBounds)
-    drafted_per_step, extra_slots   drafts per row per step; cache slots a step may write past
-                         max_new_tokens (the engine sizes caches and checks requests with it)
-    params, caches(), feature_layers   its weights, the KV caches it keeps, the target layers
-                         whose outputs it reads (EAGLE)
-    prefill / propose / commit   traced in the engine's programs: its state from the prompt;
-                         this step's Drafts (tokens, q where it samples, a tree's parent and
-                         depth); its state after verification
-
-Everything else is a capability, a small base class the engine checks for:
-
-    Gated          gate / fallback: rows that draft this step (EAGLE's confidence gate)
-    TreeGrower     grow / skip: a device tree a hybrid merges a host tree into
-    HostDrafter    host_block before each step on the committed tokens (a lookup trie, a
-                   suffix tree, another tokenizer's drafter); host_shapes, host_begin / end
-    RowHandover    host_swap: continuous batching's hand-over of a host drafter's row
-    HostPrograms   compiled programs of its own (lower_host), through the engine's cache
-    HostVerifier   host_verify: the step returns the target's probabilities, it decides
-    SelfSizing     sized(n): one step program per draft length, chosen per step
-    Profiled       drafter_calls / drafter_body: the time split of its drafting
-    Counted        its own per-step counts and record totals
-
-Exactness is the engine's: drafts are verified by the target, and a proposer that samples must
-return the law it sampled from (`Drafts.q`); deterministic drafts (q None) are point masses,
-for which the verifiers' multi-draft rule is lossless.
+A proposer supplies `key()` (the static identity of its programs), a chain of `gamma` drafts or a
+tree within `bounds`, `drafted_per_step` / `extra_slots`, `params`, `caches()`,
+`feature_layers`, and the traced `prefill` / `propose` / `commit`. Everything else is a
+capability the engine checks for: `Gated`, `TreeGrower`, `HostDrafter`, `RowHandover`,
+`HostPrograms`, `HostVerifier`, `SelfSizing`, `Profiled`, `Counted`. Exactness is the engine's;
+a proposer that samples returns the law it sampled from (`Drafts.q`), deterministic drafts
+(q None) are point masses. Each member and capability: docs/extending.md, 'The contract'.
 """
 
 from __future__ import annotations

@@ -4,37 +4,19 @@ spellings, verified level by level (cross-vocabulary drafting; the `exact` rule 
 
 Letters: V target vocabulary, Vd drafter vocabulary, m target tokens fed to the target.
 
-Why OmniDraft's rule is not exact. It passes q'(x) = prod q(d_j) for a merged token, the
-probability of one drafter spelling; but the translator proposes x through every run that merges
-into it, a longer cache key can take the run instead, and at the positions it did not draft the
-residual counts every direct token at its full q although part of that mass goes on to merges.
-Speculative sampling is exact only with the true proposal law, so the output drifts from p.
-
-The walk. Every target token x has one canonical drafter spelling, route(x): its direct
-counterpart (the vocabulary intersection) when it has one, else the first n-gram cache key that
-spells it; a token with neither has no route. The cache keys form a trie. One drafted target
-position starts at a drafter token d sampled from q (the root) and walks down: at a node with
-children it looks at the next drafted token and moves to it when it is a child, else stops
-there (the token looked at then starts the next position). The position proposes the node's
-target token (the key's, or at the root the direct counterpart); a node that is nobody's
-canonical route proposes nothing the target can accept.
-
-Verification, one position at a time. Each level of the walk is one choice among branches whose
-drafter law is known exactly: at the root q over drafter tokens; at a node q of the next token
-over the node's children, and STOP for the rest of q. The target's law over the same branches is
-the mass p puts on the tokens whose route takes each branch (given the node). Each level is a
-speculative-sampling decision: accept the drafted branch with probability min(1, P/Q), else
-draw a branch from norm(max(P - Q, 0)) and then a token from p within it, and end. Conditioned
-on reaching a node, the target's law of the token within the node's subtree is p restricted
-there, and the drafter's branch was drawn independently of the acceptance coins, so by
-induction over levels the token emitted follows p exactly, whatever the drafter, the cache or
-the spelling. A walk cut short (the draft ended at a node with children) verifies the levels it
-has, then draws from p within the node's subtree (dropping a draft is always exact). At the next
-position the root law is q with the stopping node's children removed and renormalized: the
-token that stopped the walk was drawn from q and is known not to be one of them.
-
-Host-side numpy (the trie grows online); the target's probabilities of the m + 1 verified
-positions come back from the device once per step.
+OmniDraft's q'(x) = prod q(d_j) is the probability of one drafter spelling, not of the
+translator proposing x, so its output drifts from p. Here every target token has one canonical
+drafter spelling (its direct counterpart, else the first n-gram cache key that spells it); a
+drafted position walks down the trie of cache keys from a drafter token d ~ q while the next
+drafted token is a child, and proposes the node's target token (nothing the target can accept
+where the node is nobody's canonical spelling). Each level is one choice among
+branches whose drafter law is known exactly (q at the root; q of the next token over the node's
+children, plus STOP), and the target's law is p's mass on the tokens whose spelling takes each
+branch; a speculative-sampling decision per level makes the emitted token follow p exactly, by
+induction over levels, whatever the drafter, cache or spelling. A walk cut short draws from p
+within its node's subtree; the next position's root law is q without the stopping node's
+children. Host-side numpy; the target's m + 1 probabilities come back once per step
+(docs/crossvocab.md, 'Exactness').
 """
 
 from __future__ import annotations

@@ -1,31 +1,19 @@
-"""Speculation that sizes itself: each step's draft length chosen from the measured step
-costs and the running acceptance, for the proposers that draft on the host (prompt lookup,
-the n-gram table, SuffixDecoding: their block cut to the length, and off where drafting does
-not pay) and for a drafter model (`Proposer.sized`: one step program per length, a chain of
-0..gamma drafts or a tree of 0, 1, 2, 4, .. total_tokens nodes; 0 is a plain step in which the
-drafter only reads the tokens it has not seen, so the next step can draft).
+"""Speculation that sizes itself: each step's draft length chosen from the step costs seen so
+far and the running acceptance, for the proposers that draft on the host (prompt lookup, the
+n-gram table, SuffixDecoding: their block cut to the length) and for a drafter model
+(`Proposer.sized`: one step program per length; 0 is a plain step in which the drafter only
+reads what it has not seen).
 
 Letters: n drafts verified in a step (0: a plain step), a the per-draft acceptance rate, c(n)
 the seconds of a step that verifies n drafts.
 
-The rule (`DraftSizer.choose`): a chain of n drafts, each accepted with probability a given
-the ones before, emits E(n) = (1 - a^(n+1)) / (1 - a) tokens in expectation (Leviathan et al.
-2023, eq. 1; for a tree of n nodes, n is its depth and a the chance a level passes); the step
-costs c(n); the sizer picks the n in `lengths` (the proposer's block sizes) that maximizes
-E(n) / c(n), and n = 0 (verify no drafts: a plain step) when none beats it. `a` is the running
-acceptance (accepted / drafted over the last `window` drafts, starting from `prior`; a plain
-step verifies no draft, so after `probe` plain steps in a row one step drafts the shortest
-n > 0 to measure it again, at the least cost: without it a few early rejections would keep the
-rule off for good); c(n) is the running median of the step times measured at n (steps whose
-program compiled excluded), and an n not measured yet is assumed to cost the measured n' <= n
-nearest it (the optimistic guess, so it gets tried and measured once). Where verification is
-compute bound (large batches, long blocks on a CPU) c(n) grows with n and the rule shortens
-the drafts or steps aside; where it is memory bound c(n) is flat and the rule drafts as much
-as acceptance pays for. The rule, its inputs and each step's choice are in the run's record
-(`SizedStats`).
-
-Exactness is untouched: the sizer only truncates a proposal (a prefix of a chain, or the first
-nodes of a tree, parents first), and the engine verifies whatever is proposed.
+`DraftSizer.choose` picks the n in `lengths` maximizing E(n) / c(n), E(n) = (1 - a^(n+1)) /
+(1 - a) (Leviathan et al. 2023, eq. 1; a tree's n is its depth), or 0 when none beats a plain
+step. `a` is accepted / drafted over the last `window` drafts (from `prior`; after `probe` plain
+steps in a row one step drafts the shortest n > 0 to re-estimate it); c(n) is the running median
+of the step times timed at n (compiling steps excluded; an untimed n costs the nearest timed
+n' <= n, so it is tried once). The choices are recorded (`SizedStats`). Exactness is untouched:
+the sizer only truncates a proposal (docs/suffix.md, 'Speculation that sizes itself').
 """
 
 from __future__ import annotations
@@ -80,8 +68,8 @@ class DraftSizer:
     return min(max(sum(self._outcomes) / len(self._outcomes), 1e-3), 1 - 1e-3)
 
   def cost(self, n: int) -> float | None:
-    """c(n): the median step time measured at n, else at the nearest measured n' <= n (None
-    when nothing is measured at or below n)."""
+    """c(n): the median step time recorded at n, else at the nearest recorded n' <= n (None
+    when nothing is recorded at or below n)."""
     for m in sorted(self._times, reverse=True):
       if m <= n and self._times[m]:
         return statistics.median(self._times[m])

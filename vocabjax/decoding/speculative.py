@@ -3,35 +3,19 @@ every proposer (`vocabjax.decoding.proposer`).
 
 Letters: B batch, n drafts (a chain) or tree nodes, T prompt block, S cache slots, V vocabulary.
 
-    engine = SpeculativeEngine(target_params, target_config, ChainProposer(dp, dc, gamma=4))
+    engine = SpeculativeEngine(target_params, target_config,
+                               ChainProposer(draft_params, draft_config, target_config, gamma=4))
     res = engine.generate(prompts, max_new_tokens=128)
 
-One step, compiled once per (proposer, sampling, shapes, lowering): the proposer proposes
-(`propose`: a chain with its draft law, or a tree with its parents and depths), the target scores
-[last, drafts] in one forward and verification keeps a prefix or path and emits one more token
-(`verify_chain` / `verify_tree`, lossless for sampled and deterministic drafts alike), the
-target cache is rolled back or compacted, and the proposer updates its own state from the
-verdict (`commit`). A gated proposer (EAGLE's confidence) may leave every row undrafted: the
-step then verifies its `fallback` (the roots alone, or a lookup trie) instead, and skips the
-drafting (`jax.lax.cond`). A proposer with a host hook (prompt lookup, SuffixDecoding, a
-drafter with another tokenizer) gives each step host arrays; a step program is compiled per
-block shape when first met. A hook may run device programs of its own through the engine's
-cache (`HostRun`: the cross-vocabulary drafter's prefill and drafting loop), and a proposer may
-verify on the host (`HostVerifier`: the step then returns the target's probabilities of
-[last, drafts], `engine_probs_step`, and the engine commits the host's verdict, `commit_host`).
-
-A decoder is this engine and a proposer:
-
-    dec = SpeculativeEngine(target_params, target_config,
-                            ChainProposer(draft_params, draft_config, target_config, gamma=4))
-
-or, by name and parameters, `vocabjax.methods.METHODS[name].make(target, draft, params)`.
-
-`draft_vocab` swaps a model drafter's vocabulary policy: a static subset (`VocabSubset`,
-VocabTrim / FR-Spec) for `vocabjax.vocab.subset.static_policy`, a ranker (`SpeculativeVocab`,
-SpecVocab) for `vocabjax.vocab.ranked.ranked_policy`. Only the candidates' rows are
-multiplied, drafts and q stay over the target's ids (q = 0 outside the candidates), and
-verification is unchanged.
+or by name: `vocabjax.methods.METHODS[name].make(target, draft, params)`. One step, compiled once
+per (proposer, sampling, shapes, lowering): the proposer proposes (a chain with its law, or a
+tree), the target scores [last, drafts] in one forward, verification keeps a prefix or path and
+emits one more token (`verify_chain` / `verify_tree`, lossless), the target cache is rolled back
+or compacted, and the proposer commits. A gated proposer may skip drafting (its `fallback` is
+verified), a host hook gives each step host arrays (one step program per block shape) and may
+run programs of its own (`HostRun`), and a `HostVerifier` verifies on the host (`commit_host`).
+`draft_vocab` swaps a model drafter's vocabulary policy (VocabTrim / FR-Spec subset, SpecVocab
+ranker); drafts and q stay over the target's ids. docs/extending.md.
 """
 
 from __future__ import annotations

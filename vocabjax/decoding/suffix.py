@@ -4,33 +4,17 @@ requests' outputs, a proposer on the host (`SuffixProposer`).
 
 Letters: B rows, D the trees' depth (`max_tree_depth`), m a match length, n drafted tokens.
 
-The trees (`SuffixTree`) count every n-gram of length <= D of the sequences they hold (a
-sliding window of D over each sequence, as Arctic's `SuffixTree.append`): a node's count is the
-number of occurrences of its path. A step matches the context's suffixes of length m = 1, 2, ..
-(up to D - 1 and the context's length - 1; longer ones once a shorter one is missing) and from
-each match grows a proposal: a chain (`use_tree=False`, the default and what vLLM runs) that
-follows the most frequent child (ties: Arctic's sibling order, `_increment`), or a tree
-(`use_tree=True`: best first by estimated probability); a token's estimated probability is the
-product of count(child) / count(parent) along its path (float32, as Arctic's), growth stops at
-`min(max_spec_tokens, int(m * max_spec_factor + max_spec_offset + 1e-6))` tokens or below
-`min_token_prob`, and a proposal's score is the sum of its tokens' probabilities. The best score
-wins (ties: the longer match), the request's own tree against the global tree (ties: the
-request's).
-
-Trees: one per request over its prompt and output (`start` / `extend`), and one global tree over
-the outputs of earlier and running requests (never prompts), holding at most
-`max_cached_requests` outputs (the oldest evicted first: its n-grams' counts decremented).
-
-Checked against Arctic Inference 0.3.0's C++ tree (`tests/decoding/test_suffix.py`, built from
-its source distribution by `python -m vocabjax.testing install`): chain proposals equal token
-for token, probabilities and scores bit for bit; tree proposals equal in size and score where
-no two candidates tie (Arctic's `std::priority_queue` orders ties as libstdc++'s heap does, and
-its compressed edges re-round a probability the uncompressed trie here multiplies by
-count / count; named, not reproduced).
-
-The engine verifies every proposal (chain: `verify_chain`, tree: `verify_tree`); drafts are a
-deterministic function of the context, so greedy output equals plain decoding's and sampling
-follows the target's law (point masses).
+A `SuffixTree` counts every n-gram of length <= D of the sequences it holds (Arctic's sliding
+window): one tree per request over its prompt and output (`start` / `extend`), one global tree
+over the outputs of earlier and running requests, at most `max_cached_requests` of them (oldest
+evicted first). A step matches the context's suffixes of length m = 1, 2, .. and from each match
+grows a chain following the most frequent child (`use_tree=False`, vLLM's default) or a tree best
+first (`use_tree=True`); a token's probability is the product of count(child) / count(parent)
+(float32, as Arctic's), growth stops at `min(max_spec_tokens, int(m * max_spec_factor +
+max_spec_offset + 1e-6))` tokens or below `min_token_prob`, and the best sum of probabilities
+wins (ties: the longer match, then the request's tree). Checked against Arctic Inference 0.3.0's
+C++ tree (`tests/decoding/test_suffix.py`; ties broken differently, docs/suffix.md). Drafts are
+deterministic, so the engine's verification keeps greedy identity and the target's law.
 """
 
 from __future__ import annotations

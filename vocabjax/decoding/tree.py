@@ -256,11 +256,10 @@ def compact_path(cache: KVCache, base: jax.Array, path: jax.Array, n: jax.Array,
 
   One device: an indexed scatter of the W path slots over (row, slot) pairs, in place. With
   `per_row` (`Lowering.row_writes`: a mesh): per row (vmapped over B) a gather of the W path
-  slots and one dynamic-update-slice at base, so a batch split over a mesh's "data" axis stays split (the
-  indexed scatter made XLA gather every row's entries to every device). Not on one device: XLA
-  copies the whole cache for the vmapped form (measured at batch 1 on the 1.5B target's
-  [28, 1, 1024, 2, 128] f32 cache: 18 ms for the move alone, ~46 ms of a 269 ms verification
-  step, against 0.06 ms for the scatter; `kernels/results/compact_path.md`)."""
+  slots and one dynamic-update-slice at base, so a batch split over a mesh's "data" axis stays
+  split (the indexed scatter made XLA gather every row's entries to every device). Not on one
+  device, where XLA copies the whole cache for the vmapped form (docs/measurements.md, 'Tree
+  path move')."""
   B, W = path.shape
   i = jnp.arange(W)[None]
   src = base[:, None] + jnp.where(i <= n[:, None], path, i)  # [B, W]

@@ -10,15 +10,10 @@ the old one aside), so one table never blends two models' drafts or two machines
                                 "vocabjax": version, "machine": {...}}
 
 Content ids: a registry name is its pinned sha256 (`checkpoints.zoo`); a hub id the commit its
-revision names (its files are checked against that commit's hashes when downloaded); a file its
-sha256, cached in `<cache>/content_hashes.json` under a stamp no change of content can pass
-unnoticed: (path, size, mtime, inode, ctime). mtime alone can be set back after an edit
-(`touch -d`, `cp -p`, an editor that restores it: a flipped bit with size and mtime kept was
-resumed as the old model); ctime cannot be set by a user and moves with every write to the
-file, and a replaced file has a new inode. So a multi-GB checkpoint is hashed once (about 2-6 s
-for 3 GB at this machine's 0.5-1.5 GB/s of sha256) and then costs one stat per run; any write to
-it, even one that restores its size and mtime, costs one more hash. A directory is the hash of
-its files' relative paths and ids.
+revision names; a file its sha256, cached in `<cache>/content_hashes.json` under the stamp
+(path, size, mtime, inode, ctime), which no write to the file keeps (mtime alone can be set
+back), so a large checkpoint is hashed once, then costs one stat per run (docs/eval.md,
+'Outputs'); a directory the hash of its files' relative paths and ids.
 """
 
 from __future__ import annotations
@@ -45,10 +40,8 @@ _ISA = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16")
 def cpu_model() -> str:
   """The CPU's model name and its vector extensions (/proc/cpuinfo, else
   `platform.processor()`), e.g. "AMD EPYC [avx2 avx512f avx512_bf16 avx512_vnni]": hosts of one
-  VM type can differ several-fold (transformers' f32 decoding in `eval/results/compare_torch`:
-  3.92 tok/s on one host, 1.92 on an AMD EPYC host two days later; an AMD EPYC host without
-  AVX-512 took 360 ms per 1.5B f32 AR step against 185 ms on one with it), and the model name
-  alone does not tell them apart."""
+  VM type can differ several-fold in speed, and the model name alone does not tell them apart
+  (docs/eval.md, 'Outputs')."""
   info = cpuinfo()
   if info.get("model name"):
     flags = set(info.get("flags", "").split())

@@ -3,50 +3,21 @@
 Letters: M rows of x (batch x block tokens), D input width, F output width.
 
     linear(x[..., D], w[F, D], scale[F] | None) -> y[..., F] f32
+    # = linear_reference: jnp.einsum("...D,FD->...F", x, w.astype(jnp.float32))
+    #                     * (scale if scale is not None else 1)
 
-Equivalent jnp (this is `linear_reference`):
-
-    y = jnp.einsum("...D,FD->...F", x, w.astype(jnp.float32)) * (scale if scale is not None else 1)
-
-Why: decoding is memory bound, so a block of M = 2..64 tokens (chain or tree verification)
-should cost about what one token costs: one pass over the weights. XLA:CPU (jaxlib 0.10) runs
-M = 1 as a matvec at memory speed but M >= 2 as an Eigen GEMM that repacks the weight first
-(the Qwen2.5-1.5B MLPs: 147 ms at M = 1, 249-400 ms at M = 4 depending on the layout), and it
-has no fast bf16 or int8 weight path (bf16 at M = 1 was 10x slower than f32; none of its
-XNNPACK/oneDNN/YNNPACK switches changed that; `kernels/results/kernels/xla_cpu_flags.md`). The C++
-kernel reads each weight row once in its stored dtype (f32, bf16, or int8 with a per-row
-scale), converts it in registers and multiplies it with all M rows of x: exact f32 arithmetic
-on the stored values (bf16 activations are widened to f32 first). Its result for one row of x does not depend on M, so a token's logits in
-a verified block equal its logits in a one-token step bit for bit (greedy identity holds by
-construction, not only up to ties).
-
-The kernel is compiled on first use with the system C++ compiler (`-O3 -march=native`; the
-environment variable `VOCABJAX_CPU_MARCH` names another target, e.g. `x86-64-v3` for AVX2 + FMA
-without AVX-512: a library for a fleet of mixed hosts, or an AVX2-only host's code path measured
-on an AVX-512 one) into `$VOCABJAX_CACHE/kernels/` (keyed by the source, the jaxlib version, the
-CPU's flags and that target) and
-registered as an XLA FFI target. It is used on the CPU backend for f32 or bf16 x with
-M <= `MAX_ROWS`, and for any M in decoding steps (`Lowering.any_rows`, so that a batch's
-verified block keeps the one-token step's rounding however many rows it has); everything else
-(prefill of long prompts, GPU and TPU) takes the XLA dot (on the CPU with the weights widened
-to f32 first: XLA:CPU's bf16 GEMM is slower than its f32 one). What a program uses is its
-`vocabjax.lowering.Lowering`, a static argument of `linear` (the model code passes the one its
-params carry): nothing is read from a global while tracing.
-
-A second kernel in the same library, a bf16 GEMM (AVX512-BF16 `vdpbf16ps`, f32 accumulation),
-runs long blocks at twice XLA:CPU's f32 rate by rounding x to bf16 (weights stored bf16 or
-int8 are exact in bf16). It is not exact f32 arithmetic, so it is used only under
-`Lowering.bf16_blocks`, which the speculative decoders set for their drafter's prefill
-(`draft_prefill="bf16"`: the drafter's precision changes only which tokens it proposes, never
-the output) and every decoder for a bf16 model's prompt prefill.
-
-Switch: `Lowering(cpu_kernel=False)`; the environment variable `VOCABJAX_CPU_KERNEL=0` (read
-at import) makes that the default, `lowering.cpu_kernel_default(False)` the default of decoders
-built inside it. When the compiler is missing or the build fails, a warning says why once and
-XLA's dot is used.
-
-Gradients: `linear` has a custom VJP in plain jnp (dx = g . W, dW = g^T x), so trainers that
-differentiate through a model on the CPU keep working.
+Why: decoding is memory bound, so a block of M = 2..64 tokens should cost about one pass over
+the weights, but XLA:CPU runs M >= 2 as a GEMM that repacks the weights first and has no fast
+bf16 or int8 weight path. The kernel reads each weight row once in its stored dtype (f32, bf16,
+int8 with per-row scales), widens it in registers and multiplies all M rows in exact f32; a
+row's result does not depend on M, so a token's logits in a verified block equal its one-token
+logits bit for bit. It runs on the CPU for M <= `MAX_ROWS`, and any M in decoding steps
+(`Lowering.any_rows`); elsewhere XLA's dot (on the CPU over f32-widened weights). A bf16 GEMM in
+the same library rounds x to bf16, so it runs only under `Lowering.bf16_blocks` (a drafter's or
+bf16 model's prefill). Built on first use (`-O3 -march=native`, or `VOCABJAX_CPU_MARCH`) into
+`$VOCABJAX_CACHE/kernels/`; `Lowering(cpu_kernel=False)`, `VOCABJAX_CPU_KERNEL=0` (at import) or
+`cpu_kernel_default(False)` turn it off, and without a compiler XLA's dot is used with a warning.
+`linear` has a custom VJP in jnp. Figures and details: docs/engine.md, 'CPU speed'.
 """
 
 from __future__ import annotations
@@ -309,7 +280,7 @@ def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None, *,
   if not uses_kernel(x.shape, x.dtype, w.dtype, lowering) or (w.dtype == jnp.int8) != (scale is not None):
     if lowering.platform == "cpu" and w.dtype != jnp.float32:
       # XLA:CPU's bf16 GEMM is slower than widening the weights and running its f32 GEMM
-      # (a 709-token prefill with bf16 weights: 26 s against 21 s in f32)
+      # (docs/engine.md, 'CPU speed')
       x, w = x.astype(jnp.float32), w.astype(jnp.float32)
     return linear_reference(x, w, scale).astype(jnp.float32)
   lead = x.shape[:-1]  # bf16 activations are widened: the kernel computes in f32

@@ -1,23 +1,14 @@
 """Which implementation of the indexed LM head `impl="auto"` runs on a GPU: the Triton kernel
-or XLA's gather + einsum, from a table measured per device kind and shape bucket.
+or XLA's gather + einsum, from a table of timings per device kind and shape bucket.
 
-The table (`dispatch_table.json`, shipped with the package) is written by
-`kernels/bench_indexed_lm_head.py --update-table`: one entry per measured (device kind, dtype,
-B, K, D) with both implementations' device times and the kernel's block configuration. A call
-looks up its bucket (B and K rounded up to powers of two, the nearest measured D within 25%, the
-same dtype and device kind); it runs the kernel only where the kernel was measured faster than
-XLA by `MARGIN` in that bucket (and, where the entry carries host-timed single calls too, not
-slower by those: at B = 1 a device-timed program of a few calls is mostly dispatch, and session
-41's H200 run had the kernel "winning" by device time a bucket it lost by host time), and XLA
-everywhere else (nothing measured, another GPU, a
-shape between buckets): the dispatcher is never slower than XLA where it has been measured, and
-never guesses where it has not.
-
-Runs disagree: at B = 10, k = 2048, d = 4096 recorded H200 runs measured the tuned kernel at
-0.95x, 1.04x and 1.12x XLA's time within ten minutes, more than `MARGIN`. So `merge` keeps the
-timings an entry replaces (`history`, the last `HISTORY` runs of that bucket) and `choose` runs
-the kernel only where it won every recorded run, by both timings; the newest run's blocks are
-the ones used.
+The table (`dispatch_table.json`, shipped with the package, written by
+`kernels/bench_indexed_lm_head.py --update-table`) holds per (device kind, dtype, B, K, D) both
+implementations' timings and the kernel's blocks. A call's bucket is B and K rounded up to
+powers of two, the nearest recorded D within 25%, the same dtype and device kind; the kernel
+runs only where it beat XLA by `MARGIN` in every recorded run of that bucket (`history`), by
+device time and, where recorded, by host time; XLA everywhere else, so the dispatcher is never
+slower than XLA where timed and never guesses where not. Why both timings and a history:
+docs/engine.md, 'The indexed LM head's GPU and TPU kernels'.
 """
 
 from __future__ import annotations

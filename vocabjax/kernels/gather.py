@@ -12,16 +12,13 @@ def take_rows(table: jax.Array, idx: jax.Array, mode: str | None = None) -> jax.
   """`jnp.take(table, idx, axis=0, mode=mode)` (rows of an embedding or an LM head), without
   XLA:CPU widening the whole table on every call.
 
-  XLA:CPU computes a bf16 / f16 gather in f32: it converts the table operand. Fused with the
-  gather, that converts only the rows read; but inside a while loop (a drafter's or an EAGLE
-  head's steps, a ranked head's row gather) the table is loop-invariant, so the convert was
-  hoisted out of the loop and every call of the step wrote the whole [V, D] table in f32 (a
-  0.5B drafter's bf16 embedding: a chain step of 352 ms, 152 ms without it, on 2 cores;
-  `kernels/results/bf16_gather/`). On the CPU the table therefore passes through an
-  optimization barrier together with the indices (which vary from iteration to iteration), so
-  nothing computed from it is loop-invariant; the barrier is no computation (the same
-  buffer). Other platforms and dtypes: `jnp.take`. GGUF blocks (`kernels.blocks`): the rows'
-  bytes are gathered and dequantized (f32 rows)."""
+  XLA:CPU computes a bf16 / f16 gather in f32 by converting the table; inside a while loop (a
+  drafter's or EAGLE head's steps, a ranked head's row gather) that convert of the loop-invariant
+  table was hoisted out of the loop, so every step wrote the whole [V, D] table in f32
+  (docs/engine.md, 'CPU speed'). On the CPU the table therefore passes through an optimization
+  barrier together with the indices, so nothing computed from it is loop-invariant; the barrier
+  is no computation. Other platforms and dtypes: `jnp.take`. GGUF blocks (`kernels.blocks`): the
+  rows' bytes are gathered and dequantized (f32 rows)."""
   if is_blocks(table):  # GGUF blocks: gather the rows' bytes, then widen only those rows
     return dequantize(table.take(idx, mode=mode))
 

@@ -10,36 +10,15 @@ Equivalent jnp (this is `indexed_lm_head_reference`):
     rows = jnp.take(U, idx, axis=0)                                        # [B, K, D]
     z = jnp.einsum("BKD,BD->BK", rows, h, preferred_element_type=jnp.float32)
 
-XLA materializes `rows` (B*K*D values written, then read again); the Pallas kernels read each
-selected row once, straight into the dot product, which is what makes the per-step speculative
-vocabulary cheaper than the full head (V*D reads) when K << V:
-
-  GPU (Triton, `indexed_lm_head_gpu`): grid (B, K / block_k, split_d); a program loads its
-    block_k indices, then walks its share of D in aligned contiguous chunks of block_d, gathering
-    a [block_k, block_d] tile of U and accumulating in f32 (a 2-D accumulator reduced once, or
-    an MMA against h padded to 16 columns), software-pipelined (the MMA form: Triton pipelines
-    loads that feed a dot). `persist=P`: a grid of P programs sharing the (tile, chunk)
-    iterations evenly instead (one loop each, partial sums of a tile cut between two programs
-    added after).
-  TPU (Mosaic, `indexed_lm_head_tpu`): the indices are scalar-prefetched into SMEM; grid
-    (B, K / block_k); each index's tile-aligned group of rows (2 rows in bf16, which share their
-    32-bit words in HBM) is DMA'd from U, left in HBM in its own layout, into a double-buffered
-    VMEM tile (block j+1's DMAs start before block j's product), then one [1, D] x [D, P*block_k]
-    MXU product; the wrapper keeps each candidate's row of its group. Compiled for v5e, v6e and
-    v5p in CI without a TPU (tests/kernels/test_tpu_compile.py).
-
-K is padded to a multiple of block_k in the wrapper (with index 0) and the result sliced back.
-Indices may repeat. An index outside [0, V) is an error for concrete inputs (`check_indices`);
-under tracing the values are unknown, so the kernels clamp indices into [0, V): they never read
-out of bounds, whatever they are given.
-
-`indexed_lm_head` is the public entry: a `custom_vjp` (dh = sum_j g[b,j] U[idx[b,j]],
-dU = scatter-add of g[b,j] h[b] into rows idx[b,j]) around a dispatcher that lowers, on CUDA/ROCm,
-to the GPU kernel where `vocabjax.kernels.dispatch`'s measured table says it beats XLA on this
-device kind and shape bucket (XLA's gather elsewhere, and wherever nothing was measured), to the
-TPU kernel on TPU, and to the XLA reference on other backends (`jax.lax.platform_dependent`,
-decided when the program is lowered). `impl=` forces one:
-"reference", "gpu", "tpu" (`interpret=True` runs a kernel's logic on the CPU).
+XLA materializes `rows`; the Pallas kernels (`indexed_lm_head_gpu`: Triton, `indexed_lm_head_tpu`:
+Mosaic) read each selected row once, which makes per-row candidates cheaper than the full head
+when K << V. `indexed_lm_head` is a `custom_vjp` (dh = sum_j g[b,j] U[idx[b,j]], dU = scatter-add
+of g[b,j] h[b] into rows idx[b,j]) around a dispatcher (`jax.lax.platform_dependent`): on a GPU
+the kernel where `vocabjax.kernels.dispatch`'s table says it beats XLA, else XLA's gather; the
+TPU kernel on a TPU; the reference elsewhere. `impl=` forces "reference", "gpu" or "tpu"
+(`interpret=True` runs a kernel's logic on the CPU). Indices may repeat; an index outside [0, V)
+is an error for concrete inputs (`check_indices`) and clamped under tracing, so nothing is read
+out of bounds. Kernel internals: docs/engine.md, 'The indexed LM head's GPU and TPU kernels'.
 """
 
 from __future__ import annotations

@@ -3,32 +3,15 @@
 
     indexed_lm_head_gpu(h[B, D], U[V, D], idx[B, K]) -> z[B, K] f32
 
-Grid (B, K / block_k, split_d). A program loads its block_k row indices once, then walks its
-share of D in chunks of block_d, gathering a [block_k, block_d] tile of U whose inner axis is a
-contiguous slice `pl.ds(pl.multiple_of(c * block_d, block_d), block_d)`: Triton sees columns
-that are contiguous and aligned, so each row's chunk is one vectorized (16-byte) load, and its
-software pipeliner (`num_stages` > 1) can prefetch the next chunk (it skips loads narrower than
-32 bits, which is what a clamped column index made of every element before). Where D is not a
-multiple of any power-of-two block >= 16 the loads are masked instead (never clamped).
-
-Two ways to reduce a tile (`variant`):
-  "fma": a 2-D f32 accumulator [block_k, block_d] += U_tile * h_chunk, reduced over d once at
-         the end (no per-chunk cross-lane reduction);
-  "dot": the tile times h padded to 16 columns (column 0 = h, the others zero: the MMA's
-         minimum N) by `pltr.dot` into a [block_k, 16] f32 accumulator: the tensor cores do the
-         products and the accumulator stays small, so larger tiles fit in registers.
-`split_d` > 1 splits D over a third grid axis (more programs when B * K / block_k is below the
-SM count); the partial sums [split_d, B, K] are added by XLA after the kernel.
-
-`persist` = P > 0: a persistent grid of P programs (at most the B * K / block_k tiles) instead
-of one program per tile. The (tile, chunk) iterations, tile-major, are split into P contiguous
-ranges of equal length (+-1), and each program walks its range in one loop: the SMs' loads are
-even to one chunk (a grid of 320 tiles over 132 SMs leaves some SMs three tiles and most two),
-and the loop's loads can be pipelined across tile boundaries (the row indices are read per
-iteration). A tile is cut by at most one range boundary (ranges are at least a tile long): the
-program holding its first chunk writes its partial sum to slot 0 of a [2, B, K] output, the
-next program the rest to slot 1 (or the first program a zero, when it holds the whole tile),
-and XLA adds the two slots: one addition per output, in a fixed order (deterministic).
+Grid (B, K / block_k, split_d): a program loads its block_k row indices once, then walks its
+share of D in aligned, contiguous chunks of block_d (one vectorized load per row and chunk,
+which Triton's pipeliner can prefetch; masked, never clamped, where D fits no power-of-two block
+>= 16), accumulating in f32. `variant`: "fma" (a 2-D accumulator reduced once at the end) or
+"dot" (an MMA against h padded to 16 columns). `split_d` > 1 splits D over a third grid axis
+(partial sums added by XLA). `persist` = P > 0: P programs share the (tile, chunk) iterations in
+equal contiguous ranges, a tile cut by a range boundary summed from the two slots of a
+[2, B, K] output in a fixed order (deterministic). Why so: docs/engine.md, 'The indexed LM
+head's GPU and TPU kernels'.
 """
 
 from __future__ import annotations

@@ -4,31 +4,15 @@
 Letters: B batch rows, D hidden size, V vocabulary, K selected rows per batch row; P rows per
 packed sublane word (1 for 32-bit U, 2 for bf16/f16, 4 for 8-bit types).
 
-How the rows are gathered, and why so:
-
-  * U stays in HBM in XLA's own layout ([V, D], tiled (8, 128) with P rows packed into each
-    32-bit word). Reshaping U in the wrapper (e.g. to [V, 1, D], to make the row index an
-    untiled dimension) is not free on TPU: XLA relayouts the whole table (for bf16 into a
-    2x-padded copy) on every call, V*D traffic, the very cost this kernel exists to avoid.
-  * A DMA moves whole 32-bit words, and Mosaic requires a slice of a packed dtype to start and
-    end on a multiple of P rows. So for each index the kernel copies the aligned group of P rows
-    holding it ([row & -P, +P)); for bf16 that is the row and its pair neighbour, which share the
-    same words in HBM, so it is the traffic a single-row read would cost anyway. The groups of a
-    block land in a [P*block_k, D] VMEM tile at offsets r*P (also P-aligned).
-  * One MXU product [1, D] x [D, P*block_k] (f32 accumulation) gives the logits of every row of
-    every group; the wrapper keeps, per candidate, the one at its index's position in the group
-    (P strided slices of the [B, P*K] output and a select, one small XLA fusion).
-  * Grid (B, K / block_k), ("parallel", "arbitrary"): for one b the j steps run in order on one
-    core, so the kernel double-buffers along j: at j == 0 it starts block 0's DMAs, and at every
-    j it starts block j+1's DMAs into the other VMEM slot before waiting for block j's and doing
-    its product. One DMA semaphore per slot; every copy of a block has the same size, so waiting
-    block_k times with a descriptor of that size consumes exactly the block's copies.
-  * If V is not a multiple of P the last V % P rows form an incomplete group, which a P-row DMA
-    would read past V: the kernel never gets those indices (they are clamped below them) and the
-    wrapper computes their logits in XLA (a [B, D] x [D, V % P] product).
-
-Indices are clamped into [0, V) in the wrapper (a traced index may lie outside) and padded to a
-multiple of block_k with index 0, so the kernel never reads out of bounds.
+U stays in HBM in XLA's own layout (reshaping it would relayout the whole table on every call).
+For each index the kernel DMAs the aligned group of P rows holding it ([row & -P, +P): a DMA
+moves whole 32-bit words and Mosaic slices packed dtypes on multiples of P) into a
+double-buffered [P*block_k, D] VMEM tile, indices scalar-prefetched into SMEM; grid
+(B, K / block_k), block j+1's DMAs start before block j's product, one MXU product
+[1, D] x [D, P*block_k] per block; the wrapper keeps each candidate's row of its group. Indices
+are clamped into [0, V) and K padded to a multiple of block_k with index 0 in the wrapper, so the
+kernel never reads out of bounds; the last V % P rows, if any, are scored by the wrapper in XLA.
+Why so: docs/engine.md, 'The indexed LM head's GPU and TPU kernels'.
 """
 
 from __future__ import annotations

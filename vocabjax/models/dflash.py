@@ -1,36 +1,25 @@
 """DFlash (Chen et al. 2026, arXiv 2602.06036): a block-diffusion drafter that drafts a whole
 block of positions in one pass, conditioned on several of the target's layers. This module:
-its params and forward; the proposer is `vocabjax.decoding.dflash`, checkpoints
-`vocabjax.checkpoints.dflash`. Computed as z-lab's `dflash` 0.1.0 (`DFlashDraftModel`) does.
+its params and forward, computed as z-lab's `dflash` 0.1.0 (`DFlashDraftModel`) does; the
+proposer is `vocabjax.decoding.dflash`, checkpoints `vocabjax.checkpoints.dflash`.
 
 Letters: B batch, bs block size, P pending context entries, D width (= the target's hidden
 size), Lf fused target layers, S cache slots, V target vocabulary.
 
-A step's block is [last, mask, ..., mask] at positions N .. N + bs - 1 (N: the target cache's
-length, `last` the newest committed token). Its input is the target's own embedding of those
-tokens times `input_embedding_scale` (the "noise"); each layer's queries read the block, its
-keys and values read the context and the block side by side:
+A step's block is [last, mask, ..., mask] at positions N .. N + bs - 1, embedded by the target
+times `input_embedding_scale`; position i predicts the token at N + i (bs - 1 drafts a pass):
 
     c   = hidden_norm(fc(concat of the Lf target features))   [B, P, D] committed positions
-    per layer: q = q_norm(wq(norm(x)))                         block queries   [B, bs, ...]
-               k = k_norm(wk([c_cache; norm(x)])), v = wv(...)  context cache + block
-               attention over every committed position and the whole block (bidirectional;
-               sliding layers are causal within their window), then the MLP, residuals
+    per layer: q = q_norm(wq(norm(x))); k, v = k_norm(wk(.)), wv(.) over [c_cache; norm(x)];
+               attention over the context and the whole block (bidirectional; sliding layers
+               causal within their window), then the MLP, residuals
     logits = target_lm_head(final_norm(x[:, 1:])) * output_multiplier, soft-capped
 
-The draft cache keeps, per layer, the keys and values of the context (one entry per committed
-position); a step writes the pending context entries and attends to the block's own entries
-without writing them (the reference appends them and crops its cache back to the committed
-length). Position i of the block predicts the token at N + i: bs - 1 drafts per pass.
-
-DFlash 2 (z-lab's `DFlash2DraftModel`) adds, in every layer, a grouped dynamic causal
-convolution along the block around the attention and around the MLP (`conv_prepare` on the
-normed input, `dynamic_conv` again on the sublayer's output with the second kernel computed
-from the same input), and a candidate selector over the head's top-k at each position
-(`selector_scores`; the drafting order is `vocabjax.decoding.dflash`'s):
-
-    conv(x)[t] = sum over taps j < K of x[t - j] * (base[j] + delta[t, j, group])  (x[<0] = 0)
-    score(c | prev, h_t) = unary_logit(c) + <pred_code[prev] * (W_sel h_t), succ_code[c]>
+The draft cache keeps the context's keys and values (one entry per committed position); the
+block's own are attended to, never written. DFlash 2 adds a grouped dynamic causal convolution
+around each attention and MLP (`conv_prepare`, `dynamic_conv`) and a candidate selector
+(`selector_scores`): conv(x)[t] = sum_{j<K} x[t - j] * (base[j] + delta[t, j, group]);
+score(c | prev, h_t) = unary_logit(c) + <pred_code[prev] * (W_sel h_t), succ_code[c]>.
 """
 
 from __future__ import annotations

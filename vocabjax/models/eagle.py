@@ -1,38 +1,23 @@
 """EAGLE-style drafter head (EAGLE-3, Li et al. 2025): one decoder layer that drafts from the
-target's own features. This module: the head's params, forward and logits. Tree drafting and
-the feature hand-over: `vocabjax.decoding.eagle`; training: `vocabjax.train.eagle`;
-checkpoints: `vocabjax.checkpoints.eagle3`.
+target's own features. This module: the head's params, forward and logits; tree drafting and
+the feature hand-over `vocabjax.decoding.eagle`, training `vocabjax.train.eagle`, checkpoints
+`vocabjax.checkpoints.eagle3`.
 
-Letters: B batch, T tokens, D head width (= the target's hidden size), Dt the target's hidden
-size, Lf fused target layers (EAGLE-3: 3, low/middle/high; EAGLE-1: 1, the last), V target
-vocabulary, Vd the head's own (reduced) vocabulary, H*hd = query heads x head dim.
+Letters: B batch, T tokens, D head width (= Dt, the target's hidden size), Lf fused target
+layers (EAGLE-3: 3; EAGLE-1: 1), V target vocabulary, Vd the head's own vocabulary, H*hd =
+query heads x head dim.
 
     h   = fc(concat of the Lf target features)        [B, T, D]   (skipped when Lf*Dt == D)
     a   = concat(norm_e(embed[token]), norm_h(h))     [B, T, 2D]  q/k/v read this
-    x   = decoder layer with residual h               [B, T, D]   fed back as h at the
-                                                                  head's own next steps
+    x   = decoder layer with residual h               [B, T, D]   fed back as h next step
     logits = lm_head(norm(x))                          [B, T, Vd]  target id = id + d2t[id]
 
-The token embedding is the target's (frozen, passed in, never stored with the head). Names and
-layout follow the EAGLE-3 checkpoints SGLang and vLLM load (`vocabjax.checkpoints.eagle3`).
-
-EAGLE-1/2 heads (`kind="eagle2"`: the `yuhuili/EAGLE-*` heads FR-Spec and VocabTrim measured,
-as EAGLE's `eagle/model/cnets.py` computes them; `vocabjax.checkpoints.eagle2`) differ at every
-step: the feature is the target's final normed hidden state (`FINAL_NORMED`), fused with the
-token's embedding by `input_fc` at every step (the head's own outputs included), the layer reads
-that stream without an input norm, and there is no final norm: the target's LM head is applied
-to the layer's output as it is.
-
-    h   = input_fc(concat(embed[token], f))          [B, T, D]   f: the feature or own output
-    x   = decoder layer on h, no input norm          [B, T, D]   fed back as f
-    logits = target_lm_head(x)                        [B, T, V]
-
-P-EAGLE heads (parallel EAGLE-3, as vLLM's `speculators` defines them: `mask_token_id` set) are
-EAGLE-3 heads with one more parameter, `mask_hidden` [Lf*Dt]: the fused feature of the
-positions past the newest one, whose tokens are `mask_token_id`; one pass over the newest entry
-and K - 1 such positions drafts K tokens (`vocabjax.decoding.peagle`). Their token embedding
-may be trained with them (`speculators` saves it as `embed_tokens`); such a head embeds with its
-own.
+The token embedding is the target's (frozen, never stored with the head). EAGLE-1/2 heads
+(`kind="eagle2"`, `vocabjax.checkpoints.eagle2`) fuse embed[token] with the target's final
+normed state (or their own output) by `input_fc` at every step, have no input or final norm, and
+use the target's LM head. P-EAGLE heads (`mask_token_id` set) add `mask_hidden` [Lf*Dt], the
+feature of positions past the newest, so one pass drafts K tokens (`vocabjax.decoding.peagle`);
+they may embed with their own trained `embed_tokens`.
 """
 
 from __future__ import annotations

@@ -5,28 +5,17 @@ H query heads, N key/value heads, Q = H / N query heads per KV head, hd head dim
 strings), L layers (the package-wide legend: docs/engine.md, "Letters").
 
 Params are a plain pytree: `layers` is a list of per-layer dicts and the layer loop is unrolled
-at trace time. Linear weights are stored [out, in] as in PyTorch (`'BTD,FD->BTF'`); the embedding
-and the LM head are [V, D], so a vocabulary policy can index LM-head rows directly
-(`logits[b, j] = U[idx[b, j]] . h[b]`). A traced program's `vocabjax.lowering.Lowering` travels
-in the params under `lowering.KEY` (a static pytree node, no leaves): `forward` and `lm_head`
-lower their projections and cache writes as it says.
-
-Why not stacked layers under `lax.scan`: on XLA:CPU the per-iteration slice of stacked weights is
-a copy, and decode is memory bound, so scan ran a 0.5B decode step 2.4x slower (198 ms vs 81 ms
-for the MLPs alone, measured on the 2-core CI machine while building this module). The [out, in]
-layout's matvec was also 1.2x faster than [in, out] there (62 vs 75 ms for 72 Qwen-0.5B MLP
-matrices; PyTorch took 76 ms).
-
-`forward` returns the final *normed* hidden state; `lm_head` is applied separately.
-
-Gemma 3 (`config.arch == "gemma3"`) is the same loop with its switches on: norms scale by
-(1 + w) in f32 (`norm`), attention and MLP outputs are normed again before the residual add
-(`post_attn_norm`, `post_mlp_norm`), the MLP gate is GELU-tanh, the embedding is scaled by
-sqrt(D), scores by `query_pre_attn_scalar ** -0.5`, and the layers `config.layer_types` marks
-sliding see only the last `sliding_window` positions, with RoPE on `rope_local_theta`. Past
-window + `models.cache.RING_SLACK` slots the KV cache keeps those layers in a ring of that
-size (`ring_mask`, `write_block`); below it, in the linear buffers, their entries past the
-window are masked (`window_mask`).
+at trace time (stacked weights under `lax.scan` copy each slice on XLA:CPU, slower in
+memory-bound decoding); linear weights are stored [out, in] as in PyTorch (`'BTD,FD->BTF'`),
+whose matvec is faster there (docs/engine.md, 'Layout'). The embedding and the LM head are [V, D],
+so a vocabulary policy can index LM-head rows directly. A traced program's
+`vocabjax.lowering.Lowering` travels in the params under `lowering.KEY`: `forward` (which returns
+the final *normed* hidden state) and `lm_head` lower their projections and cache writes as it
+says. Gemma 3 (`config.arch == "gemma3"`) is the same loop with its switches on: (1 + w) norms in
+f32, post-attention and post-MLP norms, GELU-tanh, the embedding scaled by sqrt(D), scores by
+`query_pre_attn_scalar ** -0.5`, and sliding layers (`config.layer_types`) with RoPE on
+`rope_local_theta`, kept in a ring past window + `models.cache.RING_SLACK` slots (`ring_mask`,
+`write_block`) and masked below it (`window_mask`).
 """
 
 from __future__ import annotations
@@ -210,14 +199,11 @@ def fresh_attention(q: jax.Array, k: jax.Array, v: jax.Array, divisor: float | N
   """Causal attention of a block over itself alone, for a prefill into an empty cache:
   q [B, T, N, Q, hd], k and v [B, T, N, hd] -> [B, T, N, Q, hd] f32-accumulated scores.
 
-  The same result as attending over all S cache slots with the causal mask (the slots past the
-  block are masked to zero weight), computed in chunks of `PREFILL_CHUNK` queries, each over
-  the keys up to its own end (about half the score entries, none of the empty slots), with the
-  operands laid out [B, N, ., hd] for batched GEMMs. A 768-token block through one layer of
-  Qwen2.5-0.5B (Qwen2.5-1.5B): 11 (15) ms against 98 (105) ms over a 1024-slot cache on the
-  2-core CPU, where the prefill's attention had been ~60% (~22%) of the whole prefill.
-  `divisor`: what scores are divided by (default sqrt(hd)); `window`: a sliding layer's
-  window (a query at t sees t - window < t' <= t).
+  The same result as attending over all S cache slots with the causal mask, computed in chunks
+  of `PREFILL_CHUNK` queries, each over the keys up to its own end (about half the score
+  entries, none of the empty slots), with the operands laid out [B, N, ., hd] for batched GEMMs
+  (docs/engine.md, 'CPU speed'). `divisor`: what scores are divided by (default sqrt(hd));
+  `window`: a sliding layer's window (a query at t sees t - window < t' <= t).
   """
   B, T, N, Q, hd = q.shape
   divisor = np.sqrt(hd) if divisor is None else divisor
@@ -385,10 +371,8 @@ def with_mlp_layout(params: Params, layout: str) -> Params:
 
   `out_in` ([out, in], PyTorch's) is what checkpoints load as and is fastest for one-token
   decode steps on XLA:CPU (a matvec). For blocks of T > 1 tokens (verification, tree drafting)
-  XLA:CPU runs a GEMM that, with [out, in] weights, repacks the transposed weight on every
-  call: the Qwen2.5-1.5B body over T=4 tokens took 629 ms with [out, in] and 501 ms with
-  [in, out] MLP weights, against 220 ms vs 259 ms at T=1 (random weights of the real shapes,
-  2-core CPU; `kernels/block_layout.py`). Other backends choose layouts themselves; keep
+  XLA:CPU's GEMM repacks an [out, in] weight on every call, so with the CPU kernel off `in_out`
+  is faster there (docs/engine.md, 'Layout'). Other backends choose layouts themselves; keep
   `out_in` there.
   """
   if layout not in MLP_LAYOUTS:
@@ -596,8 +580,8 @@ def cast_weights(params: Params, dtype) -> Params:
   stored in `dtype`; norms and biases keep theirs, and with them `compute_dtype`. On XLA:CPU
   this is what bf16 means (`checkpoints.loader.load_model`): bf16 weights halve the bytes a
   step reads and the CPU kernel widens them in registers, while XLA:CPU's bf16 arithmetic
-  elsewhere (attention, softmax, cache writes) made a bf16 step 2.6x slower than the same
-  step with f32 activations (`kernels/results/profile/`)."""
+  elsewhere (attention, softmax, cache writes) is slower than f32 activations (docs/engine.md,
+  'CPU speed')."""
   if jnp.dtype(dtype) == jnp.int8 and not has_blocks(params):
     return quantize_int8(params)
   if has_blocks(params):

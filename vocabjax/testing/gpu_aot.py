@@ -10,10 +10,9 @@ HLO that XLA:GPU would run reach CPU-only CI, as `tpu_aot` does for TPUs.
 
 The plugin (`jax-cuda12-plugin` and `jax-cuda12-pjrt` of this jaxlib's version, ~190 MB, no
 NVIDIA libraries) goes into its own folder, `~/.cache/vocabjax/gpu-aot/jaxlib-<version>`
-(`VOCABJAX_GPU_AOT_DIR` moves it), not into site-packages: installed there, every JAX process
-on the host would load its 480 MB library at start (0.2 s and 100 MB each, measured in session
-49), and JAX would look for a GPU at every start. Here it is loaded only by the process that
-asks for a GPU device, after its CPU backend is up; the CPU backend stays the default.
+(`VOCABJAX_GPU_AOT_DIR` moves it), not into site-packages, where every JAX process would load it
+at start and look for a GPU (docs/install.md): it is loaded only by the process that asks for a
+GPU device, after its CPU backend is up; the CPU backend stays the default.
 
 Targets (`TARGETS`): the H100 SXM and the H200, both GH100 (sm_90, 132 SMs, 227 KB of shared
 memory per block); what differs is memory (80 GB HBM3 at 3.35 TB/s; 141 GB HBM3e at 4.8 TB/s).

@@ -9,37 +9,16 @@ against them on the same weights:
     model = dflash_reference()                          # z-lab's dflash.model (DFlash drafters)
     speculators = speculators_reference()               # vLLM's speculators (its formats)
 
-`eagle-llm` 1.2.1 (EAGLE's authors; its `eagle/model/cnets.py` is the EAGLE-1/2 head, which
-EAGLE-2 reuses unchanged) and `medusa-llm` 0.1 (Medusa's authors) pin versions of accelerate,
-gradio, protobuf, ... that clash with this environment's, and only their model modules are
-needed (as for `specforge` 0.2.0, SGLang's team's EAGLE-3 trainer, whose
-`modeling/draft/llama3_eagle.py` is the one EAGLE-3 head on PyPI; it pins torch 2.11 and
-transformers 5.8.1 and runs on this environment's), so they are installed without
-dependencies into their own folder
-(`~/.cache/vocabjax/references/`, `VOCABJAX_REFERENCES_DIR` moves it), never into
-site-packages: their top-level packages (`eagle`, `medusa`) are put on `sys.path` only by the
-functions here. Neither package carries EAGLE-2's dynamic tree or EAGLE-3 (both only on
-GitHub; EAGLE-3's head is SpecForge's here), nor Medusa's sparse trees (its PyPI release has
-the dense per-level trees).
-
-Under transformers 5 one thing differs from what the reference code expects: a config's
-`rope_theta` moved into `rope_parameters` and `rope_scaling` became an alias of it, so
-`eagle1_config` restores the transformers-4 view the EAGLE code reads.
-
-`dflash` 0.1.0 (z-lab's DFlash drafters: `DFlashDraftModel`, `dflash_generate`) is installed the
-same way; its `local` extra pins torch 2.13.0 and transformers 5.15.0, and its model code runs
-on this environment's transformers.
-
-`speculators` 0.9.0 (vLLM's speculator formats: its DFlash, DFlash 2, EAGLE-3 and P-EAGLE model
-definitions and checkpoint converters) is installed the same way with the few pure-Python
-packages its import chain reaches and this environment lacks (`SPECULATORS_IMPORTS`: its
-package `__init__` imports its trainer, which imports `openai` and `hs_connectors`); its
-requirements' torchvision and torchaudio are not needed by its models and are left out.
-
-`arctic-inference` 0.3.0 (Snowflake's SuffixDecoding, what vLLM's `method: suffix` calls) has no
-wheel for this platform and its build pulls torch and gRPC: only its suffix tree is built, from
-the source distribution's `csrc/suffix_decoding` (four C++ files, nanobind 2.9.2, CMake and
-Ninja from PyPI, the system's C++20 compiler: ~20 s), with its `cache.py` beside it."""
+`eagle-llm` 1.2.1, `medusa-llm` 0.1, `specforge` 0.2.0 (the one EAGLE-3 head on PyPI), `dflash`
+0.1.0 and `speculators` 0.9.0 pin dependencies that clash with this environment's while their
+model code runs on it, so they are installed without dependencies into their own folder
+(`~/.cache/vocabjax/references/`, `VOCABJAX_REFERENCES_DIR` moves it), put on `sys.path` only by
+the functions here (`speculators` with the few pure-Python packages its import chain needs,
+`SPECULATORS_IMPORTS`). None carries EAGLE-2's dynamic tree or Medusa's sparse trees.
+`eagle1_config` restores the transformers-4 view of `rope_theta` the EAGLE code reads.
+`arctic-inference` 0.3.0 has no wheel here: only its suffix tree is built, from the source
+distribution's `csrc/suffix_decoding` (nanobind, CMake and Ninja from PyPI, the system's C++20
+compiler), with its `cache.py` beside it."""
 
 from __future__ import annotations
 

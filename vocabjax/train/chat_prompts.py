@@ -1,29 +1,19 @@
 """Chat-task prompts from text that can be had offline, for the target to answer.
 
-The Spec-Bench and HumanEval prompts outside the eval suites are used up
-(`train/eagle/data/target_chat`: 361), and an EAGLE head trained on the target's answers
-to them still drafts the eval suite's summarization, translation, QA and RAG answers poorly
-(`train/eagle/qwen15b_chat`). This writes prompts of those kinds, built from passages
-of Shakespeare's works and from the standard library's module docstrings and functions, as a
-Spec-Bench-format jsonl (`question_id`, `category`, `turns`) for
+The Spec-Bench and HumanEval prompts outside the eval suites are few, and a head trained on the
+target's answers to them drafts summarization, translation, QA and RAG answers poorly
+(docs/measurements.md, 'Chat head: training'). This writes prompts of those kinds, built from
+passages of Shakespeare's works and from the standard library's module docstrings and
+functions, as a Spec-Bench-format jsonl (`question_id`, `category`, `turns`) for
+`python -m vocabjax.calibrate count --generate --prompts FILE`. Kinds (`category`):
+summarization, translation (Shakespeare's lines in modern English), rag (a question answered
+from a passage or documentation given with it), explanation (what a stdlib function does).
+Seeded, deterministic, written atomically. `--exclude` draws none of another file's passages,
+modules or functions; `--methods` adds classes' methods to the functions to explain.
 
-    python -m vocabjax.calibrate count --model qwen2.5-coder-1.5b-instruct --generate \\
-        --prompts train/eagle/data/chat_tasks.jsonl ...
-
-Kinds (`category`): summarization (a passage or a module's documentation summarized),
-translation (Shakespeare's lines rewritten in modern English), rag (a question answered from a
-passage or documentation given with it), explanation (what a stdlib function does). Seeded,
-deterministic, written atomically.
-
-    python -m vocabjax.train.chat_prompts --out train/eagle/data/chat_tasks.jsonl
-
-A second file draws none of the first one's passages, modules or functions (`--exclude`), and
-`--methods` adds classes' methods to the functions to explain (the first file took 300 of the
-~400 top-level ones):
-
-    python -m vocabjax.train.chat_prompts --seed 1 --shakespeare 900 --docs 3 --functions 600 \
-        --methods --exclude train/eagle/data/chat_tasks.jsonl \
-        --out train/eagle/data/chat_tasks2.jsonl
+    python -m vocabjax.train.chat_prompts --out chat_tasks.jsonl
+    python -m vocabjax.train.chat_prompts --seed 1 --shakespeare 900 --docs 3 --functions 600 \\
+        --methods --exclude chat_tasks.jsonl --out chat_tasks2.jsonl
 """
 
 from __future__ import annotations

@@ -15,15 +15,11 @@ most records taken from it):
   jsonl:PATH    completion records made elsewhere, e.g. by the target or the drafter
                 (`python -m vocabjax.calibrate count --generate`), taken as they are
 
-The target's own responses are what a drafter meets when decoding; the datasets' answers are
-free. The EAGLE trainer's held-out accuracy is reported per source (`source` field) so the
-difference is measured, not assumed.
-
-Every question that appears in a shipped eval suite (configs/eval/*.yaml; Spec-Bench's
-math_reasoning group is drawn from GSM8K's test set) is left out, matched by its normalized text.
-Records are shuffled with `--seed` (so a held-out tail samples every source), completions are cut
-at `--max-completion` tokens, and the file is written atomically with a summary beside it
-(`<out>.summary.json`: records, completion positions and prompt tokens per source).
+Every question of a shipped eval suite (configs/eval/*.yaml; Spec-Bench's math_reasoning group
+is drawn from GSM8K's test set) is left out by its normalized text. Records are shuffled with
+`--seed` (so a held-out tail samples every source; the EAGLE trainer reports held-out accuracy
+per `source`), completions cut at `--max-completion` tokens, and the file written atomically
+with `<out>.summary.json` beside it.
 """
 
 from __future__ import annotations

@@ -3,61 +3,24 @@
 Letters: B batch, T window tokens, E = T - 1 head entries per window, Lf*Dt fused target
 feature width, D head width, V target vocabulary, Vd the head's vocabulary, J training-time-test steps.
 
-Data: completions generated for the target (`python -m vocabjax.calibrate count --generate`
-jsonl: `prompt` text + `completion_ids`). The target runs once over each prompt + completion
-and stores, per position p, its fused layer features f_p (EAGLE-3's low/middle/high layers,
-float16) and its teacher-forced argmax y_p (the token it would emit after x_0..x_p), in shards
-(`vocabjax.train.features`; resumable, and refused when made by another target or data):
-one directory for all data files, or one per file (`features` a list as long as `data`): a
-file's features are then built once and read by every job over that file.
-
-Training-time test (EAGLE-3 section 3.2). Entry i of a window pairs the token x_{i+1} with the
-target's feature f_i. Step 0 runs the head over all entries with causal attention and predicts
-y_{i+1}. Step j >= 1 feeds entry i the token x_{i+1+j} and, instead of a target feature, the
-head's own step j-1 output at i, and predicts y_{i+1+j}: exactly what the head sees at tree
-depth j during decoding. Attention follows decoding too: the step-j query at i sees the step-0
-entries 0..i (the committed prefix, which has target features), its own earlier steps at i (its
-ancestors in the tree) and itself; RoPE position i + j (the position of its entry). The loss is
-sum_j 0.8^j CE_j, each CE_j the mean cross-entropy over the positions whose label is a
-completion token (target ids mapped into the head's vocabulary; labels outside it are
-skipped, and counted); with `prompt_labels: true` the prompt's positions train too (the
-target's argmax after a prompt prefix is as valid a label as after a completion prefix, and
-the features are computed there anyway: 3.2x the label positions of target_chat at no extra
-feature cost), while the held-out figures stay on completion positions, what decoding drafts.
-With `soft_labels: true` the label of every position is the target's whole distribution
-softmax(h W^T) over the head's vocabulary (h its stored final hidden state, W its LM-head rows
-of those ids), EAGLE-3's distillation target, instead of its argmax: more of what the target
-knows per position, for one more product per batch (the target's distribution at every slot
-is computed once, in vocabulary blocks, and each depth's slice read from it: 3 products of the
-depth's outputs with the head, forward and backward, as for hard labels; past
-TEACHER_PROBS_BYTES each depth recomputes it, 9 products). Held-out records (by prompt,
-the last `heldout` fraction) give the
-per-step top-1 accuracy acc_j, EAGLE's figure of merit (the split follows the data files'
-order: put varied prompts last, or the held-out figures describe one kind of text only).
-
-The head's vocabulary: the target's full V (`draft_vocab_size: null`), the `draft_vocab_size`
-most frequent tokens (FR-Spec / EAGLE-3's d2t) by the training labels' frequencies plus those
-of any `vocab_counts` calibration files (`python -m vocabjax.calibrate count`; each source
-weighs as one distribution, ties go to the lower id), or a VocabSubset file (`vocab_subset`).
-Its LM head starts as the target's LM-head rows of those ids, and trains unless
-`train_lm_head: false` (then it is the target's head, frozen). `init_head` fine-tunes an
-exported head instead (e.g. one trained on a general mix, on text of the domain it will draft):
-training starts from its weights, vocabulary (d2t) and LM head; the job must name its feature
-layers, MLP width and vocabulary size, and the optimizer and schedule start afresh. The
-embedding is always the target's, frozen. d2t (and a frozen LM head) are saved in the orbax
-checkpoints beside the trained params.
-
-Precision: f32, or with `compute_dtype: bfloat16` mixed precision: every product of the
-training step (the layer's projections, fc, the LM head, and their gradients) rounds its
-operands to bf16 and accumulates in f32 (`Lowering.bf16_dots`), while the params, the
-optimizer state, norms, softmaxes and the held-out evaluation stay f32. On a CPU with AMX,
-XLA's bf16 GEMM runs at ~3x its f32 rate.
-
-Optimizer: AdamW, warmup + cosine, global-norm clipping (`vocabjax.train.loop`); checkpoints
-every `checkpoint_every` steps (rerun the command to resume; batches depend only on the step,
-so a resumed run is the same run); `log.jsonl`, `curves.png`. Output: `head/`, an EAGLE-3
-checkpoint SGLang or vLLM can load (`vocabjax.checkpoints.eagle3`), written at the evaluated
-step with the lowest held-out loss (`select_by`), and `summary.json`.
+Data: `calibrate count --generate` completions; the target's fused features (float16) and
+teacher-forced argmax per position, computed once into shards (`vocabjax.train.features`;
+resumable, refused when made by another target or data), in one directory or one per data file
+(`features` a list as long as `data`). Training-time test (EAGLE-3 section 3.2): step j feeds
+entry i the token x_{i+1+j} and the head's own step j-1 output, as tree depth j decodes; loss
+sum_j 0.8^j CE_j over completion positions (labels outside the head's vocabulary skipped,
+counted). `prompt_labels: true` trains on prompt positions too; `soft_labels: true` on the
+target's whole distribution over the head's vocabulary (kept up to TEACHER_PROBS_BYTES, else
+recomputed per depth). Held-out: the last `heldout` fraction of prompts (data files' order).
+Vocabulary: the full V (`draft_vocab_size: null`), the `draft_vocab_size` most frequent label
+tokens plus any `vocab_counts` files (ties to the lower id), or a `vocab_subset` file; its LM
+head starts as the target's rows and trains unless `train_lm_head: false`. `init_head`
+fine-tunes an exported head (the job names its layers, MLP width and vocabulary size; a fresh
+optimizer). The embedding is the target's, frozen. `compute_dtype: bfloat16`: bf16 products,
+f32 accumulation (`Lowering.bf16_dots`). AdamW, warmup + cosine, clipping; orbax checkpoints
+every `checkpoint_every` steps (rerun to resume: the same run); `log.jsonl`, `curves.png`;
+`head/` (EAGLE-3, for SGLang and vLLM) at the best held-out step (`select_by`), `summary.json`.
+Figures and the why of each option: docs/eagle.md, 'Training'.
 """
 
 from __future__ import annotations

@@ -118,10 +118,9 @@ FORWARD_STEP = 64  # teacher-forced sequences above this many tokens pad to a mu
 
 def forward_len(n: int) -> int:
   """The padded length of one teacher-forced sequence of `n` tokens: a power of two up to
-  FORWARD_STEP, then the next multiple of it. Powers of two throughout padded the EAGLE mix
-  (prompt + completion, median 222 tokens, up to 807) to 1.58x its tokens; multiples of 64 pad
-  it to 1.11x for 12 compiled shapes instead of 5. Padding sits after the sequence, so causal
-  attention leaves the real positions' values unchanged."""
+  FORWARD_STEP, then the next multiple of it, which pads far less than powers of two throughout
+  for a few more compiled shapes (docs/eagle.md, 'Packed windows'). Padding sits after the
+  sequence, so causal attention leaves the real positions' values unchanged."""
   return prompt_bucket(n, FORWARD_STEP)
 
 

@@ -3,30 +3,21 @@
 Letters: N positions per batch, D the target's hidden size, V its vocabulary, Hm heads, K the
 training vocabulary (V, or its `train_vocab_size` most frequent tokens).
 
-Data: the EAGLE trainer's feature shards built with `final_hidden: true`
-(`vocabjax.train.eagle`: the target's final normed hidden state h_t and its teacher-forced
-argmax y_t, the token it emits after x_0..x_t, per position of every record). The shards are
-shared: a Medusa job names the same `data`, `features` directory and feature settings as an
-EAGLE job, and builds them (resumably) when they are missing.
+Data: the EAGLE trainer's feature shards built with `final_hidden: true` (the target's final
+normed hidden state h_t and teacher-forced argmax y_t per position); a Medusa job names the same
+`data`, `features` and feature settings as an EAGLE job, and builds them (resumably) when missing.
+Loss: head j (0-based) reads h_t and predicts y_{t+j+1}; L = sum_j decay^j CE_j over the positions
+whose label is a completion token (labels outside the training vocabulary skipped, counted).
+Heads are per-position MLPs, so a batch is N positions drawn from every record, unpadded.
 
-Loss (Medusa-1): head j (0-based) reads h_t and predicts y_{t+j+1}, the token the target emits
-j + 2 places after x_t (its own LM head gives y_t); L = sum_j decay^j CE_j, each CE_j the mean
-cross-entropy over the positions whose label is a completion token (labels outside the training
-vocabulary are skipped, and counted). Heads are per-position MLPs, so a batch is N positions
-drawn from every training record, with no padding.
-
-Heads: `num_layers` residual blocks per head (Medusa's shared module) and either the target's
-LM head shared by every head, frozen (`shared_lm_head: true`, the default: the projection is
-V x D per head, which a CPU cannot train in minutes), or each head's own copy of it, trained.
-`train_vocab_size: K` computes the training softmax over the K most frequent tokens of the
-training labels (FR-Spec's ranking; the decode-time subset is a separate choice, `draft_vocab`);
-null trains over the full V.
-
-Held-out records (by prompt, the last `heldout` fraction or with `heldout_split: random` a seeded
-random sample of the prompts, as the EAGLE trainer splits them):
-per-head loss, top-1 and top-`topk` accuracy over the full V, every `eval_every` steps. The heads
-at the evaluated step with the lowest held-out loss are exported in Medusa's layout
-(`vocabjax.checkpoints.medusa`, the target's identity recorded) to `<out>/heads`.
+Heads: `num_layers` residual blocks each, and the target's LM head shared and frozen
+(`shared_lm_head: true`, the default: a V x D projection per head is too much to train on a
+CPU) or each head's own copy, trained. `train_vocab_size: K` computes the training softmax over
+the K most frequent label tokens (null: the full V; the decode-time subset is `draft_vocab`).
+Held-out records (the last `heldout` fraction of prompts, or `heldout_split: random`): per-head
+loss, top-1 and top-`topk` accuracy over the full V every `eval_every` steps; the heads of the
+best held-out step are exported in Medusa's layout (`vocabjax.checkpoints.medusa`) to
+`<out>/heads`. docs/medusa.md.
 """
 
 from __future__ import annotations

@@ -4,47 +4,23 @@ ranker.
 Letters: X label positions (rows), D drafter hidden size, R ranker rank (d'), V vocabulary, Kt
 teacher top tokens, B and T a joint-mode batch's sequences and tokens.
 
-Data: the drafter's final hidden states, the target's next tokens (and top-Kt distribution)
-and the drafter's own greedy tokens at every completion position of generated completions,
-computed once into feature shards (`vocabjax.train.features`; default `<out>/features`, shared
-between runs through the `features` field).
-An EAGLE head as the drafter (`eagle_head`, SpecVocab on EAGLE-3 as in its tables): a head whose
-LM head is the target's full vocabulary (trained with `draft_vocab_size: null`); the rows are
-its normed depth-0 outputs (what its drafting vocabulary policy reads) over the target features
-it was trained on (`eagle_features`), the labels the target's teacher-forced tokens there, and
-`drafter` names the head's target (tokenizer, identity check). Frozen mode, `ce` loss only.
-Records are split into train and held-out by prompt (the last `heldout` fraction of distinct
-prompts; completions of one prompt by two models stay on one side).
-
-Modes (SpecVocab section 3):
-  frozen: only the ranker trains, on the stored hidden states; loss = cross-entropy of
-    softmax(W_vocab W_down h) against the labels (`ce`) or the target's top-Kt distribution
-    (`kl`), computed blockwise over V (`vocabjax.train.losses`).
-  joint:  the drafter and the ranker train together, L = L_draft + lambda * L_aux: L_draft the
-    drafter's own cross-entropy against the same labels (full LM head, blockwise), L_aux the
-    ranker's loss on the drafter's hidden states (stop-gradient: the auxiliary loss trains the
-    ranker only). Needs the token sequences, so it runs the drafter forward every step.
-    Its held-out figures use the stored hidden states of the original drafter.
-The ranker starts from the drafter head's best rank-R approximation (`init: svd`) or random.
-
-What it learns (frozen mode):
-  label: target   the target's next token (SpecVocab's objective), or
-         drafter  the drafter's own greedy token. Drafting among the candidates picks exactly
-                  what the full head picks whenever the drafter's greedy token is among them, so
-                  its recall is what keeps tau at the full drafter's; it needs no target
-                  forward, so any text can be used (`target: null`).
-  vocab: free     W_vocab [V, R] is a free matrix (SpecVocab), V*R parameters: with tens of
-                  thousands of rows, tokens never seen as labels are pushed down and missed
-                  on new text (train/ranker/README.md), or
-         tied     W_vocab = U P with U the drafter's frozen LM head [V, D] and P [D, R]
-                  learned (2*D*R parameters): every token's score stays its head row's, so
-                  tokens unseen in training are ranked like the seen ones. The export
-                  materializes U P, so the ranker file and decoding are unchanged.
-Optimizer: AdamW, warmup + cosine, global-norm clipping; orbax checkpoints every
-`checkpoint_every` steps (rerunning the command resumes); held-out loss and recall@k every
-`eval_every` steps into `log.jsonl` and `curves.png`. Outputs: `ranker.safetensors` (with the
-drafter's identity; in frozen mode the evaluated step best by `select_by`, i.e. early
-stopping), `drafter/` (joint mode: the tuned drafter, an HF directory), `recall.json`.
+Data: the drafter's final hidden states, the target's next tokens (and top-Kt distribution) and
+the drafter's greedy tokens at every completion position, computed once into feature shards
+(`vocabjax.train.features`; `<out>/features`, or shared through `features`). `eagle_head`: an
+EAGLE head over the target's full vocabulary as the drafter (rows: its normed depth-0 outputs
+over `eagle_features`; `drafter` names its target; frozen mode, `ce` only). Records split into
+train and held-out by prompt (the last `heldout` fraction). Modes (SpecVocab section 3):
+`frozen` trains the ranker alone on the stored states, cross-entropy of softmax(W_vocab W_down h)
+against the labels (`ce`) or the target's top-Kt distribution (`kl`), blockwise over V; `joint`
+trains drafter and ranker, L = L_draft + lambda * L_aux (the ranker's loss on stop-gradient
+states), running the drafter every step. `init`: `svd` (the head's best rank-R approximation) or
+random. Frozen mode's `label`: `target` (the next token) or `drafter` (its own greedy token: no
+target forward needed, `target: null`); `vocab`: `free` (W_vocab [V, R]) or `tied` (W_vocab = U P,
+U the drafter's frozen LM head, so unseen tokens rank like seen ones; exported as U P). AdamW,
+warmup + cosine, clipping; orbax checkpoints every `checkpoint_every` steps (rerun to resume);
+held-out loss and recall@k every `eval_every` steps (`log.jsonl`, `curves.png`). Outputs:
+`ranker.safetensors` (with the drafter's identity; frozen mode: the best step by `select_by`),
+`drafter/` (joint mode, an HF directory), `recall.json`. docs/specvocab.md.
 """
 
 from __future__ import annotations

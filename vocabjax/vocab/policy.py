@@ -7,22 +7,16 @@ A policy is a pure function of the drafter's params and final hidden state:
     policy(params, h[..., D]) -> (ids[..., K] int32 target ids, or None for "all V",
                                   logits[..., K or V] f32)
 
-`full_policy(config)` is the plain LM head (ids None). `static_policy` is VocabTrim / FR-Spec's
-trimmed head (the same K ids for every row; `vocabjax.vocab.subset`); SpecVocab's ranker
-gives per-row ids (`vocabjax.vocab.ranked`). OmniDraft's drafter has its own vocabulary, so it
-does not fit this contract: its translation runs between drafting and verification
-(`vocabjax.decoding.crossvocab`). Chain and tree drafting
-choose among the K candidates and map the choice to a target id (`to_target`); the drafter
-embeds that target id at its next step. For stochastic verification the drafting distribution
-q over the candidates is scattered into the full vocabulary with zeros elsewhere
-(`scatter_full`), so a token outside the candidates keeps the target's probability through the
-residual max(p - q, 0).
-
-A policy's own arrays (a trimmed head and its ids, a ranker) travel inside the drafter's params
-under the one key `POLICY_STATE`, so they are arguments of the jitted draft programs (never
-constants baked into them) and move with the params under sharding. Policies put them there
-only through their `attach(params, config) -> (params, policy)` (`VocabSubset.attach`,
-`SpeculativeVocab.attach`), and read them back with `policy_state(params)`.
+`full_policy(config)` is the plain LM head; `static_policy` VocabTrim / FR-Spec's trimmed head
+(the same K ids for every row, `vocabjax.vocab.subset`); SpecVocab's ranker gives per-row ids
+(`vocabjax.vocab.ranked`). (OmniDraft's drafter has its own vocabulary and translates instead,
+`vocabjax.decoding.crossvocab`.) Drafting picks among the K candidates and maps the choice to a
+target id (`to_target`), which the drafter embeds next; for stochastic verification q is
+scattered into the full vocabulary with zeros elsewhere (`scatter_full`), so a token outside the
+candidates keeps the target's probability through the residual max(p - q, 0). A policy's arrays
+travel in the drafter's params under `POLICY_STATE` (arguments of the jitted programs, never
+constants, sharded with the params), put there by `attach(params, config) -> (params, policy)`
+and read back with `policy_state(params)`.
 """
 
 from __future__ import annotations
