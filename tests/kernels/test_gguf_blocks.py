@@ -69,9 +69,10 @@ def test_without_the_kernel_xla_dots_the_dequantized_rows(qtype):
 
 @pytest.mark.extended
 def test_a_mixed_stack_of_types_and_the_avx2_build_agree(tmp_path):
-  """The AVX2 build (`VOCABJAX_CPU_MARCH=x86-64-v3`: its scalar block decoding) computes what
-  the native build computes, bit for bit, for every type (a subprocess: one library per
-  process)."""
+  """The AVX2 build (`VOCABJAX_CPU_MARCH=x86-64-v3`: its eight-lane block decoding) and the
+  portable build (`x86-64`: the scalar `group_value` decoding every vector path must equal)
+  compute what the native build computes, bit for bit, for every type, one token and blocks
+  that take several passes of the register tile (a subprocess: one library per process)."""
   import os
   import subprocess
   import sys
@@ -82,19 +83,21 @@ def test_a_mixed_stack_of_types_and_the_avx2_build_agree(tmp_path):
       "from vocabjax.kernels.blocks import BLOCK_TYPES, from_numpy\n"
       "from vocabjax.kernels.cpu_matmul import linear\n"
       "from vocabjax.lowering import Lowering\n"
-      "x = jax.random.normal(jax.random.key(0), (3, 512))\n"
-      "out = {q: np.asarray(linear(x, from_numpy(random_blocks(q, 40, 512, seed=5), q),\n"
-      "        lowering=Lowering(platform='cpu'))) for q in sorted(BLOCK_TYPES)}\n"
+      "x = jax.random.normal(jax.random.key(0), (12, 512))\n"
+      "out = {f'{q}_{m}': np.asarray(linear(x[:m], from_numpy(random_blocks(q, 40, 512, seed=5), q),\n"
+      "        lowering=Lowering(platform='cpu'))) for q in sorted(BLOCK_TYPES) for m in (1, 3, 12)}\n"
       "np.savez(__import__('sys').argv[1], **out)\n")
   results = []
-  for march in ("native", "x86-64-v3"):
+  for march in ("native", "x86-64-v3", "x86-64"):
     out = tmp_path / f"{march}.npz"
     env = {**os.environ, "VOCABJAX_CPU_MARCH": march, "VOCABJAX_CACHE": str(tmp_path / march)}
     subprocess.run([sys.executable, "-c", code, str(out)], check=True, env=env,
                    cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     results.append(np.load(out))
-  for q in TYPES:
-    np.testing.assert_array_equal(_bits(results[0][q]), _bits(results[1][q]), err_msg=q)
+  for key in results[0].files:
+    for other, march in zip(results[1:], ("x86-64-v3", "x86-64")):
+      np.testing.assert_array_equal(_bits(results[0][key]), _bits(other[key]),
+                                    err_msg=f"{key} {march}")
 
 
 def test_bad_blocks_are_refused_with_the_value():

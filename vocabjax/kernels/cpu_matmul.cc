@@ -32,6 +32,7 @@
 #include <cstring>
 #include <memory>
 #include <thread>
+#include <vector>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -64,6 +65,7 @@ inline float vsum(Vec v) {
 }
 inline Vec wload(const float* p) { return _mm512_loadu_ps(p); }
 inline Vec wload_tail(const float* p, __mmask16 k) { return _mm512_maskz_loadu_ps(k, p); }
+inline void vstore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
 inline Vec wload(const uint16_t* p) {
   __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
@@ -116,6 +118,7 @@ inline Vec load_tail(const W* p, Mask n) {
 }
 inline Vec vload_x_tail(const float* p, Mask n) { return load_tail(p, n); }
 template <typename W> inline Vec wload_tail(const W* p, Mask n) { return load_tail(p, n); }
+inline void vstore(float* p, Vec v) { _mm256_storeu_ps(p, v.lo); _mm256_storeu_ps(p + 8, v.hi); }
 #else
 // Portable fallback with the same arithmetic order (16 lanes, fused multiply-adds, same tree
 // sum); the kernel is built with -ffp-contract=off, so nothing else gets fused.
@@ -135,6 +138,7 @@ inline Vec vload_x(const float* p) { return load16(p, 16); }
 inline Vec vload_x_tail(const float* p, Mask n) { return load16(p, n); }
 template <typename W> inline Vec wload(const W* p) { return load16(p, 16); }
 template <typename W> inline Vec wload_tail(const W* p, Mask n) { return load16(p, n); }
+inline void vstore(float* p, Vec v) { std::memcpy(p, v.v, sizeof(v.v)); }
 inline Vec vfma(Vec a, Vec b, Vec c) {
   for (int i = 0; i < 16; ++i) c.v[i] = std::fma(a.v[i], b.v[i], c.v[i]); return c;
 }
@@ -356,6 +360,46 @@ inline void dequant32(const Group& g, Vec& a, Vec& b) {
     b = _mm512_permutex2var_ps(t0, _mm512_or_si512(ib, _mm512_slli_epi32(hb, 4)), t1);
   }
 }
+#elif defined(__AVX2__) && defined(__FMA__)
+// AVX2: `group_value` eight lanes at a time, the same integer codes and the same float
+// operations (the kernel is built with -ffp-contract=off), so the same values.
+template <QT T>
+inline __m256 group8(const Group& g, int c) {  // values l = 8c .. 8c + 7
+  const int half = c / 2;
+  __m256i q;
+  if constexpr (T == QT::Q8_0) {
+    q = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(g.lo + 8 * c)));
+  } else {
+    const uint8_t* lo = g.lo + (8 * c) % 16 + half * g.lo_step;
+    q = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(lo)));
+    q = _mm256_and_si256(_mm256_srlv_epi32(q, _mm256_set1_epi32(g.lo_shift[half])),
+                         _mm256_set1_epi32(15));
+    if (g.hi) {
+      __m256i h = _mm256_cvtepu8_epi32(
+          _mm_loadl_epi64(reinterpret_cast<const __m128i*>(g.hi + 8 * c)));
+      h = _mm256_and_si256(_mm256_srlv_epi32(h, _mm256_set1_epi32(g.hi_shift)),
+                           _mm256_set1_epi32(g.hi_mask));
+      q = _mm256_or_si256(q, _mm256_slli_epi32(h, 4));
+    }
+    if (g.bits) {
+      const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+      __m256i h = _mm256_srlv_epi32(_mm256_set1_epi32(static_cast<int>(u32_at(g.bits))),
+                                    _mm256_add_epi32(lanes, _mm256_set1_epi32(8 * c)));
+      q = _mm256_or_si256(q, _mm256_slli_epi32(_mm256_and_si256(h, _mm256_set1_epi32(1)), 4));
+    }
+    q = _mm256_sub_epi32(q, _mm256_set1_epi32(g.offset));
+  }
+  const __m256 v = _mm256_mul_ps(_mm256_cvtepi32_ps(q), _mm256_set1_ps(g.a[half]));
+  if (g.b_sign < 0) return _mm256_sub_ps(v, _mm256_set1_ps(g.b));
+  if (g.b_sign > 0) return _mm256_add_ps(v, _mm256_set1_ps(g.b));
+  return v;
+}
+
+template <QT T>
+inline void dequant32(const Group& g, Vec& a, Vec& b) {
+  a = {group8<T>(g, 0), group8<T>(g, 1)};
+  b = {group8<T>(g, 2), group8<T>(g, 3)};
+}
 #else
 template <QT T>
 inline void dequant32(const Group& g, Vec& a, Vec& b) {
@@ -498,7 +542,7 @@ void run_rows(const float* x, const S& w, const float* scale, float* y, int64_t 
 }
 
 template <typename S>
-void run_chunk(const float* x, const S& w, const float* scale, float* y, int64_t M, int64_t D,
+void run_tiles(const float* x, const S& w, const float* scale, float* y, int64_t M, int64_t D,
                int64_t F, int64_t r0, int64_t r1) {
   // Measured on the 2-core AVX-512 VM (12 [8960, 1536] matrices out of cache, f32/bf16/int8):
   // 4 x 4 tiles for M <= 4, 3 x 9 (one pass) for M = 7..9, 4 x 6 otherwise beat 4 x 4
@@ -516,6 +560,71 @@ void run_chunk(const float* x, const S& w, const float* scale, float* y, int64_t
   if (M == 1) run_rows<4, 1>(x, w, scale, y, M, D, F, r0, r1);
   else if (M <= 4) run_rows<1, 4>(x, w, scale, y, M, D, F, r0, r1);
   else run_rows<2, 3>(x, w, scale, y, M, D, F, r0, r1);
+#endif
+}
+
+template <typename S>
+void run_chunk(const float* x, const S& w, const float* scale, float* y, int64_t M, int64_t D,
+               int64_t F, int64_t r0, int64_t r1) {
+  run_tiles(x, w, scale, y, M, D, F, r0, r1);
+}
+
+// GGUF blocks decoded once per group of R rows of W into an f32 scratch (`Decoded`), for rows
+// of x that take more than one pass of the register tile: decoding a block costs more than its
+// multiply-adds, and `rows` would decode it again on every pass (kernels/results/block_rows/).
+// The values are the in-register decode's and, D being whole blocks, the scratch's 16-value
+// steps are the 32-value steps' halves in the same order: a row's result does not depend on M.
+template <QT T>
+struct Decoded {
+  const Blocked<T>* blocks;
+  const float* buf;  // [R, D]: rows [r0, r0 + R) of W, decoded
+  int64_t D, r0;
+  inline Vec load(int64_t r, int64_t d) const { return vload_x(buf + (r - r0) * D + d); }
+  inline Vec load_tail(int64_t r, int64_t d, Mask k) const {
+    return vload_x_tail(buf + (r - r0) * D + d, k);
+  }
+  inline const char* row(int64_t r) const { return blocks->row(r); }  // prefetch the blocks
+};
+
+template <QT T>
+inline void decode_rows(const Blocked<T>& w, float* buf, int64_t D, int64_t r, int n) {
+  for (int i = 0; i < n; ++i)
+    for (int64_t d = 0; d < D; d += 32) {
+      Vec a, b;
+      w.load2(r + i, d, a, b);
+      vstore(buf + i * D + d, a);
+      vstore(buf + i * D + d + 16, b);
+    }
+}
+
+template <int R, int TMAX, QT T>
+void run_rows_decoded(const float* x, const Blocked<T>& w, float* y, int64_t M, int64_t D,
+                      int64_t F, int64_t r0, int64_t r1) {
+  thread_local std::vector<float> scratch;
+  if (static_cast<int64_t>(scratch.size()) < R * D) scratch.resize(R * D);
+  float* buf = scratch.data();
+  int64_t r = r0;
+  for (; r + R <= r1; r += R) {
+    decode_rows(w, buf, D, r, R);
+    rows<R, TMAX>(x, Decoded<T>{&w, buf, D, r}, nullptr, y, M, D, F, r, r1);
+  }
+  for (; r < r1; ++r) {
+    decode_rows(w, buf, D, r, 1);
+    rows<1, TMAX>(x, Decoded<T>{&w, buf, D, r}, nullptr, y, M, D, F, r, r1);
+  }
+}
+
+template <QT T>
+void run_chunk(const float* x, const Blocked<T>& w, const float* scale, float* y, int64_t M,
+               int64_t D, int64_t F, int64_t r0, int64_t r1) {
+  // the tiles `run_tiles` picks; one pass of them keeps the in-register decode
+#if defined(__AVX512F__)
+  if (M <= 9) return run_tiles(x, w, scale, y, M, D, F, r0, r1);
+  run_rows_decoded<4, 6>(x, w, y, M, D, F, r0, r1);
+#else
+  if (M == 1) return run_tiles(x, w, scale, y, M, D, F, r0, r1);
+  if (M <= 4) return run_rows_decoded<1, 4>(x, w, y, M, D, F, r0, r1);
+  run_rows_decoded<2, 3>(x, w, y, M, D, F, r0, r1);
 #endif
 }
 
