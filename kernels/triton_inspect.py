@@ -71,22 +71,9 @@ def grid_load(programs: int, sms: int, per_sm: int) -> dict:
 
 def capture_ttir(fn, *args) -> list[str]:
   """The TTIR text of every Triton pallas_call in fn(*args), lowered for cuda on this host."""
-  import jax
-  from jax._src.pallas.triton import lowering
+  from vocabjax import jax_internals
 
-  mods, orig = [], lowering.lower_jaxpr_to_triton_module
-
-  def spy(*a, **k):
-    r = orig(*a, **k)
-    mods.append(r.module.operation.get_asm())
-    return r
-
-  lowering.lower_jaxpr_to_triton_module = spy
-  try:
-    jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
-  finally:
-    lowering.lower_jaxpr_to_triton_module = orig
-  return mods
+  return jax_internals.triton_ir(fn, *args)
 
 
 def kernel_ttir(B: int, D: int, V: int, K: int, config: dict, dtype: str = "bfloat16") -> str:

@@ -9,6 +9,8 @@ what happens when a JAX release moves it: none of them is needed for decoding to
                           starting a backend (`vocabjax.backends.cpu_only_reason`)
     gpu_topology_known()  whether a CUDA plugin registered a compile-only GPU topology
                           (`vocabjax.testing.gpu_aot`)
+    triton_ir(fn, *args)  the Triton IR of every Pallas GPU kernel in fn(*args), lowered for
+                          CUDA without a GPU (kernels/triton_inspect.py)
 """
 
 from __future__ import annotations
@@ -42,3 +44,27 @@ def gpu_topology_known() -> bool:
   from jax._src import xla_bridge
 
   return "cuda" in xla_bridge._topology_factories
+
+
+def triton_ir(fn, *args) -> list[str]:
+  """The Triton IR (TTIR) text of every Triton `pallas_call` in `fn(*args)`, lowered for CUDA on
+  any host. Reads Pallas' private Triton lowering (`jax._src.pallas.triton.lowering`) by
+  wrapping its module builder for the duration of one lowering, then restoring it; a JAX
+  release that moves it raises ImportError or AttributeError here, and only the inspection
+  script that calls this stops working."""
+  import jax
+  from jax._src.pallas.triton import lowering
+
+  modules, build = [], lowering.lower_jaxpr_to_triton_module
+
+  def recording(*a, **k):
+    result = build(*a, **k)
+    modules.append(result.module.operation.get_asm())
+    return result
+
+  lowering.lower_jaxpr_to_triton_module = recording
+  try:
+    jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
+  finally:
+    lowering.lower_jaxpr_to_triton_module = build
+  return modules
