@@ -268,13 +268,20 @@ def test_papers_pairs_name_published_heads_and_taus():
   from vocabjax.bench.shapes import resolve_config
   from vocabjax.eval import published
 
-  assert set(PAPER_PAIRS) == {"frspec-llama3", "eagle3-llama31", "specvocab-qwen3"}
+  assert set(PAPER_PAIRS) == {"frspec-llama3", "eagle3-llama31", "specvocab-qwen3",
+                              "dflash-qwen3"}
   for pair in PAPER_PAIRS.values():
     cfg = resolve_config(pair.target)[1]
     assert cfg.hidden_size == 4096 and cfg.vocab_size in (128256, 151936)
     for row in pair.rows:
-      assert stand_ins.method_spec(row.method).kind == "eagle"
+      kind = "dflash" if pair.head_kind == "dflash" else "eagle"
+      assert stand_ins.method_spec(row.method).kind == kind
       assert row.source  # where tau comes from, or why there is none
+  df = PAPER_PAIRS["dflash-qwen3"]
+  taus = [t for _, t in published.DFLASH_TABLE1["dflash_b16"]]
+  assert df.rows[0].tau == pytest.approx(sum(taus) / 7, abs=0.01) == 6.49
+  assert df.head_layers == 5 and max(df.head_layer_ids) < resolve_config(df.target)[1].num_layers
+  assert [r.tau for r in df.rows[1:]] == [None] * 3
   fr = {r.label: r for r in PAPER_PAIRS["frspec-llama3"].rows}
   full = fr["EAGLE-2 (full vocabulary)"]
   assert full.tau == pytest.approx(sum(published.FRSPEC_TAU["full"]) / 7, abs=1e-3)
@@ -320,6 +327,41 @@ def test_published_tau_gives_projected_speedups_for_an_eagle2_head_and_its_subse
   with pytest.raises(ValueError, match="subset_k restricts a full LM head"):
     tpu.build_decoder(tree + "|subset_k=8", stand_ins.Setup(tc, tc, head_vocab=64),
                       device=tpu.devices_of("v5e:1x1")[0])
+
+
+def test_published_tau_gives_projected_speedups_for_a_dflash_drafter_and_its_subsets(tiny):
+  """DFlash's pair in small: a paper's drafter of two layers reading named target layers,
+  drafting through the target's head or a static subset of it, projected with a published tau;
+  the report names the drafter, not an EAGLE head."""
+  from vocabjax.bench.shapes import resolve_config
+
+  tc = resolve_config(tiny[0])[1]
+  setup = stand_ins.Setup(tc, tc, head_kind="dflash", head_intermediate=96, head_layers=2,
+                          head_layer_ids=(0, 1), has_drafter=False)
+  sub = "dflash|block=4;subset_k=512"
+  taus = {"dflash|block=4": (3.5, "paper B, Table 1")}
+  result = tpu_projection.project(setup, "v5e:1x1", ["ar", "dflash|block=4", sub], S=128,
+                                  unrolled_costs=False, taus=taus, paper="paper B in small")
+  rows = {r["method"]: r for r in result["rows"]}
+  assert result["setup"]["dflash_drafter"] == {"layers": 2, "target_layer_ids": [0, 1],
+                                               "intermediate": 96}
+  full = rows["dflash|block=4"]
+  assert "error" not in full and "error" not in rows[sub], (full.get("error"),
+                                                             rows[sub].get("error"))
+  assert full["tau"] == 3.5 and full["projected_speedup"] == pytest.approx(
+      3.5 * rows["ar"]["roofline_s"] / full["roofline_s"])
+  assert rows[sub]["stream_bytes"] < full["stream_bytes"]  # 512 of the head's rows
+  # the fit check before compiling counts what the decoder holds once, whatever a lowered
+  # step left in its caches (the engine's loop-state shapes hold its params again)
+  dec = tpu.build_decoder(sub, setup, device=tpu.devices_of("v5e:1x1")[0])
+  before = tpu_projection._weight_bytes_per_chip(dec)
+  tpu.lower_step(sub, setup, topology="v5e:1x1", S=128, decoder=dec, costs=False)
+  assert tpu_projection._weight_bytes_per_chip(dec) == before
+  md = tpu_report.render(result)
+  assert "DFlash drafter of 2 layers (intermediate 96) reading target layers [0, 1]" in md
+  assert "EAGLE head" not in md
+  with pytest.raises(ValueError, match="a DFlash drafter"):
+    stand_ins.abstract_head_config(setup)
 
 
 def test_kernel_bytes_count_every_position_an_eagle_tree_puts_through_the_ranked_head(tiny):

@@ -4,12 +4,13 @@ import pytest
 import yaml
 
 from vocabjax.prompts import CONFIG_DIR
-from vocabjax.train import eagle, medusa, ranker
+from vocabjax.train import dflash, eagle, medusa, ranker
 from vocabjax.train.distill.job import job_from_dict as distill_job
 
 RECIPES = sorted((CONFIG_DIR / "train").rglob("*.yaml"))
 PARSERS = {"ranker": ranker.job_from_dict, "eagle": eagle.job_from_dict,
-           "medusa": medusa.job_from_dict, "distill": distill_job}
+           "medusa": medusa.job_from_dict, "distill": distill_job,
+           "dflash": dflash.job_from_dict}
 
 
 def kind(path) -> str:
@@ -39,3 +40,17 @@ def test_the_medusa_recipe_names_the_eagle_mix_shards():
   layers = (1, 13, 24)
   assert e.final_hidden and m.eagle_job.features_dir == e.features_dir
   assert m.eagle_job.feature_fingerprint(layers) == e.feature_fingerprint(layers)
+
+
+def test_the_dflash_recipe_names_the_eagle_chat_shards():
+  """The DFlash recipe reads the features the chat EAGLE head trains on (same target, data,
+  layers and final hidden states): one feature pass serves both."""
+  e = eagle.job_from_dict(yaml.safe_load((CONFIG_DIR / "train" / "eagle_qwen15b_chat_pl.yaml")
+                                         .read_text()))
+  d = dflash.job_from_dict(yaml.safe_load((CONFIG_DIR / "train" / "dflash_qwen15b_chat.yaml")
+                                          .read_text()))
+  layers = d.target_layer_ids
+  assert layers == (1, 13, 24)
+  fj = d.feature_job(layers)
+  assert fj.features_dir == e.features_dir
+  assert fj.feature_fingerprint(layers) == e.feature_fingerprint(layers)

@@ -256,7 +256,8 @@ def _tpu_run(a, argv: list[str]) -> int:
     for m in methods:
       stand_ins.method_spec(m)  # a bad name is refused before anything compiles
     heads = (dict(head_kind=paper.head_kind, head_vocab=paper.head_vocab,
-                  head_intermediate=paper.head_intermediate, ranker_rank=paper.ranker_rank)
+                  head_intermediate=paper.head_intermediate, ranker_rank=paper.ranker_rank,
+                  head_layers=paper.head_layers, head_layer_ids=paper.head_layer_ids)
              if paper else {})
     setup = stand_ins.Setup(tc, dc, cross_draft=xc, dtype=a.dtype, target_name=tname,
                       draft_name=dname, cross_draft_name=xname, has_drafter=not paper,

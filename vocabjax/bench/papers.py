@@ -22,7 +22,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from vocabjax.eval.published import (EAGLE3_TAU, FRSPEC_GROUPS, FRSPEC_TAU, SPECVOCAB_TAU)
+from vocabjax.eval.published import (DFLASH_TAU, EAGLE3_TAU, FRSPEC_GROUPS, FRSPEC_TAU,
+                                     SPECVOCAB_TAU)
 
 __all__ = ["PAPER_PAIRS", "PaperPair", "PaperRow"]
 
@@ -45,11 +46,13 @@ class PaperPair:
   paper: str  # the paper and its setting
   target: str  # a key of vocabjax.checkpoints.known.KNOWN
   head: str  # the published head (hub id) whose shapes these are
-  head_kind: str  # "eagle2" or "eagle3"
+  head_kind: str  # "eagle2", "eagle3" or "dflash" (a block drafter over the target's head)
   head_vocab: int  # the head's own LM-head rows (an EAGLE-1/2 head: the target's V)
   head_intermediate: int
   rows: tuple[PaperRow, ...]
   ranker_rank: int = 128  # SpecVocab's ranker: [V, R] and [R, D]
+  head_layers: int = 1  # a DFlash drafter's layers (head_kind "dflash")
+  head_layer_ids: tuple[int, ...] | None = None  # the target layers a DFlash drafter reads
 
 
 def _mean(values) -> float:
@@ -102,4 +105,24 @@ PAPER_PAIRS: dict[str, PaperPair] = {
         # its vocabulary speculator's width (configs/Qwen3-8B-specvocab-eagle3.json of
         # github.com/SamsungLabs/SpecVocab: "vocabulary_speculator": {"intermediate_size": 512})
         ranker_rank=512),
+    # DFlash's setting: z-lab's block drafter for Qwen3-8B (z-lab/Qwen3-8B-DFlash-b16: 5 Qwen3
+    # layers of the target's width, MLP 12288, reading target layers 1, 9, 17, 25, 33, blocks of
+    # 16; as sglang-jax's docs/architecture/dflash_tpu_v6e1.md and speculators' converter test
+    # quote its config.json, not read here) drafting through the target's whole 151,936-row LM
+    # head at 15 positions a pass; trimmed to a static subset or SpecVocab's candidates, which
+    # nobody has published an acceptance length for
+    "dflash-qwen3": PaperPair(
+        "dflash-qwen3", "DFlash (Chen et al. 2026, arXiv 2602.06036): Qwen3-8B with z-lab's "
+        "DFlash drafter (block 16), GSM8K, MATH-500, AIME25, HumanEval, MBPP, LiveCodeBench, "
+        "MT-Bench, greedy, one H200",
+        "qwen3-8b", "z-lab/Qwen3-8B-DFlash-b16", "dflash", 151936, 12288,
+        (PaperRow("DFlash (16), full vocabulary", "dflash", DFLASH_TAU["qwen3_8b_b16"],
+                  DFLASH_TAU["source"]),
+         PaperRow("DFlash (16) + FR-Spec 32K", "dflash|subset_k=32768", None,
+                  "no published tau for a DFlash drafter over a trimmed head"),
+         PaperRow("DFlash (16) + FR-Spec 8K", "dflash|subset_k=8192", None,
+                  "no published tau for a DFlash drafter over a trimmed head"),
+         PaperRow("DFlash (16) + SpecVocab k=2048", "dflash:ranker=x,k=2048", None,
+                  "no published tau for a DFlash drafter over SpecVocab's candidates")),
+        ranker_rank=512, head_layers=5, head_layer_ids=(1, 9, 17, 25, 33)),
 }

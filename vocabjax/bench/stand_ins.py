@@ -50,7 +50,10 @@ class Setup:
   head_vocab: int = 8192  # EAGLE head's Vd (the chat_pl head of eval/results/eagle/gate)
   head_intermediate: int = 2048
   head_kind: str = "eagle3"  # or "eagle2": an EAGLE-1/2 head (the target's final normed
-  #   feature, drafting over the target's LM head: its Vd is the target's V)
+  #   feature, drafting over the target's LM head: its Vd is the target's V); or "dflash": a
+  #   paper's DFlash drafter (`head_layers`, `head_layer_ids`), no EAGLE head
+  head_layers: int = 1  # the DFlash drafter's layers
+  head_layer_ids: tuple[int, ...] | None = None  # the target layers it reads (None: low/mid/last)
   ranker_rank: int = 128  # SpecVocab ranker rank d'
   target_name: str = "target"
   draft_name: str = "draft"
@@ -58,8 +61,8 @@ class Setup:
   has_drafter: bool = True  # False: `draft` only stands in (a paper's pair: heads alone)
 
   def __post_init__(self):
-    if self.head_kind not in ("eagle2", "eagle3"):
-      raise ValueError(f"head_kind={self.head_kind!r}: 'eagle2' or 'eagle3'")
+    if self.head_kind not in ("eagle2", "eagle3", "dflash"):
+      raise ValueError(f"head_kind={self.head_kind!r}: 'eagle2', 'eagle3' or 'dflash'")
     if self.target.vocab_size != self.draft.vocab_size:
       raise ValueError(f"target V={self.target.vocab_size} and drafter V="
                        f"{self.draft.vocab_size} differ: pass a same-vocabulary drafter as "
@@ -381,15 +384,17 @@ def abstract_peagle_config(s: Setup) -> EagleConfig:
 
 
 def abstract_dflash_config(s: Setup, block: int, version: int = 1) -> DFlashConfig:
-  """A one-layer DFlash drafter for the setup's target (the target's width and heads); version
-  2: DFlash 2 with `speculators`' default convolution and selector sizes (2 taps over groups
-  of 16 channels, rank 256, top 16)."""
+  """A DFlash drafter of `s.head_layers` layers for the setup's target (the target's width and
+  heads, reading `s.head_layer_ids`, default its first, middle and last layers); version 2:
+  DFlash 2 with `speculators`' default convolution and selector sizes (2 taps over groups of
+  16 channels, rank 256, top 16)."""
   L = s.target.num_layers
-  layer = s.target.replace(arch="qwen3", qk_norm=True, attention_bias=False, num_layers=1,
-                           layer_types=None, sliding_window=None,
+  layer = s.target.replace(arch="qwen3", qk_norm=True, attention_bias=False,
+                           num_layers=s.head_layers, layer_types=None, sliding_window=None,
                            intermediate_size=s.head_intermediate)
+  ids = s.head_layer_ids or tuple(sorted({0, L // 2, L - 1}))
   return DFlashConfig(layer=layer, target_hidden_size=s.target.hidden_size,
-                      target_layer_ids=tuple(sorted({0, L // 2, L - 1})), block_size=block,
+                      target_layer_ids=tuple(ids), block_size=block,
                       mask_token_id=0,
                       **({"conv_kernel_size": 2, "conv_group_size": 16, "selector_rank": 256,
                           "selector_top_k": 16} if version == 2 else {}))
@@ -482,6 +487,9 @@ def abstract_head_config(s: Setup) -> EagleConfig:
   from vocabjax.train.eagle_step import head_config  # local: bench uses train's head shapes
 
   L = s.target.num_layers
+  if s.head_kind == "dflash":
+    raise ValueError("this setup's head is a DFlash drafter (a paper's pair): its methods are "
+                     "dflash ones, no EAGLE head")
   if s.head_kind == "eagle2":  # EAGLE-1/2: the final normed feature, the target's V
     hc = head_config(s.target, (FINAL_NORMED,), s.target.vocab_size, s.head_intermediate)
     return dataclasses.replace(hc, kind="eagle2")

@@ -85,9 +85,18 @@ def match_tau(spec: MethodSpec, entries: list[dict]) -> dict | None:
 
 
 def _weight_bytes_per_chip(dec) -> int:
-  """Bytes per chip of every array a decoder holds (weights, attached policies, id maps)."""
-  return sum(bytes_per_chip(x) for v in held_arrays(dec, _traced_abstract).values()
-             for x in jax.tree.leaves(v))
+  """Bytes per chip of every array a decoder holds (weights, attached policies, id maps), each
+  array once: the engine's `_states` (the loop state's shapes by request shape) holds the same
+  params again beside abstract caches, which are not weights."""
+  seen, total = set(), 0
+  for name, v in held_arrays(dec, _traced_abstract).items():
+    if name == "_states":
+      continue
+    for x in jax.tree.leaves(v):
+      if id(x) not in seen:
+        seen.add(id(x))
+        total += bytes_per_chip(x)
+  return total
 
 
 def _traced_abstract(value) -> bool:
@@ -158,9 +167,7 @@ def project(setup: Setup, topology: str, methods=METHODS, *, B: int = 1, S: int 
             "setup": {"target": setup.target_name, "draft": setup.draft_name,
                       "cross_draft": setup.cross_draft_name or setup.draft_name,
                       "describe": setup.describe(), "dtype": setup.dtype,
-                      "eagle_head": {"kind": setup.head_kind,
-                                     "draft_vocab": abstract_head_config(setup).draft_vocab_size,
-                                     "intermediate": setup.head_intermediate},
+                      **_head_of(setup),
                       "ranker_rank": setup.ranker_rank},
             "B": B, "S": S, "run": run, "paper": paper, "unrolled_costs": unrolled_costs,
             "rows": []}
@@ -398,3 +405,17 @@ def matrix_cell(method: str, setup: Setup, topology: str, sharded: bool, *, S: i
           "bytes_accessed": sum(float(c.get("bytes accessed", 0.0)) for c in cost),
           "cpu_custom_calls": cpu_custom_calls(text),
           "mosaic_calls": text.count("tpu_custom_call")}
+
+
+def _head_of(setup) -> dict:
+  """The setup's head as the report names it: an EAGLE head's kind, Vd and MLP width, or a
+  paper's DFlash drafter's layers and the target layers it reads."""
+  if setup.head_kind == "dflash":
+    L = setup.target.num_layers
+    return {"dflash_drafter": {"layers": setup.head_layers,
+                               "target_layer_ids": list(setup.head_layer_ids or sorted(
+                                   {0, L // 2, L - 1})),
+                               "intermediate": setup.head_intermediate}}
+  return {"eagle_head": {"kind": setup.head_kind,
+                         "draft_vocab": abstract_head_config(setup).draft_vocab_size,
+                         "intermediate": setup.head_intermediate}}

@@ -58,9 +58,7 @@ def render(result: dict) -> str:
            f"({chip['hbm_bytes']:,} bytes), {chip['hbm_bytes_per_s'] / 1e9:.0f} GB/s, bf16 peak "
            f"{chip['bf16_flops_per_s'] / 1e12:.0f} TFLOP/s",
            f"- {st['describe']}; batch B={result['B']}, cache S={result['S']} slots; random "
-           f"abstract weights; EAGLE head ({st['eagle_head'].get('kind', 'eagle3')}) "
-           f"Vd={st['eagle_head']['draft_vocab']}, intermediate "
-           f"{st['eagle_head']['intermediate']}; SpecVocab ranker rank {st['ranker_rank']}"
+           f"abstract weights; {_head_text(st)}; SpecVocab ranker rank {st['ranker_rank']}"
            + ("" if result.get("paper") else
               f"; crossvocab drafter {st['cross_draft']} (id map of tiny tokenizers: only its "
               f"[Vd] shape reaches the program)"),
@@ -156,3 +154,13 @@ def render_matrix(rows: list[dict], setup: Setup, command: str = "") -> str:
                    f"{r['flops'] / 1e9:.2f} / {r['bytes_accessed'] / 1e9:.2f}")
     lines.append(f"| `{m}` | " + " | ".join(out) + " |")
   return "\n".join(lines) + "\n"
+
+
+def _head_text(st: dict) -> str:
+  if "dflash_drafter" in st:
+    d = st["dflash_drafter"]
+    return (f"DFlash drafter of {d['layers']} layers (intermediate {d['intermediate']}) "
+            f"reading target layers {d['target_layer_ids']}, over the target's LM head")
+  h = st["eagle_head"]
+  return (f"EAGLE head ({h.get('kind', 'eagle3')}) Vd={h['draft_vocab']}, intermediate "
+          f"{h['intermediate']}")

@@ -76,7 +76,7 @@ _BOOKKEEPING = ("architectures", "auto_map", "dflash_config", "num_target_layers
                 "torch_dtype", "transformers_version", "use_cache", "initializer_range",
                 "attention_dropout", "bos_token_id", "eos_token_id", "pad_token_id",
                 "use_sliding_window", "max_window_layers", "tie_word_embeddings", "_name_or_path",
-                "model_type", "layer_types")
+                "model_type", "layer_types", "vocabjax")
 
 LAYER = {"attn_norm": "input_layernorm.weight", "wq": "self_attn.q_proj.weight",
          "wk": "self_attn.k_proj.weight", "wv": "self_attn.v_proj.weight",
@@ -93,11 +93,11 @@ SELECTOR = {"pred": "candidate_selector.predecessor_codebook",
             "proj": "candidate_selector.hidden_projection.weight"}
 
 
-def save_dflash(params: dict, config: DFlashConfig, directory, *, num_target_layers: int
-                ) -> Path:
+def save_dflash(params: dict, config: DFlashConfig, directory, *, num_target_layers: int,
+                extra: dict | None = None) -> Path:
   """Write a DFlash or DFlash 2 drafter in z-lab's layout (module doc), atomically: what
   `load_dflash` and `dflash`'s `DFlashDraftModel` / `DFlash2DraftModel.from_pretrained`
-  read."""
+  read. `extra`: kept in config.json under "vocabjax" (a trainer's record of the export)."""
   from safetensors.numpy import save_file
 
   if config.draft_vocab_size is not None:
@@ -139,6 +139,8 @@ def save_dflash(params: dict, config: DFlashConfig, directory, *, num_target_lay
     raw["dflash_config"].update({k: getattr(config, k) for k in DFLASH2_FIELDS})
   if c.layer_types is not None:
     raw.update(layer_types=list(c.layer_types), sliding_window=c.sliding_window)
+  if extra is not None:
+    raw["vocabjax"] = extra
   directory = Path(directory)
   with atomic_directory(directory) as tmp:
     save_file(arrays, str(tmp / "model.safetensors"), metadata={"format": "pt"})

@@ -84,3 +84,22 @@ SPECVOCAB_TAU = {"eagle3_32k": 4.78, "specvocab_2048": 5.01,
                  "source": "SpecVocab (arXiv 2602.13836) on Qwen3-8B, Spec-Bench mean, as a "
                            "summary of the paper quotes it (the paper's table not read here; "
                            "consistent with the authors' README's +4.3% throughput)"}
+
+# DFlash (Chen et al. 2026, arXiv 2602.06036v1) Table 1: Qwen3-8B with z-lab's DFlash drafter
+# (block 16), temperature 0, thinking off, Transformers backend, one H200, up to 2,048 new
+# tokens; (speedup, tau) per benchmark. NOT read from arXiv here (no network): from a
+# transcription of the v1 HTML (github.com/aaronzhfeng/tpu-spec-decode,
+# legacy/docs/dflash_paper.md); the mean of the seven taus is the table's Avg (6.49). The
+# table's Avg speedup (4.86x) is the paper's own, not the mean of its columns.
+DFLASH_GROUPS = ("gsm8k", "math500", "aime25", "humaneval", "mbpp", "livecodebench", "mt_bench")
+DFLASH_TABLE1 = {
+    "dflash_b16": ((5.15, 6.54), (6.08, 7.87), (5.62, 7.08), (5.14, 6.50), (4.65, 5.95),
+                   (5.51, 7.27), (2.75, 4.24)),
+    "eagle3_tree16": ((1.94, 3.23), (1.81, 3.02), (1.79, 3.00), (1.89, 3.17), (1.69, 2.82),
+                      (1.57, 2.65), (1.63, 2.83)),
+}
+DFLASH_TAU = {"qwen3_8b_b16": round(sum(t for _, t in DFLASH_TABLE1["dflash_b16"]) / 7, 2),
+              "avg_speedup": 4.86,
+              "source": "DFlash (arXiv 2602.06036v1) Table 1, Qwen3-8B, DFlash (16), "
+                        "temperature 0: mean tau of its 7 benchmarks (one H200, Transformers "
+                        "backend; read from a transcription of the paper's HTML)"}

@@ -360,6 +360,79 @@ def block_forward(params: dict, embed, block: jax.Array, pend_feats: jax.Array,
   return norm(x, params["final_norm"], c), cache.with_lengths(N)
 
 
+def training_forward(params: dict, embed, tokens: jax.Array, features: jax.Array,
+                     positions: jax.Array, anchors: jax.Array, *, config: DFlashConfig
+                     ) -> jax.Array:
+  """Many blocks of a window in one pass, as DFlash is trained (SpecForge's
+  `OnlineDFlashModel`): `tokens` [B, T] a window of text at `positions` [B, T] (absolute),
+  `features` [B, T, Lf*Dt] the target's at each, `anchors` [B, n] window indices. Block j of row
+  b is [tokens[a], mask, ..., mask] at positions positions[a] .. + bs - 1 (a = anchors[b, j]):
+  it sees the context entries of the window before a (as at decoding, where the anchor is the
+  last committed token and its own features are not computed yet) and its own positions, with
+  `block_forward`'s masks. Returns each block's final normed hidden states [B, n, bs, D]: the
+  same as `block_forward` over a cache holding the window's entries before a."""
+  if config.dflash2:
+    raise ValueError("training_forward covers DFlash drafters; DFlash 2's convolutions and "
+                     "selector are not trained here")
+  c, lw = config.layer, lowering_of(params)
+  B, T = tokens.shape
+  n, bs = anchors.shape[1], config.block_size
+  ctx = fuse_context(params, features, config)
+  cos_c, sin_c = rope_cos_sin(positions, c)
+  anchor_tok = jnp.take_along_axis(tokens, anchors, axis=1)  # [B, n]
+  anchor_pos = jnp.take_along_axis(positions, anchors, axis=1)
+  block = jnp.concatenate([anchor_tok[..., None],
+                           jnp.full((B, n, bs - 1), config.mask_token_id, jnp.int32)], -1)
+  x = (take_rows(embed, block.reshape(B, n * bs)).astype(features.dtype)
+       * jnp.asarray(config.input_embedding_scale, features.dtype))
+  qpos = (anchor_pos[..., None] + jnp.arange(bs)).reshape(B, n * bs)
+  cos, sin = rope_cos_sin(qpos, c)
+  # context slot s is visible to block j when s < anchors[b, j] (its position below the block's)
+  before = jnp.arange(T)[None, None, :] < anchors[..., None]  # [B, n, T]
+  t, u = jnp.arange(bs)[:, None], jnp.arange(bs)[None, :]
+  low = jnp.finfo(jnp.float32).min
+  for i, layer in enumerate(params["layers"]):
+    in_cache = jnp.broadcast_to(before[:, :, None, :], (B, n, bs, T))
+    in_block = jnp.ones((bs, bs), jnp.bool_)
+    if config.is_causal(i):
+      in_block &= u <= t
+    if c.is_sliding(i):
+      W = c.sliding_window
+      qp = qpos.reshape(B, n, bs)[..., None]  # [B, n, bs, 1]
+      in_cache &= qp - positions[:, None, None, :] < W
+      in_block &= t - u < W
+      if not config.is_causal(i):
+        in_block &= u - t < W
+    ck, cv = _kv(layer, ctx, lw, c, cos_c, sin_c)  # [B, T, N, hd]
+    h = norm(x, layer["attn_norm"], c)
+    q = _proj(h, layer, "wq", lw)
+    if c.attention_bias:
+      q = (q + layer["bq"]).astype(x.dtype)
+    q = apply_rope(norm(q.reshape(B, n * bs, c.num_heads, c.head_dim), layer["q_norm"], c),
+                   cos, sin)
+    k, v = _kv(layer, h, lw, c, cos, sin)
+    qg = q.reshape(B, n, bs, c.num_kv_heads, c.num_groups, c.head_dim)
+    kb = k.reshape(B, n, bs, c.num_kv_heads, c.head_dim)
+    vb = v.reshape(B, n, bs, c.num_kv_heads, c.head_dim)
+    s_ctx = jnp.einsum("BJTNQe,BSNe->BJNQTS", qg, ck.astype(q.dtype),
+                       preferred_element_type=jnp.float32) / c.attn_divisor
+    s_blk = jnp.einsum("BJTNQe,BJSNe->BJNQTS", qg, kb.astype(q.dtype),
+                       preferred_element_type=jnp.float32) / c.attn_divisor
+    scores = jnp.concatenate([jnp.where(in_cache[:, :, None, None], s_ctx, low),
+                              jnp.where(in_block, s_blk, low)], axis=-1)
+    probs = jax.nn.softmax(scores, axis=-1).astype(x.dtype)
+    attn = (jnp.einsum("BJNQTS,BSNe->BJTNQe", probs[..., :T], cv.astype(x.dtype))
+            + jnp.einsum("BJNQTS,BJSNe->BJTNQe", probs[..., T:], vb.astype(x.dtype)))
+    out = _proj(attn.reshape(B, n * bs, c.q_dim), layer, "wo", lw)
+    if "bo" in layer:
+      out = out + layer["bo"]
+    x = x + out
+    h = norm(x, layer["mlp_norm"], c)
+    gate, up = _proj(h, layer, "w_gate", lw), _proj(h, layer, "w_up", lw)
+    x = x + _proj(jax.nn.silu(gate) * up, layer, "w_down", lw)
+  return norm(x, params["final_norm"], c).reshape(B, n, bs, -1)
+
+
 def scale_logits(logits: jax.Array, config: DFlashConfig) -> jax.Array:
   """The LM head's logits as the drafter's law reads them: times `output_multiplier`, then
   soft-capped (`final_logit_softcapping`), in f32."""
