@@ -176,3 +176,53 @@ def test_bad_input(target_dir, data_file, tmp_path, capsys):
   bad.write_text(f"target: {target_dir}\ndata: {data_file}\nout: x\nanchor: 3\n")
   assert main(["--config", str(bad)]) == 2
   assert "unknown fields ['anchor']" in capsys.readouterr().err
+
+
+def test_a_ranker_for_a_trained_drafter(target_dir, data_file, tmp_path):
+  """SpecVocab over a DFlash drafter: a ranker trained on the drafter's drafted positions (the
+  rows its policy reads at decoding, over the features it was trained on) ranks its greedy
+  tokens and drafts losslessly; an EAGLE head and a drafter at once are refused."""
+  from vocabjax.train.features import load_features
+  from vocabjax.train.ranker import RankerJob, train as train_ranker
+  from vocabjax.vocab.ranked import Ranker, SpeculativeVocab
+
+  job = _job(target_dir, data_file, tmp_path / "run", steps=40)
+  train(job, show_progress=False)
+  drafter = tmp_path / "run" / "drafter"
+  rjob = RankerJob(drafter=str(target_dir), data=(str(data_file),), out=str(tmp_path / "r"),
+                   dflash_drafter=str(drafter), eagle_features=job.features, anchor_stride=2,
+                   rank=8, steps=30, batch_tokens=64, lr=1e-2, warmup_steps=3, eval_every=10,
+                   checkpoint_every=10, heldout=0.25, recall_k=(4, 16, 64), vocab_block=100,
+                   label="drafter", vocab="tied", select_by="recall@16_drafter")
+  summary = train_ranker(rjob, show_progress=False)
+  assert summary["complete"] and summary["final"]["recall@16_drafter"] > 0.8
+
+  t = load_model(target_dir, dtype="float32")
+  dc, dp = load_dflash(drafter, target_config=t.config)
+  feats = load_features(rjob.features_dir)
+  data = load_eagle_features(job.feature_job().features_dir)
+  # record 2's rows: its anchors 0, 2, 4, ... of the completion, each block's drafted
+  # positions, as one pass of block drafting computes them over the record's features
+  rec, toks, first = data.seqs[2]
+  mine = feats.record == rec
+  anchors = valid_anchors(data, 2, len(toks))[::2]
+  a = int(anchors[1])
+  cache = KVCache.init(dc.cache_config(), 1, len(toks) + dc.block_size)
+  cache = _context_prefill(dp, jnp.asarray(data.feats[2][None, :a], jnp.float32), cache,
+                           config=dc).with_lengths(jnp.asarray([a], jnp.int32))
+  embed = t.params["embed"]
+  block = jnp.asarray([[int(toks[a])] + [dc.mask_token_id] * (dc.block_size - 1)])
+  h, _ = _block_forward(dp, embed, block, jnp.zeros((1, 1, dc.fused_width)),
+                        jnp.zeros((1,), jnp.int32), cache, config=dc)
+  G = dc.gamma
+  np.testing.assert_allclose(feats.hidden[mine][G:2 * G], np.asarray(h[0, 1:]), atol=2e-4)
+  np.testing.assert_array_equal(feats.label[mine][G:2 * G], toks[a + 1:a + 1 + G])
+
+  prompts = [list(map(int, s[:f + 1])) for _, s, f in data.seqs[:4]]
+  ar = Decoder(t.params, t.config).generate(prompts, max_new_tokens=12)
+  vocab = SpeculativeVocab(Ranker.load(tmp_path / "r" / "ranker.safetensors"), k=16)
+  res = SpeculativeEngine(t.params, t.config, DFlashProposer(
+      t.params, t.config, dp, dc, draft_vocab=vocab)).generate(prompts, max_new_tokens=12)
+  assert res.tokens == ar.tokens and res.stats.tau > 1.0
+  with pytest.raises(TrainError, match="give eagle_head or dflash_drafter, not both"):
+    dataclasses.replace(rjob, eagle_head=str(drafter))

@@ -8,7 +8,10 @@ Data: the drafter's final hidden states, the target's next tokens (and top-Kt di
 the drafter's greedy tokens at every completion position, computed once into feature shards
 (`vocabjax.train.features`; `<out>/features`, or shared through `features`). `eagle_head`: an
 EAGLE head over the target's full vocabulary as the drafter (rows: its normed depth-0 outputs
-over `eagle_features`; `drafter` names its target; frozen mode, `ce` only). Records split into
+over `eagle_features`; `drafter` names its target; frozen mode, `ce` only). `dflash_drafter`:
+likewise a DFlash drafter drafting through the target's head (rows: its blocks' drafted
+positions at every `anchor_stride`-th completion position, each labelled with the target's token
+there). Records split into
 train and held-out by prompt (the last `heldout` fraction). Modes (SpecVocab section 3):
 `frozen` trains the ranker alone on the stored states, cross-entropy of softmax(W_vocab W_down h)
 against the labels (`ce`) or the target's top-Kt distribution (`kl`), blockwise over V; `joint`
@@ -34,6 +37,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vocabjax.checkpoints.dflash import load_dflash
 from vocabjax.checkpoints.eagle3 import load_eagle3
 from vocabjax.checkpoints.hf import save_hf
 from vocabjax.checkpoints.loader import load_model
@@ -96,17 +100,30 @@ class RankerJob:
   # one per data file, as the head's recipe names them)
   eagle_head: str | None = None
   eagle_features: str | tuple[str, ...] | None = None
+  # or a DFlash drafter directory (z-lab's layout) over the target's head, with the target
+  # features it was trained on as `eagle_features`; its rows: every `anchor_stride`-th anchor
+  dflash_drafter: str | None = None
+  anchor_stride: int = 4
+
+  @property
+  def head(self) -> str | None:
+    """The head or drafter over the target's vocabulary this ranker is for (None: a model)."""
+    return self.eagle_head or self.dflash_drafter
 
   def __post_init__(self):
     check_settings(self)
     if isinstance(self.eagle_features, list):
       object.__setattr__(self, "eagle_features", tuple(self.eagle_features))
-    if (self.eagle_head is None) != (self.eagle_features is None):
-      raise TrainError("eagle_head and eagle_features go together: the head and the target "
-                       "features it was trained on")
-    if self.eagle_head is not None:
+    if self.eagle_head is not None and self.dflash_drafter is not None:
+      raise TrainError("give eagle_head or dflash_drafter, not both: a ranker serves one head")
+    if (self.head is None) != (self.eagle_features is None):
+      raise TrainError("eagle_head (or dflash_drafter) and eagle_features go together: the "
+                       "head and the target features it was trained on")
+    if self.anchor_stride < 1:
+      raise TrainError(f"anchor_stride={self.anchor_stride} must be >= 1")
+    if self.head is not None:
       if self.mode != "frozen" or self.loss != "ce" or self.target is not None:
-        raise TrainError(f"an EAGLE head's ranker trains in mode='frozen' with loss='ce' on the "
+        raise TrainError(f"a head's ranker trains in mode='frozen' with loss='ce' on the "
                          f"target's tokens stored in its features (target: null); got "
                          f"mode={self.mode!r}, loss={self.loss!r}, target={self.target!r}")
     if self.mode not in MODES:
@@ -160,15 +177,20 @@ class RankerJob:
     for d in dirs:
       meta = Path(d) / "meta.json"
       metas.append(json.loads(meta.read_text()).get("fingerprint") if meta.exists() else None)
+    if self.dflash_drafter:
+      return job_fingerprint("dflash-drafter-ranker", self.drafter,
+                             head_identity(self.dflash_drafter), dirs, metas, self.max_records,
+                             self.anchor_stride)
     return job_fingerprint("eagle-head-ranker", self.drafter, head_identity(self.eagle_head),
                            dirs, metas, self.max_records)
 
   def train_fingerprint(self) -> str:
-    data = (self.head_feature_fingerprint() if self.eagle_head
+    data = (self.head_feature_fingerprint() if self.head
             else self.feature_spec.fingerprint())
     return train_fingerprint(self, replace={"data": data},
                              new_defaults={"label": "target", "vocab": "free",
-                                           "eagle_head": None, "eagle_features": None})
+                                           "eagle_head": None, "eagle_features": None,
+                                           "dflash_drafter": None, "anchor_stride": 4})
 
 
 def job_from_dict(raw: dict, *, where: str = "config") -> RankerJob:
@@ -249,13 +271,94 @@ def build_head_features(job: RankerJob, target=None, head=None, *,
   return fdir
 
 
-def head_drafter_identity(target, head_params: dict) -> dict:
+def load_dflash_drafter(job: RankerJob, target):
+  """(config, params) of `job.dflash_drafter` for `target` (refused: another target's, or one
+  with a head of its own: SpecVocab ranks the target's whole head it drafts through)."""
+  try:
+    dc, dp = load_dflash(job.dflash_drafter, target_config=target.config, dtype=jnp.float32)
+  except ValueError as e:
+    raise TrainError(f"dflash_drafter={job.dflash_drafter!r}: {e}") from None
+  if dc.draft_vocab_size is not None:
+    raise TrainError(f"dflash_drafter={job.dflash_drafter!r} drafts over a head of its own "
+                     f"({dc.draft_vocab_size} rows): SpecVocab ranks the target's whole head")
+  if dc.dflash2:
+    raise TrainError(f"dflash_drafter={job.dflash_drafter!r} is a DFlash 2 drafter: its "
+                     f"selector rescores the head's top-k, a ranker's rows are not trained here")
+  return dc, dp
+
+
+def build_dflash_features(job: RankerJob, target=None, drafter=None, *,
+                          show_progress: bool = True) -> Path:
+  """The ranker rows of a DFlash drafter (`job.dflash_drafter`): at every `anchor_stride`-th
+  completion position of each record, the block's drafted positions' final hidden states
+  (`train.dflash_step.hidden_of`, over the target features it was trained on), the target's
+  token there as the label and the drafter's own greedy token through the target's head;
+  resumable per shard, in the format `load_features` reads."""
+  from vocabjax.models.dflash import scale_logits
+  from vocabjax.train.dflash_step import empty_batch, hidden_of, put_record, valid_anchors
+
+  fdir = job.features_dir
+  fdir.mkdir(parents=True, exist_ok=True)
+  dirs = ([job.eagle_features] if isinstance(job.eagle_features, str)
+          else list(job.eagle_features))
+  fingerprint = job.head_feature_fingerprint()
+  if target is None:
+    target = load_model(job.drafter, dtype="float32", progress=show_progress)
+  dc, dp = drafter if drafter is not None else load_dflash_drafter(job, target)
+  data = load_eagle_features([Path(d) for d in dirs] if len(dirs) > 1 else Path(dirs[0]),
+                             target, dc.target_layer_ids)
+  made_from = [str(Path(f).resolve()) for f in data.meta["data"]]
+  if [str(Path(f).resolve()) for f in job.data] != made_from:
+    raise TrainError(f"data={list(job.data)} are not the files eagle_features={dirs} were made "
+                     f"from ({data.meta['data']}): a drafter's rows come from its own features")
+  n = len(data.seqs) if job.max_records is None else min(job.max_records, len(data.seqs))
+  todo = pending_shards(fdir, fingerprint, n)
+  if not todo:
+    return fdir
+  embed = target.params["embed"]
+  head = lm_head_weight(target.params, target.config)
+  A = 16  # anchors per call (one program per record length bucket)
+  run = jax.jit(lambda p, e, b: hidden_of(p, e, b, dc))
+  greedy = jax.jit(lambda h: jnp.argmax(scale_logits(h @ head.T, dc), -1))
+  G = dc.gamma
+
+  def record_fn(i):
+    _, toks, first = data.seqs[i]
+    L = len(toks)
+    anchors = valid_anchors(data, i, L)[::job.anchor_stride]
+    if not len(anchors):
+      return None
+    hs, labels = [], []
+    for j in range(0, len(anchors), A):
+      part = anchors[j:j + A]
+      b = empty_batch(data, 1, forward_len(L), A)
+      put_record(b, data, 0, i, part)
+      h = run(dp, embed, {k: jnp.asarray(v) for k, v in b.items()})[0, :len(part)]
+      idx = part[:, None] + np.arange(1, G + 1)  # the token each drafted position predicts
+      keep = idx < L
+      hs.append(np.asarray(h)[keep])
+      labels.append(data.labels[i][idx[keep] - 1])  # the target's argmax there: its token
+    h = np.concatenate(hs).astype(np.float32)
+    return {"hidden": h, "label": np.concatenate(labels).astype(np.int32),
+            "draft_argmax": np.asarray(greedy(jnp.asarray(h)), np.int32),
+            "tokens": np.asarray(toks, np.int32), "first_row": int(first)}
+
+  meta = {"fingerprint": fingerprint, "kind": "dflash_drafter_ranker",
+          "drafter": head_drafter_identity(target, {"lm_head": head}, "dflash drafter"),
+          "target": model_identity(target), "dflash_drafter": str(job.dflash_drafter),
+          "eagle_features": dirs, "anchor_stride": job.anchor_stride}
+  write_shards(fdir, meta, list(range(n)), todo, record_fn, desc="drafter features (shards)",
+               show_progress=show_progress)
+  return fdir
+
+
+def head_drafter_identity(target, head_params: dict, what: str = "eagle head") -> dict:
   """The drafter record of a head's ranker (and its features): what `EagleProposer` attaches a
   ranker to, the target's config with the head's LM-head rows (for a full-vocabulary head
   trained with the target's head frozen these are the target's rows, so the ranker serves the
   head with lm_head 'own' or 'target' alike)."""
   dc = dataclasses.replace(target.config, tie_word_embeddings=False)
-  return {"source": "eagle head for " + Path(target.source).name,
+  return {"source": f"{what} for " + Path(target.source).name,
           **drafter_identity({"lm_head": head_params["lm_head"]}, dc)}
 
 
@@ -381,6 +484,12 @@ def train(job: RankerJob, *, show_progress: bool = True, stop_after: int | None 
     fdir = build_head_features(job, draft, (hc, head), show_progress=show_progress)
     identity = head_drafter_identity(draft, head)
     U = head["lm_head"]  # [V, D]: the head's LM head (the target's rows, full V)
+  elif job.dflash_drafter:
+    draft = load_model(job.drafter, dtype="float32", progress=show_progress)
+    U = lm_head_weight(draft.params, draft.config)  # the target's head it drafts through
+    fdir = build_dflash_features(job, draft, load_dflash_drafter(job, draft),
+                                 show_progress=show_progress)
+    identity = head_drafter_identity(draft, {"lm_head": U}, "dflash drafter")
   else:
     fdir = build_features(job.feature_spec, show_progress=show_progress)
     draft = load_model(job.drafter, dtype="float32", progress=show_progress)
@@ -528,6 +637,7 @@ def _features_only(p):
   def before(a, job):
     if a.features_only:
       print(build_head_features(job, show_progress=not a.quiet) if job.eagle_head
+            else build_dflash_features(job, show_progress=not a.quiet) if job.dflash_drafter
             else build_features(job.feature_spec, show_progress=not a.quiet))
       return 0
     return None
