@@ -216,27 +216,34 @@ def load_head(job: RankerJob, target):
   return hc, params
 
 
-def build_head_features(job: RankerJob, target=None, head=None, *,
-                        show_progress: bool = True) -> Path:
-  """The ranker rows of an EAGLE head (`job.eagle_head`), from the target features it was
-  trained on, in the drafter-feature format `load_features` reads; resumable per shard.
-  `target` / `head`: the loaded target and `load_head`'s result (loaded here when not given)."""
+def _head_rows_todo(job: RankerJob, target, layers):
+  """(features dir, target feature dirs, fingerprint, the target features, records, shards
+  still to compute) of a head's or drafter's ranker rows; TrainError when `job.data` are not the
+  files the target features were made from (a head's rows come from its own features)."""
   fdir = job.features_dir
   fdir.mkdir(parents=True, exist_ok=True)
   dirs = ([job.eagle_features] if isinstance(job.eagle_features, str)
           else list(job.eagle_features))
   fingerprint = job.head_feature_fingerprint()
-  if target is None:
-    target = load_model(job.drafter, dtype="float32", progress=show_progress)
-  hc, params = head if head is not None else load_head(job, target)
   data = load_eagle_features([Path(d) for d in dirs] if len(dirs) > 1 else Path(dirs[0]),
-                             target, hc.feature_layers)
+                             target, layers)
   made_from = [str(Path(f).resolve()) for f in data.meta["data"]]
   if [str(Path(f).resolve()) for f in job.data] != made_from:
     raise TrainError(f"data={list(job.data)} are not the files eagle_features={dirs} were made "
                      f"from ({data.meta['data']}): a head's rows come from its own features")
   n = len(data.seqs) if job.max_records is None else min(job.max_records, len(data.seqs))
-  todo = pending_shards(fdir, fingerprint, n)
+  return fdir, dirs, fingerprint, data, n, pending_shards(fdir, fingerprint, n)
+
+
+def build_head_features(job: RankerJob, target=None, head=None, *,
+                        show_progress: bool = True) -> Path:
+  """The ranker rows of an EAGLE head (`job.eagle_head`), from the target features it was
+  trained on, in the drafter-feature format `load_features` reads; resumable per shard.
+  `target` / `head`: the loaded target and `load_head`'s result (loaded here when not given)."""
+  if target is None:
+    target = load_model(job.drafter, dtype="float32", progress=show_progress)
+  hc, params = head if head is not None else load_head(job, target)
+  fdir, dirs, fingerprint, data, n, todo = _head_rows_todo(job, target, hc.feature_layers)
   if not todo:
     return fdir
   embed = target.params["embed"]
@@ -297,22 +304,10 @@ def build_dflash_features(job: RankerJob, target=None, drafter=None, *,
   from vocabjax.models.dflash import scale_logits
   from vocabjax.train.dflash_step import empty_batch, hidden_of, put_record, valid_anchors
 
-  fdir = job.features_dir
-  fdir.mkdir(parents=True, exist_ok=True)
-  dirs = ([job.eagle_features] if isinstance(job.eagle_features, str)
-          else list(job.eagle_features))
-  fingerprint = job.head_feature_fingerprint()
   if target is None:
     target = load_model(job.drafter, dtype="float32", progress=show_progress)
   dc, dp = drafter if drafter is not None else load_dflash_drafter(job, target)
-  data = load_eagle_features([Path(d) for d in dirs] if len(dirs) > 1 else Path(dirs[0]),
-                             target, dc.target_layer_ids)
-  made_from = [str(Path(f).resolve()) for f in data.meta["data"]]
-  if [str(Path(f).resolve()) for f in job.data] != made_from:
-    raise TrainError(f"data={list(job.data)} are not the files eagle_features={dirs} were made "
-                     f"from ({data.meta['data']}): a drafter's rows come from its own features")
-  n = len(data.seqs) if job.max_records is None else min(job.max_records, len(data.seqs))
-  todo = pending_shards(fdir, fingerprint, n)
+  fdir, dirs, fingerprint, data, n, todo = _head_rows_todo(job, target, dc.target_layer_ids)
   if not todo:
     return fdir
   embed = target.params["embed"]
