@@ -226,3 +226,26 @@ def test_a_ranker_for_a_trained_drafter(target_dir, data_file, tmp_path):
   assert res.tokens == ar.tokens and res.stats.tau > 1.0
   with pytest.raises(TrainError, match="give eagle_head or dflash_drafter, not both"):
     dataclasses.replace(rjob, eagle_head=str(drafter))
+
+
+def test_a_softmax_over_the_frequent_tokens(target_dir, data_file, tmp_path):
+  """`loss_vocab`: the training softmax over the head's rows of the training completions' most
+  frequent tokens (labels outside weigh nothing); the held-out figures still read the whole
+  head, and the drafter still drafts through it losslessly."""
+  from vocabjax.train.dflash import loss_vocab_ids
+
+  job = _job(target_dir, data_file, tmp_path / "run", loss_vocab=48)
+  summary = train(job, show_progress=False)
+  assert summary["loss_rows"] == 48 and summary["complete"]
+  assert summary["final"]["tau"] > summary["start"]["tau"] + 0.3
+  data = load_eagle_features(job.feature_job().features_dir)
+  ids = loss_vocab_ids(data, range(len(data.seqs)), 5, 320)
+  counts = np.bincount(np.concatenate([t[f + 1:] for _, t, f in data.seqs]), minlength=320)
+  assert sorted(counts[ids]) == sorted(counts)[-5:] and (np.diff(ids) > 0).all()
+  t = load_model(target_dir, dtype="float32")
+  dc, dp = load_dflash(tmp_path / "run" / "drafter", target_config=t.config)
+  prompts = [list(map(int, s[:f + 1])) for _, s, f in data.seqs[:4]]
+  ar = Decoder(t.params, t.config).generate(prompts, max_new_tokens=12)
+  res = SpeculativeEngine(t.params, t.config, DFlashProposer(t.params, t.config, dp, dc)
+                          ).generate(prompts, max_new_tokens=12)
+  assert res.tokens == ar.tokens

@@ -64,6 +64,10 @@ class DFlashJob:
   batch_size: int = 2  # windows per step
   anchors: int = 8  # blocks per window
   loss_decay_gamma: float | None = 7.0  # position k's weight exp(-(k - 1) / gamma); None: flat
+  # the training softmax over the head's rows of the N most frequent completion tokens of the
+  # training records (labels outside weigh nothing; None: the whole head). The drafter still
+  # drafts through the whole head: held-out figures are read through it
+  loss_vocab: int | None = None
   steps: int = 400
   lr: float = 6e-4
   warmup_steps: int = 20
@@ -105,6 +109,8 @@ class DFlashJob:
       raise TrainError(f"select_by={self.select_by!r} is not 'tau', 'heldout_loss' or null")
     if self.compute_dtype not in ("float32", "bfloat16"):
       raise TrainError(f"compute_dtype={self.compute_dtype!r} is not float32 or bfloat16")
+    if self.loss_vocab is not None and self.loss_vocab < 1:
+      raise TrainError(f"loss_vocab={self.loss_vocab} must be >= 1 (or null: the whole head)")
     self.feature_job()  # the feature fields checked before anything is loaded
 
   @property
@@ -121,7 +127,7 @@ class DFlashJob:
                     final_hidden=self.final_hidden, max_records=self.max_records)
 
   def train_fingerprint(self) -> str:
-    return train_fingerprint(self)
+    return train_fingerprint(self, new_defaults={"loss_vocab": None})
 
 
 def drafter_config(job: DFlashJob, target: LlamaLikeConfig, mask_token_id: int) -> DFlashConfig:
@@ -176,6 +182,13 @@ def train(job: DFlashJob, *, show_progress: bool = True, stop_after: int | None 
   if not train_idx or not held_idx:
     raise TrainError(f"empty train ({len(train_idx)}) or held-out ({len(held_idx)}) records")
 
+  loss_head, t2d, loss_rows = head, None, int(head.shape[0])
+  if job.loss_vocab is not None:
+    ids = loss_vocab_ids(data, train_idx, job.loss_vocab, tc.vocab_size)
+    loss_head = jnp.take(head, jnp.asarray(ids), axis=0)
+    t2d = jnp.full((tc.vocab_size,), -1, jnp.int32).at[jnp.asarray(ids)].set(
+        jnp.arange(len(ids), dtype=jnp.int32))
+    loss_rows = len(ids)
   hyper = job.optim.array()
   fingerprint = job.train_fingerprint()
   run = TrainRun(out, fingerprint, steps=job.steps, eval_every=job.eval_every,
@@ -218,8 +231,8 @@ def train(job: DFlashJob, *, show_progress: bool = True, stop_after: int | None 
   def step_fn(st, step):
     batch = make_batch(data, train_idx, step_rng(job.seed, step), batch_size=job.batch_size,
                        seq_len=job.seq_len, anchors=job.anchors)
-    st, loss = step_fn_jit(st, {k: jnp.asarray(v) for k, v in batch.items()}, embed, head,
-                           hyper)
+    st, loss = step_fn_jit(st, {k: jnp.asarray(v) for k, v in batch.items()}, embed,
+                           loss_head, hyper, t2d)
     return st, {"loss": loss}
 
   res = run.fit(state, step_fn, evaluate, on_row=keep_best, stop_after=stop_after,
@@ -231,6 +244,7 @@ def train(job: DFlashJob, *, show_progress: bool = True, stop_after: int | None 
   summary = {"job": dataclasses.asdict(job), "steps_done": res.end,
              "complete": res.end == job.steps, "train_records": len(train_idx),
              "heldout_records": len(held_idx), "target_layer_ids": list(config.target_layer_ids),
+             "loss_rows": loss_rows,
              "mask_token_id": config.mask_token_id, "drafter_params": int(sum(
                  np.size(x) for x in jax.tree.leaves(init))),
              "train_completion_tokens": int(sum(
@@ -245,6 +259,17 @@ def train(job: DFlashJob, *, show_progress: bool = True, stop_after: int | None 
         "vocabjax"]["row"]
   atomic_write_json(out / "summary.json", summary)
   return summary
+
+
+def loss_vocab_ids(data, train_idx, n: int, V: int) -> np.ndarray:
+  """The `n` most frequent completion tokens of the training records (ties to the lower id),
+  sorted: the rows of a `loss_vocab` softmax."""
+  counts = np.zeros(V, np.int64)
+  for i in train_idx:
+    _, toks, first = data.seqs[i]
+    np.add.at(counts, np.asarray(toks[first + 1:], np.int64), 1)
+  order = np.lexsort((np.arange(V), -counts))[:min(n, V)]
+  return np.sort(order).astype(np.int32)
 
 
 def job_from_dict(raw: dict, *, where: str = "config") -> DFlashJob:

@@ -8,7 +8,9 @@ is a completion position p whose next token is in the completion too (SpecForge'
 block [x_p, mask, ...] predicts x_{p+k} at position k = 1 .. G, weighted exp(-(k - 1) / gamma)
 where p + k is a completion position of the window (the DFlash paper's decay), and the loss is
 the weighted mean cross-entropy through the target's LM head (frozen, the whole vocabulary,
-`losses.vocab_cross_entropy`). Held out: every `eval_stride`-th anchor of each record; per
+`losses.vocab_cross_entropy`; or, with `loss_vocab`, a softmax over the head's rows of the
+training labels' most frequent tokens: a sampled-softmax shortcut for small compute budgets,
+whose held-out figures are still read through the whole head). Held out: every `eval_stride`-th anchor of each record; per
 position the top-1 accuracy, and per block the accepted length a greedy chain would get against
 the text (the target's own greedy answer): 1 + the drafted prefix that matches it.
 """
@@ -102,22 +104,30 @@ def hidden_of(params, embed, batch, config: DFlashConfig):
 
 
 def dflash_loss(params, embed, head, batch, *, config: DFlashConfig, gamma_decay: float | None,
-                block: int, lowering: Lowering = Lowering()):
-  """The weighted mean cross-entropy of the blocks' positions (module doc)."""
+                block: int, lowering: Lowering = Lowering(), t2d=None):
+  """The weighted mean cross-entropy of the blocks' positions (module doc). `t2d` [V] int32:
+  the softmax over the rows of `head` that `t2d` numbers (a `loss_vocab` subset: labels
+  outside it, -1, weigh nothing)."""
   params = with_lowering(params, lowering)
   h = hidden_of(params, embed, batch, config)
   labels, _, weights = block_labels(batch, config, gamma_decay)
+  if t2d is not None:
+    labels = t2d[labels]
+    weights = weights * (labels >= 0)
+    labels = jnp.maximum(labels, 0)
   D = h.shape[-1]
   return vocab_cross_entropy(h.reshape(-1, D), head, labels.reshape(-1), weights.reshape(-1),
                              block=block, bf16=lowering.bf16_dots)
 
 
 @functools.partial(jax.jit, static_argnames=("config", "gamma_decay", "block", "lowering"))
-def train_step(st, batch, embed, head, hyper, *, config, gamma_decay, block, lowering):
-  """One optimizer step (module level, its settings static: one program per drafter config)."""
+def train_step(st, batch, embed, head, hyper, t2d=None, *, config, gamma_decay, block,
+               lowering):
+  """One optimizer step (module level, its settings static: one program per drafter config).
+  `head`: the target's LM head, or its `loss_vocab` rows with their `t2d`."""
   loss, grads = jax.value_and_grad(
       lambda p: dflash_loss(p, embed, head, batch, config=config, gamma_decay=gamma_decay,
-                            block=block, lowering=lowering))(st.params)
+                            block=block, lowering=lowering, t2d=t2d))(st.params)
   return apply_grads(st, grads, optimizer_of(hyper)), loss
 
 
