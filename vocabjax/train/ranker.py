@@ -42,7 +42,9 @@ from vocabjax.checkpoints.eagle3 import load_eagle3
 from vocabjax.checkpoints.hf import save_hf
 from vocabjax.checkpoints.loader import load_model
 from vocabjax.io import atomic_write_json
+from vocabjax.models.dflash import scale_logits
 from vocabjax.models.llamalike import lm_head_weight
+from vocabjax.train.dflash_step import empty_batch, hidden_of, put_record, valid_anchors
 from vocabjax.train.eagle_job import head_identity
 from vocabjax.train.eagle_data import load_eagle_features
 from vocabjax.train.eagle_step import ttt_outputs
@@ -301,9 +303,6 @@ def build_dflash_features(job: RankerJob, target=None, drafter=None, *,
   (`train.dflash_step.hidden_of`, over the target features it was trained on), the target's
   token there as the label and the drafter's own greedy token through the target's head;
   resumable per shard, in the format `load_features` reads."""
-  from vocabjax.models.dflash import scale_logits
-  from vocabjax.train.dflash_step import empty_batch, hidden_of, put_record, valid_anchors
-
   if target is None:
     target = load_model(job.drafter, dtype="float32", progress=show_progress)
   dc, dp = drafter if drafter is not None else load_dflash_drafter(job, target)
