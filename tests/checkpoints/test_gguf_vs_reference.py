@@ -105,6 +105,39 @@ def test_gguf_tokenizer_and_eos(tmp_path, monkeypatch):
   assert model.tokenizer.chat_template == tok.chat_template
 
 
+def test_gguf_tokenizers_are_cached_by_their_vocabulary(tmp_path, monkeypatch):
+  """Two files of one name and size and time in two folders whose tokenizers differ (here in
+  one character of the chat template) get their own tokenizers (the cache once keyed them by
+  name, size and mtime); files of one tokenizer share one cached build, so rewriting a file
+  does not grow the cache."""
+  import copy
+  import os
+
+  from vocabjax.checkpoints.gguf_io import load_gguf_tokenizer
+
+  monkeypatch.setenv("VOCABJAX_CACHE", str(tmp_path / "cache"))
+  toks = [tiny_tokenizer(320)]
+  toks.append(copy.deepcopy(toks[0]))
+  i = toks[1].chat_template.index("assistant")
+  toks[1].chat_template = toks[1].chat_template[:i] + "Assistant" + toks[1].chat_template[i + 9:]
+  paths = []
+  for i, tok in enumerate(toks):
+    (tmp_path / str(i)).mkdir()
+    paths.append(write_tiny_gguf(tiny_hf_model("qwen2", vocab_size=320), tmp_path / str(i)
+                                 / "m.gguf", tokenizer=tok))
+    os.utime(paths[-1], (1_000_000_000, 1_000_000_000))
+  assert paths[0].stat().st_size == paths[1].stat().st_size
+  for tok, path in zip(toks, paths):
+    assert load_gguf_tokenizer(path).chat_template == tok.chat_template
+  again = write_tiny_gguf(tiny_hf_model("qwen2", vocab_size=320, seed=3), tmp_path / "m2.gguf",
+                          tokenizer=toks[0])
+  # read back from the cache, the tokenizer splits text as the first build did (Qwen2Tokenizer
+  # rebuilt from the saved files split runs of spaces its own way)
+  text = "def add(a, b):\n    return a + b"
+  assert load_gguf_tokenizer(again)(text)["input_ids"] == toks[0](text)["input_ids"]
+  assert len(list((tmp_path / "cache" / "tokenizers").iterdir())) == 2
+
+
 def test_truncated_gguf_is_rejected(tmp_path):
   path = write_tiny_gguf(tiny_hf_model("qwen2"), tmp_path / "m.gguf")
   data = path.read_bytes()

@@ -17,6 +17,7 @@ head_dim ** -0.5 (D / H for the 27B).
 from __future__ import annotations
 
 import functools
+import hashlib
 import os
 from pathlib import Path
 
@@ -393,16 +394,38 @@ def _load_gguf(path: Path, dtype, pool, placement=None, keep_blocks: bool = Fals
   return config, params, meta
 
 
+def tokenizer_key(path: str | os.PathLike) -> str:
+  """The identity of a GGUF file's tokenizer: a sha256 of its `tokenizer.*` metadata (names,
+  types and values), so two files with the same vocabulary share one cached build and files
+  that differ never do, whatever their names, sizes and times."""
+  import gguf
+
+  try:
+    reader = gguf.GGUFReader(str(path))
+  except (ValueError, OSError) as e:
+    raise CheckpointError(f"{path} is not a readable GGUF file ({e})") from None
+  h = hashlib.sha256()
+  for name in sorted(reader.fields):
+    if name.startswith("tokenizer."):
+      field = reader.fields[name]
+      h.update(name.encode() + b"\0" + repr(field.types).encode())
+      for i in field.data:
+        h.update(np.ascontiguousarray(field.parts[i]).tobytes())
+  return h.hexdigest()[:32]
+
+
 def load_gguf_tokenizer(path: str | os.PathLike, cache_root: Path | None = None):
-  """transformers' fast tokenizer built from the GGUF vocabulary, cached after the first build."""
-  from transformers import AutoTokenizer
+  """transformers' fast tokenizer built from the GGUF vocabulary, cached after the first build
+  (under `tokenizer_key`: the vocabulary's content). The cached copy is read back as the
+  generic fast tokenizer of its saved pipeline (`tokenizer.json`): a model-specific class
+  (Qwen2Tokenizer, ...) rebuilds its own pre-tokenizer instead, which for a GGUF vocabulary
+  whose converter wrote another one splits text differently from the first build."""
+  from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
   path = Path(path).resolve()
-  st = path.stat()
-  key = f"{path.name}-{st.st_size}-{int(st.st_mtime)}"
-  cached = (cache_root or cache_dir()) / "tokenizers" / key
+  cached = (cache_root or cache_dir()) / "tokenizers" / tokenizer_key(path)
   if (cached / "tokenizer_config.json").exists():
-    return AutoTokenizer.from_pretrained(cached)
+    return PreTrainedTokenizerFast.from_pretrained(cached)
   import importlib.util
 
   if importlib.util.find_spec("torch") is None:
@@ -416,6 +439,6 @@ def load_gguf_tokenizer(path: str | os.PathLike, cache_root: Path | None = None)
     tmp.parent.mkdir(parents=True, exist_ok=True)
     if not cached.exists():
       os.replace(tmp, cached)
+    return PreTrainedTokenizerFast.from_pretrained(cached)  # what every later run reads
   except OSError:
-    pass  # a read-only cache only costs a rebuild next time
-  return tok
+    return tok  # a read-only cache only costs a rebuild next time
