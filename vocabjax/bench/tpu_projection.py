@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vocabjax.bench.stand_ins import (HOST_ONLY, METHODS, MethodSpec, Setup,
-                                      abstract_head_config, method_spec)
+                                      abstract_dflash_config, abstract_head_config, method_spec)
 from vocabjax.bench.tpu import (GiB, Chip, TpuStep, build_decoder, bytes_per_chip, cache_bytes,
                                 chip_of, cpu_custom_calls, devices_of, held_arrays,
                                 kv_bytes_per_chip, lower_step, tpu_mesh, tpu_tracing)
@@ -411,10 +411,8 @@ def _head_of(setup) -> dict:
   """The setup's head as the report names it: an EAGLE head's kind, Vd and MLP width, or a
   paper's DFlash drafter's layers and the target layers it reads."""
   if setup.head_kind == "dflash":
-    L = setup.target.num_layers
-    return {"dflash_drafter": {"layers": setup.head_layers,
-                               "target_layer_ids": list(setup.head_layer_ids or sorted(
-                                   {0, L // 2, L - 1})),
+    ids = abstract_dflash_config(setup, block=2).target_layer_ids  # the block: no bearing
+    return {"dflash_drafter": {"layers": setup.head_layers, "target_layer_ids": list(ids),
                                "intermediate": setup.head_intermediate}}
   return {"eagle_head": {"kind": setup.head_kind,
                          "draft_vocab": abstract_head_config(setup).draft_vocab_size,

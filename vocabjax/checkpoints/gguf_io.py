@@ -159,6 +159,9 @@ def open_gguf(path: str | os.PathLike):
   return reader
 
 
+TOKENIZER_KEY = "vocabjax.tokenizer_key"  # `load_gguf`'s metadata: the file's `tokenizer_key`
+
+
 def metadata(reader) -> dict:
   """All key/value fields as Python values (arrays of strings are left out for speed)."""
   out = {}
@@ -343,7 +346,7 @@ def load_gguf(path: str | os.PathLike, dtype=jnp.float32, *, placement=None,
 def _load_gguf(path: Path, dtype, pool, placement=None, keep_blocks: bool = False
                ) -> tuple[LlamaLikeConfig, dict, dict]:
   reader = open_gguf(path)
-  meta = metadata(reader)
+  meta = {**metadata(reader), TOKENIZER_KEY: tokenizer_key(reader)}
   tensors = {t.name: t for t in reader.tensors}
   rope_freqs = None
   if "rope_freqs.weight" in tensors:  # Llama 3.1+ GGUFs bake llama3 scaling into this tensor
@@ -394,36 +397,36 @@ def _load_gguf(path: Path, dtype, pool, placement=None, keep_blocks: bool = Fals
   return config, params, meta
 
 
-def tokenizer_key(path: str | os.PathLike) -> str:
-  """The identity of a GGUF file's tokenizer: a sha256 of its `tokenizer.*` metadata (names,
-  types and values), so two files with the same vocabulary share one cached build and files
-  that differ never do, whatever their names, sizes and times."""
-  import gguf
-
-  try:
-    reader = gguf.GGUFReader(str(path))
-  except (ValueError, OSError) as e:
-    raise CheckpointError(f"{path} is not a readable GGUF file ({e})") from None
+def tokenizer_key(reader) -> str:
+  """The identity of a GGUF file's tokenizer (`reader`: its `open_gguf`): a sha256 of its
+  `tokenizer.*` metadata fields as stored (each field's bytes: its name, type and value), so two
+  files with the same vocabulary share one cached build and files that differ never do,
+  whatever their names, sizes and times. Loaders pass it from the reader they already hold
+  (`load_gguf`'s metadata carries it as TOKENIZER_KEY): a second parse of a 152K-token
+  vocabulary costs seconds."""
+  raw = reader.data.view(np.ndarray)
   h = hashlib.sha256()
   for name in sorted(reader.fields):
     if name.startswith("tokenizer."):
       field = reader.fields[name]
-      h.update(name.encode() + b"\0" + repr(field.types).encode())
-      for i in field.data:
-        h.update(np.ascontiguousarray(field.parts[i]).tobytes())
+      end = field.offset + sum(int(part.nbytes) for part in field.parts)
+      h.update(raw[field.offset:end].tobytes())
   return h.hexdigest()[:32]
 
 
-def load_gguf_tokenizer(path: str | os.PathLike, cache_root: Path | None = None):
+def load_gguf_tokenizer(path: str | os.PathLike, cache_root: Path | None = None,
+                        key: str | None = None):
   """transformers' fast tokenizer built from the GGUF vocabulary, cached after the first build
   (under `tokenizer_key`: the vocabulary's content). The cached copy is read back as the
   generic fast tokenizer of its saved pipeline (`tokenizer.json`): a model-specific class
   (Qwen2Tokenizer, ...) rebuilds its own pre-tokenizer instead, which for a GGUF vocabulary
-  whose converter wrote another one splits text differently from the first build."""
+  whose converter wrote another one splits text differently from the first build. `key`: the
+  file's `tokenizer_key` where the caller has it (else the file is parsed for it)."""
   from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
   path = Path(path).resolve()
-  cached = (cache_root or cache_dir()) / "tokenizers" / tokenizer_key(path)
+  key = key or tokenizer_key(open_gguf(path))
+  cached = (cache_root or cache_dir()) / "tokenizers" / key
   if (cached / "tokenizer_config.json").exists():
     return PreTrainedTokenizerFast.from_pretrained(cached)
   import importlib.util

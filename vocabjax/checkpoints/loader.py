@@ -14,7 +14,8 @@ import jax.numpy as jnp
 from vocabjax import sharding
 from vocabjax.checkpoints import zoo
 from vocabjax.checkpoints.convert import CheckpointError, check_finite
-from vocabjax.checkpoints.gguf_io import load_gguf, load_gguf_tokenizer, open_gguf
+from vocabjax.checkpoints.gguf_io import (TOKENIZER_KEY, load_gguf, load_gguf_tokenizer,
+                                          open_gguf, tokenizer_key)
 from vocabjax.checkpoints.hf import load_hf, read_hf_config
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import (INT4, LAYER_MATRICES, cast_weights, quantize_blocks,
@@ -185,7 +186,8 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
   elif path.suffix == ".gguf":
     config, params, meta = load_gguf(path, dtype=dtype, placement=placement,
                                      keep_blocks=keep_blocks)
-    tokenizer = load_gguf_tokenizer(path) if load_tokenizer else None
+    tokenizer = (load_gguf_tokenizer(path, key=meta[TOKENIZER_KEY]) if load_tokenizer
+                 else None)
     eos = eos_ids(meta.get("tokenizer.ggml.eos_token_id"),
                   getattr(tokenizer, "eos_token_id", None))
     if config.arch == "gemma3":
@@ -224,7 +226,7 @@ def load_tokenizer_and_vocab(name: str | os.PathLike):
   emb = next((t for t in reader.tensors if t.name == "token_embd.weight"), None)
   if emb is None:
     raise CheckpointError(f"{path}: tensor token_embd.weight missing")
-  tokenizer = load_gguf_tokenizer(path)
+  tokenizer = load_gguf_tokenizer(path, key=tokenizer_key(reader))
   arch = reader.fields.get("general.architecture")
   if arch is not None and arch.contents() == "gemma3":
     gemma3_chat(tokenizer)

@@ -36,7 +36,8 @@ from vocabjax.lowering import Lowering
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.dflash import DFlashConfig, default_target_layers, init_dflash
 from vocabjax.models.llamalike import lm_head_weight
-from vocabjax.train.dflash_step import evaluate_heldout, make_batch, train_step
+from vocabjax.train.dflash_step import (evaluate_heldout, make_batch, train_step,
+                                        valid_anchors)
 from vocabjax.train.eagle_data import build_eagle_features, load_eagle_features
 from vocabjax.train.eagle_job import EagleJob
 from vocabjax.train.features import heldout_records, model_identity
@@ -181,6 +182,9 @@ def train(job: DFlashJob, *, show_progress: bool = True, stop_after: int | None 
   held_idx = [i for i, (r, _, _) in enumerate(data.seqs) if r in held]
   if not train_idx or not held_idx:
     raise TrainError(f"empty train ({len(train_idx)}) or held-out ({len(held_idx)}) records")
+  if not any(len(valid_anchors(data, i, job.seq_len)) for i in train_idx):
+    raise TrainError(f"no training record of {list(job.data)} has two completion tokens in "
+                     f"a row: no block to train on")  # make_batch would draw records forever
 
   loss_head, t2d, loss_rows = head, None, int(head.shape[0])
   if job.loss_vocab is not None:

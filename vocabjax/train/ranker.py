@@ -313,7 +313,7 @@ def build_dflash_features(job: RankerJob, target=None, drafter=None, *,
   head = lm_head_weight(target.params, target.config)
   A = 16  # anchors per call (one program per record length bucket)
   run = jax.jit(lambda p, e, b: hidden_of(p, e, b, dc))
-  greedy = jax.jit(lambda h: jnp.argmax(scale_logits(h @ head.T, dc), -1))
+  greedy = jax.jit(lambda h, w: jnp.argmax(scale_logits(h @ w.T, dc), -1))  # w an argument
   G = dc.gamma
 
   def record_fn(i):
@@ -334,7 +334,7 @@ def build_dflash_features(job: RankerJob, target=None, drafter=None, *,
       labels.append(data.labels[i][idx[keep] - 1])  # the target's argmax there: its token
     h = np.concatenate(hs).astype(np.float32)
     return {"hidden": h, "label": np.concatenate(labels).astype(np.int32),
-            "draft_argmax": np.asarray(greedy(jnp.asarray(h)), np.int32),
+            "draft_argmax": np.asarray(greedy(jnp.asarray(h), head), np.int32),
             "tokens": np.asarray(toks, np.int32), "first_row": int(first)}
 
   meta = {"fingerprint": fingerprint, "kind": "dflash_drafter_ranker",
