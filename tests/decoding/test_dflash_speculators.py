@@ -247,3 +247,34 @@ def test_traps_are_refused_naming_the_value(setup, own_head, tmp_path):
     load_dflash(variant("v2-own", {"speculators_model_type": "dflash2", "conv_kernel_size": 2,
                                    "conv_group_size": 16, "selector_rank": 8,
                                    "selector_top_k": 6}))
+
+
+def test_written_in_speculators_layout_reads_back_in_both(setup, own_head, tmp_path):
+  """`save_dflash` of a drafter with a head of its own writes speculators' layout: vocabjax
+  reads back the same tensors and config, and speculators' own `DFlashDraftModel` loads the
+  file with the same head, d2t, t2d and layers."""
+  from speculators.models.dflash import DFlashDraftModel
+
+  from vocabjax.checkpoints.dflash import save_dflash
+
+  ours = setup[3]
+  d, model = own_head
+  config, params = load_dflash(d, target_config=ours.config)
+  save_dflash(params, config, tmp_path / "again", num_target_layers=L,
+              verifier=str(setup[0] / "target"))
+  raw = json.loads((tmp_path / "again" / "config.json").read_text())
+  assert raw["speculators_model_type"] == "dflash" and raw["aux_hidden_state_layer_ids"] == [1, 3]
+  assert raw["draft_vocab_size"] == len(OWN_IDS)
+  c2, p2 = load_dflash(tmp_path / "again", target_config=ours.config)
+  assert c2 == config
+  import jax
+
+  jax.tree.map(np.testing.assert_array_equal, p2, params)
+  back = DFlashDraftModel.from_pretrained(str(tmp_path / "again"))
+  want = dict(model.state_dict())
+  got = dict(back.state_dict())
+  for name, value in want.items():
+    if name.startswith(("verifier_", "embed_tokens")):
+      continue
+    np.testing.assert_array_equal(got[name].numpy(), value.numpy(), err_msg=name)
+  assert list(back.target_layer_ids) == list(model.target_layer_ids)

@@ -123,9 +123,29 @@ def test_save_load_roundtrip_and_bad_checkpoints(target, tmp_path):
   wide = dataclasses.replace(CFG, vocab_size=128)
   with pytest.raises(CheckpointError, match=r"'0.2.weight' has shape \(96, 32\).*\(128, 32\)"):
     load_medusa(tmp_path / "m", target_config=wide)
-  # a missing tensor, a truncated file, a directory without heads
+  # config counts that are not integers, and tensors the config has no place for
+  import json
+  import shutil
+
   from safetensors.numpy import load_file, save_file
+  raw = json.loads((tmp_path / "m" / "config.json").read_text())
+  for key, value in [("medusa_num_heads", "2"), ("medusa_num_heads", 2.5),
+                     ("medusa_num_heads", True), ("medusa_num_layers", -1),
+                     ("medusa_num_layers", "2")]:
+    shutil.copytree(tmp_path / "m", tmp_path / "c", dirs_exist_ok=True)
+    (tmp_path / "c" / "config.json").write_text(json.dumps({**raw, key: value}))
+    with pytest.raises(CheckpointError, match=f"{key}={value!r} must be an integer"):
+      load_medusa(tmp_path / "c", target_config=CFG)
+  (tmp_path / "c" / "config.json").write_text(json.dumps({**raw, "medusa_num_layers": 1}))
+  with pytest.raises(CheckpointError, match=r"missing tensor '0.1.weight'"):
+    load_medusa(tmp_path / "c", target_config=CFG)  # its head's rows sit after 2 blocks
   sd = load_file(str(tmp_path / "m" / "medusa_lm_head.safetensors"))
+  save_file({**sd, "1.7.extra": np.zeros(3, np.float32)},
+            str(tmp_path / "c" / "medusa_lm_head.safetensors"))
+  (tmp_path / "c" / "config.json").write_text(json.dumps(raw))
+  with pytest.raises(CheckpointError, match="tensor '1.7.extra' has no place"):
+    load_medusa(tmp_path / "c", target_config=CFG)
+  # a missing tensor, a truncated file, a directory without heads
   del sd["1.0.linear.bias"]
   save_file(sd, str(tmp_path / "m" / "medusa_lm_head.safetensors"))
   with pytest.raises(CheckpointError, match="missing tensor '1.0.linear.bias'"):

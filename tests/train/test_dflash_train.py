@@ -249,3 +249,31 @@ def test_a_softmax_over_the_frequent_tokens(target_dir, data_file, tmp_path):
   res = SpeculativeEngine(t.params, t.config, DFlashProposer(t.params, t.config, dp, dc)
                           ).generate(prompts, max_new_tokens=12)
   assert res.tokens == ar.tokens
+
+
+def test_a_head_of_its_own(target_dir, data_file, tmp_path):
+  """`draft_vocab_size`: a head of its own over the training completions' most frequent tokens,
+  started from the target's rows and trained with the layers; exported in speculators' layout
+  (d2t offsets to those ids), it drafts only them and decodes as plain decoding does."""
+  job = _job(target_dir, data_file, tmp_path / "run", draft_vocab_size=48)
+  summary = train(job, show_progress=False)
+  assert summary["complete"] and summary["draft_vocab_size"] == 48
+  start, final = summary["start"], summary["final"]
+  assert final["tau"] > start["tau"] + 0.3 and 0.5 < final["coverage"] <= 1.0
+  raw = json.loads((tmp_path / "run" / "drafter" / "config.json").read_text())
+  assert raw["speculators_model_type"] == "dflash" and raw["aux_hidden_state_layer_ids"] == [1]
+  t = load_model(target_dir, dtype="float32")
+  dc, dp = load_dflash(tmp_path / "run" / "drafter", target_config=t.config)
+  data = load_eagle_features(job.feature_job().features_dir)
+  assert dc.draft_vocab_size == 48 and dp["lm_head"].shape == (48, t.config.hidden_size)
+  got = np.asarray(dp["d2t"]) + np.arange(48)  # the training completions' 48 commonest ids
+  seen = np.concatenate([s[f + 1:] for _, s, f in data.seqs])
+  counts = np.bincount(seen, minlength=t.config.vocab_size)
+  assert (np.diff(got) > 0).all() and counts[got].sum() >= np.sort(counts)[-48:].sum() * 0.9
+  prompts = [list(map(int, s[:f + 1])) for _, s, f in data.seqs[:4]]
+  ar = Decoder(t.params, t.config).generate(prompts, max_new_tokens=12)
+  res = SpeculativeEngine(t.params, t.config, DFlashProposer(t.params, t.config, dp, dc)
+                          ).generate(prompts, max_new_tokens=12)
+  assert res.tokens == ar.tokens and res.stats.tau > 1.2
+  with pytest.raises(TrainError, match="a head of its own is its softmax already"):
+    _job(target_dir, data_file, tmp_path / "x", draft_vocab_size=48, loss_vocab=32)

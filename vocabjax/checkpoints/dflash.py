@@ -94,27 +94,17 @@ SELECTOR = {"pred": "candidate_selector.predecessor_codebook",
 
 
 def save_dflash(params: dict, config: DFlashConfig, directory, *, num_target_layers: int,
-                extra: dict | None = None) -> Path:
+                extra: dict | None = None, verifier: str | None = None) -> Path:
   """Write a DFlash or DFlash 2 drafter in z-lab's layout (module doc), atomically: what
   `load_dflash` and `dflash`'s `DFlashDraftModel` / `DFlash2DraftModel.from_pretrained`
-  read. `extra`: kept in config.json under "vocabjax" (a trainer's record of the export)."""
-  from safetensors.numpy import save_file
-
+  read; one with a head of its own (`draft_vocab_size`) in `speculators`' layout
+  (`save_dflash_speculators`), which z-lab's has no place for. `extra`: kept in config.json
+  under "vocabjax" (a trainer's record of the export); `verifier`: the target's hub id or path,
+  which speculators' layout names."""
   if config.draft_vocab_size is not None:
-    raise ValueError(f"draft_vocab_size={config.draft_vocab_size}: z-lab's layout has no LM "
-                     f"head of its own; such a drafter is speculators' layout")
+    return save_dflash_speculators(params, config, directory, verifier=verifier, extra=extra)
   c = config.layer
-  tensors = {TOP[k]: params[k] for k in TOP}
-  for i, layer in enumerate(params["layers"]):
-    names = dict(LAYER, **(BIASES if c.attention_bias else {}))
-    tensors.update({f"layers.{i}.{v}": layer[k] for k, v in names.items()})
-    if config.dflash2:
-      for ours, theirs in CONV.items():
-        tensors[f"layers.{i}.{theirs}.base_kernel"] = layer[f"{ours}_base"]
-        tensors[f"layers.{i}.{theirs}.kernel_projection.weight"] = layer[f"{ours}_proj"]
-  if config.dflash2:
-    tensors.update({v: params["selector"][k] for k, v in SELECTOR.items()})
-  arrays = {k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in tensors.items()}
+  arrays = _arrays(params, config)
   raw = {"architectures": ["DFlash2DraftModel" if config.dflash2 else "DFlashDraftModel"],
          "model_type": "qwen3",
          "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
@@ -139,6 +129,27 @@ def save_dflash(params: dict, config: DFlashConfig, directory, *, num_target_lay
     raw["dflash_config"].update({k: getattr(config, k) for k in DFLASH2_FIELDS})
   if c.layer_types is not None:
     raw.update(layer_types=list(c.layer_types), sliding_window=c.sliding_window)
+  return _write(directory, arrays, raw, extra)
+
+
+def _arrays(params: dict, config: DFlashConfig) -> dict:
+  """The drafter's tensors by their names in both layouts (module doc), f32."""
+  tensors = {TOP[k]: params[k] for k in TOP}
+  for i, layer in enumerate(params["layers"]):
+    names = dict(LAYER, **(BIASES if config.layer.attention_bias else {}))
+    tensors.update({f"layers.{i}.{v}": layer[k] for k, v in names.items()})
+    if config.dflash2:
+      for ours, theirs in CONV.items():
+        tensors[f"layers.{i}.{theirs}.base_kernel"] = layer[f"{ours}_base"]
+        tensors[f"layers.{i}.{theirs}.kernel_projection.weight"] = layer[f"{ours}_proj"]
+  if config.dflash2:
+    tensors.update({v: params["selector"][k] for k, v in SELECTOR.items()})
+  return {k: np.ascontiguousarray(np.asarray(v, np.float32)) for k, v in tensors.items()}
+
+
+def _write(directory, arrays: dict, raw: dict, extra: dict | None) -> Path:
+  from safetensors.numpy import save_file
+
   if extra is not None:
     raw["vocabjax"] = extra
   directory = Path(directory)
@@ -146,6 +157,60 @@ def save_dflash(params: dict, config: DFlashConfig, directory, *, num_target_lay
     save_file(arrays, str(tmp / "model.safetensors"), metadata={"format": "pt"})
     (tmp / "config.json").write_text(json.dumps(raw, indent=1))
   return directory
+
+
+def save_dflash_speculators(params: dict, config: DFlashConfig, directory, *,
+                            verifier: str | None = None, extra: dict | None = None) -> Path:
+  """Write a DFlash drafter in `speculators`' layout (module doc), atomically: its tensors,
+  and for a head of its own `lm_head.weight` [Vd, D], `d2t` [Vd] (int64 offsets) and `t2d` [V]
+  (bool); config.json as speculators 0.9.0's `save_pretrained` writes it (layer ids one
+  higher, `transformer_layer_config`, `speculators_config` naming `verifier`, the target's
+  hub id or path, where given). What `load_dflash` and speculators' `DFlashDraftModel` read."""
+  if config.dflash2:
+    raise ValueError("save_dflash_speculators writes DFlash drafters; a DFlash 2 drafter is "
+                     "written in z-lab's layout (save_dflash)")
+  c, V = config.layer, config.layer.vocab_size
+  arrays = _arrays(params, config)
+  Vd = config.draft_vocab_size or V
+  if config.draft_vocab_size is not None:
+    d2t = np.asarray(params["d2t"], np.int64)
+    ids = check_d2t("save_dflash_speculators", d2t, None, V)
+    t2d = np.zeros(V, bool)
+    t2d[ids] = True
+    arrays.update({"lm_head.weight": np.ascontiguousarray(np.asarray(params["lm_head"],
+                                                                     np.float32)),
+                   "d2t": d2t, "t2d": t2d})
+  layer = {"model_type": "qwen3", "vocab_size": V, "hidden_size": c.hidden_size,
+           "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers,
+           "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
+           "head_dim": c.head_dim, "rms_norm_eps": c.rms_norm_eps, "hidden_act": "silu",
+           "attention_bias": c.attention_bias, "tie_word_embeddings": False,
+           "max_position_embeddings": c.max_position_embeddings, **hf_rope_fields(c)}
+  if c.layer_types is not None:
+    if "sliding_attention" in c.layer_types:
+      raise ValueError(f"layer_types={list(c.layer_types)}: speculators' sliding layers differ "
+                       f"from z-lab's (the reader refuses them); write it with save_dflash")
+    layer["layer_types"] = list(c.layer_types)
+  method = {"proposal_type": "greedy", "speculative_tokens": config.gamma,
+            "verifier_accept_k": 1, "accept_tolerance": 0.0}
+  raw = {"architectures": ["DFlashDraftModel"],
+         "auto_map": {"": "config.DFlashSpeculatorConfig"},
+         "speculators_model_type": "dflash", "speculators_version": "0.9.0",
+         "speculators_config": {"algorithm": "dflash", "default_proposal_method": "greedy",
+                                "proposal_methods": [method],
+                                "verifier": {"architectures": [], "name_or_path": verifier}},
+         "aux_hidden_state_layer_ids": [i + 1 for i in config.target_layer_ids],
+         "block_size": config.block_size, "draft_vocab_size": Vd,
+         "mask_token_id": config.mask_token_id, "sample_from_anchor": False,
+         "sliding_window_non_causal": config.causal is False,
+         "target_hidden_size": config.target_hidden_size, "tie_word_embeddings": False,
+         "transformer_layer_config": layer, "dtype": "float32"}
+  for name, default in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0),
+                        ("final_logit_softcapping", None)):
+    if getattr(config, name) != default:
+      raise ValueError(f"{name}={getattr(config, name)}: speculators' DFlash config has no "
+                       f"such field; write it with save_dflash")
+  return _write(directory, arrays, raw, extra)
 
 
 def draft_value(raw: dict, name: str, default=None):

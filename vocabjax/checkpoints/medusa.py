@@ -80,6 +80,14 @@ def _read_tensors(directory: Path, allow_bin: bool | None = None) -> dict[str, n
   raise CheckpointError(f"{directory} holds no Medusa heads ({WEIGHTS} or {TORCH_WEIGHTS})")
 
 
+def _count(raw: dict, key: str, directory: Path, *, minimum: int) -> int:
+  v = raw[key]
+  if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
+    raise CheckpointError(f"{directory}/config.json: {key}={v!r} must be an integer of at "
+                          f"least {minimum}")
+  return v
+
+
 def load_medusa(directory, *, target_config: LlamaLikeConfig, target_params: dict | None = None,
                 dtype=jnp.float32, allow_bin: bool | None = None
                 ) -> tuple[MedusaConfig, dict, dict]:
@@ -91,9 +99,14 @@ def load_medusa(directory, *, target_config: LlamaLikeConfig, target_params: dic
   directory = Path(directory)
   try:
     raw = json.loads((directory / "config.json").read_text())
-    Hm, L = int(raw["medusa_num_heads"]), int(raw.get("medusa_num_layers", 1))
-  except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+  except (OSError, json.JSONDecodeError) as e:
     raise CheckpointError(f"{directory}/config.json is not a Medusa config ({e})") from None
+  if not isinstance(raw, dict) or "medusa_num_heads" not in raw:
+    raise CheckpointError(f"{directory}/config.json is not a Medusa config (no "
+                          f"medusa_num_heads)")
+  Hm = _count(raw, "medusa_num_heads", directory, minimum=1)
+  L = 1 if raw.get("medusa_num_layers") is None else _count(raw, "medusa_num_layers",
+                                                             directory, minimum=0)
   record = raw.get("vocabjax", {})
   target = record.get("target", {})
   tensors = _read_tensors(directory, allow_bin)
@@ -109,9 +122,12 @@ def load_medusa(directory, *, target_config: LlamaLikeConfig, target_params: dic
   if target_params is not None:
     check_trained_for(directory, target, target_params, target_config)
 
+  used = set()
+
   def get(name, shape):
     if name not in tensors:
       raise CheckpointError(f"{directory}: missing tensor {name!r}")
+    used.add(name)
     t = tensors[name]
     if tuple(t.shape) != shape:
       raise CheckpointError(f"{directory}: tensor {name!r} has shape {tuple(t.shape)}, the "
@@ -131,5 +147,10 @@ def load_medusa(directory, *, target_config: LlamaLikeConfig, target_params: dic
     if not shared:
       head["lm_head"] = jnp.asarray(get(f"{i}.{L}.weight", (V, D)), dtype)
     heads.append(head)
+  stray = sorted(set(tensors) - used)
+  if stray:  # read whole or refused: a tensor this config does not place is not dropped
+    raise CheckpointError(f"{directory}: tensor {stray[0]!r} has no place in {Hm} heads of "
+                          f"medusa_num_layers={L} blocks" + (f" (and {len(stray) - 1} more)"
+                                                             if len(stray) > 1 else ""))
   check_finite({"heads": heads}, str(directory))
   return config, {"heads": heads}, target

@@ -9,7 +9,8 @@ Each step draws `batch_size` records (a window of their last `seq_len` tokens) a
 blocks in each completion (`train.dflash_step`: masks, labels, the decayed loss). The drafter:
 `num_layers` Qwen3 layers of the target's width and heads (`intermediate_size`: the MLP's
 width, default the target's), random initial weights, `mask_token_id` the token its block's
-undrafted positions embed (default: the tokenizer's pad token). Held out: a `heldout` fraction
+undrafted positions embed (default: the tokenizer's pad token); `draft_vocab_size` gives it a head of its own over the training
+answers' most frequent tokens (exported in `speculators`' layout). Held out: a `heldout` fraction
 of prompts; evaluated every `eval_every` steps (per-position accuracy, the accepted length
 `tau` a greedy chain would get against the text). AdamW, warmup + cosine, clipping; orbax
 checkpoints every `checkpoint_every` steps (rerun the command to resume); `log.jsonl`,
@@ -69,6 +70,10 @@ class DFlashJob:
   # training records (labels outside weigh nothing; None: the whole head). The drafter still
   # drafts through the whole head: held-out figures are read through it
   loss_vocab: int | None = None
+  # a head of its own over the N most frequent completion tokens of the training records
+  # (`speculators`' draft_vocab_size, d2t / t2d), started from the target's rows of those ids
+  # and trained with the layers; exported in speculators' layout. None: the target's head
+  draft_vocab_size: int | None = None
   steps: int = 400
   lr: float = 6e-4
   warmup_steps: int = 20
@@ -84,6 +89,10 @@ class DFlashJob:
   vocab_block: int = 16384
   max_records: int | None = None
   compute_dtype: str = "float32"  # "bfloat16": mixed-precision products
+  # the drafter's final norm at step 0: "ones" (RMSNorm's usual start) or "target", the
+  # target's final norm weights, as the frozen head reads the target's normed hidden states
+  # (the registry target's average 4.6: logits that much hotter at the start)
+  norm_init: str = "ones"
 
   def __post_init__(self):
     check_settings(self)
@@ -110,6 +119,15 @@ class DFlashJob:
       raise TrainError(f"select_by={self.select_by!r} is not 'tau', 'heldout_loss' or null")
     if self.compute_dtype not in ("float32", "bfloat16"):
       raise TrainError(f"compute_dtype={self.compute_dtype!r} is not float32 or bfloat16")
+    if self.norm_init not in ("target", "ones"):
+      raise TrainError(f"norm_init={self.norm_init!r} is not 'target' or 'ones'")
+    if self.draft_vocab_size is not None:
+      if self.draft_vocab_size < 1:
+        raise TrainError(f"draft_vocab_size={self.draft_vocab_size} must be >= 1 (or null: "
+                         f"the target's head)")
+      if self.loss_vocab is not None:
+        raise TrainError(f"loss_vocab={self.loss_vocab} with draft_vocab_size="
+                         f"{self.draft_vocab_size}: a head of its own is its softmax already")
     if self.loss_vocab is not None and self.loss_vocab < 1:
       raise TrainError(f"loss_vocab={self.loss_vocab} must be >= 1 (or null: the whole head)")
     self.feature_job()  # the feature fields checked before anything is loaded
@@ -128,7 +146,8 @@ class DFlashJob:
                     final_hidden=self.final_hidden, max_records=self.max_records)
 
   def train_fingerprint(self) -> str:
-    return train_fingerprint(self, new_defaults={"loss_vocab": None})
+    return train_fingerprint(self, new_defaults={"loss_vocab": None, "norm_init": "ones",
+                                                   "draft_vocab_size": None})
 
 
 def drafter_config(job: DFlashJob, target: LlamaLikeConfig, mask_token_id: int) -> DFlashConfig:
@@ -172,6 +191,7 @@ def train(job: DFlashJob, *, show_progress: bool = True, stop_after: int | None 
   fdir = build_eagle_features(fjob, target, config.target_layer_ids, show_progress=show_progress)
   # from here on only the embedding and LM head are read: the layers go before the features
   embed, head = target.params["embed"], lm_head_weight(target.params, tc)
+  final_norm = target.params["final_norm"]
   identity = model_identity(target)
   target = dataclasses.replace(target, params={k: v for k, v in target.params.items()
                                                if k != "layers"}, _layouts={})
@@ -186,18 +206,32 @@ def train(job: DFlashJob, *, show_progress: bool = True, stop_after: int | None 
     raise TrainError(f"no training record of {list(job.data)} has two completion tokens in "
                      f"a row: no block to train on")  # make_batch would draw records forever
 
-  loss_head, t2d, loss_rows = head, None, int(head.shape[0])
-  if job.loss_vocab is not None:
-    ids = loss_vocab_ids(data, train_idx, job.loss_vocab, tc.vocab_size)
+  loss_head, t2d, loss_rows, ids = head, None, int(head.shape[0]), None
+  n_rows = job.loss_vocab or job.draft_vocab_size
+  if n_rows is not None:
+    ids = loss_vocab_ids(data, train_idx, n_rows, tc.vocab_size)
     loss_head = jnp.take(head, jnp.asarray(ids), axis=0)
     t2d = jnp.full((tc.vocab_size,), -1, jnp.int32).at[jnp.asarray(ids)].set(
         jnp.arange(len(ids), dtype=jnp.int32))
     loss_rows = len(ids)
+  own = job.draft_vocab_size is not None
+  if own and len(ids) < tc.vocab_size:
+    config = dataclasses.replace(config, draft_vocab_size=len(ids))
+  else:
+    own = False  # as many rows as the vocabulary: the target's head
   hyper = job.optim.array()
   fingerprint = job.train_fingerprint()
   run = TrainRun(out, fingerprint, steps=job.steps, eval_every=job.eval_every,
                  checkpoint_every=job.checkpoint_every, what="train.dflash")
   init = init_dflash(jax.random.key(job.seed), config)
+  if job.norm_init == "target":
+    init["final_norm"] = jnp.asarray(final_norm, init["final_norm"].dtype)
+  d2t = None
+  if own:  # the head starts as the target's rows of its ids; d2t is fixed, not a parameter
+    init["lm_head"] = loss_head.astype(init["lm_head"].dtype)
+    d2t = jnp.asarray(ids - np.arange(len(ids)), jnp.int32)
+    del init["d2t"]
+    loss_head = None
   state = run.restore(TrainState.create(init, make_optimizer(job.optim)))
   lowering = Lowering(bf16_dots=job.compute_dtype == "bfloat16")
   step_fn_jit = functools.partial(train_step, config=config,
@@ -211,7 +245,11 @@ def train(job: DFlashJob, *, show_progress: bool = True, stop_after: int | None 
       best = rec["row"]
 
   def export(st, row):
-    save_dflash(jax.device_get(st.params), config, drafter_dir, num_target_layers=tc.num_layers,
+    params = jax.device_get(st.params)
+    if own:
+      params = dict(params, d2t=d2t)
+    save_dflash(params, config, drafter_dir, num_target_layers=tc.num_layers,
+                verifier=job.target,
                 extra={"job": fingerprint, "row": row, "target": identity})
 
   def better(row):
@@ -228,9 +266,10 @@ def train(job: DFlashJob, *, show_progress: bool = True, stop_after: int | None 
       best = row
 
   def evaluate(st, step):
-    return evaluate_heldout(st.params, embed, head, data, held_idx, config=config,
-                            batch_size=job.batch_size, seq_len=job.seq_len,
-                            anchors=job.anchors, stride=job.eval_stride)
+    return evaluate_heldout(st.params, embed, None if own else head, data, held_idx,
+                            config=config, batch_size=job.batch_size, seq_len=job.seq_len,
+                            anchors=job.anchors, stride=job.eval_stride,
+                            t2d=t2d if own else None)
 
   def step_fn(st, step):
     batch = make_batch(data, train_idx, step_rng(job.seed, step), batch_size=job.batch_size,
@@ -248,7 +287,7 @@ def train(job: DFlashJob, *, show_progress: bool = True, stop_after: int | None 
   summary = {"job": dataclasses.asdict(job), "steps_done": res.end,
              "complete": res.end == job.steps, "train_records": len(train_idx),
              "heldout_records": len(held_idx), "target_layer_ids": list(config.target_layer_ids),
-             "loss_rows": loss_rows,
+             "loss_rows": loss_rows, "draft_vocab_size": config.draft_vocab_size,
              "mask_token_id": config.mask_token_id, "drafter_params": int(sum(
                  np.size(x) for x in jax.tree.leaves(init))),
              "train_completion_tokens": int(sum(

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vocabjax.lowering import Lowering, with_lowering
-from vocabjax.models.dflash import DFlashConfig, training_forward
+from vocabjax.models.dflash import DFlashConfig, scale_logits, training_forward
 from vocabjax.train.eagle_data import EagleData
 from vocabjax.train.loop import apply_grads, optimizer_of
 from vocabjax.train.losses import vocab_cross_entropy
@@ -107,8 +107,11 @@ def dflash_loss(params, embed, head, batch, *, config: DFlashConfig, gamma_decay
                 block: int, lowering: Lowering = Lowering(), t2d=None):
   """The weighted mean cross-entropy of the blocks' positions (module doc). `t2d` [V] int32:
   the softmax over the rows of `head` that `t2d` numbers (a `loss_vocab` subset: labels
-  outside it, -1, weigh nothing)."""
+  outside it, -1, weigh nothing). `head` None: the drafter's own head (`params["lm_head"]`,
+  trained with the layers; `t2d` numbers its rows)."""
   params = with_lowering(params, lowering)
+  if head is None:
+    head = params["lm_head"]
   h = hidden_of(params, embed, batch, config)
   labels, _, weights = block_labels(batch, config, gamma_decay)
   if t2d is not None:
@@ -132,32 +135,47 @@ def train_step(st, batch, embed, head, hyper, t2d=None, *, config, gamma_decay, 
 
 
 @functools.partial(jax.jit, static_argnames=("config",))
-def heldout_sums(params, embed, head, batch, *, config):
-  """Per position: summed cross-entropy, hits and valid labels [3, G]; per block the accepted
-  length against the text [B, n] and whether it counts (its first label is valid) [B, n]."""
+def heldout_sums(params, embed, head, batch, t2d=None, *, config):
+  """Per position: summed cross-entropy, hits, valid labels and valid labels the head has a
+  row for [4, G]; per block the accepted length against the text [B, n] and whether it counts
+  (its first label is valid) [B, n]. `head` None: the drafter's own (`params["lm_head"]`,
+  its rows the target ids `t2d` [V] numbers, -1 for none; a label it has no row for is a
+  miss, and its cross-entropy is left out)."""
+  if head is None:
+    head = params["lm_head"]
   h = hidden_of(params, embed, batch, config)
   labels, valid, _ = block_labels(batch, config, None)
+  inside = valid
+  if t2d is not None:
+    labels = t2d[labels]
+    inside = valid * (labels >= 0)
+    labels = jnp.where(labels >= 0, labels, head.shape[0])  # no row: never the argmax
   logits = jnp.einsum("BJGD,VD->BJGV", h, head, preferred_element_type=jnp.float32)
+  logits = scale_logits(logits, config)
   lse = jax.nn.logsumexp(logits, -1)
-  own = jnp.take_along_axis(logits, labels[..., None], -1)[..., 0]
+  own = jnp.take_along_axis(logits, jnp.minimum(labels, head.shape[0] - 1)[..., None],
+                            -1)[..., 0]
   hit = (jnp.argmax(logits, -1) == labels).astype(jnp.float32)
-  sums = jnp.stack([jnp.sum((lse - own) * valid, (0, 1)), jnp.sum(hit * valid, (0, 1)),
-                    jnp.sum(valid, (0, 1))])
+  sums = jnp.stack([jnp.sum((lse - own) * inside, (0, 1)), jnp.sum(hit * valid, (0, 1)),
+                    jnp.sum(valid, (0, 1)), jnp.sum(inside, (0, 1))])
   # a chain accepts drafts while they match; a label past the completion ends the count
   matched = jnp.cumprod(hit * valid, axis=-1).sum(-1)
   return sums, 1.0 + matched, valid[..., 0]
 
 
 def evaluate_heldout(params, embed, head, data: EagleData, held_idx, *, config: DFlashConfig,
-                     batch_size: int, seq_len: int, anchors: int, stride: int) -> dict:
+                     batch_size: int, seq_len: int, anchors: int, stride: int,
+                     t2d=None) -> dict:
   """Held-out cross-entropy and accuracy per position, and the mean accepted length `tau`
-  (module doc), over every `stride`-th anchor of each held-out record."""
+  (module doc), over every `stride`-th anchor of each held-out record. `head` None, `t2d`:
+  the drafter's own head (`heldout_sums`; `coverage`: the share of labels it has a row
+  for, the cross-entropy over those)."""
   G = config.gamma
   jobs = []  # (record, anchors) rows of at most `anchors` anchors
   for r in held_idx:
     valid = valid_anchors(data, r, seq_len)[::stride]
     jobs += [(r, valid[i:i + anchors]) for i in range(0, len(valid), anchors)]
-  tot = np.zeros((3, G))
+  tot = np.zeros((4, G))
   taus = []
   for i in range(0, len(jobs), batch_size):
     part = jobs[i:i + batch_size]
@@ -165,13 +183,16 @@ def evaluate_heldout(params, embed, head, data: EagleData, held_idx, *, config: 
     for j, (r, a) in enumerate(part):
       put_record(b, data, j, r, a)
     sums, tau, counts = heldout_sums(params, embed, head,
-                                     {k: jnp.asarray(v) for k, v in b.items()}, config=config)
+                                     {k: jnp.asarray(v) for k, v in b.items()}, t2d,
+                                     config=config)
     tot += np.asarray(sums)
     taus.append(np.asarray(tau)[np.asarray(counts) > 0])
   n = np.maximum(tot[2], 1)
-  out = {"heldout_loss": float(tot[0].sum() / n.sum()),
+  out = {"heldout_loss": float(tot[0].sum() / max(tot[3].sum(), 1)),
          "tau": float(np.mean(np.concatenate(taus))) if taus else float("nan"),
          "blocks": int(sum(len(t) for t in taus))}
+  if t2d is not None:
+    out["coverage"] = float(tot[3].sum() / n.sum())
   for k in range(G):
     out[f"acc_{k + 1}"] = float(tot[1, k] / n[k])
   return out
