@@ -227,6 +227,15 @@ def test_a_revision_cannot_leave_the_cache(rev):
     parse_hub_id(f"org/name@{rev}")
 
 
+@pytest.mark.parametrize("name", ["org/" + "a" * 300, "o" * 300 + "/name"])
+def test_names_longer_than_the_hub_allows_are_one_line(name):
+  """An organization or repository name over the hub's 96 characters: one line, not the file
+  system's "File name too long" from looking for it as a local path."""
+  with pytest.raises(HubError, match=r"not a hub id: an organization or repository name has at "
+                                     r"most 96 characters, this one 300"):
+    load_model(name)
+
+
 def test_a_planted_ref_that_names_no_commit_is_refused_offline(served, monkeypatch, tmp_path):
   """The cache's ref file names the snapshot: one that does not hold a commit id is refused
   without echoing what it holds, and nothing outside the cache is read."""
@@ -277,6 +286,34 @@ def test_too_little_disk_is_said_before_downloading(served, monkeypatch):
   with pytest.raises(HubError, match=r"GB to download into .* but only 0.00 GB free"):
     load_model("org/tiny")
   assert not [r for r in served.requests if "/cdn/" in r[1]]
+
+
+def test_a_hub_that_cannot_be_reached_is_one_line_with_the_offline_hint(monkeypatch,
+                                                                          tmp_path):
+  """The hub client's own network errors (httpx's, not OSErrors: a refused connection) come
+  out as one line naming the endpoint and HF_HUB_OFFLINE, through load_model and the command
+  line alike."""
+  import socket
+
+  with socket.socket() as s:  # a port nothing listens on
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+  ep = f"http://127.0.0.1:{port}"
+  monkeypatch.setenv("HF_ENDPOINT", ep)
+  monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+  from huggingface_hub import constants
+
+  monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+  with pytest.raises(HubError, match=f"org/tiny: cannot reach {ep} .*HF_HUB_OFFLINE=1 loads "
+                                     f"them from there") as e:
+    load_model("org/tiny")
+  assert "\n" not in str(e.value)
+  env = {**os.environ, "JAX_PLATFORMS": "cpu", "HF_HUB_OFFLINE": "0"}
+  r = subprocess.run([sys.executable, "-m", "vocabjax.generate", "--target", "org/tiny",
+                      "--prompt", "hello"], env=env, cwd=tmp_path, capture_output=True,
+                     text=True, timeout=600)
+  assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr[-3000:]
+  assert r.stderr.strip().splitlines()[-1].startswith(f"error: org/tiny: cannot reach {ep}")
 
 
 @pytest.mark.extended

@@ -74,6 +74,10 @@ def parse_hub_id(text) -> HubId | None:
   path = m["path"].strip("/")
   if any(part in ("", ".", "..") for part in path.split("/")) and path:
     return None
+  long = [part for part in m["repo"].split("/") if len(part) > 96]
+  if long:
+    raise HubError(f"{s[:80]}...: not a hub id: an organization or repository name has at most "
+                   f"96 characters, this one {len(long[0])}")
   revision = unquote(m["rev"]) if m["rev"] else "main"
   if not _REVISION.fullmatch(revision) or len(revision) > 255:
     raise HubError(f"{s}: the revision {revision!r} is not a branch, tag or commit name (parts "
@@ -245,9 +249,25 @@ def _info(hid: HubId, token):
                    f"commit sha)") from None
   except OfflineModeIsEnabled:
     raise HubError(f"{hid}: offline (HF_HUB_OFFLINE) and not in the cache") from None
-  except (HfHubHTTPError, OSError) as e:  # connection refused, DNS, a 5xx
-    raise HubError(f"{hid}: cannot reach {ep} ({_one_line(e)}); with the files in the cache, "
-                   f"HF_HUB_OFFLINE=1 loads them from there") from None
+  except (HfHubHTTPError, OSError, *_client_errors()) as e:  # refused, DNS, timeout, a 5xx
+    raise HubError(f"{hid}: cannot reach {ep} ({type(e).__name__}: {_one_line(e)}); with the "
+                   f"files in the cache, HF_HUB_OFFLINE=1 loads them from there") from None
+
+
+def _client_errors() -> tuple[type, ...]:
+  """The hub client's HTTP library's own errors (huggingface_hub 1.x: httpx, 2.x: httpx2;
+  not OSErrors: a refused connection, a timeout, a bad URL). Older clients used requests,
+  whose errors are OSErrors."""
+  import importlib
+
+  out = []
+  for name in ("httpx2", "httpx"):
+    try:
+      mod = importlib.import_module(name)
+    except ImportError:
+      continue
+    out += [getattr(mod, e) for e in ("HTTPError", "InvalidURL") if hasattr(mod, e)]
+  return tuple(out)
 
 
 def _verify(path: Path, sibling) -> str | None:
@@ -458,8 +478,11 @@ def resolve(name, kind: str = "model", *, allow_bin: bool | None = None, progres
   """`name` as a local path: an existing path as is, else what `local` makes of it (the
   model registry), else the hub id fetched; a one-line error naming the name otherwise."""
   p = Path(str(name)).expanduser()
-  if p.exists():
-    return p
+  try:
+    if p.exists():
+      return p
+  except OSError:  # a name too long for the file system is no local path
+    pass
   if local is not None:
     found = local(str(name))
     if found is not None:
