@@ -33,7 +33,9 @@ def main(argv=None) -> None:
   for m in cfg.methods:
     if m.method not in ("chain", "tree"):
       continue
-    dec = METHODS[m.method].make(models.target, models.draft, m.kwargs, None)
+    method = METHODS[m.method]
+    draft = models.draft if method.needs_draft else None
+    dec = method.make(models.target, draft, m.kwargs, None)
     for T in a.blocks:
       t = time.perf_counter()
       dec.programs(SamplingParams(), 1, T, S, jnp.float32)

@@ -133,6 +133,20 @@ def test_timed_methods_are_the_decoders_that_time_their_steps(pair_models, tiny_
     assert dec.times_step_parts == m.timed, name
 
 
+def test_the_python_api_refuses_a_draft_as_the_command_line_does(pair_models):
+  """`METHODS[name].make` with a draft model for a method that takes none (it was left out
+  without a word), or without one for a method that needs it: a ConfigError naming both."""
+  from vocabjax.eval.config import ConfigError
+  from vocabjax.methods import METHODS
+
+  target, draft = pair_models
+  for name in ("suffix", "pld", "ar"):
+    with pytest.raises(ConfigError, match=f"method '{name}' takes no draft model"):
+      METHODS[name].make(target, draft, {})
+  with pytest.raises(ConfigError, match="method 'chain' needs a draft model"):
+    METHODS["chain"].make(target, None, {"gamma": 2})
+
+
 @pytest.fixture(scope="module")
 def pair_models(tiny_chat_dir):
   m = load_model(tiny_chat_dir, dtype="float32")

@@ -399,7 +399,9 @@ def _decoders(config: EvalConfig, models: Loaded, mesh) -> dict:
   decoders = {}
   for m in config.methods:
     try:
-      decoders[m.name] = METHODS[m.method].make(models.target, models.draft, m.kwargs, mesh)
+      method = METHODS[m.method]
+      draft = models.draft if method.needs_draft else None
+      decoders[m.name] = method.make(models.target, draft, m.kwargs, mesh)
     except (ValueError, KeyError) as e:
       raise ConfigError(f"config {config.name}: method {m.name!r} ({m.method}) cannot be "
                         f"built with these models: {e}") from e
