@@ -115,6 +115,19 @@ def append_jsonl(path: str | os.PathLike, record: dict) -> None:
     os.fsync(f.fileno())
 
 
+def read_utf8(path: str | os.PathLike, error: type[Exception] = ValueError) -> str:
+  """A text file's content; bytes that are not UTF-8 are `error` naming the file, the line
+  and column and the byte (not the codec's message, which names neither file nor line)."""
+  raw = Path(path).read_bytes()
+  try:
+    return raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    line = raw.count(b"\n", 0, e.start) + 1
+    col = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+    raise error(f"{path}:{line}: not UTF-8 text (byte 0x{raw[e.start]:02x} at column {col}: "
+                f"{e.reason}); save the file as UTF-8") from None
+
+
 def read_jsonl(path: str | os.PathLike, error: type[Exception] = ValueError, *,
                repair: bool = True) -> list[dict]:
   """The records of a JSON-lines file written by `append_jsonl` ([] when absent). Only an
@@ -128,7 +141,7 @@ def read_jsonl(path: str | os.PathLike, error: type[Exception] = ValueError, *,
   if not path.exists():
     return []
   out = []
-  text = path.read_text()
+  text = read_utf8(path, error)
   lines = text.splitlines()
   terminated = text.endswith("\n")
   torn = False

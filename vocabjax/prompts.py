@@ -23,6 +23,7 @@ from pathlib import Path
 import yaml
 
 from vocabjax.errors import ConfigError
+from vocabjax.io import read_utf8
 
 DATASET_KINDS = ("spec_bench", "humaneval", "gsm8k", "code_edit", "tool_call", "self_refine")
 # a source checkout's configs/: the shipped eval suites (configs/eval/, found by bare name) and
@@ -134,7 +135,7 @@ def read_suite(path: Path) -> dict:
   if not path.is_file():
     raise ConfigError(f"no suite config at {path}")
   try:
-    return yaml.safe_load(path.read_text())
+    return yaml.safe_load(read_utf8(path, ConfigError))
   except yaml.YAMLError as e:
     raise ConfigError(f"config {path} is not valid YAML: {e}") from None
 
@@ -181,7 +182,7 @@ def load_spec_bench(spec: DatasetSpec) -> list[Prompt]:
   if not path.is_file():
     raise ConfigError(f"Spec-Bench file not found: {path}")
   rows = []
-  for n, line in enumerate(path.read_text().splitlines(), 1):
+  for n, line in enumerate(read_utf8(path, ConfigError).splitlines(), 1):
     if not line.strip():
       continue
     try:

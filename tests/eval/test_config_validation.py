@@ -122,3 +122,25 @@ def test_records_without_their_run_json_are_not_resumed(tmp_path):
   prepare_dir(out, cfg, overwrite=True)
   assert [p.name for p in tmp_path.iterdir() if p.name.startswith("r.replaced-")]
   assert (out / "run.json").exists() and not (out / "questions.jsonl").exists()
+
+
+def test_data_that_is_not_utf8_names_the_file_line_and_byte(tmp_path):
+  """A Spec-Bench file, a training data file and a JSON-lines record file with a byte that is
+  not UTF-8: each error names the file, the line, the column and the byte (the codec's own
+  message named none of them)."""
+  import json
+
+  from vocabjax.io import read_jsonl
+  from vocabjax.prompts import DatasetSpec, load_spec_bench
+  from vocabjax.train.features import read_records
+  from vocabjax.train.loop import TrainError
+
+  good = json.dumps({"question_id": 1, "category": "qa", "turns": ["x"]}).encode()
+  path = tmp_path / "sb.jsonl"
+  path.write_bytes(good + b"\n" + b'{"question_id": 2, "category": "qa", "turns": ["caf\xe9"]}\n')
+  with pytest.raises(ConfigError, match=r"sb.jsonl:2: not UTF-8 text \(byte 0xe9 at column 52"):
+    load_spec_bench(DatasetSpec(kind="spec_bench", path=str(path)))
+  with pytest.raises(TrainError, match=r"sb.jsonl:2: not UTF-8 text \(byte 0xe9"):
+    read_records([path])
+  with pytest.raises(ValueError, match=r"sb.jsonl:2: not UTF-8 text"):
+    read_jsonl(path)

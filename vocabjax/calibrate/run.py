@@ -41,7 +41,7 @@ from vocabjax.checkpoints.loader import eos_ids, load_model, load_tokenizer_and_
 from vocabjax.checkpoints.torch_model import TORCH_DTYPES, load_torch_model
 from vocabjax.decoding import Decoder, SamplingParams
 from vocabjax.decoding.drafter import block_layout
-from vocabjax.io import atomic_write_bytes, atomic_write_text
+from vocabjax.io import atomic_write_bytes, atomic_write_text, read_utf8
 from vocabjax.prompts import (DatasetSpec, LOADERS, encode_prompts, in_suites, load_prompts,
                               suite_questions)
 
@@ -196,7 +196,7 @@ def text_documents(job: CountJob) -> list[str]:
   for path in map(Path, job.jsonl):
     if not path.is_file():
       raise CalibrationError(f"calibration source not found: {path}")
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    for n, line in enumerate(read_utf8(path, CalibrationError).splitlines(), 1):
       if line.strip():
         try:
           row = json.loads(line)

@@ -24,6 +24,7 @@ from vocabjax.decoding.proposer import Context, Counted, Drafts, RowHandover
 from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.tree import MAX_TREE_NODES
 from vocabjax.errors import ConfigError
+from vocabjax.io import read_utf8
 from vocabjax.methods import model_blocks, register
 
 
@@ -103,7 +104,7 @@ class NgramProposer(RowHandover, Counted):
 def table_from(path: str, tokenizer, n: int = 3) -> NgramTable:
   """An `NgramTable` fit on a text file (one document per line; `.jsonl`: each line's "text")
   tokenized with `tokenizer`."""
-  lines = Path(path).read_text().splitlines()
+  lines = read_utf8(path, ConfigError).splitlines()
   texts = [json.loads(x)["text"] if path.endswith(".jsonl") else x for x in lines if x.strip()]
   return NgramTable.fit((tokenizer.encode(t) for t in texts), n=n)
 

@@ -34,7 +34,7 @@ import numpy as np
 
 from vocabjax.checkpoints.loader import load_model
 from vocabjax.decoding.engine import prompt_bucket
-from vocabjax.io import atomic_write_bytes, atomic_write_json
+from vocabjax.io import atomic_write_bytes, atomic_write_json, read_utf8
 from vocabjax.models.cache import KVCache
 from vocabjax.models.llamalike import forward, lm_head
 from vocabjax.train.loop import TrainError, progress
@@ -74,7 +74,7 @@ def read_records(paths, max_records=None, vocab_size: int | None = None) -> list
     p = Path(p)
     if not p.is_file():
       raise TrainError(f"no data file at {p}")
-    for i, line in enumerate(p.read_text().splitlines()):
+    for i, line in enumerate(read_utf8(p, TrainError).splitlines()):
       if not line.strip():
         continue
       try:
