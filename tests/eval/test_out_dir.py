@@ -75,6 +75,20 @@ def test_symbolic_links_in_a_run_directory_are_refused(suite, tmp_path):
   assert outside.read_text() == before
 
 
+def test_a_result_file_replaced_by_a_directory_is_refused_before_the_run(suite, tmp_path):
+  """summary.json made a directory: refused when the directory is claimed, naming it, not by
+  the write at the end of the whole run (an IsADirectoryError after the work was done)."""
+  path, _ = suite
+  out = tmp_path / "res"
+  run_eval(path, out)
+  (out / "summary.json").unlink()
+  (out / "summary.json").mkdir()
+  before = (out / RECORDS).read_text()
+  with pytest.raises(ResultDirError, match=r"summary.json is not a file \(a directory\?\)"):
+    run_eval(path, out)
+  assert (out / RECORDS).read_text() == before
+
+
 @pytest.mark.parametrize("name", ["../x", "", "a/b", ".."])
 def test_a_suite_name_is_a_name_not_a_path(suite, tmp_path, name):
   path, cfg = suite

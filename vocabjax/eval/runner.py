@@ -64,7 +64,9 @@ LOCK = ".vocabjax.lock"
 _HELD: dict[str, int] = {}  # result directories this process has claimed -> the lock's fd
 SPLITS = "splits.json"  # the step-part timings of a result directory's methods
 # what a run writes into its directory (anything else there is the user's: `_check_ours`)
-OURS = ("run.json", RECORDS, SPLITS, "summary.md", "summary.csv", "summary.json", LOCK)
+# the files a run writes in its directory (what must be a file there, or absent)
+OURS = ("run.json", RECORDS, SPLITS, "summary.md", "summary.csv", "summary.json", LOCK,
+        "speedup_by_group.png", "tau_vs_vocab.png", "content_hashes.json")
 
 
 def claim_dir(out: Path) -> None:
@@ -132,6 +134,10 @@ def _check_ours(out: Path) -> None:
                            f"{foreign[:8]}; results are never mixed with other files: use a "
                            f"new or empty directory as --out")
   _check_unclaimed(out)
+  blocked = [n for n in OURS if (out / n).exists() and not (out / n).is_file()]
+  if blocked:  # found now, not by the write at the end of the run
+    raise ResultDirError(f"{out / blocked[0]} is not a file (a directory?): a run writes its "
+                         f"{blocked[0]} there; move it away or use another --out")
   links = [p.name for p in out.iterdir() if p.is_symlink()]
   if links:
     raise ResultDirError(f"{out} holds symbolic link(s) {links[:8]}: a run writes only its own "
