@@ -276,6 +276,12 @@ def test_a_prompt_too_long_for_the_model_fails_up_front_or_is_skipped(suite, tmp
   assert len(records.splitlines()) == 4 * 3 and "spec_bench/9" not in records
   run_eval(path, out, "--skip-bad-prompts")  # resumes: nothing redone
   assert (out / RECORDS).read_text() == records
+  # every prompt too long: one line before anything runs, not a summary that breaks its schema
+  bench.write_text(json.dumps(rows[-1]) + "\n")
+  with pytest.raises(ConfigError, match=r"all 1 prompts cannot run \(spec_bench/9: .*\): "
+                                        r"--skip-bad-prompts leaves nothing to measure"):
+    run_eval(path, tmp_path / "none", "--skip-bad-prompts")
+  assert not (tmp_path / "none" / "run.json").exists()
 
 
 @pytest.mark.parametrize("method, message", [

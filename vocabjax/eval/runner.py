@@ -429,6 +429,11 @@ def _runnable(config: EvalConfig, models: Loaded, prompts, ids, room: int,
                       f"{hint}, or pass --skip-bad-prompts to run the others and list these "
                       f"in the summary")
   skipped = [{"qid": p.qid, "source": p.source, "reason": why} for p, why in bad]
+  if bad and len(bad) == len(prompts):
+    why = "; ".join(f"{p.qid}: {w}" for p, w in bad[:3])
+    raise ConfigError(f"all {len(prompts)} prompts cannot run ({why}"
+                      f"{' ...' if len(bad) > 3 else ''}): --skip-bad-prompts leaves nothing "
+                      f"to measure; raise max_len or use other prompts")
   if bad:
     drop = {p.qid for p, _ in bad}
     print(f"[vocabjax.eval] skipping {len(bad)} prompts that cannot run: {sorted(drop)}",
