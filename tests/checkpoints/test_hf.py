@@ -209,3 +209,23 @@ def test_a_sharded_index_naming_a_file_outside_the_directory_is_refused(tiny_dir
       {"weight_map": {k: "../outside.safetensors" for k in tensors}}))
   with pytest.raises(CheckpointError, match=r"names shard\(s\) outside .*\['../outside"):
     load_hf(d)
+
+
+def test_a_pickled_state_dict_in_torchs_legacy_format_is_read(tmp_path):
+  """A `.bin` written by torch.save's legacy (non-zip) serialization is read (without
+  memory-mapping, which only the zip format allows) instead of refused; a file that is no
+  weights file names itself with the loader's message cut between words."""
+  import torch
+
+  from vocabjax.checkpoints.hf import torch_state
+
+  torch.save({"w": torch.arange(6.0).reshape(2, 3), "b": torch.ones(2, dtype=torch.bfloat16)},
+             tmp_path / "legacy.bin", _use_new_zipfile_serialization=False)
+  state = torch_state(tmp_path / "legacy.bin")
+  np.testing.assert_array_equal(state["w"], np.arange(6.0, dtype=np.float32).reshape(2, 3))
+  assert state["b"].dtype == np.float32 and state["b"].tolist() == [1.0, 1.0]
+  (tmp_path / "junk.bin").write_bytes(b"not a pickle " * 40)
+  with pytest.raises(CheckpointError, match=r"junk.bin: not a loadable PyTorch weights file") as e:
+    torch_state(tmp_path / "junk.bin")
+  msg = str(e.value)
+  assert "\n" not in msg and (msg.endswith(")") or msg.endswith(" ...)"))

@@ -54,6 +54,14 @@ def _pickled_files(directory: Path) -> list[Path]:
   return [single] if single.exists() else []
 
 
+def clip(text: str, n: int = 300) -> str:
+  """`text` on one line, at most about `n` characters, cut between words ("...")."""
+  one = " ".join(text.split())
+  if len(one) <= n:
+    return one
+  return one[:n].rsplit(" ", 1)[0] + " ..."
+
+
 def torch_state(path: Path) -> dict[str, np.ndarray]:
   """A pickled PyTorch state dict (`.bin` / `.pt`) read with `torch.load(weights_only=True)`
   (no code runs: only tensors and plain containers are accepted), as float32/int numpy
@@ -61,10 +69,16 @@ def torch_state(path: Path) -> dict[str, np.ndarray]:
   import torch  # local: torch is optional (the gguf extra), and only pickles need it
 
   try:
-    state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+    try:
+      state = torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+    except RuntimeError as e:
+      if "_use_new_zipfile_serialization" not in str(e):
+        raise
+      # torch.save's legacy (pre-1.6, non-zip) format: readable, only not memory-mapped
+      state = torch.load(str(path), map_location="cpu", weights_only=True)
   except Exception as e:  # pickle errors, a truncated zip, a refused global
     raise CheckpointError(f"{path}: not a loadable PyTorch weights file "
-                          f"({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
+                          f"({type(e).__name__}: {clip(str(e))})") from None
   if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
     raise CheckpointError(f"{path}: expected a state dict of tensors, got {type(state).__name__}")
   return {k: (v.float() if v.dtype in (torch.bfloat16, torch.float16) else v).numpy()
