@@ -216,6 +216,13 @@ def test_offline_answers_from_the_cache_or_says_what_is_missing(served, monkeypa
   assert len(served.requests) == n  # nothing asked of the hub
   with pytest.raises(HubError, match=r"offline \(HF_HUB_OFFLINE\) and org/other@main is not in"):
     load_model("org/other")
+  # refs/main naming a commit whose snapshot is gone: said so, not "no config.json"
+  import shutil
+
+  shutil.rmtree(served.cache / "models--org--tiny" / "snapshots")
+  with pytest.raises(HubError, match=r"the cache's ref names commit [0-9a-f]{12} of org/tiny, "
+                                     r"whose files are not in the cache"):
+    load_model("org/tiny")
 
 
 @pytest.mark.parametrize("rev", ["..%2F..%2F..%2Fw%2Fevilref", "..%2Frefs%2Fdev", "..",

@@ -438,6 +438,10 @@ def _from_cache(hid: HubId, kind: str, allow: bool) -> Path:
     raise HubError(f"{hid}: offline (HF_HUB_OFFLINE) and {hid.repo}@{hid.revision} is not in "
                    f"{where}; download it once online")
   snapshot = _repo_folder(hid.repo) / "snapshots" / commit
+  if not snapshot.is_dir():
+    raise HubError(f"{hid}: offline (HF_HUB_OFFLINE) and the cache's ref names commit "
+                   f"{commit[:12]} of {hid.repo}, whose files are not in {where} (a partly "
+                   f"deleted cache?); download it once online")
   names = _listing(snapshot)
   target = snapshot / hid.path if hid.path else snapshot
   if hid.path and target.is_file():
