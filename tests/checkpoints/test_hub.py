@@ -167,6 +167,14 @@ def test_pickled_weights_are_refused_unless_allowed_then_read_without_code(
   assert not [r for r in served.requests if "/cdn/" in r[1]]  # refused before downloading
   _params_equal(load_model("org/pickled", dtype="float32", allow_bin=True),
                 load_model(tiny_chat_dir, dtype="float32"))
+  # offline, with the pickle in the cache: the remedy is allow_bin, not a download
+  from huggingface_hub import constants
+
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(HubError, match=r"only pickled PyTorch weights") as e:
+      load_model("org/pickled")
+    assert "--allow-bin" in str(e.value) and "download it once online" not in str(e.value)
 
   # a pickle that would run code is refused by weights_only, naming the file
   class Boom:

@@ -86,6 +86,10 @@ def parse_hub_id(text) -> HubId | None:
   return HubId(m["repo"], revision, path)
 
 
+class PickleRefused(HubError):
+  """Pickled weights refused (`bin_refusal`): allowing them is the remedy, not a download."""
+
+
 def allow_bin_default(allow_bin: bool | None = None) -> bool:
   """`allow_bin` if given, else the environment's `VOCABJAX_ALLOW_BIN`."""
   if allow_bin is not None:
@@ -126,7 +130,7 @@ def _weights(names: set[str], prefix: str, stems: tuple[str, ...], allow_bin: bo
   pickles = [f"{prefix}{stem}{ext}" for stem in stems for ext in (".bin", ".pt", ".bin.index.json")
              if f"{prefix}{stem}{ext}" in names]
   if pickles and not allow_bin:
-    raise HubError(bin_refusal(what, pickles))
+    raise PickleRefused(bin_refusal(what, pickles))
   if pickles:
     return pickles[:1]
   listed = sorted(n for n in names if n.startswith(prefix))
@@ -146,7 +150,7 @@ def select_files(kind: str, names: set[str], prefix: str, allow_bin: bool, what:
     files = sorted(n for n in names if n.startswith(prefix))
     pickles = [f for f in files if f.endswith((".bin", ".pt", ".pth", ".pkl"))]
     if pickles and not allow_bin:
-      raise HubError(bin_refusal(what, pickles))
+      raise PickleRefused(bin_refusal(what, pickles))
     return files
   if f"{prefix}config.json" not in names:
     raise HubError(f"{what}: no {prefix}config.json in the repository")
@@ -450,6 +454,8 @@ def _from_cache(hid: HubId, kind: str, allow: bool) -> Path:
   prefix = f"{hid.path}/" if hid.path else ""
   try:
     files = select_files(kind, names, prefix, allow, f"{hid} (offline, from {where})")
+  except PickleRefused:
+    raise  # the file is here: what to do is to allow it, not to download it
   except HubError as e:
     raise HubError(f"{e}; download it once online") from None
   index = next((f for f in files if f.endswith(".index.json")), None)
