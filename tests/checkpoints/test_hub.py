@@ -389,6 +389,17 @@ def test_heads_and_files_by_hub_id_decode_as_their_directories(served, tiny_chat
                      r"id: org/ranker: names a folder; name a file"):
     parse_args(base + ["--method", "eagle", *tree, "--set", "head=org/eagle-head", "--set",
                        "ranker=org/ranker", "--set", "lm_head=target", "--set", "k=8"])
+  # offline, a file the cached repository does not hold: named by its id, with no hint to
+  # make it with `calibrate select` (it is a download, not a file to make)
+  from huggingface_hub import constants
+
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ConfigError, match=r"org/ranker/subset.npz: offline \(HF_HUB_OFFLINE\) "
+                       r"and subset.npz is not among the cached files of org/ranker@") as e:
+      parse_args(base + ["--method", "chain", "--draft", str(tiny_chat_dir), "--set",
+                         "gamma=2", "--set", "subset=org/ranker/subset.npz"])
+    assert "calibrate select" not in str(e.value) and "snapshots" not in str(e.value)
 
 
 def test_a_gguf_file_by_hub_id(served, tmp_path):

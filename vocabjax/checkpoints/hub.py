@@ -451,6 +451,11 @@ def _from_cache(hid: HubId, kind: str, allow: bool) -> Path:
   if hid.path and target.is_file():
     check_cached(hid, target, hid.path)
     return target
+  if kind == "file" and hid.path:  # not in the snapshot: said with the id, not its path
+    near = sorted(names)[:8]
+    raise HubError(f"{hid}: offline (HF_HUB_OFFLINE) and {hid.path} is not among the cached "
+                   f"files of {hid.repo}@{commit[:12]} ({near}{' ...' if len(names) > 8 else ''}"
+                   f"); download it once online")
   prefix = f"{hid.path}/" if hid.path else ""
   try:
     files = select_files(kind, names, prefix, allow, f"{hid} (offline, from {where})")
