@@ -111,6 +111,15 @@ def test_every_turn_is_lossless_and_resumes_from_its_recorded_turns(suite, tmp_p
   _run(path, out)
   again = {(r["method"], r["qid"]): r["output_ids"] for r in _records(out)}
   assert len(again) == 18 and again == {k: r["output_ids"] for k, r in by.items()}
+  # and drafted as the uninterrupted run did: the resumed run's global suffix tree was rebuilt
+  # from the recorded answers (in their order) before it answered anything new
+  redone = [r for r in _records(out) if r["method"] == "suffix" and
+            r["qid"].startswith("self_refine/4/")]
+  assert redone and sum(by[("suffix", r["qid"])]["accepted"] for r in redone) > 0
+  for r in redone:
+    was = by[("suffix", r["qid"])]
+    assert (r["steps"], r["accepted"], r["step_drafted"]) == (
+        was["steps"], was["accepted"], was["step_drafted"]), r["qid"]
 
 
 def test_a_conversation_outgrowing_max_len_names_the_turn(suite, tmp_path):

@@ -20,6 +20,7 @@ deterministic, so the engine's verification keeps greedy identity and the target
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import heapq
 import types
@@ -251,13 +252,15 @@ class SuffixCache:
     self.cached: collections.OrderedDict = collections.OrderedDict()  # request -> seq id
     self._next_id = 0
 
-  def start(self, request, prompt: Sequence[int]) -> None:
+  def start(self, request, prompt: Sequence[int], *, remember: bool = True) -> None:
+    """A request's tree over its prompt; with `remember` its output goes into the global tree
+    too (False: a throwaway request, e.g. a warm-up, that later requests must not draft from)."""
     if self.global_tree is not None and request in self.cached:
       self.global_tree.remove(self.cached.pop(request))
     tree = SuffixTree(self.max_depth)
     tree.extend(0, prompt)
     self.local[request] = tree
-    if self.global_tree is not None:
+    if self.global_tree is not None and remember:
       self.cached[request] = self._next_id
       self._next_id += 1
       while self.max_cached != -1 and len(self.cached) > self.max_cached:
@@ -332,6 +335,7 @@ class SuffixProposer(RowHandover, Counted):
     self._rows: list = []  # the request each row of the running batch is
     self._seen: list = []  # tokens of each row already in its trees
     self._requests = 0
+    self._remember = True  # requests' outputs go into the global tree (`untracked`)
 
   def key(self):
     return ("suffix", self.gamma, self.use_tree)
@@ -350,10 +354,28 @@ class SuffixProposer(RowHandover, Counted):
       self._end_row(b, h)
     self._rows, self._seen = [], []
 
+  def remember(self, prompt: Sequence[int], output: Sequence[int]) -> None:
+    """A request answered elsewhere (a recorded run being resumed) into the trees, as if it
+    had been generated here: the global tree then holds what an uninterrupted run's held."""
+    request, self._requests = self._requests, self._requests + 1
+    self.cache.start(request, [int(t) for t in prompt])
+    self.cache.extend(request, [int(t) for t in output])
+    self.cache.stop(request)
+
+  @contextlib.contextmanager
+  def untracked(self):
+    """Requests generated inside leave nothing in the global tree (a warm-up call's truncated
+    output would otherwise be drafted from, and a resumed run could not know of it)."""
+    self._remember = False
+    try:
+      yield self
+    finally:
+      self._remember = True
+
   def _start_row(self, b: int, h) -> None:
     """Row b's new request, its tree over the prompt (`h` but its first generated token)."""
     request, self._requests = self._requests, self._requests + 1
-    self.cache.start(request, list(h[:-1]))
+    self.cache.start(request, list(h[:-1]), remember=self._remember)
     self._rows[b], self._seen[b] = request, len(h) - 1
 
   def _end_row(self, b: int, h) -> None:

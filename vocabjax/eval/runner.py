@@ -11,6 +11,7 @@ Result directory:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import gc
@@ -245,6 +246,17 @@ def bad_prompts(prompts, ids, config: EvalConfig, models: Loaded, room: int) -> 
         out.append((p, f"{len(x)} tokens + {room} slots for new tokens exceed {name}"))
         break
   return out
+
+
+def _remembering(dec):
+  """The part of a decoder that drafts from earlier requests' outputs (SuffixDecoding's global
+  tree, alone or as a hybrid's host tree: `remember`, `untracked`), or None."""
+  p = getattr(dec, "proposer", None)
+  host = getattr(p, "host", None)
+  for part in (p, host, getattr(host, "suffix", None)):
+    if callable(getattr(part, "remember", None)):
+      return part
+  return None
 
 
 def _turn_ids(tok, config: EvalConfig, p, t: int, answers, room: int, limits) -> list[int]:
@@ -511,6 +523,10 @@ def _generate(config: EvalConfig, models: Loaded, decoders: dict, prompts, ids, 
               if r["framework"] == "vocabjax"}
   limits = _length_limits(config, models)  # what a later turn's conversation must fit
   jobs = [job for job, m in zip(every, missing) if m]
+  # a method that drafts from earlier outputs (SuffixDecoding's global tree) gets the recorded
+  # ones, in the order an uninterrupted run made them, before it answers anything new
+  todo_or_replay = [(job, bool(m)) for job, m in zip(every, missing)
+                    if m or _remembering(decoders[job[3]]) is not None]
   old = sorted({r.get("commit") for r in records} - {commit})
   if old:
     print(f"[vocabjax.eval] resuming records made at other commits {old} (now {commit}); "
@@ -518,8 +534,9 @@ def _generate(config: EvalConfig, models: Loaded, decoders: dict, prompts, ids, 
   warmed = set()
   bar = tqdm(total=len(jobs), desc="vocabjax.eval", disable=not progress, file=sys.stderr)
   with interrupt.deferred_interrupt():  # Ctrl-C: finish and record the current question
-    for p, i, seed, name in jobs:
+    for (p, i, seed, name), todo in todo_or_replay:
       dec = decoders[name]
+      keeper = _remembering(dec)
       kw = dict(max_new_tokens=config.max_new_tokens, sampling=sampling, seed=seed,
                 eos_token_ids=eos, max_len=config.max_len)
       answers = []  # a conversation's earlier answers (this method's own)
@@ -527,6 +544,9 @@ def _generate(config: EvalConfig, models: Loaded, decoders: dict, prompts, ids, 
         interrupt.check()  # a deferred Ctrl-C stops here, after the last record was written
         qid = p.turn_qid(t)
         if (name, qid, seed) in answered:  # a resumed conversation: this turn is recorded
+          if keeper is not None:
+            x = ids[i] if t == 0 else _turn_ids(tok, config, p, t, answers, room, limits)
+            keeper.remember(x, answered[(name, qid, seed)])
           answers.append(answered[(name, qid, seed)])
           continue
         x = ids[i] if t == 0 else _turn_ids(tok, config, p, t, answers, room, limits)
@@ -537,7 +557,8 @@ def _generate(config: EvalConfig, models: Loaded, decoders: dict, prompts, ids, 
         # the same.
         shape = (name, prompt_bucket(len(x)))
         if shape not in warmed:
-          dec.generate([x], **{**kw, "max_new_tokens": min(8, config.max_new_tokens)})
+          with (keeper.untracked() if keeper is not None else contextlib.nullcontext()):
+            dec.generate([x], **{**kw, "max_new_tokens": min(8, config.max_new_tokens)})
           warmed.add(shape)
         res = dec.generate([x], **kw)
         rec = {"framework": "vocabjax", "method": name, "qid": qid, "group": p.turn_group(t),
@@ -559,8 +580,9 @@ def _generate(config: EvalConfig, models: Loaded, decoders: dict, prompts, ids, 
         records.append(rec)
         answered[(name, qid, seed)] = res.tokens[0]
         answers.append(res.tokens[0])
-      bar.set_postfix_str(f"{name} {p.qid} {rec['tokens_per_s']:.2f} tok/s")
-      bar.update(1)
+      if todo:  # (a conversation only replayed has no new record)
+        bar.set_postfix_str(f"{name} {p.qid} {rec['tokens_per_s']:.2f} tok/s")
+        bar.update(1)
   bar.close()
 
 
