@@ -138,11 +138,14 @@ def own_head(setup):
   return root / "own", model
 
 
-def test_a_head_of_its_own_loads_and_decodes_as_plain_decoding(setup, own_head):
-  """Loaded: layer ids (0, 2), the module's 10-row head; decoding equals plain decoding."""
+def test_a_head_of_its_own_loads_and_decodes_as_plain_decoding(setup, own_head, capsys):
+  """Loaded: layer ids (0, 2), the module's 10-row head, its vocabulary map said in one line;
+  decoding equals plain decoding."""
   ours = setup[3]
   d, model = own_head
   config, params = load_dflash(d, target_config=ours.config)
+  assert (f"{d}: a head over 10 of the target's 16 ids (62.5%; target ids 0, 1, 2, 3, ..., 15)"
+          in capsys.readouterr().err)
   assert config.target_layer_ids == (0, 2) and config.draft_vocab_size == len(OWN_IDS)
   np.testing.assert_array_equal(np.asarray(params["lm_head"]),
                                 model.lm_head.weight.detach().numpy())

@@ -55,6 +55,7 @@ from vocabjax.checkpoints.convert import CheckpointError, check_finite
 from vocabjax.checkpoints.eagle3 import (
   check_d2t,
   is_speculators,
+  report_vocab_map,
   read_head_file,
   speculators_layer_config,
   speculators_layer_ids,
@@ -375,7 +376,7 @@ def _own_head(directory: Path, config: DFlashConfig, get, names, prefix: str) ->
   rows = get("lm_head.weight", (Vd, D))
   d2t = get("d2t", (Vd,))
   t2d = get("t2d", (V,)) if prefix + "t2d" in names else None
-  check_d2t(directory, d2t, t2d, V)  # an integer d2t (a float one refused)
+  report_vocab_map(directory, check_d2t(directory, d2t, t2d, V), V)  # (float d2t refused)
   return {"lm_head": rows, "d2t": np.asarray(d2t, np.int64)}
 
 

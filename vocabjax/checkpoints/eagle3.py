@@ -48,6 +48,7 @@ against it: a d2t of absolute target ids instead of offsets is refused by name.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -393,6 +394,14 @@ def _aliases(name: str) -> tuple[str, ...]:
   return (name, "model." + name) if name != "d2t" else (name,)
 
 
+def report_vocab_map(where, target: np.ndarray, vocab_size: int) -> None:
+  """One stderr line on loading a head of its own: how many target ids it drafts, which."""
+  ids = target.tolist()
+  shown = ", ".join(map(str, ids[:4])) + (f", ..., {ids[-1]}" if len(ids) > 4 else "")
+  print(f"[vocabjax] {where}: a head over {len(ids):,} of the target's {vocab_size:,} ids "
+        f"({len(ids) / vocab_size:.1%}; target ids {shown})", file=sys.stderr)
+
+
 def check_d2t(where, d2t: np.ndarray, t2d: np.ndarray | None, vocab_size: int) -> np.ndarray:
   """The target ids a reduced head's `d2t` (offsets: target id = draft id + d2t[draft id])
   names, checked: inside the vocabulary, ascending, and (where the file has `t2d` [V], the
@@ -483,7 +492,9 @@ def _read_tensors(directory: Path, config: EagleConfig, f, lm_head: bool) -> dic
       raise CheckpointError(f"{directory}: tensor t2d has shape {f.shape('t2d')}, expected "
                             f"({c.vocab_size},)")
     t2d = f.get("t2d")
-  check_d2t(directory, d2t, t2d, c.vocab_size)
+  ids = check_d2t(directory, d2t, t2d, c.vocab_size)
+  if Vd < c.vocab_size:  # a head of its own over part of the vocabulary
+    report_vocab_map(directory, ids, c.vocab_size)
   out["d2t"] = np.asarray(d2t, np.int64)
   if config.parallel:
     out["mask_hidden"] = np.asarray(f.get(mask), np.float32).reshape(-1)
