@@ -242,3 +242,7 @@ def test_zlab_layout_with_top_level_fields_and_refusals(pair, tmp_path):
     load_dflash(variant("mask", {"mask_token_id": 99}))
   with pytest.raises(ValueError, match=r"target_layer_ids=\[1, 7\] name layers \[7\]"):
     load_dflash(variant("layers", {"target_layer_ids": [1, 7]}), target_config=ours.config)
+  # speculators' key in a z-lab config (flattened by hand): refused, not left for the default
+  with pytest.raises(CheckpointError, match=r"aux_hidden_state_layer_ids=\[2, 3\] at the top "
+                                            r"level of a config that is not speculators'"):
+    load_dflash(variant("flat-speculators", {"aux_hidden_state_layer_ids": [2, 3]}))

@@ -155,3 +155,8 @@ def test_sglang_layout_options_and_d2t_traps_are_refused(setup, tmp_path):
     load_eagle3(variant("t2d_short", tensors={"t2d": t2d[:-1]}))
   with pytest.raises(CheckpointError, match=r"matching t2d .*\(first bad: draft id 0 -> "):
     load_eagle3(variant("t2d_false", tensors={"t2d": np.zeros_like(t2d)}))
+  # speculators' layer ids copied to the top level of an SGLang config (flattened by hand):
+  # refused, not read with the default layers (and their numbering is not known)
+  with pytest.raises(CheckpointError, match=r"eagle_aux_hidden_state_layer_ids=\[1, 2, 3\] at "
+                                            r"the top level of a config that is not speculators'"):
+    load_eagle3(variant("flat", {"eagle_aux_hidden_state_layer_ids": [1, 2, 3]}))

@@ -55,6 +55,7 @@ from vocabjax.checkpoints.convert import CheckpointError, check_finite
 from vocabjax.checkpoints.eagle3 import (
   check_d2t,
   is_speculators,
+  refuse_flattened_ids,
   report_vocab_map,
   read_head_file,
   speculators_layer_config,
@@ -225,6 +226,7 @@ def dflash_config_from_raw(raw: dict, where: str = "config.json") -> DFlashConfi
   CheckpointError naming the field and value."""
   if is_speculators(raw):
     return _from_speculators(raw, where)
+  refuse_flattened_ids(raw, where, "aux_hidden_state_layer_ids", "target_layer_ids")
   archs = raw.get("architectures") or []
   dflash2 = {}
   if any("DFlash2" in str(a) for a in archs) or any(draft_value(raw, k) is not None

@@ -138,6 +138,8 @@ def _read_config(directory: Path, target_layers: int | None = None
     raw = _from_speculators(raw, f"{directory}/config.json")
   else:
     _refuse_options(raw, f"{directory}/config.json")
+    refuse_flattened_ids(raw, f"{directory}/config.json", "eagle_aux_hidden_state_layer_ids",
+                         "eagle_config.eagle_aux_hidden_state_layer_ids")
   # the layer as a one-layer Llama config (its RoPE scaling included: EAGLE-3's heads for
   # Llama 3.1 targets carry the target's llama3 `rope_scaling`)
   try:
@@ -185,6 +187,19 @@ def _refuse_options(raw: dict, where: str) -> None:
 
 PEAGLE_MASK = "peagle_mask_token_id"  # where `_from_speculators` hands P-EAGLE's mask id on
 SPECULATORS_OPTIONS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+
+
+def refuse_flattened_ids(raw: dict, where: str, key: str, own: str) -> None:
+  """A config that names target layers under speculators' key (`key`) at the top level but is
+  not in speculators' layout (no speculators_model_type or transformer_layer_config: a config
+  flattened by hand): the ids would be ignored for the defaults, and their numbering is
+  unknown (speculators counts one higher), so it is refused naming both places."""
+  if raw.get(key) is not None:
+    raise CheckpointError(f"{where}: {key}={raw[key]!r} at the top level of a config that is "
+                          f"not speculators' layout (no speculators_model_type / "
+                          f"transformer_layer_config): write the layers as {own} (SGLang / "
+                          f"z-lab numbering) or keep speculators' whole config (its numbering, "
+                          f"one higher); refused rather than read with the default layers")
 
 
 def is_speculators(raw: dict) -> bool:
