@@ -39,6 +39,16 @@ def test_the_authors_files_read_back_exactly(target, tmp_path, monkeypatch):
   assert load_head(d, target_config=target.config, allow_bin=True)[0] == hc
   with pytest.raises(CheckpointError, match=r"only pickled PyTorch weights"):
     load_head(d, target_config=target.config, allow_bin=False)
+  # and through the method registry, as the refusal says (METHODS[name].make(allow_bin=True))
+  from vocabjax.eval.config import ConfigError
+  from vocabjax.methods import METHODS
+
+  spec = {"head": str(d), "top_k": 2, "depth": 2, "total_tokens": 4}
+  with pytest.raises((CheckpointError, ConfigError), match=r"allow_bin=True to load_model or "
+                                                           r"METHODS\[name\].make"):
+    METHODS["eagle"].make(target, None, spec)
+  dec = METHODS["eagle"].make(target, None, spec, allow_bin=True)
+  assert dec.generate([[1, 2, 3]], max_new_tokens=4).tokens
   monkeypatch.setenv("VOCABJAX_ALLOW_BIN", "1")
   cfg, back, _ = load_head(d, target_config=target.config, target_params=target.params)
   assert cfg == hc

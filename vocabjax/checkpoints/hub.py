@@ -19,6 +19,8 @@ files')."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import hashlib
 import json
@@ -90,18 +92,36 @@ class PickleRefused(HubError):
   """Pickled weights refused (`bin_refusal`): allowing them is the remedy, not a download."""
 
 
+_ALLOW_BIN: contextvars.ContextVar = contextvars.ContextVar("vocabjax_allow_bin", default=None)
+
+
+@contextlib.contextmanager
+def allowing_bin(allow_bin: bool | None):
+  """Within: `allow_bin` (None: no change) is the default of every load that takes none (the
+  heads, rankers and files a method builds from: `Method.make(..., allow_bin=True)`)."""
+  token = _ALLOW_BIN.set(allow_bin) if allow_bin is not None else None
+  try:
+    yield
+  finally:
+    if token is not None:
+      _ALLOW_BIN.reset(token)
+
+
 def allow_bin_default(allow_bin: bool | None = None) -> bool:
-  """`allow_bin` if given, else the environment's `VOCABJAX_ALLOW_BIN`."""
+  """`allow_bin` if given, else the innermost `allowing_bin`'s, else the environment's
+  `VOCABJAX_ALLOW_BIN`."""
   if allow_bin is not None:
     return bool(allow_bin)
+  if _ALLOW_BIN.get() is not None:
+    return bool(_ALLOW_BIN.get())
   return os.environ.get("VOCABJAX_ALLOW_BIN", "").strip().lower() in ("1", "true", "yes")
 
 
 def bin_refusal(what: str, files) -> str:
   return (f"{what} has only pickled PyTorch weights ({', '.join(sorted(files))}); pickles can "
           f"run code when read, so they are refused unless allowed: pass --allow-bin (Python: "
-          f"allow_bin=True, or VOCABJAX_ALLOW_BIN=1) to read them with "
-          f"torch.load(weights_only=True)")
+          f"allow_bin=True to load_model or METHODS[name].make, or VOCABJAX_ALLOW_BIN=1) to "
+          f"read them with torch.load(weights_only=True)")
 
 
 def add_allow_bin_argument(parser) -> None:

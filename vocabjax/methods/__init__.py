@@ -88,19 +88,21 @@ class Method:
     """`parse`, for validation only."""
     self.parse(raw, where, check_files=check_files)
 
-  def make(self, target, draft, params, mesh=None):
+  def make(self, target, draft, params, mesh=None, *, allow_bin: bool | None = None):
     """The decoder; `params` is this method's dataclass or a mapping (parsed first). `mesh`:
     a ("data", "model") mesh (`vocabjax.sharding.make_mesh`) the decoder runs on. A draft
     model given to a method that takes none, or none to one that needs it, is a ConfigError
-    (as the command line refuses `--draft`), not silently left out."""
+    (as the command line refuses `--draft`), not silently left out. `allow_bin`: read pickled
+    weights of the heads and files it names (`--allow-bin`; None: `VOCABJAX_ALLOW_BIN`)."""
     if draft is not None and not self.needs_draft:
       raise ConfigError(f"method {self.name!r} takes no draft model (its drafter is its own "
                         f"head or the context); pass draft=None")
     if draft is None and self.needs_draft:
       raise ConfigError(f"method {self.name!r} needs a draft model; pass one")
-    if isinstance(params, dict):
-      params = self.parse(params, f"method {self.name}")
-    return self.build(target, draft, params, mesh)
+    with hub.allowing_bin(allow_bin):
+      if isinstance(params, dict):
+        params = self.parse(params, f"method {self.name}")
+      return self.build(target, draft, params, mesh)
 
 
 METHODS: dict[str, Method] = {}
