@@ -228,4 +228,4 @@ def test_a_pickled_state_dict_in_torchs_legacy_format_is_read(tmp_path):
   with pytest.raises(CheckpointError, match=r"junk.bin: not a loadable PyTorch weights file") as e:
     torch_state(tmp_path / "junk.bin")
   msg = str(e.value)
-  assert "\n" not in msg and (msg.endswith(")") or msg.endswith(" ...)"))
+  assert "\n" not in msg and msg.endswith((")", " ...)"))

@@ -57,8 +57,8 @@ def main(argv=None) -> int:
   held = set(heldout_records(data, job.heldout, job.heldout_split, job.seed).tolist())
   held_idx = [i for i, (r, _, _) in enumerate(data.seqs) if r in held]
   train_idx = [i for i, (r, _, _) in enumerate(data.seqs) if r not in held][:a.train_records]
-  kw = dict(config=config, batch_size=job.batch_size, seq_len=job.seq_len, anchors=job.anchors,
-            stride=job.eval_stride, t2d=t2d)
+  kw = {"config": config, "batch_size": job.batch_size, "seq_len": job.seq_len,
+        "anchors": job.anchors, "stride": job.eval_stride, "t2d": t2d}
   zero = dataclasses.replace(data, feats=[np.zeros_like(f) for f in data.feats])
   out = {"drafter": str(drafter), "config": a.config,
          "heldout": evaluate_heldout(params, embed, head, data, held_idx, **kw),

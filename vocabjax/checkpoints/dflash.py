@@ -55,9 +55,9 @@ from vocabjax.checkpoints.convert import CheckpointError, check_finite
 from vocabjax.checkpoints.eagle3 import (
   check_d2t,
   is_speculators,
+  read_head_file,
   refuse_flattened_ids,
   report_vocab_map,
-  read_head_file,
   speculators_layer_config,
   speculators_layer_ids,
 )
