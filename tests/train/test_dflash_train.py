@@ -277,3 +277,32 @@ def test_a_head_of_its_own(target_dir, data_file, tmp_path):
   assert res.tokens == ar.tokens and res.stats.tau > 1.2
   with pytest.raises(TrainError, match="a head of its own is its softmax already"):
     _job(target_dir, data_file, tmp_path / "x", draft_vocab_size=48, loss_vocab=32)
+
+
+def test_allow_bin_reaches_a_trainers_target(target_dir, data_file, tmp_path, capsys,
+                                            monkeypatch):
+  """A target with only pickled weights: a trainer's command line refuses it with the remedy,
+  and `--allow-bin` (as generate's and eval's) reads it."""
+  import shutil
+
+  import torch
+  import yaml
+  from safetensors.numpy import load_file
+
+  monkeypatch.setenv("VOCABJAX_ALLOW_BIN", "0")  # restored after, whatever --allow-bin sets
+  pickled = tmp_path / "pickled"
+  shutil.copytree(target_dir, pickled)
+  weights = load_file(pickled / "model.safetensors")
+  torch.save({k: torch.from_numpy(v.copy()) for k, v in weights.items()},
+             pickled / "pytorch_model.bin")
+  (pickled / "model.safetensors").unlink()
+  job = dataclasses.asdict(_job(pickled, data_file, tmp_path / "run", steps=2, eval_every=2,
+                                warmup_steps=1,
+                                checkpoint_every=2))
+  cfg = tmp_path / "job.yaml"
+  cfg.write_text(yaml.safe_dump({k: list(v) if isinstance(v, tuple) else v
+                                 for k, v in job.items() if v is not None}))
+  assert main(["--config", str(cfg), "--quiet"]) == 2
+  assert "only pickled PyTorch weights" in capsys.readouterr().err
+  assert main(["--config", str(cfg), "--quiet", "--allow-bin"]) == 0
+  assert json.loads((tmp_path / "run" / "summary.json").read_text())["complete"]

@@ -19,6 +19,7 @@ from pathlib import Path
 from vocabjax import distributed
 from vocabjax.calibrate.counts import CalibrationError, Counts, plot
 from vocabjax.calibrate.run import BACKENDS, CountJob, run_count
+from vocabjax.checkpoints.hub import add_allow_bin_argument, allow_bin_from_args
 from vocabjax.checkpoints.torch_model import TORCH_DTYPES
 from vocabjax.calibrate.select import subset_from_counts
 from vocabjax.io import check_output_dir, check_output_file
@@ -73,6 +74,7 @@ def _parser():
                  help="write the final counts from the units done so far, run no more")
   c.add_argument("--overwrite", action="store_true", help="replace another job's results")
   c.add_argument("--quiet", action="store_true")
+  add_allow_bin_argument(c)
   distributed.add_arguments(c)
 
   s = sub.add_parser("select", help="select a static subset from counts")
@@ -92,6 +94,7 @@ def _parser():
 
 def main(argv=None) -> int:
   args = _parser().parse_args(argv)
+  allow_bin_from_args(args)  # (count's --allow-bin: a model with pickled weights)
   try:
     # the output is checked before a model or a corpus is read
     if args.cmd == "select":
