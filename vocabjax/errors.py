@@ -38,3 +38,11 @@ def disk_full_message(e: OSError, where: str | os.PathLike | None = None) -> str
     free = "free space unknown"
   return (f"the disk is full: writing {path} failed ({free}); free some space and run the "
           f"same command again: what was finished is kept")
+
+
+def clip(text: str, n: int = 300) -> str:
+  """`text` on one line, at most about `n` characters, cut between words ("...")."""
+  one = " ".join(str(text).split())
+  if len(one) <= n:
+    return one
+  return one[:n].rsplit(" ", 1)[0] + " ..."

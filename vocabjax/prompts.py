@@ -22,7 +22,7 @@ from pathlib import Path
 
 import yaml
 
-from vocabjax.errors import ConfigError
+from vocabjax.errors import ConfigError, clip
 from vocabjax.io import read_utf8
 
 DATASET_KINDS = ("spec_bench", "humaneval", "gsm8k", "code_edit", "tool_call", "self_refine")
@@ -394,5 +394,5 @@ def encode_conversation(tokenizer, turns, answers, chat: bool,
     kind = ("refused by transformers' sandbox (it reaches for what a template may not)"
             if type(e).__name__ == "SecurityError" else "failed to render")
     raise ValueError(f"the tokenizer's chat template {kind}: {type(e).__name__}: "
-                     f"{' '.join(str(e).split())[:200]}") from None
+                     f"{clip(str(e), 200)}") from None
   return tokenizer(text, add_special_tokens=False)["input_ids"]

@@ -27,7 +27,7 @@ from vocabjax.checkpoints.loader import load_model
 from vocabjax.io import atomic_write_json
 from vocabjax.models.llamalike import lm_head_weight
 from vocabjax.train.dflash import job_from_dict
-from vocabjax.train.dflash_step import evaluate_heldout
+from vocabjax.train.dflash_step import evaluate_heldout, row_map
 from vocabjax.train.eagle_data import load_eagle_features
 from vocabjax.train.features import heldout_records
 
@@ -46,12 +46,8 @@ def main(argv=None) -> int:
   embed, head = target.params["embed"], lm_head_weight(target.params, target.config)
   t2d = None
   if config.draft_vocab_size is not None:  # a head of its own: its rows, its map
-    import jax.numpy as jnp
-
     ids = np.asarray(params["d2t"]) + np.arange(config.draft_vocab_size)
-    t2d = jnp.full((target.config.vocab_size,), -1, jnp.int32).at[ids].set(
-        jnp.arange(len(ids), dtype=jnp.int32))
-    head = None
+    t2d, head = row_map(ids, target.config.vocab_size), None
   fdir = job.feature_job(config.target_layer_ids).features_dir
   data = load_eagle_features(fdir, None, config.target_layer_ids)
   held = set(heldout_records(data, job.heldout, job.heldout_split, job.seed).tolist())

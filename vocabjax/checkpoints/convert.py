@@ -25,6 +25,15 @@ class CheckpointError(ValueError):
   """A checkpoint tensor is missing, has the wrong shape, or is not recognized."""
 
 
+def config_int(raw: dict, name: str, where: str, *, minimum: int = 0) -> int:
+  """`raw[name]` as a config field: an integer (not a bool, a string or a float) of at least
+  `minimum`, else a CheckpointError naming `where`, the field and its value."""
+  v = raw.get(name)
+  if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
+    raise CheckpointError(f"{where}: {name}={v!r} must be an integer of at least {minimum}")
+  return v
+
+
 def check_trained_for(directory, target: dict, target_params: dict,
                       target_config: LlamaLikeConfig) -> None:
   """Refuse heads recorded (`target`: their `vocabjax.target` entry) for a target with another

@@ -51,7 +51,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vocabjax.checkpoints.convert import CheckpointError, check_finite
+from vocabjax.checkpoints.convert import CheckpointError, check_finite, config_int
 from vocabjax.checkpoints.eagle3 import (
   check_d2t,
   is_speculators,
@@ -171,7 +171,15 @@ def save_dflash_speculators(params: dict, config: DFlashConfig, directory, *,
   if config.dflash2:
     raise ValueError("save_dflash_speculators writes DFlash drafters; a DFlash 2 drafter is "
                      "written in z-lab's layout (save_dflash)")
+  for name, default in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0),
+                        ("final_logit_softcapping", None)):
+    if getattr(config, name) != default:
+      raise ValueError(f"{name}={getattr(config, name)}: speculators' DFlash config has no "
+                       f"such field; write it with save_dflash")
   c, V = config.layer, config.layer.vocab_size
+  if c.layer_types is not None and "sliding_attention" in c.layer_types:
+    raise ValueError(f"layer_types={list(c.layer_types)}: speculators' sliding layers differ "
+                     f"from z-lab's (the reader refuses them); write it with save_dflash")
   arrays = _arrays(params, config)
   Vd = config.draft_vocab_size or V
   if config.draft_vocab_size is not None:
@@ -189,9 +197,6 @@ def save_dflash_speculators(params: dict, config: DFlashConfig, directory, *,
            "attention_bias": c.attention_bias, "tie_word_embeddings": False,
            "max_position_embeddings": c.max_position_embeddings, **hf_rope_fields(c)}
   if c.layer_types is not None:
-    if "sliding_attention" in c.layer_types:
-      raise ValueError(f"layer_types={list(c.layer_types)}: speculators' sliding layers differ "
-                       f"from z-lab's (the reader refuses them); write it with save_dflash")
     layer["layer_types"] = list(c.layer_types)
   method = {"proposal_type": "greedy", "speculative_tokens": config.gamma,
             "verifier_accept_k": 1, "accept_tolerance": 0.0}
@@ -207,11 +212,6 @@ def save_dflash_speculators(params: dict, config: DFlashConfig, directory, *,
          "sliding_window_non_causal": config.causal is False,
          "target_hidden_size": config.target_hidden_size, "tie_word_embeddings": False,
          "transformer_layer_config": layer, "dtype": "float32"}
-  for name, default in (("input_embedding_scale", 1.0), ("output_multiplier", 1.0),
-                        ("final_logit_softcapping", None)):
-    if getattr(config, name) != default:
-      raise ValueError(f"{name}={getattr(config, name)}: speculators' DFlash config has no "
-                       f"such field; write it with save_dflash")
   return _write(directory, arrays, raw, extra)
 
 
@@ -276,13 +276,6 @@ def dflash_config_from_raw(raw: dict, where: str = "config.json") -> DFlashConfi
     raise CheckpointError(f"{where}: {e}") from None
 
 
-def _int(raw: dict, name: str, where: str, *, minimum: int = 0) -> int:
-  v = raw.get(name)
-  if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
-    raise CheckpointError(f"{where}: {name}={v!r} must be an integer of at least {minimum}")
-  return v
-
-
 def _from_speculators(raw: dict, where: str) -> DFlashConfig:
   kind = raw.get("speculators_model_type")
   if kind not in ("dflash", "dflash2"):
@@ -307,7 +300,7 @@ def _from_speculators(raw: dict, where: str) -> DFlashConfig:
     layer = _with_layer_types(layer, full, where)
   ids = speculators_layer_ids(raw, "aux_hidden_state_layer_ids", where)
   V = layer.vocab_size
-  dv = _int(raw, "draft_vocab_size", where, minimum=1)
+  dv = config_int(raw, "draft_vocab_size", where, minimum=1)
   if dv > V:
     raise CheckpointError(f"{where}: draft_vocab_size={dv} exceeds the vocabulary of "
                           f"V={V} tokens")
@@ -317,13 +310,13 @@ def _from_speculators(raw: dict, where: str) -> DFlashConfig:
                           f"the token its undrafted block positions embed")
   extra = {}
   if kind == "dflash2":
-    extra = {k: _int(raw, k, where, minimum=1) for k in DFLASH2_FIELDS}
+    extra = {k: config_int(raw, k, where, minimum=1) for k in DFLASH2_FIELDS}
   non_causal = raw.get("sliding_window_non_causal", kind == "dflash2")
   try:
     return DFlashConfig(
         layer=layer, target_hidden_size=int(raw.get("target_hidden_size") or layer.hidden_size),
         target_layer_ids=ids,
-        block_size=_int(raw, "block_size", where, minimum=2), mask_token_id=mask,
+        block_size=config_int(raw, "block_size", where, minimum=2), mask_token_id=mask,
         causal=False if non_causal else None, draft_vocab_size=dv if dv < V else None, **extra)
   except ValueError as e:
     raise CheckpointError(f"{where}: {e}") from None

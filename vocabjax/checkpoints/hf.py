@@ -12,6 +12,7 @@ import numpy as np
 from vocabjax.checkpoints.convert import CheckpointError, LAYER_NAMES, TOP_NAMES, assemble_params
 from vocabjax.checkpoints.hf_config import InvalidConfigError, config_from_hf
 from vocabjax.checkpoints.hub import allow_bin_default, bin_refusal
+from vocabjax.errors import clip
 from vocabjax.io import atomic_directory
 from vocabjax.models.config import LlamaLikeConfig
 
@@ -52,14 +53,6 @@ def _pickled_files(directory: Path) -> list[Path]:
     return _index_files(index, directory)
   single = directory / "pytorch_model.bin"
   return [single] if single.exists() else []
-
-
-def clip(text: str, n: int = 300) -> str:
-  """`text` on one line, at most about `n` characters, cut between words ("...")."""
-  one = " ".join(text.split())
-  if len(one) <= n:
-    return one
-  return one[:n].rsplit(" ", 1)[0] + " ..."
 
 
 def torch_state(path: Path) -> dict[str, np.ndarray]:

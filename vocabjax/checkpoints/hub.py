@@ -33,6 +33,7 @@ from typing import Callable
 from urllib.parse import unquote
 
 from vocabjax.checkpoints.convert import CheckpointError
+from vocabjax.errors import clip
 from vocabjax.io import atomic_write_text
 
 KINDS = ("model", "eagle", "medusa", "file", "folder")
@@ -247,7 +248,7 @@ def _listing(snapshot: Path) -> set[str]:
 
 
 def _one_line(e: BaseException) -> str:
-  return " ".join(str(e).split())[:300]
+  return clip(str(e))
 
 
 def _info(hid: HubId, token):

@@ -20,7 +20,8 @@ from pathlib import Path
 import jax.numpy as jnp
 import numpy as np
 
-from vocabjax.checkpoints.convert import CheckpointError, check_finite, check_trained_for
+from vocabjax.checkpoints.convert import (CheckpointError, check_finite, check_trained_for,
+                                          config_int)
 from vocabjax.checkpoints.hf import torch_state
 from vocabjax.checkpoints.hub import allow_bin_default, bin_refusal
 from vocabjax.io import atomic_directory
@@ -80,14 +81,6 @@ def _read_tensors(directory: Path, allow_bin: bool | None = None) -> dict[str, n
   raise CheckpointError(f"{directory} holds no Medusa heads ({WEIGHTS} or {TORCH_WEIGHTS})")
 
 
-def _count(raw: dict, key: str, directory: Path, *, minimum: int) -> int:
-  v = raw[key]
-  if not isinstance(v, int) or isinstance(v, bool) or v < minimum:
-    raise CheckpointError(f"{directory}/config.json: {key}={v!r} must be an integer of at "
-                          f"least {minimum}")
-  return v
-
-
 def load_medusa(directory, *, target_config: LlamaLikeConfig, target_params: dict | None = None,
                 dtype=jnp.float32, allow_bin: bool | None = None
                 ) -> tuple[MedusaConfig, dict, dict]:
@@ -104,9 +97,10 @@ def load_medusa(directory, *, target_config: LlamaLikeConfig, target_params: dic
   if not isinstance(raw, dict) or "medusa_num_heads" not in raw:
     raise CheckpointError(f"{directory}/config.json is not a Medusa config (no "
                           f"medusa_num_heads)")
-  Hm = _count(raw, "medusa_num_heads", directory, minimum=1)
-  L = 1 if raw.get("medusa_num_layers") is None else _count(raw, "medusa_num_layers",
-                                                             directory, minimum=0)
+  where = f"{directory}/config.json"
+  Hm = config_int(raw, "medusa_num_heads", where, minimum=1)
+  L = 1 if raw.get("medusa_num_layers") is None else config_int(raw, "medusa_num_layers",
+                                                                where)
   record = raw.get("vocabjax", {})
   target = record.get("target", {})
   tensors = _read_tensors(directory, allow_bin)

@@ -37,7 +37,7 @@ from vocabjax.lowering import Lowering
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.dflash import DFlashConfig, default_target_layers, init_dflash
 from vocabjax.models.llamalike import lm_head_weight
-from vocabjax.train.dflash_step import (evaluate_heldout, make_batch, train_step,
+from vocabjax.train.dflash_step import (evaluate_heldout, make_batch, row_map, train_step,
                                         valid_anchors)
 from vocabjax.train.eagle_data import build_eagle_features, load_eagle_features
 from vocabjax.train.eagle_job import EagleJob
@@ -211,8 +211,7 @@ def train(job: DFlashJob, *, show_progress: bool = True, stop_after: int | None 
   if n_rows is not None:
     ids = loss_vocab_ids(data, train_idx, n_rows, tc.vocab_size)
     loss_head = jnp.take(head, jnp.asarray(ids), axis=0)
-    t2d = jnp.full((tc.vocab_size,), -1, jnp.int32).at[jnp.asarray(ids)].set(
-        jnp.arange(len(ids), dtype=jnp.int32))
+    t2d = row_map(ids, tc.vocab_size)
     loss_rows = len(ids)
   own = job.draft_vocab_size is not None
   if own and len(ids) < tc.vocab_size:

@@ -103,6 +103,13 @@ def hidden_of(params, embed, batch, config: DFlashConfig):
   return h[:, :, 1:]
 
 
+def row_map(ids, vocab_size: int) -> jax.Array:
+  """t2d [V] int32 of a head over the target ids `ids`: each id's row, -1 for ids it lacks."""
+  ids = jnp.asarray(ids)
+  return jnp.full((vocab_size,), -1, jnp.int32).at[ids].set(
+      jnp.arange(ids.shape[0], dtype=jnp.int32))
+
+
 def dflash_loss(params, embed, head, batch, *, config: DFlashConfig, gamma_decay: float | None,
                 block: int, lowering: Lowering = Lowering(), t2d=None):
   """The weighted mean cross-entropy of the blocks' positions (module doc). `t2d` [V] int32:

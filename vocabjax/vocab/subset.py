@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vocabjax.errors import clip
 from vocabjax.io import atomic_write_bytes
 from vocabjax.kernels.cpu_matmul import linear
 from vocabjax.models.config import LlamaLikeConfig
@@ -154,7 +155,7 @@ def _frspec_ids(path: Path) -> list:
     ids = torch.load(str(path), map_location="cpu", weights_only=True)
   except Exception as e:  # pickle errors, a truncated zip, a refused global
     raise SubsetError(f"{path} is not a readable FR-Spec token list "
-                      f"({type(e).__name__}: {' '.join(str(e).split())[:200]})") from None
+                      f"({type(e).__name__}: {clip(str(e), 200)})") from None
   if isinstance(ids, torch.Tensor):
     ids = ids.reshape(-1).tolist()
   if not isinstance(ids, (list, tuple)) or not all(
