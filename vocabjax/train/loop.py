@@ -32,6 +32,7 @@ import optax
 from flax import struct
 
 from vocabjax import interrupt
+from vocabjax.checkpoints.hub import add_allow_bin_argument, allow_bin_from_args
 from vocabjax.errors import disk_full, disk_full_message
 from vocabjax.io import atomic_write_json
 from vocabjax.plots import save_png, subplots
@@ -525,8 +526,6 @@ def run_job_cli(argv, *, prog: str, doc: str, configs: str, what: str, job_from_
   p = job_argparser(prog, doc, configs)
   before = extra(p) if extra else None
   a = p.parse_args(argv)
-  from vocabjax.checkpoints.hub import allow_bin_from_args
-
   allow_bin_from_args(a)  # the target's (and a drafter's) pickled weights, as generate and eval
   try:
     job = job_from_dict(read_job_yaml(a.config, what, {"out": a.out, "steps": a.steps}),
@@ -563,7 +562,5 @@ def job_argparser(prog: str, doc: str, configs: str):
   p.add_argument("--steps", type=int, help="override the number of steps")
   p.add_argument("--stop-after", type=int, help="return after N steps (resume later)")
   p.add_argument("--quiet", action="store_true")
-  from vocabjax.checkpoints.hub import add_allow_bin_argument
-
   add_allow_bin_argument(p)
   return p
