@@ -24,6 +24,7 @@ from typing import Any, Sequence
 
 import jax
 
+from vocabjax.checkpoints import hub
 from vocabjax.checkpoints.hub import add_allow_bin_argument, allow_bin_from_args
 from vocabjax.checkpoints.loader import dtype_name, load_model
 from vocabjax.decoding.profile import run_split, skipped_drafting, step_split
@@ -209,6 +210,12 @@ def build_decoder(config: GenerateConfig, model, mesh=None):
 
 
 def main(config: GenerateConfig) -> dict:
+  """Generate for `config`; its stats. `quiet`: no text and no download or checksum bars."""
+  with hub.showing_progress(False if config.quiet else None):
+    return _generate(config)
+
+
+def _generate(config: GenerateConfig) -> dict:
   sampling = SamplingParams(config.temperature, config.top_k, config.top_p)  # validates
   if config.max_new_tokens <= 0:
     raise ValueError(f"max_new_tokens must be > 0, got {config.max_new_tokens}")
@@ -324,7 +331,8 @@ def parse_args(argv=None) -> GenerateConfig:
   p.add_argument("--time-split", action="store_true",
                  help="after the run, time the step's parts (drafter, drafter LM head, "
                       "verification) as separate programs and add the split to the stats")
-  p.add_argument("--quiet", action="store_true", help="do not print the text")
+  p.add_argument("--quiet", action="store_true",
+                 help="print neither the text nor the downloads' and checksums' bars")
   p.add_argument("--stream", action="store_true",
                  help="print the text as it is generated (one prompt): a speculative step "
                       "prints its whole accepted block at once")
@@ -339,6 +347,11 @@ def parse_args(argv=None) -> GenerateConfig:
   distributed.add_arguments(p)
   a = p.parse_args(argv)
   allow_bin_from_args(a)
+  with hub.showing_progress(False if a.quiet else None):  # --set may name files by hub id
+    return _config(a)
+
+
+def _config(a) -> GenerateConfig:
   return GenerateConfig(target=a.target, prompts=tuple(a.prompt), method=a.method,
                         params=parse_set(a.set, a.method), draft=a.draft, chat=a.chat,
                         chat_template_kwargs=parse_chat_kwargs(a.chat_kwarg),

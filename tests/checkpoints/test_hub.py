@@ -416,3 +416,118 @@ def test_a_gguf_file_by_hub_id(served, tmp_path):
   _params_equal(a, b)
   fetched = {r[1].rsplit("/", 1)[1] for r in served.requests if "/resolve/" in r[1]}
   assert fetched == {"m-f32.gguf"}
+
+
+def _bars(text: str) -> list[str]:
+  """The progress output in stderr: the download's line and any tqdm bar."""
+  return [ln for ln in text.replace("\r", "\n").splitlines()
+          if ln.startswith("[hub]") or "%|" in ln or "it/s]" in ln or "B/s]" in ln]
+
+
+def _entry_points(tmp_path, tiny_chat_dir) -> dict:
+  """generate, eval, calibrate count and a trainer (Medusa's), each on the target org/tiny and
+  (where it takes heads) the Medusa heads org/medusa-heads, each with --quiet: name -> run,
+  which returns the exit status (eval: 0 when it returned its summary)."""
+  import yaml
+
+  from tests.helpers.train import write_completions
+  from vocabjax.calibrate.__main__ import main as calibrate
+  from vocabjax.eval import __main__ as ev
+  from vocabjax.generate import cli as generate
+  from vocabjax.train import medusa
+
+  q = tmp_path / "q.jsonl"
+  q.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["Who?"]}) + "\n")
+  suite = tmp_path / "suite.yaml"
+  suite.write_text(yaml.safe_dump({
+      "name": "quiet", "target": "org/tiny", "max_new_tokens": 3, "max_len": 64,
+      "datasets": [{"kind": "spec_bench", "path": str(q)}],
+      "methods": [{"name": "ar", "method": "ar"},
+                  {"name": "medusa", "method": "medusa", "heads": "org/medusa-heads"}]}))
+  docs = tmp_path / "docs.jsonl"
+  docs.write_text("".join(json.dumps({"text": f"def f{i}(x): return x"}) + "\n"
+                          for i in range(4)))
+  data = write_completions(tiny_chat_dir, tmp_path / "gen.jsonl", n=6, max_new_tokens=6)
+  (tmp_path / "m.yaml").write_text(yaml.safe_dump({
+      "target": "org/tiny", "data": [str(data)], "out": str(tmp_path / "m"),
+      "features": str(tmp_path / "f"), "feature_layers": [0], "num_heads": 1,
+      "train_vocab_size": None, "batch_size": 8, "steps": 2, "warmup_steps": 0,
+      "eval_every": 2, "checkpoint_every": 2, "heldout": 0.25}))
+  n = iter(range(100))
+
+  def run_eval():
+    ev.main(ev.parse_args(["--config", str(suite), "--out", str(tmp_path / f"res{next(n)}"),
+                           "--quiet", "--reference", "none"]))
+    return 0
+
+  return {
+      "generate": lambda: generate([
+          "--target", "org/tiny", "--prompt", "hi", "--max-new-tokens", "3", "--method",
+          "medusa", "--set", "heads=org/medusa-heads", "--quiet"]),
+      "eval": run_eval,
+      "calibrate count": lambda: calibrate([
+          "count", "--model", "org/tiny", "--out", str(tmp_path / f"c{next(n)}"), "--jsonl",
+          str(docs), "--quiet"]),
+      "train.medusa": lambda: medusa.main([
+          "--config", str(tmp_path / "m.yaml"), "--out", str(tmp_path / f"m{next(n)}"),
+          "--quiet"]),
+  }
+
+
+def test_quiet_reaches_every_download(served, tiny_chat_dir, tiny_medusa_dir, tmp_path,
+                                      monkeypatch, capfd):
+  """`--quiet` (and `progress=False` in Python) silences the downloads of models and heads by
+  hub id through every entry point: load_model, METHODS[name].make, generate, eval,
+  calibrate count and a trainer; without it the same download shows its line and bars (so a
+  silent run is the flag's doing). Each case downloads into a cache of its own."""
+  from vocabjax.methods import METHODS
+
+  served.add("org/medusa-heads", _files(tiny_medusa_dir))
+  monkeypatch.setenv("TQDM_POSITION", "-1")  # huggingface_hub's bars drawn without a terminal
+  n = iter(range(100))
+
+  def fresh():
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / f"cache{next(n)}"))
+    capfd.readouterr()
+
+  fresh()
+  load_model("org/tiny", dtype="float32")
+  loud = _bars(capfd.readouterr().err)
+  assert any(ln.startswith("[hub] org/tiny@") for ln in loud) and len(loud) > 1, loud
+  fresh()
+  t = load_model("org/tiny", dtype="float32", progress=False)
+  assert _bars(capfd.readouterr().err) == []
+  METHODS["medusa"].make(t, None, {"heads": "org/medusa-heads"}, progress=False)
+  assert _bars(capfd.readouterr().err) == []
+  fresh()
+  METHODS["medusa"].make(t, None, {"heads": "org/medusa-heads"})
+  assert any(ln.startswith("[hub] org/medusa-heads@") for ln in _bars(capfd.readouterr().err))
+  for name, run in _entry_points(tmp_path, tiny_chat_dir).items():
+    fresh()
+    assert run() == 0, name
+    assert _bars(capfd.readouterr().err) == [], name
+
+
+def test_offline_reaches_every_entry_point(served, tiny_chat_dir, tiny_medusa_dir, tmp_path,
+                                           monkeypatch, capsys):
+  """With HF_HUB_OFFLINE=1, generate, eval, calibrate count and a trainer load the target and
+  the heads by hub id from the cache and ask the hub nothing; a repository the cache lacks is
+  one line saying so."""
+  from huggingface_hub import constants
+
+  from vocabjax.generate import cli as generate
+  from vocabjax.methods import local_path
+
+  served.add("org/medusa-heads", _files(tiny_medusa_dir))
+  load_model("org/tiny", dtype="float32", progress=False)  # online once
+  local_path("org/medusa-heads", "medusa")
+  monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+  monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+  asked = len(served.requests)
+  for name, run in _entry_points(tmp_path, tiny_chat_dir).items():
+    assert run() == 0, name
+  assert len(served.requests) == asked  # nothing asked of the hub
+  capsys.readouterr()
+  assert generate(["--target", "org/other", "--prompt", "hi", "--quiet"]) == 2
+  err = capsys.readouterr().err.strip().splitlines()
+  assert len(err) == 1 and "offline (HF_HUB_OFFLINE) and org/other@main is not in" in err[0]

@@ -37,6 +37,7 @@ import numpy as np
 from vocabjax.calibrate.corpora import resolve_corpus
 from vocabjax.calibrate.counting import TokenCounter
 from vocabjax.calibrate.counts import CalibrationError, Counts, KINDS, plot, tokenizer_identity
+from vocabjax.checkpoints import hub
 from vocabjax.checkpoints.loader import eos_ids, load_model, load_tokenizer_and_vocab
 from vocabjax.checkpoints.torch_model import TORCH_DTYPES, load_torch_model
 from vocabjax.decoding import Decoder, SamplingParams
@@ -292,7 +293,14 @@ def run_count(job: CountJob, *, overwrite: bool = False, max_units: int | None =
   """Run (or resume) a counting job. Returns the final Counts, or None when `max_units`
   stopped it early (the partial state is on disk; rerun to continue). `finish`: write the
   final counts from the units done so far without running more (meta records how many of the
-  units were counted)."""
+  units were counted). `progress` False: no bars, the models' downloads and checksums too."""
+  with hub.showing_progress(None if progress else False):
+    return _run_count(job, overwrite=overwrite, max_units=max_units, finish=finish,
+                      progress=progress, mesh=mesh)
+
+
+def _run_count(job: CountJob, *, overwrite: bool, max_units: int | None, finish: bool,
+               progress: bool, mesh) -> Counts | None:
   out = Path(job.out)
   created = not out.exists()
   out.mkdir(parents=True, exist_ok=True)

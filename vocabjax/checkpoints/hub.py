@@ -118,6 +118,41 @@ def allow_bin_default(allow_bin: bool | None = None) -> bool:
   return os.environ.get("VOCABJAX_ALLOW_BIN", "").strip().lower() in ("1", "true", "yes")
 
 
+_PROGRESS: contextvars.ContextVar = contextvars.ContextVar("vocabjax_progress", default=None)
+
+
+@contextlib.contextmanager
+def showing_progress(progress: bool | None):
+  """Within: `progress` (None: no change) is the default of every load that takes none: the
+  downloads' and checksums' bars of models, heads, rankers and files (`--quiet` of the
+  commands, `progress=False` of `load_model` and `METHODS[name].make`)."""
+  token = _PROGRESS.set(bool(progress)) if progress is not None else None
+  try:
+    yield
+  finally:
+    if token is not None:
+      _PROGRESS.reset(token)
+
+
+def progress_default(progress: bool | None = None) -> bool:
+  """`progress` if given, else the innermost `showing_progress`'s, else True."""
+  if progress is not None:
+    return bool(progress)
+  return True if _PROGRESS.get() is None else bool(_PROGRESS.get())
+
+
+def _silent_tqdm():
+  """A tqdm class that draws nothing (huggingface_hub's `tqdm_class` when progress is off)."""
+  from tqdm.auto import tqdm
+
+  class Silent(tqdm):
+    def __init__(self, *args, **kwargs):
+      kwargs["disable"] = True
+      super().__init__(*args, **kwargs)
+
+  return Silent
+
+
 def bin_refusal(what: str, files) -> str:
   return (f"{what} has only pickled PyTorch weights ({', '.join(sorted(files))}); pickles can "
           f"run code when read, so they are refused unless allowed: pass --allow-bin (Python: "
@@ -361,9 +396,11 @@ def _discard(local: Path) -> None:
 
 
 def fetch(ref, kind: str = "model", *, allow_bin: bool | None = None,
-          progress: bool = True) -> Path:
+          progress: bool | None = None) -> Path:
   """The local path of hub id `ref` (a `HubId` or text), downloading what `kind` loads: the
-  snapshot directory (or the folder `ref.path` in it), or the file `ref.path` names."""
+  snapshot directory (or the folder `ref.path` in it), or the file `ref.path` names.
+  `progress`: the download's line and bars (None: `progress_default`)."""
+  progress = progress_default(progress)
   hid = ref if isinstance(ref, HubId) else parse_hub_id(ref)
   if hid is None:
     raise HubError(f"{ref!r} is not a hub id (org/name[@revision][/path])")
@@ -419,11 +456,11 @@ def _download(hid: HubId, commit: str, files: list[str], siblings: dict, token,
     if progress:
       print(f"[hub] {hid.repo}@{commit[:12]}: downloading {len(todo)} file(s), "
             f"{need / 1e6:,.1f} MB, into {cache}", file=sys.stderr, flush=True)
-  snapshot = None
+  snapshot, silent = None, _silent_tqdm()
   for f in files:
     try:
       local = Path(hf_hub_download(hid.repo, f, revision=commit, cache_dir=cache, endpoint=ep,
-                                   token=token))
+                                   token=token, tqdm_class=None if progress else silent))
     except HfHubHTTPError as e:
       raise HubError(f"{hid}: downloading {f} failed ({_one_line(e)})") from None
     except OSError as e:
@@ -509,7 +546,8 @@ def commit_of(ref) -> str:
   return _info(hid, get_token()).sha
 
 
-def resolve(name, kind: str = "model", *, allow_bin: bool | None = None, progress: bool = True,
+def resolve(name, kind: str = "model", *, allow_bin: bool | None = None,
+            progress: bool | None = None,
             local: Callable[[str], Path | None] | None = None) -> Path:
   """`name` as a local path: an existing path as is, else what `local` makes of it (the
   model registry), else the hub id fetched; a one-line error naming the name otherwise."""

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 
 from vocabjax import sharding
-from vocabjax.checkpoints import zoo
+from vocabjax.checkpoints import hub, zoo
 from vocabjax.checkpoints.convert import CheckpointError, check_finite
 from vocabjax.checkpoints.gguf_io import (TOKENIZER_KEY, load_gguf, load_gguf_tokenizer,
                                           open_gguf, tokenizer_key)
@@ -125,7 +125,7 @@ def eos_ids(*candidates) -> tuple[int, ...]:
 
 
 def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
-               load_tokenizer: bool = True, progress: bool = True,
+               load_tokenizer: bool = True, progress: bool | None = None,
                allow_bin: bool | None = None, mesh=None) -> Model:
   """Load a model from an HF directory, a `.gguf` file, a registry name (fetched if needed) or
   a hub id (`org/name[@revision]`, downloaded through huggingface_hub: `checkpoints.hub`).
@@ -133,6 +133,9 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
   `allow_bin`: read pickled PyTorch weights (`pytorch_model.bin`) where a model has no
   safetensors, with `torch.load(weights_only=True)`; refused by default (None: the
   environment's `VOCABJAX_ALLOW_BIN`).
+
+  `progress`: the download's, the checksum's and int4's bars (None: shown, unless within
+  `checkpoints.hub.showing_progress(False)`, as under the commands' `--quiet`).
 
   `mesh` (a ("data", "model") mesh, `sharding.make_mesh`): each tensor is read and placed with
   its sharding on the mesh (`sharding.param_shardings`, the layout the decoders run a mesh in)
@@ -150,6 +153,7 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
   each: `models.llamalike.quantize_blocks`), which then run as a GGUF file's blocks do.
   """
   dtype = parse_dtype(dtype)
+  progress = hub.progress_default(progress)
   int4 = isinstance(dtype, str) and dtype == INT4_DTYPE
   if int4 and mesh is not None:
     raise ValueError("int4 weights (Q4_0 blocks) are a one-device format: load the model in "

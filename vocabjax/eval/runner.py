@@ -26,7 +26,7 @@ import jax
 import numpy as np
 
 from vocabjax import distributed, interrupt
-from vocabjax.checkpoints import zoo
+from vocabjax.checkpoints import hub, zoo
 from vocabjax.checkpoints.known import ShapeError, resolve_config
 from vocabjax.checkpoints.loader import Model, dtype_name, load_model, parse_dtype
 from vocabjax.decoding.engine import prompt_bucket
@@ -322,9 +322,10 @@ def run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool = F
   there instead of generated again (`vocabjax.eval.reuse`: same settings, models, machine and
   version; per method the same parameters and files; per question the same text)."""
   try:
-    return _run_suite(config, out, overwrite=overwrite, compare_torch=compare_torch,
-                      progress=progress, models=models, skip_bad_prompts=skip_bad_prompts,
-                      reference=reference, reuse=reuse)
+    with hub.showing_progress(None if progress else False):  # the heads' downloads too
+      return _run_suite(config, out, overwrite=overwrite, compare_torch=compare_torch,
+                        progress=progress, models=models, skip_bad_prompts=skip_bad_prompts,
+                        reference=reference, reuse=reuse)
   finally:
     release_dir(Path(out))  # the claim `prepare_dir` took (none: nothing to release)
 

@@ -88,18 +88,21 @@ class Method:
     """`parse`, for validation only."""
     self.parse(raw, where, check_files=check_files)
 
-  def make(self, target, draft, params, mesh=None, *, allow_bin: bool | None = None):
+  def make(self, target, draft, params, mesh=None, *, allow_bin: bool | None = None,
+           progress: bool | None = None):
     """The decoder; `params` is this method's dataclass or a mapping (parsed first). `mesh`:
     a ("data", "model") mesh (`vocabjax.sharding.make_mesh`) the decoder runs on. A draft
     model given to a method that takes none, or none to one that needs it, is a ConfigError
     (as the command line refuses `--draft`), not silently left out. `allow_bin`: read pickled
-    weights of the heads and files it names (`--allow-bin`; None: `VOCABJAX_ALLOW_BIN`)."""
+    weights of the heads and files it names (`--allow-bin`; None: `VOCABJAX_ALLOW_BIN`).
+    `progress`: the bars of the downloads of heads and files named by hub id (None: shown,
+    unless within `hub.showing_progress(False)`)."""
     if draft is not None and not self.needs_draft:
       raise ConfigError(f"method {self.name!r} takes no draft model (its drafter is its own "
                         f"head or the context); pass draft=None")
     if draft is None and self.needs_draft:
       raise ConfigError(f"method {self.name!r} needs a draft model; pass one")
-    with hub.allowing_bin(allow_bin):
+    with hub.allowing_bin(allow_bin), hub.showing_progress(progress):
       if isinstance(params, dict):
         params = self.parse(params, f"method {self.name}")
       return self.build(target, draft, params, mesh)
@@ -136,7 +139,7 @@ HUB_FIELDS = {"head": "eagle", "heads": "medusa", "ranker": "file", "subset": "f
 
 
 def local_path(value: str, kind: str, where: str = "", label: str = "",
-               progress: bool = False) -> str:
+               progress: bool | None = None) -> str:
   """A file parameter's local path: itself when it exists (or is no hub id), else the hub id
   fetched (from the cache when it is there). `label` (`method.field`) names the parameter in
   the error."""
@@ -152,11 +155,12 @@ def local_path(value: str, kind: str, where: str = "", label: str = "",
 
 def local_files(params, method: str, where: str):
   """`params` with each hub id among its file parameters (`HUB_FIELDS`) replaced by the local
-  path it is downloaded to (with progress); a local path that exists is kept as it is."""
+  path it is downloaded to (with progress unless within `hub.showing_progress(False)`); a
+  local path that exists is kept as it is."""
   changes = {}
   for field, kind in HUB_FIELDS.items():
     value = getattr(params, field, "")
-    local = local_path(value, kind, where, f"{method}.{field}", progress=True)
+    local = local_path(value, kind, where, f"{method}.{field}")
     if local != value:
       changes[field] = local
   return dataclasses.replace(params, **changes) if changes else params

@@ -32,7 +32,8 @@ import optax
 from flax import struct
 
 from vocabjax import interrupt
-from vocabjax.checkpoints.hub import add_allow_bin_argument, allow_bin_from_args
+from vocabjax.checkpoints.hub import (add_allow_bin_argument, allow_bin_from_args,
+                                     showing_progress)
 from vocabjax.errors import disk_full, disk_full_message
 from vocabjax.io import atomic_write_json
 from vocabjax.plots import save_png, subplots
@@ -528,12 +529,13 @@ def run_job_cli(argv, *, prog: str, doc: str, configs: str, what: str, job_from_
   a = p.parse_args(argv)
   allow_bin_from_args(a)  # the target's (and a drafter's) pickled weights, as generate and eval
   try:
-    job = job_from_dict(read_job_yaml(a.config, what, {"out": a.out, "steps": a.steps}),
-                        where=str(a.config))
-    code = before(a, job) if before else None
-    if code is not None:
-      return code
-    summary = train(job, show_progress=not a.quiet, stop_after=a.stop_after)
+    with showing_progress(False if a.quiet else None):  # the models' downloads and checksums
+      job = job_from_dict(read_job_yaml(a.config, what, {"out": a.out, "steps": a.steps}),
+                          where=str(a.config))
+      code = before(a, job) if before else None
+      if code is not None:
+        return code
+      summary = train(job, show_progress=not a.quiet, stop_after=a.stop_after)
   except errors as e:
     full = disk_full(e)
     print(f"error: {disk_full_message(full, a.out) if full else e}", file=sys.stderr)

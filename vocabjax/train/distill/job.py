@@ -91,9 +91,9 @@ def job_from_dict(raw: dict, *, where: str = "config") -> DistillJob:
   return DistillJob(**raw)
 
 
-def load_model_for(source: str, what: str):
+def load_model_for(source: str, what: str, progress: bool = True):
   """`load_model`, with a missing or unreadable model as a TrainError naming it."""
   try:
-    return load_model(source)
+    return load_model(source, progress=progress)
   except Exception as e:  # noqa: BLE001 -- any loader failure (missing, truncated, corrupt)
     raise TrainError(f"cannot load the {what} {source!r}: {type(e).__name__}: {e}") from e

@@ -55,7 +55,8 @@ def online(job: DistillJob, *, show_progress: bool = True, models=None,
   learn = job.online_steps > 0  # else the control: nothing trains
   if learn:
     job = dataclasses.replace(job, steps=n_updates * job.online_steps)
-  target, draft = models or (load_model_for(job.target, "target"), load_model_for(job.drafter, "drafter"))
+  target, draft = models or (load_model_for(job.target, "target", show_progress),
+                             load_model_for(job.drafter, "drafter", show_progress))
   tr = Translator(target.tokenizer, draft.tokenizer, target_vocab=target.config.vocab_size,
                   draft_vocab=draft.config.vocab_size)
   ids = encode_prompts(target.tokenizer, [p.text for p in prompts], True)

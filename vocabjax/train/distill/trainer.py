@@ -157,7 +157,8 @@ def train(job: DistillJob, *, show_progress: bool = True, stop_after: int | None
   out = Path(job.out)
   out.mkdir(parents=True, exist_ok=True)
   records = read_records(job.data, job.max_records)
-  target, draft = models or (load_model_for(job.target, "target"), load_model_for(job.drafter, "drafter"))
+  target, draft = models or (load_model_for(job.target, "target", show_progress),
+                             load_model_for(job.drafter, "drafter", show_progress))
   for m, what in ((target, "target"), (draft, "drafter")):
     if m.tokenizer is None:
       raise TrainError(f"the {what} {m.source} has no tokenizer")
