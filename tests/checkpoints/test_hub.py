@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from vocabjax.checkpoints import hub
 from vocabjax.checkpoints.hub import HubError, HubId, parse_hub_id
 from vocabjax.checkpoints.loader import load_model
 from vocabjax.testing.local_hub import TOKEN, LocalHub

@@ -181,6 +181,11 @@ def test_resume_is_exact(pair_dirs, data_file, tmp_path):
   with pytest.raises(TrainError, match="cannot be identified"):
     train(_job(pair_dirs, data_file, tmp_path / "b", **{**kw, "rank": 4}), show_progress=False)
   assert (tmp_path / "b" / "ranker.safetensors").read_bytes() == before
+  # that is the run as a repository commits it (log, summary and exports; no checkpoints, no
+  # marker): the job its summary.json records rebuilds it, from step 0, as its command says
+  again = train(job_b, show_progress=False)
+  assert again["complete"] and (tmp_path / "b" / "vocabjax-job.json").exists()
+  assert again["final"]["heldout_loss"] == straight["final"]["heldout_loss"]
 
 
 @pytest.mark.extended

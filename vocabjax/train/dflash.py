@@ -221,7 +221,8 @@ def train(job: DFlashJob, *, show_progress: bool = True, stop_after: int | None 
   hyper = job.optim.array()
   fingerprint = job.train_fingerprint()
   run = TrainRun(out, fingerprint, steps=job.steps, eval_every=job.eval_every,
-                 checkpoint_every=job.checkpoint_every, what="train.dflash")
+                 checkpoint_every=job.checkpoint_every, what="train.dflash",
+                 job=dataclasses.asdict(job))
   init = init_dflash(jax.random.key(job.seed), config)
   if job.norm_init == "target":
     init["final_norm"] = jnp.asarray(final_norm, init["final_norm"].dtype)

@@ -116,7 +116,8 @@ def train(job: EagleJob, *, show_progress: bool = True, stop_after: int | None =
   hyper = job.optim.array()  # the step's argument: jobs differing only there share a program
   fingerprint = job.train_fingerprint()  # reads init_head's files: once per run
   run = TrainRun(out, fingerprint, steps=job.steps, eval_every=job.eval_every,
-                 checkpoint_every=job.checkpoint_every, what="train.eagle")
+                 checkpoint_every=job.checkpoint_every, what="train.eagle",
+                 job=dataclasses.asdict(job))
   state = run.restore(TrainState.create(trainable, make_optimizer(job.optim), aux))
   if not np.array_equal(np.asarray(state.aux["d2t"]), np.asarray(d2t)):
     raise TrainError(f"the checkpoint in {out / 'checkpoints'} has another head vocabulary")

@@ -190,11 +190,32 @@ def _marked_fingerprint(marker: Path) -> str | None:
     return None
 
 
-def claim_output(out: Path, fingerprint: str, what: str) -> None:
+def _recorded_by(out: Path, job: dict | None) -> bool:
+  """Whether `out`'s summary.json records the job `job` (a job's fields, `dataclasses.asdict`):
+  each field it records but `out` (where it was written, since moved) has this job's value
+  (fields added to the job since may be absent). A run committed with its summary but not its
+  marker (as the older ones are) is then its own job's to rewrite, so its recorded command
+  rebuilds it on a fresh clone."""
+  if job is None:
+    return False
+  mine = json.loads(json.dumps(job, default=str))  # tuples as lists, as the summary has them
+  for name in ("summary.json", "recall.json"):  # (the ranker's summary is recall.json)
+    try:
+      rec = json.loads((out / name).read_text()).get("job")
+    except (OSError, json.JSONDecodeError, AttributeError):
+      continue
+    if (isinstance(rec, dict) and rec and set(rec) <= set(mine)
+        and all(rec[k] == mine[k] for k in rec if k != "out")):
+      return True
+  return False
+
+
+def claim_output(out: Path, fingerprint: str, what: str, job: dict | None = None) -> None:
   """Mark `out` as this job's (`OWNER`), or raise TrainError if it holds another job's outputs:
   the marker names another fingerprint, or outputs are there with no marker to say whose (e.g.
   `checkpoints/` was removed: the job.json inside it went with it, and another job would
-  otherwise overwrite the log and exports without a word)."""
+  otherwise overwrite the log and exports without a word) and no summary.json recording this
+  very job (`job`: its fields; `_recorded_by`)."""
   marker = out / OWNER
   if marker.exists():
     have = _marked_fingerprint(marker)
@@ -207,10 +228,10 @@ def claim_output(out: Path, fingerprint: str, what: str) -> None:
   # log.jsonl is written by TrainRun alone: a log with no marker of whose it is belongs to a
   # job that cannot be identified (what a trainer writes before its run, e.g. distillation's
   # target side, is its own and checked by its own fingerprints)
-  if not ckpt_marker.exists() and (out / "log.jsonl").exists():
+  if not ckpt_marker.exists() and (out / "log.jsonl").exists() and not _recorded_by(out, job):
     raise TrainError(f"{out} holds the outputs of a training job that cannot be identified "
-                     f"(log.jsonl, but no {OWNER} and no checkpoints/job.json); use another "
-                     f"output directory or delete it")
+                     f"(log.jsonl, but no {OWNER}, no checkpoints/job.json and no summary "
+                     f"recording this job); use another output directory (--out) or delete it")
   if ckpt_marker.exists() and _marked_fingerprint(ckpt_marker) != fingerprint:
     return  # outputs of a version before OWNER: Checkpoints refuses them with its own message
   atomic_write_json(marker, {"fingerprint": fingerprint, "what": what})
@@ -249,11 +270,11 @@ class TrainRun:
   """
 
   def __init__(self, out: Path, fingerprint: str, *, steps: int, eval_every: int,
-               checkpoint_every: int, what: str, keep: int = 2):
+               checkpoint_every: int, what: str, keep: int = 2, job: dict | None = None):
     self.out = Path(out)
     self.out.mkdir(parents=True, exist_ok=True)
     self.steps, self.eval_every, self.what = steps, eval_every, what
-    claim_output(self.out, fingerprint, what)
+    claim_output(self.out, fingerprint, what, job)  # `job`: its fields, as summary.json has
     self.ckpt = Checkpoints(self.out / "checkpoints", fingerprint, every=checkpoint_every,
                             keep=keep)
     self.log_path = self.out / "log.jsonl"

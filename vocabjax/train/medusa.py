@@ -254,7 +254,8 @@ def train(job: MedusaJob, *, show_progress: bool = True, stop_after: int | None 
   frozen = {"rows": jnp.take(full, jnp.asarray(ids), axis=0), "full": full}
   hyper = job.optim.array()  # the step's argument: jobs differing only there share a program
   run = TrainRun(out, job.train_fingerprint(), steps=job.steps, eval_every=job.eval_every,
-                 checkpoint_every=job.checkpoint_every, what="train.medusa")
+                 checkpoint_every=job.checkpoint_every, what="train.medusa",
+                 job=dataclasses.asdict(job))
   state = run.restore(TrainState.create(params, make_optimizer(job.optim)))
 
   @jax.jit

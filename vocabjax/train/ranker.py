@@ -510,7 +510,8 @@ def train(job: RankerJob, *, show_progress: bool = True, stop_after: int | None 
   ranker0 = _init_ranker(job, U)
   params = ranker0 if job.mode == "frozen" else {"drafter": draft.params, "ranker": ranker0}
   run = TrainRun(out, job.train_fingerprint(), steps=job.steps, eval_every=job.eval_every,
-                 checkpoint_every=job.checkpoint_every, what="train.ranker")
+                 checkpoint_every=job.checkpoint_every, what="train.ranker",
+                 job=dataclasses.asdict(job))
   state = run.restore(TrainState.create(params, make_optimizer(optim)))
   start = run.start
 

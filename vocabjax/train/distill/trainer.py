@@ -178,7 +178,8 @@ def train(job: DistillJob, *, show_progress: bool = True, stop_after: int | None
   del target  # only its LM head (in the distiller) is needed from here on
 
   run = TrainRun(out, job.train_fingerprint(), steps=job.steps, eval_every=job.eval_every,
-                 checkpoint_every=job.checkpoint_every, what="train.distill")
+                 checkpoint_every=job.checkpoint_every, what="train.distill",
+                 job=dataclasses.asdict(job))
   dist.state = run.restore(dist.state)
   held = held_ex or train_ex[-4:]
   rng = np.random.default_rng(job.seed)  # the order depends on the seed alone: resumable
