@@ -25,7 +25,8 @@ import yaml
 from vocabjax.errors import ConfigError, clip
 from vocabjax.io import read_utf8
 
-DATASET_KINDS = ("spec_bench", "humaneval", "gsm8k", "code_edit", "tool_call", "self_refine")
+DATASET_KINDS = ("spec_bench", "speed_bench", "humaneval", "gsm8k", "code_edit", "tool_call",
+                 "self_refine")
 # a source checkout's configs/: the shipped eval suites (configs/eval/, found by bare name) and
 # the training recipes (configs/train/, given by path)
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -39,6 +40,7 @@ class DatasetSpec:
   per_group: int | None = None  # spec_bench: first n questions of each task group
   categories: tuple[str, ...] | None = None  # spec_bench: keep only these categories/groups
   limit: int | None = None  # at most this many prompts (after the filters above)
+  config: str | None = None  # speed_bench: qualitative (default) or throughput_1k .. _32k
 
 
 # the project's shared Spec-Bench split, shipped as package data (see eval/data/README.md)
@@ -117,8 +119,16 @@ def parse_datasets(raw, where: str) -> tuple[DatasetSpec, ...]:
                              or not all(isinstance(c, str) and c for c in cats)):
       # a bare string would be read letter by letter
       raise ConfigError(f"{at}: categories must be a list of names, got {cats!r}")
+    config = d.get("config")
+    if config is not None and d["kind"] != "speed_bench":
+      raise ConfigError(f"{at}: 'config' names a SPEED-Bench configuration; the {d['kind']} "
+                        f"kind takes none")
+    if config is not None and config not in SPEED_BENCH_CONFIGS:
+      raise ConfigError(f"{at}: unknown SPEED-Bench config {config!r}; known: "
+                        f"{SPEED_BENCH_CONFIGS}")
     datasets.append(DatasetSpec(kind=d["kind"], path=d.get("path"), per_group=d.get("per_group"),
-                                categories=tuple(cats) if cats else None, limit=d.get("limit")))
+                                categories=tuple(cats) if cats else None, limit=d.get("limit"),
+                                config=config))
   if not datasets:
     raise ConfigError(f"{where}: 'datasets' is empty")
   return tuple(datasets)
@@ -212,6 +222,105 @@ def load_spec_bench(spec: DatasetSpec) -> list[Prompt]:
       continue
     per[g] = per.get(g, 0) + 1
     out.append(Prompt(f"spec_bench/{qid}", g, cat, text, str(path)))
+  return out[:spec.limit] if spec.limit else out
+
+
+# NVIDIA's SPEED-Bench (the hub's nvidia/SPEED-Bench, NVIDIA's evaluation-dataset license: read
+# from the hub or the user's cache, never copied here): a qualitative split of 880 prompts in 11
+# categories, and throughput splits of 1,536 prompts each by input length
+SPEED_BENCH = "nvidia/SPEED-Bench"
+SPEED_BENCH_CONFIGS = ("qualitative", "throughput_1k", "throughput_2k", "throughput_8k",
+                       "throughput_16k", "throughput_32k")
+
+
+def _speed_bench_local(path: Path, config: str) -> tuple[list[dict], str]:
+  """The rows of a local copy: a .parquet file, or a directory of them (a snapshot of the
+  hub's repository: the files whose path names `config`, else all of them)."""
+  import pyarrow.parquet as pq
+
+  if path.is_dir():
+    files = sorted(path.rglob("*.parquet"))
+    mine = [f for f in files if config in f.relative_to(path).as_posix()]
+    files = mine or files
+    if not files:
+      raise ConfigError(f"SPEED-Bench directory {path} holds no .parquet files")
+  else:
+    files = [path]
+  rows = []
+  for f in files:
+    try:
+      rows += [dict(r, _file=str(f)) for r in pq.read_table(f).to_pylist()]
+    except Exception as e:  # noqa: BLE001 -- pyarrow's errors for a truncated or foreign file
+      raise ConfigError(f"{f}: not a readable parquet file ({type(e).__name__}: "
+                        f"{clip(str(e), 160)})") from None
+  return rows, str(path)
+
+
+def _speed_bench_hub(repo: str, config: str) -> tuple[list[dict], str]:
+  """The rows of `repo`'s `config` (test split) through `datasets`: downloaded once, then read
+  from the user's cache (HF_HUB_OFFLINE=1 reads only the cache)."""
+  import datasets
+
+  try:
+    ds = datasets.load_dataset(repo, config, split="test")
+  except Exception as e:  # noqa: BLE001 -- gated, offline, no network: each its own class
+    raise ConfigError(
+        f"SPEED-Bench ({repo}, config {config}): cannot load it ({type(e).__name__}: "
+        f"{clip(str(e), 200)}). It is gated under NVIDIA's evaluation-dataset license: accept "
+        f"it on the hub and log in (HF_TOKEN), run once online to cache it (HF_HUB_OFFLINE=1 "
+        f"then reads the cache), or name a local copy (path: a .parquet file or a "
+        f"directory)") from None
+  return [dict(r, _file=f"{repo}:{config}") for r in ds], f"{repo}:{config}"
+
+
+def load_speed_bench(spec: DatasetSpec) -> list[Prompt]:
+  """SPEED-Bench prompts (`SPEED_BENCH_CONFIGS`): `path` a local .parquet file or directory,
+  or a hub id (default nvidia/SPEED-Bench, through `datasets`). Each row's `category` is its
+  group (the report's per-category matrix), `sub_category` its category; a row of several
+  turns asks the later ones after the method's own answer. `categories` keeps the rows whose
+  category or sub_category is named; `per_group` the first n of each category."""
+  config = spec.config or "qualitative"
+  local = Path(spec.path).expanduser() if spec.path else None
+  if local is not None and local.exists():
+    rows, where = _speed_bench_local(local, config)
+  elif spec.path and "/" in spec.path.strip("/") and not spec.path.startswith((".", "/", "~")):
+    rows, where = _speed_bench_hub(spec.path, config)
+  elif spec.path:
+    raise ConfigError(f"SPEED-Bench path not found: {spec.path} (a .parquet file, a "
+                      f"directory of them, or a hub id such as {SPEED_BENCH})")
+  else:
+    rows, where = _speed_bench_hub(SPEED_BENCH, config)
+  parsed = []
+  for i, r in enumerate(rows):
+    try:
+      turns, category = r["turns"], r["category"]
+      if not isinstance(turns, list) or not turns or not all(isinstance(t, str) and t
+                                                             for t in turns):
+        raise TypeError(f"turns must be a non-empty list of non-empty strings, got "
+                        f"{turns!r:.80}")
+      if not isinstance(category, str) or not category:
+        raise TypeError(f"category must be a non-empty string, got {category!r:.80}")
+      sub = r.get("sub_category") or category
+      parsed.append((str(r["question_id"]), category, str(sub), turns, r["_file"]))
+    except (KeyError, TypeError) as e:
+      raise ConfigError(f"{r.get('_file', where)}: row {i}: not a SPEED-Bench row "
+                        f"(question_id, category, turns[]): {type(e).__name__}: {e}") from None
+  if not parsed:
+    raise ConfigError(f"SPEED-Bench {where} holds no prompts")
+  if spec.categories:
+    known = {c for _, c, _, _, _ in parsed} | {s for _, _, s, _, _ in parsed}
+    missing = sorted(set(spec.categories) - known)
+    if missing:
+      raise ConfigError(f"unknown categories {missing} for SPEED-Bench {where}; it has "
+                        f"{sorted(known)}")
+    parsed = [p for p in parsed if p[1] in spec.categories or p[2] in spec.categories]
+  out, per = [], {}
+  for qid, cat, sub, turns, src in parsed:
+    if spec.per_group is not None and per.get(cat, 0) >= spec.per_group:
+      continue
+    per[cat] = per.get(cat, 0) + 1
+    out.append(Prompt(f"speed_bench/{config}/{qid}", cat, sub, turns[0], src,
+                      followups=tuple(turns[1:])))
   return out[:spec.limit] if spec.limit else out
 
 
@@ -318,7 +427,8 @@ def load_self_refine(spec: DatasetSpec) -> list[Prompt]:
                  p.source, REFINE_FOLLOWUPS) for p in load_spec_bench(spec)]
 
 
-LOADERS = {"spec_bench": load_spec_bench, "humaneval": load_humaneval, "gsm8k": load_gsm8k,
+LOADERS = {"spec_bench": load_spec_bench, "speed_bench": load_speed_bench,
+           "humaneval": load_humaneval, "gsm8k": load_gsm8k,
            "code_edit": load_code_edit, "tool_call": load_tool_call,
            "self_refine": load_self_refine}
 

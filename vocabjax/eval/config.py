@@ -76,6 +76,9 @@ class EvalConfig:
       d.pop("mesh")
     if not d["chat_template_kwargs"]:  # and before chat template variables
       d.pop("chat_template_kwargs")
+    for ds in d["datasets"]:  # and before SPEED-Bench's configurations
+      if ds.get("config") is None:
+        ds.pop("config", None)
     blob = json.dumps(d, sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 

@@ -35,6 +35,7 @@ import io
 import json
 import math
 import os
+import re
 import platform
 import subprocess
 import sys
@@ -248,6 +249,10 @@ def build_summary(config, records: list[dict], info: dict, splits: dict, meta: d
   groups = sorted({r["group"] for r in records},
                   key=lambda g: (GROUP_ORDER.index(g) if g in GROUP_ORDER else 99, g))
   greedy = config.greedy
+  # SPEED-Bench's prompts: their categories (the later turns of a multi-turn prompt counted
+  # with the first) for the per-category acceptance matrix
+  speed = [r for r in records if str(r["qid"]).startswith("speed_bench/")]
+  speed_cats = sorted({_speed_category(r) for r in speed})
   ar_name = next(m.name for m in config.methods if m.method == "ar")
   by = {}
   for r in records:
@@ -294,7 +299,11 @@ def build_summary(config, records: list[dict], info: dict, splits: dict, meta: d
         "framework": fw, "params": params, "draft_vocab_size": vocab,
         "overall": agg(recs),
         "by_group": {g: agg([r for r in recs if r["group"] == g]) for g in groups
-                     if any(r["group"] == g for r in recs)}})
+                     if any(r["group"] == g for r in recs)},
+        **({"by_speed_bench_category": {
+            c: agg(rs) for c in speed_cats
+            if (rs := [r for r in recs if str(r["qid"]).startswith("speed_bench/")
+                       and _speed_category(r) == c])}} if speed_cats else {})})
 
   env = {"commit": git_commit(),
          "record_commits": sorted({str(r.get("commit")) for r in records}),
@@ -323,6 +332,31 @@ def build_summary(config, records: list[dict], info: dict, splits: dict, meta: d
   summary = _clean(summary)
   validate_summary(summary)
   return summary
+
+
+def _speed_category(record: dict) -> str:
+  """A SPEED-Bench record's category: its group, without a later turn's `/turn<n>`."""
+  return re.sub(r"/turn\d+$", "", record["group"])
+
+
+def speed_bench_matrix(summary: dict) -> list[str]:
+  """The per-category acceptance matrix of SPEED-Bench's prompts (categories x methods, the
+  mean accepted length per step, as SPEED-Bench's own report lays it out), with the number of
+  answers (each turn of a multi-turn prompt is one); [] when the suite has none of its
+  prompts."""
+  methods = [m for m in summary["methods"]
+             if m.get("by_speed_bench_category") and m["method"] != "ar"]
+  if not methods:
+    return []
+  cats = sorted({c for m in methods for c in m["by_speed_bench_category"]})
+  lines = ["", "Acceptance length per SPEED-Bench category (tau: tokens per target step):", "",
+           "| category | answers | " + " | ".join(m["name"] for m in methods) + " |",
+           "|---" * (len(methods) + 2) + "|"]
+  for c in cats:
+    n = max(m["by_speed_bench_category"].get(c, {}).get("questions", 0) for m in methods)
+    cells = [_f(m["by_speed_bench_category"].get(c, {}).get("tau")) for m in methods]
+    lines.append(f"| {c} | {n} | " + " | ".join(cells) + " |")
+  return lines
 
 
 def _f(x, fmt="{:.2f}", suffix=""):
@@ -384,6 +418,7 @@ def markdown(summary: dict) -> str:
       a = m["by_group"].get(g)
       cells.append("-" if not a else f"{a['questions']}q, {_f(a['tau'])}, {_f(a['tokens_per_s'])}")
     lines.append(f"| {m['name']} | " + " | ".join(cells) + " |")
+  lines += speed_bench_matrix(summary)
   splits = summary["time_split_per_step"]
   if splits:
     lines += ["", "Time split of one step (each part timed as its own program, batch 1):", "",
