@@ -291,6 +291,43 @@ def test_a_cached_file_whose_bytes_changed_is_refused_online_and_offline(served,
   assert hub._VERIFIED.get(blob) == hub._stamp(blob)
 
 
+def test_an_eval_resumed_on_changed_cached_bytes_is_refused_and_mixes_nothing(served, tmp_path):
+  """The probe's mixed resume: a suite on a hub-id target, cut after its first records, its
+  cached weights bit-flipped, rerun into the same --out. The records' provenance is the commit
+  (whose tree names each file's hash) and the cached bytes are checked against those hashes on
+  first read, so the rerun is refused in one line and the directory keeps only the records of
+  the original weights (before: it resumed, 'match AR 75%' for a lossless method)."""
+  import yaml
+
+  from tests.helpers.eval import run_eval
+  from vocabjax.eval.runner import RECORDS
+
+  q = tmp_path / "q.jsonl"
+  q.write_text("".join(json.dumps({"question_id": i, "category": "qa", "turns": [t]}) + "\n"
+                       for i, t in enumerate(["Who?", "def add(a, b):", "Hello there"])))
+  suite = tmp_path / "s.yaml"
+  suite.write_text(yaml.safe_dump({
+      "name": "hubresume", "target": "org/tiny", "max_new_tokens": 4, "max_len": 64,
+      "datasets": [{"kind": "spec_bench", "path": str(q)}],
+      "methods": [{"name": "ar", "method": "ar"}, {"name": "pld", "method": "pld", "gamma": 2}]}))
+  out = tmp_path / "res"
+  run_eval(suite, out, "--reference", "none")
+  kept = (out / RECORDS).read_text().splitlines()[:2]
+  (out / RECORDS).write_text("".join(x + "\n" for x in kept))
+  from vocabjax.checkpoints import hub
+
+  hub._VERIFIED.clear()  # a new process: nothing read yet
+  blob = next((served.cache / "models--org--tiny" / "snapshots").glob(
+      "*/model.safetensors")).resolve()
+  data = bytearray(blob.read_bytes())
+  data[-1] ^= 0xFF
+  blob.write_bytes(bytes(data))
+  with pytest.raises(HubError, match=r"org/tiny: the cached model.safetensors is not the file it "
+                                     r"was downloaded as"):
+    run_eval(suite, out, "--reference", "none")
+  assert (out / RECORDS).read_text().splitlines() == kept
+
+
 def test_too_little_disk_is_said_before_downloading(served, monkeypatch):
   import shutil
   from collections import namedtuple

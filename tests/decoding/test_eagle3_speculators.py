@@ -155,6 +155,16 @@ def test_sglang_layout_options_and_d2t_traps_are_refused(setup, tmp_path):
     load_eagle3(variant("t2d_short", tensors={"t2d": t2d[:-1]}))
   with pytest.raises(CheckpointError, match=r"matching t2d .*\(first bad: draft id 0 -> "):
     load_eagle3(variant("t2d_false", tensors={"t2d": np.zeros_like(t2d)}))
+  # no t2d to compare with: absolute ids refused where they are arange(Vd), the first Vd ids
+  # (as offsets: the even ids); the same head over the first Vd ids, as offsets, loads
+  bare = variant("no_t2d")
+  t = {k: v for k, v in load_file(bare / "model.safetensors").items() if k != "t2d"}
+  save_file({**t, "d2t": np.arange(VD, dtype=d2t.dtype)}, bare / "model.safetensors")
+  with pytest.raises(CheckpointError, match=rf"d2t is arange\({VD}\): the target ids "
+                                            r"themselves, not their offsets"):
+    load_eagle3(bare)
+  save_file({**t, "d2t": np.zeros(VD, d2t.dtype)}, bare / "model.safetensors")
+  assert load_eagle3(bare)[0].draft_vocab_size == VD
   # speculators' layer ids copied to the top level of an SGLang config (flattened by hand):
   # refused, not read with the default layers (and their numbering is not known)
   with pytest.raises(CheckpointError, match=r"eagle_aux_hidden_state_layer_ids=\[1, 2, 3\] at "

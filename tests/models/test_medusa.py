@@ -139,6 +139,9 @@ def test_save_load_roundtrip_and_bad_checkpoints(target, tmp_path):
   (tmp_path / "c" / "config.json").write_text(json.dumps({**raw, "medusa_num_layers": 1}))
   with pytest.raises(CheckpointError, match=r"missing tensor '0.1.weight'"):
     load_medusa(tmp_path / "c", target_config=CFG)  # its head's rows sit after 2 blocks
+  (tmp_path / "c" / "config.json").write_text(json.dumps({**raw, "medusa_num_layers": 0}))
+  with pytest.raises(CheckpointError, match=r"missing tensor '0.0.weight'"):
+    load_medusa(tmp_path / "c", target_config=CFG)  # no blocks: its rows sought at block 0
   sd = load_file(str(tmp_path / "m" / "medusa_lm_head.safetensors"))
   save_file({**sd, "1.7.extra": np.zeros(3, np.float32)},
             str(tmp_path / "c" / "medusa_lm_head.safetensors"))

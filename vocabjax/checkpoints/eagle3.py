@@ -421,8 +421,10 @@ def check_d2t(where, d2t: np.ndarray, t2d: np.ndarray | None, vocab_size: int) -
   """The target ids a reduced head's `d2t` (offsets: target id = draft id + d2t[draft id])
   names, checked: inside the vocabulary, ascending, and (where the file has `t2d` [V], the
   target ids' mask) the ids t2d marks. A d2t of absolute target ids, as an exporter that
-  confuses the two writes, is named as such where t2d shows it; a float d2t, a t2d that is not
-  a [V] mask, and the first bad draft id are named."""
+  confuses the two writes, is named as such where t2d shows it, and without t2d where it is
+  `arange(Vd)` (the absolute map of the first Vd ids, whose offsets are all 0: as offsets it
+  would draft only even ids); a float d2t, a t2d that is not a [V] mask, and the first bad
+  draft id are named."""
   raw = np.asarray(d2t)
   if not np.issubdtype(raw.dtype, np.integer):
     raise CheckpointError(f"{where}: d2t holds {raw.dtype} values; it must hold integer offsets "
@@ -434,9 +436,15 @@ def check_d2t(where, d2t: np.ndarray, t2d: np.ndarray | None, vocab_size: int) -
   Vd = d2t.size
   target = head_target_ids(d2t)
   marked = None if t2d is None else np.flatnonzero(np.asarray(t2d).astype(bool))
+  identity = Vd > 1 and np.array_equal(d2t, np.arange(Vd))
   if (target.min() >= 0 and target.max() < vocab_size and np.all(np.diff(target) > 0)
-      and (marked is None or np.array_equal(marked, target))):
+      and (marked is None or np.array_equal(marked, target)) and not identity):
     return target
+  if identity and marked is None:
+    raise CheckpointError(f"{where}: d2t is arange({Vd}): the target ids themselves, not their "
+                          f"offsets (target id = draft id + d2t[draft id]; a head over the "
+                          f"first {Vd} ids has a d2t of zeros); as offsets it would draft "
+                          f"target ids 0, 2, 4, ... (first bad: draft id 1 -> target id 2)")
   absolute = bool(np.all(np.diff(d2t) > 0)) and (marked is None or np.array_equal(marked, d2t))
   hint = ("; d2t holds the target ids themselves, not their offsets (target id = draft id + "
           "d2t[draft id])" if absolute else "")
