@@ -460,10 +460,10 @@ def _bars(text: str) -> list[str]:
           if ln.startswith("[hub]") or "%|" in ln or "it/s]" in ln or "B/s]" in ln]
 
 
-def _entry_points(tmp_path, tiny_chat_dir) -> dict:
-  """generate, eval, calibrate count and a trainer (Medusa's), each on the target org/tiny and
-  (where it takes heads) the Medusa heads org/medusa-heads, each with --quiet: name -> run,
-  which returns the exit status (eval: 0 when it returned its summary)."""
+def _entry_points(tmp_path, tiny_chat_dir, target="org/tiny", extra=()) -> dict:
+  """generate, eval, calibrate count and a trainer (Medusa's), each on `target` and (where it
+  takes heads) the Medusa heads org/medusa-heads, each with --quiet and `extra` flags: name ->
+  run, which returns the exit status (eval: 0 when it returned its summary)."""
   import yaml
 
   from tests.helpers.train import write_completions
@@ -476,7 +476,7 @@ def _entry_points(tmp_path, tiny_chat_dir) -> dict:
   q.write_text(json.dumps({"question_id": 1, "category": "qa", "turns": ["Who?"]}) + "\n")
   suite = tmp_path / "suite.yaml"
   suite.write_text(yaml.safe_dump({
-      "name": "quiet", "target": "org/tiny", "max_new_tokens": 3, "max_len": 64,
+      "name": "quiet", "target": target, "max_new_tokens": 3, "max_len": 64,
       "datasets": [{"kind": "spec_bench", "path": str(q)}],
       "methods": [{"name": "ar", "method": "ar"},
                   {"name": "medusa", "method": "medusa", "heads": "org/medusa-heads"}]}))
@@ -485,7 +485,7 @@ def _entry_points(tmp_path, tiny_chat_dir) -> dict:
                           for i in range(4)))
   data = write_completions(tiny_chat_dir, tmp_path / "gen.jsonl", n=6, max_new_tokens=6)
   (tmp_path / "m.yaml").write_text(yaml.safe_dump({
-      "target": "org/tiny", "data": [str(data)], "out": str(tmp_path / "m"),
+      "target": target, "data": [str(data)], "out": str(tmp_path / "m"),
       "features": str(tmp_path / "f"), "feature_layers": [0], "num_heads": 1,
       "train_vocab_size": None, "batch_size": 8, "steps": 2, "warmup_steps": 0,
       "eval_every": 2, "checkpoint_every": 2, "heldout": 0.25}))
@@ -493,20 +493,20 @@ def _entry_points(tmp_path, tiny_chat_dir) -> dict:
 
   def run_eval():
     ev.main(ev.parse_args(["--config", str(suite), "--out", str(tmp_path / f"res{next(n)}"),
-                           "--quiet", "--reference", "none"]))
+                           "--quiet", "--reference", "none", *extra]))
     return 0
 
   return {
       "generate": lambda: generate([
-          "--target", "org/tiny", "--prompt", "hi", "--max-new-tokens", "3", "--method",
-          "medusa", "--set", "heads=org/medusa-heads", "--quiet"]),
+          "--target", target, "--prompt", "hi", "--max-new-tokens", "3", "--method",
+          "medusa", "--set", "heads=org/medusa-heads", "--quiet", *extra]),
       "eval": run_eval,
       "calibrate count": lambda: calibrate([
-          "count", "--model", "org/tiny", "--out", str(tmp_path / f"c{next(n)}"), "--jsonl",
-          str(docs), "--quiet"]),
+          "count", "--model", target, "--out", str(tmp_path / f"c{next(n)}"), "--jsonl",
+          str(docs), "--quiet", *extra]),
       "train.medusa": lambda: medusa.main([
           "--config", str(tmp_path / "m.yaml"), "--out", str(tmp_path / f"m{next(n)}"),
-          "--quiet"]),
+          "--quiet", *extra]),
   }
 
 
@@ -542,6 +542,34 @@ def test_quiet_reaches_every_download(served, tiny_chat_dir, tiny_medusa_dir, tm
     fresh()
     assert run() == 0, name
     assert _bars(capfd.readouterr().err) == [], name
+
+
+def test_allow_bin_reaches_every_entry_point(served, tiny_chat_dir, tiny_medusa_dir, tmp_path,
+                                             monkeypatch):
+  """A target with only pickled weights (org/pickled): generate, eval, calibrate count and a
+  trainer refuse it without --allow-bin and load it with the flag."""
+  import torch
+
+  tensors = load_file(tiny_chat_dir / "model.safetensors")
+  torch.save({k: torch.from_numpy(v.copy()) for k, v in tensors.items()}, tmp_path / "w.bin")
+  files = {k: v for k, v in _files(tiny_chat_dir).items() if k != "model.safetensors"}
+  files["pytorch_model.bin"] = (tmp_path / "w.bin").read_bytes()
+  served.add("org/pickled", files)
+  served.add("org/medusa-heads", _files(tiny_medusa_dir))
+
+  def refused(run):
+    try:
+      return run() != 0
+    except Exception as e:  # noqa: BLE001 -- eval raises its one-line errors to its caller
+      return "pickled PyTorch weights" in str(e)
+
+  for name, run in _entry_points(tmp_path, tiny_chat_dir, "org/pickled").items():
+    monkeypatch.setenv("VOCABJAX_ALLOW_BIN", "0")
+    assert refused(run), name
+  for name, run in _entry_points(tmp_path, tiny_chat_dir, "org/pickled",
+                                 ("--allow-bin",)).items():
+    monkeypatch.setenv("VOCABJAX_ALLOW_BIN", "0")  # the flag alone allows it
+    assert run() == 0, name
 
 
 def test_offline_reaches_every_entry_point(served, tiny_chat_dir, tiny_medusa_dir, tmp_path,
