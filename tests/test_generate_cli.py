@@ -145,6 +145,11 @@ def test_the_python_api_refuses_a_draft_as_the_command_line_does(pair_models):
       METHODS[name].make(target, draft, {})
   with pytest.raises(ConfigError, match="method 'chain' needs a draft model"):
     METHODS["chain"].make(target, None, {"gamma": 2})
+  with pytest.raises(ConfigError, match=r"method 'chain': params must be a mapping or a "
+                                        r"ChainParams, got None"):
+    METHODS["chain"].make(target, draft, None)
+  with pytest.raises(ConfigError, match=r"chain.gamma must be int, got None"):
+    METHODS["chain"].make(target, draft, {"gamma": None})
 
 
 @pytest.fixture(scope="module")

@@ -122,6 +122,13 @@ def test_no_recompilation_across_steps_and_calls(decoder):
     (dict(max_new_tokens=4, eos_token_ids=[2, 1.5]), r"eos_token_ids holds 1.5 \(float\)"),
     (dict(max_new_tokens=4, eos_token_ids=[2, 128, 900]),
      r"eos_token_ids holds ids outside the vocabulary \[0, 128\): \[128, 900\]"),
+    # None where the API takes a value: named, not an AttributeError or a TypeError
+    (dict(max_new_tokens=None), r"max_new_tokens must be an integer, got None \(NoneType\)"),
+    (dict(max_new_tokens=4, seed=None), r"seed must be an integer, got None"),
+    (dict(max_new_tokens=4, sampling=None), r"sampling must be a SamplingParams \(SamplingParams"
+                                            r"\(\) is greedy\), got None"),
+    (dict(max_new_tokens=4, eos_token_ids=None), r"eos_token_ids must be an int or a sequence "
+                                                 r"of ints, got None"),
 ])
 def test_bad_requests(decoder, kwargs, match):
   with pytest.raises(ValueError, match=match):

@@ -369,6 +369,9 @@ def validate_request(prompts: list[list[int]], max_new_tokens: int, sampling: Sa
     bad = [t for t in p if not 0 <= t < config.vocab_size]
     if bad:
       raise ValueError(f"prompt {i} holds token ids outside [0, {config.vocab_size}): {bad[:5]}")
+  if not isinstance(sampling, SamplingParams):
+    raise ValueError(f"sampling must be a SamplingParams (SamplingParams() is greedy), got "
+                     f"{sampling!r} ({type(sampling).__name__})")
   sampling.validate_for_vocab(config.vocab_size)
   longest = max(len(p) for p in prompts)
   if max_len is not None and longest + max_new_tokens > max_len:

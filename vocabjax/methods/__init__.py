@@ -102,6 +102,9 @@ class Method:
                         f"head or the context); pass draft=None")
     if draft is None and self.needs_draft:
       raise ConfigError(f"method {self.name!r} needs a draft model; pass one")
+    if not isinstance(params, (dict, self.params)):
+      raise ConfigError(f"method {self.name!r}: params must be a mapping or a "
+                        f"{self.params.__name__}, got {params!r} ({type(params).__name__})")
     with hub.allowing_bin(allow_bin), hub.showing_progress(progress):
       if isinstance(params, dict):
         params = self.parse(params, f"method {self.name}")
