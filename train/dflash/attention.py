@@ -22,19 +22,14 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
-import yaml
 
-from vocabjax.checkpoints.dflash import load_dflash
-from vocabjax.checkpoints.loader import load_model
+from diagnose import load_run  # (beside this script)
 from vocabjax.io import atomic_write_json
 from vocabjax.kernels.gather import take_rows
 from vocabjax.lowering import lowering_of
 from vocabjax.models.dflash import _kv, fuse_context
 from vocabjax.models.llamalike import _proj, apply_rope, norm, rope_cos_sin
-from vocabjax.train.dflash import job_from_dict
 from vocabjax.train.dflash_step import empty_batch, put_record, valid_anchors
-from vocabjax.train.eagle_data import load_eagle_features
-from vocabjax.train.features import heldout_records
 
 
 def attention_maps(params, embed, tokens, features, positions, anchors, config):
@@ -85,14 +80,8 @@ def main(argv=None) -> int:
   p.add_argument("--records", type=int, default=12)
   p.add_argument("--out")
   a = p.parse_args(argv)
-  job = job_from_dict(yaml.safe_load(Path(a.config).read_text()))
-  drafter = Path(a.drafter or Path(job.out) / "drafter")
-  target = load_model(job.target, dtype="float32", progress=False)
-  config, params = load_dflash(drafter, target_config=target.config)
-  data = load_eagle_features(job.feature_job(config.target_layer_ids).features_dir, None,
-                             config.target_layer_ids)
-  held = set(heldout_records(data, job.heldout, job.heldout_split, job.seed).tolist())
-  recs = [i for i, (r, _, _) in enumerate(data.seqs) if r in held][:a.records]
+  job, drafter, target, config, params, data, held_idx = load_run(a.config, a.drafter)
+  recs = held_idx[:a.records]
   L, bs = len(params["layers"]), config.block_size
   sums = {k: np.zeros((L, bs)) for k in ("prev1", "prev2_4", "context", "block")}
   blocks = 0

@@ -32,6 +32,20 @@ from vocabjax.train.eagle_data import load_eagle_features
 from vocabjax.train.features import heldout_records
 
 
+def load_run(config_path: str, drafter: str | None):
+  """(job, drafter dir, target, drafter config, drafter params, features, held-out record
+  indices) of the DFlash training job `config_path` (its exported drafter by default)."""
+  job = job_from_dict(yaml.safe_load(Path(config_path).read_text()))
+  drafter = Path(drafter or Path(job.out) / "drafter")
+  target = load_model(job.target, dtype="float32", progress=False)
+  config, params = load_dflash(drafter, target_config=target.config)
+  data = load_eagle_features(job.feature_job(config.target_layer_ids).features_dir, None,
+                             config.target_layer_ids)
+  held = set(heldout_records(data, job.heldout, job.heldout_split, job.seed).tolist())
+  held_idx = [i for i, (r, _, _) in enumerate(data.seqs) if r in held]
+  return job, drafter, target, config, params, data, held_idx
+
+
 def main(argv=None) -> int:
   p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   p.add_argument("--config", required=True)
@@ -39,19 +53,13 @@ def main(argv=None) -> int:
   p.add_argument("--train-records", type=int, default=60)
   p.add_argument("--out")
   a = p.parse_args(argv)
-  job = job_from_dict(yaml.safe_load(Path(a.config).read_text()))
-  drafter = Path(a.drafter or Path(job.out) / "drafter")
-  target = load_model(job.target, dtype="float32", progress=False)
-  config, params = load_dflash(drafter, target_config=target.config)
+  job, drafter, target, config, params, data, held_idx = load_run(a.config, a.drafter)
   embed, head = target.params["embed"], lm_head_weight(target.params, target.config)
   t2d = None
   if config.draft_vocab_size is not None:  # a head of its own: its rows, its map
     ids = np.asarray(params["d2t"]) + np.arange(config.draft_vocab_size)
     t2d, head = row_map(ids, target.config.vocab_size), None
-  fdir = job.feature_job(config.target_layer_ids).features_dir
-  data = load_eagle_features(fdir, None, config.target_layer_ids)
-  held = set(heldout_records(data, job.heldout, job.heldout_split, job.seed).tolist())
-  held_idx = [i for i, (r, _, _) in enumerate(data.seqs) if r in held]
+  held = {data.seqs[i][0] for i in held_idx}
   train_idx = [i for i, (r, _, _) in enumerate(data.seqs) if r not in held][:a.train_records]
   kw = {"config": config, "batch_size": job.batch_size, "seq_len": job.seq_len,
         "anchors": job.anchors, "stride": job.eval_stride, "t2d": t2d}

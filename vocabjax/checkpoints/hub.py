@@ -97,15 +97,20 @@ _ALLOW_BIN: contextvars.ContextVar = contextvars.ContextVar("vocabjax_allow_bin"
 
 
 @contextlib.contextmanager
-def allowing_bin(allow_bin: bool | None):
-  """Within: `allow_bin` (None: no change) is the default of every load that takes none (the
-  heads, rankers and files a method builds from: `Method.make(..., allow_bin=True)`)."""
-  token = _ALLOW_BIN.set(allow_bin) if allow_bin is not None else None
+def _scoped(var: contextvars.ContextVar, value: bool | None):
+  """Within: `var` holds `value` (None: no change)."""
+  token = var.set(bool(value)) if value is not None else None
   try:
     yield
   finally:
     if token is not None:
-      _ALLOW_BIN.reset(token)
+      var.reset(token)
+
+
+def allowing_bin(allow_bin: bool | None):
+  """Within: `allow_bin` (None: no change) is the default of every load that takes none (the
+  heads, rankers and files a method builds from: `Method.make(..., allow_bin=True)`)."""
+  return _scoped(_ALLOW_BIN, allow_bin)
 
 
 def allow_bin_default(allow_bin: bool | None = None) -> bool:
@@ -121,17 +126,11 @@ def allow_bin_default(allow_bin: bool | None = None) -> bool:
 _PROGRESS: contextvars.ContextVar = contextvars.ContextVar("vocabjax_progress", default=None)
 
 
-@contextlib.contextmanager
 def showing_progress(progress: bool | None):
   """Within: `progress` (None: no change) is the default of every load that takes none: the
   downloads' and checksums' bars of models, heads, rankers and files (`--quiet` of the
   commands, `progress=False` of `load_model` and `METHODS[name].make`)."""
-  token = _PROGRESS.set(bool(progress)) if progress is not None else None
-  try:
-    yield
-  finally:
-    if token is not None:
-      _PROGRESS.reset(token)
+  return _scoped(_PROGRESS, progress)
 
 
 def progress_default(progress: bool | None = None) -> bool:
