@@ -14,7 +14,6 @@ drafter that predicts position 1 the way an EAGLE head does puts its mass on slo
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from diagnose import load_run  # (beside this script)
+from diagnose import load_run, run_parser  # (beside this script)
 from vocabjax.io import atomic_write_json
 from vocabjax.kernels.gather import take_rows
 from vocabjax.lowering import lowering_of
@@ -74,11 +73,8 @@ def attention_maps(params, embed, tokens, features, positions, anchors, config):
 
 
 def main(argv=None) -> int:
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-  p.add_argument("--config", required=True)
-  p.add_argument("--drafter")
+  p = run_parser(__doc__)
   p.add_argument("--records", type=int, default=12)
-  p.add_argument("--out")
   a = p.parse_args(argv)
   job, drafter, target, config, params, data, held_idx = load_run(a.config, a.drafter)
   recs = held_idx[:a.records]

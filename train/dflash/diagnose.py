@@ -46,12 +46,18 @@ def load_run(config_path: str, drafter: str | None):
   return job, drafter, target, config, params, data, held_idx
 
 
-def main(argv=None) -> int:
-  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def run_parser(doc: str) -> argparse.ArgumentParser:
+  """The DFlash lab scripts' common arguments: --config (the training job), --drafter, --out."""
+  p = argparse.ArgumentParser(description=doc.split("\n\n")[0])
   p.add_argument("--config", required=True)
   p.add_argument("--drafter")
-  p.add_argument("--train-records", type=int, default=60)
   p.add_argument("--out")
+  return p
+
+
+def main(argv=None) -> int:
+  p = run_parser(__doc__)
+  p.add_argument("--train-records", type=int, default=60)
   a = p.parse_args(argv)
   job, drafter, target, config, params, data, held_idx = load_run(a.config, a.drafter)
   embed, head = target.params["embed"], lm_head_weight(target.params, target.config)
