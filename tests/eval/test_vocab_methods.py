@@ -298,6 +298,8 @@ def test_a_suite_on_a_mesh(head_dir, tmp_path, tiny_chat_dir):
   cfg = load_config(path)
   d = dataclasses.asdict(cfg)
   assert d.pop("mesh") is None and d.pop("chat_template_kwargs") == ()
+  for ds in d["datasets"]:  # (nor SPEED-Bench's configurations)
+    assert ds.pop("config") is None
   blob = json.dumps(d, sort_keys=True, default=str).encode()
   assert cfg.fingerprint() == hashlib.sha256(blob).hexdigest()[:16]  # as before meshes
   assert cfg.fingerprint() != dataclasses.replace(cfg, mesh="model=8").fingerprint()

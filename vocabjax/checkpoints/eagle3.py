@@ -436,11 +436,12 @@ def check_d2t(where, d2t: np.ndarray, t2d: np.ndarray | None, vocab_size: int) -
   Vd = d2t.size
   target = head_target_ids(d2t)
   marked = None if t2d is None else np.flatnonzero(np.asarray(t2d).astype(bool))
-  identity = Vd > 1 and np.array_equal(d2t, np.arange(Vd))
+  # without t2d, arange(Vd) reads as absolute ids (with t2d, t2d says which it is)
+  absolute_identity = marked is None and Vd > 1 and np.array_equal(d2t, np.arange(Vd))
   if (target.min() >= 0 and target.max() < vocab_size and np.all(np.diff(target) > 0)
-      and (marked is None or np.array_equal(marked, target)) and not identity):
+      and (marked is None or np.array_equal(marked, target)) and not absolute_identity):
     return target
-  if identity and marked is None:
+  if absolute_identity:
     raise CheckpointError(f"{where}: d2t is arange({Vd}): the target ids themselves, not their "
                           f"offsets (target id = draft id + d2t[draft id]; a head over the "
                           f"first {Vd} ids has a d2t of zeros); as offsets it would draft "
