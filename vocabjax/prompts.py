@@ -209,19 +209,26 @@ def load_spec_bench(spec: DatasetSpec) -> list[Prompt]:
                         f"{type(e).__name__}: {e}") from None
   if not rows:
     raise ConfigError(f"Spec-Bench file {path} holds no questions")
-  known = {c for _, c, _ in rows} | {task_group(c) for _, c, _ in rows}
+  return _select([Prompt(f"spec_bench/{qid}", task_group(cat), cat, text, str(path))
+                  for qid, cat, text in rows], spec, str(path))
+
+
+def _select(prompts: list[Prompt], spec: DatasetSpec, where: str) -> list[Prompt]:
+  """A dataset's filters, in order: `categories` (a prompt's group or category named; an
+  unknown name refused, naming `where`), the first `per_group` of each group, `limit`."""
   if spec.categories:
+    known = {p.group for p in prompts} | {p.category for p in prompts}
     missing = sorted(set(spec.categories) - known)
     if missing:
-      raise ConfigError(f"unknown categories {missing} for {path}; it has {sorted(known)}")
-    rows = [r for r in rows if r[1] in spec.categories or task_group(r[1]) in spec.categories]
+      raise ConfigError(f"unknown categories {missing} for {where}; it has {sorted(known)}")
+    prompts = [p for p in prompts if p.group in spec.categories
+               or p.category in spec.categories]
   out, per = [], {}
-  for qid, cat, text in rows:
-    g = task_group(cat)
-    if spec.per_group is not None and per.get(g, 0) >= spec.per_group:
+  for p in prompts:
+    if spec.per_group is not None and per.get(p.group, 0) >= spec.per_group:
       continue
-    per[g] = per.get(g, 0) + 1
-    out.append(Prompt(f"spec_bench/{qid}", g, cat, text, str(path)))
+    per[p.group] = per.get(p.group, 0) + 1
+    out.append(p)
   return out[:spec.limit] if spec.limit else out
 
 
@@ -300,28 +307,15 @@ def load_speed_bench(spec: DatasetSpec) -> list[Prompt]:
                         f"{turns!r:.80}")
       if not isinstance(category, str) or not category:
         raise TypeError(f"category must be a non-empty string, got {category!r:.80}")
-      sub = r.get("sub_category") or category
-      parsed.append((str(r["question_id"]), category, str(sub), turns, r["_file"]))
+      sub = str(r.get("sub_category") or category)
+      parsed.append(Prompt(f"speed_bench/{config}/{r['question_id']}", category, sub,
+                           turns[0], r["_file"], followups=tuple(turns[1:])))
     except (KeyError, TypeError) as e:
       raise ConfigError(f"{r.get('_file', where)}: row {i}: not a SPEED-Bench row "
                         f"(question_id, category, turns[]): {type(e).__name__}: {e}") from None
   if not parsed:
     raise ConfigError(f"SPEED-Bench {where} holds no prompts")
-  if spec.categories:
-    known = {c for _, c, _, _, _ in parsed} | {s for _, _, s, _, _ in parsed}
-    missing = sorted(set(spec.categories) - known)
-    if missing:
-      raise ConfigError(f"unknown categories {missing} for SPEED-Bench {where}; it has "
-                        f"{sorted(known)}")
-    parsed = [p for p in parsed if p[1] in spec.categories or p[2] in spec.categories]
-  out, per = [], {}
-  for qid, cat, sub, turns, src in parsed:
-    if spec.per_group is not None and per.get(cat, 0) >= spec.per_group:
-      continue
-    per[cat] = per.get(cat, 0) + 1
-    out.append(Prompt(f"speed_bench/{config}/{qid}", cat, sub, turns[0], src,
-                      followups=tuple(turns[1:])))
-  return out[:spec.limit] if spec.limit else out
+  return _select(parsed, spec, f"SPEED-Bench {where}")
 
 
 def _humaneval_problems(spec: DatasetSpec) -> list[dict]:

@@ -251,8 +251,7 @@ def build_summary(config, records: list[dict], info: dict, splits: dict, meta: d
   greedy = config.greedy
   # SPEED-Bench's prompts: their categories (the later turns of a multi-turn prompt counted
   # with the first) for the per-category acceptance matrix
-  speed = [r for r in records if str(r["qid"]).startswith("speed_bench/")]
-  speed_cats = sorted({_speed_category(r) for r in speed})
+  speed_cats = sorted({c for r in records if (c := _speed_category(r))})
   ar_name = next(m.name for m in config.methods if m.method == "ar")
   by = {}
   for r in records:
@@ -302,8 +301,7 @@ def build_summary(config, records: list[dict], info: dict, splits: dict, meta: d
                      if any(r["group"] == g for r in recs)},
         **({"by_speed_bench_category": {
             c: agg(rs) for c in speed_cats
-            if (rs := [r for r in recs if str(r["qid"]).startswith("speed_bench/")
-                       and _speed_category(r) == c])}} if speed_cats else {})})
+            if (rs := [r for r in recs if _speed_category(r) == c])}} if speed_cats else {})})
 
   env = {"commit": git_commit(),
          "record_commits": sorted({str(r.get("commit")) for r in records}),
@@ -334,8 +332,11 @@ def build_summary(config, records: list[dict], info: dict, splits: dict, meta: d
   return summary
 
 
-def _speed_category(record: dict) -> str:
-  """A SPEED-Bench record's category: its group, without a later turn's `/turn<n>`."""
+def _speed_category(record: dict) -> str | None:
+  """A SPEED-Bench record's category: its group, without a later turn's `/turn<n>`; None for
+  a record of another dataset."""
+  if not str(record["qid"]).startswith("speed_bench/"):
+    return None
   return re.sub(r"/turn\d+$", "", record["group"])
 
 
