@@ -33,7 +33,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import is_quantized, param_shapes
+from vocabjax.models.llamalike import SCALE, has_blocks, is_int8, param_shapes
 
 # leaf -> which axis of the per-layer tensor goes to "model".
 _LAYER_MODEL_AXIS = {"wq": 0, "wk": 0, "wv": 0, "bq": 0, "bk": 0, "bv": 0, "wo": 1,
@@ -98,12 +98,33 @@ def param_shardings(config: LlamaLikeConfig, mesh: Mesh) -> dict:
 
 
 def shard_params(params: dict, config: LlamaLikeConfig, mesh: Mesh) -> dict:
-  """device_put every leaf with its NamedSharding."""
-  if is_quantized(params):
-    raise ValueError("quantized weights (int8 rows, GGUF blocks) are a one-device option; "
-                     "shard the model in float32 or bfloat16")
+  """device_put every leaf with its NamedSharding (int8 rows' scales: `with_scale_specs`)."""
+  if has_blocks(params):
+    raise ValueError("GGUF blocks are a one-device option (the CPU kernel's); shard the model "
+                     "in float32, bfloat16 or int8 (dtype='int8': per-row int8, split as its "
+                     "matrices)")
   specs = param_specs(config, mesh)
+  if is_int8(params):
+    specs = with_scale_specs(specs, params)
   return jax.tree.map(lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), params, specs)
+
+
+def with_scale_specs(specs: dict, params: dict) -> dict:
+  """`specs` with a spec for every int8 matrix's per-row scales (`llamalike.SCALE`): split over
+  "model" where the matrix's rows are (a column-parallel matrix, the vocabulary-split
+  embedding), else replicated (a row-parallel matrix's scales multiply its all-reduced
+  outputs). int8 matrices are [out, in] whatever the float model's MLP layout."""
+  def of(spec_dict, leaves):
+    out = dict(spec_dict)
+    for name in leaves:
+      if name.endswith(SCALE):
+        base = out[name[:-len(SCALE)]]
+        out[name] = P(base[0]) if len(base) and base[0] is not None else P()
+    return out
+
+  specs = of(specs, params)
+  specs["layers"] = [of(ls, lp) for ls, lp in zip(specs["layers"], params["layers"])]
+  return specs
 
 
 def cache_specs(config: LlamaLikeConfig, batch_size: int, mesh: Mesh,

@@ -76,12 +76,30 @@ def test_tensors_are_placed_one_at_a_time(tiny_chat_dir, monkeypatch):
   assert all(isinstance(w, jax.sharding.NamedSharding) and w.mesh == mesh for _, _, w in puts)
 
 
-def test_int8_onto_a_mesh_is_refused(tiny_chat_dir):
-  with pytest.raises(ValueError, match="int8 weights .* one-device format"):
-    load_model(tiny_chat_dir, dtype="int8", mesh=sharding.make_mesh(data=1, model=8))
+def test_int8_onto_a_mesh_splits_rows_and_scales_as_their_matrices(tiny_chat_dir):
+  from jax.sharding import PartitionSpec as P
+
+  from vocabjax.decoding import Decoder
+  from vocabjax.sampling import SamplingParams
+
+  mesh = sharding.make_mesh(data=1, model=8)
+  m = load_model(tiny_chat_dir, dtype="int8", mesh=mesh)
+  ref = load_model(tiny_chat_dir, dtype="int8")
+  layer = m.params["layers"][0]
+  assert layer["w_up"].dtype == np.int8
+  assert m.config.intermediate_size % 8 == 0  # a column-parallel matrix: its scales split too
+  assert layer["w_up"].sharding.spec == P("model", None)
+  assert layer["w_up_scale"].sharding.spec == P("model")
+  assert layer["w_down_scale"].sharding.spec == P()  # row-parallel: scales of whole outputs
+  for a, b in zip(jax.tree.leaves(m.params), jax.tree.leaves(ref.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  ids = m.tokenizer("def add(a, b):")["input_ids"]
+  greedy = SamplingParams(temperature=0.0)
+  out = Decoder(m.params, m.config, mesh=mesh).generate([ids], max_new_tokens=8, sampling=greedy)
+  one = Decoder(ref.params, ref.config).generate([ids], max_new_tokens=8, sampling=greedy)
+  assert out.tokens == one.tokens
 
 
-@pytest.mark.integration
 def test_the_tpu_slice_steps_take_weights_as_the_loader_lays_them():
   """The 8B pair's deviceless chain step on a v5e:2x2 slice: the target's and the drafter's
   params reach the step with exactly the shardings `load_model(..., mesh=)` gives them."""

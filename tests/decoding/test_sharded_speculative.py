@@ -269,3 +269,26 @@ def test_cross_vocabulary_sampling_is_lossless_on_a_mesh():
                                 2400, 400, mesh=sharding.make_mesh(data=2, model=4))
   assert merged > 0.5
   assert pvalue > 1e-3
+
+
+def test_int8_weights_on_a_mesh_decode_as_on_one_device(pair):
+  """Weight-only int8 target and drafter (`quantize_int8`) on a (2, 4) mesh: each matrix's
+  per-row scales split as its rows (`sharding.with_scale_specs`), the chain's greedy tokens
+  the one-device int8 target's; GGUF blocks (the CPU kernel's format) stay one-device."""
+  from vocabjax.kernels.blocks import quantize
+  from vocabjax.models.llamalike import quantize_int8
+
+  target, draft = (quantize_int8(p) for p in pair)
+  mesh = sharding.make_mesh(data=2, model=4)
+  dec = SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=3), mesh=mesh)
+  layer = dec.target_params["layers"][0]
+  assert layer["w_up"].sharding.spec == P("model", None)  # F 48 over 4
+  assert layer["w_up_scale"].sharding.spec == P("model")
+  assert layer["w_down_scale"].sharding.spec == P()
+  assert dec.target_params["embed_scale"].sharding.spec == P("model")
+  res = dec.generate(PROMPTS, max_new_tokens=12)
+  assert res.tokens == Decoder(target, CFG).generate(PROMPTS, max_new_tokens=12).tokens
+  assert res.stats.tau > 1.0
+  with pytest.raises(ValueError, match="GGUF blocks are a one-device option"):
+    sharding.shard_params({**pair[0], "embed": quantize(np.asarray(pair[0]["embed"]), "Q8_0")},
+                          CFG, mesh)

@@ -71,3 +71,19 @@ def test_materialized_can_name_the_dtype():
   assert materialized(hlo, (64, 32), "bf16") == [("main.73", "wrapped_concatenate", "fusion")]
   assert materialized(hlo, (64, 32), "f32") == [("main.73", "convert.1", "convert")]
   assert not materialized(hlo, (64, 32), "s8")
+
+
+@pytest.mark.parametrize("mode", [None, "clip"])
+def test_int8_rows_from_whole_tiles_are_jnp_takes(mode):
+  """An int8 table's rows off the CPU come from whole 32-row tiles (`_take_from_tiles`; XLA:TPU
+  would copy the whole table into another tiling for single rows): the same rows as
+  `jnp.take`, negative and out-of-range indices included."""
+  from vocabjax.kernels.gather import INT8_TILE_ROWS, _take_from_tiles
+
+  table = jnp.asarray(np.random.default_rng(0).integers(-127, 128, (3 * INT8_TILE_ROWS, 16)),
+                      jnp.int8)
+  idx = jnp.asarray([[0, 31, 32, 95, 94, 67], [5, -1, 96, 64, -96, -97]])
+  got = _take_from_tiles(table, idx, mode)
+  assert got.dtype == jnp.int8 and got.shape == (2, 6, 16)
+  np.testing.assert_array_equal(np.asarray(got), np.asarray(jnp.take(table, idx, axis=0,
+                                                                     mode=mode)))

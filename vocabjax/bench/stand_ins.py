@@ -32,12 +32,15 @@ from vocabjax.errors import ConfigError
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.dflash import DFlashConfig, init_dflash
 from vocabjax.models.eagle import EagleConfig, init_eagle, training_feature_layers
-from vocabjax.models.llamalike import FINAL_NORMED, init_params
+from vocabjax.models.llamalike import FINAL_NORMED, init_params, quantize_int8
 from vocabjax.models.medusa import MedusaConfig, init_medusa
 from vocabjax.vocab.ranked import Ranker, SpeculativeVocab
 from vocabjax.vocab.subset import VocabSubset
 
 # --- what is compiled --------------------------------------------------------------------------
+
+WEIGHTS = ("", "int8")  # Setup.weights: the dtype's own, or weight-only int8
+
 
 @dataclasses.dataclass(frozen=True)
 class Setup:
@@ -47,6 +50,8 @@ class Setup:
   draft: LlamaLikeConfig  # the same-vocabulary drafter (chain, tree, VocabTrim, SpecVocab)
   cross_draft: LlamaLikeConfig | None = None  # crossvocab's drafter (default: `draft`)
   dtype: str = "bfloat16"  # weights and KV caches
+  weights: str = ""  # "int8": the target's and drafters' matrices as per-row int8 (`quantize_int8`
+  #   of `dtype` weights; norms, activations and caches stay `dtype`; heads stay `dtype`)
   head_vocab: int = 8192  # EAGLE head's Vd (the chat_pl head of eval/results/eagle/gate)
   head_intermediate: int = 2048
   head_kind: str = "eagle3"  # or "eagle2": an EAGLE-1/2 head (the target's final normed
@@ -63,6 +68,8 @@ class Setup:
   def __post_init__(self):
     if self.head_kind not in ("eagle2", "eagle3", "dflash"):
       raise ValueError(f"head_kind={self.head_kind!r}: 'eagle2', 'eagle3' or 'dflash'")
+    if self.weights not in WEIGHTS:
+      raise ValueError(f"weights={self.weights!r}: choose one of {WEIGHTS} ('' keeps `dtype`)")
     if self.target.vocab_size != self.draft.vocab_size:
       raise ValueError(f"target V={self.target.vocab_size} and drafter V="
                        f"{self.draft.vocab_size} differ: pass a same-vocabulary drafter as "
@@ -79,7 +86,7 @@ class Setup:
                                           else ", no drafter model")
     if self.cross_draft is not None:
       out += f", crossvocab drafter {c(self.cross_draft)}"
-    return f"{out}, {self.dtype}"
+    return f"{out}, {self.dtype}" + (f" ({self.weights} weights)" if self.weights else "")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -548,7 +555,8 @@ def abstract_models(setup: Setup, needs) -> dict:
     if name in ("target", "draft", "cross_draft"):
       cfg = {"target": setup.target, "draft": setup.draft,
              "cross_draft": setup.crossvocab_draft}[name]
-      out[name] = jax.eval_shape(lambda c=cfg: init_params(key, c, dtype=dtype))
+      quant = quantize_int8 if setup.weights == "int8" else (lambda p: p)
+      out[name] = jax.eval_shape(lambda c=cfg: quant(init_params(key, c, dtype=dtype)))
     elif name == "head":
       out[name] = jax.eval_shape(lambda: init_eagle(key, abstract_head_config(setup), dtype=dtype))
     elif name == "peagle_head":

@@ -26,6 +26,7 @@ from vocabjax.bench.stand_ins import (HOST_ONLY, METHODS, MethodSpec, Setup,
                                       abstract_dflash_config, abstract_head_config, method_spec)
 from vocabjax.bench.tpu import (GiB, Chip, TpuStep, build_decoder, bytes_per_chip, cache_bytes,
                                 chip_of, cpu_custom_calls, devices_of, held_arrays,
+                                platform_of,
                                 kv_bytes_per_chip, lower_step, tpu_mesh, tpu_tracing)
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.testing.tpu_aot import tpu_devices
@@ -229,7 +230,11 @@ def _project_method(spec, dec, setup, topology, chip, B, S, device, mesh, unroll
     cost = step.programs[n].compiled.cost_analysis()
     flops += float(cost.get("flops", 0.0))
     bytes_ += float(cost.get("bytes accessed", 0.0))
-  t_flops, t_bytes = flops / chip.bf16_flops_per_s, bytes_ / chip.hbm_bytes_per_s
+  # HBM traffic: the cost programs compiled once more with VMEM prefetches priced out
+  # (`tpu.HBM_COST_OPTIONS`); a GPU's count has no such copies
+  with tpu_tracing(device, mesh):
+    hbm = step.hbm_costs()["bytes_accessed"] if platform_of(topology) == "tpu" else bytes_
+  t_flops, t_bytes = flops / chip.bf16_flops_per_s, hbm / chip.hbm_bytes_per_s
   ring = step.ring_bytes_per_chip()  # sliding layers' rings: fixed, whatever the slots
   per_slot = (kv - ring) / S
   row = {"programs": list(step.step_programs), "cost_programs": list(step.cost_programs),
@@ -239,7 +244,8 @@ def _project_method(spec, dec, setup, topology, chip, B, S, device, mesh, unroll
          "max_cache_slots": (int((chip.hbm_bytes - (total - (kv - ring))) // per_slot)
                              if per_slot else None),
          "model_max_positions": setup.target.max_position_embeddings,
-         "flops": flops, "bytes_accessed": bytes_, "roofline_s": max(t_flops, t_bytes),
+         "flops": flops, "bytes_accessed": bytes_, "hbm_bytes_accessed": hbm,
+         "roofline_s": max(t_flops, t_bytes),
          "bound": "memory" if t_bytes >= t_flops else "compute",
          # every argument (weights, caches) read once: exact HBM traffic for a one-pass step,
          # a floor for one whose drafter or head runs several times
@@ -247,6 +253,9 @@ def _project_method(spec, dec, setup, topology, chip, B, S, device, mesh, unroll
          "drafter_passes": drafter_passes(spec, dec)}
   stream = stream_bytes(spec, step)
   row["stream_bytes"] = stream
+  # what XLA's HBM count reads and writes over what the step must read (the weight-stream
+  # model); Pallas kernels' reads are in neither count's XLA part
+  row["bytes_ratio"] = hbm / (stream - (pallas_bytes(spec, setup, B, dec) or 0))
   row["stream_s"] = max(flops / chip.bf16_flops_per_s, stream / chip.hbm_bytes_per_s)
   pallas = sum(step.programs[n].text.count("tpu_custom_call") for n in step.step_programs)
   if pallas:

@@ -19,12 +19,15 @@ CANNOT_SEE = (
     "XLA's cost analysis counts a loop body once whatever its trip count; the drafting loops "
     "(a chain's scan, a tree's levels, crossvocab's while loop) are costed from a copy of the "
     "step with those loops unrolled (the `cost:` programs), unless --rolled-costs.",
-    "`bytes accessed` is XLA:TPU's estimate over every memory space, not HBM traffic alone: "
-    "weights its memory-space assignment prefetches into VMEM are counted again as VMEM "
-    "writes and reads (Qwen2.5-Coder-1.5B's plain step: 6.9 GB for 3.1 GB of arguments, each "
-    "layer ~4.4x its weights), so a memory-bound roofline time is pessimistic by up to that "
-    "factor; the floor column reads each argument once (exact traffic for a one-pass step such "
-    "as plain decoding's, a lower bound where a drafter or head runs several times).",
+    "XLA:TPU's `bytes accessed` as compiled counts every memory space: a weight its "
+    "memory-space assignment prefetches into VMEM is counted three times (the copy's HBM read, "
+    "its VMEM write, the consumer's VMEM read) for one HBM read (Llama-3.1-8B's plain step on "
+    "one v5p chip: 21.19 GB for 16.19 GB of arguments), and a cross-program prefetch copies a "
+    "whole embedding table for a lookup of a few rows. The roofline uses the HBM column: the "
+    "cost programs compiled once more with both kinds of prefetch off, whose consumers then "
+    "read their operands from HBM, nothing kept in VMEM between steps (the same step: 15.71 "
+    "GB). That is XLA's model of HBM traffic, not a measurement: a fusion that a TPU re-reads "
+    "in tiles is counted once.",
     "The roofline assumes peak HBM bandwidth or peak bf16 compute, whichever binds; collectives "
     "over ICI on a multi-chip mesh are not in it.",
     "tau comes from the recorded run (its models, greedy decoding, its machine); a method's "
@@ -67,11 +70,12 @@ def render(result: dict) -> str:
             f"TPU's compiled step costs, not a measurement" if result.get("paper") else
             f"- tau: {result['run'] or 'no --run given'}"), "",
            "| method | programs | weights + inputs GiB | KV GiB | temps GiB | total GiB "
-           "(HBM) | fits | max cache slots | GFLOP | GB accessed | PROJECTED roofline "
+           "(HBM) | fits | max cache slots | GFLOP | GB accessed (XLA, as compiled) | GB "
+           "to and from HBM | HBM bytes / bytes to read | PROJECTED roofline "
            "time us | PROJECTED floor us (arguments read once) | bound | Pallas bytes (not "
            "counted) | tau | PROJECTED speedup | GB streamed (model) | PROJECTED weight-stream "
            "time us | PROJECTED speedup (weight-stream) |",
-           "|" + "---|" * 19]
+           "|" + "---|" * 21]
   for r in result["rows"]:
     g = lambda k: f"{r[k] / GiB:.3f}" if r.get(k) is not None else "-"  # noqa: E731
     if "error" in r:
@@ -79,14 +83,14 @@ def render(result: dict) -> str:
       msg = " ".join(x.strip() for x in first[1:3]) or first[0]
       lines.append(f"| {_name(r)} | - | - | - | - | - | "
                    f"{'no' if r.get('fits') is False else 'error'} | - | - | - | - | - | - | "
-                   f"- | {_tau(r)} | - | - | - | - |")
-      lines.append(f"|  | error: {msg[:300]} |" + " |" * 17)
+                   f"- | - | - | {_tau(r)} | - | - | - | - |")
+      lines.append(f"|  | error: {msg[:300]} |" + " |" * 19)
       continue
     if r.get("roofline_s") is None:  # does not fit (checked before compiling)
       lines.append(f"| {_name(r)} | - | {g('weights_bytes')} | {g('kv_bytes')} | - | "
                    f"{r['needed_bytes'] / GiB:.3f} ({r['hbm_bytes'] / GiB:.0f}) | no: "
                    f"{r['needed_bytes']:,} > {r['hbm_bytes']:,} bytes | - | - | - | - | - | "
-                   f"- | - | {_tau(r)} | - | - | - | - |")
+                   f"- | - | - | - | {_tau(r)} | - | - | - | - |")
       continue
     slots = r["max_cache_slots"]
     pb = r.get("pallas_bytes_not_counted")
@@ -95,7 +99,9 @@ def render(result: dict) -> str:
         f"{g('kv_bytes')} | {g('temp_bytes')} | {g('total_bytes')} "
         f"({r['hbm_bytes'] / GiB:.0f}) | {'yes' if r['fits'] else 'NO'} | "
         f"{slots:,} | {r['flops'] / 1e9:.2f} | {r['bytes_accessed'] / 1e9:.3f} | "
-        f"PROJECTED {r['roofline_s'] * 1e6:.0f} | PROJECTED {r['args_floor_s'] * 1e6:.0f} | "
+        f"{r.get('hbm_bytes_accessed', r['bytes_accessed']) / 1e9:.3f} | "
+        + (f"{r['bytes_ratio']:.2f} | " if r.get("bytes_ratio") is not None else "- | ")
+        + f"PROJECTED {r['roofline_s'] * 1e6:.0f} | PROJECTED {r['args_floor_s'] * 1e6:.0f} | "
         f"{r['bound']} | "
         f"{'-' if pb is None else f'{pb / 1e6:.1f} MB'} | {_tau(r)} | "
         + (f"PROJECTED {r['projected_speedup']:.2f}x |" if "projected_speedup" in r
@@ -107,7 +113,12 @@ def render(result: dict) -> str:
             + (f"; tau: {r['tau_source']}" if r.get("tau_source") else "")
             for r in result["rows"]]
   lines += ["", "PROJECTED: roofline time = max(XLA's flops / peak bf16 compute, XLA's bytes "
-            "accessed / HBM bandwidth) per chip, from the compiled programs' cost analysis; "
+            "to and from HBM / HBM bandwidth) per chip, from the compiled programs' cost "
+            "analysis (the HBM count: the programs compiled again with memory-space "
+            "assignment's VMEM prefetches priced out, `vocabjax.bench.tpu.HBM_COST_OPTIONS`; "
+            "XLA's count as compiled adds each prefetch's VMEM write and re-read); HBM bytes / "
+            "bytes to read: that count over the modelled streamed bytes (less a Pallas "
+            "kernel's, which XLA does not count); "
             "weight-stream time = max(XLA's flops / peak, modelled streamed bytes / HBM "
             "bandwidth), the bytes being the target's arrays and KV cache once plus the "
             "drafter's (or heads') arrays and cache once per drafting pass (embedding tables "

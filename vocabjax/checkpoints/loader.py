@@ -18,7 +18,7 @@ from vocabjax.checkpoints.gguf_io import (TOKENIZER_KEY, load_gguf, load_gguf_to
                                           open_gguf, tokenizer_key)
 from vocabjax.checkpoints.hf import load_hf, read_hf_config
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import (INT4, LAYER_MATRICES, cast_weights, quantize_blocks,
+from vocabjax.models.llamalike import (INT4, LAYER_MATRICES, cast_weights, is_int8, quantize_blocks,
                                        with_mlp_layout)
 
 _DTYPES = {"float32": jnp.float32, "f32": jnp.float32, "bfloat16": jnp.bfloat16,
@@ -140,7 +140,8 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
   `mesh` (a ("data", "model") mesh, `sharding.make_mesh`): each tensor is read and placed with
   its sharding on the mesh (`sharding.param_shardings`, the layout the decoders run a mesh in)
   before the next is read, so the host holds about one tensor, not the model, and no device
-  holds more than its share. int8 is a one-device format: refused with a mesh.
+  holds more than its share; int8 is quantized on the mesh (each matrix's rows where the
+  matrix is split, `sharding.with_scale_specs`).
 
   `dtype`: the weights' dtype. On GPU/TPU every param takes it. On the CPU backend a dtype
   narrower than f32 applies to the weight matrices only (`models.llamalike.cast_weights`):
@@ -162,9 +163,6 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
   if keep_blocks and mesh is not None:
     raise ValueError("GGUF blocks (dtype='gguf') are a one-device format: load the model in "
                      "float32 or bfloat16 onto a mesh")
-  if mesh is not None and not int4 and jnp.dtype(dtype) == jnp.int8:
-    raise ValueError("int8 weights (weight-only quantization) are a one-device format: load "
-                     "the model in float32 or bfloat16 onto a mesh")
   path = zoo.resolve(name_or_path, progress=progress, allow_bin=allow_bin)
   if keep_blocks and path.suffix != ".gguf":
     raise ValueError(f"dtype='gguf' keeps a GGUF file's quantized blocks; {path} is not a "
@@ -201,6 +199,8 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
   check_finite(params, str(path))
   if narrow_on_cpu:
     params = cast_weights(params, out_dtype)
+    if mesh is not None and is_int8(params):  # each device quantized its share: placed anew
+      params = sharding.shard_params(params, config, mesh)  # with the scales' shardings
   if int4:
     params = _quantize_int4(params, str(path), progress)
   return Model(config=config, params=params, tokenizer=tokenizer, eos_token_ids=eos,

@@ -274,6 +274,13 @@ def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None, *,
         default=lambda x, w: linear(x, w, scale, lowering=lowering.replace(platform="other")))
   if isinstance(w, BlockWeight):
     return _linear_blocks(x, w, lowering)
+  if lowering.platform in ("gpu", "tpu") and w.dtype == jnp.int8 and scale is not None:
+    # the int8 rows straight into XLA's dot (mixed operands, f32 accumulation): XLA:TPU fuses
+    # the widening, so the step reads the weight's int8 bytes, not a widened copy
+    # (kernels/results/tpu_bytes); |q| <= 127 is exact in bf16 and in f32
+    y = jax.lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())),
+                            preferred_element_type=jnp.float32)
+    return y * scale
   if (w.dtype == jnp.int8) == (scale is not None) and uses_gemm(x.shape, x.dtype, w.dtype, lowering):
     y = _streamed(x.reshape(-1, x.shape[-1]).astype(jnp.float32), w, scale, True)
     return y.reshape(*x.shape[:-1], w.shape[0])
