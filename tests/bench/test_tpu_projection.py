@@ -409,20 +409,28 @@ def test_on_a_slice_heads_and_subsets_are_split_as_the_target(tiny):
   assert policy_state(chain.proposer_params)["head"].sharding.spec == P("model", None)
 
 
+@pytest.mark.parametrize("weights", ["", "int8"])
 @pytest.mark.parametrize("topology", ["v5e:1x1", "v6e:2x2"])
 def test_hbm_bytes_of_plain_chain_and_tree_steps_stay_within_a_fifth_of_what_they_must_read(
-    tmp_path, topology):
+    topology, weights):
+  """XLA's HBM count of plain, chain and tree steps (prefetches off, `tpu.HBM_COST_OPTIONS`)
+  over what they must read (the weight-stream model): at most 1.2, bf16 and int8 weights, one
+  chip and a slice; the count as compiled counts VMEM prefetches again. Exception: the int8
+  tree on a slice, 1.22 at these sizes (its excess grows with the cache slots, from attention
+  and cache traffic that these small layers do not outweigh; docs/tpu.md, 'Bytes')."""
+  import dataclasses
+
   # real vocabulary and Qwen2.5-0.5B's layers: weights dominate as in a real model's step
-  setup = tpu_projection.matrix_setup()
+  setup = dataclasses.replace(tpu_projection.matrix_setup(), weights=weights)
   result = tpu_projection.project(setup, topology, ["ar", "chain_g3", "tree_k2d2n4"], S=256)
   rows = {r["method"]: r for r in result["rows"]}
+  chip = tpu.chip_of(topology)
   for name, r in rows.items():
     assert "error" not in r, r.get("error")
-    # XLA's count as compiled adds memory-space assignment's VMEM copies; the HBM count not
     assert r["hbm_bytes_accessed"] <= r["bytes_accessed"], name
-    assert 0.8 <= r["bytes_ratio"] <= 1.2, (name, r["bytes_ratio"])
+    bound = 1.25 if (weights, topology, name) == ("int8", "v6e:2x2", "tree_k2d2n4") else 1.2
+    assert 0.8 <= r["bytes_ratio"] <= bound, (name, r["bytes_ratio"])
     # the roofline reads the HBM count
-    chip = tpu.chip_of(topology)
     assert r["roofline_s"] == pytest.approx(max(r["flops"] / chip.bf16_flops_per_s,
                                                 r["hbm_bytes_accessed"] / chip.hbm_bytes_per_s))
   md = tpu_report.render(result)

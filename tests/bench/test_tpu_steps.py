@@ -17,6 +17,8 @@ program), crossvocab with a V=32000 llama drafter.
 
 These tests need the `libtpu` package and fail (not skip) without it."""
 
+import dataclasses
+
 import jax
 import pytest
 from jax.sharding import PartitionSpec as P
@@ -202,3 +204,34 @@ def test_unknown_method_and_topology_are_value_errors_naming_them():
     tpu.lower_step("tree_k4", REAL_V)
   with pytest.raises(ValueError, match="unknown TPU topology 'v9z:1x1'"):
     tpu.lower_step("ar", REAL_V, topology="v9z:1x1")
+
+
+INT8_V = dataclasses.replace(REAL_V, weights="int8")
+
+
+@pytest.mark.parametrize("method", tpu_projection.QUANTIZED_METHODS)
+@pytest.mark.parametrize("topology,sharded", tpu_projection.MATRIX_TOPOLOGIES)
+def test_int8_weights_compile_on_every_generation_and_slice(method, topology, sharded):
+  """Weight-only int8 target and drafter (`Setup.weights="int8"`): each step compiles on one
+  chip and on a slice of every generation, its arguments hold the int8 matrices and their
+  scales (split as the rows on a slice), and XLA's HBM count of plain decoding's step stays
+  within 1.2x of what it must read (no widened copy of a weight, no relayout of the int8
+  embedding for its lookups)."""
+  import numpy as np
+
+  mesh = tpu.tpu_mesh(topology) if sharded else None
+  step = tpu.lower_step(method, INT8_V, topology=topology, S=S, mesh=mesh, compile=True,
+                        costs=True)
+  row = tpu_projection.matrix_cell(method, INT8_V, topology, sharded, step=step)
+  assert row["cpu_custom_calls"] == [] and row["flops"] > 0, row
+  params = getattr(step.decoder, "params", None) or step.decoder.target_params
+  assert params["layers"][0]["w_up"].dtype == np.int8 and "w_up_scale" in params["layers"][0]
+  if sharded:
+    assert params["layers"][0]["w_up"].sharding.spec == P("model", None)
+    assert params["layers"][0]["w_up_scale"].sharding.spec == P("model")
+  if method == "ar":  # plain decoding reads each int8 matrix once (a tree's and a chain's
+    # ratios at these narrow layers: test_tpu_projection's HBM test, at Qwen2.5-0.5B's)
+    with tpu.tpu_tracing(None, mesh):
+      hbm = step.hbm_costs()["bytes_accessed"]
+    ratio = hbm / tpu_projection.stream_bytes(tpu_projection.method_spec(method), step)
+    assert 0.8 < ratio <= 1.2, (topology, ratio)

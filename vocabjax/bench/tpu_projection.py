@@ -361,6 +361,10 @@ MATRIX_METHODS = (
     "dflash:ranker=x,k=2048|version=2", "dflash|tree=2x3", "peagle:gamma=4",
     "peagle:gamma=4,lm_head=target|subset_k=8192")
 ONE_DEVICE = ("eagle_pld", "eagle_suffix", "tree_suffix")
+# the weight-only int8 cells (`Setup.weights`): plain decoding, a chain and a tree, a static
+# subset over an int8 drafter's rows, on every topology of the matrix
+QUANTIZED_METHODS = ("ar", "chain:gamma=3", "tree:top_k=2,depth=2,total_tokens=4",
+                     "vocabtrim:k=8192,gamma=3")
 
 
 def matrix_setup(narrow: bool = False) -> Setup:

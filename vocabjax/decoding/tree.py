@@ -251,15 +251,22 @@ def ancestor_mask(parent_full: jax.Array, depth: int) -> jax.Array:
 
 
 def compact_path(cache: KVCache, base: jax.Array, path: jax.Array, n: jax.Array, *,
-                 per_row: bool = False) -> KVCache:
+                 per_row: bool = False, region: int | None = None) -> KVCache:
   """Move the accepted nodes' KV (tree slots base + path[i]) to base + i; lengths = base + n + 1.
 
-  One device: an indexed scatter of the W path slots over (row, slot) pairs, in place. With
-  `per_row` (`Lowering.row_writes`: a mesh): per row (vmapped over B) a gather of the W path
-  slots and one dynamic-update-slice at base, so a batch split over a mesh's "data" axis stays
-  split (the indexed scatter made XLA gather every row's entries to every device). Not on one
-  device, where XLA copies the whole cache for the vmapped form (docs/measurements.md, 'Tree
-  path move')."""
+  With `region` (the tree's slots, base .. base + region - 1, hold every node; on TPU and GPU:
+  XLA:CPU's compile of it took 20 GB in a tree test): row by row, the
+  region read as one slice, the path's W slots taken from it and written back at base with one
+  dynamic-update-slice: every access a contiguous run of slots, which XLA:TPU does in place
+  in the cache's own layout (an indexed scatter over slots, or a gather of slots from a row,
+  made it copy the whole cache into another layout and back every step: a tree step on a v5e
+  chip read 22x its cache's growth, kernels/results/tpu_bytes). Without it: on one device an
+  indexed scatter of the W path slots over (row, slot) pairs; with `per_row`
+  (`Lowering.row_writes`: a mesh) per row (vmapped over B) a gather of the W path slots and one
+  dynamic-update-slice at base, so a batch split over a mesh's "data" axis stays split (the
+  indexed scatter made XLA gather every row's entries to every device; on one device XLA
+  copies the whole cache for the vmapped form: docs/measurements.md, 'Tree path move'). A
+  sliding layers' ring is always scattered (its slots wrap)."""
   B, W = path.shape
   i = jnp.arange(W)[None]
   src = base[:, None] + jnp.where(i <= n[:, None], path, i)  # [B, W]
@@ -270,6 +277,16 @@ def compact_path(cache: KVCache, base: jax.Array, path: jax.Array, n: jax.Array,
 
   move = jax.vmap(row, in_axes=(1, 0, 0), out_axes=1)
 
+  def regions(x, src, base):  # x [L, B, S, N, hd]
+    L, _, S, N, hd = x.shape
+    R = min(region, S)
+    for r in range(B):  # B static: a few rows
+      start = jnp.minimum(base[r], S - R)
+      tree_slots = jax.lax.dynamic_slice(x, (0, r, start, 0, 0), (L, 1, R, N, hd))
+      path_slots = jnp.take(tree_slots, src[r] - start, axis=2)  # [L, 1, W, N, hd]
+      x = jax.lax.dynamic_update_slice(x, path_slots, (0, r, base[r], 0, 0))
+    return x
+
   def ring_row(buf, s, d):  # buf [L, R, N, hd], s and d ring slots [W]
     return buf.at[:, d].set(jnp.take(buf, s, axis=1))
 
@@ -278,6 +295,8 @@ def compact_path(cache: KVCache, base: jax.Array, path: jax.Array, n: jax.Array,
       if per_row:  # per row as above (the batch's scatter permuted slots between devices)
         return jax.vmap(ring_row, in_axes=(1, 0, 0), out_axes=1)(x, src % R, dst % R)
       return x.at[:, b, dst % R].set(x[:, b, src % R])
+    if region is not None:
+      return regions(x, src, base)
     return move(x, src, base) if per_row else x.at[:, b, dst].set(x[:, b, src])
 
   return cache.map_kv(compact).replace(lengths=base + n + 1)
@@ -331,7 +350,9 @@ def verify_tree(target_params, last, node_tok, parent, depth, target_cache: KVCa
     n, path, nxt = verify_tree_sampling(key, tokens, parent_full, probs(tlogits, sampling),
                                         tree.top_k, d)
 
-  tcache = compact_path(tcache, Nt, path, n, per_row=lowering_of(target_params).row_writes)
+  lw = lowering_of(target_params)
+  tcache = compact_path(tcache, Nt, path, n, per_row=lw.row_writes,
+                        region=tokens.shape[1] if lw.platform in ("gpu", "tpu") else None)
   path_tok = jnp.take_along_axis(tokens, path, axis=1)  # [B, d + 1], root first
   slot = jnp.arange(d + 1)[None]
   emitted = jnp.where(slot < n[:, None], jnp.pad(path_tok[:, 1:], ((0, 0), (0, 1))),
