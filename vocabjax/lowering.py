@@ -63,6 +63,10 @@ class Lowering:
   row_writes: bool = False
   """A batch's cache writes (and a tree's path compaction) as one update per row: on a mesh
   the batched scatter is replicated."""
+  model_shards: int = 1
+  """Chips the mesh's "model" axis splits a vocabulary over (0: a mesh of unknown shape): an
+  int8 embedding's lookups take whole 32-row tiles only where each chip's rows are whole tiles
+  (`kernels.gather.take_rows`)."""
   sum_attention: bool = os.environ.get("VOCABJAX_SUM_ATTENTION", "0") == "1"
   """Attention over the cache as products summed (not einsum's dots), each layer's output tied
   to the caches by an optimization barrier before the next layer writes: compiled by XLA:GPU,
@@ -115,6 +119,8 @@ def decoding_lowering(*, mesh, cpu_kernel: bool | None = None,
   unroll, trips = _process["unroll"]
   return Lowering(platform=platform, cpu_kernel=kernel and not on_mesh and platform == "cpu",
                   split_top_k=on_mesh, row_writes=on_mesh,
+                  model_shards=(1 if not on_mesh else mesh.shape["model"]
+                                if hasattr(mesh, "shape") else 0),
                   sum_attention=_process["sum_attention"],
                   block_top_k=TPU_TOP_K_BLOCK if platform == "tpu" else 0,
                   unroll_loops=unroll, while_trips=trips)

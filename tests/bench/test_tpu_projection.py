@@ -435,3 +435,14 @@ def test_hbm_bytes_of_plain_chain_and_tree_steps_stay_within_a_fifth_of_what_the
                                                 r["hbm_bytes_accessed"] / chip.hbm_bytes_per_s))
   md = tpu_report.render(result)
   assert "HBM bytes / bytes to read" in md and f"{rows['ar']['bytes_ratio']:.2f}" in md
+
+
+def test_a_method_that_refuses_the_setup_is_an_error_row_not_a_crash(tiny):
+  from vocabjax.bench.shapes import resolve_config
+
+  setup = stand_ins.Setup(resolve_config(tiny[0])[1], resolve_config(tiny[1])[1], weights="int8")
+  result = tpu_projection.project(setup, "v5e:1x1", ["ar", "eagle_k1d2"], S=128)
+  rows = {r["method"]: r for r in result["rows"]}
+  assert "error" not in rows["ar"] and rows["ar"]["bytes_ratio"] > 0
+  assert "int8 target" in rows["eagle_k1d2"]["error"], rows["eagle_k1d2"]
+  assert "error:" in tpu_report.render(result)

@@ -154,7 +154,11 @@ def _tpu_parser() -> argparse.ArgumentParser:
   p.add_argument("--context", type=int, default=1024, help="cache slots S of the step programs "
                  "(their attention reads all S; default 1024, the gate run's max_len)")
   p.add_argument("--batch", type=int, default=1, help="batch rows B")
-  p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+  p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
+                 help="the weights' and KV caches' dtype")
+  p.add_argument("--weights", default="", choices=("", "int8"),
+                 help="int8: weight-only int8 target and drafters (per-row scales; norms, "
+                 "activations and caches stay --dtype; the bytes projected are int8's)")
   p.add_argument("--rolled-costs", action="store_true", help="take costs from the steps as "
                  "compiled (a loop body counted once) instead of a loop-unrolled copy (faster)")
   p.add_argument("--pad-draft-vocab", action="store_true", help="give a same-tokenizer drafter "
@@ -259,9 +263,9 @@ def _tpu_run(a, argv: list[str]) -> int:
                   head_intermediate=paper.head_intermediate, ranker_rank=paper.ranker_rank,
                   head_layers=paper.head_layers, head_layer_ids=paper.head_layer_ids)
              if paper else {})
-    setup = stand_ins.Setup(tc, dc, cross_draft=xc, dtype=a.dtype, target_name=tname,
-                      draft_name=dname, cross_draft_name=xname, has_drafter=not paper,
-                      **heads)
+    setup = stand_ins.Setup(tc, dc, cross_draft=xc, dtype=a.dtype, weights=a.weights,
+                            target_name=tname, draft_name=dname, cross_draft_name=xname,
+                            has_drafter=not paper, **heads)
     tpu.tpu_devices(a.topology)  # ValueError naming an unknown topology
     tpu.chip_of(a.topology)  # a topology libtpu knows but the chip table does not
     if a.run:

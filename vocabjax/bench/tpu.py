@@ -234,16 +234,8 @@ class TpuStep:
     for name in names or self.programs:
       prog = self.programs[name]
       if prog.compiled is None:
-        key = ProgramKey("deviceless", hashlib.sha256(prog.text.encode()).hexdigest(), None,
-                         (self.topology,), None)
-
-        def build(name=name, prog=prog):
-          with not_cached():  # a deviceless executable cannot be loaded back from the cache
-            return guarded(self, name, prog.lowered.compile)
-
-        prog.compiled, _ = PROGRAMS.get(key, "deviceless", build)
+        prog.compiled = self._compiled(prog, "deviceless", name, {})
     return self
-
 
   def compile_hbm(self, names=None) -> "TpuStep":
     """Compile the programs (default: the cost programs) a second time with `HBM_COST_OPTIONS`,
@@ -251,16 +243,20 @@ class TpuStep:
     for name in names or self.cost_programs:
       prog = self.programs[name]
       if prog.hbm_compiled is None:
-        key = ProgramKey("deviceless-hbm", hashlib.sha256(prog.text.encode()).hexdigest(), None,
-                         (self.topology,), None)
-
-        def build(name=name, prog=prog):
-          with not_cached():
-            return guarded(self, name + " (HBM costs)",
-                           lambda: prog.lowered.compile(compiler_options=HBM_COST_OPTIONS))
-
-        prog.hbm_compiled, _ = PROGRAMS.get(key, "deviceless", build)
+        prog.hbm_compiled = self._compiled(prog, "deviceless-hbm", name + " (HBM costs)",
+                                           HBM_COST_OPTIONS)
     return self
+
+  def _compiled(self, prog: Program, kind: str, label: str, options: dict):
+    """`prog` compiled with `options`, once per process, topology and options (`kind`)."""
+    key = ProgramKey(kind, hashlib.sha256(prog.text.encode()).hexdigest(), None,
+                     (self.topology,), None)
+
+    def build():
+      with not_cached():  # a deviceless executable cannot be loaded back from the cache
+        return guarded(self, label, lambda: prog.lowered.compile(compiler_options=options))
+
+    return PROGRAMS.get(key, "deviceless", build)[0]
 
   def hbm_costs(self) -> dict:
     """{"flops", "bytes_accessed"} summed over the cost programs compiled with

@@ -181,8 +181,9 @@ def project(setup: Setup, topology: str, methods=METHODS, *, B: int = 1, S: int 
           spec.name, setup, device=None if mesh is not None else device, mesh=mesh)
       row.update(_project_method(spec, dec, setup, topology, chip, B, S, device, mesh,
                                  unrolled_costs))
-    except AssertionError as e:  # guarded's: the method, program and shapes, then XLA's lines
-      row["error"] = str(e)
+    except (AssertionError, ValueError) as e:  # guarded's (the method, program and shapes,
+      # then XLA's lines), or a decoder refusing the setup (an EAGLE head over an int8 target)
+      row["error"] = str(e) if isinstance(e, AssertionError) else f"{spec.name}: {e}"
       if "RESOURCE_EXHAUSTED" in row["error"]:  # XLA ran out of HBM (or VMEM) for it
         row["fits"] = False
     row["compile_s"] = round(time.perf_counter() - t0, 1)

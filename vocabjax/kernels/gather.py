@@ -8,7 +8,8 @@ import jax.numpy as jnp
 from vocabjax.kernels.blocks import dequantize, is_blocks
 
 
-def take_rows(table: jax.Array, idx: jax.Array, mode: str | None = None) -> jax.Array:
+def take_rows(table: jax.Array, idx: jax.Array, mode: str | None = None,
+              shards: int = 1) -> jax.Array:
   """`jnp.take(table, idx, axis=0, mode=mode)` (rows of an embedding or an LM head), without
   XLA:CPU widening the whole table on every call.
 
@@ -19,14 +20,17 @@ def take_rows(table: jax.Array, idx: jax.Array, mode: str | None = None) -> jax.
   barrier together with the indices, so nothing computed from it is loop-invariant; the barrier
   is no computation. Other platforms and dtypes: `jnp.take`. GGUF blocks (`kernels.blocks`): the
   rows' bytes are gathered and dequantized (f32 rows). An int8 table (`quantize_int8`) off the
-  CPU: whole 32-row tiles (`_take_from_tiles`)."""
+  CPU, split by rows over `shards` chips (`Lowering.model_shards`; 0: unknown): whole 32-row
+  tiles (`_take_from_tiles`) where each chip's rows are whole tiles (else the tiles straddle
+  chips and XLA gathers the table: Gemma-3-4B's 262,208 rows over 4 chips)."""
   if is_blocks(table):  # GGUF blocks: gather the rows' bytes, then widen only those rows
     return dequantize(table.take(idx, mode=mode))
 
   def take(t, i):
     return jnp.take(t, i, axis=0, mode=mode)
 
-  if table.dtype == jnp.int8 and table.ndim == 2 and table.shape[0] % INT8_TILE_ROWS == 0:
+  if (table.dtype == jnp.int8 and table.ndim == 2 and shards > 0
+      and table.shape[0] % (INT8_TILE_ROWS * shards) == 0):
     return jax.lax.platform_dependent(
         table, idx, cpu=take, default=lambda t, i: _take_from_tiles(t, i, mode))
   if table.dtype not in (jnp.bfloat16, jnp.float16):

@@ -567,7 +567,7 @@ def embed_tokens(params: Params, tokens: jax.Array, config: LlamaLikeConfig | No
   """The embedding rows of `tokens` in `compute_dtype(params)` (dequantized for int8); with
   `config.scale_embeddings` (Gemma) times sqrt(D) rounded to the embedding's dtype and
   multiplied in it, as transformers' Gemma3TextScaledWordEmbedding does."""
-  x = take_rows(params["embed"], tokens)
+  x = take_rows(params["embed"], tokens, shards=lowering_of(params).model_shards)
   if is_int8(params):
     x = x.astype(jnp.float32) * jnp.take(params["embed" + SCALE], tokens, axis=0)[..., None]
   if config is not None and config.scale_embeddings:
