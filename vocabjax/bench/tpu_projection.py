@@ -253,15 +253,16 @@ def _project_method(spec, dec, setup, topology, chip, B, S, device, mesh, unroll
          "args_floor_s": args / chip.hbm_bytes_per_s,
          "drafter_passes": drafter_passes(spec, dec)}
   stream = stream_bytes(spec, step)
+  kernel_bytes = pallas_bytes(spec, setup, B, dec)
   row["stream_bytes"] = stream
   # what XLA's HBM count reads and writes over what the step must read (the weight-stream
   # model); Pallas kernels' reads are in neither count's XLA part
-  row["bytes_ratio"] = hbm / (stream - (pallas_bytes(spec, setup, B, dec) or 0))
+  row["bytes_ratio"] = hbm / (stream - (kernel_bytes or 0))
   row["stream_s"] = max(flops / chip.bf16_flops_per_s, stream / chip.hbm_bytes_per_s)
   pallas = sum(step.programs[n].text.count("tpu_custom_call") for n in step.step_programs)
   if pallas:
     row["pallas_calls_lowered"] = pallas
-    row["pallas_bytes_not_counted"] = pallas_bytes(spec, setup, B, dec)
+    row["pallas_bytes_not_counted"] = kernel_bytes
   if not row["fits"]:
     row["note"] = (f"does not fit: needs {_fmt_bytes(total)} per chip > HBM "
                    f"{_fmt_bytes(chip.hbm_bytes)}; try "
