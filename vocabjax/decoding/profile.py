@@ -26,6 +26,7 @@ from vocabjax.decoding.drafter import model_body
 from vocabjax.lowering import step_lowering, with_lowering
 from vocabjax.models.cache import KVCache
 from vocabjax.models.llamalike import compute_dtype, lm_head
+from vocabjax.vocab.policy import row_vocab_of, with_rows
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,6 +120,9 @@ def _step_split(decoder, batch_size, max_len, context, repeats, mesh) -> StepSpl
   dbody, dp, dcache_config = decoder.drafter_body()
   dp = with_lowering(dp, lw)
   dhead = decoder.draft_policy
+  rv = row_vocab_of(decoder.proposer)
+  if rv is not None:  # a row-state policy reads a request's vocabulary: one mid-request
+    dp = with_rows(dp, rv.example_rows(B))
   tbody = functools.partial(model_body, config=tc)
   thead = functools.partial(lm_head, config=tc)
   body_t, head_t = {}, {}

@@ -52,6 +52,7 @@ from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import (compute_dtype, forward, forward_features, lm_head,
                                        with_mlp_layout)
 from vocabjax.sampling import SamplingParams, probs, sample
+from vocabjax.vocab.policy import row_vocab_of, with_rows
 
 HOST_STREAM = 2**32 - 1  # fold_in(request key, this): a host hook's draws (steps use 0, 1, ..)
 
@@ -63,6 +64,7 @@ class EngineState:
   target_cache: KVCache  # every committed token except `last`
   last: jax.Array  # [B] int32 the newest committed token (the next step's root)
   draft: Any  # the proposer's state
+  vocab: Any = None  # a row-state vocabulary policy's per-request arrays (`RowVocab`), or None
 
 
 @dataclasses.dataclass
@@ -194,7 +196,9 @@ def engine_prefill(target_params, draft_params, tokens, prompt_lengths, target_c
   state = proposer.prefill(draft_params, target_params,
                            Prefilled(tokens=tokens, lengths=prompt_lengths, first=first,
                                      hidden=last, features=feats, caches=caches))
-  return first, EngineState(target_cache=tcache, last=first, draft=state)
+  rv = row_vocab_of(proposer)
+  vocab = None if rv is None else rv.init_rows(tokens, prompt_lengths, first)
+  return first, EngineState(target_cache=tcache, last=first, draft=state, vocab=vocab)
 
 
 def verify(target_params, state: EngineState, drafts: Drafts, key, *,
@@ -216,6 +220,9 @@ def engine_step(target_params, draft_params, state: EngineState, key, *host,
   accepted [B], *the proposer's counts [B], and, when gated, which rows drafted [B])."""
   ctx = Context(last=state.last, lengths=state.target_cache.lengths, host=tuple(host))
   k_draft, k_verify = jax.random.split(key)
+  rv = row_vocab_of(proposer)
+  if rv is not None:  # the policy reads this step's per-request vocabulary from the params
+    draft_params = with_rows(draft_params, state.vocab)
   keep, pre = (proposer.gate(draft_params, state.draft, ctx) if isinstance(proposer, Gated)
                else (None, state.draft))
 
@@ -225,8 +232,9 @@ def engine_step(target_params, draft_params, state: EngineState, key, *host,
                sampling=sampling, feature_layers=proposer.feature_layers)
     dstate = proposer.commit(draft_params, dstate, ctx, drafts, v)
     counts = proposer.step_counts(drafts, v) if isinstance(proposer, Counted) else ()
+    vocab = None if rv is None else rv.observe(state.vocab, v.emitted)
     return (EngineState(target_cache=v.target_cache, last=v.next.astype(jnp.int32),
-                        draft=dstate), v.emitted, v.accepted, tuple(counts))
+                        draft=dstate, vocab=vocab), v.emitted, v.accepted, tuple(counts))
 
   def drafted():
     return run(lambda: proposer.propose(draft_params, pre, ctx, k_draft, sampling=sampling,

@@ -17,10 +17,18 @@ candidates keeps the target's probability through the residual max(p - q, 0). A 
 travel in the drafter's params under `POLICY_STATE` (arguments of the jitted programs, never
 constants, sharded with the params), put there by `attach(params, config) -> (params, policy)`
 and read back with `policy_state(params)`.
+
+A policy may also read per-request state (`RowVocab`: MicroSpec's in-context vocabulary,
+EvoSpec's evolving one): arrays with one row per sequence, built from the prompt by
+`init_rows`, updated by `observe` with each step's emitted tokens, carried by the engine in its
+loop state (`EngineState.vocab`) and handed to the policy under `POLICY_ROWS` in the params of
+each step (`with_rows`, read back with `policy_rows`). A row-state policy's leading hidden axis
+is the batch row: h [B, ..., D].
 """
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from typing import Callable, Optional
 
@@ -34,6 +42,7 @@ from vocabjax.models.llamalike import lm_head
 Policy = Callable[[dict, jax.Array], tuple[Optional[jax.Array], jax.Array]]
 
 POLICY_STATE = "vocab_policy"  # the params key of an attached policy's arrays
+POLICY_ROWS = "vocab_rows"  # the params key of a row-state policy's per-request arrays
 
 
 def with_policy_state(params: dict, state: dict) -> dict:
@@ -44,6 +53,48 @@ def with_policy_state(params: dict, state: dict) -> dict:
 def policy_state(params: dict) -> dict | None:
   """The arrays an attached policy stored, or None for the plain drafter."""
   return params.get(POLICY_STATE)
+
+
+def with_rows(params: dict, rows) -> dict:
+  """`params` with a row-state policy's per-request arrays (`RowVocab`) for this step."""
+  return {**params, POLICY_ROWS: rows}
+
+
+def policy_rows(params: dict, who: str = "this vocabulary policy"):
+  """The per-request arrays the engine handed a row-state policy (an error naming `who` when
+  the params carry none: such a policy runs only inside the speculative engine's steps)."""
+  rows = params.get(POLICY_ROWS)
+  if rows is None:
+    raise ValueError(f"{who} reads per-request state (the context's tokens) that the "
+                     f"speculative engine carries; it was called without it (a proposer that "
+                     f"does not hand its draft_vocab to the engine, e.g. a hybrid)")
+  return rows
+
+
+class RowVocab(abc.ABC):
+  """A vocabulary policy with per-request state (module doc). Shapes: B rows, T prompt slots,
+  W emitted tokens per step (-1 after each row's tokens)."""
+
+  @abc.abstractmethod
+  def init_rows(self, tokens: jax.Array, lengths: jax.Array, first: jax.Array):
+    """The rows' state after the prompt: `tokens` [B, T] right-padded, `lengths` [B], `first`
+    [B] the target's first token (traced in the engine's prefill)."""
+
+  @abc.abstractmethod
+  def observe(self, rows, emitted: jax.Array):
+    """The rows' state after a step that emitted `emitted` [B, W] (traced in the step)."""
+
+  def example_rows(self, B: int):
+    """A state for B rows as in the middle of a request (what timing the head alone uses)."""
+    T = 64
+    tokens = (jnp.arange(B * T, dtype=jnp.int32).reshape(B, T) * 7919) % self.vocab_size
+    return self.init_rows(tokens, jnp.full((B,), T, jnp.int32), tokens[:, 0])
+
+
+def row_vocab_of(proposer) -> RowVocab | None:
+  """The proposer's row-state policy (its `draft_vocab` when that is a `RowVocab`), or None."""
+  dv = getattr(proposer, "draft_vocab", None)
+  return dv if isinstance(dv, RowVocab) else None
 
 
 def _full(params, h, *, config):
@@ -88,11 +139,17 @@ def to_target_many(ids: jax.Array | None, j: jax.Array) -> jax.Array:
 
 def scatter_full(ids: jax.Array | None, values: jax.Array, vocab_size: int,
                  fill: float = 0.0) -> jax.Array:
-  """values[..., K] at their target ids in a [..., V] array, `fill` elsewhere."""
+  """values[..., K] at their target ids in a [..., V] array, `fill` elsewhere. Ids may repeat
+  where all but one of a repeated id's values are 0 (a padded candidate slot: the values add)."""
   if ids is None:
     return values
-  out = jnp.full(values.shape[:-1] + (vocab_size,), fill, values.dtype)
-  return jnp.put_along_axis(out, ids, values, axis=-1, inplace=False)
+  lead, K = values.shape[:-1], values.shape[-1]
+  flat_ids = jnp.broadcast_to(ids, values.shape).reshape(-1, K)
+  flat = jnp.full((flat_ids.shape[0], vocab_size), fill, values.dtype)
+  rows = jnp.arange(flat_ids.shape[0])[:, None]
+  if fill:
+    return flat.at[rows, flat_ids].set(values.reshape(-1, K)).reshape(lead + (vocab_size,))
+  return flat.at[rows, flat_ids].add(values.reshape(-1, K)).reshape(lead + (vocab_size,))
 
 
 def candidate_sampling(sp: SamplingParams, num_candidates: int) -> SamplingParams:
