@@ -122,7 +122,7 @@ def _step_split(decoder, batch_size, max_len, context, repeats, mesh) -> StepSpl
   dhead = decoder.draft_policy
   rv = row_vocab_of(decoder.proposer)
   if rv is not None:  # a row-state policy reads a request's vocabulary: one mid-request
-    dp = with_rows(dp, rv.example_rows(B))
+    dp = with_rows(dp, rv.example_rows(dp, B))
   tbody = functools.partial(model_body, config=tc)
   thead = functools.partial(lm_head, config=tc)
   body_t, head_t = {}, {}

@@ -52,7 +52,7 @@ from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import (compute_dtype, forward, forward_features, lm_head,
                                        with_mlp_layout)
 from vocabjax.sampling import SamplingParams, probs, sample
-from vocabjax.vocab.policy import row_vocab_of, with_rows
+from vocabjax.vocab.policy import policy_state, row_vocab_of, with_rows
 
 HOST_STREAM = 2**32 - 1  # fold_in(request key, this): a host hook's draws (steps use 0, 1, ..)
 
@@ -197,7 +197,8 @@ def engine_prefill(target_params, draft_params, tokens, prompt_lengths, target_c
                            Prefilled(tokens=tokens, lengths=prompt_lengths, first=first,
                                      hidden=last, features=feats, caches=caches))
   rv = row_vocab_of(proposer)
-  vocab = None if rv is None else rv.init_rows(tokens, prompt_lengths, first)
+  vocab = (None if rv is None else
+           rv.init_rows(policy_state(draft_params), tokens, prompt_lengths, first))
   return first, EngineState(target_cache=tcache, last=first, draft=state, vocab=vocab)
 
 
@@ -232,7 +233,8 @@ def engine_step(target_params, draft_params, state: EngineState, key, *host,
                sampling=sampling, feature_layers=proposer.feature_layers)
     dstate = proposer.commit(draft_params, dstate, ctx, drafts, v)
     counts = proposer.step_counts(drafts, v) if isinstance(proposer, Counted) else ()
-    vocab = None if rv is None else rv.observe(state.vocab, v.emitted)
+    vocab = (None if rv is None else
+             rv.observe(policy_state(draft_params), state.vocab, v.emitted))
     return (EngineState(target_cache=v.target_cache, last=v.next.astype(jnp.int32),
                         draft=dstate, vocab=vocab), v.emitted, v.accepted, tuple(counts))
 

@@ -100,10 +100,12 @@ class InContextVocab(RowVocab):
     return (with_policy_state(params, state),
             bound_policy(in_context_policy, config=config, impl=impl, window=self.window))
 
-  def init_rows(self, tokens, lengths, first):
+  def init_rows(self, state, tokens, lengths, first):
+    del state
     return context_rows(tokens, lengths, first, window=self.window, vocab_size=self.vocab_size)
 
-  def observe(self, rows, emitted):
+  def observe(self, state, rows, emitted):
+    del state
     return observe_rows(rows, emitted)
 
 

@@ -76,19 +76,21 @@ class RowVocab(abc.ABC):
   W emitted tokens per step (-1 after each row's tokens)."""
 
   @abc.abstractmethod
-  def init_rows(self, tokens: jax.Array, lengths: jax.Array, first: jax.Array):
-    """The rows' state after the prompt: `tokens` [B, T] right-padded, `lengths` [B], `first`
-    [B] the target's first token (traced in the engine's prefill)."""
+  def init_rows(self, state: dict, tokens: jax.Array, lengths: jax.Array, first: jax.Array):
+    """The rows' state after the prompt: `state` the attached policy arrays
+    (`policy_state`), `tokens` [B, T] right-padded, `lengths` [B], `first` [B] the target's
+    first token (traced in the engine's prefill)."""
 
   @abc.abstractmethod
-  def observe(self, rows, emitted: jax.Array):
+  def observe(self, state: dict, rows, emitted: jax.Array):
     """The rows' state after a step that emitted `emitted` [B, W] (traced in the step)."""
 
-  def example_rows(self, B: int):
+  def example_rows(self, params: dict, B: int):
     """A state for B rows as in the middle of a request (what timing the head alone uses)."""
     T = 64
     tokens = (jnp.arange(B * T, dtype=jnp.int32).reshape(B, T) * 7919) % self.vocab_size
-    return self.init_rows(tokens, jnp.full((B,), T, jnp.int32), tokens[:, 0])
+    return self.init_rows(policy_state(params), tokens, jnp.full((B,), T, jnp.int32),
+                          tokens[:, 0])
 
 
 def row_vocab_of(proposer) -> RowVocab | None:
