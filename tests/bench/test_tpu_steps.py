@@ -62,16 +62,17 @@ def test_the_matrix_holds_every_registered_method_and_generation():
   from vocabjax.methods import METHODS as REGISTRY
 
   kinds = {m.split("|")[0].split(":")[0] for m in tpu_projection.MATRIX_METHODS}
-  assert kinds == set(REGISTRY) - {"frspec"}  # FR-Spec's step is VocabTrim's (a K-row subset)
+  # FR-Spec's and coverage-latency trimming's steps are VocabTrim's (a K-row subset)
+  assert kinds == set(REGISTRY) - {"frspec", "covtrim"}
   gens = {t.split(":")[0] for t, _ in tpu_projection.MATRIX_TOPOLOGIES}
   assert gens == set(tpu.CHIPS) and {sh for _, sh in tpu_projection.MATRIX_TOPOLOGIES
                                     } == {True, False}
   assert len(tpu_projection.matrix_cells()) == (
       len(tpu_projection.MATRIX_METHODS) * len(tpu_projection.MATRIX_TOPOLOGIES) -
       len(tpu_projection.ONE_DEVICE) * 3)
-  policies = {m.split(":")[0] for m in tpu_projection.MATRIX_METHODS if m.startswith(("vocabtrim",
-                                                                             "specvocab"))}
-  assert policies == {"vocabtrim", "specvocab"}  # each drafter vocabulary policy
+  policies = {m.split(":")[0] for m in tpu_projection.MATRIX_METHODS if m.startswith((
+      "vocabtrim", "specvocab", "microspec", "slimspec"))}
+  assert policies == {"vocabtrim", "specvocab", "microspec", "slimspec"}  # each policy
 
 
 @pytest.mark.parametrize("topology", ["v5e:1x1", "v5e:2x2"])
@@ -120,8 +121,10 @@ def test_every_method_compiles_on_every_generation_and_slice(steps, method, topo
   if sharded:
     assert dict(step.decoder.mesh.shape) == {"data": 1, "model": 4}
   # SpecVocab's ranked head holds the Mosaic kernel (impl auto: the TPU's branch), on a
-  # drafter or a DFlash drafter's head; no other step does
-  assert (row["mosaic_calls"] > 0) == (method.startswith("specvocab") or "ranker=" in method), row
+  # drafter or a DFlash drafter's head, and so does MicroSpec's in-context head on one chip (on
+  # a slice its rows are XLA's partitioned gather); no other step does
+  assert (row["mosaic_calls"] > 0) == (method.startswith("specvocab") or "ranker=" in method or (
+      method.startswith("microspec") and not sharded)), row
 
 
 def test_tpu_tracing_builds_decoders_for_a_tpu_and_nothing_reads_the_backend_while_tracing():

@@ -287,3 +287,49 @@ def test_binary_files_are_skipped_and_bad_bytes_reported(tmp_path):
   assert "skipped 1 binary files" in messages and "blob.txt" in messages
   assert "1 files hold bytes that are not UTF-8" in messages and "latin.txt" in messages
   assert sorted(d[:4] for d in docs) == ["caf\ufffd", "plai"]
+
+
+def test_coverage_latency_picks_the_utility_argmax():
+  """Every k's utility against the rule's choice, on Zipf counts; the coverage floor; bad
+  settings name the value."""
+  from vocabjax.vocab.subset import coverage_latency
+
+  V, body = 1000, 300
+  counts = (1e6 / np.arange(1, V + 1) ** 1.1).astype(np.int64)
+  c = coverage_latency(counts, body_rows=body, alpha=0.5, k_min=1)
+  cov = np.cumsum(np.sort(counts)[::-1]) / counts.sum()
+  ks = np.arange(1, V + 1)
+  util = 0.5 * cov + 0.5 * (1 - (body + ks) / (body + V))
+  assert c["k"] == int(ks[np.argmax(util)]) and 1 < c["k"] < V
+  assert c["coverage"] == pytest.approx(cov[c["k"] - 1])
+  # coverage weighs more: a larger k; a floor above the argmax's coverage: the floor's k
+  assert coverage_latency(counts, body_rows=body, alpha=0.9, k_min=1)["k"] > c["k"]
+  floor = coverage_latency(counts, body_rows=body, alpha=0.5, k_min=1, min_coverage=0.99)
+  assert floor["k"] == int(np.searchsorted(cov, 0.99) + 1)
+  # a costlier drafter body makes the head's rows matter less: k grows
+  assert coverage_latency(counts, body_rows=30 * body, k_min=1)["k"] >= c["k"]
+  with pytest.raises(SubsetError, match="alpha=1.5 must be in"):
+    coverage_latency(counts, body_rows=body, alpha=1.5)
+  with pytest.raises(SubsetError, match=r"k range \[50, 2000\] must lie in \[1, V=1000\]"):
+    coverage_latency(counts, body_rows=body, k_max=2000)
+  with pytest.raises(SubsetError, match="empty calibration set"):
+    coverage_latency(np.zeros(10), body_rows=body)
+
+
+def test_select_coverage_latency_cli(tiny_chat_dir, corpus, tmp_path, capsys):
+  d, _ = corpus
+  run_count(CountJob(model=str(tiny_chat_dir), out=str(tmp_path / "c"), text=(str(d),)),
+            progress=False)
+  counts_path = tmp_path / "c" / "counts.npz"
+  out = tmp_path / "cl.npz"
+  assert main(["select", str(counts_path), "--model", str(tiny_chat_dir),
+               "--coverage-latency", "--drafter", str(tiny_chat_dir), "--k-min", "4",
+               "--out", str(out)]) == 0
+  sub = VocabSubset.load(out)
+  meta = dict(sub.meta)
+  assert "coverage_latency(alpha=0.5" in meta["rule"] and sub.size == int(
+      meta["rule"].rsplit("k=", 1)[1])
+  assert f"K={sub.size} of V=" in capsys.readouterr().out
+  assert main(["select", str(counts_path), "--model", str(tiny_chat_dir),
+               "--coverage-latency", "--out", str(out)]) == 2
+  assert "name it with --drafter" in capsys.readouterr().err

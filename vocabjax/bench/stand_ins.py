@@ -34,6 +34,8 @@ from vocabjax.models.dflash import DFlashConfig, init_dflash
 from vocabjax.models.eagle import EagleConfig, init_eagle, training_feature_layers
 from vocabjax.models.llamalike import FINAL_NORMED, init_params, quantize_int8
 from vocabjax.models.medusa import MedusaConfig, init_medusa
+from vocabjax.vocab.incontext import InContextVocab
+from vocabjax.vocab.lowrank import LowRankHead
 from vocabjax.vocab.ranked import Ranker, SpeculativeVocab
 from vocabjax.vocab.subset import VocabSubset
 
@@ -108,7 +110,7 @@ class MethodSpec:
     """Whether the step holds a scan or while loop (XLA's cost analysis counts a body once)."""
     return self.kind in ("chain", "tree", "tree_suffix", "eagle", "eagle_pld", "eagle_suffix",
                          "vocabtrim",
-                         "frspec", "specvocab", "crossvocab")
+                         "frspec", "specvocab", "microspec", "slimspec", "crossvocab")
 
 
 # the methods `lower_step` and `python -m vocabjax.bench tpu` take: the registry's names and
@@ -226,6 +228,11 @@ def _draft_vocab(s: Setup, kind: str, p, bench: dict):
   if kind == "specvocab":
     impl = {"xla": "reference"}.get(bench.get("impl", "auto"), bench.get("impl", "auto"))
     return _ranker_vocab(s, p.k, impl)
+  if kind == "microspec":  # the core's ids and the rows' tokens are values, not shapes
+    return InContextVocab(VocabSubset(np.arange(p.core), s.draft.vocab_size,
+                                      meta=(("ids", "stand-in"),)), window=p.window)
+  if kind == "slimspec":
+    return LowRankHead(_ranker_vocab(s, 1, "auto").ranker)
   return None
 
 
@@ -265,7 +272,10 @@ def _model_spec(name, kind, p, bench):
            "frspec": f"static subset of {getattr(p, 'k', 0)} rows (VocabTrim and FR-Spec run "
                      f"the same program)",
            "specvocab": f"SpecVocab top-{getattr(p, 'k', 0)} (a rank-R ranker, indexed head "
-                        f"impl={bench.get('impl', 'auto')!r})"}[kind]
+                        f"impl={bench.get('impl', 'auto')!r})",
+           "microspec": f"MicroSpec core {getattr(p, 'core', 0)} + {getattr(p, 'window', 0)} "
+                        f"in-context slots a row",
+           "slimspec": "SlimSpec low-rank head (rank R of the setup's ranker)"}[kind]
   return MethodSpec(name, kind, _shaping(kind, p), ("target", "draft"), build,
                     f"{about}, {shape}")
 
@@ -463,6 +473,11 @@ def _crossvocab_spec(name, kind, p, bench):
                     while_trips=p.gamma - 1, loop_programs=("draft",))
 
 
+def _covtrim_spec(name, kind, p, bench):
+  raise ValueError("coverage-latency trimming's step is VocabTrim's (a static subset of K rows: "
+                   "K = the saved subset's size): name it vocabtrim:k=K")
+
+
 def _ar_spec(name, kind, p, bench):
   return MethodSpec(name, "ar", {}, ("target",),
                     lambda a, s, mesh: Decoder(a["target"], s.target, mesh=mesh),
@@ -477,6 +492,9 @@ _SPECS = {
     "vocabtrim": _model_spec,
     "frspec": _model_spec,
     "specvocab": _model_spec,
+    "microspec": _model_spec,
+    "slimspec": _model_spec,
+    "covtrim": _covtrim_spec,
     "eagle": _eagle_spec,
     "eagle_pld": _eagle_spec,
     "eagle_suffix": _eagle_spec,

@@ -21,7 +21,7 @@ from vocabjax.calibrate.counts import CalibrationError, Counts, plot
 from vocabjax.calibrate.run import BACKENDS, CountJob, run_count
 from vocabjax.checkpoints.hub import add_allow_bin_argument, allow_bin_from_args
 from vocabjax.checkpoints.torch_model import TORCH_DTYPES
-from vocabjax.calibrate.select import subset_from_counts
+from vocabjax.calibrate.select import coverage_latency_subset, subset_from_counts
 from vocabjax.io import check_output_dir, check_output_file
 from vocabjax.prompts import seed_arg
 
@@ -84,6 +84,14 @@ def _parser():
   g.add_argument("--k", type=int)
   g.add_argument("--top-p", type=float)
   g.add_argument("--min-count", type=int)
+  g.add_argument("--coverage-latency", action="store_true",
+                 help="k balancing coverage against the drafter's cost (--drafter, --alpha)")
+  s.add_argument("--drafter", help="--coverage-latency: the drafter whose cost per token is "
+                 "weighed (a KNOWN name, config.json, GGUF or registry model)")
+  s.add_argument("--alpha", type=float, default=0.5, help="--coverage-latency: coverage's weight")
+  s.add_argument("--min-coverage", type=float, default=0.0)
+  s.add_argument("--k-min", type=int, default=50)
+  s.add_argument("--k-max", type=int, default=None)
   s.add_argument("--out", required=True, help="subset file (.npz)")
 
   p = sub.add_parser("plot", help="overlay plots of counts files")
@@ -114,6 +122,16 @@ def main(argv=None) -> int:
           max_len=args.max_len, limit=args.limit)
       run_count(job, overwrite=args.overwrite, max_units=args.max_units, finish=args.finish,
                 progress=not args.quiet)
+    elif args.cmd == "select" and args.coverage_latency:
+      if not args.drafter:
+        raise ValueError("--coverage-latency weighs the drafter's cost: name it with --drafter")
+      sub, c = coverage_latency_subset(args.counts, args.model, args.drafter, alpha=args.alpha,
+                                       min_coverage=args.min_coverage, k_min=args.k_min,
+                                       k_max=args.k_max)
+      sub.save(args.out)
+      print(f"{args.out}: K={sub.size} of V={sub.vocab_size}: coverage {c['coverage']:.4f}, "
+            f"drafting cost saved {c['saved']:.4f} (drafter body {c['body_rows']} rows + k "
+            f"head rows), utility {c['utility']:.4f} at alpha={c['alpha']}")
     elif args.cmd == "select":
       sub = subset_from_counts(args.counts, args.model, k=args.k, top_p=args.top_p,
                                min_count=args.min_count)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from vocabjax.calibrate.counts import CalibrationError, Counts, special_ids, tokenizer_identity
 from vocabjax.checkpoints.loader import load_tokenizer_and_vocab
-from vocabjax.vocab.subset import VocabSubset, select
+from vocabjax.vocab.subset import VocabSubset, coverage_latency, select
 
 
 def subset_for(counts: Counts, tokenizer, vocab_size: int, eos_token_ids=(), *, k=None,
@@ -51,3 +51,35 @@ def load_or_select(counts_path: str | Path, tokenizer, vocab_size: int, eos_toke
     return saved
   fresh.save(path)
   return fresh
+
+
+def drafter_body_rows(config) -> int:
+  """A drafter's weights read per drafted token besides its LM head, in D-wide rows (its
+  layers, no embedding lookup): the cost `coverage_latency` weighs the head's k rows against.
+  `config`: a model's `LlamaLikeConfig`, or a head's config with `num_params(head_rows)`."""
+  D = config.hidden_size
+  try:
+    body = config.num_params(include_embedding=False, head_rows=0)
+  except TypeError:  # an EAGLE / DFlash head's config: its own layers, no embedding
+    body = config.num_params(head_rows=0)
+  return -(-body // D)
+
+
+def coverage_latency_subset(counts_path: str | Path, model: str, drafter: str, *,
+                            alpha: float = 0.5, min_coverage: float = 0.0, k_min: int = 50,
+                            k_max: int | None = None) -> tuple[VocabSubset, dict]:
+  """(the top-k* subset of `counts_path` for `model`'s tokenizer, the choice): k* from
+  `coverage_latency` with the cost of `drafter` (a KNOWN name, config.json, GGUF or cached
+  registry model: `vocabjax.checkpoints.known.resolve_config`)."""
+  from vocabjax.checkpoints.known import resolve_config
+
+  counts = Counts.load(counts_path)
+  _, config = resolve_config(drafter)
+  choice = coverage_latency(counts.counts, body_rows=drafter_body_rows(config), alpha=alpha,
+                            min_coverage=min_coverage, k_min=k_min, k_max=k_max)
+  sub = subset_from_counts(counts_path, model, k=choice["k"])
+  meta = {**dict(sub.meta), "rule": f"coverage_latency(alpha={alpha}, "
+          f"min_coverage={min_coverage}) k={choice['k']}", "coverage": choice["coverage"],
+          "saved": choice["saved"], "drafter": drafter, "body_rows": choice["body_rows"]}
+  return VocabSubset(ids=sub.ids, vocab_size=sub.vocab_size, tokenizer_id=sub.tokenizer_id,
+                     meta=tuple(sorted(meta.items()))), choice

@@ -1,6 +1,8 @@
 """The drafter's vocabulary: a static subset counted on generated text (`vocabtrim`, Goel et
-al. 2025) or a raw corpus (`frspec`, Zhao et al. 2025), and a per-step speculative vocabulary
-from a trained ranker (`specvocab`, Williams et al. 2026)."""
+al. 2025) or a raw corpus (`frspec`, Zhao et al. 2025), a per-step speculative vocabulary
+from a trained ranker (`specvocab`, Williams et al. 2026), an in-context vocabulary
+(`microspec`, Chen et al. 2026), a low-rank head (`slimspec`, Plaksin et al. 2026), and a static
+subset sized by coverage against drafting cost (`covtrim`, Ben Shoham 2026)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,8 @@ from vocabjax.decoding.tree import MAX_TREE_NODES, TreeParams
 from vocabjax.errors import ConfigError
 from vocabjax.methods import (check_subset_file, load_subset, local_path, register,
                               tree_params)
+from vocabjax.vocab.incontext import InContextVocab
+from vocabjax.vocab.lowrank import LowRankHead
 from vocabjax.methods.drafter import chain_decoder, tree_decoder
 from vocabjax.vocab.ranked import (Ranker, RankerError, SpeculativeVocab, ranked_head_rows,
                                    read_metadata)
@@ -186,3 +190,104 @@ def _ranked_rows(p) -> int:
 def _specvocab(target, draft, p: SpecVocabParams, mesh=None):
   """Chain drafting (depth 0) or an EAGLE-2 tree (depth > 0) over the ranker's candidates."""
   return _chain_or_tree(target, draft, p, SpeculativeVocab(Ranker.load(p.ranker), k=p.k), mesh)
+
+
+# The newer policies: MicroSpec's in-context vocabulary (a frequent core from a counts file plus
+# each request's own recent tokens), SlimSpec's low-rank head (factors in the ranker format) and
+# coverage-latency trimming (a static subset whose K was chosen by
+# `python -m vocabjax.calibrate select --coverage-latency`).
+
+@dataclasses.dataclass(frozen=True)
+class MicroSpecParams:
+  counts: str  # a counts file (either kind): the frequent core's ranking
+  core: int = 512  # the frequent core's size (+ special tokens, within it)
+  window: int = 2560  # in-context slots per request (core + window: MicroSpec's ~3K)
+  gamma: int = 3
+  top_k: int = 0
+  depth: int = 0  # 0: chain drafting
+  total_tokens: int = 0
+
+  def check(self, where: str) -> None:
+    check_draft(where, "microspec", self.core + self.window, self.gamma, self.top_k,
+                self.depth, self.total_tokens)
+    if self.window < 1:
+      raise ConfigError(f"{where}: microspec.window={self.window}: the in-context vocabulary "
+                        f"needs at least one slot (an empty one is the core alone: vocabtrim)")
+    if self.core < 1:
+      raise ConfigError(f"{where}: microspec.core={self.core} must be >= 1")
+    try:
+      counts = Counts.load(self.counts)
+    except CalibrationError as e:
+      raise ConfigError(f"{where}: {e}") from None
+    if self.core + self.window > counts.vocab_size:
+      raise ConfigError(f"{where}: microspec.core + window = {self.core + self.window} exceeds "
+                        f"the vocabulary of {counts.vocab_size} tokens in {self.counts}")
+
+
+@register("microspec", MicroSpecParams, drafter_passes=_passes,
+          head_rows=lambda p: p.core + p.window)
+def _microspec(target, draft, p: MicroSpecParams, mesh=None):
+  """Chain or tree drafting over the core and each request's in-context tokens."""
+  if target.tokenizer is None:
+    raise ValueError(f"{target.source} has no tokenizer: the counts' tokenizer identity "
+                     f"cannot be checked")
+  core = load_or_select(p.counts, target.tokenizer, target.config.vocab_size,
+                        target.eos_token_ids, k=p.core)
+  return _chain_or_tree(target, draft, p, InContextVocab(core, window=p.window), mesh)
+
+
+@dataclasses.dataclass(frozen=True)
+class SlimSpecParams:
+  factors: str  # low-rank head factors: a ranker file (`svd` or `python -m vocabjax.train.ranker`)
+  gamma: int = 3
+  top_k: int = 0
+  depth: int = 0  # 0: chain drafting
+  total_tokens: int = 0
+
+  def check(self, where: str) -> None:
+    V, _, _ = ranker_shapes(self.factors, where)
+    check_draft(where, "slimspec", V, self.gamma, self.top_k, self.depth, self.total_tokens)
+
+
+def _low_rank_rows(p) -> int:
+  V, R, D = ranker_shapes(p.factors, "slimspec")
+  return -(-(V * R + R * D) // D)
+
+
+@register("slimspec", SlimSpecParams, drafter_passes=_passes, head_rows=_low_rank_rows)
+def _slimspec(target, draft, p: SlimSpecParams, mesh=None):
+  """Chain or tree drafting from the low-rank head W_up W_down (every token a candidate)."""
+  return _chain_or_tree(target, draft, p, LowRankHead(Ranker.load(p.factors)), mesh)
+
+
+@dataclasses.dataclass(frozen=True)
+class CovTrimParams:
+  subset: str  # `python -m vocabjax.calibrate select --coverage-latency` output
+  gamma: int = 3
+  top_k: int = 0
+  depth: int = 0  # 0: chain drafting
+  total_tokens: int = 0
+
+  def check(self, where: str) -> None:
+    check_subset_file(where, "covtrim", self.subset)
+    try:
+      sub = VocabSubset.load(local_path(self.subset, "file", where))
+    except SubsetError as e:
+      raise ConfigError(f"{where}: covtrim.subset={self.subset!r}: {e}") from None
+    rule = str(dict(sub.meta).get("rule", ""))
+    if not rule.startswith("coverage_latency"):
+      raise ConfigError(f"{where}: covtrim.subset={self.subset!r} was selected by {rule!r}, "
+                        f"not by coverage and latency (`python -m vocabjax.calibrate select "
+                        f"--coverage-latency`); use vocabtrim or frspec for it")
+    check_draft(where, "covtrim", sub.size, self.gamma, self.top_k, self.depth,
+                self.total_tokens)
+
+
+def _subset_rows(p) -> int:
+  return len(VocabSubset.load(local_path(p.subset, "file")).ids)
+
+
+@register("covtrim", CovTrimParams, drafter_passes=_passes, head_rows=_subset_rows)
+def _covtrim(target, draft, p: CovTrimParams, mesh=None):
+  """Chain or tree drafting with the trimmed head of the coverage-latency subset."""
+  return _chain_or_tree(target, draft, p, load_subset(p.subset, target), mesh)

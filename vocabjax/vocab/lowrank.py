@@ -26,7 +26,7 @@ import jax.numpy as jnp
 
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import is_int8, lm_head_weight
-from vocabjax.vocab.policy import bound_policy, policy_state, with_policy_state
+from vocabjax.vocab.policy import policy_state, with_policy_state
 from vocabjax.vocab.ranked import Ranker, RankerError, ranker_scores
 
 

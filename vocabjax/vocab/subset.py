@@ -220,6 +220,49 @@ def select(counts, *, k: int | None = None, top_p: float | None = None,
                      tokenizer_id=tokenizer_id, meta=tuple(sorted(info.items())))
 
 
+def coverage_latency(counts, *, body_rows: int, alpha: float = 0.5, min_coverage: float = 0.0,
+                     k_min: int = 50, k_max: int | None = None) -> dict:
+  """The subset size that balances coverage against drafting cost (Ben Shoham 2026, arXiv
+  2603.05210; the rule of its reference code, `optimize_vocab_size.py`):
+
+      C(k) = share of counted tokens among the k most frequent      (coverage)
+      R(k) = 1 - (body + k) / (body + V)                            (drafting cost saved)
+      k*   = argmax_k  alpha C(k) + (1 - alpha) R(k)   over k_min <= k <= k_max with C(k) >=
+             min_coverage (none: the smallest k that reaches it, else k_max)
+
+  with the drafter's cost counted in D-wide weight rows read per token (`body_rows`: its
+  layers' parameters / D; the head adds k rows; the paper counts FLOPs, 2x both). The paper
+  searches k with Optuna's TPE; the utility is one-dimensional and cheap, so every k is
+  evaluated here and the argmax is exact. Returns {"k", "coverage", "saved", "utility"} at k*
+  and the inputs."""
+  counts = np.asarray(counts, np.float64)
+  V = counts.size
+  if counts.ndim != 1 or V == 0 or counts.sum() <= 0:
+    raise SubsetError("the counts are empty or all zero: empty calibration set?")
+  if not 0 <= alpha <= 1:
+    raise SubsetError(f"{alpha=} must be in [0, 1] (the weight of coverage)")
+  if not 0 <= min_coverage <= 1:
+    raise SubsetError(f"{min_coverage=} must be in [0, 1]")
+  if body_rows < 0:
+    raise SubsetError(f"{body_rows=} must be >= 0")
+  k_max = V if k_max is None else k_max
+  if not 1 <= k_min <= k_max <= V:
+    raise SubsetError(f"the k range [{k_min}, {k_max}] must lie in [1, V={V}]")
+  cov = np.cumsum(np.sort(counts)[::-1]) / counts.sum()  # C(k) at index k - 1
+  ks = np.arange(k_min, k_max + 1)
+  C = cov[ks - 1]
+  R = 1.0 - (body_rows + ks) / (body_rows + V)
+  U = alpha * C + (1 - alpha) * R
+  ok = C >= min_coverage - 1e-12
+  if ok.any():
+    i = int(np.argmax(np.where(ok, U, -np.inf)))
+  else:  # the range cannot reach the coverage asked for: its largest k
+    i = len(ks) - 1
+  return {"k": int(ks[i]), "coverage": float(C[i]), "saved": float(R[i]),
+          "utility": float(U[i]), "alpha": alpha, "min_coverage": min_coverage,
+          "body_rows": int(body_rows), "k_range": [int(k_min), int(k_max)]}
+
+
 # --- the trimmed drafter head (VocabTrim, FR-Spec) ---------------------------------------
 # Trimmed drafter LM head over a static vocabulary subset (VocabTrim, FR-Spec).
 #
