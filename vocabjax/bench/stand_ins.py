@@ -34,6 +34,7 @@ from vocabjax.models.dflash import DFlashConfig, init_dflash
 from vocabjax.models.eagle import EagleConfig, init_eagle, training_feature_layers
 from vocabjax.models.llamalike import FINAL_NORMED, init_params, quantize_int8
 from vocabjax.models.medusa import MedusaConfig, init_medusa
+from vocabjax.vocab.clustered import ClusteredVocab, ClusterRouter
 from vocabjax.vocab.incontext import InContextVocab
 from vocabjax.vocab.lowrank import LowRankHead
 from vocabjax.vocab.ranked import Ranker, SpeculativeVocab
@@ -110,7 +111,8 @@ class MethodSpec:
     """Whether the step holds a scan or while loop (XLA's cost analysis counts a body once)."""
     return self.kind in ("chain", "tree", "tree_suffix", "eagle", "eagle_pld", "eagle_suffix",
                          "vocabtrim",
-                         "frspec", "specvocab", "microspec", "slimspec", "crossvocab")
+                         "frspec", "specvocab", "microspec", "slimspec", "dynaspec",
+                         "crossvocab")
 
 
 # the methods `lower_step` and `python -m vocabjax.bench tpu` take: the registry's names and
@@ -233,7 +235,30 @@ def _draft_vocab(s: Setup, kind: str, p, bench: dict):
                                       meta=(("ids", "stand-in"),)), window=p.window)
   if kind == "slimspec":
     return LowRankHead(_ranker_vocab(s, 1, "auto").ranker)
+  if kind == "dynaspec":
+    return ClusteredVocab(_router_stand_in(s, int(bench.get("clusters", 64))), p.top)
   return None
+
+
+class _ShapeRouter(ClusterRouter):
+  """A router for abstract drafter weights: only its shapes are checked (as `_ShapeRanker`)."""
+
+  def check_drafter(self, params, config) -> None:
+    if (self.vocab_size, self.weight.shape[1]) != (config.vocab_size, config.hidden_size):
+      raise ValueError(f"router made for V={self.vocab_size}, D={self.weight.shape[1]}; the "
+                       f"drafter has V={config.vocab_size}, D={config.hidden_size}")
+
+
+def _router_stand_in(s: Setup, C: int) -> ClusterRouter:
+  """C clusters of consecutive ids over the drafter's vocabulary, a zero router (the bench
+  setting `|clusters=C`, default 64: DynaSpec's count is not published)."""
+  V, D = s.draft.vocab_size, s.draft.hidden_size
+  M = -(-V // C)
+  members = np.full(C * M, -1, np.int32)
+  members[:V] = np.arange(V)
+  return _ShapeRouter(members.reshape(C, M), np.zeros((C, D), np.float32),
+                      np.zeros(C, np.float32), {"hidden_size": D, "vocab_size": V,
+                                                "fingerprint": "abstract"})
 
 
 def _tree_of(p) -> TreeParams | None:
@@ -275,7 +300,9 @@ def _model_spec(name, kind, p, bench):
                         f"impl={bench.get('impl', 'auto')!r})",
            "microspec": f"MicroSpec core {getattr(p, 'core', 0)} + {getattr(p, 'window', 0)} "
                         f"in-context slots a row",
-           "slimspec": "SlimSpec low-rank head (rank R of the setup's ranker)"}[kind]
+           "slimspec": "SlimSpec low-rank head (rank R of the setup's ranker)",
+           "dynaspec": f"DynaSpec top {getattr(p, 'top', 0)} of "
+                       f"{bench.get('clusters', 64)} clusters"}[kind]
   return MethodSpec(name, kind, _shaping(kind, p), ("target", "draft"), build,
                     f"{about}, {shape}")
 
@@ -494,6 +521,7 @@ _SPECS = {
     "specvocab": _model_spec,
     "microspec": _model_spec,
     "slimspec": _model_spec,
+    "dynaspec": _model_spec,
     "covtrim": _covtrim_spec,
     "eagle": _eagle_spec,
     "eagle_pld": _eagle_spec,

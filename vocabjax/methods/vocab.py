@@ -1,7 +1,7 @@
 """The drafter's vocabulary: a static subset counted on generated text (`vocabtrim`, Goel et
 al. 2025) or a raw corpus (`frspec`, Zhao et al. 2025), a per-step speculative vocabulary
 from a trained ranker (`specvocab`, Williams et al. 2026), an in-context vocabulary
-(`microspec`, Chen et al. 2026), a low-rank head (`slimspec`, Plaksin et al. 2026), and a static
+(`microspec`, Chen et al. 2026), a router's token clusters (`dynaspec`, Zhang et al. 2025), a low-rank head (`slimspec`, Plaksin et al. 2026), and a static
 subset sized by coverage against drafting cost (`covtrim`, Ben Shoham 2026)."""
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from vocabjax.decoding.tree import MAX_TREE_NODES, TreeParams
 from vocabjax.errors import ConfigError
 from vocabjax.methods import (check_subset_file, load_subset, local_path, register,
                               tree_params)
+from vocabjax.vocab.clustered import FORMAT as ROUTER_FORMAT, ClusteredVocab, ClusterRouter
 from vocabjax.vocab.incontext import InContextVocab
 from vocabjax.vocab.lowrank import LowRankHead
 from vocabjax.methods.drafter import chain_decoder, tree_decoder
@@ -291,3 +292,52 @@ def _subset_rows(p) -> int:
 def _covtrim(target, draft, p: CovTrimParams, mesh=None):
   """Chain or tree drafting with the trimmed head of the coverage-latency subset."""
   return _chain_or_tree(target, draft, p, load_subset(p.subset, target), mesh)
+
+
+# DynaSpec: the tokens of a router's top clusters per step (`python -m vocabjax.train.router`).
+
+def router_shapes(path: str, where: str) -> tuple[int, int]:
+  """(C, M) of a router file, from its header; an unreadable file is a ConfigError."""
+  path = local_path(path, "file", where)
+  if not Path(path).is_file():
+    raise ConfigError(f"{where}: router={path!r} is not a readable router file (no such file; "
+                      f"fit one with `python -m vocabjax.train.router --config "
+                      f"configs/train/router_*.yaml`)")
+  try:
+    with safe_open(path, framework="numpy") as f:
+      if (f.metadata() or {}).get("format") != ROUTER_FORMAT:
+        raise ConfigError(f"{where}: router={path!r} is not a vocabjax router file")
+      C, M = f.get_slice("members").get_shape()
+  except (OSError, SafetensorError) as e:
+    raise ConfigError(f"{where}: router={path!r} is not a readable router file ({e})") from None
+  return int(C), int(M)
+
+
+@dataclasses.dataclass(frozen=True)
+class DynaSpecParams:
+  router: str  # a router file (`python -m vocabjax.train.router`)
+  top: int = 4  # clusters per step
+  gamma: int = 3
+  top_k: int = 0
+  depth: int = 0  # 0: chain drafting
+  total_tokens: int = 0
+
+  def check(self, where: str) -> None:
+    C, M = router_shapes(self.router, where)
+    if not 1 <= self.top <= C:
+      raise ConfigError(f"{where}: dynaspec.top={self.top} clusters must be in [1, C={C}] (the "
+                        f"router's)")
+    check_draft(where, "dynaspec", self.top * M, self.gamma, self.top_k, self.depth,
+                self.total_tokens)
+
+
+def _router_rows(p) -> int:
+  C, M = router_shapes(p.router, "dynaspec")
+  return p.top * M + C
+
+
+@register("dynaspec", DynaSpecParams, drafter_passes=_passes, head_rows=_router_rows)
+def _dynaspec(target, draft, p: DynaSpecParams, mesh=None):
+  """Chain or tree drafting over the tokens of the router's top clusters."""
+  return _chain_or_tree(target, draft, p, ClusteredVocab(ClusterRouter.load(p.router), p.top),
+                        mesh)
