@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from vocabjax.calibrate.counts import CalibrationError, Counts, special_ids, tokenizer_identity
+from vocabjax.checkpoints.known import resolve_config
 from vocabjax.checkpoints.loader import load_tokenizer_and_vocab
 from vocabjax.vocab.subset import VocabSubset, coverage_latency, select
 
@@ -71,8 +72,6 @@ def coverage_latency_subset(counts_path: str | Path, model: str, drafter: str, *
   """(the top-k* subset of `counts_path` for `model`'s tokenizer, the choice): k* from
   `coverage_latency` with the cost of `drafter` (a KNOWN name, config.json, GGUF or cached
   registry model: `vocabjax.checkpoints.known.resolve_config`)."""
-  from vocabjax.checkpoints.known import resolve_config
-
   counts = Counts.load(counts_path)
   _, config = resolve_config(drafter)
   choice = coverage_latency(counts.counts, body_rows=drafter_body_rows(config), alpha=alpha,
