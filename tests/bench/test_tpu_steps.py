@@ -71,8 +71,8 @@ def test_the_matrix_holds_every_registered_method_and_generation():
       len(tpu_projection.MATRIX_METHODS) * len(tpu_projection.MATRIX_TOPOLOGIES) -
       len(tpu_projection.ONE_DEVICE) * 3)
   policies = {m.split(":")[0] for m in tpu_projection.MATRIX_METHODS if m.startswith((
-      "vocabtrim", "specvocab", "microspec", "slimspec", "dynaspec"))}
-  assert policies == {"vocabtrim", "specvocab", "microspec", "slimspec", "dynaspec"}
+      "vocabtrim", "specvocab", "microspec", "slimspec", "dynaspec", "evospec"))}
+  assert policies == {"vocabtrim", "specvocab", "microspec", "slimspec", "dynaspec", "evospec"}
 
 
 @pytest.mark.parametrize("topology", ["v5e:1x1", "v5e:2x2"])
@@ -125,7 +125,7 @@ def test_every_method_compiles_on_every_generation_and_slice(steps, method, topo
   # a slice its rows are XLA's partitioned gather), and DynaSpec's shortlist head likewise; no
   # other step does
   assert (row["mosaic_calls"] > 0) == (method.startswith("specvocab") or "ranker=" in method or (
-      method.startswith(("microspec", "dynaspec")) and not sharded)), row
+      method.startswith(("microspec", "dynaspec", "evospec")) and not sharded)), row
 
 
 def test_tpu_tracing_builds_decoders_for_a_tpu_and_nothing_reads_the_backend_while_tracing():

@@ -7,20 +7,26 @@ import pytest
 from vocabjax.decoding import Decoder, SamplingParams
 from vocabjax.models.llamalike import lm_head
 from vocabjax.testing.fixtures import successor_pair
-from vocabjax.vocab.incontext import InContextError, InContextVocab, context_rows, observe_rows
-from vocabjax.vocab.policy import with_rows
+from vocabjax.vocab.incontext import InContextError, InContextVocab, successor_index
+from vocabjax.vocab.policy import policy_state, with_rows
 from vocabjax.vocab.subset import VocabSubset
 
 from tests.helpers.models import CFG, SMALL, check_vocab_sampling_lossless
 from tests.helpers.vocab import trimmed_and_full
 
 
-def _lru(seq, window):
-  """The reference: the `window` most recently used distinct tokens of `seq`, with the
-  position each was last seen at."""
+def _lru(seq, window, core=(), successors=None):
+  """The reference: the `window` most recently used distinct tokens of `seq` (each followed by
+  its indexed successors), the core's left out, with the position each was last seen at."""
+  flat = []
+  for t in seq:
+    flat.append(t)
+    if successors is not None:
+      flat += [int(x) for x in successors[t] if x >= 0]
   last = {}
-  for i, t in enumerate(seq):
-    last[t] = i
+  for i, t in enumerate(flat):
+    if t not in core:
+      last[t] = i
   return dict(sorted(last.items(), key=lambda kv: -kv[1])[:window])
 
 
@@ -30,31 +36,49 @@ def _held(rows, b):
 
 
 @pytest.mark.parametrize("window", [1, 3, 8, 40])
-def test_rows_hold_the_most_recently_used_distinct_tokens(window):
+@pytest.mark.parametrize("indexed", [False, True], ids=["microspec", "evospec"])
+def test_rows_hold_the_most_recently_used_distinct_tokens(window, indexed, pair):
+  """The rows after a prompt and after steps emitting 0..3 tokens each equal the reference,
+  with a one-token core (never held) and, for EvoSpec, each token's two indexed successors."""
   rs = np.random.RandomState(window)
-  V, B, T = 12, 3, 10
-  lengths = np.array([1, 6, 10])
-  tokens = rs.randint(0, V, (B, T))
-  first = rs.randint(0, V, B)
-  rows = context_rows(jnp.asarray(tokens), jnp.asarray(lengths), jnp.asarray(first),
-                      window=window, vocab_size=V)
+  V, B, T = CFG.vocab_size, 3, 10
+  tokens = rs.randint(0, 12, (B, T))  # 12 of the 64 ids: tokens repeat
+  succ = np.where(rs.rand(V, 2) < 0.7, rs.randint(0, 12, (V, 2)), -1) if indexed else None
+  iv = InContextVocab(VocabSubset(np.array([5]), V), window=window, successors=succ)
+  params, _ = iv.attach(pair[1], CFG)
+  state = policy_state(params)
+  lengths, first = np.array([1, 6, 10]), rs.randint(0, 12, B)
+  rows = iv.init_rows(state, jnp.asarray(tokens), jnp.asarray(lengths), jnp.asarray(first))
   seqs = [list(tokens[b, :lengths[b]]) + [first[b]] for b in range(B)]
   for b in range(B):
-    assert _held(rows, b) == _lru(seqs[b], window)
-  for step in range(6):  # steps emitting 0..3 tokens per row (-1 padding)
+    assert set(_held(rows, b)) == set(_lru(seqs[b], window, {5}, succ)), b
+  for step in range(6):
     n = rs.randint(0, 4, B)
     em = np.full((B, 3), -1)
     for b in range(B):
-      em[b, :n[b]] = rs.randint(0, V, n[b])
+      em[b, :n[b]] = rs.randint(0, 12, n[b])
       seqs[b] += list(em[b, :n[b]])
-    rows = observe_rows(rows, jnp.asarray(em))
+    rows = iv.observe(state, rows, jnp.asarray(em))
     for b in range(B):
-      assert _held(rows, b) == _lru(seqs[b], window), (step, b)
-      slot_of = np.asarray(rows["slot_of"][b])
       held = _held(rows, b)
+      assert set(held) == set(_lru(seqs[b], window, {5}, succ)), (step, b)
+      slot_of = np.asarray(rows["slot_of"][b])
       assert {t for t in range(V) if slot_of[t] >= 0} == set(held)
       for t in held:
         assert int(rows["ids"][b][slot_of[t]]) == t
+
+
+def test_successor_index_counts_next_tokens():
+  seqs = [[1, 2, 1, 2, 1, 3, 4], [4, 0]]
+  idx = successor_index(seqs, 6, 2)
+  assert idx.tolist() == [[-1, -1], [2, 3], [1, -1], [4, -1], [0, -1], [-1, -1]]
+  core = np.zeros(6, bool)
+  core[2] = True
+  assert successor_index(seqs, 6, 2, exclude=core)[1].tolist() == [3, -1]
+  with pytest.raises(InContextError, match="empty calibration set"):
+    successor_index([[3]], 6, 2)
+  with pytest.raises(InContextError, match=r"n=0"):
+    successor_index(seqs, 6, 0)
 
 
 def test_policy_gives_exact_logits_of_core_and_context_tokens(pair):
@@ -63,8 +87,7 @@ def test_policy_gives_exact_logits_of_core_and_context_tokens(pair):
   iv = InContextVocab(core, window=4)
   params, policy = iv.attach(draft, CFG)
   tokens = jnp.asarray([[5, 7, 7, 11, 0], [3, 0, 0, 0, 0]])
-  rows = context_rows(tokens, jnp.asarray([5, 1]), jnp.asarray([20, 3]), window=4,
-                      vocab_size=CFG.vocab_size)
+  rows = iv.init_rows(policy_state(params), tokens, jnp.asarray([5, 1]), jnp.asarray([20, 3]))
   h = jnp.asarray(np.random.RandomState(0).randn(2, 3, CFG.hidden_size), jnp.float32)
   ids, z = policy(with_rows(params, rows), h)
   assert ids.shape == z.shape == (2, 3, 3 + 4)
@@ -128,6 +151,37 @@ def test_bad_settings_are_one_line_errors(pair):
   other = InContextVocab(VocabSubset(np.array([1]), 100), window=4)
   with pytest.raises(InContextError, match="100 tokens but the drafter has V=64"):
     other.attach(pair[1], CFG)
+  with pytest.raises(InContextError, match=r"successor index is \[V=64, n >= 1\]"):
+    InContextVocab(core, window=4, successors=np.zeros((10, 2), np.int32))
   with pytest.raises(ValueError, match="per-request state"):
     params, policy = InContextVocab(core, window=4).attach(pair[1], CFG)
     policy(params, jnp.zeros((1, CFG.hidden_size)))
+
+
+@pytest.mark.parametrize("kind", ["chain", "tree"])
+def test_indexed_successors_bring_the_next_token(kind):
+  """Drafter = target (t -> t + 1) over 12 tokens, a one-token prompt and a one-slot window: the
+  window alone never holds the successor (tau ~1); with a successor index counted on the
+  sequence 0..11 each committed token brings its successor, so each step's first draft is a
+  candidate, and only that one: the vocabulary grows per step, not per draft (tau 2; the full
+  drafter's 4). Outputs stay identical."""
+  config, target, _ = successor_pair(vocab_size=12, skip=0)
+  core = VocabSubset(np.array([11]), 12)
+  idx = successor_index([list(range(12)) + [0]], 12, 1)
+  prompts = [[3], [7]]
+  ar = Decoder(target, config).generate(prompts, max_new_tokens=12)
+  plain, full = trimmed_and_full(kind, target, target, config, InContextVocab(core, window=1))
+  evo, _ = trimmed_and_full(kind, target, target, config,
+                            InContextVocab(core, window=2, successors=idx))
+  r_full, r_plain, r_evo = (d.generate(prompts, max_new_tokens=12) for d in (full, plain, evo))
+  assert r_full.tokens == r_plain.tokens == r_evo.tokens == ar.tokens
+  assert r_plain.stats.tau < 1.5
+  assert r_evo.stats.tau == 2.0 and r_full.stats.tau == 4.0
+
+
+@pytest.mark.parametrize("kind", ["chain", "tree"])
+def test_evolving_sampling_is_lossless(small_pair, kind):
+  """The in-context slots grown by a successor index (V = 8): the target's law at T = 1."""
+  idx = np.random.RandomState(3).randint(-1, 8, (8, 2))
+  iv = InContextVocab(VocabSubset(np.array([4]), SMALL.vocab_size), window=2, successors=idx)
+  check_vocab_sampling_lossless(kind, small_pair, iv, SamplingParams(1.0), seed=31)

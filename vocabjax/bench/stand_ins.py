@@ -112,7 +112,7 @@ class MethodSpec:
     return self.kind in ("chain", "tree", "tree_suffix", "eagle", "eagle_pld", "eagle_suffix",
                          "vocabtrim",
                          "frspec", "specvocab", "microspec", "slimspec", "dynaspec",
-                         "crossvocab")
+                         "evospec", "crossvocab")
 
 
 # the methods `lower_step` and `python -m vocabjax.bench tpu` take: the registry's names and
@@ -146,6 +146,7 @@ ALIASES = [  # short name -> registry form (and bench-only settings: SpecVocab's
 # registry parameters that never change a step program (host-side lookup, file paths; an EAGLE
 # head's or a ranker's shapes are taken as the Setup's)
 HOST_ONLY = {"min_ngram", "max_ngram", "head", "ranker", "subset", "counts", "drafter",
+             "index", "router", "factors",
               "self_sizing",
               "ngram", "rule", "choices", "heads", "threshold", "corpus", "n",
               "max_tree_depth", "max_cached_requests", "min_token_prob", "max_spec_factor",
@@ -233,6 +234,11 @@ def _draft_vocab(s: Setup, kind: str, p, bench: dict):
   if kind == "microspec":  # the core's ids and the rows' tokens are values, not shapes
     return InContextVocab(VocabSubset(np.arange(p.core), s.draft.vocab_size,
                                       meta=(("ids", "stand-in"),)), window=p.window)
+  if kind == "evospec":  # a successor index of `|successors=n` per token (default 4)
+    V, n = s.draft.vocab_size, int(bench.get("successors", 4))
+    return InContextVocab(VocabSubset(np.arange(p.base), V, meta=(("ids", "stand-in"),)),
+                          window=p.window,
+                          successors=np.full((V, n), -1, np.int32) if n else None)
   if kind == "slimspec":
     return LowRankHead(_ranker_vocab(s, 1, "auto").ranker)
   if kind == "dynaspec":
@@ -301,6 +307,8 @@ def _model_spec(name, kind, p, bench):
            "microspec": f"MicroSpec core {getattr(p, 'core', 0)} + {getattr(p, 'window', 0)} "
                         f"in-context slots a row",
            "slimspec": "SlimSpec low-rank head (rank R of the setup's ranker)",
+           "evospec": f"EvoSpec base {getattr(p, 'base', 0)} + {getattr(p, 'window', 0)} "
+                      f"evolving slots a row ({bench.get('successors', 4)} successors a token)",
            "dynaspec": f"DynaSpec top {getattr(p, 'top', 0)} of "
                        f"{bench.get('clusters', 64)} clusters"}[kind]
   return MethodSpec(name, kind, _shaping(kind, p), ("target", "draft"), build,
@@ -522,6 +530,7 @@ _SPECS = {
     "microspec": _model_spec,
     "slimspec": _model_spec,
     "dynaspec": _model_spec,
+    "evospec": _model_spec,
     "covtrim": _covtrim_spec,
     "eagle": _eagle_spec,
     "eagle_pld": _eagle_spec,

@@ -354,6 +354,7 @@ MATRIX_TOPOLOGIES = (("v5e:1x1", False), ("v6e:1x1", False), ("v5p:1x1x1", False
 MATRIX_METHODS = (
     "ar", "chain:gamma=3", "vocabtrim:k=8192,gamma=3", "specvocab:k=2048,gamma=3",
     "microspec:core=512,window=2560,gamma=3", "slimspec:gamma=3", "dynaspec:top=4,gamma=3",
+    "evospec:base=8192,window=1024,gamma=3",
     "tree:top_k=2,depth=2,total_tokens=4", "pld:gamma=4",
     "pld:gamma=4,candidates=2", "ngram:gamma=4", "suffix:max_spec_tokens=4",
     "suffix:max_spec_tokens=4,use_tree=true", "eagle:top_k=1,depth=3,total_tokens=3",

@@ -21,7 +21,8 @@ from vocabjax.calibrate.counts import CalibrationError, Counts, plot
 from vocabjax.calibrate.run import BACKENDS, CountJob, run_count
 from vocabjax.checkpoints.hub import add_allow_bin_argument, allow_bin_from_args
 from vocabjax.checkpoints.torch_model import TORCH_DTYPES
-from vocabjax.calibrate.select import coverage_latency_subset, subset_from_counts
+from vocabjax.calibrate.select import (coverage_latency_subset, subset_from_counts,
+                                      successor_index_from)
 from vocabjax.io import check_output_dir, check_output_file
 from vocabjax.prompts import seed_arg
 
@@ -94,6 +95,14 @@ def _parser():
   s.add_argument("--k-max", type=int, default=None)
   s.add_argument("--out", required=True, help="subset file (.npz)")
 
+  x = sub.add_parser("index", help="EvoSpec's successor index of generated completions")
+  x.add_argument("completions", nargs="+", help="completion records (jsonl, completion_ids)")
+  x.add_argument("--model", required=True, help="the target (tokenizer identity, V)")
+  x.add_argument("--counts", required=True, help="counts whose top --core tokens are the core")
+  x.add_argument("--core", type=int, required=True)
+  x.add_argument("--n", type=int, default=4, help="successors kept per token")
+  x.add_argument("--out", required=True, help="index file (.npz)")
+
   p = sub.add_parser("plot", help="overlay plots of counts files")
   p.add_argument("counts", nargs="+", help="NAME=PATH or PATH")
   p.add_argument("--out", required=True)
@@ -105,7 +114,7 @@ def main(argv=None) -> int:
   allow_bin_from_args(args)  # (count's --allow-bin: a model with pickled weights)
   try:
     # the output is checked before a model or a corpus is read
-    if args.cmd == "select":
+    if args.cmd in ("select", "index"):
       check_output_file(args.out, "--out")
     else:
       check_output_dir(args.out, "--out")
@@ -122,6 +131,11 @@ def main(argv=None) -> int:
           max_len=args.max_len, limit=args.limit)
       run_count(job, overwrite=args.overwrite, max_units=args.max_units, finish=args.finish,
                 progress=not args.quiet)
+    elif args.cmd == "index":
+      path, info = successor_index_from(args.completions, args.model, args.counts, args.core,
+                                        args.n, args.out)
+      print(f"{path}: {info['indexed_tokens']} tokens with successors, n={info['n']}, from "
+            f"{info['sequences']} completions ({info['tokens']} tokens)")
     elif args.cmd == "select" and args.coverage_latency:
       if not args.drafter:
         raise ValueError("--coverage-latency weighs the drafter's cost: name it with --drafter")

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+
 from vocabjax.calibrate.counts import CalibrationError, Counts, special_ids, tokenizer_identity
 from vocabjax.checkpoints.known import resolve_config
 from vocabjax.checkpoints.loader import load_tokenizer_and_vocab
+from vocabjax.vocab.incontext import save_index, successor_index
 from vocabjax.vocab.subset import VocabSubset, coverage_latency, select
 
 
@@ -82,3 +85,47 @@ def coverage_latency_subset(counts_path: str | Path, model: str, drafter: str, *
           "saved": choice["saved"], "drafter": drafter, "body_rows": choice["body_rows"]}
   return VocabSubset(ids=sub.ids, vocab_size=sub.vocab_size, tokenizer_id=sub.tokenizer_id,
                      meta=tuple(sorted(meta.items()))), choice
+
+
+def completion_sequences(paths) -> list[list[int]]:
+  """The `completion_ids` of completion records (jsonl: what `python -m vocabjax.calibrate
+  count --generate` and the training data builders write); a bad line names its file and line."""
+  import json
+
+  out = []
+  for p in paths:
+    p = Path(p)
+    if not p.is_file():
+      raise CalibrationError(f"no completions file at {p}")
+    for i, line in enumerate(p.read_text(encoding="utf-8").splitlines()):
+      if not line.strip():
+        continue
+      try:
+        ids = json.loads(line)["completion_ids"]
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+          raise TypeError("completion_ids must be integers")
+      except (ValueError, KeyError, TypeError) as e:
+        raise CalibrationError(f"{p}:{i + 1} is not a completion record ({e})") from None
+      out.append(ids)
+  if not out:
+    raise CalibrationError(f"no completion records in {[str(p) for p in paths]}: an empty "
+                           f"calibration set")
+  return out
+
+
+def successor_index_from(paths, model: str, counts_path: str | Path, core: int, n: int,
+                         out: str | Path) -> tuple[Path, dict]:
+  """EvoSpec's successor index of the completions in `paths` for `model`'s tokenizer, the core
+  (the top-`core` subset of `counts_path`, whose tokens are always candidates) left out; saved
+  atomically to `out`. Returns (path, summary)."""
+  tokenizer, V = load_tokenizer_and_vocab(model)
+  sub = subset_from_counts(counts_path, model, k=core)
+  seqs = completion_sequences(paths)
+  exclude = np.zeros(V, bool)
+  exclude[np.asarray(sub.ids)] = True
+  idx = successor_index(seqs, V, n, exclude=exclude)
+  summary = {"n": n, "core": core, "sequences": len(seqs),
+             "tokens": int(sum(len(s) for s in seqs)),
+             "indexed_tokens": int((idx[:, 0] >= 0).sum()),
+             "sources": [str(p) for p in paths], "counts": str(counts_path)}
+  return save_index(out, idx, tokenizer_id=tokenizer_identity(tokenizer), meta=summary), summary

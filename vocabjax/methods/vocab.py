@@ -1,8 +1,10 @@
 """The drafter's vocabulary: a static subset counted on generated text (`vocabtrim`, Goel et
 al. 2025) or a raw corpus (`frspec`, Zhao et al. 2025), a per-step speculative vocabulary
 from a trained ranker (`specvocab`, Williams et al. 2026), an in-context vocabulary
-(`microspec`, Chen et al. 2026), a router's token clusters (`dynaspec`, Zhang et al. 2025), a low-rank head (`slimspec`, Plaksin et al. 2026), and a static
-subset sized by coverage against drafting cost (`covtrim`, Ben Shoham 2026)."""
+(`microspec`, Chen et al. 2026), a router's token clusters (`dynaspec`, Zhang et al. 2025), an
+evolving vocabulary (`evospec`, Zhang et al. 2026), a low-rank head (`slimspec`, Plaksin et
+al. 2026), and a static subset sized by coverage against drafting cost (`covtrim`, Ben Shoham
+2026)."""
 
 from __future__ import annotations
 
@@ -12,14 +14,14 @@ from pathlib import Path
 
 from safetensors import SafetensorError, safe_open
 
-from vocabjax.calibrate.counts import CalibrationError, Counts
+from vocabjax.calibrate.counts import CalibrationError, Counts, tokenizer_identity
 from vocabjax.calibrate.select import load_or_select
 from vocabjax.decoding.tree import MAX_TREE_NODES, TreeParams
 from vocabjax.errors import ConfigError
 from vocabjax.methods import (check_subset_file, load_subset, local_path, register,
                               tree_params)
 from vocabjax.vocab.clustered import FORMAT as ROUTER_FORMAT, ClusteredVocab, ClusterRouter
-from vocabjax.vocab.incontext import InContextVocab
+from vocabjax.vocab.incontext import InContextVocab, load_index
 from vocabjax.vocab.lowrank import LowRankHead
 from vocabjax.methods.drafter import chain_decoder, tree_decoder
 from vocabjax.vocab.ranked import (Ranker, RankerError, SpeculativeVocab, ranked_head_rows,
@@ -340,4 +342,52 @@ def _router_rows(p) -> int:
 def _dynaspec(target, draft, p: DynaSpecParams, mesh=None):
   """Chain or tree drafting over the tokens of the router's top clusters."""
   return _chain_or_tree(target, draft, p, ClusteredVocab(ClusterRouter.load(p.router), p.top),
+                        mesh)
+
+
+
+# EvoSpec: a static base subset plus each request's recent tokens and their indexed successors
+# (`python -m vocabjax.calibrate index`); the paper's online parameter adaptation is not here.
+
+@dataclasses.dataclass(frozen=True)
+class EvoSpecParams:
+  counts: str  # a counts file: the static base's ranking
+  index: str = ""  # a successor index (`python -m vocabjax.calibrate index`); "": none
+  base: int = 8192  # the static base's size (+ special tokens, within it)
+  window: int = 1024  # slots per request for its recent tokens and their successors
+  gamma: int = 3
+  top_k: int = 0
+  depth: int = 0  # 0: chain drafting
+  total_tokens: int = 0
+
+  def check(self, where: str) -> None:
+    check_draft(where, "evospec", self.base + self.window, self.gamma, self.top_k,
+                self.depth, self.total_tokens)
+    if self.window < 1 or self.base < 1:
+      raise ConfigError(f"{where}: evospec.base={self.base} and window={self.window} must be "
+                        f">= 1 (an empty evolving vocabulary is the base alone: frspec)")
+    try:
+      counts = Counts.load(self.counts)
+    except CalibrationError as e:
+      raise ConfigError(f"{where}: {e}") from None
+    if self.base + self.window > counts.vocab_size:
+      raise ConfigError(f"{where}: evospec.base + window = {self.base + self.window} exceeds "
+                        f"the vocabulary of {counts.vocab_size} tokens in {self.counts}")
+    if self.index and not Path(local_path(self.index, "file", where)).is_file():
+      raise ConfigError(f"{where}: evospec.index={self.index!r}: no such file (make one with "
+                        f"`python -m vocabjax.calibrate index`)")
+
+
+@register("evospec", EvoSpecParams, drafter_passes=_passes,
+          head_rows=lambda p: p.base + p.window)
+def _evospec(target, draft, p: EvoSpecParams, mesh=None):
+  """Chain or tree drafting over the base and each request's evolving slots."""
+  if target.tokenizer is None:
+    raise ValueError(f"{target.source} has no tokenizer: the counts' tokenizer identity "
+                     f"cannot be checked")
+  base = load_or_select(p.counts, target.tokenizer, target.config.vocab_size,
+                        target.eos_token_ids, k=p.base)
+  succ = (load_index(local_path(p.index, "file"), vocab_size=target.config.vocab_size,
+                     tokenizer_id=tokenizer_identity(target.tokenizer)) if p.index else None)
+  return _chain_or_tree(target, draft, p, InContextVocab(base, window=p.window, successors=succ),
                         mesh)

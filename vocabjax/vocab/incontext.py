@@ -33,11 +33,16 @@ settings: `window`, the core subset's K).
 from __future__ import annotations
 
 import dataclasses
+import io
+import json
+import zipfile
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from vocabjax.io import atomic_write_bytes
 from vocabjax.kernels.blocks import is_blocks
 from vocabjax.kernels.cpu_matmul import linear
 from vocabjax.kernels.indexed_lm_head import indexed_lm_head
@@ -62,8 +67,18 @@ class InContextVocab(RowVocab):
   core: VocabSubset
   window: int  # C: in-context slots per row
   impl: str = "auto"  # the indexed LM head's implementation
+  successors: np.ndarray | None = None  # [V, n] a statistical index (EvoSpec): each token's
+  #   most frequent next tokens, -1 none; a seen token brings its successors into the slots
 
   def __post_init__(self):
+    if self.successors is not None:
+      succ = np.asarray(self.successors)
+      if succ.ndim != 2 or succ.shape[0] != self.vocab_size or succ.shape[1] < 1:
+        raise InContextError(f"a successor index is [V={self.vocab_size}, n >= 1], got shape "
+                             f"{succ.shape}: made for another vocabulary?")
+      if succ.max() >= self.vocab_size or succ.min() < -1:
+        raise InContextError(f"successor ids must lie in [-1, {self.vocab_size}), got "
+                             f"{succ.min()}..{succ.max()}")
     if self.window < 1:
       raise InContextError(f"window={self.window}: the in-context vocabulary needs at least one "
                            f"slot per row (an empty in-context vocabulary is the core alone: "
@@ -96,29 +111,42 @@ class InContextVocab(RowVocab):
     mask = np.zeros(self.vocab_size, bool)
     mask[np.asarray(self.core.ids)] = True
     state = {**policy_state(params), "core_mask": jnp.asarray(mask)}
+    n = 0
+    if self.successors is not None:
+      state["successors"] = jnp.asarray(np.asarray(self.successors), jnp.int32)
+      n = int(np.shape(self.successors)[1])
     impl = "reference" if mesh is not None and mesh.size > 1 else self.impl
+    # the window and the successors' width shape the engine's prefill and update programs too:
+    # policy settings, so that they key them
     return (with_policy_state(params, state),
-            bound_policy(in_context_policy, config=config, impl=impl, window=self.window))
+            bound_policy(in_context_policy, config=config, impl=impl, window=self.window,
+                         successors=n))
 
   def init_rows(self, state, tokens, lengths, first):
-    del state
-    return context_rows(tokens, lengths, first, window=self.window, vocab_size=self.vocab_size)
+    seq, valid = expand(*prompt_sequence(tokens, lengths, first), state)
+    return context_rows(seq, valid, window=self.window, vocab_size=self.vocab_size)
 
   def observe(self, state, rows, emitted):
-    del state
-    return observe_rows(rows, emitted)
+    seq, valid = expand(emitted.astype(jnp.int32), emitted >= 0, state)
+    return observe_rows(rows, jnp.where(valid, seq, -1))
 
 
-def context_rows(tokens: jax.Array, lengths: jax.Array, first: jax.Array, *, window: int,
-                 vocab_size: int) -> dict:
-  """The rows' in-context vocabulary after the prompt `tokens` [B, T] (right-padded, `lengths`
-  [B]) and the first token `first` [B]: the `window` most recently seen distinct tokens."""
+def prompt_sequence(tokens: jax.Array, lengths: jax.Array, first: jax.Array
+                    ) -> tuple[jax.Array, jax.Array]:
+  """(seq [B, T + 1], valid [B, T + 1]): the prompt `tokens` [B, T] (right-padded, `lengths`
+  [B]) followed by the first token `first` [B]."""
   B, T = tokens.shape
-  L = T + 1
-  pos = jnp.arange(L, dtype=jnp.int32)[None]
+  pos = jnp.arange(T + 1, dtype=jnp.int32)[None]
   seq = jnp.concatenate([tokens.astype(jnp.int32), jnp.zeros((B, 1), jnp.int32)], axis=1)
   seq = jnp.where(pos == lengths[:, None], first[:, None].astype(jnp.int32), seq)
-  valid = pos <= lengths[:, None]
+  return seq, pos <= lengths[:, None]
+
+
+def context_rows(seq: jax.Array, valid: jax.Array, *, window: int, vocab_size: int) -> dict:
+  """The rows' in-context vocabulary after the tokens `seq` [B, L] where `valid` [B, L]: the
+  `window` most recently seen distinct tokens (a token's position: its index in `seq`)."""
+  B, L = seq.shape
+  pos = jnp.arange(L, dtype=jnp.int32)[None]
   # sort by (token, position), padding last: a token's last occurrence ends its run
   posb = jnp.broadcast_to(pos, (B, L))
   order = jnp.lexsort((posb, jnp.where(valid, seq, vocab_size)), axis=-1)
@@ -139,7 +167,23 @@ def context_rows(tokens: jax.Array, lengths: jax.Array, first: jax.Array, *, win
   slot_of = slot_of.at[rows, jnp.where(when >= 0, ids, vocab_size)].set(
       jnp.broadcast_to(jnp.arange(window, dtype=jnp.int32), (B, window)), mode="drop")
   return {"ids": ids.astype(jnp.int32), "last_use": when.astype(jnp.int32),
-          "slot_of": slot_of, "clock": (lengths + 1).astype(jnp.int32)}
+          "slot_of": slot_of, "clock": jnp.full((B,), L, jnp.int32)}
+
+
+def expand(seq: jax.Array, valid: jax.Array, state: dict) -> tuple[jax.Array, jax.Array]:
+  """(seq', valid') [B, L * (1 + n)]: each token followed by its n indexed successors
+  (`state["successors"]` [V, n], -1 none; none attached: n = 0), and every token of the core
+  (`state["core_mask"]`) made invalid: the core's tokens never take a slot."""
+  succ = state.get("successors")
+  if succ is not None:
+    B, L = seq.shape
+    n = succ.shape[1]
+    nxt = succ[jnp.where(valid, seq, 0)]  # [B, L, n]
+    seq = jnp.concatenate([seq[..., None], nxt], axis=-1).reshape(B, L * (1 + n))
+    valid = jnp.concatenate([valid[..., None], valid[..., None] & (nxt >= 0)],
+                            axis=-1).reshape(B, L * (1 + n))
+    seq = jnp.maximum(seq, 0)
+  return seq, valid & ~state["core_mask"][seq]
 
 
 def observe_rows(rows: dict, emitted: jax.Array) -> dict:
@@ -170,13 +214,16 @@ def observe_rows(rows: dict, emitted: jax.Array) -> dict:
 
 
 def in_context_policy(params: dict, h: jax.Array, *, config: LlamaLikeConfig, window: int,
-                      impl: str = "auto") -> tuple[jax.Array, jax.Array]:
+                      successors: int = 0, impl: str = "auto"
+                      ) -> tuple[jax.Array, jax.Array]:
   """(candidate target ids [B, ..., Kc + C], logits [B, ..., Kc + C]): the core's rows and the
-  row's C = `window` in-context slots; empty slots and slots duplicating a core id get -inf.
+  row's C = `window` in-context slots; empty slots and slots duplicating a core id get -inf
+  (`successors`: the index's width n, read by the row updates alone).
   (`window` is a setting, not only a shape: the engine's programs of two windows differ in
   their prefill and update too, and a policy's settings are what key them.)"""
+  del successors
   st = policy_state(params)
-  rows = policy_rows(params, "the in-context vocabulary (microspec)")
+  rows = policy_rows(params, "the in-context vocabulary (microspec, evospec)")
   if rows["ids"].shape[1] != window:
     raise ValueError(f"in-context rows hold {rows['ids'].shape[1]} slots, the policy "
                      f"{window=}")
@@ -198,3 +245,68 @@ def in_context_policy(params: dict, h: jax.Array, *, config: LlamaLikeConfig, wi
                          jnp.broadcast_to(rows["ids"][:, None], (B, N, C))], axis=-1)
   z = jnp.concatenate([core_z, ctx_z], axis=-1)
   return ids.reshape(lead + (Kc + C,)), z.reshape(lead + (Kc + C,))
+
+
+def successor_index(sequences, vocab_size: int, n: int, *, exclude=None) -> np.ndarray:
+  """EvoSpec's statistical index from token `sequences` (completions the target generated): for
+  each token its `n` most frequent next tokens [V, n] (ties: the lower id; -1 where fewer
+  followed it), leaving out `exclude` [V] bool (the core: those are always candidates)."""
+  if n < 1:
+    raise InContextError(f"n={n}: a successor index holds at least one successor per token")
+  pairs = [np.stack([np.asarray(s[:-1]), np.asarray(s[1:])], 1) for s in sequences
+           if len(s) > 1]
+  if not pairs:
+    raise InContextError("no token pairs to index: the sequences are empty (an empty "
+                         "calibration set?)")
+  p = np.concatenate(pairs).astype(np.int64)
+  if p.min() < 0 or p.max() >= vocab_size:
+    raise InContextError(f"token ids must lie in [0, {vocab_size}), got {p.min()}..{p.max()}")
+  if exclude is not None:
+    p = p[~np.asarray(exclude)[p[:, 1]]]
+  key, count = np.unique(p[:, 0] * vocab_size + p[:, 1], return_counts=True)
+  src, dst = np.divmod(key, vocab_size)
+  order = np.lexsort((dst, -count, src))  # by source, then count descending, then id
+  src, dst = src[order], dst[order]
+  rank = np.arange(len(src)) - np.searchsorted(src, src)
+  keep = rank < n
+  out = np.full((vocab_size, n), -1, np.int32)
+  out[src[keep], rank[keep]] = dst[keep]
+  return out
+
+
+INDEX_FORMAT = "vocabjax-successors/1"
+
+
+def save_index(path, successors: np.ndarray, *, tokenizer_id: str, meta: dict) -> Path:
+  """Write a successor index atomically as .npz with the tokenizer it was counted with."""
+  buf = io.BytesIO()
+  np.savez_compressed(buf, successors=np.asarray(successors, np.int32), meta=np.asarray(
+      json.dumps({"format": INDEX_FORMAT, "tokenizer_id": tokenizer_id, **meta})))
+  path = Path(path)
+  atomic_write_bytes(path, buf.getvalue())
+  return path
+
+
+def load_index(path, *, tokenizer_id: str | None = None, vocab_size: int | None = None
+               ) -> np.ndarray:
+  """A saved successor index [V, n]; refused when made for another tokenizer or vocabulary,
+  or when the file is not one."""
+  path = Path(path)
+  if not path.is_file():
+    raise InContextError(f"no successor index at {path} (make one with `python -m "
+                         f"vocabjax.calibrate index`)")
+  try:
+    with np.load(path) as z:
+      succ, meta = z["successors"], json.loads(str(z["meta"]))
+  except (OSError, ValueError, KeyError, zipfile.BadZipFile, EOFError) as e:
+    raise InContextError(f"{path} is not a readable successor index ({e})") from None
+  if meta.get("format") != INDEX_FORMAT:
+    raise InContextError(f"{path} is not a vocabjax successor index "
+                         f"(format {meta.get('format')!r})")
+  if tokenizer_id is not None and meta.get("tokenizer_id") != tokenizer_id:
+    raise InContextError(f"{path} was counted with tokenizer {meta.get('tokenizer_id')!r}, the "
+                         f"model's is {tokenizer_id!r}")
+  if vocab_size is not None and succ.shape[0] != vocab_size:
+    raise InContextError(f"{path} indexes a vocabulary of {succ.shape[0]} tokens, the model "
+                         f"has V={vocab_size}")
+  return succ

@@ -1,0 +1,114 @@
+"""The newer vocabulary methods through the registry, from the files their commands make
+(`calibrate count`, `calibrate select --coverage-latency`, `calibrate index`, a router, low-rank
+factors) on a tiny chat model pair: greedy output equals plain decoding; bad files and settings
+are one-line errors."""
+
+import numpy as np
+import pytest
+
+from vocabjax.calibrate import CountJob, run_count
+from vocabjax.calibrate.__main__ import main as calibrate
+from vocabjax.checkpoints.loader import load_model
+from vocabjax.decoding import Decoder
+from vocabjax.errors import ConfigError
+from vocabjax.methods import METHODS
+from vocabjax.models.identity import drafter_identity
+from vocabjax.models.llamalike import lm_head_weight
+from vocabjax.testing.tiny import save_tiny_variant
+from vocabjax.vocab.clustered import ClusterRouter, fit_clusters
+from vocabjax.vocab.incontext import InContextError, load_index
+from vocabjax.vocab.ranked import svd_ranker
+
+from tests.helpers.train import write_completions
+
+DOCS = ["def f(x):\n    return x + 1\n", "the quick brown fox jumps", "import os\nprint(os.sep)\n"]
+
+
+@pytest.fixture(scope="module")
+def files(tiny_chat_dir, tmp_path_factory):
+  """A drafter of the target's tokenizer, counts, completions and each method's files."""
+  root = tmp_path_factory.mktemp("newer")
+  draft_dir = save_tiny_variant("qwen2_bias", root / "draft", seed=4, with_tokenizer=True)
+  (root / "corpus").mkdir()
+  for i, t in enumerate(DOCS):
+    (root / "corpus" / f"d{i}.py").write_text(t)
+  run_count(CountJob(model=str(tiny_chat_dir), out=str(root / "c"), text=(str(root / "corpus"),)),
+            progress=False)
+  comp = write_completions(tiny_chat_dir, root / "generated.jsonl", n=6, max_new_tokens=10)
+  counts = root / "c" / "counts.npz"
+  assert calibrate(["index", str(comp), "--model", str(tiny_chat_dir), "--counts", str(counts),
+                    "--core", "16", "--n", "2", "--out", str(root / "idx.npz")]) == 0
+  assert calibrate(["select", str(counts), "--model", str(tiny_chat_dir), "--coverage-latency",
+                    "--drafter", str(draft_dir), "--k-min", "8", "--out",
+                    str(root / "cl.npz")]) == 0
+  draft = load_model(draft_dir, dtype="float32")
+  members = fit_clusters(np.asarray(lm_head_weight(draft.params, draft.config)), 8, iters=2)
+  rs = np.random.RandomState(0)
+  ClusterRouter(members, rs.randn(8, draft.config.hidden_size).astype(np.float32),
+                np.zeros(8, np.float32), drafter_identity(draft.params, draft.config)
+                ).save(root / "router.safetensors")
+  svd_ranker(draft.params, draft.config, 8).save(root / "factors.safetensors")
+  return {"draft": draft, "counts": str(counts), "index": str(root / "idx.npz"),
+          "subset": str(root / "cl.npz"), "router": str(root / "router.safetensors"),
+          "factors": str(root / "factors.safetensors"), "completions": str(comp)}
+
+
+CASES = {
+    "microspec": lambda f: {"counts": f["counts"], "core": 16, "window": 24},
+    "evospec": lambda f: {"counts": f["counts"], "index": f["index"], "base": 16, "window": 24},
+    "dynaspec": lambda f: {"router": f["router"], "top": 2},
+    "slimspec": lambda f: {"factors": f["factors"]},
+    "covtrim": lambda f: {"subset": f["subset"]},
+}
+
+
+@pytest.mark.parametrize("depth", [0, 2], ids=["chain", "tree"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_registry_methods_decode_as_plain_greedy(tiny_chat_dir, files, name, depth):
+  target = load_model(tiny_chat_dir, dtype="float32")
+  prompts = [target.tokenizer("def add(a, b):")["input_ids"], target.tokenizer("Hi")["input_ids"]]
+  ar = Decoder(target.params, target.config).generate(prompts, max_new_tokens=12)
+  shape = {"top_k": 2, "depth": 2, "total_tokens": 4} if depth else {"gamma": 3}
+  dec = METHODS[name].make(target, files["draft"], {**CASES[name](files), **shape})
+  assert dec.generate(prompts, max_new_tokens=12).tokens == ar.tokens
+
+
+def test_index_records_its_tokenizer_and_core(tiny_chat_dir, files, tmp_path, capsys):
+  target = load_model(tiny_chat_dir, dtype="float32")
+  idx = load_index(files["index"], vocab_size=target.config.vocab_size)
+  assert idx.shape == (target.config.vocab_size, 2) and (idx[:, 0] >= 0).any()
+  with pytest.raises(InContextError, match="was counted with tokenizer"):
+    load_index(files["index"], tokenizer_id="vocab9-sha256:feed")
+  with pytest.raises(InContextError, match="indexes a vocabulary of"):
+    load_index(files["index"], vocab_size=7)
+  bad = tmp_path / "bad.npz"
+  bad.write_bytes(b"not a zip")
+  with pytest.raises(InContextError, match="not a readable successor index"):
+    load_index(bad)
+  empty = tmp_path / "empty.jsonl"
+  empty.write_text("")
+  assert calibrate(["index", str(empty), "--model", str(tiny_chat_dir), "--counts",
+                    files["counts"], "--core", "16", "--out", str(tmp_path / "i.npz")]) == 2
+  assert "empty calibration set" in capsys.readouterr().err
+
+
+def test_bad_settings_name_the_value(tiny_chat_dir, files):
+  target = load_model(tiny_chat_dir, dtype="float32")
+  cases = [
+      ("microspec", {"counts": files["counts"], "window": 0}, "window=0"),
+      ("evospec", {"counts": files["counts"], "index": "/no/such.npz", "base": 16,
+                   "window": 8},
+       "evospec.index='/no/such.npz': no such file"),
+      ("dynaspec", {"router": files["router"], "top": 9}, r"top=9 clusters must be in \[1, C=8\]"),
+      ("dynaspec", {"router": files["factors"]}, "not a vocabjax router file"),
+      ("slimspec", {"factors": files["router"]}, "not a readable ranker file"),
+      ("covtrim", {"subset": "/no/such.npz"}, "no such file"),
+  ]
+  for name, params, message in cases:
+    with pytest.raises(ConfigError, match=message):
+      METHODS[name].make(target, files["draft"], params)
+  vt = tiny_chat_dir.parent / "vt.npz"
+  assert calibrate(["select", files["counts"], "--model", str(tiny_chat_dir), "--k", "20",
+                    "--out", str(vt)]) == 0
+  with pytest.raises(ConfigError, match="not by coverage and latency"):
+    METHODS["covtrim"].make(target, files["draft"], {"subset": str(vt)})
