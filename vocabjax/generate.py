@@ -53,6 +53,7 @@ class GenerateConfig:
   temperature: float = 0.0
   top_k: int = 0
   top_p: float = 1.0
+  draft_in_set: bool = True  # drafts within the request's top-k / top-p (`SamplingParams`)
   seed: int = 0
   stop: tuple[str, ...] = ()
   max_len: int | None = None  # cache slots; default: prompt + max_new_tokens rounded up
@@ -216,7 +217,8 @@ def main(config: GenerateConfig) -> dict:
 
 
 def _generate(config: GenerateConfig) -> dict:
-  sampling = SamplingParams(config.temperature, config.top_k, config.top_p)  # validates
+  sampling = SamplingParams(config.temperature, config.top_k, config.top_p,
+                            config.draft_in_set)  # validates
   if config.max_new_tokens <= 0:
     raise ValueError(f"max_new_tokens must be > 0, got {config.max_new_tokens}")
   distributed.initialize(config.coordinator, config.num_processes, config.process_id)
@@ -316,6 +318,9 @@ def parse_args(argv=None) -> GenerateConfig:
   p.add_argument("--top-k", type=int, default=0, help="sampling: 0 = off")
   p.add_argument("--top-p", type=float, default=1.0,
                  help="nucleus sampling mass in (0, 1]; 1 = off (with --temperature > 0)")
+  p.add_argument("--draft-outside-set", action="store_true",
+                 help="drafters sample from their temperature-only law, not within the "
+                      "request's top-k / top-p (output unchanged; acceptance lower)")
   p.add_argument("--seed", type=seed_arg, default=0,
                  help="random seed of sampling (greedy output does not depend on it)")
   p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
@@ -356,7 +361,8 @@ def _config(a) -> GenerateConfig:
                         params=parse_set(a.set, a.method), draft=a.draft, chat=a.chat,
                         chat_template_kwargs=parse_chat_kwargs(a.chat_kwarg),
                         max_new_tokens=a.max_new_tokens, temperature=a.temperature,
-                        top_k=a.top_k, top_p=a.top_p, seed=a.seed, stop=tuple(a.stop),
+                        top_k=a.top_k, top_p=a.top_p, draft_in_set=not a.draft_outside_set,
+                        seed=a.seed, stop=tuple(a.stop),
                         max_len=a.max_len, dtype=a.dtype, draft_dtype=a.draft_dtype,
                         output=a.output, quiet=a.quiet, stream=a.stream,
                         time_split=a.time_split,

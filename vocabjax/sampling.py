@@ -19,6 +19,9 @@ class SamplingParams:
   temperature: float = 0.0
   top_k: int = 0  # 0: off
   top_p: float = 1.0  # 1.0: off
+  draft_in_set: bool = True  # drafters sample within the request's top-k / top-p set (their
+  #   own law processed as the target's is); False: from their temperature-only law, as
+  #   engines that sample drafts unprocessed do (the verifier, and so the output, is the same)
 
   def __post_init__(self):
     import numbers
@@ -29,6 +32,8 @@ class SamplingParams:
         raise ValueError(f"{name} must be a number, got {v!r}")
     if isinstance(self.top_k, bool) or not isinstance(self.top_k, numbers.Integral):
       raise ValueError(f"top_k must be an integer, got {self.top_k!r}")
+    if not isinstance(self.draft_in_set, bool):
+      raise ValueError(f"draft_in_set must be true or false, got {self.draft_in_set!r}")
     if not self.temperature >= 0:
       raise ValueError(f"temperature must be >= 0, got {self.temperature=}")
     if self.temperature == float("inf"):
@@ -42,6 +47,13 @@ class SamplingParams:
   @property
   def greedy(self) -> bool:
     return self.temperature == 0.0
+
+  @property
+  def draft_law(self) -> "SamplingParams":
+    """What a drafter's logits are processed with: these settings, or with `draft_in_set`
+    False the temperature alone (drafts may then fall outside the request's set, where the
+    target's p is 0 and they are rejected)."""
+    return self if self.draft_in_set else SamplingParams(self.temperature)
 
   def validate_for_vocab(self, vocab_size: int) -> None:
     if self.top_k > vocab_size:

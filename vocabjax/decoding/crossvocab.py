@@ -110,7 +110,7 @@ def draft_tokens(dp, cache, pend, n_pend, allowed, key, head, *, config: LlamaLi
       d = jnp.argmax(logits, axis=-1).astype(jnp.int32)
       q_row, q_d = jnp.ones((B, 1), jnp.float32), jnp.ones((B,), jnp.float32)
     else:
-      lp = log_probs(logits, sampling)
+      lp = log_probs(logits, sampling.draft_law)
       d = jax.random.categorical(keys[i], lp, axis=-1).astype(jnp.int32)
       q_row = jnp.exp(lp)
       q_d = jnp.take_along_axis(q_row, d[:, None], axis=1)[:, 0]

@@ -53,6 +53,7 @@ class EvalConfig:
   temperature: float = 0.0
   top_k: int = 0
   top_p: float = 1.0
+  draft_in_set: bool = True  # drafts within the request's top-k / top-p (`SamplingParams`)
   seeds: tuple[int, ...] = (0,)
   chat: bool = True
   # the chat template's variables, e.g. (("enable_thinking", False),) for Qwen3
@@ -156,7 +157,8 @@ def config_from_dict(raw: dict, *, name: str = "custom", check_files: bool = Tru
   return EvalConfig(
       target=str(raw["target"]), draft=raw.get("draft"), datasets=datasets,
       methods=tuple(methods), max_new_tokens=raw.get("max_new_tokens", 128), temperature=temp,
-      top_k=top_k, top_p=top_p, seeds=tuple(seeds), chat=_flag(raw, "chat", True, where),
+      top_k=top_k, top_p=top_p, draft_in_set=_flag(raw, "draft_in_set", True, where),
+      seeds=tuple(seeds), chat=_flag(raw, "chat", True, where),
       chat_template_kwargs=_template_kwargs(raw, where),
       max_len=raw.get("max_len"), dtype=raw.get("dtype"), draft_dtype=raw.get("draft_dtype"),
       time_split=_flag(raw, "time_split", True, where), name=raw.get("name", name),

@@ -514,7 +514,8 @@ def _generate(config: EvalConfig, models: Loaded, decoders: dict, prompts, ids, 
   from tqdm.auto import tqdm
 
   tok, eos = models.target.tokenizer, models.target.eos_token_ids
-  sampling = SamplingParams(config.temperature, config.top_k, config.top_p)
+  sampling = SamplingParams(config.temperature, config.top_k, config.top_p,
+                            config.draft_in_set)
   todo = [(p, i, s) for i, p in enumerate(prompts) for s in config.seeds]
   every = [(p, i, s, m.name) for p, i, s in todo for m in config.methods]
   missing = distributed.broadcast_from_main(  # a conversation: any of its turns

@@ -227,7 +227,8 @@ def in_context_policy(params: dict, h: jax.Array, *, config: LlamaLikeConfig, wi
   if rows["ids"].shape[1] != window:
     raise ValueError(f"in-context rows hold {rows['ids'].shape[1]} slots, the policy "
                      f"{window=}")
-  B, D = h.shape[0], h.shape[-1]
+  # the batch rows lead h (a DFlash block's [B * G, D] too: rows major)
+  B, D = rows["ids"].shape[0], h.shape[-1]
   lead = h.shape[:-1]
   flat = h.reshape(B, -1, D)
   N = flat.shape[1]

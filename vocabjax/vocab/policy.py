@@ -155,7 +155,9 @@ def scatter_full(ids: jax.Array | None, values: jax.Array, vocab_size: int,
 
 
 def candidate_sampling(sp: SamplingParams, num_candidates: int) -> SamplingParams:
-  """`sp` for a distribution over K candidates: a top-k of K or more keeps all of them."""
+  """What a drafter's law over K candidates is processed with: `sp.draft_law` (the request's
+  top-k / top-p, or its temperature alone), where a top-k of K or more keeps all of them."""
+  sp = sp.draft_law
   if sp.top_k and sp.top_k >= num_candidates:
     return dataclasses.replace(sp, top_k=0)
   return sp
