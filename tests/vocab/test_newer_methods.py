@@ -112,3 +112,44 @@ def test_bad_settings_name_the_value(tiny_chat_dir, files):
                     "--out", str(vt)]) == 0
   with pytest.raises(ConfigError, match="not by coverage and latency"):
     METHODS["covtrim"].make(target, files["draft"], {"subset": str(vt)})
+
+
+@pytest.fixture(scope="module")
+def head_dir(tiny_chat_dir, tmp_path_factory):
+  """An untrained EAGLE-3 head over the tiny chat model's whole vocabulary."""
+  import jax
+
+  from vocabjax.checkpoints.eagle3 import save_eagle3
+  from vocabjax.models.eagle import init_eagle
+  from vocabjax.train.eagle_step import head_config
+  from vocabjax.train.features import model_identity
+
+  m = load_model(tiny_chat_dir, dtype="float32")
+  hc = head_config(m.config, (0, 1), m.config.vocab_size)
+  p = init_eagle(jax.random.key(1), hc, scale=0.2)
+  p["d2t"] = jax.numpy.zeros((m.config.vocab_size,), jax.numpy.int32)
+  return save_eagle3(p, hc, tmp_path_factory.mktemp("head") / "head", target=model_identity(m))
+
+
+@pytest.mark.parametrize("vocab", [
+    "microspec:counts={counts},core=16,window=24",
+    "evospec:counts={counts},index={index},base=16,window=24",
+    "covtrim:subset={subset}"], ids=["microspec", "evospec", "covtrim"])
+def test_an_eagle_head_drafts_under_the_newer_policies(tiny_chat_dir, files, head_dir, vocab):
+  target = load_model(tiny_chat_dir, dtype="float32")
+  prompts = [target.tokenizer("def add(a, b):")["input_ids"], target.tokenizer("Hi")["input_ids"]]
+  ar = Decoder(target.params, target.config).generate(prompts, max_new_tokens=12)
+  spec = vocab.format(**files)
+  params = {"head": str(head_dir), "lm_head": "target", "top_k": 2, "depth": 2,
+            "total_tokens": 4, "vocab": spec}
+  dec = METHODS["eagle"].make(target, None, params)
+  assert type(dec.proposer.draft_vocab).__name__ in ("InContextVocab", "VocabSubset")
+  assert dec.generate(prompts, max_new_tokens=12).tokens == ar.tokens
+  name = spec.split(":")[0]
+  want = {"microspec": 16 + 24, "evospec": 16 + 24}.get(name)
+  assert METHODS["eagle"].head_rows(METHODS["eagle"].parse(params, "t")) == (
+      want or len(np.load(files["subset"])["d2t"]))
+  with pytest.raises(ConfigError, match="a subset, a ranker or a vocab policy, one of them"):
+    METHODS["eagle"].make(target, None, {**params, "subset": files["subset"]})
+  with pytest.raises(ConfigError, match="names no head policy"):
+    METHODS["eagle"].make(target, None, {**params, "vocab": "vocabtrim:k=3"})

@@ -29,13 +29,15 @@ class DFlashParams:
   subset: str = ""  # a saved static subset of the target's LM head to draft over
   ranker: str = ""  # or a SpecVocab ranker's per-position candidates (with k)
   k: int = 2048
+  vocab: str = ""  # or a newer policy: "NAME:key=value,..." (microspec, evospec, dynaspec,
+  #   slimspec, covtrim with their method's parameters: `methods.vocab.parse_vocab`)
   selector: bool = True  # a DFlash 2 drafter's candidate selector (no effect on DFlash)
   choices: str = ""  # a tree over the positions' top-k: Medusa-style paths of ranks (JSON)
 
   def check(self, where: str) -> None:
     config = _config(self.head, where)
-    check_head_policy(where, "dflash", self.subset, self.ranker, self.k)
-    if config.draft_vocab_size is not None and (self.subset or self.ranker):
+    check_head_policy(where, "dflash", self.subset, self.ranker, self.k, self.vocab)
+    if config.draft_vocab_size is not None and (self.subset or self.ranker or self.vocab):
       raise ConfigError(f"{where}: dflash.head={self.head!r} drafts over a head of its own "
                         f"({config.draft_vocab_size} rows, draft_vocab_size); a subset or a "
                         f"ranker on top of it is not supported")
@@ -55,7 +57,7 @@ def _choices(p: DFlashParams):
 
 def _rows(p: DFlashParams) -> int:
   """LM-head rows drafted over per position: the policy's, else the target's V."""
-  rows = head_policy_rows("dflash", p.subset, p.ranker, p.k)
+  rows = head_policy_rows("dflash", p.subset, p.ranker, p.k, p.vocab)
   if rows is not None:
     return rows
   config = _config(p.head, "dflash")
@@ -72,5 +74,5 @@ def _dflash(target, draft, p: DFlashParams, mesh=None):
                                dtype=compute_dtype(target.params))
   return SpeculativeEngine(blocks, target.config, DFlashProposer(
       blocks, target.config, params, config,
-      draft_vocab=head_policy(target, p.subset, p.ranker, p.k), selector=p.selector,
+      draft_vocab=head_policy(target, p.subset, p.ranker, p.k, p.vocab), selector=p.selector,
       tree=_choices(p)), mesh=mesh)

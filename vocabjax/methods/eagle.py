@@ -39,6 +39,8 @@ class EagleParams:
   subset: str = ""  # a saved static subset for the head's drafting vocabulary
   ranker: str = ""  # or a SpecVocab ranker's per-step candidates (with k)
   k: int = 2048
+  vocab: str = ""  # or a newer policy: "NAME:key=value,..." (microspec, evospec, dynaspec,
+  #   slimspec, covtrim with their method's parameters: `methods.vocab.parse_vocab`)
   min_confidence: float = 0.0  # draft only when the head's top probability reaches it
 
   def check(self, where: str) -> None:
@@ -52,14 +54,14 @@ class EagleParams:
     if self.lm_head == "own" and self.top_k > hc.draft_vocab_size:
       raise ConfigError(f"{where}: eagle.top_k={self.top_k} exceeds the head's vocabulary of "
                         f"{hc.draft_vocab_size} tokens")
-    check_head_policy(where, "eagle", self.subset, self.ranker, self.k)
+    check_head_policy(where, "eagle", self.subset, self.ranker, self.k, self.vocab)
 
 
 def _eagle_rows(p: EagleParams, method: str = "eagle") -> int:
   """LM-head rows the head drafts over per step: a subset's K, a ranker's k + its cost in rows,
   else the head's own rows or the target's V (`method` names the parameters in errors: `eagle`,
   or a method on the same head's parameters)."""
-  rows = head_policy_rows(method, p.subset, p.ranker, p.k)
+  rows = head_policy_rows(method, p.subset, p.ranker, p.k, p.vocab)
   if rows is not None:
     return rows
   hc = _eagle_config(p.head, method)
@@ -122,7 +124,7 @@ def release_loaded_heads() -> None:
 
 
 def _eagle_vocab(target, p: EagleParams):
-  return head_policy(target, p.subset, p.ranker, p.k)
+  return head_policy(target, p.subset, p.ranker, p.k, p.vocab)
 
 
 @dataclasses.dataclass(frozen=True)

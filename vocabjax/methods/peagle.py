@@ -23,6 +23,8 @@ class PEagleParams:
   subset: str = ""  # a saved static subset for the drafting vocabulary
   ranker: str = ""  # or a SpecVocab ranker's per-position candidates (with k)
   k: int = 2048
+  vocab: str = ""  # or a newer policy: "NAME:key=value,..." (microspec, evospec, dynaspec,
+  #   slimspec, covtrim with their method's parameters: `methods.vocab.parse_vocab`)
 
   def check(self, where: str) -> None:
     if self.lm_head not in ("own", "target"):
@@ -33,7 +35,7 @@ class PEagleParams:
     if not hc.parallel:
       raise ConfigError(f"{where}: peagle.head={self.head!r} is an EAGLE head without a "
                         f"mask_token_id, not a P-EAGLE one: draft with it by method eagle")
-    check_head_policy(where, "peagle", self.subset, self.ranker, self.k)
+    check_head_policy(where, "peagle", self.subset, self.ranker, self.k, self.vocab)
 
 
 def _rows(p: PEagleParams) -> int:

@@ -141,19 +141,29 @@ def check_ranker_k(where: str, method: str, ranker: str, k: int) -> None:
     raise ConfigError(f"{where}: {method}.k={k} exceeds the ranker's vocabulary of {V} tokens")
 
 
-def check_head_policy(where: str, method: str, subset: str, ranker: str, k: int) -> None:
-  """A head's vocabulary policy parameters: a subset or a ranker (not both), each file there
-  and a ranker's k within its vocabulary."""
-  if subset and ranker:
-    raise ConfigError(f"{where}: {method} takes a subset or a ranker, not both")
+def check_head_policy(where: str, method: str, subset: str, ranker: str, k: int,
+                      vocab: str = "") -> None:
+  """A head's vocabulary policy parameters: a subset, a ranker or a newer policy (`vocab`,
+  `parse_vocab`), at most one, each file there and a ranker's k within its vocabulary."""
+  if sum(map(bool, (subset, ranker, vocab))) > 1:
+    raise ConfigError(f"{where}: {method} takes a subset, a ranker or a vocab policy, one of "
+                      f"them")
+  if vocab:
+    parse_vocab(vocab, f"{where}: {method}")
   check_subset_file(where, method, subset)
   if ranker:
     check_ranker_k(where, method, ranker, k)
 
 
-def head_policy_rows(method: str, subset: str, ranker: str, k: int) -> int | None:
+def head_policy_rows(method: str, subset: str, ranker: str, k: int, vocab: str = ""
+                     ) -> int | None:
   """LM-head rows a head drafts over per step under its policy: a subset's K, a ranker's k +
-  its cost in rows; None without a policy (the head's own rows)."""
+  its cost in rows, a newer policy's rows; None without a policy (the head's own rows)."""
+  if vocab:
+    from vocabjax.methods import METHODS  # local: the registry is filled as its modules import
+
+    name, p = parse_vocab(vocab, method)
+    return METHODS[name].head_rows(p)
   if subset:
     try:
       return len(VocabSubset.load(local_path(subset, "file")).ids)
@@ -164,9 +174,11 @@ def head_policy_rows(method: str, subset: str, ranker: str, k: int) -> int | Non
   return None
 
 
-def head_policy(target, subset: str, ranker: str, k: int):
+def head_policy(target, subset: str, ranker: str, k: int, vocab: str = ""):
   """The DraftVocab a head's parameters name (a ranker's per-step candidates, a saved subset
-  checked against the target's tokenizer), None for the whole head."""
+  checked against the target's tokenizer, a newer policy), None for the whole head."""
+  if vocab:
+    return vocab_of(target, *parse_vocab(vocab, "vocab"))
   return SpeculativeVocab(Ranker.load(ranker), k=k) if ranker else load_subset(subset, target)
 
 
@@ -231,12 +243,7 @@ class MicroSpecParams:
           head_rows=lambda p: p.core + p.window)
 def _microspec(target, draft, p: MicroSpecParams, mesh=None):
   """Chain or tree drafting over the core and each request's in-context tokens."""
-  if target.tokenizer is None:
-    raise ValueError(f"{target.source} has no tokenizer: the counts' tokenizer identity "
-                     f"cannot be checked")
-  core = load_or_select(p.counts, target.tokenizer, target.config.vocab_size,
-                        target.eos_token_ids, k=p.core)
-  return _chain_or_tree(target, draft, p, InContextVocab(core, window=p.window), mesh)
+  return _chain_or_tree(target, draft, p, vocab_of(target, "microspec", p), mesh)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -260,7 +267,7 @@ def _low_rank_rows(p) -> int:
 @register("slimspec", SlimSpecParams, drafter_passes=_passes, head_rows=_low_rank_rows)
 def _slimspec(target, draft, p: SlimSpecParams, mesh=None):
   """Chain or tree drafting from the low-rank head W_up W_down (every token a candidate)."""
-  return _chain_or_tree(target, draft, p, LowRankHead(Ranker.load(p.factors)), mesh)
+  return _chain_or_tree(target, draft, p, vocab_of(target, "slimspec", p), mesh)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -293,7 +300,7 @@ def _subset_rows(p) -> int:
 @register("covtrim", CovTrimParams, drafter_passes=_passes, head_rows=_subset_rows)
 def _covtrim(target, draft, p: CovTrimParams, mesh=None):
   """Chain or tree drafting with the trimmed head of the coverage-latency subset."""
-  return _chain_or_tree(target, draft, p, load_subset(p.subset, target), mesh)
+  return _chain_or_tree(target, draft, p, vocab_of(target, "covtrim", p), mesh)
 
 
 # DynaSpec: the tokens of a router's top clusters per step (`python -m vocabjax.train.router`).
@@ -341,8 +348,7 @@ def _router_rows(p) -> int:
 @register("dynaspec", DynaSpecParams, drafter_passes=_passes, head_rows=_router_rows)
 def _dynaspec(target, draft, p: DynaSpecParams, mesh=None):
   """Chain or tree drafting over the tokens of the router's top clusters."""
-  return _chain_or_tree(target, draft, p, ClusteredVocab(ClusterRouter.load(p.router), p.top),
-                        mesh)
+  return _chain_or_tree(target, draft, p, vocab_of(target, "dynaspec", p), mesh)
 
 
 
@@ -382,12 +388,68 @@ class EvoSpecParams:
           head_rows=lambda p: p.base + p.window)
 def _evospec(target, draft, p: EvoSpecParams, mesh=None):
   """Chain or tree drafting over the base and each request's evolving slots."""
+  return _chain_or_tree(target, draft, p, vocab_of(target, "evospec", p), mesh)
+
+
+
+# --- the newer policies on a head (EAGLE, DFlash, P-EAGLE: their `vocab` parameter) --------
+
+HEAD_POLICIES = ("microspec", "evospec", "dynaspec", "slimspec", "covtrim")
+
+
+def _counted_subset(target, counts: str, k: int):
   if target.tokenizer is None:
     raise ValueError(f"{target.source} has no tokenizer: the counts' tokenizer identity "
                      f"cannot be checked")
-  base = load_or_select(p.counts, target.tokenizer, target.config.vocab_size,
-                        target.eos_token_ids, k=p.base)
-  succ = (load_index(local_path(p.index, "file"), vocab_size=target.config.vocab_size,
-                     tokenizer_id=tokenizer_identity(target.tokenizer)) if p.index else None)
-  return _chain_or_tree(target, draft, p, InContextVocab(base, window=p.window, successors=succ),
-                        mesh)
+  return load_or_select(counts, target.tokenizer, target.config.vocab_size,
+                        target.eos_token_ids, k=k)
+
+
+def vocab_of(target, name: str, p):
+  """The drafter vocabulary policy of one of the newer methods' parameters `p` (its files
+  loaded and checked against `target`)."""
+  if name == "microspec":
+    return InContextVocab(_counted_subset(target, p.counts, p.core), window=p.window)
+  if name == "evospec":
+    succ = (load_index(local_path(p.index, "file"), vocab_size=target.config.vocab_size,
+                       tokenizer_id=tokenizer_identity(target.tokenizer)) if p.index else None)
+    return InContextVocab(_counted_subset(target, p.counts, p.base), window=p.window,
+                          successors=succ)
+  if name == "dynaspec":
+    return ClusteredVocab(ClusterRouter.load(local_path(p.router, "file")), p.top)
+  if name == "slimspec":
+    return LowRankHead(Ranker.load(local_path(p.factors, "file")))
+  if name == "covtrim":
+    return load_subset(p.subset, target)
+  raise ValueError(f"no head policy {name!r}; one of {HEAD_POLICIES}")
+
+
+def parse_vocab(spec: str, where: str):
+  """(name, parameters) of a head's `vocab` setting, "NAME:key=value,..." with NAME one of
+  HEAD_POLICIES and its method's parameters (files checked, drafting shape ignored): e.g.
+  "microspec:counts=c.npz,core=512,window=2560". A ConfigError names what is wrong."""
+  from vocabjax.methods import METHODS  # local: the registry is filled as its modules import
+
+  name, _, given = spec.partition(":")
+  if name not in HEAD_POLICIES:
+    raise ConfigError(f"{where}: vocab={spec!r} names no head policy; write NAME:key=value,... "
+                      f"with NAME one of {HEAD_POLICIES}")
+  raw = {}
+  for item in filter(None, given.split(",")):
+    key, eq, value = item.partition("=")
+    if not eq:
+      raise ConfigError(f"{where}: vocab={spec!r}: {item!r} is not key=value")
+    raw[key.strip()] = _setting(value.strip())
+  return name, METHODS[name].parse(raw, f"{where} vocab={spec!r}")
+
+
+def _setting(text: str):
+  low = text.lower()
+  if low in ("true", "false"):
+    return low == "true"
+  for cast in (int, float):
+    try:
+      return cast(text)
+    except ValueError:
+      pass
+  return text
