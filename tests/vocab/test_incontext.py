@@ -185,3 +185,17 @@ def test_evolving_sampling_is_lossless(small_pair, kind):
   idx = np.random.RandomState(3).randint(-1, 8, (8, 2))
   iv = InContextVocab(VocabSubset(np.array([4]), SMALL.vocab_size), window=2, successors=idx)
   check_vocab_sampling_lossless(kind, small_pair, iv, SamplingParams(1.0), seed=31)
+
+
+def test_continuous_batching_hands_each_row_its_own_vocabulary(pair):
+  """Five prompts through two cache rows: a row taking the next prompt takes that prompt's
+  in-context vocabulary (the one-row prefill's rows written over it); greedy output equals
+  plain decoding, and equals the batched engine's tokens prompt by prompt."""
+  target, draft = pair
+  rs = np.random.RandomState(2)
+  prompts = [rs.randint(0, 64, n).tolist() for n in (3, 9, 1, 6, 4)]
+  ar = Decoder(target, CFG).generate(prompts, max_new_tokens=10)
+  iv = InContextVocab(VocabSubset(np.array([1, 2]), CFG.vocab_size), window=6)
+  dec, _ = trimmed_and_full("chain", target, draft, CFG, iv)
+  res = dec.generate_continuous(prompts, rows=2, max_new_tokens=10)
+  assert res.tokens == ar.tokens
