@@ -203,6 +203,23 @@ def test_specvocab_kernel_step_on_a_slice_runs_the_kernel_under_shard_map(steps)
   assert per_chip < 0.6 * one_chip, (per_chip, one_chip)
 
 
+@pytest.mark.parametrize("policy", ["microspec;core=512;window=2560", "dynaspec;top=4",
+                                    "slimspec", "evospec;base=8192;window=1024"])
+def test_an_eagle_head_compiles_under_each_newer_policy(steps, policy):
+  """An EAGLE head over the target's full LM head, restricted by each newer policy (`bench
+  tpu`'s `|policy=` settings, what the papers' projection uses), on one v5e chip: the step
+  compiles with the head's rows read by the policy, not the whole head."""
+  method = f"eagle:top_k=2,depth=2,total_tokens=4,lm_head=target|policy={policy}"
+  step = _step(steps, "v5e:1x1", method)
+  full = _step(steps, "v5e:1x1", "eagle:top_k=2,depth=2,total_tokens=4,lm_head=target")
+  assert tpu.cpu_custom_calls(step.programs["step"].text) == []
+  assert type(step.decoder.proposer.draft_vocab).__name__ in (
+      "InContextVocab", "ClusteredVocab", "LowRankHead")
+  # the policy's head is cheaper than the full head's V x D per drafting call
+  assert (tpu._cost(step.programs["step"].compiled)["flops"]
+          < tpu._cost(full.programs["step"].compiled)["flops"])
+
+
 def test_unknown_method_and_topology_are_value_errors_naming_them():
   with pytest.raises(ValueError, match="unknown method 'tree_k4'"):
     tpu.lower_step("tree_k4", REAL_V)

@@ -70,6 +70,27 @@ def _frspec(key: str) -> PaperRow:
                   _mean(FRSPEC_TAU[key]), src)
 
 
+# The newer vocabulary methods on that head, at their papers' settings where an abstract or
+# reference code states them; none of them published an absolute tau that could be read here
+# (docs/vocab_methods.md has their published claims)
+NEWER_ROWS = (
+    PaperRow("DynaSpec, top 4 of 64 clusters", f"{EAGLE2_TREE}|policy=dynaspec;top=4;clusters=64",
+             None, "DynaSpec (arXiv 2510.13847v3) abstract: 98.4% of the full head's mean "
+             "accepted length on Llama-3-8B; cluster counts not stated (vocabjax's 64, top 4)"),
+    PaperRow("MicroSpec, core 512 + 2,560 in-context", f"{EAGLE2_TREE}|policy=microspec;core=512;"
+             "window=2560", None, "MicroSpec (arXiv 2605.26444) abstract: under 3K active "
+             "tokens, 1.12-1.32x over EAGLE-2; no tau read here"),
+    PaperRow("SlimSpec, rank 512 (d/8)", f"{EAGLE2_TREE}|policy=slimspec;rank=512", None,
+             "SlimSpec (arXiv 2605.10453) abstract: 4-5x faster head, rank d/8 from a third "
+             "party's notes; no tau read here"),
+    PaperRow("coverage-latency k* = 13,264", f"{EAGLE2_TREE}|subset_k=13264", None,
+             "k* of the paper's reference code for Llama-3.1-8B (arXiv 2603.05210); no tau "
+             "read here"),
+    PaperRow("EvoSpec, base 32K + 1,024 evolving", f"{EAGLE2_TREE}|policy=evospec;base=32768;"
+             "window=1024", None, "EvoSpec (arXiv 2605.27390) abstract: 1.13x over FR-Spec "
+             "32K on EAGLE-3; window and index sizes are vocabjax's"),
+)
+
 PAPER_PAIRS: dict[str, PaperPair] = {
     # FR-Spec's and VocabTrim's setting: the EAGLE authors' EAGLE-2 head for Llama-3-8B-Instruct
     # over the target's 128,256-row LM head, restricted to a static frequency-ranked subset
@@ -78,7 +99,7 @@ PAPER_PAIRS: dict[str, PaperPair] = {
         "frspec-llama3", "FR-Spec (Zhao et al. 2025, arXiv 2502.14856): EAGLE-2 on "
         "Llama-3-8B-Instruct, Spec-Bench + HumanEval, greedy, 1x A800",
         "llama-3-8b-instruct", "yuhuili/EAGLE-LLaMA3-Instruct-8B", "eagle2", 128256, 14336,
-        tuple(_frspec(k) for k in ("full", "64k", "32k", "16k", "8k"))),
+        tuple(_frspec(k) for k in ("full", "64k", "32k", "16k", "8k")) + NEWER_ROWS),
     # EAGLE-3 with its authors' head for Llama-3.1-8B-Instruct (its own 32,000-row vocabulary)
     "eagle3-llama31": PaperPair(
         "eagle3-llama31", "EAGLE-3 (Li et al. 2025, arXiv 2503.01840): Llama-3.1-8B-Instruct, "

@@ -335,17 +335,46 @@ def _subset_stand_in(subset_k: int, V: int) -> VocabSubset:
   return VocabSubset(np.arange(subset_k), V, meta=(("ids", "stand-in"),))
 
 
+def _head_policy_stand_in(policy: str, bench: dict, s: Setup):
+  """A newer policy over a head's full-vocabulary LM head (the target's V rows of width D), of
+  the bench settings' sizes: `|policy=microspec;core=C;window=W`, `policy=evospec;base=B;
+  window=W[;successors=n]`, `policy=dynaspec;top=m[;clusters=C]`, `policy=slimspec[;rank=R]`."""
+  V, D = s.target.vocab_size, s.target.hidden_size
+  num = lambda key, default: int(bench.get(key, default))  # noqa: E731
+  if policy == "microspec":
+    return InContextVocab(_subset_stand_in(num("core", 512), V), window=num("window", 2560))
+  if policy == "evospec":
+    n = num("successors", 4)
+    return InContextVocab(_subset_stand_in(num("base", 8192), V), window=num("window", 1024),
+                          successors=np.full((V, n), -1, np.int32) if n else None)
+  shape = dataclasses.replace(s.draft, vocab_size=V, hidden_size=D)
+  if policy == "dynaspec":
+    return ClusteredVocab(_router_stand_in(dataclasses.replace(s, draft=shape),
+                                           num("clusters", 64)), num("top", 4))
+  if policy == "slimspec":
+    return LowRankHead(_ranker_vocab(dataclasses.replace(s, ranker_rank=num(
+        "rank", s.ranker_rank)), 1, "auto", config=shape).ranker)
+  raise ValueError(f"policy={policy!r}: one of microspec, evospec, dynaspec, slimspec (a "
+                   f"coverage-latency subset is subset_k=K)")
+
+
 def _eagle_spec(name, kind, p, bench):
   subset_k = _bench_subset_k(kind, p, bench, "eagle:lm_head=target|subset_k=32768")
+  policy = bench.get("policy", "")
+  if p.vocab:
+    raise ValueError("a head's vocab file settings are read for their sizes: give the policy "
+                     "as bench settings, e.g. eagle:lm_head=target|policy=microspec;core=512;"
+                     "window=2560")
   tree = TreeParams(p.top_k, p.depth, p.total_tokens)
 
   def build(a, s, mesh):
     vocab = _ranker_vocab(s, p.k, "auto") if p.ranker else None
-    if subset_k:  # a static subset (FR-Spec's, VocabTrim's) of a full-vocabulary LM head
+    if subset_k or policy:  # a policy over a full-vocabulary LM head
       if p.lm_head != "target" and s.head_kind != "eagle2":
-        raise ValueError("subset_k restricts a full LM head: an EAGLE-1/2 head's, or "
+        raise ValueError("subset_k and policy restrict a full LM head: an EAGLE-1/2 head's, or "
                          "lm_head=target")
-      vocab = _subset_stand_in(subset_k, s.target.vocab_size)
+      vocab = (_subset_stand_in(subset_k, s.target.vocab_size) if subset_k
+               else _head_policy_stand_in(policy, bench, s))
     kw = dict(tree=tree, lm_head=p.lm_head, draft_vocab=vocab, min_confidence=p.min_confidence)
     head = (a["target"], s.target, a["head"], abstract_head_config(s))
     proposer = EagleProposer(*head, **kw)
@@ -358,11 +387,15 @@ def _eagle_spec(name, kind, p, bench):
     return SpeculativeEngine(a["target"], s.target, proposer, mesh=mesh)
 
   what = f"chain of {p.depth}" if p.top_k == 1 else f"tree of {tree.total_tokens}"
-  policy = (f", a static subset of {subset_k} rows" if subset_k else
-            f", SpecVocab top-{p.k} (a rank-R ranker)" if p.ranker else "")
+  sizes = ";".join(f"{k}={v}" for k, v in sorted(bench.items()) if k not in ("policy", "impl"))
+  about = (f", a static subset of {subset_k} rows" if subset_k else
+           f", SpecVocab top-{p.k} (a rank-R ranker)" if p.ranker else
+           f", {policy} ({sizes or 'its defaults'})" if policy else "")
   shaping = _shaping(kind, p) if not subset_k else {**_shaping(kind, p), "subset_k": subset_k}
+  if policy:
+    shaping = {**shaping, "policy": f"{policy};{sizes}"}
   return MethodSpec(name, kind, shaping, ("target", "head"), build,
-                    f"EAGLE head (lm_head={p.lm_head}{policy}), {what}"
+                    f"EAGLE head (lm_head={p.lm_head}{about}), {what}"
                     + {"eagle_pld": " + prompt lookup",
                        "eagle_suffix": " + SuffixDecoding"}.get(kind, ""))
 
