@@ -292,3 +292,27 @@ def test_int8_weights_on_a_mesh_decode_as_on_one_device(pair):
   with pytest.raises(ValueError, match="GGUF blocks are a one-device option"):
     sharding.shard_params({**pair[0], "embed": quantize(np.asarray(pair[0]["embed"]), "Q8_0")},
                           CFG, mesh)
+
+
+def test_newer_policies_on_a_mesh_equal_plain_greedy(pair):
+  """MicroSpec's in-context rows (loop state with a row axis, placed over "data"), DynaSpec's
+  clusters and SlimSpec's factors on a (2, 4) mesh: the unsharded plain greedy tokens."""
+  from vocabjax.decoding import Decoder
+  from vocabjax.models.identity import drafter_identity
+  from vocabjax.models.llamalike import lm_head_weight
+  from vocabjax.vocab.clustered import ClusterRouter, ClusteredVocab, fit_clusters
+  from vocabjax.vocab.incontext import InContextVocab
+  from vocabjax.vocab.lowrank import LowRankHead
+
+  target, draft = pair
+  mesh = sharding.make_mesh(data=2, model=4)
+  members = fit_clusters(np.asarray(lm_head_weight(draft, CFG)), 8, iters=2)
+  rs = np.random.RandomState(0)
+  router = ClusterRouter(members, rs.randn(8, CFG.hidden_size).astype(np.float32),
+                         np.zeros(8, np.float32), drafter_identity(draft, CFG))
+  ar = Decoder(target, CFG).generate(PROMPTS, max_new_tokens=12)
+  for vocab in (InContextVocab(VocabSubset(np.array([1, 2]), CFG.vocab_size), window=6),
+                ClusteredVocab(router, 2), LowRankHead(svd_ranker(draft, CFG, 4))):
+    dec = SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=3,
+                                                       draft_vocab=vocab), mesh=mesh)
+    assert dec.generate(PROMPTS, max_new_tokens=12).tokens == ar.tokens, type(vocab).__name__
