@@ -19,6 +19,10 @@ from vocabjax.models import init_params
 from vocabjax.models.dflash import DFlashConfig, init_dflash
 from vocabjax.sampling import SamplingParams
 from vocabjax.testing.proposers import greedy_identity, target_law
+from vocabjax.models.identity import drafter_identity
+from vocabjax.models.llamalike import lm_head_weight
+from vocabjax.vocab.clustered import ClusterRouter, ClusteredVocab, fit_clusters
+from vocabjax.vocab.incontext import InContextVocab
 from vocabjax.vocab.ranked import SpeculativeVocab, svd_ranker
 from vocabjax.vocab.subset import VocabSubset
 
@@ -37,13 +41,14 @@ TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0]]
 
 @pytest.mark.parametrize("case", ["b2", "b4", "b8-subset", "b4-ranker", "b4-sliding-scaled",
                                   "b4-causal-last-layer", "b4-dflash2", "b8-dflash2-ranker",
-                                  "b6-tree", "b6-tree-subset"])
+                                  "b6-tree", "b6-tree-subset", "b4-microspec", "b4-dynaspec"])
 def test_greedy_identical_to_plain_decoding(target, case):
   """Block sizes 2, 4 and 8 over a batch of prompts of lengths 1-17; a subset of half the
   vocabulary, a ranker's 16 candidates; a drafter with a sliding layer (window 3), an input
   scale, an output multiplier and a soft cap; a causal drafter reading the target's last layer
   (its final normed hidden state); DFlash 2 (its selector over the top 4), alone and over a
-  ranker's candidates; a tree of 8 nodes over the positions' top-2 (alone, over a subset)."""
+  ranker's candidates; a tree of 8 nodes over the positions' top-2 (alone, over a subset);
+  MicroSpec's in-context rows and DynaSpec's clusters on the head."""
   block = int(case.split("-")[0][1:])
   changes, vocab, layers = (V2 if "dflash2" in case else {}), None, (0, 1)
   if "sliding" in case:
@@ -58,6 +63,13 @@ def test_greedy_identical_to_plain_decoding(target, case):
     vocab = VocabSubset(ids=np.arange(0, CFG.vocab_size, 2), vocab_size=CFG.vocab_size)
   if "ranker" in case:
     vocab = SpeculativeVocab(svd_ranker(target, CFG, rank=4), k=16)
+  if "microspec" in case:  # per-row state under a [B * G, D] block of positions
+    vocab = InContextVocab(VocabSubset(ids=np.array([1, 2]), vocab_size=CFG.vocab_size), 6)
+  if "dynaspec" in case:
+    members = fit_clusters(np.asarray(lm_head_weight(target, CFG)), 8, iters=2)
+    vocab = ClusteredVocab(ClusterRouter(
+        members, np.random.RandomState(0).randn(8, CFG.hidden_size).astype(np.float32),
+        np.zeros(8, np.float32), drafter_identity(target, CFG)), 2)
   dp = init_dflash(jax.random.key(block), dc, scale=0.3)
   tree = TREE if "tree" in case else None
   engine = SpeculativeEngine(target, CFG, DFlashProposer(target, CFG, dp, dc, draft_vocab=vocab,
