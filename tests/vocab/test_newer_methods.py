@@ -153,3 +153,27 @@ def test_an_eagle_head_drafts_under_the_newer_policies(tiny_chat_dir, files, hea
     METHODS["eagle"].make(target, None, {**params, "subset": files["subset"]})
   with pytest.raises(ConfigError, match="names no head policy"):
     METHODS["eagle"].make(target, None, {**params, "vocab": "vocabtrim:k=3"})
+
+
+def test_the_comparison_suites_parse_and_differ_only_where_they_say():
+  """vocab_methods.yaml names every vocabulary method of the registry (but OmniDraft's, whose
+  drafter has another tokenizer) with parameters its dataclass takes; the two sampled suites
+  differ only in draft_in_set (and name), each beside plain decoding."""
+  import yaml
+
+  from vocabjax.prompts import EVAL_CONFIG_DIR
+
+  def suite(name):
+    return yaml.safe_load((EVAL_CONFIG_DIR / f"{name}.yaml").read_text())
+
+  full = suite("vocab_methods")
+  kinds = {m["method"] for m in full["methods"]}
+  assert kinds >= {"ar", "chain", "vocabtrim", "frspec", "specvocab", *CASES}
+  for m in full["methods"]:
+    params = {k: v for k, v in m.items() if k not in ("name", "method")}
+    METHODS[m["method"]].parse(params, m["name"], check_files=False)
+  within, outside = suite("vocab_methods_t07"), suite("vocab_methods_t07_outside")
+  assert within["draft_in_set"] is True and outside["draft_in_set"] is False
+  assert within["temperature"] == 0.7 and within["top_p"] == 0.9
+  strip = lambda d: {k: v for k, v in d.items() if k not in ("name", "draft_in_set")}  # noqa
+  assert strip(within) == strip(outside) and within["methods"][0]["method"] == "ar"
