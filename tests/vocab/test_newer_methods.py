@@ -177,3 +177,15 @@ def test_the_comparison_suites_parse_and_differ_only_where_they_say():
   assert within["temperature"] == 0.7 and within["top_p"] == 0.9
   strip = lambda d: {k: v for k, v in d.items() if k not in ("name", "draft_in_set")}  # noqa
   assert strip(within) == strip(outside) and within["methods"][0]["method"] == "ar"
+
+
+def test_a_hybrid_carries_its_heads_row_state(tiny_chat_dir, files, head_dir):
+  """eagle_pld (the head's tree merged with prompt lookup's trie) under MicroSpec: the engine
+  finds the row-state policy inside the hybrid; greedy output is plain decoding's."""
+  target = load_model(tiny_chat_dir, dtype="float32")
+  prompts = [target.tokenizer("def add(a, b): return a + b\ndef add(")["input_ids"]]
+  ar = Decoder(target.params, target.config).generate(prompts, max_new_tokens=12)
+  dec = METHODS["eagle_pld"].make(target, None, {
+      "head": str(head_dir), "lm_head": "target", "top_k": 2, "depth": 2, "total_tokens": 4,
+      "vocab": f"microspec:counts={files['counts']},core=16,window=24"})
+  assert dec.generate(prompts, max_new_tokens=12).tokens == ar.tokens

@@ -66,8 +66,9 @@ def policy_rows(params: dict, who: str = "this vocabulary policy"):
   rows = params.get(POLICY_ROWS)
   if rows is None:
     raise ValueError(f"{who} reads per-request state (the context's tokens) that the "
-                     f"speculative engine carries; it was called without it (a proposer that "
-                     f"does not hand its draft_vocab to the engine, e.g. a hybrid)")
+                     f"speculative engine carries; it was called without it (outside the "
+                     f"engine's steps, or by a proposer that does not name it as its "
+                     f"draft_vocab)")
   return rows
 
 
@@ -94,8 +95,11 @@ class RowVocab(abc.ABC):
 
 
 def row_vocab_of(proposer) -> RowVocab | None:
-  """The proposer's row-state policy (its `draft_vocab` when that is a `RowVocab`), or None."""
+  """The proposer's row-state policy (its `draft_vocab`, or a hybrid's device proposer's, when
+  that is a `RowVocab`), or None."""
   dv = getattr(proposer, "draft_vocab", None)
+  if dv is None and getattr(proposer, "device", None) is not None:
+    dv = getattr(proposer.device, "draft_vocab", None)  # a hybrid (eagle_pld, tree_suffix)
   return dv if isinstance(dv, RowVocab) else None
 
 
