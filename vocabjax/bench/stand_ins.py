@@ -347,7 +347,7 @@ def _head_policy_stand_in(policy: str, bench: dict, s: Setup):
     n = num("successors", 4)
     return InContextVocab(_subset_stand_in(num("base", 8192), V), window=num("window", 1024),
                           successors=np.full((V, n), -1, np.int32) if n else None)
-  shape = dataclasses.replace(s.draft, vocab_size=V, hidden_size=D)
+  shape = s.target  # the head's policy is attached over the target's head (its config)
   if policy == "dynaspec":
     return ClusteredVocab(_router_stand_in(dataclasses.replace(s, draft=shape),
                                            num("clusters", 64)), num("top", 4))
