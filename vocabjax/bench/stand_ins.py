@@ -180,16 +180,10 @@ def registry_form(name: str) -> tuple[str, dict, dict]:
 
 
 def _value(text: str):
-  """A parameter's value as `--set` reads it: int, float, true/false, else the string."""
-  low = text.lower()
-  if low in ("true", "false"):
-    return low == "true"
-  for cast in (int, float):
-    try:
-      return cast(text)
-    except ValueError:
-      pass
-  return text
+  """A parameter's value as `--set` reads it (`vocabjax.methods.vocab.parse_setting`)."""
+  from vocabjax.methods.vocab import parse_setting  # local: the registry's modules load late
+
+  return parse_setting(text)
 
 
 def method_spec(name: str) -> MethodSpec:
@@ -339,7 +333,7 @@ def _head_policy_stand_in(policy: str, bench: dict, s: Setup):
   """A newer policy over a head's full-vocabulary LM head (the target's V rows of width D), of
   the bench settings' sizes: `|policy=microspec;core=C;window=W`, `policy=evospec;base=B;
   window=W[;successors=n]`, `policy=dynaspec;top=m[;clusters=C]`, `policy=slimspec[;rank=R]`."""
-  V, D = s.target.vocab_size, s.target.hidden_size
+  V = s.target.vocab_size
   num = lambda key, default: int(bench.get(key, default))  # noqa: E731
   if policy == "microspec":
     return InContextVocab(_subset_stand_in(num("core", 512), V), window=num("window", 2560))

@@ -212,6 +212,18 @@ def _specvocab(target, draft, p: SpecVocabParams, mesh=None):
 # coverage-latency trimming (a static subset whose K was chosen by
 # `python -m vocabjax.calibrate select --coverage-latency`).
 
+def check_fixed_and_window(where: str, what: str, fixed: int, window: int, counts: str) -> None:
+  """A static part of `fixed` tokens from a counts file plus `window` slots fit its vocabulary
+  (the counts file readable)."""
+  try:
+    V = Counts.load(counts).vocab_size
+  except CalibrationError as e:
+    raise ConfigError(f"{where}: {e}") from None
+  if fixed + window > V:
+    raise ConfigError(f"{where}: {what} + window = {fixed + window} exceeds the vocabulary of "
+                      f"{V} tokens in {counts}")
+
+
 @dataclasses.dataclass(frozen=True)
 class MicroSpecParams:
   counts: str  # a counts file (either kind): the frequent core's ranking
@@ -230,13 +242,7 @@ class MicroSpecParams:
                         f"needs at least one slot (an empty one is the core alone: vocabtrim)")
     if self.core < 1:
       raise ConfigError(f"{where}: microspec.core={self.core} must be >= 1")
-    try:
-      counts = Counts.load(self.counts)
-    except CalibrationError as e:
-      raise ConfigError(f"{where}: {e}") from None
-    if self.core + self.window > counts.vocab_size:
-      raise ConfigError(f"{where}: microspec.core + window = {self.core + self.window} exceeds "
-                        f"the vocabulary of {counts.vocab_size} tokens in {self.counts}")
+    check_fixed_and_window(where, "microspec.core", self.core, self.window, self.counts)
 
 
 @register("microspec", MicroSpecParams, drafter_passes=_passes,
@@ -372,13 +378,7 @@ class EvoSpecParams:
     if self.window < 1 or self.base < 1:
       raise ConfigError(f"{where}: evospec.base={self.base} and window={self.window} must be "
                         f">= 1 (an empty evolving vocabulary is the base alone: frspec)")
-    try:
-      counts = Counts.load(self.counts)
-    except CalibrationError as e:
-      raise ConfigError(f"{where}: {e}") from None
-    if self.base + self.window > counts.vocab_size:
-      raise ConfigError(f"{where}: evospec.base + window = {self.base + self.window} exceeds "
-                        f"the vocabulary of {counts.vocab_size} tokens in {self.counts}")
+    check_fixed_and_window(where, "evospec.base", self.base, self.window, self.counts)
     if self.index and not Path(local_path(self.index, "file", where)).is_file():
       raise ConfigError(f"{where}: evospec.index={self.index!r}: no such file (make one with "
                         f"`python -m vocabjax.calibrate index`)")
@@ -439,11 +439,12 @@ def parse_vocab(spec: str, where: str):
     key, eq, value = item.partition("=")
     if not eq:
       raise ConfigError(f"{where}: vocab={spec!r}: {item!r} is not key=value")
-    raw[key.strip()] = _setting(value.strip())
+    raw[key.strip()] = parse_setting(value.strip())
   return name, METHODS[name].parse(raw, f"{where} vocab={spec!r}")
 
 
-def _setting(text: str):
+def parse_setting(text: str):
+  """A parameter's value as `--set` reads it: true/false, int, float, else the string."""
   low = text.lower()
   if low in ("true", "false"):
     return low == "true"
