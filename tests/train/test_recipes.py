@@ -4,13 +4,13 @@ import pytest
 import yaml
 
 from vocabjax.prompts import CONFIG_DIR
-from vocabjax.train import dflash, eagle, medusa, ranker
+from vocabjax.train import dflash, eagle, medusa, ranker, router
 from vocabjax.train.distill.job import job_from_dict as distill_job
 
 RECIPES = sorted((CONFIG_DIR / "train").rglob("*.yaml"))
 PARSERS = {"ranker": ranker.job_from_dict, "eagle": eagle.job_from_dict,
            "medusa": medusa.job_from_dict, "distill": distill_job,
-           "dflash": dflash.job_from_dict}
+           "dflash": dflash.job_from_dict, "router": router.job_from_dict}
 
 
 def kind(path) -> str:

@@ -77,6 +77,8 @@ class EvalConfig:
       d.pop("mesh")
     if not d["chat_template_kwargs"]:  # and before chat template variables
       d.pop("chat_template_kwargs")
+    if d["draft_in_set"]:  # and before drafting outside the request's set could be asked
+      d.pop("draft_in_set")
     for ds in d["datasets"]:  # and before SPEED-Bench's configurations
       if ds.get("config") is None:
         ds.pop("config", None)
