@@ -24,3 +24,16 @@ def drafter_fingerprint(params: dict, config: LlamaLikeConfig) -> str:
 def drafter_identity(params: dict, config: LlamaLikeConfig) -> dict:
   return {"hidden_size": config.hidden_size, "vocab_size": config.vocab_size,
           "num_layers": config.num_layers, "fingerprint": drafter_fingerprint(params, config)}
+
+
+def identity_mismatch(want: dict, params: dict, config: LlamaLikeConfig, made: str) -> str | None:
+  """Why a file made for the drafter `want` (a `drafter_identity` record) does not fit this
+  drafter, or None when it does; `made` opens the message ("the ranker was trained")."""
+  got = drafter_identity(params, config)
+  for key in ("hidden_size", "vocab_size", "num_layers"):
+    if want.get(key) != got[key]:
+      return f"{made} for a drafter with {key}={want.get(key)}, this drafter has {key}={got[key]}"
+  if want.get("fingerprint") != got["fingerprint"]:
+    return (f"{made} for another drafter (LM-head fingerprint {want.get('fingerprint')}, this "
+            f"drafter's is {got['fingerprint']})")
+  return None

@@ -42,7 +42,7 @@ from vocabjax.kernels.blocks import is_blocks
 from vocabjax.kernels.indexed_lm_head import indexed_lm_head
 from vocabjax.lowering import lowering_of
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.identity import drafter_identity
+from vocabjax.models.identity import identity_mismatch
 from vocabjax.models.llamalike import is_int8, lm_head_rows, lm_head_weight
 from vocabjax.sampling import top_k
 from vocabjax.vocab.policy import bound_policy, policy_state, with_policy_state
@@ -105,15 +105,9 @@ class ClusterRouter:
 
   def check_drafter(self, params: dict, config: LlamaLikeConfig) -> None:
     """RouterError if this router was fitted for another drafter or vocabulary."""
-    got = drafter_identity(params, config)
-    for key in ("hidden_size", "vocab_size", "num_layers"):
-      if self.drafter.get(key) != got[key]:
-        raise RouterError(f"the router was fitted for a drafter with {key}="
-                          f"{self.drafter.get(key)}, this drafter has {key}={got[key]}")
-    if self.drafter.get("fingerprint") != got["fingerprint"]:
-      raise RouterError(f"the router was fitted for another drafter (LM-head fingerprint "
-                        f"{self.drafter.get('fingerprint')}, this drafter's is "
-                        f"{got['fingerprint']})")
+    why = identity_mismatch(self.drafter, params, config, "the router was fitted")
+    if why:
+      raise RouterError(why)
 
   def save(self, path) -> Path:
     from safetensors.numpy import save

@@ -34,7 +34,7 @@ from vocabjax.sampling import top_k
 from vocabjax.io import atomic_write_bytes
 from vocabjax.kernels.indexed_lm_head import indexed_lm_head, indexed_lm_head_sharded
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.identity import drafter_identity
+from vocabjax.models.identity import drafter_identity, identity_mismatch
 from vocabjax.kernels.blocks import is_blocks
 from vocabjax.models.llamalike import is_int8, lm_head_rows, lm_head_weight
 from vocabjax.lowering import lowering_of
@@ -81,15 +81,9 @@ class Ranker:
 
   def check_drafter(self, params: dict, config: LlamaLikeConfig) -> None:
     """RankerError if this ranker was trained for another drafter or vocabulary."""
-    want = self.drafter
-    got = drafter_identity(params, config)
-    for key in ("hidden_size", "vocab_size", "num_layers"):
-      if want.get(key) != got[key]:
-        raise RankerError(f"the ranker was trained for a drafter with {key}={want.get(key)}, "
-                          f"this drafter has {key}={got[key]}")
-    if want.get("fingerprint") != got["fingerprint"]:
-      raise RankerError(f"the ranker was trained for another drafter (LM-head fingerprint "
-                        f"{want.get('fingerprint')}, this drafter's is {got['fingerprint']})")
+    why = identity_mismatch(self.drafter, params, config, "the ranker was trained")
+    if why:
+      raise RankerError(why)
 
   def save(self, path) -> Path:
     """Write atomically as safetensors with the drafter record and provenance as metadata."""
