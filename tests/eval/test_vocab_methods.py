@@ -298,6 +298,7 @@ def test_a_suite_on_a_mesh(head_dir, tmp_path, tiny_chat_dir):
   cfg = load_config(path)
   d = dataclasses.asdict(cfg)
   assert d.pop("mesh") is None and d.pop("chat_template_kwargs") == ()
+  assert d.pop("draft_in_set") is True  # (nor drafting outside the request's set)
   for ds in d["datasets"]:  # (nor SPEED-Bench's configurations)
     assert ds.pop("config") is None
   blob = json.dumps(d, sort_keys=True, default=str).encode()
