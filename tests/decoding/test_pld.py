@@ -11,7 +11,6 @@ from vocabjax.decoding.engine import block_request
 from vocabjax.decoding.pld import (LookupProposer, continuation_trie, lookup_continuations,
                                    lookup_drafts)
 from vocabjax.decoding.speculative import SpeculativeEngine
-from vocabjax.models.cache import KVCache
 from vocabjax.sampling import SamplingParams
 from vocabjax.models import init_params
 from vocabjax.testing.stats import chi2_pvalue, exact_sequence_probs

@@ -79,6 +79,19 @@ def test_bad_values_name_the_field_and_value(field, value, match):
     config_from_dict(dict(BASE, **{field: value}), name="s")
 
 
+def test_every_weight_dtype_a_suite_takes_is_one_load_model_takes():
+  """A suite asks `load_model` for its weights: each name it accepts parses there (the
+  quantized ones, int4 and a GGUF file's own blocks, included), and the record names it back."""
+  from vocabjax.checkpoints.loader import dtype_name, parse_dtype
+  from vocabjax.eval.config import WEIGHT_DTYPES
+
+  assert {"int4", "gguf"} <= set(WEIGHT_DTYPES)
+  for name in WEIGHT_DTYPES:
+    cfg = config_from_dict(dict(BASE, dtype=name, draft_dtype=name), name="s")
+    assert cfg.dtype == cfg.draft_dtype == name
+    assert dtype_name(parse_dtype(name)) == name
+
+
 def test_quoted_boolean_from_yaml_is_refused_by_the_cli_before_anything_loads(tmp_path):
   suite = tmp_path / "s.yaml"
   suite.write_text(yaml.safe_dump(dict(BASE, target=str(tmp_path / "no-model"), chat="false")))

@@ -190,6 +190,19 @@ def test_compare_torch_runs_transformers_on_the_same_prompts(suite, tmp_path):
   assert by["torch:assisted"]["overall"]["speedup"] > 0
 
 
+@pytest.mark.parametrize("dtype", ["int8", "int4", "gguf"])
+def test_compare_torch_refuses_weights_pytorch_does_not_run(tmp_path, dtype):
+  """Quantized weights have no transformers counterpart: an error naming the dtype, before a
+  model is loaded or the result directory made."""
+  p = tmp_path / "s.yaml"
+  p.write_text("target: t\ndatasets: [{kind: spec_bench}]\nmethods: [{method: ar}]\n")
+  out = tmp_path / "o"
+  with pytest.raises(ConfigError, match=f"the suite's weights are '{dtype}', which PyTorch does "
+                     f"not run"):
+    main(parse_args(["--config", str(p), "--out", str(out), "--compare-torch", "--dtype", dtype]))
+  assert not out.exists()
+
+
 def test_sampled_suite_runs_every_seed(suite, tmp_path):
   path, cfg = suite
   p = tmp_path / "sampled.yaml"

@@ -28,7 +28,7 @@ import sys
 from vocabjax import distributed
 from vocabjax.checkpoints import hub
 from vocabjax.checkpoints.hub import HubError, add_allow_bin_argument, allow_bin_from_args
-from vocabjax.checkpoints.loader import parse_dtype
+from vocabjax.checkpoints.loader import dtype_name, parse_dtype
 from vocabjax.decoding.engine import NonFiniteLogitsError
 from vocabjax.eval import report
 from vocabjax.errors import disk_full, disk_full_message
@@ -117,6 +117,14 @@ def _main(cli: CliConfig) -> dict:
                       f"of a run of {multi[1]} processes (run it on its own)")
   distributed.initialize(cli.coordinator, cli.num_processes, cli.process_id)  # before JAX runs
   cfg = resolve(cli)
+  if cli.compare_torch:
+    from vocabjax.checkpoints.torch_model import TORCH_DTYPES
+
+    name = dtype_name(parse_dtype(cfg.dtype))
+    if name not in TORCH_DTYPES:
+      raise ConfigError(f"--compare-torch runs transformers in one of {TORCH_DTYPES}; the "
+                        f"suite's weights are {name!r}, which PyTorch does not run: compare "
+                        f"with --dtype float32 (a GGUF file's blocks dequantized)")
   out = cli.out or f"runs/{cfg.name}"  # a user's run, git-ignored
   try:
     check_output_dir(out, "--out")  # before a model is fetched or loaded

@@ -386,7 +386,7 @@ def markdown(summary: dict) -> str:
            *([f"- reports written from the recorded records (--report-only) on "
               f"{platform.node() or platform.machine()}; machine and CPU above are the "
               f"records'"] if env.get("report_only") else []),
-           *([f"- records reused from other result directories (--reuse): "
+           *(["- records reused from other result directories (--reuse): "
               + ", ".join(f"{n} from {d}" for d, n in env["reused_from"].items())]
              if env.get("reused_from") else []),
            f"- target: {summary['models']['target']['source']}"

@@ -43,9 +43,10 @@ from vocabjax.kernels.indexed_lm_head import indexed_lm_head
 from vocabjax.lowering import lowering_of
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.identity import identity_mismatch
-from vocabjax.models.llamalike import is_int8, lm_head_rows, lm_head_weight
+from vocabjax.models.llamalike import lm_head_rows, lm_head_weight
 from vocabjax.sampling import top_k
-from vocabjax.vocab.policy import bound_policy, policy_state, with_policy_state
+from vocabjax.vocab.policy import (bound_policy, policy_impl, policy_state, require_float_head,
+                                   with_policy_state)
 
 FORMAT = "vocabjax-router/1"
 
@@ -226,9 +227,7 @@ class ClusteredVocab:
 
   def attach(self, params: dict, config: LlamaLikeConfig, mesh=None):
     """(params with the router and clusters beside them, the policy)."""
-    if is_int8(params):
-      raise RouterError("a cluster router gathers rows of a float LM head: load the drafter "
-                        "in float32 or bfloat16, not int8")
+    require_float_head(params, RouterError, "a cluster router gathers rows of a float LM head")
     self.router.check_drafter(params, config)
     dtype = lm_head_weight(params, config).dtype
     members = np.asarray(self.router.members)
@@ -236,7 +235,7 @@ class ClusteredVocab:
              "bias": jnp.asarray(self.router.bias, jnp.float32),
              "members": jnp.asarray(np.maximum(members, 0), jnp.int32),
              "valid": jnp.asarray(members >= 0)}
-    impl = "reference" if mesh is not None and mesh.size > 1 else self.impl
+    impl = policy_impl(self.impl, mesh)
     return (with_policy_state(params, state),
             bound_policy(clustered_policy, config=config, top=self.top, impl=impl))
 

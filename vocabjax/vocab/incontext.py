@@ -48,10 +48,10 @@ from vocabjax.kernels.cpu_matmul import linear
 from vocabjax.kernels.indexed_lm_head import indexed_lm_head
 from vocabjax.lowering import lowering_of
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import is_int8, lm_head_rows, lm_head_weight
+from vocabjax.models.llamalike import lm_head_rows, lm_head_weight
 from vocabjax.sampling import top_k
-from vocabjax.vocab.policy import (RowVocab, bound_policy, policy_rows, policy_state,
-                                   with_policy_state)
+from vocabjax.vocab.policy import (RowVocab, bound_policy, policy_impl, policy_rows,
+                                   policy_state, require_float_head, with_policy_state)
 from vocabjax.vocab.subset import SubsetError, VocabSubset, attach_subset
 
 
@@ -101,9 +101,8 @@ class InContextVocab(RowVocab):
 
   def attach(self, params: dict, config: LlamaLikeConfig, mesh=None):
     """(params with the core's head rows and the core's mask beside them, the policy)."""
-    if is_int8(params):
-      raise InContextError("the in-context vocabulary gathers rows of a float LM head: load "
-                           "the drafter in float32 or bfloat16, not int8")
+    require_float_head(params, InContextError,
+                       "the in-context vocabulary gathers rows of a float LM head")
     try:
       params = attach_subset(params, config, self.core)
     except SubsetError as e:
@@ -115,7 +114,7 @@ class InContextVocab(RowVocab):
     if self.successors is not None:
       state["successors"] = jnp.asarray(np.asarray(self.successors), jnp.int32)
       n = int(np.shape(self.successors)[1])
-    impl = "reference" if mesh is not None and mesh.size > 1 else self.impl
+    impl = policy_impl(self.impl, mesh)
     # the window and the successors' width shape the engine's prefill and update programs too:
     # policy settings, so that they key them
     return (with_policy_state(params, state),

@@ -25,8 +25,8 @@ import jax
 import jax.numpy as jnp
 
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import is_int8, lm_head_weight
-from vocabjax.vocab.policy import policy_state, with_policy_state
+from vocabjax.models.llamalike import lm_head_weight
+from vocabjax.vocab.policy import policy_state, require_float_head, with_policy_state
 from vocabjax.vocab.ranked import Ranker, RankerError, ranker_scores
 
 
@@ -49,9 +49,8 @@ class LowRankHead:
     """(params with the factors beside them, the policy). The factors are checked against the
     drafter (its hidden size, vocabulary, layers and LM-head fingerprint)."""
     del mesh  # the factors are replicated (V*R values: an eighth of the head at R = D/8)
-    if is_int8(params):
-      raise RankerError("low-rank head factors are matched to their drafter's float LM head "
-                        "(by fingerprint): load the drafter in float32 or bfloat16, not int8")
+    require_float_head(params, RankerError, "low-rank head factors are matched to their "
+                       "drafter's float LM head (by fingerprint)")
     self.factors.check_drafter(params, config)
     dtype = lm_head_weight(params, config).dtype
     return (with_policy_state(params, {"down": jnp.asarray(self.factors.down, dtype),

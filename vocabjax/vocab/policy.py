@@ -37,7 +37,7 @@ import jax.numpy as jnp
 
 from vocabjax.sampling import SamplingParams, log_probs
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import lm_head
+from vocabjax.models.llamalike import is_int8, lm_head
 
 Policy = Callable[[dict, jax.Array], tuple[Optional[jax.Array], jax.Array]]
 
@@ -101,6 +101,20 @@ def row_vocab_of(proposer) -> RowVocab | None:
   if dv is None and getattr(proposer, "device", None) is not None:
     dv = getattr(proposer.device, "draft_vocab", None)  # a hybrid (eagle_pld, tree_suffix)
   return dv if isinstance(dv, RowVocab) else None
+
+
+def require_float_head(params: dict, error: type[Exception], why: str) -> None:
+  """Raise `error` when the drafter's weights are int8 (`quantize_int8`): the policies whose
+  state is matched to, or gathers rows of, a float LM head say `why` and what to load instead."""
+  if is_int8(params):
+    raise error(f"{why}: load the drafter in float32 or bfloat16, not int8")
+
+
+def policy_impl(impl: str, mesh) -> str:
+  """The head kernel a policy runs on `mesh`: its own `impl` on one device, "reference" (XLA's
+  gather and dot, which the sharding rules split) on a mesh of several (a Pallas kernel is one
+  device's program)."""
+  return "reference" if mesh is not None and mesh.size > 1 else impl
 
 
 def _full(params, h, *, config):

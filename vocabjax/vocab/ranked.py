@@ -36,9 +36,10 @@ from vocabjax.kernels.indexed_lm_head import indexed_lm_head, indexed_lm_head_sh
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.identity import drafter_identity, identity_mismatch
 from vocabjax.kernels.blocks import is_blocks
-from vocabjax.models.llamalike import is_int8, lm_head_rows, lm_head_weight
+from vocabjax.models.llamalike import lm_head_rows, lm_head_weight
 from vocabjax.lowering import lowering_of
-from vocabjax.vocab.policy import bound_policy, policy_state, with_policy_state
+from vocabjax.vocab.policy import (bound_policy, policy_state, require_float_head,
+                                   with_policy_state)
 
 FORMAT = "vocabjax-ranker/1"
 
@@ -161,10 +162,8 @@ class SpeculativeVocab:
     """(params with the ranker beside them, the policy). On a `mesh` whose "model" axis splits
     the drafter's LM head by rows, the indexed head runs under shard_map
     (`indexed_lm_head_sharded`): a Pallas kernel is one device's program."""
-    if is_int8(params):
-      raise RankerError("a SpecVocab ranker is matched to its drafter's float LM head (by "
-                        "fingerprint) and is not supported with an int8 drafter: load the "
-                        "drafter in float32 or bfloat16")
+    require_float_head(params, RankerError, "a SpecVocab ranker is matched to its drafter's "
+                       "float LM head (by fingerprint) and is not supported with an int8 drafter")
     self.ranker.check_drafter(params, config)
     dtype = lm_head_weight(params, config).dtype
     ranker = {"down": jnp.asarray(self.ranker.down, dtype),
