@@ -29,6 +29,7 @@ from vocabjax import distributed
 from vocabjax.checkpoints import hub
 from vocabjax.checkpoints.hub import HubError, add_allow_bin_argument, allow_bin_from_args
 from vocabjax.checkpoints.loader import dtype_name, parse_dtype
+from vocabjax.checkpoints.torch_model import TORCH_DTYPES
 from vocabjax.decoding.engine import NonFiniteLogitsError
 from vocabjax.eval import report
 from vocabjax.errors import disk_full, disk_full_message
@@ -118,8 +119,6 @@ def _main(cli: CliConfig) -> dict:
   distributed.initialize(cli.coordinator, cli.num_processes, cli.process_id)  # before JAX runs
   cfg = resolve(cli)
   if cli.compare_torch:
-    from vocabjax.checkpoints.torch_model import TORCH_DTYPES
-
     name = dtype_name(parse_dtype(cfg.dtype))
     if name not in TORCH_DTYPES:
       raise ConfigError(f"--compare-torch runs transformers in one of {TORCH_DTYPES}; the "
