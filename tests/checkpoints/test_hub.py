@@ -510,6 +510,7 @@ def _entry_points(tmp_path, tiny_chat_dir, target="org/tiny", extra=()) -> dict:
   }
 
 
+@pytest.mark.extended  # offline reaching every entry point stays in the core
 def test_quiet_reaches_every_download(served, tiny_chat_dir, tiny_medusa_dir, tmp_path,
                                       monkeypatch, capfd):
   """`--quiet` (and `progress=False` in Python) silences the downloads of models and heads by
@@ -544,6 +545,7 @@ def test_quiet_reaches_every_download(served, tiny_chat_dir, tiny_medusa_dir, tm
     assert _bars(capfd.readouterr().err) == [], name
 
 
+@pytest.mark.extended
 def test_allow_bin_reaches_every_entry_point(served, tiny_chat_dir, tiny_medusa_dir, tmp_path,
                                              monkeypatch):
   """A target with only pickled weights (org/pickled): generate, eval, calibrate count and a

@@ -74,6 +74,7 @@ def _check_drafter_cache(dec, dc, ttok, dtok, texts, draft_prefill="exact"):
              for t in (ttok.decode(ids).encode() for ids in texts))
 
 
+@pytest.mark.extended  # batches in turn stay in the core
 def test_continuous_batching_keeps_the_target_tokens(setup):
   """Two rows over the prompts (twice each, EOS tokens ending some early): each row's drafter
   cache row is refilled from the next prompt's own spelling (`host_swap`): every prompt gets

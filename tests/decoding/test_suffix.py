@@ -150,7 +150,7 @@ def _hybrid(target, threshold=None, **kw):
       SuffixTrees(SuffixProposer(max_spec_tokens=6), score_threshold=threshold)))
 
 
-@pytest.mark.extended(params=["merged"])
+@pytest.mark.extended  # the drafter tree's hybrid (merged) stays in the core
 @pytest.mark.parametrize("threshold", [None, 1.0], ids=["merged", "thresholded"])
 def test_hybrid_with_eagle_is_greedy_identical_and_takes_suffix_tokens(threshold):
   """The head's tree and the suffix proposal merged (or, thresholded, the suffix proposal alone

@@ -26,6 +26,7 @@ def _suite(tmp_path, tiny_chat_dir, methods):
   return path
 
 
+@pytest.mark.extended  # their decoding's identity: tests/vocab, tests/decoding
 def test_vocabtrim_and_frspec_are_lossless_with_trimmed_mbsu(counts, tmp_path, tiny_chat_dir):
   text, gen = counts
   path = _suite(tmp_path, tiny_chat_dir, [

@@ -207,6 +207,7 @@ def test_ring_caches_on_a_mesh_decode_the_unsharded_ids(gemma_pair, monkeypatch)
                                                                     None)
 
 
+@pytest.mark.extended  # the ring cache's law in the core: test_sliding_window.py
 def test_speculative_sampling_keeps_the_targets_law():
   """Chain drafting between two unrelated V = 8 Gemma models keeps the target's law past
   the window (`windows.sampling_keeps_the_targets_law`)."""

@@ -178,6 +178,7 @@ def test_bad_input(target_dir, data_file, tmp_path, capsys):
   assert "unknown fields ['anchor']" in capsys.readouterr().err
 
 
+@pytest.mark.extended
 def test_a_ranker_for_a_trained_drafter(target_dir, data_file, tmp_path):
   """SpecVocab over a DFlash drafter: a ranker trained on the drafter's drafted positions (the
   rows its policy reads at decoding, over the features it was trained on) ranks its greedy
@@ -228,6 +229,7 @@ def test_a_ranker_for_a_trained_drafter(target_dir, data_file, tmp_path):
     dataclasses.replace(rjob, eagle_head=str(drafter))
 
 
+@pytest.mark.extended  # a head of its own stays in the core
 def test_a_softmax_over_the_frequent_tokens(target_dir, data_file, tmp_path):
   """`loss_vocab`: the training softmax over the head's rows of the training completions' most
   frequent tokens (labels outside weigh nothing); the held-out figures still read the whole
