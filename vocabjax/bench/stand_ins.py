@@ -158,6 +158,7 @@ def registry_form(name: str) -> tuple[str, dict, dict]:
   """(registry method, its parameters as given, bench-only settings) of a method name: "NAME",
   "NAME:key=value,...", or a short alias (ALIASES); ValueError naming it otherwise."""
   from vocabjax.methods import METHODS as REGISTRY  # local: the registry's parsers
+  from vocabjax.methods.vocab import parse_settings  # local: as the registry
 
   for form, to in ALIASES:
     m = form.fullmatch(name)
@@ -169,21 +170,12 @@ def registry_form(name: str) -> tuple[str, dict, dict]:
   if kind not in REGISTRY:
     raise ValueError(f"unknown method {kind!r}: the registry's {sorted(REGISTRY)}, as NAME or "
                      f"NAME:key=value,... (or a short name: {', '.join(NAME_FORMS[2:])})")
-  raw = {}
-  for item in filter(None, given.split(",")):
-    key, eq, value = item.partition("=")
-    if not eq:
-      raise ValueError(f"method {name!r}: {item!r} is not key=value")
-    raw[key.strip()] = _value(value.strip())
+  try:
+    raw = parse_settings(given, f"method {name!r}")
+  except ConfigError as e:
+    raise ValueError(str(e)) from None
   bench = dict(kv.split("=", 1) for kv in filter(None, extra.split(";")))
   return kind, raw, bench
-
-
-def _value(text: str):
-  """A parameter's value as `--set` reads it (`vocabjax.methods.vocab.parse_setting`)."""
-  from vocabjax.methods.vocab import parse_setting  # local: the registry's modules load late
-
-  return parse_setting(text)
 
 
 def method_spec(name: str) -> MethodSpec:

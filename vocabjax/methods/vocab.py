@@ -434,13 +434,20 @@ def parse_vocab(spec: str, where: str):
   if name not in HEAD_POLICIES:
     raise ConfigError(f"{where}: vocab={spec!r} names no head policy; write NAME:key=value,... "
                       f"with NAME one of {HEAD_POLICIES}")
+  raw = parse_settings(given, f"{where}: vocab={spec!r}")
+  return name, METHODS[name].parse(raw, f"{where} vocab={spec!r}")
+
+
+def parse_settings(given: str, where: str) -> dict:
+  """"key=value,..." as a dict, each value as `--set` reads it (`parse_setting`); a ConfigError
+  naming the item that is not key=value."""
   raw = {}
   for item in filter(None, given.split(",")):
     key, eq, value = item.partition("=")
     if not eq:
-      raise ConfigError(f"{where}: vocab={spec!r}: {item!r} is not key=value")
+      raise ConfigError(f"{where}: {item!r} is not key=value")
     raw[key.strip()] = parse_setting(value.strip())
-  return name, METHODS[name].parse(raw, f"{where} vocab={spec!r}")
+  return raw
 
 
 def parse_setting(text: str):
