@@ -325,7 +325,9 @@ def parse_args(argv=None) -> GenerateConfig:
                  help="random seed of sampling (greedy output does not depend on it)")
   p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
   p.add_argument("--max-len", type=int, default=None, help="KV cache slots per row")
-  p.add_argument("--dtype", default="auto", help="auto (f32 on CPU, bf16 on GPU/TPU), f32, bf16, "
+  p.add_argument("--dtype", default="auto", help="auto (a GGUF file's own quantized blocks on one CPU "
+                 "device; else f32 on CPU, bf16 on GPU/TPU), f32 (a GGUF file's values "
+                 "dequantized), bf16, "
                  "int8 (weight-only int8 with per-row scales; activations stay f32), int4 "
                  "(weight-only, any checkpoint quantized into Q4_0 blocks: groups of 32 weights, "
                  "a float16 scale each), gguf (a GGUF file's own quantized blocks, kept as "

@@ -57,3 +57,30 @@ def test_gguf_dtype_needs_a_gguf_file_and_one_device(tmp_path):
     load_model(tmp_path / "hf", dtype="gguf", load_tokenizer=False)
   with pytest.raises(ValueError, match=r"unknown dtype='q4'; choose one of .*'gguf'"):
     load_model(tmp_path / "hf", dtype="q4", load_tokenizer=False)
+
+
+def test_a_gguf_file_loads_its_own_blocks_by_default(tmp_path):
+  """No dtype (None or 'auto') keeps a quantized GGUF file's blocks on one CPU device; f32 asks
+  for its values dequantized, a mesh or another backend takes the backend default, and a
+  float GGUF file loads as float32 (nothing to keep)."""
+  from vocabjax.checkpoints.loader import GGUF, is_gguf_source, weights_default
+  from vocabjax.sharding import make_mesh
+
+  path = write_tiny_gguf(tiny_hf_model("qwen2", seed=3, **WIDE), tmp_path / "m.gguf", "Q8_0")
+  for dtype in (None, "auto"):
+    model = load_model(path, dtype=dtype, load_tokenizer=False)
+    assert model.dtype == GGUF and has_blocks(model.params), dtype
+  dense = load_model(path, dtype="f32", load_tokenizer=False)
+  assert dense.dtype == jnp.float32 and not has_blocks(dense.params)
+  np.testing.assert_array_equal(_logits(model), _logits(dense))
+  import jax
+
+  mesh = make_mesh(data=1, model=2, devices=jax.devices()[:2])
+  on_mesh = load_model(path, load_tokenizer=False, mesh=mesh)
+  assert not has_blocks(on_mesh.params) and on_mesh.dtype == jnp.float32
+  assert weights_default(path, None, backend="tpu") == jnp.bfloat16
+  assert weights_default(path, "float32") == jnp.float32
+  assert is_gguf_source("qwen2.5-coder-0.5b-instruct") and not is_gguf_source(tmp_path)
+  f32_file = write_tiny_gguf(tiny_hf_model("qwen2", seed=3, **WIDE), tmp_path / "f.gguf", "F32")
+  plain = load_model(f32_file, load_tokenizer=False)
+  assert plain.dtype == jnp.float32 and not has_blocks(plain.params)

@@ -385,6 +385,7 @@ def test_the_command_line_takes_a_hub_id(served, tmp_path):
   assert "Traceback" not in r.stderr
 
 
+@pytest.mark.extended
 def test_heads_and_files_by_hub_id_decode_as_their_directories(served, tiny_chat_dir,
                                                                 tiny_medusa_dir, tmp_path):
   """An EAGLE head, Medusa heads and a ranker named by hub id (org/name, org/name/path) give

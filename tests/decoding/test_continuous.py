@@ -56,7 +56,7 @@ def _decoder(kind, target, draft):
   raise ValueError(kind)
 
 
-@pytest.mark.extended(params=["chain", "eagle_suffix"])
+@pytest.mark.extended(params=["chain", "eagle_suffix", "pld", "medusa"])
 @pytest.mark.parametrize("kind", ["chain", "tree", "eagle", "medusa", "pld", "eagle_suffix"])
 def test_rows_handed_to_the_next_prompt_keep_plain_greedy_tokens(pair, kind):
   """Two rows decode six prompts: each prompt's tokens and finish reason are plain decoding's

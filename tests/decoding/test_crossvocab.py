@@ -29,6 +29,7 @@ def setup():
   return crossvocab_pair()
 
 
+@pytest.mark.extended(params=["5-True-bf16", "3-False-bf16"])
 @pytest.mark.parametrize("gamma,ngram,draft_prefill",
                          [(1, False, "exact"), (3, False, "bf16"),
                           pytest.param(3, True, "exact", marks=pytest.mark.full_opt),

@@ -39,6 +39,8 @@ def dflash_config(target, block_size=4, layers=(0, 1), **changes) -> DFlashConfi
 TREE = [[0], [1], [0, 0], [0, 1], [1, 0], [0, 0, 0], [0, 0, 1], [0, 0, 0, 0]]
 
 
+@pytest.mark.extended(params=["b2", "b4-causal-last-layer", "b4-dynaspec", "b4-microspec",
+    "b4-sliding-scaled", "b8-subset", "b6-tree-subset"])
 @pytest.mark.parametrize("case", ["b2", "b4", "b8-subset", "b4-ranker", "b4-sliding-scaled",
                                   "b4-causal-last-layer", "b4-dflash2", "b8-dflash2-ranker",
                                   "b6-tree", "b6-tree-subset", "b4-microspec", "b4-dynaspec"])

@@ -23,6 +23,7 @@ from tests.helpers.models import CFG, PROMPT, SMALL, random_prompts
 from tests.helpers.heads import LOOKUP, random_head
 
 
+@pytest.mark.extended(params=["own-reduced", "target-subset"])
 @pytest.mark.parametrize("vocab", ["own", "own-reduced", "target", "target-subset"])
 def test_greedy_identity_with_a_head_that_is_often_right(lookup, vocab):
   target, hc, head = lookup

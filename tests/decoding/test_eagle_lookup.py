@@ -100,6 +100,7 @@ def _cycle_prompts():
   return [cyc, [4, 9, 2], cyc[3:15]]
 
 
+@pytest.mark.extended(params=["g3c2", "g4c1"])
 @pytest.mark.parametrize("gamma,candidates,tp", [(4, 1, TreeParams(2, 3, 6)),
                                                  (3, 2, TreeParams(2, 2, 4)),
                                                  (6, 1, TreeParams(1, 2, 2))],

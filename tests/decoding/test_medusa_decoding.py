@@ -76,6 +76,7 @@ def test_a_tree_holding_every_token_accepts_every_step():
   assert res.steps == 6  # 1 from the prefill + 6 steps of 2
 
 
+@pytest.mark.extended(params=["full_heads-sp1", "subset_on_heads-sp0"])
 @pytest.mark.parametrize("sp", [SamplingParams(temperature=1.0),
                                 SamplingParams(temperature=0.7, top_p=0.9)])
 @pytest.mark.parametrize("subset", [False, True], ids=["full_heads", "subset_on_heads"])

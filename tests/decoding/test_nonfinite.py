@@ -54,6 +54,7 @@ def test_nan_in_a_prompt_token_is_an_error_naming_the_row(pair, kind, sampling):
     _decoder(kind, bad, draft).generate(PROMPTS, max_new_tokens=4, sampling=sampling)
 
 
+@pytest.mark.extended(params=["chain-sampling2", "tree-sampling4", "pld-sampling5"])
 @pytest.mark.parametrize("kind,sampling", [("ar", GREEDY), ("chain", GREEDY),
                                            ("chain", SAMPLED), ("tree", GREEDY),
                                            ("tree", SAMPLED), ("pld", GREEDY)])

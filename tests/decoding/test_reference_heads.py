@@ -111,6 +111,7 @@ def test_eagle12_head_output_and_logits_match_the_reference(target, eagle_pair):
     np.testing.assert_allclose(np.asarray(x2[0]), want2, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.extended
 def test_eagle12_greedy_drafts_match_the_reference(target, eagle_pair):
   """Each side drafts 5 tokens greedily from the same context: the head's output at an entry
   feeds back as the next entry's feature, its argmax through the target's head is the next

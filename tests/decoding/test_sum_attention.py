@@ -39,6 +39,7 @@ def test_summed_attention_gives_the_einsum_paths_logits(pair):
     assert np.abs(ref).max() > 0.1  # logits of substance
 
 
+@pytest.mark.extended(params=["float32"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_every_decoder_keeps_greedy_identity_with_summed_attention(pair, dtype):
   target, draft = (p if dtype == "float32" else cast_weights(p, dtype) for p in pair)

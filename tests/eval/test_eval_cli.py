@@ -203,6 +203,32 @@ def test_compare_torch_refuses_weights_pytorch_does_not_run(tmp_path, dtype):
   assert not out.exists()
 
 
+def test_a_gguf_suite_without_a_dtype_names_its_blocks_in_its_inputs(tmp_path):
+  """A suite that leaves the dtype to a GGUF file loads its blocks: the run's inputs say so,
+  so a directory made when no dtype meant the values dequantized is not resumed with them;
+  beside PyTorch (--compare-torch) no dtype still means float32, as transformers runs it."""
+  from vocabjax.eval import provenance
+  from vocabjax.eval.config import config_from_dict
+  from vocabjax.eval.runner import suite_dtypes
+
+  raw = {"target": str(tmp_path / "t.gguf"), "draft": str(tmp_path / "d.gguf"),
+         "datasets": [{"kind": "humaneval", "limit": 1}], "methods": [{"method": "ar"}]}
+  cfg = config_from_dict(raw, check_files=False)
+  inputs = provenance.inputs(cfg, [], suite_dtypes(cfg))
+  assert inputs["weights"] == {"target": "gguf", "draft": "gguf"}
+  assert suite_dtypes(cfg, compare_torch=True) == ("float32", "float32")
+  assert "weights" not in provenance.inputs(cfg, [], suite_dtypes(cfg, compare_torch=True))
+  mixed = config_from_dict({**raw, "draft_dtype": "int8"}, check_files=False)
+  assert provenance.inputs(mixed, [], suite_dtypes(mixed))["weights"] == {"target": "gguf"}
+  f32 = config_from_dict({**raw, "dtype": "float32"}, check_files=False)
+  old = provenance.inputs(f32, [], suite_dtypes(f32))
+  assert "weights" not in old
+  assert provenance.describe_change(old, inputs) == (
+      "the weights loaded: the dtype fields' weights then, the target's gguf blocks, the "
+      "draft's gguf blocks now (no dtype loads a GGUF file's own blocks; dtype float32 its "
+      "values dequantized)")
+
+
 def test_sampled_suite_runs_every_seed(suite, tmp_path):
   path, cfg = suite
   p = tmp_path / "sampled.yaml"

@@ -101,6 +101,7 @@ def test_report_only_never_rewrites_the_records_file(tmp_path):
   assert p.read_text() == '{"qid": "a"}\nnot json\n'
 
 
+@pytest.mark.extended
 def test_report_only_names_a_record_that_lacks_keys(suite, tmp_path):  # noqa: F811
   """A record missing keys (hand-edited, another tool's) is named by file:line and keys, not a
   KeyError traceback."""

@@ -51,6 +51,8 @@ def test_gpu_kernel_interpret_matches_reference(B, D, V, K, dtype):
 # K = 300: three blocks of 128 per row (the double buffer's prefetch and slot reuse), the last
 # padded; V odd: in bf16 the last row (idx[0, 0] = V - 1) has no pair partner (the XLA tail);
 # V = 1 in bf16: no complete pair at all
+@pytest.mark.extended(params=["bfloat16-2-128-77-300", "bfloat16-2-256-1000-300",
+    "bfloat16-3-128-90-5", "float32-2-256-1000-300", "float32-1-128-300-128"])
 @pytest.mark.parametrize("B,D,V,K", [(1, 128, 300, 128), (2, 256, 1000, 300), (3, 128, 90, 5),
                                      (2, 128, 77, 300), (2, 128, 1, 3)])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])

@@ -171,6 +171,7 @@ def gemma_pair():
   return target, jax.tree.map(lambda a, b: a + 0.1 * b, target, noise)
 
 
+@pytest.mark.extended(params=["linear-chain", "linear-tree"])
 @pytest.mark.parametrize("ring,kind", [
     (False, "chain"), (False, "tree"), (True, "chain"),
     pytest.param(True, "tree", marks=pytest.mark.full_opt)],  # users' XLA settings too

@@ -101,6 +101,7 @@ def test_explicit_mask_matches_separate_sequences(tiny_dirs, variant, P, atol):
   np.testing.assert_allclose(logits[3:], ref_b[0, P:], atol=atol)
 
 
+@pytest.mark.extended(params=["llama_mha", "qwen2_sliding", "qwen2_yarn", "mistral_sliding"])
 @pytest.mark.parametrize("variant", ["llama_mha", "qwen2_bias_tied", "qwen3_qknorm",
                                      "mistral_sliding", "qwen2_sliding", "qwen2_yarn"])
 def test_greedy_ids_vs_transformers_generate(tiny_dirs, variant):
@@ -175,6 +176,8 @@ def test_layer_features_vs_reference_hidden_states(tiny_dirs, variant):
                      config=config, layers=(2,))
 
 
+@pytest.mark.extended(params=["llama_mha", "llama_mqa_tied", "qwen2_bias_tied", "qwen2_sliding",
+    "qwen2_yarn"])
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_fresh_prefill_attention_matches_the_cache_path(tiny_dirs, variant, monkeypatch):
   """`forward(fresh=True)` (a prefill's chunked causal attention over the block alone) gives the

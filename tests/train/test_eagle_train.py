@@ -324,6 +324,7 @@ def test_packed_batches_and_training(target_dir, data_file, tmp_path):
   assert summary["final"]["heldout_loss"] < 0.8 * summary["start"]["heldout_loss"]
 
 
+@pytest.mark.extended
 def test_training_lowers_the_loss_exports_and_decodes(target_dir, data_file, tmp_path):
   job = _job(target_dir, data_file, tmp_path / "run")
   summary = train(job, show_progress=False)

@@ -91,6 +91,7 @@ def test_the_router_sets_acceptance_not_output(kind):
   assert r_one.stats.tau < 2.5
 
 
+@pytest.mark.extended(params=["t1-chain", "t0.7-p0.9-tree"])
 @pytest.mark.parametrize("kind", ["chain", "tree"])
 @pytest.mark.parametrize("sp", [SamplingParams(1.0), SamplingParams(0.7, 0, 0.9)],
                          ids=["t1", "t0.7-p0.9"])

@@ -35,6 +35,7 @@ def _held(rows, b):
   return {int(t): int(u) for t, u in zip(ids, use) if u >= 0}
 
 
+@pytest.mark.extended(params=["microspec-40", "evospec-40", "microspec-8", "evospec-8"])
 @pytest.mark.parametrize("window", [1, 3, 8, 40])
 @pytest.mark.parametrize("indexed", [False, True], ids=["microspec", "evospec"])
 def test_rows_hold_the_most_recently_used_distinct_tokens(window, indexed, pair):
@@ -132,6 +133,7 @@ def test_context_tokens_set_acceptance(kind):
   assert 1.0 < r_narrow.stats.tau < 1.5
 
 
+@pytest.mark.extended(params=["t1-chain", "t0.7-p0.9-tree"])
 @pytest.mark.parametrize("kind", ["chain", "tree"])
 @pytest.mark.parametrize("sp", [SamplingParams(1.0), SamplingParams(0.7, 0, 0.9)],
                          ids=["t1", "t0.7-p0.9"])

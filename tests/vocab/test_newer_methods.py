@@ -62,6 +62,7 @@ CASES = {
 }
 
 
+@pytest.mark.extended(params=["covtrim-tree", "evospec-tree", "microspec-tree", "dynaspec-tree"])
 @pytest.mark.parametrize("depth", [0, 2], ids=["chain", "tree"])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_registry_methods_decode_as_plain_greedy(tiny_chat_dir, files, name, depth):

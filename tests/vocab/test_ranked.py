@@ -87,6 +87,7 @@ def test_ranker_quality_sets_acceptance_not_output(kind):
   assert 1.0 <= r_rand.stats.tau < 3.0
 
 
+@pytest.mark.extended(params=["t1-chain", "t0.7-p0.9-tree"])
 @pytest.mark.parametrize("kind", ["chain", "tree"])
 @pytest.mark.parametrize("sp", [SamplingParams(1.0), SamplingParams(0.7, 0, 0.9)],
                          ids=["t1", "t0.7-p0.9"])

@@ -91,6 +91,7 @@ OUT = (0, 2)
 SUB = _subset(SMALL.vocab_size, [i for i in range(SMALL.vocab_size) if i not in OUT])
 
 
+@pytest.mark.extended(params=["t1-chain", "t0.7-p0.9-tree"])
 @pytest.mark.parametrize("kind", ["chain", "tree"])
 @pytest.mark.parametrize("sp", [SamplingParams(1.0), SamplingParams(0.7, 0, 0.9)],
                          ids=["t1", "t0.7-p0.9"])

@@ -18,8 +18,8 @@ from vocabjax.checkpoints.gguf_io import (TOKENIZER_KEY, load_gguf, load_gguf_to
                                           open_gguf, tokenizer_key)
 from vocabjax.checkpoints.hf import load_hf, read_hf_config
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import (INT4, LAYER_MATRICES, cast_weights, is_int8, quantize_blocks,
-                                       with_mlp_layout)
+from vocabjax.models.llamalike import (INT4, LAYER_MATRICES, cast_weights, has_blocks, is_int8,
+                                       quantize_blocks, with_mlp_layout)
 
 _DTYPES = {"float32": jnp.float32, "f32": jnp.float32, "bfloat16": jnp.bfloat16,
            "bf16": jnp.bfloat16, "float16": jnp.float16, "f16": jnp.float16, "int8": jnp.int8}
@@ -50,6 +50,26 @@ def parse_dtype(dtype: Any):
                        f"or 'auto'")
     return _DTYPES[dtype]
   return jnp.dtype(dtype).type
+
+
+def is_gguf_source(name_or_path: str | os.PathLike) -> bool:
+  """Whether a model argument names a GGUF file (a path ending .gguf, or a registry model whose
+  file is one), decided without fetching or reading it."""
+  entry = zoo.REGISTRY.get(str(name_or_path))
+  return (entry.filename if entry else str(name_or_path)).lower().endswith(".gguf")
+
+
+def weights_default(name_or_path: str | os.PathLike, dtype: Any = None, mesh=None,
+                    backend: str | None = None):
+  """The dtype `load_model(name_or_path, dtype=dtype, mesh=mesh)` loads: `parse_dtype(dtype)`,
+  except that no dtype (None or 'auto') loads a GGUF file's own quantization (GGUF: its blocks
+  as stored) on one CPU device, where the blocks kernel runs; a mesh, a GPU or a TPU takes the
+  backend default, the file's values dequantized."""
+  if dtype is None or dtype == "auto":
+    backend = backend or jax.default_backend()
+    return (GGUF if mesh is None and backend == "cpu" and is_gguf_source(name_or_path)
+            else default_dtype(backend))
+  return parse_dtype(dtype)
 
 
 def dtype_name(dtype: Any) -> str:
@@ -143,7 +163,9 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
   holds more than its share; int8 is quantized on the mesh (each matrix's rows where the
   matrix is split, `sharding.with_scale_specs`).
 
-  `dtype`: the weights' dtype. On GPU/TPU every param takes it. On the CPU backend a dtype
+  `dtype`: the weights' dtype; None or 'auto': a GGUF file's own quantization on one CPU
+  device (its blocks kept as stored, as 'gguf'), else f32 on the CPU and bf16 on GPU/TPU
+  (`weights_default`). On GPU/TPU every param takes it. On the CPU backend a dtype
   narrower than f32 applies to the weight matrices only (`models.llamalike.cast_weights`):
   norms, biases, activations and the KV cache stay f32, which is what runs fast there.
   `int8` (any backend) is weight-only int8 with per-row f32 scales, quantized from the f32
@@ -153,7 +175,7 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
   loads f32 and quantizes every matrix into Q4_0 blocks (groups of 32 weights, a float16 scale
   each: `models.llamalike.quantize_blocks`), which then run as a GGUF file's blocks do.
   """
-  dtype = parse_dtype(dtype)
+  dtype = weights_default(name_or_path, dtype, mesh)
   progress = hub.progress_default(progress)
   int4 = isinstance(dtype, str) and dtype == INT4_DTYPE
   if int4 and mesh is not None:
@@ -197,6 +219,8 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
   else:
     raise ValueError(f"{path}: expected a Hugging Face directory or a .gguf file")
   check_finite(params, str(path))
+  if keep_blocks and not has_blocks(params):  # a float GGUF file: nothing was kept as blocks
+    out_dtype = jnp.float32
   if narrow_on_cpu:
     params = cast_weights(params, out_dtype)
     if mesh is not None and is_int8(params):  # each device quantized its share: placed anew

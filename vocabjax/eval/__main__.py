@@ -164,7 +164,9 @@ def parse_args(argv=None) -> CliConfig:
   p.add_argument("--target", help="target model replacing the suite's: registry name, HF "
                  "directory, .gguf file or hub id (org/name[@revision])")
   p.add_argument("--draft", help="drafter replacing the suite's (same forms as --target)")
-  p.add_argument("--dtype", help="weights' dtype: f32 (the CPU default), bf16 (on the CPU: bf16 "
+  p.add_argument("--dtype", help="weights' dtype (default: a GGUF file's own quantized blocks on "
+                 "one CPU device, else f32 on the CPU, bf16 on GPU/TPU): f32 (a GGUF file's "
+                 "values dequantized), bf16 (on the CPU: bf16 "
                  "weight matrices, f32 activations), int8 (weight-only, per-row scales), int4 "
                  "(weight-only, Q4_0 blocks: groups of 32, a scale each), gguf "
                  "(a GGUF file's own quantized blocks, kept as stored), auto; also the PyTorch side's with --compare-torch (f32 or bf16)")

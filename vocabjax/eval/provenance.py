@@ -26,6 +26,7 @@ import re
 from pathlib import Path
 
 from vocabjax.checkpoints.hub import HubError, commit_of, parse_hub_id
+from vocabjax.checkpoints.loader import GGUF, weights_default
 from vocabjax.checkpoints.zoo import REGISTRY, cache_dir, sha256_file
 from vocabjax.io import atomic_write_json
 from vocabjax.kernels.cpu_matmul import cpuinfo, march
@@ -149,16 +150,32 @@ def questions_hash(prompts) -> str:
                                     for p in prompts]).encode()).hexdigest()
 
 
-def inputs(config, prompts) -> dict:
-  """Everything besides the config that a suite's records depend on (module doc)."""
+def inputs(config, prompts, dtypes: tuple | None = None) -> dict:
+  """Everything besides the config that a suite's records depend on (module doc). `dtypes`:
+  the (target, drafter) dtypes asked of `load_model` (`runner.suite_dtypes`; default the
+  suite's fields)."""
+  t_dtype, d_dtype = dtypes or (config.dtype, config.draft_dtype or config.dtype)
   models = {"target": content_id(config.target)}
   if config.draft:
     models["draft"] = content_id(config.draft)
   files = {f"{m.name}.{k}": content_id(v) for m in config.methods for k, v in m.params
            if _is_path(v) or (isinstance(v, str) and parse_hub_id(v) is not None)}
+  # weights the suite's dtype fields leave to the file (a GGUF file's own blocks, the default
+  # since those could be asked): named, so records of the dequantized default are not resumed
+  weights = {role: "gguf" for role, src, dt in
+             (("target", config.target, t_dtype), ("draft", config.draft, d_dtype))
+             if src and dt in (None, "auto")
+             and weights_default(src, dt, config.mesh) == GGUF}
   return {"models": models, "files": files, "questions": questions_hash(prompts),
+          **({"weights": weights} if weights else {}),
           "vocabjax": __version__,
           "machine": machine_id()}
+
+
+def _weights(inputs: dict) -> str:
+  w = (inputs or {}).get("weights") or {}
+  return (", ".join(f"the {role}'s {w[role]} blocks" for role in ("target", "draft") if role in w)
+          or "the dtype fields' weights")
 
 
 def describe_change(old: dict | None, new: dict) -> str:
@@ -170,6 +187,9 @@ def describe_change(old: dict | None, new: dict) -> str:
     for k in sorted(set(old.get(kind, {})) | set(new.get(kind, {}))):
       if old.get(kind, {}).get(k) != new.get(kind, {}).get(k):
         parts.append(f"{k} changed content")
+  if old.get("weights") != new.get("weights"):
+    parts.append(f"the weights loaded: {_weights(old)} then, {_weights(new)} now (no dtype "
+                 f"loads a GGUF file's own blocks; dtype float32 its values dequantized)")
   if old.get("questions") != new.get("questions"):
     parts.append("the questions' text changed")
   if old.get("vocabjax") != new.get("vocabjax"):

@@ -237,7 +237,18 @@ def models_info(models) -> dict:
   return {"target_config": models.target.config, "target_source": models.target.source,
           "draft_config": models.draft.config if models.draft else None,
           "draft_source": models.draft.source if models.draft else None,
-          "dtype": str(models.target.params["embed"].dtype)}
+          "dtype": weights_label(models.target.dtype,
+                                 models.draft.dtype if models.draft else None)}
+
+
+def weights_label(target_dtype, draft_dtype=None) -> str:
+  """The weights a run loaded, in words: the target's dtype name ('float32', 'gguf': a GGUF
+  file's blocks, ...), and the drafter's where it differs."""
+  from vocabjax.checkpoints.loader import dtype_name  # local: the loader imports jax and models
+
+  t = dtype_name(target_dtype)
+  d = dtype_name(draft_dtype) if draft_dtype is not None else t
+  return t if d == t else f"{t} (drafter {d})"
 
 
 def build_summary(config, records: list[dict], info: dict, splits: dict, meta: dict) -> dict:

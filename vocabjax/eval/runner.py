@@ -28,7 +28,7 @@ import numpy as np
 from vocabjax import distributed, interrupt
 from vocabjax.checkpoints import hub, zoo
 from vocabjax.checkpoints.known import ShapeError, resolve_config
-from vocabjax.checkpoints.loader import Model, dtype_name, load_model, parse_dtype
+from vocabjax.checkpoints.loader import Model, load_model, parse_dtype, weights_default
 from vocabjax.decoding.engine import prompt_bucket
 from vocabjax.decoding.profile import StepSplit, run_split, skipped_drafting, step_split
 from vocabjax.sampling import SamplingParams
@@ -209,15 +209,26 @@ class Loaded:
   draft: Model | None
 
 
-def load_models(config: EvalConfig, mesh=None, progress: bool = True) -> Loaded:
-  """The suite's models; on `mesh`, each tensor placed with its sharding as it is read.
-  `progress`: the fetch's and the checksum's bars (off under `--quiet`)."""
-  target = load_model(config.target, dtype=config.dtype, mesh=mesh, progress=progress)
+def suite_dtypes(config: EvalConfig, compare_torch: bool = False) -> tuple:
+  """(target, drafter) dtypes `load_model` is asked for: the suite's fields; None where it
+  gives none, which loads a GGUF file's own blocks on one CPU device
+  (`loader.weights_default`), except beside PyTorch (`compare_torch`): transformers runs the
+  file's values in float32, and so does vocabjax then."""
+  target = config.dtype or ("float32" if compare_torch else None)
+  return target, config.draft_dtype or target
+
+
+def load_models(config: EvalConfig, mesh=None, progress: bool = True,
+                compare_torch: bool = False) -> Loaded:
+  """The suite's models (`suite_dtypes`); on `mesh`, each tensor placed with its sharding as
+  it is read. `progress`: the fetch's and the checksum's bars (off under `--quiet`)."""
+  t_dtype, d_dtype = suite_dtypes(config, compare_torch)
+  target = load_model(config.target, dtype=t_dtype, mesh=mesh, progress=progress)
   draft = None
   if config.draft:  # the drafter's tokenizer only matters to a cross-vocabulary method
     cross = any(m.method == "crossvocab" for m in config.methods)
-    draft = load_model(config.draft, dtype=config.draft_dtype or config.dtype,
-                       load_tokenizer=cross, mesh=mesh, progress=progress)
+    draft = load_model(config.draft, dtype=d_dtype, load_tokenizer=cross, mesh=mesh,
+                       progress=progress)
   return Loaded(target, draft)
 
 
@@ -339,13 +350,13 @@ def _run_suite(config: EvalConfig, out: str | os.PathLike, *, overwrite: bool,
   out = Path(out)
   _check_map_count(len(config.methods))
   prompts = load_prompts(config.datasets)  # bad datasets fail before anything is written
-  inputs = provenance.inputs(config, prompts)
+  inputs = provenance.inputs(config, prompts, suite_dtypes(config, compare_torch))
   if writer:
     prepare_dir(out, config, overwrite=overwrite, inputs=inputs, claim=False)  # refuse early
   ref_path = report.reference_summary_path(config.name, out, reference)  # a bad path, early
   mesh = _suite_mesh(config)
   t0 = time.perf_counter()
-  models = models or load_models(config, mesh, progress)
+  models = models or load_models(config, mesh, progress, compare_torch)
   load_s = time.perf_counter() - t0
   ids = _encoded(config, models, prompts)
   decoders = _decoders(config, models, mesh)
@@ -616,7 +627,11 @@ def config_info(config: EvalConfig) -> dict:
 
   (tcfg, tsrc), (dcfg, dsrc) = one(config.target), one(config.draft)
   return {"target_config": tcfg, "target_source": tsrc, "draft_config": dcfg,
-          "draft_source": dsrc, "dtype": dtype_name(parse_dtype(config.dtype))}
+          "draft_source": dsrc,
+          "dtype": report.weights_label(
+              weights_default(config.target, suite_dtypes(config)[0], config.mesh),
+              weights_default(config.draft, suite_dtypes(config)[1], config.mesh)
+              if config.draft else None)}
 
 
 def report_only(config: EvalConfig, out: str | os.PathLike, *,
