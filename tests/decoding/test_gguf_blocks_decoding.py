@@ -83,3 +83,68 @@ def test_blocks_refuse_a_cast():
   with pytest.raises(ValueError, match=r"cannot cast a GGUF file's quantized blocks to "
                                        r"bfloat16"):
     cast_weights(target, "bfloat16")
+
+
+def test_heads_and_block_drafters_on_a_blocks_target():
+  """What reads the target's features, embedding rows or LM head runs on a target of blocks
+  (the default for a GGUF file): EAGLE-3 (own rows), EAGLE over the target's head (a subset
+  of it), P-EAGLE, Medusa, DFlash, and SpecVocab's ranked head on a drafter of blocks; each
+  decodes plain decoding's tokens on the same blocks, the target's head kept as blocks."""
+  import dataclasses
+
+  from tests.helpers.heads import heads_for, random_head
+  from vocabjax.decoding.dflash import DFlashProposer
+  from vocabjax.decoding.eagle import EagleProposer
+  from vocabjax.decoding.medusa import MedusaProposer
+  from vocabjax.decoding.peagle import PEagleProposer
+  from vocabjax.models.dflash import DFlashConfig, init_dflash
+  from vocabjax.models.eagle import init_eagle
+  from vocabjax.vocab.ranked import SpeculativeVocab, svd_ranker
+
+  (target, target32), (draft, draft32) = _pair(BCFG, "Q8_0", 0.3)
+  rs = np.random.RandomState(4)
+  prompts = [rs.randint(0, 64, n).tolist() for n in (1, 9, 30)]
+  ar = Decoder(target, BCFG).generate(prompts, max_new_tokens=12)
+  hc, hp = random_head(target32, BCFG)
+  dc = DFlashConfig(layer=BCFG.replace(arch="qwen3", qk_norm=True, attention_bias=False),
+                    target_hidden_size=BCFG.hidden_size, target_layer_ids=(0, 1),
+                    block_size=4, mask_token_id=5)
+  pc = dataclasses.replace(hc, draft_vocab_size=64, mask_token_id=5)
+  mp, mc = heads_for(target32, BCFG)
+  proposers = {
+      "eagle3": EagleProposer(target, BCFG, hp, hc, tree=TreeParams(2, 3, 6)),
+      "eagle_target_subset": EagleProposer(
+          target, BCFG, {**hp, "d2t": hp["d2t"] * 0}, dataclasses.replace(hc, draft_vocab_size=64),
+          lm_head="target", draft_vocab=VocabSubset(np.arange(0, 64, 2), 64)),
+      "peagle": PEagleProposer(target, BCFG, init_eagle(jax.random.key(2), pc, scale=0.3), pc,
+                               drafts=3, lm_head="target"),
+      "medusa": MedusaProposer(target, BCFG, mp, mc, choices=[[0], [1], [0, 0]]),
+      "dflash": DFlashProposer(target, BCFG, init_dflash(jax.random.key(3), dc, scale=0.3), dc),
+      "specvocab": ChainProposer(draft, BCFG, BCFG, gamma=3, draft_vocab=SpeculativeVocab(
+          svd_ranker(draft32, BCFG, rank=8), k=16)),
+  }
+  for name, proposer in proposers.items():
+    if name.startswith(("eagle_target", "peagle", "dflash")):
+      assert is_blocks(proposer.params["lm_head"]), name  # no f32 copy of the target's head
+    res = SpeculativeEngine(target, BCFG, proposer).generate(prompts, max_new_tokens=12)
+    assert res.tokens == ar.tokens, name
+
+
+def test_a_long_prefill_widens_one_matrix_at_a_time():
+  """Past the kernel's rows a prefill runs XLA's dot on widened matrices; each is widened when
+  its input exists (`cpu_matmul.widened_after`), so the program's temp buffers hold about one
+  widened matrix, not every layer's (XLA:CPU otherwise widens all of them up front)."""
+  from vocabjax.decoding.autoregressive import compile_prefill
+  from vocabjax.kernels.cpu_matmul import MAX_ROWS
+  from vocabjax.lowering import decoding_lowering
+  from vocabjax.models import KVCache
+
+  config = BCFG.replace(num_layers=6, intermediate_size=1024)
+  target = to_blocks(init_params(jax.random.key(0), config, scale=0.3), "Q8_0")[0]
+  T = 2 * MAX_ROWS
+  program = compile_prefill(target, config, SamplingParams(), 1, T, KVCache.init(config, 1, T),
+                            decoding_lowering(mesh=None))
+  widened = sum(4 * w.shape[0] * w.shape[1] for layer in target["layers"]
+                for w in layer.values() if is_blocks(w))
+  temp = program.memory_analysis().temp_size_in_bytes
+  assert temp < widened / 3, (temp, widened)

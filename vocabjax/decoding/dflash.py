@@ -41,8 +41,9 @@ from vocabjax.models.dflash import (
 )
 from vocabjax.models.llamalike import (
   FINAL_NORMED,
-  is_quantized,
-  lm_head_weight,
+  float_dtype,
+  is_int8,
+  lm_head_matrix,
   with_mlp_layout,
 )
 from vocabjax.models.medusa import MedusaError, medusa_tree
@@ -152,9 +153,10 @@ class DFlashProposer(PolicyHead):
         raise ValueError(f"tree choices: {e} (DFlash: the block's {config.gamma} drafted "
                          f"positions)") from None
       self.bounds = TreeBounds(top_k=self.tree.max_children, depth=self.tree.max_depth)
-    if is_quantized(target_params):
+    if is_int8(target_params):
       raise ValueError("a DFlash drafter reads the target's embedding rows and features as "
-                       "floats; load the target in float32 or bfloat16")
+                       "floats; an int8 target (`quantize_int8`) is not supported: load the "
+                       "target in float32 or bfloat16 (or a GGUF file's own blocks)")
     self.config = config
     self.gamma = config.gamma
     self.drafted_per_step = config.gamma if self.tree is None else self.tree.size
@@ -166,7 +168,7 @@ class DFlashProposer(PolicyHead):
                                 for i in config.target_layer_ids)
     self.head_vocab_config = target_config.replace(tie_word_embeddings=False)
     self.params = {DRAFTER_KEY: drafter_params, "embed": target_params["embed"],
-                   "lm_head": lm_head_weight(target_params, target_config)}
+                   "lm_head": lm_head_matrix(target_params, target_config)}
     self.draft_vocab = draft_vocab
     rows = draft_vocab.size if draft_vocab is not None else target_config.vocab_size
     if self.tree is not None and self.tree.top_k > rows:
@@ -260,7 +262,7 @@ class DFlashProposer(PolicyHead):
     def body(dp, tokens, positions, cache):
       del positions
       B, T = tokens.shape
-      feats = jnp.zeros((B, T, c.fused_width), dp["embed"].dtype)
+      feats = jnp.zeros((B, T, c.fused_width), float_dtype(dp["embed"]))
       return block_forward(_drafter(dp), dp["embed"], tokens, feats,
                            jnp.zeros((B,), jnp.int32), cache, config=c)[0]
 

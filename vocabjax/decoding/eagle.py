@@ -34,7 +34,7 @@ from vocabjax.vocab.policy import POLICY_STATE, full_policy
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.eagle import EagleConfig, eagle_forward, fuse_features, head_output
-from vocabjax.models.llamalike import is_int8, lm_head_weight, with_mlp_layout
+from vocabjax.models.llamalike import float_dtype, is_int8, lm_head_matrix, with_mlp_layout
 from vocabjax.vocab.subset import HeadRows
 
 HEAD_KEY = "eagle"  # the head's own params inside the decoder's drafter pytree
@@ -184,7 +184,7 @@ class EagleProposer(TreeGrower, PolicyHead, Counted):
     # the drafting LM head the policies read: the target's frozen head, or the head's own
     # rows; as a model config, the target's with that head untied (`head_vocab_config`)
     self.head_vocab_config = dataclasses.replace(target_config, tie_word_embeddings=False)
-    U = lm_head_weight(target_params, target_config) if lm_head == "target" \
+    U = lm_head_matrix(target_params, target_config) if lm_head == "target" \
         else head_params["lm_head"]
     # the head's own LM head lives at "lm_head" (or as `HeadRows`' rows below), not also under
     # the head's key: a second argument of the same [Vd, D] rows, which a slice would place
@@ -292,7 +292,7 @@ class EagleProposer(TreeGrower, PolicyHead, Counted):
 
     def body(dp, tokens, positions, cache):
       head = _head(dp)
-      feats = jnp.zeros(tokens.shape + (hc.fused_width,), dp["embed"].dtype)
+      feats = jnp.zeros(tokens.shape + (hc.fused_width,), float_dtype(dp["embed"]))
       return eagle_forward(head, dp["embed"], tokens, fuse_features(head, feats), positions,
                            cache, config=hc)[0]
 

@@ -11,9 +11,8 @@ the weights, but XLA:CPU runs M >= 2 as a GEMM that repacks the weights first an
 bf16 or int8 weight path. The kernel reads each weight row once in its stored dtype (f32, bf16,
 int8 with per-row scales), widens it in registers and multiplies all M rows in exact f32; a
 row's result does not depend on M, so a token's logits in a verified block equal its one-token
-logits bit for bit. It runs on the CPU for M <= `MAX_ROWS`, any M in decoding steps
-(`Lowering.any_rows`) and any M over GGUF blocks; elsewhere XLA's dot (on the CPU over
-f32-widened weights). A bf16 GEMM in the same library rounds x to bf16, so it runs only under `Lowering.bf16_blocks` (a drafter's or
+logits bit for bit. It runs on the CPU for M <= `MAX_ROWS` and any M in decoding steps
+(`Lowering.any_rows`); elsewhere XLA's dot (on the CPU over f32-widened weights). A bf16 GEMM in the same library rounds x to bf16, so it runs only under `Lowering.bf16_blocks` (a drafter's or
 bf16 model's prefill). Built on first use (`-O3 -march=native`, or `VOCABJAX_CPU_MARCH`) into
 `$VOCABJAX_CACHE/kernels/`; `Lowering(cpu_kernel=False)`, `VOCABJAX_CPU_KERNEL=0` (at import) or
 `cpu_kernel_default(False)` turn it off, and without a compiler XLA's dot is used with a warning.
@@ -295,24 +294,31 @@ def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None, *,
   return y.reshape(*lead, w.shape[0])
 
 
+def widened_after(w: BlockWeight, x: jax.Array) -> jax.Array:
+  """`dequantize(w)`, computed only once `x` exists. XLA:CPU schedules a computation that reads
+  only parameters (a matrix's widening) ahead of everything and keeps each result live for the
+  whole program: a 320-token prefill of Qwen2.5-1.5B's Q4_K_M blocks held every layer widened
+  at once (5.2 GB of temp buffers; an optimization barrier did not prevent it). Adding
+  min(|x[0]|, 0) (zero for any finite or infinite x) makes each widening wait for its input, so
+  one matrix is widened at a time and the buffer is reused (37 MB of temp)."""
+  first = jax.lax.slice(x.reshape(-1), (0,), (1,)).astype(jnp.float32)
+  return dequantize(w) + jnp.minimum(jnp.abs(first), 0.0)
+
+
 def _linear_blocks(x: jax.Array, w: BlockWeight, lowering: Lowering) -> jax.Array:
   """`linear` of GGUF blocks under a platform-tagged `lowering`: the kernel's block targets on
-  the CPU at any number of rows (dequantizing in registers), else XLA's dot on
-  `blocks.dequantize(w)` (f32 values)."""
+  the CPU (dequantizing in registers), else XLA's dot on the f32 values, each matrix widened
+  when its input exists (`widened_after`)."""
   lead, D = x.shape[:-1], x.shape[-1]
   M = int(np.prod(lead, dtype=np.int64))
   float_x = jnp.dtype(x.dtype).name in ("float32", "bfloat16")
   on_kernel = lowering.cpu_kernel and lowering.platform == "cpu" and float_x and M > 0
   if on_kernel and available():
-    # blocks take the kernel at any number of rows: XLA:CPU keeps every matrix it widens live
-    # for the whole program (a 320-token prefill of Qwen2.5-1.5B's Q4_K_M blocks held 5.2 GB
-    # of temp buffers on XLA's dot against 37 MB on the kernel, which widens one matrix's rows
-    # at a time into a scratch it frees; that prefill took 9.5 s on the kernel against 7.6 s
-    # on XLA's dot, 2-core AVX2 host)
     gemm = lowering.bf16_blocks and M >= GEMM_MIN_ROWS and gemm_available()
-    y = _kernel_call(x.reshape(M, D).astype(jnp.float32), w, None, gemm)
-    return y.reshape(*lead, w.shape[0])
-  u = dequantize(w)
+    if gemm or M <= MAX_ROWS or lowering.any_rows:
+      y = _kernel_call(x.reshape(M, D).astype(jnp.float32), w, None, gemm)
+      return y.reshape(*lead, w.shape[0])
+  u = widened_after(w, x)
   if lowering.bf16_dots:
     return bf16_dot(x, u)
   return jnp.einsum("...D,FD->...F", x.astype(jnp.float32), u,

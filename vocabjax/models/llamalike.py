@@ -653,6 +653,20 @@ def lm_head_weight(params: Params, config: LlamaLikeConfig) -> jax.Array:
   return U if scale is None else U.astype(jnp.float32) * scale[:, None]
 
 
+def lm_head_matrix(params: Params, config: LlamaLikeConfig):
+  """The LM head rows as a head that multiplies them with `linear` takes them: GGUF blocks as
+  stored (the kernel widens them in registers; no f32 copy of a [V, D] table), others as
+  `lm_head_weight` gives them."""
+  U = lm_head_rows(params, config)[0]
+  return U if is_blocks(U) else lm_head_weight(params, config)
+
+
+def float_dtype(w) -> jnp.dtype:
+  """The dtype a weight's values compute in: f32 for GGUF blocks (stored as bytes), else its
+  own."""
+  return jnp.dtype(jnp.float32) if is_blocks(w) else jnp.dtype(w.dtype)
+
+
 def lm_head(params: Params, hidden: jax.Array, *, config: LlamaLikeConfig) -> jax.Array:
   """Full-vocabulary logits [..., V] from hidden [..., D], accumulated in f32."""
   return linear(hidden, *lm_head_rows(params, config),

@@ -1,0 +1,241 @@
+"""vocabjax beside llama.cpp on the same GGUF files, prompts, threads and greedy decoding.
+
+  bash eval/llamacpp_anchor.sh            # builds llama.cpp once, then runs this script
+  python eval/llamacpp_anchor.py --llama-lib BUILD/bin --speculative BUILD/bin/llama-speculative-simple \\
+      --out eval/results/llamacpp_anchor
+
+The default suite's prompts (one question per Spec-Bench task group + one HumanEval problem),
+chat-templated by the target's tokenizer, `--max-new-tokens` new tokens each, greedy, on the
+registry pair's Q4_K_M files. Each part runs in a process of its own (its peak resident memory
+is that process's `ru_maxrss`):
+
+- llama.cpp plain decoding (llama-cpp-python over the library built from its vendored sources)
+  and its prompt lookup (`LlamaPromptLookupDecoding`, the binding's draft API);
+- llama.cpp's speculative decoding with the 0.5B drafter (`llama-speculative-simple`, the
+  example that ships with those sources; prompt text as the chat template renders it);
+- vocabjax on the files' own blocks (no dtype: the default): plain, chain (gamma 3), the
+  EAGLE-2-style tree from the drafter (k 2, depth 4, 8 nodes) and prompt lookup (gamma 4).
+
+A method's tok/s is new tokens over the wall time of its generations, prompt processing
+included; vocabjax first runs each prompt for 4 tokens (its programs compiled, not counted),
+llama.cpp one warm-up generation. llama-speculative-simple's time is its own encode + decode
+timers (model loading left out). Written:
+`results.json` (every generation) and `README.md`'s table (`--out`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+TARGET, DRAFT = "qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct"
+
+
+def prompts(limit: int | None = None):
+  """[(qid, chat-rendered text, token ids)] of the default suite's questions."""
+  from vocabjax.checkpoints.loader import load_tokenizer_and_vocab
+  from vocabjax.eval.config import load_config
+  from vocabjax.prompts import load_prompts
+
+  cfg = load_config("default")
+  tok, _ = load_tokenizer_and_vocab(cfg.target)
+  out = []
+  for p in load_prompts(cfg.datasets)[:limit]:
+    text = tok.apply_chat_template([{"role": "user", "content": p.text}], tokenize=False,
+                                   add_generation_prompt=True)
+    out.append((p.qid, text, tok(text, add_special_tokens=False)["input_ids"]))
+  return out
+
+
+def peak_gb() -> float:
+  return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
+
+
+def run_llamacpp(args, qs) -> dict:
+  from vocabjax.checkpoints import zoo
+
+  import llama_cpp
+  from llama_cpp.llama_speculative import LlamaPromptLookupDecoding
+
+  out = {}
+  for name, draft in (("llama.cpp plain", None),
+                      ("llama.cpp prompt lookup", LlamaPromptLookupDecoding(num_pred_tokens=4,
+                                                                            max_ngram_size=2))):
+    llm = llama_cpp.Llama(str(zoo.fetch(TARGET)), n_threads=args.threads,
+                          n_threads_batch=args.threads, n_ctx=2048, n_batch=512,
+                          draft_model=draft, verbose=False)
+    gens = []
+    for i, (qid, _, ids) in enumerate([qs[0]] + qs):
+      llm.reset()
+      t0 = time.perf_counter()
+      toks = []
+      for t in llm.generate(ids, temp=0.0, top_k=1, reset=True):
+        if t == llm.token_eos() or len(toks) >= args.max_new_tokens:
+          break
+        toks.append(t)
+      dt = time.perf_counter() - t0
+      if i:  # the first is a warm-up
+        gens.append({"qid": qid, "tokens": toks, "seconds": dt})
+    out[name] = {"generations": gens, "peak_gb": peak_gb()}
+    del llm
+  out["llama.cpp version"] = llama_cpp.__version__
+  return out
+
+
+def run_llamacpp_speculative(args, qs) -> dict:
+  from vocabjax.checkpoints import zoo
+
+  gens = []
+  for qid, text, ids in qs:
+    cmd = ["/usr/bin/time", "-v", args.speculative, "-m", str(zoo.fetch(TARGET)), "-md",
+           str(zoo.fetch(DRAFT)), "-p", text, "-n", str(args.max_new_tokens), "-t",
+           str(args.threads), "-td", str(args.threads), "--temp", "0", "-c", "2048",
+           "--draft-max", "3", "--draft-min", "0", "-s", "0"]
+    t0 = time.perf_counter()
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    dt = time.perf_counter() - t0
+    log = r.stdout + r.stderr
+    if r.returncode:
+      raise RuntimeError(f"llama-speculative-simple failed ({r.returncode}): {log[-2000:]}")
+    grab = lambda pat: re.search(pat, log)  # noqa: E731
+    enc, dec = grab(r"encoded\s+(\d+) tokens in\s+([\d.]+) seconds"), grab(
+        r"decoded\s+(\d+) tokens in\s+([\d.]+) seconds")
+    acc = grab(r"n_accept\s+=\s+(\d+)")
+    drafted = grab(r"n_drafted\s+=\s+(\d+)")
+    rss = grab(r"Maximum resident set size \(kbytes\): (\d+)")
+    gens.append({"qid": qid, "prompt_tokens": len(ids), "new_tokens": int(dec.group(1)),
+                 "seconds": float(enc.group(2)) + float(dec.group(2)), "process_s": dt,
+                 "accepted": int(acc.group(1)), "drafted": int(drafted.group(1)),
+                 "peak_gb": int(rss.group(1)) / 1e6})
+  return {"llama.cpp speculative (0.5B drafter, draft max 3)": {
+      "generations": gens, "peak_gb": max(g["peak_gb"] for g in gens)}}
+
+
+def run_vocabjax(args, qs) -> dict:
+  from vocabjax.checkpoints.loader import load_model
+  from vocabjax.decoding.autoregressive import Decoder
+  from vocabjax.decoding.drafter import ChainProposer, TreeProposer
+  from vocabjax.decoding.pld import LookupProposer
+  from vocabjax.decoding.speculative import SpeculativeEngine
+  from vocabjax.decoding.tree import TreeParams
+
+  t = load_model(TARGET, load_tokenizer=False)
+  d = load_model(DRAFT, load_tokenizer=False) if args.part == "vocabjax-spec" else None
+  methods = {} if d else {"vocabjax plain": lambda: Decoder(t.params, t.config)}
+  if d:
+    methods = {
+        "vocabjax chain (gamma 3)": lambda: SpeculativeEngine(
+            t.params, t.config, ChainProposer(d.params, d.config, t.config, gamma=3)),
+        "vocabjax tree (k 2, depth 4, 8 nodes)": lambda: SpeculativeEngine(
+            t.params, t.config, TreeProposer(d.params, d.config, t.config,
+                                             tree=TreeParams(2, 4, 8))),
+        "vocabjax prompt lookup (gamma 4)": lambda: SpeculativeEngine(
+            t.params, t.config, LookupProposer(gamma=4, min_ngram=2)),
+    }
+  out = {"weights": f"target {t.dtype}" + (f", drafter {d.dtype}" if d else "")}
+  for name, build in methods.items():
+    dec = build()
+    for _, _, ids in qs:  # compiles every prompt length's programs before anything is timed
+      dec.generate([ids], max_new_tokens=4, max_len=2048, eos_token_ids=t.eos_token_ids)
+    gens = []
+    for qid, _, ids in qs:
+      t0 = time.perf_counter()
+      res = dec.generate([ids], max_new_tokens=args.max_new_tokens, max_len=2048,
+                         eos_token_ids=t.eos_token_ids)
+      dt = time.perf_counter() - t0
+      gens.append({"qid": qid, "tokens": res.tokens[0], "seconds": dt,
+                   **({"tau": res.stats.tau} if hasattr(res.stats, "tau") else {})})
+      print(f"  {name} {qid} {len(res.tokens[0])} tokens {dt:.1f} s", file=sys.stderr, flush=True)
+    out[name] = {"generations": gens, "peak_gb": peak_gb()}
+    del dec
+  return out
+
+
+PARTS = {"llamacpp": run_llamacpp, "llamacpp-speculative": run_llamacpp_speculative,
+         "vocabjax-plain": run_vocabjax, "vocabjax-spec": run_vocabjax}
+
+
+def table(results: dict) -> list[str]:
+  """Markdown rows: method, tok/s, x llama.cpp plain, greedy tokens equal to each plain
+  decoding's, peak GB."""
+  methods = {k: v for part in results.values() for k, v in part.items()
+             if isinstance(v, dict) and "generations" in v}
+
+  def rate(m):
+    g = m["generations"]
+    return sum(x.get("new_tokens", len(x.get("tokens", []))) for x in g) / sum(
+        x["seconds"] for x in g)
+
+  base = rate(methods["llama.cpp plain"])
+  refs = {k: {g["qid"]: g["tokens"] for g in methods[k]["generations"]}
+          for k in ("llama.cpp plain", "vocabjax plain")}
+  rows = ["| method | tok/s | x llama.cpp plain | same tokens as llama.cpp plain | same "
+          "tokens as vocabjax plain | peak resident GB |", "|---|---|---|---|---|---|"]
+  for name, m in methods.items():
+    same = []
+    for ref in refs.values():
+      gs = [g for g in m["generations"] if "tokens" in g]
+      same.append(f"{sum(g['tokens'] == ref[g['qid']] for g in gs)}/{len(gs)}" if gs else "-")
+    rows.append(f"| {name} | {rate(m):.2f} | {rate(m) / base:.2f}x | {same[0]} | {same[1]} | "
+                f"{m['peak_gb']:.2f} |")
+  return rows
+
+
+def main(argv=None) -> int:
+  p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  p.add_argument("--part", choices=sorted(PARTS), help="run one part (internal)")
+  p.add_argument("--json", help="where a part writes its results (internal)")
+  p.add_argument("--llama-lib", help="the directory of llama.cpp's built libllama (its bin/)")
+  p.add_argument("--speculative", help="the built llama-speculative-simple")
+  p.add_argument("--threads", type=int, default=os.cpu_count())
+  p.add_argument("--max-new-tokens", type=int, default=128)
+  p.add_argument("--limit", type=int, help="the first N questions only")
+  p.add_argument("--out", default="runs/llamacpp_anchor")
+  args = p.parse_args(argv)
+  if args.part:
+    if args.llama_lib:
+      os.environ["LLAMA_CPP_LIB_PATH"] = args.llama_lib
+    res = PARTS[args.part](args, prompts(args.limit))
+    Path(args.json).write_text(json.dumps(res))
+    return 0
+  out = Path(args.out)
+  out.mkdir(parents=True, exist_ok=True)
+  results = {}
+  for part in ("llamacpp", "llamacpp-speculative", "vocabjax-plain", "vocabjax-spec"):
+    path = out / f"{part}.json"
+    if path.exists():  # resumable: a finished part is not run again
+      results[part] = json.loads(path.read_text())
+      continue
+    if part.startswith("llamacpp") and not (args.llama_lib and args.speculative):
+      sys.exit("--llama-lib and --speculative name the llama.cpp build (eval/llamacpp_anchor.sh)")
+    print(f"[anchor] {part}", file=sys.stderr, flush=True)
+    tmp = path.with_suffix(".json.tmp")
+    cmd = [sys.executable, __file__, "--part", part, "--json", str(tmp), "--threads",
+           str(args.threads), "--max-new-tokens", str(args.max_new_tokens)]
+    cmd += ["--limit", str(args.limit)] if args.limit else []
+    cmd += ["--llama-lib", args.llama_lib] if args.llama_lib else []
+    cmd += ["--speculative", args.speculative] if args.speculative else []
+    subprocess.run(cmd, check=True)
+    os.replace(tmp, path)
+    results[part] = json.loads(path.read_text())
+  from vocabjax.eval.provenance import cpu_model
+
+  lines = [f"# vocabjax beside llama.cpp (llama-cpp-python "
+           f"{results['llamacpp'].get('llama.cpp version')}, its vendored llama.cpp)", "",
+           f"`{' '.join(['python', 'eval/llamacpp_anchor.py', *(argv or sys.argv[1:])])}`, "
+           f"{cpu_model()}, {args.threads} threads, {time.strftime('%Y-%m-%d')}; "
+           f"{args.max_new_tokens} new tokens, greedy, the default suite's prompts; vocabjax's "
+           f"weights: {results['vocabjax-spec'].get('weights')}.", "", *table(results), ""]
+  (out / "README.md").write_text("\n".join(lines))
+  print("\n".join(lines))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
