@@ -41,16 +41,13 @@ def prompts(limit: int | None = None):
   """[(qid, chat-rendered text, token ids)] of the default suite's questions."""
   from vocabjax.checkpoints.loader import load_tokenizer_and_vocab
   from vocabjax.eval.config import load_config
-  from vocabjax.prompts import load_prompts
+  from vocabjax.prompts import encode_prompts, load_prompts
 
   cfg = load_config("default")
   tok, _ = load_tokenizer_and_vocab(cfg.target)
-  out = []
-  for p in load_prompts(cfg.datasets)[:limit]:
-    text = tok.apply_chat_template([{"role": "user", "content": p.text}], tokenize=False,
-                                   add_generation_prompt=True)
-    out.append((p.qid, text, tok(text, add_special_tokens=False)["input_ids"]))
-  return out
+  qs = load_prompts(cfg.datasets)[:limit]  # first turns (a multi-turn question's first)
+  ids = encode_prompts(tok, qs, chat=cfg.chat)  # as the main job encodes them
+  return [(p.qid, tok.decode(i, skip_special_tokens=False), i) for p, i in zip(qs, ids)]
 
 
 def peak_gb() -> float:
@@ -76,9 +73,11 @@ def run_llamacpp(args, qs) -> dict:
       t0 = time.perf_counter()
       toks = []
       for t in llm.generate(ids, temp=0.0, top_k=1, reset=True):
-        if t == llm.token_eos() or len(toks) >= args.max_new_tokens:
+        if len(toks) >= args.max_new_tokens:
           break
         toks.append(t)
+        if llama_cpp.llama_vocab_is_eog(llm._model.vocab, t):  # llama.cpp's end tokens
+          break
       dt = time.perf_counter() - t0
       if i:  # the first is a warm-up
         gens.append({"qid": qid, "tokens": toks, "seconds": dt})
