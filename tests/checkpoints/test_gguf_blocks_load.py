@@ -84,3 +84,17 @@ def test_a_gguf_file_loads_its_own_blocks_by_default(tmp_path):
   f32_file = write_tiny_gguf(tiny_hf_model("qwen2", seed=3, **WIDE), tmp_path / "f.gguf", "F32")
   plain = load_model(f32_file, load_tokenizer=False)
   assert plain.dtype == jnp.float32 and not has_blocks(plain.params)
+
+
+@pytest.mark.parametrize("dtype", ["gguf", "float32"])
+def test_a_loaded_model_keeps_no_view_of_its_file(tmp_path, dtype):
+  """The file's mapping is released once the model is loaded: no parameter is a view of it (an
+  F32 norm's array shared by XLA:CPU kept the whole file mapped, its pages resident)."""
+  import gc
+
+  path = write_tiny_gguf(tiny_hf_model("qwen2", seed=3, **WIDE), tmp_path / "m.gguf", "Q8_0")
+  model = load_model(path, dtype=dtype, load_tokenizer=False)
+  gc.collect()
+  maps = [o for o in gc.get_objects()
+          if isinstance(o, np.memmap) and str(getattr(o, "filename", "")) == str(path)]
+  assert maps == [] and model.params["final_norm"].shape == (256,)

@@ -383,6 +383,8 @@ def _load_gguf(path: Path, dtype, pool, placement=None, keep_blocks: bool = Fals
       w = unpermute_qk(w, config.num_kv_heads)
     elif config.norm_unit_offset and name.endswith("norm.weight"):
       w = w.astype(np.float32) - 1.0  # stored 1 + w (module doc)
+    if not w.flags.owndata:  # a view of the file (an F32 norm or bias): a copy, else the
+      w = np.array(w)  # array XLA:CPU may share keeps the whole file mapped (1.1 GB of RSS)
     return w
 
   params = assemble_params(config, lookup, tensors.keys(), scheme="gguf", dtype=dtype,
