@@ -46,7 +46,7 @@ def prompts(limit: int | None = None):
   cfg = load_config("default")
   tok, _ = load_tokenizer_and_vocab(cfg.target)
   qs = load_prompts(cfg.datasets)[:limit]  # first turns (a multi-turn question's first)
-  ids = encode_prompts(tok, qs, chat=cfg.chat)  # as the main job encodes them
+  ids = encode_prompts(tok, [p.text for p in qs], chat=cfg.chat)  # as the main job does
   return [(p.qid, tok.decode(i, skip_special_tokens=False), i) for p, i in zip(qs, ids)]
 
 
@@ -66,7 +66,9 @@ def run_llamacpp(args, qs) -> dict:
                                                                             max_ngram_size=2))):
     llm = llama_cpp.Llama(str(zoo.fetch(TARGET)), n_threads=args.threads,
                           n_threads_batch=args.threads, n_ctx=2048, n_batch=512,
-                          draft_model=draft, verbose=False)
+                          draft_model=draft, logits_all=draft is not None, verbose=False)
+    # (the binding's draft API writes every verified position's logits into its scores, which
+    # hold a batch's rows unless logits_all: n_ctx x V floats, 1.2 GB here, in its peak)
     gens = []
     for i, (qid, _, ids) in enumerate([qs[0]] + qs):
       llm.reset()
@@ -95,7 +97,8 @@ def run_llamacpp_speculative(args, qs) -> dict:
     cmd = ["/usr/bin/time", "-v", args.speculative, "-m", str(zoo.fetch(TARGET)), "-md",
            str(zoo.fetch(DRAFT)), "-p", text, "-n", str(args.max_new_tokens), "-t",
            str(args.threads), "-td", str(args.threads), "--temp", "0", "-c", "2048",
-           "--draft-max", "3", "--draft-min", "0", "-s", "0"]
+           "--spec-type", "draft-simple", "--spec-draft-n-max", "3", "--spec-draft-n-min", "0",
+           "-s", "0"]
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True)
     dt = time.perf_counter() - t0
