@@ -85,6 +85,7 @@ def test_blocks_refuse_a_cast():
     cast_weights(target, "bfloat16")
 
 
+@pytest.mark.extended
 def test_heads_and_block_drafters_on_a_blocks_target():
   """What reads the target's features, embedding rows or LM head runs on a target of blocks
   (the default for a GGUF file): EAGLE-3 (own rows), EAGLE over the target's head (a subset
