@@ -1,7 +1,8 @@
 """vocabjax beside llama.cpp on the same GGUF files, prompts, threads and greedy decoding.
 
   bash eval/llamacpp_anchor.sh            # builds llama.cpp once, then runs this script
-  python eval/llamacpp_anchor.py --llama-lib BUILD/bin --speculative BUILD/bin/llama-speculative-simple \\
+  python eval/llamacpp_anchor.py --llama-lib BUILD/bin \\
+      --speculative BUILD/bin/llama-speculative-simple \\
       --out eval/results/llamacpp_anchor
 
 The default suite's prompts (one question per Spec-Bench task group + one HumanEval problem),

@@ -626,12 +626,12 @@ def config_info(config: EvalConfig) -> dict:
     return cfg, str(zoo.cache_dir() / entry.filename) if entry else str(name)
 
   (tcfg, tsrc), (dcfg, dsrc) = one(config.target), one(config.draft)
+  t_dtype, d_dtype = suite_dtypes(config)
   return {"target_config": tcfg, "target_source": tsrc, "draft_config": dcfg,
           "draft_source": dsrc,
           "dtype": report.weights_label(
-              weights_default(config.target, suite_dtypes(config)[0], config.mesh),
-              weights_default(config.draft, suite_dtypes(config)[1], config.mesh)
-              if config.draft else None)}
+              weights_default(config.target, t_dtype, config.mesh),
+              weights_default(config.draft, d_dtype, config.mesh) if config.draft else None)}
 
 
 def report_only(config: EvalConfig, out: str | os.PathLike, *,

@@ -12,7 +12,8 @@ bf16 or int8 weight path. The kernel reads each weight row once in its stored dt
 int8 with per-row scales), widens it in registers and multiplies all M rows in exact f32; a
 row's result does not depend on M, so a token's logits in a verified block equal its one-token
 logits bit for bit. It runs on the CPU for M <= `MAX_ROWS` and any M in decoding steps
-(`Lowering.any_rows`); elsewhere XLA's dot (on the CPU over f32-widened weights). A bf16 GEMM in the same library rounds x to bf16, so it runs only under `Lowering.bf16_blocks` (a drafter's or
+(`Lowering.any_rows`); elsewhere XLA's dot (on the CPU over f32-widened weights). A bf16 GEMM in
+the same library rounds x to bf16, so it runs only under `Lowering.bf16_blocks` (a drafter's or
 bf16 model's prefill). Built on first use (`-O3 -march=native`, or `VOCABJAX_CPU_MARCH`) into
 `$VOCABJAX_CACHE/kernels/`; `Lowering(cpu_kernel=False)`, `VOCABJAX_CPU_KERNEL=0` (at import) or
 `cpu_kernel_default(False)` turn it off, and without a compiler XLA's dot is used with a warning.
@@ -300,7 +301,7 @@ def widened_after(w: BlockWeight, x: jax.Array) -> jax.Array:
   whole program: a 320-token prefill of Qwen2.5-1.5B's Q4_K_M blocks held every layer widened
   at once (5.2 GB of temp buffers; an optimization barrier did not prevent it). Adding
   min(|x[0]|, 0) (zero for any finite or infinite x) makes each widening wait for its input, so
-  one matrix is widened at a time and the buffer is reused (37 MB of temp)."""
+  one matrix is widened at a time and the buffer is reused (0.15 GB of temp)."""
   first = jax.lax.slice(x.reshape(-1), (0,), (1,)).astype(jnp.float32)
   return dequantize(w) + jnp.minimum(jnp.abs(first), 0.0)
 
