@@ -158,6 +158,7 @@ def pair_models(tiny_chat_dir):
   return m, m
 
 
+@pytest.mark.extended(params=["method_flags1"])
 @pytest.mark.parametrize("method_flags", [["--method", "chain", "--set", "gamma=3"],
                                           ["--method", "tree", "--set", "top_k=2",
                                            "--set", "depth=3", "--set", "total_tokens=5"]])

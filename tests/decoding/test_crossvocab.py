@@ -147,6 +147,7 @@ def test_lookup_pair_merges_ngrams_and_accepts_them():
   assert tau_ngram > tau_direct  # merging recovers the false rejections of direct mapping
 
 
+@pytest.mark.extended
 def test_direct_mapping_sampling_is_lossless(setup):
   """Direct mapping only is exact: the law of the first three tokens matches target-only
   sampling (chi-square over the top-4 support), with real rejections."""

@@ -77,7 +77,7 @@ def test_config_read_as_the_reference_reads_it(pair):
     assert {k: getattr(config, k) for k in DFLASH2} == DFLASH2
 
 
-@pytest.mark.extended(params=["dflash2"])
+@pytest.mark.extended
 def test_features_layers_and_logits_match_the_reference(pair):
   ref, target, draft, ours, (config, params) = pair
   proposer = DFlashProposer(ours.params, ours.config, params, config)

@@ -43,7 +43,7 @@ def _methods(target, draft, config):
   return methods
 
 
-@pytest.mark.extended(params=["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0"])
+@pytest.mark.extended
 @pytest.mark.parametrize("qtype", sorted(BLOCK_TYPES))
 def test_greedy_identity_on_blocks(qtype):
   (target, target32), (draft, _) = _pair(BCFG, qtype, 0.3)

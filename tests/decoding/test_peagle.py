@@ -115,6 +115,7 @@ def test_the_heads_file_is_read_as_speculators_wrote_it(pair):
                          np.asarray(target.params["embed"]))  # its own, trained embedding
 
 
+@pytest.mark.extended
 def test_a_pass_of_k_positions_matches_the_reference(pair):
   """For prompts of several lengths and anchors, vocabjax's pass (the committed entries, the
   root, K - 1 mask entries) gives the reference's logits at the anchor and its K - 1 depths,

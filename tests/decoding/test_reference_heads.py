@@ -322,6 +322,7 @@ def _features(target, ids, layers):
   return np.asarray(f[0], np.float32)
 
 
+@pytest.mark.extended
 def test_eagle3_head_and_its_greedy_drafts_match_specforge(target, eagle3_pair):
   """The layer output and draft-vocabulary logits on prompt entries (fc over the three target
   layers' outputs), then 4 greedy drafts per prompt, each side feeding the layer's output back

@@ -101,6 +101,7 @@ def test_self_sizing_keeps_plain_greedy_tokens_and_records_its_choices(make):
     SpeculativeEngine(params, CFG, EagleProposer(params, CFG, head, hc), self_sizing=True)
 
 
+@pytest.mark.extended(params=["7"])
 @pytest.mark.parametrize("draft_seed", [0, 7])  # the target itself (all accepted), another model
 def test_a_sized_chain_keeps_plain_greedy_tokens_drafting_1_to_gamma(draft_seed):
   """A chain drafter sized per step (one step program per length 1..gamma, the same loop
@@ -179,6 +180,7 @@ def test_sized_drafters_with_plain_steps_between_keep_plain_greedy_tokens(monkey
     assert res.stats.record()["sizing"]["reach"] == {0: 0, 1: 1, 2: 2, 4: 4, 8: 4}
 
 
+@pytest.mark.extended
 def test_a_sized_tree_samples_the_target_law(monkeypatch):
   """Sampling with the tree's size changing from step to step (4, 0, 2 nodes forced: the first
   three tokens take two or three steps) keeps the target's law (each size's step is the tree

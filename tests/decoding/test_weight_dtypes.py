@@ -122,6 +122,7 @@ def test_int8_drafter_with_f32_target_is_exact(pair):
     assert res.tokens == ar.tokens and res.stats.tau > 1
 
 
+@pytest.mark.extended(params=["chain-bfloat16", "tree-bfloat16"])
 @pytest.mark.parametrize("kind,dtype", [("chain", jnp.bfloat16), ("tree", jnp.bfloat16),
                                         ("chain", "int8")])
 def test_narrow_sampling_is_lossless(small_pair, kind, dtype):

@@ -229,6 +229,7 @@ def test_a_gguf_suite_without_a_dtype_names_its_blocks_in_its_inputs(tmp_path):
       "values dequantized)")
 
 
+@pytest.mark.extended
 def test_sampled_suite_runs_every_seed(suite, tmp_path):
   path, cfg = suite
   p = tmp_path / "sampled.yaml"

@@ -106,6 +106,7 @@ def test_the_hub_copy_offline_and_not_cached_is_one_line(tmp_path, monkeypatch):
   assert "evaluation-dataset license" in msg and "HF_HUB_OFFLINE=1" in msg
 
 
+@pytest.mark.extended
 def test_the_report_has_the_per_category_acceptance_matrix(tmp_path, tiny_chat_dir):
   p = _parquet(tmp_path / "t.parquet")
   path = tmp_path / "s.yaml"

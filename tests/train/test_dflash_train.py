@@ -109,6 +109,7 @@ def test_anchors_sit_in_the_completion(target_dir, data_file, tmp_path):
     assert (s + a > first).all() and (s + a + 1 < len(toks)).all()
 
 
+@pytest.mark.extended
 def test_training_raises_the_accepted_length_exports_and_decodes(target_dir, data_file,
                                                                   tmp_path):
   job = _job(target_dir, data_file, tmp_path / "run")
@@ -253,6 +254,7 @@ def test_a_softmax_over_the_frequent_tokens(target_dir, data_file, tmp_path):
   assert res.tokens == ar.tokens
 
 
+@pytest.mark.extended
 def test_a_head_of_its_own(target_dir, data_file, tmp_path):
   """`draft_vocab_size`: a head of its own over the training completions' most frequent tokens,
   started from the target's rows and trained with the layers; exported in speculators' layout

@@ -98,7 +98,7 @@ def test_lora_shapes_and_merge():
     init_lora(jax.random.key(1), params, rank=64)
 
 
-@pytest.mark.extended(params=["4"])
+@pytest.mark.extended
 @pytest.mark.parametrize("lora_rank", [0, 4])
 def test_distillation_lowers_loss_and_exports(pair, tmp_path, lora_rank):
   target, draft, data = pair
@@ -229,6 +229,7 @@ def test_online_mode_resumes_after_its_last_update(pair, tmp_path):
   assert rows(tmp_path / "b")[2]["ngram_entries"] > 0
 
 
+@pytest.mark.extended
 def test_online_control_keeps_the_drafter_frozen(online_pair):
   tmp_path, learned, s = online_pair
   assert s["updates"] == 0 and s["identical"] == 4 and learned["updates"] == 2

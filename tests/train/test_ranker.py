@@ -77,7 +77,7 @@ def test_features_are_the_models_own_states(pair_dirs, data_file, tmp_path):
   assert json.loads((tmp_path / "features" / "meta.json").read_text())["complete"]
 
 
-@pytest.mark.extended(params=["kl"])
+@pytest.mark.extended
 @pytest.mark.parametrize("loss", ["ce", "kl"])
 def test_training_lowers_the_loss_and_the_ranker_drafts_losslessly(pair_dirs, data_file,
                                                                    tmp_path, loss):

@@ -70,6 +70,7 @@ def test_greedy_identical_with_cluster_shortlists(pair, kind):
   assert dec.generate(prompts, max_new_tokens=24).tokens == ar.tokens
 
 
+@pytest.mark.extended(params=["tree"])
 @pytest.mark.parametrize("kind", ["chain", "tree"])
 def test_the_router_sets_acceptance_not_output(kind):
   """Drafter = target (t -> t + 1), 12 tokens in 4 clusters. A router that always picks every

@@ -114,6 +114,7 @@ def test_greedy_identical_with_an_in_context_vocabulary(pair, kind):
   assert dec.generate(prompts, max_new_tokens=24).tokens == ar.tokens
 
 
+@pytest.mark.extended(params=["tree"])
 @pytest.mark.parametrize("kind", ["chain", "tree"])
 def test_context_tokens_set_acceptance(kind):
   """Drafter = target (t -> t + 1) over 12 tokens. A prompt holding every token the output
@@ -160,6 +161,7 @@ def test_bad_settings_are_one_line_errors(pair):
     policy(params, jnp.zeros((1, CFG.hidden_size)))
 
 
+@pytest.mark.extended(params=["tree"])
 @pytest.mark.parametrize("kind", ["chain", "tree"])
 def test_indexed_successors_bring_the_next_token(kind):
   """Drafter = target (t -> t + 1) over 12 tokens, a one-token prompt and a one-slot window: the
