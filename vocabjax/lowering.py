@@ -67,6 +67,9 @@ class Lowering:
   """Chips the mesh's "model" axis splits a vocabulary over (0: a mesh of unknown shape): an
   int8 embedding's lookups take whole 32-row tiles only where each chip's rows are whole tiles
   (`kernels.gather.take_rows`)."""
+  mesh: object = None
+  """The mesh a decoder's programs run on (None: one device): kernels that are one device's
+  program (grouped int4 on a TPU) run under `shard_map` over it."""
   sum_attention: bool = os.environ.get("VOCABJAX_SUM_ATTENTION", "0") == "1"
   """Attention over the cache as products summed (not einsum's dots), each layer's output tied
   to the caches by an optimization barrier before the next layer writes: compiled by XLA:GPU,
@@ -121,6 +124,7 @@ def decoding_lowering(*, mesh, cpu_kernel: bool | None = None,
                   split_top_k=on_mesh, row_writes=on_mesh,
                   model_shards=(1 if not on_mesh else mesh.shape["model"]
                                 if hasattr(mesh, "shape") else 0),
+                  mesh=mesh if on_mesh and hasattr(mesh, "shape") else None,
                   sum_attention=_process["sum_attention"],
                   block_top_k=TPU_TOP_K_BLOCK if platform == "tpu" else 0,
                   unroll_loops=unroll, while_trips=trips)

@@ -28,12 +28,14 @@ from __future__ import annotations
 import re
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import SCALE, has_blocks, is_int8, param_shapes
+from vocabjax.kernels.blocks import BlockWeight, GroupedInt4, is_blocks
+from vocabjax.models.llamalike import SCALE, is_int8, param_shapes
 
 # leaf -> which axis of the per-layer tensor goes to "model".
 _LAYER_MODEL_AXIS = {"wq": 0, "wk": 0, "wv": 0, "bq": 0, "bk": 0, "bv": 0, "wo": 1,
@@ -99,14 +101,44 @@ def param_shardings(config: LlamaLikeConfig, mesh: Mesh) -> dict:
 
 def shard_params(params: dict, config: LlamaLikeConfig, mesh: Mesh) -> dict:
   """device_put every leaf with its NamedSharding (int8 rows' scales: `with_scale_specs`)."""
-  if has_blocks(params):
+  if any(isinstance(x, BlockWeight) for x in jax.tree.leaves(params, is_leaf=is_blocks)):
     raise ValueError("GGUF blocks are a one-device option (the CPU kernel's); shard the model "
-                     "in float32, bfloat16 or int8 (dtype='int8': per-row int8, split as its "
-                     "matrices)")
+                     "in float32, bfloat16, int8 (dtype='int8': per-row int8, split as its "
+                     "matrices) or int4 (dtype='int4' with the mesh: grouped int4)")
   specs = param_specs(config, mesh)
   if is_int8(params):
     specs = with_scale_specs(specs, params)
-  return jax.tree.map(lambda x, s: jax.device_put(x, NamedSharding(mesh, s)), params, specs)
+
+  cpu = mesh.devices.flat[0].platform == "cpu"
+
+  def put(x, spec):
+    if isinstance(x, GroupedInt4):
+      codes = x.codes
+      if cpu and codes.dtype == jnp.int4:
+        # XLA:CPU's programs over several devices take int4 arguments packed, but jax hands
+        # them over unpacked and refuses the call (jax 0.10.2: "compiled for input layouts that
+        # disagree ... sub_byte_element_size_in_bits=4"); the same codes in int8 there
+        codes = codes.astype(jnp.int8)
+      specs = grouped_specs(x, spec, mesh)
+      split = "in" if specs[0][0] is not None else "out" if specs[0][1] is not None else None
+      return GroupedInt4(*(jax.device_put(a, NamedSharding(mesh, s))
+                           for a, s in zip((codes, x.scales), specs)), split=split)
+    return jax.device_put(x, NamedSharding(mesh, spec))
+
+  return jax.tree.map(put, params, specs, is_leaf=is_blocks)
+
+
+def grouped_specs(w: GroupedInt4, spec: P, mesh: Mesh) -> tuple[P, P]:
+  """The specs of a grouped int4 weight's codes [D, F] and scales [D / 32, F] for the spec of
+  its float matrix [F, D]: the same axes, transposed; a split of D over more devices than its
+  groups divide into leaves D whole (replicated), as a float matrix whose axis does not divide
+  is."""
+  parts = (tuple(spec) + (None, None))[:2]
+  rows, cols = parts
+  G = w.scales.shape[0]
+  if cols is not None and G % mesh.shape[cols]:
+    cols = None
+  return P(cols, rows), P(cols, rows)
 
 
 def with_scale_specs(specs: dict, params: dict) -> dict:

@@ -20,6 +20,7 @@ These tests need the `libtpu` package and fail (not skip) without it."""
 import dataclasses
 
 import jax
+import jax.numpy as jnp
 import pytest
 from jax.sharding import PartitionSpec as P
 
@@ -227,31 +228,49 @@ def test_unknown_method_and_topology_are_value_errors_naming_them():
     tpu.lower_step("ar", REAL_V, topology="v9z:1x1")
 
 
-INT8_V = dataclasses.replace(REAL_V, weights="int8")
+QUANTIZED_V = {w: dataclasses.replace(REAL_V, weights=w) for w in ("int8", "int4")}
 
 
+@pytest.mark.parametrize("weights", ["int8", "int4"])
 @pytest.mark.parametrize("method", tpu_projection.QUANTIZED_METHODS)
 @pytest.mark.parametrize("topology,sharded", tpu_projection.MATRIX_TOPOLOGIES)
-def test_int8_weights_compile_on_every_generation_and_slice(method, topology, sharded):
-  """Weight-only int8 target and drafter (`Setup.weights="int8"`): each step compiles on one
-  chip and on a slice of every generation, its arguments hold the int8 matrices and their
-  scales (split as the rows on a slice), and XLA's HBM count of plain decoding's step stays
-  within 1.2x of what it must read (no widened copy of a weight, no relayout of the int8
-  embedding for its lookups)."""
+def test_quantized_weights_compile_on_every_generation_and_slice(method, topology, sharded,
+                                                                 weights):
+  """Weight-only int8 and grouped int4 target and drafter (`Setup.weights`): each step compiles
+  on one chip and on a slice of every generation, its arguments hold the int8 matrices and
+  their scales, or the int4 codes and group scales (split as the rows on a slice), and XLA's
+  HBM count of plain decoding's step stays within 1.2x of what it must read (no widened copy
+  of a weight, no relayout of an int8 embedding for its lookups). int4's projections run the
+  grouped-int4 Pallas kernel (`kernels.grouped_int4_tpu`, under shard_map on a slice), whose
+  reads XLA's count does not see: its steps hold the kernel's calls instead."""
   import numpy as np
 
+  from vocabjax.kernels.blocks import GroupedInt4
+
+  setup = QUANTIZED_V[weights]
   mesh = tpu.tpu_mesh(topology) if sharded else None
-  step = tpu.lower_step(method, INT8_V, topology=topology, S=S, mesh=mesh, compile=True,
+  step = tpu.lower_step(method, setup, topology=topology, S=S, mesh=mesh, compile=True,
                         costs=True)
-  row = tpu_projection.matrix_cell(method, INT8_V, topology, sharded, step=step)
+  row = tpu_projection.matrix_cell(method, setup, topology, sharded, step=step)
   assert row["cpu_custom_calls"] == [] and row["flops"] > 0, row
   params = getattr(step.decoder, "params", None) or step.decoder.target_params
-  assert params["layers"][0]["w_up"].dtype == np.int8 and "w_up_scale" in params["layers"][0]
-  if sharded:
-    assert params["layers"][0]["w_up"].sharding.spec == P("model", None)
-    assert params["layers"][0]["w_up_scale"].sharding.spec == P("model")
-  if method == "ar":  # plain decoding reads each int8 matrix once (a tree's and a chain's
-    # ratios at these narrow layers: test_tpu_projection's HBM test, at Qwen2.5-0.5B's)
+  up = params["layers"][0]["w_up"]
+  if weights == "int8":
+    assert up.dtype == np.int8 and "w_up_scale" in params["layers"][0]
+    if sharded:
+      assert up.sharding.spec == P("model", None)
+      assert params["layers"][0]["w_up_scale"].sharding.spec == P("model")
+  else:
+    assert isinstance(up, GroupedInt4) and up.codes.dtype == jnp.int4
+    assert up.scales.dtype == jnp.float32
+    if sharded:  # codes [D, F]: a column-parallel matrix splits its outputs
+      assert up.codes.sharding.spec == P(None, "model")
+      assert up.scales.sharding.spec == P(None, "model")
+    text = "".join(step.programs[n].text for n in step.step_programs)
+    assert text.count("tpu_custom_call") >= setup.target.num_layers * 7, text.count(
+        "tpu_custom_call")
+  if method == "ar" and weights == "int8":  # plain decoding reads each matrix once (a tree's
+    # and a chain's ratios at these narrow layers: test_tpu_projection's HBM test)
     with tpu.tpu_tracing(None, mesh):
       hbm = step.hbm_costs()["bytes_accessed"]
     ratio = hbm / tpu_projection.stream_bytes(tpu_projection.method_spec(method), step)

@@ -156,9 +156,10 @@ def _tpu_parser() -> argparse.ArgumentParser:
   p.add_argument("--batch", type=int, default=1, help="batch rows B")
   p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"),
                  help="the weights' and KV caches' dtype")
-  p.add_argument("--weights", default="", choices=("", "int8"),
+  p.add_argument("--weights", default="", choices=("", "int8", "int4"),
                  help="int8: weight-only int8 target and drafters (per-row scales; norms, "
-                 "activations and caches stay --dtype; the bytes projected are int8's)")
+                 "activations and caches stay --dtype; the bytes projected are int8's); int4: "
+                 "grouped int4 (Q4_0's values: int4 codes, an f32 scale per 32 weights)")
   p.add_argument("--rolled-costs", action="store_true", help="take costs from the steps as "
                  "compiled (a loop body counted once) instead of a loop-unrolled copy (faster)")
   p.add_argument("--pad-draft-vocab", action="store_true", help="give a same-tokenizer drafter "

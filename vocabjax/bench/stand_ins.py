@@ -32,7 +32,7 @@ from vocabjax.errors import ConfigError
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.dflash import DFlashConfig, init_dflash
 from vocabjax.models.eagle import EagleConfig, init_eagle, training_feature_layers
-from vocabjax.models.llamalike import FINAL_NORMED, init_params, quantize_int8
+from vocabjax.models.llamalike import FINAL_NORMED, init_params, quantize_grouped, quantize_int8
 from vocabjax.models.medusa import MedusaConfig, init_medusa
 from vocabjax.vocab.clustered import ClusteredVocab, ClusterRouter
 from vocabjax.vocab.incontext import InContextVocab
@@ -42,7 +42,8 @@ from vocabjax.vocab.subset import VocabSubset
 
 # --- what is compiled --------------------------------------------------------------------------
 
-WEIGHTS = ("", "int8")  # Setup.weights: the dtype's own, or weight-only int8
+WEIGHTS = ("", "int8", "int4")  # Setup.weights: the dtype's own, weight-only int8, or grouped
+#   int4 (`quantize_grouped`: Q4_0's values as int4 codes and f32 group scales)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,7 +55,8 @@ class Setup:
   cross_draft: LlamaLikeConfig | None = None  # crossvocab's drafter (default: `draft`)
   dtype: str = "bfloat16"  # weights and KV caches
   weights: str = ""  # "int8": the target's and drafters' matrices as per-row int8 (`quantize_int8`
-  #   of `dtype` weights; norms, activations and caches stay `dtype`; heads stay `dtype`)
+  #   of `dtype` weights; norms, activations and caches stay `dtype`; heads stay `dtype`);
+  #   "int4": as grouped int4 (`quantize_grouped`)
   head_vocab: int = 8192  # EAGLE head's Vd (the chat_pl head of eval/results/eagle/gate)
   head_intermediate: int = 2048
   head_kind: str = "eagle3"  # or "eagle2": an EAGLE-1/2 head (the target's final normed
@@ -629,7 +631,7 @@ def abstract_models(setup: Setup, needs) -> dict:
     if name in ("target", "draft", "cross_draft"):
       cfg = {"target": setup.target, "draft": setup.draft,
              "cross_draft": setup.crossvocab_draft}[name]
-      quant = quantize_int8 if setup.weights == "int8" else (lambda p: p)
+      quant = {"int8": quantize_int8, "int4": quantize_grouped}.get(setup.weights, lambda p: p)
       out[name] = jax.eval_shape(lambda c=cfg: quant(init_params(key, c, dtype=dtype)))
     elif name == "head":
       out[name] = jax.eval_shape(lambda: init_eagle(key, abstract_head_config(setup), dtype=dtype))

@@ -312,8 +312,12 @@ def kv_bytes_per_chip(config: LlamaLikeConfig, B: int, S: int, dtype, mesh) -> i
 
 
 def bytes_per_chip(x) -> int:
+  """Bytes of `x`'s shard on one chip; sub-byte dtypes (int4 codes) packed, as HBM holds them
+  (numpy's itemsize of int4 is a whole byte)."""
   shape = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
-  return int(np.prod(shape, dtype=np.int64)) * jnp.dtype(x.dtype).itemsize
+  bits = jnp.iinfo(x.dtype).bits if jnp.issubdtype(x.dtype, jnp.integer) else (
+      8 * jnp.dtype(x.dtype).itemsize)
+  return (int(np.prod(shape, dtype=np.int64)) * bits + 7) // 8
 
 
 def guarded(step_or_where, name: str, fn):

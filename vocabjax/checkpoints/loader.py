@@ -19,7 +19,7 @@ from vocabjax.checkpoints.gguf_io import (TOKENIZER_KEY, load_gguf, load_gguf_to
 from vocabjax.checkpoints.hf import load_hf, read_hf_config
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import (INT4, LAYER_MATRICES, cast_weights, has_blocks, is_int8,
-                                       quantize_blocks, with_mlp_layout)
+                                       quantize_blocks, quantize_grouped, with_mlp_layout)
 
 _DTYPES = {"float32": jnp.float32, "f32": jnp.float32, "bfloat16": jnp.bfloat16,
            "bf16": jnp.bfloat16, "float16": jnp.float16, "f16": jnp.float16, "int8": jnp.int8}
@@ -171,16 +171,24 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
   `int8` (any backend) is weight-only int8 with per-row f32 scales, quantized from the f32
   weights at load (`models.llamalike.quantize_int8`); activations and the cache stay f32.
   `gguf` (a .gguf file, one device) keeps the file's quantized matrices as their blocks
-  (`kernels.blocks`); its norms and biases load as f32. `int4` (any checkpoint, one device)
-  loads f32 and quantizes every matrix into Q4_0 blocks (groups of 32 weights, a float16 scale
-  each: `models.llamalike.quantize_blocks`), which then run as a GGUF file's blocks do.
+  (`kernels.blocks`); its norms and biases load as f32. `int4` (any checkpoint) on one CPU
+  device loads f32 and quantizes every matrix into Q4_0 blocks (groups of 32 weights, a
+  float16 scale each: `models.llamalike.quantize_blocks`), which then run as a GGUF file's
+  blocks do; on a mesh, a GPU or a TPU it loads the backend's float dtype (bf16 on GPU/TPU:
+  activations and cache stay bf16) and quantizes on the devices into the same values laid out
+  for XLA's dot (`models.llamalike.quantize_grouped`, `kernels.blocks.GroupedInt4`: int4 codes
+  and f32 group scales, split over a mesh as the float matrices are).
   """
   dtype = weights_default(name_or_path, dtype, mesh)
   progress = hub.progress_default(progress)
   int4 = isinstance(dtype, str) and dtype == INT4_DTYPE
-  if int4 and mesh is not None:
-    raise ValueError("int4 weights (Q4_0 blocks) are a one-device format: load the model in "
-                     "float32 or bfloat16 onto a mesh")
+  # int4 on a mesh, a GPU or a TPU: Q4_0's values laid out for XLA's dot (`GroupedInt4`),
+  # quantized on the devices from the backend's float weights; on one CPU device: Q4_0 blocks
+  grouped = int4 and (mesh is not None or jax.default_backend() != "cpu")
+  if grouped:
+    dtype = default_dtype("cpu" if mesh is not None and _mesh_platform(mesh) == "cpu"
+                          else jax.default_backend())
+    int4 = False
   keep_blocks = dtype == GGUF
   if keep_blocks and mesh is not None:
     raise ValueError("GGUF blocks (dtype='gguf') are a one-device format: load the model in "
@@ -227,18 +235,30 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
       params = sharding.shard_params(params, config, mesh)  # with the scales' shardings
   if int4:
     params = _quantize_int4(params, str(path), progress)
+  if grouped:
+    params = _quantize_int4(params, str(path), progress, grouped=True)
+    if mesh is not None:  # each device quantized its share: placed anew, codes split as rows
+      params = sharding.shard_params(params, config, mesh)
+    out_dtype = INT4_DTYPE
   return Model(config=config, params=params, tokenizer=tokenizer, eos_token_ids=eos,
                source=str(path), dtype=out_dtype)
 
 
-def _quantize_int4(params: dict, source: str, progress: bool) -> dict:
-  """`quantize_blocks` into INT4 blocks, with a progress bar over the matrices."""
+def _mesh_platform(mesh) -> str:
+  return mesh.devices.flat[0].platform
+
+
+def _quantize_int4(params: dict, source: str, progress: bool, grouped: bool = False) -> dict:
+  """`quantize_blocks` into INT4 blocks (`grouped`: `quantize_grouped`, on the devices), with a
+  progress bar over the matrices."""
   from tqdm.auto import tqdm  # local: tqdm's import is only needed here
 
   n = (sum(1 for k in ("embed", "lm_head") if k in params)
        + len(LAYER_MATRICES) * len(params["layers"]))
   with tqdm(total=n, desc=f"int4 {Path(source).name}", unit="matrix", disable=not progress,
             leave=False) as bar:
+    if grouped:
+      return quantize_grouped(params, progress=lambda name: bar.update(1))
     return quantize_blocks(params, INT4, progress=lambda name: bar.update(1))
 
 

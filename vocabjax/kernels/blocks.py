@@ -104,8 +104,112 @@ class BlockWeight:
     return BlockWeight(jnp.take(self.data, idx, axis=0, mode=mode), self.qtype, self.cols)
 
 
+GROUP = 32  # values per Q4_0 group: one scale each
+
+
+@functools.partial(jax.tree_util.register_dataclass, data_fields=["codes", "scales"],
+                   meta_fields=["split"])
+@dataclasses.dataclass(frozen=True)
+class GroupedInt4:
+  """Q4_0's values laid out for an accelerator's dot: a weight [F, D] (or rows [..., D]) as
+  int4 codes with the input axis leading and each group of 32 inputs' scale in f32.
+
+  The same numbers as Q4_0 blocks (value = scale * code, code = Q4_0's 4-bit code less 8, the
+  scale its float16 scale exactly), in the layout XLA:TPU fuses into a dot: codes [D, F] int4
+  and scales [D / 32, F] f32, widened and scaled inside the dot's operand fusion, so a step reads
+  the codes and scales (5 bits a weight) and nothing widened (docs/tpu.md, "Bytes"). Q4_0's own
+  bytes ([F, row bytes] uint8) and an [F, D] int4 layout are each copied into another layout by
+  XLA:TPU on every call (3.2x and 10x the bytes); float16 scales are widened in a separate pass
+  (1.22x). `linear`, row gathers (`take`, `dequantize`), subsets and the indexed head take it as
+  they take GGUF blocks."""
+
+  codes: jax.Array  # [D, *rows] int4 in -8..7 (int8 on a CPU mesh: `sharding.shard_params`);
+  #   the input axis leads
+  scales: jax.Array  # [D / 32, *rows] f32
+  split: str | None = None  # on a mesh (`sharding.shard_params`): "out" when the outputs
+  #   (rows) are split over "model", "in" when the inputs (D, whole groups) are, None: whole
+
+  qtype = "Q4_0"  # the block type whose values these are
+
+  @property
+  def cols(self) -> int:
+    return int(self.codes.shape[0])
+
+  @property
+  def shape(self) -> tuple[int, ...]:
+    return (*self.codes.shape[1:], self.cols)
+
+  @property
+  def dtype(self):
+    """int4: not a float, so dtype checks treat the weight as quantized."""
+    return self.codes.dtype
+
+  @property
+  def ndim(self) -> int:
+    return len(self.codes.shape)
+
+  @property
+  def nbytes(self) -> int:
+    bits = jnp.iinfo(self.codes.dtype).bits
+    return int(np.prod(self.codes.shape)) * bits // 8 + 4 * int(np.prod(self.scales.shape))
+
+  def take(self, idx, mode: str | None = None) -> "GroupedInt4":
+    """The rows `idx` (any shape) still as codes and scales: shape [*idx.shape, D]."""
+    return GroupedInt4(jnp.take(self.codes, idx, axis=1, mode=mode),
+                       jnp.take(self.scales, idx, axis=1, mode=mode))
+
+
 def is_blocks(w) -> bool:
-  return isinstance(w, BlockWeight)
+  """Whether `w` is a quantized weight of blocks: GGUF's (`BlockWeight`) or Q4_0's values for an
+  accelerator (`GroupedInt4`)."""
+  return isinstance(w, (BlockWeight, GroupedInt4))
+
+
+def grouped_in_out(w: GroupedInt4, dtype=jnp.float32) -> jax.Array:
+  """The values of `w` [D, *rows] (input axis first), each scale * code in f32 (exact: a 4-bit
+  code times a float16 scale), then cast to `dtype`."""
+  D = w.cols
+  rows = w.codes.shape[1:]
+  q = w.codes.astype(jnp.float32).reshape(D // GROUP, GROUP, *rows)
+  return (q * w.scales[:, None]).reshape(D, *rows).astype(dtype)
+
+
+def grouped_int4(w, name: str = "weight") -> GroupedInt4:
+  """`w` [F, D] (floats, any backend, traceable) quantized as `gguf`'s Q4_0 quantizer does it
+  (per 32 inputs: the value of largest magnitude m, scale m / -8, codes trunc(x / scale + 8.5)
+  clipped to 0..15; the scale stored in float16), as a GroupedInt4: the values of
+  `quantize(w, "Q4_0")` (tests/kernels/test_grouped_int4.py), computed on the device. BlockError
+  naming `name` when D is not a whole number of groups."""
+  shape = tuple(np.shape(w))
+  if len(shape) != 2 or shape[1] % GROUP:
+    raise BlockError(f"{name}: a Q4_0 group of {GROUP} values does not divide its rows (shape "
+                     f"{shape})")
+  return _grouped_int4(w)
+
+
+@jax.jit
+def _grouped_int4(w) -> GroupedInt4:
+  F, D = w.shape
+  x = jnp.asarray(w, jnp.float32).reshape(F, D // GROUP, GROUP)
+  top = jnp.take_along_axis(x, jnp.argmax(jnp.abs(x), axis=-1)[..., None], axis=-1)
+  d = top / -8.0
+  inv = jnp.where(d == 0, 0.0, 1.0 / jnp.where(d == 0, 1.0, d))
+  q = jnp.clip(jnp.trunc(x * inv + jnp.float32(8.5)), 0, 15).astype(jnp.int8) - 8
+  codes = q.reshape(F, D).T.astype(jnp.int4)
+  scales = d[..., 0].astype(jnp.float16).astype(jnp.float32).T
+  return GroupedInt4(codes, scales)
+
+
+def grouped_from_blocks(w: BlockWeight) -> GroupedInt4:
+  """Q4_0 blocks [F, row bytes] repacked as a GroupedInt4 of the same values."""
+  if not isinstance(w, BlockWeight) or w.qtype != "Q4_0" or w.ndim != 2:
+    raise BlockError(f"only a matrix of Q4_0 blocks repacks as grouped int4; got "
+                     f"{getattr(w, 'qtype', type(w).__name__)} of shape {tuple(w.shape)}")
+  t = block_type("Q4_0")
+  F = w.data.shape[0]
+  b = w.data.reshape(F, w.cols // t.values, t.bytes).astype(jnp.uint8)
+  q = _nibbles(b[..., 2:]).reshape(F, w.cols).astype(jnp.int8) - 8
+  return GroupedInt4(q.T.astype(jnp.int4), _f16(b[..., 0:2]).T)
 
 
 def _f16(b) -> jax.Array:
@@ -126,8 +230,10 @@ def _k_scales(s) -> tuple[jax.Array, jax.Array]:
   return sc.astype(jnp.float32), mn.astype(jnp.float32)
 
 
-def dequantize(w: BlockWeight) -> jax.Array:
+def dequantize(w: BlockWeight | GroupedInt4) -> jax.Array:
   """The f32 values [..., cols] of `w`, each computed as `gguf.quants.dequantize` computes it."""
+  if isinstance(w, GroupedInt4):
+    return jnp.moveaxis(grouped_in_out(w), 0, -1)
   t = block_type(w.qtype)
   lead = w.data.shape[:-1]
   b = w.data.reshape(*lead, w.cols // t.values, t.bytes).astype(jnp.uint8)

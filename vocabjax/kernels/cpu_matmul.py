@@ -38,7 +38,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vocabjax.kernels.blocks import BLOCK_TYPES, BlockWeight, dequantize
+from vocabjax.kernels import grouped_int4_tpu
+from vocabjax.kernels.blocks import (BLOCK_TYPES, BlockWeight, GroupedInt4, dequantize,
+                                     grouped_in_out, is_blocks)
 from vocabjax.lowering import Lowering
 
 MAX_ROWS = 64  # largest M (rows of x) the kernel takes; larger blocks are compute bound
@@ -264,7 +266,7 @@ def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None, *,
   if x.shape[-1] != w.shape[-1]:
     raise ValueError(f"linear: x's width {x.shape[-1]} differs from w{tuple(w.shape)}'s "
                      f"input width {w.shape[-1]}")
-  if isinstance(w, BlockWeight) and scale is not None:
+  if is_blocks(w) and scale is not None:
     raise ValueError("linear: GGUF blocks carry their own scales; pass no scale")
   if lowering.bf16_dots and scale is None and jnp.issubdtype(w.dtype, jnp.floating):
     return bf16_dot(x, w)
@@ -272,6 +274,8 @@ def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None, *,
     return jax.lax.platform_dependent(
         x, w, cpu=lambda x, w: linear(x, w, scale, lowering=lowering.replace(platform="cpu")),
         default=lambda x, w: linear(x, w, scale, lowering=lowering.replace(platform="other")))
+  if isinstance(w, GroupedInt4):
+    return _linear_grouped(x, w, lowering)
   if isinstance(w, BlockWeight):
     return _linear_blocks(x, w, lowering)
   if lowering.platform in ("gpu", "tpu") and w.dtype == jnp.int8 and scale is not None:
@@ -295,7 +299,7 @@ def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None, *,
   return y.reshape(*lead, w.shape[0])
 
 
-def widened_after(w: BlockWeight, x: jax.Array) -> jax.Array:
+def widened_after(w: BlockWeight, x: jax.Array, widen=dequantize) -> jax.Array:
   """`dequantize(w)`, computed only once `x` exists. XLA:CPU schedules a computation that reads
   only parameters (a matrix's widening) ahead of everything and keeps each result live for the
   whole program: a 320-token prefill of Qwen2.5-1.5B's Q4_K_M blocks held every layer widened
@@ -303,7 +307,7 @@ def widened_after(w: BlockWeight, x: jax.Array) -> jax.Array:
   min(|x[0]|, 0) (zero for any finite or infinite x) makes each widening wait for its input, so
   one matrix is widened at a time and the buffer is reused (0.15 GB of temp)."""
   first = jax.lax.slice(x.reshape(-1), (0,), (1,)).astype(jnp.float32)
-  return dequantize(w) + jnp.minimum(jnp.abs(first), 0.0)
+  return widen(w) + jnp.minimum(jnp.abs(first), 0.0)
 
 
 def _linear_blocks(x: jax.Array, w: BlockWeight, lowering: Lowering) -> jax.Array:
@@ -323,4 +327,35 @@ def _linear_blocks(x: jax.Array, w: BlockWeight, lowering: Lowering) -> jax.Arra
   if lowering.bf16_dots:
     return bf16_dot(x, u)
   return jnp.einsum("...D,FD->...F", x.astype(jnp.float32), u,
+                    preferred_element_type=jnp.float32)
+
+
+def _shards(lowering: Lowering) -> int:
+  return lowering.mesh.shape["model"] if lowering.mesh is not None else 1
+
+
+def _linear_grouped(x: jax.Array, w: GroupedInt4, lowering: Lowering) -> jax.Array:
+  """`linear` of grouped int4 (`blocks.GroupedInt4`, [D, F] codes) under a platform-tagged
+  `lowering`: the codes times their scales in f32 (exact), cast to x's float dtype, multiplied
+  with f32 accumulation; on a TPU by the Pallas kernel (`grouped_int4_tpu`: each code and scale
+  read once) for blocks of up to its MAX_ROWS rows, else (prefill, GPU) in XLA's dot, which
+  widens the weight in HBM for most shapes. On the CPU (a mesh's devices; no kernel takes this layout) each matrix is
+  widened to f32 once its input exists (`widened_after`)."""
+  if lowering.platform == "cpu":
+    u = widened_after(w, x, grouped_in_out)
+    return jnp.einsum("...D,DF->...F", x.astype(jnp.float32), u,
+                      preferred_element_type=jnp.float32)
+  dtype = x.dtype if jnp.dtype(x.dtype).name in ("bfloat16", "float16") else jnp.float32
+  lead, (D, F) = x.shape[:-1], (w.cols, w.shape[-2])
+  M = int(np.prod(lead, dtype=np.int64))
+  if lowering.platform == "tpu" and w.codes.ndim == 2 and grouped_int4_tpu.fits(
+      M, D // (_shards(lowering) if w.split == "in" else 1), F):
+    x2 = x.reshape(M, D).astype(dtype)
+    if lowering.mesh is None:
+      y = grouped_int4_tpu.grouped_matmul(x2, w.codes, w.scales)
+    else:
+      y = grouped_int4_tpu.grouped_matmul_sharded(x2, w.codes, w.scales, mesh=lowering.mesh,
+                                                  split=w.split)
+    return y.reshape(*lead, F)
+  return jnp.einsum("...D,DF->...F", x.astype(dtype), grouped_in_out(w, dtype),
                     preferred_element_type=jnp.float32)

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vocabjax.kernels.cpu_matmul import linear
-from vocabjax.kernels.blocks import dequantize, is_blocks, quantize
+from vocabjax.kernels.blocks import dequantize, grouped_int4, is_blocks, quantize
 from vocabjax.kernels.gather import take_rows
 from vocabjax.lowering import Lowering, lowering_of
 from vocabjax.models.cache import KVCache
@@ -541,6 +541,35 @@ def quantize_blocks(params: Params, qtype: str = INT4, progress=None) -> Params:
     for name in LAYER_MATRICES:
       step(f"layers.{i}.{name}")
       layer[name] = quantize(layer[name], qtype, f"layers.{i}.{name}")
+    layers.append(layer)
+  params["layers"] = layers
+  return params
+
+
+def quantize_grouped(params: Params, progress=None) -> Params:
+  """Weight-only int4 for an accelerator or a mesh: every projection, the embedding and the LM
+  head as `kernels.blocks.GroupedInt4` (Q4_0's values, computed on the device by
+  `blocks.grouped_int4`: the same numbers `quantize_blocks(params)` gives, laid out for XLA's
+  dot); norms and biases keep their dtype, and with the final norm's the activations and the
+  KV cache theirs (bf16 on TPU/GPU). Traceable (`jax.eval_shape` of it gives the weights'
+  shapes). `progress(name)`: called before each matrix."""
+  if has_blocks(params):
+    raise ValueError("these weights are quantized blocks already: load the model again in a "
+                     "float dtype to quantize it")
+  if is_int8(params):
+    raise ValueError("cannot quantize int8 weights again: load the model in a float dtype")
+  step = progress or (lambda name: None)
+  params = dict(with_mlp_layout(params, "out_in"))
+  for name in ("embed", "lm_head"):
+    if name in params:
+      step(name)
+      params[name] = grouped_int4(params[name], name)
+  layers = []
+  for i, layer in enumerate(params["layers"]):
+    layer = dict(layer)
+    for name in LAYER_MATRICES:
+      step(f"layers.{i}.{name}")
+      layer[name] = grouped_int4(layer[name], f"layers.{i}.{name}")
     layers.append(layer)
   params["layers"] = layers
   return params
