@@ -155,6 +155,7 @@ def test_a_head_of_its_own_loads_and_decodes_as_plain_decoding(setup, own_head, 
   assert sum(map(sum, res.stats.drafted)) > 0
 
 
+@pytest.mark.extended
 def test_own_head_drafts_match_the_speculators_rows(setup, own_head):
   """The drafted ids: argmax over h @ lm_head^T of the module's rows, then + d2t (so only the
   head's 10 ids), with h the block's hidden states vocabjax computes (its layers are checked

@@ -58,7 +58,7 @@ def _decode(target, config, params):
   return greedy_identity(engine, target.params, target.config, PROMPTS, max_new_tokens=16)
 
 
-@pytest.mark.extended(params=["explicit-ids"])
+@pytest.mark.extended
 @pytest.mark.parametrize("ids", [[i + 1 for i in LAYERS], None],
                          ids=["explicit-ids", "default-ids"])
 def test_a_converted_head_drafts_as_the_original(setup, ids):

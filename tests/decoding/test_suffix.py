@@ -204,7 +204,7 @@ def test_hybrid_sampling_follows_the_target_law(device):
 
 # --- the hybrid with a drafter model's tree ---------------------------------------------------
 
-@pytest.mark.extended(params=["thresholded"])
+@pytest.mark.extended(params=["thresholded", "self-sized"])
 @pytest.mark.parametrize("threshold,sized", [(None, False), (1.0, False), (None, True)],
                          ids=["merged", "thresholded", "self-sized"])
 def test_hybrid_with_a_drafter_tree_is_greedy_identical_and_takes_suffix_tokens(threshold,

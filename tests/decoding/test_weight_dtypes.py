@@ -39,7 +39,7 @@ def _methods(target, draft, names):
 # shape: the chain's drafter (one row per call) and verification (gamma + 1 rows), the tree's
 # verification (its nodes + 1 rows). Prompt lookup verifies the chain's gamma + 1 rows with the
 # target alone, so it runs in two of the five (~10 s of a 2-core run each).
-@pytest.mark.extended(params=["float32-False-chain-tree"])
+@pytest.mark.extended(params=["float32-False-chain-tree", "bfloat16-False-chain-tree"])
 @pytest.mark.parametrize("dtype,kernel,names", [
     pytest.param("bfloat16", True, ("chain", "tree", "pld"), marks=pytest.mark.full_opt),
     ("float32", False, ("chain", "tree")), ("bfloat16", False, ("chain", "tree")),

@@ -251,6 +251,7 @@ def test_bad_eagle_configs_are_refused(head_dir, tmp_path, tiny_chat_dir):
   assert not (tmp_path / "o" / "questions.jsonl").exists()
 
 
+@pytest.mark.extended
 def test_medusa_is_lossless_with_the_heads_rows_counted(tiny_medusa_dir, counts, tmp_path,
                                                        tiny_chat_dir):
   _, gen = counts

@@ -116,12 +116,12 @@ def test_an_int4_model_decodes_exactly_on_grouped_codes():
   np.testing.assert_array_equal(np.asarray(gt["layers"][0]["attn_norm"]),
                                 np.asarray(target["layers"][0]["attn_norm"]))
   decoders = greedy_decoders(gt, gd, QCFG)
+  del decoders["pld"]  # its verification is the chain's program here (one XLA path)
   ar = decoders.pop("ar").generate(PROMPTS, max_new_tokens=12)
   for name, dec in decoders.items():
     res = dec.generate(PROMPTS, max_new_tokens=12)
     assert res.tokens == ar.tokens, name
-    if name != "pld":
-      assert res.stats.tau > 1, name
+    assert res.stats.tau > 1, name
   blocks = Decoder(quantize_blocks(target), QCFG).generate(PROMPTS, max_new_tokens=12)
   assert blocks.tokens == ar.tokens
 

@@ -148,6 +148,7 @@ def test_tied_ranker_on_the_drafters_own_tokens(pair_dirs, data_file, tmp_path):
                                          select_by=None).train_fingerprint()
 
 
+@pytest.mark.extended
 def test_resume_is_exact(pair_dirs, data_file, tmp_path):
   kw = dict(steps=20, eval_every=5, select_by="recall@4_target")
   straight = train(_job(pair_dirs, data_file, tmp_path / "a", **kw), show_progress=False)

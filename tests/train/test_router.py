@@ -43,6 +43,7 @@ def _job(pair_dirs, data_file, out, **kw):
   return RouterJob(**base)
 
 
+@pytest.mark.extended
 def test_training_lowers_the_loss_and_the_shortlists_draft_losslessly(pair_dirs, data_file,
                                                                        tmp_path):
   summary = train(_job(pair_dirs, data_file, tmp_path / "run"), show_progress=False)

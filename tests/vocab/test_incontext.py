@@ -35,7 +35,7 @@ def _held(rows, b):
   return {int(t): int(u) for t, u in zip(ids, use) if u >= 0}
 
 
-@pytest.mark.extended(params=["microspec-40", "evospec-40", "microspec-8", "evospec-8"])
+@pytest.mark.extended(params=["microspec-40", "evospec-40", "microspec-8", "evospec-8", "microspec-3", "evospec-3"])
 @pytest.mark.parametrize("window", [1, 3, 8, 40])
 @pytest.mark.parametrize("indexed", [False, True], ids=["microspec", "evospec"])
 def test_rows_hold_the_most_recently_used_distinct_tokens(window, indexed, pair):
