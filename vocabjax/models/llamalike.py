@@ -529,18 +529,24 @@ def quantize_blocks(params: Params, qtype: str = INT4, progress=None) -> Params:
                      "to quantize it to another type")
   if is_int8(params):
     raise ValueError("cannot quantize int8 weights again: load the model in float32")
+  return _each_matrix(params, lambda w, name: quantize(w, qtype, name), progress)
+
+
+def _each_matrix(params: Params, fn, progress=None) -> Params:
+  """`params` with every projection, the embedding and the LM head replaced by fn(w, name)
+  (MLP weights [out, in]); `progress(name)` called before each."""
   step = progress or (lambda name: None)
   params = dict(with_mlp_layout(params, "out_in"))
   for name in ("embed", "lm_head"):
     if name in params:
       step(name)
-      params[name] = quantize(params[name], qtype, name)
+      params[name] = fn(params[name], name)
   layers = []
   for i, layer in enumerate(params["layers"]):
     layer = dict(layer)
     for name in LAYER_MATRICES:
       step(f"layers.{i}.{name}")
-      layer[name] = quantize(layer[name], qtype, f"layers.{i}.{name}")
+      layer[name] = fn(layer[name], f"layers.{i}.{name}")
     layers.append(layer)
   params["layers"] = layers
   return params
@@ -558,21 +564,7 @@ def quantize_grouped(params: Params, progress=None) -> Params:
                      "float dtype to quantize it")
   if is_int8(params):
     raise ValueError("cannot quantize int8 weights again: load the model in a float dtype")
-  step = progress or (lambda name: None)
-  params = dict(with_mlp_layout(params, "out_in"))
-  for name in ("embed", "lm_head"):
-    if name in params:
-      step(name)
-      params[name] = grouped_int4(params[name], name)
-  layers = []
-  for i, layer in enumerate(params["layers"]):
-    layer = dict(layer)
-    for name in LAYER_MATRICES:
-      step(f"layers.{i}.{name}")
-      layer[name] = grouped_int4(layer[name], f"layers.{i}.{name}")
-    layers.append(layer)
-  params["layers"] = layers
-  return params
+  return _each_matrix(params, grouped_int4, progress)
 
 
 def is_int8(params: Params) -> bool:
