@@ -244,3 +244,25 @@ def test_on_a_tpu_the_dot_never_widens_the_weight_in_hbm(M):
     fn = jax.jit(lambda x, c, s, split=split: f(x, c, s, split, mesh))
     with not_cached(), jax.default_device(mesh.devices.flat[0]):
       check(fn.trace(*args).lower().compile(), D, F, chips=4)
+
+
+def test_int4_loaded_for_an_accelerator_is_grouped_and_computes_in_bf16(tmp_path, monkeypatch):
+  """`load_model(dtype="int4")` where JAX's backend is a GPU or TPU (the backend's name faked:
+  this host has a CPU): the backend's bf16 weights quantized into grouped int4, norms in bf16
+  (so activations and cache are bf16), the values of gguf's Q4_0 of those bf16 weights."""
+  from vocabjax.checkpoints import loader
+
+  path = save_tiny_variant("llama_mha", tmp_path / "m")
+  monkeypatch.setattr(loader, "jax", type("Jax", (), {"default_backend": staticmethod(
+      lambda: "tpu")}))
+  m = load_model(path, dtype="int4", load_tokenizer=False, progress=False)
+  assert dtype_name(m.dtype) == "int4"
+  up = m.params["layers"][0]["w_up"]
+  assert isinstance(up, GroupedInt4) and up.codes.dtype == jnp.int4
+  assert m.params["final_norm"].dtype == jnp.bfloat16 and compute_dtype(m.params) == jnp.bfloat16
+  # the tiny checkpoint is f32: the backend's bf16 load rounds it first; gguf's Q4_0 of those
+  # rounded values is what the devices computed, bit for bit
+  f32 = load_model(path, dtype="float32", load_tokenizer=False, progress=False)
+  rounded = np.asarray(jnp.asarray(f32.params["layers"][0]["w_up"], jnp.bfloat16), np.float32)
+  np.testing.assert_array_equal(np.asarray(dequantize(up)),
+                                np.asarray(dequantize(quantize(rounded, "Q4_0"))))
