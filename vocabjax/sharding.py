@@ -35,6 +35,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.kernels.blocks import BlockWeight, GroupedInt4, is_blocks
+from vocabjax.lowering import target_platform
 from vocabjax.models.llamalike import SCALE, is_int8, param_shapes
 
 # leaf -> which axis of the per-layer tensor goes to "model".
@@ -109,7 +110,7 @@ def shard_params(params: dict, config: LlamaLikeConfig, mesh: Mesh) -> dict:
   if is_int8(params):
     specs = with_scale_specs(specs, params)
 
-  cpu = mesh.devices.flat[0].platform == "cpu"
+  cpu = target_platform(mesh) == "cpu"
 
   def put(x, spec):
     if isinstance(x, GroupedInt4):

@@ -17,6 +17,7 @@ from vocabjax.checkpoints.convert import CheckpointError, check_finite
 from vocabjax.checkpoints.gguf_io import (TOKENIZER_KEY, load_gguf, load_gguf_tokenizer,
                                           open_gguf, tokenizer_key)
 from vocabjax.checkpoints.hf import load_hf, read_hf_config
+from vocabjax.lowering import target_platform
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import (INT4, LAYER_MATRICES, cast_weights, has_blocks, is_int8,
                                        quantize_blocks, quantize_grouped, with_mlp_layout)
@@ -186,8 +187,7 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
   # quantized on the devices from the backend's float weights; on one CPU device: Q4_0 blocks
   grouped = int4 and (mesh is not None or jax.default_backend() != "cpu")
   if grouped:
-    dtype = default_dtype("cpu" if mesh is not None and _mesh_platform(mesh) == "cpu"
-                          else jax.default_backend())
+    dtype = default_dtype(target_platform(mesh) if mesh is not None else jax.default_backend())
     int4 = False
   keep_blocks = dtype == GGUF
   if keep_blocks and mesh is not None:
@@ -233,19 +233,14 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
     params = cast_weights(params, out_dtype)
     if mesh is not None and is_int8(params):  # each device quantized its share: placed anew
       params = sharding.shard_params(params, config, mesh)  # with the scales' shardings
-  if int4:
-    params = _quantize_int4(params, str(path), progress)
+  if int4 or grouped:
+    params = _quantize_int4(params, str(path), progress, grouped=grouped)
   if grouped:
-    params = _quantize_int4(params, str(path), progress, grouped=True)
     if mesh is not None:  # each device quantized its share: placed anew, codes split as rows
       params = sharding.shard_params(params, config, mesh)
     out_dtype = INT4_DTYPE
   return Model(config=config, params=params, tokenizer=tokenizer, eos_token_ids=eos,
                source=str(path), dtype=out_dtype)
-
-
-def _mesh_platform(mesh) -> str:
-  return mesh.devices.flat[0].platform
 
 
 def _quantize_int4(params: dict, source: str, progress: bool, grouped: bool = False) -> dict:

@@ -115,13 +115,13 @@ class GroupedInt4:
   int4 codes with the input axis leading and each group of 32 inputs' scale in f32.
 
   The same numbers as Q4_0 blocks (value = scale * code, code = Q4_0's 4-bit code less 8, the
-  scale its float16 scale exactly), in the layout XLA:TPU fuses into a dot: codes [D, F] int4
-  and scales [D / 32, F] f32, widened and scaled inside the dot's operand fusion, so a step reads
-  the codes and scales (5 bits a weight) and nothing widened (docs/tpu.md, "Bytes"). Q4_0's own
-  bytes ([F, row bytes] uint8) and an [F, D] int4 layout are each copied into another layout by
-  XLA:TPU on every call (3.2x and 10x the bytes); float16 scales are widened in a separate pass
-  (1.22x). `linear`, row gathers (`take`, `dequantize`), subsets and the indexed head take it as
-  they take GGUF blocks."""
+  scale its float16 scale exactly), as codes [D, F] int4 and scales [D / 32, F] f32 (5 bits a
+  weight): the layout a TPU's grouped-int4 kernel (`kernels.grouped_int4_tpu`) reads, and the
+  one XLA:TPU's own dot fuses best (Q4_0's own bytes [F, row bytes] uint8 and an [F, D] int4
+  layout are each copied into another layout on every call, 10x and 3.2x the bytes; float16
+  scales are widened in a pass of their own, 1.22x; even this layout is widened in HBM by
+  XLA's dot for most shapes at 8 rows: docs/tpu.md, "Bytes"). `linear`, row gathers (`take`,
+  `dequantize`), subsets and the indexed head take it as they take GGUF blocks."""
 
   codes: jax.Array  # [D, *rows] int4 in -8..7 (int8 on a CPU mesh: `sharding.shard_params`);
   #   the input axis leads

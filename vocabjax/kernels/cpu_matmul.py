@@ -330,17 +330,13 @@ def _linear_blocks(x: jax.Array, w: BlockWeight, lowering: Lowering) -> jax.Arra
                     preferred_element_type=jnp.float32)
 
 
-def _shards(lowering: Lowering) -> int:
-  return lowering.mesh.shape["model"] if lowering.mesh is not None else 1
-
-
 def _linear_grouped(x: jax.Array, w: GroupedInt4, lowering: Lowering) -> jax.Array:
   """`linear` of grouped int4 (`blocks.GroupedInt4`, [D, F] codes) under a platform-tagged
   `lowering`: the codes times their scales in f32 (exact), cast to x's float dtype, multiplied
   with f32 accumulation; on a TPU by the Pallas kernel (`grouped_int4_tpu`: each code and scale
   read once) for blocks of up to its MAX_ROWS rows, else (prefill, GPU) in XLA's dot, which
-  widens the weight in HBM for most shapes. On the CPU (a mesh's devices; no kernel takes this layout) each matrix is
-  widened to f32 once its input exists (`widened_after`)."""
+  widens the weight in HBM for most shapes. On the CPU (a mesh's devices; no kernel takes this
+  layout) each matrix is widened to f32 once its input exists (`widened_after`)."""
   if lowering.platform == "cpu":
     u = widened_after(w, x, grouped_in_out)
     return jnp.einsum("...D,DF->...F", x.astype(jnp.float32), u,
@@ -349,7 +345,7 @@ def _linear_grouped(x: jax.Array, w: GroupedInt4, lowering: Lowering) -> jax.Arr
   lead, (D, F) = x.shape[:-1], (w.cols, w.shape[-2])
   M = int(np.prod(lead, dtype=np.int64))
   if lowering.platform == "tpu" and w.codes.ndim == 2 and grouped_int4_tpu.fits(
-      M, D // (_shards(lowering) if w.split == "in" else 1), F):
+      M, D // (max(lowering.model_shards, 1) if w.split == "in" else 1), F):
     x2 = x.reshape(M, D).astype(dtype)
     if lowering.mesh is None:
       y = grouped_int4_tpu.grouped_matmul(x2, w.codes, w.scales)

@@ -36,7 +36,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 from jax.sharding import PartitionSpec as P
 
-GROUP = 32
+from vocabjax.kernels.blocks import GROUP
 MAX_ROWS = 256  # rows of x the kernel takes; more: XLA's dot (`fits`)
 _BF = (512, 256, 128)
 _BD = (512, 256)
