@@ -117,10 +117,10 @@ class GroupedInt4:
   The same numbers as Q4_0 blocks (value = scale * code, code = Q4_0's 4-bit code less 8, the
   scale its float16 scale exactly), as codes [D, F] int4 and scales [D / 32, F] f32 (5 bits a
   weight): the layout a TPU's grouped-int4 kernel (`kernels.grouped_int4_tpu`) reads, and the
-  one XLA:TPU's own dot fuses best (Q4_0's own bytes [F, row bytes] uint8 and an [F, D] int4
-  layout are each copied into another layout on every call, 10x and 3.2x the bytes; float16
-  scales are widened in a pass of their own, 1.22x; even this layout is widened in HBM by
-  XLA's dot for most shapes at 8 rows: docs/tpu.md, "Bytes"). `linear`, row gathers (`take`,
+  one XLA:TPU's own dot fuses best (one row: Q4_0's own bytes [F, row bytes] read 8.2-10.4x,
+  an [F, D] int4 layout 2.6-3.0x, float16 scales 1.44-1.54x, this layout 1.00-1.05x where the
+  outputs are whole 128-lane tiles; at 8 rows even this one is widened in HBM for most shapes:
+  kernels/results/tpu_bytes/grouped_int4.md). `linear`, row gathers (`take`,
   `dequantize`), subsets and the indexed head take it as they take GGUF blocks."""
 
   codes: jax.Array  # [D, *rows] int4 in -8..7 (int8 on a CPU mesh: `sharding.shard_params`);

@@ -2,12 +2,13 @@
 scales (`kernels.blocks.GroupedInt4`: int4 codes [D, F], one f32 scale per 32 inputs and
 output), each weight widened and scaled in VMEM, never in HBM.
 
-XLA:TPU fuses that widening into its dot for some shapes only: a [14336, 4096] matvec reads its
-codes and scales once (1.00x), but a block of 8 rows reads 7.3x (the widened bf16 weight is
-written to HBM and read back) for [4096, 14336]... and most of Qwen2.5-0.5B's matrices, and a
-matrix whose outputs are not whole 128-lane tiles (a vocabulary split over 4 chips: 151,936 / 4
-= 37,984 columns) reads 2.6x even for one row (deviceless compiles, XLA's HBM count; docs/tpu.md,
-'Bytes'). The kernel reads each code and scale once per call whatever the shape.
+XLA:TPU fuses that widening into its dot for some shapes only: one row of D 4096 x F 14336
+reads its codes and scales once (1.00x), but a block of 8 rows of D 14336 x F 4096 and of
+Qwen2.5-0.5B's matrices reads 7.05-7.34x (the widened weight written to HBM and read back), and
+a matrix whose outputs are not whole 128-lane tiles (a vocabulary split over 4 chips: 151,936 /
+4 = 37,984 columns) 2.61x even for one row (kernels/results/tpu_bytes/grouped_int4.md,
+deviceless v5e, XLA's HBM count). The kernel reads each code and scale once per call whatever
+the shape.
 
 Grid (F / bf, D / bd), the D axis innermost ("arbitrary") with an f32 accumulator in VMEM; one
 block step widens codes [bd, bf] to f32, multiplies each group of 32 rows by its scales
