@@ -81,6 +81,8 @@ def test_sampling_is_seeded(tiny_chat_dir):
      "expected a boolean (true/false), got 'maybe'"),
     (["--method", "specvocab", "--draft", "d"], "method 'specvocab' needs parameter 'ranker'"),
     (["--method", "pld", "--time-split"], "--method pld has none"),
+    (["--method", "pld", "--set", "sizing_table=8"],
+     "pld.sizing_table='8': sizing table entry '8': expected BATCH:LENGTH"),
 ])
 def test_cli_bad_input_exits_2_with_message(tiny_chat_dir, tmp_path, flags, message, capsys):
   """One `error:` line naming the value, exit 2, nothing written (in process: the `python -m`

@@ -199,13 +199,16 @@ def test_a_sized_tree_samples_the_target_law(monkeypatch):
   pvalue, stats = target_law(dec, target, SMALL, [3, 1], SamplingParams(temperature=1.0),
                              seed=7)
   assert {0, 4} <= set(next(iter(dec.sizing_rules().values())).choices)  # a plain step among them
+  assert dec._plain is not None  # run by the plain decoder's program
   assert 0.05 < stats.acceptance_rate < 0.95
   assert pvalue > 1e-3
 
 
 def test_a_sized_chain_samples_the_target_law(monkeypatch):
-  """Sampling with the chain's length changing from step to step (forced: 1, 2, 3, ...) keeps
-  the target's law: each length's step is the chain verifier over that many drafts."""
+  """Sampling with the chain's length changing from step to step (forced: 0, 2, 1, 3) keeps
+  the target's law: each length's step is the chain verifier over that many drafts, a plain
+  step the plain decoder's own step (its sampler over the target's logits), after which the
+  drafter resumes."""
   import itertools
 
   from tests.helpers.models import SMALL
@@ -217,7 +220,7 @@ def test_a_sized_chain_samples_the_target_law(monkeypatch):
   draft = init_params(jax.random.key(11), SMALL, scale=0.8)
   dec = SpeculativeEngine(target, SMALL, ChainProposer(draft, SMALL, SMALL, gamma=3),
                           self_sizing=True)
-  lengths = itertools.cycle([1, 2, 0, 3])
+  lengths = itertools.cycle([0, 2, 1, 3])  # a plain step, then a resume and two drafts
 
   def choose(self):
     self.choices.append(next(lengths))
@@ -227,5 +230,85 @@ def test_a_sized_chain_samples_the_target_law(monkeypatch):
   pvalue, stats = target_law(dec, target, SMALL, [3, 1], SamplingParams(temperature=1.0),
                              seed=7)
   assert len(set(next(iter(dec.sizing_rules().values())).choices)) >= 2  # more than one length ran
+  assert dec._plain is not None  # its plain steps ran the plain decoder's program
   assert 0.05 < stats.acceptance_rate < 0.95  # accepts and rejections both happen
   assert pvalue > 1e-3
+
+
+@pytest.mark.parametrize("kind", ["chain", "tree"])
+def test_plain_steps_run_the_plain_decoders_program_and_the_drafter_resumes(monkeypatch, kind):
+  """A sized drafter's plain steps (n = 0) run the plain decoder's own step program, the
+  drafter idle; the next drafting step first reads what it missed (one call, a block of a
+  power-of-two width). Runs of 5 and 9 plain steps: the output is plain decoding's, and with
+  the target drafting for itself every draft after a resume is accepted (a chain's all, a
+  tree's greedy path), so the resumed cache is the target's."""
+  from vocabjax.decoding.drafter import ChainProposer, TreeProposer
+  from vocabjax.decoding.tree import TreeParams
+  from vocabjax.sampling import SamplingParams
+
+  params = init_params(jax.random.key(0), CFG, scale=0.3)
+  if kind == "chain":
+    P = ChainProposer(params, CFG, CFG, gamma=3, draft_prefill="exact")
+    order = [3] + [0] * 5 + [2] + [0] * 9 + [3, 0, 1, 3]
+  else:
+    P = TreeProposer(params, CFG, CFG, tree=TreeParams(2, 4, 8), draft_prefill="exact")
+    order = [8] + [0] * 5 + [4] + [0] * 9 + [8, 0, 2, 8]
+  dec = SpeculativeEngine(params, CFG, P, self_sizing=True)
+  _forced(monkeypatch, order)
+  import vocabjax.decoding.speculative as spec
+
+  plain_steps, widths = [], []
+  step, width = SpeculativeEngine._plain_step, spec.resume_width
+  monkeypatch.setattr(SpeculativeEngine, "_plain_step",
+                      lambda self, *a: plain_steps.append(1) or step(self, *a))
+  monkeypatch.setattr(spec, "resume_width", lambda *a: widths.append(width(*a)) or widths[-1])
+  prompts = [[5, 9, 2, 7, 5, 9, 3, 4], [1, 2, 3, 4, 6, 8, 1, 2, 9]]
+  res = greedy_identity(dec, params, CFG, prompts, max_new_tokens=40)
+  sizer = next(iter(dec.sizing_rules().values()))
+  zeros = sizer.choices.count(0)
+  assert zeros >= 15 and len(plain_steps) == zeros  # every plain step: the plain program
+  (B, S), = dec.sizing_rules()
+  assert dec.plain_decoder().step_program(SamplingParams(), B, S, "float32")[1] == 0  # compiled
+  assert set(widths) >= {8, 16} if kind == "chain" else set(widths) >= {16}
+  before = [0] + sizer.choices[:-1]
+  for n, prev, acc, active in zip(sizer.choices, before, res.stats.accepted, res.stats.active):
+    acc = [a for a, on in zip(acc, active) if on]
+    if n and prev == 0 and acc:  # a drafting step right after a resume
+      assert min(acc) == n if kind == "chain" else min(acc) >= 1, (n, acc)
+
+
+def test_a_sizing_table_fixes_lengths_per_batch_size_and_zero_is_plain_decoding():
+  """`sizing_table`: one row takes its entry's length every step (no rule); two rows fall on
+  the entry 0, a call of the plain decoder's programs whose tokens and steps are plain
+  decoding's, recorded as undrafted steps; bad tables are refused by entry, and a rule's
+  measured figures give a table back (`learned_table`)."""
+  from vocabjax.decoding.autoregressive import Decoder
+  from vocabjax.decoding.drafter import ChainProposer
+
+  params = init_params(jax.random.key(0), CFG, scale=0.3)
+  draft = init_params(jax.random.key(7), CFG, scale=0.3)
+  dec = SpeculativeEngine(params, CFG, ChainProposer(draft, CFG, CFG, gamma=3),
+                          sizing_table="1:2, 2:0")
+  assert dec.self_sizing and dec.sizing_table == {1: 2, 2: 0}
+  one = greedy_identity(dec, params, CFG, [[5, 9, 2, 7]], max_new_tokens=16)
+  assert all(max(d) == 2 for d in one.stats.drafted)
+  assert one.stats.record()["sizing"]["rule"] == "a sizing table's n = 2"
+  prompts = [[5, 9, 2, 7], [1, 2, 3]]
+  two = dec.generate(prompts, max_new_tokens=16)
+  plain = Decoder(params, CFG).generate(prompts, max_new_tokens=16)
+  assert two.tokens == plain.tokens and two.steps == plain.steps
+  assert not any(map(any, two.stats.drafted)) and two.stats.tau == 1.0
+  assert two.stats.record()["sizing"]["choices"] == {0: plain.steps}
+  for bad, why in [("8", "BATCH:LENGTH"), ("a:1", "BATCH:LENGTH"), ("0:1", ">= 1"),
+                   ("", "at least one")]:
+    with pytest.raises(ValueError, match=why):
+      SpeculativeEngine(params, CFG, ChainProposer(draft, CFG, CFG, gamma=3), sizing_table=bad)
+  wrong = SpeculativeEngine(params, CFG, ChainProposer(draft, CFG, CFG, gamma=3),
+                            sizing_table={1: 5})
+  with pytest.raises(ValueError, match="sizing table's length 5 .* one of \\(0, 1, 2, 3\\)"):
+    wrong.generate([[5, 9, 2, 7]], max_new_tokens=4)
+  sized = SpeculativeEngine(params, CFG, ChainProposer(draft, CFG, CFG, gamma=3),
+                            self_sizing=True)
+  sized.generate(prompts, max_new_tokens=16)
+  learned = sized.learned_table()
+  assert list(learned) == [2] and learned[2] in (0, 1, 2, 3)

@@ -28,7 +28,7 @@ import jax.numpy as jnp
 from flax import struct
 
 from vocabjax import sharding
-from vocabjax.decoding.proposer import (Context, Drafts, Prefilled, Profiled, SelfSizing,
+from vocabjax.decoding.proposer import (Context, Drafts, Prefilled, Profiled, Resumable,
                                        TreeGrower)
 from vocabjax.decoding.tree import (TreeBounds, TreeParams, drop_rows, grow_drafter_tree,
                                     read_pending)
@@ -135,7 +135,7 @@ class ModelProposer(PolicyHead):
     return self.config.hidden_size
 
 
-class ChainProposer(SelfSizing, ModelProposer):
+class ChainProposer(Resumable, ModelProposer):
   """A drafter model proposing a chain of `gamma` tokens (sampled drafts carry their q)."""
 
   method = "chain"
@@ -178,6 +178,15 @@ class ChainProposer(SelfSizing, ModelProposer):
 
   def sized_lengths(self) -> tuple[int, ...]:
     return tuple(range(0, self.gamma + 1))
+
+  unseen_max = 1  # `prev` (pending 2)
+
+  def resume(self, params, state: ChainState, ctx: Context, block) -> ChainState:
+    """The drafter's cache refilled from `block` (the committed tokens before `last`), so it
+    holds every one of them: pending 1, `prev` the last of them."""
+    return ChainState(draft_cache=feed_block(params, state.draft_cache, block, ctx.lengths,
+                                             config=self.config),
+                      prev=block[:, -1].astype(jnp.int32), pending=jnp.ones_like(state.pending))
 
   def sized(self, n: int) -> "ChainProposer":
     """A chain of n <= gamma drafts sharing this one's params, cache and state (its slots are
@@ -261,6 +270,18 @@ def catch_up(params, state: ChainState, ctx: Context, *, config: LlamaLikeConfig
   return jax.lax.cond(jnp.any(state.pending == 2), feed, lambda c: c, state.draft_cache)
 
 
+def feed_block(params, cache: KVCache, block, lengths, *, config: LlamaLikeConfig) -> KVCache:
+  """A drafter's cache holding `lengths` [B] entries per row, its last W rewritten from
+  `block` [B, W] (the committed tokens at positions lengths - W .. lengths - 1): what a
+  drafter left idle by plain steps reads back in one call (`Resumable.resume`). Entries it had
+  already written are computed again from the same tokens; nothing past `lengths` is written."""
+  W = block.shape[1]
+  start = lengths - W
+  _, cache = forward(params, block.astype(jnp.int32), start[:, None] + jnp.arange(W)[None],
+                     cache.with_lengths(start), config=config)
+  return cache.with_lengths(lengths)
+
+
 def plain_chain(params, state: ChainState, ctx: Context, *, config: LlamaLikeConfig,
                 sampling: SamplingParams):
   """A sized chain's plain step: no drafts (the target verifies `last` alone), and the
@@ -273,7 +294,7 @@ def plain_chain(params, state: ChainState, ctx: Context, *, config: LlamaLikeCon
   return Drafts(tokens=tokens, q=q), catch_up(params, state, ctx, config=config)
 
 
-class TreeProposer(SelfSizing, TreeGrower, ModelProposer):
+class TreeProposer(Resumable, TreeGrower, ModelProposer):
   """A drafter model growing an EAGLE-2 dynamic tree (`tree.grow_tree`)."""
 
   method = "tree"
@@ -344,6 +365,19 @@ class TreeProposer(SelfSizing, TreeGrower, ModelProposer):
 
   def sized_reach(self, n: int) -> int:
     return self.sized(n).tree.depth if n else 0
+
+  @property
+  def unseen_max(self) -> int:
+    return self.pend_width - 1  # the pending block but its root
+
+  def resume(self, params, state: TreeState, ctx: Context, block) -> TreeState:
+    """The drafter's cache refilled from `block` (the committed tokens before `last`), `last`
+    alone pending (as after a step that accepted nothing)."""
+    B, P = state.pend_tokens.shape
+    return TreeState(draft_cache=feed_block(params, state.draft_cache, block, ctx.lengths,
+                                            config=self.config),
+                     pend_tokens=jnp.broadcast_to(ctx.last[:, None], (B, P)).astype(jnp.int32),
+                     pend_count=jnp.ones_like(state.pend_count))
 
   def sized(self, n: int) -> "TreeProposer":
     """A tree of n nodes (top_k and depth at most n) sharing this one's params, cache, state

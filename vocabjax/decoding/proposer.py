@@ -10,7 +10,7 @@ A proposer supplies `key()` (the static identity of its programs), a chain of `g
 tree within `bounds`, `drafted_per_step` / `extra_slots`, `params`, `caches()`,
 `feature_layers`, and the traced `prefill` / `propose` / `commit`. Everything else is a
 capability the engine checks for: `Gated`, `TreeGrower`, `HostDrafter`, `RowHandover`,
-`HostPrograms`, `HostVerifier`, `SelfSizing`, `Profiled`, `Counted`. Exactness is the engine's;
+`HostPrograms`, `HostVerifier`, `SelfSizing`, `Resumable`, `Profiled`, `Counted`. Exactness is the engine's;
 a proposer that samples returns the law it sampled from (`Drafts.q`), deterministic drafts
 (q None) are point masses. Each member and capability: docs/extending.md, 'The contract'.
 """
@@ -287,6 +287,20 @@ class SelfSizing(Proposer):
   def sized_reach(self, n: int) -> int:
     """The drafts in a row a proposal sized to n reaches (a chain: n; a tree: its depth)."""
     return n
+
+
+class Resumable(SelfSizing):
+  """A sized device drafter whose plain steps the engine hands to the plain decoder's own step
+  program (`autoregressive.Decoder.step_program`: the target alone, the drafter idle), which
+  then reads what it missed in one call (`resume`) before its next drafting step."""
+
+  unseen_max: int = 1  # committed tokens before `last` its loop state may leave unread
+
+  @abc.abstractmethod
+  def resume(self, params, state, ctx: Context, block):
+    """Its state after plain steps it did not see (traced): `block` [B, W] holds each row's
+    committed tokens at positions `ctx.lengths - W .. ctx.lengths - 1` (W >= the tokens before
+    `last` it has not read); the state reads them and leaves only `last` unread."""
 
 
 class Profiled(Proposer):

@@ -44,6 +44,7 @@ class DraftSizer:
   #   nodes: its depth; None: n, a chain): E(n) and the acceptance count levels
   probe: int = 16  # after this many plain steps in a row, one step drafts (the least n > 0):
   #   a plain step verifies nothing, so without it the acceptance that chose it never changes
+  fixed: int | None = None  # a batch size's entry of a sizing table: every step takes it
 
   def __post_init__(self):
     if not 0.0 < self.prior < 1.0:
@@ -55,6 +56,9 @@ class DraftSizer:
                                                                       else set())))
     if not self.lengths or self.lengths[0] < 0:
       raise ValueError(f"draft lengths must be >= 0 (and one given), got {self.lengths}")
+    if self.fixed is not None and self.fixed not in self.lengths:
+      raise ValueError(f"a sizing table's length {self.fixed} is not one this method drafts; "
+                       f"choose one of {self.lengths}")
     self._outcomes: collections.deque = collections.deque(maxlen=self.window)
     self._times: dict[int, collections.deque] = {}
     self.choices: list[int] = []
@@ -83,20 +87,28 @@ class DraftSizer:
     a, d = self.acceptance, self.levels(n)
     return (1 - a ** (d + 1)) / (1 - a)
 
-  def choose(self) -> int:
-    """This step's draft length (module doc). With no step measured yet: the longest."""
+  def best(self) -> int:
+    """The length the rule's figures favor now (`choose` without probes; with no step
+    measured: the longest)."""
     if not self._times:
-      n = self.lengths[-1]
+      return self.lengths[-1]
+    rates = {}
+    for n in self.lengths:
+      c = self.cost(n)
+      if c is None or c <= 0:
+        rates[n] = float("inf")  # never measured below it: try it once
+      else:
+        rates[n] = self.expected_tokens(n) / c
+    return max(self.lengths, key=lambda m: (rates[m], -m))
+
+  def choose(self) -> int:
+    """This step's draft length (module doc; a table's `fixed` length when it has one)."""
+    if self.fixed is not None:
+      n = self.fixed
     else:
-      rates = {}
-      for n in self.lengths:
-        c = self.cost(n)
-        if c is None or c <= 0:
-          rates[n] = float("inf")  # never measured below it: try it once
-        else:
-          rates[n] = self.expected_tokens(n) / c
-      n = max(self.lengths, key=lambda m: (rates[m], -m))
-      if n == 0 and self._plain_run >= self.probe and len(self.lengths) > 1:
+      n = self.best()
+      if (n == 0 and self._times and self._plain_run >= self.probe
+          and len(self.lengths) > 1):
         n = self.lengths[1]  # a probe: the shortest drafting step (module doc)
     self._plain_run = self._plain_run + 1 if n == 0 else 0
     self.choices.append(n)
@@ -118,7 +130,8 @@ class DraftSizer:
   def record(self, since: int = 0) -> dict:
     """The rule, its inputs (acceptance and costs as they stand: a sizer keeps learning across
     a decoder's runs of the same shapes) and its choices from choice `since` on (one run's)."""
-    return {"rule": RULE, "lengths": list(self.lengths),
+    return {"rule": RULE if self.fixed is None else f"a sizing table's n = {self.fixed}",
+            "lengths": list(self.lengths),
             "acceptance": round(self.acceptance, 4),
             "cost_s": {n: round(self.cost(n), 6) for n in self._times if self.cost(n)},
             "choices": dict(collections.Counter(self.choices[since:])),
@@ -145,3 +158,35 @@ def limit_block(arrays: tuple, counts, n: int):
   cut = par[:, :w] > w  # a kept node whose parent was cut: padding too (never, parents first)
   par[:, :w] = np.where(cut, np.arange(1, w + 1)[None], par[:, :w])
   return (t, par, dep, *rest), counts
+
+
+def parse_table(spec) -> dict[int, int]:
+  """A per-batch-size sizing table (as vLLM's dynamic speculation takes one) from a mapping or
+  text: {batch size: draft length}, or "1:4,8:0" (an entry holds from its batch size up to the
+  next entry's; 0: plain decoding). Bad entries are refused naming the entry."""
+  if isinstance(spec, str):
+    items = []
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+      b, sep, n = part.partition(":")
+      try:
+        if not sep:
+          raise ValueError
+        items.append((int(b), int(n)))
+      except ValueError:
+        raise ValueError(f"sizing table entry {part!r}: expected BATCH:LENGTH, e.g. "
+                         f"'1:4,8:0'") from None
+  else:
+    items = [(int(b), int(n)) for b, n in dict(spec).items()]
+  if not items:
+    raise ValueError(f"a sizing table needs at least one BATCH:LENGTH entry, got {spec!r}")
+  for b, n in items:
+    if b < 1 or n < 0:
+      raise ValueError(f"sizing table entry {b}:{n}: batch sizes are >= 1 and lengths >= 0")
+  return dict(sorted(items))
+
+
+def table_length(table: dict[int, int] | None, B: int) -> int | None:
+  """A sizing table's length for B rows: the entry of the largest batch size <= B (None: no
+  entry that low, or no table: the rule measures)."""
+  keys = [b for b in (table or {}) if b <= B]
+  return table[max(keys)] if keys else None

@@ -32,7 +32,7 @@ import numpy as np
 from flax import struct
 
 from vocabjax import sharding
-from vocabjax.decoding.autoregressive import abstract_cache, prefill_in_bf16
+from vocabjax.decoding.autoregressive import Decoder, abstract_cache, prefill_in_bf16
 from vocabjax.decoding.base import DecodingMethod, GenerationResult
 from vocabjax.decoding.drafter import block_layout
 from vocabjax.decoding.engine import (KEY, DecoderPrograms, ProgramKey, abstract_arg, arg_signature,
@@ -41,9 +41,9 @@ from vocabjax.decoding.engine import (KEY, DecoderPrograms, ProgramKey, abstract
                                       token_ids)
 from vocabjax.decoding.proposer import (Context, Counted, Drafts, Gated, HostDrafter,
                                        HostPrograms, HostRun, Prefilled, Profiled, Proposer,
-                                       SelfSizing, continuous_capable, drafted_counts,
+                                       Resumable, SelfSizing, continuous_capable, drafted_counts,
                                        is_gated, step_count_names, verifies_on_host)
-from vocabjax.decoding.sizing import DraftSizer, limit_block
+from vocabjax.decoding.sizing import DraftSizer, limit_block, parse_table, table_length
 from vocabjax.decoding.tree import verify_tree
 from vocabjax.decoding.verify import verify_chain
 from vocabjax.lowering import decoding_lowering, step_lowering, with_lowering
@@ -288,13 +288,21 @@ class SpeculativeEngine(DecodingMethod):
   partitioned (module doc of `vocabjax.sharding`)."""
 
   def __init__(self, target_params, target_config: LlamaLikeConfig, proposer: Proposer, *,
-               layout: str = "auto", mesh=None, self_sizing: bool = False):
+               layout: str = "auto", mesh=None, self_sizing: bool = False,
+               sizing_table=None):
     """`self_sizing`: each step's draft length chosen from the measured step costs and the
     running acceptance (`vocabjax.decoding.sizing`), for a proposer that drafts on the host
     (its block cut to the length) or one that sizes its drafts (`Proposer.sized`: a chain or
-    tree drafter, one step program per length, 0 a plain step)."""
+    tree drafter, one step program per length, 0 a plain step; a `Resumable` drafter's plain
+    steps run the plain decoder's own step program). `sizing_table` ({batch size: length} or
+    "1:4,8:0", `sizing.parse_table`; implies `self_sizing`): a call of B rows takes the entry
+    of the largest batch size <= B for every step instead of the rule, 0 meaning the whole
+    call is plain decoding (`autoregressive.Decoder`'s programs, no drafter); batch sizes
+    below every entry keep the rule. `learned_table()` gives the table a run's rules favor."""
     if not isinstance(proposer, Proposer):
       raise TypeError(f"a SpeculativeEngine runs a Proposer, got {type(proposer).__name__}")
+    self.sizing_table = None if sizing_table is None else parse_table(sizing_table)
+    self_sizing = self_sizing or self.sizing_table is not None
     if self_sizing and not ((isinstance(proposer, HostDrafter) and proposer.host_sizable)
                             or isinstance(proposer, SelfSizing)):
       raise ValueError(f"self_sizing applies to proposers that draft on the host (pld, ngram, "
@@ -302,6 +310,7 @@ class SpeculativeEngine(DecodingMethod):
                        f"compiles its draft length into its step")
     self.self_sizing = self_sizing
     self._sizers: dict = {}  # (rows, cache slots) -> DraftSizer
+    self._plain: Decoder | None = None  # the plain decoder of the target (`plain_decoder`)
     self._sized_proposers: dict = {}  # n -> the proposer drafting n a step (`_sized`)
     self.proposer, self.mesh = proposer, mesh
     self.method = proposer.method
@@ -662,6 +671,11 @@ class SpeculativeEngine(DecodingMethod):
     """One batch: `row0` its first row in the caller's request (errors name rows by it),
     `key` its key (default: the seed's)."""
     P = self.proposer
+    if table_length(self.sizing_table, len(prompts)) == 0:  # the table says: plain decoding
+      return self._plain_call(prompts, max_new_tokens=max_new_tokens, sampling=sampling,
+                              seed=seed if key is None else seed + row0,
+                              eos_token_ids=eos_token_ids, max_len=max_len,
+                              stop_strings=stop_strings, tokenizer=tokenizer, streamer=streamer)
     req = request(prompts, max_new_tokens=max_new_tokens, sampling=sampling,
                   config=self.target_config, max_len=max_len, extra_slots=self.extra_slots,
                   method=self.method, mesh=self.mesh, seed=seed, eos_token_ids=eos_token_ids,
@@ -675,24 +689,26 @@ class SpeculativeEngine(DecodingMethod):
     run, compile_s = self._host_start(req, sampling, B, dtype, max_new_tokens, max_len,
                                       compile_s)
     held = {}
+    sizer, since = self._sizer(B, S)
+    handoff = self._handoff(sizer, sampling, B, S, dtype)
 
     def begin():
       first, state = start(jnp.asarray(req.tokens), jnp.asarray(req.lengths),
                            fold_in(req.key, 0))
       first = np.asarray(first)
       hist = ([np.append(np.asarray(p, np.int64), t) for p, t in zip(req.prompts, first)]
-              if isinstance(P, HostDrafter) else None)  # committed: prompt + first token
-      if hist is not None:
-        P.host_begin(hist)
+              if isinstance(P, HostDrafter) or handoff is not None else None)  # committed:
+      if hist is not None:  # prompt + first token (a hand-over's resume reads them too)
+        if isinstance(P, HostDrafter):
+          P.host_begin(hist)
         held["hist"] = hist
       return first, (state, hist)
 
-    sizer, since = self._sizer(B, S)
-    advance = self._advance(sampling, step, stats, run, sizer, held)
+    advance = self._advance(sampling, step, stats, run, sizer, held, handoff)
     try:
       res = host_loop(req, begin, advance, compile_s=compile_s, stats=stats)
     finally:
-      if "hist" in held:
+      if "hist" in held and isinstance(P, HostDrafter):
         P.host_end(held["hist"])
     if sizer is not None:
       stats.sizing = sizer.record(since)
@@ -845,15 +861,82 @@ class SpeculativeEngine(DecodingMethod):
     if not self.self_sizing:
       return None, 0
     P = self.proposer  # host blocks cut to a width (0: a plain step), or a sized drafter
-    sizer = self._sizers.setdefault((B, S), DraftSizer(
-        [shape[0][1] for shape in P.host_shapes(B)]) if isinstance(P, HostDrafter) else DraftSizer(
-            P.sized_lengths(), plain=False,
-            reach={n: P.sized_reach(n) for n in P.sized_lengths()}))
+    fixed = table_length(self.sizing_table, B)
+    sizer = self._sizers.get((B, S))
+    if sizer is None:
+      sizer = self._sizers[(B, S)] = DraftSizer(
+          [shape[0][1] for shape in P.host_shapes(B)], fixed=fixed) if isinstance(
+              P, HostDrafter) else DraftSizer(
+                  P.sized_lengths(), plain=False, fixed=fixed,
+                  reach={n: P.sized_reach(n) for n in P.sized_lengths()})
     return sizer, len(sizer.choices)
 
-  def _advance(self, sampling: SamplingParams, step, stats: SpecStats, run, sizer, held: dict):
+  def learned_table(self) -> dict[int, int]:
+    """{batch size: the draft length its rule's figures favor now (`DraftSizer.best`)} over
+    the rules this engine's runs measured (the longest cache's where several): a table for
+    `sizing_table` that the next runs take without measuring."""
+    out = {}
+    for (B, S), sizer in sorted(self._sizers.items()):
+      if sizer.fixed is None and sizer._times:
+        out[B] = sizer.best()
+    return out
+
+  def plain_decoder(self) -> Decoder:
+    """The target's plain decoder over this engine's target params (made once): the programs
+    a sizing table's plain calls and a `Resumable` drafter's plain steps run, shared with the
+    process's plain decoders of the same params (`engine.ProgramCache`)."""
+    if self._plain is None:
+      self._plain = Decoder(self.target_params, self.target_config, mesh=self.mesh)
+    return self._plain
+
+  def _plain_call(self, prompts, *, sampling: SamplingParams, **kw) -> GenerationResult:
+    """A call that a sizing table makes plain decoding: the plain decoder's `generate`, its
+    steps recorded as undrafted ones (a row active while it decoded)."""
+    res = self.plain_decoder().generate(prompts, sampling=sampling, **kw)
+    B = len(res.tokens)
+    active = [[s + 1 < len(res.tokens[b]) for b in range(B)] for s in range(res.steps)]
+    stats = SpecStats(drafted=[[0] * B for _ in active], accepted=[[0] * B for _ in active],
+                      active=active, proposer=self.proposer)
+    stats.sizing = {"rule": "a sizing table's n = 0: plain decoding's programs",
+                    "table": dict(self.sizing_table), "choices": {0: res.steps}}
+    return dataclasses.replace(res, stats=stats)
+
+  def _handoff(self, sizer, sampling: SamplingParams, B: int, S: int, dtype):
+    """Where a sized step of 0 drafts runs the plain decoder's step program: (plain step
+    getter, resume getter), or None (no rule, a drafter that is not `Resumable`, a mesh, a
+    row-state vocabulary policy: those keep the engine's own plain step)."""
+    P = self.proposer
+    if (sizer is None or not isinstance(P, Resumable) or self.mesh is not None
+        or row_vocab_of(P) is not None or 0 not in sizer.lengths):
+      return None
+
+    def plain():
+      return self.plain_decoder().step_program(sampling, B, S, dtype)
+
+    def resume(W: int):
+      def build():
+        lw = step_lowering(self.lowering)
+
+        def fn(dp, state, block):
+          ctx = Context(last=state.last, lengths=state.target_cache.lengths)
+          dp = with_lowering(dp, lw) if isinstance(dp, dict) else dp
+          return state.replace(draft=P.resume(dp, state.draft, ctx, block))
+        fn.__name__ = "speculative_resume"
+        state = self.abstract_state(sampling, B, 1, S, dtype)
+        return jax.jit(fn, donate_argnums=(1,)).lower(
+            self.proposer_params, state, self._placed((B, W), jnp.int32, B)).compile()
+      return self._programs.get(self._key("resume", sampling, B, S, jnp.dtype(dtype).name, W),
+                                build)
+
+    return plain, resume
+
+  def _advance(self, sampling: SamplingParams, step, stats: SpecStats, run, sizer, held: dict,
+               handoff=None):
     """`host_loop`'s step for this engine: carry (loop state, each row's committed tokens for
-    a host hook, else None); the step's counts recorded into `stats`."""
+    a host hook or a hand-over, else None); the step's counts recorded into `stats`.
+    `handoff` (`_handoff`): a sized step of 0 drafts runs the plain decoder's step and the
+    drafter stays idle until a drafting step, which first resumes it (`Resumable.resume`, in
+    that step's time)."""
     P = self.proposer
     names = step_count_names(P)
     on_host = verifies_on_host(P, sampling)
@@ -879,9 +962,20 @@ class SpeculativeEngine(DecodingMethod):
         out = prog(self.target_params, self.proposer_params, state, key, *map(jnp.asarray, arrays))
       elif sizer is not None:  # a sized device drafter
         width = sizer.choose()
+        behind = held.get("behind", 0)
+        if (width == 0 and handoff is not None  # the resume's block must fit every row
+                and min(map(len, hist)) - 1 >= behind + 1 + P.unseen_max):
+          return self._plain_step(handoff[0], state, hist, key, active, stats, sizer, held)
         SP = self._sized(width)
         prog, compiled = step(width)
         t0 = time.perf_counter()
+        if behind:  # the drafter reads what it missed: in this step's time
+          W = resume_width(behind + P.unseen_max, min(map(len, hist)) - 1)
+          resume, c = handoff[1](W)
+          compiled += c
+          block = np.stack([h[len(h) - 1 - W:len(h) - 1] for h in hist]).astype(np.int32)
+          state = resume(self.proposer_params, state, jnp.asarray(block))
+          held["behind"] = 0
         host_counts, out = None, prog(self.target_params, self.proposer_params, state, key)
       else:
         t0 = time.perf_counter()
@@ -921,6 +1015,34 @@ class SpeculativeEngine(DecodingMethod):
                                for h, e, k, a in zip(hist, emitted, n, active)]
       return (state, hist), emitted, compiled
     return advance
+
+  def _plain_step(self, plain, state: EngineState, hist, key, active, stats: SpecStats,
+                  sizer: DraftSizer, held: dict):
+    """One step of the plain decoder's own program (`_handoff`): the target's cache and
+    `last` advance, the drafter's state stays as it was (`held["behind"]` counts the steps it
+    missed). Returns `advance`'s triple."""
+    prog, compiled = plain()
+    t0 = time.perf_counter()
+    nxt, tcache = prog(self.target_params, state.last, state.target_cache, key)
+    state = state.replace(target_cache=tcache, last=nxt)
+    emitted = np.asarray(nxt)[:, None].astype(np.int64)
+    seconds = time.perf_counter() - t0
+    stats.step_s += seconds
+    held["behind"] = held.get("behind", 0) + 1
+    zeros = [0] * len(active)
+    sizer.update(0, None if compiled else seconds, zeros, zeros)
+    stats.drafted.append(zeros)
+    stats.accepted.append(zeros)
+    stats.active.append([bool(a) for a in active])
+    hist = held["hist"] = [np.concatenate([h, e]) if a else h
+                           for h, e, a in zip(hist, emitted, active)]
+    return (state, hist), emitted, compiled
+
+
+def resume_width(need: int, room: int) -> int:
+  """The block width a resume reads: `need` rounded up to a power of two (one program per
+  width), at most `room` (the shortest row's committed tokens before `last`)."""
+  return min(max(need, 1 << (need - 1).bit_length()), room)
 
 
 def host_spec(a):

@@ -33,6 +33,7 @@ from vocabjax.calibrate.counts import tokenizer_identity
 from vocabjax.checkpoints import hub
 from vocabjax.checkpoints.convert import CheckpointError
 from vocabjax.decoding.drafter import block_layout
+from vocabjax.decoding.sizing import parse_table
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.errors import ConfigError
 from vocabjax.vocab.subset import VocabSubset
@@ -193,6 +194,21 @@ def tree_params(where: str, what: str, top_k: int, depth: int, total_tokens: int
     return TreeParams(top_k=top_k, depth=depth, total_tokens=total_tokens)
   except ValueError as e:
     raise ConfigError(f"{where}: {what}: {e}") from None
+
+
+def check_sizing_table(where: str, what: str, spec: str) -> None:
+  """A method's `sizing_table` text ("1:4,8:0": `decoding.sizing.parse_table`), refused by
+  entry where it does not parse."""
+  if spec:
+    try:
+      parse_table(spec)
+    except ValueError as e:
+      raise ConfigError(f"{where}: {what}.sizing_table={spec!r}: {e}") from None
+
+
+def sizing_table_of(spec: str):
+  """A method's `sizing_table` text as the engine takes it (None when empty)."""
+  return spec or None
 
 
 def check_subset_file(where: str, what: str, path: str) -> None:

@@ -25,7 +25,7 @@ from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.tree import MAX_TREE_NODES
 from vocabjax.errors import ConfigError
 from vocabjax.io import read_utf8
-from vocabjax.methods import model_blocks, register
+from vocabjax.methods import check_sizing_table, model_blocks, register, sizing_table_of
 
 
 class NgramTable:
@@ -117,11 +117,14 @@ class NgramParams:
   n: int = 3  # contexts of up to n - 1 tokens
   gamma: int = 4  # most drafts per step
   self_sizing: bool = False  # each step's draft length from step costs and acceptance
+  sizing_table: str = ""  # per batch size, "1:4,8:0": B rows take the length of the largest
+  #   batch size <= B every step (0: plain decoding's programs); others keep the rule
 
   def check(self, where: str) -> None:
     if self.n < 2 or not 1 <= self.gamma <= MAX_TREE_NODES:
       raise ConfigError(f"{where}: ngram needs n >= 2 and 1 <= gamma <= {MAX_TREE_NODES}, got "
                         f"n={self.n}, gamma={self.gamma}")
+    check_sizing_table(where, "ngram", self.sizing_table)
     if not Path(self.corpus).is_file():
       raise ConfigError(f"{where}: ngram.corpus={self.corpus!r}: no such file (a text file, "
                         f"one document per line, or a .jsonl with a \"text\" field)")
@@ -136,4 +139,4 @@ def _ngram(target, draft, p: NgramParams, mesh=None):
   table = table_from(p.corpus, target.tokenizer, n=p.n)
   return SpeculativeEngine(model_blocks(target, mesh), target.config,
                            NgramProposer(table, gamma=p.gamma), mesh=mesh,
-                           self_sizing=p.self_sizing)
+                           self_sizing=p.self_sizing, sizing_table=sizing_table_of(p.sizing_table))

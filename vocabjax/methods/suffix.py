@@ -11,7 +11,8 @@ from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.suffix import SuffixProposer, check_suffix
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.errors import ConfigError
-from vocabjax.methods import load_subset, model_blocks, register
+from vocabjax.methods import (check_sizing_table, load_subset, model_blocks, register,
+                              sizing_table_of)
 from vocabjax.methods.drafter import TreeMethodParams
 
 
@@ -25,8 +26,11 @@ class SuffixParams:
   max_cached_requests: int = 10_000  # earlier outputs the global tree keeps (-1: all)
   use_tree: bool = False  # a tree of continuations (best first) instead of one chain
   self_sizing: bool = False  # each step's draft length from step costs and acceptance
+  sizing_table: str = ""  # per batch size, "1:4,8:0": B rows take the length of the largest
+  #   batch size <= B every step (0: plain decoding's programs); others keep the rule
 
   def check(self, where: str) -> None:
+    check_sizing_table(where, "suffix", self.sizing_table)
     try:
       check_suffix(self.max_tree_depth, self.max_spec_tokens, self.max_spec_factor,
                    self.max_spec_offset, self.min_token_prob, self.max_cached_requests)
@@ -36,7 +40,7 @@ class SuffixParams:
   def proposer(self) -> SuffixProposer:
     """The SuffixProposer of these settings (`self_sizing` is the engine's, not its)."""
     return SuffixProposer(**{k: v for k, v in dataclasses.asdict(self).items()
-                             if k != "self_sizing"})
+                             if k not in ("self_sizing", "sizing_table")})
 
 
 @register("suffix", SuffixParams, needs_draft=False, drafter_passes=lambda p: 0, timed=False)
@@ -45,7 +49,7 @@ def _suffix(target, draft, p: SuffixParams, mesh=None):
   earlier outputs (kept across the decoder's requests), no drafter."""
   del draft
   return SpeculativeEngine(model_blocks(target, mesh), target.config, p.proposer(), mesh=mesh,
-                           self_sizing=p.self_sizing)
+                           self_sizing=p.self_sizing, sizing_table=sizing_table_of(p.sizing_table))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,4 +102,5 @@ def _tree_suffix(target, draft, p: TreeSuffixParams, mesh=None):
       HostTreeHybrid(TreeProposer(model_blocks(draft, mesh), draft.config, target.config,
                                   tree=TreeParams(p.top_k, p.depth, p.total_tokens),
                                   draft_vocab=load_subset(p.subset, target)),
-                     p.host_tree()), self_sizing=p.self_sizing)
+                     p.host_tree()), self_sizing=p.self_sizing,
+      sizing_table=sizing_table_of(p.sizing_table))
