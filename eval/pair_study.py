@@ -18,6 +18,8 @@ def add_pair_args(ap, runs, *, prompts_flag: str, prompts: int, max_new_tokens: 
   ap.add_argument("--target", default="qwen2.5-coder-1.5b-instruct")
   ap.add_argument("--draft", default="qwen2.5-coder-0.5b-instruct")
   ap.add_argument("--draft-dtype", default="int8")
+  ap.add_argument("--target-dtype", default=None,
+                  help="the target's dtype (default: its GGUF file's own blocks)")
   ap.add_argument(prompts_flag, dest="prompts", type=int, default=prompts,
                   help="Spec-Bench prompts decoded")
   ap.add_argument("--max-prompt-tokens", type=int, default=160)
@@ -36,7 +38,7 @@ def pair_setup(a, runs):
                      f"{a.methods}")
   out = Path(a.out)
   out.mkdir(parents=True, exist_ok=True)
-  target = load_model(a.target)
+  target = load_model(a.target, dtype=getattr(a, "target_dtype", None))
   draft = load_model(a.draft, dtype=a.draft_dtype)
   rows, qids = pick_rows(target.tokenizer, a.prompts, a.max_prompt_tokens)
   commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,

@@ -1,14 +1,18 @@
 """Speculation that sizes itself, by batch size: where verification turns compute bound the
-rule (`vocabjax.decoding.sizing`) shortens the drafts or steps aside.
+rule (`vocabjax.decoding.sizing`) shortens the drafts or steps aside, and a per-batch-size table
+learned from the rule's own figures makes each batch size take its best length.
 
-The registry pair (Qwen2.5-Coder-1.5B f32 target, 0.5B int8 drafter), greedy, no EOS stop. For
-each batch size every method runs with and without `self_sizing` on the same rows (Spec-Bench
-prompts, chat-wrapped, at most `--max-prompt-tokens` tokens, round-robin over the task groups),
-in consecutive batches of that size. Reported per batch size and method: decode tokens/s (new
-tokens of all rows / decode time summed over the batches; prefill and compilation left out),
-speedup over plain decoding at the same batch size, tau, and for a sized method the rule's
-inputs as it left them (acceptance, the measured step cost c(n) per length) and its choices.
-Greedy outputs are checked equal to plain decoding's.
+The registry pair (Qwen2.5-Coder-1.5B target and 0.5B drafter, each in `--target-dtype` /
+`--draft-dtype`: default the target's GGUF blocks, the drafter int8), greedy, no EOS stop. For
+each batch size every method runs on the same rows (Spec-Bench prompts, chat-wrapped, at most
+`--max-prompt-tokens` tokens, round-robin over the task groups), in consecutive batches of that
+size: fixed, self-sized (the online rule; plain steps in the plain decoder's program), and with
+`sizing_table` = the table the self-sized run just measured at that batch size
+(`SpeculativeEngine.learned_table`: a calibration run, then the table). Reported per batch size
+and method: decode tokens/s (new tokens of all rows / decode time summed over the batches;
+prefill and compilation left out), speedup over plain decoding at the same batch size, tau, and
+for a sized method the rule's inputs as it left them (acceptance, the measured step cost c(n)
+per length) and its choices. Greedy outputs are checked equal to plain decoding's.
 
     python eval/sizing_batch.py --out eval/results/sizing_batch
 """
@@ -20,6 +24,7 @@ import json
 import platform
 import time
 
+from vocabjax.eval.provenance import cpu_model
 from vocabjax.io import atomic_write_text
 from vocabjax.methods import METHODS
 
@@ -30,11 +35,30 @@ RUNS = (
     ("ar", "ar", {}),
     ("chain_g3", "chain", {"gamma": 3}),
     ("chain_g3_sized", "chain", {"gamma": 3, "self_sizing": True}),
+    ("chain_g3_table", "chain", {"gamma": 3, "sizing_table": "chain_g3_sized"}),
     ("tree_k2_d4_n8", "tree", {"top_k": 2, "depth": 4, "total_tokens": 8}),
     ("tree_sized", "tree", {"top_k": 2, "depth": 4, "total_tokens": 8, "self_sizing": True}),
+    ("tree_table", "tree", {"top_k": 2, "depth": 4, "total_tokens": 8,
+                            "sizing_table": "tree_sized"}),
     ("suffix", "suffix", {}),
     ("suffix_sized", "suffix", {"self_sizing": True}),
+    ("suffix_table", "suffix", {"sizing_table": "suffix_sized"}),
 )
+# a run's "sizing_table" names the self-sized run whose learned table (so far: this batch size's
+# entry and the smaller ones') it takes; that run must come first in --methods
+
+
+def _rule(r: dict) -> str:
+  """A result row's sizing cell: its table, the rule's acceptance and costs, its choices."""
+  parts = [f"table {r['table']}"] if r.get("table") else []
+  sz = r.get("sizing") or {}
+  order = lambda d: sorted(d.items(), key=lambda x: int(x[0]))  # noqa: E731
+  if sz.get("cost_s"):
+    parts.append(f"a {sz['acceptance']:.2f}; c(n) " +
+                 ", ".join(f"{n}: {1000 * c:.0f}" for n, c in order(sz["cost_s"])))
+  if sz.get("choices"):
+    parts.append("chose " + ", ".join(f"{n}: {c}" for n, c in order(sz["choices"])))
+  return "; ".join(parts)
 
 
 def _decode(dec, rows, B, max_new_tokens):
@@ -55,25 +79,38 @@ def _decode(dec, rows, B, max_new_tokens):
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   add_pair_args(ap, RUNS, prompts_flag="--rows", prompts=8, max_new_tokens=48)
-  ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+  ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 8, 16])
   a = ap.parse_args(argv)
   runs, out, target, draft, rows, qids, commit = pair_setup(a, RUNS)
+  for name, _, params in runs:
+    if "sizing_table" in params and params["sizing_table"] not in a.methods[:a.methods.index(name)]:
+      raise SystemExit(f"--methods: {name} takes the table {params['sizing_table']} learns; "
+                       f"run that one before it")
   cmd = (f"python eval/sizing_batch.py --batches {' '.join(map(str, a.batches))} "
          f"--rows {a.prompts} --max-prompt-tokens {a.max_prompt_tokens} --max-new-tokens "
-         f"{a.max_new_tokens} --methods {' '.join(a.methods)} --out {a.out}")
-  results = []
+         f"{a.max_new_tokens} --methods {' '.join(a.methods)}"
+         + (f" --target-dtype {a.target_dtype}" if a.target_dtype else "")
+         + f" --draft-dtype {a.draft_dtype} --out {a.out}")
+  results, learned = [], {}  # learned: a self-sized run's table, batch size by batch size
   for B in a.batches:
     ref = None
     for name, method, params in runs:
+      if "sizing_table" in params:  # the table its calibration run measured so far
+        params = {**params, "sizing_table": ",".join(
+            f"{b}:{n}" for b, n in sorted(learned[params["sizing_table"]].items()))}
       dec = METHODS[method].make(target, draft if METHODS[method].needs_draft else None, params)
       t0 = time.perf_counter()
       outs, secs, steps, acc, stats = _decode(dec, rows, B, a.max_new_tokens)
       wall = time.perf_counter() - t0
       if ref is None:
         ref = outs
+      if params.get("self_sizing"):
+        learned.setdefault(name, {}).update(dec.learned_table())
       row = {"batch": B, "method": name, "tok_s": len(rows) * (a.max_new_tokens - 1) / secs,
              "decode_s": secs, "wall_s": wall, "equal_ar": outs == ref,
              "tau": (acc + steps) / steps if steps else None}
+      if "sizing_table" in params:
+        row["table"] = params["sizing_table"]
       sized = [s.record().get("sizing") for s in stats if s.record().get("sizing")]
       if sized:
         row["sizing"] = sized[-1]  # the rule's inputs as the last batch left them
@@ -88,7 +125,8 @@ def main(argv=None) -> int:
   by = {(r["batch"], r["method"]): r for r in results}
   lines = ["# Self-sizing by batch size", "",
            f"Command: `{cmd}`; commit `{commit}`; host {platform.processor() or platform.machine()}"
-           f" ({platform.node()}); target {a.target} f32, drafter {a.draft} {a.draft_dtype}, "
+           f" ({cpu_model()}); target {a.target} {a.target_dtype or 'gguf (its file)'}, "
+           f"drafter {a.draft} {a.draft_dtype}, "
            f"greedy, no EOS stop. Rows ({len(rows)}, prompt lengths {min(map(len, rows))}-"
            f"{max(map(len, rows))} tokens): {', '.join(qids)}; every batch size decodes all of "
            f"them in consecutive batches. tok/s = new tokens of all rows / decode time summed "
@@ -97,12 +135,7 @@ def main(argv=None) -> int:
            "c(n) ms, choices |", "|---|---|---|---|---|---|---|"]
   for r in results:
     ar = by[(r["batch"], "ar")]["tok_s"]
-    sz = r.get("sizing")
-    rule = (f"a {sz['acceptance']:.2f}; c(n) " + ", ".join(
-        f"{n}: {1000 * c:.0f}" for n, c in sorted(sz["cost_s"].items(), key=lambda x: int(x[0])))
-        + "; chose " + ", ".join(f"{n}: {c}" for n, c in
-                                 sorted(sz["choices"].items(), key=lambda x: int(x[0])))
-        if sz else "")
+    rule = _rule(r)
     tau = f"{r['tau']:.2f}" if r["tau"] else "-"
     lines.append(f"| {r['batch']} | {r['method']} | {r['tok_s']:.2f} | {r['tok_s'] / ar:.2f}x | "
                  f"{tau} | {r['equal_ar']} | {rule} |")
