@@ -7,6 +7,7 @@
 #   bash kernels/gpu_bench.sh             # on the GPU machine, from the repository root: SET=kernel
 #   SET=first bash kernels/gpu_bench.sh   # the first H200 run's set (kernel grid, engine programs)
 #   SET=second bash kernels/gpu_bench.sh  # the H100 run's set (whole steps, path move, 8B, 7B)
+#   SET=quant bash kernels/gpu_bench.sh   # weight-only int8 / grouped int4 against bf16 (below)
 #
 # SET=kernel (the default; BUDGET_S=570 s of commands, ~12 device minutes with the machine's
 # start; each step's limit is capped by what is left of BUDGET_S, and SKIP="name ..." leaves
@@ -26,7 +27,7 @@
 # tables to kernels/results/bench/<gpu>/ and kernels/results/kernels/<gpu>/ with their commands.
 set -u
 SET=${SET:-kernel}
-case "$SET" in kernel|first|second) ;; *) echo "SET=$SET: choose kernel, first or second" >&2; exit 2;; esac
+case "$SET" in kernel|first|second|quant) ;; *) echo "SET=$SET: choose kernel, first, second or quant" >&2; exit 2;; esac
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 W=${W:-/tmp/gpu_bench}
 OUT=${OUT:-$W/out}
@@ -55,7 +56,8 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, log, pack
 }
 
 { date -u; nvidia-smi; python3 -c "import jax, flax; print('jax', jax.__version__, 'flax',
-  flax.__version__, jax.devices())"; } >"$W/env.txt" 2>&1
+  flax.__version__, jax.devices())"
+  python3 -m pip list 2>/dev/null | grep -iE "^(jax|jaxlib|jax-cuda|flax|optax|gguf|transformers|torch|pytest|triton) "; } >"$W/env.txt" 2>&1
 cat "$W/env.txt"
 snap
 
@@ -199,6 +201,38 @@ sys.exit(1 if bad else 0)
   # 5. Whole SpecVocab chain steps (kernel and XLA) against the full-vocabulary chain.
   step steps_specvocab "${STEPS_S:-200}" python3 kernels/step_programs.py "${STEPS[@]}" \
     --out "$W/steps_specvocab"
+elif [ "$SET" = quant ]; then
+  # Weight-only int8 (per-row scales) and grouped int4 (Q4_0's values) against bf16 weights,
+  # whole steps as the decoders compile them (XLA's dots; no kernel of vocabjax's on a GPU):
+  # does XLA:GPU fuse the dequantization into the dot, so that a step's time follows the
+  # quantized bytes? The 8B pair first (there the weights' bytes dominate a step), then the
+  # exactness tests of the quantized and parallel-drafter paths on this backend, then the 1.5B.
+  if [ -n "${DRY:-}" ]; then
+    PAIRS=(--target "$DRY_TARGET" --draft "$DRY_DRAFT")
+    SMALL=("${PAIRS[@]}")
+    QSTEPS=(--context 16 --max-len 96 --steps 2 --repeats 1)
+    QEXACT=(--dtypes float32 --files tests/decoding/test_int4.py -k "exactly")
+  else
+    PAIRS=(--pair llama-3.1-8b)
+    SMALL=(--pair qwen2.5-coder)
+    QSTEPS=(--steps 8 --repeats 3)
+    QEXACT=(--dtypes float32 --workers 12 --files tests/decoding/test_int4.py
+            tests/kernels/test_grouped_int4.py tests/decoding/test_weight_dtypes.py
+            tests/decoding/test_dflash_decoding.py tests/decoding/test_gguf_blocks_decoding.py
+            -k "not mesh and not split and not tpu")
+  fi
+  for w in bf16 int4 int8; do
+    [ "$w" = int8 ] && step exactness_quant "${QEXACT_S:-150}" python3 eval/gpu_exactness.py \
+      --out "$W/exactness_quant" --limit-s "${QEXACT_EACH_S:-120}" "${QEXACT[@]}"
+    step "steps_8b_$w" "${Q8B_S:-80}" python3 kernels/step_programs.py "${PAIRS[@]}" \
+      --dtype bfloat16 $([ "$w" = bf16 ] || echo --weights $w) --methods ar chain_g3 \
+      "${QSTEPS[@]}" --out "$W/steps_8b_$w"
+  done
+  for w in bf16 int4 int8; do
+    step "steps_1.5b_$w" "${Q15_S:-60}" python3 kernels/step_programs.py "${SMALL[@]}" \
+      --dtype bfloat16 $([ "$w" = bf16 ] || echo --weights $w) \
+      --methods ar chain_g3 tree_k4d4n16 "${QSTEPS[@]}" --out "$W/steps_1.5b_$w"
+  done
 elif [ "$SET" = first ]; then
   # The indexed LM head on SpecVocab's grid, block sizes tuned per (d, V, k) over a reduced grid.
   step kernel "${KERNEL_S:-170}" python3 kernels/bench_indexed_lm_head.py --out "$W/kernel" \

@@ -148,6 +148,10 @@ def main(argv=None) -> int:
   p.add_argument("--out", required=True, help="directory for steps.md and steps.json")
   p.add_argument("--pair", default="qwen2.5-coder", help="a pair of vocabjax.bench.shapes.PAIRS")
   p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+  p.add_argument("--weights", default="", choices=("", "int8", "int4"),
+                 help="weight-only quantization of the target and the drafter: int8 (per-row "
+                 "scales, `quantize_int8`) or int4 (grouped, `quantize_grouped`); the EAGLE "
+                 "head stays --dtype")
   p.add_argument("--methods", nargs="+", default=list(METHODS), type=method_name)
   p.add_argument("--ranker-rank", type=int, default=128, help="SpecVocab ranker rank d'")
   p.add_argument("--context", type=int, default=512, help="prompt tokens before the steps")
@@ -193,6 +197,14 @@ def main(argv=None) -> int:
   if tc.vocab_size != dc.vocab_size:
     raise ValueError(f"target V={tc.vocab_size} and drafter V={dc.vocab_size} differ")
   tp, dp = random_params(tc, a.dtype, 0), random_params(dc, a.dtype, 1)
+  if a.weights:
+    from vocabjax.models.llamalike import quantize_grouped, quantize_int8
+    quantize = quantize_int8 if a.weights == "int8" else quantize_grouped
+    tp, dp = quantize(tp), quantize(dp)
+  from vocabjax.kernels.blocks import is_blocks
+  # every array's bytes as stored (int4 codes at 4 bits: numpy counts them a byte each)
+  weight_gb = {k: sum(int(x.nbytes) for x in jax.tree.leaves(v, is_leaf=is_blocks)) / 1e9
+               for k, v in (("target", tp), ("draft", dp))}
   hc = head_config(tc, default_feature_layers(tc.num_layers), min(a.head_vocab, tc.vocab_size),
                    a.head_intermediate)
   hp = init_eagle(jax.random.key(2), hc, dtype=jnp.dtype(a.dtype))
@@ -263,7 +275,8 @@ def main(argv=None) -> int:
   env = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
          "host": platform.processor() or platform.machine(), "backend": jax.default_backend(),
          "device": getattr(dev, "device_kind", str(dev)), "jax": jax.__version__,
-         "target": tname, "draft": dname, "dtype": a.dtype, "context": N0, "max_len": S,
+         "target": tname, "draft": dname, "dtype": a.dtype,
+         "weights": a.weights or a.dtype, "weight_gb": weight_gb, "context": N0, "max_len": S,
          "steps": a.steps, "repeats": a.repeats, "head": {
              "intermediate": a.head_intermediate, "draft_vocab": hc.draft_vocab_size,
              "feature_layers": list(hc.feature_layers)}, "run": a.run,
@@ -275,7 +288,10 @@ def main(argv=None) -> int:
   lines = ["# Whole decoding steps, batch 1", "", f"`{env['command']}`", "",
            f"- {env['date']}, {env['device']} ({env['backend']}), host {env['host']}, "
            f"jax {env['jax']}",
-           f"- {tname} <- {dname} shapes, random weights, {a.dtype}; EAGLE head: one layer, "
+           f"- {tname} <- {dname} shapes, random weights, {a.dtype}"
+           + (f", weights {a.weights}" if a.weights else "")
+           + f" ({weight_gb['target']:.2f} GB target, {weight_gb['draft']:.2f} GB drafter: "
+           f"every array); EAGLE head: one layer, "
            f"intermediate {a.head_intermediate}, Vd = {hc.draft_vocab_size}; cache of {S} slots, "
            f"{N0} prompt tokens; median of {a.repeats} x {a.steps} calls, methods interleaved",
            ""]

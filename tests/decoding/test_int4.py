@@ -68,9 +68,15 @@ def test_int4_model_decodes_exactly_on_its_blocks():
       assert res.stats.tau > 1, name
 
 
-def test_load_model_int4(tmp_path):
+def test_load_model_int4(tmp_path, monkeypatch):
+  """The CPU's int4: Q4_0 blocks, norms f32 (the backend's name set to cpu, so that the test
+  asks the same on a GPU machine; an accelerator's int4 is tests/kernels/test_grouped_int4.py's)."""
+  from vocabjax.checkpoints import loader
+
   path = save_tiny_variant("llama_mha", tmp_path / "m")
   f32 = load_model(path, dtype="float32", load_tokenizer=False, progress=False)
+  monkeypatch.setattr(loader, "jax", type("Jax", (), {"default_backend": staticmethod(
+      lambda: "cpu")}))
   m = load_model(path, dtype="int4", load_tokenizer=False, progress=False)
   assert parse_dtype("int4") == "int4" and dtype_name(m.dtype) == "int4"
   assert is_blocks(m.params["layers"][0]["w_up"]) and is_blocks(m.params["embed"])

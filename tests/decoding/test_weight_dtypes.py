@@ -54,12 +54,13 @@ def test_greedy_identity_per_dtype(pair, dtype, kernel, names):
     ar = Decoder(target, CFG)
     methods = _methods(target, draft, names)
   ar = ar.generate(prompts, max_new_tokens=24)
+  on_cpu = jax.default_backend() == "cpu"  # elsewhere the CPU kernel is never chosen
   for name, dec in methods.items():
-    assert dec.lowering.cpu_kernel == kernel, name
+    assert dec.lowering.cpu_kernel == (kernel and on_cpu), name
     res = dec.generate(prompts, max_new_tokens=24)
     assert res.tokens == ar.tokens, name
     assert res.stats.tau > 1, name
-    if kernel:  # (XLA's dot path widens its weights by design: the reason for the kernel)
+    if kernel and on_cpu:  # (XLA's dot path widens its weights by design: the reason for the kernel)
       steps = step_hlo(dec)
       assert steps, name
       for text in steps:  # the drafting loop gathers table rows, never widens the table

@@ -66,7 +66,7 @@ def test_prepared_gpu_run_dry_on_cpu(tmp_path):
 def test_unknown_set_is_refused_before_anything_runs(tmp_path):
   proc = subprocess.run(["bash", "kernels/gpu_bench.sh"], cwd=ROOT, capture_output=True, text=True,
                         env={**os.environ, "SET": "third", "W": str(tmp_path / "w")})
-  assert proc.returncode == 2 and "SET=third: choose kernel, first or second" in proc.stderr
+  assert proc.returncode == 2 and "SET=third: choose kernel, first, second or quant" in proc.stderr
   assert not (tmp_path / "w").exists()
 
 
@@ -156,3 +156,30 @@ def test_exactness_run_waits_for_a_run_that_ends_before_its_limit(tmp_path, monk
                                      cut_when=lambda: False)
   run = json.loads((out / "exactness.json").read_text())["runs"][0]
   assert rc == 0 and run["cut_at_limit_s"] is None and run["passed"] == 1, run
+
+
+@pytest.mark.integration
+@pytest.mark.slow
+def test_the_quantized_set_dry_on_cpu(tmp_path):
+  """SET=quant at tiny shapes: bf16, int4 and int8 steps of both pairs and the exactness tests
+  of the quantized paths, each writing its report; int4's weights counted at 4 bits a code."""
+  t, d = tiny_configs(tmp_path)
+  for path in (t, d):  # grouped int4 needs whole 32-value groups in every row
+    cfg = json.loads(path.read_text())
+    cfg.update(hidden_size=64, intermediate_size=128)
+    path.write_text(json.dumps(cfg))
+  w = tmp_path / "w"
+  env = {**os.environ, "DRY": "1", "SET": "quant", "W": str(w), "DRY_TARGET": str(t),
+         "DRY_DRAFT": str(d), "JAX_PLATFORMS": "cpu", "XLA_FLAGS": subprocess_xla_flags()}
+  proc = subprocess.run(["bash", "kernels/gpu_bench.sh"], cwd=ROOT, env=env, capture_output=True,
+                        text=True, timeout=900)
+  assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+  log = (w / "steps.log").read_text()
+  for name in ("steps_8b_bf16", "steps_8b_int4", "exactness_quant", "steps_8b_int8",
+               "steps_1.5b_bf16", "steps_1.5b_int4", "steps_1.5b_int8"):
+    assert f"== {name}: exit 0" in log, log
+  gb = {wt: json.loads((w / f"steps_8b_{wt}" / "steps.json").read_text())["environment"][
+      "weight_gb"]["target"] for wt in ("bf16", "int8", "int4")}
+  assert gb["int4"] < gb["int8"] < gb["bf16"], gb  # 4-bit codes + f32 group scales < int8 rows
+  ex = json.loads((w / "exactness_quant" / "exactness.json").read_text())
+  assert ex["runs"][0]["passed"] >= 1 and ex["runs"][0]["failed"] == 0
