@@ -38,7 +38,7 @@ def measure(copies: int, repeats: int) -> dict:
   import jax.numpy as jnp
   import numpy as np
 
-  from vocabjax import zoo
+  from vocabjax.checkpoints import zoo
   from vocabjax.kernels import blocks, cpu_matmul
   from vocabjax.lowering import Lowering
 
@@ -64,7 +64,7 @@ def measure(copies: int, repeats: int) -> dict:
 
   out = {}
   for model, fname in FILES.items():
-    reader = gguf.GGUFReader(zoo.resolve(model))
+    reader = gguf.GGUFReader(zoo.resolve(model, progress=False))
     seen = set()
     for t in reader.tensors:
       if not t.name.startswith("blk.") or t.tensor_type.name == "F32":

@@ -203,10 +203,13 @@ sys.exit(1 if bad else 0)
     --out "$W/steps_specvocab"
 elif [ "$SET" = quant ]; then
   # Weight-only int8 (per-row scales) and grouped int4 (Q4_0's values) against bf16 weights,
-  # whole steps as the decoders compile them (XLA's dots; no kernel of vocabjax's on a GPU):
-  # does XLA:GPU fuse the dequantization into the dot, so that a step's time follows the
-  # quantized bytes? The 8B pair first (there the weights' bytes dominate a step), then the
-  # exactness tests of the quantized and parallel-drafter paths on this backend, then the 1.5B.
+  # whole steps as the decoders compile them: int4 through vocabjax's Triton kernel
+  # (vocabjax.kernels.grouped_int4_gpu) and, `int4_xla`, through XLA's own dot
+  # (VOCABJAX_GPU_INT4_KERNEL=0: each matrix widened in HBM, as recorded on an H200 in
+  # kernels/results/quantized_steps/nvidia-h200/); int8 through XLA's dot. The 8B pair first
+  # (there the weights' bytes dominate a step), then the exactness tests of the quantized and
+  # parallel-drafter paths on this backend, then the 1.5B (a fresh machine compiles its chain
+  # for ~40 s).
   if [ -n "${DRY:-}" ]; then
     PAIRS=(--target "$DRY_TARGET" --draft "$DRY_DRAFT")
     SMALL=("${PAIRS[@]}")
@@ -216,22 +219,27 @@ elif [ "$SET" = quant ]; then
     PAIRS=(--pair llama-3.1-8b)
     SMALL=(--pair qwen2.5-coder)
     QSTEPS=(--steps 8 --repeats 3)
-    QEXACT=(--dtypes float32 --workers 12 --files tests/decoding/test_int4.py
-            tests/kernels/test_grouped_int4.py tests/decoding/test_weight_dtypes.py
-            tests/decoding/test_dflash_decoding.py tests/decoding/test_gguf_blocks_decoding.py
-            -k "not mesh and not split and not tpu")
+    QEXACT=(--dtypes float32 --workers 12 --files tests/kernels/test_grouped_int4.py
+            tests/kernels/test_grouped_int4_gpu.py tests/decoding/test_int4.py
+            tests/decoding/test_weight_dtypes.py tests/decoding/test_dflash_decoding.py
+            tests/decoding/test_gguf_blocks_decoding.py -k "not mesh and not split and not tpu")
   fi
-  for w in bf16 int4 int8; do
-    [ "$w" = int8 ] && step exactness_quant "${QEXACT_S:-150}" python3 eval/gpu_exactness.py \
-      --out "$W/exactness_quant" --limit-s "${QEXACT_EACH_S:-120}" "${QEXACT[@]}"
-    step "steps_8b_$w" "${Q8B_S:-80}" python3 kernels/step_programs.py "${PAIRS[@]}" \
+  q8b() {  # q8b NAME [ENV=VALUE] [step_programs.py options]: the 8B pair's plain and chain steps
+    local name=$1; shift
+    step "steps_8b_$name" "${Q8B_S:-80}" env "$@" --dtype bfloat16 --methods ar chain_g3 \
+      "${QSTEPS[@]}" --out "$W/steps_8b_$name"
+  }
+  q8b bf16 python3 kernels/step_programs.py "${PAIRS[@]}"
+  q8b int4 python3 kernels/step_programs.py "${PAIRS[@]}" --weights int4
+  q8b int4_xla VOCABJAX_GPU_INT4_KERNEL=0 python3 kernels/step_programs.py "${PAIRS[@]}" \
+    --weights int4
+  step exactness_quant "${QEXACT_S:-150}" python3 eval/gpu_exactness.py \
+    --out "$W/exactness_quant" --limit-s "${QEXACT_EACH_S:-120}" "${QEXACT[@]}"
+  q8b int8 python3 kernels/step_programs.py "${PAIRS[@]}" --weights int8
+  for w in bf16 int4; do
+    step "steps_1.5b_$w" "${Q15_S:-90}" python3 kernels/step_programs.py "${SMALL[@]}" \
       --dtype bfloat16 $([ "$w" = bf16 ] || echo --weights $w) --methods ar chain_g3 \
-      "${QSTEPS[@]}" --out "$W/steps_8b_$w"
-  done
-  for w in bf16 int4 int8; do
-    step "steps_1.5b_$w" "${Q15_S:-60}" python3 kernels/step_programs.py "${SMALL[@]}" \
-      --dtype bfloat16 $([ "$w" = bf16 ] || echo --weights $w) \
-      --methods ar chain_g3 tree_k4d4n16 "${QSTEPS[@]}" --out "$W/steps_1.5b_$w"
+      "${QSTEPS[@]}" --out "$W/steps_1.5b_$w"
   done
 elif [ "$SET" = first ]; then
   # The indexed LM head on SpecVocab's grid, block sizes tuned per (d, V, k) over a reduced grid.

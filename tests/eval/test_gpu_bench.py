@@ -175,11 +175,11 @@ def test_the_quantized_set_dry_on_cpu(tmp_path):
                         text=True, timeout=900)
   assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
   log = (w / "steps.log").read_text()
-  for name in ("steps_8b_bf16", "steps_8b_int4", "exactness_quant", "steps_8b_int8",
-               "steps_1.5b_bf16", "steps_1.5b_int4", "steps_1.5b_int8"):
+  for name in ("steps_8b_bf16", "steps_8b_int4", "steps_8b_int4_xla", "exactness_quant",
+               "steps_8b_int8", "steps_1.5b_bf16", "steps_1.5b_int4"):
     assert f"== {name}: exit 0" in log, log
   gb = {wt: json.loads((w / f"steps_8b_{wt}" / "steps.json").read_text())["environment"][
-      "weight_gb"]["target"] for wt in ("bf16", "int8", "int4")}
-  assert gb["int4"] < gb["int8"] < gb["bf16"], gb  # 4-bit codes + f32 group scales < int8 rows
+      "weight_gb"]["target"] for wt in ("bf16", "int8", "int4", "int4_xla")}
+  assert gb["int4"] == gb["int4_xla"] < gb["int8"] < gb["bf16"], gb  # 4-bit codes + scales
   ex = json.loads((w / "exactness_quant" / "exactness.json").read_text())
   assert ex["runs"][0]["passed"] >= 1 and ex["runs"][0]["failed"] == 0

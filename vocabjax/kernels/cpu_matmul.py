@@ -38,7 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vocabjax.kernels import grouped_int4_tpu
+from vocabjax.kernels import grouped_int4_gpu, grouped_int4_tpu
 from vocabjax.kernels.blocks import (BLOCK_TYPES, BlockWeight, GroupedInt4, dequantize,
                                      grouped_in_out, is_blocks)
 from vocabjax.lowering import Lowering
@@ -334,8 +334,9 @@ def _linear_grouped(x: jax.Array, w: GroupedInt4, lowering: Lowering) -> jax.Arr
   """`linear` of grouped int4 (`blocks.GroupedInt4`, [D, F] codes) under a platform-tagged
   `lowering`: the codes times their scales in f32 (exact), cast to x's float dtype, multiplied
   with f32 accumulation; on a TPU by the Pallas kernel (`grouped_int4_tpu`: each code and scale
-  read once) for blocks of up to its MAX_ROWS rows, else (prefill, GPU) in XLA's dot, which
-  widens the weight in HBM for most shapes. On the CPU (a mesh's devices; no kernel takes this
+  read once) for blocks of up to its MAX_ROWS rows, on one GPU by the Triton kernel
+  (`grouped_int4_gpu`, up to its MAX_ROWS rows, each row's sums the same at every row count),
+  else (prefill, a GPU mesh) in XLA's dot, which widens the weight in HBM for most shapes. On the CPU (a mesh's devices; no kernel takes this
   layout) each matrix is widened to f32 once its input exists (`widened_after`)."""
   if lowering.platform == "cpu":
     u = widened_after(w, x, grouped_in_out)
@@ -353,5 +354,9 @@ def _linear_grouped(x: jax.Array, w: GroupedInt4, lowering: Lowering) -> jax.Arr
       y = grouped_int4_tpu.grouped_matmul_sharded(x2, w.codes, w.scales, mesh=lowering.mesh,
                                                   split=w.split)
     return y.reshape(*lead, F)
+  if (lowering.platform == "gpu" and lowering.mesh is None and w.codes.ndim == 2
+      and grouped_int4_gpu.ENABLED and grouped_int4_gpu.fits(M, D, F)):
+    return grouped_int4_gpu.grouped_matmul(x.reshape(M, D).astype(dtype), w.codes,
+                                           w.scales).reshape(*lead, F)
   return jnp.einsum("...D,DF->...F", x.astype(dtype), grouped_in_out(w, dtype),
                     preferred_element_type=jnp.float32)
