@@ -23,6 +23,11 @@
 # `DRY=1` runs the same steps on the CPU at tiny shapes (interpret mode;
 # tests/eval/test_gpu_bench.py) to check the script, not to measure.
 #
+# The lent machines have had no `gguf` (the quantized paths import it) and no network: carry its
+# pure-Python package (`mkdir -p .carry && cp -r .venv/lib/python3.11/site-packages/gguf .carry/`,
+# `.carry` ignored by git; the device call's `carry: [".carry"]`) and this script copies it into
+# the machine's site-packages before the first step.
+#
 # Then, here: unpack, `python -m vocabjax.bench project ...` (CPU-side arithmetic), and copy the
 # tables to kernels/results/bench/<gpu>/ and kernels/results/kernels/<gpu>/ with their commands.
 set -u
@@ -55,6 +60,10 @@ step() {  # step NAME SECONDS COMMAND...: run with a limit, log, pack
   return $rc
 }
 
+if ! python3 -c "import gguf" 2>/dev/null && [ -d .carry/gguf ]; then
+  cp -r .carry/gguf "$(python3 -c 'import site; print(site.getsitepackages()[0])')/" \
+    && echo "gguf: copied from .carry into site-packages"
+fi
 { date -u; nvidia-smi; python3 -c "import jax, flax; print('jax', jax.__version__, 'flax',
   flax.__version__, jax.devices())"
   python3 -m pip list 2>/dev/null | grep -iE "^(jax|jaxlib|jax-cuda|flax|optax|gguf|transformers|torch|pytest|triton) "; } >"$W/env.txt" 2>&1
