@@ -127,7 +127,7 @@ def test_distillation_lowers_loss_and_exports(pair, tmp_path, lora_rank):
   assert dec.generate(ids, max_new_tokens=16).tokens == ref.tokens
   # another base drafter is refused
   other = init_params(jax.random.key(7), draft.config, scale=0.3)
-  with pytest.raises(DistilledError, match="distilled from another drafter"):
+  with pytest.raises(DistilledError, match="was distilled for another drafter"):
     load_distilled(tmp_path / "out" / "drafter", other, draft.config)
 
 

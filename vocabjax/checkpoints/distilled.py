@@ -24,7 +24,7 @@ from safetensors.numpy import load_file, save_file
 from vocabjax.checkpoints.convert import CheckpointError, check_finite
 from vocabjax.io import atomic_write_json
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.identity import drafter_identity
+from vocabjax.models.identity import identity_mismatch
 from vocabjax.models.lora import init_lora, merge
 
 
@@ -89,10 +89,10 @@ def load_distilled(directory, base_params, base_config: LlamaLikeConfig):
   except (OSError, json.JSONDecodeError, SafetensorError) as e:
     raise DistilledError(f"{directory} is not a readable distilled drafter ({e})") from None
   check_finite(flat, str(directory / "drafter.safetensors"))  # the adapters / weights as stored
-  want, got = meta["base"], drafter_identity(base_params, base_config)
-  if want != got:
-    raise DistilledError(f"{directory} was distilled from another drafter ({want}), not this "
-                         f"one ({got})")
+  why = identity_mismatch(meta["base"], base_params, base_config,
+                          f"{directory} was distilled", exact=True)
+  if why:
+    raise DistilledError(why)
   if meta["mode"] == "lora":
     like = init_lora(jax.random.key(0), base_params, rank=meta["lora_rank"])
     params = merge(base_params, unflatten_like(flat, like), alpha=meta["lora_alpha"])
