@@ -80,9 +80,25 @@ def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   add_pair_args(ap, RUNS, prompts_flag="--rows", prompts=8, max_new_tokens=48)
   ap.add_argument("--batches", type=int, nargs="+", default=[1, 4, 8, 16])
+  ap.add_argument("--tables", nargs="+", default=[], metavar="RUN=TABLE",
+                  help="a *_table run's table given, not learned (e.g. chain_g3_table=1:3,4:2): "
+                  "its self-sized run need not come first")
+  ap.add_argument("--repeats", type=int, default=1,
+                  help="rounds over every batch size and method, interleaved; the table gives "
+                  "each cell's median and its spread")
   a = ap.parse_args(argv)
   runs, out, target, draft, rows, qids, commit = pair_setup(a, RUNS)
+  given = {}
+  for item in a.tables:
+    name, sep, table = item.partition("=")
+    if not sep or name not in {r[0] for r in runs if "sizing_table" in r[2]}:
+      raise SystemExit(f"--tables {item!r}: give RUN=TABLE for a *_table run of --methods")
+    given[name] = table
+  if a.repeats < 1:
+    raise SystemExit(f"--repeats {a.repeats}: at least 1")
   for name, _, params in runs:
+    if name in given:
+      continue
     if "sizing_table" in params and params["sizing_table"] not in a.methods[:a.methods.index(name)]:
       raise SystemExit(f"--methods: {name} takes the table {params['sizing_table']} learns; "
                        f"run that one before it")
@@ -90,12 +106,16 @@ def main(argv=None) -> int:
          f"--rows {a.prompts} --max-prompt-tokens {a.max_prompt_tokens} --max-new-tokens "
          f"{a.max_new_tokens} --methods {' '.join(a.methods)}"
          + (f" --target-dtype {a.target_dtype}" if a.target_dtype else "")
-         + f" --draft-dtype {a.draft_dtype} --out {a.out}")
+         + f" --draft-dtype {a.draft_dtype}"
+         + (f" --tables {' '.join(a.tables)}" if a.tables else "")
+         + (f" --repeats {a.repeats}" if a.repeats > 1 else "") + f" --out {a.out}")
   results, learned = [], {}  # learned: a self-sized run's table, batch size by batch size
-  for B in a.batches:
+  for rnd, B in [(r, B) for r in range(a.repeats) for B in a.batches]:
     ref = None
     for name, method, params in runs:
-      if "sizing_table" in params:  # the table its calibration run measured so far
+      if name in given:
+        params = {**params, "sizing_table": given[name]}
+      elif "sizing_table" in params:  # the table its calibration run measured so far
         params = {**params, "sizing_table": ",".join(
             f"{b}:{n}" for b, n in sorted(learned[params["sizing_table"]].items()))}
       dec = METHODS[method].make(target, draft if METHODS[method].needs_draft else None, params)
@@ -106,7 +126,7 @@ def main(argv=None) -> int:
         ref = outs
       if params.get("self_sizing"):
         learned.setdefault(name, {}).update(dec.learned_table())
-      row = {"batch": B, "method": name, "tok_s": len(rows) * (a.max_new_tokens - 1) / secs,
+      row = {"round": rnd, "batch": B, "method": name, "tok_s": len(rows) * (a.max_new_tokens - 1) / secs,
              "decode_s": secs, "wall_s": wall, "equal_ar": outs == ref,
              "tau": (acc + steps) / steps if steps else None}
       if "sizing_table" in params:
@@ -120,8 +140,9 @@ def main(argv=None) -> int:
             choices[n] = choices.get(n, 0) + c
         row["sizing"]["choices"] = choices  # every batch's
       results.append(row)
-      print(f"[sizing_batch] B={B} {name}: {row['tok_s']:.2f} tok/s, tau {row['tau']}, "
+      print(f"[sizing_batch] round {rnd + 1}/{a.repeats} B={B} {name}: {row['tok_s']:.2f} tok/s, tau {row['tau']}, "
             f"equal {row['equal_ar']}, {row.get('sizing', {}).get('choices', '')}", flush=True)
+  results = merged(results) if a.repeats > 1 else results
   by = {(r["batch"], r["method"]): r for r in results}
   lines = ["# Self-sizing by batch size", "",
            f"Command: `{cmd}`; commit `{commit}`; host {platform.processor() or platform.machine()}"
@@ -137,7 +158,13 @@ def main(argv=None) -> int:
     ar = by[(r["batch"], "ar")]["tok_s"]
     rule = _rule(r)
     tau = f"{r['tau']:.2f}" if r["tau"] else "-"
-    lines.append(f"| {r['batch']} | {r['method']} | {r['tok_s']:.2f} | {r['tok_s'] / ar:.2f}x | "
+    tok = f"{r['tok_s']:.2f}"
+    speed = f"{r['tok_s'] / ar:.2f}x"
+    if "rounds" in r:  # the median of the rounds, then their range; speedups round by round
+      tok += f" ({min(r['rounds']):.2f}-{max(r['rounds']):.2f})"
+      sp = [t / a_ for t, a_ in zip(r["rounds"], by[(r["batch"], "ar")]["rounds"])]
+      speed = f"{sorted(sp)[len(sp) // 2]:.2f}x ({min(sp):.2f}-{max(sp):.2f})"
+    lines.append(f"| {r['batch']} | {r['method']} | {tok} | {speed} | "
                  f"{tau} | {r['equal_ar']} | {rule} |")
   atomic_write_text(out / "sizing_batch.md", "\n".join(lines) + "\n")
   atomic_write_text(out / "sizing_batch.json", json.dumps(
@@ -145,6 +172,20 @@ def main(argv=None) -> int:
       default=str) + "\n")
   print("\n".join(lines))
   return 0
+
+
+def merged(results: list[dict]) -> list[dict]:
+  """One row per (batch, method) from the rounds' rows: tok/s the median round's (its other
+  fields with it), `rounds` every round's tok/s in order, equal_ar only if every round's was."""
+  cells: dict = {}
+  for r in results:
+    cells.setdefault((r["batch"], r["method"]), []).append(r)
+  out = []
+  for rows in cells.values():
+    mid = sorted(rows, key=lambda r: r["tok_s"])[len(rows) // 2]
+    out.append({**mid, "tok_s": mid["tok_s"], "rounds": [r["tok_s"] for r in rows],
+                "equal_ar": all(r["equal_ar"] for r in rows)})
+  return out
 
 
 if __name__ == "__main__":

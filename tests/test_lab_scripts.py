@@ -88,3 +88,18 @@ def test_papers_pipeline_names_existing_recipes_in_order():
   suite = re.search(r'SUITE="\$\{SUITE:-(\w+)\}"', text).group(1)
   assert (root / "configs/eval" / f"{suite}.yaml").is_file()
   assert text.index("vocabjax.train.ranker") < text.index("vocabjax.eval")
+
+
+def test_sizing_batch_takes_each_cells_median_round(monkeypatch):
+  """eval/sizing_batch.py --repeats: one row per (batch, method), the median round's, with every
+  round's tok/s in order, equal to plain decoding only if every round was."""
+  monkeypatch.syspath_prepend(str(script_path("sizing_batch").parent))  # its pair_study import
+  sb = load_script("sizing_batch")
+  rows = [{"round": i, "batch": 4, "method": "ar", "tok_s": t, "equal_ar": True}
+          for i, t in enumerate([10.0, 12.0, 11.0])]
+  rows += [{"round": i, "batch": 4, "method": "x", "tok_s": t, "equal_ar": i != 1, "tau": i}
+           for i, t in enumerate([9.0, 8.0, 10.0])]
+  got = {r["method"]: r for r in sb.merged(rows)}
+  assert got["ar"]["tok_s"] == 11.0 and got["ar"]["rounds"] == [10.0, 12.0, 11.0]
+  assert got["x"]["tok_s"] == 9.0 and got["x"]["tau"] == 0 and got["x"]["round"] == 0
+  assert got["x"]["equal_ar"] is False and got["ar"]["equal_ar"] is True
