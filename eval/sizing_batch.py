@@ -126,7 +126,8 @@ def main(argv=None) -> int:
         ref = outs
       if params.get("self_sizing"):
         learned.setdefault(name, {}).update(dec.learned_table())
-      row = {"round": rnd, "batch": B, "method": name, "tok_s": len(rows) * (a.max_new_tokens - 1) / secs,
+      row = {"round": rnd, "batch": B, "method": name,
+             "tok_s": len(rows) * (a.max_new_tokens - 1) / secs,
              "decode_s": secs, "wall_s": wall, "equal_ar": outs == ref,
              "tau": (acc + steps) / steps if steps else None}
       if "sizing_table" in params:
@@ -140,7 +141,8 @@ def main(argv=None) -> int:
             choices[n] = choices.get(n, 0) + c
         row["sizing"]["choices"] = choices  # every batch's
       results.append(row)
-      print(f"[sizing_batch] round {rnd + 1}/{a.repeats} B={B} {name}: {row['tok_s']:.2f} tok/s, tau {row['tau']}, "
+      print(f"[sizing_batch] round {rnd + 1}/{a.repeats} B={B} {name}: {row['tok_s']:.2f} "
+            f"tok/s, tau {row['tau']}, "
             f"equal {row['equal_ar']}, {row.get('sizing', {}).get('choices', '')}", flush=True)
   results = merged(results) if a.repeats > 1 else results
   by = {(r["batch"], r["method"]): r for r in results}
@@ -183,7 +185,7 @@ def merged(results: list[dict]) -> list[dict]:
   out = []
   for rows in cells.values():
     mid = sorted(rows, key=lambda r: r["tok_s"])[len(rows) // 2]
-    out.append({**mid, "tok_s": mid["tok_s"], "rounds": [r["tok_s"] for r in rows],
+    out.append({**mid, "rounds": [r["tok_s"] for r in rows],
                 "equal_ar": all(r["equal_ar"] for r in rows)})
   return out
 

@@ -60,7 +60,7 @@ def test_greedy_identity_per_dtype(pair, dtype, kernel, names):
     res = dec.generate(prompts, max_new_tokens=24)
     assert res.tokens == ar.tokens, name
     assert res.stats.tau > 1, name
-    if kernel and on_cpu:  # (XLA's dot path widens its weights by design: the reason for the kernel)
+    if kernel and on_cpu:  # (XLA's dot path widens its weights by design: why the kernel exists)
       steps = step_hlo(dec)
       assert steps, name
       for text in steps:  # the drafting loop gathers table rows, never widens the table

@@ -29,8 +29,8 @@ def _operands(M, D, F, seed=0):
 @pytest.mark.parametrize("M,D,F", [(1, 512, 640), (5, 256, 192), (3, 96, 48), (17, 64, 48)])
 def test_the_kernel_computes_the_grouped_values(M, D, F):
   """Blocks of 64 and of 16 outputs (F = 48), one range of D and several (`splits_for`), more
-  rows than a tensor core's 16; x in f32, and in bf16 against the weights rounded to bf16 (the values XLA's
-  dot takes on a GPU), f32 sums."""
+  rows than a tensor core's 16; x in f32, and in bf16 against the weights rounded to bf16 (the
+  values XLA's dot takes on a GPU), f32 sums."""
   x, codes, scales = _operands(M, D, F)
   w = np.asarray(grouped_in_out(GroupedInt4(codes, scales)))
   y = interpret(x, codes, scales)

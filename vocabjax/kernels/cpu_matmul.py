@@ -336,8 +336,9 @@ def _linear_grouped(x: jax.Array, w: GroupedInt4, lowering: Lowering) -> jax.Arr
   with f32 accumulation; on a TPU by the Pallas kernel (`grouped_int4_tpu`: each code and scale
   read once) for blocks of up to its MAX_ROWS rows, on one GPU by the Triton kernel
   (`grouped_int4_gpu`, up to its MAX_ROWS rows, each row's sums the same at every row count),
-  else (prefill, a GPU mesh) in XLA's dot, which widens the weight in HBM for most shapes. On the CPU (a mesh's devices; no kernel takes this
-  layout) each matrix is widened to f32 once its input exists (`widened_after`)."""
+  else (prefill, a GPU mesh) in XLA's dot, which widens the weight in HBM for most shapes. On
+  the CPU (a mesh's devices; no kernel takes this layout) each matrix is widened to f32 once its
+  input exists (`widened_after`)."""
   if lowering.platform == "cpu":
     u = widened_after(w, x, grouped_in_out)
     return jnp.einsum("...D,DF->...F", x.astype(jnp.float32), u,

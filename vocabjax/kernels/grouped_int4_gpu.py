@@ -22,8 +22,9 @@ row would (the greedy identity does not rest on how XLA tiles a dot for M). The 
 of M rows reads the weights M times from L2 or HBM; `MAX_ROWS` (32) bounds it, larger blocks
 (prefill) take XLA's dot.
 
-Checked here in Pallas's interpreter (values) and by compiling its Triton IR for sm_90a with
-the `triton` package (kernels/triton_inspect.py's way); not yet run on a GPU.
+Checked without a GPU: in Pallas's interpreter (values), compiled deviceless by XLA:GPU for
+the H100 and H200 (`vocabjax.testing.gpu_aot`), and its Triton IR compiled for sm_90a by the
+`triton` package (kernels/grouped_int4_triton.py); not yet run on a GPU.
 """
 
 from __future__ import annotations
@@ -59,8 +60,8 @@ def blocks_for(D: int, F: int, block_d: int | None = None, block_f: int | None =
 
 def splits_for(D: int, F: int, block_d: int | None = None, block_f: int | None = None) -> int:
   """Ranges of D for a [D, F] weight: the most that divide its chunks evenly without passing
-  what F / block_f x splits needs to reach TARGET_PROGRAMS. A function of (D, F) alone: a row's sums
-  are the same at every M."""
+  what F / block_f x splits needs to reach TARGET_PROGRAMS. A function of (D, F) alone: a row's
+  sums are the same at every M."""
   bd, bf = blocks_for(D, F, block_d, block_f)
   chunks, tiles = D // bd, F // bf
   want = min(chunks, max(1, -(-TARGET_PROGRAMS // tiles)))
