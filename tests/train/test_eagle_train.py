@@ -902,6 +902,67 @@ def test_a_ranker_for_a_full_vocabulary_head(target_dir, data_file, tmp_path):
     train_ranker(other, show_progress=False)
 
 
+@pytest.mark.extended
+def test_a_router_for_a_full_vocabulary_head(target_dir, data_file, tmp_path):
+  """DynaSpec on an EAGLE head (the papers' setting): a router trained on the head's normed
+  depth-0 outputs, the rows a SpecVocab ranker for the head reads (one feature directory,
+  shared), clustering the head's LM-head rows (the target's); it drafts losslessly through the
+  head's `vocab` setting and is refused by a drafter it was not trained for."""
+  from vocabjax.methods import METHODS
+  from vocabjax.train.ranker import RankerJob, build_head_features
+  from vocabjax.train.router import RouterJob, train as train_router
+  from vocabjax.vocab.clustered import ClusterRouter, ClusteredVocab, RouterError
+
+  head_job = _job(target_dir, data_file, tmp_path / "head_run", draft_vocab_size=None,
+                  train_lm_head=False, steps=4, eval_every=4)
+  train(head_job, show_progress=False)
+  head = tmp_path / "head_run" / "head"
+  shared = tmp_path / "head_rows"
+  rjob = RankerJob(drafter=str(target_dir), data=(str(data_file),), out=str(tmp_path / "r"),
+                   features=str(shared), eagle_head=str(head),
+                   eagle_features=head_job.features, rank=8)
+  build_head_features(rjob, show_progress=False)
+  made = {f.name: f.stat().st_mtime_ns for f in shared.iterdir()}
+  job = RouterJob(drafter=str(target_dir), data=(str(data_file),), out=str(tmp_path / "router"),
+                  features=str(shared), eagle_head=str(head), eagle_features=head_job.features,
+                  clusters=8, cluster_iters=2, steps=30, batch_tokens=64, lr=3e-2,
+                  warmup_steps=3, eval_every=10, checkpoint_every=10, heldout=0.25,
+                  recall_top=(1, 2, 4))
+  assert job.head_job().head_feature_fingerprint() == rjob.head_feature_fingerprint()
+  summary = train_router(job, show_progress=False)
+  assert {f.name: f.stat().st_mtime_ns for f in shared.iterdir()} == made  # read, not redone
+  assert summary["complete"]
+  log = [json.loads(x) for x in (tmp_path / "router" / "log.jsonl").read_text().splitlines()]
+  assert log[-1]["heldout_loss"] < log[0]["heldout_loss"]
+  r = ClusterRouter.load(tmp_path / "router" / "router.safetensors")
+  t = load_model(target_dir, dtype="float32")
+  assert r.vocab_size == t.config.vocab_size
+  assert r.drafter["source"].startswith("eagle head for ")
+  hc, hp, _ = load_eagle3(head, target_config=t.config)
+  r.check_drafter({"lm_head": hp["lm_head"]}, dataclasses.replace(t.config,
+                                                                  tie_word_embeddings=False))
+  other = load_model(save_tiny_variant("qwen2_bias", tmp_path / "other", seed=9,
+                                       with_tokenizer=True), dtype="float32")
+  with pytest.raises(RouterError, match="another drafter"):
+    r.check_drafter(other.params, other.config)
+
+  data = load_eagle_features(head_job.features_dir)
+  prompts = [list(map(int, s[:f + 1])) for _, s, f in data.seqs[:4]]
+  ar = Decoder(t.params, t.config).generate(prompts, max_new_tokens=12)
+  for tree in (TreeParams(1, 3, 3), TreeParams(2, 2, 4)):
+    res = SpeculativeEngine(
+        t.params, t.config,
+        EagleProposer(t.params, t.config, hp, hc, tree=tree, lm_head="target",
+                      draft_vocab=ClusteredVocab(r, top=2))).generate(prompts,
+                                                                      max_new_tokens=12)
+    assert res.tokens == ar.tokens
+  dec = METHODS["eagle"].make(t, None, {
+      "head": str(head), "lm_head": "target", "top_k": 1, "depth": 3, "total_tokens": 3,
+      "vocab": f"dynaspec:router={tmp_path / 'router' / 'router.safetensors'},top=2"})
+  assert type(dec.proposer.draft_vocab).__name__ == "ClusteredVocab"
+  assert dec.generate(prompts, max_new_tokens=12).tokens == ar.tokens
+
+
 def test_default_layers_of_a_trained_head_are_distinct_and_in_order():
   """A head trained without feature_layers reads the authors' (1, L/2 - 1, L - 4) where those
   are three distinct increasing layers; a shallow target's low / middle / last instead of the

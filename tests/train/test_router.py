@@ -83,6 +83,23 @@ def test_resume_is_exact(pair_dirs, data_file, tmp_path):
       (tmp_path / "b" / "summary.json").read_text())["final"]["heldout_loss"]
 
 
+def test_a_drafters_job_keeps_its_fingerprint(pair_dirs, data_file, tmp_path):
+  """The head fields (eagle_head, eagle_features) added later leave a drafter's router job's
+  fingerprint as it was (its checkpoints resume), and a head job differs from it."""
+  import dataclasses
+  import hashlib
+
+  from vocabjax.train.loop import RUN_ONLY_FIELDS
+
+  job = _job(pair_dirs, data_file, tmp_path / "x")
+  before = dataclasses.asdict(job)
+  for k in (*RUN_ONLY_FIELDS, "eagle_head", "eagle_features"):
+    before.pop(k, None)
+  before["data"] = job.feature_spec.fingerprint()
+  assert job.train_fingerprint() == hashlib.sha256(
+      json.dumps(before, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def test_bad_input(pair_dirs, data_file, tmp_path, capsys):
   with pytest.raises(TrainError, match="clusters=0: a router needs at least one cluster"):
     _job(pair_dirs, data_file, tmp_path / "x", clusters=0)
@@ -90,6 +107,10 @@ def test_bad_input(pair_dirs, data_file, tmp_path, capsys):
     _job(pair_dirs, data_file, tmp_path / "x", recall_top=(16,))
   with pytest.raises(TrainError):
     job_from_dict({"drafter": "d", "data": [], "out": "o"})
+  with pytest.raises(TrainError, match="eagle_head and eagle_features go together"):
+    _job(pair_dirs, data_file, tmp_path / "x", eagle_head="h", target=None)
+  with pytest.raises(TrainError, match="on the target's tokens stored in its features"):
+    _job(pair_dirs, data_file, tmp_path / "x", eagle_head="h", eagle_features="f")
   cfg = tmp_path / "job.yaml"
   cfg.write_text(f"drafter: {pair_dirs[0]}\ndata: [{data_file}]\nout: {tmp_path / 'y'}\n"
                  f"clusters: 100000\nrecall_top: [1]\nfeatures: {tmp_path / 'features'}\n")

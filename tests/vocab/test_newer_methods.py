@@ -156,6 +156,81 @@ def test_an_eagle_head_drafts_under_the_newer_policies(tiny_chat_dir, files, hea
     METHODS["eagle"].make(target, None, {**params, "vocab": "vocabtrim:k=3"})
 
 
+def test_an_eagle_head_under_a_router_and_factors_of_its_head(tiny_chat_dir, files, head_dir,
+                                                              tmp_path):
+  """DynaSpec and SlimSpec on an EAGLE head drafting through the target's head: a router and
+  factors made for that head (the identity `train.router` / `train.ranker` give a head's
+  files) draft losslessly; the 0.5B-style drafter's router is refused by the head."""
+  from vocabjax.train.ranker import head_drafter_identity
+  from vocabjax.vocab.ranked import Ranker, svd_of_head
+
+  target = load_model(tiny_chat_dir, dtype="float32")
+  rows = np.asarray(lm_head_weight(target.params, target.config))
+  ident = head_drafter_identity(target, {"lm_head": rows})
+  members = fit_clusters(rows, 8, iters=2)
+  rs = np.random.RandomState(1)
+  ClusterRouter(members, rs.randn(8, target.config.hidden_size).astype(np.float32),
+                np.zeros(8, np.float32), ident).save(tmp_path / "router.safetensors")
+  r = svd_of_head(rows, 8)
+  Ranker(down=r.down, vocab=r.vocab, drafter=ident).save(tmp_path / "factors.safetensors")
+  prompts = [target.tokenizer("def add(a, b):")["input_ids"], target.tokenizer("Hi")["input_ids"]]
+  ar = Decoder(target.params, target.config).generate(prompts, max_new_tokens=12)
+  base = {"head": str(head_dir), "lm_head": "target", "top_k": 2, "depth": 2,
+          "total_tokens": 4}
+  for vocab, kind in ((f"dynaspec:router={tmp_path / 'router.safetensors'},top=2",
+                       "ClusteredVocab"),
+                      (f"slimspec:factors={tmp_path / 'factors.safetensors'}", "LowRankHead")):
+    dec = METHODS["eagle"].make(target, None, {**base, "vocab": vocab})
+    assert type(dec.proposer.draft_vocab).__name__ == kind
+    assert dec.generate(prompts, max_new_tokens=12).tokens == ar.tokens
+  from vocabjax.vocab.clustered import RouterError
+
+  with pytest.raises(RouterError, match="the router was fitted for another drafter"):
+    METHODS["eagle"].make(target, None, {**base,
+                                         "vocab": f"dynaspec:router={files['router']},top=2"})
+
+
+def test_coverage_latency_weighs_an_eagle_heads_cost(tiny_chat_dir, files, head_dir, tmp_path,
+                                                    capsys):
+  """`calibrate select --coverage-latency --drafter HEAD --head`: the cost per drafted token is
+  the head's one layer and fc (`EagleConfig.num_params`), far below a model drafter's, so k*
+  is the rule's argmax at that cost; the subset drafts losslessly on the head; --head without
+  --coverage-latency, or on a directory that is no head, is one line."""
+  from vocabjax.calibrate.select import drafter_body_rows
+  from vocabjax.checkpoints.eagle2 import load_head_config
+  from vocabjax.vocab.subset import VocabSubset, coverage_latency
+
+  out = tmp_path / "head_cl.npz"
+  assert calibrate(["select", files["counts"], "--model", str(tiny_chat_dir), "--coverage-latency",
+                    "--drafter", str(head_dir), "--head", "--k-min", "8", "--out",
+                    str(out)]) == 0
+  sub = VocabSubset.load(out)
+  meta = dict(sub.meta)
+  hc = load_head_config(head_dir)
+  assert meta["body_rows"] == drafter_body_rows(hc) == -(-hc.num_params(head_rows=0)
+                                                        // hc.hidden_size)
+  from vocabjax.calibrate import Counts
+
+  want = coverage_latency(Counts.load(files["counts"]).counts, body_rows=meta["body_rows"],
+                          k_min=8)
+  assert sub.size == want["k"] and meta["drafter_kind"] == "head"
+  target = load_model(tiny_chat_dir, dtype="float32")
+  prompts = [target.tokenizer("def add(a, b):")["input_ids"]]
+  ar = Decoder(target.params, target.config).generate(prompts, max_new_tokens=12)
+  dec = METHODS["eagle"].make(target, None, {"head": str(head_dir), "lm_head": "target",
+                                             "top_k": 1, "depth": 3, "total_tokens": 3,
+                                             "vocab": f"covtrim:subset={out}"})
+  assert dec.generate(prompts, max_new_tokens=12).tokens == ar.tokens
+  capsys.readouterr()
+  assert calibrate(["select", files["counts"], "--model", str(tiny_chat_dir), "--k", "8",
+                    "--head", "--out", str(tmp_path / "x.npz")]) == 2
+  assert "--head says what --drafter is for --coverage-latency" in capsys.readouterr().err
+  assert calibrate(["select", files["counts"], "--model", str(tiny_chat_dir), "--coverage-latency",
+                    "--drafter", str(tmp_path), "--head", "--out",
+                    str(tmp_path / "y.npz")]) == 2
+  assert "is not a readable EAGLE head" in capsys.readouterr().err
+
+
 def test_the_comparison_suites_parse_and_differ_only_where_they_say():
   """vocab_methods.yaml names every vocabulary method of the registry (but OmniDraft's, whose
   drafter has another tokenizer) with parameters its dataclass takes; the two sampled suites
@@ -173,6 +248,20 @@ def test_the_comparison_suites_parse_and_differ_only_where_they_say():
   for m in full["methods"]:
     params = {k: v for k, v in m.items() if k not in ("name", "method")}
     METHODS[m["method"]].parse(params, m["name"], check_files=False)
+  # on an EAGLE head over the target's full head: every head policy, the seeds' subsets and
+  # ranker, each parameter one the head method takes
+  from vocabjax.methods.vocab import HEAD_POLICIES
+
+  eagle = suite("vocab_methods_eagle")
+  policies = set()
+  for m in eagle["methods"]:
+    params = {k: v for k, v in m.items() if k not in ("name", "method")}
+    METHODS[m["method"]].parse(params, m["name"], check_files=False)
+    policies.add(params.get("vocab", "").partition(":")[0])
+  assert policies >= set(HEAD_POLICIES)
+  assert {m["method"] for m in eagle["methods"]} == {"ar", "eagle"}
+  assert any("subset" in m for m in eagle["methods"]) and any("ranker" in m
+                                                              for m in eagle["methods"])
   within, outside = suite("vocab_methods_t07"), suite("vocab_methods_t07_outside")
   assert within["draft_in_set"] is True and outside["draft_in_set"] is False
   assert within["temperature"] == 0.7 and within["top_p"] == 0.9

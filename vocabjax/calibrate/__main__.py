@@ -89,6 +89,8 @@ def _parser():
                  help="k balancing coverage against the drafter's cost (--drafter, --alpha)")
   s.add_argument("--drafter", help="--coverage-latency: the drafter whose cost per token is "
                  "weighed (a KNOWN name, config.json, GGUF or registry model)")
+  s.add_argument("--head", action="store_true", help="--coverage-latency: --drafter is an "
+                 "EAGLE-1/2/3 or P-EAGLE head directory (its one layer and fc are the cost)")
   s.add_argument("--alpha", type=float, default=0.5, help="--coverage-latency: coverage's weight")
   s.add_argument("--min-coverage", type=float, default=0.0)
   s.add_argument("--k-min", type=int, default=50)
@@ -114,6 +116,8 @@ def main(argv=None) -> int:
   allow_bin_from_args(args)  # (count's --allow-bin: a model with pickled weights)
   try:
     # the output is checked before a model or a corpus is read
+    if args.cmd == "select" and args.head and not args.coverage_latency:
+      raise ValueError("--head says what --drafter is for --coverage-latency; give both")
     if args.cmd in ("select", "index"):
       check_output_file(args.out, "--out")
     else:
@@ -141,7 +145,7 @@ def main(argv=None) -> int:
         raise ValueError("--coverage-latency weighs the drafter's cost: name it with --drafter")
       sub, c = coverage_latency_subset(args.counts, args.model, args.drafter, alpha=args.alpha,
                                        min_coverage=args.min_coverage, k_min=args.k_min,
-                                       k_max=args.k_max)
+                                       k_max=args.k_max, head=args.head)
       sub.save(args.out)
       print(f"{args.out}: K={sub.size} of V={sub.vocab_size}: coverage {c['coverage']:.4f}, "
             f"drafting cost saved {c['saved']:.4f} (drafter body {c['body_rows']} rows + k "

@@ -71,18 +71,30 @@ def drafter_body_rows(config) -> int:
 
 def coverage_latency_subset(counts_path: str | Path, model: str, drafter: str, *,
                             alpha: float = 0.5, min_coverage: float = 0.0, k_min: int = 50,
-                            k_max: int | None = None) -> tuple[VocabSubset, dict]:
+                            k_max: int | None = None, head: bool = False
+                            ) -> tuple[VocabSubset, dict]:
   """(the top-k* subset of `counts_path` for `model`'s tokenizer, the choice): k* from
   `coverage_latency` with the cost of `drafter` (a KNOWN name, config.json, GGUF or cached
-  registry model: `vocabjax.checkpoints.known.resolve_config`)."""
+  registry model: `vocabjax.checkpoints.known.resolve_config`; with `head`, an EAGLE-1/2/3 or
+  P-EAGLE head directory, whose cost per drafted token is its one layer and fc)."""
   counts = Counts.load(counts_path)
-  _, config = resolve_config(drafter)
+  if head:
+    from vocabjax.checkpoints.eagle2 import load_head_config
+    from vocabjax.checkpoints.convert import CheckpointError
+
+    try:
+      config = load_head_config(drafter)
+    except CheckpointError as e:
+      raise ValueError(f"--head {drafter}: {e}") from None
+  else:
+    _, config = resolve_config(drafter)
   choice = coverage_latency(counts.counts, body_rows=drafter_body_rows(config), alpha=alpha,
                             min_coverage=min_coverage, k_min=k_min, k_max=k_max)
   sub = subset_from_counts(counts_path, model, k=choice["k"])
   meta = {**dict(sub.meta), "rule": f"coverage_latency(alpha={alpha}, "
           f"min_coverage={min_coverage}) k={choice['k']}", "coverage": choice["coverage"],
-          "saved": choice["saved"], "drafter": drafter, "body_rows": choice["body_rows"]}
+          "saved": choice["saved"], "drafter": drafter, "body_rows": choice["body_rows"],
+          **({"drafter_kind": "head"} if head else {})}
   return VocabSubset(ids=sub.ids, vocab_size=sub.vocab_size, tokenizer_id=sub.tokenizer_id,
                      meta=tuple(sorted(meta.items()))), choice
 

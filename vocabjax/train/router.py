@@ -12,6 +12,14 @@ with warmup + cosine (`vocabjax.train.loop`), orbax checkpoints every `checkpoin
 (rerun to resume), held-out loss and the share of labels whose cluster is among the router's
 top m (`recall@m`, for each m of `recall_top`) every `eval_every` steps (`log.jsonl`,
 `curves.png`). Output: `router.safetensors` (with the drafter's identity), `summary.json`.
+
+An EAGLE head over the target's whole vocabulary as the drafter (the papers' setting):
+`eagle_head` names the head, `eagle_features` the target features it was trained on, `drafter`
+its target. The rows are then the head's normed depth-0 outputs with the target's next tokens,
+the very rows a SpecVocab ranker for that head trains on (`vocabjax.train.ranker`'s
+`build_head_features`; `features` may share a ranker job's directory), the clusters are of
+the head's LM-head rows (the target's), and the router carries the head's identity, so it
+attaches to that head (`--method eagle --set vocab=dynaspec:router=...`) and no other drafter.
 """
 
 from __future__ import annotations
@@ -57,6 +65,10 @@ class RouterJob:
   seed: int = 0
   max_records: int | None = None
   features: str | None = None  # default <out>/features (a ranker job's may be shared)
+  # an EAGLE head over the target's full vocabulary as the drafter (module doc); `drafter` is
+  # then its target, `eagle_features` the target features the head was trained on
+  eagle_head: str | None = None
+  eagle_features: str | tuple[str, ...] | None = None
 
   def __post_init__(self):
     check_settings(self)
@@ -68,6 +80,14 @@ class RouterJob:
       raise TrainError(f"heldout={self.heldout} must be in (0, 1)")
     if not self.data:
       raise TrainError("no data files given")
+    if isinstance(self.eagle_features, list):
+      object.__setattr__(self, "eagle_features", tuple(self.eagle_features))
+    if (self.eagle_head is None) != (self.eagle_features is None):
+      raise TrainError("eagle_head and eagle_features go together: the head and the target "
+                       "features it was trained on")
+    if self.eagle_head is not None and self.target is not None:
+      raise TrainError(f"a head's router trains on the target's tokens stored in its features "
+                       f"(target: null); got target={self.target!r}")
     if any(m < 1 or m > self.clusters for m in self.recall_top):
       raise TrainError(f"recall_top={self.recall_top} must lie in [1, clusters="
                        f"{self.clusters}]")
@@ -79,8 +99,20 @@ class RouterJob:
                                      else Path(self.out) / "features"),
                        target=self.target, max_records=self.max_records)
 
+  def head_job(self):
+    """The ranker job whose head features this router reads (same drafter, data, head,
+    target features and feature directory: `build_head_features` computes them)."""
+    from vocabjax.train.ranker import RankerJob
+
+    return RankerJob(drafter=self.drafter, data=self.data, out=self.out,
+                     features=self.feature_spec.directory, max_records=self.max_records,
+                     eagle_head=self.eagle_head, eagle_features=self.eagle_features)
+
   def train_fingerprint(self) -> str:
-    return train_fingerprint(self, replace={"data": self.feature_spec.fingerprint()})
+    data = (self.head_job().head_feature_fingerprint() if self.eagle_head
+            else self.feature_spec.fingerprint())
+    return train_fingerprint(self, replace={"data": data},
+                             new_defaults={"eagle_head": None, "eagle_features": None})
 
 
 def job_from_dict(raw: dict, *, where: str = "config") -> RouterJob:
@@ -124,13 +156,23 @@ def train(job: RouterJob, *, show_progress: bool = True, stop_after: int | None 
   """Build features if needed, fit the clusters, train the router (resuming), export."""
   out = Path(job.out)
   out.mkdir(parents=True, exist_ok=True)
-  fdir = build_features(job.feature_spec, show_progress=show_progress)
-  draft = load_model(job.drafter, dtype="float32", progress=show_progress)
-  identity = model_identity(draft)
+  if job.eagle_head:
+    from vocabjax.train.ranker import build_head_features, head_drafter_identity, load_head
+
+    hjob = job.head_job()
+    draft = load_model(job.drafter, dtype="float32", progress=show_progress)
+    hc, head = load_head(hjob, draft)
+    fdir = build_head_features(hjob, draft, (hc, head), show_progress=show_progress)
+    identity = head_drafter_identity(draft, head)
+    U = np.asarray(head["lm_head"])  # the head's LM head: the target's rows, full V
+  else:
+    fdir = build_features(job.feature_spec, show_progress=show_progress)
+    draft = load_model(job.drafter, dtype="float32", progress=show_progress)
+    identity = model_identity(draft)
+    U = np.asarray(lm_head_weight(draft.params, draft.config))
   feats = load_features(fdir)
   if feats.meta["drafter"]["fingerprint"] != identity["fingerprint"]:
     raise TrainError(f"features in {fdir} were made with another drafter")
-  U = np.asarray(lm_head_weight(draft.params, draft.config))
   V, D = U.shape
   if job.clusters > V:
     raise RouterError(f"clusters={job.clusters} exceeds the vocabulary of V={V} tokens")
