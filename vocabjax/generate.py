@@ -331,7 +331,8 @@ def parse_args(argv=None) -> GenerateConfig:
                  "int8 (weight-only int8 with per-row scales; activations stay f32), int4 "
                  "(weight-only, any checkpoint quantized into Q4_0 blocks: groups of 32 weights, "
                  "a float16 scale each), gguf (a GGUF file's own quantized blocks, kept as "
-                 "stored)")
+                 "stored), gguf-q8 (those blocks multiplied as llama.cpp does: activations "
+                 "quantized to 8 bits, integer dot products; CPU)")
   p.add_argument("--draft-dtype", help="the drafter's weights (default: --dtype); the target "
                  "verifies, so output stays exact")
   p.add_argument("--output", help="write token ids and timing here as JSON")

@@ -12,7 +12,7 @@ from vocabjax.decoding.autoregressive import Decoder
 from vocabjax.decoding.drafter import ChainProposer, TreeProposer
 from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.tree import TreeParams
-from vocabjax.kernels.blocks import BLOCK_TYPES, is_blocks
+from vocabjax.kernels.blocks import BLOCK_TYPES, Q8_TYPES, is_blocks, with_arith
 from vocabjax.models import LlamaLikeConfig, init_params
 from vocabjax.models.llamalike import cast_weights, compute_dtype, has_blocks
 from vocabjax.sampling import SamplingParams
@@ -74,6 +74,41 @@ def test_sampling_on_blocks_is_lossless(qtype, kind):
               TreeProposer(draft, BSMALL, BSMALL, tree=TreeParams(2, 2, 4)))
   pvalue, stats = target_law(SpeculativeEngine(target, BSMALL, proposer), target, BSMALL,
                              [3, 1], sp, n=6000, seed=17)
+  assert 0.05 < stats.acceptance_rate < 0.95
+  assert pvalue > 1e-3
+
+
+# int8 activations (`dtype="gguf-q8"`, llama.cpp's arithmetic): not the f32 model's logits,
+# but every method's greedy output is plain decoding's on the same arithmetic (a row's result
+# does not depend on how many rows a block has), and sampling stays lossless
+@pytest.mark.extended(params=["Q6_K", "Q8_0", "Q4_0"])
+@pytest.mark.parametrize("qtype", sorted(Q8_TYPES))
+def test_greedy_identity_with_int8_activations(qtype):
+  (target, _), (draft, _) = _pair(BCFG, qtype, 0.3)
+  target, draft = with_arith(target, "q8"), with_arith(draft, "q8")
+  assert target["layers"][0]["wq"].arith == "q8"
+  rs = np.random.RandomState(5)
+  prompts = [rs.randint(0, 64, n).tolist() for n in (1, 9, 70)] + [[5, 9, 2, 5, 9, 2, 5]]
+  ar = Decoder(target, BCFG).generate(prompts, max_new_tokens=16)
+  for name, dec in _methods(target, draft, BCFG).items():
+    res = dec.generate(prompts, max_new_tokens=16)
+    assert res.tokens == ar.tokens, name
+    if name != "pld":
+      assert res.stats.tau > 1, name
+
+
+@pytest.mark.extended(params=["tree"])
+@pytest.mark.parametrize("kind", ["chain", "tree"])
+def test_sampling_with_int8_activations_is_lossless(kind):
+  target = with_arith(to_blocks(init_params(jax.random.key(10), BSMALL, scale=0.3), "Q4_K")[0],
+                      "q8")
+  draft = with_arith(to_blocks(init_params(jax.random.key(11), BSMALL, scale=0.3), "Q4_K")[0],
+                     "q8")
+  sp = SamplingParams(temperature=1.0)
+  proposer = (ChainProposer(draft, BSMALL, BSMALL, gamma=2) if kind == "chain" else
+              TreeProposer(draft, BSMALL, BSMALL, tree=TreeParams(2, 2, 4)))
+  pvalue, stats = target_law(SpeculativeEngine(target, BSMALL, proposer), target, BSMALL,
+                             [3, 1], sp, n=6000, seed=19)
   assert 0.05 < stats.acceptance_rate < 0.95
   assert pvalue > 1e-3
 

@@ -7,6 +7,8 @@ from pathlib import Path
 import numpy as np
 
 from vocabjax.calibrate.counts import CalibrationError, Counts, special_ids, tokenizer_identity
+from vocabjax.checkpoints.convert import CheckpointError
+from vocabjax.checkpoints.eagle2 import load_head_config
 from vocabjax.checkpoints.known import resolve_config
 from vocabjax.checkpoints.loader import load_tokenizer_and_vocab
 from vocabjax.vocab.incontext import save_index, successor_index
@@ -79,9 +81,6 @@ def coverage_latency_subset(counts_path: str | Path, model: str, drafter: str, *
   P-EAGLE head directory, whose cost per drafted token is its one layer and fc)."""
   counts = Counts.load(counts_path)
   if head:
-    from vocabjax.checkpoints.eagle2 import load_head_config
-    from vocabjax.checkpoints.convert import CheckpointError
-
     try:
       config = load_head_config(drafter)
     except CheckpointError as e:

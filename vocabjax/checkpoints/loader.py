@@ -17,6 +17,7 @@ from vocabjax.checkpoints.convert import CheckpointError, check_finite
 from vocabjax.checkpoints.gguf_io import (TOKENIZER_KEY, load_gguf, load_gguf_tokenizer,
                                           open_gguf, tokenizer_key)
 from vocabjax.checkpoints.hf import load_hf, read_hf_config
+from vocabjax.kernels.blocks import with_arith
 from vocabjax.lowering import target_platform
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import (INT4, LAYER_MATRICES, cast_weights, has_blocks, is_int8,
@@ -32,14 +33,18 @@ def default_dtype(backend: str | None = None):
 
 
 GGUF = "gguf"  # the dtype that keeps a GGUF file's quantized blocks (`kernels.blocks`)
+# GGUF's blocks multiplied as llama.cpp multiplies them: activations quantized to 8 bits per
+# block, integer dot products (`kernels.blocks.BlockWeight.arith` "q8"; its Q8_TYPES)
+GGUF_Q8 = "gguf-q8"
 INT4_DTYPE = "int4"  # weight-only int4: any checkpoint quantized into Q4_0 blocks at load
-_QUANTIZED = (GGUF, INT4_DTYPE)  # dtypes that are not jnp dtypes
+_QUANTIZED = (GGUF, GGUF_Q8, INT4_DTYPE)  # dtypes that are not jnp dtypes
 
 
 def parse_dtype(dtype: Any):
   """None -> the backend default; a name ('f32', 'bfloat16', 'int8', ...) or a dtype -> that
   dtype (int8 means weight-only int8, `models.llamalike.quantize_int8`); 'gguf' -> GGUF (the
-  file's own quantization: its blocks kept as stored, a GGUF file only); 'int4' -> weight-only
+  file's own quantization: its blocks kept as stored, a GGUF file only); 'gguf-q8' -> GGUF_Q8
+  (the same blocks multiplied with 8-bit activations, llama.cpp's arithmetic); 'int4' -> weight-only
   grouped int4 (`models.llamalike.quantize_blocks`: Q4_0 blocks, any checkpoint)."""
   if dtype is None or dtype == "auto":
     return default_dtype()
@@ -74,7 +79,8 @@ def weights_default(name_or_path: str | os.PathLike, dtype: Any = None, mesh=Non
 
 
 def dtype_name(dtype: Any) -> str:
-  """The name a record gives a parsed dtype: 'float32', 'bfloat16', 'int8', 'int4', 'gguf'."""
+  """The name a record gives a parsed dtype: 'float32', 'bfloat16', 'int8', 'int4', 'gguf',
+  'gguf-q8'."""
   return dtype if isinstance(dtype, str) and dtype in _QUANTIZED else jnp.dtype(dtype).name
 
 
@@ -172,7 +178,10 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
   `int8` (any backend) is weight-only int8 with per-row f32 scales, quantized from the f32
   weights at load (`models.llamalike.quantize_int8`); activations and the cache stay f32.
   `gguf` (a .gguf file, one device) keeps the file's quantized matrices as their blocks
-  (`kernels.blocks`); its norms and biases load as f32. `int4` (any checkpoint) on one CPU
+  (`kernels.blocks`); its norms and biases load as f32. `gguf-q8` keeps them too and has the
+  CPU kernel multiply them as llama.cpp does (x quantized to 8 bits per block, integer dot
+  products: `BlockWeight.arith` "q8", for the types in `kernels.blocks.Q8_TYPES`; the others
+  keep the exact arithmetic): not the f32 model's logits, the same logits in every method. `int4` (any checkpoint) on one CPU
   device loads f32 and quantizes every matrix into Q4_0 blocks (groups of 32 weights, a
   float16 scale each: `models.llamalike.quantize_blocks`), which then run as a GGUF file's
   blocks do; on a mesh, a GPU or a TPU it loads the backend's float dtype (bf16 on GPU/TPU:
@@ -189,13 +198,17 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
   if grouped:
     dtype = default_dtype(target_platform(mesh) if mesh is not None else jax.default_backend())
     int4 = False
-  keep_blocks = dtype == GGUF
+  q8 = dtype == GGUF_Q8
+  keep_blocks = dtype in (GGUF, GGUF_Q8)
   if keep_blocks and mesh is not None:
-    raise ValueError("GGUF blocks (dtype='gguf') are a one-device format: load the model in "
-                     "float32 or bfloat16 onto a mesh")
+    raise ValueError(f"GGUF blocks (dtype={dtype!r}) are a one-device format: load the model "
+                     f"in float32 or bfloat16 onto a mesh")
+  if q8 and jax.default_backend() != "cpu":
+    raise ValueError(f"dtype='gguf-q8' is the CPU kernel's arithmetic; the {jax.default_backend()} "
+                     f"backend has no blocks kernel: load the model in bfloat16, int8 or int4")
   path = zoo.resolve(name_or_path, progress=progress, allow_bin=allow_bin)
   if keep_blocks and path.suffix != ".gguf":
-    raise ValueError(f"dtype='gguf' keeps a GGUF file's quantized blocks; {path} is not a "
+    raise ValueError(f"dtype={dtype!r} keeps a GGUF file's quantized blocks; {path} is not a "
                      f".gguf file: choose float32, bfloat16 or int8")
   placement = (lambda cfg: sharding.param_shardings(cfg, mesh)) if mesh is not None else None
   narrow_on_cpu = not keep_blocks and not int4 and (
@@ -229,6 +242,8 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
   check_finite(params, str(path))
   if keep_blocks and not has_blocks(params):  # a float GGUF file: nothing was kept as blocks
     out_dtype = jnp.float32
+  elif q8:
+    params = with_arith(params, "q8")
   if narrow_on_cpu:
     params = cast_weights(params, out_dtype)
     if mesh is not None and is_int8(params):  # each device quantized its share: placed anew

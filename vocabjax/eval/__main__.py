@@ -169,7 +169,8 @@ def parse_args(argv=None) -> CliConfig:
                  "values dequantized), bf16 (on the CPU: bf16 "
                  "weight matrices, f32 activations), int8 (weight-only, per-row scales), int4 "
                  "(weight-only, Q4_0 blocks: groups of 32, a scale each), gguf "
-                 "(a GGUF file's own quantized blocks, kept as stored), auto; also the PyTorch side's with --compare-torch (f32 or bf16)")
+                 "(a GGUF file's own quantized blocks, kept as stored), gguf-q8 (those blocks "
+                 "multiplied as llama.cpp does: 8-bit activations, integer dots), auto; also the PyTorch side's with --compare-torch (f32 or bf16)")
   p.add_argument("--draft-dtype", help="the drafter's weights' dtype (default: the config's "
                  "draft_dtype, else --dtype's); the target verifies, so output stays exact")
   p.add_argument("--mesh", help="run every method on a device mesh, e.g. data=1,model=8 "

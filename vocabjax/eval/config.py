@@ -169,8 +169,8 @@ def config_from_dict(raw: dict, *, name: str = "custom", check_files: bool = Tru
 
 SUITE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 # the dtypes a suite may ask of `load_model` (`parse_dtype` accepts these and their short names;
-# "gguf" keeps a GGUF file's own quantized blocks)
-WEIGHT_DTYPES = ("float32", "bfloat16", "float16", "int8", "int4", "gguf")
+# "gguf" keeps a GGUF file's own quantized blocks, "gguf-q8" multiplies them as llama.cpp does)
+WEIGHT_DTYPES = ("float32", "bfloat16", "float16", "int8", "int4", "gguf", "gguf-q8")
 
 
 def _template_kwargs(raw: dict, where: str) -> tuple[tuple[str, Any], ...]:

@@ -65,16 +65,30 @@ def row_bytes(qtype: str, cols: int) -> int:
   return cols // t.values * t.bytes
 
 
+# the arithmetic `linear` multiplies blocks with on the CPU: "exact" (the dequantized values
+# times x in f32: the f32 model's logits) or "q8" (x quantized to 8 bits per block and integer
+# dot products, llama.cpp's arithmetic: `cpu_matmul.cc`, "int8 activations"; Q8_TYPES only)
+ARITHS = ("exact", "q8")
+Q8_TYPES = ("Q4_0", "Q8_0", "Q4_K", "Q6_K")
+
+
 @functools.partial(jax.tree_util.register_dataclass, data_fields=["data"],
-                   meta_fields=["qtype", "cols"])
+                   meta_fields=["qtype", "cols", "arith"])
 @dataclasses.dataclass(frozen=True)
 class BlockWeight:
-  """A weight matrix [F, cols] (or a stack of rows [..., cols]) as stored in GGUF blocks."""
+  """A weight matrix [F, cols] (or a stack of rows [..., cols]) as stored in GGUF blocks;
+  `arith`: how the CPU kernel multiplies it (ARITHS)."""
   data: jax.Array  # [..., row_bytes(qtype, cols)] uint8: each row's blocks, as in the file
   qtype: str  # a BLOCK_TYPES name
   cols: int  # D, values per row
+  arith: str = "exact"
 
   def __post_init__(self):
+    if self.arith not in ARITHS:
+      raise BlockError(f"arith={self.arith!r}: choose one of {ARITHS}")
+    if self.arith == "q8" and self.qtype not in Q8_TYPES:
+      raise BlockError(f"{self.qtype} blocks have no int8-activation kernel (arith='q8' takes "
+                       f"{', '.join(Q8_TYPES)})")
     want = row_bytes(self.qtype, self.cols)
     shape = getattr(self.data, "shape", None)
     if shape is not None and len(shape) and shape[-1] != want:
@@ -101,7 +115,22 @@ class BlockWeight:
 
   def take(self, idx, mode: str | None = None) -> "BlockWeight":
     """The rows `idx` (any shape) still as blocks: [*idx.shape, cols]."""
-    return BlockWeight(jnp.take(self.data, idx, axis=0, mode=mode), self.qtype, self.cols)
+    return BlockWeight(jnp.take(self.data, idx, axis=0, mode=mode), self.qtype, self.cols,
+                       self.arith)
+
+
+def with_arith(params, arith: str):
+  """`params` with every BlockWeight of a Q8_TYPES type multiplied in `arith` (ARITHS); the
+  other block types, which have no int8-activation kernel, keep the exact arithmetic."""
+  if arith not in ARITHS:
+    raise BlockError(f"arith={arith!r}: choose one of {ARITHS}")
+
+  def one(w):
+    if isinstance(w, BlockWeight) and (arith == "exact" or w.qtype in Q8_TYPES):
+      return dataclasses.replace(w, arith=arith)
+    return w
+
+  return jax.tree.map(one, params, is_leaf=lambda v: isinstance(v, BlockWeight))
 
 
 GROUP = 32  # values per Q4_0 group: one scale each

@@ -860,6 +860,270 @@ ffi::Error matmul_blocks_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   return run<Gemm>(pool, x.typed_data(), src, nullptr, y->typed_data(), xd[0], xd[1], wd[0]);
 }
 
+
+// ---- int8 activations: llama.cpp's arithmetic (opt-in, `blocks.BlockWeight.arith == "q8"`) --
+// y[m, f] = sum over blocks of x's row m quantized to 8 bits per block (QK values: 256 for the
+// K types, Q8_K's blocks; 32 for Q8_0 and Q4_0, Q8_0's) times the weight's codes, as integer
+// dot products, scaled in f32: what llama.cpp computes on a CPU (ggml's vec_dot of a K or legacy
+// type with Q8_K / Q8_0 activations), not the f32 arithmetic of the streaming kernel above, so
+// NOT the dequantized model's logits. x's block: amax = max |x|, d = amax / 127, q =
+// nearbyint(x * (127 / amax)) in [-127, 127] (amax 0: d 0, q 0; a non-finite amax gives a
+// non-finite y). Integer sums are exact; every float operation is fixed per (row of W, row of x)
+// and independent of M, the thread and the build (the AVX2 path and the portable one compute
+// the same lanes with the same fused multiply-adds and the same tree sum), so a token's logits
+// in a verified block equal its one-token logits bit for bit.
+//
+// Lanes: a group of 32 codes c[0..32) against 32 quantized x's gives 8 int32 lanes, lane k the
+// sum over bytes 4k..4k+3 (what AVX2's maddubs + madd leave in lane k); a block accumulates
+// its groups' lanes, each group's scaled by its integer sub-block scale (per 16 values for
+// Q6_K), then acc[k] = fma(d_w * d_x, float(lane[k]), acc[k]); y = tree sum of acc less the
+// K types' minimum term, fma-accumulated per block as dmin_w * d_x * sum_j m_j * sum(x's q in j).
+enum class Q8Kind { K256, L32 };
+template <QT T> constexpr Q8Kind kQ8Kind = Q8Kind::L32;
+template <> constexpr Q8Kind kQ8Kind<QT::Q4_K> = Q8Kind::K256;
+template <> constexpr Q8Kind kQ8Kind<QT::Q6_K> = Q8Kind::K256;
+
+// x [M, D] -> q [M, D] int8, d [M, D / QK] f32, sums [M, D / 32] int32 (each 32 q's sum)
+void quantize_rows(const float* x, int64_t M, int64_t D, int64_t QK, int8_t* q, float* d,
+                   int32_t* sums) {
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t b = 0; b < D / QK; ++b) {
+      const float* xb = x + m * D + b * QK;
+      float amax = 0.f;
+      for (int64_t l = 0; l < QK; ++l) {
+        const float a = std::fabs(xb[l]);
+        amax = (a > amax || a != a) ? a : amax;
+      }
+      const float id = amax > 0.f && std::isfinite(amax) ? 127.f / amax : 0.f;
+      d[m * (D / QK) + b] = amax / 127.f;
+      int8_t* qb = q + m * D + b * QK;
+      for (int64_t l = 0; l < QK; ++l) {
+        float v = std::nearbyint(xb[l] * id);
+        v = v > 127.f ? 127.f : v < -127.f ? -127.f : v;
+        qb[l] = static_cast<int8_t>(v == v ? v : 0.f);
+      }
+    }
+  for (int64_t i = 0; i < M * D / 32; ++i) {
+    int32_t s = 0;
+    for (int l = 0; l < 32; ++l) s += q[i * 32 + l];
+    sums[i] = s;
+  }
+}
+
+#if defined(__AVX2__)
+using Lanes = __m256i;  // 8 int32
+using Acc = __m256;     // 8 f32
+inline Lanes lanes_zero() { return _mm256_setzero_si256(); }
+inline Acc acc_zero() { return _mm256_setzero_ps(); }
+// lanes += (per 16 values: sa, sb) x (c - off) . qx over 32 values; c unsigned codes
+inline Lanes group_lanes(Lanes acc, __m256i c, const int8_t* qx, int off, int sa, int sb) {
+  const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx));
+  __m256i p = _mm256_maddubs_epi16(c, xv);
+  if (off) p = _mm256_sub_epi16(p, _mm256_maddubs_epi16(_mm256_set1_epi8(static_cast<char>(off)), xv));
+  const __m256i s = _mm256_setr_m128i(_mm_set1_epi16(static_cast<short>(sa)),
+                                      _mm_set1_epi16(static_cast<short>(sb)));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
+}
+// lanes += w . qx over 32 values, w signed (Q8_0)
+inline Lanes group_lanes_signed(Lanes acc, const int8_t* w, const int8_t* qx) {
+  const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
+  const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx));
+  const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+}
+inline __m256i codes_lo4(const uint8_t* p) {  // 32 bytes' low nibbles
+  return _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
+                          _mm256_set1_epi8(15));
+}
+inline __m256i codes_hi4(const uint8_t* p) {  // 32 bytes' high nibbles
+  return _mm256_and_si256(_mm256_srli_epi16(_mm256_loadu_si256(
+      reinterpret_cast<const __m256i*>(p)), 4), _mm256_set1_epi8(15));
+}
+inline __m256i codes_q4_0(const uint8_t* qs) {  // 16 bytes: low nibbles then high nibbles
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i m = _mm_set1_epi8(15);
+  return _mm256_setr_m128i(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
+}
+// Q6_K: 32 codes (6 bits) from 32 ql bytes (nibble `shift`) and 32 qh bytes (bits hshift..+1)
+inline __m256i codes_q6(const uint8_t* ql, int shift, const uint8_t* qh, int hshift) {
+  const __m256i lo = shift ? codes_hi4(ql) : codes_lo4(ql);
+  const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
+  const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(h, hshift), _mm256_set1_epi8(3));
+  return _mm256_or_si256(lo, _mm256_slli_epi16(hi, 4));  // hi <= 3: no bits cross bytes
+}
+inline Acc acc_fma(float s, Lanes l, Acc acc) {
+  return _mm256_fmadd_ps(_mm256_set1_ps(s), _mm256_cvtepi32_ps(l), acc);
+}
+inline float acc_sum(Acc a) {  // (l0+l4, l1+l5, l2+l6, l3+l7) -> (s0+s2, s1+s3) -> t0+t1
+  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+  const __m128 t = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(t, _mm_shuffle_ps(t, t, 1)));
+}
+#else
+struct Lanes { int32_t v[8]; };
+struct Acc { float v[8]; };
+struct Codes { uint8_t v[32]; };
+inline Lanes lanes_zero() { return Lanes{}; }
+inline Acc acc_zero() { return Acc{}; }
+inline Lanes group_lanes(Lanes acc, const Codes& c, const int8_t* qx, int off, int sa,
+                         int sb) {
+  for (int k = 0; k < 8; ++k) {
+    int32_t s = 0;
+    for (int t = 0; t < 4; ++t) s += (c.v[4 * k + t] - off) * qx[4 * k + t];
+    acc.v[k] += (k < 4 ? sa : sb) * s;
+  }
+  return acc;
+}
+inline Lanes group_lanes_signed(Lanes acc, const int8_t* w, const int8_t* qx) {
+  for (int k = 0; k < 8; ++k)
+    for (int t = 0; t < 4; ++t) acc.v[k] += w[4 * k + t] * qx[4 * k + t];
+  return acc;
+}
+inline Codes codes_lo4(const uint8_t* p) {
+  Codes c; for (int l = 0; l < 32; ++l) c.v[l] = p[l] & 15; return c;
+}
+inline Codes codes_hi4(const uint8_t* p) {
+  Codes c; for (int l = 0; l < 32; ++l) c.v[l] = p[l] >> 4; return c;
+}
+inline Codes codes_q4_0(const uint8_t* qs) {
+  Codes c;
+  for (int l = 0; l < 16; ++l) { c.v[l] = qs[l] & 15; c.v[l + 16] = qs[l] >> 4; }
+  return c;
+}
+inline Codes codes_q6(const uint8_t* ql, int shift, const uint8_t* qh, int hshift) {
+  Codes c;
+  for (int l = 0; l < 32; ++l)
+    c.v[l] = static_cast<uint8_t>(((ql[l] >> shift) & 15) | (((qh[l] >> hshift) & 3) << 4));
+  return c;
+}
+inline Acc acc_fma(float s, Lanes l, Acc acc) {
+  for (int k = 0; k < 8; ++k) acc.v[k] = std::fma(s, static_cast<float>(l.v[k]), acc.v[k]);
+  return acc;
+}
+inline float acc_sum(Acc a) {
+  float s[4], t[2];
+  for (int k = 0; k < 4; ++k) s[k] = a.v[k] + a.v[k + 4];
+  t[0] = s[0] + s[2];
+  t[1] = s[1] + s[3];
+  return t[0] + t[1];
+}
+#endif
+
+// The K types' eight 6-bit scales and minimums from their 12 packed bytes (`k_scale_min`'s
+// values, all at once: ggml's unpacking).
+inline void k_scales_mins(const uint8_t* s12, uint8_t* sc, uint8_t* mn) {
+  uint32_t u[4];
+  std::memcpy(u, s12, 12);
+  const uint32_t m1 = 0x3f3f3f3fu, m2 = 0x0f0f0f0fu, m3 = 0x03030303u;
+  u[3] = ((u[2] >> 4) & m2) | (((u[1] >> 6) & m3) << 4);
+  const uint32_t a = u[1] & m1;
+  u[1] = (u[2] & m2) | (((u[0] >> 6) & m3) << 4);
+  u[2] = a;
+  u[0] &= m1;
+  std::memcpy(sc, u, 8);
+  std::memcpy(mn, u + 2, 8);
+}
+
+// Row `w` (D values in blocks of T) against TM rows of x, quantized (q, d per QK, 32-sums;
+// row j at offsets j * D, j * D / QK, j * D / 32): each group's codes decoded once for the TM
+// rows, each row's lanes and floats exactly those of a one-row call.
+template <QT T, int TM>
+inline void q8_rows(const uint8_t* w, const int8_t* q, const float* d, const int32_t* sums,
+                    int64_t D, float* out, int64_t out_stride) {
+  constexpr int64_t V = QTraits<T>::values, B = QTraits<T>::bytes;
+  constexpr int64_t QK = kQ8Kind<T> == Q8Kind::K256 ? 256 : 32;
+  Acc acc[TM];
+  float macc[TM];
+  for (int j = 0; j < TM; ++j) { acc[j] = acc_zero(); macc[j] = 0.f; }
+  for (int64_t b = 0; b < D / V; ++b) {
+    const uint8_t* p = w + b * B;
+    Lanes l[TM];
+    for (int j = 0; j < TM; ++j) l[j] = lanes_zero();
+    if constexpr (T == QT::Q4_K) {
+      uint8_t sc[8], mn[8];
+      k_scales_mins(p + 4, sc, mn);
+      int32_t msum[TM] = {};
+      for (int s = 0; s < 8; ++s) {
+        const uint8_t* qs = p + 16 + 32 * (s / 2);
+        const auto c = (s & 1) ? codes_hi4(qs) : codes_lo4(qs);
+        for (int j = 0; j < TM; ++j)
+          l[j] = group_lanes(l[j], c, q + j * D + b * V + 32 * s, 0, sc[s], sc[s]);
+      }
+      for (int j = 0; j < TM; ++j)
+        for (int s = 0; s < 8; ++s) msum[j] += mn[s] * sums[j * (D / 32) + b * 8 + s];
+      const float dw = f16_to_f32(p), mw = f16_to_f32(p + 2);
+      for (int j = 0; j < TM; ++j) {
+        const float dx = d[j * (D / QK) + b];
+        acc[j] = acc_fma(dw * dx, l[j], acc[j]);
+        macc[j] = std::fma(mw * dx, static_cast<float>(msum[j]), macc[j]);
+      }
+    } else if constexpr (T == QT::Q6_K) {
+      const int8_t* sc = reinterpret_cast<const int8_t*>(p + 192);
+      for (int g = 0; g < 8; ++g) {  // value o = 32 g: half h, quarter i / 32
+        const int o = 32 * g, h = o / 128, i = o % 128;
+        const auto c = codes_q6(p + 64 * h + i % 64, (i / 64) * 4, p + 128 + 32 * h,
+                                2 * (i / 32));
+        for (int j = 0; j < TM; ++j)
+          l[j] = group_lanes(l[j], c, q + j * D + b * V + o, 32, sc[o / 16], sc[o / 16 + 1]);
+      }
+      const float dw = f16_to_f32(p + 208);
+      for (int j = 0; j < TM; ++j) acc[j] = acc_fma(dw * d[j * (D / QK) + b], l[j], acc[j]);
+    } else if constexpr (T == QT::Q8_0) {
+      const int8_t* wq = reinterpret_cast<const int8_t*>(p + 2);
+      const float dw = f16_to_f32(p);
+      for (int j = 0; j < TM; ++j)
+        acc[j] = acc_fma(dw * d[j * (D / QK) + b],
+                         group_lanes_signed(l[j], wq, q + j * D + b * V), acc[j]);
+    } else {  // Q4_0
+      const auto c = codes_q4_0(p + 2);
+      const float dw = f16_to_f32(p);
+      for (int j = 0; j < TM; ++j)
+        acc[j] = acc_fma(dw * d[j * (D / QK) + b],
+                         group_lanes(l[j], c, q + j * D + b * V, 8, 1, 1), acc[j]);
+    }
+  }
+  for (int j = 0; j < TM; ++j) out[j * out_stride] = acc_sum(acc[j]) - macc[j];
+}
+
+template <QT T, int TM>
+inline void q8_rows_rem(int n, const uint8_t* w, const int8_t* q, const float* d,
+                        const int32_t* sums, int64_t D, float* out, int64_t out_stride) {
+  if (n == TM) q8_rows<T, TM>(w, q, d, sums, D, out, out_stride);
+  else if constexpr (TM > 1) q8_rows_rem<T, TM - 1>(n, w, q, d, sums, D, out, out_stride);
+}
+
+template <QT T>
+ffi::Error matmul_q8_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
+                          ffi::ResultBuffer<ffi::F32> y) {
+  auto xd = x.dimensions(), wd = w.dimensions();
+  constexpr int64_t V = QTraits<T>::values, B = QTraits<T>::bytes;
+  constexpr int64_t QK = kQ8Kind<T> == Q8Kind::K256 ? 256 : 32;
+  if (xd.size() != 2 || wd.size() != 2 || xd[1] % V != 0 || wd[1] != xd[1] / V * B)
+    return ffi::Error::InvalidArgument(
+        "vocabjax matmul: expected x[M, D] with D whole blocks, w[F, D / values * bytes]");
+  const int64_t M = xd[0], D = xd[1], F = wd[0];
+  std::vector<int8_t> q(M * D);
+  std::vector<float> d(M * (D / QK));
+  std::vector<int32_t> sums(M * (D / 32));
+  quantize_rows(x.typed_data(), M, D, QK, q.data(), d.data(), sums.data());
+  const uint8_t* wp = w.typed_data();
+  float* yp = y->typed_data();
+  const int8_t* qp = q.data();
+  const float* dp = d.data();
+  const int32_t* sp = sums.data();
+  const int64_t chunks = (F + kRowsPerChunk - 1) / kRowsPerChunk;
+  parallel_for(pool, chunks, [=](int64_t c) {
+    const int64_t r0 = c * kRowsPerChunk, r1 = r0 + kRowsPerChunk < F ? r0 + kRowsPerChunk : F;
+    constexpr int kTM = 4;  // rows of x a weight row's decoded codes serve at once
+    for (int64_t r = r0; r < r1; ++r)
+      for (int64_t m = 0; m < M; m += kTM)
+        q8_rows_rem<T, kTM>(static_cast<int>(M - m < kTM ? M - m : kTM), wp + r * wd[1],
+                            qp + m * D, dp + m * (D / QK), sp + m * (D / 32), D,
+                            yp + m * F + r, F);
+  });
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 // x f32, w of element type WT (and, for int8, a per-row f32 scale), y f32.
@@ -913,6 +1177,12 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(VjSkinnyMatmulQ6_K, (matmul_blocks_impl<false, QT:
                               VJ_BIND(ffi::U8) VJ_RET);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(VjGemmBF16Q6_K, (matmul_blocks_impl<true, QT::Q6_K>),
                               VJ_BIND(ffi::U8) VJ_RET);
+
+// int8 activations (llama.cpp's arithmetic): w [F, row bytes] uint8 of the type's blocks.
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjQ8MatmulQ4_0, matmul_q8_impl<QT::Q4_0>, VJ_BIND(ffi::U8) VJ_RET);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjQ8MatmulQ8_0, matmul_q8_impl<QT::Q8_0>, VJ_BIND(ffi::U8) VJ_RET);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjQ8MatmulQ4_K, matmul_q8_impl<QT::Q4_K>, VJ_BIND(ffi::U8) VJ_RET);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjQ8MatmulQ6_K, matmul_q8_impl<QT::Q6_K>, VJ_BIND(ffi::U8) VJ_RET);
 
 // Whether the bf16 GEMM targets compute (else they return an error): AVX512-BF16 at build time.
 extern "C" int vj_has_bf16_gemm() {

@@ -39,8 +39,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from vocabjax.kernels import grouped_int4_gpu, grouped_int4_tpu
-from vocabjax.kernels.blocks import (BLOCK_TYPES, BlockWeight, GroupedInt4, dequantize,
-                                     grouped_in_out, is_blocks)
+from vocabjax.kernels.blocks import (BLOCK_TYPES, Q8_TYPES, BlockWeight, GroupedInt4,
+                                     dequantize, grouped_in_out, is_blocks)
 from vocabjax.lowering import Lowering
 
 MAX_ROWS = 64  # largest M (rows of x) the kernel takes; larger blocks are compute bound
@@ -52,6 +52,8 @@ _GEMM_TARGETS = {"float32": "VjGemmBF16F32", "bfloat16": "VjGemmBF16BF16",
 # GGUF blocks (`blocks.BlockWeight`) by type: the streaming kernel and the bf16 GEMM
 _BLOCK_TARGETS = {q: f"VjSkinnyMatmul{q}" for q in BLOCK_TYPES}
 _BLOCK_GEMM_TARGETS = {q: f"VjGemmBF16{q}" for q in BLOCK_TYPES}
+# blocks with arith "q8" (int8 activations, integer dots: llama.cpp's arithmetic)
+_Q8_TARGETS = {q: f"VjQ8Matmul{q}" for q in Q8_TYPES}
 
 GEMM_MIN_ROWS = 32  # smallest M the bf16 GEMM takes (below it the streaming kernel is as fast)
 _built = {"lib": None, "error": None, "warned": False}  # the built library (or why not)
@@ -180,7 +182,7 @@ def load():
     try:
       lib = ctypes.cdll.LoadLibrary(str(build()))
       for target in (*_TARGETS.values(), *_GEMM_TARGETS.values(), *_BLOCK_TARGETS.values(),
-                     *_BLOCK_GEMM_TARGETS.values()):
+                     *_BLOCK_GEMM_TARGETS.values(), *_Q8_TARGETS.values()):
         jax.ffi.register_ffi_target(f"vocabjax_{target}", jax.ffi.pycapsule(getattr(lib, target)),
                                     platform="cpu")
       _built["lib"] = lib
@@ -225,7 +227,9 @@ def linear_reference(x: jax.Array, w: jax.Array, scale: jax.Array | None = None)
 
 def _kernel_call(x2, w, scale, gemm=False):
   if isinstance(w, BlockWeight):  # GGUF blocks: the type's target over the rows' bytes
-    target, w = (_BLOCK_GEMM_TARGETS if gemm else _BLOCK_TARGETS)[w.qtype], w.data
+    table = (_Q8_TARGETS if w.arith == "q8" else _BLOCK_GEMM_TARGETS if gemm
+             else _BLOCK_TARGETS)
+    target, w = table[w.qtype], w.data
   else:
     target = (_GEMM_TARGETS if gemm else _TARGETS)[jnp.dtype(w.dtype).name]
   target = f"vocabjax_{target}"
@@ -299,6 +303,20 @@ def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None, *,
   return y.reshape(*lead, w.shape[0])
 
 
+def row_sum_squares(x: jax.Array) -> jax.Array | None:
+  """sum(x^2) over the last axis (keepdims), each row summed by the kernel (x^2 times a row of
+  ones: its fixed order, the same bits whatever the number of rows, unlike XLA:CPU's reduce);
+  None where the kernel is not available. A normalization's statistic in a decoding program,
+  so that a verified block's hidden states are its one-token steps' bit for bit."""
+  M = int(np.prod(x.shape[:-1], dtype=np.int64))
+  if M == 0 or not available():
+    return None
+  x2 = x.astype(jnp.float32)
+  y = _streamed((x2 * x2).reshape(M, x.shape[-1]), jnp.ones((1, x.shape[-1]), jnp.float32),
+                None, False)
+  return y.reshape(*x.shape[:-1], 1)
+
+
 def widened_after(w: BlockWeight, x: jax.Array, widen=dequantize) -> jax.Array:
   """`dequantize(w)`, computed only once `x` exists. XLA:CPU schedules a computation that reads
   only parameters (a matrix's widening) ahead of everything and keeps each result live for the
@@ -313,14 +331,18 @@ def widened_after(w: BlockWeight, x: jax.Array, widen=dequantize) -> jax.Array:
 def _linear_blocks(x: jax.Array, w: BlockWeight, lowering: Lowering) -> jax.Array:
   """`linear` of GGUF blocks under a platform-tagged `lowering`: the kernel's block targets on
   the CPU (dequantizing in registers), else XLA's dot on the f32 values, each matrix widened
-  when its input exists (`widened_after`)."""
+  when its input exists (`widened_after`). Blocks with arith "q8" (x quantized to 8 bits,
+  integer dots) take the kernel for any number of rows, prefills included, never the bf16
+  GEMM: a token's keys and values are then the same arithmetic's whether a prefill or a step
+  computed them, whatever the batch (XLA's f32 dot only where the kernel cannot run at all)."""
   lead, D = x.shape[:-1], x.shape[-1]
   M = int(np.prod(lead, dtype=np.int64))
   float_x = jnp.dtype(x.dtype).name in ("float32", "bfloat16")
   on_kernel = lowering.cpu_kernel and lowering.platform == "cpu" and float_x and M > 0
   if on_kernel and available():
-    gemm = lowering.bf16_blocks and M >= GEMM_MIN_ROWS and gemm_available()
-    if gemm or M <= MAX_ROWS or lowering.any_rows:
+    gemm = (lowering.bf16_blocks and M >= GEMM_MIN_ROWS and w.arith != "q8"
+            and gemm_available())
+    if gemm or M <= MAX_ROWS or lowering.any_rows or w.arith == "q8":
       y = _kernel_call(x.reshape(M, D).astype(jnp.float32), w, None, gemm)
       return y.reshape(*lead, w.shape[0])
   u = widened_after(w, x)

@@ -82,20 +82,39 @@ def param_shapes(config: LlamaLikeConfig) -> dict:
                       jax.eval_shape(lambda: init_params(jax.random.key(0), config)))
 
 
-def rms_norm(x: jax.Array, weight: jax.Array, eps: float) -> jax.Array:
-  """RMSNorm computed in f32, scaled in the input dtype (as transformers' LlamaRMSNorm)."""
+def rms_norm(x: jax.Array, weight: jax.Array, eps: float,
+             lowering: Lowering | None = None) -> jax.Array:
+  """RMSNorm computed in f32, scaled in the input dtype (as transformers' LlamaRMSNorm); the
+  mean of squares by `mean_square` under `lowering`."""
   x32 = x.astype(jnp.float32)
-  x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + eps)
+  x32 = x32 * jax.lax.rsqrt(mean_square(x32, lowering) + eps)
   return weight * x32.astype(x.dtype)
 
 
-def norm(x: jax.Array, weight: jax.Array, config: LlamaLikeConfig) -> jax.Array:
+def mean_square(x32: jax.Array, lowering: Lowering | None = None) -> jax.Array:
+  """mean(x^2) over the last axis, keepdims. XLA:CPU sums a row in an order that depends on
+  how many rows the array has (a decoding step's one token against a verified block's four:
+  1 ulp apart), so a model's hidden states in a block would not be its one-token states bit for
+  bit; where `lowering` runs the CPU kernel, each row's sum is the kernel's (its fixed order,
+  whatever the number of rows: `cpu_matmul.row_sum_squares`)."""
+  if lowering is not None and lowering.platform == "cpu" and lowering.cpu_kernel:
+    from vocabjax.kernels.cpu_matmul import row_sum_squares  # local: kernels import models
+
+    total = row_sum_squares(x32)
+    if total is not None:
+      return total / x32.shape[-1]
+  return jnp.mean(x32 * x32, axis=-1, keepdims=True)
+
+
+def norm(x: jax.Array, weight: jax.Array, config: LlamaLikeConfig,
+         lowering: Lowering | None = None) -> jax.Array:
   """The model's RMSNorm: `rms_norm`, or with `config.norm_unit_offset` Gemma's: x / rms(x)
-  times (1 + w), all in f32, then cast to x's dtype (transformers' Gemma3RMSNorm)."""
+  times (1 + w), all in f32, then cast to x's dtype (transformers' Gemma3RMSNorm).
+  `lowering`: the program's (`mean_square`)."""
   if not config.norm_unit_offset:
-    return rms_norm(x, weight, config.rms_norm_eps)
+    return rms_norm(x, weight, config.rms_norm_eps, lowering)
   x32 = x.astype(jnp.float32)
-  x32 = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + config.rms_norm_eps)
+  x32 = x32 * jax.lax.rsqrt(mean_square(x32, lowering) + config.rms_norm_eps)
   return (x32 * (1.0 + weight.astype(jnp.float32))).astype(x.dtype)
 
 
@@ -258,7 +277,7 @@ def decoder_layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, c
   """
   c, lw = config, lowering
   B, T, _ = x.shape
-  h = norm(x, layer["attn_norm"], c) if attn_input is None else attn_input
+  h = norm(x, layer["attn_norm"], c, lw) if attn_input is None else attn_input
   q, k, v = (_proj(h, layer, name, lw) for name in ("wq", "wk", "wv"))
   if c.attention_bias:
     q, k, v = (q + layer["bq"]).astype(x.dtype), (k + layer["bk"]).astype(x.dtype), (
@@ -267,8 +286,8 @@ def decoder_layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, c
   k = k.reshape(B, T, c.num_kv_heads, c.head_dim)
   v = v.reshape(B, T, c.num_kv_heads, c.head_dim)
   if c.qk_norm:
-    q = norm(q, layer["q_norm"], c)
-    k = norm(k, layer["k_norm"], c)
+    q = norm(q, layer["q_norm"], c, lw)
+    k = norm(k, layer["k_norm"], c, lw)
   q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
   ci = i if cache_index is None else cache_index
@@ -294,15 +313,15 @@ def decoder_layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, c
     attn = jnp.einsum("BNQTS,BSNe->BTNQe", probs, v_all[ci].astype(x.dtype))
   out = _proj(attn.reshape(B, T, c.q_dim), layer, "wo", lw)
   if c.sandwich_norms:
-    out = norm(out, layer["post_attn_norm"], c)
+    out = norm(out, layer["post_attn_norm"], c, lw)
   x = x + out
 
-  h = norm(x, layer["mlp_norm"], c)
+  h = norm(x, layer["mlp_norm"], c, lw)
   gate, up = _proj(h, layer, "w_gate", lw), _proj(h, layer, "w_up", lw)
   act = jax.nn.silu(gate) if c.hidden_act == "silu" else jax.nn.gelu(gate, approximate=True)
   out = _proj(act * up, layer, "w_down", lw)
   if c.sandwich_norms:
-    out = norm(out, layer["post_mlp_norm"], c)
+    out = norm(out, layer["post_mlp_norm"], c, lw)
   return x + out, k_all, v_all
 
 
@@ -652,7 +671,7 @@ def _run(params, tokens, positions, cache, mask, prefix_mask, config, capture, f
                                     valid=valid_lengths if fresh else None)
     if i in capture:
       feats[i] = x
-  hidden = norm(x, params["final_norm"], config)
+  hidden = norm(x, params["final_norm"], config, lowering)
   return hidden, cache.replace(k=bufs["global"][0], v=bufs["global"][1],
                                k_local=bufs["local"][0], v_local=bufs["local"][1],
                                lengths=cache.lengths + T), feats

@@ -38,6 +38,8 @@ from vocabjax.io import atomic_write_bytes, atomic_write_json
 from vocabjax.models.llamalike import lm_head_weight
 from vocabjax.train.features import (FeatureSpec, build_features, heldout_records,
                                      load_features, model_identity)
+from vocabjax.train.ranker import (RankerJob, build_head_features, head_drafter_identity,
+                                   load_head)
 from vocabjax.train.loop import (OptimConfig, TrainError, TrainRun, TrainState, apply_grads,
                                  check_settings, job_fields, make_optimizer, optimizer_of,
                                  progress, run_job_cli, step_rng, train_fingerprint)
@@ -102,8 +104,6 @@ class RouterJob:
   def head_job(self):
     """The ranker job whose head features this router reads (same drafter, data, head,
     target features and feature directory: `build_head_features` computes them)."""
-    from vocabjax.train.ranker import RankerJob
-
     return RankerJob(drafter=self.drafter, data=self.data, out=self.out,
                      features=self.feature_spec.directory, max_records=self.max_records,
                      eagle_head=self.eagle_head, eagle_features=self.eagle_features)
@@ -157,8 +157,6 @@ def train(job: RouterJob, *, show_progress: bool = True, stop_after: int | None 
   out = Path(job.out)
   out.mkdir(parents=True, exist_ok=True)
   if job.eagle_head:
-    from vocabjax.train.ranker import build_head_features, head_drafter_identity, load_head
-
     hjob = job.head_job()
     draft = load_model(job.drafter, dtype="float32", progress=show_progress)
     hc, head = load_head(hjob, draft)
