@@ -15,7 +15,10 @@ is that process's `ru_maxrss`):
 - llama.cpp's speculative decoding with the 0.5B drafter (`llama-speculative-simple`, the
   example that ships with those sources; prompt text as the chat template renders it);
 - vocabjax on the files' own blocks (no dtype: the default): plain, chain (gamma 3), the
-  EAGLE-2-style tree from the drafter (k 2, depth 4, 8 nodes) and prompt lookup (gamma 4).
+  EAGLE-2-style tree from the drafter (k 2, depth 4, 8 nodes) and prompt lookup (gamma 4);
+  `--dtypes auto,gguf-q8` runs them again on each further dtype (gguf-q8: the same blocks
+  multiplied as llama.cpp multiplies them, 8-bit activations and integer dot products), each
+  method named with its dtype and compared with vocabjax plain decoding on that dtype.
 
 A method's tok/s is new tokens over the wall time of its generations, prompt processing
 included; vocabjax first runs each prompt for 4 tokens (its programs compiled, not counted),
@@ -128,8 +131,10 @@ def run_vocabjax(args, qs) -> dict:
   from vocabjax.decoding.speculative import SpeculativeEngine
   from vocabjax.decoding.tree import TreeParams
 
-  t = load_model(TARGET, load_tokenizer=False)
-  d = load_model(DRAFT, load_tokenizer=False) if args.part == "vocabjax-spec" else None
+  dtype = None if args.dtype in (None, "auto") else args.dtype
+  t = load_model(TARGET, dtype=dtype, load_tokenizer=False)
+  d = (load_model(DRAFT, dtype=dtype, load_tokenizer=False) if args.part == "vocabjax-spec"
+       else None)
   methods = {} if d else {"vocabjax plain": lambda: Decoder(t.params, t.config)}
   if d:
     methods = {
@@ -155,7 +160,7 @@ def run_vocabjax(args, qs) -> dict:
       gens.append({"qid": qid, "tokens": res.tokens[0], "seconds": dt,
                    **({"tau": res.stats.tau} if hasattr(res.stats, "tau") else {})})
       print(f"  {name} {qid} {len(res.tokens[0])} tokens {dt:.1f} s", file=sys.stderr, flush=True)
-    out[name] = {"generations": gens, "peak_gb": peak_gb()}
+    out[name + (f" [{dtype}]" if dtype else "")] = {"generations": gens, "peak_gb": peak_gb()}
     del dec
   return out
 
@@ -176,15 +181,18 @@ def table(results: dict) -> list[str]:
         x["seconds"] for x in g)
 
   base = rate(methods["llama.cpp plain"])
-  refs = {k: {g["qid"]: g["tokens"] for g in methods[k]["generations"]}
-          for k in ("llama.cpp plain", "vocabjax plain")}
+  refs = {k: {g["qid"]: g["tokens"] for g in m["generations"]} for k, m in methods.items()
+          if k == "llama.cpp plain" or k.startswith("vocabjax plain")}
   rows = ["| method | tok/s | x llama.cpp plain | same tokens as llama.cpp plain | same "
           "tokens as vocabjax plain | peak resident GB |", "|---|---|---|---|---|---|"]
   for name, m in methods.items():
     same = []
-    for ref in refs.values():
+    # vocabjax's methods against vocabjax plain decoding on the same dtype ("... [dtype]")
+    tag = name[name.rindex(" ["):] if name.endswith("]") else ""
+    for ref in (refs["llama.cpp plain"], refs.get("vocabjax plain" + tag)):
       gs = [g for g in m["generations"] if "tokens" in g]
-      same.append(f"{sum(g['tokens'] == ref[g['qid']] for g in gs)}/{len(gs)}" if gs else "-")
+      same.append(f"{sum(g['tokens'] == ref[g['qid']] for g in gs)}/{len(gs)}"
+                  if gs and ref is not None else "-")
     rows.append(f"| {name} | {rate(m):.2f} | {rate(m) / base:.2f}x | {same[0]} | {same[1]} | "
                 f"{m['peak_gb']:.2f} |")
   return rows
@@ -200,6 +208,9 @@ def main(argv=None) -> int:
   p.add_argument("--max-new-tokens", type=int, default=128)
   p.add_argument("--limit", type=int, help="the first N questions only")
   p.add_argument("--out", default="runs/llamacpp_anchor")
+  p.add_argument("--dtypes", default="auto", help="vocabjax's weights, comma-separated: auto "
+                 "(the files' own blocks), gguf-q8 (llama.cpp's arithmetic), f32, ...")
+  p.add_argument("--dtype", help="(internal) one part's dtype")
   args = p.parse_args(argv)
   if args.part:
     if args.llama_lib:
@@ -210,23 +221,28 @@ def main(argv=None) -> int:
   out = Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
   results = {}
-  for part in ("llamacpp", "llamacpp-speculative", "vocabjax-plain", "vocabjax-spec"):
-    path = out / f"{part}.json"
+  runs = [("llamacpp", None), ("llamacpp-speculative", None)]
+  for dt in args.dtypes.split(","):
+    runs += [("vocabjax-plain", dt), ("vocabjax-spec", dt)]
+  for part, dt in runs:
+    key = part if dt in (None, "auto") else f"{part}-{dt}"
+    path = out / f"{key}.json"
     if path.exists():  # resumable: a finished part is not run again
-      results[part] = json.loads(path.read_text())
+      results[key] = json.loads(path.read_text())
       continue
     if part.startswith("llamacpp") and not (args.llama_lib and args.speculative):
       sys.exit("--llama-lib and --speculative name the llama.cpp build (eval/llamacpp_anchor.sh)")
-    print(f"[anchor] {part}", file=sys.stderr, flush=True)
+    print(f"[anchor] {key}", file=sys.stderr, flush=True)
     tmp = path.with_suffix(".json.tmp")
     cmd = [sys.executable, __file__, "--part", part, "--json", str(tmp), "--threads",
            str(args.threads), "--max-new-tokens", str(args.max_new_tokens)]
     cmd += ["--limit", str(args.limit)] if args.limit else []
     cmd += ["--llama-lib", args.llama_lib] if args.llama_lib else []
     cmd += ["--speculative", args.speculative] if args.speculative else []
+    cmd += ["--dtype", dt] if dt else []
     subprocess.run(cmd, check=True)
     os.replace(tmp, path)
-    results[part] = json.loads(path.read_text())
+    results[key] = json.loads(path.read_text())
   from vocabjax.eval.provenance import cpu_model
 
   lines = [f"# vocabjax beside llama.cpp (llama-cpp-python "
@@ -234,7 +250,9 @@ def main(argv=None) -> int:
            f"`{' '.join(['python', 'eval/llamacpp_anchor.py', *(argv or sys.argv[1:])])}`, "
            f"{cpu_model()}, {args.threads} threads, {time.strftime('%Y-%m-%d')}; "
            f"{args.max_new_tokens} new tokens, greedy, the default suite's prompts; vocabjax's "
-           f"weights: {results['vocabjax-spec'].get('weights')}.", "", *table(results), ""]
+           f"weights: " + "; ".join(v.get("weights") for k, v in results.items()
+                                    if k.startswith("vocabjax-spec")) + ".", "",
+           *table(results), ""]
   (out / "README.md").write_text("\n".join(lines))
   print("\n".join(lines))
   return 0

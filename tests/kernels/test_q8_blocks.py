@@ -17,7 +17,7 @@ from vocabjax.kernels.cpu_matmul import linear
 from vocabjax.lowering import Lowering
 
 CPU = Lowering(platform="cpu")
-QK = {"Q4_K": 256, "Q6_K": 256, "Q8_0": 32, "Q4_0": 32}
+QK = {"Q4_K": 256, "Q6_K": 256, "Q8_0": 32, "Q4_0": 32, "Q5_0": 32}
 
 
 def _bits(a):
@@ -104,12 +104,12 @@ def test_long_blocks_take_the_kernel_and_no_kernel_multiplies_exactly():
 
 
 def test_arith_is_checked_and_kept_by_row_takes():
-  data = random_blocks("Q5_0", 4, 64, seed=1)
-  with pytest.raises(BlockError, match="Q5_0 blocks have no int8-activation kernel"):
-    BlockWeight(jnp.asarray(data), "Q5_0", 64, "q8")
+  data = random_blocks("Q5_1", 4, 64, seed=1)
+  with pytest.raises(BlockError, match="Q5_1 blocks have no int8-activation kernel"):
+    BlockWeight(jnp.asarray(data), "Q5_1", 64, "q8")
   with pytest.raises(BlockError, match="arith='int8': choose one of"):
-    BlockWeight(jnp.asarray(data), "Q5_0", 64, "int8")
-  mixed = with_arith({"a": from_numpy(data, "Q5_0"),
+    BlockWeight(jnp.asarray(data), "Q5_1", 64, "int8")
+  mixed = with_arith({"a": from_numpy(data, "Q5_1"),
                       "b": from_numpy(random_blocks("Q8_0", 4, 64), "Q8_0")}, "q8")
   assert (mixed["a"].arith, mixed["b"].arith) == ("exact", "q8")
   assert mixed["b"].take(jnp.asarray([1, 0])).arith == "q8"

@@ -69,7 +69,7 @@ def row_bytes(qtype: str, cols: int) -> int:
 # times x in f32: the f32 model's logits) or "q8" (x quantized to 8 bits per block and integer
 # dot products, llama.cpp's arithmetic: `cpu_matmul.cc`, "int8 activations"; Q8_TYPES only)
 ARITHS = ("exact", "q8")
-Q8_TYPES = ("Q4_0", "Q8_0", "Q4_K", "Q6_K")
+Q8_TYPES = ("Q4_0", "Q5_0", "Q8_0", "Q4_K", "Q6_K")
 
 
 @functools.partial(jax.tree_util.register_dataclass, data_fields=["data"],

@@ -878,6 +878,8 @@ ffi::Error matmul_blocks_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
 // its groups' lanes, each group's scaled by its integer sub-block scale (per 16 values for
 // Q6_K), then acc[k] = fma(d_w * d_x, float(lane[k]), acc[k]); y = tree sum of acc less the
 // K types' minimum term, fma-accumulated per block as dmin_w * d_x * sum_j m_j * sum(x's q in j).
+// Codes are unsigned with an offset (Q4_0: q - 8, Q5_0: q - 16, Q6_K: q - 32, the offset's
+// products subtracted lane by lane) or signed bytes (Q8_0, through maddubs' sign trick).
 enum class Q8Kind { K256, L32 };
 template <QT T> constexpr Q8Kind kQ8Kind = Q8Kind::L32;
 template <> constexpr Q8Kind kQ8Kind<QT::Q4_K> = Q8Kind::K256;
@@ -944,6 +946,14 @@ inline __m256i codes_q4_0(const uint8_t* qs) {  // 16 bytes: low nibbles then hi
   const __m128i m = _mm_set1_epi8(15);
   return _mm256_setr_m128i(_mm_and_si128(b, m), _mm_and_si128(_mm_srli_epi16(b, 4), m));
 }
+inline __m256i codes_q5_0(const uint8_t* p) {  // Q5_0: nibbles of qs (p + 4), bit l of qh (p)
+  const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202,
+                                         0x0101010101010101, 0x0000000000000000);
+  __m256i bits = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(u32_at(p))), shuf);
+  bits = _mm256_or_si256(bits, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+  bits = _mm256_cmpeq_epi8(bits, _mm256_set1_epi64x(-1));  // byte l: 0xff where bit l is set
+  return _mm256_or_si256(codes_q4_0(p + 4), _mm256_and_si256(bits, _mm256_set1_epi8(16)));
+}
 // Q6_K: 32 codes (6 bits) from 32 ql bytes (nibble `shift`) and 32 qh bytes (bits hshift..+1)
 inline __m256i codes_q6(const uint8_t* ql, int shift, const uint8_t* qh, int hshift) {
   const __m256i lo = shift ? codes_hi4(ql) : codes_lo4(ql);
@@ -988,6 +998,12 @@ inline Codes codes_hi4(const uint8_t* p) {
 inline Codes codes_q4_0(const uint8_t* qs) {
   Codes c;
   for (int l = 0; l < 16; ++l) { c.v[l] = qs[l] & 15; c.v[l + 16] = qs[l] >> 4; }
+  return c;
+}
+inline Codes codes_q5_0(const uint8_t* p) {
+  Codes c = codes_q4_0(p + 4);
+  const uint32_t h = u32_at(p);
+  for (int l = 0; l < 32; ++l) c.v[l] = static_cast<uint8_t>(c.v[l] | (((h >> l) & 1u) << 4));
   return c;
 }
 inline Codes codes_q6(const uint8_t* ql, int shift, const uint8_t* qh, int hshift) {
@@ -1074,6 +1090,12 @@ inline void q8_rows(const uint8_t* w, const int8_t* q, const float* d, const int
       for (int j = 0; j < TM; ++j)
         acc[j] = acc_fma(dw * d[j * (D / QK) + b],
                          group_lanes_signed(l[j], wq, q + j * D + b * V), acc[j]);
+    } else if constexpr (T == QT::Q5_0) {
+      const auto c = codes_q5_0(p + 2);
+      const float dw = f16_to_f32(p);
+      for (int j = 0; j < TM; ++j)
+        acc[j] = acc_fma(dw * d[j * (D / QK) + b],
+                         group_lanes(l[j], c, q + j * D + b * V, 16, 1, 1), acc[j]);
     } else {  // Q4_0
       const auto c = codes_q4_0(p + 2);
       const float dw = f16_to_f32(p);
@@ -1180,6 +1202,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(VjGemmBF16Q6_K, (matmul_blocks_impl<true, QT::Q6_K
 
 // int8 activations (llama.cpp's arithmetic): w [F, row bytes] uint8 of the type's blocks.
 XLA_FFI_DEFINE_HANDLER_SYMBOL(VjQ8MatmulQ4_0, matmul_q8_impl<QT::Q4_0>, VJ_BIND(ffi::U8) VJ_RET);
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjQ8MatmulQ5_0, matmul_q8_impl<QT::Q5_0>, VJ_BIND(ffi::U8) VJ_RET);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(VjQ8MatmulQ8_0, matmul_q8_impl<QT::Q8_0>, VJ_BIND(ffi::U8) VJ_RET);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(VjQ8MatmulQ4_K, matmul_q8_impl<QT::Q4_K>, VJ_BIND(ffi::U8) VJ_RET);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(VjQ8MatmulQ6_K, matmul_q8_impl<QT::Q6_K>, VJ_BIND(ffi::U8) VJ_RET);
