@@ -5,7 +5,7 @@ tokens, a cache of 1024 slots; three timed runs each (the first includes one-off
 
     python kernels/prefill_timing.py     # output recorded in kernels/results/profile/prefill.txt
 """
-import time, numpy as np, jax, jax.numpy as jnp
+import time, jax, jax.numpy as jnp
 from vocabjax.checkpoints.loader import load_model
 from vocabjax.decoding.autoregressive import abstract_cache
 from vocabjax.decoding.drafter import compile_draft_prefill

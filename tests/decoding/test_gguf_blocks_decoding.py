@@ -67,20 +67,29 @@ def test_greedy_identity_on_blocks(qtype):
                                    for q in sorted(BLOCK_TYPES)])
 @pytest.mark.parametrize("kind", ["chain", "tree"])
 def test_sampling_on_blocks_is_lossless(qtype, kind):
-  target = to_blocks(init_params(jax.random.key(10), BSMALL, scale=0.3), qtype)[0]
-  draft = to_blocks(init_params(jax.random.key(11), BSMALL, scale=0.3), qtype)[0]
+  _assert_sampling_lossless(qtype, kind, "exact", seed=17)
+
+
+def _assert_sampling_lossless(qtype, kind, arith, seed):
+  """A chain or tree of a blocks drafter over a blocks target (their products in `arith`)
+  samples the target's own law at temperature 1 (chi-square over 6,000 draws)."""
+  target, draft = (with_arith(to_blocks(init_params(jax.random.key(k), BSMALL, scale=0.3),
+                                        qtype)[0], arith) for k in (10, 11))
   sp = SamplingParams(temperature=1.0)
   proposer = (ChainProposer(draft, BSMALL, BSMALL, gamma=2) if kind == "chain" else
               TreeProposer(draft, BSMALL, BSMALL, tree=TreeParams(2, 2, 4)))
   pvalue, stats = target_law(SpeculativeEngine(target, BSMALL, proposer), target, BSMALL,
-                             [3, 1], sp, n=6000, seed=17)
+                             [3, 1], sp, n=6000, seed=seed)
   assert 0.05 < stats.acceptance_rate < 0.95
   assert pvalue > 1e-3
 
 
-# int8 activations (`dtype="gguf-q8"`, llama.cpp's arithmetic): not the f32 model's logits,
-# but every method's greedy output is plain decoding's on the same arithmetic (a row's result
-# does not depend on how many rows a block has), and sampling stays lossless
+# int8 activations (`dtype="gguf-q8"`, llama.cpp's arithmetic): not the f32 model's logits;
+# on these models every method's greedy output is plain decoding's on the same arithmetic (a
+# row's products do not depend on how many rows a block has), and sampling stays lossless. Not
+# a guarantee: XLA:CPU can round a block's attention differently from a step's in the last
+# bit, which 8-bit activations amplify (the registry pair's tree and prompt lookup missed
+# plain decoding's tokens on some answers: eval/results/llamacpp_anchor_q8/)
 @pytest.mark.extended(params=["Q6_K", "Q8_0", "Q4_0"])
 @pytest.mark.parametrize("qtype", sorted(Q8_TYPES))
 def test_greedy_identity_with_int8_activations(qtype):
@@ -100,17 +109,7 @@ def test_greedy_identity_with_int8_activations(qtype):
 @pytest.mark.extended(params=["tree"])
 @pytest.mark.parametrize("kind", ["chain", "tree"])
 def test_sampling_with_int8_activations_is_lossless(kind):
-  target = with_arith(to_blocks(init_params(jax.random.key(10), BSMALL, scale=0.3), "Q4_K")[0],
-                      "q8")
-  draft = with_arith(to_blocks(init_params(jax.random.key(11), BSMALL, scale=0.3), "Q4_K")[0],
-                     "q8")
-  sp = SamplingParams(temperature=1.0)
-  proposer = (ChainProposer(draft, BSMALL, BSMALL, gamma=2) if kind == "chain" else
-              TreeProposer(draft, BSMALL, BSMALL, tree=TreeParams(2, 2, 4)))
-  pvalue, stats = target_law(SpeculativeEngine(target, BSMALL, proposer), target, BSMALL,
-                             [3, 1], sp, n=6000, seed=19)
-  assert 0.05 < stats.acceptance_rate < 0.95
-  assert pvalue > 1e-3
+  _assert_sampling_lossless("Q4_K", kind, "q8", seed=19)
 
 
 def test_blocks_refuse_a_cast():

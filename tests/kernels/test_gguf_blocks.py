@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.helpers.blocks import random_blocks, reference
+from tests.helpers.blocks import builds_agree, random_blocks, reference
 from vocabjax.kernels import cpu_matmul
 from vocabjax.kernels.blocks import (BLOCK_TYPES, BlockError, BlockWeight, dequantize, from_numpy,
                                      row_bytes)
@@ -73,10 +73,6 @@ def test_a_mixed_stack_of_types_and_the_avx2_build_agree(tmp_path):
   portable build (`x86-64`: the scalar `group_value` decoding every vector path must equal)
   compute what the native build computes, bit for bit, for every type, one token and blocks
   that take several passes of the register tile (a subprocess: one library per process)."""
-  import os
-  import subprocess
-  import sys
-
   code = (
       "import numpy as np, jax, jax.numpy as jnp\n"
       "from tests.helpers.blocks import random_blocks\n"
@@ -87,17 +83,7 @@ def test_a_mixed_stack_of_types_and_the_avx2_build_agree(tmp_path):
       "out = {f'{q}_{m}': np.asarray(linear(x[:m], from_numpy(random_blocks(q, 40, 512, seed=5), q),\n"
       "        lowering=Lowering(platform='cpu'))) for q in sorted(BLOCK_TYPES) for m in (1, 3, 12)}\n"
       "np.savez(__import__('sys').argv[1], **out)\n")
-  results = []
-  for march in ("native", "x86-64-v3", "x86-64"):
-    out = tmp_path / f"{march}.npz"
-    env = {**os.environ, "VOCABJAX_CPU_MARCH": march, "VOCABJAX_CACHE": str(tmp_path / march)}
-    subprocess.run([sys.executable, "-c", code, str(out)], check=True, env=env,
-                   cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
-    results.append(np.load(out))
-  for key in results[0].files:
-    for other, march in zip(results[1:], ("x86-64-v3", "x86-64")):
-      np.testing.assert_array_equal(_bits(results[0][key]), _bits(other[key]),
-                                    err_msg=f"{key} {march}")
+  builds_agree(tmp_path, code)
 
 
 def test_bad_blocks_are_refused_with_the_value():

@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tests.helpers.blocks import random_blocks, reference
+from tests.helpers.blocks import builds_agree, random_blocks, reference
 from vocabjax.kernels import cpu_matmul
 from vocabjax.kernels.blocks import (BLOCK_TYPES, Q8_TYPES, BlockError, BlockWeight, from_numpy,
                                      with_arith)
@@ -121,10 +121,6 @@ def test_the_avx2_and_portable_builds_compute_the_same_bits(tmp_path):
   """The AVX2 build (`x86-64-v3`: maddubs / madd lanes) and the portable one (`x86-64`: the
   same lanes in scalar code, std::fma) give what the native build gives, bit for bit (a
   subprocess: one library per process)."""
-  import os
-  import subprocess
-  import sys
-
   code = (
       "import numpy as np, jax, jax.numpy as jnp\n"
       "from tests.helpers.blocks import random_blocks\n"
@@ -135,14 +131,4 @@ def test_the_avx2_and_portable_builds_compute_the_same_bits(tmp_path):
       "out = {f'{q}_{m}': np.asarray(linear(x[:m], with_arith(from_numpy(random_blocks(q, 40, 512,"
       " seed=5), q), 'q8'), lowering=Lowering(platform='cpu'))) for q in Q8_TYPES for m in (1, 12)}\n"
       "np.savez(__import__('sys').argv[1], **out)\n")
-  results = []
-  for march in ("native", "x86-64-v3", "x86-64"):
-    out = tmp_path / f"{march}.npz"
-    env = {**os.environ, "VOCABJAX_CPU_MARCH": march, "VOCABJAX_CACHE": str(tmp_path / march)}
-    subprocess.run([sys.executable, "-c", code, str(out)], check=True, env=env,
-                   cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
-    results.append(np.load(out))
-  for key in results[0].files:
-    for other, march in zip(results[1:], ("x86-64-v3", "x86-64")):
-      np.testing.assert_array_equal(_bits(results[0][key]), _bits(other[key]),
-                                    err_msg=f"{key} {march}")
+  builds_agree(tmp_path, code)
