@@ -98,3 +98,26 @@ def test_a_loaded_model_keeps_no_view_of_its_file(tmp_path, dtype):
   maps = [o for o in gc.get_objects()
           if isinstance(o, np.memmap) and str(getattr(o, "filename", "")) == str(path)]
   assert maps == [] and model.params["final_norm"].shape == (256,)
+
+
+def test_a_tensor_s_pages_are_released_once_read(tmp_path, monkeypatch):
+  """The loader drops each tensor's file pages from resident memory once it has read them
+  (`gguf_io.release_pages`), every tensor's range once, and what it loaded is unchanged: a
+  range read again after its release reads the file's bytes."""
+  from vocabjax.checkpoints import gguf_io
+
+  path = write_tiny_gguf(tiny_hf_model("qwen2", seed=3, **WIDE), tmp_path / "m.gguf", "Q4_K")
+  released = []
+  real = gguf_io.release_pages
+  monkeypatch.setattr(gguf_io, "release_pages",
+                      lambda reader, off, n: (released.append((off, n)), real(reader, off, n)))
+  model = load_model(path, dtype="gguf", load_tokenizer=False)
+  reader = gguf_io.open_gguf(path)
+  want = {(int(t.data_offset), int(t.n_bytes)) for t in reader.tensors}
+  assert sorted(released) == sorted(want)  # every tensor, once
+  t = next(t for t in reader.tensors if t.name == "blk.0.attn_q.weight")
+  before = np.array(t.data)
+  real(reader, int(t.data_offset), int(t.n_bytes))
+  np.testing.assert_array_equal(np.array(t.data), before)
+  dense = load_model(path, dtype="float32", load_tokenizer=False)
+  np.testing.assert_array_equal(_logits(model), _logits(dense))

@@ -360,6 +360,13 @@ def _load_gguf(path: Path, dtype, pool, placement=None, keep_blocks: bool = Fals
   widened: dict[str, int] = {}  # quantized types not kept as blocks -> tensors dequantized
 
   def lookup(name: str) -> np.ndarray | BlockWeight:
+    try:
+      return _lookup(name)
+    finally:
+      t = tensors[name]
+      release_pages(reader, int(t.data_offset), int(t.n_bytes))
+
+  def _lookup(name: str) -> np.ndarray | BlockWeight:
     t = tensors[name]
     qtype = t.tensor_type.name
     if keep_blocks and len(t.shape) == 2 and qtype in BLOCK_TYPES:
@@ -397,6 +404,25 @@ def _load_gguf(path: Path, dtype, pool, placement=None, keep_blocks: bool = Fals
                   f"tensor(s) dequantized to {np.dtype(dtype).name} (kept as blocks: "
                   f"{', '.join(BLOCK_TYPES)})", stacklevel=3)
   return config, params, meta
+
+
+def release_pages(reader, offset: int, nbytes: int) -> None:
+  """Drop the file's pages [offset, offset + nbytes) from this process's resident memory once a
+  tensor has been read out of them (madvise MADV_DONTNEED on the reader's read-only mapping:
+  a later read maps them in again from the file, so nothing is lost). Without it a load holds
+  the whole file's pages beside the copies made of them: the 1.5B target's Q4_K_M load peaked
+  at 2.6 GB of resident memory for a 1.1 GB file."""
+  import mmap
+
+  mm = getattr(getattr(reader, "data", None), "_mmap", None)
+  advice = getattr(mmap, "MADV_DONTNEED", None)
+  if mm is None or advice is None or nbytes <= 0:
+    return
+  start = offset // mmap.PAGESIZE * mmap.PAGESIZE
+  try:
+    mm.madvise(advice, start, offset + nbytes - start)
+  except (OSError, ValueError):  # a mapping that refuses the advice keeps its pages
+    pass
 
 
 def tokenizer_key(reader) -> str:
