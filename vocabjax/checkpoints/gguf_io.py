@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import mmap
 import os
 from pathlib import Path
 
@@ -412,8 +413,6 @@ def release_pages(reader, offset: int, nbytes: int) -> None:
   a later read maps them in again from the file, so nothing is lost). Without it a load holds
   the whole file's pages beside the copies made of them: the 1.5B target's Q4_K_M load peaked
   at 2.6 GB of resident memory for a 1.1 GB file."""
-  import mmap
-
   mm = getattr(getattr(reader, "data", None), "_mmap", None)
   advice = getattr(mmap, "MADV_DONTNEED", None)
   if mm is None or advice is None or nbytes <= 0:

@@ -306,8 +306,10 @@ def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None, *,
 def row_sum_squares(x: jax.Array) -> jax.Array | None:
   """sum(x^2) over the last axis (keepdims), each row summed by the kernel (x^2 times a row of
   ones: its fixed order, the same bits whatever the number of rows, unlike XLA:CPU's reduce);
-  None where the kernel is not available. A normalization's statistic in a decoding program,
-  so that a verified block's hidden states are its one-token steps' bit for bit."""
+  None where the kernel is not available. A normalization's statistic on the CPU: XLA's
+  reduce summed a row of a one-token array and of a verified block's in different orders (one
+  of the last-bit differences between a block and its one-token steps; attention's dots and
+  fused elementwise code are others, not removed)."""
   M = int(np.prod(x.shape[:-1], dtype=np.int64))
   if M == 0 or not available():
     return None

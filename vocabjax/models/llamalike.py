@@ -94,9 +94,10 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float,
 def mean_square(x32: jax.Array, lowering: Lowering | None = None) -> jax.Array:
   """mean(x^2) over the last axis, keepdims. XLA:CPU sums a row in an order that depends on
   how many rows the array has (a decoding step's one token against a verified block's four:
-  1 ulp apart), so a model's hidden states in a block would not be its one-token states bit for
-  bit; where `lowering` runs the CPU kernel, each row's sum is the kernel's (its fixed order,
-  whatever the number of rows: `cpu_matmul.row_sum_squares`)."""
+  1 ulp apart), one reason a block's hidden states are not always its one-token states bit for
+  bit (the attention's dots are another, for blocks of 5 or more); where `lowering` runs the
+  CPU kernel, each row's sum is the kernel's (its fixed order, whatever the number of rows:
+  `cpu_matmul.row_sum_squares`)."""
   if lowering is not None and lowering.platform == "cpu" and lowering.cpu_kernel:
     from vocabjax.kernels.cpu_matmul import row_sum_squares  # local: kernels import models
 
