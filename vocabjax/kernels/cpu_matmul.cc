@@ -1146,6 +1146,121 @@ ffi::Error matmul_q8_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
   return ffi::Error::Success();
 }
 
+
+// ---- attention over the cache (decoding steps) ---------------------------------------------
+// out[b, t, n, g, :] = sum over visible s of softmax_s(q[b, t, n, g, :] . k[b, s, n, :] /
+// divisor) v[b, s, n, :], s visible where mask[b, t, s]: the attention of a decoding step
+// (T = 1) and of a verified block (T > 1) over the cache in its stored [B, S, N, hd] layout.
+// Each output row is the same sequence of f32 operations whatever T is: the dot of a query with
+// a key in 16 lanes over hd in order and a fixed tree sum, the softmax's exponentials by one
+// polynomial (`exp_poly`, the same code in vector lanes and scalar tails: built with
+// -ffp-contract=off), its sum and the weighted sum of values in ascending s. XLA:CPU's einsums
+// and fused softmax round a block of 5 or more queries differently from one query (in the
+// last bits), so with them a verified token's logits were not its one-token step's; this
+// kernel makes them equal. A row that sees no slot weighs every slot equally (what a softmax
+// over scores all at the same floor gives). Keys and values f32 or bf16 (widened exactly).
+
+// e^x by Cephes' expf polynomial (Cody-Waite reduction to |r| <= ln2 / 2): within 2 ulp of
+// expf for x in [-87, 0]; x is clamped there (a softmax's exponents are <= 0).
+inline float exp_poly(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  x = x > 0.0f ? 0.0f : x;
+  const float n = std::floor(x * 1.44269504088896341f + 0.5f);
+  float r = x - n * 0.693359375f;
+  r = r - n * -2.12194440e-4f;
+  const float r2 = r * r;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r2 + r + 1.0f;
+  int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+inline float widen(float x) { return x; }
+inline float widen(uint16_t x) {
+  uint32_t bits = static_cast<uint32_t>(x) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+// a . b over n values: 16 lane sums over i in order, then a fixed tree
+template <typename KT>
+inline float dot_lanes(const float* a, const KT* b, int64_t n) {
+  float acc[16] = {0};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 16; ++j) acc[j] += a[i + j] * widen(b[i + j]);
+  for (int j = 0; i + j < n; ++j) acc[j] += a[i + j] * widen(b[i + j]);
+  for (int w = 8; w >= 1; w /= 2)
+    for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
+  return acc[0];
+}
+
+template <typename KT, ffi::DataType DT>
+ffi::Error attention_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<DT> k,
+                          ffi::Buffer<DT> v, ffi::Buffer<ffi::PRED> mask,
+                          ffi::ResultBuffer<ffi::F32> out, float divisor) {
+  auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(), md = mask.dimensions();
+  bool same_kv = vd.size() == kd.size();
+  for (size_t i = 0; same_kv && i < kd.size(); ++i) same_kv = vd[i] == kd[i];
+  if (qd.size() != 5 || kd.size() != 4 || md.size() != 3 || !same_kv ||
+      kd[0] != qd[0] || kd[2] != qd[2] || kd[3] != qd[4] || md[0] != qd[0] ||
+      md[1] != qd[1] || md[2] != kd[1])
+    return ffi::Error::InvalidArgument(
+        "vocabjax attention: expected q[B, T, N, G, hd], k and v [B, S, N, hd], mask[B, T, S]");
+  const int64_t B = qd[0], T = qd[1], N = qd[2], G = qd[3], hd = qd[4], S = kd[1];
+  const float* qp = q.typed_data();
+  const KT* kp = reinterpret_cast<const KT*>(k.untyped_data());
+  const KT* vp = reinterpret_cast<const KT*>(v.untyped_data());
+  const bool* mp = mask.typed_data();
+  float* op = out->typed_data();
+  parallel_for(pool, B * T * N, [=](int64_t task) {
+    const int64_t n = task % N, bt = task / N, b = bt / T;
+    const bool* mrow = mp + bt * S;
+    thread_local std::vector<int32_t> seen;
+    thread_local std::vector<float> scores;
+    seen.clear();
+    for (int64_t s = 0; s < S; ++s)
+      if (mrow[s]) seen.push_back(static_cast<int32_t>(s));
+    const bool none = seen.empty();
+    if (none)
+      for (int64_t s = 0; s < S; ++s) seen.push_back(static_cast<int32_t>(s));
+    const int64_t C = static_cast<int64_t>(seen.size());
+    scores.resize(C);
+    for (int64_t g = 0; g < G; ++g) {
+      const float* qrow = qp + ((bt * N + n) * G + g) * hd;
+      float* orow = op + ((bt * N + n) * G + g) * hd;
+      float top = -INFINITY;
+      for (int64_t i = 0; i < C; ++i) {
+        const float sc = none ? 0.0f
+                              : dot_lanes(qrow, kp + ((b * S + seen[i]) * N + n) * hd, hd) /
+                                    divisor;
+        scores[i] = sc;
+        top = sc > top ? sc : top;
+      }
+      float total = 0.0f;
+      for (int64_t i = 0; i < C; ++i) {
+        scores[i] = exp_poly(scores[i] - top);
+        total += scores[i];
+      }
+      for (int64_t e = 0; e < hd; ++e) orow[e] = 0.0f;
+      for (int64_t i = 0; i < C; ++i) {
+        const float p = scores[i] / total;
+        const KT* vrow = vp + ((b * S + seen[i]) * N + n) * hd;
+        for (int64_t e = 0; e < hd; ++e) orow[e] += p * widen(vrow[e]);
+      }
+    }
+  });
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 // x f32, w of element type WT (and, for int8, a per-row f32 scale), y f32.
@@ -1206,6 +1321,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(VjQ8MatmulQ5_0, matmul_q8_impl<QT::Q5_0>, VJ_BIND(
 XLA_FFI_DEFINE_HANDLER_SYMBOL(VjQ8MatmulQ8_0, matmul_q8_impl<QT::Q8_0>, VJ_BIND(ffi::U8) VJ_RET);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(VjQ8MatmulQ4_K, matmul_q8_impl<QT::Q4_K>, VJ_BIND(ffi::U8) VJ_RET);
 XLA_FFI_DEFINE_HANDLER_SYMBOL(VjQ8MatmulQ6_K, matmul_q8_impl<QT::Q6_K>, VJ_BIND(ffi::U8) VJ_RET);
+
+// Attention over the cache (see attention_impl): q f32, k and v f32 or bf16, mask bool.
+#define VJ_ATTN(DT) ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<ffi::Buffer<ffi::F32>>() \
+    .Arg<ffi::Buffer<DT>>().Arg<ffi::Buffer<DT>>().Arg<ffi::Buffer<ffi::PRED>>() \
+    .Ret<ffi::Buffer<ffi::F32>>().Attr<float>("divisor")
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjAttentionF32, (attention_impl<float, ffi::F32>),
+                              VJ_ATTN(ffi::F32));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjAttentionBF16, (attention_impl<uint16_t, ffi::BF16>),
+                              VJ_ATTN(ffi::BF16));
 
 // Whether the bf16 GEMM targets compute (else they return an error): AVX512-BF16 at build time.
 extern "C" int vj_has_bf16_gemm() {

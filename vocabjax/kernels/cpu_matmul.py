@@ -54,6 +54,8 @@ _BLOCK_TARGETS = {q: f"VjSkinnyMatmul{q}" for q in BLOCK_TYPES}
 _BLOCK_GEMM_TARGETS = {q: f"VjGemmBF16{q}" for q in BLOCK_TYPES}
 # blocks with arith "q8" (int8 activations, integer dots: llama.cpp's arithmetic)
 _Q8_TARGETS = {q: f"VjQ8Matmul{q}" for q in Q8_TYPES}
+# attention over the cache by the caches' dtype (`attention`)
+_ATTENTION_TARGETS = {"float32": "VjAttentionF32", "bfloat16": "VjAttentionBF16"}
 
 GEMM_MIN_ROWS = 32  # smallest M the bf16 GEMM takes (below it the streaming kernel is as fast)
 _built = {"lib": None, "error": None, "warned": False}  # the built library (or why not)
@@ -182,7 +184,8 @@ def load():
     try:
       lib = ctypes.cdll.LoadLibrary(str(build()))
       for target in (*_TARGETS.values(), *_GEMM_TARGETS.values(), *_BLOCK_TARGETS.values(),
-                     *_BLOCK_GEMM_TARGETS.values(), *_Q8_TARGETS.values()):
+                     *_BLOCK_GEMM_TARGETS.values(), *_Q8_TARGETS.values(),
+                     *_ATTENTION_TARGETS.values()):
         jax.ffi.register_ffi_target(f"vocabjax_{target}", jax.ffi.pycapsule(getattr(lib, target)),
                                     platform="cpu")
       _built["lib"] = lib
@@ -317,6 +320,31 @@ def row_sum_squares(x: jax.Array) -> jax.Array | None:
   y = _streamed((x2 * x2).reshape(M, x.shape[-1]), jnp.ones((1, x.shape[-1]), jnp.float32),
                 None, False)
   return y.reshape(*x.shape[:-1], 1)
+
+
+def uses_attention(q_dtype, kv_dtype, lowering: Lowering) -> bool:
+  """Whether `decoder_layer`'s attention over the cache runs in the kernel (`attention`) under
+  `lowering`: decoding steps (`Lowering.any_rows`) on the CPU with the kernel on, f32 queries,
+  f32 or bf16 caches."""
+  return (lowering.cpu_kernel and lowering.any_rows and lowering.platform == "cpu"
+          and jnp.dtype(q_dtype) == jnp.float32
+          and jnp.dtype(kv_dtype).name in _ATTENTION_TARGETS and available())
+
+
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
+              divisor: float) -> jax.Array:
+  """Attention of q [B, T, N, G, hd] (f32) over a layer's cache k, v [B, S, N, hd] (f32 or bf16)
+  where mask [B, T, S] holds -> [B, T, N, G, hd] f32, by the kernel: softmax(q . k / divisor)
+  . v in f32, each query row computed by the same operations whatever T is (a verified
+  block's rows are its one-token steps' bit for bit; XLA:CPU's einsums and fused softmax round
+  blocks of 5 or more queries differently). Check `uses_attention` first."""
+  if not available():
+    raise RuntimeError(f"the CPU attention kernel is unavailable: {_built['error']}")
+  target = f"vocabjax_{_ATTENTION_TARGETS[jnp.dtype(k.dtype).name]}"
+  call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(q.shape, jnp.float32),
+                          vmap_method="sequential")
+  return call(q.astype(jnp.float32), k, v.astype(k.dtype), mask.astype(jnp.bool_),
+              divisor=np.float32(divisor))
 
 
 def widened_after(w: BlockWeight, x: jax.Array, widen=dequantize) -> jax.Array:

@@ -259,6 +259,16 @@ def _summed_attention(q, k, v, mask, divisor, dtype):
       :, None, :, :, None, :]).sum(2).astype(dtype)
 
 
+def _kernel_attention(q_dtype, kv_dtype, lowering: Lowering) -> bool:
+  """Whether a decoding step's attention over the cache runs in the CPU kernel
+  (`cpu_matmul.uses_attention`: the same bits for a query whatever the block's size)."""
+  if not (lowering.platform == "cpu" and lowering.cpu_kernel and lowering.any_rows):
+    return False
+  from vocabjax.kernels.cpu_matmul import uses_attention  # local: kernels import models
+
+  return uses_attention(q_dtype, kv_dtype, lowering)
+
+
 def decoder_layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, config,
                   attn_input=None, fresh=False, lowering: Lowering = Lowering(),
                   cache_index: int | None = None, ring: int | None = None,
@@ -306,6 +316,10 @@ def decoder_layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, c
     attn = _summed_attention(q, k_all[ci], v_all[ci], mask, c.attn_divisor, x.dtype)
     # this layer's reads of the caches happen before the next layer's writes (no copies)
     k_all, v_all, attn = jax.lax.optimization_barrier((k_all, v_all, attn))
+  elif _kernel_attention(q.dtype, k_all.dtype, lw):
+    from vocabjax.kernels.cpu_matmul import attention  # local: kernels import models
+
+    attn = attention(q, k_all[ci], v_all[ci], mask, c.attn_divisor).astype(x.dtype)
   else:
     scores = jnp.einsum("BTNQe,BSNe->BNQTS", q, k_all[ci].astype(q.dtype),
                         preferred_element_type=jnp.float32) / c.attn_divisor
