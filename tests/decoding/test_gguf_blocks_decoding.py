@@ -85,11 +85,9 @@ def _assert_sampling_lossless(qtype, kind, arith, seed):
 
 
 # int8 activations (`dtype="gguf-q8"`, llama.cpp's arithmetic): not the f32 model's logits;
-# on these models every method's greedy output is plain decoding's on the same arithmetic (a
-# row's products do not depend on how many rows a block has), and sampling stays lossless. Not
-# a guarantee: XLA:CPU can round a block's attention differently from a step's in the last
-# bit, which 8-bit activations amplify (the registry pair's tree and prompt lookup missed
-# plain decoding's tokens on some answers: eval/results/llamacpp_anchor_q8/)
+# every method's greedy output is plain decoding's on the same arithmetic (a row's products and
+# its attention do not depend on how many rows a block has: tests/kernels/test_cpu_attention.py),
+# and sampling stays lossless
 @pytest.mark.extended(params=["Q6_K", "Q8_0", "Q4_0"])
 @pytest.mark.parametrize("qtype", sorted(Q8_TYPES))
 def test_greedy_identity_with_int8_activations(qtype):

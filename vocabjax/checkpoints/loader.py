@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -245,14 +244,6 @@ def load_model(name_or_path: str | os.PathLike, *, dtype: Any = None,
     out_dtype = jnp.float32
   elif q8:
     params = with_arith(params, "q8")
-    warnings.warn(
-        "dtype='gguf-q8' (llama.cpp's arithmetic) is experimental: a verified block is not always "
-        "computed bit for bit as its one-token steps are (XLA:CPU's attention dots sum a block "
-        "of 5, 9 or 16 queries in another order than one), and 8-bit activations turn those "
-        "last-bit "
-        "differences into different tokens now and then, so speculative output is not "
-        "guaranteed to equal plain decoding's on it; dtype='gguf' is exact", UserWarning,
-        stacklevel=2)
   if narrow_on_cpu:
     params = cast_weights(params, out_dtype)
     if mesh is not None and is_int8(params):  # each device quantized its share: placed anew
