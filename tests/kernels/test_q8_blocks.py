@@ -74,6 +74,20 @@ def test_q8_kernel_is_the_int8_activation_arithmetic_at_every_row_count(qtype):
   assert f"VjQ8Matmul{qtype}" in hlo
 
 
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q8_0"])
+def test_q8_rows_of_a_long_block_are_their_one_row_results(qtype):
+  """A prefill's rows are multiplied in passes of as many rows as fit the cache (192 KiB of
+  quantized x: 24 rows of 8,192 values) and register tiles of 4 or 8 rows: every row of 61,
+  across three passes and a ragged last tile, is its one-row result bit for bit."""
+  data = random_blocks(qtype, 20, 8192, seed=4)
+  q8 = with_arith(from_numpy(data, qtype), "q8")
+  run = jax.jit(lambda x, w: linear(x, w, lowering=CPU.replace(any_rows=True)))
+  x = jax.random.normal(jax.random.key(9), (61, 8192))
+  got = np.asarray(run(x, q8))
+  ones = np.concatenate([np.asarray(run(x[m:m + 1], q8)) for m in range(61)])
+  np.testing.assert_array_equal(_bits(got), _bits(ones))
+
+
 def test_q8_edge_rows_zero_and_non_finite():
   """A row of zeros gives zeros; a non-finite x gives a non-finite y (the engine's non-finite
   check then names it), never a finite guess."""

@@ -26,6 +26,7 @@
 // and by tasks scheduled on XLA's intra-op thread pool; if the pool runs nothing the caller
 // does all chunks, so it never waits on a task that cannot run.
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -1107,6 +1108,15 @@ inline void q8_rows(const uint8_t* w, const int8_t* q, const float* d, const int
   for (int j = 0; j < TM; ++j) out[j * out_stride] = acc_sum(acc[j]) - macc[j];
 }
 
+// Rows of x a weight row's decoded codes serve at once: each needs two registers (its lanes
+// and its accumulators), and AVX-512VL has 32 of them for 256-bit vectors, AVX2 16.
+#if defined(__AVX512VL__)
+constexpr int kQ8TM = 8;
+#else
+constexpr int kQ8TM = 4;
+#endif
+constexpr int64_t kQ8XBytes = 192 * 1024;  // quantized rows of x per pass (see matmul_q8_impl)
+
 template <QT T, int TM>
 inline void q8_rows_rem(int n, const uint8_t* w, const int8_t* q, const float* d,
                         const int32_t* sums, int64_t D, float* out, int64_t out_stride) {
@@ -1134,14 +1144,19 @@ ffi::Error matmul_q8_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
   const float* dp = d.data();
   const int32_t* sp = sums.data();
   const int64_t chunks = (F + kRowsPerChunk - 1) / kRowsPerChunk;
+  // rows of x one pass over a chunk's weight rows serves: their quantized bytes stay in L2
+  // (a prefill's x of 709 rows is 1-6 MB; swept once per weight row, it came from memory)
+  const int64_t MB = std::max<int64_t>(kQ8TM, kQ8XBytes / D / kQ8TM * kQ8TM);
   parallel_for(pool, chunks, [=](int64_t c) {
     const int64_t r0 = c * kRowsPerChunk, r1 = r0 + kRowsPerChunk < F ? r0 + kRowsPerChunk : F;
-    constexpr int kTM = 4;  // rows of x a weight row's decoded codes serve at once
-    for (int64_t r = r0; r < r1; ++r)
-      for (int64_t m = 0; m < M; m += kTM)
-        q8_rows_rem<T, kTM>(static_cast<int>(M - m < kTM ? M - m : kTM), wp + r * wd[1],
-                            qp + m * D, dp + m * (D / QK), sp + m * (D / 32), D,
-                            yp + m * F + r, F);
+    for (int64_t m0 = 0; m0 < M; m0 += MB) {
+      const int64_t m1 = m0 + MB < M ? m0 + MB : M;
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t m = m0; m < m1; m += kQ8TM)
+          q8_rows_rem<T, kQ8TM>(static_cast<int>(m1 - m < kQ8TM ? m1 - m : kQ8TM),
+                                wp + r * wd[1], qp + m * D, dp + m * (D / QK),
+                                sp + m * (D / 32), D, yp + m * F + r, F);
+    }
   });
   return ffi::Error::Success();
 }

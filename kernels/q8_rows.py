@@ -1,0 +1,93 @@
+"""The CPU kernel on the registry target's own GGUF blocks by rows of x, on the exact arithmetic
+(`--dtype gguf`) and on llama.cpp's (`--dtype gguf-q8`: 8-bit activations, integer dots):
+milliseconds per call (median of repeats) for layer 0's MLP matrices of
+qwen2.5-coder-1.5b-instruct's Q4_K_M file (w_gate: Q4_K [8960, 1536]; w_down: Q6_K [1536, 8960]),
+at 1 row (a plain step), 4 and 9 (verification blocks), 64 and 709 (prefills; 709 is the
+default suite's summarization prompt).
+
+    python kernels/q8_rows.py --out kernels/results/q8_rows
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from vocabjax.eval.provenance import cpu_model
+from vocabjax.io import atomic_write_text
+from vocabjax.kernels import cpu_matmul
+from vocabjax.kernels.blocks import with_arith
+from vocabjax.lowering import Lowering
+
+ROWS = (1, 4, 9, 64, 709)
+MATRICES = ("w_gate", "w_down")
+
+
+def time_call(fn, x, w, repeats: int) -> float:
+  fn(x, w).block_until_ready()  # compiles
+  ts = []
+  for _ in range(repeats):
+    t = time.perf_counter()
+    fn(x, w).block_until_ready()
+    ts.append(time.perf_counter() - t)
+  return float(np.median(ts))
+
+
+def main(argv=None) -> int:
+  from vocabjax.checkpoints.loader import load_model
+
+  ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  ap.add_argument("--out", type=Path, required=True, help="directory for results.json / .md")
+  ap.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
+  ap.add_argument("--repeats", type=int, default=9)
+  args = ap.parse_args(argv)
+  layer = load_model(args.model, dtype="gguf", load_tokenizer=False).params["layers"][0]
+  low = Lowering(platform="cpu", any_rows=True)
+  fn = jax.jit(lambda x, w: cpu_matmul.linear(x, w, lowering=low))
+  rs = np.random.RandomState(0)
+  ms, kinds = {}, {}
+  for name in MATRICES:
+    w = layer[name]
+    kinds[name] = f"{w.qtype} {list(w.shape)}"
+    for arith in ("exact", "q8"):
+      wa = with_arith(w, arith)
+      for m in ROWS:
+        x = rs.randn(m, w.shape[1]).astype(np.float32)
+        key = f"{name}/{arith}/{m}"
+        ms[key] = time_call(fn, x, wa, args.repeats if m < 64 else max(3, args.repeats // 3)) * 1e3
+        print(f"{name} {kinds[name]} {arith:5s} M={m:3d} {ms[key]:8.2f} ms", flush=True)
+  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+  dirty = bool(subprocess.run(["git", "status", "--porcelain", "vocabjax"], capture_output=True,
+                              text=True).stdout.strip())
+  meta = {"command": "python kernels/q8_rows.py " + " ".join(argv) if argv else
+          "python kernels/q8_rows.py --out " + str(args.out),
+          "commit": commit + ("+changes" if dirty else ""), "cpu": cpu_model(),
+          "march": cpu_matmul.march(), "date": datetime.date.today().isoformat(),
+          "model": args.model, "matrices": kinds, "repeats": args.repeats, "ms": ms}
+  args.out.mkdir(parents=True, exist_ok=True)
+  atomic_write_text(args.out / "results.json", json.dumps(meta, indent=1) + "\n")
+  lines = [f"# {args.model}'s GGUF blocks by rows of x, exact and q8 arithmetic", "",
+           f"- command: `{meta['command']}`", f"- commit: {meta['commit']}",
+           f"- host: {meta['cpu']}, kernel -march={meta['march']}", f"- date: {meta['date']}",
+           "", "ms per call (median of repeats; 709 rows: a third of them)", "",
+           "| matrix | arithmetic | " + " | ".join(f"M={m}" for m in ROWS) + " |",
+           "|---|---" + "|---" * len(ROWS) + "|"]
+  for name in MATRICES:
+    for arith in ("exact", "q8"):
+      lines.append(f"| {name} {kinds[name]} | {arith} | " + " | ".join(
+          f"{ms[f'{name}/{arith}/{m}']:.2f}" for m in ROWS) + " |")
+  atomic_write_text(args.out / "results.md", "\n".join(lines) + "\n")
+  print(args.out / "results.md")
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
