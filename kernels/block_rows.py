@@ -38,6 +38,15 @@ def time_call(fn, x, w, repeats: int) -> float:
   return float(np.median(ts))
 
 
+def code_commit() -> str:
+  """HEAD's short hash, with "+changes" where vocabjax/ differs from it."""
+  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                          text=True).stdout.strip()
+  dirty = bool(subprocess.run(["git", "status", "--porcelain", "vocabjax"], capture_output=True,
+                              text=True).stdout.strip())
+  return commit + ("+changes" if dirty else "")
+
+
 def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   ap.add_argument("--out", type=Path, required=True, help="directory for results.json / .md")
@@ -57,13 +66,9 @@ def main(argv=None) -> int:
       x = jnp.asarray(rs.randn(m, D).astype(np.float32))
       rows[f"{name}/{m}"] = time_call(fn, x, wt, args.repeats) * 1e3
       print(f"{name:5s} M={m:2d} {rows[f'{name}/{m}']:7.2f} ms", flush=True)
-  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True).stdout.strip()
-  dirty = bool(subprocess.run(["git", "status", "--porcelain", "vocabjax"], capture_output=True,
-                              text=True).stdout.strip())
   meta = {"command": "python kernels/block_rows.py " + " ".join(argv or []) if argv else
           "python kernels/block_rows.py --out " + str(args.out),
-          "commit": commit + ("+changes" if dirty else ""), "cpu": cpu_model(),
+          "commit": code_commit(), "cpu": cpu_model(),
           "march": cpu_matmul.march(), "date": datetime.date.today().isoformat(),
           "shape": [F, D], "repeats": args.repeats, "ms": rows}
   args.out.mkdir(parents=True, exist_ok=True)

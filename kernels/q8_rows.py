@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import subprocess
-import time
 from pathlib import Path
 
 import jax
@@ -26,18 +24,10 @@ from vocabjax.kernels import cpu_matmul
 from vocabjax.kernels.blocks import with_arith
 from vocabjax.lowering import Lowering
 
+from block_rows import code_commit, time_call  # kernels/: run as a script
+
 ROWS = (1, 4, 9, 64, 709)
 MATRICES = ("w_gate", "w_down")
-
-
-def time_call(fn, x, w, repeats: int) -> float:
-  fn(x, w).block_until_ready()  # compiles
-  ts = []
-  for _ in range(repeats):
-    t = time.perf_counter()
-    fn(x, w).block_until_ready()
-    ts.append(time.perf_counter() - t)
-  return float(np.median(ts))
 
 
 def main(argv=None) -> int:
@@ -63,13 +53,9 @@ def main(argv=None) -> int:
         key = f"{name}/{arith}/{m}"
         ms[key] = time_call(fn, x, wa, args.repeats if m < 64 else max(3, args.repeats // 3)) * 1e3
         print(f"{name} {kinds[name]} {arith:5s} M={m:3d} {ms[key]:8.2f} ms", flush=True)
-  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True).stdout.strip()
-  dirty = bool(subprocess.run(["git", "status", "--porcelain", "vocabjax"], capture_output=True,
-                              text=True).stdout.strip())
   meta = {"command": "python kernels/q8_rows.py " + " ".join(argv) if argv else
           "python kernels/q8_rows.py --out " + str(args.out),
-          "commit": commit + ("+changes" if dirty else ""), "cpu": cpu_model(),
+          "commit": code_commit(), "cpu": cpu_model(),
           "march": cpu_matmul.march(), "date": datetime.date.today().isoformat(),
           "model": args.model, "matrices": kinds, "repeats": args.repeats, "ms": ms}
   args.out.mkdir(parents=True, exist_ok=True)
