@@ -1236,8 +1236,13 @@ ffi::Error attention_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Bu
   const KT* vp = reinterpret_cast<const KT*>(v.untyped_data());
   const bool* mp = mask.typed_data();
   float* op = out->typed_data();
-  parallel_for(pool, B * T * N, [=](int64_t task) {
-    const int64_t n = task % N, bt = task / N, b = bt / T;
+  // a task per (row, token, KV head) and its G query heads, which share each key and value
+  // row read; where that gives the threads too few tasks (a one-token step over 2 KV heads),
+  // a task per query head: each head's operations are the same either way
+  const int64_t per = B * T * N >= 2 * static_cast<int64_t>(pool.num_threads()) ? G : 1;
+  parallel_for(pool, B * T * N * (G / per), [=](int64_t task) {
+    const int64_t g0 = task % (G / per) * per, btn = task / (G / per);
+    const int64_t n = btn % N, bt = btn / N, b = bt / T;
     const bool* mrow = mp + bt * S;
     thread_local std::vector<int32_t> seen;
     thread_local std::vector<float> scores;
@@ -1249,7 +1254,7 @@ ffi::Error attention_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Bu
       for (int64_t s = 0; s < S; ++s) seen.push_back(static_cast<int32_t>(s));
     const int64_t C = static_cast<int64_t>(seen.size());
     scores.resize(C);
-    for (int64_t g = 0; g < G; ++g) {
+    for (int64_t g = g0; g < g0 + per; ++g) {
       const float* qrow = qp + ((bt * N + n) * G + g) * hd;
       float* orow = op + ((bt * N + n) * G + g) * hd;
       float top = -INFINITY;
