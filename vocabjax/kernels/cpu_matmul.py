@@ -337,7 +337,7 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
   where mask [B, T, S] holds -> [B, T, N, G, hd] f32, by the kernel: softmax(q . k / divisor)
   . v in f32, each query row computed by the same operations whatever T is (a verified
   block's rows are its one-token steps' bit for bit; XLA:CPU's einsums and fused softmax round
-  blocks of 5 or more queries differently). Check `uses_attention` first."""
+  blocks of 3 or more queries differently). Check `uses_attention` first."""
   if not available():
     raise RuntimeError(f"the CPU attention kernel is unavailable: {_built['error']}")
   target = f"vocabjax_{_ATTENTION_TARGETS[jnp.dtype(k.dtype).name]}"
