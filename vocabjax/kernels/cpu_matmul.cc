@@ -47,6 +47,13 @@ namespace {
 
 constexpr int64_t kRowsPerChunk = 64;
 
+// one stored value as f32 (exact): f32, bf16 (its 16 high bits), int8
+inline float to_f32(float w) { return w; }
+inline float to_f32(uint16_t w) {
+  uint32_t u = static_cast<uint32_t>(w) << 16; float f; std::memcpy(&f, &u, 4); return f;
+}
+inline float to_f32(int8_t w) { return static_cast<float>(w); }
+
 // ---- loading 16 weights as f32 ------------------------------------------------------------
 #if defined(__AVX512F__)
 using Vec = __m512;
@@ -125,11 +132,6 @@ inline void vstore(float* p, Vec v) { _mm256_storeu_ps(p, v.lo); _mm256_storeu_p
 // sum); the kernel is built with -ffp-contract=off, so nothing else gets fused.
 struct Vec { float v[16]; };
 inline Vec vzero() { Vec r; for (float& f : r.v) f = 0.f; return r; }
-inline float to_f32(float w) { return w; }
-inline float to_f32(uint16_t w) {
-  uint32_t u = static_cast<uint32_t>(w) << 16; float f; std::memcpy(&f, &u, 4); return f;
-}
-inline float to_f32(int8_t w) { return static_cast<float>(w); }
 template <typename W>
 inline Vec load16(const W* p, int n) {
   Vec r; for (int i = 0; i < 16; ++i) r.v[i] = i < n ? to_f32(p[i]) : 0.f; return r;
@@ -1170,7 +1172,7 @@ ffi::Error matmul_q8_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
 // a key in 16 lanes over hd in order and a fixed tree sum, the softmax's exponentials by one
 // polynomial (`exp_poly`, the same code in vector lanes and scalar tails: built with
 // -ffp-contract=off), its sum and the weighted sum of values in ascending s. XLA:CPU's einsums
-// and fused softmax round a block of 5 or more queries differently from one query (in the
+// and fused softmax round a block of 3 or more queries differently from one query (in the
 // last bits), so with them a verified token's logits were not its one-token step's; this
 // kernel makes them equal. A row that sees no slot weighs every slot equally (what a softmax
 // over scores all at the same floor gives). Keys and values f32 or bf16 (widened exactly).
@@ -1197,22 +1199,14 @@ inline float exp_poly(float x) {
   return p * scale;
 }
 
-inline float widen(float x) { return x; }
-inline float widen(uint16_t x) {
-  uint32_t bits = static_cast<uint32_t>(x) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
 // a . b over n values: 16 lane sums over i in order, then a fixed tree
 template <typename KT>
 inline float dot_lanes(const float* a, const KT* b, int64_t n) {
   float acc[16] = {0};
   int64_t i = 0;
   for (; i + 16 <= n; i += 16)
-    for (int j = 0; j < 16; ++j) acc[j] += a[i + j] * widen(b[i + j]);
-  for (int j = 0; i + j < n; ++j) acc[j] += a[i + j] * widen(b[i + j]);
+    for (int j = 0; j < 16; ++j) acc[j] += a[i + j] * to_f32(b[i + j]);
+  for (int j = 0; i + j < n; ++j) acc[j] += a[i + j] * to_f32(b[i + j]);
   for (int w = 8; w >= 1; w /= 2)
     for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
   return acc[0];
@@ -1274,7 +1268,7 @@ ffi::Error attention_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Bu
       for (int64_t i = 0; i < C; ++i) {
         const float p = scores[i] / total;
         const KT* vrow = vp + ((b * S + seen[i]) * N + n) * hd;
-        for (int64_t e = 0; e < hd; ++e) orow[e] += p * widen(vrow[e]);
+        for (int64_t e = 0; e < hd; ++e) orow[e] += p * to_f32(vrow[e]);
       }
     }
   });

@@ -311,8 +311,8 @@ def row_sum_squares(x: jax.Array) -> jax.Array | None:
   ones: its fixed order, the same bits whatever the number of rows, unlike XLA:CPU's reduce);
   None where the kernel is not available. A normalization's statistic on the CPU: XLA's
   reduce summed a row of a one-token array and of a verified block's in different orders (one
-  of the last-bit differences between a block and its one-token steps; attention's dots and
-  fused elementwise code are others, not removed)."""
+  of the last-bit differences between a block and its one-token steps; the attention over the
+  cache was the other: `attention`)."""
   M = int(np.prod(x.shape[:-1], dtype=np.int64))
   if M == 0 or not available():
     return None

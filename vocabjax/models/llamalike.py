@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vocabjax.kernels.cpu_matmul import linear
+from vocabjax.kernels.cpu_matmul import attention, linear, row_sum_squares, uses_attention
 from vocabjax.kernels.blocks import dequantize, grouped_int4, is_blocks, quantize
 from vocabjax.kernels.gather import take_rows
 from vocabjax.lowering import Lowering, lowering_of
@@ -94,13 +94,11 @@ def rms_norm(x: jax.Array, weight: jax.Array, eps: float,
 def mean_square(x32: jax.Array, lowering: Lowering | None = None) -> jax.Array:
   """mean(x^2) over the last axis, keepdims. XLA:CPU sums a row in an order that depends on
   how many rows the array has (a decoding step's one token against a verified block's four:
-  1 ulp apart), one reason a block's hidden states are not always its one-token states bit for
-  bit (the attention's dots are another, for blocks of 5 or more); where `lowering` runs the
-  CPU kernel, each row's sum is the kernel's (its fixed order, whatever the number of rows:
-  `cpu_matmul.row_sum_squares`)."""
+  1 ulp apart), so a block's hidden states would not be its one-token states bit for bit (the
+  attention over the cache is the other such place: `cpu_matmul.attention`); where `lowering`
+  runs the CPU kernel, each row's sum is the kernel's (its fixed order, whatever the number of
+  rows: `cpu_matmul.row_sum_squares`)."""
   if lowering is not None and lowering.platform == "cpu" and lowering.cpu_kernel:
-    from vocabjax.kernels.cpu_matmul import row_sum_squares  # local: kernels import models
-
     total = row_sum_squares(x32)
     if total is not None:
       return total / x32.shape[-1]
@@ -259,16 +257,6 @@ def _summed_attention(q, k, v, mask, divisor, dtype):
       :, None, :, :, None, :]).sum(2).astype(dtype)
 
 
-def _kernel_attention(q_dtype, kv_dtype, lowering: Lowering) -> bool:
-  """Whether a decoding step's attention over the cache runs in the CPU kernel
-  (`cpu_matmul.uses_attention`: the same bits for a query whatever the block's size)."""
-  if not (lowering.platform == "cpu" and lowering.cpu_kernel and lowering.any_rows):
-    return False
-  from vocabjax.kernels.cpu_matmul import uses_attention  # local: kernels import models
-
-  return uses_attention(q_dtype, kv_dtype, lowering)
-
-
 def decoder_layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, config,
                   attn_input=None, fresh=False, lowering: Lowering = Lowering(),
                   cache_index: int | None = None, ring: int | None = None,
@@ -316,9 +304,7 @@ def decoder_layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, c
     attn = _summed_attention(q, k_all[ci], v_all[ci], mask, c.attn_divisor, x.dtype)
     # this layer's reads of the caches happen before the next layer's writes (no copies)
     k_all, v_all, attn = jax.lax.optimization_barrier((k_all, v_all, attn))
-  elif _kernel_attention(q.dtype, k_all.dtype, lw):
-    from vocabjax.kernels.cpu_matmul import attention  # local: kernels import models
-
+  elif uses_attention(q.dtype, k_all.dtype, lw):  # the same bits at any block size
     attn = attention(q, k_all[ci], v_all[ci], mask, c.attn_divisor).astype(x.dtype)
   else:
     scores = jnp.einsum("BTNQe,BSNe->BNQTS", q, k_all[ci].astype(q.dtype),
