@@ -160,14 +160,18 @@ def test_tpu_tracing_builds_decoders_for_a_tpu_and_nothing_reads_the_backend_whi
 
 
 def test_chain_prefill_compiles():
-  """The engine's one prefill program: the target's prompt prefill and the drafter's, both
-  caches donated and aliased."""
+  """The engine's prefill programs: the target's prompt prefill (plain decoding's program) and
+  the drafter's from it, each donating and aliasing the caches it fills."""
   step = tpu.lower_step("chain:gamma=3", REAL_V, topology="v5e:1x1", S=S, T=64, prefill=True)
-  assert step.decoder.prefill_programs == ("prefill",)
-  step.compile(["prefill"])
-  assert "tpu_custom_call" not in step.programs["prefill"].text
-  mem = step.programs["prefill"].compiled.memory_analysis()
-  assert mem.alias_size_in_bytes >= step.cache_bytes_per_chip() > 0
+  assert step.decoder.prefill_programs == ("target_prefill", "prefill")
+  step.compile(["target_prefill", "prefill"])
+  mem = {}
+  for name in ("target_prefill", "prefill"):
+    assert "tpu_custom_call" not in step.programs[name].text
+    mem[name] = step.programs[name].compiled.memory_analysis().alias_size_in_bytes
+  target_bytes = tpu.cache_bytes(step.caches[0])
+  assert mem["target_prefill"] >= target_bytes > 0
+  assert mem["prefill"] >= step.cache_bytes_per_chip() > target_bytes
 
 
 # --- sharded over 4 chips -----------------------------------------------------------------

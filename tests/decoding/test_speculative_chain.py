@@ -10,6 +10,7 @@ from vocabjax.decoding import Decoder, SamplingParams
 from vocabjax.decoding.engine import prompt_bucket
 from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.drafter import ChainProposer, TreeProposer, compile_draft_prefill
+from vocabjax.decoding.pld import LookupProposer
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.kernels import cpu_matmul
 from vocabjax.models import init_params
@@ -61,8 +62,30 @@ def test_prompt_blocks_share_one_step_program(pair):
     progs.append(dec.programs(SamplingParams(), 1, prompt_bucket(n), 64, jnp.float32))
   (start4, step4, c4), (start32, step32, c32) = progs
   assert step4 is step32 and start4 is not start32 and c4 == c32 == 0.0  # generate compiled
-  assert sorted(
-      k.program for k, _ in dec.compiled_programs().items()) == ["prefill", "prefill", "step"]
+  assert sorted(k.program for k, _ in dec.compiled_programs().items()) == [
+      "prefill", "prefill", "step", "target_prefill", "target_prefill"]
+
+
+def test_target_prefill_is_one_program_for_every_decoder(pair):
+  """The target's prompt prefill is one compiled program per shapes, whichever decoder runs
+  it: plain decoding and the speculative engines over the same target take the one the first
+  of them compiled (the rest of an engine's prefill, the proposer's state, is its own)."""
+  target, draft = pair
+  p = [[5, 3, 9, 1, 2]]
+  decoders = [Decoder(target, CFG), SpeculativeEngine(target, CFG, ChainProposer(
+      draft, CFG, CFG, gamma=2)), SpeculativeEngine(target, CFG, LookupProposer(gamma=3))]
+  want = decoders[0].generate(p, max_new_tokens=8, max_len=64).tokens
+  for dec in decoders[1:]:
+    assert dec.generate(p, max_new_tokens=8, max_len=64).tokens == want
+
+  def targets(dec):
+    return [prog for k, prog in dec.compiled_programs().items() if k.program == "target_prefill"]
+
+  plain, = targets(decoders[0])
+  assert all(targets(dec) == [plain] and targets(dec)[0] is plain for dec in decoders[1:])
+  own = [[prog for k, prog in dec.compiled_programs().items() if k.program == "prefill"]
+         for dec in decoders[1:]]
+  assert all(len(o) == 1 for o in own) and own[0][0] is not own[1][0]
 
 
 def test_hand_checked_acceptance():

@@ -32,18 +32,36 @@ from vocabjax.sampling import SamplingParams, sample
 from vocabjax.lowering import Lowering, decoding_lowering, lowered, step_lowering
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import compute_dtype, forward, lm_head
+from vocabjax.models.llamalike import compute_dtype, forward, forward_features, lm_head
+
+
+def target_prefill(params, tokens, prompt_lengths, cache, key, *, config, sampling,
+                   feature_layers: tuple = ()):
+  """The model's prefill of a right-padded [B, T] prompt block into a fresh cache: (first [B]
+  sampled from the last prompt position, the cache with each row's prompt length, last [B, D]
+  that position's final normed hidden state, the features of `feature_layers` [B, T, n D] or
+  None). Plain decoding's prefill and every speculative engine's target prefill, one program
+  per model, sampling and shapes (`target_prefill_program`)."""
+  B, T = tokens.shape
+  positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
+  feats = None
+  if feature_layers:
+    hidden, cache, feats = forward_features(params, tokens, positions, cache, config=config,
+                                            layers=feature_layers, fresh=True,
+                                            valid_lengths=prompt_lengths)
+  else:
+    hidden, cache = forward(params, tokens, positions, cache, config=config, fresh=True,
+                            valid_lengths=prompt_lengths)
+  cache = cache.with_lengths(prompt_lengths)
+  last = jnp.take_along_axis(hidden, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
+  first = sample(key, lm_head(params, last, config=config), sampling)
+  return first, cache, last, feats
 
 
 def _prefill(params, tokens, prompt_lengths, cache, key, *, config, sampling):
-  B, T = tokens.shape
-  positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-  hidden, cache = forward(params, tokens, positions, cache, config=config, fresh=True,
-                          valid_lengths=prompt_lengths)
-  cache = cache.with_lengths(prompt_lengths)
-  last = jnp.take_along_axis(hidden, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
-  logits = lm_head(params, last, config=config)
-  return sample(key, logits, sampling), cache
+  first, cache, _, _ = target_prefill(params, tokens, prompt_lengths, cache, key,
+                                      config=config, sampling=sampling)
+  return first, cache
 
 
 def abstract_cache(config: LlamaLikeConfig, B: int, S: int, dtype, mesh=None) -> KVCache:
@@ -77,6 +95,63 @@ def compile_prefill(params, config: LlamaLikeConfig, sampling: SamplingParams, B
   return jax.jit(lowered(functools.partial(_prefill, config=config, sampling=sampling),
                          lowering), donate_argnums=(3,)).lower(
       params, i32((B, T), jnp.int32), i32((B,), jnp.int32), cache, jax.random.key(0)).compile()
+
+
+def target_prefill_outputs(params, config: LlamaLikeConfig, sampling: SamplingParams, B: int,
+                           T: int, S: int, dtype, *, mesh=None, feature_layers: tuple = ()):
+  """`target_prefill`'s outputs (first, cache, last, features) for a [B, T] block into S slots,
+  abstract and placed as its program gives them and the programs after it take them: on a
+  mesh the cache as the decoders place caches, the first tokens replicated (the host reads
+  them) and the hidden states and features with their rows over "data"; off a mesh on the
+  params' device."""
+  i32 = lambda *shape: abstract_arg(shape, jnp.int32, B=B, mesh=mesh, like=params)  # noqa: E731
+  key = abstract_arg(KEY.shape, KEY.dtype, B=B, mesh=mesh, like=params, rows=False)
+  cache = abstract_cache(config, B, S, dtype, mesh)
+  if mesh is None:
+    cache = placed_like(cache, params)
+  first, _, last, feats = jax.eval_shape(
+      functools.partial(target_prefill, config=config, sampling=sampling,
+                        feature_layers=tuple(feature_layers)),
+      params, i32(B, T), i32(B), cache, key)
+  place = lambda x, rows=True: abstract_arg(x.shape, x.dtype, B=B, mesh=mesh,  # noqa: E731
+                                            like=params, rows=rows)
+  return (place(first, rows=False), cache, place(last),
+          None if feats is None else place(feats))
+
+
+def lower_target_prefill(params, config: LlamaLikeConfig, sampling: SamplingParams, B: int,
+                         T: int, S: int, dtype, *, lowering: Lowering, mesh=None,
+                         feature_layers: tuple = ()):
+  """`target_prefill` LOWERED for a [B, T] prompt block into S slots (the cache argument
+  donated), with `lowering` (bf16 weights prefill with the bf16 GEMM, `prefill_in_bf16`); on
+  a mesh its outputs placed as `target_prefill_outputs` says."""
+  i32 = lambda *shape: abstract_arg(shape, jnp.int32, B=B, mesh=mesh, like=params)  # noqa: E731
+  key = abstract_arg(KEY.shape, KEY.dtype, B=B, mesh=mesh, like=params, rows=False)
+  outs = target_prefill_outputs(params, config, sampling, B, T, S, dtype, mesh=mesh,
+                                feature_layers=feature_layers)
+  jit_kw = {} if mesh is None else {"out_shardings": jax.tree.map(lambda x: x.sharding, outs)}
+  fn = lowered(functools.partial(target_prefill, config=config, sampling=sampling,
+                                 feature_layers=tuple(feature_layers)),
+               lowering.replace(bf16_blocks=prefill_in_bf16(params)))
+  return jax.jit(fn, donate_argnums=(3,), **jit_kw).lower(params, i32(B, T), i32(B), outs[1],
+                                                          key)
+
+
+def target_prefill_program(programs: DecoderPrograms, params, config: LlamaLikeConfig,
+                           sampling: SamplingParams, B: int, T: int, S: int, dtype, *,
+                           lowering: Lowering, mesh=None, feature_layers: tuple = ()):
+  """(compiled `target_prefill` (`lower_target_prefill`), compile seconds: 0 when built
+  before). One program per model (its config, mesh and params' signature), features, sampling,
+  shapes and lowering, whichever decoder asks: plain decoding and every speculative engine
+  over the same target share it (the process's `engine.PROGRAMS`)."""
+  name = jnp.dtype(dtype).name
+  key = ProgramKey("target_prefill", ("target", config, tuple(feature_layers)), sampling,
+                   (B, T, S, name), lowering.replace(bf16_blocks=prefill_in_bf16(params)))
+  return programs.get(
+      key, lambda: lower_target_prefill(params, config, sampling, B, T, S, dtype,
+                                        lowering=lowering, mesh=mesh,
+                                        feature_layers=feature_layers).compile(),
+      scope=lambda: ("target", mesh, arg_signature(params)))
 
 
 def _step(params, tokens, cache, key, *, config, sampling):
@@ -134,12 +209,9 @@ class Decoder(DecodingMethod):
     key = abstract_arg(KEY.shape, KEY.dtype, B=B, mesh=self.mesh, like=self.params, rows=False)
     cache, = self.abstract_caches(B, S, dtype)
     out = {}
-    if "prefill" in programs:
-      lw = self.lowering.replace(bf16_blocks=prefill_in_bf16(self.params))
-      out["prefill"] = jax.jit(lowered(functools.partial(_prefill, config=self.config,
-                                                         sampling=sampling), lw),
-                               donate_argnums=(3,)).lower(self.params, i32(B, T), i32(B),
-                                                          cache, key)
+    if "prefill" in programs:  # the model's prefill, which speculative engines share
+      out["prefill"] = lower_target_prefill(self.params, self.config, sampling, B, T, S, dtype,
+                                            lowering=self.lowering, mesh=self.mesh)
     if "step" in programs:
       out["step"] = jax.jit(lowered(functools.partial(_step, config=self.config,
                                                       sampling=sampling),
@@ -153,10 +225,11 @@ class Decoder(DecodingMethod):
     return self._programs.get(key, build)
 
   def prefill_program(self, sampling: SamplingParams, B: int, T: int, S: int, cache_dtype):
-    """(compiled `_prefill` of a [B, T] prompt block into an S-slot cache, compile seconds)."""
-    return self._compile("prefill", sampling, (B, T, S, jnp.dtype(cache_dtype).name),
-                         lambda: self.lower(sampling, B, T, S, cache_dtype,
-                                            programs=("prefill",))["prefill"].compile())
+    """(the compiled prefill of a [B, T] prompt block into an S-slot cache: `prefill(params,
+    tokens, lengths, cache, key) -> (first, cache, last hidden, None)`, compile seconds), the
+    model's `target_prefill_program` (shared with speculative engines over it)."""
+    return target_prefill_program(self._programs, self.params, self.config, sampling, B, T, S,
+                                  cache_dtype, lowering=self.lowering, mesh=self.mesh)
 
   def step_program(self, sampling: SamplingParams, B: int, S: int, cache_dtype):
     """(compiled decode step of B rows over an S-slot cache, compile seconds)."""
@@ -181,8 +254,8 @@ class Decoder(DecodingMethod):
     prefill, step, compile_s = self.programs(sampling, B, T, S, cache_dtype)
 
     def start():
-      new, cache = prefill(self.params, jnp.asarray(tokens), jnp.asarray(lengths),
-                           self._new_cache(B, S, cache_dtype), fold_in(req.key, 0))
+      new, cache, _, _ = prefill(self.params, jnp.asarray(tokens), jnp.asarray(lengths),
+                                 self._new_cache(B, S, cache_dtype), fold_in(req.key, 0))
       return new, (new, cache)
 
     def advance(carry, i, key, active):
@@ -221,8 +294,9 @@ class Decoder(DecodingMethod):
       n = len(req.prompts[i])
       T = min(prompt_bucket(n), S)
       prefill, compiled = self.prefill_program(sampling, 1, T, S, cache_dtype)
-      tok, row = prefill(self.params, jnp.asarray(req.tokens[i:i + 1, :T]),
-                         jnp.asarray([n], jnp.int32), self._new_cache(1, S, cache_dtype), key)
+      tok, row, _, _ = prefill(self.params, jnp.asarray(req.tokens[i:i + 1, :T]),
+                               jnp.asarray([n], jnp.int32), self._new_cache(1, S, cache_dtype),
+                               key)
       tok = int(np.asarray(tok)[0])
       new[b] = tok
       return (new, self._placed(put_cache_row(cache, row, b))), tok, compiled

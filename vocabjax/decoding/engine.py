@@ -177,12 +177,18 @@ class DecoderPrograms:
     self._scope, self._shared = scope, frozenset(shared)
     self._own = object()  # the scope of its unshared programs
 
-  def get(self, key: ProgramKey, build: Callable[[], Any]) -> tuple[Any, float]:
-    """(the program for `key`, seconds spent building it now)."""
+  def get(self, key: ProgramKey, build: Callable[[], Any],
+          scope: Callable[[], Hashable] | None = None) -> tuple[Any, float]:
+    """(the program for `key`, seconds spent building it now). `scope`: the scope of a program
+    other kinds of decoders share too (a model's prefill: `autoregressive.target_prefill`),
+    instead of this decoder's."""
     prog = self._used.get(key)
     if prog is not None:
       return prog, 0.0
-    scope = self._scope() if key.program in self._shared else self._own
+    if scope is not None:
+      scope = scope()
+    else:
+      scope = self._scope() if key.program in self._shared else self._own
     prog, seconds = PROGRAMS.get(key, scope, build)
     self._used[key] = prog
     return prog, seconds

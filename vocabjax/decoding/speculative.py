@@ -32,7 +32,9 @@ import numpy as np
 from flax import struct
 
 from vocabjax import sharding
-from vocabjax.decoding.autoregressive import Decoder, abstract_cache, prefill_in_bf16
+from vocabjax.decoding.autoregressive import (Decoder, abstract_cache, lower_target_prefill,
+                                             prefill_in_bf16, target_prefill,
+                                             target_prefill_outputs, target_prefill_program)
 from vocabjax.decoding.base import DecodingMethod, GenerationResult
 from vocabjax.decoding.drafter import block_layout
 from vocabjax.decoding.engine import (KEY, DecoderPrograms, ProgramKey, abstract_arg, arg_signature,
@@ -49,9 +51,9 @@ from vocabjax.decoding.verify import verify_chain
 from vocabjax.lowering import decoding_lowering, step_lowering, with_lowering
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
-from vocabjax.models.llamalike import (compute_dtype, forward, forward_features, lm_head,
+from vocabjax.models.llamalike import (compute_dtype, forward, lm_head,
                                        with_mlp_layout)
-from vocabjax.sampling import SamplingParams, probs, sample
+from vocabjax.sampling import SamplingParams, probs
 from vocabjax.vocab.policy import policy_state, row_vocab_of, with_rows
 
 HOST_STREAM = 2**32 - 1  # fold_in(request key, this): a host hook's draws (steps use 0, 1, ..)
@@ -174,32 +176,33 @@ class SpecStats:
     return {**out, "sizing": self.sizing} if self.sizing else out
 
 
-def engine_prefill(target_params, draft_params, tokens, prompt_lengths, target_cache, caches,
-                   key, *, target_config: LlamaLikeConfig, sampling: SamplingParams,
-                   proposer: Proposer):
-  """The target's prefill (with the features the proposer reads), its first token, and the
-  proposer's state from the prompt: (first [B], EngineState)."""
-  B, T = tokens.shape
-  positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-  feats = None
-  if proposer.feature_layers:
-    hidden, tcache, feats = forward_features(target_params, tokens, positions, target_cache,
-                                             config=target_config,
-                                             layers=proposer.feature_layers, fresh=True,
-                                             valid_lengths=prompt_lengths)
-  else:
-    hidden, tcache = forward(target_params, tokens, positions, target_cache,
-                             config=target_config, fresh=True, valid_lengths=prompt_lengths)
-  tcache = tcache.with_lengths(prompt_lengths)
-  last = jnp.take_along_axis(hidden, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
-  first = sample(key, lm_head(target_params, last, config=target_config), sampling)
+def proposer_prefill(target_params, draft_params, tokens, prompt_lengths, first, last, feats,
+                     target_cache, caches, *, proposer: Proposer) -> "EngineState":
+  """The engine's loop state from the target's prefill (`autoregressive.target_prefill`: its
+  first token [B], the last prompt position's hidden state [B, D], the features of the
+  proposer's `feature_layers`, the filled cache) and the proposer's state from the prompt."""
   state = proposer.prefill(draft_params, target_params,
                            Prefilled(tokens=tokens, lengths=prompt_lengths, first=first,
                                      hidden=last, features=feats, caches=caches))
   rv = row_vocab_of(proposer)
   vocab = (None if rv is None else
            rv.init_rows(policy_state(draft_params), tokens, prompt_lengths, first))
-  return first, EngineState(target_cache=tcache, last=first, draft=state, vocab=vocab)
+  return EngineState(target_cache=target_cache, last=first, draft=state, vocab=vocab)
+
+
+def engine_prefill(target_params, draft_params, tokens, prompt_lengths, target_cache, caches,
+                   key, *, target_config: LlamaLikeConfig, sampling: SamplingParams,
+                   proposer: Proposer):
+  """The target's prefill (with the features the proposer reads), its first token, and the
+  proposer's state from the prompt: (first [B], EngineState). The engine runs it as two
+  programs, the target's (shared with plain decoding and every engine over the same target)
+  and the proposer's (`proposer_prefill`)."""
+  first, tcache, last, feats = target_prefill(target_params, tokens, prompt_lengths,
+                                              target_cache, key, config=target_config,
+                                              sampling=sampling,
+                                              feature_layers=tuple(proposer.feature_layers or ()))
+  return first, proposer_prefill(target_params, draft_params, tokens, prompt_lengths, first,
+                                 last, feats, tcache, caches, proposer=proposer)
 
 
 def verify(target_params, state: EngineState, drafts: Drafts, key, *,
@@ -408,9 +411,11 @@ class SpeculativeEngine(DecodingMethod):
 
   @property
   def prefill_programs(self) -> tuple:
-    """And the prompt's: the engine's prefill, then the proposer's own."""
+    """And the prompt's: the target's prefill, the engine's (the proposer's state from it),
+    then the proposer's own."""
     P = self.proposer
-    return ("prefill", *(P.host_prefill_programs if isinstance(P, HostPrograms) else ()))
+    return ("target_prefill", "prefill",
+            *(P.host_prefill_programs if isinstance(P, HostPrograms) else ()))
 
   def _placed(self, shape, dtype, B: int, rows: bool = True):
     """An abstract argument placed as the engine's inputs are (`engine.abstract_arg`)."""
@@ -454,6 +459,23 @@ class SpeculativeEngine(DecodingMethod):
                 else dp, *args)
     prefill.__name__ = "speculative_prefill"  # one name: equal programs are equal texts
     return prefill
+
+  def _proposer_prefill_fn(self):
+    """`proposer_prefill` with the target's params lowered as its prefill and the proposer's as
+    its prefill asks (as `_prefill_fn`)."""
+    base = self.lowering
+    t_lw = base.replace(bf16_blocks=prefill_in_bf16(self.target_params))
+    d_lw = self.proposer.prefill_lowering(t_lw, base)
+    fn = functools.partial(proposer_prefill, proposer=self.proposer)
+
+    def prefill(tp, dp, *args):
+      return fn(with_lowering(tp, t_lw), with_lowering(dp, d_lw) if isinstance(dp, dict)
+                else dp, *args)
+    prefill.__name__ = "proposer_prefill"
+    return prefill
+
+  def _feature_layers(self) -> tuple:
+    return tuple(self.proposer.feature_layers or ())
 
   def _step_fn(self, sampling: SamplingParams, proposer=None):
     P = proposer or self.proposer
@@ -504,8 +526,10 @@ class SpeculativeEngine(DecodingMethod):
   def lower(self, sampling: SamplingParams, B: int, T: int, S: int, dtype, *,
             host_shape: tuple | None = None, programs=("prefill", "step"),
             proposer=None) -> dict:
-    """The engine's programs for these shapes, LOWERED (not compiled): {"prefill": the prompt
-    prefill of a [B, T] block into S slots, "step": one step, and when asked "put_row":
+    """The engine's programs for these shapes, LOWERED (not compiled): {"target_prefill": the
+    target's prefill of a [B, T] prompt block into S slots (`autoregressive.target_prefill`),
+    "prefill": the loop state from it (`proposer_prefill`), "step": one step, and when asked
+    "put_row":
     continuous batching's hand-over of a row} (`programs`: which). `host_shape`:
     the host block's array shapes for a proposer with a host hook (default: its largest,
     `HostDrafter.host_shapes`). `proposer`: the step of a sized variant (`SelfSizing.sized`; its
@@ -520,14 +544,21 @@ class SpeculativeEngine(DecodingMethod):
     state = (self.abstract_state(sampling, B, T, S, dtype)
              if {"step", "put_row"} & set(programs) or self.mesh is not None else None)
     rep = None if self.mesh is None else sharding.replicated(self.mesh)
-    if "prefill" in programs:
-      tcache, caches = self._abstract_caches(B, S, dtype)
+    if "target_prefill" in programs:  # the target's, shared with plain decoding's
+      out["target_prefill"] = lower_target_prefill(
+          self.target_params, self.target_config, sampling, B, T, S, dtype,
+          lowering=self.lowering, mesh=self.mesh, feature_layers=self._feature_layers())
+    if "prefill" in programs:  # the proposer's, from the target's prefill
+      first, tcache, last, feats = target_prefill_outputs(
+          self.target_params, self.target_config, sampling, B, T, S, dtype, mesh=self.mesh,
+          feature_layers=self._feature_layers())
+      _, caches = self._abstract_caches(B, S, dtype)
       jit_kw = {}
       if self.mesh is not None:
-        jit_kw["out_shardings"] = (rep, jax.tree.map(lambda x: x.sharding, state))
-      out["prefill"] = jax.jit(self._prefill_fn(sampling), donate_argnums=(4, 5),
+        jit_kw["out_shardings"] = jax.tree.map(lambda x: x.sharding, state)
+      out["prefill"] = jax.jit(self._proposer_prefill_fn(), donate_argnums=(7, 8),
                                **jit_kw).lower(self.target_params, self.proposer_params, i32(
-                                   (B, T)), i32((B,)), tcache, caches, key)
+                                   (B, T)), i32((B,)), first, last, feats, tcache, caches)
     if "put_row" in programs:  # continuous batching (a mesh's state keeps its shardings)
       jit_kw = {} if self.mesh is None else {
           "out_shardings": jax.tree.map(lambda x: x.sharding, state)}
@@ -536,7 +567,7 @@ class SpeculativeEngine(DecodingMethod):
                                                                           dtype),
                                                self._placed((), jnp.int32, B, rows=False))
     for name in programs:  # the proposer's own (a cross-vocabulary drafter's)
-      if name not in ("prefill", "step", "put_row"):
+      if name not in ("target_prefill", "prefill", "step", "put_row"):
         out[name] = P.lower_host(name, sampling, B, T, S, dtype)
     if "step" in programs:
       if host_shape is None:
@@ -557,17 +588,24 @@ class SpeculativeEngine(DecodingMethod):
 
   def start_program(self, sampling: SamplingParams, B: int, T: int, S: int, dtype):
     """(start(tokens [B, T], lengths [B], key) -> (first [B], state), compile seconds): the
-    compiled prefill over fresh caches."""
-    prog, seconds = self._programs.get(
+    compiled prefills over fresh caches: the target's (`autoregressive.target_prefill_program`,
+    the program plain decoding and every engine over the same target run) and the
+    proposer's."""
+    target, s1 = target_prefill_program(
+        self._programs, self.target_params, self.target_config, sampling, B, T, S, dtype,
+        lowering=self.lowering, mesh=self.mesh, feature_layers=self._feature_layers())
+    prog, s2 = self._programs.get(
         self._key("prefill", sampling, B, T, S, jnp.dtype(dtype).name),
         lambda: self.lower(sampling, B, T, S, dtype, programs=("prefill",))[
             "prefill"].compile())
 
     def start(tokens, lengths, key):
       tcache, caches = self._new_caches(B, S, dtype)
-      return prog(self.target_params, self.proposer_params, tokens, lengths, tcache, caches, key)
+      first, tcache, last, feats = target(self.target_params, tokens, lengths, tcache, key)
+      return first, prog(self.target_params, self.proposer_params, tokens, lengths, first,
+                         last, feats, tcache, caches)
 
-    return start, seconds
+    return start, s1 + s2
 
   def step_program(self, sampling: SamplingParams, B: int, S: int, dtype,
                    host_shape: tuple = (), proposer=None):
