@@ -160,18 +160,21 @@ def test_tpu_tracing_builds_decoders_for_a_tpu_and_nothing_reads_the_backend_whi
 
 
 def test_chain_prefill_compiles():
-  """The engine's prefill programs: the target's prompt prefill (plain decoding's program) and
-  the drafter's from it, each donating and aliasing the caches it fills."""
+  """The engine's prefill programs: the target's prompt prefill (plain decoding's program), the
+  drafter's into its cache (every proposer over the drafter's) and the chain's state from
+  them, each donating and aliasing the caches it fills."""
   step = tpu.lower_step("chain:gamma=3", REAL_V, topology="v5e:1x1", S=S, T=64, prefill=True)
-  assert step.decoder.prefill_programs == ("target_prefill", "prefill")
-  step.compile(["target_prefill", "prefill"])
-  mem = {}
-  for name in ("target_prefill", "prefill"):
+  names = ("target_prefill", "cache_prefill", "prefill")
+  assert step.decoder.prefill_programs == names
+  step.compile(list(names))
+  alias = {}
+  for name in names:
     assert "tpu_custom_call" not in step.programs[name].text
-    mem[name] = step.programs[name].compiled.memory_analysis().alias_size_in_bytes
-  target_bytes = tpu.cache_bytes(step.caches[0])
-  assert mem["target_prefill"] >= target_bytes > 0
-  assert mem["prefill"] >= step.cache_bytes_per_chip() > target_bytes
+    alias[name] = step.programs[name].compiled.memory_analysis().alias_size_in_bytes
+  target_bytes, draft_bytes = (tpu.cache_bytes(c) for c in step.caches)
+  assert alias["target_prefill"] >= target_bytes > 0
+  assert alias["cache_prefill"] >= draft_bytes > 0
+  assert alias["prefill"] >= step.cache_bytes_per_chip() == target_bytes + draft_bytes
 
 
 # --- sharded over 4 chips -----------------------------------------------------------------

@@ -63,14 +63,15 @@ def test_speculative_engines_share_programs_and_stay_lossless(pair, table):
 def test_what_builds_another_program_is_not_shared(pair, table):
   """Another gamma (the proposer's key), drafter weights in bf16 (the params signature),
   another target config with weights of the same shapes, a mesh: each builds its own (the
-  first two over the same target take its prefill, `target_prefill`, and nothing else)."""
+  first two over the same target take its prefill, `target_prefill`, and the first over the
+  same drafter its cache prefill, `cache_prefill`, and nothing else)."""
   from vocabjax.sharding import make_mesh
 
   a, b = pair
   _run(SpeculativeEngine(a, CFG, ChainProposer(b, CFG, CFG, gamma=3)))
   other = dataclasses.replace(CFG, rope_theta=CFG.rope_theta * 2)
   mesh = make_mesh(data=1, model=2, devices=jax.devices()[:2])
-  for dec, shared in ((SpeculativeEngine(a, CFG, ChainProposer(b, CFG, CFG, gamma=2)), 1),
+  for dec, shared in ((SpeculativeEngine(a, CFG, ChainProposer(b, CFG, CFG, gamma=2)), 2),
                       (SpeculativeEngine(a, CFG, ChainProposer(cast_weights(b, "bfloat16"), CFG,
                                                                CFG, gamma=3)), 1),
                       (SpeculativeEngine(a, other, ChainProposer(b, other, other, gamma=3)), 0),

@@ -11,6 +11,7 @@ from vocabjax.decoding.engine import prompt_bucket
 from vocabjax.decoding.speculative import SpeculativeEngine
 from vocabjax.decoding.drafter import ChainProposer, TreeProposer, compile_draft_prefill
 from vocabjax.decoding.pld import LookupProposer
+from vocabjax.vocab.subset import VocabSubset
 from vocabjax.decoding.tree import TreeParams
 from vocabjax.kernels import cpu_matmul
 from vocabjax.models import init_params
@@ -63,7 +64,8 @@ def test_prompt_blocks_share_one_step_program(pair):
   (start4, step4, c4), (start32, step32, c32) = progs
   assert step4 is step32 and start4 is not start32 and c4 == c32 == 0.0  # generate compiled
   assert sorted(k.program for k, _ in dec.compiled_programs().items()) == [
-      "prefill", "prefill", "step", "target_prefill", "target_prefill"]
+      "cache_prefill", "cache_prefill", "prefill", "prefill", "step", "target_prefill",
+      "target_prefill"]
 
 
 def test_target_prefill_is_one_program_for_every_decoder(pair):
@@ -86,6 +88,35 @@ def test_target_prefill_is_one_program_for_every_decoder(pair):
   own = [[prog for k, prog in dec.compiled_programs().items() if k.program == "prefill"]
          for dec in decoders[1:]]
   assert all(len(o) == 1 for o in own) and own[0][0] is not own[1][0]
+
+
+def test_drafter_prefill_is_one_program_for_every_proposer_over_it(pair):
+  """The drafter's prompt prefill into its cache (`SharedCachePrefill`) is one program for a
+  chain, a tree and a trimmed head's chain over the same drafter; each keeps its own prefill
+  of the rest of its state, and every output is plain decoding's."""
+  target, draft = pair
+  p = [[5, 3, 9, 1, 2, 7]]
+  want = Decoder(target, CFG).generate(p, max_new_tokens=10, max_len=64).tokens
+  engines = [SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=3)),
+             SpeculativeEngine(target, CFG, TreeProposer(draft, CFG, CFG, tree=TreeParams(
+                 top_k=2, depth=2, total_tokens=4))),
+             SpeculativeEngine(target, CFG, ChainProposer(
+                 draft, CFG, CFG, gamma=2,
+                 draft_vocab=VocabSubset(ids=np.arange(16), vocab_size=CFG.vocab_size)))]
+  for dec in engines:
+    assert dec.generate(p, max_new_tokens=10, max_len=64).tokens == want
+  fills = [[prog for k, prog in dec.compiled_programs().items() if k.program == "cache_prefill"]
+           for dec in engines]
+  assert all(len(f) == 1 and f[0] is fills[0][0] for f in fills)
+  own = {id(prog) for dec in engines for k, prog in dec.compiled_programs().items()
+         if k.program == "prefill"}
+  assert len(own) == 3
+  # another drafter prefill precision is another program
+  exact = SpeculativeEngine(target, CFG, ChainProposer(draft, CFG, CFG, gamma=3,
+                                                       draft_prefill="exact"))
+  assert exact.generate(p, max_new_tokens=10, max_len=64).tokens == want
+  fill, = [prog for k, prog in exact.compiled_programs().items() if k.program == "cache_prefill"]
+  assert fill is not fills[0][0]
 
 
 def test_hand_checked_acceptance():

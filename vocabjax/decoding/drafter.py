@@ -28,8 +28,8 @@ import jax.numpy as jnp
 from flax import struct
 
 from vocabjax import sharding
-from vocabjax.decoding.proposer import (Context, Drafts, Prefilled, Profiled, Resumable,
-                                       TreeGrower)
+from vocabjax.decoding.proposer import (CachePrefill, Context, Drafts, Prefilled, Profiled,
+                                       Resumable, SharedCachePrefill, TreeGrower)
 from vocabjax.decoding.tree import (TreeBounds, TreeParams, drop_rows, grow_drafter_tree,
                                     read_pending)
 from vocabjax.kernels import cpu_matmul
@@ -84,7 +84,7 @@ class PolicyHead(Profiled):
     return self.policy
 
 
-class ModelProposer(PolicyHead):
+class ModelProposer(PolicyHead, SharedCachePrefill):
   """A drafter model of the target's vocabulary, with its vocabulary policy."""
 
   draft_block_calls = False
@@ -124,7 +124,17 @@ class ModelProposer(PolicyHead):
   def prefill_lowering(self, target: Lowering, base: Lowering) -> Lowering:
     return base.replace(bf16_blocks=self.draft_prefill == "bf16")
 
+  def cache_prefill(self) -> CachePrefill:
+    """The drafter model's prompt prefill into its cache: one program for every proposer over
+    this drafter (chain, tree, each vocabulary policy: the policy's arrays are not read)."""
+    return CachePrefill(
+        cache="draft", key=("drafter", self.config, self.draft_prefill),
+        model_params=lambda params: {k: v for k, v in params.items() if k != POLICY_STATE},
+        fn=functools.partial(prefill_drafter, config=self.config))
+
   def _prefill_cache(self, params, pre: Prefilled) -> KVCache:
+    if "draft" in pre.filled:  # the engine ran `cache_prefill`
+      return pre.caches["draft"]
     return prefill_drafter(params, pre.tokens, pre.lengths, pre.caches["draft"],
                           config=self.config)
 

@@ -10,7 +10,8 @@ A proposer supplies `key()` (the static identity of its programs), a chain of `g
 tree within `bounds`, `drafted_per_step` / `extra_slots`, `params`, `caches()`,
 `feature_layers`, and the traced `prefill` / `propose` / `commit`. Everything else is a
 capability the engine checks for: `Gated`, `TreeGrower`, `HostDrafter`, `RowHandover`,
-`HostPrograms`, `HostVerifier`, `SelfSizing`, `Resumable`, `Profiled`, `Counted`. Exactness is the engine's;
+`HostPrograms`, `HostVerifier`, `SelfSizing`, `Resumable`, `Profiled`, `SharedCachePrefill`,
+`Counted`. Exactness is the engine's;
 a proposer that samples returns the law it sampled from (`Drafts.q`), deterministic drafts
 (q None) are point masses. Each member and capability: docs/extending.md, 'The contract'.
 """
@@ -20,7 +21,7 @@ from __future__ import annotations
 import abc
 import copy
 import dataclasses
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Callable, Hashable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -66,6 +67,8 @@ class Prefilled:
   hidden: jax.Array  # [B, D] the target's final hidden state that gave `first`
   features: jax.Array | None  # [B, T, F] the `feature_layers` outputs (None when not asked)
   caches: dict  # the proposer's empty caches (`Proposer.caches`), to fill
+  filled: tuple = struct.field(pytree_node=False, default=())  # names of `caches` the engine
+  #   has filled already (`SharedCachePrefill`)
 
 
 @dataclasses.dataclass
@@ -321,6 +324,28 @@ class Profiled(Proposer):
   @abc.abstractmethod
   def draft_width(self) -> int:
     """The hidden width its LM head reads."""
+
+
+class CachePrefill(NamedTuple):
+  """A proposer's cache filled by a model's prompt prefill that proposers over the same model
+  share (`SharedCachePrefill.cache_prefill`)."""
+
+  cache: str  # which of its `caches()`
+  key: Hashable  # what the program reads besides its params: the model's config, settings
+  model_params: Callable  # model_params(proposer params) -> the params the prefill reads
+  fn: Callable  # fn(model params, tokens [B, T], lengths [B], cache) -> the filled cache
+
+
+class SharedCachePrefill(Proposer):
+  """A proposer whose prefill fills one of its caches with a model's prompt prefill that other
+  proposers over the same model (a chain and a tree of one drafter, each vocabulary policy of
+  it) run too: the engine runs it as a program of its own, shared by every engine whose
+  proposer has the same key and model params signature, before the proposer's `prefill`, which
+  then finds that cache filled (`Prefilled.filled` names it)."""
+
+  @abc.abstractmethod
+  def cache_prefill(self) -> CachePrefill:
+    """The cache, the key, the params and the function of the shared prefill."""
 
 
 class Counted(Proposer):

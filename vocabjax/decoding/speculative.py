@@ -43,12 +43,13 @@ from vocabjax.decoding.engine import (KEY, DecoderPrograms, ProgramKey, abstract
                                       token_ids)
 from vocabjax.decoding.proposer import (Context, Counted, Drafts, Gated, HostDrafter,
                                        HostPrograms, HostRun, Prefilled, Profiled, Proposer,
-                                       Resumable, SelfSizing, continuous_capable, drafted_counts,
+                                       Resumable, SelfSizing, SharedCachePrefill,
+                                       continuous_capable, drafted_counts,
                                        is_gated, step_count_names, verifies_on_host)
 from vocabjax.decoding.sizing import DraftSizer, limit_block, parse_table, table_length
 from vocabjax.decoding.tree import verify_tree
 from vocabjax.decoding.verify import verify_chain
-from vocabjax.lowering import decoding_lowering, step_lowering, with_lowering
+from vocabjax.lowering import decoding_lowering, lowered, step_lowering, with_lowering
 from vocabjax.models.cache import KVCache
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.llamalike import (compute_dtype, forward, lm_head,
@@ -177,13 +178,16 @@ class SpecStats:
 
 
 def proposer_prefill(target_params, draft_params, tokens, prompt_lengths, first, last, feats,
-                     target_cache, caches, *, proposer: Proposer) -> "EngineState":
+                     target_cache, caches, *, proposer: Proposer,
+                     filled: tuple = ()) -> "EngineState":
   """The engine's loop state from the target's prefill (`autoregressive.target_prefill`: its
   first token [B], the last prompt position's hidden state [B, D], the features of the
-  proposer's `feature_layers`, the filled cache) and the proposer's state from the prompt."""
+  proposer's `feature_layers`, the filled cache) and the proposer's state from the prompt
+  (`filled`: its caches the engine has filled already, `SharedCachePrefill`)."""
   state = proposer.prefill(draft_params, target_params,
                            Prefilled(tokens=tokens, lengths=prompt_lengths, first=first,
-                                     hidden=last, features=feats, caches=caches))
+                                     hidden=last, features=feats, caches=caches,
+                                     filled=tuple(filled)))
   rv = row_vocab_of(proposer)
   vocab = (None if rv is None else
            rv.init_rows(policy_state(draft_params), tokens, prompt_lengths, first))
@@ -414,7 +418,7 @@ class SpeculativeEngine(DecodingMethod):
     """And the prompt's: the target's prefill, the engine's (the proposer's state from it),
     then the proposer's own."""
     P = self.proposer
-    return ("target_prefill", "prefill",
+    return ("target_prefill", *(("cache_prefill",) if self._cache_prefill() else ()), "prefill",
             *(P.host_prefill_programs if isinstance(P, HostPrograms) else ()))
 
   def _placed(self, shape, dtype, B: int, rows: bool = True):
@@ -466,7 +470,9 @@ class SpeculativeEngine(DecodingMethod):
     base = self.lowering
     t_lw = base.replace(bf16_blocks=prefill_in_bf16(self.target_params))
     d_lw = self.proposer.prefill_lowering(t_lw, base)
-    fn = functools.partial(proposer_prefill, proposer=self.proposer)
+    shared = self._cache_prefill()
+    fn = functools.partial(proposer_prefill, proposer=self.proposer,
+                           filled=() if shared is None else (shared.cache,))
 
     def prefill(tp, dp, *args):
       return fn(with_lowering(tp, t_lw), with_lowering(dp, d_lw) if isinstance(dp, dict)
@@ -476,6 +482,16 @@ class SpeculativeEngine(DecodingMethod):
 
   def _feature_layers(self) -> tuple:
     return tuple(self.proposer.feature_layers or ())
+
+  def _cache_prefill(self):
+    """The proposer's shared cache prefill (`SharedCachePrefill`), or None."""
+    P = self.proposer
+    return P.cache_prefill() if isinstance(P, SharedCachePrefill) else None
+
+  def _cache_prefill_lowering(self):
+    base = self.lowering
+    return self.proposer.prefill_lowering(
+        base.replace(bf16_blocks=prefill_in_bf16(self.target_params)), base)
 
   def _step_fn(self, sampling: SamplingParams, proposer=None):
     P = proposer or self.proposer
@@ -548,6 +564,15 @@ class SpeculativeEngine(DecodingMethod):
       out["target_prefill"] = lower_target_prefill(
           self.target_params, self.target_config, sampling, B, T, S, dtype,
           lowering=self.lowering, mesh=self.mesh, feature_layers=self._feature_layers())
+    if "cache_prefill" in programs:  # a model's prefill into one of the proposer's caches
+      shared = self._cache_prefill()
+      cache = self._abstract_caches(B, S, dtype)[1][shared.cache]
+      jit_kw = {} if self.mesh is None else {
+          "out_shardings": jax.tree.map(lambda x: x.sharding, cache)}
+      out["cache_prefill"] = jax.jit(
+          lowered(shared.fn, self._cache_prefill_lowering()), donate_argnums=(3,),
+          **jit_kw).lower(shared.model_params(self.proposer_params), i32((B, T)), i32((B,)),
+                          cache)
     if "prefill" in programs:  # the proposer's, from the target's prefill
       first, tcache, last, feats = target_prefill_outputs(
           self.target_params, self.target_config, sampling, B, T, S, dtype, mesh=self.mesh,
@@ -567,7 +592,7 @@ class SpeculativeEngine(DecodingMethod):
                                                                           dtype),
                                                self._placed((), jnp.int32, B, rows=False))
     for name in programs:  # the proposer's own (a cross-vocabulary drafter's)
-      if name not in ("target_prefill", "prefill", "step", "put_row"):
+      if name not in ("target_prefill", "cache_prefill", "prefill", "step", "put_row"):
         out[name] = P.lower_host(name, sampling, B, T, S, dtype)
     if "step" in programs:
       if host_shape is None:
@@ -598,14 +623,26 @@ class SpeculativeEngine(DecodingMethod):
         self._key("prefill", sampling, B, T, S, jnp.dtype(dtype).name),
         lambda: self.lower(sampling, B, T, S, dtype, programs=("prefill",))[
             "prefill"].compile())
+    shared, s3 = self._cache_prefill(), 0.0
+    if shared is not None:  # shared by the engines of proposers over the same model
+      fill, s3 = self._programs.get(
+          ProgramKey("cache_prefill", shared.key, None, (B, T, S, jnp.dtype(dtype).name),
+                     self._cache_prefill_lowering()),
+          lambda: self.lower(sampling, B, T, S, dtype, programs=("cache_prefill",))[
+              "cache_prefill"].compile(),
+          scope=lambda: ("cache_prefill", self.mesh,
+                         arg_signature(shared.model_params(self.proposer_params))))
 
     def start(tokens, lengths, key):
       tcache, caches = self._new_caches(B, S, dtype)
       first, tcache, last, feats = target(self.target_params, tokens, lengths, tcache, key)
+      if shared is not None:
+        caches[shared.cache] = fill(shared.model_params(self.proposer_params), tokens, lengths,
+                                    caches[shared.cache])
       return first, prog(self.target_params, self.proposer_params, tokens, lengths, first,
                          last, feats, tcache, caches)
 
-    return start, s1 + s2
+    return start, s1 + s2 + s3
 
   def step_program(self, sampling: SamplingParams, B: int, S: int, dtype,
                    host_shape: tuple = (), proposer=None):
