@@ -127,13 +127,17 @@ def lower_target_prefill(params, config: LlamaLikeConfig, sampling: SamplingPara
   a mesh its outputs placed as `target_prefill_outputs` says."""
   i32 = lambda *shape: abstract_arg(shape, jnp.int32, B=B, mesh=mesh, like=params)  # noqa: E731
   key = abstract_arg(KEY.shape, KEY.dtype, B=B, mesh=mesh, like=params, rows=False)
-  outs = target_prefill_outputs(params, config, sampling, B, T, S, dtype, mesh=mesh,
-                                feature_layers=feature_layers)
-  jit_kw = {} if mesh is None else {"out_shardings": jax.tree.map(lambda x: x.sharding, outs)}
+  jit_kw = {}
+  if mesh is None:
+    cache = placed_like(abstract_cache(config, B, S, dtype), params)
+  else:  # the outputs placed as the programs after it take them
+    outs = target_prefill_outputs(params, config, sampling, B, T, S, dtype, mesh=mesh,
+                                  feature_layers=feature_layers)
+    cache, jit_kw["out_shardings"] = outs[1], jax.tree.map(lambda x: x.sharding, outs)
   fn = lowered(functools.partial(target_prefill, config=config, sampling=sampling,
                                  feature_layers=tuple(feature_layers)),
                lowering.replace(bf16_blocks=prefill_in_bf16(params)))
-  return jax.jit(fn, donate_argnums=(3,), **jit_kw).lower(params, i32(B, T), i32(B), outs[1],
+  return jax.jit(fn, donate_argnums=(3,), **jit_kw).lower(params, i32(B, T), i32(B), cache,
                                                           key)
 
 
