@@ -64,6 +64,41 @@ def test_a_rule_that_stepped_aside_probes_again_and_returns_when_drafts_pay():
     DraftSizer(lengths=[0, 1], probe=0)
 
 
+def test_a_batch_that_ends_with_its_slowest_row_sizes_for_that_row():
+  """Four rows, three accepting 9 of 10 drafts and one 2 of 10: the pooled acceptance (0.73)
+  pays for two drafts on a compute-bound step, but the call ends with the slow row, whose two
+  drafts give 1.2 tokens for twice the cost: with `slowest` the rule steps aside, and once that
+  row is done (inactive) it drafts again. Refilled rows (`slowest=False`) keep the pooled
+  figure."""
+  costs = {0: 1.0, 1: 1.45, 2: 1.7}
+
+  def sizer(slowest):
+    s = DraftSizer(lengths=[0, 1, 2], prior=0.5)
+    s.begin(4, slowest=slowest)
+    for n, c in costs.items():
+      s.update(n, c, [], [])
+    for _ in range(10):  # rows 0-2 accept 9 of 10 one-draft steps, row 3 two of 10
+      s.update(1, None, [1] * 4, [1, 1, 1, 1] if _ < 2 else [1, 1, 1, 0] if _ < 9 else
+               [0, 0, 0, 0])
+    return s
+
+  pooled = sizer(False)
+  assert 0.7 < pooled.acceptance < 0.8 and pooled.choose() == 2
+  slow = sizer(True)
+  assert slow.row_acceptance(3) < 0.5 < 0.8 < slow.row_acceptance(0)
+  # pooled: E = 1, 1.73, 2.25 over c = 1, 1.45, 1.7: two drafts; row 3: a = (2 + 8 * 0.725)
+  # / (10 + 8) = 0.43, E = 1, 1.43, 1.62: rates 1, 0.99, 0.95: a plain step
+  assert slow.call_tokens(2) == pytest.approx(slow.expected_tokens(2, slow.row_acceptance(3)))
+  assert slow.choose([True] * 4) == 0
+  assert slow.choose([True, True, True, False]) == 2  # the slow row has finished
+  rec = slow.record()
+  assert rec["slowest_row"] is True and len(rec["row_acceptance"]) == 4
+  slow.begin(4, slowest=True)  # a new call: its rows' own counts start over
+  assert slow.row_acceptance(3) == pytest.approx(slow.acceptance) and slow.choose() == 2
+  with pytest.raises(ValueError, match="row_prior=0 > 0"):
+    DraftSizer(lengths=[0, 1], row_prior=0)
+
+
 def test_limit_block_cuts_chains_and_trees():
   block = np.array([[5, 6, 7, 0], [1, 2, 0, 0]], np.int32)
   (b, nv), counts = limit_block((block, np.array([3, 2], np.int32)), [3, 2], 2)
@@ -132,7 +167,7 @@ def _forced(monkeypatch, lengths):
 
   cycle = itertools.cycle(lengths)
 
-  def choose(self):
+  def choose(self, active=None):
     self.choices.append(next(cycle))
     return self.choices[-1]
 
@@ -222,7 +257,7 @@ def test_a_sized_chain_samples_the_target_law(monkeypatch):
                           self_sizing=True)
   lengths = itertools.cycle([0, 2, 1, 3])  # a plain step, then a resume and two drafts
 
-  def choose(self):
+  def choose(self, active=None):
     self.choices.append(next(lengths))
     return self.choices[-1]
 

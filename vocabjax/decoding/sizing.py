@@ -12,8 +12,12 @@ the seconds of a step that verifies n drafts.
 step. `a` is accepted / drafted over the last `window` drafts (from `prior`; after `probe` plain
 steps in a row one step drafts the shortest n > 0 to re-estimate it); c(n) is the running median
 of the step times timed at n (compiling steps excluded; an untimed n costs the nearest timed
-n' <= n, so it is tried once). The choices are recorded (`SizedStats`). Exactness is untouched:
-the sizer only truncates a proposal (docs/suffix.md, 'Speculation that sizes itself').
+n' <= n, so it is tried once). A batch whose rows are not refilled ends with its slowest row
+(`slowest`): there E(n) is the least over the active rows of E(n) at each row's own acceptance
+(its drafts in this call, drawn toward `a` by `row_prior` drafts' weight), since drafting that
+speeds the other rows does not shorten the call. The choices are recorded (`SizedStats`).
+Exactness is untouched: the sizer only truncates a proposal (docs/suffix.md, 'Speculation that
+sizes itself').
 """
 
 from __future__ import annotations
@@ -45,13 +49,16 @@ class DraftSizer:
   probe: int = 16  # after this many plain steps in a row, one step drafts (the least n > 0):
   #   a plain step verifies nothing, so without it the acceptance that chose it never changes
   fixed: int | None = None  # a batch size's entry of a sizing table: every step takes it
+  slowest: bool = False  # the call ends with its slowest row (a batch not refilled): E(n) is
+  #   the least of the active rows' (module doc); `begin` sets it per call
+  row_prior: float = 8.0  # drafts' weight of the pooled acceptance in a row's own
 
   def __post_init__(self):
     if not 0.0 < self.prior < 1.0:
       raise ValueError(f"prior acceptance must lie in (0, 1), got {self.prior}")
-    if self.window < 1 or self.samples < 1 or self.probe < 1:
+    if self.window < 1 or self.samples < 1 or self.probe < 1 or self.row_prior <= 0:
       raise ValueError(f"window={self.window}, samples={self.samples} and probe={self.probe} "
-                       f"must be >= 1")
+                       f"must be >= 1, row_prior={self.row_prior} > 0")
     self.lengths = tuple(sorted(set(int(n) for n in self.lengths) | ({0} if self.plain
                                                                       else set())))
     if not self.lengths or self.lengths[0] < 0:
@@ -63,6 +70,18 @@ class DraftSizer:
     self._times: dict[int, collections.deque] = {}
     self.choices: list[int] = []
     self._plain_run = 0  # plain steps chosen in a row
+    self._rows: list = []  # per row of this call: [accepted, tried] drafts (`slowest`)
+
+  def begin(self, rows: int, *, slowest: bool) -> None:
+    """A call of `rows` rows starts: their own counts from nothing; `slowest` as above."""
+    self.slowest = slowest
+    self._rows = [[0, 0] for _ in range(rows)]
+
+  def row_acceptance(self, b: int) -> float:
+    """Row b's acceptance in this call, drawn toward the pooled one by `row_prior` drafts."""
+    acc, tried = self._rows[b] if b < len(self._rows) else (0, 0)
+    a = (acc + self.row_prior * self.acceptance) / (tried + self.row_prior)
+    return min(max(a, 1e-3), 1 - 1e-3)
 
   @property
   def acceptance(self) -> float:
@@ -83,11 +102,21 @@ class DraftSizer:
     """The drafts in a row a proposal of n reaches (n for a chain, a tree's depth)."""
     return n if self.reach is None else int(self.reach.get(n, n))
 
-  def expected_tokens(self, n: int) -> float:
-    a, d = self.acceptance, self.levels(n)
+  def expected_tokens(self, n: int, a: float | None = None) -> float:
+    """E(n) at acceptance `a` (default: the pooled one)."""
+    a, d = self.acceptance if a is None else a, self.levels(n)
     return (1 - a ** (d + 1)) / (1 - a)
 
-  def best(self) -> int:
+  def call_tokens(self, n: int, active=None) -> float:
+    """The tokens per step that set the call's length: E(n), or with `slowest` the least of
+    the active rows' E(n) (`active`: a flag per row, default every row of the call)."""
+    if not (self.slowest and self._rows):
+      return self.expected_tokens(n)
+    rows = [b for b in range(len(self._rows)) if active is None or active[b]]
+    return min((self.expected_tokens(n, self.row_acceptance(b)) for b in rows),
+               default=self.expected_tokens(n))
+
+  def best(self, active=None) -> int:
     """The length the rule's figures favor now (`choose` without probes; with no step
     measured: the longest)."""
     if not self._times:
@@ -98,15 +127,16 @@ class DraftSizer:
       if c is None or c <= 0:
         rates[n] = float("inf")  # never measured below it: try it once
       else:
-        rates[n] = self.expected_tokens(n) / c
+        rates[n] = self.call_tokens(n, active) / c
     return max(self.lengths, key=lambda m: (rates[m], -m))
 
-  def choose(self) -> int:
-    """This step's draft length (module doc; a table's `fixed` length when it has one)."""
+  def choose(self, active=None) -> int:
+    """This step's draft length (module doc; a table's `fixed` length when it has one).
+    `active`: which rows still decode (the slowest active row sets a batch's end)."""
     if self.fixed is not None:
       n = self.fixed
     else:
-      n = self.best()
+      n = self.best(active)
       if (n == 0 and self._times and self._plain_run >= self.probe
           and len(self.lengths) > 1):
         n = self.lengths[1]  # a probe: the shortest drafting step (module doc)
@@ -120,19 +150,25 @@ class DraftSizer:
     and each row's drafted and accepted counts (a chain: the first rejection ends a row)."""
     if seconds is not None:
       self._times.setdefault(n, collections.deque(maxlen=self.samples)).append(seconds)
-    for d, acc in zip(drafted, accepted):
+    for b, (d, acc) in enumerate(zip(drafted, accepted)):
       if d:
         # the accepted drafts, then the rejected one (if any); drafts after it were not tried
         # (a tree: its accepted levels, then the level none of its nodes passed)
         reach = d if self.reach is None else min(d, self.levels(n))
         self._outcomes.extend([1] * int(acc) + ([0] if acc < reach else []))
+        if b < len(self._rows):
+          self._rows[b][0] += int(acc)
+          self._rows[b][1] += int(acc) + (1 if acc < reach else 0)
 
   def record(self, since: int = 0) -> dict:
     """The rule, its inputs (acceptance and costs as they stand: a sizer keeps learning across
     a decoder's runs of the same shapes) and its choices from choice `since` on (one run's)."""
+    rows = {"row_acceptance": [round(self.row_acceptance(b), 4)
+                               for b in range(len(self._rows))]} if self.slowest else {}
     return {"rule": RULE if self.fixed is None else f"a sizing table's n = {self.fixed}",
+            **({"slowest_row": True} if self.slowest else {}),
             "lengths": list(self.lengths),
-            "acceptance": round(self.acceptance, 4),
+            "acceptance": round(self.acceptance, 4), **rows,
             "cost_s": {n: round(self.cost(n), 6) for n in self._times if self.cost(n)},
             "choices": dict(collections.Counter(self.choices[since:])),
             **({"reach": {n: self.levels(n) for n in self.lengths}} if self.reach else {})}

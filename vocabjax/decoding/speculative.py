@@ -765,6 +765,8 @@ class SpeculativeEngine(DecodingMethod):
                                       compile_s)
     held = {}
     sizer, since = self._sizer(B, S)
+    if sizer is not None:  # rows not refilled: the call ends with its slowest
+      sizer.begin(B, slowest=B > 1)
     handoff = self._handoff(sizer, sampling, B, S, dtype)
 
     def begin():
@@ -861,6 +863,8 @@ class SpeculativeEngine(DecodingMethod):
       return (state, hist), tok, compiled
 
     sizer, since = self._sizer(B, S)
+    if sizer is not None:  # refilled rows: the call's throughput is every row's
+      sizer.begin(B, slowest=False)
     advance = self._advance(sampling, step, stats, run, sizer, held)
     try:
       res = continuous_loop(req, rows, (state, hist), fill, advance, compile_s=compile_s,
@@ -1028,7 +1032,7 @@ class SpeculativeEngine(DecodingMethod):
         compiled, run.compiled_s = run.compiled_s, 0.0
         stats.host_s += time.perf_counter() - t_host - compiled
         if sizer is not None:  # at most the chosen length, at most what was found
-          need = min(sizer.choose(), int(np.max(host_counts, initial=0)))
+          need = min(sizer.choose(active), int(np.max(host_counts, initial=0)))
           width = next(m for m in sizer.lengths if m >= need)
           arrays, host_counts = limit_block(arrays, host_counts, width)
         prog, seconds = step(tuple(host_spec(a) for a in arrays))
@@ -1036,7 +1040,7 @@ class SpeculativeEngine(DecodingMethod):
         t0 = time.perf_counter()
         out = prog(self.target_params, self.proposer_params, state, key, *map(jnp.asarray, arrays))
       elif sizer is not None:  # a sized device drafter
-        width = sizer.choose()
+        width = sizer.choose(active)
         behind = held.get("behind", 0)
         if (width == 0 and handoff is not None  # the resume's block must fit every row
                 and min(map(len, hist)) - 1 >= behind + 1 + P.unseen_max):
