@@ -41,11 +41,11 @@ def main(argv=None) -> None:
   prompt = [np.random.RandomState(0).randint(3, 1000, 250).tolist()]
   for _ in range(2):  # the second run is timed (the first compiles)
     res = dec.generate(prompt, max_new_tokens=64, max_len=1024)
-  (_, sampling, B, T, S,
-   dtype), = [k for k, _ in dec.compiled_programs().items() if k[0] == "start"]
+  key, = [k for k, _ in dec.compiled_programs().items() if k.program == "prefill"]
+  sampling, (B, T, S, dtype) = key.sampling, key.shapes
   start, step, _ = dec.programs(sampling, B, T, S, dtype)  # the ones generate compiled
   _, state = start(jnp.zeros((1, T), jnp.int32), jnp.asarray([250], jnp.int32),
-                   jnp.zeros((1,), jnp.int32), jax.random.key(0))
+                   jax.random.key(0))
   times = []
   for i in range(10):
     t = time.perf_counter()

@@ -102,7 +102,7 @@ def main(argv=None) -> int:
                             ChainProposer(params(dc, 1, mesh), dc, tc, gamma=a.gamma), mesh=mesh)
     start, step, _ = dec.programs(SamplingParams(), B, T, S, jnp.float32)
     toks = jnp.asarray(np.random.RandomState(0).randint(0, tc.vocab_size, (B, T)), jnp.int32)
-    _, state = start(toks, jnp.full((B,), T, jnp.int32), toks[:, -1], jax.random.key(0))
+    _, state = start(toks, jnp.full((B,), T, jnp.int32), jax.random.key(0))
     times = []
     for i in range(a.repeats + 1):
       t0 = time.perf_counter()
