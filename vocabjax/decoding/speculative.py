@@ -544,9 +544,9 @@ class SpeculativeEngine(DecodingMethod):
             proposer=None) -> dict:
     """The engine's programs for these shapes, LOWERED (not compiled): {"target_prefill": the
     target's prefill of a [B, T] prompt block into S slots (`autoregressive.target_prefill`),
-    "prefill": the loop state from it (`proposer_prefill`), "step": one step, and when asked
-    "put_row":
-    continuous batching's hand-over of a row} (`programs`: which). `host_shape`:
+    "cache_prefill": a proposer's shared model prefill into its cache (`SharedCachePrefill`),
+    "prefill": the loop state from them (`proposer_prefill`), "step": one step, and when asked
+    "put_row": continuous batching's hand-over of a row} (`programs`: which). `host_shape`:
     the host block's array shapes for a proposer with a host hook (default: its largest,
     `HostDrafter.host_shapes`). `proposer`: the step of a sized variant (`SelfSizing.sized`; its
     loop state is this one's). What `programs()` compiles, and what bench and the deviceless
