@@ -196,6 +196,25 @@ def test_sharded_steps_split_the_target_over_the_chips(steps, method):
   assert tpu.cpu_custom_calls(step.programs["step"].text) == []
 
 
+@pytest.mark.parametrize("method", ["chain:gamma=3", "eagle:top_k=2,depth=2,total_tokens=4"])
+def test_sharded_prefills_compile_with_the_target_split(method):
+  """On a v5e:2x2 slice the prefill programs (the target's, shared with plain decoding, with
+  the features an EAGLE head reads; a drafter's into its cache; the loop state from them)
+  compile partitioned, each chip holding a share of the target's weights."""
+  step = tpu.lower_step(method, REAL_V, topology="v5e:2x2", S=S, T=64,
+                        mesh=tpu.tpu_mesh("v5e:2x2"), prefill=True, compile=True)
+  names = step.decoder.prefill_programs
+  assert names[0] == "target_prefill" and names[-1] == "prefill"
+  assert ("cache_prefill" in names) == method.startswith("chain")
+  for name in names:
+    assert tpu.cpu_custom_calls(step.programs[name].text) == [], name
+  one = tpu.lower_step(method, REAL_V, topology="v5e:1x1", S=S, T=64, prefill=True,
+                       compile=True)
+  args = [x.programs["target_prefill"].compiled.memory_analysis().argument_size_in_bytes
+          for x in (step, one)]
+  assert args[0] < 0.6 * args[1], args
+
+
 def test_specvocab_kernel_step_on_a_slice_runs_the_kernel_under_shard_map(steps):
   """SpecVocab's Pallas head on a v5e:2x2 slice: the indexed head runs under shard_map over
   the vocabulary-split LM head (`indexed_lm_head_sharded`; before: refused, Mosaic kernels are
