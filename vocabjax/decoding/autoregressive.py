@@ -101,9 +101,8 @@ def target_prefill_outputs(params, config: LlamaLikeConfig, sampling: SamplingPa
                            T: int, S: int, dtype, *, mesh=None, feature_layers: tuple = ()):
   """`target_prefill`'s outputs (first, cache, last, features) for a [B, T] block into S slots,
   abstract and placed as its program gives them and the programs after it take them: on a
-  mesh the cache as the decoders place caches, the first tokens replicated (the host reads
-  them) and the hidden states and features with their rows over "data"; off a mesh on the
-  params' device."""
+  mesh the cache as the decoders place caches, every other leaf with its rows over "data" (the
+  first tokens as plain decoding's step takes its tokens); off a mesh on the params' device."""
   i32 = lambda *shape: abstract_arg(shape, jnp.int32, B=B, mesh=mesh, like=params)  # noqa: E731
   key = abstract_arg(KEY.shape, KEY.dtype, B=B, mesh=mesh, like=params, rows=False)
   cache = abstract_cache(config, B, S, dtype, mesh)
@@ -113,10 +112,8 @@ def target_prefill_outputs(params, config: LlamaLikeConfig, sampling: SamplingPa
       functools.partial(target_prefill, config=config, sampling=sampling,
                         feature_layers=tuple(feature_layers)),
       params, i32(B, T), i32(B), cache, key)
-  place = lambda x, rows=True: abstract_arg(x.shape, x.dtype, B=B, mesh=mesh,  # noqa: E731
-                                            like=params, rows=rows)
-  return (place(first, rows=False), cache, place(last),
-          None if feats is None else place(feats))
+  place = lambda x: abstract_arg(x.shape, x.dtype, B=B, mesh=mesh, like=params)  # noqa: E731
+  return place(first), cache, place(last), None if feats is None else place(feats)
 
 
 def lower_target_prefill(params, config: LlamaLikeConfig, sampling: SamplingParams, B: int,
