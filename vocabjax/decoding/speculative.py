@@ -452,9 +452,7 @@ class SpeculativeEngine(DecodingMethod):
   def _prefill_fn(self, sampling: SamplingParams):
     """`engine_prefill` with the target's params lowered as plain decoding's prefill (the bf16
     GEMM for a bf16 target) and the proposer's as its prefill asks."""
-    base = self.lowering
-    t_lw = base.replace(bf16_blocks=prefill_in_bf16(self.target_params))
-    d_lw = self.proposer.prefill_lowering(t_lw, base)
+    t_lw, d_lw = self._prefill_lowerings()
     fn = functools.partial(engine_prefill, target_config=self.target_config, sampling=sampling,
                            proposer=self.proposer)
 
@@ -467,9 +465,7 @@ class SpeculativeEngine(DecodingMethod):
   def _proposer_prefill_fn(self):
     """`proposer_prefill` with the target's params lowered as its prefill and the proposer's as
     its prefill asks (as `_prefill_fn`)."""
-    base = self.lowering
-    t_lw = base.replace(bf16_blocks=prefill_in_bf16(self.target_params))
-    d_lw = self.proposer.prefill_lowering(t_lw, base)
+    t_lw, d_lw = self._prefill_lowerings()
     shared = self._cache_prefill()
     fn = functools.partial(proposer_prefill, proposer=self.proposer,
                            filled=() if shared is None else (shared.cache,))
@@ -488,10 +484,11 @@ class SpeculativeEngine(DecodingMethod):
     P = self.proposer
     return P.cache_prefill() if isinstance(P, SharedCachePrefill) else None
 
-  def _cache_prefill_lowering(self):
+  def _prefill_lowerings(self):
+    """(the target's prefill lowering, the proposer's: `Proposer.prefill_lowering`)."""
     base = self.lowering
-    return self.proposer.prefill_lowering(
-        base.replace(bf16_blocks=prefill_in_bf16(self.target_params)), base)
+    t_lw = base.replace(bf16_blocks=prefill_in_bf16(self.target_params))
+    return t_lw, self.proposer.prefill_lowering(t_lw, base)
 
   def _step_fn(self, sampling: SamplingParams, proposer=None):
     P = proposer or self.proposer
@@ -570,7 +567,7 @@ class SpeculativeEngine(DecodingMethod):
       jit_kw = {} if self.mesh is None else {
           "out_shardings": jax.tree.map(lambda x: x.sharding, cache)}
       out["cache_prefill"] = jax.jit(
-          lowered(shared.fn, self._cache_prefill_lowering()), donate_argnums=(3,),
+          lowered(shared.fn, self._prefill_lowerings()[1]), donate_argnums=(3,),
           **jit_kw).lower(shared.model_params(self.proposer_params), i32((B, T)), i32((B,)),
                           cache)
     if "prefill" in programs:  # the proposer's, from the target's prefill
@@ -627,7 +624,7 @@ class SpeculativeEngine(DecodingMethod):
     if shared is not None:  # shared by the engines of proposers over the same model
       fill, s3 = self._programs.get(
           ProgramKey("cache_prefill", shared.key, None, (B, T, S, jnp.dtype(dtype).name),
-                     self._cache_prefill_lowering()),
+                     self._prefill_lowerings()[1]),
           lambda: self.lower(sampling, B, T, S, dtype, programs=("cache_prefill",))[
               "cache_prefill"].compile(),
           scope=lambda: ("cache_prefill", self.mesh,
