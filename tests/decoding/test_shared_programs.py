@@ -122,3 +122,25 @@ def test_the_cache_is_bounded_least_recently_used_first():
     t.get(("b",), "scope", lambda: "B")
   t.clear()
   assert len(t) == 0
+
+
+def test_each_build_gives_the_heap_back(monkeypatch):
+  """A program built (not one taken from the cache) is followed by `trim_heap`: compiling
+  frees far more than the program keeps, and glibc kept it resident (the main job's peak);
+  `VOCABJAX_TRIM_HEAP=0` turns it off."""
+  import platform
+
+  from vocabjax import backends
+
+  calls = []
+  monkeypatch.setattr(engine, "trim_heap", lambda: calls.append(1) or True)
+  t = engine.ProgramCache()
+  key = engine.ProgramKey("p", "m", None, (), None)
+  t.get(key, "scope", lambda: "P")
+  t.get(key, "scope", lambda: "P")
+  assert calls == [1]
+  monkeypatch.setenv("VOCABJAX_TRIM_HEAP", "0")
+  assert backends.trim_heap() is False
+  monkeypatch.delenv("VOCABJAX_TRIM_HEAP")
+  glibc = platform.system() == "Linux" and platform.libc_ver()[0] == "glibc"
+  assert backends.trim_heap() is glibc

@@ -60,6 +60,33 @@ def test_matches_the_einsum_attention(B, T, N, G, hd, S, kv_dtype):
                              rtol=2e-5, atol=2e-5)
 
 
+def test_a_layer_of_the_stacked_caches_is_read_where_it_lies():
+  """`layer=i` over the caches [L, B, S, N, hd] is the attention over their slice i, bit for
+  bit, and a decoding step's program copies no layer's slice out of the stack (XLA copied
+  k_all[i] and v_all[i] per layer and step: a cost proportional to the cache's size)."""
+  from vocabjax.testing.hlo import materialized
+
+  q, k, v, mask = _operands(2, 3, 2, 2, 32, 24, seed=5)
+  ks = jnp.stack([k * (i + 1) for i in range(3)])
+  vs = jnp.stack([v - i for i in range(3)])
+  f = jax.jit(cpu_matmul.attention, static_argnums=(4, 5))
+  for i in range(3):
+    np.testing.assert_array_equal(np.asarray(f(q, ks, vs, mask, 5.0, i)),
+                                  np.asarray(f(q, ks[i], vs[i], mask, 5.0)))
+  with pytest.raises(ValueError, match="layer 3 is outside the stacked caches' 3 layers"):
+    cpu_matmul.attention(q, ks, vs, mask, 5.0, 3)
+
+  cfg = LlamaLikeConfig(arch="qwen2", vocab_size=64, hidden_size=128, intermediate_size=96,
+                        num_layers=3, num_heads=4, num_kv_heads=2, head_dim=32)
+  params = with_lowering(init_params(jax.random.key(1), cfg), STEP)
+  cache = KVCache.init(cfg, 1, 96)
+  step = jax.jit(functools.partial(forward, config=cfg)).lower(
+      params, jnp.zeros((1, 1), jnp.int32), jnp.full((1, 1), 5), cache).compile()
+  text = step.as_text()
+  assert "vocabjax_VjAttention" in text
+  assert not materialized(text, (1, 96, 2, 32)), "a layer's cache was copied out of the stack"
+
+
 def test_a_querys_output_does_not_depend_on_its_block():
   q, k, v, mask = _operands(2, 16, 2, 6, 128, 200, seed=3)
   f = jax.jit(cpu_matmul.attention, static_argnums=4)

@@ -31,7 +31,7 @@ from typing import Any, Callable, Hashable, NamedTuple, Sequence
 import jax
 import numpy as np
 
-from vocabjax.backends import available_memory_bytes
+from vocabjax.backends import available_memory_bytes, trim_heap
 from vocabjax.decoding.base import GenerationResult
 from vocabjax.jax_internals import trace_settings
 from vocabjax.models.config import LlamaLikeConfig
@@ -143,6 +143,7 @@ class ProgramCache:
       return prog, 0.0
     t0 = time.perf_counter()
     prog = build()
+    trim_heap()  # what the compile freed, back to the system (resident memory)
     seconds = time.perf_counter() - t0
     if self.enabled:
       self._store(full, prog)

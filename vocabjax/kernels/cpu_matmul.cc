@@ -1221,7 +1221,9 @@ ffi::Error matmul_q8_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
 // ---- attention over the cache (decoding steps) ---------------------------------------------
 // out[b, t, n, g, :] = sum over visible s of softmax_s(q[b, t, n, g, :] . k[b, s, n, :] /
 // divisor) v[b, s, n, :], s visible where mask[b, t, s]: the attention of a decoding step
-// (T = 1) and of a verified block (T > 1) over the cache in its stored [B, S, N, hd] layout.
+// (T = 1) and of a verified block (T > 1) over the cache in its stored [B, S, N, hd] layout,
+// layer `layer` of the stacked caches [L, B, S, N, hd] (read where it lies: XLA copied the
+// slice k_all[i] out of the stack for every layer and step, a cost proportional to S).
 // Each output row is the same sequence of f32 operations whatever T is: the dot of a query with
 // a key in 16 lanes over hd in order and a fixed tree sum, the softmax's exponentials by one
 // polynomial (`exp_poly`, the same code in vector lanes and scalar tails: built with
@@ -1269,19 +1271,23 @@ inline float dot_lanes(const float* a, const KT* b, int64_t n) {
 template <typename KT, ffi::DataType DT>
 ffi::Error attention_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<DT> k,
                           ffi::Buffer<DT> v, ffi::Buffer<ffi::PRED> mask,
-                          ffi::ResultBuffer<ffi::F32> out, float divisor) {
+                          ffi::ResultBuffer<ffi::F32> out, float divisor, int64_t layer) {
   auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(), md = mask.dimensions();
   bool same_kv = vd.size() == kd.size();
   for (size_t i = 0; same_kv && i < kd.size(); ++i) same_kv = vd[i] == kd[i];
-  if (qd.size() != 5 || kd.size() != 4 || md.size() != 3 || !same_kv ||
-      kd[0] != qd[0] || kd[2] != qd[2] || kd[3] != qd[4] || md[0] != qd[0] ||
-      md[1] != qd[1] || md[2] != kd[1])
+  if (qd.size() != 5 || kd.size() != 5 || md.size() != 3 || !same_kv ||
+      kd[1] != qd[0] || kd[3] != qd[2] || kd[4] != qd[4] || md[0] != qd[0] ||
+      md[1] != qd[1] || md[2] != kd[2])
     return ffi::Error::InvalidArgument(
-        "vocabjax attention: expected q[B, T, N, G, hd], k and v [B, S, N, hd], mask[B, T, S]");
-  const int64_t B = qd[0], T = qd[1], N = qd[2], G = qd[3], hd = qd[4], S = kd[1];
+        "vocabjax attention: expected q[B, T, N, G, hd], k and v [L, B, S, N, hd], "
+        "mask[B, T, S]");
+  if (layer < 0 || layer >= kd[0])
+    return ffi::Error::InvalidArgument("vocabjax attention: layer out of range");
+  const int64_t B = qd[0], T = qd[1], N = qd[2], G = qd[3], hd = qd[4], S = kd[2];
   const float* qp = q.typed_data();
-  const KT* kp = reinterpret_cast<const KT*>(k.untyped_data());
-  const KT* vp = reinterpret_cast<const KT*>(v.untyped_data());
+  // the layer's [B, S, N, hd] block of the stacked caches, read in place (no slice copy)
+  const KT* kp = reinterpret_cast<const KT*>(k.untyped_data()) + layer * B * S * N * hd;
+  const KT* vp = reinterpret_cast<const KT*>(v.untyped_data()) + layer * B * S * N * hd;
   const bool* mp = mask.typed_data();
   float* op = out->typed_data();
   // a task per (row, token, KV head) and its G query heads, which share each key and value
@@ -1393,7 +1399,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(VjQ8MatmulQ6_K, matmul_q8_impl<QT::Q6_K>, VJ_BIND(
 // Attention over the cache (see attention_impl): q f32, k and v f32 or bf16, mask bool.
 #define VJ_ATTN(DT) ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<ffi::Buffer<ffi::F32>>() \
     .Arg<ffi::Buffer<DT>>().Arg<ffi::Buffer<DT>>().Arg<ffi::Buffer<ffi::PRED>>() \
-    .Ret<ffi::Buffer<ffi::F32>>().Attr<float>("divisor")
+    .Ret<ffi::Buffer<ffi::F32>>().Attr<float>("divisor").Attr<int64_t>("layer")
 XLA_FFI_DEFINE_HANDLER_SYMBOL(VjAttentionF32, (attention_impl<float, ffi::F32>),
                               VJ_ATTN(ffi::F32));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(VjAttentionBF16, (attention_impl<uint16_t, ffi::BF16>),

@@ -332,19 +332,27 @@ def uses_attention(q_dtype, kv_dtype, lowering: Lowering) -> bool:
 
 
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
-              divisor: float) -> jax.Array:
+              divisor: float, layer: int | None = None) -> jax.Array:
   """Attention of q [B, T, N, G, hd] (f32) over a layer's cache k, v [B, S, N, hd] (f32 or bf16)
   where mask [B, T, S] holds -> [B, T, N, G, hd] f32, by the kernel: softmax(q . k / divisor)
   . v in f32, each query row computed by the same operations whatever T is (a verified
   block's rows are its one-token steps' bit for bit; XLA:CPU's einsums and fused softmax round
-  blocks of 3 or more queries differently). Check `uses_attention` first."""
+  blocks of 3 or more queries differently). Check `uses_attention` first.
+
+  `layer`: k and v are the stacked caches [L, B, S, N, hd] and the kernel reads layer `layer`
+  where it lies (XLA:CPU copied a slice k[layer] out of the stack: per layer and step, a cost
+  proportional to the cache's size S)."""
   if not available():
     raise RuntimeError(f"the CPU attention kernel is unavailable: {_built['error']}")
+  if layer is None:
+    k, v, layer = k[None], v[None], 0
+  elif not 0 <= layer < k.shape[0]:
+    raise ValueError(f"layer {layer} is outside the stacked caches' {k.shape[0]} layers")
   target = f"vocabjax_{_ATTENTION_TARGETS[jnp.dtype(k.dtype).name]}"
   call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(q.shape, jnp.float32),
                           vmap_method="sequential")
   return call(q.astype(jnp.float32), k, v.astype(k.dtype), mask.astype(jnp.bool_),
-              divisor=np.float32(divisor))
+              divisor=np.float32(divisor), layer=np.int64(layer))
 
 
 def widened_after(w: BlockWeight, x: jax.Array, widen=dequantize) -> jax.Array:

@@ -305,7 +305,7 @@ def decoder_layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, c
     # this layer's reads of the caches happen before the next layer's writes (no copies)
     k_all, v_all, attn = jax.lax.optimization_barrier((k_all, v_all, attn))
   elif uses_attention(q.dtype, k_all.dtype, lw):  # the same bits at any block size
-    attn = attention(q, k_all[ci], v_all[ci], mask, c.attn_divisor).astype(x.dtype)
+    attn = attention(q, k_all, v_all, mask, c.attn_divisor, layer=ci).astype(x.dtype)
   else:
     scores = jnp.einsum("BTNQe,BSNe->BNQTS", q, k_all[ci].astype(q.dtype),
                         preferred_element_type=jnp.float32) / c.attn_divisor

@@ -67,7 +67,8 @@ def whole_array_writes(hlo_text: str, shape: tuple[int, ...],
     name, op, dims = m.group(1), m.group(4), m.group(3)
     if ((entry or not entry_only) and op in ("fusion", "copy", "transpose") and dims
         and sorted(map(int, dims.split(","))) == want):
-      kind = ("copy" if op == "copy" else "in-place" if "dynamic_update_slice" in name else
+      kind = ("copy" if op == "copy" else
+              "in-place" if "dynamic_update_slice" in name.replace("-", "_") else
               "transpose" if op == "transpose" or "transpose" in name else "other")
       out.append((name if entry_only else f"{comp}/{name}", kind))
   return out
