@@ -85,10 +85,10 @@ def trim_heap() -> bool:
 
   Compiling an XLA:CPU program allocates far more than the program keeps (the traced jaxpr,
   the MLIR module, LLVM's passes) and glibc keeps most of what is freed inside its heaps, so a
-  process's resident memory grew by every compile's working set: the main job's programs
-  (target and drafter prefills per prompt block, every method's step) held 3.47 GB at their
-  peak where 3.02 GB is what they keep, measured with the registry pair's blocks. The program
-  cache calls this after each build; a build takes seconds, this tens of milliseconds."""
+  process's resident memory grew by every compile's working set: compiling the main job's
+  programs (target and drafter prefills per prompt block, every method's step; the registry
+  pair's blocks) peaked at 3.47 GB, 3.08 GB with this after each build. The program cache
+  calls it after each build; a build takes seconds, this ~0.3 s there (mostly the collection)."""
   import gc
 
   if os.environ.get("VOCABJAX_TRIM_HEAP", "1") == "0":
