@@ -13,7 +13,6 @@ least per size, printed and written to results.json.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
