@@ -11,6 +11,7 @@ whose plugin might be installed), and the user chose nothing (`JAX_PLATFORMS`,
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 
@@ -75,7 +76,15 @@ def available_memory_bytes(device=None) -> int | None:
   return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
 
 
-_LIBC = {"trim": None, "looked": False}
+@functools.cache
+def _malloc_trim():
+  """glibc's `malloc_trim`, or None where the C library is not glibc (macOS, musl)."""
+  import ctypes
+
+  try:
+    return ctypes.CDLL("libc.so.6").malloc_trim
+  except (OSError, AttributeError):
+    return None
 
 
 def trim_heap() -> bool:
@@ -93,16 +102,9 @@ def trim_heap() -> bool:
 
   if os.environ.get("VOCABJAX_TRIM_HEAP", "1") == "0":
     return False
-  if not _LIBC["looked"]:
-    _LIBC["looked"] = True
-    try:
-      import ctypes
-
-      _LIBC["trim"] = ctypes.CDLL("libc.so.6").malloc_trim
-    except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to trim by hand
-      _LIBC["trim"] = None
-  if _LIBC["trim"] is None:
+  trim = _malloc_trim()
+  if trim is None:
     return False
   gc.collect()
-  _LIBC["trim"](0)
+  trim(0)
   return True
