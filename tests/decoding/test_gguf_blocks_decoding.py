@@ -163,6 +163,47 @@ def test_heads_and_block_drafters_on_a_blocks_target():
     assert res.tokens == ar.tokens, name
 
 
+def test_an_eagle_head_file_on_a_blocks_target_loads_as_on_its_f32_twin(tmp_path):
+  """The registry's `eagle` method on a target of GGUF blocks (the default for a .gguf file)
+  loads the head's weights as floats, the same values as beside the f32 model of the same
+  dequantized weights (the blocks' stored dtype is uint8: a head cast to it drafted nothing the
+  target accepted), and drafts and accepts the same tokens at every step."""
+  from tests.helpers.heads import random_head
+  from vocabjax.checkpoints.eagle2 import load_head
+  from vocabjax.checkpoints.eagle3 import save_eagle3
+  from vocabjax.checkpoints.loader import Model
+  from vocabjax.decoding.eagle import HEAD_KEY
+  from vocabjax.methods import METHODS
+  from vocabjax.train.features import model_identity
+
+  (target, target32), _ = _pair(BCFG, "Q8_0", 0.3)
+  f32 = Model(config=BCFG, params=target32, tokenizer=None, eos_token_ids=(), source="t.gguf",
+              dtype="float32")
+  blocks = Model(config=BCFG, params=target, tokenizer=None, eos_token_ids=(), source="t.gguf",
+                 dtype="gguf")
+  hc, hp = random_head(target32, BCFG, Vd=BCFG.vocab_size)
+  hp["d2t"] = hp["d2t"] * 0
+  head = save_eagle3(hp, hc, tmp_path / "head", target=model_identity(f32))
+  params = {"head": str(head), "lm_head": "target", "top_k": 1, "depth": 3, "total_tokens": 3}
+  rs = np.random.RandomState(5)
+  prompts = [rs.randint(0, 64, n).tolist() for n in (5, 17)]
+  runs = {}
+  for name, model in (("f32", f32), ("blocks", blocks)):
+    dec = METHODS["eagle"].make(model, None, params)
+    assert is_blocks(dec.proposer.params["lm_head"]) == (name == "blocks")
+    runs[name] = (dec.proposer.params, dec.generate(prompts, max_new_tokens=16))
+  own32, ownq = (jax.tree.leaves(runs[k][0][HEAD_KEY]) for k in ("f32", "blocks"))
+  assert len(own32) == len(ownq) > 0
+  for a, b in zip(own32, ownq):
+    assert b.dtype == a.dtype
+    np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
+  (_, r32), (_, rq) = runs["f32"], runs["blocks"]
+  assert rq.tokens == r32.tokens
+  assert rq.stats.accepted == r32.stats.accepted and sum(map(sum, r32.stats.accepted)) > 0
+  with pytest.raises(ValueError, match="weights load as floats, got dtype=uint8"):
+    load_head(head, dtype=target["embed"].dtype)
+
+
 def test_a_long_prefill_widens_one_matrix_at_a_time():
   """Past the kernel's rows a prefill runs XLA's dot on widened matrices; each is widened when
   its input exists (`cpu_matmul.widened_after`), so the program's temp buffers hold about one

@@ -187,7 +187,12 @@ def load_head(directory, *, target_config=None, target_params=None, dtype=jnp.fl
               ) -> tuple[EagleConfig, dict, dict]:
   """Either kind of EAGLE head: `load_eagle3` or `load_eagle2` (which has no LM head of its
   own: `lm_head` does not apply). `allow_bin`: read a pickled `pytorch_model.bin` (the
-  authors' format) where there is no safetensors file (None: `VOCABJAX_ALLOW_BIN`)."""
+  authors' format) where there is no safetensors file (None: `VOCABJAX_ALLOW_BIN`).
+  `dtype` must be a float dtype (a quantized target's storage dtype is not the head's:
+  `methods.eagle.head_dtype`)."""
+  if not jnp.issubdtype(jnp.dtype(dtype), jnp.floating):
+    raise ValueError(f"an EAGLE head's weights load as floats, got dtype={jnp.dtype(dtype).name} "
+                     f"(a quantized target's stored dtype? pass the dtype it computes in)")
   if head_kind(directory) == "eagle2":
     return load_eagle2(directory, target_config=target_config, target_params=target_params,
                        dtype=dtype, allow_bin=allow_bin)

@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import jax.numpy as jnp
+
 from vocabjax.checkpoints.eagle2 import load_head, load_head_config
 from vocabjax.decoding.eagle import EagleProposer
 from vocabjax.decoding.hybrid import HostTreeHybrid, LookupTrie
@@ -17,6 +19,7 @@ from vocabjax.methods import model_blocks, read_head_config, register, tree_para
 from vocabjax.methods.lookup import PldParams
 from vocabjax.methods.suffix import SuffixHybridParams
 from vocabjax.methods.vocab import check_head_policy, head_policy, head_policy_rows
+from vocabjax.models.llamalike import compute_dtype, float_dtype
 
 
 # An EAGLE-3 head directory (`python -m vocabjax.train.eagle`, the authors' `yuhuili/EAGLE3-*`,
@@ -85,6 +88,14 @@ def _eagle_proposer(blocks, target, p: EagleParams) -> EagleProposer:
                        draft_vocab=_eagle_vocab(target, p), min_confidence=p.min_confidence)
 
 
+def head_dtype(target_params) -> jnp.dtype:
+  """The dtype an EAGLE head on this target loads in: its embedding's float dtype (bf16 beside
+  a bf16 target), f32 beside a target whose embedding is quantized (GGUF blocks store bytes:
+  their dtype, uint8, is storage, not what the model computes in)."""
+  d = float_dtype(target_params["embed"])
+  return d if jnp.issubdtype(d, jnp.floating) else jnp.dtype(compute_dtype(target_params))
+
+
 _HEADS: list = []  # the last few loaded EAGLE heads: (key, target params, (params, config))
 _HEADS_KEPT = 2
 
@@ -101,7 +112,7 @@ def _eagle_head(target, p: EagleParams):
   try:
     weights = path / "model.safetensors"
     st = (weights if weights.exists() else path / "pytorch_model.bin").stat()
-    key = (str(path), st.st_size, st.st_mtime_ns, str(target.params["embed"].dtype),
+    key = (str(path), st.st_size, st.st_mtime_ns, str(head_dtype(target.params)),
            p.lm_head == "own")
   except OSError:
     key = None  # load_head names the problem
@@ -109,7 +120,7 @@ def _eagle_head(target, p: EagleParams):
     if key is not None and k == key and params_ref is target.params:
       return loaded
   hc, params, _ = load_head(p.head, target_config=target.config, target_params=target.params,
-                              dtype=target.params["embed"].dtype, lm_head=p.lm_head == "own")
+                              dtype=head_dtype(target.params), lm_head=p.lm_head == "own")
   if key is not None:
     _HEADS.insert(0, (key, target.params, (params, hc)))
     del _HEADS[_HEADS_KEPT:]
