@@ -47,5 +47,6 @@ done
   part "$LOG/index.log" python -m vocabjax.calibrate index $CAL/target_generated/generated.jsonl \
     --model $T --counts $CAL/stdlib_code/counts.npz --core 8192 --n 4 \
     --out $CAL/target_generated/successors-n4.npz
+[ -z "${FILES_ONLY:-}" ] || exit 0  # FILES_ONLY=1: the files alone (the combined suite vocab_methods_all reads both)
 part "$LOG/eval.log" python -m vocabjax.eval --config vocab_methods_eagle --out "$OUT"
 echo "=== $(date -u +%FT%TZ) vocab_methods_eagle_pipeline: done; the summary is $OUT/summary.md"

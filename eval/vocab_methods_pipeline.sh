@@ -30,4 +30,5 @@ CAL=train/calibration
 [ -f train/router/c64/router.safetensors ] ||
   python -m vocabjax.train.router --config configs/train/router_qwen05b_c64.yaml 2>&1 |
     tee "$LOG/router.log"
+[ -z "${FILES_ONLY:-}" ] || exit 0  # FILES_ONLY=1: the files alone (the combined suite vocab_methods_all reads both)
 python -m vocabjax.eval --config vocab_methods --out "$OUT" 2>&1 | tee -a "$LOG/eval.log"

@@ -507,3 +507,46 @@ def test_quiet_reaches_the_model_loading(suite, tmp_path, monkeypatch, quiet):
   with pytest.raises(Stop):
     main(parse_args(args))
   assert seen == [(cfg["target"], not quiet)]
+
+
+def test_a_method_drafts_with_its_own_drafter(suite, tmp_path):
+  """A method's own `draft:` (OmniDraft's drafter of another tokenizer) beside methods on the
+  suite's drafter, in one run: each decodes plain decoding's tokens, the report names both
+  drafters and the inputs hash the method's drafter (suites without one keep their fingerprint:
+  test_config_validation's recorded suite)."""
+  from vocabjax.testing.tiny import tiny_hf_model, tiny_tokenizer
+
+  _, cfg = suite
+  tok = tiny_tokenizer(340, corpus=["The lazy dog sleeps while the quick fox runs.",
+                                    "def mul(a, b):\n    return a * b\n"] * 20)
+  d = tmp_path / "other_drafter"
+  tiny_hf_model("llama", seed=5, vocab_size=len(tok)).save_pretrained(d)
+  tok.save_pretrained(d)
+  mixed = {**cfg, "methods": [*cfg["methods"][:2],
+                              {"name": "omni", "method": "crossvocab", "gamma": 3,
+                               "draft": str(d)}]}
+  out = tmp_path / "res"
+  summary = run_eval(_write(tmp_path / "mixed.yaml", mixed), out)
+  by = {m["name"]: m for m in summary["methods"]}
+  assert by["omni"]["overall"]["match_rate"] == by["chain_g2"]["overall"]["match_rate"] == 1.0
+  assert by["omni"]["overall"]["tau"] >= 1
+  own = summary["models"]["own_drafts"][str(d)]
+  assert own["methods"] == ["omni"] and own["vocab_size"] == len(tok)
+  assert f"omni's draft: {d}" in (out / "summary.md").read_text()
+  inputs = json.loads((out / "run.json").read_text())["inputs"]
+  assert inputs["models"]["omni.draft"].startswith("dir-sha256:")
+  # a suite whose every drafting method has its own drafter needs no suite drafter
+  alone = {k: v for k, v in mixed.items() if k != "draft"}
+  alone["methods"] = [cfg["methods"][0], mixed["methods"][2]]
+  assert load_config(_write(tmp_path / "alone.yaml", alone)).methods[1].draft == str(d)
+  for bad, message in (
+      ({"name": "x", "method": "pld", "draft": str(d)}, "drafts without a drafter model"),
+      ({"name": "x", "method": "chain", "draft": ""}, "draft must name a drafter"),
+      ({"name": "x", "method": "chain"}, r"needs 'draft'.*\['x'\]")):
+    with pytest.raises(ConfigError, match=message):
+      load_config(_write(tmp_path / "bad.yaml", {**alone, "methods": [cfg["methods"][0], bad]}))
+
+
+def _write(path, cfg):
+  path.write_text(yaml.safe_dump(cfg))
+  return path

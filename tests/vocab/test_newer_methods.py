@@ -233,7 +233,8 @@ def test_coverage_latency_weighs_an_eagle_heads_cost(tiny_chat_dir, files, head_
 
 def test_the_comparison_suites_parse_and_differ_only_where_they_say():
   """vocab_methods.yaml names every vocabulary method of the registry (but OmniDraft's, whose
-  drafter has another tokenizer) with parameters its dataclass takes; the two sampled suites
+  drafter has another tokenizer) with parameters its dataclass takes, vocab_methods_all both
+  suites' methods and OmniDraft's with its own drafter; the two sampled suites
   differ only in draft_in_set (and name), each beside plain decoding."""
   import yaml
 
@@ -262,6 +263,22 @@ def test_the_comparison_suites_parse_and_differ_only_where_they_say():
   assert {m["method"] for m in eagle["methods"]} == {"ar", "eagle"}
   assert any("subset" in m for m in eagle["methods"]) and any("ranker" in m
                                                               for m in eagle["methods"])
+  # the combined suite: both suites' methods in one run (drafter `d_`, head `e_`) and
+  # OmniDraft with its own drafter of another tokenizer, the same decoding settings
+  from vocabjax.eval.config import config_from_dict
+
+  every = suite("vocab_methods_all")
+  strip_name = lambda m, p: {**m, "name": m["name"].removeprefix(p)}  # noqa
+  rest = [m for m in every["methods"] if m["method"] != "ar"]
+  assert [strip_name(m, "d_") for m in rest if m["name"].startswith("d_")
+          and m["method"] != "crossvocab"] == full["methods"][1:]
+  assert [strip_name(m, "e_") for m in rest if m["name"].startswith("e_")] == eagle["methods"][1:]
+  omni = [m for m in rest if m["method"] == "crossvocab"]
+  assert len(omni) == 1 and omni[0]["draft"] != every["draft"]
+  assert {k: v for k, v in every.items() if k not in ("name", "methods")} == {
+      k: v for k, v in full.items() if k not in ("name", "methods")}
+  cfg = config_from_dict(every, name="vocab_methods_all", check_files=False)
+  assert [m.draft for m in cfg.methods if m.method == "crossvocab"] == [omni[0]["draft"]]
   within, outside = suite("vocab_methods_t07"), suite("vocab_methods_t07_outside")
   assert within["draft_in_set"] is True and outside["draft_in_set"] is False
   assert within["temperature"] == 0.7 and within["top_p"] == 0.9

@@ -37,6 +37,8 @@ class MethodSpec:
   name: str  # label in tables and files (unique)
   method: str  # registered method (vocabjax.methods.METHODS)
   params: tuple[tuple[str, Any], ...] = ()  # method parameters, e.g. (("gamma", 3),)
+  draft: str | None = None  # this method's own drafter (the suite's `draft` otherwise): a
+  #   drafter of another tokenizer (OmniDraft's `crossvocab`) beside same-vocabulary methods
 
   @property
   def kwargs(self) -> dict:
@@ -79,6 +81,9 @@ class EvalConfig:
       d.pop("chat_template_kwargs")
     if d["draft_in_set"]:  # and before drafting outside the request's set could be asked
       d.pop("draft_in_set")
+    for m in d["methods"]:  # and before a method could name its own drafter
+      if m.get("draft") is None:
+        m.pop("draft", None)
     for ds in d["datasets"]:  # and before SPEED-Bench's configurations
       if ds.get("config") is None:
         ds.pop("config", None)
@@ -114,16 +119,26 @@ def config_from_dict(raw: dict, *, name: str = "custom", check_files: bool = Tru
     if label in seen:
       raise ConfigError(f"{where}: duplicate method name {label!r}")
     seen.add(label)
-    params = {k: v for k, v in m.items() if k not in ("name", "method")}
+    params = {k: v for k, v in m.items() if k not in ("name", "method", "draft")}
+    own = m.get("draft")
+    if own is not None and (not isinstance(own, str) or not own):
+      raise ConfigError(f"{where}: draft must name a drafter (registry name, HF directory, "
+                        f".gguf file or hub id), got {own!r}")
+    if own is not None and not METHODS[m["method"]].needs_draft:
+      raise ConfigError(f"{where}: method {m['method']!r} drafts without a drafter model; "
+                        f"draft={own!r} does not apply to it")
     METHODS[m["method"]].check(params, where, check_files=check_files)
-    methods.append(MethodSpec(name=label, method=m["method"], params=tuple(sorted(params.items()))))
+    methods.append(MethodSpec(name=label, method=m["method"],
+                              params=tuple(sorted(params.items())), draft=own))
   if not methods:
     raise ConfigError(f"config {name}: 'methods' is empty")
   if "ar" not in [m.method for m in methods]:
     raise ConfigError(f"config {name}: methods need an 'ar' baseline (speedup and output "
                       f"match are measured against it in the same run)")
-  if any(METHODS[m.method].needs_draft for m in methods) and not raw.get("draft"):
-    raise ConfigError(f"config {name}: a speculative method needs 'draft'")
+  orphans = [m.name for m in methods if METHODS[m.method].needs_draft and not m.draft]
+  if orphans and not raw.get("draft"):
+    raise ConfigError(f"config {name}: a speculative method needs 'draft' (the suite's, or "
+                      f"its own `draft:`): {orphans}")
   where = f"config {name}"
   check_positive(where, "max_new_tokens", raw.get("max_new_tokens", 1))
   check_positive(where, "max_len", raw.get("max_len"))

@@ -158,12 +158,16 @@ def inputs(config, prompts, dtypes: tuple | None = None) -> dict:
   models = {"target": content_id(config.target)}
   if config.draft:
     models["draft"] = content_id(config.draft)
+  for m in config.methods:  # a method's own drafter
+    if m.draft:
+      models[f"{m.name}.draft"] = content_id(m.draft)
   files = {f"{m.name}.{k}": content_id(v) for m in config.methods for k, v in m.params
            if _is_path(v) or (isinstance(v, str) and parse_hub_id(v) is not None)}
   # weights the suite's dtype fields leave to the file (a GGUF file's own blocks, the default
   # since those could be asked): named, so records of the dequantized default are not resumed
-  weights = {role: "gguf" for role, src, dt in
-             (("target", config.target, t_dtype), ("draft", config.draft, d_dtype))
+  roles = (("target", config.target, t_dtype), ("draft", config.draft, d_dtype),
+           *((f"{m.name}.draft", m.draft, d_dtype) for m in config.methods if m.draft))
+  weights = {role: "gguf" for role, src, dt in roles
              if src and dt in (None, "auto")
              and weights_default(src, dt, config.mesh) == GGUF}
   return {"models": models, "files": files, "questions": questions_hash(prompts),

@@ -8,7 +8,8 @@ summary.json, schema version 1 (`SUMMARY_SCHEMA`, checked by `validate_summary`)
                   --reuse}), machine, backend, jax, dtype, date, command, report_only
                   (true: written by --report-only from recorded records; machine, cpu and
                   cpu_count then the records')
-  models          target / draft: source, vocab_size, params_per_token (embedding excluded)
+  models          target / draft: source, vocab_size, params_per_token (embedding excluded);
+                  own_drafts (optional) {suite's name: the same + methods}: methods' own drafters
   groups          task groups in table order
   methods[]       name, method, framework ("vocabjax" | "torch"), params, draft_vocab_size,
                   overall and by_group[group]: the metrics of `vocabjax.eval.metrics.aggregate`
@@ -237,6 +238,9 @@ def models_info(models) -> dict:
   return {"target_config": models.target.config, "target_source": models.target.source,
           "draft_config": models.draft.config if models.draft else None,
           "draft_source": models.draft.source if models.draft else None,
+          # a method's own drafter (`MethodSpec.draft`), by the name the suite gives
+          "own_drafts": {src: (d.config, d.source)
+                         for src, d in getattr(models, "own_drafts", {}).items()},
           "dtype": weights_label(models.target.dtype,
                                  models.draft.dtype if models.draft else None)}
 
@@ -271,9 +275,11 @@ def build_summary(config, records: list[dict], info: dict, splits: dict, meta: d
   torch_ar = {(r["qid"], r["seed"]): r for r in by.get(("torch", "ar"), [])}
 
   methods, unavailable = [], {}
-  rows = [("vocabjax", m.name, m.method, m.kwargs) for m in config.methods]
-  rows += [("torch", n, n, {}) for n in ("ar", "assisted", "uag") if ("torch", n) in by]
-  for fw, name, method, params in rows:
+  own = info.get("own_drafts") or {}
+  rows = [("vocabjax", m.name, m.method, m.kwargs, m.draft) for m in config.methods]
+  rows += [("torch", n, n, {}, None) for n in ("ar", "assisted", "uag") if ("torch", n) in by]
+  for fw, name, method, params, own_draft in rows:
+    mcfg = own[own_draft][0] if own_draft in own else dcfg  # the drafter this method used
     recs = by.get((fw, name), [])
     if not recs:
       continue
@@ -285,9 +291,9 @@ def build_summary(config, records: list[dict], info: dict, splits: dict, meta: d
         vocab = spec.head_rows(full) if spec.head_rows else None
         c = spec.drafter_params(full) / t_params
         gamma = spec.drafter_passes(full)
-      elif spec is not None and spec.drafter_passes and dcfg is not None:
-        vocab = spec.head_rows(full) if spec.head_rows else dcfg.vocab_size
-        c = dcfg.num_params(include_embedding=False, head_rows=vocab) / t_params
+      elif spec is not None and spec.drafter_passes and mcfg is not None:
+        vocab = spec.head_rows(full) if spec.head_rows else mcfg.vocab_size
+        c = mcfg.num_params(include_embedding=False, head_rows=vocab) / t_params
         gamma = spec.drafter_passes(full)
     except Exception as e:  # noqa: BLE001 (whatever a missing or unreadable file raises)
       if not meta.get("files_may_be_missing"):
@@ -332,6 +338,11 @@ def build_summary(config, records: list[dict], info: dict, splits: dict, meta: d
     model_info["draft"] = {"source": info["draft_source"], "vocab_size": dcfg.vocab_size,
                            "params_per_token": dcfg.num_params(include_embedding=False,
                                                                head_rows=dcfg.vocab_size)}
+  for src, (cfg, source) in own.items():  # methods' own drafters
+    model_info.setdefault("own_drafts", {})[src] = {
+        "source": source, "vocab_size": cfg.vocab_size,
+        "params_per_token": cfg.num_params(include_embedding=False, head_rows=cfg.vocab_size),
+        "methods": [m.name for m in config.methods if m.draft == src]}
   summary = {"schema_version": SCHEMA_VERSION, "suite": config.name,
              "fingerprint": config.fingerprint(), "config": config.as_dict(),
              "environment": env, "models": model_info, "groups": groups, "methods": methods,
@@ -402,7 +413,9 @@ def markdown(summary: dict) -> str:
              if env.get("reused_from") else []),
            f"- target: {summary['models']['target']['source']}"
            + (f"; draft: {summary['models']['draft']['source']}"
-              if "draft" in summary["models"] else ""),
+              if "draft" in summary["models"] else "")
+           + "".join(f"; {', '.join(d['methods'])}'s draft: {d['source']}"
+                     for d in (summary["models"].get("own_drafts") or {}).values()),
            f"- {summary['config']['max_new_tokens']} new tokens, temperature "
            f"{summary['config']['temperature']}, seeds {summary['config']['seeds']}; tokens/s "
            "excludes compilation; speedup = ratio of total tokens / total time against plain "

@@ -207,6 +207,16 @@ def read_records(path: Path, *, repair: bool = True) -> list[dict]:
 class Loaded:
   target: Model
   draft: Model | None
+  own_drafts: dict = dataclasses.field(default_factory=dict)  # a method's own drafter by source
+
+  def draft_of(self, m) -> Model | None:
+    """The drafter method `m` (a `MethodSpec`) drafts with: its own, else the suite's."""
+    return self.own_drafts[m.draft] if m.draft else self.draft
+
+  def drafters(self) -> list:
+    """(role, model) of every drafter loaded: the suite's, then the methods' own."""
+    out = [("drafter", self.draft)] if self.draft is not None else []
+    return out + [(f"drafter {src}", d) for src, d in self.own_drafts.items()]
 
 
 def suite_dtypes(config: EvalConfig, compare_torch: bool = False) -> tuple:
@@ -224,19 +234,26 @@ def load_models(config: EvalConfig, mesh=None, progress: bool = True,
   it is read. `progress`: the fetch's and the checksum's bars (off under `--quiet`)."""
   t_dtype, d_dtype = suite_dtypes(config, compare_torch)
   target = load_model(config.target, dtype=t_dtype, mesh=mesh, progress=progress)
-  draft = None
-  if config.draft:  # the drafter's tokenizer only matters to a cross-vocabulary method
-    cross = any(m.method == "crossvocab" for m in config.methods)
-    draft = load_model(config.draft, dtype=d_dtype, load_tokenizer=cross, mesh=mesh,
-                       progress=progress)
-  return Loaded(target, draft)
+  def drafter(source: str, methods) -> Model:
+    # the drafter's tokenizer only matters to a cross-vocabulary method
+    cross = any(m.method == "crossvocab" for m in methods)
+    return load_model(source, dtype=d_dtype, load_tokenizer=cross, mesh=mesh,
+                      progress=progress)
+
+  shared = [m for m in config.methods if not m.draft]
+  draft = drafter(config.draft, shared) if config.draft else None
+  own = {}
+  for m in config.methods:
+    if m.draft and m.draft not in own:
+      own[m.draft] = drafter(m.draft, [x for x in config.methods if x.draft == m.draft])
+  return Loaded(target, draft, own)
 
 
 def _length_limits(config: EvalConfig, models: Loaded) -> list[tuple[str, int]]:
   """(name, tokens) of every bound a prompt and its new tokens must fit: `max_len`, and each
   model's context."""
   limits = [(f"max_len={config.max_len}", config.max_len)] if config.max_len else []
-  for role, m in (("target", models.target), ("drafter", models.draft)):
+  for role, m in (("target", models.target), *models.drafters()):
     ctx = m.config.max_position_embeddings if m is not None else None
     if ctx:
       limits.append((f"the {role}'s context of {ctx}", ctx))
@@ -430,7 +447,7 @@ def _decoders(config: EvalConfig, models: Loaded, mesh) -> dict:
   for m in config.methods:
     try:
       method = METHODS[m.method]
-      draft = models.draft if method.needs_draft else None
+      draft = models.draft_of(m) if method.needs_draft else None
       decoders[m.name] = method.make(models.target, draft, m.kwargs, mesh)
     except (ValueError, KeyError) as e:
       raise ConfigError(f"config {config.name}: method {m.name!r} ({m.method}) cannot be "
@@ -629,6 +646,7 @@ def config_info(config: EvalConfig) -> dict:
   t_dtype, d_dtype = suite_dtypes(config)
   return {"target_config": tcfg, "target_source": tsrc, "draft_config": dcfg,
           "draft_source": dsrc,
+          "own_drafts": {m.draft: one(m.draft) for m in config.methods if m.draft},
           "dtype": report.weights_label(
               weights_default(config.target, t_dtype, config.mesh),
               weights_default(config.draft, d_dtype, config.mesh) if config.draft else None)}
