@@ -321,3 +321,30 @@ def test_a_missing_or_corrupt_drafter_is_a_train_error(pair, tmp_path, tiny_chat
   with pytest.raises(TrainError, match="cannot load the drafter '.*broken'"):
     train(job(tmp_path, data, target=str(tiny_chat_dir), drafter=str(broken),
               out=str(tmp_path / "o2")), show_progress=False)
+
+
+def test_a_distilled_lora_drafter_on_a_base_of_gguf_blocks(tmp_path):
+  """A LoRA-distilled drafter whose base is loaded as a GGUF file's blocks (the default for a
+  .gguf drafter) merges into the blocks' values: the same drafter, in f32, as on the base's f32
+  twin."""
+  from tests.helpers.blocks import to_blocks
+  from vocabjax.checkpoints.distilled import save_distilled
+  from vocabjax.kernels.blocks import is_blocks
+  from vocabjax.models.identity import drafter_identity
+  from vocabjax.models.lora import init_lora
+
+  c = LlamaLikeConfig(arch="llama", vocab_size=64, hidden_size=256, intermediate_size=256,
+                      num_layers=1, num_heads=2, num_kv_heads=1, head_dim=128)
+  blocks, dense = to_blocks(init_params(jax.random.key(0), c, scale=0.3), "Q8_0")
+  lora = init_lora(jax.random.key(1), dense, rank=4)
+  lora = jax.tree.map(lambda a: a + 0.01, lora)  # b != 0: the adapters change the weights
+  save_distilled(tmp_path / "d", lora, None, {"mode": "lora", "lora_rank": 4, "lora_alpha": 8.0,
+                                             "base": drafter_identity(dense, c)})
+  got, _ = load_distilled(tmp_path / "d", blocks, c)
+  want, _ = load_distilled(tmp_path / "d", dense, c)
+  leaves = jax.tree.leaves(got, is_leaf=is_blocks)
+  assert not any(is_blocks(x) for x in leaves)
+  for a, b in zip(leaves, jax.tree.leaves(want)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert not np.array_equal(np.asarray(want["layers"][0]["wq"]),
+                            np.asarray(dense["layers"][0]["wq"]))

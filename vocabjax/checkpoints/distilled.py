@@ -6,7 +6,8 @@
                         drafter weight (mode full), flattened with dotted names
   head.safetensors      (optional) the SpecDec++ acceptance head
 
-`load_distilled` refuses a directory trained on another base drafter. Files are written via
+`load_distilled` refuses a directory trained on another base drafter; a base of GGUF blocks (a
+.gguf drafter's default) is widened to f32 first (the merged drafter runs in f32). Files are written via
 a temporary name and renamed, so an interrupted export never leaves half a file.
 """
 
@@ -23,8 +24,10 @@ from safetensors.numpy import load_file, save_file
 
 from vocabjax.checkpoints.convert import CheckpointError, check_finite
 from vocabjax.io import atomic_write_json
+from vocabjax.kernels.blocks import dequantize, is_blocks
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.identity import identity_mismatch
+from vocabjax.models.llamalike import has_blocks
 from vocabjax.models.lora import init_lora, merge
 
 
@@ -93,6 +96,11 @@ def load_distilled(directory, base_params, base_config: LlamaLikeConfig):
                           f"{directory} was distilled", exact=True)
   if why:
     raise DistilledError(why)
+  if has_blocks(base_params):
+    # a GGUF file's blocks (the default for a .gguf drafter): the distilled weights are the
+    # blocks' values plus the adapters (or replace them), so the drafter runs in f32
+    base_params = jax.tree.map(lambda w: dequantize(w) if is_blocks(w) else w, base_params,
+                               is_leaf=is_blocks)
   if meta["mode"] == "lora":
     like = init_lora(jax.random.key(0), base_params, rank=meta["lora_rank"])
     params = merge(base_params, unflatten_like(flat, like), alpha=meta["lora_alpha"])
