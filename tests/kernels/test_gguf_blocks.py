@@ -56,6 +56,27 @@ def test_kernel_equals_the_f32_kernel_on_the_dequantized_rows(qtype):
   assert f"VjSkinnyMatmul{qtype}" in hlo
 
 
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q8_0", "Q5_0"])
+def test_an_indexed_head_over_blocks_dequantizes_the_rows_in_the_kernel(qtype):
+  """`indexed_lm_head` over GGUF blocks (DynaSpec's clusters, SpecVocab's and MicroSpec's
+  per-row candidates on a quantized head): each row's K rows multiplied by the kernel from
+  their bytes, the f32 product of the dequantized rows within f32 rounding, and no f32 copy of
+  the gathered rows in the program."""
+  from vocabjax.kernels.indexed_lm_head import indexed_lm_head
+
+  data = random_blocks(qtype, 90, 512, seed=5)
+  w, u = from_numpy(data, qtype), np.asarray(reference(data, qtype), np.float64)
+  h = jax.random.normal(jax.random.key(1), (3, 512))
+  idx = jnp.asarray(np.random.RandomState(2).randint(0, 90, (3, 40)))
+  run = jax.jit(indexed_lm_head)
+  got = np.asarray(run(h, w, idx))
+  want = np.einsum("bkd,bd->bk", u[np.asarray(idx)], np.asarray(h, np.float64))
+  np.testing.assert_allclose(got, want, atol=1e-4, rtol=1e-5)
+  text = run.lower(h, w, idx).compile().as_text()
+  assert f"VjSkinnyMatmul{qtype}" in text
+  assert "f32[3,40,512]" not in text.replace(" ", ""), "the gathered rows were widened"
+
+
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q8_0"])
 def test_without_the_kernel_xla_dots_the_dequantized_rows(qtype):
   data = random_blocks(qtype, 64, 256, seed=3)

@@ -366,6 +366,26 @@ def widened_after(w: BlockWeight, x: jax.Array, widen=dequantize) -> jax.Array:
   return widen(w) + jnp.minimum(jnp.abs(first), 0.0)
 
 
+def indexed_blocks(h: jax.Array, U: BlockWeight, idx: jax.Array, reference) -> jax.Array:
+  """z[b, j] = U[idx[b, j]] . h[b] over GGUF blocks [V, D]: each row's K rows gathered as their
+  bytes and multiplied by the kernel, which dequantizes them in registers (one call per row b),
+  on XLA:CPU with the kernel on; elsewhere `reference(h, U, idx)` (the rows widened to f32 for
+  XLA's einsum: a K x D f32 copy per row and call, 58 MB for DynaSpec's ~9.5K rows of a
+  1,536-wide head)."""
+  if not (Lowering().cpu_kernel and available()):
+    return reference(h, U, idx)
+  rows = U.take(idx, mode="clip").data  # [B, K, row bytes]
+
+  def cpu(h, rows):
+    def one(hb, rb):
+      w = BlockWeight(rb, U.qtype, U.cols, U.arith)
+      return _kernel_call(hb[None].astype(jnp.float32), w, None)[0]
+    return jax.vmap(one)(h, rows)
+
+  return jax.lax.platform_dependent(h, rows, cpu=cpu,
+                                    default=lambda h, rows: reference(h, U, idx))
+
+
 def _linear_blocks(x: jax.Array, w: BlockWeight, lowering: Lowering) -> jax.Array:
   """`linear` of GGUF blocks under a platform-tagged `lowering`: the kernel's block targets on
   the CPU (dequantizing in registers), else XLA's dot on the f32 values, each matrix widened
