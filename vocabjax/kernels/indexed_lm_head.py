@@ -29,8 +29,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vocabjax.kernels.blocks import is_blocks
+from vocabjax.kernels.blocks import BlockWeight, is_blocks
 from vocabjax.kernels import dispatch
+from vocabjax.kernels.cpu_matmul import indexed_blocks
 from vocabjax.kernels._indexed_common import (IMPLS, check_indices, check_shapes,
                                               indexed_lm_head_reference)
 from vocabjax.kernels.indexed_lm_head_gpu import indexed_lm_head_gpu
@@ -95,12 +96,12 @@ def indexed_lm_head(h: jax.Array, U: jax.Array, idx: jax.Array, *, impl: str = "
   """z[b, j] = U[idx[b, j]] . h[b] in f32 (module doc); differentiable in h and U."""
   if impl not in IMPLS:
     raise ValueError(f"impl={impl!r} is not one of {IMPLS}")
-  if is_blocks(U):  # GGUF blocks: the K rows' bytes gathered, dequantized by the CPU kernel
+  if isinstance(U, BlockWeight):  # GGUF blocks: the K rows' bytes, dequantized by the kernel
     check_shapes(h, U, idx)
     check_indices(idx, U.shape[0])
-    from vocabjax.kernels.cpu_matmul import indexed_blocks  # imports the GPU/TPU kernels
-
     return indexed_blocks(h, U, idx, indexed_lm_head_reference)
+  if is_blocks(U):  # grouped int4: the K rows gathered and widened (XLA)
+    return indexed_lm_head_reference(h, U, idx)
   check_shapes(h, U, idx)
   check_indices(idx, U.shape[0])
   return _indexed(h, U, idx.astype(jnp.int32), impl, interpret)
