@@ -7,8 +7,8 @@
   head.safetensors      (optional) the SpecDec++ acceptance head
 
 `load_distilled` refuses a directory trained on another base drafter; a base of GGUF blocks (a
-.gguf drafter's default) is widened to f32 first (the merged drafter runs in f32). Files are written via
-a temporary name and renamed, so an interrupted export never leaves half a file.
+.gguf drafter's default) is widened to f32 first (the merged drafter runs in f32). Files are
+written via a temporary name and renamed, so an interrupted export never leaves half a file.
 """
 
 from __future__ import annotations

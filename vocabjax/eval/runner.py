@@ -234,6 +234,7 @@ def load_models(config: EvalConfig, mesh=None, progress: bool = True,
   it is read. `progress`: the fetch's and the checksum's bars (off under `--quiet`)."""
   t_dtype, d_dtype = suite_dtypes(config, compare_torch)
   target = load_model(config.target, dtype=t_dtype, mesh=mesh, progress=progress)
+
   def drafter(source: str, methods) -> Model:
     # the drafter's tokenizer only matters to a cross-vocabulary method
     cross = any(m.method == "crossvocab" for m in methods)
