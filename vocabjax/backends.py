@@ -97,7 +97,9 @@ def trim_heap() -> bool:
   process's resident memory grew by every compile's working set: compiling the main job's
   programs (target and drafter prefills per prompt block, every method's step; the registry
   pair's blocks) peaked at 3.47 GB, 3.08 GB with this after each build. The program cache
-  calls it after each build; a build takes seconds, this ~0.3 s there (mostly the collection)."""
+  calls it after each build that took a second or more (`ProgramCache.trim_after_s`): such a
+  build takes seconds, this ~0.3 s (mostly the collection); after quicker builds (tiny
+  programs, JAX's persistent cache) the collection cost more than the build."""
   import gc
 
   if os.environ.get("VOCABJAX_TRIM_HEAP", "1") == "0":

@@ -125,9 +125,9 @@ def test_the_cache_is_bounded_least_recently_used_first():
 
 
 def test_each_build_gives_the_heap_back(monkeypatch):
-  """A program built (not one taken from the cache) is followed by `trim_heap`: compiling
-  frees far more than the program keeps, and glibc kept it resident (the main job's peak);
-  `VOCABJAX_TRIM_HEAP=0` turns it off."""
+  """A program built (not one taken from the cache) in at least `trim_after_s` is followed by
+  `trim_heap`: compiling frees far more than the program keeps, and glibc kept it resident
+  (the main job's peak); a quicker build is not; `VOCABJAX_TRIM_HEAP=0` turns it off."""
   import platform
 
   from vocabjax import backends
@@ -136,8 +136,11 @@ def test_each_build_gives_the_heap_back(monkeypatch):
   monkeypatch.setattr(engine, "trim_heap", lambda: calls.append(1) or True)
   t = engine.ProgramCache()
   key = engine.ProgramKey("p", "m", None, (), None)
-  t.get(key, "scope", lambda: "P")
-  t.get(key, "scope", lambda: "P")
+  t.get(key, "scope", lambda: "P")  # a quick build: not worth a collection
+  assert calls == []
+  t.trim_after_s = 0.0
+  t.get(key._replace(program="q"), "scope", lambda: "Q")
+  t.get(key._replace(program="q"), "scope", lambda: "Q")  # taken from the cache: no build
   assert calls == [1]
   monkeypatch.setenv("VOCABJAX_TRIM_HEAP", "0")
   assert backends.trim_heap() is False
