@@ -348,3 +348,16 @@ def test_a_distilled_lora_drafter_on_a_base_of_gguf_blocks(tmp_path):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   assert not np.array_equal(np.asarray(want["layers"][0]["wq"]),
                             np.asarray(dense["layers"][0]["wq"]))
+
+
+def test_distillation_loads_its_models_in_float32(monkeypatch):
+  """The trainer's models load in float32 whatever the file: a .gguf drafter's default (its
+  blocks) has no float weights for the adapters to merge into (an AttributeError at the first
+  step)."""
+  from vocabjax.train.distill import job as distill_job
+
+  asked = []
+  monkeypatch.setattr(distill_job, "load_model",
+                      lambda source, **kw: asked.append((source, kw.get("dtype"))) or "M")
+  assert distill_job.load_model_for("d.gguf", "drafter", progress=False) == "M"
+  assert asked == [("d.gguf", "float32")]

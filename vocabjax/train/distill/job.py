@@ -92,8 +92,11 @@ def job_from_dict(raw: dict, *, where: str = "config") -> DistillJob:
 
 
 def load_model_for(source: str, what: str, progress: bool = True):
-  """`load_model`, with a missing or unreadable model as a TrainError naming it."""
+  """`load_model` in float32, with a missing or unreadable model as a TrainError naming it.
+  float32 whatever the file: distillation trains the drafter (its adapters merge into float
+  weights) and reads the target's logits as the f32 model's; a .gguf file would otherwise load
+  as its quantized blocks (`load_model`'s default)."""
   try:
-    return load_model(source, progress=progress)
+    return load_model(source, dtype="float32", progress=progress)
   except Exception as e:  # noqa: BLE001 -- any loader failure (missing, truncated, corrupt)
     raise TrainError(f"cannot load the {what} {source!r}: {type(e).__name__}: {e}") from e
