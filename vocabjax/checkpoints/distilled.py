@@ -27,7 +27,6 @@ from vocabjax.io import atomic_write_json
 from vocabjax.kernels.blocks import dequantize, is_blocks
 from vocabjax.models.config import LlamaLikeConfig
 from vocabjax.models.identity import identity_mismatch
-from vocabjax.models.llamalike import has_blocks
 from vocabjax.models.lora import init_lora, merge
 
 
@@ -96,11 +95,10 @@ def load_distilled(directory, base_params, base_config: LlamaLikeConfig):
                           f"{directory} was distilled", exact=True)
   if why:
     raise DistilledError(why)
-  if has_blocks(base_params):
-    # a GGUF file's blocks (the default for a .gguf drafter): the distilled weights are the
-    # blocks' values plus the adapters (or replace them), so the drafter runs in f32
-    base_params = jax.tree.map(lambda w: dequantize(w) if is_blocks(w) else w, base_params,
-                               is_leaf=is_blocks)
+  # a GGUF file's blocks (the default for a .gguf drafter): the distilled weights are the
+  # blocks' values plus the adapters (or replace them), so the drafter runs in f32
+  base_params = jax.tree.map(lambda w: dequantize(w) if is_blocks(w) else w, base_params,
+                             is_leaf=is_blocks)
   if meta["mode"] == "lora":
     like = init_lora(jax.random.key(0), base_params, rank=meta["lora_rank"])
     params = merge(base_params, unflatten_like(flat, like), alpha=meta["lora_alpha"])

@@ -240,7 +240,7 @@ def models_info(models) -> dict:
           "draft_source": models.draft.source if models.draft else None,
           # a method's own drafter (`MethodSpec.draft`), by the name the suite gives
           "own_drafts": {src: (d.config, d.source)
-                         for src, d in getattr(models, "own_drafts", {}).items()},
+                         for src, d in models.own_drafts.items()},
           "dtype": weights_label(models.target.dtype,
                                  models.draft.dtype if models.draft else None)}
 

@@ -39,6 +39,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from vocabjax.kernels import grouped_int4_gpu, grouped_int4_tpu
+from vocabjax.kernels._indexed_common import indexed_lm_head_reference
 from vocabjax.kernels.blocks import (BLOCK_TYPES, Q8_TYPES, BlockWeight, GroupedInt4,
                                      dequantize, grouped_in_out, is_blocks)
 from vocabjax.lowering import Lowering
@@ -366,14 +367,14 @@ def widened_after(w: BlockWeight, x: jax.Array, widen=dequantize) -> jax.Array:
   return widen(w) + jnp.minimum(jnp.abs(first), 0.0)
 
 
-def indexed_blocks(h: jax.Array, U: BlockWeight, idx: jax.Array, reference) -> jax.Array:
+def indexed_blocks(h: jax.Array, U: BlockWeight, idx: jax.Array) -> jax.Array:
   """z[b, j] = U[idx[b, j]] . h[b] over GGUF blocks [V, D]: each row's K rows gathered as their
   bytes and multiplied by the kernel, which dequantizes them in registers (one call per row b),
-  on XLA:CPU with the kernel on; elsewhere `reference(h, U, idx)` (the rows widened to f32 for
-  XLA's einsum: a K x D f32 copy per row and call, 58 MB for DynaSpec's ~9.5K rows of a
-  1,536-wide head)."""
+  on XLA:CPU with the kernel on; elsewhere `indexed_lm_head_reference` (the rows widened to
+  f32 for XLA's einsum: a K x D f32 copy per row and call, 58 MB for DynaSpec's ~9.5K rows of
+  a 1,536-wide head)."""
   if not (Lowering().cpu_kernel and available()):
-    return reference(h, U, idx)
+    return indexed_lm_head_reference(h, U, idx)
   rows = U.take(idx, mode="clip").data  # [B, K, row bytes]
 
   def cpu(h, rows):
@@ -382,8 +383,8 @@ def indexed_blocks(h: jax.Array, U: BlockWeight, idx: jax.Array, reference) -> j
       return _kernel_call(hb[None].astype(jnp.float32), w, None)[0]
     return jax.vmap(one)(h, rows)
 
-  return jax.lax.platform_dependent(h, rows, cpu=cpu,
-                                    default=lambda h, rows: reference(h, U, idx))
+  return jax.lax.platform_dependent(
+      h, rows, cpu=cpu, default=lambda h, rows: indexed_lm_head_reference(h, U, idx))
 
 
 def _linear_blocks(x: jax.Array, w: BlockWeight, lowering: Lowering) -> jax.Array:

@@ -96,14 +96,12 @@ def indexed_lm_head(h: jax.Array, U: jax.Array, idx: jax.Array, *, impl: str = "
   """z[b, j] = U[idx[b, j]] . h[b] in f32 (module doc); differentiable in h and U."""
   if impl not in IMPLS:
     raise ValueError(f"impl={impl!r} is not one of {IMPLS}")
-  if isinstance(U, BlockWeight):  # GGUF blocks: the K rows' bytes, dequantized by the kernel
-    check_shapes(h, U, idx)
-    check_indices(idx, U.shape[0])
-    return indexed_blocks(h, U, idx, indexed_lm_head_reference)
-  if is_blocks(U):  # grouped int4: the K rows gathered and widened (XLA)
-    return indexed_lm_head_reference(h, U, idx)
   check_shapes(h, U, idx)
   check_indices(idx, U.shape[0])
+  if isinstance(U, BlockWeight):  # GGUF blocks: the K rows' bytes, dequantized by the kernel
+    return indexed_blocks(h, U, idx)
+  if is_blocks(U):  # grouped int4: the K rows gathered and widened (XLA)
+    return indexed_lm_head_reference(h, U, idx)
   return _indexed(h, U, idx.astype(jnp.int32), impl, interpret)
 
 
