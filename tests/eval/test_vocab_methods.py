@@ -303,6 +303,8 @@ def test_a_suite_on_a_mesh(head_dir, tmp_path, tiny_chat_dir):
   assert d.pop("draft_in_set") is True  # (nor drafting outside the request's set)
   for ds in d["datasets"]:  # (nor SPEED-Bench's configurations)
     assert ds.pop("config") is None
+  for m in d["methods"]:  # (nor a method's own drafter)
+    assert m.pop("draft") is None
   blob = json.dumps(d, sort_keys=True, default=str).encode()
   assert cfg.fingerprint() == hashlib.sha256(blob).hexdigest()[:16]  # as before meshes
   assert cfg.fingerprint() != dataclasses.replace(cfg, mesh="model=8").fingerprint()
