@@ -17,7 +17,7 @@ rows would otherwise idle until its longest answer ends.
 from __future__ import annotations
 
 import functools
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -56,6 +56,71 @@ def target_prefill(params, tokens, prompt_lengths, cache, key, *, config, sampli
   last = jnp.take_along_axis(hidden, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
   first = sample(key, lm_head(params, last, config=config), sampling)
   return first, cache, last, feats
+
+
+def target_prefill_more(params, tokens, prompt_lengths, cache, key, offset, last, *, config,
+                        sampling, feature_layers: tuple = ()):
+  """The next C-token chunk of a right-padded prompt block whose first `offset` tokens (a
+  multiple of C) the cache holds: the chunk's keys and values written at slots offset..,
+  attending to the cache's first `offset` slots and causally among themselves; `last` [B, D]
+  replaced for the rows whose last prompt token is in this chunk; the first token sampled from
+  `last` (the final chunk's is the prompt's); the cache's lengths the rows' prompt lengths, as
+  `target_prefill` leaves them. (first, cache, last, this chunk's features or None)."""
+  B, C = tokens.shape
+  cache = cache.with_lengths(jnp.full((B,), offset, jnp.int32))
+  positions = offset + jnp.broadcast_to(jnp.arange(C, dtype=jnp.int32), (B, C))
+  feats = None
+  if feature_layers:
+    hidden, cache, feats = forward_features(params, tokens, positions, cache, config=config,
+                                            layers=feature_layers)
+  else:
+    hidden, cache = forward(params, tokens, positions, cache, config=config)
+  cache = cache.with_lengths(prompt_lengths)
+  idx = prompt_lengths - 1 - offset
+  here = jnp.take_along_axis(hidden, jnp.clip(idx, 0, C - 1)[:, None, None], axis=1)[:, 0]
+  last = jnp.where(((idx >= 0) & (idx < C))[:, None], here.astype(last.dtype), last)
+  first = sample(key, lm_head(params, last, config=config), sampling)
+  return first, cache, last, feats
+
+
+# Prompt blocks longer than this prefill in chunks of this many tokens (`chunks_prompt`): the
+# programs a model compiles stay few whatever the prompts' lengths (a long-context suite's
+# blocks of 1K-32K tokens: one program per 128-token bucket otherwise), and so do a prefill's
+# temporary buffers. Chunks cost prefill time on the CPU (each one widens the quantized matrices
+# again; AVX-512 EPYC, the 1.5B Q4_K_M target): 709 tokens in 128-token chunks 16.5 s against
+# 11.3 s in one block; 2,000 tokens in two chunks of 1,024 34.4 s against 30.5 s.
+PROMPT_CHUNK = 2048
+
+
+def chunks_prompt(T: int, S: int, cache: KVCache, mesh) -> bool:
+  """Whether a [B, T] prompt block into S slots prefills in chunks (`chunked_prefill`) instead
+  of as one block with a program of its own T: T above `PROMPT_CHUNK`, a linear cache (a
+  sliding layers' ring takes its prompt in one block), one device."""
+  del S
+  return T > PROMPT_CHUNK and cache.ring is None and mesh is None
+
+
+def chunk_sizes(T: int, C: int | None = None) -> list[int]:
+  """The chunks of a T-token block: C (`PROMPT_CHUNK`) tokens each, the last one the rest."""
+  C = C or PROMPT_CHUNK
+  return [min(C, T - o) for o in range(0, T, C)]
+
+
+def chunked_prefill(first_chunk, more: Callable[[int], Any], C: int):
+  """`target_prefill`'s call (params, tokens [B, T], lengths, cache, key) -> (first, cache,
+  last, features [B, T, n D] or None) run as the first C tokens' `target_prefill` program and a
+  `target_prefill_more` program (`more(chunk size)`) for each next chunk."""
+  def run(params, tokens, prompt_lengths, cache, key):
+    tokens = jnp.asarray(tokens)
+    first, cache, last, feats = first_chunk(params, tokens[:, :C], prompt_lengths, cache, key)
+    parts, offset = [feats], C
+    for size in chunk_sizes(tokens.shape[1], C)[1:]:
+      first, cache, last, f = more(size)(params, tokens[:, offset:offset + size],
+                                         prompt_lengths, cache, key, jnp.int32(offset), last)
+      parts.append(f)
+      offset += size
+    return first, cache, last, None if feats is None else jnp.concatenate(parts, axis=1)
+  return run
 
 
 def _prefill(params, tokens, prompt_lengths, cache, key, *, config, sampling):
@@ -146,13 +211,47 @@ def target_prefill_program(programs: DecoderPrograms, params, config: LlamaLikeC
   shapes and lowering, whichever decoder asks: plain decoding and every speculative engine
   over the same target share it (the process's `engine.PROGRAMS`)."""
   name = jnp.dtype(dtype).name
-  key = ProgramKey("target_prefill", ("target", config, tuple(feature_layers)), sampling,
-                   (B, T, S, name), lowering.replace(bf16_blocks=prefill_in_bf16(params)))
-  return programs.get(
-      key, lambda: lower_target_prefill(params, config, sampling, B, T, S, dtype,
-                                        lowering=lowering, mesh=mesh,
-                                        feature_layers=feature_layers).compile(),
-      scope=lambda: ("target", mesh, arg_signature(params)))
+  method = ("target", config, tuple(feature_layers))
+  prefill_lowering = lowering.replace(bf16_blocks=prefill_in_bf16(params))
+  scope = lambda: ("target", mesh, arg_signature(params))  # noqa: E731
+  chunked = chunks_prompt(T, S, jax.eval_shape(lambda: KVCache.init(config, 1, S, dtype)), mesh)
+  T0 = PROMPT_CHUNK if chunked else T
+  first, s1 = programs.get(
+      ProgramKey("target_prefill", method, sampling, (B, T0, S, name), prefill_lowering),
+      lambda: lower_target_prefill(params, config, sampling, B, T0, S, dtype,
+                                   lowering=lowering, mesh=mesh,
+                                   feature_layers=feature_layers).compile(),
+      scope=scope)
+  if not chunked:
+    return first, s1
+  more, seconds = {}, s1
+  for C in sorted(set(chunk_sizes(T)[1:])):
+    more[C], s = programs.get(
+        ProgramKey("target_prefill_more", method, sampling, (B, C, S, name), prefill_lowering),
+        lambda C=C: lower_target_prefill_more(params, config, sampling, B, C, S, dtype,
+                                              lowering=lowering,
+                                              feature_layers=feature_layers).compile(),
+        scope=scope)
+    seconds += s
+  return chunked_prefill(first, more.__getitem__, T0), seconds
+
+
+def lower_target_prefill_more(params, config: LlamaLikeConfig, sampling: SamplingParams, B: int,
+                              C: int, S: int, dtype, *, lowering: Lowering,
+                              feature_layers: tuple = ()):
+  """`target_prefill_more` LOWERED for [B, C] chunks into S slots on one device (the cache
+  argument donated), with `target_prefill`'s lowering."""
+  i32 = lambda *shape: abstract_arg(shape, jnp.int32, B=B, mesh=None, like=params)  # noqa: E731
+  key = abstract_arg(KEY.shape, KEY.dtype, B=B, mesh=None, like=params, rows=False)
+  offset = abstract_arg((), jnp.int32, B=B, mesh=None, like=params, rows=False)
+  cache = placed_like(abstract_cache(config, B, S, dtype), params)
+  _, _, last, _ = target_prefill_outputs(params, config, sampling, B, C, S, dtype,
+                                         feature_layers=feature_layers)
+  fn = lowered(functools.partial(target_prefill_more, config=config, sampling=sampling,
+                                 feature_layers=tuple(feature_layers)),
+               lowering.replace(bf16_blocks=prefill_in_bf16(params)))
+  return jax.jit(fn, donate_argnums=(3,)).lower(params, i32(B, C), i32(B), cache, key, offset,
+                                                last)
 
 
 def _step(params, tokens, cache, key, *, config, sampling):
