@@ -92,11 +92,11 @@ def target_prefill_more(params, tokens, prompt_lengths, cache, key, offset, last
 PROMPT_CHUNK = 2048
 
 
-def chunks_prompt(T: int, S: int, cache: KVCache, mesh) -> bool:
-  """Whether a [B, T] prompt block into S slots prefills in chunks (`chunked_prefill`) instead
-  of as one block with a program of its own T: T above `PROMPT_CHUNK`, a linear cache (a
-  sliding layers' ring takes its prompt in one block), one device."""
-  del S
+def chunks_prompt(T: int, cache: KVCache, mesh) -> bool:
+  """Whether a [B, T] prompt block into `cache` (or its abstract shapes) prefills in chunks
+  (`chunked_prefill`) instead of as one block with a program of its own T: T above
+  `PROMPT_CHUNK`, a linear cache (a sliding layers' ring takes its prompt in one block), one
+  device."""
   return T > PROMPT_CHUNK and cache.ring is None and mesh is None
 
 
@@ -207,14 +207,16 @@ def target_prefill_program(programs: DecoderPrograms, params, config: LlamaLikeC
                            sampling: SamplingParams, B: int, T: int, S: int, dtype, *,
                            lowering: Lowering, mesh=None, feature_layers: tuple = ()):
   """(compiled `target_prefill` (`lower_target_prefill`), compile seconds: 0 when built
-  before). One program per model (its config, mesh and params' signature), features, sampling,
+  before); for a block longer than `PROMPT_CHUNK` (`chunks_prompt`) the same call run in
+  chunks (`chunked_prefill`: the first chunk's program and `target_prefill_more`'s). One
+  program per model (its config, mesh and params' signature), features, sampling,
   shapes and lowering, whichever decoder asks: plain decoding and every speculative engine
   over the same target share it (the process's `engine.PROGRAMS`)."""
   name = jnp.dtype(dtype).name
   method = ("target", config, tuple(feature_layers))
   prefill_lowering = lowering.replace(bf16_blocks=prefill_in_bf16(params))
   scope = lambda: ("target", mesh, arg_signature(params))  # noqa: E731
-  chunked = chunks_prompt(T, S, jax.eval_shape(lambda: KVCache.init(config, 1, S, dtype)), mesh)
+  chunked = chunks_prompt(T, jax.eval_shape(lambda: KVCache.init(config, 1, S, dtype)), mesh)
   T0 = PROMPT_CHUNK if chunked else T
   first, s1 = programs.get(
       ProgramKey("target_prefill", method, sampling, (B, T0, S, name), prefill_lowering),
