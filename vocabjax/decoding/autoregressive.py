@@ -216,7 +216,8 @@ def target_prefill_program(programs: DecoderPrograms, params, config: LlamaLikeC
   method = ("target", config, tuple(feature_layers))
   prefill_lowering = lowering.replace(bf16_blocks=prefill_in_bf16(params))
   scope = lambda: ("target", mesh, arg_signature(params))  # noqa: E731
-  chunked = chunks_prompt(T, jax.eval_shape(lambda: KVCache.init(config, 1, S, dtype)), mesh)
+  chunked = T > PROMPT_CHUNK and chunks_prompt(  # (the cache's shapes traced only then)
+      T, jax.eval_shape(lambda: KVCache.init(config, 1, S, dtype)), mesh)
   T0 = PROMPT_CHUNK if chunked else T
   first, s1 = programs.get(
       ProgramKey("target_prefill", method, sampling, (B, T0, S, name), prefill_lowering),
