@@ -43,8 +43,8 @@ def _block(lengths, T):
 @pytest.mark.parametrize("features", [(), (0, 1)], ids=["plain", "features"])
 def test_a_long_block_prefills_in_chunks_with_one_blocks_values(target, features):
   T, S = 2 * PROMPT_CHUNK + 128, 4 * PROMPT_CHUNK  # chunks of C, C and 128 tokens
-  assert chunks_prompt(T, KVCache.init(CFG, 1, S), None)
-  assert not chunks_prompt(PROMPT_CHUNK, KVCache.init(CFG, 1, S), None)
+  assert chunks_prompt(T, CFG, S, None)
+  assert not chunks_prompt(PROMPT_CHUNK, CFG, S, None)
   assert chunk_sizes(T) == [PROMPT_CHUNK, PROMPT_CHUNK, 128]
   lengths = np.asarray(LENGTHS, np.int32)
   tokens, B = _block(LENGTHS, T), len(LENGTHS)

@@ -44,24 +44,28 @@ def target_prefill(params, tokens, prompt_lengths, cache, key, *, config, sampli
   per model, sampling and shapes (`target_prefill_program`)."""
   B, T = tokens.shape
   positions = jnp.broadcast_to(jnp.arange(T, dtype=jnp.int32), (B, T))
-  feats = None
-  if feature_layers:
-    hidden, cache, feats = forward_features(params, tokens, positions, cache, config=config,
-                                            layers=feature_layers, fresh=True,
-                                            valid_lengths=prompt_lengths)
-  else:
-    hidden, cache = forward(params, tokens, positions, cache, config=config, fresh=True,
-                            valid_lengths=prompt_lengths)
+  hidden, cache, feats = _prompt_forward(params, tokens, positions, cache, config,
+                                         feature_layers, fresh=True,
+                                         valid_lengths=prompt_lengths)
   cache = cache.with_lengths(prompt_lengths)
   last = jnp.take_along_axis(hidden, (prompt_lengths - 1)[:, None, None], axis=1)[:, 0]
   first = sample(key, lm_head(params, last, config=config), sampling)
   return first, cache, last, feats
 
 
+def _prompt_forward(params, tokens, positions, cache, config, feature_layers, **kw):
+  """(hidden, cache, the features of `feature_layers` or None) of a prompt block: `forward`, or
+  `forward_features` when features are asked."""
+  if feature_layers:
+    return forward_features(params, tokens, positions, cache, config=config,
+                            layers=feature_layers, **kw)
+  return (*forward(params, tokens, positions, cache, config=config, **kw), None)
+
+
 def target_prefill_more(params, tokens, prompt_lengths, cache, key, offset, last, *, config,
                         sampling, feature_layers: tuple = ()):
-  """The next C-token chunk of a right-padded prompt block whose first `offset` tokens (a
-  multiple of C) the cache holds: the chunk's keys and values written at slots offset..,
+  """The next C-token chunk of a right-padded prompt block whose first `offset` tokens (the
+  chunks before it) the cache holds: the chunk's keys and values written at slots offset..,
   attending to the cache's first `offset` slots and causally among themselves; `last` [B, D]
   replaced for the rows whose last prompt token is in this chunk; the first token sampled from
   `last` (the final chunk's is the prompt's); the cache's lengths the rows' prompt lengths, as
@@ -69,12 +73,8 @@ def target_prefill_more(params, tokens, prompt_lengths, cache, key, offset, last
   B, C = tokens.shape
   cache = cache.with_lengths(jnp.full((B,), offset, jnp.int32))
   positions = offset + jnp.broadcast_to(jnp.arange(C, dtype=jnp.int32), (B, C))
-  feats = None
-  if feature_layers:
-    hidden, cache, feats = forward_features(params, tokens, positions, cache, config=config,
-                                            layers=feature_layers)
-  else:
-    hidden, cache = forward(params, tokens, positions, cache, config=config)
+  hidden, cache, feats = _prompt_forward(params, tokens, positions, cache, config,
+                                         feature_layers)
   cache = cache.with_lengths(prompt_lengths)
   idx = prompt_lengths - 1 - offset
   here = jnp.take_along_axis(hidden, jnp.clip(idx, 0, C - 1)[:, None, None], axis=1)[:, 0]
@@ -92,12 +92,13 @@ def target_prefill_more(params, tokens, prompt_lengths, cache, key, offset, last
 PROMPT_CHUNK = 2048
 
 
-def chunks_prompt(T: int, cache: KVCache, mesh) -> bool:
-  """Whether a [B, T] prompt block into `cache` (or its abstract shapes) prefills in chunks
-  (`chunked_prefill`) instead of as one block with a program of its own T: T above
-  `PROMPT_CHUNK`, a linear cache (a sliding layers' ring takes its prompt in one block), one
-  device."""
-  return T > PROMPT_CHUNK and cache.ring is None and mesh is None
+def chunks_prompt(T: int, config: LlamaLikeConfig, S: int, mesh) -> bool:
+  """Whether a [B, T] prompt block into S slots prefills in chunks (`chunked_prefill`) instead
+  of as one block with a program of its own T: T above `PROMPT_CHUNK`, one device, a linear
+  cache (a sliding layers' ring takes its prompt in one block; its shapes traced only when the
+  rest holds)."""
+  return (T > PROMPT_CHUNK and mesh is None
+          and jax.eval_shape(lambda: KVCache.init(config, 1, S)).ring is None)
 
 
 def chunk_sizes(T: int, C: int | None = None) -> list[int]:
@@ -216,8 +217,7 @@ def target_prefill_program(programs: DecoderPrograms, params, config: LlamaLikeC
   method = ("target", config, tuple(feature_layers))
   prefill_lowering = lowering.replace(bf16_blocks=prefill_in_bf16(params))
   scope = lambda: ("target", mesh, arg_signature(params))  # noqa: E731
-  chunked = T > PROMPT_CHUNK and chunks_prompt(  # (the cache's shapes traced only then)
-      T, jax.eval_shape(lambda: KVCache.init(config, 1, S, dtype)), mesh)
+  chunked = chunks_prompt(T, config, S, mesh)
   T0 = PROMPT_CHUNK if chunked else T
   first, s1 = programs.get(
       ProgramKey("target_prefill", method, sampling, (B, T0, S, name), prefill_lowering),
