@@ -70,22 +70,28 @@ def to_blocks(params: dict, qtype: str) -> tuple[dict, dict]:
 
 def builds_agree(tmp_path, code: str) -> None:
   """Run `code` (Python that saves a dict of arrays with np.savez to sys.argv[1]) once per
-  build of the CPU kernel: native, AVX2 (`x86-64-v3`) and portable (`x86-64`), each in its own
+  build of the CPU kernel: native, AVX2 (`x86-64-v3`), portable (`x86-64`) and, on a host with
+  AVX-512BW, `skylake-avx512` (512-bit integer rows without VNNI), each in its own
   process (one library per process) and cache; every array equal to the native build's, bit
   for bit."""
   import os
   import subprocess
   import sys
 
+  from vocabjax.kernels.cpu_matmul import cpuinfo
+
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   results = []
-  for march in ("native", "x86-64-v3", "x86-64"):
+  marches = ["native", "x86-64-v3", "x86-64"]
+  if "avx512bw" in cpuinfo().get("flags", "").split():  # AVX-512 without VNNI's dpwssd
+    marches.append("skylake-avx512")
+  for march in marches:
     out = tmp_path / f"{march}.npz"
     env = {**os.environ, "VOCABJAX_CPU_MARCH": march, "VOCABJAX_CACHE": str(tmp_path / march)}
     subprocess.run([sys.executable, "-c", code, str(out)], check=True, env=env, cwd=root)
     results.append(np.load(out))
   for key in results[0].files:
-    for other, march in zip(results[1:], ("x86-64-v3", "x86-64")):
+    for other, march in zip(results[1:], marches[1:]):
       np.testing.assert_array_equal(np.asarray(results[0][key], np.float32).view(np.uint32),
                                     np.asarray(other[key], np.float32).view(np.uint32),
                                     err_msg=f"{key} {march}")

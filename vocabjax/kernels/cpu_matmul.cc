@@ -921,20 +921,31 @@ using Acc = __m256;     // 8 f32
 inline Lanes lanes_zero() { return _mm256_setzero_si256(); }
 inline Acc acc_zero() { return _mm256_setzero_ps(); }
 // lanes += (per 16 values: sa, sb) x (c - off) . qx over 32 values; c unsigned codes
+// acc + madd(p, s): int16 pairs times int16 scales summed into the int32 lanes (VNNI's dpwssd
+// where the build has it: the same integers in one instruction)
+inline Lanes madd_add(Lanes acc, __m256i p, __m256i s) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpwssd_epi32(acc, p, s);
+#elif defined(__AVXVNNI__)
+  return _mm256_dpwssd_avx_epi32(acc, p, s);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
+#endif
+}
 inline Lanes group_lanes(Lanes acc, __m256i c, const int8_t* qx, int off, int sa, int sb) {
   const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx));
   __m256i p = _mm256_maddubs_epi16(c, xv);
   if (off) p = _mm256_sub_epi16(p, _mm256_maddubs_epi16(_mm256_set1_epi8(static_cast<char>(off)), xv));
   const __m256i s = _mm256_setr_m128i(_mm_set1_epi16(static_cast<short>(sa)),
                                       _mm_set1_epi16(static_cast<short>(sb)));
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
+  return madd_add(acc, p, s);
 }
 // lanes += w . qx over 32 values, w signed (Q8_0)
 inline Lanes group_lanes_signed(Lanes acc, const int8_t* w, const int8_t* qx) {
   const __m256i wv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w));
   const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx));
   const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(xv, wv));
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+  return madd_add(acc, p, _mm256_set1_epi16(1));
 }
 inline __m256i codes_lo4(const uint8_t* p) {  // 32 bytes' low nibbles
   return _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)),
@@ -989,7 +1000,7 @@ inline Scale scale_of(Scales8 s, int i) {
 inline Lanes group_lanes_scaled(Lanes acc, __m256i c, const int8_t* qx, Scale s) {
   const __m256i p = _mm256_maddubs_epi16(
       c, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qx)));
-  return _mm256_add_epi32(acc, _mm256_madd_epi16(p, s));
+  return madd_add(acc, p, s);
 }
 // sum over s < 8 of m[s] * sums[s] (exact in int32: m <= 63, |sums| <= 32 * 127)
 inline int32_t mins_dot(const uint8_t* m, const int32_t* sums) {
@@ -1096,6 +1107,50 @@ inline void k_scales_mins(const uint8_t* s12, uint8_t* sc, uint8_t* mn) {
   std::memcpy(mn, u + 2, 8);
 }
 
+// AVX-512BW: the K types' rows two groups (64 values) per instruction. Lanes 0-7 of a 512-bit
+// accumulator take the first group's bytes 4k..4k+3 and lanes 8-15 the second's, each group's
+// int16 products weighted by its scale (VNNI's dpwssd, else madd and add: the same integers);
+// folding lane k + 8 into lane k gives exactly the 256-bit path's lane k (integer sums, in any
+// order the same), so the floats that follow, and every output, are unchanged bit for bit.
+#if defined(__AVX512BW__) && defined(__AVX512VL__) && !defined(VJ_NO_Q8_512)
+#define VJ_Q8_512 1
+inline __m512i dot_words(__m512i acc, __m512i p, __m512i s) {
+#if defined(__AVX512VNNI__)
+  return _mm512_dpwssd_epi32(acc, p, s);
+#else
+  return _mm512_add_epi32(acc, _mm512_madd_epi16(p, s));
+#endif
+}
+inline Lanes fold_lanes(Lanes l, __m512i w) {  // l + (w's lanes k and k + 8), k < 8
+  return _mm256_add_epi32(l, _mm256_add_epi32(_mm512_castsi512_si256(w),
+                                              _mm512_extracti64x4_epi64(w, 1)));
+}
+// word-index vectors: [pair][w] = the scale word of the pair's values 2w, 2w + 1
+struct PairIdx { alignas(64) uint16_t v[4][32]; };
+constexpr PairIdx make_q4k_idx() {  // Q4_K: groups 2p (words 0-15) and 2p + 1 (16-31)
+  PairIdx t{};
+  for (int p = 0; p < 4; ++p)
+    for (int w = 0; w < 32; ++w) t.v[p][w] = static_cast<uint16_t>(2 * p + w / 16);
+  return t;
+}
+constexpr PairIdx make_q6k_idx() {  // Q6_K: a scale per 16 values (8 words)
+  PairIdx t{};
+  for (int p = 0; p < 4; ++p)
+    for (int w = 0; w < 32; ++w) t.v[p][w] = static_cast<uint16_t>(4 * p + w / 8);
+  return t;
+}
+constexpr PairIdx kQ4KIdx = make_q4k_idx(), kQ6KIdx = make_q6k_idx();
+inline __m512i pair_idx(const PairIdx& t, int p) {
+  return _mm512_load_si512(reinterpret_cast<const void*>(t.v[p]));
+}
+#endif
+
+// Weight bytes fetched ahead of the block being multiplied (software prefetch, every cache line
+// of a block): streaming a matrix from memory, the hardware prefetchers alone left the q8
+// rows at 12-14 GB/s where a plain read of the same bytes ran at 34 (a 151,936-row Q6_K head:
+// 13.8 -> 7.8 ms a call on a 2-core Xeon; 1 KB and 4-8 KB ahead were slower than 2 KB).
+constexpr int64_t kQ8Prefetch = 2048;
+
 // Row `w` (D values in blocks of T) against TM rows of x, quantized (q, d per QK, 32-sums;
 // row j at offsets j * D, j * D / QK, j * D / 32): each group's codes decoded once for the TM
 // rows, each row's lanes and floats exactly those of a one-row call.
@@ -1109,13 +1164,35 @@ inline void q8_rows(const uint8_t* w, const int8_t* q, const float* d, const int
   for (int j = 0; j < TM; ++j) { acc[j] = acc_zero(); macc[j] = 0.f; }
   for (int64_t b = 0; b < D / V; ++b) {
     const uint8_t* p = w + b * B;
+    for (int64_t o = 0; o < B; o += 64) __builtin_prefetch(p + kQ8Prefetch + o, 0, 3);
     Lanes l[TM];
     for (int j = 0; j < TM; ++j) l[j] = lanes_zero();
     if constexpr (T == QT::Q4_K) {
       uint8_t sc[8], mn[8];
       k_scales_mins(p + 4, sc, mn);
-      const Scales8 s8 = scales8(sc);
       int32_t msum[TM];
+#if defined(VJ_Q8_512) && defined(VJ_Q4K_512)
+      {  // groups 2g (low nibbles of qs[32g..]) and 2g + 1 (high nibbles): 64 values of x
+        const __m512i s8 = _mm512_castsi128_si512(
+            _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc))));
+        const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(),
+                                                 _mm256_set1_epi16(4), 1);
+        const __m512i m4 = _mm512_set1_epi8(15);
+        __m512i w[TM];
+        for (int j = 0; j < TM; ++j) w[j] = _mm512_setzero_si512();
+        for (int g = 0; g < 4; ++g) {
+          const __m512i v = _mm512_broadcast_i64x4(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 + 32 * g)));
+          const __m512i c = _mm512_and_si512(_mm512_srlv_epi16(v, shift), m4);
+          const __m512i sv = _mm512_permutexvar_epi16(pair_idx(kQ4KIdx, g), s8);
+          for (int j = 0; j < TM; ++j)
+            w[j] = dot_words(w[j], _mm512_maddubs_epi16(c, _mm512_loadu_si512(
+                q + j * D + b * V + 64 * g)), sv);
+        }
+        for (int j = 0; j < TM; ++j) l[j] = fold_lanes(l[j], w[j]);
+      }
+#else
+      const Scales8 s8 = scales8(sc);
       for (int s = 0; s < 8; ++s) {
         const uint8_t* qs = p + 16 + 32 * (s / 2);
         const auto c = (s & 1) ? codes_hi4(qs) : codes_lo4(qs);
@@ -1123,6 +1200,7 @@ inline void q8_rows(const uint8_t* w, const int8_t* q, const float* d, const int
         for (int j = 0; j < TM; ++j)
           l[j] = group_lanes_scaled(l[j], c, q + j * D + b * V + 32 * s, sv);
       }
+#endif
       for (int j = 0; j < TM; ++j) msum[j] = mins_dot(mn, sums + j * (D / 32) + b * 8);
       const float dw = f16_to_f32(p), mw = f16_to_f32(p + 2);
       for (int j = 0; j < TM; ++j) {
@@ -1132,6 +1210,37 @@ inline void q8_rows(const uint8_t* w, const int8_t* q, const float* d, const int
       }
     } else if constexpr (T == QT::Q6_K) {
       const int8_t* sc = reinterpret_cast<const int8_t*>(p + 192);
+#if defined(VJ_Q8_512)
+      {  // values 64 g .. 64 g + 63 (groups 2g, 2g + 1): nibbles g % 2 of ql[64 (g / 2)..],
+         // bits 4 (g % 2) + {0, 2} of qh[128 + 32 (g / 2)..]
+        const __m512i s16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc))));
+        const __m512i m4 = _mm512_set1_epi8(15), m2 = _mm512_set1_epi8(3);
+        const __m512i off = _mm512_set1_epi8(32);
+        __m512i w[TM];
+        for (int j = 0; j < TM; ++j) w[j] = _mm512_setzero_si512();
+        for (int g = 0; g < 4; ++g) {
+          const int h = g / 2, n = g % 2;
+          const __m512i v = _mm512_loadu_si512(p + 64 * h);
+          const __m512i lo = _mm512_and_si512(n ? _mm512_srli_epi16(v, 4) : v, m4);
+          const __m512i qh = _mm512_broadcast_i64x4(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 128 + 32 * h)));
+          const __m512i hshift = _mm512_inserti64x4(
+              _mm512_set1_epi16(static_cast<short>(4 * n)),
+              _mm256_set1_epi16(static_cast<short>(4 * n + 2)), 1);
+          const __m512i hi = _mm512_and_si512(_mm512_srlv_epi16(qh, hshift), m2);
+          const __m512i c = _mm512_or_si512(lo, _mm512_slli_epi16(hi, 4));
+          const __m512i sv = _mm512_permutexvar_epi16(pair_idx(kQ6KIdx, g), s16);
+          for (int j = 0; j < TM; ++j) {
+            const __m512i xv = _mm512_loadu_si512(q + j * D + b * V + 64 * g);
+            const __m512i pr = _mm512_sub_epi16(_mm512_maddubs_epi16(c, xv),
+                                                _mm512_maddubs_epi16(off, xv));
+            w[j] = dot_words(w[j], pr, sv);
+          }
+        }
+        for (int j = 0; j < TM; ++j) l[j] = fold_lanes(l[j], w[j]);
+      }
+#else
       for (int g = 0; g < 8; ++g) {  // value o = 32 g: half h, quarter i / 32
         const int o = 32 * g, h = o / 128, i = o % 128;
         const auto c = codes_q6(p + 64 * h + i % 64, (i / 64) * 4, p + 128 + 32 * h,
@@ -1139,6 +1248,7 @@ inline void q8_rows(const uint8_t* w, const int8_t* q, const float* d, const int
         for (int j = 0; j < TM; ++j)
           l[j] = group_lanes(l[j], c, q + j * D + b * V + o, 32, sc[o / 16], sc[o / 16 + 1]);
       }
+#endif
       const float dw = f16_to_f32(p + 208);
       for (int j = 0; j < TM; ++j) acc[j] = acc_fma(dw * d[j * (D / QK) + b], l[j], acc[j]);
     } else if constexpr (T == QT::Q8_0) {
@@ -1290,16 +1400,20 @@ ffi::Error attention_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Bu
   const KT* vp = reinterpret_cast<const KT*>(v.untyped_data()) + layer * B * S * N * hd;
   const bool* mp = mask.typed_data();
   float* op = out->typed_data();
-  // a task per (row, token, KV head) and its G query heads, which share each key and value
-  // row read; where that gives the threads too few tasks (a one-token step over 2 KV heads),
-  // a task per query head: each head's operations are the same either way
-  const int64_t per = B * T * N >= 2 * static_cast<int64_t>(pool.num_threads()) ? G : 1;
+  // a task per (row, token, KV head) and `per` of its G query heads, which share each key and
+  // value row read: the most heads that still give every thread a task (a one-token step over
+  // 2 KV heads on 2 threads: all 6 heads in each of 2 tasks). Each head's operations are the
+  // same whatever `per` is.
+  const int64_t threads = std::max<int64_t>(1, pool.num_threads());
+  int64_t per = 1;
+  for (int64_t d = G; d >= 1; --d)
+    if (G % d == 0 && B * T * N * (G / d) >= threads) { per = d; break; }
   parallel_for(pool, B * T * N * (G / per), [=](int64_t task) {
     const int64_t g0 = task % (G / per) * per, btn = task / (G / per);
     const int64_t n = btn % N, bt = btn / N, b = bt / T;
     const bool* mrow = mp + bt * S;
     thread_local std::vector<int32_t> seen;
-    thread_local std::vector<float> scores;
+    thread_local std::vector<float> scores, acc;
     seen.clear();
     for (int64_t s = 0; s < S; ++s)
       if (mrow[s]) seen.push_back(static_cast<int32_t>(s));
@@ -1307,29 +1421,44 @@ ffi::Error attention_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Bu
     if (none)
       for (int64_t s = 0; s < S; ++s) seen.push_back(static_cast<int32_t>(s));
     const int64_t C = static_cast<int64_t>(seen.size());
-    scores.resize(C);
-    for (int64_t g = g0; g < g0 + per; ++g) {
-      const float* qrow = qp + ((bt * N + n) * G + g) * hd;
-      float* orow = op + ((bt * N + n) * G + g) * hd;
+    scores.resize(per * C);
+    acc.resize(per * 16);
+    const float* q0 = qp + ((bt * N + n) * G + g0) * hd;
+    float* o0 = op + ((bt * N + n) * G + g0) * hd;
+    for (int64_t i = 0; i < C; ++i) {  // each key row read once for the task's heads
+      const KT* krow = kp + ((b * S + seen[i]) * N + n) * hd;
+      for (int64_t g = 0; g < per; ++g)
+        scores[g * C + i] = none ? 0.0f : dot_lanes(q0 + g * hd, krow, hd) / divisor;
+    }
+    for (int64_t g = 0; g < per; ++g) {  // softmax weights, in ascending s
+      float* sg = scores.data() + g * C;
       float top = -INFINITY;
-      for (int64_t i = 0; i < C; ++i) {
-        const float sc = none ? 0.0f
-                              : dot_lanes(qrow, kp + ((b * S + seen[i]) * N + n) * hd, hd) /
-                                    divisor;
-        scores[i] = sc;
-        top = sc > top ? sc : top;
-      }
+      for (int64_t i = 0; i < C; ++i) top = sg[i] > top ? sg[i] : top;
       float total = 0.0f;
       for (int64_t i = 0; i < C; ++i) {
-        scores[i] = exp_poly(scores[i] - top);
-        total += scores[i];
+        sg[i] = exp_poly(sg[i] - top);
+        total += sg[i];
       }
-      for (int64_t e = 0; e < hd; ++e) orow[e] = 0.0f;
+      for (int64_t i = 0; i < C; ++i) sg[i] = sg[i] / total;
+    }
+    // out[g, e] = sum in ascending s of p[g, s] * v[s, e]: 16 values of e at a time, each
+    // value row's 16 read once for the task's heads
+    for (int64_t e0 = 0; e0 < hd; e0 += 16) {
+      const int64_t w = hd - e0 < 16 ? hd - e0 : 16;
+      float* a = acc.data();
+      for (int64_t j = 0; j < per * 16; ++j) a[j] = 0.0f;
       for (int64_t i = 0; i < C; ++i) {
-        const float p = scores[i] / total;
-        const KT* vrow = vp + ((b * S + seen[i]) * N + n) * hd;
-        for (int64_t e = 0; e < hd; ++e) orow[e] += p * to_f32(vrow[e]);
+        const KT* vrow = vp + ((b * S + seen[i]) * N + n) * hd + e0;
+        float vv[16] = {0};
+        for (int64_t e = 0; e < w; ++e) vv[e] = to_f32(vrow[e]);
+        for (int64_t g = 0; g < per; ++g) {
+          const float pg = scores[g * C + i];
+          float* ag = a + g * 16;
+          for (int e = 0; e < 16; ++e) ag[e] += pg * vv[e];
+        }
       }
+      for (int64_t g = 0; g < per; ++g)
+        for (int64_t e = 0; e < w; ++e) o0[g * hd + e0 + e] = a[g * 16 + e];
     }
   });
   return ffi::Error::Success();
