@@ -20,7 +20,6 @@ import datetime
 import glob
 import gzip
 import json
-import platform
 import re
 import tempfile
 import time
@@ -53,7 +52,8 @@ def main(argv=None) -> None:
   ap.add_argument("--T", type=int, default=1, help="tokens per step (1: a plain step)")
   ap.add_argument("--context", type=int, default=512, help="cached tokens while timing")
   ap.add_argument("--max-len", type=int, default=1024)
-  ap.add_argument("--steps", type=int, default=20, help="steps traced")
+  ap.add_argument("--steps", type=int, default=20, help="steps timed, then as many traced")
+  ap.add_argument("--warmup", type=int, default=3, help="untimed steps first")
   ap.add_argument("--out", required=True)
   a = ap.parse_args(argv)
 
@@ -63,6 +63,7 @@ def main(argv=None) -> None:
   import jax.numpy as jnp
 
   from vocabjax.checkpoints import load_model
+  from vocabjax.eval.provenance import cpu_model
   from vocabjax.lowering import decoding_lowering, lowered, step_lowering
   from vocabjax.models.cache import KVCache
   from vocabjax.models.llamalike import compute_dtype, forward, lm_head
@@ -93,7 +94,7 @@ def main(argv=None) -> None:
     state["cache"] = cache.with_lengths(jnp.full((1,), a.context, jnp.int32))
     return logits
 
-  for _ in range(3):
+  for _ in range(a.warmup):
     jax.block_until_ready(run())
   walls = []
   for _ in range(a.steps):
@@ -139,13 +140,15 @@ def main(argv=None) -> None:
   out = Path(a.out)
   out.mkdir(parents=True, exist_ok=True)
   meta = dict(model=a.model, dtype=a.dtype, T=a.T, context=a.context, steps=a.steps,
+              warmup=a.warmup,
               wall_ms=wall_ms, traced_ms=total, date=datetime.date.today().isoformat(),
-              host=platform.processor() or platform.machine(), jax=jax.__version__,
+              host=cpu_model(), jax=jax.__version__,
               threads=dict(names))
   (out / "trace.json").write_text(json.dumps(dict(meta=meta, groups=groups, ops=rows), indent=1))
   lines = [f"# {a.model} [{a.dtype}], T={a.T} step over {a.context} cached tokens", "",
            f"`python kernels/step_trace.py --model {a.model} --dtype {a.dtype} --T {a.T} "
-           f"--context {a.context} --steps {a.steps} --out {a.out}`; {meta['date']}, jax "
+           f"--context {a.context} --steps {a.steps} --warmup {a.warmup} --out {a.out}`; "
+           f"{meta['date']}, {meta['host']}, jax "
            f"{jax.__version__}. Step wall time (median, untraced): **{wall_ms:.2f} ms**; ops in "
            f"the trace sum to {total:.2f} ms a step.", "",
            "| group | ms a step | share |", "|---|---|---|"]
