@@ -1107,7 +1107,9 @@ inline void k_scales_mins(const uint8_t* s12, uint8_t* sc, uint8_t* mn) {
   std::memcpy(mn, u + 2, 8);
 }
 
-// AVX-512BW: the K types' rows two groups (64 values) per instruction. Lanes 0-7 of a 512-bit
+// AVX-512BW: Q6_K rows two groups (64 values) per instruction (Q4_K's stay at 256 bits: at 512
+// its integer multiplies issue on one port of a Xeon where the 256-bit ones issue on two, and
+// the extra shuffles made it slower, kernels/results/step_trace/). Lanes 0-7 of a 512-bit
 // accumulator take the first group's bytes 4k..4k+3 and lanes 8-15 the second's, each group's
 // int16 products weighted by its scale (VNNI's dpwssd, else madd and add: the same integers);
 // folding lane k + 8 into lane k gives exactly the 256-bit path's lane k (integer sums, in any
@@ -1127,23 +1129,30 @@ inline Lanes fold_lanes(Lanes l, __m512i w) {  // l + (w's lanes k and k + 8), k
 }
 // word-index vectors: [pair][w] = the scale word of the pair's values 2w, 2w + 1
 struct PairIdx { alignas(64) uint16_t v[4][32]; };
-constexpr PairIdx make_q4k_idx() {  // Q4_K: groups 2p (words 0-15) and 2p + 1 (16-31)
-  PairIdx t{};
-  for (int p = 0; p < 4; ++p)
-    for (int w = 0; w < 32; ++w) t.v[p][w] = static_cast<uint16_t>(2 * p + w / 16);
-  return t;
-}
 constexpr PairIdx make_q6k_idx() {  // Q6_K: a scale per 16 values (8 words)
   PairIdx t{};
   for (int p = 0; p < 4; ++p)
     for (int w = 0; w < 32; ++w) t.v[p][w] = static_cast<uint16_t>(4 * p + w / 8);
   return t;
 }
-constexpr PairIdx kQ4KIdx = make_q4k_idx(), kQ6KIdx = make_q6k_idx();
+constexpr PairIdx kQ6KIdx = make_q6k_idx();
 inline __m512i pair_idx(const PairIdx& t, int p) {
   return _mm512_load_si512(reinterpret_cast<const void*>(t.v[p]));
 }
 #endif
+
+// A full tile of 8 rows of x (K types, AVX-512VL builds), laid out for the rows' per-block
+// work done at once: d [block][row] (the rows' scales) and sums [block][t][row][2] (int16:
+// each row's 32-value sums 2t, 2t + 1 of the block) for one vpdpwssd per pair of the
+// minimums' term. Where a row's floats were one scalar product and fma each, the 8 lanes do
+// the same operations (one rounding each): outputs are unchanged bit for bit.
+#if defined(__AVX512VL__) && defined(__AVX2__)
+#define VJ_Q8_TILE 1
+#endif
+struct Q8Tile {
+  const float* d;
+  const int16_t* sums;
+};
 
 // Weight bytes fetched ahead of the block being multiplied (software prefetch, every cache line
 // of a block): streaming a matrix from memory, the hardware prefetchers alone left the q8
@@ -1156,12 +1165,15 @@ constexpr int64_t kQ8Prefetch = 2048;
 // rows, each row's lanes and floats exactly those of a one-row call.
 template <QT T, int TM>
 inline void q8_rows(const uint8_t* w, const int8_t* q, const float* d, const int32_t* sums,
-                    int64_t D, float* out, int64_t out_stride) {
+                    int64_t D, float* out, int64_t out_stride, const Q8Tile* tile = nullptr) {
   constexpr int64_t V = QTraits<T>::values, B = QTraits<T>::bytes;
   constexpr int64_t QK = kQ8Kind<T> == Q8Kind::K256 ? 256 : 32;
   Acc acc[TM];
   float macc[TM];
   for (int j = 0; j < TM; ++j) { acc[j] = acc_zero(); macc[j] = 0.f; }
+#if defined(VJ_Q8_TILE)
+  __m256 tmacc = _mm256_setzero_ps();
+#endif
   for (int64_t b = 0; b < D / V; ++b) {
     const uint8_t* p = w + b * B;
     for (int64_t o = 0; o < B; o += 64) __builtin_prefetch(p + kQ8Prefetch + o, 0, 3);
@@ -1171,27 +1183,6 @@ inline void q8_rows(const uint8_t* w, const int8_t* q, const float* d, const int
       uint8_t sc[8], mn[8];
       k_scales_mins(p + 4, sc, mn);
       int32_t msum[TM];
-#if defined(VJ_Q8_512) && defined(VJ_Q4K_512)
-      {  // groups 2g (low nibbles of qs[32g..]) and 2g + 1 (high nibbles): 64 values of x
-        const __m512i s8 = _mm512_castsi128_si512(
-            _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc))));
-        const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(),
-                                                 _mm256_set1_epi16(4), 1);
-        const __m512i m4 = _mm512_set1_epi8(15);
-        __m512i w[TM];
-        for (int j = 0; j < TM; ++j) w[j] = _mm512_setzero_si512();
-        for (int g = 0; g < 4; ++g) {
-          const __m512i v = _mm512_broadcast_i64x4(
-              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 + 32 * g)));
-          const __m512i c = _mm512_and_si512(_mm512_srlv_epi16(v, shift), m4);
-          const __m512i sv = _mm512_permutexvar_epi16(pair_idx(kQ4KIdx, g), s8);
-          for (int j = 0; j < TM; ++j)
-            w[j] = dot_words(w[j], _mm512_maddubs_epi16(c, _mm512_loadu_si512(
-                q + j * D + b * V + 64 * g)), sv);
-        }
-        for (int j = 0; j < TM; ++j) l[j] = fold_lanes(l[j], w[j]);
-      }
-#else
       const Scales8 s8 = scales8(sc);
       for (int s = 0; s < 8; ++s) {
         const uint8_t* qs = p + 16 + 32 * (s / 2);
@@ -1200,9 +1191,29 @@ inline void q8_rows(const uint8_t* w, const int8_t* q, const float* d, const int
         for (int j = 0; j < TM; ++j)
           l[j] = group_lanes_scaled(l[j], c, q + j * D + b * V + 32 * s, sv);
       }
+      const float dw = f16_to_f32(p), mw = f16_to_f32(p + 2);
+#if defined(VJ_Q8_TILE)
+      if constexpr (TM == 8) {
+        if (tile) {  // the 8 rows at once: the same integers and the same rounded floats
+          int32_t pairs[4];  // (mn[2t], mn[2t + 1]) as int16 words
+          for (int t = 0; t < 4; ++t)
+            pairs[t] = static_cast<int32_t>(mn[2 * t]) | (static_cast<int32_t>(mn[2 * t + 1]) << 16);
+          __m256i ms = _mm256_setzero_si256();
+          for (int t = 0; t < 4; ++t)
+            ms = madd_add(ms, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+                tile->sums + (b * 4 + t) * 16)), _mm256_set1_epi32(pairs[t]));
+          const __m256 dx = _mm256_loadu_ps(tile->d + b * 8);
+          tmacc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(mw), dx),
+                                  _mm256_cvtepi32_ps(ms), tmacc);
+          const __m256 s = _mm256_mul_ps(_mm256_set1_ps(dw), dx);
+          for (int j = 0; j < TM; ++j)
+            acc[j] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(s, _mm256_set1_epi32(j)),
+                                     _mm256_cvtepi32_ps(l[j]), acc[j]);
+          continue;
+        }
+      }
 #endif
       for (int j = 0; j < TM; ++j) msum[j] = mins_dot(mn, sums + j * (D / 32) + b * 8);
-      const float dw = f16_to_f32(p), mw = f16_to_f32(p + 2);
       for (int j = 0; j < TM; ++j) {
         const float dx = d[j * (D / QK) + b];
         acc[j] = acc_fma(dw * dx, l[j], acc[j]);
@@ -1271,6 +1282,10 @@ inline void q8_rows(const uint8_t* w, const int8_t* q, const float* d, const int
                          group_lanes(l[j], c, q + j * D + b * V, 8, 1, 1), acc[j]);
     }
   }
+#if defined(VJ_Q8_TILE)
+  if constexpr (TM == 8)
+    if (tile) _mm256_storeu_ps(macc, tmacc);
+#endif
   for (int j = 0; j < TM; ++j) out[j * out_stride] = acc_sum(acc[j]) - macc[j];
 }
 
@@ -1285,8 +1300,9 @@ constexpr int64_t kQ8XBytes = 192 * 1024;  // quantized rows of x per pass (see 
 
 template <QT T, int TM>
 inline void q8_rows_rem(int n, const uint8_t* w, const int8_t* q, const float* d,
-                        const int32_t* sums, int64_t D, float* out, int64_t out_stride) {
-  if (n == TM) q8_rows<T, TM>(w, q, d, sums, D, out, out_stride);
+                        const int32_t* sums, int64_t D, float* out, int64_t out_stride,
+                        const Q8Tile* tile = nullptr) {
+  if (n == TM) q8_rows<T, TM>(w, q, d, sums, D, out, out_stride, tile);
   else if constexpr (TM > 1) q8_rows_rem<T, TM - 1>(n, w, q, d, sums, D, out, out_stride);
 }
 
@@ -1304,6 +1320,23 @@ ffi::Error matmul_q8_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
   std::vector<float> d(M * (D / QK));
   std::vector<int32_t> sums(M * (D / 32));
   quantize_rows(x.typed_data(), M, D, QK, q.data(), d.data(), sums.data());
+  // full tiles of 8 rows of x laid out as Q8Tile reads them (Q4_K)
+  const int64_t tiles = T == QT::Q4_K && kQ8TM == 8 ? M / 8 : 0, nb = D / QK;
+  std::vector<float> tile_d(tiles * nb * 8);
+  std::vector<int16_t> tile_sums(tiles * nb * 64);
+  std::vector<Q8Tile> tile_of(tiles);
+  for (int64_t t = 0; t < tiles; ++t) {
+    for (int64_t b = 0; b < nb; ++b)
+      for (int64_t j = 0; j < 8; ++j) {
+        const int64_t m = 8 * t + j;
+        tile_d[(t * nb + b) * 8 + j] = d[m * nb + b];
+        for (int64_t s = 0; s < 8; ++s)  // |a 32-value sum| <= 32 * 127: an int16
+          tile_sums[((t * nb + b) * 4 + s / 2) * 16 + j * 2 + s % 2] =
+              static_cast<int16_t>(sums[m * (D / 32) + b * 8 + s]);
+      }
+    tile_of[t] = Q8Tile{tile_d.data() + t * nb * 8, tile_sums.data() + t * nb * 64};
+  }
+  const Q8Tile* tp = tile_of.data();
   const uint8_t* wp = w.typed_data();
   float* yp = y->typed_data();
   const int8_t* qp = q.data();
@@ -1321,7 +1354,8 @@ ffi::Error matmul_q8_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
         for (int64_t m = m0; m < m1; m += kQ8TM)
           q8_rows_rem<T, kQ8TM>(static_cast<int>(m1 - m < kQ8TM ? m1 - m : kQ8TM),
                                 wp + r * wd[1], qp + m * D, dp + m * (D / QK),
-                                sp + m * (D / 32), D, yp + m * F + r, F);
+                                sp + m * (D / 32), D, yp + m * F + r, F,
+                                m / kQ8TM < tiles ? tp + m / kQ8TM : nullptr);
     }
   });
   return ffi::Error::Success();
