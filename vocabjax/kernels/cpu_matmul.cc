@@ -888,12 +888,43 @@ template <QT T> constexpr Q8Kind kQ8Kind = Q8Kind::L32;
 template <> constexpr Q8Kind kQ8Kind<QT::Q4_K> = Q8Kind::K256;
 template <> constexpr Q8Kind kQ8Kind<QT::Q6_K> = Q8Kind::K256;
 
+// One block of QK values of x (a multiple of 16) in 16-lane vectors, where every value is
+// finite: its max |x| (exact in any order), q = clamp(nearbyint(x * (127 / amax))) (the same
+// rounded products, rounding and bounds as the scalar code); false (nothing written) where a
+// value is not finite, which the scalar code handles.
+#if defined(__AVX512F__)
+inline bool quantize_block16(const float* xb, int64_t QK, int8_t* qb, float* db) {
+  const __m512 sign = _mm512_set1_ps(-0.0f), big = _mm512_set1_ps(3.4028235e38f);
+  __m512 amax = _mm512_setzero_ps();
+  for (int64_t l = 0; l < QK; l += 16) {
+    const __m512 a = _mm512_andnot_ps(sign, _mm512_loadu_ps(xb + l));
+    if (_mm512_cmp_ps_mask(a, big, _CMP_NLE_UQ)) return false;  // inf or NaN
+    amax = _mm512_max_ps(amax, a);
+  }
+  const float m = _mm512_reduce_max_ps(amax);
+  const float id = m > 0.f ? 127.f / m : 0.f;
+  *db = m / 127.f;
+  const __m512 vid = _mm512_set1_ps(id), hi = _mm512_set1_ps(127.f), lo = _mm512_set1_ps(-127.f);
+  for (int64_t l = 0; l < QK; l += 16) {
+    __m512 v = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(xb + l), vid),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    v = _mm512_max_ps(_mm512_min_ps(v, hi), lo);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + l),
+                     _mm512_cvtepi32_epi8(_mm512_cvtps_epi32(v)));
+  }
+  return true;
+}
+#endif
+
 // x [M, D] -> q [M, D] int8, d [M, D / QK] f32, sums [M, D / 32] int32 (each 32 q's sum)
 void quantize_rows(const float* x, int64_t M, int64_t D, int64_t QK, int8_t* q, float* d,
                    int32_t* sums) {
   for (int64_t m = 0; m < M; ++m)
     for (int64_t b = 0; b < D / QK; ++b) {
       const float* xb = x + m * D + b * QK;
+#if defined(__AVX512F__)
+      if (quantize_block16(xb, QK, q + m * D + b * QK, d + m * (D / QK) + b)) continue;
+#endif
       float amax = 0.f;
       for (int64_t l = 0; l < QK; ++l) {
         const float a = std::fabs(xb[l]);
@@ -1319,7 +1350,19 @@ ffi::Error matmul_q8_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
   std::vector<int8_t> q(M * D);
   std::vector<float> d(M * (D / QK));
   std::vector<int32_t> sums(M * (D / 32));
-  quantize_rows(x.typed_data(), M, D, QK, q.data(), d.data(), sums.data());
+  {  // x's rows quantized 8 at a time by the pool's threads (a prefill's rows are many)
+    const float* xp = x.typed_data();
+    int8_t* q0 = q.data();
+    float* d0 = d.data();
+    int32_t* s0 = sums.data();
+    const int64_t parts = (M + 7) / 8;
+    auto part = [=](int64_t c) {
+      const int64_t m = 8 * c, n = M - m < 8 ? M - m : 8;
+      quantize_rows(xp + m * D, n, D, QK, q0 + m * D, d0 + m * (D / QK), s0 + m * (D / 32));
+    };
+    if (parts > 1) parallel_for(pool, parts, part);
+    else part(0);
+  }
   // full tiles of 8 rows of x laid out as Q8Tile reads them (Q4_K)
   const int64_t tiles = T == QT::Q4_K && kQ8TM == 8 ? M / 8 : 0, nb = D / QK;
   std::vector<float> tile_d(tiles * nb * 8);
