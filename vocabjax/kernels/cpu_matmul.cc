@@ -1138,9 +1138,10 @@ inline void k_scales_mins(const uint8_t* s12, uint8_t* sc, uint8_t* mn) {
   std::memcpy(mn, u + 2, 8);
 }
 
-// AVX-512BW: Q6_K rows two groups (64 values) per instruction (Q4_K's stay at 256 bits: at 512
-// its integer multiplies issue on one port of a Xeon where the 256-bit ones issue on two, and
-// the extra shuffles made it slower, kernels/results/step_trace/). Lanes 0-7 of a 512-bit
+// AVX-512BW: Q6_K rows two groups (64 values) per instruction, and Q4_K rows in full tiles of
+// 8 rows of x (at fewer rows the per-group shuffles that build a 512-bit code vector cost
+// more than the halved multiplies save: a Xeon issues two 512-bit integer multiplies a cycle,
+// ports 0 and 5, where its shuffles issue too; kernels/results/q8_rows/). Lanes 0-7 of a 512-bit
 // accumulator take the first group's bytes 4k..4k+3 and lanes 8-15 the second's, each group's
 // int16 products weighted by its scale (VNNI's dpwssd, else madd and add: the same integers);
 // folding lane k + 8 into lane k gives exactly the 256-bit path's lane k (integer sums, in any
@@ -1170,13 +1171,22 @@ constexpr PairIdx kQ6KIdx = make_q6k_idx();
 inline __m512i pair_idx(const PairIdx& t, int p) {
   return _mm512_load_si512(reinterpret_cast<const void*>(t.v[p]));
 }
+constexpr PairIdx make_q4k_idx() {  // Q4_K: a scale per 32 values (sub-blocks 2p, 2p + 1)
+  PairIdx t{};
+  for (int p = 0; p < 4; ++p)
+    for (int w = 0; w < 32; ++w) t.v[p][w] = static_cast<uint16_t>(2 * p + w / 16);
+  return t;
+}
+constexpr PairIdx kQ4KIdx = make_q4k_idx();
 #endif
 
-// A full tile of 8 rows of x (K types, AVX-512VL builds), laid out for the rows' per-block
-// work done at once: d [block][row] (the rows' scales) and sums [block][t][row][2] (int16:
-// each row's 32-value sums 2t, 2t + 1 of the block) for one vpdpwssd per pair of the
-// minimums' term. Where a row's floats were one scalar product and fma each, the 8 lanes do
-// the same operations (one rounding each): outputs are unchanged bit for bit.
+// A tile of 8 rows of x (Q4_K, AVX-512VL builds; rows past x's last are zeros), laid out for
+// the rows' per-block work done at once: d [block][row] (the rows' scales) and sums
+// [block][t][row][2] (int16: each row's 32-value sums 2t, 2t + 1 of the block) for one
+// vpdpwssd per pair of the minimums' term. Where a row's floats were one scalar product and
+// fma each, the 8 lanes do the same operations (one rounding each): outputs are unchanged bit
+// for bit. Every call of 2 rows or more takes its tiles (a verified block's 4 rows: the
+// matrix 18% faster), a lone row its own scalar floats.
 #if defined(__AVX512VL__) && defined(__AVX2__)
 #define VJ_Q8_TILE 1
 #endif
@@ -1214,18 +1224,39 @@ inline void q8_rows(const uint8_t* w, const int8_t* q, const float* d, const int
       uint8_t sc[8], mn[8];
       k_scales_mins(p + 4, sc, mn);
       int32_t msum[TM];
-      const Scales8 s8 = scales8(sc);
-      for (int s = 0; s < 8; ++s) {
-        const uint8_t* qs = p + 16 + 32 * (s / 2);
-        const auto c = (s & 1) ? codes_hi4(qs) : codes_lo4(qs);
-        const Scale sv = scale_of(s8, s);
-        for (int j = 0; j < TM; ++j)
-          l[j] = group_lanes_scaled(l[j], c, q + j * D + b * V + 32 * s, sv);
+#if defined(VJ_Q8_512)
+      if constexpr (TM == 8) {  // a full tile: sub-blocks 2t, 2t + 1 (64 values) at once
+        const __m512i s16 = _mm512_castsi256_si512(scales8(sc));
+        const __m512i m4 = _mm512_set1_epi8(15);
+        const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1);
+        __m512i a[TM];
+        for (int j = 0; j < TM; ++j) a[j] = _mm512_setzero_si512();
+        for (int t = 0; t < 4; ++t) {
+          const __m512i v = _mm512_broadcast_i64x4(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 16 + 32 * t)));
+          const __m512i c = _mm512_and_si512(_mm512_srlv_epi16(v, shift), m4);
+          const __m512i sv = _mm512_permutexvar_epi16(pair_idx(kQ4KIdx, t), s16);
+          for (int j = 0; j < TM; ++j)
+            a[j] = dot_words(a[j], _mm512_maddubs_epi16(c, _mm512_loadu_si512(
+                q + j * D + b * V + 64 * t)), sv);
+        }
+        for (int j = 0; j < TM; ++j) l[j] = fold_lanes(l[j], a[j]);
+      } else
+#endif
+      {
+        const Scales8 s8 = scales8(sc);
+        for (int s = 0; s < 8; ++s) {
+          const uint8_t* qs = p + 16 + 32 * (s / 2);
+          const auto c = (s & 1) ? codes_hi4(qs) : codes_lo4(qs);
+          const Scale sv = scale_of(s8, s);
+          for (int j = 0; j < TM; ++j)
+            l[j] = group_lanes_scaled(l[j], c, q + j * D + b * V + 32 * s, sv);
+        }
       }
       const float dw = f16_to_f32(p), mw = f16_to_f32(p + 2);
 #if defined(VJ_Q8_TILE)
-      if constexpr (TM == 8) {
-        if (tile) {  // the 8 rows at once: the same integers and the same rounded floats
+      {
+        if (tile) {  // the tile's rows at once: the same integers and the same rounded floats
           int32_t pairs[4];  // (mn[2t], mn[2t + 1]) as int16 words
           for (int t = 0; t < 4; ++t)
             pairs[t] = static_cast<int32_t>(mn[2 * t]) | (static_cast<int32_t>(mn[2 * t + 1]) << 16);
@@ -1314,8 +1345,11 @@ inline void q8_rows(const uint8_t* w, const int8_t* q, const float* d, const int
     }
   }
 #if defined(VJ_Q8_TILE)
-  if constexpr (TM == 8)
-    if (tile) _mm256_storeu_ps(macc, tmacc);
+  if (tile) {
+    alignas(32) float m8[8];
+    _mm256_store_ps(m8, tmacc);
+    for (int j = 0; j < TM; ++j) macc[j] = m8[j];
+  }
 #endif
   for (int j = 0; j < TM; ++j) out[j * out_stride] = acc_sum(acc[j]) - macc[j];
 }
@@ -1332,9 +1366,9 @@ constexpr int64_t kQ8XBytes = 192 * 1024;  // quantized rows of x per pass (see 
 template <QT T, int TM>
 inline void q8_rows_rem(int n, const uint8_t* w, const int8_t* q, const float* d,
                         const int32_t* sums, int64_t D, float* out, int64_t out_stride,
-                        const Q8Tile* tile = nullptr) {
+                        const Q8Tile* tile) {
   if (n == TM) q8_rows<T, TM>(w, q, d, sums, D, out, out_stride, tile);
-  else if constexpr (TM > 1) q8_rows_rem<T, TM - 1>(n, w, q, d, sums, D, out, out_stride);
+  else if constexpr (TM > 1) q8_rows_rem<T, TM - 1>(n, w, q, d, sums, D, out, out_stride, tile);
 }
 
 template <QT T>
@@ -1363,14 +1397,14 @@ ffi::Error matmul_q8_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
     if (parts > 1) parallel_for(pool, parts, part);
     else part(0);
   }
-  // full tiles of 8 rows of x laid out as Q8Tile reads them (Q4_K)
-  const int64_t tiles = T == QT::Q4_K && kQ8TM == 8 ? M / 8 : 0, nb = D / QK;
+  // tiles of 8 rows of x laid out as Q8Tile reads them (Q4_K; the last one's missing rows 0)
+  const int64_t tiles = T == QT::Q4_K && kQ8TM == 8 && M > 1 ? (M + 7) / 8 : 0, nb = D / QK;
   std::vector<float> tile_d(tiles * nb * 8);
   std::vector<int16_t> tile_sums(tiles * nb * 64);
   std::vector<Q8Tile> tile_of(tiles);
   for (int64_t t = 0; t < tiles; ++t) {
     for (int64_t b = 0; b < nb; ++b)
-      for (int64_t j = 0; j < 8; ++j) {
+      for (int64_t j = 0; j < 8 && 8 * t + j < M; ++j) {
         const int64_t m = 8 * t + j;
         tile_d[(t * nb + b) * 8 + j] = d[m * nb + b];
         for (int64_t s = 0; s < 8; ++s)  // |a 32-value sum| <= 32 * 127: an int16
@@ -1386,7 +1420,7 @@ ffi::Error matmul_q8_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
   const float* dp = d.data();
   const int32_t* sp = sums.data();
   const int64_t chunks = (F + kRowsPerChunk - 1) / kRowsPerChunk;
-  // rows of x one pass over a chunk's weight rows serves: their quantized bytes stay in L2
+  // rows of x one pass over a chunk's weight rows serves: their quantized values stay in L2
   // (a prefill's x of 709 rows is 1-6 MB; swept once per weight row, it came from memory)
   const int64_t MB = std::max<int64_t>(kQ8TM, kQ8XBytes / D / kQ8TM * kQ8TM);
   parallel_for(pool, chunks, [=](int64_t c) {
