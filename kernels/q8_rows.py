@@ -40,23 +40,33 @@ def main(argv=None) -> int:
   ap.add_argument("--rows", default=",".join(map(str, ROWS)),
                   help="rows of x, comma-separated (default %(default)s)")
   ap.add_argument("--arith", default="exact,q8", help="arithmetics, comma-separated")
+  ap.add_argument("--all-layers", action="store_true",
+                  help="each call multiplies x by the matrix of every layer (one program): a "
+                       "step's worth of the matrix, timed as the minimum of the repeats (less "
+                       "sensitive to a noisy host than one layer's median)")
   args = ap.parse_args(argv)
   rows = tuple(int(r) for r in args.rows.split(","))
   ariths = tuple(args.arith.split(","))
-  layer = load_model(args.model, dtype="gguf", load_tokenizer=False).params["layers"][0]
+  layers = load_model(args.model, dtype="gguf", load_tokenizer=False).params["layers"]
+  layer = layers[0]
   low = Lowering(platform="cpu", any_rows=True)
-  fn = jax.jit(lambda x, w: cpu_matmul.linear(x, w, lowering=low))
+  if args.all_layers:
+    fn = jax.jit(lambda x, ws: sum(cpu_matmul.linear(x, w, lowering=low).sum() for w in ws))
+  else:
+    fn = jax.jit(lambda x, w: cpu_matmul.linear(x, w, lowering=low))
   rs = np.random.RandomState(0)
   ms, kinds = {}, {}
   for name in MATRICES:
     w = layer[name]
     kinds[name] = f"{w.qtype} {list(w.shape)}"
     for arith in ariths:
-      wa = with_arith(w, arith)
+      wa = ([with_arith(layer_[name], arith) for layer_ in layers] if args.all_layers
+            else with_arith(w, arith))
       for m in rows:
         x = rs.randn(m, w.shape[1]).astype(np.float32)
         key = f"{name}/{arith}/{m}"
-        ms[key] = time_call(fn, x, wa, args.repeats if m < 64 else max(3, args.repeats // 3)) * 1e3
+        ms[key] = time_call(fn, x, wa, args.repeats if m < 64 else max(3, args.repeats // 3),
+                            stat=min if args.all_layers else np.median) * 1e3
         print(f"{name} {kinds[name]} {arith:5s} M={m:3d} {ms[key]:8.2f} ms", flush=True)
   meta = {"command": "python kernels/q8_rows.py " + " ".join(argv) if argv else
           "python kernels/q8_rows.py --out " + str(args.out),
@@ -68,7 +78,9 @@ def main(argv=None) -> int:
   lines = [f"# {args.model}'s GGUF blocks by rows of x, exact and q8 arithmetic", "",
            f"- command: `{meta['command']}`", f"- commit: {meta['commit']}",
            f"- host: {meta['cpu']}, kernel -march={meta['march']}", f"- date: {meta['date']}",
-           "", "ms per call (median of repeats; 709 rows: a third of them)", "",
+           "", (f"ms per call over all {len(layers)} layers' matrices (minimum of repeats; "
+                "64 rows or more: a third of them)" if args.all_layers else
+                "ms per call (median of repeats; 64 rows or more: a third of them)"), "",
            "| matrix | arithmetic | " + " | ".join(f"M={m}" for m in rows) + " |",
            "|---|---" + "|---" * len(rows) + "|"]
   for name in MATRICES:

@@ -60,40 +60,18 @@ def main(argv=None) -> None:
   import jax
   import numpy as np
 
-  import jax.numpy as jnp
-
+  from vocabjax.bench.engine import Programs
   from vocabjax.checkpoints import load_model
   from vocabjax.eval.provenance import cpu_model
-  from vocabjax.lowering import decoding_lowering, lowered, step_lowering
-  from vocabjax.models.cache import KVCache
-  from vocabjax.models.llamalike import compute_dtype, forward, lm_head
 
   model = load_model(a.model, dtype=a.dtype, load_tokenizer=False)
-  params, cfg = model.params, model.config
-
-  def step(p, tok, pos, cache):  # as `vocabjax.bench.engine.Programs.target`
-    h, cache = forward(p, tok, pos, cache, config=cfg)
-    return lm_head(p, h, config=cfg), cache
-
-  def fresh_cache():
-    return KVCache.init(cfg, 1, a.max_len, compute_dtype(params)).with_lengths(
-        jnp.full((1,), a.context, jnp.int32))
-
-  tok = jnp.zeros((1, a.T), jnp.int32)
-  pos = a.context + jnp.arange(a.T, dtype=jnp.int32)[None]
-  lw = step_lowering(decoding_lowering(mesh=False))
-  prog = jax.jit(lowered(step, lw), donate_argnums=(3,)).lower(
-      params, tok, pos, fresh_cache()).compile()
+  # the engine's own T-token target step (body + LM head, the cache donated, every call the
+  # same block over `context` cached tokens)
+  run = Programs(model.config, model.params, context=a.context, max_len=a.max_len).target(1, a.T)
+  prog = run.compiled
   # each op's custom-call target (the CPU kernel's entry points) from the compiled HLO
   targets = dict(re.findall(r"%?([\w.-]+) = [^\n]*custom_call_target=\"([\w]+)\"",
                             prog.as_text()))
-  state = {"cache": fresh_cache()}
-
-  def run():
-    logits, cache = prog(params, tok, pos, state["cache"])
-    state["cache"] = cache.with_lengths(jnp.full((1,), a.context, jnp.int32))
-    return logits
-
   for _ in range(a.warmup):
     jax.block_until_ready(run())
   walls = []

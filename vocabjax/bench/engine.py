@@ -121,9 +121,16 @@ def head_bytes(params: dict, config: LlamaLikeConfig, head: Head, B: int, rows: 
   return ranker + min(B * rows * head.size, config.vocab_size) * per_row
 
 
+def _runner(run: Callable[[], object], compiled) -> Callable[[], object]:
+  run.compiled = compiled
+  return run
+
+
 class Programs:
   """Compiled programs of one model in one dtype (`target`, `body`, `head`), each returning a
-  zero-argument callable that runs it once on fixed inputs."""
+  zero-argument callable that runs it once on fixed inputs; the callable's `compiled` is the
+  compiled program (its HLO text, its cost analysis: `kernels/step_trace.py` reads the ops'
+  kernel targets from it)."""
 
   def __init__(self, config: LlamaLikeConfig, params: dict, *, context: int, max_len: int,
                lowering: Lowering | None = None):
@@ -163,7 +170,7 @@ class Programs:
       state["cache"] = cache.with_lengths(jnp.full((B,), self.context, jnp.int32))
       return logits
 
-    return run
+    return _runner(run, prog)
 
   def body(self, B: int, T: int) -> Callable[[], object]:
 
@@ -172,7 +179,7 @@ class Programs:
     cache = self._cache(B)
     prog = self._compile(lambda p, t, q, c: forward(p, t, q, c, config=cfg)[0], self.params,
                          tok, pos, cache)
-    return lambda: prog(self.params, tok, pos, cache)
+    return _runner(lambda: prog(self.params, tok, pos, cache), prog)
 
   def head(self, head: Head, B: int, rows: int) -> Callable[[], object]:
 
@@ -198,4 +205,4 @@ class Programs:
       p = with_policy_state(p, ranker)
       fn = lambda p, h: ranked_policy(p, h, config=cfg, k=head.size)
     prog = self._compile(fn, p, h)
-    return lambda: prog(p, h)
+    return _runner(lambda: prog(p, h), prog)

@@ -1146,6 +1146,8 @@ inline void k_scales_mins(const uint8_t* s12, uint8_t* sc, uint8_t* mn) {
 // int16 products weighted by its scale (VNNI's dpwssd, else madd and add: the same integers);
 // folding lane k + 8 into lane k gives exactly the 256-bit path's lane k (integer sums, in any
 // order the same), so the floats that follow, and every output, are unchanged bit for bit.
+// (`-DVJ_NO_Q8_512` builds the 256-bit rows alone on such a host: a timing comparison's switch,
+// the same bits either way.)
 #if defined(__AVX512BW__) && defined(__AVX512VL__) && !defined(VJ_NO_Q8_512)
 #define VJ_Q8_512 1
 inline __m512i dot_words(__m512i acc, __m512i p, __m512i s) {
@@ -1223,7 +1225,6 @@ inline void q8_rows(const uint8_t* w, const int8_t* q, const float* d, const int
     if constexpr (T == QT::Q4_K) {
       uint8_t sc[8], mn[8];
       k_scales_mins(p + 4, sc, mn);
-      int32_t msum[TM];
 #if defined(VJ_Q8_512)
       if constexpr (TM == 8) {  // a full tile: sub-blocks 2t, 2t + 1 (64 values) at once
         const __m512i s16 = _mm512_castsi256_si512(scales8(sc));
@@ -1275,6 +1276,7 @@ inline void q8_rows(const uint8_t* w, const int8_t* q, const float* d, const int
         }
       }
 #endif
+      int32_t msum[TM];
       for (int j = 0; j < TM; ++j) msum[j] = mins_dot(mn, sums + j * (D / 32) + b * 8);
       for (int j = 0; j < TM; ++j) {
         const float dx = d[j * (D / QK) + b];
@@ -1384,35 +1386,36 @@ ffi::Error matmul_q8_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
   std::vector<int8_t> q(M * D);
   std::vector<float> d(M * (D / QK));
   std::vector<int32_t> sums(M * (D / 32));
-  {  // x's rows quantized 8 at a time by the pool's threads (a prefill's rows are many)
-    const float* xp = x.typed_data();
-    int8_t* q0 = q.data();
-    float* d0 = d.data();
-    int32_t* s0 = sums.data();
-    const int64_t parts = (M + 7) / 8;
-    auto part = [=](int64_t c) {
-      const int64_t m = 8 * c, n = M - m < 8 ? M - m : 8;
-      quantize_rows(xp + m * D, n, D, QK, q0 + m * D, d0 + m * (D / QK), s0 + m * (D / 32));
-    };
-    if (parts > 1) parallel_for(pool, parts, part);
-    else part(0);
-  }
   // tiles of 8 rows of x laid out as Q8Tile reads them (Q4_K; the last one's missing rows 0)
   const int64_t tiles = T == QT::Q4_K && kQ8TM == 8 && M > 1 ? (M + 7) / 8 : 0, nb = D / QK;
   std::vector<float> tile_d(tiles * nb * 8);
   std::vector<int16_t> tile_sums(tiles * nb * 64);
-  std::vector<Q8Tile> tile_of(tiles);
-  for (int64_t t = 0; t < tiles; ++t) {
-    for (int64_t b = 0; b < nb; ++b)
-      for (int64_t j = 0; j < 8 && 8 * t + j < M; ++j) {
-        const int64_t m = 8 * t + j;
-        tile_d[(t * nb + b) * 8 + j] = d[m * nb + b];
-        for (int64_t s = 0; s < 8; ++s)  // |a 32-value sum| <= 32 * 127: an int16
-          tile_sums[((t * nb + b) * 4 + s / 2) * 16 + j * 2 + s % 2] =
-              static_cast<int16_t>(sums[m * (D / 32) + b * 8 + s]);
-      }
-    tile_of[t] = Q8Tile{tile_d.data() + t * nb * 8, tile_sums.data() + t * nb * 64};
+  {  // x's rows quantized 8 at a time (a tile each) by the pool's threads
+    const float* xp = x.typed_data();
+    int8_t* q0 = q.data();
+    float* d0 = d.data();
+    int32_t* s0 = sums.data();
+    float* td = tile_d.data();
+    int16_t* ts = tile_sums.data();
+    const int64_t parts = (M + 7) / 8;
+    auto part = [=](int64_t c) {
+      const int64_t m = 8 * c, n = M - m < 8 ? M - m : 8;
+      quantize_rows(xp + m * D, n, D, QK, q0 + m * D, d0 + m * (D / QK), s0 + m * (D / 32));
+      if (c < tiles)
+        for (int64_t b = 0; b < nb; ++b)
+          for (int64_t j = 0; j < n; ++j) {
+            td[(c * nb + b) * 8 + j] = d0[(m + j) * nb + b];
+            for (int64_t s = 0; s < 8; ++s)  // |a 32-value sum| <= 32 * 127: an int16
+              ts[((c * nb + b) * 4 + s / 2) * 16 + j * 2 + s % 2] =
+                  static_cast<int16_t>(s0[(m + j) * (D / 32) + b * 8 + s]);
+          }
+    };
+    if (parts > 1) parallel_for(pool, parts, part);
+    else part(0);
   }
+  std::vector<Q8Tile> tile_of(tiles);
+  for (int64_t t = 0; t < tiles; ++t)
+    tile_of[t] = Q8Tile{tile_d.data() + t * nb * 8, tile_sums.data() + t * nb * 64};
   const Q8Tile* tp = tile_of.data();
   const uint8_t* wp = w.typed_data();
   float* yp = y->typed_data();
