@@ -66,7 +66,7 @@ def main(argv=None) -> int:
   for dtype in ("bfloat16", "float32"):
     m = load_torch_model(a.target, dtype)
     with torch.inference_mode():
-      s = best(lambda: m(input_ids=torch.tensor(x, dtype=torch.long), output_hidden_states=True))
+      s = best(lambda m=m: m(input_ids=torch.tensor(x, dtype=torch.long), output_hidden_states=True))
     lines.append(f"| transformers (torch {torch.__version__}) | {dtype} | {s:.2f} | "
                  f"{a.T / s:.1f} |")
     print(lines[-1], flush=True)
