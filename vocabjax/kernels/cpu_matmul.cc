@@ -1256,24 +1256,22 @@ inline void q8_rows(const uint8_t* w, const int8_t* q, const float* d, const int
       }
       const float dw = f16_to_f32(p), mw = f16_to_f32(p + 2);
 #if defined(VJ_Q8_TILE)
-      {
-        if (tile) {  // the tile's rows at once: the same integers and the same rounded floats
-          int32_t pairs[4];  // (mn[2t], mn[2t + 1]) as int16 words
-          for (int t = 0; t < 4; ++t)
-            pairs[t] = static_cast<int32_t>(mn[2 * t]) | (static_cast<int32_t>(mn[2 * t + 1]) << 16);
-          __m256i ms = _mm256_setzero_si256();
-          for (int t = 0; t < 4; ++t)
-            ms = madd_add(ms, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
-                tile->sums + (b * 4 + t) * 16)), _mm256_set1_epi32(pairs[t]));
-          const __m256 dx = _mm256_loadu_ps(tile->d + b * 8);
-          tmacc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(mw), dx),
-                                  _mm256_cvtepi32_ps(ms), tmacc);
-          const __m256 s = _mm256_mul_ps(_mm256_set1_ps(dw), dx);
-          for (int j = 0; j < TM; ++j)
-            acc[j] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(s, _mm256_set1_epi32(j)),
-                                     _mm256_cvtepi32_ps(l[j]), acc[j]);
-          continue;
-        }
+      if (tile) {  // the tile's rows at once: the same integers and the same rounded floats
+        int32_t pairs[4];  // (mn[2t], mn[2t + 1]) as int16 words
+        for (int t = 0; t < 4; ++t)
+          pairs[t] = static_cast<int32_t>(mn[2 * t]) | (static_cast<int32_t>(mn[2 * t + 1]) << 16);
+        __m256i ms = _mm256_setzero_si256();
+        for (int t = 0; t < 4; ++t)
+          ms = madd_add(ms, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(
+              tile->sums + (b * 4 + t) * 16)), _mm256_set1_epi32(pairs[t]));
+        const __m256 dx = _mm256_loadu_ps(tile->d + b * 8);
+        tmacc = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(mw), dx),
+                                _mm256_cvtepi32_ps(ms), tmacc);
+        const __m256 s = _mm256_mul_ps(_mm256_set1_ps(dw), dx);
+        for (int j = 0; j < TM; ++j)
+          acc[j] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(s, _mm256_set1_epi32(j)),
+                                   _mm256_cvtepi32_ps(l[j]), acc[j]);
+        continue;
       }
 #endif
       int32_t msum[TM];
