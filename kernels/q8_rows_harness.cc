@@ -63,12 +63,7 @@ void run(const char* name, int64_t F, int64_t D) {
   const int64_t nb = D / QK;
   std::vector<float> td(nb * 8);
   std::vector<int16_t> ts(nb * 64);
-  for (int64_t b = 0; b < nb; ++b)
-    for (int j = 0; j < 8; ++j) {
-      td[b * 8 + j] = d[j * nb + b];
-      for (int s = 0; s < 8; ++s)
-        ts[(b * 4 + s / 2) * 16 + j * 2 + s % 2] = static_cast<int16_t>(sums[j * (D / 32) + b * 8 + s]);
-    }
+  fill_tile(d.data(), sums.data(), 8, nb, td.data(), ts.data());
   const Q8Tile tile{td.data(), ts.data()};
   const Q8Tile* tp = T == QT::Q4_K ? &tile : nullptr;
 #else

@@ -1141,7 +1141,7 @@ inline void k_scales_mins(const uint8_t* s12, uint8_t* sc, uint8_t* mn) {
 // AVX-512BW: Q6_K rows two groups (64 values) per instruction, and Q4_K rows in full tiles of
 // 8 rows of x (at fewer rows the per-group shuffles that build a 512-bit code vector cost
 // more than the halved multiplies save: a Xeon issues two 512-bit integer multiplies a cycle,
-// ports 0 and 5, where its shuffles issue too; kernels/results/q8_rows/). Lanes 0-7 of a 512-bit
+// ports 0 and 5, where its shuffles issue too; kernels/results/q8_rows_harness/). Lanes 0-7 of a 512-bit
 // accumulator take the first group's bytes 4k..4k+3 and lanes 8-15 the second's, each group's
 // int16 products weighted by its scale (VNNI's dpwssd, else madd and add: the same integers);
 // folding lane k + 8 into lane k gives exactly the 256-bit path's lane k (integer sums, in any
@@ -1187,8 +1187,8 @@ constexpr PairIdx kQ4KIdx = make_q4k_idx();
 // [block][t][row][2] (int16: each row's 32-value sums 2t, 2t + 1 of the block) for one
 // vpdpwssd per pair of the minimums' term. Where a row's floats were one scalar product and
 // fma each, the 8 lanes do the same operations (one rounding each): outputs are unchanged bit
-// for bit. Every call of 2 rows or more takes its tiles (a verified block's 4 rows: the
-// matrix 18% faster), a lone row its own scalar floats.
+// for bit. Every call of 2 rows or more takes its tiles (a verified block's 4 rows: Q4_K rows
+// 26% faster on one thread, kernels/results/q8_rows_harness/), a lone row its own scalar floats.
 #if defined(__AVX512VL__) && defined(__AVX2__)
 #define VJ_Q8_TILE 1
 #endif
@@ -1196,6 +1196,17 @@ struct Q8Tile {
   const float* d;
   const int16_t* sums;
 };
+// n <= 8 rows of x's quantized scales d [n, nb] and 32-value sums [n, nb * 8] (nb blocks of
+// 256) into one tile's d [nb * 8] and sums [nb * 64] (zeroed by the caller for missing rows)
+inline void fill_tile(const float* d, const int32_t* sums, int64_t n, int64_t nb, float* td,
+                      int16_t* ts) {
+  for (int64_t b = 0; b < nb; ++b)
+    for (int64_t j = 0; j < n; ++j) {
+      td[b * 8 + j] = d[j * nb + b];
+      for (int64_t s = 0; s < 8; ++s)  // |a 32-value sum| <= 32 * 127: an int16
+        ts[(b * 4 + s / 2) * 16 + j * 2 + s % 2] = static_cast<int16_t>(sums[j * nb * 8 + b * 8 + s]);
+    }
+}
 
 // Weight bytes fetched ahead of the block being multiplied (software prefetch, every cache line
 // of a block): streaming a matrix from memory, the hardware prefetchers alone left the q8
@@ -1400,13 +1411,7 @@ ffi::Error matmul_q8_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
       const int64_t m = 8 * c, n = M - m < 8 ? M - m : 8;
       quantize_rows(xp + m * D, n, D, QK, q0 + m * D, d0 + m * (D / QK), s0 + m * (D / 32));
       if (c < tiles)
-        for (int64_t b = 0; b < nb; ++b)
-          for (int64_t j = 0; j < n; ++j) {
-            td[(c * nb + b) * 8 + j] = d0[(m + j) * nb + b];
-            for (int64_t s = 0; s < 8; ++s)  // |a 32-value sum| <= 32 * 127: an int16
-              ts[((c * nb + b) * 4 + s / 2) * 16 + j * 2 + s % 2] =
-                  static_cast<int16_t>(s0[(m + j) * (D / 32) + b * 8 + s]);
-          }
+        fill_tile(d0 + m * nb, s0 + m * (D / 32), n, nb, td + c * nb * 8, ts + c * nb * 64);
     };
     if (parts > 1) parallel_for(pool, parts, part);
     else part(0);
