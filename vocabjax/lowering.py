@@ -78,6 +78,13 @@ class Lowering:
   until a GPU run has timed it and passed the exactness tests with it
   (`VOCABJAX_SUM_ATTENTION=1` when vocabjax is imported, or `sum_attention_default`)."""
 
+  layer_loop: bool = os.environ.get("VOCABJAX_LAYER_LOOP", "1") != "0"
+  """XLA:CPU with the kernel on: a decoder whose layers are GGUF blocks runs them as one loop
+  body (`models.llamalike`, `loops_layers`) with the layer an operand of the kernels, instead of
+  every layer unrolled into each program's code: each compiled program holds about a third of
+  the resident memory (kernels/results/layer_loop/), the same bits. Off
+  (`VOCABJAX_LAYER_LOOP=0` when vocabjax is imported): unrolled, as other weights always are."""
+
   unroll_loops: bool = False
   """For cost analysis only (`vocabjax.bench.tpu`): the drafting loops traced unrolled (a scan
   fully, a bounded while loop as `while_trips` calls of its body; `scan` / `while_loop`

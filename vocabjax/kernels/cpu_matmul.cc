@@ -1382,16 +1382,11 @@ inline void q8_rows_rem(int n, const uint8_t* w, const int8_t* q, const float* d
   else if constexpr (TM > 1) q8_rows_rem<T, TM - 1>(n, w, q, d, sums, D, out, out_stride, tile);
 }
 
+// y [M, F] = x [M, D] . W^T in the int8-activation arithmetic; W's rows `row_bytes` apart.
 template <QT T>
-ffi::Error matmul_q8_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
-                          ffi::ResultBuffer<ffi::F32> y) {
-  auto xd = x.dimensions(), wd = w.dimensions();
-  constexpr int64_t V = QTraits<T>::values, B = QTraits<T>::bytes;
+void q8_matmul(ffi::ThreadPool& pool, const float* xsrc, const uint8_t* wsrc, int64_t row_bytes,
+               float* ysrc, int64_t M, int64_t D, int64_t F) {
   constexpr int64_t QK = kQ8Kind<T> == Q8Kind::K256 ? 256 : 32;
-  if (xd.size() != 2 || wd.size() != 2 || xd[1] % V != 0 || wd[1] != xd[1] / V * B)
-    return ffi::Error::InvalidArgument(
-        "vocabjax matmul: expected x[M, D] with D whole blocks, w[F, D / values * bytes]");
-  const int64_t M = xd[0], D = xd[1], F = wd[0];
   std::vector<int8_t> q(M * D);
   std::vector<float> d(M * (D / QK));
   std::vector<int32_t> sums(M * (D / 32));
@@ -1400,7 +1395,7 @@ ffi::Error matmul_q8_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
   std::vector<float> tile_d(tiles * nb * 8);
   std::vector<int16_t> tile_sums(tiles * nb * 64);
   {  // x's rows quantized 8 at a time (a tile each) by the pool's threads
-    const float* xp = x.typed_data();
+    const float* xp = xsrc;
     int8_t* q0 = q.data();
     float* d0 = d.data();
     int32_t* s0 = sums.data();
@@ -1420,8 +1415,8 @@ ffi::Error matmul_q8_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
   for (int64_t t = 0; t < tiles; ++t)
     tile_of[t] = Q8Tile{tile_d.data() + t * nb * 8, tile_sums.data() + t * nb * 64};
   const Q8Tile* tp = tile_of.data();
-  const uint8_t* wp = w.typed_data();
-  float* yp = y->typed_data();
+  const uint8_t* wp = wsrc;
+  float* yp = ysrc;
   const int8_t* qp = q.data();
   const float* dp = d.data();
   const int32_t* sp = sums.data();
@@ -1436,12 +1431,129 @@ ffi::Error matmul_q8_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Bu
       for (int64_t r = r0; r < r1; ++r)
         for (int64_t m = m0; m < m1; m += kQ8TM)
           q8_rows_rem<T, kQ8TM>(static_cast<int>(m1 - m < kQ8TM ? m1 - m : kQ8TM),
-                                wp + r * wd[1], qp + m * D, dp + m * (D / QK),
+                                wp + r * row_bytes, qp + m * D, dp + m * (D / QK),
                                 sp + m * (D / 32), D, yp + m * F + r, F,
                                 m / kQ8TM < tiles ? tp + m / kQ8TM : nullptr);
     }
   });
+}
+
+template <QT T>
+ffi::Error matmul_q8_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
+                          ffi::ResultBuffer<ffi::F32> y) {
+  auto xd = x.dimensions(), wd = w.dimensions();
+  constexpr int64_t V = QTraits<T>::values, B = QTraits<T>::bytes;
+  if (xd.size() != 2 || wd.size() != 2 || xd[1] % V != 0 || wd[1] != xd[1] / V * B)
+    return ffi::Error::InvalidArgument(
+        "vocabjax matmul: expected x[M, D] with D whole blocks, w[F, D / values * bytes]");
+  q8_matmul<T>(pool, x.typed_data(), w.typed_data(), wd[1], y->typed_data(), xd[0], xd[1], wd[0]);
   return ffi::Error::Success();
+}
+
+// ---- one layer of several, picked at run time (the decoder's layer loop) --------------------
+// A decoder whose layers run as one loop body (`models.llamalike`, the layer loop) passes each
+// projection's weights of every layer (the remaining args: L buffers [F, row bytes] uint8, of
+// block types `qtypes[l]`, the QT enum's order) and the layer as an operand: the kernel reads
+// layer `layer`'s weights where they lie, with the same code as the one-weight targets above
+// (the same bits), where XLA would copy a slice out of a stacked weight on every call.
+template <typename Fn>
+ffi::Error by_qtype(int64_t qt, Fn&& fn) {
+  switch (qt) {
+    case 0: return fn(std::integral_constant<QT, QT::Q4_0>{});
+    case 1: return fn(std::integral_constant<QT, QT::Q4_1>{});
+    case 2: return fn(std::integral_constant<QT, QT::Q5_0>{});
+    case 3: return fn(std::integral_constant<QT, QT::Q5_1>{});
+    case 4: return fn(std::integral_constant<QT, QT::Q8_0>{});
+    case 5: return fn(std::integral_constant<QT, QT::Q4_K>{});
+    case 6: return fn(std::integral_constant<QT, QT::Q5_K>{});
+    case 7: return fn(std::integral_constant<QT, QT::Q6_K>{});
+    default: return ffi::Error::InvalidArgument("vocabjax layer kernel: unknown block type");
+  }
+}
+
+// Layer `layer` of the remaining args (checked against `qtypes`) as (bytes, row bytes, rows).
+inline ffi::Error layer_weight(ffi::Buffer<ffi::S32>& layer, ffi::RemainingArgs& ws,
+                               ffi::Span<const int64_t> qtypes, int64_t* l,
+                               const uint8_t** w, int64_t* row_bytes, int64_t* rows) {
+  if (layer.element_count() != 1 || ws.size() != qtypes.size() || ws.size() == 0)
+    return ffi::Error::InvalidArgument(
+        "vocabjax layer kernel: expected a scalar layer and one block type per weight");
+  *l = layer.typed_data()[0];
+  if (*l < 0 || *l >= static_cast<int64_t>(ws.size()))
+    return ffi::Error::InvalidArgument("vocabjax layer kernel: layer out of range");
+  auto got = ws.get<ffi::Buffer<ffi::U8>>(*l);
+  if (!got.has_value()) return got.error();
+  auto wd = got->dimensions();
+  if (wd.size() != 2)
+    return ffi::Error::InvalidArgument("vocabjax layer kernel: expected w[F, row bytes]");
+  *w = got->typed_data();
+  *row_bytes = wd[1];
+  *rows = wd[0];
+  return ffi::Error::Success();
+}
+
+// y = x . W[layer]^T; mode 0: the streaming kernel (exact f32), 1: the bf16 GEMM, 2: int8
+// activations (`matmul_q8_impl`).
+ffi::Error layer_matmul_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
+                             ffi::Buffer<ffi::S32> layer, ffi::RemainingArgs ws,
+                             ffi::ResultBuffer<ffi::F32> y, ffi::Span<const int64_t> qtypes,
+                             int64_t mode) {
+  int64_t l, rb, F;
+  const uint8_t* w;
+  if (auto e = layer_weight(layer, ws, qtypes, &l, &w, &rb, &F); e.failure()) return e;
+  auto xd = x.dimensions();
+  if (xd.size() != 2 || y->element_count() != xd[0] * F)
+    return ffi::Error::InvalidArgument("vocabjax layer matmul: expected x[M, D], y[M, F]");
+  const int64_t M = xd[0], D = xd[1];
+  return by_qtype(qtypes[l], [&](auto tag) -> ffi::Error {
+    constexpr QT T = decltype(tag)::value;
+    constexpr int64_t V = QTraits<T>::values, B = QTraits<T>::bytes;
+    if (D % V != 0 || rb != D / V * B)
+      return ffi::Error::InvalidArgument(
+          "vocabjax layer matmul: expected x[M, D] with D whole blocks, w[F, D / values * bytes]");
+    if (mode == 2) {
+      if constexpr (T == QT::Q4_0 || T == QT::Q5_0 || T == QT::Q8_0 || T == QT::Q4_K ||
+                    T == QT::Q6_K) {
+        q8_matmul<T>(pool, x.typed_data(), w, rb, y->typed_data(), M, D, F);
+        return ffi::Error::Success();
+      } else {
+        return ffi::Error::InvalidArgument("vocabjax layer matmul: no int8-activation kernel "
+                                           "for this block type");
+      }
+    }
+    const Blocked<T> src{w, rb};
+    if (mode == 1) return run<true>(pool, x.typed_data(), src, nullptr, y->typed_data(), M, D, F);
+    return run<false>(pool, x.typed_data(), src, nullptr, y->typed_data(), M, D, F);
+  });
+}
+
+// out [F, D] f32 = the values of W[layer] (the in-register decode's: `gguf`'s dequantization,
+// what `blocks.dequantize` computes), for XLA's dot in a prefill above MAX_ROWS rows.
+ffi::Error layer_dequantize_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::S32> layer,
+                                 ffi::RemainingArgs ws, ffi::ResultBuffer<ffi::F32> out,
+                                 ffi::Span<const int64_t> qtypes) {
+  int64_t l, rb, F;
+  const uint8_t* w;
+  if (auto e = layer_weight(layer, ws, qtypes, &l, &w, &rb, &F); e.failure()) return e;
+  auto od = out->dimensions();
+  if (od.size() != 2 || od[0] != F)
+    return ffi::Error::InvalidArgument("vocabjax layer dequantize: expected out[F, D]");
+  const int64_t D = od[1];
+  float* op = out->typed_data();
+  return by_qtype(qtypes[l], [&](auto tag) -> ffi::Error {
+    constexpr QT T = decltype(tag)::value;
+    constexpr int64_t V = QTraits<T>::values, B = QTraits<T>::bytes;
+    if (D % V != 0 || rb != D / V * B)
+      return ffi::Error::InvalidArgument(
+          "vocabjax layer dequantize: expected out[F, D] with D whole blocks");
+    const Blocked<T> src{w, rb};
+    constexpr int64_t kChunk = 64;
+    parallel_for(pool, (F + kChunk - 1) / kChunk, [=](int64_t c) {
+      const int64_t r0 = c * kChunk, n = F - r0 < kChunk ? F - r0 : kChunk;
+      decode_rows(src, op + r0 * D, D, r0, static_cast<int>(n));
+    });
+    return ffi::Error::Success();
+  });
 }
 
 
@@ -1534,7 +1646,11 @@ inline void value_sums16(const float* const* p, const KT* const* rows, int64_t C
 template <typename KT, ffi::DataType DT>
 ffi::Error attention_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<DT> k,
                           ffi::Buffer<DT> v, ffi::Buffer<ffi::PRED> mask,
-                          ffi::ResultBuffer<ffi::F32> out, float divisor, int64_t layer) {
+                          ffi::Buffer<ffi::S32> layer_arg, ffi::ResultBuffer<ffi::F32> out,
+                          float divisor) {
+  if (layer_arg.element_count() != 1)
+    return ffi::Error::InvalidArgument("vocabjax attention: expected a scalar layer");
+  const int64_t layer = layer_arg.typed_data()[0];
   auto qd = q.dimensions(), kd = k.dimensions(), vd = v.dimensions(), md = mask.dimensions();
   bool same_kv = vd.size() == kd.size();
   for (size_t i = 0; same_kv && i < kd.size(); ++i) same_kv = vd[i] == kd[i];
@@ -1712,11 +1828,24 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(VjQ8MatmulQ6_K, matmul_q8_impl<QT::Q6_K>, VJ_BIND(
 // Attention over the cache (see attention_impl): q f32, k and v f32 or bf16, mask bool.
 #define VJ_ATTN(DT) ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<ffi::Buffer<ffi::F32>>() \
     .Arg<ffi::Buffer<DT>>().Arg<ffi::Buffer<DT>>().Arg<ffi::Buffer<ffi::PRED>>() \
-    .Ret<ffi::Buffer<ffi::F32>>().Attr<float>("divisor").Attr<int64_t>("layer")
+    .Arg<ffi::Buffer<ffi::S32>>().Ret<ffi::Buffer<ffi::F32>>().Attr<float>("divisor")
 XLA_FFI_DEFINE_HANDLER_SYMBOL(VjAttentionF32, (attention_impl<float, ffi::F32>),
                               VJ_ATTN(ffi::F32));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(VjAttentionBF16, (attention_impl<uint16_t, ffi::BF16>),
                               VJ_ATTN(ffi::BF16));
+
+// One layer's weights of several, the layer an operand (see layer_matmul_impl).
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjLayerMatmul, layer_matmul_impl,
+                              ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>().Arg<ffi::Buffer<ffi::S32>>()
+                                  .RemainingArgs().Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<ffi::Span<const int64_t>>("qtypes")
+                                  .Attr<int64_t>("mode"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(VjLayerDequantize, layer_dequantize_impl,
+                              ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::S32>>().RemainingArgs()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<ffi::Span<const int64_t>>("qtypes"));
 
 // Whether the bf16 GEMM targets compute (else they return an error): AVX512-BF16 at build time.
 extern "C" int vj_has_bf16_gemm() {

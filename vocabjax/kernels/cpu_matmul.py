@@ -57,6 +57,11 @@ _BLOCK_GEMM_TARGETS = {q: f"VjGemmBF16{q}" for q in BLOCK_TYPES}
 _Q8_TARGETS = {q: f"VjQ8Matmul{q}" for q in Q8_TYPES}
 # attention over the cache by the caches' dtype (`attention`)
 _ATTENTION_TARGETS = {"float32": "VjAttentionF32", "bfloat16": "VjAttentionBF16"}
+# one layer's blocks of several, the layer an operand (`layer_linear`, `layer_dequantize`)
+_LAYER_TARGETS = ("VjLayerMatmul", "VjLayerDequantize")
+# the kernel's block type codes (its QT enum's order)
+QTYPE_CODES = {q: i for i, q in enumerate(
+    ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"))}
 
 GEMM_MIN_ROWS = 32  # smallest M the bf16 GEMM takes (below it the streaming kernel is as fast)
 _built = {"lib": None, "error": None, "warned": False}  # the built library (or why not)
@@ -186,7 +191,7 @@ def load():
       lib = ctypes.cdll.LoadLibrary(str(build()))
       for target in (*_TARGETS.values(), *_GEMM_TARGETS.values(), *_BLOCK_TARGETS.values(),
                      *_BLOCK_GEMM_TARGETS.values(), *_Q8_TARGETS.values(),
-                     *_ATTENTION_TARGETS.values()):
+                     *_ATTENTION_TARGETS.values(), *_LAYER_TARGETS):
         jax.ffi.register_ffi_target(f"vocabjax_{target}", jax.ffi.pycapsule(getattr(lib, target)),
                                     platform="cpu")
       _built["lib"] = lib
@@ -347,13 +352,13 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
     raise RuntimeError(f"the CPU attention kernel is unavailable: {_built['error']}")
   if layer is None:
     k, v, layer = k[None], v[None], 0
-  elif not 0 <= layer < k.shape[0]:
+  elif isinstance(layer, (int, np.integer)) and not 0 <= layer < k.shape[0]:
     raise ValueError(f"layer {layer} is outside the stacked caches' {k.shape[0]} layers")
   target = f"vocabjax_{_ATTENTION_TARGETS[jnp.dtype(k.dtype).name]}"
   call = jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(q.shape, jnp.float32),
                           vmap_method="sequential")
   return call(q.astype(jnp.float32), k, v.astype(k.dtype), mask.astype(jnp.bool_),
-              divisor=np.float32(divisor), layer=np.int64(layer))
+              jnp.asarray(layer, jnp.int32), divisor=np.float32(divisor))
 
 
 def widened_after(w: BlockWeight, x: jax.Array, widen=dequantize) -> jax.Array:
@@ -441,4 +446,54 @@ def _linear_grouped(x: jax.Array, w: GroupedInt4, lowering: Lowering) -> jax.Arr
     return grouped_int4_gpu.grouped_matmul(x.reshape(M, D).astype(dtype), w.codes,
                                            w.scales).reshape(*lead, F)
   return jnp.einsum("...D,DF->...F", x.astype(dtype), grouped_in_out(w, dtype),
+                    preferred_element_type=jnp.float32)
+
+
+def layer_weights_ok(ws) -> bool:
+  """Whether `layer_linear` takes `ws` (one weight per layer): GGUF blocks of one shape and
+  arithmetic, any block types."""
+  return (len(ws) > 0 and all(isinstance(w, BlockWeight) for w in ws)
+          and len({(w.data.shape[0], w.cols, w.arith) for w in ws}) == 1
+          and all(w.data.ndim == 2 for w in ws))
+
+
+def _layer_call(target: str, out, ws, layer, *first, **attrs):
+  call = jax.ffi.ffi_call(f"vocabjax_{target}", out, vmap_method="sequential")
+  codes = np.asarray([QTYPE_CODES[w.qtype] for w in ws], np.int64)
+  return call(*first, jnp.asarray(layer, jnp.int32), *(w.data for w in ws), qtypes=codes,
+              **attrs)
+
+
+def layer_dequantize(ws, layer) -> jax.Array:
+  """`dequantize(ws[layer])` [F, D] f32 for a traced `layer`, by the kernel (the same values:
+  the in-register decode, `gguf`'s dequantization), reading that layer's blocks in place."""
+  F, D = ws[0].data.shape[0], ws[0].cols
+  return _layer_call("VjLayerDequantize", jax.ShapeDtypeStruct((F, D), jnp.float32), ws, layer)
+
+
+def layer_linear(x: jax.Array, ws, layer, lowering: Lowering) -> jax.Array:
+  """`linear(x, ws[layer])` for GGUF blocks `ws` (one per layer, `layer_weights_ok`) and a
+  layer that is an operand (a traced int32): the decoder's layer loop (`models.llamalike`), one
+  loop body for every layer instead of the layers unrolled into each program's code. The same
+  kernels and arithmetic as `_linear_blocks` on the layer's own weight (the same bits): the
+  kernel reads the layer's blocks where they lie; above the kernel's rows, the layer's values
+  are decoded by the kernel (`layer_dequantize`) once x exists and XLA's dot multiplies them.
+  Needs a CPU-tagged `lowering` with the kernel on and available."""
+  lead, D = x.shape[:-1], x.shape[-1]
+  M = int(np.prod(lead, dtype=np.int64))
+  w0 = ws[0]
+  F = w0.data.shape[0]
+  if D != w0.cols:
+    raise ValueError(f"layer_linear: x's width {D} differs from the weights' {w0.cols}")
+  gemm = (lowering.bf16_blocks and M >= GEMM_MIN_ROWS and w0.arith != "q8"
+          and gemm_available())
+  if M > 0 and (gemm or M <= MAX_ROWS or lowering.any_rows or w0.arith == "q8"):
+    mode = 2 if w0.arith == "q8" else 1 if gemm else 0
+    y = _layer_call("VjLayerMatmul", jax.ShapeDtypeStruct((M, F), jnp.float32), ws, layer,
+                    x.reshape(M, D).astype(jnp.float32), mode=np.int64(mode))
+    return y.reshape(*lead, F)
+  u = widened_after(w0, x, lambda _: layer_dequantize(ws, layer))
+  if lowering.bf16_dots:
+    return bf16_dot(x, u)
+  return jnp.einsum("...D,FD->...F", x.astype(jnp.float32), u,
                     preferred_element_type=jnp.float32)

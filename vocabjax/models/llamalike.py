@@ -24,7 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from vocabjax.kernels.cpu_matmul import attention, linear, row_sum_squares, uses_attention
+from vocabjax.kernels.cpu_matmul import (attention, available, layer_linear, layer_weights_ok,
+                                         linear, row_sum_squares, uses_attention)
 from vocabjax.kernels.blocks import dequantize, grouped_int4, is_blocks, quantize
 from vocabjax.kernels.gather import take_rows
 from vocabjax.lowering import Lowering, lowering_of
@@ -377,6 +378,8 @@ def _proj(x, layer, name, lowering: Lowering):
   result has x's dtype (f32 activations with bf16 weights stay f32)."""
   if name + "_t" in layer:
     return jnp.einsum("BTI,IO->BTO", x, layer[name + "_t"]).astype(x.dtype)
+  if isinstance(layer[name], _LayerOf):
+    return layer_linear(x, layer[name].weights, layer[name].layer, lowering).astype(x.dtype)
   return linear(x, layer[name], layer.get(name + SCALE), lowering=lowering).astype(x.dtype)
 
 
@@ -661,6 +664,11 @@ def _run(params, tokens, positions, cache, mask, prefix_mask, config, capture, f
   bufs = {"global": [cache.k, cache.v], "local": [cache.k_local, cache.v_local]}
   feats = {}
   lowering = lowering_of(params)
+  if loops_layers(params["layers"], config, lowering, cache):
+    x, k, v, feats = _layer_loop(params["layers"], x, cache, write_b, write_s, full_mask, cos,
+                                 sin, config, lowering, capture, fresh, valid_lengths)
+    hidden = norm(x, params["final_norm"], config, lowering)
+    return hidden, cache.replace(k=k, v=v, lengths=cache.lengths + T), feats
   for i, layer in enumerate(params["layers"]):
     layer_mask, layer_cos, layer_sin = per_type[config.is_sliding(i)]
     where, j = cache.buffers(config, i)
@@ -676,6 +684,65 @@ def _run(params, tokens, positions, cache, mask, prefix_mask, config, capture, f
   return hidden, cache.replace(k=bufs["global"][0], v=bufs["global"][1],
                                k_local=bufs["local"][0], v_local=bufs["local"][1],
                                lengths=cache.lengths + T), feats
+
+
+class _LayerOf:
+  """A projection's weights of every layer, read at the layer loop's (traced) layer
+  (`_proj` hands it to `cpu_matmul.layer_linear`)."""
+
+  def __init__(self, weights: tuple, layer: jax.Array):
+    self.weights, self.layer = weights, layer
+
+
+def loops_layers(layers: list, config: LlamaLikeConfig, lowering: Lowering,
+                 cache: KVCache) -> bool:
+  """Whether `forward` runs `layers` as one loop body (`Lowering.layer_loop`): on XLA:CPU with
+  the kernel, every projection GGUF blocks of one shape per name (`layer_weights_ok`; the
+  block types may differ from layer to layer, as a Q4_K_M file's do), every other leaf a
+  vector of one shape, no sliding layers. Otherwise the layers are unrolled."""
+  if not (lowering.layer_loop and lowering.platform == "cpu" and lowering.cpu_kernel
+          and len(layers) > 1 and cache.k_local is None and not config.has_sliding_layers
+          and available()):
+    return False
+  names = set(layers[0])
+  if not set(LAYER_MATRICES) <= names or any(set(layer) != names for layer in layers):
+    return False
+  for name in names:
+    got = [layer[name] for layer in layers]
+    if name in LAYER_MATRICES:
+      if not layer_weights_ok(got):
+        return False
+    elif not all(isinstance(a, (jax.Array, np.ndarray)) and a.ndim <= 1
+                 and a.shape == got[0].shape and a.dtype == got[0].dtype for a in got):
+      return False
+  return True
+
+
+def _layer_loop(layers, x, cache, write_b, write_s, mask, cos, sin, config, lowering, capture,
+                fresh, valid_lengths):
+  """`_run`'s layers as one `fori_loop` body (`loops_layers`): the projections through
+  `layer_linear` (each layer's blocks read in place, the layer an operand), the attention
+  kernel and the cache writes at the traced layer, the norms' and biases' vectors stacked (a
+  few KB a layer). Returns (x, k, v, {layer: output} for `capture`)."""
+  L = len(layers)
+  mats = {n: tuple(layer[n] for layer in layers) for n in LAYER_MATRICES}
+  small = {n: jnp.stack([layer[n] for layer in layers]) for n in layers[0] if n not in mats}
+  slot = jnp.asarray([capture.index(i) if i in capture else len(capture) for i in range(L)],
+                     jnp.int32)
+  outs = jnp.zeros((len(capture) + 1, *x.shape), x.dtype) if capture else None
+
+  def body(i, carry):
+    x, k, v, outs = carry
+    layer = {**{n: _LayerOf(w, i) for n, w in mats.items()}, **{n: a[i] for n, a in small.items()}}
+    x, k, v = decoder_layer(x, layer, 0, k, v, write_b, write_s, mask, cos, sin, config,
+                            fresh=fresh, lowering=lowering, cache_index=i,
+                            valid=valid_lengths if fresh else None)
+    if outs is not None:
+      outs = jax.lax.dynamic_update_index_in_dim(outs, x, slot[i], 0)
+    return x, k, v, outs
+
+  x, k, v, outs = jax.lax.fori_loop(0, L, body, (x, cache.k, cache.v, outs))
+  return x, k, v, {i: outs[j] for j, i in enumerate(capture)}
 
 
 def lm_head_rows(params: Params, config: LlamaLikeConfig) -> tuple[jax.Array, jax.Array | None]:
