@@ -133,6 +133,14 @@ def test_layer_kernels_equal_the_one_weight_path(qtype):
       np.testing.assert_array_equal(got[0], dequantize(wa[layer]))
       want = cpu_matmul.linear(x, wa[layer], lowering=CPU)
       np.testing.assert_array_equal(got[1], want)
+    # after a value: `widened_after`'s bits (-0 made +0); a NaN one makes every value NaN
+    for first in (-2.5, np.nan):
+      after = x.at[0, 0].set(first)
+      got = jax.jit(lambda i, a: cpu_matmul.layer_dequantize(ws, i, a))(1, after)
+      want = cpu_matmul.widened_after(ws[1], after)
+      np.testing.assert_array_equal(np.asarray(got).view(np.uint32),
+                                    np.asarray(want).view(np.uint32))
+      assert np.isnan(np.asarray(got)).all() == np.isnan(first)
 
 
 def test_layer_linear_names_a_width_mismatch():

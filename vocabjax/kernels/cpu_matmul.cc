@@ -1528,9 +1528,13 @@ ffi::Error layer_matmul_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
 }
 
 // out [F, D] f32 = the values of W[layer] (the in-register decode's: `gguf`'s dequantization,
-// what `blocks.dequantize` computes), for XLA's dot in a prefill above MAX_ROWS rows.
+// what `blocks.dequantize` computes) plus min(|after|, 0), for XLA's dot in a prefill above
+// MAX_ROWS rows. `after` (a scalar: the first value of the product's input) makes XLA run the
+// call once that input exists, so each layer's widened matrices are not all live at once;
+// adding min(|after|, 0) (0, or NaN for a NaN) gives `cpu_matmul.widened_after`'s values.
 ffi::Error layer_dequantize_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::S32> layer,
-                                 ffi::RemainingArgs ws, ffi::ResultBuffer<ffi::F32> out,
+                                 ffi::Buffer<ffi::F32> after, ffi::RemainingArgs ws,
+                                 ffi::ResultBuffer<ffi::F32> out,
                                  ffi::Span<const int64_t> qtypes) {
   int64_t l, rb, F;
   const uint8_t* w;
@@ -1540,6 +1544,10 @@ ffi::Error layer_dequantize_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::S32> lay
     return ffi::Error::InvalidArgument("vocabjax layer dequantize: expected out[F, D]");
   const int64_t D = od[1];
   float* op = out->typed_data();
+  if (after.element_count() != 1)
+    return ffi::Error::InvalidArgument("vocabjax layer dequantize: expected a scalar after");
+  const float a = after.typed_data()[0];
+  const float zero = a != a ? a : 0.0f;  // min(|a|, 0) as XLA's minimum computes it
   return by_qtype(qtypes[l], [&](auto tag) -> ffi::Error {
     constexpr QT T = decltype(tag)::value;
     constexpr int64_t V = QTraits<T>::values, B = QTraits<T>::bytes;
@@ -1551,6 +1559,8 @@ ffi::Error layer_dequantize_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::S32> lay
     parallel_for(pool, (F + kChunk - 1) / kChunk, [=](int64_t c) {
       const int64_t r0 = c * kChunk, n = F - r0 < kChunk ? F - r0 : kChunk;
       decode_rows(src, op + r0 * D, D, r0, static_cast<int>(n));
+      float* o = op + r0 * D;
+      for (int64_t i = 0; i < n * D; ++i) o[i] = o[i] + zero;  // -0 -> +0, as widened_after
     });
     return ffi::Error::Success();
   });
@@ -1843,8 +1853,8 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(VjLayerMatmul, layer_matmul_impl,
                                   .Attr<int64_t>("mode"));
 XLA_FFI_DEFINE_HANDLER_SYMBOL(VjLayerDequantize, layer_dequantize_impl,
                               ffi::Ffi::Bind().Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::S32>>().RemainingArgs()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>().Arg<ffi::Buffer<ffi::F32>>()
+                                  .RemainingArgs().Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<ffi::Span<const int64_t>>("qtypes"));
 
 // Whether the bf16 GEMM targets compute (else they return an error): AVX512-BF16 at build time.

@@ -273,9 +273,11 @@ _streamed.defvjp(_streamed_fwd, _streamed_bwd)
 
 
 def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None, *,
-           lowering: Lowering = Lowering()) -> jax.Array:
+           lowering: Lowering = Lowering(), after: jax.Array | None = None) -> jax.Array:
   """y[..., F] = x[..., D] . w[F, D]^T (* scale[F]), accumulated and returned in f32; the kernel
-  where `lowering` and the operands allow it (see the module doc), else `linear_reference`."""
+  where `lowering` and the operands allow it (see the module doc), else `linear_reference`.
+  `after`: where GGUF blocks are widened for XLA's dot, the widening waits for this array
+  (default x: `widened_after`)."""
   if x.shape[-1] != w.shape[-1]:
     raise ValueError(f"linear: x's width {x.shape[-1]} differs from w{tuple(w.shape)}'s "
                      f"input width {w.shape[-1]}")
@@ -285,12 +287,14 @@ def linear(x: jax.Array, w: jax.Array, scale: jax.Array | None = None, *,
     return bf16_dot(x, w)
   if not lowering.platform:  # untagged: the CPU's lowering where the program lowers for a CPU
     return jax.lax.platform_dependent(
-        x, w, cpu=lambda x, w: linear(x, w, scale, lowering=lowering.replace(platform="cpu")),
-        default=lambda x, w: linear(x, w, scale, lowering=lowering.replace(platform="other")))
+        x, w, cpu=lambda x, w: linear(x, w, scale, lowering=lowering.replace(platform="cpu"),
+                                      after=after),
+        default=lambda x, w: linear(x, w, scale, lowering=lowering.replace(platform="other"),
+                                    after=after))
   if isinstance(w, GroupedInt4):
     return _linear_grouped(x, w, lowering)
   if isinstance(w, BlockWeight):
-    return _linear_blocks(x, w, lowering)
+    return _linear_blocks(x, w, lowering, after)
   if lowering.platform in ("gpu", "tpu") and w.dtype == jnp.int8 and scale is not None:
     # the int8 rows straight into XLA's dot (mixed operands, f32 accumulation): XLA:TPU fuses
     # the widening, so the step reads the weight's int8 bytes, not a widened copy
@@ -392,7 +396,8 @@ def indexed_blocks(h: jax.Array, U: BlockWeight, idx: jax.Array) -> jax.Array:
       h, rows, cpu=cpu, default=lambda h, rows: indexed_lm_head_reference(h, U, idx))
 
 
-def _linear_blocks(x: jax.Array, w: BlockWeight, lowering: Lowering) -> jax.Array:
+def _linear_blocks(x: jax.Array, w: BlockWeight, lowering: Lowering,
+                   after: jax.Array | None = None) -> jax.Array:
   """`linear` of GGUF blocks under a platform-tagged `lowering`: the kernel's block targets on
   the CPU (dequantizing in registers), else XLA's dot on the f32 values, each matrix widened
   when its input exists (`widened_after`). Blocks with arith "q8" (x quantized to 8 bits,
@@ -409,7 +414,7 @@ def _linear_blocks(x: jax.Array, w: BlockWeight, lowering: Lowering) -> jax.Arra
     if gemm or M <= MAX_ROWS or lowering.any_rows or w.arith == "q8":
       y = _kernel_call(x.reshape(M, D).astype(jnp.float32), w, None, gemm)
       return y.reshape(*lead, w.shape[0])
-  u = widened_after(w, x)
+  u = widened_after(w, x if after is None else after)
   if lowering.bf16_dots:
     return bf16_dot(x, u)
   return jnp.einsum("...D,FD->...F", x.astype(jnp.float32), u,
@@ -457,28 +462,37 @@ def layer_weights_ok(ws) -> bool:
           and all(w.data.ndim == 2 for w in ws))
 
 
-def _layer_call(target: str, out, ws, layer, *first, **attrs):
+def _layer_call(target: str, out, ws, layer, *args, x=None, **attrs):
+  """The layer target's call: (x,) layer, `args`, then every layer's blocks."""
   call = jax.ffi.ffi_call(f"vocabjax_{target}", out, vmap_method="sequential")
   codes = np.asarray([QTYPE_CODES[w.qtype] for w in ws], np.int64)
-  return call(*first, jnp.asarray(layer, jnp.int32), *(w.data for w in ws), qtypes=codes,
+  lead = () if x is None else (x,)
+  return call(*lead, jnp.asarray(layer, jnp.int32), *args, *(w.data for w in ws), qtypes=codes,
               **attrs)
 
 
-def layer_dequantize(ws, layer) -> jax.Array:
+def layer_dequantize(ws, layer, after: jax.Array | None = None) -> jax.Array:
   """`dequantize(ws[layer])` [F, D] f32 for a traced `layer`, by the kernel (the same values:
-  the in-register decode, `gguf`'s dequantization), reading that layer's blocks in place."""
+  the in-register decode, `gguf`'s dequantization), reading that layer's blocks in place.
+  `after`: computed only once this array exists, as `widened_after(ws[layer], after)` (its
+  values too: plus min(|after's first value|, 0)); XLA otherwise runs such a call, which reads
+  only parameters, early and holds its result."""
   F, D = ws[0].data.shape[0], ws[0].cols
-  return _layer_call("VjLayerDequantize", jax.ShapeDtypeStruct((F, D), jnp.float32), ws, layer)
+  first = (jnp.zeros((), jnp.float32) if after is None else
+           jax.lax.slice(after.reshape(-1), (0,), (1,)).astype(jnp.float32).reshape(()))
+  return _layer_call("VjLayerDequantize", jax.ShapeDtypeStruct((F, D), jnp.float32), ws, layer,
+                     first)
 
 
-def layer_linear(x: jax.Array, ws, layer, lowering: Lowering) -> jax.Array:
+def layer_linear(x: jax.Array, ws, layer, lowering: Lowering,
+                 after: jax.Array | None = None) -> jax.Array:
   """`linear(x, ws[layer])` for GGUF blocks `ws` (one per layer, `layer_weights_ok`) and a
   layer that is an operand (a traced int32): the decoder's layer loop (`models.llamalike`), one
   loop body for every layer instead of the layers unrolled into each program's code. The same
   kernels and arithmetic as `_linear_blocks` on the layer's own weight (the same bits): the
   kernel reads the layer's blocks where they lie; above the kernel's rows, the layer's values
   are decoded by the kernel (`layer_dequantize`) once x exists and XLA's dot multiplies them.
-  Needs a CPU-tagged `lowering` with the kernel on and available."""
+  Needs a CPU-tagged `lowering` with the kernel on and available; `after` as `linear`'s."""
   lead, D = x.shape[:-1], x.shape[-1]
   M = int(np.prod(lead, dtype=np.int64))
   w0 = ws[0]
@@ -490,9 +504,9 @@ def layer_linear(x: jax.Array, ws, layer, lowering: Lowering) -> jax.Array:
   if M > 0 and (gemm or M <= MAX_ROWS or lowering.any_rows or w0.arith == "q8"):
     mode = 2 if w0.arith == "q8" else 1 if gemm else 0
     y = _layer_call("VjLayerMatmul", jax.ShapeDtypeStruct((M, F), jnp.float32), ws, layer,
-                    x.reshape(M, D).astype(jnp.float32), mode=np.int64(mode))
+                    x=x.reshape(M, D).astype(jnp.float32), mode=np.int64(mode))
     return y.reshape(*lead, F)
-  u = widened_after(w0, x, lambda _: layer_dequantize(ws, layer))
+  u = layer_dequantize(ws, layer, x if after is None else after)
   if lowering.bf16_dots:
     return bf16_dot(x, u)
   return jnp.einsum("...D,FD->...F", x.astype(jnp.float32), u,

@@ -6,7 +6,8 @@ strings), L layers (the package-wide legend: docs/engine.md, "Letters").
 
 Params are a plain pytree: `layers` is a list of per-layer dicts and the layer loop is unrolled
 at trace time (stacked weights under `lax.scan` copy each slice on XLA:CPU, slower in
-memory-bound decoding); linear weights are stored [out, in] as in PyTorch (`'BTD,FD->BTF'`),
+memory-bound decoding), except for GGUF blocks on XLA:CPU, whose layers run as one loop body
+with the layer an operand of the kernels (`loops_layers`, docs/engine.md "The layer loop"); linear weights are stored [out, in] as in PyTorch (`'BTD,FD->BTF'`),
 whose matvec is faster there (docs/engine.md, 'Layout'). The embedding and the LM head are [V, D],
 so a vocabulary policy can index LM-head rows directly. A traced program's
 `vocabjax.lowering.Lowering` travels in the params under `lowering.KEY`: `forward` (which returns
@@ -319,7 +320,10 @@ def decoder_layer(x, layer, i, k_all, v_all, write_b, write_s, mask, cos, sin, c
   x = x + out
 
   h = norm(x, layer["mlp_norm"], c, lw)
-  gate, up = _proj(h, layer, "w_gate", lw), _proj(h, layer, "w_up", lw)
+  # up's weights widened (a prefill above the kernel's rows) only once gate's product exists:
+  # one widened MLP matrix at a time in the program's buffers, not two
+  gate = _proj(h, layer, "w_gate", lw)
+  up = _proj(h, layer, "w_up", lw, after=gate)
   act = jax.nn.silu(gate) if c.hidden_act == "silu" else jax.nn.gelu(gate, approximate=True)
   out = _proj(act * up, layer, "w_down", lw)
   if c.sandwich_norms:
@@ -372,15 +376,18 @@ def write_block(buf: jax.Array, i: int, new: jax.Array, start: jax.Array, *,
   return jax.vmap(row, in_axes=(1, 0, 0), out_axes=1)(buf, new, start)
 
 
-def _proj(x, layer, name, lowering: Lowering):
+def _proj(x, layer, name, lowering: Lowering, after=None):
   """x [B, T, in] through weight `name`: stored [out, in] (the CPU kernel's or XLA's dot, see
   `vocabjax.kernels.cpu_matmul.linear`), or (MLP, as `name_t`) [in, out] for XLA's GEMM. The
-  result has x's dtype (f32 activations with bf16 weights stay f32)."""
+  result has x's dtype (f32 activations with bf16 weights stay f32). `after`: what a widening
+  of blocks waits for (`linear`'s)."""
   if name + "_t" in layer:
     return jnp.einsum("BTI,IO->BTO", x, layer[name + "_t"]).astype(x.dtype)
   if isinstance(layer[name], _LayerOf):
-    return layer_linear(x, layer[name].weights, layer[name].layer, lowering).astype(x.dtype)
-  return linear(x, layer[name], layer.get(name + SCALE), lowering=lowering).astype(x.dtype)
+    return layer_linear(x, layer[name].weights, layer[name].layer, lowering,
+                        after).astype(x.dtype)
+  return linear(x, layer[name], layer.get(name + SCALE), lowering=lowering,
+                after=after).astype(x.dtype)
 
 
 
