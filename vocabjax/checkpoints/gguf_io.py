@@ -449,7 +449,9 @@ def load_gguf_tokenizer(path: str | os.PathLike, cache_root: Path | None = None,
   (Qwen2Tokenizer, ...) rebuilds its own pre-tokenizer instead, which for a GGUF vocabulary
   whose converter wrote another one splits text differently from the first build. `key`: the
   file's `tokenizer_key` where the caller has it (else the file is parsed for it)."""
-  from transformers import AutoTokenizer, PreTrainedTokenizerFast
+  # (AutoTokenizer only to build: importing it imports torch, 0.18 GiB of resident memory that
+  # every run reading the cached tokenizer would carry)
+  from transformers import PreTrainedTokenizerFast
 
   path = Path(path).resolve()
   key = key or tokenizer_key(open_gguf(path))
@@ -457,6 +459,8 @@ def load_gguf_tokenizer(path: str | os.PathLike, cache_root: Path | None = None,
   if (cached / "tokenizer_config.json").exists():
     return PreTrainedTokenizerFast.from_pretrained(cached)
   import importlib.util
+
+  from transformers import AutoTokenizer
 
   if importlib.util.find_spec("torch") is None:
     raise ImportError(f"building the tokenizer of {path.name} uses transformers' GGUF reader, "

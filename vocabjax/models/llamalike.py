@@ -706,10 +706,11 @@ def loops_layers(layers: list, config: LlamaLikeConfig, lowering: Lowering,
   """Whether `forward` runs `layers` as one loop body (`Lowering.layer_loop`): on XLA:CPU with
   the kernel, every projection GGUF blocks of one shape per name (`layer_weights_ok`; the
   block types may differ from layer to layer, as a Q4_K_M file's do), every other leaf a
-  vector of one shape, no sliding layers. Otherwise the layers are unrolled."""
+  vector of one shape, no sliding layers, one device (no mesh). Otherwise the layers are
+  unrolled."""
   if not (lowering.layer_loop and lowering.platform == "cpu" and lowering.cpu_kernel
-          and len(layers) > 1 and cache.k_local is None and not config.has_sliding_layers
-          and available()):
+          and lowering.mesh is None and len(layers) > 1 and cache.k_local is None
+          and not config.has_sliding_layers and available()):
     return False
   names = set(layers[0])
   if not set(LAYER_MATRICES) <= names or any(set(layer) != names for layer in layers):
