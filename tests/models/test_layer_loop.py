@@ -147,3 +147,30 @@ def test_layer_linear_names_a_width_mismatch():
   ws = (from_numpy(random_blocks("Q4_0", 8, 64), "Q4_0", 64),) * 2
   with pytest.raises(ValueError, match="x's width 32 differs from the weights' 64"):
     cpu_matmul.layer_linear(jnp.zeros((1, 32)), ws, 0, CPU)
+
+
+@pytest.mark.extended
+def test_layer_kernels_agree_across_builds(tmp_path):
+  """The layer targets in every build of the kernel (native, AVX2, portable, AVX-512 without
+  VNNI): the same bits, for each block type and both arithmetics."""
+  from tests.helpers.blocks import builds_agree
+
+  code = (
+      "import jax, jax.numpy as jnp, numpy as np\n"
+      "from tests.helpers.blocks import random_blocks\n"
+      "from vocabjax.kernels.blocks import BLOCK_TYPES, Q8_TYPES, from_numpy, with_arith\n"
+      "from vocabjax.kernels.cpu_matmul import layer_dequantize, layer_linear\n"
+      "from vocabjax.lowering import Lowering\n"
+      "x = jnp.asarray(np.random.RandomState(2).randn(12, 512), jnp.float32)\n"
+      "out = {}\n"
+      "for q in sorted(BLOCK_TYPES):\n"
+      "  ws = (from_numpy(random_blocks('Q8_0', 40, 512, seed=4), 'Q8_0', 512),\n"
+      "        from_numpy(random_blocks(q, 40, 512, seed=5), q, 512))\n"
+      "  for arith in ('exact', 'q8') if q in Q8_TYPES else ('exact',):\n"
+      "    wa = tuple(with_arith({'w': w}, arith)['w'] for w in ws)\n"
+      "    out[f'{q}_{arith}_deq'] = np.asarray(layer_dequantize(wa, 1, x))\n"
+      "    for m in (1, 3, 12):\n"
+      "      out[f'{q}_{arith}_{m}'] = np.asarray(layer_linear(x[:m], wa, 1,\n"
+      "                                                        Lowering(platform='cpu')))\n"
+      "np.savez(__import__('sys').argv[1], **out)\n")
+  builds_agree(tmp_path, code)

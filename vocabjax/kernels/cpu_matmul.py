@@ -464,6 +464,8 @@ def layer_weights_ok(ws) -> bool:
 
 def _layer_call(target: str, out, ws, layer, *args, x=None, **attrs):
   """The layer target's call: (x,) layer, `args`, then every layer's blocks."""
+  if not available():
+    raise RuntimeError(f"the CPU kernel's layer targets are unavailable: {_built['error']}")
   call = jax.ffi.ffi_call(f"vocabjax_{target}", out, vmap_method="sequential")
   codes = np.asarray([QTYPE_CODES[w.qtype] for w in ws], np.int64)
   lead = () if x is None else (x,)
