@@ -349,8 +349,8 @@ def attention(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array,
   block's rows are its one-token steps' bit for bit; XLA:CPU's einsums and fused softmax round
   blocks of 3 or more queries differently). Check `uses_attention` first.
 
-  `layer`: k and v are the stacked caches [L, B, S, N, hd] and the kernel reads layer `layer`
-  where it lies (XLA:CPU copied a slice k[layer] out of the stack: per layer and step, a cost
+  `layer` (an int, or a traced int32 scalar: the layer loop's): k and v are the stacked caches
+  [L, B, S, N, hd] and the kernel reads layer `layer` where it lies (XLA:CPU copied a slice k[layer] out of the stack: per layer and step, a cost
   proportional to the cache's size S)."""
   if not available():
     raise RuntimeError(f"the CPU attention kernel is unavailable: {_built['error']}")

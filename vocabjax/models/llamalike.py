@@ -7,8 +7,9 @@ strings), L layers (the package-wide legend: docs/engine.md, "Letters").
 Params are a plain pytree: `layers` is a list of per-layer dicts and the layer loop is unrolled
 at trace time (stacked weights under `lax.scan` copy each slice on XLA:CPU, slower in
 memory-bound decoding), except for GGUF blocks on XLA:CPU, whose layers run as one loop body
-with the layer an operand of the kernels (`loops_layers`, docs/engine.md "The layer loop"); linear weights are stored [out, in] as in PyTorch (`'BTD,FD->BTF'`),
-whose matvec is faster there (docs/engine.md, 'Layout'). The embedding and the LM head are [V, D],
+with the layer an operand of the kernels (`loops_layers`, docs/engine.md "The layer loop");
+linear weights are stored [out, in] as in PyTorch (`'BTD,FD->BTF'`), whose matvec is faster
+there (docs/engine.md, 'Layout'). The embedding and the LM head are [V, D],
 so a vocabulary policy can index LM-head rows directly. A traced program's
 `vocabjax.lowering.Lowering` travels in the params under `lowering.KEY`: `forward` (which returns
 the final *normed* hidden state) and `lm_head` lower their projections and cache writes as it
@@ -741,7 +742,8 @@ def _layer_loop(layers, x, cache, write_b, write_s, mask, cos, sin, config, lowe
 
   def body(i, carry):
     x, k, v, outs = carry
-    layer = {**{n: _LayerOf(w, i) for n, w in mats.items()}, **{n: a[i] for n, a in small.items()}}
+    layer = {n: _LayerOf(w, i) for n, w in mats.items()}
+    layer.update({n: a[i] for n, a in small.items()})
     x, k, v = decoder_layer(x, layer, 0, k, v, write_b, write_s, mask, cos, sin, config,
                             fresh=fresh, lowering=lowering, cache_index=i,
                             valid=valid_lengths if fresh else None)
