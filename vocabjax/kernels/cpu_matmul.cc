@@ -180,6 +180,10 @@ template <> struct QTraits<QT::Q8_0> { static constexpr int64_t values = 32, byt
 template <> struct QTraits<QT::Q4_K> { static constexpr int64_t values = 256, bytes = 144; };
 template <> struct QTraits<QT::Q5_K> { static constexpr int64_t values = 256, bytes = 176; };
 template <> struct QTraits<QT::Q6_K> { static constexpr int64_t values = 256, bytes = 210; };
+// whether rows of `row_bytes` bytes hold D values in whole blocks of type T
+template <QT T> constexpr bool whole_blocks(int64_t D, int64_t row_bytes) {
+  return D % QTraits<T>::values == 0 && row_bytes == D / QTraits<T>::values * QTraits<T>::bytes;
+}
 
 inline float f16_to_f32(const uint8_t* p) {  // little-endian float16 -> f32 (exact)
   uint16_t h;
@@ -855,8 +859,7 @@ template <bool Gemm, QT T>
 ffi::Error matmul_blocks_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                               ffi::Buffer<ffi::U8> w, ffi::ResultBuffer<ffi::F32> y) {
   auto xd = x.dimensions(), wd = w.dimensions();
-  constexpr int64_t V = QTraits<T>::values, B = QTraits<T>::bytes;
-  if (xd.size() != 2 || wd.size() != 2 || xd[1] % V != 0 || wd[1] != xd[1] / V * B)
+  if (xd.size() != 2 || wd.size() != 2 || !whole_blocks<T>(xd[1], wd[1]))
     return ffi::Error::InvalidArgument(
         "vocabjax matmul: expected x[M, D] with D whole blocks, w[F, D / values * bytes]");
   const Blocked<T> src{w.typed_data(), wd[1]};
@@ -884,6 +887,9 @@ ffi::Error matmul_blocks_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
 // Codes are unsigned with an offset (Q4_0: q - 8, Q5_0: q - 16, Q6_K: q - 32, the offset's
 // products subtracted lane by lane) or signed bytes (Q8_0, through maddubs' sign trick).
 enum class Q8Kind { K256, L32 };
+// the types with an int8-activation kernel (blocks.Q8_TYPES; the VjQ8Matmul targets)
+template <QT T> constexpr bool kHasQ8 = T == QT::Q4_0 || T == QT::Q5_0 || T == QT::Q8_0 ||
+                                        T == QT::Q4_K || T == QT::Q6_K;
 template <QT T> constexpr Q8Kind kQ8Kind = Q8Kind::L32;
 template <> constexpr Q8Kind kQ8Kind<QT::Q4_K> = Q8Kind::K256;
 template <> constexpr Q8Kind kQ8Kind<QT::Q6_K> = Q8Kind::K256;
@@ -1442,8 +1448,7 @@ template <QT T>
 ffi::Error matmul_q8_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::U8> w,
                           ffi::ResultBuffer<ffi::F32> y) {
   auto xd = x.dimensions(), wd = w.dimensions();
-  constexpr int64_t V = QTraits<T>::values, B = QTraits<T>::bytes;
-  if (xd.size() != 2 || wd.size() != 2 || xd[1] % V != 0 || wd[1] != xd[1] / V * B)
+  if (xd.size() != 2 || wd.size() != 2 || !whole_blocks<T>(xd[1], wd[1]))
     return ffi::Error::InvalidArgument(
         "vocabjax matmul: expected x[M, D] with D whole blocks, w[F, D / values * bytes]");
   q8_matmul<T>(pool, x.typed_data(), w.typed_data(), wd[1], y->typed_data(), xd[0], xd[1], wd[0]);
@@ -1507,13 +1512,11 @@ ffi::Error layer_matmul_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   const int64_t M = xd[0], D = xd[1];
   return by_qtype(qtypes[l], [&](auto tag) -> ffi::Error {
     constexpr QT T = decltype(tag)::value;
-    constexpr int64_t V = QTraits<T>::values, B = QTraits<T>::bytes;
-    if (D % V != 0 || rb != D / V * B)
+    if (!whole_blocks<T>(D, rb))
       return ffi::Error::InvalidArgument(
           "vocabjax layer matmul: expected x[M, D] with D whole blocks, w[F, D / values * bytes]");
     if (mode == 2) {
-      if constexpr (T == QT::Q4_0 || T == QT::Q5_0 || T == QT::Q8_0 || T == QT::Q4_K ||
-                    T == QT::Q6_K) {
+      if constexpr (kHasQ8<T>) {
         q8_matmul<T>(pool, x.typed_data(), w, rb, y->typed_data(), M, D, F);
         return ffi::Error::Success();
       } else {
@@ -1550,8 +1553,7 @@ ffi::Error layer_dequantize_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::S32> lay
   const float zero = a != a ? a : 0.0f;  // min(|a|, 0) as XLA's minimum computes it
   return by_qtype(qtypes[l], [&](auto tag) -> ffi::Error {
     constexpr QT T = decltype(tag)::value;
-    constexpr int64_t V = QTraits<T>::values, B = QTraits<T>::bytes;
-    if (D % V != 0 || rb != D / V * B)
+    if (!whole_blocks<T>(D, rb))
       return ffi::Error::InvalidArgument(
           "vocabjax layer dequantize: expected out[F, D] with D whole blocks");
     const Blocked<T> src{w, rb};

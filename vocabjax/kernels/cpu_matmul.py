@@ -409,12 +409,27 @@ def _linear_blocks(x: jax.Array, w: BlockWeight, lowering: Lowering,
   float_x = jnp.dtype(x.dtype).name in ("float32", "bfloat16")
   on_kernel = lowering.cpu_kernel and lowering.platform == "cpu" and float_x and M > 0
   if on_kernel and available():
-    gemm = (lowering.bf16_blocks and M >= GEMM_MIN_ROWS and w.arith != "q8"
-            and gemm_available())
-    if gemm or M <= MAX_ROWS or lowering.any_rows or w.arith == "q8":
-      y = _kernel_call(x.reshape(M, D).astype(jnp.float32), w, None, gemm)
+    how = _blocks_kernel(M, w, lowering)
+    if how is not None:
+      y = _kernel_call(x.reshape(M, D).astype(jnp.float32), w, None, how == "gemm")
       return y.reshape(*lead, w.shape[0])
-  u = widened_after(w, x if after is None else after)
+  return _widened_dot(x, widened_after(w, x if after is None else after), lowering)
+
+
+def _blocks_kernel(M: int, w: BlockWeight, lowering: Lowering) -> str | None:
+  """How the CPU kernel multiplies M > 0 rows of x by blocks `w` (the kernel on and
+  available): "gemm" (the bf16 GEMM, `Lowering.bf16_blocks`), "rows" (the streaming or int8
+  kernel), or None: XLA's dot over the widened values (`_widened_dot`)."""
+  if (lowering.bf16_blocks and M >= GEMM_MIN_ROWS and w.arith != "q8"
+      and gemm_available()):
+    return "gemm"
+  if M <= MAX_ROWS or lowering.any_rows or w.arith == "q8":
+    return "rows"
+  return None
+
+
+def _widened_dot(x: jax.Array, u: jax.Array, lowering: Lowering) -> jax.Array:
+  """x [..., D] . u [F, D]^T for blocks' widened f32 values u, f32-accumulated."""
   if lowering.bf16_dots:
     return bf16_dot(x, u)
   return jnp.einsum("...D,FD->...F", x.astype(jnp.float32), u,
@@ -501,15 +516,10 @@ def layer_linear(x: jax.Array, ws, layer, lowering: Lowering,
   F = w0.data.shape[0]
   if D != w0.cols:
     raise ValueError(f"layer_linear: x's width {D} differs from the weights' {w0.cols}")
-  gemm = (lowering.bf16_blocks and M >= GEMM_MIN_ROWS and w0.arith != "q8"
-          and gemm_available())
-  if M > 0 and (gemm or M <= MAX_ROWS or lowering.any_rows or w0.arith == "q8"):
-    mode = 2 if w0.arith == "q8" else 1 if gemm else 0
+  how = _blocks_kernel(M, w0, lowering) if M > 0 else None
+  if how is not None:
+    mode = 2 if w0.arith == "q8" else 1 if how == "gemm" else 0
     y = _layer_call("VjLayerMatmul", jax.ShapeDtypeStruct((M, F), jnp.float32), ws, layer,
                     x=x.reshape(M, D).astype(jnp.float32), mode=np.int64(mode))
     return y.reshape(*lead, F)
-  u = layer_dequantize(ws, layer, x if after is None else after)
-  if lowering.bf16_dots:
-    return bf16_dot(x, u)
-  return jnp.einsum("...D,FD->...F", x.astype(jnp.float32), u,
-                    preferred_element_type=jnp.float32)
+  return _widened_dot(x, layer_dequantize(ws, layer, x if after is None else after), lowering)
