@@ -61,19 +61,29 @@ def _rule(r: dict) -> str:
   return "; ".join(parts)
 
 
-def _decode(dec, rows, B, max_new_tokens):
-  """(outputs, decode seconds summed over the batches, steps, accepted, stats of each batch)."""
-  outs, secs, steps, acc, stats = [], 0.0, 0, 0, []
-  for i in range(0, len(rows), B):
-    res = dec.generate(rows[i:i + B], max_new_tokens=max_new_tokens, eos_token_ids=())
-    outs += res.tokens
+def _decode(decs, rows, B, max_new_tokens, interleave=False):
+  """{name: (outputs, decode seconds summed over the batches, steps, accepted, stats of each
+  batch)} for `decs` ({name: decoder}): each method over every batch in turn, or with
+  `interleave` every method on a batch before the next batch (the order rotated batch by batch,
+  so the host's drift over minutes falls on every method alike)."""
+  got = {name: ([], 0.0, 0, 0, []) for name in decs}
+  names = list(decs)
+  chunks = list(range(0, len(rows), B))
+  plan = ([(name, i) for j, i in enumerate(chunks)
+           for name in names[j % len(names):] + names[:j % len(names)]] if interleave else
+          [(name, i) for name in names for i in chunks])
+  for name, i in plan:
+    outs, secs, steps, acc, stats = got[name]
+    res = decs[name].generate(rows[i:i + B], max_new_tokens=max_new_tokens, eos_token_ids=())
+    outs.extend(res.tokens)
     secs += res.decode_s
     s = res.stats
     if s is not None and hasattr(s, "accepted"):
       steps += sum(1 for row in s.active for a in row if a)
       acc += sum(map(sum, s.accepted))
       stats.append(s)
-  return outs, secs, steps, acc, stats
+    got[name] = (outs, secs, steps, acc, stats)
+  return got
 
 
 def main(argv=None) -> int:
@@ -86,6 +96,10 @@ def main(argv=None) -> int:
   ap.add_argument("--repeats", type=int, default=1,
                   help="rounds over every batch size and method, interleaved; the table gives "
                   "each cell's median and its spread")
+  ap.add_argument("--interleave", action="store_true",
+                  help="run every method on a batch before the next batch (the order rotated): "
+                  "the host's drift falls on every method alike; a *_table run then needs its "
+                  "table given (--tables)")
   a = ap.parse_args(argv)
   runs, out, target, draft, rows, qids, commit = pair_setup(a, RUNS)
   given = {}
@@ -99,6 +113,9 @@ def main(argv=None) -> int:
   for name, _, params in runs:
     if name in given:
       continue
+    if "sizing_table" in params and a.interleave:
+      raise SystemExit(f"--interleave: give {name}'s table (--tables {name}=BATCH:LENGTH,...); "
+                       f"it cannot learn it from a run beside it")
     if "sizing_table" in params and params["sizing_table"] not in a.methods[:a.methods.index(name)]:
       raise SystemExit(f"--methods: {name} takes the table {params['sizing_table']} learns; "
                        f"run that one before it")
@@ -108,20 +125,38 @@ def main(argv=None) -> int:
          + (f" --target-dtype {a.target_dtype}" if a.target_dtype else "")
          + f" --draft-dtype {a.draft_dtype}"
          + (f" --tables {' '.join(a.tables)}" if a.tables else "")
-         + (f" --repeats {a.repeats}" if a.repeats > 1 else "") + f" --out {a.out}")
+         + (f" --repeats {a.repeats}" if a.repeats > 1 else "")
+         + (" --interleave" if a.interleave else "") + f" --out {a.out}")
   results, learned = [], {}  # learned: a self-sized run's table, batch size by batch size
+
+  def make(name, method, params):
+    """(params with its table resolved, the decoder): a given table, or the one its
+    calibration run measured so far."""
+    if name in given:
+      params = {**params, "sizing_table": given[name]}
+    elif "sizing_table" in params:
+      params = {**params, "sizing_table": ",".join(
+          f"{b}:{n}" for b, n in sorted(learned[params["sizing_table"]].items()))}
+    return params, METHODS[method].make(target, draft if METHODS[method].needs_draft else None,
+                                        params)
+
   for rnd, B in [(r, B) for r in range(a.repeats) for B in a.batches]:
     ref = None
-    for name, method, params in runs:
-      if name in given:
-        params = {**params, "sizing_table": given[name]}
-      elif "sizing_table" in params:  # the table its calibration run measured so far
-        params = {**params, "sizing_table": ",".join(
-            f"{b}:{n}" for b, n in sorted(learned[params["sizing_table"]].items()))}
-      dec = METHODS[method].make(target, draft if METHODS[method].needs_draft else None, params)
+    if a.interleave:  # every table given: the decoders made at once, run side by side
+      made = {name: make(name, method, params) for name, method, params in runs}
       t0 = time.perf_counter()
-      outs, secs, steps, acc, stats = _decode(dec, rows, B, a.max_new_tokens)
-      wall = time.perf_counter() - t0
+      got = _decode({name: dec for name, (_, dec) in made.items()}, rows, B,
+                    a.max_new_tokens, interleave=True)
+      wall = time.perf_counter() - t0  # the round's, every method's together
+    for name, method, params in runs:
+      if a.interleave:
+        params, dec = made[name]
+      else:  # one method after another: a *_table run takes what the runs before it learned
+        params, dec = make(name, method, params)
+        t0 = time.perf_counter()
+        got = _decode({name: dec}, rows, B, a.max_new_tokens)
+        wall = time.perf_counter() - t0
+      outs, secs, steps, acc, stats = got[name]
       if ref is None:
         ref = outs
       if params.get("self_sizing"):
@@ -168,9 +203,14 @@ def main(argv=None) -> int:
       speed = f"{sorted(sp)[len(sp) // 2]:.2f}x ({min(sp):.2f}-{max(sp):.2f})"
     lines.append(f"| {r['batch']} | {r['method']} | {tok} | {speed} | "
                  f"{tau} | {r['equal_ar']} | {rule} |")
+  if learned:  # what a calibration run hands a later one (--tables)
+    lines += ["", "Learned tables (BATCH:LENGTH, for `--tables`): " + " ".join(
+        f"`{name.replace('_sized', '_table')}={','.join(f'{b}:{n}' for b, n in sorted(t.items()))}`"
+        for name, t in learned.items())]
   atomic_write_text(out / "sizing_batch.md", "\n".join(lines) + "\n")
   atomic_write_text(out / "sizing_batch.json", json.dumps(
-      {"command": cmd, "commit": commit, "rows": qids, "results": results}, indent=1,
+      {"command": cmd, "commit": commit, "rows": qids, "results": results,
+       "learned_tables": learned}, indent=1,
       default=str) + "\n")
   print("\n".join(lines))
   return 0

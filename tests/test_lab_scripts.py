@@ -2,6 +2,7 @@
 run's step timing), loaded by path: they are not part of the package."""
 
 import json
+import types
 
 import pytest
 from tests.helpers.lab import load_script, tiny_configs
@@ -103,3 +104,29 @@ def test_sizing_batch_takes_each_cells_median_round(monkeypatch):
   assert got["ar"]["tok_s"] == 11.0 and got["ar"]["rounds"] == [10.0, 12.0, 11.0]
   assert got["x"]["tok_s"] == 9.0 and got["x"]["tau"] == 0 and got["x"]["round"] == 0
   assert got["x"]["equal_ar"] is False and got["ar"]["equal_ar"] is True
+
+
+def test_sizing_batch_interleaves_methods_batch_by_batch(monkeypatch):
+  """eval/sizing_batch.py --interleave: every method decodes a batch before the next batch, the
+  order rotated batch by batch; each method's tokens and decode seconds summed over its batches."""
+  monkeypatch.syspath_prepend(str(script_path("sizing_batch").parent))
+  sb = load_script("sizing_batch")
+  calls = []
+
+  class Fake:
+    def __init__(self, name):
+      self.name = name
+
+    def generate(self, rows, max_new_tokens, eos_token_ids):
+      calls.append((self.name, rows[0]))
+      return types.SimpleNamespace(tokens=[[r] for r in rows], decode_s=1.0 + len(rows),
+                                   stats=None)
+
+  decs = {n: Fake(n) for n in ("ar", "x", "y")}
+  got = sb._decode(decs, [0, 1, 2, 3, 4, 5], 2, 8, interleave=True)
+  assert calls == [("ar", 0), ("x", 0), ("y", 0), ("x", 2), ("y", 2), ("ar", 2),
+                   ("y", 4), ("ar", 4), ("x", 4)]
+  assert got["x"][0] == [[0], [1], [2], [3], [4], [5]] and got["x"][1] == 9.0
+  calls.clear()
+  sb._decode(decs, [0, 1, 2, 3], 2, 8)
+  assert calls == [("ar", 0), ("ar", 2), ("x", 0), ("x", 2), ("y", 0), ("y", 2)]
