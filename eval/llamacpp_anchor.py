@@ -126,6 +126,7 @@ def run_llamacpp_speculative(args, qs) -> dict:
 def run_vocabjax(args, qs) -> dict:
   from vocabjax.checkpoints.loader import load_model
   from vocabjax.decoding.autoregressive import Decoder
+  from vocabjax.decoding.profile import step_split
   from vocabjax.decoding.drafter import ChainProposer, TreeProposer
   from vocabjax.decoding.pld import LookupProposer
   from vocabjax.decoding.speculative import SpeculativeEngine
@@ -140,6 +141,9 @@ def run_vocabjax(args, qs) -> dict:
     methods = {
         "vocabjax chain (gamma 3)": lambda: SpeculativeEngine(
             t.params, t.config, ChainProposer(d.params, d.config, t.config, gamma=3)),
+        "vocabjax chain (self-sized, gamma 0-3)": lambda: SpeculativeEngine(
+            t.params, t.config, ChainProposer(d.params, d.config, t.config, gamma=3),
+            self_sizing=True),
         "vocabjax tree (k 2, depth 4, 8 nodes)": lambda: SpeculativeEngine(
             t.params, t.config, TreeProposer(d.params, d.config, t.config,
                                              tree=TreeParams(2, 4, 8))),
@@ -157,10 +161,18 @@ def run_vocabjax(args, qs) -> dict:
       res = dec.generate([ids], max_new_tokens=args.max_new_tokens, max_len=2048,
                          eos_token_ids=t.eos_token_ids)
       dt = time.perf_counter() - t0
+      st = res.stats
       gens.append({"qid": qid, "tokens": res.tokens[0], "seconds": dt,
-                   **({"tau": res.stats.tau} if hasattr(res.stats, "tau") else {})})
+                   "prefill_s": res.prefill_s, "decode_s": res.decode_s,
+                   "steps": getattr(st, "target_forwards", len(res.tokens[0]) - 1),
+                   **({"tau": st.tau} if hasattr(st, "tau") else {}),
+                   **({"sized": st.sizing["choices"]} if getattr(st, "sizing", None) else {})})
       print(f"  {name} {qid} {len(res.tokens[0])} tokens {dt:.1f} s", file=sys.stderr, flush=True)
-    out[name + (f" [{dtype}]" if dtype else "")] = {"generations": gens, "peak_gb": peak_gb()}
+    entry = {"generations": gens, "peak_gb": peak_gb()}
+    if dec.times_step_parts:  # where a step's time goes (vocabjax.decoding.profile)
+      split = step_split(dec, batch_size=1, max_len=2048)
+      entry["step_split"] = split.as_dict()
+    out[name + (f" [{dtype}]" if dtype else "")] = entry
     del dec
   return out
 
@@ -195,6 +207,45 @@ def table(results: dict) -> list[str]:
                   if gs and ref is not None else "-")
     rows.append(f"| {name} | {rate(m):.2f} | {rate(m) / base:.2f}x | {same[0]} | {same[1]} | "
                 f"{m['peak_gb']:.2f} |")
+  return rows
+
+
+def split_rows(results: dict) -> list[str]:
+  """Where each vocabjax method's time goes (markdown): prompt processing and decoding summed
+  over the questions, decoding's steps and tokens per step, a step's parts timed apart
+  (`vocabjax.decoding.profile.step_split`: drafter layers, drafter head, the verified block,
+  one plain target step), and the tokens per step decoding would need, after the same prompt
+  processing, for 1.5x llama.cpp's plain tok/s."""
+  methods = {k: v for part in results.values() for k, v in part.items()
+             if isinstance(v, dict) and "generations" in v}
+  g0 = methods["llama.cpp plain"]["generations"]
+  goal = 1.5 * sum(len(g["tokens"]) for g in g0) / sum(g["seconds"] for g in g0)
+  rows = ["| method | prompt s | decode s | steps | tokens a step | ms a step | drafter, its head, "
+          "verification, plain step (ms) | tokens a step for 1.5x llama.cpp plain |",
+          "|---|---|---|---|---|---|---|---|"]
+  for name, m in methods.items():
+    gs = m["generations"]
+    if not name.startswith("vocabjax") or "decode_s" not in gs[0]:
+      continue
+    pre, dec = sum(g["prefill_s"] for g in gs), sum(g["decode_s"] for g in gs)
+    steps = sum(g["steps"] for g in gs)
+    new = sum(len(g["tokens"]) for g in gs)
+    later = new - len(gs)  # a prompt's prefill gives its first token
+    budget = new / goal - pre - sum(g["seconds"] - g["prefill_s"] - g["decode_s"] for g in gs)
+    need = (f"{later / (budget / (dec / steps)):.2f}" if budget > 0 else
+            "none: prompt processing alone takes longer")
+    sp = m.get("step_split")
+    parts = (", ".join(f"{1000 * sp[k]:.1f}" for k in ("drafter_s", "drafter_head_s",
+                                                         "verification_s", "target_step_s"))
+             + f" ({sp['verify_tokens']} tokens verified)" if sp else "-")
+    sized = {}
+    for g in gs:
+      for n, c in (g.get("sized") or {}).items():
+        sized[n] = sized.get(n, 0) + c
+    chose = (" (drafts chosen: " + ", ".join(f"{n}: {c}" for n, c in sorted(
+        sized.items(), key=lambda x: int(x[0]))) + ")") if sized else ""
+    rows.append(f"| {name}{chose} | {pre:.2f} | {dec:.2f} | {steps} | {later / steps:.2f} | "
+                f"{1000 * dec / steps:.1f} | {parts} | {need} |")
   return rows
 
 
@@ -252,7 +303,11 @@ def main(argv=None) -> int:
            f"{args.max_new_tokens} new tokens, greedy, the default suite's prompts; vocabjax's "
            f"weights: " + "; ".join(v.get("weights") for k, v in results.items()
                                     if k.startswith("vocabjax-spec")) + ".", "",
-           *table(results), ""]
+           *table(results), "",
+           "Where vocabjax's time goes (tokens a step: new tokens after each prompt's first "
+           "over the decoding steps; the last column: tokens a step that would reach 1.5x "
+           "llama.cpp's plain tok/s with the same prompt processing and ms a step):", "",
+           *split_rows(results), ""]
   (out / "README.md").write_text("\n".join(lines))
   print("\n".join(lines))
   return 0

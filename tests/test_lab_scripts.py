@@ -130,3 +130,29 @@ def test_sizing_batch_interleaves_methods_batch_by_batch(monkeypatch):
   calls.clear()
   sb._decode(decs, [0, 1, 2, 3], 2, 8)
   assert calls == [("ar", 0), ("ar", 2), ("x", 0), ("x", 2), ("y", 0), ("y", 2)]
+
+
+def test_llamacpp_anchor_splits_where_the_time_goes():
+  """eval/llamacpp_anchor.py's split table: prompt and decode seconds summed, tokens a step after
+  each prompt's first, a step's parts in ms, and the tokens a step 1.5x llama.cpp plain needs."""
+  an = load_script("llamacpp_anchor")
+  plain = {"generations": [{"qid": 1, "tokens": list(range(10)), "seconds": 2.0}],
+           "peak_gb": 1.0}
+  gen = {"qid": 1, "tokens": list(range(10)), "seconds": 2.5, "prefill_s": 0.5,
+         "decode_s": 1.8, "steps": 3, "sized": {"0": 1, "3": 2}}
+  split = {"drafter_s": 0.1, "drafter_head_s": 0.05, "verification_s": 0.4,
+           "target_step_s": 0.3, "verify_tokens": 4}
+  results = {"llamacpp": {"llama.cpp plain": plain},
+             "vocabjax-spec": {"vocabjax chain": {"generations": [gen], "peak_gb": 2.0,
+                                                  "step_split": split},
+                               "vocabjax slow": {"generations": [dict(gen, prefill_s=1.5,
+                                                                      decode_s=0.8)],
+                                                 "peak_gb": 2.0}}}
+  rows = an.split_rows(results)
+  assert len(rows) == 4
+  # goal 7.5 tok/s: 10 tokens in 1.333 s, less 0.5 s prompt and 0.2 s outside both: 0.633 s
+  # of 600 ms steps, for 9 tokens
+  assert rows[2] == ("| vocabjax chain (drafts chosen: 0: 1, 3: 2) | 0.50 | 1.80 | 3 | 3.00 | "
+                     "600.0 | 100.0, 50.0, 400.0, 300.0 (4 tokens verified) | 8.53 |")
+  assert rows[3].endswith("| - | none: prompt processing alone takes longer |")
+  assert an.table(results)[3].startswith("| vocabjax chain | 4.00 | 0.80x |")

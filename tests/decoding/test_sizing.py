@@ -39,11 +39,32 @@ def test_the_rule_drafts_as_far_as_acceptance_pays_and_steps_aside_when_it_does_
   assert 0.4 < rec["acceptance"] < 0.6 and rec["choices"]
 
 
-def test_an_unmeasured_length_is_tried_once_and_bad_settings_are_refused():
-  s = DraftSizer(lengths=[0, 2, 4])
-  assert s.choose() == 4  # nothing measured: the longest
-  s.update(4, 2.0, [4], [0])
-  assert s.choose() == 0  # nothing measured below 4: the plain step is tried
+def test_lengths_are_tried_from_the_shortest_and_priced_by_the_line_below_them():
+  """Nothing measured: the plain step, then the shortest draft; with two lengths timed, a longer
+  one costs the line through them: where one draft already costs too much (a compute-bound
+  batch) the longer drafts are never tried, where it is cheap the longest is tried next."""
+  s = DraftSizer(lengths=[0, 2, 4, 8], prior=0.6)
+  assert s.choose() == 0  # nothing measured: the plain step
+  s.update(0, None, [], [])  # a step that compiled: not timed, tried again
+  assert s.choose() == 0
+  s.update(0, 1.0, [], [])
+  assert s.cost(8) == 1.0 and s.untried(2) and not s.untried(0)
+  assert s.choose() == 2  # one length timed below the others: the shortest is tried
+  s.update(2, 1.8, [], [])
+  s.update(2, None, [1] * 10, [1] * 6 + [0] * 4)  # a = 0.6
+  assert not s.untried(4) and s.cost(4) == pytest.approx(2.6) and s.cost(8) == pytest.approx(4.2)
+  # a = 0.6: E = 1, 1.96, 2.31, 2.47 over c = 1, 1.8, 2.6, 4.2: rates 1, 1.09, 0.89, 0.59
+  assert s.choose() == 2 and 4 not in s.choices and 8 not in s.choices
+  cheap = DraftSizer(lengths=[0, 2, 4, 8], prior=0.9)
+  cheap.update(0, 1.0, [], [])
+  cheap.update(2, 1.05, [], [])  # memory bound: drafts nearly free
+  assert cheap.cost(8) == pytest.approx(1.2) and cheap.choose() == 8
+  cheap.update(8, 1.1, [], [])
+  assert cheap.cost(4) == pytest.approx(1.1)  # the line from the two longest below 4: 0, 2
+  noisy = DraftSizer(lengths=[0, 1, 2])
+  noisy.update(0, 1.0, [], [])
+  noisy.update(1, 0.9, [], [])  # timed below the plain step: no falling line
+  assert noisy.cost(2) == pytest.approx(0.9)
   with pytest.raises(ValueError, match=r"prior acceptance must lie in \(0, 1\), got 1.0"):
     DraftSizer(lengths=[0, 1], prior=1.0)
 

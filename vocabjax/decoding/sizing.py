@@ -11,9 +11,12 @@ the seconds of a step that verifies n drafts.
 (1 - a) (Leviathan et al. 2023, eq. 1; a tree's n is its depth), or 0 when none beats a plain
 step. `a` is accepted / drafted over the last `window` drafts (from `prior`; after `probe` plain
 steps in a row one step drafts the shortest n > 0 to re-estimate it); c(n) is the running median
-of the step times timed at n (compiling steps excluded; an untimed n costs the nearest timed
-n' <= n, so it is tried once). A batch whose rows are not refilled ends with its slowest row
-(`slowest`): there E(n) is the least over the active rows of E(n) at each row's own acceptance
+of the step times timed at n (compiling steps excluded). Lengths are tried from the shortest
+up: an untimed n with two timed lengths below it costs the line through the two longest of them
+carried to n (a step's cost grows with its drafts: the drafter's calls, and the verified rows
+once verification is compute bound), so where a short draft already costs too much the longer
+ones are never tried; an untimed n with fewer below it is tried (the shortest such first). A
+batch whose rows are not refilled ends with its slowest row (`slowest`): there E(n) is the least over the active rows of E(n) at each row's own acceptance
 (its drafts in this call, drawn toward `a` by `row_prior` drafts' weight), since drafting that
 speeds the other rows does not shorten the call. The choices are recorded (`SizedStats`).
 Exactness is untouched: the sizer only truncates a proposal (docs/suffix.md, 'Speculation that
@@ -91,12 +94,26 @@ class DraftSizer:
     return min(max(sum(self._outcomes) / len(self._outcomes), 1e-3), 1 - 1e-3)
 
   def cost(self, n: int) -> float | None:
-    """c(n): the median step time recorded at n, else at the nearest recorded n' <= n (None
-    when nothing is recorded at or below n)."""
-    for m in sorted(self._times, reverse=True):
-      if m <= n and self._times[m]:
-        return statistics.median(self._times[m])
-    return None
+    """c(n): the median step time recorded at n; else, with two or more lengths recorded below
+    n, the line through the two longest of them carried to n (never below the longer's: a
+    step's cost does not fall with its drafts); else the one recorded below n (an optimistic
+    guess: `best` tries n); None when nothing is recorded at or below n."""
+    below = [m for m in sorted(self._times) if m <= n and self._times[m]]
+    if not below:
+      return None
+    m, c = below[-1], statistics.median(self._times[below[-1]])
+    if m == n or len(below) < 2:
+      return c
+    m0 = below[-2]
+    slope = (c - statistics.median(self._times[m0])) / (m - m0)
+    return c + max(slope, 0.0) * (n - m)
+
+  def untried(self, n: int) -> bool:
+    """Whether n must be tried to be priced: not timed, and fewer than two lengths timed below
+    it (`cost` has no line to carry to it)."""
+    if self._times.get(n):
+      return False
+    return sum(1 for m, t in self._times.items() if m < n and t) < 2
 
   def levels(self, n: int) -> int:
     """The drafts in a row a proposal of n reaches (n for a chain, a tree's depth)."""
@@ -117,17 +134,13 @@ class DraftSizer:
                default=self.expected_tokens(n))
 
   def best(self, active=None) -> int:
-    """The length the rule's figures favor now (`choose` without probes; with no step
-    measured: the longest)."""
-    if not self._times:
-      return self.lengths[-1]
-    rates = {}
+    """The length the rule's figures favor now (`choose` without probes): the shortest length
+    that must be tried to be priced (`untried`: the shortest of all when nothing is measured),
+    else the n of the highest E(n) / c(n) (module doc), the shorter on a tie."""
     for n in self.lengths:
-      c = self.cost(n)
-      if c is None or c <= 0:
-        rates[n] = float("inf")  # never measured below it: try it once
-      else:
-        rates[n] = self.call_tokens(n, active) / c
+      if self.untried(n):
+        return n
+    rates = {n: self.call_tokens(n, active) / max(self.cost(n), 1e-12) for n in self.lengths}
     return max(self.lengths, key=lambda m: (rates[m], -m))
 
   def choose(self, active=None) -> int:
