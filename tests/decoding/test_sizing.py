@@ -79,10 +79,21 @@ def test_a_rule_that_stepped_aside_probes_again_and_returns_when_drafts_pay():
   s.update(4, 1.2, [4] * 8, [0] * 8)  # every draft rejected
   assert [s.choose() for _ in range(3)] == [0, 0, 0]
   assert s.choose() == 1  # the probe: the cheapest drafting step
+  s.update(1, 1.1, [1] * 8, [0] * 8)  # rejected again: the next probe waits twice as long
+  assert [s.choose() for _ in range(7)] == [0] * 6 + [1]
   s.update(1, 1.1, [1] * 200, [1] * 200)  # now drafts are accepted
   assert s.choose() == 4 and s.choose() == 4
+  assert s._probe_wait == 3  # the rule drafted of itself: probes start over
   with pytest.raises(ValueError, match="probe=0 must be >= 1"):
     DraftSizer(lengths=[0, 1], probe=0)
+  with pytest.raises(ValueError, match="probe_max=8 >= probe"):
+    DraftSizer(lengths=[0, 1], probe=16, probe_max=8)
+  steep = DraftSizer(lengths=[0, 1, 2], probe=3)  # a compute-bound batch: a draft costs 2.5x
+  steep.update(0, 1.0, [], [])
+  steep.update(1, 2.5, [1] * 8, [0] * 8)
+  assert steep.cost(2) == 4.0 and not steep.can_pay()  # 2 tokens / 2.5, 3 / 4.0: below 1
+  assert [steep.choose() for _ in range(40)] == [0] * 40  # no probe: drafts cannot pay
+  assert s.can_pay()
 
 
 def test_a_batch_that_ends_with_its_slowest_row_sizes_for_that_row():

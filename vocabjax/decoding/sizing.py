@@ -10,7 +10,9 @@ the seconds of a step that verifies n drafts.
 `DraftSizer.choose` picks the n in `lengths` maximizing E(n) / c(n), E(n) = (1 - a^(n+1)) /
 (1 - a) (Leviathan et al. 2023, eq. 1; a tree's n is its depth), or 0 when none beats a plain
 step. `a` is accepted / drafted over the last `window` drafts (from `prior`; after `probe` plain
-steps in a row one step drafts the shortest n > 0 to re-estimate it); c(n) is the running median
+steps in a row one step drafts the shortest n > 0 to re-estimate it, where some n could pay at
+the costs measured, `can_pay`; while the rule keeps stepping aside each probe doubles the wait,
+up to `probe_max`); c(n) is the running median
 of the step times timed at n (compiling steps excluded). Lengths are tried from the shortest
 up: an untimed n with two timed lengths below it costs the line through the two longest of them
 carried to n (a step's cost grows with its drafts: the drafter's calls, and the verified rows
@@ -50,7 +52,9 @@ class DraftSizer:
   reach: dict | None = None  # n -> the levels a proposal of n drafts reaches (a tree of n
   #   nodes: its depth; None: n, a chain): E(n) and the acceptance count levels
   probe: int = 16  # after this many plain steps in a row, one step drafts (the least n > 0):
-  #   a plain step verifies nothing, so without it the acceptance that chose it never changes
+  #   a plain step verifies nothing, so without it the acceptance that chose it never changes;
+  #   each probe after which the rule still steps aside doubles the wait, up to `probe_max`
+  probe_max: int = 256
   fixed: int | None = None  # a batch size's entry of a sizing table: every step takes it
   slowest: bool = False  # the call ends with its slowest row (a batch not refilled): E(n) is
   #   the least of the active rows' (module doc); `begin` sets it per call
@@ -59,9 +63,11 @@ class DraftSizer:
   def __post_init__(self):
     if not 0.0 < self.prior < 1.0:
       raise ValueError(f"prior acceptance must lie in (0, 1), got {self.prior}")
-    if self.window < 1 or self.samples < 1 or self.probe < 1 or self.row_prior <= 0:
+    if (self.window < 1 or self.samples < 1 or self.probe < 1 or self.row_prior <= 0
+        or self.probe_max < self.probe):
       raise ValueError(f"window={self.window}, samples={self.samples} and probe={self.probe} "
-                       f"must be >= 1, row_prior={self.row_prior} > 0")
+                       f"must be >= 1, row_prior={self.row_prior} > 0, probe_max="
+                       f"{self.probe_max} >= probe")
     self.lengths = tuple(sorted(set(int(n) for n in self.lengths) | ({0} if self.plain
                                                                       else set())))
     if not self.lengths or self.lengths[0] < 0:
@@ -73,6 +79,7 @@ class DraftSizer:
     self._times: dict[int, collections.deque] = {}
     self.choices: list[int] = []
     self._plain_run = 0  # plain steps chosen in a row
+    self._probe_wait = self.probe  # plain steps in a row before the next probe
     self._rows: list = []  # per row of this call: [accepted, tried] drafts (`slowest`)
 
   def begin(self, rows: int, *, slowest: bool) -> None:
@@ -133,6 +140,17 @@ class DraftSizer:
     return min((self.expected_tokens(n, self.row_acceptance(b)) for b in rows),
                default=self.expected_tokens(n))
 
+  def can_pay(self) -> bool:
+    """Whether drafting can beat a plain step at the costs measured at any acceptance: some
+    n > 0 whose E(n) with every draft accepted (levels(n) + 1 tokens) over c(n) exceeds 1 /
+    c(0) (True while c(0) or a c(n) is unknown). Where none can, a probe (whose drafter first
+    catches up on the plain steps' tokens) would only cost: the rule does not probe."""
+    c0 = self.cost(0)
+    if c0 is None or 0 not in self.lengths:
+      return True
+    return any(self.cost(n) is None or (self.levels(n) + 1) / self.cost(n) > 1 / c0
+               for n in self.lengths if n > 0)
+
   def best(self, active=None) -> int:
     """The length the rule's figures favor now (`choose` without probes): the shortest length
     that must be tried to be priced (`untried`: the shortest of all when nothing is measured),
@@ -150,9 +168,12 @@ class DraftSizer:
       n = self.fixed
     else:
       n = self.best(active)
-      if (n == 0 and self._times and self._plain_run >= self.probe
-          and len(self.lengths) > 1):
+      if n:  # the rule drafts of itself: probes start again from `probe`
+        self._probe_wait = self.probe
+      elif (self._times and self._plain_run >= self._probe_wait and len(self.lengths) > 1
+            and self.can_pay()):
         n = self.lengths[1]  # a probe: the shortest drafting step (module doc)
+        self._probe_wait = min(2 * self._probe_wait, self.probe_max)
     self._plain_run = self._plain_run + 1 if n == 0 else 0
     self.choices.append(n)
     return n
