@@ -26,7 +26,7 @@ def add_pair_args(ap, runs, *, prompts_flag: str, prompts: int, max_new_tokens: 
   ap.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
   ap.add_argument("--methods", nargs="+", default=[name for name, _, _ in runs],
                   help="of RUNS' names (ar first: the reference)")
-  ap.add_argument("--out", required=True)
+  ap.add_argument("--out", help="where the results go (required for a run)")
 
 
 def pair_setup(a, runs):
@@ -36,6 +36,8 @@ def pair_setup(a, runs):
   if not chosen or chosen[0][0] != "ar" or len(chosen) != len(a.methods):
     raise SystemExit(f"--methods: ar and some of {[name for name, _, _ in runs]}, got "
                      f"{a.methods}")
+  if not a.out:
+    raise SystemExit("--out DIR: where the results go")
   out = Path(a.out)
   out.mkdir(parents=True, exist_ok=True)
   target = load_model(a.target, dtype=getattr(a, "target_dtype", None))

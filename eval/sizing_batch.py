@@ -23,6 +23,7 @@ import argparse
 import json
 import platform
 import time
+from pathlib import Path
 
 from vocabjax.eval.provenance import cpu_model
 from vocabjax.io import atomic_write_text
@@ -100,7 +101,15 @@ def main(argv=None) -> int:
                   help="run every method on a batch before the next batch (the order rotated): "
                   "the host's drift falls on every method alike; a *_table run then needs its "
                   "table given (--tables)")
+  ap.add_argument("--pooled", metavar="JSON", help="print a recorded run's pooled speedups "
+                  "(its sizing_batch.json, --repeats > 1) and exit")
   a = ap.parse_args(argv)
+  if a.pooled:
+    got = pooled(json.loads(Path(a.pooled).read_text())["results"])
+    print("| batch | method | speedup over AR, rounds pooled |\n|---|---|---|")
+    for (B, name), x in got.items():
+      print(f"| {B} | {name} | {x:.3f}x |")
+    return 0
   runs, out, target, draft, rows, qids, commit = pair_setup(a, RUNS)
   given = {}
   for item in a.tables:
@@ -197,10 +206,12 @@ def main(argv=None) -> int:
     tau = f"{r['tau']:.2f}" if r["tau"] else "-"
     tok = f"{r['tok_s']:.2f}"
     speed = f"{r['tok_s'] / ar:.2f}x"
-    if "rounds" in r:  # the median of the rounds, then their range; speedups round by round
+    if "rounds" in r:  # the median of the rounds, then their range; speedups round by round,
+      # and pooled: every round's decode time summed
       tok += f" ({min(r['rounds']):.2f}-{max(r['rounds']):.2f})"
       sp = [t / a_ for t, a_ in zip(r["rounds"], by[(r["batch"], "ar")]["rounds"])]
-      speed = f"{sorted(sp)[len(sp) // 2]:.2f}x ({min(sp):.2f}-{max(sp):.2f})"
+      speed = (f"{sorted(sp)[len(sp) // 2]:.2f}x ({min(sp):.2f}-{max(sp):.2f}; pooled "
+               f"{pooled(results)[(r['batch'], r['method'])]:.3f}x)")
     lines.append(f"| {r['batch']} | {r['method']} | {tok} | {speed} | "
                  f"{tau} | {r['equal_ar']} | {rule} |")
   if learned:  # what a calibration run hands a later one (--tables)
@@ -214,6 +225,15 @@ def main(argv=None) -> int:
       default=str) + "\n")
   print("\n".join(lines))
   return 0
+
+
+def pooled(results: list[dict]) -> dict:
+  """{(batch, method): speedup over plain decoding over all rounds together}: plain decoding's
+  decode seconds summed over the rounds over the method's (every round decodes the same
+  tokens, so the sums are 1 / tok/s summed), from `merged` rows."""
+  ar = {r["batch"]: r["rounds"] for r in results if r["method"] == "ar"}
+  return {(r["batch"], r["method"]): sum(1 / t for t in ar[r["batch"]]) /
+          sum(1 / t for t in r["rounds"]) for r in results if "rounds" in r}
 
 
 def merged(results: list[dict]) -> list[dict]:

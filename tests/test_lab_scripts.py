@@ -156,3 +156,15 @@ def test_llamacpp_anchor_splits_where_the_time_goes():
                      "600.0 | 100.0, 50.0, 400.0, 300.0 (4 tokens verified) | 8.53 |")
   assert rows[3].endswith("| - | none: prompt processing alone takes longer |")
   assert an.table(results)[3].startswith("| vocabjax chain | 4.00 | 0.80x |")
+
+
+def test_sizing_batch_pools_the_rounds_decode_time(monkeypatch):
+  """eval/sizing_batch.py's pooled speedup: plain decoding's decode seconds summed over the
+  rounds over the method's (the same tokens every round: 1 / tok/s summed)."""
+  monkeypatch.syspath_prepend(str(script_path("sizing_batch").parent))
+  sb = load_script("sizing_batch")
+  rows = [{"batch": 4, "method": "ar", "rounds": [10.0, 20.0]},
+          {"batch": 4, "method": "x", "rounds": [20.0, 10.0]},
+          {"batch": 4, "method": "y", "rounds": [20.0, 40.0]}]
+  got = sb.pooled(rows)
+  assert got[(4, "x")] == pytest.approx(1.0) and got[(4, "y")] == pytest.approx(2.0)
