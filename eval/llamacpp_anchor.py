@@ -23,8 +23,12 @@ is that process's `ru_maxrss`):
 A method's tok/s is new tokens over the wall time of its generations, prompt processing
 included; vocabjax first runs each prompt for 4 tokens (its programs compiled, not counted),
 llama.cpp one warm-up generation. llama-speculative-simple's time is its own encode + decode
-timers (model loading left out). Written:
-`results.json` (every generation) and `README.md`'s table (`--out`)."""
+timers (model loading left out). vocabjax also runs a self-sized chain (the draft length, 0-3,
+chosen each step: `vocabjax.decoding.sizing`), and a second table says where each vocabjax
+method's time goes (`split_rows`: prompt processing, decoding's steps and tokens a step, a
+step's parts timed apart by `vocabjax.decoding.profile.step_split`, the tokens a step 1.5x
+llama.cpp's plain decoding would need). Written: each part's `*.json` (every generation) and
+`README.md`'s tables (`--out`)."""
 
 from __future__ import annotations
 
@@ -126,9 +130,9 @@ def run_llamacpp_speculative(args, qs) -> dict:
 def run_vocabjax(args, qs) -> dict:
   from vocabjax.checkpoints.loader import load_model
   from vocabjax.decoding.autoregressive import Decoder
-  from vocabjax.decoding.profile import step_split
   from vocabjax.decoding.drafter import ChainProposer, TreeProposer
   from vocabjax.decoding.pld import LookupProposer
+  from vocabjax.decoding.profile import step_split
   from vocabjax.decoding.speculative import SpeculativeEngine
   from vocabjax.decoding.tree import TreeParams
 

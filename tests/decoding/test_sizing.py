@@ -49,6 +49,7 @@ def test_lengths_are_tried_from_the_shortest_and_priced_by_the_line_below_them()
   assert s.choose() == 0
   s.update(0, 1.0, [], [])
   assert s.cost(8) == 1.0 and s.untried(2) and not s.untried(0)
+  assert s.best(explore=False) == 0  # a table learned now: the one length priced
   assert s.choose() == 2  # one length timed below the others: the shortest is tried
   s.update(2, 1.8, [], [])
   s.update(2, None, [1] * 10, [1] * 6 + [0] * 4)  # a = 0.6

@@ -12,15 +12,16 @@ the seconds of a step that verifies n drafts.
 step. `a` is accepted / drafted over the last `window` drafts (from `prior`; after `probe` plain
 steps in a row one step drafts the shortest n > 0 to re-estimate it, where some n could pay at
 the costs measured, `can_pay`; while the rule keeps stepping aside each probe doubles the wait,
-up to `probe_max`); c(n) is the running median
-of the step times timed at n (compiling steps excluded). Lengths are tried from the shortest
-up: an untimed n with two timed lengths below it costs the line through the two longest of them
-carried to n (a step's cost grows with its drafts: the drafter's calls, and the verified rows
-once verification is compute bound), so where a short draft already costs too much the longer
-ones are never tried; an untimed n with fewer below it is tried (the shortest such first). A
-batch whose rows are not refilled ends with its slowest row (`slowest`): there E(n) is the least over the active rows of E(n) at each row's own acceptance
-(its drafts in this call, drawn toward `a` by `row_prior` drafts' weight), since drafting that
-speeds the other rows does not shorten the call. The choices are recorded (`SizedStats`).
+up to `probe_max`). c(n) is the running median of the step times timed at n (compiling steps
+excluded). Lengths are tried from the shortest up: an untimed n with two timed lengths below it
+costs the line through the two longest of them carried to n (a step's cost grows with its
+drafts: the drafter's calls, and the verified rows once verification is compute bound), so
+where a short draft already costs too much the longer ones are never tried; an untimed n with
+fewer below it is tried (the shortest such first). A batch whose rows are not refilled ends
+with its slowest row (`slowest`): there E(n) is the least over the active rows of E(n) at each
+row's own acceptance (its drafts in this call, drawn toward `a` by `row_prior` drafts'
+weight), since drafting that speeds the other rows does not shorten the call. The choices are
+recorded (`SizedStats`).
 Exactness is untouched: the sizer only truncates a proposal (docs/suffix.md, 'Speculation that
 sizes itself').
 """
@@ -151,15 +152,18 @@ class DraftSizer:
     return any(self.cost(n) is None or (self.levels(n) + 1) / self.cost(n) > 1 / c0
                for n in self.lengths if n > 0)
 
-  def best(self, active=None) -> int:
+  def best(self, active=None, *, explore: bool = True) -> int:
     """The length the rule's figures favor now (`choose` without probes): the shortest length
     that must be tried to be priced (`untried`: the shortest of all when nothing is measured),
-    else the n of the highest E(n) / c(n) (module doc), the shorter on a tie."""
-    for n in self.lengths:
-      if self.untried(n):
-        return n
-    rates = {n: self.call_tokens(n, active) / max(self.cost(n), 1e-12) for n in self.lengths}
-    return max(self.lengths, key=lambda m: (rates[m], -m))
+    else the n of the highest E(n) / c(n) (module doc), the shorter on a tie. `explore=False`:
+    the best of the lengths priced so far (what a sizing table learned from it takes)."""
+    priced = [n for n in self.lengths if not self.untried(n)]
+    if explore or not priced:
+      for n in self.lengths:
+        if self.untried(n):
+          return n
+    rates = {n: self.call_tokens(n, active) / max(self.cost(n), 1e-12) for n in priced}
+    return max(priced, key=lambda m: (rates[m], -m))
 
   def choose(self, active=None) -> int:
     """This step's draft length (module doc; a table's `fixed` length when it has one).

@@ -948,13 +948,14 @@ class SpeculativeEngine(DecodingMethod):
     return sizer, len(sizer.choices)
 
   def learned_table(self) -> dict[int, int]:
-    """{batch size: the draft length its rule's figures favor now (`DraftSizer.best`)} over
+    """{batch size: the draft length its rule's figures favor now among the lengths it has
+    priced (`DraftSizer.best(explore=False)`)} over
     the rules this engine's runs measured (the longest cache's where several): a table for
     `sizing_table` that the next runs take without measuring."""
     out = {}
     for (B, S), sizer in sorted(self._sizers.items()):
       if sizer.fixed is None and sizer._times:
-        out[B] = sizer.best()
+        out[B] = sizer.best(explore=False)
     return out
 
   def plain_decoder(self) -> Decoder:
