@@ -254,9 +254,9 @@ class DFlashProposer(PolicyHead):
     return [(self.config.block_size, self.config.gamma)]
 
   def drafter_body(self):
-    """(fn(params, tokens, positions, cache) -> hidden, params, cache config): one pass over a
-    block with no pending context (the feature fusion of a step's pending entries is left
-    out: it is one [P, Lf*Dt] x [Lf*Dt, D] product)."""
+    """(fn(params, tokens, positions, cache) -> (hidden, cache), params, cache config): one
+    pass over a block with no pending context (the feature fusion of a step's pending entries
+    is left out: it is one [P, Lf*Dt] x [Lf*Dt, D] product)."""
     c = self.config
 
     def body(dp, tokens, positions, cache):
@@ -264,7 +264,7 @@ class DFlashProposer(PolicyHead):
       B, T = tokens.shape
       feats = jnp.zeros((B, T, c.fused_width), float_dtype(dp["embed"]))
       return block_forward(_drafter(dp), dp["embed"], tokens, feats,
-                           jnp.zeros((B,), jnp.int32), cache, config=c)[0]
+                           jnp.zeros((B,), jnp.int32), cache, config=c)
 
     return body, self.params, c.cache_config()
 

@@ -411,8 +411,10 @@ class TreeProposer(Resumable, TreeGrower, ModelProposer):
 
 
 def model_body(params, tokens, positions, cache, *, config):
-  """The hidden states of `forward` alone (what profiling times as a model's body)."""
-  return forward(params, tokens, positions, cache, config=config)[0]
+  """`forward` without the head: (hidden states, the cache with the tokens written), what
+  profiling times as a model's body (the cache returned, so a timing can donate it as a step
+  does: a cache that is neither donated nor returned is copied whole every call)."""
+  return forward(params, tokens, positions, cache, config=config)
 
 
 def fold_catch_up(backend: str | None = None, cpu_kernel: bool | None = None) -> bool:

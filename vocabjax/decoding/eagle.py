@@ -286,15 +286,15 @@ class EagleProposer(TreeGrower, PolicyHead, Counted):
     return [(t.depth + 1, 1)] + [(t.top_k, t.top_k)] * (t.depth - 1)
 
   def drafter_body(self):
-    """(fn(params, tokens, positions, cache) -> output, params, cache config) of the head's
-    layer alone (for profiling; the feature input is zeros)."""
+    """(fn(params, tokens, positions, cache) -> (output, cache), params, cache config) of the
+    head's layer alone (for profiling; the feature input is zeros)."""
     hc = self.head_config
 
     def body(dp, tokens, positions, cache):
       head = _head(dp)
       feats = jnp.zeros(tokens.shape + (hc.fused_width,), float_dtype(dp["embed"]))
       return eagle_forward(head, dp["embed"], tokens, fuse_features(head, feats), positions,
-                           cache, config=hc)[0]
+                           cache, config=hc)
 
     return body, self.params, hc.layer
 
