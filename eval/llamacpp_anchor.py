@@ -185,11 +185,16 @@ PARTS = {"llamacpp": run_llamacpp, "llamacpp-speculative": run_llamacpp_speculat
          "vocabjax-plain": run_vocabjax, "vocabjax-spec": run_vocabjax}
 
 
+def measured(results: dict) -> dict:
+  """{method: its entry} over every part's results (the entries with generations)."""
+  return {k: v for part in results.values() for k, v in part.items()
+          if isinstance(v, dict) and "generations" in v}
+
+
 def table(results: dict) -> list[str]:
   """Markdown rows: method, tok/s, x llama.cpp plain, greedy tokens equal to each plain
   decoding's, peak GB."""
-  methods = {k: v for part in results.values() for k, v in part.items()
-             if isinstance(v, dict) and "generations" in v}
+  methods = measured(results)
 
   def rate(m):
     g = m["generations"]
@@ -220,8 +225,7 @@ def split_rows(results: dict) -> list[str]:
   (`vocabjax.decoding.profile.step_split`: drafter layers, drafter head, the verified block,
   one plain target step), and the tokens per step decoding would need, after the same prompt
   processing, for 1.5x llama.cpp's plain tok/s."""
-  methods = {k: v for part in results.values() for k, v in part.items()
-             if isinstance(v, dict) and "generations" in v}
+  methods = measured(results)
   g0 = methods["llama.cpp plain"]["generations"]
   goal = 1.5 * sum(len(g["tokens"]) for g in g0) / sum(g["seconds"] for g in g0)
   rows = ["| method | prompt s | decode s | steps | tokens a step | ms a step | drafter, its head, "

@@ -106,7 +106,7 @@ class DraftSizer:
     n, the line through the two longest of them carried to n (never below the longer's: a
     step's cost does not fall with its drafts); else the one recorded below n (an optimistic
     guess: `best` tries n); None when nothing is recorded at or below n."""
-    below = [m for m in sorted(self._times) if m <= n and self._times[m]]
+    below = self._timed(n + 1)
     if not below:
       return None
     m, c = below[-1], statistics.median(self._times[below[-1]])
@@ -119,9 +119,11 @@ class DraftSizer:
   def untried(self, n: int) -> bool:
     """Whether n must be tried to be priced: not timed, and fewer than two lengths timed below
     it (`cost` has no line to carry to it)."""
-    if self._times.get(n):
-      return False
-    return sum(1 for m, t in self._times.items() if m < n and t) < 2
+    return not self._times.get(n) and len(self._timed(n)) < 2
+
+  def _timed(self, below: int) -> list[int]:
+    """The lengths under `below` with a step time recorded, in order."""
+    return [m for m in sorted(self._times) if m < below and self._times[m]]
 
   def levels(self, n: int) -> int:
     """The drafts in a row a proposal of n reaches (n for a chain, a tree's depth)."""
@@ -149,8 +151,8 @@ class DraftSizer:
     c0 = self.cost(0)
     if c0 is None or 0 not in self.lengths:
       return True
-    return any(self.cost(n) is None or (self.levels(n) + 1) / self.cost(n) > 1 / c0
-               for n in self.lengths if n > 0)
+    costs = {n: self.cost(n) for n in self.lengths if n > 0}
+    return any(c is None or (self.levels(n) + 1) / c > 1 / c0 for n, c in costs.items())
 
   def best(self, active=None, *, explore: bool = True) -> int:
     """The length the rule's figures favor now (`choose` without probes): the shortest length
