@@ -14,11 +14,17 @@ is that process's `ru_maxrss`):
   and its prompt lookup (`LlamaPromptLookupDecoding`, the binding's draft API);
 - llama.cpp's speculative decoding with the 0.5B drafter (`llama-speculative-simple`, the
   example that ships with those sources; prompt text as the chat template renders it);
-- vocabjax on the files' own blocks (no dtype: the default): plain, chain (gamma 3), the
-  EAGLE-2-style tree from the drafter (k 2, depth 4, 8 nodes) and prompt lookup (gamma 4);
+- vocabjax on the files' own blocks (no dtype: the default), the target alone (one process):
+  plain decoding, prompt lookup (gamma 4 and 8) and SuffixDecoding (8 drafts; its global tree
+  over the suite's earlier answers); with the drafter (another process): chain (gamma 3) and
+  the EAGLE-2-style tree (k 2, depth 4, 8 nodes);
   `--dtypes auto,gguf-q8` runs them again on each further dtype (gguf-q8: the same blocks
   multiplied as llama.cpp multiplies them, 8-bit activations and integer dot products), each
   method named with its dtype and compared with vocabjax plain decoding on that dtype.
+
+`--rounds N` runs every part N times, every other round in reverse order, and pools them (a
+method's tok/s over all its generations), with each round's ratio beside it: the host's speed
+drifts by tens of percent between parts run minutes apart.
 
 A method's tok/s is new tokens over the wall time of its generations, prompt processing
 included; vocabjax first runs each prompt for 4 tokens (its programs compiled, not counted),
@@ -33,6 +39,7 @@ llama.cpp's plain decoding would need). Written: each part's `*.json` (every gen
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -134,13 +141,22 @@ def run_vocabjax(args, qs) -> dict:
   from vocabjax.decoding.pld import LookupProposer
   from vocabjax.decoding.profile import step_split
   from vocabjax.decoding.speculative import SpeculativeEngine
+  from vocabjax.decoding.suffix import SuffixProposer
   from vocabjax.decoding.tree import TreeParams
 
   dtype = None if args.dtype in (None, "auto") else args.dtype
   t = load_model(TARGET, dtype=dtype, load_tokenizer=False)
   d = (load_model(DRAFT, dtype=dtype, load_tokenizer=False) if args.part == "vocabjax-spec"
        else None)
-  methods = {} if d else {"vocabjax plain": lambda: Decoder(t.params, t.config)}
+  methods = {} if d else {  # the target alone: plain decoding and the model-free drafts
+      "vocabjax plain": lambda: Decoder(t.params, t.config),
+      "vocabjax prompt lookup (gamma 4)": lambda: SpeculativeEngine(
+          t.params, t.config, LookupProposer(gamma=4, min_ngram=2)),
+      "vocabjax prompt lookup (gamma 8)": lambda: SpeculativeEngine(
+          t.params, t.config, LookupProposer(gamma=8, min_ngram=2)),
+      "vocabjax suffix decoding (8 drafts)": lambda: SpeculativeEngine(
+          t.params, t.config, SuffixProposer(max_spec_tokens=8)),
+  }
   if d:
     methods = {
         "vocabjax chain (gamma 3)": lambda: SpeculativeEngine(
@@ -151,14 +167,16 @@ def run_vocabjax(args, qs) -> dict:
         "vocabjax tree (k 2, depth 4, 8 nodes)": lambda: SpeculativeEngine(
             t.params, t.config, TreeProposer(d.params, d.config, t.config,
                                              tree=TreeParams(2, 4, 8))),
-        "vocabjax prompt lookup (gamma 4)": lambda: SpeculativeEngine(
-            t.params, t.config, LookupProposer(gamma=4, min_ngram=2)),
     }
   out = {"weights": f"target {t.dtype}" + (f", drafter {d.dtype}" if d else "")}
   for name, build in methods.items():
     dec = build()
-    for _, _, ids in qs:  # compiles every prompt length's programs before anything is timed
-      dec.generate([ids], max_new_tokens=4, max_len=2048, eos_token_ids=t.eos_token_ids)
+    # compiles every prompt length's programs before anything is timed (SuffixDecoding's
+    # global tree keeps nothing of these truncated answers: `untracked`)
+    untracked = getattr(getattr(dec, "proposer", None), "untracked", contextlib.nullcontext)
+    with untracked():
+      for _, _, ids in qs:
+        dec.generate([ids], max_new_tokens=4, max_len=2048, eos_token_ids=t.eos_token_ids)
     gens = []
     for qid, _, ids in qs:
       t0 = time.perf_counter()
@@ -191,21 +209,44 @@ def measured(results: dict) -> dict:
           if isinstance(v, dict) and "generations" in v}
 
 
-def table(results: dict) -> list[str]:
+def pooled(rounds: list[dict]) -> dict:
+  """The rounds' results as one: each method's generations of every round in one list (its
+  tok/s: all new tokens over all seconds), its peak the largest, the first round's step split."""
+  out: dict = {}
+  for res in rounds:
+    for key, part in res.items():
+      into = out.setdefault(key, {})
+      for name, v in part.items():
+        if not (isinstance(v, dict) and "generations" in v):
+          into.setdefault(name, v)
+        elif name not in into:
+          into[name] = dict(v, generations=list(v["generations"]))
+        else:
+          into[name]["generations"] += v["generations"]
+          into[name]["peak_gb"] = max(into[name]["peak_gb"], v["peak_gb"])
+  return out
+
+
+def rate(m: dict) -> float:
+  """A method's tok/s: new tokens over the seconds of its generations."""
+  g = m["generations"]
+  return sum(x.get("new_tokens", len(x.get("tokens", []))) for x in g) / sum(
+      x["seconds"] for x in g)
+
+
+def table(results: dict, rounds: list[dict] | None = None) -> list[str]:
   """Markdown rows: method, tok/s, x llama.cpp plain, greedy tokens equal to each plain
-  decoding's, peak GB."""
+  decoding's, peak GB; with `rounds` (several: `results` is their `pooled`), each round's
+  x llama.cpp plain too."""
   methods = measured(results)
-
-  def rate(m):
-    g = m["generations"]
-    return sum(x.get("new_tokens", len(x.get("tokens", []))) for x in g) / sum(
-        x["seconds"] for x in g)
-
   base = rate(methods["llama.cpp plain"])
+  each = [measured(r) for r in rounds] if rounds and len(rounds) > 1 else []
   refs = {k: {g["qid"]: g["tokens"] for g in m["generations"]} for k, m in methods.items()
           if k == "llama.cpp plain" or k.startswith("vocabjax plain")}
+  extra = " x llama.cpp plain, each round |" if each else ""
   rows = ["| method | tok/s | x llama.cpp plain | same tokens as llama.cpp plain | same "
-          "tokens as vocabjax plain | peak resident GB |", "|---|---|---|---|---|---|"]
+          f"tokens as vocabjax plain | peak resident GB |{extra}",
+          "|---|---|---|---|---|---|" + ("---|" if each else "")]
   for name, m in methods.items():
     same = []
     # vocabjax's methods against vocabjax plain decoding on the same dtype ("... [dtype]")
@@ -214,8 +255,10 @@ def table(results: dict) -> list[str]:
       gs = [g for g in m["generations"] if "tokens" in g]
       same.append(f"{sum(g['tokens'] == ref[g['qid']] for g in gs)}/{len(gs)}"
                   if gs and ref is not None else "-")
+    by_round = (" " + ", ".join(f"{rate(r[name]) / rate(r['llama.cpp plain']):.2f}x"
+                                for r in each) + " |") if each else ""
     rows.append(f"| {name} | {rate(m):.2f} | {rate(m) / base:.2f}x | {same[0]} | {same[1]} | "
-                f"{m['peak_gb']:.2f} |")
+                f"{m['peak_gb']:.2f} |{by_round}")
   return rows
 
 
@@ -266,11 +309,16 @@ def main(argv=None) -> int:
   p.add_argument("--threads", type=int, default=os.cpu_count())
   p.add_argument("--max-new-tokens", type=int, default=128)
   p.add_argument("--limit", type=int, help="the first N questions only")
+  p.add_argument("--rounds", type=int, default=1,
+                 help="run every part this many times (every other round in reverse order); "
+                      "the tables pool the rounds and give each round's ratio")
   p.add_argument("--out", default="runs/llamacpp_anchor")
   p.add_argument("--dtypes", default="auto", help="vocabjax's weights, comma-separated: auto "
                  "(the files' own blocks), gguf-q8 (llama.cpp's arithmetic), f32, ...")
   p.add_argument("--dtype", help="(internal) one part's dtype")
   args = p.parse_args(argv)
+  if args.rounds < 1:
+    p.error(f"--rounds {args.rounds}: at least one round")
   if args.part:
     if args.llama_lib:
       os.environ["LLAMA_CPP_LIB_PATH"] = args.llama_lib
@@ -279,10 +327,43 @@ def main(argv=None) -> int:
     return 0
   out = Path(args.out)
   out.mkdir(parents=True, exist_ok=True)
-  results = {}
   runs = [("llamacpp", None), ("llamacpp-speculative", None)]
   for dt in args.dtypes.split(","):
     runs += [("vocabjax-plain", dt), ("vocabjax-spec", dt)]
+  rounds = []
+  for r in range(args.rounds):
+    # round 1's parts in out/, round n's in out/round<n>/, every other round in reverse order
+    # (a host that drifts slower or faster through a round favours no part on the whole)
+    rounds.append(run_round(args, out if r == 0 else out / f"round{r + 1}",
+                            runs if r % 2 == 0 else runs[::-1]))
+  results = pooled(rounds)
+  from vocabjax.eval.provenance import cpu_model
+  from vocabjax.io import atomic_write_text
+
+  lines = [f"# vocabjax beside llama.cpp (llama-cpp-python "
+           f"{results['llamacpp'].get('llama.cpp version')}, its vendored llama.cpp)", "",
+           f"`{' '.join(['python', 'eval/llamacpp_anchor.py', *(argv or sys.argv[1:])])}`, "
+           f"{cpu_model()}, {args.threads} threads, {time.strftime('%Y-%m-%d')}; "
+           f"{args.max_new_tokens} new tokens, greedy, the default suite's prompts"
+           + (f", {args.rounds} rounds pooled (every method's generations of every round)"
+              if args.rounds > 1 else "") + "; vocabjax's "
+           f"weights: " + "; ".join(v.get("weights") for k, v in results.items()
+                                    if k.startswith("vocabjax-spec")) + ".", "",
+           *table(results, rounds), "",
+           "Where vocabjax's time goes (tokens a step: new tokens after each prompt's first "
+           "over the decoding steps; the last column: tokens a step that would reach 1.5x "
+           "llama.cpp's plain tok/s with the same prompt processing and ms a step):", "",
+           *split_rows(results), ""]
+  atomic_write_text(out / "README.md", "\n".join(lines))
+  print("\n".join(lines))
+  return 0
+
+
+def run_round(args, out: Path, runs) -> dict:
+  """One round's parts, each in a process of its own, into out/<part>.json; a part whose file
+  exists is read, not run again (a run resumes)."""
+  out.mkdir(parents=True, exist_ok=True)
+  results = {}
   for part, dt in runs:
     key = part if dt in (None, "auto") else f"{part}-{dt}"
     path = out / f"{key}.json"
@@ -291,7 +372,7 @@ def main(argv=None) -> int:
       continue
     if part.startswith("llamacpp") and not (args.llama_lib and args.speculative):
       sys.exit("--llama-lib and --speculative name the llama.cpp build (eval/llamacpp_anchor.sh)")
-    print(f"[anchor] {key}", file=sys.stderr, flush=True)
+    print(f"[anchor] {path}", file=sys.stderr, flush=True)
     tmp = path.with_suffix(".json.tmp")
     cmd = [sys.executable, __file__, "--part", part, "--json", str(tmp), "--threads",
            str(args.threads), "--max-new-tokens", str(args.max_new_tokens)]
@@ -302,23 +383,7 @@ def main(argv=None) -> int:
     subprocess.run(cmd, check=True)
     os.replace(tmp, path)
     results[key] = json.loads(path.read_text())
-  from vocabjax.eval.provenance import cpu_model
-
-  lines = [f"# vocabjax beside llama.cpp (llama-cpp-python "
-           f"{results['llamacpp'].get('llama.cpp version')}, its vendored llama.cpp)", "",
-           f"`{' '.join(['python', 'eval/llamacpp_anchor.py', *(argv or sys.argv[1:])])}`, "
-           f"{cpu_model()}, {args.threads} threads, {time.strftime('%Y-%m-%d')}; "
-           f"{args.max_new_tokens} new tokens, greedy, the default suite's prompts; vocabjax's "
-           f"weights: " + "; ".join(v.get("weights") for k, v in results.items()
-                                    if k.startswith("vocabjax-spec")) + ".", "",
-           *table(results), "",
-           "Where vocabjax's time goes (tokens a step: new tokens after each prompt's first "
-           "over the decoding steps; the last column: tokens a step that would reach 1.5x "
-           "llama.cpp's plain tok/s with the same prompt processing and ms a step):", "",
-           *split_rows(results), ""]
-  (out / "README.md").write_text("\n".join(lines))
-  print("\n".join(lines))
-  return 0
+  return results
 
 
 if __name__ == "__main__":

@@ -168,3 +168,28 @@ def test_sizing_batch_pools_the_rounds_decode_time(monkeypatch):
           {"batch": 4, "method": "y", "rounds": [20.0, 40.0]}]
   got = sb.pooled(rows)
   assert got[(4, "x")] == pytest.approx(1.0) and got[(4, "y")] == pytest.approx(2.0)
+
+
+def test_llamacpp_anchor_pools_rounds():
+  """eval/llamacpp_anchor.py --rounds: a method's generations of every round in one list (tok/s
+  over them all), its peak the largest, and each round's ratio to llama.cpp plain beside."""
+  an = load_script("llamacpp_anchor")
+
+  def res(cpp_s, vj_s, peak):
+    return {"llamacpp": {"llama.cpp plain": {"generations": [
+                {"qid": 1, "tokens": [1, 2, 3, 4], "seconds": cpp_s}], "peak_gb": 1.0},
+                         "llama.cpp version": "x"},
+            "vocabjax-plain": {"vocabjax plain": {"generations": [
+                {"qid": 1, "tokens": [1, 2, 3, 4], "seconds": vj_s}], "peak_gb": peak}}}
+
+  rounds = [res(2.0, 1.0, 1.5), res(2.0, 3.0, 1.2)]
+  got = an.pooled(rounds)
+  vj = got["vocabjax-plain"]["vocabjax plain"]
+  assert len(vj["generations"]) == 2 and vj["peak_gb"] == 1.5
+  assert an.rate(vj) == pytest.approx(2.0)  # 8 tokens in 4 s
+  assert len(rounds[0]["vocabjax-plain"]["vocabjax plain"]["generations"]) == 1  # not mutated
+  rows = an.table(got, rounds)
+  assert rows[0].endswith("| x llama.cpp plain, each round |")
+  # pooled 2.0 / 2.0 tok/s; round 1 4.0 / 2.0, round 2 1.33 / 2.0
+  assert rows[3] == "| vocabjax plain | 2.00 | 1.00x | 2/2 | 2/2 | 1.50 | 2.00x, 0.67x |"
+  assert not an.table(got, rounds[:1])[0].endswith("each round |")
