@@ -1428,18 +1428,14 @@ void q8_matmul(ffi::ThreadPool& pool, const float* xsrc, const uint8_t* wsrc, in
   const int32_t* sp = sums.data();
   const int64_t chunks = (F + kRowsPerChunk - 1) / kRowsPerChunk;
   // rows of x one pass over a chunk's weight rows serves: their quantized values stay in L2
-  // (a prefill's x of 709 rows is 1-6 MB; swept once per weight row, it came from memory).
-  // Within a pass each tile of x (8 rows: 12 KB at D = 1,536) meets every weight row of the
-  // chunk before the next tile, so it is read from L1 where a weight row met every tile in turn
-  // from L2 (w_gate, 709 rows: 137 / 150 -> 126 / 128 ms in alternating runs on a noisy 2-core
-  // Xeon). Each output is the same call of q8_rows either way: the same bits.
+  // (a prefill's x of 709 rows is 1-6 MB; swept once per weight row, it came from memory)
   const int64_t MB = std::max<int64_t>(kQ8TM, kQ8XBytes / D / kQ8TM * kQ8TM);
   parallel_for(pool, chunks, [=](int64_t c) {
     const int64_t r0 = c * kRowsPerChunk, r1 = r0 + kRowsPerChunk < F ? r0 + kRowsPerChunk : F;
     for (int64_t m0 = 0; m0 < M; m0 += MB) {
       const int64_t m1 = m0 + MB < M ? m0 + MB : M;
-      for (int64_t m = m0; m < m1; m += kQ8TM)
-        for (int64_t r = r0; r < r1; ++r)
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t m = m0; m < m1; m += kQ8TM)
           q8_rows_rem<T, kQ8TM>(static_cast<int>(m1 - m < kQ8TM ? m1 - m : kQ8TM),
                                 wp + r * row_bytes, qp + m * D, dp + m * (D / QK),
                                 sp + m * (D / 32), D, yp + m * F + r, F,
