@@ -347,7 +347,7 @@ def main(argv=None) -> int:
            f"{args.max_new_tokens} new tokens, greedy, the default suite's prompts"
            + (f", {args.rounds} rounds pooled (every method's generations of every round)"
               if args.rounds > 1 else "") + "; vocabjax's "
-           f"weights: " + "; ".join(v.get("weights") for k, v in results.items()
+           "weights: " + "; ".join(v.get("weights") for k, v in results.items()
                                     if k.startswith("vocabjax-spec")) + ".", "",
            *table(results, rounds), "",
            "Where vocabjax's time goes (tokens a step: new tokens after each prompt's first "
