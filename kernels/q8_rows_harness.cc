@@ -10,7 +10,8 @@
 //
 // Prints microseconds per matrix (every weight row once against the TM rows), Q4_K [2048,
 // 1536] (w_gate's shape, fewer rows) with and without the 8-row tile layout (`Q8Tile`, what
-// `matmul_q8_impl` hands every call of 2 rows or more), Q6_K [512, 8960] (w_down's).
+// `matmul_q8_impl` hands every call of 2 rows or more), Q6_K [512, 8960] (w_down's), Q5_0 and
+// Q8_0 [2048, 896] (the 0.5B drafter's 896-wide rows).
 #include "../vocabjax/kernels/cpu_matmul.cc"
 
 #include <algorithm>
@@ -48,9 +49,10 @@ void run(const char* name, int64_t F, int64_t D) {
   for (int64_t i = 0; i < F * D / V; ++i) {  // f16 1.0 for the block's scales
     uint8_t* p = w.data() + i * B;
     if (T == QT::Q4_K) { p[0] = 0; p[1] = 0x3c; p[2] = 0; p[3] = 0x3c; }
-    else { p[208] = 0; p[209] = 0x3c; }
+    else if (T == QT::Q6_K) { p[208] = 0; p[209] = 0x3c; }
+    else { p[0] = 0; p[1] = 0x3c; }  // the 32-value types: the scale first
   }
-  constexpr int64_t M = 8, QK = 256;
+  constexpr int64_t M = 8, QK = kQ8Kind<T> == Q8Kind::K256 ? 256 : 32;
   std::vector<int8_t> q(M * D);
   for (auto& v : q) v = static_cast<int8_t>(static_cast<int>(g() % 255) - 127);
   std::vector<float> d(M * D / QK, 0.01f);
@@ -88,5 +90,7 @@ void run(const char* name, int64_t F, int64_t D) {
 int main() {
   run<QT::Q4_K>("Q4_K", 2048, 1536);
   run<QT::Q6_K>("Q6_K", 512, 8960);
+  run<QT::Q5_0>("Q5_0", 2048, 896);  // the 0.5B drafter's body
+  run<QT::Q8_0>("Q8_0", 2048, 896);
   return 0;
 }

@@ -71,7 +71,8 @@ def to_blocks(params: dict, qtype: str) -> tuple[dict, dict]:
 def builds_agree(tmp_path, code: str) -> None:
   """Run `code` (Python that saves a dict of arrays with np.savez to sys.argv[1]) once per
   build of the CPU kernel: native, AVX2 (`x86-64-v3`), portable (`x86-64`) and, on a host with
-  AVX-512BW, `skylake-avx512` (512-bit integer rows without VNNI), each in its own
+  AVX-512BW, `skylake-avx512` (512-bit integer rows without VNNI), on a host with AVX-VNNI,
+  `alderlake` (256-bit rows with AVX-VNNI's dot products and no AVX-512), each in its own
   process (one library per process) and cache; every array equal to the native build's, bit
   for bit."""
   import os
@@ -83,8 +84,11 @@ def builds_agree(tmp_path, code: str) -> None:
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   results = []
   marches = ["native", "x86-64-v3", "x86-64"]
-  if "avx512bw" in cpuinfo().get("flags", "").split():  # AVX-512 without VNNI's dpwssd
+  flags = cpuinfo().get("flags", "").split()
+  if "avx512bw" in flags:  # AVX-512 without VNNI's dot products
     marches.append("skylake-avx512")
+  if "avx_vnni" in flags:  # VNNI's dot products in their AVX (VEX) form, without AVX-512
+    marches.append("alderlake")
   for march in marches:
     out = tmp_path / f"{march}.npz"
     env = {**os.environ, "VOCABJAX_CPU_MARCH": march, "VOCABJAX_CACHE": str(tmp_path / march)}
