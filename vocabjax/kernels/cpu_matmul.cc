@@ -885,7 +885,9 @@ ffi::Error matmul_blocks_impl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
 // Q6_K), then acc[k] = fma(d_w * d_x, float(lane[k]), acc[k]); y = tree sum of acc less the
 // K types' minimum term, fma-accumulated per block as dmin_w * d_x * sum_j m_j * sum(x's q in j).
 // Codes are unsigned with an offset (Q4_0: q - 8, Q5_0: q - 16, Q6_K: q - 32, the offset's
-// products subtracted lane by lane) or signed bytes (Q8_0, through maddubs' sign trick).
+// products subtracted lane by lane) or signed bytes (Q8_0, through the sign trick: |w| times
+// x with w's sign). The 32-value types' lanes come from VNNI's u8 x s8 dot (`dpbusd`) where
+// the build has it, else from maddubs + madd: the same integers.
 enum class Q8Kind { K256, L32 };
 // the types with an int8-activation kernel (blocks.Q8_TYPES; the VjQ8Matmul targets)
 template <QT T> constexpr bool kHasQ8 = T == QT::Q4_0 || T == QT::Q5_0 || T == QT::Q8_0 ||
