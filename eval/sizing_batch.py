@@ -200,6 +200,7 @@ def main(argv=None) -> int:
            f"over the batches (prefill and compilation left out).", "",
            "| batch | method | tok/s | speedup over AR | tau | equal AR | sizing: acceptance, "
            "c(n) ms, choices |", "|---|---|---|---|---|---|---|"]
+  pooled_x = pooled(results) if any("rounds" in r for r in results) else {}
   for r in results:
     ar = by[(r["batch"], "ar")]["tok_s"]
     rule = _rule(r)
@@ -211,7 +212,7 @@ def main(argv=None) -> int:
       tok += f" ({min(r['rounds']):.2f}-{max(r['rounds']):.2f})"
       sp = [t / a_ for t, a_ in zip(r["rounds"], by[(r["batch"], "ar")]["rounds"])]
       speed = (f"{sorted(sp)[len(sp) // 2]:.2f}x ({min(sp):.2f}-{max(sp):.2f}; pooled "
-               f"{pooled(results)[(r['batch'], r['method'])]:.3f}x)")
+               f"{pooled_x[(r['batch'], r['method'])]:.3f}x)")
     lines.append(f"| {r['batch']} | {r['method']} | {tok} | {speed} | "
                  f"{tau} | {r['equal_ar']} | {rule} |")
   if learned:  # what a calibration run hands a later one (--tables)
